@@ -1,0 +1,61 @@
+#include "cli/app.hpp"
+
+#include <iostream>
+
+#include "cli/common.hpp"
+#include "cli/env.hpp"
+#include "cli/pending.hpp"
+#include "cli/plan.hpp"
+#include "cli/version.hpp"
+
+namespace ds::cli {
+
+int run_ds(int argc, char** argv) {
+  CLI::App app{"ds: native C++ training with ZeRO, mixed precision and offload, driven by one JSON config", "ds"};
+  std::string color = "auto";
+  bool version = false;
+  app.add_option("--color", color, "colour: auto (a terminal without NO_COLOR), always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
+  app.add_flag("--version", version, "print the version, git revision and libraries, then exit");
+  app.footer(R"(Examples:
+  ds plan templates/zero2.json                 the execution plan of a config
+  ds plan templates/zero3.json --world-size 8  ... planned for 8 ranks
+  ds env                                       versions, cores, memory, GPUs
+
+Exit status: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted.
+Run `ds <command> --help` for a command's options and examples; `man ds-config` lists every key.)");
+
+  std::vector<Subcommand> subs = {setup_plan(app), setup_estimate_memory(app), setup_train(app), setup_convert_ckpt(app),
+                                  setup_profile(app), setup_env(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);  // prints the help of the subcommand asked about; exit 0
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string sub;
+    for (const auto& s : subs)
+      if (s.app->parsed()) sub = " " + s.app->get_name();
+    std::cerr << "ds" << sub << ": " << red("error:", stderr) << " " << e.what() << "\n"
+              << "    hint: run `ds" << sub << " --help` for usage and examples\n";
+    return kExitUsage;
+  }
+  set_color_mode(color);
+  if (version) {
+    std::cout << version_text();
+    return kExitOk;
+  }
+  for (const auto& s : subs)
+    if (s.app->parsed()) return s.run();
+  // Bare `ds`: the commands, one line each.
+  std::cout << "ds " << version_short() << ": native C++ training driven by one JSON config\n\nUsage: ds [--version] [--color WHEN] <command> [args]\n\nCommands:\n";
+  for (const auto& s : subs) {
+    std::string name = s.app->get_name();
+    std::cout << "  " << name << std::string(name.size() < 17 ? 17 - name.size() : 1, ' ') << s.app->get_description() << "\n";
+  }
+  std::cout << "\nRun `ds <command> --help` for options and examples.\n";
+  return kExitOk;
+}
+
+}  // namespace ds::cli

@@ -1,0 +1,57 @@
+// ds — what every subcommand shares: colour decisions, printing errors and warnings the same way,
+// turning exceptions into exit codes, and the config-taking arguments (config file, overrides,
+// topology flags) with the one function that turns them into a Plan.
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/error.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/plan/topology.hpp"
+
+namespace ds::cli {
+
+// --color=auto|always|never, applied to stdout and stderr separately. auto: a terminal, NO_COLOR
+// unset or empty, TERM not "dumb".
+void set_color_mode(const std::string& mode);
+bool color_enabled(FILE* stream);
+std::string bold(const std::string& s, FILE* stream);
+std::string red(const std::string& s, FILE* stream);
+std::string yellow(const std::string& s, FILE* stream);
+
+// `ds <sub>: warning: <path>: <message>` lines on stderr.
+void print_warnings(const std::string& sub, const std::vector<ConfigIssue>& warnings);
+
+// Runs `body`, mapping exceptions to exit codes: UserError -> its code (2), ConfigError -> 2 with
+// every problem listed, anything else -> 1. Prints `ds <sub>: error: ...` to stderr.
+int run_guarded(const std::string& sub, const std::function<int()>& body);
+
+// Arguments of every subcommand that reads a config.
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int world_size = 0;
+  int nproc_per_node = 0;
+  int nnodes = 0;
+  std::string device_memory;  // e.g. "80GiB"
+};
+
+// Declares CONFIG [OVERRIDES...] and --world-size / --nproc-per-node / --nnodes / --device-memory.
+void add_config_args(CLI::App* sub, ConfigArgs& args);
+
+// Load, validate and compile. Throws UserError / ConfigError. Warnings are printed (unless quiet).
+Plan build_plan(const std::string& sub, const ConfigArgs& args);
+
+// One subcommand: its CLI11 node and the function that runs it once parsed.
+struct Subcommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+}  // namespace ds::cli

@@ -1,0 +1,56 @@
+#include "cli/pending.hpp"
+
+#include <iostream>
+
+namespace ds::cli {
+namespace {
+
+Subcommand pending(CLI::App& app, const char* name, const char* what, const char* footer, const char* instead) {
+  CLI::App* sub = app.add_subcommand(name, what);
+  sub->allow_extras();
+  sub->footer(footer);
+  const std::string n = name, alt = instead;
+  return {sub, [n, alt] {
+            std::cerr << "ds " << n << ": " << red("error:", stderr) << " `ds " << n
+                      << "` is not available in this build of ds yet.\n    hint: " << alt << "\n";
+            return static_cast<int>(kExitRuntime);
+          }};
+}
+
+}  // namespace
+
+Subcommand setup_estimate_memory(CLI::App& app) {
+  return pending(app, "estimate-memory", "memory per GPU and per node for every ZeRO stage and offload choice",
+                 R"(Examples (once available):
+  ds estimate-memory --model 7b --gpus 8
+      model states, activations and buffers per GPU for ZeRO 0-3 with and without offload
+  ds estimate-memory --model llama-2-13b --gpus 8 --nodes 2 --gpu-memory 80GiB --json)",
+                 "`ds plan CONFIG --world-size N --device-memory 80GiB` prints the same memory model for one config");
+}
+
+Subcommand setup_train(CLI::App& app) {
+  return pending(app, "train", "train a model as the config and its plan say",
+                 R"(Examples (once available):
+  ds train examples/quickstart.json
+  ds train config.json zero_optimization.stage=2 bf16.enabled=true
+  ds train --nproc-per-node 4 config.json)",
+                 "`ds plan CONFIG` validates the config and shows what training would do");
+}
+
+Subcommand setup_convert_ckpt(CLI::App& app) {
+  return pending(app, "convert-ckpt", "consolidate ZeRO shards, reshard, export/import Hugging Face safetensors",
+                 R"(Examples (once available):
+  ds convert-ckpt runs/gpt2/checkpoints/latest --to hf out/
+  ds convert-ckpt runs/gpt2/checkpoints/latest --world-size 4 out/)",
+                 "`ds plan CONFIG --json` shows the flat layout and shard ranges a checkpoint will use");
+}
+
+Subcommand setup_profile(CLI::App& app) {
+  return pending(app, "profile", "where time, FLOPs, bytes and memory go in a training step",
+                 R"(Examples (once available):
+  ds profile config.json
+  ds profile config.json --steps 5 --json)",
+                 "`ds plan CONFIG` shows FLOPs per step, memory by category and bytes communicated");
+}
+
+}  // namespace ds::cli

@@ -1,0 +1,15 @@
+// ds — the subcommands whose engines are not built yet (estimate-memory, train, convert-ckpt,
+// profile). They are registered so `ds --help` shows the whole tool, document what they will do, and
+// when run say plainly that this build cannot do it yet, exiting 1.
+#pragma once
+
+#include "cli/common.hpp"
+
+namespace ds::cli {
+
+Subcommand setup_estimate_memory(CLI::App& app);
+Subcommand setup_train(CLI::App& app);
+Subcommand setup_convert_ckpt(CLI::App& app);
+Subcommand setup_profile(CLI::App& app);
+
+}  // namespace ds::cli

@@ -1,0 +1,179 @@
+#include "cli/render_plan.hpp"
+
+#include <cstdio>
+#include <sstream>
+
+#include "common/format.hpp"
+
+namespace ds::cli {
+namespace {
+
+std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
+std::string lpad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
+
+std::string flops(double f) {
+  char buf[64];
+  const char* units[] = {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"};
+  int u = 0;
+  while (f >= 1000 && u < 6) f /= 1000, ++u;
+  std::snprintf(buf, sizeof buf, "%.2f %s", f, units[u]);
+  return buf;
+}
+
+std::string stage_text(int stage) {
+  switch (stage) {
+    case 0: return "stage 0: nothing partitioned (plain data parallel)";
+    case 1: return "stage 1: optimizer states partitioned";
+    case 2: return "stage 2: optimizer states and gradients partitioned";
+    default: return "stage 3: optimizer states, gradients and parameters partitioned";
+  }
+}
+
+}  // namespace
+
+std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
+  auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
+  std::ostringstream o;
+  const ModelHyper& m = p.model.hp;
+  const Topology& t = p.topology;
+  auto row = [&](const char* key, const std::string& value) { o << "  " << pad(key, 12) << value << "\n"; };
+
+  o << h("Plan for " + p.config_source) << "\n";
+  row("model", m.name + " (" + model_arch_name(m.arch) + "): " + format_count(p.model.num_params) + " parameters (" +
+                   format_si(static_cast<double>(p.model.num_params)) + "), " + std::to_string(m.num_layers) + " layers x " +
+                   std::to_string(m.hidden_size) + " wide, " + std::to_string(m.num_heads) + " heads" +
+                   (m.num_kv_heads != m.num_heads ? " (" + std::to_string(m.num_kv_heads) + " kv)" : "") + ", vocab " +
+                   std::to_string(m.vocab_size) + ", context " + std::to_string(m.max_position_embeddings) +
+                   (m.tie_word_embeddings ? ", tied head" : ""));
+  row("topology", std::to_string(t.world_size) + (t.world_size == 1 ? " rank" : " ranks") + " (" + std::to_string(t.num_nodes) +
+                      (t.num_nodes == 1 ? " node" : " nodes") + " x " + std::to_string(t.ranks_per_node) + "), " +
+                      (t.device == DeviceKind::cpu ? "cpu" : "cuda") + "; world size from " + t.world_size_source);
+  row("batch", "global " + std::to_string(p.batch.train_batch_size) + " = micro " + std::to_string(p.batch.micro_batch) +
+                   " x accumulation " + std::to_string(p.batch.grad_accum) + " x world " + std::to_string(p.batch.world_size));
+  row("tokens", std::to_string(p.seq_len) + " per sample, " + format_count(p.tokens_per_step) + " per step; " +
+                    flops(p.train_flops_per_step) + " per step (" + flops(p.model.train_flops_per_token(p.seq_len)) +
+                    " per token)");
+  const PrecisionPolicy& pr = p.precision;
+  std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
+                     ", grads " + dtype_name(pr.grad_dtype) + ", reduce in " + dtype_name(pr.comm_dtype) +
+                     (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
+  if (pr.loss_scaling.enabled)
+    prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
+                                          " (window " + std::to_string(pr.loss_scaling.window) + ", hysteresis " +
+                                          std::to_string(pr.loss_scaling.hysteresis) + ")"
+                                    : ", static loss scale " + format_double(pr.loss_scaling.initial_scale);
+  row("precision", prec);
+  if (!pr.note.empty()) row("", pr.note);
+  const ResolvedOptimizer& op = p.optimizer;
+  std::string opt = std::string(optimizer_type_name(op.type)) + " lr " + format_double(op.lr);
+  if (op.type != OptimizerType::SGD)
+    opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps);
+  else
+    opt += ", momentum " + format_double(op.momentum);
+  opt += ", weight decay " + format_double(op.weight_decay) + (op.decoupled_weight_decay ? " (decoupled)" : " (L2)") +
+         "; clip grad norm " + (p.gradient_clipping > 0 ? format_double(p.gradient_clipping) : std::string("off"));
+  row("optimizer", opt);
+  if (p.scheduler.type != SchedulerType::None) {
+    const SchedulerConfig& s = p.scheduler.params;
+    std::string sch = scheduler_type_name(p.scheduler.type);
+    if (s.warmup_num_steps) sch += ": warmup " + std::to_string(*s.warmup_num_steps) + " steps (" + s.warmup_type + ")";
+    if (s.total_num_steps) sch += ", total " + std::to_string(*s.total_num_steps);
+    if (s.warmup_max_lr && p.scheduler.type != SchedulerType::WarmupCosineLR)
+      sch += ", lr " + format_double(s.warmup_min_lr.value_or(0)) + " -> " + format_double(*s.warmup_max_lr);
+    row("scheduler", sch);
+  } else {
+    row("scheduler", "none (constant lr)");
+  }
+  const ResolvedZero& z = p.zero;
+  std::string zs = stage_text(z.stage);
+  if (z.offload_optimizer.device != OffloadDevice::none)
+    zs += "; optimizer offload " + std::string(offload_device_name(z.offload_optimizer.device));
+  if (z.offload_param.device != OffloadDevice::none)
+    zs += "; parameter offload " + std::string(offload_device_name(z.offload_param.device));
+  row("zero", zs);
+  row("placement", "params " + p.placement.params + "; grads " + p.placement.grads + "; optimizer states " +
+                       p.placement.optimizer_states);
+  row("run", std::to_string(p.steps) + " steps, " + std::to_string(p.threads) + (p.threads == 1 ? " thread" : " threads") + " per rank" +
+                 (p.activation_checkpointing ? ", activation checkpointing" : ""));
+
+  // Memory.
+  const MemoryEstimate& me = p.memory;
+  o << "\n" << h("Memory per rank (GiB)") << "\n";
+  o << "  " << pad("", 18) << lpad("device", 10) << lpad("host", 10) << "\n";
+  auto mrow = [&](const char* name, double dev, double host) {
+    o << "  " << pad(name, 18) << lpad(format_gib(dev), 10) << lpad(format_gib(host), 10) << "\n";
+  };
+  mrow("parameters", me.device.params, me.host.params);
+  mrow("gradients", me.device.grads, me.host.grads);
+  mrow("optimizer states", me.device.optimizer_states, me.host.optimizer_states);
+  mrow("activations", me.device.activations, me.host.activations);
+  mrow("buffers", me.device.buffers, me.host.buffers);
+  mrow("total", me.device.total(), me.host.total());
+  if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(format_gib(me.nvme), 10) << "\n";
+  const double budget = t.device == DeviceKind::cpu ? (t.host_memory_bytes > 0 ? t.host_memory_bytes : 0) : t.device_memory_bytes;
+  const double need = t.device == DeviceKind::cpu ? p.host_bytes_per_node() : me.device.total();
+  std::string fit;
+  if (budget > 0)
+    fit = need <= budget ? " -> fits (" + format_bytes(need) + " of " + format_bytes(budget) + ")"
+                         : " -> DOES NOT FIT (" + format_bytes(need) + " of " + format_bytes(budget) + ")";
+  o << "  host RAM per node: " << format_bytes(p.host_bytes_per_node())
+    << (t.device == DeviceKind::cpu ? " (the device is this host)" : "") << fit << "\n";
+  o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
+    << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
+    << "CUDA context, library workspaces\n";
+
+  // Layout.
+  const FlatLayout& L = p.layout;
+  o << "\n" << h("Flat parameter layout") << "\n";
+  o << "  " << format_count(L.numel) << " elements in " << L.params.size() << " tensors; ";
+  if (L.stage == 3)
+    o << "each tensor padded to a multiple of " << L.world_size << " and split across ranks; "
+      << format_count(L.shard_numel) << " elements per rank\n";
+  else if (L.stage == 0)
+    o << "replicated on every rank\n";
+  else
+    o << "padded to " << format_count(L.padded_numel) << " (multiple of " << L.alignment << "); "
+      << format_count(L.shard_numel) << " elements per rank\n";
+  if (L.stage == 1 || L.stage == 2) {
+    const size_t show = full_layout ? L.shards.size() : std::min<size_t>(L.shards.size(), 4);
+    for (size_t r = 0; r < show; ++r)
+      o << "  rank " << r << ": [" << L.shards[r].begin << ", " << L.shards[r].end << ")  " << format_count(L.shards[r].real)
+        << " real, " << format_count(L.shards[r].numel() - L.shards[r].real) << " padding\n";
+    if (show < L.shards.size()) o << "  ... " << L.shards.size() - show << " more ranks (--layout lists all)\n";
+  }
+  if (full_layout) {
+    for (const auto& ps : L.params) {
+      std::string shape;
+      for (size_t i = 0; i < ps.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(ps.shape[i]);
+      o << "  " << pad(ps.name, 46) << pad("[" + shape + "]", 16) << " offset " << lpad(std::to_string(ps.offset), 12);
+      if (L.stage == 3) o << "  partition " << ps.partition_numel << " at " << ps.partition_offset;
+      o << "\n";
+    }
+  }
+
+  // Communication.
+  o << "\n" << h("Communication per optimizer step") << "\n";
+  if (p.collectives.empty()) {
+    o << "  none (one rank)\n";
+  } else {
+    o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)
+      << lpad("wire/rank", 13) << "\n";
+    double wire = 0;
+    for (const auto& c : p.collectives) {
+      o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what, 36) << pad(c.when, 16)
+        << lpad(std::to_string(c.calls_per_step), 7) << lpad(format_bytes(c.payload_bytes_per_step), 13)
+        << lpad(format_bytes(c.wire_bytes_per_rank_per_step), 13) << "\n";
+      wire += c.wire_bytes_per_rank_per_step;
+    }
+    o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";
+  }
+
+  if (!p.resolved.empty()) {
+    o << "\n" << h("Decided by ds") << "\n";
+    for (const auto& r : p.resolved) o << "  " << r.path << " = " << r.value << "   (" << r.source << ")\n";
+  }
+  if (!p.warnings.empty()) o << "\n" << p.warnings.size() << (p.warnings.size() == 1 ? " warning" : " warnings") << " (on stderr)\n";
+  return o.str();
+}
+
+}  // namespace ds::cli

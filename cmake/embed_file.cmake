@@ -1,0 +1,15 @@
+# Writes OUT as a C++ file defining `const char* const SYMBOL` holding the text of IN.
+# Run at build time (cmake -P) so editing the input rebuilds the binary.
+file(READ "${IN}" content)
+string(FIND "${content}" ")ds_embed\"" clash)
+if(NOT clash EQUAL -1)
+  message(FATAL_ERROR "${IN} contains the raw-string delimiter )ds_embed\"")
+endif()
+set(text "// Generated from ${IN} by cmake/embed_file.cmake. Do not edit.\nnamespace ds {\nextern const char* const ${SYMBOL};\nconst char* const ${SYMBOL} = R\"ds_embed(${content})ds_embed\";\n}  // namespace ds\n")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+  if(old STREQUAL text)
+    return()
+  endif()
+endif()
+file(WRITE "${OUT}" "${text}")

@@ -1,0 +1,20 @@
+// ds — number formatting for people: bytes in binary units (GiB), counts with separators.
+// Units are always named; 1 GiB = 2^30 bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ds {
+
+std::string format_bytes(double bytes);            // "12.55 GiB", "512.00 MiB", "100 B"
+std::string format_gib(double bytes, int decimals = 2);  // always GiB: "0.49"
+std::string format_count(int64_t n);               // "124,439,808"
+std::string format_si(double n);                   // "124.4M", "6.74B", "1.2T"
+std::string format_double(double v);               // shortest text that reads back the same
+
+// Parses "80GiB", "80 GB", "512MiB", "1.5T", "1024" (bytes). Decimal units (GB) are 10^9, binary (GiB) 2^30.
+// Returns false on anything else.
+bool parse_bytes(const std::string& text, double* bytes);
+
+}  // namespace ds

@@ -1,0 +1,64 @@
+#include "engine/plan/layout.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+FlatLayout build_layout(const ModelSpec& model, int stage, int world_size) {
+  DS_CHECK(world_size >= 1, "world size ", world_size);
+  DS_CHECK(stage >= 0 && stage <= 3, "stage ", stage);
+  FlatLayout L;
+  L.stage = stage;
+  L.world_size = world_size;
+  int64_t offset = 0, partition_offset = 0;
+  for (const auto& t : model.tensors) {
+    ParamSlot p;
+    p.name = t.name;
+    p.shape = t.shape;
+    p.numel = t.numel;
+    p.offset = offset;
+    p.weight_decay = t.weight_decay;
+    if (stage == 3) {
+      p.partition_numel = (t.numel + world_size - 1) / world_size;
+      p.partition_offset = partition_offset;
+      partition_offset += p.partition_numel;
+    }
+    offset += t.numel;
+    L.params.push_back(std::move(p));
+  }
+  L.numel = offset;
+  if (stage == 3) {
+    L.alignment = world_size;
+    L.shard_numel = partition_offset;
+    L.padded_numel = partition_offset * world_size;
+    return L;
+  }
+  L.alignment = stage == 0 ? 1 : 2 * static_cast<int64_t>(world_size);
+  L.padded_numel = (L.numel + L.alignment - 1) / L.alignment * L.alignment;
+  if (stage == 0) {
+    L.shard_numel = L.padded_numel;
+    L.shards.assign(world_size, ShardRange{0, L.padded_numel, L.numel});
+    return L;
+  }
+  L.shard_numel = L.padded_numel / world_size;
+  for (int r = 0; r < world_size; ++r) {
+    ShardRange s;
+    s.begin = r * L.shard_numel;
+    s.end = s.begin + L.shard_numel;
+    s.real = std::max<int64_t>(0, std::min(s.end, L.numel) - s.begin);
+    L.shards.push_back(s);
+  }
+  return L;
+}
+
+ShardRange stage3_owned(const ParamSlot& p, int rank) {
+  ShardRange s;
+  s.begin = std::min(p.numel, rank * p.partition_numel);
+  s.end = std::min(p.numel, (rank + 1) * p.partition_numel);
+  s.real = s.end - s.begin;
+  return s;
+}
+
+}  // namespace ds

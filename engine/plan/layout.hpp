@@ -1,0 +1,51 @@
+// ds — the flat parameter layout and each rank's shard, following DeepSpeed's partitioning so that
+// converting to and from DeepSpeed checkpoints is mechanical (reference §4.2):
+//  * stages 0-2: all trainable parameters concatenated in state_dict order into one flat buffer,
+//    zero-padded at the end to a multiple of 2 x world size (DeepSpeed's nccl_start_alignment_factor
+//    of 2 elements); rank r owns the r-th of world-size equal contiguous pieces (stage 0: replicated).
+//  * stage 3: each parameter separately padded to a multiple of the world size; rank r owns elements
+//    [r*ceil(n/W), (r+1)*ceil(n/W)) of every parameter, and its local buffer concatenates those
+//    partitions in order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/model_spec.hpp"
+
+namespace ds {
+
+struct ParamSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;            // in the unpadded concatenation of all parameters
+  int64_t partition_numel = 0;   // stage 3: ceil(numel / W) elements per rank (incl. padding); else 0
+  int64_t partition_offset = 0;  // stage 3: where this parameter's partition starts in a rank's buffer
+  bool weight_decay = false;
+};
+
+struct ShardRange {
+  int64_t begin = 0, end = 0;  // [begin, end) in the padded flat buffer (stages 0-2)
+  int64_t real = 0;            // elements of real parameters inside, the rest is padding
+  int64_t numel() const { return end - begin; }
+};
+
+struct FlatLayout {
+  int stage = 0;
+  int world_size = 1;
+  std::vector<ParamSlot> params;
+  int64_t numel = 0;          // real elements
+  int64_t padded_numel = 0;   // stages 0-2: numel rounded up to `alignment`; stage 3: sum of partitions x W
+  int64_t alignment = 1;      // elements
+  int64_t shard_numel = 0;    // elements each rank owns (equal on every rank, padding included)
+  std::vector<ShardRange> shards;  // one per rank (stages 0-2; stage 0 ranks each hold everything)
+};
+
+FlatLayout build_layout(const ModelSpec& model, int stage, int world_size);
+
+// Stage 3: the elements [begin, end) of parameter `p` that rank `r` owns for real (padding excluded).
+ShardRange stage3_owned(const ParamSlot& p, int rank);
+
+}  // namespace ds

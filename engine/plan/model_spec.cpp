@@ -1,0 +1,316 @@
+#include "engine/plan/model_spec.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "common/did_you_mean.hpp"
+#include "common/format.hpp"
+
+namespace ds {
+namespace {
+
+ModelHyper gpt2_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64_t V = 50257, int64_t P = 1024) {
+  ModelHyper h;
+  h.name = name;
+  h.arch = ModelArch::gpt2;
+  h.vocab_size = V;
+  h.hidden_size = C;
+  h.num_layers = L;
+  h.num_heads = NH;
+  h.num_kv_heads = NH;
+  h.intermediate_size = 4 * C;
+  h.max_position_embeddings = P;
+  h.tie_word_embeddings = true;
+  h.norm_eps = 1e-5;
+  return h;
+}
+
+ModelHyper llama_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t I, int64_t V,
+                       int64_t P, bool tied, double eps, double theta) {
+  ModelHyper h;
+  h.name = name;
+  h.arch = ModelArch::llama;
+  h.vocab_size = V;
+  h.hidden_size = C;
+  h.num_layers = L;
+  h.num_heads = NH;
+  h.num_kv_heads = NKV;
+  h.intermediate_size = I;
+  h.max_position_embeddings = P;
+  h.tie_word_embeddings = tied;
+  h.norm_eps = eps;
+  h.rope_theta = theta;
+  return h;
+}
+
+// Published architectures (Hugging Face config.json of each model).
+const std::vector<ModelHyper>& presets() {
+  static const std::vector<ModelHyper> all = {
+      gpt2_hyper("gpt2-tiny", 2, 64, 4, 256, 128),  // for tests and the quickstart
+      gpt2_hyper("gpt2", 12, 768, 12),
+      gpt2_hyper("gpt2-medium", 24, 1024, 16),
+      gpt2_hyper("gpt2-large", 36, 1280, 20),
+      gpt2_hyper("gpt2-xl", 48, 1600, 25),
+      llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
+      llama_hyper("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, false, 1e-5, 10000.0),
+      llama_hyper("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, true, 1e-5, 500000.0),
+      llama_hyper("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, true, 1e-5, 500000.0),
+      llama_hyper("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, false, 1e-5, 10000.0),
+      llama_hyper("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, false, 1e-5, 10000.0),
+      llama_hyper("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, false, 1e-5, 10000.0),
+      llama_hyper("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, false, 1e-5, 500000.0),
+      llama_hyper("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, false, 1e-5, 500000.0),
+      llama_hyper("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, false, 1e-5, 10000.0),
+  };
+  return all;
+}
+
+void add(ModelSpec& s, std::string name, std::vector<int64_t> shape, int layer, bool decay) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.numel = 1;
+  for (int64_t d : shape) t.numel *= d;
+  t.shape = std::move(shape);
+  t.layer = layer;
+  t.weight_decay = decay;
+  s.tensors.push_back(std::move(t));
+}
+
+void build_gpt2(ModelSpec& s) {
+  const auto& h = s.hp;
+  const int64_t V = h.vocab_size, C = h.hidden_size, I = h.intermediate_size, P = h.max_position_embeddings;
+  add(s, "transformer.wte.weight", {V, C}, -1, true);
+  add(s, "transformer.wpe.weight", {P, C}, -1, true);
+  for (int l = 0; l < h.num_layers; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l) + ".";
+    add(s, p + "ln_1.weight", {C}, l, false);
+    add(s, p + "ln_1.bias", {C}, l, false);
+    add(s, p + "attn.c_attn.weight", {C, 3 * C}, l, true);  // Conv1D: [in, out]
+    add(s, p + "attn.c_attn.bias", {3 * C}, l, false);
+    add(s, p + "attn.c_proj.weight", {C, C}, l, true);
+    add(s, p + "attn.c_proj.bias", {C}, l, false);
+    add(s, p + "ln_2.weight", {C}, l, false);
+    add(s, p + "ln_2.bias", {C}, l, false);
+    add(s, p + "mlp.c_fc.weight", {C, I}, l, true);
+    add(s, p + "mlp.c_fc.bias", {I}, l, false);
+    add(s, p + "mlp.c_proj.weight", {I, C}, l, true);
+    add(s, p + "mlp.c_proj.bias", {C}, l, false);
+  }
+  add(s, "transformer.ln_f.weight", {C}, -1, false);
+  add(s, "transformer.ln_f.bias", {C}, -1, false);
+  if (!h.tie_word_embeddings) add(s, "lm_head.weight", {V, C}, -1, true);
+}
+
+void build_llama(ModelSpec& s) {
+  const auto& h = s.hp;
+  const int64_t V = h.vocab_size, C = h.hidden_size, I = h.intermediate_size, D = h.head_dim();
+  add(s, "model.embed_tokens.weight", {V, C}, -1, true);
+  for (int l = 0; l < h.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(s, p + "self_attn.q_proj.weight", {h.num_heads * D, C}, l, true);  // nn.Linear: [out, in]
+    add(s, p + "self_attn.k_proj.weight", {h.num_kv_heads * D, C}, l, true);
+    add(s, p + "self_attn.v_proj.weight", {h.num_kv_heads * D, C}, l, true);
+    add(s, p + "self_attn.o_proj.weight", {C, h.num_heads * D}, l, true);
+    add(s, p + "mlp.gate_proj.weight", {I, C}, l, true);
+    add(s, p + "mlp.up_proj.weight", {I, C}, l, true);
+    add(s, p + "mlp.down_proj.weight", {C, I}, l, true);
+    add(s, p + "input_layernorm.weight", {C}, l, false);
+    add(s, p + "post_attention_layernorm.weight", {C}, l, false);
+  }
+  add(s, "model.norm.weight", {C}, -1, false);
+  if (!h.tie_word_embeddings) add(s, "lm_head.weight", {V, C}, -1, true);
+}
+
+std::string module_of(const std::string& tensor_name) {
+  auto dot = tensor_name.rfind('.');
+  return dot == std::string::npos ? tensor_name : tensor_name.substr(0, dot);
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& p : presets()) n.push_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+ModelHyper model_preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (p.name == name) return p;
+  std::string hint = "known presets: ";
+  for (const auto& n : model_preset_names()) hint += n + " ";
+  std::string guess = closest_match(name, model_preset_names());
+  throw UserError("unknown model preset '" + name + "'" + (guess.empty() ? "" : "; did you mean '" + guess + "'?"),
+                  hint);
+}
+
+ModelHyper resolve_model_hyper(const ModelConfig& m) {
+  std::vector<ConfigIssue> issues;
+  ModelHyper h;
+  bool have_base = false;
+  if (!m.preset.empty()) {
+    h = model_preset(m.preset);
+    have_base = true;
+  }
+  auto layer = [&](const ModelFields& f) {
+    if (f.arch) {
+      if (have_base && *f.arch != h.arch && !m.preset.empty())
+        issues.push_back({"model.arch", std::string("arch '") + model_arch_name(*f.arch) + "' contradicts preset '" +
+                                            m.preset + "' (" + model_arch_name(h.arch) + ")", "remove one of the two"});
+      h.arch = *f.arch;
+    }
+    if (f.vocab_size) h.vocab_size = *f.vocab_size;
+    if (f.hidden_size) h.hidden_size = *f.hidden_size;
+    if (f.num_layers) h.num_layers = *f.num_layers;
+    if (f.num_heads) h.num_heads = *f.num_heads;
+    if (f.num_kv_heads) h.num_kv_heads = *f.num_kv_heads;
+    if (f.intermediate_size) h.intermediate_size = *f.intermediate_size;
+    if (f.max_position_embeddings) h.max_position_embeddings = *f.max_position_embeddings;
+    if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
+    if (f.norm_eps) h.norm_eps = *f.norm_eps;
+    if (f.rope_theta) h.rope_theta = *f.rope_theta;
+  };
+  if (!m.hf_config.empty()) {
+    if (!have_base) h = ModelHyper{};
+    layer(m.from_hf);
+    have_base = true;
+    if (m.preset.empty()) h.name = m.hf_config;
+  }
+  const ModelFields& e = m.explicit_fields;
+  if (!have_base) {
+    if (!e.arch) {
+      issues.push_back({"model", "no architecture given",
+                        "set model.preset (e.g. \"gpt2\"), model.hf_config (a config.json), or model.arch with its sizes"});
+      throw ConfigError("model", issues);
+    }
+    h = ModelHyper{};
+    h.name = "custom";
+    h.arch = *e.arch;
+    // Family defaults for keys a from-scratch description may leave out.
+    if (h.arch == ModelArch::gpt2) {
+      h.tie_word_embeddings = true;
+      h.norm_eps = 1e-5;
+      h.vocab_size = 50257;
+      h.max_position_embeddings = 1024;
+    } else {
+      h.norm_eps = 1e-5;
+      h.rope_theta = 10000.0;
+      h.vocab_size = 32000;
+      h.max_position_embeddings = 4096;
+    }
+  } else if (e.hidden_size || e.num_layers || e.num_heads || e.vocab_size || e.intermediate_size ||
+             e.num_kv_heads || e.max_position_embeddings || e.tie_word_embeddings) {
+    h.name = (m.preset.empty() ? std::string("custom") : m.preset) + " (modified)";
+  }
+  bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
+  layer(e);
+
+  if (h.hidden_size <= 0) issues.push_back({"model.hidden_size", "missing", "give the model width, e.g. 768"});
+  if (h.num_layers <= 0) issues.push_back({"model.num_layers", "missing", "give the number of blocks, e.g. 12"});
+  if (h.num_heads <= 0) issues.push_back({"model.num_heads", "missing", "give the number of heads, e.g. 12"});
+  if (!issues.empty()) throw ConfigError("model", issues);
+  if (h.arch == ModelArch::gpt2 || h.num_kv_heads <= 0) h.num_kv_heads = h.num_heads;
+  if (h.intermediate_size <= 0 || (h.arch == ModelArch::gpt2 && !explicit_ffn && e.hidden_size))
+    h.intermediate_size = h.arch == ModelArch::gpt2 ? 4 * h.hidden_size : 0;
+  if (h.arch == ModelArch::llama && h.intermediate_size <= 0)
+    issues.push_back({"model.intermediate_size", "missing for a llama model", "give the MLP width, e.g. 11008"});
+  if (h.hidden_size % h.num_heads != 0)
+    issues.push_back({"model.num_heads", "hidden_size " + std::to_string(h.hidden_size) + " is not divisible by num_heads " +
+                                             std::to_string(h.num_heads), "choose heads that divide the width"});
+  if (h.num_kv_heads > 0 && h.num_heads % h.num_kv_heads != 0)
+    issues.push_back({"model.num_kv_heads", "num_heads " + std::to_string(h.num_heads) + " is not a multiple of num_kv_heads " +
+                                                std::to_string(h.num_kv_heads), "grouped-query attention needs whole groups"});
+  if (h.arch == ModelArch::gpt2 && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
+    issues.push_back({"model.num_kv_heads", "gpt2 has no grouped-query attention", "remove num_kv_heads or use arch llama"});
+  if (!issues.empty()) throw ConfigError("model", issues);
+  return h;
+}
+
+ModelSpec build_model_spec(const ModelHyper& hp) {
+  ModelSpec s;
+  s.hp = hp;
+  if (hp.arch == ModelArch::gpt2)
+    build_gpt2(s);
+  else
+    build_llama(s);
+  std::map<std::string, int64_t> module_params;
+  int64_t block0 = 0;
+  for (const auto& t : s.tensors) {
+    s.num_params += t.numel;
+    module_params[module_of(t.name)] += t.numel;
+    if (t.layer == 0) block0 += t.numel;
+  }
+  for (const auto& [name, n] : module_params) s.largest_module_params = std::max(s.largest_module_params, n);
+  s.largest_block_params = block0;
+  return s;
+}
+
+double ModelSpec::train_flops_per_token(int64_t T) const {
+  // Matmul parameters: every 2-D weight except the position table, plus the output head (tied or not).
+  double matmul_params = 0;
+  for (const auto& t : tensors)
+    if (t.shape.size() == 2 && t.name.find("wpe") == std::string::npos && t.name.find("embed_tokens") == std::string::npos &&
+        t.name.find("wte") == std::string::npos)
+      matmul_params += static_cast<double>(t.numel);
+  matmul_params += static_cast<double>(hp.vocab_size) * hp.hidden_size;  // output head
+  if (!hp.tie_word_embeddings) matmul_params -= static_cast<double>(hp.vocab_size) * hp.hidden_size;  // lm_head was in the list
+  const double attn = 12.0 * hp.num_layers * static_cast<double>(T) * (hp.num_heads * hp.head_dim());
+  return 6.0 * matmul_params + attn;
+}
+
+double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
+  // Tensors autograd keeps per token for one block (materialised attention, no dropout):
+  //  gpt2:  ln_1 in C, c_attn in C, q k v 3C, softmax probs NH*T, c_proj in C, ln_2 in C, c_fc in C,
+  //         GELU in I, mlp.c_proj in I                    -> (8C + 2I) elements + NH*T
+  //  llama: norm in C, q/k/v proj in C, q and k after RoPE NH*D each (k repeated to NH heads), v
+  //         repeated NH*D, softmax probs NH*T, o_proj in NH*D, norm in C, gate/up in C, gate I,
+  //         silu(gate) I, up I, down in I                  -> (3C + 4 NH*D + 4I) elements + NH*T
+  //  plus two fp32 statistics per norm (mean/rstd).
+  const double C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
+  const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
+  double elements;
+  if (hp.arch == ModelArch::gpt2)
+    elements = 8 * C + 2 * I;
+  else
+    elements = 3 * C + 4 * NH * D + 4 * I;
+  elements += NH * static_cast<double>(T);
+  return elements * b + 2 * 2 * 4;
+}
+
+double ModelSpec::head_activation_bytes_per_token(int b) const {
+  // Embedding output C, final norm input C, head input C, logits V in the compute dtype and the
+  // fp32 log-softmax V that cross-entropy keeps for backward.
+  const double C = static_cast<double>(hp.hidden_size), V = static_cast<double>(hp.vocab_size);
+  return 3 * C * b + V * b + V * 4;
+}
+
+std::string preset_for_size(const std::string& text, std::string* note) {
+  if (text.size() < 2) return "";
+  char unit = static_cast<char>(std::tolower(static_cast<unsigned char>(text.back())));
+  if (unit != 'b' && unit != 'm') return "";
+  char* end = nullptr;
+  std::string num = text.substr(0, text.size() - 1);
+  double v = std::strtod(num.c_str(), &end);
+  if (end == num.c_str() || *end != '\0' || !(v > 0)) return "";
+  const double want = v * (unit == 'b' ? 1e9 : 1e6);
+  // Standard architectures a size shorthand means (the common reading of "7b", "350m", ...).
+  static const char* standard[] = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "tinyllama-1.1b", "llama-3.2-3b",
+                                   "llama-2-7b", "llama-3-8b", "llama-2-13b", "llama-2-70b"};
+  std::string best;
+  double best_err = 1e300;
+  int64_t best_params = 0;
+  for (const char* name : standard) {
+    ModelSpec s = build_model_spec(model_preset(name));
+    double err = std::fabs(std::log(static_cast<double>(s.num_params) / want));
+    if (err < best_err) best_err = err, best = name, best_params = s.num_params;
+  }
+  if (note) *note = "'" + text + "' read as " + best + " (" + format_si(static_cast<double>(best_params)) + " parameters)";
+  return best;
+}
+
+}  // namespace ds

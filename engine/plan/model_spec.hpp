@@ -1,0 +1,68 @@
+// ds — ModelSpec: a transformer as numbers. The ordered list of named parameter tensors (Hugging
+// Face state_dict names and shapes), parameter counts, training FLOPs per token and activation bytes
+// per token. Pure arithmetic: no tensor is ever allocated here.
+//
+// Legend: V vocab, C hidden width, L layers, NH heads, NKV key/value heads, D head dim (C/NH),
+// I MLP width, P positions (context length), T sequence length, B micro batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schema/config.hpp"
+
+namespace ds {
+
+struct ModelHyper {
+  std::string name;  // preset name, or "custom"
+  ModelArch arch = ModelArch::gpt2;
+  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0,
+          intermediate_size = 0, max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  double norm_eps = 0, rope_theta = 0;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+};
+
+struct TensorSpec {
+  std::string name;            // e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // as in the Hugging Face state_dict (GPT-2 Conv1D weights are [in, out])
+  int64_t numel = 0;
+  int layer = -1;              // transformer block index, -1 outside the blocks
+  bool weight_decay = false;   // matrices decay; biases, norms and embeddings' positions do not
+};
+
+struct ModelSpec {
+  ModelHyper hp;
+  std::vector<TensorSpec> tensors;  // state_dict order; the flat parameter layout follows it
+  int64_t num_params = 0;           // tied weights counted once
+  int64_t largest_module_params = 0;  // DeepSpeed's "largest layer": the biggest module's own params
+  int64_t largest_block_params = 0;   // params of one transformer block (the unit ZeRO-3 gathers)
+
+  // Training FLOPs per token at sequence length T: 6 x (matmul params incl. the output head)
+  // + 12 L T C_attn (attention scores and values), as in PaLM (Chowdhery et al. 2022, app. B) and
+  // llm.c. Recomputation is not included (this is "model FLOPs", the basis of MFU).
+  double train_flops_per_token(int64_t T) const;
+  // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
+  double block_activation_bytes_per_token(int64_t T, int bytes) const;
+  // Bytes kept outside the blocks per token: embedding output, final norm, logits.
+  double head_activation_bytes_per_token(int bytes) const;
+};
+
+// Names of the built-in presets, in display order.
+const std::vector<std::string>& model_preset_names();
+// Throws UserError (with a did-you-mean) for an unknown name.
+ModelHyper model_preset(const std::string& name);
+
+// Layers preset < hf_config < explicit keys, fills arch defaults, and checks the result
+// (heads divide the width, ...). Throws ConfigError naming model.* paths.
+ModelHyper resolve_model_hyper(const ModelConfig& model);
+
+ModelSpec build_model_spec(const ModelHyper& hp);
+
+// A size shorthand ("7b", "1.5b", "350m") -> the nearest standard preset and a note saying so.
+// Returns "" if the text is not a size.
+std::string preset_for_size(const std::string& shorthand, std::string* note);
+
+}  // namespace ds

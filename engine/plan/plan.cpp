@@ -1,0 +1,343 @@
+#include "engine/plan/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+
+namespace ds {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
+  PrecisionPolicy p;
+  const bool fp16 = c.fp16.enabled.value_or(false), bf16 = c.bf16.enabled.value_or(false);
+  DS_CHECK(!(fp16 && bf16), "the loader rejects fp16 and bf16 together");
+  if (bf16) {
+    p.mode = "bf16";
+    p.param_dtype = p.compute_dtype = Dtype::bf16;
+    p.fp32_master = true;
+    p.check_overflow = c.bf16.check_grad_overflow;
+  } else if (fp16) {
+    p.mode = "fp16";
+    p.param_dtype = Dtype::fp16;
+    p.fp32_master = true;
+    p.check_overflow = true;
+    if (topo.device == DeviceKind::cpu) {
+      p.compute_dtype = Dtype::fp32;
+      p.note = "fp16 on CPU: parameters and gradients are stored in fp16 (so overflow and loss scaling are real) "
+               "but matmuls run in fp32, because LibTorch has no fp16 CPU kernels; bf16 is the fast CPU choice";
+    } else {
+      p.compute_dtype = Dtype::fp16;
+    }
+    auto& ls = p.loss_scaling;
+    ls.enabled = true;
+    ls.dynamic = c.fp16.loss_scale == 0;
+    ls.initial_scale = ls.dynamic ? std::ldexp(1.0, c.fp16.initial_scale_power) : c.fp16.loss_scale;
+    ls.window = c.fp16.loss_scale_window;
+    ls.hysteresis = c.fp16.hysteresis;
+    ls.consecutive_hysteresis = c.fp16.consecutive_hysteresis;
+    ls.min_scale = c.fp16.min_loss_scale;
+  } else {
+    p.mode = "fp32";
+  }
+  p.grad_dtype = c.grad_accum_dtype.value_or(p.param_dtype);
+  p.comm_dtype = c.communication_data_type.value_or(p.grad_dtype);
+  return p;
+}
+
+ResolvedOptimizer resolve_optimizer(const Config& c, std::vector<ResolvedValue>& resolved) {
+  const OptimizerConfig& o = c.optimizer;
+  ResolvedOptimizer r;
+  r.type = o.type;
+  DS_CHECK(o.lr && o.eps && o.weight_decay && o.betas, "the loader fills optimizer defaults");
+  r.lr = *o.lr;
+  r.eps = *o.eps;
+  r.weight_decay = *o.weight_decay;
+  r.betas = *o.betas;
+  r.bias_correction = o.bias_correction;
+  r.momentum = o.momentum;
+  r.dampening = o.dampening;
+  r.nesterov = o.nesterov;
+  r.eps_inside_sqrt = o.eps_inside_sqrt;
+  r.max_coeff = o.max_coeff;
+  r.min_coeff = o.min_coeff;
+  switch (o.type) {
+    case OptimizerType::Adam:  // DeepSpeed: "Adam" is AdamW unless adam_w_mode is false
+      r.decoupled_weight_decay = o.adam_w_mode;
+      r.moments = 2;
+      break;
+    case OptimizerType::AdamW: r.decoupled_weight_decay = true; r.moments = 2; break;
+    case OptimizerType::Lamb: r.decoupled_weight_decay = true; r.moments = 2; break;
+    case OptimizerType::SGD: r.decoupled_weight_decay = false; r.moments = o.momentum > 0 ? 1 : 0; break;
+  }
+  if (!o.given)
+    resolved.push_back({"optimizer", std::string(optimizer_type_name(r.type)) + " lr " + format_double(r.lr),
+                        "default: the config has no optimizer block"});
+  return r;
+}
+
+ResolvedScheduler resolve_scheduler(const Config& c, double lr, int64_t steps, std::vector<ResolvedValue>& resolved,
+                                    std::vector<ConfigIssue>& warnings) {
+  ResolvedScheduler r;
+  r.type = c.scheduler.type;
+  r.params = c.scheduler;
+  if (r.type == SchedulerType::None) return r;
+  auto& p = r.params;
+  if (!p.warmup_min_lr) p.warmup_min_lr = 0.0;
+  const bool uses_max_lr = r.type == SchedulerType::WarmupLR || r.type == SchedulerType::WarmupDecayLR;
+  if (!p.warmup_max_lr && uses_max_lr) {
+    p.warmup_max_lr = lr;
+    resolved.push_back({"scheduler.params.warmup_max_lr", format_double(lr), "the optimizer's lr"});
+  }
+  if (!p.total_num_steps && (r.type == SchedulerType::WarmupDecayLR || r.type == SchedulerType::WarmupCosineLR)) {
+    p.total_num_steps = steps;
+    resolved.push_back({"scheduler.params.total_num_steps", str(steps), "train.steps"});
+  }
+  if (!p.warmup_num_steps) {
+    p.warmup_num_steps = std::max<int64_t>(1, steps / 10);
+    resolved.push_back({"scheduler.params.warmup_num_steps", str(*p.warmup_num_steps), "auto: train.steps / 10"});
+  }
+  if (r.type == SchedulerType::OneCycle) {
+    if (!p.cycle_second_step_size) p.cycle_second_step_size = p.cycle_first_step_size;
+    if (!p.cycle_first_stair_count) p.cycle_first_stair_count = 0;
+    if (!p.cycle_second_stair_count) p.cycle_second_stair_count = p.cycle_first_stair_count;
+  }
+  if (p.total_num_steps && p.warmup_num_steps && *p.total_num_steps < *p.warmup_num_steps)
+    warnings.push_back({"scheduler.params.total_num_steps",
+                        "total_num_steps " + str(*p.total_num_steps) + " is shorter than warmup_num_steps " +
+                            str(*p.warmup_num_steps) + ": the schedule never leaves warmup",
+                        ""});
+  return r;
+}
+
+void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, std::vector<ConfigIssue>& warnings,
+                ResolvedZero& z) {
+  if (z.offload_param.device != OffloadDevice::none && stage != 3)
+    errors.push_back({"zero_optimization.offload_param.device",
+                      "parameter offload needs ZeRO stage 3, but the stage is " + std::to_string(stage),
+                      "set zero_optimization.stage=3, or remove offload_param"});
+  if (z.offload_optimizer.device != OffloadDevice::none && stage == 0)
+    errors.push_back({"zero_optimization.offload_optimizer.device",
+                      "optimizer offload needs ZeRO stage 1 or higher, but the stage is 0",
+                      "set zero_optimization.stage=2 (the usual ZeRO-Offload setting)"});
+  if (z.offload_optimizer.device == OffloadDevice::nvme && (stage == 1 || stage == 2)) {
+    warnings.push_back({"zero_optimization.offload_optimizer.device",
+                        "NVMe optimizer offload needs stage 3; at stage " + std::to_string(stage) +
+                            " it means CPU offload, as in DeepSpeed",
+                        "set zero_optimization.stage=3 to swap optimizer states to NVMe"});
+    z.offload_optimizer.device = OffloadDevice::cpu;
+  }
+  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && stage != 3)
+    errors.push_back({"zero_optimization.offload_optimizer.ratio", "partial offloading (ratio < 1) needs ZeRO stage 3",
+                      "set ratio to 1.0 or the stage to 3"});
+  (void)c;
+}
+
+}  // namespace
+
+double Plan::host_bytes_per_node() const {
+  double per_rank = memory.host.total();
+  if (topology.device == DeviceKind::cpu) per_rank += memory.device.total();
+  return per_rank * topology.ranks_per_node;
+}
+
+MemoryInputs memory_inputs_for(const Plan& plan) {
+  MemoryInputs in;
+  in.model = &plan.model;
+  in.stage = plan.zero.stage;
+  in.world_size = plan.topology.world_size;
+  in.param_dtype = plan.precision.param_dtype;
+  in.compute_dtype = plan.precision.compute_dtype;
+  in.grad_dtype = plan.precision.grad_dtype;
+  in.comm_dtype = plan.precision.comm_dtype;
+  in.fp32_master = plan.precision.fp32_master;
+  in.optimizer_moments = plan.optimizer.moments;
+  in.offload_optimizer = plan.zero.offload_optimizer;
+  in.offload_param = plan.zero.offload_param;
+  in.sub_group_size = plan.zero.sub_group_size;
+  in.micro_batch = plan.batch.micro_batch;
+  in.seq_len = plan.seq_len;
+  in.activation_checkpointing = plan.activation_checkpointing;
+  in.reduce_bucket_size = plan.zero.reduce_bucket_size;
+  in.allgather_bucket_size = plan.zero.allgather_bucket_size;
+  in.prefetch_bucket_size = plan.zero.prefetch_bucket_size;
+  in.param_persistence_threshold = plan.zero.param_persistence_threshold;
+  in.max_live_parameters = plan.zero.max_live_parameters;
+  in.overlap_comm = plan.zero.overlap_comm;
+  return in;
+}
+
+Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {
+  Plan plan;
+  std::vector<ConfigIssue> errors;
+  plan.config_source = c.source;
+  plan.model = model;
+  plan.topology = topo;
+  plan.warnings = c.warnings;
+  plan.steps = c.train.steps;
+  plan.activation_checkpointing = c.model.activation_checkpointing;
+  const int64_t C = model.hp.hidden_size;
+
+  // Sequence length.
+  if (c.data.seq_len) {
+    plan.seq_len = *c.data.seq_len;
+  } else {
+    plan.seq_len = model.hp.max_position_embeddings;
+    plan.resolved.push_back({"data.seq_len", str(plan.seq_len), "auto: the model's max_position_embeddings"});
+  }
+  if (model.hp.arch == ModelArch::gpt2 && plan.seq_len > model.hp.max_position_embeddings)
+    errors.push_back({"data.seq_len",
+                      "seq_len " + str(plan.seq_len) + " is longer than the model's " +
+                          str(model.hp.max_position_embeddings) + " learned positions",
+                      "lower data.seq_len, or raise model.max_position_embeddings"});
+
+  plan.precision = resolve_precision(c, topo);
+  plan.optimizer = resolve_optimizer(c, plan.resolved);
+  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
+  DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
+  plan.gradient_clipping = *c.gradient_clipping;
+
+  // ZeRO knobs that follow the model's width when "auto" (Hugging Face's rules).
+  ResolvedZero& z = plan.zero;
+  const ZeroConfig& zc = c.zero;
+  auto pick = [&](const std::optional<int64_t>& v, int64_t fallback, const char* path, const std::string& rule) {
+    if (v) return *v;
+    plan.resolved.push_back({path, str(fallback), "auto: " + rule});
+    return fallback;
+  };
+  z.reduce_bucket_size = pick(zc.reduce_bucket_size, C * C, "zero_optimization.reduce_bucket_size",
+                              "hidden_size^2 = " + str(C) + "^2");
+  z.allgather_bucket_size = pick(zc.allgather_bucket_size, C * C, "zero_optimization.allgather_bucket_size",
+                                 "hidden_size^2 = " + str(C) + "^2");
+  z.prefetch_bucket_size = pick(zc.prefetch_bucket_size, static_cast<int64_t>(0.9 * C * C),
+                                "zero_optimization.stage3_prefetch_bucket_size", "0.9 x hidden_size^2");
+  z.param_persistence_threshold = pick(zc.param_persistence_threshold, 10 * C,
+                                       "zero_optimization.stage3_param_persistence_threshold", "10 x hidden_size");
+  DS_CHECK(zc.max_live_parameters && zc.max_reuse_distance && zc.sub_group_size, "the loader fills these defaults");
+  z.max_live_parameters = *zc.max_live_parameters;
+  z.max_reuse_distance = *zc.max_reuse_distance;
+  z.sub_group_size = *zc.sub_group_size;
+  z.reduce_scatter = zc.reduce_scatter;
+  z.contiguous_gradients = zc.contiguous_gradients;
+  z.offload_optimizer = zc.offload_optimizer;
+  z.offload_param = zc.offload_param;
+
+  // Micro batch: explicit, from the triangle, or (when "auto" and underdetermined) from memory.
+  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
+                 topo.world_size_source};
+  // "auto" with train_batch_size given is settled by the triangle; without it, by memory.
+  const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;
+  const double device_budget = topo.device == DeviceKind::cpu
+                                   ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
+                                   : topo.device_memory_bytes;
+  auto fits = [&](int stage, int64_t micro) {
+    Plan trial = plan;
+    trial.zero.stage = stage;
+    trial.batch.micro_batch = micro;
+    MemoryEstimate e = estimate_memory(memory_inputs_for(trial));
+    return e.device.total() <= 0.9 * device_budget;  // 10% headroom for what the model does not count
+  };
+
+  // Stage: explicit, or the lowest that fits at micro batch 1.
+  if (zc.stage) {
+    z.stage = *zc.stage;
+  } else {
+    if (device_budget <= 0)
+      errors.push_back({"zero_optimization.stage", "\"auto\" needs the device memory, which is unknown",
+                        "pass --device-memory (e.g. 80GiB) or set the stage"});
+    z.stage = 3;
+    for (int s = 0; s <= 3 && device_budget > 0; ++s)
+      if (fits(s, c.train_micro_batch_size_per_gpu.value_or(1))) {
+        z.stage = s;
+        break;
+      }
+    plan.resolved.push_back({"zero_optimization.stage", std::to_string(z.stage),
+                             "auto: the lowest stage whose plan fits " + format_bytes(device_budget) + " per rank"});
+  }
+  z.overlap_comm = zc.overlap_comm.value_or(z.stage == 3);
+  if (!zc.overlap_comm)
+    plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false", "default: true at stage 3"});
+  check_zero(c, z.stage, errors, plan.warnings, z);
+
+  if (micro_from_memory) {
+    if (device_budget <= 0) {
+      errors.push_back({"train_micro_batch_size_per_gpu", "\"auto\" needs the device memory, which is unknown",
+                        "pass --device-memory (e.g. 80GiB) or set the micro batch"});
+    } else {
+      int64_t micro = 0;
+      for (int64_t m = 64; m >= 1 && micro == 0; m /= 2)
+        if (fits(z.stage, m)) micro = m;
+      if (micro == 0) {
+        micro = 1;
+        plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit the device memory",
+                                 "see the memory table; try a higher ZeRO stage, offload or activation checkpointing"});
+      }
+      bi.micro_batch = micro;
+      plan.resolved.push_back({"train_micro_batch_size_per_gpu", str(micro),
+                               "auto: the largest power of two up to 64 whose plan fits " + format_bytes(device_budget) +
+                                   " per rank"});
+    }
+  }
+  if (!errors.empty()) throw ConfigError(c.source, errors);
+  plan.batch = resolve_batch(bi);
+  if (plan.batch.derivation != "all three given" && !micro_from_memory)
+    plan.resolved.push_back({"batch", plan.batch.derivation,
+                             "the batch triangle; world size " + std::to_string(topo.world_size) + " from " +
+                                 topo.world_size_source});
+
+  if (c.train.threads) {
+    plan.threads = static_cast<int>(*c.train.threads);
+  } else {
+    plan.threads = std::max(1, topo.cores_per_node / std::max(1, topo.ranks_per_node));
+    plan.resolved.push_back({"train.threads", std::to_string(plan.threads),
+                             "auto: " + std::to_string(topo.cores_per_node) + " cores / " +
+                                 std::to_string(topo.ranks_per_node) + (topo.ranks_per_node == 1 ? " rank" : " ranks") + " per node"});
+  }
+
+  plan.layout = build_layout(model, z.stage, topo.world_size);
+  plan.memory = estimate_memory(memory_inputs_for(plan));
+
+  CommInputs ci;
+  ci.model = &plan.model;
+  ci.stage = z.stage;
+  ci.world_size = topo.world_size;
+  ci.grad_accum = plan.batch.grad_accum;
+  ci.numel = plan.layout.padded_numel;
+  ci.persistent_numel = plan.memory.persistent_numel;
+  ci.param_dtype = plan.precision.param_dtype;
+  ci.comm_dtype = plan.precision.comm_dtype;
+  ci.reduce_bucket_size = z.reduce_bucket_size;
+  ci.allgather_bucket_size = z.allgather_bucket_size;
+  ci.reduce_scatter = z.reduce_scatter;
+  plan.collectives = plan_collectives(ci);
+
+  auto where = [&](OffloadDevice d, const char* dflt) -> std::string {
+    switch (d) {
+      case OffloadDevice::none: return dflt;
+      case OffloadDevice::cpu: return "cpu";
+      case OffloadDevice::nvme: return "nvme";
+    }
+    return dflt;
+  };
+  const char* dev = topo.device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
+  const char* part = z.stage >= 3 ? ", partitioned" : "";
+  plan.placement.params = where(z.offload_param.device, dev) + std::string(part);
+  plan.placement.grads = (z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1 ? std::string("cpu")
+                                                                                            : std::string(dev)) +
+                         (z.stage >= 2 ? ", partitioned" : "");
+  plan.placement.optimizer_states = where(z.offload_optimizer.device, dev) + (z.stage >= 1 ? std::string(", partitioned") : "");
+
+  plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
+  plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * model.train_flops_per_token(plan.seq_len);
+
+  if (device_budget > 0 && plan.device_bytes_per_rank() > device_budget)
+    plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) +
+                                     " per rank but the device has " + format_bytes(device_budget),
+                             "raise the ZeRO stage, offload, enable model.activation_checkpointing or lower the micro batch"});
+  return plan;
+}
+
+}  // namespace ds

@@ -1,0 +1,115 @@
+// ds — the Plan: everything decided before the first step. compile_plan is pure: the same Config,
+// ModelSpec and Topology always give the same Plan. The runtime executes it and re-decides nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/batch.hpp"
+#include "engine/plan/comm.hpp"
+#include "engine/plan/layout.hpp"
+#include "engine/plan/memory.hpp"
+#include "engine/plan/model_spec.hpp"
+#include "engine/plan/topology.hpp"
+#include "schema/config.hpp"
+
+namespace ds {
+
+// Bumped when a field of `ds plan --json` (and the plan stored in checkpoints) changes meaning or
+// disappears; adding fields does not bump it.
+constexpr int kPlanSchemaVersion = 1;
+
+struct LossScaling {
+  bool enabled = false;   // fp16 only
+  bool dynamic = false;
+  double initial_scale = 1, min_scale = 1;
+  int64_t window = 0;
+  int hysteresis = 0;
+  bool consecutive_hysteresis = false;
+};
+
+struct PrecisionPolicy {
+  std::string mode;  // "fp32" | "bf16" | "fp16"
+  Dtype param_dtype = Dtype::fp32;    // working parameters
+  Dtype compute_dtype = Dtype::fp32;  // matmuls and activations
+  Dtype grad_dtype = Dtype::fp32;     // accumulated gradients
+  Dtype comm_dtype = Dtype::fp32;     // gradient reduction
+  bool fp32_master = false;           // optimizer keeps an fp32 copy of the weights
+  bool check_overflow = false;        // skip the step on inf/NaN gradients
+  LossScaling loss_scaling;
+  std::string note;                   // e.g. why fp16 computes in fp32 on CPU
+};
+
+struct ResolvedOptimizer {
+  OptimizerType type = OptimizerType::AdamW;
+  double lr = 0, eps = 0, weight_decay = 0;
+  std::array<double, 2> betas{0, 0};
+  bool bias_correction = true, decoupled_weight_decay = true;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false, eps_inside_sqrt = false;
+  double max_coeff = 0, min_coeff = 0;
+  int moments = 2;  // fp32 state tensors per parameter element
+};
+
+struct ResolvedScheduler {
+  SchedulerType type = SchedulerType::None;
+  SchedulerConfig params;  // every optional filled
+};
+
+struct ResolvedZero {
+  int stage = 0;
+  bool overlap_comm = false, reduce_scatter = true, contiguous_gradients = true;
+  int64_t reduce_bucket_size = 0, allgather_bucket_size = 0, prefetch_bucket_size = 0,
+          param_persistence_threshold = 0, max_live_parameters = 0, max_reuse_distance = 0, sub_group_size = 0;
+  OffloadConfig offload_optimizer, offload_param;
+};
+
+struct Placement {
+  std::string params, grads, optimizer_states;  // "device" | "cpu" | "nvme" (with a detail)
+};
+
+// A value ds decided rather than read: an "auto", a derived batch size, a default that depends on
+// the model. Shown by `ds plan` so nothing is decided silently.
+struct ResolvedValue {
+  std::string path, value, source;
+};
+
+struct Plan {
+  int schema_version = kPlanSchemaVersion;
+  std::string config_source;
+  ModelSpec model;
+  Topology topology;
+  ResolvedBatch batch;
+  int64_t seq_len = 0;
+  int threads = 1;
+  PrecisionPolicy precision;
+  ResolvedOptimizer optimizer;
+  ResolvedScheduler scheduler;
+  ResolvedZero zero;
+  double gradient_clipping = 0;
+  bool activation_checkpointing = false;
+  FlatLayout layout;
+  std::vector<Collective> collectives;
+  MemoryEstimate memory;
+  Placement placement;
+  int64_t tokens_per_step = 0;
+  double train_flops_per_step = 0;  // model FLOPs of one optimizer step across all ranks
+  int64_t steps = 0;
+  std::vector<ResolvedValue> resolved;
+  std::vector<ConfigIssue> warnings;  // the loader's plus the compiler's
+
+  // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
+  double device_bytes_per_rank() const { return memory.device.total(); }
+  double host_bytes_per_node() const;
+};
+
+// Resolves every "auto", the batch triangle and the precision policy, lays out the parameters and
+// sizes memory and communication. Throws ConfigError for combinations that cannot run.
+Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& topology);
+
+// The inputs of the memory model for a plan (used by estimate-memory to vary one choice).
+MemoryInputs memory_inputs_for(const Plan& plan);
+
+}  // namespace ds

@@ -1,0 +1,89 @@
+#include "engine/plan/topology.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/error.hpp"
+
+namespace ds {
+namespace {
+
+int env_int(const std::function<const char*(const char*)>& getenv_fn, const char* name) {
+  const char* v = getenv_fn(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < 0 || n > 1 << 20)
+    throw UserError(std::string("environment variable ") + name + "='" + v + "' is not a non-negative integer",
+                    "unset it, or set it as torchrun does");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn) {
+  Topology t;
+  t.cores_per_node = detect_cores();
+  t.host_memory_bytes = detect_host_memory_bytes();
+  t.device_memory_bytes = opt.device_memory_bytes;
+
+  const int env_world = env_int(getenv_fn, "WORLD_SIZE");
+  const int env_local_world = env_int(getenv_fn, "LOCAL_WORLD_SIZE");
+  if (opt.world_size > 0) {
+    t.world_size = opt.world_size;
+    t.world_size_source = "--world-size";
+  } else if (opt.nproc_per_node > 0) {
+    t.world_size = opt.nproc_per_node * (opt.nnodes > 0 ? opt.nnodes : 1);
+    t.world_size_source = "--nproc-per-node x --nnodes";
+  } else if (env_world > 0) {
+    t.world_size = env_world;
+    t.world_size_source = "WORLD_SIZE (launcher environment)";
+  } else {
+    t.world_size = 1;
+    t.world_size_source = "the default of one process";
+  }
+
+  if (opt.nproc_per_node > 0)
+    t.ranks_per_node = opt.nproc_per_node;
+  else if (opt.nnodes > 0)
+    t.ranks_per_node = (t.world_size + opt.nnodes - 1) / opt.nnodes;
+  else if (env_local_world > 0)
+    t.ranks_per_node = env_local_world;
+  else
+    t.ranks_per_node = t.world_size;
+  if (t.world_size % t.ranks_per_node != 0)
+    throw UserError("world size " + std::to_string(t.world_size) + " is not a multiple of the ranks per node (" +
+                        std::to_string(t.ranks_per_node) + ")",
+                    "every node runs the same number of ranks: check --nproc-per-node and --nnodes");
+  t.num_nodes = t.world_size / t.ranks_per_node;
+  if (opt.nnodes > 0 && opt.nnodes != t.num_nodes)
+    throw UserError("--nnodes " + std::to_string(opt.nnodes) + " does not match world size " + std::to_string(t.world_size) +
+                        " / " + std::to_string(t.ranks_per_node) + " ranks per node",
+                    "give --world-size or --nproc-per-node with --nnodes, not contradicting values");
+  t.rank = env_int(getenv_fn, "RANK");
+  t.local_rank = env_int(getenv_fn, "LOCAL_RANK");
+  if (t.rank >= t.world_size)
+    throw UserError("RANK=" + std::to_string(t.rank) + " is not below the world size " + std::to_string(t.world_size),
+                    "the launcher environment and the flags disagree");
+  return t;
+}
+
+double detect_host_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024.0;
+  return 0;
+}
+
+int detect_cores() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+}  // namespace ds

@@ -1,0 +1,189 @@
+// ds — the typed, validated, defaults-filled config. Produced only by load_config (schema/loader.hpp);
+// everything downstream reads this, never JSON. Defaults live in ds_config.schema.json, not here:
+// member initialisers below are neutral values that the loader always overwrites.
+//
+// "auto": a std::optional member that is empty means the user wrote "auto" (or, for the batch keys,
+// left the key out). The plan compiler resolves every one and records the value and its source.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+enum class Dtype { fp32, fp16, bf16 };
+const char* dtype_name(Dtype d);
+int dtype_bytes(Dtype d);
+
+enum class OffloadDevice { none, cpu, nvme };
+const char* offload_device_name(OffloadDevice d);
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;
+  int64_t buffer_count = 0;
+  int64_t buffer_size = 0;    // elements (offload_param only)
+  int64_t max_in_cpu = 0;     // elements (offload_param only)
+  bool pin_memory = false;
+  double ratio = 1.0;         // offload_optimizer only
+};
+
+struct ZeroConfig {
+  std::optional<int> stage;                  // empty: "auto" (lowest stage that fits)
+  bool contiguous_gradients = false;
+  bool reduce_scatter = false;
+  std::optional<int64_t> reduce_bucket_size;      // elements; empty: auto
+  bool allgather_partitions = false;
+  std::optional<int64_t> allgather_bucket_size;   // elements
+  std::optional<bool> overlap_comm;               // empty: true at stage 3, else false
+  bool load_from_fp32_weights = false;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+  std::optional<int64_t> sub_group_size;
+  std::optional<int64_t> prefetch_bucket_size;        // stage3_prefetch_bucket_size
+  std::optional<int64_t> param_persistence_threshold; // stage3_param_persistence_threshold
+  int64_t model_persistence_threshold = 0;
+  std::optional<int64_t> max_live_parameters;
+  std::optional<int64_t> max_reuse_distance;
+  bool gather_16bit_weights_on_model_save = false;
+  bool ignore_unused_parameters = false;
+};
+
+enum class OptimizerType { Adam, AdamW, SGD, Lamb };
+const char* optimizer_type_name(OptimizerType t);
+
+struct OptimizerConfig {
+  bool given = false;  // false: no optimizer block; ds uses the schema's default type
+  OptimizerType type = OptimizerType::AdamW;
+  std::optional<double> lr, eps, weight_decay;  // empty: auto
+  std::optional<std::array<double, 2>> betas;
+  bool bias_correction = false;
+  bool adam_w_mode = false;
+  double momentum = 0, dampening = 0;
+  bool nesterov = false;
+  bool eps_inside_sqrt = false;
+  double max_coeff = 0, min_coeff = 0;
+};
+
+enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest };
+const char* scheduler_type_name(SchedulerType t);
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::None;
+  // Warmup family. Empty optionals: "auto" (or null where the schema allows it).
+  std::optional<double> warmup_min_lr, warmup_max_lr;
+  std::optional<int64_t> warmup_num_steps, total_num_steps;
+  bool warmup_max_lr_null = false;  // WarmupLR: null means "the optimizer's lr"
+  std::string warmup_type;          // "log" | "linear"
+  double warmup_min_ratio = 0, cos_min_ratio = 0;
+  // OneCycle
+  double cycle_min_lr = 0, cycle_max_lr = 0, decay_lr_rate = 0;
+  int64_t cycle_first_step_size = 0, decay_step_size = 0;
+  std::optional<int64_t> cycle_second_step_size, cycle_first_stair_count, cycle_second_stair_count;
+  bool cycle_momentum = false;
+  double cycle_min_mom = 0, cycle_max_mom = 0, decay_mom_rate = 0;
+  // LRRangeTest
+  double lr_range_test_min_lr = 0, lr_range_test_step_rate = 0;
+  int64_t lr_range_test_step_size = 0;
+  bool lr_range_test_staircase = false;
+};
+
+struct Fp16Config {
+  std::optional<bool> enabled;  // empty: auto
+  double loss_scale = 0;        // 0: dynamic
+  int initial_scale_power = 0;
+  int64_t loss_scale_window = 0;
+  int hysteresis = 0;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 0;
+};
+
+struct Bf16Config {
+  std::optional<bool> enabled;  // empty: auto
+  bool check_grad_overflow = false;
+};
+
+enum class ModelArch { gpt2, llama };
+const char* model_arch_name(ModelArch a);
+
+// Hyperparameters that may come from a preset, a Hugging Face config.json, or explicit keys.
+// Each is optional so the three sources can be layered (preset < hf_config < explicit).
+struct ModelFields {
+  std::optional<ModelArch> arch;
+  std::optional<int64_t> vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
+      max_position_embeddings;
+  std::optional<bool> tie_word_embeddings;
+  std::optional<double> norm_eps, rope_theta;
+};
+
+struct ModelConfig {
+  std::string preset;       // "" when none
+  std::string hf_config;    // path, "" when none
+  ModelFields from_hf;      // filled by the loader from hf_config
+  ModelFields explicit_fields;
+  bool activation_checkpointing = false;
+  std::string init_from;    // "" when none
+  bool given = false;       // false: no model block at all
+};
+
+enum class DataType { synthetic, text, tokens, hdf5 };
+const char* data_type_name(DataType t);
+
+struct DataConfig {
+  DataType type = DataType::synthetic;
+  std::string path, tokenizer, vocab_file, merges_file, token_format, dataset;
+  std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
+  double val_fraction = 0;
+};
+
+struct TrainConfig {
+  int64_t steps = 0, eval_every = 0, eval_batches = 0, save_every = 0, keep_last = 0, seed = 0;
+  std::string output_dir;
+  std::optional<int64_t> threads;  // empty: auto
+  std::string resume;              // "false" | "auto" | a path
+};
+
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path, job_name;
+};
+
+struct Config {
+  std::optional<int64_t> train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps;
+  bool micro_batch_auto = false;  // train_micro_batch_size_per_gpu was literally "auto"
+
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero;
+  std::optional<Dtype> grad_accum_dtype, communication_data_type;
+  std::optional<double> gradient_clipping;  // empty: auto
+  bool gradient_allreduce_sum = false;      // gradient_allreduce_op "sum"
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1;
+  bool zero_allow_untested_optimizer = false;
+
+  std::optional<int64_t> steps_per_print;   // empty: null
+  bool wall_clock_breakdown = false;
+  bool flops_profiler_enabled = false;
+  MonitorConfig tensorboard, csv_monitor;
+  bool comms_logger_enabled = false;
+
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+
+  // Where the config came from and what the loader noticed.
+  std::string source;                          // file path, or "<name>" for embedded configs
+  std::vector<ConfigIssue> warnings;           // ignored keys, deprecated spellings, ...
+  std::map<std::string, std::string> value_source;  // JSON path -> "file" | "override" | "default"
+};
+
+}  // namespace ds

@@ -1,0 +1,262 @@
+// The validated, defaults-filled JSON -> the typed Config, plus the checks that involve more than one
+// key. After validation every key read here exists and has the schema's type, so a failed lookup is
+// a bug in ds (DS_CHECK), not a user error.
+#include <cmath>
+
+#include "schema/loader_internal.hpp"
+
+namespace ds::loader {
+namespace {
+
+const json& at(const json& j, const char* key) {
+  DS_CHECK(j.is_object() && j.contains(key), "key '", key, "' missing after defaults were filled");
+  return j[key];
+}
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+std::optional<int64_t> opt_int(const json& v) {
+  if (v.is_null() || is_auto(v)) return std::nullopt;
+  return static_cast<int64_t>(std::llround(v.get<double>()));  // 5e8 is accepted for integers, as in DeepSpeed
+}
+std::optional<double> opt_num(const json& v) {
+  if (v.is_null() || is_auto(v)) return std::nullopt;
+  return v.get<double>();
+}
+std::optional<bool> opt_bool(const json& v) {
+  if (v.is_null() || is_auto(v)) return std::nullopt;
+  return v.get<bool>();
+}
+std::string str_or_empty(const json& v) { return v.is_string() ? v.get<std::string>() : std::string(); }
+
+std::optional<Dtype> read_dtype(const json& v) {
+  if (v.is_null()) return std::nullopt;
+  const std::string s = v.get<std::string>();
+  if (s == "fp32" || s == "float32" || s == "float") return Dtype::fp32;
+  if (s == "fp16" || s == "float16" || s == "half") return Dtype::fp16;
+  return Dtype::bf16;
+}
+
+OffloadDevice read_device(const json& v) {
+  const std::string s = v.get<std::string>();
+  return s == "cpu" ? OffloadDevice::cpu : s == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
+}
+
+OffloadConfig read_offload(const json& block, bool param) {
+  OffloadConfig o;
+  if (block.is_null()) return o;
+  o.device = read_device(at(block, "device"));
+  o.nvme_path = str_or_empty(at(block, "nvme_path"));
+  o.buffer_count = at(block, "buffer_count").get<int64_t>();
+  o.pin_memory = at(block, "pin_memory").get<bool>();
+  if (param) {
+    o.buffer_size = static_cast<int64_t>(at(block, "buffer_size").get<double>());
+    o.max_in_cpu = static_cast<int64_t>(at(block, "max_in_cpu").get<double>());
+  } else {
+    o.ratio = at(block, "ratio").get<double>();
+  }
+  return o;
+}
+
+ModelFields read_model_fields(const json& m) {
+  ModelFields f;
+  if (m.contains("arch")) f.arch = m["arch"] == "gpt2" ? ModelArch::gpt2 : ModelArch::llama;
+  auto i = [&](const char* k, std::optional<int64_t>& out) {
+    if (m.contains(k)) out = m[k].get<int64_t>();
+  };
+  i("vocab_size", f.vocab_size);
+  i("hidden_size", f.hidden_size);
+  i("num_layers", f.num_layers);
+  i("num_heads", f.num_heads);
+  i("num_kv_heads", f.num_kv_heads);
+  i("intermediate_size", f.intermediate_size);
+  i("max_position_embeddings", f.max_position_embeddings);
+  if (m.contains("tie_word_embeddings")) f.tie_word_embeddings = m["tie_word_embeddings"].get<bool>();
+  if (m.contains("norm_eps")) f.norm_eps = m["norm_eps"].get<double>();
+  if (m.contains("rope_theta")) f.rope_theta = m["rope_theta"].get<double>();
+  return f;
+}
+
+}  // namespace
+
+Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
+  Config c;
+  c.train_batch_size = opt_int(at(d, "train_batch_size"));
+  c.train_micro_batch_size_per_gpu = opt_int(at(d, "train_micro_batch_size_per_gpu"));
+  c.micro_batch_auto = is_auto(at(d, "train_micro_batch_size_per_gpu"));
+  c.gradient_accumulation_steps = opt_int(at(d, "gradient_accumulation_steps"));
+
+  const json& opt = at(d, "optimizer");
+  const json& op = at(opt, "params");
+  OptimizerConfig& o = c.optimizer;
+  const std::string type = at(opt, "type").get<std::string>();
+  o.type = type == "Adam" ? OptimizerType::Adam : type == "SGD" ? OptimizerType::SGD : type == "Lamb" ? OptimizerType::Lamb
+                                                                                                       : OptimizerType::AdamW;
+  o.lr = opt_num(at(op, "lr"));
+  o.weight_decay = opt_num(at(op, "weight_decay"));
+  if (o.type != OptimizerType::SGD) {
+    o.eps = opt_num(at(op, "eps"));
+    const json& b = at(op, "betas");
+    if (b.is_array()) o.betas = std::array<double, 2>{b[0].get<double>(), b[1].get<double>()};
+    o.bias_correction = at(op, "bias_correction").get<bool>();
+  } else {
+    o.eps = 0.0;
+    o.betas = std::array<double, 2>{0.0, 0.0};
+    o.momentum = at(op, "momentum").get<double>();
+    o.dampening = at(op, "dampening").get<double>();
+    o.nesterov = at(op, "nesterov").get<bool>();
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      errors.push_back({"optimizer.params.nesterov", "Nesterov momentum needs momentum > 0 and dampening 0", ""});
+  }
+  if (o.type == OptimizerType::Adam || o.type == OptimizerType::AdamW) o.adam_w_mode = at(op, "adam_w_mode").get<bool>();
+  if (o.type == OptimizerType::Lamb) {
+    o.eps_inside_sqrt = at(op, "eps_inside_sqrt").get<bool>();
+    o.max_coeff = at(op, "max_coeff").get<double>();
+    o.min_coeff = at(op, "min_coeff").get<double>();
+  }
+
+  if (d.contains("scheduler")) {
+    const json& s = d["scheduler"];
+    const json& p = at(s, "params");
+    SchedulerConfig& sc = c.scheduler;
+    const std::string t = at(s, "type").get<std::string>();
+    for (SchedulerType st : {SchedulerType::WarmupLR, SchedulerType::WarmupDecayLR, SchedulerType::WarmupCosineLR,
+                             SchedulerType::OneCycle, SchedulerType::LRRangeTest})
+      if (t == scheduler_type_name(st)) sc.type = st;
+    auto num = [&](const char* k, double& out) { if (p.contains(k)) out = p[k].get<double>(); };
+    auto integer = [&](const char* k, int64_t& out) { if (p.contains(k)) out = p[k].get<int64_t>(); };
+    if (p.contains("warmup_min_lr")) sc.warmup_min_lr = opt_num(p["warmup_min_lr"]);
+    if (p.contains("warmup_max_lr")) {
+      sc.warmup_max_lr = opt_num(p["warmup_max_lr"]);
+      sc.warmup_max_lr_null = p["warmup_max_lr"].is_null();
+    }
+    if (p.contains("warmup_num_steps")) sc.warmup_num_steps = opt_int(p["warmup_num_steps"]);
+    if (p.contains("total_num_steps")) sc.total_num_steps = opt_int(p["total_num_steps"]);
+    sc.warmup_type = p.value("warmup_type", std::string("log"));
+    num("warmup_min_ratio", sc.warmup_min_ratio);
+    num("cos_min_ratio", sc.cos_min_ratio);
+    num("cycle_min_lr", sc.cycle_min_lr);
+    num("cycle_max_lr", sc.cycle_max_lr);
+    num("decay_lr_rate", sc.decay_lr_rate);
+    integer("cycle_first_step_size", sc.cycle_first_step_size);
+    integer("decay_step_size", sc.decay_step_size);
+    if (p.contains("cycle_second_step_size")) sc.cycle_second_step_size = opt_int(p["cycle_second_step_size"]);
+    if (p.contains("cycle_first_stair_count")) sc.cycle_first_stair_count = opt_int(p["cycle_first_stair_count"]);
+    if (p.contains("cycle_second_stair_count")) sc.cycle_second_stair_count = opt_int(p["cycle_second_stair_count"]);
+    if (p.contains("cycle_momentum")) sc.cycle_momentum = p["cycle_momentum"].get<bool>();
+    num("cycle_min_mom", sc.cycle_min_mom);
+    num("cycle_max_mom", sc.cycle_max_mom);
+    num("decay_mom_rate", sc.decay_mom_rate);
+    num("lr_range_test_min_lr", sc.lr_range_test_min_lr);
+    num("lr_range_test_step_rate", sc.lr_range_test_step_rate);
+    integer("lr_range_test_step_size", sc.lr_range_test_step_size);
+    if (p.contains("lr_range_test_staircase")) sc.lr_range_test_staircase = p["lr_range_test_staircase"].get<bool>();
+  }
+
+  const json& f16 = at(d, "fp16");
+  c.fp16.enabled = opt_bool(at(f16, "enabled"));
+  c.fp16.loss_scale = at(f16, "loss_scale").get<double>();
+  c.fp16.initial_scale_power = at(f16, "initial_scale_power").get<int>();
+  c.fp16.loss_scale_window = at(f16, "loss_scale_window").get<int64_t>();
+  c.fp16.hysteresis = at(f16, "hysteresis").get<int>();
+  c.fp16.consecutive_hysteresis = at(f16, "consecutive_hysteresis").get<bool>();
+  c.fp16.min_loss_scale = at(f16, "min_loss_scale").get<double>();
+  const json& b16 = at(d, "bf16");
+  c.bf16.enabled = opt_bool(at(b16, "enabled"));
+  c.bf16.check_grad_overflow = at(b16, "check_grad_overflow").get<bool>();
+  if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false))
+    errors.push_back({"fp16.enabled", "bf16 and fp16 cannot both be enabled",
+                      "bf16 needs no loss scaling and is the fast choice on CPUs with AVX512-BF16/AMX and on A100/H100"});
+
+  const json& z = at(d, "zero_optimization");
+  ZeroConfig& zc = c.zero;
+  if (!is_auto(at(z, "stage"))) zc.stage = at(z, "stage").get<int>();
+  zc.contiguous_gradients = at(z, "contiguous_gradients").get<bool>();
+  zc.reduce_scatter = at(z, "reduce_scatter").get<bool>();
+  zc.reduce_bucket_size = opt_int(at(z, "reduce_bucket_size"));
+  zc.allgather_partitions = at(z, "allgather_partitions").get<bool>();
+  zc.allgather_bucket_size = opt_int(at(z, "allgather_bucket_size"));
+  zc.overlap_comm = opt_bool(at(z, "overlap_comm"));
+  zc.load_from_fp32_weights = at(z, "load_from_fp32_weights").get<bool>();
+  zc.offload_optimizer = read_offload(at(z, "offload_optimizer"), false);
+  zc.offload_param = read_offload(at(z, "offload_param"), true);
+  zc.sub_group_size = opt_int(at(z, "sub_group_size"));
+  zc.prefetch_bucket_size = opt_int(at(z, "stage3_prefetch_bucket_size"));
+  zc.param_persistence_threshold = opt_int(at(z, "stage3_param_persistence_threshold"));
+  zc.model_persistence_threshold = static_cast<int64_t>(std::min(at(z, "stage3_model_persistence_threshold").get<double>(), 9.2e18));
+  zc.max_live_parameters = opt_int(at(z, "stage3_max_live_parameters"));
+  zc.max_reuse_distance = opt_int(at(z, "stage3_max_reuse_distance"));
+  zc.gather_16bit_weights_on_model_save = at(z, "stage3_gather_16bit_weights_on_model_save").get<bool>();
+  zc.ignore_unused_parameters = at(z, "ignore_unused_parameters").get<bool>();
+  for (const char* block : {"offload_optimizer", "offload_param"}) {
+    const OffloadConfig& oc = std::string(block) == "offload_param" ? zc.offload_param : zc.offload_optimizer;
+    if (oc.device == OffloadDevice::nvme && oc.nvme_path.empty())
+      errors.push_back({std::string("zero_optimization.") + block + ".nvme_path", "NVMe offload needs a folder",
+                        "set it to a directory on a fast local NVMe drive, e.g. \"/local_nvme\""});
+  }
+
+  c.grad_accum_dtype = read_dtype(at(at(d, "data_types"), "grad_accum_dtype"));
+  c.communication_data_type = read_dtype(at(d, "communication_data_type"));
+  c.gradient_clipping = opt_num(at(d, "gradient_clipping"));
+  c.gradient_allreduce_sum = at(d, "gradient_allreduce_op") == "sum";
+  if (c.gradient_allreduce_sum && zc.stage && *zc.stage == 3)
+    errors.push_back({"gradient_allreduce_op", "\"sum\" is not supported with ZeRO stage 3 (DeepSpeed rejects it too)",
+                      "use \"mean\""});
+  c.prescale_gradients = at(d, "prescale_gradients").get<bool>();
+  c.gradient_predivide_factor = at(d, "gradient_predivide_factor").get<double>();
+  c.zero_allow_untested_optimizer = at(d, "zero_allow_untested_optimizer").get<bool>();
+  c.steps_per_print = opt_int(at(d, "steps_per_print"));
+  c.wall_clock_breakdown = at(d, "wall_clock_breakdown").get<bool>();
+  c.flops_profiler_enabled = at(at(d, "flops_profiler"), "enabled").get<bool>();
+  for (auto [key, dst] : {std::pair<const char*, MonitorConfig*>{"tensorboard", &c.tensorboard}, {"csv_monitor", &c.csv_monitor}}) {
+    const json& m = at(d, key);
+    dst->enabled = at(m, "enabled").get<bool>();
+    dst->output_path = at(m, "output_path").get<std::string>();
+    dst->job_name = at(m, "job_name").get<std::string>();
+  }
+  c.comms_logger_enabled = at(at(d, "comms_logger"), "enabled").get<bool>();
+
+  if (d.contains("model")) {
+    const json& m = d["model"];
+    c.model.given = true;
+    c.model.preset = m.value("preset", std::string());
+    c.model.hf_config = m.value("hf_config", std::string());
+    c.model.explicit_fields = read_model_fields(m);
+    c.model.activation_checkpointing = at(m, "activation_checkpointing").get<bool>();
+    c.model.init_from = str_or_empty(at(m, "init_from"));
+    if (!c.model.preset.empty() && !c.model.hf_config.empty())
+      errors.push_back({"model", "both preset and hf_config are given", "keep one of them"});
+  }
+
+  const json& data = at(d, "data");
+  const std::string dt = at(data, "type").get<std::string>();
+  c.data.type = dt == "text" ? DataType::text : dt == "tokens" ? DataType::tokens : dt == "hdf5" ? DataType::hdf5 : DataType::synthetic;
+  c.data.path = str_or_empty(at(data, "path"));
+  c.data.tokenizer = at(data, "tokenizer").get<std::string>();
+  c.data.vocab_file = str_or_empty(at(data, "vocab_file"));
+  c.data.merges_file = str_or_empty(at(data, "merges_file"));
+  c.data.token_format = at(data, "token_format").get<std::string>();
+  c.data.dataset = at(data, "dataset").get<std::string>();
+  c.data.seq_len = opt_int(at(data, "seq_len"));
+  c.data.val_fraction = at(data, "val_fraction").get<double>();
+  if (c.data.type != DataType::synthetic && c.data.path.empty())
+    errors.push_back({"data.path", std::string("data.type \"") + dt + "\" needs a file", "set data.path, or use data.type \"synthetic\""});
+  if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))
+    errors.push_back({"data.vocab_file", "the gpt2 tokenizer needs vocab_file and merges_file",
+                      "point them at GPT-2's vocab.json and merges.txt"});
+
+  const json& t = at(d, "train");
+  c.train.steps = at(t, "steps").get<int64_t>();
+  c.train.eval_every = at(t, "eval_every").get<int64_t>();
+  c.train.eval_batches = at(t, "eval_batches").get<int64_t>();
+  c.train.save_every = at(t, "save_every").get<int64_t>();
+  c.train.keep_last = at(t, "keep_last").get<int64_t>();
+  c.train.output_dir = at(t, "output_dir").get<std::string>();
+  c.train.seed = at(t, "seed").get<int64_t>();
+  c.train.threads = opt_int(at(t, "threads"));
+  const json& r = at(t, "resume");
+  c.train.resume = r.is_boolean() ? (r.get<bool>() ? "auto" : "false") : r.get<std::string>();
+  return c;
+}
+
+}  // namespace ds::loader

@@ -1,0 +1,131 @@
+// load_config: the steps in order. Each step collects problems instead of stopping at the first, so
+// one run of `ds plan` lists everything wrong with a config.
+//   parse -> rewrite legacy spellings -> apply overrides -> rewrite again (overrides may use old
+//   names) -> fill defaults -> validate -> replace "auto" that means "the default" -> typed read.
+#include "schema/loader.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "schema/loader_internal.hpp"
+
+namespace ds {
+namespace {
+
+using namespace loader;
+
+void record_leaves(const json& v, std::vector<std::string>& path, std::set<std::string>& out) {
+  if (v.is_object() && !v.empty()) {
+    for (const auto& [k, sub] : v.items()) {
+      path.push_back(k);
+      record_leaves(sub, path, out);
+      path.pop_back();
+    }
+  } else {
+    out.insert(path_to_string(path));
+  }
+}
+
+// "auto" on keys whose rule is simply "the default" becomes that default here; the rest stay "auto"
+// for the plan compiler, which knows the model and the topology.
+void substitute_default_autos(const json& node, json& value, std::vector<std::string>& path, std::map<std::string, std::string>& sources) {
+  if (!value.is_object()) return;
+  SchemaWalk walk(config_schema());
+  for (auto& [key, v] : value.items()) {
+    const json* sub = walk.child(node, key, &value);
+    if (!sub) continue;
+    path.push_back(key);
+    if (v.is_string() && v.get<std::string>() == "auto") {
+      const json* flag = walk.annotation(*sub, "x-ds-auto-default");
+      if (flag && *flag == true) {
+        const json& r = walk.resolve(*sub);
+        v = sub->contains("default") ? (*sub)["default"] : r["default"];
+        sources[path_to_string(path)] = "auto (the default, " + v.dump() + ")";
+      }
+    } else if (v.is_object()) {
+      substitute_default_autos(*sub, v, path, sources);
+    }
+    path.pop_back();
+  }
+}
+
+struct Loaded {
+  json doc;
+  Config config;
+};
+
+Loaded load(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  std::vector<ConfigIssue> errors, warnings;
+  json doc = parse_config_json(text, source, errors);
+  if (!doc.is_object())
+    throw ConfigError(source, {{"", "the config must be a JSON object, found " + std::string(doc.type_name()),
+                                "start the file with { and put the keys inside"}});
+  std::set<std::string> from_file;
+  std::vector<std::string> path;
+  record_leaves(doc, path, from_file);
+
+  normalize_legacy(doc, errors, warnings);
+  std::vector<std::string> overridden;
+  apply_overrides(doc, overrides, errors, overridden);
+  normalize_legacy(doc, errors, warnings);
+  warn_ignored_keys(doc, warnings);
+
+  SchemaWalk walk(config_schema());
+  std::vector<std::string> filled;
+  walk.fill_defaults(config_schema(), doc, path, &filled);
+  validate_against_schema(doc, errors);
+  if (!errors.empty()) throw ConfigError(source, errors);
+
+  std::map<std::string, std::string> sources;
+  for (const auto& p : from_file) sources[p] = "file";
+  for (const auto& p : filled) sources[p] = "default";
+  for (const auto& p : overridden) sources[p] = "override";
+  substitute_default_autos(config_schema(), doc, path, sources);
+
+  Config c = read_config(doc, errors);
+  c.optimizer.given = sources.count("optimizer") > 0 || std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
+                        return kv.first.rfind("optimizer.", 0) == 0 && kv.second != "default";
+                      });
+  if (!c.model.hf_config.empty()) c.model.from_hf = read_hf_config(c.model.hf_config, errors);
+  if (!errors.empty()) throw ConfigError(source, errors);
+  c.source = source;
+  c.warnings = std::move(warnings);
+  c.value_source = std::move(sources);
+  return {std::move(doc), std::move(c)};
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw UserError("cannot read config file '" + path + "'",
+                    "check the path; templates/ holds ready configs (e.g. templates/zero2.json)");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+bool looks_like_override(const std::string& arg) {
+  if (arg.empty() || arg[0] == '-') return false;
+  if (arg[0] == '~') return true;
+  const size_t eq = arg.find('=');
+  return eq != std::string::npos && eq > 0 && arg.find('/') > eq;  // "a/b=c.json" is a path, not an override
+}
+
+Config load_config_text(const std::string& text, const std::string& source_name, const std::vector<std::string>& overrides) {
+  return load(text, source_name, overrides).config;
+}
+
+Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  return load(read_file(path), path, overrides).config;
+}
+
+std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent) {
+  return load(read_file(path), path, overrides).doc.dump(indent);
+}
+
+}  // namespace ds

@@ -1,0 +1,130 @@
+// Command-line overrides: `key.sub=value` sets any key the schema knows (creating parent objects),
+// `~key.sub` removes one. The split is at the first '=' so values may contain '='. The value is read
+// as JSON (numbers, true/false, null, arrays, objects, quoted strings) and otherwise taken as a
+// string, so `optimizer.type=AdamW` needs no quotes. Array elements are addressed by index:
+// `optimizer.params.betas.0=0.95`.
+#include <algorithm>
+#include <cctype>
+
+#include "schema/loader_internal.hpp"
+
+namespace ds::loader {
+namespace {
+
+bool is_index(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+std::vector<std::string> split_path(const std::string& key) {
+  std::vector<std::string> segs;
+  size_t start = 0;
+  while (true) {
+    size_t dot = key.find('.', start);
+    segs.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return segs;
+}
+
+}  // namespace
+
+void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::vector<ConfigIssue>& errors,
+                     std::vector<std::string>& overridden) {
+  SchemaWalk walk(config_schema());
+  for (const std::string& arg : overrides) {
+    const bool remove = !arg.empty() && arg[0] == '~';
+    const size_t eq = arg.find('=');
+    std::string key = remove ? arg.substr(1, eq == std::string::npos ? std::string::npos : eq - 1) : arg.substr(0, eq);
+    if (!remove && eq == std::string::npos) {
+      errors.push_back({"", "override '" + arg + "' has no '='", "write key.sub=value to set, or ~key.sub to remove"});
+      continue;
+    }
+    if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) {
+      errors.push_back({"", "override '" + arg + "' has an empty key segment", "write e.g. zero_optimization.stage=3"});
+      continue;
+    }
+    json value;
+    if (!remove) {
+      const std::string text = arg.substr(eq + 1);
+      try {
+        value = json::parse(text);
+      } catch (const json::parse_error&) {
+        value = text;  // not JSON: a bare string
+      }
+    }
+    const std::vector<std::string> segs = split_path(key);
+    // Walk the schema and the document together, creating objects on the way when setting.
+    const json* node = &config_schema();
+    json* cur = &doc;
+    std::vector<std::string> done;
+    bool ok = true;
+    for (size_t i = 0; i < segs.size() && ok; ++i) {
+      const std::string& seg = segs[i];
+      const bool last = i + 1 == segs.size();
+      if (cur->is_array() && is_index(seg)) {
+        const size_t idx = std::stoul(seg);
+        node = walk.child(*node, "[" + seg + "]", cur);
+        if (idx >= cur->size()) {
+          errors.push_back({path_to_string(done), "index " + seg + " is past the end of the array (" +
+                                                      std::to_string(cur->size()) + " elements)",
+                            "set the whole array instead, e.g. " + key.substr(0, key.rfind('.')) + "=[...]"});
+          ok = false;
+          break;
+        }
+        done.push_back("[" + seg + "]");
+        if (last) {
+          if (remove) cur->erase(idx); else (*cur)[idx] = value;
+        } else {
+          cur = &(*cur)[idx];
+        }
+        continue;
+      }
+      const json* sub = node ? walk.child(*node, seg, cur->is_object() ? cur : nullptr) : nullptr;
+      if (!sub) {
+        std::string hint = suggest_key(done, seg, doc);
+        errors.push_back({path_to_string(done) == "(top level)" ? seg : path_to_string(done) + "." + seg,
+                          "unknown key in override '" + arg + "'" + hint, "overrides may only name keys the schema knows"});
+        ok = false;
+        break;
+      }
+      done.push_back(seg);
+      if (!cur->is_object()) {
+        if (cur->is_null() && !remove) {
+          *cur = json::object();
+        } else {
+          errors.push_back({path_to_string(done), "cannot descend into '" + path_to_string({done.begin(), done.end() - 1}) +
+                                                      "': it is " + std::string(cur->type_name()) + ", not an object",
+                            "set the parent as an object first"});
+          ok = false;
+          break;
+        }
+      }
+      if (last) {
+        if (remove) {
+          if (!cur->contains(seg))
+            errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have",
+                              "check the spelling; `ds plan` shows the resolved config"});
+          else
+            cur->erase(seg);
+        } else {
+          (*cur)[seg] = value;
+          overridden.push_back(path_to_string(done));
+        }
+      } else {
+        if (!cur->contains(seg)) {
+          if (remove) {
+            errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have", ""});
+            ok = false;
+            break;
+          }
+          (*cur)[seg] = json::object();
+        }
+        cur = &(*cur)[seg];
+        node = sub;
+      }
+    }
+  }
+}
+
+}  // namespace ds::loader

@@ -1,0 +1,172 @@
+#include "schema/plan_json.hpp"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+namespace ds {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json bytes(double b) { return static_cast<int64_t>(std::llround(b)); }
+
+json categories(const MemoryCategories& m) {
+  return json{{"params", bytes(m.params)},         {"grads", bytes(m.grads)},
+              {"optimizer_states", bytes(m.optimizer_states)}, {"activations", bytes(m.activations)},
+              {"buffers", bytes(m.buffers)},       {"total", bytes(m.total())}};
+}
+
+json offload(const OffloadConfig& o) {
+  json j{{"device", offload_device_name(o.device)}};
+  if (o.device == OffloadDevice::nvme) j["nvme_path"] = o.nvme_path;
+  if (o.device != OffloadDevice::none) {
+    j["pin_memory"] = o.pin_memory;
+    j["buffer_count"] = o.buffer_count;
+  }
+  return j;
+}
+
+json issues(const std::vector<ConfigIssue>& list) {
+  json a = json::array();
+  for (const auto& i : list) a.push_back({{"path", i.path}, {"message", i.message}, {"hint", i.hint}});
+  return a;
+}
+
+}  // namespace
+
+std::string plan_to_json(const Plan& p, int indent) {
+  const ModelHyper& h = p.model.hp;
+  json j;
+  j["schema_version"] = p.schema_version;
+  j["config"] = p.config_source;
+  j["model"] = {{"name", h.name},
+                {"arch", model_arch_name(h.arch)},
+                {"vocab_size", h.vocab_size},
+                {"hidden_size", h.hidden_size},
+                {"num_layers", h.num_layers},
+                {"num_heads", h.num_heads},
+                {"num_kv_heads", h.num_kv_heads},
+                {"intermediate_size", h.intermediate_size},
+                {"max_position_embeddings", h.max_position_embeddings},
+                {"tie_word_embeddings", h.tie_word_embeddings},
+                {"norm_eps", h.norm_eps},
+                {"rope_theta", h.rope_theta},
+                {"num_params", p.model.num_params},
+                {"largest_module_params", p.model.largest_module_params},
+                {"largest_block_params", p.model.largest_block_params},
+                {"train_flops_per_token", p.model.train_flops_per_token(p.seq_len)}};
+  const Topology& t = p.topology;
+  j["topology"] = {{"world_size", t.world_size},
+                   {"ranks_per_node", t.ranks_per_node},
+                   {"num_nodes", t.num_nodes},
+                   {"device", t.device == DeviceKind::cpu ? "cpu" : "cuda"},
+                   {"device_memory_bytes", bytes(t.device_memory_bytes)},
+                   {"host_memory_bytes", bytes(t.host_memory_bytes)},
+                   {"cores_per_node", t.cores_per_node},
+                   {"world_size_source", t.world_size_source}};
+  j["batch"] = {{"train_batch_size", p.batch.train_batch_size},
+                {"train_micro_batch_size_per_gpu", p.batch.micro_batch},
+                {"gradient_accumulation_steps", p.batch.grad_accum},
+                {"world_size", p.batch.world_size},
+                {"derivation", p.batch.derivation}};
+  j["seq_len"] = p.seq_len;
+  j["steps"] = p.steps;
+  j["threads"] = p.threads;
+  j["tokens_per_step"] = p.tokens_per_step;
+  j["train_flops_per_step"] = p.train_flops_per_step;
+  const PrecisionPolicy& pr = p.precision;
+  j["precision"] = {{"mode", pr.mode},
+                    {"param_dtype", dtype_name(pr.param_dtype)},
+                    {"compute_dtype", dtype_name(pr.compute_dtype)},
+                    {"grad_dtype", dtype_name(pr.grad_dtype)},
+                    {"comm_dtype", dtype_name(pr.comm_dtype)},
+                    {"fp32_master", pr.fp32_master},
+                    {"check_overflow", pr.check_overflow},
+                    {"loss_scaling",
+                     {{"enabled", pr.loss_scaling.enabled},
+                      {"dynamic", pr.loss_scaling.dynamic},
+                      {"initial_scale", pr.loss_scaling.initial_scale},
+                      {"window", pr.loss_scaling.window},
+                      {"hysteresis", pr.loss_scaling.hysteresis},
+                      {"consecutive_hysteresis", pr.loss_scaling.consecutive_hysteresis},
+                      {"min_scale", pr.loss_scaling.min_scale}}},
+                    {"note", pr.note}};
+  const ResolvedOptimizer& o = p.optimizer;
+  j["optimizer"] = {{"type", optimizer_type_name(o.type)},
+                    {"lr", o.lr},
+                    {"betas", {o.betas[0], o.betas[1]}},
+                    {"eps", o.eps},
+                    {"weight_decay", o.weight_decay},
+                    {"decoupled_weight_decay", o.decoupled_weight_decay},
+                    {"bias_correction", o.bias_correction},
+                    {"momentum", o.momentum},
+                    {"moments", o.moments}};
+  const SchedulerConfig& s = p.scheduler.params;
+  json sj{{"type", scheduler_type_name(p.scheduler.type)}};
+  if (p.scheduler.type != SchedulerType::None) {
+    if (s.warmup_min_lr) sj["warmup_min_lr"] = *s.warmup_min_lr;
+    if (s.warmup_max_lr) sj["warmup_max_lr"] = *s.warmup_max_lr;
+    if (s.warmup_num_steps) sj["warmup_num_steps"] = *s.warmup_num_steps;
+    if (s.total_num_steps) sj["total_num_steps"] = *s.total_num_steps;
+    sj["warmup_type"] = s.warmup_type;
+  }
+  j["scheduler"] = sj;
+  j["gradient_clipping"] = p.gradient_clipping;
+  j["activation_checkpointing"] = p.activation_checkpointing;
+  const ResolvedZero& z = p.zero;
+  j["zero"] = {{"stage", z.stage},
+               {"overlap_comm", z.overlap_comm},
+               {"reduce_scatter", z.reduce_scatter},
+               {"contiguous_gradients", z.contiguous_gradients},
+               {"reduce_bucket_size", z.reduce_bucket_size},
+               {"allgather_bucket_size", z.allgather_bucket_size},
+               {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
+               {"stage3_param_persistence_threshold", z.param_persistence_threshold},
+               {"stage3_max_live_parameters", z.max_live_parameters},
+               {"stage3_max_reuse_distance", z.max_reuse_distance},
+               {"sub_group_size", z.sub_group_size},
+               {"offload_optimizer", offload(z.offload_optimizer)},
+               {"offload_param", offload(z.offload_param)}};
+  const FlatLayout& L = p.layout;
+  json params = json::array();
+  for (const auto& ps : L.params) {
+    json e{{"name", ps.name}, {"shape", ps.shape}, {"numel", ps.numel}, {"offset", ps.offset}, {"weight_decay", ps.weight_decay}};
+    if (L.stage == 3) {
+      e["partition_numel"] = ps.partition_numel;
+      e["partition_offset"] = ps.partition_offset;
+    }
+    params.push_back(std::move(e));
+  }
+  json shards = json::array();
+  for (size_t r = 0; r < L.shards.size(); ++r)
+    shards.push_back({{"rank", r}, {"begin", L.shards[r].begin}, {"end", L.shards[r].end}, {"real", L.shards[r].real}});
+  j["layout"] = {{"stage", L.stage},       {"world_size", L.world_size},   {"numel", L.numel},
+                 {"padded_numel", L.padded_numel}, {"alignment", L.alignment}, {"shard_numel", L.shard_numel},
+                 {"shards", shards},       {"params", params}};
+  json coll = json::array();
+  for (const auto& c : p.collectives)
+    coll.push_back({{"what", c.what},
+                    {"op", collective_op_name(c.op)},
+                    {"when", c.when},
+                    {"calls_per_step", c.calls_per_step},
+                    {"elements_per_step", c.elements_per_step},
+                    {"dtype_bytes", c.dtype_bytes},
+                    {"payload_bytes_per_step", bytes(c.payload_bytes_per_step)},
+                    {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)}});
+  j["collectives"] = coll;
+  j["memory"] = {{"device_per_rank", categories(p.memory.device)},
+                 {"host_per_rank", categories(p.memory.host)},
+                 {"nvme_per_rank", bytes(p.memory.nvme)},
+                 {"host_per_node", bytes(p.host_bytes_per_node())},
+                 {"shard_numel", p.memory.shard_numel},
+                 {"persistent_numel", p.memory.persistent_numel}};
+  j["placement"] = {{"params", p.placement.params}, {"grads", p.placement.grads}, {"optimizer_states", p.placement.optimizer_states}};
+  json res = json::array();
+  for (const auto& r : p.resolved) res.push_back({{"path", r.path}, {"value", r.value}, {"source", r.source}});
+  j["resolved"] = res;
+  j["warnings"] = issues(p.warnings);
+  return j.dump(indent);
+}
+
+}  // namespace ds
