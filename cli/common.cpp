@@ -73,8 +73,12 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--nproc-per-node", a.nproc_per_node, "ranks per node")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--nnodes", a.nnodes, "nodes")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--device", a.device, "plan for cpu or cuda devices (auto: cuda when a GPU is found or "
+                                        "--device-memory is given)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--device-memory", a.device_memory,
-                  "memory of each rank's device, e.g. 80GiB (for \"auto\" choices and the fit check)");
+                  "memory of each rank's GPU, e.g. 80GiB (default: the detected GPU's); used for \"auto\" choices "
+                  "and the fit check");
 }
 
 Plan build_plan(const std::string& sub, const ConfigArgs& a) {
@@ -86,8 +90,11 @@ Plan build_plan(const std::string& sub, const ConfigArgs& a) {
   topt.world_size = a.world_size;
   topt.nproc_per_node = a.nproc_per_node;
   topt.nnodes = a.nnodes;
-  if (!a.device_memory.empty() && !parse_bytes(a.device_memory, &topt.device_memory_bytes))
+  if (!a.device_memory.empty() &&
+      (!parse_bytes(a.device_memory, &topt.device_memory_bytes) || topt.device_memory_bytes <= 0))
     throw UserError("--device-memory '" + a.device_memory + "' is not a size", "write e.g. 80GiB, 40GB or 24G");
+  topt.device = a.device;
+  if (a.device != "cpu") topt.gpus = detect_gpus();
   const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
   const Config config = load_config_file(a.config, a.overrides);
   if (!config.model.given)

@@ -40,9 +40,11 @@ struct ConfigArgs {
   int nproc_per_node = 0;
   int nnodes = 0;
   std::string device_memory;  // e.g. "80GiB"
+  std::string device = "auto";
 };
 
-// Declares CONFIG [OVERRIDES...] and --world-size / --nproc-per-node / --nnodes / --device-memory.
+// Declares CONFIG [OVERRIDES...] and --world-size / --nproc-per-node / --nnodes / --device /
+// --device-memory.
 void add_config_args(CLI::App* sub, ConfigArgs& args);
 
 // Load, validate and compile. Throws UserError / ConfigError. Warnings are printed (unless quiet).

@@ -43,21 +43,6 @@ std::set<std::string> cpu_flags() {
   return {};
 }
 
-// GPUs as the NVIDIA driver lists them; empty without a driver.
-std::vector<std::string> nvidia_gpus() {
-  std::vector<std::string> out;
-  FILE* p = popen("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null", "r");
-  if (!p) return out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) {
-    std::string s(buf);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (!s.empty()) out.push_back(s);
-  }
-  pclose(p);
-  return out;
-}
-
 std::vector<std::string> other_ds_on_path() {
   std::vector<std::string> out;
   char self[PATH_MAX] = {0};
@@ -96,7 +81,7 @@ int run_env(const EnvArgs& a) {
     const auto flags = cpu_flags();
     struct statvfs shm {};
     double shm_bytes = statvfs("/dev/shm", &shm) == 0 ? static_cast<double>(shm.f_blocks) * shm.f_frsize : 0;
-    const auto gpus = nvidia_gpus();
+    const auto gpus = detect_gpus();
     const auto others = other_ds_on_path();
     std::vector<std::string> launcher;
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -115,7 +100,9 @@ int run_env(const EnvArgs& a) {
                            {"avx512f", flags.count("avx512f") > 0},
                            {"avx512_bf16", flags.count("avx512_bf16") > 0},
                            {"amx_bf16", flags.count("amx_bf16") > 0}};
-      j["gpus"] = gpus;
+      ojson g = ojson::array();
+      for (const auto& gpu : gpus) g.push_back({{"name", gpu.name}, {"memory_bytes", static_cast<int64_t>(gpu.memory_bytes)}});
+      j["gpus"] = g;
       j["shm_bytes"] = static_cast<int64_t>(shm_bytes);
       j["environment"] = launcher;
       j["other_ds_on_path"] = others;
@@ -132,7 +119,7 @@ int run_env(const EnvArgs& a) {
               << ", amx_bf16 " << (flags.count("amx_bf16") ? "yes" : "no")
               << (bf16_fast ? "  (bf16 matmuls run natively: prefer bf16 on CPU)" : "") << "\n";
     std::cout << "  gpus         " << (gpus.empty() ? "none found (no nvidia-smi or no GPU)" : "") << "\n";
-    for (const auto& g : gpus) std::cout << "    " << g << "\n";
+    for (const auto& g : gpus) std::cout << "    " << g.name << ", " << format_bytes(g.memory_bytes) << "\n";
     std::cout << "  /dev/shm     " << format_bytes(shm_bytes) << "\n";
     std::cout << "environment\n";
     if (launcher.empty()) std::cout << "  (no launcher or threading variables set)\n";

@@ -110,14 +110,18 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   mrow("buffers", me.device.buffers, me.host.buffers);
   mrow("total", me.device.total(), me.host.total());
   if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(format_gib(me.nvme), 10) << "\n";
-  const double budget = t.device == DeviceKind::cpu ? (t.host_memory_bytes > 0 ? t.host_memory_bytes : 0) : t.device_memory_bytes;
-  const double need = t.device == DeviceKind::cpu ? p.host_bytes_per_node() : me.device.total();
-  std::string fit;
-  if (budget > 0)
-    fit = need <= budget ? " -> fits (" + format_bytes(need) + " of " + format_bytes(budget) + ")"
-                         : " -> DOES NOT FIT (" + format_bytes(need) + " of " + format_bytes(budget) + ")";
-  o << "  host RAM per node: " << format_bytes(p.host_bytes_per_node())
-    << (t.device == DeviceKind::cpu ? " (the device is this host)" : "") << fit << "\n";
+  auto verdict = [](double need, double have) {
+    return have <= 0 ? std::string() : need <= have ? "  -> fits (" + format_bytes(have) + " available)"
+                                                    : "  -> DOES NOT FIT (" + format_bytes(have) + " available)";
+  };
+  if (t.device == DeviceKind::cuda)
+    o << "  device per rank: " << format_bytes(me.device.total())
+      << (t.device_memory_bytes > 0 ? verdict(me.device.total(), t.device_memory_bytes)
+                                    : "  (device memory unknown: pass --device-memory to check the fit)")
+      << "\n  host RAM per node: " << format_bytes(p.host_bytes_per_node()) << "\n";
+  else
+    o << "  host RAM per node: " << format_bytes(p.host_bytes_per_node()) << " (the device is this host)"
+      << verdict(p.host_bytes_per_node(), t.host_memory_bytes) << "\n";
   o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";

@@ -1,5 +1,6 @@
 #include "engine/plan/topology.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -28,7 +29,16 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   Topology t;
   t.cores_per_node = detect_cores();
   t.host_memory_bytes = detect_host_memory_bytes();
-  t.device_memory_bytes = opt.device_memory_bytes;
+  if (opt.device != "auto" && opt.device != "cpu" && opt.device != "cuda")
+    throw UserError("unknown device '" + opt.device + "'", "use auto, cpu or cuda");
+  const bool cuda = opt.device == "cuda" || (opt.device == "auto" && (!opt.gpus.empty() || opt.device_memory_bytes > 0));
+  t.device = cuda ? DeviceKind::cuda : DeviceKind::cpu;
+  if (cuda)
+    t.device_memory_bytes = opt.device_memory_bytes > 0 ? opt.device_memory_bytes
+                                                        : (opt.gpus.empty() ? 0 : opt.gpus.front().memory_bytes);
+  else if (opt.device_memory_bytes > 0)
+    throw UserError("--device-memory was given with --device cpu",
+                    "a CPU run's memory is the host's; drop --device-memory, or plan for --device cuda");
 
   const int env_world = env_int(getenv_fn, "WORLD_SIZE");
   const int env_local_world = env_int(getenv_fn, "LOCAL_WORLD_SIZE");
@@ -69,6 +79,24 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
     throw UserError("RANK=" + std::to_string(t.rank) + " is not below the world size " + std::to_string(t.world_size),
                     "the launcher environment and the flags disagree");
   return t;
+}
+
+std::vector<GpuInfo> detect_gpus() {
+  std::vector<GpuInfo> out;
+  FILE* p = popen("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null", "r");
+  if (!p) return out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) {
+    std::string line(buf);
+    auto comma = line.rfind(',');
+    if (comma == std::string::npos) continue;
+    GpuInfo g;
+    g.name = line.substr(0, comma);
+    g.memory_bytes = std::strtod(line.c_str() + comma + 1, nullptr) * 1024.0 * 1024.0;  // MiB
+    if (g.memory_bytes > 0) out.push_back(g);
+  }
+  pclose(p);
+  return out;
 }
 
 double detect_host_memory_bytes() {

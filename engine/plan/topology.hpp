@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ds {
 
@@ -21,16 +22,27 @@ struct Topology {
   std::string world_size_source;   // "--world-size", "WORLD_SIZE (launcher)", "default (one process)"
 };
 
+struct GpuInfo {
+  std::string name;
+  double memory_bytes = 0;
+};
+
 struct TopologyOptions {
   int world_size = 0;       // 0: not given
   int nproc_per_node = 0;
   int nnodes = 0;
-  double device_memory_bytes = 0;
+  double device_memory_bytes = 0;  // 0: not given (a detected GPU's memory, else unknown)
+  std::string device = "auto";     // "auto" | "cpu" | "cuda"
+  std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
 };
 
-// Flags win over the environment; the environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
+// The device: "cuda" when asked, or on "auto" when a GPU is detected or --device-memory is given;
+// otherwise "cpu". Flags win over the environment; the environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
 // wins over defaults. `getenv` is injectable for tests. Throws UserError on contradictions.
 Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn);
+
+// GPUs the NVIDIA driver lists (via nvidia-smi); empty without a driver or GPU.
+std::vector<GpuInfo> detect_gpus();
 
 // This machine's total memory (/proc/meminfo) and online cores; 0 when unknown.
 double detect_host_memory_bytes();
