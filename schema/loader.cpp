@@ -85,9 +85,9 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   substitute_default_autos(config_schema(), doc, path, sources);
 
   Config c = read_config(doc, errors);
-  c.optimizer.given = sources.count("optimizer") > 0 || std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
-                        return kv.first.rfind("optimizer.", 0) == 0 && kv.second != "default";
-                      });
+  c.optimizer.given = std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
+    return (kv.first == "optimizer" || kv.first.rfind("optimizer.", 0) == 0) && kv.second != "default";
+  });
   if (!c.model.hf_config.empty()) c.model.from_hf = read_hf_config(c.model.hf_config, errors);
   if (!errors.empty()) throw ConfigError(source, errors);
   c.source = source;

@@ -21,6 +21,7 @@ void rename_key(json& obj, const std::string& prefix, const std::string& from, c
   if (obj.contains(to)) {
     errors.push_back({prefix + from, "both '" + from + "' and '" + to + "' are given; they are the same setting",
                       "keep only " + prefix + to});
+    obj.erase(from);  // reported once, even though normalisation runs again after the overrides
     return;
   }
   obj[to] = obj[from];

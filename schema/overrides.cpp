@@ -81,6 +81,8 @@ void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::
         continue;
       }
       const json* sub = node ? walk.child(*node, seg, cur->is_object() ? cur : nullptr) : nullptr;
+      static const json any = json::object();
+      if (!sub && remove && cur->is_object() && cur->contains(seg)) sub = &any;  // removing needs no schema
       if (!sub) {
         std::string hint = suggest_key(done, seg, doc);
         errors.push_back({path_to_string(done) == "(top level)" ? seg : path_to_string(done) + "." + seg,

@@ -93,6 +93,8 @@ const json* SchemaWalk::child(const json& node_in, const std::string& key, const
           if (resolve(b).contains("items")) return &resolve(b)["items"];
     return nullptr;
   }
+  static const json any = json::object();
+  if (node.is_object() && node.empty()) return &any;  // {} accepts anything
   auto props = properties(node, value);
   auto it = props.find(key);
   if (it != props.end()) return it->second;
@@ -101,7 +103,6 @@ const json* SchemaWalk::child(const json& node_in, const std::string& key, const
     return n.value("type", json()) == "object" && !(n.contains("additionalProperties") && n["additionalProperties"] == false);
   };
   if (accepts_any(node)) {
-    static const json any = json::object();
     return node.contains("additionalProperties") && node["additionalProperties"].is_object() ? &node["additionalProperties"]
                                                                                               : &any;
   }

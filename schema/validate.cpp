@@ -129,6 +129,8 @@ static void find_unknown_keys(const SchemaWalk& walk, const json& node, const js
                           hint});
         continue;
       }
+      const json* ignored = walk.annotation(*sub, "x-ds-ignored");
+      if (ignored && *ignored == true) continue;  // DeepSpeed owns what goes inside an ignored block
       path.push_back(key);
       find_unknown_keys(walk, *sub, v, path, doc, errors);
       path.pop_back();

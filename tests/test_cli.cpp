@@ -1,0 +1,150 @@
+// The ds binary as a user runs it: exit codes, which stream carries what, --json, colour rules.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `ds ARGS` from the source directory with the given environment prefix (e.g. "NO_COLOR=1").
+Result ds(const std::string& args, const std::string& env = "") {
+  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_test_" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string cmd = "cd " DS_SOURCE_DIR " && env -u WORLD_SIZE -u RANK " + env + " " DS_BINARY " " + args + " >" + dir +
+                          "/out 2>" + dir + "/err </dev/null";
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir + "/out");
+  r.err = slurp(dir + "/err");
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST(CliPlan, PrintsThePlanOnStdoutAndExitsZero) {
+  Result r = ds("plan templates/zero2.json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Memory per rank (GiB)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "124,439,808 parameters")) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(CliPlan, JsonIsParseableWithASchemaVersion) {
+  Result r = ds("plan templates/zero3.json --world-size 4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["topology"]["world_size"], 4);
+  EXPECT_EQ(j["zero"]["stage"], 3);
+}
+
+TEST(CliPlan, OverridesOnTheCommandLine) {
+  Result r = ds("plan templates/zero2.json zero_optimization.stage=3 bf16.enabled=false --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero"]["stage"], 3);
+  EXPECT_EQ(j["precision"]["mode"], "fp32");
+}
+
+TEST(CliPlan, ConfigErrorsExitTwoAndListEveryProblemOnStderr) {
+  Result r = ds("plan templates/zero2.json zero_optimization.stag=3 bf16.enabled=maybe");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(contains(r.err, "ds plan: error: templates/zero2.json: 2 problems")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'stage'")) << r.err;
+}
+
+TEST(CliPlan, MissingFileExitsTwoNamingIt) {
+  Result r = ds("plan no/such/config.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "no/such/config.json")) << r.err;
+}
+
+TEST(CliPlan, WarningsGoToStderr) {
+  Result r = ds("plan templates/zero2.json compile.deepcompile=true");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(contains(r.err, "warning: compile: ignored")) << r.err;
+  EXPECT_FALSE(contains(r.out, "warning:"));
+}
+
+TEST(CliPlan, ResolvedConfigShowsDefaultsFilled) {
+  Result r = ds("plan templates/bf16.json --resolved-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero_optimization"]["sub_group_size"], 1000000000);
+}
+
+TEST(CliUsage, UnknownFlagsAndMissingArgumentsExitTwo) {
+  EXPECT_EQ(ds("plan --no-such-flag templates/zero2.json").code, 2);
+  EXPECT_EQ(ds("plan").code, 2);
+  EXPECT_EQ(ds("frobnicate").code, 2);
+  Result r = ds("plan templates/zero2.json --world-size 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "ds plan --help")) << r.err;
+}
+
+TEST(CliUsage, HelpEndsWithExamplesAndExitsZero) {
+  for (const char* sub : {"plan", "estimate-memory", "train", "convert-ckpt", "profile", "env"}) {
+    Result r = ds(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_TRUE(contains(r.out, "Examples")) << sub << "\n" << r.out;
+  }
+}
+
+TEST(CliUsage, BareDsListsEverySubcommand) {
+  Result r = ds("");
+  EXPECT_EQ(r.code, 0);
+  for (const char* sub : {"plan", "estimate-memory", "train", "convert-ckpt", "profile", "env"})
+    EXPECT_TRUE(contains(r.out, std::string("  ") + sub + " ")) << sub << "\n" << r.out;
+}
+
+TEST(CliUsage, PendingSubcommandsSaySoAndExitOne) {
+  Result r = ds("train templates/zero2.json");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "not available in this build")) << r.err;
+}
+
+TEST(CliVersion, IdentifiesItselfApartFromDeepSpeedsLauncher) {
+  Result r = ds("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(contains(r.out, "ds 0.")) << r.out;
+  EXPECT_TRUE(contains(r.out, "git ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "not DeepSpeed's Python `ds` launcher")) << r.out;
+  EXPECT_TRUE(contains(r.out, "LibTorch")) << r.out;
+}
+
+TEST(CliEnv, ReportsTheMachineAsJson) {
+  Result r = ds("env --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["cores"].get<int>(), 1);
+  EXPECT_GT(j["memory_bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(j.contains("shm_bytes"));
+}
+
+TEST(CliColor, NeverOnAPipeUnlessForced) {
+  const std::string esc = "\033[";
+  EXPECT_FALSE(contains(ds("plan templates/zero2.json zero_optimization.stag=3").err, esc));
+  EXPECT_TRUE(contains(ds("--color=always plan templates/zero2.json zero_optimization.stag=3").err, esc));
+  EXPECT_FALSE(contains(ds("--color=auto plan templates/zero2.json zero_optimization.stag=3", "NO_COLOR=1").err, esc));
+}
