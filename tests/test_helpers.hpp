@@ -40,4 +40,11 @@ inline std::string read_text(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// ../shared (DeepSpeed's configs, the corpus) sits beside the checkout in CI; a bare clone may lack it.
+#define DS_REQUIRE_SHARED_DATA()                                                                    \
+  do {                                                                                              \
+    if (!std::ifstream(std::string(DS_SHARED_DIR) + "/DESIGN.md"))                                  \
+      GTEST_SKIP() << "no ../shared beside the checkout (" DS_SHARED_DIR "): its data is not here"; \
+  } while (0)
+
 }  // namespace ds::test

@@ -230,6 +230,7 @@ TEST(ConfigSchema, PresetEnumListsEveryBuiltInPreset) {
 
 // Every real DeepSpeed config (shared/data) loads with at most warnings once a model block is added.
 TEST(DeepSpeedConfigs, EveryTrainingConfigLoadsWithAtMostWarnings) {
+  DS_REQUIRE_SHARED_DATA();
   const fs::path dir = fs::path(DS_SHARED_DIR) / "data" / "deepspeed-configs";
   ASSERT_TRUE(fs::exists(dir)) << dir;
   int loaded = 0;
@@ -244,6 +245,7 @@ TEST(DeepSpeedConfigs, EveryTrainingConfigLoadsWithAtMostWarnings) {
 }
 
 TEST(DeepSpeedConfigs, TheAioBenchmarkSweepIsRejectedNamingItsKeys) {
+  DS_REQUIRE_SHARED_DATA();
   // csrc/aio/py_test's sweep file lists I/O benchmark parameters, not a training config.
   const fs::path f = fs::path(DS_SHARED_DIR) / "data" / "deepspeed-configs" / "csrc_aio_py_test_single_process_config.json";
   auto p = problems(read_text(f.string()));

@@ -198,6 +198,7 @@ TEST(Templates, EveryTemplateValidatesAndPlans) {
 }
 
 TEST(DeepSpeedConfigs, EveryTrainingConfigPlans) {
+  DS_REQUIRE_SHARED_DATA();
   for (const auto& entry : fs::directory_iterator(fs::path(DS_SHARED_DIR) / "data" / "deepspeed-configs")) {
     if (entry.path().filename() == "csrc_aio_py_test_single_process_config.json") continue;
     SCOPED_TRACE(entry.path().string());

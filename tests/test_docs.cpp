@@ -1,0 +1,21 @@
+#include <gtest/gtest.h>
+
+#include "schema/schema_doc.hpp"
+#include "schema/schema_walk.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+
+TEST(ManPages, ConfigReferenceIsUpToDate) {
+  const std::string tmpl = test::read_text(std::string(DS_SOURCE_DIR) + "/man/ds-config.5.in");
+  const std::string page = test::read_text(std::string(DS_SOURCE_DIR) + "/man/ds-config.5");
+  ASSERT_FALSE(tmpl.empty());
+  EXPECT_TRUE(render_config_man_page(tmpl) == page)
+      << "man/ds-config.5 is stale: run `ninja -C build man` after changing the schema or the template";
+}
+
+TEST(ManPages, ConfigReferenceNamesEveryTopLevelKey) {
+  const std::string ref = config_key_reference_roff();
+  for (const auto& [key, sub] : config_schema()["properties"].items())
+    EXPECT_NE(ref.find(".B " + key), std::string::npos) << key;
+}
