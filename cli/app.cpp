@@ -4,6 +4,7 @@
 
 #include "cli/common.hpp"
 #include "cli/env.hpp"
+#include "cli/estimate_memory.hpp"
 #include "cli/pending.hpp"
 #include "cli/plan.hpp"
 #include "cli/version.hpp"

@@ -19,15 +19,6 @@ Subcommand pending(CLI::App& app, const char* name, const char* what, const char
 
 }  // namespace
 
-Subcommand setup_estimate_memory(CLI::App& app) {
-  return pending(app, "estimate-memory", "memory per GPU and per node for every ZeRO stage and offload choice",
-                 R"(Examples (once available):
-  ds estimate-memory --model 7b --gpus 8
-      model states, activations and buffers per GPU for ZeRO 0-3 with and without offload
-  ds estimate-memory --model llama-2-13b --gpus 8 --nodes 2 --gpu-memory 80GiB --json)",
-                 "`ds plan CONFIG --world-size N --device-memory 80GiB` prints the same memory model for one config");
-}
-
 Subcommand setup_train(CLI::App& app) {
   return pending(app, "train", "train a model as the config and its plan say",
                  R"(Examples (once available):

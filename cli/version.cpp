@@ -25,7 +25,7 @@ std::string version_text() {
          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH) +
          ", CLI11 " CLI11_VERSION ", valijson (JSON Schema)\n"
          "  LibTorch: not linked in this build; CUDA: not linked; NCCL: not linked; HDF5: not linked\n"
-         "  (this build plans; training, checkpoint conversion and profiling are not built in yet)\n";
+         "  (this build plans and estimates memory; training, checkpoint conversion and profiling are not built in yet)\n";
 }
 
 }  // namespace ds::cli

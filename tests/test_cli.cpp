@@ -148,3 +148,54 @@ TEST(CliColor, NeverOnAPipeUnlessForced) {
   EXPECT_TRUE(contains(ds("--color=always plan templates/zero2.json zero_optimization.stag=3").err, esc));
   EXPECT_FALSE(contains(ds("--color=auto plan templates/zero2.json zero_optimization.stag=3", "NO_COLOR=1").err, esc));
 }
+
+TEST(CliEstimateMemory, TableWithDeepSpeedsNumbersBeside) {
+  Result r = ds("estimate-memory --model 7b --gpus 8 --gpu-memory 80GiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "'7b' read as llama-2-7b")) << r.out;
+  EXPECT_TRUE(contains(r.out, "<- recommended")) << r.out;
+  EXPECT_TRUE(contains(r.out, "ds plan CONFIG zero_optimization.stage=")) << r.out;
+  EXPECT_TRUE(contains(r.out, "169.44  |     0.49 | ZeRO-3 offload_param=cpu, offload_optimizer=cpu, zero_init=1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "Not counted")) << r.out;
+}
+
+TEST(CliEstimateMemory, JsonShape) {
+  Result r = ds("estimate-memory --model gpt2-xl --gpus 4 --zero-stage 3 --gpu-memory 16GiB --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["model"]["num_params"], 1557611200);
+  ASSERT_GT(j["rows"].size(), 0u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_EQ(row["zero_stage"], 3);
+    const auto& g = row["per_gpu"];
+    EXPECT_EQ(g["total"].get<int64_t>(), g["params"].get<int64_t>() + g["grads"].get<int64_t>() +
+                                             g["optimizer_states"].get<int64_t>() + g["activations"].get<int64_t>() +
+                                             g["buffers"].get<int64_t>());
+  }
+  EXPECT_EQ(j["deepspeed"].size(), 8u);
+}
+
+TEST(CliEstimateMemory, AcceptsAHuggingFaceConfigAndAHypotheticalModel) {
+  std::system("mkdir -p " DS_BUILD_DIR "/hf && printf '{\"model_type\": \"gpt2\", \"n_embd\": 768, \"n_layer\": 12, "
+              "\"n_head\": 12, \"vocab_size\": 50257, \"n_positions\": 1024}' > " DS_BUILD_DIR "/hf/config.json");
+  Result r = ds("estimate-memory --model " DS_BUILD_DIR "/hf/config.json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["num_params"], 124439808);
+  r = ds("estimate-memory --params 2851e6 --largest-layer 32e6 --gpus 8 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["rows"][0]["per_gpu"]["activations"], 0);
+}
+
+TEST(CliEstimateMemory, BadInputExitsTwoWithAClearMessage) {
+  Result r = ds("estimate-memory --model llama-7b");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "did you mean 'llama-2-7b'")) << r.err;
+  EXPECT_EQ(ds("estimate-memory --model 7b --gpus 0").code, 2);
+  EXPECT_EQ(ds("estimate-memory --model 7b --gpus -3").code, 2);
+  r = ds("estimate-memory --model 7b --gpu-memory lots");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "'lots' is not a size")) << r.err;
+  EXPECT_EQ(ds("estimate-memory").code, 2);
+  EXPECT_EQ(ds("estimate-memory --params 1e9").code, 2);
+}

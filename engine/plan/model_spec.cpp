@@ -271,6 +271,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   //         repeated NH*D, softmax probs NH*T, o_proj in NH*D, norm in C, gate/up in C, gate I,
   //         silu(gate) I, up I, down in I                  -> (3C + 4 NH*D + 4I) elements + NH*T
   //  plus two fp32 statistics per norm (mean/rstd).
+  if (hp.num_layers == 0) return 0;  // a model known only by its size has no blocks to count
   const double C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   double elements;

@@ -1,0 +1,291 @@
+#include "cli/estimate_memory.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/format.hpp"
+#include "engine/plan/estimate.hpp"
+#include "schema/loader.hpp"
+
+namespace ds::cli {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string json_string(const std::string& s) { return ojson(s).dump(); }
+
+// The base config every row starts from, and a note on how --model was read.
+Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
+  std::vector<std::string> overrides;
+  std::string text;
+  if (a.params > 0) {
+    // A hypothetical model: only its size is known. gpt2-shaped placeholder, replaced below.
+    text = R"({"model": {"preset": "gpt2-tiny"}})";
+    *model_note = "a hypothetical model of " + format_count(static_cast<int64_t>(a.params)) + " parameters (largest layer " +
+                  format_count(static_cast<int64_t>(a.largest_layer)) + "); activations are not counted without an architecture";
+  } else if (ends_with(a.model, ".json")) {
+    std::ifstream f(a.model);
+    if (!f) throw UserError("cannot read '" + a.model + "'", "--model takes a preset, a size (7b), or a .json file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (ss.str().find("\"model_type\"") != std::string::npos) {
+      text = R"({"model": {"hf_config": )" + json_string(a.model) + "}}";
+      *model_note = "the Hugging Face config " + a.model;
+    } else {
+      text = ss.str();
+      *model_note = "the model block of " + a.model;
+    }
+  } else {
+    std::string preset = a.model;
+    const auto& names = model_preset_names();
+    if (std::find(names.begin(), names.end(), preset) == names.end()) {
+      std::string note;
+      std::string sized = preset_for_size(a.model, &note);
+      if (sized.empty()) model_preset(a.model);  // throws with a did-you-mean
+      preset = sized;
+      *model_note = note;
+    }
+    text = R"({"model": {"preset": )" + json_string(preset) + "}}";
+  }
+  if (a.micro_batch > 0 || text.find("train_batch_size") == std::string::npos)
+    overrides.push_back("train_micro_batch_size_per_gpu=" + std::to_string(a.micro_batch > 0 ? a.micro_batch : 1));
+  if (a.micro_batch > 0) {
+    overrides.push_back("~gradient_accumulation_steps");
+    overrides.push_back("~train_batch_size");
+  }
+  const bool from_config = text.find("\"model\"") != std::string::npos && ends_with(a.model, ".json") &&
+                           model_note->rfind("the model block", 0) == 0;
+  std::string dtype = a.dtype.empty() && !from_config ? "bf16" : a.dtype;
+  if (!dtype.empty()) {
+    overrides.push_back(std::string("bf16.enabled=") + (dtype == "bf16" ? "true" : "false"));
+    overrides.push_back(std::string("fp16.enabled=") + (dtype == "fp16" ? "true" : "false"));
+  }
+  // Batch keys given in the file would be checked against --gpus x --nodes; only the micro batch matters here.
+  for (const char* k : {"~train_batch_size", "~gradient_accumulation_steps"})
+    if (text.find(std::string("\"") + (k + 1) + "\"") != std::string::npos && a.micro_batch == 0) overrides.push_back(k);
+  // Present offload blocks (device none) get the schema's defaults (buffer counts, pinning), which the
+  // rows that switch offload on then use.
+  for (const char* block : {"offload_optimizer", "offload_param"})
+    overrides.push_back(std::string("zero_optimization.") + block + ".device=none");
+  Config c = load_config_text(text, a.model.empty() ? "--params" : a.model, overrides);
+  if (!c.train_micro_batch_size_per_gpu) c.train_micro_batch_size_per_gpu = 1;
+  return c;
+}
+
+ModelSpec hypothetical_spec(int64_t params, int64_t largest) {
+  // Two tensors: the largest layer and everything else. No architecture, so no activations.
+  ModelSpec s;
+  s.hp.name = "hypothetical";
+  s.hp.arch = ModelArch::llama;  // no learned positions to check the sequence against
+  s.hp.num_heads = 1;
+  for (int64_t n : {largest, params - largest}) {
+    TensorSpec t;
+    t.name = s.tensors.empty() ? "largest_layer.weight" : "rest.weight";
+    t.shape = {n};
+    t.numel = n;
+    s.tensors.push_back(t);
+  }
+  s.num_params = params;
+  s.largest_module_params = largest;
+  s.largest_block_params = largest;
+  return s;
+}
+
+std::string offload_text(const EstimateChoice& c) {
+  auto d = [](OffloadDevice x) { return x == OffloadDevice::none ? std::string("-") : std::string(offload_device_name(x)); };
+  return d(c.offload_param) + " / " + d(c.offload_optimizer);
+}
+
+std::string gib(double b) { return format_gib(b); }
+
+}  // namespace
+
+Subcommand setup_estimate_memory(CLI::App& app) {
+  auto a = std::make_shared<EstimateMemoryArgs>();
+  CLI::App* sub = app.add_subcommand("estimate-memory",
+                                     "memory per GPU and per node for every ZeRO stage and offload choice, before any run");
+  sub->add_option("--model", a->model,
+                  "a preset (llama-2-7b, gpt2-xl, ...), a size (7b, 13b, 70b, 1.5b, 350m), a Hugging Face "
+                  "config.json, or a ds config (its model block and settings)");
+  auto* params = sub->add_option("--params", a->params, "a hypothetical model's total parameters (with --largest-layer)")
+                     ->check(CLI::PositiveNumber);
+  sub->add_option("--largest-layer", a->largest_layer, "the hypothetical model's largest layer, in parameters")
+      ->check(CLI::PositiveNumber)
+      ->needs(params);
+  sub->add_option("--gpus", a->gpus, "GPUs per node (default 1)")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--nodes", a->nodes, "nodes (default 1)")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--gpu-memory", a->gpu_memory, "memory per GPU, e.g. 80GiB (default: the detected GPU's, else no fit check)");
+  sub->add_option("--cpu-memory", a->cpu_memory, "host memory per node, e.g. 1TiB (default: no host fit check)");
+  sub->add_option("--micro-batch", a->micro_batch, "samples per GPU per step (default: the config's, else 1)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--seq-len", a->seq_len, "tokens per sample (default: the config's, else the context up to 2048)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--dtype", a->dtype, "bf16 (default), fp16 or fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  sub->add_option("--activation-checkpointing", a->activation_checkpointing, "rows with it on, off, or both (default)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
+  sub->add_option("--zero-stage", a->zero_stage, "only this ZeRO stage")->check(CLI::Range(0, 3));
+  sub->add_option("--offload", a->offload, "only this optimizer offload: none, cpu or nvme")
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  sub->add_flag("--json", a->json, "print the table as JSON (with schema_version)");
+  sub->footer(R"(Examples:
+  ds estimate-memory --model 7b --gpus 8
+      every ZeRO stage and offload choice for Llama-2-7B on one node of 8 GPUs (the GPUs here, if any)
+  ds estimate-memory --model llama-2-13b --gpus 8 --nodes 2 --gpu-memory 80GiB --cpu-memory 1TiB
+      ... with fit checks and a recommendation: the fastest choice that fits
+  ds estimate-memory --model path/to/config.json --gpus 4 --gpu-memory 24GiB --micro-batch 2 --seq-len 4096
+      a Hugging Face config.json, or a ds config (its model block, precision and buckets)
+  ds estimate-memory --params 2851e6 --largest-layer 32e6 --gpus 8
+      a hypothetical model by size only (model states; activations need an architecture)
+  ds estimate-memory --model gpt2-xl --zero-stage 3 --json | jq '.rows[0]'
+
+Rows are what `ds plan` computes for each choice; DeepSpeed's estimate_zero2/zero3 numbers are shown
+beside them for comparison. Exit status: 0 ok, 2 bad input.)");
+  return {sub, [a] { return run_estimate_memory(*a); }};
+}
+
+int run_estimate_memory(const EstimateMemoryArgs& a) {
+  return run_guarded("estimate-memory", [&] {
+    if (a.model.empty() && a.params == 0)
+      throw UserError("no model given", "pass --model (llama-2-7b, 7b, a config.json) or --params N --largest-layer N");
+    if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
+    if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
+      throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
+    if (a.params > 0 && (a.largest_layer <= 0 || a.largest_layer > a.params))
+      throw UserError("--largest-layer must be given and at most --params", "e.g. --params 7e9 --largest-layer 131e6");
+    TopologyOptions topt;
+    topt.nproc_per_node = a.gpus;
+    topt.nnodes = a.nodes;
+    topt.device = "cuda";
+    if (!a.gpu_memory.empty() && (!parse_bytes(a.gpu_memory, &topt.device_memory_bytes) || topt.device_memory_bytes <= 0))
+      throw UserError("--gpu-memory '" + a.gpu_memory + "' is not a size", "write e.g. 80GiB, 40GB or 24G");
+    topt.gpus = detect_gpus();
+    Topology topo = make_topology(topt, [](const char*) -> const char* { return nullptr; });
+    topo.host_memory_bytes = 0;  // the target's host memory is unknown unless given
+    if (!a.cpu_memory.empty() && (!parse_bytes(a.cpu_memory, &topo.host_memory_bytes) || topo.host_memory_bytes <= 0))
+      throw UserError("--cpu-memory '" + a.cpu_memory + "' is not a size", "write e.g. 512GiB or 1TiB");
+
+    std::string model_note;
+    Config base = base_config(a, &model_note);
+    ModelSpec model = a.params > 0 ? hypothetical_spec(static_cast<int64_t>(a.params), static_cast<int64_t>(a.largest_layer))
+                                   : build_model_spec(resolve_model_hyper(base.model));
+    if (a.seq_len > 0) {
+      base.data.seq_len = a.seq_len;
+    } else if (!base.data.seq_len || a.params > 0) {
+      base.data.seq_len = std::max<int64_t>(1, std::min<int64_t>(model.hp.max_position_embeddings, 2048));
+    }
+    EstimateFilter filter;
+    if (a.zero_stage >= 0) filter.stage = a.zero_stage;
+    if (!a.offload.empty())
+      filter.offload = a.offload == "cpu" ? OffloadDevice::cpu : a.offload == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
+    if (a.activation_checkpointing != "both") filter.activation_checkpointing = a.activation_checkpointing == "on";
+    const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter);
+    if (t.rows.empty())
+      throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");
+
+    const std::string dtype = base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32";
+    if (a.json) {
+      ojson j;
+      j["schema_version"] = 1;
+      j["model"] = {{"name", model.hp.name}, {"num_params", model.num_params}, {"largest_layer_params", model.largest_module_params},
+                    {"note", model_note}};
+      j["topology"] = {{"gpus_per_node", topo.ranks_per_node}, {"nodes", topo.num_nodes},
+                       {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
+                       {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
+      j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len}};
+      ojson rows = ojson::array();
+      for (const auto& r : t.rows) {
+        const auto& d = r.memory.device;
+        ojson row{{"zero_stage", r.choice.stage},
+                  {"offload_optimizer", offload_device_name(r.choice.offload_optimizer)},
+                  {"offload_param", offload_device_name(r.choice.offload_param)},
+                  {"activation_checkpointing", r.choice.activation_checkpointing},
+                  {"per_gpu", {{"params", std::llround(d.params)}, {"grads", std::llround(d.grads)},
+                               {"optimizer_states", std::llround(d.optimizer_states)}, {"activations", std::llround(d.activations)},
+                               {"buffers", std::llround(d.buffers)}, {"total", std::llround(d.total())}}},
+                  {"cpu_per_node", std::llround(r.host_per_node)},
+                  {"nvme_per_node", std::llround(r.nvme_per_node)},
+                  {"fits", r.fits_device ? ojson(r.fits()) : ojson(nullptr)},
+                  {"overrides", r.overrides}};
+        rows.push_back(row);
+      }
+      j["rows"] = rows;
+      j["recommended"] = t.recommended;
+      ojson dsrows = ojson::array();
+      for (const auto& r : t.deepspeed)
+        dsrows.push_back({{"zero_stage", r.stage}, {"options", r.options}, {"cpu_per_node", std::llround(r.cpu_bytes)},
+                          {"per_gpu", std::llround(r.gpu_bytes)}});
+      j["deepspeed"] = dsrows;
+      std::cout << j.dump(2) << "\n";
+      return 0;
+    }
+
+    FILE* out = stdout;
+    std::ostringstream o;
+    o << bold("Memory to train " + model.hp.name, out) << " (" << format_count(model.num_params) << " parameters, largest layer "
+      << format_count(model.largest_module_params) << ") on " << topo.num_nodes << (topo.num_nodes == 1 ? " node" : " nodes")
+      << " x " << topo.ranks_per_node << (topo.ranks_per_node == 1 ? " GPU" : " GPUs") << "\n";
+    if (!model_note.empty()) o << "  model: " << model_note << "\n";
+    o << "  " << dtype << ", micro batch " << *base.train_micro_batch_size_per_gpu
+      << (a.params > 0 ? std::string(" (activations need an architecture)") : " x " + std::to_string(*base.data.seq_len) + " tokens")
+      << ", " << optimizer_type_name(base.optimizer.type) << "; GPU memory "
+      << (topo.device_memory_bytes > 0 ? format_bytes(topo.device_memory_bytes) : std::string("not given (no fit check)"))
+      << "; CPU memory per node " << (topo.host_memory_bytes > 0 ? format_bytes(topo.host_memory_bytes) : std::string("not given"))
+      << "\n\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "  %-5s %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", "stage", "offload p/o",
+                  "ckpt", "params", "grads", "optim", "activ", "buffers", "per GPU", "CPU/node", "NVMe/node", "fits");
+    o << line;
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const auto& r = t.rows[i];
+      const auto& d = r.memory.device;
+      std::string fits = !r.fits_device ? "?" : r.fits() ? "yes" : "no";
+      if (static_cast<int>(i) == t.recommended) fits += "  <- recommended";
+      std::snprintf(line, sizeof line, "  %-5d %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", r.choice.stage,
+                    offload_text(r.choice).c_str(), r.choice.activation_checkpointing ? "on" : "off", gib(d.params).c_str(),
+                    gib(d.grads).c_str(), gib(d.optimizer_states).c_str(), gib(d.activations).c_str(), gib(d.buffers).c_str(),
+                    gib(d.total()).c_str(), gib(r.host_per_node).c_str(), r.nvme_per_node > 0 ? gib(r.nvme_per_node).c_str() : "-",
+                    fits.c_str());
+      o << line;
+    }
+    o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n\n";
+    if (t.recommended >= 0) {
+      const auto& r = t.rows[t.recommended];
+      o << bold("Recommended", out) << ": ZeRO-" << r.choice.stage
+        << (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "")
+        << (r.choice.offload_param != OffloadDevice::none ? std::string(", parameter offload to ") + offload_device_name(r.choice.offload_param) : "")
+        << (r.choice.activation_checkpointing ? ", activation checkpointing" : "") << ": " << format_bytes(r.device_per_rank)
+        << " per GPU (" << std::lround(100.0 * r.device_per_rank / topo.device_memory_bytes) << "% of "
+        << format_bytes(topo.device_memory_bytes) << ")\n  select it with: ds plan CONFIG " << r.overrides << "\n\n";
+    } else if (topo.device_memory_bytes > 0) {
+      o << bold("Nothing fits", out) << " " << format_bytes(topo.device_memory_bytes)
+        << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory.\n\n";
+    } else {
+      o << "Pass --gpu-memory (e.g. 80GiB) for a fit check and a recommendation.\n\n";
+    }
+    o << bold("DeepSpeed's estimator", out)
+      << " (estimate_zero2/zero3_model_states_mem_needs: model states only, CPU x1.5 buffer factor; GiB, which DeepSpeed prints as GB)\n";
+    o << "   per CPU  |  per GPU | options\n";
+    for (const auto& r : t.deepspeed) {
+      std::snprintf(line, sizeof line, "  %8s  | %8s | ZeRO-%d %s\n", gib(r.cpu_bytes).c_str(), gib(r.gpu_bytes).c_str(), r.stage,
+                    r.options.c_str());
+      o << line;
+    }
+    o << "\nCounted per GPU: parameters, gradients, fp32 master weights and optimizer moments, activations kept for "
+         "backward, reduction and gather buffers (DeepSpeed's default bucket sizes unless the config sets them).\n"
+         "Not counted: allocator fragmentation, the CUDA context (~0.5-1 GiB), library workspaces. CPU/node is the "
+         "offloaded states and staging buffers of all ranks on a node; DeepSpeed's 1.5x factor is not applied.\n";
+    std::cout << o.str();
+    return 0;
+  });
+}
+
+}  // namespace ds::cli

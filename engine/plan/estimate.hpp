@@ -1,0 +1,56 @@
+// ds — memory for every ZeRO stage and offload choice of one model, for `ds estimate-memory`.
+// Each row is a real compile_plan of the base config with one choice changed, so the numbers are
+// exactly what `ds plan` would print for that choice: one memory model, not two.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/plan/deepspeed_estimate.hpp"
+#include "engine/plan/plan.hpp"
+
+namespace ds {
+
+struct EstimateChoice {
+  int stage = 0;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;
+  bool activation_checkpointing = false;
+};
+
+struct EstimateRow {
+  EstimateChoice choice;
+  MemoryEstimate memory;            // per rank
+  double device_per_rank = 0;
+  double host_per_node = 0;         // host RAM of one node (offloaded states and staging buffers)
+  double nvme_per_node = 0;
+  std::optional<bool> fits_device;  // empty: device memory unknown
+  std::optional<bool> fits_host;    // empty: host memory unknown
+  int speed_rank = 0;               // 0 is fastest (see speed_rank_of)
+  std::string overrides;            // the config overrides that select this row
+  bool fits() const { return fits_device.value_or(true) && fits_host.value_or(true); }
+};
+
+struct EstimateFilter {
+  std::optional<int> stage;
+  std::optional<OffloadDevice> offload;            // narrows the optimizer's (and at stage 3 the parameters') offload
+  std::optional<bool> activation_checkpointing;    // empty: rows with and without
+};
+
+struct MemoryEstimateTable {
+  std::vector<EstimateRow> rows;  // in speed order
+  int recommended = -1;           // index of the fastest row that fits, -1 if none fits
+  std::vector<DeepSpeedEstimateRow> deepspeed;  // DeepSpeed's own ZeRO-2/3 estimators for the same model
+  double host_memory_per_node = 0;  // 0: unknown
+};
+
+// Expected speed order, fastest first: ZeRO 1 and 2 move the same bytes as plain data parallelism;
+// recomputation costs about a third more compute; stage 3 gathers parameters twice per micro step;
+// offload adds host transfers and a CPU optimizer step, NVMe more so.
+int speed_rank_of(const EstimateChoice& c);
+
+MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& model, const Topology& topo,
+                                          const EstimateFilter& filter);
+
+}  // namespace ds

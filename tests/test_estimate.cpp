@@ -1,0 +1,148 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/plan/estimate.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+using namespace ds::test;
+
+namespace {
+const int64_t kLlama7B = 6738415616, kLlama7BLargest = 32000LL * 4096;
+double gib(double bytes) { return std::round(bytes / 1073741824.0 * 100) / 100; }  // DeepSpeed prints %.2f of /2^30
+
+const DeepSpeedEstimateRow& row(const std::vector<DeepSpeedEstimateRow>& rows, const std::string& options) {
+  for (const auto& r : rows)
+    if (r.options == options) return r;
+  throw std::runtime_error("no row " + options);
+}
+}  // namespace
+
+// Worked example A of the reference (§3): Llama-2-7B on 1 node x 8 GPUs, to the byte.
+TEST(DeepSpeedEstimator, Zero2ReproducesTheWorkedExampleToTheByte) {
+  auto rows = deepspeed_zero2_estimate(kLlama7B, 8, 1);
+  EXPECT_EQ(row(rows, "offload_optimizer=cpu").gpu_bytes, 13476831232.0);
+  EXPECT_EQ(row(rows, "offload_optimizer=cpu").cpu_bytes, 323443949568.0);
+  EXPECT_EQ(row(rows, "offload_optimizer=none").gpu_bytes, 28638266368.0);
+  EXPECT_EQ(gib(row(rows, "offload_optimizer=none").cpu_bytes), 301.23);
+}
+
+TEST(DeepSpeedEstimator, Zero3ReproducesTheWorkedExampleToTheByte) {
+  auto rows = deepspeed_zero3_estimate(kLlama7B, kLlama7BLargest, 8, 1);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(row(rows, "offload_param=cpu, offload_optimizer=cpu, zero_init=1").cpu_bytes, 181937221632.0);
+  EXPECT_EQ(row(rows, "offload_param=cpu, offload_optimizer=cpu, zero_init=1").gpu_bytes, 524288000.0);
+  EXPECT_EQ(gib(row(rows, "offload_param=cpu, offload_optimizer=cpu, zero_init=0").cpu_bytes), 301.23);
+  EXPECT_EQ(row(rows, "offload_param=none, offload_optimizer=cpu, zero_init=1").gpu_bytes, 2208891904.0);
+  EXPECT_EQ(gib(row(rows, "offload_param=none, offload_optimizer=cpu, zero_init=1").cpu_bytes), 150.62);
+  EXPECT_EQ(row(rows, "offload_param=none, offload_optimizer=none, zero_init=1").gpu_bytes, 15685723136.0);
+  EXPECT_EQ(row(rows, "offload_param=none, offload_optimizer=none, zero_init=1").cpu_bytes, 6291456000.0);
+  EXPECT_EQ(gib(row(rows, "offload_param=none, offload_optimizer=none, zero_init=0").cpu_bytes), 301.23);
+}
+
+// Worked example B: 4 nodes x 8 GPUs (DeepSpeed's ZeRO-2 CPU term uses the total GPU count).
+TEST(DeepSpeedEstimator, FourNodesReproduceWorkedExampleB) {
+  auto z2 = deepspeed_zero2_estimate(kLlama7B, 8, 4);
+  EXPECT_EQ(gib(row(z2, "offload_optimizer=cpu").cpu_bytes), 1204.92);
+  EXPECT_EQ(gib(row(z2, "offload_optimizer=none").gpu_bytes), 16.08);
+  auto z3 = deepspeed_zero3_estimate(kLlama7B, kLlama7BLargest, 8, 4);
+  EXPECT_EQ(gib(row(z3, "offload_param=cpu, offload_optimizer=cpu, zero_init=1").cpu_bytes), 42.36);
+  EXPECT_EQ(gib(row(z3, "offload_param=none, offload_optimizer=cpu, zero_init=1").cpu_bytes), 37.65);
+  EXPECT_EQ(gib(row(z3, "offload_param=none, offload_optimizer=cpu, zero_init=1").gpu_bytes), 0.88);
+  EXPECT_EQ(gib(row(z3, "offload_param=none, offload_optimizer=none, zero_init=1").gpu_bytes), 4.02);
+}
+
+TEST(DeepSpeedEstimator, OneGpuAndTheDocsTable) {
+  EXPECT_EQ(gib(row(deepspeed_zero2_estimate(kLlama7B, 1, 1), "offload_optimizer=none").gpu_bytes), 125.51);
+  EXPECT_EQ(gib(row(deepspeed_zero3_estimate(kLlama7B, kLlama7BLargest, 1, 1), "offload_param=none, offload_optimizer=none, zero_init=1").gpu_bytes), 113.45);
+  // DeepSpeed's memory.rst table: P = 2851e6, L = 32e6, 1 node x 8 GPUs.
+  auto z3 = deepspeed_zero3_estimate(2851000000, 32000000, 8, 1);
+  const std::vector<std::pair<double, double>> docs = {{71.69, 0.12}, {127.45, 0.12}, {63.72, 0.78},
+                                                       {127.45, 0.78}, {1.43, 6.09},  {127.45, 6.09}};
+  for (size_t i = 0; i < docs.size(); ++i) {
+    EXPECT_EQ(gib(z3[i].cpu_bytes), docs[i].first) << z3[i].options;
+    EXPECT_EQ(gib(z3[i].gpu_bytes), docs[i].second) << z3[i].options;
+  }
+  EXPECT_EQ(gib(row(deepspeed_zero2_estimate(2851000000, 8, 1), "offload_optimizer=cpu").cpu_bytes), 127.45);
+  EXPECT_EQ(gib(row(deepspeed_zero2_estimate(2851000000, 8, 1), "offload_optimizer=cpu").gpu_bytes), 5.31);
+}
+
+namespace {
+Topology gpus(int per_node, int nodes, double memory) {
+  Topology t;
+  t.device = DeviceKind::cuda;
+  t.ranks_per_node = per_node;
+  t.num_nodes = nodes;
+  t.world_size = per_node * nodes;
+  t.device_memory_bytes = memory;
+  t.world_size_source = "--gpus x --nodes";
+  return t;
+}
+const char* kCfg = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "model": {"preset": "llama-2-7b"},
+                       "data": {"seq_len": 1024}, "zero_optimization": {"offload_optimizer": {"device": "none"},
+                       "offload_param": {"device": "none"}}})";
+}  // namespace
+
+TEST(MemoryEstimateTable, EveryRowIsWhatThePlanSays) {
+  Config base = load_config_text(kCfg, "t");
+  ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  Topology topo = gpus(8, 1, 80.0 * (1 << 30));
+  MemoryEstimateTable t = estimate_memory_table(base, m, topo, {});
+  ASSERT_EQ(t.rows.size(), 20u);
+  for (const auto& r : t.rows) {
+    std::vector<std::string> o = {"zero_optimization.stage=" + std::to_string(r.choice.stage),
+                                  std::string("zero_optimization.offload_optimizer.device=") + offload_device_name(r.choice.offload_optimizer),
+                                  std::string("zero_optimization.offload_param.device=") + offload_device_name(r.choice.offload_param),
+                                  std::string("model.activation_checkpointing=") + (r.choice.activation_checkpointing ? "true" : "false"),
+                                  "zero_optimization.offload_optimizer.nvme_path=/x", "zero_optimization.offload_param.nvme_path=/x"};
+    Config c = load_config_text(kCfg, "t", o);
+    Plan p = compile_plan(c, m, topo);
+    EXPECT_DOUBLE_EQ(p.memory.device.total(), r.device_per_rank) << r.overrides;
+    EXPECT_DOUBLE_EQ(p.memory.host.total() * 8, r.host_per_node) << r.overrides;
+  }
+}
+
+TEST(MemoryEstimateTable, StatesMatchAnIndependentCount) {
+  // ZeRO-2 on 8 GPUs, bf16 + AdamW: params 2P, grads 2S, optimizer 12S, S = P rounded up to 16, / 8.
+  Config base = load_config_text(kCfg, "t");
+  ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  EstimateFilter f;
+  f.stage = 2;
+  f.offload = OffloadDevice::none;
+  f.activation_checkpointing = false;
+  MemoryEstimateTable t = estimate_memory_table(base, m, gpus(8, 1, 0), f);
+  ASSERT_EQ(t.rows.size(), 1u);
+  const double P = 6738415616.0, S = std::ceil(P / 16) * 16 / 8;
+  EXPECT_DOUBLE_EQ(t.rows[0].memory.device.params, 2 * P);
+  EXPECT_DOUBLE_EQ(t.rows[0].memory.device.grads, 2 * S);
+  EXPECT_DOUBLE_EQ(t.rows[0].memory.device.optimizer_states, 12 * S);
+  EXPECT_FALSE(t.rows[0].fits_device.has_value());  // no memory given: no verdict
+  EXPECT_EQ(t.recommended, -1);
+}
+
+TEST(MemoryEstimateTable, RecommendsTheFastestRowThatFits) {
+  Config base = load_config_text(kCfg, "t");
+  ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  MemoryEstimateTable big = estimate_memory_table(base, m, gpus(8, 1, 80.0 * (1 << 30)), {});
+  ASSERT_GE(big.recommended, 0);
+  const auto& rec = big.rows[big.recommended];
+  EXPECT_TRUE(rec.fits());
+  for (int i = 0; i < big.recommended; ++i) EXPECT_FALSE(big.rows[i].fits()) << big.rows[i].overrides;
+  EXPECT_EQ(rec.choice.offload_optimizer, OffloadDevice::none);  // 80 GiB needs no offload for 7B on 8 GPUs
+  MemoryEstimateTable small = estimate_memory_table(base, m, gpus(8, 1, 6.0 * (1 << 30)), {});
+  ASSERT_GE(small.recommended, 0);
+  EXPECT_NE(small.rows[small.recommended].choice.offload_optimizer, OffloadDevice::none);
+  EXPECT_EQ(estimate_memory_table(base, m, gpus(1, 1, 1.0 * (1 << 30)), {}).recommended, -1);
+}
+
+TEST(MemoryEstimateTable, SpeedOrderPrefersLessOffloadThenLowerStageThenNoRecompute) {
+  EXPECT_LT(speed_rank_of({2, OffloadDevice::none, OffloadDevice::none, false}),
+            speed_rank_of({0, OffloadDevice::none, OffloadDevice::none, true}));
+  EXPECT_LT(speed_rank_of({2, OffloadDevice::none, OffloadDevice::none, true}),
+            speed_rank_of({3, OffloadDevice::none, OffloadDevice::none, false}));
+  EXPECT_LT(speed_rank_of({3, OffloadDevice::none, OffloadDevice::none, true}),
+            speed_rank_of({2, OffloadDevice::cpu, OffloadDevice::none, false}));
+  EXPECT_LT(speed_rank_of({3, OffloadDevice::cpu, OffloadDevice::cpu, true}),
+            speed_rank_of({3, OffloadDevice::nvme, OffloadDevice::none, false}));
+}
