@@ -1,0 +1,49 @@
+// ds — which tokens each rank trains on. Sampling is counter-based: global sample g of the run starts
+// at a position drawn from hash(seed, g) in the training split, so the loader's whole state is one
+// number (the next global sample). That makes resume exact, and makes a step's global batch the same
+// set of samples whatever the world size: step s owns samples [s*B, (s+1)*B) of the global batch B,
+// and rank r's micro batch m takes samples s*B + (m*W + r)*b + [0, b) for micro batch size b.
+// The validation split is the stream's last val_fraction, read in order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/runtime/data/token_source.hpp"
+
+namespace ds {
+
+struct SamplerOptions {
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  int64_t grad_accum = 1;
+  int world_size = 1;
+  int rank = 0;
+  double val_fraction = 0;
+  uint64_t seed = 0;
+};
+
+class BatchSampler {
+ public:
+  // Throws UserError when the stream is too short for one sample in each split.
+  BatchSampler(const TokenStream& stream, const SamplerOptions& o);
+
+  // Inputs and targets (targets are the inputs shifted by one) of this rank's micro batch `micro` of
+  // optimizer step `step`; each is micro_batch x seq_len, row-major.
+  void train_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
+  // Validation micro batch `index` (deterministic, in stream order, wrapping around).
+  void val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
+
+  int64_t train_tokens() const { return train_end_; }
+  int64_t val_tokens() const { return stream_.size() - train_end_; }
+  // The start offset of global sample g (exposed for tests).
+  int64_t sample_offset(int64_t g) const;
+
+ private:
+  void window(int64_t start, int32_t* in, int32_t* tgt) const;
+  const TokenStream& stream_;
+  SamplerOptions o_;
+  int64_t train_end_ = 0;
+};
+
+}  // namespace ds

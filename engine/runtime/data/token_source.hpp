@@ -1,0 +1,73 @@
+// ds — where training tokens come from. Every source ends as one flat token stream: read once at
+// start (a text file tokenized, a binary token file memory-mapped, a synthetic stream generated), so
+// sampling is plain index arithmetic. Problems with the input (missing file, bad header, a token id
+// outside the model's vocabulary) are UserErrors naming the file, raised before any training starts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "schema/config.hpp"
+
+namespace ds {
+
+class TokenStream {
+ public:
+  virtual ~TokenStream() = default;
+  virtual int64_t size() const = 0;
+  // Copies tokens [begin, begin + n) into out (n tokens). Requires begin + n <= size().
+  virtual void read(int64_t begin, int64_t n, int32_t* out) const = 0;
+  virtual std::string describe() const = 0;  // "tinyshakespeare.txt: 1,115,394 bytes -> 338,027 GPT-2 tokens"
+  int32_t max_token() const { return max_token_; }
+
+ protected:
+  int32_t max_token_ = 0;
+};
+
+// Tokens held in memory (text sources, synthetic data).
+class MemoryTokenStream : public TokenStream {
+ public:
+  MemoryTokenStream(std::vector<int32_t> tokens, std::string description);
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
+  void read(int64_t begin, int64_t n, int32_t* out) const override;
+  std::string describe() const override { return description_; }
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::string description_;
+};
+
+// A memory-mapped binary token file: raw uint16 (nanoGPT's train.bin), raw uint32, or llm.c's
+// headered .bin (256 int32 header: magic 20240520, version 1 = uint16 tokens, token count).
+class MappedTokenFile : public TokenStream {
+ public:
+  MappedTokenFile(const std::string& path, const std::string& format);
+  ~MappedTokenFile() override;
+  MappedTokenFile(const MappedTokenFile&) = delete;
+  MappedTokenFile& operator=(const MappedTokenFile&) = delete;
+  int64_t size() const override { return count_; }
+  void read(int64_t begin, int64_t n, int32_t* out) const override;
+  std::string describe() const override { return description_; }
+
+ private:
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const unsigned char* data_ = nullptr;
+  int64_t count_ = 0;
+  int token_bytes_ = 2;
+  std::string description_;
+};
+
+// A synthetic language for smoke tests and the quickstart, needing no file: an order-1 Markov chain
+// over `vocab` tokens where each token has four successors with probabilities 0.55, 0.25, 0.15 and
+// 0.05. A model that learns it reaches the chain's entropy, markov_entropy_nats() (~1.11 nats),
+// from ln(vocab) at initialisation, so learning is visible within a few hundred steps.
+std::unique_ptr<TokenStream> make_synthetic_stream(int32_t vocab, int64_t tokens, uint64_t seed);
+double markov_entropy_nats();
+
+// The stream the data block describes, checked against the model's vocabulary size.
+std::unique_ptr<TokenStream> open_token_stream(const DataConfig& data, int64_t vocab_size, uint64_t seed);
+
+}  // namespace ds

@@ -1,0 +1,180 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "engine/runtime/data/sampler.hpp"
+#include "engine/runtime/data/token_source.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+std::string temp_file(const std::string& name) { return (fs::temp_directory_path() / ("ds_test_" + name)).string(); }
+
+template <class T>
+void write_tokens(const std::string& path, const std::vector<T>& v, const std::vector<int32_t>& header = {}) {
+  std::ofstream f(path, std::ios::binary);
+  if (!header.empty()) f.write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  f.write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+std::vector<int32_t> all_tokens(const TokenStream& s) {
+  std::vector<int32_t> out(static_cast<size_t>(s.size()));
+  s.read(0, s.size(), out.data());
+  return out;
+}
+
+DataConfig data(DataType type, const std::string& path, const std::string& format = "uint16") {
+  DataConfig d;
+  d.type = type;
+  d.path = path;
+  d.tokenizer = "bytes";
+  d.token_format = format;
+  return d;
+}
+}  // namespace
+
+TEST(TokenFiles, RawUint16AndUint32RoundTrip) {
+  const std::vector<uint16_t> a = {1, 2, 65535, 7};
+  write_tokens(temp_file("a.bin"), a);
+  MappedTokenFile f16(temp_file("a.bin"), "uint16");
+  EXPECT_EQ(all_tokens(f16), (std::vector<int32_t>{1, 2, 65535, 7}));
+  const std::vector<uint32_t> b = {100000, 3};
+  write_tokens(temp_file("b.bin"), b);
+  MappedTokenFile f32(temp_file("b.bin"), "uint32");
+  EXPECT_EQ(all_tokens(f32), (std::vector<int32_t>{100000, 3}));
+  EXPECT_EQ(f32.max_token(), 100000);
+}
+
+TEST(TokenFiles, LlmcHeaderIsCheckedAndSkipped) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = 3;
+  write_tokens(temp_file("c.bin"), std::vector<uint16_t>{5, 6, 50256}, header);
+  MappedTokenFile f(temp_file("c.bin"), "llmc");
+  EXPECT_EQ(all_tokens(f), (std::vector<int32_t>{5, 6, 50256}));
+  header[2] = 4;  // claims one more token than the file holds
+  write_tokens(temp_file("d.bin"), std::vector<uint16_t>{5, 6, 7}, header);
+  EXPECT_THROW(MappedTokenFile(temp_file("d.bin"), "llmc"), UserError);
+  header[0] = 1234;
+  write_tokens(temp_file("e.bin"), std::vector<uint16_t>{5, 6, 7, 8}, header);
+  try {
+    MappedTokenFile(temp_file("e.bin"), "llmc");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("magic 1234"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenFiles, BadInputsAreUserErrorsNamingTheFile) {
+  EXPECT_THROW(MappedTokenFile("/nonexistent/tokens.bin", "uint16"), UserError);
+  std::ofstream(temp_file("odd.bin"), std::ios::binary) << "abc";
+  EXPECT_THROW(MappedTokenFile(temp_file("odd.bin"), "uint16"), UserError);
+  write_tokens(temp_file("big.bin"), std::vector<uint16_t>{1, 300});
+  try {
+    open_token_stream(data(DataType::tokens, temp_file("big.bin")), 256, 1);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 300"), std::string::npos) << e.what();
+  }
+  try {
+    open_token_stream(data(DataType::text, "/nonexistent/corpus.txt"), 256, 1);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/corpus.txt"), std::string::npos);
+  }
+}
+
+TEST(TextData, ByteTokensAreTheFilesBytes) {
+  std::ofstream(temp_file("t.txt"), std::ios::binary) << "Hi\n\xc3\xa9";
+  auto s = open_token_stream(data(DataType::text, temp_file("t.txt")), 256, 1);
+  EXPECT_EQ(all_tokens(*s), (std::vector<int32_t>{'H', 'i', '\n', 0xc3, 0xa9}));
+}
+
+TEST(SyntheticData, IsDeterministicAndHasTheStatedEntropy) {
+  auto a = make_synthetic_stream(64, 200000, 7), b = make_synthetic_stream(64, 200000, 7), c = make_synthetic_stream(64, 200000, 8);
+  EXPECT_EQ(all_tokens(*a), all_tokens(*b));
+  EXPECT_NE(all_tokens(*a), all_tokens(*c));
+  EXPECT_LT(a->max_token(), 64);
+  // Empirical conditional entropy H(next | current) approaches the chain's (successors may collide
+  // for small vocabularies, which can only lower it).
+  const auto t = all_tokens(*a);
+  std::map<int32_t, std::map<int32_t, int64_t>> counts;
+  for (size_t i = 0; i + 1 < t.size(); ++i) ++counts[t[i]][t[i + 1]];
+  double h = 0;
+  for (const auto& [cur, next] : counts) {
+    int64_t total = 0;
+    for (const auto& [n, k] : next) total += k;
+    for (const auto& [n, k] : next) h -= static_cast<double>(k) / (t.size() - 1) * std::log(static_cast<double>(k) / total);
+  }
+  EXPECT_LE(h, markov_entropy_nats() + 0.01);
+  EXPECT_GT(h, markov_entropy_nats() - 0.15);
+}
+
+TEST(BatchSampler, TargetsAreInputsShiftedByOne) {
+  auto s = make_synthetic_stream(256, 10000, 1);
+  const auto t = all_tokens(*s);
+  BatchSampler sampler(*s, {16, 4, 1, 1, 0, 0.1, 3});
+  std::vector<int32_t> in, tgt;
+  sampler.train_batch(5, 0, in, tgt);
+  ASSERT_EQ(in.size(), 64u);
+  for (int i = 0; i < 4; ++i) {
+    const int64_t off = sampler.sample_offset(5 * 4 + i);
+    EXPECT_LE(off + 16, sampler.train_tokens() - 1);
+    for (int k = 0; k < 16; ++k) {
+      EXPECT_EQ(in[i * 16 + k], t[off + k]);
+      EXPECT_EQ(tgt[i * 16 + k], t[off + k + 1]);
+    }
+  }
+}
+
+// The same global batch whatever the world size: the data side of "ZeRO on N ranks computes the
+// same run as one rank with the same global batch".
+TEST(BatchSampler, GlobalBatchIsTheSameSetOfSamplesAtAnyWorldSize) {
+  auto s = make_synthetic_stream(256, 50000, 1);
+  auto global_batch = [&](int world, int64_t grad_accum, int64_t step) {
+    std::multiset<std::vector<int32_t>> samples;
+    for (int r = 0; r < world; ++r) {
+      BatchSampler sampler(*s, {8, 2, grad_accum, world, r, 0.0, 11});
+      for (int64_t m = 0; m < grad_accum; ++m) {
+        std::vector<int32_t> in, tgt;
+        sampler.train_batch(step, m, in, tgt);
+        for (int i = 0; i < 2; ++i) samples.insert(std::vector<int32_t>(in.begin() + i * 8, in.begin() + (i + 1) * 8));
+      }
+    }
+    return samples;
+  };
+  for (int64_t step : {0, 3}) {
+    const auto one = global_batch(1, 8, step);
+    EXPECT_EQ(one.size(), 16u);
+    EXPECT_EQ(global_batch(2, 4, step), one);
+    EXPECT_EQ(global_batch(4, 2, step), one);
+  }
+  EXPECT_NE(global_batch(1, 8, 0), global_batch(1, 8, 1));
+}
+
+TEST(BatchSampler, ValidationReadsTheHeldOutTail) {
+  auto s = make_synthetic_stream(256, 1000, 1);
+  const auto t = all_tokens(*s);
+  BatchSampler sampler(*s, {10, 2, 1, 1, 0, 0.1, 1});
+  EXPECT_EQ(sampler.val_tokens(), 100);
+  std::vector<int32_t> in, tgt;
+  sampler.val_batch(0, in, tgt);
+  EXPECT_EQ(in[0], t[900]);
+  EXPECT_EQ(tgt[9], t[910]);
+  EXPECT_EQ(in[10], t[910]);
+}
+
+TEST(BatchSampler, TooLittleDataIsAUserError) {
+  auto s = make_synthetic_stream(256, 100, 1);
+  EXPECT_THROW(BatchSampler(*s, {128, 1, 1, 1, 0, 0.0, 1}), UserError);
+  EXPECT_THROW(BatchSampler(*s, {16, 1, 1, 1, 0, 0.05, 1}), UserError);  // 5 validation tokens < 17
+}
