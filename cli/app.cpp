@@ -7,6 +7,7 @@
 #include "cli/estimate_memory.hpp"
 #include "cli/pending.hpp"
 #include "cli/plan.hpp"
+#include "cli/train.hpp"
 #include "cli/version.hpp"
 
 namespace ds::cli {

@@ -19,15 +19,6 @@ Subcommand pending(CLI::App& app, const char* name, const char* what, const char
 
 }  // namespace
 
-Subcommand setup_train(CLI::App& app) {
-  return pending(app, "train", "train a model as the config and its plan say",
-                 R"(Examples (once available):
-  ds train examples/quickstart.json
-  ds train config.json zero_optimization.stage=2 bf16.enabled=true
-  ds train --nproc-per-node 4 config.json)",
-                 "`ds plan CONFIG` validates the config and shows what training would do");
-}
-
 Subcommand setup_convert_ckpt(CLI::App& app) {
   return pending(app, "convert-ckpt", "consolidate ZeRO shards, reshard, export/import Hugging Face safetensors",
                  R"(Examples (once available):

@@ -3,7 +3,10 @@
 #include <CLI/Version.hpp>
 #include <nlohmann/json.hpp>
 
+#include <torch/version.h>
+
 #include "build_info.hpp"
+#include "kernels/cpu/adam.hpp"
 
 namespace ds::cli {
 
@@ -24,8 +27,8 @@ std::string version_text() {
          "  libraries: nlohmann/json " + std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." +
          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH) +
          ", CLI11 " CLI11_VERSION ", valijson (JSON Schema)\n"
-         "  LibTorch: not linked in this build; CUDA: not linked; NCCL: not linked; HDF5: not linked\n"
-         "  (this build plans and estimates memory; training, checkpoint conversion and profiling are not built in yet)\n";
+         "  LibTorch " TORCH_VERSION " (CPU); CUDA: not built in; NCCL: not built in; HDF5: not linked\n"
+         "  fused optimizer kernel: " + std::string(kernels::adam_implementation()) + "\n";
 }
 
 }  // namespace ds::cli

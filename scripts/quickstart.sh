@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# From a fresh Debian 12 machine: install what ds needs, build it, and run the main job on a bundled
-# config (no download): the execution plan of GPT-2 under ZeRO-2 with bf16.
+# From a fresh Debian 12 machine: install what ds needs, build it, and run the main job on an embedded
+# default (no download): a tiny GPT-2 learns a synthetic language; the loss falls from ln(256) = 5.55
+# towards the language's entropy floor of 1.11 nats in about a minute on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 echo
-echo "+ build/ds plan templates/zero2.json --world-size 4"
-build/ds plan templates/zero2.json --world-size 4
+echo "+ build/ds train examples/quickstart.json"
+build/ds train examples/quickstart.json

@@ -119,9 +119,38 @@ TEST(CliUsage, BareDsListsEverySubcommand) {
 }
 
 TEST(CliUsage, PendingSubcommandsSaySoAndExitOne) {
-  Result r = ds("train templates/zero2.json");
+  Result r = ds("convert-ckpt runs/x");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "not available in this build")) << r.err;
+}
+
+TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
+  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_quickstart";
+  Result r = ds("train examples/quickstart.json train.steps=40 train.eval_every=20 train.output_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "step 40/40")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ds train: done: 40 of 40 steps")) << r.err;
+  EXPECT_EQ(r.out, "");  // progress and summaries are diagnostics
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"], ++lines);
+    EXPECT_TRUE(j.contains("loss") && j.contains("lr") && j.contains("grad_norm"));
+  }
+  EXPECT_EQ(lines, 40);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/plan.json"))["schema_version"], 1);
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/config.json"))["train"]["steps"], 40);
+}
+
+TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
+  Result r = ds("train examples/quickstart.json model.preset=llama-tiny");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "the llama architecture")) << r.err;
+  r = ds("train examples/quickstart.json data.type=text data.path=/nonexistent/corpus.txt");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "/nonexistent/corpus.txt")) << r.err;
 }
 
 TEST(CliVersion, IdentifiesItselfApartFromDeepSpeedsLauncher) {

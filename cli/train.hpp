@@ -1,0 +1,15 @@
+// ds train — train as the config and its plan say.
+#pragma once
+
+#include "cli/common.hpp"
+
+namespace ds::cli {
+
+struct TrainArgs {
+  ConfigArgs config;
+};
+
+Subcommand setup_train(CLI::App& app);
+int run_train(const TrainArgs& args);
+
+}  // namespace ds::cli

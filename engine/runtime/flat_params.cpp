@@ -1,0 +1,42 @@
+#include "engine/runtime/flat_params.hpp"
+
+#include "common/error.hpp"
+
+namespace ds {
+
+namespace {
+torch::ScalarType to_torch(Dtype d) {
+  switch (d) {
+    case Dtype::fp32: return torch::kFloat32;
+    case Dtype::bf16: return torch::kBFloat16;
+    case Dtype::fp16: return torch::kFloat16;
+  }
+  return torch::kFloat32;
+}
+}  // namespace
+
+FlatParams FlatParams::allocate(const Plan& plan) {
+  const FlatLayout& L = plan.layout;
+  const int64_t n = L.numel;
+  FlatParams f;
+  f.params = torch::zeros({n}, to_torch(plan.precision.compute_dtype));
+  f.grads = torch::zeros({n}, to_torch(plan.precision.grad_dtype));
+  f.master = plan.precision.fp32_master ? torch::zeros({n}, torch::kFloat32) : f.params;
+  f.exp_avg = torch::zeros({n}, torch::kFloat32);
+  f.exp_avg_sq = torch::zeros({n}, torch::kFloat32);
+  for (const ParamSlot& p : L.params) {
+    torch::Tensor v = f.params.narrow(0, p.offset, p.numel).view(p.shape).detach().requires_grad_(true);
+    v.mutable_grad() = f.grads.narrow(0, p.offset, p.numel).view(p.shape);
+    f.views.push_back(v);
+    f.names.push_back(p.name);
+  }
+  return f;
+}
+
+size_t FlatParams::bytes() const {
+  size_t b = params.nbytes() + grads.nbytes() + exp_avg.nbytes() + exp_avg_sq.nbytes();
+  if (master.data_ptr() != params.data_ptr()) b += master.nbytes();
+  return b;
+}
+
+}  // namespace ds

@@ -1,0 +1,83 @@
+#include "engine/runtime/gpt2_model.hpp"
+
+#include <cmath>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+Gpt2Model::Gpt2Model(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
+  DS_CHECK(hp.arch == ModelArch::gpt2);
+  size_t i = 0;
+  auto next = [&](const char* suffix) {
+    DS_CHECK(i < p.views.size() && p.names[i].size() >= std::string(suffix).size() &&
+                 p.names[i].compare(p.names[i].size() - std::string(suffix).size(), std::string::npos, suffix) == 0,
+             "parameter ", i, " is ", (i < p.names.size() ? p.names[i] : "missing"), ", expected *", suffix);
+    return p.views[i++];
+  };
+  wte_ = next("wte.weight");
+  wpe_ = next("wpe.weight");
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    Block b;
+    b.ln1_w = next("ln_1.weight");
+    b.ln1_b = next("ln_1.bias");
+    b.attn_w = next("attn.c_attn.weight");
+    b.attn_b = next("attn.c_attn.bias");
+    b.proj_w = next("attn.c_proj.weight");
+    b.proj_b = next("attn.c_proj.bias");
+    b.ln2_w = next("ln_2.weight");
+    b.ln2_b = next("ln_2.bias");
+    b.fc_w = next("mlp.c_fc.weight");
+    b.fc_b = next("mlp.c_fc.bias");
+    b.fc_proj_w = next("mlp.c_proj.weight");
+    b.fc_proj_b = next("mlp.c_proj.bias");
+    blocks_.push_back(b);
+  }
+  lnf_w_ = next("ln_f.weight");
+  lnf_b_ = next("ln_f.bias");
+  DS_CHECK(i == p.views.size(), "untied lm_head is not supported for gpt2 yet");
+}
+
+void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::NoGradGuard no_grad;
+  const double resid_std = 0.02 / std::sqrt(2.0 * hp.num_layers);
+  for (const ParamSlot& p : plan.layout.params) {
+    torch::Tensor t = master.narrow(0, p.offset, p.numel);
+    const std::string& n = p.name;
+    auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.compare(n.size() - std::strlen(s), std::string::npos, s) == 0; };
+    if (ends(".bias"))
+      t.zero_();
+    else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))
+      t.fill_(1.0);
+    else if (ends("c_proj.weight"))
+      t.normal_(0.0, resid_std);
+    else
+      t.normal_(0.0, 0.02);
+  }
+}
+
+torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
+  torch::Tensor x = torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T);  // (B, T, C)
+  // Causal mask, built once per sequence length: -inf above the diagonal.
+  const auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (const Block& b : blocks_) {
+    torch::Tensor h = torch::layer_norm(x, {C}, b.ln1_w, b.ln1_b, hp_.norm_eps);
+    torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C)
+    qkv = qkv.view({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});                  // (3, B, NH, T, D)
+    torch::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * scale;  // (B, NH, T, T)
+    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+    torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
+    x = x + torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C});
+    h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
+    torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
+    x = x + torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C});
+  }
+  x = torch::layer_norm(x, {C}, lnf_w_, lnf_b_, hp_.norm_eps);
+  torch::Tensor logits = torch::matmul(x.view({B * T, C}), wte_.t());  // tied head, (BT, V)
+  return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
+}
+
+}  // namespace ds

@@ -1,0 +1,33 @@
+// ds — GPT-2 (Hugging Face's GPT2LMHeadModel): learned positions, pre-LayerNorm blocks, tanh GELU,
+// tied input embedding and output head, biases everywhere. Weights use GPT-2's Conv1D layout
+// [in, out] (as in the state_dict), so a layer computes x @ W + b and export is a rename.
+// Legend: B batch, T sequence, C width, NH heads, D = C / NH, V vocabulary, L layers.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "engine/runtime/flat_params.hpp"
+
+namespace ds {
+
+class Gpt2Model {
+ public:
+  Gpt2Model(const ModelHyper& hp, const FlatParams& params);
+
+  // GPT-2's initialisation: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2L)), zero
+  // biases, unit LayerNorm gains. Deterministic in `seed`; written in fp32 into `master`.
+  static void initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
+
+  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
+  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const;
+
+ private:
+  struct Block {
+    torch::Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+  };
+  ModelHyper hp_;
+  torch::Tensor wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace ds

@@ -1,0 +1,41 @@
+// ds — the training loop: executes a Plan on one process. It re-decides nothing: batch sizes,
+// precision, layout, schedule and thread count all come from the Plan. The header carries no LibTorch
+// types, so cli/ stays free of it.
+//
+// This build trains GPT-2-architecture models in fp32 or bf16 with Adam/AdamW on one process.
+// Checks at start (before any work) reject what it cannot do yet, with exit code 2 and the reason.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+
+namespace ds {
+
+struct TrainOptions {
+  std::string resolved_config_json;  // written to <output_dir>/config.json
+  std::string plan_json;             // written to <output_dir>/plan.json
+  bool live_progress = false;        // one rewriting status line (a terminal); else plain lines
+  int64_t print_every = 10;          // plain progress lines every N steps
+};
+
+struct TrainResult {
+  int64_t steps = 0;          // optimizer steps attempted
+  int64_t skipped_steps = 0;  // inf/NaN gradients
+  std::vector<double> losses;      // training loss per step (mean over its micro batches)
+  std::vector<double> val_losses;  // at each validation
+  double seconds = 0;
+  bool interrupted = false;
+  std::string metrics_path;
+};
+
+// Throws UserError for configurations this trainer cannot run (exit 2), std::runtime_error when the
+// run fails (exit 1). Progress goes to stderr.
+TrainResult train(const Plan& plan, const Config& config, const TrainOptions& options);
+
+// The reasons `train` would refuse this plan, empty when it can run it (for `ds plan` and tests).
+std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config);
+
+}  // namespace ds
