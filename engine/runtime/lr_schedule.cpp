@@ -20,6 +20,16 @@ double LrSchedule::warmup_gamma(int64_t t) const {
   return std::log(static_cast<double>(t + 1)) / std::log(static_cast<double>(W));
 }
 
+double LrSchedule::one_cycle_scale(int64_t t) const {
+  // b = t + 1; x = 1 + b/total - floor(1 + b/total); rising while x <= S1/total, then falling.
+  const SchedulerConfig& p = s_.params;
+  const double S1 = static_cast<double>(p.cycle_first_step_size);
+  const double S2 = static_cast<double>(p.cycle_second_step_size.value_or(p.cycle_first_step_size));
+  const double total = S1 + S2, b = t + 1, ratio = S1 / total;
+  const double x = 1 + b / total - std::floor(1 + b / total);
+  return x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
+}
+
 double LrSchedule::lr_at(int64_t t) const {
   const SchedulerConfig& p = s_.params;
   switch (s_.type) {
@@ -58,10 +68,7 @@ double LrSchedule::lr_at(int64_t t) const {
       if (t < 0) return lo;
       if (t < total) {
         const double b = t + 1;
-        const double ratio = S1 / total;
-        const double cycle = std::floor(1 + b / total);
-        const double x = 1 + b / total - cycle;
-        double scale = x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
+        double scale = one_cycle_scale(t);
         const int64_t k1 = p.cycle_first_stair_count.value_or(0);
         if (k1 > 0) {  // staircase: quantise the position within each half
           const int64_t k2 = p.cycle_second_stair_count.value_or(k1);
@@ -92,12 +99,7 @@ double LrSchedule::beta1_at(int64_t t) const {
   const double S2 = static_cast<double>(p.cycle_second_step_size.value_or(p.cycle_first_step_size));
   const double total = S1 + S2;
   if (t < 0) return lo;
-  if (t < total) {
-    // Momentum moves opposite to the lr: beta1 = max_mom - (max_mom - min_mom) * scale.
-    const double b = t + 1, ratio = S1 / total, cycle = std::floor(1 + b / total), x = 1 + b / total - cycle;
-    const double scale = x <= ratio ? x / ratio : (x - 1) / (ratio - 1);
-    return hi - (hi - lo) * scale;
-  }
+  if (t < total) return hi - (hi - lo) * one_cycle_scale(t);  // momentum moves opposite to the lr
   const double d = t - total + 1;
   if (p.decay_step_size == 0 || p.decay_mom_rate == 0) return hi;
   return hi * (1 + p.decay_mom_rate * d / p.decay_step_size);

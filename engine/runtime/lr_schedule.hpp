@@ -26,6 +26,7 @@ class LrSchedule {
 
  private:
   double warmup_gamma(int64_t t) const;  // 0..1 during warmup, 1 after
+  double one_cycle_scale(int64_t t) const;  // OneCycle's position in the cycle, 0..1 (t within the cycle)
   ResolvedScheduler s_;
   double base_lr_, base_beta1_;
   int64_t warmup_steps_ = 0;  // max(2, warmup_num_steps), as DeepSpeed clamps it

@@ -2,16 +2,9 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 
 namespace ds {
-namespace {
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) : stream_(stream), o_(o) {
   DS_CHECK(o.seq_len > 0 && o.micro_batch > 0 && o.world_size > 0 && o.rank < o.world_size);
@@ -27,7 +20,7 @@ BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) :
 
 int64_t BatchSampler::sample_offset(int64_t g) const {
   const uint64_t span = static_cast<uint64_t>(train_end_ - o_.seq_len);  // valid starts: [0, train_end - seq_len - 1]
-  return static_cast<int64_t>(mix(o_.seed * 0x100000001B3ull ^ mix(static_cast<uint64_t>(g))) % span);
+  return static_cast<int64_t>(splitmix64(o_.seed * 0x100000001B3ull ^ splitmix64(static_cast<uint64_t>(g))) % span);
 }
 
 void BatchSampler::window(int64_t start, int32_t* in, int32_t* tgt) const {

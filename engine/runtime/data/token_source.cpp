@@ -12,17 +12,11 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 #include "engine/runtime/data/gpt2_tokenizer.hpp"
 
 namespace ds {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 constexpr double kMarkovProbs[4] = {0.55, 0.25, 0.15, 0.05};
 
