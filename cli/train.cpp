@@ -6,8 +6,10 @@
 #include <iostream>
 
 #include "common/format.hpp"
+#include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/trainer.hpp"
+#include "schema/json_diff.hpp"
 #include "schema/loader.hpp"
 #include "schema/plan_json.hpp"
 
@@ -17,16 +19,22 @@ Subcommand setup_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand("train", "train a model as the config and its plan say");
   add_config_args(sub, args->config);
+  sub->add_flag("--resume", args->resume,
+                "continue from the newest complete checkpoint in train.output_dir (train.resume=auto); "
+                "starts fresh when there is none");
   sub->footer(R"(Examples:
   ds train examples/quickstart.json
       a tiny GPT-2 on an embedded synthetic language: the loss falls towards its known floor in a minute
   ds train examples/quickstart.json train.steps=1000 optimizer.params.lr=1e-3
       overrides, exactly as for `ds plan`
   ds train my.json data.type=text data.path=corpus.txt data.tokenizer=bytes
+  ds train examples/quickstart.json train.steps=600 --resume
+      continue the quickstart run from its last checkpoint, exactly where it stopped
 
-The run directory (train.output_dir) receives config.json (the resolved config), plan.json and
-metrics.jsonl (one JSON object per step). Progress goes to stderr: a live line on a terminal, plain
-lines every steps_per_print steps (default 10) otherwise. Ctrl-C stops after the current step (exit 130).
+The run directory (train.output_dir) receives config.json (the resolved config), plan.json,
+metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, every train.save_every
+steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
+lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
 This build trains gpt2-architecture models on one process in fp32 or bf16 with Adam/AdamW; anything
 else is refused before work starts, with the reason (exit 2).)");
   return {sub, [args] { return run_train(*args); }};
@@ -34,25 +42,48 @@ else is refused before work starts, with the reason (exit 2).)");
 
 int run_train(const TrainArgs& a) {
   return run_guarded("train", [&] {
-    const Plan plan = build_plan("train", a.config);
-    const Config config = load_config_file(a.config.config, a.config.overrides);
+    ConfigArgs args = a.config;
+    if (a.resume) args.overrides.push_back("train.resume=auto");
+    const Plan plan = build_plan("train", args);
+    const Config config = load_config_file(args.config, args.overrides);
     TrainOptions opt;
-    opt.resolved_config_json = resolved_config_json(a.config.config, a.config.overrides);
+    // Where to resume from is settled before any work, so a bad path fails at once.
+    if (config.train.resume == "auto") {
+      opt.resume_from = find_latest_checkpoint(config.train.output_dir);
+      if (opt.resume_from.empty())
+        std::cerr << "ds train: no checkpoint in " << config.train.output_dir << "/checkpoints: starting fresh\n";
+    } else if (config.train.resume != "false") {
+      opt.resume_from = resolve_checkpoint_path(config.train.resume);
+    }
+    opt.resolved_config_json = resolved_config_json(args.config, args.overrides);
+    if (!opt.resume_from.empty()) {
+      std::vector<std::string> changed;
+      for (const auto& p : json_differences(read_checkpoint_text(opt.resume_from, "config_json"), opt.resolved_config_json))
+        if (p != "train.resume") changed.push_back(p);
+      if (!changed.empty()) {
+        std::string list;
+        for (const auto& p : changed) list += (list.empty() ? "" : ", ") + p;
+        print_warnings("train", {{"", "the config differs from the checkpoint's at: " + list,
+                                  "intended for keys such as train.steps; other changes alter the run being continued"}});
+      }
+    }
     opt.plan_json = plan_to_json(plan);
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
     const TrainResult r = train(plan, config, opt);
     if (r.losses.empty()) return r.interrupted ? kExitInterrupted : kExitOk;
+    const int64_t done = r.steps - r.first_step;
     std::cerr << "ds train: " << (r.interrupted ? "interrupted at step " : "done: ") << r.steps << " of " << plan.steps
-              << " steps in " << format_double(std::round(r.seconds * 10) / 10) << " s; loss " << format_double(std::round(r.losses.front() * 1e4) / 1e4)
+              << " steps (" << done << " this run) in " << format_double(std::round(r.seconds * 10) / 10) << " s; loss " << format_double(std::round(r.losses.front() * 1e4) / 1e4)
               << " -> " << format_double(std::round(r.losses.back() * 1e4) / 1e4);
     if (!r.val_losses.empty()) std::cerr << " (validation " << format_double(std::round(r.val_losses.back() * 1e4) / 1e4) << ")";
     if (config.data.type == DataType::synthetic)
       std::cerr << "; the synthetic language's floor is " << format_double(std::round(markov_entropy_nats() * 1e4) / 1e4);
     if (r.skipped_steps) std::cerr << "; " << r.skipped_steps << " steps skipped";
     std::cerr << "\nds train: metrics in " << r.metrics_path << "\n";
-    if (r.interrupted) std::cerr << "ds train: no checkpoint was written (this build does not write checkpoints yet)\n";
+    if (r.interrupted && !r.last_checkpoint.empty())
+      std::cerr << "ds train: continue with: ds train " << args.config << " --resume\n";
     return r.interrupted ? kExitInterrupted : kExitOk;
   });
 }

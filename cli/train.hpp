@@ -7,6 +7,7 @@ namespace ds::cli {
 
 struct TrainArgs {
   ConfigArgs config;
+  bool resume = false;  // --resume: train.resume=auto
 };
 
 Subcommand setup_train(CLI::App& app);

@@ -144,6 +144,25 @@ TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
   EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/config.json"))["train"]["steps"], 40);
 }
 
+TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
+  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_interrupt";
+  std::system(("rm -rf " + dir).c_str());
+  // A long run, interrupted after a few seconds with SIGINT, as a person pressing Ctrl-C would.
+  Result r = ds("train examples/quickstart.json train.steps=100000 train.output_dir=" + dir, "timeout --preserve-status -s INT 4");
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_TRUE(contains(r.err, "interrupted at step")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--resume")) << r.err;
+  std::ifstream latest(dir + "/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  ASSERT_EQ(name.rfind("step_", 0), 0u) << "no checkpoint after Ctrl-C";
+  const int saved = std::stoi(name.substr(5));
+  r = ds("train examples/quickstart.json train.steps=" + std::to_string(saved + 3) + " train.output_dir=" + dir + " --resume");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from")) << r.err;
+  EXPECT_TRUE(contains(r.err, "(3 this run)")) << r.err;
+}
+
 TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
   Result r = ds("train examples/quickstart.json model.preset=llama-tiny");
   EXPECT_EQ(r.code, 2);
@@ -151,6 +170,9 @@ TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
   r = ds("train examples/quickstart.json data.type=text data.path=/nonexistent/corpus.txt");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "/nonexistent/corpus.txt")) << r.err;
+  r = ds("train examples/quickstart.json train.resume=/nonexistent/run");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "no complete checkpoint at '/nonexistent/run'")) << r.err;
 }
 
 TEST(CliVersion, IdentifiesItselfApartFromDeepSpeedsLauncher) {

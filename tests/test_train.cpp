@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
+#include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/trainer.hpp"
@@ -93,4 +96,82 @@ TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   EXPECT_THROW(train(p, c, {}), UserError);
   Config ok = load_config_text(kTiny, "tiny.json");
   EXPECT_TRUE(unsupported_by_trainer(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu()), ok).empty());
+}
+
+namespace {
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("ds_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d.string();
+}
+TrainResult train_in(const std::string& dir, const std::vector<std::string>& overrides, const std::string& resume_from = "") {
+  std::vector<std::string> o = overrides;
+  o.push_back("train.output_dir=" + dir);
+  Config c = load_config_text(kTiny, "tiny.json", o);
+  Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
+  TrainOptions opt;
+  opt.print_every = 1000;
+  opt.resume_from = resume_from;
+  opt.plan_json = "{}";
+  opt.resolved_config_json = "{}";
+  return train(p, c, opt);
+}
+}  // namespace
+
+// The numerics contract: save at step s and resume reproduces the uninterrupted run, bit for bit in
+// fp32 on the CPU (weights, both Adam moments, the schedule's position and the data position).
+TEST(Checkpoints, ResumeContinuesTheRunBitForBitInFp32) {
+  const std::string straight = fresh_dir("straight"), split = fresh_dir("split");
+  const TrainResult full = train_in(straight, {"train.steps=24", "train.save_every=0"});
+  const TrainResult first = train_in(split, {"train.steps=12"});
+  ASSERT_EQ(first.last_checkpoint, split + "/checkpoints/step_00000012");
+  // The cosine schedule's length is train.steps: give the first half the full run's schedule.
+  const std::string resumed = fresh_dir("resumed");
+  const TrainResult first_same_schedule = train_in(resumed, {"train.steps=12", "scheduler.params.total_num_steps=24"});
+  const TrainResult second =
+      train_in(resumed, {"train.steps=24", "scheduler.params.total_num_steps=24"}, first_same_schedule.last_checkpoint);
+  ASSERT_EQ(second.first_step, 12);
+  ASSERT_EQ(second.losses.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(first_same_schedule.losses[i], full.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(second.losses[i], full.losses[12 + i]) << "step " << 13 + i << " after resume";
+  }
+}
+
+TEST(Checkpoints, IncompleteCheckpointsAreNeverResumedFrom) {
+  const std::string dir = fresh_dir("incomplete");
+  train_in(dir, {"train.steps=4", "train.save_every=2", "train.keep_last=0"});
+  EXPECT_EQ(find_latest_checkpoint(dir), dir + "/checkpoints/step_00000004");
+  // A crash while writing step 6 leaves a hidden partial directory; one without DONE is also ignored.
+  fs::create_directories(dir + "/checkpoints/.step_00000006.partial");
+  fs::create_directories(dir + "/checkpoints/step_00000008");
+  std::ofstream(dir + "/checkpoints/step_00000008/state.h5") << "half-written";
+  EXPECT_EQ(find_latest_checkpoint(dir), dir + "/checkpoints/step_00000004");
+  EXPECT_EQ(resolve_checkpoint_path(dir), dir + "/checkpoints/step_00000004");
+  EXPECT_THROW(resolve_checkpoint_path(dir + "/checkpoints/step_00000008"), UserError);
+}
+
+TEST(Checkpoints, KeepLastPrunesTheOldest) {
+  const std::string dir = fresh_dir("prune");
+  train_in(dir, {"train.steps=5", "train.save_every=1", "train.keep_last=2"});
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_00000004", "step_00000005"}));
+  std::ifstream latest(dir + "/checkpoints/latest");
+  std::string l;
+  latest >> l;
+  EXPECT_EQ(l, "step_00000005");
+}
+
+TEST(Checkpoints, ACheckpointOfAnotherModelIsRefusedNamingBothSizes) {
+  const std::string dir = fresh_dir("other");
+  const TrainResult r = train_in(dir, {"train.steps=1"});
+  try {
+    train_in(fresh_dir("other2"), {"train.steps=2", "model.num_layers=3"}, r.last_checkpoint);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
+  }
 }

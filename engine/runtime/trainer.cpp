@@ -14,6 +14,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/sampler.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
@@ -72,7 +73,6 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& 
   if (plan.activation_checkpointing) why.push_back("model.activation_checkpointing");
   if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
     why.push_back("optimizer or parameter offload");
-  if (config.train.resume != "false") why.push_back("train.resume (checkpoints are not written by this build yet)");
   if (config.data.type == DataType::hdf5) why.push_back("data.type \"hdf5\"");
   return why;
 }
@@ -101,15 +101,42 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   std::ofstream(dir / "plan.json") << opt.plan_json << "\n";
   TrainResult result;
   result.metrics_path = (dir / "metrics.jsonl").string();
-  std::ofstream metrics(result.metrics_path, std::ios::trunc);
+  std::ofstream metrics(result.metrics_path, opt.resume_from.empty() ? std::ios::trunc : std::ios::app);
   if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
 
   FlatParams flat = FlatParams::allocate(plan);
-  Gpt2Model::initialise(hp, plan, flat.master, seed);
+  const CheckpointBuffers buffers{flat.master.data_ptr<float>(), flat.exp_avg.data_ptr<float>(),
+                                  flat.exp_avg_sq.data_ptr<float>(), flat.numel()};
+  int64_t applied = 0;  // successful optimizer steps: the schedule's position
+  if (opt.resume_from.empty()) {
+    Gpt2Model::initialise(hp, plan, flat.master, seed);
+  } else {
+    const CheckpointScalars sc = load_checkpoint(opt.resume_from, buffers);
+    result.first_step = sc.step;
+    applied = sc.applied_steps;
+    result.skipped_steps = sc.skipped_steps;
+    if (sc.seed != seed)
+      std::cerr << "ds train: warning: the checkpoint was trained with seed " << sc.seed << ", this run uses " << seed
+                << ": the data order changes from here on\n";
+    std::cerr << "ds train: resuming from " << opt.resume_from << " at step " << sc.step << "\n";
+  }
   if (plan.precision.fp32_master) {
     torch::NoGradGuard ng;
-    flat.params.copy_(flat.master);
+    flat.params.copy_(flat.master);  // round to nearest even, as the optimizer kernel does
   }
+  auto save = [&](int64_t step) {
+    CheckpointScalars sc;
+    sc.step = step;
+    sc.applied_steps = applied;
+    sc.skipped_steps = result.skipped_steps;
+    sc.seed = seed;
+    const SavedCheckpoint saved = save_checkpoint(dir.string(), sc, buffers, opt.plan_json, opt.resolved_config_json,
+                                                  config.train.keep_last);
+    result.last_checkpoint = saved.path;
+    if (opt.live_progress) std::cerr << "\r\033[K";
+    std::cerr << "ds train: checkpoint at step " << step << " -> " << saved.path << " ("
+              << format_bytes(static_cast<double>(saved.bytes)) << ")\n";
+  };
   Gpt2Model model(hp, flat);
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
@@ -129,9 +156,12 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   g_interrupted = false;
   auto previous = std::signal(SIGINT, on_sigint);
   const auto start = std::chrono::steady_clock::now();
-  int64_t applied = 0;  // successful optimizer steps: the schedule's position
   std::vector<int32_t> in, tgt;
-  for (int64_t step = 0; step < plan.steps && !g_interrupted; ++step) {
+  if (result.first_step >= plan.steps)
+    std::cerr << "ds train: the checkpoint is at step " << result.first_step << " and train.steps is " << plan.steps
+              << ": nothing to do (raise train.steps to continue)\n";
+  result.steps = result.first_step;
+  for (int64_t step = result.first_step; step < plan.steps && !g_interrupted; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       torch::NoGradGuard ng;
@@ -208,7 +238,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                   static_cast<int>(std::to_string(plan.steps).size()), static_cast<long long>(step + 1),
                   static_cast<long long>(plan.steps), loss, val_text, lr, norm,
                   format_count(static_cast<int64_t>(tok_s)).c_str(), tflops,
-                  duration_text(elapsed / (step + 1) * (plan.steps - step - 1)).c_str());
+                  duration_text(elapsed / (step + 1 - result.first_step) * (plan.steps - step - 1)).c_str());
     if (opt.live_progress) {
       std::cerr << "\r\033[K" << line << std::flush;
       if (val || step + 1 == plan.steps) std::cerr << "\n";
@@ -223,6 +253,8 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                   "\"step_s\": %.4f, \"skipped\": %s%s}\n",
                   static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, overflow ? "true" : "false", val_json);
     metrics << json << std::flush;
+    const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
+    if (cadence || step + 1 == plan.steps || g_interrupted) save(step + 1);
   }
   std::signal(SIGINT, previous);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

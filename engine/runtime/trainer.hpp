@@ -2,7 +2,9 @@
 // precision, layout, schedule and thread count all come from the Plan. The header carries no LibTorch
 // types, so cli/ stays free of it.
 //
-// This build trains GPT-2-architecture models in fp32 or bf16 with Adam/AdamW on one process.
+// This build trains GPT-2-architecture models in fp32 or bf16 with Adam/AdamW on one process, saves
+// checkpoints (engine/runtime/checkpoint.hpp) every train.save_every steps, at the end and on Ctrl-C,
+// and resumes from one exactly: in fp32 on the CPU, N steps + resume + N steps == 2N steps, bit for bit.
 // Checks at start (before any work) reject what it cannot do yet, with exit code 2 and the reason.
 #pragma once
 
@@ -19,6 +21,7 @@ struct TrainOptions {
   std::string plan_json;             // written to <output_dir>/plan.json
   bool live_progress = false;        // one rewriting status line (a terminal); else plain lines
   int64_t print_every = 10;          // plain progress lines every N steps
+  std::string resume_from;           // a complete checkpoint directory to continue from, or ""
 };
 
 struct TrainResult {
@@ -28,7 +31,9 @@ struct TrainResult {
   std::vector<double> val_losses;  // at each validation
   double seconds = 0;
   bool interrupted = false;
+  int64_t first_step = 0;          // > 0 when resumed
   std::string metrics_path;
+  std::string last_checkpoint;     // the newest checkpoint written, "" if none
 };
 
 // Throws UserError for configurations this trainer cannot run (exit 2), std::runtime_error when the

@@ -1,0 +1,62 @@
+// ds — checkpoints on disk. A run directory holds checkpoints/step_NNNNNNNN/, each with state.h5 (HDF5)
+// and a DONE marker, plus checkpoints/latest naming the newest. Writing is crash-safe: everything goes
+// to a hidden .step_NNNNNNNN.partial directory first, is flushed, marked DONE and renamed into place;
+// `latest` is replaced by an atomic rename. Readers never trust `latest` alone: the newest directory
+// with a DONE marker wins, so a crash mid-write can never be resumed from.
+//
+// state.h5 (format version 1; see ds-checkpoint(5)):
+//   attributes on /: format_version, step, applied_steps, skipped_steps, seed,
+//                    loss_scale, loss_scale_iteration, loss_scale_last_overflow, loss_scale_hysteresis
+//   datasets: /master (fp32 [P]: the weights, in the plan's flat layout), /optimizer/exp_avg and
+//             /optimizer/exp_avg_sq (fp32 [P]), /plan_json and /config_json (strings)
+// No LibTorch here: the trainer hands over raw buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/loss_scaler.hpp"
+
+namespace ds {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointScalars {
+  int64_t step = 0;           // optimizer steps attempted: the data position
+  int64_t applied_steps = 0;  // successful steps: the schedule's position and Adam's step count
+  int64_t skipped_steps = 0;
+  uint64_t seed = 0;
+  LossScalerState loss_scaler;
+};
+
+struct CheckpointBuffers {  // not owned; each `numel` fp32 elements
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  int64_t numel = 0;
+};
+
+struct SavedCheckpoint {
+  std::string path;  // the checkpoint directory
+  uint64_t bytes = 0;
+};
+
+// Writes <run_dir>/checkpoints/step_<step>/ and updates `latest`; keeps the newest `keep_last`
+// complete checkpoints (0 keeps all). Throws std::runtime_error naming the path on I/O failure.
+SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScalars& scalars, const CheckpointBuffers& buffers,
+                                const std::string& plan_json, const std::string& config_json, int64_t keep_last);
+
+// The newest complete checkpoint directory under <run_dir>/checkpoints, or "" when there is none.
+std::string find_latest_checkpoint(const std::string& run_dir);
+
+// Accepts a checkpoint directory, its state.h5, or a run directory (its newest checkpoint). Throws
+// UserError naming the path when there is no complete checkpoint there.
+std::string resolve_checkpoint_path(const std::string& path);
+
+// Reads a checkpoint into the caller's buffers; the element count must match. Throws UserError for
+// a wrong format version or a size mismatch (a checkpoint of another model), naming both sizes.
+CheckpointScalars load_checkpoint(const std::string& checkpoint_dir, const CheckpointBuffers& buffers);
+std::string read_checkpoint_text(const std::string& checkpoint_dir, const char* which);  // "plan_json" | "config_json"
+
+}  // namespace ds
