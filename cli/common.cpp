@@ -81,7 +81,7 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
                   "and the fit check");
 }
 
-Plan build_plan(const std::string& sub, const ConfigArgs& a) {
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a) {
   for (const auto& o : a.overrides)
     if (!looks_like_override(o))
       throw UserError("'" + o + "' is neither an override nor a flag",
@@ -103,7 +103,7 @@ Plan build_plan(const std::string& sub, const ConfigArgs& a) {
   const ModelSpec model = build_model_spec(resolve_model_hyper(config.model));
   Plan plan = compile_plan(config, model, topo);
   print_warnings(sub, plan.warnings);
-  return plan;
+  return {config, std::move(plan)};
 }
 
 }  // namespace ds::cli

@@ -47,8 +47,13 @@ struct ConfigArgs {
 // --device-memory.
 void add_config_args(CLI::App* sub, ConfigArgs& args);
 
-// Load, validate and compile. Throws UserError / ConfigError. Warnings are printed (unless quiet).
-Plan build_plan(const std::string& sub, const ConfigArgs& args);
+// Load, validate and compile. Throws UserError / ConfigError. Warnings are printed.
+struct CompiledConfig {
+  Config config;
+  Plan plan;
+};
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args);
+inline Plan build_plan(const std::string& sub, const ConfigArgs& args) { return compile_config(sub, args).plan; }
 
 // One subcommand: its CLI11 node and the function that runs it once parsed.
 struct Subcommand {

@@ -44,8 +44,9 @@ int run_train(const TrainArgs& a) {
   return run_guarded("train", [&] {
     ConfigArgs args = a.config;
     if (a.resume) args.overrides.push_back("train.resume=auto");
-    const Plan plan = build_plan("train", args);
-    const Config config = load_config_file(args.config, args.overrides);
+    const CompiledConfig compiled = compile_config("train", args);
+    const Plan& plan = compiled.plan;
+    const Config& config = compiled.config;
     TrainOptions opt;
     // Where to resume from is settled before any work, so a bad path fails at once.
     if (config.train.resume == "auto") {
