@@ -138,6 +138,8 @@ TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["step"], ++lines);
     EXPECT_TRUE(j.contains("loss") && j.contains("lr") && j.contains("grad_norm"));
+    EXPECT_NEAR(j["forward_s"].get<double>() + j["backward_s"].get<double>() + j["optimizer_s"].get<double>(),
+                j["step_s"].get<double>(), 0.05 + 0.2 * j["step_s"].get<double>());
   }
   EXPECT_EQ(lines, 40);
   EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/plan.json"))["schema_version"], 1);

@@ -21,6 +21,7 @@
 #include "engine/runtime/gpt2_model.hpp"
 #include "engine/runtime/lr_schedule.hpp"
 #include "kernels/cpu/adam.hpp"
+#include "kernels/cpu/norm.hpp"
 
 namespace ds {
 namespace {
@@ -167,15 +168,24 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       torch::NoGradGuard ng;
       flat.grads.zero_();
     }
-    double loss_sum = 0;
+    double loss_sum = 0, fwd_s = 0, bwd_s = 0;
     for (int64_t m = 0; m < GAS; ++m) {
       sampler.train_batch(step, m, in, tgt);
+      const auto f0 = std::chrono::steady_clock::now();
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
+      const auto b0 = std::chrono::steady_clock::now();
       (loss / static_cast<double>(GAS)).backward();
+      const auto b1 = std::chrono::steady_clock::now();
+      fwd_s += std::chrono::duration<double>(b0 - f0).count();
+      bwd_s += std::chrono::duration<double>(b1 - b0).count();
       loss_sum += loss.item<double>();
     }
+    const auto opt0 = std::chrono::steady_clock::now();
     const double loss = loss_sum / GAS;
-    const double norm = torch::linalg_vector_norm(flat.grads, 2, c10::nullopt, false, torch::kFloat32).item<double>();
+    // Our own reduction: LibTorch 1.13's linalg_vector_norm over bf16 is slow and measurably inexact.
+    const double norm = std::sqrt(
+        bf16 ? kernels::sum_of_squares_bf16(reinterpret_cast<const uint16_t*>(flat.grads.data_ptr<at::BFloat16>()), flat.numel())
+             : kernels::sum_of_squares_f32(flat.grads.data_ptr<float>(), flat.numel()));
     const bool overflow = !std::isfinite(norm);
     if (!bf16 && (overflow || !std::isfinite(loss)))
       throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
@@ -212,6 +222,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       }
       ++applied;
     }
+    const double opt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - opt0).count();
     result.losses.push_back(loss);
     result.steps = step + 1;
 
@@ -244,14 +255,17 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       if (val || step + 1 == plan.steps) std::cerr << "\n";
     } else if ((step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val) {
       std::cerr << line << "\n";
+      if (config.wall_clock_breakdown)  // DeepSpeed's format; "step" is the optimizer step with clipping
+        std::fprintf(stderr, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f\n", fwd_s * 1e3, bwd_s * 1e3, opt_s * 1e3);
     }
     char val_json[48] = "";
     if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
-    char json[320];
+    char json[400];
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                  "\"step_s\": %.4f, \"skipped\": %s%s}\n",
-                  static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, overflow ? "true" : "false", val_json);
+                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"skipped\": %s%s}\n",
+                  static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s,
+                  overflow ? "true" : "false", val_json);
     metrics << json << std::flush;
     const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
     if (cadence || step + 1 == plan.steps || g_interrupted) save(step + 1);
