@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include "build_info.hpp"
+#include "engine/runtime/checkpoint.hpp"
 #include "kernels/cpu/adam.hpp"
 
 namespace ds::cli {
@@ -27,7 +28,7 @@ std::string version_text() {
          "  libraries: nlohmann/json " + std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." +
          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH) +
          ", CLI11 " CLI11_VERSION ", valijson (JSON Schema)\n"
-         "  LibTorch " TORCH_VERSION " (CPU); CUDA: not built in; NCCL: not built in; HDF5: not linked\n"
+         "  LibTorch " TORCH_VERSION " (CPU); CUDA: not built in; NCCL: not built in; HDF5 " + hdf5_version() + "\n"
          "  fused optimizer kernel: " + std::string(kernels::adam_implementation()) + "\n";
 }
 

@@ -243,6 +243,12 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
   return sc;
 }
 
+std::string hdf5_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
 std::string read_checkpoint_text(const std::string& dir, const char* which) {
   quiet_hdf5();
   const std::string file = (fs::path(dir) / "state.h5").string();

@@ -59,4 +59,7 @@ std::string resolve_checkpoint_path(const std::string& path);
 CheckpointScalars load_checkpoint(const std::string& checkpoint_dir, const CheckpointBuffers& buffers);
 std::string read_checkpoint_text(const std::string& checkpoint_dir, const char* which);  // "plan_json" | "config_json"
 
+// The HDF5 library's version, e.g. "1.10.8" (for `ds --version`).
+std::string hdf5_version();
+
 }  // namespace ds
