@@ -30,35 +30,34 @@ void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
   throw std::runtime_error("checkpoint I/O failed: " + what + " (" + path + ")");
 }
 
-void write_attr_i64(hid_t file, const char* name, int64_t v, const std::string& path) {
+// HDF5 file and memory types of the scalar attributes (int64 counters and the float64 loss scale).
+template <class T>
+struct H5Scalar;
+template <>
+struct H5Scalar<int64_t> {
+  static hid_t file() { return H5T_STD_I64LE; }
+  static hid_t memory() { return H5T_NATIVE_INT64; }
+};
+template <>
+struct H5Scalar<double> {
+  static hid_t file() { return H5T_IEEE_F64LE; }
+  static hid_t memory() { return H5T_NATIVE_DOUBLE; }
+};
+
+template <class T>
+void write_attr(hid_t file, const char* name, T v, const std::string& path) {
   hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(file, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0) io_fail(std::string("writing attribute ") + name, path);
+  hid_t a = H5Acreate2(file, name, H5Scalar<T>::file(), space, H5P_DEFAULT, H5P_DEFAULT);
+  if (a < 0 || H5Awrite(a, H5Scalar<T>::memory(), &v) < 0) io_fail(std::string("writing attribute ") + name, path);
   H5Aclose(a);
   H5Sclose(space);
 }
 
-void write_attr_f64(hid_t file, const char* name, double v, const std::string& path) {
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = H5Acreate2(file, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-  if (a < 0 || H5Awrite(a, H5T_NATIVE_DOUBLE, &v) < 0) io_fail(std::string("writing attribute ") + name, path);
-  H5Aclose(a);
-  H5Sclose(space);
-}
-
-int64_t read_attr_i64(hid_t file, const char* name, const std::string& path) {
-  int64_t v = 0;
+template <class T>
+T read_attr(hid_t file, const char* name, const std::string& path) {
+  T v{};
   hid_t a = H5Aopen(file, name, H5P_DEFAULT);
-  if (a < 0 || H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
-    throw UserError("'" + path + "' lacks attribute '" + name + "': not a ds checkpoint", "");
-  H5Aclose(a);
-  return v;
-}
-
-double read_attr_f64(hid_t file, const char* name, const std::string& path) {
-  double v = 0;
-  hid_t a = H5Aopen(file, name, H5P_DEFAULT);
-  if (a < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0)
+  if (a < 0 || H5Aread(a, H5Scalar<T>::memory(), &v) < 0)
     throw UserError("'" + path + "' lacks attribute '" + name + "': not a ds checkpoint", "");
   H5Aclose(a);
   return v;
@@ -153,15 +152,15 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   const fs::path file = partial / "state.h5";
   hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) io_fail("creating the file", file.string());
-  write_attr_i64(f, "format_version", kCheckpointFormatVersion, file.string());
-  write_attr_i64(f, "step", sc.step, file.string());
-  write_attr_i64(f, "applied_steps", sc.applied_steps, file.string());
-  write_attr_i64(f, "skipped_steps", sc.skipped_steps, file.string());
-  write_attr_i64(f, "seed", static_cast<int64_t>(sc.seed), file.string());
-  write_attr_f64(f, "loss_scale", sc.loss_scaler.scale, file.string());
-  write_attr_i64(f, "loss_scale_iteration", sc.loss_scaler.iteration, file.string());
-  write_attr_i64(f, "loss_scale_last_overflow", sc.loss_scaler.last_overflow_iteration, file.string());
-  write_attr_i64(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
+  write_attr<int64_t>(f, "format_version", int64_t{kCheckpointFormatVersion}, file.string());
+  write_attr<int64_t>(f, "step", sc.step, file.string());
+  write_attr<int64_t>(f, "applied_steps", sc.applied_steps, file.string());
+  write_attr<int64_t>(f, "skipped_steps", sc.skipped_steps, file.string());
+  write_attr<int64_t>(f, "seed", static_cast<int64_t>(sc.seed), file.string());
+  write_attr<double>(f, "loss_scale", sc.loss_scaler.scale, file.string());
+  write_attr<int64_t>(f, "loss_scale_iteration", sc.loss_scaler.iteration, file.string());
+  write_attr<int64_t>(f, "loss_scale_last_overflow", sc.loss_scaler.last_overflow_iteration, file.string());
+  write_attr<int64_t>(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
   write_floats(f, "master", b.master, b.numel, file.string());
   hid_t g = H5Gcreate2(f, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   write_floats(g, "exp_avg", b.exp_avg, b.numel, file.string());
@@ -219,19 +218,19 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
   if (f < 0) throw UserError("cannot open checkpoint '" + file + "' (missing or not HDF5)", "");
   CheckpointScalars sc;
   try {
-    const int64_t version = read_attr_i64(f, "format_version", file);
+    const int64_t version = read_attr<int64_t>(f, "format_version", file);
     if (version != kCheckpointFormatVersion)
       throw UserError("'" + file + "' has checkpoint format version " + std::to_string(version) + "; this ds reads version " +
                           std::to_string(kCheckpointFormatVersion),
                       "use the ds release that wrote it, or a newer one");
-    sc.step = read_attr_i64(f, "step", file);
-    sc.applied_steps = read_attr_i64(f, "applied_steps", file);
-    sc.skipped_steps = read_attr_i64(f, "skipped_steps", file);
-    sc.seed = static_cast<uint64_t>(read_attr_i64(f, "seed", file));
-    sc.loss_scaler.scale = read_attr_f64(f, "loss_scale", file);
-    sc.loss_scaler.iteration = read_attr_i64(f, "loss_scale_iteration", file);
-    sc.loss_scaler.last_overflow_iteration = read_attr_i64(f, "loss_scale_last_overflow", file);
-    sc.loss_scaler.hysteresis_left = static_cast<int>(read_attr_i64(f, "loss_scale_hysteresis", file));
+    sc.step = read_attr<int64_t>(f, "step", file);
+    sc.applied_steps = read_attr<int64_t>(f, "applied_steps", file);
+    sc.skipped_steps = read_attr<int64_t>(f, "skipped_steps", file);
+    sc.seed = static_cast<uint64_t>(read_attr<int64_t>(f, "seed", file));
+    sc.loss_scaler.scale = read_attr<double>(f, "loss_scale", file);
+    sc.loss_scaler.iteration = read_attr<int64_t>(f, "loss_scale_iteration", file);
+    sc.loss_scaler.last_overflow_iteration = read_attr<int64_t>(f, "loss_scale_last_overflow", file);
+    sc.loss_scaler.hysteresis_left = static_cast<int>(read_attr<int64_t>(f, "loss_scale_hysteresis", file));
     read_floats(f, "master", b.master, b.numel, file);
     read_floats(f, "optimizer/exp_avg", b.exp_avg, b.numel, file);
     read_floats(f, "optimizer/exp_avg_sq", b.exp_avg_sq, b.numel, file);
