@@ -35,7 +35,7 @@ The run directory (train.output_dir) receives config.json (the resolved config),
 metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, every train.save_every
 steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
-This build trains gpt2-architecture models on one process in fp32 or bf16 with Adam/AdamW; anything
+This build trains gpt2 and llama models on one process in fp32 or bf16 with Adam/AdamW; anything
 else is refused before work starts, with the reason (exit 2).)");
   return {sub, [args] { return run_train(*args); }};
 }

@@ -103,6 +103,12 @@ std::string suggest_key(const std::vector<std::string>& parent, const std::strin
     full.push_back(path_to_string(p));
     leaf.push_back(p.back());
   }
+  std::vector<std::string> self_path = parent;
+  self_path.push_back(key);
+  const std::string self = path_to_string(self_path);
+  for (size_t i = 0; i < leaf.size(); ++i)
+    if (leaf[i] == key && full[i] == self)  // known here, but for another "type" of this block
+      return "; it is a parameter of another type (the block's \"type\" decides which parameters it takes)";
   for (size_t i = 0; i < leaf.size(); ++i)
     if (leaf[i] == key) return "; did you mean '" + full[i] + "'?";
   std::string near = closest_match(key, leaf);

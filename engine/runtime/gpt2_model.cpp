@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "engine/runtime/llama_model.hpp"
 
 namespace ds {
 
@@ -78,6 +79,18 @@ torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& 
   x = torch::layer_norm(x, {C}, lnf_w_, lnf_b_, hp_.norm_eps);
   torch::Tensor logits = torch::matmul(x.view({B * T, C}), wte_.t());  // tied head, (BT, V)
   return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
+}
+
+std::unique_ptr<LanguageModel> make_model(const ModelHyper& hp, const FlatParams& params) {
+  if (hp.arch == ModelArch::llama) return std::make_unique<LlamaModel>(hp, params);
+  return std::make_unique<Gpt2Model>(hp, params);
+}
+
+void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
+  if (hp.arch == ModelArch::llama)
+    LlamaModel::initialise(plan, master, seed);
+  else
+    Gpt2Model::initialise(hp, plan, master, seed);
 }
 
 }  // namespace ds

@@ -6,11 +6,11 @@
 
 #include <torch/torch.h>
 
-#include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/language_model.hpp"
 
 namespace ds {
 
-class Gpt2Model {
+class Gpt2Model : public LanguageModel {
  public:
   Gpt2Model(const ModelHyper& hp, const FlatParams& params);
 
@@ -19,7 +19,7 @@ class Gpt2Model {
   static void initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
 
   // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
-  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const;
+  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
 
  private:
   struct Block {

@@ -18,7 +18,7 @@
 #include "engine/runtime/data/sampler.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
-#include "engine/runtime/gpt2_model.hpp"
+#include "engine/runtime/language_model.hpp"
 #include "engine/runtime/lr_schedule.hpp"
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/norm.hpp"
@@ -64,7 +64,6 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& 
   if (plan.topology.world_size != 1)
     why.push_back("training on " + std::to_string(plan.topology.world_size) + " ranks (this build trains on one process)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
-  if (plan.model.hp.arch != ModelArch::gpt2) why.push_back("the llama architecture (this build trains gpt2 models)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.mode == "fp16") why.push_back("fp16 (use bf16, the fast and overflow-free choice on this CPU)");
   if (plan.precision.mode != "fp16" && plan.precision.grad_dtype != plan.precision.compute_dtype)
@@ -110,7 +109,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                                   flat.exp_avg_sq.data_ptr<float>(), flat.numel()};
   int64_t applied = 0;  // successful optimizer steps: the schedule's position
   if (opt.resume_from.empty()) {
-    Gpt2Model::initialise(hp, plan, flat.master, seed);
+    initialise_model(hp, plan, flat.master, seed);
   } else {
     const CheckpointScalars sc = load_checkpoint(opt.resume_from, buffers);
     result.first_step = sc.step;
@@ -138,7 +137,8 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     std::cerr << "ds train: checkpoint at step " << step << " -> " << saved.path << " ("
               << format_bytes(static_cast<double>(saved.bytes)) << ")\n";
   };
-  Gpt2Model model(hp, flat);
+  const std::unique_ptr<LanguageModel> model_ptr = make_model(hp, flat);
+  const LanguageModel& model = *model_ptr;
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
   const auto segments = decay_segments(plan.layout);

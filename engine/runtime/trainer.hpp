@@ -2,7 +2,7 @@
 // precision, layout, schedule and thread count all come from the Plan. The header carries no LibTorch
 // types, so cli/ stays free of it.
 //
-// This build trains GPT-2-architecture models in fp32 or bf16 with Adam/AdamW on one process, saves
+// This build trains gpt2 and llama models in fp32 or bf16 with Adam/AdamW on one process, saves
 // checkpoints (engine/runtime/checkpoint.hpp) every train.save_every steps, at the end and on Ctrl-C,
 // and resumes from one exactly: in fp32 on the CPU, N steps + resume + N steps == 2N steps, bit for bit.
 // Checks at start (before any work) reject what it cannot do yet, with exit code 2 and the reason.

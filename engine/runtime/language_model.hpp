@@ -1,0 +1,25 @@
+// ds — what the trainer needs of a model: the loss of a batch, with parameters that are views into
+// the flat buffers, and a deterministic initialisation written into the fp32 master copy.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "engine/runtime/flat_params.hpp"
+
+namespace ds {
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
+  virtual torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const = 0;
+};
+
+// The model the plan describes (gpt2 or llama), bound to the flat parameter views.
+std::unique_ptr<LanguageModel> make_model(const ModelHyper& hp, const FlatParams& params);
+// The architecture's initialisation, deterministic in `seed`, into `master` (fp32, the plan's layout).
+void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
+
+}  // namespace ds

@@ -1,0 +1,96 @@
+#include "engine/runtime/llama_model.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
+  DS_CHECK(hp.arch == ModelArch::llama);
+  size_t i = 0;
+  auto next = [&](const std::string& suffix) {
+    DS_CHECK(i < p.views.size() && p.names[i].size() >= suffix.size() &&
+                 p.names[i].compare(p.names[i].size() - suffix.size(), std::string::npos, suffix) == 0,
+             "parameter ", i, " is ", (i < p.names.size() ? p.names[i] : "missing"), ", expected *", suffix);
+    return p.views[i++];
+  };
+  embed_ = next("embed_tokens.weight");
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    Block b;
+    b.q = next("q_proj.weight");
+    b.k = next("k_proj.weight");
+    b.v = next("v_proj.weight");
+    b.o = next("o_proj.weight");
+    b.gate = next("gate_proj.weight");
+    b.up = next("up_proj.weight");
+    b.down = next("down_proj.weight");
+    b.norm_in = next("input_layernorm.weight");
+    b.norm_post = next("post_attention_layernorm.weight");
+    blocks_.push_back(b);
+  }
+  norm_ = next("model.norm.weight");
+  head_ = hp.tie_word_embeddings ? embed_ : next("lm_head.weight");
+  DS_CHECK(i == p.views.size(), "unexpected parameters after lm_head");
+}
+
+void LlamaModel::initialise(const Plan& plan, torch::Tensor master, uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::NoGradGuard no_grad;
+  for (const ParamSlot& p : plan.layout.params) {
+    torch::Tensor t = master.narrow(0, p.offset, p.numel);
+    if (p.shape.size() == 1)
+      t.fill_(1.0);  // RMSNorm gains
+    else
+      t.normal_(0.0, 0.02);
+  }
+}
+
+torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  // HF computes the statistic in fp32 and scales in the compute dtype: w * (x / rms(x)).
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  const torch::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + hp_.norm_eps);
+  return w * normed.to(x.scalar_type());
+}
+
+torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size, NH = hp_.num_heads, NKV = hp_.num_kv_heads;
+  const int64_t D = C / NH, group = NH / NKV;
+  const auto dtype = embed_.scalar_type();
+  // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, duplicated to D (HF layout).
+  const torch::Tensor inv_freq = torch::pow(hp_.rope_theta, -torch::arange(0, D, 2, torch::kFloat32) / static_cast<double>(D));
+  const torch::Tensor freqs = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);  // (T, D)
+  auto rotate_half = [&](const torch::Tensor& x) {
+    return torch::cat({-x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
+  };
+  const auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  torch::Tensor x = torch::embedding(embed_, inputs);  // (B, T, C)
+  for (const Block& b : blocks_) {
+    torch::Tensor h = rms_norm(x, b.norm_in);
+    torch::Tensor q = torch::linear(h, b.q).view({B, T, NH, D}).transpose(1, 2);   // (B, NH, T, D)
+    torch::Tensor k = torch::linear(h, b.k).view({B, T, NKV, D}).transpose(1, 2);  // (B, NKV, T, D)
+    torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    if (group > 1) {  // each kv head serves `group` consecutive query heads (HF's repeat_kv)
+      k = k.repeat_interleave(group, 1);
+      v = v.repeat_interleave(group, 1);
+    }
+    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
+    x = x + torch::linear(y, b.o);
+    h = rms_norm(x, b.norm_post);
+    x = x + torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down);
+  }
+  x = rms_norm(x, norm_);
+  torch::Tensor logits = torch::linear(x.view({B * T, C}), head_);  // (BT, V)
+  return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
+}
+
+}  // namespace ds

@@ -1,0 +1,29 @@
+// ds — Llama (Hugging Face's LlamaForCausalLM): RMSNorm, rotary embeddings in HF's half-rotation
+// layout (dimension j pairs with j + D/2: no q/k permutation on export), SwiGLU MLP
+// down(silu(gate(x)) * up(x)), grouped-query attention (NKV key/value heads shared by NH/NKV query
+// heads), tied or untied head, no biases. Weights are nn.Linear [out, in], as in the state_dict.
+// Legend: B batch, T sequence, C width, NH heads, NKV kv heads, D = C / NH, I MLP width, V vocabulary.
+#pragma once
+
+#include "engine/runtime/language_model.hpp"
+
+namespace ds {
+
+class LlamaModel : public LanguageModel {
+ public:
+  LlamaModel(const ModelHyper& hp, const FlatParams& params);
+  // N(0, 0.02) for every matrix (HF's initializer_range), unit RMSNorm gains.
+  static void initialise(const Plan& plan, torch::Tensor master, uint64_t seed);
+  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
+
+ private:
+  struct Block {
+    torch::Tensor q, k, v, o, gate, up, down, norm_in, norm_post;
+  };
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
+  ModelHyper hp_;
+  torch::Tensor embed_, norm_, head_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace ds
