@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/format.hpp"
+#include "common/strings.hpp"
 #include "engine/plan/estimate.hpp"
 #include "schema/loader.hpp"
 

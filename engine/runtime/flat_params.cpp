@@ -1,6 +1,7 @@
 #include "engine/runtime/flat_params.hpp"
 
 #include "common/error.hpp"
+#include "common/strings.hpp"
 
 namespace ds {
 
@@ -31,6 +32,12 @@ FlatParams FlatParams::allocate(const Plan& plan) {
     f.names.push_back(p.name);
   }
   return f;
+}
+
+const torch::Tensor& ParamCursor::next(const std::string& suffix) {
+  DS_CHECK(i_ < p_.views.size() && ends_with(p_.names[i_], suffix), "parameter ", i_, " is ",
+           (i_ < p_.names.size() ? p_.names[i_] : "missing"), ", expected *", suffix);
+  return p_.views[i_++];
 }
 
 size_t FlatParams::bytes() const {

@@ -29,4 +29,17 @@ struct FlatParams {
   size_t bytes() const;  // everything allocated here
 };
 
+// Hands the parameter views to a model in layout order, checking each name ends as the model expects
+// (a mismatch is a bug: the model and ModelSpec disagree on the state_dict order).
+class ParamCursor {
+ public:
+  explicit ParamCursor(const FlatParams& params) : p_(params) {}
+  const torch::Tensor& next(const std::string& suffix);
+  bool done() const { return i_ == p_.views.size(); }
+
+ private:
+  const FlatParams& p_;
+  size_t i_ = 0;
+};
+
 }  // namespace ds

@@ -3,19 +3,15 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/strings.hpp"
 #include "engine/runtime/llama_model.hpp"
 
 namespace ds {
 
 Gpt2Model::Gpt2Model(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   DS_CHECK(hp.arch == ModelArch::gpt2);
-  size_t i = 0;
-  auto next = [&](const char* suffix) {
-    DS_CHECK(i < p.views.size() && p.names[i].size() >= std::string(suffix).size() &&
-                 p.names[i].compare(p.names[i].size() - std::string(suffix).size(), std::string::npos, suffix) == 0,
-             "parameter ", i, " is ", (i < p.names.size() ? p.names[i] : "missing"), ", expected *", suffix);
-    return p.views[i++];
-  };
+  ParamCursor cursor(p);
+  auto next = [&](const char* suffix) { return cursor.next(suffix); };
   wte_ = next("wte.weight");
   wpe_ = next("wpe.weight");
   for (int64_t l = 0; l < hp.num_layers; ++l) {
@@ -36,7 +32,7 @@ Gpt2Model::Gpt2Model(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   }
   lnf_w_ = next("ln_f.weight");
   lnf_b_ = next("ln_f.bias");
-  DS_CHECK(i == p.views.size(), "untied lm_head is not supported for gpt2 yet");
+  DS_CHECK(cursor.done(), "untied lm_head is not supported for gpt2 yet");
 }
 
 void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
@@ -45,8 +41,7 @@ void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor
   const double resid_std = 0.02 / std::sqrt(2.0 * hp.num_layers);
   for (const ParamSlot& p : plan.layout.params) {
     torch::Tensor t = master.narrow(0, p.offset, p.numel);
-    const std::string& n = p.name;
-    auto ends = [&](const char* s) { return n.size() >= std::strlen(s) && n.compare(n.size() - std::strlen(s), std::string::npos, s) == 0; };
+    auto ends = [&](const char* suffix) { return ends_with(p.name, suffix); };
     if (ends(".bias"))
       t.zero_();
     else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))

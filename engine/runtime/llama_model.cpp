@@ -9,13 +9,8 @@ namespace ds {
 
 LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   DS_CHECK(hp.arch == ModelArch::llama);
-  size_t i = 0;
-  auto next = [&](const std::string& suffix) {
-    DS_CHECK(i < p.views.size() && p.names[i].size() >= suffix.size() &&
-                 p.names[i].compare(p.names[i].size() - suffix.size(), std::string::npos, suffix) == 0,
-             "parameter ", i, " is ", (i < p.names.size() ? p.names[i] : "missing"), ", expected *", suffix);
-    return p.views[i++];
-  };
+  ParamCursor cursor(p);
+  auto next = [&](const char* suffix) { return cursor.next(suffix); };
   embed_ = next("embed_tokens.weight");
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     Block b;
@@ -32,7 +27,7 @@ LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   }
   norm_ = next("model.norm.weight");
   head_ = hp.tie_word_embeddings ? embed_ : next("lm_head.weight");
-  DS_CHECK(i == p.views.size(), "unexpected parameters after lm_head");
+  DS_CHECK(cursor.done(), "unexpected parameters after lm_head");
 }
 
 void LlamaModel::initialise(const Plan& plan, torch::Tensor master, uint64_t seed) {
