@@ -82,7 +82,13 @@ int run_train(const TrainArgs& a) {
     if (config.data.type == DataType::synthetic)
       std::cerr << "; the synthetic language's floor is " << format_double(std::round(markov_entropy_nats() * 1e4) / 1e4);
     if (r.skipped_steps) std::cerr << "; " << r.skipped_steps << " steps skipped";
-    std::cerr << "\nds train: metrics in " << r.metrics_path << "\n";
+    const double predicted = plan.memory.device.total() + plan.memory.host.total();
+    const double grown = r.peak_rss_bytes - r.baseline_rss_bytes;
+    std::cerr << "\nds train: peak resident memory " << format_bytes(r.peak_rss_bytes) << ": "
+              << format_bytes(r.baseline_rss_bytes) << " of code and libraries + " << format_bytes(grown) << " for training, "
+              << format_double(std::round(grown / predicted * 100) / 100) << "x the plan's " << format_bytes(predicted)
+              << " (the plan leaves out allocator slack and library workspaces)"
+              << "\nds train: metrics in " << r.metrics_path << "\n";
     if (r.interrupted && !r.last_checkpoint.empty())
       std::cerr << "ds train: continue with: ds train " << args.config << " --resume\n";
     return r.interrupted ? kExitInterrupted : kExitOk;

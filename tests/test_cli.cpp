@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -23,10 +24,21 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// One scratch directory per test process for captured output, removed when the process exits.
+struct ScratchDir {
+  std::string path = std::string(DS_BUILD_DIR) + "/cli_test_" + std::to_string(::getpid());
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+};
+
+const std::string& scratch_dir() {
+  static const ScratchDir scratch;
+  return scratch.path;
+}
+
 // Runs `ds ARGS` from the source directory with the given environment prefix (e.g. "NO_COLOR=1").
 Result ds(const std::string& args, const std::string& env = "") {
-  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_test_" + std::to_string(::getpid());
-  std::system(("mkdir -p " + dir).c_str());
+  const std::string& dir = scratch_dir();
   const std::string cmd = "cd " DS_SOURCE_DIR " && env -u WORLD_SIZE -u RANK " + env + " " DS_BINARY " " + args + " >" + dir +
                           "/out 2>" + dir + "/err </dev/null";
   int status = std::system(cmd.c_str());
@@ -125,7 +137,7 @@ TEST(CliUsage, PendingSubcommandsSaySoAndExitOne) {
 }
 
 TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
-  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_quickstart";
+  const std::string dir = scratch_dir() + "/quickstart";
   Result r = ds("train examples/quickstart.json train.steps=40 train.eval_every=20 train.output_dir=" + dir);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "step 40/40")) << r.err;
@@ -147,7 +159,7 @@ TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
 }
 
 TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
-  const std::string dir = std::string(DS_BUILD_DIR) + "/cli_interrupt";
+  const std::string dir = scratch_dir() + "/interrupt";
   std::system(("rm -rf " + dir).c_str());
   // A long run, interrupted after a few seconds with SIGINT, as a person pressing Ctrl-C would.
   Result r = ds("train examples/quickstart.json train.steps=100000 train.output_dir=" + dir, "timeout --preserve-status -s INT 4");
@@ -230,9 +242,11 @@ TEST(CliEstimateMemory, JsonShape) {
 }
 
 TEST(CliEstimateMemory, AcceptsAHuggingFaceConfigAndAHypotheticalModel) {
-  std::system("mkdir -p " DS_BUILD_DIR "/hf && printf '{\"model_type\": \"gpt2\", \"n_embd\": 768, \"n_layer\": 12, "
-              "\"n_head\": 12, \"vocab_size\": 50257, \"n_positions\": 1024}' > " DS_BUILD_DIR "/hf/config.json");
-  Result r = ds("estimate-memory --model " DS_BUILD_DIR "/hf/config.json --json");
+  const std::string hf = scratch_dir() + "/hf";
+  std::filesystem::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, )"
+                                        R"("vocab_size": 50257, "n_positions": 1024})";
+  Result r = ds("estimate-memory --model " + hf + "/config.json --json");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["model"]["num_params"], 124439808);
   r = ds("estimate-memory --params 2851e6 --largest-layer 32e6 --gpus 8 --json");

@@ -34,6 +34,8 @@ struct TrainResult {
   int64_t first_step = 0;          // > 0 when resumed
   std::string metrics_path;
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
+  double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
+  double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
 };
 
 // Throws UserError for configurations this trainer cannot run (exit 2), std::runtime_error when the
