@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 
+#include <hdf5.h>
+
 #include "engine/runtime/data/sampler.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "test_helpers.hpp"
@@ -90,6 +92,64 @@ TEST(TokenFiles, BadInputsAreUserErrorsNamingTheFile) {
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/corpus.txt"), std::string::npos);
+  }
+}
+
+namespace {
+// Writes `v` as a 1-D (or, with rows > 1, 2-D) dataset of the given HDF5 integer type.
+template <class T>
+void write_hdf5(const std::string& path, const char* name, const std::vector<T>& v, hid_t type, hsize_t rows = 1) {
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const hsize_t dims[2] = {rows, v.size() / rows};
+  const hsize_t flat = v.size();
+  const hid_t space = rows > 1 ? H5Screate_simple(2, dims, nullptr) : H5Screate_simple(1, &flat, nullptr);
+  const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(d);
+  H5Sclose(space);
+  H5Fclose(f);
+}
+}  // namespace
+
+TEST(Hdf5Data, A1DIntegerDatasetRoundTripsInAnyWidth) {
+  const std::vector<uint16_t> a = {5, 0, 65535, 17, 3};
+  write_hdf5(temp_file("a.h5"), "tokens", a, H5T_NATIVE_UINT16);
+  Hdf5TokenDataset d16(temp_file("a.h5"), "tokens");
+  EXPECT_EQ(all_tokens(d16), (std::vector<int32_t>{5, 0, 65535, 17, 3}));
+  EXPECT_EQ(d16.max_token(), 65535);
+  std::vector<int32_t> part(2);
+  d16.read(2, 2, part.data());  // a hyperslab in the middle
+  EXPECT_EQ(part, (std::vector<int32_t>{65535, 17}));
+  const std::vector<int64_t> b = {100000, 1};
+  write_hdf5(temp_file("b.h5"), "ids", b, H5T_NATIVE_INT64);
+  DataConfig c = data(DataType::hdf5, temp_file("b.h5"));
+  c.dataset = "ids";
+  EXPECT_EQ(all_tokens(*open_token_stream(c, 200000, 1)), (std::vector<int32_t>{100000, 1}));
+}
+
+TEST(Hdf5Data, BadInputsAreUserErrorsNamingFileAndDataset) {
+  write_hdf5(temp_file("c.h5"), "tokens", std::vector<int32_t>{1, 2, 3, 4}, H5T_NATIVE_INT32, 2);
+  write_hdf5(temp_file("d.h5"), "tokens", std::vector<int32_t>{1, -2}, H5T_NATIVE_INT32);
+  write_hdf5(temp_file("e.h5"), "tokens", std::vector<float>{1, 2}, H5T_NATIVE_FLOAT);
+  std::ofstream(temp_file("f.h5")) << "not hdf5";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {temp_file("c.h5"), "not a 1-D integer array"}, {temp_file("d.h5"), "negative token id"},
+      {temp_file("e.h5"), "not integers"},           {temp_file("f.h5"), "is not an HDF5 file"},
+      {temp_file("missing.h5"), "cannot read data file"}};
+  for (const auto& [path, message] : cases) {
+    try {
+      Hdf5TokenDataset d(path, "tokens");
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  try {
+    Hdf5TokenDataset d(temp_file("d.h5"), "input_ids");
+    ADD_FAILURE() << "a missing dataset was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no dataset 'input_ids'"), std::string::npos) << e.what();
   }
 }
 

@@ -42,6 +42,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     e.device.params += persistent_extra * bp;
   }
 
+  // A compute dtype wider than the stored one (fp16 on the CPU, which has no fp16 kernels): the model
+  // runs on a working copy of the weights and accumulates its gradients in that dtype.
+  if (bc > bp) e.device.buffers += 2.0 * P * bc;
+
   // Gradients: full size up to stage 1, this rank's partition from stage 2 on. With the optimizer
   // offloaded, the reduced partition lives on the host in fp32 for the CPU optimizer.
   const bool opt_offloaded = in.offload_optimizer.device != OffloadDevice::none && in.stage >= 1;

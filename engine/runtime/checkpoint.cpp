@@ -163,8 +163,8 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   write_attr<int64_t>(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
   write_floats(f, "master", b.master, b.numel, file.string());
   hid_t g = H5Gcreate2(f, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  write_floats(g, "exp_avg", b.exp_avg, b.numel, file.string());
-  write_floats(g, "exp_avg_sq", b.exp_avg_sq, b.numel, file.string());
+  if (b.exp_avg) write_floats(g, "exp_avg", b.exp_avg, b.numel, file.string());
+  if (b.exp_avg_sq) write_floats(g, "exp_avg_sq", b.exp_avg_sq, b.numel, file.string());
   H5Gclose(g);
   write_string(f, "plan_json", plan_json, file.string());
   write_string(f, "config_json", config_json, file.string());
@@ -232,8 +232,8 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
     sc.loss_scaler.last_overflow_iteration = read_attr<int64_t>(f, "loss_scale_last_overflow", file);
     sc.loss_scaler.hysteresis_left = static_cast<int>(read_attr<int64_t>(f, "loss_scale_hysteresis", file));
     read_floats(f, "master", b.master, b.numel, file);
-    read_floats(f, "optimizer/exp_avg", b.exp_avg, b.numel, file);
-    read_floats(f, "optimizer/exp_avg_sq", b.exp_avg_sq, b.numel, file);
+    if (b.exp_avg) read_floats(f, "optimizer/exp_avg", b.exp_avg, b.numel, file);
+    if (b.exp_avg_sq) read_floats(f, "optimizer/exp_avg_sq", b.exp_avg_sq, b.numel, file);
   } catch (...) {
     H5Fclose(f);
     throw;

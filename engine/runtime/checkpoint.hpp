@@ -32,8 +32,8 @@ struct CheckpointScalars {
 
 struct CheckpointBuffers {  // not owned; each `numel` fp32 elements
   float* master = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  float* exp_avg = nullptr;     // Adam/Lamb first moment or SGD's momentum buffer; null: the optimizer has none
+  float* exp_avg_sq = nullptr;  // Adam/Lamb second moment; null: none
   int64_t numel = 0;
 };
 

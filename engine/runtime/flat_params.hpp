@@ -2,10 +2,15 @@
 // order, the FlatLayout's offsets). The runtime allocates each buffer once; every parameter tensor
 // and its .grad are views into them, so autograd accumulates gradients straight into the flat
 // gradient buffer and the fused optimizer steps the whole model in one pass.
-//   params  (P) compute dtype: what forward reads
-//   grads   (P) gradient dtype: what backward accumulates into (views pre-assigned as .grad)
-//   master  (P) fp32: the optimizer's copy under bf16 (aliases params in fp32 runs)
-//   exp_avg, exp_avg_sq (P) fp32: Adam's moments
+//   params  (P) parameter dtype: the weights as stored (fp32, bf16 or fp16)
+//   grads   (P) gradient dtype: the gradients as stored and checked for overflow
+//   compute, compute_grads (P) compute dtype: what forward reads and backward accumulates into (the
+//           views and their .grad). They alias params/grads except for fp16 on the CPU, where LibTorch
+//           has no fp16 kernels: there the model computes in an fp32 copy of the fp16 weights, and its
+//           gradients are rounded into the fp16 `grads` each step, so overflow is real.
+//   master  (P) fp32: the optimizer's copy under mixed precision (aliases params in fp32 runs)
+//   exp_avg, exp_avg_sq (P) fp32: the optimizer's moments, as many as the plan counts (Adam and Lamb 2,
+//                       SGD with momentum 1: its buffer in exp_avg); undefined tensors otherwise
 #pragma once
 
 #include <torch/torch.h>
@@ -18,7 +23,7 @@
 namespace ds {
 
 struct FlatParams {
-  torch::Tensor params, grads, master, exp_avg, exp_avg_sq;
+  torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
   std::vector<torch::Tensor> views;  // one per ParamSlot, requires_grad, .grad set to a view of grads
   std::vector<std::string> names;
 
@@ -26,6 +31,7 @@ struct FlatParams {
   static FlatParams allocate(const Plan& plan);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
   int64_t numel() const { return params.numel(); }
+  static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
   size_t bytes() const;  // everything allocated here
 };
 

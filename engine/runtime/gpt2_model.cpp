@@ -4,7 +4,6 @@
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
-#include "engine/runtime/llama_model.hpp"
 
 namespace ds {
 
@@ -53,39 +52,30 @@ void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor
   }
 }
 
-torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
-  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
-  torch::Tensor x = torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T);  // (B, T, C)
-  // Causal mask, built once per sequence length: -inf above the diagonal.
-  const auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
+  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
+  const auto mask = torch::ones({T, T}, torch::kBool).triu(1);  // causal: -inf above the diagonal
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  for (const Block& b : blocks_) {
-    torch::Tensor h = torch::layer_norm(x, {C}, b.ln1_w, b.ln1_b, hp_.norm_eps);
-    torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C)
-    qkv = qkv.view({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});                  // (3, B, NH, T, D)
-    torch::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * scale;  // (B, NH, T, T)
-    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-    torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
-    x = x + torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C});
-    h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
-    torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
-    x = x + torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C});
-  }
+  torch::Tensor h = torch::layer_norm(x_in, {C}, b.ln1_w, b.ln1_b, hp_.norm_eps);
+  torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C)
+  qkv = qkv.view({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});                  // (3, B, NH, T, D)
+  torch::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * scale;  // (B, NH, T, T)
+  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
+  torch::Tensor x = x_in + torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C});
+  h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
+  torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
+  return x + torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C});
+}
+
+torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+  torch::Tensor x = torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T);  // (B, T, C)
+  x = run_blocks(x);
   x = torch::layer_norm(x, {C}, lnf_w_, lnf_b_, hp_.norm_eps);
   torch::Tensor logits = torch::matmul(x.view({B * T, C}), wte_.t());  // tied head, (BT, V)
   return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
-}
-
-std::unique_ptr<LanguageModel> make_model(const ModelHyper& hp, const FlatParams& params) {
-  if (hp.arch == ModelArch::llama) return std::make_unique<LlamaModel>(hp, params);
-  return std::make_unique<Gpt2Model>(hp, params);
-}
-
-void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
-  if (hp.arch == ModelArch::llama)
-    LlamaModel::initialise(plan, master, seed);
-  else
-    Gpt2Model::initialise(hp, plan, master, seed);
 }
 
 }  // namespace ds

@@ -20,6 +20,8 @@ class Gpt2Model : public LanguageModel {
 
   // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
+  torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
+  int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
 
  private:
   struct Block {

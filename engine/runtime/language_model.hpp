@@ -15,10 +15,24 @@ class LanguageModel {
   virtual ~LanguageModel() = default;
   // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
   virtual torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const = 0;
+  // Transformer block `layer` applied to x (B, T, C): self-contained, so it can be run again.
+  virtual torch::Tensor block(int64_t layer, const torch::Tensor& x) const = 0;
+  virtual int64_t num_blocks() const = 0;
+
+  // Activation checkpointing: keep only each block's input and recompute the block in backward.
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+
+ protected:
+  // Every block in order, checkpointed when configured.
+  torch::Tensor run_blocks(torch::Tensor x) const;
+
+ private:
+  bool checkpoint_activations_ = false;
 };
 
-// The model the plan describes (gpt2 or llama), bound to the flat parameter views.
-std::unique_ptr<LanguageModel> make_model(const ModelHyper& hp, const FlatParams& params);
+// The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation
+// checkpointing as the plan says.
+std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params);
 // The architecture's initialisation, deterministic in `seed`, into `master` (fp32, the plan's layout).
 void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
 

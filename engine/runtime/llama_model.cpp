@@ -49,40 +49,42 @@ torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& 
   return w * normed.to(x.scalar_type());
 }
 
-torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
-  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size, NH = hp_.num_heads, NKV = hp_.num_kv_heads;
-  const int64_t D = C / NH, group = NH / NKV;
-  const auto dtype = embed_.scalar_type();
+torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
+  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
+  const int64_t D = hp_.hidden_size / NH, group = NH / NKV;
   // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, duplicated to D (HF layout).
   const torch::Tensor inv_freq = torch::pow(hp_.rope_theta, -torch::arange(0, D, 2, torch::kFloat32) / static_cast<double>(D));
   const torch::Tensor freqs = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);  // (T, D)
+  const torch::Tensor cos = emb.cos().to(x_in.scalar_type()), sin = emb.sin().to(x_in.scalar_type());  // (T, D)
   auto rotate_half = [&](const torch::Tensor& x) {
     return torch::cat({-x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
   };
   const auto mask = torch::ones({T, T}, torch::kBool).triu(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
-  torch::Tensor x = torch::embedding(embed_, inputs);  // (B, T, C)
-  for (const Block& b : blocks_) {
-    torch::Tensor h = rms_norm(x, b.norm_in);
-    torch::Tensor q = torch::linear(h, b.q).view({B, T, NH, D}).transpose(1, 2);   // (B, NH, T, D)
-    torch::Tensor k = torch::linear(h, b.k).view({B, T, NKV, D}).transpose(1, 2);  // (B, NKV, T, D)
-    torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    if (group > 1) {  // each kv head serves `group` consecutive query heads (HF's repeat_kv)
-      k = k.repeat_interleave(group, 1);
-      v = v.repeat_interleave(group, 1);
-    }
-    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * scale;
-    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
-    x = x + torch::linear(y, b.o);
-    h = rms_norm(x, b.norm_post);
-    x = x + torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down);
+  torch::Tensor h = rms_norm(x_in, b.norm_in);
+  torch::Tensor q = torch::linear(h, b.q).view({B, T, NH, D}).transpose(1, 2);   // (B, NH, T, D)
+  torch::Tensor k = torch::linear(h, b.k).view({B, T, NKV, D}).transpose(1, 2);  // (B, NKV, T, D)
+  torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (group > 1) {  // each kv head serves `group` consecutive query heads (HF's repeat_kv)
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
   }
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
+  torch::Tensor x = x_in + torch::linear(y, b.o);
+  h = rms_norm(x, b.norm_post);
+  return x + torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down);
+}
+
+torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+  torch::Tensor x = run_blocks(torch::embedding(embed_, inputs));  // (B, T, C)
   x = rms_norm(x, norm_);
   torch::Tensor logits = torch::linear(x.view({B * T, C}), head_);  // (BT, V)
   return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));

@@ -15,6 +15,8 @@ class LlamaModel : public LanguageModel {
   // N(0, 0.02) for every matrix (HF's initializer_range), unit RMSNorm gains.
   static void initialise(const Plan& plan, torch::Tensor master, uint64_t seed);
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
+  torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
+  int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
 
  private:
   struct Block {

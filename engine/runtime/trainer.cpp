@@ -10,6 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,8 +22,10 @@
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/language_model.hpp"
+#include "engine/runtime/loss_scaler.hpp"
+#include "engine/runtime/monitor.hpp"
 #include "engine/runtime/lr_schedule.hpp"
-#include "kernels/cpu/adam.hpp"
+#include "engine/runtime/optimizer.hpp"
 #include "kernels/cpu/norm.hpp"
 
 namespace ds {
@@ -30,22 +33,6 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 void on_sigint(int) { g_interrupted = true; }
-
-// Contiguous runs of parameters that share a weight-decay setting: one kernel call each.
-struct Segment {
-  int64_t begin = 0, end = 0;
-  bool decay = false;
-};
-std::vector<Segment> decay_segments(const FlatLayout& L) {
-  std::vector<Segment> out;
-  for (const ParamSlot& p : L.params) {
-    if (!out.empty() && out.back().decay == p.weight_decay && out.back().end == p.offset)
-      out.back().end = p.offset + p.numel;
-    else
-      out.push_back({p.offset, p.offset + p.numel, p.weight_decay});
-  }
-  return out;
-}
 
 std::string duration_text(double s) {
   char buf[32];
@@ -78,6 +65,39 @@ void keep_freed_memory() {
   mallopt(M_TOP_PAD, 256 << 20);
 }
 
+// Every line the run prints also goes to <output_dir>/train.log with a timestamp, so a finished or
+// crashed run keeps its own account. On a terminal, progress is one rewriting line: notes clear it first.
+class RunLog {
+ public:
+  RunLog(const std::filesystem::path& file, bool append, bool live) : file_(file, append ? std::ios::app : std::ios::trunc), live_(live) {}
+  void note(const std::string& line) {
+    if (live_) std::cerr << "\r\033[K";
+    std::cerr << line << "\n";
+    write_file(line);
+  }
+  void progress(const std::string& line, bool keep, bool due) {
+    if (live_) {
+      std::cerr << "\r\033[K" << line << (keep ? "\n" : "") << std::flush;
+    } else if (due) {
+      std::cerr << line << "\n";
+    }
+    if (due || keep) write_file(line);
+  }
+  void end_live_line() {
+    if (live_) std::cerr << "\n";
+  }
+
+ private:
+  void write_file(const std::string& line) {
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+    file_ << stamp << " " << line << "\n" << std::flush;
+  }
+  std::ofstream file_;
+  bool live_;
+};
+
 }  // namespace
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config) {
@@ -86,15 +106,10 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& 
     why.push_back("training on " + std::to_string(plan.topology.world_size) + " ranks (this build trains on one process)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
-  if (plan.precision.mode == "fp16") why.push_back("fp16 (use bf16, the fast and overflow-free choice on this CPU)");
-  if (plan.precision.mode != "fp16" && plan.precision.grad_dtype != plan.precision.compute_dtype)
-    why.push_back("data_types.grad_accum_dtype other than the compute dtype");
-  if (plan.optimizer.type != OptimizerType::Adam && plan.optimizer.type != OptimizerType::AdamW)
-    why.push_back(std::string("the ") + optimizer_type_name(plan.optimizer.type) + " optimizer (use Adam or AdamW)");
-  if (plan.activation_checkpointing) why.push_back("model.activation_checkpointing");
+  if (plan.precision.grad_dtype != plan.precision.param_dtype)
+    why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
     why.push_back("optimizer or parameter offload");
-  if (config.data.type == DataType::hdf5) why.push_back("data.type \"hdf5\"");
   return why;
 }
 
@@ -126,10 +141,13 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   result.metrics_path = (dir / "metrics.jsonl").string();
   std::ofstream metrics(result.metrics_path, opt.resume_from.empty() ? std::ios::trunc : std::ios::app);
   if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
+  const auto monitors = open_monitors(config);
+  RunLog log(dir / "train.log", !opt.resume_from.empty(), opt.live_progress);
 
   FlatParams flat = FlatParams::allocate(plan);
-  const CheckpointBuffers buffers{flat.master.data_ptr<float>(), flat.exp_avg.data_ptr<float>(),
-                                  flat.exp_avg_sq.data_ptr<float>(), flat.numel()};
+  const CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
+                                  FlatParams::data_or_null(flat.exp_avg_sq), flat.numel()};
+  LossScaler scaler(plan.precision.loss_scaling);
   int64_t applied = 0;  // successful optimizer steps: the schedule's position
   if (opt.resume_from.empty()) {
     initialise_model(hp, plan, flat.master, seed);
@@ -138,66 +156,82 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     result.first_step = sc.step;
     applied = sc.applied_steps;
     result.skipped_steps = sc.skipped_steps;
+    if (scaler.enabled()) scaler.restore(sc.loss_scaler);
     if (sc.seed != seed)
-      std::cerr << "ds train: warning: the checkpoint was trained with seed " << sc.seed << ", this run uses " << seed
-                << ": the data order changes from here on\n";
-    std::cerr << "ds train: resuming from " << opt.resume_from << " at step " << sc.step << "\n";
+      log.note("ds train: warning: the checkpoint was trained with seed " + std::to_string(sc.seed) + ", this run uses " +
+               std::to_string(seed) + ": the data order changes from here on");
+    log.note("ds train: resuming from " + opt.resume_from + " at step " + std::to_string(sc.step));
   }
-  if (plan.precision.fp32_master) {
+  // The weights the model reads, from the master copy: rounded to the stored dtype (nearest even, as
+  // the optimizer kernel does), then widened to the compute dtype where the two differ (CPU fp16).
+  auto refresh_weights = [&] {
     torch::NoGradGuard ng;
-    flat.params.copy_(flat.master);  // round to nearest even, as the optimizer kernel does
-  }
+    if (flat.master.data_ptr() != flat.params.data_ptr()) flat.params.copy_(flat.master);
+    if (flat.compute.data_ptr() != flat.params.data_ptr()) flat.compute.copy_(flat.params);
+  };
+  refresh_weights();
   auto save = [&](int64_t step) {
     CheckpointScalars sc;
     sc.step = step;
     sc.applied_steps = applied;
     sc.skipped_steps = result.skipped_steps;
     sc.seed = seed;
+    sc.loss_scaler = scaler.state();
     const SavedCheckpoint saved = save_checkpoint(dir.string(), sc, buffers, opt.plan_json, opt.resolved_config_json,
                                                   config.train.keep_last);
     result.last_checkpoint = saved.path;
-    if (opt.live_progress) std::cerr << "\r\033[K";
-    std::cerr << "ds train: checkpoint at step " << step << " -> " << saved.path << " ("
-              << format_bytes(static_cast<double>(saved.bytes)) << ")\n";
+    log.note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
+             format_bytes(static_cast<double>(saved.bytes)) + ")");
   };
-  const std::unique_ptr<LanguageModel> model_ptr = make_model(hp, flat);
+  const std::unique_ptr<LanguageModel> model_ptr = make_model(plan, flat);
   const LanguageModel& model = *model_ptr;
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
-  const auto segments = decay_segments(plan.layout);
-  const bool bf16 = plan.precision.compute_dtype == Dtype::bf16;
+  const FlatOptimizer optimizer(o, plan.layout);
+  const bool bf16_grads = plan.precision.grad_dtype == Dtype::bf16;
+  const bool widened = flat.compute_grads.data_ptr() != flat.grads.data_ptr();
+  OptimizerBuffers ob;
+  ob.master = flat.master.data_ptr<float>();
+  ob.moment1 = FlatParams::data_or_null(flat.exp_avg);
+  ob.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
+  ob.params_bf16 = plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.params.data_ptr()) : nullptr;
+  // Under CPU fp16 the optimizer reads the fp16-rounded gradients widened back into compute_grads.
+  ob.grads = widened || !bf16_grads ? flat.compute_grads.data_ptr() : flat.grads.data_ptr();
+  ob.grads_bf16 = bf16_grads && !widened;
 
-  std::cerr << "ds train: " << hp.name << ", " << format_count(plan.model.num_params) << " parameters, " << plan.precision.mode
-            << ", " << optimizer_type_name(o.type) << "; " << format_bytes(static_cast<double>(flat.bytes()))
-            << " of model state (plan: " << format_bytes(plan.memory.device.params + plan.memory.device.grads +
-                                                         plan.memory.device.optimizer_states)
-            << ")\n"
-            << "ds train: data " << stream->describe() << "; " << format_count(sampler.train_tokens()) << " training / "
-            << format_count(sampler.val_tokens()) << " validation tokens\n"
-            << "ds train: " << plan.steps << " steps of " << plan.batch.train_batch_size << " x " << T << " tokens ("
-            << B << " x " << GAS << " micro batches), " << plan.threads << " threads; writing " << dir.string() << "/\n";
+  const double planned_state = plan.memory.device.params + plan.memory.device.grads + plan.memory.device.optimizer_states +
+                               (widened ? plan.memory.device.buffers : 0.0);  // CPU fp16's working copies
+  log.note("ds train: " + hp.name + ", " + format_count(plan.model.num_params) + " parameters, " + plan.precision.mode + ", " +
+           optimizer_type_name(o.type) + "; " + format_bytes(static_cast<double>(flat.bytes())) + " of model state (plan: " +
+           format_bytes(planned_state) + ")");
+  log.note("ds train: data " + stream->describe() + "; " + format_count(sampler.train_tokens()) + " training / " +
+           format_count(sampler.val_tokens()) + " validation tokens");
+  log.note("ds train: " + std::to_string(plan.steps) + " steps of " + std::to_string(plan.batch.train_batch_size) + " x " +
+           std::to_string(T) + " tokens (" + std::to_string(B) + " x " + std::to_string(GAS) + " micro batches), " +
+           std::to_string(plan.threads) + " threads; writing " + dir.string() + "/");
 
   g_interrupted = false;
   auto previous = std::signal(SIGINT, on_sigint);
   const auto start = std::chrono::steady_clock::now();
   std::vector<int32_t> in, tgt;
   if (result.first_step >= plan.steps)
-    std::cerr << "ds train: the checkpoint is at step " << result.first_step << " and train.steps is " << plan.steps
-              << ": nothing to do (raise train.steps to continue)\n";
+    log.note("ds train: the checkpoint is at step " + std::to_string(result.first_step) + " and train.steps is " +
+             std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
   for (int64_t step = result.first_step; step < plan.steps && !g_interrupted; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       torch::NoGradGuard ng;
-      flat.grads.zero_();
+      flat.compute_grads.zero_();
     }
+    const double loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
     double loss_sum = 0, fwd_s = 0, bwd_s = 0;
     for (int64_t m = 0; m < GAS; ++m) {
       sampler.train_batch(step, m, in, tgt);
       const auto f0 = std::chrono::steady_clock::now();
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
       const auto b0 = std::chrono::steady_clock::now();
-      (loss / static_cast<double>(GAS)).backward();
+      (loss * (loss_scale / static_cast<double>(GAS))).backward();
       const auto b1 = std::chrono::steady_clock::now();
       fwd_s += std::chrono::duration<double>(b0 - f0).count();
       bwd_s += std::chrono::duration<double>(b1 - b0).count();
@@ -205,44 +239,48 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     }
     const auto opt0 = std::chrono::steady_clock::now();
     const double loss = loss_sum / GAS;
+    if (widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
+      torch::NoGradGuard ng;
+      flat.grads.copy_(flat.compute_grads);
+      flat.compute_grads.copy_(flat.grads);
+    }
     // Our own reduction: LibTorch 1.13's linalg_vector_norm over bf16 is slow and measurably inexact.
-    const double norm = std::sqrt(
-        bf16 ? kernels::sum_of_squares_bf16(reinterpret_cast<const uint16_t*>(flat.grads.data_ptr<at::BFloat16>()), flat.numel())
-             : kernels::sum_of_squares_f32(flat.grads.data_ptr<float>(), flat.numel()));
-    const bool overflow = !std::isfinite(norm);
-    if (!bf16 && (overflow || !std::isfinite(loss)))
+    const double scaled_norm = std::sqrt(
+        ob.grads_bf16 ? kernels::sum_of_squares_bf16(static_cast<const uint16_t*>(ob.grads), flat.numel())
+                      : kernels::sum_of_squares_f32(static_cast<const float*>(ob.grads), flat.numel()));
+    const double norm = scaled_norm / loss_scale;
+    const bool overflow = !std::isfinite(scaled_norm);
+    if (!scaler.enabled() && plan.precision.mode != "bf16" && (overflow || !std::isfinite(loss)))
       throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
                                std::to_string(step + 1) + ": lower the learning rate or keep gradient_clipping on");
     const double lr = schedule.lr_at(applied - 1);
-    if (overflow && plan.precision.check_overflow) {
+    bool skip = overflow && plan.precision.check_overflow;
+    if (scaler.enabled()) {
+      std::string event;
+      skip = scaler.update(overflow, &event);
+      if (!event.empty()) {
+        log.note("ds train: step " + std::to_string(step + 1) + ": " + event);
+      }
+    }
+    if (skip) {
       ++result.skipped_steps;
-      std::cerr << "ds train: step " << step + 1 << ": inf/NaN gradient, step skipped\n";
+      if (!scaler.enabled()) log.note("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
     } else {
-      // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1.
-      double grad_scale = 1.0;
+      // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale
+      // comes off in the same multiply.
+      double clip = 1.0;
       if (plan.gradient_clipping > 0) {
         const double c = (norm + 1e-6) / plan.gradient_clipping;
-        if (c > 1) grad_scale = 1.0 / c;
+        if (c > 1) clip = 1.0 / c;
       }
-      const double beta1 = schedule.beta1_at(applied - 1);
-      const double beta2 = schedule.beta2_override().value_or(o.betas[1]);
-      float* master = flat.master.data_ptr<float>();
-      float* m1 = flat.exp_avg.data_ptr<float>();
-      float* m2 = flat.exp_avg_sq.data_ptr<float>();
-      for (const Segment& s : segments) {
-        const auto k = kernels::adam_step_for(static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
-                                              static_cast<float>(o.eps), s.decay ? static_cast<float>(o.weight_decay) : 0.f,
-                                              o.decoupled_weight_decay, o.bias_correction, applied + 1,
-                                              static_cast<float>(grad_scale));
-        const int64_t n = s.end - s.begin;
-        if (bf16)
-          kernels::adam_step_bf16(master + s.begin, m1 + s.begin, m2 + s.begin,
-                                  reinterpret_cast<uint16_t*>(flat.params.data_ptr<at::BFloat16>()) + s.begin,
-                                  reinterpret_cast<const uint16_t*>(flat.grads.data_ptr<at::BFloat16>()) + s.begin, n, k);
-        else
-          kernels::adam_step_f32(master + s.begin, m1 + s.begin, m2 + s.begin, nullptr, flat.grads.data_ptr<float>() + s.begin,
-                                 n, k);
-      }
+      OptimizerStepInputs si;
+      si.lr = lr;
+      si.beta1 = schedule.beta1_at(applied - 1);
+      si.beta2 = schedule.beta2_override().value_or(o.betas[1]);
+      si.grad_scale = clip / loss_scale;
+      si.step = applied + 1;
+      optimizer.step(ob, si);
+      if (!ob.params_bf16) refresh_weights();
       ++applied;
     }
     const double opt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - opt0).count();
@@ -273,23 +311,35 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                   static_cast<long long>(plan.steps), loss, val_text, lr, norm,
                   format_count(static_cast<int64_t>(tok_s)).c_str(), tflops,
                   duration_text(elapsed / (step + 1 - result.first_step) * (plan.steps - step - 1)).c_str());
-    if (opt.live_progress) {
-      std::cerr << "\r\033[K" << line << std::flush;
-      if (val || step + 1 == plan.steps) std::cerr << "\n";
-    } else if ((step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val) {
-      std::cerr << line << "\n";
-      if (config.wall_clock_breakdown)  // DeepSpeed's format; "step" is the optimizer step with clipping
-        std::fprintf(stderr, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f\n", fwd_s * 1e3, bwd_s * 1e3, opt_s * 1e3);
+    const bool due = (step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val;
+    log.progress(line, val || step + 1 == plan.steps, due);
+    if (due && config.wall_clock_breakdown && !opt.live_progress) {  // DeepSpeed's format; "step" = optimizer + clipping
+      char times[128];
+      std::snprintf(times, sizeof times, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f", fwd_s * 1e3, bwd_s * 1e3, opt_s * 1e3);
+      log.note(times);
     }
     char val_json[48] = "";
     if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
-    char json[400];
+    char scale_json[48] = "";
+    if (scaler.enabled()) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", loss_scale);
+    char json[448];
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"skipped\": %s%s}\n",
+                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"skipped\": %s%s%s}\n",
                   static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s,
-                  overflow ? "true" : "false", val_json);
+                  skip ? "true" : "false", scale_json, val_json);
     metrics << json << std::flush;
+    if (!monitors.empty()) {
+      const int64_t samples = (step + 1) * plan.batch.train_batch_size;  // DeepSpeed's x axis
+      std::vector<MetricEvent> events{{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples},
+                                      {"Train/Samples/grad_norm", norm, samples}};
+      if (scaler.enabled()) events.push_back({"Train/Samples/loss_scale", loss_scale, samples});
+      if (val) events.push_back({"Train/Samples/val_loss", *val, samples});
+      if (config.wall_clock_breakdown)
+        for (const auto& [name, s] : {std::pair{"forward", fwd_s}, {"backward", bwd_s}, {"step", opt_s}})
+          events.push_back({std::string("Train/Samples/elapsed_time_ms_") + name, s * 1e3, samples});
+      for (const auto& m : monitors) m->write(events);
+    }
     const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
     if (cadence || step + 1 == plan.steps || g_interrupted) save(step + 1);
   }
@@ -298,7 +348,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   result.interrupted = g_interrupted;
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) result.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
-  if (opt.live_progress && result.interrupted) std::cerr << "\n";
+  if (result.interrupted) log.end_live_line();
   return result;
 }
 

@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <fstream>
 #include <sstream>
 
@@ -113,6 +117,67 @@ double markov_entropy_nats() {
   return h;
 }
 
+Hdf5TokenDataset::Hdf5TokenDataset(const std::string& path, const std::string& name) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become UserErrors below, not HDF5's stack dumps
+  if (!std::ifstream(path))
+    throw UserError("cannot read data file '" + path + "'", "check data.path (relative paths start at the working directory)");
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file_ < 0) throw UserError("'" + path + "' is not an HDF5 file", "data.type \"hdf5\" reads HDF5 files (h5py writes them)");
+  auto fail = [&](const std::string& what, const std::string& hint) {
+    close();  // a throwing constructor runs no destructor
+    throw UserError("'" + path + "': " + what, hint);
+  };
+  if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0)
+    fail("has no dataset '" + name + "'", "set data.dataset to the name of the token dataset (h5ls lists them)");
+  dataset_ = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
+  if (dataset_ < 0) fail("'" + name + "' is not a dataset", "set data.dataset to a 1-D integer dataset");
+  const hid_t type = H5Dget_type(dataset_);
+  const bool integer = H5Tget_class(type) == H5T_INTEGER;
+  H5Tclose(type);
+  const hid_t space = H5Dget_space(dataset_);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  hsize_t dims[8] = {};
+  if (rank == 1) H5Sget_simple_extent_dims(space, dims, nullptr);
+  H5Sclose(space);
+  if (!integer || rank != 1)
+    fail("dataset '" + name + "' is not a 1-D integer array (rank " + std::to_string(rank) + (integer ? "" : ", not integers") + ")",
+         "store the token ids as one flat integer dataset");
+  count_ = static_cast<int64_t>(dims[0]);
+  // One pass in blocks for the id range, so bad ids are caught before training.
+  std::vector<int32_t> block(1 << 20);
+  int32_t lowest = 0;
+  for (int64_t at = 0; at < count_; at += static_cast<int64_t>(block.size())) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(block.size()), count_ - at);
+    read(at, n, block.data());
+    for (int64_t i = 0; i < n; ++i) {
+      max_token_ = std::max(max_token_, block[i]);
+      lowest = std::min(lowest, block[i]);
+    }
+  }
+  if (lowest < 0) fail("dataset '" + name + "' holds a negative token id (" + std::to_string(lowest) + ")", "token ids start at 0");
+  description_ = path + ":" + name + ": " + format_count(count_) + " tokens (HDF5)";
+}
+
+Hdf5TokenDataset::~Hdf5TokenDataset() { close(); }
+
+void Hdf5TokenDataset::close() {
+  if (dataset_ >= 0) H5Dclose(dataset_);
+  if (file_ >= 0) H5Fclose(file_);
+  dataset_ = file_ = -1;
+}
+
+void Hdf5TokenDataset::read(int64_t begin, int64_t n, int32_t* out) const {
+  DS_CHECK(begin >= 0 && begin + n <= count_, "read [", begin, ", ", begin + n, ") of ", count_);
+  const hid_t file_space = H5Dget_space(dataset_);
+  const hsize_t start = static_cast<hsize_t>(begin), count = static_cast<hsize_t>(n);
+  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+  const hid_t mem_space = H5Screate_simple(1, &count, nullptr);
+  const herr_t status = H5Dread(dataset_, H5T_NATIVE_INT32, mem_space, file_space, H5P_DEFAULT, out);
+  H5Sclose(mem_space);
+  H5Sclose(file_space);
+  if (status < 0) throw std::runtime_error("reading tokens [" + std::to_string(begin) + ", " + std::to_string(begin + n) + ") failed");
+}
+
 std::unique_ptr<TokenStream> make_synthetic_stream(int32_t vocab, int64_t n, uint64_t seed) {
   DS_CHECK(vocab >= 2 && n >= 1);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
@@ -160,8 +225,8 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
       s = std::make_unique<MappedTokenFile>(d.path, d.token_format);
       break;
     case DataType::hdf5:
-      throw UserError("data.type \"hdf5\" is not readable by this build of ds yet",
-                      "convert the dataset to a raw uint16/uint32 token file and use data.type \"tokens\"");
+      s = std::make_unique<Hdf5TokenDataset>(d.path, d.dataset);
+      break;
   }
   if (s->max_token() >= vocab_size)
     throw UserError(s->describe() + " contains token id " + std::to_string(s->max_token()) + ", but the model's vocabulary has " +

@@ -60,6 +60,25 @@ class MappedTokenFile : public TokenStream {
   std::string description_;
 };
 
+// A 1-D integer dataset in an HDF5 file (any integer width; HDF5 converts on read). Samples are read
+// on demand as hyperslabs, so the dataset never has to fit in memory.
+class Hdf5TokenDataset : public TokenStream {
+ public:
+  Hdf5TokenDataset(const std::string& path, const std::string& dataset);
+  ~Hdf5TokenDataset() override;
+  Hdf5TokenDataset(const Hdf5TokenDataset&) = delete;
+  Hdf5TokenDataset& operator=(const Hdf5TokenDataset&) = delete;
+  int64_t size() const override { return count_; }
+  void read(int64_t begin, int64_t n, int32_t* out) const override;
+  std::string describe() const override { return description_; }
+
+ private:
+  void close();
+  int64_t file_ = -1, dataset_ = -1;  // hid_t, kept out of this header
+  int64_t count_ = 0;
+  std::string description_;
+};
+
 // A synthetic language for smoke tests and the quickstart, needing no file: an order-1 Markov chain
 // over `vocab` tokens where each token has four successors with probabilities 0.55, 0.25, 0.15 and
 // 0.05. A model that learns it reaches the chain's entropy, markov_entropy_nats() (~1.11 nats),

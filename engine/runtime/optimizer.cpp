@@ -1,0 +1,68 @@
+#include "engine/runtime/optimizer.hpp"
+
+#include "kernels/cpu/adam.hpp"
+#include "kernels/cpu/lamb.hpp"
+#include "kernels/cpu/sgd.hpp"
+
+namespace ds {
+
+FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout) : o_(o) {
+  const bool per_tensor = o.type == OptimizerType::Lamb;
+  for (const ParamSlot& p : layout.params) {
+    if (!per_tensor && !segments_.empty() && segments_.back().end == p.offset && segments_.back().decay == p.weight_decay)
+      segments_.back().end = p.offset + p.numel;
+    else
+      segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay});
+  }
+}
+
+void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& in) const {
+  const auto f = [](double x) { return static_cast<float>(x); };
+  const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + at; };
+  const auto grad_bf16 = [&](int64_t at) { return static_cast<const uint16_t*>(b.grads) + at; };
+  const auto out = [&](int64_t at) { return b.params_bf16 ? b.params_bf16 + at : nullptr; };
+  for (const Segment& s : segments_) {
+    const int64_t n = s.end - s.begin;
+    const double wd = s.decay ? o_.weight_decay : 0.0;
+    float* w = b.master + s.begin;
+    switch (o_.type) {
+      case OptimizerType::Adam:
+      case OptimizerType::AdamW: {
+        const auto k = kernels::adam_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(wd), o_.decoupled_weight_decay,
+                                              o_.bias_correction, in.step, f(in.grad_scale));
+        if (b.grads_bf16)
+          kernels::adam_step_bf16(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_bf16(s.begin), n, k);
+        else
+          kernels::adam_step_f32(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_f32(s.begin), n, k);
+        break;
+      }
+      case OptimizerType::Lamb: {
+        const auto k = kernels::lamb_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(wd), o_.bias_correction, in.step,
+                                              f(in.grad_scale), f(o_.max_coeff), f(o_.min_coeff), o_.eps_inside_sqrt);
+        if (b.grads_bf16)
+          kernels::lamb_step_bf16(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_bf16(s.begin), n, k);
+        else
+          kernels::lamb_step_f32(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_f32(s.begin), n, k);
+        break;
+      }
+      case OptimizerType::SGD: {
+        kernels::SgdStep k;
+        k.lr = f(in.lr);
+        k.momentum = f(o_.momentum);
+        k.dampening = f(o_.dampening);
+        k.weight_decay = f(wd);
+        k.grad_scale = f(in.grad_scale);
+        k.nesterov = o_.nesterov;
+        k.first_step = in.step == 1;
+        float* buf = o_.momentum > 0 ? b.moment1 + s.begin : nullptr;
+        if (b.grads_bf16)
+          kernels::sgd_step_bf16(w, buf, out(s.begin), grad_bf16(s.begin), n, k);
+        else
+          kernels::sgd_step_f32(w, buf, out(s.begin), grad_f32(s.begin), n, k);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace ds

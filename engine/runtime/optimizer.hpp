@@ -1,0 +1,47 @@
+// ds — the optimizer step over the flat buffers, for every optimizer the plan can name (Adam, AdamW,
+// SGD, Lamb). It owns no memory: the caller hands it the fp32 master weights, the moment buffers
+// the plan counts (plan.optimizer.moments: 2 for Adam/Lamb, 1 for SGD with momentum, 0 without),
+// the gradients (fp32 or bf16) and, under bf16, the working copy to refresh in the same pass.
+// No LibTorch here: raw pointers and the plan's layout.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+
+namespace ds {
+
+struct OptimizerBuffers {
+  float* master = nullptr;         // fp32 weights the optimizer updates
+  float* moment1 = nullptr;        // Adam/Lamb exp_avg, SGD momentum buffer (null when the plan has none)
+  float* moment2 = nullptr;        // Adam/Lamb exp_avg_sq (null when the plan has none)
+  uint16_t* params_bf16 = nullptr; // bf16 working copy to refresh, or null (fp32 runs alias master)
+  const void* grads = nullptr;     // fp32 or bf16, per grads_bf16
+  bool grads_bf16 = false;
+};
+
+// Per-step inputs that come from the schedule and the gradient checks.
+struct OptimizerStepInputs {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999;
+  double grad_scale = 1;  // 1 / (loss scale) x clipping coefficient
+  int64_t step = 1;       // 1-based count of applied steps, this one included (bias correction)
+};
+
+class FlatOptimizer {
+ public:
+  FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout);
+  void step(const OptimizerBuffers& b, const OptimizerStepInputs& in) const;
+
+ private:
+  // Contiguous runs of parameters that share a weight-decay setting (Adam, SGD: one kernel call each),
+  // or single parameters (Lamb: the trust ratio is per tensor).
+  struct Segment {
+    int64_t begin = 0, end = 0;
+    bool decay = false;
+  };
+  ResolvedOptimizer o_;
+  std::vector<Segment> segments_;
+};
+
+}  // namespace ds

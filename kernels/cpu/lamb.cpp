@@ -1,0 +1,73 @@
+#include "kernels/cpu/lamb.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/adam.hpp"  // bf16 conversions
+
+namespace ds::kernels {
+
+LambStep lamb_step_for(float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, int64_t t,
+                       float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt) {
+  LambStep s;
+  s.lr = lr;
+  s.beta1 = beta1;
+  s.beta2 = beta2;
+  s.eps = eps;
+  s.weight_decay = weight_decay;
+  s.grad_scale = grad_scale;
+  s.max_coeff = max_coeff;
+  s.min_coeff = min_coeff;
+  s.eps_inside_sqrt = eps_inside_sqrt;
+  if (bias_correction) {
+    const double b1t = std::pow(static_cast<double>(beta1), static_cast<double>(t));
+    const double b2t = std::pow(static_cast<double>(beta2), static_cast<double>(t));
+    s.step_size_factor = static_cast<float>(std::sqrt(1.0 - b2t) / (1.0 - b1t));
+  }
+  return s;
+}
+
+namespace {
+
+inline float update_of(float m, float v, float w, const LambStep& s) {
+  const float denom = s.eps_inside_sqrt ? std::sqrt(v + s.eps) : std::sqrt(v) + s.eps;
+  return m / denom + s.weight_decay * w;
+}
+
+template <class LoadGrad>
+float lamb_tensor(float* p, float* m, float* v, uint16_t* out, int64_t n, const LambStep& s, LoadGrad grad) {
+  double w_sq = 0, u_sq = 0;
+#pragma omp parallel for schedule(static) reduction(+ : w_sq, u_sq) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = grad(i) * s.grad_scale;
+    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    const float u = update_of(mi, vi, p[i], s);
+    w_sq += static_cast<double>(p[i]) * p[i];
+    u_sq += static_cast<double>(u) * u;
+  }
+  float ratio = 1;
+  if (w_sq > 0 && u_sq > 0)
+    ratio = std::clamp(static_cast<float>(std::sqrt(w_sq / u_sq)), s.min_coeff, s.max_coeff);
+  const float step = s.lr * s.step_size_factor * ratio;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] -= step * update_of(m[i], v[i], p[i], s);
+    if (out) out[i] = float_to_bf16(p[i]);
+  }
+  return ratio;
+}
+
+}  // namespace
+
+float lamb_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const LambStep& s) {
+  return lamb_tensor(p, m, v, out, n, s, [g](int64_t i) { return g[i]; });
+}
+
+float lamb_step_bf16(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n, const LambStep& s) {
+  return lamb_tensor(p, m, v, out, n, s, [g](int64_t i) { return bf16_to_float(g[i]); });
+}
+
+}  // namespace ds::kernels

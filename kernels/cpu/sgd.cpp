@@ -1,0 +1,34 @@
+#include "kernels/cpu/sgd.hpp"
+
+#include "kernels/cpu/adam.hpp"  // bf16 conversions
+
+namespace ds::kernels {
+namespace {
+
+// A plain loop the compiler vectorises; SGD is one read-modify-write pass and rarely the bottleneck.
+template <class LoadGrad>
+void sgd_range(float* p, float* buf, uint16_t* out, int64_t n, const SgdStep& s, LoadGrad grad) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad(i) * s.grad_scale + s.weight_decay * p[i];
+    if (s.momentum != 0) {
+      const float b = s.first_step ? g : s.momentum * buf[i] + (1 - s.dampening) * g;
+      buf[i] = b;
+      g = s.nesterov ? g + s.momentum * b : b;
+    }
+    p[i] -= s.lr * g;
+    if (out) out[i] = float_to_bf16(p[i]);
+  }
+}
+
+}  // namespace
+
+void sgd_step_f32(float* p, float* buf, uint16_t* out, const float* g, int64_t n, const SgdStep& s) {
+  sgd_range(p, buf, out, n, s, [g](int64_t i) { return g[i]; });
+}
+
+void sgd_step_bf16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s) {
+  sgd_range(p, buf, out, n, s, [g](int64_t i) { return bf16_to_float(g[i]); });
+}
+
+}  // namespace ds::kernels
