@@ -13,6 +13,7 @@
 namespace ds::cli {
 
 int run_ds(int argc, char** argv) {
+  set_command_line(argc, argv);
   CLI::App app{"ds: native C++ training with ZeRO, mixed precision and offload, driven by one JSON config", "ds"};
   std::string color = "auto";
   bool version = false;

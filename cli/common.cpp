@@ -10,6 +10,17 @@
 #include "schema/loader.hpp"
 
 namespace ds::cli {
+
+namespace {
+std::vector<std::string>& command_line_storage() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void set_command_line(int argc, char** argv) { command_line_storage().assign(argv + 1, argv + argc); }
+const std::vector<std::string>& command_line() { return command_line_storage(); }
+
 namespace {
 
 std::string g_color_mode = "auto";

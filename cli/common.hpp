@@ -20,6 +20,10 @@ namespace ds::cli {
 // --color=auto|always|never, applied to stdout and stderr separately. auto: a terminal, NO_COLOR
 // unset or empty, TERM not "dumb".
 void set_color_mode(const std::string& mode);
+
+// The arguments ds was started with (argv[1..]), for commands that start copies of themselves.
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
 bool color_enabled(FILE* stream);
 std::string bold(const std::string& s, FILE* stream);
 std::string red(const std::string& s, FILE* stream);

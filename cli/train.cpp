@@ -8,6 +8,7 @@
 #include "common/format.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
+#include "engine/runtime/launcher.hpp"
 #include "engine/runtime/trainer.hpp"
 #include "schema/json_diff.hpp"
 #include "schema/loader.hpp"
@@ -30,23 +31,45 @@ Subcommand setup_train(CLI::App& app) {
   ds train my.json data.type=text data.path=corpus.txt data.tokenizer=bytes
   ds train examples/quickstart.json train.steps=600 --resume
       continue the quickstart run from its last checkpoint, exactly where it stopped
+  ds train examples/quickstart.json --nproc-per-node 2
+      two data-parallel ranks on this machine (each takes its share of the global batch)
 
 The run directory (train.output_dir) receives config.json (the resolved config), plan.json,
 metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, every train.save_every
 steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
-This build trains gpt2 and llama models on one process in fp32 or bf16 with Adam/AdamW; anything
-else is refused before work starts, with the reason (exit 2).)");
+--nproc-per-node N starts N local ranks (data parallel; rank 0 prints, the others log to
+train.output_dir/logs/rank_N.log). Offload and ZeRO stages 1-3 across ranks are refused before work
+starts, with the reason (exit 2). See ds-train(1).)");
   return {sub, [args] { return run_train(*args); }};
 }
 
 int run_train(const TrainArgs& a) {
-  return run_guarded("train", [&] {
+  return run_guarded("train", [&]() -> int {
     ConfigArgs args = a.config;
     if (a.resume) args.overrides.push_back("train.resume=auto");
     const CompiledConfig compiled = compile_config("train", args);
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
+    // --nproc-per-node N: this process only starts the ranks (the config is valid for N: checked above).
+    if (args.nproc_per_node > 1 && !std::getenv("RANK")) {
+      LaunchSpec spec;
+      spec.nproc = args.nproc_per_node;
+      const auto& all = command_line();
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (all[i] == "--nproc-per-node") {
+          ++i;
+          continue;
+        }
+        if (all[i].rfind("--nproc-per-node=", 0) == 0) continue;
+        spec.args.push_back(all[i]);
+      }
+      spec.log_dir = config.train.output_dir + "/logs";
+      spec.grace = std::chrono::seconds(static_cast<int64_t>(config.train.comm_timeout_s) + 5);
+      std::cerr << "ds train: starting " << spec.nproc << " ranks on this machine; ranks 1-" << spec.nproc - 1 << " log to "
+                << spec.log_dir << "/rank_N.log\n";
+      return launch_local_ranks(spec);
+    }
     TrainOptions opt;
     // Where to resume from is settled before any work, so a bad path fails at once.
     if (config.train.resume == "auto") {

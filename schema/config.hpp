@@ -147,6 +147,7 @@ struct TrainConfig {
   std::string output_dir;
   std::optional<int64_t> threads;  // empty: auto
   std::string resume;              // "false" | "auto" | a path
+  double comm_timeout_s = 600;     // collectives and rendezvous
 };
 
 struct MonitorConfig {

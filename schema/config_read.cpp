@@ -254,6 +254,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   c.train.output_dir = at(t, "output_dir").get<std::string>();
   c.train.seed = at(t, "seed").get<int64_t>();
   c.train.threads = opt_int(at(t, "threads"));
+  c.train.comm_timeout_s = at(t, "comm_timeout_s").get<double>();
   const json& r = at(t, "resume");
   c.train.resume = r.is_boolean() ? (r.get<bool>() ? "auto" : "false") : r.get<std::string>();
   return c;

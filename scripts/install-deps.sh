@@ -8,7 +8,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libvalijson-dev
   libgtest-dev googletest
   libhdf5-dev liburing-dev
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libgloo-dev libopenblas0-pthread  # libgloo-dev: c10d's ProcessGroupGloo.hpp includes gloo's headers
   python3
 )
 

@@ -18,6 +18,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/comm.hpp"
 #include "engine/runtime/data/sampler.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
@@ -69,7 +70,10 @@ void keep_freed_memory() {
 // crashed run keeps its own account. On a terminal, progress is one rewriting line: notes clear it first.
 class RunLog {
  public:
-  RunLog(const std::filesystem::path& file, bool append, bool live) : file_(file, append ? std::ios::app : std::ios::trunc), live_(live) {}
+  // An empty `file` logs to stderr only (ranks other than 0: the launcher captures their stderr).
+  RunLog(const std::filesystem::path& file, bool append, bool live) : live_(live) {
+    if (!file.empty()) file_.open(file, append ? std::ios::app : std::ios::trunc);
+  }
   void note(const std::string& line) {
     if (live_) std::cerr << "\r\033[K";
     std::cerr << line << "\n";
@@ -89,6 +93,7 @@ class RunLog {
 
  private:
   void write_file(const std::string& line) {
+    if (!file_.is_open()) return;
     const std::time_t now = std::time(nullptr);
     char stamp[32];
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
@@ -102,8 +107,9 @@ class RunLog {
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config) {
   std::vector<std::string> why;
-  if (plan.topology.world_size != 1)
-    why.push_back("training on " + std::to_string(plan.topology.world_size) + " ranks (this build trains on one process)");
+  if (plan.topology.world_size != 1 && plan.zero.stage != 0)
+    why.push_back("ZeRO stage " + std::to_string(plan.zero.stage) + " on " + std::to_string(plan.topology.world_size) +
+                  " ranks (this build runs several ranks as plain data parallelism, stage 0)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
@@ -127,22 +133,34 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
 
   // Inputs first: a bad data file fails before anything is allocated.
   auto stream = open_token_stream(config.data, hp.vocab_size, seed);
-  BatchSampler sampler(*stream, {T, B, GAS, 1, 0, config.data.val_fraction, seed});
+  const int W = plan.topology.world_size;
+  // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
+  // across ranks before the step. Rank 0 alone writes the run directory.
+  std::unique_ptr<Communicator> comm;
+  if (W > 1)
+    comm = Communicator::from_environment(std::chrono::milliseconds(static_cast<int64_t>(config.train.comm_timeout_s * 1000)));
+  const int rank = comm ? comm->rank() : 0;
+  const bool lead = rank == 0;
+  BatchSampler sampler(*stream, {T, B, GAS, W, rank, config.data.val_fraction, seed});
 
   keep_freed_memory();
   TrainResult result;
   result.baseline_rss_bytes = resident_bytes();
   torch::set_num_threads(plan.threads);
   omp_set_num_threads(plan.threads);
-  std::filesystem::create_directories(config.train.output_dir);
   const std::filesystem::path dir(config.train.output_dir);
-  std::ofstream(dir / "config.json") << opt.resolved_config_json << "\n";
-  std::ofstream(dir / "plan.json") << opt.plan_json << "\n";
   result.metrics_path = (dir / "metrics.jsonl").string();
-  std::ofstream metrics(result.metrics_path, opt.resume_from.empty() ? std::ios::trunc : std::ios::app);
-  if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
-  const auto monitors = open_monitors(config);
-  RunLog log(dir / "train.log", !opt.resume_from.empty(), opt.live_progress);
+  std::ofstream metrics;
+  std::vector<std::unique_ptr<MetricSink>> monitors;
+  if (lead) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << opt.resolved_config_json << "\n";
+    std::ofstream(dir / "plan.json") << opt.plan_json << "\n";
+    metrics.open(result.metrics_path, opt.resume_from.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
+    monitors = open_monitors(config);
+  }
+  RunLog log(lead ? dir / "train.log" : std::filesystem::path(), !opt.resume_from.empty(), opt.live_progress && lead);
 
   FlatParams flat = FlatParams::allocate(plan);
   const CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
@@ -171,6 +189,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   };
   refresh_weights();
   auto save = [&](int64_t step) {
+    if (!lead) return;  // stage 0: every rank holds the same state
     CheckpointScalars sc;
     sc.step = step;
     sc.applied_steps = applied;
@@ -218,7 +237,8 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     log.note("ds train: the checkpoint is at step " + std::to_string(result.first_step) + " and train.steps is " +
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
-  for (int64_t step = result.first_step; step < plan.steps && !g_interrupted; ++step) {
+  bool stop_requested = false;  // Ctrl-C, agreed across ranks
+  for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       torch::NoGradGuard ng;
@@ -231,14 +251,27 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       const auto f0 = std::chrono::steady_clock::now();
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
       const auto b0 = std::chrono::steady_clock::now();
-      (loss * (loss_scale / static_cast<double>(GAS))).backward();
+      (loss * (loss_scale / static_cast<double>(GAS * W))).backward();  // the sum over ranks is the mean
       const auto b1 = std::chrono::steady_clock::now();
       fwd_s += std::chrono::duration<double>(b0 - f0).count();
       bwd_s += std::chrono::duration<double>(b1 - b0).count();
       loss_sum += loss.item<double>();
     }
     const auto opt0 = std::chrono::steady_clock::now();
-    const double loss = loss_sum / GAS;
+    double loss = loss_sum / GAS;
+    if (comm) {
+      torch::NoGradGuard ng;
+      torch::Tensor grads = flat.compute_grads;
+      comm->all_reduce_sum(grads);
+      // The mean loss and whether any rank was interrupted, agreed in one small collective, so every
+      // rank stops after the same step.
+      torch::Tensor agreed = torch::tensor({loss_sum, g_interrupted ? 1.0 : 0.0}, torch::kFloat64);
+      comm->all_reduce_sum(agreed);
+      loss = agreed[0].item<double>() / static_cast<double>(GAS * W);
+      stop_requested = agreed[1].item<double>() > 0;
+    } else {
+      stop_requested = g_interrupted;
+    }
     if (widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
       torch::NoGradGuard ng;
       flat.grads.copy_(flat.compute_grads);
@@ -292,7 +325,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     const double tok_s = static_cast<double>(plan.tokens_per_step) / step_s;
     const double tflops = plan.train_flops_per_step / step_s / 1e12;
     std::optional<double> val;
-    if (config.train.eval_every > 0 && ((step + 1) % config.train.eval_every == 0 || step + 1 == plan.steps) &&
+    if (lead && config.train.eval_every > 0 && ((step + 1) % config.train.eval_every == 0 || step + 1 == plan.steps) &&
         sampler.val_tokens() > 0) {
       torch::NoGradGuard ng;
       double sum = 0;
@@ -328,7 +361,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"skipped\": %s%s%s}\n",
                   static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s,
                   skip ? "true" : "false", scale_json, val_json);
-    metrics << json << std::flush;
+    if (lead) metrics << json << std::flush;
     if (!monitors.empty()) {
       const int64_t samples = (step + 1) * plan.batch.train_batch_size;  // DeepSpeed's x axis
       std::vector<MetricEvent> events{{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples},
@@ -341,11 +374,12 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       for (const auto& m : monitors) m->write(events);
     }
     const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
-    if (cadence || step + 1 == plan.steps || g_interrupted) save(step + 1);
+    if (!comm) stop_requested = g_interrupted;  // one process: react to Ctrl-C at once; ranks use the agreed flag
+    if (cadence || step + 1 == plan.steps || stop_requested) save(step + 1);
   }
   std::signal(SIGINT, previous);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.interrupted = g_interrupted;
+  result.interrupted = stop_requested;
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) result.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
   if (result.interrupted) log.end_live_line();

@@ -1,0 +1,46 @@
+// ds — collectives between ranks, over LibTorch's c10d: Gloo for CPU tensors, rendezvous through a
+// TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it), the torchrun environment's convention, so
+// `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way.
+// Every collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it.
+// LibTorch 1.13's Gloo cannot reduce bf16 (or fp16): those are reduced through an fp32 copy, and
+// the bytes counted are what went on the wire.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace ds {
+
+struct CommStats {  // per collective kind: calls and bytes sent by this rank (ring algorithm)
+  int64_t calls = 0;
+  double bytes = 0, seconds = 0;
+};
+
+class Communicator {
+ public:
+  // Joins the group the environment describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+  // Throws UserError naming the variable when one is missing or malformed.
+  static std::unique_ptr<Communicator> from_environment(std::chrono::milliseconds timeout);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+
+  // In place: every rank ends with the element-wise sum.
+  void all_reduce_sum(torch::Tensor& t);
+  void barrier();
+  const std::map<std::string, CommStats>& stats() const { return stats_; }
+
+ private:
+  Communicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, world_ = 1;
+  std::map<std::string, CommStats> stats_;
+};
+
+}  // namespace ds
