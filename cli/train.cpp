@@ -111,7 +111,9 @@ int run_train(const TrainArgs& a) {
               << format_bytes(r.baseline_rss_bytes) << " of code and libraries + " << format_bytes(grown) << " for training, "
               << format_double(std::round(grown / predicted * 100) / 100) << "x the plan's " << format_bytes(predicted)
               << " (the plan leaves out allocator slack and library workspaces)"
-              << "\nds train: metrics in " << r.metrics_path << "\n";
+              << "\n";
+    const char* rank = std::getenv("RANK");
+    if (!rank || std::string(rank) == "0") std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
     if (r.interrupted && !r.last_checkpoint.empty())
       std::cerr << "ds train: continue with: ds train " << args.config << " --resume\n";
     return r.interrupted ? kExitInterrupted : kExitOk;
