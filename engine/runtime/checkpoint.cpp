@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "engine/runtime/hdf5_quiet.hpp"
 
 namespace ds {
 namespace fs = std::filesystem;
@@ -22,9 +23,6 @@ std::string step_name(int64_t step) {
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
 }
-
-// HDF5's own error printing is replaced by our messages.
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 [[noreturn]] void io_fail(const std::string& what, const std::string& path) {
   throw std::runtime_error("checkpoint I/O failed: " + what + " (" + path + ")");

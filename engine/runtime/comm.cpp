@@ -60,7 +60,7 @@ Communicator::Communicator(int rank, int world, std::chrono::milliseconds timeou
 
 Communicator::~Communicator() = default;
 
-void Communicator::all_reduce_sum(torch::Tensor& t) {
+void Communicator::all_reduce_sum(const torch::Tensor& t) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
   std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};

@@ -30,8 +30,8 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
 
-  // In place: every rank ends with the element-wise sum.
-  void all_reduce_sum(torch::Tensor& t);
+  // In place: every rank ends with the element-wise sum in `t`'s storage.
+  void all_reduce_sum(const torch::Tensor& t);
   void barrier();
   const std::map<std::string, CommStats>& stats() const { return stats_; }
 

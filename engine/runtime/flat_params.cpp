@@ -48,7 +48,7 @@ size_t FlatParams::bytes() const {
   size_t b = params.nbytes() + grads.nbytes();
   for (const torch::Tensor& t : {exp_avg, exp_avg_sq})
     if (t.defined()) b += t.nbytes();
-  if (compute.data_ptr() != params.data_ptr()) b += compute.nbytes() + compute_grads.nbytes();
+  if (widened()) b += compute.nbytes() + compute_grads.nbytes();
   if (master.data_ptr() != params.data_ptr()) b += master.nbytes();
   return b;
 }

@@ -31,6 +31,8 @@ struct FlatParams {
   static FlatParams allocate(const Plan& plan);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
   int64_t numel() const { return params.numel(); }
+  // True when the model computes in a wider copy of the stored weights (CPU fp16).
+  bool widened() const { return compute.data_ptr() != params.data_ptr(); }
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
   size_t bytes() const;  // everything allocated here
 };

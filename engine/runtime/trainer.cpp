@@ -47,10 +47,7 @@ torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T
   return torch::from_blob(const_cast<int32_t*>(v.data()), {B, T}, torch::kInt32).to(torch::kLong);
 }
 
-// A training step allocates and frees the same large tensors every step (logits, activations,
-// gradients). glibc hands blocks above 32 MiB back to the OS on free, so every step page-faults them
-// in again: measured here, a fresh 512x50257 bf16 matmul output costs 146 ms against 57 ms reused.
-// Serve large blocks from the heap and never trim it: RSS stays at the peak, which the plan predicts.
+// Resident memory now (/proc/self/statm), for the peak-RSS report's baseline.
 double resident_bytes() {
   long pages = 0, resident = 0;
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {
@@ -60,6 +57,10 @@ double resident_bytes() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
+// A training step allocates and frees the same large tensors every step (logits, activations,
+// gradients). glibc hands blocks above 32 MiB back to the OS on free, so every step page-faults them
+// in again: measured here, a fresh 512x50257 bf16 matmul output costs 146 ms against 57 ms reused.
+// Serve large blocks from the heap and never trim it: RSS stays at the peak, which the plan predicts.
 void keep_freed_memory() {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
@@ -185,7 +186,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   auto refresh_weights = [&] {
     torch::NoGradGuard ng;
     if (flat.master.data_ptr() != flat.params.data_ptr()) flat.params.copy_(flat.master);
-    if (flat.compute.data_ptr() != flat.params.data_ptr()) flat.compute.copy_(flat.params);
+    if (flat.widened()) flat.compute.copy_(flat.params);
   };
   refresh_weights();
   auto save = [&](int64_t step) {
@@ -207,16 +208,15 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
   const FlatOptimizer optimizer(o, plan.layout);
-  const bool bf16_grads = plan.precision.grad_dtype == Dtype::bf16;
-  const bool widened = flat.compute_grads.data_ptr() != flat.grads.data_ptr();
+  const bool widened = flat.widened();
   OptimizerBuffers ob;
   ob.master = flat.master.data_ptr<float>();
   ob.moment1 = FlatParams::data_or_null(flat.exp_avg);
   ob.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
   ob.params_bf16 = plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.params.data_ptr()) : nullptr;
-  // Under CPU fp16 the optimizer reads the fp16-rounded gradients widened back into compute_grads.
-  ob.grads = widened || !bf16_grads ? flat.compute_grads.data_ptr() : flat.grads.data_ptr();
-  ob.grads_bf16 = bf16_grads && !widened;
+  // compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened back.
+  ob.grads = flat.compute_grads.data_ptr();
+  ob.grads_bf16 = flat.compute_grads.scalar_type() == torch::kBFloat16;
 
   const double planned_state = plan.memory.device.params + plan.memory.device.grads + plan.memory.device.optimizer_states +
                                (widened ? plan.memory.device.buffers : 0.0);  // CPU fp16's working copies
@@ -261,8 +261,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     double loss = loss_sum / GAS;
     if (comm) {
       torch::NoGradGuard ng;
-      torch::Tensor grads = flat.compute_grads;
-      comm->all_reduce_sum(grads);
+      comm->all_reduce_sum(flat.compute_grads);
       // The mean loss and whether any rank was interrupted, agreed in one small collective, so every
       // rank stops after the same step.
       torch::Tensor agreed = torch::tensor({loss_sum, g_interrupted ? 1.0 : 0.0}, torch::kFloat64);

@@ -18,6 +18,7 @@
 #include "common/format.hpp"
 #include "common/hash.hpp"
 #include "engine/runtime/data/gpt2_tokenizer.hpp"
+#include "engine/runtime/hdf5_quiet.hpp"
 
 namespace ds {
 namespace {
@@ -118,7 +119,7 @@ double markov_entropy_nats() {
 }
 
 Hdf5TokenDataset::Hdf5TokenDataset(const std::string& path, const std::string& name) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors become UserErrors below, not HDF5's stack dumps
+  quiet_hdf5();  // failures become UserErrors below
   if (!std::ifstream(path))
     throw UserError("cannot read data file '" + path + "'", "check data.path (relative paths start at the working directory)");
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
