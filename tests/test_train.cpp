@@ -228,6 +228,17 @@ TEST(Checkpoints, KeepLastPrunesTheOldest) {
   EXPECT_EQ(l, "step_00000005");
 }
 
+TEST(Checkpoints, AShorterFreshRunInAFullDirectoryKeepsItsOwnCheckpoint) {
+  const std::string dir = fresh_dir("older");
+  train_in(dir, {"train.steps=5", "train.save_every=1", "train.keep_last=2"});  // leaves steps 4 and 5
+  train_in(dir, {"train.steps=2", "train.keep_last=2"});                         // a new, shorter run
+  std::ifstream latest(dir + "/checkpoints/latest");
+  std::string l;
+  latest >> l;
+  EXPECT_EQ(l, "step_00000002");
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000002/DONE"));
+}
+
 TEST(Checkpoints, ACheckpointOfAnotherModelIsRefusedNamingBothSizes) {
   const std::string dir = fresh_dir("other");
   const TrainResult r = train_in(dir, {"train.steps=1"});

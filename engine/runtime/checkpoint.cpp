@@ -180,9 +180,12 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   fs::rename(latest_tmp, root / "latest", ec);
   if (ec) io_fail("updating latest: " + ec.message(), (root / "latest").string());
 
+  // Prune the oldest beyond keep_last, never the one just written: a fresh run in a directory that
+  // holds later steps from an earlier run must not delete its own checkpoint (and leave `latest` dangling).
   if (keep_last > 0) {
     auto all = complete_checkpoints(root);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i)
+      if (all[i].second != final_dir) fs::remove_all(all[i].second, ec);
   }
   return {final_dir.string(), static_cast<uint64_t>(fs::file_size(final_dir / "state.h5"))};
 }
