@@ -167,6 +167,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
       o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what, 36) << pad(c.when, 16)
         << lpad(std::to_string(c.calls_per_step), 7) << lpad(format_bytes(c.payload_bytes_per_step), 13)
         << lpad(format_bytes(c.wire_bytes_per_rank_per_step), 13) << "\n";
+      if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";
       wire += c.wire_bytes_per_rank_per_step;
     }
     o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";

@@ -153,7 +153,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                     {"elements_per_step", c.elements_per_step},
                     {"dtype_bytes", c.dtype_bytes},
                     {"payload_bytes_per_step", bytes(c.payload_bytes_per_step)},
-                    {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)}});
+                    {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)},
+                    {"note", c.note}});
   j["collectives"] = coll;
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},
                  {"host_per_rank", categories(p.memory.host)},

@@ -11,48 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace {
+#include "cli_helpers.hpp"
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// One scratch directory per test process for captured output, removed when the process exits.
-struct ScratchDir {
-  std::string path = std::string(DS_BUILD_DIR) + "/cli_test_" + std::to_string(::getpid());
-  ScratchDir() { std::filesystem::create_directories(path); }
-  ~ScratchDir() { std::filesystem::remove_all(path); }
-};
-
-const std::string& scratch_dir() {
-  static const ScratchDir scratch;
-  return scratch.path;
-}
-
-// Runs `ds ARGS` from the source directory with the given environment prefix (e.g. "NO_COLOR=1").
-Result ds(const std::string& args, const std::string& env = "") {
-  const std::string& dir = scratch_dir();
-  const std::string cmd = "cd " DS_SOURCE_DIR " && env -u WORLD_SIZE -u RANK " + env + " " DS_BINARY " " + args + " >" + dir +
-                          "/out 2>" + dir + "/err </dev/null";
-  int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir + "/out");
-  r.err = slurp(dir + "/err");
-  return r;
-}
-
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
-
-}  // namespace
+using namespace cli_test;
 
 TEST(CliPlan, PrintsThePlanOnStdoutAndExitsZero) {
   Result r = ds("plan templates/zero2.json");
@@ -282,41 +243,3 @@ TEST(CliEstimateMemory, BadInputExitsTwoWithAClearMessage) {
   EXPECT_EQ(ds("estimate-memory --params 1e9").code, 2);
 }
 
-namespace {
-std::vector<double> losses_of(const std::string& metrics_path) {
-  std::vector<double> out;
-  std::ifstream f(metrics_path);
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-}  // namespace
-
-TEST(CliTrainRanks, TwoLocalRanksTrainTheSameRunAsOneRankWithTheSameGlobalBatch) {
-  // One rank: 2 micro batches of 16 per step; two ranks: one each. The sampler hands both the same 32
-  // samples per step, so fp32 losses agree to summation order.
-  const std::string one = scratch_dir() + "/dp1", two = scratch_dir() + "/dp2";
-  const std::string common = "train examples/quickstart.json bf16.enabled=false train.steps=12 train.eval_every=0 ";
-  Result r1 = ds(common + "gradient_accumulation_steps=2 train.output_dir=" + one);
-  ASSERT_EQ(r1.code, 0) << r1.err;
-  Result r2 = ds(common + "--nproc-per-node 2 train.output_dir=" + two);
-  ASSERT_EQ(r2.code, 0) << r2.err;
-  EXPECT_TRUE(contains(r2.err, "starting 2 ranks")) << r2.err;
-  const auto a = losses_of(one + "/metrics.jsonl"), b = losses_of(two + "/metrics.jsonl");
-  ASSERT_EQ(a.size(), 12u);
-  ASSERT_EQ(b.size(), 12u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
-  EXPECT_TRUE(contains(slurp(two + "/logs/rank_1.log"), "done: 12 of 12 steps"));
-}
-
-TEST(CliTrainRanks, WhenOneRankDiesEveryRankExitsAndTheLauncherNamesIt) {
-  // Rank 1 is killed a few seconds into a long run; rank 0 would wait for it at the next all-reduce.
-  const std::string dir = scratch_dir() + "/dpkill";
-  std::system("(sleep 4; for p in $(pgrep -f 'dpkill'); do tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
-              "grep -qx RANK=1 && kill -9 $p; done) >/dev/null 2>&1 &");
-  const auto t0 = std::chrono::steady_clock::now();
-  Result r = ds("train examples/quickstart.json train.steps=100000 train.comm_timeout_s=20 --nproc-per-node 2 train.output_dir=" + dir);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NE(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "rank 1 of 2 was killed by signal")) << r.err;
-  EXPECT_LT(seconds, 60) << "the launcher waited on a dead rank";
-}

@@ -120,7 +120,7 @@ TEST(FlatOptimizer, LambTakesOneTrustRatioPerParameterTensor) {
   b.grads = g.data();
   OptimizerStepInputs in;
   in.lr = 0.01;
-  FlatOptimizer(o, layout).step(b, in);
+  FlatOptimizer(o, layout, 0).step(b, in);
   // u is the same everywhere, so ratio * u = ||w|| / ||u|| * u = w: each tensor moves by lr times its
   // own weights (1 and 0.1), which one ratio for the whole buffer could not do.
   EXPECT_NEAR(1.f - w[0], 0.01f * 1.0f, 1e-6);

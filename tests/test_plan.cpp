@@ -162,14 +162,36 @@ TEST(PlanCompiler, AdamWithoutAdamWModeIsL2Decay) {
 
 TEST(PlanCompiler, CollectivesMatchTheStage) {
   EXPECT_TRUE(plan_of(kGpt2, 1).collectives.empty());
-  Plan p2 = plan_of(kGpt2, 4, {"zero_optimization.stage=2"});
-  ASSERT_EQ(p2.collectives.size(), 2u);
-  EXPECT_EQ(p2.collectives[0].op, CollectiveOp::reduce_scatter);
-  EXPECT_EQ(p2.collectives[0].elements_per_step, p2.layout.padded_numel * 2);  // every micro step, GAS = 2
-  EXPECT_DOUBLE_EQ(p2.collectives[0].wire_bytes_per_rank_per_step, p2.collectives[0].payload_bytes_per_step * 3 / 4);
-  Plan p0 = plan_of(kGpt2, 4, {"zero_optimization.stage=0"});
-  ASSERT_EQ(p0.collectives.size(), 1u);
-  EXPECT_DOUBLE_EQ(p0.collectives[0].wire_bytes_per_rank_per_step, p0.collectives[0].payload_bytes_per_step * 2 * 3 / 4);
+  auto find = [](const Plan& p, const std::string& what) {
+    const auto it = std::find_if(p.collectives.begin(), p.collectives.end(), [&](const Collective& c) { return c.what == what; });
+    EXPECT_NE(it, p.collectives.end()) << what;
+    return it == p.collectives.end() ? Collective{} : *it;
+  };
+  // CUDA ranks (NCCL): stage 2 reduce-scatters every micro step's gradients in bf16.
+  const double gpu = 80.0 * (1 << 30);
+  Plan p2 = plan_of(kGpt2, 4, {"zero_optimization.stage=2"}, gpu);
+  ASSERT_EQ(p2.collectives.size(), 3u);  // the small control all-reduce, gradients, updated parameters
+  const Collective g2 = find(p2, "gradients");
+  EXPECT_EQ(g2.op, CollectiveOp::reduce_scatter);
+  EXPECT_EQ(g2.dtype_bytes, 2);
+  EXPECT_EQ(g2.elements_per_step, p2.layout.numel * 2);  // every micro step, GAS = 2
+  EXPECT_DOUBLE_EQ(g2.wire_bytes_per_rank_per_step, g2.payload_bytes_per_step * 3 / 4);
+  EXPECT_EQ(find(p2, "updated parameters").elements_per_step, p2.layout.padded_numel);
+  // CPU ranks (Gloo): no reduce-scatter and no bf16 reduction, said in a note.
+  const Collective c2 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=2"}), "gradients");
+  EXPECT_EQ(c2.op, CollectiveOp::all_reduce);
+  EXPECT_EQ(c2.dtype_bytes, 4);
+  EXPECT_FALSE(c2.note.empty());
+  EXPECT_DOUBLE_EQ(c2.wire_bytes_per_rank_per_step, c2.payload_bytes_per_step * 2 * 3 / 4);
+  const Collective g0 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=0"}, gpu), "gradients");
+  EXPECT_DOUBLE_EQ(g0.wire_bytes_per_rank_per_step, g0.payload_bytes_per_step * 2 * 3 / 4);
+  // Stage 3: the blocks are gathered again for backward, the parameters outside them are not.
+  Plan p3 = plan_of(kGpt2, 4, {"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"}, gpu);
+  const Collective fwd = find(p3, "parameters (forward)"), bwd = find(p3, "parameters (backward)");
+  EXPECT_EQ(fwd.elements_per_step, p3.layout.padded_numel * 2);
+  EXPECT_EQ(fwd.calls_per_step, (p3.model.hp.num_layers + 1) * 2);
+  EXPECT_EQ(bwd.calls_per_step, p3.model.hp.num_layers * 2);
+  EXPECT_LT(bwd.elements_per_step, fwd.elements_per_step);
 }
 
 TEST(PlanJson, ParsesAndCarriesTheSchemaVersion) {

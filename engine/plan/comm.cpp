@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/error.hpp"
+
 namespace ds {
 
 const char* collective_op_name(CollectiveOp op) {
@@ -13,17 +15,21 @@ const char* collective_op_name(CollectiveOp op) {
   return "?";
 }
 
+int64_t allgather_piece(const FlatLayout& L, int64_t bucket) {
+  const int64_t calls = std::max<int64_t>(1, calls_for(L.padded_numel, bucket));
+  return std::max<int64_t>(1, (L.shard_numel + calls - 1) / calls);
+}
+
 namespace {
 
-Collective make(std::string what, CollectiveOp op, int64_t times_per_step, int64_t elements, int64_t bucket,
-                int bytes, int world, const char* when) {
+Collective make(std::string what, CollectiveOp op, const char* when, int64_t times, int64_t calls, int64_t elements,
+                int bytes, int world) {
   Collective c;
   c.what = std::move(what);
   c.op = op;
   c.when = when;
-  const int64_t calls = (elements + std::max<int64_t>(bucket, 1) - 1) / std::max<int64_t>(bucket, 1);
-  c.calls_per_step = calls * times_per_step;
-  c.elements_per_step = elements * times_per_step;
+  c.calls_per_step = calls * times;
+  c.elements_per_step = elements * times;
   c.dtype_bytes = bytes;
   c.payload_bytes_per_step = static_cast<double>(c.elements_per_step) * bytes;
   const double share = static_cast<double>(world - 1) / world;
@@ -34,32 +40,81 @@ Collective make(std::string what, CollectiveOp op, int64_t times_per_step, int64
 }  // namespace
 
 std::vector<Collective> plan_collectives(const CommInputs& in) {
+  DS_CHECK(in.layout != nullptr);
+  const FlatLayout& L = *in.layout;
   std::vector<Collective> out;
-  const int W = in.world_size;
+  const int W = L.world_size;
   if (W <= 1) return out;
-  const int gb = dtype_bytes(in.comm_dtype), pb = dtype_bytes(in.param_dtype);
-  const CollectiveOp grad_op = in.reduce_scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
-  switch (in.stage) {
-    case 0:  // plain data parallel: accumulate locally, all-reduce once per step
-      out.push_back(make("gradients", CollectiveOp::all_reduce, 1, in.numel, in.reduce_bucket_size, gb, W, "per step"));
+  const int pb = dtype_bytes(in.param_dtype);
+  // Gloo reduces 16-bit floats through an fp32 copy.
+  const int gb = in.gloo ? std::max(4, dtype_bytes(in.comm_dtype)) : dtype_bytes(in.comm_dtype);
+  const bool scatter = in.reduce_scatter && !in.gloo;
+  const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
+  const char* grad_note = scatter ? "" : in.gloo ? "as all_reduce: Gloo has no reduce_scatter; each rank keeps its part"
+                                                 : "as all_reduce: zero_optimization.reduce_scatter is false";
+  const auto groups = parameter_groups(L);
+
+  out.push_back(make(kControlCollective, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
+  auto gather_updated = [&] {
+    const int64_t piece = allgather_piece(L, in.allgather_bucket_size);
+    out.push_back(make("updated parameters", CollectiveOp::all_gather, "per step", 1, calls_for(L.shard_numel, piece),
+                       L.shard_numel * W, pb, W));
+  };
+  // Stages 2-3: every group's gradients as backward finishes it, in reduce-bucket pieces.
+  auto grads_per_group = [&] {
+    int64_t calls = 0;
+    for (const auto& g : groups) calls += calls_for(g.numel, in.reduce_bucket_size);
+    Collective c = make("gradients", grad_op, "per micro step", in.grad_accum, calls, L.numel, gb, W);
+    c.note = grad_note;
+    out.push_back(c);
+  };
+  switch (L.stage) {
+    case 0: {  // accumulate locally, all-reduce once per step
+      Collective c = make("gradients", CollectiveOp::all_reduce, "per step", 1, calls_for(L.numel, in.reduce_bucket_size),
+                          L.numel, gb, W);
+      out.push_back(c);
       break;
-    case 1:  // accumulate locally, reduce into the owner's partition, gather updated parameters
-      out.push_back(make("gradients", grad_op, 1, in.numel, in.reduce_bucket_size, gb, W, "per step"));
-      out.push_back(make("updated parameters", CollectiveOp::all_gather, 1, in.numel, in.allgather_bucket_size, pb, W, "per step"));
+    }
+    case 1: {  // accumulate locally, reduce into the owners' partitions, gather the updated parameters
+      Collective c = make("gradients", grad_op, "per step", 1, calls_for(L.padded_numel, in.reduce_bucket_size),
+                          L.padded_numel, gb, W);
+      c.note = grad_note;
+      out.push_back(c);
+      gather_updated();
       break;
-    case 2:  // reduce every micro step's gradients into the partition as backward produces them
-      out.push_back(make("gradients", grad_op, in.grad_accum, in.numel, in.reduce_bucket_size, gb, W, "per micro step"));
-      out.push_back(make("updated parameters", CollectiveOp::all_gather, 1, in.numel, in.allgather_bucket_size, pb, W, "per step"));
+    }
+    case 2:
+      grads_per_group();
+      gather_updated();
       break;
-    case 3: {  // gather each block for forward and again for backward; reduce-scatter its gradients
-      const int64_t block = in.model ? std::max<int64_t>(in.model->largest_block_params, 1) : 1;
-      const int64_t partitioned = in.numel - in.persistent_numel;
-      out.push_back(make("parameters (forward)", CollectiveOp::all_gather, in.grad_accum, partitioned, block, pb, W, "per micro step"));
-      out.push_back(make("parameters (backward)", CollectiveOp::all_gather, in.grad_accum, partitioned, block, pb, W, "per micro step"));
-      out.push_back(make("gradients", CollectiveOp::reduce_scatter, in.grad_accum, partitioned, block, gb, W, "per micro step"));
-      if (in.persistent_numel > 0)
-        out.push_back(make("gradients of persistent parameters", CollectiveOp::all_reduce, in.grad_accum,
-                           in.persistent_numel, in.reduce_bucket_size, gb, W, "per micro step"));
+    case 3: {
+      // Each group's partitioned parameters are gathered before its forward; the blocks again before
+      // their backward (the parameters outside the blocks stay gathered through the micro step).
+      int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, whole = 0;
+      for (const auto& g : groups) {
+        int64_t n = 0;
+        for (int i : g.params) {
+          const ParamSlot& p = L.params[static_cast<size_t>(i)];
+          if (stays_whole(p, in.persistence_threshold))
+            whole += p.partition_numel;
+          else
+            n += p.partition_numel;
+        }
+        if (n == 0) continue;
+        ++fwd_calls;
+        fwd_elements += n * W;
+        if (g.layer >= 0) {
+          ++bwd_calls;
+          bwd_elements += n * W;
+        }
+      }
+      out.push_back(make("parameters (forward)", CollectiveOp::all_gather, "per micro step", in.grad_accum, fwd_calls,
+                         fwd_elements, pb, W));
+      out.push_back(make("parameters (backward)", CollectiveOp::all_gather, "per micro step", in.grad_accum, bwd_calls,
+                         bwd_elements, pb, W));
+      grads_per_group();
+      if (whole > 0)
+        out.push_back(make("parameters kept whole", CollectiveOp::all_gather, "per step", 1, 1, whole * W, pb, W));
       break;
     }
   }

@@ -1,11 +1,15 @@
-// ds — the collectives one optimizer step issues, with their sizes. Wire bytes per rank assume ring
-// algorithms: all-reduce moves 2(W-1)/W of the payload, reduce-scatter and all-gather (W-1)/W.
+// ds — the collectives one optimizer step issues, with their sizes: exactly the calls the runtime
+// makes (engine/runtime/zero.cpp), so `ds train` can report bytes sent beside this prediction.
+// Wire bytes per rank assume ring algorithms: all-reduce moves 2(W-1)/W of the payload, reduce-scatter
+// and all-gather (W-1)/W. Gloo (CPU ranks) has no reduce-scatter in LibTorch 1.13 and cannot reduce
+// 16-bit floats: there gradients are all-reduced in fp32 and each rank keeps its part.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/plan/layout.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "schema/config.hpp"
 
@@ -15,29 +19,40 @@ enum class CollectiveOp { all_reduce, reduce_scatter, all_gather };
 const char* collective_op_name(CollectiveOp op);
 
 struct Collective {
-  std::string what;            // "gradients", "parameters (forward)", ...
+  std::string what;            // "gradients", "parameters (forward)", ...: the runtime counts under this name
   CollectiveOp op = CollectiveOp::all_reduce;
   std::string when;            // "per step" | "per micro step"
   int64_t calls_per_step = 0;  // bucketed calls
-  int64_t elements_per_step = 0;
+  int64_t elements_per_step = 0;  // all-gather: the gathered (output) elements
   int dtype_bytes = 0;
   double payload_bytes_per_step = 0;
   double wire_bytes_per_rank_per_step = 0;
+  std::string note;            // e.g. why a reduce-scatter runs as an all-reduce
 };
 
 struct CommInputs {
-  const ModelSpec* model = nullptr;
-  int stage = 0;
-  int world_size = 1;
+  const FlatLayout* layout = nullptr;
   int64_t grad_accum = 1;
-  int64_t numel = 0;             // padded flat size (stages 0-2) or sum of partitions x W (stage 3)
-  int64_t persistent_numel = 0;  // stage 3: elements kept whole (their gradients are all-reduced)
+  int64_t persistence_threshold = 0;  // stage 3: parameters below it stay whole
   Dtype param_dtype = Dtype::fp32, comm_dtype = Dtype::fp32;
   int64_t reduce_bucket_size = 1, allgather_bucket_size = 1;
-  bool reduce_scatter = true;
+  bool reduce_scatter = true;  // zero_optimization.reduce_scatter
+  bool gloo = true;            // CPU ranks: no reduce-scatter, no 16-bit reductions
 };
 
 // Empty for a single rank: nothing crosses a wire.
 std::vector<Collective> plan_collectives(const CommInputs& in);
+
+// The names the runtime and the plan share.
+inline constexpr const char* kControlCollective = "loss, norm and stop flag";
+
+// Stages 1-2: the updated parameters are gathered in pieces of this many elements per rank, so one
+// call moves about allgather_bucket_size elements in all.
+int64_t allgather_piece(const FlatLayout& layout, int64_t allgather_bucket_size);
+// Elements per reduction call: a group's gradients go in pieces of at most the reduce bucket.
+inline int64_t calls_for(int64_t elements, int64_t bucket) {
+  const int64_t b = bucket > 0 ? bucket : 1;
+  return (elements + b - 1) / b;
+}
 
 }  // namespace ds

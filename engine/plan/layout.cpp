@@ -20,6 +20,7 @@ FlatLayout build_layout(const ModelSpec& model, int stage, int world_size) {
     p.numel = t.numel;
     p.offset = offset;
     p.weight_decay = t.weight_decay;
+    p.layer = t.layer;
     if (stage == 3) {
       p.partition_numel = (t.numel + world_size - 1) / world_size;
       p.partition_offset = partition_offset;
@@ -59,6 +60,51 @@ ShardRange stage3_owned(const ParamSlot& p, int rank) {
   s.end = std::min(p.numel, (rank + 1) * p.partition_numel);
   s.real = s.end - s.begin;
   return s;
+}
+
+std::vector<OwnedSegment> owned_segments(const FlatLayout& L, int rank) {
+  std::vector<OwnedSegment> out;
+  const bool whole = L.stage == 0 || L.world_size == 1;
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    const ParamSlot& p = L.params[i];
+    OwnedSegment s;
+    s.param = static_cast<int>(i);
+    if (whole) {
+      s.global = s.local = p.offset;
+      s.numel = p.numel;
+    } else if (L.stage == 3) {
+      const ShardRange own = stage3_owned(p, rank);
+      s.global = p.offset + own.begin;
+      s.local = p.partition_offset;
+      s.numel = own.real;
+    } else {
+      const ShardRange& r = L.shards[static_cast<size_t>(rank)];
+      const int64_t b = std::max(p.offset, r.begin), e = std::min(p.offset + p.numel, r.end);
+      s.global = b;
+      s.local = b - r.begin;
+      s.numel = e - b;
+    }
+    if (s.numel > 0) out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<ParamGroup> parameter_groups(const FlatLayout& L) {
+  std::vector<ParamGroup> blocks;
+  ParamGroup outer;
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    const ParamSlot& p = L.params[i];
+    ParamGroup* g = &outer;
+    if (p.layer >= 0) {
+      if (static_cast<size_t>(p.layer) >= blocks.size()) blocks.resize(static_cast<size_t>(p.layer) + 1);
+      g = &blocks[static_cast<size_t>(p.layer)];
+      g->layer = p.layer;
+    }
+    g->params.push_back(static_cast<int>(i));
+    g->numel += p.numel;
+  }
+  if (!outer.params.empty()) blocks.push_back(std::move(outer));
+  return blocks;
 }
 
 }  // namespace ds

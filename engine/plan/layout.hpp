@@ -24,6 +24,7 @@ struct ParamSlot {
   int64_t partition_numel = 0;   // stage 3: ceil(numel / W) elements per rank (incl. padding); else 0
   int64_t partition_offset = 0;  // stage 3: where this parameter's partition starts in a rank's buffer
   bool weight_decay = false;
+  int layer = -1;                // transformer block, -1 outside the blocks
 };
 
 struct ShardRange {
@@ -47,5 +48,29 @@ FlatLayout build_layout(const ModelSpec& model, int stage, int world_size);
 
 // Stage 3: the elements [begin, end) of parameter `p` that rank `r` owns for real (padding excluded).
 ShardRange stage3_owned(const ParamSlot& p, int rank);
+
+// A run of real elements a rank owns: `numel` elements of parameter `param` starting at `global` in
+// the unpadded flat order, stored at `local` in the rank's optimizer buffers (master, moments). The
+// optimizer steps these, checkpoints store them, and a resume at another world size maps them back.
+struct OwnedSegment {
+  int param = 0;
+  int64_t global = 0, local = 0, numel = 0;
+};
+// What rank `rank` owns, in local order; stage 0 (and one rank) owns every parameter whole.
+std::vector<OwnedSegment> owned_segments(const FlatLayout& layout, int rank);
+
+// ZeRO's units of work at stages 2 and 3: one group per transformer block, in order, then one for
+// the parameters outside the blocks (embeddings, final norm, an untied head). Gradients are reduced
+// per group as backward finishes it; stage 3 gathers a group's parameters before it runs.
+struct ParamGroup {
+  int layer = -1;           // the block, or -1 for the parameters outside the blocks
+  std::vector<int> params;  // indices into FlatLayout::params, in layout order
+  int64_t numel = 0;
+};
+std::vector<ParamGroup> parameter_groups(const FlatLayout& layout);
+
+// Stage 3: parameters smaller than the threshold are kept whole on every rank (DeepSpeed's
+// stage3_param_persistence_threshold); their optimizer state is partitioned like the rest.
+inline bool stays_whole(const ParamSlot& p, int64_t persistence_threshold) { return p.numel < persistence_threshold; }
 
 }  // namespace ds

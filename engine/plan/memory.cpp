@@ -24,11 +24,12 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   if (in.stage < 3) {
     e.device.params = P * bp;
   } else {
-    double persistent_extra = 0;
+    // The partition, plus a whole copy of each parameter kept whole (its optimizer state stays in the partition).
+    double whole = 0;
     for (const auto& p : layout.params)
-      if (p.numel < in.param_persistence_threshold) {
+      if (stays_whole(p, in.param_persistence_threshold)) {
         e.persistent_numel += p.numel;
-        persistent_extra += static_cast<double>(p.numel - p.partition_numel);
+        whole += static_cast<double>(p.numel);
       }
     const double partition = S * bp;
     switch (in.offload_param.device) {
@@ -39,7 +40,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
         e.host.buffers += static_cast<double>(in.offload_param.buffer_count) * in.offload_param.buffer_size * bp;
         break;
     }
-    e.device.params += persistent_extra * bp;
+    e.device.params += whole * bp;
   }
 
   // A compute dtype wider than the stored one (fp16 on the CPU, which has no fp16 kernels): the model
@@ -75,25 +76,46 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const double block = m.block_activation_bytes_per_token(in.seq_len, static_cast<int>(bc));
   const double head = m.head_activation_bytes_per_token(static_cast<int>(bc));
   const double L = static_cast<double>(m.hp.num_layers);
-  if (in.activation_checkpointing)
+  // Stage 3 releases a block's gathered parameters after its forward, so ds recomputes the block in
+  // backward: its activations are those of activation checkpointing.
+  if (in.activation_checkpointing || in.stage == 3)
     e.device.activations = tokens * (L * m.hp.hidden_size * bc + block + head);  // block inputs + one block recomputed
   else
     e.device.activations = tokens * (L * block + head);
 
-  // Buffers: gradient reduction and parameter gathering.
-  const double reduce_bucket = std::min<double>(static_cast<double>(in.reduce_bucket_size), P) * bcomm;
-  if (in.stage < 3) {
-    if (multi) e.device.buffers += reduce_bucket * (in.overlap_comm ? 2 : 1);
-    if (multi && in.stage >= 1) e.device.buffers += std::min<double>(static_cast<double>(in.allgather_bucket_size), P) * bp;
-  } else {
-    // One block gathered for use plus the next one prefetched, capped by max_live_parameters,
-    // and one block's full gradients before they are reduce-scattered.
-    const double block_params = static_cast<double>(m.largest_block_params);
-    const double live = std::min<double>(static_cast<double>(in.max_live_parameters),
-                                         block_params + std::min<double>(static_cast<double>(in.prefetch_bucket_size), P));
-    const double largest = std::max<double>(block_params, static_cast<double>(m.largest_module_params));
-    e.device.buffers += std::max(live, largest) * bp + largest * bg;
-    e.device.buffers += std::min(reduce_bucket, largest * bcomm);
+  // Buffers: what the runtime holds to reduce gradients and gather parameters (engine/runtime/zero.cpp).
+  // Stage 3 gathers into them even on one rank when the parameters are offloaded.
+  if (multi || in.stage == 3) {
+    // Gloo reduces 16-bit gradients through an fp32 copy of the piece in flight.
+    const double reduce_piece_bytes = bcomm < 4 ? 4.0 : 0.0;
+    if (in.stage <= 1) {
+      e.device.buffers += std::min<double>(static_cast<double>(in.reduce_bucket_size), P) * reduce_piece_bytes;
+      if (in.stage == 1) e.device.buffers += 2.0 * std::min<double>(static_cast<double>(in.allgather_bucket_size), P) * bp;
+    } else {
+      // Gradients land in one block's buffer (or the outer parameters') and are reduced as backward
+      // finishes each; stage 3 also gathers the parameters outside the blocks for the micro step and
+      // two blocks at a time (the next one prefetched).
+      double block = 0, outer = 0, block_gathered = 0, outer_gathered = 0;
+      for (const auto& g : parameter_groups(layout)) {
+        double gathered = 0;
+        for (int i : g.params)
+          if (!stays_whole(layout.params[static_cast<size_t>(i)], in.param_persistence_threshold))
+            gathered += static_cast<double>(layout.params[static_cast<size_t>(i)].numel);
+        if (g.layer >= 0) {
+          block = std::max(block, static_cast<double>(g.numel));
+          block_gathered = std::max(block_gathered, gathered);
+        } else {
+          outer = static_cast<double>(g.numel);
+          outer_gathered = gathered;
+        }
+      }
+      const double largest = std::max(block, outer);
+      e.device.buffers += (block + outer) * bg + std::min<double>(static_cast<double>(in.reduce_bucket_size), largest) * reduce_piece_bytes;
+      if (in.stage == 2)
+        e.device.buffers += 2.0 * std::min<double>(static_cast<double>(in.allgather_bucket_size), P) * bp;
+      else
+        e.device.buffers += (outer_gathered + 2.0 * block_gathered) * bc + 2.0 * std::max(outer_gathered, block_gathered) * bp;
+    }
   }
   return e;
 }

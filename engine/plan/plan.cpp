@@ -301,17 +301,15 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   plan.memory = estimate_memory(memory_inputs_for(plan));
 
   CommInputs ci;
-  ci.model = &plan.model;
-  ci.stage = z.stage;
-  ci.world_size = topo.world_size;
+  ci.layout = &plan.layout;
   ci.grad_accum = plan.batch.grad_accum;
-  ci.numel = plan.layout.padded_numel;
-  ci.persistent_numel = plan.memory.persistent_numel;
+  ci.persistence_threshold = z.param_persistence_threshold;
   ci.param_dtype = plan.precision.param_dtype;
   ci.comm_dtype = plan.precision.comm_dtype;
   ci.reduce_bucket_size = z.reduce_bucket_size;
   ci.allgather_bucket_size = z.allgather_bucket_size;
   ci.reduce_scatter = z.reduce_scatter;
+  ci.gloo = topo.device == DeviceKind::cpu;
   plan.collectives = plan_collectives(ci);
 
   auto where = [&](OffloadDevice d, const char* dflt) -> std::string {

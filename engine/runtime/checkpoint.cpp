@@ -71,21 +71,68 @@ void write_floats(hid_t loc, const char* name, const float* data, int64_t n, con
   H5Sclose(space);
 }
 
-void read_floats(hid_t loc, const char* name, float* data, int64_t n, const std::string& path) {
-  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
-  if (d < 0) throw UserError("'" + path + "' has no dataset '" + name + "': not a ds checkpoint", "");
+void write_segments(hid_t loc, const std::vector<OwnedSegment>& segs, const std::string& path) {
+  std::vector<int64_t> flat;
+  for (const auto& g : segs) flat.insert(flat.end(), {g.global, g.local, g.numel});
+  hsize_t dims[2] = {static_cast<hsize_t>(segs.size()), 3};
+  hid_t space = H5Screate_simple(2, dims, nullptr);
+  hid_t d = H5Dcreate2(loc, "segments", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (d < 0 || (!flat.empty() && H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data()) < 0))
+    io_fail("writing segments", path);
+  H5Dclose(d);
+  H5Sclose(space);
+}
+
+// A file's segments: [global, local, numel] rows.
+std::vector<OwnedSegment> read_segments(hid_t loc, const std::string& path) {
+  hid_t d = H5Dopen2(loc, "segments", H5P_DEFAULT);
+  if (d < 0) throw UserError("'" + path + "' has no dataset 'segments': not a ds checkpoint shard", "");
   hid_t space = H5Dget_space(d);
-  hsize_t dims[1] = {0};
+  hsize_t dims[2] = {0, 0};
   H5Sget_simple_extent_dims(space, dims, nullptr);
   H5Sclose(space);
-  if (static_cast<int64_t>(dims[0]) != n) {
-    H5Dclose(d);
-    throw UserError("'" + path + "' holds " + format_count(static_cast<int64_t>(dims[0])) + " parameters in '" + name +
-                        "', but this plan has " + format_count(n),
-                    "resume with the model the checkpoint was trained with (its plan_json says which)");
-  }
-  if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) io_fail(std::string("reading ") + name, path);
+  std::vector<int64_t> flat(dims[0] * 3);
+  if (!flat.empty() && H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, flat.data()) < 0) io_fail("reading segments", path);
   H5Dclose(d);
+  std::vector<OwnedSegment> out(dims[0]);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].global = flat[3 * i];
+    out[i].local = flat[3 * i + 1];
+    out[i].numel = flat[3 * i + 2];
+  }
+  return out;
+}
+
+// Elements [at, at + n) of a 1-D fp32 dataset into `data`.
+void read_float_range(hid_t loc, const char* name, int64_t at, int64_t n, float* data, const std::string& path) {
+  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+  if (d < 0)
+    throw UserError("'" + path + "' has no dataset '" + name + "'",
+                    "the checkpoint was written with another optimizer; resume with the one it was trained with");
+  hid_t space = H5Dget_space(d);
+  hsize_t start[1] = {static_cast<hsize_t>(at)}, count[1] = {static_cast<hsize_t>(n)};
+  hid_t mem = H5Screate_simple(1, count, nullptr);
+  const bool ok = H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0 &&
+                  H5Dread(d, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, data) >= 0;
+  H5Sclose(mem);
+  H5Sclose(space);
+  H5Dclose(d);
+  if (!ok) io_fail(std::string("reading ") + name, path);
+}
+
+void write_shard(hid_t f, const CheckpointBuffers& b, const std::string& path) {
+  write_segments(f, b.segments, path);
+  write_floats(f, "master", b.master, b.numel, path);
+  hid_t g = H5Gcreate2(f, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (b.exp_avg) write_floats(g, "exp_avg", b.exp_avg, b.numel, path);
+  if (b.exp_avg_sq) write_floats(g, "exp_avg_sq", b.exp_avg_sq, b.numel, path);
+  H5Gclose(g);
+}
+
+std::string shard_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "shard_%05d.h5", rank);
+  return buf;
 }
 
 void write_string(hid_t loc, const char* name, const std::string& s, const std::string& path) {
@@ -138,38 +185,50 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& c
 }  // namespace
 
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScalars& sc, const CheckpointBuffers& b,
-                                const std::string& plan_json, const std::string& config_json, int64_t keep_last) {
+                                const std::string& plan_json, const std::string& config_json, int64_t keep_last,
+                                const CheckpointWriter& w) {
   quiet_hdf5();
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const std::string name = step_name(sc.step);
   const fs::path partial = root / ("." + name + ".partial"), final_dir = root / name;
+  const bool lead = w.rank == 0;
+  auto barrier = [&] {
+    if (w.barrier) w.barrier();
+  };
   std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(partial, ec);
-  if (!fs::create_directories(partial, ec)) io_fail("creating the directory", partial.string());
-  const fs::path file = partial / "state.h5";
+  if (lead) {
+    fs::create_directories(root, ec);
+    fs::remove_all(partial, ec);
+    if (!fs::create_directories(partial, ec)) io_fail("creating the directory", partial.string());
+  }
+  barrier();  // the directory exists before any rank writes into it
+  const fs::path file = partial / (lead ? std::string("state.h5") : shard_name(w.rank));
   hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) io_fail("creating the file", file.string());
-  write_attr<int64_t>(f, "format_version", int64_t{kCheckpointFormatVersion}, file.string());
-  write_attr<int64_t>(f, "step", sc.step, file.string());
-  write_attr<int64_t>(f, "applied_steps", sc.applied_steps, file.string());
-  write_attr<int64_t>(f, "skipped_steps", sc.skipped_steps, file.string());
-  write_attr<int64_t>(f, "seed", static_cast<int64_t>(sc.seed), file.string());
-  write_attr<double>(f, "loss_scale", sc.loss_scaler.scale, file.string());
-  write_attr<int64_t>(f, "loss_scale_iteration", sc.loss_scaler.iteration, file.string());
-  write_attr<int64_t>(f, "loss_scale_last_overflow", sc.loss_scaler.last_overflow_iteration, file.string());
-  write_attr<int64_t>(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
-  write_floats(f, "master", b.master, b.numel, file.string());
-  hid_t g = H5Gcreate2(f, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (b.exp_avg) write_floats(g, "exp_avg", b.exp_avg, b.numel, file.string());
-  if (b.exp_avg_sq) write_floats(g, "exp_avg_sq", b.exp_avg_sq, b.numel, file.string());
-  H5Gclose(g);
-  write_string(f, "plan_json", plan_json, file.string());
-  write_string(f, "config_json", config_json, file.string());
+  if (lead) {
+    write_attr<int64_t>(f, "format_version", int64_t{kCheckpointFormatVersion}, file.string());
+    write_attr<int64_t>(f, "step", sc.step, file.string());
+    write_attr<int64_t>(f, "applied_steps", sc.applied_steps, file.string());
+    write_attr<int64_t>(f, "skipped_steps", sc.skipped_steps, file.string());
+    write_attr<int64_t>(f, "seed", static_cast<int64_t>(sc.seed), file.string());
+    write_attr<int64_t>(f, "world_size", int64_t{w.world_size}, file.string());
+    write_attr<int64_t>(f, "model_numel", b.model_numel, file.string());
+    write_attr<double>(f, "loss_scale", sc.loss_scaler.scale, file.string());
+    write_attr<int64_t>(f, "loss_scale_iteration", sc.loss_scaler.iteration, file.string());
+    write_attr<int64_t>(f, "loss_scale_last_overflow", sc.loss_scaler.last_overflow_iteration, file.string());
+    write_attr<int64_t>(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
+    write_string(f, "plan_json", plan_json, file.string());
+    write_string(f, "config_json", config_json, file.string());
+  }
+  write_shard(f, b, file.string());
   if (H5Fclose(f) < 0) io_fail("closing the file (is the disk full?)", file.string());
   fsync_path(file);
-  std::ofstream(partial / "DONE") << "step " << sc.step << "\n";
+  barrier();  // every shard is on disk before the checkpoint is marked complete
+  if (!lead) return {final_dir.string(), 0};
+  std::ofstream(partial / "DONE") << "step " << sc.step << ", " << w.world_size << (w.world_size == 1 ? " rank" : " ranks") << "\n";
   fsync_path(partial / "DONE");
+  uint64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(partial)) bytes += static_cast<uint64_t>(fs::file_size(e.path()));
   if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // re-saving a step, e.g. after a resume
   fs::rename(partial, final_dir, ec);
   if (ec) io_fail("renaming into place: " + ec.message(), final_dir.string());
@@ -187,7 +246,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i)
       if (all[i].second != final_dir) fs::remove_all(all[i].second, ec);
   }
-  return {final_dir.string(), static_cast<uint64_t>(fs::file_size(final_dir / "state.h5"))};
+  return {final_dir.string(), bytes};
 }
 
 std::string find_latest_checkpoint(const std::string& run_dir) {
@@ -212,16 +271,47 @@ std::string resolve_checkpoint_path(const std::string& path) {
                   "directories without a DONE marker are incomplete and never resumed from");
 }
 
+namespace {
+// Copies every element of the caller's segments that `file`'s segments hold; returns how many.
+int64_t read_overlaps(hid_t f, const std::vector<OwnedSegment>& theirs, const CheckpointBuffers& b, const std::string& path) {
+  int64_t filled = 0;
+  for (const OwnedSegment& mine : b.segments)
+    for (const OwnedSegment& t : theirs) {
+      const int64_t lo = std::max(mine.global, t.global), hi = std::min(mine.global + mine.numel, t.global + t.numel);
+      if (lo >= hi) continue;
+      const int64_t from = t.local + (lo - t.global), to = mine.local + (lo - mine.global), n = hi - lo;
+      read_float_range(f, "master", from, n, b.master + to, path);
+      if (b.exp_avg) read_float_range(f, "optimizer/exp_avg", from, n, b.exp_avg + to, path);
+      if (b.exp_avg_sq) read_float_range(f, "optimizer/exp_avg_sq", from, n, b.exp_avg_sq + to, path);
+      filled += n;
+    }
+  return filled;
+}
+
+int64_t dataset_length(hid_t f, const char* name) {
+  hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+  if (d < 0) return -1;
+  hid_t space = H5Dget_space(d);
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  H5Sclose(space);
+  H5Dclose(d);
+  return static_cast<int64_t>(dims[0]);
+}
+}  // namespace
+
 CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffers& b) {
   quiet_hdf5();
   const std::string file = (fs::path(dir) / "state.h5").string();
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (f < 0) throw UserError("cannot open checkpoint '" + file + "' (missing or not HDF5)", "");
   CheckpointScalars sc;
+  int64_t world = 1, filled = 0, wanted = 0;
+  for (const auto& g : b.segments) wanted += g.numel;
   try {
     const int64_t version = read_attr<int64_t>(f, "format_version", file);
-    if (version != kCheckpointFormatVersion)
-      throw UserError("'" + file + "' has checkpoint format version " + std::to_string(version) + "; this ds reads version " +
+    if (version != 1 && version != kCheckpointFormatVersion)
+      throw UserError("'" + file + "' has checkpoint format version " + std::to_string(version) + "; this ds reads versions 1 and " +
                           std::to_string(kCheckpointFormatVersion),
                       "use the ds release that wrote it, or a newer one");
     sc.step = read_attr<int64_t>(f, "step", file);
@@ -232,14 +322,39 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
     sc.loss_scaler.iteration = read_attr<int64_t>(f, "loss_scale_iteration", file);
     sc.loss_scaler.last_overflow_iteration = read_attr<int64_t>(f, "loss_scale_last_overflow", file);
     sc.loss_scaler.hysteresis_left = static_cast<int>(read_attr<int64_t>(f, "loss_scale_hysteresis", file));
-    read_floats(f, "master", b.master, b.numel, file);
-    if (b.exp_avg) read_floats(f, "optimizer/exp_avg", b.exp_avg, b.numel, file);
-    if (b.exp_avg_sq) read_floats(f, "optimizer/exp_avg_sq", b.exp_avg_sq, b.numel, file);
+    // Version 1: one whole model, no segment table.
+    const int64_t model_numel = version == 1 ? dataset_length(f, "master") : read_attr<int64_t>(f, "model_numel", file);
+    if (model_numel != b.model_numel)
+      throw UserError("'" + file + "' holds " + format_count(model_numel) + " parameters, but this plan has " +
+                          format_count(b.model_numel),
+                      "resume with the model the checkpoint was trained with (its plan_json says which)");
+    if (version == 1) {
+      filled = read_overlaps(f, {OwnedSegment{0, 0, 0, model_numel}}, b, file);
+    } else {
+      world = read_attr<int64_t>(f, "world_size", file);
+      filled = read_overlaps(f, read_segments(f, file), b, file);
+    }
   } catch (...) {
     H5Fclose(f);
     throw;
   }
   H5Fclose(f);
+  for (int r = 1; r < world; ++r) {
+    const std::string shard = (fs::path(dir) / shard_name(r)).string();
+    hid_t h = H5Fopen(shard.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (h < 0) throw UserError("checkpoint '" + dir + "' was saved by " + std::to_string(world) + " ranks but '" + shard +
+                                   "' is missing or unreadable", "copy the whole checkpoint directory");
+    try {
+      filled += read_overlaps(h, read_segments(h, shard), b, shard);
+    } catch (...) {
+      H5Fclose(h);
+      throw;
+    }
+    H5Fclose(h);
+  }
+  if (filled != wanted)
+    throw UserError("checkpoint '" + dir + "' covers " + format_count(filled) + " of the " + format_count(wanted) +
+                        " elements this rank needs", "the shards do not belong together; copy the whole checkpoint directory");
   return sc;
 }
 

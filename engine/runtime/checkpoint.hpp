@@ -4,11 +4,15 @@
 // `latest` is replaced by an atomic rename. Readers never trust `latest` alone: the newest directory
 // with a DONE marker wins, so a crash mid-write can never be resumed from.
 //
-// state.h5 (format version 1; see ds-checkpoint(5)):
-//   attributes on /: format_version, step, applied_steps, skipped_steps, seed,
+// state.h5 (format version 2; see ds-checkpoint(5)):
+//   attributes on /: format_version, step, applied_steps, skipped_steps, seed, world_size, model_numel,
 //                    loss_scale, loss_scale_iteration, loss_scale_last_overflow, loss_scale_hysteresis
-//   datasets: /master (fp32 [P]: the weights, in the plan's flat layout), /optimizer/exp_avg and
-//             /optimizer/exp_avg_sq (fp32 [P]), /plan_json and /config_json (strings)
+//   datasets: /plan_json and /config_json (strings), and rank 0's shard
+// shard_NNNNN.h5, one per further rank (ZeRO stages 1-3 across ranks), and state.h5 itself hold a shard:
+//   /segments (int64 [k, 3]: global offset in the unpadded flat order, local offset, length) and
+//   /master, /optimizer/exp_avg, /optimizer/exp_avg_sq (fp32, the rank's local elements).
+// Loading maps every segment the loading rank owns onto the files' segments, so a checkpoint saved at
+// one world size or stage resumes at any other. Version 1 files (one whole /master) still load.
 // No LibTorch here: the trainer hands over raw buffers.
 #pragma once
 
@@ -16,11 +20,14 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
+#include "engine/plan/layout.hpp"
 #include "engine/runtime/loss_scaler.hpp"
 
 namespace ds {
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatVersion = 2;
 
 struct CheckpointScalars {
   int64_t step = 0;           // optimizer steps attempted: the data position
@@ -30,11 +37,20 @@ struct CheckpointScalars {
   LossScalerState loss_scaler;
 };
 
-struct CheckpointBuffers {  // not owned; each `numel` fp32 elements
+struct CheckpointBuffers {  // this rank's local buffers, not owned; each `numel` fp32 elements
   float* master = nullptr;
   float* exp_avg = nullptr;     // Adam/Lamb first moment or SGD's momentum buffer; null: the optimizer has none
   float* exp_avg_sq = nullptr;  // Adam/Lamb second moment; null: none
   int64_t numel = 0;
+  std::vector<OwnedSegment> segments;  // where the local elements belong in the whole model
+  int64_t model_numel = 0;             // elements of the whole model
+};
+
+// Who writes: every rank writes its shard; rank 0 also the scalars, and marks the directory DONE once
+// `barrier` says every rank has flushed its file. One rank: {0, 1, no barrier}.
+struct CheckpointWriter {
+  int rank = 0, world_size = 1;
+  std::function<void()> barrier;
 };
 
 struct SavedCheckpoint {
@@ -44,8 +60,10 @@ struct SavedCheckpoint {
 
 // Writes <run_dir>/checkpoints/step_<step>/ and updates `latest`; keeps the newest `keep_last`
 // complete checkpoints (0 keeps all). Throws std::runtime_error naming the path on I/O failure.
+// Every rank calls it together.
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScalars& scalars, const CheckpointBuffers& buffers,
-                                const std::string& plan_json, const std::string& config_json, int64_t keep_last);
+                                const std::string& plan_json, const std::string& config_json, int64_t keep_last,
+                                const CheckpointWriter& writer = {});
 
 // The newest complete checkpoint directory under <run_dir>/checkpoints, or "" when there is none.
 std::string find_latest_checkpoint(const std::string& run_dir);
@@ -54,8 +72,8 @@ std::string find_latest_checkpoint(const std::string& run_dir);
 // UserError naming the path when there is no complete checkpoint there.
 std::string resolve_checkpoint_path(const std::string& path);
 
-// Reads a checkpoint into the caller's buffers; the element count must match. Throws UserError for
-// a wrong format version or a size mismatch (a checkpoint of another model), naming both sizes.
+// Reads the caller's segments of a checkpoint (any world size, any stage) into its buffers. Throws
+// UserError for a wrong format version or a model of another size, naming both sizes.
 CheckpointScalars load_checkpoint(const std::string& checkpoint_dir, const CheckpointBuffers& buffers);
 std::string read_checkpoint_text(const std::string& checkpoint_dir, const char* which);  // "plan_json" | "config_json"
 

@@ -60,17 +60,66 @@ Communicator::Communicator(int rank, int world, std::chrono::milliseconds timeou
 
 Communicator::~Communicator() = default;
 
-void Communicator::all_reduce_sum(const torch::Tensor& t) {
+void Communicator::all_reduce_sum(const torch::Tensor& t, const std::string& what) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
   std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
   impl_->group->allreduce(buf)->wait();
   if (narrow) t.copy_(buf[0]);
-  CommStats& s = stats_[narrow ? "all_reduce (via fp32)" : "all_reduce"];
+  CommStats& s = ledger_[what];
+  s.op = "all_reduce";
   ++s.calls;
   // A ring all-reduce sends 2 (W-1)/W of the buffer from each rank.
   s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(buf[0].nbytes());
   s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+namespace {
+// The same memory as bytes: Gloo gathers any dtype that way, bf16 included.
+torch::Tensor as_bytes(const torch::Tensor& t) {
+  DS_CHECK(t.is_contiguous(), "all-gather of a non-contiguous tensor");
+  return torch::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, torch::kUInt8);
+}
+}  // namespace
+
+namespace {
+class GlooGather : public PendingGather {
+ public:
+  GlooGather(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start)
+      : work_(std::move(work)), stats_(stats), start_(start) {}
+  ~GlooGather() override {
+    if (work_) try { work_->wait(); } catch (...) {}  // never leave Gloo writing into freed memory
+  }
+  void wait() override {
+    if (!work_) return;
+    work_->wait();
+    work_.reset();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  CommStats& stats_;
+  std::chrono::steady_clock::time_point start_;
+};
+}  // namespace
+
+std::unique_ptr<PendingGather> Communicator::all_gather_async(const torch::Tensor& send, const std::vector<torch::Tensor>& outputs,
+                                                              const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(static_cast<int>(outputs.size()) == world_, "all-gather needs one output per rank");
+  std::vector<torch::Tensor> in{as_bytes(send)};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (const auto& o : outputs) {
+    DS_CHECK(o.nbytes() == send.nbytes(), "all-gather output of ", o.nbytes(), " bytes for ", send.nbytes(), " sent");
+    out[0].push_back(as_bytes(o));
+  }
+  auto work = impl_->group->allgather(out, in);
+  CommStats& s = ledger_[what];
+  s.op = "all_gather";
+  ++s.calls;
+  s.bytes += static_cast<double>(world_ - 1) * static_cast<double>(send.nbytes());  // (W-1)/W of the gathered bytes
+  return std::make_unique<GlooGather>(std::move(work), s, t0);
 }
 
 void Communicator::barrier() { impl_->group->barrier()->wait(); }

@@ -16,22 +16,83 @@ torch::ScalarType to_torch(Dtype d) {
 }
 }  // namespace
 
-FlatParams FlatParams::allocate(const Plan& plan) {
+FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   const FlatLayout& L = plan.layout;
-  const int64_t n = L.numel;
-  FlatParams f;
   const PrecisionPolicy& pp = plan.precision;
-  f.params = torch::zeros({n}, to_torch(pp.param_dtype));
-  f.grads = torch::zeros({n}, to_torch(pp.grad_dtype));
+  const bool sharded = L.world_size > 1 && L.stage >= 1;
+  FlatParams f;
+  f.rank = rank;
+  f.grouped = L.world_size > 1 && L.stage >= 2;
+  f.owned = owned_segments(L, rank);
+  const int64_t full = L.stage == 0 ? L.numel : L.padded_numel;
+  const int64_t local = sharded ? L.shard_numel : full;
+  const int64_t shard_begin = sharded && L.stage < 3 ? L.shards[static_cast<size_t>(rank)].begin : 0;
+  const auto ptype = to_torch(pp.param_dtype), gtype = to_torch(pp.grad_dtype);
+
+  f.params = torch::zeros({L.stage == 3 && sharded ? local : full}, ptype);
+  f.grads = torch::zeros({f.grouped ? local : full}, gtype);
   const bool widened = pp.compute_dtype != pp.param_dtype;  // fp16 on the CPU
-  f.compute = widened ? torch::zeros({n}, to_torch(pp.compute_dtype)) : f.params;
-  f.compute_grads = widened ? torch::zeros({n}, to_torch(pp.compute_dtype)) : f.grads;
-  f.master = pp.fp32_master ? torch::zeros({n}, torch::kFloat32) : f.params;
-  if (plan.optimizer.moments >= 1) f.exp_avg = torch::zeros({n}, torch::kFloat32);
-  if (plan.optimizer.moments >= 2) f.exp_avg_sq = torch::zeros({n}, torch::kFloat32);
-  for (const ParamSlot& p : L.params) {
-    torch::Tensor v = f.compute.narrow(0, p.offset, p.numel).view(p.shape).detach().requires_grad_(true);
-    v.mutable_grad() = f.compute_grads.narrow(0, p.offset, p.numel).view(p.shape);
+  DS_CHECK(!(widened && f.grouped), "the trainer refuses fp16 at ZeRO stages 2-3 across ranks");
+  f.compute = widened ? torch::zeros({full}, to_torch(pp.compute_dtype)) : f.params;
+  f.compute_grads = widened ? torch::zeros({full}, to_torch(pp.compute_dtype)) : f.grads;
+  f.local_params = f.params.narrow(0, shard_begin, local);
+  f.local_grads = f.compute_grads.narrow(0, f.grouped ? 0 : shard_begin, local);
+  f.master = pp.fp32_master ? torch::zeros({local}, torch::kFloat32) : f.local_params;
+  if (plan.optimizer.moments >= 1) f.exp_avg = torch::zeros({local}, torch::kFloat32);
+  if (plan.optimizer.moments >= 2) f.exp_avg_sq = torch::zeros({local}, torch::kFloat32);
+
+  // Grouped: where each parameter sits in its group's buffers. Every block has the same layout, so
+  // all blocks share one buffer (the offsets repeat); the outer parameters concatenate in order.
+  const bool stage3 = sharded && L.stage == 3;
+  f.group_offset.assign(L.params.size(), 0);
+  f.whole_offset.assign(L.params.size(), -1);
+  int64_t block_numel = 0, outer_numel = 0, whole_numel = 0;
+  if (f.grouped) {
+    for (const ParamGroup& g : parameter_groups(L)) {
+      int64_t at = 0;
+      for (int i : g.params) {
+        f.group_offset[static_cast<size_t>(i)] = at;
+        at += L.params[static_cast<size_t>(i)].numel;
+        if (stage3 && stays_whole(L.params[static_cast<size_t>(i)], plan.zero.param_persistence_threshold)) {
+          f.whole_offset[static_cast<size_t>(i)] = whole_numel;
+          whole_numel += L.params[static_cast<size_t>(i)].numel;
+        }
+      }
+      if (g.layer >= 0) {
+        DS_CHECK(block_numel == 0 || block_numel == at, "blocks of different sizes: ", block_numel, " and ", at);
+        block_numel = at;
+      } else {
+        outer_numel = at;
+      }
+    }
+    f.block_grads = torch::zeros({block_numel}, gtype);
+    f.outer_grads = torch::zeros({outer_numel}, gtype);
+    if (stage3) {
+      f.block_params[0] = torch::zeros({block_numel}, ptype);
+      f.block_params[1] = torch::zeros({block_numel}, ptype);
+      f.outer_params = torch::zeros({outer_numel}, ptype);
+      f.whole_params = torch::zeros({whole_numel}, ptype);
+    }
+  }
+
+  for (size_t i = 0; i < L.params.size(); ++i) {
+    const ParamSlot& p = L.params[i];
+    const bool in_block = p.layer >= 0;
+    torch::Tensor weight, grad;
+    if (!f.grouped) {
+      weight = f.compute.narrow(0, p.offset, p.numel);
+      grad = f.compute_grads.narrow(0, p.offset, p.numel);
+    } else {
+      grad = (in_block ? f.block_grads : f.outer_grads).narrow(0, f.group_offset[i], p.numel);
+      if (!stage3)
+        weight = f.compute.narrow(0, p.offset, p.numel);
+      else if (f.whole_offset[i] >= 0)
+        weight = f.whole_params.narrow(0, f.whole_offset[i], p.numel);
+      else
+        weight = (in_block ? f.block_params[p.layer % 2] : f.outer_params).narrow(0, f.group_offset[i], p.numel);
+    }
+    torch::Tensor v = weight.view(p.shape).detach().requires_grad_(true);
+    v.mutable_grad() = grad.view(p.shape);
     f.views.push_back(v);
     f.names.push_back(p.name);
   }
@@ -44,12 +105,14 @@ const torch::Tensor& ParamCursor::next(const std::string& suffix) {
   return p_.views[i_++];
 }
 
-size_t FlatParams::bytes() const {
-  size_t b = params.nbytes() + grads.nbytes();
-  for (const torch::Tensor& t : {exp_avg, exp_avg_sq})
-    if (t.defined()) b += t.nbytes();
-  if (widened()) b += compute.nbytes() + compute_grads.nbytes();
-  if (master.data_ptr() != params.data_ptr()) b += master.nbytes();
+FlatParams::Bytes FlatParams::bytes() const {
+  const auto n = [](const torch::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0.0; };
+  Bytes b;
+  b.params = n(params) + n(whole_params);
+  b.grads = n(grads);
+  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
+  if (widened()) b.buffers += n(compute) + n(compute_grads);
+  b.buffers += n(block_grads) + n(outer_grads) + n(block_params[0]) + n(block_params[1]) + n(outer_params);
   return b;
 }
 

@@ -1,16 +1,21 @@
-// ds — the model's parameters as one flat buffer per role, laid out as the Plan says (state_dict
-// order, the FlatLayout's offsets). The runtime allocates each buffer once; every parameter tensor
-// and its .grad are views into them, so autograd accumulates gradients straight into the flat
-// gradient buffer and the fused optimizer steps the whole model in one pass.
-//   params  (P) parameter dtype: the weights as stored (fp32, bf16 or fp16)
-//   grads   (P) gradient dtype: the gradients as stored and checked for overflow
-//   compute, compute_grads (P) compute dtype: what forward reads and backward accumulates into (the
-//           views and their .grad). They alias params/grads except for fp16 on the CPU, where LibTorch
-//           has no fp16 kernels: there the model computes in an fp32 copy of the fp16 weights, and its
-//           gradients are rounded into the fp16 `grads` each step, so overflow is real.
-//   master  (P) fp32: the optimizer's copy under mixed precision (aliases params in fp32 runs)
-//   exp_avg, exp_avg_sq (P) fp32: the optimizer's moments, as many as the plan counts (Adam and Lamb 2,
-//                       SGD with momentum 1: its buffer in exp_avg); undefined tensors otherwise
+// ds — the model's parameters as flat buffers, laid out as the Plan says (state_dict order, the
+// FlatLayout's offsets), for this rank. The runtime allocates each buffer once; every parameter
+// tensor and its .grad are views into them, so autograd accumulates gradients straight into a flat
+// buffer and the fused optimizer steps the rank's part in one pass.
+//   params  parameter dtype: the weights as stored. Stages 0-2: the whole model (padded); stage 3:
+//           this rank's partition (the layout's concatenated per-parameter partitions).
+//   grads   gradient dtype. Stages 0-1: the whole model; stages 2-3: this rank's part only.
+//   compute, compute_grads: what forward reads and backward accumulates into at stages 0-1. They alias
+//           params/grads except for fp16 on the CPU (no fp16 kernels there): the model computes in an
+//           fp32 copy and its gradients are rounded into the fp16 `grads` each step, so overflow is real.
+//   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs)
+//   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
+//   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
+// ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
+// (group_grads: a transformer block, or the parameters outside the blocks), reduced into grads as
+// soon as the group is done. Stage 3 gathers a group's parameters into group_params before use
+// (two block buffers: the next block is prefetched); parameters below the persistence threshold
+// live whole in whole_params, refreshed once per step.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,17 +29,31 @@ namespace ds {
 
 struct FlatParams {
   torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
-  std::vector<torch::Tensor> views;  // one per ParamSlot, requires_grad, .grad set to a view of grads
+  torch::Tensor local_params, local_grads;
+  int rank = 0;
+  bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
+  torch::Tensor block_grads, outer_grads;        // grouped: one block's gradients, the outer parameters'
+  torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
+  torch::Tensor whole_params;                    // stage 3: parameters kept whole
+  std::vector<int64_t> group_offset;  // grouped: per parameter, where it sits in its group's buffers
+  std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params or -1
+  std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
+  std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
   std::vector<std::string> names;
 
-  // Allocates every buffer once, for the plan's layout and precision.
-  static FlatParams allocate(const Plan& plan);
+  // Allocates every buffer once, for the plan's layout and precision, as rank `rank` holds them.
+  static FlatParams allocate(const Plan& plan, int rank);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
   int64_t numel() const { return params.numel(); }
   // True when the model computes in a wider copy of the stored weights (CPU fp16).
   bool widened() const { return compute.data_ptr() != params.data_ptr(); }
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-  size_t bytes() const;  // everything allocated here
+
+  // Bytes held, by the plan's categories (model states, then the buffers ZeRO works through).
+  struct Bytes {
+    double params = 0, grads = 0, optimizer_states = 0, buffers = 0;
+  };
+  Bytes bytes() const;
 };
 
 // Hands the parameter views to a model in layout order, checking each name ends as the model expects

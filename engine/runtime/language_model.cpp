@@ -36,11 +36,67 @@ class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
   }
 };
 
+// A block with ZeRO's hooks around it. Its backward is a unit of its own (a nested graph, or the
+// recomputed block), so the hooks know exactly when the block's parameter gradients are complete:
+// autograd's own order would not say when all of a block's accumulations have run.
+class HookedBlock : public torch::autograd::Function<HookedBlock> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, BlockHooks* hooks,
+                               int64_t layer, bool recompute) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["recompute"] = recompute;
+    hooks->before_forward(layer);
+    if (recompute) {
+      ctx->save_for_backward({x});
+      return model->block(layer, x);  // grad mode is off inside forward
+    }
+    torch::AutoGradMode on(true);
+    torch::Tensor xi = x.detach().requires_grad_(true);
+    torch::Tensor y = model->block(layer, xi);
+    ctx->saved_data["x"] = xi;
+    ctx->saved_data["y"] = y;
+    return y.detach();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
+    auto* hooks = reinterpret_cast<BlockHooks*>(ctx->saved_data["hooks"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    hooks->before_backward(layer);
+    torch::Tensor x, y;
+    if (ctx->saved_data["recompute"].toBool()) {
+      x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+      torch::AutoGradMode on(true);
+      y = model->block(layer, x);
+    } else {
+      x = ctx->saved_data["x"].toTensor();
+      y = ctx->saved_data["y"].toTensor();
+      ctx->saved_data.erase("x");  // free the block's activations as soon as its backward is done
+      ctx->saved_data.erase("y");
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    hooks->after_backward(layer);
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
-  const bool recompute = checkpoint_activations_ && torch::GradMode::is_enabled();
-  for (int64_t l = 0; l < num_blocks(); ++l) x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
+  const bool training = torch::GradMode::is_enabled();
+  const bool recompute = checkpoint_activations_ && training;
+  for (int64_t l = 0; l < num_blocks(); ++l) {
+    if (hooks_ && training) {
+      x = HookedBlock::apply(x, this, hooks_, l, recompute || hooks_->recompute());
+    } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
+      hooks_->before_forward(l);
+      x = block(l, x);
+    } else {
+      x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
+    }
+  }
   return x;
 }
 

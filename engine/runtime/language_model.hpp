@@ -10,6 +10,18 @@
 
 namespace ds {
 
+// What ZeRO stages 2-3 do around each transformer block: stage 3 gathers its parameters before the
+// block runs (forward and backward); both reduce its gradients as soon as its backward is done.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int64_t layer) = 0;
+  virtual void before_backward(int64_t layer) = 0;
+  virtual void after_backward(int64_t layer) = 0;
+  // Stage 3: the gathered parameters do not survive until backward, so the block runs again there.
+  virtual bool recompute() const = 0;
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -21,6 +33,8 @@ class LanguageModel {
 
   // Activation checkpointing: keep only each block's input and recompute the block in backward.
   void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  // Not owned; null runs the blocks plainly.
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
 
  protected:
   // Every block in order, checkpointed when configured.
@@ -28,6 +42,7 @@ class LanguageModel {
 
  private:
   bool checkpoint_activations_ = false;
+  BlockHooks* hooks_ = nullptr;
 };
 
 // The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation

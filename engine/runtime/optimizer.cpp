@@ -6,13 +6,14 @@
 
 namespace ds {
 
-FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout) : o_(o) {
+FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank) : o_(o) {
   const bool per_tensor = o.type == OptimizerType::Lamb;
-  for (const ParamSlot& p : layout.params) {
-    if (!per_tensor && !segments_.empty() && segments_.back().end == p.offset && segments_.back().decay == p.weight_decay)
-      segments_.back().end = p.offset + p.numel;
+  for (const OwnedSegment& s : owned_segments(layout, rank)) {
+    const bool decay = layout.params[static_cast<size_t>(s.param)].weight_decay;
+    if (!per_tensor && !segments_.empty() && segments_.back().end == s.local && segments_.back().decay == decay)
+      segments_.back().end = s.local + s.numel;
     else
-      segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay});
+      segments_.push_back({s.local, s.local + s.numel, decay});
   }
 }
 

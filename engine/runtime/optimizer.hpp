@@ -1,5 +1,5 @@
 // ds — the optimizer step over the flat buffers, for every optimizer the plan can name (Adam, AdamW,
-// SGD, Lamb). It owns no memory: the caller hands it the fp32 master weights, the moment buffers
+// SGD, Lamb). It owns no memory: the caller hands it this rank's fp32 master weights, the moment buffers
 // the plan counts (plan.optimizer.moments: 2 for Adam/Lamb, 1 for SGD with momentum, 0 without),
 // the gradients (fp32 or bf16) and, under bf16, the working copy to refresh in the same pass.
 // No LibTorch here: raw pointers and the plan's layout.
@@ -30,7 +30,9 @@ struct OptimizerStepInputs {
 
 class FlatOptimizer {
  public:
-  FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout);
+  // Steps the parts of the parameters rank `rank` owns (all of them at stage 0 or on one rank); the
+  // buffers handed to step() are that rank's local buffers (owned_segments' `local` offsets).
+  FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank);
   void step(const OptimizerBuffers& b, const OptimizerStepInputs& in) const;
 
  private:

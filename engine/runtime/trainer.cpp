@@ -27,7 +27,7 @@
 #include "engine/runtime/monitor.hpp"
 #include "engine/runtime/lr_schedule.hpp"
 #include "engine/runtime/optimizer.hpp"
-#include "kernels/cpu/norm.hpp"
+#include "engine/runtime/zero.hpp"
 
 namespace ds {
 namespace {
@@ -104,13 +104,34 @@ class RunLog {
   bool live_;
 };
 
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// The bytes this rank holds beside the plan's prediction, by category.
+std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategories& plan) {
+  std::string line = "held per rank (plan):";
+  for (const auto& [name, have, want] : {std::tuple{"params", held.params, plan.params},
+                                         {"gradients", held.grads, plan.grads},
+                                         {"optimizer states", held.optimizer_states, plan.optimizer_states},
+                                         {"buffers", held.buffers, plan.buffers}})
+    line += std::string(" ") + name + " " + format_bytes(have) + " (" + format_bytes(want) + "),";
+  line.pop_back();
+  return line;
+}
+
 }  // namespace
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config) {
   std::vector<std::string> why;
-  if (plan.topology.world_size != 1 && plan.zero.stage != 0)
-    why.push_back("ZeRO stage " + std::to_string(plan.zero.stage) + " on " + std::to_string(plan.topology.world_size) +
-                  " ranks (this build runs several ranks as plain data parallelism, stage 0)");
+  const bool sharded = plan.topology.world_size > 1 && plan.zero.stage >= 1;
+  if (sharded && plan.precision.mode == "fp16")
+    why.push_back("fp16 at ZeRO stage " + std::to_string(plan.zero.stage) + " across ranks (use bf16, the fast CPU choice)");
+  if (sharded && plan.optimizer.type == OptimizerType::Lamb)
+    why.push_back("Lamb at ZeRO stage " + std::to_string(plan.zero.stage) +
+                  " across ranks (its per-tensor trust ratio needs norms over partitions)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
@@ -163,13 +184,19 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   }
   RunLog log(lead ? dir / "train.log" : std::filesystem::path(), !opt.resume_from.empty(), opt.live_progress && lead);
 
-  FlatParams flat = FlatParams::allocate(plan);
-  const CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
-                                  FlatParams::data_or_null(flat.exp_avg_sq), flat.numel()};
+  FlatParams flat = FlatParams::allocate(plan, rank);
+  ZeroExchange zero(plan, flat, comm.get());
+  CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
+                            FlatParams::data_or_null(flat.exp_avg_sq), flat.master.numel(), flat.owned, plan.layout.numel};
   LossScaler scaler(plan.precision.loss_scaling);
   int64_t applied = 0;  // successful optimizer steps: the schedule's position
   if (opt.resume_from.empty()) {
-    initialise_model(hp, plan, flat.master, seed);
+    // The whole model is initialised the same way at every stage and world size; each rank keeps its part.
+    const bool whole = flat.master.numel() == plan.layout.numel;
+    torch::Tensor init = whole ? flat.master : torch::zeros({plan.layout.numel}, torch::kFloat32);
+    initialise_model(hp, plan, init, seed);
+    if (!whole)
+      for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
   } else {
     const CheckpointScalars sc = load_checkpoint(opt.resume_from, buffers);
     result.first_step = sc.step;
@@ -185,44 +212,49 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   // the optimizer kernel does), then widened to the compute dtype where the two differ (CPU fp16).
   auto refresh_weights = [&] {
     torch::NoGradGuard ng;
-    if (flat.master.data_ptr() != flat.params.data_ptr()) flat.params.copy_(flat.master);
+    if (flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
     if (flat.widened()) flat.compute.copy_(flat.params);
   };
   refresh_weights();
+  zero.publish_parameters();
   auto save = [&](int64_t step) {
-    if (!lead) return;  // stage 0: every rank holds the same state
+    if (!lead && plan.zero.stage == 0) return;  // stage 0: every rank holds the same state
     CheckpointScalars sc;
     sc.step = step;
     sc.applied_steps = applied;
     sc.skipped_steps = result.skipped_steps;
     sc.seed = seed;
     sc.loss_scaler = scaler.state();
+    CheckpointWriter writer;
+    if (comm && plan.zero.stage >= 1) writer = {rank, W, [&] { comm->barrier(); }};
     const SavedCheckpoint saved = save_checkpoint(dir.string(), sc, buffers, opt.plan_json, opt.resolved_config_json,
-                                                  config.train.keep_last);
+                                                  config.train.keep_last, writer);
     result.last_checkpoint = saved.path;
-    log.note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
-             format_bytes(static_cast<double>(saved.bytes)) + ")");
+    if (lead)
+      log.note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
+               format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? " in " + std::to_string(W) + " shards" : "") +
+               ")");
   };
   const std::unique_ptr<LanguageModel> model_ptr = make_model(plan, flat);
-  const LanguageModel& model = *model_ptr;
+  LanguageModel& model = *model_ptr;
+  if (flat.grouped) model.set_block_hooks(&zero);
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
-  const FlatOptimizer optimizer(o, plan.layout);
+  const FlatOptimizer optimizer(o, plan.layout, rank);
   const bool widened = flat.widened();
   OptimizerBuffers ob;
   ob.master = flat.master.data_ptr<float>();
   ob.moment1 = FlatParams::data_or_null(flat.exp_avg);
   ob.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
-  ob.params_bf16 = plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.params.data_ptr()) : nullptr;
-  // compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened back.
-  ob.grads = flat.compute_grads.data_ptr();
-  ob.grads_bf16 = flat.compute_grads.scalar_type() == torch::kBFloat16;
+  ob.params_bf16 = plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
+  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened back.
+  ob.grads = flat.local_grads.data_ptr();
+  ob.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
 
-  const double planned_state = plan.memory.device.params + plan.memory.device.grads + plan.memory.device.optimizer_states +
-                               (widened ? plan.memory.device.buffers : 0.0);  // CPU fp16's working copies
   log.note("ds train: " + hp.name + ", " + format_count(plan.model.num_params) + " parameters, " + plan.precision.mode + ", " +
-           optimizer_type_name(o.type) + "; " + format_bytes(static_cast<double>(flat.bytes())) + " of model state (plan: " +
-           format_bytes(planned_state) + ")");
+           optimizer_type_name(o.type) +
+           (W > 1 ? ", ZeRO stage " + std::to_string(plan.zero.stage) + " on " + std::to_string(W) + " ranks" : std::string()));
+  log.note("ds train: " + held_bytes_line(flat.bytes(), plan.memory.device));
   log.note("ds train: data " + stream->describe() + "; " + format_count(sampler.train_tokens()) + " training / " +
            format_count(sampler.val_tokens()) + " validation tokens");
   log.note("ds train: " + std::to_string(plan.steps) + " steps of " + std::to_string(plan.batch.train_batch_size) + " x " +
@@ -238,20 +270,24 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
   bool stop_requested = false;  // Ctrl-C, agreed across ranks
+  CommLedger comm_before, comm_total;  // collectives before this step, and summed over the run's steps
+  if (comm) comm_before = comm->ledger();  // the start's gather of the initial weights is not a step's
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       torch::NoGradGuard ng;
-      flat.compute_grads.zero_();
+      flat.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
     }
     const double loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
     double loss_sum = 0, fwd_s = 0, bwd_s = 0;
     for (int64_t m = 0; m < GAS; ++m) {
       sampler.train_batch(step, m, in, tgt);
       const auto f0 = std::chrono::steady_clock::now();
+      zero.begin_micro_step(false);
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
       const auto b0 = std::chrono::steady_clock::now();
       (loss * (loss_scale / static_cast<double>(GAS * W))).backward();  // the sum over ranks is the mean
+      zero.end_micro_step();
       const auto b1 = std::chrono::steady_clock::now();
       fwd_s += std::chrono::duration<double>(b0 - f0).count();
       bwd_s += std::chrono::duration<double>(b1 - b0).count();
@@ -259,27 +295,26 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     }
     const auto opt0 = std::chrono::steady_clock::now();
     double loss = loss_sum / GAS;
-    if (comm) {
-      torch::NoGradGuard ng;
-      comm->all_reduce_sum(flat.compute_grads);
-      // The mean loss and whether any rank was interrupted, agreed in one small collective, so every
-      // rank stops after the same step.
-      torch::Tensor agreed = torch::tensor({loss_sum, g_interrupted ? 1.0 : 0.0}, torch::kFloat64);
-      comm->all_reduce_sum(agreed);
-      loss = agreed[0].item<double>() / static_cast<double>(GAS * W);
-      stop_requested = agreed[1].item<double>() > 0;
-    } else {
-      stop_requested = g_interrupted;
-    }
+    zero.reduce_gradients();
     if (widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
       torch::NoGradGuard ng;
       flat.grads.copy_(flat.compute_grads);
       flat.compute_grads.copy_(flat.grads);
     }
-    // Our own reduction: LibTorch 1.13's linalg_vector_norm over bf16 is slow and measurably inexact.
-    const double scaled_norm = std::sqrt(
-        ob.grads_bf16 ? kernels::sum_of_squares_bf16(static_cast<const uint16_t*>(ob.grads), flat.numel())
-                      : kernels::sum_of_squares_f32(static_cast<const float*>(ob.grads), flat.numel()));
+    bool partial = false;
+    double sum_of_squares = zero.grad_sum_of_squares(&partial);
+    if (comm) {
+      // The mean loss, the gradient norm over the ranks' parts and whether any rank was interrupted,
+      // agreed in one small collective, so every rank takes the same step and stops after the same one.
+      torch::Tensor agreed = torch::tensor({loss_sum, g_interrupted ? 1.0 : 0.0, partial ? sum_of_squares : 0.0}, torch::kFloat64);
+      comm->all_reduce_sum(agreed, kControlCollective);
+      loss = agreed[0].item<double>() / static_cast<double>(GAS * W);
+      stop_requested = agreed[1].item<double>() > 0;
+      if (partial) sum_of_squares = agreed[2].item<double>();
+    } else {
+      stop_requested = g_interrupted;
+    }
+    const double scaled_norm = std::sqrt(sum_of_squares);
     const double norm = scaled_norm / loss_scale;
     const bool overflow = !std::isfinite(scaled_norm);
     if (!scaler.enabled() && plan.precision.mode != "bf16" && (overflow || !std::isfinite(loss)))
@@ -313,9 +348,32 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       si.step = applied + 1;
       optimizer.step(ob, si);
       if (!ob.params_bf16) refresh_weights();
+      zero.publish_parameters();
       ++applied;
     }
     const double opt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - opt0).count();
+    // This step's collectives (validation's are counted apart, after this).
+    CommLedger step_comm;
+    double comm_bytes = 0, comm_s = 0;
+    if (comm) {
+      for (const auto& [what, st] : comm->ledger()) {
+        CommStats d = st;
+        if (auto it = comm_before.find(what); it != comm_before.end()) {
+          d.calls -= it->second.calls;
+          d.bytes -= it->second.bytes;
+          d.seconds -= it->second.seconds;
+        }
+        if (d.calls == 0) continue;
+        comm_bytes += d.bytes;
+        comm_s += d.seconds;
+        step_comm[what] = d;
+      }
+      for (const auto& [what, d] : step_comm) {
+        comm_total[what].bytes += d.bytes;
+        comm_total[what].calls += d.calls;
+      }
+    }
+    result.comm_bytes.push_back(comm_bytes);
     result.losses.push_back(loss);
     result.steps = step + 1;
 
@@ -324,12 +382,15 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     const double tok_s = static_cast<double>(plan.tokens_per_step) / step_s;
     const double tflops = plan.train_flops_per_step / step_s / 1e12;
     std::optional<double> val;
-    if (lead && config.train.eval_every > 0 && ((step + 1) % config.train.eval_every == 0 || step + 1 == plan.steps) &&
+    // Rank 0 evaluates; at stage 3 every rank takes part, since each holds only part of the weights.
+    const bool evaluates = lead || (flat.grouped && plan.layout.stage == 3);
+    if (evaluates && config.train.eval_every > 0 && ((step + 1) % config.train.eval_every == 0 || step + 1 == plan.steps) &&
         sampler.val_tokens() > 0) {
       torch::NoGradGuard ng;
       double sum = 0;
       for (int64_t i = 0; i < config.train.eval_batches; ++i) {
         sampler.val_batch(i, in, tgt);
+        zero.begin_micro_step(true);
         sum += model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T)).item<double>();
       }
       val = sum / static_cast<double>(config.train.eval_batches);
@@ -345,6 +406,13 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                   duration_text(elapsed / (step + 1 - result.first_step) * (plan.steps - step - 1)).c_str());
     const bool due = (step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val;
     log.progress(line, val || step + 1 == plan.steps, due);
+    if (due && config.comms_logger_enabled && comm) {  // DeepSpeed's comms_logger: bytes and time per collective
+      std::string c = "comms step " + std::to_string(step + 1) + ":";
+      for (const auto& [what, d] : step_comm)
+        c += " | " + what + " " + std::to_string(d.calls) + "x " + format_bytes(d.bytes) + " " +
+             fixed(d.seconds * 1e3, 2) + " ms";
+      log.note(c);
+    }
     if (due && config.wall_clock_breakdown && !opt.live_progress) {  // DeepSpeed's format; "step" = optimizer + clipping
       char times[128];
       std::snprintf(times, sizeof times, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f", fwd_s * 1e3, bwd_s * 1e3, opt_s * 1e3);
@@ -357,8 +425,9 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     char json[448];
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
-                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"skipped\": %s%s%s}\n",
-                  static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s,
+                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
+                  "\"comm_s\": %.4f, \"skipped\": %s%s%s}\n",
+                  static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s, comm_bytes, comm_s,
                   skip ? "true" : "false", scale_json, val_json);
     if (lead) metrics << json << std::flush;
     if (!monitors.empty()) {
@@ -375,8 +444,21 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
     if (!comm) stop_requested = g_interrupted;  // one process: react to Ctrl-C at once; ranks use the agreed flag
     if (cadence || step + 1 == plan.steps || stop_requested) save(step + 1);
+    if (comm) comm_before = comm->ledger();
   }
   std::signal(SIGINT, previous);
+  if (comm && result.steps > result.first_step) {
+    // What went on the wire per step beside the plan's prediction, per collective.
+    const double n = static_cast<double>(result.steps - result.first_step);
+    log.note("ds train: sent per rank per step (plan):");
+    for (const Collective& c : plan.collectives) {
+      const auto it = comm_total.find(c.what);
+      const double bytes = it == comm_total.end() ? 0.0 : it->second.bytes / n;
+      const double calls = it == comm_total.end() ? 0.0 : static_cast<double>(it->second.calls) / n;
+      log.note("  " + c.what + ": " + fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
+               std::to_string(c.calls_per_step) + " calls, " + format_bytes(c.wire_bytes_per_rank_per_step) + ")");
+    }
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.interrupted = stop_requested;
   rusage usage{};

@@ -36,6 +36,7 @@ struct TrainResult {
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
+  std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
 };
 
 // Throws UserError for configurations this trainer cannot run (exit 2), std::runtime_error when the

@@ -1,0 +1,172 @@
+#include "engine/runtime/zero.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "kernels/cpu/norm.hpp"
+
+namespace ds {
+
+struct ZeroExchange::Gather {
+  std::unique_ptr<PendingGather> work;
+  torch::Tensor send, out;  // this rank's partitions packed; every rank's, one after another
+  std::vector<int> params;
+  torch::Tensor dest;
+  const std::vector<int64_t>* offsets = nullptr;
+  int64_t n = 0;  // elements each rank sends
+};
+
+ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
+    : plan_(plan), flat_(flat), comm_(comm), stage3_(comm && plan.layout.stage == 3) {
+  const FlatLayout& L = plan.layout;
+  groups_ = parameter_groups(L);
+  owned_of_param_.assign(L.params.size(), -1);
+  for (size_t i = 0; i < flat.owned.size(); ++i) owned_of_param_[static_cast<size_t>(flat.owned[i].param)] = static_cast<int>(i);
+  for (const ParamGroup& g : groups_) {
+    std::vector<int> gathered;
+    for (int i : g.params)
+      if (flat.whole_offset[static_cast<size_t>(i)] < 0)
+        gathered.push_back(i);
+      else
+        whole_.push_back(i);
+    gathered_.push_back(gathered);
+  }
+}
+
+ZeroExchange::~ZeroExchange() = default;
+
+void ZeroExchange::all_reduce_in_pieces(const torch::Tensor& t, int64_t piece) {
+  piece = std::max<int64_t>(1, piece);
+  for (int64_t at = 0; at < t.numel(); at += piece) comm_->all_reduce_sum(t.narrow(0, at, std::min(piece, t.numel() - at)), "gradients");
+}
+
+void ZeroExchange::reduce_gradients() {
+  if (!comm_ || flat_.grouped) return;
+  // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
+  all_reduce_in_pieces(flat_.compute_grads, plan_.zero.reduce_bucket_size);
+}
+
+double ZeroExchange::grad_sum_of_squares(bool* partial) const {
+  *partial = comm_ && plan_.layout.stage >= 1;
+  const torch::Tensor& g = flat_.local_grads;
+  return g.scalar_type() == torch::kBFloat16 ? kernels::sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
+                                             : kernels::sum_of_squares_f32(g.data_ptr<float>(), g.numel());
+}
+
+void ZeroExchange::reduce_group(const ParamGroup& g) {
+  const torch::Tensor& buf = g.layer >= 0 ? flat_.block_grads : flat_.outer_grads;
+  all_reduce_in_pieces(buf, plan_.zero.reduce_bucket_size);
+  // Keep this rank's part: the reduce-scatter Gloo lacks.
+  for (int i : g.params) {
+    const int k = owned_of_param_[static_cast<size_t>(i)];
+    if (k < 0) continue;
+    const OwnedSegment& s = flat_.owned[static_cast<size_t>(k)];
+    const ParamSlot& p = plan_.layout.params[static_cast<size_t>(i)];
+    flat_.local_grads.narrow(0, s.local, s.numel)
+        .add_(buf.narrow(0, flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset), s.numel));
+  }
+  buf.zero_();
+}
+
+std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vector<int>& params, torch::Tensor dest,
+                                                                 const std::vector<int64_t>& offsets, const std::string& what) {
+  const FlatLayout& L = plan_.layout;
+  const int W = L.world_size;
+  auto g = std::make_unique<Gather>();
+  g->params = params;
+  g->dest = std::move(dest);
+  g->offsets = &offsets;
+  for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
+  g->send = torch::empty({g->n}, flat_.params.options());
+  int64_t at = 0;
+  for (int i : params) {
+    const ParamSlot& p = L.params[static_cast<size_t>(i)];
+    g->send.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
+    at += p.partition_numel;
+  }
+  g->out = torch::empty({g->n * W}, flat_.params.options());
+  std::vector<torch::Tensor> outputs;
+  for (int r = 0; r < W; ++r) outputs.push_back(g->out.narrow(0, r * g->n, g->n));
+  g->work = comm_->all_gather_async(g->send, outputs, what);
+  return g;
+}
+
+void ZeroExchange::finish(Gather& g) {
+  g.work->wait();
+  const FlatLayout& L = plan_.layout;
+  torch::NoGradGuard ng;
+  for (int r = 0; r < L.world_size; ++r) {
+    int64_t at = 0;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      const int64_t begin = r * p.partition_numel, real = std::min(p.partition_numel, p.numel - begin);
+      if (real > 0)
+        g.dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + begin, real).copy_(g.out.narrow(0, r * g.n + at, real));
+      at += p.partition_numel;
+    }
+  }
+}
+
+void ZeroExchange::gather_block(int64_t layer, const std::string& what, int64_t prefetch) {
+  if (prefetch_ && prefetch_layer_ == layer) {
+    finish(*prefetch_);
+  } else {
+    if (prefetch_) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
+    auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what);
+    finish(*g);
+  }
+  prefetch_.reset();
+  prefetch_layer_ = -1;
+  // The next block's gather runs while this one computes; it writes the other buffer, which no block
+  // in use reads.
+  if (prefetch >= 0 && prefetch < static_cast<int64_t>(plan_.model.hp.num_layers)) {
+    prefetch_ = start_gather(gathered_[static_cast<size_t>(prefetch)], flat_.block_params[prefetch % 2], flat_.group_offset, what);
+    prefetch_layer_ = prefetch;
+  }
+}
+
+void ZeroExchange::before_forward(int64_t layer) {
+  if (stage3_) gather_block(layer, evaluating_ ? "parameters (validation)" : "parameters (forward)", layer + 1);
+}
+
+void ZeroExchange::before_backward(int64_t layer) {
+  if (stage3_) gather_block(layer, "parameters (backward)", layer - 1);
+}
+
+void ZeroExchange::after_backward(int64_t layer) {
+  if (comm_ && flat_.grouped) reduce_group(groups_[static_cast<size_t>(layer)]);
+}
+
+void ZeroExchange::begin_micro_step(bool evaluation) {
+  evaluating_ = evaluation;
+  if (!stage3_ || groups_.back().layer >= 0 || gathered_.back().empty()) return;
+  auto g = start_gather(gathered_.back(), flat_.outer_params, flat_.group_offset,
+                        evaluation ? "parameters (validation)" : "parameters (forward)");
+  finish(*g);
+}
+
+void ZeroExchange::end_micro_step() {
+  if (comm_ && flat_.grouped && groups_.back().layer < 0) reduce_group(groups_.back());
+}
+
+void ZeroExchange::publish_parameters() {
+  if (!comm_ || plan_.layout.stage == 0) return;
+  torch::NoGradGuard ng;
+  if (stage3_) {
+    if (whole_.empty()) return;
+    auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, "parameters kept whole");
+    finish(*g);
+    return;
+  }
+  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces.
+  const FlatLayout& L = plan_.layout;
+  const int64_t S = L.shard_numel, piece = allgather_piece(L, plan_.zero.allgather_bucket_size);
+  for (int64_t at = 0; at < S; at += piece) {
+    const int64_t n = std::min(piece, S - at);
+    std::vector<torch::Tensor> outputs;
+    for (int r = 0; r < L.world_size; ++r) outputs.push_back(flat_.params.narrow(0, r * S + at, n));
+    comm_->all_gather(flat_.params.narrow(0, flat_.rank * S + at, n), outputs, "updated parameters");
+  }
+}
+
+}  // namespace ds

@@ -1,0 +1,68 @@
+// ds — ZeRO across ranks: the collectives each stage issues around the training step, exactly those
+// the plan lists (engine/plan/comm.hpp), counted in the communicator's ledger under the same names.
+//   stage 0  gradients all-reduced once per step (in reduce-bucket pieces)
+//   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
+//   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduced into the
+//            owners' parts as soon as backward finishes the group, so the whole gradient is never held
+//   stage 3  stage 2, plus parameters partitioned: a group is gathered before it runs (the next block
+//            prefetched while the current one computes) and again for its backward; parameters below
+//            the persistence threshold stay whole, gathered once per step after the optimizer
+// Gloo has no reduce-scatter: a "reduce-scatter" is an all-reduce of which each rank keeps its part.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/comm.hpp"
+#include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/language_model.hpp"
+
+namespace ds {
+
+class ZeroExchange : public BlockHooks {
+ public:
+  // `comm` null: one rank, every call below is a no-op.
+  ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm);
+  ~ZeroExchange() override;
+
+  // Around each micro step: stage 3 gathers the parameters outside the blocks before forward
+  // (`evaluation` counts the gathers apart from training's); after backward, stages 2-3 reduce
+  // those parameters' gradients.
+  void begin_micro_step(bool evaluation);
+  void end_micro_step();
+  // After the last micro step: stages 0-1 reduce the accumulated gradients.
+  void reduce_gradients();
+  // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
+  double grad_sum_of_squares(bool* partial) const;
+  // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
+  void publish_parameters();
+
+  void before_forward(int64_t layer) override;
+  void before_backward(int64_t layer) override;
+  void after_backward(int64_t layer) override;
+  bool recompute() const override { return stage3_; }
+
+ private:
+  struct Gather;
+  std::unique_ptr<Gather> start_gather(const std::vector<int>& params, torch::Tensor dest, const std::vector<int64_t>& offsets,
+                                       const std::string& what);
+  void finish(Gather& g);
+  void gather_block(int64_t layer, const std::string& what, int64_t prefetch);
+  void reduce_group(const ParamGroup& g);
+  void all_reduce_in_pieces(const torch::Tensor& t, int64_t piece);
+
+  const Plan& plan_;
+  FlatParams& flat_;
+  Communicator* comm_;
+  bool stage3_ = false, evaluating_ = false;
+  std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
+  std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
+  std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
+  std::vector<int> whole_;                 // stage 3: parameters kept whole
+  std::unique_ptr<Gather> prefetch_;
+  int64_t prefetch_layer_ = -1;
+};
+
+}  // namespace ds
