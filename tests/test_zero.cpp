@@ -3,6 +3,8 @@
 // another world size, and a dead rank ends every rank.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -162,4 +164,37 @@ TEST(Zero, WhenOneRankDiesEveryRankExitsAndTheLauncherNamesIt) {
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "rank 1 of 3 was killed by signal")) << r.err;
   EXPECT_LT(seconds, 60) << "the launcher waited on a dead rank";
+}
+
+TEST(Zero, TwoHostsJoinedByAVethPairRendezvousAcrossTheLink) {
+  // Two network namespaces stand in for two machines: one rank each, started as torchrun or Slurm would
+  // (RANK, WORLD_SIZE, MASTER_ADDR on the other side of the link), Gloo bound to the veth interface.
+  const std::string id = std::to_string(::getpid() % 100000);
+  const std::string a = "dsA" + id, b = "dsB" + id;
+  const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add va" + id + " type veth peer name vb" +
+                            id + " && ip link set va" + id + " netns " + a + " && ip link set vb" + id + " netns " + b +
+                            " && ip -n " + a + " addr add 10.77.0.1/24 dev va" + id + " && ip -n " + b +
+                            " addr add 10.77.0.2/24 dev vb" + id + " && ip -n " + a + " link set va" + id + " up && ip -n " + b +
+                            " link set vb" + id + " up && ip -n " + a + " link set lo up && ip -n " + b + " link set lo up";
+  const std::string teardown = "ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null";
+  if (std::system((setup + " >/dev/null 2>&1").c_str()) != 0) {
+    std::system(teardown.c_str());
+    GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+  }
+  const std::string dir = scratch_dir() + "/two_hosts";
+  const std::string args = kRun + "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 train.steps=10 "
+                                  "zero_optimization.stage=2 train.comm_timeout_s=60 train.output_dir=" + dir;
+  auto rank = [&](const std::string& ns, int r, const std::string& ifname) {
+    return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 " +
+           "MASTER_ADDR=10.77.0.1 MASTER_PORT=29533 GLOO_SOCKET_IFNAME=" + ifname + " " DS_BINARY " " + args + " >" + dir +
+           "_" + std::to_string(r) + ".log 2>&1";
+  };
+  const std::string both = "cd " DS_SOURCE_DIR " && (" + rank(a, 0, "va" + id) + " & " + rank(b, 1, "vb" + id) +
+                           " & wait %1; r0=$?; wait %2; r1=$?; exit $((r0 + r1)))";
+  const int status = std::system(("bash -c '" + both + "'").c_str());
+  std::system(teardown.c_str());
+  ASSERT_EQ(status, 0) << slurp(dir + "_0.log") << slurp(dir + "_1.log");
+  const auto base = losses_of(single_rank_run()), losses = losses_of(dir);
+  ASSERT_EQ(losses.size(), base.size());
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
 }

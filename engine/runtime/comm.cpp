@@ -49,7 +49,11 @@ Communicator::Communicator(int rank, int world, std::chrono::milliseconds timeou
   try {
     impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    // GLOO_SOCKET_IFNAME picks the network interface, as torch.distributed does; by default Gloo uses
+    // the address this host's name resolves to.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    options->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                                 : c10d::ProcessGroupGloo::createDefaultDevice());
     impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, rank, world, options);
   } catch (const std::exception& e) {
     const std::string what = e.what();
