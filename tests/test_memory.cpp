@@ -12,8 +12,6 @@ MemoryInputs base(const ModelSpec& m) {
   in.seq_len = 64;
   in.reduce_bucket_size = 1000;
   in.allgather_bucket_size = 1000;
-  in.prefetch_bucket_size = 1000;
-  in.max_live_parameters = 1000000000;
   in.sub_group_size = 1000000000;
   return in;
 }

@@ -90,7 +90,8 @@ void expect_same_run_as_one_rank(int ranks) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks");
     const std::string dir = scratch_dir() + "/z" + std::to_string(stage) + "_" + std::to_string(ranks);
-    Result r = cli_test::ds(kRun + shape(ranks) + "train.steps=10 zero_optimization.stage=" + std::to_string(stage) + " train.output_dir=" + dir);
+    Result r = cli_test::ds(kRun + shape(ranks) + "train.steps=10 comms_logger.enabled=true zero_optimization.stage=" +
+                            std::to_string(stage) + " train.output_dir=" + dir);
     ASSERT_EQ(r.code, 0) << r.err;
     const auto losses = losses_of(dir);
     ASSERT_EQ(losses.size(), base.size());
@@ -104,7 +105,9 @@ void expect_same_run_as_one_rank(int ranks) {
     const json plan = json::parse(slurp(dir + "/plan.json"));
     for (const json& c : plan["collectives"]) planned += c["wire_bytes_per_rank_per_step"].get<double>();
     for (const json& m : metrics_of(dir)) EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
-    EXPECT_TRUE(contains(slurp(dir + "/train.log"), "ZeRO stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks"));
+    const std::string log = slurp(dir + "/train.log");
+    EXPECT_TRUE(contains(log, "ZeRO stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks")) << log;
+    EXPECT_TRUE(contains(log, "comms step 1: | gradients")) << log;  // comms_logger's per-step line
   }
 }
 

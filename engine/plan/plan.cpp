@@ -163,10 +163,7 @@ MemoryInputs memory_inputs_for(const Plan& plan) {
   in.activation_checkpointing = plan.activation_checkpointing;
   in.reduce_bucket_size = plan.zero.reduce_bucket_size;
   in.allgather_bucket_size = plan.zero.allgather_bucket_size;
-  in.prefetch_bucket_size = plan.zero.prefetch_bucket_size;
   in.param_persistence_threshold = plan.zero.param_persistence_threshold;
-  in.max_live_parameters = plan.zero.max_live_parameters;
-  in.overlap_comm = plan.zero.overlap_comm;
   return in;
 }
 
