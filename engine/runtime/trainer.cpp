@@ -407,9 +407,9 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     const bool due = (step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val;
     log.progress(line, val || step + 1 == plan.steps, due);
     if (due && config.comms_logger_enabled && comm) {  // DeepSpeed's comms_logger: bytes and time per collective
-      std::string c = "comms step " + std::to_string(step + 1) + ":";
+      std::string c = "comms step " + std::to_string(step + 1) + ": ";
       for (const auto& [what, d] : step_comm)
-        c += " | " + what + " " + std::to_string(d.calls) + "x " + format_bytes(d.bytes) + " " +
+        c += (c.back() == ' ' ? "" : " | ") + what + " " + std::to_string(d.calls) + "x " + format_bytes(d.bytes) + " " +
              fixed(d.seconds * 1e3, 2) + " ms";
       log.note(c);
     }
