@@ -23,6 +23,11 @@ Subcommand setup_train(CLI::App& app) {
   sub->add_flag("--resume", args->resume,
                 "continue from the newest complete checkpoint in train.output_dir (train.resume=auto); "
                 "starts fresh when there is none");
+  sub->add_option("--hostfile", args->hostfile,
+                  "start ranks on these hosts over ssh: DeepSpeed's 'hostname slots=N' lines (DS_SSH replaces ssh)");
+  sub->add_option("--master-addr", args->master_addr, "where the ranks rendezvous (default: the hostfile's first host)");
+  sub->add_option("--master-port", args->master_port, "the rendezvous port (default: a free one on this machine, else 29500)")
+      ->check(CLI::Range(1, 65535));
   sub->footer(R"(Examples:
   ds train examples/quickstart.json
       a tiny GPT-2 on an embedded synthetic language: the loss falls towards its known floor in a minute
@@ -31,16 +36,18 @@ Subcommand setup_train(CLI::App& app) {
   ds train my.json data.type=text data.path=corpus.txt data.tokenizer=bytes
   ds train examples/quickstart.json train.steps=600 --resume
       continue the quickstart run from its last checkpoint, exactly where it stopped
-  ds train examples/quickstart.json --nproc-per-node 2
-      two data-parallel ranks on this machine (each takes its share of the global batch)
+  ds train examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=3
+      two ranks on this machine (each takes its share of the global batch), ZeRO stage 3
+  ds train my.json --hostfile hosts.txt --master-addr 10.0.0.1
+      every host's slots, started over ssh in this directory (the binary and data at the same paths)
 
 The run directory (train.output_dir) receives config.json (the resolved config), plan.json,
 metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, every train.save_every
 steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
---nproc-per-node N starts N local ranks (data parallel; rank 0 prints, the others log to
-train.output_dir/logs/rank_N.log). Offload and ZeRO stages 1-3 across ranks are refused before work
-starts, with the reason (exit 2). See ds-train(1).)");
+--nproc-per-node N starts N local ranks (rank 0 prints, the others log to train.output_dir/logs/rank_N.log)
+at any ZeRO stage; a checkpoint resumes at any world size. Offload, and fp16 or Lamb at stages 1-3 across
+ranks, are refused before work starts, with the reason (exit 2). See ds-train(1).)");
   return {sub, [args] { return run_train(*args); }};
 }
 
@@ -48,27 +55,44 @@ int run_train(const TrainArgs& a) {
   return run_guarded("train", [&]() -> int {
     ConfigArgs args = a.config;
     if (a.resume) args.overrides.push_back("train.resume=auto");
+    // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
+    // that world size first).
+    std::vector<LaunchHost> hosts;
+    if (!a.hostfile.empty() && !std::getenv("RANK")) {
+      if (args.nproc_per_node > 0) throw UserError("--hostfile and --nproc-per-node both given", "the hostfile's slots say how many ranks each host runs");
+      hosts = read_hostfile(a.hostfile);
+      args.world_size = 0;
+      for (const auto& h : hosts) args.world_size += h.slots;
+    }
     const CompiledConfig compiled = compile_config("train", args);
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
-    // --nproc-per-node N: this process only starts the ranks (the config is valid for N: checked above).
-    if (args.nproc_per_node > 1 && !std::getenv("RANK")) {
+    if ((args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK")) {
       LaunchSpec spec;
       spec.nproc = args.nproc_per_node;
+      spec.hosts = hosts;
+      spec.master_addr = a.master_addr;
+      spec.master_port = a.master_port;
       const auto& all = command_line();
       for (size_t i = 0; i < all.size(); ++i) {
-        if (all[i] == "--nproc-per-node") {
-          ++i;
-          continue;
+        bool launcher_only = false;
+        for (const char* flag : {"--nproc-per-node", "--hostfile", "--master-addr", "--master-port"}) {
+          if (all[i] == flag) {
+            ++i;
+            launcher_only = true;
+            break;
+          }
+          if (all[i].rfind(std::string(flag) + "=", 0) == 0) launcher_only = true;
         }
-        if (all[i].rfind("--nproc-per-node=", 0) == 0) continue;
-        spec.args.push_back(all[i]);
+        if (!launcher_only) spec.args.push_back(all[i]);
       }
       spec.log_dir = config.train.output_dir + "/logs";
       spec.grace = std::chrono::seconds(static_cast<int64_t>(config.train.comm_timeout_s) + 5);
-      std::cerr << "ds train: starting " << spec.nproc << " ranks on this machine; ranks 1-" << spec.nproc - 1 << " log to "
-                << spec.log_dir << "/rank_N.log\n";
-      return launch_local_ranks(spec);
+      const int world = plan.topology.world_size;
+      std::cerr << "ds train: starting " << world << " ranks "
+                << (hosts.empty() ? std::string("on this machine") : "on " + std::to_string(hosts.size()) + " hosts from " + a.hostfile)
+                << "; ranks 1-" << world - 1 << " log to " << spec.log_dir << "/rank_N.log\n";
+      return launch_ranks(spec);
     }
     TrainOptions opt;
     // Where to resume from is settled before any work, so a bad path fails at once.

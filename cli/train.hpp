@@ -8,6 +8,9 @@ namespace ds::cli {
 struct TrainArgs {
   ConfigArgs config;
   bool resume = false;  // --resume: train.resume=auto
+  std::string hostfile;  // --hostfile: ranks on these hosts, over ssh
+  std::string master_addr;
+  int master_port = 0;
 };
 
 Subcommand setup_train(CLI::App& app);

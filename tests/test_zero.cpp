@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -60,7 +61,7 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, cons
 // parameters ("auto" keeps only biases and norms whole; DeepSpeed's 1e5 would keep this tiny model whole).
 const std::string kRun =
     "train examples/quickstart.json bf16.enabled=false train.eval_every=0 train_batch_size=24 "
-    "scheduler.params.total_num_steps=10 zero_optimization.reduce_bucket_size=20000 "
+    "scheduler.params.total_num_steps=10 scheduler.params.warmup_num_steps=3 zero_optimization.reduce_bucket_size=20000 "
     "zero_optimization.allgather_bucket_size=30000 zero_optimization.stage3_param_persistence_threshold=auto ";
 
 std::string shape(int ranks) {  // micro batch and accumulation for 24 samples per step
@@ -169,35 +170,71 @@ TEST(Zero, WhenOneRankDiesEveryRankExitsAndTheLauncherNamesIt) {
   EXPECT_LT(seconds, 60) << "the launcher waited on a dead rank";
 }
 
-TEST(Zero, TwoHostsJoinedByAVethPairRendezvousAcrossTheLink) {
-  // Two network namespaces stand in for two machines: one rank each, started as torchrun or Slurm would
-  // (RANK, WORLD_SIZE, MASTER_ADDR on the other side of the link), Gloo bound to the veth interface.
-  const std::string id = std::to_string(::getpid() % 100000);
-  const std::string a = "dsA" + id, b = "dsB" + id;
-  const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add va" + id + " type veth peer name vb" +
-                            id + " && ip link set va" + id + " netns " + a + " && ip link set vb" + id + " netns " + b +
-                            " && ip -n " + a + " addr add 10.77.0.1/24 dev va" + id + " && ip -n " + b +
-                            " addr add 10.77.0.2/24 dev vb" + id + " && ip -n " + a + " link set va" + id + " up && ip -n " + b +
-                            " link set vb" + id + " up && ip -n " + a + " link set lo up && ip -n " + b + " link set lo up";
-  const std::string teardown = "ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null";
-  if (std::system((setup + " >/dev/null 2>&1").c_str()) != 0) {
-    std::system(teardown.c_str());
-    GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+// Two network namespaces stand in for two machines, joined by a veth pair: 10.77.0.1 on `a` (interface
+// `va`), 10.77.0.2 on `b` (`vb`). Torn down on destruction; `ok` is false where namespaces cannot be made.
+struct TwoHosts {
+  std::string id = std::to_string(::getpid() % 100000);
+  std::string a = "dsA" + id, b = "dsB" + id, va = "va" + id, vb = "vb" + id;
+  bool ok = false;
+  TwoHosts() {
+    const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add " + va + " type veth peer name " +
+                              vb + " && ip link set " + va + " netns " + a + " && ip link set " + vb + " netns " + b +
+                              " && ip -n " + a + " addr add 10.77.0.1/24 dev " + va + " && ip -n " + b +
+                              " addr add 10.77.0.2/24 dev " + vb + " && ip -n " + a + " link set " + va + " up && ip -n " + b +
+                              " link set " + vb + " up && ip -n " + a + " link set lo up && ip -n " + b + " link set lo up";
+    ok = std::system((setup + " >/dev/null 2>&1").c_str()) == 0;
   }
-  const std::string dir = scratch_dir() + "/two_hosts";
-  const std::string args = kRun + "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 train.steps=10 "
-                                  "zero_optimization.stage=2 train.comm_timeout_s=60 train.output_dir=" + dir;
-  auto rank = [&](const std::string& ns, int r, const std::string& ifname) {
-    return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 " +
-           "MASTER_ADDR=10.77.0.1 MASTER_PORT=29533 GLOO_SOCKET_IFNAME=" + ifname + " " DS_BINARY " " + args + " >" + dir +
-           "_" + std::to_string(r) + ".log 2>&1";
-  };
-  const std::string both = "cd " DS_SOURCE_DIR " && (" + rank(a, 0, "va" + id) + " & " + rank(b, 1, "vb" + id) +
-                           " & wait %1; r0=$?; wait %2; r1=$?; exit $((r0 + r1)))";
-  const int status = std::system(("bash -c '" + both + "'").c_str());
-  std::system(teardown.c_str());
-  ASSERT_EQ(status, 0) << slurp(dir + "_0.log") << slurp(dir + "_1.log");
+  ~TwoHosts() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
+};
+
+void expect_single_rank_losses(const std::string& dir) {
   const auto base = losses_of(single_rank_run()), losses = losses_of(dir);
   ASSERT_EQ(losses.size(), base.size());
   for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+}
+
+const std::string kTwoRankStage2 = kRun + "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 train.steps=10 "
+                                          "zero_optimization.stage=2 train.comm_timeout_s=60 ";
+
+TEST(Zero, TwoHostsStartedWithTorchrunsEnvironmentRendezvousAcrossTheLink) {
+  // One rank per host, started as torchrun or Slurm would (RANK, WORLD_SIZE, MASTER_ADDR on the other
+  // side of the link), Gloo bound to the veth interface by GLOO_SOCKET_IFNAME.
+  TwoHosts hosts;
+  if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+  const std::string dir = scratch_dir() + "/two_hosts_env";
+  auto rank = [&](const std::string& ns, int r, const std::string& ifname) {
+    return "ip netns exec " + ns + " env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 " +
+           "MASTER_ADDR=10.77.0.1 MASTER_PORT=29533 GLOO_SOCKET_IFNAME=" + ifname + " " DS_BINARY " " + kTwoRankStage2 +
+           "train.output_dir=" + dir + " >" + dir + "_" + std::to_string(r) + ".log 2>&1";
+  };
+  const std::string both = "cd " DS_SOURCE_DIR " && { " + rank(hosts.a, 0, hosts.va) + " & p0=$!; " + rank(hosts.b, 1, hosts.vb) +
+                           " & p1=$!; wait $p0; r0=$?; wait $p1; r1=$?; exit $((r0 + r1)); }";
+  const int status = std::system(("bash -c '" + both + "'").c_str());
+  ASSERT_EQ(status, 0) << slurp(dir + "_0.log") << slurp(dir + "_1.log");
+  expect_single_rank_losses(dir);
+}
+
+TEST(Zero, AHostfileStartsRanksOnOtherHostsOverSsh) {
+  // The launcher reads DeepSpeed's hostfile and starts each remote rank with `ssh HOST COMMAND`; DS_SSH
+  // points it at a stand-in that runs COMMAND inside that host's namespace, as sshd would on the host.
+  TwoHosts hosts;
+  if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+  const std::string dir = scratch_dir() + "/two_hosts_ssh";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/hosts.txt") << "# two machines\nnode-a slots=1\nnode-b slots=1  # the second\n";
+  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
+                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
+                                 << ";;\n  *) echo \"ssh: $host: unknown host\" >&2; exit 255;;\nesac\n"
+                                    "exec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
+  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+  Result r = cli_test::ds(kTwoRankStage2 + "--hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 --master-port 29534 "
+                          "train.output_dir=" + dir, "DS_SSH=" + dir + "/ssh.sh");
+  ASSERT_EQ(r.code, 0) << r.err << slurp(dir + "/logs/rank_1.log");
+  EXPECT_TRUE(contains(r.err, "starting 2 ranks on 2 hosts")) << r.err;
+  expect_single_rank_losses(dir);
+  // A malformed hostfile is refused before anything starts, naming the line.
+  std::ofstream(dir + "/bad.txt") << "node-a slots=1\nnode-b 2\n";
+  Result bad = cli_test::ds(kTwoRankStage2 + "--hostfile " + dir + "/bad.txt train.output_dir=" + dir + "/bad");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(contains(bad.err, "bad.txt:2")) << bad.err;
 }

@@ -10,12 +10,17 @@
 #include <cerrno>
 #include <climits>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
+
+#include "common/error.hpp"
 
 namespace ds {
 namespace {
@@ -69,11 +74,76 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+bool is_this_machine(const std::string& host) {
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1") return true;
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 && host == name;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
 }  // namespace
 
-int launch_local_ranks(const LaunchSpec& spec) {
+std::vector<LaunchHost> read_hostfile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw UserError("cannot read hostfile '" + path + "'", "give a file of 'hostname slots=N' lines");
+  std::vector<LaunchHost> hosts;
+  int line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const auto words = split_words(line);
+    if (words.empty()) continue;
+    LaunchHost h;
+    h.name = words[0];
+    const std::string where = path + ":" + std::to_string(line_no);
+    if (words.size() != 2 || words[1].rfind("slots=", 0) != 0)
+      throw UserError(where + ": '" + line + "' is not 'hostname slots=N'", "one host per line, e.g. worker-1 slots=8");
+    char* end = nullptr;
+    const long n = std::strtol(words[1].c_str() + 6, &end, 10);
+    if (*end != '\0' || n < 1 || n > (1 << 16)) throw UserError(where + ": slots must be a positive integer", "");
+    h.slots = static_cast<int>(n);
+    for (const auto& other : hosts)
+      if (other.name == h.name) throw UserError(where + ": host '" + h.name + "' is listed twice", "give each host one line");
+    hosts.push_back(h);
+  }
+  if (hosts.empty()) throw UserError("hostfile '" + path + "' lists no hosts", "one 'hostname slots=N' per line");
+  return hosts;
+}
+
+int launch_ranks(const LaunchSpec& spec_in) {
+  LaunchSpec spec = spec_in;
+  if (spec.hosts.empty()) spec.hosts = {{"localhost", spec.nproc}};
+  struct Placed {
+    std::string host;
+    int local_rank = 0, local_world = 1;
+    bool here = true;
+  };
+  std::vector<Placed> ranks;
+  bool all_here = true;
+  for (const auto& h : spec.hosts) {
+    const bool here = is_this_machine(h.name);
+    all_here = all_here && here;
+    for (int i = 0; i < h.slots; ++i) ranks.push_back({h.name, i, h.slots, here});
+  }
+  spec.nproc = static_cast<int>(ranks.size());
   const std::string exe = self_exe();
-  const std::string port = std::to_string(free_local_port());
+  const std::string addr = !spec.master_addr.empty() ? spec.master_addr : all_here ? "127.0.0.1" : spec.hosts[0].name;
+  const std::string port = std::to_string(spec.master_port > 0 ? spec.master_port : all_here ? free_local_port() : 29500);
+  const char* ssh_env = std::getenv("DS_SSH");
+  const std::vector<std::string> ssh = split_words(ssh_env && *ssh_env ? ssh_env : "ssh -o BatchMode=yes");
+  const std::string cwd = std::filesystem::current_path().string();
   std::filesystem::create_directories(spec.log_dir);
   g_children.assign(static_cast<size_t>(spec.nproc), -1);
   g_forwarded_signal = 0;
@@ -85,12 +155,11 @@ int launch_local_ranks(const LaunchSpec& spec) {
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(spec.nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(spec.nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
+      const Placed& p = ranks[static_cast<size_t>(r)];
+      const std::vector<std::pair<std::string, std::string>> env{
+          {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(p.local_rank)},
+          {"WORLD_SIZE", std::to_string(spec.nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(p.local_world)},
+          {"MASTER_ADDR", addr},                {"MASTER_PORT", port}};
       if (r > 0) {
         const int fd = open(log_path(r).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
@@ -99,11 +168,28 @@ int launch_local_ranks(const LaunchSpec& spec) {
           close(fd);
         }
       }
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(exe.c_str()));
-      for (const auto& a : spec.args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(exe.c_str(), argv.data());
+      std::vector<std::string> argv;
+      if (p.here) {
+        for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+        argv.push_back(exe);
+        argv.insert(argv.end(), spec.args.begin(), spec.args.end());
+      } else {
+        // One shell command on the remote host: same directory, the rank's environment, same binary.
+        std::string command = "cd " + shell_quote(cwd) + " && exec env";
+        for (const auto& [k, v] : env) command += " " + k + "=" + shell_quote(v);
+        for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+          if (const char* v = std::getenv(pass)) command += std::string(" ") + pass + "=" + shell_quote(v);
+        command += " " + shell_quote(exe);
+        for (const auto& a : spec.args) command += " " + shell_quote(a);
+        argv = ssh;
+        argv.push_back(p.host);
+        argv.push_back(command);
+      }
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execvp(cargv[0], cargv.data());
+      std::fprintf(stderr, "ds train: cannot start rank %d: %s: %s\n", r, cargv[0], std::strerror(errno));
       _exit(127);
     }
     g_children[static_cast<size_t>(r)] = pid;
@@ -147,7 +233,9 @@ int launch_local_ranks(const LaunchSpec& spec) {
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
   if (failed_rank >= 0) {
-    std::cerr << "ds train: rank " << failed_rank << " of " << spec.nproc << " " << describe_status(failed_status)
+    const Placed& where = ranks[static_cast<size_t>(failed_rank)];
+    std::cerr << "ds train: rank " << failed_rank << " of " << spec.nproc << (where.here ? "" : " (on " + where.host + ")") << " "
+              << describe_status(failed_status)
               << "; the other ranks were stopped";
     if (failed_rank > 0)
       std::cerr << ". Last lines of " << log_path(failed_rank) << ":\n" << last_lines(log_path(failed_rank), 12);
