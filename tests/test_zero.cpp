@@ -118,6 +118,27 @@ TEST(Zero, EveryStageOnTwoRanksTrainsTheSingleRankRun) { expect_same_run_as_one_
 TEST(Zero, EveryStageOnThreeRanksTrainsTheSingleRankRun) { expect_same_run_as_one_rank(3); }
 TEST(Zero, EveryStageOnFourRanksTrainsTheSingleRankRun) { expect_same_run_as_one_rank(4); }
 
+TEST(Zero, LambTakesEachTensorsTrustRatioOverItsPartsOnEveryRank) {
+  // Lamb's ratio ||w|| / ||u|| is per tensor; split across ranks, each rank's share of the norms is summed
+  // before any rank applies its part.
+  const std::string lamb = "optimizer.type=Lamb optimizer.params.lr=0.02 ";
+  const std::string one = scratch_dir() + "/lamb1";
+  Result r1 = cli_test::ds(kRun + lamb + shape(1) + "train.steps=6 train.output_dir=" + one);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  for (const auto& [ranks, stage] : {std::pair{2, 2}, {3, 3}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks");
+    const std::string dir = scratch_dir() + "/lamb" + std::to_string(ranks);
+    Result r = cli_test::ds(kRun + lamb + shape(ranks) + "train.steps=6 zero_optimization.stage=" + std::to_string(stage) +
+                            " train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto a = losses_of(one), b = losses_of(dir);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+    expect_close(whole_state(dir).master, whole_state(one).master, "weights");
+    EXPECT_TRUE(contains(slurp(dir + "/train.log"), "Lamb tensor norms: 1.0 calls")) << slurp(dir + "/train.log");
+  }
+}
+
 TEST(Zero, ACheckpointSavedOnTwoRanksResumesOnThreeAndBack) {
   // 5 steps on one world size and stage, then 5 more on another: the same losses as 10 on one rank.
   const auto base = losses_of(single_rank_run());

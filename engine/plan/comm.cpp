@@ -55,6 +55,9 @@ std::vector<Collective> plan_collectives(const CommInputs& in) {
   const auto groups = parameter_groups(L);
 
   out.push_back(make(kControlCollective, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
+  if (in.per_tensor_norms && L.stage >= 1)
+    out.push_back(make(kLambNormsCollective, CollectiveOp::all_reduce, "per step", 1, 1,
+                       2 * static_cast<int64_t>(L.params.size()), 8, W));
   auto gather_updated = [&] {
     const int64_t piece = allgather_piece(L, in.allgather_bucket_size);
     out.push_back(make("updated parameters", CollectiveOp::all_gather, "per step", 1, calls_for(L.shard_numel, piece),

@@ -38,6 +38,7 @@ struct CommInputs {
   int64_t reduce_bucket_size = 1, allgather_bucket_size = 1;
   bool reduce_scatter = true;  // zero_optimization.reduce_scatter
   bool gloo = true;            // CPU ranks: no reduce-scatter, no 16-bit reductions
+  bool per_tensor_norms = false;  // Lamb: each tensor's ||w|| and ||u|| summed over its parts
 };
 
 // Empty for a single rank: nothing crosses a wire.
@@ -45,6 +46,7 @@ std::vector<Collective> plan_collectives(const CommInputs& in);
 
 // The names the runtime and the plan share.
 inline constexpr const char* kControlCollective = "loss, norm and stop flag";
+inline constexpr const char* kLambNormsCollective = "Lamb tensor norms";
 
 // Stages 1-2: the updated parameters are gathered in pieces of this many elements per rank, so one
 // call moves about allgather_bucket_size elements in all.

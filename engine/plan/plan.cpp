@@ -307,6 +307,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   ci.allgather_bucket_size = z.allgather_bucket_size;
   ci.reduce_scatter = z.reduce_scatter;
   ci.gloo = topo.device == DeviceKind::cpu;
+  ci.per_tensor_norms = plan.optimizer.type == OptimizerType::Lamb;
   plan.collectives = plan_collectives(ci);
 
   auto where = [&](OffloadDevice d, const char* dflt) -> std::string {

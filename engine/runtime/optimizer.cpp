@@ -6,18 +6,51 @@
 
 namespace ds {
 
-FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank) : o_(o) {
+FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank)
+    : o_(o), num_params_(layout.params.size()) {
   const bool per_tensor = o.type == OptimizerType::Lamb;
   for (const OwnedSegment& s : owned_segments(layout, rank)) {
     const bool decay = layout.params[static_cast<size_t>(s.param)].weight_decay;
     if (!per_tensor && !segments_.empty() && segments_.back().end == s.local && segments_.back().decay == decay)
       segments_.back().end = s.local + s.numel;
     else
-      segments_.push_back({s.local, s.local + s.numel, decay});
+      segments_.push_back({s.local, s.local + s.numel, decay, s.param});
   }
 }
 
-void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& in) const {
+void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
+  const auto f = [](double x) { return static_cast<float>(x); };
+  auto step_for = [&](const Segment& s) {
+    return kernels::lamb_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(s.decay ? o_.weight_decay : 0.0),
+                                  o_.bias_correction, in.step, f(in.grad_scale), f(o_.max_coeff), f(o_.min_coeff),
+                                  o_.eps_inside_sqrt);
+  };
+  // Moments and this rank's share of every tensor's ||w||^2 and ||u||^2, then the whole tensors' sums.
+  std::vector<double> sums(2 * num_params_, 0.0);
+  for (const Segment& s : segments_) {
+    const int64_t n = s.end - s.begin;
+    double* w_sq = &sums[2 * static_cast<size_t>(s.param)];
+    if (b.grads_bf16)
+      kernels::lamb_moments_bf16(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+                                 static_cast<const uint16_t*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
+    else
+      kernels::lamb_moments_f32(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+                                static_cast<const float*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
+  }
+  if (sum_over_ranks) sum_over_ranks(sums.data(), sums.size());
+  for (const Segment& s : segments_) {
+    const auto k = step_for(s);
+    const float ratio = kernels::lamb_trust_ratio(sums[2 * static_cast<size_t>(s.param)], sums[2 * static_cast<size_t>(s.param) + 1], k);
+    kernels::lamb_apply(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+                        b.params_bf16 ? b.params_bf16 + s.begin : nullptr, s.end - s.begin, k, ratio);
+  }
+}
+
+void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
+  if (o_.type == OptimizerType::Lamb) {
+    lamb_step(b, in, sum_over_ranks);
+    return;
+  }
   const auto f = [](double x) { return static_cast<float>(x); };
   const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + at; };
   const auto grad_bf16 = [&](int64_t at) { return static_cast<const uint16_t*>(b.grads) + at; };
@@ -37,15 +70,7 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
           kernels::adam_step_f32(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_f32(s.begin), n, k);
         break;
       }
-      case OptimizerType::Lamb: {
-        const auto k = kernels::lamb_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(wd), o_.bias_correction, in.step,
-                                              f(in.grad_scale), f(o_.max_coeff), f(o_.min_coeff), o_.eps_inside_sqrt);
-        if (b.grads_bf16)
-          kernels::lamb_step_bf16(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_bf16(s.begin), n, k);
-        else
-          kernels::lamb_step_f32(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_f32(s.begin), n, k);
-        break;
-      }
+      case OptimizerType::Lamb: break;  // lamb_step
       case OptimizerType::SGD: {
         kernels::SgdStep k;
         k.lr = f(in.lr);

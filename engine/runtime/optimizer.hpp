@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/plan/plan.hpp"
@@ -28,12 +29,17 @@ struct OptimizerStepInputs {
   int64_t step = 1;       // 1-based count of applied steps, this one included (bias correction)
 };
 
+// Sums `n` doubles element-wise over the ranks, in place (Lamb's per-tensor norms under ZeRO).
+using SumOverRanks = std::function<void(double* values, size_t n)>;
+
 class FlatOptimizer {
  public:
   // Steps the parts of the parameters rank `rank` owns (all of them at stage 0 or on one rank); the
   // buffers handed to step() are that rank's local buffers (owned_segments' `local` offsets).
   FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank);
-  void step(const OptimizerBuffers& b, const OptimizerStepInputs& in) const;
+  // `sum_over_ranks`: needed only when tensors are split across ranks and the optimizer is Lamb, whose
+  // trust ratio needs each whole tensor's ||w|| and ||u||: one sum of 2 x (tensors) doubles per step.
+  void step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks = nullptr) const;
 
  private:
   // Contiguous runs of parameters that share a weight-decay setting (Adam, SGD: one kernel call each),
@@ -41,9 +47,12 @@ class FlatOptimizer {
   struct Segment {
     int64_t begin = 0, end = 0;
     bool decay = false;
+    int param = 0;  // Lamb: the tensor this part belongs to
   };
+  void lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const;
   ResolvedOptimizer o_;
   std::vector<Segment> segments_;
+  size_t num_params_ = 0;
 };
 
 }  // namespace ds

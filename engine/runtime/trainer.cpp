@@ -129,9 +129,6 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& 
   const bool sharded = plan.topology.world_size > 1 && plan.zero.stage >= 1;
   if (sharded && plan.precision.mode == "fp16")
     why.push_back("fp16 at ZeRO stage " + std::to_string(plan.zero.stage) + " across ranks (use bf16, the fast CPU choice)");
-  if (sharded && plan.optimizer.type == OptimizerType::Lamb)
-    why.push_back("Lamb at ZeRO stage " + std::to_string(plan.zero.stage) +
-                  " across ranks (its per-tensor trust ratio needs norms over partitions)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
@@ -241,6 +238,12 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   const ResolvedOptimizer& o = plan.optimizer;
   LrSchedule schedule(plan.scheduler, o.lr, o.betas[0]);
   const FlatOptimizer optimizer(o, plan.layout, rank);
+  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
+  SumOverRanks sum_over_ranks;
+  if (comm && plan.zero.stage >= 1 && o.type == OptimizerType::Lamb)
+    sum_over_ranks = [&](double* v, size_t n) {
+      comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), kLambNormsCollective);
+    };
   const bool widened = flat.widened();
   OptimizerBuffers ob;
   ob.master = flat.master.data_ptr<float>();
@@ -346,7 +349,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       si.beta2 = schedule.beta2_override().value_or(o.betas[1]);
       si.grad_scale = clip / loss_scale;
       si.step = applied + 1;
-      optimizer.step(ob, si);
+      optimizer.step(ob, si, sum_over_ranks);
       if (!ob.params_bf16) refresh_weights();
       zero.publish_parameters();
       ++applied;

@@ -35,7 +35,8 @@ inline float update_of(float m, float v, float w, const LambStep& s) {
 }
 
 template <class LoadGrad>
-float lamb_tensor(float* p, float* m, float* v, uint16_t* out, int64_t n, const LambStep& s, LoadGrad grad) {
+void lamb_moments(const float* p, float* m, float* v, int64_t n, const LambStep& s, LoadGrad grad, double* w_sq_out,
+                  double* u_sq_out) {
   double w_sq = 0, u_sq = 0;
 #pragma omp parallel for schedule(static) reduction(+ : w_sq, u_sq) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
@@ -48,26 +49,50 @@ float lamb_tensor(float* p, float* m, float* v, uint16_t* out, int64_t n, const 
     w_sq += static_cast<double>(p[i]) * p[i];
     u_sq += static_cast<double>(u) * u;
   }
-  float ratio = 1;
-  if (w_sq > 0 && u_sq > 0)
-    ratio = std::clamp(static_cast<float>(std::sqrt(w_sq / u_sq)), s.min_coeff, s.max_coeff);
+  *w_sq_out += w_sq;
+  *u_sq_out += u_sq;
+}
+
+}  // namespace
+
+void lamb_moments_f32(const float* p, float* m, float* v, const float* g, int64_t n, const LambStep& s, double* w_sq,
+                      double* u_sq) {
+  lamb_moments(p, m, v, n, s, [g](int64_t i) { return g[i]; }, w_sq, u_sq);
+}
+
+void lamb_moments_bf16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* w_sq,
+                       double* u_sq) {
+  lamb_moments(p, m, v, n, s, [g](int64_t i) { return bf16_to_float(g[i]); }, w_sq, u_sq);
+}
+
+float lamb_trust_ratio(double w_sq, double u_sq, const LambStep& s) {
+  if (w_sq > 0 && u_sq > 0) return std::clamp(static_cast<float>(std::sqrt(w_sq / u_sq)), s.min_coeff, s.max_coeff);
+  return 1;
+}
+
+void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t n, const LambStep& s, float ratio) {
   const float step = s.lr * s.step_size_factor * ratio;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
     p[i] -= step * update_of(m[i], v[i], p[i], s);
     if (out) out[i] = float_to_bf16(p[i]);
   }
+}
+
+float lamb_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const LambStep& s) {
+  double w_sq = 0, u_sq = 0;
+  lamb_moments_f32(p, m, v, g, n, s, &w_sq, &u_sq);
+  const float ratio = lamb_trust_ratio(w_sq, u_sq, s);
+  lamb_apply(p, m, v, out, n, s, ratio);
   return ratio;
 }
 
-}  // namespace
-
-float lamb_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const LambStep& s) {
-  return lamb_tensor(p, m, v, out, n, s, [g](int64_t i) { return g[i]; });
-}
-
 float lamb_step_bf16(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n, const LambStep& s) {
-  return lamb_tensor(p, m, v, out, n, s, [g](int64_t i) { return bf16_to_float(g[i]); });
+  double w_sq = 0, u_sq = 0;
+  lamb_moments_bf16(p, m, v, g, n, s, &w_sq, &u_sq);
+  const float ratio = lamb_trust_ratio(w_sq, u_sq, s);
+  lamb_apply(p, m, v, out, n, s, ratio);
+  return ratio;
 }
 
 }  // namespace ds::kernels

@@ -23,6 +23,18 @@ LambStep lamb_step_for(float lr, float beta1, float beta2, float eps, float weig
                        float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt);
 
 // Returns the trust ratio applied. `param_bf16` may be null.
+// A tensor split across ranks (ZeRO) takes the step in two phases around a sum over the ranks:
+//   lamb_moments_*   updates this part's moments and adds its ||p||^2 and ||u||^2 to w_sq / u_sq
+//   lamb_trust_ratio the clamped ratio from the whole tensor's sums
+//   lamb_apply       the update of this part with that ratio
+void lamb_moments_f32(const float* master, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n, const LambStep& s,
+                      double* w_sq, double* u_sq);
+void lamb_moments_bf16(const float* master, float* exp_avg, float* exp_avg_sq, const uint16_t* grad, int64_t n,
+                       const LambStep& s, double* w_sq, double* u_sq);
+float lamb_trust_ratio(double w_sq, double u_sq, const LambStep& s);
+void lamb_apply(float* master, const float* exp_avg, const float* exp_avg_sq, uint16_t* param_bf16, int64_t n, const LambStep& s,
+                float ratio);
+
 float lamb_step_f32(float* master, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16, const float* grad, int64_t n,
                     const LambStep& s);
 float lamb_step_bf16(float* master, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16, const uint16_t* grad,
