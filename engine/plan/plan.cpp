@@ -296,6 +296,15 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
 
   plan.layout = build_layout(model, z.stage, topo.world_size);
   plan.memory = estimate_memory(memory_inputs_for(plan));
+  if (z.stage == 3 && topo.world_size > 1) {
+    // How ds runs stage 3, which DeepSpeed's knobs do not describe.
+    plan.resolved.push_back({"zero_optimization.stage3_prefetch_bucket_size", "one transformer block (" +
+                                 format_count(model.largest_block_params) + " parameters)",
+                             "ds gathers a whole block per collective and prefetches the next; max_live_parameters "
+                             "and max_reuse_distance do not apply"});
+    plan.resolved.push_back({"activation recomputation", "every block, in backward",
+                             "stage 3 releases a block's gathered parameters after its forward"});
+  }
 
   CommInputs ci;
   ci.layout = &plan.layout;
