@@ -11,7 +11,6 @@ MemoryInputs base(const ModelSpec& m) {
   in.micro_batch = 2;
   in.seq_len = 64;
   in.reduce_bucket_size = 1000;
-  in.allgather_bucket_size = 1000;
   in.sub_group_size = 1000000000;
   return in;
 }

@@ -15,11 +15,6 @@ const char* collective_op_name(CollectiveOp op) {
   return "?";
 }
 
-int64_t allgather_piece(const FlatLayout& L, int64_t bucket) {
-  const int64_t calls = std::max<int64_t>(1, calls_for(L.padded_numel, bucket));
-  return std::max<int64_t>(1, (L.shard_numel + calls - 1) / calls);
-}
-
 namespace {
 
 Collective make(std::string what, CollectiveOp op, const char* when, int64_t times, int64_t calls, int64_t elements,
@@ -58,10 +53,15 @@ std::vector<Collective> plan_collectives(const CommInputs& in) {
   if (in.per_tensor_norms && L.stage >= 1)
     out.push_back(make(kLambNormsCollective, CollectiveOp::all_reduce, "per step", 1, 1,
                        2 * static_cast<int64_t>(L.params.size()), 8, W));
+  // Parameters are gathered with an all-gather, or on Gloo by an all-reduce of their bits.
+  const CollectiveOp gather_op = in.gloo ? CollectiveOp::all_reduce : CollectiveOp::all_gather;
+  auto gather = [&](const char* what, const char* when, int64_t times, int64_t calls, int64_t elements) {
+    Collective c = make(what, gather_op, when, times, calls, elements, pb, W);
+    if (in.gloo) c.note = "an all-gather as an all_reduce of raw bits: Gloo's all-gather is 3x slower";
+    out.push_back(c);
+  };
   auto gather_updated = [&] {
-    const int64_t piece = allgather_piece(L, in.allgather_bucket_size);
-    out.push_back(make("updated parameters", CollectiveOp::all_gather, "per step", 1, calls_for(L.shard_numel, piece),
-                       L.shard_numel * W, pb, W));
+    gather("updated parameters", "per step", 1, calls_for(L.padded_numel, in.allgather_bucket_size), L.padded_numel);
   };
   // Stages 2-3: every group's gradients as backward finishes it, in reduce-bucket pieces.
   auto grads_per_group = [&] {
@@ -111,13 +111,10 @@ std::vector<Collective> plan_collectives(const CommInputs& in) {
           bwd_elements += n * W;
         }
       }
-      out.push_back(make("parameters (forward)", CollectiveOp::all_gather, "per micro step", in.grad_accum, fwd_calls,
-                         fwd_elements, pb, W));
-      out.push_back(make("parameters (backward)", CollectiveOp::all_gather, "per micro step", in.grad_accum, bwd_calls,
-                         bwd_elements, pb, W));
+      gather("parameters (forward)", "per micro step", in.grad_accum, fwd_calls, fwd_elements);
+      gather("parameters (backward)", "per micro step", in.grad_accum, bwd_calls, bwd_elements);
       grads_per_group();
-      if (whole > 0)
-        out.push_back(make("parameters kept whole", CollectiveOp::all_gather, "per step", 1, 1, whole * W, pb, W));
+      if (whole > 0) gather("parameters kept whole", "per step", 1, 1, whole * W);
       break;
     }
   }

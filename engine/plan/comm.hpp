@@ -2,7 +2,9 @@
 // makes (engine/runtime/zero.cpp), so `ds train` can report bytes sent beside this prediction.
 // Wire bytes per rank assume ring algorithms: all-reduce moves 2(W-1)/W of the payload, reduce-scatter
 // and all-gather (W-1)/W. Gloo (CPU ranks) has no reduce-scatter in LibTorch 1.13 and cannot reduce
-// 16-bit floats: there gradients are all-reduced in fp32 and each rank keeps its part.
+// 16-bit floats: there gradients are all-reduced in fp32 and each rank keeps its part. Its all-gather is
+// slow (a third of its all-reduce's rate here), so on Gloo parameters are gathered by summing their raw
+// bits (every element nonzero on one rank only): an all-reduce, twice the bytes, a third of the time.
 #pragma once
 
 #include <cstdint>
@@ -48,9 +50,6 @@ std::vector<Collective> plan_collectives(const CommInputs& in);
 inline constexpr const char* kControlCollective = "loss, norm and stop flag";
 inline constexpr const char* kLambNormsCollective = "Lamb tensor norms";
 
-// Stages 1-2: the updated parameters are gathered in pieces of this many elements per rank, so one
-// call moves about allgather_bucket_size elements in all.
-int64_t allgather_piece(const FlatLayout& layout, int64_t allgather_bucket_size);
 // Elements per reduction call: a group's gradients go in pieces of at most the reduce bucket.
 inline int64_t calls_for(int64_t elements, int64_t bucket) {
   const int64_t b = bucket > 0 ? bucket : 1;

@@ -90,7 +90,6 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
     const double reduce_piece_bytes = bcomm < 4 ? 4.0 : 0.0;
     if (in.stage <= 1) {
       e.device.buffers += std::min<double>(static_cast<double>(in.reduce_bucket_size), P) * reduce_piece_bytes;
-      if (in.stage == 1) e.device.buffers += 2.0 * std::min<double>(static_cast<double>(in.allgather_bucket_size), P) * bp;
     } else {
       // Gradients land in one block's buffer (or the outer parameters') and are reduced as backward
       // finishes each; stage 3 also gathers the parameters outside the blocks for the micro step and
@@ -111,9 +110,8 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
       }
       const double largest = std::max(block, outer);
       e.device.buffers += (block + outer) * bg + std::min<double>(static_cast<double>(in.reduce_bucket_size), largest) * reduce_piece_bytes;
-      if (in.stage == 2)
-        e.device.buffers += 2.0 * std::min<double>(static_cast<double>(in.allgather_bucket_size), P) * bp;
-      else
+      // Stages 1-2 gather the updated parameters in place; stage 3 into one packed buffer per gather in flight.
+      if (in.stage == 3)
         e.device.buffers += (outer_gathered + 2.0 * block_gathered) * bc + 2.0 * std::max(outer_gathered, block_gathered) * bp;
     }
   }

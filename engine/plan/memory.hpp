@@ -32,7 +32,7 @@ struct MemoryInputs {
   int64_t sub_group_size = 0;
   int64_t micro_batch = 1, seq_len = 1;
   bool activation_checkpointing = false;
-  int64_t reduce_bucket_size = 0, allgather_bucket_size = 0;   // elements
+  int64_t reduce_bucket_size = 0;  // elements
   int64_t param_persistence_threshold = 0;  // stage 3: smaller parameters stay whole
 };
 

@@ -162,7 +162,6 @@ MemoryInputs memory_inputs_for(const Plan& plan) {
   in.seq_len = plan.seq_len;
   in.activation_checkpointing = plan.activation_checkpointing;
   in.reduce_bucket_size = plan.zero.reduce_bucket_size;
-  in.allgather_bucket_size = plan.zero.allgather_bucket_size;
   in.param_persistence_threshold = plan.zero.param_persistence_threshold;
   return in;
 }

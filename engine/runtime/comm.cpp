@@ -79,19 +79,11 @@ void Communicator::all_reduce_sum(const torch::Tensor& t, const std::string& wha
 }
 
 namespace {
-// The same memory as bytes: Gloo gathers any dtype that way, bf16 included.
-torch::Tensor as_bytes(const torch::Tensor& t) {
-  DS_CHECK(t.is_contiguous(), "all-gather of a non-contiguous tensor");
-  return torch::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, torch::kUInt8);
-}
-}  // namespace
-
-namespace {
-class GlooGather : public PendingGather {
+class GlooWork : public PendingCollective {
  public:
-  GlooGather(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start)
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start)
       : work_(std::move(work)), stats_(stats), start_(start) {}
-  ~GlooGather() override {
+  ~GlooWork() override {
     if (work_) try { work_->wait(); } catch (...) {}  // never leave Gloo writing into freed memory
   }
   void wait() override {
@@ -108,22 +100,19 @@ class GlooGather : public PendingGather {
 };
 }  // namespace
 
-std::unique_ptr<PendingGather> Communicator::all_gather_async(const torch::Tensor& send, const std::vector<torch::Tensor>& outputs,
-                                                              const std::string& what) {
+std::unique_ptr<PendingCollective> Communicator::gather_by_sum_async(const torch::Tensor& t, const std::string& what) {
   const auto t0 = std::chrono::steady_clock::now();
-  DS_CHECK(static_cast<int>(outputs.size()) == world_, "all-gather needs one output per rank");
-  std::vector<torch::Tensor> in{as_bytes(send)};
-  std::vector<std::vector<torch::Tensor>> out(1);
-  for (const auto& o : outputs) {
-    DS_CHECK(o.nbytes() == send.nbytes(), "all-gather output of ", o.nbytes(), " bytes for ", send.nbytes(), " sent");
-    out[0].push_back(as_bytes(o));
-  }
-  auto work = impl_->group->allgather(out, in);
+  DS_CHECK(t.is_contiguous(), "gather of a non-contiguous tensor");
+  const int64_t bytes = static_cast<int64_t>(t.nbytes());
+  // Integer lanes: int32 where the size allows, else bytes. Lanes never carry into each other.
+  std::vector<torch::Tensor> bits{bytes % 4 == 0 ? torch::from_blob(t.data_ptr(), {bytes / 4}, torch::kInt32)
+                                                 : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8)};
+  auto work = impl_->group->allreduce(bits);
   CommStats& s = ledger_[what];
-  s.op = "all_gather";
+  s.op = "all_reduce";
   ++s.calls;
-  s.bytes += static_cast<double>(world_ - 1) * static_cast<double>(send.nbytes());  // (W-1)/W of the gathered bytes
-  return std::make_unique<GlooGather>(std::move(work), s, t0);
+  s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(bytes);
+  return std::make_unique<GlooWork>(std::move(work), s, t0);
 }
 
 void Communicator::barrier() { impl_->group->barrier()->wait(); }

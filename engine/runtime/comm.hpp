@@ -3,7 +3,7 @@
 // `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way.
 // Every collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it.
 // LibTorch 1.13's Gloo cannot reduce bf16 (or fp16): those are reduced through an fp32 copy, and
-// the bytes counted are what went on the wire. All-gathers move raw bytes, so any dtype goes as is.
+// the bytes counted are what went on the wire. Gathers sum raw bits as integers, so any dtype goes as is.
 #pragma once
 
 #include <torch/torch.h>
@@ -24,10 +24,10 @@ struct CommStats {
 };
 using CommLedger = std::map<std::string, CommStats>;
 
-// An all-gather in flight; wait() finishes it (and throws if a peer failed or the timeout passed).
-class PendingGather {
+// A collective in flight; wait() finishes it (and throws if a peer failed or the timeout passed).
+class PendingCollective {
  public:
-  virtual ~PendingGather() = default;
+  virtual ~PendingCollective() = default;
   virtual void wait() = 0;
 };
 
@@ -43,13 +43,12 @@ class Communicator {
 
   // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous).
   void all_reduce_sum(const torch::Tensor& t, const std::string& what);
-  // Every rank's `send` (contiguous) lands in outputs[r] (same byte size each), in any dtype.
-  // Starts the collective and returns at once; call wait() before reading the outputs.
-  std::unique_ptr<PendingGather> all_gather_async(const torch::Tensor& send, const std::vector<torch::Tensor>& outputs,
-                                                  const std::string& what);
-  void all_gather(const torch::Tensor& send, const std::vector<torch::Tensor>& outputs, const std::string& what) {
-    all_gather_async(send, outputs, what)->wait();
-  }
+  // An all-gather as an all-reduce of raw bits: every element of `t` is nonzero on at most one rank (each
+  // rank fills its own part, the rest is zero), so the integer sum of the bit patterns is that rank's
+  // bits, exactly, in any dtype. Gloo's own all-gather moves ~80 MB/s on this machine against ~500 MB/s
+  // for its all-reduce: twice the bytes, a third of the time. Starts it and returns at once.
+  std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, const std::string& what);
+  void gather_by_sum(const torch::Tensor& t, const std::string& what) { gather_by_sum_async(t, what)->wait(); }
   void barrier();
   const CommLedger& ledger() const { return ledger_; }
 

@@ -8,8 +8,8 @@
 namespace ds {
 
 struct ZeroExchange::Gather {
-  std::unique_ptr<PendingGather> work;
-  torch::Tensor send, out;  // this rank's partitions packed; every rank's, one after another
+  std::unique_ptr<PendingCollective> work;
+  torch::Tensor out;  // every rank's partitions packed, one rank after another
   std::vector<int> params;
   torch::Tensor dest;
   const std::vector<int64_t>* offsets = nullptr;
@@ -77,17 +77,15 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
   g->dest = std::move(dest);
   g->offsets = &offsets;
   for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
-  g->send = torch::empty({g->n}, flat_.params.options());
-  int64_t at = 0;
+  // This rank packs its partitions into its place; the rest stays zero for the gather by sum.
+  g->out = torch::zeros({g->n * W}, flat_.params.options());
+  int64_t at = flat_.rank * g->n;
   for (int i : params) {
     const ParamSlot& p = L.params[static_cast<size_t>(i)];
-    g->send.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
+    g->out.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
     at += p.partition_numel;
   }
-  g->out = torch::empty({g->n * W}, flat_.params.options());
-  std::vector<torch::Tensor> outputs;
-  for (int r = 0; r < W; ++r) outputs.push_back(g->out.narrow(0, r * g->n, g->n));
-  g->work = comm_->all_gather_async(g->send, outputs, what);
+  g->work = comm_->gather_by_sum_async(g->out, what);
   return g;
 }
 
@@ -158,15 +156,15 @@ void ZeroExchange::publish_parameters() {
     finish(*g);
     return;
   }
-  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces.
+  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces: the other
+  // ranks' parts are zeroed first, so the sum of the bits is everyone's weights.
   const FlatLayout& L = plan_.layout;
-  const int64_t S = L.shard_numel, piece = allgather_piece(L, plan_.zero.allgather_bucket_size);
-  for (int64_t at = 0; at < S; at += piece) {
-    const int64_t n = std::min(piece, S - at);
-    std::vector<torch::Tensor> outputs;
-    for (int r = 0; r < L.world_size; ++r) outputs.push_back(flat_.params.narrow(0, r * S + at, n));
-    comm_->all_gather(flat_.params.narrow(0, flat_.rank * S + at, n), outputs, "updated parameters");
-  }
+  const ShardRange& mine = L.shards[static_cast<size_t>(flat_.rank)];
+  flat_.params.narrow(0, 0, mine.begin).zero_();
+  flat_.params.narrow(0, mine.end, L.padded_numel - mine.end).zero_();
+  const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
+  for (int64_t at = 0; at < L.padded_numel; at += piece)
+    comm_->gather_by_sum(flat_.params.narrow(0, at, std::min(piece, L.padded_numel - at)), "updated parameters");
 }
 
 }  // namespace ds
