@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -258,4 +259,59 @@ TEST(Zero, AHostfileStartsRanksOnOtherHostsOverSsh) {
   Result bad = cli_test::ds(kTwoRankStage2 + "--hostfile " + dir + "/bad.txt train.output_dir=" + dir + "/bad");
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(contains(bad.err, "bad.txt:2")) << bad.err;
+}
+
+TEST(Zero, WhenARemoteRankDiesTheLauncherNamesItsHostAndNothingIsLeftRunning) {
+  // Rank 1 runs "on node-b" (a network namespace, through the ssh stand-in) and is killed mid-run. The
+  // launcher names it and its host, ends rank 0's ssh and closes its input (the remote watcher then
+  // interrupts rank 0 if it has not already failed on the lost peer); no ds process is left on either host.
+  TwoHosts hosts;
+  if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+  const std::string dir = scratch_dir() + "/remote_kill";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/hosts.txt") << "node-a slots=1\nnode-b slots=1\n";
+  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
+                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
+                                 << ";;\nesac\nexec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
+  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+  std::system(("(sleep 5; for p in $(ip netns pids " + hosts.b + "); do tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
+               "grep -qx RANK=1 && kill -9 $p; done) >/dev/null 2>&1 &").c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 train.comm_timeout_s=20 --hostfile " + dir +
+                              "/hosts.txt --master-addr 10.77.0.1 --master-port 29535 train.output_dir=" + dir,
+                          "DS_SSH=" + dir + "/ssh.sh");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 of 2 (on node-b)")) << r.err;
+  EXPECT_LT(seconds, 60) << "the launcher waited on a dead rank";
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (const std::string& ns : {hosts.a, hosts.b}) {
+    const std::string count = "ip netns pids " + ns + " | xargs -r ps -o comm= -p 2>/dev/null | grep -c '^ds$' > " + dir + "/left";
+    std::system(count.c_str());
+    EXPECT_EQ(std::stoi(slurp(dir + "/left")), 0) << "ds still running in " << ns;
+  }
+}
+
+TEST(Zero, CtrlCReachesRemoteRanksThroughTheirSshAndEveryRankSavesItsShard) {
+  // The launcher is interrupted; the remote ranks hear it through their ssh input (closed), stop after the
+  // same step, write one complete sharded checkpoint and exit 130, which ssh carries back.
+  TwoHosts hosts;
+  if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
+  const std::string dir = scratch_dir() + "/remote_int";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/hosts.txt") << "node-a slots=1\nnode-b slots=1\n";
+  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
+                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
+                                 << ";;\nesac\nexec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
+  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+  // Ctrl-C to the launcher alone (not the shell that started it): the process named ds with the hostfile.
+  std::system(("(sleep 6; for p in $(pgrep -f -- '--hostfile " + dir + "/hosts.txt'); do "
+               "[ \"$(cat /proc/$p/comm)\" = ds ] && kill -INT $p; done) >/dev/null 2>&1 &").c_str());
+  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 --hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 "
+                              "--master-port 29536 train.output_dir=" + dir, "DS_SSH=" + dir + "/ssh.sh");
+  EXPECT_EQ(r.code, 130) << r.err << slurp(dir + "/logs/rank_1.log");
+  const std::string latest = ds::find_latest_checkpoint(dir);
+  ASSERT_FALSE(latest.empty()) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(latest + "/shard_00001.h5"));
+  EXPECT_NO_THROW(whole_state(dir));  // every element of the model is in the shards
 }

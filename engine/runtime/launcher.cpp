@@ -26,12 +26,23 @@ namespace ds {
 namespace {
 
 std::vector<pid_t> g_children;
+std::vector<char> g_remote;    // per rank: started over ssh (signals reach it through its lifeline instead)
+std::vector<int> g_lifelines;  // write ends of remote ranks' ssh input; closing one interrupts that rank
 volatile sig_atomic_t g_forwarded_signal = 0;
+
+void cut_lifelines() {
+  for (int& fd : g_lifelines)
+    if (fd >= 0) {
+      close(fd);
+      fd = -1;
+    }
+}
 
 void forward_signal(int sig) {
   g_forwarded_signal = sig;
-  for (pid_t p : g_children)
-    if (p > 0) kill(p, sig);
+  for (size_t r = 0; r < g_children.size(); ++r)
+    if (g_children[r] > 0 && !g_remote[r]) kill(g_children[r], sig);
+  cut_lifelines();  // remote ranks: their watcher interrupts them, and ssh brings back their exit status
 }
 
 int free_local_port() {
@@ -146,12 +157,20 @@ int launch_ranks(const LaunchSpec& spec_in) {
   const std::string cwd = std::filesystem::current_path().string();
   std::filesystem::create_directories(spec.log_dir);
   g_children.assign(static_cast<size_t>(spec.nproc), -1);
+  g_lifelines.clear();
+  g_remote.assign(static_cast<size_t>(spec.nproc), 0);
+  for (size_t r = 0; r < ranks.size(); ++r) g_remote[r] = !ranks[r].here;
   g_forwarded_signal = 0;
   auto prev_int = std::signal(SIGINT, forward_signal);
   auto prev_term = std::signal(SIGTERM, forward_signal);
 
   auto log_path = [&](int r) { return (std::filesystem::path(spec.log_dir) / ("rank_" + std::to_string(r) + ".log")).string(); };
   for (int r = 0; r < spec.nproc; ++r) {
+    // A remote rank's ssh reads a pipe we hold open: when ssh goes (killed, or the launcher is), the
+    // remote watcher sees end-of-file and interrupts the rank, so nothing is left running there.
+    int lifeline[2] = {-1, -1};
+    if (!ranks[static_cast<size_t>(r)].here && pipe(lifeline) != 0)
+      throw std::runtime_error(std::string("pipe failed: ") + std::strerror(errno));
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
@@ -168,19 +187,28 @@ int launch_ranks(const LaunchSpec& spec_in) {
           close(fd);
         }
       }
+      if (lifeline[0] >= 0) {
+        dup2(lifeline[0], STDIN_FILENO);
+        close(lifeline[0]);
+        close(lifeline[1]);
+      }
       std::vector<std::string> argv;
       if (p.here) {
         for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
         argv.push_back(exe);
         argv.insert(argv.end(), spec.args.begin(), spec.args.end());
       } else {
-        // One shell command on the remote host: same directory, the rank's environment, same binary.
-        std::string command = "cd " + shell_quote(cwd) + " && exec env";
+        // One shell command on the remote host: same directory, the rank's environment, same binary; a
+        // watcher interrupts the rank (as Ctrl-C would) when ssh's input closes.
+        // (An asynchronous list's input is /dev/null unless redirected: the watcher reads fd 3, a copy.)
+        std::string command = "cd " + shell_quote(cwd) + " && exec 3<&0 && { env";
         for (const auto& [k, v] : env) command += " " + k + "=" + shell_quote(v);
         for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
           if (const char* v = std::getenv(pass)) command += std::string(" ") + pass + "=" + shell_quote(v);
         command += " " + shell_quote(exe);
         for (const auto& a : spec.args) command += " " + shell_quote(a);
+        command += " </dev/null 3<&- & rank=$!; { cat >/dev/null; kill -INT $rank; } <&3 >/dev/null 2>&1 & watcher=$!; "
+                   "wait $rank; status=$?; kill $watcher 2>/dev/null; exit $status; }";
         argv = ssh;
         argv.push_back(p.host);
         argv.push_back(command);
@@ -193,6 +221,11 @@ int launch_ranks(const LaunchSpec& spec_in) {
       _exit(127);
     }
     g_children[static_cast<size_t>(r)] = pid;
+    if (lifeline[0] >= 0) {
+      close(lifeline[0]);
+      fcntl(lifeline[1], F_SETFD, FD_CLOEXEC);  // later ranks' children must not hold it
+      g_lifelines.push_back(lifeline[1]);
+    }
   }
 
   int remaining = spec.nproc, failed_rank = -1, failed_status = 0;
@@ -227,9 +260,11 @@ int launch_ranks(const LaunchSpec& spec_in) {
       // One rank is gone: the others would wait for it at their next collective. End them now.
       for (pid_t p : g_children)
         if (p > 0) kill(p, SIGTERM);
+      cut_lifelines();
       deadline = std::chrono::steady_clock::now() + spec.grace;
     }
   }
+  cut_lifelines();
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
   if (failed_rank >= 0) {
