@@ -24,11 +24,13 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
-std::string format_gib(double bytes, int decimals) {
+std::string format_fixed(double v, int decimals) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, bytes / 1073741824.0);
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
+
+std::string format_gib(double bytes, int decimals) { return format_fixed(bytes / 1073741824.0, decimals); }
 
 std::string format_count(int64_t n) {
   std::string digits = std::to_string(n < 0 ? -n : n);

@@ -12,6 +12,7 @@ std::string format_gib(double bytes, int decimals = 2);  // always GiB: "0.49"
 std::string format_count(int64_t n);               // "124,439,808"
 std::string format_si(double n);                   // "124.4M", "6.74B", "1.2T"
 std::string format_double(double v);               // shortest text that reads back the same
+std::string format_fixed(double v, int decimals);  // "%.*f": "12.35"
 
 // Parses "80GiB", "80 GB", "512MiB", "1.5T", "1024" (bytes). Decimal units (GB) are 10^9, binary (GiB) 2^30.
 // Returns false on anything else.

@@ -207,6 +207,21 @@ struct TwoHosts {
     ok = std::system((setup + " >/dev/null 2>&1").c_str()) == 0;
   }
   ~TwoHosts() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
+
+  // Writes `hostfile` and an ssh stand-in into `dir` (node-a and node-b are the namespaces; it runs the
+  // command there, as sshd would on the host). Returns the launcher's flags; the stand-in goes in DS_SSH.
+  std::string hostfile_flags(const std::string& dir, int port,
+                             const std::string& hostfile = "node-a slots=1\nnode-b slots=1\n") const {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/hosts.txt") << hostfile;
+    std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << a << "; nic=" << va
+                                   << ";;\n  node-b) ns=" << b << "; nic=" << vb
+                                   << ";;\n  *) echo \"ssh: $host: unknown host\" >&2; exit 255;;\nesac\n"
+                                      "exec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
+    std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+    return "--hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 --master-port " + std::to_string(port) + " ";
+  }
+  static std::string ssh_env(const std::string& dir) { return "DS_SSH=" + dir + "/ssh.sh"; }
 };
 
 void expect_single_rank_losses(const std::string& dir) {
@@ -242,15 +257,8 @@ TEST(Zero, AHostfileStartsRanksOnOtherHostsOverSsh) {
   TwoHosts hosts;
   if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
   const std::string dir = scratch_dir() + "/two_hosts_ssh";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/hosts.txt") << "# two machines\nnode-a slots=1\nnode-b slots=1  # the second\n";
-  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
-                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
-                                 << ";;\n  *) echo \"ssh: $host: unknown host\" >&2; exit 255;;\nesac\n"
-                                    "exec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
-  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
-  Result r = cli_test::ds(kTwoRankStage2 + "--hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 --master-port 29534 "
-                          "train.output_dir=" + dir, "DS_SSH=" + dir + "/ssh.sh");
+  const std::string flags = hosts.hostfile_flags(dir, 29534, "# two machines\nnode-a slots=1\nnode-b slots=1  # the second\n");
+  Result r = cli_test::ds(kTwoRankStage2 + flags + "train.output_dir=" + dir, TwoHosts::ssh_env(dir));
   ASSERT_EQ(r.code, 0) << r.err << slurp(dir + "/logs/rank_1.log");
   EXPECT_TRUE(contains(r.err, "starting 2 ranks on 2 hosts")) << r.err;
   expect_single_rank_losses(dir);
@@ -268,18 +276,12 @@ TEST(Zero, WhenARemoteRankDiesTheLauncherNamesItsHostAndNothingIsLeftRunning) {
   TwoHosts hosts;
   if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
   const std::string dir = scratch_dir() + "/remote_kill";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/hosts.txt") << "node-a slots=1\nnode-b slots=1\n";
-  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
-                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
-                                 << ";;\nesac\nexec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
-  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+  const std::string flags = hosts.hostfile_flags(dir, 29535);
   std::system(("(sleep 5; for p in $(ip netns pids " + hosts.b + "); do tr '\\0' '\\n' </proc/$p/environ 2>/dev/null | "
                "grep -qx RANK=1 && kill -9 $p; done) >/dev/null 2>&1 &").c_str());
   const auto t0 = std::chrono::steady_clock::now();
-  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 train.comm_timeout_s=20 --hostfile " + dir +
-                              "/hosts.txt --master-addr 10.77.0.1 --master-port 29535 train.output_dir=" + dir,
-                          "DS_SSH=" + dir + "/ssh.sh");
+  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 train.comm_timeout_s=20 " + flags + "train.output_dir=" + dir,
+                          TwoHosts::ssh_env(dir));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "rank 1 of 2 (on node-b)")) << r.err;
@@ -298,17 +300,11 @@ TEST(Zero, CtrlCReachesRemoteRanksThroughTheirSshAndEveryRankSavesItsShard) {
   TwoHosts hosts;
   if (!hosts.ok) GTEST_SKIP() << "cannot create network namespaces here (needs root and CAP_SYS_ADMIN)";
   const std::string dir = scratch_dir() + "/remote_int";
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/hosts.txt") << "node-a slots=1\nnode-b slots=1\n";
-  std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << hosts.a << "; nic=" << hosts.va
-                                 << ";;\n  node-b) ns=" << hosts.b << "; nic=" << hosts.vb
-                                 << ";;\nesac\nexec ip netns exec $ns env GLOO_SOCKET_IFNAME=$nic sh -c \"$1\"\n";
-  std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
+  const std::string flags = hosts.hostfile_flags(dir, 29536);
   // Ctrl-C to the launcher alone (not the shell that started it): the process named ds with the hostfile.
   std::system(("(sleep 6; for p in $(pgrep -f -- '--hostfile " + dir + "/hosts.txt'); do "
                "[ \"$(cat /proc/$p/comm)\" = ds ] && kill -INT $p; done) >/dev/null 2>&1 &").c_str());
-  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 --hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 "
-                              "--master-port 29536 train.output_dir=" + dir, "DS_SSH=" + dir + "/ssh.sh");
+  Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 " + flags + "train.output_dir=" + dir, TwoHosts::ssh_env(dir));
   EXPECT_EQ(r.code, 130) << r.err << slurp(dir + "/logs/rank_1.log");
   const std::string latest = ds::find_latest_checkpoint(dir);
   ASSERT_FALSE(latest.empty()) << r.err;

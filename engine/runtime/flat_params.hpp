@@ -44,7 +44,6 @@ struct FlatParams {
   // Allocates every buffer once, for the plan's layout and precision, as rank `rank` holds them.
   static FlatParams allocate(const Plan& plan, int rank);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
-  int64_t numel() const { return params.numel(); }
   // True when the model computes in a wider copy of the stored weights (CPU fp16).
   bool widened() const { return compute.data_ptr() != params.data_ptr(); }
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }

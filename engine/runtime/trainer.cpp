@@ -104,12 +104,6 @@ class RunLog {
   bool live_;
 };
 
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 // The bytes this rank holds beside the plan's prediction, by category.
 std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategories& plan) {
   std::string line = "held per rank (plan):";
@@ -413,7 +407,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       std::string c = "comms step " + std::to_string(step + 1) + ": ";
       for (const auto& [what, d] : step_comm)
         c += (c.back() == ' ' ? "" : " | ") + what + " " + std::to_string(d.calls) + "x " + format_bytes(d.bytes) + " " +
-             fixed(d.seconds * 1e3, 2) + " ms";
+             format_fixed(d.seconds * 1e3, 2) + " ms";
       log.note(c);
     }
     if (due && config.wall_clock_breakdown && !opt.live_progress) {  // DeepSpeed's format; "step" = optimizer + clipping
@@ -458,7 +452,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       const auto it = comm_total.find(c.what);
       const double bytes = it == comm_total.end() ? 0.0 : it->second.bytes / n;
       const double calls = it == comm_total.end() ? 0.0 : static_cast<double>(it->second.calls) / n;
-      log.note("  " + c.what + ": " + fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
+      log.note("  " + c.what + ": " + format_fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
                std::to_string(c.calls_per_step) + " calls, " + format_bytes(c.wire_bytes_per_rank_per_step) + ")");
     }
   }

@@ -14,6 +14,7 @@ struct ZeroExchange::Gather {
   torch::Tensor dest;
   const std::vector<int64_t>* offsets = nullptr;
   int64_t n = 0;  // elements each rank sends
+  int64_t layer = -1;  // the block it gathers, or -1
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
@@ -106,7 +107,7 @@ void ZeroExchange::finish(Gather& g) {
 }
 
 void ZeroExchange::gather_block(int64_t layer, const std::string& what, int64_t prefetch) {
-  if (prefetch_ && prefetch_layer_ == layer) {
+  if (prefetch_ && prefetch_->layer == layer) {
     finish(*prefetch_);
   } else {
     if (prefetch_) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
@@ -114,12 +115,11 @@ void ZeroExchange::gather_block(int64_t layer, const std::string& what, int64_t 
     finish(*g);
   }
   prefetch_.reset();
-  prefetch_layer_ = -1;
   // The next block's gather runs while this one computes; it writes the other buffer, which no block
   // in use reads.
   if (prefetch >= 0 && prefetch < static_cast<int64_t>(plan_.model.hp.num_layers)) {
     prefetch_ = start_gather(gathered_[static_cast<size_t>(prefetch)], flat_.block_params[prefetch % 2], flat_.group_offset, what);
-    prefetch_layer_ = prefetch;
+    prefetch_->layer = prefetch;
   }
 }
 

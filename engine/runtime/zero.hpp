@@ -61,8 +61,7 @@ class ZeroExchange : public BlockHooks {
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
   std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
   std::vector<int> whole_;                 // stage 3: parameters kept whole
-  std::unique_ptr<Gather> prefetch_;
-  int64_t prefetch_layer_ = -1;
+  std::unique_ptr<Gather> prefetch_;       // stage 3: the next block's gather in flight
 };
 
 }  // namespace ds

@@ -79,20 +79,24 @@ void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t
   }
 }
 
-float lamb_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const LambStep& s) {
+namespace {
+// One whole tensor on one rank: both phases with nothing to sum in between.
+template <class Moments>
+float whole_tensor_step(float* p, float* m, float* v, uint16_t* out, int64_t n, const LambStep& s, Moments moments) {
   double w_sq = 0, u_sq = 0;
-  lamb_moments_f32(p, m, v, g, n, s, &w_sq, &u_sq);
+  moments(&w_sq, &u_sq);
   const float ratio = lamb_trust_ratio(w_sq, u_sq, s);
   lamb_apply(p, m, v, out, n, s, ratio);
   return ratio;
 }
+}  // namespace
+
+float lamb_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const LambStep& s) {
+  return whole_tensor_step(p, m, v, out, n, s, [&](double* w, double* u) { lamb_moments_f32(p, m, v, g, n, s, w, u); });
+}
 
 float lamb_step_bf16(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n, const LambStep& s) {
-  double w_sq = 0, u_sq = 0;
-  lamb_moments_bf16(p, m, v, g, n, s, &w_sq, &u_sq);
-  const float ratio = lamb_trust_ratio(w_sq, u_sq, s);
-  lamb_apply(p, m, v, out, n, s, ratio);
-  return ratio;
+  return whole_tensor_step(p, m, v, out, n, s, [&](double* w, double* u) { lamb_moments_bf16(p, m, v, g, n, s, w, u); });
 }
 
 }  // namespace ds::kernels
