@@ -46,8 +46,8 @@ metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, e
 steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
 --nproc-per-node N starts N local ranks (rank 0 prints, the others log to train.output_dir/logs/rank_N.log)
-at any ZeRO stage; a checkpoint resumes at any world size. Offload, and fp16 at stages 1-3 across ranks,
-are refused before work starts, with the reason (exit 2). See ds-train(1).)");
+at any ZeRO stage; a checkpoint resumes at any world size. Offload is refused before work starts, with
+the reason (exit 2). See ds-train(1).)");
   return {sub, [args] { return run_train(*args); }};
 }
 

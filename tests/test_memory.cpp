@@ -48,7 +48,7 @@ TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {
   in.stage = 3;
   in.world_size = 2;
   in.fp32_master = true;
-  in.param_dtype = in.compute_dtype = in.grad_dtype = in.comm_dtype = Dtype::bf16;
+  in.param_dtype = in.compute_dtype = in.grad_dtype = Dtype::bf16;
   in.offload_optimizer.device = OffloadDevice::nvme;
   in.offload_optimizer.buffer_count = 4;
   MemoryEstimate e = estimate_memory(in);

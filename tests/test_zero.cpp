@@ -140,6 +140,34 @@ TEST(Zero, LambTakesEachTensorsTrustRatioOverItsPartsOnEveryRank) {
   }
 }
 
+TEST(Zero, Fp16AcrossRanksOverflowsSkipsAndScalesAsOneRankDoes) {
+  // fp16 on the CPU: weights and gradients stored in fp16, computed in fp32. A 2^20 initial loss scale
+  // overflows the first steps; every rank must see the overflow (the norm is agreed across ranks), skip
+  // the same steps, move the scale the same way and then train the same run as one rank.
+  const std::string fp16 = "bf16.enabled=false fp16.enabled=true fp16.initial_scale_power=20 train.steps=8 ";
+  const std::string one = scratch_dir() + "/fp16_1";
+  Result r1 = cli_test::ds(kRun + fp16 + shape(1) + "train.output_dir=" + one);
+  ASSERT_EQ(r1.code, 0) << r1.err;
+  const auto base = metrics_of(one);
+  ASSERT_EQ(base.size(), 8u);
+  ASSERT_TRUE(base[0]["skipped"].get<bool>()) << "the scale was meant to overflow step 1";
+  ASSERT_TRUE(base[0]["grad_norm"].is_null());  // JSON has no inf
+  for (const auto& [ranks, stage] : {std::pair{2, 1}, {2, 2}, {2, 3}, {3, 3}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks");
+    const std::string dir = scratch_dir() + "/fp16_" + std::to_string(stage) + "_" + std::to_string(ranks);
+    Result r = cli_test::ds(kRun + fp16 + shape(ranks) + "zero_optimization.stage=" + std::to_string(stage) + " train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto m = metrics_of(dir);
+    ASSERT_EQ(m.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) {
+      EXPECT_NEAR(m[i]["loss"].get<double>(), base[i]["loss"].get<double>(), 1e-5 * base[i]["loss"].get<double>()) << "step " << i + 1;
+      EXPECT_EQ(m[i]["skipped"], base[i]["skipped"]) << "step " << i + 1;
+      EXPECT_EQ(m[i]["loss_scale"], base[i]["loss_scale"]) << "step " << i + 1;
+    }
+    expect_close(whole_state(dir).master, whole_state(one).master, "weights");
+  }
+}
+
 TEST(Zero, ACheckpointSavedOnTwoRanksResumesOnThreeAndBack) {
   // 5 steps on one world size and stage, then 5 more on another: the same losses as 10 on one rank.
   const auto base = losses_of(single_rank_run());

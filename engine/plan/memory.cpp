@@ -13,7 +13,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const double P = static_cast<double>(layout.numel);
   const double S = static_cast<double>(in.stage == 0 ? layout.padded_numel : layout.shard_numel);
   const double bp = dtype_bytes(in.param_dtype), bc = dtype_bytes(in.compute_dtype);
-  const double bg = dtype_bytes(in.grad_dtype), bcomm = dtype_bytes(in.comm_dtype);
+  const double bg = dtype_bytes(in.grad_dtype);
   const bool multi = in.world_size > 1;
 
   MemoryEstimate e;
@@ -40,12 +40,14 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
         e.host.buffers += static_cast<double>(in.offload_param.buffer_count) * in.offload_param.buffer_size * bp;
         break;
     }
-    e.device.params += whole * bp;
+    e.device.params += whole * bc;  // the model reads them, so in the compute dtype
   }
 
   // A compute dtype wider than the stored one (fp16 on the CPU, which has no fp16 kernels): the model
-  // runs on a working copy of the weights and accumulates its gradients in that dtype.
-  if (bc > bp) e.device.buffers += 2.0 * P * bc;
+  // runs on a working copy of the weights (at stage 3 on its gathered buffers only) and accumulates its
+  // gradients in that dtype (from stage 2 on across ranks, only this rank's reduced part).
+  const bool grouped = multi && in.stage >= 2;
+  if (bc > bp) e.device.buffers += (in.stage == 3 && multi ? 0.0 : P * bc) + (grouped ? S : P) * bc;
 
   // Gradients: full size up to stage 1, this rank's partition from stage 2 on. With the optimizer
   // offloaded, the reduced partition lives on the host in fp32 for the CPU optimizer.
@@ -86,8 +88,9 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   // Buffers: what the runtime holds to reduce gradients and gather parameters (engine/runtime/zero.cpp).
   // Stage 3 gathers into them even on one rank when the parameters are offloaded.
   if (multi || in.stage == 3) {
-    // Gloo reduces 16-bit gradients through an fp32 copy of the piece in flight.
-    const double reduce_piece_bytes = bcomm < 4 ? 4.0 : 0.0;
+    // Gloo reduces 16-bit gradients through an fp32 copy of the piece in flight. The gradients reduced
+    // are those the model accumulated, in the compute dtype.
+    const double reduce_piece_bytes = bc < 4 ? 4.0 : 0.0;
     if (in.stage <= 1) {
       e.device.buffers += std::min<double>(static_cast<double>(in.reduce_bucket_size), P) * reduce_piece_bytes;
     } else {
@@ -109,7 +112,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
         }
       }
       const double largest = std::max(block, outer);
-      e.device.buffers += (block + outer) * bg + std::min<double>(static_cast<double>(in.reduce_bucket_size), largest) * reduce_piece_bytes;
+      e.device.buffers += (block + outer) * bc + std::min<double>(static_cast<double>(in.reduce_bucket_size), largest) * reduce_piece_bytes;
       // Stages 1-2 gather the updated parameters in place; stage 3 into one packed buffer per gather in flight.
       if (in.stage == 3)
         e.device.buffers += (outer_gathered + 2.0 * block_gathered) * bc + 2.0 * std::max(outer_gathered, block_gathered) * bp;

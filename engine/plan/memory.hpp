@@ -25,7 +25,6 @@ struct MemoryInputs {
   Dtype param_dtype = Dtype::fp32;    // storage of the working parameters
   Dtype compute_dtype = Dtype::fp32;  // activations
   Dtype grad_dtype = Dtype::fp32;
-  Dtype comm_dtype = Dtype::fp32;
   bool fp32_master = false;           // mixed precision keeps an fp32 copy in the optimizer
   int optimizer_moments = 2;          // Adam/AdamW/Lamb 2, SGD with momentum 1, plain SGD 0
   OffloadConfig offload_optimizer, offload_param;

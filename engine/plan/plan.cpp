@@ -152,7 +152,6 @@ MemoryInputs memory_inputs_for(const Plan& plan) {
   in.param_dtype = plan.precision.param_dtype;
   in.compute_dtype = plan.precision.compute_dtype;
   in.grad_dtype = plan.precision.grad_dtype;
-  in.comm_dtype = plan.precision.comm_dtype;
   in.fp32_master = plan.precision.fp32_master;
   in.optimizer_moments = plan.optimizer.moments;
   in.offload_optimizer = plan.zero.offload_optimizer;

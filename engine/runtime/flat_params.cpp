@@ -27,14 +27,16 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   const int64_t full = L.stage == 0 ? L.numel : L.padded_numel;
   const int64_t local = sharded ? L.shard_numel : full;
   const int64_t shard_begin = sharded && L.stage < 3 ? L.shards[static_cast<size_t>(rank)].begin : 0;
-  const auto ptype = to_torch(pp.param_dtype), gtype = to_torch(pp.grad_dtype);
+  const auto ptype = to_torch(pp.param_dtype), gtype = to_torch(pp.grad_dtype), ctype = to_torch(pp.compute_dtype);
+  const bool stage3 = sharded && L.stage == 3;
 
-  f.params = torch::zeros({L.stage == 3 && sharded ? local : full}, ptype);
+  f.params = torch::zeros({stage3 ? local : full}, ptype);
   f.grads = torch::zeros({f.grouped ? local : full}, gtype);
-  const bool widened = pp.compute_dtype != pp.param_dtype;  // fp16 on the CPU
-  DS_CHECK(!(widened && f.grouped), "the trainer refuses fp16 at ZeRO stages 2-3 across ranks");
-  f.compute = widened ? torch::zeros({full}, to_torch(pp.compute_dtype)) : f.params;
-  f.compute_grads = widened ? torch::zeros({full}, to_torch(pp.compute_dtype)) : f.grads;
+  f.widened = pp.compute_dtype != pp.param_dtype;  // fp16 on the CPU
+  // Widened at stage 3 the model reads only the gathered buffers (in the compute dtype): no whole copy.
+  if (f.widened && !stage3) f.compute = torch::zeros({full}, ctype);
+  if (!f.widened) f.compute = f.params;
+  f.compute_grads = f.widened ? torch::zeros({f.grouped ? local : full}, ctype) : f.grads;
   f.local_params = f.params.narrow(0, shard_begin, local);
   f.local_grads = f.compute_grads.narrow(0, f.grouped ? 0 : shard_begin, local);
   f.master = pp.fp32_master ? torch::zeros({local}, torch::kFloat32) : f.local_params;
@@ -42,8 +44,8 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   if (plan.optimizer.moments >= 2) f.exp_avg_sq = torch::zeros({local}, torch::kFloat32);
 
   // Grouped: where each parameter sits in its group's buffers. Every block has the same layout, so
-  // all blocks share one buffer (the offsets repeat); the outer parameters concatenate in order.
-  const bool stage3 = sharded && L.stage == 3;
+  // all blocks share one buffer (the offsets repeat); the outer parameters concatenate in order. The
+  // model reads and accumulates into them, so they hold the compute dtype.
   f.group_offset.assign(L.params.size(), 0);
   f.whole_offset.assign(L.params.size(), -1);
   int64_t block_numel = 0, outer_numel = 0, whole_numel = 0;
@@ -65,13 +67,13 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
         outer_numel = at;
       }
     }
-    f.block_grads = torch::zeros({block_numel}, gtype);
-    f.outer_grads = torch::zeros({outer_numel}, gtype);
+    f.block_grads = torch::zeros({block_numel}, ctype);
+    f.outer_grads = torch::zeros({outer_numel}, ctype);
     if (stage3) {
-      f.block_params[0] = torch::zeros({block_numel}, ptype);
-      f.block_params[1] = torch::zeros({block_numel}, ptype);
-      f.outer_params = torch::zeros({outer_numel}, ptype);
-      f.whole_params = torch::zeros({whole_numel}, ptype);
+      f.block_params[0] = torch::zeros({block_numel}, ctype);
+      f.block_params[1] = torch::zeros({block_numel}, ctype);
+      f.outer_params = torch::zeros({outer_numel}, ctype);
+      f.whole_params = torch::zeros({whole_numel}, ctype);
     }
   }
 
@@ -111,7 +113,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   b.params = n(params) + n(whole_params);
   b.grads = n(grads);
   b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
-  if (widened()) b.buffers += n(compute) + n(compute_grads);
+  if (widened) b.buffers += n(compute) + n(compute_grads);
   b.buffers += n(block_grads) + n(outer_grads) + n(block_params[0]) + n(block_params[1]) + n(outer_params);
   return b;
 }

@@ -5,9 +5,11 @@
 //   params  parameter dtype: the weights as stored. Stages 0-2: the whole model (padded); stage 3:
 //           this rank's partition (the layout's concatenated per-parameter partitions).
 //   grads   gradient dtype. Stages 0-1: the whole model; stages 2-3: this rank's part only.
-//   compute, compute_grads: what forward reads and backward accumulates into at stages 0-1. They alias
-//           params/grads except for fp16 on the CPU (no fp16 kernels there): the model computes in an
-//           fp32 copy and its gradients are rounded into the fp16 `grads` each step, so overflow is real.
+//   compute, compute_grads: what forward reads and backward accumulates into (stages 0-1; at stages
+//           2-3 compute_grads holds this rank's reduced part). They alias params/grads except for fp16 on
+//           the CPU (no fp16 kernels there): the model computes in an fp32 copy (none at stage 3, where it
+//           reads gathered fp32 buffers) and its gradients are rounded into the fp16 `grads` each step,
+//           so overflow is real.
 //   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs)
 //   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
 //   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
@@ -32,6 +34,7 @@ struct FlatParams {
   torch::Tensor local_params, local_grads;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
+  bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
   torch::Tensor block_grads, outer_grads;        // grouped: one block's gradients, the outer parameters'
   torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
   torch::Tensor whole_params;                    // stage 3: parameters kept whole
@@ -44,8 +47,7 @@ struct FlatParams {
   // Allocates every buffer once, for the plan's layout and precision, as rank `rank` holds them.
   static FlatParams allocate(const Plan& plan, int rank);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
-  // True when the model computes in a wider copy of the stored weights (CPU fp16).
-  bool widened() const { return compute.data_ptr() != params.data_ptr(); }
+
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
   // Bytes held, by the plan's categories (model states, then the buffers ZeRO works through).

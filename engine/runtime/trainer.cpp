@@ -104,6 +104,9 @@ class RunLog {
   bool live_;
 };
 
+// A value for metrics.jsonl: JSON has no inf or NaN (an overflowed fp16 step's norm), so those are null.
+std::string json_number(double v) { return std::isfinite(v) ? format_fixed(v, 6) : "null"; }
+
 // The bytes this rank holds beside the plan's prediction, by category.
 std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategories& plan) {
   std::string line = "held per rank (plan):";
@@ -120,9 +123,6 @@ std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategorie
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config) {
   std::vector<std::string> why;
-  const bool sharded = plan.topology.world_size > 1 && plan.zero.stage >= 1;
-  if (sharded && plan.precision.mode == "fp16")
-    why.push_back("fp16 at ZeRO stage " + std::to_string(plan.zero.stage) + " across ranks (use bf16, the fast CPU choice)");
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
@@ -199,15 +199,17 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
                std::to_string(seed) + ": the data order changes from here on");
     log.note("ds train: resuming from " + opt.resume_from + " at step " + std::to_string(sc.step));
   }
-  // The weights the model reads, from the master copy: rounded to the stored dtype (nearest even, as
-  // the optimizer kernel does), then widened to the compute dtype where the two differ (CPU fp16).
-  auto refresh_weights = [&] {
+  // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
+  // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
+  // from every rank, then widened to the compute dtype where the two differ (CPU fp16; at stage 3 the
+  // gathers widen).
+  auto refresh_weights = [&](bool rounded) {
     torch::NoGradGuard ng;
-    if (flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
-    if (flat.widened()) flat.compute.copy_(flat.params);
+    if (!rounded && flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
+    zero.publish_parameters();
+    if (flat.widened && flat.compute.defined()) flat.compute.copy_(flat.params);
   };
-  refresh_weights();
-  zero.publish_parameters();
+  refresh_weights(false);
   auto save = [&](int64_t step) {
     if (!lead && plan.zero.stage == 0) return;  // stage 0: every rank holds the same state
     CheckpointScalars sc;
@@ -238,7 +240,6 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     sum_over_ranks = [&](double* v, size_t n) {
       comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), kLambNormsCollective);
     };
-  const bool widened = flat.widened();
   OptimizerBuffers ob;
   ob.master = flat.master.data_ptr<float>();
   ob.moment1 = FlatParams::data_or_null(flat.exp_avg);
@@ -293,7 +294,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     const auto opt0 = std::chrono::steady_clock::now();
     double loss = loss_sum / GAS;
     zero.reduce_gradients();
-    if (widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
+    if (flat.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
       torch::NoGradGuard ng;
       flat.grads.copy_(flat.compute_grads);
       flat.compute_grads.copy_(flat.grads);
@@ -344,8 +345,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       si.grad_scale = clip / loss_scale;
       si.step = applied + 1;
       optimizer.step(ob, si, sum_over_ranks);
-      if (!ob.params_bf16) refresh_weights();
-      zero.publish_parameters();
+      refresh_weights(ob.params_bf16 != nullptr);
       ++applied;
     }
     const double opt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - opt0).count();
@@ -421,11 +421,11 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     if (scaler.enabled()) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", loss_scale);
     char json[448];
     std::snprintf(json, sizeof json,
-                  "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, "
+                  "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
                   "\"comm_s\": %.4f, \"skipped\": %s%s%s}\n",
-                  static_cast<long long>(step + 1), loss, lr, norm, tok_s, step_s, fwd_s, bwd_s, opt_s, comm_bytes, comm_s,
-                  skip ? "true" : "false", scale_json, val_json);
+                  static_cast<long long>(step + 1), json_number(loss).c_str(), lr, json_number(norm).c_str(), tok_s, step_s,
+                  fwd_s, bwd_s, opt_s, comm_bytes, comm_s, skip ? "true" : "false", scale_json, val_json);
     if (lead) metrics << json << std::flush;
     if (!monitors.empty()) {
       const int64_t samples = (step + 1) * plan.batch.train_batch_size;  // DeepSpeed's x axis
