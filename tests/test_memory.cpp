@@ -70,3 +70,22 @@ TEST(MemoryModel, PartialOffloadKeepsTheRestOnTheDevice) {
   EXPECT_DOUBLE_EQ(e.host.optimizer_states, 0.25 * 8 * e.shard_numel);
   EXPECT_DOUBLE_EQ(e.device.optimizer_states, 0.75 * 8 * e.shard_numel);
 }
+
+TEST(MemoryModel, OverlapCommAddsOneBlockGradientBufferAndAWholeGroupInFlight) {
+  // gpt2-tiny block: 2 x 64 (ln_1) + 64 x 192 + 192 (attn) + 64 x 64 + 64 (proj) + 2 x 64 (ln_2) +
+  // 64 x 256 + 256 (fc) + 256 x 64 + 64 (fc proj) = 49,984 elements.
+  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
+  MemoryInputs in = base(m);
+  in.stage = 2;
+  in.world_size = 2;
+  const double block = 49984;
+  const double off = estimate_memory(in).device.buffers;
+  in.overlap_comm = true;
+  EXPECT_DOUBLE_EQ(estimate_memory(in).device.buffers - off, block * 4);  // fp32: no reduce copies
+  // bf16: Gloo reduces through fp32 copies, of every piece of the largest group at once when overlapping.
+  in.param_dtype = in.compute_dtype = in.grad_dtype = Dtype::bf16;
+  const double overlapped = estimate_memory(in).device.buffers;
+  in.overlap_comm = false;
+  const double largest = std::max(block, static_cast<double>(m.num_params) - 2 * block);
+  EXPECT_DOUBLE_EQ(overlapped - estimate_memory(in).device.buffers, block * 2 + (largest - 1000) * 4);
+}

@@ -112,7 +112,10 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
         }
       }
       const double largest = std::max(block, outer);
-      e.device.buffers += (block + outer) * bc + std::min<double>(static_cast<double>(in.reduce_bucket_size), largest) * reduce_piece_bytes;
+      // overlap_comm: a second block buffer (the next block's backward writes it while the previous
+      // one is reduced) and every piece of a group in flight at once.
+      const double in_flight = in.overlap_comm ? largest : std::min<double>(static_cast<double>(in.reduce_bucket_size), largest);
+      e.device.buffers += (block * (in.overlap_comm ? 2.0 : 1.0) + outer) * bc + in_flight * reduce_piece_bytes;
       // Stages 1-2 gather the updated parameters in place; stage 3 into one packed buffer per gather in flight.
       if (in.stage == 3)
         e.device.buffers += (outer_gathered + 2.0 * block_gathered) * bc + 2.0 * std::max(outer_gathered, block_gathered) * bp;

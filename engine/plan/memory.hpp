@@ -32,6 +32,7 @@ struct MemoryInputs {
   int64_t micro_batch = 1, seq_len = 1;
   bool activation_checkpointing = false;
   int64_t reduce_bucket_size = 0;  // elements
+  bool overlap_comm = false;       // stages 2-3: a group's reduce runs while the next block's backward goes on
   int64_t param_persistence_threshold = 0;  // stage 3: smaller parameters stay whole
 };
 

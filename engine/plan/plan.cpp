@@ -151,6 +151,7 @@ MemoryInputs memory_inputs_for(const Plan& plan) {
   in.world_size = plan.topology.world_size;
   in.param_dtype = plan.precision.param_dtype;
   in.compute_dtype = plan.precision.compute_dtype;
+  in.overlap_comm = plan.zero.overlap_comm;
   in.grad_dtype = plan.precision.grad_dtype;
   in.fp32_master = plan.precision.fp32_master;
   in.optimizer_moments = plan.optimizer.moments;
@@ -254,7 +255,10 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   }
   z.overlap_comm = zc.overlap_comm.value_or(z.stage == 3);
   if (!zc.overlap_comm)
-    plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false", "default: true at stage 3"});
+    plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false",
+                             z.stage >= 2 ? "default: true at stage 3; true reduces each block's gradients while the next block's "
+                                            "backward runs, for one more block gradient buffer"
+                                          : "default: true at stage 3; stages 0-1 reduce the gradients once, after backward"});
   check_zero(c, z.stage, errors, plan.warnings, z);
 
   if (micro_from_memory) {

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
+#include <functional>
 
 #include "common/error.hpp"
 
@@ -64,41 +65,51 @@ Communicator::Communicator(int rank, int world, std::chrono::milliseconds timeou
 
 Communicator::~Communicator() = default;
 
-void Communicator::all_reduce_sum(const torch::Tensor& t, const std::string& what) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
-  std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
-  impl_->group->allreduce(buf)->wait();
-  if (narrow) t.copy_(buf[0]);
-  CommStats& s = ledger_[what];
-  s.op = "all_reduce";
-  ++s.calls;
-  // A ring all-reduce sends 2 (W-1)/W of the buffer from each rank.
-  s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(buf[0].nbytes());
-  s.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 namespace {
 class GlooWork : public PendingCollective {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start)
-      : work_(std::move(work)), stats_(stats), start_(start) {}
+  // `then` runs once the collective is done (an fp32 copy written back into a 16-bit tensor). The
+  // ledger's seconds are the time this rank was held up: issuing (from `start`) and waiting, not the
+  // time the collective ran beside compute.
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start,
+           std::function<void()> then = {})
+      : work_(std::move(work)), stats_(stats), then_(std::move(then)) {
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   ~GlooWork() override {
     if (work_) try { work_->wait(); } catch (...) {}  // never leave Gloo writing into freed memory
   }
   void wait() override {
     if (!work_) return;
+    const auto t0 = std::chrono::steady_clock::now();
     work_->wait();
     work_.reset();
-    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (then_) then_();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   CommStats& stats_;
-  std::chrono::steady_clock::time_point start_;
+  std::function<void()> then_;
 };
 }  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(const torch::Tensor& t, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
+  const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
+  std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
+  auto work = impl_->group->allreduce(buf);
+  CommStats& s = ledger_[what];
+  s.op = "all_reduce";
+  ++s.calls;
+  // A ring all-reduce sends 2 (W-1)/W of the buffer from each rank.
+  s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(buf[0].nbytes());
+  std::function<void()> then;
+  if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
+  return std::make_unique<GlooWork>(std::move(work), s, t0, std::move(then));
+}
 
 std::unique_ptr<PendingCollective> Communicator::gather_by_sum_async(const torch::Tensor& t, const std::string& what) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -16,7 +16,8 @@
 
 namespace ds {
 
-// Per collective name (the plan's Collective::what): calls and bytes this rank sent (ring algorithms).
+// Per collective name (the plan's Collective::what): calls, bytes this rank sent (ring algorithms) and
+// seconds it was held up by them (a collective running beside compute counts only its wait).
 struct CommStats {
   std::string op;
   int64_t calls = 0;
@@ -41,8 +42,10 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
 
-  // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous).
-  void all_reduce_sum(const torch::Tensor& t, const std::string& what);
+  // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous). The async form
+  // starts it and returns at once; `t` must stay untouched until wait().
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, const std::string& what);
+  void all_reduce_sum(const torch::Tensor& t, const std::string& what) { all_reduce_sum_async(t, what)->wait(); }
   // An all-gather as an all-reduce of raw bits: every element of `t` is nonzero on at most one rank (each
   // rank fills its own part, the rest is zero), so the integer sum of the bit patterns is that rank's
   // bits, exactly, in any dtype. Gloo's own all-gather moves ~80 MB/s on this machine against ~500 MB/s

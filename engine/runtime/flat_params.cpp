@@ -67,7 +67,9 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
         outer_numel = at;
       }
     }
-    f.block_grads = torch::zeros({block_numel}, ctype);
+    f.overlap = plan.zero.overlap_comm;
+    f.block_grads[0] = torch::zeros({block_numel}, ctype);
+    if (f.overlap) f.block_grads[1] = torch::zeros({block_numel}, ctype);
     f.outer_grads = torch::zeros({outer_numel}, ctype);
     if (stage3) {
       f.block_params[0] = torch::zeros({block_numel}, ctype);
@@ -85,7 +87,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
       weight = f.compute.narrow(0, p.offset, p.numel);
       grad = f.compute_grads.narrow(0, p.offset, p.numel);
     } else {
-      grad = (in_block ? f.block_grads : f.outer_grads).narrow(0, f.group_offset[i], p.numel);
+      grad = (in_block ? f.block_grads[f.overlap ? p.layer % 2 : 0] : f.outer_grads).narrow(0, f.group_offset[i], p.numel);
       if (!stage3)
         weight = f.compute.narrow(0, p.offset, p.numel);
       else if (f.whole_offset[i] >= 0)
@@ -114,7 +116,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   b.grads = n(grads);
   b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
-  b.buffers += n(block_grads) + n(outer_grads) + n(block_params[0]) + n(block_params[1]) + n(outer_params);
+  b.buffers += n(block_grads[0]) + n(block_grads[1]) + n(outer_grads) + n(block_params[0]) + n(block_params[1]) + n(outer_params);
   return b;
 }
 

@@ -14,8 +14,8 @@
 //   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
 //   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
-// (group_grads: a transformer block, or the parameters outside the blocks), reduced into grads as
-// soon as the group is done. Stage 3 gathers a group's parameters into group_params before use
+// (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
+// grads as soon as the group is done (with overlap_comm, while backward goes on: two block buffers). Stage 3 gathers a group's parameters into group_params before use
 // (two block buffers: the next block is prefetched); parameters below the persistence threshold
 // live whole in whole_params, refreshed once per step.
 #pragma once
@@ -35,7 +35,10 @@ struct FlatParams {
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
-  torch::Tensor block_grads, outer_grads;        // grouped: one block's gradients, the outer parameters'
+  // grouped: a block's gradients (block l in [l % 2] when their reduce overlaps the next block's
+  // backward, overlap_comm; else all in [0]), the outer parameters'
+  torch::Tensor block_grads[2], outer_grads;
+  bool overlap = false;  // grouped and overlap_comm: gradient reduces run while backward goes on
   torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
   torch::Tensor whole_params;                    // stage 3: parameters kept whole
   std::vector<int64_t> group_offset;  // grouped: per parameter, where it sits in its group's buffers

@@ -284,6 +284,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       zero.begin_micro_step(false);
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
       const auto b0 = std::chrono::steady_clock::now();
+      zero.begin_backward();
       (loss * (loss_scale / static_cast<double>(GAS * W))).backward();  // the sum over ranks is the mean
       zero.end_micro_step();
       const auto b1 = std::chrono::steady_clock::now();

@@ -17,6 +17,12 @@ struct ZeroExchange::Gather {
   int64_t layer = -1;  // the block it gathers, or -1
 };
 
+struct ZeroExchange::Reduce {
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  const ParamGroup* group = nullptr;
+  torch::Tensor buf;
+};
+
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
     : plan_(plan), flat_(flat), comm_(comm), stage3_(comm && plan.layout.stage == 3) {
   const FlatLayout& L = plan.layout;
@@ -34,7 +40,7 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   }
 }
 
-ZeroExchange::~ZeroExchange() = default;
+ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
 
 void ZeroExchange::all_reduce_in_pieces(const torch::Tensor& t, int64_t piece) {
   piece = std::max<int64_t>(1, piece);
@@ -42,7 +48,8 @@ void ZeroExchange::all_reduce_in_pieces(const torch::Tensor& t, int64_t piece) {
 }
 
 void ZeroExchange::reduce_gradients() {
-  if (!comm_ || flat_.grouped) return;
+  if (!comm_) return;
+  if (flat_.grouped) return finish_reduce();
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
   all_reduce_in_pieces(flat_.compute_grads, plan_.zero.reduce_bucket_size);
 }
@@ -54,9 +61,27 @@ double ZeroExchange::grad_sum_of_squares(bool* partial) const {
                                              : kernels::sum_of_squares_f32(g.data_ptr<float>(), g.numel());
 }
 
-void ZeroExchange::reduce_group(const ParamGroup& g) {
-  const torch::Tensor& buf = g.layer >= 0 ? flat_.block_grads : flat_.outer_grads;
-  all_reduce_in_pieces(buf, plan_.zero.reduce_bucket_size);
+void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
+  finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
+  reducing_ = std::make_unique<Reduce>();
+  reducing_->group = &g;
+  reducing_->buf = buf;
+  const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
+  for (int64_t at = 0; at < buf.numel(); at += piece) {
+    auto work = comm_->all_reduce_sum_async(buf.narrow(0, at, std::min(piece, buf.numel() - at)), "gradients");
+    if (!flat_.overlap) work->wait();  // one piece (and its fp32 copy) at a time
+    reducing_->pieces.push_back(std::move(work));
+  }
+  if (!flat_.overlap) finish_reduce();
+}
+
+void ZeroExchange::finish_reduce() {
+  if (!reducing_) return;
+  for (auto& p : reducing_->pieces) p->wait();
+  const ParamGroup& g = *reducing_->group;
+  const torch::Tensor buf = reducing_->buf;
+  reducing_.reset();
+  torch::NoGradGuard ng;
   // Keep this rank's part: the reduce-scatter Gloo lacks.
   for (int i : g.params) {
     const int k = owned_of_param_[static_cast<size_t>(i)];
@@ -132,7 +157,7 @@ void ZeroExchange::before_backward(int64_t layer) {
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
-  if (comm_ && flat_.grouped) reduce_group(groups_[static_cast<size_t>(layer)]);
+  if (comm_ && flat_.grouped) start_reduce(groups_[static_cast<size_t>(layer)], flat_.block_grads[flat_.overlap ? layer % 2 : 0]);
 }
 
 void ZeroExchange::begin_micro_step(bool evaluation) {
@@ -143,8 +168,16 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
   finish(*g);
 }
 
+void ZeroExchange::begin_backward() {
+  if (comm_ && flat_.grouped) finish_reduce();  // the outer gradients are about to be written again
+}
+
 void ZeroExchange::end_micro_step() {
-  if (comm_ && flat_.grouped && groups_.back().layer < 0) reduce_group(groups_.back());
+  if (!comm_ || !flat_.grouped) return;
+  if (groups_.back().layer < 0)
+    start_reduce(groups_.back(), flat_.outer_grads);
+  else
+    finish_reduce();
 }
 
 void ZeroExchange::publish_parameters() {

@@ -3,7 +3,9 @@
 //   stage 0  gradients all-reduced once per step (in reduce-bucket pieces)
 //   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
 //   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduced into the
-//            owners' parts as soon as backward finishes the group, so the whole gradient is never held
+//            owners' parts as soon as backward finishes the group, so the whole gradient is never held;
+//            with overlap_comm the reduce runs while backward goes on (a block's during the next
+//            block's backward, the outer parameters' during the next micro step's forward)
 //   stage 3  stage 2, plus parameters partitioned: a group is gathered before it runs (the next block
 //            prefetched while the current one computes) and again for its backward; parameters below
 //            the persistence threshold stay whole, gathered once per step after the optimizer
@@ -28,9 +30,11 @@ class ZeroExchange : public BlockHooks {
   ~ZeroExchange() override;
 
   // Around each micro step: stage 3 gathers the parameters outside the blocks before forward
-  // (`evaluation` counts the gathers apart from training's); after backward, stages 2-3 reduce
-  // those parameters' gradients.
+  // (`evaluation` counts the gathers apart from training's); before backward, the previous micro
+  // step's reduce in flight (overlap_comm) finishes; after backward, stages 2-3 reduce the outer
+  // parameters' gradients.
   void begin_micro_step(bool evaluation);
+  void begin_backward();
   void end_micro_step();
   // After the last micro step: stages 0-1 reduce the accumulated gradients.
   void reduce_gradients();
@@ -50,7 +54,9 @@ class ZeroExchange : public BlockHooks {
                                        const std::string& what);
   void finish(Gather& g);
   void gather_block(int64_t layer, const std::string& what, int64_t prefetch);
-  void reduce_group(const ParamGroup& g);
+  struct Reduce;
+  void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
+  void finish_reduce();
   void all_reduce_in_pieces(const torch::Tensor& t, int64_t piece);
 
   const Plan& plan_;
@@ -62,6 +68,7 @@ class ZeroExchange : public BlockHooks {
   std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
   std::vector<int> whole_;                 // stage 3: parameters kept whole
   std::unique_ptr<Gather> prefetch_;       // stage 3: the next block's gather in flight
+  std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
 };
 
 }  // namespace ds
