@@ -92,7 +92,7 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
                   "and the fit check");
 }
 
-CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a) {
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool quiet) {
   for (const auto& o : a.overrides)
     if (!looks_like_override(o))
       throw UserError("'" + o + "' is neither an override nor a flag",
@@ -113,7 +113,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a) {
                                   "add e.g. \"model\": {\"preset\": \"gpt2\"}, or the override model.preset=gpt2"}});
   const ModelSpec model = build_model_spec(resolve_model_hyper(config.model));
   Plan plan = compile_plan(config, model, topo);
-  print_warnings(sub, plan.warnings);
+  if (!quiet) print_warnings(sub, plan.warnings);
   return {config, std::move(plan)};
 }
 

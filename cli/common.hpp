@@ -56,7 +56,8 @@ struct CompiledConfig {
   Config config;
   Plan plan;
 };
-CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args);
+// Prints the plan's warnings unless `quiet` (a launcher whose rank 0 will print them itself).
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args, bool quiet = false);
 inline Plan build_plan(const std::string& sub, const ConfigArgs& args) { return compile_config(sub, args).plan; }
 
 // One subcommand: its CLI11 node and the function that runs it once parsed.

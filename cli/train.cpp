@@ -64,10 +64,11 @@ int run_train(const TrainArgs& a) {
       args.world_size = 0;
       for (const auto& h : hosts) args.world_size += h.slots;
     }
-    const CompiledConfig compiled = compile_config("train", args);
+    const bool launcher = (args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK");
+    const CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
-    if ((args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK")) {
+    if (launcher) {
       LaunchSpec spec;
       spec.nproc = args.nproc_per_node;
       spec.hosts = hosts;
@@ -91,7 +92,8 @@ int run_train(const TrainArgs& a) {
       const int world = plan.topology.world_size;
       std::cerr << "ds train: starting " << world << " ranks "
                 << (hosts.empty() ? std::string("on this machine") : "on " + std::to_string(hosts.size()) + " hosts from " + a.hostfile)
-                << "; ranks 1-" << world - 1 << " log to " << spec.log_dir << "/rank_N.log\n";
+                << (world == 2 ? "; rank 1 logs to " + spec.log_dir + "/rank_1.log\n"
+                               : "; ranks 1-" + std::to_string(world - 1) + " log to " + spec.log_dir + "/rank_N.log\n");
       return launch_ranks(spec);
     }
     TrainOptions opt;
