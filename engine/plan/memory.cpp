@@ -78,9 +78,7 @@ MemoryEstimate estimate_memory(const MemoryInputs& in) {
   const double block = m.block_activation_bytes_per_token(in.seq_len, static_cast<int>(bc));
   const double head = m.head_activation_bytes_per_token(static_cast<int>(bc));
   const double L = static_cast<double>(m.hp.num_layers);
-  // Stage 3 releases a block's gathered parameters after its forward, so ds recomputes the block in
-  // backward: its activations are those of activation checkpointing.
-  if (in.activation_checkpointing || in.stage == 3)
+  if (in.activation_checkpointing)
     e.device.activations = tokens * (L * m.hp.hidden_size * bc + block + head);  // block inputs + one block recomputed
   else
     e.device.activations = tokens * (L * block + head);

@@ -304,8 +304,6 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                                  format_count(model.largest_block_params) + " parameters)",
                              "ds gathers a whole block per collective and prefetches the next; max_live_parameters "
                              "and max_reuse_distance do not apply"});
-    plan.resolved.push_back({"activation recomputation", "every block, in backward",
-                             "stage 3 releases a block's gathered parameters after its forward"});
   }
 
   CommInputs ci;

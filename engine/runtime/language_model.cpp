@@ -89,7 +89,7 @@ torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   const bool recompute = checkpoint_activations_ && training;
   for (int64_t l = 0; l < num_blocks(); ++l) {
     if (hooks_ && training) {
-      x = HookedBlock::apply(x, this, hooks_, l, recompute || hooks_->recompute());
+      x = HookedBlock::apply(x, this, hooks_, l, recompute);
     } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
       hooks_->before_forward(l);
       x = block(l, x);

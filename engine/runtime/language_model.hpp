@@ -18,8 +18,6 @@ class BlockHooks {
   virtual void before_forward(int64_t layer) = 0;
   virtual void before_backward(int64_t layer) = 0;
   virtual void after_backward(int64_t layer) = 0;
-  // Stage 3: the gathered parameters do not survive until backward, so the block runs again there.
-  virtual bool recompute() const = 0;
 };
 
 class LanguageModel {

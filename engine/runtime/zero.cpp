@@ -119,13 +119,16 @@ void ZeroExchange::finish(Gather& g) {
   g.work->wait();
   const FlatLayout& L = plan_.layout;
   torch::NoGradGuard ng;
+  // An alias of the destination with a version counter of its own: the forward's saved views of these
+  // weights stay valid because the block is gathered again (same bits) before its backward reads them.
+  const torch::Tensor dest = torch::from_blob(g.dest.data_ptr(), {g.dest.numel()}, g.dest.options());
   for (int r = 0; r < L.world_size; ++r) {
     int64_t at = 0;
     for (int i : g.params) {
       const ParamSlot& p = L.params[static_cast<size_t>(i)];
       const int64_t begin = r * p.partition_numel, real = std::min(p.partition_numel, p.numel - begin);
       if (real > 0)
-        g.dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + begin, real).copy_(g.out.narrow(0, r * g.n + at, real));
+        dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + begin, real).copy_(g.out.narrow(0, r * g.n + at, real));
       at += p.partition_numel;
     }
   }

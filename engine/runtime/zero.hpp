@@ -8,7 +8,10 @@
 //            block's backward, the outer parameters' during the next micro step's forward)
 //   stage 3  stage 2, plus parameters partitioned: a group is gathered before it runs (the next block
 //            prefetched while the current one computes) and again for its backward; parameters below
-//            the persistence threshold stay whole, gathered once per step after the optimizer
+//            the persistence threshold stay whole, gathered once per step after the optimizer.
+//            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
+//            while autograd still holds views of them: gathers write around autograd's version
+//            counters, and the re-gather before block l's backward restores the very same bits.
 // Gloo has no reduce-scatter: a "reduce-scatter" is an all-reduce of which each rank keeps its part.
 #pragma once
 
@@ -46,7 +49,6 @@ class ZeroExchange : public BlockHooks {
   void before_forward(int64_t layer) override;
   void before_backward(int64_t layer) override;
   void after_backward(int64_t layer) override;
-  bool recompute() const override { return stage3_; }
 
  private:
   struct Gather;
