@@ -42,16 +42,21 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
 
 ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
 
-void ZeroExchange::all_reduce_in_pieces(const torch::Tensor& t, int64_t piece) {
-  piece = std::max<int64_t>(1, piece);
-  for (int64_t at = 0; at < t.numel(); at += piece) comm_->all_reduce_sum(t.narrow(0, at, std::min(piece, t.numel() - at)), "gradients");
+std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, bool wait_each) {
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
+  for (int64_t at = 0; at < t.numel(); at += piece) {
+    pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, std::min(piece, t.numel() - at)), "gradients"));
+    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy) at a time
+  }
+  return pieces;
 }
 
 void ZeroExchange::reduce_gradients() {
   if (!comm_) return;
   if (flat_.grouped) return finish_reduce();
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
-  all_reduce_in_pieces(flat_.compute_grads, plan_.zero.reduce_bucket_size);
+  reduce_in_pieces(flat_.compute_grads, /*wait_each=*/true);
 }
 
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
@@ -66,12 +71,7 @@ void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   reducing_ = std::make_unique<Reduce>();
   reducing_->group = &g;
   reducing_->buf = buf;
-  const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
-  for (int64_t at = 0; at < buf.numel(); at += piece) {
-    auto work = comm_->all_reduce_sum_async(buf.narrow(0, at, std::min(piece, buf.numel() - at)), "gradients");
-    if (!flat_.overlap) work->wait();  // one piece (and its fp32 copy) at a time
-    reducing_->pieces.push_back(std::move(work));
-  }
+  reducing_->pieces = reduce_in_pieces(buf, /*wait_each=*/!flat_.overlap);
   if (!flat_.overlap) finish_reduce();
 }
 

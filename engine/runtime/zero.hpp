@@ -59,7 +59,8 @@ class ZeroExchange : public BlockHooks {
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();
-  void all_reduce_in_pieces(const torch::Tensor& t, int64_t piece);
+  // Gradients all-reduced in reduce_bucket_size pieces; `wait_each` finishes each before the next starts.
+  std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, bool wait_each);
 
   const Plan& plan_;
   FlatParams& flat_;
