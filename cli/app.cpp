@@ -36,12 +36,20 @@ Run `ds <command> --help` for a command's options and examples; `man ds-config` 
     return app.exit(e);  // prints the help of the subcommand asked about; exit 0
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const UserError& e) {  // a flag answered with its ds equivalent (--include, ...)
+    return run_guarded(argc > 1 ? argv[1] : "ds", [&]() -> int { throw e; });
   } catch (const CLI::ParseError& e) {
     std::string sub;
+    const CLI::App* parsed = &app;
     for (const auto& s : subs)
-      if (s.app->parsed()) sub = " " + s.app->get_name();
-    std::cerr << "ds" << sub << ": " << red("error:", stderr) << " " << e.what() << "\n"
-              << "    hint: run `ds" << sub << " --help` for usage and examples\n";
+      if (s.app->parsed()) sub = " " + s.app->get_name(), parsed = s.app;
+    std::cerr << "ds" << sub << ": " << red("error:", stderr) << " " << e.what() << "\n";
+    // A mistyped flag: the nearest one this command has.
+    std::string hint;
+    for (const std::string& word : command_line())
+      if (word.rfind("--", 0) == 0 && std::string(e.what()).find(word) != std::string::npos)
+        if (std::string near = flag_suggestion(parsed, word); !near.empty()) hint = "did you mean " + near + "? ";
+    std::cerr << "    hint: " << hint << "run `ds" << sub << " --help` for usage and examples\n";
     return kExitUsage;
   }
   set_color_mode(color);

@@ -2,9 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
+#include "common/did_you_mean.hpp"
 #include "common/format.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "schema/loader.hpp"
@@ -54,7 +59,21 @@ void print_warnings(const std::string& sub, const std::vector<ConfigIssue>& warn
   }
 }
 
-int run_guarded(const std::string& sub, const std::function<int()>& body) {
+namespace {
+
+// {"schema_version": 1, "error": "...", "errors": [{"path", "message", "hint"}]} on stdout, for --json callers.
+void print_json_error(const std::string& what, const std::vector<ConfigIssue>& issues) {
+  nlohmann::ordered_json j;
+  j["schema_version"] = 1;
+  j["error"] = what;
+  j["errors"] = nlohmann::ordered_json::array();
+  for (const auto& i : issues) j["errors"].push_back({{"path", i.path}, {"message", i.message}, {"hint", i.hint}});
+  std::cout << j.dump(2) << "\n";
+}
+
+}  // namespace
+
+int run_guarded(const std::string& sub, const std::function<int()>& body, bool json_errors) {
   const std::string prefix = "ds " + sub + ": " + red("error:", stderr) + " ";
   try {
     return body();
@@ -64,15 +83,50 @@ int run_guarded(const std::string& sub, const std::function<int()>& body) {
       std::cerr << "  " << (i.path.empty() ? "" : bold(i.path, stderr) + ": ") << i.message << "\n";
       if (!i.hint.empty()) std::cerr << "      hint: " << i.hint << "\n";
     }
+    if (json_errors) print_json_error(e.what(), e.issues());
     return e.exit_code();
   } catch (const UserError& e) {
     std::cerr << prefix << e.what() << "\n";
     if (!e.hint().empty()) std::cerr << "    hint: " << e.hint() << "\n";
+    if (json_errors) print_json_error(e.what(), {{"", e.what(), e.hint()}});
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cerr << prefix << e.what() << "\n";
+    if (json_errors) print_json_error(e.what(), {{"", e.what(), ""}});
     return kExitRuntime;
   }
+}
+
+double size_flag(const std::string& flag, const std::string& text) {
+  double bytes = 0;
+  if (parse_bytes(text, &bytes) && bytes > 0) return bytes;
+  char* end = nullptr;
+  const double bare = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() && *end == '\0' && bare > 0)
+    throw UserError(flag + " " + text + ": give a unit, e.g. " + text + "GiB", kSizeUnitsHelp);
+  throw UserError(flag + " '" + text + "' is not a size", std::string("write e.g. 80GiB, 40GB or 24G (") + kSizeUnitsHelp + ")");
+}
+
+void add_ranks_per_node_flag(CLI::App* sub, int& value, const std::string& help) {
+  sub->add_option("--nproc-per-node,--gpus,--num_gpus,--num-gpus", value,
+                  help + " (torchrun's --nproc-per-node; --gpus and DeepSpeed's --num_gpus mean the same)")
+      ->check(CLI::Range(1, 1 << 16));
+}
+
+void add_nodes_flag(CLI::App* sub, int& value) {
+  sub->add_option("--nnodes,--nodes,--num_nodes,--num-nodes", value, "nodes (--nodes and DeepSpeed's --num_nodes mean the same)")
+      ->check(CLI::Range(1, 1 << 16));
+}
+
+std::string flag_suggestion(const CLI::App* app, const std::string& word) {
+  if (word.rfind("--", 0) != 0) return "";
+  std::vector<std::string> names;
+  for (const CLI::Option* o : app->get_options())
+    for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+  std::string spelled = word.substr(0, word.find('='));
+  std::replace(spelled.begin(), spelled.end(), '_', '-');
+  if (std::find(names.begin(), names.end(), spelled) != names.end()) return spelled;
+  return closest_match(spelled, names);
 }
 
 void add_config_args(CLI::App* sub, ConfigArgs& a) {
@@ -82,14 +136,14 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
                   "key.sub=value sets any config key (value parsed as JSON, else a string); ~key.sub removes one");
   sub->add_option("--world-size", a.world_size, "data-parallel ranks to plan for (default: WORLD_SIZE, else 1)")
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--nproc-per-node", a.nproc_per_node, "ranks per node")->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--nnodes", a.nnodes, "nodes")->check(CLI::Range(1, 1 << 16));
+  add_ranks_per_node_flag(sub, a.nproc_per_node, "ranks (GPUs, or CPU processes) per node");
+  add_nodes_flag(sub, a.nnodes);
   sub->add_option("--device", a.device, "plan for cpu or cuda devices (auto: cuda when a GPU is found or "
                                         "--device-memory is given)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--device-memory", a.device_memory,
-                  "memory of each rank's GPU, e.g. 80GiB (default: the detected GPU's); used for \"auto\" choices "
-                  "and the fit check");
+                  std::string("memory of each rank's GPU, e.g. 80GiB (default: the detected GPU's); used for \"auto\" choices "
+                  "and the fit check; ") + kSizeUnitsHelp);
 }
 
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool quiet) {
@@ -101,18 +155,38 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   topt.world_size = a.world_size;
   topt.nproc_per_node = a.nproc_per_node;
   topt.nnodes = a.nnodes;
-  if (!a.device_memory.empty() &&
-      (!parse_bytes(a.device_memory, &topt.device_memory_bytes) || topt.device_memory_bytes <= 0))
-    throw UserError("--device-memory '" + a.device_memory + "' is not a size", "write e.g. 80GiB, 40GB or 24G");
+  if (!a.device_memory.empty()) topt.device_memory_bytes = size_flag("--device-memory", a.device_memory);
   topt.device = a.device;
   if (a.device != "cpu") topt.gpus = detect_gpus();
   const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
   const Config config = load_config_file(a.config, a.overrides);
-  if (!config.model.given)
-    throw ConfigError(a.config, {{"model", "the config has no model block",
-                                  "add e.g. \"model\": {\"preset\": \"gpt2\"}, or the override model.preset=gpt2"}});
-  const ModelSpec model = build_model_spec(resolve_model_hyper(config.model));
-  Plan plan = compile_plan(config, model, topo);
+  Plan plan;
+  if (config.model.given) {
+    plan = compile_plan(config, build_model_spec(resolve_model_hyper(config.model)), topo);
+  } else {
+    plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
+    if (!a.model_optional)
+      throw ConfigError(a.config, {{"model", "the config has no model block: ds " + sub + " needs to know what to train",
+                                    "add e.g. \"model\": {\"preset\": \"gpt2\"} to the file, or the override model.preset=gpt2 "
+                                    "(presets: ds-config(5); a Hugging Face config.json: model.hf_config=path)"}});
+  }
+  // Input files: a warning while planning (the plan may be made on another machine), an error before a run.
+  std::vector<ConfigIssue> missing;
+  auto need = [&](const std::string& path, const char* key) {
+    std::error_code ec;
+    if (path.empty()) return;
+    if (!std::filesystem::exists(path, ec))
+      missing.push_back({key, "'" + path + "' does not exist", "check the path (relative paths are from the working directory)"});
+    else if (std::filesystem::is_directory(path, ec))
+      missing.push_back({key, "'" + path + "' is a directory, not a file", "name the file itself"});
+  };
+  if (config.data.type != DataType::synthetic) need(config.data.path, "data.path");
+  if (config.data.type == DataType::text && config.data.tokenizer == "gpt2") {
+    need(config.data.vocab_file, "data.vocab_file");
+    need(config.data.merges_file, "data.merges_file");
+  }
+  if (!missing.empty() && a.inputs_must_exist) throw ConfigError(a.config, missing);
+  plan.warnings.insert(plan.warnings.end(), missing.begin(), missing.end());
   if (!quiet) print_warnings(sub, plan.warnings);
   return {config, std::move(plan)};
 }

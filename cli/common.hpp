@@ -33,8 +33,12 @@ std::string yellow(const std::string& s, FILE* stream);
 void print_warnings(const std::string& sub, const std::vector<ConfigIssue>& warnings);
 
 // Runs `body`, mapping exceptions to exit codes: UserError -> its code (2), ConfigError -> 2 with
-// every problem listed, anything else -> 1. Prints `ds <sub>: error: ...` to stderr.
-int run_guarded(const std::string& sub, const std::function<int()>& body);
+// every problem listed, anything else -> 1. Prints `ds <sub>: error: ...` to stderr, and with
+// `json_errors` (a --json run) also a JSON error object on stdout for scripts.
+int run_guarded(const std::string& sub, const std::function<int()>& body, bool json_errors = false);
+
+// A size flag's value in bytes ("80GiB"); UserError naming the flag for a bare number or a non-size.
+double size_flag(const std::string& flag, const std::string& text);
 
 // Arguments of every subcommand that reads a config.
 struct ConfigArgs {
@@ -45,7 +49,15 @@ struct ConfigArgs {
   int nnodes = 0;
   std::string device_memory;  // e.g. "80GiB"
   std::string device = "auto";
+  bool model_optional = false;     // ds plan: a config without a model block plans what it can
+  bool inputs_must_exist = false;  // ds train: a missing data file is an error, not a warning
 };
+
+// One spelling of each topology flag across subcommands, with the others as aliases.
+void add_ranks_per_node_flag(CLI::App* sub, int& value, const std::string& help);
+void add_nodes_flag(CLI::App* sub, int& value);
+// The flag of `app` nearest to a mistyped `word` ("--nproc-per-nod" -> "--nproc-per-node"), "" if none is near.
+std::string flag_suggestion(const CLI::App* app, const std::string& word);
 
 // Declares CONFIG [OVERRIDES...] and --world-size / --nproc-per-node / --nnodes / --device /
 // --device-memory.

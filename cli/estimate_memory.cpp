@@ -59,10 +59,6 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   }
   if (a.micro_batch > 0 || text.find("train_batch_size") == std::string::npos)
     overrides.push_back("train_micro_batch_size_per_gpu=" + std::to_string(a.micro_batch > 0 ? a.micro_batch : 1));
-  if (a.micro_batch > 0) {
-    overrides.push_back("~gradient_accumulation_steps");
-    overrides.push_back("~train_batch_size");
-  }
   const bool from_config = text.find("\"model\"") != std::string::npos && ends_with(a.model, ".json") &&
                            model_note->rfind("the model block", 0) == 0;
   std::string dtype = a.dtype.empty() && !from_config ? "bf16" : a.dtype;
@@ -72,7 +68,7 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   }
   // Batch keys given in the file would be checked against --gpus x --nodes; only the micro batch matters here.
   for (const char* k : {"~train_batch_size", "~gradient_accumulation_steps"})
-    if (text.find(std::string("\"") + (k + 1) + "\"") != std::string::npos && a.micro_batch == 0) overrides.push_back(k);
+    if (text.find(std::string("\"") + (k + 1) + "\"") != std::string::npos) overrides.push_back(k);
   // Present offload blocks (device none) get the schema's defaults (buffer counts, pinning), which the
   // rows that switch offload on then use.
   for (const char* block : {"offload_optimizer", "offload_param"})
@@ -83,19 +79,24 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
 }
 
 ModelSpec hypothetical_spec(int64_t params, int64_t largest) {
-  // Two tensors: the largest layer and everything else. No architecture, so no activations.
+  // Only sizes are known: the model as consecutive layers of the largest layer's size (the last one
+  // holding the rest), each a unit that stage 3 gathers and reduces as ds does a transformer block.
+  // No architecture, so no activations.
   ModelSpec s;
   s.hp.name = "hypothetical";
   s.hp.arch = ModelArch::llama;  // no learned positions to check the sequence against
   s.hp.num_heads = 1;
-  for (int64_t n : {largest, params - largest}) {
+  int layer = 0;
+  for (int64_t left = params; left > 0; left -= largest, ++layer) {
     TensorSpec t;
-    t.name = s.tensors.empty() ? "largest_layer.weight" : "rest.weight";
-    t.shape = {n};
-    t.numel = n;
+    t.name = "layers." + std::to_string(layer) + ".weight";
+    t.numel = std::min(left, largest);
+    t.shape = {t.numel};
+    t.layer = layer;
+    t.weight_decay = true;
     s.tensors.push_back(t);
   }
-  s.num_params = params;
+  s.num_params = params;  // hp.num_layers stays 0: no blocks whose activations could be counted
   s.largest_module_params = largest;
   s.largest_block_params = largest;
   return s;
@@ -117,15 +118,29 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   sub->add_option("--model", a->model,
                   "a preset (llama-2-7b, gpt2-xl, ...), a size (7b, 13b, 70b, 1.5b, 350m), a Hugging Face "
                   "config.json, or a ds config (its model block and settings)");
+  const CLI::Validator positive_count(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !std::isfinite(d)) return "'" + v + "' is not a number (e.g. 7e9)";
+        if (d < 1) return "'" + v + "' is not a positive parameter count (e.g. 7e9)";
+        return "";
+      },
+      "COUNT");
   auto* params = sub->add_option("--params", a->params, "a hypothetical model's total parameters (with --largest-layer)")
-                     ->check(CLI::PositiveNumber);
+                     ->check(positive_count);
   sub->add_option("--largest-layer", a->largest_layer, "the hypothetical model's largest layer, in parameters")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_count)
       ->needs(params);
-  sub->add_option("--gpus", a->gpus, "GPUs per node (default 1)")->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--nodes", a->nodes, "nodes (default 1)")->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--gpu-memory", a->gpu_memory, "memory per GPU, e.g. 80GiB (default: the detected GPU's, else no fit check)");
+  add_ranks_per_node_flag(sub, a->gpus, "GPUs per node (default 1)");
+  add_nodes_flag(sub, a->nodes);
+  sub->add_option("--gpu-memory", a->gpu_memory,
+                  std::string("memory per GPU, e.g. 80GiB (default: the detected GPU's, else no fit check); ") + kSizeUnitsHelp);
   sub->add_option("--cpu-memory", a->cpu_memory, "host memory per node, e.g. 1TiB (default: no host fit check)");
+  sub->add_option("--headroom", a->headroom,
+                  "share of each GPU left free when judging what fits (allocator fragmentation, the CUDA context and "
+                  "library workspaces are not counted), default 0.10")
+      ->check(CLI::Range(0.0, 0.9));
   sub->add_option("--micro-batch", a->micro_batch, "samples per GPU per step (default: the config's, else 1)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--seq-len", a->seq_len, "tokens per sample (default: the config's, else the context up to 2048)")
@@ -155,6 +170,13 @@ beside them for comparison. Exit status: 0 ok, 2 bad input.)");
 
 int run_estimate_memory(const EstimateMemoryArgs& a) {
   return run_guarded("estimate-memory", [&] {
+    if (a.params > ModelLimits::params)
+      throw UserError("--params " + format_double(a.params) + " is more than ds plans for (" + format_double(ModelLimits::params) + ")",
+                      "give the parameter count, e.g. --params 7e9");
+    if (a.params > 0 && a.params / a.largest_layer > ModelLimits::num_layers)
+      throw UserError("--params / --largest-layer is " + format_double(std::ceil(a.params / a.largest_layer)) +
+                          " layers, more than ds plans for (" + std::to_string(ModelLimits::num_layers) + ")",
+                      "--largest-layer is the parameters of the biggest single layer, e.g. 131e6 for a 7B model");
     if (a.model.empty() && a.params == 0)
       throw UserError("no model given", "pass --model (llama-2-7b, 7b, a config.json) or --params N --largest-layer N");
     if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
@@ -166,13 +188,11 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     topt.nproc_per_node = a.gpus;
     topt.nnodes = a.nodes;
     topt.device = "cuda";
-    if (!a.gpu_memory.empty() && (!parse_bytes(a.gpu_memory, &topt.device_memory_bytes) || topt.device_memory_bytes <= 0))
-      throw UserError("--gpu-memory '" + a.gpu_memory + "' is not a size", "write e.g. 80GiB, 40GB or 24G");
+    if (!a.gpu_memory.empty()) topt.device_memory_bytes = size_flag("--gpu-memory", a.gpu_memory);
     topt.gpus = detect_gpus();
     Topology topo = make_topology(topt, [](const char*) -> const char* { return nullptr; });
     topo.host_memory_bytes = 0;  // the target's host memory is unknown unless given
-    if (!a.cpu_memory.empty() && (!parse_bytes(a.cpu_memory, &topo.host_memory_bytes) || topo.host_memory_bytes <= 0))
-      throw UserError("--cpu-memory '" + a.cpu_memory + "' is not a size", "write e.g. 512GiB or 1TiB");
+    if (!a.cpu_memory.empty()) topo.host_memory_bytes = size_flag("--cpu-memory", a.cpu_memory);
 
     std::string model_note;
     Config base = base_config(a, &model_note);
@@ -188,7 +208,7 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     if (!a.offload.empty())
       filter.offload = a.offload == "cpu" ? OffloadDevice::cpu : a.offload == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
     if (a.activation_checkpointing != "both") filter.activation_checkpointing = a.activation_checkpointing == "on";
-    const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter);
+    const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter, a.headroom);
     if (t.rows.empty())
       throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");
 
@@ -201,7 +221,8 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       j["topology"] = {{"gpus_per_node", topo.ranks_per_node}, {"nodes", topo.num_nodes},
                        {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
                        {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
-      j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len}};
+      j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
+                          {"headroom", a.headroom}};
       ojson rows = ojson::array();
       for (const auto& r : t.rows) {
         const auto& d = r.memory.device;
@@ -240,7 +261,11 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       << ", " << optimizer_type_name(base.optimizer.type) << "; GPU memory "
       << (topo.device_memory_bytes > 0 ? format_bytes(topo.device_memory_bytes) : std::string("not given (no fit check)"))
       << "; CPU memory per node " << (topo.host_memory_bytes > 0 ? format_bytes(topo.host_memory_bytes) : std::string("not given"))
-      << "\n\n";
+      << "\n";
+    if (topo.device_memory_bytes > 0)
+      o << "  fits = at most " << std::lround((1 - a.headroom) * 100) << "% of each GPU (" << format_bytes((1 - a.headroom) * topo.device_memory_bytes)
+        << "): --headroom " << format_double(a.headroom) << " is left for what is not counted\n";
+    o << "\n";
     char line[512];
     std::snprintf(line, sizeof line, "  %-5s %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", "stage", "offload p/o",
                   "ckpt", "params", "grads", "optim", "activ", "buffers", "per GPU", "CPU/node", "NVMe/node", "fits");
@@ -286,7 +311,7 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
          "offloaded states and staging buffers of all ranks on a node; DeepSpeed's 1.5x factor is not applied.\n";
     std::cout << o.str();
     return 0;
-  });
+  }, a.json);
 }
 
 }  // namespace ds::cli

@@ -8,6 +8,7 @@ namespace ds::cli {
 
 struct EstimateMemoryArgs {
   std::string model;             // preset, size shorthand, HF config.json, or a ds config
+  double headroom = 0.10;        // share of each GPU not planned for (fragmentation, CUDA context)
   double params = 0;             // hypothetical model: total parameters (2851e6 is fine)
   double largest_layer = 0;      //   ... and its largest layer
   int gpus = 1, nodes = 1;

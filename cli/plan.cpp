@@ -38,13 +38,15 @@ int run_plan(const PlanArgs& a) {
       std::cout << resolved_config_json(a.config.config, a.config.overrides) << "\n";
       return 0;
     }
-    Plan plan = build_plan("plan", a.config);
+    ConfigArgs args = a.config;
+    args.model_optional = true;  // a bare DeepSpeed config plans what it can
+    Plan plan = build_plan("plan", args);
     if (a.json)
       std::cout << plan_to_json(plan) << "\n";
     else
       std::cout << render_plan_text(plan, color_enabled(stdout), a.layout);
     return 0;
-  });
+  }, a.json);
 }
 
 }  // namespace ds::cli

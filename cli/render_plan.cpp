@@ -1,6 +1,7 @@
 #include "cli/render_plan.hpp"
 
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "common/format.hpp"
@@ -29,10 +30,142 @@ std::string stage_text(int stage) {
   }
 }
 
+std::string precision_text(const PrecisionPolicy& pr) {
+  std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
+                     ", grads " + dtype_name(pr.grad_dtype) + ", reduce in " + dtype_name(pr.comm_dtype) +
+                     (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
+  if (pr.loss_scaling.enabled)
+    prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
+                                          " (window " + std::to_string(pr.loss_scaling.window) + ", hysteresis " +
+                                          std::to_string(pr.loss_scaling.hysteresis) + ")"
+                                    : ", static loss scale " + format_double(pr.loss_scaling.initial_scale);
+  return prec;
+}
+
+std::string optimizer_text(const Plan& p) {
+  const ResolvedOptimizer& op = p.optimizer;
+  std::string opt = std::string(optimizer_type_name(op.type)) + " lr " + format_double(op.lr);
+  if (op.type != OptimizerType::SGD)
+    opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps);
+  else
+    opt += ", momentum " + format_double(op.momentum);
+  return opt + ", weight decay " + format_double(op.weight_decay) + (op.decoupled_weight_decay ? " (decoupled)" : " (L2)") +
+         "; clip grad norm " + (p.gradient_clipping > 0 ? format_double(p.gradient_clipping) : std::string("off")) +
+         (p.gradient_sum_over_ranks ? "; ranks' gradients summed (gradient_allreduce_op sum)" : "");
+}
+
+std::string scheduler_text(const Plan& p) {
+  if (p.scheduler.type == SchedulerType::None) return "none (constant lr)";
+  const SchedulerConfig& s = p.scheduler.params;
+  std::string sch = scheduler_type_name(p.scheduler.type);
+  if (s.warmup_num_steps) sch += ": warmup " + std::to_string(*s.warmup_num_steps) + " steps (" + s.warmup_type + ")";
+  if (s.total_num_steps) sch += ", total " + std::to_string(*s.total_num_steps);
+  if (s.warmup_max_lr && p.scheduler.type != SchedulerType::WarmupCosineLR)
+    sch += ", lr " + format_double(s.warmup_min_lr.value_or(0)) + " -> " + format_double(*s.warmup_max_lr);
+  return sch;
+}
+
+std::string zero_text(const ResolvedZero& z) {
+  std::string zs = z.stage < 0 ? std::string("stage auto: the lowest stage that fits, chosen once the model is known")
+                               : stage_text(z.stage);
+  if (z.offload_optimizer.device != OffloadDevice::none)
+    zs += "; optimizer offload " + std::string(offload_device_name(z.offload_optimizer.device));
+  if (z.offload_param.device != OffloadDevice::none)
+    zs += "; parameter offload " + std::string(offload_device_name(z.offload_param.device));
+  return zs;
+}
+
+std::string topology_text(const Topology& t) {
+  return std::to_string(t.world_size) + (t.world_size == 1 ? " rank" : " ranks") + " (" + std::to_string(t.num_nodes) +
+         (t.num_nodes == 1 ? " node" : " nodes") + " x " + std::to_string(t.ranks_per_node) + "), " +
+         (t.device == DeviceKind::cpu ? "cpu" : "cuda") + "; world size from " + t.world_size_source;
+}
+
+std::string batch_text(const Plan& p) {
+  if (p.batch.micro_batch == 0) return "micro batch auto: the largest that fits, chosen once the model is known";
+  return "global " + std::to_string(p.batch.train_batch_size) + " = micro " + std::to_string(p.batch.micro_batch) +
+         " x accumulation " + std::to_string(p.batch.grad_accum) + " x world " + std::to_string(p.batch.world_size);
+}
+
+std::string run_text(const Plan& p) {
+  return std::to_string(p.steps) + " steps, " + std::to_string(p.threads) + (p.threads == 1 ? " thread" : " threads") +
+         " per rank" + (p.activation_checkpointing ? ", activation checkpointing" : "");
+}
+
+std::string decided_and_warnings(const Plan& p, const std::function<std::string(const std::string&)>& h) {
+  std::ostringstream o;
+  if (!p.resolved.empty()) {
+    o << "\n" << h("Decided by ds") << "\n";
+    for (const auto& r : p.resolved) o << "  " << r.path << " = " << r.value << "   (" << r.source << ")\n";
+  }
+  if (!p.warnings.empty()) o << "\n" << p.warnings.size() << (p.warnings.size() == 1 ? " warning" : " warnings") << " (on stderr)\n";
+  return o.str();
+}
+
+// A DeepSpeed config without a model block: what the config alone decides, and what needs a model.
+std::string render_settings_only(const Plan& p, const std::function<std::string(const std::string&)>& h) {
+  std::ostringstream o;
+  auto row = [&](const char* key, const std::string& value) { o << "  " << pad(key, 12) << value << "\n"; };
+  o << h("Plan for " + p.config_source) << " (no model block: the settings alone)\n";
+  row("topology", topology_text(p.topology));
+  row("batch", batch_text(p));
+  row("precision", precision_text(p.precision));
+  if (!p.precision.note.empty()) row("", p.precision.note);
+  row("optimizer", optimizer_text(p));
+  row("scheduler", scheduler_text(p));
+  row("zero", zero_text(p.zero));
+  if (p.zero.stage >= 0)
+    row("placement", "params " + p.placement.params + "; grads " + p.placement.grads + "; optimizer states " +
+                         p.placement.optimizer_states);
+  row("data", data_text(p.data, p.seq_len));
+  row("run", run_text(p));
+  if (p.zero.stage >= 0) {
+    o << "\n" << h("Communication per parameter per optimizer step") << "\n";
+    if (p.collectives.empty()) {
+      o << "  none (one rank)\n";
+    } else {
+      double wire = 0;
+      for (const auto& c : p.collectives) {
+        o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what, 36) << pad(c.when, 16)
+          << lpad(format_fixed(c.wire_bytes_per_rank_per_step, 2), 8) << " bytes on the wire per rank\n";
+        if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";
+        wire += c.wire_bytes_per_rank_per_step;
+      }
+      o << "  total: " << format_fixed(wire, 2) << " bytes per parameter per rank per step (ring algorithms); times the "
+        << "parameter count for a step's traffic\n";
+    }
+  }
+  o << "\n" << h("Needs a model") << "\n"
+    << "  memory per rank, the parameter layout and shards, the bytes of each collective"
+    << (p.zero.stage < 0 ? ", the \"auto\" ZeRO stage" : "") << (p.batch.micro_batch == 0 ? ", the \"auto\" micro batch" : "")
+    << ".\n  Give one with an override (ds plan " << p.config_source << " model.preset=llama-2-7b), a \"model\" block in\n"
+    << "  the file (a preset, a Hugging Face config.json, or sizes; see ds-config(5)), or size a model alone with\n"
+    << "  ds estimate-memory --model 7b --gpus 8.\n";
+  o << decided_and_warnings(p, h);
+  return o.str();
+}
+
 }  // namespace
+
+std::string data_text(const DataConfig& d, int64_t seq_len) {
+  std::string s = data_type_name(d.type);
+  switch (d.type) {
+    case DataType::synthetic: s += " (an embedded Markov language, no file)"; break;
+    case DataType::text:
+      s += " " + d.path + ", tokenizer " + d.tokenizer;
+      if (d.tokenizer == "gpt2") s += " (" + d.vocab_file + ", " + d.merges_file + ")";
+      break;
+    case DataType::tokens: s += " " + d.path + " (" + d.token_format + ")"; break;
+    case DataType::hdf5: s += " " + d.path + " dataset " + d.dataset; break;
+  }
+  s += "; " + (seq_len > 0 ? std::to_string(seq_len) + " tokens per sample" : std::string("sequence length auto (the model's context)"));
+  if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";
+  return s;
+}
 
 std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
+  if (!p.has_model) return render_settings_only(p, h);
   std::ostringstream o;
   const ModelHyper& m = p.model.hp;
   const Topology& t = p.topology;
@@ -44,57 +177,25 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                    std::to_string(m.hidden_size) + " wide, " + std::to_string(m.num_heads) + " heads" +
                    (m.num_kv_heads != m.num_heads ? " (" + std::to_string(m.num_kv_heads) + " kv)" : "") + ", vocab " +
                    std::to_string(m.vocab_size) + ", context " + std::to_string(m.max_position_embeddings) +
-                   (m.tie_word_embeddings ? ", tied head" : ""));
-  row("topology", std::to_string(t.world_size) + (t.world_size == 1 ? " rank" : " ranks") + " (" + std::to_string(t.num_nodes) +
-                      (t.num_nodes == 1 ? " node" : " nodes") + " x " + std::to_string(t.ranks_per_node) + "), " +
-                      (t.device == DeviceKind::cpu ? "cpu" : "cuda") + "; world size from " + t.world_size_source);
-  row("batch", "global " + std::to_string(p.batch.train_batch_size) + " = micro " + std::to_string(p.batch.micro_batch) +
-                   " x accumulation " + std::to_string(p.batch.grad_accum) + " x world " + std::to_string(p.batch.world_size));
+                   (m.tie_word_embeddings ? ", tied head" : "") +
+                   (m.attn_pdrop + m.resid_pdrop + m.embd_pdrop > 0
+                        ? "; dropout attention " + format_double(m.attn_pdrop) + ", residual " + format_double(m.resid_pdrop) +
+                              ", embedding " + format_double(m.embd_pdrop) + " (training only)"
+                        : ""));
+  row("topology", topology_text(t));
+  row("batch", batch_text(p));
   row("tokens", std::to_string(p.seq_len) + " per sample, " + format_count(p.tokens_per_step) + " per step; " +
                     flops(p.train_flops_per_step) + " per step (" + flops(p.model.train_flops_per_token(p.seq_len)) +
                     " per token)");
-  const PrecisionPolicy& pr = p.precision;
-  std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
-                     ", grads " + dtype_name(pr.grad_dtype) + ", reduce in " + dtype_name(pr.comm_dtype) +
-                     (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
-  if (pr.loss_scaling.enabled)
-    prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
-                                          " (window " + std::to_string(pr.loss_scaling.window) + ", hysteresis " +
-                                          std::to_string(pr.loss_scaling.hysteresis) + ")"
-                                    : ", static loss scale " + format_double(pr.loss_scaling.initial_scale);
-  row("precision", prec);
-  if (!pr.note.empty()) row("", pr.note);
-  const ResolvedOptimizer& op = p.optimizer;
-  std::string opt = std::string(optimizer_type_name(op.type)) + " lr " + format_double(op.lr);
-  if (op.type != OptimizerType::SGD)
-    opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps);
-  else
-    opt += ", momentum " + format_double(op.momentum);
-  opt += ", weight decay " + format_double(op.weight_decay) + (op.decoupled_weight_decay ? " (decoupled)" : " (L2)") +
-         "; clip grad norm " + (p.gradient_clipping > 0 ? format_double(p.gradient_clipping) : std::string("off"));
-  row("optimizer", opt);
-  if (p.scheduler.type != SchedulerType::None) {
-    const SchedulerConfig& s = p.scheduler.params;
-    std::string sch = scheduler_type_name(p.scheduler.type);
-    if (s.warmup_num_steps) sch += ": warmup " + std::to_string(*s.warmup_num_steps) + " steps (" + s.warmup_type + ")";
-    if (s.total_num_steps) sch += ", total " + std::to_string(*s.total_num_steps);
-    if (s.warmup_max_lr && p.scheduler.type != SchedulerType::WarmupCosineLR)
-      sch += ", lr " + format_double(s.warmup_min_lr.value_or(0)) + " -> " + format_double(*s.warmup_max_lr);
-    row("scheduler", sch);
-  } else {
-    row("scheduler", "none (constant lr)");
-  }
-  const ResolvedZero& z = p.zero;
-  std::string zs = stage_text(z.stage);
-  if (z.offload_optimizer.device != OffloadDevice::none)
-    zs += "; optimizer offload " + std::string(offload_device_name(z.offload_optimizer.device));
-  if (z.offload_param.device != OffloadDevice::none)
-    zs += "; parameter offload " + std::string(offload_device_name(z.offload_param.device));
-  row("zero", zs);
+  row("precision", precision_text(p.precision));
+  if (!p.precision.note.empty()) row("", p.precision.note);
+  row("optimizer", optimizer_text(p));
+  row("scheduler", scheduler_text(p));
+  row("zero", zero_text(p.zero));
   row("placement", "params " + p.placement.params + "; grads " + p.placement.grads + "; optimizer states " +
                        p.placement.optimizer_states);
-  row("run", std::to_string(p.steps) + " steps, " + std::to_string(p.threads) + (p.threads == 1 ? " thread" : " threads") + " per rank" +
-                 (p.activation_checkpointing ? ", activation checkpointing" : ""));
+  row("data", data_text(p.data, p.seq_len));
+  row("run", run_text(p));
 
   // Memory.
   const MemoryEstimate& me = p.memory;
@@ -173,11 +274,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
     o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";
   }
 
-  if (!p.resolved.empty()) {
-    o << "\n" << h("Decided by ds") << "\n";
-    for (const auto& r : p.resolved) o << "  " << r.path << " = " << r.value << "   (" << r.source << ")\n";
-  }
-  if (!p.warnings.empty()) o << "\n" << p.warnings.size() << (p.warnings.size() == 1 ? " warning" : " warnings") << " (on stderr)\n";
+  o << decided_and_warnings(p, h);
   return o.str();
 }
 

@@ -10,4 +10,7 @@ namespace ds::cli {
 
 std::string render_plan_text(const Plan& plan, bool color, bool full_layout);
 
+// "text corpus.txt, tokenizer gpt2 (...); 1024 tokens per sample, 5% held out for validation".
+std::string data_text(const DataConfig& data, int64_t seq_len);
+
 }  // namespace ds::cli

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 
 #include "common/format.hpp"
+#include "cli/run_dir.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/launcher.hpp"
@@ -15,19 +17,69 @@
 #include "schema/plan_json.hpp"
 
 namespace ds::cli {
+namespace {
+
+// True when the overrides name a checkpoint for train.resume (not true/false/auto).
+bool explicit_resume_path(const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides)
+    if (o.rfind("train.resume=", 0) == 0) {
+      const std::string v = o.substr(13);
+      if (v != "auto" && v != "true" && v != "false" && v != "\"auto\"") return true;
+    }
+  return false;
+}
+
+// A word as the shell reads it back.
+std::string shell_quote(const std::string& w) {
+  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") == std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The command that continues this run: the same words (config, overrides, flags), with --resume.
+std::string resume_command(const std::string& config) {
+  std::string cmd = "ds train";
+  bool has_resume = false;
+  for (const auto& w : command_line()) {
+    if (w == "train" && cmd == "ds train") continue;  // the subcommand itself
+    if (w == "--overwrite") continue;                  // continuing must not delete what it continues
+    has_resume |= w == "--resume";
+    cmd += " " + shell_quote(w);
+  }
+  (void)config;
+  return has_resume ? cmd : cmd + " --resume";
+}
+
+}  // namespace
 
 Subcommand setup_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand("train", "train a model as the config and its plan say");
   add_config_args(sub, args->config);
   sub->add_flag("--resume", args->resume,
-                "continue from the newest complete checkpoint in train.output_dir (train.resume=auto); "
-                "starts fresh when there is none");
+                "continue from the checkpoint train.output_dir/checkpoints/latest names (train.resume=auto); "
+                "starts fresh when there is none; an explicit train.resume=PATH is used instead");
+  sub->add_flag("--overwrite", args->overwrite,
+                "start fresh even though train.output_dir holds a run: its checkpoints, metrics.jsonl and train.log "
+                "are deleted first (without this, such a run is refused)");
   sub->add_option("--hostfile", args->hostfile,
                   "start ranks on these hosts over ssh: DeepSpeed's 'hostname slots=N' lines (DS_SSH replaces ssh)");
-  sub->add_option("--master-addr", args->master_addr, "where the ranks rendezvous (default: the hostfile's first host)");
-  sub->add_option("--master-port", args->master_port, "the rendezvous port (default: a free one on this machine, else 29500)")
+  sub->add_option("--master-addr,--master_addr", args->master_addr, "where the ranks rendezvous (default: the hostfile's first host)");
+  sub->add_option("--master-port,--master_port", args->master_port, "the rendezvous port (default: a free one on this machine, else 29500)")
       ->check(CLI::Range(1, 65535));
+  // DeepSpeed's launcher filters hosts and GPUs; ds takes the hosts and slots from the hostfile alone.
+  for (const char* flag : {"--include", "--exclude"})
+    sub->add_option_function<std::string>(
+           flag,
+           [flag](const std::string&) {
+             throw UserError(std::string(flag) + " is DeepSpeed's host/GPU filter; ds has none",
+                             "list only the hosts to use, with their slots, in the --hostfile (lines 'host slots=N'); "
+                             "on one machine, --nproc-per-node N starts N ranks");
+           },
+           "DeepSpeed's host filter: answered with the ds equivalent (list the hosts in --hostfile)")
+        ->group("");
   sub->footer(R"(Examples:
   ds train examples/quickstart.json
       a tiny GPT-2 on an embedded synthetic language: the loss falls towards its known floor in a minute
@@ -47,14 +99,17 @@ steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress 
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
 --nproc-per-node N starts N local ranks (rank 0 prints, the others log to train.output_dir/logs/rank_N.log)
 at any ZeRO stage; a checkpoint resumes at any world size. Offload is refused before work starts, with
-the reason (exit 2). See ds-train(1).)");
+the reason (exit 2). A fresh run into a directory that holds a run is refused: --resume continues it,
+--overwrite replaces it. SIGTERM and Ctrl-C save a checkpoint after the current step. See ds-train(1).)");
   return {sub, [args] { return run_train(*args); }};
 }
 
 int run_train(const TrainArgs& a) {
   return run_guarded("train", [&]() -> int {
     ConfigArgs args = a.config;
-    if (a.resume) args.overrides.push_back("train.resume=auto");
+    args.inputs_must_exist = true;
+    // First, so that a train.resume=PATH override after it (or before: same key) names the checkpoint.
+    if (a.resume && !explicit_resume_path(args.overrides)) args.overrides.insert(args.overrides.begin(), "train.resume=auto");
     // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
     // that world size first).
     std::vector<LaunchHost> hosts;
@@ -65,9 +120,11 @@ int run_train(const TrainArgs& a) {
       for (const auto& h : hosts) args.world_size += h.slots;
     }
     const bool launcher = (args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK");
-    const CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
-    const Plan& plan = compiled.plan;
-    const Config& config = compiled.config;
+    CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
+    const char* rank_env = std::getenv("RANK");
+    const bool writes_run_dir = !rank_env || std::string(rank_env) == "0";
+    if (writes_run_dir)
+      print_warnings("train", prepare_run_dir(compiled.config.train.output_dir, compiled.config.train.resume != "false", a.overwrite));
     if (launcher) {
       LaunchSpec spec;
       spec.nproc = args.nproc_per_node;
@@ -76,8 +133,9 @@ int run_train(const TrainArgs& a) {
       spec.master_port = a.master_port;
       const auto& all = command_line();
       for (size_t i = 0; i < all.size(); ++i) {
-        bool launcher_only = false;
-        for (const char* flag : {"--nproc-per-node", "--hostfile", "--master-addr", "--master-port"}) {
+        bool launcher_only = all[i] == "--overwrite";  // done above, once
+        for (const char* flag : {"--nproc-per-node", "--gpus", "--num_gpus", "--num-gpus", "--hostfile", "--master-addr",
+                                 "--master_addr", "--master-port", "--master_port"}) {
           if (all[i] == flag) {
             ++i;
             launcher_only = true;
@@ -87,6 +145,8 @@ int run_train(const TrainArgs& a) {
         }
         if (!launcher_only) spec.args.push_back(all[i]);
       }
+      const Plan& plan = compiled.plan;
+      const Config& config = compiled.config;
       spec.log_dir = config.train.output_dir + "/logs";
       spec.grace = std::chrono::seconds(static_cast<int64_t>(config.train.comm_timeout_s) + 5);
       const int world = plan.topology.world_size;
@@ -98,18 +158,30 @@ int run_train(const TrainArgs& a) {
     }
     TrainOptions opt;
     // Where to resume from is settled before any work, so a bad path fails at once.
-    if (config.train.resume == "auto") {
-      opt.resume_from = find_latest_checkpoint(config.train.output_dir);
+    if (compiled.config.train.resume == "auto") {
+      opt.resume_from = find_latest_checkpoint(compiled.config.train.output_dir);
       if (opt.resume_from.empty())
-        std::cerr << "ds train: no checkpoint in " << config.train.output_dir << "/checkpoints: starting fresh\n";
-    } else if (config.train.resume != "false") {
-      opt.resume_from = resolve_checkpoint_path(config.train.resume);
+        std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
+    } else if (compiled.config.train.resume != "false") {
+      opt.resume_from = resolve_checkpoint_path(compiled.config.train.resume);
     }
+    if (!opt.resume_from.empty()) {
+      // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
+      std::string note;
+      const auto pins = schedule_pins(read_checkpoint_text(opt.resume_from, "plan_json"), compiled.plan, compiled.config, &note);
+      if (!pins.empty()) {
+        args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
+        compiled = compile_config("train", args, /*quiet=*/true);
+        std::cerr << "ds train: " << note << "\n";
+      }
+    }
+    const Plan& plan = compiled.plan;
+    const Config& config = compiled.config;
     opt.resolved_config_json = resolved_config_json(args.config, args.overrides);
     if (!opt.resume_from.empty()) {
       std::vector<std::string> changed;
       for (const auto& p : json_differences(read_checkpoint_text(opt.resume_from, "config_json"), opt.resolved_config_json))
-        if (p != "train.resume") changed.push_back(p);
+        if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0) changed.push_back(p);
       if (!changed.empty()) {
         std::string list;
         for (const auto& p : changed) list += (list.empty() ? "" : ", ") + p;
@@ -122,27 +194,12 @@ int run_train(const TrainArgs& a) {
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
     const TrainResult r = train(plan, config, opt);
-    if (r.losses.empty()) return r.interrupted ? kExitInterrupted : kExitOk;
-    const int64_t done = r.steps - r.first_step;
-    std::cerr << "ds train: " << (r.interrupted ? "interrupted at step " : "done: ") << r.steps << " of " << plan.steps
-              << " steps (" << done << " this run) in " << format_double(std::round(r.seconds * 10) / 10) << " s; loss " << format_double(std::round(r.losses.front() * 1e4) / 1e4)
-              << " -> " << format_double(std::round(r.losses.back() * 1e4) / 1e4);
-    if (!r.val_losses.empty()) std::cerr << " (validation " << format_double(std::round(r.val_losses.back() * 1e4) / 1e4) << ")";
-    if (config.data.type == DataType::synthetic)
-      std::cerr << "; the synthetic language's floor is " << format_double(std::round(markov_entropy_nats() * 1e4) / 1e4);
-    if (r.skipped_steps) std::cerr << "; " << r.skipped_steps << " steps skipped";
-    const double predicted = plan.memory.device.total() + plan.memory.host.total();
-    const double grown = r.peak_rss_bytes - r.baseline_rss_bytes;
-    std::cerr << "\nds train: peak resident memory " << format_bytes(r.peak_rss_bytes) << ": "
-              << format_bytes(r.baseline_rss_bytes) << " of code and libraries + " << format_bytes(grown) << " for training, "
-              << format_double(std::round(grown / predicted * 100) / 100) << "x the plan's " << format_bytes(predicted)
-              << " (the plan leaves out allocator slack and library workspaces)"
-              << "\n";
-    const char* rank = std::getenv("RANK");
-    if (!rank || std::string(rank) == "0") std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
+    const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
+    if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
+    if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
     if (r.interrupted && !r.last_checkpoint.empty())
-      std::cerr << "ds train: continue with: ds train " << args.config << " --resume\n";
-    return r.interrupted ? kExitInterrupted : kExitOk;
+      std::cerr << "ds train: continue with: " << resume_command(args.config) << "\n";
+    return r.interrupted ? stopped : kExitOk;
   });
 }
 

@@ -18,7 +18,8 @@ enum ExitCode : int {
   kExitOk = 0,
   kExitRuntime = 1,   // the run failed (I/O, a collective, a numeric blow-up)
   kExitUsage = 2,     // bad flags, bad config, missing input file: fix the command and retry
-  kExitInterrupted = 130,
+  kExitInterrupted = 130,  // Ctrl-C (128 + SIGINT), after saving a checkpoint
+  kExitTerminated = 143,   // SIGTERM (128 + SIGTERM), after saving a checkpoint
 };
 
 class UserError : public std::runtime_error {

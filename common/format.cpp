@@ -74,7 +74,8 @@ bool parse_bytes(const std::string& text, double* bytes) {
   for (const char* p = end; *p; ++p)
     if (!std::isspace(static_cast<unsigned char>(*p))) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
   double mult;
-  if (unit.empty() || unit == "b") mult = 1;
+  if (unit.empty()) return false;  // a bare number is ambiguous (80 means 80 GiB to most people, 80 bytes to a parser)
+  if (unit == "b") mult = 1;
   else if (unit == "k" || unit == "kib") mult = 1024.0;
   else if (unit == "kb") mult = 1e3;
   else if (unit == "m" || unit == "mib") mult = 1048576.0;

@@ -14,8 +14,10 @@ std::string format_si(double n);                   // "124.4M", "6.74B", "1.2T"
 std::string format_double(double v);               // shortest text that reads back the same
 std::string format_fixed(double v, int decimals);  // "%.*f": "12.35"
 
-// Parses "80GiB", "80 GB", "512MiB", "1.5T", "1024" (bytes). Decimal units (GB) are 10^9, binary (GiB) 2^30.
-// Returns false on anything else.
+// Parses "80GiB", "80 GB", "512MiB", "1.5T", "4096B". The rule: KB/MB/GB/TB are powers of 10 (GB = 10^9);
+// KiB/MiB/GiB/TiB and the bare letters K/M/G/T are powers of 2 (GiB = G = 2^30). A number without a unit
+// is refused (false), as is anything else.
+inline constexpr const char* kSizeUnitsHelp = "GB = 10^9 bytes; GiB (or G) = 2^30 bytes; a unit is required";
 bool parse_bytes(const std::string& text, double* bytes);
 
 }  // namespace ds

@@ -120,6 +120,7 @@ struct ModelFields {
       max_position_embeddings;
   std::optional<bool> tie_word_embeddings;
   std::optional<double> norm_eps, rope_theta;
+  std::optional<double> attn_pdrop, resid_pdrop, embd_pdrop;
 };
 
 struct ModelConfig {
@@ -166,14 +167,10 @@ struct Config {
   ZeroConfig zero;
   std::optional<Dtype> grad_accum_dtype, communication_data_type;
   std::optional<double> gradient_clipping;  // empty: auto
-  bool gradient_allreduce_sum = false;      // gradient_allreduce_op "sum"
-  bool prescale_gradients = false;
-  double gradient_predivide_factor = 1;
-  bool zero_allow_untested_optimizer = false;
+  bool gradient_allreduce_sum = false;      // gradient_allreduce_op "sum": ranks' gradients summed, not averaged
 
   std::optional<int64_t> steps_per_print;   // empty: null
   bool wall_clock_breakdown = false;
-  bool flops_profiler_enabled = false;
   MonitorConfig tensorboard, csv_monitor;
   bool comms_logger_enabled = false;
 
@@ -185,6 +182,7 @@ struct Config {
   std::string source;                          // file path, or "<name>" for embedded configs
   std::vector<ConfigIssue> warnings;           // ignored keys, deprecated spellings, ...
   std::map<std::string, std::string> value_source;  // JSON path -> "file" | "override" | "default"
+  std::map<std::string, std::string> auto_defaults; // JSON path -> the default an "auto" there became
 };
 
 }  // namespace ds

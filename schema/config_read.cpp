@@ -74,6 +74,10 @@ ModelFields read_model_fields(const json& m) {
   if (m.contains("tie_word_embeddings")) f.tie_word_embeddings = m["tie_word_embeddings"].get<bool>();
   if (m.contains("norm_eps")) f.norm_eps = m["norm_eps"].get<double>();
   if (m.contains("rope_theta")) f.rope_theta = m["rope_theta"].get<double>();
+  if (m.contains("dropout")) f.attn_pdrop = f.resid_pdrop = f.embd_pdrop = m["dropout"].get<double>();
+  if (m.contains("attn_pdrop")) f.attn_pdrop = m["attn_pdrop"].get<double>();
+  if (m.contains("resid_pdrop")) f.resid_pdrop = m["resid_pdrop"].get<double>();
+  if (m.contains("embd_pdrop")) f.embd_pdrop = m["embd_pdrop"].get<double>();
   return f;
 }
 
@@ -202,12 +206,8 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   if (c.gradient_allreduce_sum && zc.stage && *zc.stage == 3)
     errors.push_back({"gradient_allreduce_op", "\"sum\" is not supported with ZeRO stage 3 (DeepSpeed rejects it too)",
                       "use \"mean\""});
-  c.prescale_gradients = at(d, "prescale_gradients").get<bool>();
-  c.gradient_predivide_factor = at(d, "gradient_predivide_factor").get<double>();
-  c.zero_allow_untested_optimizer = at(d, "zero_allow_untested_optimizer").get<bool>();
   c.steps_per_print = opt_int(at(d, "steps_per_print"));
   c.wall_clock_breakdown = at(d, "wall_clock_breakdown").get<bool>();
-  c.flops_profiler_enabled = at(at(d, "flops_profiler"), "enabled").get<bool>();
   for (auto [key, dst] : {std::pair<const char*, MonitorConfig*>{"tensorboard", &c.tensorboard}, {"csv_monitor", &c.csv_monitor}}) {
     const json& m = at(d, key);
     dst->enabled = at(m, "enabled").get<bool>();

@@ -1,6 +1,7 @@
 // Reading a Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM) into
 // model fields. Field names and defaults follow transformers' configuration_gpt2.py and
 // configuration_llama.py (reference §6.3, §6.4).
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -28,9 +29,18 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
   auto num = [&](std::initializer_list<const char*> keys, std::optional<int64_t>& out) {
     for (const char* k : keys)
       if (j.contains(k) && j[k].is_number()) {
-        out = j[k].get<int64_t>();
+        const double v = j[k].get<double>();
+        if (!(v >= 1 && v <= 1e15) || v != std::floor(v)) {  // the model's limits are checked once resolved
+          errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + j[k].dump() + ", not a positive whole number",
+                            "check the file: it does not describe a model ds can build"});
+          return;
+        }
+        out = static_cast<int64_t>(v);
         return;
       }
+  };
+  auto prob = [&](const char* k, std::optional<double>& out) {
+    if (j.contains(k) && j[k].is_number()) out = j[k].get<double>();
   };
   if (type == "gpt2") {
     f.arch = ModelArch::gpt2;
@@ -42,6 +52,9 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     num({"n_inner"}, f.intermediate_size);  // null means 4 x n_embd
     f.tie_word_embeddings = j.value("tie_word_embeddings", true);
     if (j.contains("layer_norm_epsilon")) f.norm_eps = j["layer_norm_epsilon"].get<double>();
+    prob("attn_pdrop", f.attn_pdrop);
+    prob("resid_pdrop", f.resid_pdrop);
+    prob("embd_pdrop", f.embd_pdrop);
     const std::string act = j.value("activation_function", std::string("gelu_new"));
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       errors.push_back({"model.hf_config", "'" + path + "': activation_function \"" + act + "\" is not supported",
@@ -58,6 +71,7 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     f.tie_word_embeddings = j.value("tie_word_embeddings", false);
     if (j.contains("rms_norm_eps")) f.norm_eps = j["rms_norm_eps"].get<double>();
     if (j.contains("rope_theta")) f.rope_theta = j["rope_theta"].get<double>();
+    prob("attention_dropout", f.attn_pdrop);
     if (j.contains("head_dim") && j["head_dim"].is_number() && f.hidden_size && f.num_heads &&
         j["head_dim"].get<int64_t>() * *f.num_heads != *f.hidden_size)
       errors.push_back({"model.hf_config", "'" + path + "': head_dim != hidden_size / num_attention_heads is not supported", ""});

@@ -23,7 +23,48 @@ std::string frames_path(const std::vector<Frame>& stack) {
   return out;
 }
 
+// "file:line:col: what", then the line's text and a caret under the column.
+std::string located(const std::string& text, const std::string& source, size_t byte, const std::string& what) {
+  byte = std::min(byte, text.size());
+  size_t line = 1, line_start = 0;
+  for (size_t i = 0; i < byte; ++i)
+    if (text[i] == '\n') ++line, line_start = i + 1;
+  const size_t col = byte - line_start + 1;
+  size_t line_end = text.find('\n', line_start);
+  if (line_end == std::string::npos) line_end = text.size();
+  std::string excerpt = text.substr(line_start, std::min<size_t>(line_end - line_start, 200));
+  return source + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + what + "\n    " + excerpt + "\n    " +
+         std::string(col > 0 ? std::min<size_t>(col - 1, 200) : 0, ' ') + "^";
+}
+
 }  // namespace
+
+void check_nesting(const std::string& text, const std::string& source) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {  // a comment: brackets inside do not count
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      const size_t end = text.find("*/", i + 2);
+      i = end == std::string::npos ? text.size() : end + 1;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxConfigNesting)
+        throw UserError(located(text, source, i, "nesting deeper than " + std::to_string(kMaxConfigNesting) + " levels"),
+                        "a ds config is a few levels deep; this text is not one (a generated or corrupted file?)");
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+}
 
 json parse_config_json(const std::string& text, const std::string& source, std::vector<ConfigIssue>& errors) {
   std::vector<Frame> stack;
@@ -52,25 +93,24 @@ json parse_config_json(const std::string& text, const std::string& source, std::
     }
     return true;
   };
+  check_nesting(text, source);  // before parsing: what is built from the text is walked recursively later
   try {
     return json::parse(text, cb, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
-    // Byte offset -> line and column (1-based) and the line's text.
-    const size_t byte = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    size_t line = 1, line_start = 0;
-    for (size_t i = 0; i < byte; ++i)
-      if (text[i] == '\n') ++line, line_start = i + 1;
-    const size_t col = byte - line_start + 1;
-    size_t line_end = text.find('\n', line_start);
-    if (line_end == std::string::npos) line_end = text.size();
     std::string what = e.what();
     auto colon = what.find(": ", what.find("parse error"));
     if (colon != std::string::npos) what = what.substr(colon + 2);
-    std::string excerpt = text.substr(line_start, line_end - line_start);
-    std::string caret(col > 0 ? col - 1 : 0, ' ');
-    throw UserError(source + ":" + std::to_string(line) + ":" + std::to_string(col) + ": invalid JSON: " + what +
-                        "\n    " + excerpt + "\n    " + caret + "^",
+    throw UserError(located(text, source, e.byte == 0 ? 0 : e.byte - 1, "invalid JSON: " + what),
                     "fix the JSON syntax at that position (a missing comma or quote is the usual cause)");
+  } catch (const json::out_of_range& e) {
+    // A number no double holds (1e999). nlohmann names the literal, not its position: find it.
+    std::string what = e.what();
+    const size_t q = what.find('\'');
+    const std::string literal = q == std::string::npos ? "" : what.substr(q + 1, what.rfind('\'') - q - 1);
+    const size_t at = literal.empty() ? std::string::npos : text.find(literal);
+    const std::string msg = "number out of range: " + (literal.empty() ? what : literal);
+    throw UserError(at == std::string::npos ? source + ": " + msg : located(text, source, at, msg),
+                    "numbers must fit a double (about 1.8e308)");
   }
 }
 

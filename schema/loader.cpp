@@ -5,6 +5,7 @@
 #include "schema/loader.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -30,7 +31,8 @@ void record_leaves(const json& v, std::vector<std::string>& path, std::set<std::
 
 // "auto" on keys whose rule is simply "the default" becomes that default here; the rest stay "auto"
 // for the plan compiler, which knows the model and the topology.
-void substitute_default_autos(const json& node, json& value, std::vector<std::string>& path, std::map<std::string, std::string>& sources) {
+void substitute_default_autos(const json& node, json& value, std::vector<std::string>& path, std::map<std::string, std::string>& sources,
+                              std::map<std::string, std::string>& autos) {
   if (!value.is_object()) return;
   SchemaWalk walk(config_schema());
   for (auto& [key, v] : value.items()) {
@@ -43,12 +45,23 @@ void substitute_default_autos(const json& node, json& value, std::vector<std::st
         const json& r = walk.resolve(*sub);
         v = sub->contains("default") ? (*sub)["default"] : r["default"];
         sources[path_to_string(path)] = "auto (the default, " + v.dump() + ")";
+        autos[path_to_string(path)] = v.dump();
       }
     } else if (v.is_object()) {
-      substitute_default_autos(*sub, v, path, sources);
+      substitute_default_autos(*sub, v, path, sources, autos);
     }
     path.pop_back();
   }
+}
+
+// One problem per key: a step that knows more (normalize: "ds does not implement Lion") and the
+// schema's generic complaint about the same key would otherwise count twice.
+std::vector<ConfigIssue> one_per_path(const std::vector<ConfigIssue>& issues) {
+  std::vector<ConfigIssue> out;
+  std::set<std::string> seen;
+  for (const auto& i : issues)
+    if (i.path.empty() || seen.insert(i.path).second) out.push_back(i);
+  return out;
 }
 
 struct Loaded {
@@ -70,19 +83,22 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   std::vector<std::string> overridden;
   apply_overrides(doc, overrides, errors, overridden);
   normalize_legacy(doc, errors, warnings);
-  warn_ignored_keys(doc, warnings);
 
   SchemaWalk walk(config_schema());
   std::vector<std::string> filled;
   walk.fill_defaults(config_schema(), doc, path, &filled);
+  // After the defaults: blocks chosen by a default (optimizer.params of the default type) are known
+  // then, and a filled key equals its default, so it never warns.
+  check_inert_keys(doc, errors, warnings);
   validate_against_schema(doc, errors);
-  if (!errors.empty()) throw ConfigError(source, errors);
+  if (!errors.empty()) throw ConfigError(source, one_per_path(errors));
 
   std::map<std::string, std::string> sources;
   for (const auto& p : from_file) sources[p] = "file";
   for (const auto& p : filled) sources[p] = "default";
   for (const auto& p : overridden) sources[p] = "override";
-  substitute_default_autos(config_schema(), doc, path, sources);
+  std::map<std::string, std::string> autos;
+  substitute_default_autos(config_schema(), doc, path, sources, autos);
 
   Config c = read_config(doc, errors);
   c.optimizer.given = std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
@@ -93,18 +109,31 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   c.source = source;
   c.warnings = std::move(warnings);
   c.value_source = std::move(sources);
+  c.auto_defaults = std::move(autos);
   return {std::move(doc), std::move(c)};
 }
 
+// A config is a few KiB; anything past this limit (a device such as /dev/zero, a data file given by
+// mistake) is refused before it is read into memory.
+constexpr size_t kMaxConfigBytes = 16u << 20;
+
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError("'" + path + "' is a directory, not a config file",
+                    "name the JSON file itself; templates/ holds ready configs (e.g. templates/zero2.json)");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw UserError("cannot read config file '" + path + "'",
                     "check the path; templates/ holds ready configs (e.g. templates/zero2.json)");
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
+    throw UserError("'" + path + "' is larger than " + std::to_string(kMaxConfigBytes >> 20) + " MiB: not a config file",
+                    "a ds config is a JSON file of a few KiB");
+  return text;
 }
 
 }  // namespace

@@ -13,6 +13,10 @@ namespace ds::loader {
 // json_parse.cpp: comments allowed; duplicate keys and syntax errors become issues (syntax errors
 // throw at once, with file:line:column and the offending line).
 json parse_config_json(const std::string& text, const std::string& source, std::vector<ConfigIssue>& errors);
+// A ds config is never more than a few levels deep; deeper text is refused before anything walks it
+// recursively (UserError with file:line:col).
+constexpr int kMaxConfigNesting = 32;
+void check_nesting(const std::string& text, const std::string& source);
 
 // overrides.cpp: apply `key=value` / `~key` in order; records each path set in `overridden`.
 void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::vector<ConfigIssue>& errors,
@@ -23,8 +27,9 @@ void normalize_legacy(json& doc, std::vector<ConfigIssue>& errors, std::vector<C
 
 // validate.cpp: schema validation rendered as sentences; unknown keys get a did-you-mean.
 void validate_against_schema(const json& doc, std::vector<ConfigIssue>& errors);
-// Keys ds accepts but does not act on, set to something other than their default.
-void warn_ignored_keys(const json& doc, std::vector<ConfigIssue>& warnings);
+// Keys ds accepts but does not act on (x-ds-ignored), set to something other than their default, are
+// warnings; keys it refuses (x-ds-refused), set at all, are errors.
+void check_inert_keys(const json& doc, std::vector<ConfigIssue>& errors, std::vector<ConfigIssue>& warnings);
 // The "did you mean" text for an unknown key at `parent` (may be "").
 std::string suggest_key(const std::vector<std::string>& parent, const std::string& key, const json& doc);
 

@@ -27,6 +27,19 @@ std::vector<std::string> split_path(const std::string& key) {
   return segs;
 }
 
+// JSON strings must be UTF-8; a value that is not cannot be stored or printed.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const int n = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (n < 0 || i + n >= s.size()) return false;
+    for (int k = 1; k <= n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::vector<ConfigIssue>& errors,
@@ -44,9 +57,14 @@ void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::
       errors.push_back({"", "override '" + arg + "' has an empty key segment", "write e.g. zero_optimization.stage=3"});
       continue;
     }
+    if (!valid_utf8(arg)) {
+      errors.push_back({"", "override '" + key + "...' is not valid UTF-8 text", "check the shell's quoting and encoding"});
+      continue;
+    }
     json value;
     if (!remove) {
       const std::string text = arg.substr(eq + 1);
+      check_nesting(text, "override '" + key + "'");
       try {
         value = json::parse(text);
       } catch (const json::parse_error&) {
@@ -63,7 +81,7 @@ void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::
       const std::string& seg = segs[i];
       const bool last = i + 1 == segs.size();
       if (cur->is_array() && is_index(seg)) {
-        const size_t idx = std::stoul(seg);
+        const size_t idx = seg.size() > 9 ? cur->size() : std::stoul(seg);  // a longer index is past any config array
         node = walk.child(*node, "[" + seg + "]", cur);
         if (idx >= cur->size()) {
           errors.push_back({path_to_string(done), "index " + seg + " is past the end of the array (" +

@@ -52,6 +52,9 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"tie_word_embeddings", h.tie_word_embeddings},
                 {"norm_eps", h.norm_eps},
                 {"rope_theta", h.rope_theta},
+                {"attn_pdrop", h.attn_pdrop},
+                {"resid_pdrop", h.resid_pdrop},
+                {"embd_pdrop", h.embd_pdrop},
                 {"num_params", p.model.num_params},
                 {"largest_module_params", p.model.largest_module_params},
                 {"largest_block_params", p.model.largest_block_params},
@@ -70,6 +73,12 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"gradient_accumulation_steps", p.batch.grad_accum},
                 {"world_size", p.batch.world_size},
                 {"derivation", p.batch.derivation}};
+  if (!p.has_model) j["model"] = nullptr;
+  j["has_model"] = p.has_model;
+  const DataConfig& d = p.data;
+  j["data"] = {{"type", data_type_name(d.type)}, {"path", d.path},       {"tokenizer", d.tokenizer},
+               {"vocab_file", d.vocab_file},     {"merges_file", d.merges_file}, {"token_format", d.token_format},
+               {"dataset", d.dataset},           {"val_fraction", d.val_fraction}};
   j["seq_len"] = p.seq_len;
   j["steps"] = p.steps;
   j["threads"] = p.threads;
@@ -113,6 +122,7 @@ std::string plan_to_json(const Plan& p, int indent) {
   }
   j["scheduler"] = sj;
   j["gradient_clipping"] = p.gradient_clipping;
+  j["gradient_sum_over_ranks"] = p.gradient_sum_over_ranks;
   j["activation_checkpointing"] = p.activation_checkpointing;
   const ResolvedZero& z = p.zero;
   j["zero"] = {{"stage", z.stage},
@@ -155,7 +165,7 @@ std::string plan_to_json(const Plan& p, int indent) {
                     {"payload_bytes_per_step", bytes(c.payload_bytes_per_step)},
                     {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)},
                     {"note", c.note}});
-  j["collectives"] = coll;
+  j[p.has_model ? "collectives" : "collectives_per_parameter"] = coll;
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},
                  {"host_per_rank", categories(p.memory.host)},
                  {"nvme_per_rank", bytes(p.memory.nvme)},
@@ -167,6 +177,8 @@ std::string plan_to_json(const Plan& p, int indent) {
   for (const auto& r : p.resolved) res.push_back({{"path", r.path}, {"value", r.value}, {"source", r.source}});
   j["resolved"] = res;
   j["warnings"] = issues(p.warnings);
+  if (!p.has_model)
+    for (const char* needs_model : {"layout", "memory", "tokens_per_step", "train_flops_per_step"}) j[needs_model] = nullptr;
   return j.dump(indent);
 }
 

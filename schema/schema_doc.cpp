@@ -41,9 +41,14 @@ class Writer {
       os_ << ".br\n\"auto\": " << roff_escape(a->get<std::string>()) << ".\n";
     if (const json* d = walk_.annotation(node, "x-ds-deprecated"))
       os_ << ".br\nDeprecated: read as " << roff_escape(d->get<std::string>()) << " (a warning says so).\n";
-    if (const json* i = walk_.annotation(node, "x-ds-ignored"); i && *i == true)
+    if (const json* i = walk_.annotation(node, "x-ds-ignored"); i && *i == true) {
       os_ << ".br\nAccepted for DeepSpeed compatibility but not acted on: a value other than the default is "
-             "named in a warning.\n";
+             "named in a warning";
+      if (const json* why = walk_.annotation(node, "x-ds-why"); why && why->is_string()) os_ << " (" << roff_escape(why->get<std::string>()) << ")";
+      os_ << ".\n";
+    }
+    if (const json* refused = walk_.annotation(node, "x-ds-refused"); refused && refused->is_string())
+      os_ << ".br\nRefused (exit 2) when set: " << roff_escape(refused->get<std::string>()) << ".\n";
   }
 
   void object(const std::string& prefix, const json& node, const json* value) {

@@ -217,7 +217,7 @@ void validate_against_schema(const json& doc, std::vector<ConfigIssue>& errors) 
     for (const auto& [path, desc] : leaves) errors.push_back({path_to_string(path), desc, ""});
 }
 
-void warn_ignored_keys(const json& doc, std::vector<ConfigIssue>& warnings) {
+void check_inert_keys(const json& doc, std::vector<ConfigIssue>& errors, std::vector<ConfigIssue>& warnings) {
   SchemaWalk walk(config_schema());
   std::function<void(const json&, const json&, std::vector<std::string>&)> visit =
       [&](const json& node, const json& value, std::vector<std::string>& path) {
@@ -226,15 +226,20 @@ void warn_ignored_keys(const json& doc, std::vector<ConfigIssue>& warnings) {
           const json* sub = walk.child(node, key, &value);
           if (!sub) continue;
           path.push_back(key);
-          if (const json* ign = walk.annotation(*sub, "x-ds-ignored"); ign && *ign == true) {
-            const json& r = walk.resolve(*sub);
-            const json* dflt = sub->contains("default") ? &(*sub)["default"] : (r.contains("default") ? &r["default"] : nullptr);
-            const bool harmless = (dflt && *dflt == v) || (v.is_object() && v.contains("enabled") && v["enabled"] == false);
+          const json& r = walk.resolve(*sub);
+          const json* dflt = sub->contains("default") ? &(*sub)["default"] : (r.contains("default") ? &r["default"] : nullptr);
+          // The default, "auto" (which means the default for these keys), or a block switched off.
+          const bool harmless = (dflt && *dflt == v) || v == "auto" || (v.is_object() && v.contains("enabled") && v["enabled"] == false);
+          std::string what = sub->value("description", r.value("description", std::string()));
+          if (const json* refused = walk.annotation(*sub, "x-ds-refused"); refused && refused->is_string() && !v.is_null()) {
+            errors.push_back({path_to_string(path), "ds does not support this key yet" + (what.empty() ? "" : " (" + what + ")"),
+                              refused->get<std::string>()});
+          } else if (const json* ign = walk.annotation(*sub, "x-ds-ignored"); ign && *ign == true) {
             if (!harmless) {
-              std::string what = sub->value("description", r.value("description", std::string()));
+              const json* why = walk.annotation(*sub, "x-ds-why");
               warnings.push_back({path_to_string(path),
-                                  "ignored: ds does not act on this DeepSpeed key" + (what.empty() ? "" : " (" + what + ")"),
-                                  ""});
+                                  "ignored: ds does not act on this key" + (what.empty() ? "" : " (" + what + ")"),
+                                  why && why->is_string() ? why->get<std::string>() : ""});
             }
           } else {
             visit(*sub, v, path);

@@ -26,7 +26,8 @@ TEST(ParseBytes, AcceptsBinaryAndDecimalUnits) {
   EXPECT_DOUBLE_EQ(b, 40e9);
   ASSERT_TRUE(parse_bytes("1.5T", &b));
   EXPECT_DOUBLE_EQ(b, 1.5 * 1099511627776.0);
-  ASSERT_TRUE(parse_bytes("512", &b));
+  EXPECT_FALSE(parse_bytes("512", &b));  // no unit: refused, never read as bytes
+  ASSERT_TRUE(parse_bytes("512B", &b));
   EXPECT_DOUBLE_EQ(b, 512);
 }
 

@@ -79,7 +79,7 @@ TEST(ConfigLoader, TypeAndRangeErrorsSayExpectedAndFound) {
   ASSERT_EQ(p.size(), 4u) << dump(p);
   EXPECT_EQ(find_issue(p, "gradient_clipping")->message, "expected a number >= 0 or \"auto\", found \"lots\"");
   EXPECT_EQ(find_issue(p, "zero_optimization.stage")->message, "expected one of 0, 1, 2, 3 or \"auto\", found 5");
-  EXPECT_EQ(find_issue(p, "fp16.loss_scale_window")->message, "expected an integer >= 1, found 0");
+  EXPECT_EQ(find_issue(p, "fp16.loss_scale_window")->message, "expected an integer >= 1 and <= 1099511627776, found 0");
   EXPECT_NE(find_issue(p, "train_batch_size")->message.find("found 0"), std::string::npos);
 }
 

@@ -47,7 +47,7 @@ int speed_rank_of(const EstimateChoice& c) {
 }
 
 MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& model, const Topology& topo,
-                                          const EstimateFilter& filter) {
+                                          const EstimateFilter& filter, double headroom) {
   MemoryEstimateTable t;
   t.host_memory_per_node = topo.host_memory_bytes;
   for (const EstimateChoice& c : all_choices()) {
@@ -68,7 +68,7 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
     r.device_per_rank = plan.memory.device.total();
     r.host_per_node = plan.memory.host.total() * topo.ranks_per_node;
     r.nvme_per_node = plan.memory.nvme * topo.ranks_per_node;
-    if (topo.device_memory_bytes > 0) r.fits_device = r.device_per_rank <= topo.device_memory_bytes;
+    if (topo.device_memory_bytes > 0) r.fits_device = r.device_per_rank <= (1.0 - headroom) * topo.device_memory_bytes;
     if (topo.host_memory_bytes > 0) r.fits_host = r.host_per_node <= topo.host_memory_bytes;
     r.speed_rank = speed_rank_of(c);
     r.overrides = overrides_for(c);

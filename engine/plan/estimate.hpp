@@ -25,7 +25,7 @@ struct EstimateRow {
   double device_per_rank = 0;
   double host_per_node = 0;         // host RAM of one node (offloaded states and staging buffers)
   double nvme_per_node = 0;
-  std::optional<bool> fits_device;  // empty: device memory unknown
+  std::optional<bool> fits_device;  // empty: device memory unknown; else within (1 - headroom) of it
   std::optional<bool> fits_host;    // empty: host memory unknown
   int speed_rank = 0;               // 0 is fastest (see speed_rank_of)
   std::string overrides;            // the config overrides that select this row
@@ -51,6 +51,6 @@ struct MemoryEstimateTable {
 int speed_rank_of(const EstimateChoice& c);
 
 MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& model, const Topology& topo,
-                                          const EstimateFilter& filter);
+                                          const EstimateFilter& filter = {}, double headroom = 0.10);
 
 }  // namespace ds

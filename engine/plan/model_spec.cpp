@@ -174,6 +174,9 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
     if (f.norm_eps) h.norm_eps = *f.norm_eps;
     if (f.rope_theta) h.rope_theta = *f.rope_theta;
+    if (f.attn_pdrop) h.attn_pdrop = *f.attn_pdrop;
+    if (f.resid_pdrop) h.resid_pdrop = *f.resid_pdrop;
+    if (f.embd_pdrop) h.embd_pdrop = *f.embd_pdrop;
   };
   if (!m.hf_config.empty()) {
     if (!have_base) h = ModelHyper{};
@@ -210,6 +213,19 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
   layer(e);
 
+  for (const auto& [path, v, limit] : {std::tuple{"model.vocab_size", h.vocab_size, ModelLimits::vocab_size},
+                                       {"model.hidden_size", h.hidden_size, ModelLimits::hidden_size},
+                                       {"model.num_layers", h.num_layers, ModelLimits::num_layers},
+                                       {"model.num_heads", h.num_heads, ModelLimits::num_heads},
+                                       {"model.num_kv_heads", h.num_kv_heads, ModelLimits::num_heads},
+                                       {"model.intermediate_size", h.intermediate_size, ModelLimits::intermediate_size},
+                                       {"model.max_position_embeddings", h.max_position_embeddings,
+                                        ModelLimits::max_position_embeddings}})
+    if (v > limit || v < 0)
+      issues.push_back({path, std::to_string(v) + " is outside what ds accepts (0 < " + std::string(path).substr(6) + " <= " +
+                                  std::to_string(limit) + ")",
+                        "check the value (a typo, or a Hugging Face config.json that is not a model's)"});
+  if (!issues.empty()) throw ConfigError("model", issues);
   if (h.hidden_size <= 0) issues.push_back({"model.hidden_size", "missing", "give the model width, e.g. 768"});
   if (h.num_layers <= 0) issues.push_back({"model.num_layers", "missing", "give the number of blocks, e.g. 12"});
   if (h.num_heads <= 0) issues.push_back({"model.num_heads", "missing", "give the number of heads, e.g. 12"});
@@ -225,6 +241,9 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   if (h.num_kv_heads > 0 && h.num_heads % h.num_kv_heads != 0)
     issues.push_back({"model.num_kv_heads", "num_heads " + std::to_string(h.num_heads) + " is not a multiple of num_kv_heads " +
                                                 std::to_string(h.num_kv_heads), "grouped-query attention needs whole groups"});
+  for (const auto& [path, v] : {std::pair{"model.attn_pdrop", h.attn_pdrop}, {"model.resid_pdrop", h.resid_pdrop},
+                                {"model.embd_pdrop", h.embd_pdrop}})
+    if (!(v >= 0 && v < 1)) issues.push_back({path, "dropout " + std::to_string(v) + " is not in [0, 1)", ""});
   if (h.arch == ModelArch::gpt2 && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
     issues.push_back({"model.num_kv_heads", "gpt2 has no grouped-query attention", "remove num_kv_heads or use arch llama"});
   if (!issues.empty()) throw ConfigError("model", issues);

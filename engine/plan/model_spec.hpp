@@ -21,8 +21,21 @@ struct ModelHyper {
           intermediate_size = 0, max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   double norm_eps = 0, rope_theta = 0;
+  // Dropout probabilities (training only): on attention probabilities, on each sub-layer's output
+  // before the residual add, and on the input embeddings. Hugging Face's names.
+  double attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
+};
+
+// The largest sizes ds accepts, from any source (preset, Hugging Face config, explicit keys, a size
+// on the command line). With them every count and product the plan forms fits an int64 and nothing
+// is allocated per layer for an absurd input. The schema's maxima for model.* say the same.
+struct ModelLimits {
+  static constexpr int64_t vocab_size = int64_t{1} << 24, hidden_size = int64_t{1} << 20, num_layers = 16384,
+                           num_heads = 65536, intermediate_size = int64_t{1} << 22,
+                           max_position_embeddings = int64_t{1} << 24;
+  static constexpr double params = 1e15;  // estimate-memory --params
 };
 
 struct TensorSpec {

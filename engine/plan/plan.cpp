@@ -136,6 +136,42 @@ void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, st
   (void)c;
 }
 
+void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {
+  if (c.train.threads) {
+    plan.threads = static_cast<int>(*c.train.threads);
+  } else {
+    plan.threads = std::max(1, topo.cores_per_node / std::max(1, topo.ranks_per_node));
+    plan.resolved.push_back({"train.threads", std::to_string(plan.threads),
+                             "auto: " + std::to_string(topo.cores_per_node) + " cores / " +
+                                 std::to_string(topo.ranks_per_node) + (topo.ranks_per_node == 1 ? " rank" : " ranks") + " per node"});
+  }
+}
+
+Placement place_states(const ResolvedZero& z, const Topology& topo) {
+  auto where = [&](OffloadDevice d, const char* dflt) -> std::string {
+    switch (d) {
+      case OffloadDevice::none: return dflt;
+      case OffloadDevice::cpu: return "cpu";
+      case OffloadDevice::nvme: return "nvme";
+    }
+    return dflt;
+  };
+  const char* dev = topo.device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
+  const char* part = z.stage >= 3 ? ", partitioned" : "";
+  Placement p;
+  p.params = where(z.offload_param.device, dev) + std::string(part);
+  p.grads = (z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1 ? std::string("cpu") : std::string(dev)) +
+            (z.stage >= 2 ? ", partitioned" : "");
+  p.optimizer_states = where(z.offload_optimizer.device, dev) + (z.stage >= 1 ? std::string(", partitioned") : "");
+  return p;
+}
+
+// "auto" values the loader replaced by their defaults (optimizer lr, betas, gradient_clipping, ...):
+// listed with the rest of what ds decided.
+void list_default_autos(const Config& c, std::vector<ResolvedValue>& resolved) {
+  for (const auto& [path, value] : c.auto_defaults) resolved.push_back({path, value, "auto: DeepSpeed's default"});
+}
+
 }  // namespace
 
 double Plan::host_bytes_per_node() const {
@@ -174,7 +210,10 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   plan.topology = topo;
   plan.warnings = c.warnings;
   plan.steps = c.train.steps;
+  plan.data = c.data;
+  plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
   plan.activation_checkpointing = c.model.activation_checkpointing;
+  list_default_autos(c, plan.resolved);
   const int64_t C = model.hp.hidden_size;
 
   // Sequence length.
@@ -280,21 +319,18 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                                    " per rank"});
     }
   }
+  try {
+    plan.batch = resolve_batch(bi);
+  } catch (const ConfigError& e) {  // the same report as every other problem of the file
+    errors.insert(errors.end(), e.issues().begin(), e.issues().end());
+  }
   if (!errors.empty()) throw ConfigError(c.source, errors);
-  plan.batch = resolve_batch(bi);
   if (plan.batch.derivation != "all three given" && !micro_from_memory)
     plan.resolved.push_back({"batch", plan.batch.derivation,
                              "the batch triangle; world size " + std::to_string(topo.world_size) + " from " +
                                  topo.world_size_source});
 
-  if (c.train.threads) {
-    plan.threads = static_cast<int>(*c.train.threads);
-  } else {
-    plan.threads = std::max(1, topo.cores_per_node / std::max(1, topo.ranks_per_node));
-    plan.resolved.push_back({"train.threads", std::to_string(plan.threads),
-                             "auto: " + std::to_string(topo.cores_per_node) + " cores / " +
-                                 std::to_string(topo.ranks_per_node) + (topo.ranks_per_node == 1 ? " rank" : " ranks") + " per node"});
-  }
+  resolve_threads(c, topo, plan);
 
   plan.layout = build_layout(model, z.stage, topo.world_size);
   plan.memory = estimate_memory(memory_inputs_for(plan));
@@ -319,21 +355,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   ci.per_tensor_norms = plan.optimizer.type == OptimizerType::Lamb;
   plan.collectives = plan_collectives(ci);
 
-  auto where = [&](OffloadDevice d, const char* dflt) -> std::string {
-    switch (d) {
-      case OffloadDevice::none: return dflt;
-      case OffloadDevice::cpu: return "cpu";
-      case OffloadDevice::nvme: return "nvme";
-    }
-    return dflt;
-  };
-  const char* dev = topo.device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
-  const char* part = z.stage >= 3 ? ", partitioned" : "";
-  plan.placement.params = where(z.offload_param.device, dev) + std::string(part);
-  plan.placement.grads = (z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1 ? std::string("cpu")
-                                                                                            : std::string(dev)) +
-                         (z.stage >= 2 ? ", partitioned" : "");
-  plan.placement.optimizer_states = where(z.offload_optimizer.device, dev) + (z.stage >= 1 ? std::string(", partitioned") : "");
+  plan.placement = place_states(z, topo);
 
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * model.train_flops_per_token(plan.seq_len);
@@ -342,6 +364,85 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) +
                                      " per rank but the device has " + format_bytes(device_budget),
                              "raise the ZeRO stage, offload, enable model.activation_checkpointing or lower the micro batch"});
+  return plan;
+}
+
+}  // namespace ds
+
+namespace ds {
+
+Plan compile_plan_without_model(const Config& c, const Topology& topo) {
+  Plan plan;
+  plan.has_model = false;
+  std::vector<ConfigIssue> errors;
+  plan.config_source = c.source;
+  plan.topology = topo;
+  plan.warnings = c.warnings;
+  plan.steps = c.train.steps;
+  plan.data = c.data;
+  plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
+  plan.activation_checkpointing = c.model.activation_checkpointing;
+  list_default_autos(c, plan.resolved);
+  plan.seq_len = c.data.seq_len.value_or(0);
+  plan.precision = resolve_precision(c, topo);
+  plan.optimizer = resolve_optimizer(c, plan.resolved);
+  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
+  DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
+  plan.gradient_clipping = *c.gradient_clipping;
+  ResolvedZero& z = plan.zero;
+  const ZeroConfig& zc = c.zero;
+  // Knobs whose "auto" follows the model's width stay 0 (unknown) here.
+  z.reduce_bucket_size = zc.reduce_bucket_size.value_or(0);
+  z.allgather_bucket_size = zc.allgather_bucket_size.value_or(0);
+  z.prefetch_bucket_size = zc.prefetch_bucket_size.value_or(0);
+  z.param_persistence_threshold = zc.param_persistence_threshold.value_or(0);
+  z.max_live_parameters = zc.max_live_parameters.value_or(0);
+  z.max_reuse_distance = zc.max_reuse_distance.value_or(0);
+  z.sub_group_size = zc.sub_group_size.value_or(0);
+  z.reduce_scatter = zc.reduce_scatter;
+  z.contiguous_gradients = zc.contiguous_gradients;
+  z.offload_optimizer = zc.offload_optimizer;
+  z.offload_param = zc.offload_param;
+  z.stage = zc.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
+  z.overlap_comm = zc.overlap_comm.value_or(z.stage == 3);
+  if (z.stage >= 0) check_zero(c, z.stage, errors, plan.warnings, z);
+  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
+                 topo.world_size_source};
+  const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;
+  if (!micro_from_memory) {
+    try {
+      plan.batch = resolve_batch(bi);
+    } catch (const ConfigError& e) {
+      errors.insert(errors.end(), e.issues().begin(), e.issues().end());
+    }
+  }
+  if (!errors.empty()) throw ConfigError(c.source, errors);
+  resolve_threads(c, topo, plan);
+  if (z.stage >= 0) {
+    plan.placement = place_states(z, topo);
+    // The collectives of a model made of one large tensor, their bytes divided by its size: what each
+    // parameter costs on the wire per step at this stage and these dtypes (the real model adds the
+    // control all-reduce and per-tensor padding).
+    ModelSpec one;
+    const int64_t n = int64_t{1} << 20;
+    one.tensors.push_back({"parameters", {n * topo.world_size}, n * topo.world_size, 0, true});
+    one.num_params = n * topo.world_size;
+    const FlatLayout layout = build_layout(one, z.stage, topo.world_size);
+    CommInputs ci;
+    ci.layout = &layout;
+    ci.grad_accum = plan.batch.grad_accum > 0 ? plan.batch.grad_accum : 1;
+    ci.param_dtype = plan.precision.param_dtype;
+    ci.comm_dtype = plan.precision.comm_dtype;
+    ci.reduce_bucket_size = ci.allgather_bucket_size = n;
+    ci.reduce_scatter = z.reduce_scatter;
+    ci.gloo = topo.device == DeviceKind::cpu;
+    for (Collective col : plan_collectives(ci)) {
+      if (col.what == kControlCollective) continue;
+      col.payload_bytes_per_step /= static_cast<double>(one.num_params);
+      col.wire_bytes_per_rank_per_step /= static_cast<double>(one.num_params);
+      plan.collectives.push_back(col);
+    }
+  }
   return plan;
 }
 

@@ -79,6 +79,9 @@ struct ResolvedValue {
 struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string config_source;
+  // False for a config without a model block: what needs the model (memory, layout, collectives'
+  // bytes, an "auto" ZeRO stage or micro batch) is left empty, zero.stage is -1 when "auto".
+  bool has_model = true;
   ModelSpec model;
   Topology topology;
   ResolvedBatch batch;
@@ -97,6 +100,8 @@ struct Plan {
   int64_t tokens_per_step = 0;
   double train_flops_per_step = 0;  // model FLOPs of one optimizer step across all ranks
   int64_t steps = 0;
+  DataConfig data;                       // the token source, as resolved by the loader
+  bool gradient_sum_over_ranks = false;  // gradient_allreduce_op "sum": ranks' gradients add up, not averaged
   std::vector<ResolvedValue> resolved;
   std::vector<ConfigIssue> warnings;  // the loader's plus the compiler's
 
@@ -108,6 +113,10 @@ struct Plan {
 // Resolves every "auto", the batch triangle and the precision policy, lays out the parameters and
 // sizes memory and communication. Throws ConfigError for combinations that cannot run.
 Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& topology);
+
+// What can be planned from the config alone (a DeepSpeed ds_config without a model block): batch
+// triangle, precision, optimizer, schedule, ZeRO stage and placement. Throws ConfigError as compile_plan.
+Plan compile_plan_without_model(const Config& config, const Topology& topology);
 
 // The inputs of the memory model for a plan (used by estimate-memory to vary one choice).
 MemoryInputs memory_inputs_for(const Plan& plan);

@@ -168,6 +168,17 @@ void fsync_path(const fs::path& p) {
   }
 }
 
+// The step of a "step_NNNNNNNN" name, -1 for any other name (step_garbage, a step past int64).
+int64_t step_of_name(const std::string& n) {
+  if (n.rfind("step_", 0) != 0 || n.size() == 5 || n.size() > 5 + 18) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < n.size(); ++i) {
+    if (n[i] < '0' || n[i] > '9') return -1;
+    step = step * 10 + (n[i] - '0');
+  }
+  return step;
+}
+
 bool complete(const fs::path& dir) { return fs::exists(dir / "DONE") && fs::exists(dir / "state.h5"); }
 
 std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& ckpt_root) {
@@ -175,8 +186,9 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& c
   if (!fs::is_directory(ckpt_root)) return out;
   for (const auto& e : fs::directory_iterator(ckpt_root)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("step_", 0) != 0 || !e.is_directory() || !complete(e.path())) continue;
-    out.emplace_back(std::stoll(n.substr(5)), e.path());
+    const int64_t step = step_of_name(n);
+    if (step < 0 || !e.is_directory() || !complete(e.path())) continue;
+    out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -250,8 +262,27 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
 }
 
 std::string find_latest_checkpoint(const std::string& run_dir) {
-  auto all = complete_checkpoints(fs::path(run_dir) / "checkpoints");
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  // `latest` names the checkpoint the last run wrote last; it wins when it is complete. Otherwise
+  // (absent, or naming a directory removed by hand) the highest complete step.
+  std::ifstream in(root / "latest");
+  std::string name;
+  if (in >> name && step_of_name(name) >= 0 && complete(root / name)) return (root / name).string();
+  auto all = complete_checkpoints(root);
   return all.empty() ? std::string() : all.back().second.string();
+}
+
+std::vector<std::string> unreadable_checkpoint_names(const std::string& run_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && step_of_name(n) < 0) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string resolve_checkpoint_path(const std::string& path) {

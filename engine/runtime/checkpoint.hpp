@@ -65,8 +65,11 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
                                 const std::string& plan_json, const std::string& config_json, int64_t keep_last,
                                 const CheckpointWriter& writer = {});
 
-// The newest complete checkpoint directory under <run_dir>/checkpoints, or "" when there is none.
+// The checkpoint <run_dir>/checkpoints/latest names when it is complete, else the complete one with the
+// highest step, or "" when there is none.
 std::string find_latest_checkpoint(const std::string& run_dir);
+// Folders named step_* that are not a step number (step_garbage, step_99999999999999999999): skipped.
+std::vector<std::string> unreadable_checkpoint_names(const std::string& run_dir);
 
 // Accepts a checkpoint directory, its state.h5, or a run directory (its newest checkpoint). Throws
 // UserError naming the path when there is no complete checkpoint there.

@@ -61,17 +61,17 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C)
   qkv = qkv.view({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});                  // (3, B, NH, T, D)
   torch::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * scale;  // (B, NH, T, T)
-  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  att = dropout(torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1), hp_.attn_pdrop, layer, 0);
   torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
-  torch::Tensor x = x_in + torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C});
+  torch::Tensor x = x_in + dropout(torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 1);
   h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
   torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
-  return x + torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C});
+  return x + dropout(torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T);  // (B, T, C)
+  torch::Tensor x = dropout(torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T), hp_.embd_pdrop, -1, 0);  // (B, T, C)
   x = run_blocks(x);
   x = torch::layer_norm(x, {C}, lnf_w_, lnf_b_, hp_.norm_eps);
   torch::Tensor logits = torch::matmul(x.view({B * T, C}), wte_.t());  // tied head, (BT, V)

@@ -1,5 +1,9 @@
 #include "engine/runtime/language_model.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "common/hash.hpp"
+
 #include "engine/runtime/gpt2_model.hpp"
 #include "engine/runtime/llama_model.hpp"
 
@@ -83,6 +87,14 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
 };
 
 }  // namespace
+
+torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
+  if (p <= 0 || !training_) return x;
+  const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site)));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const torch::Tensor keep = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32)).bernoulli_(1.0 - p, gen);
+  return x * (keep * (1.0 / (1.0 - p))).to(x.scalar_type());
+}
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   const bool training = torch::GradMode::is_enabled();

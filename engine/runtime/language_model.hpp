@@ -33,13 +33,25 @@ class LanguageModel {
   void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
   // Not owned; null runs the blocks plainly.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  // Dropout masks of the next forward come from a stream keyed by `key` (the trainer's seed, rank,
+  // step and micro step) and each layer and site, so a block recomputed in backward draws the same
+  // masks and a resumed run the same as an uninterrupted one. `training` false: no dropout (validation).
+  void set_dropout(uint64_t key, bool training) {
+    dropout_key_ = key;
+    training_ = training;
+  }
 
  protected:
   // Every block in order, checkpointed when configured.
   torch::Tensor run_blocks(torch::Tensor x) const;
+  // x with each element zeroed with probability p and the rest scaled by 1/(1-p); x itself when p is 0
+  // or not training. `layer` -1 is outside the blocks; `site` tells the places within one apart.
+  torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
 
  private:
   bool checkpoint_activations_ = false;
+  uint64_t dropout_key_ = 0;
+  bool training_ = true;
   BlockHooks* hooks_ = nullptr;
 };
 

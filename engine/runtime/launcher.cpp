@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -171,9 +172,14 @@ int launch_ranks(const LaunchSpec& spec_in) {
     int lifeline[2] = {-1, -1};
     if (!ranks[static_cast<size_t>(r)].here && pipe(lifeline) != 0)
       throw std::runtime_error(std::string("pipe failed: ") + std::strerror(errno));
+    const pid_t launcher_pid = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
     if (pid == 0) {
+      // A rank dies with its launcher (kill -9 included): SIGTERM makes it save after the current step
+      // and exit, as its peers get the same signal. (The launcher may already be gone by now.)
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher_pid) _exit(143);
       const Placed& p = ranks[static_cast<size_t>(r)];
       const std::vector<std::pair<std::string, std::string>> env{
           {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(p.local_rank)},
@@ -253,13 +259,15 @@ int launch_ranks(const LaunchSpec& spec_in) {
     g_children[static_cast<size_t>(r)] = -1;
     --remaining;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    const bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == 130 && g_forwarded_signal;
+    const bool interrupted =
+        WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143) && g_forwarded_signal;
     if (!ok && !interrupted && failed_rank < 0) {
       failed_rank = r;
       failed_status = status;
-      // One rank is gone: the others would wait for it at their next collective. End them now.
+      // One rank is gone: the others would wait for it at their next collective (so could not save
+      // either). End them now.
       for (pid_t p : g_children)
-        if (p > 0) kill(p, SIGTERM);
+        if (p > 0) kill(p, SIGKILL);
       cut_lifelines();
       deadline = std::chrono::steady_clock::now() + spec.grace;
     }
@@ -278,7 +286,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
       std::cerr << " (its output is above)\n";
     return WIFEXITED(failed_status) && WEXITSTATUS(failed_status) != 0 ? WEXITSTATUS(failed_status) : 1;
   }
-  return g_forwarded_signal ? 130 : 0;
+  return g_forwarded_signal == SIGTERM ? 143 : g_forwarded_signal ? 130 : 0;
 }
 
 }  // namespace ds

@@ -75,16 +75,16 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
     v = v.repeat_interleave(group, 1);
   }
   torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  att = dropout(torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1), hp_.attn_pdrop, layer, 0);
   torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
-  torch::Tensor x = x_in + torch::linear(y, b.o);
+  torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
   h = rms_norm(x, b.norm_post);
-  return x + torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down);
+  return x + dropout(torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = run_blocks(torch::embedding(embed_, inputs));  // (B, T, C)
+  torch::Tensor x = run_blocks(dropout(torch::embedding(embed_, inputs), hp_.embd_pdrop, -1, 0));  // (B, T, C)
   x = rms_norm(x, norm_);
   torch::Tensor logits = torch::linear(x.view({B * T, C}), head_);  // (BT, V)
   return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));

@@ -28,12 +28,27 @@
 #include "engine/runtime/lr_schedule.hpp"
 #include "engine/runtime/optimizer.hpp"
 #include "engine/runtime/zero.hpp"
+#include "common/hash.hpp"
+#include "kernels/cpu/norm.hpp"
 
 namespace ds {
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-void on_sigint(int) { g_interrupted = true; }
+// Ctrl-C (SIGINT) and SIGTERM (Slurm, Kubernetes, `timeout`) both stop the run after the current step
+// with a checkpoint; the signal decides the exit code (130 or 143).
+std::atomic<int> g_stop_signal{0};
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// More skipped steps in a row than this (inf/NaN gradients that loss scaling does not cure) ends the run.
+constexpr int64_t kMaxConsecutiveSkips = 64;
+
+// "0.0412", "1.73", "12.4": three significant digits, so a small model's rate is never printed as 0.00.
+std::string three_digits(double v) {
+  char buf[32];
+  const int decimals = v >= 100 ? 0 : v >= 10 ? 1 : v >= 1 ? 2 : v > 0 ? std::min(9, 2 - static_cast<int>(std::floor(std::log10(v)))) : 2;
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
 
 std::string duration_text(double s) {
   char buf[32];
@@ -73,20 +88,25 @@ class RunLog {
  public:
   // An empty `file` logs to stderr only (ranks other than 0: the launcher captures their stderr).
   RunLog(const std::filesystem::path& file, bool append, bool live) : live_(live) {
-    if (!file.empty()) file_.open(file, append ? std::ios::app : std::ios::trunc);
+    if (!file.empty()) {
+      file_.open(file, append ? std::ios::app : std::ios::trunc);
+      if (!file_) throw std::runtime_error("cannot write " + file.string());
+    }
   }
   void note(const std::string& line) {
     if (live_) std::cerr << "\r\033[K";
     std::cerr << line << "\n";
     write_file(line);
   }
-  void progress(const std::string& line, bool keep, bool due) {
+  // `due` lines (every steps_per_print steps, validations, the last step) stay on the terminal and go to
+  // train.log; on a terminal every other step rewrites one live line below them.
+  void progress(const std::string& line, bool due) {
     if (live_) {
-      std::cerr << "\r\033[K" << line << (keep ? "\n" : "") << std::flush;
+      std::cerr << "\r\033[K" << line << (due ? "\n" : "") << std::flush;
     } else if (due) {
       std::cerr << line << "\n";
     }
-    if (due || keep) write_file(line);
+    if (due) write_file(line);
   }
   void end_live_line() {
     if (live_) std::cerr << "\n";
@@ -99,6 +119,7 @@ class RunLog {
     char stamp[32];
     std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
     file_ << stamp << " " << line << "\n" << std::flush;
+    if (!file_) throw std::runtime_error("writing train.log failed (is the disk full?)");
   }
   std::ofstream file_;
   bool live_;
@@ -167,9 +188,14 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   std::vector<std::unique_ptr<MetricSink>> monitors;
   if (lead) {
     std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << opt.resolved_config_json << "\n";
-    std::ofstream(dir / "plan.json") << opt.plan_json << "\n";
-    metrics.open(result.metrics_path, opt.resume_from.empty() ? std::ios::trunc : std::ios::app);
+    for (const auto& [name, text] : {std::pair{"config.json", &opt.resolved_config_json}, {"plan.json", &opt.plan_json}}) {
+      std::ofstream f(dir / name);
+      f << *text << "\n" << std::flush;
+      if (!f) throw std::runtime_error("cannot write " + (dir / name).string() + " (is the disk full?)");
+    }
+    // Appended, never truncated: a resumed run's steps follow the earlier ones (a fresh run into a
+    // directory holding a run is refused before this, or the run was removed by --overwrite).
+    metrics.open(result.metrics_path, std::ios::app);
     if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
     monitors = open_monitors(config);
   }
@@ -211,6 +237,17 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   };
   refresh_weights(false);
   auto save = [&](int64_t step) {
+    // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
+    // checkpoint for them). Every rank checks its part; the verdict is agreed so all stop together.
+    double bad = std::isfinite(kernels::sum_of_squares_f32(flat.master.data_ptr<float>(), flat.master.numel())) ? 0.0 : 1.0;
+    if (comm) {
+      torch::Tensor t = torch::tensor({bad}, torch::kFloat64);
+      comm->all_reduce_sum(t, kControlCollective);
+      bad = t.item<double>();
+    }
+    if (bad > 0)
+      throw std::runtime_error("the weights are not finite after step " + std::to_string(step) +
+                               ": no checkpoint written (the previous ones are kept); lower the learning rate or keep gradient_clipping on");
     if (!lead && plan.zero.stage == 0) return;  // stage 0: every rank holds the same state
     CheckpointScalars sc;
     sc.step = step;
@@ -259,15 +296,18 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
            std::to_string(T) + " tokens (" + std::to_string(B) + " x " + std::to_string(GAS) + " micro batches), " +
            std::to_string(plan.threads) + " threads; writing " + dir.string() + "/");
 
-  g_interrupted = false;
-  auto previous = std::signal(SIGINT, on_sigint);
+  g_stop_signal = 0;
+  auto previous_int = std::signal(SIGINT, on_stop_signal);
+  auto previous_term = std::signal(SIGTERM, on_stop_signal);
   const auto start = std::chrono::steady_clock::now();
   std::vector<int32_t> in, tgt;
   if (result.first_step >= plan.steps)
     log.note("ds train: the checkpoint is at step " + std::to_string(result.first_step) + " and train.steps is " +
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
-  bool stop_requested = false;  // Ctrl-C, agreed across ranks
+  bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
+  int64_t consecutive_skips = 0;
+  double smoothed_step_s = 0;   // an exponential average over ~10 steps, for tok/s and TFLOP/s
   CommLedger comm_before, comm_total;  // collectives before this step, and summed over the run's steps
   if (comm) comm_before = comm->ledger();  // the start's gather of the initial weights is not a step's
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
@@ -280,12 +320,15 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     double loss_sum = 0, fwd_s = 0, bwd_s = 0;
     for (int64_t m = 0; m < GAS; ++m) {
       sampler.train_batch(step, m, in, tgt);
+      model.set_dropout(splitmix64(seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
+                                                    static_cast<uint64_t>(rank))), true);
       const auto f0 = std::chrono::steady_clock::now();
       zero.begin_micro_step(false);
       torch::Tensor loss = model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T));
       const auto b0 = std::chrono::steady_clock::now();
       zero.begin_backward();
-      (loss * (loss_scale / static_cast<double>(GAS * W))).backward();  // the sum over ranks is the mean
+      // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
+      (loss * (loss_scale / static_cast<double>(GAS * (plan.gradient_sum_over_ranks ? 1 : W)))).backward();
       zero.end_micro_step();
       const auto b1 = std::chrono::steady_clock::now();
       fwd_s += std::chrono::duration<double>(b0 - f0).count();
@@ -305,18 +348,21 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     if (comm) {
       // The mean loss, the gradient norm over the ranks' parts and whether any rank was interrupted,
       // agreed in one small collective, so every rank takes the same step and stops after the same one.
-      torch::Tensor agreed = torch::tensor({loss_sum, g_interrupted ? 1.0 : 0.0, partial ? sum_of_squares : 0.0}, torch::kFloat64);
+      torch::Tensor agreed = torch::tensor({loss_sum, g_stop_signal ? static_cast<double>(g_stop_signal) : 0.0,
+                                            partial ? sum_of_squares : 0.0}, torch::kFloat64);
       comm->all_reduce_sum(agreed, kControlCollective);
       loss = agreed[0].item<double>() / static_cast<double>(GAS * W);
       stop_requested = agreed[1].item<double>() > 0;
+      if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
       if (partial) sum_of_squares = agreed[2].item<double>();
     } else {
-      stop_requested = g_interrupted;
+      stop_requested = g_stop_signal != 0;
     }
     const double scaled_norm = std::sqrt(sum_of_squares);
     const double norm = scaled_norm / loss_scale;
     const bool overflow = !std::isfinite(scaled_norm);
-    if (!scaler.enabled() && plan.precision.mode != "bf16" && (overflow || !std::isfinite(loss)))
+    // fp32 and bf16: a non-finite loss means the weights are gone; fp32 has no overflow to skip either.
+    if (!scaler.enabled() && (!std::isfinite(loss) || (overflow && plan.precision.mode != "bf16")))
       throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
                                std::to_string(step + 1) + ": lower the learning rate or keep gradient_clipping on");
     const double lr = schedule.lr_at(applied - 1);
@@ -328,6 +374,10 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
         log.note("ds train: step " + std::to_string(step + 1) + ": " + event);
       }
     }
+    consecutive_skips = skip ? consecutive_skips + 1 : 0;
+    if (consecutive_skips > kMaxConsecutiveSkips)
+      throw std::runtime_error(std::to_string(consecutive_skips) + " optimizer steps in a row were skipped for inf/NaN gradients "
+                               "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
     if (skip) {
       ++result.skipped_steps;
       if (!scaler.enabled()) log.note("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
@@ -377,8 +427,9 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
 
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double tok_s = static_cast<double>(plan.tokens_per_step) / step_s;
-    const double tflops = plan.train_flops_per_step / step_s / 1e12;
+    smoothed_step_s = step == result.first_step ? step_s : 0.9 * smoothed_step_s + 0.1 * step_s;
+    const double tok_s = static_cast<double>(plan.tokens_per_step) / smoothed_step_s;
+    const double tflops = plan.train_flops_per_step / smoothed_step_s / 1e12;
     std::optional<double> val;
     // Rank 0 evaluates; at stage 3 every rank takes part, since each holds only part of the weights.
     const bool evaluates = lead || (flat.grouped && plan.layout.stage == 3);
@@ -388,6 +439,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       double sum = 0;
       for (int64_t i = 0; i < config.train.eval_batches; ++i) {
         sampler.val_batch(i, in, tgt);
+        model.set_dropout(0, false);
         zero.begin_micro_step(true);
         sum += model.loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T)).item<double>();
       }
@@ -397,13 +449,13 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     char val_text[32] = "";
     if (val) std::snprintf(val_text, sizeof val_text, " (val %.4f)", *val);
     char line[256];
-    std::snprintf(line, sizeof line, "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %s tok/s | %.2f TFLOP/s | eta %s",
+    std::snprintf(line, sizeof line, "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %s tok/s | %s TFLOP/s | eta %s",
                   static_cast<int>(std::to_string(plan.steps).size()), static_cast<long long>(step + 1),
                   static_cast<long long>(plan.steps), loss, val_text, lr, norm,
-                  format_count(static_cast<int64_t>(tok_s)).c_str(), tflops,
+                  format_count(static_cast<int64_t>(tok_s)).c_str(), three_digits(tflops).c_str(),
                   duration_text(elapsed / (step + 1 - result.first_step) * (plan.steps - step - 1)).c_str());
     const bool due = (step + 1) % std::max<int64_t>(1, opt.print_every) == 0 || step == 0 || step + 1 == plan.steps || val;
-    log.progress(line, val || step + 1 == plan.steps, due);
+    log.progress(line, due);
     if (due && config.comms_logger_enabled && comm) {  // DeepSpeed's comms_logger: bytes and time per collective
       std::string c = "comms step " + std::to_string(step + 1) + ": ";
       for (const auto& [what, d] : step_comm)
@@ -424,10 +476,14 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
-                  "\"comm_s\": %.4f, \"skipped\": %s%s%s}\n",
+                  "\"comm_s\": %.4f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
                   static_cast<long long>(step + 1), json_number(loss).c_str(), lr, json_number(norm).c_str(), tok_s, step_s,
-                  fwd_s, bwd_s, opt_s, comm_bytes, comm_s, skip ? "true" : "false", scale_json, val_json);
-    if (lead) metrics << json << std::flush;
+                  fwd_s, bwd_s, opt_s, comm_bytes, comm_s, plan.train_flops_per_step / step_s / 1e12, skip ? "true" : "false",
+                  scale_json, val_json);
+    if (lead) {
+      metrics << json << std::flush;
+      if (!metrics) throw std::runtime_error("writing " + result.metrics_path + " failed (is the disk full?)");
+    }
     if (!monitors.empty()) {
       const int64_t samples = (step + 1) * plan.batch.train_batch_size;  // DeepSpeed's x axis
       std::vector<MetricEvent> events{{"Train/Samples/train_loss", loss, samples}, {"Train/Samples/lr", lr, samples},
@@ -440,11 +496,12 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       for (const auto& m : monitors) m->write(events);
     }
     const bool cadence = config.train.save_every > 0 && (step + 1) % config.train.save_every == 0;
-    if (!comm) stop_requested = g_interrupted;  // one process: react to Ctrl-C at once; ranks use the agreed flag
+    if (!comm) stop_requested = g_stop_signal != 0;  // one process: react at once; ranks use the agreed flag
     if (cadence || step + 1 == plan.steps || stop_requested) save(step + 1);
     if (comm) comm_before = comm->ledger();
   }
-  std::signal(SIGINT, previous);
+  std::signal(SIGINT, previous_int);
+  std::signal(SIGTERM, previous_term);
   if (comm && result.steps > result.first_step) {
     // What went on the wire per step beside the plan's prediction, per collective.
     const double n = static_cast<double>(result.steps - result.first_step);
@@ -459,9 +516,27 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.interrupted = stop_requested;
+  result.stop_signal = stop_requested ? static_cast<int>(g_stop_signal) : 0;
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) result.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
   if (result.interrupted) log.end_live_line();
+  // The run's last lines, on the terminal and in train.log.
+  if (!result.losses.empty()) {
+    auto four = [](double v) { return format_fixed(v, 4); };
+    std::string done = std::string("ds train: ") + (result.interrupted ? "interrupted at step " : "done: ") +
+                       std::to_string(result.steps) + " of " + std::to_string(plan.steps) + " steps (" +
+                       std::to_string(result.steps - result.first_step) + " this run) in " + format_fixed(result.seconds, 1) +
+                       " s; loss " + four(result.losses.front()) + " -> " + four(result.losses.back());
+    if (!result.val_losses.empty()) done += " (validation " + four(result.val_losses.back()) + ")";
+    if (config.data.type == DataType::synthetic) done += "; the synthetic language's floor is " + four(markov_entropy_nats());
+    if (result.skipped_steps) done += "; " + std::to_string(result.skipped_steps) + " steps skipped";
+    log.note(done);
+    const double predicted = plan.memory.device.total() + plan.memory.host.total();
+    const double grown = result.peak_rss_bytes - result.baseline_rss_bytes;
+    log.note("ds train: peak resident memory " + format_bytes(result.peak_rss_bytes) + ": " + format_bytes(result.baseline_rss_bytes) +
+             " of code and libraries + " + format_bytes(grown) + " for training, " + format_fixed(grown / predicted, 2) +
+             "x the plan's " + format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+  }
   return result;
 }
 

@@ -31,6 +31,7 @@ struct TrainResult {
   std::vector<double> val_losses;  // at each validation
   double seconds = 0;
   bool interrupted = false;
+  int stop_signal = 0;             // SIGINT or SIGTERM when interrupted
   int64_t first_step = 0;          // > 0 when resumed
   std::string metrics_path;
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
