@@ -40,7 +40,8 @@ std::string plan_to_json(const Plan& p, int indent) {
   json j;
   j["schema_version"] = p.schema_version;
   j["config"] = p.config_source;
-  j["model"] = {{"name", h.name},
+  if (p.has_model)
+    j["model"] = {{"name", h.name},
                 {"arch", model_arch_name(h.arch)},
                 {"vocab_size", h.vocab_size},
                 {"hidden_size", h.hidden_size},
@@ -59,6 +60,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"largest_module_params", p.model.largest_module_params},
                 {"largest_block_params", p.model.largest_block_params},
                 {"train_flops_per_token", p.model.train_flops_per_token(p.seq_len)}};
+  else
+    j["model"] = nullptr;  // a config without a model block: what needs one is null below
   const Topology& t = p.topology;
   j["topology"] = {{"world_size", t.world_size},
                    {"ranks_per_node", t.ranks_per_node},
@@ -73,7 +76,6 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"gradient_accumulation_steps", p.batch.grad_accum},
                 {"world_size", p.batch.world_size},
                 {"derivation", p.batch.derivation}};
-  if (!p.has_model) j["model"] = nullptr;
   j["has_model"] = p.has_model;
   const DataConfig& d = p.data;
   j["data"] = {{"type", data_type_name(d.type)}, {"path", d.path},       {"tokenizer", d.tokenizer},

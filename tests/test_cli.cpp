@@ -243,3 +243,294 @@ TEST(CliEstimateMemory, BadInputExitsTwoWithAClearMessage) {
   EXPECT_EQ(ds("estimate-memory --params 1e9").code, 2);
 }
 
+
+// ---- Trust: what a user relies on most (issue "Trust") ----
+
+namespace {
+std::vector<nlohmann::json> metrics_of(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+const char* kShort = "train examples/quickstart.json train.steps=20 train.save_every=10 steps_per_print=10 ";
+}  // namespace
+
+TEST(CliTrust, InitFromIsRefusedUntilWeightsCanBeLoaded) {
+  for (const char* sub : {"plan", "train"}) {
+    Result r = ds(std::string(sub) + " examples/quickstart.json model.init_from=/nonexistent");
+    EXPECT_EQ(r.code, 2) << sub << r.err;
+    EXPECT_TRUE(contains(r.err, "model.init_from")) << r.err;
+  }
+}
+
+TEST(CliTrust, SizesNeedAUnitAndTheHelpSaysWhichUnitIsWhich) {
+  Result r = ds("plan templates/zero2.json --device-memory 80");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--device-memory 80: give a unit, e.g. 80GiB")) << r.err;
+  r = ds("estimate-memory --model 7b --gpu-memory 80");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "give a unit")) << r.err;
+  EXPECT_TRUE(contains(ds("estimate-memory --help").out, "GB = 10^9 bytes; GiB (or G) = 2^30 bytes"));
+}
+
+TEST(CliTrust, ASizeOnlyModelIsPlannedLikeThePresetOfTheSameSizes) {
+  auto rows = [&](const std::string& model) {
+    Result r = ds("estimate-memory " + model + " --gpus 8 --gpu-memory 80GiB --json");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto preset = rows("--model 7b"), sized = rows("--params 6738415616 --largest-layer 131072000");
+  auto stage3 = [](const nlohmann::json& j) {
+    for (const auto& row : j["rows"])
+      if (row["zero_stage"] == 3 && row["offload_optimizer"] == "none" && row["offload_param"] == "none" &&
+          row["activation_checkpointing"] == false)
+        return row["per_gpu"];
+    return nlohmann::json();
+  };
+  const auto a = stage3(preset), b = stage3(sized);
+  for (const char* k : {"params", "grads", "optimizer_states"})
+    EXPECT_NEAR(b[k].get<double>(), a[k].get<double>(), 0.01 * a[k].get<double>()) << k;
+  // Gather and reduce buffers: a layer at a time (two in flight), the same order as the preset's blocks,
+  // not the whole model (which once made ZeRO-3 look like it needed 75 GiB of buffers).
+  EXPECT_LT(b["buffers"].get<double>(), 2.0 * a["buffers"].get<double>());
+  EXPECT_GT(b["buffers"].get<double>(), 0.25 * a["buffers"].get<double>());
+  EXPECT_EQ(preset["rows"][preset["recommended"].get<int>()]["zero_stage"], sized["rows"][sized["recommended"].get<int>()]["zero_stage"]);
+}
+
+TEST(CliTrust, TheRecommendationLeavesHeadroom) {
+  for (const std::string headroom : {"", "0.3"}) {
+    Result r = ds("estimate-memory --model 7b --gpus 8 --gpu-memory 80GiB --json" + (headroom.empty() ? "" : " --headroom " + headroom));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const double share = headroom.empty() ? 0.1 : 0.3;
+    EXPECT_DOUBLE_EQ(j["assumptions"]["headroom"].get<double>(), share);
+    ASSERT_GE(j["recommended"].get<int>(), 0);
+    const double total = j["rows"][j["recommended"].get<int>()]["per_gpu"]["total"].get<double>();
+    EXPECT_LE(total, (1 - share) * 80.0 * (1 << 30));
+    for (const auto& row : j["rows"])  // "fits" means within the headroom, for every row
+      EXPECT_EQ(row["fits"].get<bool>(), row["per_gpu"]["total"].get<double>() <= (1 - share) * 80.0 * (1 << 30));
+  }
+  EXPECT_TRUE(contains(ds("estimate-memory --model 7b --gpus 8 --gpu-memory 80GiB").out, "fits = at most 90% of each GPU"));
+}
+
+TEST(CliTrust, ALongerResumedRunKeepsTheCheckpointsSchedule) {
+  const std::string dir = scratch_dir() + "/horizon";
+  std::filesystem::remove_all(dir);
+  // A warmup that ends inside the first run, so the rest of its schedule is the cosine down to its floor.
+  ASSERT_EQ(ds(std::string(kShort) + "scheduler.params.warmup_num_steps=5 train.output_dir=" + dir).code, 0);
+  Result r = ds("train examples/quickstart.json train.steps=30 scheduler.params.warmup_num_steps=5 train.output_dir=" + dir + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.steps 20 -> 30: the schedule keeps total_num_steps=20")) << r.err;
+  const auto m = metrics_of(dir);
+  ASSERT_EQ(m.size(), 30u);  // appended on resume, never truncated
+  const double lr20 = m[19]["lr"].get<double>();
+  for (size_t i = 21; i < 30; ++i) EXPECT_LE(m[i]["lr"].get<double>(), lr20 * 1.0001) << "step " << i + 1 << " jumped";
+  // Changing the schedule itself is the way to stretch it: then nothing is pinned.
+  r = ds("train examples/quickstart.json train.steps=35 scheduler.params.warmup_num_steps=5 scheduler.params.total_num_steps=35 "
+         "train.output_dir=" + dir + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "the schedule keeps")) << r.err;
+}
+
+TEST(CliTrust, AFreshRunNeverOverwritesARun) {
+  const std::string dir = scratch_dir() + "/no_clobber";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(ds(std::string(kShort) + "train.output_dir=" + dir).code, 0);
+  Result r = ds("train examples/quickstart.json train.steps=5 train.output_dir=" + dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "holds a run (checkpoint step_00000020, metrics.jsonl with 20 steps)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--resume")) << r.err;
+  EXPECT_EQ(metrics_of(dir).size(), 20u);  // untouched
+  // --resume follows `latest`, even where a higher step exists beside it.
+  std::ofstream(dir + "/checkpoints/latest") << "step_00000010";
+  r = ds("train examples/quickstart.json train.steps=12 train.output_dir=" + dir + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from " + dir + "/checkpoints/step_00000010 at step 10")) << r.err;
+  // --overwrite: asked for, so the previous run goes.
+  r = ds("train examples/quickstart.json train.steps=5 train.output_dir=" + dir + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(metrics_of(dir).size(), 5u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/checkpoints/step_00000020"));
+}
+
+TEST(CliTrust, EveryRealDeepSpeedConfigPlansWithoutAModelBlock) {
+  const std::string configs = std::string(DS_SHARED_DIR) + "/data/deepspeed-configs";
+  if (!std::filesystem::is_directory(configs)) GTEST_SKIP() << "no " << configs;
+  int planned = 0;
+  for (const auto& e : std::filesystem::directory_iterator(configs)) {
+    Result r = ds("plan " + e.path().string());
+    EXPECT_FALSE(contains(r.err, "no model block")) << e.path() << r.err;  // the real problem, if any, is shown
+    if (r.code == 0) {
+      ++planned;
+      EXPECT_TRUE(contains(r.out, "Needs a model")) << r.out;
+    } else {
+      EXPECT_EQ(r.code, 2) << e.path() << r.err;
+    }
+  }
+  EXPECT_GE(planned, 20);
+  Result r = ds("plan " + configs + "/tests_model_Megatron_GPT2_ds_config_func_bs4_zero2.json --world-size 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "bytes per parameter per rank per step")) << r.out;
+  EXPECT_TRUE(contains(r.out, "stage 2: optimizer states and gradients partitioned")) << r.out;
+  r = ds("plan " + configs + "/tests_model_Megatron_GPT2_ds_config_func_bs4_zero2.json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(nlohmann::json::parse(r.out)["has_model"].get<bool>());
+  // train needs the model and says how to give one
+  r = ds("train " + configs + "/tests_model_Megatron_GPT2_ds_config_func_bs4_zero2.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "model.preset=")) << r.err;
+}
+
+TEST(CliTrust, JsonRunsGetAJsonErrorOnStdout) {
+  Result r = ds("plan templates/zero2.json zero_optimization.stag=3 --json");
+  EXPECT_EQ(r.code, 2);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["errors"][0]["path"], "zero_optimization.stag");
+  r = ds("estimate-memory --model nosuch --json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_FALSE(nlohmann::json::parse(r.out)["errors"].empty());
+}
+
+TEST(CliTrust, TopologyFlagsHaveOneSpellingWithDeepSpeedsAsAliases) {
+  for (const char* flag : {"--nproc-per-node 2", "--gpus 2", "--num_gpus 2"}) {
+    Result r = ds(std::string("plan templates/zero2.json --json ") + flag);
+    ASSERT_EQ(r.code, 0) << flag << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["topology"]["world_size"], 2) << flag;
+  }
+  EXPECT_EQ(ds("estimate-memory --model 7b --nproc-per-node 8 --num_nodes 2 --json").code, 0);
+  Result r = ds("plan templates/zero2.json --nproc-per-nod 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "did you mean --nproc-per-node?")) << r.err;
+  r = ds("train examples/quickstart.json --include localhost:0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--hostfile")) << r.err;
+  EXPECT_TRUE(contains(ds("train --help").out, "--master_port")) << "DeepSpeed's spelling is accepted";
+}
+
+TEST(CliTrust, InstallPutsTheBinaryManPagesAndTemplatesInPlace) {
+  const std::string prefix = scratch_dir() + "/prefix";
+  ASSERT_EQ(std::system(("cmake --install " DS_BUILD_DIR " --prefix " + prefix + " >/dev/null").c_str()), 0);
+  for (const char* f : {"bin/ds", "share/man/man1/ds-train.1", "share/man/man5/ds-config.5", "share/ds/templates/zero3.json",
+                        "share/ds/examples/quickstart.json"})
+    EXPECT_TRUE(std::filesystem::exists(prefix + "/" + f)) << f;
+}
+
+TEST(CliTrust, ProgressKeepsLinesValidationAndRatesThatAreNotZero) {
+  const std::string dir = scratch_dir() + "/progress";
+  std::filesystem::remove_all(dir);
+  Result r = ds("train examples/quickstart.json train.steps=30 train.eval_every=15 steps_per_print=10 train.output_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* line : {"step  1/30", "step 10/30", "step 15/30 | loss", "(val ", "step 20/30", "step 30/30"})
+    EXPECT_TRUE(contains(r.err, line)) << line << "\n" << r.err;
+  EXPECT_FALSE(contains(r.err, "| 0.00 TFLOP/s")) << r.err;
+  for (const auto& m : metrics_of(dir)) EXPECT_GT(m["tflops"].get<double>(), 0);
+  // train.log ends as the terminal did: the summary and the peak memory
+  const std::string log = slurp(dir + "/train.log");
+  EXPECT_TRUE(contains(log, "ds train: done: 30 of 30 steps")) << log;
+  EXPECT_TRUE(contains(log, "ds train: peak resident memory")) << log;
+}
+
+TEST(CliTrust, ThePlanShowsTheDataAndMissingInputsAreCaughtBeforeARun) {
+  Result r = ds("plan examples/quickstart.json data.type=text data.path=nosuch.txt");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "data        text nosuch.txt, tokenizer bytes")) << r.out;
+  EXPECT_TRUE(contains(r.err, "data.path: 'nosuch.txt' does not exist")) << r.err;
+  r = ds("train examples/quickstart.json data.type=text data.path=nosuch.txt");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "'nosuch.txt' does not exist")) << r.err;
+  EXPECT_TRUE(contains(ds("plan examples/quickstart.json model.dropout=0.1").out, "dropout attention 0.1, residual 0.1, embedding 0.1"));
+}
+
+// ---- Hardening: attacks from outside (issue "Hardening") ----
+
+TEST(CliHardening, SigtermSavesAndExits143WithACommandThatResumesThisRun) {
+  const std::string dir = scratch_dir() + "/sigterm";
+  std::filesystem::remove_all(dir);
+  Result r = ds("train examples/quickstart.json train.steps=100000 optimizer.params.lr=0.002 train.output_dir=" + dir,
+                "timeout --preserve-status -s TERM 4");
+  EXPECT_EQ(r.code, 143) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/latest")) << r.err;
+  // The printed command keeps the overrides (the output directory above all).
+  EXPECT_TRUE(contains(r.err, "continue with: ds train examples/quickstart.json train.steps=100000 optimizer.params.lr=0.002 "
+                              "train.output_dir=" + dir + " --resume")) << r.err;
+}
+
+TEST(CliHardening, AnExplicitResumePathIsUsedOrRefused) {
+  const std::string dir = scratch_dir() + "/explicit";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(ds(std::string(kShort) + "train.output_dir=" + dir).code, 0);
+  Result r = ds("train examples/quickstart.json train.steps=22 train.output_dir=" + dir + " train.resume=" + dir +
+                "/checkpoints/step_00000010 --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from " + dir + "/checkpoints/step_00000010 at step 10")) << r.err;
+  r = ds("train examples/quickstart.json train.output_dir=" + dir + " train.resume=" + dir + "/checkpoints/step_00000099 --resume");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "no complete checkpoint at")) << r.err;
+}
+
+TEST(CliHardening, OddRunDirectoriesAreNamedNotCrashedOn) {
+  const std::string dir = scratch_dir() + "/odd";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(ds(std::string(kShort) + "train.output_dir=" + dir).code, 0);
+  std::filesystem::create_directories(dir + "/checkpoints/step_garbage");
+  std::filesystem::create_directories(dir + "/checkpoints/step_99999999999999999999");
+  Result r = ds("train examples/quickstart.json train.steps=21 train.output_dir=" + dir + " --resume");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "skipping " + dir + "/checkpoints/step_garbage: not a step number")) << r.err;
+  const std::string file_dir = scratch_dir() + "/ckpt_file";
+  std::filesystem::create_directories(file_dir);
+  std::ofstream(file_dir + "/checkpoints") << "not a directory";
+  r = ds("train examples/quickstart.json train.steps=2 train.output_dir=" + file_dir);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "is a file")) << r.err;
+}
+
+TEST(CliHardening, HostileInputsExitTwoWithAMessage) {
+  const std::string deep = scratch_dir() + "/deep.json";
+  std::ofstream(deep) << std::string(50000, '[') << std::string(50000, ']');
+  for (const std::string& cmd : {"plan " + deep, "train " + deep, "estimate-memory --model " + deep}) {
+    Result r = ds(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << r.err;
+    EXPECT_TRUE(contains(r.err, "nesting deeper than")) << cmd << r.err;
+  }
+  Result r = ds("plan templates");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "is a directory")) << r.err;
+  r = ds("plan examples/quickstart.json train_micro_batch_size_per_gpu=9223372036854775807");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "train_micro_batch_size_per_gpu")) << r.err;
+  r = ds("estimate-memory --params 1e30 --largest-layer 1e6 --gpus 8");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = ds("estimate-memory --params 0 --largest-layer 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "not a positive parameter count")) << r.err;
+  r = ds("estimate-memory --params nan --largest-layer 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "not a number")) << r.err;
+  // The documented --micro-batch flag works.
+  r = ds("estimate-memory --model 7b --gpus 8 --micro-batch 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["assumptions"]["micro_batch"], 2);
+}
+
+TEST(CliHardening, RanksDieWithTheirLauncher) {
+  const std::string dir = scratch_dir() + "/orphans";
+  std::filesystem::remove_all(dir);
+  // kill -9 the launcher once the ranks train; nothing of this run may be left a few seconds later.
+  const std::string script = "cd " DS_SOURCE_DIR " && (" DS_BINARY " train examples/quickstart.json --nproc-per-node 2 "
+                             "zero_optimization.stage=2 train.steps=100000 train.output_dir=" + dir +
+                             " >/dev/null 2>&1 & echo $! > " + dir + ".pid; wait) & sleep 6; kill -9 $(cat " + dir +
+                             ".pid); for i in $(seq 1 40); do pgrep -f 'train.output_dir=" + dir + "$' >/dev/null || exit 0; sleep 0.5; done; exit 1";
+  std::filesystem::create_directories(scratch_dir());
+  EXPECT_EQ(std::system(("bash -c '" + [&] {
+                          std::string q;
+                          for (char c : script) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+                          return q;
+                        }() + "'").c_str()),
+            0)
+      << "ranks of the killed launcher still run";
+  std::system(("pkill -9 -f 'train.output_dir=" + dir + "$'").c_str());
+}

@@ -292,3 +292,52 @@ TEST(Checkpoints, ACheckpointOfAnotherModelIsRefusedNamingBothSizes) {
     EXPECT_NE(std::string(e.what()).find("parameters"), std::string::npos) << e.what();
   }
 }
+
+TEST(Training, DropoutChangesTrainingButRecomputationDrawsTheSameMasks) {
+  // fp32: bit-exact comparisons. Dropout on every site the model has.
+  const std::vector<std::string> base{"bf16.enabled=false", "train.steps=6", "train.eval_every=0"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> o = base;
+    o.insert(o.end(), extra.begin(), extra.end());
+    return run(o).result.losses;
+  };
+  const auto plain = with({});
+  const auto dropped = with({"model.dropout=0.2"});
+  ASSERT_EQ(dropped.size(), 6u);
+  EXPECT_NE(plain[0], dropped[0]);  // the masks act from the first forward
+  // Activation checkpointing recomputes each block in backward: the same masks, so the same run.
+  EXPECT_EQ(with({"model.dropout=0.2", "model.activation_checkpointing=true"}), dropped);
+  // And the stream is fixed by the seed: a second run is the same run.
+  EXPECT_EQ(with({"model.dropout=0.2"}), dropped);
+  EXPECT_NE(with({"model.dropout=0.2", "train.seed=2"}), dropped);
+}
+
+TEST(Training, ANonFiniteBf16RunFailsNamingTheStepWithoutACheckpoint) {
+  const std::string dir = (fs::temp_directory_path() / ("ds_nan_test_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  Config c = load_config_text(kTiny, "tiny.json",
+                              {"bf16.enabled=true", "optimizer.params.lr=1e6", "gradient_clipping=0", "train.steps=30",
+                               "train.save_every=1", "train.output_dir=" + dir});
+  const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
+  TrainOptions opt;
+  opt.print_every = 1000;
+  try {
+    train(p, c, opt);
+    FAIL() << "a run whose weights blew up exited normally";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("not finite") != std::string::npos || what.find("NaN") != std::string::npos ||
+                what.find("infinite") != std::string::npos || what.find("skipped") != std::string::npos)
+        << what;
+    EXPECT_NE(what.find("step"), std::string::npos) << what;
+  }
+  // Whatever was saved before the blow-up holds finite weights only.
+  const std::string latest = find_latest_checkpoint(dir);
+  if (!latest.empty()) {
+    std::vector<float> master(static_cast<size_t>(p.layout.numel)), m1(master.size()), m2(master.size());
+    CheckpointBuffers b{master.data(), m1.data(), m2.data(), p.layout.numel, owned_segments(p.layout, 0), p.layout.numel};
+    load_checkpoint(latest, b);
+    EXPECT_TRUE(std::all_of(master.begin(), master.end(), [](float v) { return std::isfinite(v); })) << latest;
+  }
+  fs::remove_all(dir);
+}

@@ -39,8 +39,10 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// More skipped steps in a row than this (inf/NaN gradients that loss scaling does not cure) ends the run.
-constexpr int64_t kMaxConsecutiveSkips = 64;
+// More skipped steps in a row than this (inf/NaN gradients) ends the run. fp16's dynamic scaler needs
+// room to halve its way down from 2^16 or more (with hysteresis); bf16 has no scale to lower, so a streak
+// means the weights are past saving.
+constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
 
 // "0.0412", "1.73", "12.4": three significant digits, so a small model's rate is never printed as 0.00.
 std::string three_digits(double v) {
@@ -375,7 +377,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
       }
     }
     consecutive_skips = skip ? consecutive_skips + 1 : 0;
-    if (consecutive_skips > kMaxConsecutiveSkips)
+    if (consecutive_skips > (scaler.enabled() ? kMaxConsecutiveSkipsFp16 : kMaxConsecutiveSkipsBf16))
       throw std::runtime_error(std::to_string(consecutive_skips) + " optimizer steps in a row were skipped for inf/NaN gradients "
                                "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
     if (skip) {
