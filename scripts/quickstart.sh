@@ -8,5 +8,14 @@ echo "== installing packages (scripts/install-deps.sh)"
 bash scripts/install-deps.sh
 bash scripts/build.sh ds  # only the binary: the tests are built by scripts/test.sh
 echo
-echo "+ build/ds train examples/quickstart.json"
-build/ds train examples/quickstart.json
+# ds never trains a fresh run over an earlier one: a second quickstart goes to runs/quickstart-2, ...
+out=runs/quickstart
+n=1
+while [ -s "$out/metrics.jsonl" ] || [ -d "$out/checkpoints" ]; do n=$((n + 1)); out="runs/quickstart-$n"; done
+if [ "$out" = runs/quickstart ]; then
+  echo "+ build/ds train examples/quickstart.json"
+  build/ds train examples/quickstart.json
+else
+  echo "+ build/ds train examples/quickstart.json train.output_dir=$out   (runs/quickstart holds an earlier run)"
+  build/ds train examples/quickstart.json "train.output_dir=$out"
+fi

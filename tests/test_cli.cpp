@@ -534,3 +534,49 @@ TEST(CliHardening, RanksDieWithTheirLauncher) {
       << "ranks of the killed launcher still run";
   std::system(("pkill -9 -f 'train.output_dir=" + dir + "$'").c_str());
 }
+
+TEST(CliHardening, AFullDiskIsFoundBeforeTheFirstStepAndNamedWhenItFillsLater) {
+  // A small tmpfs in a private mount namespace stands in for a full disk (needs root; skipped otherwise).
+  const std::string mnt = scratch_dir() + "/tiny_disk";
+  std::filesystem::create_directories(mnt);
+  if (std::system(("unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs " + mnt + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  auto in_tiny_disk = [&](const std::string& size, const std::string& args) {
+    const std::string out = scratch_dir() + "/tiny_out", err = scratch_dir() + "/tiny_err";
+    const int status = std::system(("unshare -m sh -c 'mount -t tmpfs -o size=" + size + " tmpfs " + mnt + " && cd " DS_SOURCE_DIR
+                                    " && " DS_BINARY " " + args + "' >" + out + " 2>" + err + " </dev/null").c_str());
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+  };
+  // 64 KiB cannot hold a 1.4 MiB checkpoint: refused before any step.
+  Result r = in_tiny_disk("64k", "train examples/quickstart.json train.steps=5 train.output_dir=" + mnt + "/run");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "free; a checkpoint needs")) << r.err;
+  EXPECT_FALSE(contains(r.err, "step 1/")) << r.err;
+  // Room for one checkpoint but not a second: the failed write names the file, the run exits 1, and the
+  // first checkpoint stays complete.
+  r = in_tiny_disk("2600k", "train examples/quickstart.json train.steps=4 train.save_every=2 train.keep_last=0 train.output_dir=" + mnt +
+                                "/run && ls " + mnt + "/run/checkpoints/step_00000002/DONE");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, mnt + "/run/checkpoints/")) << r.err;
+}
+
+TEST(CliHardening, ACorruptCheckpointIsNamedAndThePreviousOneOffered) {
+  const std::string dir = scratch_dir() + "/corrupt";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(ds(std::string(kShort) + "train.output_dir=" + dir).code, 0);
+  // Four bytes flipped in the middle of the file: inside the weights or the optimizer moments.
+  const std::string file = dir + "/checkpoints/step_00000020/state.h5";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
+    f.write("\xde\xad\xbe\xef", 4);
+  }
+  Result r = ds("train examples/quickstart.json train.steps=25 train.save_every=10 train.output_dir=" + dir + " --resume");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, file + "': data set '")) << r.err;
+  EXPECT_TRUE(contains(r.err, "does not match its checksum")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.resume=" + dir + "/checkpoints/step_00000010")) << r.err;
+  r = ds("train examples/quickstart.json train.steps=25 train.save_every=10 train.output_dir=" + dir + " train.resume=" + dir +
+         "/checkpoints/step_00000010");
+  EXPECT_EQ(r.code, 0) << r.err;
+}

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "schema/schema_doc.hpp"
 #include "schema/schema_walk.hpp"
 #include "test_helpers.hpp"
@@ -18,4 +20,15 @@ TEST(ManPages, ConfigReferenceNamesEveryTopLevelKey) {
   const std::string ref = config_key_reference_roff();
   for (const auto& [key, sub] : config_schema()["properties"].items())
     EXPECT_NE(ref.find(".B " + key), std::string::npos) << key;
+}
+
+TEST(Readme, ListsEveryExampleWithTheCommandThatRunsItAndPointsAtNothingOutsideTheProject) {
+  const std::string readme = test::read_text(std::string(DS_SOURCE_DIR) + "/README.md");
+  for (const auto& e : std::filesystem::directory_iterator(std::string(DS_SOURCE_DIR) + "/examples")) {
+    const std::string name = e.path().filename().string();
+    EXPECT_NE(readme.find("ds train examples/" + name), std::string::npos) << name << " has no command in README.md";
+    const Config c = load_config_file(e.path().string());  // and every example loads without a warning
+    EXPECT_TRUE(c.warnings.empty()) << name << ": " << test::dump(c.warnings);
+  }
+  EXPECT_EQ(readme.find("../shared"), std::string::npos) << "users do not have ../shared";
 }

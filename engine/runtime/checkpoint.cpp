@@ -1,5 +1,7 @@
 #include "engine/runtime/checkpoint.hpp"
 
+#include "common/hash.hpp"
+
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
@@ -61,14 +63,74 @@ T read_attr(hid_t file, const char* name, const std::string& path) {
   return v;
 }
 
+// Each data set carries a "checksum" attribute, verified on load: checksum64 of each 32 MiB piece of its
+// little-endian bytes, folded in order, so a reader checks a shard of any size in bounded memory.
+constexpr int64_t kChecksumPieceFloats = int64_t{1} << 23;
+uint64_t fold_piece(uint64_t h, const float* piece, int64_t n) {
+  return splitmix64(h ^ checksum64(piece, static_cast<size_t>(n) * sizeof(float)));
+}
+uint64_t floats_checksum(const float* data, int64_t n) {
+  uint64_t h = static_cast<uint64_t>(n);
+  for (int64_t at = 0; at < n; at += kChecksumPieceFloats) h = fold_piece(h, data + at, std::min(kChecksumPieceFloats, n - at));
+  return h;
+}
+
 void write_floats(hid_t loc, const char* name, const float* data, int64_t n, const std::string& path) {
   hsize_t dims[1] = {static_cast<hsize_t>(n)};
   hid_t space = H5Screate_simple(1, dims, nullptr);
   hid_t d = H5Dcreate2(loc, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
     io_fail(std::string("writing ") + name + " (is the disk full?)", path);
+  write_attr<int64_t>(d, "checksum", static_cast<int64_t>(floats_checksum(data, n)), path);
   H5Dclose(d);
   H5Sclose(space);
+}
+
+// Reads the whole of a float data set in bounded pieces and compares its checksum attribute; files
+// written before checksums existed have none and pass. Throws UserError naming the file and data set.
+void verify_floats(hid_t loc, const char* name, const std::string& path) {
+  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+  if (d < 0) return;  // absent: the reader reports it if it needs it
+  int64_t want = 0;
+  bool has = false;
+  if (H5Aexists(d, "checksum") > 0) {
+    hid_t a = H5Aopen(d, "checksum", H5P_DEFAULT);
+    has = a >= 0 && H5Aread(a, H5T_NATIVE_INT64, &want) >= 0;
+    if (a >= 0) H5Aclose(a);
+  }
+  if (!has) {
+    H5Dclose(d);
+    return;
+  }
+  hid_t space = H5Dget_space(d);
+  hsize_t dims[1] = {0};
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  const int64_t n = static_cast<int64_t>(dims[0]);
+  std::vector<float> piece(static_cast<size_t>(std::min(kChecksumPieceFloats, n)));
+  uint64_t h = static_cast<uint64_t>(n);
+  bool ok = true;
+  for (int64_t at = 0; at < n && ok; at += kChecksumPieceFloats) {
+    const hsize_t start[1] = {static_cast<hsize_t>(at)}, count[1] = {static_cast<hsize_t>(std::min(kChecksumPieceFloats, n - at))};
+    hid_t mem = H5Screate_simple(1, count, nullptr);
+    ok = H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0 &&
+         H5Dread(d, H5T_NATIVE_FLOAT, mem, space, H5P_DEFAULT, piece.data()) >= 0;
+    H5Sclose(mem);
+    if (ok) h = fold_piece(h, piece.data(), static_cast<int64_t>(count[0]));
+  }
+  H5Sclose(space);
+  H5Dclose(d);
+  if (!ok) throw UserError("'" + path + "': data set '" + name + "' cannot be read: the file is damaged",
+                           "resume from an earlier checkpoint (train.resume=PATH)");
+  if (static_cast<int64_t>(h) != want)
+    throw UserError("'" + path + "': data set '" + name + "' does not match its checksum: the file is corrupt",
+                    "resume from an earlier checkpoint (train.resume=PATH names one; ds train --resume takes the newest)");
+}
+
+void verify_shard(hid_t f, const std::string& path) {
+  verify_floats(f, "master", path);
+  if (H5Lexists(f, "optimizer", H5P_DEFAULT) > 0)
+    for (const char* name : {"optimizer/exp_avg", "optimizer/exp_avg_sq"})
+      if (H5Lexists(f, name, H5P_DEFAULT) > 0) verify_floats(f, name, path);
 }
 
 void write_segments(hid_t loc, const std::vector<OwnedSegment>& segs, const std::string& path) {
@@ -303,6 +365,20 @@ std::string resolve_checkpoint_path(const std::string& path) {
 }
 
 namespace {
+// verify_shard, with the previous complete checkpoint named in the hint when this one is damaged.
+void verify_or_point_back(hid_t f, const std::string& file, const std::string& dir) {
+  try {
+    verify_shard(f, file);
+  } catch (const UserError& e) {
+    const fs::path here = fs::weakly_canonical(fs::path(dir));
+    std::string previous;
+    for (const auto& [step, path] : complete_checkpoints(here.parent_path()))
+      if (fs::weakly_canonical(path) != here && step < step_of_name(here.filename().string())) previous = path.string();
+    throw UserError(e.what(), previous.empty() ? std::string("no earlier complete checkpoint is left in ") + here.parent_path().string()
+                                               : "resume from the previous complete checkpoint: train.resume=" + previous);
+  }
+}
+
 // Copies every element of the caller's segments that `file`'s segments hold; returns how many.
 int64_t read_overlaps(hid_t f, const std::vector<OwnedSegment>& theirs, const CheckpointBuffers& b, const std::string& path) {
   int64_t filled = 0;
@@ -359,6 +435,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
       throw UserError("'" + file + "' holds " + format_count(model_numel) + " parameters, but this plan has " +
                           format_count(b.model_numel),
                       "resume with the model the checkpoint was trained with (its plan_json says which)");
+    verify_or_point_back(f, file, dir);
     if (version == 1) {
       filled = read_overlaps(f, {OwnedSegment{0, 0, 0, model_numel}}, b, file);
     } else {
@@ -376,6 +453,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
     if (h < 0) throw UserError("checkpoint '" + dir + "' was saved by " + std::to_string(world) + " ranks but '" + shard +
                                    "' is missing or unreadable", "copy the whole checkpoint directory");
     try {
+      verify_or_point_back(h, shard, dir);
       filled += read_overlaps(h, read_segments(h, shard), b, shard);
     } catch (...) {
       H5Fclose(h);

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -201,7 +202,20 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
     monitors = open_monitors(config);
   }
-  RunLog log(lead ? dir / "train.log" : std::filesystem::path(), !opt.resume_from.empty(), opt.live_progress && lead);
+  RunLog log(lead ? dir / "train.log" : std::filesystem::path(), /*append=*/true, opt.live_progress && lead);
+  if (lead) {
+    // The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
+    // than after the first save_every steps.
+    const double need = static_cast<double>(plan.layout.numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
+    struct statvfs fs {};
+    if (statvfs(dir.c_str(), &fs) == 0) {
+      const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+      if (free_bytes < need)
+        throw UserError("train.output_dir '" + dir.string() + "' has " + format_bytes(free_bytes) + " free; a checkpoint needs " +
+                            format_bytes(need),
+                        "free some space, or choose another train.output_dir");
+    }
+  }
 
   FlatParams flat = FlatParams::allocate(plan, rank);
   ZeroExchange zero(plan, flat, comm.get());
