@@ -147,14 +147,20 @@ std::vector<std::pair<std::string, int32_t>> parse_vocab(const std::string& text
           case 'u': {
             auto hex4 = [&]() -> uint32_t {
               if (i + 4 > text.size()) fail("truncated \\u escape");
-              uint32_t v = static_cast<uint32_t>(std::stoul(text.substr(i, 4), nullptr, 16));
-              i += 4;
+              uint32_t v = 0;
+              for (int k = 0; k < 4; ++k) {  // exactly four hex digits
+                const char h = text[i++];
+                const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                if (d < 0) fail("bad \\u escape (four hex digits expected)");
+                v = v * 16 + static_cast<uint32_t>(d);
+              }
               return v;
             };
             uint32_t cp = hex4();
             if (cp >= 0xD800 && cp <= 0xDBFF && i + 1 < text.size() && text[i] == '\\' && text[i + 1] == 'u') {
               i += 2;
               const uint32_t lo = hex4();
+              if (lo < 0xDC00 || lo > 0xDFFF) fail("a high surrogate without its low half");
               cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             }
             append_utf8(key, cp);
@@ -172,10 +178,15 @@ std::vector<std::pair<std::string, int32_t>> parse_vocab(const std::string& text
     if (i >= text.size() || text[i] != ':') fail("expected ':'");
     ++i;
     skip_ws();
-    size_t start = i;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '-')) ++i;
-    if (start == i) fail("expected an integer id");
-    out.emplace_back(std::move(key), static_cast<int32_t>(std::stol(text.substr(start, i - start))));
+    // An id: digits only, below the largest vocabulary ds accepts (2^24; ids index a table).
+    int64_t id = 0;
+    const size_t start = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      id = id * 10 + (text[i++] - '0');
+      if (id >= (int64_t{1} << 24)) fail("token id too large (ids are below 16,777,216)");
+    }
+    if (start == i) fail("expected a non-negative integer id");
+    out.emplace_back(std::move(key), static_cast<int32_t>(id));
     skip_ws();
     if (i < text.size() && text[i] == ',') {
       ++i;
