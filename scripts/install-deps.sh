@@ -10,6 +10,7 @@ packages=(
   libhdf5-dev liburing-dev
   libtorch-dev libgloo-dev libopenblas0-pthread  # libgloo-dev: c10d's ProcessGroupGloo.hpp includes gloo's headers
   python3
+  clang libclang-rt-14-dev libomp-14-dev  # the sanitizer build: ASan, UBSan, libFuzzer (scripts/sanitize.sh)
 )
 
 missing=()

@@ -43,7 +43,8 @@ TEST(Gpt2Tokenizer, ToleratesAVocabularyMissingAMergeResult) {
 // punctuation, accents, CJK, emoji.
 TEST(Gpt2Tokenizer, MatchesAnIndependentEncoderOnTrickyText) {
   DS_REQUIRE_SHARED_DATA();
-  for (const auto& c : vectors()["cases"]) {
+  const nlohmann::json v = vectors();  // held: a range-for over vectors()["cases"] reads a destroyed temporary
+  for (const auto& c : v["cases"]) {
     const std::string text = c["text"];
     EXPECT_EQ(tokenizer().encode(text), c["ids"].get<std::vector<int32_t>>()) << "text: '" << text << "'";
   }
