@@ -580,3 +580,22 @@ TEST(CliHardening, ACorruptCheckpointIsNamedAndThePreviousOneOffered) {
          "/checkpoints/step_00000010");
   EXPECT_EQ(r.code, 0) << r.err;
 }
+
+TEST(CliHardening, AFrozenRankIsTheOneNamed) {
+  const std::string dir = scratch_dir() + "/frozen";
+  std::filesystem::remove_all(dir);
+  // Rank 1 is stopped (SIGSTOP) a few seconds in; rank 0 times out in its next collective.
+  const std::string script =
+      "cd " DS_SOURCE_DIR " && (sleep 5; for p in $(pgrep -f 'train.output_dir=" + dir + "$'); do "
+      "tr '\\0' '\\n' < /proc/$p/environ | grep -qx RANK=1 && kill -STOP $p; done) & " DS_BINARY
+      " train examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=2 train.steps=100000 train.comm_timeout_s=5 "
+      "train.output_dir=" + dir + " >/dev/null 2>" + dir + ".err; echo $? > " + dir + ".rc";
+  std::filesystem::create_directories(scratch_dir());
+  std::ofstream(scratch_dir() + "/frozen.sh") << script;
+  std::system(("timeout 60 bash " + scratch_dir() + "/frozen.sh").c_str());
+  const std::string err = slurp(dir + ".err");
+  EXPECT_EQ(slurp(dir + ".rc"), "1\n") << err;
+  EXPECT_TRUE(contains(err, "rank 1 of 2 was stopped (SIGSTOP or a debugger)")) << err;
+  EXPECT_TRUE(contains(err, "a collective failed: ")) << err;  // rank 0's own account
+  std::system(("pkill -9 -f 'train.output_dir=" + dir + "$'").c_str());
+}

@@ -70,10 +70,10 @@ class GlooWork : public PendingCollective {
  public:
   // `then` runs once the collective is done (an fp32 copy written back into a 16-bit tensor). The
   // ledger's seconds are the time this rank was held up: issuing (from `start`) and waiting, not the
-  // time the collective ran beside compute.
+  // time the collective ran beside compute. `explain` says who is missing when the wait fails.
   GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start,
-           std::function<void()> then = {})
-      : work_(std::move(work)), stats_(stats), then_(std::move(then)) {
+           std::function<std::string()> explain, std::function<void()> then = {})
+      : work_(std::move(work)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)) {
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   ~GlooWork() override {
@@ -82,7 +82,13 @@ class GlooWork : public PendingCollective {
   void wait() override {
     if (!work_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    work_->wait();
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      work_.reset();
+      const std::string what = e.what();
+      throw std::runtime_error("a collective failed: " + explain_() + " (" + what.substr(0, what.find('\n')) + ")");
+    }
     work_.reset();
     if (then_) then_();
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -91,6 +97,7 @@ class GlooWork : public PendingCollective {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   CommStats& stats_;
+  std::function<std::string()> explain_;
   std::function<void()> then_;
 };
 }  // namespace
@@ -108,7 +115,7 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce_sum_async(const torc
   s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(buf[0].nbytes());
   std::function<void()> then;
   if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
-  return std::make_unique<GlooWork>(std::move(work), s, t0, std::move(then));
+  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::move(then));
 }
 
 std::unique_ptr<PendingCollective> Communicator::gather_by_sum_async(const torch::Tensor& t, const std::string& what) {
@@ -123,9 +130,53 @@ std::unique_ptr<PendingCollective> Communicator::gather_by_sum_async(const torch
   s.op = "all_reduce";
   ++s.calls;
   s.bytes += 2.0 * (world_ - 1) / world_ * static_cast<double>(bytes);
-  return std::make_unique<GlooWork>(std::move(work), s, t0);
+  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); });
 }
 
 void Communicator::barrier() { impl_->group->barrier()->wait(); }
+
+namespace {
+std::string step_key(int rank) { return "ds/step/" + std::to_string(rank); }
+}  // namespace
+
+void Communicator::mark_step(int64_t step) {
+  step_ = step;
+  const std::string v = std::to_string(step);
+  try {
+    impl_->store->set(step_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+  } catch (const std::exception&) {
+    // The store's host is gone: the next collective fails and says so.
+  }
+}
+
+std::string Communicator::who_is_behind() const {
+  std::string behind, same;
+  try {
+    impl_->store->setTimeout(std::chrono::seconds(3));  // a diagnosis, not another long wait
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      if (!impl_->store->check({step_key(r)})) {
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " never reported a step";
+        continue;
+      }
+      const std::vector<uint8_t> v = impl_->store->get(step_key(r));
+      const int64_t step = std::stoll(std::string(v.begin(), v.end()));
+      if (step < step_)
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " last reported step " +
+                  std::to_string(step + 1);
+      else
+        same += (same.empty() ? "" : ", ") + std::to_string(r);
+    }
+  } catch (const std::exception&) {
+    return "rank " + std::to_string(rank_) + " waited in vain, and rank 0 (which hosts the rendezvous store) did not answer either";
+  }
+  if (!behind.empty())
+    return behind + " while rank " + std::to_string(rank_) + " waited at step " + std::to_string(step_ + 1);
+  const bool one = same.find(',') == std::string::npos;
+  return "rank " + std::to_string(rank_) + " waited in vain at step " + std::to_string(step_ + 1) +
+         (same.empty() ? std::string()
+                       : one ? "; rank " + same + " reached that step too and stopped within it"
+                             : "; ranks " + same + " reached that step too, so one of them stopped within it");
+}
 
 }  // namespace ds

@@ -54,12 +54,18 @@ class Communicator {
   void gather_by_sum(const torch::Tensor& t, const std::string& what) { gather_by_sum_async(t, what)->wait(); }
   void barrier();
   const CommLedger& ledger() const { return ledger_; }
+  // Where this rank is (the trainer calls it at every step): kept in the rendezvous store, so that a
+  // rank whose collective times out can name the ranks that never arrived.
+  void mark_step(int64_t step);
 
  private:
   Communicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
   struct Impl;
+  // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
+  std::string who_is_behind() const;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, world_ = 1;
+  int64_t step_ = -1;
   CommLedger ledger_;
 };
 

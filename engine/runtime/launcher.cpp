@@ -80,6 +80,15 @@ std::string last_lines(const std::string& path, size_t count) {
   return out;
 }
 
+// True when the process is stopped (state T or t in /proc/PID/stat).
+bool is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'T' || line[paren + 2] == 't');
+}
+
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
@@ -234,7 +243,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
     }
   }
 
-  int remaining = spec.nproc, failed_rank = -1, failed_status = 0;
+  int remaining = spec.nproc, failed_rank = -1, failed_status = 0, stopped_rank = -1;
   auto deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   while (remaining > 0) {
@@ -264,6 +273,10 @@ int launch_ranks(const LaunchSpec& spec_in) {
     if (!ok && !interrupted && failed_rank < 0) {
       failed_rank = r;
       failed_status = status;
+      // A rank that is stopped (SIGSTOP, a debugger) makes the others time out: it is the one to name.
+      for (int other = 0; other < spec.nproc; ++other)
+        if (const pid_t p = g_children[static_cast<size_t>(other)]; p > 0 && !g_remote[static_cast<size_t>(other)] && is_stopped(p))
+          stopped_rank = other;
       // One rank is gone: the others would wait for it at their next collective (so could not save
       // either). End them now.
       for (pid_t p : g_children)
@@ -275,7 +288,12 @@ int launch_ranks(const LaunchSpec& spec_in) {
   cut_lifelines();
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
+  if (failed_rank >= 0 && stopped_rank >= 0)
+    std::cerr << "ds train: rank " << stopped_rank << " of " << spec.nproc
+              << " was stopped (SIGSTOP or a debugger) and never reached the collective the others waited in; rank "
+              << failed_rank << " gave up after train.comm_timeout_s and the other ranks were stopped\n";
   if (failed_rank >= 0) {
+    if (stopped_rank >= 0) return 1;
     const Placed& where = ranks[static_cast<size_t>(failed_rank)];
     std::cerr << "ds train: rank " << failed_rank << " of " << spec.nproc << (where.here ? "" : " (on " + where.host + ")") << " "
               << describe_status(failed_status)

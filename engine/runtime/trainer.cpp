@@ -328,6 +328,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   if (comm) comm_before = comm->ledger();  // the start's gather of the initial weights is not a step's
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (comm) comm->mark_step(step);
     {
       torch::NoGradGuard ng;
       flat.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
