@@ -61,6 +61,8 @@ Subcommand setup_train(CLI::App& app) {
   sub->add_flag("--resume", args->resume,
                 "continue from the checkpoint train.output_dir/checkpoints/latest names (train.resume=auto); "
                 "starts fresh when there is none; an explicit train.resume=PATH is used instead");
+  sub->add_flag("--no-fit-check", args->no_fit_check,
+                "start even when the plan needs more memory per node than this machine has (it will likely be killed)");
   sub->add_flag("--overwrite", args->overwrite,
                 "start fresh even though train.output_dir holds a run: its checkpoints, metrics.jsonl and train.log "
                 "are deleted first (without this, such a run is refused)");
@@ -121,6 +123,13 @@ int run_train(const TrainArgs& a) {
     }
     const bool launcher = (args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK");
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
+    const Topology& topo = compiled.plan.topology;
+    if (topo.device == DeviceKind::cpu && topo.host_memory_bytes > 0 && compiled.plan.host_bytes_per_node() > topo.host_memory_bytes &&
+        !a.no_fit_check)
+      throw UserError("the plan needs " + format_bytes(compiled.plan.host_bytes_per_node()) + " per node, but this machine has " +
+                          format_bytes(topo.host_memory_bytes),
+                      "`ds plan` shows where it goes: lower the micro batch or the sequence, raise the ZeRO stage, enable "
+                      "model.activation_checkpointing, or add --no-fit-check to start anyway");
     const char* rank_env = std::getenv("RANK");
     const bool writes_run_dir = !rank_env || std::string(rank_env) == "0";
     if (writes_run_dir)
@@ -133,7 +142,7 @@ int run_train(const TrainArgs& a) {
       spec.master_port = a.master_port;
       const auto& all = command_line();
       for (size_t i = 0; i < all.size(); ++i) {
-        bool launcher_only = all[i] == "--overwrite";  // done above, once
+        bool launcher_only = all[i] == "--overwrite";  // done above, once (--no-fit-check goes on: ranks check too)
         for (const char* flag : {"--nproc-per-node", "--gpus", "--num_gpus", "--num-gpus", "--hostfile", "--master-addr",
                                  "--master_addr", "--master-port", "--master_port"}) {
           if (all[i] == flag) {

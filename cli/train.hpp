@@ -8,7 +8,8 @@ namespace ds::cli {
 struct TrainArgs {
   ConfigArgs config;
   bool resume = false;     // --resume: train.resume=auto (an explicit train.resume path wins)
-  bool overwrite = false;  // --overwrite: a fresh run may replace the run in train.output_dir
+  bool overwrite = false;
+  bool no_fit_check = false;  // --no-fit-check: start a plan that needs more memory than the machine has  // --overwrite: a fresh run may replace the run in train.output_dir
   std::string hostfile;  // --hostfile: ranks on these hosts, over ssh
   std::string master_addr;
   int master_port = 0;

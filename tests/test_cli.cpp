@@ -510,6 +510,11 @@ TEST(CliHardening, HostileInputsExitTwoWithAMessage) {
   r = ds("estimate-memory --params nan --largest-layer 1");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "not a number")) << r.err;
+  // A run the plan says cannot fit this machine is refused before it allocates (unless forced).
+  r = ds("train examples/quickstart.json train_micro_batch_size_per_gpu=1048576 train.steps=1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "per node, but this machine has")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--no-fit-check")) << r.err;
   // The documented --micro-batch flag works.
   r = ds("estimate-memory --model 7b --gpus 8 --micro-batch 2 --json");
   ASSERT_EQ(r.code, 0) << r.err;
