@@ -11,16 +11,16 @@ namespace ds::loader {
 
 ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& errors) {
   ModelFields f;
-  std::ifstream in(path);
-  if (!in) {
-    errors.push_back({"model.hf_config", "cannot read '" + path + "'", "give the path of a Hugging Face config.json"});
+  std::string text;
+  try {
+    text = read_config_text_file(path);
+  } catch (const UserError& e) {
+    errors.push_back({"model.hf_config", e.what(), "give the path of a Hugging Face config.json"});
     return f;
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
   json j;
   try {
-    j = json::parse(ss.str(), nullptr, true, true);
+    j = json::parse(text, nullptr, true, true);
   } catch (const json::parse_error& e) {
     errors.push_back({"model.hf_config", "'" + path + "' is not valid JSON: " + std::string(e.what()), ""});
     return f;

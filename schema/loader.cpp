@@ -113,11 +113,14 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   return {std::move(doc), std::move(c)};
 }
 
+}  // namespace
+
+namespace loader {
 // A config is a few KiB; anything past this limit (a device such as /dev/zero, a data file given by
 // mistake) is refused before it is read into memory.
 constexpr size_t kMaxConfigBytes = 16u << 20;
 
-std::string read_file(const std::string& path) {
+std::string read_config_text_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw UserError("'" + path + "' is a directory, not a config file",
@@ -127,16 +130,17 @@ std::string read_file(const std::string& path) {
     throw UserError("cannot read config file '" + path + "'",
                     "check the path; templates/ holds ready configs (e.g. templates/zero2.json)");
   }
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  std::string text;
+  char chunk[1 << 16];
+  while (text.size() <= kMaxConfigBytes && in.read(chunk, sizeof chunk).gcount() > 0)  // devices have no size: read to the limit
+    text.append(chunk, static_cast<size_t>(in.gcount()));
   if (text.size() > kMaxConfigBytes)
     throw UserError("'" + path + "' is larger than " + std::to_string(kMaxConfigBytes >> 20) + " MiB: not a config file",
                     "a ds config is a JSON file of a few KiB");
   return text;
 }
 
-}  // namespace
+}  // namespace loader
 
 bool looks_like_override(const std::string& arg) {
   if (arg.empty() || arg[0] == '-') return false;
@@ -150,11 +154,11 @@ Config load_config_text(const std::string& text, const std::string& source_name,
 }
 
 Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  return load(read_file(path), path, overrides).config;
+  return load(loader::read_config_text_file(path), path, overrides).config;
 }
 
 std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent) {
-  return load(read_file(path), path, overrides).doc.dump(indent);
+  return load(loader::read_config_text_file(path), path, overrides).doc.dump(indent);
 }
 
 }  // namespace ds

@@ -13,6 +13,9 @@ namespace ds::loader {
 // json_parse.cpp: comments allowed; duplicate keys and syntax errors become issues (syntax errors
 // throw at once, with file:line:column and the offending line).
 json parse_config_json(const std::string& text, const std::string& source, std::vector<ConfigIssue>& errors);
+// A config file's text, refused (UserError) when it is a directory, unreadable, or larger than 16 MiB
+// (a device such as /dev/zero, a data file given by mistake) before it is read into memory.
+std::string read_config_text_file(const std::string& path);
 // A ds config is never more than a few levels deep; deeper text is refused before anything walks it
 // recursively (UserError with file:line:col).
 constexpr int kMaxConfigNesting = 32;
