@@ -172,6 +172,26 @@ void list_default_autos(const Config& c, std::vector<ResolvedValue>& resolved) {
   for (const auto& [path, value] : c.auto_defaults) resolved.push_back({path, value, "auto: DeepSpeed's default"});
 }
 
+// What the config decides without a model: the run's cadence and data, precision, optimizer, schedule,
+// clipping, and the "auto"s that mean a default.
+Plan plan_from_settings(const Config& c, const Topology& topo) {
+  Plan plan;
+  plan.config_source = c.source;
+  plan.topology = topo;
+  plan.warnings = c.warnings;
+  plan.steps = c.train.steps;
+  plan.data = c.data;
+  plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
+  plan.activation_checkpointing = c.model.activation_checkpointing;
+  list_default_autos(c, plan.resolved);
+  plan.precision = resolve_precision(c, topo);
+  plan.optimizer = resolve_optimizer(c, plan.resolved);
+  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
+  DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
+  plan.gradient_clipping = *c.gradient_clipping;
+  return plan;
+}
+
 }  // namespace
 
 double Plan::host_bytes_per_node() const {
@@ -203,17 +223,9 @@ MemoryInputs memory_inputs_for(const Plan& plan) {
 }
 
 Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {
-  Plan plan;
+  Plan plan = plan_from_settings(c, topo);
   std::vector<ConfigIssue> errors;
-  plan.config_source = c.source;
   plan.model = model;
-  plan.topology = topo;
-  plan.warnings = c.warnings;
-  plan.steps = c.train.steps;
-  plan.data = c.data;
-  plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
-  plan.activation_checkpointing = c.model.activation_checkpointing;
-  list_default_autos(c, plan.resolved);
   const int64_t C = model.hp.hidden_size;
 
   // Sequence length.
@@ -228,12 +240,6 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                       "seq_len " + str(plan.seq_len) + " is longer than the model's " +
                           str(model.hp.max_position_embeddings) + " learned positions",
                       "lower data.seq_len, or raise model.max_position_embeddings"});
-
-  plan.precision = resolve_precision(c, topo);
-  plan.optimizer = resolve_optimizer(c, plan.resolved);
-  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
-  DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
-  plan.gradient_clipping = *c.gradient_clipping;
 
   // ZeRO knobs that follow the model's width when "auto" (Hugging Face's rules).
   ResolvedZero& z = plan.zero;
@@ -367,28 +373,11 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   return plan;
 }
 
-}  // namespace ds
-
-namespace ds {
-
 Plan compile_plan_without_model(const Config& c, const Topology& topo) {
-  Plan plan;
+  Plan plan = plan_from_settings(c, topo);
   plan.has_model = false;
   std::vector<ConfigIssue> errors;
-  plan.config_source = c.source;
-  plan.topology = topo;
-  plan.warnings = c.warnings;
-  plan.steps = c.train.steps;
-  plan.data = c.data;
-  plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
-  plan.activation_checkpointing = c.model.activation_checkpointing;
-  list_default_autos(c, plan.resolved);
   plan.seq_len = c.data.seq_len.value_or(0);
-  plan.precision = resolve_precision(c, topo);
-  plan.optimizer = resolve_optimizer(c, plan.resolved);
-  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
-  DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
-  plan.gradient_clipping = *c.gradient_clipping;
   ResolvedZero& z = plan.zero;
   const ZeroConfig& zc = c.zero;
   // Knobs whose "auto" follows the model's width stay 0 (unknown) here.
