@@ -12,25 +12,33 @@ static char fold(char c) {
 }
 
 int edit_distance(const std::string& a, const std::string& b) {
+  // Three rolling rows (the transposition looks two rows back) instead of the whole table.
   const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = static_cast<int>(i);
-  for (size_t j = 0; j <= m; ++j) d[0][j] = static_cast<int>(j);
+  std::vector<int> prev2(m + 1), prev(m + 1), cur(m + 1);
+  for (size_t j = 0; j <= m; ++j) prev[j] = static_cast<int>(j);
   for (size_t i = 1; i <= n; ++i) {
+    cur[0] = static_cast<int>(i);
     for (size_t j = 1; j <= m; ++j) {
-      int cost = fold(a[i - 1]) == fold(b[j - 1]) ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      const int cost = fold(a[i - 1]) == fold(b[j - 1]) ? 0 : 1;
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
       if (i > 1 && j > 1 && fold(a[i - 1]) == fold(b[j - 2]) && fold(a[i - 2]) == fold(b[j - 1]))
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        cur[j] = std::min(cur[j], prev2[j - 2] + 1);
     }
+    std::swap(prev2, prev);
+    std::swap(prev, cur);
   }
-  return d[n][m];
+  return prev[m];
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  if (word.size() > 64) return "";  // no key is that long: not a typo of one
   std::string best;
   int best_d = INT_MAX;
   for (const auto& c : candidates) {
+    // The distance is at least the difference in length; past a third of the longer word it could not
+    // be accepted below, so the quadratic comparison is skipped.
+    const size_t n = word.size(), m = c.size();
+    if ((n > m ? n - m : m - n) * 3 > std::max(n, m)) continue;
     int d = edit_distance(word, c);
     if (d < best_d) best_d = d, best = c;
   }

@@ -56,11 +56,18 @@ void substitute_default_autos(const json& node, json& value, std::vector<std::st
 
 // One problem per key: a step that knows more (normalize: "ds does not implement Lion") and the
 // schema's generic complaint about the same key would otherwise count twice.
+// At most kMaxReported of them: a generated file with thousands of wrong keys gets a readable answer.
+constexpr size_t kMaxReported = 50;
 std::vector<ConfigIssue> one_per_path(const std::vector<ConfigIssue>& issues) {
   std::vector<ConfigIssue> out;
   std::set<std::string> seen;
   for (const auto& i : issues)
     if (i.path.empty() || seen.insert(i.path).second) out.push_back(i);
+  if (out.size() > kMaxReported) {
+    const size_t more = out.size() - kMaxReported;
+    out.resize(kMaxReported);
+    out.push_back({"", "... and " + std::to_string(more) + " more problems", "fix these first; the rest may be the same mistake"});
+  }
   return out;
 }
 

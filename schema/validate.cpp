@@ -97,12 +97,16 @@ std::string suggest_key(const std::vector<std::string>& parent, const std::strin
   }
   std::string m = closest_match(key, here);
   if (!m.empty()) return "; did you mean '" + m + "'?";
-  // The same (or a close) key elsewhere: "stage" at the top level is zero_optimization.stage.
-  std::vector<std::string> full, leaf;
-  for (const auto& p : walk.all_key_paths()) {
-    full.push_back(path_to_string(p));
-    leaf.push_back(p.back());
-  }
+  // The same (or a close) key elsewhere: "stage" at the top level is zero_optimization.stage. The
+  // schema never changes, so its key paths are listed once.
+  static const auto [full, leaf] = [&] {
+    std::vector<std::string> f, l;
+    for (const auto& p : walk.all_key_paths()) {
+      f.push_back(path_to_string(p));
+      l.push_back(p.back());
+    }
+    return std::pair{f, l};
+  }();
   std::vector<std::string> self_path = parent;
   self_path.push_back(key);
   const std::string self = path_to_string(self_path);
@@ -131,8 +135,9 @@ static void find_unknown_keys(const SchemaWalk& walk, const json& node, const js
           if (rejected->contains(key)) hint = (*rejected)[key].get<std::string>();
         std::vector<std::string> full = path;
         full.push_back(key);
-        errors.push_back({path_to_string(full), "unknown key '" + key + "'" + (hint.empty() ? suggest_key(path, key, doc) : ""),
-                          hint});
+        // Suggestions cost a search of every key; past a hundred problems nobody reads them.
+        const bool suggest = hint.empty() && errors.size() < 100;
+        errors.push_back({path_to_string(full), "unknown key '" + key + "'" + (suggest ? suggest_key(path, key, doc) : ""), hint});
         continue;
       }
       const json* ignored = walk.annotation(*sub, "x-ds-ignored");
