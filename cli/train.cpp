@@ -11,7 +11,7 @@
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/launcher.hpp"
-#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/runtime_library.hpp"
 #include "schema/json_diff.hpp"
 #include "schema/loader.hpp"
 #include "schema/plan_json.hpp"
@@ -202,7 +202,7 @@ int run_train(const TrainArgs& a) {
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
-    const TrainResult r = train(plan, config, opt);
+    const TrainResult r = train_with_runtime(plan, config, opt);  // loads LibTorch, here and only here
     const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
     if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
     if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them

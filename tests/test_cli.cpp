@@ -165,6 +165,18 @@ TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
   EXPECT_TRUE(contains(r.err, "no complete checkpoint at '/nonexistent/run'")) << r.err;
 }
 
+TEST(CliStartup, CommandsThatRunNoModelNeverLoadLibTorch) {
+  // ds plan / estimate-memory / env / --version start in milliseconds: LibTorch is in libds_train.so,
+  // loaded by ds train alone. (Timings are in bench/bench_startup.sh, not here.)
+  ASSERT_EQ(std::system("ldd " DS_BINARY " | grep -q libtorch"), 256) << "ds links LibTorch directly";
+  Result r = ds("plan templates/zero3.json", "LD_DEBUG=files");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_FALSE(contains(r.err, "libtorch")) << "ds plan loaded LibTorch";
+  r = ds("train examples/quickstart.json train.steps=1 train.output_dir=" + scratch_dir() + "/startup_run", "LD_DEBUG=files");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(contains(r.err, "libds_train.so")) << "ds train did not load its runtime";
+}
+
 TEST(CliVersion, IdentifiesItselfApartFromDeepSpeedsLauncher) {
   Result r = ds("--version");
   EXPECT_EQ(r.code, 0);
@@ -413,9 +425,16 @@ TEST(CliTrust, TopologyFlagsHaveOneSpellingWithDeepSpeedsAsAliases) {
 TEST(CliTrust, InstallPutsTheBinaryManPagesAndTemplatesInPlace) {
   const std::string prefix = scratch_dir() + "/prefix";
   ASSERT_EQ(std::system(("cmake --install " DS_BUILD_DIR " --prefix " + prefix + " >/dev/null").c_str()), 0);
-  for (const char* f : {"bin/ds", "share/man/man1/ds-train.1", "share/man/man5/ds-config.5", "share/ds/templates/zero3.json",
-                        "share/ds/examples/quickstart.json"})
+  for (const char* f : {"bin/ds", "lib/ds/libds_train.so", "share/man/man1/ds-train.1", "share/man/man5/ds-config.5",
+                        "share/ds/templates/zero3.json", "share/ds/examples/quickstart.json"})
     EXPECT_TRUE(std::filesystem::exists(prefix + "/" + f)) << f;
+  // The installed binary finds its training runtime (lib/ds/libds_train.so) and trains.
+  const std::string run = scratch_dir() + "/installed_run";
+  std::filesystem::remove_all(run);
+  EXPECT_EQ(std::system(("cd " DS_SOURCE_DIR " && " + prefix + "/bin/ds train examples/quickstart.json train.steps=2 train.output_dir=" +
+                         run + " >/dev/null 2>&1").c_str()),
+            0);
+  EXPECT_TRUE(std::filesystem::exists(run + "/checkpoints/latest"));
 }
 
 TEST(CliTrust, ProgressKeepsLinesValidationAndRatesThatAreNotZero) {
