@@ -159,7 +159,8 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   topt.device = a.device;
   if (a.device != "cpu") topt.gpus = detect_gpus();
   const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
-  const Config config = load_config_file(a.config, a.overrides);
+  LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
+  const Config& config = loaded.config;
   Plan plan;
   if (config.model.given) {
     plan = compile_plan(config, build_model_spec(resolve_model_hyper(config.model)), topo);
@@ -188,7 +189,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   if (!missing.empty() && a.inputs_must_exist) throw ConfigError(a.config, missing);
   plan.warnings.insert(plan.warnings.end(), missing.begin(), missing.end());
   if (!quiet) print_warnings(sub, plan.warnings);
-  return {config, std::move(plan)};
+  return {std::move(loaded.config), std::move(plan), std::move(loaded.resolved_json)};
 }
 
 }  // namespace ds::cli

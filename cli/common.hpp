@@ -67,6 +67,7 @@ void add_config_args(CLI::App* sub, ConfigArgs& args);
 struct CompiledConfig {
   Config config;
   Plan plan;
+  std::string resolved_json;  // the config with defaults filled (the run directory's config.json)
 };
 // Prints the plan's warnings unless `quiet` (a launcher whose rank 0 will print them itself).
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args, bool quiet = false);

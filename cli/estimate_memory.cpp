@@ -34,15 +34,13 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
     *model_note = "a hypothetical model of " + format_count(static_cast<int64_t>(a.params)) + " parameters (largest layer " +
                   format_count(static_cast<int64_t>(a.largest_layer)) + "); activations are not counted without an architecture";
   } else if (ends_with(a.model, ".json")) {
-    std::ifstream f(a.model);
-    if (!f) throw UserError("cannot read '" + a.model + "'", "--model takes a preset, a size (7b), or a .json file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (ss.str().find("\"model_type\"") != std::string::npos) {
+    const std::string file = read_config_file(a.model);
+    const auto keys = config_top_level_keys(file);
+    if (std::find(keys.begin(), keys.end(), "model_type") != keys.end()) {
       text = R"({"model": {"hf_config": )" + json_string(a.model) + "}}";
       *model_note = "the Hugging Face config " + a.model;
     } else {
-      text = ss.str();
+      text = file;
       *model_note = "the model block of " + a.model;
     }
   } else {
@@ -57,18 +55,19 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
     }
     text = R"({"model": {"preset": )" + json_string(preset) + "}}";
   }
-  if (a.micro_batch > 0 || text.find("train_batch_size") == std::string::npos)
+  const auto keys = config_top_level_keys(text);
+  auto has = [&](const char* key) { return std::find(keys.begin(), keys.end(), key) != keys.end(); };
+  if (a.micro_batch > 0 || !has("train_batch_size"))
     overrides.push_back("train_micro_batch_size_per_gpu=" + std::to_string(a.micro_batch > 0 ? a.micro_batch : 1));
-  const bool from_config = text.find("\"model\"") != std::string::npos && ends_with(a.model, ".json") &&
-                           model_note->rfind("the model block", 0) == 0;
+  const bool from_config = has("model") && model_note->rfind("the model block", 0) == 0;
   std::string dtype = a.dtype.empty() && !from_config ? "bf16" : a.dtype;
   if (!dtype.empty()) {
     overrides.push_back(std::string("bf16.enabled=") + (dtype == "bf16" ? "true" : "false"));
     overrides.push_back(std::string("fp16.enabled=") + (dtype == "fp16" ? "true" : "false"));
   }
   // Batch keys given in the file would be checked against --gpus x --nodes; only the micro batch matters here.
-  for (const char* k : {"~train_batch_size", "~gradient_accumulation_steps"})
-    if (text.find(std::string("\"") + (k + 1) + "\"") != std::string::npos) overrides.push_back(k);
+  for (const char* k : {"train_batch_size", "gradient_accumulation_steps"})
+    if (has(k)) overrides.push_back(std::string("~") + k);
   // Present offload blocks (device none) get the schema's defaults (buffer counts, pinning), which the
   // rows that switch offload on then use.
   for (const char* block : {"offload_optimizer", "offload_param"})

@@ -4,7 +4,7 @@
 
 #include "cli/render_plan.hpp"
 #include "schema/loader.hpp"
-#include "schema/plan_json.hpp"
+#include "cli/plan_json.hpp"
 
 namespace ds::cli {
 

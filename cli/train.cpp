@@ -14,7 +14,7 @@
 #include "engine/runtime/runtime_library.hpp"
 #include "schema/json_diff.hpp"
 #include "schema/loader.hpp"
-#include "schema/plan_json.hpp"
+#include "cli/plan_json.hpp"
 
 namespace ds::cli {
 namespace {
@@ -186,7 +186,7 @@ int run_train(const TrainArgs& a) {
     }
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
-    opt.resolved_config_json = resolved_config_json(args.config, args.overrides);
+    opt.resolved_config_json = compiled.resolved_json;
     if (!opt.resume_from.empty()) {
       std::vector<std::string> changed;
       for (const auto& p : json_differences(read_checkpoint_text(opt.resume_from, "config_json"), opt.resolved_config_json))

@@ -149,6 +149,20 @@ std::string read_config_text_file(const std::string& path) {
 
 }  // namespace loader
 
+std::string read_config_file(const std::string& path) { return loader::read_config_text_file(path); }
+
+std::vector<std::string> config_top_level_keys(const std::string& text) {
+  std::vector<std::string> keys;
+  try {
+    loader::check_nesting(text, "");
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+    if (j.is_object())
+      for (const auto& [k, v] : j.items()) keys.push_back(k);
+  } catch (const std::exception&) {
+  }
+  return keys;
+}
+
 bool looks_like_override(const std::string& arg) {
   if (arg.empty() || arg[0] == '-') return false;
   if (arg[0] == '~') return true;
@@ -162,6 +176,11 @@ Config load_config_text(const std::string& text, const std::string& source_name,
 
 Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
   return load(loader::read_config_text_file(path), path, overrides).config;
+}
+
+LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides) {
+  Loaded l = load(loader::read_config_text_file(path), path, overrides);
+  return {std::move(l.config), l.doc.dump(2)};
 }
 
 std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent) {

@@ -18,11 +18,23 @@ Config load_config_file(const std::string& path, const std::vector<std::string>&
 Config load_config_text(const std::string& text, const std::string& source_name,
                         const std::vector<std::string>& overrides = {});
 
+// A config file's text, with the loader's checks (not a directory, at most 16 MiB); UserError otherwise.
+std::string read_config_file(const std::string& path);
+// The top-level keys of a config text; empty when it does not parse (loading it then says why).
+std::vector<std::string> config_top_level_keys(const std::string& text);
+
 // True for a command-line word that is an override rather than a file or flag.
 bool looks_like_override(const std::string& arg);
 
 // The fully resolved config as JSON text (defaults filled, legacy spellings rewritten), for
-// `ds plan` and the run directory.
+// `ds plan --resolved-config`.
 std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent = 2);
+
+// Both from one load: the typed Config and its resolved JSON text (the run directory's config.json).
+struct LoadedConfig {
+  Config config;
+  std::string resolved_json;
+};
+LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides = {});
 
 }  // namespace ds

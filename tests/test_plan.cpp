@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/plan.hpp"
-#include "schema/plan_json.hpp"
+#include "cli/plan_json.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;

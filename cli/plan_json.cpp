@@ -1,4 +1,4 @@
-#include "schema/plan_json.hpp"
+#include "cli/plan_json.hpp"
 
 #include <cmath>
 
