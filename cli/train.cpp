@@ -84,7 +84,7 @@ Subcommand setup_train(CLI::App& app) {
         ->group("");
   sub->footer(R"(Examples:
   ds train examples/quickstart.json
-      a tiny GPT-2 on an embedded synthetic language: the loss falls towards its known floor in a minute
+      a tiny GPT-2 on an embedded synthetic language: the loss falls towards its known floor in seconds
   ds train examples/quickstart.json train.steps=1000 optimizer.params.lr=1e-3
       overrides, exactly as for `ds plan`
   ds train my.json data.type=text data.path=corpus.txt data.tokenizer=bytes
