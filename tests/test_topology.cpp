@@ -70,3 +70,11 @@ TEST(Topology, DetectedGpuMemoryIsTheDefault) {
   o.device = "cpu";
   EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cpu);
 }
+
+TEST(Topology, CarriesTheRendezvousAddressSoTheRuntimeReadsNoEnvironment) {
+  Topology t = make_topology({}, env({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29511"}}));
+  EXPECT_EQ(t.rank, 1);
+  EXPECT_EQ(t.master_addr, "10.0.0.7");
+  EXPECT_EQ(t.master_port, 29511);
+  EXPECT_THROW(make_topology({}, env({{"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})), UserError);
+}

@@ -73,6 +73,10 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
     throw UserError("--nnodes " + std::to_string(opt.nnodes) + " does not match world size " + std::to_string(t.world_size) +
                         " / " + std::to_string(t.ranks_per_node) + " ranks per node",
                     "give --world-size or --nproc-per-node with --nnodes, not contradicting values");
+  if (const char* addr = getenv_fn("MASTER_ADDR")) t.master_addr = addr;
+  t.master_port = env_int(getenv_fn, "MASTER_PORT");
+  if (t.master_port > 65535)
+    throw UserError("MASTER_PORT=" + std::to_string(t.master_port) + " is not a port", "use 1-65535, as torchrun does");
   t.rank = env_int(getenv_fn, "RANK");
   t.local_rank = env_int(getenv_fn, "LOCAL_RANK");
   if (t.rank >= t.world_size)

@@ -15,6 +15,8 @@ struct Topology {
   int ranks_per_node = 1;
   int num_nodes = 1;
   int rank = 0, local_rank = 0;
+  std::string master_addr;  // where ranks rendezvous (MASTER_ADDR); "" for one rank
+  int master_port = 0;      // MASTER_PORT
   DeviceKind device = DeviceKind::cpu;
   double device_memory_bytes = 0;  // per rank; 0 = unknown
   double host_memory_bytes = 0;    // per node; 0 = unknown

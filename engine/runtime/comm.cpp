@@ -15,28 +15,12 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
 };
 
-namespace {
-std::string env_or_throw(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v)
-    throw UserError(std::string(name) + " is not set, but the world size is above 1",
+std::unique_ptr<Communicator> Communicator::create(const Topology& t, std::chrono::milliseconds timeout) {
+  if (t.master_addr.empty() || t.master_port == 0)
+    throw UserError(std::string(t.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT") + " is not set, but the world size is above 1",
                     "start ranks with `ds train --nproc-per-node N`, torchrun --no-python, or set RANK, WORLD_SIZE, "
                     "MASTER_ADDR and MASTER_PORT yourself");
-  return v;
-}
-int env_int(const char* name) {
-  const std::string v = env_or_throw(name);
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (*end != '\0' || x < 0) throw UserError(std::string(name) + "='" + v + "' is not a non-negative integer", "");
-  return static_cast<int>(x);
-}
-}  // namespace
-
-std::unique_ptr<Communicator> Communicator::from_environment(std::chrono::milliseconds timeout) {
-  const int rank = env_int("RANK"), world = env_int("WORLD_SIZE"), port = env_int("MASTER_PORT");
-  if (rank >= world) throw UserError("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(world), "");
-  return std::unique_ptr<Communicator>(new Communicator(rank, world, timeout, env_or_throw("MASTER_ADDR"), port));
+  return std::unique_ptr<Communicator>(new Communicator(t.rank, t.world_size, timeout, t.master_addr, t.master_port));
 }
 
 Communicator::Communicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port)

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan/topology.hpp"
+
 namespace ds {
 
 // Per collective name (the plan's Collective::what): calls, bytes this rank sent (ring algorithms) and
@@ -34,9 +36,9 @@ class PendingCollective {
 
 class Communicator {
  public:
-  // Joins the group the environment describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-  // Throws UserError naming the variable when one is missing or malformed.
-  static std::unique_ptr<Communicator> from_environment(std::chrono::milliseconds timeout);
+  // Joins the group the plan's topology describes (its rank, world size and rendezvous address, which
+  // the CLI read from torchrun's variables). Throws UserError when the address is missing.
+  static std::unique_ptr<Communicator> create(const Topology& topology, std::chrono::milliseconds timeout);
   ~Communicator();
 
   int rank() const { return rank_; }

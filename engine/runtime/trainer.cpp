@@ -175,7 +175,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
   // across ranks before the step. Rank 0 alone writes the run directory.
   std::unique_ptr<Communicator> comm;
   if (W > 1)
-    comm = Communicator::from_environment(std::chrono::milliseconds(static_cast<int64_t>(config.train.comm_timeout_s * 1000)));
+    comm = Communicator::create(plan.topology, std::chrono::milliseconds(static_cast<int64_t>(config.train.comm_timeout_s * 1000)));
   const int rank = comm ? comm->rank() : 0;
   const bool lead = rank == 0;
   BatchSampler sampler(*stream, {T, B, GAS, W, rank, config.data.val_fraction, seed});
