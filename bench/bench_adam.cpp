@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up both
     ++step;
     auto t0 = std::chrono::steady_clock::now();
-    auto s = ds::kernels::adam_step_for(1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, true, true, step, 1.0f);
+    ds::kernels::AdamStep h;
+    h.lr = 1e-3f, h.weight_decay = 0.1f;
+    auto s = h.at_step(step);
     ds::kernels::adam_step_bf16(master.data(), m.data(), v.data(), out.data(), grad.data(), n, s);
     const double t_ds = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();

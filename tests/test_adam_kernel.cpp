@@ -60,7 +60,9 @@ TEST(AdamKernel, FastPathMatchesTheReference) {
   for (int64_t n : {1, 7, 15, 16, 17, 4097, (1 << 16) + 3, 3 * (1 << 16) + 31}) {
     for (bool decoupled : {true, false}) {
       SCOPED_TRACE("n=" + std::to_string(n) + (decoupled ? " adamw" : " adam-l2"));
-      AdamStep s = adam_step_for(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, decoupled, true, 7, 0.5f);
+      AdamStep h;
+      h.lr = 1e-3f, h.beta1 = 0.9f, h.beta2 = 0.95f, h.eps = 1e-8f, h.weight_decay = 0.1f, h.decoupled = decoupled, h.grad_scale = 0.5f;
+      const AdamStep s = h.at_step(7);
       Buffers fast(n, 1), ref(n, 1);
       adam_step_f32(fast.p.data(), fast.m.data(), fast.v.data(), fast.out.data(), fast.g.data(), n, s);
       adam_step_f32_reference(ref.p.data(), ref.m.data(), ref.v.data(), ref.out.data(), ref.g.data(), n, s);
@@ -86,7 +88,9 @@ TEST(AdamKernel, FastPathMatchesTheReference) {
 
 TEST(AdamKernel, Bf16GradientsGiveTheSameStepAsTheirFp32Values) {
   const int64_t n = 1000;
-  AdamStep s = adam_step_for(1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, true, true, 1, 1.0f);
+  AdamStep h;
+  h.lr = 1e-3f, h.beta1 = 0.9f, h.beta2 = 0.999f, h.eps = 1e-8f, h.weight_decay = 0.0f;
+  AdamStep s = h.at_step(1);
   Buffers a(n, 3), b(n, 3);
   for (int64_t i = 0; i < n; ++i) b.g[i] = bf16_to_float(b.gb[i]);
   adam_step_bf16(a.p.data(), a.m.data(), a.v.data(), a.out.data(), a.gb.data(), n, s);
@@ -99,7 +103,9 @@ TEST(AdamKernel, ReferenceFollowsTheFormula) {
   // One element, step 1, by hand: with bias correction the first update is lr * sign(g) (|m/sqrt(v)| = 1).
   float p = 0.5f, m = 0, v = 0, g = 0.2f;
   uint16_t out = 0;
-  AdamStep s = adam_step_for(0.01f, 0.9f, 0.999f, 0.0f, 0.0f, true, true, 1, 1.0f);
+  AdamStep h;
+  h.lr = 0.01f, h.beta1 = 0.9f, h.beta2 = 0.999f, h.eps = 0.0f, h.weight_decay = 0.0f;
+  AdamStep s = h.at_step(1);
   adam_step_f32_reference(&p, &m, &v, &out, &g, 1, s);
   EXPECT_NEAR(p, 0.5f - 0.01f, 1e-6);
   EXPECT_FLOAT_EQ(m, (1 - 0.9f) * 0.2f);
@@ -107,7 +113,9 @@ TEST(AdamKernel, ReferenceFollowsTheFormula) {
   EXPECT_EQ(out, float_to_bf16(p));
   // Decoupled weight decay shrinks the weight by lr * wd before the Adam update.
   float p2 = 1.0f, m2 = 0, v2 = 0, g2 = 0.0f;
-  AdamStep wd = adam_step_for(0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, true, true, 1, 1.0f);
+  AdamStep wh;
+  wh.lr = 0.1f, wh.beta1 = 0.9f, wh.beta2 = 0.999f, wh.eps = 1e-8f, wh.weight_decay = 0.5f;
+  AdamStep wd = wh.at_step(1);
   adam_step_f32_reference(&p2, &m2, &v2, nullptr, &g2, 1, wd);
   EXPECT_FLOAT_EQ(p2, 1.0f - 0.1f * 0.5f);
 }

@@ -72,7 +72,9 @@ TEST(LambKernel, MatchesTheFusedLambFormulaIncludingTheTrustRatio) {
   const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-6, wd = 0.01;
   for (int t = 1; t <= 3; ++t) {
     const std::vector<float> g = randn(n, 20 + t, 1e-2f);
-    const LambStep s = lamb_step_for(lr, b1, b2, eps, wd, true, t, 1.f, 10.f, 0.01f, false);
+    LambStep h;
+    h.lr = lr, h.beta1 = b1, h.beta2 = b2, h.eps = eps, h.weight_decay = wd;
+    const LambStep s = h.at_step(t);
     const float ratio = lamb_step_f32(p.data(), m.data(), v.data(), nullptr, g.data(), n, s);
     std::vector<double> u(n);
     double wn = 0, un = 0;
@@ -94,7 +96,9 @@ TEST(LambKernel, MatchesTheFusedLambFormulaIncludingTheTrustRatio) {
 TEST(LambKernel, TrustRatioIsClampedAndOneForZeroWeights) {
   const int64_t n = 64;
   std::vector<float> m(n, 0.f), v(n, 0.f), g(n, 1.f), zero(n, 0.f);
-  LambStep s = lamb_step_for(1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, true, 1, 1.f, 10.f, 0.01f, false);
+  LambStep h;
+  h.lr = 1e-3f, h.beta1 = 0.9f, h.beta2 = 0.999f, h.eps = 1e-8f;
+  LambStep s = h.at_step(1);
   EXPECT_FLOAT_EQ(lamb_step_f32(zero.data(), m.data(), v.data(), nullptr, g.data(), n, s), 1.f);
   std::vector<float> big(n, 1e3f), m2(n, 0.f), v2(n, 0.f);
   EXPECT_FLOAT_EQ(lamb_step_f32(big.data(), m2.data(), v2.data(), nullptr, g.data(), n, s), 10.f);  // max_coeff

@@ -21,9 +21,18 @@ FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layou
 void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
   const auto f = [](double x) { return static_cast<float>(x); };
   auto step_for = [&](const Segment& s) {
-    return kernels::lamb_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(s.decay ? o_.weight_decay : 0.0),
-                                  o_.bias_correction, in.step, f(in.grad_scale), f(o_.max_coeff), f(o_.min_coeff),
-                                  o_.eps_inside_sqrt);
+    kernels::LambStep k;
+    k.lr = f(in.lr);
+    k.beta1 = f(in.beta1);
+    k.beta2 = f(in.beta2);
+    k.eps = f(o_.eps);
+    k.weight_decay = f(s.decay ? o_.weight_decay : 0.0);
+    k.grad_scale = f(in.grad_scale);
+    k.max_coeff = f(o_.max_coeff);
+    k.min_coeff = f(o_.min_coeff);
+    k.eps_inside_sqrt = o_.eps_inside_sqrt;
+    k.bias_correction = o_.bias_correction;
+    return k.at_step(in.step);
   };
   // Moments and this rank's share of every tensor's ||w||^2 and ||u||^2, then the whole tensors' sums.
   std::vector<double> sums(2 * num_params_, 0.0);
@@ -62,8 +71,16 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
     switch (o_.type) {
       case OptimizerType::Adam:
       case OptimizerType::AdamW: {
-        const auto k = kernels::adam_step_for(f(in.lr), f(in.beta1), f(in.beta2), f(o_.eps), f(wd), o_.decoupled_weight_decay,
-                                              o_.bias_correction, in.step, f(in.grad_scale));
+        kernels::AdamStep a;
+        a.lr = f(in.lr);
+        a.beta1 = f(in.beta1);
+        a.beta2 = f(in.beta2);
+        a.eps = f(o_.eps);
+        a.weight_decay = f(wd);
+        a.decoupled = o_.decoupled_weight_decay;
+        a.bias_correction = o_.bias_correction;
+        a.grad_scale = f(in.grad_scale);
+        const auto k = a.at_step(in.step);
         if (b.grads_bf16)
           kernels::adam_step_bf16(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_bf16(s.begin), n, k);
         else

@@ -24,16 +24,10 @@ float bf16_to_float(uint16_t b) {
   return f;
 }
 
-AdamStep adam_step_for(float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
-                       bool bias_correction, int64_t t, float grad_scale) {
-  AdamStep s;
-  s.lr = lr;
-  s.beta1 = beta1;
-  s.beta2 = beta2;
-  s.eps = eps;
-  s.weight_decay = weight_decay;
-  s.decoupled = decoupled;
-  s.grad_scale = grad_scale;
+AdamStep AdamStep::at_step(int64_t t) const {
+  AdamStep s = *this;
+  s.bias_correction1 = 1;
+  s.rsqrt_bias_correction2 = 1;
   if (bias_correction) {
     s.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t)));
     s.rsqrt_bias_correction2 =

@@ -16,17 +16,18 @@
 
 namespace ds::kernels {
 
+// The hyperparameters of one step, set by name; at_step fills what follows from the step number.
 struct AdamStep {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
-  bool decoupled = true;      // AdamW (true) or L2-regularised Adam (false)
-  float bias_correction1 = 1;  // 1 - beta1^t
-  float rsqrt_bias_correction2 = 1;  // 1 / sqrt(1 - beta2^t)
-  float grad_scale = 1;        // applied to every gradient first
-};
+  bool decoupled = true;        // AdamW (true) or L2-regularised Adam (false)
+  bool bias_correction = true;  // divide the moments by (1 - beta^t)
+  float grad_scale = 1;         // applied to every gradient first
+  float bias_correction1 = 1;   // 1 - beta1^t (at_step)
+  float rsqrt_bias_correction2 = 1;  // 1 / sqrt(1 - beta2^t) (at_step)
 
-// Fills the two bias corrections for step t (1-based) the way DeepSpeed does.
-AdamStep adam_step_for(float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
-                       bool bias_correction, int64_t t, float grad_scale);
+  // This step at step t (1-based): the two bias corrections the way DeepSpeed computes them.
+  AdamStep at_step(int64_t t) const;
+};
 
 // One step over n elements. `param_bf16` (may be null) receives the updated weights in bf16.
 // Gradients are fp32 (adam_step_f32) or bf16 (adam_step_bf16). Every pointer covers n elements;

@@ -7,18 +7,9 @@
 
 namespace ds::kernels {
 
-LambStep lamb_step_for(float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, int64_t t,
-                       float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt) {
-  LambStep s;
-  s.lr = lr;
-  s.beta1 = beta1;
-  s.beta2 = beta2;
-  s.eps = eps;
-  s.weight_decay = weight_decay;
-  s.grad_scale = grad_scale;
-  s.max_coeff = max_coeff;
-  s.min_coeff = min_coeff;
-  s.eps_inside_sqrt = eps_inside_sqrt;
+LambStep LambStep::at_step(int64_t t) const {
+  LambStep s = *this;
+  s.step_size_factor = 1;
   if (bias_correction) {
     const double b1t = std::pow(static_cast<double>(beta1), static_cast<double>(t));
     const double b2t = std::pow(static_cast<double>(beta2), static_cast<double>(t));

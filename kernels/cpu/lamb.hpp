@@ -12,15 +12,16 @@
 
 namespace ds::kernels {
 
+// The hyperparameters of one step, set by name; at_step fills what follows from the step number.
 struct LambStep {
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0, grad_scale = 1;
   float max_coeff = 10, min_coeff = 0.01f;
   bool eps_inside_sqrt = false;
-  float step_size_factor = 1;  // sqrt(1 - beta2^t) / (1 - beta1^t), or 1 without bias correction
-};
+  bool bias_correction = true;
+  float step_size_factor = 1;  // sqrt(1 - beta2^t) / (1 - beta1^t), or 1 without bias correction (at_step)
 
-LambStep lamb_step_for(float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, int64_t t,
-                       float grad_scale, float max_coeff, float min_coeff, bool eps_inside_sqrt);
+  LambStep at_step(int64_t t) const;
+};
 
 // Returns the trust ratio applied. `param_bf16` may be null.
 // A tensor split across ranks (ZeRO) takes the step in two phases around a sum over the ranks:
