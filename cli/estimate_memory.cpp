@@ -18,10 +18,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string json_string(const std::string& s) { return ojson(s).dump(); }
 
 // The base config every row starts from, and a note on how --model was read.

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/format.hpp"
+#include "common/strings.hpp"
 #include "cli/run_dir.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
@@ -29,17 +30,8 @@ bool explicit_resume_path(const std::vector<std::string>& overrides) {
   return false;
 }
 
-// A word as the shell reads it back.
-std::string shell_quote(const std::string& w) {
-  if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") == std::string::npos)
-    return w;
-  std::string q = "'";
-  for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // The command that continues this run: the same words (config, overrides, flags), with --resume.
-std::string resume_command(const std::string& config) {
+std::string resume_command() {
   std::string cmd = "ds train";
   bool has_resume = false;
   for (const auto& w : command_line()) {
@@ -48,7 +40,6 @@ std::string resume_command(const std::string& config) {
     has_resume |= w == "--resume";
     cmd += " " + shell_quote(w);
   }
-  (void)config;
   return has_resume ? cmd : cmd + " --resume";
 }
 
@@ -207,7 +198,7 @@ int run_train(const TrainArgs& a) {
     if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
     if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
     if (r.interrupted && !r.last_checkpoint.empty())
-      std::cerr << "ds train: continue with: " << resume_command(args.config) << "\n";
+      std::cerr << "ds train: continue with: " << resume_command() << "\n";
     return r.interrupted ? stopped : kExitOk;
   });
 }

@@ -87,7 +87,8 @@ void write_floats(hid_t loc, const char* name, const float* data, int64_t n, con
 }
 
 // Reads the whole of a float data set in bounded pieces and compares its checksum attribute; files
-// written before checksums existed have none and pass. Throws UserError naming the file and data set.
+// written before checksums existed have none and pass. Throws UserError naming the file and data set
+// (verify_or_point_back adds which checkpoint to resume from instead).
 void verify_floats(hid_t loc, const char* name, const std::string& path) {
   hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
   if (d < 0) return;  // absent: the reader reports it if it needs it
@@ -119,11 +120,9 @@ void verify_floats(hid_t loc, const char* name, const std::string& path) {
   }
   H5Sclose(space);
   H5Dclose(d);
-  if (!ok) throw UserError("'" + path + "': data set '" + name + "' cannot be read: the file is damaged",
-                           "resume from an earlier checkpoint (train.resume=PATH)");
+  if (!ok) throw UserError("'" + path + "': data set '" + name + "' cannot be read: the file is damaged");
   if (static_cast<int64_t>(h) != want)
-    throw UserError("'" + path + "': data set '" + name + "' does not match its checksum: the file is corrupt",
-                    "resume from an earlier checkpoint (train.resume=PATH names one; ds train --resume takes the newest)");
+    throw UserError("'" + path + "': data set '" + name + "' does not match its checksum: the file is corrupt");
 }
 
 void verify_shard(hid_t f, const std::string& path) {

@@ -1,5 +1,7 @@
 #include "engine/runtime/launcher.hpp"
 
+#include "common/strings.hpp"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -99,12 +101,6 @@ bool is_this_machine(const std::string& host) {
   if (host == "localhost" || host == "127.0.0.1" || host == "::1") return true;
   char name[256] = {};
   return gethostname(name, sizeof name - 1) == 0 && host == name;
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 std::vector<std::string> split_words(const std::string& s) {

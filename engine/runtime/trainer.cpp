@@ -90,9 +90,10 @@ void keep_freed_memory() {
 class RunLog {
  public:
   // An empty `file` logs to stderr only (ranks other than 0: the launcher captures their stderr).
-  RunLog(const std::filesystem::path& file, bool append, bool live) : live_(live) {
+  // Appended to, never truncated, as metrics.jsonl.
+  RunLog(const std::filesystem::path& file, bool live) : live_(live) {
     if (!file.empty()) {
-      file_.open(file, append ? std::ios::app : std::ios::trunc);
+      file_.open(file, std::ios::app);
       if (!file_) throw std::runtime_error("cannot write " + file.string());
     }
   }
@@ -202,7 +203,7 @@ TrainResult train(const Plan& plan, const Config& config, const TrainOptions& op
     if (!metrics) throw std::runtime_error("cannot write " + result.metrics_path);
     monitors = open_monitors(config);
   }
-  RunLog log(lead ? dir / "train.log" : std::filesystem::path(), /*append=*/true, opt.live_progress && lead);
+  RunLog log(lead ? dir / "train.log" : std::filesystem::path(), opt.live_progress && lead);
   if (lead) {
     // The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
     // than after the first save_every steps.
