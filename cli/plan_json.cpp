@@ -127,7 +127,7 @@ std::string plan_to_json(const Plan& p, int indent) {
   j["gradient_sum_over_ranks"] = p.gradient_sum_over_ranks;
   j["activation_checkpointing"] = p.activation_checkpointing;
   const ResolvedZero& z = p.zero;
-  j["zero"] = {{"stage", z.stage},
+  j["zero"] = {{"stage", p.zero_stage()},
                {"overlap_comm", z.overlap_comm},
                {"reduce_scatter", z.reduce_scatter},
                {"contiguous_gradients", z.contiguous_gradients},
@@ -157,8 +157,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                  {"padded_numel", L.padded_numel}, {"alignment", L.alignment}, {"shard_numel", L.shard_numel},
                  {"shards", shards},       {"params", params}};
   json coll = json::array();
-  for (const auto& c : p.collectives)
-    coll.push_back({{"what", c.what},
+  for (const auto& c : p.execution.collectives)
+    coll.push_back({{"what", c.what()},
                     {"op", collective_op_name(c.op)},
                     {"when", c.when},
                     {"calls_per_step", c.calls_per_step},
@@ -168,6 +168,28 @@ std::string plan_to_json(const Plan& p, int indent) {
                     {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)},
                     {"note", c.note}});
   j[p.has_model ? "collectives" : "collectives_per_parameter"] = coll;
+  if (p.has_model) {
+    const ZeroExecution& x = p.execution;
+    json buffers = json::array();
+    for (const ZeroBuffer& b : x.buffers)
+      buffers.push_back({{"role", buffer_role_name(b.role)},
+                         {"dtype", dtype_name(b.dtype)},
+                         {"elements", b.elements},
+                         {"copies", b.copies},
+                         {"place", place_name(b.place)},
+                         {"bytes", bytes(b.bytes())},
+                         {"transient", b.transient}});
+    j["zero_execution"] = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
+                           {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
+                           {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
+                           {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers}};
+  }
+  j["run"] = {{"output_dir", p.run.output_dir},     {"seed", p.run.seed},
+              {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last},
+              {"eval_every", p.run.eval_every},     {"eval_batches", p.run.eval_batches},
+              {"comm_timeout_s", p.run.comm_timeout_s}, {"comms_logger", p.run.comms_logger},
+              {"wall_clock_breakdown", p.run.wall_clock_breakdown},
+              {"csv_monitor", p.run.csv_monitor.enabled}, {"tensorboard", p.run.tensorboard.enabled}};
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},
                  {"host_per_rank", categories(p.memory.host)},
                  {"nvme_per_rank", bytes(p.memory.nvme)},

@@ -65,9 +65,9 @@ std::string scheduler_text(const Plan& p) {
   return sch;
 }
 
-std::string zero_text(const ResolvedZero& z) {
-  std::string zs = z.stage < 0 ? std::string("stage auto: the lowest stage that fits, chosen once the model is known")
-                               : stage_text(z.stage);
+std::string zero_text(int stage, const ResolvedZero& z) {
+  std::string zs = stage < 0 ? std::string("stage auto: the lowest stage that fits, chosen once the model is known")
+                             : stage_text(stage);
   if (z.offload_optimizer.device != OffloadDevice::none)
     zs += "; optimizer offload " + std::string(offload_device_name(z.offload_optimizer.device));
   if (z.offload_param.device != OffloadDevice::none)
@@ -113,20 +113,20 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
-  row("zero", zero_text(p.zero));
-  if (p.zero.stage >= 0)
+  row("zero", zero_text(p.zero_stage(), p.zero));
+  if (p.zero_stage() >= 0)
     row("placement", "params " + p.placement.params + "; grads " + p.placement.grads + "; optimizer states " +
                          p.placement.optimizer_states);
   row("data", data_text(p.data, p.seq_len));
   row("run", run_text(p));
-  if (p.zero.stage >= 0) {
+  if (p.zero_stage() >= 0) {
     o << "\n" << h("Communication per parameter per optimizer step") << "\n";
-    if (p.collectives.empty()) {
+    if (p.execution.collectives.empty()) {
       o << "  none (one rank)\n";
     } else {
       double wire = 0;
-      for (const auto& c : p.collectives) {
-        o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what, 36) << pad(c.when, 16)
+      for (const auto& c : p.execution.collectives) {
+        o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(c.when, 16)
           << lpad(format_fixed(c.wire_bytes_per_rank_per_step, 2), 8) << " bytes on the wire per rank\n";
         if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";
         wire += c.wire_bytes_per_rank_per_step;
@@ -137,7 +137,7 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
   }
   o << "\n" << h("Needs a model") << "\n"
     << "  memory per rank, the parameter layout and shards, the bytes of each collective"
-    << (p.zero.stage < 0 ? ", the \"auto\" ZeRO stage" : "") << (p.batch.micro_batch == 0 ? ", the \"auto\" micro batch" : "")
+    << (p.zero_stage() < 0 ? ", the \"auto\" ZeRO stage" : "") << (p.batch.micro_batch == 0 ? ", the \"auto\" micro batch" : "")
     << ".\n  Give one with an override (ds plan " << p.config_source << " model.preset=llama-2-7b), a \"model\" block in\n"
     << "  the file (a preset, a Hugging Face config.json, or sizes; see ds-config(5)), or size a model alone with\n"
     << "  ds estimate-memory --model 7b --gpus 8.\n";
@@ -191,7 +191,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
-  row("zero", zero_text(p.zero));
+  row("zero", zero_text(p.zero_stage(), p.zero));
   row("placement", "params " + p.placement.params + "; grads " + p.placement.grads + "; optimizer states " +
                        p.placement.optimizer_states);
   row("data", data_text(p.data, p.seq_len));
@@ -226,6 +226,13 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";
+  o << "\n" << h("Buffers per rank") << " (the ZeRO execution: what the runtime allocates)\n";
+  for (const ZeroBuffer& b : p.execution.buffers) {
+    std::string size = format_count(b.elements) + " " + dtype_name(b.dtype);
+    if (b.copies > 1) size = std::to_string(b.copies) + " x " + size;
+    o << "  " << pad(buffer_role_name(b.role), 16) << pad(size, 26) << pad(place_name(b.place), 8)
+      << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "") << "\n";
+  }
 
   // Layout.
   const FlatLayout& L = p.layout;
@@ -258,14 +265,14 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
 
   // Communication.
   o << "\n" << h("Communication per optimizer step") << "\n";
-  if (p.collectives.empty()) {
+  if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
   } else {
     o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)
       << lpad("wire/rank", 13) << "\n";
     double wire = 0;
-    for (const auto& c : p.collectives) {
-      o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what, 36) << pad(c.when, 16)
+    for (const auto& c : p.execution.collectives) {
+      o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(c.when, 16)
         << lpad(std::to_string(c.calls_per_step), 7) << lpad(format_bytes(c.payload_bytes_per_step), 13)
         << lpad(format_bytes(c.wire_bytes_per_rank_per_step), 13) << "\n";
       if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";

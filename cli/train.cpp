@@ -8,12 +8,11 @@
 
 #include "common/format.hpp"
 #include "common/strings.hpp"
-#include "cli/run_dir.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/launcher.hpp"
+#include "engine/runtime/run_policy.hpp"
 #include "engine/runtime/runtime_library.hpp"
-#include "schema/json_diff.hpp"
 #include "schema/loader.hpp"
 #include "cli/plan_json.hpp"
 
@@ -131,20 +130,7 @@ int run_train(const TrainArgs& a) {
       spec.hosts = hosts;
       spec.master_addr = a.master_addr;
       spec.master_port = a.master_port;
-      const auto& all = command_line();
-      for (size_t i = 0; i < all.size(); ++i) {
-        bool launcher_only = all[i] == "--overwrite";  // done above, once (--no-fit-check goes on: ranks check too)
-        for (const char* flag : {"--nproc-per-node", "--gpus", "--num_gpus", "--num-gpus", "--hostfile", "--master-addr",
-                                 "--master_addr", "--master-port", "--master_port"}) {
-          if (all[i] == flag) {
-            ++i;
-            launcher_only = true;
-            break;
-          }
-          if (all[i].rfind(std::string(flag) + "=", 0) == 0) launcher_only = true;
-        }
-        if (!launcher_only) spec.args.push_back(all[i]);
-      }
+      spec.args = rank_arguments(command_line());
       const Plan& plan = compiled.plan;
       const Config& config = compiled.config;
       spec.log_dir = config.train.output_dir + "/logs";
@@ -157,14 +143,9 @@ int run_train(const TrainArgs& a) {
       return launch_ranks(spec);
     }
     TrainOptions opt;
-    // Where to resume from is settled before any work, so a bad path fails at once.
-    if (compiled.config.train.resume == "auto") {
-      opt.resume_from = find_latest_checkpoint(compiled.config.train.output_dir);
-      if (opt.resume_from.empty())
-        std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
-    } else if (compiled.config.train.resume != "false") {
-      opt.resume_from = resolve_checkpoint_path(compiled.config.train.resume);
-    }
+    opt.resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
+    if (opt.resume_from.empty() && compiled.config.train.resume == "auto")
+      std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
     if (!opt.resume_from.empty()) {
       // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
       std::string note;
@@ -179,21 +160,16 @@ int run_train(const TrainArgs& a) {
     const Config& config = compiled.config;
     opt.resolved_config_json = compiled.resolved_json;
     if (!opt.resume_from.empty()) {
-      std::vector<std::string> changed;
-      for (const auto& p : json_differences(read_checkpoint_text(opt.resume_from, "config_json"), opt.resolved_config_json))
-        if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0) changed.push_back(p);
-      if (!changed.empty()) {
-        std::string list;
-        for (const auto& p : changed) list += (list.empty() ? "" : ", ") + p;
-        print_warnings("train", {{"", "the config differs from the checkpoint's at: " + list,
+      const std::vector<std::string> changed = config_changes_since(opt.resume_from, opt.resolved_config_json);
+      if (!changed.empty())
+        print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});
-      }
     }
     opt.plan_json = plan_to_json(plan);
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
-    const TrainResult r = train_with_runtime(plan, config, opt);  // loads LibTorch, here and only here
+    const TrainResult r = train_with_runtime(plan, opt);  // loads LibTorch, here and only here
     const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
     if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
     if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them

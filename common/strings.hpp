@@ -2,11 +2,18 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace ds {
 
 inline bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), std::string::npos, suffix) == 0;
+}
+
+inline std::string join(const std::vector<std::string>& parts, const std::string& separator) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : separator) + p;
+  return out;
 }
 
 // A word as sh reads it back: bare when it holds only characters the shell leaves alone, else in single quotes.

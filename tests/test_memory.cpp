@@ -1,25 +1,38 @@
 #include <gtest/gtest.h>
 
-#include "engine/plan/memory.hpp"
+#include <cmath>
+
+#include "engine/plan/plan.hpp"
+#include "schema/loader.hpp"
 
 using namespace ds;
 
 namespace {
-MemoryInputs base(const ModelSpec& m) {
-  MemoryInputs in;
-  in.model = &m;
-  in.micro_batch = 2;
-  in.seq_len = 64;
-  in.reduce_bucket_size = 1000;
-  in.sub_group_size = 1000000000;
-  return in;
+
+const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                        "model": {"preset": "gpt2-tiny"}, "data": {"seq_len": 64},
+                        "zero_optimization": {"reduce_bucket_size": 1000}})";
+
+Plan tiny(int world, const std::vector<std::string>& overrides = {}) {
+  Config c = load_config_text(kTiny, "tiny.json", overrides);
+  Topology t;
+  t.world_size = t.ranks_per_node = world;
+  t.cores_per_node = 2;
+  t.world_size_source = "test";
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
 }
+
+double bytes_of(const Plan& p, BufferRole role, Place place = Place::device) {
+  const ZeroBuffer* b = p.execution.find(role, place);
+  return b ? b->bytes() : 0.0;
+}
+
 }  // namespace
 
 TEST(MemoryModel, Fp32SingleRankHoldsParamsGradsAndTwoMoments) {
-  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  MemoryEstimate e = estimate_memory(base(m));
-  const double P = static_cast<double>(m.num_params);
+  const Plan p = tiny(1);
+  const MemoryEstimate& e = p.memory;
+  const double P = static_cast<double>(p.model.num_params);
   EXPECT_DOUBLE_EQ(e.device.params, 4 * P);
   EXPECT_DOUBLE_EQ(e.device.grads, 4 * P);
   EXPECT_DOUBLE_EQ(e.device.optimizer_states, 8 * P);  // no master copy in fp32
@@ -27,65 +40,72 @@ TEST(MemoryModel, Fp32SingleRankHoldsParamsGradsAndTwoMoments) {
   EXPECT_DOUBLE_EQ(e.host.total(), 0);
 }
 
+TEST(MemoryModel, TheEstimateIsTheSumOfTheExecutionsBuffers) {
+  for (int world : {1, 2, 3})
+    for (int stage : {0, 1, 2, 3})
+      for (const char* precision : {"bf16.enabled=true", "fp16.enabled=true", "bf16.enabled=false"}) {
+        const Plan p = tiny(world, {"zero_optimization.stage=" + std::to_string(stage), precision});
+        double device = 0, host = 0;
+        for (const ZeroBuffer& b : p.execution.buffers)
+          (b.place == Place::device ? device : host) += static_cast<double>(b.elements) * b.copies * dtype_bytes(b.dtype);
+        SCOPED_TRACE(std::string(precision) + " stage " + std::to_string(stage) + " on " + std::to_string(world));
+        EXPECT_DOUBLE_EQ(p.memory.device.total() - p.memory.device.activations, device);
+        EXPECT_DOUBLE_EQ(p.memory.host.total(), host);
+      }
+}
+
+TEST(MemoryModel, StageThreeOnOneRankHoldsTheWholeModelAndGathersNothing) {
+  const Plan p = tiny(1, {"zero_optimization.stage=3"});
+  EXPECT_FALSE(p.execution.gathers);
+  EXPECT_DOUBLE_EQ(p.memory.device.params, 4.0 * static_cast<double>(p.model.num_params));
+  EXPECT_DOUBLE_EQ(p.memory.device.buffers, 0);
+}
+
 TEST(MemoryModel, ActivationsScaleWithTokensAndShrinkWithCheckpointing) {
-  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  MemoryInputs in = base(m);
-  const double a1 = estimate_memory(in).device.activations;
-  in.micro_batch = 4;
-  EXPECT_DOUBLE_EQ(estimate_memory(in).device.activations, 2 * a1);
-  in.activation_checkpointing = true;
-  EXPECT_LT(estimate_memory(in).device.activations, 2 * a1);
+  const ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
+  const double a1 = activation_bytes(m, 2, 64, Dtype::fp32, false);
+  EXPECT_DOUBLE_EQ(activation_bytes(m, 4, 64, Dtype::fp32, false), 2 * a1);
+  EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), 2 * a1);
   // Independent count for gpt2-tiny (C 64, I 256, NH 4, L 2, V 256) at T = 64, fp32:
   const double T = 64, C = 64, I = 256, NH = 4, V = 256, L = 2, b = 4;
   const double block = (8 * C + 2 * I + NH * T) * b + 16;
   const double head = 3 * C * b + V * b + V * 4;
   EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head));
+  EXPECT_DOUBLE_EQ(tiny(1).memory.device.activations, a1);
 }
 
 TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {
-  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  MemoryInputs in = base(m);
-  in.stage = 3;
-  in.world_size = 2;
-  in.fp32_master = true;
-  in.param_dtype = in.compute_dtype = in.grad_dtype = Dtype::bf16;
-  in.offload_optimizer.device = OffloadDevice::nvme;
-  in.offload_optimizer.buffer_count = 4;
-  MemoryEstimate e = estimate_memory(in);
+  const Plan p = tiny(2, {"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme",
+                          "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=4"});
+  const MemoryEstimate& e = p.memory;
   const double S = static_cast<double>(e.shard_numel);
-  EXPECT_DOUBLE_EQ(e.nvme, 12 * S);
+  EXPECT_DOUBLE_EQ(e.nvme, 12 * S);  // fp32 master + two moments
   EXPECT_DOUBLE_EQ(e.device.optimizer_states, 0);
   EXPECT_DOUBLE_EQ(e.host.buffers, 4 * S * 4);  // buffer_count x sub-group (all of S here) x fp32
   EXPECT_DOUBLE_EQ(e.host.grads, 4 * S);        // fp32 gradient partition for the CPU optimizer
+  EXPECT_DOUBLE_EQ(e.device.grads, 0);          // from stage 2 on, the host copy is the only one
 }
 
 TEST(MemoryModel, PartialOffloadKeepsTheRestOnTheDevice) {
-  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  MemoryInputs in = base(m);
-  in.stage = 3;
-  in.world_size = 2;
-  in.offload_optimizer.device = OffloadDevice::cpu;
-  in.offload_optimizer.ratio = 0.25;
-  MemoryEstimate e = estimate_memory(in);
-  EXPECT_DOUBLE_EQ(e.host.optimizer_states, 0.25 * 8 * e.shard_numel);
-  EXPECT_DOUBLE_EQ(e.device.optimizer_states, 0.75 * 8 * e.shard_numel);
+  const Plan p = tiny(2, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                          "zero_optimization.offload_optimizer.ratio=0.25"});
+  const double S = static_cast<double>(p.memory.shard_numel), host = std::llround(0.25 * S);
+  EXPECT_DOUBLE_EQ(p.memory.host.optimizer_states, 8 * host);  // fp32: two moments, no master copy
+  EXPECT_DOUBLE_EQ(p.memory.device.optimizer_states, 8 * (S - host));
 }
 
 TEST(MemoryModel, OverlapCommAddsOneBlockGradientBufferAndAWholeGroupInFlight) {
   // gpt2-tiny block: 2 x 64 (ln_1) + 64 x 192 + 192 (attn) + 64 x 64 + 64 (proj) + 2 x 64 (ln_2) +
   // 64 x 256 + 256 (fc) + 256 x 64 + 64 (fc proj) = 49,984 elements.
-  ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  MemoryInputs in = base(m);
-  in.stage = 2;
-  in.world_size = 2;
   const double block = 49984;
-  const double off = estimate_memory(in).device.buffers;
-  in.overlap_comm = true;
-  EXPECT_DOUBLE_EQ(estimate_memory(in).device.buffers - off, block * 4);  // fp32: no reduce copies
+  auto buffers = [](const char* precision, bool overlap) {
+    return tiny(2, {"zero_optimization.stage=2", precision, std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")})
+        .memory.device.buffers;
+  };
+  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=false", true) - buffers("bf16.enabled=false", false), block * 4);  // no reduce copies
   // bf16: Gloo reduces through fp32 copies, of every piece of the largest group at once when overlapping.
-  in.param_dtype = in.compute_dtype = in.grad_dtype = Dtype::bf16;
-  const double overlapped = estimate_memory(in).device.buffers;
-  in.overlap_comm = false;
-  const double largest = std::max(block, static_cast<double>(m.num_params) - 2 * block);
-  EXPECT_DOUBLE_EQ(overlapped - estimate_memory(in).device.buffers, block * 2 + (largest - 1000) * 4);
+  const double P = static_cast<double>(tiny(1).model.num_params);
+  const double largest = std::max(block, P - 2 * block);
+  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=true", true) - buffers("bf16.enabled=true", false), block * 2 + (largest - 1000) * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(tiny(2, {"zero_optimization.stage=2", "bf16.enabled=true"}), BufferRole::reduce_staging), 1000 * 4);
 }

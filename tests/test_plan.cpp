@@ -137,8 +137,8 @@ TEST(PlanCompiler, AutoStageIsTheLowestThatFits) {
   const double gib = 1 << 30;
   const char* cfg = R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "llama-2-7b", "activation_checkpointing": true},
                         "bf16": {"enabled": true}, "zero_optimization": {"stage": "auto"}, "data": {"seq_len": 1024}})";
-  EXPECT_EQ(plan_of(cfg, 8, {}, 80 * gib).zero.stage, 1);  // 16P = 100 GiB: stage 0 does not fit 80 GiB
-  EXPECT_EQ(plan_of(cfg, 8, {}, 24 * gib).zero.stage, 3);
+  EXPECT_EQ(plan_of(cfg, 8, {}, 80 * gib).zero_stage(), 1);  // 16P = 100 GiB: stage 0 does not fit 80 GiB
+  EXPECT_EQ(plan_of(cfg, 8, {}, 24 * gib).zero_stage(), 3);
 }
 
 TEST(PlanCompiler, SequenceLongerThanLearnedPositionsIsAnError) {
@@ -161,16 +161,17 @@ TEST(PlanCompiler, AdamWithoutAdamWModeIsL2Decay) {
 }
 
 TEST(PlanCompiler, CollectivesMatchTheStage) {
-  EXPECT_TRUE(plan_of(kGpt2, 1).collectives.empty());
+  EXPECT_TRUE(plan_of(kGpt2, 1).execution.collectives.empty());
   auto find = [](const Plan& p, const std::string& what) {
-    const auto it = std::find_if(p.collectives.begin(), p.collectives.end(), [&](const Collective& c) { return c.what == what; });
-    EXPECT_NE(it, p.collectives.end()) << what;
-    return it == p.collectives.end() ? Collective{} : *it;
+    const auto& all = p.execution.collectives;
+    const auto it = std::find_if(all.begin(), all.end(), [&](const Collective& c) { return c.what() == what; });
+    EXPECT_NE(it, all.end()) << what;
+    return it == all.end() ? Collective{} : *it;
   };
   // CUDA ranks (NCCL): stage 2 reduce-scatters every micro step's gradients in bf16.
   const double gpu = 80.0 * (1 << 30);
   Plan p2 = plan_of(kGpt2, 4, {"zero_optimization.stage=2"}, gpu);
-  ASSERT_EQ(p2.collectives.size(), 3u);  // the small control all-reduce, gradients, updated parameters
+  ASSERT_EQ(p2.execution.collectives.size(), 3u);  // the small control all-reduce, gradients, updated parameters
   const Collective g2 = find(p2, "gradients");
   EXPECT_EQ(g2.op, CollectiveOp::reduce_scatter);
   EXPECT_EQ(g2.dtype_bytes, 2);

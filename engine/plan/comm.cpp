@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "engine/plan/plan.hpp"
 
 namespace ds {
 
@@ -15,109 +16,115 @@ const char* collective_op_name(CollectiveOp op) {
   return "?";
 }
 
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::control: return "loss, norm and stop flag";
+    case CollectiveKind::lamb_norms: return "Lamb tensor norms";
+    case CollectiveKind::gradients: return "gradients";
+    case CollectiveKind::updated_parameters: return "updated parameters";
+    case CollectiveKind::parameters_forward: return "parameters (forward)";
+    case CollectiveKind::parameters_backward: return "parameters (backward)";
+    case CollectiveKind::parameters_whole: return "parameters kept whole";
+    case CollectiveKind::parameters_validation: return "parameters (validation)";
+  }
+  return "?";
+}
+
+double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size) {
+  const double share = static_cast<double>(world_size - 1) / world_size;
+  return payload_bytes * (op == CollectiveOp::all_reduce ? 2 * share : share);
+}
+
 namespace {
 
-Collective make(std::string what, CollectiveOp op, const char* when, int64_t times, int64_t calls, int64_t elements,
+Collective make(CollectiveKind kind, CollectiveOp op, const char* when, int64_t times, int64_t calls, int64_t elements,
                 int bytes, int world) {
   Collective c;
-  c.what = std::move(what);
+  c.kind = kind;
   c.op = op;
   c.when = when;
   c.calls_per_step = calls * times;
   c.elements_per_step = elements * times;
   c.dtype_bytes = bytes;
   c.payload_bytes_per_step = static_cast<double>(c.elements_per_step) * bytes;
-  const double share = static_cast<double>(world - 1) / world;
-  c.wire_bytes_per_rank_per_step = c.payload_bytes_per_step * (op == CollectiveOp::all_reduce ? 2 * share : share);
+  c.wire_bytes_per_rank_per_step = wire_bytes_per_rank(op, c.payload_bytes_per_step, world);
   return c;
 }
 
 }  // namespace
 
-std::vector<Collective> plan_collectives(const CommInputs& in) {
-  DS_CHECK(in.layout != nullptr);
-  const FlatLayout& L = *in.layout;
+std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
+  const FlatLayout& L = plan.layout;
+  const ResolvedZero& knobs = plan.zero;
   std::vector<Collective> out;
-  const int W = L.world_size;
+  const int W = z.world_size;
   if (W <= 1) return out;
-  const int pb = dtype_bytes(in.param_dtype);
+  const int64_t grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
+  const int pb = dtype_bytes(plan.precision.param_dtype);
   // Gloo reduces 16-bit floats through an fp32 copy.
-  const int gb = in.gloo ? std::max(4, dtype_bytes(in.comm_dtype)) : dtype_bytes(in.comm_dtype);
-  const bool scatter = in.reduce_scatter && !in.gloo;
+  const int gb = z.gloo ? std::max(4, dtype_bytes(plan.precision.comm_dtype)) : dtype_bytes(plan.precision.comm_dtype);
+  const bool scatter = knobs.reduce_scatter && !z.gloo;
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
-  const char* grad_note = scatter ? "" : in.gloo ? "as all_reduce: Gloo has no reduce_scatter; each rank keeps its part"
-                                                 : "as all_reduce: zero_optimization.reduce_scatter is false";
+  const char* grad_note = scatter ? "" : z.gloo ? "as all_reduce: Gloo has no reduce_scatter; each rank keeps its part"
+                                                : "as all_reduce: zero_optimization.reduce_scatter is false";
   const auto groups = parameter_groups(L);
 
-  out.push_back(make(kControlCollective, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
-  if (in.per_tensor_norms && L.stage >= 1)
-    out.push_back(make(kLambNormsCollective, CollectiveOp::all_reduce, "per step", 1, 1,
+  out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
+  if (plan.optimizer.type == OptimizerType::Lamb && z.sharded)
+    out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1,
                        2 * static_cast<int64_t>(L.params.size()), 8, W));
   // Parameters are gathered with an all-gather, or on Gloo by an all-reduce of their bits.
-  const CollectiveOp gather_op = in.gloo ? CollectiveOp::all_reduce : CollectiveOp::all_gather;
-  auto gather = [&](const char* what, const char* when, int64_t times, int64_t calls, int64_t elements) {
-    Collective c = make(what, gather_op, when, times, calls, elements, pb, W);
-    if (in.gloo) c.note = "an all-gather as an all_reduce of raw bits: Gloo's all-gather is 3x slower";
+  const CollectiveOp gather_op = z.gloo ? CollectiveOp::all_reduce : CollectiveOp::all_gather;
+  auto gather = [&](CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements) {
+    if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
+    Collective c = make(kind, gather_op, when, times, calls, elements, pb, W);
+    if (z.gloo) c.note = "an all-gather as an all_reduce of raw bits: Gloo's all-gather is 3x slower";
     out.push_back(c);
   };
-  auto gather_updated = [&] {
-    gather("updated parameters", "per step", 1, calls_for(L.padded_numel, in.allgather_bucket_size), L.padded_numel);
-  };
-  // Stages 2-3: every group's gradients as backward finishes it, in reduce-bucket pieces.
-  auto grads_per_group = [&] {
-    int64_t calls = 0;
-    for (const auto& g : groups) calls += calls_for(g.numel, in.reduce_bucket_size);
-    Collective c = make("gradients", grad_op, "per micro step", in.grad_accum, calls, L.numel, gb, W);
-    c.note = grad_note;
-    out.push_back(c);
-  };
-  switch (L.stage) {
-    case 0: {  // accumulate locally, all-reduce once per step
-      Collective c = make("gradients", CollectiveOp::all_reduce, "per step", 1, calls_for(L.numel, in.reduce_bucket_size),
-                          L.numel, gb, W);
-      out.push_back(c);
-      break;
+  if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
+    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1,
+                       calls_for(z.full_numel, knobs.reduce_bucket_size), z.full_numel, gb, W));
+    return out;
+  }
+  // Stage 1 accumulates locally and reduces into the owners' partitions once; stages 2-3 reduce every
+  // group's gradients as backward finishes it, in reduce-bucket pieces.
+  int64_t grad_calls = calls_for(z.full_numel, knobs.reduce_bucket_size);
+  if (z.grouped) {
+    grad_calls = 0;
+    for (const auto& g : groups) grad_calls += calls_for(g.numel, knobs.reduce_bucket_size);
+  }
+  Collective grads = z.grouped ? make(CollectiveKind::gradients, grad_op, "per micro step", grad_accum, grad_calls, L.numel, gb, W)
+                               : make(CollectiveKind::gradients, grad_op, "per step", 1, grad_calls, z.full_numel, gb, W);
+  grads.note = grad_note;
+  if (!z.gathers) {  // stages 1-2: then the updated parameters, in place
+    out.push_back(grads);
+    gather(CollectiveKind::updated_parameters, "per step", 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel);
+    return out;
+  }
+  // Stage 3: each group's partitioned parameters are gathered before its forward; the blocks again
+  // before their backward (the parameters outside the blocks stay gathered through the micro step).
+  int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, whole = 0;
+  for (const auto& g : groups) {
+    int64_t n = 0;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      if (z.whole_offset[static_cast<size_t>(i)] >= 0)
+        whole += p.partition_numel;
+      else
+        n += p.partition_numel;
     }
-    case 1: {  // accumulate locally, reduce into the owners' partitions, gather the updated parameters
-      Collective c = make("gradients", grad_op, "per step", 1, calls_for(L.padded_numel, in.reduce_bucket_size),
-                          L.padded_numel, gb, W);
-      c.note = grad_note;
-      out.push_back(c);
-      gather_updated();
-      break;
-    }
-    case 2:
-      grads_per_group();
-      gather_updated();
-      break;
-    case 3: {
-      // Each group's partitioned parameters are gathered before its forward; the blocks again before
-      // their backward (the parameters outside the blocks stay gathered through the micro step).
-      int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, whole = 0;
-      for (const auto& g : groups) {
-        int64_t n = 0;
-        for (int i : g.params) {
-          const ParamSlot& p = L.params[static_cast<size_t>(i)];
-          if (stays_whole(p, in.persistence_threshold))
-            whole += p.partition_numel;
-          else
-            n += p.partition_numel;
-        }
-        if (n == 0) continue;
-        ++fwd_calls;
-        fwd_elements += n * W;
-        if (g.layer >= 0) {
-          ++bwd_calls;
-          bwd_elements += n * W;
-        }
-      }
-      gather("parameters (forward)", "per micro step", in.grad_accum, fwd_calls, fwd_elements);
-      gather("parameters (backward)", "per micro step", in.grad_accum, bwd_calls, bwd_elements);
-      grads_per_group();
-      if (whole > 0) gather("parameters kept whole", "per step", 1, 1, whole * W);
-      break;
+    if (n == 0) continue;
+    ++fwd_calls;
+    fwd_elements += n * W;
+    if (g.layer >= 0) {
+      ++bwd_calls;
+      bwd_elements += n * W;
     }
   }
+  gather(CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements);
+  gather(CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements);
+  out.push_back(grads);
+  if (whole > 0) gather(CollectiveKind::parameters_whole, "per step", 1, 1, whole * W);
   return out;
 }
 

@@ -11,17 +11,28 @@
 #include <string>
 #include <vector>
 
-#include "engine/plan/layout.hpp"
-#include "engine/plan/model_spec.hpp"
-#include "schema/config.hpp"
 
 namespace ds {
 
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather };
 const char* collective_op_name(CollectiveOp op);
 
+// What a collective carries: the plan lists them, the runtime issues and counts them under the same kind,
+// and collective_name is the one place their names are spelled.
+enum class CollectiveKind {
+  control,                // the mean loss, the gradient norm and the stop flag, agreed each step
+  lamb_norms,             // Lamb: each tensor's ||w|| and ||u|| summed over its parts
+  gradients,              // the gradient reduction
+  updated_parameters,     // stages 1-2: every rank's updated part, after the optimizer
+  parameters_forward,     // stage 3: a group gathered before its forward
+  parameters_backward,    // stage 3: a block gathered again before its backward
+  parameters_whole,       // stage 3: the parameters kept whole, after the optimizer
+  parameters_validation,  // stage 3: gathers for validation (not part of a training step)
+};
+const char* collective_name(CollectiveKind kind);
+
 struct Collective {
-  std::string what;            // "gradients", "parameters (forward)", ...: the runtime counts under this name
+  CollectiveKind kind = CollectiveKind::gradients;
   CollectiveOp op = CollectiveOp::all_reduce;
   std::string when;            // "per step" | "per micro step"
   int64_t calls_per_step = 0;  // bucketed calls
@@ -30,25 +41,17 @@ struct Collective {
   double payload_bytes_per_step = 0;
   double wire_bytes_per_rank_per_step = 0;
   std::string note;            // e.g. why a reduce-scatter runs as an all-reduce
+  const char* what() const { return collective_name(kind); }
 };
 
-struct CommInputs {
-  const FlatLayout* layout = nullptr;
-  int64_t grad_accum = 1;
-  int64_t persistence_threshold = 0;  // stage 3: parameters below it stay whole
-  Dtype param_dtype = Dtype::fp32, comm_dtype = Dtype::fp32;
-  int64_t reduce_bucket_size = 1, allgather_bucket_size = 1;
-  bool reduce_scatter = true;  // zero_optimization.reduce_scatter
-  bool gloo = true;            // CPU ranks: no reduce-scatter, no 16-bit reductions
-  bool per_tensor_norms = false;  // Lamb: each tensor's ||w|| and ||u|| summed over its parts
-};
+struct Plan;
+struct ZeroExecution;
+// The collectives one optimizer step of this plan issues, for the execution's flags. Empty for a
+// single rank: nothing crosses a wire.
+std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& zero);
 
-// Empty for a single rank: nothing crosses a wire.
-std::vector<Collective> plan_collectives(const CommInputs& in);
-
-// The names the runtime and the plan share.
-inline constexpr const char* kControlCollective = "loss, norm and stop flag";
-inline constexpr const char* kLambNormsCollective = "Lamb tensor norms";
+// Wire bytes one rank sends for a payload (ring algorithms).
+double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size);
 
 // Elements per reduction call: a group's gradients go in pieces of at most the reduce bucket.
 inline int64_t calls_for(int64_t elements, int64_t bucket) {

@@ -147,7 +147,7 @@ void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {
   }
 }
 
-Placement place_states(const ResolvedZero& z, const Topology& topo) {
+Placement place_states(int stage, const ResolvedZero& z, const Topology& topo) {
   auto where = [&](OffloadDevice d, const char* dflt) -> std::string {
     switch (d) {
       case OffloadDevice::none: return dflt;
@@ -157,12 +157,12 @@ Placement place_states(const ResolvedZero& z, const Topology& topo) {
     return dflt;
   };
   const char* dev = topo.device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
-  const char* part = z.stage >= 3 ? ", partitioned" : "";
+  const char* part = stage >= 3 ? ", partitioned" : "";
   Placement p;
   p.params = where(z.offload_param.device, dev) + std::string(part);
-  p.grads = (z.offload_optimizer.device != OffloadDevice::none && z.stage >= 1 ? std::string("cpu") : std::string(dev)) +
-            (z.stage >= 2 ? ", partitioned" : "");
-  p.optimizer_states = where(z.offload_optimizer.device, dev) + (z.stage >= 1 ? std::string(", partitioned") : "");
+  p.grads = (z.offload_optimizer.device != OffloadDevice::none && stage >= 1 ? std::string("cpu") : std::string(dev)) +
+            (stage >= 2 ? ", partitioned" : "");
+  p.optimizer_states = where(z.offload_optimizer.device, dev) + (stage >= 1 ? std::string(", partitioned") : "");
   return p;
 }
 
@@ -181,6 +181,17 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.warnings = c.warnings;
   plan.steps = c.train.steps;
   plan.data = c.data;
+  plan.run.output_dir = c.train.output_dir;
+  plan.run.seed = static_cast<uint64_t>(c.train.seed);
+  plan.run.save_every = c.train.save_every;
+  plan.run.keep_last = c.train.keep_last;
+  plan.run.eval_every = c.train.eval_every;
+  plan.run.eval_batches = c.train.eval_batches;
+  plan.run.comm_timeout_s = c.train.comm_timeout_s;
+  plan.run.comms_logger = c.comms_logger_enabled;
+  plan.run.wall_clock_breakdown = c.wall_clock_breakdown;
+  plan.run.csv_monitor = c.csv_monitor;
+  plan.run.tensorboard = c.tensorboard;
   plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
   plan.activation_checkpointing = c.model.activation_checkpointing;
   list_default_autos(c, plan.resolved);
@@ -200,26 +211,12 @@ double Plan::host_bytes_per_node() const {
   return per_rank * topology.ranks_per_node;
 }
 
-MemoryInputs memory_inputs_for(const Plan& plan) {
-  MemoryInputs in;
-  in.model = &plan.model;
-  in.stage = plan.zero.stage;
-  in.world_size = plan.topology.world_size;
-  in.param_dtype = plan.precision.param_dtype;
-  in.compute_dtype = plan.precision.compute_dtype;
-  in.overlap_comm = plan.zero.overlap_comm;
-  in.grad_dtype = plan.precision.grad_dtype;
-  in.fp32_master = plan.precision.fp32_master;
-  in.optimizer_moments = plan.optimizer.moments;
-  in.offload_optimizer = plan.zero.offload_optimizer;
-  in.offload_param = plan.zero.offload_param;
-  in.sub_group_size = plan.zero.sub_group_size;
-  in.micro_batch = plan.batch.micro_batch;
-  in.seq_len = plan.seq_len;
-  in.activation_checkpointing = plan.activation_checkpointing;
-  in.reduce_bucket_size = plan.zero.reduce_bucket_size;
-  in.param_persistence_threshold = plan.zero.param_persistence_threshold;
-  return in;
+// The layout, ZeRO execution and memory of a plan whose other decisions are made.
+void lay_out(Plan& plan, int stage) {
+  plan.layout = build_layout(plan.model, stage, plan.topology.world_size);
+  plan.execution = describe_zero(plan);
+  plan.memory = estimate_memory(plan.execution, activation_bytes(plan.model, plan.batch.micro_batch, plan.seq_len,
+                                                                 plan.precision.compute_dtype, plan.activation_checkpointing));
 }
 
 Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {
@@ -276,35 +273,34 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                                    : topo.device_memory_bytes;
   auto fits = [&](int stage, int64_t micro) {
     Plan trial = plan;
-    trial.zero.stage = stage;
     trial.batch.micro_batch = micro;
-    MemoryEstimate e = estimate_memory(memory_inputs_for(trial));
-    return e.device.total() <= 0.9 * device_budget;  // 10% headroom for what the model does not count
+    lay_out(trial, stage);
+    return trial.memory.device.total() <= 0.9 * device_budget;  // 10% headroom for what the model does not count
   };
 
   // Stage: explicit, or the lowest that fits at micro batch 1.
+  int stage = 3;
   if (zc.stage) {
-    z.stage = *zc.stage;
+    stage = *zc.stage;
   } else {
     if (device_budget <= 0)
       errors.push_back({"zero_optimization.stage", "\"auto\" needs the device memory, which is unknown",
                         "pass --device-memory (e.g. 80GiB) or set the stage"});
-    z.stage = 3;
     for (int s = 0; s <= 3 && device_budget > 0; ++s)
       if (fits(s, c.train_micro_batch_size_per_gpu.value_or(1))) {
-        z.stage = s;
+        stage = s;
         break;
       }
-    plan.resolved.push_back({"zero_optimization.stage", std::to_string(z.stage),
+    plan.resolved.push_back({"zero_optimization.stage", std::to_string(stage),
                              "auto: the lowest stage whose plan fits " + format_bytes(device_budget) + " per rank"});
   }
-  z.overlap_comm = zc.overlap_comm.value_or(z.stage == 3);
+  z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
   if (!zc.overlap_comm)
     plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false",
-                             z.stage >= 2 ? "default: true at stage 3; true reduces each block's gradients while the next block's "
+                             stage >= 2 ? "default: true at stage 3; true reduces each block's gradients while the next block's "
                                             "backward runs, for one more block gradient buffer"
                                           : "default: true at stage 3; stages 0-1 reduce the gradients once, after backward"});
-  check_zero(c, z.stage, errors, plan.warnings, z);
+  check_zero(c, stage, errors, plan.warnings, z);
 
   if (micro_from_memory) {
     if (device_budget <= 0) {
@@ -313,7 +309,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     } else {
       int64_t micro = 0;
       for (int64_t m = 64; m >= 1 && micro == 0; m /= 2)
-        if (fits(z.stage, m)) micro = m;
+        if (fits(stage, m)) micro = m;
       if (micro == 0) {
         micro = 1;
         plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit the device memory",
@@ -338,9 +334,8 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
 
   resolve_threads(c, topo, plan);
 
-  plan.layout = build_layout(model, z.stage, topo.world_size);
-  plan.memory = estimate_memory(memory_inputs_for(plan));
-  if (z.stage == 3 && topo.world_size > 1) {
+  lay_out(plan, stage);
+  if (plan.execution.gathers) {
     // How ds runs stage 3, which DeepSpeed's knobs do not describe.
     plan.resolved.push_back({"zero_optimization.stage3_prefetch_bucket_size", "one transformer block (" +
                                  format_count(model.largest_block_params) + " parameters)",
@@ -348,20 +343,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                              "and max_reuse_distance do not apply"});
   }
 
-  CommInputs ci;
-  ci.layout = &plan.layout;
-  ci.grad_accum = plan.batch.grad_accum;
-  ci.persistence_threshold = z.param_persistence_threshold;
-  ci.param_dtype = plan.precision.param_dtype;
-  ci.comm_dtype = plan.precision.comm_dtype;
-  ci.reduce_bucket_size = z.reduce_bucket_size;
-  ci.allgather_bucket_size = z.allgather_bucket_size;
-  ci.reduce_scatter = z.reduce_scatter;
-  ci.gloo = topo.device == DeviceKind::cpu;
-  ci.per_tensor_norms = plan.optimizer.type == OptimizerType::Lamb;
-  plan.collectives = plan_collectives(ci);
-
-  plan.placement = place_states(z, topo);
+  plan.placement = place_states(stage, z, topo);
 
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * model.train_flops_per_token(plan.seq_len);
@@ -392,9 +374,11 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
-  z.stage = zc.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
-  z.overlap_comm = zc.overlap_comm.value_or(z.stage == 3);
-  if (z.stage >= 0) check_zero(c, z.stage, errors, plan.warnings, z);
+  const int stage = zc.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
+  plan.layout.stage = stage;
+  plan.layout.world_size = topo.world_size;
+  z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
+  if (stage >= 0) check_zero(c, stage, errors, plan.warnings, z);
   BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
                  topo.world_size_source};
   const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;
@@ -407,29 +391,24 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   }
   if (!errors.empty()) throw ConfigError(c.source, errors);
   resolve_threads(c, topo, plan);
-  if (z.stage >= 0) {
-    plan.placement = place_states(z, topo);
+  if (stage >= 0) {
+    plan.placement = place_states(stage, z, topo);
     // The collectives of a model made of one large tensor, their bytes divided by its size: what each
     // parameter costs on the wire per step at this stage and these dtypes (the real model adds the
     // control all-reduce and per-tensor padding).
-    ModelSpec one;
+    Plan one = plan;
     const int64_t n = int64_t{1} << 20;
-    one.tensors.push_back({"parameters", {n * topo.world_size}, n * topo.world_size, 0, true});
-    one.num_params = n * topo.world_size;
-    const FlatLayout layout = build_layout(one, z.stage, topo.world_size);
-    CommInputs ci;
-    ci.layout = &layout;
-    ci.grad_accum = plan.batch.grad_accum > 0 ? plan.batch.grad_accum : 1;
-    ci.param_dtype = plan.precision.param_dtype;
-    ci.comm_dtype = plan.precision.comm_dtype;
-    ci.reduce_bucket_size = ci.allgather_bucket_size = n;
-    ci.reduce_scatter = z.reduce_scatter;
-    ci.gloo = topo.device == DeviceKind::cpu;
-    for (Collective col : plan_collectives(ci)) {
-      if (col.what == kControlCollective) continue;
-      col.payload_bytes_per_step /= static_cast<double>(one.num_params);
-      col.wire_bytes_per_rank_per_step /= static_cast<double>(one.num_params);
-      plan.collectives.push_back(col);
+    one.model = ModelSpec{};
+    one.model.tensors.push_back({"parameters", {n * topo.world_size}, n * topo.world_size, 0, true});
+    one.model.num_params = n * topo.world_size;
+    one.batch.grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
+    one.zero.reduce_bucket_size = one.zero.allgather_bucket_size = n;
+    one.layout = build_layout(one.model, stage, topo.world_size);
+    for (Collective col : describe_zero(one).collectives) {
+      if (col.kind == CollectiveKind::control) continue;
+      col.payload_bytes_per_step /= static_cast<double>(one.model.num_params);
+      col.wire_bytes_per_rank_per_step /= static_cast<double>(one.model.num_params);
+      plan.execution.collectives.push_back(col);
     }
   }
   return plan;

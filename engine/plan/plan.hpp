@@ -13,6 +13,7 @@
 #include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/plan/topology.hpp"
+#include "engine/plan/zero_plan.hpp"
 #include "schema/config.hpp"
 
 namespace ds {
@@ -58,8 +59,8 @@ struct ResolvedScheduler {
   SchedulerConfig params;  // every optional filled
 };
 
+// The ZeRO knobs as resolved (every "auto" decided). The stage itself is the layout's (Plan::zero_stage).
 struct ResolvedZero {
-  int stage = 0;
   bool overlap_comm = false, reduce_scatter = true, contiguous_gradients = true;
   int64_t reduce_bucket_size = 0, allgather_bucket_size = 0, prefetch_bucket_size = 0,
           param_persistence_threshold = 0, max_live_parameters = 0, max_reuse_distance = 0, sub_group_size = 0;
@@ -68,6 +69,17 @@ struct ResolvedZero {
 
 struct Placement {
   std::string params, grads, optimizer_states;  // "device" | "cpu" | "nvme" (with a detail)
+};
+
+// How the run is carried out and reported: what the runtime reads besides the execution itself, so
+// that the Plan is its only input.
+struct RunSettings {
+  std::string output_dir;
+  uint64_t seed = 0;
+  int64_t save_every = 0, keep_last = 0, eval_every = 0, eval_batches = 0;
+  double comm_timeout_s = 0;  // collectives and rendezvous
+  bool comms_logger = false, wall_clock_breakdown = false;
+  MonitorConfig csv_monitor, tensorboard;
 };
 
 // A value ds decided rather than read: an "auto", a derived batch size, a default that depends on
@@ -80,7 +92,7 @@ struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string config_source;
   // False for a config without a model block: what needs the model (memory, layout, collectives'
-  // bytes, an "auto" ZeRO stage or micro batch) is left empty, zero.stage is -1 when "auto".
+  // bytes, an "auto" ZeRO stage or micro batch) is left empty, and the stage is -1 when "auto".
   bool has_model = true;
   ModelSpec model;
   Topology topology;
@@ -93,19 +105,21 @@ struct Plan {
   ResolvedZero zero;
   double gradient_clipping = 0;
   bool activation_checkpointing = false;
-  FlatLayout layout;
-  std::vector<Collective> collectives;
-  MemoryEstimate memory;
+  FlatLayout layout;         // the stage lives here: layout.stage (-1: "auto" without a model)
+  ZeroExecution execution;   // every buffer and collective of a rank; without a model, collectives per parameter
+  MemoryEstimate memory;     // the execution's buffers summed, plus activations
   Placement placement;
   int64_t tokens_per_step = 0;
   double train_flops_per_step = 0;  // model FLOPs of one optimizer step across all ranks
   int64_t steps = 0;
   DataConfig data;                       // the token source, as resolved by the loader
+  RunSettings run;
   bool gradient_sum_over_ranks = false;  // gradient_allreduce_op "sum": ranks' gradients add up, not averaged
   std::vector<ResolvedValue> resolved;
   std::vector<ConfigIssue> warnings;  // the loader's plus the compiler's
 
   // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
+  int zero_stage() const { return layout.stage; }
   double device_bytes_per_rank() const { return memory.device.total(); }
   double host_bytes_per_node() const;
 };
@@ -117,8 +131,5 @@ Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& 
 // What can be planned from the config alone (a DeepSpeed ds_config without a model block): batch
 // triangle, precision, optimizer, schedule, ZeRO stage and placement. Throws ConfigError as compile_plan.
 Plan compile_plan_without_model(const Config& config, const Topology& topology);
-
-// The inputs of the memory model for a plan (used by estimate-memory to vary one choice).
-MemoryInputs memory_inputs_for(const Plan& plan);
 
 }  // namespace ds

@@ -1,9 +1,13 @@
-// ds — collectives between ranks, over LibTorch's c10d: Gloo for CPU tensors, rendezvous through a
-// TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 hosts it), the torchrun environment's convention, so
-// `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way.
-// Every collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it.
-// LibTorch 1.13's Gloo cannot reduce bf16 (or fp16): those are reduced through an fp32 copy, and
-// the bytes counted are what went on the wire. Gathers sum raw bits as integers, so any dtype goes as is.
+// ds — collectives between ranks, in the c10d spirit: a small interface (sum in place, gather by sum,
+// barrier) with what a backend can do natively in capabilities(), and two implementations:
+//  * Gloo over LibTorch's c10d (engine/runtime/comm_gloo.cpp): CPU tensors, rendezvous through a
+//    TCPStore at the plan topology's master address (rank 0 hosts it), torchrun's convention, so
+//    `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way. Every
+//    collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it.
+//  * LocalGroup (engine/runtime/comm_local.hpp): ranks as threads of one process, for unit tests of
+//    ZeRO's exchange at every stage without starting processes.
+// A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
+// plan's CollectiveKind, with the bytes this rank sent (ring algorithms, engine/plan/comm.hpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -12,20 +16,29 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
+#include "engine/plan/comm.hpp"
 #include "engine/plan/topology.hpp"
 
 namespace ds {
 
-// Per collective name (the plan's Collective::what): calls, bytes this rank sent (ring algorithms) and
-// seconds it was held up by them (a collective running beside compute counts only its wait).
+// Per collective kind: calls, bytes this rank sent and seconds it was held up by them (a collective
+// running beside compute counts only its wait).
 struct CommStats {
   std::string op;
   int64_t calls = 0;
   double bytes = 0, seconds = 0;
 };
-using CommLedger = std::map<std::string, CommStats>;
+using CommLedger = std::map<CollectiveKind, CommStats>;
+
+// What a backend does natively. ZeRO uses the generic forms where one is missing: an all-reduce of
+// which each rank keeps its part for a reduce-scatter, a gather by sum for an all-gather, 16-bit
+// reductions through an fp32 copy.
+struct CommCapabilities {
+  bool reduce_scatter = false;
+  bool all_gather = false;
+  bool reduce_16bit = false;
+};
 
 // A collective in flight; wait() finishes it (and throws if a peer failed or the timeout passed).
 class PendingCollective {
@@ -36,36 +49,37 @@ class PendingCollective {
 
 class Communicator {
  public:
-  // Joins the group the plan's topology describes (its rank, world size and rendezvous address, which
-  // the CLI read from torchrun's variables). Throws UserError when the address is missing.
+  // Joins the Gloo group the plan's topology describes (its rank, world size and rendezvous address,
+  // which the CLI read from torchrun's variables). Throws UserError when the address is missing.
   static std::unique_ptr<Communicator> create(const Topology& topology, std::chrono::milliseconds timeout);
-  ~Communicator();
+  virtual ~Communicator() = default;
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  virtual CommCapabilities capabilities() const = 0;
 
   // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous). The async form
   // starts it and returns at once; `t` must stay untouched until wait().
-  std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, const std::string& what);
-  void all_reduce_sum(const torch::Tensor& t, const std::string& what) { all_reduce_sum_async(t, what)->wait(); }
+  virtual std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) = 0;
+  void all_reduce_sum(const torch::Tensor& t, CollectiveKind kind) { all_reduce_sum_async(t, kind)->wait(); }
   // An all-gather as an all-reduce of raw bits: every element of `t` is nonzero on at most one rank (each
   // rank fills its own part, the rest is zero), so the integer sum of the bit patterns is that rank's
   // bits, exactly, in any dtype. Gloo's own all-gather moves ~80 MB/s on this machine against ~500 MB/s
   // for its all-reduce: twice the bytes, a third of the time. Starts it and returns at once.
-  std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, const std::string& what);
-  void gather_by_sum(const torch::Tensor& t, const std::string& what) { gather_by_sum_async(t, what)->wait(); }
-  void barrier();
-  const CommLedger& ledger() const { return ledger_; }
-  // Where this rank is (the trainer calls it at every step): kept in the rendezvous store, so that a
-  // rank whose collective times out can name the ranks that never arrived.
-  void mark_step(int64_t step);
+  virtual std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) = 0;
+  void gather_by_sum(const torch::Tensor& t, CollectiveKind kind) { gather_by_sum_async(t, kind)->wait(); }
+  virtual void barrier() = 0;
+  // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
+  // can name the ranks that never arrived.
+  virtual void mark_step(int64_t step) { step_ = step; }
 
- private:
-  Communicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
-  struct Impl;
-  // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
-  std::string who_is_behind() const;
-  std::unique_ptr<Impl> impl_;
+  const CommLedger& ledger() const { return ledger_; }
+
+ protected:
+  Communicator(int rank, int world) : rank_(rank), world_(world) {}
+  // One more call of `kind` sending `payload_bytes` through an all-reduce (the ledger's figure).
+  CommStats& count_all_reduce(CollectiveKind kind, double payload_bytes);
+
   int rank_ = 0, world_ = 1;
   int64_t step_ = -1;
   CommLedger ledger_;

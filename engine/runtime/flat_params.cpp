@@ -1,5 +1,7 @@
 #include "engine/runtime/flat_params.hpp"
 
+#include <map>
+
 #include "common/error.hpp"
 #include "common/strings.hpp"
 
@@ -18,66 +20,70 @@ torch::ScalarType to_torch(Dtype d) {
 
 FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   const FlatLayout& L = plan.layout;
-  const PrecisionPolicy& pp = plan.precision;
-  const bool sharded = L.world_size > 1 && L.stage >= 1;
+  const ZeroExecution& z = plan.execution;
   FlatParams f;
   f.rank = rank;
-  f.grouped = L.world_size > 1 && L.stage >= 2;
+  f.grouped = z.grouped;
+  f.widened = z.widened;
+  f.overlap = z.overlap;
+  f.group_offset = z.group_offset;
+  f.whole_offset = z.whole_offset;
   f.owned = owned_segments(L, rank);
-  const int64_t full = L.stage == 0 ? L.numel : L.padded_numel;
-  const int64_t local = sharded ? L.shard_numel : full;
-  const int64_t shard_begin = sharded && L.stage < 3 ? L.shards[static_cast<size_t>(rank)].begin : 0;
-  const auto ptype = to_torch(pp.param_dtype), gtype = to_torch(pp.grad_dtype), ctype = to_torch(pp.compute_dtype);
-  const bool stage3 = sharded && L.stage == 3;
 
-  f.params = torch::zeros({stage3 ? local : full}, ptype);
-  f.grads = torch::zeros({f.grouped ? local : full}, gtype);
-  f.widened = pp.compute_dtype != pp.param_dtype;  // fp16 on the CPU
-  // Widened at stage 3 the model reads only the gathered buffers (in the compute dtype): no whole copy.
-  if (f.widened && !stage3) f.compute = torch::zeros({full}, ctype);
-  if (!f.widened) f.compute = f.params;
-  f.compute_grads = f.widened ? torch::zeros({f.grouped ? local : full}, ctype) : f.grads;
-  f.local_params = f.params.narrow(0, shard_begin, local);
-  f.local_grads = f.compute_grads.narrow(0, f.grouped ? 0 : shard_begin, local);
-  f.master = pp.fp32_master ? torch::zeros({local}, torch::kFloat32) : f.local_params;
-  if (plan.optimizer.moments >= 1) f.exp_avg = torch::zeros({local}, torch::kFloat32);
-  if (plan.optimizer.moments >= 2) f.exp_avg_sq = torch::zeros({local}, torch::kFloat32);
-
-  // Grouped: where each parameter sits in its group's buffers. Every block has the same layout, so
-  // all blocks share one buffer (the offsets repeat); the outer parameters concatenate in order. The
-  // model reads and accumulates into them, so they hold the compute dtype.
-  f.group_offset.assign(L.params.size(), 0);
-  f.whole_offset.assign(L.params.size(), -1);
-  int64_t block_numel = 0, outer_numel = 0, whole_numel = 0;
-  if (f.grouped) {
-    for (const ParamGroup& g : parameter_groups(L)) {
-      int64_t at = 0;
-      for (int i : g.params) {
-        f.group_offset[static_cast<size_t>(i)] = at;
-        at += L.params[static_cast<size_t>(i)].numel;
-        if (stage3 && stays_whole(L.params[static_cast<size_t>(i)], plan.zero.param_persistence_threshold)) {
-          f.whole_offset[static_cast<size_t>(i)] = whole_numel;
-          whole_numel += L.params[static_cast<size_t>(i)].numel;
-        }
-      }
-      if (g.layer >= 0) {
-        DS_CHECK(block_numel == 0 || block_numel == at, "blocks of different sizes: ", block_numel, " and ", at);
-        block_numel = at;
-      } else {
-        outer_numel = at;
-      }
-    }
-    f.overlap = plan.zero.overlap_comm;
-    f.block_grads[0] = torch::zeros({block_numel}, ctype);
-    if (f.overlap) f.block_grads[1] = torch::zeros({block_numel}, ctype);
-    f.outer_grads = torch::zeros({outer_numel}, ctype);
-    if (stage3) {
-      f.block_params[0] = torch::zeros({block_numel}, ctype);
-      f.block_params[1] = torch::zeros({block_numel}, ctype);
-      f.outer_params = torch::zeros({outer_numel}, ctype);
-      f.whole_params = torch::zeros({whole_numel}, ctype);
-    }
+  // One allocation per dtype, carved into the execution's buffers (each start aligned to 64 bytes for
+  // the kernels). This build runs on the CPU without offload: every buffer the runtime holds is on the
+  // device; the communicator's transient pieces are its own.
+  constexpr int64_t kAlignBytes = 64;
+  auto aligned = [&](int64_t elements, Dtype d) {
+    const int64_t step = kAlignBytes / dtype_bytes(d);
+    return (elements + step - 1) / step * step;
+  };
+  std::map<Dtype, int64_t> total;
+  for (const ZeroBuffer& b : z.buffers) {
+    if (b.transient) continue;
+    DS_CHECK(b.place == Place::device, "buffer ", buffer_role_name(b.role), " placed on ", place_name(b.place),
+             ": this build does not offload (refused before allocation)");
+    total[b.dtype] += aligned(b.elements, b.dtype) * b.copies;
   }
+  std::map<Dtype, torch::Tensor> arena;
+  std::map<Dtype, int64_t> used;
+  for (const auto& [d, n] : total) {
+    arena[d] = torch::zeros({n}, to_torch(d));
+    f.arenas.push_back(arena[d]);  // owns the memory every buffer below points into
+  }
+  auto take = [&](BufferRole role, int copy = 0) -> torch::Tensor {
+    const ZeroBuffer* b = z.find(role);
+    if (!b || copy >= b->copies) return {};
+    // A tensor of its own over the arena's memory, not a view: views share their base's version counter,
+    // and autograd would take a gradient accumulated into one buffer for a change of the weights in another.
+    const torch::Tensor& a = arena[b->dtype];
+    char* at = static_cast<char*>(a.data_ptr()) + used[b->dtype] * dtype_bytes(b->dtype);
+    used[b->dtype] += aligned(b->elements, b->dtype);
+    return torch::from_blob(at, {b->elements}, a.options());
+  };
+
+  f.params = take(BufferRole::params);
+  f.whole_params = take(BufferRole::whole_params);
+  f.grads = take(BufferRole::grads);
+  DS_CHECK(f.params.defined() && f.grads.defined(), "the execution lacks the parameters or gradients");
+  f.compute = z.widened ? take(BufferRole::compute) : f.params;  // widened stage 3 reads gathered buffers only
+  f.compute_grads = z.widened ? take(BufferRole::compute_grads) : f.grads;
+  const int64_t shard_begin = z.sharded && !z.gathers ? L.shards[static_cast<size_t>(rank)].begin : 0;
+  f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
+  f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
+  f.master = take(BufferRole::master);
+  if (!f.master.defined()) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
+  f.exp_avg = take(BufferRole::exp_avg);
+  f.exp_avg_sq = take(BufferRole::exp_avg_sq);
+  for (int i = 0; i < 2; ++i) {
+    f.block_grads[i] = take(BufferRole::block_grads, i);
+    f.block_params[i] = take(BufferRole::block_params, i);
+
+  }
+  f.gather_staging[0] = take(BufferRole::gather_staging);
+  f.gather_staging[1] = take(BufferRole::prefetch_staging);
+  f.outer_grads = take(BufferRole::outer_grads);
+  f.outer_params = take(BufferRole::outer_params);
 
   for (size_t i = 0; i < L.params.size(); ++i) {
     const ParamSlot& p = L.params[i];
@@ -88,7 +94,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
       grad = f.compute_grads.narrow(0, p.offset, p.numel);
     } else {
       grad = (in_block ? f.block_grads[f.overlap ? p.layer % 2 : 0] : f.outer_grads).narrow(0, f.group_offset[i], p.numel);
-      if (!stage3)
+      if (!z.gathers)
         weight = f.compute.narrow(0, p.offset, p.numel);
       else if (f.whole_offset[i] >= 0)
         weight = f.whole_params.narrow(0, f.whole_offset[i], p.numel);
@@ -116,7 +122,9 @@ FlatParams::Bytes FlatParams::bytes() const {
   b.grads = n(grads);
   b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
-  b.buffers += n(block_grads[0]) + n(block_grads[1]) + n(outer_grads) + n(block_params[0]) + n(block_params[1]) + n(outer_params);
+  for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
+                                 &gather_staging[0], &gather_staging[1]})
+    b.buffers += n(*t);
   return b;
 }
 

@@ -1,7 +1,8 @@
-// ds — the model's parameters as flat buffers, laid out as the Plan says (state_dict order, the
-// FlatLayout's offsets), for this rank. The runtime allocates each buffer once; every parameter
-// tensor and its .grad are views into them, so autograd accumulates gradients straight into a flat
-// buffer and the fused optimizer steps the rank's part in one pass.
+// ds — the model's parameters as flat buffers: exactly the buffers of the plan's ZeRO execution
+// (engine/plan/zero_plan.hpp) for this rank, in state_dict order at the FlatLayout's offsets, carved from
+// one allocation per dtype. Every parameter tensor and its .grad are views into them, so autograd
+// accumulates gradients straight into a flat buffer and the fused optimizer steps the rank's part in
+// one pass.
 //   params  parameter dtype: the weights as stored. Stages 0-2: the whole model (padded); stage 3:
 //           this rank's partition (the layout's concatenated per-parameter partitions).
 //   grads   gradient dtype. Stages 0-1: the whole model; stages 2-3: this rank's part only.
@@ -16,8 +17,9 @@
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
 // (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
 // grads as soon as the group is done (with overlap_comm, while backward goes on: two block buffers). Stage 3 gathers a group's parameters into group_params before use
-// (two block buffers: the next block is prefetched); parameters below the persistence threshold
-// live whole in whole_params, refreshed once per step.
+// (two block buffers: the next block is prefetched), through gather_staging (every rank's partitions
+// packed: [0] for a gather waited on at once, [1] for the prefetch); parameters below the persistence
+// threshold live whole in whole_params, refreshed once per step.
 #pragma once
 
 #include <torch/torch.h>
@@ -41,13 +43,15 @@ struct FlatParams {
   bool overlap = false;  // grouped and overlap_comm: gradient reduces run while backward goes on
   torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
   torch::Tensor whole_params;                    // stage 3: parameters kept whole
+  torch::Tensor gather_staging[2];               // stage 3: packed partitions of a gather ([1]: the prefetch's)
   std::vector<int64_t> group_offset;  // grouped: per parameter, where it sits in its group's buffers
   std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params or -1
   std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
   std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
   std::vector<std::string> names;
+  std::vector<torch::Tensor> arenas;  // one allocation per dtype; the buffers above are tensors over them
 
-  // Allocates every buffer once, for the plan's layout and precision, as rank `rank` holds them.
+  // Allocates the plan's execution's buffers, as rank `rank` holds them.
   static FlatParams allocate(const Plan& plan, int rank);
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
 

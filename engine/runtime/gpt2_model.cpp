@@ -1,5 +1,7 @@
 #include "engine/runtime/gpt2_model.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 
 #include "common/error.hpp"
@@ -35,7 +37,8 @@ Gpt2Model::Gpt2Model(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
 }
 
 void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
-  torch::manual_seed(seed);
+  // A generator of its own: the process-wide one is shared with every other thread (ranks in tests).
+  at::Generator gen = at::detail::createCPUGenerator(seed);
   torch::NoGradGuard no_grad;
   const double resid_std = 0.02 / std::sqrt(2.0 * hp.num_layers);
   for (const ParamSlot& p : plan.layout.params) {
@@ -46,9 +49,9 @@ void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor
     else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))
       t.fill_(1.0);
     else if (ends("c_proj.weight"))
-      t.normal_(0.0, resid_std);
+      t.normal_(0.0, resid_std, gen);
     else
-      t.normal_(0.0, 0.02);
+      t.normal_(0.0, 0.02, gen);
   }
 }
 

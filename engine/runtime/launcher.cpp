@@ -303,4 +303,22 @@ int launch_ranks(const LaunchSpec& spec_in) {
   return g_forwarded_signal == SIGTERM ? 143 : g_forwarded_signal ? 130 : 0;
 }
 
+std::vector<std::string> rank_arguments(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    bool launcher_only = argv[i] == "--overwrite";  // --no-fit-check goes on: ranks check too
+    for (const char* flag : {"--nproc-per-node", "--gpus", "--num_gpus", "--num-gpus", "--hostfile", "--master-addr",
+                             "--master_addr", "--master-port", "--master_port"}) {
+      if (argv[i] == flag) {
+        ++i;  // and its value
+        launcher_only = true;
+        break;
+      }
+      if (argv[i].rfind(std::string(flag) + "=", 0) == 0) launcher_only = true;
+    }
+    if (!launcher_only) out.push_back(argv[i]);
+  }
+  return out;
+}
+
 }  // namespace ds

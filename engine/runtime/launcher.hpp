@@ -34,6 +34,10 @@ struct LaunchSpec {
   std::chrono::seconds grace{30}; // after a failure: how long the others get to exit before SIGKILL
 };
 
+// The words each rank runs with: the launcher's command line (argv[1..]) without the flags that only the
+// launcher acts on (how many ranks, which hosts, the rendezvous; --overwrite, done once before starting).
+std::vector<std::string> rank_arguments(const std::vector<std::string>& argv);
+
 // Returns the exit status for the launcher: 0 when every rank succeeded, 130 when interrupted, else
 // the first failing rank's status (1 when it was killed by a signal).
 int launch_ranks(const LaunchSpec& spec);

@@ -1,5 +1,7 @@
 #include "engine/runtime/llama_model.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 #include <limits>
 
@@ -31,14 +33,15 @@ LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
 }
 
 void LlamaModel::initialise(const Plan& plan, torch::Tensor master, uint64_t seed) {
-  torch::manual_seed(seed);
+  // A generator of its own: the process-wide one is shared with every other thread (ranks in tests).
+  at::Generator gen = at::detail::createCPUGenerator(seed);
   torch::NoGradGuard no_grad;
   for (const ParamSlot& p : plan.layout.params) {
     torch::Tensor t = master.narrow(0, p.offset, p.numel);
     if (p.shape.size() == 1)
       t.fill_(1.0);  // RMSNorm gains
     else
-      t.normal_(0.0, 0.02);
+      t.normal_(0.0, 0.02, gen);
   }
 }
 

@@ -139,11 +139,11 @@ void TensorBoardMonitor::write(const std::vector<MetricEvent>& events) {
   out_.flush();
 }
 
-std::vector<std::unique_ptr<MetricSink>> open_monitors(const Config& config) {
+std::vector<std::unique_ptr<MetricSink>> open_monitors(const RunSettings& run) {
   std::vector<std::unique_ptr<MetricSink>> sinks;
-  if (config.csv_monitor.enabled) sinks.push_back(std::make_unique<CsvMonitor>(create_dir(config.csv_monitor, "csv_monitor")));
-  if (config.tensorboard.enabled)
-    sinks.push_back(std::make_unique<TensorBoardMonitor>(create_dir(config.tensorboard, "tensorboard")));
+  if (run.csv_monitor.enabled) sinks.push_back(std::make_unique<CsvMonitor>(create_dir(run.csv_monitor, "csv_monitor")));
+  if (run.tensorboard.enabled)
+    sinks.push_back(std::make_unique<TensorBoardMonitor>(create_dir(run.tensorboard, "tensorboard")));
   return sinks;
 }
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "schema/config.hpp"
+#include "engine/plan/plan.hpp"
 
 namespace ds {
 
@@ -54,7 +54,7 @@ class TensorBoardMonitor : public MetricSink {
 };
 
 // The sinks the config enables (possibly none). Throws UserError when a directory cannot be created.
-std::vector<std::unique_ptr<MetricSink>> open_monitors(const Config& config);
+std::vector<std::unique_ptr<MetricSink>> open_monitors(const RunSettings& run);
 
 // CRC-32C (Castagnoli), and TFRecord's masked form of it.
 uint32_t crc32c(const void* data, size_t n);

@@ -46,9 +46,9 @@ RuntimeTrainFn load() {
 
 }  // namespace
 
-TrainResult train_with_runtime(const Plan& plan, const Config& config, const TrainOptions& options) {
+TrainResult train_with_runtime(const Plan& plan, const TrainOptions& options) {
   TrainResult result;
-  load()(&plan, &config, &options, &result);
+  load()(&plan, &options, &result);
   return result;
 }
 

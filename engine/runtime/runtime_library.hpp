@@ -13,7 +13,7 @@ namespace ds {
 // train(plan, config, options) from libds_train.so. The library is looked up beside the running binary,
 // then in ../lib/ds/ (an installed ds), or where DS_RUNTIME_LIBRARY says; throws std::runtime_error
 // naming every place tried when it is in none. Exceptions thrown by the trainer pass through.
-TrainResult train_with_runtime(const Plan& plan, const Config& config, const TrainOptions& options);
+TrainResult train_with_runtime(const Plan& plan, const TrainOptions& options);
 
 // Where the library was found ("" before the first load), for `ds --version`.
 std::string runtime_library_path();

@@ -19,9 +19,14 @@ namespace ds {
 
 // Throws UserError for configurations this trainer cannot run (exit 2), std::runtime_error when the
 // run fails (exit 1). Progress goes to stderr.
-TrainResult train(const Plan& plan, const Config& config, const TrainOptions& options);
+TrainResult train(const Plan& plan, const TrainOptions& options);
+
+// The same with the ranks' communicator given (LocalGroup's threads in tests; a future backend): the
+// plan's topology must name the same rank and world size. Null on one rank.
+class Communicator;
+TrainResult train(const Plan& plan, const TrainOptions& options, Communicator* comm);
 
 // The reasons `train` would refuse this plan, empty when it can run it (for `ds plan` and tests).
-std::vector<std::string> unsupported_by_trainer(const Plan& plan, const Config& config);
+std::vector<std::string> unsupported_by_trainer(const Plan& plan);
 
 }  // namespace ds

@@ -35,7 +35,7 @@ struct TrainResult {
 };
 
 // The one symbol libds_train.so exports (C linkage: found by dlsym); it calls train().
-extern "C" void ds_runtime_train(const Plan* plan, const Config* config, const TrainOptions* options, TrainResult* result);
-using RuntimeTrainFn = void (*)(const Plan*, const Config*, const TrainOptions*, TrainResult*);
+extern "C" void ds_runtime_train(const Plan* plan, const TrainOptions* options, TrainResult* result);
+using RuntimeTrainFn = void (*)(const Plan*, const TrainOptions*, TrainResult*);
 
 }  // namespace ds

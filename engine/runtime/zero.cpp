@@ -24,7 +24,7 @@ struct ZeroExchange::Reduce {
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
-    : plan_(plan), flat_(flat), comm_(comm), stage3_(comm && plan.layout.stage == 3) {
+    : plan_(plan), flat_(flat), comm_(comm), stage3_(comm && plan.execution.gathers) {
   const FlatLayout& L = plan.layout;
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
@@ -46,7 +46,7 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
   std::vector<std::unique_ptr<PendingCollective>> pieces;
   const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
   for (int64_t at = 0; at < t.numel(); at += piece) {
-    pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, std::min(piece, t.numel() - at)), "gradients"));
+    pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, std::min(piece, t.numel() - at)), CollectiveKind::gradients));
     if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy) at a time
   }
   return pieces;
@@ -60,7 +60,7 @@ void ZeroExchange::reduce_gradients() {
 }
 
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
-  *partial = comm_ && plan_.layout.stage >= 1;
+  *partial = comm_ && plan_.execution.sharded;
   const torch::Tensor& g = flat_.local_grads;
   return g.scalar_type() == torch::kBFloat16 ? kernels::sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
                                              : kernels::sum_of_squares_f32(g.data_ptr<float>(), g.numel());
@@ -95,7 +95,8 @@ void ZeroExchange::finish_reduce() {
 }
 
 std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vector<int>& params, torch::Tensor dest,
-                                                                 const std::vector<int64_t>& offsets, const std::string& what) {
+                                                                 const std::vector<int64_t>& offsets, CollectiveKind what,
+                                                                 bool prefetch) {
   const FlatLayout& L = plan_.layout;
   const int W = L.world_size;
   auto g = std::make_unique<Gather>();
@@ -103,8 +104,9 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
   g->dest = std::move(dest);
   g->offsets = &offsets;
   for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
-  // This rank packs its partitions into its place; the rest stays zero for the gather by sum.
-  g->out = torch::zeros({g->n * W}, flat_.params.options());
+  // This rank packs its partitions into its place; the rest is zero for the gather by sum.
+  g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
+  g->out.zero_();
   int64_t at = flat_.rank * g->n;
   for (int i : params) {
     const ParamSlot& p = L.params[static_cast<size_t>(i)];
@@ -134,40 +136,46 @@ void ZeroExchange::finish(Gather& g) {
   }
 }
 
-void ZeroExchange::gather_block(int64_t layer, const std::string& what, int64_t prefetch) {
+void ZeroExchange::gather_block(int64_t layer, CollectiveKind what, int64_t prefetch) {
+  // A block whose parameters are all kept whole has nothing to gather (the plan counts no call for it).
+  const auto has_partitions = [&](int64_t l) { return !gathered_[static_cast<size_t>(l)].empty(); };
   if (prefetch_ && prefetch_->layer == layer) {
     finish(*prefetch_);
-  } else {
+  } else if (has_partitions(layer)) {
     if (prefetch_) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
-    auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what);
+    auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what, false);
     finish(*g);
   }
   prefetch_.reset();
   // The next block's gather runs while this one computes; it writes the other buffer, which no block
   // in use reads.
-  if (prefetch >= 0 && prefetch < static_cast<int64_t>(plan_.model.hp.num_layers)) {
-    prefetch_ = start_gather(gathered_[static_cast<size_t>(prefetch)], flat_.block_params[prefetch % 2], flat_.group_offset, what);
+  if (prefetch >= 0 && prefetch < static_cast<int64_t>(plan_.model.hp.num_layers) && has_partitions(prefetch)) {
+    prefetch_ = start_gather(gathered_[static_cast<size_t>(prefetch)], flat_.block_params[prefetch % 2], flat_.group_offset, what,
+                             true);
     prefetch_->layer = prefetch;
   }
 }
 
 void ZeroExchange::before_forward(int64_t layer) {
-  if (stage3_) gather_block(layer, evaluating_ ? "parameters (validation)" : "parameters (forward)", layer + 1);
+  if (stage3_)
+    gather_block(layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, layer + 1);
 }
 
 void ZeroExchange::before_backward(int64_t layer) {
-  if (stage3_) gather_block(layer, "parameters (backward)", layer - 1);
+  if (stage3_) gather_block(layer, CollectiveKind::parameters_backward, layer - 1);
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
-  if (comm_ && flat_.grouped) start_reduce(groups_[static_cast<size_t>(layer)], flat_.block_grads[flat_.overlap ? layer % 2 : 0]);
+  if (!comm_ || !flat_.grouped) return;
+  const ParamGroup& g = groups_[static_cast<size_t>(layer)];
+  start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
 }
 
 void ZeroExchange::begin_micro_step(bool evaluation) {
   evaluating_ = evaluation;
   if (!stage3_ || groups_.back().layer >= 0 || gathered_.back().empty()) return;
   auto g = start_gather(gathered_.back(), flat_.outer_params, flat_.group_offset,
-                        evaluation ? "parameters (validation)" : "parameters (forward)");
+                        evaluation ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, false);
   finish(*g);
 }
 
@@ -184,11 +192,11 @@ void ZeroExchange::end_micro_step() {
 }
 
 void ZeroExchange::publish_parameters() {
-  if (!comm_ || plan_.layout.stage == 0) return;
+  if (!comm_ || !plan_.execution.sharded) return;
   torch::NoGradGuard ng;
   if (stage3_) {
     if (whole_.empty()) return;
-    auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, "parameters kept whole");
+    auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);
     finish(*g);
     return;
   }
@@ -200,7 +208,7 @@ void ZeroExchange::publish_parameters() {
   flat_.params.narrow(0, mine.end, L.padded_numel - mine.end).zero_();
   const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
   for (int64_t at = 0; at < L.padded_numel; at += piece)
-    comm_->gather_by_sum(flat_.params.narrow(0, at, std::min(piece, L.padded_numel - at)), "updated parameters");
+    comm_->gather_by_sum(flat_.params.narrow(0, at, std::min(piece, L.padded_numel - at)), CollectiveKind::updated_parameters);
 }
 
 }  // namespace ds

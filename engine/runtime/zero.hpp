@@ -1,5 +1,6 @@
 // ds — ZeRO across ranks: the collectives each stage issues around the training step, exactly those
-// the plan lists (engine/plan/comm.hpp), counted in the communicator's ledger under the same names.
+// the plan's ZeRO execution lists (engine/plan/zero_plan.hpp), counted in the communicator's ledger
+// under the same CollectiveKind, through the buffers it describes (engine/runtime/flat_params.hpp).
 //   stage 0  gradients all-reduced once per step (in reduce-bucket pieces)
 //   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
 //   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduced into the
@@ -52,10 +53,11 @@ class ZeroExchange : public BlockHooks {
 
  private:
   struct Gather;
+  // `prefetch`: packs into the prefetch's staging buffer (at most one gather of each kind is in flight).
   std::unique_ptr<Gather> start_gather(const std::vector<int>& params, torch::Tensor dest, const std::vector<int64_t>& offsets,
-                                       const std::string& what);
+                                       CollectiveKind what, bool prefetch);
   void finish(Gather& g);
-  void gather_block(int64_t layer, const std::string& what, int64_t prefetch);
+  void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();

@@ -1,4 +1,4 @@
-#include "cli/run_dir.hpp"
+#include "engine/runtime/run_policy.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -6,8 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/runtime/checkpoint.hpp"
+#include "schema/json_diff.hpp"
 
-namespace ds::cli {
+namespace ds {
 namespace fs = std::filesystem;
 
 namespace {
@@ -85,4 +86,17 @@ std::vector<std::string> schedule_pins(const std::string& checkpoint_plan_json, 
   return pins;
 }
 
-}  // namespace ds::cli
+std::string resume_checkpoint(const std::string& resume, const std::string& output_dir) {
+  if (resume == "false") return "";
+  if (resume == "auto") return find_latest_checkpoint(output_dir);
+  return resolve_checkpoint_path(resume);
+}
+
+std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json) {
+  std::vector<std::string> changed;
+  for (const auto& p : json_differences(read_checkpoint_text(checkpoint, "config_json"), resolved_config_json))
+    if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0) changed.push_back(p);
+  return changed;
+}
+
+}  // namespace ds

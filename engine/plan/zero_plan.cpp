@@ -1,0 +1,185 @@
+#include "engine/plan/zero_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.hpp"
+#include "engine/plan/plan.hpp"
+
+namespace ds {
+
+const char* place_name(Place p) {
+  switch (p) {
+    case Place::device: return "device";
+    case Place::host: return "host";
+    case Place::nvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* buffer_role_name(BufferRole r) {
+  switch (r) {
+    case BufferRole::params: return "params";
+    case BufferRole::whole_params: return "whole_params";
+    case BufferRole::grads: return "grads";
+    case BufferRole::offload_grads: return "offload_grads";
+    case BufferRole::compute: return "compute";
+    case BufferRole::compute_grads: return "compute_grads";
+    case BufferRole::master: return "master";
+    case BufferRole::exp_avg: return "exp_avg";
+    case BufferRole::exp_avg_sq: return "exp_avg_sq";
+    case BufferRole::block_grads: return "block_grads";
+    case BufferRole::outer_grads: return "outer_grads";
+    case BufferRole::block_params: return "block_params";
+    case BufferRole::outer_params: return "outer_params";
+    case BufferRole::gather_staging: return "gather_staging";
+    case BufferRole::prefetch_staging: return "prefetch_staging";
+    case BufferRole::reduce_staging: return "reduce_staging";
+    case BufferRole::optimizer_swap: return "optimizer_swap";
+    case BufferRole::param_swap: return "param_swap";
+  }
+  return "?";
+}
+
+const ZeroBuffer* ZeroExecution::find(BufferRole role, Place place) const {
+  for (const ZeroBuffer& b : buffers)
+    if (b.role == role && b.place == place) return &b;
+  return nullptr;
+}
+
+namespace {
+
+Place offload_place(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::none: return Place::device;
+    case OffloadDevice::cpu: return Place::host;
+    case OffloadDevice::nvme: return Place::nvme;
+  }
+  return Place::device;
+}
+
+}  // namespace
+
+ZeroExecution describe_zero(const Plan& plan) {
+  const FlatLayout& L = plan.layout;
+  const ResolvedZero& knobs = plan.zero;
+  const PrecisionPolicy& pp = plan.precision;
+  DS_CHECK(L.stage >= 0 && L.stage <= 3, "stage ", L.stage);
+  ZeroExecution z;
+  z.stage = L.stage;
+  z.world_size = L.world_size;
+  const bool multi = L.world_size > 1;
+  const bool param_offload = L.stage == 3 && knobs.offload_param.device != OffloadDevice::none;
+  const bool opt_offload = L.stage >= 1 && knobs.offload_optimizer.device != OffloadDevice::none;
+  z.sharded = multi && L.stage >= 1;
+  // Stage 3 gathers parameters into group buffers whenever they are not all here: across ranks, or
+  // offloaded on one rank.
+  z.gathers = L.stage == 3 && (multi || param_offload);
+  z.grouped = L.stage >= 2 && (multi || z.gathers);
+  z.overlap = z.grouped && knobs.overlap_comm;
+  z.widened = pp.compute_dtype != pp.param_dtype;
+  z.gloo = plan.topology.device == DeviceKind::cpu;
+  z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
+  z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
+
+  // Where each parameter sits in its group's buffers. Every block has the same layout, so all blocks
+  // share one buffer (the offsets repeat); the outer parameters concatenate in order. Stage 3 keeps
+  // parameters below the persistence threshold whole, in a buffer of their own.
+  z.group_offset.assign(L.params.size(), 0);
+  z.whole_offset.assign(L.params.size(), -1);
+  int64_t whole_partitions = 0;
+  if (z.grouped) {
+    for (const ParamGroup& g : parameter_groups(L)) {
+      int64_t at = 0, gathered = 0;
+      for (int i : g.params) {
+        const ParamSlot& p = L.params[static_cast<size_t>(i)];
+        z.group_offset[static_cast<size_t>(i)] = at;
+        at += p.numel;
+        if (z.gathers && stays_whole(p, knobs.param_persistence_threshold)) {
+          z.whole_offset[static_cast<size_t>(i)] = z.whole_numel;
+          z.whole_numel += p.numel;
+          whole_partitions += p.partition_numel;
+        } else {
+          gathered += p.partition_numel;
+        }
+      }
+      if (g.layer >= 0) {
+        z.block_numel = std::max(z.block_numel, at);  // equal in every model ds trains; a hypothetical one may differ
+      } else {
+        z.outer_numel = at;
+      }
+      z.gather_numel = std::max(z.gather_numel, gathered * L.world_size);
+      if (g.layer >= 0) z.prefetch_numel = std::max(z.prefetch_numel, gathered * L.world_size);
+    }
+    z.gather_numel = std::max(z.gather_numel, whole_partitions * L.world_size);
+  }
+
+  auto add = [&](BufferRole role, Dtype dtype, int64_t elements, MemoryCategory category, Place place = Place::device,
+                 int copies = 1, bool transient = false) {
+    if (elements > 0 && copies > 0) z.buffers.push_back({role, dtype, elements, copies, place, category, transient});
+  };
+  const Dtype compute = pp.compute_dtype;
+  using C = MemoryCategory;
+
+  // Model states. Stage 3 holds only this rank's partition of the weights (on the host or NVMe when
+  // offloaded) plus, in the compute dtype the model reads, the parameters kept whole.
+  add(BufferRole::params, pp.param_dtype, z.gathers ? z.local_numel : z.full_numel, C::params,
+      param_offload ? offload_place(knobs.offload_param.device) : Place::device);
+  add(BufferRole::whole_params, compute, z.whole_numel, C::params);
+  // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
+  // reads this rank's reduced part in fp32 on the host; from stage 2 on that is the only copy.
+  if (!(opt_offload && z.grouped)) add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);
+  if (opt_offload) add(BufferRole::offload_grads, Dtype::fp32, z.local_numel, C::grads, Place::host);
+  // A compute dtype wider than the stored one (fp16 on the CPU): the model runs on a working copy of the
+  // weights (none when it reads gathered buffers only) and accumulates its gradients in that dtype.
+  if (z.widened) {
+    if (!z.gathers) add(BufferRole::compute, compute, z.full_numel, C::buffers);
+    add(BufferRole::compute_grads, compute, z.grouped ? z.local_numel : z.full_numel, C::buffers);
+  }
+  // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With
+  // offload the first `ratio` of them lives on the host or NVMe, the rest stays.
+  const double ratio = opt_offload ? knobs.offload_optimizer.ratio : 0.0;
+  const int64_t offloaded = static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio));
+  const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
+  std::vector<BufferRole> states;
+  if (pp.fp32_master) states.push_back(BufferRole::master);
+  if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
+  if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
+  for (BufferRole r : states) {
+    add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
+    add(r, Dtype::fp32, offloaded, C::optimizer_states, state_place);
+  }
+  if (opt_offload && knobs.offload_optimizer.device == OffloadDevice::nvme)
+    add(BufferRole::optimizer_swap, Dtype::fp32, std::min(knobs.sub_group_size, z.local_numel), C::buffers, Place::host,
+        static_cast<int>(knobs.offload_optimizer.buffer_count));
+  if (param_offload && knobs.offload_param.device == OffloadDevice::nvme)
+    add(BufferRole::param_swap, pp.param_dtype, knobs.offload_param.buffer_size, C::buffers, Place::host,
+        static_cast<int>(knobs.offload_param.buffer_count));
+
+  // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
+  // it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3
+  // gathers into one buffer per block in use (the next one prefetched) and the outer parameters', each
+  // gather packing every rank's partitions into a staging buffer first (the prefetch into its own).
+  if (z.grouped) {
+    add(BufferRole::block_grads, compute, z.block_numel, C::buffers, Place::device, z.overlap ? 2 : 1);
+    add(BufferRole::outer_grads, compute, z.outer_numel, C::buffers);
+  }
+  if (z.gathers) {
+    add(BufferRole::block_params, compute, z.block_numel, C::buffers, Place::device, 2);
+    add(BufferRole::outer_params, compute, z.outer_numel, C::buffers);
+    add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
+    add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
+  }
+  // Gloo reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at a
+  // time, or a whole group when its pieces all run beside backward (overlap_comm).
+  if (multi && z.gloo && dtype_bytes(compute) < 4) {
+    int64_t largest = z.full_numel;
+    if (z.grouped) largest = std::max(z.block_numel, z.outer_numel);
+    const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, knobs.reduce_bucket_size), largest);
+    add(BufferRole::reduce_staging, Dtype::fp32, in_flight, C::buffers, Place::device, 1, /*transient=*/true);
+  }
+  z.collectives = plan_collectives(plan, z);
+  return z;
+}
+
+}  // namespace ds

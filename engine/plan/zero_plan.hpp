@@ -1,0 +1,87 @@
+// ds — one ZeRO execution, described once: what a stage shards, groups and gathers, every buffer a
+// rank holds (role, dtype, elements, where it lives) and every collective it issues per step. The
+// memory table sums these buffers (engine/plan/memory.hpp), `ds plan` lists the collectives, and the
+// runtime allocates exactly these buffers (engine/runtime/flat_params.cpp) and issues exactly these
+// collectives (engine/runtime/zero.cpp), counting them under the same CollectiveKind. A new placement
+// (offload) is a new Place on a buffer here, not a new branch in the files that use it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/comm.hpp"
+#include "schema/config.hpp"
+
+namespace ds {
+
+struct Plan;
+
+enum class Place { device, host, nvme };
+const char* place_name(Place p);
+
+// The memory table's rows.
+enum class MemoryCategory { params, grads, optimizer_states, buffers };
+
+enum class BufferRole {
+  params,          // the stored weights: the whole (padded) model, or at stage 3 this rank's partition
+  whole_params,    // stage 3: the parameters below the persistence threshold, whole, in the compute dtype
+  grads,           // gradients in their stored dtype: the whole model (stages 0-1) or this rank's part (2-3)
+  offload_grads,   // fp32 gradients of this rank's part on the host, for an offloaded optimizer
+  compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)
+  compute_grads,   // the gradients backward accumulates in that wider dtype
+  master,          // fp32 master weights of this rank's part (mixed precision)
+  exp_avg,         // the optimizer's first moment (Adam, Lamb, SGD with momentum)
+  exp_avg_sq,      // the optimizer's second moment (Adam, Lamb)
+  block_grads,     // grouped: one transformer block's gradients (two with overlap_comm)
+  outer_grads,     // grouped: the gradients of the parameters outside the blocks
+  block_params,    // stage 3: one gathered block (two: the next one is prefetched)
+  outer_params,    // stage 3: the gathered parameters outside the blocks
+  gather_staging,  // stage 3: every rank's partitions packed for a gather waited on at once
+  prefetch_staging,  // stage 3: the same for the next block's gather, in flight while this block computes
+  reduce_staging,  // Gloo: the fp32 copy of the 16-bit gradient pieces in flight (the communicator's)
+  optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
+  param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
+};
+const char* buffer_role_name(BufferRole r);
+
+struct ZeroBuffer {
+  BufferRole role = BufferRole::params;
+  Dtype dtype = Dtype::fp32;
+  int64_t elements = 0;  // per copy
+  int copies = 1;
+  Place place = Place::device;
+  MemoryCategory category = MemoryCategory::params;
+  // Allocated by the communicator for each collective rather than held by the runtime's buffers.
+  bool transient = false;
+  double bytes() const { return static_cast<double>(elements) * copies * dtype_bytes(dtype); }
+};
+
+struct ZeroExecution {
+  int stage = 0, world_size = 1;
+  bool sharded = false;             // optimizer states partitioned: each rank steps its part
+  bool grouped = false;             // gradients reduced per parameter group as backward finishes it
+  bool gathers = false;             // stage 3: parameters partitioned, gathered before use
+  bool overlap = false;             // grouped reduces run while backward goes on (overlap_comm)
+  bool widened = false;             // the model computes in a wider dtype than the weights are stored in
+  bool gloo = true;                 // CPU ranks: no reduce-scatter, no 16-bit reductions
+  int64_t full_numel = 0;           // elements of the whole-model buffers (padded from stage 1 on)
+  int64_t local_numel = 0;          // elements this rank's optimizer steps (padding included)
+  int64_t block_numel = 0, outer_numel = 0;  // grouped: the elements of a block, of the outer parameters
+  int64_t whole_numel = 0;          // stage 3: elements kept whole on every rank
+  int64_t gather_numel = 0;         // stage 3: the largest gather's packed elements (all ranks)
+  int64_t prefetch_numel = 0;       // stage 3: the largest block gather's packed elements (all ranks)
+  std::vector<int64_t> group_offset;  // grouped: per parameter, its place in its group's buffers
+  std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params, or -1
+  std::vector<ZeroBuffer> buffers;
+  std::vector<Collective> collectives;  // empty on one rank
+
+  // The buffer of this role placed at `place`, or nullptr when the execution has none.
+  const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;
+};
+
+// Describes the execution of a plan whose layout, zero knobs, precision, optimizer, batch and topology
+// are resolved. Pure.
+ZeroExecution describe_zero(const Plan& plan);
+
+}  // namespace ds

@@ -1,0 +1,113 @@
+#include "engine/runtime/comm_local.hpp"
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+// A reusable two-phase meeting: ranks arrive with their tensors; the last one sums them in rank order;
+// every rank copies the sum out; the last to leave opens the next meeting.
+struct LocalGroup::Shared {
+  int world = 1;
+  std::chrono::milliseconds timeout{0};
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor sum;
+  int arrived = 0, left = 0;
+  bool leaving = false;
+
+  void wait(std::unique_lock<std::mutex>& lock, const char* what, const std::function<bool()>& ready) {
+    if (!cv.wait_for(lock, timeout, ready))
+      throw std::runtime_error(std::string("a local collective timed out waiting for ") + what);
+  }
+
+  // Every rank calls it with a tensor of the same shape and dtype; returns with the sum written into it.
+  void all_reduce(int rank, const torch::Tensor& t) {
+    std::unique_lock<std::mutex> lock(m);
+    wait(lock, "the previous collective to finish", [&] { return !leaving; });
+    inputs[static_cast<size_t>(rank)] = t;
+    if (++arrived == world) {
+      torch::Tensor s = inputs[0].clone();
+      for (int r = 1; r < world; ++r) {
+        DS_CHECK(inputs[static_cast<size_t>(r)].numel() == s.numel(), "ranks disagree on a collective's size");
+        s.add_(inputs[static_cast<size_t>(r)]);
+      }
+      sum = s;
+      leaving = true;
+      cv.notify_all();
+    } else {
+      wait(lock, "the other ranks", [&] { return leaving; });
+    }
+    t.copy_(sum);
+    if (++left == world) {
+      arrived = left = 0;
+      leaving = false;
+      sum = torch::Tensor();
+      for (auto& in : inputs) in = torch::Tensor();
+      cv.notify_all();
+    }
+  }
+};
+
+namespace {
+
+class Done : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
+class LocalCommunicator : public Communicator {
+ public:
+  LocalCommunicator(int rank, std::shared_ptr<LocalGroup::Shared> shared) : Communicator(rank, shared->world), shared_(std::move(shared)) {}
+  CommCapabilities capabilities() const override { return {}; }
+
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
+    // As over Gloo: 16-bit floats are summed through an fp32 copy.
+    const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
+    const torch::Tensor buf = narrow ? t.to(torch::kFloat32) : t;
+    count_all_reduce(kind, static_cast<double>(buf.nbytes()));
+    shared_->all_reduce(rank_, buf);
+    if (narrow) t.copy_(buf);
+    return std::make_unique<Done>();
+  }
+
+  std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous(), "gather of a non-contiguous tensor");
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    const torch::Tensor bits = bytes % 4 == 0 ? torch::from_blob(t.data_ptr(), {bytes / 4}, torch::kInt32)
+                                              : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8);
+    count_all_reduce(kind, static_cast<double>(bytes));
+    shared_->all_reduce(rank_, bits);
+    return std::make_unique<Done>();
+  }
+
+  void barrier() override { shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32)); }
+
+ private:
+  std::shared_ptr<LocalGroup::Shared> shared_;
+};
+
+}  // namespace
+
+LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout) : shared_(std::make_shared<Shared>()) {
+  DS_CHECK(world_size >= 1, "world size ", world_size);
+  shared_->world = world_size;
+  shared_->timeout = timeout;
+  shared_->inputs.resize(static_cast<size_t>(world_size));
+}
+
+LocalGroup::~LocalGroup() = default;
+
+std::unique_ptr<Communicator> LocalGroup::join(int rank) {
+  DS_CHECK(rank >= 0 && rank < shared_->world, "rank ", rank, " of ", shared_->world);
+  return std::make_unique<LocalCommunicator>(rank, shared_);
+}
+
+}  // namespace ds

@@ -1,0 +1,149 @@
+#include "engine/runtime/optimizer_step.hpp"
+
+#include <chrono>
+#include <cmath>
+
+#include "common/hash.hpp"
+
+namespace ds {
+namespace {
+
+// More skipped steps in a row than this (inf/NaN gradients) ends the run. fp16's dynamic scaler needs
+// room to halve its way down from 2^16 or more (with hysteresis); bf16 has no scale to lower, so a streak
+// means the weights are past saving.
+constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T) {
+  return torch::from_blob(const_cast<int32_t*>(v.data()), {B, T}, torch::kInt32).to(torch::kLong);
+}
+
+OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
+                             Communicator* comm, LossScaler& scaler)
+    : plan_(plan),
+      flat_(flat),
+      zero_(zero),
+      model_(model),
+      sampler_(sampler),
+      comm_(comm),
+      scaler_(scaler),
+      schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
+      optimizer_(plan.optimizer, plan.layout, flat.rank) {
+  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
+  if (comm && plan.execution.sharded && plan.optimizer.type == OptimizerType::Lamb)
+    sum_over_ranks_ = [comm](double* v, size_t n) {
+      comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
+    };
+  buffers_.master = flat.master.data_ptr<float>();
+  buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
+  buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
+  buffers_.params_bf16 =
+      plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
+  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened back.
+  buffers_.grads = flat.local_grads.data_ptr();
+  buffers_.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
+}
+
+void OptimizerStep::refresh_weights(bool rounded) {
+  torch::NoGradGuard ng;
+  if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) flat_.local_params.copy_(flat_.master);
+  zero_.publish_parameters();
+  if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
+}
+
+StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
+  const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
+  const int W = plan_.topology.world_size;
+  const uint64_t seed = plan_.run.seed;
+  StepOutcome out;
+  {
+    torch::NoGradGuard ng;
+    flat_.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
+  }
+  out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < GAS; ++m) {
+    sampler_.train_batch(step, m, in_, tgt_);
+    model_.set_dropout(splitmix64(seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
+                                                    static_cast<uint64_t>(flat_.rank))), true);
+    const auto f0 = std::chrono::steady_clock::now();
+    zero_.begin_micro_step(false);
+    torch::Tensor loss = model_.loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T));
+    out.forward_s += seconds_since(f0);
+    const auto b0 = std::chrono::steady_clock::now();
+    zero_.begin_backward();
+    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
+    (loss * (out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)))).backward();
+    zero_.end_micro_step();
+    out.backward_s += seconds_since(b0);
+    loss_sum += loss.item<double>();
+  }
+  const auto opt0 = std::chrono::steady_clock::now();
+  out.loss = loss_sum / static_cast<double>(GAS);
+  zero_.reduce_gradients();
+  if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
+    torch::NoGradGuard ng;
+    flat_.grads.copy_(flat_.compute_grads);
+    flat_.compute_grads.copy_(flat_.grads);
+  }
+  bool partial = false;
+  double sum_of_squares = zero_.grad_sum_of_squares(&partial);
+  out.stop_requested = stop_signal != 0;
+  if (comm_) {
+    // The mean loss, the gradient norm over the ranks' parts and whether any rank was interrupted,
+    // agreed in one small collective, so every rank takes the same step and stops after the same one.
+    torch::Tensor agreed =
+        torch::tensor({loss_sum, static_cast<double>(stop_signal), partial ? sum_of_squares : 0.0}, torch::kFloat64);
+    comm_->all_reduce_sum(agreed, CollectiveKind::control);
+    out.loss = agreed[0].item<double>() / static_cast<double>(GAS * W);
+    out.stop_requested = agreed[1].item<double>() > 0;
+    if (partial) sum_of_squares = agreed[2].item<double>();
+  }
+  const double scaled_norm = std::sqrt(sum_of_squares);
+  out.norm = scaled_norm / out.loss_scale;
+  const bool overflow = !std::isfinite(scaled_norm);
+  // fp32 and bf16: a non-finite loss means the weights are gone; fp32 has no overflow to skip either.
+  if (!scaler_.enabled() && (!std::isfinite(out.loss) || (overflow && plan_.precision.mode != "bf16")))
+    throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(out.loss) ? "NaN" : "infinite") + " at step " +
+                             std::to_string(step + 1) + ": lower the learning rate or keep gradient_clipping on");
+  out.lr = schedule_.lr_at(applied_ - 1);
+  out.skipped = overflow && plan_.precision.check_overflow;
+  if (scaler_.enabled()) {
+    std::string event;
+    out.skipped = scaler_.update(overflow, &event);
+    if (!event.empty()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": " + event);
+  }
+  consecutive_skips_ = out.skipped ? consecutive_skips_ + 1 : 0;
+  if (consecutive_skips_ > (scaler_.enabled() ? kMaxConsecutiveSkipsFp16 : kMaxConsecutiveSkipsBf16))
+    throw std::runtime_error(std::to_string(consecutive_skips_) + " optimizer steps in a row were skipped for inf/NaN gradients "
+                             "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
+  if (out.skipped) {
+    if (!scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
+  } else {
+    // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale
+    // comes off in the same multiply.
+    double clip = 1.0;
+    if (plan_.gradient_clipping > 0) {
+      const double c = (out.norm + 1e-6) / plan_.gradient_clipping;
+      if (c > 1) clip = 1.0 / c;
+    }
+    OptimizerStepInputs si;
+    si.lr = out.lr;
+    si.beta1 = schedule_.beta1_at(applied_ - 1);
+    si.beta2 = schedule_.beta2_override().value_or(plan_.optimizer.betas[1]);
+    si.grad_scale = clip / out.loss_scale;
+    si.step = applied_ + 1;
+    optimizer_.step(buffers_, si, sum_over_ranks_);
+    refresh_weights(buffers_.params_bf16 != nullptr);
+    ++applied_;
+  }
+  out.optimizer_s = seconds_since(opt0);
+  return out;
+}
+
+}  // namespace ds

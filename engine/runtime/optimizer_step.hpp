@@ -1,0 +1,75 @@
+// ds — one optimizer step of the training loop, as the plan describes it: the micro steps (forward,
+// backward, ZeRO's exchange around them), the gradient reduction, one small collective in which the
+// ranks agree on the mean loss, the global gradient norm and whether to stop, overflow handling (loss
+// scale, skipped steps), DeepSpeed's clipping, the fused optimizer update of this rank's part, and the
+// new weights published to every rank. The training loop (trainer.cpp) orchestrates; this does the step.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/comm.hpp"
+#include "engine/runtime/data/sampler.hpp"
+#include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/language_model.hpp"
+#include "engine/runtime/loss_scaler.hpp"
+#include "engine/runtime/lr_schedule.hpp"
+#include "engine/runtime/optimizer.hpp"
+#include "engine/runtime/zero.hpp"
+
+namespace ds {
+
+struct StepOutcome {
+  double loss = 0;        // mean over the step's micro batches and ranks
+  double norm = 0;        // global gradient norm, loss scale removed (inf/NaN on overflow)
+  double lr = 0;
+  double loss_scale = 1;  // the scale this step ran at (fp16)
+  bool skipped = false;   // inf/NaN gradients: no update
+  bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
+  std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+};
+
+class OptimizerStep {
+ public:
+  // `comm` null on one rank. Everything is borrowed and must outlive this object.
+  OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
+                Communicator* comm, LossScaler& scaler);
+
+  // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
+  // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
+  // from every rank, then widened to the compute dtype where the two differ (CPU fp16; at stage 3 the
+  // gathers widen).
+  void refresh_weights(bool rounded);
+
+  // Runs step `step` (0-based). `stop_signal`: this rank's pending SIGINT/SIGTERM, 0 if none. Throws
+  // std::runtime_error when the loss or the weights are lost (non-finite without a scaler, or too many
+  // skipped steps in a row).
+  StepOutcome run(int64_t step, int stop_signal);
+
+  // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).
+  int64_t applied() const { return applied_; }
+  void set_applied(int64_t n) { applied_ = n; }
+
+ private:
+  const Plan& plan_;
+  FlatParams& flat_;
+  ZeroExchange& zero_;
+  LanguageModel& model_;
+  BatchSampler& sampler_;
+  Communicator* comm_;
+  LossScaler& scaler_;
+  LrSchedule schedule_;
+  FlatOptimizer optimizer_;
+  SumOverRanks sum_over_ranks_;
+  OptimizerBuffers buffers_;
+  int64_t applied_ = 0, consecutive_skips_ = 0;
+  std::vector<int32_t> in_, tgt_;
+};
+
+// Token ids as the model's input: a [B, T] int64 tensor.
+torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T);
+
+}  // namespace ds

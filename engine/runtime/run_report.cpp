@@ -1,0 +1,259 @@
+#include "engine/runtime/run_report.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "common/format.hpp"
+#include "engine/runtime/data/token_source.hpp"
+
+namespace ds {
+namespace {
+
+// "0.0412", "1.73", "12.4": three significant digits, so a small model's rate is never printed as 0.00.
+std::string three_digits(double v) {
+  char buf[32];
+  const int decimals = v >= 100 ? 0 : v >= 10 ? 1 : v >= 1 ? 2 : v > 0 ? std::min(9, 2 - static_cast<int>(std::floor(std::log10(v)))) : 2;
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string duration_text(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+  return buf;
+}
+
+// A value for metrics.jsonl: JSON has no inf or NaN (an overflowed fp16 step's norm), so those are null.
+std::string json_number(double v) { return std::isfinite(v) ? format_fixed(v, 6) : "null"; }
+
+// The bytes this rank holds beside the plan's prediction, by category.
+std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategories& plan) {
+  std::string line = "held per rank (plan):";
+  for (const auto& [name, have, want] : {std::tuple{"params", held.params, plan.params},
+                                         {"gradients", held.grads, plan.grads},
+                                         {"optimizer states", held.optimizer_states, plan.optimizer_states},
+                                         {"buffers", held.buffers, plan.buffers}})
+    line += std::string(" ") + name + " " + format_bytes(have) + " (" + format_bytes(want) + "),";
+  line.pop_back();
+  return line;
+}
+
+}  // namespace
+
+RunLog::RunLog(const std::filesystem::path& file, bool live) : live_(live) {
+  if (!file.empty()) {
+    file_.open(file, std::ios::app);
+    if (!file_) throw std::runtime_error("cannot write " + file.string());
+  }
+}
+
+void RunLog::note(const std::string& line) {
+  if (live_) std::cerr << "\r\033[K";
+  std::cerr << line << "\n";
+  write_file(line);
+}
+
+void RunLog::progress(const std::string& line, bool due) {
+  if (live_) {
+    std::cerr << "\r\033[K" << line << (due ? "\n" : "") << std::flush;
+  } else if (due) {
+    std::cerr << line << "\n";
+  }
+  if (due) write_file(line);
+}
+
+void RunLog::end_live_line() {
+  if (live_) std::cerr << "\n";
+}
+
+void RunLog::write_file(const std::string& line) {
+  if (!file_.is_open()) return;
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+  file_ << stamp << " " << line << "\n" << std::flush;
+  if (!file_) throw std::runtime_error("writing train.log failed (is the disk full?)");
+}
+
+namespace {
+// Rank 0 creates the run directory before the log opens its train.log there.
+std::filesystem::path prepared_dir(const Plan& plan, bool lead) {
+  const std::filesystem::path dir(plan.run.output_dir);
+  if (lead) std::filesystem::create_directories(dir);
+  return dir;
+}
+}  // namespace
+
+RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, TrainResult& result)
+    : plan_(plan),
+      opt_(options),
+      lead_(lead),
+      result_(result),
+      dir_(prepared_dir(plan, lead)),
+      log_(lead ? dir_ / "train.log" : std::filesystem::path(), options.live_progress && lead) {
+  result_.metrics_path = (dir_ / "metrics.jsonl").string();
+  if (!lead) return;
+  for (const auto& [name, text] : {std::pair{"config.json", &opt_.resolved_config_json}, {"plan.json", &opt_.plan_json}}) {
+    std::ofstream f(dir_ / name);
+    f << *text << "\n" << std::flush;
+    if (!f) throw std::runtime_error("cannot write " + (dir_ / name).string() + " (is the disk full?)");
+  }
+  // Appended, never truncated: a resumed run's steps follow the earlier ones (a fresh run into a
+  // directory holding a run is refused before this, or the run was removed by --overwrite).
+  metrics_.open(result_.metrics_path, std::ios::app);
+  if (!metrics_) throw std::runtime_error("cannot write " + result_.metrics_path);
+  monitors_ = open_monitors(plan.run);
+}
+
+void RunReport::describe(const FlatParams::Bytes& held, const std::string& data, int64_t train_tokens, int64_t val_tokens) {
+  const Plan& p = plan_;
+  const int W = p.topology.world_size;
+  log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters, " + p.precision.mode + ", " +
+            optimizer_type_name(p.optimizer.type) +
+            (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
+  log_.note("ds train: " + held_bytes_line(held, p.memory.device));
+  log_.note("ds train: data " + data + "; " + format_count(train_tokens) + " training / " + format_count(val_tokens) +
+            " validation tokens");
+  log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
+            std::to_string(p.seq_len) + " tokens (" + std::to_string(p.batch.micro_batch) + " x " +
+            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads; writing " +
+            dir_.string() + "/");
+}
+
+void RunReport::start() { start_ = std::chrono::steady_clock::now(); }
+
+void RunReport::begin_step(const Communicator* comm) {
+  if (comm) comm_before_ = comm->ledger();
+}
+
+void RunReport::end_collectives(const Communicator* comm) {
+  step_comm_.clear();
+  if (!comm) return;
+  ranks_ = true;
+  for (const auto& [kind, st] : comm->ledger()) {
+    CommStats d = st;
+    if (auto it = comm_before_.find(kind); it != comm_before_.end()) {
+      d.calls -= it->second.calls;
+      d.bytes -= it->second.bytes;
+      d.seconds -= it->second.seconds;
+    }
+    if (d.calls == 0) continue;
+    step_comm_[kind] = d;
+    comm_total_[kind].bytes += d.bytes;
+    comm_total_[kind].calls += d.calls;
+  }
+}
+
+void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s) {
+  const Plan& p = plan_;
+  double comm_bytes = 0, comm_s = 0;
+  for (const auto& [kind, d] : step_comm_) {
+    comm_bytes += d.bytes;
+    comm_s += d.seconds;
+  }
+  result_.comm_bytes.push_back(comm_bytes);
+  result_.losses.push_back(o.loss);
+  if (val) result_.val_losses.push_back(*val);
+  if (o.skipped) ++result_.skipped_steps;
+  result_.steps = step + 1;
+
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  smoothed_step_s_ = step == result_.first_step ? step_s : 0.9 * smoothed_step_s_ + 0.1 * step_s;
+  const double tok_s = static_cast<double>(p.tokens_per_step) / smoothed_step_s_;
+  const double tflops = p.train_flops_per_step / smoothed_step_s_ / 1e12;
+  char val_text[32] = "";
+  if (val) std::snprintf(val_text, sizeof val_text, " (val %.4f)", *val);
+  char line[256];
+  std::snprintf(line, sizeof line, "step %*lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %s tok/s | %s TFLOP/s | eta %s",
+                static_cast<int>(std::to_string(p.steps).size()), static_cast<long long>(step + 1), static_cast<long long>(p.steps),
+                o.loss, val_text, o.lr, o.norm, format_count(static_cast<int64_t>(tok_s)).c_str(), three_digits(tflops).c_str(),
+                duration_text(elapsed / static_cast<double>(step + 1 - result_.first_step) * static_cast<double>(p.steps - step - 1))
+                    .c_str());
+  const bool due = (step + 1) % std::max<int64_t>(1, opt_.print_every) == 0 || step == 0 || step + 1 == p.steps || val;
+  log_.progress(line, due);
+  if (due && p.run.comms_logger && ranks_) {  // DeepSpeed's comms_logger: bytes and time per collective
+    std::string c = "comms step " + std::to_string(step + 1) + ": ";
+    for (const auto& [kind, d] : step_comm_)
+      c += std::string(c.back() == ' ' ? "" : " | ") + collective_name(kind) + " " + std::to_string(d.calls) + "x " +
+           format_bytes(d.bytes) + " " + format_fixed(d.seconds * 1e3, 2) + " ms";
+    log_.note(c);
+  }
+  if (due && p.run.wall_clock_breakdown && !opt_.live_progress) {  // DeepSpeed's format; "step" = optimizer + clipping
+    char times[128];
+    std::snprintf(times, sizeof times, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f", o.forward_s * 1e3, o.backward_s * 1e3,
+                  o.optimizer_s * 1e3);
+    log_.note(times);
+  }
+  if (lead_) {
+    char val_json[48] = "";
+    if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
+    char scale_json[48] = "";
+    if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
+    char json[448];
+    std::snprintf(json, sizeof json,
+                  "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
+                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
+                  "\"comm_s\": %.4f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
+                  static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(), tok_s, step_s,
+                  o.forward_s, o.backward_s, o.optimizer_s, comm_bytes, comm_s, p.train_flops_per_step / step_s / 1e12,
+                  o.skipped ? "true" : "false", scale_json, val_json);
+    metrics_ << json << std::flush;
+    if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
+  }
+  if (!monitors_.empty()) {
+    const int64_t samples = (step + 1) * p.batch.train_batch_size;  // DeepSpeed's x axis
+    std::vector<MetricEvent> events{{"Train/Samples/train_loss", o.loss, samples}, {"Train/Samples/lr", o.lr, samples},
+                                    {"Train/Samples/grad_norm", o.norm, samples}};
+    if (p.precision.loss_scaling.enabled) events.push_back({"Train/Samples/loss_scale", o.loss_scale, samples});
+    if (val) events.push_back({"Train/Samples/val_loss", *val, samples});
+    if (p.run.wall_clock_breakdown)
+      for (const auto& [name, s] : {std::pair{"forward", o.forward_s}, {"backward", o.backward_s}, {"step", o.optimizer_s}})
+        events.push_back({std::string("Train/Samples/elapsed_time_ms_") + name, s * 1e3, samples});
+    for (const auto& m : monitors_) m->write(events);
+  }
+}
+
+void RunReport::finish() {
+  const Plan& p = plan_;
+  TrainResult& r = result_;
+  if (ranks_ && r.steps > r.first_step) {
+    // What went on the wire per step beside the plan's prediction, per collective.
+    const double n = static_cast<double>(r.steps - r.first_step);
+    log_.note("ds train: sent per rank per step (plan):");
+    for (const Collective& c : p.execution.collectives) {
+      const auto it = comm_total_.find(c.kind);
+      const double bytes = it == comm_total_.end() ? 0.0 : it->second.bytes / n;
+      const double calls = it == comm_total_.end() ? 0.0 : static_cast<double>(it->second.calls) / n;
+      log_.note(std::string("  ") + c.what() + ": " + format_fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
+                std::to_string(c.calls_per_step) + " calls, " + format_bytes(c.wire_bytes_per_rank_per_step) + ")");
+    }
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) r.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  if (r.interrupted) log_.end_live_line();
+  if (r.losses.empty()) return;
+  // The run's last lines, on the terminal and in train.log.
+  auto four = [](double v) { return format_fixed(v, 4); };
+  std::string done = std::string("ds train: ") + (r.interrupted ? "interrupted at step " : "done: ") + std::to_string(r.steps) +
+                     " of " + std::to_string(p.steps) + " steps (" + std::to_string(r.steps - r.first_step) + " this run) in " +
+                     format_fixed(r.seconds, 1) + " s; loss " + four(r.losses.front()) + " -> " + four(r.losses.back());
+  if (!r.val_losses.empty()) done += " (validation " + four(r.val_losses.back()) + ")";
+  if (p.data.type == DataType::synthetic) done += "; the synthetic language's floor is " + four(markov_entropy_nats());
+  if (r.skipped_steps) done += "; " + std::to_string(r.skipped_steps) + " steps skipped";
+  log_.note(done);
+  const double predicted = p.memory.device.total() + p.memory.host.total();
+  const double grown = r.peak_rss_bytes - r.baseline_rss_bytes;
+  log_.note("ds train: peak resident memory " + format_bytes(r.peak_rss_bytes) + ": " + format_bytes(r.baseline_rss_bytes) +
+            " of code and libraries + " + format_bytes(grown) + " for training, " + format_fixed(grown / predicted, 2) +
+            "x the plan's " + format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+}
+
+}  // namespace ds

@@ -1,0 +1,188 @@
+// ZeRO's exchange at every stage inside one process: ranks are threads joined by a LocalGroup, so the
+// flat buffers, the gradient reduction, the stage-3 gathers and the communicator's ledger are checked
+// without starting processes (the Gloo runs in test_zero.cpp remain the integration tests).
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <unistd.h>
+
+#include "engine/runtime/comm_local.hpp"
+#include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/language_model.hpp"
+#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/zero.hpp"
+#include "schema/loader.hpp"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+  "model": {"preset": "gpt2-tiny"}, "data": {"type": "synthetic", "seq_len": 16, "val_fraction": 0.05},
+  "zero_optimization": {"reduce_bucket_size": 3000, "allgather_bucket_size": 5000,
+                        "stage3_param_persistence_threshold": "auto"},
+  "train": {"steps": 6, "eval_every": 0, "threads": 1}})";
+
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) {
+  Config c = load_config_text(kTiny, "tiny.json", overrides);
+  Topology t;
+  t.world_size = t.ranks_per_node = world;
+  t.rank = rank;
+  t.cores_per_node = world;
+  t.host_memory_bytes = 8.0 * (1 << 30);
+  t.world_size_source = "test";
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
+
+// Runs `body(rank)` on `world` threads and rethrows the first failure.
+void on_ranks(int world, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+torch::Tensor tokens(int64_t sample, int64_t T) {
+  return torch::randint(0, 256, {1, T}, torch::TensorOptions().dtype(torch::kLong)).add_(sample * 7).remainder_(256);
+}
+
+// The whole model's weights from the seed, as the trainer initialises them, into this rank's buffers.
+void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
+  torch::NoGradGuard ng;
+  torch::Tensor init = torch::zeros({plan.layout.numel}, torch::kFloat32);
+  initialise_model(plan.model.hp, plan, init, 5);
+  for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
+  if (flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
+  zero.publish_parameters();
+}
+
+// One micro step on this rank's batch, its loss scaled (1/W: the ranks' sum is the mean).
+void micro_step(ZeroExchange& zero, LanguageModel& model, const torch::Tensor& in, const torch::Tensor& tgt, double scale) {
+  zero.begin_micro_step(false);
+  torch::Tensor loss = model.loss(in, tgt);
+  zero.begin_backward();
+  (loss * scale).backward();
+  zero.end_micro_step();
+}
+
+}  // namespace
+
+TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
+  const int64_t T = 16;  // two samples per rank
+  for (int world : {2, 3}) {
+    // Every rank's batch, and the reference: one rank of the same model accumulating them all.
+    std::vector<torch::Tensor> in, tgt;
+    torch::manual_seed(11);
+    for (int r = 0; r < world; ++r) {
+      in.push_back(torch::cat({tokens(2 * r, T), tokens(2 * r + 1, T)}));
+      tgt.push_back(torch::cat({tokens(2 * r + 7, T), tokens(2 * r + 8, T)}));
+    }
+    const Plan one = plan_for(1, 0, {"zero_optimization.stage=0"});
+    FlatParams ref = FlatParams::allocate(one, 0);
+    ZeroExchange ref_zero(one, ref, nullptr);
+    auto ref_model = make_model(one, ref);
+    initialise(one, ref, ref_zero);
+    for (int r = 0; r < world; ++r) micro_step(ref_zero, *ref_model, in[r], tgt[r], 1.0 / world);
+    const torch::Tensor expected = ref.grads.narrow(0, 0, one.layout.numel);
+
+    for (int stage : {0, 1, 2, 3}) {
+      // The third variant keeps every parameter of this tiny model whole at stage 3 (DeepSpeed's default threshold).
+      for (const char* overlap : {"zero_optimization.overlap_comm=false", "zero_optimization.overlap_comm=true",
+                                  "zero_optimization.stage3_param_persistence_threshold=100000"}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(world) + " thread ranks, " + overlap);
+        LocalGroup group(world);
+        torch::Tensor assembled = torch::zeros({one.layout.numel}, torch::kFloat32);
+        std::vector<CommLedger> ledgers(static_cast<size_t>(world));
+        std::vector<Plan> plans;
+        for (int r = 0; r < world; ++r) plans.push_back(plan_for(world, r, {"zero_optimization.stage=" + std::to_string(stage), overlap}));
+        std::mutex m;
+        on_ranks(world, [&](int r) {
+          const Plan& plan = plans[static_cast<size_t>(r)];
+          auto comm = group.join(r);
+          FlatParams flat = FlatParams::allocate(plan, r);
+          ZeroExchange zero(plan, flat, comm.get());
+          auto model = make_model(plan, flat);
+          if (flat.grouped) model->set_block_hooks(&zero);
+          initialise(plan, flat, zero);
+          const CommLedger before = comm->ledger();
+          micro_step(zero, *model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);
+          zero.reduce_gradients();
+          std::lock_guard<std::mutex> lock(m);
+          for (const OwnedSegment& s : flat.owned)
+            assembled.narrow(0, s.global, s.numel).copy_(flat.local_grads.narrow(0, s.local, s.numel));
+          CommLedger step;
+          for (const auto& [kind, st] : comm->ledger()) {
+            CommStats d = st;
+            if (auto it = before.find(kind); it != before.end()) d.bytes -= it->second.bytes, d.calls -= it->second.calls;
+            if (d.calls > 0) step[kind] = d;
+          }
+          ledgers[static_cast<size_t>(r)] = step;
+        });
+        // Every element of the gradient is owned by exactly one rank and equals the whole batch's.
+        EXPECT_TRUE(torch::allclose(assembled, expected, 1e-5, 1e-7))
+            << "max difference " << (assembled - expected).abs().max().item<double>();
+        // One micro step's collectives are the plan's, kind for kind, byte for byte.
+        for (const Collective& c : plans[0].execution.collectives) {
+          if (c.when != "per micro step" && c.kind != CollectiveKind::gradients) continue;
+          for (int r = 0; r < world; ++r) {
+            const CommLedger& l = ledgers[static_cast<size_t>(r)];
+            const auto it = l.find(c.kind);
+            ASSERT_NE(it, l.end()) << c.what() << " on rank " << r;
+            EXPECT_DOUBLE_EQ(it->second.bytes, c.wire_bytes_per_rank_per_step) << c.what() << " on rank " << r;
+            EXPECT_EQ(it->second.calls, c.calls_per_step) << c.what() << " on rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {
+  const fs::path root = fs::temp_directory_path() / ("ds_zero_local_" + std::to_string(::getpid()));
+  auto run = [&](int world, int stage) {
+    const std::string dir = (root / ("w" + std::to_string(world) + "_s" + std::to_string(stage))).string();
+    fs::remove_all(dir);
+    // The same global batch of 4 samples: 2 per rank on 2 ranks, 4 on one.
+    const std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage),
+                                     "train_micro_batch_size_per_gpu=" + std::to_string(4 / world), "train.output_dir=" + dir};
+    std::vector<TrainResult> results(static_cast<size_t>(world));
+    LocalGroup group(world);
+    on_ranks(world, [&](int r) {
+      const Plan plan = plan_for(world, r, o);
+      TrainOptions opt;
+      opt.print_every = 1000;
+      auto comm = world > 1 ? group.join(r) : nullptr;
+      results[static_cast<size_t>(r)] = train(plan, opt, comm.get());
+    });
+    return results;
+  };
+  const std::vector<double> base = run(1, 0)[0].losses;
+  ASSERT_EQ(base.size(), 6u);
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const auto results = run(2, stage);
+    for (const TrainResult& r : results) {
+      ASSERT_EQ(r.losses.size(), base.size());
+      for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(r.losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+    }
+    EXPECT_EQ(results[0].losses, results[1].losses);  // every rank agrees on the mean loss
+    EXPECT_FALSE(results[0].last_checkpoint.empty());
+  }
+  fs::remove_all(root);
+}
