@@ -204,6 +204,16 @@ TEST(PlanJson, ParsesAndCarriesTheSchemaVersion) {
   EXPECT_EQ(j["zero"]["stage"], 3);
   EXPECT_EQ(j["layout"]["params"].size(), p.layout.params.size());
   EXPECT_EQ(j["memory"]["device_per_rank"]["total"], static_cast<int64_t>(std::llround(p.memory.device.total())));
+  // The buffers listed add up to the memory table (less the activations), and say how stage 3 runs.
+  double listed = 0;
+  for (const auto& b : j["zero_execution"]["buffers"]) {
+    EXPECT_EQ(b["bytes"].get<double>(), b["elements"].get<double>() * b["copies"].get<double>() * (b["dtype"] == "fp32" ? 4 : 2));
+    if (b["place"] == "device") listed += b["bytes"].get<double>();
+  }
+  EXPECT_NEAR(listed, p.memory.device.total() - p.memory.device.activations, 16.0);  // JSON rounds each to bytes
+  EXPECT_EQ(j["zero_execution"]["gathers"], true);
+  EXPECT_EQ(j["zero_execution"]["sharded"], true);
+  EXPECT_EQ(j["run"]["seed"], p.run.seed);
 }
 
 TEST(Templates, EveryTemplateValidatesAndPlans) {
