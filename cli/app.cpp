@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/common.hpp"
+#include "cli/convert_ckpt.hpp"
 #include "cli/env.hpp"
 #include "cli/estimate_memory.hpp"
 #include "cli/pending.hpp"

@@ -12,6 +12,7 @@
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
 
 namespace ds::cli {
@@ -185,6 +186,14 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   if (config.data.type == DataType::text && config.data.tokenizer == "gpt2") {
     need(config.data.vocab_file, "data.vocab_file");
     need(config.data.merges_file, "data.merges_file");
+  }
+  // Initial weights: must exist and match the model, tensor by tensor (headers only are read).
+  if (!config.model.init_from.empty() && plan.has_model) {
+    try {
+      match_weights(*open_weights(config.model.init_from), plan.model);
+    } catch (const UserError& e) {
+      missing.push_back({"model.init_from", e.what(), e.hint()});
+    }
   }
   if (!missing.empty() && a.inputs_must_exist) throw ConfigError(a.config, missing);
   plan.warnings.insert(plan.warnings.end(), missing.begin(), missing.end());

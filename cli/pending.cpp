@@ -19,14 +19,6 @@ Subcommand pending(CLI::App& app, const char* name, const char* what, const char
 
 }  // namespace
 
-Subcommand setup_convert_ckpt(CLI::App& app) {
-  return pending(app, "convert-ckpt", "consolidate ZeRO shards, reshard, export/import Hugging Face safetensors",
-                 R"(Examples (once available):
-  ds convert-ckpt runs/gpt2/checkpoints/latest --to hf out/
-  ds convert-ckpt runs/gpt2/checkpoints/latest --world-size 4 out/)",
-                 "`ds plan CONFIG --json` shows the flat layout and shard ranges a checkpoint will use");
-}
-
 Subcommand setup_profile(CLI::App& app) {
   return pending(app, "profile", "where time, FLOPs, bytes and memory go in a training step",
                  R"(Examples (once available):

@@ -1,4 +1,4 @@
-// ds — the subcommands whose engines are not built yet (convert-ckpt, profile). They are registered so `ds --help` shows the whole tool, document what they will do, and
+// ds — the subcommands whose engines are not built yet (profile). They are registered so `ds --help` shows the whole tool, document what they will do, and
 // when run say plainly that this build cannot do it yet, exiting 1.
 #pragma once
 
@@ -6,7 +6,6 @@
 
 namespace ds::cli {
 
-Subcommand setup_convert_ckpt(CLI::App& app);
 Subcommand setup_profile(CLI::App& app);
 
 }  // namespace ds::cli

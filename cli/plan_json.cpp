@@ -189,7 +189,8 @@ std::string plan_to_json(const Plan& p, int indent) {
               {"eval_every", p.run.eval_every},     {"eval_batches", p.run.eval_batches},
               {"comm_timeout_s", p.run.comm_timeout_s}, {"comms_logger", p.run.comms_logger},
               {"wall_clock_breakdown", p.run.wall_clock_breakdown},
-              {"csv_monitor", p.run.csv_monitor.enabled}, {"tensorboard", p.run.tensorboard.enabled}};
+              {"csv_monitor", p.run.csv_monitor.enabled}, {"tensorboard", p.run.tensorboard.enabled},
+              {"init_from", p.run.init_from}};
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},
                  {"host_per_rank", categories(p.memory.host)},
                  {"nvme_per_rank", bytes(p.memory.nvme)},

@@ -9,8 +9,6 @@
 namespace ds::cli {
 namespace {
 
-std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s : s + std::string(w - s.size(), ' '); }
-std::string lpad(const std::string& s, size_t w) { return s.size() >= w ? s : std::string(w - s.size(), ' ') + s; }
 
 std::string flops(double f) {
   char buf[64];
@@ -89,7 +87,8 @@ std::string batch_text(const Plan& p) {
 
 std::string run_text(const Plan& p) {
   return std::to_string(p.steps) + " steps, " + std::to_string(p.threads) + (p.threads == 1 ? " thread" : " threads") +
-         " per rank" + (p.activation_checkpointing ? ", activation checkpointing" : "");
+         " per rank" + (p.activation_checkpointing ? ", activation checkpointing" : "") +
+         (p.run.init_from.empty() ? std::string() : ", weights from " + p.run.init_from);
 }
 
 std::string decided_and_warnings(const Plan& p, const std::function<std::string(const std::string&)>& h) {

@@ -13,6 +13,9 @@ std::string format_count(int64_t n);               // "124,439,808"
 std::string format_si(double n);                   // "124.4M", "6.74B", "1.2T"
 std::string format_double(double v);               // shortest text that reads back the same
 std::string format_fixed(double v, int decimals);  // "%.*f": "12.35"
+// Table columns: `s` padded with spaces to `width` on the right (pad) or on the left (lpad).
+inline std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
+inline std::string lpad(const std::string& s, size_t width) { return s.size() >= width ? s : std::string(width - s.size(), ' ') + s; }
 
 // Parses "80GiB", "80 GB", "512MiB", "1.5T", "4096B". The rule: KB/MB/GB/TB are powers of 10 (GB = 10^9);
 // KiB/MiB/GiB/TiB and the bare letters K/M/G/T are powers of 2 (GiB = G = 2^30). A number without a unit

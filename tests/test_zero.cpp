@@ -18,6 +18,7 @@
 
 #include "cli_helpers.hpp"
 #include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/safetensors.hpp"
 
 using namespace cli_test;
 using nlohmann::json;
@@ -107,6 +108,17 @@ void expect_same_run_as_one_rank(int ranks) {
     expect_close(state.master, base_state.master, "weights");
     expect_close(state.exp_avg, base_state.exp_avg, "exp_avg");
     expect_close(state.exp_avg_sq, base_state.exp_avg_sq, "exp_avg_sq");
+    // Consolidated by `ds convert-ckpt` (tensor by tensor from the shards): exactly the weights a resume loads.
+    Result c = cli_test::ds("convert-ckpt " + dir + " " + dir + "/consolidated.safetensors");
+    ASSERT_EQ(c.code, 0) << c.err;
+    ds::SafetensorsFile file(dir + "/consolidated.safetensors");
+    std::vector<float> consolidated;
+    for (const ds::StTensor& t : file.view().tensors()) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      file.view().read_f32(t, v.data());
+      consolidated.insert(consolidated.end(), v.begin(), v.end());
+    }
+    EXPECT_TRUE(consolidated == state.master) << "the consolidated file differs from the checkpoint's weights";
     // Bytes sent per step are the plan's, collective for collective.
     double planned = 0;
     const json plan = json::parse(slurp(dir + "/plan.json"));

@@ -192,6 +192,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.run.wall_clock_breakdown = c.wall_clock_breakdown;
   plan.run.csv_monitor = c.csv_monitor;
   plan.run.tensorboard = c.tensorboard;
+  plan.run.init_from = c.model.init_from;
   plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
   plan.activation_checkpointing = c.model.activation_checkpointing;
   list_default_autos(c, plan.resolved);

@@ -80,6 +80,7 @@ struct RunSettings {
   double comm_timeout_s = 0;  // collectives and rendezvous
   bool comms_logger = false, wall_clock_breakdown = false;
   MonitorConfig csv_monitor, tensorboard;
+  std::string init_from;  // initial weights (model.init_from), "" for the architecture's random init
 };
 
 // A value ds decided rather than read: an "auto", a derived batch size, a default that depends on

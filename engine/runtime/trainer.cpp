@@ -25,6 +25,7 @@
 #include "engine/runtime/loss_scaler.hpp"
 #include "engine/runtime/optimizer_step.hpp"
 #include "engine/runtime/run_report.hpp"
+#include "engine/runtime/weights.hpp"
 #include "engine/runtime/zero.hpp"
 #include "kernels/cpu/norm.hpp"
 
@@ -148,7 +149,14 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     // The whole model is initialised the same way at every stage and world size; each rank keeps its part.
     const bool whole = flat.master.numel() == plan.layout.numel;
     torch::Tensor init = whole ? flat.master : torch::zeros({plan.layout.numel}, torch::kFloat32);
-    initialise_model(plan.model.hp, plan, init, seed);
+    if (plan.run.init_from.empty()) {
+      initialise_model(plan.model.hp, plan, init, seed);
+    } else {
+      const auto source = open_weights(plan.run.init_from);
+      load_weights(*source, plan.model, init.data_ptr<float>());
+      log.note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
+               " (step, schedule and optimizer start fresh)");
+    }
     if (!whole)
       for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
   } else {

@@ -1,0 +1,142 @@
+#include "cli/convert_ckpt.hpp"
+
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/format.hpp"
+#include "common/strings.hpp"
+#include "engine/runtime/weights.hpp"
+
+namespace ds::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ConvertArgs {
+  std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
+  bool info = false, json = false, overwrite = false, exclude_frozen = false;
+};
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+int print_info(const WeightSource& src, bool as_json) {
+  int64_t params = 0;
+  for (const auto& t : src.tensors()) params += t.numel();
+  if (as_json) {
+    nlohmann::ordered_json j;
+    j["schema_version"] = 1;
+    j["kind"] = weights_kind_name(src.kind());
+    j["path"] = src.path();
+    j["num_params"] = params;
+    if (src.kind() == WeightsKind::ds_checkpoint) {
+      j["step"] = src.step;
+      j["world_size"] = src.world_size;
+      j["zero_stage"] = src.zero_stage;
+      j["precision"] = src.precision;
+      j["model"] = {{"name", src.model().name},
+                    {"arch", model_arch_name(src.model().arch)},
+                    {"hidden_size", src.model().hidden_size},
+                    {"num_layers", src.model().num_layers},
+                    {"vocab_size", src.model().vocab_size}};
+    }
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+    for (const auto& t : src.tensors()) tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}});
+    j["tensors"] = tensors;
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::cout << src.path() << ": " << weights_kind_name(src.kind()) << "\n";
+  if (src.kind() == WeightsKind::ds_checkpoint) {
+    const ModelHyper& m = src.model();
+    std::cout << "  step        " << src.step << "\n"
+              << "  model       " << m.name << " (" << model_arch_name(m.arch) << ", " << m.num_layers << " layers, hidden "
+              << m.hidden_size << ", vocab " << m.vocab_size << ")\n"
+              << "  saved by    " << src.world_size << (src.world_size == 1 ? " rank" : " ranks") << " at ZeRO stage "
+              << src.zero_stage << ", " << src.precision << " training (fp32 master weights stored)\n";
+  }
+  std::cout << "  parameters  " << format_count(params) << " in " << src.tensors().size() << " tensors\n";
+  for (const auto& t : src.tensors()) std::cout << "    " << pad(t.name, 48) << pad(t.dtype, 6) << shape_text(t.shape) << "\n";
+  return kExitOk;
+}
+
+int run_convert(const ConvertArgs& a) {
+  return run_guarded("convert-ckpt", [&]() -> int {
+    std::string src_path = a.src;
+    if (!a.tag.empty()) src_path = (fs::path(a.src) / "checkpoints" / a.tag).string();  // zero_to_fp32's -t
+    const std::unique_ptr<WeightSource> src = open_weights(src_path);
+    if (a.info) return print_info(*src, a.json);
+    if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt SRC DST (or --info SRC); see ds convert-ckpt --help");
+    if (src->kind() != WeightsKind::ds_checkpoint)
+      throw UserError("converting a " + std::string(weights_kind_name(src->kind())) + " is not built yet: this build exports ds checkpoints",
+                      "to start training from these weights, set model.init_from=" + a.src + " (with a model block or "
+                      "model.hf_config describing them)");
+    std::string to = a.to;
+    if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
+    // Never replace what the user did not name: an existing destination needs --overwrite.
+    std::error_code ec;
+    const bool exists = fs::exists(a.dst, ec);
+    if (exists && !a.overwrite && !(fs::is_directory(a.dst, ec) && fs::is_empty(a.dst, ec)))
+      throw UserError("'" + a.dst + "' already exists", "choose a new destination, or add --overwrite to replace the files ds writes there");
+    if (exists && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
+    ExportOptions opt;
+    opt.dtype = a.dtype;
+    opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
+    const ModelSpec model = build_model_spec(src->model());
+    std::cerr << "ds convert-ckpt: " << src->path() << " (step " << src->step << ", " << format_count(model.num_params)
+              << " parameters, saved by " << src->world_size << (src->world_size == 1 ? " rank" : " ranks") << " at ZeRO stage "
+              << src->zero_stage << ") -> " << a.dst << " as " << (to == "hf" ? "a Hugging Face directory" : "one safetensors file")
+              << ", " << a.dtype << "\n";
+    const ExportSummary s = to == "hf" ? export_hf_directory(*src, src->model(), a.dst, opt) : export_safetensors_file(*src, model, a.dst, opt);
+    for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+    std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
+    return kExitOk;
+  }, a.json);
+}
+
+}  // namespace
+
+Subcommand setup_convert_ckpt(CLI::App& app) {
+  auto a = std::make_shared<ConvertArgs>();
+  CLI::App* sub = app.add_subcommand("convert-ckpt", "export a ds checkpoint as Hugging Face safetensors; describe any checkpoint");
+  sub->add_option("SRC", a->src, "a ds run directory (its newest checkpoint) or checkpoint directory; with --info also a "
+                                 "Hugging Face directory or a .safetensors file")
+      ->required();
+  sub->add_option("DST", a->dst, "a directory (Hugging Face layout) or a file ending in .safetensors (one consolidated file)");
+  sub->add_option("--to", a->to, "force the destination's kind: hf (directory) or safetensors (one file)")
+      ->check(CLI::IsMember({"hf", "safetensors"}));
+  sub->add_option("--dtype", a->dtype, "the exported weights' dtype: fp32 (default, the master weights as stored), bf16, fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--max-shard-size,--max_shard_size", a->max_shard_size,
+                  "split a Hugging Face export into shards of at most this size, with model.safetensors.index.json "
+                  "(default 5GB; GB = 10^9 bytes, GiB = 2^30)");
+  sub->add_option("-t,--tag", a->tag, "the checkpoint of a run directory to read (e.g. step_00000300; default: the newest complete one)");
+  sub->add_flag("--exclude-frozen-parameters", a->exclude_frozen,
+                "DeepSpeed's zero_to_fp32 flag; ds trains every parameter, so nothing is excluded");
+  sub->add_flag("--info", a->info, "describe SRC (kind, step, model, ZeRO stage and world size, every tensor) and exit");
+  sub->add_flag("--json", a->json, "with --info: the description as JSON");
+  sub->add_flag("--overwrite", a->overwrite, "replace the files ds writes in an existing DST");
+  sub->footer(R"(Examples:
+  ds convert-ckpt runs/quickstart out/quickstart-hf
+      the newest checkpoint of a run as a Hugging Face directory (config.json, model.safetensors,
+      generation_config.json): transformers' from_pretrained loads it
+  ds convert-ckpt runs/gpt2/checkpoints/step_00000300 gpt2.safetensors --dtype bf16
+      one consolidated file, whatever ZeRO stage and world size saved it (zero_to_fp32's job)
+  ds convert-ckpt runs/gpt2 out/ --max-shard-size 2GB
+      shards model-00001-of-0000N.safetensors and model.safetensors.index.json
+  ds convert-ckpt --info runs/gpt2 --json
+  ds train my.json model.init_from=out/quickstart-hf
+      start training from exported (or downloaded Hugging Face) weights
+
+Memory stays bounded by the largest tensor: one tensor is read from the shards and written at a time.
+Files are written to a temporary name and renamed, so an interrupted export leaves no partial file
+under the final name. See ds-convert-ckpt(1).)");
+  return {sub, [a] { return run_convert(*a); }};
+}
+
+}  // namespace ds::cli

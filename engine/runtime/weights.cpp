@@ -1,0 +1,409 @@
+#include "engine/runtime/weights.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "common/strings.hpp"
+#include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/safetensors.hpp"
+#include "kernels/cpu/adam.hpp"
+
+namespace ds {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const char* weights_kind_name(WeightsKind k) {
+  switch (k) {
+    case WeightsKind::ds_checkpoint: return "ds checkpoint";
+    case WeightsKind::hf_directory: return "Hugging Face directory";
+    case WeightsKind::safetensors_file: return "safetensors file";
+  }
+  return "?";
+}
+
+int64_t NamedShape::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const NamedShape* WeightSource::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UserError("cannot read '" + p.string() + "'", "");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool is_ds_checkpoint(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p / "checkpoints", ec) || fs::exists(p / "state.h5", ec) || (p.filename() == "state.h5" && fs::is_regular_file(p, ec));
+}
+
+bool is_hf_directory(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && (fs::exists(p / "model.safetensors", ec) || fs::exists(p / "model.safetensors.index.json", ec));
+}
+
+// A ds checkpoint: its plan.json describes the tensors; each is read from the shards holding its pieces.
+class DsCheckpointSource : public WeightSource {
+ public:
+  explicit DsCheckpointSource(const std::string& path) {
+    kind_ = WeightsKind::ds_checkpoint;
+    dir_ = resolve_checkpoint_path(path);
+    path_ = dir_;
+    json plan;
+    try {
+      plan = json::parse(read_checkpoint_text(dir_, "plan_json"));
+      const json& m = plan.at("model");
+      model_.name = m.at("name").get<std::string>();
+      model_.arch = m.at("arch").get<std::string>() == "llama" ? ModelArch::llama : ModelArch::gpt2;
+      model_.vocab_size = m.at("vocab_size").get<int64_t>();
+      model_.hidden_size = m.at("hidden_size").get<int64_t>();
+      model_.num_layers = m.at("num_layers").get<int64_t>();
+      model_.num_heads = m.at("num_heads").get<int64_t>();
+      model_.num_kv_heads = m.at("num_kv_heads").get<int64_t>();
+      model_.intermediate_size = m.at("intermediate_size").get<int64_t>();
+      model_.max_position_embeddings = m.at("max_position_embeddings").get<int64_t>();
+      model_.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
+      model_.norm_eps = m.at("norm_eps").get<double>();
+      model_.rope_theta = m.at("rope_theta").get<double>();
+      has_model_ = true;
+      const json& layout = plan.at("layout");
+      model_numel_ = layout.at("numel").get<int64_t>();
+      world_size = layout.at("world_size").get<int64_t>();
+      zero_stage = plan.at("zero").at("stage").get<int>();
+      precision = plan.at("precision").at("mode").get<std::string>();
+      for (const json& p : layout.at("params")) {
+        tensors_.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(), "F32"});
+        offsets_.push_back(p.at("offset").get<int64_t>());
+      }
+    } catch (const json::exception& e) {
+      throw UserError("checkpoint '" + dir_ + "' has no readable plan.json (" + e.what() + ")",
+                      "it was not written by ds, or is damaged; `ds convert-ckpt --info` reads only ds checkpoints and "
+                      "Hugging Face files");
+    }
+    const std::string leaf = fs::path(dir_).filename().string();
+    if (leaf.rfind("step_", 0) == 0) step = std::strtoll(leaf.c_str() + 5, nullptr, 10);
+  }
+
+  void read_f32(const std::string& name, float* out) const override {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].name != name) continue;
+      const int64_t n = tensors_[i].numel();
+      CheckpointBuffers b;
+      b.master = out;
+      b.numel = n;
+      b.segments = {OwnedSegment{static_cast<int>(i), offsets_[i], 0, n}};
+      b.model_numel = model_numel_;
+      load_checkpoint(dir_, b);
+      return;
+    }
+    throw UserError("checkpoint '" + dir_ + "' has no tensor '" + name + "'", "");
+  }
+
+ private:
+  std::string dir_;
+  std::vector<int64_t> offsets_;
+  int64_t model_numel_ = 0;
+};
+
+// Safetensors files: one, or a Hugging Face directory's (sharded through its index or not).
+class SafetensorsSource : public WeightSource {
+ public:
+  explicit SafetensorsSource(const std::string& path) {
+    path_ = path;
+    std::vector<fs::path> files;
+    if (fs::is_directory(path)) {
+      kind_ = WeightsKind::hf_directory;
+      const fs::path index = fs::path(path) / "model.safetensors.index.json";
+      if (fs::exists(index)) {
+        std::set<std::string> names;
+        try {
+          const json map = json::parse(slurp(index)).at("weight_map");  // held: a range-for over a temporary's items() reads freed memory
+          for (const auto& [tensor, file] : map.items()) names.insert(file.get<std::string>());
+        } catch (const json::exception& e) {
+          throw UserError("'" + index.string() + "' is not a safetensors index (" + e.what() + ")", "");
+        }
+        for (const auto& n : names) {
+          if (n.find('/') != std::string::npos || n.find("..") != std::string::npos)
+            throw UserError("'" + index.string() + "' names a file outside its directory: '" + n + "'", "");
+          files.push_back(fs::path(path) / n);
+        }
+      } else {
+        files.push_back(fs::path(path) / "model.safetensors");
+      }
+    } else {
+      kind_ = WeightsKind::safetensors_file;
+      files.push_back(path);
+    }
+    for (const auto& f : files) {
+      files_.push_back(std::make_unique<SafetensorsFile>(f.string()));
+      const SafetensorsView& v = files_.back()->view();
+      for (const StTensor& t : v.tensors()) {
+        if (where_.count(t.name))
+          throw UserError("tensor '" + t.name + "' is in both '" + where_[t.name]->source() + "' and '" + v.source() + "'", "");
+        where_[t.name] = &v;
+        tensors_.push_back({t.name, t.shape, st_dtype_name(t.dtype)});
+      }
+    }
+  }
+
+  void read_f32(const std::string& name, float* out) const override {
+    const auto it = where_.find(name);
+    if (it == where_.end()) throw UserError("'" + path_ + "' has no tensor '" + name + "'", "");
+    it->second->read_f32(*it->second->find(name), out);
+  }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsView*> where_;
+};
+
+bool ignorable(const std::string& name, const ModelSpec& model) {
+  if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return model.hp.arch == ModelArch::gpt2;
+  if (name == "lm_head.weight") return model.hp.tie_word_embeddings;
+  return name == "rotary_emb.inv_freq" || ends_with(name, ".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+
+WeightsKind detect_weights(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) throw UserError("'" + path + "' does not exist", "give a ds run or checkpoint directory, a Hugging Face model directory or a .safetensors file");
+  if (is_hf_directory(p)) return WeightsKind::hf_directory;
+  if (fs::is_regular_file(p, ec) && p.extension() == ".safetensors") return WeightsKind::safetensors_file;
+  if (is_ds_checkpoint(p) || fs::exists(p / "DONE", ec)) return WeightsKind::ds_checkpoint;
+  throw UserError("'" + path + "' is neither a ds run or checkpoint, a Hugging Face model directory (config.json with "
+                      "model.safetensors or model.safetensors.index.json) nor a .safetensors file",
+                  "");
+}
+
+std::unique_ptr<WeightSource> open_weights(const std::string& path) {
+  if (detect_weights(path) == WeightsKind::ds_checkpoint) return std::make_unique<DsCheckpointSource>(path);
+  return std::make_unique<SafetensorsSource>(path);
+}
+
+std::vector<std::string> match_weights(const WeightSource& source, const ModelSpec& model) {
+  std::vector<std::string> names;
+  std::set<std::string> used;
+  for (const TensorSpec& t : model.tensors) {
+    const NamedShape* s = source.find(t.name);
+    if (!s && t.name.rfind("transformer.", 0) == 0) s = source.find(t.name.substr(12));  // original GPT-2 files
+    if (!s)
+      throw UserError("'" + source.path() + "' has no tensor '" + t.name + "' " + shape_text(t.shape) + " that the model needs",
+                      "the model block (or model.hf_config) must describe the model the weights were trained as");
+    if (s->shape != t.shape)
+      throw UserError("tensor '" + t.name + "' is " + shape_text(s->shape) + " in '" + source.path() + "' but " +
+                          shape_text(t.shape) + " in this model",
+                      "the model block (or model.hf_config) must describe the model the weights were trained as");
+    names.push_back(s->name);
+    used.insert(s->name);
+  }
+  std::vector<std::string> extra;
+  for (const NamedShape& s : source.tensors())
+    if (!used.count(s.name) && !ignorable(s.name, model)) extra.push_back(s.name);
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t i = 0; i < extra.size() && i < 3; ++i) list += (i ? ", " : "") + extra[i];
+    if (extra.size() > 3) list += ", ... (" + std::to_string(extra.size()) + " in all)";
+    throw UserError("'" + source.path() + "' has tensors this model does not: " + list,
+                    "the model block (or model.hf_config) must describe the model the weights were trained as");
+  }
+  return names;
+}
+
+void load_weights(const WeightSource& source, const ModelSpec& model, float* whole) {
+  const std::vector<std::string> names = match_weights(source, model);
+  int64_t at = 0;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    source.read_f32(names[i], whole + at);
+    at += model.tensors[i].numel;
+  }
+}
+
+std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype) {
+  nlohmann::ordered_json j;
+  if (hp.arch == ModelArch::gpt2) {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = hp.vocab_size;
+    j["n_positions"] = hp.max_position_embeddings;
+    j["n_ctx"] = hp.max_position_embeddings;
+    j["n_embd"] = hp.hidden_size;
+    j["n_layer"] = hp.num_layers;
+    j["n_head"] = hp.num_heads;
+    j["n_inner"] = hp.intermediate_size == 4 * hp.hidden_size ? json(nullptr) : json(hp.intermediate_size);
+    j["activation_function"] = "gelu_new";  // the tanh approximation ds computes
+    j["layer_norm_epsilon"] = hp.norm_eps;
+    j["resid_pdrop"] = hp.resid_pdrop;
+    j["embd_pdrop"] = hp.embd_pdrop;
+    j["attn_pdrop"] = hp.attn_pdrop;
+    j["initializer_range"] = 0.02;
+    j["tie_word_embeddings"] = true;
+    if (hp.vocab_size >= 50257) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
+  } else {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["vocab_size"] = hp.vocab_size;
+    j["hidden_size"] = hp.hidden_size;
+    j["intermediate_size"] = hp.intermediate_size;
+    j["num_hidden_layers"] = hp.num_layers;
+    j["num_attention_heads"] = hp.num_heads;
+    j["num_key_value_heads"] = hp.num_kv_heads > 0 ? hp.num_kv_heads : hp.num_heads;
+    j["head_dim"] = hp.head_dim();
+    j["max_position_embeddings"] = hp.max_position_embeddings;
+    j["rms_norm_eps"] = hp.norm_eps;
+    j["rope_theta"] = hp.rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["initializer_range"] = 0.02;
+    j["tie_word_embeddings"] = hp.tie_word_embeddings;
+  }
+  j["torch_dtype"] = torch_dtype;
+  return j.dump(2) + "\n";
+}
+
+std::string hf_generation_config_json(const ModelHyper& hp) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (hp.arch == ModelArch::gpt2 && hp.vocab_size >= 50257) j["bos_token_id"] = j["eos_token_id"] = 50256;
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+StDtype export_dtype(const std::string& d) {
+  if (d == "fp32") return StDtype::F32;
+  if (d == "bf16") return StDtype::BF16;
+  if (d == "fp16") return StDtype::F16;
+  throw UserError("--dtype " + d + ": expected fp32, bf16 or fp16", "");
+}
+
+const char* torch_dtype_of(StDtype d) { return d == StDtype::BF16 ? "bfloat16" : d == StDtype::F16 ? "float16" : "float32"; }
+
+// A tensor of the source, converted on demand to `dtype`.
+StTensorSource converted(const WeightSource& src, const std::string& from, const std::string& to, const std::vector<int64_t>& shape,
+                         StDtype dtype) {
+  StTensorSource t;
+  t.name = to;
+  t.dtype = dtype;
+  t.shape = shape;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  t.fill = [&src, from, dtype, n](uint8_t* out) {
+    std::vector<float> v(static_cast<size_t>(n));
+    src.read_f32(from, v.data());
+    if (dtype == StDtype::F32) {
+      std::memcpy(out, v.data(), v.size() * 4);
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t h = dtype == StDtype::BF16 ? kernels::float_to_bf16(v[static_cast<size_t>(i)]) : f32_to_f16(v[static_cast<size_t>(i)]);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+  };
+  return t;
+}
+
+void write_text_atomically(const fs::path& file, const std::string& text) {
+  const fs::path partial = file.string() + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << text << std::flush;
+    if (!out) {
+      std::error_code ec;
+      fs::remove(partial, ec);
+      throw std::runtime_error("cannot write '" + partial.string() + "' (is the disk full?)");
+    }
+  }
+  fs::rename(partial, file);
+}
+
+}  // namespace
+
+ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
+                                  const ExportOptions& options) {
+  const ModelSpec model = build_model_spec(hp);
+  const std::vector<std::string> names = match_weights(source, model);
+  const StDtype dtype = export_dtype(options.dtype);
+  fs::create_directories(out_dir);
+  // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
+  std::vector<std::vector<StTensorSource>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    const TensorSpec& t = model.tensors[i];
+    const uint64_t bytes = static_cast<uint64_t>(t.numel) * static_cast<uint64_t>(st_dtype_bytes(dtype));
+    if (!shards.back().empty() && in_shard + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(converted(source, names[i], t.name, t.shape, dtype));
+    in_shard += bytes;
+    total += bytes;
+  }
+  ExportSummary s;
+  const fs::path dir(out_dir);
+  write_text_atomically(dir / "config.json", hf_config_json(hp, torch_dtype_of(dtype)));
+  write_text_atomically(dir / "generation_config.json", hf_generation_config_json(hp));
+  s.files = {(dir / "config.json").string(), (dir / "generation_config.json").string()};
+  if (shards.size() == 1) {
+    s.tensor_bytes = write_safetensors((dir / "model.safetensors").string(), shards[0]);
+    s.files.push_back((dir / "model.safetensors").string());
+  } else {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = nlohmann::ordered_json::object();
+    for (size_t k = 0; k < shards.size(); ++k) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      s.tensor_bytes += write_safetensors((dir / name).string(), shards[k]);
+      s.files.push_back((dir / name).string());
+      for (const auto& t : shards[k]) index["weight_map"][t.name] = name;
+    }
+    write_text_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+    s.files.push_back((dir / "model.safetensors.index.json").string());
+  }
+  s.tensors = static_cast<int64_t>(model.tensors.size());
+  return s;
+}
+
+ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
+                                      const ExportOptions& options) {
+  const std::vector<std::string> names = match_weights(source, model);
+  const StDtype dtype = export_dtype(options.dtype);
+  std::vector<StTensorSource> tensors;
+  for (size_t i = 0; i < model.tensors.size(); ++i)
+    tensors.push_back(converted(source, names[i], model.tensors[i].name, model.tensors[i].shape, dtype));
+  ExportSummary s;
+  s.tensor_bytes = write_safetensors(file, tensors);
+  s.files = {file};
+  s.tensors = static_cast<int64_t>(tensors.size());
+  return s;
+}
+
+}  // namespace ds

@@ -1,0 +1,92 @@
+// ds — model weights in and out of ds, tensor by tensor, without LibTorch:
+//  * a ds checkpoint (any ZeRO stage, any world size): its plan.json names every tensor with its shape
+//    and place in the flat order, and each tensor is read from whichever shards hold its pieces;
+//  * a Hugging Face model directory (config.json + model.safetensors, or shards named by
+//    model.safetensors.index.json) or a single .safetensors file, memory-mapped.
+// Reading and writing hold one tensor at a time: memory is bounded by the largest tensor, not the model.
+// Names are Hugging Face's, which ds's ModelSpec uses too (GPT-2's Conv1D weights stored [in, out]).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/model_spec.hpp"
+
+namespace ds {
+
+enum class WeightsKind { ds_checkpoint, hf_directory, safetensors_file };
+const char* weights_kind_name(WeightsKind k);
+
+struct NamedShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;  // "F32", "BF16", ...
+  int64_t numel() const;
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  WeightsKind kind() const { return kind_; }
+  const std::string& path() const { return path_; }
+  const std::vector<NamedShape>& tensors() const { return tensors_; }
+  const NamedShape* find(const std::string& name) const;
+  // The tensor's values as fp32 into `out` (its numel elements). UserError naming the file on bad data.
+  virtual void read_f32(const std::string& name, float* out) const = 0;
+
+  // ds checkpoints: the model as trained, from its plan.json, and the training state's counters.
+  bool has_model() const { return has_model_; }
+  const ModelHyper& model() const { return model_; }
+  int64_t step = -1, world_size = 0;
+  int zero_stage = -1;
+  std::string precision;  // the run's precision mode ("bf16", ...)
+
+ protected:
+  WeightsKind kind_ = WeightsKind::ds_checkpoint;
+  std::string path_;
+  std::vector<NamedShape> tensors_;
+  bool has_model_ = false;
+  ModelHyper model_;
+};
+
+// What `path` holds: a ds run directory or checkpoint (its newest complete checkpoint), a Hugging Face
+// directory, or a .safetensors file. UserError naming the path when it is none of them.
+WeightsKind detect_weights(const std::string& path);
+std::unique_ptr<WeightSource> open_weights(const std::string& path);
+
+// For each tensor of `model` (in order), the source's name holding it, with its shape checked: GPT-2
+// names with or without "transformer." (the original files have none), a tied head's lm_head.weight
+// and old causal-mask buffers (attn.bias, attn.masked_bias) ignored. UserError naming the tensor and both
+// shapes on a mismatch, or the tensor the source lacks.
+std::vector<std::string> match_weights(const WeightSource& source, const ModelSpec& model);
+
+// The whole model's weights, fp32 in the flat layout's order (`whole` holds model.num_params floats).
+void load_weights(const WeightSource& source, const ModelSpec& model, float* whole);
+
+// Hugging Face's config.json for this model (GPT2LMHeadModel or LlamaForCausalLM), and its
+// generation_config.json. `torch_dtype`: "float32", "bfloat16" or "float16".
+std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype);
+std::string hf_generation_config_json(const ModelHyper& hp);
+
+struct ExportOptions {
+  std::string dtype = "fp32";             // fp32 | bf16 | fp16
+  uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default (5GB)
+};
+struct ExportSummary {
+  std::vector<std::string> files;  // written, in order
+  uint64_t tensor_bytes = 0;
+  int64_t tensors = 0;
+};
+
+// Writes a Hugging Face directory: config.json, generation_config.json, model.safetensors (or
+// model-0000i-of-0000N.safetensors + model.safetensors.index.json above max_shard_bytes). The tied
+// head is written once, as transformers does. `out_dir` is created; files are replaced atomically.
+ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
+                                  const ExportOptions& options);
+// One consolidated .safetensors file of every tensor (DeepSpeed's zero_to_fp32 job).
+ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
+                                      const ExportOptions& options);
+
+}  // namespace ds
