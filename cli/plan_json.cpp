@@ -183,6 +183,10 @@ std::string plan_to_json(const Plan& p, int indent) {
                            {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
                            {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
                            {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers}};
+    json transfers = json::array();
+    for (const Transfer& t : x.transfers)
+      transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});
+    j["zero_execution"]["transfers"] = transfers;
   }
   j["run"] = {{"output_dir", p.run.output_dir},     {"seed", p.run.seed},
               {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last},

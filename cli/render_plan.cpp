@@ -232,6 +232,9 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
     o << "  " << pad(buffer_role_name(b.role), 16) << pad(size, 26) << pad(place_name(b.place), 8)
       << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "") << "\n";
   }
+  for (const Transfer& t : p.execution.transfers)
+    o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
+      << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
 
   // Layout.
   const FlatLayout& L = p.layout;

@@ -155,9 +155,9 @@ TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
 }
 
 TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
-  Result r = ds("train examples/quickstart.json zero_optimization.stage=2 zero_optimization.offload_optimizer.device=cpu");
+  Result r = ds("train examples/quickstart.json zero_optimization.stage=3 zero_optimization.offload_param.device=cpu");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(contains(r.err, "optimizer or parameter offload")) << r.err;
+  EXPECT_TRUE(contains(r.err, "parameter offload")) << r.err;
   r = ds("train examples/quickstart.json data.type=text data.path=/nonexistent/corpus.txt");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "/nonexistent/corpus.txt")) << r.err;

@@ -127,9 +127,8 @@ ZeroExecution describe_zero(const Plan& plan) {
       param_offload ? offload_place(knobs.offload_param.device) : Place::device);
   add(BufferRole::whole_params, compute, z.whole_numel, C::params);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
-  // reads this rank's reduced part in fp32 on the host; from stage 2 on that is the only copy.
-  if (!(opt_offload && z.grouped)) add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);
-  if (opt_offload) add(BufferRole::offload_grads, Dtype::fp32, z.local_numel, C::grads, Place::host);
+  // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live.
+  add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);
   // A compute dtype wider than the stored one (fp16 on the CPU): the model runs on a working copy of the
   // weights (none when it reads gathered buffers only) and accumulates its gradients in that dtype.
   if (z.widened) {
@@ -142,12 +141,22 @@ ZeroExecution describe_zero(const Plan& plan) {
   const int64_t offloaded = static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio));
   const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
   std::vector<BufferRole> states;
-  if (pp.fp32_master) states.push_back(BufferRole::master);
+  // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
+  // master is otherwise the weights themselves), and the device's weights are copied from it.
+  if (pp.fp32_master || offloaded > 0) states.push_back(BufferRole::master);
   if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
   for (BufferRole r : states) {
-    add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
+    if (r != BufferRole::master || pp.fp32_master) add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
     add(r, Dtype::fp32, offloaded, C::optimizer_states, state_place);
+  }
+  if (offloaded > 0) {
+    const Place grads_place = state_place == Place::nvme ? Place::host : state_place;  // NVMe states are stepped from host buffers
+    add(BufferRole::offload_grads, Dtype::fp32, offloaded, C::grads, grads_place);
+    // Per step: the reduced gradients to the optimizer, the updated weights back to the device.
+    z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
+    z.transfers.push_back({"updated weights to the device", grads_place, Place::device,
+                           static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
   }
   if (opt_offload && knobs.offload_optimizer.device == OffloadDevice::nvme)
     add(BufferRole::optimizer_swap, Dtype::fp32, std::min(knobs.sub_group_size, z.local_numel), C::buffers, Place::host,

@@ -27,7 +27,7 @@ enum class BufferRole {
   params,          // the stored weights: the whole (padded) model, or at stage 3 this rank's partition
   whole_params,    // stage 3: the parameters below the persistence threshold, whole, in the compute dtype
   grads,           // gradients in their stored dtype: the whole model (stages 0-1) or this rank's part (2-3)
-  offload_grads,   // fp32 gradients of this rank's part on the host, for an offloaded optimizer
+  offload_grads,   // fp32 copy of this rank's reduced gradients where an offloaded optimizer runs
   compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)
   compute_grads,   // the gradients backward accumulates in that wider dtype
   master,          // fp32 master weights of this rank's part (mixed precision)
@@ -57,6 +57,13 @@ struct ZeroBuffer {
   double bytes() const { return static_cast<double>(elements) * copies * dtype_bytes(dtype); }
 };
 
+// Bytes one rank moves between places each optimizer step (offload).
+struct Transfer {
+  std::string what;
+  Place from = Place::device, to = Place::host;
+  double bytes_per_step = 0;
+};
+
 struct ZeroExecution {
   int stage = 0, world_size = 1;
   bool sharded = false;             // optimizer states partitioned: each rank steps its part
@@ -75,6 +82,7 @@ struct ZeroExecution {
   std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params, or -1
   std::vector<ZeroBuffer> buffers;
   std::vector<Collective> collectives;  // empty on one rank
+  std::vector<Transfer> transfers;      // empty without offload
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;

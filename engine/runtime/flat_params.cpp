@@ -30,35 +30,38 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   f.whole_offset = z.whole_offset;
   f.owned = owned_segments(L, rank);
 
-  // One allocation per dtype, carved into the execution's buffers (each start aligned to 64 bytes for
-  // the kernels). This build runs on the CPU without offload: every buffer the runtime holds is on the
-  // device; the communicator's transient pieces are its own.
+  // One allocation per dtype and place, carved into the execution's buffers (each start aligned to 64
+  // bytes for the kernels). On a CPU run the host is the same RAM as the device, but its buffers are
+  // allocations of their own, reached through the same copies a GPU run makes. NVMe is refused before
+  // this; the communicator's transient pieces are its own.
   constexpr int64_t kAlignBytes = 64;
   auto aligned = [&](int64_t elements, Dtype d) {
     const int64_t step = kAlignBytes / dtype_bytes(d);
     return (elements + step - 1) / step * step;
   };
-  std::map<Dtype, int64_t> total;
+  using Key = std::pair<Dtype, Place>;
+  std::map<Key, int64_t> total;
   for (const ZeroBuffer& b : z.buffers) {
     if (b.transient) continue;
-    DS_CHECK(b.place == Place::device, "buffer ", buffer_role_name(b.role), " placed on ", place_name(b.place),
-             ": this build does not offload (refused before allocation)");
-    total[b.dtype] += aligned(b.elements, b.dtype) * b.copies;
+    DS_CHECK(b.place != Place::nvme, "buffer ", buffer_role_name(b.role), " placed on NVMe: this build does not swap to NVMe");
+    total[{b.dtype, b.place}] += aligned(b.elements, b.dtype) * b.copies;
   }
-  std::map<Dtype, torch::Tensor> arena;
-  std::map<Dtype, int64_t> used;
-  for (const auto& [d, n] : total) {
-    arena[d] = torch::zeros({n}, to_torch(d));
-    f.arenas.push_back(arena[d]);  // owns the memory every buffer below points into
+  std::map<Key, torch::Tensor> arena;
+  std::map<Key, int64_t> used;
+  for (const auto& [key, n] : total) {
+    arena[key] = torch::zeros({n}, to_torch(key.first));
+    f.arenas.push_back(arena[key]);  // owns the memory every buffer below points into
   }
   auto take = [&](BufferRole role, int copy = 0) -> torch::Tensor {
     const ZeroBuffer* b = z.find(role);
+    if (!b) b = z.find(role, Place::host);
     if (!b || copy >= b->copies) return {};
     // A tensor of its own over the arena's memory, not a view: views share their base's version counter,
     // and autograd would take a gradient accumulated into one buffer for a change of the weights in another.
-    const torch::Tensor& a = arena[b->dtype];
-    char* at = static_cast<char*>(a.data_ptr()) + used[b->dtype] * dtype_bytes(b->dtype);
-    used[b->dtype] += aligned(b->elements, b->dtype);
+    const Key key{b->dtype, b->place};
+    const torch::Tensor& a = arena[key];
+    char* at = static_cast<char*>(a.data_ptr()) + used[key] * dtype_bytes(b->dtype);
+    used[key] += aligned(b->elements, b->dtype);
     return torch::from_blob(at, {b->elements}, a.options());
   };
 
@@ -73,6 +76,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
   f.master = take(BufferRole::master);
   if (!f.master.defined()) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
+  f.offload_grads = take(BufferRole::offload_grads);
   f.exp_avg = take(BufferRole::exp_avg);
   f.exp_avg_sq = take(BufferRole::exp_avg_sq);
   for (int i = 0; i < 2; ++i) {
@@ -119,7 +123,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   const auto n = [](const torch::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0.0; };
   Bytes b;
   b.params = n(params) + n(whole_params);
-  b.grads = n(grads);
+  b.grads = n(grads) + n(offload_grads);
   b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,

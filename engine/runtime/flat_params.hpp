@@ -34,6 +34,7 @@ namespace ds {
 struct FlatParams {
   torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
   torch::Tensor local_params, local_grads;
+  torch::Tensor offload_grads;  // optimizer offload: fp32 copy of local_grads where the optimizer's states live
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)

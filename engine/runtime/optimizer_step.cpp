@@ -44,9 +44,11 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
   buffers_.params_bf16 =
       plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
-  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened back.
-  buffers_.grads = flat.local_grads.data_ptr();
-  buffers_.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
+  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened
+  // back; offloaded, their fp32 copy beside the states.
+  const torch::Tensor& grads = flat.offload_grads.defined() ? flat.offload_grads : flat.local_grads;
+  buffers_.grads = grads.data_ptr();
+  buffers_.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
 }
 
 void OptimizerStep::refresh_weights(bool rounded) {
@@ -138,8 +140,21 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     si.beta2 = schedule_.beta2_override().value_or(plan_.optimizer.betas[1]);
     si.grad_scale = clip / out.loss_scale;
     si.step = applied_ + 1;
+    const bool offloaded = flat_.offload_grads.defined();
+    if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
+      const auto c0 = std::chrono::steady_clock::now();
+      torch::NoGradGuard ng;
+      flat_.offload_grads.copy_(flat_.local_grads);
+      out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
+      out.offload_s += seconds_since(c0);
+    }
     optimizer_.step(buffers_, si, sum_over_ranks_);
+    const auto c1 = std::chrono::steady_clock::now();
     refresh_weights(buffers_.params_bf16 != nullptr);
+    if (offloaded) {  // the updated weights back (bf16: the kernel wrote them there as it stepped)
+      out.offload_bytes += static_cast<double>(flat_.local_params.nbytes());
+      out.offload_s += seconds_since(c1);
+    }
     ++applied_;
   }
   out.optimizer_s = seconds_since(opt0);

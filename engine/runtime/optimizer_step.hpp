@@ -30,6 +30,7 @@ struct StepOutcome {
   bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
   std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double offload_bytes = 0, offload_s = 0;  // optimizer offload: bytes copied between places, and the time
 };
 
 class OptimizerStep {

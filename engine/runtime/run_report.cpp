@@ -118,7 +118,12 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
   log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters, " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
             (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
-  log_.note("ds train: " + held_bytes_line(held, p.memory.device));
+  MemoryCategories planned = p.memory.device;  // what the runtime holds, wherever it is
+  planned.params += p.memory.host.params;
+  planned.grads += p.memory.host.grads;
+  planned.optimizer_states += p.memory.host.optimizer_states;
+  planned.buffers += p.memory.host.buffers;
+  log_.note("ds train: " + held_bytes_line(held, planned));
   log_.note("ds train: data " + data + "; " + format_count(train_tokens) + " training / " + format_count(val_tokens) +
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
@@ -196,13 +201,14 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
     char scale_json[48] = "";
     if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
-    char json[448];
+    char json[512];
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
-                  "\"comm_s\": %.4f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
+                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.4f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
                   static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(), tok_s, step_s,
-                  o.forward_s, o.backward_s, o.optimizer_s, comm_bytes, comm_s, p.train_flops_per_step / step_s / 1e12,
+                  o.forward_s, o.backward_s, o.optimizer_s, comm_bytes, comm_s, o.offload_bytes, o.offload_s,
+                  p.train_flops_per_step / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
     metrics_ << json << std::flush;
     if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");

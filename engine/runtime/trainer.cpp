@@ -93,8 +93,12 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
-  if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
-    why.push_back("optimizer or parameter offload");
+  // Optimizer offload to the CPU runs (the states in host buffers, the optimizer stepping them there);
+  // NVMe swapping, partial offload and parameter offload are planned, not yet run.
+  if (plan.zero.offload_optimizer.device == OffloadDevice::nvme) why.push_back("optimizer offload to NVMe");
+  if (plan.zero.offload_optimizer.device == OffloadDevice::cpu && plan.zero.offload_optimizer.ratio < 1.0)
+    why.push_back("partial optimizer offload (offload_optimizer.ratio < 1)");
+  if (plan.zero.offload_param.device != OffloadDevice::none) why.push_back("parameter offload");
   return why;
 }
 
