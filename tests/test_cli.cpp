@@ -326,6 +326,38 @@ TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromSt
   EXPECT_EQ(nlohmann::json::parse(r.out)["num_params"], 124672);
 }
 
+TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
+  // tests/tools/hf_gpt2_loss.py reads model.safetensors with Python's json and struct modules and runs a
+  // plain GPT-2 written against Hugging Face's names and layouts; ds evaluates the same weights on the same
+  // 16 tokens (the loss of a first step is computed before any update).
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/reader";
+  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.eval_every=0 train.output_dir=" + dir + "/run").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/hf").code, 0);
+  {
+    std::ofstream tokens(dir + "/window.bin", std::ios::binary);
+    for (int i = 0; i < 17; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 37 + 11) % 256);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  Result r = ds("train examples/quickstart.json bf16.enabled=false model.init_from=" + dir + "/hf data.type=tokens data.path=" + dir +
+                "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 "
+                "train.steps=1 train.eval_every=0 train.output_dir=" + dir + "/eval");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double ds_loss = metrics_of(dir + "/eval").front()["loss"].get<double>();
+  const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/hf_gpt2_loss.py " + dir + "/hf " + dir + "/window.bin > " + dir + "/py.txt";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const double py_loss = std::stod(slurp(dir + "/py.txt"));
+  EXPECT_NEAR(py_loss, ds_loss, 1e-4 * ds_loss);
+  // ...and they are the trained weights: the random initialisation scores the same window differently.
+  r = ds("train examples/quickstart.json bf16.enabled=false data.type=tokens data.path=" + dir +
+         "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 "
+         "train.steps=1 train.eval_every=0 train.output_dir=" + dir + "/eval_random");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_random").front()["loss"].get<double>() - py_loss), 1e-2);
+}
+
 TEST(CliConvert, InitFromIsCheckedTensorByTensorBeforeTraining) {
   // Planning on another machine: a warning. Training: exit 2, naming the key.
   Result r = ds("plan examples/quickstart.json model.init_from=/nonexistent");
