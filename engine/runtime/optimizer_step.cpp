@@ -149,12 +149,16 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
       out.offload_s += seconds_since(c0);
     }
     optimizer_.step(buffers_, si, sum_over_ranks_);
-    const auto c1 = std::chrono::steady_clock::now();
-    refresh_weights(buffers_.params_bf16 != nullptr);
-    if (offloaded) {  // the updated weights back (bf16: the kernel wrote them there as it stepped)
+    bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
+    if (offloaded) {  // the updated weights back to the device
+      const auto c1 = std::chrono::steady_clock::now();
+      torch::NoGradGuard ng;
+      if (!rounded) flat_.local_params.copy_(flat_.master);
+      rounded = true;
       out.offload_bytes += static_cast<double>(flat_.local_params.nbytes());
       out.offload_s += seconds_since(c1);
     }
+    refresh_weights(rounded);
     ++applied_;
   }
   out.optimizer_s = seconds_since(opt0);

@@ -205,7 +205,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
-                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.4f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
+                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
                   static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(), tok_s, step_s,
                   o.forward_s, o.backward_s, o.optimizer_s, comm_bytes, comm_s, o.offload_bytes, o.offload_s,
                   p.train_flops_per_step / step_s / 1e12,
