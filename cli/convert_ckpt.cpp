@@ -1,13 +1,21 @@
 #include "cli/convert_ckpt.hpp"
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/format.hpp"
 #include "common/strings.hpp"
+#include "cli/plan_json.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/run_policy.hpp"
 #include "engine/runtime/weights.hpp"
+#include "schema/loader.hpp"
 
 namespace ds::cli {
 namespace {
@@ -65,6 +73,56 @@ int print_info(const WeightSource& src, bool as_json) {
   return kExitOk;
 }
 
+// Never replace what the user did not name: an existing destination needs --overwrite.
+void check_destination(const ConvertArgs& a) {
+  std::error_code ec;
+  if (fs::exists(a.dst, ec) && !a.overwrite && !(fs::is_directory(a.dst, ec) && fs::is_empty(a.dst, ec)))
+    throw UserError("'" + a.dst + "' already exists", "choose a new destination, or add --overwrite to replace the files ds writes there");
+}
+
+// A Hugging Face directory -> a ds run directory holding a step-0 checkpoint: the weights as fp32 master
+// weights, the optimizer's moments zero, the model from the directory's config.json. `ds train` with
+// train.output_dir=DST --resume continues from it, or model.init_from=DST starts from its weights.
+int import_hf(const WeightSource& src, const ConvertArgs& a) {
+  check_destination(a);
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir(a.dst, false, true));  // only what ds wrote there
+  const fs::path hf_config = fs::path(src.path()) / "config.json";
+  if (!fs::exists(hf_config)) throw UserError("'" + src.path() + "' has no config.json", "a Hugging Face model directory has one beside its weights");
+  // The model from the directory's config.json, through the loader (the checkpoint stores the resolved config).
+  const fs::path cfg_file = fs::temp_directory_path() / ("ds-convert-" + std::to_string(::getpid()) + ".json");
+  {
+    std::ofstream out(cfg_file);
+    out << nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
+                          {"model", {{"hf_config", fs::absolute(hf_config).string()}}},
+                          {"train", {{"output_dir", a.dst}, {"steps", 1}}}}.dump(2)
+        << "\n";
+  }
+  LoadedConfig loaded;
+  try {
+    loaded = load_config_file_with_json(cfg_file.string());
+  } catch (...) {
+    fs::remove(cfg_file);
+    throw;
+  }
+  fs::remove(cfg_file);
+  Topology one;
+  one.world_size_source = "convert-ckpt";
+  const Plan plan = compile_plan(loaded.config, build_model_spec(resolve_model_hyper(loaded.config.model)), one);
+  match_weights(src, plan.model);  // names and shapes, before anything is allocated
+  const int64_t P = plan.layout.numel;
+  std::vector<float> master(static_cast<size_t>(P)), exp_avg(static_cast<size_t>(P)), exp_avg_sq(static_cast<size_t>(P));
+  load_weights(src, plan.model, master.data());
+  CheckpointBuffers b{master.data(), exp_avg.data(), exp_avg_sq.data(), P, owned_segments(plan.layout, 0), P};
+  CheckpointScalars sc;
+  sc.seed = plan.run.seed;
+  const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_to_json(plan), loaded.resolved_json, 0);
+  std::cerr << "ds convert-ckpt: " << src.path() << " (" << model_arch_name(plan.model.hp.arch) << ", "
+            << format_count(plan.model.num_params) << " parameters) -> " << saved.path << " (step 0, optimizer fresh, "
+            << format_bytes(static_cast<double>(saved.bytes)) << ")\n"
+            << "  train from it: ds train CONFIG model.init_from=" << a.dst << "\n";
+  return kExitOk;
+}
+
 int run_convert(const ConvertArgs& a) {
   return run_guarded("convert-ckpt", [&]() -> int {
     std::string src_path = a.src;
@@ -72,18 +130,16 @@ int run_convert(const ConvertArgs& a) {
     const std::unique_ptr<WeightSource> src = open_weights(src_path);
     if (a.info) return print_info(*src, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt SRC DST (or --info SRC); see ds convert-ckpt --help");
-    if (src->kind() != WeightsKind::ds_checkpoint)
-      throw UserError("converting a " + std::string(weights_kind_name(src->kind())) + " is not built yet: this build exports ds checkpoints",
-                      "to start training from these weights, set model.init_from=" + a.src + " (with a model block or "
-                      "model.hf_config describing them)");
+    if (src->kind() == WeightsKind::safetensors_file)
+      throw UserError("a lone .safetensors file does not say which model it holds",
+                      "convert a Hugging Face directory (config.json beside the weights), or train from the file with "
+                      "model.init_from=" + a.src + " and a model block describing it");
+    if (src->kind() == WeightsKind::hf_directory) return import_hf(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
-    // Never replace what the user did not name: an existing destination needs --overwrite.
+    check_destination(a);
     std::error_code ec;
-    const bool exists = fs::exists(a.dst, ec);
-    if (exists && !a.overwrite && !(fs::is_directory(a.dst, ec) && fs::is_empty(a.dst, ec)))
-      throw UserError("'" + a.dst + "' already exists", "choose a new destination, or add --overwrite to replace the files ds writes there");
-    if (exists && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
+    if (fs::exists(a.dst, ec) && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
     ExportOptions opt;
     opt.dtype = a.dtype;
     opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
@@ -103,9 +159,9 @@ int run_convert(const ConvertArgs& a) {
 
 Subcommand setup_convert_ckpt(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
-  CLI::App* sub = app.add_subcommand("convert-ckpt", "export a ds checkpoint as Hugging Face safetensors; describe any checkpoint");
-  sub->add_option("SRC", a->src, "a ds run directory (its newest checkpoint) or checkpoint directory; with --info also a "
-                                 "Hugging Face directory or a .safetensors file")
+  CLI::App* sub = app.add_subcommand("convert-ckpt", "ds checkpoints to Hugging Face safetensors and back; describe any checkpoint");
+  sub->add_option("SRC", a->src, "a ds run directory (its newest checkpoint) or checkpoint directory, or a Hugging Face "
+                                 "directory (imported as a ds run at step 0); with --info also a .safetensors file")
       ->required();
   sub->add_option("DST", a->dst, "a directory (Hugging Face layout) or a file ending in .safetensors (one consolidated file)");
   sub->add_option("--to", a->to, "force the destination's kind: hf (directory) or safetensors (one file)")
@@ -130,6 +186,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
   ds convert-ckpt runs/gpt2 out/ --max-shard-size 2GB
       shards model-00001-of-0000N.safetensors and model.safetensors.index.json
   ds convert-ckpt --info runs/gpt2 --json
+  ds convert-ckpt path/to/hf-llama runs/llama-init
+      a Hugging Face directory as a ds run directory (a checkpoint at step 0, optimizer fresh)
   ds train my.json model.init_from=out/quickstart-hf
       start training from exported (or downloaded Hugging Face) weights
 

@@ -358,6 +358,33 @@ TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
   EXPECT_GT(std::fabs(metrics_of(dir + "/eval_random").front()["loss"].get<double>() - py_loss), 1e-2);
 }
 
+TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOrNot) {
+  const std::string dir = scratch_dir() + "/hf_round";
+  for (const std::string& model : {std::string("model.preset=gpt2-tiny"), std::string("model.preset=llama-tiny model.tie_word_embeddings=false"),
+                                   std::string("model.preset=llama-tiny model.tie_word_embeddings=true")}) {
+    SCOPED_TRACE(model);
+    const std::string d = dir + "/" + std::to_string(std::hash<std::string>{}(model));
+    ASSERT_EQ(ds("train examples/quickstart.json " + model + " train.steps=3 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
+    ASSERT_EQ(ds("convert-ckpt " + d + "/run " + d + "/hf").code, 0);
+    Result r = ds("convert-ckpt " + d + "/hf " + d + "/ds");  // Hugging Face -> a ds run directory at step 0
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "step 0, optimizer fresh")) << r.err;
+    ASSERT_EQ(ds("convert-ckpt " + d + "/ds " + d + "/hf2").code, 0);
+    EXPECT_EQ(slurp(d + "/hf/model.safetensors"), slurp(d + "/hf2/model.safetensors"));
+    const nlohmann::json cfg = nlohmann::json::parse(slurp(d + "/hf2/config.json"));
+    if (contains(model, "llama")) {
+      EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
+      EXPECT_EQ(cfg["num_key_value_heads"], 2);  // llama-tiny: 4 query heads share 2 key/value heads
+      EXPECT_EQ(cfg["num_attention_heads"], 4);
+      EXPECT_EQ(cfg["tie_word_embeddings"], contains(model, "=true"));
+      EXPECT_EQ(contains(slurp(d + "/hf2/model.safetensors"), "lm_head.weight"), contains(model, "=false"));
+    }
+    // The imported run trains on from its weights.
+    r = ds("train examples/quickstart.json " + model + " train.steps=2 train.eval_every=0 model.init_from=" + d + "/ds train.output_dir=" + d + "/again");
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+}
+
 TEST(CliConvert, InitFromIsCheckedTensorByTensorBeforeTraining) {
   // Planning on another machine: a warning. Training: exit 2, naming the key.
   Result r = ds("plan examples/quickstart.json model.init_from=/nonexistent");
