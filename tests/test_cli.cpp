@@ -727,6 +727,13 @@ TEST(CliHardening, ACorruptCheckpointIsNamedAndThePreviousOneOffered) {
   EXPECT_TRUE(contains(r.err, file + "': data set '")) << r.err;
   EXPECT_TRUE(contains(r.err, "does not match its checksum")) << r.err;
   EXPECT_TRUE(contains(r.err, "train.resume=" + dir + "/checkpoints/step_00000010")) << r.err;
+  // Exporting it is refused the same way (convert-ckpt verifies every shard once, before the first tensor),
+  // and nothing is left under the destination's name.
+  r = ds("convert-ckpt " + dir + "/checkpoints/step_00000020 " + dir + "/export.safetensors");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "does not match its checksum")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/export.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/export.safetensors.partial"));
   r = ds("train examples/quickstart.json train.steps=25 train.save_every=10 train.output_dir=" + dir + " train.resume=" + dir +
          "/checkpoints/step_00000010");
   EXPECT_EQ(r.code, 0) << r.err;

@@ -434,7 +434,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
       throw UserError("'" + file + "' holds " + format_count(model_numel) + " parameters, but this plan has " +
                           format_count(b.model_numel),
                       "resume with the model the checkpoint was trained with (its plan_json says which)");
-    verify_or_point_back(f, file, dir);
+    if (b.verify) verify_or_point_back(f, file, dir);
     if (version == 1) {
       filled = read_overlaps(f, {OwnedSegment{0, 0, 0, model_numel}}, b, file);
     } else {
@@ -452,7 +452,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
     if (h < 0) throw UserError("checkpoint '" + dir + "' was saved by " + std::to_string(world) + " ranks but '" + shard +
                                    "' is missing or unreadable", "copy the whole checkpoint directory");
     try {
-      verify_or_point_back(h, shard, dir);
+      if (b.verify) verify_or_point_back(h, shard, dir);
       filled += read_overlaps(h, read_segments(h, shard), b, shard);
     } catch (...) {
       H5Fclose(h);

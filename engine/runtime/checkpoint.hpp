@@ -44,6 +44,9 @@ struct CheckpointBuffers {  // this rank's local buffers, not owned; each `numel
   int64_t numel = 0;
   std::vector<OwnedSegment> segments;  // where the local elements belong in the whole model
   int64_t model_numel = 0;             // elements of the whole model
+  // Read every data set in full against its checksum first. A reader taking a checkpoint apart in many
+  // small loads (ds convert-ckpt, tensor by tensor) verifies on the first and skips it after.
+  bool verify = true;
 };
 
 // Who writes: every rank writes its shard; rank 0 also the scalars, and marks the directory DONE once

@@ -247,7 +247,13 @@ uint64_t write_safetensors(const std::string& path, const std::vector<StTensorSo
     uint64_t bytes = static_cast<uint64_t>(st_dtype_bytes(t.dtype));
     for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
     buf.assign(static_cast<size_t>(bytes), 0);
-    t.fill(buf.data());
+    try {
+      t.fill(buf.data());
+    } catch (...) {  // a source that cannot be read (a corrupt checkpoint): no partial file is left behind
+      std::fclose(f);
+      std::remove(partial.c_str());
+      throw;
+    }
     if (std::fwrite(buf.data(), 1, buf.size(), f) != buf.size()) throw fail("writing");
   }
   if (std::fflush(f) != 0 || fsync(fileno(f)) != 0) throw fail("flushing");

@@ -117,7 +117,9 @@ class DsCheckpointSource : public WeightSource {
       b.numel = n;
       b.segments = {OwnedSegment{static_cast<int>(i), offsets_[i], 0, n}};
       b.model_numel = model_numel_;
+      b.verify = !verified_;  // every shard's checksums once, on the first tensor
       load_checkpoint(dir_, b);
+      verified_ = true;
       return;
     }
     throw UserError("checkpoint '" + dir_ + "' has no tensor '" + name + "'", "");
@@ -127,6 +129,7 @@ class DsCheckpointSource : public WeightSource {
   std::string dir_;
   std::vector<int64_t> offsets_;
   int64_t model_numel_ = 0;
+  mutable bool verified_ = false;
 };
 
 // Safetensors files: one, or a Hugging Face directory's (sharded through its index or not).
