@@ -73,6 +73,30 @@ int print_info(const WeightSource& src, bool as_json) {
   return kExitOk;
 }
 
+// A run that read GPT-2 BPE text: its vocab.json and merges.txt beside a Hugging Face export, which is
+// what transformers' GPT2Tokenizer loads. A file no longer where the run read it is named, not fatal.
+void copy_tokenizer_files(const std::string& checkpoint, const std::string& out_dir) {
+  nlohmann::json data;
+  try {
+    data = nlohmann::json::parse(read_checkpoint_text(checkpoint, "config_json")).at("data");
+  } catch (const nlohmann::json::exception&) {
+    return;
+  }
+  if (data.value("tokenizer", "") != "gpt2" || data.value("type", "") != "text") return;
+  for (const auto& [key, name] : {std::pair{"vocab_file", "vocab.json"}, {"merges_file", "merges.txt"}}) {
+    const std::string from = data.contains(key) && data[key].is_string() ? data[key].get<std::string>() : "";
+    std::error_code ec;
+    if (from.empty() || !fs::is_regular_file(from, ec)) {
+      print_warnings("convert-ckpt", {{std::string("data.") + key, "the run's tokenizer file '" + from + "' is not here; not copied",
+                                       std::string("copy it into the export as ") + name + " for transformers' GPT2Tokenizer"}});
+      continue;
+    }
+    fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw std::runtime_error("cannot copy '" + from + "' to '" + (fs::path(out_dir) / name).string() + "': " + ec.message());
+    std::cerr << "  copied " << from << " -> " << (fs::path(out_dir) / name).string() << "\n";
+  }
+}
+
 // Never replace what the user did not name: an existing destination needs --overwrite.
 void check_destination(const ConvertArgs& a) {
   std::error_code ec;
@@ -150,6 +174,7 @@ int run_convert(const ConvertArgs& a) {
               << ", " << a.dtype << "\n";
     const ExportSummary s = to == "hf" ? export_hf_directory(*src, src->model(), a.dst, opt) : export_safetensors_file(*src, model, a.dst, opt);
     for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+    if (to == "hf") copy_tokenizer_files(src->path(), a.dst);
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;
   }, a.json);

@@ -385,6 +385,25 @@ TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOr
   }
 }
 
+TEST(CliConvert, AGpt2BpeRunsTokenizerFilesGoWithItsExport) {
+  const std::string dir = scratch_dir() + "/bpe";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) text << "To be, or not to be, that is the question " << i << ".\n";
+  }
+  const std::string shared = DS_SHARED_DIR "/data/gpt2";
+  Result r = ds("train examples/quickstart.json model.vocab_size=50257 data.type=text data.tokenizer=gpt2 data.path=" + dir +
+                "/corpus.txt data.vocab_file=" + shared + "/vocab.json data.merges_file=" + shared +
+                "/merges.txt data.seq_len=32 train.steps=2 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/hf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
+  EXPECT_EQ(slurp(dir + "/hf/merges.txt"), slurp(shared + "/merges.txt"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/hf/config.json"))["eos_token_id"], 50256);
+}
+
 TEST(CliConvert, InitFromIsCheckedTensorByTensorBeforeTraining) {
   // Planning on another machine: a warning. Training: exit 2, naming the key.
   Result r = ds("plan examples/quickstart.json model.init_from=/nonexistent");
