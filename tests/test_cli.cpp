@@ -327,13 +327,13 @@ TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromSt
 }
 
 TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
-  // tests/tools/hf_gpt2_loss.py reads model.safetensors with Python's json and struct modules and runs a
-  // plain GPT-2 written against Hugging Face's names and layouts; ds evaluates the same weights on the same
-  // 16 tokens (the loss of a first step is computed before any update).
+  // tests/tools/hf_lm_loss.py reads model.safetensors with Python's json and struct modules and runs a plain
+  // GPT-2 or Llama written against Hugging Face's names and layouts (Llama: RMSNorm, rotary halves, grouped-query
+  // attention, SwiGLU, an untied head); ds evaluates the same weights on the same 16 tokens (a first step's loss
+  // is computed before any update).
   if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
   const std::string dir = scratch_dir() + "/reader";
-  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.eval_every=0 train.output_dir=" + dir + "/run").code, 0);
-  ASSERT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/hf").code, 0);
+  std::filesystem::create_directories(dir);
   {
     std::ofstream tokens(dir + "/window.bin", std::ios::binary);
     for (int i = 0; i < 17; ++i) {
@@ -341,21 +341,26 @@ TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
       tokens.write(reinterpret_cast<const char*>(&t), 2);
     }
   }
-  Result r = ds("train examples/quickstart.json bf16.enabled=false model.init_from=" + dir + "/hf data.type=tokens data.path=" + dir +
-                "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 "
-                "train.steps=1 train.eval_every=0 train.output_dir=" + dir + "/eval");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const double ds_loss = metrics_of(dir + "/eval").front()["loss"].get<double>();
-  const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/hf_gpt2_loss.py " + dir + "/hf " + dir + "/window.bin > " + dir + "/py.txt";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  const double py_loss = std::stod(slurp(dir + "/py.txt"));
-  EXPECT_NEAR(py_loss, ds_loss, 1e-4 * ds_loss);
-  // ...and they are the trained weights: the random initialisation scores the same window differently.
-  r = ds("train examples/quickstart.json bf16.enabled=false data.type=tokens data.path=" + dir +
-         "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 "
-         "train.steps=1 train.eval_every=0 train.output_dir=" + dir + "/eval_random");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_random").front()["loss"].get<double>() - py_loss), 1e-2);
+  const std::string window = " data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                             "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0 ";
+  for (const std::string model : {"model.preset=gpt2-tiny", "model.preset=llama-tiny model.tie_word_embeddings=false"}) {
+    SCOPED_TRACE(model);
+    const std::string d = dir + "/" + model.substr(13, 4);
+    const std::string base = "train examples/quickstart.json bf16.enabled=false " + model;
+    ASSERT_EQ(ds(base + " train.steps=30 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
+    ASSERT_EQ(ds("convert-ckpt " + d + "/run " + d + "/hf").code, 0);
+    Result r = ds(base + window + "model.init_from=" + d + "/hf train.output_dir=" + d + "/eval");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double ds_loss = metrics_of(d + "/eval").front()["loss"].get<double>();
+    const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/hf " + dir + "/window.bin > " + d + "/py.txt";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const double py_loss = std::stod(slurp(d + "/py.txt"));
+    EXPECT_NEAR(py_loss, ds_loss, 1e-4 * ds_loss);
+    // ...and they are the trained weights: the random initialisation scores the same window differently.
+    r = ds(base + window + "train.output_dir=" + d + "/eval_random");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_GT(std::fabs(metrics_of(d + "/eval_random").front()["loss"].get<double>() - py_loss), 1e-2);
+  }
 }
 
 TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOrNot) {

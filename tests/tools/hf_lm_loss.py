@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""An independent reader of an exported Hugging Face GPT-2 or Llama directory: parses model.safetensors with
+the json and struct modules only, runs a plain forward written against Hugging Face's tensor names and
+layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama: nn.Linear [out, in],
+RMSNorm, rotary embeddings rotating halves, grouped-query attention, SwiGLU, lm_head or the tied
+embedding), and prints the mean cross-entropy of predicting tokens[1:] from tokens[:-1].
+
+    python3 tests/tools/hf_lm_loss.py HF_DIR TOKEN_FILE(uint16)
+Pure Python, so only for tiny models (a test's tiny model on 16 tokens takes a second)."""
+import json
+import math
+import struct
+import sys
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    tensors = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", f"{name}: this reader takes F32 exports"
+        begin, end = t["data_offsets"]
+        count = (end - begin) // 4
+        flat = list(struct.unpack_from(f"<{count}f", data, base + begin))
+        tensors[name] = (t["shape"], flat)
+    return tensors
+
+
+def matrix(t):  # row-major [rows][cols]
+    shape, flat = t
+    rows, cols = shape
+    return [flat[r * cols:(r + 1) * cols] for r in range(rows)]
+
+
+def linear(x, w, b):  # Conv1D: x [T][in] @ w [in][out] + b
+    out_dim = len(w[0])
+    y = []
+    for row in x:
+        acc = list(b)
+        for i, xi in enumerate(row):
+            if xi != 0.0:
+                wi = w[i]
+                for j in range(out_dim):
+                    acc[j] += xi * wi[j]
+        y.append(acc)
+    return y
+
+
+def layer_norm(x, g, b, eps):
+    out = []
+    for row in x:
+        mean = sum(row) / len(row)
+        var = sum((v - mean) ** 2 for v in row) / len(row)
+        inv = 1.0 / math.sqrt(var + eps)
+        out.append([(v - mean) * inv * g[i] + b[i] for i, v in enumerate(row)])
+    return out
+
+
+def gelu_new(v):
+    return 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+def cross_entropy(x, head, targets):  # x [T][C], head [V][C]: logits = x @ head^T
+    total = 0.0
+    for t, row in enumerate(x):
+        logits = [sum(a * b for a, b in zip(row, h)) for h in head]
+        m = max(logits)
+        lse = m + math.log(sum(math.exp(v - m) for v in logits))
+        total += lse - logits[targets[t]]
+    return total / len(x)
+
+
+def attention(q_rows, k_rows, v_rows, H, KV, D):  # causal; query head h reads kv head h // (H // KV)
+    T = len(q_rows)
+    out = [[0.0] * (H * D) for _ in range(T)]
+    for head in range(H):
+        kv = head // (H // KV)
+        q = [row[head * D:(head + 1) * D] for row in q_rows]
+        k = [row[kv * D:(kv + 1) * D] for row in k_rows]
+        v = [row[kv * D:(kv + 1) * D] for row in v_rows]
+        for t in range(T):
+            scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in range(t + 1)]
+            m = max(scores)
+            e = [math.exp(sc - m) for sc in scores]
+            z = sum(e)
+            for d in range(D):
+                out[t][head * D + d] = sum(e[s] * v[s][d] for s in range(t + 1)) / z
+    return out
+
+
+def nn_linear(x, w):  # nn.Linear: x [T][in] @ w[out][in]^T
+    return [[sum(a * b for a, b in zip(row, wr)) for wr in w] for row in x]
+
+
+def rms_norm(x, g, eps):
+    out = []
+    for row in x:
+        inv = 1.0 / math.sqrt(sum(v * v for v in row) / len(row) + eps)
+        out.append([v * inv * g[i] for i, v in enumerate(row)])
+    return out
+
+
+def rope(rows, heads, D, theta):  # rotate_half: the first and last D/2 of each head pair up
+    out = []
+    for t, row in enumerate(rows):
+        r = list(row)
+        for h in range(heads):
+            for j in range(D // 2):
+                angle = t * theta ** (-2.0 * j / D)
+                c, s = math.cos(angle), math.sin(angle)
+                a, b = row[h * D + j], row[h * D + j + D // 2]
+                r[h * D + j] = a * c - b * s
+                r[h * D + j + D // 2] = b * c + a * s
+        out.append(r)
+    return out
+
+
+def llama_loss(config, W, inputs, targets):
+    C, H = config["hidden_size"], config["num_attention_heads"]
+    KV = config.get("num_key_value_heads", H)
+    D, eps, theta = C // H, config["rms_norm_eps"], config["rope_theta"]
+    embed = matrix(W["model.embed_tokens.weight"])
+    x = [list(embed[tok]) for tok in inputs]
+    for l in range(config["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"][1], eps)
+        q = rope(nn_linear(h, matrix(W[p + "self_attn.q_proj.weight"])), H, D, theta)
+        k = rope(nn_linear(h, matrix(W[p + "self_attn.k_proj.weight"])), KV, D, theta)
+        v = nn_linear(h, matrix(W[p + "self_attn.v_proj.weight"]))
+        o = nn_linear(attention(q, k, v, H, KV, D), matrix(W[p + "self_attn.o_proj.weight"]))
+        x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"][1], eps)
+        gate = nn_linear(h, matrix(W[p + "mlp.gate_proj.weight"]))
+        up = nn_linear(h, matrix(W[p + "mlp.up_proj.weight"]))
+        act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
+        f = nn_linear(act, matrix(W[p + "mlp.down_proj.weight"]))
+        x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
+    x = rms_norm(x, W["model.norm.weight"][1], eps)
+    head = matrix(W["lm_head.weight"]) if "lm_head.weight" in W else embed
+    return cross_entropy(x, head, targets)
+
+
+def main():
+    hf_dir, token_file = sys.argv[1], sys.argv[2]
+    config = json.load(open(f"{hf_dir}/config.json"))
+    W = read_safetensors(f"{hf_dir}/model.safetensors")
+    raw = open(token_file, "rb").read()
+    tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
+    inputs, targets = tokens[:-1], tokens[1:]
+    if config["model_type"] == "llama":
+        print(f"{llama_loss(config, W, inputs, targets):.9f}")
+        return
+    assert config["model_type"] == "gpt2"
+    P = lambda name: W.get("transformer." + name, W.get(name))
+    T, C, H = len(inputs), config["n_embd"], config["n_head"]
+    D, eps = C // H, config["layer_norm_epsilon"]
+    wte, wpe = matrix(P("wte.weight")), matrix(P("wpe.weight"))
+    x = [[wte[tok][c] + wpe[t][c] for c in range(C)] for t, tok in enumerate(inputs)]
+    for l in range(config["n_layer"]):
+        p = f"h.{l}."
+        h = layer_norm(x, P(p + "ln_1.weight")[1], P(p + "ln_1.bias")[1], eps)
+        qkv = linear(h, matrix(P(p + "attn.c_attn.weight")), P(p + "attn.c_attn.bias")[1])
+        att = [[0.0] * C for _ in range(T)]
+        for head in range(H):
+            q = [row[head * D:(head + 1) * D] for row in qkv]
+            k = [row[C + head * D:C + (head + 1) * D] for row in qkv]
+            v = [row[2 * C + head * D:2 * C + (head + 1) * D] for row in qkv]
+            for t in range(T):
+                scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in range(t + 1)]
+                m = max(scores)
+                e = [math.exp(sc - m) for sc in scores]
+                z = sum(e)
+                for d in range(D):
+                    att[t][head * D + d] = sum(e[s] * v[s][d] for s in range(t + 1)) / z
+        proj = linear(att, matrix(P(p + "attn.c_proj.weight")), P(p + "attn.c_proj.bias")[1])
+        x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, proj)]
+        h = layer_norm(x, P(p + "ln_2.weight")[1], P(p + "ln_2.bias")[1], eps)
+        f = linear(h, matrix(P(p + "mlp.c_fc.weight")), P(p + "mlp.c_fc.bias")[1])
+        f = [[gelu_new(v) for v in row] for row in f]
+        f = linear(f, matrix(P(p + "mlp.c_proj.weight")), P(p + "mlp.c_proj.bias")[1])
+        x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
+    x = layer_norm(x, P("ln_f.weight")[1], P("ln_f.bias")[1], eps)
+    print(f"{cross_entropy(x, wte, targets):.9f}")  # the head is tied to wte
+
+
+if __name__ == "__main__":
+    main()
