@@ -1,9 +1,11 @@
 #include "cli/convert_ckpt.hpp"
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -134,9 +136,16 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   const Plan plan = compile_plan(loaded.config, build_model_spec(resolve_model_hyper(loaded.config.model)), one);
   match_weights(src, plan.model);  // names and shapes, before anything is allocated
   const int64_t P = plan.layout.numel;
-  std::vector<float> master(static_cast<size_t>(P)), exp_avg(static_cast<size_t>(P)), exp_avg_sq(static_cast<size_t>(P));
+  std::vector<float> master(static_cast<size_t>(P));
   load_weights(src, plan.model, master.data());
-  CheckpointBuffers b{master.data(), exp_avg.data(), exp_avg_sq.data(), P, owned_segments(plan.layout, 0), P};
+  // The moments are zero: one read-only anonymous mapping serves both, and its pages stay the kernel's
+  // shared zero page (no memory) while the writer reads them.
+  const size_t zero_bytes = static_cast<size_t>(P) * sizeof(float);
+  void* zeros = mmap(nullptr, zero_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (zeros == MAP_FAILED) throw std::runtime_error("cannot map " + format_bytes(static_cast<double>(zero_bytes)) + " of zeros");
+  const std::unique_ptr<void, std::function<void(void*)>> unmap(zeros, [zero_bytes](void* p) { munmap(p, zero_bytes); });
+  float* zero_moments = static_cast<float*>(zeros);  // read only: save_checkpoint never writes its buffers
+  CheckpointBuffers b{master.data(), zero_moments, zero_moments, P, owned_segments(plan.layout, 0), P};
   CheckpointScalars sc;
   sc.seed = plan.run.seed;
   const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_to_json(plan), loaded.resolved_json, 0);
