@@ -29,12 +29,6 @@ struct ConvertArgs {
   bool info = false, json = false, overwrite = false, exclude_frozen = false;
 };
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 int print_info(const WeightSource& src, bool as_json) {
   int64_t params = 0;
   for (const auto& t : src.tensors()) params += t.numel();
@@ -71,7 +65,7 @@ int print_info(const WeightSource& src, bool as_json) {
               << src.zero_stage << ", " << src.precision << " training (fp32 master weights stored)\n";
   }
   std::cout << "  parameters  " << format_count(params) << " in " << src.tensors().size() << " tensors\n";
-  for (const auto& t : src.tensors()) std::cout << "    " << pad(t.name, 48) << pad(t.dtype, 6) << shape_text(t.shape) << "\n";
+  for (const auto& t : src.tensors()) std::cout << "    " << pad(t.name, 48) << pad(t.dtype, 6) << format_shape(t.shape) << "\n";
   return kExitOk;
 }
 

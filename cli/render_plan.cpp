@@ -257,9 +257,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   }
   if (full_layout) {
     for (const auto& ps : L.params) {
-      std::string shape;
-      for (size_t i = 0; i < ps.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(ps.shape[i]);
-      o << "  " << pad(ps.name, 46) << pad("[" + shape + "]", 16) << " offset " << lpad(std::to_string(ps.offset), 12);
+      o << "  " << pad(ps.name, 46) << pad(format_shape(ps.shape), 16) << " offset " << lpad(std::to_string(ps.offset), 12);
       if (L.stage == 3) o << "  partition " << ps.partition_numel << " at " << ps.partition_offset;
       o << "\n";
     }

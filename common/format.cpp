@@ -30,6 +30,12 @@ std::string format_fixed(double v, int decimals) {
   return buf;
 }
 
+std::string format_shape(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
+}
+
 std::string format_gib(double bytes, int decimals) { return format_fixed(bytes / 1073741824.0, decimals); }
 
 std::string format_count(int64_t n) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ds {
 
@@ -13,6 +14,7 @@ std::string format_count(int64_t n);               // "124,439,808"
 std::string format_si(double n);                   // "124.4M", "6.74B", "1.2T"
 std::string format_double(double v);               // shortest text that reads back the same
 std::string format_fixed(double v, int decimals);  // "%.*f": "12.35"
+std::string format_shape(const std::vector<int64_t>& shape);  // "[768, 2304]"
 // Table columns: `s` padded with spaces to `width` on the right (pad) or on the left (lpad).
 inline std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
 inline std::string lpad(const std::string& s, size_t width) { return s.size() >= width ? s : std::string(width - s.size(), ' ') + s; }

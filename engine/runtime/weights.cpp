@@ -44,12 +44,6 @@ const NamedShape* WeightSource::find(const std::string& name) const {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
-
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw UserError("cannot read '" + p.string() + "'", "");
@@ -217,11 +211,11 @@ std::vector<std::string> match_weights(const WeightSource& source, const ModelSp
     const NamedShape* s = source.find(t.name);
     if (!s && t.name.rfind("transformer.", 0) == 0) s = source.find(t.name.substr(12));  // original GPT-2 files
     if (!s)
-      throw UserError("'" + source.path() + "' has no tensor '" + t.name + "' " + shape_text(t.shape) + " that the model needs",
+      throw UserError("'" + source.path() + "' has no tensor '" + t.name + "' " + format_shape(t.shape) + " that the model needs",
                       "the model block (or model.hf_config) must describe the model the weights were trained as");
     if (s->shape != t.shape)
-      throw UserError("tensor '" + t.name + "' is " + shape_text(s->shape) + " in '" + source.path() + "' but " +
-                          shape_text(t.shape) + " in this model",
+      throw UserError("tensor '" + t.name + "' is " + format_shape(s->shape) + " in '" + source.path() + "' but " +
+                          format_shape(t.shape) + " in this model",
                       "the model block (or model.hf_config) must describe the model the weights were trained as");
     names.push_back(s->name);
     used.insert(s->name);
