@@ -2,11 +2,9 @@
 
 #include <filesystem>
 #include <functional>
-#include <fstream>
 #include <iostream>
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -109,22 +107,10 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   const fs::path hf_config = fs::path(src.path()) / "config.json";
   if (!fs::exists(hf_config)) throw UserError("'" + src.path() + "' has no config.json", "a Hugging Face model directory has one beside its weights");
   // The model from the directory's config.json, through the loader (the checkpoint stores the resolved config).
-  const fs::path cfg_file = fs::temp_directory_path() / ("ds-convert-" + std::to_string(::getpid()) + ".json");
-  {
-    std::ofstream out(cfg_file);
-    out << nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
-                          {"model", {{"hf_config", fs::absolute(hf_config).string()}}},
-                          {"train", {{"output_dir", a.dst}, {"steps", 1}}}}.dump(2)
-        << "\n";
-  }
-  LoadedConfig loaded;
-  try {
-    loaded = load_config_file_with_json(cfg_file.string());
-  } catch (...) {
-    fs::remove(cfg_file);
-    throw;
-  }
-  fs::remove(cfg_file);
+  const std::string cfg_text = nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
+                                               {"model", {{"hf_config", fs::absolute(hf_config).string()}}},
+                                               {"train", {{"output_dir", a.dst}, {"steps", 1}}}}.dump(2);
+  const LoadedConfig loaded = load_config_text_with_json(cfg_text, hf_config.string());
   Topology one;
   one.world_size_source = "convert-ckpt";
   const Plan plan = compile_plan(loaded.config, build_model_spec(resolve_model_hyper(loaded.config.model)), one);

@@ -178,9 +178,14 @@ Config load_config_file(const std::string& path, const std::vector<std::string>&
   return load(loader::read_config_text_file(path), path, overrides).config;
 }
 
-LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides) {
-  Loaded l = load(loader::read_config_text_file(path), path, overrides);
+LoadedConfig load_config_text_with_json(const std::string& text, const std::string& source_name,
+                                       const std::vector<std::string>& overrides) {
+  Loaded l = load(text, source_name, overrides);
   return {std::move(l.config), l.doc.dump(2)};
+}
+
+LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides) {
+  return load_config_text_with_json(loader::read_config_text_file(path), path, overrides);
 }
 
 std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent) {

@@ -36,5 +36,7 @@ struct LoadedConfig {
   std::string resolved_json;
 };
 LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides = {});
+LoadedConfig load_config_text_with_json(const std::string& text, const std::string& source_name,
+                                       const std::vector<std::string>& overrides = {});
 
 }  // namespace ds

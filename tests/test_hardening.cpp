@@ -52,9 +52,10 @@ TEST(Hardening, DeepNestingIsRefusedWithAPositionNotACrash) {
 }
 
 TEST(Hardening, SizesThatWouldOverflowArePlannedNever) {
-  for (const std::string& o : {"train_micro_batch_size_per_gpu=9223372036854775807", "gradient_accumulation_steps=4611686018427387904",
+  for (const char* override_text : {"train_micro_batch_size_per_gpu=9223372036854775807", "gradient_accumulation_steps=4611686018427387904",
                                "train_batch_size=1e30", "model.hidden_size=4000000000000", "model.num_layers=100000000",
                                "data.seq_len=99999999999", "zero_optimization.reduce_bucket_size=1e300", "train.threads=1e9"}) {
+    const std::string o = override_text;
     const auto issues = problems(R"({"model": {"preset": "gpt2-tiny"}})", {o});
     const std::string key = o.substr(0, o.find('='));
     EXPECT_NE(find_issue(issues, key), nullptr) << o << "\n" << dump(issues);

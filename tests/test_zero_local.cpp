@@ -156,6 +156,29 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
   }
 }
 
+namespace {
+
+// Trains on `world` thread ranks (one rank: no communicator); every rank's result, rank 0 first.
+std::vector<TrainResult> train_ranks(int world, const std::vector<std::string>& overrides, const std::string& resume_from = "") {
+  std::vector<TrainResult> results(static_cast<size_t>(world));
+  LocalGroup group(world);
+  on_ranks(world, [&](int r) {
+    const Plan plan = plan_for(world, r, overrides);
+    TrainOptions opt;
+    opt.print_every = 1000;
+    opt.resume_from = resume_from;
+    auto comm = world > 1 ? group.join(r) : nullptr;
+    results[static_cast<size_t>(r)] = train(plan, opt, comm.get());
+  });
+  return results;
+}
+
+TrainResult train_on(int world, const std::vector<std::string>& overrides, const std::string& resume_from = "") {
+  return train_ranks(world, overrides, resume_from)[0];
+}
+
+}  // namespace
+
 TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {
   const fs::path root = fs::temp_directory_path() / ("ds_zero_local_" + std::to_string(::getpid()));
   auto run = [&](int world, int stage) {
@@ -164,16 +187,7 @@ TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {
     // The same global batch of 4 samples: 2 per rank on 2 ranks, 4 on one.
     const std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage),
                                      "train_micro_batch_size_per_gpu=" + std::to_string(4 / world), "train.output_dir=" + dir};
-    std::vector<TrainResult> results(static_cast<size_t>(world));
-    LocalGroup group(world);
-    on_ranks(world, [&](int r) {
-      const Plan plan = plan_for(world, r, o);
-      TrainOptions opt;
-      opt.print_every = 1000;
-      auto comm = world > 1 ? group.join(r) : nullptr;
-      results[static_cast<size_t>(r)] = train(plan, opt, comm.get());
-    });
-    return results;
+    return train_ranks(world, o);
   };
   const std::vector<double> base = run(1, 0)[0].losses;
   ASSERT_EQ(base.size(), 6u);
@@ -192,21 +206,6 @@ TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {
 
 namespace {
 
-// Trains on `world` thread ranks; returns rank 0's result and its metrics.jsonl.
-TrainResult train_on(int world, const std::vector<std::string>& overrides, const std::string& resume_from = "") {
-  std::vector<TrainResult> results(static_cast<size_t>(world));
-  LocalGroup group(world);
-  on_ranks(world, [&](int r) {
-    const Plan plan = plan_for(world, r, overrides);
-    TrainOptions opt;
-    opt.print_every = 1000;
-    opt.resume_from = resume_from;
-    auto comm = world > 1 ? group.join(r) : nullptr;
-    results[static_cast<size_t>(r)] = train(plan, opt, comm.get());
-  });
-  return results[0];
-}
-
 std::vector<nlohmann::json> metrics_in(const std::string& dir) {
   std::vector<nlohmann::json> out;
   std::ifstream f(dir + "/metrics.jsonl");
@@ -222,7 +221,7 @@ TEST(OptimizerOffload, ChangesWhereStatesLiveNeverTheNumbers) {
   // states in host buffers; the bytes moved per step are the plan's.
   const fs::path root = fs::temp_directory_path() / ("ds_offload_" + std::to_string(::getpid()));
   for (int world : {1, 2})
-    for (int stage : {1, 2, 3})
+    for (int stage : {1, 2, 3}) {
       for (const char* precision : {"bf16.enabled=false", "bf16.enabled=true", "fp16.enabled=true"}) {
         SCOPED_TRACE(std::string(precision) + " stage " + std::to_string(stage) + " on " + std::to_string(world));
         const std::string tag = std::to_string(world) + "_" + std::to_string(stage) + "_" + precision;
@@ -240,9 +239,12 @@ TEST(OptimizerOffload, ChangesWhereStatesLiveNeverTheNumbers) {
         const Plan plan = plan_for(world, 0, off);
         ASSERT_EQ(plan.execution.transfers.size(), 2u);
         const double planned = plan.execution.transfers[0].bytes_per_step + plan.execution.transfers[1].bytes_per_step;
-        for (const auto& m : metrics_in((root / (tag + "offload")).string()))
-          if (!m["skipped"].get<bool>()) EXPECT_DOUBLE_EQ(m["offload_bytes"].get<double>(), planned) << "step " << m["step"];
+        for (const auto& m : metrics_in((root / (tag + "offload")).string())) {
+          if (m["skipped"].get<bool>()) continue;
+          EXPECT_DOUBLE_EQ(m["offload_bytes"].get<double>(), planned) << "step " << m["step"];
+        }
       }
+    }
   // A checkpoint saved with offload resumes without it (and the run continues as if never offloaded).
   const std::vector<std::string> base{"bf16.enabled=true", "zero_optimization.stage=2", "train_micro_batch_size_per_gpu=2"};
   std::vector<std::string> straight = base, first = base, second = base;

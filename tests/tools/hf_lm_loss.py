@@ -157,7 +157,7 @@ def main():
         return
     assert config["model_type"] == "gpt2"
     P = lambda name: W.get("transformer." + name, W.get(name))
-    T, C, H = len(inputs), config["n_embd"], config["n_head"]
+    C, H = config["n_embd"], config["n_head"]
     D, eps = C // H, config["layer_norm_epsilon"]
     wte, wpe = matrix(P("wte.weight")), matrix(P("wpe.weight"))
     x = [[wte[tok][c] + wpe[t][c] for c in range(C)] for t, tok in enumerate(inputs)]
@@ -165,18 +165,7 @@ def main():
         p = f"h.{l}."
         h = layer_norm(x, P(p + "ln_1.weight")[1], P(p + "ln_1.bias")[1], eps)
         qkv = linear(h, matrix(P(p + "attn.c_attn.weight")), P(p + "attn.c_attn.bias")[1])
-        att = [[0.0] * C for _ in range(T)]
-        for head in range(H):
-            q = [row[head * D:(head + 1) * D] for row in qkv]
-            k = [row[C + head * D:C + (head + 1) * D] for row in qkv]
-            v = [row[2 * C + head * D:2 * C + (head + 1) * D] for row in qkv]
-            for t in range(T):
-                scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in range(t + 1)]
-                m = max(scores)
-                e = [math.exp(sc - m) for sc in scores]
-                z = sum(e)
-                for d in range(D):
-                    att[t][head * D + d] = sum(e[s] * v[s][d] for s in range(t + 1)) / z
+        att = attention([r[:C] for r in qkv], [r[C:2 * C] for r in qkv], [r[2 * C:] for r in qkv], H, H, D)
         proj = linear(att, matrix(P(p + "attn.c_proj.weight")), P(p + "attn.c_proj.bias")[1])
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, proj)]
         h = layer_norm(x, P(p + "ln_2.weight")[1], P(p + "ln_2.bias")[1], eps)
