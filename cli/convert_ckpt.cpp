@@ -1,10 +1,10 @@
 #include "cli/convert_ckpt.hpp"
 
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 #include <iostream>
 
-#include <sys/mman.h>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 struct ConvertArgs {
   std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
+  int world_size = 0, stage = -1;  // ds -> ds: the layout to write (0 / -1: the source's)
   bool info = false, json = false, overwrite = false, exclude_frozen = false;
 };
 
@@ -99,7 +100,7 @@ void check_destination(const ConvertArgs& a) {
 }
 
 // A Hugging Face directory -> a ds run directory holding a step-0 checkpoint: the weights as fp32 master
-// weights, the optimizer's moments zero, the model from the directory's config.json. `ds train` with
+// weights (streamed tensor by tensor), the optimizer's moments zero, the model from the directory's config.json. `ds train` with
 // train.output_dir=DST --resume continues from it, or model.init_from=DST starts from its weights.
 int import_hf(const WeightSource& src, const ConvertArgs& a) {
   check_destination(a);
@@ -116,16 +117,14 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   const Plan plan = compile_plan(loaded.config, build_model_spec(resolve_model_hyper(loaded.config.model)), one);
   match_weights(src, plan.model);  // names and shapes, before anything is allocated
   const int64_t P = plan.layout.numel;
-  std::vector<float> master(static_cast<size_t>(P));
-  load_weights(src, plan.model, master.data());
-  // The moments are zero: one read-only anonymous mapping serves both, and its pages stay the kernel's
-  // shared zero page (no memory) while the writer reads them.
-  const size_t zero_bytes = static_cast<size_t>(P) * sizeof(float);
-  void* zeros = mmap(nullptr, zero_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (zeros == MAP_FAILED) throw std::runtime_error("cannot map " + format_bytes(static_cast<double>(zero_bytes)) + " of zeros");
-  const std::unique_ptr<void, std::function<void(void*)>> unmap(zeros, [zero_bytes](void* p) { munmap(p, zero_bytes); });
-  float* zero_moments = static_cast<float*>(zeros);  // read only: save_checkpoint never writes its buffers
-  CheckpointBuffers b{master.data(), zero_moments, zero_moments, P, owned_segments(plan.layout, 0), P};
+  // Streamed: the weights one tensor at a time in the flat order, the optimizer's moments zero.
+  CheckpointBuffers b{nullptr, nullptr, nullptr, P, owned_segments(plan.layout, 0), P};
+  b.pieces.moments = plan.optimizer.moments;
+  b.pieces.read = [weights = weights_in_pieces(src, plan.model)](int64_t at, int64_t n, float* master, float* m1, float* m2) {
+    weights(at, n, master);
+    for (float* m : {m1, m2})
+      if (m) std::fill(m, m + n, 0.0f);
+  };
   CheckpointScalars sc;
   sc.seed = plan.run.seed;
   const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_to_json(plan), loaded.resolved_json, 0);
@@ -133,6 +132,79 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
             << format_count(plan.model.num_params) << " parameters) -> " << saved.path << " (step 0, optimizer fresh, "
             << format_bytes(static_cast<double>(saved.bytes)) << ")\n"
             << "  train from it: ds train CONFIG model.init_from=" << a.dst << "\n";
+  return kExitOk;
+}
+
+// A ds checkpoint -> a ds run directory whose checkpoint is sharded for `world_size` ranks at ZeRO
+// `stage`: each rank's file holds exactly the segments a run of that shape owns (weights, moments,
+// counters unchanged), so the new run resumes from its own shard without remapping. Values are copied,
+// never converted: a round trip is bit-exact.
+int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
+  if (a.dtype != "fp32")
+    throw UserError("--dtype " + a.dtype + " does not apply to a ds checkpoint: it always holds fp32 master weights and moments",
+                    "train in " + a.dtype + " by setting the config's " + a.dtype + ".enabled=true when resuming; "
+                    "--dtype converts exports (--to hf or safetensors)");
+  check_destination(a);
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir(a.dst, false, true));
+  const int world = a.world_size > 0 ? a.world_size : static_cast<int>(src.world_size);
+  const int stage = a.stage >= 0 ? a.stage : src.zero_stage;
+  // The run's own config at the new shape: the stage changed and the global batch left to follow the
+  // world size (micro batch and accumulation stay), so any world size compiles.
+  const LoadedConfig loaded = load_config_text_with_json(read_checkpoint_text(src.path(), "config_json"), src.path() + " (config_json)",
+                                                         {"zero_optimization.stage=" + std::to_string(stage), "~train_batch_size",
+                                                          "train.output_dir=" + a.dst});
+  const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));
+  auto plan_for_rank = [&](int rank) {
+    Topology t;
+    t.world_size = t.ranks_per_node = world;
+    t.rank = t.local_rank = rank;
+    t.world_size_source = "convert-ckpt --world-size";
+    return compile_plan(loaded.config, spec, t);
+  };
+  const Plan lead_plan = plan_for_rank(0);
+  // The source's counters, with its checksums verified once here rather than once per piece.
+  CheckpointBuffers probe;
+  probe.model_numel = lead_plan.layout.numel;
+  const CheckpointScalars scalars = load_checkpoint(src.path(), probe);
+  // Rank r's shard drawn piece by piece from whichever source files hold those elements: memory is one
+  // piece of each buffer, never a shard.
+  auto shard_of = [&](int rank) {
+    const Plan plan = rank == 0 ? lead_plan : plan_for_rank(rank);
+    CheckpointBuffers b{nullptr, nullptr, nullptr, plan.execution.local_numel, owned_segments(plan.layout, rank), plan.layout.numel};
+    b.pieces.moments = plan.optimizer.moments;
+    b.pieces.read = [&src, segments = b.segments, P = plan.layout.numel](int64_t at, int64_t n, float* m, float* m1, float* m2) {
+      CheckpointBuffers piece{m, m1, m2, n, {}, P};
+      piece.verify = false;
+      for (const OwnedSegment& g : segments) {  // the rank's segments cut to [at, at + n), placed from `at`
+        const int64_t lo = std::max(g.local, at), hi = std::min(g.local + g.numel, at + n);
+        if (lo < hi) piece.segments.push_back({g.param, g.global + (lo - g.local), lo - at, hi - lo});
+      }
+      for (float* p : {m, m1, m2})
+        if (p) std::fill(p, p + n, 0.0f);  // padding between segments
+      load_checkpoint(src.path(), piece);
+    };
+    return b;
+  };
+  const bool sharded = lead_plan.execution.sharded;
+  const std::string plan_json = plan_to_json(lead_plan);
+  // save_checkpoint's protocol, played by one process: rank 0 creates the directory and reaches its first
+  // barrier, every other rank writes its file, rank 0 writes its own and marks the checkpoint complete.
+  CheckpointWriter writer{0, sharded ? world : 1, nullptr};
+  bool others_written = !sharded;
+  writer.barrier = [&] {
+    if (others_written) return;
+    others_written = true;
+    for (int r = 1; r < world; ++r) {
+      save_checkpoint(a.dst, scalars, shard_of(r), plan_json, loaded.resolved_json, 0, CheckpointWriter{r, world, nullptr});
+      std::cerr << "  rank " << r << " of " << world << " written\n";
+    }
+  };
+  const SavedCheckpoint saved = save_checkpoint(a.dst, scalars, shard_of(0), plan_json, loaded.resolved_json, 0, writer);
+  std::cerr << "ds convert-ckpt: " << src.path() << " (step " << src.step << ", ZeRO stage " << src.zero_stage << " on "
+            << src.world_size << (src.world_size == 1 ? " rank" : " ranks") << ") -> " << saved.path << " (ZeRO stage " << stage
+            << " on " << world << (world == 1 ? " rank" : " ranks") << (sharded ? ", one shard per rank" : ", one file") << ")\n"
+            << "  resume it: ds train CONFIG train.output_dir=" << a.dst << " zero_optimization.stage=" << stage
+            << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "") << " --resume\n";
   return kExitOk;
 }
 
@@ -147,7 +219,11 @@ int run_convert(const ConvertArgs& a) {
       throw UserError("a lone .safetensors file does not say which model it holds",
                       "convert a Hugging Face directory (config.json beside the weights), or train from the file with "
                       "model.init_from=" + a.src + " and a model block describing it");
-    if (src->kind() == WeightsKind::hf_directory) return import_hf(*src, a);
+    if (src->kind() == WeightsKind::hf_directory) {
+      if (a.to == "hf" || a.to == "safetensors") throw UserError("'" + a.src + "' is already a Hugging Face directory", "");
+      return import_hf(*src, a);
+    }
+    if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return reshard_ds(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
     check_destination(a);
@@ -178,8 +254,12 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
                                  "directory (imported as a ds run at step 0); with --info also a .safetensors file")
       ->required();
   sub->add_option("DST", a->dst, "a directory (Hugging Face layout) or a file ending in .safetensors (one consolidated file)");
-  sub->add_option("--to", a->to, "force the destination's kind: hf (directory) or safetensors (one file)")
-      ->check(CLI::IsMember({"hf", "safetensors"}));
+  sub->add_option("--to", a->to, "force the destination's kind: hf (directory), safetensors (one file) or ds (a run "
+                                 "directory; implied by --world-size and --stage)")
+      ->check(CLI::IsMember({"hf", "safetensors", "ds"}));
+  sub->add_option("--world-size", a->world_size, "ds -> ds: shard the checkpoint for this many ranks (default: as saved)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--stage", a->stage, "ds -> ds: the ZeRO stage to shard for, 0-3 (default: as saved)")->check(CLI::Range(0, 3));
   sub->add_option("--dtype", a->dtype, "the exported weights' dtype: fp32 (default, the master weights as stored), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--max-shard-size,--max_shard_size", a->max_shard_size,
@@ -200,6 +280,9 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
   ds convert-ckpt runs/gpt2 out/ --max-shard-size 2GB
       shards model-00001-of-0000N.safetensors and model.safetensors.index.json
   ds convert-ckpt --info runs/gpt2 --json
+  ds convert-ckpt runs/gpt2 runs/gpt2-w8 --world-size 8 --stage 3
+      the same state sharded as an 8-rank ZeRO-3 run owns it (ds train ... --resume reads any layout;
+      this writes the one it will save, so every rank reads only its own file)
   ds convert-ckpt path/to/hf-llama runs/llama-init
       a Hugging Face directory as a ds run directory (a checkpoint at step 0, optimizer fresh)
   ds train my.json model.init_from=out/quickstart-hf

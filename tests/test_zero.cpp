@@ -42,8 +42,9 @@ std::vector<double> losses_of(const std::string& run) {
 struct WholeState {
   std::vector<float> master, exp_avg, exp_avg_sq;
 };
-WholeState whole_state(const std::string& run) {
-  const int64_t P = json::parse(slurp(run + "/plan.json"))["layout"]["numel"].get<int64_t>();
+WholeState whole_state(const std::string& run, const std::string& run_with_plan = "") {
+  const std::string planned = run_with_plan.empty() ? run : run_with_plan;
+  const int64_t P = json::parse(slurp(planned + "/plan.json"))["layout"]["numel"].get<int64_t>();
   WholeState w{std::vector<float>(P), std::vector<float>(P), std::vector<float>(P)};
   ds::CheckpointBuffers b{w.master.data(), w.exp_avg.data(), w.exp_avg_sq.data(), P, {ds::OwnedSegment{0, 0, 0, P}}, P};
   ds::load_checkpoint(ds::find_latest_checkpoint(run), b);
@@ -204,6 +205,45 @@ TEST(Zero, ACheckpointSavedOnTwoRanksResumesOnThreeAndBack) {
     ASSERT_EQ(losses.size(), 10u);
     for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
   }
+}
+
+TEST(Zero, ConvertCkptReshardsACheckpointForAnotherWorldSizeAndStageBitForBit) {
+  // 5 steps on 2 ranks at stage 1; sharded by convert-ckpt for 3 ranks at stage 3 and back. The state
+  // is the same bits in every layout, each rank's file is its own, and the resharded run resumes to the
+  // losses of 10 steps on one rank.
+  const auto base = losses_of(single_rank_run());
+  const std::string a = scratch_dir() + "/reshard_a", b = scratch_dir() + "/reshard_b", c = scratch_dir() + "/reshard_c";
+  Result r = cli_test::ds(kRun + shape(2) + "zero_optimization.stage=1 train.steps=5 train.output_dir=" + a);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli_test::ds("convert-ckpt " + a + " " + b + " --world-size 3 --stage 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = "/checkpoints/step_00000005/";
+  for (const char* f : {"state.h5", "shard_00001.h5", "shard_00002.h5", "DONE"}) EXPECT_TRUE(std::filesystem::exists(b + ckpt + f)) << f;
+  EXPECT_FALSE(std::filesystem::exists(b + ckpt + "shard_00003.h5"));
+  r = cli_test::ds("convert-ckpt --info " + b + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json info = json::parse(r.out);
+  EXPECT_EQ(info["world_size"], 3);
+  EXPECT_EQ(info["zero_stage"], 3);
+  const WholeState sa = whole_state(a), sb = whole_state(b, a);
+  EXPECT_TRUE(sa.master == sb.master && sa.exp_avg == sb.exp_avg && sa.exp_avg_sq == sb.exp_avg_sq);
+  r = cli_test::ds("convert-ckpt " + b + " " + c + " --world-size 2 --stage 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const WholeState sc = whole_state(c, a);
+  EXPECT_TRUE(sa.master == sc.master && sa.exp_avg == sc.exp_avg && sa.exp_avg_sq == sc.exp_avg_sq);
+  EXPECT_EQ(std::filesystem::file_size(a + ckpt + "shard_00001.h5"), std::filesystem::file_size(c + ckpt + "shard_00001.h5"));
+  // Nothing is replaced unasked, and a ds checkpoint has no dtype to convert to.
+  r = cli_test::ds("convert-ckpt " + a + " " + b + " --world-size 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "already exists")) << r.err;
+  r = cli_test::ds("convert-ckpt " + a + " " + scratch_dir() + "/reshard_bf16 --stage 2 --dtype bf16");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "fp32 master weights")) << r.err;
+  r = cli_test::ds(kRun + shape(3) + "zero_optimization.stage=3 train.steps=10 --resume train.output_dir=" + b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto losses = losses_of(b);
+  ASSERT_EQ(losses.size(), 5u);  // the resharded directory's own metrics: steps 6-10
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
 }
 
 TEST(Zero, TwoLocalRanksAtStageZeroTrainTheSameRunAsOneRank) {

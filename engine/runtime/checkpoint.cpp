@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 
 #include "common/error.hpp"
@@ -69,22 +70,38 @@ constexpr int64_t kChecksumPieceFloats = int64_t{1} << 23;
 uint64_t fold_piece(uint64_t h, const float* piece, int64_t n) {
   return splitmix64(h ^ checksum64(piece, static_cast<size_t>(n) * sizeof(float)));
 }
-uint64_t floats_checksum(const float* data, int64_t n) {
-  uint64_t h = static_cast<uint64_t>(n);
-  for (int64_t at = 0; at < n; at += kChecksumPieceFloats) h = fold_piece(h, data + at, std::min(kChecksumPieceFloats, n - at));
-  return h;
-}
 
-void write_floats(hid_t loc, const char* name, const float* data, int64_t n, const std::string& path) {
-  hsize_t dims[1] = {static_cast<hsize_t>(n)};
-  hid_t space = H5Screate_simple(1, dims, nullptr);
-  hid_t d = H5Dcreate2(loc, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (d < 0 || H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    io_fail(std::string("writing ") + name + " (is the disk full?)", path);
-  write_attr<int64_t>(d, "checksum", static_cast<int64_t>(floats_checksum(data, n)), path);
-  H5Dclose(d);
-  H5Sclose(space);
-}
+// A 1-D fp32 data set written in checksum-sized pieces, in order; the checksum attribute at the end.
+class FloatDataset {
+ public:
+  FloatDataset(hid_t loc, const char* name, int64_t n, const std::string& path) : name_(name), path_(path), hash_(static_cast<uint64_t>(n)) {
+    hsize_t dims[1] = {static_cast<hsize_t>(n)};
+    space_ = H5Screate_simple(1, dims, nullptr);
+    d_ = H5Dcreate2(loc, name, H5T_IEEE_F32LE, space_, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (d_ < 0) io_fail(std::string("creating ") + name, path);
+  }
+  ~FloatDataset() {
+    if (d_ >= 0) H5Dclose(d_);
+    H5Sclose(space_);
+  }
+  FloatDataset(const FloatDataset&) = delete;
+  FloatDataset& operator=(const FloatDataset&) = delete;
+  void write(int64_t at, int64_t n, const float* data) {
+    const hsize_t start[1] = {static_cast<hsize_t>(at)}, len[1] = {static_cast<hsize_t>(n)};
+    hid_t mem = H5Screate_simple(1, len, nullptr);
+    const bool ok = H5Sselect_hyperslab(space_, H5S_SELECT_SET, start, nullptr, len, nullptr) >= 0 &&
+                    H5Dwrite(d_, H5T_NATIVE_FLOAT, mem, space_, H5P_DEFAULT, data) >= 0;
+    H5Sclose(mem);
+    if (!ok) io_fail("writing " + name_ + " (is the disk full?)", path_);
+    hash_ = fold_piece(hash_, data, n);
+  }
+  void finish() { write_attr<int64_t>(d_, "checksum", static_cast<int64_t>(hash_), path_); }
+
+ private:
+  std::string name_, path_;
+  uint64_t hash_;
+  hid_t space_ = -1, d_ = -1;
+};
 
 // Reads the whole of a float data set in bounded pieces and compares its checksum attribute; files
 // written before checksums existed have none and pass. Throws UserError naming the file and data set
@@ -181,12 +198,30 @@ void read_float_range(hid_t loc, const char* name, int64_t at, int64_t n, float*
   if (!ok) io_fail(std::string("reading ") + name, path);
 }
 
+// The segment table, then master and the moments piece by piece: from the caller's buffers, or drawn
+// from `b.pieces` into one piece of each.
 void write_shard(hid_t f, const CheckpointBuffers& b, const std::string& path) {
   write_segments(f, b.segments, path);
-  write_floats(f, "master", b.master, b.numel, path);
+  const bool streamed = static_cast<bool>(b.pieces.read);
+  const int moments = streamed ? b.pieces.moments : (b.exp_avg ? 1 : 0) + (b.exp_avg_sq ? 1 : 0);
   hid_t g = H5Gcreate2(f, "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-  if (b.exp_avg) write_floats(g, "exp_avg", b.exp_avg, b.numel, path);
-  if (b.exp_avg_sq) write_floats(g, "exp_avg_sq", b.exp_avg_sq, b.numel, path);
+  {
+    std::vector<std::unique_ptr<FloatDataset>> sets;
+    sets.push_back(std::make_unique<FloatDataset>(f, "master", b.numel, path));
+    if (moments >= 1) sets.push_back(std::make_unique<FloatDataset>(g, "exp_avg", b.numel, path));
+    if (moments >= 2) sets.push_back(std::make_unique<FloatDataset>(g, "exp_avg_sq", b.numel, path));
+    const int64_t cap = std::min(kChecksumPieceFloats, b.numel);
+    std::vector<float> piece(streamed ? static_cast<size_t>(cap) * sets.size() : 0);
+    const float* held[3] = {b.master, b.exp_avg, b.exp_avg_sq};
+    for (int64_t at = 0; at < b.numel; at += kChecksumPieceFloats) {
+      const int64_t n = std::min(kChecksumPieceFloats, b.numel - at);
+      float* out[3] = {nullptr, nullptr, nullptr};
+      for (size_t k = 0; streamed && k < sets.size(); ++k) out[k] = piece.data() + k * static_cast<size_t>(cap);
+      if (streamed) b.pieces.read(at, n, out[0], out[1], out[2]);
+      for (size_t k = 0; k < sets.size(); ++k) sets[k]->write(at, n, streamed ? out[k] : held[k] + at);
+    }
+    for (auto& d : sets) d->finish();
+  }
   H5Gclose(g);
 }
 

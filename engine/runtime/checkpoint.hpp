@@ -37,8 +37,18 @@ struct CheckpointScalars {
   LossScalerState loss_scaler;
 };
 
+// Produces elements [at, at + n) of a buffer into `out`.
+using FloatPieces = std::function<void(int64_t at, int64_t n, float* out)>;
+
+// Saving only: a shard produced piece by piece rather than held in memory. `read` fills elements
+// [at, at + n) of the local master weights and of the `moments` optimizer buffers (null beyond them).
+struct ShardPieces {
+  int moments = 0;  // 0, 1 (exp_avg) or 2 (exp_avg and exp_avg_sq)
+  std::function<void(int64_t at, int64_t n, float* master, float* exp_avg, float* exp_avg_sq)> read;
+};
+
 struct CheckpointBuffers {  // this rank's local buffers, not owned; each `numel` fp32 elements
-  float* master = nullptr;
+  float* master = nullptr;      // null when saving from `pieces`
   float* exp_avg = nullptr;     // Adam/Lamb first moment or SGD's momentum buffer; null: the optimizer has none
   float* exp_avg_sq = nullptr;  // Adam/Lamb second moment; null: none
   int64_t numel = 0;
@@ -47,6 +57,9 @@ struct CheckpointBuffers {  // this rank's local buffers, not owned; each `numel
   // Read every data set in full against its checksum first. A reader taking a checkpoint apart in many
   // small loads (ds convert-ckpt, tensor by tensor) verifies on the first and skips it after.
   bool verify = true;
+  // Saving only: when set, the shard is drawn from here instead of the pointers, so ds convert-ckpt writes
+  // a checkpoint of a model larger than memory holding one piece of each buffer.
+  ShardPieces pieces = {};
 };
 
 // Who writes: every rank writes its shard; rank 0 also the scalars, and marks the directory DONE once

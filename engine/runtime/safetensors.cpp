@@ -211,6 +211,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
   }
 }
 
+void SafetensorsFile::read_f32(const StTensor& t, float* out) const {
+  view_->read_f32(t, out);
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(view_->bytes(t)), last = first + static_cast<uintptr_t>(t.end - t.begin);
+  const uintptr_t lo = first & ~(page - 1), hi = (last + page - 1) & ~(page - 1);
+  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // a hint: failure only costs memory
+}
+
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, size_);
 }

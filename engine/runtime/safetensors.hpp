@@ -63,6 +63,9 @@ class SafetensorsFile {
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const SafetensorsView& view() const { return *view_; }
+  // view().read_f32, then the tensor's mapped pages are handed back to the kernel: reading a model
+  // larger than memory tensor by tensor keeps none of it resident (the page cache still has it).
+  void read_f32(const StTensor& t, float* out) const;
 
  private:
   void* map_ = nullptr;

@@ -160,8 +160,8 @@ class SafetensorsSource : public WeightSource {
       const SafetensorsView& v = files_.back()->view();
       for (const StTensor& t : v.tensors()) {
         if (where_.count(t.name))
-          throw UserError("tensor '" + t.name + "' is in both '" + where_[t.name]->source() + "' and '" + v.source() + "'", "");
-        where_[t.name] = &v;
+          throw UserError("tensor '" + t.name + "' is in both '" + where_[t.name]->view().source() + "' and '" + v.source() + "'", "");
+        where_[t.name] = files_.back().get();
         tensors_.push_back({t.name, t.shape, st_dtype_name(t.dtype)});
       }
     }
@@ -170,12 +170,12 @@ class SafetensorsSource : public WeightSource {
   void read_f32(const std::string& name, float* out) const override {
     const auto it = where_.find(name);
     if (it == where_.end()) throw UserError("'" + path_ + "' has no tensor '" + name + "'", "");
-    it->second->read_f32(*it->second->find(name), out);
+    it->second->read_f32(*it->second->view().find(name), out);
   }
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafetensorsView*> where_;
+  std::map<std::string, const SafetensorsFile*> where_;
 };
 
 bool ignorable(const std::string& name, const ModelSpec& model) {
@@ -240,6 +240,38 @@ void load_weights(const WeightSource& source, const ModelSpec& model, float* who
     source.read_f32(names[i], whole + at);
     at += model.tensors[i].numel;
   }
+}
+
+FloatPieces weights_in_pieces(const WeightSource& source, const ModelSpec& model) {
+  struct Cursor {
+    std::vector<std::string> names;
+    std::vector<int64_t> begins;  // each tensor's first element in the flat order, then the end
+    size_t held = SIZE_MAX;      // the tensor in `values`
+    std::vector<float> values;
+  };
+  auto c = std::make_shared<Cursor>();
+  c->names = match_weights(source, model);
+  c->begins.push_back(0);
+  for (const auto& t : model.tensors) c->begins.push_back(c->begins.back() + t.numel);
+  return [c, &source](int64_t at, int64_t n, float* out) {
+    while (n > 0) {
+      if (at >= c->begins.back()) {  // past the model: padding
+        std::fill(out, out + n, 0.0f);
+        return;
+      }
+      const size_t i = static_cast<size_t>(std::upper_bound(c->begins.begin(), c->begins.end(), at) - c->begins.begin()) - 1;
+      if (c->held != i) {
+        c->values.assign(static_cast<size_t>(c->begins[i + 1] - c->begins[i]), 0.0f);
+        source.read_f32(c->names[i], c->values.data());
+        c->held = i;
+      }
+      const int64_t from = at - c->begins[i], take = std::min(n, c->begins[i + 1] - at);
+      std::copy_n(c->values.data() + from, take, out);
+      out += take;
+      at += take;
+      n -= take;
+    }
+  };
 }
 
 std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/plan/model_spec.hpp"
+#include "engine/runtime/checkpoint.hpp"
 
 namespace ds {
 
@@ -64,6 +65,9 @@ std::vector<std::string> match_weights(const WeightSource& source, const ModelSp
 
 // The whole model's weights, fp32 in the flat layout's order (`whole` holds model.num_params floats).
 void load_weights(const WeightSource& source, const ModelSpec& model, float* whole);
+// The same values produced piece by piece in that order, holding one tensor (the one the piece is in):
+// for writing a model larger than memory. `source` must outlive the result; pieces are asked for in order.
+FloatPieces weights_in_pieces(const WeightSource& source, const ModelSpec& model);
 
 // Hugging Face's config.json for this model (GPT2LMHeadModel or LlamaForCausalLM), and its
 // generation_config.json. `torch_dtype`: "float32", "bfloat16" or "float16".
