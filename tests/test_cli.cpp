@@ -758,6 +758,13 @@ TEST(CliHardening, ACorruptCheckpointIsNamedAndThePreviousOneOffered) {
   EXPECT_TRUE(contains(r.err, "does not match its checksum")) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir + "/export.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/export.safetensors.partial"));
+  // Cut to half its size (a full disk, an interrupted copy): called truncated, with the same way out.
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) / 2);
+  r = ds("convert-ckpt --info " + dir);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, file + "' is not a readable HDF5 file")) << r.err;
+  EXPECT_TRUE(contains(r.err, "truncated or damaged")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.resume=" + dir + "/checkpoints/step_00000010")) << r.err;
   r = ds("train examples/quickstart.json train.steps=25 train.save_every=10 train.output_dir=" + dir + " train.resume=" + dir +
          "/checkpoints/step_00000010");
   EXPECT_EQ(r.code, 0) << r.err;

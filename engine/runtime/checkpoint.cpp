@@ -399,18 +399,36 @@ std::string resolve_checkpoint_path(const std::string& path) {
 }
 
 namespace {
+// What to do about a damaged checkpoint: resume from the newest complete one before it.
+std::string previous_checkpoint_hint(const std::string& dir) {
+  const fs::path here = fs::weakly_canonical(fs::path(dir));
+  std::string previous;
+  for (const auto& [step, path] : complete_checkpoints(here.parent_path()))
+    if (fs::weakly_canonical(path) != here && step < step_of_name(here.filename().string())) previous = path.string();
+  return previous.empty() ? std::string("no earlier complete checkpoint is left in ") + here.parent_path().string()
+                          : "resume from the previous complete checkpoint: train.resume=" + previous;
+}
+
 // verify_shard, with the previous complete checkpoint named in the hint when this one is damaged.
 void verify_or_point_back(hid_t f, const std::string& file, const std::string& dir) {
   try {
     verify_shard(f, file);
   } catch (const UserError& e) {
-    const fs::path here = fs::weakly_canonical(fs::path(dir));
-    std::string previous;
-    for (const auto& [step, path] : complete_checkpoints(here.parent_path()))
-      if (fs::weakly_canonical(path) != here && step < step_of_name(here.filename().string())) previous = path.string();
-    throw UserError(e.what(), previous.empty() ? std::string("no earlier complete checkpoint is left in ") + here.parent_path().string()
-                                               : "resume from the previous complete checkpoint: train.resume=" + previous);
+    throw UserError(e.what(), previous_checkpoint_hint(dir));
   }
+}
+
+// One of a checkpoint's files, read-only; UserError saying why it cannot be opened (missing, empty,
+// truncated or not HDF5) and which checkpoint to use instead.
+hid_t open_checkpoint_file(const std::string& file, const std::string& dir) {
+  quiet_hdf5();
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f >= 0) return f;
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  const std::string why = ec ? "is missing" : size == 0 ? "is empty" : "is not a readable HDF5 file (" + format_bytes(static_cast<double>(size)) + "): truncated or damaged";
+  throw UserError("checkpoint file '" + file + "' " + why, ec ? "copy the whole checkpoint directory, or " + previous_checkpoint_hint(dir)
+                                                               : previous_checkpoint_hint(dir));
 }
 
 // Copies every element of the caller's segments that `file`'s segments hold; returns how many.
@@ -442,10 +460,8 @@ int64_t dataset_length(hid_t f, const char* name) {
 }  // namespace
 
 CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffers& b) {
-  quiet_hdf5();
   const std::string file = (fs::path(dir) / "state.h5").string();
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) throw UserError("cannot open checkpoint '" + file + "' (missing or not HDF5)", "");
+  hid_t f = open_checkpoint_file(file, dir);
   CheckpointScalars sc;
   int64_t world = 1, filled = 0, wanted = 0;
   for (const auto& g : b.segments) wanted += g.numel;
@@ -483,9 +499,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
   H5Fclose(f);
   for (int r = 1; r < world; ++r) {
     const std::string shard = (fs::path(dir) / shard_name(r)).string();
-    hid_t h = H5Fopen(shard.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (h < 0) throw UserError("checkpoint '" + dir + "' was saved by " + std::to_string(world) + " ranks but '" + shard +
-                                   "' is missing or unreadable", "copy the whole checkpoint directory");
+    hid_t h = open_checkpoint_file(shard, dir);
     try {
       if (b.verify) verify_or_point_back(h, shard, dir);
       filled += read_overlaps(h, read_segments(h, shard), b, shard);
@@ -508,10 +522,8 @@ std::string hdf5_version() {
 }
 
 std::string read_checkpoint_text(const std::string& dir, const char* which) {
-  quiet_hdf5();
   const std::string file = (fs::path(dir) / "state.h5").string();
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (f < 0) throw UserError("cannot open checkpoint '" + file + "'", "");
+  hid_t f = open_checkpoint_file(file, dir);
   std::string s;
   try {
     s = read_string(f, which, file);
