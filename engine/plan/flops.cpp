@@ -1,0 +1,70 @@
+#include "engine/plan/flops.hpp"
+
+#include <map>
+
+namespace ds {
+namespace {
+
+bool is_embedding(const std::string& name) {
+  return name.find("wte") != std::string::npos || name.find("wpe") != std::string::npos || name.find("embed_tokens") != std::string::npos;
+}
+
+// The depth-2 module a tensor belongs to: its block's prefix and the next component ("...h.0.attn"),
+// or outside the blocks its own path without the parameter's name ("transformer.ln_f").
+std::string module_of(const TensorSpec& t) {
+  const size_t last_dot = t.name.rfind('.');
+  if (t.layer < 0) return t.name.substr(0, last_dot);
+  const std::string marker = "." + std::to_string(t.layer) + ".";
+  const size_t at = t.name.find(marker) + marker.size();
+  return t.name.substr(0, t.name.find('.', at));
+}
+
+}  // namespace
+
+std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, bool recompute) {
+  const ModelHyper& hp = model.hp;
+  const double N = static_cast<double>(micro_batch) * static_cast<double>(seq_len);  // tokens
+  // Attention scores (Q K^T) and their weighted sum (P V): 2 x B x NH x T x T x D each, forward.
+  const double attention_core = 2.0 * 2.0 * static_cast<double>(micro_batch) * static_cast<double>(hp.num_heads) *
+                                static_cast<double>(seq_len) * static_cast<double>(seq_len) * static_cast<double>(hp.head_dim());
+  std::vector<ModuleFlops> rows;
+  std::map<std::string, size_t> index;
+  auto row = [&](const std::string& name, int depth, int layer) -> ModuleFlops& {
+    auto it = index.find(name);
+    if (it != index.end()) return rows[it->second];
+    index[name] = rows.size();
+    rows.push_back(ModuleFlops{name, depth, layer, 0, 0, 0, 0});
+    return rows.back();
+  };
+  for (const TensorSpec& t : model.tensors) {
+    if (t.layer >= 0) {
+      const std::string child = module_of(t);
+      row(child.substr(0, child.rfind('.')), 1, t.layer);  // the block, before its first child
+      ModuleFlops& m = row(child, 2, t.layer);
+      m.params += t.numel;
+      if (t.shape.size() == 2) m.forward += 2.0 * N * static_cast<double>(t.numel);
+      if (t.name.find("c_attn.weight") != std::string::npos || t.name.find("q_proj.weight") != std::string::npos)
+        m.forward += attention_core;  // the attention module's own core, once per block
+    } else {
+      ModuleFlops& m = row(module_of(t), 1, -1);
+      m.params += t.numel;
+      if (t.shape.size() == 2 && !is_embedding(t.name)) m.forward += 2.0 * N * static_cast<double>(t.numel);  // lm_head
+    }
+  }
+  if (hp.tie_word_embeddings)  // the head reads the token embedding: its matmul, no parameters of its own
+    row("lm_head", 1, -1).forward += 2.0 * N * static_cast<double>(hp.vocab_size) * static_cast<double>(hp.hidden_size);
+  for (ModuleFlops& m : rows) {
+    if (m.depth == 2) {
+      ModuleFlops& block = rows[index.at(m.name.substr(0, m.name.rfind('.')))];
+      block.params += m.params;
+      block.forward += m.forward;
+    }
+  }
+  for (ModuleFlops& m : rows) {
+    m.backward = 2.0 * m.forward;
+    m.recompute = recompute && m.layer >= 0 ? m.forward : 0.0;
+  }
+  return rows;
+}
+
+}  // namespace ds

@@ -1,0 +1,73 @@
+// Per-module FLOPs against counts written out here from the architectures' definitions (not from the
+// tensor list the code walks): every matmul is 2 m n k, backward twice forward, attention over T x T.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/plan/flops.hpp"
+
+using namespace ds;
+
+namespace {
+
+std::map<std::string, ModuleFlops> by_name(const std::vector<ModuleFlops>& rows) {
+  std::map<std::string, ModuleFlops> m;
+  for (const auto& r : rows) m[r.name] = r;
+  return m;
+}
+
+}  // namespace
+
+TEST(ModuleFlops, Gpt2BlocksAttentionMlpAndTheTiedHeadCountEveryMatmul) {
+  const ModelSpec spec = build_model_spec(model_preset("gpt2"));
+  const double B = 4, T = 128, C = 768, I = 3072, V = 50257, NH = 12, D = 64, N = B * T;
+  const auto rows = module_flops(spec, 4, 128, false);
+  const auto m = by_name(rows);
+  // c_attn [C, 3C] and c_proj [C, C]; scores Q K^T and P V over the full T x T per head.
+  const double attn = 2 * N * C * 3 * C + 2 * N * C * C + 2 * (2 * B * NH * T * T * D);
+  const double mlp = 2 * N * C * I + 2 * N * I * C;
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.attn").forward, attn);
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.attn").backward, 2 * attn);
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.mlp").forward, mlp);
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5").forward, attn + mlp);  // norms are not matmuls
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.ln_1").forward, 0);
+  EXPECT_EQ(m.at("transformer.h.5.ln_1").params, 2 * 768);
+  EXPECT_EQ(m.at("transformer.h.5").params, 12 * 768 * 768 + 13 * 768);
+  EXPECT_DOUBLE_EQ(m.at("lm_head").forward, 2 * N * C * V);  // tied: the head's matmul, no parameters
+  EXPECT_EQ(m.at("lm_head").params, 0);
+  EXPECT_DOUBLE_EQ(m.at("transformer.wte").forward, 0);  // a lookup
+  EXPECT_EQ(m.at("transformer.wte").params, 50257 * 768);
+  // The whole model, forward and backward, is the plan's model FLOPs; every parameter in one row.
+  double total = 0;
+  int64_t params = 0;
+  for (const auto& r : rows)
+    if (r.depth == 1) {
+      total += r.total();
+      params += r.params;
+    }
+  EXPECT_DOUBLE_EQ(total, 12 * 3 * (attn + mlp) + 3 * 2 * N * C * V);
+  EXPECT_NEAR(total, spec.train_flops_per_token(128) * N, 1e-9 * total);
+  EXPECT_EQ(params, spec.num_params);
+  // Execution order: embeddings, then each block before its children, final norm, head.
+  EXPECT_EQ(rows.front().name, "transformer.wte");
+  EXPECT_EQ(rows[2].name, "transformer.h.0");
+  EXPECT_EQ(rows[3].name, "transformer.h.0.ln_1");
+  EXPECT_EQ(rows.back().name, "lm_head");
+}
+
+TEST(ModuleFlops, LlamaWithGroupedQueryAttentionAndRecomputation) {
+  const ModelSpec spec = build_model_spec(model_preset("tinyllama-1.1b"));
+  const double B = 2, T = 256, C = 2048, I = 5632, V = 32000, NH = 32, KV = 4, D = 64, N = B * T;
+  const auto m = by_name(module_flops(spec, 2, 256, true));
+  // q and o [C, C], k and v [KV D, C]; gate, up and down [I, C].
+  const double attn = 2 * N * (C * C + 2 * C * KV * D + C * C) + 2 * (2 * B * NH * T * T * D);
+  const double mlp = 2 * N * 3 * C * I;
+  EXPECT_DOUBLE_EQ(m.at("model.layers.21.self_attn").forward, attn);
+  EXPECT_DOUBLE_EQ(m.at("model.layers.21.mlp").forward, mlp);
+  EXPECT_DOUBLE_EQ(m.at("model.layers.21").recompute, attn + mlp);  // the block's forward again in its backward
+  EXPECT_DOUBLE_EQ(m.at("model.layers.21").total(), 4 * (attn + mlp));
+  EXPECT_DOUBLE_EQ(m.at("lm_head").forward, 2 * N * C * V);  // untied: its own weight
+  EXPECT_EQ(m.at("lm_head").params, 32000 * 2048);
+  EXPECT_DOUBLE_EQ(m.at("lm_head").recompute, 0);  // outside the blocks nothing is recomputed
+  EXPECT_DOUBLE_EQ(m.at("model.norm").forward, 0);
+}
