@@ -6,7 +6,7 @@
 #include "cli/convert_ckpt.hpp"
 #include "cli/env.hpp"
 #include "cli/estimate_memory.hpp"
-#include "cli/pending.hpp"
+#include "cli/profile.hpp"
 #include "cli/plan.hpp"
 #include "cli/train.hpp"
 #include "cli/version.hpp"

@@ -93,12 +93,6 @@ TEST(CliUsage, BareDsListsEverySubcommand) {
     EXPECT_TRUE(contains(r.out, std::string("  ") + sub + " ")) << sub << "\n" << r.out;
 }
 
-TEST(CliUsage, PendingSubcommandsSaySoAndExitOne) {
-  Result r = ds("profile examples/quickstart.json");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.err, "not available in this build")) << r.err;
-}
-
 TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
   const std::string dir = scratch_dir() + "/quickstart";
   Result r = ds("train examples/quickstart.json train.steps=40 train.eval_every=20 train.output_dir=" + dir +

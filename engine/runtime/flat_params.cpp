@@ -7,7 +7,6 @@
 
 namespace ds {
 
-namespace {
 torch::ScalarType to_torch(Dtype d) {
   switch (d) {
     case Dtype::fp32: return torch::kFloat32;
@@ -16,7 +15,6 @@ torch::ScalarType to_torch(Dtype d) {
   }
   return torch::kFloat32;
 }
-}  // namespace
 
 FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   const FlatLayout& L = plan.layout;

@@ -31,6 +31,8 @@
 
 namespace ds {
 
+torch::ScalarType to_torch(Dtype d);
+
 struct FlatParams {
   torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
   torch::Tensor local_params, local_grads;

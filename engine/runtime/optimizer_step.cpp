@@ -13,8 +13,12 @@ namespace {
 // means the weights are past saving.
 constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+// Seconds since `t`, and `t` moved to now: consecutive laps tile the step with no gaps between phases.
+double lap(std::chrono::steady_clock::time_point& t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
 }
 
 }  // namespace
@@ -69,23 +73,25 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   }
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   double loss_sum = 0;
+  StepPhases& t = out.phases;
   for (int64_t m = 0; m < GAS; ++m) {
+    auto at = std::chrono::steady_clock::now();
     sampler_.train_batch(step, m, in_, tgt_);
+    const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
     model_.set_dropout(splitmix64(seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
                                                     static_cast<uint64_t>(flat_.rank))), true);
-    const auto f0 = std::chrono::steady_clock::now();
+    t.data += lap(at);
     zero_.begin_micro_step(false);
-    torch::Tensor loss = model_.loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T));
-    out.forward_s += seconds_since(f0);
-    const auto b0 = std::chrono::steady_clock::now();
+    torch::Tensor loss = model_.loss(input, target);
+    t.forward += lap(at);
     zero_.begin_backward();
     // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
     (loss * (out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)))).backward();
     zero_.end_micro_step();
-    out.backward_s += seconds_since(b0);
     loss_sum += loss.item<double>();
+    t.backward += lap(at);
   }
-  const auto opt0 = std::chrono::steady_clock::now();
+  auto at = std::chrono::steady_clock::now();
   out.loss = loss_sum / static_cast<double>(GAS);
   zero_.reduce_gradients();
   if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
@@ -93,6 +99,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     flat_.grads.copy_(flat_.compute_grads);
     flat_.compute_grads.copy_(flat_.grads);
   }
+  t.reduce += lap(at);
   bool partial = false;
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
   out.stop_requested = stop_signal != 0;
@@ -126,6 +133,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
                              "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
   if (out.skipped) {
     if (!scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
+    t.norm += lap(at);  // a skipped step ends at its overflow check
   } else {
     // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale
     // comes off in the same multiply.
@@ -140,28 +148,28 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     si.beta2 = schedule_.beta2_override().value_or(plan_.optimizer.betas[1]);
     si.grad_scale = clip / out.loss_scale;
     si.step = applied_ + 1;
+    t.norm += lap(at);
     const bool offloaded = flat_.offload_grads.defined();
     if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
-      const auto c0 = std::chrono::steady_clock::now();
       torch::NoGradGuard ng;
       flat_.offload_grads.copy_(flat_.local_grads);
       out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
-      out.offload_s += seconds_since(c0);
+      t.offload += lap(at);
     }
     optimizer_.step(buffers_, si, sum_over_ranks_);
+    t.optimizer += lap(at);
     bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
     if (offloaded) {  // the updated weights back to the device
-      const auto c1 = std::chrono::steady_clock::now();
       torch::NoGradGuard ng;
       if (!rounded) flat_.local_params.copy_(flat_.master);
       rounded = true;
       out.offload_bytes += static_cast<double>(flat_.local_params.nbytes());
-      out.offload_s += seconds_since(c1);
+      t.offload += lap(at);
     }
     refresh_weights(rounded);
+    t.gather += lap(at);
     ++applied_;
   }
-  out.optimizer_s = seconds_since(opt0);
   return out;
 }
 

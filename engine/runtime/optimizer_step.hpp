@@ -17,6 +17,7 @@
 #include "engine/runtime/loss_scaler.hpp"
 #include "engine/runtime/lr_schedule.hpp"
 #include "engine/runtime/optimizer.hpp"
+#include "engine/runtime/trainer_api.hpp"
 #include "engine/runtime/zero.hpp"
 
 namespace ds {
@@ -29,8 +30,8 @@ struct StepOutcome {
   bool skipped = false;   // inf/NaN gradients: no update
   bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
   std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
-  double forward_s = 0, backward_s = 0, optimizer_s = 0;
-  double offload_bytes = 0, offload_s = 0;  // optimizer offload: bytes copied between places, and the time
+  StepPhases phases;
+  double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
 };
 
 class OptimizerStep {

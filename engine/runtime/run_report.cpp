@@ -14,6 +14,11 @@
 namespace ds {
 namespace {
 
+double peak_resident_bytes() {
+  rusage usage{};
+  return getrusage(RUSAGE_SELF, &usage) == 0 ? static_cast<double>(usage.ru_maxrss) * 1024.0 : 0.0;
+}
+
 // "0.0412", "1.73", "12.4": three significant digits, so a small model's rate is never printed as 0.00.
 std::string three_digits(double v) {
   char buf[32];
@@ -153,6 +158,7 @@ void RunReport::end_collectives(const Communicator* comm) {
     step_comm_[kind] = d;
     comm_total_[kind].bytes += d.bytes;
     comm_total_[kind].calls += d.calls;
+    comm_total_[kind].seconds += d.seconds;
   }
 }
 
@@ -164,6 +170,10 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     comm_s += d.seconds;
   }
   result_.comm_bytes.push_back(comm_bytes);
+  result_.comm_seconds.push_back(comm_s);
+  result_.step_seconds.push_back(step_s);
+  result_.phases.push_back(o.phases);
+  result_.rss_bytes.push_back(peak_resident_bytes());
   result_.losses.push_back(o.loss);
   if (val) result_.val_losses.push_back(*val);
   if (o.skipped) ++result_.skipped_steps;
@@ -182,6 +192,9 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                 duration_text(elapsed / static_cast<double>(step + 1 - result_.first_step) * static_cast<double>(p.steps - step - 1))
                     .c_str());
   const bool due = (step + 1) % std::max<int64_t>(1, opt_.print_every) == 0 || step == 0 || step + 1 == p.steps || val;
+  // DeepSpeed's three wall-clock figures: forward, backward, and "step" = everything after backward.
+  const StepPhases& ph = o.phases;
+  const double forward_s = ph.forward, backward_s = ph.backward, after_s = ph.reduce + ph.norm + ph.offload + ph.optimizer + ph.gather;
   log_.progress(line, due);
   if (due && p.run.comms_logger && ranks_) {  // DeepSpeed's comms_logger: bytes and time per collective
     std::string c = "comms step " + std::to_string(step + 1) + ": ";
@@ -192,8 +205,8 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
   }
   if (due && p.run.wall_clock_breakdown && !opt_.live_progress) {  // DeepSpeed's format; "step" = optimizer + clipping
     char times[128];
-    std::snprintf(times, sizeof times, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f", o.forward_s * 1e3, o.backward_s * 1e3,
-                  o.optimizer_s * 1e3);
+    std::snprintf(times, sizeof times, "time (ms) | fwd: %.2f | bwd: %.2f | step: %.2f", forward_s * 1e3, backward_s * 1e3,
+                  after_s * 1e3);
     log_.note(times);
   }
   if (lead_) {
@@ -201,16 +214,26 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
     char scale_json[48] = "";
     if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
+    // wall_clock_breakdown: every phase of the step, in seconds (they sum to step_s but for loop overhead).
+    std::string phases_json;
+    if (p.run.wall_clock_breakdown) {
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    ", \"phases\": {\"data\": %.6f, \"forward\": %.6f, \"backward\": %.6f, \"reduce\": %.6f, \"norm\": %.6f, "
+                    "\"offload\": %.6f, \"optimizer\": %.6f, \"gather\": %.6f}",
+                    ph.data, ph.forward, ph.backward, ph.reduce, ph.norm, ph.offload, ph.optimizer, ph.gather);
+      phases_json = buf;
+    }
     char json[512];
     std::snprintf(json, sizeof json,
                   "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
-                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s}\n",
+                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s",
                   static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(), tok_s, step_s,
-                  o.forward_s, o.backward_s, o.optimizer_s, comm_bytes, comm_s, o.offload_bytes, o.offload_s,
+                  forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
                   p.train_flops_per_step / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
-    metrics_ << json << std::flush;
+    metrics_ << json << phases_json << "}\n" << std::flush;
     if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
   }
   if (!monitors_.empty()) {
@@ -220,7 +243,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     if (p.precision.loss_scaling.enabled) events.push_back({"Train/Samples/loss_scale", o.loss_scale, samples});
     if (val) events.push_back({"Train/Samples/val_loss", *val, samples});
     if (p.run.wall_clock_breakdown)
-      for (const auto& [name, s] : {std::pair{"forward", o.forward_s}, {"backward", o.backward_s}, {"step", o.optimizer_s}})
+      for (const auto& [name, s] : {std::pair{"forward", forward_s}, {"backward", backward_s}, {"step", after_s}})
         events.push_back({std::string("Train/Samples/elapsed_time_ms_") + name, s * 1e3, samples});
     for (const auto& m : monitors_) m->write(events);
   }
@@ -241,9 +264,9 @@ void RunReport::finish() {
                 std::to_string(c.calls_per_step) + " calls, " + format_bytes(c.wire_bytes_per_rank_per_step) + ")");
     }
   }
+  for (const auto& [kind, d] : comm_total_) r.collectives.push_back({collective_name(kind), d.calls, d.bytes, d.seconds});
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) == 0) r.peak_rss_bytes = static_cast<double>(usage.ru_maxrss) * 1024.0;
+  r.peak_rss_bytes = peak_resident_bytes();
   if (r.interrupted) log_.end_live_line();
   if (r.losses.empty()) return;
   // The run's last lines, on the terminal and in train.log.

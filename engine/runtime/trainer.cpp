@@ -23,6 +23,7 @@
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/language_model.hpp"
 #include "engine/runtime/loss_scaler.hpp"
+#include "engine/runtime/gemm_peak.hpp"
 #include "engine/runtime/optimizer_step.hpp"
 #include "engine/runtime/run_report.hpp"
 #include "engine/runtime/weights.hpp"
@@ -177,6 +178,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   stepper.refresh_weights(false);
 
   auto save = [&](int64_t step) {
+    if (opt.profile) return;  // a profile measures; it leaves no state behind
     // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
     // checkpoint for them). Every rank checks its part; the verdict is agreed so all stop together.
     double bad = std::isfinite(kernels::sum_of_squares_f32(flat.master.data_ptr<float>(), flat.master.numel())) ? 0.0 : 1.0;
@@ -222,6 +224,13 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   };
 
   report.describe(flat.bytes(), stream->describe(), sampler.train_tokens(), sampler.val_tokens());
+  if (opt.profile) {
+    const GemmPeak peak = measure_gemm_peak(plan.model, B * T, plan.precision.compute_dtype);
+    result.gemm_peak_flops = peak.flops_per_s;
+    log.note("ds profile: matmul peak " + format_fixed(peak.flops_per_s / 1e12, 3) + " TFLOP/s in " +
+             dtype_name(plan.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
+             format_fixed(peak.seconds, 2) + " s)");
+  }
   const StopSignals signals;
   report.start();
   if (result.first_step >= plan.steps)
@@ -229,8 +238,10 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
+  const auto first_start = std::chrono::steady_clock::now();
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    result.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
     if (comm) comm->mark_step(step);
     report.begin_step(comm);
     const StepOutcome out = stepper.run(step, g_stop_signal);
@@ -240,7 +251,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> val;
-    if (evaluates && plan.run.eval_every > 0 && ((step + 1) % plan.run.eval_every == 0 || step + 1 == plan.steps) &&
+    if (evaluates && !opt.profile && plan.run.eval_every > 0 && ((step + 1) % plan.run.eval_every == 0 || step + 1 == plan.steps) &&
         sampler.val_tokens() > 0)
       val = validate();
     report.step(step, out, val, step_s);

@@ -16,6 +16,23 @@ struct TrainOptions {
   bool live_progress = false;        // one rewriting status line (a terminal); else plain lines
   int64_t print_every = 10;          // plain progress lines every N steps
   std::string resume_from;           // a complete checkpoint directory to continue from, or ""
+  // ds profile: no checkpoint and no validation; the compute dtype's matmul rate at the model's shapes
+  // is measured before the first step (TrainResult::gemm_peak_flops).
+  bool profile = false;
+};
+
+// Where one optimizer step's time went, in seconds, phase by phase in the order they run. Under
+// overlap_comm the gradient reduction runs inside backward (its hooks); `reduce` is what is left after.
+struct StepPhases {
+  double data = 0;       // the step's batches: sampling and conversion to model input
+  double forward = 0;    // the loss of every micro batch (stage 3: with its parameter gathers)
+  double backward = 0;   // gradients of every micro batch (with the reductions its hooks start)
+  double reduce = 0;     // the rest of the gradient reduction, rounding to the stored gradient dtype
+  double norm = 0;       // gradient norm, the ranks' agreement on loss / norm / stop, overflow check, clipping
+  double offload = 0;    // optimizer offload: gradients to the host, weights back
+  double optimizer = 0;  // the fused optimizer update of this rank's part
+  double gather = 0;     // the new weights published to every rank (and widened to the compute dtype)
+  double sum() const { return data + forward + backward + reduce + norm + offload + optimizer + gather; }
 };
 
 struct TrainResult {
@@ -32,6 +49,18 @@ struct TrainResult {
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
+  std::vector<double> step_seconds;       // per step: the optimizer step's wall time
+  std::vector<StepPhases> phases;         // per step: where that time went
+  std::vector<double> comm_seconds;       // per step: time spent inside collectives
+  std::vector<double> rss_bytes;          // per step: peak resident memory so far, after the step
+  std::vector<double> step_start_s;       // per step: when it began, seconds after the first step's start
+  struct CollectiveTotal {
+    std::string name;  // collective_name()
+    int64_t calls = 0;
+    double bytes = 0, seconds = 0;
+  };
+  std::vector<CollectiveTotal> collectives;  // summed over the run's steps (validation excluded)
+  double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
 
 // The one symbol libds_train.so exports (C linkage: found by dlsym); it calls train().

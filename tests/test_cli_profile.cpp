@@ -1,0 +1,129 @@
+// ds profile as a user runs it: the report's figures against the plan and an independent count, the
+// phases against the step, the Chrome trace's structure, and nothing left behind.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.hpp"
+
+using namespace cli_test;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Every span of a step lies inside it, and every span of a rank sits in that rank's process.
+void expect_well_formed_trace(const json& trace, int ranks, int steps) {
+  std::map<int, int> step_spans;
+  std::map<std::pair<int, int>, std::pair<double, double>> step_window;  // (pid, step) -> [begin, end]
+  for (const json& e : trace["traceEvents"]) {
+    ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("name")) << e.dump();
+    const int pid = e["pid"].get<int>();
+    EXPECT_TRUE(pid >= 0 && pid < ranks) << e.dump();
+    if (e["ph"] == "M") continue;
+    ASSERT_EQ(e["ph"], "X") << e.dump();  // complete events: no B without its E
+    EXPECT_GE(e["dur"].get<double>(), 0) << e.dump();
+    if (e["name"].get<std::string>().rfind("step ", 0) == 0) {
+      ++step_spans[pid];
+      step_window[{pid, std::stoi(e["name"].get<std::string>().substr(5))}] = {e["ts"].get<double>(),
+                                                                                e["ts"].get<double>() + e["dur"].get<double>()};
+    }
+  }
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || !e["args"].contains("step")) continue;
+    const auto [begin, end] = step_window.at({e["pid"].get<int>(), e["args"]["step"].get<int>()});
+    EXPECT_GE(e["ts"].get<double>(), begin - 1e-3) << e.dump();
+    EXPECT_LE(e["ts"].get<double>() + e["dur"].get<double>(), end + 1e-3) << e.dump();  // phases fit in their step
+  }
+  EXPECT_EQ(static_cast<int>(step_spans.size()), ranks);
+  for (const auto& [pid, n] : step_spans) EXPECT_EQ(n, steps) << "rank " << pid;
+}
+
+}  // namespace
+
+TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing) {
+  const std::string tmp = scratch_dir() + "/profile_tmp", trace = scratch_dir() + "/profile_trace.json";
+  const std::string unused = scratch_dir() + "/profile_output_dir";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  Result r = ds("profile examples/quickstart.json --steps 3 --warmup 1 --json --module-depth 2 --trace " + trace +
+                    " model.activation_checkpointing=true train.output_dir=" + unused,
+                "TMPDIR=" + tmp);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json report = json::parse(r.out);
+  EXPECT_EQ(report["schema_version"], 1);
+  EXPECT_EQ(report["measured_steps"], 3);
+  // FLOPs: the module rows (each counted in tests/test_flops.cpp) add up to the plan's model FLOPs per
+  // step; recomputation comes on top as executed FLOPs.
+  Result p = ds("plan examples/quickstart.json --json model.activation_checkpointing=true");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const json plan = json::parse(p.out);
+  double model = 0, recompute = 0;
+  for (const json& m : report["modules"])
+    if (m["depth"] == 1) {
+      model += m["forward_flops"].get<double>() + m["backward_flops"].get<double>();
+      recompute += m["recompute_flops"].get<double>();
+    }
+  const double micro_batches = plan["batch"]["gradient_accumulation_steps"].get<double>();
+  EXPECT_NEAR(model * micro_batches, plan["train_flops_per_step"].get<double>(), 1e-9 * model);
+  EXPECT_NEAR(report["summary"]["model_flops_per_step"].get<double>(), plan["train_flops_per_step"].get<double>(), 1e-9 * model);
+  EXPECT_GT(recompute, 0);
+  EXPECT_NEAR(report["summary"]["executed_flops_per_step"].get<double>(), (model + recompute) * micro_batches, 1e-9 * model);
+  // Phases are measured inside the step: none negative, together never more than the step.
+  double phases = 0;
+  for (const json& ph : report["phases"]) {
+    EXPECT_GE(ph["seconds"].get<double>(), 0) << ph.dump();
+    phases += ph["seconds"].get<double>();
+  }
+  const double step = report["summary"]["step_latency_s"].get<double>();
+  EXPECT_GT(step, 0);
+  EXPECT_LE(phases, step * (1 + 1e-9));
+  EXPECT_GT(report["summary"]["gemm_peak_flops_per_s"].get<double>(), 0);
+  EXPECT_NEAR(report["summary"]["mfu"].get<double>(),
+              report["summary"]["flops_per_s_per_rank"].get<double>() / report["summary"]["gemm_peak_flops_per_s"].get<double>(), 1e-12);
+  EXPECT_NEAR(report["summary"]["tokens_per_s"].get<double>() * step, plan["tokens_per_step"].get<double>(), 1e-6 * step);
+  // The largest modules by FLOPs: the blocks' MLPs first (8C^2 of 12C^2 per block, at T = 64 < 4C).
+  EXPECT_EQ(report["top_modules"][0].get<std::string>().find(".mlp") != std::string::npos, true) << report["top_modules"].dump();
+  expect_well_formed_trace(json::parse(slurp(trace)), 1, 4);
+  // Nothing written: no run directory where the config points, no scratch left in TMPDIR.
+  EXPECT_FALSE(fs::exists(unused));
+  EXPECT_TRUE(fs::is_empty(tmp)) << fs::directory_iterator(tmp)->path();
+  // The text report names the same figures.
+  r = ds("profile examples/quickstart.json --steps 2 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"Summary", "fwd MACs per micro batch", "Phases of one optimizer step", "unaccounted", "lm_head", "MFU"})
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+}
+
+TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string trace = scratch_dir() + "/profile_ranks_" + std::to_string(stage) + ".json";
+    Result r = ds("profile examples/quickstart.json --nproc-per-node 2 --steps 2 --warmup 1 --json --trace " + trace +
+                  " train_micro_batch_size_per_gpu=8 zero_optimization.stage=" + std::to_string(stage) +
+                  " zero_optimization.stage3_param_persistence_threshold=auto");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const json report = json::parse(r.out);
+    EXPECT_EQ(report["ranks"].size(), 2u);
+    ASSERT_FALSE(report["communication"].empty());
+    for (const json& c : report["communication"]) {
+      ASSERT_TRUE(c.contains("bytes_per_step")) << c.dump();
+      EXPECT_DOUBLE_EQ(c["bytes_per_step"].get<double>(), c["plan_bytes_per_step"].get<double>()) << c.dump();
+      EXPECT_DOUBLE_EQ(c["calls_per_step"].get<double>(), c["plan_calls_per_step"].get<double>()) << c.dump();
+    }
+    expect_well_formed_trace(json::parse(slurp(trace)), 2, 3);
+  }
+}
+
+TEST(CliProfile, BadArgumentsAreRefusedBeforeAnythingRuns) {
+  Result r = ds("profile examples/quickstart.json --steps 0");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = ds("profile examples/quickstart.json --module-depth 3");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = ds("profile examples/missing.json");
+  EXPECT_EQ(r.code, 2) << r.err;
+}
