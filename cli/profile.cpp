@@ -46,7 +46,8 @@ json rank_part(const Plan& plan, const TrainResult& r) {
     const auto v = phase_values(r.phases[i]);
     for (size_t k = 0; k < v.size(); ++k) phases[kPhaseNames[k]] = v[k];
     steps.push_back({{"start_s", r.step_start_s[i]}, {"step_s", r.step_seconds[i]}, {"phases", phases}, {"comm_s", r.comm_seconds[i]},
-                     {"comm_bytes", r.comm_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]}});
+                     {"comm_bytes", r.comm_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
+                     {"block_forward_s", r.block_forward_s[i]}, {"block_backward_s", r.block_backward_s[i]}});
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
@@ -116,13 +117,37 @@ json build_report(const Plan& plan, const std::vector<json>& parts, const Profil
   }
   r["phases"] = phases;
   r["unaccounted_s"] = step_s - accounted;
+  // Latency per block (its forward; its backward with recomputation and, under ZeRO 2-3, its gather and
+  // reduction), and what is left of the forward and backward phases outside the blocks.
+  auto block_mean = [&](const char* key, size_t layer) {
+    return mean_over(steps, warmup, [&](const json& x) { return x[key][layer].get<double>(); });
+  };
+  const double GAS = static_cast<double>(micro_batches);
+  double blocks_fwd = 0, blocks_bwd = 0, outside_flops = 0;
   json mods = json::array();
-  for (const auto& m : modules)
-    if (m.depth <= a.depth)
-      mods.push_back({{"name", m.name}, {"depth", m.depth}, {"params", m.params}, {"forward_flops", m.forward},
-                      {"backward_flops", m.backward}, {"recompute_flops", m.recompute},
-                      {"share_of_step_flops", m.total() / (fwd + bwd + recompute)}});
+  for (const auto& m : modules) {
+    if (m.depth == 1 && m.layer < 0) outside_flops += m.total() * GAS;
+    if (m.depth > a.depth) continue;
+    json row = {{"name", m.name}, {"depth", m.depth}, {"params", m.params}, {"forward_flops", m.forward},
+                {"backward_flops", m.backward}, {"recompute_flops", m.recompute},
+                {"share_of_step_flops", m.total() / (fwd + bwd + recompute)}};
+    if (m.depth == 1 && m.layer >= 0) {
+      const double f = block_mean("block_forward_s", static_cast<size_t>(m.layer)), b = block_mean("block_backward_s", static_cast<size_t>(m.layer));
+      blocks_fwd += f;
+      blocks_bwd += b;
+      row["forward_s"] = f;
+      row["backward_s"] = b;
+      row["share_of_step_time"] = (f + b) / step_s;
+      row["flops_per_s"] = f + b > 0 ? m.total() * GAS / (f + b) : 0.0;
+    }
+    mods.push_back(row);
+  }
   r["modules"] = mods;
+  const double fwd_phase = summary["fwd_latency_s"].get<double>(), bwd_phase = summary["bwd_latency_s"].get<double>();
+  const double out_f = std::max(0.0, fwd_phase - blocks_fwd), out_b = std::max(0.0, bwd_phase - blocks_bwd);
+  r["outside_blocks"] = {{"what", "embeddings, final norm, head and loss"}, {"forward_s", out_f}, {"backward_s", out_b},
+                         {"share_of_step_time", (out_f + out_b) / step_s}, {"flops", outside_flops},
+                         {"flops_per_s", out_f + out_b > 0 ? outside_flops / (out_f + out_b) : 0.0}};
   std::vector<const ModuleFlops*> top;
   for (const auto& m : modules)
     if (m.depth == 2 || (m.depth == 1 && m.layer < 0)) top.push_back(&m);  // leaves: no block counted with its children
@@ -204,14 +229,24 @@ std::string render_text(const Plan& plan, const json& r) {
   o << "  " << pad("unaccounted", 12) << lpad(ms(r["unaccounted_s"].get<double>()), 12)
     << lpad(pct(r["unaccounted_s"].get<double>() / step_s), 8) << "\n";
   o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
-  o << "\nModules (FLOPs per micro batch; backward = both gradients of every matmul; latency per module is not measured yet)\n";
-  o << "  " << pad("module", 36) << lpad("params", 12) << lpad("forward", 10) << lpad("backward", 10) << lpad("recompute", 11)
-    << lpad("share", 8) << "\n";
-  for (const json& m : r["modules"])
-    o << "  " << pad(std::string(m["depth"].get<int>() == 2 ? "  " : "") + m["name"].get<std::string>(), 36)
-      << lpad(format_count(m["params"].get<int64_t>()), 12) << lpad(format_si(m["forward_flops"].get<double>()), 10)
-      << lpad(format_si(m["backward_flops"].get<double>()), 10) << lpad(format_si(m["recompute_flops"].get<double>()), 11)
-      << lpad(pct(m["share_of_step_flops"].get<double>()), 8) << "\n";
+  o << "\nModules (FLOPs per micro batch, backward = both gradients of every matmul; time per step, a block's backward with\n"
+       "its recomputation and ZeRO's exchange)\n";
+  o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
+    << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
+  for (const json& m : r["modules"]) {
+    o << "  " << pad(std::string(m["depth"].get<int>() == 2 ? "  " : "") + m["name"].get<std::string>(), 32)
+      << lpad(format_count(m["params"].get<int64_t>()), 12) << lpad(format_si(m["forward_flops"].get<double>()), 9)
+      << lpad(format_si(m["backward_flops"].get<double>()), 9) << lpad(format_si(m["recompute_flops"].get<double>()), 8)
+      << lpad(pct(m["share_of_step_flops"].get<double>()), 7);
+    if (m.contains("forward_s"))
+      o << lpad(format_fixed(m["forward_s"].get<double>() * 1e3, 2), 9) << lpad(format_fixed(m["backward_s"].get<double>() * 1e3, 2), 9)
+        << lpad(pct(m["share_of_step_time"].get<double>()), 7) << lpad(format_fixed(m["flops_per_s"].get<double>() / 1e12, 3), 9);
+    o << "\n";
+  }
+  const json& ob = r["outside_blocks"];
+  o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
+    << lpad(format_fixed(ob["backward_s"].get<double>() * 1e3, 2), 9) << lpad(pct(ob["share_of_step_time"].get<double>()), 7)
+    << lpad(format_fixed(ob["flops_per_s"].get<double>() / 1e12, 3), 9) << "  (" << ob["what"].get<std::string>() << ")\n";
   o << "  top modules by FLOPs: " << join(r["top_modules"].get<std::vector<std::string>>(), ", ") << "\n";
   if (!r["communication"].empty()) {
     o << "\nCommunication per step (rank 0; plan in parentheses)\n";

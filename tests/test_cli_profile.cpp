@@ -82,6 +82,21 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
   const double step = report["summary"]["step_latency_s"].get<double>();
   EXPECT_GT(step, 0);
   EXPECT_LE(phases, step * (1 + 1e-9));
+  // Every block is timed, inside the forward and backward phases that contain it.
+  double blocks_forward = 0, blocks_backward = 0;
+  int timed = 0;
+  for (const json& m : report["modules"])
+    if (m.contains("forward_s")) {
+      ++timed;
+      EXPECT_GT(m["forward_s"].get<double>(), 0) << m.dump();
+      EXPECT_GT(m["backward_s"].get<double>(), 0) << m.dump();
+      blocks_forward += m["forward_s"].get<double>();
+      blocks_backward += m["backward_s"].get<double>();
+    }
+  EXPECT_EQ(timed, 2);  // gpt2-tiny's two blocks
+  EXPECT_LE(blocks_forward, report["summary"]["fwd_latency_s"].get<double>() * (1 + 1e-9));
+  EXPECT_LE(blocks_backward, report["summary"]["bwd_latency_s"].get<double>() * (1 + 1e-9));
+  EXPECT_GE(report["outside_blocks"]["forward_s"].get<double>(), 0);
   EXPECT_GT(report["summary"]["gemm_peak_flops_per_s"].get<double>(), 0);
   EXPECT_NEAR(report["summary"]["mfu"].get<double>(),
               report["summary"]["flops_per_s_per_rank"].get<double>() / report["summary"]["gemm_peak_flops_per_s"].get<double>(), 1e-12);

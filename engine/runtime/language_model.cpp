@@ -54,13 +54,16 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
     hooks->before_forward(layer);
     if (recompute) {
       ctx->save_for_backward({x});
-      return model->block(layer, x);  // grad mode is off inside forward
+      torch::Tensor y = model->block(layer, x);  // grad mode is off inside forward
+      hooks->after_forward(layer);
+      return y;
     }
     torch::AutoGradMode on(true);
     torch::Tensor xi = x.detach().requires_grad_(true);
     torch::Tensor y = model->block(layer, xi);
     ctx->saved_data["x"] = xi;
     ctx->saved_data["y"] = y;
+    hooks->after_forward(layer);
     return y.detach();
   }
 
@@ -105,11 +108,41 @@ torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
     } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
       hooks_->before_forward(l);
       x = block(l, x);
+      hooks_->after_forward(l);
     } else {
       x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
     }
   }
   return x;
+}
+
+namespace {
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+void BlockTimer::before_forward(int64_t layer) {
+  started_ = std::chrono::steady_clock::now();
+  if (inner_) inner_->before_forward(layer);  // stage 3's gather counts as the block's time
+}
+void BlockTimer::after_forward(int64_t layer) {
+  forward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+  if (inner_) inner_->after_forward(layer);
+}
+void BlockTimer::before_backward(int64_t layer) {
+  started_ = std::chrono::steady_clock::now();
+  if (inner_) inner_->before_backward(layer);
+}
+void BlockTimer::after_backward(int64_t layer) {
+  if (inner_) inner_->after_backward(layer);  // the block's gradient reduction counts as its backward
+  backward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+}
+std::pair<std::vector<double>, std::vector<double>> BlockTimer::take() {
+  auto out = std::make_pair(forward_, backward_);
+  std::fill(forward_.begin(), forward_.end(), 0.0);
+  std::fill(backward_.begin(), backward_.end(), 0.0);
+  return out;
 }
 
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {

@@ -4,7 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "engine/runtime/flat_params.hpp"
 
@@ -16,8 +19,27 @@ class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   virtual void before_forward(int64_t layer) = 0;
+  virtual void after_forward(int64_t /*layer*/) {}
   virtual void before_backward(int64_t layer) = 0;
   virtual void after_backward(int64_t layer) = 0;
+};
+
+// ds profile: the wall time of each block's forward and backward (recomputation included), around
+// another set of hooks (ZeRO's, or none). The blocks then run as units of their own, as under ZeRO 2-3.
+class BlockTimer : public BlockHooks {
+ public:
+  BlockTimer(BlockHooks* inner, int64_t blocks) : inner_(inner), forward_(static_cast<size_t>(blocks)), backward_(static_cast<size_t>(blocks)) {}
+  void before_forward(int64_t layer) override;
+  void after_forward(int64_t layer) override;
+  void before_backward(int64_t layer) override;
+  void after_backward(int64_t layer) override;
+  // Seconds per block since the last call (summed over micro batches), then zeroed.
+  std::pair<std::vector<double>, std::vector<double>> take();
+
+ private:
+  BlockHooks* inner_;
+  std::vector<double> forward_, backward_;
+  std::chrono::steady_clock::time_point started_;
 };
 
 class LanguageModel {

@@ -145,7 +145,13 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   FlatParams flat = FlatParams::allocate(plan, rank);
   ZeroExchange zero(plan, flat, comm);
   const std::unique_ptr<LanguageModel> model = make_model(plan, flat);
-  if (flat.grouped) model->set_block_hooks(&zero);
+  // ds profile times each block around ZeRO's hooks (or none).
+  std::unique_ptr<BlockTimer> block_timer;
+  if (opt.profile) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
+  if (block_timer)
+    model->set_block_hooks(block_timer.get());
+  else if (flat.grouped)
+    model->set_block_hooks(&zero);
   LossScaler scaler(plan.precision.loss_scaling);
   OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler);
   CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
@@ -245,6 +251,11 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     if (comm) comm->mark_step(step);
     report.begin_step(comm);
     const StepOutcome out = stepper.run(step, g_stop_signal);
+    if (block_timer) {
+      auto [forward, backward] = block_timer->take();
+      result.block_forward_s.push_back(std::move(forward));
+      result.block_backward_s.push_back(std::move(backward));
+    }
     report.end_collectives(comm);
     for (const std::string& note : out.notes) log.note(note);
     stop_requested = out.stop_requested;

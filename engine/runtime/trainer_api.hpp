@@ -60,6 +60,7 @@ struct TrainResult {
     double bytes = 0, seconds = 0;
   };
   std::vector<CollectiveTotal> collectives;  // summed over the run's steps (validation excluded)
+  std::vector<std::vector<double>> block_forward_s, block_backward_s;  // ds profile: per step, per block
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
 
