@@ -15,7 +15,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "cli/plan_json.hpp"
-#include "engine/plan/flops.hpp"
+#include "cli/profile_report.hpp"
 #include "engine/runtime/launcher.hpp"
 #include "engine/runtime/runtime_library.hpp"
 
@@ -31,286 +31,6 @@ struct ProfileArgs {
   bool json = false;
   std::string trace, hostfile, part_dir;
 };
-
-constexpr const char* kPhaseNames[] = {"data", "forward", "backward", "reduce", "norm", "offload", "optimizer", "gather"};
-
-std::vector<double> phase_values(const StepPhases& p) {
-  return {p.data, p.forward, p.backward, p.reduce, p.norm, p.offload, p.optimizer, p.gather};
-}
-
-// One rank's measurements, as the rank writes them for whoever assembles the report.
-json rank_part(const Plan& plan, const TrainResult& r) {
-  json steps = json::array();
-  for (size_t i = 0; i < r.step_seconds.size(); ++i) {
-    json phases = json::object();
-    const auto v = phase_values(r.phases[i]);
-    for (size_t k = 0; k < v.size(); ++k) phases[kPhaseNames[k]] = v[k];
-    steps.push_back({{"start_s", r.step_start_s[i]}, {"step_s", r.step_seconds[i]}, {"phases", phases}, {"comm_s", r.comm_seconds[i]},
-                     {"comm_bytes", r.comm_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
-                     {"block_forward_s", r.block_forward_s[i]}, {"block_backward_s", r.block_backward_s[i]}});
-  }
-  json collectives = json::array();
-  for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
-  return {{"rank", plan.topology.rank}, {"steps", steps}, {"collectives", collectives}, {"gemm_peak_flops", r.gemm_peak_flops},
-          {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes}};
-}
-
-double mean_over(const json& steps, int warmup, const std::function<double(const json&)>& f) {
-  double sum = 0;
-  int n = 0;
-  for (size_t i = static_cast<size_t>(warmup); i < steps.size(); ++i, ++n) sum += f(steps[i]);
-  return n ? sum / n : 0.0;
-}
-
-// The report (rank 0's figures, with every rank's step time and communication wait beside them).
-json build_report(const Plan& plan, const std::vector<json>& parts, const ProfileArgs& a) {
-  const json& lead = parts.front();
-  const json& steps = lead["steps"];
-  const int warmup = std::min<int>(a.warmup, static_cast<int>(steps.size()) - 1);
-  const double step_s = mean_over(steps, warmup, [](const json& s) { return s["step_s"].get<double>(); });
-  const int64_t micro_batches = plan.batch.grad_accum;  // per rank per step
-  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing);
-  double fwd = 0, bwd = 0, recompute = 0;
-  for (const auto& m : modules)
-    if (m.depth == 1) {
-      fwd += m.forward;
-      bwd += m.backward;
-      recompute += m.recompute;
-    }
-  const double W = plan.topology.world_size;
-  const double model_flops_per_rank = (fwd + bwd) * static_cast<double>(micro_batches);  // per step
-  const double executed_per_rank = (fwd + bwd + recompute) * static_cast<double>(micro_batches);
-  const double peak = lead["gemm_peak_flops"].get<double>();
-  json r;
-  r["schema_version"] = 1;
-  r["measured_steps"] = static_cast<int>(steps.size()) - warmup;
-  r["warmup_steps"] = warmup;
-  json summary = {
-      {"world_size", plan.topology.world_size},
-      {"micro_batch", plan.batch.micro_batch},
-      {"grad_accum", plan.batch.grad_accum},
-      {"seq_len", plan.seq_len},
-      {"params", plan.model.num_params},
-      {"params_per_rank", plan.execution.sharded ? plan.layout.shard_numel : plan.model.num_params},
-      {"compute_dtype", dtype_name(plan.precision.compute_dtype)},
-      {"fwd_flops_per_micro_batch", fwd},
-      {"fwd_macs_per_micro_batch", fwd / 2},
-      {"model_flops_per_step", model_flops_per_rank * W},
-      {"plan_flops_per_step", plan.train_flops_per_step},
-      {"executed_flops_per_step", executed_per_rank * W},
-      {"fwd_latency_s", mean_over(steps, warmup, [](const json& s) { return s["phases"]["forward"].get<double>(); })},
-      {"bwd_latency_s", mean_over(steps, warmup, [](const json& s) { return s["phases"]["backward"].get<double>(); })},
-      {"step_latency_s", step_s},
-      {"flops_per_s_per_rank", model_flops_per_rank / step_s},
-      {"samples_per_s", static_cast<double>(plan.batch.train_batch_size) / step_s},
-      {"tokens_per_s", static_cast<double>(plan.tokens_per_step) / step_s},
-      {"gemm_peak_flops_per_s", peak},
-      {"mfu", peak > 0 ? model_flops_per_rank / step_s / peak : 0.0},
-  };
-  r["summary"] = summary;
-  json phases = json::array();
-  double accounted = 0;
-  for (const char* name : kPhaseNames) {
-    const double s = mean_over(steps, warmup, [&](const json& x) { return x["phases"][name].get<double>(); });
-    accounted += s;
-    phases.push_back({{"phase", name}, {"seconds", s}, {"share", s / step_s}});
-  }
-  r["phases"] = phases;
-  r["unaccounted_s"] = step_s - accounted;
-  // Latency per block (its forward; its backward with recomputation and, under ZeRO 2-3, its gather and
-  // reduction), and what is left of the forward and backward phases outside the blocks.
-  auto block_mean = [&](const char* key, size_t layer) {
-    return mean_over(steps, warmup, [&](const json& x) { return x[key][layer].get<double>(); });
-  };
-  const double GAS = static_cast<double>(micro_batches);
-  double blocks_fwd = 0, blocks_bwd = 0, outside_flops = 0;
-  json mods = json::array();
-  for (const auto& m : modules) {
-    if (m.depth == 1 && m.layer < 0) outside_flops += m.total() * GAS;
-    if (m.depth > a.depth) continue;
-    json row = {{"name", m.name}, {"depth", m.depth}, {"params", m.params}, {"forward_flops", m.forward},
-                {"backward_flops", m.backward}, {"recompute_flops", m.recompute},
-                {"share_of_step_flops", m.total() / (fwd + bwd + recompute)}};
-    if (m.depth == 1 && m.layer >= 0) {
-      const double f = block_mean("block_forward_s", static_cast<size_t>(m.layer)), b = block_mean("block_backward_s", static_cast<size_t>(m.layer));
-      blocks_fwd += f;
-      blocks_bwd += b;
-      row["forward_s"] = f;
-      row["backward_s"] = b;
-      row["share_of_step_time"] = (f + b) / step_s;
-      row["flops_per_s"] = f + b > 0 ? m.total() * GAS / (f + b) : 0.0;
-    }
-    mods.push_back(row);
-  }
-  r["modules"] = mods;
-  const double fwd_phase = summary["fwd_latency_s"].get<double>(), bwd_phase = summary["bwd_latency_s"].get<double>();
-  const double out_f = std::max(0.0, fwd_phase - blocks_fwd), out_b = std::max(0.0, bwd_phase - blocks_bwd);
-  r["outside_blocks"] = {{"what", "embeddings, final norm, head and loss"}, {"forward_s", out_f}, {"backward_s", out_b},
-                         {"share_of_step_time", (out_f + out_b) / step_s}, {"flops", outside_flops},
-                         {"flops_per_s", out_f + out_b > 0 ? outside_flops / (out_f + out_b) : 0.0}};
-  std::vector<const ModuleFlops*> top;
-  for (const auto& m : modules)
-    if (m.depth == 2 || (m.depth == 1 && m.layer < 0)) top.push_back(&m);  // leaves: no block counted with its children
-  std::stable_sort(top.begin(), top.end(), [](const ModuleFlops* x, const ModuleFlops* y) { return x->total() > y->total(); });
-  json tops = json::array();
-  for (size_t i = 0; i < top.size() && static_cast<int>(i) < a.top && top[i]->total() > 0; ++i) tops.push_back(top[i]->name);
-  r["top_modules"] = tops;
-  // Communication: the plan's table beside what rank 0 measured (bytes per step equal the plan's).
-  const double n_steps = static_cast<double>(steps.size());
-  json comm = json::array();
-  for (const auto& c : plan.execution.collectives) {
-    json row = {{"collective", c.what()}, {"plan_calls_per_step", c.calls_per_step}, {"plan_bytes_per_step", c.wire_bytes_per_rank_per_step}};
-    for (const json& m : lead["collectives"])
-      if (m["name"] == collective_name(c.kind)) {
-        const double s = m["seconds"].get<double>() / n_steps;
-        row["calls_per_step"] = m["calls"].get<double>() / n_steps;
-        row["bytes_per_step"] = m["bytes"].get<double>() / n_steps;
-        row["seconds_per_step"] = s;
-        row["bus_gb_per_s"] = s > 0 ? m["bytes"].get<double>() / n_steps / s / 1e9 : 0.0;
-      }
-    comm.push_back(row);
-  }
-  r["communication"] = comm;
-  MemoryCategories planned = plan.memory.device;
-  planned.params += plan.memory.host.params;
-  planned.grads += plan.memory.host.grads;
-  planned.optimizer_states += plan.memory.host.optimizer_states;
-  planned.activations += plan.memory.host.activations;
-  planned.buffers += plan.memory.host.buffers;
-  r["memory"] = {{"peak_rss_bytes", lead["peak_rss_bytes"]}, {"baseline_rss_bytes", lead["baseline_rss_bytes"]},
-                 {"training_bytes", lead["peak_rss_bytes"].get<double>() - lead["baseline_rss_bytes"].get<double>()},
-                 {"plan", {{"params", planned.params}, {"grads", planned.grads}, {"optimizer_states", planned.optimizer_states},
-                           {"activations", planned.activations}, {"buffers", planned.buffers}, {"total", planned.total()}}}};
-  json ranks = json::array();
-  for (const json& p : parts)
-    ranks.push_back({{"rank", p["rank"]},
-                     {"step_latency_s", mean_over(p["steps"], warmup, [](const json& s) { return s["step_s"].get<double>(); })},
-                     {"comm_s", mean_over(p["steps"], warmup, [](const json& s) { return s["comm_s"].get<double>(); })},
-                     {"peak_rss_bytes", p["peak_rss_bytes"]}});
-  r["ranks"] = ranks;
-  return r;
-}
-
-std::string ms(double s) { return format_fixed(s * 1e3, 2) + " ms"; }
-std::string pct(double f) { return format_fixed(f * 100, 1) + "%"; }
-
-std::string render_text(const Plan& plan, const json& r) {
-  std::ostringstream o;
-  const json& s = r["summary"];
-  o << "ds profile: " << plan.model.hp.name << ", " << plan.precision.mode << ", ZeRO stage " << plan.zero_stage() << " on "
-    << plan.topology.world_size << (plan.topology.world_size == 1 ? " rank" : " ranks") << "; " << r["measured_steps"].get<int>()
-    << " steps measured after " << r["warmup_steps"].get<int>() << " warm-up (means; rank 0)\n\n";
-  o << "Summary\n";
-  auto line = [&](const std::string& k, const std::string& v) { o << "  " << pad(k, 30) << v << "\n"; };
-  line("world size", std::to_string(s["world_size"].get<int>()));
-  line("batch per rank", std::to_string(s["micro_batch"].get<int64_t>()) + " x " + std::to_string(s["seq_len"].get<int64_t>()) +
-                             " tokens, " + std::to_string(s["grad_accum"].get<int64_t>()) + " micro batches per step");
-  line("params per rank", format_count(s["params_per_rank"].get<int64_t>()) + " of " + format_count(s["params"].get<int64_t>()));
-  line("fwd MACs per micro batch", format_si(s["fwd_macs_per_micro_batch"].get<double>()));
-  line("fwd FLOPs per micro batch", format_si(s["fwd_flops_per_micro_batch"].get<double>()));
-  line("FLOPs per step (model)", format_si(s["model_flops_per_step"].get<double>()) + " (plan: " +
-                                     format_si(s["plan_flops_per_step"].get<double>()) + ")");
-  if (s["executed_flops_per_step"].get<double>() != s["model_flops_per_step"].get<double>())
-    line("FLOPs per step (executed)", format_si(s["executed_flops_per_step"].get<double>()) + " with recomputation");
-  line("fwd latency", ms(s["fwd_latency_s"].get<double>()));
-  line("bwd latency", ms(s["bwd_latency_s"].get<double>()));
-  line("step latency", ms(s["step_latency_s"].get<double>()));
-  line("FLOPS per rank", format_fixed(s["flops_per_s_per_rank"].get<double>() / 1e12, 3) + " TFLOP/s");
-  line("samples/s", format_fixed(s["samples_per_s"].get<double>(), 1));
-  line("tokens/s", format_count(static_cast<int64_t>(s["tokens_per_s"].get<double>())));
-  line("matmul peak (measured)", format_fixed(s["gemm_peak_flops_per_s"].get<double>() / 1e12, 3) + " TFLOP/s " +
-                                      s["compute_dtype"].get<std::string>() + " at the model's GEMM shapes");
-  line("MFU", pct(s["mfu"].get<double>()));
-  o << "\nPhases of one optimizer step\n";
-  for (const json& p : r["phases"])
-    o << "  " << pad(p["phase"].get<std::string>(), 12) << lpad(ms(p["seconds"].get<double>()), 12) << lpad(pct(p["share"].get<double>()), 8)
-      << "\n";
-  const double step_s = s["step_latency_s"].get<double>();
-  o << "  " << pad("unaccounted", 12) << lpad(ms(r["unaccounted_s"].get<double>()), 12)
-    << lpad(pct(r["unaccounted_s"].get<double>() / step_s), 8) << "\n";
-  o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
-  o << "\nModules (FLOPs per micro batch, backward = both gradients of every matmul; time per step, a block's backward with\n"
-       "its recomputation and ZeRO's exchange)\n";
-  o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
-    << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
-  for (const json& m : r["modules"]) {
-    o << "  " << pad(std::string(m["depth"].get<int>() == 2 ? "  " : "") + m["name"].get<std::string>(), 32)
-      << lpad(format_count(m["params"].get<int64_t>()), 12) << lpad(format_si(m["forward_flops"].get<double>()), 9)
-      << lpad(format_si(m["backward_flops"].get<double>()), 9) << lpad(format_si(m["recompute_flops"].get<double>()), 8)
-      << lpad(pct(m["share_of_step_flops"].get<double>()), 7);
-    if (m.contains("forward_s"))
-      o << lpad(format_fixed(m["forward_s"].get<double>() * 1e3, 2), 9) << lpad(format_fixed(m["backward_s"].get<double>() * 1e3, 2), 9)
-        << lpad(pct(m["share_of_step_time"].get<double>()), 7) << lpad(format_fixed(m["flops_per_s"].get<double>() / 1e12, 3), 9);
-    o << "\n";
-  }
-  const json& ob = r["outside_blocks"];
-  o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
-    << lpad(format_fixed(ob["backward_s"].get<double>() * 1e3, 2), 9) << lpad(pct(ob["share_of_step_time"].get<double>()), 7)
-    << lpad(format_fixed(ob["flops_per_s"].get<double>() / 1e12, 3), 9) << "  (" << ob["what"].get<std::string>() << ")\n";
-  o << "  top modules by FLOPs: " << join(r["top_modules"].get<std::vector<std::string>>(), ", ") << "\n";
-  if (!r["communication"].empty()) {
-    o << "\nCommunication per step (rank 0; plan in parentheses)\n";
-    for (const json& c : r["communication"]) {
-      o << "  " << pad(c["collective"].get<std::string>(), 34);
-      if (c.contains("bytes_per_step"))
-        o << lpad(format_fixed(c["calls_per_step"].get<double>(), 1), 6) << " calls " << lpad(format_bytes(c["bytes_per_step"].get<double>()), 11)
-          << " (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << ")  waited " << ms(c["seconds_per_step"].get<double>())
-          << ", " << format_fixed(c["bus_gb_per_s"].get<double>(), 2) << " GB/s";
-      else
-        o << " not measured (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << " planned)";
-      o << "\n";
-    }
-  }
-  const json& m = r["memory"];
-  o << "\nMemory (rank 0)\n";
-  line("peak resident", format_bytes(m["peak_rss_bytes"].get<double>()));
-  line("code and libraries", format_bytes(m["baseline_rss_bytes"].get<double>()));
-  line("training", format_bytes(m["training_bytes"].get<double>()) + " against the plan's " +
-                       format_bytes(m["plan"]["total"].get<double>()) + " (params " + format_bytes(m["plan"]["params"].get<double>()) +
-                       ", gradients " + format_bytes(m["plan"]["grads"].get<double>()) + ", optimizer states " +
-                       format_bytes(m["plan"]["optimizer_states"].get<double>()) + ", activations " +
-                       format_bytes(m["plan"]["activations"].get<double>()) + ", buffers " +
-                       format_bytes(m["plan"]["buffers"].get<double>()) + ")");
-  if (r["ranks"].size() > 1) {
-    o << "\nRanks\n";
-    for (const json& k : r["ranks"])
-      o << "  rank " << pad(std::to_string(k["rank"].get<int>()), 4) << " step " << ms(k["step_latency_s"].get<double>()) << ", in collectives "
-        << ms(k["comm_s"].get<double>()) << ", peak resident " << format_bytes(k["peak_rss_bytes"].get<double>()) << "\n";
-  }
-  return o.str();
-}
-
-// Chrome trace-event JSON: one process per rank; a track for compute, one for communication, one for
-// offload I/O; a span per step and per phase (micro batches' phases summed into one span each).
-json chrome_trace(const Plan& plan, const std::vector<json>& parts) {
-  json events = json::array();
-  auto track = [](const char* phase) {
-    const std::string p = phase;
-    return p == "reduce" || p == "norm" || p == "gather" ? 2 : p == "offload" ? 3 : 1;
-  };
-  for (const json& part : parts) {
-    const int pid = part["rank"].get<int>();
-    events.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}})
-      events.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"}, {"args", {{"name", name}}}});
-    int step = 0;
-    for (const json& s : part["steps"]) {
-      ++step;
-      double at = s["start_s"].get<double>() * 1e6;
-      events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", "step " + std::to_string(step)}, {"ts", at},
-                        {"dur", s["step_s"].get<double>() * 1e6},
-                        {"args", {{"model_flops", plan.train_flops_per_step / plan.topology.world_size}, {"comm_bytes", s["comm_bytes"]}}}});
-      for (const char* phase : kPhaseNames) {
-        const double dur = s["phases"][phase].get<double>() * 1e6;
-        if (dur <= 0) continue;
-        events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", track(phase)}, {"name", phase}, {"ts", at}, {"dur", dur},
-                          {"args", {{"step", step}}}});
-        at += dur;
-      }
-    }
-  }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-}
 
 void write_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".partial";
@@ -384,21 +104,21 @@ int run_profile(const ProfileArgs& a) {
       opt.profile = true;
       const TrainResult result = train_with_runtime(plan, opt);
       if (result.interrupted) return kExitInterrupted;
-      parts.push_back(rank_part(plan, result));
+      parts.push_back(profile_rank_part(plan, result));
       if (rank_process) {  // a launched rank: the launcher assembles the report
         write_file(part_dir + "/rank_" + std::to_string(plan.topology.rank) + ".json", parts.back().dump());
         return kExitOk;
       }
     }
-    const json report = build_report(plan, parts, a);
+    const json report = build_profile_report(plan, parts, {a.warmup, -1, a.depth, a.top});
     if (!a.trace.empty()) {
-      write_file(a.trace, chrome_trace(plan, parts).dump());
+      write_file(a.trace, profile_chrome_trace(plan, parts).dump());
       std::cerr << "ds profile: trace in " << a.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
     }
     if (a.json)
       std::cout << report.dump(2) << "\n";
     else
-      std::cout << render_text(plan, report);
+      std::cout << render_profile_text(plan, report, true);
     return kExitOk;
   }, a.json);
 }

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
+#include <fstream>
 #include <cstdlib>
 #include <iostream>
 
@@ -15,6 +17,7 @@
 #include "engine/runtime/runtime_library.hpp"
 #include "schema/loader.hpp"
 #include "cli/plan_json.hpp"
+#include "cli/profile_report.hpp"
 
 namespace ds::cli {
 namespace {
@@ -40,6 +43,28 @@ std::string resume_command() {
     cmd += " " + shell_quote(w);
   }
   return has_resume ? cmd : cmd + " --resume";
+}
+
+// DeepSpeed's flops_profiler block: ds profile's report of step profile_step (rank 0's figures), printed
+// when the run ends, to standard output or output_file.
+void print_flops_profile(const Plan& plan, const FlopsProfilerConfig& f, const TrainResult& r) {
+  const int64_t ran = static_cast<int64_t>(r.step_seconds.size());
+  if (ran == 0) return;
+  // The vectors start at this run's first step (a resumed run's is not step 1).
+  const int64_t index = std::clamp<int64_t>(f.profile_step - 1 - r.first_step, 0, ran - 1);
+  const nlohmann::json report = build_profile_report(
+      plan, {profile_rank_part(plan, r)},
+      {static_cast<int>(index), static_cast<int>(index + 1), f.module_depth == 1 ? 1 : 2, static_cast<int>(f.top_modules)});
+  const std::string text = "flops_profiler: step " + std::to_string(r.first_step + index + 1) + "\n" +
+                           render_profile_text(plan, report, f.detailed);
+  if (f.output_file.empty()) {
+    std::cout << text;
+    return;
+  }
+  std::ofstream out(f.output_file);
+  out << text;
+  if (!out.flush()) throw UserError("cannot write flops_profiler.output_file '" + f.output_file + "'", "");
+  std::cerr << "ds train: flops profile of step " << r.first_step + index + 1 << " in " << f.output_file << "\n";
 }
 
 }  // namespace
@@ -173,6 +198,7 @@ int run_train(const TrainArgs& a) {
     const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
     if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
     if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
+    if (writes_run_dir && config.flops_profiler.enabled) print_flops_profile(plan, config.flops_profiler, r);
     if (r.interrupted && !r.last_checkpoint.empty())
       std::cerr << "ds train: continue with: " << resume_command() << "\n";
     return r.interrupted ? stopped : kExitOk;

@@ -156,6 +156,16 @@ struct MonitorConfig {
   std::string output_path, job_name;
 };
 
+// DeepSpeed's flops_profiler block: ds train prints ds profile's report of step `profile_step`.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  int64_t profile_step = 1;
+  int module_depth = -1;  // -1: every depth
+  int64_t top_modules = 1;
+  bool detailed = true;   // the per-module table
+  std::string output_file;  // "": standard output
+};
+
 struct Config {
   std::optional<int64_t> train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps;
   bool micro_batch_auto = false;  // train_micro_batch_size_per_gpu was literally "auto"
@@ -173,6 +183,7 @@ struct Config {
   bool wall_clock_breakdown = false;
   MonitorConfig tensorboard, csv_monitor;
   bool comms_logger_enabled = false;
+  FlopsProfilerConfig flops_profiler;
 
   ModelConfig model;
   DataConfig data;

@@ -215,6 +215,16 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
     dst->job_name = at(m, "job_name").get<std::string>();
   }
   c.comms_logger_enabled = at(at(d, "comms_logger"), "enabled").get<bool>();
+  {
+    const json& f = at(d, "flops_profiler");
+    c.flops_profiler.enabled = at(f, "enabled").get<bool>();
+    c.flops_profiler.profile_step = at(f, "profile_step").get<int64_t>();
+    c.flops_profiler.module_depth = at(f, "module_depth").get<int>();
+    c.flops_profiler.top_modules = at(f, "top_modules").get<int64_t>();
+    c.flops_profiler.detailed = at(f, "detailed").get<bool>();
+    const json& out = at(f, "output_file");
+    c.flops_profiler.output_file = out.is_string() ? out.get<std::string>() : "";
+  }
 
   if (d.contains("model")) {
     const json& m = d["model"];

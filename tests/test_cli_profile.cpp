@@ -2,6 +2,7 @@
 // phases against the step, the Chrome trace's structure, and nothing left behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -141,4 +142,28 @@ TEST(CliProfile, BadArgumentsAreRefusedBeforeAnythingRuns) {
   EXPECT_EQ(r.code, 2) << r.err;
   r = ds("profile examples/missing.json");
   EXPECT_EQ(r.code, 2) << r.err;
+}
+
+TEST(CliProfile, TrainsFlopsProfilerBlockReportsTheStepItNamesWhereItSays) {
+  const std::string dir = scratch_dir() + "/flops_profiler", file = scratch_dir() + "/flops_profile.txt";
+  fs::remove_all(dir);
+  fs::remove(file);
+  Result r = ds("train examples/quickstart.json train.steps=4 train.eval_every=0 train.output_dir=" + dir +
+                " flops_profiler.enabled=true flops_profiler.profile_step=2 flops_profiler.module_depth=1 flops_profiler.top_modules=3"
+                " flops_profiler.output_file=" + file);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "flops_profiler.enabled: ignored")) << r.err;  // the key acts now
+  EXPECT_TRUE(contains(r.err, "flops profile of step 2 in " + file)) << r.err;
+  const std::string text = slurp(file);
+  EXPECT_TRUE(contains(text, "flops_profiler: step 2\n")) << text;
+  EXPECT_TRUE(contains(text, "1 step measured after 1 earlier")) << text;
+  EXPECT_TRUE(contains(text, "transformer.h.1 ")) << text;          // depth 1: blocks
+  EXPECT_FALSE(contains(text, "transformer.h.1.attn ")) << text;    // not their children
+  const size_t top = text.find("top modules by FLOPs: ");
+  ASSERT_NE(top, std::string::npos) << text;
+  const std::string names = text.substr(top, text.find('\n', top) - top);
+  EXPECT_EQ(std::count(names.begin(), names.end(), ','), 2) << names;  // top_modules=3
+  // recompute_fwd_factor has no effect (ds counts recomputation exactly) and says so.
+  r = ds("plan examples/quickstart.json flops_profiler.recompute_fwd_factor=1");
+  EXPECT_TRUE(contains(r.err, "flops_profiler.recompute_fwd_factor: ignored")) << r.err;
 }

@@ -81,6 +81,7 @@ struct RunSettings {
   bool comms_logger = false, wall_clock_breakdown = false;
   MonitorConfig csv_monitor, tensorboard;
   std::string init_from;  // initial weights (model.init_from), "" for the architecture's random init
+  FlopsProfilerConfig flops_profiler;  // enabled: blocks are timed and step profile_step is reported
 };
 
 // A value ds decided rather than read: an "auto", a derived batch size, a default that depends on

@@ -145,9 +145,9 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   FlatParams flat = FlatParams::allocate(plan, rank);
   ZeroExchange zero(plan, flat, comm);
   const std::unique_ptr<LanguageModel> model = make_model(plan, flat);
-  // ds profile times each block around ZeRO's hooks (or none).
+  // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   std::unique_ptr<BlockTimer> block_timer;
-  if (opt.profile) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
+  if (opt.profile || plan.run.flops_profiler.enabled) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
   if (block_timer)
     model->set_block_hooks(block_timer.get());
   else if (flat.grouped)
