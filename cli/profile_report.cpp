@@ -40,7 +40,7 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
     const auto v = phase_values(r.phases[i]);
     for (size_t k = 0; k < v.size(); ++k) phases[kPhaseNames[k]] = v[k];
     steps.push_back({{"start_s", r.step_start_s[i]}, {"step_s", r.step_seconds[i]}, {"phases", phases}, {"comm_s", r.comm_seconds[i]},
-                     {"comm_bytes", r.comm_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
+                     {"comm_bytes", r.comm_bytes[i]}, {"offload_bytes", r.offload_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
                      {"block_forward_s", i < r.block_forward_s.size() ? r.block_forward_s[i] : std::vector<double>{}},
                      {"block_backward_s", i < r.block_backward_s.size() ? r.block_backward_s[i] : std::vector<double>{}}});
   }
@@ -161,6 +161,19 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
     comm.push_back(row);
   }
   r["communication"] = comm;
+  // Offload I/O: bytes moved between places per step beside the plan's transfers, the time, the rate.
+  if (!plan.execution.transfers.empty()) {
+    double planned = 0;
+    json transfers = json::array();
+    for (const auto& t : plan.execution.transfers) {
+      planned += t.bytes_per_step;
+      transfers.push_back({{"what", t.what}, {"bytes_per_step", t.bytes_per_step}});
+    }
+    const double bytes = mean_over(steps, warmup, end, [](const json& x) { return x["offload_bytes"].get<double>(); });
+    const double secs = mean_over(steps, warmup, end, [](const json& x) { return x["phases"]["offload"].get<double>(); });
+    r["offload"] = {{"bytes_per_step", bytes}, {"plan_bytes_per_step", planned}, {"seconds_per_step", secs},
+                    {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
+  }
   MemoryCategories planned = plan.memory.device;
   planned.params += plan.memory.host.params;
   planned.grads += plan.memory.host.grads;
@@ -254,6 +267,12 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
         o << " not measured (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << " planned)";
       o << "\n";
     }
+  }
+  if (r.contains("offload")) {
+    const json& f = r["offload"];
+    o << "\nOffload I/O per step (rank 0)\n";
+    line("bytes moved", format_bytes(f["bytes_per_step"].get<double>()) + " (plan: " + format_bytes(f["plan_bytes_per_step"].get<double>()) + ")");
+    line("time", ms(f["seconds_per_step"].get<double>()) + ", " + format_fixed(f["gb_per_s"].get<double>(), 2) + " GB/s");
   }
   const json& m = r["memory"];
   o << "\nMemory (rank 0)\n";

@@ -167,3 +167,19 @@ TEST(CliProfile, TrainsFlopsProfilerBlockReportsTheStepItNamesWhereItSays) {
   r = ds("plan examples/quickstart.json flops_profiler.recompute_fwd_factor=1");
   EXPECT_TRUE(contains(r.err, "flops_profiler.recompute_fwd_factor: ignored")) << r.err;
 }
+
+TEST(CliProfile, OffloadBytesPerStepAreThePlansTransfers) {
+  Result r = ds("profile examples/offload-cpu.json --steps 2 --warmup 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json f = json::parse(r.out)["offload"];
+  double planned = 0;  // the plan's transfers, summed here from its own list
+  for (const json& t : f["plan_transfers"]) planned += t["bytes_per_step"].get<double>();
+  EXPECT_GT(planned, 0);
+  EXPECT_DOUBLE_EQ(f["bytes_per_step"].get<double>(), planned);
+  Result p = ds("plan examples/offload-cpu.json --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  // The plan's parameter count fixes the transfers: fp32 gradients in, bf16 weights out, this rank's share.
+  const json plan = json::parse(p.out);
+  const double local = plan["layout"]["padded_numel"].get<double>();
+  EXPECT_DOUBLE_EQ(planned, local * (4 + 2)) << plan["layout"].dump();
+}

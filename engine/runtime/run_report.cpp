@@ -171,6 +171,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
   }
   result_.comm_bytes.push_back(comm_bytes);
   result_.comm_seconds.push_back(comm_s);
+  result_.offload_bytes.push_back(o.offload_bytes);
   result_.step_seconds.push_back(step_s);
   result_.phases.push_back(o.phases);
   result_.rss_bytes.push_back(peak_resident_bytes());

@@ -52,6 +52,7 @@ struct TrainResult {
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
   std::vector<StepPhases> phases;         // per step: where that time went
   std::vector<double> comm_seconds;       // per step: time spent inside collectives
+  std::vector<double> offload_bytes;      // per step: bytes copied between device and host (optimizer offload)
   std::vector<double> rss_bytes;          // per step: peak resident memory so far, after the step
   std::vector<double> step_start_s;       // per step: when it began, seconds after the first step's start
   struct CollectiveTotal {
