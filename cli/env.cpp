@@ -94,7 +94,9 @@ int run_env(const EnvArgs& a) {
       j["schema_version"] = 1;
       j["ds_version"] = version_short();
       j["cpu"] = cpu_model();
-      j["cores"] = detect_cores();
+      const CoreBudget cores = detect_core_budget();
+      j["cores"] = cores.usable();
+      j["cores_detail"] = {{"online", cores.online}, {"affinity", cores.affinity}, {"cgroup_quota_cpus", cores.quota}};
       j["memory_bytes"] = static_cast<int64_t>(detect_host_memory_bytes());
       j["cpu_features"] = {{"avx2", flags.count("avx2") > 0},
                            {"avx512f", flags.count("avx512f") > 0},
@@ -112,7 +114,7 @@ int run_env(const EnvArgs& a) {
     std::cout << version_text() << "\n";
     std::cout << "machine\n";
     std::cout << "  cpu          " << cpu_model() << "\n";
-    std::cout << "  cores        " << detect_cores() << "\n";
+    std::cout << "  cores        " << detect_core_budget().describe() << "\n";
     std::cout << "  memory       " << format_bytes(detect_host_memory_bytes()) << "\n";
     std::cout << "  cpu features avx2 " << (flags.count("avx2") ? "yes" : "no") << ", avx512f "
               << (flags.count("avx512f") ? "yes" : "no") << ", avx512_bf16 " << (flags.count("avx512_bf16") ? "yes" : "no")

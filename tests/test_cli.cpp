@@ -190,6 +190,19 @@ TEST(CliEnv, ReportsTheMachineAsJson) {
   EXPECT_TRUE(j.contains("shm_bytes"));
 }
 
+TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {
+  // Pinned to one CPU (as taskset, Slurm or a container cpuset do): one usable core, one thread; more
+  // would only wait on each other.
+  Result r = ds("env --json", "taskset -c 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cores"], 1) << r.out;
+  EXPECT_EQ(j["cores_detail"]["affinity"], 1) << r.out;
+  r = ds("plan examples/quickstart.json --json", "taskset -c 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["threads"], 1);
+}
+
 TEST(CliColor, NeverOnAPipeUnlessForced) {
   const std::string esc = "\033[";
   EXPECT_FALSE(contains(ds("plan templates/zero2.json zero_optimization.stag=3").err, esc));

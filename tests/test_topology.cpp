@@ -78,3 +78,19 @@ TEST(Topology, CarriesTheRendezvousAddressSoTheRuntimeReadsNoEnvironment) {
   EXPECT_EQ(t.master_port, 29511);
   EXPECT_THROW(make_topology({}, env({{"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}})), UserError);
 }
+
+TEST(Topology, CgroupCpuQuotaIsReadAsCpus) {
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus("150000 100000"), 1.5);
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus("200000 100000\n"), 2.0);
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus("max 100000"), 0.0);  // no quota
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus(""), 0.0);
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus("50000"), 0.0);
+  EXPECT_DOUBLE_EQ(cgroup_quota_cpus("12x 100000"), 0.0);
+  // The budget: the least of online cores, the affinity mask and the quota rounded up.
+  EXPECT_EQ((CoreBudget{8, 0, 0}.usable()), 8);
+  EXPECT_EQ((CoreBudget{8, 4, 0}.usable()), 4);
+  EXPECT_EQ((CoreBudget{8, 4, 1.5}.usable()), 2);
+  EXPECT_EQ((CoreBudget{8, 8, 0.5}.usable()), 1);
+  EXPECT_EQ((CoreBudget{0, 0, 0}.usable()), 1);
+  EXPECT_EQ((CoreBudget{8, 4, 1.5}.describe()), "2 (8 online, affinity 4, CPU quota 1.5)");
+}

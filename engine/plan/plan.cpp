@@ -142,7 +142,7 @@ void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {
   } else {
     plan.threads = std::max(1, topo.cores_per_node / std::max(1, topo.ranks_per_node));
     plan.resolved.push_back({"train.threads", std::to_string(plan.threads),
-                             "auto: " + std::to_string(topo.cores_per_node) + " cores / " +
+                             "auto: " + std::to_string(topo.cores_per_node) + " usable cores / " +
                                  std::to_string(topo.ranks_per_node) + (topo.ranks_per_node == 1 ? " rank" : " ranks") + " per node"});
   }
 }

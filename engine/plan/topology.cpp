@@ -1,5 +1,9 @@
 #include "engine/plan/topology.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -113,9 +117,69 @@ double detect_host_memory_bytes() {
   return 0;
 }
 
-int detect_cores() {
-  unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+double cgroup_quota_cpus(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  return *end == '\0' && q > 0 ? q / period : 0;
 }
+
+namespace {
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// The quota of this process's cgroup: v2 (cpu.max under the path /proc/self/cgroup names, or the root's)
+// or v1 (cpu.cfs_quota_us / cpu.cfs_period_us).
+double detect_cgroup_quota() {
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);)
+    if (line.rfind("0::", 0) == 0) {
+      const double q = cgroup_quota_cpus(read_first_line("/sys/fs/cgroup" + line.substr(3) + "/cpu.max"));
+      if (q > 0) return q;
+    }
+  if (const double q = cgroup_quota_cpus(read_first_line("/sys/fs/cgroup/cpu.max")); q > 0) return q;
+  const std::string v1 = read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+  return v1.empty() || v1[0] == '-' ? 0 : cgroup_quota_cpus(v1 + " " + read_first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
+}
+
+}  // namespace
+
+int CoreBudget::usable() const {
+  int n = online > 0 ? online : 1;
+  if (affinity > 0) n = std::min(n, affinity);
+  if (quota > 0) n = std::min(n, static_cast<int>(std::ceil(quota - 1e-9)));
+  return std::max(1, n);
+}
+
+std::string CoreBudget::describe() const {
+  std::ostringstream o;
+  o << usable() << " (" << online << " online, affinity " << (affinity > 0 ? std::to_string(affinity) : std::string("unknown")) << ", ";
+  if (quota > 0)
+    o << "CPU quota " << quota;
+  else
+    o << "no CPU quota";
+  o << ")";
+  return o.str();
+}
+
+CoreBudget detect_core_budget() {
+  CoreBudget b;
+  b.online = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) b.affinity = CPU_COUNT(&set);
+  b.quota = detect_cgroup_quota();
+  return b;
+}
+
+int detect_cores() { return detect_core_budget().usable(); }
 
 }  // namespace ds

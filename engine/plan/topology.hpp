@@ -46,8 +46,22 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
 // GPUs the NVIDIA driver lists (via nvidia-smi); empty without a driver or GPU.
 std::vector<GpuInfo> detect_gpus();
 
-// This machine's total memory (/proc/meminfo) and online cores; 0 when unknown.
+// This machine's total memory (/proc/meminfo); 0 when unknown.
 double detect_host_memory_bytes();
-int detect_cores();
+
+// The CPUs this process may really use: the online cores narrowed by its affinity mask (taskset, Slurm and
+// container cpusets) and by a cgroup CPU quota (docker --cpus, Kubernetes limits). More threads than
+// this only wait on each other: a quota of 1 CPU shared by 2 spinning threads halves the rate or worse.
+struct CoreBudget {
+  int online = 0;     // std::thread::hardware_concurrency
+  int affinity = 0;   // CPUs in sched_getaffinity's mask; 0 unknown
+  double quota = 0;   // cgroup CPU quota in CPUs; 0 none
+  int usable() const;            // the smallest of the three (the quota rounded up), at least 1
+  std::string describe() const;  // "2 (2 online, affinity 2, no CPU quota)"
+};
+CoreBudget detect_core_budget();
+int detect_cores();  // detect_core_budget().usable()
+// CPUs granted by a cgroup v2 cpu.max text ("150000 100000" -> 1.5); 0 for "max ..." or anything unreadable.
+double cgroup_quota_cpus(const std::string& cpu_max);
 
 }  // namespace ds
