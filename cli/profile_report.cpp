@@ -43,6 +43,12 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
                      {"comm_bytes", r.comm_bytes[i]}, {"offload_bytes", r.offload_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
                      {"block_forward_s", i < r.block_forward_s.size() ? r.block_forward_s[i] : std::vector<double>{}},
                      {"block_backward_s", i < r.block_backward_s.size() ? r.block_backward_s[i] : std::vector<double>{}}});
+    json& step = steps.back();
+    step["block_spans"] = json::array();
+    if (i < r.block_spans.size())
+      for (const BlockSpan& b : r.block_spans[i])
+        step["block_spans"].push_back({{"layer", b.layer}, {"backward", b.backward}, {"start_s", b.start_s}, {"seconds", b.seconds}});
+    if (i < r.phase_rss_bytes.size()) step["phase_rss_bytes"] = r.phase_rss_bytes[i];
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
@@ -184,6 +190,21 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
                  {"training_bytes", lead["peak_rss_bytes"].get<double>() - lead["baseline_rss_bytes"].get<double>()},
                  {"plan", {{"params", planned.params}, {"grads", planned.grads}, {"optimizer_states", planned.optimizer_states},
                            {"activations", planned.activations}, {"buffers", planned.buffers}, {"total", planned.total()}}}};
+  // Resident memory at the end of each phase, the most over the measured steps.
+  if (steps[static_cast<size_t>(warmup)].contains("phase_rss_bytes")) {
+    json by_phase = json::array();
+    for (size_t k = 0; k < std::size(kPhaseNames); ++k) {
+      double most = 0;
+      for (int i = warmup; i < end; ++i) most = std::max(most, steps[static_cast<size_t>(i)]["phase_rss_bytes"][k].get<double>());
+      by_phase.push_back({{"phase", kPhaseNames[k]}, {"resident_bytes", most}});
+    }
+    r["memory"]["by_phase"] = by_phase;
+    // getrusage's high-water mark is updated lazily; a phase's reading may be above it.
+    double peak = r["memory"]["peak_rss_bytes"].get<double>();
+    for (const json& p : by_phase) peak = std::max(peak, p["resident_bytes"].get<double>());
+    r["memory"]["peak_rss_bytes"] = peak;
+    r["memory"]["training_bytes"] = peak - r["memory"]["baseline_rss_bytes"].get<double>();
+  }
   json ranks = json::array();
   for (const json& p : parts)
     ranks.push_back({{"rank", p["rank"]},
@@ -284,6 +305,13 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
                        format_bytes(m["plan"]["optimizer_states"].get<double>()) + ", activations " +
                        format_bytes(m["plan"]["activations"].get<double>()) + ", buffers " +
                        format_bytes(m["plan"]["buffers"].get<double>()) + ")");
+  if (m.contains("by_phase")) {
+    std::string row;
+    for (const json& p : m["by_phase"])
+      if (p["resident_bytes"].get<double>() > 0)
+        row += (row.empty() ? "" : ", ") + p["phase"].get<std::string>() + " " + format_bytes(p["resident_bytes"].get<double>());
+    line("resident after each phase", row);
+  }
   if (r["ranks"].size() > 1) {
     o << "\nRanks\n";
     for (const json& k : r["ranks"])
@@ -304,7 +332,7 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
   for (const json& part : parts) {
     const int pid = part["rank"].get<int>();
     events.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}})
+    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}})
       events.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"}, {"args", {{"name", name}}}});
     int step = 0;
     for (const json& s : part["steps"]) {
@@ -313,6 +341,13 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
       events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", "step " + std::to_string(step)}, {"ts", at},
                         {"dur", s["step_s"].get<double>() * 1e6},
                         {"args", {{"model_flops", plan.train_flops_per_step / plan.topology.world_size}, {"comm_bytes", s["comm_bytes"]}}}});
+      const double step_at = at;
+      if (s.contains("block_spans"))
+        for (const json& b : s["block_spans"])
+          events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 4},
+                            {"name", "block " + std::to_string(b["layer"].get<int>()) + (b["backward"].get<bool>() ? " backward" : " forward")},
+                            {"ts", step_at + b["start_s"].get<double>() * 1e6}, {"dur", b["seconds"].get<double>() * 1e6},
+                            {"args", {{"step", step}}}});
       for (const char* phase : kPhaseNames) {
         const double dur = s["phases"][phase].get<double>() * 1e6;
         if (dur <= 0) continue;

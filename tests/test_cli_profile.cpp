@@ -104,7 +104,19 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
   EXPECT_NEAR(report["summary"]["tokens_per_s"].get<double>() * step, plan["tokens_per_step"].get<double>(), 1e-6 * step);
   // The largest modules by FLOPs: the blocks' MLPs first (8C^2 of 12C^2 per block, at T = 64 < 4C).
   EXPECT_EQ(report["top_modules"][0].get<std::string>().find(".mlp") != std::string::npos, true) << report["top_modules"].dump();
-  expect_well_formed_trace(json::parse(slurp(trace)), 1, 4);
+  // Memory at the end of every phase that ran, never above the reported peak.
+  const json& memory = report["memory"];
+  ASSERT_EQ(memory["by_phase"].size(), 8u);
+  for (const json& ph : memory["by_phase"]) {
+    if (ph["phase"] == "forward" || ph["phase"] == "backward") EXPECT_GT(ph["resident_bytes"].get<double>(), 0) << ph.dump();
+    EXPECT_LE(ph["resident_bytes"].get<double>(), memory["peak_rss_bytes"].get<double>()) << ph.dump();
+  }
+  const json parsed_trace = json::parse(slurp(trace));
+  expect_well_formed_trace(parsed_trace, 1, 4);
+  int block_spans = 0;  // each block's forward and backward in every step, on a track of their own
+  for (const json& e : parsed_trace["traceEvents"])
+    if (e["ph"] == "X" && e["name"].get<std::string>().rfind("block ", 0) == 0) ++block_spans;
+  EXPECT_EQ(block_spans, 4 * 2 * 2);  // 4 steps x 2 blocks x (forward, backward)
   // Nothing written: no run directory where the config points, no scratch left in TMPDIR.
   EXPECT_FALSE(fs::exists(unused));
   EXPECT_TRUE(fs::is_empty(tmp)) << fs::directory_iterator(tmp)->path();

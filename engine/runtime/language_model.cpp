@@ -126,8 +126,14 @@ void BlockTimer::before_forward(int64_t layer) {
   started_ = std::chrono::steady_clock::now();
   if (inner_) inner_->before_forward(layer);  // stage 3's gather counts as the block's time
 }
+void BlockTimer::record(int64_t layer, bool backward) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = seconds_between(started_, now);
+  (backward ? backward_ : forward_)[static_cast<size_t>(layer)] += s;
+  spans_.push_back({BlockSpan{static_cast<int>(layer), backward, 0, s}, started_});
+}
 void BlockTimer::after_forward(int64_t layer) {
-  forward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+  record(layer, false);
   if (inner_) inner_->after_forward(layer);
 }
 void BlockTimer::before_backward(int64_t layer) {
@@ -136,13 +142,18 @@ void BlockTimer::before_backward(int64_t layer) {
 }
 void BlockTimer::after_backward(int64_t layer) {
   if (inner_) inner_->after_backward(layer);  // the block's gradient reduction counts as its backward
-  backward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+  record(layer, true);
 }
-std::pair<std::vector<double>, std::vector<double>> BlockTimer::take() {
-  auto out = std::make_pair(forward_, backward_);
+BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_start) {
+  Taken t{forward_, backward_, {}};
+  for (auto [span, began] : spans_) {
+    span.start_s = seconds_between(step_start, began);
+    t.spans.push_back(span);
+  }
+  spans_.clear();
   std::fill(forward_.begin(), forward_.end(), 0.0);
   std::fill(backward_.begin(), backward_.end(), 0.0);
-  return out;
+  return t;
 }
 
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {

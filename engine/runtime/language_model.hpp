@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/trainer_api.hpp"
 
 namespace ds {
 
@@ -33,12 +34,19 @@ class BlockTimer : public BlockHooks {
   void after_forward(int64_t layer) override;
   void before_backward(int64_t layer) override;
   void after_backward(int64_t layer) override;
-  // Seconds per block since the last call (summed over micro batches), then zeroed.
-  std::pair<std::vector<double>, std::vector<double>> take();
+  // Seconds per block since the last call (summed over micro batches), and every block run with its
+  // start after `step_start`; then cleared.
+  struct Taken {
+    std::vector<double> forward, backward;
+    std::vector<BlockSpan> spans;
+  };
+  Taken take(std::chrono::steady_clock::time_point step_start);
 
  private:
+  void record(int64_t layer, bool backward);
   BlockHooks* inner_;
   std::vector<double> forward_, backward_;
+  std::vector<std::pair<BlockSpan, std::chrono::steady_clock::time_point>> spans_;
   std::chrono::steady_clock::time_point started_;
 };
 

@@ -1,7 +1,11 @@
 #include "engine/runtime/optimizer_step.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 
 #include "common/hash.hpp"
 
@@ -19,6 +23,14 @@ double lap(std::chrono::steady_clock::time_point& t) {
   const double s = std::chrono::duration<double>(now - t).count();
   t = now;
   return s;
+}
+
+// This process's resident bytes now (/proc/self/statm), 0 when unreadable.
+double resident_now() {
+  std::ifstream f("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  if (!(f >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace
@@ -74,6 +86,9 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   double loss_sum = 0;
   StepPhases& t = out.phases;
+  auto mark = [&](size_t phase) {
+    if (sample_memory_) out.phase_rss_bytes[phase] = std::max(out.phase_rss_bytes[phase], resident_now());
+  };
   for (int64_t m = 0; m < GAS; ++m) {
     auto at = std::chrono::steady_clock::now();
     sampler_.train_batch(step, m, in_, tgt_);
@@ -81,15 +96,18 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     model_.set_dropout(splitmix64(seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
                                                     static_cast<uint64_t>(flat_.rank))), true);
     t.data += lap(at);
+    mark(0);
     zero_.begin_micro_step(false);
     torch::Tensor loss = model_.loss(input, target);
     t.forward += lap(at);
+    mark(1);
     zero_.begin_backward();
     // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
     (loss * (out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)))).backward();
     zero_.end_micro_step();
     loss_sum += loss.item<double>();
     t.backward += lap(at);
+    mark(2);
   }
   auto at = std::chrono::steady_clock::now();
   out.loss = loss_sum / static_cast<double>(GAS);
@@ -100,6 +118,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     flat_.compute_grads.copy_(flat_.grads);
   }
   t.reduce += lap(at);
+  mark(3);
   bool partial = false;
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
   out.stop_requested = stop_signal != 0;
@@ -133,7 +152,8 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
                              "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
   if (out.skipped) {
     if (!scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
-    t.norm += lap(at);  // a skipped step ends at its overflow check
+    t.norm += lap(at);
+    mark(4);  // a skipped step ends at its overflow check
   } else {
     // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale
     // comes off in the same multiply.
@@ -149,15 +169,18 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     si.grad_scale = clip / out.loss_scale;
     si.step = applied_ + 1;
     t.norm += lap(at);
+    mark(4);
     const bool offloaded = flat_.offload_grads.defined();
     if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
       torch::NoGradGuard ng;
       flat_.offload_grads.copy_(flat_.local_grads);
       out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
       t.offload += lap(at);
+      mark(5);
     }
     optimizer_.step(buffers_, si, sum_over_ranks_);
     t.optimizer += lap(at);
+    mark(6);
     bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
     if (offloaded) {  // the updated weights back to the device
       torch::NoGradGuard ng;
@@ -165,9 +188,11 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
       rounded = true;
       out.offload_bytes += static_cast<double>(flat_.local_params.nbytes());
       t.offload += lap(at);
+      mark(5);
     }
     refresh_weights(rounded);
     t.gather += lap(at);
+    mark(7);
     ++applied_;
   }
   return out;

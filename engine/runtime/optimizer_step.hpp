@@ -5,6 +5,7 @@
 // new weights published to every rank. The training loop (trainer.cpp) orchestrates; this does the step.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct StepOutcome {
   bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
   std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
   StepPhases phases;
+  std::array<double, 8> phase_rss_bytes{};  // with sample_memory: resident bytes at the end of each phase (max)
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
 };
 
@@ -51,6 +53,9 @@ class OptimizerStep {
   // skipped steps in a row).
   StepOutcome run(int64_t step, int stop_signal);
 
+  // ds profile: read the resident memory at the end of every phase (a /proc read each; off by default).
+  void set_sample_memory(bool on) { sample_memory_ = on; }
+
   // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).
   int64_t applied() const { return applied_; }
   void set_applied(int64_t n) { applied_ = n; }
@@ -68,6 +73,7 @@ class OptimizerStep {
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
   int64_t applied_ = 0, consecutive_skips_ = 0;
+  bool sample_memory_ = false;
   std::vector<int32_t> in_, tgt_;
 };
 

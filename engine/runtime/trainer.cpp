@@ -154,6 +154,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     model->set_block_hooks(&zero);
   LossScaler scaler(plan.precision.loss_scaling);
   OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler);
+  stepper.set_sample_memory(opt.profile || plan.run.flops_profiler.enabled);
   CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
                             FlatParams::data_or_null(flat.exp_avg_sq), flat.master.numel(), flat.owned, plan.layout.numel};
   if (opt.resume_from.empty()) {
@@ -252,9 +253,11 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     report.begin_step(comm);
     const StepOutcome out = stepper.run(step, g_stop_signal);
     if (block_timer) {
-      auto [forward, backward] = block_timer->take();
-      result.block_forward_s.push_back(std::move(forward));
-      result.block_backward_s.push_back(std::move(backward));
+      BlockTimer::Taken taken = block_timer->take(t0);
+      result.block_forward_s.push_back(std::move(taken.forward));
+      result.block_backward_s.push_back(std::move(taken.backward));
+      result.block_spans.push_back(std::move(taken.spans));
+      result.phase_rss_bytes.push_back(out.phase_rss_bytes);
     }
     report.end_collectives(comm);
     for (const std::string& note : out.notes) log.note(note);

@@ -2,6 +2,7 @@
 // TrainResult out. Shared by the CLI (which never loads LibTorch) and the trainer in libds_train.so.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +36,13 @@ struct StepPhases {
   double sum() const { return data + forward + backward + reduce + norm + offload + optimizer + gather; }
 };
 
+// One run of a block within a step (ds profile's trace): when it began, after the step's start.
+struct BlockSpan {
+  int layer = 0;
+  bool backward = false;
+  double start_s = 0, seconds = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;          // optimizer steps attempted
   int64_t skipped_steps = 0;  // inf/NaN gradients
@@ -62,6 +70,8 @@ struct TrainResult {
   };
   std::vector<CollectiveTotal> collectives;  // summed over the run's steps (validation excluded)
   std::vector<std::vector<double>> block_forward_s, block_backward_s;  // ds profile: per step, per block
+  std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
+  std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, resident memory at the end of each phase (max)
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
 
