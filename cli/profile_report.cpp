@@ -44,6 +44,10 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
                      {"block_forward_s", i < r.block_forward_s.size() ? r.block_forward_s[i] : std::vector<double>{}},
                      {"block_backward_s", i < r.block_backward_s.size() ? r.block_backward_s[i] : std::vector<double>{}}});
     json& step = steps.back();
+    if (i < r.attention_forward_s.size()) {
+      step["attention_forward_s"] = r.attention_forward_s[i];
+      step["mlp_backward_s"] = r.mlp_backward_s[i];
+    }
     step["block_spans"] = json::array();
     if (i < r.block_spans.size())
       for (const BlockSpan& b : r.block_spans[i])
@@ -131,6 +135,19 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
       const double f = block_mean("block_forward_s", static_cast<size_t>(m.layer)), b = block_mean("block_backward_s", static_cast<size_t>(m.layer));
       blocks_fwd += f;
       blocks_bwd += b;
+      row["forward_s"] = f;
+      row["backward_s"] = b;
+      row["share_of_step_time"] = (f + b) / step_s;
+      row["flops_per_s"] = f + b > 0 ? m.total() * GAS / (f + b) : 0.0;
+    }
+    // A block's halves: the attention (with the norm before it) and the MLP (with its norm), split where the
+    // attention's residual sum is formed in forward and where its gradient is complete in backward.
+    const bool attention = ends_with(m.name, ".attn") || ends_with(m.name, ".self_attn"), mlp = ends_with(m.name, ".mlp");
+    if (m.depth == 2 && timed_blocks && (attention || mlp) && steps[static_cast<size_t>(warmup)].contains("attention_forward_s")) {
+      const auto layer = static_cast<size_t>(m.layer);
+      const double block_f = block_mean("block_forward_s", layer), block_b = block_mean("block_backward_s", layer);
+      const double attn_f = block_mean("attention_forward_s", layer), mlp_b = block_mean("mlp_backward_s", layer);
+      const double f = attention ? attn_f : block_f - attn_f, b = attention ? block_b - mlp_b : mlp_b;
       row["forward_s"] = f;
       row["backward_s"] = b;
       row["share_of_step_time"] = (f + b) / step_s;
@@ -257,7 +274,7 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
   if (detailed) {
     o << "\nModules (FLOPs per micro batch, backward = both gradients of every matmul; time per step, a block's backward with\n"
-         "its recomputation and ZeRO's exchange)\n";
+         "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
     o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
       << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
     for (const json& m : r["modules"]) {

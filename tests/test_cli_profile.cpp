@@ -89,12 +89,24 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
   for (const json& m : report["modules"])
     if (m.contains("forward_s")) {
       ++timed;
+      if (m["depth"] == 2) continue;  // halves of a block counted below
       EXPECT_GT(m["forward_s"].get<double>(), 0) << m.dump();
       EXPECT_GT(m["backward_s"].get<double>(), 0) << m.dump();
       blocks_forward += m["forward_s"].get<double>();
       blocks_backward += m["backward_s"].get<double>();
     }
-  EXPECT_EQ(timed, 2);  // gpt2-tiny's two blocks
+  EXPECT_EQ(timed, 2 * 3);  // gpt2-tiny's two blocks, each with its attention and MLP
+  // A block's two halves add up to the block, forward and backward (recomputation included).
+  std::map<std::string, json> rows;
+  for (const json& m : report["modules"]) rows[m["name"].get<std::string>()] = m;
+  for (const char* block : {"transformer.h.0", "transformer.h.1"}) {
+    const json &whole = rows.at(block), &attn = rows.at(std::string(block) + ".attn"), &mlp = rows.at(std::string(block) + ".mlp");
+    for (const char* key : {"forward_s", "backward_s"}) {
+      EXPECT_GT(attn[key].get<double>(), 0) << block << " " << key;
+      EXPECT_GT(mlp[key].get<double>(), 0) << block << " " << key;
+      EXPECT_NEAR(attn[key].get<double>() + mlp[key].get<double>(), whole[key].get<double>(), 1e-9) << block << " " << key;
+    }
+  }
   EXPECT_LE(blocks_forward, report["summary"]["fwd_latency_s"].get<double>() * (1 + 1e-9));
   EXPECT_LE(blocks_backward, report["summary"]["bwd_latency_s"].get<double>() * (1 + 1e-9));
   EXPECT_GE(report["outside_blocks"]["forward_s"].get<double>(), 0);

@@ -67,6 +67,7 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   att = dropout(torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1), hp_.attn_pdrop, layer, 0);
   torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
   torch::Tensor x = x_in + dropout(torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 1);
+  attention_half_done(layer, x);
   h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
   torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
   return x + dropout(torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 2);

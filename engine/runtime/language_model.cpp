@@ -99,6 +99,15 @@ torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t l
   return x * (keep * (1.0 / (1.0 - p))).to(x.scalar_type());
 }
 
+void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
+  if (!parts_) return;
+  parts_->attention_done(layer);
+  if (x.requires_grad()) {
+    BlockParts* parts = parts_;
+    x.register_hook([parts, layer](const torch::Tensor&) { parts->mlp_backward_done(layer); });
+  }
+}
+
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   const bool training = torch::GradMode::is_enabled();
   const bool recompute = checkpoint_activations_ && training;
@@ -136,16 +145,25 @@ void BlockTimer::after_forward(int64_t layer) {
   record(layer, false);
   if (inner_) inner_->after_forward(layer);
 }
+void BlockTimer::attention_done(int64_t layer) {
+  if (in_backward_ == layer) return;  // recomputation inside the block's backward
+  attention_forward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+}
+void BlockTimer::mlp_backward_done(int64_t layer) {
+  mlp_backward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+}
 void BlockTimer::before_backward(int64_t layer) {
+  in_backward_ = layer;
   started_ = std::chrono::steady_clock::now();
   if (inner_) inner_->before_backward(layer);
 }
 void BlockTimer::after_backward(int64_t layer) {
   if (inner_) inner_->after_backward(layer);  // the block's gradient reduction counts as its backward
   record(layer, true);
+  in_backward_ = -1;
 }
 BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_start) {
-  Taken t{forward_, backward_, {}};
+  Taken t{forward_, backward_, attention_forward_, mlp_backward_, {}};
   for (auto [span, began] : spans_) {
     span.start_s = seconds_between(step_start, began);
     t.spans.push_back(span);
@@ -153,6 +171,8 @@ BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_st
   spans_.clear();
   std::fill(forward_.begin(), forward_.end(), 0.0);
   std::fill(backward_.begin(), backward_.end(), 0.0);
+  std::fill(attention_forward_.begin(), attention_forward_.end(), 0.0);
+  std::fill(mlp_backward_.begin(), mlp_backward_.end(), 0.0);
   return t;
 }
 

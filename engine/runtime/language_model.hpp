@@ -25,19 +25,37 @@ class BlockHooks {
   virtual void after_backward(int64_t layer) = 0;
 };
 
+// ds profile: the moments a block passes from its attention half (with its first norm) to its MLP half
+// (with its second): in forward when the attention's residual sum exists, in backward when the gradient
+// reaches that sum (the MLP half's backward is done).
+class BlockParts {
+ public:
+  virtual ~BlockParts() = default;
+  virtual void attention_done(int64_t layer) = 0;
+  virtual void mlp_backward_done(int64_t layer) = 0;
+};
+
 // ds profile: the wall time of each block's forward and backward (recomputation included), around
 // another set of hooks (ZeRO's, or none). The blocks then run as units of their own, as under ZeRO 2-3.
-class BlockTimer : public BlockHooks {
+class BlockTimer : public BlockHooks, public BlockParts {
  public:
-  BlockTimer(BlockHooks* inner, int64_t blocks) : inner_(inner), forward_(static_cast<size_t>(blocks)), backward_(static_cast<size_t>(blocks)) {}
+  BlockTimer(BlockHooks* inner, int64_t blocks)
+      : inner_(inner),
+        forward_(static_cast<size_t>(blocks)),
+        backward_(static_cast<size_t>(blocks)),
+        attention_forward_(static_cast<size_t>(blocks)),
+        mlp_backward_(static_cast<size_t>(blocks)) {}
   void before_forward(int64_t layer) override;
   void after_forward(int64_t layer) override;
   void before_backward(int64_t layer) override;
   void after_backward(int64_t layer) override;
+  void attention_done(int64_t layer) override;
+  void mlp_backward_done(int64_t layer) override;
   // Seconds per block since the last call (summed over micro batches), and every block run with its
   // start after `step_start`; then cleared.
   struct Taken {
     std::vector<double> forward, backward;
+    std::vector<double> attention_forward, mlp_backward;  // the parts of the two above
     std::vector<BlockSpan> spans;
   };
   Taken take(std::chrono::steady_clock::time_point step_start);
@@ -45,7 +63,8 @@ class BlockTimer : public BlockHooks {
  private:
   void record(int64_t layer, bool backward);
   BlockHooks* inner_;
-  std::vector<double> forward_, backward_;
+  std::vector<double> forward_, backward_, attention_forward_, mlp_backward_;
+  int64_t in_backward_ = -1;  // the block whose backward runs (its recomputed forward is not forward time)
   std::vector<std::pair<BlockSpan, std::chrono::steady_clock::time_point>> spans_;
   std::chrono::steady_clock::time_point started_;
 };
@@ -63,6 +82,8 @@ class LanguageModel {
   void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
   // Not owned; null runs the blocks plainly.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  // Not owned; null (the default) reports nothing.
+  void set_block_parts(BlockParts* parts) { parts_ = parts; }
   // Dropout masks of the next forward come from a stream keyed by `key` (the trainer's seed, rank,
   // step and micro step) and each layer and site, so a block recomputed in backward draws the same
   // masks and a resumed run the same as an uninterrupted one. `training` false: no dropout (validation).
@@ -77,12 +98,15 @@ class LanguageModel {
   // x with each element zeroed with probability p and the rest scaled by 1/(1-p); x itself when p is 0
   // or not training. `layer` -1 is outside the blocks; `site` tells the places within one apart.
   torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
+  // Called by block() with the residual sum after the attention half.
+  void attention_half_done(int64_t layer, torch::Tensor& x) const;
 
  private:
   bool checkpoint_activations_ = false;
   uint64_t dropout_key_ = 0;
   bool training_ = true;
   BlockHooks* hooks_ = nullptr;
+  BlockParts* parts_ = nullptr;
 };
 
 // The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation

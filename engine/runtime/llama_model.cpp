@@ -81,6 +81,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   att = dropout(torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1), hp_.attn_pdrop, layer, 0);
   torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
   torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
+  attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
   return x + dropout(torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down), hp_.resid_pdrop, layer, 2);
 }

@@ -148,10 +148,12 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   std::unique_ptr<BlockTimer> block_timer;
   if (opt.profile || plan.run.flops_profiler.enabled) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
-  if (block_timer)
+  if (block_timer) {
     model->set_block_hooks(block_timer.get());
-  else if (flat.grouped)
+    model->set_block_parts(block_timer.get());
+  } else if (flat.grouped) {
     model->set_block_hooks(&zero);
+  }
   LossScaler scaler(plan.precision.loss_scaling);
   OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler);
   stepper.set_sample_memory(opt.profile || plan.run.flops_profiler.enabled);
@@ -257,6 +259,8 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
       result.block_forward_s.push_back(std::move(taken.forward));
       result.block_backward_s.push_back(std::move(taken.backward));
       result.block_spans.push_back(std::move(taken.spans));
+      result.attention_forward_s.push_back(std::move(taken.attention_forward));
+      result.mlp_backward_s.push_back(std::move(taken.mlp_backward));
       result.phase_rss_bytes.push_back(out.phase_rss_bytes);
     }
     report.end_collectives(comm);

@@ -70,6 +70,7 @@ struct TrainResult {
   };
   std::vector<CollectiveTotal> collectives;  // summed over the run's steps (validation excluded)
   std::vector<std::vector<double>> block_forward_s, block_backward_s;  // ds profile: per step, per block
+  std::vector<std::vector<double>> attention_forward_s, mlp_backward_s;  // ds profile: the attention half's forward and the MLP half's backward of those
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, resident memory at the end of each phase (max)
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
