@@ -53,6 +53,10 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
       for (const BlockSpan& b : r.block_spans[i])
         step["block_spans"].push_back({{"layer", b.layer}, {"backward", b.backward}, {"start_s", b.start_s}, {"seconds", b.seconds}});
     if (i < r.phase_rss_bytes.size()) step["phase_rss_bytes"] = r.phase_rss_bytes[i];
+    step["collective_spans"] = json::array();
+    if (i < r.collective_spans.size())
+      for (const CollectiveSpan& c : r.collective_spans[i])
+        step["collective_spans"].push_back({{"name", c.name}, {"start_s", c.start_s}, {"seconds", c.seconds}, {"bytes", c.bytes}});
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
@@ -349,7 +353,7 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
   for (const json& part : parts) {
     const int pid = part["rank"].get<int>();
     events.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}})
+    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}, {5, "collectives"}})
       events.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"}, {"args", {{"name", name}}}});
     int step = 0;
     for (const json& s : part["steps"]) {
@@ -365,6 +369,10 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
                             {"name", "block " + std::to_string(b["layer"].get<int>()) + (b["backward"].get<bool>() ? " backward" : " forward")},
                             {"ts", step_at + b["start_s"].get<double>() * 1e6}, {"dur", b["seconds"].get<double>() * 1e6},
                             {"args", {{"step", step}}}});
+      if (s.contains("collective_spans"))
+        for (const json& c : s["collective_spans"])
+          events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 5}, {"name", c["name"]}, {"ts", step_at + c["start_s"].get<double>() * 1e6},
+                            {"dur", c["seconds"].get<double>() * 1e6}, {"args", {{"step", step}, {"bytes", c["bytes"]}}}});
       for (const char* phase : kPhaseNames) {
         const double dur = s["phases"][phase].get<double>() * 1e6;
         if (dur <= 0) continue;

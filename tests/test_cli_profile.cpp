@@ -155,7 +155,24 @@ TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
       EXPECT_DOUBLE_EQ(c["bytes_per_step"].get<double>(), c["plan_bytes_per_step"].get<double>()) << c.dump();
       EXPECT_DOUBLE_EQ(c["calls_per_step"].get<double>(), c["plan_calls_per_step"].get<double>()) << c.dump();
     }
-    expect_well_formed_trace(json::parse(slurp(trace)), 2, 3);
+    const json parsed = json::parse(slurp(trace));
+    expect_well_formed_trace(parsed, 2, 3);
+    // Every collective of every step is a span on its rank's collectives track: the plan's calls and bytes.
+    double plan_calls = 0, plan_bytes = 0;
+    for (const json& c : report["communication"]) {
+      plan_calls += c["plan_calls_per_step"].get<double>();
+      plan_bytes += c["plan_bytes_per_step"].get<double>();
+    }
+    std::map<int, double> calls, bytes;
+    for (const json& e : parsed["traceEvents"])
+      if (e["ph"] == "X" && e.value("tid", 0) == 5) {
+        calls[e["pid"].get<int>()] += 1;
+        bytes[e["pid"].get<int>()] += e["args"]["bytes"].get<double>();
+      }
+    for (int rank : {0, 1}) {
+      EXPECT_DOUBLE_EQ(calls[rank], 3 * plan_calls) << "rank " << rank;
+      EXPECT_DOUBLE_EQ(bytes[rank], 3 * plan_bytes) << "rank " << rank;
+    }
   }
 }
 

@@ -14,6 +14,8 @@
 
 #include <chrono>
 #include <map>
+#include <utility>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -75,14 +77,31 @@ class Communicator {
 
   const CommLedger& ledger() const { return ledger_; }
 
+  // ds profile: each collective's span on this rank, from issue to completion (off unless asked).
+  struct Event {
+    CollectiveKind kind;
+    std::chrono::steady_clock::time_point issued, done;
+    double bytes = 0;  // this rank's wire bytes, as the ledger counts them
+  };
+  void record_events(bool on) { recording_ = on; }
+  std::vector<Event> take_events() { return std::exchange(events_, {}); }
+
  protected:
   Communicator(int rank, int world) : rank_(rank), world_(world) {}
   // One more call of `kind` sending `payload_bytes` through an all-reduce (the ledger's figure).
   CommStats& count_all_reduce(CollectiveKind kind, double payload_bytes);
 
+  // Stamps the end of event `index` (from count_all_reduce's `event`); -1 does nothing.
+  void finish_event(int64_t index) {
+    if (index >= 0 && static_cast<size_t>(index) < events_.size()) events_[static_cast<size_t>(index)].done = std::chrono::steady_clock::now();
+  }
+
   int rank_ = 0, world_ = 1;
   int64_t step_ = -1;
   CommLedger ledger_;
+  bool recording_ = false;
+  std::vector<Event> events_;
+  int64_t last_event_ = -1;  // the event count_all_reduce opened, -1 when not recording
 };
 
 }  // namespace ds

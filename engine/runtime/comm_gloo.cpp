@@ -14,7 +14,14 @@ CommStats& Communicator::count_all_reduce(CollectiveKind kind, double payload_by
   CommStats& s = ledger_[kind];
   s.op = collective_op_name(CollectiveOp::all_reduce);
   ++s.calls;
-  s.bytes += wire_bytes_per_rank(CollectiveOp::all_reduce, payload_bytes, world_);
+  const double wire = wire_bytes_per_rank(CollectiveOp::all_reduce, payload_bytes, world_);
+  s.bytes += wire;
+  last_event_ = -1;
+  if (recording_) {
+    const auto now = std::chrono::steady_clock::now();
+    events_.push_back({kind, now, now, wire});
+    last_event_ = static_cast<int64_t>(events_.size()) - 1;
+  }
   return s;
 }
 
@@ -79,8 +86,8 @@ class GlooWork : public PendingCollective {
   // ledger's seconds are the time this rank was held up: issuing (from `start`) and waiting, not the
   // time the collective ran beside compute. `explain` says who is missing when the wait fails.
   GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start,
-           std::function<std::string()> explain, std::function<void()> then = {})
-      : work_(std::move(work)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)) {
+           std::function<std::string()> explain, std::function<void()> then = {}, std::function<void()> finished = {})
+      : work_(std::move(work)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)), finished_(std::move(finished)) {
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   ~GlooWork() override {
@@ -99,6 +106,7 @@ class GlooWork : public PendingCollective {
     work_.reset();
     if (then_) then_();
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (finished_) finished_();
   }
 
  private:
@@ -106,6 +114,7 @@ class GlooWork : public PendingCollective {
   CommStats& stats_;
   std::function<std::string()> explain_;
   std::function<void()> then_;
+  std::function<void()> finished_;
 };
 }  // namespace
 
@@ -118,7 +127,8 @@ std::unique_ptr<PendingCollective> GlooCommunicator::all_reduce_sum_async(const 
   CommStats& s = count_all_reduce(kind, static_cast<double>(buf[0].nbytes()));
   std::function<void()> then;
   if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
-  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::move(then));
+  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::move(then),
+                                    [this, e = last_event_] { finish_event(e); });
 }
 
 std::unique_ptr<PendingCollective> GlooCommunicator::gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) {
@@ -130,7 +140,8 @@ std::unique_ptr<PendingCollective> GlooCommunicator::gather_by_sum_async(const t
                                                  : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8)};
   auto work = group_->allreduce(bits);
   CommStats& s = count_all_reduce(kind, static_cast<double>(bytes));
-  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); });
+  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
+                                    [this, e = last_event_] { finish_event(e); });
 }
 
 namespace {

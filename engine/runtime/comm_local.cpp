@@ -75,6 +75,7 @@ class LocalCommunicator : public Communicator {
     count_all_reduce(kind, static_cast<double>(buf.nbytes()));
     shared_->all_reduce(rank_, buf);
     if (narrow) t.copy_(buf);
+    finish_event(last_event_);
     return std::make_unique<Done>();
   }
 
@@ -85,6 +86,7 @@ class LocalCommunicator : public Communicator {
                                               : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8);
     count_all_reduce(kind, static_cast<double>(bytes));
     shared_->all_reduce(rank_, bits);
+    finish_event(last_event_);
     return std::make_unique<Done>();
   }
 

@@ -247,6 +247,11 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
+  const bool profiling = opt.profile || plan.run.flops_profiler.enabled;
+  if (comm && profiling) {
+    comm->record_events(true);
+    comm->take_events();  // the start's gathers are not a step's
+  }
   const auto first_start = std::chrono::steady_clock::now();
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -262,6 +267,12 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
       result.attention_forward_s.push_back(std::move(taken.attention_forward));
       result.mlp_backward_s.push_back(std::move(taken.mlp_backward));
       result.phase_rss_bytes.push_back(out.phase_rss_bytes);
+      std::vector<CollectiveSpan> spans;
+      if (comm)
+        for (const Communicator::Event& e : comm->take_events())
+          spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
+                           std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
+      result.collective_spans.push_back(std::move(spans));
     }
     report.end_collectives(comm);
     for (const std::string& note : out.notes) log.note(note);

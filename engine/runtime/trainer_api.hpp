@@ -43,6 +43,12 @@ struct BlockSpan {
   double start_s = 0, seconds = 0;
 };
 
+// One collective within a step (ds profile's trace): from issue to completion on this rank.
+struct CollectiveSpan {
+  std::string name;  // collective_name()
+  double start_s = 0, seconds = 0, bytes = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;          // optimizer steps attempted
   int64_t skipped_steps = 0;  // inf/NaN gradients
@@ -72,6 +78,7 @@ struct TrainResult {
   std::vector<std::vector<double>> block_forward_s, block_backward_s;  // ds profile: per step, per block
   std::vector<std::vector<double>> attention_forward_s, mlp_backward_s;  // ds profile: the attention half's forward and the MLP half's backward of those
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
+  std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, resident memory at the end of each phase (max)
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
