@@ -211,8 +211,9 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
                  {"training_bytes", lead["peak_rss_bytes"].get<double>() - lead["baseline_rss_bytes"].get<double>()},
                  {"plan", {{"params", planned.params}, {"grads", planned.grads}, {"optimizer_states", planned.optimizer_states},
                            {"activations", planned.activations}, {"buffers", planned.buffers}, {"total", planned.total()}}}};
-  // Resident memory at the end of each phase, the most over the measured steps.
-  if (steps[static_cast<size_t>(warmup)].contains("phase_rss_bytes")) {
+  // The peak resident memory within each phase, the most over the measured steps.
+  const json& first_measured = steps[static_cast<size_t>(warmup)];
+  if (first_measured.contains("phase_rss_bytes") && first_measured["phase_rss_bytes"][1].get<double>() > 0) {
     json by_phase = json::array();
     for (size_t k = 0; k < std::size(kPhaseNames); ++k) {
       double most = 0;
@@ -331,7 +332,7 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
     for (const json& p : m["by_phase"])
       if (p["resident_bytes"].get<double>() > 0)
         row += (row.empty() ? "" : ", ") + p["phase"].get<std::string>() + " " + format_bytes(p["resident_bytes"].get<double>());
-    line("resident after each phase", row);
+    line("peak within each phase", row);
   }
   if (r["ranks"].size() > 1) {
     o << "\nRanks\n";

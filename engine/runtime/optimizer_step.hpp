@@ -32,7 +32,7 @@ struct StepOutcome {
   bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
   std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
   StepPhases phases;
-  std::array<double, 8> phase_rss_bytes{};  // with sample_memory: resident bytes at the end of each phase (max)
+  std::array<double, 8> phase_rss_bytes{};  // with sample_memory: the peak resident bytes within each phase
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
 };
 
@@ -53,7 +53,8 @@ class OptimizerStep {
   // skipped steps in a row).
   StepOutcome run(int64_t step, int stop_signal);
 
-  // ds profile: read the resident memory at the end of every phase (a /proc read each; off by default).
+  // ds profile: the peak resident memory within every phase (the process's high-water mark, restarted at
+  // each phase; a /proc read and write each). Off by default: it resets what getrusage reports as the peak.
   void set_sample_memory(bool on) { sample_memory_ = on; }
 
   // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).

@@ -268,6 +268,8 @@ void RunReport::finish() {
   for (const auto& [kind, d] : comm_total_) r.collectives.push_back({collective_name(kind), d.calls, d.bytes, d.seconds});
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   r.peak_rss_bytes = peak_resident_bytes();
+  for (const auto& phases : r.phase_rss_bytes)  // ds profile restarts the high-water mark at every phase
+    for (double b : phases) r.peak_rss_bytes = std::max(r.peak_rss_bytes, b);
   if (r.interrupted) log_.end_live_line();
   if (r.losses.empty()) return;
   // The run's last lines, on the terminal and in train.log.

@@ -156,7 +156,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   }
   LossScaler scaler(plan.precision.loss_scaling);
   OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler);
-  stepper.set_sample_memory(opt.profile || plan.run.flops_profiler.enabled);
+  stepper.set_sample_memory(opt.profile);
   CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
                             FlatParams::data_or_null(flat.exp_avg_sq), flat.master.numel(), flat.owned, plan.layout.numel};
   if (opt.resume_from.empty()) {

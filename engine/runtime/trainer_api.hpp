@@ -79,7 +79,7 @@ struct TrainResult {
   std::vector<std::vector<double>> attention_forward_s, mlp_backward_s;  // ds profile: the attention half's forward and the MLP half's backward of those
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
   std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
-  std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, resident memory at the end of each phase (max)
+  std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
 
