@@ -9,6 +9,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace cli_test {
 
@@ -22,6 +25,15 @@ inline std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// A run directory's metrics.jsonl, one object per step.
+inline std::vector<nlohmann::json> metrics_of(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
 }
 
 // One scratch directory per test process for captured output, removed when the process exits.

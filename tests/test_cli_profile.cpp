@@ -120,7 +120,9 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
   const json& memory = report["memory"];
   ASSERT_EQ(memory["by_phase"].size(), 8u);
   for (const json& ph : memory["by_phase"]) {
-    if (ph["phase"] == "forward" || ph["phase"] == "backward") EXPECT_GT(ph["resident_bytes"].get<double>(), 0) << ph.dump();
+    if (ph["phase"] == "forward" || ph["phase"] == "backward") {
+      EXPECT_GT(ph["resident_bytes"].get<double>(), 0) << ph.dump();
+    }
     EXPECT_LE(ph["resident_bytes"].get<double>(), memory["peak_rss_bytes"].get<double>()) << ph.dump();
   }
   const json parsed_trace = json::parse(slurp(trace));

@@ -25,13 +25,6 @@ using nlohmann::json;
 
 namespace {
 
-std::vector<json> metrics_of(const std::string& run) {
-  std::vector<json> out;
-  std::ifstream f(run + "/metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(json::parse(line));
-  return out;
-}
-
 std::vector<double> losses_of(const std::string& run) {
   std::vector<double> out;
   for (const json& m : metrics_of(run)) out.push_back(m["loss"].get<double>());

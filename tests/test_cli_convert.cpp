@@ -1,0 +1,173 @@
+// ds convert-ckpt as a user runs it: Hugging Face export and import round trips, an independent reader
+// of the exported weights, tokenizer files, and init_from's checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.hpp"
+
+using namespace cli_test;
+
+TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromStartsAtItsLoss) {
+  const std::string dir = scratch_dir() + "/convert";
+  // A short fp32 run, exported as a Hugging Face directory and as one bf16 file.
+  Result r = ds("train examples/quickstart.json bf16.enabled=false train.steps=40 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/hf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) EXPECT_TRUE(std::filesystem::exists(dir + "/hf/" + f)) << f;
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(dir + "/hf/config.json"));
+  EXPECT_EQ(cfg["model_type"], "gpt2");
+  EXPECT_EQ(cfg["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(cfg["n_embd"], 64);
+  EXPECT_EQ(cfg["n_layer"], 2);
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+  // --info reads it back: the tied head written once, GPT-2's Conv1D weights [in, out].
+  r = ds("convert-ckpt --info " + dir + "/hf --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json info = nlohmann::json::parse(r.out);
+  EXPECT_EQ(info["num_params"], 124672);
+  EXPECT_EQ(info["tensors"].size(), 28u);
+  EXPECT_FALSE(contains(r.out, "lm_head"));
+  EXPECT_TRUE(contains(r.out, R"("transformer.h.0.attn.c_attn.weight")")) << r.out;
+  r = ds("convert-ckpt --info " + dir + "/run");
+  EXPECT_TRUE(contains(r.out, "step        40")) << r.out;
+  // HF -> ds -> HF: one step at the warmup's learning rate 0 leaves the weights as loaded; exported again,
+  // the file is the same bytes.
+  r = ds("train examples/quickstart.json bf16.enabled=false train.steps=1 train.eval_every=0 model.init_from=" + dir +
+         "/hf train.output_dir=" + dir + "/run2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "weights from Hugging Face directory")) << r.err;
+  r = ds("convert-ckpt " + dir + "/run2 " + dir + "/hf2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir + "/hf/model.safetensors"), slurp(dir + "/hf2/model.safetensors"));
+  // Training from the exported weights (or the run itself) starts at the trained loss, not at ln(256).
+  const double trained = metrics_of(dir + "/run").back()["loss"].get<double>();
+  const double first = metrics_of(dir + "/run2").front()["loss"].get<double>();
+  EXPECT_LT(first, std::log(256.0) - 0.5);
+  EXPECT_NEAR(first, trained, 0.25);
+  // A bf16 consolidated file, then a destination that exists: refused without --overwrite.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/w.safetensors --dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::filesystem::file_size(dir + "/w.safetensors") < std::filesystem::file_size(dir + "/hf/model.safetensors") / 2 + 4096, true);
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/w.safetensors");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "already exists")) << r.err;
+  EXPECT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/w.safetensors --overwrite").code, 0);
+  // Shards above --max-shard-size, with their index.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/sharded --max-shard-size 200KB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json index = nlohmann::json::parse(slurp(dir + "/sharded/model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"], 124672 * 4);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/sharded/model-00003-of-00003.safetensors"));
+  r = ds("convert-ckpt --info " + dir + "/sharded --json");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["num_params"], 124672);
+}
+
+TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
+  // tests/tools/hf_lm_loss.py reads model.safetensors with Python's json and struct modules and runs a plain
+  // GPT-2 or Llama written against Hugging Face's names and layouts (Llama: RMSNorm, rotary halves, grouped-query
+  // attention, SwiGLU, an untied head); ds evaluates the same weights on the same 16 tokens (a first step's loss
+  // is computed before any update).
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/reader";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream tokens(dir + "/window.bin", std::ios::binary);
+    for (int i = 0; i < 17; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 37 + 11) % 256);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  const std::string window = " data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                             "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0 ";
+  for (const std::string model : {"model.preset=gpt2-tiny", "model.preset=llama-tiny model.tie_word_embeddings=false"}) {
+    SCOPED_TRACE(model);
+    const std::string d = dir + "/" + model.substr(13, 4);
+    const std::string base = "train examples/quickstart.json bf16.enabled=false " + model;
+    ASSERT_EQ(ds(base + " train.steps=30 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
+    ASSERT_EQ(ds("convert-ckpt " + d + "/run " + d + "/hf").code, 0);
+    Result r = ds(base + window + "model.init_from=" + d + "/hf train.output_dir=" + d + "/eval");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double ds_loss = metrics_of(d + "/eval").front()["loss"].get<double>();
+    const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/hf " + dir + "/window.bin > " + d + "/py.txt";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    const double py_loss = std::stod(slurp(d + "/py.txt"));
+    EXPECT_NEAR(py_loss, ds_loss, 1e-4 * ds_loss);
+    // ...and they are the trained weights: the random initialisation scores the same window differently.
+    r = ds(base + window + "train.output_dir=" + d + "/eval_random");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_GT(std::fabs(metrics_of(d + "/eval_random").front()["loss"].get<double>() - py_loss), 1e-2);
+  }
+}
+
+TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOrNot) {
+  const std::string dir = scratch_dir() + "/hf_round";
+  for (const std::string& model : {std::string("model.preset=gpt2-tiny"), std::string("model.preset=llama-tiny model.tie_word_embeddings=false"),
+                                   std::string("model.preset=llama-tiny model.tie_word_embeddings=true")}) {
+    SCOPED_TRACE(model);
+    const std::string d = dir + "/" + std::to_string(std::hash<std::string>{}(model));
+    ASSERT_EQ(ds("train examples/quickstart.json " + model + " train.steps=3 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
+    ASSERT_EQ(ds("convert-ckpt " + d + "/run " + d + "/hf").code, 0);
+    Result r = ds("convert-ckpt " + d + "/hf " + d + "/ds");  // Hugging Face -> a ds run directory at step 0
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "step 0, optimizer fresh")) << r.err;
+    ASSERT_EQ(ds("convert-ckpt " + d + "/ds " + d + "/hf2").code, 0);
+    EXPECT_EQ(slurp(d + "/hf/model.safetensors"), slurp(d + "/hf2/model.safetensors"));
+    const nlohmann::json cfg = nlohmann::json::parse(slurp(d + "/hf2/config.json"));
+    if (contains(model, "llama")) {
+      EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
+      EXPECT_EQ(cfg["num_key_value_heads"], 2);  // llama-tiny: 4 query heads share 2 key/value heads
+      EXPECT_EQ(cfg["num_attention_heads"], 4);
+      EXPECT_EQ(cfg["tie_word_embeddings"], contains(model, "=true"));
+      EXPECT_EQ(contains(slurp(d + "/hf2/model.safetensors"), "lm_head.weight"), contains(model, "=false"));
+    }
+    // The imported run trains on from its weights.
+    r = ds("train examples/quickstart.json " + model + " train.steps=2 train.eval_every=0 model.init_from=" + d + "/ds train.output_dir=" + d + "/again");
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
+}
+
+TEST(CliConvert, AGpt2BpeRunsTokenizerFilesGoWithItsExport) {
+  const std::string dir = scratch_dir() + "/bpe";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) text << "To be, or not to be, that is the question " << i << ".\n";
+  }
+  const std::string shared = DS_SHARED_DIR "/data/gpt2";
+  Result r = ds("train examples/quickstart.json model.vocab_size=50257 data.type=text data.tokenizer=gpt2 data.path=" + dir +
+                "/corpus.txt data.vocab_file=" + shared + "/vocab.json data.merges_file=" + shared +
+                "/merges.txt data.seq_len=32 train.steps=2 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/hf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
+  EXPECT_EQ(slurp(dir + "/hf/merges.txt"), slurp(shared + "/merges.txt"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/hf/config.json"))["eos_token_id"], 50256);
+}
+
+TEST(CliConvert, InitFromIsCheckedTensorByTensorBeforeTraining) {
+  // Planning on another machine: a warning. Training: exit 2, naming the key.
+  Result r = ds("plan examples/quickstart.json model.init_from=/nonexistent");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.init_from")) << r.err;
+  r = ds("train examples/quickstart.json model.init_from=/nonexistent train.output_dir=" + scratch_dir() + "/never");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.init_from: '/nonexistent' does not exist")) << r.err;
+  // Weights of another shape: the tensor and both shapes are named.
+  const std::string run = scratch_dir() + "/init_src";
+  ASSERT_EQ(ds("train examples/quickstart.json train.steps=2 train.eval_every=0 train.output_dir=" + run).code, 0);
+  r = ds("train examples/quickstart.json model.max_position_embeddings=256 model.init_from=" + run);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "tensor 'transformer.wpe.weight' is [128, 64]") && contains(r.err, "but [256, 64] in this model")) << r.err;
+  r = ds("convert-ckpt " + scratch_dir() + "/nothing_here out");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "does not exist")) << r.err;
+}
