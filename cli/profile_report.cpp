@@ -201,12 +201,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
     r["offload"] = {{"bytes_per_step", bytes}, {"plan_bytes_per_step", planned}, {"seconds_per_step", secs},
                     {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
   }
-  MemoryCategories planned = plan.memory.device;
-  planned.params += plan.memory.host.params;
-  planned.grads += plan.memory.host.grads;
-  planned.optimizer_states += plan.memory.host.optimizer_states;
-  planned.activations += plan.memory.host.activations;
-  planned.buffers += plan.memory.host.buffers;
+  const MemoryCategories planned = plan.memory.held();
   r["memory"] = {{"peak_rss_bytes", lead["peak_rss_bytes"]}, {"baseline_rss_bytes", lead["baseline_rss_bytes"]},
                  {"training_bytes", lead["peak_rss_bytes"].get<double>() - lead["baseline_rss_bytes"].get<double>()},
                  {"plan", {{"params", planned.params}, {"grads", planned.grads}, {"optimizer_states", planned.optimizer_states},

@@ -5,10 +5,6 @@
 namespace ds {
 namespace {
 
-bool is_embedding(const std::string& name) {
-  return name.find("wte") != std::string::npos || name.find("wpe") != std::string::npos || name.find("embed_tokens") != std::string::npos;
-}
-
 // The depth-2 module a tensor belongs to: its block's prefix and the next component ("...h.0.attn"),
 // or outside the blocks its own path without the parameter's name ("transformer.ln_f").
 std::string module_of(const TensorSpec& t) {
@@ -48,7 +44,7 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
     } else {
       ModuleFlops& m = row(module_of(t), 1, -1);
       m.params += t.numel;
-      if (t.shape.size() == 2 && !is_embedding(t.name)) m.forward += 2.0 * N * static_cast<double>(t.numel);  // lm_head
+      if (t.shape.size() == 2 && !is_embedding_table(t)) m.forward += 2.0 * N * static_cast<double>(t.numel);  // lm_head
     }
   }
   if (hp.tie_word_embeddings)  // the head reads the token embedding: its matmul, no parameters of its own

@@ -24,6 +24,11 @@ struct MemoryEstimate {
   double nvme = 0;          // per rank on NVMe
   int64_t shard_numel = 0;  // elements of the optimizer partition each rank owns
   int64_t persistent_numel = 0;  // stage 3: elements kept whole on every rank
+  // Device and host together, category by category: what a rank's runtime holds, wherever it is.
+  MemoryCategories held() const {
+    return {device.params + host.params, device.grads + host.grads, device.optimizer_states + host.optimizer_states,
+            device.activations + host.activations, device.buffers + host.buffers};
+  }
 };
 
 struct ZeroExecution;

@@ -269,12 +269,16 @@ ModelSpec build_model_spec(const ModelHyper& hp) {
   return s;
 }
 
+bool is_embedding_table(const TensorSpec& t) {
+  return t.name.find("wte") != std::string::npos || t.name.find("wpe") != std::string::npos ||
+         t.name.find("embed_tokens") != std::string::npos;
+}
+
 double ModelSpec::train_flops_per_token(int64_t T) const {
   // Matmul parameters: every 2-D weight except the position table, plus the output head (tied or not).
   double matmul_params = 0;
   for (const auto& t : tensors)
-    if (t.shape.size() == 2 && t.name.find("wpe") == std::string::npos && t.name.find("embed_tokens") == std::string::npos &&
-        t.name.find("wte") == std::string::npos)
+    if (t.shape.size() == 2 && !is_embedding_table(t))
       matmul_params += static_cast<double>(t.numel);
   matmul_params += static_cast<double>(hp.vocab_size) * hp.hidden_size;  // output head
   if (!hp.tie_word_embeddings) matmul_params -= static_cast<double>(hp.vocab_size) * hp.hidden_size;  // lm_head was in the list

@@ -63,6 +63,10 @@ struct ModelSpec {
   double head_activation_bytes_per_token(int bytes) const;
 };
 
+// A token or position table (wte, wpe, embed_tokens): looked up, not multiplied; the tied head's matmul
+// reads wte but is counted as the head's.
+bool is_embedding_table(const TensorSpec& t);
+
 // Names of the built-in presets, in display order.
 const std::vector<std::string>& model_preset_names();
 // Throws UserError (with a did-you-mean) for an unknown name.

@@ -12,9 +12,7 @@ GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, 
   // Each distinct (k, n) with the FLOPs one step spends in it.
   std::map<std::pair<int64_t, int64_t>, double> shapes;
   for (const TensorSpec& t : model.tensors) {
-    const bool embedding = t.name.find("wte") != std::string::npos || t.name.find("wpe") != std::string::npos ||
-                           t.name.find("embed_tokens") != std::string::npos;
-    if (t.shape.size() == 2 && !embedding) shapes[{t.shape[0], t.shape[1]}] += 2.0 * static_cast<double>(tokens * t.numel);
+    if (t.shape.size() == 2 && !is_embedding_table(t)) shapes[{t.shape[0], t.shape[1]}] += 2.0 * static_cast<double>(tokens * t.numel);
   }
   if (model.hp.tie_word_embeddings)
     shapes[{model.hp.hidden_size, model.hp.vocab_size}] += 2.0 * static_cast<double>(tokens) * model.hp.hidden_size * model.hp.vocab_size;

@@ -123,12 +123,7 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
   log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters, " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
             (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
-  MemoryCategories planned = p.memory.device;  // what the runtime holds, wherever it is
-  planned.params += p.memory.host.params;
-  planned.grads += p.memory.host.grads;
-  planned.optimizer_states += p.memory.host.optimizer_states;
-  planned.buffers += p.memory.host.buffers;
-  log_.note("ds train: " + held_bytes_line(held, planned));
+  log_.note("ds train: " + held_bytes_line(held, p.memory.held()));
   log_.note("ds train: data " + data + "; " + format_count(train_tokens) + " training / " + format_count(val_tokens) +
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
@@ -281,7 +276,7 @@ void RunReport::finish() {
   if (p.data.type == DataType::synthetic) done += "; the synthetic language's floor is " + four(markov_entropy_nats());
   if (r.skipped_steps) done += "; " + std::to_string(r.skipped_steps) + " steps skipped";
   log_.note(done);
-  const double predicted = p.memory.device.total() + p.memory.host.total();
+  const double predicted = p.memory.held().total();
   const double grown = r.peak_rss_bytes - r.baseline_rss_bytes;
   log_.note("ds train: peak resident memory " + format_bytes(r.peak_rss_bytes) + ": " + format_bytes(r.baseline_rss_bytes) +
             " of code and libraries + " + format_bytes(grown) + " for training, " + format_fixed(grown / predicted, 2) +
