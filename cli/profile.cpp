@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "cli/plan_json.hpp"
@@ -31,16 +32,6 @@ struct ProfileArgs {
   bool json = false;
   std::string trace, hostfile, part_dir;
 };
-
-void write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.flush()) throw UserError("cannot write '" + path + "'", "");
-  }
-  fs::rename(tmp, path);
-}
 
 // Removes the scratch run directory however the profile ends.
 struct Scratch {
@@ -106,13 +97,13 @@ int run_profile(const ProfileArgs& a) {
       if (result.interrupted) return kExitInterrupted;
       parts.push_back(profile_rank_part(plan, result));
       if (rank_process) {  // a launched rank: the launcher assembles the report
-        write_file(part_dir + "/rank_" + std::to_string(plan.topology.rank) + ".json", parts.back().dump());
+        write_text_atomically(part_dir + "/rank_" + std::to_string(plan.topology.rank) + ".json", parts.back().dump());
         return kExitOk;
       }
     }
     const json report = build_profile_report(plan, parts, {a.warmup, -1, a.depth, a.top});
     if (!a.trace.empty()) {
-      write_file(a.trace, profile_chrome_trace(plan, parts).dump());
+      write_text_atomically(a.trace, profile_chrome_trace(plan, parts).dump());
       std::cerr << "ds profile: trace in " << a.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
     }
     if (a.json)

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
@@ -359,20 +360,6 @@ StTensorSource converted(const WeightSource& src, const std::string& from, const
   return t;
 }
 
-void write_text_atomically(const fs::path& file, const std::string& text) {
-  const fs::path partial = file.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    out << text << std::flush;
-    if (!out) {
-      std::error_code ec;
-      fs::remove(partial, ec);
-      throw std::runtime_error("cannot write '" + partial.string() + "' (is the disk full?)");
-    }
-  }
-  fs::rename(partial, file);
-}
-
 }  // namespace
 
 ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
@@ -397,8 +384,8 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
   }
   ExportSummary s;
   const fs::path dir(out_dir);
-  write_text_atomically(dir / "config.json", hf_config_json(hp, torch_dtype_of(dtype)));
-  write_text_atomically(dir / "generation_config.json", hf_generation_config_json(hp));
+  write_text_atomically((dir / "config.json").string(), hf_config_json(hp, torch_dtype_of(dtype)));
+  write_text_atomically((dir / "generation_config.json").string(), hf_generation_config_json(hp));
   s.files = {(dir / "config.json").string(), (dir / "generation_config.json").string()};
   if (shards.size() == 1) {
     s.tensor_bytes = write_safetensors((dir / "model.safetensors").string(), shards[0]);
@@ -414,7 +401,7 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
       s.files.push_back((dir / name).string());
       for (const auto& t : shards[k]) index["weight_map"][t.name] = name;
     }
-    write_text_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+    write_text_atomically((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     s.files.push_back((dir / "model.safetensors.index.json").string());
   }
   s.tensors = static_cast<int64_t>(model.tensors.size());
