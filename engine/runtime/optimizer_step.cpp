@@ -1,15 +1,11 @@
 #include "engine/runtime/optimizer_step.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
-#include <string>
 
 #include "common/hash.hpp"
+#include "engine/runtime/resident_memory.hpp"
 
 namespace ds {
 namespace {
@@ -25,23 +21,6 @@ double lap(std::chrono::steady_clock::time_point& t) {
   const double s = std::chrono::duration<double>(now - t).count();
   t = now;
   return s;
-}
-
-// The most this process has had resident since the last reset_peak_resident (VmHWM), 0 when unreadable.
-double peak_resident_since_reset() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) * 1024.0;
-  return 0;
-}
-
-// Starts a new high-water mark at the current resident size (Linux: "5" to /proc/self/clear_refs). False
-// where that is not allowed; peaks are then since the process started.
-bool reset_peak_resident() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-  f.flush();
-  return static_cast<bool>(f);
 }
 
 }  // namespace
@@ -100,10 +79,10 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   // The peak resident memory within each phase: the high-water mark, restarted as each phase begins.
   auto mark = [&](size_t phase) {
     if (!sample_memory_) return;
-    out.phase_rss_bytes[phase] = std::max(out.phase_rss_bytes[phase], peak_resident_since_reset());
-    reset_peak_resident();
+    out.phase_rss_bytes[phase] = std::max(out.phase_rss_bytes[phase], peak_resident_since_restart());
+    restart_peak_resident();
   };
-  if (sample_memory_) reset_peak_resident();
+  if (sample_memory_) restart_peak_resident();
   for (int64_t m = 0; m < GAS; ++m) {
     auto at = std::chrono::steady_clock::now();
     sampler_.train_batch(step, m, in_, tgt_);

@@ -1,6 +1,5 @@
 #include "engine/runtime/run_report.hpp"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -10,14 +9,10 @@
 
 #include "common/format.hpp"
 #include "engine/runtime/data/token_source.hpp"
+#include "engine/runtime/resident_memory.hpp"
 
 namespace ds {
 namespace {
-
-double peak_resident_bytes() {
-  rusage usage{};
-  return getrusage(RUSAGE_SELF, &usage) == 0 ? static_cast<double>(usage.ru_maxrss) * 1024.0 : 0.0;
-}
 
 // "0.0412", "1.73", "12.4": three significant digits, so a small model's rate is never printed as 0.00.
 std::string three_digits(double v) {
@@ -165,11 +160,13 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     comm_s += d.seconds;
   }
   result_.comm_bytes.push_back(comm_bytes);
-  result_.comm_seconds.push_back(comm_s);
-  result_.offload_bytes.push_back(o.offload_bytes);
-  result_.step_seconds.push_back(step_s);
-  result_.phases.push_back(o.phases);
-  result_.rss_bytes.push_back(peak_resident_bytes());
+  if (keeps_step_measurements(p, opt_)) {
+    result_.comm_seconds.push_back(comm_s);
+    result_.offload_bytes.push_back(o.offload_bytes);
+    result_.step_seconds.push_back(step_s);
+    result_.phases.push_back(o.phases);
+    result_.rss_bytes.push_back(peak_resident_bytes());
+  }
   result_.losses.push_back(o.loss);
   if (val) result_.val_losses.push_back(*val);
   if (o.skipped) ++result_.skipped_steps;

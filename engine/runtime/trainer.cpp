@@ -25,6 +25,7 @@
 #include "engine/runtime/loss_scaler.hpp"
 #include "engine/runtime/gemm_peak.hpp"
 #include "engine/runtime/optimizer_step.hpp"
+#include "engine/runtime/resident_memory.hpp"
 #include "engine/runtime/run_report.hpp"
 #include "engine/runtime/weights.hpp"
 #include "engine/runtime/zero.hpp"
@@ -37,16 +38,6 @@ namespace {
 // with a checkpoint; the signal decides the exit code (130 or 143).
 std::atomic<int> g_stop_signal{0};
 void on_stop_signal(int sig) { g_stop_signal = sig; }
-
-// Resident memory now (/proc/self/statm), for the peak-RSS report's baseline.
-double resident_bytes() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
 
 // A training step allocates and frees the same large tensors every step (logits, activations,
 // gradients). glibc hands blocks above 32 MiB back to the OS on free, so every step page-faults them
@@ -147,7 +138,8 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   const std::unique_ptr<LanguageModel> model = make_model(plan, flat);
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   std::unique_ptr<BlockTimer> block_timer;
-  if (opt.profile || plan.run.flops_profiler.enabled) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
+  const bool profiling = keeps_step_measurements(plan, opt);
+  if (profiling) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
   if (block_timer) {
     model->set_block_hooks(block_timer.get());
     model->set_block_parts(block_timer.get());
@@ -247,7 +239,6 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
              std::to_string(plan.steps) + ": nothing to do (raise train.steps to continue)");
   result.steps = result.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
-  const bool profiling = opt.profile || plan.run.flops_profiler.enabled;
   if (comm && profiling) {
     comm->record_events(true);
     comm->take_events();  // the start's gathers are not a step's
@@ -255,7 +246,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   const auto first_start = std::chrono::steady_clock::now();
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    result.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
+    if (profiling) result.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
     if (comm) comm->mark_step(step);
     report.begin_step(comm);
     const StepOutcome out = stepper.run(step, g_stop_signal);

@@ -63,6 +63,7 @@ struct TrainResult {
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
+  // Kept only when keeps_step_measurements (below): one entry per step.
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
   std::vector<StepPhases> phases;         // per step: where that time went
   std::vector<double> comm_seconds;       // per step: time spent inside collectives
@@ -82,6 +83,12 @@ struct TrainResult {
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
 };
+
+// Whether the run keeps its per-step measurements for a profile report (phases, block and collective
+// spans, memory): ds profile, or ds train with the flops_profiler block. Other runs keep none of them.
+inline bool keeps_step_measurements(const Plan& plan, const TrainOptions& options) {
+  return options.profile || plan.run.flops_profiler.enabled;
+}
 
 // The one symbol libds_train.so exports (C linkage: found by dlsym); it calls train().
 extern "C" void ds_runtime_train(const Plan* plan, const TrainOptions* options, TrainResult* result);

@@ -1,0 +1,16 @@
+// ds — how much memory this process holds, from the kernel's own accounts (no LibTorch).
+#pragma once
+
+namespace ds {
+
+// Resident now (/proc/self/statm); 0 when unreadable.
+double resident_bytes();
+// The process's peak resident memory (getrusage).
+double peak_resident_bytes();
+// The most resident since the last restart_peak_resident (VmHWM in /proc/self/status); 0 when unreadable.
+double peak_resident_since_restart();
+// Starts a new high-water mark at the current resident size ("5" to /proc/self/clear_refs). False where
+// that is not allowed; peaks then count from the process's start. It also lowers what getrusage reports.
+bool restart_peak_resident();
+
+}  // namespace ds
