@@ -201,4 +201,27 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   return {std::move(loaded.config), std::move(plan), std::move(loaded.resolved_json)};
 }
 
+RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {
+  RankLaunch l;
+  const bool rank_process = std::getenv("RANK") != nullptr;
+  if (!hostfile.empty() && !rank_process) {
+    if (args.nproc_per_node > 0) throw UserError("--hostfile and --nproc-per-node both given", "the hostfile's slots say how many ranks each host runs");
+    l.hosts = read_hostfile(hostfile);
+    args.world_size = 0;
+    for (const auto& h : l.hosts) args.world_size += h.slots;
+  }
+  l.launcher = (args.nproc_per_node > 1 || !l.hosts.empty()) && !rank_process;
+  return l;
+}
+
+LaunchSpec rank_launch_spec(const RankLaunch& launch, const ConfigArgs& args, const std::string& log_dir, double comm_timeout_s) {
+  LaunchSpec spec;
+  spec.nproc = args.nproc_per_node;
+  spec.hosts = launch.hosts;
+  spec.args = rank_arguments(command_line());
+  spec.log_dir = log_dir;
+  spec.grace = std::chrono::seconds(static_cast<int64_t>(comm_timeout_s) + 5);
+  return spec;
+}
+
 }  // namespace ds::cli

@@ -14,6 +14,7 @@
 #include "common/error.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/plan/topology.hpp"
+#include "engine/runtime/launcher.hpp"
 
 namespace ds::cli {
 
@@ -78,5 +79,18 @@ struct Subcommand {
   CLI::App* app = nullptr;
   std::function<int()> run;
 };
+
+// --nproc-per-node N or --hostfile F on a command that trains (ds train, ds profile): the hostfile's hosts,
+// whose slots become args.world_size, and whether this process only starts the ranks (it is not itself
+// a launched rank). UserError when both flags are given.
+struct RankLaunch {
+  std::vector<LaunchHost> hosts;
+  bool launcher = false;
+};
+RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args);
+// What the launcher starts: this command's words without the launcher's flags, on the hosts or
+// --nproc-per-node local ranks, ranks other than 0 logging under `log_dir`, a failed rank's peers given
+// the communication timeout (+5 s) to exit.
+LaunchSpec rank_launch_spec(const RankLaunch& launch, const ConfigArgs& args, const std::string& log_dir, double comm_timeout_s);
 
 }  // namespace ds::cli

@@ -28,7 +28,8 @@ using nlohmann::json;
 
 struct ProfileArgs {
   ConfigArgs config;
-  int steps = 5, warmup = 2, depth = 1, top = 10;
+  int steps = 5;
+  ReportOptions report;  // warm-up, module depth, top modules
   bool json = false;
   std::string trace, hostfile, part_dir;
 };
@@ -55,30 +56,20 @@ int run_profile(const ProfileArgs& a) {
     ConfigArgs args = a.config;
     args.inputs_must_exist = true;
     const bool rank_process = std::getenv("RANK") != nullptr;
-    const bool launcher = (args.nproc_per_node > 1 || !a.hostfile.empty()) && !rank_process;
+    const RankLaunch launch = rank_launch(a.hostfile, args);
+    const bool launcher = launch.launcher;
     // The run goes to a scratch directory (removed at the end) and is as long as warm-up + measured steps.
     const Scratch scratch(rank_process ? std::string() : make_scratch_dir());
     const std::string part_dir = rank_process ? a.part_dir : scratch.dir;
-    args.overrides.push_back("train.steps=" + std::to_string(a.warmup + a.steps));
+    args.overrides.push_back("train.steps=" + std::to_string(a.report.warmup + a.steps));
     args.overrides.push_back("train.output_dir=" + part_dir + "/run");
-    std::vector<LaunchHost> hosts;
-    if (!a.hostfile.empty() && !rank_process) {
-      hosts = read_hostfile(a.hostfile);
-      args.world_size = 0;
-      for (const auto& h : hosts) args.world_size += h.slots;
-    }
     const CompiledConfig compiled = compile_config("profile", args, /*quiet=*/launcher);
     const Plan& plan = compiled.plan;
     std::vector<json> parts;
     if (launcher) {
-      LaunchSpec spec;
-      spec.nproc = args.nproc_per_node;
-      spec.hosts = hosts;
-      spec.args = rank_arguments(command_line());
+      LaunchSpec spec = rank_launch_spec(launch, args, part_dir + "/logs", compiled.config.train.comm_timeout_s);
       spec.args.push_back("--part-dir");
       spec.args.push_back(part_dir);
-      spec.log_dir = part_dir + "/logs";
-      spec.grace = std::chrono::seconds(static_cast<int64_t>(compiled.config.train.comm_timeout_s) + 5);
       std::cerr << "ds profile: starting " << plan.topology.world_size << " ranks\n";
       const int code = launch_ranks(spec);
       if (code != 0) return code;
@@ -101,7 +92,7 @@ int run_profile(const ProfileArgs& a) {
         return kExitOk;
       }
     }
-    const json report = build_profile_report(plan, parts, {a.warmup, -1, a.depth, a.top});
+    const json report = build_profile_report(plan, parts, a.report);
     if (!a.trace.empty()) {
       write_text_atomically(a.trace, profile_chrome_trace(plan, parts).dump());
       std::cerr << "ds profile: trace in " << a.trace << " (open in https://ui.perfetto.dev or chrome://tracing)\n";
@@ -121,10 +112,10 @@ Subcommand setup_profile(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("profile", "where time, FLOPs, bytes and memory go in a training step");
   add_config_args(sub, a->config);
   sub->add_option("--steps", a->steps, "steps measured (default 5)")->check(CLI::Range(1, 100000));
-  sub->add_option("--warmup", a->warmup, "steps run first and left out of the figures (default 2)")->check(CLI::Range(0, 100000));
-  sub->add_option("--module-depth", a->depth, "module rows down to this depth: 1 blocks, 2 their attention / MLP / norms (default 1)")
+  sub->add_option("--warmup", a->report.warmup, "steps run first and left out of the figures (default 2)")->check(CLI::Range(0, 100000));
+  sub->add_option("--module-depth", a->report.depth, "module rows down to this depth: 1 blocks, 2 their attention / MLP / norms (default 1)")
       ->check(CLI::Range(1, 2));
-  sub->add_option("--top-modules", a->top, "how many modules to name as the largest by FLOPs (default 10)")->check(CLI::Range(0, 100000));
+  sub->add_option("--top-modules", a->report.top, "how many modules to name as the largest by FLOPs (default 10)")->check(CLI::Range(0, 100000));
   sub->add_flag("--json", a->json, "the whole report as JSON on standard output (schema_version 1)");
   sub->add_option("--trace", a->trace, "also write a Chrome trace-event JSON file (Perfetto, chrome://tracing): a process per rank");
   sub->add_option("--hostfile", a->hostfile, "start ranks on these hosts over ssh, as ds train");

@@ -129,14 +129,9 @@ int run_train(const TrainArgs& a) {
     if (a.resume && !explicit_resume_path(args.overrides)) args.overrides.insert(args.overrides.begin(), "train.resume=auto");
     // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
     // that world size first).
-    std::vector<LaunchHost> hosts;
-    if (!a.hostfile.empty() && !std::getenv("RANK")) {
-      if (args.nproc_per_node > 0) throw UserError("--hostfile and --nproc-per-node both given", "the hostfile's slots say how many ranks each host runs");
-      hosts = read_hostfile(a.hostfile);
-      args.world_size = 0;
-      for (const auto& h : hosts) args.world_size += h.slots;
-    }
-    const bool launcher = (args.nproc_per_node > 1 || !hosts.empty()) && !std::getenv("RANK");
+    const RankLaunch launch = rank_launch(a.hostfile, args);
+    const bool launcher = launch.launcher;
+    const std::vector<LaunchHost>& hosts = launch.hosts;
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
     const Topology& topo = compiled.plan.topology;
     if (topo.device == DeviceKind::cpu && topo.host_memory_bytes > 0 && compiled.plan.host_bytes_per_node() > topo.host_memory_bytes &&
@@ -150,16 +145,11 @@ int run_train(const TrainArgs& a) {
     if (writes_run_dir)
       print_warnings("train", prepare_run_dir(compiled.config.train.output_dir, compiled.config.train.resume != "false", a.overwrite));
     if (launcher) {
-      LaunchSpec spec;
-      spec.nproc = args.nproc_per_node;
-      spec.hosts = hosts;
-      spec.master_addr = a.master_addr;
-      spec.master_port = a.master_port;
-      spec.args = rank_arguments(command_line());
       const Plan& plan = compiled.plan;
       const Config& config = compiled.config;
-      spec.log_dir = config.train.output_dir + "/logs";
-      spec.grace = std::chrono::seconds(static_cast<int64_t>(config.train.comm_timeout_s) + 5);
+      LaunchSpec spec = rank_launch_spec(launch, args, config.train.output_dir + "/logs", config.train.comm_timeout_s);
+      spec.master_addr = a.master_addr;
+      spec.master_port = a.master_port;
       const int world = plan.topology.world_size;
       std::cerr << "ds train: starting " << world << " ranks "
                 << (hosts.empty() ? std::string("on this machine") : "on " + std::to_string(hosts.size()) + " hosts from " + a.hostfile)
