@@ -89,9 +89,10 @@ class Communicator {
  protected:
   Communicator(int rank, int world) : rank_(rank), world_(world) {}
   // One more call of `kind` sending `payload_bytes` through an all-reduce (the ledger's figure).
-  CommStats& count_all_reduce(CollectiveKind kind, double payload_bytes);
+  // `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
+  CommStats& count_all_reduce(CollectiveKind kind, double payload_bytes, int64_t* event);
 
-  // Stamps the end of event `index` (from count_all_reduce's `event`); -1 does nothing.
+  // Stamps the end of event `index` (from count_all_reduce); -1 does nothing.
   void finish_event(int64_t index) {
     if (index >= 0 && static_cast<size_t>(index) < events_.size()) events_[static_cast<size_t>(index)].done = std::chrono::steady_clock::now();
   }
@@ -101,7 +102,6 @@ class Communicator {
   CommLedger ledger_;
   bool recording_ = false;
   std::vector<Event> events_;
-  int64_t last_event_ = -1;  // the event count_all_reduce opened, -1 when not recording
 };
 
 }  // namespace ds

@@ -10,17 +10,17 @@
 
 namespace ds {
 
-CommStats& Communicator::count_all_reduce(CollectiveKind kind, double payload_bytes) {
+CommStats& Communicator::count_all_reduce(CollectiveKind kind, double payload_bytes, int64_t* event) {
   CommStats& s = ledger_[kind];
   s.op = collective_op_name(CollectiveOp::all_reduce);
   ++s.calls;
   const double wire = wire_bytes_per_rank(CollectiveOp::all_reduce, payload_bytes, world_);
   s.bytes += wire;
-  last_event_ = -1;
+  *event = -1;
   if (recording_) {
     const auto now = std::chrono::steady_clock::now();
     events_.push_back({kind, now, now, wire});
-    last_event_ = static_cast<int64_t>(events_.size()) - 1;
+    *event = static_cast<int64_t>(events_.size()) - 1;
   }
   return s;
 }
@@ -124,11 +124,12 @@ std::unique_ptr<PendingCollective> GlooCommunicator::all_reduce_sum_async(const 
   const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
   std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
   auto work = group_->allreduce(buf);
-  CommStats& s = count_all_reduce(kind, static_cast<double>(buf[0].nbytes()));
+  int64_t event = -1;
+  CommStats& s = count_all_reduce(kind, static_cast<double>(buf[0].nbytes()), &event);
   std::function<void()> then;
   if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
   return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::move(then),
-                                    [this, e = last_event_] { finish_event(e); });
+                                    [this, event] { finish_event(event); });
 }
 
 std::unique_ptr<PendingCollective> GlooCommunicator::gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) {
@@ -139,9 +140,10 @@ std::unique_ptr<PendingCollective> GlooCommunicator::gather_by_sum_async(const t
   std::vector<torch::Tensor> bits{bytes % 4 == 0 ? torch::from_blob(t.data_ptr(), {bytes / 4}, torch::kInt32)
                                                  : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8)};
   auto work = group_->allreduce(bits);
-  CommStats& s = count_all_reduce(kind, static_cast<double>(bytes));
+  int64_t event = -1;
+  CommStats& s = count_all_reduce(kind, static_cast<double>(bytes), &event);
   return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
-                                    [this, e = last_event_] { finish_event(e); });
+                                    [this, event] { finish_event(event); });
 }
 
 namespace {

@@ -72,10 +72,11 @@ class LocalCommunicator : public Communicator {
     // As over Gloo: 16-bit floats are summed through an fp32 copy.
     const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
     const torch::Tensor buf = narrow ? t.to(torch::kFloat32) : t;
-    count_all_reduce(kind, static_cast<double>(buf.nbytes()));
+    int64_t event = -1;
+    count_all_reduce(kind, static_cast<double>(buf.nbytes()), &event);
     shared_->all_reduce(rank_, buf);
     if (narrow) t.copy_(buf);
-    finish_event(last_event_);
+    finish_event(event);
     return std::make_unique<Done>();
   }
 
@@ -84,9 +85,10 @@ class LocalCommunicator : public Communicator {
     const int64_t bytes = static_cast<int64_t>(t.nbytes());
     const torch::Tensor bits = bytes % 4 == 0 ? torch::from_blob(t.data_ptr(), {bytes / 4}, torch::kInt32)
                                               : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8);
-    count_all_reduce(kind, static_cast<double>(bytes));
+    int64_t event = -1;
+    count_all_reduce(kind, static_cast<double>(bytes), &event);
     shared_->all_reduce(rank_, bits);
-    finish_event(last_event_);
+    finish_event(event);
     return std::make_unique<Done>();
   }
 
