@@ -339,7 +339,8 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
 }
 
 // Chrome trace-event JSON: one process per rank; a track for compute, one for communication, one for
-// offload I/O; a span per step and per phase (micro batches' phases summed into one span each).
+// offload I/O phases, blocks and collectives; a span per step and per phase (micro batches' phases summed into one
+// span each), per block run and per collective at the times they ran.
 json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
   json events = json::array();
   auto track = [](const char* phase) {

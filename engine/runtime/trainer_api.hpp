@@ -33,7 +33,6 @@ struct StepPhases {
   double offload = 0;    // optimizer offload: gradients to the host, weights back
   double optimizer = 0;  // the fused optimizer update of this rank's part
   double gather = 0;     // the new weights published to every rank (and widened to the compute dtype)
-  double sum() const { return data + forward + backward + reduce + norm + offload + optimizer + gather; }
 };
 
 // One run of a block within a step (ds profile's trace): when it began, after the step's start.
