@@ -32,6 +32,14 @@ struct OffloadConfig {
   int64_t max_in_cpu = 0;     // elements (offload_param only)
   bool pin_memory = false;
   double ratio = 1.0;         // offload_optimizer only
+  bool pipeline_read = false, pipeline_write = false;  // offload_optimizer, NVMe: overlap swaps with the step
+};
+
+// The `aio` block: how NVMe swaps are issued.
+struct AioConfig {
+  int64_t block_size = 1 << 20;  // bytes per request
+  int64_t queue_depth = 8;       // requests in flight
+  bool single_submit = false;    // submit each request on its own rather than a sub-group's at once
 };
 
 struct ZeroConfig {
@@ -45,6 +53,7 @@ struct ZeroConfig {
   bool load_from_fp32_weights = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
+  AioConfig aio;  // the top-level `aio` block, kept with the offload it serves
   std::optional<int64_t> sub_group_size;
   std::optional<int64_t> prefetch_bucket_size;        // stage3_prefetch_bucket_size
   std::optional<int64_t> param_persistence_threshold; // stage3_param_persistence_threshold

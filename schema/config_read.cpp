@@ -54,6 +54,8 @@ OffloadConfig read_offload(const json& block, bool param) {
     o.max_in_cpu = static_cast<int64_t>(at(block, "max_in_cpu").get<double>());
   } else {
     o.ratio = at(block, "ratio").get<double>();
+    o.pipeline_read = at(block, "pipeline_read").get<bool>();
+    o.pipeline_write = at(block, "pipeline_write").get<bool>();
   }
   return o;
 }
@@ -184,6 +186,12 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   zc.load_from_fp32_weights = at(z, "load_from_fp32_weights").get<bool>();
   zc.offload_optimizer = read_offload(at(z, "offload_optimizer"), false);
   zc.offload_param = read_offload(at(z, "offload_param"), true);
+  {
+    const json& aio = at(d, "aio");
+    zc.aio.block_size = at(aio, "block_size").get<int64_t>();
+    zc.aio.queue_depth = at(aio, "queue_depth").get<int64_t>();
+    zc.aio.single_submit = at(aio, "single_submit").get<bool>();
+  }
   zc.sub_group_size = opt_int(at(z, "sub_group_size"));
   zc.prefetch_bucket_size = opt_int(at(z, "stage3_prefetch_bucket_size"));
   zc.param_persistence_threshold = opt_int(at(z, "stage3_param_persistence_threshold"));

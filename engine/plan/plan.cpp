@@ -123,12 +123,36 @@ void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, st
     errors.push_back({"zero_optimization.offload_optimizer.device",
                       "optimizer offload needs ZeRO stage 1 or higher, but the stage is 0",
                       "set zero_optimization.stage=2 (the usual ZeRO-Offload setting)"});
-  if (z.offload_optimizer.device == OffloadDevice::nvme && (stage == 1 || stage == 2)) {
-    warnings.push_back({"zero_optimization.offload_optimizer.device",
-                        "NVMe optimizer offload needs stage 3; at stage " + std::to_string(stage) +
-                            " it means CPU offload, as in DeepSpeed",
-                        "set zero_optimization.stage=3 to swap optimizer states to NVMe"});
-    z.offload_optimizer.device = OffloadDevice::cpu;
+  // NVMe optimizer offload swaps the rank's local optimizer part, which every stage from 1 on has: ds
+  // accepts it at stages 1-2 as well (DeepSpeed turns it into CPU offload there).
+  if (z.offload_optimizer.device == OffloadDevice::nvme) {
+    const OptimizerConfig& o = c.optimizer;
+    if (o.type == OptimizerType::Lamb)
+      errors.push_back({"zero_optimization.offload_optimizer.device",
+                        "Lamb cannot swap its states to NVMe: its trust ratio needs every tensor's norms before any "
+                        "update, a second pass over the swapped states",
+                        "offload to \"cpu\", or use Adam/AdamW"});
+    // A sub-group needs a buffer for the fp32 master, one for its gradients and one per moment.
+    const int64_t moments = o.type == OptimizerType::SGD ? (o.momentum > 0 ? 1 : 0) : 2;
+    const int64_t per_set = 2 + moments;
+    const int64_t wanted = 1 + (z.offload_optimizer.pipeline_read ? 1 : 0) + (z.offload_optimizer.pipeline_write ? 1 : 0);
+    const int64_t count = z.offload_optimizer.buffer_count;
+    if (count < per_set) {
+      errors.push_back({"zero_optimization.offload_optimizer.buffer_count",
+                        "buffer_count " + std::to_string(count) + " is below the " + std::to_string(per_set) +
+                            " buffers one sub-group needs (fp32 master, gradients and " + std::to_string(moments) +
+                            (moments == 1 ? " moment)" : " moments)"),
+                        "set buffer_count to at least " + std::to_string(per_set)});
+    } else {
+      z.swap_sets = static_cast<int>(std::min(wanted, count / per_set));
+      if (z.swap_sets < wanted)
+        warnings.push_back({"zero_optimization.offload_optimizer.buffer_count",
+                            "pipelining NVMe swaps needs " + std::to_string(wanted * per_set) + " buffers (" +
+                                std::to_string(per_set) + " per sub-group, " + std::to_string(wanted) +
+                                " sub-groups in flight); buffer_count " + std::to_string(count) + " allows " +
+                                std::to_string(z.swap_sets),
+                            "set buffer_count to " + std::to_string(wanted * per_set)});
+    }
   }
   if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && stage != 3)
     errors.push_back({"zero_optimization.offload_optimizer.ratio", "partial offloading (ratio < 1) needs ZeRO stage 3",
@@ -264,6 +288,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
+  z.aio = zc.aio;
 
   // Micro batch: explicit, from the triangle, or (when "auto" and underdetermined) from memory.
   BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
@@ -376,6 +401,7 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
+  z.aio = zc.aio;
   const int stage = zc.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
   plan.layout.stage = stage;
   plan.layout.world_size = topo.world_size;

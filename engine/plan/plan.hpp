@@ -65,6 +65,10 @@ struct ResolvedZero {
   int64_t reduce_bucket_size = 0, allgather_bucket_size = 0, prefetch_bucket_size = 0,
           param_persistence_threshold = 0, max_live_parameters = 0, max_reuse_distance = 0, sub_group_size = 0;
   OffloadConfig offload_optimizer, offload_param;
+  AioConfig aio;
+  // NVMe optimizer offload: sub-group buffer sets swapped through at once (1 + pipeline_read +
+  // pipeline_write, as far as offload_optimizer.buffer_count allows).
+  int swap_sets = 0;
 };
 
 struct Placement {

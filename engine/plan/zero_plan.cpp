@@ -146,21 +146,40 @@ ZeroExecution describe_zero(const Plan& plan) {
   if (pp.fp32_master || offloaded > 0) states.push_back(BufferRole::master);
   if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
+  // NVMe: the states are swapped sub-group by sub-group through host buffers, and their files hold each
+  // sub-group from a block boundary on (O_DIRECT), so they take a little more than the elements.
+  const bool swapped = offloaded > 0 && state_place == Place::nvme;
+  int64_t state_elements = offloaded;
+  if (swapped) {
+    const int64_t capacity = std::min(std::max<int64_t>(knobs.sub_group_size, kStepGrain), offloaded);
+    z.sub_groups = optimizer_sub_groups(optimizer_runs(L, plan.topology.rank, plan.optimizer.type == OptimizerType::Lamb),
+                                        offloaded, capacity);
+    for (const SubGroup& g : z.sub_groups) z.sub_group_numel = std::max(z.sub_group_numel, g.numel());
+    z.swap_sets = std::max(1, knobs.swap_sets);
+    state_elements = swap_file_bytes(z.sub_groups) / 4;
+  }
   for (BufferRole r : states) {
     if (r != BufferRole::master || pp.fp32_master) add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
-    add(r, Dtype::fp32, offloaded, C::optimizer_states, state_place);
+    add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
   }
   if (offloaded > 0) {
-    const Place grads_place = state_place == Place::nvme ? Place::host : state_place;  // NVMe states are stepped from host buffers
-    add(BufferRole::offload_grads, Dtype::fp32, offloaded, C::grads, grads_place);
-    // Per step: the reduced gradients to the optimizer, the updated weights back to the device.
+    // The reduced gradients (all of them, or one sub-group's at a time when swapping) in fp32 where the
+    // optimizer runs; per step they go there and the updated weights come back.
+    const Place grads_place = swapped ? Place::host : state_place;
+    add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
     z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
+    if (swapped) {
+      const double state_bytes = static_cast<double>(states.size()) * static_cast<double>(state_elements) * 4;
+      z.transfers.push_back({"optimizer states read", Place::nvme, Place::host, state_bytes});
+      z.transfers.push_back({"optimizer states written", Place::host, Place::nvme, state_bytes});
+      // Whole blocks, as the files are read and written.
+      const int64_t per_block = kSwapAlignBytes / 4;
+      add(BufferRole::optimizer_swap, Dtype::fp32, (z.sub_group_numel + per_block - 1) / per_block * per_block, C::buffers, Place::host,
+          z.swap_sets * static_cast<int>(states.size()));
+    }
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device,
                            static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
   }
-  if (opt_offload && knobs.offload_optimizer.device == OffloadDevice::nvme)
-    add(BufferRole::optimizer_swap, Dtype::fp32, std::min(knobs.sub_group_size, z.local_numel), C::buffers, Place::host,
-        static_cast<int>(knobs.offload_optimizer.buffer_count));
   if (param_offload && knobs.offload_param.device == OffloadDevice::nvme)
     add(BufferRole::param_swap, pp.param_dtype, knobs.offload_param.buffer_size, C::buffers, Place::host,
         static_cast<int>(knobs.offload_param.buffer_count));

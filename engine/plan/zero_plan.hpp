@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/plan/comm.hpp"
+#include "engine/plan/optimizer_groups.hpp"
 #include "schema/config.hpp"
 
 namespace ds {
@@ -83,6 +84,11 @@ struct ZeroExecution {
   std::vector<ZeroBuffer> buffers;
   std::vector<Collective> collectives;  // empty on one rank
   std::vector<Transfer> transfers;      // empty without offload
+  // NVMe optimizer offload: the sub-groups this rank's states are swapped in (each state's file holds them
+  // one after another), the largest one's elements, and the buffer sets in flight at once.
+  std::vector<SubGroup> sub_groups;
+  int64_t sub_group_numel = 0;
+  int swap_sets = 0;
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;

@@ -30,8 +30,9 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
 
   // One allocation per dtype and place, carved into the execution's buffers (each start aligned to 64
   // bytes for the kernels). On a CPU run the host is the same RAM as the device, but its buffers are
-  // allocations of their own, reached through the same copies a GPU run makes. NVMe is refused before
-  // this; the communicator's transient pieces are its own.
+  // allocations of their own, reached through the same copies a GPU run makes. States on NVMe and the
+  // buffers they are swapped through belong to the swapper (nvme_swap.hpp); the communicator's transient
+  // pieces are its own.
   constexpr int64_t kAlignBytes = 64;
   auto aligned = [&](int64_t elements, Dtype d) {
     const int64_t step = kAlignBytes / dtype_bytes(d);
@@ -40,8 +41,8 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   using Key = std::pair<Dtype, Place>;
   std::map<Key, int64_t> total;
   for (const ZeroBuffer& b : z.buffers) {
-    if (b.transient) continue;
-    DS_CHECK(b.place != Place::nvme, "buffer ", buffer_role_name(b.role), " placed on NVMe: this build does not swap to NVMe");
+    if (b.transient || b.place == Place::nvme || b.role == BufferRole::optimizer_swap) continue;
+    DS_CHECK(b.role != BufferRole::param_swap, "parameters placed on NVMe: this build does not swap them");
     total[{b.dtype, b.place}] += aligned(b.elements, b.dtype) * b.copies;
   }
   std::map<Key, torch::Tensor> arena;
@@ -72,8 +73,9 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   const int64_t shard_begin = z.sharded && !z.gathers ? L.shards[static_cast<size_t>(rank)].begin : 0;
   f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
   f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
+  f.swapped = z.find(BufferRole::master, Place::nvme) != nullptr;
   f.master = take(BufferRole::master);
-  if (!f.master.defined()) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
+  if (!f.master.defined() && !f.swapped) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
   f.offload_grads = take(BufferRole::offload_grads);
   f.exp_avg = take(BufferRole::exp_avg);
   f.exp_avg_sq = take(BufferRole::exp_avg_sq);
@@ -122,7 +124,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   Bytes b;
   b.params = n(params) + n(whole_params);
   b.grads = n(grads) + n(offload_grads);
-  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
+  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.defined() && master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1]})

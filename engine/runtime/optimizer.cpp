@@ -1,5 +1,8 @@
 #include "engine/runtime/optimizer.hpp"
 
+#include <algorithm>
+
+#include "common/error.hpp"
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/lamb.hpp"
 #include "kernels/cpu/sgd.hpp"
@@ -7,20 +10,11 @@
 namespace ds {
 
 FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank)
-    : o_(o), num_params_(layout.params.size()) {
-  const bool per_tensor = o.type == OptimizerType::Lamb;
-  for (const OwnedSegment& s : owned_segments(layout, rank)) {
-    const bool decay = layout.params[static_cast<size_t>(s.param)].weight_decay;
-    if (!per_tensor && !segments_.empty() && segments_.back().end == s.local && segments_.back().decay == decay)
-      segments_.back().end = s.local + s.numel;
-    else
-      segments_.push_back({s.local, s.local + s.numel, decay, s.param});
-  }
-}
+    : o_(o), runs_(optimizer_runs(layout, rank, o.type == OptimizerType::Lamb)), num_params_(layout.params.size()) {}
 
 void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
   const auto f = [](double x) { return static_cast<float>(x); };
-  auto step_for = [&](const Segment& s) {
+  auto step_for = [&](const StepRun& s) {
     kernels::LambStep k;
     k.lr = f(in.lr);
     k.beta1 = f(in.beta1);
@@ -36,7 +30,7 @@ void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInpu
   };
   // Moments and this rank's share of every tensor's ||w||^2 and ||u||^2, then the whole tensors' sums.
   std::vector<double> sums(2 * num_params_, 0.0);
-  for (const Segment& s : segments_) {
+  for (const StepRun& s : runs_) {
     const int64_t n = s.end - s.begin;
     double* w_sq = &sums[2 * static_cast<size_t>(s.param)];
     if (b.grads_bf16)
@@ -47,7 +41,7 @@ void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInpu
                                 static_cast<const float*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
   }
   if (sum_over_ranks) sum_over_ranks(sums.data(), sums.size());
-  for (const Segment& s : segments_) {
+  for (const StepRun& s : runs_) {
     const auto k = step_for(s);
     const float ratio = kernels::lamb_trust_ratio(sums[2 * static_cast<size_t>(s.param)], sums[2 * static_cast<size_t>(s.param) + 1], k);
     kernels::lamb_apply(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
@@ -60,14 +54,22 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
     lamb_step(b, in, sum_over_ranks);
     return;
   }
+  step_window(b, in, 0, runs_.empty() ? 0 : runs_.back().end);
+}
+
+void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepInputs& in, int64_t begin, int64_t end) const {
+  DS_CHECK(o_.type != OptimizerType::Lamb, "Lamb steps whole tensors");
   const auto f = [](double x) { return static_cast<float>(x); };
-  const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + at; };
-  const auto grad_bf16 = [&](int64_t at) { return static_cast<const uint16_t*>(b.grads) + at; };
-  const auto out = [&](int64_t at) { return b.params_bf16 ? b.params_bf16 + at : nullptr; };
-  for (const Segment& s : segments_) {
-    const int64_t n = s.end - s.begin;
-    const double wd = s.decay ? o_.weight_decay : 0.0;
-    float* w = b.master + s.begin;
+  // Element `at` of the local buffers, in the window's buffers.
+  const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + (at - begin); };
+  const auto grad_bf16 = [&](int64_t at) { return static_cast<const uint16_t*>(b.grads) + (at - begin); };
+  const auto out = [&](int64_t at) { return b.params_bf16 ? b.params_bf16 + (at - begin) : nullptr; };
+  for (const StepRun& run : runs_) {
+    const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, end);
+    if (lo >= hi) continue;
+    const int64_t n = hi - lo, at = lo - begin;
+    const double wd = run.decay ? o_.weight_decay : 0.0;
+    float* w = b.master + at;
     switch (o_.type) {
       case OptimizerType::Adam:
       case OptimizerType::AdamW: {
@@ -82,9 +84,9 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
         a.grad_scale = f(in.grad_scale);
         const auto k = a.at_step(in.step);
         if (b.grads_bf16)
-          kernels::adam_step_bf16(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_bf16(s.begin), n, k);
+          kernels::adam_step_bf16(w, b.moment1 + at, b.moment2 + at, out(lo), grad_bf16(lo), n, k);
         else
-          kernels::adam_step_f32(w, b.moment1 + s.begin, b.moment2 + s.begin, out(s.begin), grad_f32(s.begin), n, k);
+          kernels::adam_step_f32(w, b.moment1 + at, b.moment2 + at, out(lo), grad_f32(lo), n, k);
         break;
       }
       case OptimizerType::Lamb: break;  // lamb_step
@@ -97,11 +99,11 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
         k.grad_scale = f(in.grad_scale);
         k.nesterov = o_.nesterov;
         k.first_step = in.step == 1;
-        float* buf = o_.momentum > 0 ? b.moment1 + s.begin : nullptr;
+        float* buf = o_.momentum > 0 ? b.moment1 + at : nullptr;
         if (b.grads_bf16)
-          kernels::sgd_step_bf16(w, buf, out(s.begin), grad_bf16(s.begin), n, k);
+          kernels::sgd_step_bf16(w, buf, out(lo), grad_bf16(lo), n, k);
         else
-          kernels::sgd_step_f32(w, buf, out(s.begin), grad_f32(s.begin), n, k);
+          kernels::sgd_step_f32(w, buf, out(lo), grad_f32(lo), n, k);
         break;
       }
     }

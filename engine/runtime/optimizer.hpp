@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "engine/plan/optimizer_groups.hpp"
 #include "engine/plan/plan.hpp"
 
 namespace ds {
@@ -40,18 +41,16 @@ class FlatOptimizer {
   // `sum_over_ranks`: needed only when tensors are split across ranks and the optimizer is Lamb, whose
   // trust ratio needs each whole tensor's ||w|| and ||u||: one sum of 2 x (tensors) doubles per step.
   void step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks = nullptr) const;
+  // Steps local elements [begin, end) only, with `b` pointing at element `begin` of each buffer (an NVMe
+  // sub-group in its swap buffers). Element-wise optimizers only (not Lamb). Stepping a buffer window by
+  // window, on the runs' grain (optimizer_sub_groups), gives the bits step() gives.
+  void step_window(const OptimizerBuffers& b, const OptimizerStepInputs& in, int64_t begin, int64_t end) const;
+  const std::vector<StepRun>& runs() const { return runs_; }
 
  private:
-  // Contiguous runs of parameters that share a weight-decay setting (Adam, SGD: one kernel call each),
-  // or single parameters (Lamb: the trust ratio is per tensor).
-  struct Segment {
-    int64_t begin = 0, end = 0;
-    bool decay = false;
-    int param = 0;  // Lamb: the tensor this part belongs to
-  };
   void lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const;
   ResolvedOptimizer o_;
-  std::vector<Segment> segments_;
+  std::vector<StepRun> runs_;  // one kernel call each
   size_t num_params_ = 0;
 };
 

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/error.hpp"
 #include "common/hash.hpp"
+#include "kernels/cpu/norm.hpp"
 #include "engine/runtime/resident_memory.hpp"
 
 namespace ds {
@@ -25,12 +27,47 @@ double lap(std::chrono::steady_clock::time_point& t) {
 
 }  // namespace
 
+bool OptimizerStep::master_finite() const {
+  if (swapper_) return swapped_finite_;
+  return std::isfinite(kernels::sum_of_squares_f32(flat_.master.data_ptr<float>(), flat_.master.numel()));
+}
+
+double OptimizerStep::step_swapped(const OptimizerStepInputs& si, double& bytes) {
+  torch::NoGradGuard ng;
+  const SwapIo& io = swapper_->io();
+  const double waited0 = io.wait_seconds(), moved0 = io.bytes_read() + io.bytes_written();
+  const bool bf16 = plan_.precision.param_dtype == Dtype::bf16;
+  const int moments = plan_.optimizer.moments;
+  swapped_finite_ = true;
+  swapper_->for_each([&](size_t i, float* const* st) {
+    const SubGroup& g = swapper_->sub_groups()[i];
+    const int64_t n = g.numel();
+    // This sub-group's reduced gradients to the host, widened exactly to fp32 (as CPU offload copies them).
+    torch::Tensor grads = flat_.offload_grads.narrow(0, 0, n);
+    grads.copy_(flat_.local_grads.narrow(0, g.begin, n));
+    bytes += static_cast<double>(n) * 4;
+    OptimizerBuffers b;
+    b.master = st[0];
+    b.moment1 = moments >= 1 ? st[1] : nullptr;
+    b.moment2 = moments >= 2 ? st[2] : nullptr;
+    b.grads = grads.data_ptr();
+    b.params_bf16 = bf16 ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + g.begin : nullptr;
+    optimizer_.step_window(b, si, g.begin, g.end);
+    // The updated weights to the device (the bf16 kernel wrote them as it stepped).
+    if (!bf16) flat_.local_params.narrow(0, g.begin, n).copy_(torch::from_blob(st[0], {n}, torch::kFloat32));
+    bytes += static_cast<double>(n) * dtype_bytes(plan_.precision.param_dtype);
+    swapped_finite_ = swapped_finite_ && std::isfinite(kernels::sum_of_squares_f32(st[0], n));
+  });
+  bytes += io.bytes_read() + io.bytes_written() - moved0;
+  return io.wait_seconds() - waited0;
+}
+
 torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T) {
   return torch::from_blob(const_cast<int32_t*>(v.data()), {B, T}, torch::kInt32).to(torch::kLong);
 }
 
 OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                             Communicator* comm, LossScaler& scaler)
+                             Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper)
     : plan_(plan),
       flat_(flat),
       zero_(zero),
@@ -39,12 +76,15 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       comm_(comm),
       scaler_(scaler),
       schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
-      optimizer_(plan.optimizer, plan.layout, flat.rank) {
+      optimizer_(plan.optimizer, plan.layout, flat.rank),
+      swapper_(swapper) {
+  DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
   if (comm && plan.execution.sharded && plan.optimizer.type == OptimizerType::Lamb)
     sum_over_ranks_ = [comm](double* v, size_t n) {
       comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
     };
+  if (swapper) return;  // the buffers are the swapper's, one sub-group at a time
   buffers_.master = flat.master.data_ptr<float>();
   buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
   buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
@@ -59,7 +99,18 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
 
 void OptimizerStep::refresh_weights(bool rounded) {
   torch::NoGradGuard ng;
-  if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) flat_.local_params.copy_(flat_.master);
+  if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
+    swapped_finite_ = true;
+    swapper_->for_each(
+        [&](size_t i, float* const* st) {
+          const SubGroup& g = swapper_->sub_groups()[i];
+          swapped_finite_ = swapped_finite_ && std::isfinite(kernels::sum_of_squares_f32(st[0], g.numel()));
+          flat_.local_params.narrow(0, g.begin, g.numel()).copy_(torch::from_blob(st[0], {g.numel()}, torch::kFloat32));
+        },
+        /*read=*/true, /*write=*/false);
+  } else if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) {
+    flat_.local_params.copy_(flat_.master);
+  }
   zero_.publish_parameters();
   if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
 }
@@ -165,6 +216,18 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     t.norm += lap(at);
     mark(4);
     const bool offloaded = flat_.offload_grads.defined();
+    if (swapper_) {
+      const double waited = step_swapped(si, out.offload_bytes);
+      const double spent = lap(at);
+      t.offload += waited;
+      t.optimizer += spent - waited;
+      mark(6);
+      refresh_weights(true);
+      t.gather += lap(at);
+      mark(7);
+      ++applied_;
+      return out;
+    }
     if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
       torch::NoGradGuard ng;
       flat_.offload_grads.copy_(flat_.local_grads);

@@ -17,6 +17,7 @@
 #include "engine/runtime/language_model.hpp"
 #include "engine/runtime/loss_scaler.hpp"
 #include "engine/runtime/lr_schedule.hpp"
+#include "engine/runtime/nvme_swap.hpp"
 #include "engine/runtime/optimizer.hpp"
 #include "engine/runtime/trainer_api.hpp"
 #include "engine/runtime/zero.hpp"
@@ -38,9 +39,10 @@ struct StepOutcome {
 
 class OptimizerStep {
  public:
-  // `comm` null on one rank. Everything is borrowed and must outlive this object.
+  // `comm` null on one rank; `swapper` null unless the optimizer's states are on NVMe. Everything is
+  // borrowed and must outlive this object.
   OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                Communicator* comm, LossScaler& scaler);
+                Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper = nullptr);
 
   // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
   // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
@@ -56,6 +58,10 @@ class OptimizerStep {
   // ds profile: the peak resident memory within every phase (the process's high-water mark, restarted at
   // each phase; a /proc read and write each). Off by default: it resets what getrusage reports as the peak.
   void set_sample_memory(bool on) { sample_memory_ = on; }
+
+  // Whether every master weight is finite (a checkpoint is never written otherwise). Swapped states are
+  // checked as each sub-group is stepped, so this reads no file.
+  bool master_finite() const;
 
   // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).
   int64_t applied() const { return applied_; }
@@ -73,6 +79,10 @@ class OptimizerStep {
   FlatOptimizer optimizer_;
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
+  OptimizerSwapper* swapper_ = nullptr;
+  bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded
+  // NVMe: steps every sub-group (gradients to the host, update, weights back); returns seconds waited on I/O.
+  double step_swapped(const OptimizerStepInputs& si, double& bytes);
   int64_t applied_ = 0, consecutive_skips_ = 0;
   bool sample_memory_ = false;
   std::vector<int32_t> in_, tgt_;

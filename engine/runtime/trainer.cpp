@@ -23,13 +23,13 @@
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/language_model.hpp"
 #include "engine/runtime/loss_scaler.hpp"
+#include "engine/runtime/nvme_swap.hpp"
 #include "engine/runtime/gemm_peak.hpp"
 #include "engine/runtime/optimizer_step.hpp"
 #include "engine/runtime/resident_memory.hpp"
 #include "engine/runtime/run_report.hpp"
 #include "engine/runtime/weights.hpp"
 #include "engine/runtime/zero.hpp"
-#include "kernels/cpu/norm.hpp"
 
 namespace ds {
 namespace {
@@ -85,10 +85,9 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
-  // Optimizer offload to the CPU runs (the states in host buffers, the optimizer stepping them there);
-  // NVMe swapping, partial offload and parameter offload are planned, not yet run.
-  if (plan.zero.offload_optimizer.device == OffloadDevice::nvme) why.push_back("optimizer offload to NVMe");
-  if (plan.zero.offload_optimizer.device == OffloadDevice::cpu && plan.zero.offload_optimizer.ratio < 1.0)
+  // Optimizer offload runs to the CPU (the states in host buffers, the optimizer stepping them there) and
+  // to NVMe (swapped sub-group by sub-group); partial offload and parameter offload are planned, not yet run.
+  if (plan.zero.offload_optimizer.device != OffloadDevice::none && plan.zero.offload_optimizer.ratio < 1.0)
     why.push_back("partial optimizer offload (offload_optimizer.ratio < 1)");
   if (plan.zero.offload_param.device != OffloadDevice::none) why.push_back("parameter offload");
   return why;
@@ -133,6 +132,22 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   RunLog& log = report.log();
   if (lead) check_free_space(plan);
 
+  // Optimizer states on NVMe: the folder is checked and the swap files reserved before anything else is
+  // allocated; a swap directory a dead run left behind is named, with the command that removes it.
+  std::unique_ptr<OptimizerSwapper> swapper;
+  if (plan.execution.find(BufferRole::master, Place::nvme)) {
+    const std::string& root = plan.zero.offload_optimizer.nvme_path;
+    if (lead)
+      for (const StaleSwap& st : stale_swap_directories(root))
+        log.note("ds train: warning: " + st.path + " (" + format_bytes(static_cast<double>(st.bytes)) + ") was left by process " +
+                 std::to_string(st.pid) + ", which is gone: remove it with `rm -r " + st.path + "`");
+    const int states = 1 + plan.optimizer.moments;
+    swapper = std::make_unique<OptimizerSwapper>(plan, rank, states);
+    if (lead)
+      log.note("ds train: optimizer states on NVMe in " + swapper->directory() + " (" + format_bytes(swapper->file_bytes()) + ", " +
+               std::to_string(swapper->sub_groups().size()) + " sub-groups, " +
+               (swapper->direct() ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT") + ")");
+  }
   FlatParams flat = FlatParams::allocate(plan, rank);
   ZeroExchange zero(plan, flat, comm);
   const std::unique_ptr<LanguageModel> model = make_model(plan, flat);
@@ -147,13 +162,14 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     model->set_block_hooks(&zero);
   }
   LossScaler scaler(plan.precision.loss_scaling);
-  OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler);
+  OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler, swapper.get());
   stepper.set_sample_memory(opt.profile);
-  CheckpointBuffers buffers{flat.master.data_ptr<float>(), FlatParams::data_or_null(flat.exp_avg),
-                            FlatParams::data_or_null(flat.exp_avg_sq), flat.master.numel(), flat.owned, plan.layout.numel};
+  CheckpointBuffers buffers{FlatParams::data_or_null(flat.master), FlatParams::data_or_null(flat.exp_avg),
+                            FlatParams::data_or_null(flat.exp_avg_sq), plan.execution.local_numel, flat.owned, plan.layout.numel};
+  if (swapper) buffers.pieces = swapped_pieces(*swapper, plan.optimizer.moments);
   if (opt.resume_from.empty()) {
     // The whole model is initialised the same way at every stage and world size; each rank keeps its part.
-    const bool whole = flat.master.numel() == plan.layout.numel;
+    const bool whole = flat.master.defined() && flat.master.numel() == plan.layout.numel;
     torch::Tensor init = whole ? flat.master : torch::zeros({plan.layout.numel}, torch::kFloat32);
     if (plan.run.init_from.empty()) {
       initialise_model(plan.model.hp, plan, init, seed);
@@ -163,10 +179,12 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
       log.note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                " (step, schedule and optimizer start fresh)");
     }
-    if (!whole)
+    if (swapper)
+      swap_in_weights(*swapper, flat.owned, init.data_ptr<float>());
+    else if (!whole)
       for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
   } else {
-    const CheckpointScalars sc = load_checkpoint(opt.resume_from, buffers);
+    const CheckpointScalars sc = swapper ? swap_in_checkpoint(*swapper, opt.resume_from, buffers) : load_checkpoint(opt.resume_from, buffers);
     result.first_step = sc.step;
     stepper.set_applied(sc.applied_steps);
     result.skipped_steps = sc.skipped_steps;
@@ -182,7 +200,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     if (opt.profile) return;  // a profile measures; it leaves no state behind
     // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
     // checkpoint for them). Every rank checks its part; the verdict is agreed so all stop together.
-    double bad = std::isfinite(kernels::sum_of_squares_f32(flat.master.data_ptr<float>(), flat.master.numel())) ? 0.0 : 1.0;
+    double bad = stepper.master_finite() ? 0.0 : 1.0;
     if (comm) {
       torch::Tensor t = torch::tensor({bad}, torch::kFloat64);
       comm->all_reduce_sum(t, CollectiveKind::control);
@@ -224,7 +242,9 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     return sum / static_cast<double>(plan.run.eval_batches);
   };
 
-  report.describe(flat.bytes(), stream->describe(), sampler.train_tokens(), sampler.val_tokens());
+  FlatParams::Bytes held = flat.bytes();
+  if (swapper) held.buffers += swapper->buffer_bytes();  // the host buffers sub-groups are swapped through
+  report.describe(held, stream->describe(), sampler.train_tokens(), sampler.val_tokens());
   if (opt.profile) {
     const GemmPeak peak = measure_gemm_peak(plan.model, B * T, plan.precision.compute_dtype);
     result.gemm_peak_flops = peak.flops_per_s;

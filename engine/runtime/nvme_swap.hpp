@@ -1,0 +1,113 @@
+// ds — NVMe swapping for optimizer offload (ZeRO-Infinity). The optimizer states of this rank (fp32
+// master weights and moments) live in one file per state under <nvme_path>/ds-swap-<host>-<pid>/, each
+// holding the plan's sub-groups one after another from 4 KiB boundaries. A step reads sub-group i into
+// host buffers, steps it and writes it back, with the next read and the previous write in flight
+// (pipeline_read / pipeline_write) through io_uring, O_DIRECT where the filesystem allows it.
+// The swap directory is scratch: made at start, removed when the run ends however it ends (short of
+// kill -9); a directory left by a dead run is reported at the next start with the command that removes
+// it. No LibTorch here: raw buffers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/checkpoint.hpp"
+
+namespace ds {
+
+// A swap directory whose process is gone (same host, pid dead or reused).
+struct StaleSwap {
+  std::string path;
+  int64_t pid = 0;
+  uint64_t bytes = 0;
+};
+std::vector<StaleSwap> stale_swap_directories(const std::string& nvme_path);
+
+// Requests to one set of files through one io_uring. Every transfer is whole 4 KiB blocks from 4 KiB
+// aligned buffers, split into requests of aio.block_size bytes, at most aio.queue_depth in flight.
+class SwapIo {
+ public:
+  using Ticket = int64_t;  // a transfer in flight; 0: none
+  explicit SwapIo(const AioConfig& aio);
+  ~SwapIo();
+  SwapIo(const SwapIo&) = delete;
+  SwapIo& operator=(const SwapIo&) = delete;
+
+  // Creates `path` with `bytes` reserved (fallocate: a disk that is too small fails here, not mid-run).
+  // Returns the file's index. Throws UserError when the space is not there.
+  int create(const std::string& path, int64_t bytes);
+  bool direct() const { return direct_; }  // O_DIRECT (false: the filesystem refused it; page cache)
+
+  Ticket read(int file, void* buffer, int64_t bytes, int64_t offset);
+  Ticket write(int file, const void* buffer, int64_t bytes, int64_t offset);
+  // Blocks until the transfer is done. Throws std::runtime_error naming the file, offset and errno when a
+  // request failed or came up short (a full or failing disk).
+  void wait(Ticket t);
+  void wait_all();
+
+  double bytes_read() const { return bytes_read_; }
+  double bytes_written() const { return bytes_written_; }
+  double wait_seconds() const { return wait_s_; }  // time spent blocked in wait()
+
+ private:
+  struct Impl;
+  Ticket submit(bool is_write, int file, void* buffer, int64_t bytes, int64_t offset);
+  void reap_one();
+  std::unique_ptr<Impl> impl_;
+  bool direct_ = true;
+  double bytes_read_ = 0, bytes_written_ = 0, wait_s_ = 0;
+};
+
+// One rank's optimizer states on NVMe, swapped sub-group by sub-group through host buffers.
+class OptimizerSwapper {
+ public:
+  // `states`: the fp32 buffers per element (master plus the optimizer's moments). Creates the swap
+  // directory and files. Throws UserError before anything is written when nvme_path is missing, not a
+  // directory, not writable or short of the files' bytes (named, with the numbers).
+  OptimizerSwapper(const Plan& plan, int rank, int states);
+  ~OptimizerSwapper();  // removes the swap directory
+
+  // Each sub-group in order: read its states into a buffer set (`read`), hand them to `fn`, write them
+  // back (`write`), with reads ahead and writes behind as the plan's swap sets allow. `fn(g, states)`
+  // gets the plan's sub-group index and one pointer per state, each holding the sub-group's elements.
+  using Visit = std::function<void(size_t group, float* const* states)>;
+  void for_each(const Visit& fn, bool read = true, bool write = true);
+
+  // Elements [at, at + n) of every state (checkpoint saving); `out` one pointer per state.
+  void read_range(int64_t at, int64_t n, float* const* out);
+
+  const std::vector<SubGroup>& sub_groups() const { return groups_; }
+  int states() const { return states_; }
+  const std::string& directory() const { return dir_; }
+  bool direct() const { return io_.direct(); }
+  double buffer_bytes() const { return static_cast<double>(buffers_.size()) * static_cast<double>(buffer_floats_) * 4; }
+  double file_bytes() const { return static_cast<double>(file_bytes_) * states_; }
+  const SwapIo& io() const { return io_; }
+
+ private:
+  float* buffer(int set, int state) const { return buffers_[static_cast<size_t>(set * states_ + state)]; }
+  std::vector<SwapIo::Ticket> transfer(size_t group, int set, bool is_write);
+  SwapIo io_;
+  std::vector<SubGroup> groups_;
+  int states_ = 0, sets_ = 1;
+  bool pipeline_read_ = false, pipeline_write_ = false;
+  std::string dir_;
+  std::vector<int> files_;
+  int64_t file_bytes_ = 0, buffer_floats_ = 0;
+  std::vector<float*> buffers_;  // sets x states, 4 KiB aligned
+};
+
+// The swapped states of a fresh run: the master from the whole model's fp32 weights (this rank's
+// segments), the moments zero.
+void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const float* whole);
+// The swapped states from a checkpoint (any world size or stage), read sub-group by sub-group: memory
+// is one buffer set, never the rank's part. `part`: this rank's segments and sizes (no pointers).
+CheckpointScalars swap_in_checkpoint(OptimizerSwapper& swapper, const std::string& checkpoint_dir, const CheckpointBuffers& part);
+// A checkpoint's shard drawn from the swap files.
+ShardPieces swapped_pieces(OptimizerSwapper& swapper, int moments);
+
+}  // namespace ds
