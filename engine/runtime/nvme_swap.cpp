@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <liburing.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -35,19 +34,32 @@ std::string host_name() {
   return name;
 }
 
-// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot. With the pid it
-// names one process even after pids wrap around.
-std::string process_start(int64_t pid) {
+// Fields 3 (state) and 22 (start time, in clock ticks since boot) of /proc/<pid>/stat: with the pid, the
+// start time names one process even after pids wrap around. Empty when there is no such process.
+struct ProcessStat {
+  char state = 0;
+  std::string start;
+};
+ProcessStat process_stat(int64_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(f, line)) return "";
+  if (!std::getline(f, line)) return {};
   const size_t close = line.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return "";
+  if (close == std::string::npos) return {};
   std::istringstream rest(line.substr(close + 2));
+  ProcessStat st;
   std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-  }
-  return field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 3) st.state = field.empty() ? 0 : field[0];
+  st.start = field;
+  return st;
+}
+
+// The process that wrote an owner file still runs: same pid, same start, not a zombie (killed runs whose
+// parent has not reaped them, as under a container's init, are zombies).
+bool still_running(int64_t pid, const std::string& start) {
+  const ProcessStat st = process_stat(pid);
+  return !st.start.empty() && st.start == start && st.state != 'Z' && st.state != 'X';
 }
 
 uint64_t allocated_bytes(const fs::path& dir) {
@@ -74,8 +86,7 @@ std::vector<StaleSwap> stale_swap_directories(const std::string& nvme_path) {
     std::string their_host, start;
     int64_t pid = 0;
     if (!(owner >> their_host >> pid >> start) || their_host != host) continue;  // another machine's: not ours to judge
-    const bool alive = ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-    if (alive && process_start(pid) == start) continue;
+    if (still_running(pid, start)) continue;
     out.push_back({e.path().string(), pid, allocated_bytes(e.path())});
   }
   return out;
@@ -210,6 +221,7 @@ SwapIo::Ticket SwapIo::submit(bool is_write, int file, void* buffer, int64_t byt
 
 void SwapIo::reap_one() {
   Impl& m = *impl_;
+  io_uring_submit(&m.ring);  // requests still queued here would never complete
   io_uring_cqe* cqe = nullptr;
   int rc;
   do {
@@ -289,7 +301,7 @@ OptimizerSwapper::OptimizerSwapper(const Plan& plan, int rank, int states)
   try {
     {
       std::ofstream owner(fs::path(dir_) / "owner");
-      owner << host_name() << ' ' << ::getpid() << ' ' << process_start(::getpid()) << '\n';
+      owner << host_name() << ' ' << ::getpid() << ' ' << process_stat(::getpid()).start << '\n';
       if (!owner) throw UserError("cannot write " + dir_ + "/owner");
     }
     for (int k = 0; k < states_; ++k)
