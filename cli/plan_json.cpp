@@ -187,6 +187,9 @@ std::string plan_to_json(const Plan& p, int indent) {
     for (const Transfer& t : x.transfers)
       transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});
     j["zero_execution"]["transfers"] = transfers;
+    if (!x.sub_groups.empty())
+      j["zero_execution"]["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},
+                                          {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};
   }
   j["run"] = {{"output_dir", p.run.output_dir},     {"seed", p.run.seed},
               {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last},

@@ -235,6 +235,10 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   for (const Transfer& t : p.execution.transfers)
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
+  if (!p.execution.sub_groups.empty())
+    o << "  swapped in " << format_count(static_cast<int64_t>(p.execution.sub_groups.size())) << " sub-groups of up to "
+      << format_count(p.execution.sub_group_numel) << " elements, " << p.execution.swap_sets
+      << (p.execution.swap_sets == 1 ? " at a time (no pipelining)" : " in flight (read ahead / write behind)") << "\n";
 
   // Layout.
   const FlatLayout& L = p.layout;

@@ -79,11 +79,21 @@ TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {
                           "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=4"});
   const MemoryEstimate& e = p.memory;
   const double S = static_cast<double>(e.shard_numel);
-  EXPECT_DOUBLE_EQ(e.nvme, 12 * S);  // fp32 master + two moments
+  // One sub-group (sub_group_size 1e9 > S): each state's file is S fp32 rounded up to 4 KiB blocks, and
+  // so is each of the host buffers it is swapped through: one set (no pipelining) of three states.
+  const double file = std::ceil(S * 4 / 4096) * 4096;
+  EXPECT_DOUBLE_EQ(e.nvme, 3 * file);  // fp32 master + two moments
   EXPECT_DOUBLE_EQ(e.device.optimizer_states, 0);
-  EXPECT_DOUBLE_EQ(e.host.buffers, 4 * S * 4);  // buffer_count x sub-group (all of S here) x fp32
-  EXPECT_DOUBLE_EQ(e.host.grads, 4 * S);        // fp32 gradient partition for the CPU optimizer
-  EXPECT_DOUBLE_EQ(e.device.grads, 2 * S);      // the reduced bf16 part, copied to the host each step
+  EXPECT_DOUBLE_EQ(e.host.buffers, 3 * file);
+  EXPECT_DOUBLE_EQ(e.host.grads, 4 * S);    // one sub-group's gradients in fp32 for the CPU optimizer
+  EXPECT_DOUBLE_EQ(e.device.grads, 2 * S);  // the reduced bf16 part, copied to the host a sub-group at a time
+  // Smaller sub-groups: the host holds one sub-group's gradients and buffers, the files grow by padding only.
+  const Plan small = tiny(2, {"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme",
+                              "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.sub_group_size=10000"});
+  EXPECT_LE(small.memory.host.grads, 4 * 10000.0);
+  EXPECT_LT(small.memory.host.buffers, 3 * 4 * 11024.0);
+  EXPECT_GE(small.memory.nvme, 12 * S);
+  EXPECT_LT(small.memory.nvme, 12 * S + 3 * 4096.0 * static_cast<double>(small.execution.sub_groups.size()));
 }
 
 TEST(MemoryModel, PartialOffloadKeepsTheRestOnTheDevice) {

@@ -177,7 +177,7 @@ TEST(NvmeSwap, StatesWrittenAndReadBackThroughEveryPipelineAndRequestSize) {
       {
         OptimizerSwapper s(p, 0, 3);
         EXPECT_TRUE(fs::exists(fs::path(s.directory()) / "master.swap"));
-        swap_in_weights(s, owned_segments(p.layout, 0), whole.data());
+        swap_in_weights(s, owned_segments(p.layout, 0), [&](const OwnedSegment& seg) { return whole.data() + seg.global; });
         // A "step": exp_avg = master + 1, exp_avg_sq = 2 x master.
         s.for_each([&](size_t i, float* const* st) {
           for (int64_t k = 0; k < s.sub_groups()[i].numel(); ++k) {

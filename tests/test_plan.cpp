@@ -97,12 +97,29 @@ TEST(PlanCompiler, InvalidStageAndOffloadCombinationsAreRejected) {
   EXPECT_THROW(plan_of(kGpt2, 2, {"zero_optimization.offload_optimizer.device=cpu"}), ConfigError);  // stage 0
 }
 
-TEST(PlanCompiler, NvmeOptimizerOffloadBelowStage3IsCpuOffloadWithAWarning) {
+TEST(PlanCompiler, NvmeOptimizerOffloadSwapsAtEveryStageAndRefusesWhatCannotSwap) {
+  // DeepSpeed treats nvme as cpu below stage 3; ds swaps the rank's part at stages 1-2 too.
   Plan p = plan_of(kGpt2, 2, {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=nvme",
                               "zero_optimization.offload_optimizer.nvme_path=/tmp"});
-  EXPECT_EQ(p.zero.offload_optimizer.device, OffloadDevice::cpu);
-  ASSERT_FALSE(p.warnings.empty());
-  EXPECT_EQ(p.warnings.back().path, "zero_optimization.offload_optimizer.device");
+  EXPECT_EQ(p.zero.offload_optimizer.device, OffloadDevice::nvme);
+  EXPECT_NE(p.execution.find(BufferRole::master, Place::nvme), nullptr);
+  EXPECT_FALSE(p.execution.sub_groups.empty());
+  // Lamb's trust ratio needs every tensor's norms before any update: refused, not swapped twice.
+  EXPECT_THROW(plan_of(kGpt2, 2, {"zero_optimization.stage=3", "optimizer.type=Lamb", "zero_optimization.offload_optimizer.device=nvme",
+                                  "zero_optimization.offload_optimizer.nvme_path=/tmp"}),
+               ConfigError);
+  // Fewer buffers than one sub-group needs (Adam: master, gradients, two moments) is an error; enough for
+  // one but not for the pipeline asked for is a warning, and the pipeline shrinks to fit.
+  EXPECT_THROW(plan_of(kGpt2, 2, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                                  "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=3"}),
+               ConfigError);
+  Plan piped = plan_of(kGpt2, 2, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                                  "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=8",
+                                  "zero_optimization.offload_optimizer.pipeline_read=true", "zero_optimization.offload_optimizer.pipeline_write=true"});
+  EXPECT_EQ(piped.execution.swap_sets, 2);
+  ASSERT_FALSE(piped.warnings.empty());
+  EXPECT_EQ(piped.warnings.back().path, "zero_optimization.offload_optimizer.buffer_count");
+  EXPECT_NE(piped.warnings.back().message.find("needs 12 buffers"), std::string::npos) << piped.warnings.back().message;
 }
 
 TEST(PlanCompiler, AutoValuesAreResolvedWithTheirSource) {

@@ -69,7 +69,7 @@ torch::Tensor tokens(int64_t sample, int64_t T) {
 void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
   torch::NoGradGuard ng;
   torch::Tensor init = torch::zeros({plan.layout.numel}, torch::kFloat32);
-  initialise_model(plan.model.hp, plan, init, 5);
+  initialise_model(plan, init, 5);
   for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
   if (flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
   zero.publish_parameters();

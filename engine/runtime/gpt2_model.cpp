@@ -36,23 +36,16 @@ Gpt2Model::Gpt2Model(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   DS_CHECK(cursor.done(), "untied lm_head is not supported for gpt2 yet");
 }
 
-void Gpt2Model::initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
-  // A generator of its own: the process-wide one is shared with every other thread (ranks in tests).
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  torch::NoGradGuard no_grad;
-  const double resid_std = 0.02 / std::sqrt(2.0 * hp.num_layers);
-  for (const ParamSlot& p : plan.layout.params) {
-    torch::Tensor t = master.narrow(0, p.offset, p.numel);
-    auto ends = [&](const char* suffix) { return ends_with(p.name, suffix); };
-    if (ends(".bias"))
-      t.zero_();
-    else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))
-      t.fill_(1.0);
-    else if (ends("c_proj.weight"))
-      t.normal_(0.0, resid_std, gen);
-    else
-      t.normal_(0.0, 0.02, gen);
-  }
+void Gpt2Model::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  auto ends = [&](const char* suffix) { return ends_with(p.name, suffix); };
+  if (ends(".bias"))
+    t.zero_();
+  else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))
+    t.fill_(1.0);
+  else if (ends("c_proj.weight"))
+    t.normal_(0.0, 0.02 / std::sqrt(2.0 * hp.num_layers), gen);
+  else
+    t.normal_(0.0, 0.02, gen);
 }
 
 torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {

@@ -16,7 +16,8 @@ class Gpt2Model : public LanguageModel {
 
   // GPT-2's initialisation: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2L)), zero
   // biases, unit LayerNorm gains. Deterministic in `seed`; written in fp32 into `master`.
-  static void initialise(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
+  // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
+  static void initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen);
 
   // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;

@@ -1,7 +1,10 @@
 #include "engine/runtime/language_model.hpp"
 
+#include <cstring>
+
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "common/error.hpp"
 #include "common/hash.hpp"
 
 #include "engine/runtime/gpt2_model.hpp"
@@ -186,11 +189,29 @@ std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& pa
   return m;
 }
 
-void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed) {
-  if (hp.arch == ModelArch::llama)
-    LlamaModel::initialise(plan, master, seed);
-  else
-    Gpt2Model::initialise(hp, plan, master, seed);
+InitialWeights::InitialWeights(const Plan& plan, uint64_t seed) : plan_(plan), gen_(at::detail::createCPUGenerator(seed)) {}
+
+const float* InitialWeights::param(int i) {
+  DS_CHECK(i >= drawn_ && i < static_cast<int>(plan_.layout.params.size()), "initial weights asked for parameter ", i,
+           " after ", drawn_);
+  torch::NoGradGuard no_grad;
+  while (drawn_ < i) {
+    const ParamSlot& p = plan_.layout.params[static_cast<size_t>(++drawn_)];
+    values_ = torch::empty({p.numel}, torch::kFloat32);
+    if (plan_.model.hp.arch == ModelArch::llama)
+      LlamaModel::initialise(p, values_, gen_);
+    else
+      Gpt2Model::initialise(plan_.model.hp, p, values_, gen_);
+  }
+  return values_.data_ptr<float>();
+}
+
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed) {
+  InitialWeights w(plan, seed);
+  for (size_t i = 0; i < plan.layout.params.size(); ++i) {
+    const ParamSlot& p = plan.layout.params[i];
+    std::memcpy(master.data_ptr<float>() + p.offset, w.param(static_cast<int>(i)), static_cast<size_t>(p.numel) * 4);
+  }
 }
 
 }  // namespace ds

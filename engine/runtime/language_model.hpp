@@ -112,7 +112,22 @@ class LanguageModel {
 // The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation
 // checkpointing as the plan says.
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params);
-// The architecture's initialisation, deterministic in `seed`, into `master` (fp32, the plan's layout).
-void initialise_model(const ModelHyper& hp, const Plan& plan, torch::Tensor master, uint64_t seed);
+// The architecture's initial weights, deterministic in `seed`, drawn parameter by parameter in layout
+// order from one generator of their own (the process-wide one is shared with other threads: ranks in
+// tests), so a rank holding a part of the model never needs the whole of it in fp32.
+class InitialWeights {
+ public:
+  InitialWeights(const Plan& plan, uint64_t seed);
+  // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
+  const float* param(int i);
+
+ private:
+  const Plan& plan_;
+  at::Generator gen_;
+  int drawn_ = -1;
+  torch::Tensor values_;
+};
+// The whole model's initial weights into `master` (fp32, the plan's layout).
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed);
 
 }  // namespace ds

@@ -32,17 +32,11 @@ LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
   DS_CHECK(cursor.done(), "unexpected parameters after lm_head");
 }
 
-void LlamaModel::initialise(const Plan& plan, torch::Tensor master, uint64_t seed) {
-  // A generator of its own: the process-wide one is shared with every other thread (ranks in tests).
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  torch::NoGradGuard no_grad;
-  for (const ParamSlot& p : plan.layout.params) {
-    torch::Tensor t = master.narrow(0, p.offset, p.numel);
-    if (p.shape.size() == 1)
-      t.fill_(1.0);  // RMSNorm gains
-    else
-      t.normal_(0.0, 0.02, gen);
-  }
+void LlamaModel::initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  if (p.shape.size() == 1)
+    t.fill_(1.0);  // RMSNorm gains
+  else
+    t.normal_(0.0, 0.02, gen);
 }
 
 torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {

@@ -13,7 +13,8 @@ class LlamaModel : public LanguageModel {
  public:
   LlamaModel(const ModelHyper& hp, const FlatParams& params);
   // N(0, 0.02) for every matrix (HF's initializer_range), unit RMSNorm gains.
-  static void initialise(const Plan& plan, torch::Tensor master, uint64_t seed);
+  // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
+  static void initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen);
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
   torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
   int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }

@@ -408,13 +408,16 @@ std::vector<OwnedSegment> cut_segments(const std::vector<OwnedSegment>& owned, i
 
 }  // namespace
 
-void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const float* whole) {
+void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const SegmentValues& values) {
   swapper.for_each(
       [&](size_t i, float* const* st) {
         const SubGroup& g = swapper.sub_groups()[i];
         for (int k = 0; k < swapper.states(); ++k) std::memset(st[k], 0, static_cast<size_t>(g.numel()) * 4);
-        for (const OwnedSegment& s : cut_segments(owned, g.begin, g.end))
-          std::memcpy(st[0] + s.local, whole + s.global, static_cast<size_t>(s.numel) * 4);
+        // Each owned segment's part within the sub-group, taken from the segment's values at its offset.
+        for (const OwnedSegment& s : owned) {
+          const int64_t lo = std::max(s.local, g.begin), hi = std::min(s.local + s.numel, g.end);
+          if (lo < hi) std::memcpy(st[0] + (lo - g.begin), values(s) + (lo - s.local), static_cast<size_t>(hi - lo) * 4);
+        }
       },
       /*read=*/false, /*write=*/true);
 }

@@ -101,9 +101,10 @@ class OptimizerSwapper {
   std::vector<float*> buffers_;  // sets x states, 4 KiB aligned
 };
 
-// The swapped states of a fresh run: the master from the whole model's fp32 weights (this rank's
-// segments), the moments zero.
-void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const float* whole);
+// The swapped states of a fresh run: the master from this rank's segments of the initial weights (asked
+// for in order: `values(s)` points at segment s's first element), the moments zero.
+using SegmentValues = std::function<const float*(const OwnedSegment& s)>;
+void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const SegmentValues& values);
 // The swapped states from a checkpoint (any world size or stage), read sub-group by sub-group: memory
 // is one buffer set, never the rank's part. `part`: this rank's segments and sizes (no pointers).
 CheckpointScalars swap_in_checkpoint(OptimizerSwapper& swapper, const std::string& checkpoint_dir, const CheckpointBuffers& part);

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -168,21 +170,28 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
                             FlatParams::data_or_null(flat.exp_avg_sq), plan.execution.local_numel, flat.owned, plan.layout.numel};
   if (swapper) buffers.pieces = swapped_pieces(*swapper, plan.optimizer.moments);
   if (opt.resume_from.empty()) {
-    // The whole model is initialised the same way at every stage and world size; each rank keeps its part.
-    const bool whole = flat.master.defined() && flat.master.numel() == plan.layout.numel;
-    torch::Tensor init = whole ? flat.master : torch::zeros({plan.layout.numel}, torch::kFloat32);
+    // The model is initialised the same way at every stage and world size; each rank keeps its part,
+    // drawn parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
+    std::function<const float*(const OwnedSegment&)> values;
+    InitialWeights drawn(plan, seed);
+    torch::Tensor whole;
     if (plan.run.init_from.empty()) {
-      initialise_model(plan.model.hp, plan, init, seed);
+      values = [&](const OwnedSegment& s) {
+        return drawn.param(s.param) + (s.global - plan.layout.params[static_cast<size_t>(s.param)].offset);
+      };
     } else {
+      whole = torch::zeros({plan.layout.numel}, torch::kFloat32);
       const auto source = open_weights(plan.run.init_from);
-      load_weights(*source, plan.model, init.data_ptr<float>());
+      load_weights(*source, plan.model, whole.data_ptr<float>());
       log.note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                " (step, schedule and optimizer start fresh)");
+      values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
     }
     if (swapper)
-      swap_in_weights(*swapper, flat.owned, init.data_ptr<float>());
-    else if (!whole)
-      for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
+      swap_in_weights(*swapper, flat.owned, values);
+    else
+      for (const OwnedSegment& s : flat.owned)
+        std::memcpy(flat.master.data_ptr<float>() + s.local, values(s), static_cast<size_t>(s.numel) * 4);
   } else {
     const CheckpointScalars sc = swapper ? swap_in_checkpoint(*swapper, opt.resume_from, buffers) : load_checkpoint(opt.resume_from, buffers);
     result.first_step = sc.step;
