@@ -40,6 +40,7 @@ TrainedRun run(const std::vector<std::string>& overrides) {
   std::vector<std::string> o = overrides;
   const std::string dir = (fs::temp_directory_path() / ("ds_train_test_" + std::to_string(::getpid()))).string();
   o.push_back("train.output_dir=" + dir);
+  fs::remove_all(dir);  // each run starts clean: one process runs many (metrics.jsonl would hold the last one's too)
   Config c = load_config_text(kTiny, "tiny.json", o);
   TrainedRun r{compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu()), {}};
   TrainOptions opt;
