@@ -4,8 +4,9 @@
 # own sequential O_DIRECT rate (dd), measured before and after the runs in the same invocation.
 #   RSS drop   : peak RSS in RAM - peak RSS swapped, against the plan's (host + device bytes in RAM -
 #                the same swapped), which is the fp32 master + moments minus the swap buffers.
-#   I/O rate   : states read + written per step / seconds waited on them (unpipelined: the swapper's own
-#                rate; pipelined: the wait left after overlap). io share = wait / step time.
+#   I/O rate   : states read + written per step / seconds the step spent submitting and waiting on them
+#                (unpipelined: the swapper's own rate; pipelined: what is left after overlapping the update).
+#                io share = that time / step time. optim s = the whole optimizer phase, its I/O included.
 #
 # usage: bench/bench_nvme.sh [preset] [steps] [nvme_path]   (needs build/ds; defaults: gpt2 4 /tmp)
 set -euo pipefail
@@ -59,10 +60,12 @@ print(held(m['device_per_rank']) + held(m['host_per_rank']),
 nv="zero_optimization.offload_optimizer.device=nvme zero_optimization.offload_optimizer.nvme_path=$nvme zero_optimization.sub_group_size=20000000"
 run ram
 run nvme $nv
-run nvme-pipelined $nv zero_optimization.offload_optimizer.buffer_count=12 zero_optimization.offload_optimizer.pipeline_read=true \
-  zero_optimization.offload_optimizer.pipeline_write=true
+piped="zero_optimization.offload_optimizer.buffer_count=12 zero_optimization.offload_optimizer.pipeline_read=true
+  zero_optimization.offload_optimizer.pipeline_write=true"
+run nvme-pipelined $nv $piped
+run nvme-pipelined-qd64 $nv $piped aio.queue_depth=64
 disk_rate
-for n in nvme nvme-pipelined; do
+for n in nvme nvme-pipelined nvme-pipelined-qd64; do
   printf "RSS drop %-16s measured %.2f GiB, plan %.2f GiB (ratio %.3f)\n" "$n" "$(gib $((rss[ram] - rss[$n])))" \
     "$(gib "$(echo "${plan[ram]} - ${plan[$n]}" | bc -l)")" "$(echo "(${rss[ram]} - ${rss[$n]}) / (${plan[ram]} - ${plan[$n]})" | bc -l)"
 done

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <deque>
 #include <unordered_map>
 
 #include "common/error.hpp"
@@ -110,6 +111,11 @@ struct SwapIo::Impl {
     bool is_write = false;
   };
   std::unordered_map<uint64_t, Request> requests;
+  struct Queued {
+    Request r;
+    char* buffer = nullptr;
+  };
+  std::deque<Queued> queued;  // accepted, waiting for room in the ring (queue_depth in flight)
   std::unordered_map<Ticket, int> remaining;
   std::unordered_map<Ticket, std::string> failed;
   int in_flight = 0;
@@ -187,41 +193,57 @@ SwapIo::Ticket SwapIo::submit(bool is_write, int file, void* buffer, int64_t byt
            "unaligned swap transfer");
   const Ticket t = m.next_ticket++;
   m.remaining[t] = 0;
-  const int fd = m.fds[static_cast<size_t>(file)];
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t done = 0; done < bytes; done += m.block_size) {
     const uint32_t n = static_cast<uint32_t>(std::min(m.block_size, bytes - done));
-    char* at = static_cast<char*>(buffer) + done;
     const Impl::Request r{t, file, offset + done, n, is_write};
     ++m.remaining[t];
-    if (!m.ring_ok) {
+    char* at = static_cast<char*>(buffer) + done;
+    if (!m.ring_ok) {  // synchronous: the transfer is done when submit returns
+      const int fd = m.fds[static_cast<size_t>(file)];
       const ssize_t res = is_write ? ::pwrite(fd, at, n, r.offset) : ::pread(fd, at, n, r.offset);
       m.complete(r, res < 0 ? -errno : static_cast<int>(res));
       continue;
     }
-    while (m.in_flight >= m.queue_depth) reap_one();
+    m.queued.push_back({r, at});
+  }
+  // As many requests into the ring as it has room for; the rest follow as earlier ones complete, so
+  // submitting never blocks on the disk.
+  pump();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return t;
+}
+
+void SwapIo::pump() {
+  Impl& m = *impl_;
+  if (!m.ring_ok) return;
+  bool added = false;
+  while (m.in_flight < m.queue_depth && !m.queued.empty()) {
     io_uring_sqe* sqe = io_uring_get_sqe(&m.ring);
     if (!sqe) {  // the submission queue is full of requests not yet handed to the kernel
       io_uring_submit(&m.ring);
       sqe = io_uring_get_sqe(&m.ring);
     }
     DS_CHECK(sqe != nullptr, "io_uring has no free entry");
-    if (is_write)
-      io_uring_prep_write(sqe, fd, at, n, static_cast<uint64_t>(r.offset));
+    const Impl::Queued q = m.queued.front();
+    m.queued.pop_front();
+    const int fd = m.fds[static_cast<size_t>(q.r.file)];
+    if (q.r.is_write)
+      io_uring_prep_write(sqe, fd, q.buffer, q.r.bytes, static_cast<uint64_t>(q.r.offset));
     else
-      io_uring_prep_read(sqe, fd, at, n, static_cast<uint64_t>(r.offset));
+      io_uring_prep_read(sqe, fd, q.buffer, q.r.bytes, static_cast<uint64_t>(q.r.offset));
     const uint64_t id = m.next_request++;
     io_uring_sqe_set_data64(sqe, id);
-    m.requests[id] = r;
+    m.requests[id] = q.r;
     ++m.in_flight;
+    added = true;
     if (m.single_submit) io_uring_submit(&m.ring);
   }
-  if (m.ring_ok && !m.single_submit) io_uring_submit(&m.ring);
-  return t;
+  if (added && !m.single_submit) io_uring_submit(&m.ring);
 }
 
 void SwapIo::reap_one() {
   Impl& m = *impl_;
-  io_uring_submit(&m.ring);  // requests still queued here would never complete
   io_uring_cqe* cqe = nullptr;
   int rc;
   do {
@@ -237,6 +259,7 @@ void SwapIo::reap_one() {
   m.requests.erase(it);
   --m.in_flight;
   m.complete(r, res);
+  pump();
 }
 
 void SwapIo::wait(Ticket t) {

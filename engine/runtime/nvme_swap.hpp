@@ -51,12 +51,13 @@ class SwapIo {
 
   double bytes_read() const { return bytes_read_; }
   double bytes_written() const { return bytes_written_; }
-  double wait_seconds() const { return wait_s_; }  // time spent blocked in wait()
+  double wait_seconds() const { return wait_s_; }  // time spent in submitting and waiting: the I/O the caller felt
 
  private:
   struct Impl;
   Ticket submit(bool is_write, int file, void* buffer, int64_t bytes, int64_t offset);
   void reap_one();
+  void pump();
   std::unique_ptr<Impl> impl_;
   bool direct_ = true;
   double bytes_read_ = 0, bytes_written_ = 0, wait_s_ = 0;
