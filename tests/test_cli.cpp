@@ -149,7 +149,8 @@ TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
 }
 
 TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
-  Result r = ds("train examples/quickstart.json zero_optimization.stage=3 zero_optimization.offload_param.device=cpu");
+  Result r = ds("train examples/quickstart.json zero_optimization.stage=3 zero_optimization.offload_param.device=nvme "
+                "zero_optimization.offload_param.nvme_path=/tmp");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "parameter offload")) << r.err;
   r = ds("train examples/quickstart.json data.type=text data.path=/nonexistent/corpus.txt");

@@ -148,8 +148,8 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
 }
 
 TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
-  Config c = load_config_text(kTiny, "tiny.json", {"zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
-                                                          "data_types.grad_accum_dtype=fp32", "bf16.enabled=true"});
+  Config c = load_config_text(kTiny, "tiny.json", {"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme",
+                                                          "zero_optimization.offload_param.nvme_path=/tmp", "data_types.grad_accum_dtype=fp32", "bf16.enabled=true"});
   Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
   const auto why = unsupported_by_trainer(p);
   ASSERT_EQ(why.size(), 2u) << (why.empty() ? "" : why[0]);  // one line per root cause: parameter offload and the gradient dtype

@@ -88,10 +88,11 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   // Optimizer offload runs to the CPU (the states in host buffers, the optimizer stepping them there) and
-  // to NVMe (swapped sub-group by sub-group); partial offload and parameter offload are planned, not yet run.
+  // to NVMe (swapped sub-group by sub-group); parameters offload to the CPU (stage 3: the partitions in host
+  // buffers, gathered block by block). Partial offload and parameters on NVMe are planned, not yet run.
   if (plan.zero.offload_optimizer.device != OffloadDevice::none && plan.zero.offload_optimizer.ratio < 1.0)
     why.push_back("partial optimizer offload (offload_optimizer.ratio < 1)");
-  if (plan.zero.offload_param.device != OffloadDevice::none) why.push_back("parameter offload");
+  if (plan.zero.offload_param.device == OffloadDevice::nvme) why.push_back("parameter offload to NVMe");
   return why;
 }
 

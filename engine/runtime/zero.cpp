@@ -24,7 +24,7 @@ struct ZeroExchange::Reduce {
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
-    : plan_(plan), flat_(flat), comm_(comm), stage3_(comm && plan.execution.gathers) {
+    : plan_(plan), flat_(flat), comm_(comm), stage3_(plan.execution.gathers) {
   const FlatLayout& L = plan.layout;
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
@@ -44,6 +44,7 @@ ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight 
 
 std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, bool wait_each) {
   std::vector<std::unique_ptr<PendingCollective>> pieces;
+  if (!comm_) return pieces;  // one rank: the sum over ranks is the gradient itself
   const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
   for (int64_t at = 0; at < t.numel(); at += piece) {
     pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, std::min(piece, t.numel() - at)), CollectiveKind::gradients));
@@ -53,8 +54,8 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
 }
 
 void ZeroExchange::reduce_gradients() {
-  if (!comm_) return;
   if (flat_.grouped) return finish_reduce();
+  if (!comm_) return;
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
   reduce_in_pieces(flat_.compute_grads, /*wait_each=*/true);
 }
@@ -113,12 +114,12 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
     g->out.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
     at += p.partition_numel;
   }
-  g->work = comm_->gather_by_sum_async(g->out, what);
+  g->work = comm_ ? comm_->gather_by_sum_async(g->out, what) : nullptr;  // one rank: its partitions are the whole
   return g;
 }
 
 void ZeroExchange::finish(Gather& g) {
-  g.work->wait();
+  if (g.work) g.work->wait();
   const FlatLayout& L = plan_.layout;
   torch::NoGradGuard ng;
   // An alias of the destination with a version counter of its own: the forward's saved views of these
@@ -142,7 +143,7 @@ void ZeroExchange::gather_block(int64_t layer, CollectiveKind what, int64_t pref
   if (prefetch_ && prefetch_->layer == layer) {
     finish(*prefetch_);
   } else if (has_partitions(layer)) {
-    if (prefetch_) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
+    if (prefetch_ && prefetch_->work) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
     auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what, false);
     finish(*g);
   }
@@ -166,7 +167,7 @@ void ZeroExchange::before_backward(int64_t layer) {
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
-  if (!comm_ || !flat_.grouped) return;
+  if (!flat_.grouped) return;
   const ParamGroup& g = groups_[static_cast<size_t>(layer)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
 }
@@ -180,11 +181,11 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
 }
 
 void ZeroExchange::begin_backward() {
-  if (comm_ && flat_.grouped) finish_reduce();  // the outer gradients are about to be written again
+  if (flat_.grouped) finish_reduce();  // the outer gradients are about to be written again
 }
 
 void ZeroExchange::end_micro_step() {
-  if (!comm_ || !flat_.grouped) return;
+  if (!flat_.grouped) return;
   if (groups_.back().layer < 0)
     start_reduce(groups_.back(), flat_.outer_grads);
   else
@@ -192,14 +193,14 @@ void ZeroExchange::end_micro_step() {
 }
 
 void ZeroExchange::publish_parameters() {
-  if (!comm_ || !plan_.execution.sharded) return;
   torch::NoGradGuard ng;
-  if (stage3_) {
+  if (stage3_) {  // on one rank too (parameter offload): the whole-kept parameters from the partitions
     if (whole_.empty()) return;
     auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);
     finish(*g);
     return;
   }
+  if (!comm_ || !plan_.execution.sharded) return;
   // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces: the other
   // ranks' parts are zeroed first, so the sum of the bits is everyone's weights.
   const FlatLayout& L = plan_.layout;
