@@ -52,6 +52,7 @@ held = lambda c: sum(v for k, v in c.items() if k != 'total')
 print(held(m['device_per_rank']) + held(m['host_per_rank']),
       sum(t['bytes_per_step'] for t in p['zero_execution']['transfers'] if 'states' in t['what']))")
   rss[$name]=$((peak * 1024)); plan[$name]=$planned
+  rm -rf "$dir"  # its checkpoint is as large as the states (13 GB at 1.1B)
   rate="-"
   [ "$state_io" != "0" ] && rate=$(printf "%.0f" "$(echo "$state_io / $io_s / 10^6" | bc -l)")
   printf "%-22s %9.3f %9.3f %9.3f %8.1f%% %12.2f %12.2f %9s\n" "$name" "$step_s" "$opt_s" "$io_s" \

@@ -133,7 +133,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   omp_set_num_threads(plan.threads);
   RunReport report(plan, opt, lead, result);
   RunLog& log = report.log();
-  if (lead) check_free_space(plan);
+  if (lead && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
 
   // Optimizer states on NVMe: the folder is checked and the swap files reserved before anything else is
   // allocated; a swap directory a dead run left behind is named, with the command that removes it.
