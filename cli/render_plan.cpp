@@ -229,7 +229,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   for (const ZeroBuffer& b : p.execution.buffers) {
     std::string size = format_count(b.elements) + " " + dtype_name(b.dtype);
     if (b.copies > 1) size = std::to_string(b.copies) + " x " + size;
-    o << "  " << pad(buffer_role_name(b.role), 16) << pad(size, 26) << pad(place_name(b.place), 8)
+    o << "  " << pad(buffer_role_name(b.role), 18) << pad(size, 26) << pad(place_name(b.place), 8)
       << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "") << "\n";
   }
   for (const Transfer& t : p.execution.transfers)

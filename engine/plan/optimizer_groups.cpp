@@ -18,10 +18,7 @@ std::vector<StepRun> optimizer_runs(const FlatLayout& layout, int rank, bool per
   return runs;
 }
 
-int64_t SubGroup::file_bytes() const {
-  const int64_t bytes = numel() * 4;
-  return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes;
-}
+int64_t SubGroup::file_bytes() const { return swap_aligned(numel() * 4); }
 
 std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity) {
   capacity = std::max(capacity, kStepGrain);
@@ -45,6 +42,33 @@ std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int
     start = end;
   }
   return groups;
+}
+
+int64_t swap_aligned(int64_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }
+
+std::vector<SwapTransfer> swap_transfers(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_bytes) {
+  DS_CHECK(max_bytes >= kSwapAlignBytes && max_bytes % kSwapAlignBytes == 0, "swap transfers of ", max_bytes, " bytes");
+  std::sort(ranges.begin(), ranges.end());
+  // The blocks around each range, merged with the previous run where they overlap or touch.
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const auto& [begin, end] : ranges) {
+    if (end <= begin) continue;
+    const int64_t lo = begin / kSwapAlignBytes * kSwapAlignBytes, hi = swap_aligned(end);
+    if (!runs.empty() && lo <= runs.back().second)
+      runs.back().second = std::max(runs.back().second, hi);
+    else
+      runs.push_back({lo, hi});
+  }
+  std::vector<SwapTransfer> out;
+  for (const auto& [lo, hi] : runs)
+    for (int64_t at = lo; at < hi; at += max_bytes) out.push_back({at, std::min(max_bytes, hi - at)});
+  return out;
+}
+
+int64_t swap_transfer_bytes(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_bytes) {
+  int64_t total = 0;
+  for (const SwapTransfer& t : swap_transfers(std::move(ranges), max_bytes)) total += t.bytes;
+  return total;
 }
 
 int64_t swap_file_bytes(const std::vector<SubGroup>& groups) {

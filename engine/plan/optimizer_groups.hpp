@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/plan/layout.hpp"
@@ -39,5 +40,18 @@ struct SubGroup {
 std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity);
 // Bytes of one state's swap file.
 int64_t swap_file_bytes(const std::vector<SubGroup>& groups);
+
+// `bytes` rounded up to whole swap blocks.
+int64_t swap_aligned(int64_t bytes);
+
+// NVMe parameter offload: a rank's partition is one file in the parameters' dtype, and a gather reads its
+// parameters' partitions as the whole blocks around them, merged where they touch, in transfers of at most
+// `max_bytes` (the host buffers they stream through). `ranges`: byte ranges [begin, end) in the file.
+struct SwapTransfer {
+  int64_t offset = 0, bytes = 0;
+};
+std::vector<SwapTransfer> swap_transfers(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_bytes);
+// The bytes those transfers move.
+int64_t swap_transfer_bytes(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t max_bytes);
 
 }  // namespace ds

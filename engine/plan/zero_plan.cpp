@@ -88,21 +88,37 @@ ZeroExecution describe_zero(const Plan& plan) {
   z.group_offset.assign(L.params.size(), 0);
   z.whole_offset.assign(L.params.size(), -1);
   int64_t whole_partitions = 0;
+  // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
+  // forward and backward; the outer parameters' once; the whole-kept ones once per step).
+  const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
+  const int64_t param_bytes = dtype_bytes(pp.param_dtype);
+  // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
+  const int64_t param_file_bytes = swap_aligned(z.local_numel * param_bytes);
+  const int64_t param_chunk =
+      std::max(kSwapAlignBytes, std::min(swap_aligned(std::max<int64_t>(1, knobs.offload_param.buffer_size) * param_bytes), param_file_bytes));
+  std::vector<std::pair<int64_t, int64_t>> whole_ranges;
+  double param_reads_per_micro_step = 0;
   if (z.grouped) {
     for (const ParamGroup& g : parameter_groups(L)) {
       int64_t at = 0, gathered = 0;
+      std::vector<std::pair<int64_t, int64_t>> ranges;
       for (int i : g.params) {
         const ParamSlot& p = L.params[static_cast<size_t>(i)];
         z.group_offset[static_cast<size_t>(i)] = at;
         at += p.numel;
+        const std::pair<int64_t, int64_t> bytes{p.partition_offset * param_bytes, (p.partition_offset + p.partition_numel) * param_bytes};
         if (z.gathers && stays_whole(p, knobs.param_persistence_threshold)) {
           z.whole_offset[static_cast<size_t>(i)] = z.whole_numel;
           z.whole_numel += p.numel;
           whole_partitions += p.partition_numel;
+          whole_ranges.push_back(bytes);
         } else {
           gathered += p.partition_numel;
+          ranges.push_back(bytes);
         }
       }
+      if (params_on_nvme)
+        param_reads_per_micro_step += (g.layer >= 0 ? 2.0 : 1.0) * static_cast<double>(swap_transfer_bytes(ranges, param_chunk));
       if (g.layer >= 0) {
         z.block_numel = std::max(z.block_numel, at);  // equal in every model ds trains; a hypothetical one may differ
       } else {
@@ -123,7 +139,9 @@ ZeroExecution describe_zero(const Plan& plan) {
 
   // Model states. Stage 3 holds only this rank's partition of the weights (on the host or NVMe when
   // offloaded) plus, in the compute dtype the model reads, the parameters kept whole.
-  add(BufferRole::params, pp.param_dtype, z.gathers ? z.local_numel : z.full_numel, C::params,
+  // On NVMe the partition's file takes whole blocks.
+  add(BufferRole::params, pp.param_dtype,
+      params_on_nvme ? param_file_bytes / param_bytes : z.gathers ? z.local_numel : z.full_numel, C::params,
       param_offload ? offload_place(knobs.offload_param.device) : Place::device);
   add(BufferRole::whole_params, compute, z.whole_numel, C::params);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
@@ -142,8 +160,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
-  // master is otherwise the weights themselves), and the device's weights are copied from it.
-  if (pp.fp32_master || offloaded > 0) states.push_back(BufferRole::master);
+  // master is otherwise the weights themselves), and the device's weights are copied from it; so it does
+  // when the weights themselves are on NVMe.
+  const bool own_master = pp.fp32_master || params_on_nvme;
+  if (own_master || offloaded > 0) states.push_back(BufferRole::master);
   if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
   // NVMe: the states are swapped sub-group by sub-group through host buffers, and their files hold each
@@ -159,7 +179,7 @@ ZeroExecution describe_zero(const Plan& plan) {
     state_elements = swap_file_bytes(z.sub_groups) / 4;
   }
   for (BufferRole r : states) {
-    if (r != BufferRole::master || pp.fp32_master) add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
+    if (r != BufferRole::master || own_master) add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
     add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
   }
   if (offloaded > 0) {
@@ -177,12 +197,21 @@ ZeroExecution describe_zero(const Plan& plan) {
       add(BufferRole::optimizer_swap, Dtype::fp32, (z.sub_group_numel + per_block - 1) / per_block * per_block, C::buffers, Place::host,
           z.swap_sets * static_cast<int>(states.size()));
     }
-    z.transfers.push_back({"updated weights to the device", grads_place, Place::device,
-                           static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
+    if (!params_on_nvme)
+      z.transfers.push_back({"updated weights to the device", grads_place, Place::device,
+                             static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
   }
-  if (param_offload && knobs.offload_param.device == OffloadDevice::nvme)
-    add(BufferRole::param_swap, pp.param_dtype, knobs.offload_param.buffer_size, C::buffers, Place::host,
-        static_cast<int>(knobs.offload_param.buffer_count));
+  if (params_on_nvme) {
+    // The partition streams through buffer_count host buffers of buffer_size elements (whole blocks): the
+    // gathers read the parts they need, the optimizer's update rewrites the whole file.
+    add(BufferRole::param_swap, pp.param_dtype, param_chunk / param_bytes, C::buffers, Place::host,
+        static_cast<int>(std::max<int64_t>(1, knobs.offload_param.buffer_count)));
+    const double whole_reads = static_cast<double>(swap_transfer_bytes(whole_ranges, param_chunk));
+    z.transfers.push_back({"parameters read for gathers", Place::nvme, Place::host,
+                           static_cast<double>(plan.batch.grad_accum) * param_reads_per_micro_step + whole_reads});
+    z.transfers.push_back({"updated parameters written", offloaded > 0 ? Place::host : Place::device,
+                           Place::nvme, static_cast<double>(param_file_bytes)});
+  }
 
   // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
   // it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3

@@ -41,8 +41,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   using Key = std::pair<Dtype, Place>;
   std::map<Key, int64_t> total;
   for (const ZeroBuffer& b : z.buffers) {
-    if (b.transient || b.place == Place::nvme || b.role == BufferRole::optimizer_swap) continue;
-    DS_CHECK(b.role != BufferRole::param_swap, "parameters placed on NVMe: this build does not swap them");
+    if (b.transient || b.place == Place::nvme || b.role == BufferRole::optimizer_swap || b.role == BufferRole::param_swap) continue;
     total[{b.dtype, b.place}] += aligned(b.elements, b.dtype) * b.copies;
   }
   std::map<Key, torch::Tensor> arena;
@@ -65,13 +64,14 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   };
 
   f.params = take(BufferRole::params);
+  f.params_swapped = z.find(BufferRole::params, Place::nvme) != nullptr;
   f.whole_params = take(BufferRole::whole_params);
   f.grads = take(BufferRole::grads);
-  DS_CHECK(f.params.defined() && f.grads.defined(), "the execution lacks the parameters or gradients");
+  DS_CHECK((f.params.defined() || f.params_swapped) && f.grads.defined(), "the execution lacks the parameters or gradients");
   f.compute = z.widened ? take(BufferRole::compute) : f.params;  // widened stage 3 reads gathered buffers only
   f.compute_grads = z.widened ? take(BufferRole::compute_grads) : f.grads;
   const int64_t shard_begin = z.sharded && !z.gathers ? L.shards[static_cast<size_t>(rank)].begin : 0;
-  f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
+  if (f.params.defined()) f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
   f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
   f.swapped = z.find(BufferRole::master, Place::nvme) != nullptr;
   f.master = take(BufferRole::master);
@@ -124,7 +124,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   Bytes b;
   b.params = n(params) + n(whole_params);
   b.grads = n(grads) + n(offload_grads);
-  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.defined() && master.data_ptr() != local_params.data_ptr() ? n(master) : 0.0);
+  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.defined() && (!local_params.defined() || master.data_ptr() != local_params.data_ptr()) ? n(master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1]})

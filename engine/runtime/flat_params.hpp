@@ -11,7 +11,8 @@
 //           the CPU (no fp16 kernels there): the model computes in an fp32 copy (none at stage 3, where it
 //           reads gathered fp32 buffers) and its gradients are rounded into the fp16 `grads` each step,
 //           so overflow is real.
-//   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs; on NVMe: undefined)
+//   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs unless the
+//           parameters are on NVMe; with the states on NVMe: undefined)
 //   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
 //   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
@@ -41,6 +42,7 @@ struct FlatParams {
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
   bool swapped = false;  // the optimizer's states are on NVMe (master, exp_avg, exp_avg_sq undefined here)
+  bool params_swapped = false;  // stage 3: the partition is on NVMe (params, local_params undefined here)
   // grouped: a block's gradients (block l in [l % 2] when their reduce overlaps the next block's
   // backward, overlap_comm; else all in [0]), the outer parameters'
   torch::Tensor block_grads[2], outer_grads;

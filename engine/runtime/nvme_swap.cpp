@@ -285,17 +285,8 @@ void SwapIo::wait_all() {
 
 // ---------------------------------------------------------------------------------------------
 
-OptimizerSwapper::OptimizerSwapper(const Plan& plan, int rank, int states)
-    : io_(plan.zero.aio), groups_(plan.execution.sub_groups), states_(states) {
-  const ZeroExecution& z = plan.execution;
-  DS_CHECK(states >= 1 && states <= 3 && !groups_.empty(), "swapper for ", states, " states and ", groups_.size(), " sub-groups");
-  sets_ = std::max(1, z.swap_sets);
-  pipeline_read_ = plan.zero.offload_optimizer.pipeline_read && sets_ > 1;
-  pipeline_write_ = plan.zero.offload_optimizer.pipeline_write && sets_ > 1;
-  file_bytes_ = swap_file_bytes(groups_);
-  const std::string root = plan.zero.offload_optimizer.nvme_path;
-  const std::string key = "zero_optimization.offload_optimizer.nvme_path";
-
+SwapDirectory::SwapDirectory(const std::string& root, const std::string& key, const std::string& name, double need,
+                             const std::string& what) {
   // Everything that can be wrong with the folder, before a byte is written.
   std::error_code ec;
   const fs::file_status st = fs::status(root, ec);
@@ -304,7 +295,6 @@ OptimizerSwapper::OptimizerSwapper(const Plan& plan, int rank, int states)
   if (!fs::is_directory(st)) throw UserError(key + " '" + root + "' is not a directory", "point nvme_path at a folder");
   if (::access(root.c_str(), W_OK | X_OK) != 0)
     throw UserError(key + " '" + root + "' is not writable by this user: " + errno_text(errno), "choose a folder you can write to");
-  const double need = static_cast<double>(file_bytes_) * states_;
   struct statvfs vfs {};
   if (::statvfs(root.c_str(), &vfs) == 0) {
     const double free_bytes = static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize);
@@ -312,36 +302,67 @@ OptimizerSwapper::OptimizerSwapper(const Plan& plan, int rank, int states)
       std::string stale;
       for (const StaleSwap& s : stale_swap_directories(root))
         stale += "; " + s.path + " (" + format_bytes(static_cast<double>(s.bytes)) + ") is left from a dead run";
-      throw UserError(key + " '" + root + "' has " + format_bytes(free_bytes) + " free; this rank's optimizer states need " +
-                          format_bytes(need) + " there" + stale,
+      throw UserError(key + " '" + root + "' has " + format_bytes(free_bytes) + " free; " + what + " need " + format_bytes(need) +
+                          " there" + stale,
                       "free space there, or point nvme_path at a larger drive");
     }
   }
-  dir_ = (fs::path(root) / (kSwapPrefix + host_name() + "-" + std::to_string(::getpid()) + "-r" + std::to_string(rank))).string();
-  if (!fs::create_directory(dir_, ec) || ec)
-    throw UserError("cannot create the swap directory " + dir_ + ": " + (ec ? ec.message() : std::string("it already exists")),
-                    "check nvme_path");
+  path_ = (fs::path(root) / (kSwapPrefix + host_name() + "-" + std::to_string(::getpid()) + "-" + name)).string();
+  if (!fs::create_directory(path_, ec) || ec)
+    throw UserError("cannot create the swap directory " + path_ + ": " + (ec ? ec.message() : std::string("it already exists")),
+                    "check " + key);
+  std::ofstream owner(fs::path(path_) / "owner");
+  owner << host_name() << ' ' << ::getpid() << ' ' << process_stat(::getpid()).start << '\n';
+  owner.close();
+  if (!owner) {
+    fs::remove_all(path_, ec);
+    throw UserError("cannot write " + path_ + "/owner", "check " + key);
+  }
+}
+
+SwapDirectory::~SwapDirectory() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+namespace {
+
+// `count` buffers of `bytes` each, 4 KiB aligned and zeroed.
+std::vector<char*> aligned_buffers(int64_t count, int64_t bytes) {
+  std::vector<char*> out;
   try {
-    {
-      std::ofstream owner(fs::path(dir_) / "owner");
-      owner << host_name() << ' ' << ::getpid() << ' ' << process_stat(::getpid()).start << '\n';
-      if (!owner) throw UserError("cannot write " + dir_ + "/owner");
-    }
-    for (int k = 0; k < states_; ++k)
-      files_.push_back(io_.create((fs::path(dir_) / (std::string(kStateNames[k]) + ".swap")).string(), file_bytes_));
-    const int64_t per_block = kSwapAlignBytes / 4;
-    buffer_floats_ = (z.sub_group_numel + per_block - 1) / per_block * per_block;
-    for (int i = 0; i < sets_ * states_; ++i) {
-      void* p = std::aligned_alloc(kSwapAlignBytes, static_cast<size_t>(buffer_floats_) * 4);
+    for (int64_t i = 0; i < count; ++i) {
+      void* p = std::aligned_alloc(kSwapAlignBytes, static_cast<size_t>(bytes));
       if (!p) throw std::bad_alloc();
-      std::memset(p, 0, static_cast<size_t>(buffer_floats_) * 4);
-      buffers_.push_back(static_cast<float*>(p));
+      std::memset(p, 0, static_cast<size_t>(bytes));
+      out.push_back(static_cast<char*>(p));
     }
   } catch (...) {
-    for (float* p : buffers_) std::free(p);
-    fs::remove_all(dir_, ec);
+    for (char* p : out) std::free(p);
     throw;
   }
+  return out;
+}
+
+}  // namespace
+
+OptimizerSwapper::OptimizerSwapper(const Plan& plan, int rank, int states)
+    : io_(plan.zero.aio),
+      groups_(plan.execution.sub_groups),
+      states_(states),
+      dir_(plan.zero.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path", "r" + std::to_string(rank),
+           static_cast<double>(swap_file_bytes(plan.execution.sub_groups)) * states, "this rank's optimizer states") {
+  const ZeroExecution& z = plan.execution;
+  DS_CHECK(states >= 1 && states <= 3 && !groups_.empty(), "swapper for ", states, " states and ", groups_.size(), " sub-groups");
+  sets_ = std::max(1, z.swap_sets);
+  pipeline_read_ = plan.zero.offload_optimizer.pipeline_read && sets_ > 1;
+  pipeline_write_ = plan.zero.offload_optimizer.pipeline_write && sets_ > 1;
+  file_bytes_ = swap_file_bytes(groups_);
+  for (int k = 0; k < states_; ++k)
+    files_.push_back(io_.create((fs::path(dir_.path()) / (std::string(kStateNames[k]) + ".swap")).string(), file_bytes_));
+  const int64_t per_block = kSwapAlignBytes / 4;
+  buffer_floats_ = (z.sub_group_numel + per_block - 1) / per_block * per_block;
+  for (char* p : aligned_buffers(sets_ * states_, buffer_floats_ * 4)) buffers_.push_back(reinterpret_cast<float*>(p));
 }
 
 OptimizerSwapper::~OptimizerSwapper() {
@@ -350,8 +371,6 @@ OptimizerSwapper::~OptimizerSwapper() {
   } catch (...) {
   }
   for (float* p : buffers_) std::free(p);
-  std::error_code ec;
-  fs::remove_all(dir_, ec);
 }
 
 std::vector<SwapIo::Ticket> OptimizerSwapper::transfer(size_t group, int set, bool is_write) {
@@ -413,6 +432,114 @@ void OptimizerSwapper::read_range(int64_t at, int64_t n, float* const* out) {
         std::memcpy(out[k] + (lo - at), reinterpret_cast<const char*>(buffer(0, k)) + ((lo - g.begin) * 4 - first),
                     static_cast<size_t>(hi - lo) * 4);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+ParamSwapper::ParamSwapper(const Plan& plan, int rank)
+    : io_(plan.zero.aio),
+      dir_(plan.zero.offload_param.nvme_path, "zero_optimization.offload_param.nvme_path", "r" + std::to_string(rank) + "-params",
+           static_cast<double>(swap_aligned(plan.execution.local_numel * dtype_bytes(plan.precision.param_dtype))),
+           "this rank's parameter partition") {
+  const ZeroBuffer* pool = plan.execution.find(BufferRole::param_swap, Place::host);
+  DS_CHECK(pool != nullptr, "parameters on NVMe without swap buffers in the plan");
+  elem_bytes_ = dtype_bytes(plan.precision.param_dtype);
+  file_bytes_ = swap_aligned(plan.execution.local_numel * elem_bytes_);
+  chunk_bytes_ = pool->elements * elem_bytes_;
+  DS_CHECK(chunk_bytes_ % kSwapAlignBytes == 0, "parameter swap buffers of ", chunk_bytes_, " bytes");
+  file_ = io_.create((fs::path(dir_.path()) / "params.swap").string(), file_bytes_);
+  buffers_ = aligned_buffers(pool->copies, chunk_bytes_);
+  tickets_.assign(buffers_.size(), 0);
+}
+
+ParamSwapper::~ParamSwapper() {
+  try {
+    io_.wait_all();
+  } catch (...) {
+  }
+  for (char* p : buffers_) std::free(p);
+}
+
+void ParamSwapper::issue(size_t i) {
+  const size_t b = i % buffers_.size();
+  const SwapTransfer& t = transfers_[i];
+  tickets_[b] = io_.read(file_, buffers_[b], t.bytes, t.offset);
+}
+
+void ParamSwapper::start_read(std::vector<Piece> pieces) {
+  DS_CHECK(!reading() && chunk_ < 0, "a parameter read while another read or a write is under way");
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.at < b.at; });
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const Piece& p : pieces)
+    if (p.n > 0) ranges.push_back({p.at * elem_bytes_, (p.at + p.n) * elem_bytes_});
+  pieces_ = std::move(pieces);
+  transfers_ = swap_transfers(ranges, chunk_bytes_);
+  next_ = done_ = 0;
+  while (next_ < transfers_.size() && next_ < buffers_.size()) issue(next_++);
+}
+
+void ParamSwapper::finish_read() {
+  size_t first = 0;  // the first piece that may overlap the next transfer (both ordered by offset)
+  for (; done_ < transfers_.size(); ++done_) {
+    const size_t b = done_ % buffers_.size();
+    io_.wait(tickets_[b]);
+    tickets_[b] = 0;
+    const SwapTransfer& t = transfers_[done_];
+    while (first < pieces_.size() && (pieces_[first].at + pieces_[first].n) * elem_bytes_ <= t.offset) ++first;
+    for (size_t k = first; k < pieces_.size() && pieces_[k].at * elem_bytes_ < t.offset + t.bytes; ++k) {
+      const Piece& p = pieces_[k];
+      const int64_t lo = std::max(p.at * elem_bytes_, t.offset), hi = std::min((p.at + p.n) * elem_bytes_, t.offset + t.bytes);
+      if (lo < hi)
+        std::memcpy(static_cast<char*>(p.dest) + (lo - p.at * elem_bytes_), buffers_[b] + (lo - t.offset), static_cast<size_t>(hi - lo));
+    }
+    if (next_ < transfers_.size()) issue(next_++);  // into the buffer just emptied
+  }
+  pieces_.clear();
+  transfers_.clear();
+  next_ = done_ = 0;
+}
+
+void ParamSwapper::begin_write() {
+  DS_CHECK(!reading() && chunk_ < 0, "a parameter write while a read or another write is under way");
+  chunk_ = 0;
+  filled_ = 0;
+  // Every buffer is free: no read is in flight, and the last write ended with all of them settled.
+}
+
+void ParamSwapper::flush_chunk() {
+  const size_t b = static_cast<size_t>(chunk_) % buffers_.size();
+  const int64_t offset = chunk_ * chunk_bytes_, bytes = std::min(chunk_bytes_, file_bytes_ - offset);
+  std::memset(buffers_[b] + filled_, 0, static_cast<size_t>(bytes - std::min(filled_, bytes)));
+  tickets_[b] = io_.write(file_, buffers_[b], bytes, offset);
+  ++chunk_;
+  filled_ = 0;
+  // The next chunk's buffer: free once its previous write is done.
+  const size_t next = static_cast<size_t>(chunk_) % buffers_.size();
+  io_.wait(tickets_[next]);
+  tickets_[next] = 0;
+}
+
+std::pair<void*, int64_t> ParamSwapper::span(int64_t at, int64_t n) {
+  DS_CHECK(chunk_ >= 0 && at >= 0 && n > 0 && (at + n) * elem_bytes_ <= file_bytes_, "parameter write span [", at, ", ", at + n, ")");
+  const int64_t byte = at * elem_bytes_;
+  while (byte >= (chunk_ + 1) * chunk_bytes_) flush_chunk();
+  const int64_t in_chunk = byte - chunk_ * chunk_bytes_;
+  DS_CHECK(in_chunk >= filled_, "parameter write spans out of order");
+  char* buf = buffers_[static_cast<size_t>(chunk_) % buffers_.size()];
+  std::memset(buf + filled_, 0, static_cast<size_t>(in_chunk - filled_));  // a gap: padding
+  const int64_t k = std::min(n, (chunk_bytes_ - in_chunk) / elem_bytes_);
+  filled_ = in_chunk + k * elem_bytes_;
+  return {buf + in_chunk, k};
+}
+
+void ParamSwapper::end_write() {
+  DS_CHECK(chunk_ >= 0, "end_write without begin_write");
+  while (chunk_ * chunk_bytes_ < file_bytes_) flush_chunk();
+  for (SwapIo::Ticket& t : tickets_) {
+    io_.wait(t);
+    t = 0;
+  }
+  chunk_ = -1;
 }
 
 // ---------------------------------------------------------------------------------------------

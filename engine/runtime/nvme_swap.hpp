@@ -1,8 +1,9 @@
-// ds — NVMe swapping for optimizer offload (ZeRO-Infinity). The optimizer states of this rank (fp32
-// master weights and moments) live in one file per state under <nvme_path>/ds-swap-<host>-<pid>/, each
+// ds — NVMe swapping (ZeRO-Infinity). The optimizer states of this rank (fp32 master weights and
+// moments) live in one file per state under <nvme_path>/ds-swap-<host>-<pid>-r<rank>/, each
 // holding the plan's sub-groups one after another from 4 KiB boundaries. A step reads sub-group i into
 // host buffers, steps it and writes it back, with the next read and the previous write in flight
-// (pipeline_read / pipeline_write) through io_uring, O_DIRECT where the filesystem allows it.
+// (pipeline_read / pipeline_write) through io_uring, O_DIRECT where the filesystem allows it. At stage 3
+// the rank's parameter partition can live there too (ParamSwapper, a folder ending in -params).
 // The swap directory is scratch: made at start, removed when the run ends however it ends (short of
 // kill -9); a directory left by a dead run is reported at the next start with the command that removes
 // it. No LibTorch here: raw buffers.
@@ -63,6 +64,21 @@ class SwapIo {
   double bytes_read_ = 0, bytes_written_ = 0, wait_s_ = 0;
 };
 
+// A rank's scratch folder under an nvme_path: checked (exists, a directory, writable, `need` bytes free)
+// before anything is written, made with an owner file naming this process, removed when destroyed.
+// `key`: the config key that named the path; `what`: what the files hold, for messages.
+class SwapDirectory {
+ public:
+  SwapDirectory(const std::string& root, const std::string& key, const std::string& name, double need, const std::string& what);
+  ~SwapDirectory();
+  SwapDirectory(const SwapDirectory&) = delete;
+  SwapDirectory& operator=(const SwapDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // One rank's optimizer states on NVMe, swapped sub-group by sub-group through host buffers.
 class OptimizerSwapper {
  public:
@@ -83,7 +99,7 @@ class OptimizerSwapper {
 
   const std::vector<SubGroup>& sub_groups() const { return groups_; }
   int states() const { return states_; }
-  const std::string& directory() const { return dir_; }
+  const std::string& directory() const { return dir_.path(); }
   bool direct() const { return io_.direct(); }
   double buffer_bytes() const { return static_cast<double>(buffers_.size()) * static_cast<double>(buffer_floats_) * 4; }
   double file_bytes() const { return static_cast<double>(file_bytes_) * states_; }
@@ -96,10 +112,60 @@ class OptimizerSwapper {
   std::vector<SubGroup> groups_;
   int states_ = 0, sets_ = 1;
   bool pipeline_read_ = false, pipeline_write_ = false;
-  std::string dir_;
+  SwapDirectory dir_;
   std::vector<int> files_;
   int64_t file_bytes_ = 0, buffer_floats_ = 0;
   std::vector<float*> buffers_;  // sets x states, 4 KiB aligned
+};
+
+// One rank's parameter partition on NVMe (ZeRO-3 offload_param): one file in the parameters' dtype,
+// read piecewise for each gather and rewritten front to back after each optimizer step, both streamed
+// through the plan's buffer_count host buffers of buffer_size elements. One read at a time: a gather's
+// reads may stay in flight (the next block's, while this one computes) until finish_read.
+class ParamSwapper {
+ public:
+  ParamSwapper(const Plan& plan, int rank);
+  ~ParamSwapper();
+
+  // Elements [at, at + n) of the partition, for `dest` (in the parameters' dtype).
+  struct Piece {
+    int64_t at = 0, n = 0;
+    void* dest = nullptr;
+  };
+  // Puts the first transfers in flight, as many as there are buffers.
+  void start_read(std::vector<Piece> pieces);
+  // Waits for them, copying each piece to its destination while the rest stream through the freed buffers.
+  void finish_read();
+  bool reading() const { return !pieces_.empty() || next_ < transfers_.size(); }
+
+  // Rewriting the partition, front to back: `span(at, n)` returns where elements [at, at + k) go (k <= n,
+  // in the parameters' dtype), `at` never below a previous span's end. Elements no span covers are
+  // written as zeros (padding). end_write returns once everything is on disk.
+  void begin_write();
+  std::pair<void*, int64_t> span(int64_t at, int64_t n);
+  void end_write();
+
+  const std::string& directory() const { return dir_.path(); }
+  bool direct() const { return io_.direct(); }
+  double buffer_bytes() const { return static_cast<double>(buffers_.size()) * static_cast<double>(chunk_bytes_); }
+  double file_bytes() const { return static_cast<double>(file_bytes_); }
+  const SwapIo& io() const { return io_; }
+
+ private:
+  void issue(size_t transfer);
+  void flush_chunk();
+  SwapIo io_;
+  SwapDirectory dir_;
+  int file_ = 0;
+  int64_t elem_bytes_ = 2, file_bytes_ = 0, chunk_bytes_ = 0;
+  std::vector<char*> buffers_;  // buffer_count, 4 KiB aligned, chunk_bytes_ each
+  std::vector<SwapIo::Ticket> tickets_;  // per buffer: its transfer in flight
+  // Reading: the pieces (by offset), the transfers they need, the next one to issue and to finish.
+  std::vector<Piece> pieces_;
+  std::vector<SwapTransfer> transfers_;
+  size_t next_ = 0, done_ = 0;
+  // Writing: the chunk being filled (chunk_bytes_ of the file from chunk_ * chunk_bytes_), its bytes filled so far.
+  int64_t chunk_ = -1, filled_ = 0;
 };
 
 // The swapped states of a fresh run: the master from this rank's segments of the initial weights (asked

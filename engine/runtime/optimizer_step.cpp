@@ -39,6 +39,7 @@ double OptimizerStep::step_swapped(const OptimizerStepInputs& si, double& bytes)
   const bool bf16 = plan_.precision.param_dtype == Dtype::bf16;
   const int moments = plan_.optimizer.moments;
   swapped_finite_ = true;
+  if (param_swap_) param_swap_->begin_write();
   swapper_->for_each([&](size_t i, float* const* st) {
     const SubGroup& g = swapper_->sub_groups()[i];
     const int64_t n = g.numel();
@@ -51,13 +52,18 @@ double OptimizerStep::step_swapped(const OptimizerStepInputs& si, double& bytes)
     b.moment1 = moments >= 1 ? st[1] : nullptr;
     b.moment2 = moments >= 2 ? st[2] : nullptr;
     b.grads = grads.data_ptr();
-    b.params_bf16 = bf16 ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + g.begin : nullptr;
+    b.params_bf16 = bf16 && !param_swap_ ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + g.begin : nullptr;
     optimizer_.step_window(b, si, g.begin, g.end);
-    // The updated weights to the device (the bf16 kernel wrote them as it stepped).
-    if (!bf16) flat_.local_params.narrow(0, g.begin, n).copy_(torch::from_blob(st[0], {n}, torch::kFloat32));
-    bytes += static_cast<double>(n) * dtype_bytes(plan_.precision.param_dtype);
+    // The updated weights to the device (the bf16 kernel wrote them as it stepped), or to their file.
+    if (param_swap_) {
+      store_params(st[0], g.begin, n);
+    } else {
+      if (!bf16) flat_.local_params.narrow(0, g.begin, n).copy_(torch::from_blob(st[0], {n}, torch::kFloat32));
+      bytes += static_cast<double>(n) * dtype_bytes(plan_.precision.param_dtype);
+    }
     swapped_finite_ = swapped_finite_ && std::isfinite(kernels::sum_of_squares_f32(st[0], n));
   });
+  if (param_swap_) param_swap_->end_write();
   bytes += io.bytes_read() + io.bytes_written() - moved0;
   return io.wait_seconds() - waited0;
 }
@@ -67,7 +73,7 @@ torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T
 }
 
 OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                             Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper)
+                             Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper, ParamSwapper* param_swap)
     : plan_(plan),
       flat_(flat),
       zero_(zero),
@@ -77,8 +83,10 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       scaler_(scaler),
       schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
       optimizer_(plan.optimizer, plan.layout, flat.rank),
-      swapper_(swapper) {
+      swapper_(swapper),
+      param_swap_(param_swap) {
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
+  DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
   // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
   if (comm && plan.execution.sharded && plan.optimizer.type == OptimizerType::Lamb)
     sum_over_ranks_ = [comm](double* v, size_t n) {
@@ -88,8 +96,9 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   buffers_.master = flat.master.data_ptr<float>();
   buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
   buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
-  buffers_.params_bf16 =
-      plan.precision.param_dtype == Dtype::bf16 ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
+  buffers_.params_bf16 = plan.precision.param_dtype == Dtype::bf16 && !param_swap
+                            ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr())
+                            : nullptr;
   // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened
   // back; offloaded, their fp32 copy beside the states.
   const torch::Tensor& grads = flat.offload_grads.defined() ? flat.offload_grads : flat.local_grads;
@@ -97,9 +106,36 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   buffers_.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
 }
 
+void OptimizerStep::store_params(const float* master, int64_t begin, int64_t n) {
+  const Dtype d = plan_.precision.param_dtype;
+  while (n > 0) {
+    const auto [dest, k] = param_swap_->span(begin, n);
+    const torch::Tensor from = torch::from_blob(const_cast<float*>(master), {k}, torch::kFloat32);
+    torch::from_blob(dest, {k}, to_torch(d)).copy_(from);  // round to nearest even, as the optimizer's kernel does
+    master += k;
+    begin += k;
+    n -= k;
+  }
+}
+
 void OptimizerStep::refresh_weights(bool rounded) {
   torch::NoGradGuard ng;
-  if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
+  if (param_swap_ && !rounded) {  // the partition's file from the master copy, wherever that is
+    param_swap_->begin_write();
+    if (swapper_) {
+      swapped_finite_ = true;
+      swapper_->for_each(
+          [&](size_t i, float* const* st) {
+            const SubGroup& g = swapper_->sub_groups()[i];
+            swapped_finite_ = swapped_finite_ && std::isfinite(kernels::sum_of_squares_f32(st[0], g.numel()));
+            store_params(st[0], g.begin, g.numel());
+          },
+          /*read=*/true, /*write=*/false);
+    } else {
+      store_params(flat_.master.data_ptr<float>(), 0, flat_.master.numel());
+    }
+    param_swap_->end_write();
+  } else if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
     swapped_finite_ = true;
     swapper_->for_each(
         [&](size_t i, float* const* st) {
@@ -134,6 +170,18 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     restart_peak_resident();
   };
   if (sample_memory_) restart_peak_resident();
+  // Parameters on NVMe: their reads (gathers) and writes count as offload, in bytes and in time (taken out
+  // of the phase they happen in, so the phases still tile the step).
+  const double param_bytes0 = param_bytes();
+  double waited = param_wait();
+  const auto param_io = [&] {
+    const double now = param_wait(), s = now - waited;
+    waited = now;
+    t.offload += s;
+    return s;
+  };
+  // Parameter bytes moved by the step (gathers, the rewrite of the file), whichever way it ends.
+  const auto count_param_bytes = [&] { out.offload_bytes += param_bytes() - param_bytes0; };
   for (int64_t m = 0; m < GAS; ++m) {
     auto at = std::chrono::steady_clock::now();
     sampler_.train_batch(step, m, in_, tgt_);
@@ -144,14 +192,14 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     mark(0);
     zero_.begin_micro_step(false);
     torch::Tensor loss = model_.loss(input, target);
-    t.forward += lap(at);
+    t.forward += lap(at) - param_io();
     mark(1);
     zero_.begin_backward();
     // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
     (loss * (out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)))).backward();
     zero_.end_micro_step();
     loss_sum += loss.item<double>();
-    t.backward += lap(at);
+    t.backward += lap(at) - param_io();
     mark(2);
   }
   auto at = std::chrono::steady_clock::now();
@@ -199,6 +247,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     if (!scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
     t.norm += lap(at);
     mark(4);  // a skipped step ends at its overflow check
+    count_param_bytes();
   } else {
     // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale
     // comes off in the same multiply.
@@ -217,14 +266,16 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     mark(4);
     const bool offloaded = flat_.offload_grads.defined();
     if (swapper_) {
-      const double waited = step_swapped(si, out.offload_bytes);
+      const double swap_wait = step_swapped(si, out.offload_bytes);
       const double spent = lap(at);
-      t.offload += waited;
-      t.optimizer += spent - waited;
+      const double param_wait_s = param_io();
+      t.offload += swap_wait;
+      t.optimizer += spent - swap_wait - param_wait_s;
       mark(6);
       refresh_weights(true);
-      t.gather += lap(at);
+      t.gather += lap(at) - param_io();
       mark(7);
+      count_param_bytes();
       ++applied_;
       return out;
     }
@@ -239,7 +290,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     t.optimizer += lap(at);
     mark(6);
     bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
-    if (offloaded) {  // the updated weights back to the device
+    if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
       torch::NoGradGuard ng;
       if (!rounded) flat_.local_params.copy_(flat_.master);
       rounded = true;
@@ -248,8 +299,9 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
       mark(5);
     }
     refresh_weights(rounded);
-    t.gather += lap(at);
+    t.gather += lap(at) - param_io();
     mark(7);
+    count_param_bytes();
     ++applied_;
   }
   return out;

@@ -39,10 +39,10 @@ struct StepOutcome {
 
 class OptimizerStep {
  public:
-  // `comm` null on one rank; `swapper` null unless the optimizer's states are on NVMe. Everything is
-  // borrowed and must outlive this object.
+  // `comm` null on one rank; `swapper` null unless the optimizer's states are on NVMe, `param_swap` unless
+  // the parameters are (stage 3). Everything is borrowed and must outlive this object.
   OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper = nullptr);
+                Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper = nullptr, ParamSwapper* param_swap = nullptr);
 
   // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
   // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
@@ -80,6 +80,13 @@ class OptimizerStep {
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
   OptimizerSwapper* swapper_ = nullptr;
+  ParamSwapper* param_swap_ = nullptr;
+  // Parameters on NVMe: master elements [begin, begin + n) rounded to the stored dtype into the partition's
+  // file (inside a begin_write/end_write).
+  void store_params(const float* master, int64_t begin, int64_t n);
+  // Parameters on NVMe: seconds waited on their I/O and bytes moved so far (0 without).
+  double param_wait() const { return param_swap_ ? param_swap_->io().wait_seconds() : 0.0; }
+  double param_bytes() const { return param_swap_ ? param_swap_->io().bytes_read() + param_swap_->io().bytes_written() : 0.0; }
   bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded
   // NVMe: steps every sub-group (gradients to the host, update, weights back); returns seconds waited on I/O.
   double step_swapped(const OptimizerStepInputs& si, double& bytes);

@@ -88,11 +88,10 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   // Optimizer offload runs to the CPU (the states in host buffers, the optimizer stepping them there) and
-  // to NVMe (swapped sub-group by sub-group); parameters offload to the CPU (stage 3: the partitions in host
-  // buffers, gathered block by block). Partial offload and parameters on NVMe are planned, not yet run.
+  // to NVMe (swapped sub-group by sub-group); parameters offload to the CPU or NVMe (stage 3: the partition
+  // in host buffers or a file, gathered block by block). Partial offload is planned, not yet run.
   if (plan.zero.offload_optimizer.device != OffloadDevice::none && plan.zero.offload_optimizer.ratio < 1.0)
     why.push_back("partial optimizer offload (offload_optimizer.ratio < 1)");
-  if (plan.zero.offload_param.device == OffloadDevice::nvme) why.push_back("parameter offload to NVMe");
   return why;
 }
 
@@ -138,12 +137,26 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   // Optimizer states on NVMe: the folder is checked and the swap files reserved before anything else is
   // allocated; a swap directory a dead run left behind is named, with the command that removes it.
   std::unique_ptr<OptimizerSwapper> swapper;
-  if (plan.execution.find(BufferRole::master, Place::nvme)) {
-    const std::string& root = plan.zero.offload_optimizer.nvme_path;
-    if (lead)
+  std::unique_ptr<ParamSwapper> param_swap;
+  const bool states_on_nvme = plan.execution.find(BufferRole::master, Place::nvme) != nullptr;
+  const bool params_on_nvme = plan.execution.find(BufferRole::params, Place::nvme) != nullptr;
+  if (lead) {
+    std::vector<std::string> roots;
+    if (states_on_nvme) roots.push_back(plan.zero.offload_optimizer.nvme_path);
+    if (params_on_nvme && (roots.empty() || roots[0] != plan.zero.offload_param.nvme_path))
+      roots.push_back(plan.zero.offload_param.nvme_path);
+    for (const std::string& root : roots)
       for (const StaleSwap& st : stale_swap_directories(root))
         log.note("ds train: warning: " + st.path + " (" + format_bytes(static_cast<double>(st.bytes)) + ") was left by process " +
                  std::to_string(st.pid) + ", which is gone: remove it with `rm -r " + st.path + "`");
+  }
+  if (params_on_nvme) {
+    param_swap = std::make_unique<ParamSwapper>(plan, rank);
+    if (lead)
+      log.note("ds train: parameters on NVMe in " + param_swap->directory() + " (" + format_bytes(param_swap->file_bytes()) + ", " +
+               (param_swap->direct() ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT") + ")");
+  }
+  if (states_on_nvme) {
     const int states = 1 + plan.optimizer.moments;
     swapper = std::make_unique<OptimizerSwapper>(plan, rank, states);
     if (lead)
@@ -152,7 +165,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
                (swapper->direct() ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT") + ")");
   }
   FlatParams flat = FlatParams::allocate(plan, rank);
-  ZeroExchange zero(plan, flat, comm);
+  ZeroExchange zero(plan, flat, comm, param_swap.get());
   const std::unique_ptr<LanguageModel> model = make_model(plan, flat);
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   std::unique_ptr<BlockTimer> block_timer;
@@ -165,7 +178,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     model->set_block_hooks(&zero);
   }
   LossScaler scaler(plan.precision.loss_scaling);
-  OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler, swapper.get());
+  OptimizerStep stepper(plan, flat, zero, *model, sampler, comm, scaler, swapper.get(), param_swap.get());
   stepper.set_sample_memory(opt.profile);
   CheckpointBuffers buffers{FlatParams::data_or_null(flat.master), FlatParams::data_or_null(flat.exp_avg),
                             FlatParams::data_or_null(flat.exp_avg_sq), plan.execution.local_numel, flat.owned, plan.layout.numel};
@@ -254,6 +267,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
 
   FlatParams::Bytes held = flat.bytes();
   if (swapper) held.buffers += swapper->buffer_bytes();  // the host buffers sub-groups are swapped through
+  if (param_swap) held.buffers += param_swap->buffer_bytes();
   report.describe(held, stream->describe(), sampler.train_tokens(), sampler.val_tokens());
   if (opt.profile) {
     const GemmPeak peak = measure_gemm_peak(plan.model, B * T, plan.precision.compute_dtype);

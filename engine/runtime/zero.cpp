@@ -11,10 +11,12 @@ struct ZeroExchange::Gather {
   std::unique_ptr<PendingCollective> work;
   torch::Tensor out;  // every rank's partitions packed, one rank after another
   std::vector<int> params;
+  CollectiveKind what = CollectiveKind::parameters_forward;
   torch::Tensor dest;
   const std::vector<int64_t>* offsets = nullptr;
   int64_t n = 0;  // elements each rank sends
   int64_t layer = -1;  // the block it gathers, or -1
+  bool reading = false;  // NVMe: this rank's partitions are still being read; the collective waits for them
 };
 
 struct ZeroExchange::Reduce {
@@ -23,8 +25,9 @@ struct ZeroExchange::Reduce {
   torch::Tensor buf;
 };
 
-ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm)
-    : plan_(plan), flat_(flat), comm_(comm), stage3_(plan.execution.gathers) {
+ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap)
+    : plan_(plan), flat_(flat), comm_(comm), param_swap_(param_swap), stage3_(plan.execution.gathers) {
+  DS_CHECK(!param_swap || stage3_, "parameters on NVMe outside stage 3");
   const FlatLayout& L = plan.layout;
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
@@ -107,18 +110,37 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
   for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
   // This rank packs its partitions into its place; the rest is zero for the gather by sum.
   g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
-  g->out.zero_();
+  g->what = what;
+  if (comm_) g->out.zero_();
   int64_t at = flat_.rank * g->n;
+  std::vector<ParamSwapper::Piece> pieces;
   for (int i : params) {
     const ParamSlot& p = L.params[static_cast<size_t>(i)];
-    g->out.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
+    if (param_swap_)
+      pieces.push_back({p.partition_offset, p.partition_numel, static_cast<char*>(g->out.data_ptr()) + at * g->out.element_size()});
+    else
+      g->out.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
     at += p.partition_numel;
   }
-  g->work = comm_ ? comm_->gather_by_sum_async(g->out, what) : nullptr;  // one rank: its partitions are the whole
+  if (param_swap_) {
+    param_swap_->start_read(std::move(pieces));
+    g->reading = true;
+  } else {
+    issue(*g);
+  }
   return g;
 }
 
+void ZeroExchange::issue(Gather& g) {
+  if (g.reading) {
+    param_swap_->finish_read();
+    g.reading = false;
+  }
+  if (comm_ && !g.work) g.work = comm_->gather_by_sum_async(g.out, g.what);  // one rank: its partitions are the whole
+}
+
 void ZeroExchange::finish(Gather& g) {
+  issue(g);
   if (g.work) g.work->wait();
   const FlatLayout& L = plan_.layout;
   torch::NoGradGuard ng;
@@ -143,7 +165,10 @@ void ZeroExchange::gather_block(int64_t layer, CollectiveKind what, int64_t pref
   if (prefetch_ && prefetch_->layer == layer) {
     finish(*prefetch_);
   } else if (has_partitions(layer)) {
-    if (prefetch_ && prefetch_->work) prefetch_->work->wait();  // not the one needed (cannot happen in forward/backward order)
+    if (prefetch_) {  // not the one needed (cannot happen in forward/backward order): settle it, as every rank does
+      issue(*prefetch_);
+      if (prefetch_->work) prefetch_->work->wait();
+    }
     auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what, false);
     finish(*g);
   }

@@ -24,13 +24,16 @@
 #include "engine/runtime/comm.hpp"
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/language_model.hpp"
+#include "engine/runtime/nvme_swap.hpp"
 
 namespace ds {
 
 class ZeroExchange : public BlockHooks {
  public:
-  // `comm` null: one rank, every call below is a no-op.
-  ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm);
+  // `comm` null: one rank, every call below is a no-op. `param_swap`: the rank's partition is on NVMe
+  // (stage 3, offload_param.device=nvme): each gather reads its partitions from there (a prefetch's
+  // reads run while the current block computes; its collective follows them).
+  ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap = nullptr);
   ~ZeroExchange() override;
 
   // Around each micro step: stage 3 gathers the parameters outside the blocks before forward
@@ -57,6 +60,8 @@ class ZeroExchange : public BlockHooks {
   std::unique_ptr<Gather> start_gather(const std::vector<int>& params, torch::Tensor dest, const std::vector<int64_t>& offsets,
                                        CollectiveKind what, bool prefetch);
   void finish(Gather& g);
+  // The gather's own partitions are packed and its collective issued (NVMe: after the reads).
+  void issue(Gather& g);
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
@@ -67,6 +72,7 @@ class ZeroExchange : public BlockHooks {
   const Plan& plan_;
   FlatParams& flat_;
   Communicator* comm_;
+  ParamSwapper* param_swap_ = nullptr;
   bool stage3_ = false, evaluating_ = false;
   std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
