@@ -18,6 +18,12 @@ std::vector<StepRun> optimizer_runs(const FlatLayout& layout, int rank, bool per
   return runs;
 }
 
+int64_t step_cut(const std::vector<StepRun>& runs, int64_t at) {
+  for (const StepRun& r : runs)
+    if (r.begin < at && at < r.end) return r.begin + (at - r.begin) / kStepGrain * kStepGrain;
+  return at;
+}
+
 int64_t SubGroup::file_bytes() const { return swap_aligned(numel() * 4); }
 
 std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity) {

@@ -28,6 +28,10 @@ constexpr int64_t kStepGrain = 16;
 // NVMe I/O runs in whole blocks of this many bytes (O_DIRECT), so every sub-group starts its files on one.
 constexpr int64_t kSwapAlignBytes = 4096;
 
+// `at` moved back onto the grain of the run it falls inside (unchanged between runs): where a rank's
+// local part may be split between two places (partial offload) without changing a bit of the update.
+int64_t step_cut(const std::vector<StepRun>& runs, int64_t at);
+
 struct SubGroup {
   int64_t begin = 0, end = 0;  // local elements [begin, end)
   int64_t file_offset = 0;     // bytes: where its elements start in each state's swap file

@@ -157,7 +157,10 @@ void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, st
   if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && stage != 3)
     errors.push_back({"zero_optimization.offload_optimizer.ratio", "partial offloading (ratio < 1) needs ZeRO stage 3",
                       "set ratio to 1.0 or the stage to 3"});
-  (void)c;
+  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && c.optimizer.type == OptimizerType::Lamb)
+    errors.push_back({"zero_optimization.offload_optimizer.ratio",
+                      "Lamb cannot split its states between two places: its trust ratio is taken over whole tensors",
+                      "set ratio to 1.0, or use Adam/AdamW"});
 }
 
 void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {

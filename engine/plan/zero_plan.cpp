@@ -156,7 +156,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With
   // offload the first `ratio` of them lives on the host or NVMe, the rest stays.
   const double ratio = opt_offload ? knobs.offload_optimizer.ratio : 0.0;
-  const int64_t offloaded = static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio));
+  // Partial offload splits the part on a kernel's grain, so each element's update is the one it gets whole.
+  const std::vector<StepRun> runs = optimizer_runs(L, plan.topology.rank, plan.optimizer.type == OptimizerType::Lamb);
+  const int64_t offloaded = step_cut(runs, static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio)));
+  z.offloaded_numel = offloaded;
   const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
@@ -172,8 +175,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   int64_t state_elements = offloaded;
   if (swapped) {
     const int64_t capacity = std::min(std::max<int64_t>(knobs.sub_group_size, kStepGrain), offloaded);
-    z.sub_groups = optimizer_sub_groups(optimizer_runs(L, plan.topology.rank, plan.optimizer.type == OptimizerType::Lamb),
-                                        offloaded, capacity);
+    z.sub_groups = optimizer_sub_groups(runs, offloaded, capacity);
     for (const SubGroup& g : z.sub_groups) z.sub_group_numel = std::max(z.sub_group_numel, g.numel());
     z.swap_sets = std::max(1, knobs.swap_sets);
     state_elements = swap_file_bytes(z.sub_groups) / 4;

@@ -77,6 +77,7 @@ struct ZeroExecution {
   int64_t local_numel = 0;          // elements this rank's optimizer steps (padding included)
   int64_t block_numel = 0, outer_numel = 0;  // grouped: the elements of a block, of the outer parameters
   int64_t whole_numel = 0;          // stage 3: elements kept whole on every rank
+  int64_t offloaded_numel = 0;      // optimizer offload: the first this many local elements' states are offloaded
   int64_t gather_numel = 0;         // stage 3: the largest gather's packed elements (all ranks)
   int64_t prefetch_numel = 0;       // stage 3: the largest block gather's packed elements (all ranks)
   std::vector<int64_t> group_offset;  // grouped: per parameter, its place in its group's buffers

@@ -1,6 +1,7 @@
 #include "engine/runtime/flat_params.hpp"
 
 #include <map>
+#include <optional>
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
@@ -50,9 +51,10 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
     arena[key] = torch::zeros({n}, to_torch(key.first));
     f.arenas.push_back(arena[key]);  // owns the memory every buffer below points into
   }
-  auto take = [&](BufferRole role, int copy = 0) -> torch::Tensor {
-    const ZeroBuffer* b = z.find(role);
-    if (!b) b = z.find(role, Place::host);
+  // The buffer of `role` on the device, else on the host; or exactly at `at`.
+  auto take = [&](BufferRole role, int copy = 0, std::optional<Place> at = std::nullopt) -> torch::Tensor {
+    const ZeroBuffer* b = z.find(role, at.value_or(Place::device));
+    if (!b && !at) b = z.find(role, Place::host);
     if (!b || copy >= b->copies) return {};
     // A tensor of its own over the arena's memory, not a view: views share their base's version counter,
     // and autograd would take a gradient accumulated into one buffer for a change of the weights in another.
@@ -74,11 +76,21 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   if (f.params.defined()) f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
   f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
   f.swapped = z.find(BufferRole::master, Place::nvme) != nullptr;
-  f.master = take(BufferRole::master);
+  // Partial offload: the offloaded part's states (on the host, or swapped) and the rest's on the device.
+  f.offloaded = z.offloaded_numel;
+  const bool partial = f.offloaded > 0 && f.offloaded < z.local_numel;
+  const std::optional<Place> offloaded_at = partial ? std::optional<Place>(Place::host) : std::nullopt;
+  f.master = take(BufferRole::master, 0, offloaded_at);
+  f.exp_avg = take(BufferRole::exp_avg, 0, offloaded_at);
+  f.exp_avg_sq = take(BufferRole::exp_avg_sq, 0, offloaded_at);
+  if (partial) {
+    f.kept_master = take(BufferRole::master, 0, Place::device);
+    if (!f.kept_master.defined()) f.kept_master = f.local_params.narrow(0, f.offloaded, z.local_numel - f.offloaded);  // fp32
+    f.kept_exp_avg = take(BufferRole::exp_avg, 0, Place::device);
+    f.kept_exp_avg_sq = take(BufferRole::exp_avg_sq, 0, Place::device);
+  }
   if (!f.master.defined() && !f.swapped) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
   f.offload_grads = take(BufferRole::offload_grads);
-  f.exp_avg = take(BufferRole::exp_avg);
-  f.exp_avg_sq = take(BufferRole::exp_avg_sq);
   for (int i = 0; i < 2; ++i) {
     f.block_grads[i] = take(BufferRole::block_grads, i);
     f.block_params[i] = take(BufferRole::block_params, i);
@@ -124,7 +136,12 @@ FlatParams::Bytes FlatParams::bytes() const {
   Bytes b;
   b.params = n(params) + n(whole_params);
   b.grads = n(grads) + n(offload_grads);
-  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + (master.defined() && (!local_params.defined() || master.data_ptr() != local_params.data_ptr()) ? n(master) : 0.0);
+  const auto own = [&](const torch::Tensor& t) {  // not the weights themselves (fp32)
+    return t.defined() && (!local_params.defined() || t.data_ptr() < local_params.data_ptr() ||
+                           t.data_ptr() >= static_cast<char*>(local_params.data_ptr()) + local_params.nbytes());
+  };
+  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + n(kept_exp_avg) + n(kept_exp_avg_sq) + (own(master) ? n(master) : 0.0) +
+                       (own(kept_master) ? n(kept_master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1]})

@@ -38,6 +38,12 @@ struct FlatParams {
   torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
   torch::Tensor local_params, local_grads;
   torch::Tensor offload_grads;  // optimizer offload: fp32 copy of local_grads where the optimizer's states live
+  // Partial offload (ratio < 1): master, exp_avg, exp_avg_sq and offload_grads hold the first `offloaded`
+  // local elements (or are on NVMe); the kept_* states, on the device, the rest (kept_master aliases the
+  // weights in fp32 runs). Without partial offload `offloaded` is 0 or the whole part, kept_* undefined.
+  int64_t offloaded = 0;
+  torch::Tensor kept_master, kept_exp_avg, kept_exp_avg_sq;
+  bool partial() const { return kept_master.defined(); }
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
