@@ -83,7 +83,7 @@ const std::map<std::string, const char*> kActs = {
     {"aio.block_size", "runtime: SwapIo request size"},
     {"aio.queue_depth", "runtime: SwapIo io_uring size, requests in flight"},
     {"aio.single_submit", "runtime: SwapIo submits each request on its own"},
-    {"zero_optimization.offload_optimizer.ratio", "plan: share offloaded"},
+    {"zero_optimization.offload_optimizer.ratio", "plan + runtime: share offloaded"},
     {"zero_optimization.offload_param.device", "plan + runtime: where the partition lives"},
     {"zero_optimization.offload_param.nvme_path", "runtime: the swap folder"},
     {"zero_optimization.offload_param.buffer_count", "plan + runtime: NVMe parameter buffers"},

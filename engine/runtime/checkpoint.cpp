@@ -459,6 +459,15 @@ int64_t dataset_length(hid_t f, const char* name) {
 }
 }  // namespace
 
+std::vector<OwnedSegment> segments_within(const std::vector<OwnedSegment>& owned, int64_t begin, int64_t end) {
+  std::vector<OwnedSegment> out;
+  for (const OwnedSegment& g : owned) {
+    const int64_t lo = std::max(g.local, begin), hi = std::min(g.local + g.numel, end);
+    if (lo < hi) out.push_back({g.param, g.global + (lo - g.local), lo - begin, hi - lo});
+  }
+  return out;
+}
+
 CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffers& b) {
   const std::string file = (fs::path(dir) / "state.h5").string();
   hid_t f = open_checkpoint_file(file, dir);

@@ -94,6 +94,10 @@ std::string resolve_checkpoint_path(const std::string& path);
 // Reads the caller's segments of a checkpoint (any world size, any stage) into its buffers. Throws
 // UserError for a wrong format version or a model of another size, naming both sizes.
 CheckpointScalars load_checkpoint(const std::string& checkpoint_dir, const CheckpointBuffers& buffers);
+
+// The segments of `owned` within local elements [begin, end), placed from `begin`: a piece of a rank's part
+// loaded or saved on its own (a swapped sub-group, the two places of a partial offload).
+std::vector<OwnedSegment> segments_within(const std::vector<OwnedSegment>& owned, int64_t begin, int64_t end);
 std::string read_checkpoint_text(const std::string& checkpoint_dir, const char* which);  // "plan_json" | "config_json"
 
 // The HDF5 library's version, e.g. "1.10.8" (for `ds --version`).

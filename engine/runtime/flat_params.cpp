@@ -52,9 +52,9 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
     f.arenas.push_back(arena[key]);  // owns the memory every buffer below points into
   }
   // The buffer of `role` on the device, else on the host; or exactly at `at`.
-  auto take = [&](BufferRole role, int copy = 0, std::optional<Place> at = std::nullopt) -> torch::Tensor {
-    const ZeroBuffer* b = z.find(role, at.value_or(Place::device));
-    if (!b && !at) b = z.find(role, Place::host);
+  auto take = [&](BufferRole role, int copy = 0, std::optional<Place> place = std::nullopt) -> torch::Tensor {
+    const ZeroBuffer* b = z.find(role, place.value_or(Place::device));
+    if (!b && !place) b = z.find(role, Place::host);
     if (!b || copy >= b->copies) return {};
     // A tensor of its own over the arena's memory, not a view: views share their base's version counter,
     // and autograd would take a gradient accumulated into one buffer for a change of the weights in another.

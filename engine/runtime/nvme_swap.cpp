@@ -544,20 +544,6 @@ void ParamSwapper::end_write() {
 
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-// The segments of `owned` within local elements [begin, end), placed from `begin`.
-std::vector<OwnedSegment> cut_segments(const std::vector<OwnedSegment>& owned, int64_t begin, int64_t end) {
-  std::vector<OwnedSegment> out;
-  for (const OwnedSegment& g : owned) {
-    const int64_t lo = std::max(g.local, begin), hi = std::min(g.local + g.numel, end);
-    if (lo < hi) out.push_back({g.param, g.global + (lo - g.local), lo - begin, hi - lo});
-  }
-  return out;
-}
-
-}  // namespace
-
 void swap_in_weights(OptimizerSwapper& swapper, const std::vector<OwnedSegment>& owned, const SegmentValues& values) {
   swapper.for_each(
       [&](size_t i, float* const* st) {
@@ -580,7 +566,7 @@ CheckpointScalars swap_in_checkpoint(OptimizerSwapper& swapper, const std::strin
         const SubGroup& g = swapper.sub_groups()[i];
         for (int k = 0; k < swapper.states(); ++k) std::memset(st[k], 0, static_cast<size_t>(g.numel()) * 4);
         CheckpointBuffers piece{st[0], swapper.states() > 1 ? st[1] : nullptr,
-                                swapper.states() > 2 ? st[2] : nullptr, g.numel(), cut_segments(part.segments, g.begin, g.end),
+                                swapper.states() > 2 ? st[2] : nullptr, g.numel(), segments_within(part.segments, g.begin, g.end),
                                 part.model_numel};
         piece.verify = first;  // every data set's checksum once, not once per sub-group
         const CheckpointScalars sc = load_checkpoint(checkpoint_dir, piece);

@@ -28,8 +28,25 @@ double lap(std::chrono::steady_clock::time_point& t) {
 }  // namespace
 
 bool OptimizerStep::master_finite() const {
+  const auto finite = [](const torch::Tensor& t) { return std::isfinite(kernels::sum_of_squares_f32(t.data_ptr<float>(), t.numel())); };
+  if (flat_.partial() && !finite(flat_.kept_master)) return false;
   if (swapper_) return swapped_finite_;
-  return std::isfinite(kernels::sum_of_squares_f32(flat_.master.data_ptr<float>(), flat_.master.numel()));
+  return finite(flat_.master);
+}
+
+void OptimizerStep::copy_kept_weights() {
+  if (!flat_.partial() || param_swap_) return;
+  const torch::Tensor kept = flat_.local_params.narrow(0, flat_.offloaded, flat_.kept_master.numel());
+  if (kept.data_ptr() != flat_.kept_master.data_ptr()) kept.copy_(flat_.kept_master);
+}
+
+void OptimizerStep::step_kept(const OptimizerStepInputs& si) {
+  if (!flat_.partial()) return;
+  optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
+  if (param_swap_)
+    store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
+  else if (!kept_.params_bf16)
+    copy_kept_weights();
 }
 
 double OptimizerStep::step_swapped(const OptimizerStepInputs& si, double& bytes) {
@@ -63,6 +80,7 @@ double OptimizerStep::step_swapped(const OptimizerStepInputs& si, double& bytes)
     }
     swapped_finite_ = swapped_finite_ && std::isfinite(kernels::sum_of_squares_f32(st[0], n));
   });
+  step_kept(si);  // partial offload: the part that stays (after the swapped one: the parameter file is written in order)
   if (param_swap_) param_swap_->end_write();
   bytes += io.bytes_read() + io.bytes_written() - moved0;
   return io.wait_seconds() - waited0;
@@ -92,13 +110,21 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
     sum_over_ranks_ = [comm](double* v, size_t n) {
       comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
     };
+  const bool bf16_weights = plan.precision.param_dtype == Dtype::bf16 && !param_swap;
+  if (flat.partial()) {  // the kept part: its own states, the gradients and weights from element `offloaded` on
+    const int64_t at = flat.offloaded;
+    kept_.master = flat.kept_master.data_ptr<float>();
+    kept_.moment1 = FlatParams::data_or_null(flat.kept_exp_avg);
+    kept_.moment2 = FlatParams::data_or_null(flat.kept_exp_avg_sq);
+    kept_.params_bf16 = bf16_weights ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) + at : nullptr;
+    kept_.grads = static_cast<const char*>(flat.local_grads.data_ptr()) + at * flat.local_grads.element_size();
+    kept_.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
+  }
   if (swapper) return;  // the buffers are the swapper's, one sub-group at a time
   buffers_.master = flat.master.data_ptr<float>();
   buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
   buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
-  buffers_.params_bf16 = plan.precision.param_dtype == Dtype::bf16 && !param_swap
-                            ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr())
-                            : nullptr;
+  buffers_.params_bf16 = bf16_weights ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
   // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened
   // back; offloaded, their fp32 copy beside the states.
   const torch::Tensor& grads = flat.offload_grads.defined() ? flat.offload_grads : flat.local_grads;
@@ -134,6 +160,7 @@ void OptimizerStep::refresh_weights(bool rounded) {
     } else {
       store_params(flat_.master.data_ptr<float>(), 0, flat_.master.numel());
     }
+    if (flat_.partial()) store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
     param_swap_->end_write();
   } else if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
     swapped_finite_ = true;
@@ -144,8 +171,10 @@ void OptimizerStep::refresh_weights(bool rounded) {
           flat_.local_params.narrow(0, g.begin, g.numel()).copy_(torch::from_blob(st[0], {g.numel()}, torch::kFloat32));
         },
         /*read=*/true, /*write=*/false);
+    if (flat_.partial()) copy_kept_weights();
   } else if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) {
-    flat_.local_params.copy_(flat_.master);
+    flat_.local_params.narrow(0, 0, flat_.master.numel()).copy_(flat_.master);
+    copy_kept_weights();
   }
   zero_.publish_parameters();
   if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
@@ -281,20 +310,29 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     }
     if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
       torch::NoGradGuard ng;
-      flat_.offload_grads.copy_(flat_.local_grads);
+      flat_.offload_grads.copy_(flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()));
       out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
       t.offload += lap(at);
       mark(5);
     }
-    optimizer_.step(buffers_, si, sum_over_ranks_);
+    if (flat_.partial()) {  // two places: the offloaded part, then the kept one (which writes its own weights)
+      optimizer_.step_window(buffers_, si, 0, flat_.offloaded);
+      if (param_swap_) param_swap_->begin_write();
+      if (param_swap_) store_params(flat_.master.data_ptr<float>(), 0, flat_.offloaded);
+      step_kept(si);
+      if (param_swap_) param_swap_->end_write();
+    } else {
+      optimizer_.step(buffers_, si, sum_over_ranks_);
+    }
     t.optimizer += lap(at);
     mark(6);
-    bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
+    // The bf16 kernel wrote the weights as it stepped; a partial offload's are written to NVMe already.
+    bool rounded = buffers_.params_bf16 != nullptr || (flat_.partial() && param_swap_);
     if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
       torch::NoGradGuard ng;
-      if (!rounded) flat_.local_params.copy_(flat_.master);
+      if (!rounded) flat_.local_params.narrow(0, 0, flat_.master.numel()).copy_(flat_.master);
       rounded = true;
-      out.offload_bytes += static_cast<double>(flat_.local_params.nbytes());
+      out.offload_bytes += static_cast<double>(flat_.master.numel()) * flat_.local_params.element_size();
       t.offload += lap(at);
       mark(5);
     }

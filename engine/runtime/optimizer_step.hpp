@@ -79,6 +79,11 @@ class OptimizerStep {
   FlatOptimizer optimizer_;
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
+  OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
+  // Partial offload: the kept part's update (and its weights written, to the device or the NVMe file).
+  void step_kept(const OptimizerStepInputs& si);
+  // The kept part's weights from its master (partial offload; a no-op where they alias, fp32).
+  void copy_kept_weights();
   OptimizerSwapper* swapper_ = nullptr;
   ParamSwapper* param_swap_ = nullptr;
   // Parameters on NVMe: master elements [begin, begin + n) rounded to the stored dtype into the partition's

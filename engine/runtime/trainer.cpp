@@ -88,10 +88,8 @@ std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   // Optimizer offload runs to the CPU (the states in host buffers, the optimizer stepping them there) and
-  // to NVMe (swapped sub-group by sub-group); parameters offload to the CPU or NVMe (stage 3: the partition
-  // in host buffers or a file, gathered block by block). Partial offload is planned, not yet run.
-  if (plan.zero.offload_optimizer.device != OffloadDevice::none && plan.zero.offload_optimizer.ratio < 1.0)
-    why.push_back("partial optimizer offload (offload_optimizer.ratio < 1)");
+  // to NVMe (swapped sub-group by sub-group), whole or partial (ratio); parameters offload to the CPU or
+  // NVMe (stage 3: the partition in host buffers or a file, gathered block by block).
   return why;
 }
 
@@ -183,6 +181,34 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   CheckpointBuffers buffers{FlatParams::data_or_null(flat.master), FlatParams::data_or_null(flat.exp_avg),
                             FlatParams::data_or_null(flat.exp_avg_sq), plan.execution.local_numel, flat.owned, plan.layout.numel};
   if (swapper) buffers.pieces = swapped_pieces(*swapper, plan.optimizer.moments);
+  // Partial offload: the rank's part lives in two places, the offloaded elements [0, split) (on the host or
+  // swapped) and the kept rest on the device. Each is loaded on its own; saving draws both into one shard.
+  const int64_t split = flat.partial() ? flat.offloaded : plan.execution.local_numel;
+  CheckpointBuffers first_part = buffers;
+  first_part.numel = split;
+  first_part.segments = segments_within(flat.owned, 0, split);
+  CheckpointBuffers kept{FlatParams::data_or_null(flat.kept_master), FlatParams::data_or_null(flat.kept_exp_avg),
+                         FlatParams::data_or_null(flat.kept_exp_avg_sq), plan.execution.local_numel - split,
+                         segments_within(flat.owned, split, plan.execution.local_numel), plan.layout.numel};
+  kept.verify = false;  // the first part's load verified every data set
+  if (flat.partial()) {
+    const ShardPieces swapped = swapper ? swapped_pieces(*swapper, plan.optimizer.moments) : ShardPieces{};
+    buffers.pieces.moments = plan.optimizer.moments;
+    buffers.pieces.read = [&flat, &kept, split, swapped](int64_t at, int64_t n, float* m, float* e1, float* e2) {
+      float* out[3] = {m, e1, e2};
+      const int64_t lo = std::min(n, std::max<int64_t>(0, split - at));  // elements from the offloaded part
+      if (lo > 0 && swapped.read) {
+        swapped.read(at, lo, m, e1, e2);
+      } else if (lo > 0) {
+        const torch::Tensor* from[3] = {&flat.master, &flat.exp_avg, &flat.exp_avg_sq};
+        for (int k = 0; k < 3; ++k)
+          if (out[k] && from[k]->defined()) std::memcpy(out[k], from[k]->data_ptr<float>() + at, static_cast<size_t>(lo) * 4);
+      }
+      float* rest[3] = {kept.master, kept.exp_avg, kept.exp_avg_sq};
+      for (int k = 0; k < 3; ++k)
+        if (out[k] && rest[k] && n > lo) std::memcpy(out[k] + lo, rest[k] + (at + lo - split), static_cast<size_t>(n - lo) * 4);
+    };
+  }
   if (opt.resume_from.empty()) {
     // The model is initialised the same way at every stage and world size; each rank keeps its part,
     // drawn parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
@@ -202,12 +228,15 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
       values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
     }
     if (swapper)
-      swap_in_weights(*swapper, flat.owned, values);
+      swap_in_weights(*swapper, first_part.segments, values);
     else
-      for (const OwnedSegment& s : flat.owned)
+      for (const OwnedSegment& s : first_part.segments)
         std::memcpy(flat.master.data_ptr<float>() + s.local, values(s), static_cast<size_t>(s.numel) * 4);
+    for (const OwnedSegment& s : kept.segments) std::memcpy(kept.master + s.local, values(s), static_cast<size_t>(s.numel) * 4);
   } else {
-    const CheckpointScalars sc = swapper ? swap_in_checkpoint(*swapper, opt.resume_from, buffers) : load_checkpoint(opt.resume_from, buffers);
+    const CheckpointScalars sc =
+        swapper ? swap_in_checkpoint(*swapper, opt.resume_from, first_part) : load_checkpoint(opt.resume_from, first_part);
+    if (flat.partial()) load_checkpoint(opt.resume_from, kept);
     result.first_step = sc.step;
     stepper.set_applied(sc.applied_steps);
     result.skipped_steps = sc.skipped_steps;
