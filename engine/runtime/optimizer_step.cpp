@@ -171,7 +171,7 @@ void OptimizerStep::refresh_weights(bool rounded) {
           flat_.local_params.narrow(0, g.begin, g.numel()).copy_(torch::from_blob(st[0], {g.numel()}, torch::kFloat32));
         },
         /*read=*/true, /*write=*/false);
-    if (flat_.partial()) copy_kept_weights();
+    copy_kept_weights();
   } else if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) {
     flat_.local_params.narrow(0, 0, flat_.master.numel()).copy_(flat_.master);
     copy_kept_weights();
@@ -294,47 +294,42 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     t.norm += lap(at);
     mark(4);
     const bool offloaded = flat_.offload_grads.defined();
-    if (swapper_) {
+    bool rounded = true;  // the weights the step wrote already (false: refresh_weights takes them from the master)
+    if (swapper_) {  // the weights go to the device (or their file) sub-group by sub-group
       const double swap_wait = step_swapped(si, out.offload_bytes);
       const double spent = lap(at);
       const double param_wait_s = param_io();
       t.offload += swap_wait;
       t.optimizer += spent - swap_wait - param_wait_s;
       mark(6);
-      refresh_weights(true);
-      t.gather += lap(at) - param_io();
-      mark(7);
-      count_param_bytes();
-      ++applied_;
-      return out;
-    }
-    if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
-      torch::NoGradGuard ng;
-      flat_.offload_grads.copy_(flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()));
-      out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
-      t.offload += lap(at);
-      mark(5);
-    }
-    if (flat_.partial()) {  // two places: the offloaded part, then the kept one (which writes its own weights)
-      optimizer_.step_window(buffers_, si, 0, flat_.offloaded);
-      if (param_swap_) param_swap_->begin_write();
-      if (param_swap_) store_params(flat_.master.data_ptr<float>(), 0, flat_.offloaded);
-      step_kept(si);
-      if (param_swap_) param_swap_->end_write();
     } else {
-      optimizer_.step(buffers_, si, sum_over_ranks_);
-    }
-    t.optimizer += lap(at);
-    mark(6);
-    // The bf16 kernel wrote the weights as it stepped; a partial offload's are written to NVMe already.
-    bool rounded = buffers_.params_bf16 != nullptr || (flat_.partial() && param_swap_);
-    if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
-      torch::NoGradGuard ng;
-      if (!rounded) flat_.local_params.narrow(0, 0, flat_.master.numel()).copy_(flat_.master);
-      rounded = true;
-      out.offload_bytes += static_cast<double>(flat_.master.numel()) * flat_.local_params.element_size();
-      t.offload += lap(at);
-      mark(5);
+      if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
+        torch::NoGradGuard ng;
+        flat_.offload_grads.copy_(flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()));
+        out.offload_bytes += static_cast<double>(flat_.offload_grads.nbytes());
+        t.offload += lap(at);
+        mark(5);
+      }
+      if (flat_.partial()) {  // two places: the offloaded part, then the kept one
+        optimizer_.step_window(buffers_, si, 0, flat_.offloaded);
+        optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
+      } else {
+        optimizer_.step(buffers_, si, sum_over_ranks_);
+      }
+      t.optimizer += lap(at);
+      mark(6);
+      rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
+      if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
+        torch::NoGradGuard ng;
+        if (!rounded) {
+          flat_.local_params.narrow(0, 0, flat_.master.numel()).copy_(flat_.master);
+          copy_kept_weights();
+        }
+        rounded = true;
+        out.offload_bytes += static_cast<double>(flat_.master.numel()) * flat_.local_params.element_size();
+        t.offload += lap(at);
+        mark(5);
+      }
     }
     refresh_weights(rounded);
     t.gather += lap(at) - param_io();

@@ -80,7 +80,8 @@ class OptimizerStep {
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
   OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
-  // Partial offload: the kept part's update (and its weights written, to the device or the NVMe file).
+  // Partial offload with the states swapped: after the swapped sub-groups, the kept part's update and its
+  // weights (to the device, or the NVMe file being written in order).
   void step_kept(const OptimizerStepInputs& si);
   // The kept part's weights from its master (partial offload; a no-op where they alias, fp32).
   void copy_kept_weights();

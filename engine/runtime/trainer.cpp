@@ -64,6 +64,9 @@ void check_free_space(const Plan& plan) {
                     "free some space, or choose another train.output_dir");
 }
 
+// How a swap file is read and written, for the start-up note.
+const char* io_mode(bool direct) { return direct ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT"; }
+
 // Restores the previous handlers when the run ends, however it ends.
 struct StopSignals {
   StopSignals() {
@@ -152,7 +155,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     param_swap = std::make_unique<ParamSwapper>(plan, rank);
     if (lead)
       log.note("ds train: parameters on NVMe in " + param_swap->directory() + " (" + format_bytes(param_swap->file_bytes()) + ", " +
-               (param_swap->direct() ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT") + ")");
+               io_mode(param_swap->direct()) + ")");
   }
   if (states_on_nvme) {
     const int states = 1 + plan.optimizer.moments;
@@ -160,7 +163,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     if (lead)
       log.note("ds train: optimizer states on NVMe in " + swapper->directory() + " (" + format_bytes(swapper->file_bytes()) + ", " +
                std::to_string(swapper->sub_groups().size()) + " sub-groups, " +
-               (swapper->direct() ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT") + ")");
+               io_mode(swapper->direct()) + ")");
   }
   FlatParams flat = FlatParams::allocate(plan, rank);
   ZeroExchange zero(plan, flat, comm, param_swap.get());
