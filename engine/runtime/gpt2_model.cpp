@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
+#include "engine/runtime/fused_ops.hpp"
 
 namespace ds {
 
@@ -53,7 +54,7 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
   const auto mask = torch::ones({T, T}, torch::kBool).triu(1);  // causal: -inf above the diagonal
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  torch::Tensor h = torch::layer_norm(x_in, {C}, b.ln1_w, b.ln1_b, hp_.norm_eps);
+  torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
   torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C)
   qkv = qkv.view({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});                  // (3, B, NH, T, D)
   torch::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) * scale;  // (B, NH, T, T)
@@ -61,8 +62,8 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   torch::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B * T, C});
   torch::Tensor x = x_in + dropout(torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
-  h = torch::layer_norm(x, {C}, b.ln2_w, b.ln2_b, hp_.norm_eps);
-  torch::Tensor f = torch::gelu(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w), "tanh");
+  h = layer_norm(x, b.ln2_w, b.ln2_b, hp_.norm_eps);
+  torch::Tensor f = gelu_tanh(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w));
   return x + dropout(torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }
 
@@ -70,9 +71,8 @@ torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& 
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
   torch::Tensor x = dropout(torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T), hp_.embd_pdrop, -1, 0);  // (B, T, C)
   x = run_blocks(x);
-  x = torch::layer_norm(x, {C}, lnf_w_, lnf_b_, hp_.norm_eps);
-  torch::Tensor logits = torch::matmul(x.view({B * T, C}), wte_.t());  // tied head, (BT, V)
-  return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
+  x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);
+  return head_loss(x.view({B * T, C}), wte_, targets);  // tied head
 }
 
 }  // namespace ds

@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 
+#include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/gpt2_model.hpp"
 #include "engine/runtime/llama_model.hpp"
 
@@ -109,6 +110,10 @@ void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
     BlockParts* parts = parts_;
     x.register_hook([parts, layer](const torch::Tensor&) { parts->mlp_backward_done(layer); });
   }
+}
+
+torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const {
+  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_);
 }
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {

@@ -91,6 +91,9 @@ class LanguageModel {
     dropout_key_ = key;
     training_ = training;
   }
+  // The gradient the next loss will receive in backward (the loss scale over micro batches and ranks):
+  // the fused head computes its gradients for it during forward (fused_head_loss.hpp).
+  void set_loss_gradient(double g) { loss_gradient_ = g; }
 
  protected:
   // Every block in order, checkpointed when configured.
@@ -100,11 +103,14 @@ class LanguageModel {
   torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
   // Called by block() with the residual sum after the attention half.
   void attention_half_done(int64_t layer, torch::Tensor& x) const;
+  // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const;
 
  private:
   bool checkpoint_activations_ = false;
   uint64_t dropout_key_ = 0;
   bool training_ = true;
+  double loss_gradient_ = 1.0;
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
 };

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/error.hpp"
+#include "engine/runtime/fused_ops.hpp"
 
 namespace ds {
 
@@ -40,10 +41,7 @@ void LlamaModel::initialise(const ParamSlot& p, torch::Tensor t, at::Generator& 
 }
 
 torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
-  // HF computes the statistic in fp32 and scales in the compute dtype: w * (x / rms(x)).
-  const torch::Tensor xf = x.to(torch::kFloat32);
-  const torch::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + hp_.norm_eps);
-  return w * normed.to(x.scalar_type());
+  return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
 }
 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
@@ -84,8 +82,7 @@ torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor&
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
   torch::Tensor x = run_blocks(dropout(torch::embedding(embed_, inputs), hp_.embd_pdrop, -1, 0));  // (B, T, C)
   x = rms_norm(x, norm_);
-  torch::Tensor logits = torch::linear(x.view({B * T, C}), head_);  // (BT, V)
-  return torch::cross_entropy_loss(logits.to(torch::kFloat32), targets.reshape({B * T}));
+  return head_loss(x.view({B * T, C}), head_, targets);
 }
 
 }  // namespace ds

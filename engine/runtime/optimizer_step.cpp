@@ -220,12 +220,14 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     t.data += lap(at);
     mark(0);
     zero_.begin_micro_step(false);
+    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
+    const double loss_gradient = out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W));
+    model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
     t.forward += lap(at) - param_io();
     mark(1);
     zero_.begin_backward();
-    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
-    (loss * (out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)))).backward();
+    (loss * loss_gradient).backward();
     zero_.end_micro_step();
     loss_sum += loss.item<double>();
     t.backward += lap(at) - param_io();

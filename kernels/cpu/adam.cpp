@@ -3,9 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/simd.hpp"
 
 namespace ds::kernels {
 
@@ -82,21 +80,11 @@ void adam_step_bf16_reference(float* p, float* m, float* v, uint16_t* out, const
 #if defined(__x86_64__)
 namespace {
 
-__attribute__((target("avx512f"))) inline __m256i to_bf16_x16(__m512 x) {
-  const __m512i xi = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(xi, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(xi, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
-__attribute__((target("avx512f"))) inline __m512 from_bf16_x16(__m256i b) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-}
+using simd::from_bf16_x16;
+using simd::to_bf16_x16;
 
 template <bool kBf16Grad>
-__attribute__((target("avx512f"))) void avx512_range(float* p, float* m, float* v, uint16_t* out, const void* grad,
+DS_AVX512 void avx512_range(float* p, float* m, float* v, uint16_t* out, const void* grad,
                                                      int64_t begin, int64_t end, const AdamStep& s) {
   const __m512 b1 = _mm512_set1_ps(s.beta1), b2 = _mm512_set1_ps(s.beta2);
   const __m512 omb1 = _mm512_set1_ps(1 - s.beta1), omb2 = _mm512_set1_ps(1 - s.beta2);
@@ -134,10 +122,7 @@ __attribute__((target("avx512f"))) void avx512_range(float* p, float* m, float* 
   }
 }
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
+using simd::has_avx512;
 
 }  // namespace
 #endif

@@ -1,0 +1,115 @@
+#include "engine/runtime/fused_head_loss.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+#include "kernels/cpu/cross_entropy.hpp"
+
+namespace ds {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct HeadPass {
+  double loss_sum = 0;
+  torch::Tensor dx, dw;  // empty unless gradients were asked for
+};
+
+// Softmax cross-entropy of one chunk of logits (rows, V), in place: the gradient replaces the logits
+// when `row_grad` is nonzero. fp16 goes through an fp32 copy of the chunk (the kernel reads fp32/bf16).
+double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float row_grad, bool write_grad) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  switch (logits.scalar_type()) {
+    case torch::kFloat32:
+      return kernels::softmax_cross_entropy_f32(logits.data_ptr<float>(), targets, rows, vocab, logits.stride(0), row_grad,
+                                                write_grad);
+    case torch::kBFloat16:
+      return kernels::softmax_cross_entropy_bf16(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), targets,
+                                                 rows, vocab, logits.stride(0), row_grad, write_grad);
+    default: {
+      torch::Tensor wide = logits.to(torch::kFloat32);
+      const double sum = kernels::softmax_cross_entropy_f32(wide.data_ptr<float>(), targets, rows, vocab, vocab, row_grad,
+                                                            write_grad);
+      if (write_grad) logits.copy_(wide);
+      return sum;
+    }
+  }
+}
+
+HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
+                   double expected_grad, int64_t chunk_elements, bool grads) {
+  torch::NoGradGuard no_grad;
+  const int64_t N = x.size(0), V = weight.size(0);
+  DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
+           "fused head loss: shapes x ", x.sizes(), ", weight ", weight.sizes(), ", targets ", targets_in.sizes());
+  const torch::Tensor targets = targets_in.to(torch::kLong).contiguous();
+  if (N > 0) {
+    const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+    DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
+             "): the data and model.vocab_size disagree");
+  }
+  const int64_t rows = std::clamp<int64_t>(chunk_elements / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+  const float row_grad = static_cast<float>(expected_grad / static_cast<double>(N));
+  HeadPass out;
+  if (grads) out.dx = torch::empty_like(x, torch::MemoryFormat::Contiguous);
+  torch::Tensor buffer = torch::empty({std::min(rows, N), V}, x.options());
+  const torch::Tensor wt = weight.t();
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    const torch::Tensor xc = x.narrow(0, r0, n);
+    torch::Tensor logits = buffer.narrow(0, 0, n);
+    at::mm_out(logits, xc, wt);
+    out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
+    if (!grads) continue;
+    torch::Tensor dxc = out.dx.narrow(0, r0, n);
+    at::mm_out(dxc, logits, weight);
+    // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
+    if (r0 == 0)
+      out.dw = torch::mm(logits.t(), xc);
+    else
+      out.dw.addmm_(logits.t(), xc);
+  }
+  return out;
+}
+
+class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& targets, double expected_grad, int64_t chunk_elements) {
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, true);
+    ctx->saved_data["dx"] = pass.dx;
+    ctx->saved_data["dw"] = pass.dw;
+    ctx->saved_data["expected"] = expected_grad;
+    return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    torch::Tensor dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    ctx->saved_data.erase("dx");
+    ctx->saved_data.erase("dw");
+    // The gradients were made for the expected one; anything else (a loss used twice, another scale)
+    // rescales them.
+    const float expected = static_cast<float>(ctx->saved_data["expected"].toDouble());
+    const float got = grad_out[0].item<float>();
+    if (got != expected) {
+      const double factor = static_cast<double>(got) / static_cast<double>(expected);
+      dx = dx * factor;
+      dw = dw * factor;
+    }
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                              double expected_grad, int64_t chunk_elements) {
+  DS_CHECK(expected_grad != 0, "fused head loss: the expected gradient must be nonzero");
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
+    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements);
+  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, false);
+  return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
+}
+
+}  // namespace ds

@@ -1,0 +1,26 @@
+// ds — the language model's head and loss as one operation: the mean cross-entropy of `targets`
+// under softmax(x W^T), computed a chunk of rows at a time so the (rows x vocab) logits of the whole
+// batch never exist, let alone widened to fp32 with a gradient beside them. When a gradient is
+// wanted, each chunk's logits are turned into their gradient in place (kernels/cpu/cross_entropy) and
+// multiplied straight into the gradients of x and W, during the forward pass: backward only hands
+// them on. The gradients are computed for the gradient the loss is expected to receive
+// (`expected_grad`: the loss scale over the micro batches and ranks), so fp16 gradients never
+// underflow on the way; backward rescales them if the loss receives something else.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace ds {
+
+// Logit elements per chunk: 32 Mi (64 MiB in bf16). GPT-2 at 512 tokens is one chunk; longer
+// batches are split so the chunk stays bounded whatever the batch.
+constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
+
+// x (N, C) and weight (V, C) in the model's dtype, targets (N) int64 in [0, V). Returns the mean
+// loss as an fp32 scalar; differentiable in x and weight when grad mode is on and either needs it.
+torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                              double expected_grad, int64_t chunk_elements = kHeadChunkElements);
+
+}  // namespace ds

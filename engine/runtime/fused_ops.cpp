@@ -1,0 +1,113 @@
+#include "engine/runtime/fused_ops.hpp"
+
+#include "kernels/cpu/gelu.hpp"
+#include "kernels/cpu/layer_norm.hpp"
+
+namespace ds {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool on_kernels(const torch::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16);
+}
+
+template <class T>
+T* raw(const torch::Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+class Norm : public torch::autograd::Function<Norm> {
+ public:
+  // rms: RMSNorm, b is not read (autograd takes no undefined inputs: the callers pass w again).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w_in,
+                               const torch::Tensor& b_in, double eps, bool rms) {
+    const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
+    const int64_t C = x.size(-1);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
+    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
+    if (x.scalar_type() == torch::kBFloat16)
+      kernels::norm_forward_bf16(raw<uint16_t>(x), raw<uint16_t>(w), raw<uint16_t>(b), raw<uint16_t>(y), raw<float>(mean),
+                                 raw<float>(rstd), shape);
+    else
+      kernels::norm_forward_f32(raw<float>(x), raw<float>(w), raw<float>(b), raw<float>(y), raw<float>(mean),
+                                raw<float>(rstd), shape);
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["rstd"] = rstd;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bias"] = b.defined();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
+    const int64_t C = x.size(-1);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
+    torch::Tensor dx = torch::empty_like(x);
+    torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
+    torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
+    if (x.scalar_type() == torch::kBFloat16)
+      kernels::norm_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(x), raw<uint16_t>(w), raw<float>(mean), raw<float>(rstd),
+                                  raw<uint16_t>(dx), raw<float>(dw), raw<float>(db), shape);
+    else
+      kernels::norm_backward_f32(raw<float>(dy), raw<float>(x), raw<float>(w), raw<float>(mean), raw<float>(rstd),
+                                 raw<float>(dx), raw<float>(dw), raw<float>(db), shape);
+    return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class GeluTanh : public torch::autograd::Function<GeluTanh> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
+    const torch::Tensor x = x_in.contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    if (x.scalar_type() == torch::kBFloat16)
+      kernels::gelu_tanh_forward_bf16(raw<uint16_t>(x), raw<uint16_t>(y), x.numel());
+    else
+      kernels::gelu_tanh_forward_f32(raw<float>(x), raw<float>(y), x.numel());
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
+    torch::Tensor dx = torch::empty_like(x);
+    if (x.scalar_type() == torch::kBFloat16)
+      kernels::gelu_tanh_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(x), raw<uint16_t>(dx), x.numel());
+    else
+      kernels::gelu_tanh_backward_f32(raw<float>(dy), raw<float>(x), raw<float>(dx), x.numel());
+    return {dx};
+  }
+};
+
+}  // namespace
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
+  if (!on_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())
+    return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return Norm::apply(x, w, b, eps, false);
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  if (!on_kernels(x) || w.scalar_type() != x.scalar_type()) {
+    const torch::Tensor xf = x.to(torch::kFloat32);
+    return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+  }
+  return Norm::apply(x, w, w, eps, true);
+}
+
+torch::Tensor gelu_tanh(const torch::Tensor& x) {
+  if (!on_kernels(x)) return torch::gelu(x, "tanh");
+  return GeluTanh::apply(x);
+}
+
+}  // namespace ds

@@ -1,0 +1,18 @@
+// ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
+// their backward, as autograd functions: LayerNorm, RMSNorm and tanh-GELU. fp32 and bf16 CPU tensors
+// take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models call these
+// unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace ds {
+
+// Over the last dimension of x; w and b have its size and x's dtype.
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps);
+// w * x / sqrt(mean(x^2) + eps) over the last dimension (Llama's RMSNorm), the statistic in fp32.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// GPT-2's gelu_new: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
+torch::Tensor gelu_tanh(const torch::Tensor& x);
+
+}  // namespace ds

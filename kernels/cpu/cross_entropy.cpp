@@ -1,0 +1,109 @@
+#include "kernels/cpu/cross_entropy.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/simd.hpp"
+
+namespace ds::kernels {
+namespace {
+
+template <class T>
+double reference_rows(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t stride, float grad_scale,
+                      bool write_grad) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* z = logits + r * stride;
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < vocab; ++j) max = std::fmax(max, widen(z[j]));
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(widen(z[j]) - max);
+    const double lse = max + std::log(sum);
+    const int64_t t = targets[r];
+    total += lse - widen(z[t]);
+    if (!write_grad) continue;
+    for (int64_t j = 0; j < vocab; ++j)
+      narrow(z + j, (std::exp(widen(z[j]) - lse) - (j == t ? 1.0 : 0.0)) * static_cast<double>(grad_scale));
+  }
+  return total;
+}
+
+#if defined(__x86_64__)
+// One row in three passes over it: the maximum, the sum of exponentials (fp32 lanes), then the
+// gradient; the target's entry is recomputed in double from the value read before the row was
+// overwritten, so 1 is subtracted before rounding, not after.
+template <class T>
+DS_AVX512 double avx512_row(T* z, int64_t t, int64_t vocab, float grad_scale, bool write_grad) {
+  using namespace simd;
+  const double zt = widen(z[t]);
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < vocab; j += 16) {
+    const __mmask16 m = first_lanes(vocab - j);
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, load(z + j, m));
+  }
+  const float max = _mm512_reduce_max_ps(vmax);
+  const __m512 shift = _mm512_set1_ps(max);
+  // fp32 lanes over 1024 entries at a time, then into double: the sum stays exact to ~1e-7 at any vocab.
+  __m512d sum_lo = _mm512_setzero_pd(), sum_hi = _mm512_setzero_pd();
+  for (int64_t block = 0; block < vocab; block += 1024) {
+    const int64_t end = block + 1024 < vocab ? block + 1024 : vocab;
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t j = block; j < end; j += 16) {
+      const __mmask16 m = first_lanes(end - j);
+      vsum = _mm512_mask_add_ps(vsum, m, vsum, simd::exp(_mm512_sub_ps(load(z + j, m), shift)));
+    }
+    sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(vsum)));
+    sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(vsum, 1)));
+  }
+  const double sum = _mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi));
+  const double lse = static_cast<double>(max) + std::log(sum);
+  if (write_grad) {
+    const __m512 scale = _mm512_set1_ps(static_cast<float>(grad_scale / sum));
+    for (int64_t j = 0; j < vocab; j += 16) {
+      const __mmask16 m = first_lanes(vocab - j);
+      store(z + j, m, _mm512_mul_ps(simd::exp(_mm512_sub_ps(load(z + j, m), shift)), scale));
+    }
+    narrow(z + t, (std::exp(zt - lse) - 1.0) * static_cast<double>(grad_scale));
+  }
+  return lse - zt;
+}
+#endif
+
+template <class T>
+double dispatch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t stride, float grad_scale,
+                bool write_grad) {
+#if defined(__x86_64__)
+  if (simd::has_avx512()) {
+    double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) total += avx512_row(logits + r * stride, targets[r], vocab, grad_scale, write_grad);
+    return total;
+  }
+#endif
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r)
+    total += reference_rows(logits + r * stride, targets + r, 1, vocab, stride, grad_scale, write_grad);
+  return total;
+}
+
+}  // namespace
+
+double softmax_cross_entropy_f32(float* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                                 float grad_scale, bool write_grad) {
+  return dispatch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad);
+}
+double softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab,
+                                  int64_t row_stride, float grad_scale, bool write_grad) {
+  return dispatch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad);
+}
+double softmax_cross_entropy_f32_reference(float* logits, const int64_t* targets, int64_t rows, int64_t vocab,
+                                           int64_t row_stride, float grad_scale, bool write_grad) {
+  return reference_rows(logits, targets, rows, vocab, row_stride, grad_scale, write_grad);
+}
+double softmax_cross_entropy_bf16_reference(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab,
+                                            int64_t row_stride, float grad_scale, bool write_grad) {
+  return reference_rows(logits, targets, rows, vocab, row_stride, grad_scale, write_grad);
+}
+
+}  // namespace ds::kernels

@@ -1,0 +1,190 @@
+// The model's own CPU kernels (kernels/cpu) against their plain double-precision references, at
+// awkward sizes, in fp32 and bf16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/adam.hpp"
+#include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/gelu.hpp"
+#include "kernels/cpu/layer_norm.hpp"
+
+using namespace ds::kernels;
+
+namespace {
+
+std::vector<float> normal_values(int64_t n, float stddev, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double widen_value(float v) { return v; }
+double widen_value(uint16_t v) { return bf16_to_float(v); }
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& f) {
+  std::vector<uint16_t> b(f.size());
+  for (size_t i = 0; i < f.size(); ++i) b[i] = float_to_bf16(f[i]);
+  return b;
+}
+
+}  // namespace
+
+TEST(CrossEntropyKernel, LossAndGradientMatchTheDoubleReference) {
+  for (int64_t vocab : {1, 15, 16, 17, 1000, 1025, 50257}) {
+    for (int64_t pad : {0, 3}) {
+      const int64_t rows = 5, stride = vocab + pad;
+      // Logits on a wide scale (some rows far from 0) so the shift by the maximum matters.
+      std::vector<float> f = normal_values(rows * stride, 4.0f, static_cast<uint32_t>(vocab));
+      for (int64_t j = 0; j < stride; ++j) f[static_cast<size_t>(2 * stride + j)] += 80.0f;
+      std::vector<int64_t> targets(rows);
+      for (int64_t r = 0; r < rows; ++r) targets[static_cast<size_t>(r)] = (r * 7919) % vocab;
+      const float scale = 1.0f / 3;
+
+      std::vector<float> fast = f, ref = f;
+      const double lf = softmax_cross_entropy_f32(fast.data(), targets.data(), rows, vocab, stride, scale, true);
+      const double lr = softmax_cross_entropy_f32_reference(ref.data(), targets.data(), rows, vocab, stride, scale, true);
+      ASSERT_TRUE(std::isfinite(lr));
+      EXPECT_NEAR(lf, lr, 1e-6 * std::fabs(lr) + 1e-6) << vocab;
+      for (size_t i = 0; i < f.size(); ++i) {
+        if (static_cast<int64_t>(i) % stride >= vocab) {
+          EXPECT_EQ(fast[i], f[i]) << "padding written at " << i;  // between rows: untouched
+          continue;
+        }
+        ASSERT_NEAR(fast[i], ref[i], 1e-6f * std::fabs(ref[i]) + 1e-9f) << vocab << " at " << i;
+      }
+
+      std::vector<uint16_t> b = to_bf16(f), bfast = b, bref = b;
+      const double bl = softmax_cross_entropy_bf16(bfast.data(), targets.data(), rows, vocab, stride, scale, true);
+      const double blr =
+          softmax_cross_entropy_bf16_reference(bref.data(), targets.data(), rows, vocab, stride, scale, true);
+      EXPECT_NEAR(bl, blr, 1e-6 * std::fabs(blr) + 1e-6) << vocab;
+      for (size_t i = 0; i < b.size(); ++i) {
+        const float x = bf16_to_float(bfast[i]), y = bf16_to_float(bref[i]);
+        // One rounding of nearly the same fp32 value: equal, or one bf16 step apart.
+        ASSERT_NEAR(x, y, std::fabs(y) * (1.0f / 128) + 1e-30f) << vocab << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(CrossEntropyKernel, TheLossAloneLeavesTheLogitsAsTheyWere) {
+  const int64_t rows = 3, vocab = 333;
+  std::vector<float> f = normal_values(rows * vocab, 1.0f, 9), before = f;
+  const std::vector<int64_t> targets = {0, 332, 100};
+  const double loss = softmax_cross_entropy_f32(f.data(), targets.data(), rows, vocab, vocab, 1.0f, false);
+  EXPECT_EQ(f, before);
+  std::vector<float> g = f;
+  EXPECT_NEAR(loss, softmax_cross_entropy_f32_reference(g.data(), targets.data(), rows, vocab, vocab, 1.0f, false),
+              1e-9 * loss);
+}
+
+TEST(CrossEntropyKernel, UniformLogitsCostLogVocabAndTheGradientSumsToZero) {
+  const int64_t rows = 4, vocab = 50257;
+  std::vector<float> f(rows * vocab, 0.25f);
+  const std::vector<int64_t> targets = {0, 1, 50256, 777};
+  const double loss = softmax_cross_entropy_f32(f.data(), targets.data(), rows, vocab, vocab, 1.0f, true);
+  EXPECT_NEAR(loss / rows, std::log(static_cast<double>(vocab)), 1e-6);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += f[static_cast<size_t>(r * vocab + j)];
+    EXPECT_NEAR(sum, 0.0, 1e-5) << r;
+    EXPECT_NEAR(f[static_cast<size_t>(r * vocab + targets[static_cast<size_t>(r)])], 1.0 / vocab - 1.0, 1e-6);
+  }
+}
+
+TEST(CrossEntropyKernel, ANaNLogitMakesTheLossNaN) {
+  std::vector<float> f(100, 0.0f);
+  f[42] = NAN;
+  const int64_t target = 3;
+  EXPECT_TRUE(std::isnan(softmax_cross_entropy_f32(f.data(), &target, 1, 100, 100, 1.0f, true)));
+}
+
+namespace {
+
+// |got - want| within rel of the largest |want| (plus one bf16 step of each value for bf16 outputs).
+template <class T>
+void expect_close(const std::vector<T>& got, const std::vector<T>& want, double rel, const std::string& what) {
+  double scale = 0;
+  for (const T& w : want) scale = std::max(scale, std::fabs(widen_value(w)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = widen_value(got[i]), w = widen_value(want[i]);
+    const double step = sizeof(T) == 2 ? std::fabs(w) / 128 : 0.0;
+    ASSERT_NEAR(g, w, rel * scale + step + 1e-30) << what << " at " << i;
+  }
+}
+
+}  // namespace
+
+TEST(NormKernels, LayerNormAndRmsNormMatchTheDoubleReferenceForwardAndBackward) {
+  for (bool rms : {false, true}) {
+    for (int64_t cols : {1, 15, 17, 64, 768, 1000}) {
+      for (int64_t rows : {1, 7}) {
+        const NormShape shape{rows, cols, 1e-5f, rms};
+        const std::string what = std::string(rms ? "rms" : "layer") + " cols " + std::to_string(cols) + " rows " + std::to_string(rows);
+        std::vector<float> x = normal_values(rows * cols, 3.0f, static_cast<uint32_t>(cols + rows));
+        for (float& v : x) v += 1.5f;  // a mean away from 0
+        const std::vector<float> w = normal_values(cols, 1.0f, 11), b = normal_values(cols, 1.0f, 12);
+        const std::vector<float> dy = normal_values(rows * cols, 1.0f, 13);
+        const float* bias = rms ? nullptr : b.data();
+        {  // fp32
+          std::vector<float> y(x.size()), y_ref(x.size()), mean(rows), rstd(rows), mean_ref(rows), rstd_ref(rows);
+          norm_forward_f32(x.data(), w.data(), bias, y.data(), mean.data(), rstd.data(), shape);
+          norm_forward_f32_reference(x.data(), w.data(), bias, y_ref.data(), mean_ref.data(), rstd_ref.data(), shape);
+          expect_close(y, y_ref, 1e-5, what + " y");
+          expect_close(rstd, rstd_ref, 1e-5, what + " rstd");
+          std::vector<float> dx(x.size()), dx_ref(x.size()), dw(cols, 0.5f), dw_ref(cols, 0.5f), db(cols, 0.25f), db_ref(cols, 0.25f);
+          norm_backward_f32(dy.data(), x.data(), w.data(), mean.data(), rstd.data(), dx.data(), dw.data(), rms ? nullptr : db.data(), shape);
+          norm_backward_f32_reference(dy.data(), x.data(), w.data(), mean_ref.data(), rstd_ref.data(), dx_ref.data(),
+                                      dw_ref.data(), rms ? nullptr : db_ref.data(), shape);
+          if (cols > 1) expect_close(dx, dx_ref, 1e-4, what + " dx");  // one column: dx is rounding noise around 0
+          expect_close(dw, dw_ref, 1e-5, what + " dw");
+          expect_close(db, db_ref, 1e-5, what + " db");
+        }
+        {  // bf16
+          const std::vector<uint16_t> xb = to_bf16(x), wb = to_bf16(w), bb = to_bf16(b), dyb = to_bf16(dy);
+          const uint16_t* biasb = rms ? nullptr : bb.data();
+          std::vector<uint16_t> y(x.size()), y_ref(x.size()), dx(x.size()), dx_ref(x.size());
+          std::vector<float> mean(rows), rstd(rows), mean_ref(rows), rstd_ref(rows), dw(cols, 0), dw_ref(cols, 0), db(cols, 0), db_ref(cols, 0);
+          norm_forward_bf16(xb.data(), wb.data(), biasb, y.data(), mean.data(), rstd.data(), shape);
+          norm_forward_bf16_reference(xb.data(), wb.data(), biasb, y_ref.data(), mean_ref.data(), rstd_ref.data(), shape);
+          expect_close(y, y_ref, 1e-5, what + " bf16 y");
+          norm_backward_bf16(dyb.data(), xb.data(), wb.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), shape);
+          norm_backward_bf16_reference(dyb.data(), xb.data(), wb.data(), mean_ref.data(), rstd_ref.data(), dx_ref.data(),
+                                       dw_ref.data(), db_ref.data(), shape);
+          if (cols > 1) expect_close(dx, dx_ref, 1e-4, what + " bf16 dx");
+          expect_close(dw, dw_ref, 1e-5, what + " bf16 dw");
+        }
+      }
+    }
+  }
+}
+
+TEST(GeluKernel, MatchesTheDoubleReferenceForwardAndBackwardOverItsWholeRange) {
+  for (int64_t n : {1, 17, (1 << 14) + 5, 50000}) {
+    std::vector<float> x = normal_values(n, 3.0f, static_cast<uint32_t>(n)), dy = normal_values(n, 1.0f, 77);
+    x[0] = n > 1 ? 30.0f : -30.0f;  // far into both tails
+    x[static_cast<size_t>(n / 2)] = -12.0f;
+    std::vector<float> y(n), y_ref(n), dx(n), dx_ref(n);
+    gelu_tanh_forward_f32(x.data(), y.data(), n);
+    gelu_tanh_forward_f32_reference(x.data(), y_ref.data(), n);
+    expect_close(y, y_ref, 5e-6, "gelu y n=" + std::to_string(n));
+    gelu_tanh_backward_f32(dy.data(), x.data(), dx.data(), n);
+    gelu_tanh_backward_f32_reference(dy.data(), x.data(), dx_ref.data(), n);
+    expect_close(dx, dx_ref, 5e-6, "gelu dx n=" + std::to_string(n));
+    const std::vector<uint16_t> xb = to_bf16(x), dyb = to_bf16(dy);
+    std::vector<uint16_t> yb(n), yb_ref(n), dxb(n), dxb_ref(n);
+    gelu_tanh_forward_bf16(xb.data(), yb.data(), n);
+    gelu_tanh_forward_bf16_reference(xb.data(), yb_ref.data(), n);
+    expect_close(yb, yb_ref, 1e-6, "gelu bf16 y");
+    gelu_tanh_backward_bf16(dyb.data(), xb.data(), dxb.data(), n);
+    gelu_tanh_backward_bf16_reference(dyb.data(), xb.data(), dxb_ref.data(), n);
+    expect_close(dxb, dxb_ref, 1e-6, "gelu bf16 dx");
+  }
+}
