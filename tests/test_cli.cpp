@@ -203,6 +203,19 @@ TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["threads"], 1);
 }
 
+TEST(CliTrain, IdleThreadsSpinBrieflyUnlessTheUserChoseHowTheyWait) {
+  // libgomp's default long spin takes CPU from the busy thread when another process competes; ds train
+  // sets a short one before libgomp loads (it runs itself again), and the start-up line says which.
+  const std::string dir = scratch_dir() + "/spin";
+  const std::string args = "train examples/quickstart.json train.steps=1 train.eval_every=0 --overwrite train.output_dir=" + dir;
+  Result r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000); writing ")) << r.err;
+  r = ds(args, "-u GOMP_SPINCOUNT OMP_WAIT_POLICY=active");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, " threads (OMP_WAIT_POLICY=active); writing ")) << r.err;
+}
+
 TEST(CliColor, NeverOnAPipeUnlessForced) {
   const std::string esc = "\033[";
   EXPECT_FALSE(contains(ds("plan templates/zero2.json zero_optimization.stag=3").err, esc));

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <iostream>
+#include <vector>
 
 #include "common/format.hpp"
 #include "engine/runtime/data/token_source.hpp"
@@ -112,6 +114,22 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
   monitors_ = open_monitors(plan.run);
 }
 
+namespace {
+// How idle OpenMP threads wait, when set (cli/main.cpp sets a short spin unless the user chose). Read
+// from the environment the process started with (/proc/self/environ), which is what libgomp read.
+std::string openmp_wait_policy() {
+  std::ifstream in("/proc/self/environ", std::ios::binary);
+  std::string entry;
+  std::vector<std::string> found;
+  while (std::getline(in, entry, '\0'))
+    for (const char* v : {"OMP_WAIT_POLICY=", "GOMP_SPINCOUNT="})
+      if (entry.rfind(v, 0) == 0) found.push_back(entry);
+  std::string out;
+  for (const std::string& f : found) out += (out.empty() ? " (" : ", ") + f;
+  return out.empty() ? out : out + ")";
+}
+}  // namespace
+
 void RunReport::describe(const FlatParams::Bytes& held, const std::string& data, int64_t train_tokens, int64_t val_tokens) {
   const Plan& p = plan_;
   const int W = p.topology.world_size;
@@ -123,7 +141,7 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
             std::to_string(p.seq_len) + " tokens (" + std::to_string(p.batch.micro_batch) + " x " +
-            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads; writing " +
+            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads" + openmp_wait_policy() + "; writing " +
             dir_.string() + "/");
 }
 
