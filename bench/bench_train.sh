@@ -20,40 +20,54 @@ kept_heap="MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 M
 
 # ds: median tokens/s over the timed steps of metrics.jsonl (the first step warms up), then the
 # model TFLOP/s per token from plan.json and the peak-RSS line ds prints at the end.
-ds_run() {  # layers width heads vocab batch seq precision
+ds_run() {  # "model overrides" precision
   local dir=/tmp/ds_bench_train bf16=false
-  [ "$7" = bf16 ] && bf16=true
-  build/ds train examples/quickstart.json "~model.preset" model.arch=gpt2 model.num_layers="$1" model.hidden_size="$2" \
-    model.num_heads="$3" model.vocab_size="$4" model.max_position_embeddings=1024 train_micro_batch_size_per_gpu="$5" \
-    data.seq_len="$6" bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 train.threads=$threads \
-    train.output_dir="$dir" 2>"$dir.log" >/dev/null
+  [ "$2" = bf16 ] && bf16=true
+  rm -rf "$dir"  # ds never trains over an earlier run's directory
+  build/ds train examples/quickstart.json "~model.preset" $1 model.max_position_embeddings=1024 \
+    train_micro_batch_size_per_gpu=4 data.seq_len=128 bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 \
+    train.threads=$threads train.output_dir="$dir" 2>"$dir.log" >/dev/null
   local rate flops ratio
   rate=$(tail -n "$steps" "$dir/metrics.jsonl" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/' | median)
   flops=$("$py" -c "import json; j = json.load(open('$dir/plan.json')); print(j['train_flops_per_step'] / j['tokens_per_step'])")
   ratio=$(sed -n 's/.* \([0-9.]*\)x the plan.s.*/\1/p' "$dir.log")
+  rm -rf "$dir"
   echo "$rate $flops $ratio"
 }
+
+# Each model: its name, ds's overrides, and the PyTorch script with its shape arguments (batch 4 x 128
+# tokens, precision, steps and threads are appended).
+gpt2() { echo "model.arch=gpt2 model.num_layers=$1 model.hidden_size=$2 model.num_heads=$3 model.vocab_size=$4"; }
+llama() {
+  echo "model.arch=llama model.num_layers=$1 model.hidden_size=$2 model.num_heads=$3 model.num_kv_heads=$4" \
+    "model.intermediate_size=$5 model.vocab_size=$6 model.tie_word_embeddings=false model.rope_theta=10000"
+}
+models=(
+  "gpt2-124M|$(gpt2 12 768 12 50257)|bench/pytorch_gpt2.py 12 768 12 50257"
+  "gpt2-6L-384|$(gpt2 6 384 6 50257)|bench/pytorch_gpt2.py 6 384 6 50257"
+  "llama-12L-768-gqa|$(llama 12 768 12 4 2048 32000)|bench/pytorch_llama.py 12 768 12 4 2048 32000"
+)
 
 echo "bench_train: $(build/ds --version | head -1); rounds=$rounds steps=$steps threads=$threads; command: $0 $*"
 peak_fp32=$("$py" bench/matmul_peak.py fp32 $threads)
 peak_bf16=$("$py" bench/matmul_peak.py bf16 $threads)
 echo "matmul peak at 512x768x3072 (this run): fp32 $peak_fp32 TFLOP/s, bf16 $peak_bf16 TFLOP/s"
-printf "%-16s %-5s %9s %9s %9s %8s %8s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU "RSS/plan"
-for model in "12 768 12 50257 gpt2-124M" "6 384 6 50257 gpt2-6L-384"; do
-  set -- $model
+printf "%-18s %-5s %9s %9s %9s %8s %8s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU "RSS/plan"
+for entry in "${models[@]}"; do
+  IFS='|' read -r name overrides script <<< "$entry"
   for prec in fp32 bf16; do
     ds_all=(); pt_all=(); kh_all=(); flops=0; rss=0
     for ((r = 0; r < rounds; r++)); do
-      read -r rate flops rss < <(ds_run "$1" "$2" "$3" "$4" 4 128 "$prec")
+      read -r rate flops rss < <(ds_run "$overrides" "$prec")
       ds_all+=("$rate")
-      pt_all+=("$("$py" bench/pytorch_gpt2.py "$1" "$2" "$3" "$4" 4 128 "$prec" "$steps" "$threads")")
-      kh_all+=("$(env $kept_heap "$py" bench/pytorch_gpt2.py "$1" "$2" "$3" "$4" 4 128 "$prec" "$steps" "$threads")")
+      pt_all+=("$("$py" $script 4 128 "$prec" "$steps" "$threads")")
+      kh_all+=("$(env $kept_heap "$py" $script 4 128 "$prec" "$steps" "$threads")")
     done
     d=$(printf "%s\n" "${ds_all[@]}" | median)
     t=$(printf "%s\n" "${pt_all[@]}" | median)
     k=$(printf "%s\n" "${kh_all[@]}" | median)
     peak=$peak_fp32; [ "$prec" = bf16 ] && peak=$peak_bf16
-    printf "%-16s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %8sx\n" "$5" "$prec" "$d" "$t" "$k" "$(echo "$d / $t" | bc -l)" \
+    printf "%-18s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" "$(echo "$d / $t" | bc -l)" \
       "$(echo "$d / $k" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$rss"
   done
 done

@@ -628,9 +628,10 @@ TEST(CliHardening, ACorruptCheckpointIsNamedAndThePreviousOneOffered) {
 TEST(CliHardening, AFrozenRankIsTheOneNamed) {
   const std::string dir = scratch_dir() + "/frozen";
   std::filesystem::remove_all(dir);
-  // Rank 1 is stopped (SIGSTOP) a few seconds in; rank 0 times out in its next collective.
+  // Rank 1 is stopped (SIGSTOP) once the first step is done (every rank is past start-up, however
+  // loaded the machine); rank 0 times out in its next collective.
   const std::string script =
-      "cd " DS_SOURCE_DIR "; (sleep 5; for p in $(pgrep -f 'train.output_dir=" + dir + "$'); do "
+      "cd " DS_SOURCE_DIR "; (for i in $(seq 200); do [ -s " + dir + "/metrics.jsonl ] && break; sleep 0.25; done; for p in $(pgrep -f 'train.output_dir=" + dir + "$'); do "
       "tr '\\0' '\\n' < /proc/$p/environ | grep -qx RANK=1 && kill -STOP $p; done) & " DS_BINARY
       " train examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=2 train.steps=100000 train.comm_timeout_s=5 "
       "train.output_dir=" + dir + " >/dev/null 2>" + dir + ".err; echo $? > " + dir + ".rc";

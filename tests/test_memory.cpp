@@ -61,17 +61,22 @@ TEST(MemoryModel, StageThreeOnOneRankHoldsTheWholeModelAndGathersNothing) {
   EXPECT_DOUBLE_EQ(p.memory.device.buffers, 0);
 }
 
-TEST(MemoryModel, ActivationsScaleWithTokensAndShrinkWithCheckpointing) {
+TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   const ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
-  const double a1 = activation_bytes(m, 2, 64, Dtype::fp32, false);
-  EXPECT_DOUBLE_EQ(activation_bytes(m, 4, 64, Dtype::fp32, false), 2 * a1);
-  EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), 2 * a1);
+  const double a1 = activation_bytes(m, 2, 64, Dtype::fp32, false), a2 = activation_bytes(m, 4, 64, Dtype::fp32, false);
   // Independent count for gpt2-tiny (C 64, I 256, NH 4, L 2, V 256) at T = 64, fp32:
   const double T = 64, C = 64, I = 256, NH = 4, V = 256, L = 2, b = 4;
   const double block = (8 * C + 2 * I + NH * T) * b + 16;
-  const double head = 3 * C * b + V * b + V * 4;
-  EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head));
+  const double head = 4 * C * b;  // embedding output, final norm in and out, the head input's gradient
+  // The fused head's weight gradient and its chunk of logits (the whole batch's rows at this size).
+  const auto workspace = [&](double tokens) { return (V * C + tokens * V) * b; };
+  EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head) + workspace(2 * T));
+  EXPECT_DOUBLE_EQ(a2 - a1, 2 * T * (L * block + head + V * b));  // per token, the rest is fixed
+  EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), a2);
   EXPECT_DOUBLE_EQ(tiny(1).memory.device.activations, a1);
+  // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096.
+  const ModelSpec g = build_model_spec(model_preset("gpt2"));
+  EXPECT_DOUBLE_EQ(g.head_workspace_bytes(4096, 2), (50257.0 * 768 + 667.0 * 50257) * 2);
 }
 
 TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {

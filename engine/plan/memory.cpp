@@ -10,8 +10,9 @@ double activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len
   const double block = m.block_activation_bytes_per_token(seq_len, bc);
   const double head = m.head_activation_bytes_per_token(bc);
   const double L = static_cast<double>(m.hp.num_layers);
-  if (checkpointing) return tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + block + head);
-  return tokens * (L * block + head);
+  const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc);
+  if (checkpointing) return tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + block + head) + workspace;
+  return tokens * (L * block + head) + workspace;
 }
 
 MemoryEstimate estimate_memory(const ZeroExecution& zero, double activations) {

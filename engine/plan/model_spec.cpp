@@ -307,10 +307,15 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
 }
 
 double ModelSpec::head_activation_bytes_per_token(int b) const {
-  // Embedding output C, final norm input C, head input C, logits V in the compute dtype and the
-  // fp32 log-softmax V that cross-entropy keeps for backward.
-  const double C = static_cast<double>(hp.hidden_size), V = static_cast<double>(hp.vocab_size);
-  return 3 * C * b + V * b + V * 4;
+  // Embedding output C, final norm input C, head input C, the head input's gradient C. No logits: the
+  // fused head never keeps them (head_workspace_bytes).
+  return 4 * static_cast<double>(hp.hidden_size) * b;
+}
+
+double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
+  const double V = static_cast<double>(hp.vocab_size), C = static_cast<double>(hp.hidden_size);
+  const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
+  return (V * C + rows * V) * b;
 }
 
 std::string preset_for_size(const std::string& text, std::string* note) {

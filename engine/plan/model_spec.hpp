@@ -59,9 +59,21 @@ struct ModelSpec {
   double train_flops_per_token(int64_t T) const;
   // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
   double block_activation_bytes_per_token(int64_t T, int bytes) const;
-  // Bytes kept outside the blocks per token: embedding output, final norm, logits.
+  // Bytes kept outside the blocks per token: embedding output, final norm input and output, and the
+  // gradient of the head's input (the fused head computes it in forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
+  // What the fused head and loss holds at its peak, whatever the batch: the gradient of the head's
+  // weight (V x C, kept from forward to backward) and one chunk of logits (kHeadChunkElements).
+  double head_workspace_bytes(int64_t tokens, int bytes) const;
 };
+
+// Logit elements the fused head and loss makes at a time (engine/runtime/fused_head_loss): 32 Mi,
+// 64 MiB in bf16. GPT-2 at 512 tokens is one chunk; longer batches are split so it stays bounded.
+constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
+// Rows of logits per chunk for a vocabulary of `vocab`.
+inline int64_t head_chunk_rows(int64_t vocab) {
+  return vocab <= 0 || vocab >= kHeadChunkElements ? 1 : kHeadChunkElements / vocab;  // vocab 0: a size-only model
+}
 
 // A token or position table (wte, wpe, embed_tokens): looked up, not multiplied; the tied head's matmul
 // reads wte but is counted as the head's.

@@ -50,6 +50,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
              "): the data and model.vocab_size disagree");
   }
   const int64_t rows = std::clamp<int64_t>(chunk_elements / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+  // (the plan's head_workspace_bytes counts this chunk and the weight's gradient)
   const float row_grad = static_cast<float>(expected_grad / static_cast<double>(N));
   HeadPass out;
   if (grads) out.dx = torch::empty_like(x, torch::MemoryFormat::Contiguous);

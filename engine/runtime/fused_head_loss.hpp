@@ -12,11 +12,9 @@
 
 #include <cstdint>
 
-namespace ds {
+#include "engine/plan/model_spec.hpp"  // kHeadChunkElements: the plan counts the same chunk
 
-// Logit elements per chunk: 32 Mi (64 MiB in bf16). GPT-2 at 512 tokens is one chunk; longer
-// batches are split so the chunk stays bounded whatever the batch.
-constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
+namespace ds {
 
 // x (N, C) and weight (V, C) in the model's dtype, targets (N) int64 in [0, V). Returns the mean
 // loss as an fp32 scalar; differentiable in x and weight when grad mode is on and either needs it.
