@@ -5,12 +5,12 @@ ds runs). Prints the median tokens/s of the timed steps.
 usage: pytorch_gpt2.py LAYERS WIDTH HEADS VOCAB BATCH SEQ PRECISION(fp32|bf16) STEPS THREADS
 """
 import math
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_train_loop import median_tokens_per_s
 
 L, C, NH, V, B, T = (int(a) for a in sys.argv[1:7])
 precision, steps, threads = sys.argv[7], int(sys.argv[8]), int(sys.argv[9])
@@ -37,8 +37,6 @@ for _ in range(L):
                        fcp_w=param(4 * C, C, std=0.02 / math.sqrt(2 * L)), fcp_b=param(C, fill=0.0)))
 lnf_w, lnf_b = param(C, fill=1.0), param(C, fill=0.0)
 params = [wte, wpe] + [p for b in blocks for p in b.values()] + [lnf_w, lnf_b]
-master = [p.detach().float().clone().requires_grad_(True) for p in params] if dtype != torch.float32 else params
-opt = torch.optim.AdamW(master, lr=3e-4, weight_decay=0.1)
 mask = torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
@@ -59,24 +57,4 @@ def loss_fn(idx, tgt):
     return F.cross_entropy((x.view(B * T, C) @ wte.t()).float(), tgt.view(-1))
 
 
-rates = []
-for step in range(steps + 1):  # step 0 warms up
-    idx = torch.randint(0, V, (B, T))
-    tgt = torch.randint(0, V, (B, T))
-    t0 = time.perf_counter()
-    for p in params:
-        p.grad = None
-    loss = loss_fn(idx, tgt)
-    loss.backward()
-    if dtype != torch.float32:
-        for m, p in zip(master, params):
-            m.grad = p.grad.float()
-    torch.nn.utils.clip_grad_norm_(master, 1.0)
-    opt.step()
-    if dtype != torch.float32:
-        with torch.no_grad():
-            for m, p in zip(master, params):
-                p.copy_(m)
-    if step > 0:
-        rates.append(B * T / (time.perf_counter() - t0))
-print(f"{statistics.median(rates):.1f}")
+print(f"{median_tokens_per_s(loss_fn, params, dtype, V, B, T, steps):.1f}")

@@ -5,12 +5,12 @@ bf16 with an fp32 master copy (the same algorithm ds runs). Prints the median to
 
 usage: pytorch_llama.py LAYERS WIDTH HEADS KV_HEADS INTERMEDIATE VOCAB BATCH SEQ PRECISION(fp32|bf16) STEPS THREADS
 """
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_train_loop import median_tokens_per_s
 
 L, C, NH, NKV, I, V, B, T = (int(a) for a in sys.argv[1:9])
 precision, steps, threads = sys.argv[9], int(sys.argv[10]), int(sys.argv[11])
@@ -30,8 +30,6 @@ embed, norm, head = param(V, C), param(C, fill=1.0), param(V, C)
 blocks = [dict(norm_in=param(C, fill=1.0), q=param(NH * D, C), k=param(NKV * D, C), v=param(NKV * D, C), o=param(C, NH * D),
                norm_post=param(C, fill=1.0), gate=param(I, C), up=param(I, C), down=param(C, I)) for _ in range(L)]
 params = [embed] + [p for b in blocks for p in b.values()] + [norm, head]
-master = [p.detach().float().clone().requires_grad_(True) for p in params] if dtype != torch.float32 else params
-opt = torch.optim.AdamW(master, lr=3e-4, weight_decay=0.1)
 mask = torch.ones(T, T, dtype=torch.bool).triu(1)
 inv_freq = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
 angles = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
@@ -64,22 +62,4 @@ def loss_fn(idx, tgt):
     return F.cross_entropy(F.linear(x.view(B * T, C), head).float(), tgt.view(-1))
 
 
-rates = []
-for step in range(steps + 1):  # step 0 warms up
-    idx, tgt = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
-    t0 = time.perf_counter()
-    for p in params:
-        p.grad = None
-    loss_fn(idx, tgt).backward()
-    if dtype != torch.float32:
-        for m, p in zip(master, params):
-            m.grad = p.grad.float()
-    torch.nn.utils.clip_grad_norm_(master, 1.0)
-    opt.step()
-    if dtype != torch.float32:
-        with torch.no_grad():
-            for m, p in zip(master, params):
-                p.copy_(m)
-    if step > 0:
-        rates.append(B * T / (time.perf_counter() - t0))
-print(f"{statistics.median(rates):.1f}")
+print(f"{median_tokens_per_s(loss_fn, params, dtype, V, B, T, steps):.1f}")
