@@ -122,6 +122,24 @@ TEST(PlanCompiler, NvmeOptimizerOffloadSwapsAtEveryStageAndRefusesWhatCannotSwap
   EXPECT_NE(piped.warnings.back().message.find("needs 12 buffers"), std::string::npos) << piped.warnings.back().message;
 }
 
+TEST(PlanCompiler, ASubGroupSizeThatWouldMakeMillionsOfSubGroupsIsRefusedNotListed) {
+  // Found by fuzz_config: sub_group_size 0 on a 13B model asked for 800 million sub-groups (3 GiB of plan).
+  for (const char* size : {"0", "16"}) {
+    try {
+      plan_of(kGpt2, 2, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                         "zero_optimization.offload_optimizer.nvme_path=/tmp", std::string("zero_optimization.sub_group_size=") + size});
+      FAIL() << size;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.issues().at(0).path, "zero_optimization.sub_group_size");
+      EXPECT_NE(e.issues().at(0).hint.find("at least "), std::string::npos) << e.issues().at(0).hint;
+    }
+  }
+  // The bound is on the count, not the size: a small model may use small sub-groups.
+  Plan small = plan_of(kGpt2, 2, {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                                  "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.sub_group_size=1000000"});
+  EXPECT_GT(small.execution.sub_groups.size(), 10u);
+}
+
 TEST(PlanCompiler, AutoValuesAreResolvedWithTheirSource) {
   Plan p = plan_of(kGpt2, 2, {"zero_optimization.reduce_bucket_size=auto", "zero_optimization.stage=3",
                               "zero_optimization.stage3_prefetch_bucket_size=auto", "data.seq_len=auto"});

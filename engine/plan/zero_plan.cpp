@@ -175,6 +175,17 @@ ZeroExecution describe_zero(const Plan& plan) {
   int64_t state_elements = offloaded;
   if (swapped) {
     const int64_t capacity = std::min(std::max<int64_t>(knobs.sub_group_size, kStepGrain), offloaded);
+    // Each sub-group is a round of file transfers per state: millions of them is a typo (0, 1e1), not a
+    // plan, and listing them would take gigabytes.
+    constexpr int64_t kMostSubGroups = int64_t{1} << 20;
+    if ((offloaded + capacity - 1) / capacity > kMostSubGroups)
+      throw ConfigError("zero_optimization",
+                        {{"zero_optimization.sub_group_size",
+                          "sub_group_size " + std::to_string(knobs.sub_group_size) + " cuts the rank's " +
+                              std::to_string(offloaded) + " offloaded optimizer elements into more than " +
+                              std::to_string(kMostSubGroups) + " sub-groups",
+                          "set it to at least " + std::to_string((offloaded + kMostSubGroups - 1) / kMostSubGroups) +
+                              " (DeepSpeed's default is 1e9; 1e8 suits a machine short of RAM)"}});
     z.sub_groups = optimizer_sub_groups(runs, offloaded, capacity);
     for (const SubGroup& g : z.sub_groups) z.sub_group_numel = std::max(z.sub_group_numel, g.numel());
     z.swap_sets = std::max(1, knobs.swap_sets);
