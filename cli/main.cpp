@@ -1,4 +1,5 @@
 // ds — entry point. Everything lives in cli/app.cpp so tests can drive it without a process.
+#include <limits.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,8 +21,13 @@ void short_openmp_spin(char** argv) {
   for (char** a = argv + 1; *a && !command; ++a)
     if ((*a)[0] != '-') command = *a;
   if (!command || (std::strcmp(command, "train") != 0 && std::strcmp(command, "profile") != 0)) return;
+  // The binary's own path, not /proc/self/exe: the process keeps its name (ps, pgrep, pkill ds).
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  self[n] = '\0';
   setenv("GOMP_SPINCOUNT", "1000", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  execv(self, argv);  // returns only on failure: then run as we are
 }
 
 }  // namespace
