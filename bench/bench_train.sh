@@ -3,11 +3,14 @@
 # run side by side (interleaved rounds, medians) on this machine. Debian's python3-torch has the
 # same kernels as the LibTorch ds links. Prints tokens/s and the ratio ds / PyTorch.
 #
-# usage: bench/bench_train.sh [rounds] [steps per round]    (needs build/ds and python3-torch)
+# usage: bench/bench_train.sh [rounds] [steps per round] [sequence length] [model name pattern]
+#        (needs build/ds and python3-torch; the pattern, an extended regex, picks rows: 'gpt2-6L|llama')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 steps="${2:-4}"
+seq="${3:-128}"
+only="${4:-.}"
 threads=2
 py=/usr/bin/python3
 "$py" -c "import torch" 2>/dev/null || { echo "bench_train: needs Debian's python3-torch (apt-get install python3-torch)" >&2; exit 1; }
@@ -25,7 +28,7 @@ ds_run() {  # "model overrides" precision
   [ "$2" = bf16 ] && bf16=true
   rm -rf "$dir"  # ds never trains over an earlier run's directory
   build/ds train examples/quickstart.json "~model.preset" $1 model.max_position_embeddings=1024 \
-    train_micro_batch_size_per_gpu=4 data.seq_len=128 bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 \
+    train_micro_batch_size_per_gpu=4 data.seq_len=$seq bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 \
     train.threads=$threads train.output_dir="$dir" 2>"$dir.log" >/dev/null
   local rate flops ratio
   rate=$(tail -n "$steps" "$dir/metrics.jsonl" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/' | median)
@@ -35,7 +38,7 @@ ds_run() {  # "model overrides" precision
   echo "$rate $flops $ratio"
 }
 
-# Each model: its name, ds's overrides, and the PyTorch script with its shape arguments (batch 4 x 128
+# Each model: its name, ds's overrides, and the PyTorch script with its shape arguments (batch 4 x seq
 # tokens, precision, steps and threads are appended).
 gpt2() { echo "model.arch=gpt2 model.num_layers=$1 model.hidden_size=$2 model.num_heads=$3 model.vocab_size=$4"; }
 llama() {
@@ -48,20 +51,21 @@ models=(
   "llama-12L-768-gqa|$(llama 12 768 12 4 2048 32000)|bench/pytorch_llama.py 12 768 12 4 2048 32000"
 )
 
-echo "bench_train: $(build/ds --version | head -1); rounds=$rounds steps=$steps threads=$threads; command: $0 $*"
+echo "bench_train: $(build/ds --version | head -1); rounds=$rounds steps=$steps threads=$threads batch 4 x $seq tokens; command: $0 $*"
 peak_fp32=$("$py" bench/matmul_peak.py fp32 $threads)
 peak_bf16=$("$py" bench/matmul_peak.py bf16 $threads)
 echo "matmul peak at 512x768x3072 (this run): fp32 $peak_fp32 TFLOP/s, bf16 $peak_bf16 TFLOP/s"
 printf "%-18s %-5s %9s %9s %9s %8s %8s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU "RSS/plan"
 for entry in "${models[@]}"; do
   IFS='|' read -r name overrides script <<< "$entry"
+  [[ "$name" =~ $only ]] || continue
   for prec in fp32 bf16; do
     ds_all=(); pt_all=(); kh_all=(); flops=0; rss=0
     for ((r = 0; r < rounds; r++)); do
       read -r rate flops rss < <(ds_run "$overrides" "$prec")
       ds_all+=("$rate")
-      pt_all+=("$("$py" $script 4 128 "$prec" "$steps" "$threads")")
-      kh_all+=("$(env $kept_heap "$py" $script 4 128 "$prec" "$steps" "$threads")")
+      pt_all+=("$("$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
+      kh_all+=("$(env $kept_heap "$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
     done
     d=$(printf "%s\n" "${ds_all[@]}" | median)
     t=$(printf "%s\n" "${pt_all[@]}" | median)

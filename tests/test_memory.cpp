@@ -65,18 +65,38 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   const ModelSpec m = build_model_spec(model_preset("gpt2-tiny"));
   const double a1 = activation_bytes(m, 2, 64, Dtype::fp32, false), a2 = activation_bytes(m, 4, 64, Dtype::fp32, false);
   // Independent count for gpt2-tiny (C 64, I 256, NH 4, L 2, V 256) at T = 64, fp32:
-  const double T = 64, C = 64, I = 256, NH = 4, V = 256, L = 2, b = 4;
-  const double block = (8 * C + 2 * I + NH * T) * b + 16;
+  const double T = 64, C = 64, I = 256, NH = 4, D = 16, V = 256, L = 2, b = 4;
+  // Per token: 8C + 2I elements and one fp32 log-sum-exp per head, two fp32 statistics per norm.
+  const double block = (8 * C + 2 * I) * b + NH * 4 + 16;
   const double head = 4 * C * b;  // embedding output, final norm in and out, the head input's gradient
-  // The fused head's weight gradient and its chunk of logits (the whole batch's rows at this size).
-  const auto workspace = [&](double tokens) { return (V * C + tokens * V) * b; };
-  EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head) + workspace(2 * T));
-  EXPECT_DOUBLE_EQ(a2 - a1, 2 * T * (L * block + head + V * b));  // per token, the rest is fixed
+  // The fused head's weight gradient and its chunk of logits (the whole batch's rows at this size),
+  // and one block's attention backward: probabilities and their gradient for all T rows (one block at
+  // this size), the keys' and values' gradients in fp32.
+  const auto workspace = [&](double B) { return (V * C + B * T * V) * b + 2 * B * NH * T * T * b + 2 * B * NH * T * D * 4; };
+  EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head) + workspace(2));
+  EXPECT_DOUBLE_EQ(a2 - a1, 2 * T * (L * block + head) + workspace(4) - workspace(2));
   EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), a2);
   EXPECT_DOUBLE_EQ(tiny(1).memory.device.activations, a1);
-  // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096.
+  // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096;
+  // the attention 170 query rows at a time (2^23 scores / (4 x 12 heads x 1024 keys)).
   const ModelSpec g = build_model_spec(model_preset("gpt2"));
   EXPECT_DOUBLE_EQ(g.head_workspace_bytes(4096, 2), (50257.0 * 768 + 667.0 * 50257) * 2);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(4, 1024, 2), 2 * 4 * 12 * 170.0 * 1024 * 2 + 2 * 4 * 12 * 1024.0 * 64 * 4);
+}
+
+TEST(MemoryModel, AttentionKeepsNothingOfSizeTUnlessDropoutMaterialisesIt) {
+  // A Llama with grouped-query attention: q 8 heads, k and v 2, each of 16. Its MLP keeps gate, up and
+  // down's input (I each): the fused SwiGLU does not keep silu(gate).
+  ModelHyper hp = model_preset("llama-tiny");
+  hp.hidden_size = 128, hp.num_heads = 8, hp.num_kv_heads = 2, hp.intermediate_size = 256, hp.num_layers = 2;
+  const double C = 128, I = 256, NH = 8, NKV = 2, D = 16, b = 2;
+  const ModelSpec fused = build_model_spec(hp);
+  for (int64_t T : {64, 4096})  // the same per token at any length
+    EXPECT_DOUBLE_EQ(fused.block_activation_bytes_per_token(T, 2), (3 * C + 2 * NH * D + 2 * NKV * D + 3 * I) * b + NH * 4 + 16);
+  hp.attn_pdrop = 0.1;  // the probabilities kept (NH x T per token) and k, v repeated to every query head
+  const ModelSpec dropped = build_model_spec(hp);
+  EXPECT_DOUBLE_EQ(dropped.block_activation_bytes_per_token(4096, 2), (3 * C + 4 * NH * D + 3 * I + NH * 4096) * b + 16);
+  EXPECT_DOUBLE_EQ(dropped.attention_workspace_bytes(4, 4096, 2), 0);
 }
 
 TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {

@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "kernels/cpu/adam.hpp"
+#include "kernels/cpu/attention_softmax.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
-#include "kernels/cpu/gelu.hpp"
+#include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/layer_norm.hpp"
 
 using namespace ds::kernels;
@@ -166,6 +167,32 @@ TEST(NormKernels, LayerNormAndRmsNormMatchTheDoubleReferenceForwardAndBackward) 
   }
 }
 
+TEST(SwiGluKernel, MatchesTheDoubleReferenceForwardAndBackwardOverItsWholeRange) {
+  for (int64_t n : {1, 17, (1 << 14) + 5}) {
+    std::vector<float> g = normal_values(n, 4.0f, static_cast<uint32_t>(n)), u = normal_values(n, 1.0f, 78);
+    const std::vector<float> dy = normal_values(n, 1.0f, 79);
+    g[0] = n > 1 ? 40.0f : -40.0f;  // far into both tails: silu -> g and -> 0
+    g[static_cast<size_t>(n / 2)] = -20.0f;
+    std::vector<float> y(n), y_ref(n), dg(n), dg_ref(n), du(n), du_ref(n);
+    swiglu_forward_f32(g.data(), u.data(), y.data(), n);
+    swiglu_forward_f32_reference(g.data(), u.data(), y_ref.data(), n);
+    expect_close(y, y_ref, 5e-6, "swiglu y n=" + std::to_string(n));
+    swiglu_backward_f32(dy.data(), g.data(), u.data(), dg.data(), du.data(), n);
+    swiglu_backward_f32_reference(dy.data(), g.data(), u.data(), dg_ref.data(), du_ref.data(), n);
+    expect_close(dg, dg_ref, 5e-6, "swiglu dg n=" + std::to_string(n));
+    expect_close(du, du_ref, 5e-6, "swiglu du n=" + std::to_string(n));
+    const std::vector<uint16_t> gb = to_bf16(g), ub = to_bf16(u), dyb = to_bf16(dy);
+    std::vector<uint16_t> yb(n), yb_ref(n), dgb(n), dgb_ref(n), dub(n), dub_ref(n);
+    swiglu_forward_bf16(gb.data(), ub.data(), yb.data(), n);
+    swiglu_forward_bf16_reference(gb.data(), ub.data(), yb_ref.data(), n);
+    expect_close(yb, yb_ref, 1e-6, "swiglu bf16 y");
+    swiglu_backward_bf16(dyb.data(), gb.data(), ub.data(), dgb.data(), dub.data(), n);
+    swiglu_backward_bf16_reference(dyb.data(), gb.data(), ub.data(), dgb_ref.data(), dub_ref.data(), n);
+    expect_close(dgb, dgb_ref, 1e-6, "swiglu bf16 dg");
+    expect_close(dub, dub_ref, 1e-6, "swiglu bf16 du");
+  }
+}
+
 TEST(GeluKernel, MatchesTheDoubleReferenceForwardAndBackwardOverItsWholeRange) {
   for (int64_t n : {1, 17, (1 << 14) + 5, 50000}) {
     std::vector<float> x = normal_values(n, 3.0f, static_cast<uint32_t>(n)), dy = normal_values(n, 1.0f, 77);
@@ -186,5 +213,76 @@ TEST(GeluKernel, MatchesTheDoubleReferenceForwardAndBackwardOverItsWholeRange) {
     gelu_tanh_backward_bf16(dyb.data(), xb.data(), dxb.data(), n);
     gelu_tanh_backward_bf16_reference(dyb.data(), xb.data(), dxb_ref.data(), n);
     expect_close(dxb, dxb_ref, 1e-6, "gelu bf16 dx");
+  }
+}
+
+namespace {
+
+// One block of causal softmax rows through the fast kernels and the double references, in T (float
+// or bf16): forward, recompute from the lse, backward.
+template <class T>
+void check_causal_block(const CausalBlock& b, const std::vector<float>& scores, const std::vector<float>& grads,
+                        double rel, const std::string& what) {
+  std::vector<T> s(scores.size()), dp(grads.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if constexpr (sizeof(T) == 2)
+      s[i] = float_to_bf16(scores[i]), dp[i] = float_to_bf16(grads[i]);
+    else
+      s[i] = scores[i], dp[i] = grads[i];
+  }
+  std::vector<T> s_ref = s, dp_ref = dp, again = s;
+  std::vector<float> lse(static_cast<size_t>(b.rows)), lse_ref(lse.size());
+  if constexpr (sizeof(T) == 2) {
+    causal_softmax_forward_bf16(s.data(), lse.data(), b);
+    causal_softmax_forward_bf16_reference(s_ref.data(), lse_ref.data(), b);
+    causal_softmax_recompute_bf16(again.data(), lse_ref.data(), b);
+  } else {
+    causal_softmax_forward_f32(s.data(), lse.data(), b);
+    causal_softmax_forward_f32_reference(s_ref.data(), lse_ref.data(), b);
+    causal_softmax_recompute_f32(again.data(), lse_ref.data(), b);
+  }
+  expect_close(s, s_ref, rel, what + " probabilities");
+  expect_close(lse, lse_ref, 1e-6, what + " lse");
+  expect_close(again, s_ref, rel, what + " recomputed");
+  for (int64_t r = 0; r < b.rows; ++r) {  // each row a distribution over exactly the keys it may see
+    double sum = 0;
+    for (int64_t j = 0; j < b.cols; ++j) {
+      const double p = widen_value(s_ref[static_cast<size_t>(r * b.cols + j)]);
+      if (j >= b.first_pos + r % b.block_rows + 1) ASSERT_EQ(p, 0.0) << what << " row " << r << " key " << j;
+      sum += p;
+    }
+    ASSERT_NEAR(sum, 1.0, sizeof(T) == 2 ? 2e-2 : 1e-5) << what << " row " << r;
+  }
+  if constexpr (sizeof(T) == 2) {
+    causal_softmax_backward_bf16(s_ref.data(), dp.data(), b);
+    causal_softmax_backward_bf16_reference(s_ref.data(), dp_ref.data(), b);
+  } else {
+    causal_softmax_backward_f32(s_ref.data(), dp.data(), b);
+    causal_softmax_backward_f32_reference(s_ref.data(), dp_ref.data(), b);
+  }
+  expect_close(dp, dp_ref, rel, what + " score gradients");
+}
+
+}  // namespace
+
+TEST(CausalSoftmaxKernel, ForwardRecomputeAndBackwardMatchTheDoubleReference) {
+  struct Case {
+    int64_t heads, block_rows, first_pos;
+  };
+  // One row, a block at the start, blocks further down, a row longer than one 1024-key run of the sum.
+  for (const Case c : {Case{1, 1, 0}, Case{3, 5, 0}, Case{2, 17, 40}, Case{4, 3, 13}, Case{1, 2, 1500}}) {
+    CausalBlock b;
+    b.block_rows = c.block_rows;
+    b.first_pos = c.first_pos;
+    b.cols = c.first_pos + c.block_rows;
+    b.rows = c.heads * c.block_rows;
+    b.scale = 0.125f;
+    const std::string what = "heads " + std::to_string(c.heads) + " rows " + std::to_string(c.block_rows) + " from " +
+                             std::to_string(c.first_pos);
+    std::vector<float> scores = normal_values(b.rows * b.cols, 16.0f, static_cast<uint32_t>(b.cols));
+    const std::vector<float> grads = normal_values(b.rows * b.cols, 1.0f, 5);
+    scores[0] = 400.0f;  // one dominant score: the shift by the row's maximum matters
+    check_causal_block<float>(b, scores, grads, 1e-5, what + " fp32");
+    check_causal_block<uint16_t>(b, scores, grads, 1e-6, what + " bf16");
   }
 }

@@ -81,8 +81,8 @@ TEST(ModelSpecActivations, CheckpointingKeepsLessThanFullActivations) {
   const double full = s.block_activation_bytes_per_token(1024, 2) * 12;
   const double ckpt = 12 * 768 * 2 + s.block_activation_bytes_per_token(1024, 2);
   EXPECT_LT(ckpt, full);
-  // gpt2 block: (8C + 2I) elements + NH*T probabilities + norm statistics.
-  EXPECT_DOUBLE_EQ(s.block_activation_bytes_per_token(1024, 2), (8 * 768 + 2 * 3072 + 12 * 1024) * 2.0 + 16);
+  // gpt2 block: (8C + 2I) elements + an fp32 log-sum-exp per head + norm statistics; nothing of size T.
+  EXPECT_DOUBLE_EQ(s.block_activation_bytes_per_token(1024, 2), (8 * 768 + 2 * 3072) * 2.0 + 12 * 4 + 16);
 }
 
 TEST(ResolveModel, ExplicitKeysOverrideThePreset) {

@@ -1,7 +1,8 @@
 // ds — FLOPs per module of one micro batch, counted from the model's own tensors: every matmul ds runs
 // (2 m n k each), forward and backward separately (backward computes both the input's and the weight's
 // gradient: 2x the forward, exactly, not an estimate), the attention scores and their weighted sum over
-// the full T x T (what ds computes before masking), and the forward again when a block is recomputed in
+// the full T x T (the model-FLOPs convention: the fused causal attention computes only the part on and
+// below the diagonal, and the scores again in backward), and the forward again when a block is recomputed in
 // its backward (activation checkpointing). Norms, activations and softmax are not matmuls and count 0,
 // as in the model FLOPs of PaLM and llm.c: summed over modules, forward + backward equals
 // ModelSpec::train_flops_per_token x B x T. Pure arithmetic.

@@ -287,23 +287,38 @@ double ModelSpec::train_flops_per_token(int64_t T) const {
 }
 
 double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
-  // Tensors autograd keeps per token for one block (materialised attention, no dropout):
-  //  gpt2:  ln_1 in C, c_attn in C, q k v 3C, softmax probs NH*T, c_proj in C, ln_2 in C, c_fc in C,
-  //         GELU in I, mlp.c_proj in I                    -> (8C + 2I) elements + NH*T
-  //  llama: norm in C, q/k/v proj in C, q and k after RoPE NH*D each (k repeated to NH heads), v
-  //         repeated NH*D, softmax probs NH*T, o_proj in NH*D, norm in C, gate/up in C, gate I,
-  //         silu(gate) I, up I, down in I                  -> (3C + 4 NH*D + 4I) elements + NH*T
-  //  plus two fp32 statistics per norm (mean/rstd).
+  // Tensors autograd keeps per token for one block. With the fused causal attention (no attention
+  // dropout): the attention keeps q, k, v and one fp32 log-sum-exp per head, nothing of size T.
+  //  gpt2:  ln_1 in C, c_attn in C, q k v 3C, c_proj in C, ln_2 in C, c_fc in C, GELU in I,
+  //         mlp.c_proj in I                                -> 8C + 2I elements
+  //  llama: norm in C, q/k/v proj in C, q after RoPE NH*D, k after RoPE and v NKV*D each, o_proj in
+  //         NH*D, norm in C, gate/up in C, gate I, up I (the fused SwiGLU keeps no silu(gate)), down in I
+  //                                                        -> 3C + 2 NH*D + 2 NKV*D + 3I elements
+  // With attention dropout the probabilities are materialised instead: NH*T elements, and for llama
+  // k and v repeated to NH heads (2 NH*D for 2 NKV*D).
+  // Plus two fp32 statistics per norm (mean/rstd).
   if (hp.num_layers == 0) return 0;  // a model known only by its size has no blocks to count
   const double C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
+  const double NKV = hp.arch == ModelArch::llama ? static_cast<double>(hp.num_kv_heads) : NH;
+  const bool materialised = hp.attn_pdrop > 0;
   double elements;
   if (hp.arch == ModelArch::gpt2)
     elements = 8 * C + 2 * I;
   else
-    elements = 3 * C + 4 * NH * D + 4 * I;
-  elements += NH * static_cast<double>(T);
-  return elements * b + 2 * 2 * 4;
+    elements = 3 * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
+  if (materialised) return (elements + NH * static_cast<double>(T)) * b + 2 * 2 * 4;
+  return elements * b + NH * 4 + 2 * 2 * 4;
+}
+
+double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b) const {
+  // One block's backward at a time: a block of probabilities and their gradient (the last block, the
+  // widest), and the keys' and values' gradients summed in fp32.
+  if (hp.num_layers == 0 || hp.attn_pdrop > 0) return 0;
+  const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
+  const double NKV = hp.arch == ModelArch::llama ? static_cast<double>(hp.num_kv_heads) : NH;
+  const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
+  return 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
 }
 
 double ModelSpec::head_activation_bytes_per_token(int b) const {

@@ -62,6 +62,9 @@ struct ModelSpec {
   // Bytes kept outside the blocks per token: embedding output, final norm input and output, and the
   // gradient of the head's input (the fused head computes it in forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
+  // What the fused causal attention holds beyond that while one block's backward runs (0 when the
+  // attention is materialised for dropout).
+  double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes) const;
   // What the fused head and loss holds at its peak, whatever the batch: the gradient of the head's
   // weight (V x C, kept from forward to backward) and one chunk of logits (kHeadChunkElements).
   double head_workspace_bytes(int64_t tokens, int bytes) const;
@@ -73,6 +76,18 @@ constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
 // Rows of logits per chunk for a vocabulary of `vocab`.
 inline int64_t head_chunk_rows(int64_t vocab) {
   return vocab <= 0 || vocab >= kHeadChunkElements ? 1 : kHeadChunkElements / vocab;  // vocab 0: a size-only model
+}
+
+// Attention scores the fused causal attention makes at a time (engine/runtime/fused_attention), across
+// the batch's heads: 8 Mi, 16 MiB in bf16. A block of query rows sees only the keys before it, so the
+// T x T matrix is never made; GPT-2 at B=4, T=128 is one block. (GPT-2 6x384 at B=4, T=1024, bf16:
+// blocks of 32, 80, 160 and 341 rows took 217, 214, 182 and 192 ms per layer, forward + backward.)
+constexpr int64_t kAttentionChunkElements = int64_t{1} << 23;
+// Query rows per block for `batch_heads` (B x NH) heads of T positions.
+inline int64_t attention_chunk_rows(int64_t batch_heads, int64_t T) {
+  if (batch_heads <= 0 || T <= 0) return 1;
+  const int64_t rows = kAttentionChunkElements / (batch_heads * T);
+  return rows < 1 ? 1 : rows > T ? T : rows;
 }
 
 // A token or position table (wte, wpe, embed_tokens): looked up, not multiplied; the tied head's matmul

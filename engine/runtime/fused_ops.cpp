@@ -1,6 +1,6 @@
 #include "engine/runtime/fused_ops.hpp"
 
-#include "kernels/cpu/gelu.hpp"
+#include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/layer_norm.hpp"
 
 namespace ds {
@@ -89,6 +89,33 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
   }
 };
 
+class SwiGlu : public torch::autograd::Function<SwiGlu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in, const torch::Tensor& u_in) {
+    const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
+    torch::Tensor y = torch::empty_like(g);
+    if (g.scalar_type() == torch::kBFloat16)
+      kernels::swiglu_forward_bf16(raw<uint16_t>(g), raw<uint16_t>(u), raw<uint16_t>(y), g.numel());
+    else
+      kernels::swiglu_forward_f32(raw<float>(g), raw<float>(u), raw<float>(y), g.numel());
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &g = saved[0], &u = saved[1];
+    const torch::Tensor dy = grad_out[0].to(g.scalar_type()).contiguous();
+    torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
+    if (g.scalar_type() == torch::kBFloat16)
+      kernels::swiglu_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(g), raw<uint16_t>(u), raw<uint16_t>(dg),
+                                    raw<uint16_t>(du), g.numel());
+    else
+      kernels::swiglu_backward_f32(raw<float>(dy), raw<float>(g), raw<float>(u), raw<float>(dg), raw<float>(du), g.numel());
+    return {dg, du};
+  }
+};
+
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
@@ -108,6 +135,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
   if (!on_kernels(x)) return torch::gelu(x, "tanh");
   return GeluTanh::apply(x);
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!on_kernels(gate) || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes())
+    return torch::silu(gate) * up;
+  return SwiGlu::apply(gate, up);
 }
 
 }  // namespace ds

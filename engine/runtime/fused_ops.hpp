@@ -1,5 +1,5 @@
 // ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
-// their backward, as autograd functions: LayerNorm, RMSNorm and tanh-GELU. fp32 and bf16 CPU tensors
+// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU and SwiGLU. fp32 and bf16 CPU tensors
 // take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models call these
 // unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
 #pragma once
@@ -14,5 +14,7 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // GPT-2's gelu_new: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
+// Llama's gated MLP activation: silu(gate) * up, with gate and up of one shape (silu(gate) is not kept).
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
 }  // namespace ds

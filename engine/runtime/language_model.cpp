@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "common/hash.hpp"
 
+#include "engine/runtime/fused_attention.hpp"
 #include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/gpt2_model.hpp"
 #include "engine/runtime/llama_model.hpp"
@@ -101,6 +102,12 @@ torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t l
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const torch::Tensor keep = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32)).bernoulli_(1.0 - p, gen);
   return x * (keep * (1.0 / (1.0 - p))).to(x.scalar_type());
+}
+
+torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                                       int64_t layer) const {
+  if (p <= 0 || !training_) return causal_attention(q, k, v);
+  return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); });
 }
 
 void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {

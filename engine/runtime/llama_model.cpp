@@ -3,7 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
-#include <limits>
 
 #include "common/error.hpp"
 #include "engine/runtime/fused_ops.hpp"
@@ -47,7 +46,7 @@ torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
-  const int64_t D = hp_.hidden_size / NH, group = NH / NKV;
+  const int64_t D = hp_.hidden_size / NH;
   // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, duplicated to D (HF layout).
   const torch::Tensor inv_freq = torch::pow(hp_.rope_theta, -torch::arange(0, D, 2, torch::kFloat32) / static_cast<double>(D));
   const torch::Tensor freqs = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
@@ -56,8 +55,6 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   auto rotate_half = [&](const torch::Tensor& x) {
     return torch::cat({-x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
   };
-  const auto mask = torch::ones({T, T}, torch::kBool).triu(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
   torch::Tensor q = torch::linear(h, b.q).view({B, T, NH, D}).transpose(1, 2);   // (B, NH, T, D)
@@ -65,17 +62,11 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  if (group > 1) {  // each kv head serves `group` consecutive query heads (HF's repeat_kv)
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
-  }
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  att = dropout(torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1), hp_.attn_pdrop, layer, 0);
-  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, NH * D});
+  torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
-  return x + dropout(torch::linear(torch::silu(torch::linear(h, b.gate)) * torch::linear(h, b.up), b.down), hp_.resid_pdrop, layer, 2);
+  return x + dropout(torch::linear(swiglu(torch::linear(h, b.gate), torch::linear(h, b.up)), b.down), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {

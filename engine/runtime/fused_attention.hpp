@@ -1,0 +1,32 @@
+// ds — causal self-attention without the T x T matrix: a block of query rows at a time is multiplied
+// by the keys it may see (the blocks above the diagonal are never computed), turned into
+// probabilities in place (kernels/cpu/attention_softmax) and multiplied by the values. Backward
+// recomputes each block's probabilities from the log-sum-exp kept per row; what is kept for backward
+// is q, k, v and that log-sum-exp, O(T) per head instead of O(T^2). Grouped-query
+// attention reads each key/value head once for its group of query heads (no repeated copies).
+// fp32 and bf16 CPU tensors take this path; anything else takes the materialised one, which is also
+// the reference the tests hold this to.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "engine/plan/model_spec.hpp"  // attention_chunk_rows: the plan counts the same block
+
+namespace ds {
+
+// q (B, NH, T, D), k and v (B, NKV, T, D) with NH a multiple of NKV (query head h reads key/value head
+// h / (NH/NKV)), all of one dtype, any strides. Returns softmax(q k^T / sqrt(D), causal) v laid out as
+// (B, T, NH, D), contiguous, so viewing it as (B*T, NH*D) for the output projection copies nothing.
+// `block_rows` 0: attention_chunk_rows.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               int64_t block_rows = 0);
+
+// The same computed the plain way (scores for every pair, masked, softmax, then the values), with
+// `drop` applied to the probabilities (attention dropout); the same layout.
+torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            const std::function<torch::Tensor(const torch::Tensor&)>& drop = {});
+
+}  // namespace ds
