@@ -5,6 +5,10 @@
 // full T x T (4 B NH T^2 D forward, twice that backward), as ds profile does.
 //
 // Usage: bench_attention [B] [NH] [NKV] [T] [D] [fp32|bf16] [rounds] [threads] [block rows, 0: ds's]
+// Run it in the environment ds trains in: GOMP_SPINCOUNT=1000 (libgomp's default spin starves
+// OpenBLAS's own threads: fp32 bmm ran 2-5x slower) and ds's glibc settings, e.g.
+//   GOMP_SPINCOUNT=1000 MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 \
+//   MALLOC_TOP_PAD_=268435456 build/bench_attention 4 6 6 1024 64 bf16 3
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -66,6 +70,8 @@ int main(int argc, char** argv) {
   std::printf("bench_attention: B=%lld NH=%lld NKV=%lld T=%lld D=%lld %s, %d threads, blocks of %lld rows, %d rounds\n",
               (long long)B, (long long)NH, (long long)NKV, (long long)T, (long long)D, bf16 ? "bf16" : "fp32", threads,
               (long long)block, rounds);
+  if (!std::getenv("GOMP_SPINCOUNT") || !std::getenv("MALLOC_MMAP_THRESHOLD_"))
+    std::printf("note: not ds's environment (GOMP_SPINCOUNT=1000 and its glibc settings, see the usage): figures differ\n");
   std::printf("command:");
   for (int i = 0; i < argc; ++i) std::printf(" %s", argv[i]);
   std::printf("\n%-14s %12s %12s %14s\n", "", "forward ms", "fwd+bwd ms", "fwd+bwd TFLOP/s");

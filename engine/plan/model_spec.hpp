@@ -6,6 +6,7 @@
 // I MLP width, P positions (context length), T sequence length, B micro batch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -79,14 +80,15 @@ inline int64_t head_chunk_rows(int64_t vocab) {
 }
 
 // Attention scores the fused causal attention makes at a time (engine/runtime/fused_attention), across
-// the batch's heads: 8 Mi, 16 MiB in bf16. A block of query rows sees only the keys before it, so the
-// T x T matrix is never made; GPT-2 at B=4, T=128 is one block. (GPT-2 6x384 at B=4, T=1024, bf16:
-// blocks of 32, 80, 160 and 341 rows took 217, 214, 182 and 192 ms per layer, forward + backward.)
-constexpr int64_t kAttentionChunkElements = int64_t{1} << 23;
+// the batch's heads: 8 Mi, 16 MiB in bf16, in blocks of at most 256 query rows. A block of query rows
+// sees only the keys before it, so the T x T matrix is never made; GPT-2 at B=4, T=128 is one block.
+// (bench_attention, bf16, B=4, T=1024: 6 heads in blocks of 64, 128, 170, 341, 682 rows took 63, 56, 60,
+// 79, 88 ms forward + backward; 12 heads in blocks of 85, 128, 170, 256: 138, 122, 135, 125 ms.)
+constexpr int64_t kAttentionChunkElements = int64_t{1} << 23, kAttentionBlockRowsMax = 256;
 // Query rows per block for `batch_heads` (B x NH) heads of T positions.
 inline int64_t attention_chunk_rows(int64_t batch_heads, int64_t T) {
   if (batch_heads <= 0 || T <= 0) return 1;
-  const int64_t rows = kAttentionChunkElements / (batch_heads * T);
+  const int64_t rows = std::min(kAttentionChunkElements / (batch_heads * T), kAttentionBlockRowsMax);
   return rows < 1 ? 1 : rows > T ? T : rows;
 }
 

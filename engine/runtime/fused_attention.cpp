@@ -90,6 +90,24 @@ class CausalAttention : public torch::autograd::Function<CausalAttention> {
     const torch::Tensor dy = grad_out[0].to(q.scalar_type()).contiguous();
     const torch::Tensor k_t = transposed(k), v_t = transposed(v);
     const torch::Tensor dy_blocks = dy.view({h.B, h.T, h.NKV, h.G, h.D}).permute({0, 2, 3, 1, 4});
+    const auto dtype = q.scalar_type();
+    if (block_rows >= h.T) {  // one block (short sequences): every product is whole, nothing to sum
+      const kernels::CausalBlock blk = block_of(h, 0, h.T);
+      const torch::Tensor qb = q.view({BKV, h.G * h.T, h.D}), dyb = dy_blocks.reshape({BKV, h.G * h.T, h.D});
+      torch::Tensor p = torch::bmm(qb, k_t);
+      if (bf16)
+        kernels::causal_softmax_recompute_bf16(raw<uint16_t>(p), raw<float>(lse), blk);
+      else
+        kernels::causal_softmax_recompute_f32(raw<float>(p), raw<float>(lse), blk);
+      const torch::Tensor dv = torch::bmm(p.transpose(1, 2), dyb);
+      torch::Tensor ds = torch::bmm(dyb, v_t);
+      if (bf16)
+        kernels::causal_softmax_backward_bf16(raw<uint16_t>(p), raw<uint16_t>(ds), blk);
+      else
+        kernels::causal_softmax_backward_f32(raw<float>(p), raw<float>(ds), blk);
+      return {torch::bmm(ds, k).view({h.B, h.NH, h.T, h.D}), torch::bmm(ds.transpose(1, 2), qb).view({h.B, h.NKV, h.T, h.D}),
+              dv.view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
+    }
     torch::Tensor dq = torch::empty_like(q);
     // Keys and values collect a term from every block below them: summed in fp32, rounded once.
     torch::Tensor dk = torch::zeros({BKV, h.T, h.D}, q.options().dtype(torch::kFloat32)), dv = torch::zeros_like(dk);
@@ -114,7 +132,6 @@ class CausalAttention : public torch::autograd::Function<CausalAttention> {
       dq.narrow(2, first, rows).copy_(torch::bmm(ds, kb).view({BKV, h.G, rows, h.D}));
       accumulate(dk.narrow(1, 0, seen), ds.transpose(1, 2), qb);
     }
-    const auto dtype = q.scalar_type();
     return {dq.view({h.B, h.NH, h.T, h.D}), dk.to(dtype).view({h.B, h.NKV, h.T, h.D}),
             dv.to(dtype).view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
   }
