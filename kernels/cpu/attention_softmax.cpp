@@ -53,19 +53,7 @@ DS_AVX512 void forward_row_avx512(T* s, float* lse, int64_t n, int64_t cols, flo
     vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_mul_ps(vs, load(s + j, m)));
   }
   const float max = _mm512_reduce_max_ps(vmax);
-  const __m512 shift = _mm512_set1_ps(max);
-  __m512d sum_lo = _mm512_setzero_pd(), sum_hi = _mm512_setzero_pd();
-  for (int64_t block = 0; block < n; block += 1024) {
-    const int64_t end = block + 1024 < n ? block + 1024 : n;
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t j = block; j < end; j += 16) {
-      const __mmask16 m = first_lanes(end - j);
-      vsum = _mm512_mask_add_ps(vsum, m, vsum, simd::exp(_mm512_fmsub_ps(vs, load(s + j, m), shift)));
-    }
-    sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(vsum)));
-    sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(vsum, 1)));
-  }
-  const double l = static_cast<double>(max) + std::log(_mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi)));
+  const double l = static_cast<double>(max) + std::log(simd::sum_exp(s, n, scale, max));
   const __m512 vl = _mm512_set1_ps(static_cast<float>(l));
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = first_lanes(n - j);
