@@ -11,6 +11,7 @@
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/attention_softmax.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/layer_norm.hpp"
 
@@ -284,5 +285,37 @@ TEST(CausalSoftmaxKernel, ForwardRecomputeAndBackwardMatchTheDoubleReference) {
     scores[0] = 400.0f;  // one dominant score: the shift by the row's maximum matters
     check_causal_block<float>(b, scores, grads, 1e-5, what + " fp32");
     check_causal_block<uint16_t>(b, scores, grads, 1e-6, what + " bf16");
+  }
+}
+
+TEST(EmbeddingKernel, AddsEachIdsRowsOnceAndLeavesOtherRowsAlone) {
+  const int64_t vocab = 50;
+  for (int64_t width : {1, 17, 768}) {
+    for (int64_t n : {1, 7, 600}) {
+      const std::string what = "width " + std::to_string(width) + " n " + std::to_string(n);
+      std::mt19937 rng(static_cast<uint32_t>(width * 1000 + n));
+      std::vector<int64_t> ids(static_cast<size_t>(n));
+      for (auto& id : ids) id = static_cast<int64_t>(rng() % 20) * 2;  // even ids only, many repeats
+      const std::vector<float> table = normal_values(vocab * width, 1.0f, 3), dy = normal_values(n * width, 1.0f, 4);
+      std::vector<float> g = table, g_ref = table;
+      embedding_backward_f32(g.data(), ids.data(), dy.data(), n, width);
+      embedding_backward_f32_reference(g_ref.data(), ids.data(), dy.data(), n, width);
+      expect_close(g, g_ref, 1e-6, what + " fp32");
+      // Independently: row r gains the sum of dy over the positions holding r; odd rows never change.
+      for (int64_t r = 0; r < vocab; ++r) {
+        for (int64_t c = 0; c < width; c += std::max<int64_t>(1, width / 5)) {
+          double want = table[static_cast<size_t>(r * width + c)];
+          for (int64_t i = 0; i < n; ++i)
+            if (ids[static_cast<size_t>(i)] == r) want += dy[static_cast<size_t>(i * width + c)];
+          if (r % 2) ASSERT_EQ(g[static_cast<size_t>(r * width + c)], table[static_cast<size_t>(r * width + c)]) << what;
+          ASSERT_NEAR(g[static_cast<size_t>(r * width + c)], want, 1e-4) << what << " row " << r;
+        }
+      }
+      const std::vector<uint16_t> tb = to_bf16(table), dyb = to_bf16(dy);
+      std::vector<uint16_t> gb = tb, gb_ref = tb;
+      embedding_backward_bf16(gb.data(), ids.data(), dyb.data(), n, width);
+      embedding_backward_bf16_reference(gb_ref.data(), ids.data(), dyb.data(), n, width);
+      expect_close(gb, gb_ref, 1e-6, what + " bf16");
+    }
   }
 }

@@ -242,3 +242,31 @@ TEST(FusedAttention, ReadsQueriesKeysAndValuesThroughAnyStridesAndWithoutGradien
   torch::NoGradGuard no_grad;
   EXPECT_LT(relative_error(causal_attention(qkv[0], qkv[1], qkv[2]), want), 2e-5);
 }
+
+TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem) {
+  torch::manual_seed(10);
+  const int64_t V = 40, C = 24, B = 3, T = 9;
+  const torch::Tensor ids = torch::randint(0, V / 2, {B, T}, torch::kLong) * 2;  // repeats; odd rows unused
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const std::string what = dtype == torch::kFloat32 ? "fp32" : "bf16";
+    const torch::Tensor w0 = torch::randn({V, C}).to(dtype), x = torch::randn({B * T, C}).to(dtype);
+    const torch::Tensor probe = torch::randn({B, T, C}).to(dtype), start = torch::randn({V, C}).to(dtype);
+    // The reference: LibTorch's embedding and a tied head reading the same table, from a gradient of `start`.
+    torch::Tensor w_ref = w0.to(torch::kFloat32).clone().requires_grad_(true);
+    ((torch::embedding(w_ref, ids) * probe.to(torch::kFloat32)).sum() + torch::mm(x.to(torch::kFloat32), w_ref.t()).sum()).backward();
+    const torch::Tensor want = w_ref.grad() + start.to(torch::kFloat32);
+    // ds: the gradient bound to a buffer beforehand, as FlatParams does; the rows are added into it.
+    torch::Tensor buffer = start.clone();
+    torch::Tensor w = w0.clone().requires_grad_(true);
+    w.mutable_grad() = buffer;
+    ((embedding_lookup(w, ids) * probe).sum() + torch::mm(x, w.t()).sum()).backward();
+    EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr()) << what << ": the gradient stayed in its buffer";
+    EXPECT_LT(relative_error(buffer, want), dtype == torch::kFloat32 ? 1e-6 : 1e-2) << what;
+    // Without a bound buffer: the dense gradient, as LibTorch's.
+    torch::Tensor w2 = w0.clone().requires_grad_(true);
+    (embedding_lookup(w2, ids) * probe).sum().backward();
+    torch::Tensor w2_ref = w0.clone().requires_grad_(true);
+    (torch::embedding(w2_ref, ids) * probe).sum().backward();
+    EXPECT_LT(relative_error(w2.grad(), w2_ref.grad()), 1e-6) << what;
+  }
+}

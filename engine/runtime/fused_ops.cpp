@@ -1,6 +1,7 @@
 #include "engine/runtime/fused_ops.hpp"
 
 #include "kernels/cpu/activation.hpp"
+#include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/layer_norm.hpp"
 
 namespace ds {
@@ -116,6 +117,30 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   }
 };
 
+class Embedding : public torch::autograd::Function<Embedding> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
+    ctx->save_for_backward({ids});
+    ctx->saved_data["weight"] = weight;  // the parameter itself (a leaf: no cycle), for its gradient buffer
+    return torch::embedding(weight, ids);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const torch::Tensor ids = ctx->get_saved_variables()[0].contiguous();
+    const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t V = weight.size(0), C = weight.size(1), n = ids.numel();
+    const torch::Tensor dy = grad_out[0].to(weight.scalar_type()).reshape({n, C}).contiguous();
+    torch::Tensor g = weight.grad();
+    if (!g.defined() || !g.is_contiguous() || g.scalar_type() != weight.scalar_type() || g.sizes() != weight.sizes())
+      return {torch::embedding_dense_backward(dy, ids.reshape({n}), V, -1, false), torch::Tensor()};
+    if (g.scalar_type() == torch::kBFloat16)
+      kernels::embedding_backward_bf16(raw<uint16_t>(g), ids.data_ptr<int64_t>(), raw<uint16_t>(dy), n, C);
+    else
+      kernels::embedding_backward_f32(raw<float>(g), ids.data_ptr<int64_t>(), raw<float>(dy), n, C);
+    return {torch::Tensor(), torch::Tensor()};  // already in the gradient: nothing for autograd to add
+  }
+};
+
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
@@ -135,6 +160,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
   if (!on_kernels(x)) return torch::gelu(x, "tanh");
   return GeluTanh::apply(x);
+}
+
+torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
+  if (!on_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong) return torch::embedding(weight, ids);
+  return Embedding::apply(weight, ids);
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {

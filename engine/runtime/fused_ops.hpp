@@ -1,5 +1,5 @@
 // ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
-// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU and SwiGLU. fp32 and bf16 CPU tensors
+// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU and the embedding lookup. fp32 and bf16 CPU tensors
 // take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models call these
 // unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
 #pragma once
@@ -14,6 +14,10 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // GPT-2's gelu_new: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
+// The rows of `weight` (V, C) at `ids` (any shape of int64): (..., C). In backward the rows' gradients
+// are added straight into weight's gradient buffer when it has one of its dtype (the flat gradients
+// ds binds to every parameter): no dense V x C gradient is made (kernels/cpu/embedding).
+torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids);
 // Llama's gated MLP activation: silu(gate) * up, with gate and up of one shape (silu(gate) is not kept).
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 

@@ -65,7 +65,7 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
 
 torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = dropout(torch::embedding(wte_, inputs) + wpe_.narrow(0, 0, T), hp_.embd_pdrop, -1, 0);  // (B, T, C)
+  torch::Tensor x = dropout(embedding_lookup(wte_, inputs) + wpe_.narrow(0, 0, T), hp_.embd_pdrop, -1, 0);  // (B, T, C)
   x = run_blocks(x);
   x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);
   return head_loss(x.view({B * T, C}), wte_, targets);  // tied head

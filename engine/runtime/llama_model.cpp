@@ -71,7 +71,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = run_blocks(dropout(torch::embedding(embed_, inputs), hp_.embd_pdrop, -1, 0));  // (B, T, C)
+  torch::Tensor x = run_blocks(dropout(embedding_lookup(embed_, inputs), hp_.embd_pdrop, -1, 0));  // (B, T, C)
   x = rms_norm(x, norm_);
   return head_loss(x.view({B * T, C}), head_, targets);
 }
