@@ -20,7 +20,7 @@ profile() {
   local tok mfu peak ratio fwd bwd
   tok=$(sed -n 's/^  tokens\/s *\([0-9,]*\).*/\1/p' <<< "$out" | tr -d ,)
   mfu=$(sed -n 's/^  MFU *\([0-9.]*\)%.*/\1/p' <<< "$out")
-  peak=$(sed -n 's/^  peak resident *\([0-9.]*\) GiB.*/\1/p' <<< "$out")
+  peak=$(sed -n 's/^  peak resident *\([0-9.]*\) \([GM]\)iB.*/\1 \2/p' <<< "$out" | awk '{print $2 == "M" ? $1 / 1024 : $1}')
   ratio=$(sed -n 's/.* \([0-9.]*\)x the plan.s.*/\1/p' <<< "$out")
   read -r fwd bwd < <(grep -E '^  (transformer\.h|model\.layers)\.0 ' <<< "$out" | awk '{print $(NF-3), $(NF-2)}')
   echo "$tok $fwd $bwd $mfu $peak $ratio"
