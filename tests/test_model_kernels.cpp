@@ -14,6 +14,7 @@
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/layer_norm.hpp"
+#include "kernels/cpu/rope.hpp"
 
 using namespace ds::kernels;
 
@@ -317,5 +318,42 @@ TEST(EmbeddingKernel, AddsEachIdsRowsOnceAndLeavesOtherRowsAlone) {
       embedding_backward_bf16_reference(gb_ref.data(), ids.data(), dyb.data(), n, width);
       expect_close(gb, gb_ref, 1e-6, what + " bf16");
     }
+  }
+}
+
+TEST(RopeKernel, MatchesTheDoubleReferenceAndTheInverseUndoesIt) {
+  const int64_t B = 2, T = 5, heads = 3;
+  for (int64_t D : {2, 34, 64}) {
+    const std::string what = "D " + std::to_string(D);
+    const int64_t half = D / 2, n = B * T * heads * D;
+    std::vector<float> cos(static_cast<size_t>(T * half)), sin(cos.size());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < half; ++j) {
+        const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(D));
+        cos[static_cast<size_t>(t * half + j)] = static_cast<float>(std::cos(angle));
+        sin[static_cast<size_t>(t * half + j)] = static_cast<float>(std::sin(angle));
+      }
+    const std::vector<float> x = normal_values(n, 1.0f, static_cast<uint32_t>(D));
+    const RopeShape fwd{B * T, T, heads, D, false}, inv{B * T, T, heads, D, true};
+    std::vector<float> y(x.size()), y_ref(x.size()), back(x.size());
+    rope_f32(x.data(), y.data(), cos.data(), sin.data(), fwd);
+    rope_f32_reference(x.data(), y_ref.data(), cos.data(), sin.data(), fwd);
+    expect_close(y, y_ref, 1e-6, what + " fp32");
+    rope_f32(y.data(), back.data(), cos.data(), sin.data(), inv);
+    expect_close(back, x, 1e-6, what + " inverse");  // a rotation and its transpose
+    for (int64_t b = 0; b < B; ++b)  // position 0 is not rotated
+      for (int64_t i = 0; i < heads * D; ++i) {
+        const size_t at = static_cast<size_t>(b * T * heads * D + i);
+        ASSERT_EQ(y[at], x[at]) << what;
+      }
+    // In place, as the op may use it.
+    std::vector<float> inplace = x;
+    rope_f32(inplace.data(), inplace.data(), cos.data(), sin.data(), fwd);
+    expect_close(inplace, y_ref, 1e-6, what + " in place");
+    const std::vector<uint16_t> xb = to_bf16(x);
+    std::vector<uint16_t> yb(x.size()), yb_ref(x.size());
+    rope_bf16(xb.data(), yb.data(), cos.data(), sin.data(), inv);
+    rope_bf16_reference(xb.data(), yb_ref.data(), cos.data(), sin.data(), inv);
+    expect_close(yb, yb_ref, 1e-6, what + " bf16 inverse");
   }
 }

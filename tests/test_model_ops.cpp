@@ -146,7 +146,7 @@ void expect_matches_reference(const std::function<torch::Tensor(const std::vecto
 
 }  // namespace
 
-TEST(FusedOps, NormsGeluAndSwiGluMatchLibTorchForwardAndBackward) {
+TEST(FusedOps, NormsGeluSwiGluAndRotaryMatchLibTorchForwardAndBackward) {
   torch::manual_seed(6);
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (int64_t C : {7, 48, 100}) {
@@ -161,6 +161,16 @@ TEST(FusedOps, NormsGeluAndSwiGluMatchLibTorchForwardAndBackward) {
                                {x, w}, "rms_norm " + what);
       expect_matches_reference([](const auto& in) { return gelu_tanh(in[0]); },
                                [](const auto& in) { return torch::gelu(in[0], "tanh"); }, {x * 3}, "gelu " + what);
+      const int64_t T = 5, D = 2 * (C / 2);  // x as (2, T, heads 1, D)
+      const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), torch::rand({D / 2}));
+      const torch::Tensor cos = angles.cos(), sin = angles.sin();
+      expect_matches_reference([&](const auto& in) { return rotary(in[0], cos, sin); },
+                               [&](const auto& in) {  // Hugging Face's rotate_half form, in fp32
+                                 const torch::Tensor& v = in[0];
+                                 const torch::Tensor c = torch::cat({cos, cos}, -1).view({T, 1, D}), s = torch::cat({sin, sin}, -1).view({T, 1, D});
+                                 return v * c + torch::cat({-v.narrow(-1, D / 2, D / 2), v.narrow(-1, 0, D / 2)}, -1) * s;
+                               },
+                               {x.narrow(-1, 0, D).reshape({2, T, 1, D}) * 3}, "rotary " + what);
       expect_matches_reference([](const auto& in) { return swiglu(in[0], in[1]); },
                                [](const auto& in) { return torch::silu(in[0]) * in[1]; }, {x * 3, x.flip(-1)}, "swiglu " + what);
     }

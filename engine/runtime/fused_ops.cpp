@@ -1,7 +1,10 @@
 #include "engine/runtime/fused_ops.hpp"
 
+#include "common/error.hpp"
+
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/embedding.hpp"
+#include "kernels/cpu/rope.hpp"
 #include "kernels/cpu/layer_norm.hpp"
 
 namespace ds {
@@ -117,6 +120,30 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   }
 };
 
+class Rotary : public torch::autograd::Function<Rotary> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});  // not x: the backward is a rotation of the gradient alone
+    return rotate(x_in.contiguous(), cos, sin, false);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grad_out[0].contiguous(), saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+    const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
+    torch::Tensor y = torch::empty_like(x);
+    if (x.scalar_type() == torch::kBFloat16)
+      kernels::rope_bf16(raw<uint16_t>(x), raw<uint16_t>(y), raw<float>(cos), raw<float>(sin), shape);
+    else
+      kernels::rope_f32(raw<float>(x), raw<float>(y), raw<float>(cos), raw<float>(sin), shape);
+    return y;
+  }
+};
+
 class Embedding : public torch::autograd::Function<Embedding> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
@@ -165,6 +192,18 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
   if (!on_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong) return torch::embedding(weight, ids);
   return Embedding::apply(weight, ids);
+}
+
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  DS_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.sizes() == torch::IntArrayRef({T, half}) && sin.sizes() == cos.sizes() &&
+               cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
+           "rotary: x (B, T, heads, even D), fp32 cos and sin (T, D/2)");
+  if (on_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
+  // Hugging Face's formula: the tables duplicated to D and cast to x's dtype.
+  const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.scalar_type()).view({T, 1, 2 * half}); };
+  const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * table(cos) + rotated * table(sin);
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {

@@ -1,5 +1,6 @@
 // ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
-// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU and the embedding lookup. fp32 and bf16 CPU tensors
+// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU, rotary
+// position embedding and the embedding lookup. fp32 and bf16 CPU tensors
 // take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models call these
 // unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
 #pragma once
@@ -18,6 +19,9 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 // are added straight into weight's gradient buffer when it has one of its dtype (the flat gradients
 // ds binds to every parameter): no dense V x C gradient is made (kernels/cpu/embedding).
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids);
+// Llama's rotary position embedding (Hugging Face's rotate_half layout) of x (B, T, heads, D) at
+// positions 0 .. T-1, from fp32 tables cos and sin (T, D/2) of the angles t theta^(-2j/D).
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 // Llama's gated MLP activation: silu(gate) * up, with gate and up of one shape (silu(gate) is not kept).
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 

@@ -47,21 +47,15 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
   const int64_t D = hp_.hidden_size / NH;
-  // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, duplicated to D (HF layout).
+  // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, (T, D/2).
   const torch::Tensor inv_freq = torch::pow(hp_.rope_theta, -torch::arange(0, D, 2, torch::kFloat32) / static_cast<double>(D));
-  const torch::Tensor freqs = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const torch::Tensor cos = emb.cos().to(x_in.scalar_type()), sin = emb.sin().to(x_in.scalar_type());  // (T, D)
-  auto rotate_half = [&](const torch::Tensor& x) {
-    return torch::cat({-x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
-  };
+  const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
+  const torch::Tensor cos = angles.cos(), sin = angles.sin();
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  torch::Tensor q = torch::linear(h, b.q).view({B, T, NH, D}).transpose(1, 2);   // (B, NH, T, D)
-  torch::Tensor k = torch::linear(h, b.k).view({B, T, NKV, D}).transpose(1, 2);  // (B, NKV, T, D)
-  torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  const torch::Tensor q = rotary(torch::linear(h, b.q).view({B, T, NH, D}), cos, sin).transpose(1, 2);   // (B, NH, T, D)
+  const torch::Tensor k = rotary(torch::linear(h, b.k).view({B, T, NKV, D}), cos, sin).transpose(1, 2);  // (B, NKV, T, D)
+  const torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
