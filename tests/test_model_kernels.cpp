@@ -250,7 +250,9 @@ void check_causal_block(const CausalBlock& b, const std::vector<float>& scores, 
     double sum = 0;
     for (int64_t j = 0; j < b.cols; ++j) {
       const double p = widen_value(s_ref[static_cast<size_t>(r * b.cols + j)]);
-      if (j >= b.first_pos + r % b.block_rows + 1) ASSERT_EQ(p, 0.0) << what << " row " << r << " key " << j;
+      if (j >= b.first_pos + r % b.block_rows + 1) {
+        ASSERT_EQ(p, 0.0) << what << " row " << r << " key " << j;
+      }
       sum += p;
     }
     ASSERT_NEAR(sum, 1.0, sizeof(T) == 2 ? 2e-2 : 1e-5) << what << " row " << r;
@@ -308,7 +310,9 @@ TEST(EmbeddingKernel, AddsEachIdsRowsOnceAndLeavesOtherRowsAlone) {
           double want = table[static_cast<size_t>(r * width + c)];
           for (int64_t i = 0; i < n; ++i)
             if (ids[static_cast<size_t>(i)] == r) want += dy[static_cast<size_t>(i * width + c)];
-          if (r % 2) ASSERT_EQ(g[static_cast<size_t>(r * width + c)], table[static_cast<size_t>(r * width + c)]) << what;
+          if (r % 2) {
+            ASSERT_EQ(g[static_cast<size_t>(r * width + c)], table[static_cast<size_t>(r * width + c)]) << what;
+          }
           ASSERT_NEAR(g[static_cast<size_t>(r * width + c)], want, 1e-4) << what << " row " << r;
         }
       }

@@ -300,7 +300,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   if (hp.num_layers == 0) return 0;  // a model known only by its size has no blocks to count
   const double C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
-  const double NKV = hp.arch == ModelArch::llama ? static_cast<double>(hp.num_kv_heads) : NH;
+  const double NKV = static_cast<double>(hp.num_kv_heads);  // = NH for gpt2
   const bool materialised = hp.attn_pdrop > 0;
   double elements;
   if (hp.arch == ModelArch::gpt2)
@@ -316,7 +316,7 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
   // widest), and the keys' and values' gradients summed in fp32.
   if (hp.num_layers == 0 || hp.attn_pdrop > 0) return 0;
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
-  const double NKV = hp.arch == ModelArch::llama ? static_cast<double>(hp.num_kv_heads) : NH;
+  const double NKV = static_cast<double>(hp.num_kv_heads);
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
   return 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
 }

@@ -48,13 +48,48 @@ kernels::CausalBlock block_of(const Heads& h, int64_t first, int64_t rows) {
   return {h.kv_batches() * h.G * rows, first + rows, rows, first, static_cast<float>(1.0 / std::sqrt(double(h.D)))};
 }
 
+// The softmax kernels on a block of scores in its dtype (fp32 or bf16), in place.
+void softmax_forward(torch::Tensor& s, torch::Tensor& lse, const kernels::CausalBlock& blk) {
+  if (s.scalar_type() == torch::kBFloat16)
+    kernels::causal_softmax_forward_bf16(raw<uint16_t>(s), raw<float>(lse), blk);
+  else
+    kernels::causal_softmax_forward_f32(raw<float>(s), raw<float>(lse), blk);
+}
+
+void softmax_recompute(torch::Tensor& s, const torch::Tensor& lse, const kernels::CausalBlock& blk) {
+  if (s.scalar_type() == torch::kBFloat16)
+    kernels::causal_softmax_recompute_bf16(raw<uint16_t>(s), raw<float>(lse), blk);
+  else
+    kernels::causal_softmax_recompute_f32(raw<float>(s), raw<float>(lse), blk);
+}
+
+void softmax_backward(const torch::Tensor& p, torch::Tensor& dp, const kernels::CausalBlock& blk) {
+  if (p.scalar_type() == torch::kBFloat16)
+    kernels::causal_softmax_backward_bf16(raw<uint16_t>(p), raw<uint16_t>(dp), blk);
+  else
+    kernels::causal_softmax_backward_f32(raw<float>(p), raw<float>(dp), blk);
+}
+
+// One block's part of backward: the probabilities p (recomputed from the lse) and the scores'
+// gradient ds, from the block's queries qb and output gradient dyb against the keys it sees.
+struct BlockGrads {
+  torch::Tensor p, ds;
+};
+
+BlockGrads block_backward(const torch::Tensor& qb, const torch::Tensor& dyb, const torch::Tensor& k_t,
+                          const torch::Tensor& v_t, const torch::Tensor& lse_b, const kernels::CausalBlock& blk) {
+  BlockGrads g{torch::bmm(qb, k_t.narrow(2, 0, blk.cols)), torch::bmm(dyb, v_t.narrow(2, 0, blk.cols))};
+  softmax_recompute(g.p, lse_b, blk);
+  softmax_backward(g.p, g.ds, blk);
+  return g;
+}
+
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
                                const torch::Tensor& v_in, int64_t block_rows) {
     const Heads h = heads_of(q_in, k_in, v_in);
     const int64_t BKV = h.kv_batches();
-    const bool bf16 = q_in.scalar_type() == torch::kBFloat16;
     const torch::Tensor q = q_in.contiguous().view({BKV, h.G, h.T, h.D});
     const torch::Tensor k = k_in.contiguous().view({BKV, h.T, h.D}), v = v_in.contiguous().view({BKV, h.T, h.D});
     const torch::Tensor k_t = transposed(k);
@@ -67,10 +102,7 @@ class CausalAttention : public torch::autograd::Function<CausalAttention> {
       const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
       torch::Tensor s = torch::bmm(qb, k_t.narrow(2, 0, seen));  // (BKV, G*rows, seen)
       torch::Tensor lse_b = torch::empty({blk.rows}, lse.options());
-      if (bf16)
-        kernels::causal_softmax_forward_bf16(raw<uint16_t>(s), raw<float>(lse_b), blk);
-      else
-        kernels::causal_softmax_forward_f32(raw<float>(s), raw<float>(lse_b), blk);
+      softmax_forward(s, lse_b, blk);
       lse.narrow(2, first, rows).copy_(lse_b.view({BKV, h.G, rows}));
       y_blocks.narrow(3, first, rows).copy_(torch::bmm(s, v.narrow(1, 0, seen)).view({h.B, h.NKV, h.G, rows, h.D}));
     }
@@ -86,51 +118,27 @@ class CausalAttention : public torch::autograd::Function<CausalAttention> {
     const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), B = ctx->saved_data["batch"].toInt();
     const int64_t BKV = q.size(0), G = q.size(1);
     const Heads h{B, BKV / B * G, BKV / B, G, q.size(2), q.size(3)};
-    const bool bf16 = q.scalar_type() == torch::kBFloat16;
-    const torch::Tensor dy = grad_out[0].to(q.scalar_type()).contiguous();
+    const auto dtype = q.scalar_type();
+    const torch::Tensor dy = grad_out[0].to(dtype).contiguous();
     const torch::Tensor k_t = transposed(k), v_t = transposed(v);
     const torch::Tensor dy_blocks = dy.view({h.B, h.T, h.NKV, h.G, h.D}).permute({0, 2, 3, 1, 4});
-    const auto dtype = q.scalar_type();
     if (block_rows >= h.T) {  // one block (short sequences): every product is whole, nothing to sum
-      const kernels::CausalBlock blk = block_of(h, 0, h.T);
       const torch::Tensor qb = q.view({BKV, h.G * h.T, h.D}), dyb = dy_blocks.reshape({BKV, h.G * h.T, h.D});
-      torch::Tensor p = torch::bmm(qb, k_t);
-      if (bf16)
-        kernels::causal_softmax_recompute_bf16(raw<uint16_t>(p), raw<float>(lse), blk);
-      else
-        kernels::causal_softmax_recompute_f32(raw<float>(p), raw<float>(lse), blk);
-      const torch::Tensor dv = torch::bmm(p.transpose(1, 2), dyb);
-      torch::Tensor ds = torch::bmm(dyb, v_t);
-      if (bf16)
-        kernels::causal_softmax_backward_bf16(raw<uint16_t>(p), raw<uint16_t>(ds), blk);
-      else
-        kernels::causal_softmax_backward_f32(raw<float>(p), raw<float>(ds), blk);
-      return {torch::bmm(ds, k).view({h.B, h.NH, h.T, h.D}), torch::bmm(ds.transpose(1, 2), qb).view({h.B, h.NKV, h.T, h.D}),
-              dv.view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
+      const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse, block_of(h, 0, h.T));
+      return {torch::bmm(g.ds, k).view({h.B, h.NH, h.T, h.D}), torch::bmm(g.ds.transpose(1, 2), qb).view({h.B, h.NKV, h.T, h.D}),
+              torch::bmm(g.p.transpose(1, 2), dyb).view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
     }
     torch::Tensor dq = torch::empty_like(q);
     // Keys and values collect a term from every block below them: summed in fp32, rounded once.
     torch::Tensor dk = torch::zeros({BKV, h.T, h.D}, q.options().dtype(torch::kFloat32)), dv = torch::zeros_like(dk);
     for (int64_t first = 0; first < h.T; first += block_rows) {
       const int64_t rows = std::min(block_rows, h.T - first), seen = first + rows;
-      const kernels::CausalBlock blk = block_of(h, first, rows);
       const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
       const torch::Tensor dyb = dy_blocks.narrow(3, first, rows).reshape({BKV, h.G * rows, h.D});
-      const torch::Tensor kb = k.narrow(1, 0, seen);
-      const torch::Tensor lse_b = lse.narrow(2, first, rows).contiguous();
-      torch::Tensor p = torch::bmm(qb, k_t.narrow(2, 0, seen));
-      if (bf16)
-        kernels::causal_softmax_recompute_bf16(raw<uint16_t>(p), raw<float>(lse_b), blk);
-      else
-        kernels::causal_softmax_recompute_f32(raw<float>(p), raw<float>(lse_b), blk);
-      accumulate(dv.narrow(1, 0, seen), p.transpose(1, 2), dyb);
-      torch::Tensor ds = torch::bmm(dyb, v_t.narrow(2, 0, seen));
-      if (bf16)
-        kernels::causal_softmax_backward_bf16(raw<uint16_t>(p), raw<uint16_t>(ds), blk);
-      else
-        kernels::causal_softmax_backward_f32(raw<float>(p), raw<float>(ds), blk);
-      dq.narrow(2, first, rows).copy_(torch::bmm(ds, kb).view({BKV, h.G, rows, h.D}));
-      accumulate(dk.narrow(1, 0, seen), ds.transpose(1, 2), qb);
+      const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse.narrow(2, first, rows).contiguous(), block_of(h, first, rows));
+      accumulate(dv.narrow(1, 0, seen), g.p.transpose(1, 2), dyb);
+      dq.narrow(2, first, rows).copy_(torch::bmm(g.ds, k.narrow(1, 0, seen)).view({BKV, h.G, rows, h.D}));
+      accumulate(dk.narrow(1, 0, seen), g.ds.transpose(1, 2), qb);
     }
     return {dq.view({h.B, h.NH, h.T, h.D}), dk.to(dtype).view({h.B, h.NKV, h.T, h.D}),
             dv.to(dtype).view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};

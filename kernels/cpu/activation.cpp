@@ -10,7 +10,7 @@ namespace {
 constexpr double kSqrt2OverPi = 0.79788456080286535588, kCubic = 0.044715;
 
 template <class T>
-void forward_reference(const T* x, T* y, int64_t begin, int64_t end) {
+void gelu_forward_reference(const T* x, T* y, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const double v = widen(x[i]);
     narrow(y + i, 0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v))));
@@ -18,7 +18,7 @@ void forward_reference(const T* x, T* y, int64_t begin, int64_t end) {
 }
 
 template <class T>
-void backward_reference(const T* dy, const T* x, T* dx, int64_t begin, int64_t end) {
+void gelu_backward_reference(const T* dy, const T* x, T* dx, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const double v = widen(x[i]), t = std::tanh(kSqrt2OverPi * (v + kCubic * v * v * v));
     const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kCubic * v * v);
@@ -47,7 +47,7 @@ void swiglu_backward_reference(const T* dy, const T* g, const T* u, T* dg, T* du
 // With s = sigmoid(2u) = (1 + tanh u) / 2:  y = x s,  dy/dx = s + 2 x s (1 - s) du/dx. Written this
 // way nothing cancels in the negative tail (1 + tanh u computed as such loses every digit there).
 template <class T>
-DS_AVX512 void forward_avx512(const T* x, T* y, int64_t begin, int64_t end) {
+DS_AVX512 void gelu_forward_avx512(const T* x, T* y, int64_t begin, int64_t end) {
   const __m512 k0 = _mm512_set1_ps(static_cast<float>(2 * kSqrt2OverPi)), k1 = _mm512_set1_ps(static_cast<float>(kCubic));
   for (int64_t i = begin; i < end; i += 16) {
     const __mmask16 m = simd::first_lanes(end - i);
@@ -58,7 +58,7 @@ DS_AVX512 void forward_avx512(const T* x, T* y, int64_t begin, int64_t end) {
 }
 
 template <class T>
-DS_AVX512 void backward_avx512(const T* dy, const T* x, T* dx, int64_t begin, int64_t end) {
+DS_AVX512 void gelu_backward_avx512(const T* dy, const T* x, T* dx, int64_t begin, int64_t end) {
   const __m512 k0 = _mm512_set1_ps(static_cast<float>(2 * kSqrt2OverPi)), k1 = _mm512_set1_ps(static_cast<float>(kCubic));
   const __m512 k3 = _mm512_set1_ps(static_cast<float>(3 * kCubic)), one = _mm512_set1_ps(1.0f);
   for (int64_t i = begin; i < end; i += 16) {
@@ -103,22 +103,22 @@ void over_blocks(int64_t n, F f) {
 }
 
 template <class T>
-void forward(const T* x, T* y, int64_t n) {
+void gelu_forward(const T* x, T* y, int64_t n) {
   over_blocks(n, [&](int64_t begin, int64_t end) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return forward_avx512(x, y, begin, end);
+    if (simd::has_avx512()) return gelu_forward_avx512(x, y, begin, end);
 #endif
-    forward_reference(x, y, begin, end);
+    gelu_forward_reference(x, y, begin, end);
   });
 }
 
 template <class T>
-void backward(const T* dy, const T* x, T* dx, int64_t n) {
+void gelu_backward(const T* dy, const T* x, T* dx, int64_t n) {
   over_blocks(n, [&](int64_t begin, int64_t end) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return backward_avx512(dy, x, dx, begin, end);
+    if (simd::has_avx512()) return gelu_backward_avx512(dy, x, dx, begin, end);
 #endif
-    backward_reference(dy, x, dx, begin, end);
+    gelu_backward_reference(dy, x, dx, begin, end);
   });
 }
 
@@ -166,17 +166,17 @@ void swiglu_backward_bf16_reference(const uint16_t* dy, const uint16_t* g, const
   swiglu_backward_reference(dy, g, u, dg, du, 0, n);
 }
 
-void gelu_tanh_forward_f32(const float* x, float* y, int64_t n) { forward(x, y, n); }
-void gelu_tanh_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n) { forward(x, y, n); }
-void gelu_tanh_backward_f32(const float* dy, const float* x, float* dx, int64_t n) { backward(dy, x, dx, n); }
-void gelu_tanh_backward_bf16(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n) { backward(dy, x, dx, n); }
-void gelu_tanh_forward_f32_reference(const float* x, float* y, int64_t n) { forward_reference(x, y, 0, n); }
-void gelu_tanh_forward_bf16_reference(const uint16_t* x, uint16_t* y, int64_t n) { forward_reference(x, y, 0, n); }
+void gelu_tanh_forward_f32(const float* x, float* y, int64_t n) { gelu_forward(x, y, n); }
+void gelu_tanh_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n) { gelu_forward(x, y, n); }
+void gelu_tanh_backward_f32(const float* dy, const float* x, float* dx, int64_t n) { gelu_backward(dy, x, dx, n); }
+void gelu_tanh_backward_bf16(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n) { gelu_backward(dy, x, dx, n); }
+void gelu_tanh_forward_f32_reference(const float* x, float* y, int64_t n) { gelu_forward_reference(x, y, 0, n); }
+void gelu_tanh_forward_bf16_reference(const uint16_t* x, uint16_t* y, int64_t n) { gelu_forward_reference(x, y, 0, n); }
 void gelu_tanh_backward_f32_reference(const float* dy, const float* x, float* dx, int64_t n) {
-  backward_reference(dy, x, dx, 0, n);
+  gelu_backward_reference(dy, x, dx, 0, n);
 }
 void gelu_tanh_backward_bf16_reference(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n) {
-  backward_reference(dy, x, dx, 0, n);
+  gelu_backward_reference(dy, x, dx, 0, n);
 }
 
 }  // namespace ds::kernels

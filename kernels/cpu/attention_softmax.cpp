@@ -90,83 +90,61 @@ DS_AVX512 void backward_row_avx512(const T* p, T* dp, int64_t n, int64_t cols, f
 }
 #endif
 
-// Each row in turn, rows split over OpenMP threads (causal rows differ in length, so dynamic).
+// Each row in turn, rows split over OpenMP threads (causal rows differ in length, so dynamic); the
+// references one thread, row by row, in double.
 template <class F>
-void over_rows(const CausalBlock& b, F f) {
-#pragma omp parallel for schedule(dynamic, 16) if (b.rows > 16)
+void over_rows(const CausalBlock& b, bool reference, F f) {
+#pragma omp parallel for schedule(dynamic, 16) if (!reference && b.rows > 16)
   for (int64_t r = 0; r < b.rows; ++r) f(r, b.visible(r));
 }
 
 template <class T>
-void forward(T* s, float* lse, const CausalBlock& b) {
-  over_rows(b, [&](int64_t r, int64_t n) {
+void forward(T* s, float* lse, const CausalBlock& b, bool reference) {
+  over_rows(b, reference, [&](int64_t r, int64_t n) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return forward_row_avx512(s + r * b.cols, lse + r, n, b.cols, b.scale);
+    if (!reference && simd::has_avx512()) return forward_row_avx512(s + r * b.cols, lse + r, n, b.cols, b.scale);
 #endif
     forward_row_reference(s + r * b.cols, lse + r, n, b.cols, b.scale);
   });
 }
 
 template <class T>
-void recompute(T* s, const float* lse, const CausalBlock& b) {
-  over_rows(b, [&](int64_t r, int64_t n) {
+void recompute(T* s, const float* lse, const CausalBlock& b, bool reference) {
+  over_rows(b, reference, [&](int64_t r, int64_t n) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return recompute_row_avx512(s + r * b.cols, lse[r], n, b.cols, b.scale);
+    if (!reference && simd::has_avx512()) return recompute_row_avx512(s + r * b.cols, lse[r], n, b.cols, b.scale);
 #endif
     recompute_row_reference(s + r * b.cols, lse[r], n, b.cols, b.scale);
   });
 }
 
 template <class T>
-void backward(const T* p, T* dp, const CausalBlock& b) {
-  over_rows(b, [&](int64_t r, int64_t n) {
+void backward(const T* p, T* dp, const CausalBlock& b, bool reference) {
+  over_rows(b, reference, [&](int64_t r, int64_t n) {
 #if defined(__x86_64__)
-    if (simd::has_avx512()) return backward_row_avx512(p + r * b.cols, dp + r * b.cols, n, b.cols, b.scale);
+    if (!reference && simd::has_avx512()) return backward_row_avx512(p + r * b.cols, dp + r * b.cols, n, b.cols, b.scale);
 #endif
     backward_row_reference(p + r * b.cols, dp + r * b.cols, n, b.cols, b.scale);
   });
 }
 
-template <class T>
-void forward_reference(T* s, float* lse, const CausalBlock& b) {
-  for (int64_t r = 0; r < b.rows; ++r) forward_row_reference(s + r * b.cols, lse + r, b.visible(r), b.cols, b.scale);
-}
-
-template <class T>
-void recompute_reference(T* s, const float* lse, const CausalBlock& b) {
-  for (int64_t r = 0; r < b.rows; ++r) recompute_row_reference(s + r * b.cols, lse[r], b.visible(r), b.cols, b.scale);
-}
-
-template <class T>
-void backward_reference(const T* p, T* dp, const CausalBlock& b) {
-  for (int64_t r = 0; r < b.rows; ++r) backward_row_reference(p + r * b.cols, dp + r * b.cols, b.visible(r), b.cols, b.scale);
-}
-
 }  // namespace
 
-void causal_softmax_forward_f32(float* s, float* lse, const CausalBlock& b) { forward(s, lse, b); }
-void causal_softmax_forward_bf16(uint16_t* s, float* lse, const CausalBlock& b) { forward(s, lse, b); }
-void causal_softmax_recompute_f32(float* s, const float* lse, const CausalBlock& b) { recompute(s, lse, b); }
-void causal_softmax_recompute_bf16(uint16_t* s, const float* lse, const CausalBlock& b) { recompute(s, lse, b); }
-void causal_softmax_backward_f32(const float* p, float* dp, const CausalBlock& b) {
-  backward(p, dp, b);
-}
-void causal_softmax_backward_bf16(const uint16_t* p, uint16_t* dp, const CausalBlock& b) {
-  backward(p, dp, b);
-}
-void causal_softmax_forward_f32_reference(float* s, float* lse, const CausalBlock& b) { forward_reference(s, lse, b); }
-void causal_softmax_forward_bf16_reference(uint16_t* s, float* lse, const CausalBlock& b) { forward_reference(s, lse, b); }
-void causal_softmax_recompute_f32_reference(float* s, const float* lse, const CausalBlock& b) {
-  recompute_reference(s, lse, b);
-}
+void causal_softmax_forward_f32(float* s, float* lse, const CausalBlock& b) { forward(s, lse, b, false); }
+void causal_softmax_forward_bf16(uint16_t* s, float* lse, const CausalBlock& b) { forward(s, lse, b, false); }
+void causal_softmax_recompute_f32(float* s, const float* lse, const CausalBlock& b) { recompute(s, lse, b, false); }
+void causal_softmax_recompute_bf16(uint16_t* s, const float* lse, const CausalBlock& b) { recompute(s, lse, b, false); }
+void causal_softmax_backward_f32(const float* p, float* dp, const CausalBlock& b) { backward(p, dp, b, false); }
+void causal_softmax_backward_bf16(const uint16_t* p, uint16_t* dp, const CausalBlock& b) { backward(p, dp, b, false); }
+void causal_softmax_forward_f32_reference(float* s, float* lse, const CausalBlock& b) { forward(s, lse, b, true); }
+void causal_softmax_forward_bf16_reference(uint16_t* s, float* lse, const CausalBlock& b) { forward(s, lse, b, true); }
+void causal_softmax_recompute_f32_reference(float* s, const float* lse, const CausalBlock& b) { recompute(s, lse, b, true); }
 void causal_softmax_recompute_bf16_reference(uint16_t* s, const float* lse, const CausalBlock& b) {
-  recompute_reference(s, lse, b);
+  recompute(s, lse, b, true);
 }
-void causal_softmax_backward_f32_reference(const float* p, float* dp, const CausalBlock& b) {
-  backward_reference(p, dp, b);
-}
+void causal_softmax_backward_f32_reference(const float* p, float* dp, const CausalBlock& b) { backward(p, dp, b, true); }
 void causal_softmax_backward_bf16_reference(const uint16_t* p, uint16_t* dp, const CausalBlock& b) {
-  backward_reference(p, dp, b);
+  backward(p, dp, b, true);
 }
 
 }  // namespace ds::kernels

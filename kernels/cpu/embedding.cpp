@@ -26,18 +26,13 @@ Runs runs_of(const int64_t* ids, int64_t n) {
   return r;
 }
 
+// One id's rows into its table row g, a column at a time, summed in double.
 template <class T>
-void reference(T* grad, const int64_t* ids, const T* dy, int64_t n, int64_t width) {
-  const Runs r = runs_of(ids, n);
-  std::vector<double> sum(static_cast<size_t>(width));
-  for (size_t k = 0; k + 1 < r.starts.size(); ++k) {
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (int64_t i = r.starts[k]; i < r.starts[k + 1]; ++i) {
-      const T* row = dy + r.order[static_cast<size_t>(i)] * width;
-      for (int64_t c = 0; c < width; ++c) sum[static_cast<size_t>(c)] += widen(row[c]);
-    }
-    T* g = grad + ids[r.order[static_cast<size_t>(r.starts[k])]] * width;
-    for (int64_t c = 0; c < width; ++c) narrow(g + c, widen(g[c]) + sum[static_cast<size_t>(c)]);
+void add_run_reference(T* g, const T* dy, const int64_t* rows, int64_t count, int64_t width) {
+  for (int64_t c = 0; c < width; ++c) {
+    double sum = 0;
+    for (int64_t i = 0; i < count; ++i) sum += widen(dy[rows[i] * width + c]);
+    narrow(g + c, widen(g[c]) + sum);
   }
 }
 
@@ -55,42 +50,38 @@ DS_AVX512 void add_run_avx512(T* g, const T* dy, const int64_t* rows, int64_t co
 #endif
 
 template <class T>
-void fast(T* grad, const int64_t* ids, const T* dy, int64_t n, int64_t width) {
+void run(T* grad, const int64_t* ids, const T* dy, int64_t n, int64_t width, bool reference) {
   const Runs r = runs_of(ids, n);
   const int64_t runs = static_cast<int64_t>(r.starts.size()) - 1;
   // Each run is a different row of the table: threads never share one.
-#pragma omp parallel for schedule(dynamic, 8) if (runs * width > (1 << 16))
+#pragma omp parallel for schedule(dynamic, 8) if (!reference && runs * width > (1 << 16))
   for (int64_t k = 0; k < runs; ++k) {
     const int64_t begin = r.starts[static_cast<size_t>(k)], count = r.starts[static_cast<size_t>(k) + 1] - begin;
     const int64_t* rows = r.order.data() + begin;
     T* g = grad + ids[rows[0]] * width;
 #if defined(__x86_64__)
-    if (simd::has_avx512()) {
+    if (!reference && simd::has_avx512()) {
       add_run_avx512(g, dy, rows, count, width);
       continue;
     }
 #endif
-    for (int64_t c = 0; c < width; ++c) {
-      float acc = 0;
-      for (int64_t i = 0; i < count; ++i) acc += static_cast<float>(widen(dy[rows[i] * width + c]));
-      narrow(g + c, widen(g[c]) + static_cast<double>(acc));
-    }
+    add_run_reference(g, dy, rows, count, width);
   }
 }
 
 }  // namespace
 
 void embedding_backward_f32(float* grad, const int64_t* ids, const float* dy, int64_t n, int64_t width) {
-  fast(grad, ids, dy, n, width);
+  run(grad, ids, dy, n, width, false);
 }
 void embedding_backward_bf16(uint16_t* grad, const int64_t* ids, const uint16_t* dy, int64_t n, int64_t width) {
-  fast(grad, ids, dy, n, width);
+  run(grad, ids, dy, n, width, false);
 }
 void embedding_backward_f32_reference(float* grad, const int64_t* ids, const float* dy, int64_t n, int64_t width) {
-  reference(grad, ids, dy, n, width);
+  run(grad, ids, dy, n, width, true);
 }
 void embedding_backward_bf16_reference(uint16_t* grad, const int64_t* ids, const uint16_t* dy, int64_t n, int64_t width) {
-  reference(grad, ids, dy, n, width);
+  run(grad, ids, dy, n, width, true);
 }
 
 }  // namespace ds::kernels

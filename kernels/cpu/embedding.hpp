@@ -2,8 +2,8 @@
 //   grad[ids[i], :] += dy[i, :]   for i in [0, n)
 // Only the rows the batch used are touched: no dense (vocab x width) gradient is made, zeroed and
 // added (for GPT-2 124M in fp32 that was 154 MB per micro batch). Rows of the same id are summed in
-// fp32 in their order in the batch and added once, so a bf16 table sees one rounding per id, and the
-// result does not depend on the thread count. Raw pointers, no LibTorch; ids must lie in [0, vocab).
+// fp32 (double without AVX-512) in their order in the batch and added once, so a bf16 table sees one
+// rounding per id, and the result does not depend on the thread count. Raw pointers, no LibTorch; ids must lie in [0, vocab).
 #pragma once
 
 #include <cstdint>
