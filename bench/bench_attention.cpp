@@ -7,7 +7,7 @@
 // Usage: bench_attention [B] [NH] [NKV] [T] [D] [fp32|bf16] [rounds] [threads] [block rows, 0: ds's]
 // Run it in the environment ds trains in: GOMP_SPINCOUNT=1000 (libgomp's default spin starves
 // OpenBLAS's own threads: fp32 bmm ran 2-5x slower) and ds's glibc settings, e.g.
-//   GOMP_SPINCOUNT=1000 MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 \
+//   GOMP_SPINCOUNT=1000 MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 (one line)
 //   MALLOC_TOP_PAD_=268435456 build/bench_attention 4 6 6 1024 64 bf16 3
 #include <torch/torch.h>
 
@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
   torch::set_num_threads(threads);
   const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   torch::manual_seed(1);
-  const torch::Tensor q = torch::randn({B, NH, T, D}).to(dtype), k = torch::randn({B, NKV, T, D}).to(dtype),
-                      v = torch::randn({B, NKV, T, D}).to(dtype), dy = torch::randn({B, T, NH, D}).to(dtype);
+  const torch::Tensor q = torch::randn({B, T, NH, D}).to(dtype), k = torch::randn({B, T, NKV, D}).to(dtype),
+                      v = torch::randn({B, T, NKV, D}).to(dtype), dy = torch::randn({B, T, NH, D}).to(dtype);
   using Attention = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
   const Attention fused = [&](const auto& a, const auto& b, const auto& c) { return ds::causal_attention(a, b, c, rows); };
   const Attention plain = [](const auto& a, const auto& b, const auto& c) { return ds::causal_attention_materialised(a, b, c); };

@@ -207,9 +207,9 @@ TEST(FusedAttention, MatchesTheMaterialisedAttentionForwardAndBackward) {
                                " NKV " + std::to_string(c.kv_heads) + " T " + std::to_string(c.T) + " rows " +
                                std::to_string(c.block_rows);
       const int64_t B = 2;
-      const torch::Tensor q = (torch::randn({B, c.heads, c.T, c.D}) * 1.5).to(dtype);
-      const torch::Tensor k = (torch::randn({B, c.kv_heads, c.T, c.D}) * 1.5).to(dtype);
-      const torch::Tensor v = torch::randn({B, c.kv_heads, c.T, c.D}).to(dtype);
+      const torch::Tensor q = (torch::randn({B, c.T, c.heads, c.D}) * 1.5).to(dtype);
+      const torch::Tensor k = (torch::randn({B, c.T, c.kv_heads, c.D}) * 1.5).to(dtype);
+      const torch::Tensor v = torch::randn({B, c.T, c.kv_heads, c.D}).to(dtype);
       const torch::Tensor probe = torch::randn({B, c.T, c.heads, c.D}).to(dtype);
       const int64_t rows = c.block_rows;
       const AttentionResult got = run_attention(
@@ -242,15 +242,33 @@ TEST(FusedAttention, MatchesTheMaterialisedAttentionForwardAndBackward) {
   }
 }
 
-TEST(FusedAttention, ReadsQueriesKeysAndValuesThroughAnyStridesAndWithoutGradients) {
-  // GPT-2 hands in views of one (B, T, 3, NH, D) projection; evaluation runs without autograd.
+TEST(FusedAttention, PackedProjectionGivesTheSameOutputAndOneGradientOfItsShape) {
+  // GPT-2 hands in its c_attn output viewed by head; evaluation runs without autograd.
   torch::manual_seed(9);
-  const int64_t B = 3, T = 21, NH = 4, D = 8;
-  const torch::Tensor qkv = torch::randn({B, T, 3, NH, D}).permute({2, 0, 3, 1, 4});
-  const torch::Tensor want = causal_attention_materialised(qkv[0], qkv[1], qkv[2]);
-  EXPECT_LT(relative_error(causal_attention(qkv[0], qkv[1], qkv[2], 6), want), 2e-5);
-  torch::NoGradGuard no_grad;
-  EXPECT_LT(relative_error(causal_attention(qkv[0], qkv[1], qkv[2]), want), 2e-5);
+  const int64_t B = 3, T = 21, D = 8;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto& [NH, NKV] : {std::pair<int64_t, int64_t>{4, 4}, {6, 2}}) {
+      for (int64_t rows : {6, 0}) {  // several blocks; one block
+        const std::string what = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + " NH " + std::to_string(NH) +
+                                 " NKV " + std::to_string(NKV) + " rows " + std::to_string(rows);
+        const torch::Tensor qkv = torch::randn({B, T, NH + 2 * NKV, D}).to(dtype), probe = torch::randn({B, T, NH, D}).to(dtype);
+        // The reference: three separate (strided) inputs through the unpacked form, gradients joined.
+        const auto [q, k, v] = unpack(qkv, NH);
+        const AttentionResult want = run_attention(
+            [rows](const auto& q, const auto& k, const auto& v) { return causal_attention(q, k, v, rows); }, q, k, v, probe);
+        torch::Tensor packed = qkv.clone().requires_grad_(true);
+        const torch::Tensor y = causal_attention_packed(packed, NH, rows);
+        (y * probe).sum().backward();
+        EXPECT_TRUE(y.is_contiguous()) << what;
+        EXPECT_TRUE(torch::equal(y, want.y)) << what << " output";
+        ASSERT_EQ(packed.grad().sizes(), qkv.sizes()) << what;
+        EXPECT_TRUE(torch::equal(packed.grad(), torch::cat({want.dq, want.dk, want.dv}, 2))) << what << " gradient";
+        torch::NoGradGuard no_grad;
+        EXPECT_TRUE(torch::equal(causal_attention_packed(qkv, NH, rows), want.y)) << what << " without autograd";
+      }
+    }
+  }
+  EXPECT_THROW(causal_attention_packed(torch::zeros({1, 2, 5, 4}), 2), std::exception);  // 3 kv-part heads: not even
 }
 
 TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem) {

@@ -17,13 +17,22 @@ struct Heads {
   int64_t kv_batches() const { return B * NKV; }  // the batch of every bmm: one per (sample, kv head)
 };
 
+// q (B, T, NH, D), k and v (B, T, NKV, D).
 Heads heads_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-  DS_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attention: q (B,NH,T,D), k and v (B,NKV,T,D)");
-  const Heads h{q.size(0), q.size(1), k.size(1), 0, q.size(2), q.size(3)};
-  DS_CHECK(k.size(0) == h.B && k.size(2) == h.T && k.size(3) == h.D && h.NKV > 0 && h.NH % h.NKV == 0,
+  DS_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "attention: q (B,T,NH,D), k and v (B,T,NKV,D)");
+  const Heads h{q.size(0), q.size(2), k.size(2), 0, q.size(1), q.size(3)};
+  DS_CHECK(k.size(0) == h.B && k.size(1) == h.T && k.size(3) == h.D && h.NKV > 0 && h.NH % h.NKV == 0,
            "attention: k and v must match q's batch, length and head size, with NH a multiple of NKV");
   return {h.B, h.NH, h.NKV, h.NH / h.NKV, h.T, h.D};
 }
+
+// A (B, T, NH, D) tensor of queries (or their gradient) seen as (B, NKV, G, T, D): each kv head's group.
+torch::Tensor by_group(const torch::Tensor& x, const Heads& h) {
+  return x.view({h.B, h.T, h.NKV, h.G, h.D}).permute({0, 2, 3, 1, 4});
+}
+
+// A (B, T, NKV, D) tensor of keys or values (or their gradient) seen as (B, NKV, T, D).
+torch::Tensor by_head(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}); }
 
 template <class T>
 T* raw(const torch::Tensor& t) {
@@ -84,86 +93,166 @@ BlockGrads block_backward(const torch::Tensor& qb, const torch::Tensor& dyb, con
   return g;
 }
 
+// What forward keeps for backward, laid out for the bmms: q as (B*NKV, G, T, D), k and v as
+// (B*NKV, T, D), and the fp32 log-sum-exp of every query row, (B*NKV, G, T).
+struct Kept {
+  torch::Tensor q, k, v, lse;
+};
+
+// Forward over q (B, T, NH, D), k and v (B, T, NKV, D) of any strides: returns y (B, T, NH, D), contiguous.
+torch::Tensor attend(const Heads& h, const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                     int64_t block_rows, Kept& kept) {
+  const int64_t BKV = h.kv_batches();
+  const torch::Tensor q = by_group(q_in, h).contiguous().view({BKV, h.G, h.T, h.D});
+  const torch::Tensor k = by_head(k_in).contiguous().view({BKV, h.T, h.D}), v = by_head(v_in).contiguous().view({BKV, h.T, h.D});
+  const torch::Tensor k_t = transposed(k);
+  torch::Tensor y = torch::empty({h.B, h.T, h.NH, h.D}, q.options());
+  const torch::Tensor y_groups = by_group(y, h);
+  torch::Tensor lse = torch::empty({BKV, h.G, h.T}, q.options().dtype(torch::kFloat32));
+  for (int64_t first = 0; first < h.T; first += block_rows) {
+    const int64_t rows = std::min(block_rows, h.T - first), seen = first + rows;
+    const kernels::CausalBlock blk = block_of(h, first, rows);
+    const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
+    torch::Tensor s = torch::bmm(qb, k_t.narrow(2, 0, seen));  // (BKV, G*rows, seen)
+    torch::Tensor lse_b = torch::empty({blk.rows}, lse.options());
+    softmax_forward(s, lse_b, blk);
+    lse.narrow(2, first, rows).copy_(lse_b.view({BKV, h.G, rows}));
+    y_groups.narrow(3, first, rows).copy_(torch::bmm(s, v.narrow(1, 0, seen)).view({h.B, h.NKV, h.G, rows, h.D}));
+  }
+  kept = {q, k, v, lse};
+  return y;
+}
+
+// Backward: the gradients written into dq (B, T, NH, D), dk and dv (B, T, NKV, D), views of any
+// strides (the packed form's are slices of one tensor), so no caller copies or sums them again.
+void attend_backward(const Kept& kept, int64_t B, int64_t block_rows, const torch::Tensor& dy_in, const torch::Tensor& dq_out,
+                     const torch::Tensor& dk_out, const torch::Tensor& dv_out) {
+  const torch::Tensor &q = kept.q, &k = kept.k, &v = kept.v, &lse = kept.lse;
+  const int64_t BKV = q.size(0), G = q.size(1);
+  const Heads h{B, BKV / B * G, BKV / B, G, q.size(2), q.size(3)};
+  const torch::Tensor dy = dy_in.to(q.scalar_type()).contiguous();
+  const torch::Tensor k_t = transposed(k), v_t = transposed(v);
+  const torch::Tensor dy_groups = by_group(dy, h), dq_groups = by_group(dq_out, h);
+  auto as_heads = [&](const torch::Tensor& x) { return x.view({h.B, h.NKV, h.T, h.D}); };
+  if (block_rows >= h.T) {  // one block (short sequences): every product is whole, nothing to sum
+    const torch::Tensor qb = q.view({BKV, h.G * h.T, h.D}), dyb = dy_groups.reshape({BKV, h.G * h.T, h.D});
+    const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse, block_of(h, 0, h.T));
+    dq_groups.copy_(torch::bmm(g.ds, k).view({h.B, h.NKV, h.G, h.T, h.D}));
+    by_head(dk_out).copy_(as_heads(torch::bmm(g.ds.transpose(1, 2), qb)));
+    by_head(dv_out).copy_(as_heads(torch::bmm(g.p.transpose(1, 2), dyb)));
+    return;
+  }
+  // Keys and values collect a term from every block below them: summed in fp32, rounded once.
+  torch::Tensor dk = torch::zeros({BKV, h.T, h.D}, q.options().dtype(torch::kFloat32)), dv = torch::zeros_like(dk);
+  for (int64_t first = 0; first < h.T; first += block_rows) {
+    const int64_t rows = std::min(block_rows, h.T - first), seen = first + rows;
+    const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
+    const torch::Tensor dyb = dy_groups.narrow(3, first, rows).reshape({BKV, h.G * rows, h.D});
+    const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse.narrow(2, first, rows).contiguous(), block_of(h, first, rows));
+    accumulate(dv.narrow(1, 0, seen), g.p.transpose(1, 2), dyb);
+    dq_groups.narrow(3, first, rows).copy_(torch::bmm(g.ds, k.narrow(1, 0, seen)).view({h.B, h.NKV, h.G, rows, h.D}));
+    accumulate(dk.narrow(1, 0, seen), g.ds.transpose(1, 2), qb);
+  }
+  by_head(dk_out).copy_(as_heads(dk));
+  by_head(dv_out).copy_(as_heads(dv));
+}
+
+void keep(AutogradContext* ctx, const Kept& kept, int64_t B, int64_t block_rows) {
+  ctx->save_for_backward({kept.q, kept.k, kept.v, kept.lse});
+  ctx->saved_data["block_rows"] = block_rows;
+  ctx->saved_data["batch"] = B;
+}
+
+Kept kept_of(AutogradContext* ctx) {
+  const auto saved = ctx->get_saved_variables();
+  return {saved[0], saved[1], saved[2], saved[3]};
+}
+
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
-                               const torch::Tensor& v_in, int64_t block_rows) {
-    const Heads h = heads_of(q_in, k_in, v_in);
-    const int64_t BKV = h.kv_batches();
-    const torch::Tensor q = q_in.contiguous().view({BKV, h.G, h.T, h.D});
-    const torch::Tensor k = k_in.contiguous().view({BKV, h.T, h.D}), v = v_in.contiguous().view({BKV, h.T, h.D});
-    const torch::Tensor k_t = transposed(k);
-    torch::Tensor y = torch::empty({h.B, h.T, h.NH, h.D}, q.options());
-    const torch::Tensor y_blocks = y.view({h.B, h.T, h.NKV, h.G, h.D}).permute({0, 2, 3, 1, 4});  // (B,NKV,G,T,D)
-    torch::Tensor lse = torch::empty({BKV, h.G, h.T}, q.options().dtype(torch::kFloat32));
-    for (int64_t first = 0; first < h.T; first += block_rows) {
-      const int64_t rows = std::min(block_rows, h.T - first), seen = first + rows;
-      const kernels::CausalBlock blk = block_of(h, first, rows);
-      const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
-      torch::Tensor s = torch::bmm(qb, k_t.narrow(2, 0, seen));  // (BKV, G*rows, seen)
-      torch::Tensor lse_b = torch::empty({blk.rows}, lse.options());
-      softmax_forward(s, lse_b, blk);
-      lse.narrow(2, first, rows).copy_(lse_b.view({BKV, h.G, rows}));
-      y_blocks.narrow(3, first, rows).copy_(torch::bmm(s, v.narrow(1, 0, seen)).view({h.B, h.NKV, h.G, rows, h.D}));
-    }
-    ctx->save_for_backward({q, k, v, lse});
-    ctx->saved_data["block_rows"] = block_rows;
-    ctx->saved_data["batch"] = h.B;
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               int64_t block_rows) {
+    const Heads h = heads_of(q, k, v);
+    Kept kept;
+    torch::Tensor y = attend(h, q, k, v, block_rows, kept);
+    keep(ctx, kept, h.B, block_rows);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &lse = saved[3];
-    const int64_t block_rows = ctx->saved_data["block_rows"].toInt(), B = ctx->saved_data["batch"].toInt();
-    const int64_t BKV = q.size(0), G = q.size(1);
-    const Heads h{B, BKV / B * G, BKV / B, G, q.size(2), q.size(3)};
-    const auto dtype = q.scalar_type();
-    const torch::Tensor dy = grad_out[0].to(dtype).contiguous();
-    const torch::Tensor k_t = transposed(k), v_t = transposed(v);
-    const torch::Tensor dy_blocks = dy.view({h.B, h.T, h.NKV, h.G, h.D}).permute({0, 2, 3, 1, 4});
-    if (block_rows >= h.T) {  // one block (short sequences): every product is whole, nothing to sum
-      const torch::Tensor qb = q.view({BKV, h.G * h.T, h.D}), dyb = dy_blocks.reshape({BKV, h.G * h.T, h.D});
-      const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse, block_of(h, 0, h.T));
-      return {torch::bmm(g.ds, k).view({h.B, h.NH, h.T, h.D}), torch::bmm(g.ds.transpose(1, 2), qb).view({h.B, h.NKV, h.T, h.D}),
-              torch::bmm(g.p.transpose(1, 2), dyb).view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
-    }
-    torch::Tensor dq = torch::empty_like(q);
-    // Keys and values collect a term from every block below them: summed in fp32, rounded once.
-    torch::Tensor dk = torch::zeros({BKV, h.T, h.D}, q.options().dtype(torch::kFloat32)), dv = torch::zeros_like(dk);
-    for (int64_t first = 0; first < h.T; first += block_rows) {
-      const int64_t rows = std::min(block_rows, h.T - first), seen = first + rows;
-      const torch::Tensor qb = q.narrow(2, first, rows).reshape({BKV, h.G * rows, h.D});
-      const torch::Tensor dyb = dy_blocks.narrow(3, first, rows).reshape({BKV, h.G * rows, h.D});
-      const BlockGrads g = block_backward(qb, dyb, k_t, v_t, lse.narrow(2, first, rows).contiguous(), block_of(h, first, rows));
-      accumulate(dv.narrow(1, 0, seen), g.p.transpose(1, 2), dyb);
-      dq.narrow(2, first, rows).copy_(torch::bmm(g.ds, k.narrow(1, 0, seen)).view({BKV, h.G, rows, h.D}));
-      accumulate(dk.narrow(1, 0, seen), g.ds.transpose(1, 2), qb);
-    }
-    return {dq.view({h.B, h.NH, h.T, h.D}), dk.to(dtype).view({h.B, h.NKV, h.T, h.D}),
-            dv.to(dtype).view({h.B, h.NKV, h.T, h.D}), torch::Tensor()};
+    const Kept kept = kept_of(ctx);
+    const int64_t B = ctx->saved_data["batch"].toInt(), T = kept.q.size(2), D = kept.q.size(3);
+    const int64_t NKV = kept.k.size(0) / B, NH = NKV * kept.q.size(1);
+    const auto options = kept.q.options();
+    torch::Tensor dq = torch::empty({B, T, NH, D}, options), dk = torch::empty({B, T, NKV, D}, options), dv = torch::empty_like(dk);
+    attend_backward(kept, B, ctx->saved_data["block_rows"].toInt(), grad_out[0], dq, dk, dv);
+    return {dq, dk, dv, torch::Tensor()};
   }
 };
 
+// The packed form: one (B, T, NH + 2 NKV, D) tensor in, one gradient of that shape out.
+class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPacked> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
+    const auto [q, k, v] = unpack(qkv, heads);
+    const Heads h = heads_of(q, k, v);
+    Kept kept;
+    torch::Tensor y = attend(h, q, k, v, block_rows, kept);
+    keep(ctx, kept, h.B, block_rows);
+    ctx->saved_data["heads"] = heads;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const Kept kept = kept_of(ctx);
+    const int64_t B = ctx->saved_data["batch"].toInt(), T = kept.q.size(2), D = kept.q.size(3);
+    const int64_t heads = ctx->saved_data["heads"].toInt(), all = heads + 2 * (kept.k.size(0) / B);
+    torch::Tensor dqkv = torch::empty({B, T, all, D}, kept.q.options());
+    const auto [dq, dk, dv] = unpack(dqkv, heads);
+    attend_backward(kept, B, ctx->saved_data["block_rows"].toInt(), grad_out[0], dq, dk, dv);
+    return {dqkv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The kernels take fp32 and bf16 CPU tensors; anything else goes the materialised way.
+bool on_kernels(const torch::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16);
+}
+
 }  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tensor& qkv, int64_t heads) {
+  DS_CHECK(qkv.dim() == 4 && heads > 0 && qkv.size(2) > heads && (qkv.size(2) - heads) % 2 == 0,
+           "attention: packed q, k, v must be (B, T, NH + 2 NKV, D) with NH = ", heads);
+  const int64_t kv = (qkv.size(2) - heads) / 2;
+  return {qkv.narrow(2, 0, heads), qkv.narrow(2, heads, kv), qkv.narrow(2, heads + kv, kv)};
+}
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t block_rows) {
   const Heads h = heads_of(q, k, v);
-  const auto dtype = q.scalar_type();
-  const bool on_kernels = q.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16) &&
-                          k.scalar_type() == dtype && v.scalar_type() == dtype;
-  if (!on_kernels || h.T == 0) return causal_attention_materialised(q, k, v);
+  if (!on_kernels(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || h.T == 0)
+    return causal_attention_materialised(q, k, v);
   if (block_rows <= 0) block_rows = attention_chunk_rows(h.B * h.NH, h.T);
   return CausalAttention::apply(q, k, v, block_rows);
+}
+
+torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
+  const auto [q, k, v] = unpack(qkv, heads);
+  const Heads h = heads_of(q, k, v);
+  if (!on_kernels(qkv) || h.T == 0) return causal_attention_materialised(q, k, v);
+  if (block_rows <= 0) block_rows = attention_chunk_rows(h.B * h.NH, h.T);
+  return CausalAttentionPacked::apply(qkv, heads, block_rows);
 }
 
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                             const std::function<torch::Tensor(const torch::Tensor&)>& drop) {
   const Heads h = heads_of(q, k, v);
-  // Each kv head serves G consecutive query heads (Hugging Face's repeat_kv).
-  const torch::Tensor kk = h.G > 1 ? k.repeat_interleave(h.G, 1) : k, vv = h.G > 1 ? v.repeat_interleave(h.G, 1) : v;
+  // (B, H, T, D) views; each kv head serves G consecutive query heads (Hugging Face's repeat_kv).
+  const torch::Tensor qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);
+  const torch::Tensor kk = h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, vv = h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh;
   const auto mask = torch::ones({h.T, h.T}, torch::kBool).triu(1);  // causal: -inf above the diagonal
-  torch::Tensor att = torch::matmul(q, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(h.D)));
+  torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(h.D)));
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   if (drop) att = drop(att);
   return torch::matmul(att, vv).transpose(1, 2).contiguous();

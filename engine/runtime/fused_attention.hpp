@@ -12,20 +12,31 @@
 
 #include <cstdint>
 #include <functional>
+#include <tuple>
 
 #include "engine/plan/model_spec.hpp"  // attention_chunk_rows: the plan counts the same block
 
 namespace ds {
 
-// q (B, NH, T, D), k and v (B, NKV, T, D) with NH a multiple of NKV (query head h reads key/value head
-// h / (NH/NKV)), all of one dtype, any strides. Returns softmax(q k^T / sqrt(D), causal) v laid out as
-// (B, T, NH, D), contiguous, so viewing it as (B*T, NH*D) for the output projection copies nothing.
-// `block_rows` 0: attention_chunk_rows.
+// q (B, T, NH, D), k and v (B, T, NKV, D) -- the layout a projection's output has when viewed by head,
+// so no caller transposes -- with NH a multiple of NKV (query head h reads key/value head h / (NH/NKV)),
+// all of one dtype, any strides. Returns softmax(q k^T / sqrt(D), causal) v as (B, T, NH, D),
+// contiguous, so viewing it as (B*T, NH*D) for the output projection copies nothing; the gradients come
+// back in the inputs' layout, contiguous. `block_rows` 0: attention_chunk_rows.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t block_rows = 0);
 
+// The same from one packed projection (B, T, NH + 2 NKV, D): the NH query heads, then the NKV key
+// heads, then the NKV value heads (GPT-2's c_attn output viewed by head). Its gradient is one tensor of
+// that shape, written by head, where three views of it would each make a zero-filled full-size
+// gradient to be summed (GPT-2 124M fp32 at T=128: peak RSS -130 MiB).
+torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows = 0);
+
+// The packed tensor's three parts as views: q (B, T, NH, D), k and v (B, T, NKV, D).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tensor& qkv, int64_t heads);
+
 // The same computed the plain way (scores for every pair, masked, softmax, then the values), with
-// `drop` applied to the probabilities (attention dropout); the same layout.
+// `drop` applied to the probabilities (attention dropout); the same layouts.
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                             const std::function<torch::Tensor(const torch::Tensor&)>& drop = {});
 

@@ -110,6 +110,12 @@ torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tens
   return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); });
 }
 
+torch::Tensor LanguageModel::attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const {
+  if (p <= 0 || !training_) return causal_attention_packed(qkv, heads);
+  const auto [q, k, v] = unpack(qkv, heads);
+  return attention(q, k, v, p, layer);
+}
+
 void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
   if (!parts_) return;
   parts_->attention_done(layer);

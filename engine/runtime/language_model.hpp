@@ -103,10 +103,12 @@ class LanguageModel {
   torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
   // Called by block() with the residual sum after the attention half.
   void attention_half_done(int64_t layer, torch::Tensor& x) const;
-  // Causal self-attention of q (B, NH, T, D) over k, v (B, NKV, T, D), as (B, T, NH, D): the fused
+  // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
   // attention, or the materialised one when its probabilities take dropout (training, p > 0).
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                           int64_t layer) const;
+  // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp).
+  torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
   // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const;
 

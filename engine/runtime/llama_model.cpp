@@ -53,9 +53,9 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const torch::Tensor cos = angles.cos(), sin = angles.sin();
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  const torch::Tensor q = rotary(torch::linear(h, b.q).view({B, T, NH, D}), cos, sin).transpose(1, 2);   // (B, NH, T, D)
-  const torch::Tensor k = rotary(torch::linear(h, b.k).view({B, T, NKV, D}), cos, sin).transpose(1, 2);  // (B, NKV, T, D)
-  const torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D}).transpose(1, 2);
+  const torch::Tensor q = rotary(torch::linear(h, b.q).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
+  const torch::Tensor k = rotary(torch::linear(h, b.k).view({B, T, NKV, D}), cos, sin);
+  const torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D});
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
