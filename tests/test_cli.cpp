@@ -102,14 +102,20 @@ TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
   EXPECT_TRUE(contains(r.err, "ds train: done: 40 of 40 steps")) << r.err;
   EXPECT_EQ(r.out, "");  // progress and summaries are diagnostics
   std::ifstream metrics(dir + "/metrics.jsonl");
+  const auto plan = nlohmann::json::parse(slurp(dir + "/plan.json"));
+  const double tokens = plan["tokens_per_step"].get<double>(), flops = plan["train_flops_per_step"].get<double>();
   std::string line;
   int lines = 0;
   while (std::getline(metrics, line)) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["step"], ++lines);
     EXPECT_TRUE(j.contains("loss") && j.contains("lr") && j.contains("grad_norm"));
-    EXPECT_NEAR(j["forward_s"].get<double>() + j["backward_s"].get<double>() + j["optimizer_s"].get<double>(),
-                j["step_s"].get<double>(), 0.05 + 0.2 * j["step_s"].get<double>());
+    const double step_s = j["step_s"].get<double>();
+    EXPECT_NEAR(j["forward_s"].get<double>() + j["backward_s"].get<double>() + j["optimizer_s"].get<double>(), step_s,
+                0.05 + 0.2 * step_s);
+    // Each line's rates are that step's own (not the console's smoothed figure), up to the printed digits.
+    EXPECT_NEAR(j["tokens_per_s"].get<double>() * step_s / tokens, 1.0, 1e-3 + 1e-4 / step_s) << line;
+    EXPECT_NEAR(j["tflops"].get<double>() * 1e12 * step_s / flops, 1.0, 1e-4 / step_s) << line;
   }
   EXPECT_EQ(lines, 40);
   EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/plan.json"))["schema_version"], 1);

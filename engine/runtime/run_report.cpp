@@ -191,6 +191,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
   result_.steps = step + 1;
 
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  // The console line's rates are smoothed over recent steps; metrics.jsonl's are each step's own.
   smoothed_step_s_ = step == result_.first_step ? step_s : 0.9 * smoothed_step_s_ + 0.1 * step_s;
   const double tok_s = static_cast<double>(p.tokens_per_step) / smoothed_step_s_;
   const double tflops = p.train_flops_per_step / smoothed_step_s_ / 1e12;
@@ -240,7 +241,8 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                   "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
                   "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
                   "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s",
-                  static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(), tok_s, step_s,
+                  static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(),
+                  static_cast<double>(p.tokens_per_step) / step_s, step_s,
                   forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
                   p.train_flops_per_step / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
