@@ -23,13 +23,16 @@ kept_heap="MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 M
 
 # ds: median tokens/s over the timed steps of metrics.jsonl (the first step warms up), then the
 # model TFLOP/s per token from plan.json and the peak-RSS line ds prints at the end.
-ds_run() {  # "model overrides" precision
-  local dir=/tmp/ds_bench_train bf16=false
+ds_args() {  # "model overrides" precision: the config ds trains on
+  local bf16=false
   [ "$2" = bf16 ] && bf16=true
+  echo examples/quickstart.json "~model.preset" $1 model.max_position_embeddings=1024 train_micro_batch_size_per_gpu=4 \
+    data.seq_len=$seq bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 train.threads=$threads
+}
+ds_run() {  # "model overrides" precision
+  local dir=/tmp/ds_bench_train
   rm -rf "$dir"  # ds never trains over an earlier run's directory
-  build/ds train examples/quickstart.json "~model.preset" $1 model.max_position_embeddings=1024 \
-    train_micro_batch_size_per_gpu=4 data.seq_len=$seq bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 \
-    train.threads=$threads train.output_dir="$dir" 2>"$dir.log" >/dev/null
+  build/ds train $(ds_args "$1" "$2") train.output_dir="$dir" 2>"$dir.log" >/dev/null
   local rate flops ratio
   rate=$(tail -n "$steps" "$dir/metrics.jsonl" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/' | median)
   flops=$("$py" -c "import json; j = json.load(open('$dir/plan.json')); print(j['train_flops_per_step'] / j['tokens_per_step'])")
@@ -55,7 +58,8 @@ echo "bench_train: $(build/ds --version | head -1); rounds=$rounds steps=$steps 
 peak_fp32=$("$py" bench/matmul_peak.py fp32 $threads)
 peak_bf16=$("$py" bench/matmul_peak.py bf16 $threads)
 echo "matmul peak at 512x768x3072 (this run): fp32 $peak_fp32 TFLOP/s, bf16 $peak_bf16 TFLOP/s"
-printf "%-18s %-5s %9s %9s %9s %8s %8s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU "RSS/plan"
+printf "%-18s %-5s %9s %9s %9s %8s %8s %6s %7s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU \
+  "shapes" "MFU@s" "RSS/plan"
 for entry in "${models[@]}"; do
   IFS='|' read -r name overrides script <<< "$entry"
   [[ "$name" =~ $only ]] || continue
@@ -71,10 +75,16 @@ for entry in "${models[@]}"; do
     t=$(printf "%s\n" "${pt_all[@]}" | median)
     k=$(printf "%s\n" "${kh_all[@]}" | median)
     peak=$peak_fp32; [ "$prec" = bf16 ] && peak=$peak_bf16
-    printf "%-18s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" "$(echo "$d / $t" | bc -l)" \
-      "$(echo "$d / $k" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$rss"
+    # The matmul rate at this model's own weight shapes, timed after the rounds (the plan lists them).
+    build/ds plan $(ds_args "$overrides" "$prec") --json > /tmp/ds_bench_plan.json
+    shapes=$("$py" bench/matmul_peak.py "$prec" $threads /tmp/ds_bench_plan.json $((4 * seq)))
+    printf "%-18s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %7.3f %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" \
+      "$(echo "$d / $t" | bc -l)" "$(echo "$d / $k" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$shapes" \
+      "$(echo "100 * $d * $flops / ($shapes * 10^12)" | bc -l)" "$rss"
   done
 done
 echo "torch = PyTorch eager as installed; torch-kh = the same with glibc keeping freed memory (ds's policy);"
-echo "MFU = model FLOPs/s (plan's 6N+attention per token) / the matmul peak above; RSS/plan = ds's peak RSS"
+echo "MFU = model FLOPs/s (plan's 6N+attention per token) / the matmul peak above; shapes = the matmul rate"
+echo "(TFLOP/s) at the model's own weight shapes and B*T rows (bench/matmul_peak.py), MFU@s = against it;"
+echo "RSS/plan = ds's peak RSS"
 echo "above its code-and-libraries baseline / the plan's predicted memory."

@@ -1,20 +1,60 @@
-"""Matmul rate of this machine at GPT-2 training shapes, for bench_train.sh's MFU column: the best
-of a few 512x768 @ 768x3072 products (the MLP's shape at B=4, T=128) in the given precision.
+"""Matmul rate of this machine, for bench_train.sh's MFU columns, in the given precision.
 
-usage: matmul_peak.py PRECISION(fp32|bf16) THREADS      prints TFLOP/s
+usage: matmul_peak.py PRECISION(fp32|bf16) THREADS                 prints TFLOP/s at 512x768 @ 768x3072
+       matmul_peak.py PRECISION THREADS PLAN_JSON TOKENS           prints TFLOP/s at the model's own shapes
+
+The first form times one product, the MLP's shape of GPT-2 124M at B=4, T=128 (the best of 30). The
+second reads the model's weights from `ds plan --json` and times TOKENS x in @ in x out for every
+distinct matmul weight (the output head included, tied or not), then weights each shape's best rate
+by the FLOPs a step spends in it: the rate the model's matmuls would reach if nothing else ran. The
+same definition as ds profile's "matmul peak", measured here by PyTorch instead of by ds.
 """
+import json
 import sys
 import time
 
 import torch
 
+
+def best_seconds(m, k, n, dtype, budget_s=1.0, min_reps=3):
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
+    torch.mm(a, b, out=out)  # warm: first-call allocation and kernel choice
+    best, reps, start = float("inf"), 0, time.perf_counter()
+    while reps < min_reps or (time.perf_counter() - start < budget_s and reps < 30):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+        reps += 1
+    return best
+
+
+def model_shapes(plan):
+    """(in, out) -> how many such weights: every 2-D weight but the embedding tables, plus a tied head."""
+    model = plan["model"]
+    shapes = {}
+    for p in plan["layout"]["params"]:
+        name, shape = p["name"], p["shape"]
+        if len(shape) != 2 or any(e in name for e in ("wte", "wpe", "embed_tokens")):
+            continue
+        # GPT-2 keeps Conv1D weights as (in, out); Llama and lm_head as (out, in).
+        key = (shape[0], shape[1]) if model["arch"] == "gpt2" else (shape[1], shape[0])
+        shapes[key] = shapes.get(key, 0) + 1
+    if model["tie_word_embeddings"]:
+        key = (model["hidden_size"], model["vocab_size"])
+        shapes[key] = shapes.get(key, 0) + 1
+    return shapes
+
+
 dtype = torch.bfloat16 if sys.argv[1] == "bf16" else torch.float32
 torch.set_num_threads(int(sys.argv[2]))
-a, b = torch.randn(512, 768).to(dtype), torch.randn(768, 3072).to(dtype)
-out = torch.empty(512, 3072, dtype=dtype)
-best = float("inf")
-for _ in range(30):
-    t0 = time.perf_counter()
-    torch.mm(a, b, out=out)
-    best = min(best, time.perf_counter() - t0)
-print(f"{2 * 512 * 768 * 3072 / best / 1e12:.3f}")
+if len(sys.argv) == 3:
+    print(f"{2 * 512 * 768 * 3072 / best_seconds(512, 768, 3072, dtype) / 1e12:.3f}")
+else:
+    plan, tokens = json.load(open(sys.argv[3])), int(sys.argv[4])
+    flops = seconds = 0.0
+    for (k, n), count in sorted(model_shapes(plan).items()):
+        shape_flops = 2.0 * tokens * k * n
+        flops += count * shape_flops
+        seconds += count * best_seconds(tokens, k, n, dtype)
+    print(f"{flops / seconds / 1e12:.3f}")
