@@ -76,7 +76,7 @@ for entry in "${models[@]}"; do
     k=$(printf "%s\n" "${kh_all[@]}" | median)
     peak=$peak_fp32; [ "$prec" = bf16 ] && peak=$peak_bf16
     # The matmul rate at this model's own weight shapes, timed after the rounds (the plan lists them).
-    build/ds plan $(ds_args "$overrides" "$prec") --json > /tmp/ds_bench_plan.json
+    build/ds plan $(ds_args "$overrides" "$prec") --json > /tmp/ds_bench_plan.json 2>/dev/null
     shapes=$("$py" bench/matmul_peak.py "$prec" $threads /tmp/ds_bench_plan.json $((4 * seq)))
     printf "%-18s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %7.3f %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" \
       "$(echo "$d / $t" | bc -l)" "$(echo "$d / $k" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$shapes" \
