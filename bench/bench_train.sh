@@ -21,14 +21,15 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 # separates what ds gains by its allocator policy from what it gains by its own kernels.
 kept_heap="MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 MALLOC_TOP_PAD_=268435456"
 
-# ds: median tokens/s over the timed steps of metrics.jsonl (the first step warms up), then the
-# model TFLOP/s per token from plan.json and the peak-RSS line ds prints at the end.
-ds_args() {  # "model overrides" precision: the config ds trains on
+ds_args() {  # "model overrides" precision: the config ds trains on (and plans, for the matmul shapes)
   local bf16=false
   [ "$2" = bf16 ] && bf16=true
   echo examples/quickstart.json "~model.preset" $1 model.max_position_embeddings=1024 train_micro_batch_size_per_gpu=4 \
     data.seq_len=$seq bf16.enabled="$bf16" train.steps=$((steps + 1)) train.eval_every=0 train.threads=$threads
 }
+
+# ds: median tokens/s over the timed steps of metrics.jsonl (the first step warms up), then the
+# model TFLOP/s per token from plan.json and the peak-RSS line ds prints at the end.
 ds_run() {  # "model overrides" precision
   local dir=/tmp/ds_bench_train
   rm -rf "$dir"  # ds never trains over an earlier run's directory
@@ -86,5 +87,4 @@ done
 echo "torch = PyTorch eager as installed; torch-kh = the same with glibc keeping freed memory (ds's policy);"
 echo "MFU = model FLOPs/s (plan's 6N+attention per token) / the matmul peak above; shapes = the matmul rate"
 echo "(TFLOP/s) at the model's own weight shapes and B*T rows (bench/matmul_peak.py), MFU@s = against it;"
-echo "RSS/plan = ds's peak RSS"
-echo "above its code-and-libraries baseline / the plan's predicted memory."
+echo "RSS/plan = ds's peak RSS above its code-and-libraries baseline / the plan's predicted memory."

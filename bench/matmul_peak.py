@@ -3,11 +3,12 @@
 usage: matmul_peak.py PRECISION(fp32|bf16) THREADS                 prints TFLOP/s at 512x768 @ 768x3072
        matmul_peak.py PRECISION THREADS PLAN_JSON TOKENS           prints TFLOP/s at the model's own shapes
 
-The first form times one product, the MLP's shape of GPT-2 124M at B=4, T=128 (the best of 30). The
-second reads the model's weights from `ds plan --json` and times TOKENS x in @ in x out for every
-distinct matmul weight (the output head included, tied or not), then weights each shape's best rate
-by the FLOPs a step spends in it: the rate the model's matmuls would reach if nothing else ran. The
-same definition as ds profile's "matmul peak", measured here by PyTorch instead of by ds.
+The first form times one product, the MLP's shape of GPT-2 124M at B=4, T=128. The second reads the
+model's weights from `ds plan --json` and times TOKENS x in @ in x out for every distinct matmul
+weight (the output head included, tied or not), then weights each shape's rate by the FLOPs a step
+spends in it: the rate the model's matmuls would reach if nothing else ran. Each rate is the best of
+3-30 products (as many as fit in a second). ds profile's "matmul peak" weights the same shapes but
+takes each one's mean rate, so its figure is a little lower.
 """
 import json
 import sys
@@ -35,10 +36,11 @@ def model_shapes(plan):
     shapes = {}
     for p in plan["layout"]["params"]:
         name, shape = p["name"], p["shape"]
-        if len(shape) != 2 or any(e in name for e in ("wte", "wpe", "embed_tokens")):
+        if len(shape) != 2 or any(e in name for e in ("wte", "wpe", "embed_tokens")):  # the plan's embedding tables
             continue
-        # GPT-2 keeps Conv1D weights as (in, out); Llama and lm_head as (out, in).
-        key = (shape[0], shape[1]) if model["arch"] == "gpt2" else (shape[1], shape[0])
+        # GPT-2's blocks keep Conv1D weights as (in, out); Llama's and any lm_head are (out, in).
+        conv1d = model["arch"] == "gpt2" and not name.startswith("lm_head")
+        key = (shape[0], shape[1]) if conv1d else (shape[1], shape[0])
         shapes[key] = shapes.get(key, 0) + 1
     if model["tie_word_embeddings"]:
         key = (model["hidden_size"], model["vocab_size"])
@@ -54,7 +56,6 @@ else:
     plan, tokens = json.load(open(sys.argv[3])), int(sys.argv[4])
     flops = seconds = 0.0
     for (k, n), count in sorted(model_shapes(plan).items()):
-        shape_flops = 2.0 * tokens * k * n
-        flops += count * shape_flops
+        flops += count * 2.0 * tokens * k * n
         seconds += count * best_seconds(tokens, k, n, dtype)
     print(f"{flops / seconds / 1e12:.3f}")
