@@ -1,6 +1,7 @@
-// bench_attention — causal self-attention at one shape: ds's fused attention (blocks of query rows,
-// engine/runtime/fused_attention) against the materialised T x T path it replaced (LibTorch matmul,
-// masked softmax, matmul), forward alone and forward + backward, interleaved rounds, medians. Also the
+// bench_attention — causal self-attention at one shape: ds's fused attention as it trains ("fused": fp32
+// tiles where the CPU has AVX-512, else blocks), its block path forced ("blocks": blocks of query rows
+// through LibTorch's bmm, engine/runtime/fused_attention) and the materialised T x T path they replaced
+// (LibTorch matmul, masked softmax, matmul), forward alone and forward + backward, interleaved rounds, medians. Also the
 // rate of one bmm at the blocks' shape, the ceiling for either. FLOP/s use the model-FLOPs count of the
 // full T x T (4 B NH T^2 D forward, twice that backward), as ds profile does.
 //
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
                       v = torch::randn({B, T, NKV, D}).to(dtype), dy = torch::randn({B, T, NH, D}).to(dtype);
   using Attention = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
   const Attention fused = [&](const auto& a, const auto& b, const auto& c) { return ds::causal_attention(a, b, c, rows); };
+  const int64_t block = rows > 0 ? rows : ds::attention_chunk_rows(B * NH, T);
+  const Attention blocks = [&](const auto& a, const auto& b, const auto& c) { return ds::causal_attention(a, b, c, block); };
   const Attention plain = [](const auto& a, const auto& b, const auto& c) { return ds::causal_attention_materialised(a, b, c); };
   auto forward = [&](const Attention& f) {
     torch::NoGradGuard no_grad;
@@ -56,15 +59,15 @@ int main(int argc, char** argv) {
     torch::Tensor qq = q.clone().requires_grad_(true), kk = k.clone().requires_grad_(true), vv = v.clone().requires_grad_(true);
     f(qq, kk, vv).backward(dy);
   };
-  const int64_t block = rows > 0 ? rows : ds::attention_chunk_rows(B * NH, T);
   const torch::Tensor a = torch::randn({B * NH, block, D}).to(dtype), bt = torch::randn({B * NH, D, T}).to(dtype);
-  std::vector<double> ff, fb, pf, pb, mm;
+  std::vector<double> ff, fb, bf, bb, pf, pb, mm;
   for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up
     const double t1 = time_once([&] { forward(fused); }), t2 = time_once([&] { both(fused); });
+    const double t6 = time_once([&] { forward(blocks); }), t7 = time_once([&] { both(blocks); });
     const double t3 = time_once([&] { forward(plain); }), t4 = time_once([&] { both(plain); });
     const double t5 = time_once([&] { torch::bmm(a, bt); });
     if (r == 0) continue;
-    ff.push_back(t1), fb.push_back(t2), pf.push_back(t3), pb.push_back(t4), mm.push_back(t5);
+    ff.push_back(t1), fb.push_back(t2), bf.push_back(t6), bb.push_back(t7), pf.push_back(t3), pb.push_back(t4), mm.push_back(t5);
   }
   const double fwd_flops = 4.0 * B * NH * T * T * D;
   std::printf("bench_attention: B=%lld NH=%lld NKV=%lld T=%lld D=%lld %s, %d threads, blocks of %lld rows, %d rounds\n",
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) std::printf(" %s", argv[i]);
   std::printf("\n%-14s %12s %12s %14s\n", "", "forward ms", "fwd+bwd ms", "fwd+bwd TFLOP/s");
   std::printf("%-14s %12.2f %12.2f %14.3f\n", "fused", 1e3 * median(ff), 1e3 * median(fb), 3 * fwd_flops / median(fb) / 1e12);
+  std::printf("%-14s %12.2f %12.2f %14.3f\n", "blocks", 1e3 * median(bf), 1e3 * median(bb), 3 * fwd_flops / median(bb) / 1e12);
   std::printf("%-14s %12.2f %12.2f %14.3f\n", "materialised", 1e3 * median(pf), 1e3 * median(pb), 3 * fwd_flops / median(pb) / 1e12);
   std::printf("one bmm (%lld x %lld x %lld, %lld batches): %.3f TFLOP/s\n", (long long)block, (long long)T, (long long)D,
               (long long)(B * NH), 2.0 * B * NH * block * T * D / median(mm) / 1e12);

@@ -82,6 +82,12 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   const ModelSpec g = build_model_spec(model_preset("gpt2"));
   EXPECT_DOUBLE_EQ(g.head_workspace_bytes(4096, 2), (50257.0 * 768 + 667.0 * 50257) * 2);
   EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(4, 1024, 2), 2 * 4 * 12 * 170.0 * 1024 * 2 + 2 * 4 * 12 * 1024.0 * 64 * 4);
+  // fp32 counts the larger of the block path and the tiled kernels' copies of K^T, V^T and K (T in
+  // whole 64-key tiles): the blocks at 4 x 1024, the copies at 8 x 8192 (the blocks' scores and fp32
+  // dK, dV: 444 MiB; the copies: 576 MiB), and a ragged T = 8001 counts 8064 keys.
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(4, 1024, 4), 2 * 4 * 12 * 170.0 * 1024 * 4 + 2 * 4 * 12 * 1024.0 * 64 * 4);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(8, 8192, 4), 3 * 8 * 12 * 8192.0 * 64 * 4);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(8, 8001, 4), 3 * 8 * 12 * 8064.0 * 64 * 4);
 }
 
 TEST(MemoryModel, AttentionKeepsNothingOfSizeTUnlessDropoutMaterialisesIt) {

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/attention_softmax.hpp"
+#include "kernels/cpu/attention_tiles.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 #include "kernels/cpu/embedding.hpp"
 #include "kernels/cpu/activation.hpp"
@@ -289,6 +291,73 @@ TEST(CausalSoftmaxKernel, ForwardRecomputeAndBackwardMatchTheDoubleReference) {
     check_causal_block<float>(b, scores, grads, 1e-5, what + " fp32");
     check_causal_block<uint16_t>(b, scores, grads, 1e-6, what + " bf16");
   }
+}
+
+namespace {
+
+// (B, T, heads, D) storage seen as the kernels' (B, NKV, G, T, D) heads, starting at head `first`.
+HeadView heads_in(std::vector<float>& x, const AttentionShape& s, int64_t heads, int64_t first, int64_t group) {
+  HeadView h;
+  h.data = x.data() + first * s.D;
+  h.batch = s.T * heads * s.D;
+  h.kv_head = group * s.D;
+  h.group_head = s.D;
+  h.row = heads * s.D;
+  return h;
+}
+
+}  // namespace
+
+TEST(CausalAttentionTiles, ForwardAndBackwardMatchTheDoubleReferenceThroughStrides) {
+  if (!causal_attention_tiles_available()) GTEST_SKIP() << "the tiled attention needs AVX-512";
+  struct Case {
+    int64_t B, NKV, G, T, D;
+  };
+  // One position; part tiles of queries and keys; whole tiles; grouped heads; head sizes off the
+  // 16-lane vectors and past one 64-column panel.
+  for (const Case c : {Case{1, 1, 1, 1, 1}, Case{2, 2, 3, 65, 24}, Case{1, 1, 1, 128, 64}, Case{2, 1, 2, 200, 80},
+                       Case{1, 2, 1, 64, 16}, Case{1, 1, 1, 131, 100}}) {
+    AttentionShape s;
+    s.B = c.B, s.NKV = c.NKV, s.G = c.G, s.T = c.T, s.D = c.D;
+    s.scale = static_cast<float>(1.0 / std::sqrt(double(c.D)));
+    const int64_t NH = c.NKV * c.G, all = NH + 2 * c.NKV, n = c.B * c.T * c.D;
+    const std::string what = "B " + std::to_string(c.B) + " NKV " + std::to_string(c.NKV) + " G " + std::to_string(c.G) +
+                             " T " + std::to_string(c.T) + " D " + std::to_string(c.D);
+    // q, k, v packed in one (B, T, NH + 2 NKV, D) tensor as GPT-2's c_attn writes them; q larger than
+    // k so some rows' softmax is dominated by one key.
+    std::vector<float> qkv = normal_values(n * all, 1.0f, static_cast<uint32_t>(c.T * 7 + c.D));
+    for (size_t i = 0; i < qkv.size(); i += static_cast<size_t>(all * c.D))
+      for (int64_t d = 0; d < NH * c.D; ++d) qkv[i + d] *= 3.0f;
+    std::vector<float> dy = normal_values(n * NH, 1.0f, 11);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y(n * NH, nan), y_ref(y.size(), nan), lse(static_cast<size_t>(c.B * NH * c.T), nan), lse_ref(lse.size(), nan);
+    std::vector<float> dqkv(qkv.size(), nan), dqkv_ref(qkv.size(), nan);
+    const HeadView q = heads_in(qkv, s, all, 0, c.G), k = heads_in(qkv, s, all, NH, 1), v = heads_in(qkv, s, all, NH + c.NKV, 1);
+    const HeadView yv = heads_in(y, s, NH, 0, c.G), yv_ref = heads_in(y_ref, s, NH, 0, c.G), dyv = heads_in(dy, s, NH, 0, c.G);
+    causal_attention_forward_f32(s, q, k, v, yv, lse.data());
+    causal_attention_forward_f32_reference(s, q, k, v, yv_ref, lse_ref.data());
+    expect_close(y, y_ref, 2e-6, what + " y");
+    expect_close(lse, lse_ref, 1e-6, what + " lse");
+    causal_attention_backward_f32(s, q, k, v, yv, lse.data(), dyv, heads_in(dqkv, s, all, 0, c.G), heads_in(dqkv, s, all, NH, 1),
+                                  heads_in(dqkv, s, all, NH + c.NKV, 1));
+    causal_attention_backward_f32_reference(s, q, k, v, yv_ref, lse_ref.data(), dyv, heads_in(dqkv_ref, s, all, 0, c.G),
+                                            heads_in(dqkv_ref, s, all, NH, 1), heads_in(dqkv_ref, s, all, NH + c.NKV, 1));
+    expect_close(dqkv, dqkv_ref, 1e-5, what + " dq dk dv");
+  }
+}
+
+TEST(CausalAttentionTiles, TheFirstQueryCopiesTheFirstValueAndAFutureKeyChangesNothing) {
+  AttentionShape s;
+  s.B = 1, s.NKV = 1, s.G = 1, s.T = 70, s.D = 8;
+  s.scale = 0.5f;
+  std::vector<float> q = normal_values(s.T * s.D, 1.0f, 3), k = normal_values(s.T * s.D, 1.0f, 4), v = normal_values(s.T * s.D, 1.0f, 5);
+  std::vector<float> y(q.size()), y2(q.size()), lse(static_cast<size_t>(s.T)), lse2(lse.size());
+  auto view = [&](std::vector<float>& x) { return heads_in(x, s, 1, 0, 1); };
+  causal_attention_forward_f32(s, view(q), view(k), view(v), view(y), lse.data());
+  for (int64_t d = 0; d < s.D; ++d) EXPECT_FLOAT_EQ(y[d], v[d]) << "query 0 sees key 0 alone";
+  for (int64_t d = 0; d < s.D; ++d) k[(s.T - 1) * s.D + d] += 100.0f, v[(s.T - 1) * s.D + d] = 1e6f;  // the last key
+  causal_attention_forward_f32(s, view(q), view(k), view(v), view(y2), lse2.data());
+  for (int64_t i = 0; i < (s.T - 1) * s.D; ++i) ASSERT_EQ(y[i], y2[i]) << "position " << i / s.D << " saw a later key";
 }
 
 TEST(EmbeddingKernel, AddsEachIdsRowsOnceAndLeavesOtherRowsAlone) {

@@ -312,13 +312,18 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
 }
 
 double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b) const {
-  // One block's backward at a time: a block of probabilities and their gradient (the last block, the
-  // widest), and the keys' and values' gradients summed in fp32.
+  // The block path: one block's backward at a time, a block of probabilities and their gradient (the
+  // last block, the widest), and the keys' and values' gradients summed in fp32.
   if (hp.num_layers == 0 || hp.attn_pdrop > 0) return 0;
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   const double NKV = static_cast<double>(hp.num_kv_heads);
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
-  return 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
+  const double blocks = 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
+  if (b != 4) return blocks;
+  // fp32 takes the tiled kernels where the CPU has AVX-512 (which the plan does not know): their
+  // backward copies K^T, V^T and K per kv head, T rounded up to whole 64-key tiles. The larger of the two.
+  const double tiles = 3 * B * NKV * static_cast<double>((T + 63) / 64 * 64) * D * 4;
+  return std::max(blocks, tiles);
 }
 
 double ModelSpec::head_activation_bytes_per_token(int b) const {

@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "kernels/cpu/attention_softmax.hpp"
+#include "kernels/cpu/attention_tiles.hpp"
 
 namespace ds {
 namespace {
@@ -168,11 +169,58 @@ Kept kept_of(AutogradContext* ctx) {
   return {saved[0], saved[1], saved[2], saved[3]};
 }
 
+// fp32 on a CPU with AVX-512 goes through kernels/cpu/attention_tiles instead of the blocks above: its
+// own 64 x 64 tile products read q, k, v and write y and the gradients through their strides, and
+// backward needs y (kept anyway: the output projection saves it as its input) instead of the blocks.
+bool tiled(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kFloat32 && kernels::causal_attention_tiles_available();
+}
+
+// The kernels read d contiguously; anything else is copied once.
+torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
+
+// A (B, T, heads, D) tensor as the kernels' (B, NKV, G, T, D) heads: head = kv * group + g.
+kernels::HeadView view_of(const torch::Tensor& x, int64_t group) {
+  DS_CHECK(x.dim() == 4 && x.stride(3) == 1, "attention: the tiled kernels need (B, T, heads, D) with D contiguous");
+  return {raw<float>(x), x.stride(0), group * x.stride(2), x.stride(2), x.stride(1)};
+}
+
+kernels::AttentionShape shape_of(const Heads& h) {
+  return {h.B, h.NKV, h.G, h.T, h.D, static_cast<float>(1.0 / std::sqrt(double(h.D)))};
+}
+
+// Forward: y (B, T, NH, D) and the log-sum-exp of every query row, (B, NKV, G, T).
+std::pair<torch::Tensor, torch::Tensor> attend_tiled(const Heads& h, const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v) {
+  torch::Tensor y = torch::empty({h.B, h.T, h.NH, h.D}, q.options());
+  torch::Tensor lse = torch::empty({h.B, h.NKV, h.G, h.T}, q.options());
+  kernels::causal_attention_forward_f32(shape_of(h), view_of(q, h.G), view_of(k, 1), view_of(v, 1), view_of(y, h.G),
+                                        raw<float>(lse));
+  return {y, lse};
+}
+
+void attend_tiled_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& y,
+                           const torch::Tensor& lse, const torch::Tensor& dy_in, const torch::Tensor& dq,
+                           const torch::Tensor& dk, const torch::Tensor& dv) {
+  const Heads h = heads_of(q, k, v);
+  const torch::Tensor dy = rows_contiguous(dy_in.to(torch::kFloat32));
+  kernels::causal_attention_backward_f32(shape_of(h), view_of(q, h.G), view_of(k, 1), view_of(v, 1), view_of(y, h.G),
+                                         raw<float>(lse), view_of(dy, h.G), view_of(dq, h.G), view_of(dk, 1), view_of(dv, 1));
+}
+
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               int64_t block_rows) {
-    const Heads h = heads_of(q, k, v);
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
+                               const torch::Tensor& v_in, int64_t block_rows) {
+    const Heads h = heads_of(q_in, k_in, v_in);
+    if (block_rows == 0) {  // the tiled kernels (see causal_attention)
+      const torch::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+      auto [y, lse] = attend_tiled(h, q, k, v);
+      ctx->save_for_backward({q, k, v, y, lse});
+      ctx->saved_data["tiled"] = true;
+      return y;
+    }
+    const torch::Tensor &q = q_in, &k = k_in, &v = v_in;
     Kept kept;
     torch::Tensor y = attend(h, q, k, v, block_rows, kept);
     keep(ctx, kept, h.B, block_rows);
@@ -180,6 +228,13 @@ class CausalAttention : public torch::autograd::Function<CausalAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    if (ctx->saved_data.count("tiled")) {
+      const auto saved = ctx->get_saved_variables();
+      const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+      torch::Tensor dq = torch::empty(q.sizes(), q.options()), dk = torch::empty(k.sizes(), k.options()), dv = torch::empty_like(dk);
+      attend_tiled_backward(q, k, v, saved[3], saved[4], grad_out[0], dq, dk, dv);
+      return {dq, dk, dv, torch::Tensor()};
+    }
     const Kept kept = kept_of(ctx);
     const int64_t B = ctx->saved_data["batch"].toInt(), T = kept.q.size(2), D = kept.q.size(3);
     const int64_t NKV = kept.k.size(0) / B, NH = NKV * kept.q.size(1);
@@ -196,17 +251,35 @@ class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPa
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
     const auto [q, k, v] = unpack(qkv, heads);
     const Heads h = heads_of(q, k, v);
+    ctx->saved_data["heads"] = heads;
+    if (block_rows == 0) {
+      const torch::Tensor packed = rows_contiguous(qkv);
+      const auto [pq, pk, pv] = unpack(packed, heads);
+      auto [y, lse] = attend_tiled(h, pq, pk, pv);
+      ctx->save_for_backward({packed, y, lse});
+      ctx->saved_data["tiled"] = true;
+      return y;
+    }
     Kept kept;
     torch::Tensor y = attend(h, q, k, v, block_rows, kept);
     keep(ctx, kept, h.B, block_rows);
-    ctx->saved_data["heads"] = heads;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const int64_t heads_in = ctx->saved_data["heads"].toInt();
+    if (ctx->saved_data.count("tiled")) {
+      const auto saved = ctx->get_saved_variables();
+      const torch::Tensor& qkv = saved[0];
+      torch::Tensor dqkv = torch::empty(qkv.sizes(), qkv.options());
+      const auto [q, k, v] = unpack(qkv, heads_in);
+      const auto [dq, dk, dv] = unpack(dqkv, heads_in);
+      attend_tiled_backward(q, k, v, saved[1], saved[2], grad_out[0], dq, dk, dv);
+      return {dqkv, torch::Tensor(), torch::Tensor()};
+    }
     const Kept kept = kept_of(ctx);
     const int64_t B = ctx->saved_data["batch"].toInt(), T = kept.q.size(2), D = kept.q.size(3);
-    const int64_t heads = ctx->saved_data["heads"].toInt(), all = heads + 2 * (kept.k.size(0) / B);
+    const int64_t heads = heads_in, all = heads + 2 * (kept.k.size(0) / B);
     torch::Tensor dqkv = torch::empty({B, T, all, D}, kept.q.options());
     const auto [dq, dk, dv] = unpack(dqkv, heads);
     attend_backward(kept, B, ctx->saved_data["block_rows"].toInt(), grad_out[0], dq, dk, dv);
@@ -218,6 +291,13 @@ class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPa
 bool on_kernels(const torch::Tensor& x) {
   const auto dtype = x.scalar_type();
   return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16);
+}
+
+// The rows per block the Functions get, 0 meaning the tiled kernels: asked-for blocks (> 0) are kept,
+// else fp32 tiles where the CPU has them, else blocks of attention_chunk_rows.
+int64_t path_rows(const torch::Tensor& x, const Heads& h, int64_t block_rows) {
+  if (block_rows > 0) return block_rows;
+  return tiled(x) ? 0 : attention_chunk_rows(h.B * h.NH, h.T);
 }
 
 }  // namespace
@@ -233,16 +313,14 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const Heads h = heads_of(q, k, v);
   if (!on_kernels(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || h.T == 0)
     return causal_attention_materialised(q, k, v);
-  if (block_rows <= 0) block_rows = attention_chunk_rows(h.B * h.NH, h.T);
-  return CausalAttention::apply(q, k, v, block_rows);
+  return CausalAttention::apply(q, k, v, path_rows(q, h, block_rows));
 }
 
 torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
   const auto [q, k, v] = unpack(qkv, heads);
   const Heads h = heads_of(q, k, v);
   if (!on_kernels(qkv) || h.T == 0) return causal_attention_materialised(q, k, v);
-  if (block_rows <= 0) block_rows = attention_chunk_rows(h.B * h.NH, h.T);
-  return CausalAttentionPacked::apply(qkv, heads, block_rows);
+  return CausalAttentionPacked::apply(qkv, heads, path_rows(qkv, h, block_rows));
 }
 
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
