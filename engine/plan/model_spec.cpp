@@ -7,6 +7,7 @@
 
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
+#include "kernels/cpu/attention_tiles.hpp"  // kAttentionTile: the plan counts the kernels' copies in whole tiles
 
 namespace ds {
 namespace {
@@ -321,8 +322,9 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
   const double blocks = 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
   if (b != 4) return blocks;
   // fp32 takes the tiled kernels where the CPU has AVX-512 (which the plan does not know): their
-  // backward copies K^T, V^T and K per kv head, T rounded up to whole 64-key tiles. The larger of the two.
-  const double tiles = 3 * B * NKV * static_cast<double>((T + 63) / 64 * 64) * D * 4;
+  // backward copies K^T, V^T and K per kv head, T rounded up to whole tiles. The larger of the two.
+  const int64_t tile = kernels::kAttentionTile;
+  const double tiles = 3 * B * NKV * static_cast<double>((T + tile - 1) / tile * tile) * D * 4;
   return std::max(blocks, tiles);
 }
 

@@ -210,17 +210,16 @@ void attend_tiled_backward(const torch::Tensor& q, const torch::Tensor& k, const
 
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q_in, const torch::Tensor& k_in,
-                               const torch::Tensor& v_in, int64_t block_rows) {
-    const Heads h = heads_of(q_in, k_in, v_in);
-    if (block_rows == 0) {  // the tiled kernels (see causal_attention)
-      const torch::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
-      auto [y, lse] = attend_tiled(h, q, k, v);
-      ctx->save_for_backward({q, k, v, y, lse});
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               int64_t block_rows) {
+    const Heads h = heads_of(q, k, v);
+    if (block_rows == 0) {  // the tiled kernels (see path_rows)
+      const torch::Tensor qc = rows_contiguous(q), kc = rows_contiguous(k), vc = rows_contiguous(v);
+      auto [y, lse] = attend_tiled(h, qc, kc, vc);
+      ctx->save_for_backward({qc, kc, vc, y, lse});
       ctx->saved_data["tiled"] = true;
       return y;
     }
-    const torch::Tensor &q = q_in, &k = k_in, &v = v_in;
     Kept kept;
     torch::Tensor y = attend(h, q, k, v, block_rows, kept);
     keep(ctx, kept, h.B, block_rows);
@@ -267,19 +266,19 @@ class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPa
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const int64_t heads_in = ctx->saved_data["heads"].toInt();
+    const int64_t heads = ctx->saved_data["heads"].toInt();
     if (ctx->saved_data.count("tiled")) {
       const auto saved = ctx->get_saved_variables();
       const torch::Tensor& qkv = saved[0];
       torch::Tensor dqkv = torch::empty(qkv.sizes(), qkv.options());
-      const auto [q, k, v] = unpack(qkv, heads_in);
-      const auto [dq, dk, dv] = unpack(dqkv, heads_in);
+      const auto [q, k, v] = unpack(qkv, heads);
+      const auto [dq, dk, dv] = unpack(dqkv, heads);
       attend_tiled_backward(q, k, v, saved[1], saved[2], grad_out[0], dq, dk, dv);
       return {dqkv, torch::Tensor(), torch::Tensor()};
     }
     const Kept kept = kept_of(ctx);
     const int64_t B = ctx->saved_data["batch"].toInt(), T = kept.q.size(2), D = kept.q.size(3);
-    const int64_t heads = heads_in, all = heads + 2 * (kept.k.size(0) / B);
+    const int64_t all = heads + 2 * (kept.k.size(0) / B);
     torch::Tensor dqkv = torch::empty({B, T, all, D}, kept.q.options());
     const auto [dq, dk, dv] = unpack(dqkv, heads);
     attend_backward(kept, B, ctx->saved_data["block_rows"].toInt(), grad_out[0], dq, dk, dv);

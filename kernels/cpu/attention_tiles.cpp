@@ -11,7 +11,7 @@
 namespace ds::kernels {
 namespace {
 
-constexpr int64_t kTile = 64;  // queries and keys per tile: a 64 x 64 fp32 tile is 16 KiB, L1-sized
+constexpr int64_t kTile = kAttentionTile;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 int64_t group_of(const AttentionShape& s, int64_t b, int64_t kv, int64_t g) { return ((b * s.NKV + kv) * s.G + g) * s.T; }

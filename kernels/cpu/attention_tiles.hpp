@@ -4,7 +4,8 @@
 // kernels ran at ~75% of their large-GEMM rate there (62% with a transposed operand) and the block
 // path as a whole at ~50% (bench/RESULTS.md, session 13). Here every product is a tile that stays in
 // L1/L2, the softmax runs on the tile between its two products, and q, k, v, y and their gradients
-// are read and written in place through strides (no transposed or regrouped copies but K^T and V^T).
+// are read and written in place through strides (the only copies: K^T and V^T tile by tile, and K or
+// V by rows, per kv head).
 //
 // Forward, per query tile (online softmax over key tiles):
 //   s = q k^T, m' = max(m, max_j scale s_j), p = e^(scale s - m'), l = l e^(m - m') + sum p,
@@ -19,6 +20,10 @@
 #include <cstdint>
 
 namespace ds::kernels {
+
+// Queries and keys per tile: a 64 x 64 fp32 tile is 16 KiB, L1-sized. The plan counts the kernels'
+// copies of K and V in whole tiles.
+constexpr int64_t kAttentionTile = 64;
 
 // Where one tensor's heads lie, in floats: element (b, kv, g, t, d) of a (B, NKV, G, T, D) view is at
 // data[b * batch + kv * kv_head + g * group_head + t * row + d]; d is contiguous. Keys, values and
