@@ -88,6 +88,13 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(4, 1024, 4), 2 * 4 * 12 * 170.0 * 1024 * 4 + 2 * 4 * 12 * 1024.0 * 64 * 4);
   EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(8, 8192, 4), 3 * 8 * 12 * 8192.0 * 64 * 4);
   EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(8, 8001, 4), 3 * 8 * 12 * 8064.0 * 64 * 4);
+  // bf16 counts the larger of the blocks and the AMX kernels: backward's copies per (sample, kv head)
+  // task -- k twice and v, one query head's q and dy twice each (bf16), dK, dV and dq^T (fp32), lse and
+  // delta, five 64 x 64 tiles -- times the tasks that run at once: min(threads, 1 x 12 kv heads).
+  const double task = 8192.0 * 64 * (3 * 2 + 4 * 2 + 3 * 4) + 8192 * 2 * 4 + 64 * 64 * (2 * 4 + 3 * 2);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(1, 8192, 2, 12), 12 * task);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(1, 8192, 2, 64), 12 * task);
+  EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(1, 8192, 2, 2), 2 * 12 * 85.0 * 8192 * 2 + 2 * 12 * 8192.0 * 64 * 4);  // blocks
 }
 
 TEST(MemoryModel, AttentionKeepsNothingOfSizeTUnlessDropoutMaterialisesIt) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -296,8 +297,9 @@ TEST(CausalSoftmaxKernel, ForwardRecomputeAndBackwardMatchTheDoubleReference) {
 namespace {
 
 // (B, T, heads, D) storage seen as the kernels' (B, NKV, G, T, D) heads, starting at head `first`.
-HeadView heads_in(std::vector<float>& x, const AttentionShape& s, int64_t heads, int64_t first, int64_t group) {
-  HeadView h;
+template <class T>
+HeadViewOf<T> heads_in(std::vector<T>& x, const AttentionShape& s, int64_t heads, int64_t first, int64_t group) {
+  HeadViewOf<T> h;
   h.data = x.data() + first * s.D;
   h.batch = s.T * heads * s.D;
   h.kv_head = group * s.D;
@@ -358,6 +360,85 @@ TEST(CausalAttentionTiles, TheFirstQueryCopiesTheFirstValueAndAFutureKeyChangesN
   for (int64_t d = 0; d < s.D; ++d) k[(s.T - 1) * s.D + d] += 100.0f, v[(s.T - 1) * s.D + d] = 1e6f;  // the last key
   causal_attention_forward_f32(s, view(q), view(k), view(v), view(y2), lse2.data());
   for (int64_t i = 0; i < (s.T - 1) * s.D; ++i) ASSERT_EQ(y[i], y2[i]) << "position " << i / s.D << " saw a later key";
+}
+
+namespace {
+
+std::vector<float> widened(const std::vector<uint16_t>& b) {
+  std::vector<float> f(b.size());
+  for (size_t i = 0; i < b.size(); ++i) f[i] = bf16_to_float(b[i]);
+  return f;
+}
+
+// max |got - want| / max |want|
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double scale = 0, error = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(double(want[i])));
+    error = std::max(error, std::fabs(double(got[i]) - want[i]));
+  }
+  return error / scale;
+}
+
+}  // namespace
+
+// bf16 on AMX against the double reference run on the same bf16 inputs: what differs is the rounding of
+// the probabilities and the scores' gradient to bf16 before their products, and of the outputs.
+TEST(CausalAttentionTilesBf16, ForwardAndBackwardMatchTheDoubleReferenceOnTheSameInputs) {
+  if (!causal_attention_tiles_bf16_available()) GTEST_SKIP() << "the bf16 attention tiles need AMX-BF16";
+  struct Case {
+    int64_t B, NKV, G, T, D;
+  };
+  // One position; part tiles; whole tiles; grouped heads; head sizes off AMX's 32-element step.
+  for (const Case c : {Case{1, 1, 1, 1, 1}, Case{2, 2, 3, 65, 24}, Case{1, 1, 1, 128, 64}, Case{2, 1, 2, 200, 80},
+                       Case{1, 2, 1, 64, 16}, Case{1, 1, 1, 131, 100}, Case{1, 2, 2, 300, 64}}) {
+    AttentionShape s;
+    s.B = c.B, s.NKV = c.NKV, s.G = c.G, s.T = c.T, s.D = c.D;
+    s.scale = static_cast<float>(1.0 / std::sqrt(double(c.D)));
+    const int64_t NH = c.NKV * c.G, all = NH + 2 * c.NKV, n = c.B * c.T * c.D;
+    const std::string what = "B " + std::to_string(c.B) + " NKV " + std::to_string(c.NKV) + " G " + std::to_string(c.G) +
+                             " T " + std::to_string(c.T) + " D " + std::to_string(c.D);
+    std::vector<float> qkv_f = normal_values(n * all, 1.0f, static_cast<uint32_t>(c.T * 7 + c.D));
+    for (size_t i = 0; i < qkv_f.size(); i += static_cast<size_t>(all * c.D))
+      for (int64_t d = 0; d < NH * c.D; ++d) qkv_f[i + d] *= 3.0f;
+    std::vector<uint16_t> qkv = to_bf16(qkv_f), dy = to_bf16(normal_values(n * NH, 1.0f, 11));
+    std::vector<float> qkv_ref = widened(qkv), dy_ref = widened(dy);  // the reference sees the same values
+    const uint16_t nan16 = 0x7fc0;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> y(n * NH, nan16), dqkv(qkv.size(), nan16);
+    std::vector<float> y_ref(y.size(), nan), lse(static_cast<size_t>(c.B * NH * c.T), nan), lse_ref(lse.size(), nan);
+    std::vector<float> dqkv_ref(qkv.size(), nan);
+    causal_attention_forward_bf16(s, heads_in(qkv, s, all, 0, c.G), heads_in(qkv, s, all, NH, 1),
+                                  heads_in(qkv, s, all, NH + c.NKV, 1), heads_in(y, s, NH, 0, c.G), lse.data());
+    causal_attention_forward_f32_reference(s, heads_in(qkv_ref, s, all, 0, c.G), heads_in(qkv_ref, s, all, NH, 1),
+                                           heads_in(qkv_ref, s, all, NH + c.NKV, 1), heads_in(y_ref, s, NH, 0, c.G),
+                                           lse_ref.data());
+    // p rounded to bf16 (2^-9 relative) before p v, then y rounded: 0.2-0.3% of the largest output seen.
+    EXPECT_LT(max_relative_error(widened(y), y_ref), 6e-3) << what << " y";
+    expect_close(lse, lse_ref, 2e-6, what + " lse");  // the scores are exact products summed in fp32
+    causal_attention_backward_bf16(s, heads_in(qkv, s, all, 0, c.G), heads_in(qkv, s, all, NH, 1),
+                                   heads_in(qkv, s, all, NH + c.NKV, 1), heads_in(y, s, NH, 0, c.G), lse.data(),
+                                   heads_in(dy, s, NH, 0, c.G), heads_in(dqkv, s, all, 0, c.G), heads_in(dqkv, s, all, NH, 1),
+                                   heads_in(dqkv, s, all, NH + c.NKV, 1));
+    causal_attention_backward_f32_reference(s, heads_in(qkv_ref, s, all, 0, c.G), heads_in(qkv_ref, s, all, NH, 1),
+                                            heads_in(qkv_ref, s, all, NH + c.NKV, 1), heads_in(y_ref, s, NH, 0, c.G),
+                                            lse_ref.data(), heads_in(dy_ref, s, NH, 0, c.G),
+                                            heads_in(dqkv_ref, s, all, 0, c.G), heads_in(dqkv_ref, s, all, NH, 1),
+                                            heads_in(dqkv_ref, s, all, NH + c.NKV, 1));
+    const std::vector<float> dqkv_got = widened(dqkv);
+    // Per part (dq, dk, dv have different scales): each within 1% of its largest element (0.2-0.5% seen).
+    for (const auto& [part, first, heads] : {std::tuple<const char*, int64_t, int64_t>{"dq", 0, NH}, {"dk", NH, c.NKV},
+                                             {"dv", NH + c.NKV, c.NKV}}) {
+      std::vector<float> got, want;
+      for (int64_t row = 0; row < c.B * c.T; ++row)
+        for (int64_t e = first * c.D; e < (first + heads) * c.D; ++e) {
+          got.push_back(dqkv_got[static_cast<size_t>(row * all * c.D + e)]);
+          want.push_back(dqkv_ref[static_cast<size_t>(row * all * c.D + e)]);
+        }
+      if (c.T == 1 && part[1] != 'v') continue;  // one key: the scores get no gradient (both ~0)
+      EXPECT_LT(max_relative_error(got, want), 1e-2) << what << " " << part;
+    }
+  }
 }
 
 TEST(EmbeddingKernel, AddsEachIdsRowsOnceAndLeavesOtherRowsAlone) {

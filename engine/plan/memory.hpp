@@ -35,7 +35,8 @@ struct ZeroExecution;
 
 // Activations kept for backward per rank, at this micro batch and sequence length. With activation
 // checkpointing: every block's input, plus one block recomputed at a time.
-double activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing);
+double activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
+                        int threads = 1);
 
 // The ZeRO execution's buffers summed by place and category (engine/plan/zero_plan.hpp), plus the activations.
 MemoryEstimate estimate_memory(const ZeroExecution& zero, double activations);

@@ -312,7 +312,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   return elements * b + NH * 4 + 2 * 2 * 4;
 }
 
-double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b) const {
+double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b, int threads) const {
   // The block path: one block's backward at a time, a block of probabilities and their gradient (the
   // last block, the widest), and the keys' and values' gradients summed in fp32.
   if (hp.num_layers == 0 || hp.attn_pdrop > 0) return 0;
@@ -320,10 +320,18 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
   const double NKV = static_cast<double>(hp.num_kv_heads);
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
   const double blocks = 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
-  if (b != 4) return blocks;
-  // fp32 takes the tiled kernels where the CPU has AVX-512 (which the plan does not know): their
-  // backward copies K^T, V^T and K per kv head, T rounded up to whole tiles. The larger of the two.
+  // The tiled kernels, which the CPU decides (the plan does not know it): the larger of the two paths.
   const int64_t tile = kernels::kAttentionTile;
+  if (b == 2) {
+    // bf16 on AMX (fp16 counted alike): forward's copies of k and v, or backward's per-task copies
+    // with one task per (sample, kv head) running at once -- at most `threads` of them.
+    const int64_t Bi = micro_batch, NKVi = hp.num_kv_heads, Di = hp.head_dim();
+    const double forward = static_cast<double>(kernels::attention_tiles_bf16_forward_bytes(Bi, NKVi, T, Di, threads));
+    const double tasks = static_cast<double>(std::min<int64_t>(threads, Bi * NKVi));
+    const double backward = tasks * static_cast<double>(kernels::attention_tiles_bf16_backward_task_bytes(T, Di));
+    return std::max({blocks, forward, backward});
+  }
+  // fp32 where the CPU has AVX-512: backward copies K^T, V^T and K per kv head, T rounded up to whole tiles.
   const double tiles = 3 * B * NKV * static_cast<double>((T + tile - 1) / tile * tile) * D * 4;
   return std::max(blocks, tiles);
 }

@@ -64,8 +64,9 @@ struct ModelSpec {
   // gradient of the head's input (the fused head computes it in forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
   // What the fused causal attention holds beyond that while one block's backward runs (0 when the
-  // attention is materialised for dropout).
-  double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes) const;
+  // attention is materialised for dropout); `threads` bounds how many of bf16 backward's per-task
+  // copies exist at once.
+  double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes, int threads = 1) const;
   // What the fused head and loss holds at its peak, whatever the batch: the gradient of the head's
   // weight (V x C, kept from forward to backward) and one chunk of logits (kHeadChunkElements).
   double head_workspace_bytes(int64_t tokens, int bytes) const;

@@ -245,7 +245,8 @@ void lay_out(Plan& plan, int stage) {
   plan.layout = build_layout(plan.model, stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
   plan.memory = estimate_memory(plan.execution, activation_bytes(plan.model, plan.batch.micro_batch, plan.seq_len,
-                                                                 plan.precision.compute_dtype, plan.activation_checkpointing));
+                                                                 plan.precision.compute_dtype, plan.activation_checkpointing,
+                                                                 plan.threads));
 }
 
 Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {

@@ -169,33 +169,40 @@ Kept kept_of(AutogradContext* ctx) {
   return {saved[0], saved[1], saved[2], saved[3]};
 }
 
-// fp32 on a CPU with AVX-512 goes through kernels/cpu/attention_tiles instead of the blocks above: its
-// own 64 x 64 tile products read q, k, v and write y and the gradients through their strides, and
-// backward needs y (kept anyway: the output projection saves it as its input) instead of the blocks.
+// fp32 on a CPU with AVX-512, and bf16 on one with AMX, go through kernels/cpu/attention_tiles instead
+// of the blocks above: its own 64 x 64 tile products read q, k, v and write y and the gradients through
+// their strides, and backward needs y (kept anyway: the output projection saves it as its input)
+// instead of the blocks.
 bool tiled(const torch::Tensor& x) {
-  return x.scalar_type() == torch::kFloat32 && kernels::causal_attention_tiles_available();
+  if (x.scalar_type() == torch::kFloat32) return kernels::causal_attention_tiles_available();
+  return x.scalar_type() == torch::kBFloat16 && kernels::causal_attention_tiles_bf16_available();
 }
 
 // The kernels read d contiguously; anything else is copied once.
 torch::Tensor rows_contiguous(const torch::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
 
 // A (B, T, heads, D) tensor as the kernels' (B, NKV, G, T, D) heads: head = kv * group + g.
-kernels::HeadView view_of(const torch::Tensor& x, int64_t group) {
+template <class T>
+kernels::HeadViewOf<T> view_of(const torch::Tensor& x, int64_t group) {
   DS_CHECK(x.dim() == 4 && x.stride(3) == 1, "attention: the tiled kernels need (B, T, heads, D) with D contiguous");
-  return {raw<float>(x), x.stride(0), group * x.stride(2), x.stride(2), x.stride(1)};
+  return {raw<T>(x), x.stride(0), group * x.stride(2), x.stride(2), x.stride(1)};
 }
 
 kernels::AttentionShape shape_of(const Heads& h) {
   return {h.B, h.NKV, h.G, h.T, h.D, static_cast<float>(1.0 / std::sqrt(double(h.D)))};
 }
 
-// Forward: y (B, T, NH, D) and the log-sum-exp of every query row, (B, NKV, G, T).
+// Forward: y (B, T, NH, D) and the fp32 log-sum-exp of every query row, (B, NKV, G, T).
 std::pair<torch::Tensor, torch::Tensor> attend_tiled(const Heads& h, const torch::Tensor& q, const torch::Tensor& k,
                                                      const torch::Tensor& v) {
   torch::Tensor y = torch::empty({h.B, h.T, h.NH, h.D}, q.options());
-  torch::Tensor lse = torch::empty({h.B, h.NKV, h.G, h.T}, q.options());
-  kernels::causal_attention_forward_f32(shape_of(h), view_of(q, h.G), view_of(k, 1), view_of(v, 1), view_of(y, h.G),
-                                        raw<float>(lse));
+  torch::Tensor lse = torch::empty({h.B, h.NKV, h.G, h.T}, q.options().dtype(torch::kFloat32));
+  if (q.scalar_type() == torch::kBFloat16)
+    kernels::causal_attention_forward_bf16(shape_of(h), view_of<uint16_t>(q, h.G), view_of<uint16_t>(k, 1),
+                                           view_of<uint16_t>(v, 1), view_of<uint16_t>(y, h.G), raw<float>(lse));
+  else
+    kernels::causal_attention_forward_f32(shape_of(h), view_of<float>(q, h.G), view_of<float>(k, 1), view_of<float>(v, 1),
+                                          view_of<float>(y, h.G), raw<float>(lse));
   return {y, lse};
 }
 
@@ -203,9 +210,16 @@ void attend_tiled_backward(const torch::Tensor& q, const torch::Tensor& k, const
                            const torch::Tensor& lse, const torch::Tensor& dy_in, const torch::Tensor& dq,
                            const torch::Tensor& dk, const torch::Tensor& dv) {
   const Heads h = heads_of(q, k, v);
-  const torch::Tensor dy = rows_contiguous(dy_in.to(torch::kFloat32));
-  kernels::causal_attention_backward_f32(shape_of(h), view_of(q, h.G), view_of(k, 1), view_of(v, 1), view_of(y, h.G),
-                                         raw<float>(lse), view_of(dy, h.G), view_of(dq, h.G), view_of(dk, 1), view_of(dv, 1));
+  const torch::Tensor dy = rows_contiguous(dy_in.to(q.scalar_type()));
+  if (q.scalar_type() == torch::kBFloat16)
+    kernels::causal_attention_backward_bf16(shape_of(h), view_of<uint16_t>(q, h.G), view_of<uint16_t>(k, 1),
+                                            view_of<uint16_t>(v, 1), view_of<uint16_t>(y, h.G), raw<float>(lse),
+                                            view_of<uint16_t>(dy, h.G), view_of<uint16_t>(dq, h.G), view_of<uint16_t>(dk, 1),
+                                            view_of<uint16_t>(dv, 1));
+  else
+    kernels::causal_attention_backward_f32(shape_of(h), view_of<float>(q, h.G), view_of<float>(k, 1), view_of<float>(v, 1),
+                                           view_of<float>(y, h.G), raw<float>(lse), view_of<float>(dy, h.G),
+                                           view_of<float>(dq, h.G), view_of<float>(dk, 1), view_of<float>(dv, 1));
 }
 
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
@@ -293,7 +307,7 @@ bool on_kernels(const torch::Tensor& x) {
 }
 
 // The rows per block the Functions get, 0 meaning the tiled kernels: asked-for blocks (> 0) are kept,
-// else fp32 tiles where the CPU has them, else blocks of attention_chunk_rows.
+// else tiles where the CPU has them for the dtype, else blocks of attention_chunk_rows.
 int64_t path_rows(const torch::Tensor& x, const Heads& h, int64_t block_rows) {
   if (block_rows > 0) return block_rows;
   return tiled(x) ? 0 : attention_chunk_rows(h.B * h.NH, h.T);

@@ -4,9 +4,9 @@
 // recomputes each block's probabilities from the log-sum-exp kept per row; what is kept for backward
 // is q, k, v and that log-sum-exp, O(T) per head instead of O(T^2). Grouped-query
 // attention reads each key/value head once for its group of query heads (no repeated copies).
-// fp32 on a CPU with AVX-512 takes kernels/cpu/attention_tiles instead of the blocks: 64 x 64 tiles
-// of queries and keys with its own products and an online softmax, q, k, v and the gradients read and
-// written in place through their strides; it keeps y (which the output projection keeps anyway) and
+// fp32 on a CPU with AVX-512, and bf16 on one with AMX, take kernels/cpu/attention_tiles instead of the
+// blocks: 64 x 64 tiles of queries and keys with its own products and an online softmax, q, k, v and
+// the gradients read and written in place through their strides; it keeps y (which the output projection keeps anyway) and
 // the log-sum-exp. fp32 and bf16 CPU tensors take one of these paths; anything else takes the
 // materialised one, which is also the reference the tests hold them to.
 #pragma once
@@ -25,8 +25,9 @@ namespace ds {
 // so no caller transposes -- with NH a multiple of NKV (query head h reads key/value head h / (NH/NKV)),
 // all of one dtype, any strides. Returns softmax(q k^T / sqrt(D), causal) v as (B, T, NH, D),
 // contiguous, so viewing it as (B*T, NH*D) for the output projection copies nothing; the gradients come
-// back in the inputs' layout, contiguous. `block_rows` 0: ds's choice (fp32 tiles where the CPU has
-// AVX-512, else blocks of attention_chunk_rows); > 0: the block path with blocks of that many rows.
+// back in the inputs' layout, contiguous. `block_rows` 0: ds's choice (tiles where the CPU has them,
+// AVX-512 for fp32 and AMX for bf16, else blocks of attention_chunk_rows); > 0: the block path with
+// blocks of that many rows.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t block_rows = 0);
 

@@ -25,16 +25,19 @@ namespace ds::kernels {
 // copies of K and V in whole tiles.
 constexpr int64_t kAttentionTile = 64;
 
-// Where one tensor's heads lie, in floats: element (b, kv, g, t, d) of a (B, NKV, G, T, D) view is at
-// data[b * batch + kv * kv_head + g * group_head + t * row + d]; d is contiguous. Keys, values and
-// their gradients have no group (group_head unused). (B, T, NH, D) storage with head = kv * G + g:
-// batch = T * NH * D, kv_head = G * D, group_head = D, row = NH * D.
-struct HeadView {
-  float* data = nullptr;
+// Where one tensor's heads lie, in elements (float, or uint16_t holding bf16): element (b, kv, g, t, d)
+// of a (B, NKV, G, T, D) view is at data[b * batch + kv * kv_head + g * group_head + t * row + d]; d is
+// contiguous. Keys, values and their gradients have no group (group_head unused). (B, T, NH, D) storage
+// with head = kv * G + g: batch = T * NH * D, kv_head = G * D, group_head = D, row = NH * D.
+template <class T>
+struct HeadViewOf {
+  T* data = nullptr;
   int64_t batch = 0, kv_head = 0, group_head = 0, row = 0;
 
-  float* at(int64_t b, int64_t kv, int64_t g, int64_t t) const { return data + b * batch + kv * kv_head + g * group_head + t * row; }
+  T* at(int64_t b, int64_t kv, int64_t g, int64_t t) const { return data + b * batch + kv * kv_head + g * group_head + t * row; }
 };
+using HeadView = HeadViewOf<float>;
+using HeadViewBf16 = HeadViewOf<uint16_t>;
 
 struct AttentionShape {
   int64_t B = 0, NKV = 0, G = 1, T = 0, D = 0;
@@ -61,5 +64,40 @@ void causal_attention_backward_f32_reference(const AttentionShape& s, const Head
                                              const HeadView& v, const HeadView& y, const float* lse,
                                              const HeadView& dy, const HeadView& dq, const HeadView& dk,
                                              const HeadView& dv);
+
+// bf16: the same algorithm on AMX (attention_tiles_bf16.cpp). Every product multiplies bf16 tiles
+// into fp32 (AMX's tdpbf16ps), the softmax runs in fp32 on the product's fp32 tile, and only what
+// feeds the next product (the probabilities, the scores' gradient) is rounded to bf16, as LibTorch's
+// bf16 bmm path rounds its blocks; y, dq, dk and dv are summed in fp32 and rounded once. The operands
+// are copied into the layouts AMX reads (rows, and "pairs": two consecutive k rows interleaved), D
+// padded to a multiple of 32 and T to whole tiles with zeros. Backward computes the transposed tiles
+// (s^T = k q^T, one key per row) so every operand comes straight out of the elementwise pass, and
+// sums dq^T, transposed once at the end.
+// Usable where the CPU has AMX-BF16 and the kernel grants this process the tile state.
+bool causal_attention_tiles_bf16_available();
+
+// As the fp32 kernels; lse is fp32. Call only where causal_attention_tiles_bf16_available().
+void causal_attention_forward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
+                                   const HeadViewBf16& v, const HeadViewBf16& y, float* lse);
+void causal_attention_backward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
+                                    const HeadViewBf16& v, const HeadViewBf16& y, const float* lse,
+                                    const HeadViewBf16& dy, const HeadViewBf16& dq, const HeadViewBf16& dk,
+                                    const HeadViewBf16& dv);
+
+// What the bf16 kernels allocate, for the plan to count. Forward: k and v of every kv head in their
+// AMX layouts, and per thread a tile of q, scores, probabilities and output. Backward, per (sample, kv
+// head) task, one per thread at a time: k (twice) and v, one query head's q and dy in two layouts each,
+// dK, dV and that head's dq^T in fp32, its lse and delta, and the tiles of one key tile against one
+// query tile.
+constexpr int64_t kAttentionBf16Step = 32;  // AMX's k step: D is padded to a multiple of it
+inline int64_t attention_bf16_padded(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+inline int64_t attention_tiles_bf16_forward_bytes(int64_t B, int64_t NKV, int64_t T, int64_t D, int64_t threads) {
+  const int64_t Tp = attention_bf16_padded(T, kAttentionTile), Dp = attention_bf16_padded(D, kAttentionBf16Step);
+  return 2 * B * NKV * Tp * Dp * 2 + threads * (kAttentionTile * Dp * (2 + 4) + kAttentionTile * kAttentionTile * (4 + 2));
+}
+inline int64_t attention_tiles_bf16_backward_task_bytes(int64_t T, int64_t D) {
+  const int64_t Tp = attention_bf16_padded(T, kAttentionTile), Dp = attention_bf16_padded(D, kAttentionBf16Step);
+  return Tp * Dp * (3 * 2 + 4 * 2 + 3 * 4) + Tp * 2 * 4 + kAttentionTile * kAttentionTile * (2 * 4 + 3 * 2);
+}
 
 }  // namespace ds::kernels
