@@ -15,6 +15,7 @@
 #include "cli/version.hpp"
 #include "common/format.hpp"
 #include "engine/plan/topology.hpp"
+#include "kernels/cpu/attention_tiles.hpp"
 
 namespace ds::cli {
 namespace {
@@ -102,6 +103,8 @@ int run_env(const EnvArgs& a) {
                            {"avx512f", flags.count("avx512f") > 0},
                            {"avx512_bf16", flags.count("avx512_bf16") > 0},
                            {"amx_bf16", flags.count("amx_bf16") > 0}};
+      j["attention_tiles"] = {{"fp32", kernels::causal_attention_tiles_available()},
+                              {"bf16", kernels::causal_attention_tiles_bf16_available()}};
       ojson g = ojson::array();
       for (const auto& gpu : gpus) g.push_back({{"name", gpu.name}, {"memory_bytes", static_cast<int64_t>(gpu.memory_bytes)}});
       j["gpus"] = g;
@@ -120,6 +123,9 @@ int run_env(const EnvArgs& a) {
               << (flags.count("avx512f") ? "yes" : "no") << ", avx512_bf16 " << (flags.count("avx512_bf16") ? "yes" : "no")
               << ", amx_bf16 " << (flags.count("amx_bf16") ? "yes" : "no")
               << (bf16_fast ? "  (bf16 matmuls run natively: prefer bf16 on CPU)" : "") << "\n";
+    // Which attention kernels a run here gets (engine/runtime/fused_attention): tiles, or the block path.
+    std::cout << "  attention    fp32 " << (kernels::causal_attention_tiles_available() ? "tiles (AVX-512)" : "blocks")
+              << ", bf16 " << (kernels::causal_attention_tiles_bf16_available() ? "tiles (AMX)" : "blocks") << "\n";
     std::cout << "  gpus         " << (gpus.empty() ? "none found (no nvidia-smi or no GPU)" : "") << "\n";
     for (const auto& g : gpus) std::cout << "    " << g.name << ", " << format_bytes(g.memory_bytes) << "\n";
     std::cout << "  /dev/shm     " << format_bytes(shm_bytes) << "\n";

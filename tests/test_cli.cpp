@@ -194,6 +194,11 @@ TEST(CliEnv, ReportsTheMachineAsJson) {
   EXPECT_GE(j["cores"].get<int>(), 1);
   EXPECT_GT(j["memory_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(j.contains("shm_bytes"));
+  // The attention kernels a run gets: tiles only where /proc/cpuinfo lists what they need.
+  const auto& features = j["cpu_features"];
+  const bool fp32_tiles = j["attention_tiles"]["fp32"].get<bool>(), bf16_tiles = j["attention_tiles"]["bf16"].get<bool>();
+  EXPECT_EQ(fp32_tiles, features["avx512f"].get<bool>()) << r.out;  // (every AVX-512 CPU since Skylake has BW, VL, DQ)
+  EXPECT_TRUE(!bf16_tiles || (features["amx_bf16"].get<bool>() && features["avx512_bf16"].get<bool>())) << r.out;
 }
 
 TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {

@@ -117,25 +117,22 @@ DS_AMX void pack_pairs(const uint16_t* src, int64_t stride, int64_t T, int64_t D
 // columns, tile by tile: tile t / 64 is a (Dp / 2) x 128 block with (t, d) at d / 2 * 128 + 2 (t % 64)
 // + d % 2. Operand B with d as the summed index and t as its columns (q k^T, dy v^T); tile-major so a
 // product reads one 8 KiB block (at D = 64) instead of rows 2 T apart. Each (d, d + 1) pair moves as one
-// 32-bit word.
+// 32-bit word, gathered from 16 rows at a time (16 rows of a tile: 64 is a multiple of 16).
 DS_AMX void pack_columns(const uint16_t* src, int64_t stride, int64_t T, int64_t D, const Padded& p, uint16_t* out) {
-  const __m512i to_pair_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                  _mm512_set1_epi32(kTile));
-  const int64_t words = (D + 1) / 2;
-  for (int64_t t = 0; t < T; ++t) {
-    const uint16_t* row = src + t * stride;
-    uint32_t* col = reinterpret_cast<uint32_t*>(out + t / kTile * p.tile()) + t % kTile;
-    for (int64_t w = 0; w < words; w += 16) {
-      __m512i pairs;
-      if (D % 2 == 0 || w + 16 < words) {
-        pairs = _mm512_maskz_loadu_epi32(simd::first_lanes(words - w), row + 2 * w);
-      } else {  // an odd D: the last word's second half is padding, not the next row's first element
-        alignas(64) uint16_t tmp[32] = {};
-        std::memcpy(tmp, row + 2 * w, sizeof(uint16_t) * (D - 2 * w));
-        pairs = _mm512_loadu_si512(tmp);
-      }
-      _mm512_mask_i32scatter_epi32(col + w * kTile, simd::first_lanes(words - w), to_pair_rows, pairs, 4);
+  if (D % 2 != 0 || stride > (int64_t{1} << 26)) {  // a last word half past the row, or offsets past int32
+    for (int64_t t = 0; t < T; ++t) {
+      uint16_t* col = out + t / kTile * p.tile() + 2 * (t % kTile);
+      for (int64_t d = 0; d < D; ++d) col[d / 2 * 2 * kTile + d % 2] = src[t * stride + d];
     }
+    return;
+  }
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(stride * 2)));  // bytes
+  for (int64_t t0 = 0; t0 < T; t0 += 16) {
+    const __mmask16 mk = simd::first_lanes(T - t0);
+    uint32_t* col = reinterpret_cast<uint32_t*>(out + t0 / kTile * p.tile()) + t0 % kTile;
+    for (int64_t w = 0; w < D / 2; ++w)
+      _mm512_mask_storeu_epi32(col + w * kTile, mk, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mk, rows, src + t0 * stride + 2 * w, 1));
   }
 }
 
