@@ -271,6 +271,52 @@ TEST(FusedAttention, PackedProjectionGivesTheSameOutputAndOneGradientOfItsShape)
   EXPECT_THROW(causal_attention_packed(torch::zeros({1, 2, 5, 4}), 2), std::exception);  // 3 kv-part heads: not even
 }
 
+TEST(FusedOps, ProjectionGradientsLandInTheParametersBuffersAsLibTorchComputesThem) {
+  torch::manual_seed(12);
+  const int64_t B = 3, T = 5, in = 24, out = 40;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (bool in_out : {false, true}) {  // nn.Linear's (out, in); GPT-2's Conv1D (in, out)
+      for (bool bias : {false, true}) {
+        const std::string what = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + (in_out ? " (in, out)" : " (out, in)") +
+                                 (bias ? " with bias" : "");
+        const torch::Tensor x0 = torch::randn({B, T, in}).to(dtype), probe = torch::randn({B, T, out}).to(dtype);
+        const torch::Tensor w0 = (torch::randn(in_out ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}) * 0.2).to(dtype);
+        const torch::Tensor b0 = torch::randn({out}).to(dtype);
+        const torch::Tensor w_start = torch::randn(w0.sizes()).to(dtype), b_start = torch::randn({out}).to(dtype);
+        // The reference in fp32: LibTorch's linear, its gradients added to what the buffers held.
+        // (clones: in fp32 .to() would hand back x0 itself, and x0 must stay a plain tensor)
+        torch::Tensor x_ref = x0.to(torch::kFloat32).clone().requires_grad_(true);
+        torch::Tensor w_ref = w0.to(torch::kFloat32).clone().requires_grad_(true), b_ref = b0.to(torch::kFloat32).clone().requires_grad_(true);
+        const torch::Tensor y_ref = torch::linear(x_ref, in_out ? w_ref.t() : w_ref, bias ? b_ref : torch::Tensor());
+        (y_ref * probe.to(torch::kFloat32)).sum().backward();
+        // ds: the gradients bound to buffers beforehand, as FlatParams does (holding an earlier micro batch's).
+        torch::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+        torch::Tensor w_buffer = w_start.clone(), b_buffer = b_start.clone();
+        w.mutable_grad() = w_buffer;
+        b.mutable_grad() = b_buffer;
+        const torch::Tensor y = projection(x, w, bias ? b : torch::Tensor(), in_out);
+        ASSERT_EQ(y.sizes(), y_ref.sizes()) << what;
+        (y * probe).sum().backward();
+        const double tol = dtype == torch::kFloat32 ? 1e-6 : 1e-2;
+        EXPECT_LT(relative_error(y, y_ref), tol) << what << " output";
+        EXPECT_LT(relative_error(x.grad(), x_ref.grad()), tol) << what << " input gradient";
+        EXPECT_EQ(w.grad().data_ptr(), w_buffer.data_ptr()) << what << ": the weight gradient stayed in its buffer";
+        EXPECT_LT(relative_error(w_buffer, w_ref.grad() + w_start.to(torch::kFloat32)), tol) << what << " weight gradient";
+        if (bias)
+          EXPECT_LT(relative_error(b_buffer, b_ref.grad() + b_start.to(torch::kFloat32)), tol) << what << " bias gradient";
+        else
+          EXPECT_TRUE(torch::equal(b_buffer, b_start)) << what << ": no bias, its buffer untouched";
+        // Without bound buffers: plain gradients, as LibTorch's.
+        torch::Tensor w2 = w0.clone().requires_grad_(true);
+        (projection(x0, w2, torch::Tensor(), in_out) * probe).sum().backward();
+        torch::Tensor w2_ref = w0.to(torch::kFloat32).clone().requires_grad_(true);
+        (torch::linear(x0.to(torch::kFloat32), in_out ? w2_ref.t() : w2_ref) * probe.to(torch::kFloat32)).sum().backward();
+        EXPECT_LT(relative_error(w2.grad(), w2_ref.grad()), tol) << what << " unbound weight gradient";
+      }
+    }
+  }
+}
+
 TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem) {
   torch::manual_seed(10);
   const int64_t V = 40, C = 24, B = 3, T = 9;

@@ -168,7 +168,85 @@ class Embedding : public torch::autograd::Function<Embedding> {
   }
 };
 
+// A parameter's gradient buffer when ds bound one of its dtype and layout (else undefined: the
+// gradient goes back to autograd as a tensor).
+torch::Tensor bound_grad(const torch::Tensor& param) {
+  if (!param.defined()) return {};
+  torch::Tensor g = param.grad();
+  return g.defined() && g.is_contiguous() && g.scalar_type() == param.scalar_type() && g.sizes() == param.sizes() ? g
+                                                                                                             : torch::Tensor();
+}
+
+// y = x w^T + b, or x w + b with `in_out`; b may be undefined. Shared by the two Functions below
+// (autograd's Functions take no undefined tensor inputs).
+torch::Tensor project(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                      bool in_out) {
+  const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
+  const torch::Tensor y = b.defined() ? torch::addmm(b, x2, wm) : torch::mm(x2, wm);
+  ctx->save_for_backward({x2});
+  ctx->saved_data["x_shape"] = x.sizes();
+  ctx->saved_data["weight"] = w;  // the parameters themselves (leaves: no cycle), for their gradient buffers
+  if (b.defined()) ctx->saved_data["bias"] = b;
+  ctx->saved_data["in_out"] = in_out;
+  auto shape = x.sizes().vec();
+  shape.back() = wm.size(1);
+  return y.view(shape);
+}
+
+// {dx, dw, db}: dw and db undefined where they went into the parameters' gradient buffers.
+variable_list project_backward(AutogradContext* ctx, const torch::Tensor& grad, bool want_dx, bool want_dw, bool want_db) {
+  const torch::Tensor x2 = ctx->get_saved_variables()[0];
+  const torch::Tensor w = ctx->saved_data["weight"].toTensor();
+  const bool in_out = ctx->saved_data["in_out"].toBool();
+  const torch::Tensor dy = grad.reshape({x2.size(0), -1});
+  variable_list out(3);
+  if (want_dx) out[0] = torch::mm(dy, in_out ? w.t() : w).view(ctx->saved_data["x_shape"].toIntVector());
+  if (want_dw) {  // x^T dy (in, out) or dy^T x (out, in), added into the buffer by the GEMM itself
+    torch::Tensor g = bound_grad(w);
+    if (g.defined())
+      in_out ? g.addmm_(x2.t(), dy) : g.addmm_(dy.t(), x2);
+    else
+      out[1] = in_out ? torch::mm(x2.t(), dy) : torch::mm(dy.t(), x2);
+  }
+  if (want_db && ctx->saved_data.count("bias")) {
+    torch::Tensor g = bound_grad(ctx->saved_data["bias"].toTensor());
+    if (g.defined())
+      g.add_(dy.sum(0));
+    else
+      out[2] = dy.sum(0);
+  }
+  return out;
+}
+
+class Projection : public torch::autograd::Function<Projection> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                               bool in_out) {
+    return project(ctx, x, w, b, in_out);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto g = project_backward(ctx, grad_out[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2));
+    return {g[0], g[1], g[2], torch::Tensor()};
+  }
+};
+
+class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, bool in_out) {
+    return project(ctx, x, w, torch::Tensor(), in_out);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto g = project_backward(ctx, grad_out[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1), false);
+    return {g[0], g[1], torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out) {
+  return b.defined() ? Projection::apply(x, w, b, in_out) : ProjectionNoBias::apply(x, w, in_out);
+}
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
   if (!on_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())

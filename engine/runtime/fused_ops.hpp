@@ -25,4 +25,11 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
 // Llama's gated MLP activation: silu(gate) * up, with gate and up of one shape (silu(gate) is not kept).
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
+// A projection of x (..., in): y = x w^T + b with w (out, in) as nn.Linear stores it, or with
+// `in_out` y = x w + b with w (in, out) as GPT-2's Conv1D does; b may be undefined. In backward the
+// weight's and bias's gradients are added straight into their gradient buffers when they have ones
+// of their dtype (ds's flat gradients): one GEMM that adds in fp32 and rounds once, where autograd
+// would make a new gradient tensor and then add it in a second pass over the buffer.
+torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out);
+
 }  // namespace ds

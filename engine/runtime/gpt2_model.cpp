@@ -53,13 +53,13 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
   torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
-  const torch::Tensor qkv = torch::addmm(b.attn_b, h.view({B * T, C}), b.attn_w);  // (BT, 3C): q, k, v heads
+  const torch::Tensor qkv = projection(h.view({B * T, C}), b.attn_w, b.attn_b, true);  // (BT, 3C): q, k, v heads
   torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, C});
-  torch::Tensor x = x_in + dropout(torch::addmm(b.proj_b, y, b.proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 1);
+  torch::Tensor x = x_in + dropout(projection(y, b.proj_w, b.proj_b, true).view({B, T, C}), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = layer_norm(x, b.ln2_w, b.ln2_b, hp_.norm_eps);
-  torch::Tensor f = gelu_tanh(torch::addmm(b.fc_b, h.view({B * T, C}), b.fc_w));
-  return x + dropout(torch::addmm(b.fc_proj_b, f, b.fc_proj_w).view({B, T, C}), hp_.resid_pdrop, layer, 2);
+  torch::Tensor f = gelu_tanh(projection(h.view({B * T, C}), b.fc_w, b.fc_b, true));
+  return x + dropout(projection(f, b.fc_proj_w, b.fc_proj_b, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {

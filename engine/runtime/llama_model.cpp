@@ -53,14 +53,15 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const torch::Tensor cos = angles.cos(), sin = angles.sin();
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  const torch::Tensor q = rotary(torch::linear(h, b.q).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
-  const torch::Tensor k = rotary(torch::linear(h, b.k).view({B, T, NKV, D}), cos, sin);
-  const torch::Tensor v = torch::linear(h, b.v).view({B, T, NKV, D});
+  const torch::Tensor q = rotary(projection(h, b.q, {}, false).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
+  const torch::Tensor k = rotary(projection(h, b.k, {}, false).view({B, T, NKV, D}), cos, sin);
+  const torch::Tensor v = projection(h, b.v, {}, false).view({B, T, NKV, D});
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
-  torch::Tensor x = x_in + dropout(torch::linear(y, b.o), hp_.resid_pdrop, layer, 1);
+  torch::Tensor x = x_in + dropout(projection(y, b.o, {}, false), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
-  return x + dropout(torch::linear(swiglu(torch::linear(h, b.gate), torch::linear(h, b.up)), b.down), hp_.resid_pdrop, layer, 2);
+  const torch::Tensor gated = swiglu(projection(h, b.gate, {}, false), projection(h, b.up, {}, false));
+  return x + dropout(projection(gated, b.down, {}, false), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
