@@ -69,10 +69,10 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   // Per token: 8C + 2I elements and one fp32 log-sum-exp per head, two fp32 statistics per norm.
   const double block = (8 * C + 2 * I) * b + NH * 4 + 16;
   const double head = 4 * C * b;  // embedding output, final norm in and out, the head input's gradient
-  // The fused head's weight gradient and its chunk of logits (the whole batch's rows at this size),
-  // and one block's attention backward: probabilities and their gradient for all T rows (one block at
-  // this size), the keys' and values' gradients in fp32.
-  const auto workspace = [&](double B) { return (V * C + B * T * V) * b + 2 * B * NH * T * T * b + 2 * B * NH * T * D * 4; };
+  // The fused head's chunk of logits (the whole batch's rows at this size; its weight's gradient goes
+  // into the flat gradients), and one block's attention backward: probabilities and their gradient for
+  // all T rows (one block at this size), the keys' and values' gradients in fp32.
+  const auto workspace = [&](double B) { return B * T * V * b + 2 * B * NH * T * T * b + 2 * B * NH * T * D * 4; };
   EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head) + workspace(2));
   EXPECT_DOUBLE_EQ(a2 - a1, 2 * T * (L * block + head) + workspace(4) - workspace(2));
   EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), a2);
@@ -80,7 +80,7 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096;
   // the attention 170 query rows at a time (2^23 scores / (4 x 12 heads x 1024 keys)).
   const ModelSpec g = build_model_spec(model_preset("gpt2"));
-  EXPECT_DOUBLE_EQ(g.head_workspace_bytes(4096, 2), (50257.0 * 768 + 667.0 * 50257) * 2);
+  EXPECT_DOUBLE_EQ(g.head_workspace_bytes(4096, 2), 667.0 * 50257 * 2);
   EXPECT_DOUBLE_EQ(g.attention_workspace_bytes(4, 1024, 2), 2 * 4 * 12 * 170.0 * 1024 * 2 + 2 * 4 * 12 * 1024.0 * 64 * 4);
   // fp32 counts the larger of the block path and the tiled kernels' copies of K^T, V^T and K (T in
   // whole 64-key tiles): the blocks at 4 x 1024, the copies at 8 x 8192 (the blocks' scores and fp32

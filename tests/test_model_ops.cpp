@@ -82,6 +82,33 @@ TEST(FusedHeadLoss, MatchesLogitsThenCrossEntropyForwardAndBackward) {
   }
 }
 
+TEST(FusedHeadLoss, TheWeightGradientGoesIntoItsBoundBufferDuringForward) {
+  // As ds trains: the weight's .grad is a view of the flat gradients, holding earlier micro batches'.
+  torch::manual_seed(6);
+  const int64_t N = 10, C = 24, V = 1001;
+  const torch::Tensor t = torch::randint(0, V, {N}, torch::kLong);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor x0 = torch::randn({N, C}).to(dtype), w0 = (torch::randn({V, C}) * 0.5).to(dtype);
+    const HeadResult want = reference_head(x0, w0, t, 0.5);
+    // An earlier micro batch's gradient of the same size (in bf16 a larger one would swamp dW's bits).
+    const torch::Tensor start = (torch::randn({V, C}) * want.dw.abs().max().item<double>()).to(dtype);
+    torch::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), buffer = start.clone();
+    w.mutable_grad() = buffer;
+    torch::Tensor loss = fused_head_loss(x, w, t, 0.5, 3 * V);  // chunks of 3 rows
+    EXPECT_FALSE(torch::equal(buffer, start)) << dtype << ": added during forward, where the logits' gradient exists";
+    (loss * 0.5).backward();
+    const double tol = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+    EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr()) << dtype;
+    EXPECT_LT(relative_error(buffer.to(torch::kFloat32) - start.to(torch::kFloat32), want.dw), tol) << dtype;
+    EXPECT_LT(relative_error(x.grad(), want.dx), tol) << dtype;
+    // Another gradient than the expected one cannot rescale what is already in the buffer: refused.
+    torch::Tensor w2 = w0.clone().requires_grad_(true);
+    w2.mutable_grad() = start.clone();
+    torch::Tensor loss2 = fused_head_loss(x0.clone().requires_grad_(true), w2, t, 0.5, 3 * V);
+    EXPECT_THROW(loss2.backward(), std::exception) << dtype;
+  }
+}
+
 TEST(FusedHeadLoss, WithoutGradientsItIsTheSameLossAndTouchesNothing) {
   torch::manual_seed(4);
   const int64_t N = 7, C = 16, V = 333;

@@ -75,9 +75,11 @@ void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
   zero.publish_parameters();
 }
 
-// One micro step on this rank's batch, its loss scaled (1/W: the ranks' sum is the mean).
+// One micro step on this rank's batch, its loss scaled (1/W: the ranks' sum is the mean); as the
+// trainer does, the model is told the scale first (its head adds its weight's gradient in forward).
 void micro_step(ZeroExchange& zero, LanguageModel& model, const torch::Tensor& in, const torch::Tensor& tgt, double scale) {
   zero.begin_micro_step(false);
+  model.set_loss_gradient(scale);
   torch::Tensor loss = model.loss(in, tgt);
   zero.begin_backward();
   (loss * scale).backward();

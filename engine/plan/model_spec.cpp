@@ -343,9 +343,10 @@ double ModelSpec::head_activation_bytes_per_token(int b) const {
 }
 
 double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
-  const double V = static_cast<double>(hp.vocab_size), C = static_cast<double>(hp.hidden_size);
+  // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).
+  const double V = static_cast<double>(hp.vocab_size);
   const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
-  return (V * C + rows * V) * b;
+  return rows * V * b;
 }
 
 std::string preset_for_size(const std::string& text, std::string* note) {

@@ -67,8 +67,8 @@ struct ModelSpec {
   // attention is materialised for dropout); `threads` bounds how many of bf16 backward's per-task
   // copies exist at once.
   double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes, int threads = 1) const;
-  // What the fused head and loss holds at its peak, whatever the batch: the gradient of the head's
-  // weight (V x C, kept from forward to backward) and one chunk of logits (kHeadChunkElements).
+  // What the fused head and loss holds at its peak, whatever the batch: one chunk of logits
+  // (kHeadChunkElements); the head weight's gradient goes straight into the flat gradients.
   double head_workspace_bytes(int64_t tokens, int bytes) const;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "engine/runtime/fused_ops.hpp"  // bound_gradient
 #include "kernels/cpu/cross_entropy.hpp"
 
 namespace ds {
@@ -13,7 +14,7 @@ using torch::autograd::variable_list;
 
 struct HeadPass {
   double loss_sum = 0;
-  torch::Tensor dx, dw;  // empty unless gradients were asked for
+  torch::Tensor dx, dw;  // empty unless gradients were asked for; dw also when it went into `dw_into`
 };
 
 // Softmax cross-entropy of one chunk of logits (rows, V), in place: the gradient replaces the logits
@@ -37,8 +38,9 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
+// `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made.
 HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
-                   double expected_grad, int64_t chunk_elements, bool grads) {
+                   double expected_grad, int64_t chunk_elements, bool grads, const torch::Tensor& dw_into = {}) {
   torch::NoGradGuard no_grad;
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
@@ -66,7 +68,9 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
     at::mm_out(dxc, logits, weight);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
-    if (r0 == 0)
+    if (dw_into.defined())
+      dw_into.addmm_(logits.t(), xc);
+    else if (r0 == 0)
       out.dw = torch::mm(logits.t(), xc);
     else
       out.dw.addmm_(logits.t(), xc);
@@ -76,11 +80,16 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
 
 class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
  public:
+  // W's gradient goes straight into its bound buffer (ds's flat gradients) during forward, where the
+  // logits' gradient exists: no V x C tensor kept until backward and then added by autograd. ZeRO's
+  // exchange finishes any reduction of those buffers before the head runs (ZeroExchange::after_forward).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& targets, double expected_grad, int64_t chunk_elements) {
-    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, true);
+    const torch::Tensor into = weight.requires_grad() ? bound_gradient(weight) : torch::Tensor();
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, true, into);
     ctx->saved_data["dx"] = pass.dx;
     ctx->saved_data["dw"] = pass.dw;
+    ctx->saved_data["dw_in_buffer"] = into.defined();
     ctx->saved_data["expected"] = expected_grad;
     return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
   }
@@ -90,10 +99,12 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
     ctx->saved_data.erase("dx");
     ctx->saved_data.erase("dw");
     // The gradients were made for the expected one; anything else (a loss used twice, another scale)
-    // rescales them.
+    // rescales them -- which W's gradient, already in its buffer, cannot be.
     const float expected = static_cast<float>(ctx->saved_data["expected"].toDouble());
     const float got = grad_out[0].item<float>();
     if (got != expected) {
+      DS_CHECK(!ctx->saved_data["dw_in_buffer"].toBool(), "fused head loss: the weight's gradient went into its buffer for a loss gradient of ",
+               expected, ", but ", got, " arrived (set_loss_gradient before the forward)");
       const double factor = static_cast<double>(got) / static_cast<double>(expected);
       dx = dx * factor;
       dw = dw * factor;

@@ -157,9 +157,8 @@ class Embedding : public torch::autograd::Function<Embedding> {
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     const int64_t V = weight.size(0), C = weight.size(1), n = ids.numel();
     const torch::Tensor dy = grad_out[0].to(weight.scalar_type()).reshape({n, C}).contiguous();
-    torch::Tensor g = weight.grad();
-    if (!g.defined() || !g.is_contiguous() || g.scalar_type() != weight.scalar_type())
-      return {torch::embedding_dense_backward(dy, ids.reshape({n}), V, -1, false), torch::Tensor()};
+    torch::Tensor g = bound_gradient(weight);
+    if (!g.defined()) return {torch::embedding_dense_backward(dy, ids.reshape({n}), V, -1, false), torch::Tensor()};
     if (g.scalar_type() == torch::kBFloat16)
       kernels::embedding_backward_bf16(raw<uint16_t>(g), ids.data_ptr<int64_t>(), raw<uint16_t>(dy), n, C);
     else
@@ -167,15 +166,6 @@ class Embedding : public torch::autograd::Function<Embedding> {
     return {torch::Tensor(), torch::Tensor()};  // already in the gradient: nothing for autograd to add
   }
 };
-
-// A parameter's gradient buffer when ds bound one of its dtype and layout (else undefined: the
-// gradient goes back to autograd as a tensor).
-torch::Tensor bound_grad(const torch::Tensor& param) {
-  if (!param.defined()) return {};
-  torch::Tensor g = param.grad();
-  return g.defined() && g.is_contiguous() && g.scalar_type() == param.scalar_type() && g.sizes() == param.sizes() ? g
-                                                                                                             : torch::Tensor();
-}
 
 // y = x w^T + b, or x w + b with `in_out`; b may be undefined. Shared by the two Functions below
 // (autograd's Functions take no undefined tensor inputs).
@@ -203,14 +193,14 @@ variable_list project_backward(AutogradContext* ctx, const torch::Tensor& grad, 
   variable_list out(3);
   if (want_dx) out[0] = torch::mm(dy, in_out ? w.t() : w).view(ctx->saved_data["x_shape"].toIntVector());
   if (want_dw) {  // x^T dy (in, out) or dy^T x (out, in), added into the buffer by the GEMM itself
-    torch::Tensor g = bound_grad(w);
+    torch::Tensor g = bound_gradient(w);
     if (g.defined())
       in_out ? g.addmm_(x2.t(), dy) : g.addmm_(dy.t(), x2);
     else
       out[1] = in_out ? torch::mm(x2.t(), dy) : torch::mm(dy.t(), x2);
   }
   if (want_db && ctx->saved_data.count("bias")) {
-    torch::Tensor g = bound_grad(ctx->saved_data["bias"].toTensor());
+    torch::Tensor g = bound_gradient(ctx->saved_data["bias"].toTensor());
     if (g.defined())
       g.add_(dy.sum(0));
     else
@@ -243,6 +233,13 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
 };
 
 }  // namespace
+
+torch::Tensor bound_gradient(const torch::Tensor& param) {
+  if (!param.defined()) return {};
+  torch::Tensor g = param.grad();
+  const bool usable = g.defined() && g.is_contiguous() && g.scalar_type() == param.scalar_type() && g.sizes() == param.sizes();
+  return usable ? g : torch::Tensor();
+}
 
 torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out) {
   return b.defined() ? Projection::apply(x, w, b, in_out) : ProjectionNoBias::apply(x, w, in_out);

@@ -1,8 +1,8 @@
 // ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
-// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU, rotary
-// position embedding and the embedding lookup. fp32 and bf16 CPU tensors
-// take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models call these
-// unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
+// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU, rotary position
+// embedding, the embedding lookup, and the projections (whose GEMMs are LibTorch's). fp32 and bf16
+// CPU tensors take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models
+// call these unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
 #pragma once
 
 #include <torch/torch.h>
@@ -31,5 +31,10 @@ torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 // of their dtype (ds's flat gradients): one GEMM that adds in fp32 and rounds once, where autograd
 // would make a new gradient tensor and then add it in a second pass over the buffer.
 torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out);
+
+// A parameter's gradient buffer when ds bound one of its dtype and shape (FlatParams binds every
+// parameter's .grad to a view of the flat gradients), else undefined: the ops above add into it
+// themselves, or hand autograd a gradient tensor where there is none.
+torch::Tensor bound_gradient(const torch::Tensor& param);
 
 }  // namespace ds

@@ -187,6 +187,10 @@ void ZeroExchange::before_forward(int64_t layer) {
     gather_block(layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, layer + 1);
 }
 
+void ZeroExchange::after_forward(int64_t layer) {
+  if (flat_.grouped && layer == plan_.model.hp.num_layers - 1) finish_reduce();
+}
+
 void ZeroExchange::before_backward(int64_t layer) {
   if (stage3_) gather_block(layer, CollectiveKind::parameters_backward, layer - 1);
 }
@@ -206,7 +210,7 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
 }
 
 void ZeroExchange::begin_backward() {
-  if (flat_.grouped) finish_reduce();  // the outer gradients are about to be written again
+  if (flat_.grouped) finish_reduce();  // the outer gradients are about to be written again (done already after the blocks' forward)
 }
 
 void ZeroExchange::end_micro_step() {

@@ -51,6 +51,9 @@ class ZeroExchange : public BlockHooks {
   void publish_parameters();
 
   void before_forward(int64_t layer) override;
+  // After the last block's forward: the previous micro step's reduce of the outer gradients finishes,
+  // since the fused head writes its weight's gradient in its forward.
+  void after_forward(int64_t layer) override;
   void before_backward(int64_t layer) override;
   void after_backward(int64_t layer) override;
 
