@@ -308,28 +308,43 @@ HeadViewOf<T> heads_in(std::vector<T>& x, const AttentionShape& s, int64_t heads
   return h;
 }
 
+// One shape of the attention kernels' tests, and its inputs: q, k, v packed in one (B, T, NH + 2 NKV,
+// D) tensor as GPT-2's c_attn writes them, q larger than k so some rows' softmax is dominated by one key.
+struct AttentionCase {
+  int64_t B, NKV, G, T, D;
+  int64_t heads() const { return NKV * G; }
+  int64_t packed_heads() const { return heads() + 2 * NKV; }
+  int64_t positions() const { return B * T; }
+  AttentionShape shape() const {
+    AttentionShape s;
+    s.B = B, s.NKV = NKV, s.G = G, s.T = T, s.D = D;
+    s.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
+    return s;
+  }
+  std::string name() const {
+    return "B " + std::to_string(B) + " NKV " + std::to_string(NKV) + " G " + std::to_string(G) + " T " + std::to_string(T) +
+           " D " + std::to_string(D);
+  }
+  std::vector<float> packed_qkv() const {
+    std::vector<float> qkv = normal_values(positions() * packed_heads() * D, 1.0f, static_cast<uint32_t>(T * 7 + D));
+    for (size_t i = 0; i < qkv.size(); i += static_cast<size_t>(packed_heads() * D))
+      for (int64_t d = 0; d < heads() * D; ++d) qkv[i + d] *= 3.0f;
+    return qkv;
+  }
+};
+
 }  // namespace
 
 TEST(CausalAttentionTiles, ForwardAndBackwardMatchTheDoubleReferenceThroughStrides) {
   if (!causal_attention_tiles_available()) GTEST_SKIP() << "the tiled attention needs AVX-512";
-  struct Case {
-    int64_t B, NKV, G, T, D;
-  };
   // One position; part tiles of queries and keys; whole tiles; grouped heads; head sizes off the
   // 16-lane vectors and past one 64-column panel.
-  for (const Case c : {Case{1, 1, 1, 1, 1}, Case{2, 2, 3, 65, 24}, Case{1, 1, 1, 128, 64}, Case{2, 1, 2, 200, 80},
-                       Case{1, 2, 1, 64, 16}, Case{1, 1, 1, 131, 100}}) {
-    AttentionShape s;
-    s.B = c.B, s.NKV = c.NKV, s.G = c.G, s.T = c.T, s.D = c.D;
-    s.scale = static_cast<float>(1.0 / std::sqrt(double(c.D)));
-    const int64_t NH = c.NKV * c.G, all = NH + 2 * c.NKV, n = c.B * c.T * c.D;
-    const std::string what = "B " + std::to_string(c.B) + " NKV " + std::to_string(c.NKV) + " G " + std::to_string(c.G) +
-                             " T " + std::to_string(c.T) + " D " + std::to_string(c.D);
-    // q, k, v packed in one (B, T, NH + 2 NKV, D) tensor as GPT-2's c_attn writes them; q larger than
-    // k so some rows' softmax is dominated by one key.
-    std::vector<float> qkv = normal_values(n * all, 1.0f, static_cast<uint32_t>(c.T * 7 + c.D));
-    for (size_t i = 0; i < qkv.size(); i += static_cast<size_t>(all * c.D))
-      for (int64_t d = 0; d < NH * c.D; ++d) qkv[i + d] *= 3.0f;
+  for (const AttentionCase c : {AttentionCase{1, 1, 1, 1, 1}, AttentionCase{2, 2, 3, 65, 24}, AttentionCase{1, 1, 1, 128, 64},
+                                AttentionCase{2, 1, 2, 200, 80}, AttentionCase{1, 2, 1, 64, 16}, AttentionCase{1, 1, 1, 131, 100}}) {
+    const AttentionShape s = c.shape();
+    const int64_t NH = c.heads(), all = c.packed_heads(), n = c.positions() * c.D;
+    const std::string what = c.name();
+    std::vector<float> qkv = c.packed_qkv();
     std::vector<float> dy = normal_values(n * NH, 1.0f, 11);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> y(n * NH, nan), y_ref(y.size(), nan), lse(static_cast<size_t>(c.B * NH * c.T), nan), lse_ref(lse.size(), nan);
@@ -386,21 +401,14 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
 // the probabilities and the scores' gradient to bf16 before their products, and of the outputs.
 TEST(CausalAttentionTilesBf16, ForwardAndBackwardMatchTheDoubleReferenceOnTheSameInputs) {
   if (!causal_attention_tiles_bf16_available()) GTEST_SKIP() << "the bf16 attention tiles need AMX-BF16";
-  struct Case {
-    int64_t B, NKV, G, T, D;
-  };
   // One position; part tiles; whole tiles; grouped heads; head sizes off AMX's 32-element step.
-  for (const Case c : {Case{1, 1, 1, 1, 1}, Case{2, 2, 3, 65, 24}, Case{1, 1, 1, 128, 64}, Case{2, 1, 2, 200, 80},
-                       Case{1, 2, 1, 64, 16}, Case{1, 1, 1, 131, 100}, Case{1, 2, 2, 300, 64}}) {
-    AttentionShape s;
-    s.B = c.B, s.NKV = c.NKV, s.G = c.G, s.T = c.T, s.D = c.D;
-    s.scale = static_cast<float>(1.0 / std::sqrt(double(c.D)));
-    const int64_t NH = c.NKV * c.G, all = NH + 2 * c.NKV, n = c.B * c.T * c.D;
-    const std::string what = "B " + std::to_string(c.B) + " NKV " + std::to_string(c.NKV) + " G " + std::to_string(c.G) +
-                             " T " + std::to_string(c.T) + " D " + std::to_string(c.D);
-    std::vector<float> qkv_f = normal_values(n * all, 1.0f, static_cast<uint32_t>(c.T * 7 + c.D));
-    for (size_t i = 0; i < qkv_f.size(); i += static_cast<size_t>(all * c.D))
-      for (int64_t d = 0; d < NH * c.D; ++d) qkv_f[i + d] *= 3.0f;
+  for (const AttentionCase c : {AttentionCase{1, 1, 1, 1, 1}, AttentionCase{2, 2, 3, 65, 24}, AttentionCase{1, 1, 1, 128, 64},
+                                AttentionCase{2, 1, 2, 200, 80}, AttentionCase{1, 2, 1, 64, 16}, AttentionCase{1, 1, 1, 131, 100},
+                                AttentionCase{1, 2, 2, 300, 64}}) {
+    const AttentionShape s = c.shape();
+    const int64_t NH = c.heads(), all = c.packed_heads(), n = c.positions() * c.D;
+    const std::string what = c.name();
+    const std::vector<float> qkv_f = c.packed_qkv();
     std::vector<uint16_t> qkv = to_bf16(qkv_f), dy = to_bf16(normal_values(n * NH, 1.0f, 11));
     std::vector<float> qkv_ref = widened(qkv), dy_ref = widened(dy);  // the reference sees the same values
     const uint16_t nan16 = 0x7fc0;
