@@ -8,6 +8,9 @@
 #include <stdexcept>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -374,6 +377,16 @@ DS_AMX void backward_tiled(const AttentionShape& s, const HeadViewBf16& q, const
   }
 }
 
+// CPUID leaf 7: AMX-TILE (subleaf 0, EDX bit 24), AMX-BF16 (EDX bit 22), AVX512-BF16 (subleaf 1, EAX
+// bit 5). Asked directly: clang's __builtin_cpu_supports knows no AMX names.
+bool cpu_has_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tiles = (d >> 24) & 1u, bf16_tiles = (d >> 22) & 1u;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return tiles && bf16_tiles && ((a >> 5) & 1u);
+}
+
 // Linux hands out AMX's 8 KiB of tile state only to a process that asks (arch_prctl
 // ARCH_REQ_XCOMP_PERM for XTILEDATA, feature 18); without it the first tile instruction faults.
 bool amx_granted() {
@@ -390,8 +403,7 @@ bool amx_granted() {
 
 bool causal_attention_tiles_bf16_available() {
 #if defined(__x86_64__)
-  static const bool yes = simd::has_avx512() && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
-                          __builtin_cpu_supports("amx-bf16") && amx_granted();
+  static const bool yes = simd::has_avx512() && cpu_has_amx_bf16() && amx_granted();
   return yes;
 #else
   return false;
