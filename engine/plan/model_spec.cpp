@@ -7,7 +7,7 @@
 
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
-#include "kernels/cpu/attention_tiles.hpp"  // kAttentionTile: the plan counts the kernels' copies in whole tiles
+#include "kernels/cpu/attention_tiles.hpp"  // what the attention kernels copy, which the plan counts
 
 namespace ds {
 namespace {
@@ -321,7 +321,6 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
   const double blocks = 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
   // The tiled kernels, which the CPU decides (the plan does not know it): the larger of the two paths.
-  const int64_t tile = kernels::kAttentionTile;
   if (b == 2) {
     // bf16 on AMX (fp16 counted alike): forward's copies of k and v, or backward's per-task copies
     // with one task per (sample, kv head) running at once -- at most `threads` of them.
@@ -331,8 +330,8 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
     const double backward = tasks * static_cast<double>(kernels::attention_tiles_bf16_backward_task_bytes(T, Di));
     return std::max({blocks, forward, backward});
   }
-  // fp32 where the CPU has AVX-512: backward copies K^T, V^T and K per kv head, T rounded up to whole tiles.
-  const double tiles = 3 * B * NKV * static_cast<double>((T + tile - 1) / tile * tile) * D * 4;
+  // fp32 where the CPU has AVX-512.
+  const double tiles = static_cast<double>(kernels::attention_tiles_f32_backward_bytes(micro_batch, hp.num_kv_heads, T, hp.head_dim()));
   return std::max(blocks, tiles);
 }
 

@@ -14,7 +14,7 @@ using torch::autograd::variable_list;
 
 struct HeadPass {
   double loss_sum = 0;
-  torch::Tensor dx, dw;  // empty unless gradients were asked for; dw also when it went into `dw_into`
+  torch::Tensor dx, dw;  // empty unless gradients were asked for; dw empty too when it went into `dw_into`
 };
 
 // Softmax cross-entropy of one chunk of logits (rows, V), in place: the gradient replaces the logits

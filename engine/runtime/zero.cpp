@@ -210,7 +210,7 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
 }
 
 void ZeroExchange::begin_backward() {
-  if (flat_.grouped) finish_reduce();  // the outer gradients are about to be written again (done already after the blocks' forward)
+  if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
 }
 
 void ZeroExchange::end_micro_step() {

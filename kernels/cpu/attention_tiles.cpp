@@ -70,7 +70,7 @@ DS_AVX512 void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t ars
 DS_AVX512 inline __mmask16 lanes_below(int64_t n, int64_t j) { return n > j ? simd::first_lanes(n - j) : 0; }
 
 // A kv head's part of the transposed or packed copies.
-int64_t per_head(const AttentionShape& s) { return (s.T + kTile - 1) / kTile * kTile * s.D; }
+int64_t per_head(const AttentionShape& s) { return attention_padded(s.T, kTile) * s.D; }
 
 // Keys or values transposed per kv head, tile by tile: tile j of head (b, kv) is a contiguous D x kTile
 // block (row d holds keys j kTile .. j kTile + 63), so q k^T and dy v^T read each tile's rows of 16 keys

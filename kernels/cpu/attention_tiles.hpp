@@ -24,6 +24,12 @@ namespace ds::kernels {
 // Queries and keys per tile: a 64 x 64 fp32 tile is 16 KiB, L1-sized. The plan counts the kernels'
 // copies of K and V in whole tiles.
 constexpr int64_t kAttentionTile = 64;
+// n rounded up to a multiple of m (T to whole tiles, D to whole AMX steps).
+inline int64_t attention_padded(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+// What the fp32 kernels' backward copies, for the plan to count: K^T, V^T and K per kv head, T in whole tiles.
+inline int64_t attention_tiles_f32_backward_bytes(int64_t B, int64_t NKV, int64_t T, int64_t D) {
+  return 3 * B * NKV * attention_padded(T, kAttentionTile) * D * 4;
+}
 
 // Where one tensor's heads lie, in elements (float, or uint16_t holding bf16): element (b, kv, g, t, d)
 // of a (B, NKV, G, T, D) view is at data[b * batch + kv * kv_head + g * group_head + t * row + d]; d is
@@ -90,13 +96,12 @@ void causal_attention_backward_bf16(const AttentionShape& s, const HeadViewBf16&
 // dK, dV and that head's dq^T in fp32, its lse and delta, and the tiles of one key tile against one
 // query tile.
 constexpr int64_t kAttentionBf16Step = 32;  // AMX's k step: D is padded to a multiple of it
-inline int64_t attention_bf16_padded(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 inline int64_t attention_tiles_bf16_forward_bytes(int64_t B, int64_t NKV, int64_t T, int64_t D, int64_t threads) {
-  const int64_t Tp = attention_bf16_padded(T, kAttentionTile), Dp = attention_bf16_padded(D, kAttentionBf16Step);
+  const int64_t Tp = attention_padded(T, kAttentionTile), Dp = attention_padded(D, kAttentionBf16Step);
   return 2 * B * NKV * Tp * Dp * 2 + threads * (kAttentionTile * Dp * (2 + 4) + kAttentionTile * kAttentionTile * (4 + 2));
 }
 inline int64_t attention_tiles_bf16_backward_task_bytes(int64_t T, int64_t D) {
-  const int64_t Tp = attention_bf16_padded(T, kAttentionTile), Dp = attention_bf16_padded(D, kAttentionBf16Step);
+  const int64_t Tp = attention_padded(T, kAttentionTile), Dp = attention_padded(D, kAttentionBf16Step);
   return Tp * Dp * (3 * 2 + 4 * 2 + 3 * 4) + Tp * 2 * 4 + kAttentionTile * kAttentionTile * (2 * 4 + 3 * 2);
 }
 

@@ -31,7 +31,7 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 // The padded sizes of one head: T in whole tiles, D in whole AMX steps.
 struct Padded {
   int64_t T, D;
-  explicit Padded(const AttentionShape& s) : T(attention_bf16_padded(s.T, kTile)), D(attention_bf16_padded(s.D, kStep)) {}
+  explicit Padded(const AttentionShape& s) : T(attention_padded(s.T, kTile)), D(attention_padded(s.D, kStep)) {}
   int64_t head() const { return T * D; }
   int64_t tile() const { return kTile * D; }  // one tile of keys or queries in any layout
 };
@@ -92,6 +92,12 @@ DS_AMX void product(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t 
 // 16 fp32 lanes rounded to bf16 (nearest even) by AVX512-BF16.
 DS_AMX inline __m256i round16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
+// Lane i holds i * step: the offsets of 16 elements `step` apart, for gathers and scatters.
+DS_AMX inline __m512i lane_offsets(int64_t step) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(step)));
+}
+
 // Two rows of 16 bf16 interleaved lane by lane: the pairs layout's 32 elements for rows r and r + 1.
 DS_AMX inline __m512i interleave(__m256i even, __m256i odd) {
   const __m512i index = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4,
@@ -129,8 +135,7 @@ DS_AMX void pack_columns(const uint16_t* src, int64_t stride, int64_t T, int64_t
     }
     return;
   }
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(stride * 2)));  // bytes
+  const __m512i rows = lane_offsets(stride * 2);  // bytes
   for (int64_t t0 = 0; t0 < T; t0 += 16) {
     const __mmask16 mk = simd::first_lanes(T - t0);
     uint32_t* col = reinterpret_cast<uint32_t*>(out + t0 / kTile * p.tile()) + t0 % kTile;
@@ -289,7 +294,7 @@ DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadV
   pack_transposed(k.at(b, kv, 0, 0), k.row, T, D, pd, w.k_transposed.data());
   pack_rows(v.at(b, kv, 0, 0), v.row, T, D, pd, w.v_rows.data());
   const __m512 vs = _mm512_set1_ps(s.scale);
-  const __m512i down = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(kTile));
+  const __m512i down = lane_offsets(kTile);
   for (int64_t g = 0; g < s.G; ++g) {
     zero(w.dq_t);
     pack_columns(q.at(b, kv, g, 0), q.row, T, D, pd, w.q_columns.data());
