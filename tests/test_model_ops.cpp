@@ -123,6 +123,36 @@ TEST(FusedHeadLoss, WithoutGradientsItIsTheSameLossAndTouchesNothing) {
   EXPECT_TRUE(torch::equal(w, w_before));
 }
 
+TEST(FusedHeadLoss, AKeptChunkOfLogitsIsReusedAndGivesTheSameResults) {
+  // A model keeps its chunk of logits from step to step (made anew each step it fragmented the heap).
+  torch::manual_seed(7);
+  const int64_t N = 10, C = 24, V = 1001;
+  const torch::Tensor x0 = torch::randn({N, C}), w0 = torch::randn({V, C}) * 0.5;
+  const torch::Tensor t = torch::randint(0, V, {N}, torch::kLong);
+  const HeadResult want = fused_head(x0, w0, t, 1.0, 1.0, 4 * V);
+  torch::Tensor kept;
+  const void* first = nullptr;
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    torch::Tensor loss = fused_head_loss(x, w, t, 1.0, 4 * V, &kept);
+    loss.backward();
+    ASSERT_TRUE(kept.defined());
+    EXPECT_EQ(kept.numel(), 4 * V) << "one chunk of 4 rows";
+    if (step == 0) first = kept.data_ptr();
+    EXPECT_EQ(kept.data_ptr(), first) << "step " << step << " made its chunk again";
+    EXPECT_EQ(loss.item<double>(), want.loss);
+    EXPECT_TRUE(torch::equal(x.grad(), want.dx) && torch::equal(w.grad(), want.dw)) << "step " << step;
+  }
+  // A smaller chunk (evaluation of a shorter batch) uses the same buffer; a larger one or bf16 replaces it.
+  torch::NoGradGuard no_grad;
+  fused_head_loss(x0.narrow(0, 0, 2), w0, t.narrow(0, 0, 2), 1.0, 4 * V, &kept);
+  EXPECT_EQ(kept.data_ptr(), first);
+  fused_head_loss(x0, w0, t, 1.0, 8 * V, &kept);
+  EXPECT_EQ(kept.numel(), 8 * V);
+  fused_head_loss(x0.to(torch::kBFloat16), w0.to(torch::kBFloat16), t, 1.0, 8 * V, &kept);
+  EXPECT_EQ(kept.scalar_type(), torch::kBFloat16);
+}
+
 TEST(FusedHeadLoss, TiedWeightsCollectTheEmbeddingsGradientToo) {
   // GPT-2's head is its token embedding: the two gradients must add up in the one .grad.
   torch::manual_seed(5);

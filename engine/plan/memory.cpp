@@ -11,7 +11,8 @@ double activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len
   const double block = m.block_activation_bytes_per_token(seq_len, bc);
   const double head = m.head_activation_bytes_per_token(bc);
   const double L = static_cast<double>(m.hp.num_layers);
-  // Both transients counted whole, though the head's chunk of logits is gone before any block's backward.
+  // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
+  // reuses it), and the attention's is at its largest in a block's backward.
   const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
   if (checkpointing) return tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + block + head) + workspace;
   return tokens * (L * block + head) + workspace;

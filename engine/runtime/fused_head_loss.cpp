@@ -38,9 +38,18 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
+// A (rows, V) buffer for the logits: a new one, or `*kept` (made there when it is missing, too small
+// or of another dtype).
+torch::Tensor logits_buffer(int64_t rows, int64_t V, const torch::TensorOptions& options, torch::Tensor* kept) {
+  if (!kept) return torch::empty({rows, V}, options);
+  if (!kept->defined() || kept->dtype() != options.dtype() || kept->numel() < rows * V) *kept = torch::empty({rows, V}, options);
+  return kept->view(-1).narrow(0, 0, rows * V).view({rows, V});
+}
+
 // `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made.
 HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
-                   double expected_grad, int64_t chunk_elements, bool grads, const torch::Tensor& dw_into = {}) {
+                   double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, bool grads,
+                   const torch::Tensor& dw_into = {}) {
   torch::NoGradGuard no_grad;
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
@@ -56,7 +65,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
   const float row_grad = static_cast<float>(expected_grad / static_cast<double>(N));
   HeadPass out;
   if (grads) out.dx = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  torch::Tensor buffer = torch::empty({std::min(rows, N), V}, x.options());
+  const torch::Tensor buffer = logits_buffer(std::min(rows, N), V, x.options(), kept_logits);
   const torch::Tensor wt = weight.t();
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);
@@ -84,9 +93,10 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
   // logits' gradient exists: no V x C tensor kept until backward and then added by autograd. ZeRO's
   // exchange finishes any reduction of those buffers before the head runs (ZeroExchange::after_forward).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& targets, double expected_grad, int64_t chunk_elements) {
+                               const torch::Tensor& targets, double expected_grad, int64_t chunk_elements,
+                               torch::Tensor* kept_logits) {
     const torch::Tensor into = weight.requires_grad() ? bound_gradient(weight) : torch::Tensor();
-    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, true, into);
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into);
     ctx->saved_data["dx"] = pass.dx;
     ctx->saved_data["dw"] = pass.dw;
     ctx->saved_data["dw_in_buffer"] = into.defined();
@@ -109,18 +119,18 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
       dx = dx * factor;
       dw = dw * factor;
     }
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
-                              double expected_grad, int64_t chunk_elements) {
+                              double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits) {
   DS_CHECK(expected_grad != 0, "fused head loss: the expected gradient must be nonzero");
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
-    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements);
-  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, false);
+    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits);
+  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false);
   return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
 }
 

@@ -126,7 +126,7 @@ void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
 }
 
 torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const {
-  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_);
+  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_);
 }
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {

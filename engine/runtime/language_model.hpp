@@ -117,6 +117,7 @@ class LanguageModel {
   uint64_t dropout_key_ = 0;
   bool training_ = true;
   double loss_gradient_ = 1.0;
+  mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
 };
