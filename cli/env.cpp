@@ -105,6 +105,9 @@ int run_env(const EnvArgs& a) {
                            {"amx_bf16", flags.count("amx_bf16") > 0}};
       j["attention_tiles"] = {{"fp32", kernels::causal_attention_tiles_available()},
                               {"bf16", kernels::causal_attention_tiles_bf16_available()}};
+      j["attention_bf16_products"] = kernels::causal_attention_tiles_bf16_available()
+                                         ? kernels::bf16_products_name(kernels::attention_tiles_bf16_products())
+                                         : "none";
       ojson g = ojson::array();
       for (const auto& gpu : gpus) g.push_back({{"name", gpu.name}, {"memory_bytes", static_cast<int64_t>(gpu.memory_bytes)}});
       j["gpus"] = g;
@@ -125,7 +128,11 @@ int run_env(const EnvArgs& a) {
               << (bf16_fast ? "  (bf16 matmuls run natively: prefer bf16 on CPU)" : "") << "\n";
     // Which attention kernels a run here gets (engine/runtime/fused_attention): tiles, or the block path.
     std::cout << "  attention    fp32 " << (kernels::causal_attention_tiles_available() ? "tiles (AVX-512)" : "blocks")
-              << ", bf16 " << (kernels::causal_attention_tiles_bf16_available() ? "tiles (AMX)" : "blocks") << "\n";
+              << ", bf16 "
+              << (kernels::causal_attention_tiles_bf16_available()
+                      ? std::string("tiles (") + kernels::bf16_products_name(kernels::attention_tiles_bf16_products()) + ")"
+                      : std::string("blocks"))
+              << "\n";
     std::cout << "  gpus         " << (gpus.empty() ? "none found (no nvidia-smi or no GPU)" : "") << "\n";
     for (const auto& g : gpus) std::cout << "    " << g.name << ", " << format_bytes(g.memory_bytes) << "\n";
     std::cout << "  /dev/shm     " << format_bytes(shm_bytes) << "\n";

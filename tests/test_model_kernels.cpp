@@ -397,17 +397,22 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
 
 }  // namespace
 
-// bf16 on AMX against the double reference run on the same bf16 inputs: what differs is the rounding of
-// the probabilities and the scores' gradient to bf16 before their products, and of the outputs.
+// bf16 against the double reference run on the same bf16 inputs: what differs is the rounding of the
+// probabilities and the scores' gradient to bf16 before their products, and of the outputs. Every kind
+// of product this CPU runs (an AMX CPU runs the AVX512-BF16 ones too).
 TEST(CausalAttentionTilesBf16, ForwardAndBackwardMatchTheDoubleReferenceOnTheSameInputs) {
-  if (!causal_attention_tiles_bf16_available()) GTEST_SKIP() << "the bf16 attention tiles need AMX-BF16";
+  const Bf16Products best = attention_tiles_bf16_products();
+  if (best == Bf16Products::none) GTEST_SKIP() << "the bf16 attention tiles need AVX512-BF16 or AMX-BF16";
+  std::vector<Bf16Products> kinds{Bf16Products::avx512_bf16};
+  if (best == Bf16Products::amx) kinds.push_back(Bf16Products::amx);
   // One position; part tiles; whole tiles; grouped heads; head sizes off AMX's 32-element step.
+  for (const Bf16Products how : kinds)
   for (const AttentionCase c : {AttentionCase{1, 1, 1, 1, 1}, AttentionCase{2, 2, 3, 65, 24}, AttentionCase{1, 1, 1, 128, 64},
                                 AttentionCase{2, 1, 2, 200, 80}, AttentionCase{1, 2, 1, 64, 16}, AttentionCase{1, 1, 1, 131, 100},
                                 AttentionCase{1, 2, 2, 300, 64}}) {
     const AttentionShape s = c.shape();
     const int64_t NH = c.heads(), all = c.packed_heads(), n = c.positions() * c.D;
-    const std::string what = c.name();
+    const std::string what = std::string(bf16_products_name(how)) + " " + c.name();
     const std::vector<float> qkv_f = c.packed_qkv();
     std::vector<uint16_t> qkv = to_bf16(qkv_f), dy = to_bf16(normal_values(n * NH, 1.0f, 11));
     std::vector<float> qkv_ref = widened(qkv), dy_ref = widened(dy);  // the reference sees the same values
@@ -417,7 +422,7 @@ TEST(CausalAttentionTilesBf16, ForwardAndBackwardMatchTheDoubleReferenceOnTheSam
     std::vector<float> y_ref(y.size(), nan), lse(static_cast<size_t>(c.B * NH * c.T), nan), lse_ref(lse.size(), nan);
     std::vector<float> dqkv_ref(qkv.size(), nan);
     causal_attention_forward_bf16(s, heads_in(qkv, s, all, 0, c.G), heads_in(qkv, s, all, NH, 1),
-                                  heads_in(qkv, s, all, NH + c.NKV, 1), heads_in(y, s, NH, 0, c.G), lse.data());
+                                  heads_in(qkv, s, all, NH + c.NKV, 1), heads_in(y, s, NH, 0, c.G), lse.data(), how);
     causal_attention_forward_f32_reference(s, heads_in(qkv_ref, s, all, 0, c.G), heads_in(qkv_ref, s, all, NH, 1),
                                            heads_in(qkv_ref, s, all, NH + c.NKV, 1), heads_in(y_ref, s, NH, 0, c.G),
                                            lse_ref.data());
@@ -427,7 +432,7 @@ TEST(CausalAttentionTilesBf16, ForwardAndBackwardMatchTheDoubleReferenceOnTheSam
     causal_attention_backward_bf16(s, heads_in(qkv, s, all, 0, c.G), heads_in(qkv, s, all, NH, 1),
                                    heads_in(qkv, s, all, NH + c.NKV, 1), heads_in(y, s, NH, 0, c.G), lse.data(),
                                    heads_in(dy, s, NH, 0, c.G), heads_in(dqkv, s, all, 0, c.G), heads_in(dqkv, s, all, NH, 1),
-                                   heads_in(dqkv, s, all, NH + c.NKV, 1));
+                                   heads_in(dqkv, s, all, NH + c.NKV, 1), how);
     causal_attention_backward_f32_reference(s, heads_in(qkv_ref, s, all, 0, c.G), heads_in(qkv_ref, s, all, NH, 1),
                                             heads_in(qkv_ref, s, all, NH + c.NKV, 1), heads_in(y_ref, s, NH, 0, c.G),
                                             lse_ref.data(), heads_in(dy_ref, s, NH, 0, c.G),

@@ -71,24 +71,31 @@ void causal_attention_backward_f32_reference(const AttentionShape& s, const Head
                                              const HeadView& dy, const HeadView& dq, const HeadView& dk,
                                              const HeadView& dv);
 
-// bf16: the same algorithm on AMX (attention_tiles_bf16.cpp). Every product multiplies bf16 tiles
-// into fp32 (AMX's tdpbf16ps), the softmax runs in fp32 on the product's fp32 tile, and only what
-// feeds the next product (the probabilities, the scores' gradient) is rounded to bf16, as LibTorch's
-// bf16 bmm path rounds its blocks; y, dq, dk and dv are summed in fp32 and rounded once. The operands
-// are copied into the layouts AMX reads (rows, and "pairs": two consecutive k rows interleaved), D
-// padded to a multiple of 32 and T to whole tiles with zeros. Backward computes the transposed tiles
-// (s^T = k q^T, one key per row) so every operand comes straight out of the elementwise pass, and
-// sums dq^T, transposed once at the end.
-// Usable where the CPU has AMX-BF16 and the kernel grants this process the tile state.
-bool causal_attention_tiles_bf16_available();
+// bf16: the same algorithm with bf16 products (attention_tiles_bf16.cpp). Every product multiplies
+// bf16 tiles into fp32, the softmax runs in fp32 on the product's fp32 tile, and only what feeds the
+// next product (the probabilities, the scores' gradient) is rounded to bf16, as LibTorch's bf16 bmm
+// path rounds its blocks; y, dq, dk and dv are summed in fp32 and rounded once. The operands are
+// copied into the layouts AMX reads (rows, and "pairs": two consecutive k rows interleaved), D padded
+// to a multiple of 32 and T to whole tiles with zeros. Backward computes the transposed tiles (s^T =
+// k q^T, one key per row) so every operand comes straight out of the elementwise pass, and sums dq^T,
+// transposed once at the end.
+// The products: AMX's tiles (tdpbf16ps), or where the CPU has AVX512-BF16 but no AMX (AMD Zen 4 and
+// later, Intel Cooper Lake) the pair dot product vdpbf16ps, which reads the same pairs layout and runs
+// at twice the fp32 FMA rate on Zen 4 (bench_fma; on Sapphire Rapids at half of it, hence AMX there).
+enum class Bf16Products { none, avx512_bf16, amx };
+const char* bf16_products_name(Bf16Products how);  // "AMX", "AVX512-BF16", "no"
+// The fastest products this CPU runs (AMX only where the kernel grants this process the tile state).
+Bf16Products attention_tiles_bf16_products();
+bool causal_attention_tiles_bf16_available();  // products other than none
 
-// As the fp32 kernels; lse is fp32. Call only where causal_attention_tiles_bf16_available().
+// As the fp32 kernels; lse is fp32. `how` must be one this CPU runs (std::logic_error otherwise).
 void causal_attention_forward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
-                                   const HeadViewBf16& v, const HeadViewBf16& y, float* lse);
+                                   const HeadViewBf16& v, const HeadViewBf16& y, float* lse,
+                                   Bf16Products how = attention_tiles_bf16_products());
 void causal_attention_backward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
                                     const HeadViewBf16& v, const HeadViewBf16& y, const float* lse,
                                     const HeadViewBf16& dy, const HeadViewBf16& dq, const HeadViewBf16& dk,
-                                    const HeadViewBf16& dv);
+                                    const HeadViewBf16& dv, Bf16Products how = attention_tiles_bf16_products());
 
 // What the bf16 kernels allocate, for the plan to count. Forward: k and v of every kv head in their
 // AMX layouts, and per thread a tile of q, scores, probabilities and output. Backward, per (sample, kv

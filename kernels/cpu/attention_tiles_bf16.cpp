@@ -1,11 +1,14 @@
-// bf16 causal attention over 64 x 64 tiles on AMX; the algorithm and the layouts are described in
-// attention_tiles.hpp. AMX multiplies a 16 x 32 bf16 tile by a 32 x 16 one into a 16 x 16 fp32 tile;
-// its second operand is stored "in pairs": row k/2 holds (k, n) at column 2n + k % 2.
+// bf16 causal attention over 64 x 64 tiles, its products on AMX or by AVX512-BF16; the algorithm and
+// the layouts are described in attention_tiles.hpp. AMX multiplies a 16 x 32 bf16 tile by a 32 x 16
+// one into a 16 x 16 fp32 tile; its second operand is stored "in pairs": row k/2 holds (k, n) at
+// column 2n + k % 2. That is also what AVX512-BF16's vdpbf16ps reads (16 lanes, each the dot product
+// of a pair), so CPUs without AMX run the same kernel with a register-blocked product in its place.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -55,8 +58,8 @@ DS_AMX void tiles_end() { _tile_release(); }
 
 // C (M x N fp32, rows ldc apart) (+)= A B, A (M x K bf16) by rows lda apart, B (K x N) in pairs with
 // pair rows ldb apart. M, N and K are multiples of 32.
-DS_AMX void product(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-                    float* c, int64_t ldc, bool add) {
+DS_AMX void product_amx(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                        float* c, int64_t ldc, bool add) {
   const int64_t a_bytes = lda * 2, b_bytes = ldb * 2, c_bytes = ldc * 4;
   for (int64_t m0 = 0; m0 < M; m0 += 32)
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
@@ -87,6 +90,52 @@ DS_AMX void product(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t 
       _tile_stored(2, c0 + 16 * ldc, c_bytes);
       _tile_stored(3, c0 + 16 * ldc + 16, c_bytes);
     }
+}
+
+// The same product by vdpbf16ps: a block of 8 rows x 32 columns of C in 16 registers; per pair of k,
+// B's two vectors (32 columns) are loaded once and shared by the 8 rows, each row's pair of A broadcast.
+// 16 independent sums cover the instruction's latency.
+DS_AMX void product_pairs(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                          float* c, int64_t ldc, bool add) {
+  constexpr int kRows = 8;
+  for (int64_t m0 = 0; m0 < M; m0 += kRows)
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      __m512 acc[kRows][2];
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        const float* cr = c + (m0 + r) * ldc + n0;
+        acc[r][0] = add ? _mm512_loadu_ps(cr) : _mm512_setzero_ps();
+        acc[r][1] = add ? _mm512_loadu_ps(cr + 16) : _mm512_setzero_ps();
+      }
+      const uint16_t* a0 = a + m0 * lda;
+      for (int64_t k = 0; k < K; k += 2) {
+        const uint16_t* bk = b + k / 2 * ldb + 2 * n0;
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bk), b1 = (__m512bh)_mm512_loadu_si512(bk + 32);
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, a0 + r * lda + k, sizeof pair);
+          const __m512bh ar = (__m512bh)_mm512_set1_epi32(pair);
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        float* cr = c + (m0 + r) * ldc + n0;
+        _mm512_storeu_ps(cr, acc[r][0]);
+        _mm512_storeu_ps(cr + 16, acc[r][1]);
+      }
+    }
+}
+
+// Every product of the kernels, by the products chosen for the run.
+DS_AMX inline void product(Bf16Products how, int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
+                           int64_t ldb, float* c, int64_t ldc, bool add) {
+  if (how == Bf16Products::amx)
+    product_amx(M, N, K, a, lda, b, ldb, c, ldc, add);
+  else
+    product_pairs(M, N, K, a, lda, b, ldb, c, ldc, add);
 }
 
 // 16 fp32 lanes rounded to bf16 (nearest even) by AVX512-BF16.
@@ -163,7 +212,7 @@ struct ForwardScratch {
 
 DS_AMX void forward_tile(const AttentionShape& s, const Padded& pd, const HeadViewBf16& q, const uint16_t* k_columns,
                          const uint16_t* v_pairs, const HeadViewBf16& y, float* lse, int64_t b, int64_t kv, int64_t g,
-                         int64_t i0, ForwardScratch& w) {
+                         int64_t i0, Bf16Products how, ForwardScratch& w) {
   const int64_t rows = std::min(kTile, s.T - i0), D = s.D, Dp = pd.D;
   std::fill(w.q.begin(), w.q.end(), uint16_t{0});
   std::fill(w.p.begin(), w.p.end(), uint16_t{0});  // rows past `rows` stay zero
@@ -179,7 +228,7 @@ DS_AMX void forward_tile(const AttentionShape& s, const Padded& pd, const HeadVi
   std::fill(sum + rows, sum + kTile, 0.0f);
   const __m512 vs = _mm512_set1_ps(s.scale);
   for (int64_t j0 = 0; j0 < i0 + rows; j0 += kTile) {
-    product(kTile, kTile, Dp, w.q.data(), Dp, k_columns + j0 / kTile * pd.tile(), 2 * kTile, w.s.data(), kTile, false);
+    product(how, kTile, kTile, Dp, w.q.data(), Dp, k_columns + j0 / kTile * pd.tile(), 2 * kTile, w.s.data(), kTile, false);
     for (int64_t r = 0; r < rows; ++r) {
       const float* sr = w.s.data() + r * kTile;
       const int64_t n = std::min(kTile, i0 + r + 1 - j0);  // keys of this tile query i0 + r sees (>= 1)
@@ -213,7 +262,7 @@ DS_AMX void forward_tile(const AttentionShape& s, const Padded& pd, const HeadVi
     }
     for (int64_t r = 0; r < kTile; r += 16)
       _mm512_store_ps(l + r, _mm512_fmadd_ps(_mm512_load_ps(l + r), _mm512_load_ps(alpha + r), _mm512_load_ps(sum + r)));
-    product(kTile, Dp, kTile, w.p.data(), kTile, v_pairs + j0 / 2 * 2 * Dp, 2 * Dp, w.o.data(), Dp, true);
+    product(how, kTile, Dp, kTile, w.p.data(), kTile, v_pairs + j0 / 2 * 2 * Dp, 2 * Dp, w.o.data(), Dp, true);
   }
   float* lse_g = lse + ((b * s.NKV + kv) * s.G + g) * s.T;
   for (int64_t r = 0; r < rows; ++r) {
@@ -226,7 +275,7 @@ DS_AMX void forward_tile(const AttentionShape& s, const Padded& pd, const HeadVi
 }
 
 DS_AMX void forward_tiled(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k, const HeadViewBf16& v,
-                          const HeadViewBf16& y, float* lse) {
+                          const HeadViewBf16& y, float* lse, Bf16Products how) {
   const Padded pd(s);
   const int64_t kv_heads = s.B * s.NKV;
   std::vector<uint16_t> k_columns(static_cast<size_t>(kv_heads * pd.head()), 0), v_pairs(k_columns.size(), 0);
@@ -239,7 +288,7 @@ DS_AMX void forward_tiled(const AttentionShape& s, const HeadViewBf16& q, const 
   const int64_t tiles = pd.T / kTile, heads = kv_heads * s.G, tasks = heads * tiles;
 #pragma omp parallel
   {
-    tiles_begin();
+    if (how == Bf16Products::amx) tiles_begin();
     ForwardScratch w(pd);
     // The longest query tiles (the last, seeing the most keys) first, so the threads finish together.
 #pragma omp for schedule(dynamic, 1)
@@ -247,9 +296,9 @@ DS_AMX void forward_tiled(const AttentionShape& s, const HeadViewBf16& q, const 
       const int64_t tile = tiles - 1 - task / heads, head = task % heads;
       const int64_t kvh = head / s.G, g = head % s.G;
       forward_tile(s, pd, q, k_columns.data() + kvh * pd.head(), v_pairs.data() + kvh * pd.head(), y, lse, kvh / s.NKV,
-                   kvh % s.NKV, g, tile * kTile, w);
+                   kvh % s.NKV, g, tile * kTile, how, w);
     }
-    tiles_end();
+    if (how == Bf16Products::amx) tiles_end();
   }
 }
 
@@ -286,7 +335,7 @@ void zero(std::vector<T>& x) {
 DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadViewBf16& q, const HeadViewBf16& k,
                           const HeadViewBf16& v, const HeadViewBf16& y, const float* lse, const HeadViewBf16& dy,
                           const HeadViewBf16& dq, const HeadViewBf16& dk, const HeadViewBf16& dv, int64_t b, int64_t kv,
-                          BackwardScratch& w) {
+                          Bf16Products how, BackwardScratch& w) {
   const int64_t T = s.T, D = s.D, Dp = pd.D;
   zero(w.dk);
   zero(w.dv);
@@ -308,7 +357,7 @@ DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadV
       for (int64_t i0 = j0; i0 < T; i0 += kTile) {  // query tiles at or below the diagonal see this key tile
         const int64_t queries = std::min(kTile, T - i0);
         // p^T: row r is key j0 + r, column c query i0 + c; kept where c sees r (i0 + c >= j0 + r).
-        product(kTile, kTile, Dp, w.k_rows.data() + j0 * Dp, Dp, w.q_columns.data() + i0 / kTile * pd.tile(), 2 * kTile,
+        product(how, kTile, kTile, Dp, w.k_rows.data() + j0 * Dp, Dp, w.q_columns.data() + i0 / kTile * pd.tile(), 2 * kTile,
                 w.p.data(), kTile, false);
         const float* lse_i = w.lse.data() + i0;
         for (int64_t r = 0; r < kTile; ++r) {
@@ -324,8 +373,8 @@ DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadV
           }
         }
         // dV += p^T dy; dp^T = v dy^T
-        product(kTile, Dp, kTile, w.p_rows.data(), kTile, w.dy_pairs.data() + i0 / 2 * 2 * Dp, 2 * Dp, w.dv.data() + j0 * Dp, Dp, true);
-        product(kTile, kTile, Dp, w.v_rows.data() + j0 * Dp, Dp, w.dy_columns.data() + i0 / kTile * pd.tile(), 2 * kTile,
+        product(how, kTile, Dp, kTile, w.p_rows.data(), kTile, w.dy_pairs.data() + i0 / 2 * 2 * Dp, 2 * Dp, w.dv.data() + j0 * Dp, Dp, true);
+        product(how, kTile, kTile, Dp, w.v_rows.data() + j0 * Dp, Dp, w.dy_columns.data() + i0 / kTile * pd.tile(), 2 * kTile,
                 w.dp.data(), kTile, false);
         // ds^T = scale p^T (dp^T - delta), by rows (for dK) and in pairs of keys (for dQ^T).
         const float* delta_i = w.delta.data() + i0;
@@ -344,8 +393,8 @@ DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadV
           }
         }
         // dK += ds^T q; dQ^T += k^T ds^T
-        product(kTile, Dp, kTile, w.ds_rows.data(), kTile, w.q_pairs.data() + i0 / 2 * 2 * Dp, 2 * Dp, w.dk.data() + j0 * Dp, Dp, true);
-        product(Dp, kTile, kTile, w.k_transposed.data() + j0 / kTile * pd.tile(), kTile, w.ds_pairs.data(), 2 * kTile,
+        product(how, kTile, Dp, kTile, w.ds_rows.data(), kTile, w.q_pairs.data() + i0 / 2 * 2 * Dp, 2 * Dp, w.dk.data() + j0 * Dp, Dp, true);
+        product(how, Dp, kTile, kTile, w.k_transposed.data() + j0 / kTile * pd.tile(), kTile, w.ds_pairs.data(), 2 * kTile,
                 w.dq_t.data() + i0 / kTile * pd.tile(), kTile, true);
       }
     }
@@ -368,28 +417,31 @@ DS_AMX void backward_head(const AttentionShape& s, const Padded& pd, const HeadV
 
 DS_AMX void backward_tiled(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k, const HeadViewBf16& v,
                            const HeadViewBf16& y, const float* lse, const HeadViewBf16& dy, const HeadViewBf16& dq,
-                           const HeadViewBf16& dk, const HeadViewBf16& dv) {
+                           const HeadViewBf16& dk, const HeadViewBf16& dv, Bf16Products how) {
   const Padded pd(s);
   const int64_t tasks = s.B * s.NKV;
 #pragma omp parallel
   {
-    tiles_begin();
+    if (how == Bf16Products::amx) tiles_begin();
     BackwardScratch w(pd);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task)
-      backward_head(s, pd, q, k, v, y, lse, dy, dq, dk, dv, task / s.NKV, task % s.NKV, w);
-    tiles_end();
+      backward_head(s, pd, q, k, v, y, lse, dy, dq, dk, dv, task / s.NKV, task % s.NKV, how, w);
+    if (how == Bf16Products::amx) tiles_end();
   }
 }
 
 // CPUID leaf 7: AMX-TILE (subleaf 0, EDX bit 24), AMX-BF16 (EDX bit 22), AVX512-BF16 (subleaf 1, EAX
 // bit 5). Asked directly: clang's __builtin_cpu_supports knows no AMX names.
+bool cpu_has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u);
+}
+
 bool cpu_has_amx_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool tiles = (d >> 24) & 1u, bf16_tiles = (d >> 22) & 1u;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  return tiles && bf16_tiles && ((a >> 5) & 1u);
+  return ((d >> 24) & 1u) && ((d >> 22) & 1u);
 }
 
 // Linux hands out AMX's 8 KiB of tile state only to a process that asks (arch_prctl
@@ -404,34 +456,60 @@ bool amx_granted() {
 }
 #endif
 
-}  // namespace
-
-bool causal_attention_tiles_bf16_available() {
+// Whether this CPU can run `how` (AMX needs AVX512-BF16 too: the kernels round with it).
+bool can_run(Bf16Products how) {
 #if defined(__x86_64__)
-  static const bool yes = simd::has_avx512() && cpu_has_amx_bf16() && amx_granted();
-  return yes;
+  if (how == Bf16Products::none || !simd::has_avx512() || !cpu_has_avx512_bf16()) return false;
+  if (how == Bf16Products::avx512_bf16) return true;
+  static const bool amx = cpu_has_amx_bf16() && amx_granted();
+  return amx;
 #else
+  (void)how;
   return false;
 #endif
 }
 
+void check_can_run(Bf16Products how) {
+  if (!can_run(how))
+    throw std::logic_error(std::string("the bf16 attention tiles cannot run with ") + bf16_products_name(how) + " products on this CPU");
+}
+
+}  // namespace
+
+const char* bf16_products_name(Bf16Products how) {
+  switch (how) {
+    case Bf16Products::amx: return "AMX";
+    case Bf16Products::avx512_bf16: return "AVX512-BF16";
+    case Bf16Products::none: break;
+  }
+  return "no";
+}
+
+Bf16Products attention_tiles_bf16_products() {
+  static const Bf16Products best =
+      can_run(Bf16Products::amx) ? Bf16Products::amx : can_run(Bf16Products::avx512_bf16) ? Bf16Products::avx512_bf16 : Bf16Products::none;
+  return best;
+}
+
+bool causal_attention_tiles_bf16_available() { return attention_tiles_bf16_products() != Bf16Products::none; }
+
 void causal_attention_forward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
-                                   const HeadViewBf16& v, const HeadViewBf16& y, float* lse) {
+                                   const HeadViewBf16& v, const HeadViewBf16& y, float* lse, Bf16Products how) {
   if (s.B * s.NKV * s.G * s.T * s.D == 0) return;
-  if (!causal_attention_tiles_bf16_available()) throw std::logic_error("the bf16 attention tiles need AMX-BF16");
+  check_can_run(how);
 #if defined(__x86_64__)
-  forward_tiled(s, q, k, v, y, lse);
+  forward_tiled(s, q, k, v, y, lse, how);
 #endif
 }
 
 void causal_attention_backward_bf16(const AttentionShape& s, const HeadViewBf16& q, const HeadViewBf16& k,
                                     const HeadViewBf16& v, const HeadViewBf16& y, const float* lse,
                                     const HeadViewBf16& dy, const HeadViewBf16& dq, const HeadViewBf16& dk,
-                                    const HeadViewBf16& dv) {
+                                    const HeadViewBf16& dv, Bf16Products how) {
   if (s.B * s.NKV * s.G * s.T * s.D == 0) return;
-  if (!causal_attention_tiles_bf16_available()) throw std::logic_error("the bf16 attention tiles need AMX-BF16");
+  check_can_run(how);
 #if defined(__x86_64__)
-  backward_tiled(s, q, k, v, y, lse, dy, dq, dk, dv);
+  backward_tiled(s, q, k, v, y, lse, dy, dq, dk, dv, how);
 #endif
 }
 
