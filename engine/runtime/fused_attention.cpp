@@ -169,10 +169,10 @@ Kept kept_of(AutogradContext* ctx) {
   return {saved[0], saved[1], saved[2], saved[3]};
 }
 
-// fp32 on a CPU with AVX-512, and bf16 on one with AMX, go through kernels/cpu/attention_tiles instead
-// of the blocks above: its own 64 x 64 tile products read q, k, v and write y and the gradients through
-// their strides, and backward needs y (kept anyway: the output projection saves it as its input)
-// instead of the blocks.
+// fp32 on a CPU with AVX-512, and bf16 on one with AMX or AVX512-BF16, go through
+// kernels/cpu/attention_tiles instead of the blocks above: its own 64 x 64 tile products read q, k, v
+// and write y and the gradients through their strides, and backward needs y (kept anyway: the output
+// projection saves it as its input) instead of the blocks.
 bool tiled(const torch::Tensor& x) {
   if (x.scalar_type() == torch::kFloat32) return kernels::causal_attention_tiles_available();
   return x.scalar_type() == torch::kBFloat16 && kernels::causal_attention_tiles_bf16_available();

@@ -4,8 +4,8 @@
 // recomputes each block's probabilities from the log-sum-exp kept per row; what is kept for backward
 // is q, k, v and that log-sum-exp, O(T) per head instead of O(T^2). Grouped-query
 // attention reads each key/value head once for its group of query heads (no repeated copies).
-// fp32 on a CPU with AVX-512, and bf16 on one with AMX, take kernels/cpu/attention_tiles instead of the
-// blocks: 64 x 64 tiles of queries and keys with its own products and an online softmax, q, k, v and
+// fp32 on a CPU with AVX-512, and bf16 on one with AMX or AVX512-BF16, take kernels/cpu/attention_tiles
+// instead of the blocks: 64 x 64 tiles of queries and keys with its own products and an online softmax, q, k, v and
 // the gradients read and written in place through their strides; it keeps y (which the output
 // projection keeps anyway) and the log-sum-exp. fp32 and bf16 CPU tensors take one of these paths;
 // anything else takes the materialised one, which is also the reference the tests hold them to.
@@ -26,8 +26,8 @@ namespace ds {
 // all of one dtype, any strides. Returns softmax(q k^T / sqrt(D), causal) v as (B, T, NH, D),
 // contiguous, so viewing it as (B*T, NH*D) for the output projection copies nothing; the gradients come
 // back in the inputs' layout, contiguous. `block_rows` 0: ds's choice (tiles where the CPU has them,
-// AVX-512 for fp32 and AMX for bf16, else blocks of attention_chunk_rows); > 0: the block path with
-// blocks of that many rows.
+// AVX-512 for fp32 and AMX or AVX512-BF16 for bf16, else blocks of attention_chunk_rows); > 0: the
+// block path with blocks of that many rows.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t block_rows = 0);
 
