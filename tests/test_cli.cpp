@@ -198,7 +198,13 @@ TEST(CliEnv, ReportsTheMachineAsJson) {
   const auto& features = j["cpu_features"];
   const bool fp32_tiles = j["attention_tiles"]["fp32"].get<bool>(), bf16_tiles = j["attention_tiles"]["bf16"].get<bool>();
   EXPECT_EQ(fp32_tiles, features["avx512f"].get<bool>()) << r.out;  // (every AVX-512 CPU since Skylake has BW, VL, DQ)
-  EXPECT_TRUE(!bf16_tiles || (features["amx_bf16"].get<bool>() && features["avx512_bf16"].get<bool>())) << r.out;
+  // bf16 tiles exactly where the CPU has AVX512-BF16 (+ AVX-512); their products AMX where it has that too.
+  EXPECT_EQ(bf16_tiles, features["avx512_bf16"].get<bool>() && features["avx512f"].get<bool>()) << r.out;
+  const std::string products = j["attention_bf16_products"].get<std::string>();
+  if (bf16_tiles)
+    EXPECT_EQ(products, features["amx_bf16"].get<bool>() ? "AMX" : "AVX512-BF16") << r.out;
+  else
+    EXPECT_EQ(products, "none") << r.out;
 }
 
 TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {
