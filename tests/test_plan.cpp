@@ -221,13 +221,17 @@ TEST(PlanCompiler, CollectivesMatchTheStage) {
   EXPECT_DOUBLE_EQ(c2.wire_bytes_per_rank_per_step, c2.payload_bytes_per_step * 2 * 3 / 4);
   const Collective g0 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=0"}, gpu), "gradients");
   EXPECT_DOUBLE_EQ(g0.wire_bytes_per_rank_per_step, g0.payload_bytes_per_step * 2 * 3 / 4);
-  // Stage 3: the blocks are gathered again for backward, the parameters outside them are not.
+  // Stage 3: the blocks are gathered for forward and again for backward every micro step (GAS = 2), the
+  // parameters outside them once a step; together, once each, every parameter.
   Plan p3 = plan_of(kGpt2, 4, {"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"}, gpu);
   const Collective fwd = find(p3, "parameters (forward)"), bwd = find(p3, "parameters (backward)");
-  EXPECT_EQ(fwd.elements_per_step, p3.layout.padded_numel * 2);
-  EXPECT_EQ(fwd.calls_per_step, (p3.model.hp.num_layers + 1) * 2);
+  const Collective outer = find(p3, "parameters outside the blocks");
+  EXPECT_EQ(fwd.calls_per_step, p3.model.hp.num_layers * 2);
   EXPECT_EQ(bwd.calls_per_step, p3.model.hp.num_layers * 2);
-  EXPECT_LT(bwd.elements_per_step, fwd.elements_per_step);
+  EXPECT_EQ(bwd.elements_per_step, fwd.elements_per_step);
+  EXPECT_EQ(outer.calls_per_step, 1);
+  EXPECT_EQ(outer.when, "per step");
+  EXPECT_EQ(outer.elements_per_step + fwd.elements_per_step / 2, p3.layout.padded_numel);
 }
 
 TEST(PlanJson, ParsesAndCarriesTheSchemaVersion) {

@@ -23,6 +23,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::gradients: return "gradients";
     case CollectiveKind::updated_parameters: return "updated parameters";
     case CollectiveKind::parameters_forward: return "parameters (forward)";
+    case CollectiveKind::parameters_outer: return "parameters outside the blocks";
     case CollectiveKind::parameters_backward: return "parameters (backward)";
     case CollectiveKind::parameters_whole: return "parameters kept whole";
     case CollectiveKind::parameters_validation: return "parameters (validation)";
@@ -101,9 +102,10 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
     gather(CollectiveKind::updated_parameters, "per step", 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel);
     return out;
   }
-  // Stage 3: each group's partitioned parameters are gathered before its forward; the blocks again
-  // before their backward (the parameters outside the blocks stay gathered through the micro step).
-  int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, whole = 0;
+  // Stage 3: each block's partitioned parameters are gathered before its forward and again before its
+  // backward (two buffers serve all blocks); the parameters outside the blocks have a buffer of their
+  // own and are gathered once a step, before its first forward: they change only in the optimizer.
+  int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, outer = 0, whole = 0;
   for (const auto& g : groups) {
     int64_t n = 0;
     for (int i : g.params) {
@@ -114,13 +116,16 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
         n += p.partition_numel;
     }
     if (n == 0) continue;
+    if (g.layer < 0) {
+      outer = n * W;
+      continue;
+    }
     ++fwd_calls;
     fwd_elements += n * W;
-    if (g.layer >= 0) {
-      ++bwd_calls;
-      bwd_elements += n * W;
-    }
+    ++bwd_calls;
+    bwd_elements += n * W;
   }
+  gather(CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer);
   gather(CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements);
   gather(CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements);
   out.push_back(grads);

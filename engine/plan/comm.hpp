@@ -24,7 +24,8 @@ enum class CollectiveKind {
   lamb_norms,             // Lamb: each tensor's ||w|| and ||u|| summed over its parts
   gradients,              // the gradient reduction
   updated_parameters,     // stages 1-2: every rank's updated part, after the optimizer
-  parameters_forward,     // stage 3: a group gathered before its forward
+  parameters_forward,     // stage 3: a block gathered before its forward
+  parameters_outer,       // stage 3: the parameters outside the blocks, before a step's first forward
   parameters_backward,    // stage 3: a block gathered again before its backward
   parameters_whole,       // stage 3: the parameters kept whole, after the optimizer
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)

@@ -89,7 +89,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   z.whole_offset.assign(L.params.size(), -1);
   int64_t whole_partitions = 0;
   // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
-  // forward and backward; the outer parameters' once; the whole-kept ones once per step).
+  // forward and backward; the outer parameters' and the whole-kept ones' once per step).
   const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
   const int64_t param_bytes = dtype_bytes(pp.param_dtype);
   // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
@@ -97,7 +97,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   const int64_t param_chunk =
       std::max(kSwapAlignBytes, std::min(swap_aligned(std::max<int64_t>(1, knobs.offload_param.buffer_size) * param_bytes), param_file_bytes));
   std::vector<std::pair<int64_t, int64_t>> whole_ranges;
-  double param_reads_per_micro_step = 0;
+  double param_reads_per_micro_step = 0, outer_reads = 0;
   if (z.grouped) {
     for (const ParamGroup& g : parameter_groups(L)) {
       int64_t at = 0, gathered = 0;
@@ -117,8 +117,13 @@ ZeroExecution describe_zero(const Plan& plan) {
           ranges.push_back(bytes);
         }
       }
-      if (params_on_nvme)
-        param_reads_per_micro_step += (g.layer >= 0 ? 2.0 : 1.0) * static_cast<double>(swap_transfer_bytes(ranges, param_chunk));
+      if (params_on_nvme) {
+        const double reads = static_cast<double>(swap_transfer_bytes(ranges, param_chunk));
+        if (g.layer >= 0)
+          param_reads_per_micro_step += 2 * reads;
+        else
+          outer_reads += reads;
+      }
       if (g.layer >= 0) {
         z.block_numel = std::max(z.block_numel, at);  // equal in every model ds trains; a hypothetical one may differ
       } else {
@@ -221,7 +226,7 @@ ZeroExecution describe_zero(const Plan& plan) {
         static_cast<int>(std::max<int64_t>(1, knobs.offload_param.buffer_count)));
     const double whole_reads = static_cast<double>(swap_transfer_bytes(whole_ranges, param_chunk));
     z.transfers.push_back({"parameters read for gathers", Place::nvme, Place::host,
-                           static_cast<double>(plan.batch.grad_accum) * param_reads_per_micro_step + whole_reads});
+                           static_cast<double>(plan.batch.grad_accum) * param_reads_per_micro_step + outer_reads + whole_reads});
     z.transfers.push_back({"updated parameters written", offloaded > 0 ? Place::host : Place::device,
                            Place::nvme, static_cast<double>(param_file_bytes)});
   }

@@ -204,9 +204,13 @@ void ZeroExchange::after_backward(int64_t layer) {
 void ZeroExchange::begin_micro_step(bool evaluation) {
   evaluating_ = evaluation;
   if (!stage3_ || groups_.back().layer >= 0 || gathered_.back().empty()) return;
+  // The outer parameters' buffer is theirs alone and they change only in the optimizer: a step's later
+  // micro steps find them gathered. (Validation gathers them anyway, counted apart from training.)
+  if (!evaluation && outer_gathered_) return;
   auto g = start_gather(gathered_.back(), flat_.outer_params, flat_.group_offset,
-                        evaluation ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, false);
+                        evaluation ? CollectiveKind::parameters_validation : CollectiveKind::parameters_outer, false);
   finish(*g);
+  if (!evaluation) outer_gathered_ = true;
 }
 
 void ZeroExchange::begin_backward() {
@@ -223,6 +227,7 @@ void ZeroExchange::end_micro_step() {
 
 void ZeroExchange::publish_parameters() {
   torch::NoGradGuard ng;
+  outer_gathered_ = false;  // new weights (or the first): the next micro step gathers the outer ones
   if (stage3_) {  // on one rank too (parameter offload): the whole-kept parameters from the partitions
     if (whole_.empty()) return;
     auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);

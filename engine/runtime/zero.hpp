@@ -7,9 +7,11 @@
 //            owners' parts as soon as backward finishes the group, so the whole gradient is never held;
 //            with overlap_comm the reduce runs while backward goes on (a block's during the next
 //            block's backward, the outer parameters' during the next micro step's forward)
-//   stage 3  stage 2, plus parameters partitioned: a group is gathered before it runs (the next block
-//            prefetched while the current one computes) and again for its backward; parameters below
-//            the persistence threshold stay whole, gathered once per step after the optimizer.
+//   stage 3  stage 2, plus parameters partitioned: a block is gathered before it runs (the next block
+//            prefetched while the current one computes) and again for its backward; the parameters
+//            outside the blocks once per step, before its first forward (their buffer is their own);
+//            parameters below the persistence threshold stay whole, gathered once per step after the
+//            optimizer.
 //            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
 //            while autograd still holds views of them: gathers write around autograd's version
 //            counters, and the re-gather before block l's backward restores the very same bits.
@@ -36,8 +38,8 @@ class ZeroExchange : public BlockHooks {
   ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap = nullptr);
   ~ZeroExchange() override;
 
-  // Around each micro step: stage 3 gathers the parameters outside the blocks before forward
-  // (`evaluation` counts the gathers apart from training's); before backward, the previous micro
+  // Around each micro step: stage 3 gathers the parameters outside the blocks before a step's first
+  // forward, and before every evaluation (`evaluation` counts those gathers apart from training's); before backward, the previous micro
   // step's reduce in flight (overlap_comm) finishes; after backward, stages 2-3 reduce the outer
   // parameters' gradients.
   void begin_micro_step(bool evaluation);
@@ -77,6 +79,7 @@ class ZeroExchange : public BlockHooks {
   Communicator* comm_;
   ParamSwapper* param_swap_ = nullptr;
   bool stage3_ = false, evaluating_ = false;
+  bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
   std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
   std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
