@@ -105,9 +105,7 @@ int run_env(const EnvArgs& a) {
                            {"amx_bf16", flags.count("amx_bf16") > 0}};
       j["attention_tiles"] = {{"fp32", kernels::causal_attention_tiles_available()},
                               {"bf16", kernels::causal_attention_tiles_bf16_available()}};
-      j["attention_bf16_products"] = kernels::causal_attention_tiles_bf16_available()
-                                         ? kernels::bf16_products_name(kernels::attention_tiles_bf16_products())
-                                         : "none";
+      j["attention_bf16_products"] = kernels::bf16_products_name(kernels::attention_tiles_bf16_products());
       ojson g = ojson::array();
       for (const auto& gpu : gpus) g.push_back({{"name", gpu.name}, {"memory_bytes", static_cast<int64_t>(gpu.memory_bytes)}});
       j["gpus"] = g;

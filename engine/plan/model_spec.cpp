@@ -322,8 +322,8 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
   const double blocks = 2 * B * NH * rows * static_cast<double>(T) * b + 2 * B * NKV * static_cast<double>(T) * D * 4;
   // The tiled kernels, which the CPU decides (the plan does not know it): the larger of the two paths.
   if (b == 2) {
-    // bf16 tiles (AMX or AVX512-BF16; fp16 counted alike): forward's copies of k and v, or backward's per-task copies
-    // with one task per (sample, kv head) running at once -- at most `threads` of them.
+    // bf16 tiles (AMX or AVX512-BF16; fp16 counted alike): forward's copies of k and v, or backward's
+    // per-task copies with one task per (sample, kv head) running at once -- at most `threads` of them.
     const int64_t Bi = micro_batch, NKVi = hp.num_kv_heads, Di = hp.head_dim();
     const double forward = static_cast<double>(kernels::attention_tiles_bf16_forward_bytes(Bi, NKVi, T, Di, threads));
     const double tasks = static_cast<double>(std::min<int64_t>(threads, Bi * NKVi));

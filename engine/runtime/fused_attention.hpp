@@ -5,9 +5,9 @@
 // is q, k, v and that log-sum-exp, O(T) per head instead of O(T^2). Grouped-query
 // attention reads each key/value head once for its group of query heads (no repeated copies).
 // fp32 on a CPU with AVX-512, and bf16 on one with AMX or AVX512-BF16, take kernels/cpu/attention_tiles
-// instead of the blocks: 64 x 64 tiles of queries and keys with its own products and an online softmax, q, k, v and
-// the gradients read and written in place through their strides; it keeps y (which the output
-// projection keeps anyway) and the log-sum-exp. fp32 and bf16 CPU tensors take one of these paths;
+// instead of the blocks: 64 x 64 tiles of queries and keys with its own products and an online
+// softmax, q, k, v and the gradients read and written in place through their strides; it keeps y
+// (which the output projection keeps anyway) and the log-sum-exp. fp32 and bf16 CPU tensors take one of these paths;
 // anything else takes the materialised one, which is also the reference the tests hold them to.
 #pragma once
 

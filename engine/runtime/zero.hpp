@@ -39,9 +39,9 @@ class ZeroExchange : public BlockHooks {
   ~ZeroExchange() override;
 
   // Around each micro step: stage 3 gathers the parameters outside the blocks before a step's first
-  // forward, and before every evaluation (`evaluation` counts those gathers apart from training's); before backward, the previous micro
-  // step's reduce in flight (overlap_comm) finishes; after backward, stages 2-3 reduce the outer
-  // parameters' gradients.
+  // forward, and before every evaluation (`evaluation` counts those gathers apart from training's);
+  // before backward, the previous micro step's reduce in flight (overlap_comm) finishes; after
+  // backward, stages 2-3 reduce the outer parameters' gradients.
   void begin_micro_step(bool evaluation);
   void begin_backward();
   void end_micro_step();

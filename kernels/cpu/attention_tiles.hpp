@@ -83,7 +83,7 @@ void causal_attention_backward_f32_reference(const AttentionShape& s, const Head
 // later, Intel Cooper Lake) the pair dot product vdpbf16ps, which reads the same pairs layout and runs
 // at twice the fp32 FMA rate on Zen 4 (bench_fma; on Sapphire Rapids at half of it, hence AMX there).
 enum class Bf16Products { none, avx512_bf16, amx };
-const char* bf16_products_name(Bf16Products how);  // "AMX", "AVX512-BF16", "no"
+const char* bf16_products_name(Bf16Products how);  // "AMX", "AVX512-BF16", "none"
 // The fastest products this CPU runs (AMX only where the kernel grants this process the tile state).
 Bf16Products attention_tiles_bf16_products();
 bool causal_attention_tiles_bf16_available();  // products other than none

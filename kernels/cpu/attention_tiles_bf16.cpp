@@ -471,7 +471,7 @@ bool can_run(Bf16Products how) {
 
 void check_can_run(Bf16Products how) {
   if (!can_run(how))
-    throw std::logic_error(std::string("the bf16 attention tiles cannot run with ") + bf16_products_name(how) + " products on this CPU");
+    throw std::logic_error(std::string("the bf16 attention tiles cannot run with products '") + bf16_products_name(how) + "' on this CPU");
 }
 
 }  // namespace
@@ -482,7 +482,7 @@ const char* bf16_products_name(Bf16Products how) {
     case Bf16Products::avx512_bf16: return "AVX512-BF16";
     case Bf16Products::none: break;
   }
-  return "no";
+  return "none";
 }
 
 Bf16Products attention_tiles_bf16_products() {
