@@ -20,6 +20,9 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 # The same runs under glibc settings that keep freed memory in the heap, as ds does itself:
 # separates what ds gains by its allocator policy from what it gains by its own kernels.
 kept_heap="MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=2147483647 MALLOC_TOP_PAD_=268435456"
+# And with ds's whole environment: the allocator policy plus the short waits of idle OpenMP and OpenBLAS
+# threads that ds train starts with (cli/main.cpp): what is left is ds's own kernels and engine.
+ds_env="$kept_heap GOMP_SPINCOUNT=1000 OPENBLAS_THREAD_TIMEOUT=4"
 
 ds_args() {  # "model overrides" precision: the config ds trains on (and plans, for the matmul shapes)
   local bf16=false
@@ -59,32 +62,35 @@ echo "bench_train: $(build/ds --version | head -1); rounds=$rounds steps=$steps 
 peak_fp32=$("$py" bench/matmul_peak.py fp32 $threads)
 peak_bf16=$("$py" bench/matmul_peak.py bf16 $threads)
 echo "matmul peak at 512x768x3072 (this run): fp32 $peak_fp32 TFLOP/s, bf16 $peak_bf16 TFLOP/s"
-printf "%-18s %-5s %9s %9s %9s %8s %8s %6s %7s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "vs torch" "vs t-kh" MFU \
-  "shapes" "MFU@s" "RSS/plan"
+printf "%-18s %-5s %9s %9s %9s %9s %8s %8s %8s %6s %7s %6s %9s\n" model prec "ds tok/s" "torch" "torch-kh" "torch-env" \
+  "vs torch" "vs t-kh" "vs t-env" MFU "shapes" "MFU@s" "RSS/plan"
 for entry in "${models[@]}"; do
   IFS='|' read -r name overrides script <<< "$entry"
   [[ "$name" =~ $only ]] || continue
   for prec in fp32 bf16; do
-    ds_all=(); pt_all=(); kh_all=(); flops=0; rss=0
+    ds_all=(); pt_all=(); kh_all=(); env_all=(); flops=0; rss=0
     for ((r = 0; r < rounds; r++)); do
       read -r rate flops rss < <(ds_run "$overrides" "$prec")
       ds_all+=("$rate")
       pt_all+=("$("$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
       kh_all+=("$(env $kept_heap "$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
+      env_all+=("$(env $ds_env "$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
     done
     d=$(printf "%s\n" "${ds_all[@]}" | median)
     t=$(printf "%s\n" "${pt_all[@]}" | median)
     k=$(printf "%s\n" "${kh_all[@]}" | median)
+    e=$(printf "%s\n" "${env_all[@]}" | median)
     peak=$peak_fp32; [ "$prec" = bf16 ] && peak=$peak_bf16
     # The matmul rate at this model's own weight shapes, timed after the rounds (the plan lists them).
     build/ds plan $(ds_args "$overrides" "$prec") --json > /tmp/ds_bench_plan.json 2>/dev/null
     shapes=$("$py" bench/matmul_peak.py "$prec" $threads /tmp/ds_bench_plan.json $((4 * seq)))
-    printf "%-18s %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx %5.0f%% %7.3f %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" \
-      "$(echo "$d / $t" | bc -l)" "$(echo "$d / $k" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$shapes" \
+    printf "%-18s %-5s %9.1f %9.1f %9.1f %9.1f %7.2fx %7.2fx %7.2fx %5.0f%% %7.3f %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" "$e" \
+      "$(echo "$d / $t" | bc -l)" "$(echo "$d / $k" | bc -l)" "$(echo "$d / $e" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$shapes" \
       "$(echo "100 * $d * $flops / ($shapes * 10^12)" | bc -l)" "$rss"
   done
 done
 echo "torch = PyTorch eager as installed; torch-kh = the same with glibc keeping freed memory (ds's policy);"
+echo "torch-env = with ds's whole environment: that and short idle waits (GOMP_SPINCOUNT=1000 OPENBLAS_THREAD_TIMEOUT=4);"
 echo "MFU = model FLOPs/s (plan's 6N+attention per token) / the matmul peak above; shapes = the matmul rate"
 echo "(TFLOP/s) at the model's own weight shapes and B*T rows (bench/matmul_peak.py), MFU@s = against it;"
 echo "RSS/plan = ds's peak RSS above its code-and-libraries baseline / the plan's predicted memory."

@@ -86,7 +86,8 @@ int run_env(const EnvArgs& a) {
     const auto others = other_ds_on_path();
     std::vector<std::string> launcher;
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_CORETYPE", "CUDA_VISIBLE_DEVICES"})
+                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT",
+                          "CUDA_VISIBLE_DEVICES"})
       if (const char* val = std::getenv(v)) launcher.push_back(std::string(v) + "=" + val);
     const bool bf16_fast = flags.count("avx512_bf16") || flags.count("amx_bf16");
 

@@ -220,17 +220,24 @@ TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["threads"], 1);
 }
 
-TEST(CliTrain, IdleThreadsSpinBrieflyUnlessTheUserChoseHowTheyWait) {
-  // libgomp's default long spin takes CPU from the busy thread when another process competes; ds train
-  // sets a short one before libgomp loads (it runs itself again), and the start-up line says which.
+TEST(CliTrain, IdleThreadsWaitBrieflyUnlessTheUserChoseHowTheyWait) {
+  // libgomp's default long spin, and OpenBLAS's worker threads spinning after each product, take CPU from
+  // the busy threads; ds train sets short waits before those libraries load (it runs itself again), and
+  // the start-up line says which settings are in force. Each setting the user made is kept.
   const std::string dir = scratch_dir() + "/spin";
   const std::string args = "train examples/quickstart.json train.steps=1 train.eval_every=0 --overwrite train.output_dir=" + dir;
-  Result r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  Result r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OPENBLAS_THREAD_TIMEOUT");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000); writing ")) << r.err;
-  r = ds(args, "-u GOMP_SPINCOUNT OMP_WAIT_POLICY=active");
+  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
+  r = ds(args, "-u GOMP_SPINCOUNT -u OPENBLAS_THREAD_TIMEOUT OMP_WAIT_POLICY=active");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (OMP_WAIT_POLICY=active); writing ")) << r.err;
+  EXPECT_TRUE(contains(r.err, " threads (OMP_WAIT_POLICY=active, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
+  r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OPENBLAS_THREAD_TIMEOUT=20");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=20); writing ")) << r.err;
+  r = ds(args, "GOMP_SPINCOUNT=5000 OPENBLAS_THREAD_TIMEOUT=30");  // nothing to set: no second start either
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=5000, OPENBLAS_THREAD_TIMEOUT=30); writing ")) << r.err;
 }
 
 TEST(CliColor, NeverOnAPipeUnlessForced) {

@@ -115,17 +115,17 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
 }
 
 namespace {
-// How idle OpenMP threads wait, when set (cli/main.cpp sets a short spin unless the user chose). Read
-// from the environment the process started with (/proc/self/environ), which is what libgomp read.
-std::string openmp_wait_policy() {
+// How idle OpenMP and OpenBLAS threads wait, when set (cli/main.cpp sets short waits unless the user
+// chose). Read from the environment the process started with (/proc/self/environ): what the libraries read.
+std::string idle_wait_policy() {
   std::ifstream in("/proc/self/environ", std::ios::binary);
   std::string entry;
-  std::vector<std::string> found;
-  while (std::getline(in, entry, '\0'))
-    for (const char* v : {"OMP_WAIT_POLICY=", "GOMP_SPINCOUNT="})
-      if (entry.rfind(v, 0) == 0) found.push_back(entry);
+  std::vector<std::string> environ_entries;
+  while (std::getline(in, entry, '\0')) environ_entries.push_back(entry);
   std::string out;
-  for (const std::string& f : found) out += (out.empty() ? " (" : ", ") + f;
+  for (const std::string v : {"OMP_WAIT_POLICY=", "GOMP_SPINCOUNT=", "OPENBLAS_THREAD_TIMEOUT="})
+    for (const std::string& e : environ_entries)
+      if (e.rfind(v, 0) == 0) out += (out.empty() ? " (" : ", ") + e;
   return out.empty() ? out : out + ")";
 }
 }  // namespace
@@ -141,7 +141,7 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
             std::to_string(p.seq_len) + " tokens (" + std::to_string(p.batch.micro_batch) + " x " +
-            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads" + openmp_wait_policy() + "; writing " +
+            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads" + idle_wait_policy() + "; writing " +
             dir_.string() + "/");
 }
 
