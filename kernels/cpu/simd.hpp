@@ -96,8 +96,9 @@ DS_AVX512 inline __m512 sigmoid(__m512 v) {
 
 // sum_j e^(scale z_j - shift) over z[0, n) (fp32 or bf16), the fp32 lanes flushed into double every
 // 1024 elements so the sum stays exact to ~1e-7 at any n. Softmax denominators: shift = the row's max.
+// `kept` (n floats), when given, receives each e^(scale z_j - shift), so a later pass need not redo it.
 template <class T>
-DS_AVX512 inline double sum_exp(const T* z, int64_t n, float scale, float shift) {
+DS_AVX512 inline double sum_exp(const T* z, int64_t n, float scale, float shift, float* kept = nullptr) {
   const __m512 vs = _mm512_set1_ps(scale), vshift = _mm512_set1_ps(shift);
   __m512d sum_lo = _mm512_setzero_pd(), sum_hi = _mm512_setzero_pd();
   for (int64_t block = 0; block < n; block += 1024) {
@@ -105,7 +106,9 @@ DS_AVX512 inline double sum_exp(const T* z, int64_t n, float scale, float shift)
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t j = block; j < end; j += 16) {
       const __mmask16 m = first_lanes(end - j);
-      vsum = _mm512_mask_add_ps(vsum, m, vsum, simd::exp(_mm512_fmsub_ps(vs, load(z + j, m), vshift)));
+      const __m512 e = simd::exp(_mm512_fmsub_ps(vs, load(z + j, m), vshift));
+      if (kept) _mm512_mask_storeu_ps(kept + j, m, e);
+      vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
     }
     sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(vsum)));
     sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(vsum, 1)));
