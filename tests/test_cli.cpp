@@ -228,16 +228,16 @@ TEST(CliTrain, IdleThreadsWaitBrieflyUnlessTheUserChoseHowTheyWait) {
   const std::string args = "train examples/quickstart.json train.steps=1 train.eval_every=0 --overwrite train.output_dir=" + dir;
   Result r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u OPENBLAS_THREAD_TIMEOUT");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
+  EXPECT_TRUE(contains(r.err, " (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
   r = ds(args, "-u GOMP_SPINCOUNT -u OPENBLAS_THREAD_TIMEOUT OMP_WAIT_POLICY=active");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (OMP_WAIT_POLICY=active, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
+  EXPECT_TRUE(contains(r.err, " (OMP_WAIT_POLICY=active, OPENBLAS_THREAD_TIMEOUT=4); writing ")) << r.err;
   r = ds(args, "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OPENBLAS_THREAD_TIMEOUT=20");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=20); writing ")) << r.err;
+  EXPECT_TRUE(contains(r.err, " (GOMP_SPINCOUNT=1000, OPENBLAS_THREAD_TIMEOUT=20); writing ")) << r.err;
   r = ds(args, "GOMP_SPINCOUNT=5000 OPENBLAS_THREAD_TIMEOUT=30");  // nothing to set: no second start either
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, " threads (GOMP_SPINCOUNT=5000, OPENBLAS_THREAD_TIMEOUT=30); writing ")) << r.err;
+  EXPECT_TRUE(contains(r.err, " (GOMP_SPINCOUNT=5000, OPENBLAS_THREAD_TIMEOUT=30); writing ")) << r.err;
 }
 
 TEST(CliColor, NeverOnAPipeUnlessForced) {

@@ -141,8 +141,8 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
             std::to_string(p.seq_len) + " tokens (" + std::to_string(p.batch.micro_batch) + " x " +
-            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) + " threads" + idle_wait_policy() + "; writing " +
-            dir_.string() + "/");
+            std::to_string(p.batch.grad_accum) + " micro batches), " + std::to_string(p.threads) +
+            (p.threads == 1 ? " thread" : " threads") + idle_wait_policy() + "; writing " + dir_.string() + "/");
 }
 
 void RunReport::start() { start_ = std::chrono::steady_clock::now(); }
