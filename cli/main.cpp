@@ -6,31 +6,23 @@
 #include <cstring>
 
 #include "cli/app.hpp"
+#include "common/idle_waits.hpp"
 
 namespace {
 
-// Idle worker threads that wait by spinning take CPU from the threads doing the work: the commands
-// that compute start with short waits, set before the libraries that read them load (before main),
-// so such a command sets them and runs itself again, once. A setting the user made wins.
-//  - OpenMP (libgomp) threads that finish their share of a parallel region spin 300,000 rounds before
-//    they sleep. Beside another busy process a 6x384 bf16 run fell 2.3-3.2x with that spin, 1.6-1.7x
-//    with GOMP_SPINCOUNT=1000, no slower on a quiet machine (bench/RESULTS.md).
-//  - OpenBLAS's own worker threads (the pthreads build runs fp32 GEMMs) spin and yield for 2^28
-//    cycles after each product, through the OpenMP kernels that run between products; 2^4 makes them
-//    sleep at once. GPT-2 6x384 fp32 on 2 cores: 13 of 13 interleaved pairs faster, the median step
-//    4-7% shorter; bf16 (oneDNN, not OpenBLAS) no different.
+// Idle worker threads that wait by spinning take CPU from the threads doing the work, so the commands
+// that compute start with short waits (common/idle_waits.hpp says which, and why). The libraries read
+// them when they load, before main: such a command sets them and runs itself again, once. A setting
+// the user made wins.
 void short_idle_waits(char** argv) {
   const char* command = nullptr;
   for (char** a = argv + 1; *a && !command; ++a)
     if ((*a)[0] != '-') command = *a;
   if (!command || (std::strcmp(command, "train") != 0 && std::strcmp(command, "profile") != 0)) return;
   bool changed = false;
-  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT")) {
-    setenv("GOMP_SPINCOUNT", "1000", 1);
-    changed = true;
-  }
-  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT")) {
-    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+  for (const ds::IdleWait& w : ds::kIdleWaits) {
+    if (std::getenv(w.variable) || (w.user_choice && std::getenv(w.user_choice))) continue;
+    setenv(w.variable, w.value, 1);
     changed = true;
   }
   if (!changed) return;

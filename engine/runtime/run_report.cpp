@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/format.hpp"
+#include "common/idle_waits.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/resident_memory.hpp"
 
@@ -123,9 +124,15 @@ std::string idle_wait_policy() {
   std::vector<std::string> environ_entries;
   while (std::getline(in, entry, '\0')) environ_entries.push_back(entry);
   std::string out;
-  for (const std::string v : {"OMP_WAIT_POLICY=", "GOMP_SPINCOUNT=", "OPENBLAS_THREAD_TIMEOUT="})
+  auto name = [&](const char* variable) {
+    const std::string prefix = std::string(variable) + "=";
     for (const std::string& e : environ_entries)
-      if (e.rfind(v, 0) == 0) out += (out.empty() ? " (" : ", ") + e;
+      if (e.rfind(prefix, 0) == 0) out += (out.empty() ? " (" : ", ") + e;
+  };
+  for (const IdleWait& w : kIdleWaits) {
+    if (w.user_choice) name(w.user_choice);
+    name(w.variable);
+  }
   return out.empty() ? out : out + ")";
 }
 }  // namespace
