@@ -1,6 +1,7 @@
 // The ds binary as a user runs it: exit codes, which stream carries what, --json, colour rules.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -480,6 +482,44 @@ TEST(CliTrust, ProgressKeepsLinesValidationAndRatesThatAreNotZero) {
   const std::string log = slurp(dir + "/train.log");
   EXPECT_TRUE(contains(log, "ds train: done: 30 of 30 steps")) << log;
   EXPECT_TRUE(contains(log, "ds train: peak resident memory")) << log;
+}
+
+// "12.34 MiB" as format_bytes writes it, in bytes.
+double bytes_of(const std::string& text) {
+  const double v = std::stod(text);
+  const char unit = text[text.find(' ') + 1];
+  return v * (unit == 'G' ? 1 << 30 : unit == 'M' ? 1 << 20 : unit == 'K' ? 1 << 10 : 1);
+}
+
+// The closing memory line: its parts add up to the peak; the peak is the kernel's own account of the process
+// (getrusage of the finished child: this test's only one); training's part holds at least the state the
+// plan counts and stays near the plan, once the code LibTorch first runs in step 1 is set apart.
+TEST(CliTrust, ThePeakMemoryLineAddsUpToTheKernelsAccountOfTheProcess) {
+  const std::string dir = scratch_dir() + "/peak";
+  std::filesystem::remove_all(dir);
+  Result r = ds("train examples/quickstart.json train.steps=20 bf16.enabled=false train.output_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  rusage children{};
+  ASSERT_EQ(getrusage(RUSAGE_CHILDREN, &children), 0);
+  const double kernel_peak = static_cast<double>(children.ru_maxrss) * 1024.0;
+  const std::string b = R"(([0-9.]+ [KMG]?i?B))";
+  const std::regex line("peak resident memory " + b + ": " + b + " of code and libraries \\+ " + b +
+                        " of code and files paged in since \\+ " + b + " for training, ([0-9.]+)x the plan's " + b);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, line)) << r.err;
+  const double peak = bytes_of(m[1]), code = bytes_of(m[2]), paged = bytes_of(m[3]), training = bytes_of(m[4]);
+  const double ratio = std::stod(m[5]), planned = bytes_of(m[6]);
+  const double rounding = 0.02 * (1 << 20);
+  EXPECT_NEAR(code + paged + training, peak, rounding);
+  EXPECT_LE(peak, kernel_peak + rounding);
+  EXPECT_GE(peak, 0.97 * kernel_peak);
+  EXPECT_GT(paged, 1 << 20);
+  EXPECT_NEAR(ratio, training / planned, 0.01);
+  const auto plan = nlohmann::json::parse(slurp(dir + "/plan.json"))["memory"]["device_per_rank"];
+  EXPECT_NEAR(planned, plan["total"].get<double>(), rounding);
+  const double state = plan["params"].get<double>() + plan["grads"].get<double>() + plan["optimizer_states"].get<double>();
+  EXPECT_GE(training, state);
+  EXPECT_LE(training, 2 * planned);
 }
 
 TEST(CliTrust, ThePlanShowsTheDataAndMissingInputsAreCaughtBeforeARun) {

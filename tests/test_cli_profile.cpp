@@ -125,6 +125,13 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
     }
     EXPECT_LE(ph["resident_bytes"].get<double>(), memory["peak_rss_bytes"].get<double>()) << ph.dump();
   }
+  // The peak in three parts: code and libraries before training, file pages since (LibTorch's code first run
+  // in step 1), and training's own, which holds at least the state the plan counts.
+  EXPECT_GT(memory["paged_file_bytes"].get<double>(), 0);
+  EXPECT_NEAR(memory["baseline_rss_bytes"].get<double>() + memory["paged_file_bytes"].get<double>() + memory["training_bytes"].get<double>(),
+              memory["peak_rss_bytes"].get<double>(), 1.0);
+  EXPECT_GE(memory["training_bytes"].get<double>(),
+            memory["plan"]["params"].get<double>() + memory["plan"]["grads"].get<double>() + memory["plan"]["optimizer_states"].get<double>());
   const json parsed_trace = json::parse(slurp(trace));
   expect_well_formed_trace(parsed_trace, 1, 4);
   int block_spans = 0;  // each block's forward and backward in every step, on a track of their own

@@ -2,7 +2,12 @@
 // what the plan says, and what this build cannot train is refused before any work.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +15,7 @@
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/resident_memory.hpp"
 #include "engine/runtime/trainer.hpp"
 #include "test_helpers.hpp"
 
@@ -341,4 +347,33 @@ TEST(Training, ANonFiniteBf16RunFailsNamingTheStepWithoutACheckpoint) {
     EXPECT_TRUE(std::all_of(master.begin(), master.end(), [](float v) { return std::isfinite(v); })) << latest;
   }
   fs::remove_all(dir);
+}
+
+// The peak memory line sets the file-backed pages (code run for the first time, a mapped token file) apart
+// from what training allocated: the two readings must tell them apart.
+TEST(ResidentMemory, FilePagesAreToldApartFromAllocatedMemory) {
+  const size_t n = 16u << 20;
+  const double file0 = resident_file_bytes(), all0 = resident_bytes();
+  ASSERT_GT(file0, 0);  // this process's own code is file-backed
+  std::vector<char> heap(n);
+  std::memset(heap.data(), 1, n);
+  const double file1 = resident_file_bytes(), all1 = resident_bytes();
+  EXPECT_NEAR(all1 - all0, n, n * 0.1);
+  EXPECT_LT(std::abs(file1 - file0), n * 0.1);
+
+  const std::string path = (fs::temp_directory_path() / ("ds_resident_" + std::to_string(::getpid()))).string();
+  std::ofstream(path, std::ios::binary).write(heap.data(), static_cast<std::streamsize>(n));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  long sum = 0;
+  for (size_t i = 0; i < n; i += 4096) sum += static_cast<const volatile char*>(map)[i];
+  const double file2 = resident_file_bytes(), all2 = resident_bytes();
+  EXPECT_EQ(sum, static_cast<long>(n / 4096));
+  EXPECT_NEAR(file2 - file1, n, n * 0.1);
+  EXPECT_NEAR(all2 - all1, n, n * 0.1);
+  ::munmap(map, n);
+  ::close(fd);
+  fs::remove(path);
 }

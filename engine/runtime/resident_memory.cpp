@@ -24,12 +24,20 @@ double peak_resident_bytes() {
   return getrusage(RUSAGE_SELF, &usage) == 0 ? static_cast<double>(usage.ru_maxrss) * 1024.0 : 0.0;
 }
 
-double peak_resident_since_restart() {
+namespace {
+// A "Name:   N kB" line of /proc/self/status, in bytes; 0 when missing.
+double status_kib(const std::string& name) {
   std::ifstream f("/proc/self/status");
+  const std::string key = name + ":";
   for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) * 1024.0;
+    if (line.rfind(key, 0) == 0) return std::strtod(line.c_str() + key.size(), nullptr) * 1024.0;
   return 0;
 }
+}  // namespace
+
+double resident_file_bytes() { return status_kib("RssFile"); }
+
+double peak_resident_since_restart() { return status_kib("VmHWM"); }
 
 bool restart_peak_resident() {
   std::ofstream f("/proc/self/clear_refs");

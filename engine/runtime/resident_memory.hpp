@@ -5,6 +5,10 @@ namespace ds {
 
 // Resident now (/proc/self/statm); 0 when unreadable.
 double resident_bytes();
+// The resident pages backed by files (RssFile in /proc/self/status): the code of ds and its libraries as it
+// first runs, and mapped files (token files). They can be dropped and read again; the plan does not count
+// them. 0 when unreadable.
+double resident_file_bytes();
 // The process's peak resident memory (getrusage).
 double peak_resident_bytes();
 // The most resident since the last restart_peak_resident (VmHWM in /proc/self/status); 0 when unreadable.

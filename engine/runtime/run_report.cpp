@@ -101,6 +101,7 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
       result_(result),
       dir_(prepared_dir(plan, lead)),
       log_(lead ? dir_ / "train.log" : std::filesystem::path(), options.live_progress && lead) {
+  baseline_file_bytes_ = resident_file_bytes();
   result_.metrics_path = (dir_ / "metrics.jsonl").string();
   if (!lead) return;
   for (const auto& [name, text] : {std::pair{"config.json", &opt_.resolved_config_json}, {"plan.json", &opt_.plan_json}}) {
@@ -192,6 +193,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     result_.phases.push_back(o.phases);
     result_.rss_bytes.push_back(peak_resident_bytes());
   }
+  track_peak(peak_resident_bytes());
   result_.losses.push_back(o.loss);
   if (val) result_.val_losses.push_back(*val);
   if (o.skipped) ++result_.skipped_steps;
@@ -289,6 +291,7 @@ void RunReport::finish() {
   r.peak_rss_bytes = peak_resident_bytes();
   for (const auto& phases : r.phase_rss_bytes)  // ds profile restarts the high-water mark at every phase
     for (double b : phases) r.peak_rss_bytes = std::max(r.peak_rss_bytes, b);
+  track_peak(r.peak_rss_bytes);
   if (r.interrupted) log_.end_live_line();
   if (r.losses.empty()) return;
   // The run's last lines, on the terminal and in train.log.
@@ -301,10 +304,17 @@ void RunReport::finish() {
   if (r.skipped_steps) done += "; " + std::to_string(r.skipped_steps) + " steps skipped";
   log_.note(done);
   const double predicted = p.memory.held().total();
-  const double grown = r.peak_rss_bytes - r.baseline_rss_bytes;
+  const double training = r.training_rss_bytes();
   log_.note("ds train: peak resident memory " + format_bytes(r.peak_rss_bytes) + ": " + format_bytes(r.baseline_rss_bytes) +
-            " of code and libraries + " + format_bytes(grown) + " for training, " + format_fixed(grown / predicted, 2) +
-            "x the plan's " + format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+            " of code and libraries + " + format_bytes(r.paged_file_bytes) + " of code and files paged in since + " +
+            format_bytes(training) + " for training, " + format_fixed(training / predicted, 2) + "x the plan's " +
+            format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+}
+
+void RunReport::track_peak(double peak) {
+  if (peak <= peak_seen_) return;
+  peak_seen_ = peak;
+  result_.paged_file_bytes = std::max(0.0, resident_file_bytes() - baseline_file_bytes_);
 }
 
 }  // namespace ds

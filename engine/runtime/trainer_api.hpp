@@ -61,6 +61,7 @@ struct TrainResult {
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
+  double paged_file_bytes = 0;     // file-backed pages come in since then (code first run, mapped data), at the peak
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
   // Kept only when keeps_step_measurements (below): one entry per step.
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
@@ -81,6 +82,10 @@ struct TrainResult {
   std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
+
+  // What training itself held at the peak, to set against the plan: neither the code and libraries there
+  // before it began nor the file-backed pages that came in since.
+  double training_rss_bytes() const { return peak_rss_bytes - baseline_rss_bytes - paged_file_bytes; }
 };
 
 // Whether the run keeps its per-step measurements for a profile report (phases, block and collective
