@@ -11,6 +11,7 @@
 #include "engine/runtime/fused_attention.hpp"
 #include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/fused_ops.hpp"
+#include "engine/runtime/matmul.hpp"
 
 using namespace ds;
 
@@ -399,5 +400,37 @@ TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem
     torch::Tensor w2_ref = w0.clone().requires_grad_(true);
     (torch::embedding(w2_ref, ids) * probe).sum().backward();
     EXPECT_LT(relative_error(w2.grad(), w2_ref.grad()), 1e-6) << what;
+  }
+}
+
+// The layers' products: every layout the layers pass (plain, transposed views, a narrowed chunk of rows,
+// a row-major result inside a wider buffer falls back), written or added, against a double reference at
+// awkward sizes; fp32 through oneDNN where built with it, bf16 through LibTorch.
+TEST(Matmul, EveryLayoutTheLayersPassMatchesADoubleReference) {
+  torch::manual_seed(7);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const auto& [m, k, n] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1}, {7, 13, 5}, {33, 65, 17}, {128, 96, 200}}) {
+      for (int layout = 0; layout < 4; ++layout) {
+        const bool ta = layout & 1, tb = layout & 2;
+        // a (m, k) stored as given or as (k, m) transposed; a also as rows of a taller matrix
+        const torch::Tensor a_full = torch::randn(ta ? std::vector<int64_t>{k, m + 3} : std::vector<int64_t>{m + 3, k}).to(dtype);
+        const torch::Tensor a = ta ? a_full.narrow(1, 2, m).t() : a_full.narrow(0, 2, m);
+        const torch::Tensor b = tb ? torch::randn({n, k}).to(dtype).t() : torch::randn({k, n}).to(dtype);
+        const torch::Tensor expect = torch::mm(a.to(torch::kDouble), b.to(torch::kDouble));
+        const double tol = (dtype == torch::kFloat ? 1e-5 : 1e-2) * std::sqrt(static_cast<double>(k)) * 4;
+        const std::string what = std::string(dtype == torch::kFloat ? "fp32" : "bf16") + " " + std::to_string(m) + "x" +
+                                 std::to_string(k) + "x" + std::to_string(n) + " layout " + std::to_string(layout);
+        const torch::Tensor c = matmul_new(a, b);
+        EXPECT_LE((c.to(torch::kDouble) - expect).abs().max().item<double>(), tol) << what;
+        const torch::Tensor start = torch::randn({m, n}).to(dtype);
+        const torch::Tensor acc = start.clone();
+        matmul_into(acc, a, b, true);
+        EXPECT_LE((acc.to(torch::kDouble) - start.to(torch::kDouble) - expect).abs().max().item<double>(), tol * 2) << what;
+        torch::Tensor wide = torch::zeros({m, n + 4}, dtype);
+        matmul_into(wide.narrow(1, 1, n), a, b, false);  // ld > n: still row-major
+        EXPECT_LE((wide.narrow(1, 1, n).to(torch::kDouble) - expect).abs().max().item<double>(), tol) << what;
+        EXPECT_EQ(wide.narrow(1, 0, 1).abs().sum().item<double>(), 0) << what;  // nothing written outside it
+      }
+    }
   }
 }

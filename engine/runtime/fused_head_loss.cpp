@@ -4,6 +4,7 @@
 
 #include "common/error.hpp"
 #include "engine/runtime/fused_ops.hpp"  // bound_gradient
+#include "engine/runtime/matmul.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 
 namespace ds {
@@ -71,18 +72,18 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     const int64_t n = std::min(rows, N - r0);
     const torch::Tensor xc = x.narrow(0, r0, n);
     torch::Tensor logits = buffer.narrow(0, 0, n);
-    at::mm_out(logits, xc, wt);
+    matmul_into(logits, xc, wt, false);
     out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
     if (!grads) continue;
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
-    at::mm_out(dxc, logits, weight);
+    matmul_into(dxc, logits, weight, false);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
     if (dw_into.defined())
-      dw_into.addmm_(logits.t(), xc);
+      matmul_into(dw_into, logits.t(), xc, true);
     else if (r0 == 0)
-      out.dw = torch::mm(logits.t(), xc);
+      out.dw = matmul_new(logits.t(), xc);
     else
-      out.dw.addmm_(logits.t(), xc);
+      matmul_into(out.dw, logits.t(), xc, true);
   }
   return out;
 }

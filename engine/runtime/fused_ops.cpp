@@ -1,6 +1,7 @@
 #include "engine/runtime/fused_ops.hpp"
 
 #include "common/error.hpp"
+#include "engine/runtime/matmul.hpp"
 
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/embedding.hpp"
@@ -173,7 +174,9 @@ torch::Tensor project(AutogradContext* ctx, const torch::Tensor& x, const torch:
                       bool in_out) {
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
-  const torch::Tensor y = b.defined() ? torch::addmm(b, x2, wm) : torch::mm(x2, wm);
+  torch::Tensor y = torch::empty({x2.size(0), wm.size(1)}, x2.options());
+  if (b.defined()) y.copy_(b.expand_as(y));  // then the product adds into the bias
+  matmul_into(y, x2, wm, b.defined());
   ctx->save_for_backward({x2});
   ctx->saved_data["x_shape"] = x.sizes();
   ctx->saved_data["weight"] = w;  // the parameters themselves (leaves: no cycle), for their gradient buffers
@@ -191,13 +194,13 @@ variable_list project_backward(AutogradContext* ctx, const torch::Tensor& grad, 
   const bool in_out = ctx->saved_data["in_out"].toBool();
   const torch::Tensor dy = grad.reshape({x2.size(0), -1});
   variable_list out(3);
-  if (want_dx) out[0] = torch::mm(dy, in_out ? w.t() : w).view(ctx->saved_data["x_shape"].toIntVector());
+  if (want_dx) out[0] = matmul_new(dy, in_out ? w.t() : w).view(ctx->saved_data["x_shape"].toIntVector());
   if (want_dw) {  // x^T dy (in, out) or dy^T x (out, in), added into the buffer by the GEMM itself
     torch::Tensor g = bound_gradient(w);
     if (g.defined())
-      in_out ? g.addmm_(x2.t(), dy) : g.addmm_(dy.t(), x2);
+      in_out ? matmul_into(g, x2.t(), dy, true) : matmul_into(g, dy.t(), x2, true);
     else
-      out[1] = in_out ? torch::mm(x2.t(), dy) : torch::mm(dy.t(), x2);
+      out[1] = in_out ? matmul_new(x2.t(), dy) : matmul_new(dy.t(), x2);
   }
   if (want_db && ctx->saved_data.count("bias")) {
     torch::Tensor g = bound_gradient(ctx->saved_data["bias"].toTensor());

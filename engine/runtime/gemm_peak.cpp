@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/matmul.hpp"
 
 namespace ds {
 
@@ -26,13 +27,13 @@ GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, 
   for (const auto& [kn, step_flops] : shapes) {
     const auto [k, n] = kn;
     const torch::Tensor a = torch::randn({tokens, k}, opts), b = torch::randn({k, n}, opts);
-    torch::Tensor c = torch::matmul(a, b);  // warm: first-call allocation and kernel selection
+    const torch::Tensor c = matmul_new(a, b);  // warm: first-call allocation and kernel selection; ds's own path
     const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(k) * static_cast<double>(n);
     int reps = 0;
     const auto t0 = std::chrono::steady_clock::now();
     double elapsed = 0;
     while (reps < 2 || elapsed < per_shape) {
-      torch::matmul_out(c, a, b);
+      matmul_into(c, a, b, false);
       ++reps;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
