@@ -29,7 +29,8 @@ std::string version_text() {
          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH) +
          ", CLI11 " CLI11_VERSION ", valijson (JSON Schema)\n"
          "  LibTorch " TORCH_VERSION " (CPU); CUDA: not built in; NCCL: not built in; HDF5 " + hdf5_version() + "\n"
-         "  fused optimizer kernel: " + std::string(kernels::adam_implementation()) + "\n";
+         "  fused optimizer kernel: " + std::string(kernels::adam_implementation()) + "\n"
+         "  fp32 products of the layers: " DS_FP32_PRODUCTS "\n";
 }
 
 }  // namespace ds::cli

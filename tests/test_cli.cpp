@@ -187,6 +187,9 @@ TEST(CliVersion, IdentifiesItselfApartFromDeepSpeedsLauncher) {
   EXPECT_TRUE(contains(r.out, "git ")) << r.out;
   EXPECT_TRUE(contains(r.out, "not DeepSpeed's Python `ds` launcher")) << r.out;
   EXPECT_TRUE(contains(r.out, "LibTorch")) << r.out;
+  // What the layers' fp32 products run on: the library this build found, or LibTorch's BLAS.
+  EXPECT_TRUE(contains(r.out, "fp32 products of the layers: oneDNN sgemm (libdnnl") ||
+              contains(r.out, "fp32 products of the layers: LibTorch (its BLAS)")) << r.out;
 }
 
 TEST(CliEnv, ReportsTheMachineAsJson) {
