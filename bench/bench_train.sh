@@ -92,5 +92,6 @@ done
 echo "torch = PyTorch eager as installed; torch-kh = the same with glibc keeping freed memory (ds's policy);"
 echo "torch-env = with ds's whole environment: that and short idle waits (GOMP_SPINCOUNT=1000 OPENBLAS_THREAD_TIMEOUT=4);"
 echo "MFU = model FLOPs/s (plan's 6N+attention per token) / the matmul peak above; shapes = the matmul rate"
-echo "(TFLOP/s) at the model's own weight shapes and B*T rows (bench/matmul_peak.py), MFU@s = against it;"
+echo "(TFLOP/s) at the model's own weight shapes and B*T rows (bench/matmul_peak.py; fp32: the faster of PyTorch's"
+echo "mm and oneDNN's sgemm), MFU@s = against it;"
 echo "RSS/plan = ds's peak RSS above its code-and-libraries baseline / the plan's predicted memory."

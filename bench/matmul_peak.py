@@ -9,7 +9,11 @@ weight (the output head included, tied or not), then weights each shape's rate b
 spends in it: the rate the model's matmuls would reach if nothing else ran. Each rate is the best of
 3-30 products (as many as fit in a second). ds profile's "matmul peak" weights the same shapes but
 takes each one's mean rate, so its figure is a little lower.
+
+In fp32 each shape is also timed through oneDNN's sgemm where libdnnl.so.2 loads (ds runs its layers'
+fp32 products there; PyTorch's own fp32 mm is OpenBLAS's on Debian), and the faster library counts.
 """
+import ctypes
 import json
 import sys
 import time
@@ -17,16 +21,34 @@ import time
 import torch
 
 
+def onednn_sgemm():
+    """oneDNN's row-major C = alpha A B + beta C, or None where the library is not installed."""
+    try:
+        f = ctypes.CDLL("libdnnl.so.2").dnnl_sgemm
+    except (OSError, AttributeError):
+        return None
+    i64, flt, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_char, ctypes.c_char, i64, i64, i64, flt, ptr, i64, ptr, i64, flt, ptr, i64]
+    return f
+
+
 def best_seconds(m, k, n, dtype, budget_s=1.0, min_reps=3):
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     out = torch.empty(m, n, dtype=dtype)
-    torch.mm(a, b, out=out)  # warm: first-call allocation and kernel choice
-    best, reps, start = float("inf"), 0, time.perf_counter()
-    while reps < min_reps or (time.perf_counter() - start < budget_s and reps < 30):
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=out)
-        best = min(best, time.perf_counter() - t0)
-        reps += 1
+    products = [lambda: torch.mm(a, b, out=out)]
+    sgemm = onednn_sgemm() if dtype == torch.float32 else None
+    if sgemm:
+        products.append(lambda: sgemm(b"N", b"N", m, n, k, 1.0, a.data_ptr(), k, b.data_ptr(), n, 0.0, out.data_ptr(), n))
+    best = float("inf")
+    for product in products:
+        product()  # warm: first-call allocation and kernel choice
+        reps, start = 0, time.perf_counter()
+        while reps < min_reps or (time.perf_counter() - start < budget_s and reps < 30):
+            t0 = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - t0)
+            reps += 1
     return best
 
 
