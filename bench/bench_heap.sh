@@ -3,13 +3,14 @@
 # the resident figure also holds. Runs `ds train` under gdb with bench/heap_live.c preloaded: the counter
 # restarts as the run report is set up, right after ds takes its memory baseline (before training allocates
 # anything), and is read when the run finishes, beside ds's own closing line and the process's anonymous
-# memory. (A breakpoint on ds::resident_bytes itself, through its PLT stub, made gdb's run peak 290 MiB higher.)
+# memory. It breaks on the RunReport constructor, not on ds::resident_bytes: stopping in that function's
+# PLT stub raised the run's measured peak by 290 MiB (a gdb effect; bench/RESULTS.md).
 #   bash bench/bench_heap.sh CONFIG [OVERRIDES...]
 #   e.g. bash bench/bench_heap.sh examples/quickstart.json bf16.enabled=false
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v gdb >/dev/null || { echo "bench_heap: needs gdb (apt-get install gdb)" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,7p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,9p' "$0" >&2; exit 2; }
 mkdir -p build
 cc -O2 -shared -fPIC -o build/heap_live.so bench/heap_live.c
 work=$(mktemp -d)
@@ -30,7 +31,7 @@ break ds::RunReport::finish
 commands
   silent
   printf "heap_live %ld %ld\n", \$base, (long)heap_live_most() - \$base
-  shell grep RssAnon /proc/\$(pgrep -n -x ds)/status
+  info proc status
   continue
 end
 run
@@ -39,9 +40,8 @@ echo "# bash bench/bench_heap.sh $*   ($(date -u +%F), git $(git rev-parse --sho
 gdb -q -batch -x "$work/gdb" --args build/ds train "$@" train.output_dir="$work/run" >"$work/out" 2>&1 || true
 line=$(grep -m1 '^heap_live ' "$work/out") || { tail -20 "$work/out" >&2; exit 1; }
 read -r _ base most <<< "$line"
-plan=$(sed -n 's/.*"device_per_rank": *{[^}]*"total": *\([0-9.e+]*\).*/\1/p' "$work/run/plan.json" | head -1)
-[ -n "$plan" ] || plan=$(python3 -c "import json; print(json.load(open('$work/run/plan.json'))['memory']['device_per_rank']['total'])")
+plan=$(python3 -c "import json; print(json.load(open('$work/run/plan.json'))['memory']['device_per_rank']['total'])")
 grep -m1 'peak resident memory' "$work/out" | sed 's/ (the plan leaves.*//'
-grep -m1 '^RssAnon' "$work/out" | awk '{ printf "anonymous resident at the end: %.2f MiB\n", $2 / 1024 }'
+grep -m1 '^RssAnon:' "$work/out" | awk '{ printf "anonymous resident at the end: %.2f MiB\n", $2 / 1024 }'
 awk -v b="$base" -v m="$most" -v p="$plan" 'BEGIN {
   printf "live heap: %.2f MiB before training, at most %.2f MiB more during it = %.2fx the plan'"'"'s %.2f MiB\n", b / 1048576, m / 1048576, m / p, p / 1048576 }'
