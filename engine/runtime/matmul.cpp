@@ -1,5 +1,6 @@
 #include "engine/runtime/matmul.hpp"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/error.hpp"

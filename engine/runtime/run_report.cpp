@@ -186,14 +186,15 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     comm_s += d.seconds;
   }
   result_.comm_bytes.push_back(comm_bytes);
+  const double peak = peak_resident_bytes();
+  track_peak(peak);
   if (keeps_step_measurements(p, opt_)) {
     result_.comm_seconds.push_back(comm_s);
     result_.offload_bytes.push_back(o.offload_bytes);
     result_.step_seconds.push_back(step_s);
     result_.phases.push_back(o.phases);
-    result_.rss_bytes.push_back(peak_resident_bytes());
+    result_.rss_bytes.push_back(peak);
   }
-  track_peak(peak_resident_bytes());
   result_.losses.push_back(o.loss);
   if (val) result_.val_losses.push_back(*val);
   if (o.skipped) ++result_.skipped_steps;
