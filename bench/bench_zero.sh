@@ -5,7 +5,9 @@
 # so step times show the cost of communication and sharding, not a speed-up. "comm s" is the time a
 # rank was held up by collectives per step (a reduce running beside backward counts only its wait).
 #
-# usage: bench/bench_zero.sh [steps]    (needs build/ds)
+# usage: bench/bench_zero.sh [steps]              (needs build/ds)
+#        bench/bench_zero.sh [steps] --pairs N    stage 0 and stage 3 on 2 ranks, interleaved N times:
+#                                                  #17's "stage 3 within 15% of stage 0" as a ratio per pair
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-5}"
@@ -46,6 +48,15 @@ print(sum(float(v) * units[u] for _, v, u in vals))")
     "$(echo "2048 / $step_s" | bc -l)" "$comm_s" "$(echo "$sent / 2^20" | bc -l)" "$(echo "$planned_sent / 2^20" | bc -l)" \
     "$(echo "$held / 2^20" | bc -l)" "$(echo "$planned_states / 2^20" | bc -l)"
 }
+
+if [ "${2:-}" = "--pairs" ]; then
+  for i in $(seq "${3:-4}"); do
+    run 0 2 | tee /tmp/ds_bench_zero_pair0
+    run 3 2 | tee /tmp/ds_bench_zero_pair3
+    awk -v i="$i" 'NR==FNR {s0=$4; next} {printf "pair %d: stage 3 / stage 0 = %.2fx\n", i, $4 / s0}' /tmp/ds_bench_zero_pair0 /tmp/ds_bench_zero_pair3
+  done
+  exit 0
+fi
 
 for ranks in 1 2 4; do
   for stage in 0 1 2 3; do

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "engine/plan/plan.hpp"
 #include "schema/loader.hpp"
@@ -147,14 +151,43 @@ TEST(MemoryModel, OverlapCommAddsOneBlockGradientBufferAndAWholeGroupInFlight) {
   // gpt2-tiny block: 2 x 64 (ln_1) + 64 x 192 + 192 (attn) + 64 x 64 + 64 (proj) + 2 x 64 (ln_2) +
   // 64 x 256 + 256 (fc) + 256 x 64 + 64 (fc proj) = 49,984 elements.
   const double block = 49984;
-  auto buffers = [](const char* precision, bool overlap) {
-    return tiny(2, {"zero_optimization.stage=2", precision, std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")})
+  auto buffers = [](const char* precision, bool overlap, const char* scatter = "true") {
+    return tiny(2, {"zero_optimization.stage=2", precision, std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false"),
+                    std::string("zero_optimization.reduce_scatter=") + scatter})
         .memory.device.buffers;
   };
-  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=false", true) - buffers("bf16.enabled=false", false), block * 4);  // no reduce copies
-  // bf16: Gloo reduces through fp32 copies, of every piece of the largest group at once when overlapping.
+  // A reduce-scatter's receive buffer does not depend on overlap: one more block buffer is the difference.
+  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=false", true) - buffers("bf16.enabled=false", false), block * 4);
+  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=true", true) - buffers("bf16.enabled=true", false), block * 2);
+  // All-reduced instead, bf16 goes through fp32 copies: of every piece of the largest group at once when
+  // overlapping, else of one reduce bucket (1000 elements here).
   const double P = static_cast<double>(tiny(1).model.num_params);
   const double largest = std::max(block, P - 2 * block);
-  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=true", true) - buffers("bf16.enabled=true", false), block * 2 + (largest - 1000) * 4);
-  EXPECT_DOUBLE_EQ(bytes_of(tiny(2, {"zero_optimization.stage=2", "bf16.enabled=true"}), BufferRole::reduce_staging), 1000 * 4);
+  EXPECT_DOUBLE_EQ(buffers("bf16.enabled=true", true, "false") - buffers("bf16.enabled=true", false, "false"), block * 2 + (largest - 1000) * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(tiny(2, {"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.reduce_scatter=false"}),
+                            BufferRole::reduce_staging),
+                   1000 * 4);
+}
+
+TEST(MemoryModel, AReduceScatterReceivesTheOtherRanksShareOfTheLargestPartAnyRankOwns) {
+  // Stage 2 on 2 ranks: each rank owns half the padded flat buffer; a group's part on a rank is where
+  // the group's parameters meet that half. The receive buffer holds the largest such part, once per other rank.
+  for (const char* precision : {"bf16.enabled=false", "bf16.enabled=true"}) {
+    for (const int world : {2, 3}) {
+      const Plan p = tiny(world, {"zero_optimization.stage=2", precision});
+      std::map<int, std::vector<double>> part;  // group (layer, -1 outside the blocks) -> elements per rank
+      for (const ParamSlot& s : p.layout.params)
+        for (int r = 0; r < world; ++r) {
+          const ShardRange& shard = p.layout.shards[static_cast<size_t>(r)];
+          const int64_t meet = std::min(s.offset + s.numel, shard.end) - std::max(s.offset, shard.begin);
+          part[s.layer].resize(static_cast<size_t>(world));
+          if (meet > 0) part[s.layer][static_cast<size_t>(r)] += static_cast<double>(meet);
+        }
+      double most = 0;
+      for (const auto& [layer, per_rank] : part) most = std::max(most, *std::max_element(per_rank.begin(), per_rank.end()));
+      const double width = std::string(precision) == "bf16.enabled=true" ? 2 : 4;
+      EXPECT_DOUBLE_EQ(bytes_of(p, BufferRole::reduce_scratch), most * (world - 1) * width) << precision << " on " << world;
+      EXPECT_EQ(bytes_of(p, BufferRole::reduce_staging), 0.0);  // no fp32 copies
+    }
+  }
 }

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/sum.hpp"
 
 using namespace ds::kernels;
 
@@ -38,4 +39,46 @@ TEST(SumOfSquaresKernel, PropagatesInfAndNaN) {
   EXPECT_TRUE(std::isinf(sum_of_squares_f32(x.data(), 1000)));
   x[777] = NAN;
   EXPECT_TRUE(std::isnan(sum_of_squares_f32(x.data(), 1000)));
+}
+
+// The end of a reduce-scatter: k sources added into one buffer.
+TEST(SumIntoKernel, Bf16AccumulatesInFp32AndRoundsOnceAtAwkwardSizes) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0, 1);
+  for (int k : {1, 3}) {
+    for (int64_t n : {1, 15, 16, 17, 1000, (1 << 16) + 9, 2 * (1 << 16) + 31}) {
+      std::vector<std::vector<uint16_t>> src(static_cast<size_t>(k), std::vector<uint16_t>(n));
+      std::vector<uint16_t> dst(n), ref(n);
+      std::vector<float> fdst(n);
+      std::vector<std::vector<float>> fsrc(static_cast<size_t>(k), std::vector<float>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        dst[i] = ref[i] = float_to_bf16(d(rng));
+        fdst[i] = d(rng);
+        for (int j = 0; j < k; ++j) {
+          src[static_cast<size_t>(j)][i] = float_to_bf16(d(rng));
+          fsrc[static_cast<size_t>(j)][i] = d(rng);
+        }
+      }
+      std::vector<const uint16_t*> ps;
+      std::vector<const float*> fps;
+      for (int j = 0; j < k; ++j) {
+        ps.push_back(src[static_cast<size_t>(j)].data());
+        fps.push_back(fsrc[static_cast<size_t>(j)].data());
+      }
+      // fp32: the sources added in order, element by element.
+      std::vector<float> fexpect(fdst);
+      for (int64_t i = 0; i < n; ++i)
+        for (int j = 0; j < k; ++j) fexpect[i] += fsrc[static_cast<size_t>(j)][i];
+      sum_into_f32(fdst.data(), fps.data(), k, n);
+      EXPECT_EQ(fdst, fexpect) << k << " sources, " << n;
+      sum_into_bf16(dst.data(), ps.data(), k, n);
+      sum_into_bf16_reference(ref.data(), ps.data(), k, n);
+      EXPECT_EQ(dst, ref) << k << " sources, " << n;
+    }
+  }
+  // 256 + 1 + 1: rounded after each addition bf16 stays at 256 (257 ties to even); rounded once it is 258.
+  std::vector<uint16_t> dst{float_to_bf16(256.0f)}, one{float_to_bf16(1.0f)};
+  const uint16_t* two[] = {one.data(), one.data()};
+  sum_into_bf16(dst.data(), two, 2, 1);
+  EXPECT_EQ(bf16_to_float(dst[0]), 258.0f);
 }

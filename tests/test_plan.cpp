@@ -213,12 +213,21 @@ TEST(PlanCompiler, CollectivesMatchTheStage) {
   EXPECT_EQ(g2.elements_per_step, p2.layout.numel * 2);  // every micro step, GAS = 2
   EXPECT_DOUBLE_EQ(g2.wire_bytes_per_rank_per_step, g2.payload_bytes_per_step * 3 / 4);
   EXPECT_EQ(find(p2, "updated parameters").elements_per_step, p2.layout.padded_numel);
-  // CPU ranks (Gloo): no reduce-scatter and no bf16 reduction, said in a note.
+  // CPU ranks (Gloo): stage 2 reduce-scatters point to point, in the dtype backward wrote (bf16 here).
   const Collective c2 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=2"}), "gradients");
-  EXPECT_EQ(c2.op, CollectiveOp::all_reduce);
-  EXPECT_EQ(c2.dtype_bytes, 4);
-  EXPECT_FALSE(c2.note.empty());
-  EXPECT_DOUBLE_EQ(c2.wire_bytes_per_rank_per_step, c2.payload_bytes_per_step * 2 * 3 / 4);
+  EXPECT_EQ(c2.op, CollectiveOp::reduce_scatter);
+  EXPECT_EQ(c2.dtype_bytes, 2);
+  EXPECT_DOUBLE_EQ(c2.wire_bytes_per_rank_per_step, c2.payload_bytes_per_step * 3 / 4);
+  // Stage 1 on Gloo, and reduce_scatter=false anywhere, all-reduce (bf16 through an fp32 copy on Gloo),
+  // and the note says why.
+  for (const auto& knobs : {std::vector<std::string>{"zero_optimization.stage=1"},
+                            std::vector<std::string>{"zero_optimization.stage=2", "zero_optimization.reduce_scatter=false"}}) {
+    const Collective c = find(plan_of(kGpt2, 4, knobs), "gradients");
+    EXPECT_EQ(c.op, CollectiveOp::all_reduce) << knobs[0];
+    EXPECT_EQ(c.dtype_bytes, 4);
+    EXPECT_FALSE(c.note.empty());
+    EXPECT_DOUBLE_EQ(c.wire_bytes_per_rank_per_step, c.payload_bytes_per_step * 2 * 3 / 4);
+  }
   const Collective g0 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=0"}, gpu), "gradients");
   EXPECT_DOUBLE_EQ(g0.wire_bytes_per_rank_per_step, g0.payload_bytes_per_step * 2 * 3 / 4);
   // Stage 3: the blocks are gathered for forward and again for backward every micro step (GAS = 2), the

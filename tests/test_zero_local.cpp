@@ -10,6 +10,9 @@
 #include <mutex>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine/runtime/comm_local.hpp"
@@ -469,4 +472,76 @@ TEST(OptimizerOffload, PartialOffloadSplitsTheStatesNeverTheNumbers) {
     }
   }
   fs::remove_all(root);
+}
+
+namespace {
+
+// A port nothing listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : 29650;
+}
+
+}  // namespace
+
+// The all-gather and the reduce-scatter ZeRO issues, by spans, on three ranks, over shared memory and over
+// Gloo's point-to-point sends: uneven spans, an empty one, fp32 and bf16, against sums done here.
+TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
+  constexpr int W = 3;
+  constexpr int64_t N = 37;
+  const Ownership owners{{{0, 5}, {20, 3}}, {{5, 0}, {5, 10}, {30, 7}}, {{15, 5}, {23, 7}}};
+  std::vector<int> owner_of(N, -1);
+  for (int q = 0; q < W; ++q)
+    for (const Span& s : owners[static_cast<size_t>(q)])
+      for (int64_t i = s.offset; i < s.offset + s.numel; ++i) owner_of[static_cast<size_t>(i)] = q;
+  // Rank r's contribution to element i; element 33 (rank 1's) sums 256 + 1 + 1, which bf16 gets right only
+  // by accumulating in fp32 and rounding once.
+  const auto contribution = [](int r, int64_t i) { return i == 33 ? (r == 0 ? 256.0 : 1.0) : static_cast<double>((r + 1) * (i % 7) - r); };
+  LocalGroup local(W);
+  const int port = free_port();
+  for (const bool gloo : {false, true}) {
+    on_ranks(W, [&](int rank) {
+      std::unique_ptr<Communicator> comm;
+      if (gloo) {
+        Topology t;
+        t.world_size = W;
+        t.rank = rank;
+        t.master_addr = "127.0.0.1";
+        t.master_port = port;
+        comm = Communicator::create(t, std::chrono::seconds(30));
+      } else {
+        comm = local.join(rank);
+      }
+      for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+        const std::string what = std::string(gloo ? "Gloo " : "local ") + (dtype == torch::kFloat32 ? "fp32" : "bf16") + " rank " + std::to_string(rank);
+        // All-gather: this rank's spans hold 100 q + i, the rest -1 until the others' arrive.
+        torch::Tensor t = torch::full({N}, -1.0, dtype);
+        for (const Span& s : owners[static_cast<size_t>(rank)])
+          for (int64_t i = s.offset; i < s.offset + s.numel; ++i) t[i] = 100.0 * rank + static_cast<double>(i);
+        comm->all_gather_async(t, owners, CollectiveKind::updated_parameters)->wait();
+        for (int64_t i = 0; i < N; ++i) EXPECT_EQ(t[i].item<double>(), 100.0 * owner_of[static_cast<size_t>(i)] + static_cast<double>(i)) << what << " element " << i;
+        // Reduce-scatter: this rank's spans end as the sum over ranks; its other elements stay its own.
+        torch::Tensor c = torch::empty({N}, dtype);
+        for (int64_t i = 0; i < N; ++i) c[i] = contribution(rank, i);
+        const torch::Tensor scratch = torch::full({(W - 1) * span_elements(owners[static_cast<size_t>(rank)])}, -7.0, dtype);
+        comm->reduce_scatter_sum_async(c, owners, scratch, CollectiveKind::gradients)->wait();
+        for (int64_t i = 0; i < N; ++i) {
+          double expect = contribution(rank, i);
+          if (owner_of[static_cast<size_t>(i)] == rank) expect = contribution(0, i) + contribution(1, i) + contribution(2, i);
+          EXPECT_EQ(c[i].item<double>(), expect) << what << " element " << i;
+        }
+      }
+      // The ledger: a ring's wire bytes for each payload (all 37 elements), fp32 then bf16.
+      const double share = static_cast<double>(W - 1) / W;
+      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::updated_parameters).bytes, N * (4 + 2) * share);
+      EXPECT_EQ(comm->ledger().at(CollectiveKind::gradients).op, "reduce_scatter");
+      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::gradients).bytes, N * (4 + 2) * share);
+    });
+  }
 }

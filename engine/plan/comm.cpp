@@ -31,6 +31,22 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
+int64_t span_elements(const std::vector<Span>& spans) {
+  int64_t n = 0;
+  for (const Span& s : spans) n += s.numel;
+  return n;
+}
+
+Ownership clip(const Ownership& owners, int64_t at, int64_t n) {
+  Ownership out(owners.size());
+  for (size_t q = 0; q < owners.size(); ++q)
+    for (const Span& s : owners[q]) {
+      const int64_t b = std::max(s.offset, at), e = std::min(s.offset + s.numel, at + n);
+      if (e > b) out[q].push_back({b - at, e - b});
+    }
+  return out;
+}
+
 double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size) {
   const double share = static_cast<double>(world_size - 1) / world_size;
   return payload_bytes * (op == CollectiveOp::all_reduce ? 2 * share : share);
@@ -62,25 +78,26 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   if (W <= 1) return out;
   const int64_t grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
   const int pb = dtype_bytes(plan.precision.param_dtype);
-  // Gloo reduces 16-bit floats through an fp32 copy.
-  const int gb = z.gloo ? std::max(4, dtype_bytes(plan.precision.comm_dtype)) : dtype_bytes(plan.precision.comm_dtype);
-  const bool scatter = knobs.reduce_scatter && !z.gloo;
+  // Stages 2-3 reduce-scatter each group's gradients (point to point on Gloo, in their own dtype); stage 1
+  // on Gloo all-reduces (see ZeroExecution::scatter).
+  const bool scatter = z.scatter;
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
-  const char* grad_note = scatter ? "" : z.gloo ? "as all_reduce: Gloo has no reduce_scatter; each rank keeps its part"
-                                                : "as all_reduce: zero_optimization.reduce_scatter is false";
+  // On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
+  // all-reduce sums 16-bit floats through an fp32 copy.
+  const int gb = !z.gloo ? dtype_bytes(plan.precision.comm_dtype) : scatter ? dtype_bytes(plan.precision.compute_dtype) : 4;
+  const char* grad_note = scatter || !z.sharded ? ""
+                          : !knobs.reduce_scatter
+                              ? "as all_reduce: zero_optimization.reduce_scatter is false"
+                              : "as all_reduce: stage 1 on Gloo keeps its memory (a reduce-scatter needs a shard-sized receive buffer)";
   const auto groups = parameter_groups(L);
 
   out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
   if (plan.optimizer.type == OptimizerType::Lamb && z.sharded)
     out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1,
                        2 * static_cast<int64_t>(L.params.size()), 8, W));
-  // Parameters are gathered with an all-gather, or on Gloo by an all-reduce of their bits.
-  const CollectiveOp gather_op = z.gloo ? CollectiveOp::all_reduce : CollectiveOp::all_gather;
   auto gather = [&](CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements) {
     if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
-    Collective c = make(kind, gather_op, when, times, calls, elements, pb, W);
-    if (z.gloo) c.note = "an all-gather as an all_reduce of raw bits: Gloo's all-gather is 3x slower";
-    out.push_back(c);
+    out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, pb, W));
   };
   if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
     out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1,

@@ -1,10 +1,10 @@
 // ds — the collectives one optimizer step issues, with their sizes: exactly the calls the runtime
 // makes (engine/runtime/zero.cpp), so `ds train` can report bytes sent beside this prediction.
 // Wire bytes per rank assume ring algorithms: all-reduce moves 2(W-1)/W of the payload, reduce-scatter
-// and all-gather (W-1)/W. Gloo (CPU ranks) has no reduce-scatter in LibTorch 1.13 and cannot reduce
-// 16-bit floats: there gradients are all-reduced in fp32 and each rank keeps its part. Its all-gather is
-// slow (a third of its all-reduce's rate here), so on Gloo parameters are gathered by summing their raw
-// bits (every element nonzero on one rank only): an all-reduce, twice the bytes, a third of the time.
+// and all-gather (W-1)/W. On Gloo (CPU ranks) ds builds the reduce-scatter and the all-gather from
+// point-to-point sends (each rank sends every other rank the elements that rank owns), which move
+// exactly those bytes; Gloo's own all-gather is a third as fast as its all-reduce here, and LibTorch
+// 1.13's Gloo has no reduce-scatter. Gloo's all-reduce cannot sum 16-bit floats: it runs on an fp32 copy.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,17 @@ struct Collective {
   std::string note;            // e.g. why a reduce-scatter runs as an all-reduce
   const char* what() const { return collective_name(kind); }
 };
+
+// Which elements of a buffer each rank holds (an all-gather) or receives the sum of (a reduce-scatter):
+// owners[q] lists rank q's (offset, numel) pieces, in order. Every rank describes a collective with the
+// same lists.
+struct Span {
+  int64_t offset = 0, numel = 0;
+};
+using Ownership = std::vector<std::vector<Span>>;
+int64_t span_elements(const std::vector<Span>& spans);
+// The owners of the elements [at, at + n) of a buffer, with offsets from `at`: a bucket's share.
+Ownership clip(const Ownership& owners, int64_t at, int64_t n);
 
 struct Plan;
 struct ZeroExecution;

@@ -225,6 +225,11 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.activation_checkpointing = c.model.activation_checkpointing;
   list_default_autos(c, plan.resolved);
   plan.precision = resolve_precision(c, topo);
+  if (c.communication_data_type && topo.device == DeviceKind::cpu && *c.communication_data_type != plan.precision.compute_dtype)
+    plan.warnings.push_back({"communication_data_type",
+                             std::string("has no effect on CPU ranks: gradients travel over Gloo in the dtype backward wrote them in (") +
+                                 dtype_name(plan.precision.compute_dtype) + "; Gloo's all-reduce sums 16-bit floats in fp32)",
+                             "remove it here; it applies to GPU ranks"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");

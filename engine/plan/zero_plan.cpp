@@ -35,6 +35,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::gather_staging: return "gather_staging";
     case BufferRole::prefetch_staging: return "prefetch_staging";
     case BufferRole::reduce_staging: return "reduce_staging";
+    case BufferRole::reduce_scratch: return "reduce_scratch";
     case BufferRole::optimizer_swap: return "optimizer_swap";
     case BufferRole::param_swap: return "param_swap";
   }
@@ -60,6 +61,22 @@ Place offload_place(OffloadDevice d) {
 
 }  // namespace
 
+std::vector<Ownership> group_ownerships(const FlatLayout& L, const std::vector<ParamGroup>& groups,
+                                        const std::vector<int64_t>& group_offset) {
+  std::vector<int> group_of(L.params.size(), -1);
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (int i : groups[g].params) group_of[static_cast<size_t>(i)] = static_cast<int>(g);
+  std::vector<Ownership> out(groups.size(), Ownership(static_cast<size_t>(L.world_size)));
+  for (int q = 0; q < L.world_size; ++q)
+    for (const OwnedSegment& s : owned_segments(L, q)) {  // in parameter order: each group's spans come in order
+      const ParamSlot& p = L.params[static_cast<size_t>(s.param)];
+      const int g = group_of[static_cast<size_t>(s.param)];
+      out[static_cast<size_t>(g)][static_cast<size_t>(q)].push_back(
+          {group_offset[static_cast<size_t>(s.param)] + (s.global - p.offset), s.numel});
+    }
+  return out;
+}
+
 ZeroExecution describe_zero(const Plan& plan) {
   const FlatLayout& L = plan.layout;
   const ResolvedZero& knobs = plan.zero;
@@ -77,8 +94,11 @@ ZeroExecution describe_zero(const Plan& plan) {
   z.gathers = L.stage == 3 && (multi || param_offload);
   z.grouped = L.stage >= 2 && (multi || z.gathers);
   z.overlap = z.grouped && knobs.overlap_comm;
-  z.widened = pp.compute_dtype != pp.param_dtype;
   z.gloo = plan.topology.device == DeviceKind::cpu;
+  // On Gloo a reduce-scatter is point-to-point sends into a receive buffer of (W-1) x the rank's part:
+  // a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces there.
+  z.scatter = multi && knobs.reduce_scatter && (z.grouped || !z.gloo);
+  z.widened = pp.compute_dtype != pp.param_dtype;
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
 
@@ -245,9 +265,16 @@ ZeroExecution describe_zero(const Plan& plan) {
     add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
     add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
   }
-  // Gloo reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at a
-  // time, or a whole group when its pieces all run beside backward (overlap_comm).
-  if (multi && z.gloo && dtype_bytes(compute) < 4) {
+  // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
+  // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.
+  if (z.grouped && z.scatter && z.gloo) {
+    int64_t largest = 0;
+    for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
+      for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
+    add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
+  } else if (multi && z.gloo && dtype_bytes(compute) < 4) {
+    // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
+    // a time, or a whole group when its pieces all run beside backward (overlap_comm).
     int64_t largest = z.full_numel;
     if (z.grouped) largest = std::max(z.block_numel, z.outer_numel);
     const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, knobs.reduce_bucket_size), largest);

@@ -41,6 +41,7 @@ enum class BufferRole {
   gather_staging,  // stage 3: every rank's partitions packed for a gather waited on at once
   prefetch_staging,  // stage 3: the same for the next block's gather, in flight while this block computes
   reduce_staging,  // Gloo: the fp32 copy of the 16-bit gradient pieces in flight (the communicator's)
+  reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
   param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
 };
@@ -72,7 +73,8 @@ struct ZeroExecution {
   bool gathers = false;             // stage 3: parameters partitioned, gathered before use
   bool overlap = false;             // grouped reduces run while backward goes on (overlap_comm)
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
-  bool gloo = true;                 // CPU ranks: no reduce-scatter, no 16-bit reductions
+  bool gloo = true;                 // CPU ranks: collectives over Gloo (no 16-bit all-reduce)
+  bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
   int64_t full_numel = 0;           // elements of the whole-model buffers (padded from stage 1 on)
   int64_t local_numel = 0;          // elements this rank's optimizer steps (padding included)
   int64_t block_numel = 0, outer_numel = 0;  // grouped: the elements of a block, of the outer parameters
@@ -94,6 +96,11 @@ struct ZeroExecution {
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;
 };
+
+// Grouped stages: for each group, which elements of its gradient buffer (at `group_offset`) each rank
+// owns, i.e. receives the sum of when the group is reduce-scattered.
+std::vector<Ownership> group_ownerships(const FlatLayout& L, const std::vector<ParamGroup>& groups,
+                                        const std::vector<int64_t>& group_offset);
 
 // Describes the execution of a plan whose layout, zero knobs, precision, optimizer, batch and topology
 // are resolved. Pure.

@@ -1,9 +1,12 @@
-// ds — collectives between ranks, in the c10d spirit: a small interface (sum in place, gather by sum,
-// barrier) with what a backend can do natively in capabilities(), and two implementations:
+// ds — collectives between ranks, in the c10d spirit: a small interface (all-reduce, all-gather and
+// reduce-scatter in place, barrier) and two implementations:
 //  * Gloo over LibTorch's c10d (engine/runtime/comm_gloo.cpp): CPU tensors, rendezvous through a
 //    TCPStore at the plan topology's master address (rank 0 hosts it), torchrun's convention, so
 //    `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way. Every
-//    collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it.
+//    collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it. The
+//    all-gather and the reduce-scatter are point-to-point sends (each rank sends each other rank the
+//    elements that rank owns): Gloo's own all-gather is a third as fast as its all-reduce here, and
+//    LibTorch 1.13's Gloo has no reduce-scatter; sent directly they move half an all-reduce's bytes.
 //  * LocalGroup (engine/runtime/comm_local.hpp): ranks as threads of one process, for unit tests of
 //    ZeRO's exchange at every stage without starting processes.
 // A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
@@ -33,15 +36,6 @@ struct CommStats {
 };
 using CommLedger = std::map<CollectiveKind, CommStats>;
 
-// What a backend does natively. ZeRO uses the generic forms where one is missing: an all-reduce of
-// which each rank keeps its part for a reduce-scatter, a gather by sum for an all-gather, 16-bit
-// reductions through an fp32 copy.
-struct CommCapabilities {
-  bool reduce_scatter = false;
-  bool all_gather = false;
-  bool reduce_16bit = false;
-};
-
 // A collective in flight; wait() finishes it (and throws if a peer failed or the timeout passed).
 class PendingCollective {
  public:
@@ -58,18 +52,20 @@ class Communicator {
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
-  virtual CommCapabilities capabilities() const = 0;
 
   // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous). The async form
   // starts it and returns at once; `t` must stay untouched until wait().
   virtual std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) = 0;
   void all_reduce_sum(const torch::Tensor& t, CollectiveKind kind) { all_reduce_sum_async(t, kind)->wait(); }
-  // An all-gather as an all-reduce of raw bits: every element of `t` is nonzero on at most one rank (each
-  // rank fills its own part, the rest is zero), so the integer sum of the bit patterns is that rank's
-  // bits, exactly, in any dtype. Gloo's own all-gather moves ~80 MB/s on this machine against ~500 MB/s
-  // for its all-reduce: twice the bytes, a third of the time. Starts it and returns at once.
-  virtual std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) = 0;
-  void gather_by_sum(const torch::Tensor& t, CollectiveKind kind) { gather_by_sum_async(t, kind)->wait(); }
+  // In place, any dtype: this rank's spans of `t` (owners[rank()]) are filled; on wait every rank's are.
+  virtual std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners,
+                                                              CollectiveKind kind) = 0;
+  // In place: `t` holds this rank's contribution to every element; on wait this rank's spans hold the sum
+  // over the ranks (its other elements are left as they were). `scratch` (t's dtype, at least
+  // (world - 1) x this rank's span elements) receives the others' contributions; both stay untouched
+  // until wait(). 16-bit floats accumulate in fp32 and round once.
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                                      const torch::Tensor& scratch, CollectiveKind kind) = 0;
   virtual void barrier() = 0;
   // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
   // can name the ranks that never arrived.
@@ -88,9 +84,14 @@ class Communicator {
 
  protected:
   Communicator(int rank, int world) : rank_(rank), world_(world) {}
-  // One more call of `kind` sending `payload_bytes` through an all-reduce (the ledger's figure).
-  // `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
-  CommStats& count_all_reduce(CollectiveKind kind, double payload_bytes, int64_t* event);
+  // One more call of `kind`: an `op` over `payload_bytes` (the ledger's figure is a ring's wire bytes for
+  // it). `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
+  CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
+  // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
+  static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
+  // The end of a reduce-scatter: this rank's spans of `t` += the other ranks' contributions, which
+  // `scratch` holds in rank order, each rank's as this rank's spans concatenated.
+  void add_received(const torch::Tensor& t, const Ownership& owners, const torch::Tensor& scratch) const;
 
   // Stamps the end of event `index` (from count_all_reduce); -1 does nothing.
   void finish_event(int64_t index) {

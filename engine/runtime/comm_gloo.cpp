@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 
@@ -10,39 +11,30 @@
 
 namespace ds {
 
-CommStats& Communicator::count_all_reduce(CollectiveKind kind, double payload_bytes, int64_t* event) {
-  CommStats& s = ledger_[kind];
-  s.op = collective_op_name(CollectiveOp::all_reduce);
-  ++s.calls;
-  const double wire = wire_bytes_per_rank(CollectiveOp::all_reduce, payload_bytes, world_);
-  s.bytes += wire;
-  *event = -1;
-  if (recording_) {
-    const auto now = std::chrono::steady_clock::now();
-    events_.push_back({kind, now, now, wire});
-    *event = static_cast<int64_t>(events_.size()) - 1;
-  }
-  return s;
-}
-
 namespace {
 
-// LibTorch 1.13's Gloo has no reduce-scatter in its CPU path worth using, no bf16/fp16 reduction, and an
-// all-gather a third as fast as its all-reduce.
+// LibTorch 1.13's Gloo has no reduce-scatter, no bf16/fp16 reduction, and an all-gather a third as fast
+// as its all-reduce: ds sends the all-gather's and the reduce-scatter's pieces point to point.
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
-  CommCapabilities capabilities() const override { return {}; }
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override;
-  std::unique_ptr<PendingCollective> gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) override;
+  std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override;
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                              const torch::Tensor& scratch, CollectiveKind kind) override;
   void barrier() override { group_->barrier()->wait(); }
   void mark_step(int64_t step) override;
 
  private:
   // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
   std::string who_is_behind() const;
+  using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
+  // The first of `count` tags for one collective's messages: every rank issues the same collectives in the
+  // same order, so the tags agree, and a message never matches another collective's.
+  int take_tags(int64_t count);
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int64_t next_tag_ = 0;
 };
 
 }  // namespace
@@ -85,32 +77,38 @@ class GlooWork : public PendingCollective {
   // `then` runs once the collective is done (an fp32 copy written back into a 16-bit tensor). The
   // ledger's seconds are the time this rank was held up: issuing (from `start`) and waiting, not the
   // time the collective ran beside compute. `explain` says who is missing when the wait fails.
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, CommStats& stats, std::chrono::steady_clock::time_point start,
+  // `works`: the collective, or a point-to-point collective's sends and receives.
+  GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, CommStats& stats, std::chrono::steady_clock::time_point start,
            std::function<std::string()> explain, std::function<void()> then = {}, std::function<void()> finished = {})
-      : work_(std::move(work)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)), finished_(std::move(finished)) {
+      : works_(std::move(works)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)), finished_(std::move(finished)) {
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   ~GlooWork() override {
-    if (work_) try { work_->wait(); } catch (...) {}  // never leave Gloo writing into freed memory
+    for (auto& w : works_) try { w->wait(); } catch (...) {}  // never leave Gloo reading or writing freed memory
   }
   void wait() override {
-    if (!work_) return;
+    if (done_) return;
+    done_ = true;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      work_->wait();
+      while (!works_.empty()) {
+        works_.back()->wait();
+        works_.pop_back();
+      }
     } catch (const std::exception& e) {
-      work_.reset();
+      for (auto& w : works_) try { w->wait(); } catch (...) {}
+      works_.clear();
       const std::string what = e.what();
       throw std::runtime_error("a collective failed: " + explain_() + " (" + what.substr(0, what.find('\n')) + ")");
     }
-    work_.reset();
     if (then_) then_();
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (finished_) finished_();
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  bool done_ = false;
   CommStats& stats_;
   std::function<std::string()> explain_;
   std::function<void()> then_;
@@ -123,26 +121,95 @@ std::unique_ptr<PendingCollective> GlooCommunicator::all_reduce_sum_async(const 
   DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
   const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
   std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
-  auto work = group_->allreduce(buf);
+  Works works{group_->allreduce(buf)};
   int64_t event = -1;
-  CommStats& s = count_all_reduce(kind, static_cast<double>(buf[0].nbytes()), &event);
+  CommStats& s = count(kind, CollectiveOp::all_reduce, static_cast<double>(buf[0].nbytes()), &event);
   std::function<void()> then;
   if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
-  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::move(then),
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); }, std::move(then),
                                     [this, event] { finish_event(event); });
 }
 
-std::unique_ptr<PendingCollective> GlooCommunicator::gather_by_sum_async(const torch::Tensor& t, CollectiveKind kind) {
+int GlooCommunicator::take_tags(int64_t count) {
+  if (next_tag_ + count > (int64_t{1} << 30)) next_tag_ = 0;  // Gloo's tags are non-negative ints
+  const int first = static_cast<int>(next_tag_);
+  next_tag_ += std::max<int64_t>(1, count);
+  return first;
+}
+
+namespace {
+int64_t most_spans(const Ownership& owners) {
+  size_t n = 0;
+  for (const auto& spans : owners) n = std::max(n, spans.size());
+  return static_cast<int64_t>(n);
+}
+}  // namespace
+
+std::unique_ptr<PendingCollective> GlooCommunicator::all_gather_async(const torch::Tensor& t, const Ownership& owners,
+                                                                      CollectiveKind kind) {
   const auto t0 = std::chrono::steady_clock::now();
-  DS_CHECK(t.is_contiguous(), "gather of a non-contiguous tensor");
-  const int64_t bytes = static_cast<int64_t>(t.nbytes());
-  // Integer lanes: int32 where the size allows, else bytes. Lanes never carry into each other.
-  std::vector<torch::Tensor> bits{bytes % 4 == 0 ? torch::from_blob(t.data_ptr(), {bytes / 4}, torch::kInt32)
-                                                 : torch::from_blob(t.data_ptr(), {bytes}, torch::kInt8)};
-  auto work = group_->allreduce(bits);
+  DS_CHECK(t.is_contiguous() && t.dim() == 1 && owners.size() == static_cast<size_t>(world_), "an all-gather's buffer or owners");
+  const int tag = take_tags(most_spans(owners));
+  // Bytes as they are: any dtype travels, no sum.
+  const torch::Tensor bytes = torch::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, torch::kUInt8);
+  const int64_t width = t.element_size();
+  const auto piece = [&](const Span& s) { return bytes.narrow(0, s.offset * width, s.numel * width); };
+  Works works;
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    const auto& mine = owners[static_cast<size_t>(rank_)];
+    for (size_t j = 0; j < mine.size(); ++j) {
+      if (mine[j].numel == 0) continue;
+      std::vector<torch::Tensor> one{piece(mine[j])};
+      works.push_back(group_->send(one, q, tag + static_cast<int>(j)));
+    }
+    const auto& theirs = owners[static_cast<size_t>(q)];
+    for (size_t j = 0; j < theirs.size(); ++j) {
+      if (theirs[j].numel == 0) continue;
+      std::vector<torch::Tensor> one{piece(theirs[j])};
+      works.push_back(group_->recv(one, q, tag + static_cast<int>(j)));
+    }
+  }
   int64_t event = -1;
-  CommStats& s = count_all_reduce(kind, static_cast<double>(bytes), &event);
-  return std::make_unique<GlooWork>(std::move(work), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
+  CommStats& s = count(kind, CollectiveOp::all_gather, payload_bytes(t, owners), &event);
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
+                                    [this, event] { finish_event(event); });
+}
+
+std::unique_ptr<PendingCollective> GlooCommunicator::reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                                              const torch::Tensor& scratch, CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous() && t.dim() == 1 && owners.size() == static_cast<size_t>(world_), "a reduce-scatter's buffer or owners");
+  const auto& mine = owners[static_cast<size_t>(rank_)];
+  const int64_t total = span_elements(mine);
+  DS_CHECK(scratch.is_contiguous() && scratch.scalar_type() == t.scalar_type() && scratch.numel() >= total * (world_ - 1),
+           "a reduce-scatter's scratch is too small");
+  const int tag = take_tags(most_spans(owners));
+  Works works;
+  int64_t peer = 0;
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    // Rank q's elements of this rank's contribution go to q; q's contribution to this rank's elements
+    // lands in the scratch, peer after peer.
+    const auto& theirs = owners[static_cast<size_t>(q)];
+    for (size_t j = 0; j < theirs.size(); ++j) {
+      if (theirs[j].numel == 0) continue;
+      std::vector<torch::Tensor> one{t.narrow(0, theirs[j].offset, theirs[j].numel)};
+      works.push_back(group_->send(one, q, tag + static_cast<int>(j)));
+    }
+    int64_t at = peer * total;
+    for (size_t j = 0; j < mine.size(); ++j) {
+      if (mine[j].numel == 0) continue;
+      std::vector<torch::Tensor> one{scratch.narrow(0, at, mine[j].numel)};
+      works.push_back(group_->recv(one, q, tag + static_cast<int>(j)));
+      at += mine[j].numel;
+    }
+    ++peer;
+  }
+  int64_t event = -1;
+  CommStats& s = count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); },
+                                    [this, t, owners, scratch] { add_received(t, owners, scratch); },
                                     [this, event] { finish_event(event); });
 }
 

@@ -98,6 +98,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank) {
   }
   f.gather_staging[0] = take(BufferRole::gather_staging);
   f.gather_staging[1] = take(BufferRole::prefetch_staging);
+  f.reduce_scratch = take(BufferRole::reduce_scratch);
   f.outer_grads = take(BufferRole::outer_grads);
   f.outer_params = take(BufferRole::outer_params);
 
@@ -144,7 +145,7 @@ FlatParams::Bytes FlatParams::bytes() const {
                        (own(kept_master) ? n(kept_master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
-                                 &gather_staging[0], &gather_staging[1]})
+                                 &gather_staging[0], &gather_staging[1], &reduce_scratch})
     b.buffers += n(*t);
   return b;
 }

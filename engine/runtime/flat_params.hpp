@@ -20,7 +20,8 @@
 // grads as soon as the group is done (with overlap_comm, while backward goes on: two block buffers). Stage 3 gathers a group's parameters into group_params before use
 // (two block buffers: the next block is prefetched), through gather_staging (every rank's partitions
 // packed: [0] for a gather waited on at once, [1] for the prefetch); parameters below the persistence
-// threshold live whole in whole_params, refreshed once per step.
+// threshold live whole in whole_params, refreshed once per step. A group's reduce-scatter receives the
+// other ranks' contributions to this rank's part into reduce_scratch.
 #pragma once
 
 #include <torch/torch.h>
@@ -56,6 +57,7 @@ struct FlatParams {
   torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
   torch::Tensor whole_params;                    // stage 3: parameters kept whole
   torch::Tensor gather_staging[2];               // stage 3: packed partitions of a gather ([1]: the prefetch's)
+  torch::Tensor reduce_scratch;                  // grouped reduce-scatter: the other ranks' contributions to this rank's part
   std::vector<int64_t> group_offset;  // grouped: per parameter, where it sits in its group's buffers
   std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params or -1
   std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints

@@ -32,6 +32,8 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
   for (size_t i = 0; i < flat.owned.size(); ++i) owned_of_param_[static_cast<size_t>(flat.owned[i].param)] = static_cast<int>(i);
+  if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
+  for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
   for (const ParamGroup& g : groups_) {
     std::vector<int> gathered;
     for (int i : g.params)
@@ -45,13 +47,25 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
 
 ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
 
-std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, bool wait_each) {
+std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, const Ownership* owners,
+                                                                              bool wait_each) {
   std::vector<std::unique_ptr<PendingCollective>> pieces;
   if (!comm_) return pieces;  // one rank: the sum over ranks is the gradient itself
   const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
+  int64_t received = 0;  // scratch elements the pieces in flight take
   for (int64_t at = 0; at < t.numel(); at += piece) {
-    pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, std::min(piece, t.numel() - at)), CollectiveKind::gradients));
-    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy) at a time
+    const int64_t n = std::min(piece, t.numel() - at);
+    if (owners) {
+      const Ownership part = clip(*owners, at, n);
+      const int64_t need = span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
+      if (wait_each) received = 0;
+      pieces.push_back(comm_->reduce_scatter_sum_async(t.narrow(0, at, n), part, flat_.reduce_scratch.narrow(0, received, need),
+                                                       CollectiveKind::gradients));
+      received += need;
+    } else {
+      pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, n), CollectiveKind::gradients));
+    }
+    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy or scratch) at a time
   }
   return pieces;
 }
@@ -60,7 +74,7 @@ void ZeroExchange::reduce_gradients() {
   if (flat_.grouped) return finish_reduce();
   if (!comm_) return;
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
-  reduce_in_pieces(flat_.compute_grads, /*wait_each=*/true);
+  reduce_in_pieces(flat_.compute_grads, nullptr, /*wait_each=*/true);
 }
 
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
@@ -75,7 +89,8 @@ void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   reducing_ = std::make_unique<Reduce>();
   reducing_->group = &g;
   reducing_->buf = buf;
-  reducing_->pieces = reduce_in_pieces(buf, /*wait_each=*/!flat_.overlap);
+  const Ownership* owners = group_owners_.empty() ? nullptr : &group_owners_[static_cast<size_t>(&g - groups_.data())];
+  reducing_->pieces = reduce_in_pieces(buf, owners, /*wait_each=*/!flat_.overlap);
   if (!flat_.overlap) finish_reduce();
 }
 
@@ -86,7 +101,7 @@ void ZeroExchange::finish_reduce() {
   const torch::Tensor buf = reducing_->buf;
   reducing_.reset();
   torch::NoGradGuard ng;
-  // Keep this rank's part: the reduce-scatter Gloo lacks.
+  // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the whole).
   for (int i : g.params) {
     const int k = owned_of_param_[static_cast<size_t>(i)];
     if (k < 0) continue;
@@ -108,10 +123,9 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
   g->dest = std::move(dest);
   g->offsets = &offsets;
   for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
-  // This rank packs its partitions into its place; the rest is zero for the gather by sum.
+  // This rank packs its partitions into its place; the all-gather fills the others'.
   g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
   g->what = what;
-  if (comm_) g->out.zero_();
   int64_t at = flat_.rank * g->n;
   std::vector<ParamSwapper::Piece> pieces;
   for (int i : params) {
@@ -136,7 +150,11 @@ void ZeroExchange::issue(Gather& g) {
     param_swap_->finish_read();
     g.reading = false;
   }
-  if (comm_ && !g.work) g.work = comm_->gather_by_sum_async(g.out, g.what);  // one rank: its partitions are the whole
+  if (comm_ && !g.work) {  // one rank: its partitions are the whole
+    Ownership owners;
+    for (int r = 0; r < comm_->world_size(); ++r) owners.push_back({{r * g.n, g.n}});
+    g.work = comm_->all_gather_async(g.out, owners, g.what);
+  }
 }
 
 void ZeroExchange::finish(Gather& g) {
@@ -235,15 +253,15 @@ void ZeroExchange::publish_parameters() {
     return;
   }
   if (!comm_ || !plan_.execution.sharded) return;
-  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces: the other
-  // ranks' parts are zeroed first, so the sum of the bits is everyone's weights.
-  const FlatLayout& L = plan_.layout;
-  const ShardRange& mine = L.shards[static_cast<size_t>(flat_.rank)];
-  flat_.params.narrow(0, 0, mine.begin).zero_();
-  flat_.params.narrow(0, mine.end, L.padded_numel - mine.end).zero_();
+  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces.
+  const int64_t padded = plan_.layout.padded_numel;
   const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
-  for (int64_t at = 0; at < L.padded_numel; at += piece)
-    comm_->gather_by_sum(flat_.params.narrow(0, at, std::min(piece, L.padded_numel - at)), CollectiveKind::updated_parameters);
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  for (int64_t at = 0; at < padded; at += piece) {
+    const int64_t n = std::min(piece, padded - at);
+    pieces.push_back(comm_->all_gather_async(flat_.params.narrow(0, at, n), clip(shard_owners_, at, n), CollectiveKind::updated_parameters));
+  }
+  for (auto& p : pieces) p->wait();
 }
 
 }  // namespace ds

@@ -3,8 +3,8 @@
 // under the same CollectiveKind, through the buffers it describes (engine/runtime/flat_params.hpp).
 //   stage 0  gradients all-reduced once per step (in reduce-bucket pieces)
 //   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
-//   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduced into the
-//            owners' parts as soon as backward finishes the group, so the whole gradient is never held;
+//   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduce-scattered into
+//            the owners' parts as soon as backward finishes the group, so the whole gradient is never held;
 //            with overlap_comm the reduce runs while backward goes on (a block's during the next
 //            block's backward, the outer parameters' during the next micro step's forward)
 //   stage 3  stage 2, plus parameters partitioned: a block is gathered before it runs (the next block
@@ -15,7 +15,8 @@
 //            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
 //            while autograd still holds views of them: gathers write around autograd's version
 //            counters, and the re-gather before block l's backward restores the very same bits.
-// Gloo has no reduce-scatter: a "reduce-scatter" is an all-reduce of which each rank keeps its part.
+// With zero_optimization.reduce_scatter false (and at stage 1 on Gloo) gradients are all-reduced instead
+// and each rank keeps its part.
 #pragma once
 
 #include <memory>
@@ -71,8 +72,9 @@ class ZeroExchange : public BlockHooks {
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();
-  // Gradients all-reduced in reduce_bucket_size pieces; `wait_each` finishes each before the next starts.
-  std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, bool wait_each);
+  // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
+  // scratch) or else all-reduced; `wait_each` finishes each before the next starts.
+  std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, const Ownership* owners, bool wait_each);
 
   const Plan& plan_;
   FlatParams& flat_;
@@ -81,6 +83,8 @@ class ZeroExchange : public BlockHooks {
   bool stage3_ = false, evaluating_ = false;
   bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
   std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
+  std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
+  Ownership shard_owners_;                 // stages 1-2: each rank's shard of the padded buffer
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
   std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
   std::vector<int> whole_;                 // stage 3: parameters kept whole
