@@ -41,6 +41,11 @@ std::vector<ResolvedValue>::const_iterator find_resolved(const Plan& p, const st
   return std::find_if(p.resolved.begin(), p.resolved.end(), [&](const ResolvedValue& r) { return r.path == path; });
 }
 
+double bytes_of_role(const Plan& p, BufferRole role) {
+  const ZeroBuffer* b = p.execution.find(role);
+  return b ? b->bytes() : 0.0;
+}
+
 }  // namespace
 
 TEST(PlanCompiler, MemoryCategoriesSumToTheTotals) {
@@ -241,6 +246,20 @@ TEST(PlanCompiler, CollectivesMatchTheStage) {
   EXPECT_EQ(outer.calls_per_step, 1);
   EXPECT_EQ(outer.when, "per step");
   EXPECT_EQ(outer.elements_per_step + fwd.elements_per_step / 2, p3.layout.padded_numel);
+  EXPECT_GT(bytes_of_role(p3, BufferRole::gather_staging), 0.0);  // NCCL's all-gather takes equal, padded pieces
+  // Gloo (CPU ranks): gathers land in place, real elements only (5 ranks pad 768-wide tensors), through no
+  // staging buffer; stored fp16 computed in fp32 still packs into staging, padding and all.
+  const Plan c3 = plan_of(kGpt2, 5, {"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"});
+  ASSERT_GT(c3.layout.padded_numel, c3.layout.numel);
+  const int64_t gas = c3.batch.grad_accum;
+  EXPECT_EQ(find(c3, "parameters outside the blocks").elements_per_step + find(c3, "parameters (forward)").elements_per_step / gas,
+            c3.layout.numel);
+  EXPECT_EQ(bytes_of_role(c3, BufferRole::gather_staging) + bytes_of_role(c3, BufferRole::prefetch_staging), 0.0);
+  const Plan f3 = plan_of(kGpt2, 5, {"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0",
+                                     "bf16.enabled=false", "fp16.enabled=true"});
+  EXPECT_EQ(find(f3, "parameters outside the blocks").elements_per_step + find(f3, "parameters (forward)").elements_per_step / gas,
+            f3.layout.padded_numel);
+  EXPECT_GT(bytes_of_role(f3, BufferRole::gather_staging), 0.0);
 }
 
 TEST(PlanJson, ParsesAndCarriesTheSchemaVersion) {

@@ -122,31 +122,33 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   // Stage 3: each block's partitioned parameters are gathered before its forward and again before its
   // backward (two buffers serve all blocks); the parameters outside the blocks have a buffer of their
   // own and are gathered once a step, before its first forward: they change only in the optimizer.
+  // A staged gather carries every rank's padded partitions; one in place only the real elements.
+  const auto carried = [&](const ParamSlot& p) { return z.gather_staged ? p.partition_numel * W : p.numel; };
   int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, outer = 0, whole = 0;
   for (const auto& g : groups) {
     int64_t n = 0;
     for (int i : g.params) {
       const ParamSlot& p = L.params[static_cast<size_t>(i)];
       if (z.whole_offset[static_cast<size_t>(i)] >= 0)
-        whole += p.partition_numel;
+        whole += carried(p);
       else
-        n += p.partition_numel;
+        n += carried(p);
     }
     if (n == 0) continue;
     if (g.layer < 0) {
-      outer = n * W;
+      outer = n;
       continue;
     }
     ++fwd_calls;
-    fwd_elements += n * W;
+    fwd_elements += n;
     ++bwd_calls;
-    bwd_elements += n * W;
+    bwd_elements += n;
   }
   gather(CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer);
   gather(CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements);
   gather(CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements);
   out.push_back(grads);
-  if (whole > 0) gather(CollectiveKind::parameters_whole, "per step", 1, 1, whole * W);
+  if (whole > 0) gather(CollectiveKind::parameters_whole, "per step", 1, 1, whole);
   return out;
 }
 

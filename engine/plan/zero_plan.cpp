@@ -111,6 +111,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
   // forward and backward; the outer parameters' and the whole-kept ones' once per step).
   const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
+  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !z.gloo);
   const int64_t param_bytes = dtype_bytes(pp.param_dtype);
   // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
   const int64_t param_file_bytes = swap_aligned(z.local_numel * param_bytes);
@@ -253,8 +254,8 @@ ZeroExecution describe_zero(const Plan& plan) {
 
   // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
   // it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3
-  // gathers into one buffer per block in use (the next one prefetched) and the outer parameters', each
-  // gather packing every rank's partitions into a staging buffer first (the prefetch into its own).
+  // gathers into one buffer per block in use (the next one prefetched) and the outer parameters'; a staged
+  // gather packs every rank's partitions into a staging buffer first (the prefetch into its own).
   if (z.grouped) {
     add(BufferRole::block_grads, compute, z.block_numel, C::buffers, Place::device, z.overlap ? 2 : 1);
     add(BufferRole::outer_grads, compute, z.outer_numel, C::buffers);
@@ -262,8 +263,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   if (z.gathers) {
     add(BufferRole::block_params, compute, z.block_numel, C::buffers, Place::device, 2);
     add(BufferRole::outer_params, compute, z.outer_numel, C::buffers);
-    add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
-    add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
+    if (z.gather_staged) {
+      add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
+      add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
+    }
   }
   // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
   // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.

@@ -38,8 +38,8 @@ enum class BufferRole {
   outer_grads,     // grouped: the gradients of the parameters outside the blocks
   block_params,    // stage 3: one gathered block (two: the next one is prefetched)
   outer_params,    // stage 3: the gathered parameters outside the blocks
-  gather_staging,  // stage 3: every rank's partitions packed for a gather waited on at once
-  prefetch_staging,  // stage 3: the same for the next block's gather, in flight while this block computes
+  gather_staging,  // stage 3, staged gathers: every rank's partitions packed for a gather waited on at once
+  prefetch_staging,  // stage 3, staged gathers: the same for the next block's gather, in flight while this block computes
   reduce_staging,  // Gloo: the fp32 copy of the 16-bit gradient pieces in flight (the communicator's)
   reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
@@ -75,6 +75,11 @@ struct ZeroExecution {
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
   bool gloo = true;                 // CPU ranks: collectives over Gloo (no 16-bit all-reduce)
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
+  // Stage 3: gathers go through staging buffers, each rank's partitions packed: the stored dtype is not the
+  // one the model computes in (CPU fp16), the partition is read from NVMe, or the collective takes equal
+  // pieces (NCCL's all-gather). Otherwise (Gloo's point-to-point spans) every rank's partitions land
+  // straight in the group buffers.
+  bool gather_staged = false;
   int64_t full_numel = 0;           // elements of the whole-model buffers (padded from stage 1 on)
   int64_t local_numel = 0;          // elements this rank's optimizer steps (padding included)
   int64_t block_numel = 0, outer_numel = 0;  // grouped: the elements of a block, of the outer parameters

@@ -18,8 +18,9 @@
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
 // (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
 // grads as soon as the group is done (with overlap_comm, while backward goes on: two block buffers). Stage 3 gathers a group's parameters into group_params before use
-// (two block buffers: the next block is prefetched), through gather_staging (every rank's partitions
-// packed: [0] for a gather waited on at once, [1] for the prefetch); parameters below the persistence
+// (two block buffers: the next block is prefetched), in place, or when the plan stages its gathers
+// through gather_staging (every rank's partitions packed: [0] for a gather waited on at once, [1] for
+// the prefetch); parameters below the persistence
 // threshold live whole in whole_params, refreshed once per step. A group's reduce-scatter receives the
 // other ranks' contributions to this rank's part into reduce_scratch.
 #pragma once

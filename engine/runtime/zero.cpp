@@ -9,7 +9,8 @@ namespace ds {
 
 struct ZeroExchange::Gather {
   std::unique_ptr<PendingCollective> work;
-  torch::Tensor out;  // every rank's partitions packed, one rank after another
+  torch::Tensor out;  // staged: every rank's partitions packed, one rank after another; else the destination
+  Ownership owners;   // each rank's spans of `out`
   std::vector<int> params;
   CollectiveKind what = CollectiveKind::parameters_forward;
   torch::Tensor dest;
@@ -122,10 +123,31 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
   g->params = params;
   g->dest = std::move(dest);
   g->offsets = &offsets;
-  for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
-  // This rank packs its partitions into its place; the all-gather fills the others'.
-  g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
   g->what = what;
+  for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
+  torch::NoGradGuard ng;
+  if (!plan_.execution.gather_staged) {
+    // Every rank's partitions straight into the destination, through an alias with a version counter of
+    // its own: the forward's saved views of these weights stay valid because the block is gathered again
+    // (same bits) before its backward reads them.
+    g->out = torch::from_blob(g->dest.data_ptr(), {g->dest.numel()}, g->dest.options());
+    g->owners.resize(static_cast<size_t>(W));
+    for (int i : params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      const int64_t at = offsets[static_cast<size_t>(i)];
+      for (int r = 0; r < W; ++r) {
+        const ShardRange own = stage3_owned(p, r);
+        if (own.real > 0) g->owners[static_cast<size_t>(r)].push_back({at + own.begin, own.real});
+        if (r == flat_.rank && own.real > 0)
+          g->out.narrow(0, at + own.begin, own.real).copy_(flat_.params.narrow(0, p.partition_offset, own.real));
+      }
+    }
+    issue(*g);
+    return g;
+  }
+  // Staged: this rank packs its partitions into its place; the all-gather fills the others'.
+  g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
+  for (int r = 0; r < W; ++r) g->owners.push_back({{r * g->n, g->n}});
   int64_t at = flat_.rank * g->n;
   std::vector<ParamSwapper::Piece> pieces;
   for (int i : params) {
@@ -150,20 +172,16 @@ void ZeroExchange::issue(Gather& g) {
     param_swap_->finish_read();
     g.reading = false;
   }
-  if (comm_ && !g.work) {  // one rank: its partitions are the whole
-    Ownership owners;
-    for (int r = 0; r < comm_->world_size(); ++r) owners.push_back({{r * g.n, g.n}});
-    g.work = comm_->all_gather_async(g.out, owners, g.what);
-  }
+  if (comm_ && !g.work) g.work = comm_->all_gather_async(g.out, g.owners, g.what);  // one rank: its partitions are the whole
 }
 
 void ZeroExchange::finish(Gather& g) {
   issue(g);
   if (g.work) g.work->wait();
+  if (!plan_.execution.gather_staged) return;  // already in place
   const FlatLayout& L = plan_.layout;
   torch::NoGradGuard ng;
-  // An alias of the destination with a version counter of its own: the forward's saved views of these
-  // weights stay valid because the block is gathered again (same bits) before its backward reads them.
+  // Unpacked through an alias of the destination, as above.
   const torch::Tensor dest = torch::from_blob(g.dest.data_ptr(), {g.dest.numel()}, g.dest.options());
   for (int r = 0; r < L.world_size; ++r) {
     int64_t at = 0;

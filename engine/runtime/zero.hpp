@@ -11,7 +11,8 @@
 //            prefetched while the current one computes) and again for its backward; the parameters
 //            outside the blocks once per step, before its first forward (their buffer is their own);
 //            parameters below the persistence threshold stay whole, gathered once per step after the
-//            optimizer.
+//            optimizer. Over Gloo every rank's partitions land straight in the group buffer (point-to-
+//            point spans); a staged gather (ZeroExecution::gather_staged) packs them first.
 //            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
 //            while autograd still holds views of them: gathers write around autograd's version
 //            counters, and the re-gather before block l's backward restores the very same bits.
