@@ -233,6 +233,14 @@ TEST(PlanCompiler, CollectivesMatchTheStage) {
     EXPECT_FALSE(c.note.empty());
     EXPECT_DOUBLE_EQ(c.wire_bytes_per_rank_per_step, c.payload_bytes_per_step * 2 * 3 / 4);
   }
+  // Stages 0-1 with overlap_comm: one reduce per block as the step's last backward finishes it, then the
+  // parameters before the blocks (the embeddings) and after them (the final norm).
+  for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1"}) {
+    const Plan o = plan_of(kGpt2, 2, {stage, "zero_optimization.overlap_comm=true"});
+    EXPECT_EQ(find(o, "gradients").calls_per_step, o.model.hp.num_layers + 2) << stage;
+    EXPECT_EQ(find(o, "gradients").elements_per_step, o.execution.full_numel) << stage;
+    EXPECT_EQ(find(plan_of(kGpt2, 2, {stage, "zero_optimization.overlap_comm=false"}), "gradients").calls_per_step, 1) << stage;
+  }
   const Collective g0 = find(plan_of(kGpt2, 4, {"zero_optimization.stage=0"}, gpu), "gradients");
   EXPECT_DOUBLE_EQ(g0.wire_bytes_per_rank_per_step, g0.payload_bytes_per_step * 2 * 3 / 4);
   // Stage 3: the blocks are gathered for forward and again for backward every micro step (GAS = 2), the

@@ -80,11 +80,12 @@ void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
 
 // One micro step on this rank's batch, its loss scaled (1/W: the ranks' sum is the mean); as the
 // trainer does, the model is told the scale first (its head adds its weight's gradient in forward).
-void micro_step(ZeroExchange& zero, LanguageModel& model, const torch::Tensor& in, const torch::Tensor& tgt, double scale) {
+void micro_step(ZeroExchange& zero, LanguageModel& model, const torch::Tensor& in, const torch::Tensor& tgt, double scale,
+                bool last = true) {
   zero.begin_micro_step(false);
   model.set_loss_gradient(scale);
   torch::Tensor loss = model.loss(in, tgt);
-  zero.begin_backward();
+  zero.begin_backward(last);
   (loss * scale).backward();
   zero.end_micro_step();
 }
@@ -126,7 +127,7 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
           FlatParams flat = FlatParams::allocate(plan, r);
           ZeroExchange zero(plan, flat, comm.get());
           auto model = make_model(plan, flat);
-          if (flat.grouped) model->set_block_hooks(&zero);
+          if (zero.hooks_blocks()) model->set_block_hooks(&zero);
           initialise(plan, flat, zero);
           const CommLedger before = comm->ledger();
           micro_step(zero, *model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);

@@ -99,14 +99,22 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
     if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
     out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, pb, W));
   };
+  // Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each
+  // block's range as the last backward finishes it, then the ranges outside the blocks.
+  int64_t whole_calls = calls_for(z.full_numel, knobs.reduce_bucket_size);
+  const auto blocks = z.overlap && !z.grouped ? block_ranges(L) : std::vector<std::pair<int64_t, int64_t>>{};
+  if (!blocks.empty()) {
+    whole_calls = calls_for(blocks.front().first, knobs.reduce_bucket_size) +
+                  calls_for(z.full_numel - blocks.back().second, knobs.reduce_bucket_size);
+    for (const auto& [begin, end] : blocks) whole_calls += calls_for(end - begin, knobs.reduce_bucket_size);
+  }
   if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
-    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1,
-                       calls_for(z.full_numel, knobs.reduce_bucket_size), z.full_numel, gb, W));
+    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1, whole_calls, z.full_numel, gb, W));
     return out;
   }
   // Stage 1 accumulates locally and reduces into the owners' partitions once; stages 2-3 reduce every
   // group's gradients as backward finishes it, in reduce-bucket pieces.
-  int64_t grad_calls = calls_for(z.full_numel, knobs.reduce_bucket_size);
+  int64_t grad_calls = whole_calls;
   if (z.grouped) {
     grad_calls = 0;
     for (const auto& g : groups) grad_calls += calls_for(g.numel, knobs.reduce_bucket_size);

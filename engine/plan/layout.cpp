@@ -107,4 +107,21 @@ std::vector<ParamGroup> parameter_groups(const FlatLayout& L) {
   return blocks;
 }
 
+std::vector<std::pair<int64_t, int64_t>> block_ranges(const FlatLayout& L) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamGroup& g : parameter_groups(L)) {
+    if (g.layer < 0) continue;
+    int64_t begin = L.numel, end = 0;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      begin = std::min(begin, p.offset);
+      end = std::max(end, p.offset + p.numel);
+    }
+    DS_CHECK(end - begin == g.numel, "block ", g.layer, "'s parameters are not contiguous in the flat order");
+    DS_CHECK(out.empty() || out.back().second == begin, "block ", g.layer, " does not follow the block before it");
+    out.emplace_back(begin, end);
+  }
+  return out;
+}
+
 }  // namespace ds

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/plan/model_spec.hpp"
@@ -68,6 +69,11 @@ struct ParamGroup {
   int64_t numel = 0;
 };
 std::vector<ParamGroup> parameter_groups(const FlatLayout& layout);
+
+// Where each block's parameters sit in the flat order, [begin, end) in block order: blocks are contiguous
+// in state_dict order, the parameters outside them before and after. Stages 0-1 with overlap_comm reduce
+// these ranges as backward finishes each block.
+std::vector<std::pair<int64_t, int64_t>> block_ranges(const FlatLayout& layout);
 
 // Stage 3: parameters smaller than the threshold are kept whole on every rank (DeepSpeed's
 // stage3_param_persistence_threshold); their optimizer state is partitioned like the rest.

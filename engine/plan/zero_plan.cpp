@@ -93,7 +93,9 @@ ZeroExecution describe_zero(const Plan& plan) {
   // offloaded on one rank.
   z.gathers = L.stage == 3 && (multi || param_offload);
   z.grouped = L.stage >= 2 && (multi || z.gathers);
-  z.overlap = z.grouped && knobs.overlap_comm;
+  // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
+  // reduce each block's gradients as the step's last backward finishes it.
+  z.overlap = knobs.overlap_comm && (z.grouped || multi);
   z.gloo = plan.topology.device == DeviceKind::cpu;
   // On Gloo a reduce-scatter is point-to-point sends into a receive buffer of (W-1) x the rank's part:
   // a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces there.

@@ -71,7 +71,7 @@ struct ZeroExecution {
   bool sharded = false;             // optimizer states partitioned: each rank steps its part
   bool grouped = false;             // gradients reduced per parameter group as backward finishes it
   bool gathers = false;             // stage 3: parameters partitioned, gathered before use
-  bool overlap = false;             // grouped reduces run while backward goes on (overlap_comm)
+  bool overlap = false;             // reduces run while backward goes on (overlap_comm; stages 0-1: the step's last backward)
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
   bool gloo = true;                 // CPU ranks: collectives over Gloo (no 16-bit all-reduce)
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced

@@ -226,7 +226,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     torch::Tensor loss = model_.loss(input, target);
     t.forward += lap(at) - param_io();
     mark(1);
-    zero_.begin_backward();
+    zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
     zero_.end_micro_step();
     loss_sum += loss.item<double>();

@@ -171,11 +171,11 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   std::unique_ptr<BlockTimer> block_timer;
   const bool profiling = keeps_step_measurements(plan, opt);
-  if (profiling) block_timer = std::make_unique<BlockTimer>(flat.grouped ? &zero : nullptr, plan.model.hp.num_layers);
+  if (profiling) block_timer = std::make_unique<BlockTimer>(zero.hooks_blocks() ? &zero : nullptr, plan.model.hp.num_layers);
   if (block_timer) {
     model->set_block_hooks(block_timer.get());
     model->set_block_parts(block_timer.get());
-  } else if (flat.grouped) {
+  } else if (zero.hooks_blocks()) {
     model->set_block_hooks(&zero);
   }
   LossScaler scaler(plan.precision.loss_scaling);

@@ -35,6 +35,7 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   for (size_t i = 0; i < flat.owned.size(); ++i) owned_of_param_[static_cast<size_t>(flat.owned[i].param)] = static_cast<int>(i);
   if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
   for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
+  if (comm_ && plan.execution.overlap && !plan.execution.grouped) block_ranges_ = block_ranges(L);
   for (const ParamGroup& g : groups_) {
     std::vector<int> gathered;
     for (int i : g.params)
@@ -75,7 +76,19 @@ void ZeroExchange::reduce_gradients() {
   if (flat_.grouped) return finish_reduce();
   if (!comm_) return;
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
-  reduce_in_pieces(flat_.compute_grads, nullptr, /*wait_each=*/true);
+  const torch::Tensor& all = flat_.compute_grads;
+  if (!reducing_blocks_) {
+    reduce_in_pieces(all, nullptr, /*wait_each=*/true);
+    return;
+  }
+  // The blocks' ranges are in flight since their backward ended: the parameters before and after them follow.
+  reducing_blocks_ = false;
+  const int64_t head = block_ranges_.front().first, tail = block_ranges_.back().second;
+  for (auto& p : reduce_in_pieces(all.narrow(0, 0, head), nullptr, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
+  for (auto& p : reduce_in_pieces(all.narrow(0, tail, all.numel() - tail), nullptr, /*wait_each=*/false))
+    block_reduces_.push_back(std::move(p));
+  for (auto& p : block_reduces_) p->wait();
+  block_reduces_.clear();
 }
 
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
@@ -232,6 +245,12 @@ void ZeroExchange::before_backward(int64_t layer) {
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
+  if (reducing_blocks_) {  // this block's gradients are final for the step
+    const auto& [begin, end] = block_ranges_[static_cast<size_t>(layer)];
+    for (auto& p : reduce_in_pieces(flat_.compute_grads.narrow(0, begin, end - begin), nullptr, /*wait_each=*/false))
+      block_reduces_.push_back(std::move(p));
+    return;
+  }
   if (!flat_.grouped) return;
   const ParamGroup& g = groups_[static_cast<size_t>(layer)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
@@ -249,8 +268,9 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
   if (!evaluation) outer_gathered_ = true;
 }
 
-void ZeroExchange::begin_backward() {
+void ZeroExchange::begin_backward(bool last) {
   if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
+  reducing_blocks_ = last && !block_ranges_.empty() && !evaluating_;
 }
 
 void ZeroExchange::end_micro_step() {

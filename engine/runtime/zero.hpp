@@ -1,7 +1,8 @@
 // ds — ZeRO across ranks: the collectives each stage issues around the training step, exactly those
 // the plan's ZeRO execution lists (engine/plan/zero_plan.hpp), counted in the communicator's ledger
 // under the same CollectiveKind, through the buffers it describes (engine/runtime/flat_params.hpp).
-//   stage 0  gradients all-reduced once per step (in reduce-bucket pieces)
+//   stage 0  gradients all-reduced once per step (in reduce-bucket pieces; with overlap_comm each block's
+//            as the step's last backward finishes it, then the rest)
 //   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
 //   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduce-scattered into
 //            the owners' parts as soon as backward finishes the group, so the whole gradient is never held;
@@ -45,7 +46,9 @@ class ZeroExchange : public BlockHooks {
   // before backward, the previous micro step's reduce in flight (overlap_comm) finishes; after
   // backward, stages 2-3 reduce the outer parameters' gradients.
   void begin_micro_step(bool evaluation);
-  void begin_backward();
+  // `last`: the step's last micro step, whose backward finishes the gradients (stages 0-1 with
+  // overlap_comm reduce each block's then).
+  void begin_backward(bool last = false);
   void end_micro_step();
   // After the last micro step: stages 0-1 reduce the accumulated gradients.
   void reduce_gradients();
@@ -53,6 +56,10 @@ class ZeroExchange : public BlockHooks {
   double grad_sum_of_squares(bool* partial) const;
   // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
   void publish_parameters();
+
+  // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
+  // backward finishes them.
+  bool hooks_blocks() const { return flat_.grouped || !block_ranges_.empty(); }
 
   void before_forward(int64_t layer) override;
   // After the last block's forward: the previous micro step's reduce of the outer gradients finishes,
@@ -91,6 +98,9 @@ class ZeroExchange : public BlockHooks {
   std::vector<int> whole_;                 // stage 3: parameters kept whole
   std::unique_ptr<Gather> prefetch_;       // stage 3: the next block's gather in flight
   std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
+  std::vector<std::pair<int64_t, int64_t>> block_ranges_;  // stages 0-1 with overlap_comm: each block's flat range
+  bool reducing_blocks_ = false;           // ... and this backward reduces them as it goes
+  std::vector<std::unique_ptr<PendingCollective>> block_reduces_;  // ... those in flight
 };
 
 }  // namespace ds
