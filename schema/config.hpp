@@ -45,7 +45,7 @@ struct AioConfig {
 struct ZeroConfig {
   std::optional<int> stage;                  // empty: "auto" (lowest stage that fits)
   bool contiguous_gradients = false;
-  bool reduce_scatter = false;
+  std::optional<bool> reduce_scatter;            // empty: true
   std::optional<int64_t> reduce_bucket_size;      // elements; empty: auto
   bool allgather_partitions = false;
   std::optional<int64_t> allgather_bucket_size;   // elements

@@ -178,7 +178,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   ZeroConfig& zc = c.zero;
   if (!is_auto(at(z, "stage"))) zc.stage = at(z, "stage").get<int>();
   zc.contiguous_gradients = at(z, "contiguous_gradients").get<bool>();
-  zc.reduce_scatter = at(z, "reduce_scatter").get<bool>();
+  zc.reduce_scatter = opt_bool(at(z, "reduce_scatter"));
   zc.reduce_bucket_size = opt_int(at(z, "reduce_bucket_size"));
   zc.allgather_partitions = at(z, "allgather_partitions").get<bool>();
   zc.allgather_bucket_size = opt_int(at(z, "allgather_bucket_size"));

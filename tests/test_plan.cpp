@@ -322,3 +322,20 @@ TEST(DeepSpeedConfigs, EveryTrainingConfigPlans) {
     EXPECT_NO_THROW(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), topo(world)));
   }
 }
+
+TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
+  const auto warned = [](const Plan& p, const std::string& key) {
+    return std::count_if(p.warnings.begin(), p.warnings.end(), [&](const ConfigIssue& w) { return w.path == key; });
+  };
+  // reduce_scatter given where ds all-reduces regardless: stage 0, and stage 1 on CPU ranks.
+  for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1"})
+    for (const char* value : {"zero_optimization.reduce_scatter=true", "zero_optimization.reduce_scatter=false"})
+      EXPECT_EQ(warned(plan_of(kGpt2, 2, {stage, value}), "zero_optimization.reduce_scatter"), 1) << stage << " " << value;
+  // Where it acts, or left to its default, or on one rank (nothing crosses a wire), no word.
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "zero_optimization.reduce_scatter=false"}), "zero_optimization.reduce_scatter"), 0);
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}), "zero_optimization.reduce_scatter"), 0);
+  EXPECT_EQ(warned(plan_of(kGpt2, 1, {"zero_optimization.stage=0", "zero_optimization.reduce_scatter=true"}), "zero_optimization.reduce_scatter"), 0);
+  // communication_data_type on CPU ranks: the gradients travel in the compute dtype whatever it says.
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=fp16"}), "communication_data_type"), 1);
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=bf16"}), "communication_data_type"), 0);  // bf16 run: what it does
+}

@@ -293,7 +293,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   z.max_live_parameters = *zc.max_live_parameters;
   z.max_reuse_distance = *zc.max_reuse_distance;
   z.sub_group_size = *zc.sub_group_size;
-  z.reduce_scatter = zc.reduce_scatter;
+  z.reduce_scatter = zc.reduce_scatter.value_or(true);
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
@@ -335,7 +335,15 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false",
                              stage >= 2 ? "default: true at stage 3; true reduces each block's gradients while the next block's "
                                             "backward runs, for one more block gradient buffer"
-                                          : "default: true at stage 3; stages 0-1 reduce the gradients once, after backward"});
+                                          : "default: true at stage 3; true at stages 0-1 reduces each block's gradients as the "
+                                            "step's last backward finishes it"});
+  // Where the reduction is an all-reduce whatever the key says, it says so (one rank sends nothing at all).
+  if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && topo.device == DeviceKind::cpu)))
+    plan.warnings.push_back({"zero_optimization.reduce_scatter",
+                             stage == 0 ? "has no effect at stage 0: every rank needs the whole gradient, so it is all-reduced"
+                                        : "has no effect at stage 1 on CPU ranks: ds all-reduces there (over Gloo a reduce-scatter "
+                                          "would need a receive buffer the size of each rank's shard)",
+                             stage == 0 ? "remove it, or use stage 1 or above" : "remove it, or use stage 2"});
   check_zero(c, stage, errors, plan.warnings, z);
 
   if (micro_from_memory) {
@@ -406,7 +414,7 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   z.max_live_parameters = zc.max_live_parameters.value_or(0);
   z.max_reuse_distance = zc.max_reuse_distance.value_or(0);
   z.sub_group_size = zc.sub_group_size.value_or(0);
-  z.reduce_scatter = zc.reduce_scatter;
+  z.reduce_scatter = zc.reduce_scatter.value_or(true);
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
