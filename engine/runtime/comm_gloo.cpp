@@ -83,8 +83,21 @@ class GlooWork : public PendingCollective {
       : works_(std::move(works)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)), finished_(std::move(finished)) {
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  // Never leaves Gloo reading or writing freed memory: each piece is waited for, except that after one
+  // fails the rest are aborted rather than waited for a timeout each.
   ~GlooWork() override {
-    for (auto& w : works_) try { w->wait(); } catch (...) {}  // never leave Gloo reading or writing freed memory
+    bool failed = false;
+    for (auto& w : works_) {
+      if (failed) {
+        abort_quietly(*w);
+        continue;
+      }
+      try {
+        w->wait();
+      } catch (...) {
+        failed = true;
+      }
+    }
   }
   void wait() override {
     if (done_) return;
@@ -96,7 +109,7 @@ class GlooWork : public PendingCollective {
         works_.pop_back();
       }
     } catch (const std::exception& e) {
-      for (auto& w : works_) try { w->wait(); } catch (...) {}
+      for (auto& w : works_) abort_quietly(*w);
       works_.clear();
       const std::string what = e.what();
       throw std::runtime_error("a collective failed: " + explain_() + " (" + what.substr(0, what.find('\n')) + ")");
@@ -107,6 +120,12 @@ class GlooWork : public PendingCollective {
   }
 
  private:
+  static void abort_quietly(c10d::Work& w) {
+    try {
+      w.abort();
+    } catch (...) {
+    }
+  }
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   bool done_ = false;
   CommStats& stats_;
