@@ -93,7 +93,7 @@ class Communicator {
   // `scratch` holds in rank order, each rank's as this rank's spans concatenated.
   void add_received(const torch::Tensor& t, const Ownership& owners, const torch::Tensor& scratch) const;
 
-  // Stamps the end of event `index` (from count_all_reduce); -1 does nothing.
+  // Stamps the end of event `index` (from count); -1 does nothing.
   void finish_event(int64_t index) {
     if (index >= 0 && static_cast<size_t>(index) < events_.size()) events_[static_cast<size_t>(index)].done = std::chrono::steady_clock::now();
   }

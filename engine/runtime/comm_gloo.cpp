@@ -32,6 +32,10 @@ class GlooCommunicator : public Communicator {
   // The first of `count` tags for one collective's messages: every rank issues the same collectives in the
   // same order, so the tags agree, and a message never matches another collective's.
   int take_tags(int64_t count);
+  // Posts a send to (or a receive from) `peer` of each non-empty span, span j under tag `tag` + j, through
+  // the tensor `piece` gives for it.
+  void post(Works& works, bool send, const std::vector<Span>& spans, int peer, int tag,
+            const std::function<torch::Tensor(const Span&)>& piece);
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
   int64_t next_tag_ = 0;
@@ -156,6 +160,15 @@ int GlooCommunicator::take_tags(int64_t count) {
   return first;
 }
 
+void GlooCommunicator::post(Works& works, bool send, const std::vector<Span>& spans, int peer, int tag,
+                             const std::function<torch::Tensor(const Span&)>& piece) {
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (spans[j].numel == 0) continue;
+    std::vector<torch::Tensor> one{piece(spans[j])};
+    works.push_back(send ? group_->send(one, peer, tag + static_cast<int>(j)) : group_->recv(one, peer, tag + static_cast<int>(j)));
+  }
+}
+
 namespace {
 int64_t most_spans(const Ownership& owners) {
   size_t n = 0;
@@ -176,18 +189,8 @@ std::unique_ptr<PendingCollective> GlooCommunicator::all_gather_async(const torc
   Works works;
   for (int q = 0; q < world_; ++q) {
     if (q == rank_) continue;
-    const auto& mine = owners[static_cast<size_t>(rank_)];
-    for (size_t j = 0; j < mine.size(); ++j) {
-      if (mine[j].numel == 0) continue;
-      std::vector<torch::Tensor> one{piece(mine[j])};
-      works.push_back(group_->send(one, q, tag + static_cast<int>(j)));
-    }
-    const auto& theirs = owners[static_cast<size_t>(q)];
-    for (size_t j = 0; j < theirs.size(); ++j) {
-      if (theirs[j].numel == 0) continue;
-      std::vector<torch::Tensor> one{piece(theirs[j])};
-      works.push_back(group_->recv(one, q, tag + static_cast<int>(j)));
-    }
+    post(works, /*send=*/true, owners[static_cast<size_t>(rank_)], q, tag, piece);
+    post(works, /*send=*/false, owners[static_cast<size_t>(q)], q, tag, piece);
   }
   int64_t event = -1;
   CommStats& s = count(kind, CollectiveOp::all_gather, payload_bytes(t, owners), &event);
@@ -205,25 +208,17 @@ std::unique_ptr<PendingCollective> GlooCommunicator::reduce_scatter_sum_async(co
            "a reduce-scatter's scratch is too small");
   const int tag = take_tags(most_spans(owners));
   Works works;
-  int64_t peer = 0;
+  int64_t at = 0;  // the scratch, peer after peer
   for (int q = 0; q < world_; ++q) {
     if (q == rank_) continue;
     // Rank q's elements of this rank's contribution go to q; q's contribution to this rank's elements
-    // lands in the scratch, peer after peer.
-    const auto& theirs = owners[static_cast<size_t>(q)];
-    for (size_t j = 0; j < theirs.size(); ++j) {
-      if (theirs[j].numel == 0) continue;
-      std::vector<torch::Tensor> one{t.narrow(0, theirs[j].offset, theirs[j].numel)};
-      works.push_back(group_->send(one, q, tag + static_cast<int>(j)));
-    }
-    int64_t at = peer * total;
-    for (size_t j = 0; j < mine.size(); ++j) {
-      if (mine[j].numel == 0) continue;
-      std::vector<torch::Tensor> one{scratch.narrow(0, at, mine[j].numel)};
-      works.push_back(group_->recv(one, q, tag + static_cast<int>(j)));
-      at += mine[j].numel;
-    }
-    ++peer;
+    // lands in the scratch.
+    post(works, /*send=*/true, owners[static_cast<size_t>(q)], q, tag, [&](const Span& sp) { return t.narrow(0, sp.offset, sp.numel); });
+    post(works, /*send=*/false, mine, q, tag, [&](const Span& sp) {
+      const torch::Tensor into = scratch.narrow(0, at, sp.numel);
+      at += sp.numel;
+      return into;
+    });
   }
   int64_t event = -1;
   CommStats& s = count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);

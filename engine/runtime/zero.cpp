@@ -200,9 +200,9 @@ void ZeroExchange::finish(Gather& g) {
     int64_t at = 0;
     for (int i : g.params) {
       const ParamSlot& p = L.params[static_cast<size_t>(i)];
-      const int64_t begin = r * p.partition_numel, real = std::min(p.partition_numel, p.numel - begin);
-      if (real > 0)
-        dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + begin, real).copy_(g.out.narrow(0, r * g.n + at, real));
+      const ShardRange own = stage3_owned(p, r);
+      if (own.real > 0)
+        dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + own.begin, own.real).copy_(g.out.narrow(0, r * g.n + at, own.real));
       at += p.partition_numel;
     }
   }
