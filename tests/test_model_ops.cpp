@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/block_pool.hpp"
 #include "engine/runtime/fused_attention.hpp"
 #include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/fused_ops.hpp"
@@ -433,4 +434,25 @@ TEST(Matmul, EveryLayoutTheLayersPassMatchesADoubleReference) {
       }
     }
   }
+}
+
+// Training routes LibTorch's large CPU tensors to ds's block pool (engine/runtime/block_pool.hpp): 64 KiB
+// and more from the pool, smaller ones from malloc, both freed through the one deleter, and oneDNN's
+// workspaces (raw_allocate, as in a bf16 product) too.
+TEST(BlockPoolForTensors, TensorsOfSixtyFourKiBAndMoreComeFromThePool) {
+  const BlockPool& pool = route_large_tensors_to_pool();
+  const std::size_t before = pool.stats().live_bytes;
+  {
+    const torch::Tensor large = torch::empty({16384}, torch::kFloat32);  // 64 KiB exactly
+    const torch::Tensor small = torch::empty({16383}, torch::kFloat32);
+    EXPECT_TRUE(pool.owns(large.data_ptr()));
+    EXPECT_FALSE(pool.owns(small.data_ptr()));
+    EXPECT_EQ(pool.stats().live_bytes, before + 65536);
+    const torch::Tensor a = torch::randn({300, 700}).to(torch::kBFloat16), b = torch::randn({700, 500}).to(torch::kBFloat16);
+    const torch::Tensor c = torch::mm(a, b);
+    EXPECT_TRUE(pool.owns(c.data_ptr()));
+    EXPECT_TRUE(torch::allclose(c.to(torch::kFloat32), torch::mm(a.to(torch::kFloat32), b.to(torch::kFloat32)), 0.02, 0.5));
+  }
+  EXPECT_EQ(pool.stats().live_bytes, before) << "every pooled tensor went back when it died";
+  EXPECT_EQ(&route_large_tensors_to_pool(), &pool) << "installed once";
 }
