@@ -349,6 +349,25 @@ TEST(Training, ANonFiniteBf16RunFailsNamingTheStepWithoutACheckpoint) {
   fs::remove_all(dir);
 }
 
+// Code generated at run time (oneDNN's JIT kernels: anonymous executable pages) counts with the code, not
+// as training memory: pages this test writes into an executable mapping of its own are seen, and heap is not.
+TEST(ResidentMemory, GeneratedCodePagesAreToldApartFromAllocatedMemory) {
+  const size_t n = 4u << 20, touched = 3u << 20;
+  const double code0 = resident_generated_code_bytes();
+  void* map = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  std::memset(map, 0xc3, touched);  // as a JIT writes its code, then makes it executable
+  ASSERT_EQ(::mprotect(map, n, PROT_READ | PROT_EXEC), 0);
+  const double code1 = resident_generated_code_bytes();
+  EXPECT_NEAR(code1 - code0, touched, 64 * 1024);
+  std::vector<char> heap(8u << 20);
+  std::memset(heap.data(), 1, heap.size());
+  EXPECT_NEAR(resident_generated_code_bytes(), code1, 64 * 1024);
+  EXPECT_NEAR(resident_code_and_file_bytes() - resident_file_bytes(), code1, 64 * 1024);
+  ::munmap(map, n);
+  EXPECT_NEAR(resident_generated_code_bytes(), code0, 64 * 1024);
+}
+
 // The peak memory line sets the file-backed pages (code run for the first time, a mapped token file) apart
 // from what training allocated: the two readings must tell them apart.
 TEST(ResidentMemory, FilePagesAreToldApartFromAllocatedMemory) {

@@ -101,7 +101,7 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
       result_(result),
       dir_(prepared_dir(plan, lead)),
       log_(lead ? dir_ / "train.log" : std::filesystem::path(), options.live_progress && lead) {
-  baseline_file_bytes_ = resident_file_bytes();
+  baseline_code_and_file_bytes_ = resident_code_and_file_bytes();
   result_.metrics_path = (dir_ / "metrics.jsonl").string();
   if (!lead) return;
   for (const auto& [name, text] : {std::pair{"config.json", &opt_.resolved_config_json}, {"plan.json", &opt_.plan_json}}) {
@@ -315,7 +315,7 @@ void RunReport::finish() {
 void RunReport::track_peak(double peak) {
   if (peak <= peak_seen_) return;
   peak_seen_ = peak;
-  result_.paged_file_bytes = std::max(0.0, resident_file_bytes() - baseline_file_bytes_);
+  result_.paged_file_bytes = std::max(0.0, resident_code_and_file_bytes() - baseline_code_and_file_bytes_);
 }
 
 }  // namespace ds

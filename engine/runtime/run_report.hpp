@@ -74,10 +74,10 @@ class RunReport {
   double smoothed_step_s_ = 0;  // an exponential average over ~10 steps, for tok/s and TFLOP/s
   bool ranks_ = false;  // several ranks: collectives are reported
   CommLedger comm_before_, step_comm_, comm_total_;  // before this step, this step's, summed over the run's steps
-  // The file-backed pages at the highest peak seen so far (read when the peak rises): the code that first
-  // runs in the first steps and a mapped token file are in the peak but are not training's memory.
+  // The code and file pages at the highest peak seen so far (read when the peak rises): the code that first
+  // runs or is generated in the first steps and a mapped token file are in the peak but are not training's memory.
   void track_peak(double peak);
-  double baseline_file_bytes_ = 0;
+  double baseline_code_and_file_bytes_ = 0;
   double peak_seen_ = 0;
 };
 

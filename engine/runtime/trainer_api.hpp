@@ -61,7 +61,8 @@ struct TrainResult {
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
-  double paged_file_bytes = 0;     // file-backed pages come in since then (code first run, mapped data), at the peak
+  double paged_file_bytes = 0;     // code and files come in since then, at the peak: file-backed pages (code first
+                                   // run, mapped data) and code generated at run time (oneDNN's JIT kernels)
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
   // Kept only when keeps_step_measurements (below): one entry per step.
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
