@@ -3,13 +3,18 @@
 // pool after its first pass; threads share it; requests beyond a reservation get a region of their own.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "common/error.hpp"
 #include "engine/runtime/block_pool.hpp"
 
 using namespace ds;
@@ -188,6 +193,32 @@ TEST(BlockPool, TwoThreadsShareItWithoutTouchingEachOthersBlocks) {
 #if __has_feature(address_sanitizer)
 #define DS_TEST_ASAN 1
 #endif
+#endif
+
+#if !defined(DS_TEST_ASAN)  // AddressSanitizer's shadow memory cannot live under an address-space limit
+// When the system refuses memory the run ends with a sentence that says so and what to change, not
+// "std::bad_alloc". A child process under a small address-space limit (ulimit -v) asks for 1 GiB.
+TEST(BlockPoolDeathTest, MemoryTheSystemRefusesEndsWithAnErrorThatSaysWhatToChange) {
+  EXPECT_EXIT(
+      {
+        BlockPool pool(std::size_t{1} << 30);
+        rlimit limit{};
+        getrlimit(RLIMIT_AS, &limit);
+        std::FILE* maps = std::fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (!maps || std::fscanf(maps, "%lu", &pages) != 1) std::exit(4);
+        limit.rlim_cur = pages * 4096 + (std::size_t{64} << 20);
+        setrlimit(RLIMIT_AS, &limit);
+        try {
+          pool.allocate(std::size_t{1} << 30);
+        } catch (const UserError& e) {
+          std::fprintf(stderr, "%s | %s\n", e.what(), e.hint().c_str());
+          std::exit(e.exit_code() == kExitRuntime ? 3 : 5);
+        }
+        std::exit(0);
+      },
+      testing::ExitedWithCode(3), "out of memory: the system refused 1.00 GiB for a tensor.*ds plan CONFIG");
+}
 #endif
 
 #if defined(DS_TEST_ASAN)

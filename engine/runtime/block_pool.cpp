@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <new>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define DS_ASAN 1
@@ -27,6 +29,14 @@
 namespace ds {
 namespace {
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+[[noreturn]] void out_of_memory(std::size_t bytes, std::size_t live) {
+  throw UserError("out of memory: the system refused " + format_bytes(static_cast<double>(bytes)) + " for a tensor (tensors hold " +
+                      format_bytes(static_cast<double>(live)) + " now)",
+                  "`ds plan CONFIG` shows what a rank needs; lower train_micro_batch_size_per_gpu, set "
+                  "model.activation_checkpointing=true, or offload (zero_optimization.offload_optimizer.device=cpu or nvme)",
+                  kExitRuntime);
+}
 }  // namespace
 
 BlockPool::BlockPool(std::size_t reserve_bytes, std::size_t granule, std::size_t commit_step)
@@ -48,7 +58,7 @@ void BlockPool::add_region(std::size_t at_least) {
     if (base != MAP_FAILED || bytes / 2 < at_least) break;
     bytes = round_up(bytes / 2, granule_);
   }
-  if (base == MAP_FAILED) throw std::bad_alloc();
+  if (base == MAP_FAILED) out_of_memory(at_least, live_);
   regions_.push_back({reinterpret_cast<std::uintptr_t>(base), bytes, 0, 0});
   // Regions are never merged: each has its own writable part.
   free_by_address_.emplace(regions_.back().base, bytes);
@@ -107,7 +117,7 @@ void* BlockPool::allocate(std::size_t n) {
   }
   const std::uintptr_t at = fit->second;
   const std::size_t span = fit->first;
-  if (!make_writable(region_of(at), at + bytes)) throw std::bad_alloc();
+  if (!make_writable(region_of(at), at + bytes)) out_of_memory(bytes, live_);
   erase_free(free_by_address_.find(at));
   if (span > bytes) {  // the rest stays free, at the higher addresses
     free_by_address_.emplace(at + bytes, span - bytes);

@@ -31,7 +31,8 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // A block of at least n bytes aligned to the granule; throws std::bad_alloc when the system refuses.
+  // A block of at least n bytes aligned to the granule; a UserError (exit 1, with what to change) when the
+  // system refuses the address space or the memory.
   void* allocate(std::size_t n);
   // p came from allocate() and was not given back yet.
   void release(void* p);
