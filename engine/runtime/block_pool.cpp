@@ -73,12 +73,13 @@ BlockPool::Region& BlockPool::region_of(std::uintptr_t a) {
 
 bool BlockPool::make_writable(Region& r, std::uintptr_t end) {
   const std::size_t need = end - r.base;
-  if (need > r.high_water) r.high_water = need;
-  if (need <= r.writable) return true;
-  const std::size_t to = std::min(r.bytes, round_up(need, commit_step_));
-  if (mprotect(reinterpret_cast<void*>(r.base + r.writable), to - r.writable, PROT_READ | PROT_WRITE) != 0) return false;
-  DS_POISON(reinterpret_cast<void*>(r.base + r.writable), to - r.writable);
-  r.writable = to;
+  if (need > r.writable) {
+    const std::size_t to = std::min(r.bytes, round_up(need, commit_step_));
+    if (mprotect(reinterpret_cast<void*>(r.base + r.writable), to - r.writable, PROT_READ | PROT_WRITE) != 0) return false;
+    DS_POISON(reinterpret_cast<void*>(r.base + r.writable), to - r.writable);
+    r.writable = to;
+  }
+  r.high_water = std::max(r.high_water, need);
   return true;
 }
 
