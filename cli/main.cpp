@@ -7,6 +7,7 @@
 
 #include "cli/app.hpp"
 #include "common/idle_waits.hpp"
+#include "common/stop_signals.hpp"
 
 namespace {
 
@@ -38,5 +39,6 @@ void short_idle_waits(char** argv) {
 
 int main(int argc, char** argv) {
   short_idle_waits(argv);
+  ds::take_stop_signals_on_their_own_thread();  // before any other thread exists (common/stop_signals.hpp)
   return ds::cli::run_ds(argc, argv);
 }

@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -24,21 +25,21 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "common/stop_signals.hpp"
 
 namespace ds {
 namespace {
 
-std::vector<pid_t> g_children;
+// Read by forward_signal on the signals' own thread (common/stop_signals.hpp) while the launcher's loop
+// runs: sized before the handler is set, each entry atomic.
+std::vector<std::atomic<pid_t>> g_children;
 std::vector<char> g_remote;    // per rank: started over ssh (signals reach it through its lifeline instead)
-std::vector<int> g_lifelines;  // write ends of remote ranks' ssh input; closing one interrupts that rank
-volatile sig_atomic_t g_forwarded_signal = 0;
+std::vector<std::atomic<int>> g_lifelines;  // per rank: write end of a remote rank's ssh input (closing it interrupts the rank), else -1
+std::atomic<int> g_forwarded_signal{0};
 
 void cut_lifelines() {
-  for (int& fd : g_lifelines)
-    if (fd >= 0) {
-      close(fd);
-      fd = -1;
-    }
+  for (std::atomic<int>& lifeline : g_lifelines)
+    if (const int fd = lifeline.exchange(-1); fd >= 0) close(fd);
 }
 
 void forward_signal(int sig) {
@@ -162,13 +163,16 @@ int launch_ranks(const LaunchSpec& spec_in) {
   const std::vector<std::string> ssh = split_words(ssh_env && *ssh_env ? ssh_env : "ssh -o BatchMode=yes");
   const std::string cwd = std::filesystem::current_path().string();
   std::filesystem::create_directories(spec.log_dir);
-  g_children.assign(static_cast<size_t>(spec.nproc), -1);
-  g_lifelines.clear();
+  g_children = std::vector<std::atomic<pid_t>>(static_cast<size_t>(spec.nproc));
+  g_lifelines = std::vector<std::atomic<int>>(static_cast<size_t>(spec.nproc));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    g_children[r] = -1;
+    g_lifelines[r] = -1;
+  }
   g_remote.assign(static_cast<size_t>(spec.nproc), 0);
   for (size_t r = 0; r < ranks.size(); ++r) g_remote[r] = !ranks[r].here;
   g_forwarded_signal = 0;
-  auto prev_int = std::signal(SIGINT, forward_signal);
-  auto prev_term = std::signal(SIGTERM, forward_signal);
+  const StopHandler previous = set_stop_handler(forward_signal);
 
   auto log_path = [&](int r) { return (std::filesystem::path(spec.log_dir) / ("rank_" + std::to_string(r) + ".log")).string(); };
   for (int r = 0; r < spec.nproc; ++r) {
@@ -184,6 +188,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
       // A rank dies with its launcher (kill -9 included): SIGTERM makes it save after the current step
       // and exit, as its peers get the same signal. (The launcher may already be gone by now.)
       prctl(PR_SET_PDEATHSIG, SIGTERM);
+      unblock_stop_signals_in_child();  // the launcher blocks them in every thread; ssh and the rank must not
       if (getppid() != launcher_pid) _exit(143);
       const Placed& p = ranks[static_cast<size_t>(r)];
       const std::vector<std::pair<std::string, std::string>> env{
@@ -235,7 +240,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
     if (lifeline[0] >= 0) {
       close(lifeline[0]);
       fcntl(lifeline[1], F_SETFD, FD_CLOEXEC);  // later ranks' children must not hold it
-      g_lifelines.push_back(lifeline[1]);
+      g_lifelines[static_cast<size_t>(r)] = lifeline[1];
     }
   }
 
@@ -282,8 +287,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
     }
   }
   cut_lifelines();
-  std::signal(SIGINT, prev_int);
-  std::signal(SIGTERM, prev_term);
+  set_stop_handler(previous);
   if (failed_rank >= 0 && stopped_rank >= 0)
     std::cerr << "ds train: rank " << stopped_rank << " of " << spec.nproc
               << " was stopped (SIGSTOP or a debugger) and never reached the collective the others waited in; rank "

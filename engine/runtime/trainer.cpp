@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/stop_signals.hpp"
 #include "engine/runtime/block_pool.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/comm.hpp"
@@ -71,19 +72,16 @@ void check_free_space(const Plan& plan) {
 // How a swap file is read and written, for the start-up note.
 const char* io_mode(bool direct) { return direct ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT"; }
 
-// Restores the previous handlers when the run ends, however it ends.
+// Ctrl-C and SIGTERM set the flag while the run lasts (on the signals' own thread: common/stop_signals.hpp);
+// the previous handler comes back when the run ends, however it ends.
 struct StopSignals {
-  StopSignals() {
+  explicit StopSignals(StopHandler (*set)(StopHandler)) : set(set) {
     g_stop_signal = 0;
-    previous_int = std::signal(SIGINT, on_stop_signal);
-    previous_term = std::signal(SIGTERM, on_stop_signal);
+    previous = set(on_stop_signal);
   }
-  ~StopSignals() {
-    std::signal(SIGINT, previous_int);
-    std::signal(SIGTERM, previous_term);
-  }
-  void (*previous_int)(int) = nullptr;
-  void (*previous_term)(int) = nullptr;
+  ~StopSignals() { set(previous); }
+  StopHandler (*set)(StopHandler);
+  StopHandler previous = nullptr;
 };
 
 }  // namespace
@@ -312,7 +310,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
              dtype_name(plan.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
              format_fixed(peak.seconds, 2) + " s)");
   }
-  const StopSignals signals;
+  const StopSignals signals(opt.set_stop_handler);
   report.start();
   if (result.first_step >= plan.steps)
     log.note("ds train: the checkpoint is at step " + std::to_string(result.first_step) + " and train.steps is " +

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/stop_signals.hpp"
 #include "engine/plan/plan.hpp"
 
 namespace ds {
@@ -20,6 +21,10 @@ struct TrainOptions {
   // ds profile: no checkpoint and no validation; the compute dtype's matmul rate at the model's shapes
   // is measured before the first step (TrainResult::gemm_peak_flops).
   bool profile = false;
+  // How the run takes Ctrl-C and SIGTERM: through the process's signals' thread (common/stop_signals.hpp).
+  // A field, not a direct call, because this library carries its own copy of that code while the thread
+  // belongs to the ds binary that loaded it; built there, the default is the binary's.
+  StopHandler (*set_stop_handler)(StopHandler) = &ds::set_stop_handler;
 };
 
 // Where one optimizer step's time went, in seconds, phase by phase in the order they run. Under
