@@ -67,7 +67,7 @@ void BlockPool::add_region(std::size_t at_least) {
 
 BlockPool::Region& BlockPool::region_of(std::uintptr_t a) {
   for (Region& r : regions_)
-    if (a >= r.base && a < r.base + r.bytes) return r;
+    if (r.contains(a)) return r;
   std::abort();  // a span outside every region: the pool's own books are wrong
 }
 
@@ -131,22 +131,24 @@ void* BlockPool::allocate(std::size_t n) {
   return reinterpret_cast<void*>(at);
 }
 
-void BlockPool::release(void* p) {
-  if (!p) return;
+bool BlockPool::release(void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = used_.find(reinterpret_cast<std::uintptr_t>(p));
-  if (it == used_.end()) std::abort();  // not ours, or released twice: memory is already corrupt
+  if (std::none_of(regions_.begin(), regions_.end(), [&](const Region& r) { return r.contains(a); })) return false;
+  const auto it = used_.find(a);
+  if (it == used_.end()) std::abort();  // inside the pool but not handed out (released twice): memory is already corrupt
   const std::size_t bytes = it->second;
   used_.erase(it);
   live_ -= bytes;
   DS_POISON(p, bytes);
-  insert_free(reinterpret_cast<std::uintptr_t>(p), bytes);
+  insert_free(a, bytes);
+  return true;
 }
 
 bool BlockPool::owns(const void* p) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::any_of(regions_.begin(), regions_.end(), [&](const Region& r) { return a >= r.base && a < r.base + r.bytes; });
+  return std::any_of(regions_.begin(), regions_.end(), [&](const Region& r) { return r.contains(a); });
 }
 
 BlockPool::Stats BlockPool::stats() const {

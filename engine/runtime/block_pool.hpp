@@ -34,8 +34,9 @@ class BlockPool {
   // A block of at least n bytes aligned to the granule; a UserError (exit 1, with what to change) when the
   // system refuses the address space or the memory.
   void* allocate(std::size_t n);
-  // p came from allocate() and was not given back yet.
-  void release(void* p);
+  // Gives back a block allocate() handed out; false (and nothing done) when p is not in the pool's
+  // address space at all, so one deleter can serve the pool's blocks and malloc's.
+  bool release(void* p);
   bool owns(const void* p) const;
 
   struct Stats {
@@ -55,6 +56,7 @@ class BlockPool {
     std::size_t bytes;
     std::size_t writable;    // from base
     std::size_t high_water;  // from base to the end of the highest block ever handed out
+    bool contains(std::uintptr_t a) const { return a >= base && a < base + bytes; }
   };
   void add_region(std::size_t at_least);
   Region& region_of(std::uintptr_t a);
@@ -74,9 +76,9 @@ class BlockPool {
   std::size_t peak_live_ = 0;
 };
 
-// (engine/runtime/block_pool_torch.cpp, in the LibTorch part of the runtime.) Routes LibTorch's CPU tensor allocations of at least `min_bytes` to one process-wide BlockPool (never
+// Routes LibTorch's CPU tensor allocations of at least `min_bytes` to one process-wide BlockPool (never
 // destroyed: tensors may outlive any scope); smaller ones stay with malloc. Idempotent; the first call's
-// threshold holds. Returns the pool, for its stats.
+// threshold holds. Returns the pool, for its stats. (In block_pool_torch.cpp, the LibTorch part.)
 const BlockPool& route_large_tensors_to_pool(std::size_t min_bytes = std::size_t{64} << 10);
 
 }  // namespace ds

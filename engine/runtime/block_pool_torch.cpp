@@ -14,10 +14,7 @@ BlockPool* g_pool = nullptr;
 
 // One deleter for both kinds of block: LibTorch's raw_allocate/raw_deallocate (oneDNN's workspaces) need it.
 void release_block(void* p) {
-  if (g_pool->owns(p))
-    g_pool->release(p);
-  else
-    c10::free_cpu(p);
+  if (!g_pool->release(p)) c10::free_cpu(p);
 }
 
 class PooledCpuAllocator final : public c10::Allocator {

@@ -165,12 +165,12 @@ int launch_ranks(const LaunchSpec& spec_in) {
   std::filesystem::create_directories(spec.log_dir);
   g_children = std::vector<std::atomic<pid_t>>(static_cast<size_t>(spec.nproc));
   g_lifelines = std::vector<std::atomic<int>>(static_cast<size_t>(spec.nproc));
+  g_remote.assign(static_cast<size_t>(spec.nproc), 0);
   for (size_t r = 0; r < ranks.size(); ++r) {
     g_children[r] = -1;
     g_lifelines[r] = -1;
+    g_remote[r] = !ranks[r].here;
   }
-  g_remote.assign(static_cast<size_t>(spec.nproc), 0);
-  for (size_t r = 0; r < ranks.size(); ++r) g_remote[r] = !ranks[r].here;
   g_forwarded_signal = 0;
   const StopHandler previous = set_stop_handler(forward_signal);
 
