@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <climits>
 #include <memory>
+#include <random>
 #include <stdexcept>
 
 #include "common/error.hpp"
@@ -64,6 +67,57 @@ T read_attr(hid_t file, const char* name, const std::string& path) {
   return v;
 }
 
+bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
+
+// The root attributes a checkpoint file may carry, in the order the metadata checksum folds them.
+constexpr const char* kIntAttrs[] = {"format_version", "step", "applied_steps", "skipped_steps", "seed", "world_size", "model_numel",
+                                     "loss_scale_iteration", "loss_scale_last_overflow", "loss_scale_hysteresis", "save_id"};
+
+int64_t dataset_length(hid_t f, const char* name);
+std::vector<OwnedSegment> read_segments(hid_t loc, const std::string& path);
+std::string read_string(hid_t loc, const char* name, const std::string& path);
+
+uint64_t fold_bytes(uint64_t h, const void* p, size_t n) { return splitmix64(h ^ checksum64(p, n)); }
+uint64_t fold_text(uint64_t h, const std::string& s) { return fold_bytes(h, s.data(), s.size()); }
+
+// A checksum of everything in a checkpoint file that is not float data (whose data sets carry their own):
+// the root attributes, the plan and config texts, the segment table and every data set's length. Computed
+// from the file as it stands, by the writer after writing and by the reader before trusting it, so a flipped
+// counter, a swapped segment row or a data set that claims another length is found.
+uint64_t metadata_checksum(hid_t f, const std::string& path) {
+  uint64_t h = 0x6473636b70746d65ull;  // "dsckptme"
+  for (const char* name : kIntAttrs) {
+    h = fold_text(h, name);
+    int64_t v = INT64_MIN;
+    if (has_attr(f, name)) v = read_attr<int64_t>(f, name, path);
+    h = fold_bytes(h, &v, sizeof v);
+  }
+  if (has_attr(f, "loss_scale")) {
+    const double scale = read_attr<double>(f, "loss_scale", path);
+    h = fold_bytes(h, &scale, sizeof scale);
+  }
+  for (const char* text : {"plan_json", "config_json"})
+    h = fold_text(h, H5Lexists(f, text, H5P_DEFAULT) > 0 ? read_string(f, text, path) : std::string("\1 absent"));
+  for (const OwnedSegment& g : read_segments(f, path)) {
+    const int64_t row[3] = {g.global, g.local, g.numel};
+    h = fold_bytes(h, row, sizeof row);
+  }
+  for (const char* set : {"master", "optimizer/exp_avg", "optimizer/exp_avg_sq"}) {
+    const int64_t n = H5Lexists(f, "optimizer", H5P_DEFAULT) > 0 || std::string(set) == "master" ? dataset_length(f, set) : -1;
+    h = fold_bytes(h, &n, sizeof n);
+  }
+  return h;
+}
+
+// A checkpoint's save id: a random number rank 0 draws for each save and every rank's file records, so a
+// shard copied in from another save (another step, another run) is told apart from this save's own.
+int64_t draw_save_id() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  v ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (static_cast<uint64_t>(::getpid()) << 17);
+  return static_cast<int64_t>(splitmix64(v) >> 1);  // positive, so it prints plainly
+}
+
 // Each data set carries a "checksum" attribute, verified on load: checksum64 of each 32 MiB piece of its
 // little-endian bytes, folded in order, so a reader checks a shard of any size in bounded memory.
 constexpr int64_t kChecksumPieceFloats = int64_t{1} << 23;
@@ -104,9 +158,9 @@ class FloatDataset {
 };
 
 // Reads the whole of a float data set in bounded pieces and compares its checksum attribute; files
-// written before checksums existed have none and pass. Throws UserError naming the file and data set
-// (verify_or_point_back adds which checkpoint to resume from instead).
-void verify_floats(hid_t loc, const char* name, const std::string& path) {
+// written before checksums existed (format 1-2) may have none and pass, from format 3 on it is required.
+// Throws UserError naming the file and data set (verify_or_point_back adds which checkpoint to resume from instead).
+void verify_floats(hid_t loc, const char* name, const std::string& path, bool required) {
   hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
   if (d < 0) return;  // absent: the reader reports it if it needs it
   int64_t want = 0;
@@ -118,6 +172,7 @@ void verify_floats(hid_t loc, const char* name, const std::string& path) {
   }
   if (!has) {
     H5Dclose(d);
+    if (required) throw UserError("'" + path + "': data set '" + name + "' has lost its checksum: the file is corrupt");
     return;
   }
   hid_t space = H5Dget_space(d);
@@ -142,11 +197,43 @@ void verify_floats(hid_t loc, const char* name, const std::string& path) {
     throw UserError("'" + path + "': data set '" + name + "' does not match its checksum: the file is corrupt");
 }
 
-void verify_shard(hid_t f, const std::string& path) {
-  verify_floats(f, "master", path);
+// The metadata checksum (required from format 3 on), then every float data set against its own.
+void verify_shard(hid_t f, const std::string& path, bool current_format) {
+  const bool has_meta = has_attr(f, "meta_checksum");
+  if (current_format && !has_meta)
+    throw UserError("'" + path + "' has lost its metadata checksum: the file is corrupt");
+  if (has_meta && static_cast<uint64_t>(read_attr<int64_t>(f, "meta_checksum", path)) != metadata_checksum(f, path))
+    throw UserError("'" + path + "': its counters, segment table or data set sizes do not match their checksum: the file is corrupt");
+  verify_floats(f, "master", path, current_format);
   if (H5Lexists(f, "optimizer", H5P_DEFAULT) > 0)
     for (const char* name : {"optimizer/exp_avg", "optimizer/exp_avg_sq"})
-      if (H5Lexists(f, name, H5P_DEFAULT) > 0) verify_floats(f, name, path);
+      if (H5Lexists(f, name, H5P_DEFAULT) > 0) verify_floats(f, name, path, current_format);
+}
+
+// What a shard's segment table claims, checked against the model and the shard's own arrays: every row
+// inside the model and inside the arrays, no two rows sharing local elements, every array as long as master.
+void check_segments(const std::vector<OwnedSegment>& segs, int64_t model_numel, hid_t f, const std::string& path) {
+  const int64_t local = dataset_length(f, "master");
+  for (const char* moment : {"optimizer/exp_avg", "optimizer/exp_avg_sq"}) {
+    if (H5Lexists(f, "optimizer", H5P_DEFAULT) <= 0 || H5Lexists(f, moment, H5P_DEFAULT) <= 0) continue;
+    if (dataset_length(f, moment) != local)
+      throw UserError("'" + path + "': data set '" + moment + "' holds " + std::to_string(dataset_length(f, moment)) +
+                      " elements but master holds " + std::to_string(local) + ": the file is corrupt");
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const OwnedSegment& g : segs) {
+    const bool inside = g.numel > 0 && g.global >= 0 && g.local >= 0 && g.global <= model_numel - g.numel && g.local <= local - g.numel;
+    if (!inside)
+      throw UserError("'" + path + "': segment [global " + std::to_string(g.global) + ", local " + std::to_string(g.local) + ", length " +
+                      std::to_string(g.numel) + "] lies outside the model (" + std::to_string(model_numel) + " elements) or the shard (" +
+                      std::to_string(local) + "): the file is corrupt");
+    spans.emplace_back(g.local, g.local + g.numel);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second)
+      throw UserError("'" + path + "': two segments share local elements " + std::to_string(spans[i].first) + ".." +
+                      std::to_string(spans[i - 1].second) + ": the file is corrupt");
 }
 
 void write_segments(hid_t loc, const std::vector<OwnedSegment>& segs, const std::string& path) {
@@ -304,15 +391,24 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     if (w.barrier) w.barrier();
   };
   std::error_code ec;
+  const fs::path save_id_file = partial / ".save_id";
+  int64_t save_id = 0;
   if (lead) {
     fs::create_directories(root, ec);
     fs::remove_all(partial, ec);
     if (!fs::create_directories(partial, ec)) io_fail("creating the directory", partial.string());
+    save_id = draw_save_id();
+    std::ofstream(save_id_file) << save_id << "\n";
+    fsync_path(save_id_file);
   }
-  barrier();  // the directory exists before any rank writes into it
+  barrier();  // the directory and the save id exist before any rank writes into it
+  if (!lead && !(std::ifstream(save_id_file) >> save_id)) io_fail("reading the save id rank 0 wrote", save_id_file.string());
   const fs::path file = partial / (lead ? std::string("state.h5") : shard_name(w.rank));
   hid_t f = H5Fcreate(file.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) io_fail("creating the file", file.string());
+  // Every file says which save it belongs to; rank 0's also holds the run's counters and texts.
+  write_attr<int64_t>(f, "save_id", save_id, file.string());
+  if (!lead) write_attr<int64_t>(f, "step", sc.step, file.string());
   if (lead) {
     write_attr<int64_t>(f, "format_version", int64_t{kCheckpointFormatVersion}, file.string());
     write_attr<int64_t>(f, "step", sc.step, file.string());
@@ -329,10 +425,12 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     write_string(f, "config_json", config_json, file.string());
   }
   write_shard(f, b, file.string());
+  write_attr<int64_t>(f, "meta_checksum", static_cast<int64_t>(metadata_checksum(f, file.string())), file.string());
   if (H5Fclose(f) < 0) io_fail("closing the file (is the disk full?)", file.string());
   fsync_path(file);
   barrier();  // every shard is on disk before the checkpoint is marked complete
   if (!lead) return {final_dir.string(), 0};
+  fs::remove(save_id_file, ec);
   std::ofstream(partial / "DONE") << "step " << sc.step << ", " << w.world_size << (w.world_size == 1 ? " rank" : " ranks") << "\n";
   fsync_path(partial / "DONE");
   uint64_t bytes = 0;
@@ -410,9 +508,9 @@ std::string previous_checkpoint_hint(const std::string& dir) {
 }
 
 // verify_shard, with the previous complete checkpoint named in the hint when this one is damaged.
-void verify_or_point_back(hid_t f, const std::string& file, const std::string& dir) {
+void verify_or_point_back(hid_t f, const std::string& file, const std::string& dir, bool current_format) {
   try {
-    verify_shard(f, file);
+    verify_shard(f, file, current_format);
   } catch (const UserError& e) {
     throw UserError(e.what(), previous_checkpoint_hint(dir));
   }
@@ -457,6 +555,19 @@ int64_t dataset_length(hid_t f, const char* name) {
   H5Dclose(d);
   return static_cast<int64_t>(dims[0]);
 }
+
+// The counters a resume takes on trust, checked for what they can never be.
+void check_counters(const CheckpointScalars& sc, const std::string& dir, const std::string& file) {
+  const std::string at = "'" + file + "': ";
+  if (sc.step < 0 || sc.applied_steps < 0 || sc.skipped_steps < 0 || sc.applied_steps > sc.step || sc.skipped_steps > sc.step)
+    throw UserError(at + "its counters are impossible (step " + std::to_string(sc.step) + ", applied " + std::to_string(sc.applied_steps) +
+                        ", skipped " + std::to_string(sc.skipped_steps) + "): the file is corrupt",
+                    previous_checkpoint_hint(dir));
+  const int64_t named = step_of_name(fs::path(dir).filename().string());
+  if (named >= 0 && named != sc.step)
+    throw UserError(at + "holds step " + std::to_string(sc.step) + " but its directory is named for step " + std::to_string(named),
+                    "a checkpoint directory keeps the name it was saved under; " + previous_checkpoint_hint(dir));
+}
 }  // namespace
 
 std::vector<OwnedSegment> segments_within(const std::vector<OwnedSegment>& owned, int64_t begin, int64_t end) {
@@ -472,14 +583,16 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
   const std::string file = (fs::path(dir) / "state.h5").string();
   hid_t f = open_checkpoint_file(file, dir);
   CheckpointScalars sc;
-  int64_t world = 1, filled = 0, wanted = 0;
+  int64_t world = 1, filled = 0, wanted = 0, save_id = 0;
+  bool current = false;
   for (const auto& g : b.segments) wanted += g.numel;
   try {
     const int64_t version = read_attr<int64_t>(f, "format_version", file);
-    if (version != 1 && version != kCheckpointFormatVersion)
-      throw UserError("'" + file + "' has checkpoint format version " + std::to_string(version) + "; this ds reads versions 1 and " +
+    if (version < 1 || version > kCheckpointFormatVersion)
+      throw UserError("'" + file + "' has checkpoint format version " + std::to_string(version) + "; this ds reads versions 1 to " +
                           std::to_string(kCheckpointFormatVersion),
                       "use the ds release that wrote it, or a newer one");
+    current = version >= 3;
     sc.step = read_attr<int64_t>(f, "step", file);
     sc.applied_steps = read_attr<int64_t>(f, "applied_steps", file);
     sc.skipped_steps = read_attr<int64_t>(f, "skipped_steps", file);
@@ -494,12 +607,18 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
       throw UserError("'" + file + "' holds " + format_count(model_numel) + " parameters, but this plan has " +
                           format_count(b.model_numel),
                       "resume with the model the checkpoint was trained with (its plan_json says which)");
-    if (b.verify) verify_or_point_back(f, file, dir);
+    if (b.verify) verify_or_point_back(f, file, dir, current);
+    check_counters(sc, dir, file);
+    if (current) save_id = read_attr<int64_t>(f, "save_id", file);
     if (version == 1) {
       filled = read_overlaps(f, {OwnedSegment{0, 0, 0, model_numel}}, b, file);
     } else {
       world = read_attr<int64_t>(f, "world_size", file);
-      filled = read_overlaps(f, read_segments(f, file), b, file);
+      if (world < 1 || world > (1 << 20))
+        throw UserError("'" + file + "' claims " + std::to_string(world) + " ranks wrote it: the file is corrupt", previous_checkpoint_hint(dir));
+      const std::vector<OwnedSegment> segs = read_segments(f, file);
+      check_segments(segs, model_numel, f, file);
+      filled = read_overlaps(f, segs, b, file);
     }
   } catch (...) {
     H5Fclose(f);
@@ -510,8 +629,19 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
     const std::string shard = (fs::path(dir) / shard_name(r)).string();
     hid_t h = open_checkpoint_file(shard, dir);
     try {
-      if (b.verify) verify_or_point_back(h, shard, dir);
-      filled += read_overlaps(h, read_segments(h, shard), b, shard);
+      if (b.verify) verify_or_point_back(h, shard, dir, current);
+      if (current) {
+        const int64_t its_id = has_attr(h, "save_id") ? read_attr<int64_t>(h, "save_id", shard) : 0;
+        const int64_t its_step = has_attr(h, "step") ? read_attr<int64_t>(h, "step", shard) : -1;
+        if (its_id != save_id || its_step != sc.step)
+          throw UserError("'" + shard + "' belongs to another checkpoint (" +
+                              (its_step == sc.step ? "another save of step " + std::to_string(its_step) : "step " + std::to_string(its_step)) +
+                              "), not to this one (step " + std::to_string(sc.step) + ")",
+                          "a checkpoint's files are written together: copy the whole directory, or " + previous_checkpoint_hint(dir));
+      }
+      const std::vector<OwnedSegment> segs = read_segments(h, shard);
+      check_segments(segs, b.model_numel, h, shard);
+      filled += read_overlaps(h, segs, b, shard);
     } catch (...) {
       H5Fclose(h);
       throw;

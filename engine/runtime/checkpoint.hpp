@@ -27,7 +27,7 @@
 
 namespace ds {
 
-constexpr int kCheckpointFormatVersion = 2;
+constexpr int kCheckpointFormatVersion = 3;
 
 struct CheckpointScalars {
   int64_t step = 0;           // optimizer steps attempted: the data position
