@@ -79,8 +79,8 @@ Subcommand setup_train(CLI::App& app) {
   sub->add_flag("--no-fit-check", args->no_fit_check,
                 "start even when the plan needs more memory per node than this machine has (it will likely be killed)");
   sub->add_flag("--overwrite", args->overwrite,
-                "start fresh even though train.output_dir holds a run: its checkpoints, metrics.jsonl and train.log "
-                "are deleted first (without this, such a run is refused)");
+                "start fresh even though train.output_dir holds a run: what ds wrote there (checkpoints, metrics.jsonl, "
+                "train.log, config.json, plan.json) is deleted first, each named; other files are kept");
   sub->add_option("--hostfile", args->hostfile,
                   "start ranks on these hosts over ssh: DeepSpeed's 'hostname slots=N' lines (DS_SSH replaces ssh)");
   sub->add_option("--master-addr,--master_addr", args->master_addr, "where the ranks rendezvous (default: the hostfile's first host)");
@@ -115,16 +115,19 @@ metrics.jsonl (one JSON object per step) and checkpoints/step_NNNNNNNN/ (HDF5, e
 steps, at the end and on Ctrl-C; the newest train.keep_last are kept). Progress goes to stderr: a live line on a terminal, plain
 lines every steps_per_print steps (default 10) otherwise. Ctrl-C saves a checkpoint after the current step and exits 130.
 --nproc-per-node N starts N local ranks (rank 0 prints, the others log to train.output_dir/logs/rank_N.log)
-at any ZeRO stage; a checkpoint resumes at any world size. Offload is refused before work starts, with
-the reason (exit 2). A fresh run into a directory that holds a run is refused: --resume continues it,
---overwrite replaces it. SIGTERM and Ctrl-C save a checkpoint after the current step. See ds-train(1).)");
+at any ZeRO stage; a checkpoint resumes at any world size. Optimizer offload (CPU or NVMe, stages 1-3) and
+parameter offload (stage 3) run as zero_optimization's offload blocks say. A fresh run into a directory
+that holds a run is refused: --resume continues it, --overwrite replaces it (removing only what ds wrote);
+a directory another ds run is using, or one holding files ds did not write, is refused. This build trains
+on the CPU (--device auto). SIGTERM and Ctrl-C save a checkpoint after the current step. See ds-train(1).)");
   return {sub, [args] { return run_train(*args); }};
 }
 
 int run_train(const TrainArgs& a) {
   return run_guarded("train", [&]() -> int {
-    ConfigArgs args = a.config;
+    ConfigArgs args = with_config_path(a.config);
     args.inputs_must_exist = true;
+    args.runs_here = true;
     // First, so that a train.resume=PATH override after it (or before: same key) names the checkpoint.
     if (a.resume && !explicit_resume_path(args.overrides)) args.overrides.insert(args.overrides.begin(), "train.resume=auto");
     // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
@@ -142,8 +145,19 @@ int run_train(const TrainArgs& a) {
                       "model.activation_checkpointing, or add --no-fit-check to start anyway");
     const char* rank_env = std::getenv("RANK");
     const bool writes_run_dir = !rank_env || std::string(rank_env) == "0";
-    if (writes_run_dir)
-      print_warnings("train", prepare_run_dir(compiled.config.train.output_dir, compiled.config.train.resume != "false", a.overwrite));
+    // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
+    // before anything about the output directory.
+    const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
+    if (!resume_from.empty()) check_resume_shapes(resume_from, read_checkpoint_text(resume_from, "plan_json"), compiled.plan);
+    RunDirLock lock;  // held until the run (or the launched ranks) ends
+    if (writes_run_dir) {
+      const Config& c = compiled.config;
+      lock = RunDirLock(c.train.output_dir);
+      if (!lock.note().empty()) print_warnings("train", {{"", lock.note(), ""}});
+      RunDirRequest request{c.train.output_dir, c.train.resume != "false", resume_from, a.overwrite,
+                            {c.model.init_from, c.data.path, c.data.vocab_file, c.data.merges_file, c.source, resume_from}};
+      print_warnings("train", prepare_run_dir(request));
+    }
     if (launcher) {
       const Plan& plan = compiled.plan;
       const Config& config = compiled.config;
@@ -158,13 +172,14 @@ int run_train(const TrainArgs& a) {
       return launch_ranks(spec);
     }
     TrainOptions opt;
-    opt.resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
+    opt.resume_from = resume_from;
     if (opt.resume_from.empty() && compiled.config.train.resume == "auto")
       std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
     if (!opt.resume_from.empty()) {
+      const std::string checkpoint_plan = read_checkpoint_text(opt.resume_from, "plan_json");
       // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
       std::string note;
-      const auto pins = schedule_pins(read_checkpoint_text(opt.resume_from, "plan_json"), compiled.plan, compiled.config, &note);
+      const auto pins = schedule_pins(checkpoint_plan, compiled.plan, compiled.config, &note);
       if (!pins.empty()) {
         args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
         compiled = compile_config("train", args, /*quiet=*/true);

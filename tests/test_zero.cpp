@@ -287,10 +287,13 @@ struct TwoHosts {
   }
   ~TwoHosts() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
 
-  // Writes `hostfile` and an ssh stand-in into `dir` (node-a and node-b are the namespaces; it runs the
-  // command there, as sshd would on the host). Returns the launcher's flags; the stand-in goes in DS_SSH.
-  std::string hostfile_flags(const std::string& dir, int port,
+  // Writes `hostfile` and an ssh stand-in into DIR_launch, beside the run directory `dir` (which holds the
+  // run alone: ds refuses a run directory holding other files) (node-a and node-b are the namespaces; the
+  // stand-in runs the command there, as sshd would on the host). Returns the launcher's flags; the
+  // stand-in goes in DS_SSH.
+  std::string hostfile_flags(const std::string& run_dir, int port,
                              const std::string& hostfile = "node-a slots=1\nnode-b slots=1\n") const {
+    const std::string dir = run_dir + "_launch";
     std::filesystem::create_directories(dir);
     std::ofstream(dir + "/hosts.txt") << hostfile;
     std::ofstream(dir + "/ssh.sh") << "#!/bin/sh\nhost=$1; shift\ncase $host in\n  node-a) ns=" << a << "; nic=" << va
@@ -300,7 +303,7 @@ struct TwoHosts {
     std::filesystem::permissions(dir + "/ssh.sh", std::filesystem::perms::owner_all);
     return "--hostfile " + dir + "/hosts.txt --master-addr 10.77.0.1 --master-port " + std::to_string(port) + " ";
   }
-  static std::string ssh_env(const std::string& dir) { return "DS_SSH=" + dir + "/ssh.sh"; }
+  static std::string ssh_env(const std::string& run_dir) { return "DS_SSH=" + run_dir + "_launch/ssh.sh"; }
 };
 
 void expect_single_rank_losses(const std::string& dir) {
@@ -323,7 +326,7 @@ TEST(Zero, TwoHostsStartedWithTorchrunsEnvironmentRendezvousAcrossTheLink) {
            "MASTER_ADDR=10.77.0.1 MASTER_PORT=29533 GLOO_SOCKET_IFNAME=" + ifname + " " DS_BINARY " " + kTwoRankStage2 +
            "train.output_dir=" + dir + " >" + dir + "_" + std::to_string(r) + ".log 2>&1";
   };
-  const std::string both = "cd " DS_SOURCE_DIR " && { " + rank(hosts.a, 0, hosts.va) + " & p0=$!; " + rank(hosts.b, 1, hosts.vb) +
+  const std::string both = "cd " + cli_test::work_dir() + " && { " + rank(hosts.a, 0, hosts.va) + " & p0=$!; " + rank(hosts.b, 1, hosts.vb) +
                            " & p1=$!; wait $p0; r0=$?; wait $p1; r1=$?; exit $((r0 + r1)); }";
   const int status = std::system(("bash -c '" + both + "'").c_str());
   ASSERT_EQ(status, 0) << slurp(dir + "_0.log") << slurp(dir + "_1.log");
@@ -381,7 +384,7 @@ TEST(Zero, CtrlCReachesRemoteRanksThroughTheirSshAndEveryRankSavesItsShard) {
   const std::string dir = scratch_dir() + "/remote_int";
   const std::string flags = hosts.hostfile_flags(dir, 29536);
   // Ctrl-C to the launcher alone (not the shell that started it): the process named ds with the hostfile.
-  std::system(("(sleep 6; for p in $(pgrep -f -- '--hostfile " + dir + "/hosts.txt'); do "
+  std::system(("(sleep 6; for p in $(pgrep -f -- '--hostfile " + dir + "_launch/hosts.txt'); do "
                "[ \"$(cat /proc/$p/comm)\" = ds ] && kill -INT $p; done) >/dev/null 2>&1 &").c_str());
   Result r = cli_test::ds(kTwoRankStage2 + "train.steps=100000 " + flags + "train.output_dir=" + dir, TwoHosts::ssh_env(dir));
   EXPECT_EQ(r.code, 130) << r.err << slurp(dir + "/logs/rank_1.log");

@@ -219,7 +219,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
         // (An asynchronous list's input is /dev/null unless redirected: the watcher reads fd 3, a copy.)
         std::string command = "cd " + shell_quote(cwd) + " && exec 3<&0 && { env";
         for (const auto& [k, v] : env) command += " " + k + "=" + shell_quote(v);
-        for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
+        for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_RUN_LOCK"})
           if (const char* v = std::getenv(pass)) command += std::string(" ") + pass + "=" + shell_quote(v);
         command += " " + shell_quote(exe);
         for (const auto& a : spec.args) command += " " + shell_quote(a);
@@ -269,8 +269,11 @@ int launch_ranks(const LaunchSpec& spec_in) {
     g_children[static_cast<size_t>(r)] = -1;
     --remaining;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    const bool interrupted =
-        WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143) && g_forwarded_signal;
+    // After Ctrl-C or SIGTERM a rank ends with 130/143 once it has saved, or dies of the signal itself when
+    // it came before the rank installed its handler (its first second or so): both are the user's stop.
+    const bool by_stop_signal = (WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143)) ||
+                                (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM));
+    const bool interrupted = by_stop_signal && g_forwarded_signal;
     if (!ok && !interrupted && failed_rank < 0) {
       failed_rank = r;
       failed_status = status;

@@ -1,10 +1,21 @@
 #include "engine/runtime/run_policy.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "schema/json_diff.hpp"
 
@@ -13,6 +24,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The first non-empty line of a file (at most 64 KiB of it).
+std::string first_line(const fs::path& file) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) return line.substr(0, 65536);
+  return "";
+}
+
 int64_t count_lines(const fs::path& file) {
   std::ifstream in(file);
   int64_t n = 0;
@@ -20,38 +40,299 @@ int64_t count_lines(const fs::path& file) {
   return n;
 }
 
+// A JSON object file of at most 16 MiB, or null (not JSON, too deep for a file ds writes, too large).
+nlohmann::json small_json_object(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) > (16u << 20)) return nullptr;
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (json_nesting_exceeded_at(text, kMaxJsonNesting) != std::string_view::npos) return nullptr;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json(nullptr);
+}
+
+// Each file ds writes into a run directory, recognised by its content, not its name alone: a Hugging Face
+// export's config.json or a user's notes in metrics.jsonl are not ds's.
+bool is_ds_metrics(const fs::path& file) {
+  const nlohmann::json j = nlohmann::json::parse(first_line(file), nullptr, false);
+  return j.is_object() && j.contains("step") && j.contains("loss");
+}
+bool is_ds_config(const fs::path& file) {
+  const nlohmann::json j = small_json_object(file);
+  return j.is_object() && j.contains("train") && j["train"].is_object() && j["train"].contains("output_dir");
+}
+bool is_ds_plan(const fs::path& file) {
+  const nlohmann::json j = small_json_object(file);
+  return j.is_object() && j.contains("topology") && j.contains("batch") && j.contains("schema_version");
+}
+bool is_ds_log(const fs::path& file) {  // train.log: every line starts with a local timestamp, 2026-11-26T09:30:00
+  const std::string l = first_line(file);
+  static const char* shape = "dddd-dd-ddTdd:dd:dd ";
+  if (l.size() < 20) return false;
+  for (size_t i = 0; i < 20; ++i)
+    if (shape[i] == 'd' ? !std::isdigit(static_cast<unsigned char>(l[i])) : l[i] != shape[i]) return false;
+  return true;
+}
+
+bool is_step_name(const std::string& n) {
+  if (n.size() <= 5 || n.size() > 5 + 18 || n.rfind("step_", 0) != 0) return false;
+  return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What ds wrote under checkpoints/: step_N directories holding a checkpoint's files, the hidden partial
+// saves, `latest` and its temporary. Everything else there is the user's.
+bool is_ds_checkpoint_entry(const fs::directory_entry& e) {
+  const std::string n = e.path().filename().string();
+  std::error_code ec;
+  if (e.is_symlink(ec)) return false;
+  if (n == "latest" || n == ".latest.tmp") return e.is_regular_file(ec);
+  if (n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0) return is_step_name(n.substr(1, n.size() - 9));
+  return is_step_name(n) && e.is_directory(ec) && (fs::exists(e.path() / "state.h5", ec) || fs::exists(e.path() / "DONE", ec));
+}
+
+bool is_rank_log(const std::string& n) {
+  if (n.rfind("rank_", 0) != 0 || n.size() <= 9 || n.compare(n.size() - 4, 4, ".log") != 0) return false;
+  return std::all_of(n.begin() + 5, n.end() - 4, [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The names ds writes at the top of a run directory.
+constexpr const char* kRunFiles[] = {"config.json", "plan.json", "metrics.jsonl", "train.log"};
+
+struct RunDirContents {
+  std::vector<fs::path> ours;     // what --overwrite removes
+  std::vector<fs::path> foreign;  // what ds did not write (relative names for messages)
+  std::vector<std::string> collisions;  // foreign files under a name ds writes
+  std::vector<std::string> links;       // symbolic links under a name ds writes
+};
+
+RunDirContents survey(const fs::path& root) {
+  RunDirContents c;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool writes_here = std::find(std::begin(kRunFiles), std::end(kRunFiles), n) != std::end(kRunFiles) || n == "checkpoints" ||
+                             n == "logs" || n == ".ds.lock";
+    if (e.is_symlink(ec)) {
+      if (writes_here) c.links.push_back(n);
+      else c.foreign.push_back(n);
+      continue;
+    }
+    if (n == ".ds.lock") continue;  // the lock stays: it is held while this run lives
+    if (n == "checkpoints" && e.is_directory(ec)) {
+      for (const auto& k : fs::directory_iterator(e.path(), ec))
+        (is_ds_checkpoint_entry(k) ? c.ours.push_back(k.path()) : c.foreign.push_back(fs::path(n) / k.path().filename()));
+      continue;
+    }
+    if (n == "logs" && e.is_directory(ec)) {
+      for (const auto& k : fs::directory_iterator(e.path(), ec))
+        (is_rank_log(k.path().filename().string()) && k.is_regular_file(ec) ? c.ours.push_back(k.path())
+                                                                               : c.foreign.push_back(fs::path(n) / k.path().filename()));
+      continue;
+    }
+    const bool ours = e.is_regular_file(ec) && ((n == "config.json" && is_ds_config(e.path())) || (n == "plan.json" && is_ds_plan(e.path())) ||
+                                                 (n == "metrics.jsonl" && is_ds_metrics(e.path())) || (n == "train.log" && is_ds_log(e.path())));
+    if (ours) {
+      c.ours.push_back(e.path());
+    } else {
+      c.foreign.push_back(n);
+      if (writes_here) c.collisions.push_back(n);
+    }
+  }
+  std::sort(c.ours.begin(), c.ours.end());
+  std::sort(c.foreign.begin(), c.foreign.end());
+  return c;
+}
+
+std::string name_some(const std::vector<fs::path>& names, size_t most = 5) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i].string();
+  if (names.size() > most) out += " and " + std::to_string(names.size() - most) + " more";
+  return out;
+}
+
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  return ec ? fs::absolute(p).lexically_normal() : r;
+}
+
 }  // namespace
 
-std::vector<ConfigIssue> prepare_run_dir(const std::string& dir, bool resume, bool overwrite) {
+bool path_within(const std::string& inner, const std::string& outer) {
+  const fs::path in = resolved(inner), out = resolved(outer);
+  auto i = in.begin();
+  for (auto o = out.begin(); o != out.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == in.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+bool holds_run(const std::string& dir) {
+  std::error_code ec;
+  return !find_latest_checkpoint(dir).empty() || (fs::is_regular_file(fs::path(dir) / "metrics.jsonl", ec) && is_ds_metrics(fs::path(dir) / "metrics.jsonl"));
+}
+
+std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& q) {
   std::vector<ConfigIssue> warnings;
   std::error_code ec;
+  const std::string& dir = q.dir;
   const fs::path root(dir);
   if (fs::exists(root, ec) && !fs::is_directory(root, ec))
     throw UserError("train.output_dir '" + dir + "' is a file, not a directory", "choose another train.output_dir");
-  if (fs::exists(root / "checkpoints", ec) && !fs::is_directory(root / "checkpoints", ec))
+  if (!fs::exists(root, ec)) return warnings;
+  if (fs::exists(root / "checkpoints", ec) && !fs::is_directory(root / "checkpoints", ec) && !fs::is_symlink(root / "checkpoints", ec))
     throw UserError("'" + (root / "checkpoints").string() + "' is a file; ds keeps its checkpoints in a directory of that name",
                     "move the file away, or choose another train.output_dir");
+  const RunDirContents c = survey(root);
+  if (!c.links.empty())
+    throw UserError("'" + (root / c.links.front()).string() + "' is a symbolic link; ds never writes through links into other places",
+                    "remove the link (or replace it with a copy of what it points to), or choose another train.output_dir");
   for (const auto& name : unreadable_checkpoint_names(dir))
     warnings.push_back({"", "skipping " + (root / "checkpoints" / name).string() + ": not a step number", ""});
-  if (resume) return warnings;
+
+  const bool has_run = holds_run(dir);
+  // A run continued in its own directory: nothing to check beyond the links.
+  if (q.resume && (q.resume_from.empty() || path_within(q.resume_from, dir))) return warnings;
+
+  if (!c.collisions.empty())
+    throw UserError("'" + (root / c.collisions.front()).string() + "' was not written by ds, and a run writes a file of that name",
+                    "train.output_dir is the run's own directory: choose a new or empty one (e.g. train.output_dir=" + dir + "-run)");
+  if (!has_run && !c.foreign.empty())
+    throw UserError("train.output_dir '" + dir + "' is not a run directory: it holds " + name_some(c.foreign) + ", which ds did not write",
+                    "choose a new or empty directory (e.g. train.output_dir=" + dir + "-run); ds refuses to mix a run into other files");
+  if (!has_run) return warnings;
 
   const std::string latest = find_latest_checkpoint(dir);
-  const int64_t metric_lines = count_lines(root / "metrics.jsonl");
-  if (latest.empty() && metric_lines == 0) return warnings;
-  if (!overwrite) {
-    std::string what;
-    if (!latest.empty()) what = "checkpoint " + fs::path(latest).filename().string();
-    if (metric_lines > 0) what += (what.empty() ? "" : ", ") + std::string("metrics.jsonl with ") + std::to_string(metric_lines) + " steps";
+  std::string what;
+  if (!latest.empty()) what = "checkpoint " + fs::path(latest).filename().string();
+  const int64_t metric_lines = fs::exists(root / "metrics.jsonl", ec) ? count_lines(root / "metrics.jsonl") : 0;
+  if (metric_lines > 0) what += (what.empty() ? "" : ", ") + std::string("metrics.jsonl with ") + std::to_string(metric_lines) + " steps";
+  if (!q.overwrite) {
+    if (q.resume)
+      throw UserError("train.output_dir '" + dir + "' holds a run (" + what + "); resuming " + q.resume_from +
+                          " into it would replace its checkpoints and mix its metrics",
+                      "continue that checkpoint in its own run directory, or into a new one (e.g. train.output_dir=" + dir +
+                          "-2); --overwrite deletes the run here first");
     throw UserError("train.output_dir '" + dir + "' holds a run (" + what + "); a fresh run would overwrite it",
                     "continue it with --resume; start over with --overwrite (deletes its checkpoints, metrics.jsonl "
                     "and train.log); or choose another directory, e.g. train.output_dir=" + dir + "-2");
   }
-  for (const char* name : {"checkpoints", "metrics.jsonl", "train.log", "config.json", "plan.json"}) {
-    fs::remove_all(root / name, ec);
-    if (ec) throw UserError("--overwrite: cannot remove '" + (root / name).string() + "': " + ec.message(), "");
+  for (const std::string& source : q.sources)
+    if (!source.empty() && path_within(source, dir))
+      throw UserError("--overwrite would delete the run in '" + dir + "', but this command reads '" + source + "' from inside it",
+                      "write to another directory (e.g. " + dir + "-2), or copy what it reads out of '" + dir + "' first");
+  for (const fs::path& p : c.ours) {
+    fs::remove_all(p, ec);
+    if (ec) throw UserError("--overwrite: cannot remove '" + p.string() + "': " + ec.message(), "");
   }
-  warnings.push_back({"", "--overwrite: removed the previous run's checkpoints, metrics and logs from " + dir, ""});
+  for (const char* sub : {"checkpoints", "logs"})
+    if (fs::is_directory(root / sub, ec) && fs::is_empty(root / sub, ec)) fs::remove(root / sub, ec);
+  std::vector<fs::path> removed;
+  for (const fs::path& p : c.ours) removed.push_back(p.lexically_relative(root));
+  warnings.push_back({"", "--overwrite: removed the previous run from " + dir + ": " + name_some(removed, 1000) +
+                              (c.foreign.empty() ? "" : "; kept what ds did not write: " + name_some(c.foreign)),
+                      ""});
   return warnings;
+}
+
+RunDirLock::RunDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir, ec))
+    throw UserError("train.output_dir '" + dir + "' cannot be created: " + (ec ? ec.message() : std::string("it is not a directory")),
+                    "choose a directory you can write, e.g. train.output_dir=runs/NAME");
+  path_ = (fs::path(dir) / ".ds.lock").string();
+  const char* inherited = std::getenv("DS_RUN_LOCK");
+  if (inherited && path_within(inherited, path_) && path_within(path_, inherited)) {
+    path_.clear();  // a rank of ds's launcher: the launcher holds it for the whole run
+    return;
+  }
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw UserError("cannot open the run directory's lock '" + path_ + "': " + std::strerror(errno),
+                    "train.output_dir must be a writable directory");
+  auto read_holder = [&] {
+    std::string text(4096, '\0');
+    const ssize_t n = ::pread(fd_, text.data(), text.size(), 0);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+    return text;
+  };
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const std::string holder = read_holder();
+    ::close(fd_);
+    fd_ = -1;
+    throw UserError("train.output_dir '" + dir + "' is in use by another ds run (" + (holder.empty() ? "holder unknown" : holder) + ")",
+                    "wait for it to finish or stop it, or choose another train.output_dir; two runs in one directory would "
+                    "mix their metrics and checkpoints");
+  }
+  const std::string previous = read_holder();
+  if (!previous.empty())
+    note_ = "took over the lock of " + dir + " from a run that ended without releasing it (" + previous + ")";
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+  const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", started " + when + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    // Holding the lock is what matters; the text only names the holder.
+  }
+  ::setenv("DS_RUN_LOCK", path_.c_str(), 1);  // the ranks this process starts run under this lock
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ < 0) return;
+  if (::ftruncate(fd_, 0) != 0) {  // released cleanly: the next run has nothing to take over
+  }
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
+}
+
+RunDirLock::RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)), note_(std::move(o.note_)) { o.fd_ = -1; }
+
+RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
+  if (this != &o) {
+    this->~RunDirLock();
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    note_ = std::move(o.note_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void check_resume_shapes(const std::string& checkpoint, const std::string& checkpoint_plan_json, const Plan& plan) {
+  if (json_nesting_exceeded_at(checkpoint_plan_json, kMaxJsonNesting) != std::string_view::npos) return;  // load_checkpoint refuses it
+  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan_json, nullptr, false);
+  if (!old.is_object() || !old.contains("layout") || !old["layout"].is_object() || !old["layout"].contains("params") ||
+      !old["layout"]["params"].is_array())
+    return;  // a plan without a layout (older): the parameter count is still checked on load
+  const nlohmann::json& theirs = old["layout"]["params"];
+  const auto& mine = plan.layout.params;
+  auto shape_text = [](const std::vector<int64_t>& s) {
+    std::string t = "[";
+    for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+  };
+  const size_t n = std::min(theirs.size(), mine.size());
+  for (size_t i = 0; i < n; ++i) {
+    const nlohmann::json& t = theirs[i];
+    const std::string name = t.value("name", std::string("?"));
+    std::vector<int64_t> shape;
+    if (t.contains("shape") && t["shape"].is_array())
+      for (const auto& d : t["shape"]) shape.push_back(d.is_number_integer() ? d.get<int64_t>() : -1);
+    if (name != mine[i].name || shape != mine[i].shape)
+      throw UserError("checkpoint '" + checkpoint + "' holds " + name + " " + shape_text(shape) + " where this model has " + mine[i].name + " " +
+                          shape_text(mine[i].shape),
+                      "resume with the model the checkpoint was trained with (the config's model block; its plan.json says which), "
+                      "or start a new run from its weights where they fit");
+  }
+  if (theirs.size() != mine.size())
+    throw UserError("checkpoint '" + checkpoint + "' holds " + std::to_string(theirs.size()) + " tensors where this model has " +
+                        std::to_string(mine.size()),
+                    "resume with the model the checkpoint was trained with");
 }
 
 std::vector<std::string> schedule_pins(const std::string& checkpoint_plan_json, const Plan& plan, const Config& config,
@@ -59,6 +340,7 @@ std::vector<std::string> schedule_pins(const std::string& checkpoint_plan_json, 
   std::vector<std::string> pins;
   if (plan.scheduler.type == SchedulerType::None) return pins;
   nlohmann::json old;
+  if (json_nesting_exceeded_at(checkpoint_plan_json, kMaxJsonNesting) != std::string_view::npos) return pins;  // damaged
   try {
     old = nlohmann::json::parse(checkpoint_plan_json);
   } catch (const nlohmann::json::exception&) {

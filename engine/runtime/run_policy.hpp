@@ -11,11 +11,53 @@
 
 namespace ds {
 
-// Throws UserError (exit 2) when `dir` cannot hold a run (a file, or its checkpoints/ is a file) or,
-// for a fresh run without `overwrite`, when it already holds one (naming its last step). With
-// `overwrite`, removes what ds wrote there: checkpoints/, metrics.jsonl, train.log, config.json,
-// plan.json (logs/ belongs to the launcher, other files to the user). Returns warnings to print.
-std::vector<ConfigIssue> prepare_run_dir(const std::string& dir, bool resume, bool overwrite);
+// What a command asks of a run directory before it writes there.
+struct RunDirRequest {
+  std::string dir;
+  bool resume = false;             // continue a run (train.resume set)
+  std::string resume_from;         // the checkpoint it continues from ("" when none was found)
+  bool overwrite = false;          // --overwrite: remove the run the directory holds
+  std::vector<std::string> sources;  // what the command reads (init_from, data, its config): never cleared
+};
+
+// Throws UserError (exit 2) when `dir` cannot hold this run:
+// - it is a file, or one of the names ds writes there is a file of another kind or a symbolic link
+//   (ds never writes through a link);
+// - it holds files ds did not write and no run (a Hugging Face export, a user's folder), or files ds
+//   did not write under the names it writes (config.json, plan.json, metrics.jsonl, train.log);
+// - it holds a run and this is a fresh start without `overwrite`, or the resume of a checkpoint from
+//   another directory (which would replace its checkpoints and mix its metrics);
+// - with `overwrite`, a source lies inside what would be removed.
+// With `overwrite`, removes only what ds wrote there (checkpoints it can identify, latest, partial saves,
+// metrics.jsonl, train.log, config.json, plan.json, logs/rank_N.log), each named in the warnings returned.
+std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& request);
+
+// Whether `dir` holds a run ds wrote: a complete checkpoint, or a metrics.jsonl of ds's making.
+bool holds_run(const std::string& dir);
+
+// Whether `inner` is `outer` or lies inside it (after resolving links and "..": both may not exist yet).
+bool path_within(const std::string& inner, const std::string& outer);
+
+// One writer per run directory: an advisory lock (flock) on DIR/.ds.lock, held while the process lives,
+// recording host, pid and start time so that a second run is refused naming the holder. A lock left by
+// a process that died is taken over (`note` says whose). Ranks started by ds's own launcher run under
+// the launcher's lock (DS_RUN_LOCK in their environment names it) and take none of their own.
+class RunDirLock {
+ public:
+  RunDirLock() = default;
+  explicit RunDirLock(const std::string& dir);  // throws UserError when another live process holds it
+  ~RunDirLock();
+  RunDirLock(RunDirLock&& other) noexcept;
+  RunDirLock& operator=(RunDirLock&& other) noexcept;
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  const std::string& note() const { return note_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  std::string path_, note_;
+};
 
 // The checkpoint a run continues from, settled before any work so that a bad path fails at once:
 // `resume` "false" gives "", "auto" the newest complete checkpoint in `output_dir` ("" when there is
@@ -25,6 +67,10 @@ std::string resume_checkpoint(const std::string& resume, const std::string& outp
 // The keys whose resolved values differ between the checkpoint's config and this run's, besides those
 // a continued run is meant to change (train.resume, train.steps, the scheduler's lengths).
 std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json);
+
+// Throws UserError when the checkpoint's tensors (its plan's layout: names and shapes, in order) differ
+// from this plan's: the same parameter count in other shapes would load every weight into the wrong place.
+void check_resume_shapes(const std::string& checkpoint, const std::string& checkpoint_plan_json, const Plan& plan);
 
 // Overrides that keep a resumed run's schedule where the checkpoint had it: scheduler lengths that
 // followed train.steps ("auto" or absent) are pinned to the checkpoint's values when train.steps
