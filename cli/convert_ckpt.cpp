@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/format.hpp"
+#include "common/json_depth.hpp"
 #include "common/strings.hpp"
 #include "cli/plan_json.hpp"
 #include "engine/plan/plan.hpp"
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 struct ConvertArgs {
   std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
   int world_size = 0, stage = -1;  // ds -> ds: the layout to write (0 / -1: the source's)
-  bool info = false, json = false, overwrite = false, exclude_frozen = false;
+  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false;
 };
 
 int print_info(const WeightSource& src, bool as_json) {
@@ -73,7 +74,9 @@ int print_info(const WeightSource& src, bool as_json) {
 void copy_tokenizer_files(const std::string& checkpoint, const std::string& out_dir) {
   nlohmann::json data;
   try {
-    data = nlohmann::json::parse(read_checkpoint_text(checkpoint, "config_json")).at("data");
+    const std::string config = read_checkpoint_text(checkpoint, "config_json");
+    check_json_nesting(config, checkpoint + " (config_json)");
+    data = nlohmann::json::parse(config).at("data");
   } catch (const nlohmann::json::exception&) {
     return;
   }
@@ -104,7 +107,7 @@ void check_destination(const ConvertArgs& a) {
 // train.output_dir=DST --resume continues from it, or model.init_from=DST starts from its weights.
 int import_hf(const WeightSource& src, const ConvertArgs& a) {
   check_destination(a);
-  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir(a.dst, false, true));  // only what ds wrote there
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));  // only what ds wrote there
   const fs::path hf_config = fs::path(src.path()) / "config.json";
   if (!fs::exists(hf_config)) throw UserError("'" + src.path() + "' has no config.json", "a Hugging Face model directory has one beside its weights");
   // The model from the directory's config.json, through the loader (the checkpoint stores the resolved config).
@@ -145,7 +148,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
                     "train in " + a.dtype + " by setting the config's " + a.dtype + ".enabled=true when resuming; "
                     "--dtype converts exports (--to hf or safetensors)");
   check_destination(a);
-  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir(a.dst, false, true));
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));
   const int world = a.world_size > 0 ? a.world_size : static_cast<int>(src.world_size);
   const int stage = a.stage >= 0 ? a.stage : src.zero_stage;
   // The run's own config at the new shape: the stage changed and the global batch left to follow the
@@ -211,7 +214,18 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
 int run_convert(const ConvertArgs& a) {
   return run_guarded("convert-ckpt", [&]() -> int {
     std::string src_path = a.src;
-    if (!a.tag.empty()) src_path = (fs::path(a.src) / "checkpoints" / a.tag).string();  // zero_to_fp32's -t
+    if (!a.tag.empty()) {  // zero_to_fp32's -t
+      src_path = (fs::path(a.src) / "checkpoints" / a.tag).string();
+      std::error_code ec;
+      if (!fs::is_directory(src_path, ec)) {
+        std::vector<std::string> tags;
+        for (const auto& e : fs::directory_iterator(fs::path(a.src) / "checkpoints", ec))
+          if (e.path().filename().string().rfind("step_", 0) == 0 && fs::exists(e.path() / "DONE", ec)) tags.push_back(e.path().filename().string());
+        std::sort(tags.begin(), tags.end());
+        throw UserError("'" + a.src + "' has no checkpoint tagged '" + a.tag + "'",
+                        tags.empty() ? "it holds no complete checkpoint (is it a ds run directory?)" : "its checkpoints: " + join(tags, ", "));
+      }
+    }
     const std::unique_ptr<WeightSource> src = open_weights(src_path);
     if (a.info) return print_info(*src, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt SRC DST (or --info SRC); see ds convert-ckpt --help");
@@ -231,6 +245,7 @@ int run_convert(const ConvertArgs& a) {
     if (fs::exists(a.dst, ec) && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
     ExportOptions opt;
     opt.dtype = a.dtype;
+    opt.allow_fp16_overflow = a.allow_fp16_overflow;
     opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
     const ModelSpec model = build_model_spec(src->model());
     std::cerr << "ds convert-ckpt: " << src->path() << " (step " << src->step << ", " << format_count(model.num_params)
@@ -239,6 +254,12 @@ int run_convert(const ConvertArgs& a) {
               << ", " << a.dtype << "\n";
     const ExportSummary s = to == "hf" ? export_hf_directory(*src, src->model(), a.dst, opt) : export_safetensors_file(*src, model, a.dst, opt);
     for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+    for (const auto& f : s.removed) std::cerr << "  removed " << f << " (the previous export's)\n";
+    if (s.fp16_overflowed > 0)
+      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_overflowed) + " values beyond fp16's range were written as +-inf (--allow-fp16-overflow)", ""}});
+    if (s.fp16_flushed > 0)
+      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
+                                       "--dtype bf16 keeps fp32's range"}});
     if (to == "hf") copy_tokenizer_files(src->path(), a.dst);
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;
@@ -262,6 +283,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
   sub->add_option("--stage", a->stage, "ds -> ds: the ZeRO stage to shard for, 0-3 (default: as saved)")->check(CLI::Range(0, 3));
   sub->add_option("--dtype", a->dtype, "the exported weights' dtype: fp32 (default, the master weights as stored), bf16, fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_flag("--allow-fp16-overflow", a->allow_fp16_overflow,
+                "with --dtype fp16: write values beyond fp16's range (+-65504) as +-inf instead of refusing the export");
   sub->add_option("--max-shard-size,--max_shard_size", a->max_shard_size,
                   "split a Hugging Face export into shards of at most this size, with model.safetensors.index.json "
                   "(default 5GB; GB = 10^9 bytes, GiB = 2^30)");

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/json_depth.hpp"
 #include "schema/loader_internal.hpp"
 
 namespace ds::loader {
@@ -20,12 +21,51 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
   }
   json j;
   try {
+    check_json_nesting(text, path);
     j = json::parse(text, nullptr, true, true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax, and numbers such as 1e999 that overflow a double
     errors.push_back({"model.hf_config", "'" + path + "' is not valid JSON: " + std::string(e.what()), ""});
     return f;
+  } catch (const UserError& e) {
+    errors.push_back({"model.hf_config", e.what(), e.hint()});
+    return f;
   }
-  const std::string type = j.value("model_type", std::string());
+  if (!j.is_object()) {
+    errors.push_back({"model.hf_config", "'" + path + "' is a JSON " + std::string(j.type_name()) + ", not an object",
+                      "a Hugging Face config.json is one JSON object (model_type, hidden_size, ...)"});
+    return f;
+  }
+  // Each key read with its type checked: a wrong type is an error naming the key, not an exception.
+  auto wrong = [&](const char* k, const char* expected) {
+    errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + j[k].dump() + ", not " + expected, "check the file"});
+  };
+  auto text_of = [&](const char* k, const std::string& fallback) {
+    if (!j.contains(k) || j[k].is_null()) return fallback;
+    if (!j[k].is_string()) {
+      wrong(k, "a string");
+      return fallback;
+    }
+    return j[k].get<std::string>();
+  };
+  auto flag = [&](const char* k, bool fallback) {
+    if (!j.contains(k) || j[k].is_null()) return fallback;
+    if (!j[k].is_boolean()) {
+      wrong(k, "true or false");
+      return fallback;
+    }
+    return j[k].get<bool>();
+  };
+  auto real = [&](const char* k, std::optional<double>& out) {
+    if (!j.contains(k) || j[k].is_null()) return;
+    if (!j[k].is_number()) return wrong(k, "a number");
+    out = j[k].get<double>();
+  };
+  // A key whose value changes what the model computes in a way ds does not implement: refused, never ignored.
+  auto unsupported = [&](const char* k, const std::string& why) {
+    errors.push_back({"model.hf_config", "'" + path + "': " + k + " " + j[k].dump() + " is not supported: " + why,
+                      "ds would train a different function than this config describes; remove the key only if that is intended"});
+  };
+  const std::string type = text_of("model_type", "");
   auto num = [&](std::initializer_list<const char*> keys, std::optional<int64_t>& out) {
     for (const char* k : keys)
       if (j.contains(k) && j[k].is_number()) {
@@ -37,11 +77,11 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
         }
         out = static_cast<int64_t>(v);
         return;
+      } else if (j.contains(k) && !j[k].is_null()) {
+        return wrong(k, "a number");
       }
   };
-  auto prob = [&](const char* k, std::optional<double>& out) {
-    if (j.contains(k) && j[k].is_number()) out = j[k].get<double>();
-  };
+  std::optional<double> eps, theta;
   if (type == "gpt2") {
     f.arch = ModelArch::gpt2;
     num({"n_embd", "hidden_size"}, f.hidden_size);
@@ -50,15 +90,21 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     num({"vocab_size"}, f.vocab_size);
     num({"n_positions", "max_position_embeddings"}, f.max_position_embeddings);
     num({"n_inner"}, f.intermediate_size);  // null means 4 x n_embd
-    f.tie_word_embeddings = j.value("tie_word_embeddings", true);
-    if (j.contains("layer_norm_epsilon")) f.norm_eps = j["layer_norm_epsilon"].get<double>();
-    prob("attn_pdrop", f.attn_pdrop);
-    prob("resid_pdrop", f.resid_pdrop);
-    prob("embd_pdrop", f.embd_pdrop);
-    const std::string act = j.value("activation_function", std::string("gelu_new"));
+    f.tie_word_embeddings = flag("tie_word_embeddings", true);
+    real("layer_norm_epsilon", eps);
+    real("attn_pdrop", f.attn_pdrop);
+    real("resid_pdrop", f.resid_pdrop);
+    real("embd_pdrop", f.embd_pdrop);
+    const std::string act = text_of("activation_function", "gelu_new");
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       errors.push_back({"model.hf_config", "'" + path + "': activation_function \"" + act + "\" is not supported",
                         "ds's gpt2 uses the tanh GELU (gelu_new)"});
+    if (!flag("scale_attn_weights", true)) unsupported("scale_attn_weights", "ds always scales attention scores by 1/sqrt(head_dim)");
+    if (flag("scale_attn_by_inverse_layer_idx", false))
+      unsupported("scale_attn_by_inverse_layer_idx", "ds does not scale attention by 1/(layer index + 1)");
+    if (flag("reorder_and_upcast_attn", false)) {
+      // Numerically the same function (fp32 attention scores): ds computes its scores in fp32 already.
+    }
   } else if (type == "llama" || type == "mistral") {
     f.arch = ModelArch::llama;
     num({"hidden_size"}, f.hidden_size);
@@ -68,19 +114,30 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     num({"intermediate_size"}, f.intermediate_size);
     num({"vocab_size"}, f.vocab_size);
     num({"max_position_embeddings"}, f.max_position_embeddings);
-    f.tie_word_embeddings = j.value("tie_word_embeddings", false);
-    if (j.contains("rms_norm_eps")) f.norm_eps = j["rms_norm_eps"].get<double>();
-    if (j.contains("rope_theta")) f.rope_theta = j["rope_theta"].get<double>();
-    prob("attention_dropout", f.attn_pdrop);
+    f.tie_word_embeddings = flag("tie_word_embeddings", false);
+    real("rms_norm_eps", eps);
+    real("rope_theta", theta);
+    real("attention_dropout", f.attn_pdrop);
     if (j.contains("head_dim") && j["head_dim"].is_number() && f.hidden_size && f.num_heads &&
-        j["head_dim"].get<int64_t>() * *f.num_heads != *f.hidden_size)
+        j["head_dim"].get<double>() * static_cast<double>(*f.num_heads) != static_cast<double>(*f.hidden_size))
       errors.push_back({"model.hf_config", "'" + path + "': head_dim != hidden_size / num_attention_heads is not supported", ""});
-    if (j.value("attention_bias", false) || j.value("mlp_bias", false))
+    if (flag("attention_bias", false) || flag("mlp_bias", false))
       errors.push_back({"model.hf_config", "'" + path + "': attention_bias / mlp_bias are not supported", ""});
+    const std::string act = text_of("hidden_act", "silu");
+    if (act != "silu" && act != "swish") unsupported("hidden_act", "ds's llama MLP is SwiGLU (silu)");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      unsupported("rope_scaling", "ds applies plain rotary embeddings (rope_theta only), not scaled ones");
+    if (j.contains("sliding_window") && !j["sliding_window"].is_null() && type == "mistral") {
+      const bool covers = j["sliding_window"].is_number() && f.max_position_embeddings &&
+                          j["sliding_window"].get<double>() >= static_cast<double>(*f.max_position_embeddings);
+      if (!covers) unsupported("sliding_window", "ds attends to every earlier position (full causal attention)");
+    }
   } else {
     errors.push_back({"model.hf_config", "'" + path + "': model_type \"" + type + "\" is not supported",
                       "ds models gpt2, llama and mistral"});
   }
+  if (eps) f.norm_eps = *eps;
+  if (theta) f.rope_theta = *theta;
   return f;
 }
 

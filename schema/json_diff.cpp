@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.hpp"
+
 namespace ds {
 namespace {
 
@@ -29,6 +31,11 @@ void diff(const json& a, const json& b, const std::string& path, std::vector<std
 std::vector<std::string> json_differences(const std::string& a, const std::string& b) {
   std::vector<std::string> out;
   try {
+    if (json_nesting_exceeded_at(a, kMaxJsonNesting) != std::string_view::npos ||
+        json_nesting_exceeded_at(b, kMaxJsonNesting) != std::string_view::npos) {
+      out.push_back("(unreadable: nested too deep)");
+      return out;
+    }
     diff(json::parse(a), json::parse(b), "", out);
   } catch (const json::parse_error&) {
     out.push_back("(unreadable)");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/json_depth.hpp"
 #include "schema/loader_internal.hpp"
 
 namespace ds::loader {
@@ -40,30 +41,10 @@ std::string located(const std::string& text, const std::string& source, size_t b
 }  // namespace
 
 void check_nesting(const std::string& text, const std::string& source) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {  // a comment: brackets inside do not count
-      while (i < text.size() && text[i] != '\n') ++i;
-    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
-      const size_t end = text.find("*/", i + 2);
-      i = end == std::string::npos ? text.size() : end + 1;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxConfigNesting)
-        throw UserError(located(text, source, i, "nesting deeper than " + std::to_string(kMaxConfigNesting) + " levels"),
-                        "a ds config is a few levels deep; this text is not one (a generated or corrupted file?)");
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
+  const size_t at = json_nesting_exceeded_at(text, kMaxConfigNesting);
+  if (at != std::string::npos)
+    throw UserError(located(text, source, at, "nesting deeper than " + std::to_string(kMaxConfigNesting) + " levels"),
+                    "a ds config is a few levels deep; this text is not one (a generated or corrupted file?)");
 }
 
 json parse_config_json(const std::string& text, const std::string& source, std::vector<ConfigIssue>& errors) {

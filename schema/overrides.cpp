@@ -67,8 +67,8 @@ void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::
       check_nesting(text, "override '" + key + "'");
       try {
         value = json::parse(text);
-      } catch (const json::parse_error&) {
-        value = text;  // not JSON: a bare string
+      } catch (const json::exception&) {
+        value = text;  // not JSON (or a number beyond a double, 1e999): a bare string, which validation names
       }
     }
     const std::vector<std::string> segs = split_path(key);

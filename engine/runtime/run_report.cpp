@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -50,20 +51,27 @@ std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategorie
 
 }  // namespace
 
-RunLog::RunLog(const std::filesystem::path& file, bool live) : live_(live) {
+RunLog::RunLog(const std::filesystem::path& file, bool live, const std::string& command) : live_(live), command_(command) {
   if (!file.empty()) {
     file_.open(file, std::ios::app);
     if (!file_) throw std::runtime_error("cannot write " + file.string());
   }
 }
 
-void RunLog::note(const std::string& line) {
+std::string RunLog::named(const std::string& line) const {
+  static const std::string train = "ds train:";
+  return line.rfind(train, 0) == 0 && command_ != "ds train" ? command_ + ":" + line.substr(train.size()) : line;
+}
+
+void RunLog::note(const std::string& text) {
+  const std::string line = named(text);
   if (live_) std::cerr << "\r\033[K";
   std::cerr << line << "\n";
   write_file(line);
 }
 
-void RunLog::progress(const std::string& line, bool due) {
+void RunLog::progress(const std::string& text, bool due) {
+  const std::string line = named(text);
   if (live_) {
     std::cerr << "\r\033[K" << line << (due ? "\n" : "") << std::flush;
   } else if (due) {
@@ -86,6 +94,30 @@ void RunLog::write_file(const std::string& line) {
 }
 
 namespace {
+// Truncates a file after its last newline, when something follows it.
+void drop_partial_last_line(const std::string& path) {
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (ec || size == 0) return;
+  std::ifstream in(path, std::ios::binary);
+  int64_t keep = size;  // bytes up to and including the last newline
+  std::string chunk;
+  for (int64_t end = size; end > 0 && keep == size;) {  // backwards, 64 KiB at a time
+    const int64_t begin = std::max<int64_t>(0, end - 65536);
+    chunk.resize(static_cast<size_t>(end - begin));
+    in.seekg(begin);
+    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    if (end == size && chunk.back() == '\n') return;
+    const size_t nl = chunk.rfind('\n');
+    if (nl != std::string::npos) keep = begin + static_cast<int64_t>(nl) + 1;
+    else if (begin == 0) keep = 0;
+    end = begin;
+  }
+  std::filesystem::resize_file(path, static_cast<uintmax_t>(keep), ec);
+  if (ec) throw std::runtime_error("cannot repair " + path + " (a partial last line): " + ec.message());
+  std::cerr << "ds train: " << path << " ended in a partial line (" << size - keep << " bytes, from an interrupted write): removed\n";
+}
+
 // Rank 0 creates the run directory before the log opens its train.log there.
 std::filesystem::path prepared_dir(const Plan& plan, bool lead) {
   const std::filesystem::path dir(plan.run.output_dir);
@@ -100,7 +132,7 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
       lead_(lead),
       result_(result),
       dir_(prepared_dir(plan, lead)),
-      log_(lead ? dir_ / "train.log" : std::filesystem::path(), options.live_progress && lead) {
+      log_(lead ? dir_ / "train.log" : std::filesystem::path(), options.live_progress && lead, options.profile ? "ds profile" : "ds train") {
   baseline_code_and_file_bytes_ = resident_code_and_file_bytes();
   result_.metrics_path = (dir_ / "metrics.jsonl").string();
   if (!lead) return;
@@ -111,6 +143,7 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
   }
   // Appended, never truncated: a resumed run's steps follow the earlier ones (a fresh run into a
   // directory holding a run is refused before this, or the run was removed by --overwrite).
+  drop_partial_last_line(result_.metrics_path);  // a line cut short (disk full, a kill mid-write) is not JSONL
   metrics_.open(result_.metrics_path, std::ios::app);
   if (!metrics_) throw std::runtime_error("cannot write " + result_.metrics_path);
   monitors_ = open_monitors(plan.run);
@@ -256,7 +289,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                   forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
                   p.train_flops_per_step / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
-    metrics_ << json << phases_json << "}\n" << std::flush;
+    metrics_ << (std::string(json) + phases_json + "}\n") << std::flush;  // one write per line
     if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
   }
   if (!monitors_.empty()) {

@@ -27,7 +27,9 @@ class RunLog {
  public:
   // An empty `file` logs to stderr only (ranks other than 0: the launcher captures their stderr).
   // Appended to, never truncated, as metrics.jsonl.
-  RunLog(const std::filesystem::path& file, bool live);
+  // `command` names the run in its lines: callers write "ds train: ...", and a `ds profile` run's lines
+  // say "ds profile: ..." instead.
+  RunLog(const std::filesystem::path& file, bool live, const std::string& command = "ds train");
   void note(const std::string& line);
   // `due` lines (every steps_per_print steps, validations, the last step) stay on the terminal and go to
   // train.log; on a terminal every other step rewrites one live line below them.
@@ -35,9 +37,11 @@ class RunLog {
   void end_live_line();
 
  private:
+  std::string named(const std::string& line) const;
   void write_file(const std::string& line);
   std::ofstream file_;
   bool live_;
+  std::string command_;
 };
 
 class RunReport {

@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 #include "kernels/cpu/adam.hpp"
 
 namespace ds {
@@ -72,6 +74,7 @@ SafetensorsView::SafetensorsView(const uint8_t* data, size_t size, const std::st
   // Parse, refusing a name given twice (JSON allows it; the format does not).
   std::set<std::string> seen;
   std::string duplicate;
+  check_json_nesting(std::string_view(reinterpret_cast<const char*>(data + 8), n), source);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(
@@ -151,45 +154,51 @@ const StTensor* SafetensorsView::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-void SafetensorsView::read_f32(const StTensor& t, float* out) const {
-  const uint8_t* p = bytes(t);
-  const int64_t n = t.numel();
-  switch (t.dtype) {
-    case StDtype::F32: std::memcpy(out, p, static_cast<size_t>(n) * 4); return;
+namespace {
+// `n` values of `dtype` at `p` as fp32 into `out`; false for a dtype that is not floating point.
+bool convert_to_f32(StDtype dtype, const uint8_t* p, int64_t n, float* out) {
+  switch (dtype) {
+    case StDtype::F32: std::memcpy(out, p, static_cast<size_t>(n) * 4); return true;
     case StDtype::BF16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
         out[i] = kernels::bf16_to_float(h);
       }
-      return;
+      return true;
     case StDtype::F16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
         out[i] = f16_to_f32(h);
       }
-      return;
+      return true;
     case StDtype::F64:
       for (int64_t i = 0; i < n; ++i) {
         double d;
         std::memcpy(&d, p + 8 * i, 8);
         out[i] = static_cast<float>(d);
       }
-      return;
-    default:
-      throw UserError("'" + source_ + "': tensor '" + t.name + "' is " + st_dtype_name(t.dtype) + ", not a floating-point type",
-                      "weights must be F32, BF16, F16 or F64");
+      return true;
+    default: return false;
   }
 }
+}  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+void SafetensorsView::read_f32(const StTensor& t, float* out) const {
+  if (!convert_to_f32(t.dtype, bytes(t), t.numel(), out))
+    throw UserError("'" + source_ + "': tensor '" + t.name + "' is " + st_dtype_name(t.dtype) + ", not a floating-point type",
+                    "weights must be F32, BF16, F16 or F64");
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; such a file is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw UserError("cannot open '" + path + "': " + std::strerror(errno), "");
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw UserError("'" + path + "' is not a regular file", "");
+    throw UserError("'" + path + "' is not a regular file (a pipe, a device or a directory)", "weights are read from regular files only");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
@@ -201,26 +210,47 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
       throw UserError("cannot map '" + path + "': " + std::strerror(err), "");
     }
   }
-  ::close(fd);
+  fd_ = fd;
   try {
     view_ = std::make_unique<SafetensorsView>(static_cast<const uint8_t*>(map_), size_, path);
   } catch (...) {
     if (map_) munmap(map_, size_);
     map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
 void SafetensorsFile::read_f32(const StTensor& t, float* out) const {
-  view_->read_f32(t, out);
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<uintptr_t>(view_->bytes(t)), last = first + static_cast<uintptr_t>(t.end - t.begin);
-  const uintptr_t lo = first & ~(page - 1), hi = (last + page - 1) & ~(page - 1);
-  madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // a hint: failure only costs memory
+  // Read with pread, not through the mapping: a file truncated while it is read (another process
+  // rewriting it) gives a short read and an error naming it, where a mapped read would die of SIGBUS.
+  if (t.dtype != StDtype::F32 && t.dtype != StDtype::BF16 && t.dtype != StDtype::F16 && t.dtype != StDtype::F64)
+    return view_->read_f32(t, out);  // refused there, naming the dtype
+  const size_t bytes = static_cast<size_t>(t.end - t.begin);
+  const off_t at = static_cast<off_t>(view_->bytes(t) - static_cast<const uint8_t*>(map_));
+  std::vector<uint8_t> staged(t.dtype == StDtype::F32 ? 0 : bytes);
+  uint8_t* into = t.dtype == StDtype::F32 ? reinterpret_cast<uint8_t*>(out) : staged.data();
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd_, into + done, bytes - done, at + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      struct stat st {};
+      const bool shrank = fstat(fd_, &st) == 0 && static_cast<size_t>(st.st_size) < size_;
+      throw UserError("'" + path_ + "': reading tensor '" + t.name + "' failed: " +
+                          (shrank ? "the file shrank from " + std::to_string(size_) + " to " + std::to_string(st.st_size) +
+                                        " bytes while it was read"
+                                  : std::string(n < 0 ? std::strerror(errno) : "unexpected end of file")),
+                      "another program changed the file; read it again once it is complete");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (t.dtype != StDtype::F32) convert_to_f32(t.dtype, staged.data(), t.numel(), out);
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) munmap(map_, size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 uint64_t write_safetensors(const std::string& path, const std::vector<StTensorSource>& tensors,

@@ -63,11 +63,13 @@ class SafetensorsFile {
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const SafetensorsView& view() const { return *view_; }
-  // view().read_f32, then the tensor's mapped pages are handed back to the kernel: reading a model
-  // larger than memory tensor by tensor keeps none of it resident (the page cache still has it).
+  // The tensor's values as fp32, read from the file (not the mapping, which holds only the header's
+  // pages resident): a file that shrinks meanwhile is a UserError naming it, never SIGBUS.
   void read_f32(const StTensor& t, float* out) const;
 
  private:
+  std::string path_;
+  int fd_ = -1;
   void* map_ = nullptr;
   size_t size_ = 0;
   std::unique_ptr<SafetensorsView> view_;

@@ -1,6 +1,7 @@
 #include "engine/runtime/weights.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/files.hpp"
+#include "common/json_depth.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
@@ -45,7 +47,11 @@ const NamedShape* WeightSource::find(const std::string& name) const {
 
 namespace {
 
+// A small text file beside the weights (an index): a regular file only (a FIFO would block the open).
 std::string slurp(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::is_regular_file(p, ec)) throw UserError("'" + p.string() + "' is not a regular file (a pipe, a device or a directory)", "");
+  if (fs::file_size(p, ec) > (uintmax_t{256} << 20)) throw UserError("'" + p.string() + "' is larger than 256 MiB: not an index", "");
   std::ifstream in(p, std::ios::binary);
   if (!in) throw UserError("cannot read '" + p.string() + "'", "");
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -70,7 +76,9 @@ class DsCheckpointSource : public WeightSource {
     path_ = dir_;
     json plan;
     try {
-      plan = json::parse(read_checkpoint_text(dir_, "plan_json"));
+      const std::string text = read_checkpoint_text(dir_, "plan_json");
+      check_json_nesting(text, dir_ + " (plan_json)");
+      plan = json::parse(text);
       const json& m = plan.at("model");
       model_.name = m.at("name").get<std::string>();
       model_.arch = m.at("arch").get<std::string>() == "llama" ? ModelArch::llama : ModelArch::gpt2;
@@ -136,10 +144,17 @@ class SafetensorsSource : public WeightSource {
     if (fs::is_directory(path)) {
       kind_ = WeightsKind::hf_directory;
       const fs::path index = fs::path(path) / "model.safetensors.index.json";
+      if (fs::exists(index) && fs::exists(fs::path(path) / "model.safetensors"))
+        throw UserError("'" + path + "' holds both model.safetensors and model.safetensors.index.json: two exports mixed, "
+                        "and which weights are meant cannot be told",
+                        "remove the one that is stale (an index and its model-NNNNN-of-NNNNN.safetensors shards, or the single "
+                        "file), or export again into an empty directory");
       if (fs::exists(index)) {
         std::set<std::string> names;
         try {
-          const json map = json::parse(slurp(index)).at("weight_map");  // held: a range-for over a temporary's items() reads freed memory
+          const std::string text = slurp(index);
+          check_json_nesting(text, index.string());
+          const json map = json::parse(text).at("weight_map");  // held: a range-for over a temporary's items() reads freed memory
           for (const auto& [tensor, file] : map.items()) names.insert(file.get<std::string>());
         } catch (const json::exception& e) {
           throw UserError("'" + index.string() + "' is not a safetensors index (" + e.what() + ")", "");
@@ -336,6 +351,30 @@ StDtype export_dtype(const std::string& d) {
 
 const char* torch_dtype_of(StDtype d) { return d == StDtype::BF16 ? "bfloat16" : d == StDtype::F16 ? "float16" : "float32"; }
 
+// Before an fp16 export writes anything: every value checked against fp16's range. A value beyond
+// +-65504 would become inf (refused unless allowed, naming the first); nonzero values below half its
+// smallest subnormal (2^-25) become 0 (counted, as every fp16 cast does it).
+void check_fp16_range(const WeightSource& src, const std::vector<std::string>& names, const ModelSpec& model,
+                      const ExportOptions& options, ExportSummary& s) {
+  std::vector<float> v;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    v.resize(static_cast<size_t>(model.tensors[i].numel));
+    src.read_f32(names[i], v.data());
+    for (size_t k = 0; k < v.size(); ++k) {
+      const float a = std::fabs(v[k]);
+      if (a > 65504.0f && std::isfinite(a)) {
+        if (!options.allow_fp16_overflow)
+          throw UserError("tensor '" + model.tensors[i].name + "' holds " + format_double(v[k]) + " (element " + std::to_string(k) +
+                              "), beyond fp16's range (+-65504): exported in fp16 it would become " + (v[k] > 0 ? "+inf" : "-inf"),
+                          "export in bf16 (--dtype bf16: fp32's range) or fp32; --allow-fp16-overflow writes the infinities anyway");
+        ++s.fp16_overflowed;
+      } else if (a != 0.0f && a < 2.98023224e-8f) {  // 2^-25: rounds to zero in fp16
+        ++s.fp16_flushed;
+      }
+    }
+  }
+}
+
 // A tensor of the source, converted on demand to `dtype`.
 StTensorSource converted(const WeightSource& src, const std::string& from, const std::string& to, const std::vector<int64_t>& shape,
                          StDtype dtype) {
@@ -367,6 +406,8 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
   const ModelSpec model = build_model_spec(hp);
   const std::vector<std::string> names = match_weights(source, model);
   const StDtype dtype = export_dtype(options.dtype);
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, names, model, options, s);
   fs::create_directories(out_dir);
   // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
   std::vector<std::vector<StTensorSource>> shards(1);
@@ -382,7 +423,6 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
     in_shard += bytes;
     total += bytes;
   }
-  ExportSummary s;
   const fs::path dir(out_dir);
   write_text_atomically((dir / "config.json").string(), hf_config_json(hp, torch_dtype_of(dtype)));
   write_text_atomically((dir / "generation_config.json").string(), hf_generation_config_json(hp));
@@ -405,6 +445,17 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
     s.files.push_back((dir / "model.safetensors.index.json").string());
   }
   s.tensors = static_cast<int64_t>(model.tensors.size());
+  // The previous export's weight files that this one did not write (an index and shards where there is now one
+  // file, or the other way round, or more shards than now): removed, so the directory holds one export only.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool weights = n == "model.safetensors" || n == "model.safetensors.index.json" ||
+                         (n.rfind("model-", 0) == 0 && n.find("-of-") != std::string::npos && n.size() > 12 &&
+                          n.compare(n.size() - 12, 12, ".safetensors") == 0);
+    if (weights && std::find(s.files.begin(), s.files.end(), e.path().string()) == s.files.end()) s.removed.push_back(e.path().string());
+  }
+  for (const std::string& f : s.removed) fs::remove(f, ec);
   return s;
 }
 
@@ -412,10 +463,11 @@ ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpe
                                       const ExportOptions& options) {
   const std::vector<std::string> names = match_weights(source, model);
   const StDtype dtype = export_dtype(options.dtype);
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, names, model, options, s);
   std::vector<StTensorSource> tensors;
   for (size_t i = 0; i < model.tensors.size(); ++i)
     tensors.push_back(converted(source, names[i], model.tensors[i].name, model.tensors[i].shape, dtype));
-  ExportSummary s;
   s.tensor_bytes = write_safetensors(file, tensors);
   s.files = {file};
   s.tensors = static_cast<int64_t>(tensors.size());

@@ -77,11 +77,15 @@ std::string hf_generation_config_json(const ModelHyper& hp);
 struct ExportOptions {
   std::string dtype = "fp32";             // fp32 | bf16 | fp16
   uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default (5GB)
+  // fp16 only: values beyond its range (|v| > 65504) become +-inf instead of refusing the export.
+  bool allow_fp16_overflow = false;
 };
 struct ExportSummary {
   std::vector<std::string> files;  // written, in order
+  std::vector<std::string> removed;  // weight files of a previous export in the directory that this one replaced
   uint64_t tensor_bytes = 0;
   int64_t tensors = 0;
+  int64_t fp16_overflowed = 0, fp16_flushed = 0;  // fp16 only: values made +-inf, nonzero values made 0
 };
 
 // Writes a Hugging Face directory: config.json, generation_config.json, model.safetensors (or

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 #include <fstream>
@@ -82,12 +83,24 @@ MappedTokenFile::MappedTokenFile(const std::string& path, const std::string& for
     count_ = static_cast<int64_t>(map_bytes_ / token_bytes_);
   }
   data_ += header;
-  // One pass for the largest id, so a vocabulary mismatch is caught before training.
+  // One pass for the largest id, so a vocabulary mismatch is caught before training; as read from the file
+  // (unsigned), so a uint32 id past 2^31 is not taken for a negative one.
+  uint32_t largest = 0;
   for (int64_t i = 0; i < count_; ++i) {
-    int32_t t;
-    read(i, 1, &t);
-    max_token_ = std::max(max_token_, t);
+    uint32_t v = 0;
+    if (token_bytes_ == 2) {
+      uint16_t h;
+      std::memcpy(&h, data_ + i * 2, 2);
+      v = h;
+    } else {
+      std::memcpy(&v, data_ + i * 4, 4);
+    }
+    largest = std::max(largest, v);
   }
+  if (largest > static_cast<uint32_t>(INT32_MAX))
+    throw UserError("'" + path + "' contains token id " + std::to_string(largest) + ", beyond any vocabulary ds can train (2^31 - 1)",
+                    "the file is not " + format + " token ids, or was written with another data.token_format");
+  max_token_ = static_cast<int32_t>(largest);
   description_ = path + ": " + format_count(count_) + " " + format + " tokens";
 }
 
