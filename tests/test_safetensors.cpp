@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/error.hpp"
@@ -148,5 +149,46 @@ TEST(Safetensors, EveryMalformedFileIsAnErrorNamingWhatIsWrong) {
     ADD_FAILURE() << "I32 read as weights";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'ids' is I32"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, AFileThatShrinksWhileReadIsAnErrorNamingItNotSigbus) {
+  // Another program truncating the file mid-import used to kill ds with SIGBUS (a read through the
+  // mapping past the new end). The file's reads go through pread now: a short read names the file.
+  const std::string path = scratch("shrinks.safetensors");
+  std::vector<float> a(4096, 1.5f), b(4096, 2.5f);
+  std::vector<StTensorSource> tensors;
+  tensors.push_back({"a", StDtype::F32, {4096}, [&](uint8_t* out) { std::memcpy(out, a.data(), a.size() * 4); }});
+  tensors.push_back({"b", StDtype::BF16, {4096}, [&](uint8_t* out) {
+                       for (size_t i = 0; i < b.size(); ++i) {
+                         const uint16_t h = kernels::float_to_bf16(b[i]);
+                         std::memcpy(out + 2 * i, &h, 2);
+                       }
+                     }});
+  write_safetensors(path, tensors);
+  SafetensorsFile f(path);
+  std::vector<float> back(4096);
+  f.read_f32(*f.view().find("a"), back.data());
+  EXPECT_EQ(back, a);
+  fs::resize_file(path, fs::file_size(path) - 4096);  // b's tail is gone
+  try {
+    f.read_f32(*f.view().find("b"), back.data());
+    FAIL() << "read past the end of a truncated file";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("shrinks.safetensors': reading tensor 'b' failed: the file shrank from"), std::string::npos) << e.what();
+  }
+  f.read_f32(*f.view().find("a"), back.data());  // what is still there reads as before
+  EXPECT_EQ(back, a);
+}
+
+TEST(Safetensors, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string path = scratch("fifo.safetensors");
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  try {
+    SafetensorsFile f(path);
+    FAIL() << "a FIFO was opened as weights";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
   }
 }
