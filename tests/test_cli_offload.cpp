@@ -18,8 +18,9 @@ TEST(CliOffload, KillNineDuringAnNvmeRunThenResumeContinuesAndNamesTheStaleSwapD
   fs::create_directories(nvme);
   const std::string config = "examples/offload-nvme.json zero_optimization.offload_optimizer.nvme_path=" + nvme +
                              " train.output_dir=" + dir + " train.save_every=5";
-  Result r = ds("train " + config + " train.steps=100000", "timeout --preserve-status -s KILL 6");
-  ASSERT_EQ(r.code, 137) << r.err;
+  // Killed once step 7 is logged: the checkpoint of step 5 is complete by then (saved before step 6 began).
+  Result r = ds_signalled("train " + config + " train.steps=100000", SIGKILL, dir + "/metrics.jsonl", 7, 0.05);
+  ASSERT_EQ(r.code, -SIGKILL) << r.err;
   std::ifstream latest(dir + "/checkpoints/latest");
   std::string name;
   latest >> name;
