@@ -3,6 +3,8 @@
 #include <iostream>
 
 #include "cli/common.hpp"
+#include "common/did_you_mean.hpp"
+#include "common/strings.hpp"
 #include "cli/convert_ckpt.hpp"
 #include "cli/env.hpp"
 #include "cli/estimate_memory.hpp"
@@ -26,8 +28,9 @@ int run_ds(int argc, char** argv) {
   ds plan templates/zero3.json --world-size 8  ... planned for 8 ranks
   ds env                                       versions, cores, memory, GPUs
 
-Exit status: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted.
-Run `ds <command> --help` for a command's options and examples; `man ds-config` lists every key.)");
+Exit status: 0 ok, 1 runtime failure, 2 usage or config error, 130 interrupted, 143 terminated.
+Run `ds <command> --help` for a command's options and examples. Every config key: `man ds-config` once
+installed (cmake --install), or `man -l man/ds-config.5` in the source tree.)");
 
   std::vector<Subcommand> subs = {setup_plan(app), setup_estimate_memory(app), setup_train(app), setup_convert_ckpt(app),
                                   setup_profile(app), setup_env(app)};
@@ -45,11 +48,19 @@ Run `ds <command> --help` for a command's options and examples; `man ds-config` 
     for (const auto& s : subs)
       if (s.app->parsed()) sub = " " + s.app->get_name(), parsed = s.app;
     std::cerr << "ds" << sub << ": " << red("error:", stderr) << " " << e.what() << "\n";
-    // A mistyped flag: the nearest one this command has.
     std::string hint;
+    // A mistyped command (`ds trian`): the nearest one.
+    if (sub.empty() && argc > 1 && argv[1][0] != '-') {
+      std::vector<std::string> names;
+      for (const auto& s : subs) names.push_back(s.app->get_name());
+      if (std::string near = closest_match(argv[1], names); !near.empty()) hint = "did you mean `ds " + near + "`? ";
+      else hint = "the commands are " + join(names, ", ") + "; ";
+    }
+    // A mistyped flag: the nearest one this command has.
     for (const std::string& word : command_line())
       if (word.rfind("--", 0) == 0 && std::string(e.what()).find(word) != std::string::npos)
-        if (std::string near = flag_suggestion(parsed, word); !near.empty()) hint = "did you mean " + near + "? ";
+        if (std::string near = flag_suggestion(parsed, word); !near.empty() && near != word.substr(0, word.find('=')))
+          hint = "did you mean " + near + "? ";
     std::cerr << "    hint: " << hint << "run `ds" << sub << " --help` for usage and examples\n";
     return kExitUsage;
   }
@@ -60,14 +71,14 @@ Run `ds <command> --help` for a command's options and examples; `man ds-config` 
   }
   for (const auto& s : subs)
     if (s.app->parsed()) return s.run();
-  // Bare `ds`: the commands, one line each.
-  std::cout << "ds " << version_short() << ": native C++ training driven by one JSON config\n\nUsage: ds [--version] [--color WHEN] <command> [args]\n\nCommands:\n";
+  // Bare `ds`: a usage error (a script that forgot its command must not pass), the commands one line each.
+  std::cerr << "ds " << version_short() << ": native C++ training driven by one JSON config\n\nUsage: ds [--version] [--color WHEN] <command> [args]\n\nCommands:\n";
   for (const auto& s : subs) {
     std::string name = s.app->get_name();
-    std::cout << "  " << name << std::string(name.size() < 17 ? 17 - name.size() : 1, ' ') << s.app->get_description() << "\n";
+    std::cerr << "  " << name << std::string(name.size() < 17 ? 17 - name.size() : 1, ' ') << s.app->get_description() << "\n";
   }
-  std::cout << "\nRun `ds <command> --help` for options and examples.\n";
-  return kExitOk;
+  std::cerr << "\nRun `ds <command> --help` for options and examples (`ds --help` for all).\n";
+  return kExitUsage;
 }
 
 }  // namespace ds::cli

@@ -98,9 +98,16 @@ int run_guarded(const std::string& sub, const std::function<int()>& body, bool j
   }
 }
 
+bool build_trains_on_cuda() { return false; }  // the CUDA build (issue "ds train on a CUDA GPU") turns this on
+
 double size_flag(const std::string& flag, const std::string& text) {
   double bytes = 0;
-  if (parse_bytes(text, &bytes) && bytes > 0) return bytes;
+  if (parse_bytes(text, &bytes) && bytes > 0) {
+    // Sizes ds works with are counted in 64-bit integers; more than an exbibyte is a typo, not a size.
+    if (!(bytes <= 1152921504606846976.0))
+      throw UserError(flag + " " + text + " is more than 1 EiB: no size ds can use", std::string("write e.g. 5GB or 2GiB (") + kSizeUnitsHelp + ")");
+    return bytes;
+  }
   char* end = nullptr;
   const double bare = std::strtod(text.c_str(), &end);
   if (end != text.c_str() && *end == '\0' && bare > 0)
@@ -131,8 +138,19 @@ std::string flag_suggestion(const CLI::App* app, const std::string& word) {
 }
 
 void add_config_args(CLI::App* sub, ConfigArgs& a) {
-  sub->add_option("config", a.config, "the training config (a DeepSpeed ds_config plus model/data/train blocks)")
-      ->required();
+  sub->add_option("config", a.config, "the training config (a DeepSpeed ds_config plus model/data/train blocks)");
+  // What DeepSpeed's launcher and scripts pass: the config as a flag, and each process's local rank.
+  sub->add_option("--deepspeed_config,--deepspeed-config", a.deepspeed_config, "the config, as DeepSpeed's scripts pass it (same as CONFIG)");
+  sub->add_option_function<int>(
+         "--local_rank,--local-rank",
+         [](const int& r) {
+           const char* env = std::getenv("LOCAL_RANK");
+           if (env && std::to_string(r) != env)
+             throw UserError("--local_rank " + std::to_string(r) + " disagrees with LOCAL_RANK=" + env, "pass one of them");
+           setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+         },
+         "the process's rank on its node, as DeepSpeed's launcher passes it (same as LOCAL_RANK)")
+      ->check(CLI::Range(0, 1 << 16));
   sub->add_option("overrides", a.overrides,
                   "key.sub=value sets any config key (value parsed as JSON, else a string); ~key.sub removes one");
   sub->add_option("--world-size", a.world_size, "data-parallel ranks to plan for (default: WORLD_SIZE, else 1)")
@@ -147,7 +165,23 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
                   "and the fit check; ") + kSizeUnitsHelp);
 }
 
-CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool quiet) {
+ConfigArgs with_config_path(ConfigArgs a) {
+  if (a.deepspeed_config.empty()) {
+    if (a.config.empty()) throw UserError("no config given", "ds <command> CONFIG [key=value ...] (or --deepspeed_config CONFIG)");
+    return a;
+  }
+  if (!a.config.empty()) {
+    if (!looks_like_override(a.config))
+      throw UserError("the config is given twice: '" + a.config + "' and --deepspeed_config " + a.deepspeed_config, "give one of them");
+    a.overrides.insert(a.overrides.begin(), a.config);
+  }
+  a.config = a.deepspeed_config;
+  a.deepspeed_config.clear();
+  return a;
+}
+
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
+  const ConfigArgs a = with_config_path(given);
   for (const auto& o : a.overrides)
     if (!looks_like_override(o))
       throw UserError("'" + o + "' is neither an override nor a flag",
@@ -159,6 +193,20 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& a, bool 
   if (!a.device_memory.empty()) topt.device_memory_bytes = size_flag("--device-memory", a.device_memory);
   topt.device = a.device;
   if (a.device != "cpu") topt.gpus = detect_gpus();
+  if (a.runs_here && !build_trains_on_cuda()) {
+    if (a.device == "cuda")
+      throw UserError("--device cuda: this build of ds trains on the CPU only (it was built without CUDA LibTorch)",
+                      "train on the CPU with --device cpu (or leave --device at auto); `ds plan --device cuda` and "
+                      "`ds estimate-memory` still plan for GPUs");
+    if (a.device == "auto") {
+      if (!topt.gpus.empty() && !quiet)
+        std::cerr << "ds " << sub << ": training on the CPU: this build has no CUDA support, so the " << topt.gpus.size()
+                  << (topt.gpus.size() == 1 ? " GPU" : " GPUs") << " nvidia-smi lists " << (topt.gpus.size() == 1 ? "is" : "are")
+                  << " not used (--device cpu says so explicitly)\n";
+      topt.device = "cpu";
+      topt.gpus.clear();
+    }
+  }
   const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
   LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
   const Config& config = loaded.config;

@@ -44,6 +44,7 @@ double size_flag(const std::string& flag, const std::string& text);
 // Arguments of every subcommand that reads a config.
 struct ConfigArgs {
   std::string config;
+  std::string deepspeed_config;  // --deepspeed_config: DeepSpeed's spelling of CONFIG
   std::vector<std::string> overrides;
   int world_size = 0;
   int nproc_per_node = 0;
@@ -52,7 +53,17 @@ struct ConfigArgs {
   std::string device = "auto";
   bool model_optional = false;     // ds plan: a config without a model block plans what it can
   bool inputs_must_exist = false;  // ds train: a missing data file is an error, not a warning
+  // ds train / ds profile: the plan runs on this machine with this build, so --device auto means what the
+  // build can use (the CPU in a build without CUDA), not what the machine has.
+  bool runs_here = false;
 };
+
+// The config named once: as CONFIG, or as DeepSpeed's --deepspeed_config (then a word taken for CONFIG is
+// the first override). UserError when there is none, or two.
+ConfigArgs with_config_path(ConfigArgs a);
+
+// Whether this build of ds can train on CUDA GPUs (a build against a CUDA LibTorch; not yet).
+bool build_trains_on_cuda();
 
 // One spelling of each topology flag across subcommands, with the others as aliases.
 void add_ranks_per_node_flag(CLI::App* sub, int& value, const std::string& help);

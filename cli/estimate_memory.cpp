@@ -53,7 +53,8 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   }
   const auto keys = config_top_level_keys(text);
   auto has = [&](const char* key) { return std::find(keys.begin(), keys.end(), key) != keys.end(); };
-  if (a.micro_batch > 0 || !has("train_batch_size"))
+  // --micro-batch, else the config's own micro batch (when it gives one), else 1.
+  if (a.micro_batch > 0 || !has("train_micro_batch_size_per_gpu"))
     overrides.push_back("train_micro_batch_size_per_gpu=" + std::to_string(a.micro_batch > 0 ? a.micro_batch : 1));
   const bool from_config = has("model") && model_note->rfind("the model block", 0) == 0;
   std::string dtype = a.dtype.empty() && !from_config ? "bf16" : a.dtype;
@@ -168,6 +169,10 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     if (a.params > ModelLimits::params)
       throw UserError("--params " + format_double(a.params) + " is more than ds plans for (" + format_double(ModelLimits::params) + ")",
                       "give the parameter count, e.g. --params 7e9");
+    if (a.params > 0 && (a.largest_layer <= 0 || a.largest_layer > a.params))
+      throw UserError(a.largest_layer <= 0 ? "--params needs --largest-layer (the parameters of the biggest single layer)"
+                                           : "--largest-layer " + format_double(a.largest_layer) + " is more than --params " + format_double(a.params),
+                      "e.g. --params 7e9 --largest-layer 131e6 (a 7B Llama's largest layer is its 32000 x 4096 embedding)");
     if (a.params > 0 && a.params / a.largest_layer > ModelLimits::num_layers)
       throw UserError("--params / --largest-layer is " + format_double(std::ceil(a.params / a.largest_layer)) +
                           " layers, more than ds plans for (" + std::to_string(ModelLimits::num_layers) + ")",
@@ -177,8 +182,6 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
     if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
       throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
-    if (a.params > 0 && (a.largest_layer <= 0 || a.largest_layer > a.params))
-      throw UserError("--largest-layer must be given and at most --params", "e.g. --params 7e9 --largest-layer 131e6");
     TopologyOptions topt;
     topt.nproc_per_node = a.gpus;
     topt.nnodes = a.nodes;
@@ -203,6 +206,9 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     if (!a.offload.empty())
       filter.offload = a.offload == "cpu" ? OffloadDevice::cpu : a.offload == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
     if (a.activation_checkpointing != "both") filter.activation_checkpointing = a.activation_checkpointing == "on";
+    // A model known by size alone has no activations to count: checkpointing on and off would be the same
+    // rows twice, so only the "off" rows are shown (the header says activations need an architecture).
+    if (a.params > 0 && a.activation_checkpointing == "both") filter.activation_checkpointing = false;
     const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter, a.headroom);
     if (t.rows.empty())
       throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");

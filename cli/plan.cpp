@@ -34,11 +34,11 @@ Exit status: 0 valid and planned, 2 config or usage error (every problem is list
 
 int run_plan(const PlanArgs& a) {
   return run_guarded("plan", [&] {
+    ConfigArgs args = with_config_path(a.config);
     if (a.show_config) {
-      std::cout << resolved_config_json(a.config.config, a.config.overrides) << "\n";
+      std::cout << resolved_config_json(args.config, args.overrides) << "\n";
       return 0;
     }
-    ConfigArgs args = a.config;
     args.model_optional = true;  // a bare DeepSpeed config plans what it can
     Plan plan = build_plan("plan", args);
     if (a.json)

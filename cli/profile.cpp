@@ -53,8 +53,9 @@ std::string make_scratch_dir() {
 int run_profile(const ProfileArgs& a) {
   return run_guarded("profile", [&]() -> int {
     if (a.steps < 1) throw UserError("--steps must be at least 1", "");
-    ConfigArgs args = a.config;
+    ConfigArgs args = with_config_path(a.config);
     args.inputs_must_exist = true;
+    args.runs_here = true;
     const bool rank_process = std::getenv("RANK") != nullptr;
     const RankLaunch launch = rank_launch(a.hostfile, args);
     const bool launcher = launch.launcher;

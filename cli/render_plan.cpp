@@ -1,5 +1,6 @@
 #include "cli/render_plan.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <sstream>
@@ -56,6 +57,20 @@ std::string scheduler_text(const Plan& p) {
   if (p.scheduler.type == SchedulerType::None) return "none (constant lr)";
   const SchedulerConfig& s = p.scheduler.params;
   std::string sch = scheduler_type_name(p.scheduler.type);
+  // OneCycle and LRRangeTest are described by their own parameters (DeepSpeed's lr_schedules.py).
+  if (p.scheduler.type == SchedulerType::OneCycle) {
+    sch += ": lr " + format_double(s.cycle_min_lr) + " -> " + format_double(s.cycle_max_lr) + " over " +
+           std::to_string(s.cycle_first_step_size) + " steps, back over " + std::to_string(s.cycle_second_step_size.value_or(s.cycle_first_step_size)) +
+           (s.decay_step_size > 0 && s.decay_lr_rate != 0
+                ? ", then " + format_double(s.cycle_min_lr) + " / (1 + " + format_double(s.decay_lr_rate) + " x steps since / " +
+                      std::to_string(s.decay_step_size) + ")"
+                : ", then constant at " + format_double(s.cycle_min_lr));
+    if (s.cycle_momentum) sch += "; momentum " + format_double(s.cycle_max_mom) + " -> " + format_double(s.cycle_min_mom) + " and back";
+    return sch;
+  }
+  if (p.scheduler.type == SchedulerType::LRRangeTest)
+    return sch + ": lr " + format_double(s.lr_range_test_min_lr) + " x (1 + " + format_double(s.lr_range_test_step_rate) + " x step / " +
+           std::to_string(s.lr_range_test_step_size) + ")" + (s.lr_range_test_staircase ? ", in stairs" : ", continuous");
   if (s.warmup_num_steps) sch += ": warmup " + std::to_string(*s.warmup_num_steps) + " steps (" + s.warmup_type + ")";
   if (s.total_num_steps) sch += ", total " + std::to_string(*s.total_num_steps);
   if (s.warmup_max_lr && p.scheduler.type != SchedulerType::WarmupCosineLR)
@@ -198,10 +213,17 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
 
   // Memory.
   const MemoryEstimate& me = p.memory;
-  o << "\n" << h("Memory per rank (GiB)") << "\n";
+  // One unit for the table, the largest in which its biggest figure is at least 1 (a small model's
+  // megabytes would otherwise all print as 0.00 GiB).
+  const double largest = std::max({me.device.total(), me.host.total(), me.nvme});
+  const auto [unit, unit_bytes] = largest >= 1073741824.0 ? std::pair{"GiB", 1073741824.0}
+                                  : largest >= 1048576.0  ? std::pair{"MiB", 1048576.0}
+                                                          : std::pair{"KiB", 1024.0};
+  auto in_unit = [unit_bytes = unit_bytes](double bytes) { return format_fixed(bytes / unit_bytes, 2); };
+  o << "\n" << h(std::string("Memory per rank (") + unit + ")") << "\n";
   o << "  " << pad("", 18) << lpad("device", 10) << lpad("host", 10) << "\n";
   auto mrow = [&](const char* name, double dev, double host) {
-    o << "  " << pad(name, 18) << lpad(format_gib(dev), 10) << lpad(format_gib(host), 10) << "\n";
+    o << "  " << pad(name, 18) << lpad(in_unit(dev), 10) << lpad(in_unit(host), 10) << "\n";
   };
   mrow("parameters", me.device.params, me.host.params);
   mrow("gradients", me.device.grads, me.host.grads);
@@ -209,7 +231,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   mrow("activations", me.device.activations, me.host.activations);
   mrow("buffers", me.device.buffers, me.host.buffers);
   mrow("total", me.device.total(), me.host.total());
-  if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(format_gib(me.nvme), 10) << "\n";
+  if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(in_unit(me.nvme), 10) << "\n";
   auto verdict = [](double need, double have) {
     return have <= 0 ? std::string() : need <= have ? "  -> fits (" + format_bytes(have) + " available)"
                                                     : "  -> DOES NOT FIT (" + format_bytes(have) + " available)";

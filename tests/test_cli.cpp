@@ -24,6 +24,11 @@ TEST(CliPlan, PrintsThePlanOnStdoutAndExitsZero) {
   EXPECT_TRUE(contains(r.out, "Memory per rank (GiB)")) << r.out;
   EXPECT_TRUE(contains(r.out, "124,439,808 parameters")) << r.out;
   EXPECT_EQ(r.err, "");
+  // A small model's table in a unit that shows its figures: the quickstart's 124,672 bf16 weights are
+  // 243.50 KiB = 0.24 MiB (not 0.00 GiB).
+  r = ds("plan examples/quickstart.json");
+  EXPECT_TRUE(contains(r.out, "Memory per rank (MiB)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  parameters              0.24")) << r.out;
 }
 
 TEST(CliPlan, JsonIsParseableWithASchemaVersion) {
@@ -88,11 +93,130 @@ TEST(CliUsage, HelpEndsWithExamplesAndExitsZero) {
   }
 }
 
-TEST(CliUsage, BareDsListsEverySubcommand) {
+TEST(CliUsage, BareDsListsEverySubcommandAndIsAUsageError) {
   Result r = ds("");
-  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.code, 2) << "a script that forgot its command must not pass";
   for (const char* sub : {"plan", "estimate-memory", "train", "convert-ckpt", "profile", "env"})
-    EXPECT_TRUE(contains(r.out, std::string("  ") + sub + " ")) << sub << "\n" << r.out;
+    EXPECT_TRUE(contains(r.err, std::string("  ") + sub + " ")) << sub << "\n" << r.err;
+  r = ds("trian examples/quickstart.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "did you mean `ds train`?")) << r.err;
+  EXPECT_TRUE(contains(ds("--help").out, "man -l man/ds-config.5"));
+}
+
+TEST(CliUsage, DeepSpeedsConfigAndLocalRankFlagsAreAccepted) {
+  // DeepSpeed's launcher and scripts pass the config as --deepspeed_config and each process's --local_rank.
+  Result r = ds("plan --deepspeed_config examples/quickstart.json zero_optimization.stage=3 --local_rank=0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["stage"], 3);
+  r = ds("plan examples/quickstart.json --deepspeed_config examples/quickstart.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "the config is given twice")) << r.err;
+  r = ds("plan --local_rank=1 examples/quickstart.json", "LOCAL_RANK=0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--local_rank 1 disagrees with LOCAL_RANK=0")) << r.err;
+}
+
+TEST(CliUsage, RoughEdgesANewUserMet) {
+  // An output directory that cannot exist: exit 2 naming the key, not a raw filesystem error.
+  Result r = ds("train examples/quickstart.json train.steps=2 train.output_dir=/proc/ds_cannot_be_here");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.output_dir '/proc/ds_cannot_be_here' cannot be created")) << r.err;
+  // A build without CUDA: --device cuda is refused naming --device cpu; auto trains on the CPU and says so
+  // when nvidia-smi lists a GPU (a stand-in nvidia-smi here).
+  r = ds("train examples/quickstart.json train.steps=2 --device cuda");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--device cpu")) << r.err;
+  const std::string bin = scratch_dir() + "/fake_bin";
+  std::filesystem::create_directories(bin);
+  std::ofstream(bin + "/nvidia-smi") << "#!/bin/sh\necho 'NVIDIA H200, 143771'\n";
+  std::filesystem::permissions(bin + "/nvidia-smi", std::filesystem::perms::owner_all);
+  const std::string path_env = "PATH=" + bin + ":" + std::getenv("PATH");
+  r = ds("train examples/quickstart.json train.steps=2 train.eval_every=0 train.output_dir=" + scratch_dir() + "/gpu_machine", path_env);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "training on the CPU: this build has no CUDA support, so the 1 GPU nvidia-smi lists is not used")) << r.err;
+  EXPECT_TRUE(contains(ds("plan examples/quickstart.json", path_env).out, "cuda")) << "ds plan still plans for the GPU";
+  // A tag that does not exist: the tags that do.
+  r = ds("convert-ckpt " + scratch_dir() + "/gpu_machine out.safetensors -t step_00000099");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "its checkpoints: step_00000002")) << r.err;
+}
+
+TEST(CliUsage, EverySubcommandsFlagsAreInItsManPage) {
+  // Help and man page must not drift apart: each option --help lists (by its first spelling) is described
+  // in the subcommand's man page.
+  for (const std::string sub : {"plan", "estimate-memory", "train", "convert-ckpt", "profile", "env"}) {
+    const std::string help = ds(sub + " --help").out;
+    std::string man = slurp(std::string(DS_SOURCE_DIR) + "/man/ds-" + (sub == "env" ? std::string("") : sub) + (sub == "env" ? "" : ".1"));
+    if (sub == "env") man = slurp(std::string(DS_SOURCE_DIR) + "/man/ds.1");
+    ASSERT_FALSE(man.empty()) << sub;
+    std::string plain;
+    for (size_t i = 0; i < man.size(); ++i)
+      if (!(man[i] == '\\' && i + 1 < man.size() && man[i + 1] == '-')) plain += man[i];
+    std::istringstream lines(help);
+    int flags = 0;
+    for (std::string line; std::getline(lines, line);) {
+      const size_t at = line.find_first_not_of(' ');
+      if (at == std::string::npos || at == 0 || line.compare(at, 2, "--") != 0 && line.compare(at, 1, "-") != 0) continue;
+      const size_t dd = line.find("--", at);
+      if (dd == std::string::npos) continue;
+      const size_t end = line.find_first_of(" ,=", dd);
+      const std::string flag = line.substr(dd, end == std::string::npos ? std::string::npos : end - dd);
+      if (flag == "--help") continue;
+      ++flags;
+      EXPECT_TRUE(contains(plain, flag)) << "ds " << sub << " " << flag << " is not in its man page";
+    }
+    EXPECT_GT(flags, 0) << sub << "\n" << help;
+  }
+}
+
+TEST(CliEstimate, ArgumentErrorsSayWhatIsMissingAndSizeOnlyRowsAreNotDoubled) {
+  Result r = ds("estimate-memory --params 7e9");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--params needs --largest-layer")) << r.err;
+  EXPECT_FALSE(contains(r.err, "inf")) << r.err;
+  r = ds("estimate-memory --largest-layer 1e6");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_FALSE(contains(r.err, "did you mean --largest-layer")) << r.err;
+  r = ds("estimate-memory --params 7e9 --largest-layer 131e6 --gpus 8 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  ASSERT_FALSE(rows.empty());
+  for (const auto& row : rows) EXPECT_FALSE(row["activation_checkpointing"].get<bool>()) << row.dump();
+  // A ds config's own micro batch (the quickstart's 16), not 1; --micro-batch still overrides it.
+  r = ds("estimate-memory --model examples/quickstart.json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["assumptions"]["micro_batch"], 16);
+  r = ds("estimate-memory --model examples/quickstart.json --micro-batch 3 --json");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["assumptions"]["micro_batch"], 3);
+}
+
+TEST(CliPlan, SchedulesAndDecidedValuesAreDescribedAsTheyAre) {
+  // OneCycle and LRRangeTest by their own parameters, with no warmup ds made up.
+  Result r = ds("plan examples/quickstart.json ~scheduler scheduler.type=OneCycle scheduler.params.cycle_min_lr=0.0001 "
+                "scheduler.params.cycle_max_lr=0.001 scheduler.params.cycle_first_step_size=100");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "OneCycle: lr 0.0001 -> 0.001 over 100 steps, back over 100, then constant at 0.0001")) << r.out;
+  EXPECT_FALSE(contains(r.out, "warmup")) << r.out;
+  r = ds("plan examples/quickstart.json ~scheduler scheduler.type=LRRangeTest scheduler.params.lr_range_test_min_lr=0.0001 "
+         "scheduler.params.lr_range_test_step_size=10 scheduler.params.lr_range_test_step_rate=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "LRRangeTest: lr 0.0001 x (1 + 2 x step / 10)")) << r.out;
+  EXPECT_FALSE(contains(r.out, "warmup")) << r.out;
+  // Every batch key ds computed is listed by name, the micro batch from memory included.
+  r = ds("plan examples/quickstart.json train_batch_size=auto gradient_accumulation_steps=auto train_micro_batch_size_per_gpu=auto "
+         "--device cuda --device-memory 1GiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "  train_micro_batch_size_per_gpu = 64")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  train_batch_size = 64   (micro 64 x accumulation 1 x world 1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  gradient_accumulation_steps = 1   (default 1")) << r.out;
+  // Stage 3's prefetch unit is listed once: the block ds gathers (not also the "auto" 0.9 x hidden^2).
+  r = ds("plan templates/zero3.json --world-size 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  size_t listed = 0;
+  for (size_t at = r.out.find("stage3_prefetch_bucket_size ="); at != std::string::npos; at = r.out.find("stage3_prefetch_bucket_size =", at + 1))
+    ++listed;
+  EXPECT_EQ(listed, 1u) << r.out;
 }
 
 TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
@@ -140,8 +264,8 @@ TEST(CliTrain, TrainsTheQuickstartAndWritesTheRunDirectory) {
 TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
   const std::string dir = scratch_dir() + "/interrupt";
   std::system(("rm -rf " + dir).c_str());
-  // A long run, interrupted after a few seconds with SIGINT, as a person pressing Ctrl-C would.
-  Result r = ds("train examples/quickstart.json train.steps=100000 train.output_dir=" + dir, "timeout --preserve-status -s INT 4");
+  // A long run, interrupted with SIGINT a few steps in, as a person pressing Ctrl-C would.
+  Result r = ds_signalled("train examples/quickstart.json train.steps=100000 train.output_dir=" + dir, SIGINT, dir + "/metrics.jsonl", 3, 0.1);
   EXPECT_EQ(r.code, 130) << r.err;
   EXPECT_TRUE(contains(r.err, "interrupted at step")) << r.err;
   EXPECT_TRUE(contains(r.err, "--resume")) << r.err;
@@ -159,13 +283,14 @@ TEST(CliTrain, CtrlCSavesACheckpointAndExits130ThenResumeContinues) {
 TEST(CliTrain, CtrlCAtAnyMomentOfASingleThreadedFp32RunSavesACheckpoint) {
   // Ctrl-C used to run its handler on the computing thread; inside oneDNN's single-threaded sgemm that
   // corrupted the heap and about one run in four aborted without a checkpoint. Now the signal is taken
-  // on a thread of its own (common/stop_signals.hpp). Six interrupts at different moments of the steps.
-  for (const char* after : {"1.0", "1.3", "1.6", "1.9", "2.2", "2.5"}) {
+  // on a thread of its own (common/stop_signals.hpp). Six interrupts at different moments of the steps,
+  // counted from the first step's end (not from the start: a loaded machine may still be starting up).
+  for (const char* after : {"0.0", "0.03", "0.07", "0.11", "0.17", "0.23"}) {
     const std::string dir = scratch_dir() + "/interrupt_" + after;
     std::system(("rm -rf " + dir).c_str());
-    Result r = ds("train examples/quickstart.json bf16.enabled=false train.threads=1 train.eval_every=0 train.steps=100000 "
-                  "train.output_dir=" + dir,
-                  std::string("timeout --preserve-status -s INT ") + after);
+    Result r = ds_signalled("train examples/quickstart.json bf16.enabled=false train.threads=1 train.eval_every=0 train.steps=100000 "
+                            "train.output_dir=" + dir,
+                            SIGINT, dir + "/metrics.jsonl", 1, std::stod(after));
     EXPECT_EQ(r.code, 130) << "interrupted after " << after << " s:\n" << r.err;
     EXPECT_TRUE(contains(r.err, "interrupted at step")) << "interrupted after " << after << " s:\n" << r.err;
     EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/latest")) << "no checkpoint after Ctrl-C at " << after << " s";
@@ -482,7 +607,7 @@ TEST(CliTrust, InstallPutsTheBinaryManPagesAndTemplatesInPlace) {
   // The installed binary finds its training runtime (lib/ds/libds_train.so) and trains.
   const std::string run = scratch_dir() + "/installed_run";
   std::filesystem::remove_all(run);
-  EXPECT_EQ(std::system(("cd " DS_SOURCE_DIR " && " + prefix + "/bin/ds train examples/quickstart.json train.steps=2 train.output_dir=" +
+  EXPECT_EQ(std::system(("cd " + work_dir() + " && " + prefix + "/bin/ds train examples/quickstart.json train.steps=2 train.output_dir=" +
                          run + " >/dev/null 2>&1").c_str()),
             0);
   EXPECT_TRUE(std::filesystem::exists(run + "/checkpoints/latest"));
@@ -557,8 +682,8 @@ TEST(CliTrust, ThePlanShowsTheDataAndMissingInputsAreCaughtBeforeARun) {
 TEST(CliHardening, SigtermSavesAndExits143WithACommandThatResumesThisRun) {
   const std::string dir = scratch_dir() + "/sigterm";
   std::filesystem::remove_all(dir);
-  Result r = ds("train examples/quickstart.json train.steps=100000 optimizer.params.lr=0.002 train.output_dir=" + dir,
-                "timeout --preserve-status -s TERM 4");
+  Result r = ds_signalled("train examples/quickstart.json train.steps=100000 optimizer.params.lr=0.002 train.output_dir=" + dir, SIGTERM,
+                          dir + "/metrics.jsonl", 3, 0.1);
   EXPECT_EQ(r.code, 143) << r.err;
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/latest")) << r.err;
   // The printed command keeps the overrides (the output directory above all).
@@ -633,7 +758,7 @@ TEST(CliHardening, RanksDieWithTheirLauncher) {
   const std::string dir = scratch_dir() + "/orphans";
   std::filesystem::remove_all(dir);
   // kill -9 the launcher once the ranks train; nothing of this run may be left a few seconds later.
-  const std::string script = "cd " DS_SOURCE_DIR " && (" DS_BINARY " train examples/quickstart.json --nproc-per-node 2 "
+  const std::string script = "cd " + work_dir() + " && (" DS_BINARY " train examples/quickstart.json --nproc-per-node 2 "
                              "zero_optimization.stage=2 train.steps=100000 train.output_dir=" + dir +
                              " >/dev/null 2>&1 & echo $! > " + dir + ".pid; wait) & sleep 6; kill -9 $(cat " + dir +
                              ".pid); for i in $(seq 1 40); do pgrep -f 'train.output_dir=" + dir + "$' >/dev/null || exit 0; sleep 0.5; done; exit 1";
@@ -656,7 +781,7 @@ TEST(CliHardening, AFullDiskIsFoundBeforeTheFirstStepAndNamedWhenItFillsLater) {
     GTEST_SKIP() << "cannot mount a tmpfs here";
   auto in_tiny_disk = [&](const std::string& size, const std::string& args) {
     const std::string out = scratch_dir() + "/tiny_out", err = scratch_dir() + "/tiny_err";
-    const int status = std::system(("unshare -m sh -c 'mount -t tmpfs -o size=" + size + " tmpfs " + mnt + " && cd " DS_SOURCE_DIR
+    const int status = std::system(("unshare -m sh -c 'mount -t tmpfs -o size=" + size + " tmpfs " + mnt + " && cd " + work_dir() +
                                     " && " DS_BINARY " " + args + "' >" + out + " 2>" + err + " </dev/null").c_str());
     return Result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
   };
@@ -714,7 +839,7 @@ TEST(CliHardening, AFrozenRankIsTheOneNamed) {
   // Rank 1 is stopped (SIGSTOP) once the first step is done (every rank is past start-up, however
   // loaded the machine); rank 0 times out in its next collective.
   const std::string script =
-      "cd " DS_SOURCE_DIR "; (for i in $(seq 200); do [ -s " + dir + "/metrics.jsonl ] && break; sleep 0.25; done; for p in $(pgrep -f 'train.output_dir=" + dir + "$'); do "
+      "cd " + work_dir() + "; (for i in $(seq 200); do [ -s " + dir + "/metrics.jsonl ] && break; sleep 0.25; done; for p in $(pgrep -f 'train.output_dir=" + dir + "$'); do "
       "tr '\\0' '\\n' < /proc/$p/environ | grep -qx RANK=1 && kill -STOP $p; done) & " DS_BINARY
       " train examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=2 train.steps=100000 train.comm_timeout_s=5 "
       "train.output_dir=" + dir + " >/dev/null 2>" + dir + ".err; echo $? > " + dir + ".rc";

@@ -96,7 +96,8 @@ ResolvedScheduler resolve_scheduler(const Config& c, double lr, int64_t steps, s
     p.total_num_steps = steps;
     resolved.push_back({"scheduler.params.total_num_steps", str(steps), "train.steps"});
   }
-  if (!p.warmup_num_steps) {
+  const bool warms_up = r.type == SchedulerType::WarmupLR || r.type == SchedulerType::WarmupDecayLR || r.type == SchedulerType::WarmupCosineLR;
+  if (!p.warmup_num_steps && warms_up) {  // OneCycle and LRRangeTest have no warmup of this kind
     p.warmup_num_steps = std::max<int64_t>(1, steps / 10);
     resolved.push_back({"scheduler.params.warmup_num_steps", str(*p.warmup_num_steps), "auto: train.steps / 10"});
   }
@@ -371,16 +372,29 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     errors.insert(errors.end(), e.issues().begin(), e.issues().end());
   }
   if (!errors.empty()) throw ConfigError(c.source, errors);
-  if (plan.batch.derivation != "all three given" && !micro_from_memory)
-    plan.resolved.push_back({"batch", plan.batch.derivation,
-                             "the batch triangle; world size " + std::to_string(topo.world_size) + " from " +
-                                 topo.world_size_source});
+  // The batch triangle's keys ds computed, each by name (given as "auto" or left out).
+  {
+    const ResolvedBatch& b = plan.batch;
+    const std::string world = "world size " + std::to_string(topo.world_size) + " from " + topo.world_size_source;
+    if (!bi.grad_accum)
+      plan.resolved.push_back({"gradient_accumulation_steps", str(b.grad_accum),
+                               bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + " x world " +
+                                                         std::to_string(b.world_size) + "); " + world
+                                                   : "default 1 when train_batch_size is not given"});
+    if (!bi.train_batch_size)
+      plan.resolved.push_back({"train_batch_size", str(b.train_batch_size),
+                               "micro " + str(b.micro_batch) + " x accumulation " + str(b.grad_accum) + " x world " +
+                                   std::to_string(b.world_size) + "; " + world});
+  }
 
   resolve_threads(c, topo, plan);
 
   lay_out(plan, stage);
   if (plan.execution.gathers) {
-    // How ds runs stage 3, which DeepSpeed's knobs do not describe.
+    // How ds runs stage 3, which DeepSpeed's knobs do not describe: this replaces the "auto" value above.
+    plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(),
+                                       [](const ResolvedValue& v) { return v.path == "zero_optimization.stage3_prefetch_bucket_size"; }),
+                        plan.resolved.end());
     plan.resolved.push_back({"zero_optimization.stage3_prefetch_bucket_size", "one transformer block (" +
                                  format_count(model.largest_block_params) + " parameters)",
                              "ds gathers a whole block per collective and prefetches the next; max_live_parameters "
