@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -180,6 +182,53 @@ ConfigArgs with_config_path(ConfigArgs a) {
   return a;
 }
 
+namespace {
+
+// The architecture of model.init_from's source: a ds checkpoint's (from its plan), a Hugging Face
+// directory's (its config.json, read as model.hf_config would be); none for a lone safetensors file or a
+// source that cannot be opened (the input check below reports that).
+std::optional<ModelHyper> source_architecture(const std::string& init_from) {
+  std::unique_ptr<WeightSource> src;
+  try {
+    src = open_weights(init_from);
+  } catch (const UserError&) {
+    return std::nullopt;
+  }
+  if (src->kind() == WeightsKind::ds_checkpoint && src->has_model()) return src->model();
+  if (src->kind() != WeightsKind::hf_directory) return std::nullopt;
+  const std::string hf = (std::filesystem::path(src->path()) / "config.json").string();
+  const nlohmann::json cfg{{"train_micro_batch_size_per_gpu", 1}, {"model", {{"hf_config", std::filesystem::absolute(hf).string()}}}};
+  const Config c = load_config_text(cfg.dump(), hf);  // its errors name the file (unsupported keys included)
+  return resolve_model_hyper(c.model);
+}
+
+// The architecture keys a source fixes, as overrides and as the resolved values to compare.
+struct ArchitectureKey {
+  const char* key;
+  std::function<std::string(const ModelHyper&)> value;
+  bool llama_only = false;
+};
+const std::vector<ArchitectureKey>& architecture_keys() {
+  static const std::vector<ArchitectureKey> keys = {
+      {"arch", [](const ModelHyper& h) { return std::string(model_arch_name(h.arch)); }},
+      {"vocab_size", [](const ModelHyper& h) { return std::to_string(h.vocab_size); }},
+      {"hidden_size", [](const ModelHyper& h) { return std::to_string(h.hidden_size); }},
+      {"num_layers", [](const ModelHyper& h) { return std::to_string(h.num_layers); }},
+      {"num_heads", [](const ModelHyper& h) { return std::to_string(h.num_heads); }},
+      {"num_kv_heads", [](const ModelHyper& h) { return std::to_string(h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads); }, true},
+      {"intermediate_size", [](const ModelHyper& h) { return std::to_string(h.intermediate_size); }},
+      {"max_position_embeddings", [](const ModelHyper& h) { return std::to_string(h.max_position_embeddings); }},
+      {"tie_word_embeddings", [](const ModelHyper& h) { return std::string(h.tie_word_embeddings ? "true" : "false"); }},
+      {"norm_eps", [](const ModelHyper& h) { return format_double(h.norm_eps); }},
+      {"rope_theta", [](const ModelHyper& h) { return format_double(h.rope_theta); }, true},
+  };
+  return keys;
+}
+
+bool config_gives_architecture(const ModelConfig& m) { return !m.preset.empty() || !m.hf_config.empty() || m.explicit_fields.arch; }
+
+}  // namespace
+
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
   const ConfigArgs a = with_config_path(given);
   for (const auto& o : a.overrides)
@@ -209,10 +258,38 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   }
   const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
   LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
+  // model.init_from: the model is the source's. A config that names no architecture takes it (as explicit
+  // keys, so the run's stored config says what it trained); one that names an architecture must agree.
+  std::optional<ModelHyper> source;
+  if (loaded.config.model.given && !loaded.config.model.init_from.empty()) source = source_architecture(loaded.config.model.init_from);
+  if (source && !config_gives_architecture(loaded.config.model)) {
+    std::vector<std::string> with = a.overrides;
+    for (const ArchitectureKey& k : architecture_keys())
+      if (!k.llama_only || source->arch == ModelArch::llama) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
+    loaded = load_config_file_with_json(a.config, with);
+    if (!quiet)
+      std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
+                << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
+  }
   const Config& config = loaded.config;
   Plan plan;
   if (config.model.given) {
-    plan = compile_plan(config, build_model_spec(resolve_model_hyper(config.model)), topo);
+    const ModelHyper hyper = resolve_model_hyper(config.model);
+    if (source) {
+      std::vector<ConfigIssue> differ;
+      for (const ArchitectureKey& k : architecture_keys()) {
+        if (k.llama_only && (hyper.arch != ModelArch::llama || source->arch != ModelArch::llama)) continue;
+        const std::string mine = k.value(hyper), theirs = k.value(*source);
+        if (mine != theirs)
+          differ.push_back({"model." + std::string(k.key), "the config gives " + mine + ", but model.init_from (" + config.model.init_from +
+                                                                ") was trained with " + theirs,
+                            "a model that computes another function would start from weights made for this one: remove the "
+                            "model keys (the source's architecture is then taken) or make them agree"});
+        if (k.key == std::string("arch") && mine != theirs) break;  // the rest follows from the architecture
+      }
+      if (!differ.empty()) throw ConfigError(a.config, differ);
+    }
+    plan = compile_plan(config, build_model_spec(hyper), topo);
   } else {
     plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
     if (!a.model_optional)
@@ -234,6 +311,19 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   if (config.data.type == DataType::text && config.data.tokenizer == "gpt2") {
     need(config.data.vocab_file, "data.vocab_file");
     need(config.data.merges_file, "data.merges_file");
+  }
+  // Swap folders for NVMe offload (ds train checks more: writable, room for the files).
+  for (const auto& [offload, key] : {std::pair{&plan.zero.offload_optimizer, "zero_optimization.offload_optimizer.nvme_path"},
+                                     {&plan.zero.offload_param, "zero_optimization.offload_param.nvme_path"}}) {
+    if (offload->device != OffloadDevice::nvme) continue;
+    std::error_code ec;
+    if (offload->nvme_path.empty())
+      missing.push_back({key, "NVMe offload needs a folder to swap to", "set it to a folder on a fast local drive"});
+    else if (!std::filesystem::exists(offload->nvme_path, ec))
+      missing.push_back({key, "'" + offload->nvme_path + "' does not exist",
+                         "create it (mkdir -p " + offload->nvme_path + ") or point nvme_path at a folder on a fast local drive"});
+    else if (!std::filesystem::is_directory(offload->nvme_path, ec))
+      missing.push_back({key, "'" + offload->nvme_path + "' is not a directory", "point nvme_path at a folder"});
   }
   // Initial weights: must exist and match the model, tensor by tensor (headers only are read).
   if (!config.model.init_from.empty() && plan.has_model) {

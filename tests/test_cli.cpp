@@ -136,6 +136,14 @@ TEST(CliUsage, RoughEdgesANewUserMet) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "training on the CPU: this build has no CUDA support, so the 1 GPU nvidia-smi lists is not used")) << r.err;
   EXPECT_TRUE(contains(ds("plan examples/quickstart.json", path_env).out, "cuda")) << "ds plan still plans for the GPU";
+  // A missing NVMe swap folder: a warning while planning (as a missing data file is), an error before a run.
+  r = ds("plan examples/offload-nvme.json zero_optimization.offload_optimizer.nvme_path=/nonexistent/swap");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "zero_optimization.offload_optimizer.nvme_path: '/nonexistent/swap' does not exist")) << r.err;
+  r = ds("train examples/offload-nvme.json zero_optimization.offload_optimizer.nvme_path=/nonexistent/swap train.steps=1 "
+         "train.output_dir=" + scratch_dir() + "/no_swap");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "'/nonexistent/swap' does not exist")) << r.err;
   // A tag that does not exist: the tags that do.
   r = ds("convert-ckpt " + scratch_dir() + "/gpu_machine out.safetensors -t step_00000099");
   EXPECT_EQ(r.code, 2);

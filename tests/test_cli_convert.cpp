@@ -161,13 +161,55 @@ TEST(CliConvert, InitFromIsCheckedTensorByTensorBeforeTraining) {
   r = ds("train examples/quickstart.json model.init_from=/nonexistent train.output_dir=" + scratch_dir() + "/never");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "model.init_from: '/nonexistent' does not exist")) << r.err;
-  // Weights of another shape: the tensor and both shapes are named.
+  // A model of another shape than the source's: the key and both values are named.
   const std::string run = scratch_dir() + "/init_src";
   ASSERT_EQ(ds("train examples/quickstart.json train.steps=2 train.eval_every=0 train.output_dir=" + run).code, 0);
   r = ds("train examples/quickstart.json model.max_position_embeddings=256 model.init_from=" + run);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.max_position_embeddings: the config gives 256, but model.init_from (" + run + ") was trained with 128"))
+      << r.err;
+  // A lone safetensors file names no architecture: its tensors are checked against the config's, naming
+  // the tensor and both shapes.
+  ASSERT_EQ(ds("convert-ckpt " + run + " " + run + ".safetensors").code, 0);
+  r = ds("train examples/quickstart.json model.max_position_embeddings=256 model.init_from=" + run + ".safetensors");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "tensor 'transformer.wpe.weight' is [128, 64]") && contains(r.err, "but [256, 64] in this model")) << r.err;
   r = ds("convert-ckpt " + scratch_dir() + "/nothing_here out");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "does not exist")) << r.err;
+}
+
+TEST(CliConvert, InitFromTakesTheSourcesArchitectureAndRefusesAConfigThatDisagrees) {
+  const std::string dir = scratch_dir() + "/init_arch";
+  std::filesystem::remove_all(dir);
+  Result r = ds("train examples/quickstart.json bf16.enabled=false train.steps=10 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/hf").code, 0);
+  // No architecture in the config: the source's, from a Hugging Face directory and from a ds run alike.
+  for (const std::string& source : {dir + "/hf", dir + "/run"}) {
+    const std::string out = dir + "/from_" + std::filesystem::path(source).filename().string();
+    r = ds("train examples/quickstart.json ~model.preset model.init_from=" + source + " train.steps=2 train.eval_every=0 train.output_dir=" + out);
+    ASSERT_EQ(r.code, 0) << source << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, "the model is model.init_from's: gpt2, 2 layers x 64 wide, vocab 256")) << r.err;
+    // The run's stored config says what it trained (explicit keys), so it resumes and exports on its own.
+    const nlohmann::json cfg = nlohmann::json::parse(slurp(out + "/config.json"));
+    EXPECT_EQ(cfg["model"]["hidden_size"], 64) << cfg["model"].dump();
+    EXPECT_EQ(cfg["model"]["arch"], "gpt2");
+  }
+  // A config whose architecture computes another function: refused, naming the key and both values.
+  r = ds("train examples/quickstart.json model.init_from=" + dir + "/hf model.norm_eps=1e-6 train.steps=2 train.output_dir=" + dir + "/eps");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.norm_eps: the config gives 1e-06, but model.init_from (" + dir + "/hf) was trained with 1e-05")) << r.err;
+  r = ds("train examples/quickstart.json ~model.preset model.preset=llama-tiny model.init_from=" + dir + "/run train.steps=2 train.output_dir=" +
+         dir + "/arch");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.arch: the config gives llama, but model.init_from")) << r.err;
+  // A Hugging Face config whose values change the function in ways ds does not implement: refused.
+  std::ofstream(dir + "/hf/config.json.tmp") << slurp(dir + "/hf/config.json");
+  nlohmann::json hf = nlohmann::json::parse(slurp(dir + "/hf/config.json"));
+  hf["scale_attn_by_inverse_layer_idx"] = true;
+  std::ofstream(dir + "/hf/config.json") << hf.dump();
+  r = ds("train examples/quickstart.json ~model.preset model.init_from=" + dir + "/hf train.steps=2 train.output_dir=" + dir + "/scaled");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "scale_attn_by_inverse_layer_idx true is not supported")) << r.err;
 }
