@@ -357,6 +357,10 @@ LaunchSpec rank_launch_spec(const RankLaunch& launch, const ConfigArgs& args, co
   spec.nproc = args.nproc_per_node;
   spec.hosts = launch.hosts;
   spec.args = rank_arguments(command_line());
+  // The words the user typed, for the ranks' "continue with:" hint (theirs lack --nproc-per-node and the like).
+  std::string words;
+  for (const auto& w : command_line()) words += (words.empty() ? "" : "\x1f") + w;
+  setenv("DS_LAUNCH_COMMAND", words.c_str(), 1);
   spec.log_dir = log_dir;
   spec.grace = std::chrono::seconds(static_cast<int64_t>(comm_timeout_s) + 5);
   return spec;

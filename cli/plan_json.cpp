@@ -56,6 +56,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"attn_pdrop", h.attn_pdrop},
                 {"resid_pdrop", h.resid_pdrop},
                 {"embd_pdrop", h.embd_pdrop},
+                {"bos_token_id", h.bos_token_id >= 0 ? json(h.bos_token_id) : json(nullptr)},
+                {"eos_token_id", h.eos_token_id.empty() ? json(nullptr) : json(h.eos_token_id)},
                 {"num_params", p.model.num_params},
                 {"largest_module_params", p.model.largest_module_params},
                 {"largest_block_params", p.model.largest_block_params},

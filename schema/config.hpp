@@ -130,6 +130,8 @@ struct ModelFields {
   std::optional<bool> tie_word_embeddings;
   std::optional<double> norm_eps, rope_theta;
   std::optional<double> attn_pdrop, resid_pdrop, embd_pdrop;
+  std::optional<int64_t> bos_token_id;                // -1: given as none (null)
+  std::optional<std::vector<int64_t>> eos_token_id;  // empty: given as none
 };
 
 struct ModelConfig {

@@ -80,6 +80,11 @@ ModelFields read_model_fields(const json& m) {
   if (m.contains("attn_pdrop")) f.attn_pdrop = m["attn_pdrop"].get<double>();
   if (m.contains("resid_pdrop")) f.resid_pdrop = m["resid_pdrop"].get<double>();
   if (m.contains("embd_pdrop")) f.embd_pdrop = m["embd_pdrop"].get<double>();
+  if (m.contains("bos_token_id")) f.bos_token_id = m["bos_token_id"].is_null() ? -1 : m["bos_token_id"].get<int64_t>();
+  if (m.contains("eos_token_id")) {
+    const json& e = m["eos_token_id"];
+    f.eos_token_id = e.is_null() ? std::vector<int64_t>{} : e.is_array() ? e.get<std::vector<int64_t>>() : std::vector<int64_t>{e.get<int64_t>()};
+  }
   return f;
 }
 

@@ -138,6 +138,22 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
   }
   if (eps) f.norm_eps = *eps;
   if (theta) f.rope_theta = *theta;
+  // The special tokens, as the file has them (null: none; absent: the family's default stays).
+  if (j.contains("bos_token_id")) {
+    if (j["bos_token_id"].is_null()) f.bos_token_id = -1;
+    else if (j["bos_token_id"].is_number_integer() && j["bos_token_id"].get<int64_t>() >= 0) f.bos_token_id = j["bos_token_id"].get<int64_t>();
+    else wrong("bos_token_id", "a token id or null");
+  }
+  if (j.contains("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    std::vector<int64_t> ids;
+    bool ok = true;
+    for (const json& v : e.is_array() ? e : e.is_null() ? json::array() : json::array({e}))
+      if (v.is_number_integer() && v.get<int64_t>() >= 0) ids.push_back(v.get<int64_t>());
+      else ok = false;
+    if (ok) f.eos_token_id = ids;
+    else wrong("eos_token_id", "a token id, a list of them, or null");
+  }
   return f;
 }
 

@@ -28,6 +28,12 @@ TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromSt
   EXPECT_EQ(cfg["n_embd"], 64);
   EXPECT_EQ(cfg["n_layer"], 2);
   EXPECT_EQ(cfg["torch_dtype"], "float32");
+  // A byte vocabulary has no special tokens: said as null, so transformers does not take GPT-2's 50256
+  // (outside these 256 ids); generation_config.json says the same.
+  EXPECT_TRUE(cfg.contains("bos_token_id") && cfg["bos_token_id"].is_null()) << cfg.dump();
+  EXPECT_TRUE(cfg.contains("eos_token_id") && cfg["eos_token_id"].is_null()) << cfg.dump();
+  const nlohmann::json gen = nlohmann::json::parse(slurp(dir + "/hf/generation_config.json"));
+  EXPECT_TRUE(gen.contains("eos_token_id") && gen["eos_token_id"].is_null()) << gen.dump();
   // --info reads it back: the tied head written once, GPT-2's Conv1D weights [in, out].
   r = ds("convert-ckpt --info " + dir + "/hf --json");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -110,7 +116,8 @@ TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
 TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOrNot) {
   const std::string dir = scratch_dir() + "/hf_round";
   for (const std::string& model : {std::string("model.preset=gpt2-tiny"), std::string("model.preset=llama-tiny model.tie_word_embeddings=false"),
-                                   std::string("model.preset=llama-tiny model.tie_word_embeddings=true")}) {
+                                   std::string("model.preset=llama-tiny model.tie_word_embeddings=true"),
+                                   std::string("model.preset=llama-tiny model.bos_token_id=1 model.eos_token_id=[2,3]")}) {
     SCOPED_TRACE(model);
     const std::string d = dir + "/" + std::to_string(std::hash<std::string>{}(model));
     ASSERT_EQ(ds("train examples/quickstart.json " + model + " train.steps=3 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
@@ -121,12 +128,20 @@ TEST(CliConvert, HuggingFaceToDsToHuggingFaceIsBitIdenticalForGpt2AndLlamaTiedOr
     ASSERT_EQ(ds("convert-ckpt " + d + "/ds " + d + "/hf2").code, 0);
     EXPECT_EQ(slurp(d + "/hf/model.safetensors"), slurp(d + "/hf2/model.safetensors"));
     const nlohmann::json cfg = nlohmann::json::parse(slurp(d + "/hf2/config.json"));
+    // The special tokens survive the round trip (a list of ends, as Llama 3 has, included).
+    const nlohmann::json first = nlohmann::json::parse(slurp(d + "/hf/config.json"));
+    EXPECT_EQ(cfg["bos_token_id"], first["bos_token_id"]);
+    EXPECT_EQ(cfg["eos_token_id"], first["eos_token_id"]);
+    if (contains(model, "eos_token_id")) {
+      EXPECT_EQ(cfg["bos_token_id"], 1);
+      EXPECT_EQ(cfg["eos_token_id"], nlohmann::json::parse("[2, 3]"));
+    }
     if (contains(model, "llama")) {
       EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
       EXPECT_EQ(cfg["num_key_value_heads"], 2);  // llama-tiny: 4 query heads share 2 key/value heads
       EXPECT_EQ(cfg["num_attention_heads"], 4);
       EXPECT_EQ(cfg["tie_word_embeddings"], contains(model, "=true"));
-      EXPECT_EQ(contains(slurp(d + "/hf2/model.safetensors"), "lm_head.weight"), contains(model, "=false"));
+      EXPECT_EQ(contains(slurp(d + "/hf2/model.safetensors"), "lm_head.weight"), !cfg["tie_word_embeddings"].get<bool>());
     }
     // The imported run trains on from its weights.
     r = ds("train examples/quickstart.json " + model + " train.steps=2 train.eval_every=0 model.init_from=" + d + "/ds train.output_dir=" + d + "/again");

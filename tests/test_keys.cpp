@@ -122,6 +122,8 @@ const std::map<std::string, const char*> kActs = {
     {"model.tie_word_embeddings", "model"},
     {"model.norm_eps", "model"},
     {"model.rope_theta", "model"},
+    {"model.bos_token_id", "model"},
+    {"model.eos_token_id", "model"},
     {"model.activation_checkpointing", "runtime: recompute blocks"},
     {"model.dropout", "model: dropout"},
     {"model.attn_pdrop", "model: dropout"},

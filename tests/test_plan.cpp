@@ -173,6 +173,32 @@ TEST(PlanCompiler, AutoMicroBatchIsTheLargestThatFits) {
   EXPECT_NE(find_resolved(small, "train_micro_batch_size_per_gpu"), small.resolved.end());
 }
 
+TEST(PlanCompiler, AutoMicroBatchFitsTheHostMemoryOffloadTakesToo) {
+  // ZeRO-3 with the optimizer and parameters offloaded to the CPU: the device has room for a big micro
+  // batch, the host (24 GiB here) does not have room for what offload keeps there plus the activations of
+  // a CPU rank. "auto" must pick what the host fit check (ds train's) accepts.
+  Topology t;
+  t.world_size = t.ranks_per_node = t.num_nodes = 1;
+  t.cores_per_node = 2;
+  t.host_memory_bytes = 24.0 * (1 << 30);
+  t.world_size_source = "--world-size";
+  const Config c = load_config_text(R"({"train_micro_batch_size_per_gpu": "auto", "model": {"preset": "gpt2-large"}, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}, "data": {"seq_len": 1024}})",
+                                    "t.json");
+  const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  ASSERT_GE(p.batch.micro_batch, 1);
+  EXPECT_LE(p.host_bytes_per_node(), 0.9 * t.host_memory_bytes) << "micro batch " << p.batch.micro_batch;
+  // The next power of two would not have fitted the host.
+  const Config d = load_config_text(R"({"model": {"preset": "gpt2-large"}, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}, "data": {"seq_len": 1024}})",
+                                    "t.json", {"train_micro_batch_size_per_gpu=" + std::to_string(p.batch.micro_batch * 2)});
+  const Plan doubled = compile_plan(d, build_model_spec(resolve_model_hyper(d.model)), t);
+  EXPECT_GT(doubled.host_bytes_per_node(), 0.9 * t.host_memory_bytes);
+  const auto r = find_resolved(p, "train_micro_batch_size_per_gpu");
+  ASSERT_NE(r, p.resolved.end());
+  EXPECT_NE(r->source.find("of host memory per node"), std::string::npos) << r->source;
+}
+
 TEST(PlanCompiler, AutoStageIsTheLowestThatFits) {
   const double gib = 1 << 30;
   const char* cfg = R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "llama-2-7b", "activation_checkpointing": true},

@@ -393,3 +393,75 @@ TEST(Zero, CtrlCReachesRemoteRanksThroughTheirSshAndEveryRankSavesItsShard) {
   EXPECT_TRUE(std::filesystem::exists(latest + "/shard_00001.h5"));
   EXPECT_NO_THROW(whole_state(dir));  // every element of the model is in the shards
 }
+
+TEST(Zero, ResumingOnMoreRanksKeepsTheCheckpointsGlobalBatchOrSaysWhyItCannot) {
+  // A config whose batch is micro 4 x accumulation 2 (global 8 on one rank). Resumed on 2 ranks it would
+  // be 16: ds keeps 8 (accumulation 1) and the run continues the one-rank run; on 3 ranks no whole
+  // accumulation keeps 8, so it is refused with the choices.
+  const std::string dir = scratch_dir() + "/keep_batch", config = scratch_dir() + "/keep_batch.json";
+  std::filesystem::remove_all(dir);
+  nlohmann::json c = nlohmann::json::parse(slurp(std::string(DS_SOURCE_DIR) + "/examples/quickstart.json"), nullptr, true, true);
+  c["train_micro_batch_size_per_gpu"] = 4;
+  c["gradient_accumulation_steps"] = 2;
+  c["bf16"]["enabled"] = false;
+  c["scheduler"]["params"]["total_num_steps"] = 10;
+  c["train"]["eval_every"] = 0;
+  std::ofstream(config) << c.dump();
+  Result whole = cli_test::ds("train " + config + " train.steps=10 train.output_dir=" + dir + "_whole");
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  ASSERT_EQ(cli_test::ds("train " + config + " train.steps=5 train.output_dir=" + dir).code, 0);
+  Result r = cli_test::ds("train " + config + " train.steps=10 --resume --nproc-per-node 3 train.output_dir=" + dir);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "the global batch would change from 8 (the checkpoint's, 1 rank) to 24 (3 ranks)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "or change it knowingly with train_batch_size=24")) << r.err;
+  r = cli_test::ds("train " + config + " train.steps=10 --resume --nproc-per-node 2 train.output_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "keeping its global batch of 8 with gradient_accumulation_steps=1")) << r.err;
+  const auto base = losses_of(dir + "_whole"), resumed = losses_of(dir);
+  ASSERT_EQ(resumed.size(), 10u);
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(resumed[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+}
+
+TEST(Zero, CtrlCOnTwoRanksExits130EarlyOrLateAndTheHintKeepsTheLauncherFlags) {
+  // Interrupted before the ranks set up their handlers (the first second): 130, not "rank 0 was killed".
+  const std::string early = scratch_dir() + "/early_int";
+  std::filesystem::remove_all(early);
+  Result r = cli_test::ds_signalled("train examples/quickstart.json --nproc-per-node 2 train.steps=100000 train.output_dir=" + early, SIGINT,
+                                    early + "/metrics.jsonl", 0, 0.3);
+  // (130 from the launcher, or the launcher itself ended by the signal before it set up its own handler:
+  // the shell reports both as 130.)
+  EXPECT_TRUE(r.code == 130 || r.code == -SIGINT) << r.code << "\n" << r.err;
+  EXPECT_FALSE(contains(r.err, "was killed by signal")) << r.err;
+  // Interrupted while training: the command that continues it keeps --nproc-per-node.
+  const std::string late = scratch_dir() + "/late_int";
+  std::filesystem::remove_all(late);
+  r = cli_test::ds_signalled("train examples/quickstart.json --nproc-per-node 2 train.steps=100000 train.output_dir=" + late, SIGINT,
+                             late + "/metrics.jsonl", 2, 0.1);
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_TRUE(contains(r.err, "continue with: ds train examples/quickstart.json --nproc-per-node 2 train.steps=100000 train.output_dir=" + late +
+                              " --resume"))
+      << r.err;
+}
+
+TEST(Zero, ValidationSeesTheSameWindowsAtAnyWorldSize) {
+  // The same global batch (16) on 1 rank (micro 8 x 2) and on 2 ranks (micro 8 x 1, and micro 4 x 2 at
+  // stage 3): the validation loss is the same figure, each rank evaluating its share of the same windows.
+  const std::string base = "train examples/quickstart.json bf16.enabled=false train.steps=6 train.eval_every=3 train.eval_batches=2 ";
+  std::vector<std::vector<double>> vals;
+  for (const std::string& shape : {std::string("train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=2"),
+                                   std::string("train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=1 --nproc-per-node 2"),
+                                   std::string("train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=2 --nproc-per-node 2 "
+                                               "zero_optimization.stage=3")}) {
+    const std::string dir = scratch_dir() + "/val_" + std::to_string(vals.size());
+    std::filesystem::remove_all(dir);
+    Result r = cli_test::ds(base + shape + " train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << shape << "\n" << r.err;
+    std::vector<double> v;
+    for (const auto& m : cli_test::metrics_of(dir))
+      if (m.contains("val_loss")) v.push_back(m["val_loss"].get<double>());
+    ASSERT_EQ(v.size(), 2u) << shape;
+    vals.push_back(v);
+  }
+  for (size_t k = 1; k < vals.size(); ++k)
+    for (size_t i = 0; i < vals[0].size(); ++i) EXPECT_NEAR(vals[k][i], vals[0][i], 1e-5 * vals[0][i]) << "shape " << k << ", validation " << i;
+}

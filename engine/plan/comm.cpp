@@ -27,6 +27,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::parameters_backward: return "parameters (backward)";
     case CollectiveKind::parameters_whole: return "parameters kept whole";
     case CollectiveKind::parameters_validation: return "parameters (validation)";
+    case CollectiveKind::validation_loss: return "validation loss";
   }
   return "?";
 }

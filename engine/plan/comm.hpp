@@ -29,6 +29,7 @@ enum class CollectiveKind {
   parameters_backward,    // stage 3: a block gathered again before its backward
   parameters_whole,       // stage 3: the parameters kept whole, after the optimizer
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)
+  validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
 };
 const char* collective_name(CollectiveKind kind);
 

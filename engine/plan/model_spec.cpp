@@ -25,6 +25,7 @@ ModelHyper gpt2_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64_
   h.max_position_embeddings = P;
   h.tie_word_embeddings = true;
   h.norm_eps = 1e-5;
+  if (V >= 50257) h.bos_token_id = 50256, h.eos_token_id = {50256};  // GPT-2's <|endoftext|>
   return h;
 }
 
@@ -43,6 +44,10 @@ ModelHyper llama_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64
   h.tie_word_embeddings = tied;
   h.norm_eps = eps;
   h.rope_theta = theta;
+  // The published models' special tokens: SentencePiece's <s>/</s> (Llama 2, TinyLlama, Mistral) and
+  // Llama 3's <|begin_of_text|>/<|end_of_text|>.
+  if (V == 32000) h.bos_token_id = 1, h.eos_token_id = {2};
+  if (V == 128256) h.bos_token_id = 128000, h.eos_token_id = {128001};
   return h;
 }
 
@@ -178,6 +183,8 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (f.attn_pdrop) h.attn_pdrop = *f.attn_pdrop;
     if (f.resid_pdrop) h.resid_pdrop = *f.resid_pdrop;
     if (f.embd_pdrop) h.embd_pdrop = *f.embd_pdrop;
+    if (f.bos_token_id) h.bos_token_id = *f.bos_token_id;
+    if (f.eos_token_id) h.eos_token_id = *f.eos_token_id;
   };
   if (!m.hf_config.empty()) {
     if (!have_base) h = ModelHyper{};
@@ -247,6 +254,25 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (!(v >= 0 && v < 1)) issues.push_back({path, "dropout " + std::to_string(v) + " is not in [0, 1)", ""});
   if (h.arch == ModelArch::gpt2 && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
     issues.push_back({"model.num_kv_heads", "gpt2 has no grouped-query attention", "remove num_kv_heads or use arch llama"});
+  // A GPT-2 with GPT-2's BPE vocabulary (50257 ids, or padded past it) ends its texts with <|endoftext|>,
+  // whatever preset its sizes came from, unless its special tokens were given.
+  if (h.arch == ModelArch::gpt2 && h.vocab_size >= 50257 && h.bos_token_id < 0 && h.eos_token_id.empty() && !e.bos_token_id &&
+      !e.eos_token_id && !m.from_hf.bos_token_id && !m.from_hf.eos_token_id)
+    h.bos_token_id = 50256, h.eos_token_id = {50256};
+  // Special tokens outside the vocabulary: a preset's, when the vocabulary was changed, no longer mean
+  // anything (dropped); ones given for this model are an error.
+  if (h.bos_token_id >= h.vocab_size) {
+    if (e.bos_token_id) issues.push_back({"model.bos_token_id", std::to_string(h.bos_token_id) + " is not in the vocabulary of " +
+                                                                    std::to_string(h.vocab_size), ""});
+    h.bos_token_id = -1;
+  }
+  for (int64_t id : h.eos_token_id)
+    if (id >= h.vocab_size) {
+      if (e.eos_token_id)
+        issues.push_back({"model.eos_token_id", std::to_string(id) + " is not in the vocabulary of " + std::to_string(h.vocab_size), ""});
+      h.eos_token_id.clear();
+      break;
+    }
   if (!issues.empty()) throw ConfigError("model", issues);
   return h;
 }

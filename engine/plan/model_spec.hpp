@@ -25,6 +25,10 @@ struct ModelHyper {
   // Dropout probabilities (training only): on attention probabilities, on each sub-layer's output
   // before the residual add, and on the input embeddings. Hugging Face's names.
   double attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0;
+  // The tokenizer's special tokens as the model's config records them (Hugging Face's bos_token_id and
+  // eos_token_id; Llama 3 lists several ends): -1 / empty when the vocabulary has none (bytes, a tiny test model).
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_id;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
 };

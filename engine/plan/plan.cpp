@@ -312,8 +312,14 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     Plan trial = plan;
     trial.batch.micro_batch = micro;
     lay_out(trial, stage);
-    return trial.memory.device.total() <= 0.9 * device_budget;  // 10% headroom for what the model does not count
+    // 10% headroom for what the model does not count, on the device and in the host's memory (offloaded
+    // states and staging buffers; on the CPU the device is the host): "auto" never picks what ds train refuses.
+    const bool host_fits = topo.host_memory_bytes <= 0 || trial.host_bytes_per_node() <= 0.9 * topo.host_memory_bytes;
+    return trial.memory.device.total() <= 0.9 * device_budget && host_fits;
   };
+  const std::string budget_text =
+      format_bytes(device_budget) + " per rank" +
+      (topo.host_memory_bytes > 0 ? " and " + format_bytes(topo.host_memory_bytes) + " of host memory per node" : std::string());
 
   // Stage: explicit, or the lowest that fits at micro batch 1.
   int stage = 3;
@@ -329,7 +335,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
         break;
       }
     plan.resolved.push_back({"zero_optimization.stage", std::to_string(stage),
-                             "auto: the lowest stage whose plan fits " + format_bytes(device_budget) + " per rank"});
+                             "auto: the lowest stage whose plan fits " + budget_text});
   }
   z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
   if (!zc.overlap_comm)
@@ -357,13 +363,12 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
         if (fits(stage, m)) micro = m;
       if (micro == 0) {
         micro = 1;
-        plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit the device memory",
+        plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit " + budget_text,
                                  "see the memory table; try a higher ZeRO stage, offload or activation checkpointing"});
       }
       bi.micro_batch = micro;
       plan.resolved.push_back({"train_micro_batch_size_per_gpu", str(micro),
-                               "auto: the largest power of two up to 64 whose plan fits " + format_bytes(device_budget) +
-                                   " per rank"});
+                               "auto: the largest power of two up to 64 whose plan fits " + budget_text});
     }
   }
   try {

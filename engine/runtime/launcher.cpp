@@ -219,7 +219,7 @@ int launch_ranks(const LaunchSpec& spec_in) {
         // (An asynchronous list's input is /dev/null unless redirected: the watcher reads fd 3, a copy.)
         std::string command = "cd " + shell_quote(cwd) + " && exec 3<&0 && { env";
         for (const auto& [k, v] : env) command += " " + k + "=" + shell_quote(v);
-        for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_RUN_LOCK"})
+        for (const char* pass : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_RUN_LOCK", "DS_LAUNCH_COMMAND"})
           if (const char* v = std::getenv(pass)) command += std::string(" ") + pass + "=" + shell_quote(v);
         command += " " + shell_quote(exe);
         for (const auto& a : spec.args) command += " " + shell_quote(a);

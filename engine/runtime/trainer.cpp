@@ -283,20 +283,27 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
                format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? " in " + std::to_string(W) + " shards" : "") +
                ")");
   };
-  // Validation loss over eval_batches fixed batches. Rank 0 evaluates; at stage 3 every rank takes
-  // part, since each holds only part of the weights.
-  const bool evaluates = lead || plan.execution.gathers;
+  // Validation loss over eval_batches global batches of held-out windows: the same windows whatever the
+  // world size and micro batch (eval_batches x train_batch_size of them, in order). Every rank evaluates
+  // its share, the same number of micro batches each (so stage 3's gathers pair up), and the sums are
+  // added across ranks: every rank gets the same figure.
   std::vector<int32_t> in, tgt;
   auto validate = [&]() -> double {
     torch::NoGradGuard ng;
+    const int64_t calls = plan.run.eval_batches * plan.batch.train_batch_size / (B * W);  // eval_batches x accumulation
     double sum = 0;
-    for (int64_t i = 0; i < plan.run.eval_batches; ++i) {
-      sampler.val_batch(i, in, tgt);
+    for (int64_t i = 0; i < calls; ++i) {
+      sampler.val_batch(i * W + rank, in, tgt);  // samples [(i W + rank) B, + B) of the validation sequence
       model->set_dropout(0, false);
       zero.begin_micro_step(true);
       sum += model->loss(to_long_tensor(in, B, T), to_long_tensor(tgt, B, T)).item<double>();
     }
-    return sum / static_cast<double>(plan.run.eval_batches);
+    if (comm) {
+      torch::Tensor total = torch::full({1}, sum, torch::kFloat64);
+      comm->all_reduce_sum(total, CollectiveKind::validation_loss);
+      sum = total.item<double>();
+    }
+    return sum / static_cast<double>(calls * W);
   };
 
   FlatParams::Bytes held = flat.bytes();
@@ -349,7 +356,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> val;
-    if (evaluates && !opt.profile && plan.run.eval_every > 0 && ((step + 1) % plan.run.eval_every == 0 || step + 1 == plan.steps) &&
+    if (!opt.profile && plan.run.eval_every > 0 && ((step + 1) % plan.run.eval_every == 0 || step + 1 == plan.steps) &&
         sampler.val_tokens() > 0)
       val = validate();
     report.step(step, out, val, step_s);

@@ -92,6 +92,12 @@ class DsCheckpointSource : public WeightSource {
       model_.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
       model_.norm_eps = m.at("norm_eps").get<double>();
       model_.rope_theta = m.at("rope_theta").get<double>();
+      if (m.contains("bos_token_id")) {  // plans before the special tokens were recorded: GPT-2's rule below
+        model_.bos_token_id = m["bos_token_id"].is_number_integer() ? m["bos_token_id"].get<int64_t>() : -1;
+        if (m.contains("eos_token_id") && m["eos_token_id"].is_array()) model_.eos_token_id = m["eos_token_id"].get<std::vector<int64_t>>();
+      } else if (model_.arch == ModelArch::gpt2 && model_.vocab_size >= 50257) {
+        model_.bos_token_id = 50256, model_.eos_token_id = {50256};
+      }
       has_model_ = true;
       const json& layout = plan.at("layout");
       model_numel_ = layout.at("numel").get<int64_t>();
@@ -290,6 +296,15 @@ FloatPieces weights_in_pieces(const WeightSource& source, const ModelSpec& model
   };
 }
 
+namespace {
+// A special token as Hugging Face writes it: null, one id, or a list of ids.
+nlohmann::ordered_json special_token_json(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return nullptr;
+  if (ids.size() == 1) return ids[0];
+  return ids;
+}
+}  // namespace
+
 std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype) {
   nlohmann::ordered_json j;
   if (hp.arch == ModelArch::gpt2) {
@@ -309,7 +324,6 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["attn_pdrop"] = hp.attn_pdrop;
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = true;
-    if (hp.vocab_size >= 50257) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
   } else {
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
@@ -330,13 +344,19 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = hp.tie_word_embeddings;
   }
+  // Written even when the vocabulary has none (null): transformers would otherwise take its own default
+  // (GPT-2's 50256), an id outside a small vocabulary.
+  j["bos_token_id"] = special_token_json(hp.bos_token_id >= 0 ? std::vector<int64_t>{hp.bos_token_id} : std::vector<int64_t>{});
+  j["eos_token_id"] = special_token_json(hp.eos_token_id);
   j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
 }
 
 std::string hf_generation_config_json(const ModelHyper& hp) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  if (hp.arch == ModelArch::gpt2 && hp.vocab_size >= 50257) j["bos_token_id"] = j["eos_token_id"] = 50256;
+  j["_from_model_config"] = true;
+  j["bos_token_id"] = special_token_json(hp.bos_token_id >= 0 ? std::vector<int64_t>{hp.bos_token_id} : std::vector<int64_t>{});
+  j["eos_token_id"] = special_token_json(hp.eos_token_id);
   return j.dump(2) + "\n";
 }
 
