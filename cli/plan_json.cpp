@@ -194,7 +194,7 @@ std::string plan_to_json(const Plan& p, int indent) {
                                           {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};
   }
   j["run"] = {{"output_dir", p.run.output_dir},     {"seed", p.run.seed},
-              {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last},
+              {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last}, {"divergence_factor", p.run.divergence_factor},
               {"eval_every", p.run.eval_every},     {"eval_batches", p.run.eval_batches},
               {"comm_timeout_s", p.run.comm_timeout_s}, {"comms_logger", p.run.comms_logger},
               {"wall_clock_breakdown", p.run.wall_clock_breakdown},

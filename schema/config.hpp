@@ -156,6 +156,7 @@ struct DataConfig {
 
 struct TrainConfig {
   int64_t steps = 0, eval_every = 0, eval_batches = 0, save_every = 0, keep_last = 0, seed = 0;
+  double divergence_factor = 4;
   std::string output_dir;
   std::optional<int64_t> threads;  // empty: auto
   std::string resume;              // "false" | "auto" | a path

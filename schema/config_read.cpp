@@ -274,6 +274,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   c.train.eval_batches = at(t, "eval_batches").get<int64_t>();
   c.train.save_every = at(t, "save_every").get<int64_t>();
   c.train.keep_last = at(t, "keep_last").get<int64_t>();
+  c.train.divergence_factor = at(t, "divergence_factor").get<double>();
   c.train.output_dir = at(t, "output_dir").get<std::string>();
   c.train.seed = at(t, "seed").get<int64_t>();
   c.train.threads = opt_int(at(t, "threads"));

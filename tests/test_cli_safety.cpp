@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -387,4 +388,31 @@ TEST(CliSafety, BadValuesInFilesAndOverridesExitTwoNamingTheKey) {
   r = ds("convert-ckpt " + a + " " + a + "_hf --max-shard-size 99999999999999999999GB");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "more than 1 EiB")) << r.err;
+}
+
+// 15. A diverging run ends with exit 1 and keeps its best checkpoint; a run that skips every step fails.
+TEST(CliSafety, ADivergingRunFailsAndPruningKeepsTheBestCheckpoint) {
+  const std::string a = fresh("diverge");
+  // bf16 at lr 10: the loss runs away within a few steps of the warmup.
+  Result r = ds("train examples/quickstart.json optimizer.params.lr=10 train.steps=60 train.save_every=5 train.keep_last=2 train.eval_every=0 "
+                "train.output_dir=" + a);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "the run diverged: the loss has been above 4x its best")) << r.err;
+  EXPECT_TRUE(contains(r.err, "The checkpoint saved at the lowest loss is kept: " + a + "/checkpoints/step_00000005")) << r.err;
+  EXPECT_TRUE(fs::exists(a + "/checkpoints/step_00000005/DONE"));
+  // Told to train on regardless: keep_last=2 prunes the old ones but never the best (step 5).
+  const std::string b = fresh("diverge_on");
+  r = ds("train examples/quickstart.json optimizer.params.lr=10 train.steps=30 train.save_every=5 train.keep_last=2 train.eval_every=0 "
+         "train.divergence_factor=0 train.output_dir=" + b);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(b + "/checkpoints"))
+    if (e.is_directory()) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"step_00000005", "step_00000025", "step_00000030"}));
+  // fp16 with a static scale that overflows every step: exit 1 after a short streak, naming the scale.
+  r = ds("train examples/quickstart.json bf16.enabled=false fp16.enabled=true fp16.loss_scale=1e30 train.steps=60 train.eval_every=0 "
+         "train.output_dir=" + fresh("static_scale"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "the static fp16.loss_scale 1e+30 overflows")) << r.err;
 }

@@ -144,6 +144,7 @@ const std::map<std::string, const char*> kActs = {
     {"train.eval_batches", "trainer"},
     {"train.save_every", "trainer"},
     {"train.keep_last", "checkpoints"},
+    {"train.divergence_factor", "trainer: divergence check"},
     {"train.output_dir", "trainer"},
     {"train.seed", "trainer"},
     {"train.threads", "plan: threads"},

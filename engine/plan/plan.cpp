@@ -213,6 +213,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.run.seed = static_cast<uint64_t>(c.train.seed);
   plan.run.save_every = c.train.save_every;
   plan.run.keep_last = c.train.keep_last;
+  plan.run.divergence_factor = c.train.divergence_factor;
   plan.run.eval_every = c.train.eval_every;
   plan.run.eval_batches = c.train.eval_batches;
   plan.run.comm_timeout_s = c.train.comm_timeout_s;

@@ -81,6 +81,7 @@ struct RunSettings {
   std::string output_dir;
   uint64_t seed = 0;
   int64_t save_every = 0, keep_last = 0, eval_every = 0, eval_batches = 0;
+  double divergence_factor = 4;  // the loss above this many times its best, 3 steps running, ends the run (0: never)
   double comm_timeout_s = 0;  // collectives and rendezvous
   bool comms_logger = false, wall_clock_breakdown = false;
   MonitorConfig csv_monitor, tensorboard;

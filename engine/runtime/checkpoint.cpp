@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <chrono>
+#include <cmath>
 #include <climits>
 #include <memory>
 #include <random>
@@ -92,10 +93,11 @@ uint64_t metadata_checksum(hid_t f, const std::string& path) {
     if (has_attr(f, name)) v = read_attr<int64_t>(f, name, path);
     h = fold_bytes(h, &v, sizeof v);
   }
-  if (has_attr(f, "loss_scale")) {
-    const double scale = read_attr<double>(f, "loss_scale", path);
-    h = fold_bytes(h, &scale, sizeof scale);
-  }
+  for (const char* name : {"loss_scale", "loss"})
+    if (has_attr(f, name)) {
+      const double v = read_attr<double>(f, name, path);
+      h = fold_bytes(h, &v, sizeof v);
+    }
   for (const char* text : {"plan_json", "config_json"})
     h = fold_text(h, H5Lexists(f, text, H5P_DEFAULT) > 0 ? read_string(f, text, path) : std::string("\1 absent"));
   for (const OwnedSegment& g : read_segments(f, path)) {
@@ -377,7 +379,39 @@ std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& c
   return out;
 }
 
+// The training loss a checkpoint was saved at (its "loss" attribute), NaN when it has none or cannot be read.
+double saved_loss(const fs::path& dir) {
+  quiet_hdf5();
+  const std::string file = (dir / "state.h5").string();
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) return std::numeric_limits<double>::quiet_NaN();
+  double v = std::numeric_limits<double>::quiet_NaN();
+  if (has_attr(f, "loss")) {
+    hid_t a = H5Aopen(f, "loss", H5P_DEFAULT);
+    if (a < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) v = std::numeric_limits<double>::quiet_NaN();
+    if (a >= 0) H5Aclose(a);
+  }
+  H5Fclose(f);
+  return v;
+}
+
+// Of these checkpoints, the one saved at the lowest finite loss ("" when none records one).
+fs::path best_loss_checkpoint(const std::vector<std::pair<int64_t, fs::path>>& all) {
+  fs::path best;
+  double lowest = std::numeric_limits<double>::infinity();
+  for (const auto& [step, dir] : all) {
+    const double l = saved_loss(dir);
+    if (std::isfinite(l) && l < lowest) lowest = l, best = dir;
+  }
+  return best;
+}
+
 }  // namespace
+
+std::string best_checkpoint(const std::string& run_dir) {
+  const fs::path best = best_loss_checkpoint(complete_checkpoints(fs::path(run_dir) / "checkpoints"));
+  return best.empty() ? find_latest_checkpoint(run_dir) : best.string();
+}
 
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScalars& sc, const CheckpointBuffers& b,
                                 const std::string& plan_json, const std::string& config_json, int64_t keep_last,
@@ -421,6 +455,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     write_attr<int64_t>(f, "loss_scale_iteration", sc.loss_scaler.iteration, file.string());
     write_attr<int64_t>(f, "loss_scale_last_overflow", sc.loss_scaler.last_overflow_iteration, file.string());
     write_attr<int64_t>(f, "loss_scale_hysteresis", sc.loss_scaler.hysteresis_left, file.string());
+    write_attr<double>(f, "loss", sc.loss, file.string());
     write_string(f, "plan_json", plan_json, file.string());
     write_string(f, "config_json", config_json, file.string());
   }
@@ -445,12 +480,14 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   fs::rename(latest_tmp, root / "latest", ec);
   if (ec) io_fail("updating latest: " + ec.message(), (root / "latest").string());
 
-  // Prune the oldest beyond keep_last, never the one just written: a fresh run in a directory that
-  // holds later steps from an earlier run must not delete its own checkpoint (and leave `latest` dangling).
+  // Prune the oldest beyond keep_last, never the one just written (a fresh run in a directory that
+  // holds later steps from an earlier run must not delete its own checkpoint and leave `latest`
+  // dangling), and never the one saved at the lowest loss (a diverging run must not prune its last good state).
   if (keep_last > 0) {
     auto all = complete_checkpoints(root);
+    const fs::path best = best_loss_checkpoint(all);
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i)
-      if (all[i].second != final_dir) fs::remove_all(all[i].second, ec);
+      if (all[i].second != final_dir && all[i].second != best) fs::remove_all(all[i].second, ec);
   }
   return {final_dir.string(), bytes};
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <functional>
+#include <limits>
 
 #include "engine/plan/layout.hpp"
 #include "engine/runtime/loss_scaler.hpp"
@@ -35,6 +36,7 @@ struct CheckpointScalars {
   int64_t skipped_steps = 0;
   uint64_t seed = 0;
   LossScalerState loss_scaler;
+  double loss = std::numeric_limits<double>::quiet_NaN();  // the training loss of the step saved after (NaN: unknown)
 };
 
 // Produces elements [at, at + n) of a buffer into `out`.
@@ -75,11 +77,14 @@ struct SavedCheckpoint {
 };
 
 // Writes <run_dir>/checkpoints/step_<step>/ and updates `latest`; keeps the newest `keep_last`
-// complete checkpoints (0 keeps all). Throws std::runtime_error naming the path on I/O failure.
+// complete checkpoints (0 keeps all) and, besides them, the one saved at the lowest loss. Throws std::runtime_error naming the path on I/O failure.
 // Every rank calls it together.
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScalars& scalars, const CheckpointBuffers& buffers,
                                 const std::string& plan_json, const std::string& config_json, int64_t keep_last,
                                 const CheckpointWriter& writer = {});
+
+// The complete checkpoint saved at the lowest training loss (the newest when none records its loss), or "".
+std::string best_checkpoint(const std::string& run_dir);
 
 // The checkpoint <run_dir>/checkpoints/latest names when it is complete, else the complete one with the
 // highest step, or "" when there is none.

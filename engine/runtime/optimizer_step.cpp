@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "common/hash.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "engine/runtime/resident_memory.hpp"
@@ -271,9 +272,14 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     if (!event.empty()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": " + event);
   }
   consecutive_skips_ = out.skipped ? consecutive_skips_ + 1 : 0;
-  if (consecutive_skips_ > (scaler_.enabled() ? kMaxConsecutiveSkipsFp16 : kMaxConsecutiveSkipsBf16))
+  // A static loss scale never changes, so a streak of overflows will not end by itself either.
+  const bool scale_adapts = scaler_.enabled() && plan_.precision.loss_scaling.dynamic;
+  if (consecutive_skips_ > (scale_adapts ? kMaxConsecutiveSkipsFp16 : kMaxConsecutiveSkipsBf16))
     throw std::runtime_error(std::to_string(consecutive_skips_) + " optimizer steps in a row were skipped for inf/NaN gradients "
-                             "(up to step " + std::to_string(step + 1) + "): the run is not recovering; lower the learning rate");
+                             "(up to step " + std::to_string(step + 1) + "): the run is not recovering; " +
+                             (scaler_.enabled() && !scale_adapts ? "the static fp16.loss_scale " + format_double(scaler_.scale()) +
+                                                                       " overflows: lower it, or set 0 for DeepSpeed's dynamic scaling"
+                                                                 : std::string("lower the learning rate")));
   if (out.skipped) {
     if (!scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
     t.norm += lap(at);

@@ -86,6 +86,10 @@ struct StopSignals {
 
 }  // namespace
 
+// A run of at least this many steps that applied none of them (every one skipped for inf/NaN gradients)
+// ends with exit 1: fewer may be fp16's dynamic scaler still finding its scale.
+constexpr int64_t kMinStepsForAllSkipped = 16;
+
 std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   std::vector<std::string> why;
   if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
@@ -253,6 +257,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
   }
   stepper.refresh_weights(false);
 
+  double last_loss = std::numeric_limits<double>::quiet_NaN();  // of the last applied step, recorded with a checkpoint
   auto save = [&](int64_t step) {
     if (opt.profile) return;  // a profile measures; it leaves no state behind
     // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
@@ -273,6 +278,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     sc.skipped_steps = result.skipped_steps;
     sc.seed = seed;
     sc.loss_scaler = scaler.state();
+    sc.loss = last_loss;
     CheckpointWriter writer;
     if (comm && plan.execution.sharded) writer = {rank, W, [&] { comm->barrier(); }};
     const SavedCheckpoint saved =
@@ -329,6 +335,10 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
     comm->take_events();  // the start's gathers are not a step's
   }
   const auto first_start = std::chrono::steady_clock::now();
+  // Divergence: the loss above divergence_factor x its best of this run for 3 steps running ends the run
+  // before the diverged weights are saved; pruning keeps the checkpoint saved at the lowest loss.
+  double best_loss = std::numeric_limits<double>::infinity();
+  int64_t best_step = 0, steps_above = 0, skipped_this_run = 0;
   for (int64_t step = result.first_step; step < plan.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     if (profiling) result.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
@@ -360,10 +370,34 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm)
         sampler.val_tokens() > 0)
       val = validate();
     report.step(step, out, val, step_s);
+    skipped_this_run += out.skipped;
+    if (!out.skipped && std::isfinite(out.loss)) {
+      last_loss = out.loss;
+      if (out.loss < best_loss) best_loss = out.loss, best_step = step + 1;
+      const double factor = plan.run.divergence_factor;
+      steps_above = factor > 0 && out.loss > factor * best_loss ? steps_above + 1 : 0;
+      if (steps_above >= 3) {
+        const std::string best = best_checkpoint(plan.run.output_dir);
+        throw std::runtime_error("the run diverged: the loss has been above " + format_double(factor) + "x its best (" +
+                                 format_fixed(best_loss, 4) + " at step " + std::to_string(best_step) + ") for 3 steps, " +
+                                 format_fixed(out.loss, 4) + " at step " + std::to_string(step + 1) +
+                                 "; no checkpoint of these weights was written. " +
+                                 (best.empty() ? std::string("No checkpoint was saved before it")
+                                               : "The checkpoint saved at the lowest loss is kept: " + best) +
+                                 ". Lower the learning rate (and resume with train.resume=PATH), or set train.divergence_factor=0 "
+                                 "to train on regardless");
+      }
+    }
     const bool cadence = plan.run.save_every > 0 && (step + 1) % plan.run.save_every == 0;
     if (!comm) stop_requested = g_stop_signal != 0;  // one process: react at once; ranks use the agreed flag
     if (cadence || step + 1 == plan.steps || stop_requested) save(step + 1);
   }
+  // fp16 that never found a scale: a run that applied none of its steps trained nothing.
+  const int64_t ran = result.steps - result.first_step;
+  if (!stop_requested && ran >= kMinStepsForAllSkipped && skipped_this_run == ran)
+    throw std::runtime_error("every one of this run's " + std::to_string(ran) +
+                             " steps was skipped for inf/NaN gradients: the weights never changed; lower fp16.loss_scale or "
+                             "fp16.initial_scale_power, or the learning rate (its checkpoints are of the starting weights)");
   result.interrupted = stop_requested;
   result.stop_signal = stop_requested ? static_cast<int>(g_stop_signal) : 0;
   report.finish();
