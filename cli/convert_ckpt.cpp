@@ -8,7 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/files.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 #include "common/json_depth.hpp"
 #include "common/strings.hpp"
 #include "cli/plan_json.hpp"
@@ -69,18 +71,51 @@ int print_info(const WeightSource& src, bool as_json) {
   return kExitOk;
 }
 
-// A run that read GPT-2 BPE text: its vocab.json and merges.txt beside a Hugging Face export, which is
-// what transformers' GPT2Tokenizer loads. A file no longer where the run read it is named, not fatal.
-void copy_tokenizer_files(const std::string& checkpoint, const std::string& out_dir) {
+// A file to ship beside a Hugging Face export: its name there, where it came from, its bytes.
+struct TokenizerFile {
+  std::string name, from, bytes;
+};
+
+// A run that read GPT-2 BPE text: its vocab.json and merges.txt, which transformers' GPT2Tokenizer loads
+// from an export. Read (and checked) before the export writes anything. The run's plan records each
+// file's absolute path and checksum: a file that changed since is refused (the export would ship another
+// tokenizer), one that is gone is named, not fatal. Runs from before that record are read by the
+// config's paths.
+std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
+  std::vector<TokenizerFile> out;
+  const std::string plan_text = read_checkpoint_text(checkpoint, "plan_json");
+  check_json_nesting(plan_text, checkpoint + " (plan_json)");
+  const nlohmann::json plan = nlohmann::json::parse(plan_text, nullptr, false);
+  if (plan.is_object() && plan.contains("tokenizer_files") && plan["tokenizer_files"].is_array()) {
+    for (const auto& f : plan["tokenizer_files"]) {
+      const std::string role = f.value("role", ""), from = f.value("path", ""), want = f.value("checksum64", "");
+      const std::string name = role == "vocab_file" ? "vocab.json" : "merges.txt";
+      std::error_code ec;
+      if (!fs::is_regular_file(from, ec)) {
+        print_warnings("convert-ckpt", {{"data." + role, "the run's tokenizer file '" + from + "' is not there any more; not copied",
+                                         "copy it into the export as " + name + " for transformers' GPT2Tokenizer"}});
+        continue;
+      }
+      std::string bytes = read_file_bytes(from);
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum64(bytes.data(), bytes.size())));
+      if (want != hex)
+        throw UserError("'" + from + "' has changed since the run read it (checksum " + want + ", now " + hex +
+                            "): the export would ship another tokenizer than the model was trained with",
+                        "restore the file the run read (data." + role + "), then export again");
+      out.push_back({name, from, std::move(bytes)});
+    }
+    return out;
+  }
   nlohmann::json data;
   try {
     const std::string config = read_checkpoint_text(checkpoint, "config_json");
     check_json_nesting(config, checkpoint + " (config_json)");
     data = nlohmann::json::parse(config).at("data");
   } catch (const nlohmann::json::exception&) {
-    return;
+    return out;
   }
-  if (data.value("tokenizer", "") != "gpt2" || data.value("type", "") != "text") return;
+  if (data.value("tokenizer", "") != "gpt2" || data.value("type", "") != "text") return out;
   for (const auto& [key, name] : {std::pair{"vocab_file", "vocab.json"}, {"merges_file", "merges.txt"}}) {
     const std::string from = data.contains(key) && data[key].is_string() ? data[key].get<std::string>() : "";
     std::error_code ec;
@@ -89,10 +124,9 @@ void copy_tokenizer_files(const std::string& checkpoint, const std::string& out_
                                        std::string("copy it into the export as ") + name + " for transformers' GPT2Tokenizer"}});
       continue;
     }
-    fs::copy_file(from, fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw std::runtime_error("cannot copy '" + from + "' to '" + (fs::path(out_dir) / name).string() + "': " + ec.message());
-    std::cerr << "  copied " << from << " -> " << (fs::path(out_dir) / name).string() << "\n";
+    out.push_back({name, from, read_file_bytes(from)});
   }
+  return out;
 }
 
 // Never replace what the user did not name: an existing destination needs --overwrite.
@@ -243,6 +277,7 @@ int run_convert(const ConvertArgs& a) {
     check_destination(a);
     std::error_code ec;
     if (fs::exists(a.dst, ec) && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
+    const std::vector<TokenizerFile> tokenizer = to == "hf" ? tokenizer_files(src->path()) : std::vector<TokenizerFile>{};
     ExportOptions opt;
     opt.dtype = a.dtype;
     opt.allow_fp16_overflow = a.allow_fp16_overflow;
@@ -260,7 +295,10 @@ int run_convert(const ConvertArgs& a) {
     if (s.fp16_flushed > 0)
       print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
                                        "--dtype bf16 keeps fp32's range"}});
-    if (to == "hf") copy_tokenizer_files(src->path(), a.dst);
+    for (const TokenizerFile& t : tokenizer) {
+      write_text_atomically((fs::path(a.dst) / t.name).string(), t.bytes);
+      std::cerr << "  copied " << t.from << " -> " << (fs::path(a.dst) / t.name).string() << "\n";
+    }
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;
   }, a.json);

@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <cstdlib>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/files.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
@@ -102,6 +105,23 @@ std::vector<std::string> keep_global_batch(const std::string& checkpoint_plan_js
               << old_world << "): keeping its global batch of " << was << " with gradient_accumulation_steps=" << accumulation
               << " (set train_batch_size to change it)\n";
   return {"train_batch_size=" + std::to_string(was), "gradient_accumulation_steps=" + std::to_string(accumulation)};
+}
+
+// The tokenizer files a GPT-2 BPE run reads, recorded in its plan.json (and so in every checkpoint) by
+// absolute path and checksum: an export ships exactly these, wherever it is run from, or refuses.
+std::string with_tokenizer_files(const std::string& plan_json, const DataConfig& d) {
+  if (d.type != DataType::text || d.tokenizer != "gpt2") return plan_json;
+  nlohmann::json j = nlohmann::json::parse(plan_json);
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& [role, path] : {std::pair{"vocab_file", d.vocab_file}, {"merges_file", d.merges_file}}) {
+    const std::string text = read_file_bytes(path);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum64(text.data(), text.size())));
+    files.push_back({{"role", role}, {"path", std::filesystem::absolute(path).lexically_normal().string()}, {"checksum64", hex},
+                     {"bytes", text.size()}});
+  }
+  j["tokenizer_files"] = files;
+  return j.dump();
 }
 
 // DeepSpeed's flops_profiler block: ds profile's report of step profile_step (rank 0's figures), printed
@@ -264,7 +284,7 @@ int run_train(const TrainArgs& a) {
         print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});
     }
-    opt.plan_json = plan_to_json(plan);
+    opt.plan_json = with_tokenizer_files(plan_to_json(plan), config.data);
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);

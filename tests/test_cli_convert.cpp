@@ -228,3 +228,38 @@ TEST(CliConvert, InitFromTakesTheSourcesArchitectureAndRefusesAConfigThatDisagre
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "scale_attn_by_inverse_layer_idx true is not supported")) << r.err;
 }
+
+TEST(CliConvert, TokenizerFilesAreTheOnesTheRunReadWhereverTheExportRuns) {
+  // The run names its tokenizer files relative to its working directory; the export runs elsewhere, where
+  // the same relative path holds another vocab.json. It ships the run's files (absolute path and checksum
+  // kept in the run's plan), and refuses once they have changed.
+  const std::string dir = scratch_dir() + "/bpe_where";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/elsewhere/tok");
+  std::filesystem::create_directories(work_dir() + "/tok");
+  const std::string shared = DS_SHARED_DIR "/data/gpt2";
+  std::filesystem::copy_file(shared + "/vocab.json", work_dir() + "/tok/vocab.json", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(shared + "/merges.txt", work_dir() + "/tok/merges.txt", std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir + "/elsewhere/tok/vocab.json") << "{\"not\": 0, \"the\": 1, \"vocab\": 2}";
+  std::ofstream(dir + "/elsewhere/tok/merges.txt") << "#version: 0.2\n";
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) text << "All the world's a stage " << i << ".\n";
+  }
+  Result r = ds("train examples/quickstart.json model.vocab_size=50257 data.type=text data.tokenizer=gpt2 data.path=" + dir +
+                "/corpus.txt data.vocab_file=tok/vocab.json data.merges_file=tok/merges.txt data.seq_len=32 train.steps=2 "
+                "train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string export_from_elsewhere =
+      "cd " + dir + "/elsewhere && " DS_BINARY " convert-ckpt " + dir + "/run " + dir + "/hf --overwrite >" + dir + "/out 2>" + dir + "/err";
+  ASSERT_EQ(std::system(export_from_elsewhere.c_str()), 0) << slurp(dir + "/err");
+  EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
+  EXPECT_EQ(slurp(dir + "/hf/merges.txt"), slurp(shared + "/merges.txt"));
+  // The file the run read has changed: the export is refused, naming it, before it writes anything.
+  const std::string weights = slurp(dir + "/hf/model.safetensors");
+  std::ofstream(work_dir() + "/tok/vocab.json", std::ios::app) << " ";
+  EXPECT_NE(std::system(export_from_elsewhere.c_str()), 0);
+  EXPECT_TRUE(contains(slurp(dir + "/err"), "tok/vocab.json' has changed since the run read it")) << slurp(dir + "/err");
+  EXPECT_EQ(slurp(dir + "/hf/model.safetensors"), weights);
+  EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
+}

@@ -55,6 +55,9 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
                     " model.activation_checkpointing=true train.output_dir=" + unused,
                 "TMPDIR=" + tmp);
   ASSERT_EQ(r.code, 0) << r.err;
+  // Its progress is a profile's, not a training run's.
+  EXPECT_TRUE(contains(r.err, "ds profile: ")) << r.err;
+  EXPECT_FALSE(contains(r.err, "ds train:")) << r.err;
   const json report = json::parse(r.out);
   EXPECT_EQ(report["schema_version"], 1);
   EXPECT_EQ(report["measured_steps"], 3);

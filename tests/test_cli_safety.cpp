@@ -368,6 +368,15 @@ TEST(CliSafety, BadValuesInFilesAndOverridesExitTwoNamingTheKey) {
   Result r = ds("plan examples/quickstart.json optimizer.params.lr=1e999");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "lr")) << r.err;
+  {
+    nlohmann::json c = nlohmann::json::parse(slurp(std::string(DS_SOURCE_DIR) + "/examples/quickstart.json"), nullptr, true, true);
+    std::string text = c.dump();
+    text.replace(text.find("\"lr\":") + 5, text.find(',', text.find("\"lr\":")) - text.find("\"lr\":") - 5, "1e999");
+    std::ofstream(scratch_dir() + "/huge_lr.json") << text;
+  }
+  r = ds("plan " + scratch_dir() + "/huge_lr.json");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "1e999")) << r.err;
   const std::string d = fresh("bad_hf");
   fs::create_directories(d);
   std::ofstream(d + "/config.json") << R"({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "tie_word_embeddings": "yes"})";
