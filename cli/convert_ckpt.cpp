@@ -97,8 +97,7 @@ std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
         continue;
       }
       std::string bytes = read_file_bytes(from);
-      char hex[17];
-      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum64(bytes.data(), bytes.size())));
+      const std::string hex = checksum64_hex(bytes);
       if (want != hex)
         throw UserError("'" + from + "' has changed since the run read it (checksum " + want + ", now " + hex +
                             "): the export would ship another tokenizer than the model was trained with",

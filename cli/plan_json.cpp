@@ -184,7 +184,8 @@ std::string plan_to_json(const Plan& p, int indent) {
     j["zero_execution"] = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
                            {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
                            {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
-                           {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers}};
+                           {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers},
+                           {"backend", comm_backend_name(x.backend)}};
     json transfers = json::array();
     for (const Transfer& t : x.transfers)
       transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});

@@ -294,6 +294,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
   } else {
+    o << "  over " << comm_backend_name(p.execution.backend) << "\n";
     o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)
       << lpad("wire/rank", 13) << "\n";
     double wire = 0;

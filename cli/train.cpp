@@ -115,9 +115,7 @@ std::string with_tokenizer_files(const std::string& plan_json, const DataConfig&
   nlohmann::json files = nlohmann::json::array();
   for (const auto& [role, path] : {std::pair{"vocab_file", d.vocab_file}, {"merges_file", d.merges_file}}) {
     const std::string text = read_file_bytes(path);
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(checksum64(text.data(), text.size())));
-    files.push_back({{"role", role}, {"path", std::filesystem::absolute(path).lexically_normal().string()}, {"checksum64", hex},
+    files.push_back({{"role", role}, {"path", std::filesystem::absolute(path).lexically_normal().string()}, {"checksum64", checksum64_hex(text)},
                      {"bytes", text.size()}});
   }
   j["tokenizer_files"] = files;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ds {
 
@@ -30,6 +31,15 @@ inline uint64_t checksum64(const void* data, size_t n) {
   uint64_t h = splitmix64(lane[0]) ^ splitmix64(lane[1] + 1) ^ splitmix64(lane[2] + 2) ^ splitmix64(lane[3] + 3);
   for (; i < n; ++i) h = splitmix64(h ^ p[i]);
   return splitmix64(h ^ static_cast<uint64_t>(n));
+}
+
+// A file's identity as ds records it (a run's tokenizer files): checksum64 of its bytes, 16 hex digits.
+inline std::string checksum64_hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  uint64_t h = checksum64(bytes.data(), bytes.size());
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<size_t>(i)] = digits[h & 15];
+  return out;
 }
 
 }  // namespace ds

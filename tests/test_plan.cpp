@@ -365,3 +365,15 @@ TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=fp16"}), "communication_data_type"), 1);
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=bf16"}), "communication_data_type"), 0);  // bf16 run: what it does
 }
+
+TEST(PlanCompiler, TheCommunicationBackendIsThePlansDecision) {
+  // CPU ranks talk over Gloo, GPU ranks over NCCL; the runtime's communicator factory is keyed by this.
+  EXPECT_EQ(plan_of(kGpt2, 2, {"zero_optimization.stage=2"}).execution.backend, CommBackend::gloo);
+  const Plan gpu = plan_of(kGpt2, 2, {"zero_optimization.stage=2"}, 80.0 * (1 << 30));
+  EXPECT_EQ(gpu.execution.backend, CommBackend::nccl);
+  EXPECT_EQ(nlohmann::json::parse(plan_to_json(gpu))["zero_execution"]["backend"], "nccl");
+  // NCCL reduce-scatters at stage 1 too and gathers stage-3 partitions through equal staged pieces.
+  EXPECT_TRUE(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}, 80.0 * (1 << 30)).execution.scatter);
+  EXPECT_FALSE(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}).execution.scatter);
+  EXPECT_TRUE(plan_of(kGpt2, 2, {"zero_optimization.stage=3"}, 80.0 * (1 << 30)).execution.gather_staged);
+}

@@ -515,7 +515,7 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
         t.rank = rank;
         t.master_addr = "127.0.0.1";
         t.master_port = port;
-        comm = Communicator::create(t, std::chrono::seconds(30));
+        comm = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(30));
       } else {
         comm = local.join(rank);
       }

@@ -32,6 +32,8 @@ const char* collective_name(CollectiveKind kind) {
   return "?";
 }
 
+const char* comm_backend_name(CommBackend backend) { return backend == CommBackend::gloo ? "gloo" : "nccl"; }
+
 int64_t span_elements(const std::vector<Span>& spans) {
   int64_t n = 0;
   for (const Span& s : spans) n += s.numel;
@@ -85,7 +87,7 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
   // On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
   // all-reduce sums 16-bit floats through an fp32 copy.
-  const int gb = !z.gloo ? dtype_bytes(plan.precision.comm_dtype) : scatter ? dtype_bytes(plan.precision.compute_dtype) : 4;
+  const int gb = z.backend != CommBackend::gloo ? dtype_bytes(plan.precision.comm_dtype) : scatter ? dtype_bytes(plan.precision.compute_dtype) : 4;
   const char* grad_note = scatter || !z.sharded ? ""
                           : !knobs.reduce_scatter
                               ? "as all_reduce: zero_optimization.reduce_scatter is false"
@@ -93,7 +95,7 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   const auto groups = parameter_groups(L);
 
   out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
-  if (plan.optimizer.type == OptimizerType::Lamb && z.sharded)
+  if (plan.optimizer.per_tensor_update() && z.sharded)
     out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1,
                        2 * static_cast<int64_t>(L.params.size()), 8, W));
   auto gather = [&](CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements) {

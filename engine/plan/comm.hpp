@@ -33,6 +33,12 @@ enum class CollectiveKind {
 };
 const char* collective_name(CollectiveKind kind);
 
+// The library a run's collectives go through, decided by the plan (from the device): Gloo between CPU
+// ranks (no 16-bit all-reduce, no reduce-scatter: ds builds them from point-to-point sends), NCCL
+// between GPUs. Ranks as threads of one process (LocalGroup, the tests) behave as Gloo does.
+enum class CommBackend { gloo, nccl };
+const char* comm_backend_name(CommBackend backend);
+
 struct Collective {
   CollectiveKind kind = CollectiveKind::gradients;
   CollectiveOp op = CollectiveOp::all_reduce;

@@ -7,7 +7,7 @@
 
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
-#include "kernels/cpu/attention_tiles.hpp"  // what the attention kernels copy, which the plan counts
+#include "engine/plan/attention_workspace.hpp"  // what the attention kernels copy, which the plan counts
 
 namespace ds {
 namespace {
@@ -351,13 +351,13 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
     // bf16 tiles (AMX or AVX512-BF16; fp16 counted alike): forward's copies of k and v, or backward's
     // per-task copies with one task per (sample, kv head) running at once -- at most `threads` of them.
     const int64_t Bi = micro_batch, NKVi = hp.num_kv_heads, Di = hp.head_dim();
-    const double forward = static_cast<double>(kernels::attention_tiles_bf16_forward_bytes(Bi, NKVi, T, Di, threads));
+    const double forward = static_cast<double>(workspace::attention_tiles_bf16_forward_bytes(Bi, NKVi, T, Di, threads));
     const double tasks = static_cast<double>(std::min<int64_t>(threads, Bi * NKVi));
-    const double backward = tasks * static_cast<double>(kernels::attention_tiles_bf16_backward_task_bytes(T, Di));
+    const double backward = tasks * static_cast<double>(workspace::attention_tiles_bf16_backward_task_bytes(T, Di));
     return std::max({blocks, forward, backward});
   }
   // fp32 where the CPU has AVX-512.
-  const double tiles = static_cast<double>(kernels::attention_tiles_f32_backward_bytes(micro_batch, hp.num_kv_heads, T, hp.head_dim()));
+  const double tiles = static_cast<double>(workspace::attention_tiles_f32_backward_bytes(micro_batch, hp.num_kv_heads, T, hp.head_dim()));
   return std::max(blocks, tiles);
 }
 

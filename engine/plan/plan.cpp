@@ -20,8 +20,10 @@ PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
     p.param_dtype = p.compute_dtype = Dtype::bf16;
     p.fp32_master = true;
     p.check_overflow = c.bf16.check_grad_overflow;
+    p.overflow_is_fatal = false;
   } else if (fp16) {
     p.mode = "fp16";
+    p.overflow_is_fatal = false;
     p.param_dtype = Dtype::fp16;
     p.fp32_master = true;
     p.check_overflow = true;
@@ -114,7 +116,8 @@ ResolvedScheduler resolve_scheduler(const Config& c, double lr, int64_t steps, s
   return r;
 }
 
-void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, std::vector<ConfigIssue>& warnings,
+void check_zero(const Config& c, const ResolvedOptimizer& optimizer, int stage, std::vector<ConfigIssue>& errors,
+                std::vector<ConfigIssue>& warnings,
                 ResolvedZero& z) {
   if (z.offload_param.device != OffloadDevice::none && stage != 3)
     errors.push_back({"zero_optimization.offload_param.device",
@@ -127,14 +130,13 @@ void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, st
   // NVMe optimizer offload swaps the rank's local optimizer part, which every stage from 1 on has: ds
   // accepts it at stages 1-2 as well (DeepSpeed turns it into CPU offload there).
   if (z.offload_optimizer.device == OffloadDevice::nvme) {
-    const OptimizerConfig& o = c.optimizer;
-    if (o.type == OptimizerType::Lamb)
+    if (optimizer.per_tensor_update())
       errors.push_back({"zero_optimization.offload_optimizer.device",
                         "Lamb cannot swap its states to NVMe: its trust ratio needs every tensor's norms before any "
                         "update, a second pass over the swapped states",
                         "offload to \"cpu\", or use Adam/AdamW"});
     // A sub-group needs a buffer for the fp32 master, one for its gradients and one per moment.
-    const int64_t moments = o.type == OptimizerType::SGD ? (o.momentum > 0 ? 1 : 0) : 2;
+    const int64_t moments = optimizer.moments;
     const int64_t per_set = 2 + moments;
     const int64_t wanted = 1 + (z.offload_optimizer.pipeline_read ? 1 : 0) + (z.offload_optimizer.pipeline_write ? 1 : 0);
     const int64_t count = z.offload_optimizer.buffer_count;
@@ -158,7 +160,7 @@ void check_zero(const Config& c, int stage, std::vector<ConfigIssue>& errors, st
   if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && stage != 3)
     errors.push_back({"zero_optimization.offload_optimizer.ratio", "partial offloading (ratio < 1) needs ZeRO stage 3",
                       "set ratio to 1.0 or the stage to 3"});
-  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && c.optimizer.type == OptimizerType::Lamb)
+  if (z.offload_optimizer.ratio < 1.0 && z.offload_optimizer.device != OffloadDevice::none && optimizer.per_tensor_update())
     errors.push_back({"zero_optimization.offload_optimizer.ratio",
                       "Lamb cannot split its states between two places: its trust ratio is taken over whole tensors",
                       "set ratio to 1.0, or use Adam/AdamW"});
@@ -352,7 +354,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                                         : "has no effect at stage 1 on CPU ranks: ds all-reduces there (over Gloo a reduce-scatter "
                                           "would need a receive buffer the size of each rank's shard)",
                              stage == 0 ? "remove it, or use stage 1 or above" : "remove it, or use stage 2"});
-  check_zero(c, stage, errors, plan.warnings, z);
+  check_zero(c, plan.optimizer, stage, errors, plan.warnings, z);
 
   if (micro_from_memory) {
     if (device_budget <= 0) {
@@ -443,7 +445,7 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   plan.layout.stage = stage;
   plan.layout.world_size = topo.world_size;
   z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
-  if (stage >= 0) check_zero(c, stage, errors, plan.warnings, z);
+  if (stage >= 0) check_zero(c, plan.optimizer, stage, errors, plan.warnings, z);
   BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
                  topo.world_size_source};
   const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;

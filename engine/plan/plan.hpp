@@ -39,6 +39,9 @@ struct PrecisionPolicy {
   Dtype comm_dtype = Dtype::fp32;     // gradient reduction
   bool fp32_master = false;           // optimizer keeps an fp32 copy of the weights
   bool check_overflow = false;        // skip the step on inf/NaN gradients
+  // inf/NaN gradients end the run: fp32 has no overflow to skip (bf16 skips or ignores them as
+  // check_overflow says; fp16's loss scaler skips them and lowers the scale).
+  bool overflow_is_fatal = true;
   LossScaling loss_scaling;
   std::string note;                   // e.g. why fp16 computes in fp32 on CPU
 };
@@ -52,6 +55,10 @@ struct ResolvedOptimizer {
   bool nesterov = false, eps_inside_sqrt = false;
   double max_coeff = 0, min_coeff = 0;
   int moments = 2;  // fp32 state tensors per parameter element
+  // The update of an element depends on its whole tensor (Lamb's trust ratio over ||w|| and ||u||):
+  // steps run over whole tensors, their norms are summed across ranks, and the states cannot be split
+  // between places or swapped piecewise. Decided here, read everywhere else.
+  bool per_tensor_update() const { return type == OptimizerType::Lamb; }
 };
 
 struct ResolvedScheduler {

@@ -96,10 +96,11 @@ ZeroExecution describe_zero(const Plan& plan) {
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
-  z.gloo = plan.topology.device == DeviceKind::cpu;
+  z.backend = plan.topology.device == DeviceKind::cpu ? CommBackend::gloo : CommBackend::nccl;
+  const bool gloo = z.backend == CommBackend::gloo;
   // On Gloo a reduce-scatter is point-to-point sends into a receive buffer of (W-1) x the rank's part:
   // a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces there.
-  z.scatter = multi && knobs.reduce_scatter && (z.grouped || !z.gloo);
+  z.scatter = multi && knobs.reduce_scatter && (z.grouped || !gloo);
   z.widened = pp.compute_dtype != pp.param_dtype;
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
@@ -113,7 +114,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
   // forward and backward; the outer parameters' and the whole-kept ones' once per step).
   const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
-  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !z.gloo);
+  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !gloo);
   const int64_t param_bytes = dtype_bytes(pp.param_dtype);
   // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
   const int64_t param_file_bytes = swap_aligned(z.local_numel * param_bytes);
@@ -185,7 +186,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   // offload the first `ratio` of them lives on the host or NVMe, the rest stays.
   const double ratio = opt_offload ? knobs.offload_optimizer.ratio : 0.0;
   // Partial offload splits the part on a kernel's grain, so each element's update is the one it gets whole.
-  const std::vector<StepRun> runs = optimizer_runs(L, plan.topology.rank, plan.optimizer.type == OptimizerType::Lamb);
+  const std::vector<StepRun> runs = optimizer_runs(L, plan.topology.rank, plan.optimizer.per_tensor_update());
   const int64_t offloaded = step_cut(runs, static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio)));
   z.offloaded_numel = offloaded;
   const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
@@ -272,12 +273,12 @@ ZeroExecution describe_zero(const Plan& plan) {
   }
   // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
   // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.
-  if (z.grouped && z.scatter && z.gloo) {
+  if (z.grouped && z.scatter && z.backend == CommBackend::gloo) {
     int64_t largest = 0;
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
     add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (multi && z.gloo && dtype_bytes(compute) < 4) {
+  } else if (multi && z.backend == CommBackend::gloo && dtype_bytes(compute) < 4) {
     // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
     // a time, or a whole group when its pieces all run beside backward (overlap_comm).
     int64_t largest = z.full_numel;

@@ -73,7 +73,7 @@ struct ZeroExecution {
   bool gathers = false;             // stage 3: parameters partitioned, gathered before use
   bool overlap = false;             // reduces run while backward goes on (overlap_comm; stages 0-1: the step's last backward)
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
-  bool gloo = true;                 // CPU ranks: collectives over Gloo (no 16-bit all-reduce)
+  CommBackend backend = CommBackend::gloo;  // CPU ranks: Gloo (no 16-bit all-reduce); GPUs: NCCL
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
   // Stage 3: gathers go through staging buffers, each rank's partitions packed: the stored dtype is not the
   // one the model computes in (CPU fp16), the partition is read from NVMe, or the collective takes equal

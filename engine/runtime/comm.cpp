@@ -5,6 +5,21 @@
 
 namespace ds {
 
+std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout);  // comm_gloo.cpp
+
+std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const Topology& t, std::chrono::milliseconds timeout) {
+  if (t.master_addr.empty() || t.master_port == 0)
+    throw UserError(std::string(t.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT") + " is not set, but the world size is above 1",
+                    "start ranks with `ds train --nproc-per-node N`, torchrun --no-python, or set RANK, WORLD_SIZE, "
+                    "MASTER_ADDR and MASTER_PORT yourself");
+  switch (backend) {
+    case CommBackend::gloo: return make_gloo_communicator(t, timeout);
+    case CommBackend::nccl: break;
+  }
+  throw UserError(std::string("this build of ds has no ") + comm_backend_name(backend) + " communicator",
+                  "GPU ranks need the CUDA build (see the README); CPU ranks use gloo");
+}
+
 CommStats& Communicator::count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event) {
   CommStats& s = ledger_[kind];
   s.op = collective_op_name(op);

@@ -45,9 +45,10 @@ class PendingCollective {
 
 class Communicator {
  public:
-  // Joins the Gloo group the plan's topology describes (its rank, world size and rendezvous address,
-  // which the CLI read from torchrun's variables). Throws UserError when the address is missing.
-  static std::unique_ptr<Communicator> create(const Topology& topology, std::chrono::milliseconds timeout);
+  // Joins the group the plan's topology describes (its rank, world size and rendezvous address, which
+  // the CLI read from torchrun's variables) over the plan's backend. Throws UserError when the address
+  // is missing, or for a backend this build lacks.
+  static std::unique_ptr<Communicator> create(CommBackend backend, const Topology& topology, std::chrono::milliseconds timeout);
   virtual ~Communicator() = default;
 
   int rank() const { return rank_; }

@@ -43,11 +43,7 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> Communicator::create(const Topology& t, std::chrono::milliseconds timeout) {
-  if (t.master_addr.empty() || t.master_port == 0)
-    throw UserError(std::string(t.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT") + " is not set, but the world size is above 1",
-                    "start ranks with `ds train --nproc-per-node N`, torchrun --no-python, or set RANK, WORLD_SIZE, "
-                    "MASTER_ADDR and MASTER_PORT yourself");
+std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout) {
   return std::make_unique<GlooCommunicator>(t.rank, t.world_size, timeout, t.master_addr, t.master_port);
 }
 

@@ -10,7 +10,7 @@
 namespace ds {
 
 FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layout, int rank)
-    : o_(o), runs_(optimizer_runs(layout, rank, o.type == OptimizerType::Lamb)), num_params_(layout.params.size()) {}
+    : o_(o), runs_(optimizer_runs(layout, rank, o.per_tensor_update())), num_params_(layout.params.size()) {}
 
 void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
   const auto f = [](double x) { return static_cast<float>(x); };
@@ -50,7 +50,7 @@ void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInpu
 }
 
 void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
-  if (o_.type == OptimizerType::Lamb) {
+  if (o_.per_tensor_update()) {
     lamb_step(b, in, sum_over_ranks);
     return;
   }
@@ -58,7 +58,7 @@ void FlatOptimizer::step(const OptimizerBuffers& b, const OptimizerStepInputs& i
 }
 
 void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepInputs& in, int64_t begin, int64_t end) const {
-  DS_CHECK(o_.type != OptimizerType::Lamb, "Lamb steps whole tensors");
+  DS_CHECK(!o_.per_tensor_update(), "Lamb steps whole tensors");
   const auto f = [](double x) { return static_cast<float>(x); };
   // Element `at` of the local buffers, in the window's buffers.
   const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + (at - begin); };

@@ -107,7 +107,7 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
   // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
-  if (comm && plan.execution.sharded && plan.optimizer.type == OptimizerType::Lamb)
+  if (comm && plan.execution.sharded && plan.optimizer.per_tensor_update())
     sum_over_ranks_ = [comm](double* v, size_t n) {
       comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
     };
@@ -261,7 +261,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   out.norm = scaled_norm / out.loss_scale;
   const bool overflow = !std::isfinite(scaled_norm);
   // fp32 and bf16: a non-finite loss means the weights are gone; fp32 has no overflow to skip either.
-  if (!scaler_.enabled() && (!std::isfinite(out.loss) || (overflow && plan_.precision.mode != "bf16")))
+  if (!scaler_.enabled() && (!std::isfinite(out.loss) || (overflow && plan_.precision.overflow_is_fatal)))
     throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(out.loss) ? "NaN" : "infinite") + " at step " +
                              std::to_string(step + 1) + ": lower the learning rate or keep gradient_clipping on");
   out.lr = schedule_.lr_at(applied_ - 1);

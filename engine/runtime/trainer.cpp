@@ -106,7 +106,8 @@ TrainResult train(const Plan& plan, const TrainOptions& opt) {
   // Several ranks: join the group the topology describes (Gloo; its rendezvous address came from the CLI).
   std::unique_ptr<Communicator> own;
   if (plan.topology.world_size > 1)
-    own = Communicator::create(plan.topology, std::chrono::milliseconds(static_cast<int64_t>(plan.run.comm_timeout_s * 1000)));
+    own = Communicator::create(plan.execution.backend, plan.topology,
+                               std::chrono::milliseconds(static_cast<int64_t>(plan.run.comm_timeout_s * 1000)));
   return train(plan, opt, own.get());
 }
 
