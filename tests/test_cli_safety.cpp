@@ -258,6 +258,9 @@ TEST(CliSafety, AFolderThatIsNotARunAndLinksAreRefused) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "config.json' was not written by ds")) << r.err;
   EXPECT_EQ(slurp(hf + "/config.json"), config);
+  r = ds(kRun + "train.steps=2 train.output_dir=" + hf + " --resume");  // nothing to resume: a fresh run, refused alike
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(slurp(hf + "/config.json"), config);
   const std::string l = fresh("links"), outside = scratch_dir() + "/outside.txt";
   fs::create_directories(l);
   std::ofstream(outside) << "precious\n";

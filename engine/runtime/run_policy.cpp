@@ -193,7 +193,10 @@ std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& q) {
 
   const bool has_run = holds_run(dir);
   // A run continued in its own directory: nothing to check beyond the links.
-  if (q.resume && (q.resume_from.empty() || path_within(q.resume_from, dir))) return warnings;
+  if (q.resume && !q.resume_from.empty() && path_within(q.resume_from, dir)) return warnings;
+  // --resume with no checkpoint to continue starts fresh, into a directory that must be fit for a run; a
+  // run that never saved (its metrics.jsonl alone) is continued as asked.
+  const bool continues_unsaved = q.resume && q.resume_from.empty();
 
   if (!c.collisions.empty())
     throw UserError("'" + (root / c.collisions.front()).string() + "' was not written by ds, and a run writes a file of that name",
@@ -201,7 +204,7 @@ std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& q) {
   if (!has_run && !c.foreign.empty())
     throw UserError("train.output_dir '" + dir + "' is not a run directory: it holds " + name_some(c.foreign) + ", which ds did not write",
                     "choose a new or empty directory (e.g. train.output_dir=" + dir + "-run); ds refuses to mix a run into other files");
-  if (!has_run) return warnings;
+  if (!has_run || continues_unsaved) return warnings;
 
   const std::string latest = find_latest_checkpoint(dir);
   std::string what;
