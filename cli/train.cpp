@@ -65,48 +65,6 @@ std::string resume_command() {
   return has_resume ? cmd : cmd + " --resume";
 }
 
-// Overrides that keep a resumed run's global batch when the world size changed: gradient_accumulation_steps
-// scaled so that micro x accumulation x world is the checkpoint's train_batch_size. Empty when nothing
-// changed or the config gives train_batch_size itself (a choice, which is said); UserError with the
-// choices when no whole accumulation keeps it.
-std::vector<std::string> keep_global_batch(const std::string& checkpoint_plan_json, const CompiledConfig& now, bool quiet) {
-  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan_json, nullptr, false);
-  if (!old.is_object() || !old.contains("batch") || !old["batch"].is_object() || !old["batch"].contains("train_batch_size") ||
-      !old["batch"]["train_batch_size"].is_number_integer())
-    return {};
-  const int64_t was = old["batch"]["train_batch_size"].get<int64_t>();
-  const int old_world = old.contains("topology") && old["topology"].is_object() ? old["topology"].value("world_size", 0) : 0;
-  const ResolvedBatch& b = now.plan.batch;
-  if (was == b.train_batch_size) return {};
-  auto source = [&](const char* key) {
-    const auto it = now.config.value_source.find(key);
-    return it == now.config.value_source.end() ? std::string("default") : it->second;
-  };
-  auto given = [&](const char* key) { return source(key) == "file" || source(key) == "override"; };
-  const std::string change = "the global batch would change from " + std::to_string(was) + " (the checkpoint's, " +
-                             std::to_string(old_world) + (old_world == 1 ? " rank" : " ranks") + ") to " +
-                             std::to_string(b.train_batch_size) + " (" + std::to_string(b.world_size) +
-                             (b.world_size == 1 ? " rank" : " ranks") + ")";
-  // The batch set for this run on its command line (or train_batch_size anywhere): the user's choice, said.
-  if (given("train_batch_size") || source("gradient_accumulation_steps") == "override" ||
-      source("train_micro_batch_size_per_gpu") == "override") {
-    if (!quiet) print_warnings("train", {{"", change + ": the batch is set for this run, so it does", ""}});
-    return {};
-  }
-  const int64_t per_step = b.micro_batch * b.world_size;
-  if (was % per_step != 0)
-    throw UserError("resuming at another world size: " + change,
-                    "keep it with a micro batch that divides it: train_micro_batch_size_per_gpu x gradient_accumulation_steps x " +
-                        std::to_string(b.world_size) + " = " + std::to_string(was) + "; or change it knowingly with train_batch_size=" +
-                        std::to_string(b.train_batch_size));
-  const int64_t accumulation = was / per_step;
-  if (!quiet)
-    std::cerr << "ds train: resuming on " << b.world_size << (b.world_size == 1 ? " rank" : " ranks") << " (the checkpoint's run had "
-              << old_world << "): keeping its global batch of " << was << " with gradient_accumulation_steps=" << accumulation
-              << " (set train_batch_size to change it)\n";
-  return {"train_batch_size=" + std::to_string(was), "gradient_accumulation_steps=" + std::to_string(accumulation)};
-}
-
 // The tokenizer files a GPT-2 BPE run reads, recorded in its plan.json (and so in every checkpoint) by
 // absolute path and checksum: an export ships exactly these, wherever it is run from, or refuses.
 std::string with_tokenizer_files(const std::string& plan_json, const DataConfig& d) {
@@ -225,12 +183,15 @@ int run_train(const TrainArgs& a) {
     // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
     // before anything about the output directory.
     const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
+    const std::string checkpoint_plan = resume_from.empty() ? "" : read_checkpoint_text(resume_from, "plan_json");
     if (!resume_from.empty()) {
-      const std::string checkpoint_plan = read_checkpoint_text(resume_from, "plan_json");
       check_resume_shapes(resume_from, checkpoint_plan, compiled.plan);
       // Another world size: the checkpoint's global batch is kept (the accumulation adjusted), unless the
       // config sets the batch itself; never changed silently.
-      const std::vector<std::string> keep = keep_global_batch(checkpoint_plan, compiled, /*quiet=*/launcher);
+      std::string note, warning;
+      const std::vector<std::string> keep = batch_pins(checkpoint_plan, compiled.plan, compiled.config, &note, &warning);
+      if (!launcher && !note.empty()) std::cerr << "ds train: " << note << "\n";
+      if (!launcher && !warning.empty()) print_warnings("train", {{"", warning, ""}});
       if (!keep.empty()) {
         args.overrides.insert(args.overrides.end(), keep.begin(), keep.end());
         compiled = compile_config("train", args, /*quiet=*/true);
@@ -263,7 +224,6 @@ int run_train(const TrainArgs& a) {
     if (opt.resume_from.empty() && compiled.config.train.resume == "auto")
       std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
     if (!opt.resume_from.empty()) {
-      const std::string checkpoint_plan = read_checkpoint_text(opt.resume_from, "plan_json");
       // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
       std::string note;
       const auto pins = schedule_pins(checkpoint_plan, compiled.plan, compiled.config, &note);

@@ -338,6 +338,44 @@ void check_resume_shapes(const std::string& checkpoint, const std::string& check
                     "resume with the model the checkpoint was trained with");
 }
 
+std::vector<std::string> batch_pins(const std::string& checkpoint_plan_json, const Plan& plan, const Config& config, std::string* note,
+                                    std::string* warning) {
+  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan_json, nullptr, false);
+  if (!old.is_object() || !old.contains("batch") || !old["batch"].is_object() || !old["batch"].contains("train_batch_size") ||
+      !old["batch"]["train_batch_size"].is_number_integer())
+    return {};
+  const int64_t was = old["batch"]["train_batch_size"].get<int64_t>();
+  const int old_world = old.contains("topology") && old["topology"].is_object() ? old["topology"].value("world_size", 0) : 0;
+  const ResolvedBatch& b = plan.batch;
+  if (was == b.train_batch_size) return {};
+  auto source = [&](const char* key) {
+    const auto it = config.value_source.find(key);
+    return it == config.value_source.end() ? std::string("default") : it->second;
+  };
+  auto given = [&](const char* key) { return source(key) == "file" || source(key) == "override"; };
+  const std::string change = "the global batch would change from " + std::to_string(was) + " (the checkpoint's, " +
+                             std::to_string(old_world) + (old_world == 1 ? " rank" : " ranks") + ") to " +
+                             std::to_string(b.train_batch_size) + " (" + std::to_string(b.world_size) +
+                             (b.world_size == 1 ? " rank" : " ranks") + ")";
+  // The batch set for this run on its command line (or train_batch_size anywhere): the user's choice, said.
+  if (given("train_batch_size") || source("gradient_accumulation_steps") == "override" ||
+      source("train_micro_batch_size_per_gpu") == "override") {
+    *warning = change + ": the batch is set for this run, so it does";
+    return {};
+  }
+  const int64_t per_step = b.micro_batch * b.world_size;
+  if (was % per_step != 0)
+    throw UserError("resuming at another world size: " + change,
+                    "keep it with a micro batch that divides it: train_micro_batch_size_per_gpu x gradient_accumulation_steps x " +
+                        std::to_string(b.world_size) + " = " + std::to_string(was) + "; or change it knowingly with train_batch_size=" +
+                        std::to_string(b.train_batch_size));
+  const int64_t accumulation = was / per_step;
+  *note = "resuming on " + std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") + " (the checkpoint's run had " +
+          std::to_string(old_world) + "): keeping its global batch of " + std::to_string(was) + " with gradient_accumulation_steps=" +
+          std::to_string(accumulation) + " (set train_batch_size to change it)";
+  return {"train_batch_size=" + std::to_string(was), "gradient_accumulation_steps=" + std::to_string(accumulation)};
+}
+
 std::vector<std::string> schedule_pins(const std::string& checkpoint_plan_json, const Plan& plan, const Config& config,
                                        std::string* note) {
   std::vector<std::string> pins;

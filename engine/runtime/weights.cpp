@@ -47,15 +47,6 @@ const NamedShape* WeightSource::find(const std::string& name) const {
 
 namespace {
 
-// A small text file beside the weights (an index): a regular file only (a FIFO would block the open).
-std::string slurp(const fs::path& p) {
-  std::error_code ec;
-  if (!fs::is_regular_file(p, ec)) throw UserError("'" + p.string() + "' is not a regular file (a pipe, a device or a directory)", "");
-  if (fs::file_size(p, ec) > (uintmax_t{256} << 20)) throw UserError("'" + p.string() + "' is larger than 256 MiB: not an index", "");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw UserError("cannot read '" + p.string() + "'", "");
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 bool is_ds_checkpoint(const fs::path& p) {
   std::error_code ec;
@@ -158,7 +149,9 @@ class SafetensorsSource : public WeightSource {
       if (fs::exists(index)) {
         std::set<std::string> names;
         try {
-          const std::string text = slurp(index);
+          std::error_code ec;
+          if (fs::file_size(index, ec) > (uintmax_t{256} << 20)) throw UserError("'" + index.string() + "' is larger than 256 MiB: not an index", "");
+          const std::string text = read_file_bytes(index.string());  // a regular file only: a FIFO would block
           check_json_nesting(text, index.string());
           const json map = json::parse(text).at("weight_map");  // held: a range-for over a temporary's items() reads freed memory
           for (const auto& [tensor, file] : map.items()) names.insert(file.get<std::string>());
