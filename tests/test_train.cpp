@@ -103,7 +103,7 @@ TEST(Training, AllocatesExactlyTheModelStateThePlanPredicts) {
            {"optimizer.type=SGD", "optimizer.params.momentum=0.9"}, {"optimizer.type=SGD"}}) {
     Config c = load_config_text(kTiny, "tiny.json", o);
     Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
-    const FlatParams::Bytes b = FlatParams::allocate(p, 0).bytes();
+    const FlatParams::Bytes b = FlatParams::allocate(p, 0, *Device::create(DeviceKind::cpu, 0)).bytes();
     const MemoryCategories& d = p.memory.device;
     EXPECT_DOUBLE_EQ(b.params, d.params) << o[0];
     EXPECT_DOUBLE_EQ(b.grads, d.grads) << o[0];
@@ -133,7 +133,7 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
           for (const ZeroBuffer& z : p.execution.buffers)
             if (z.transient) in_flight += z.bytes();
           for (int rank = 0; rank < world; ++rank) {
-            const FlatParams::Bytes b = FlatParams::allocate(p, rank).bytes();
+            const FlatParams::Bytes b = FlatParams::allocate(p, rank, *Device::create(DeviceKind::cpu, 0)).bytes();
             const MemoryCategories& d = p.memory.device;
             SCOPED_TRACE(std::string(precision) + " " + overlap + " stage " + std::to_string(stage) + " rank " +
                          std::to_string(rank) + " of " + std::to_string(world));

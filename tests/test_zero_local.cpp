@@ -103,7 +103,8 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
       tgt.push_back(torch::cat({tokens(2 * r + 7, T), tokens(2 * r + 8, T)}));
     }
     const Plan one = plan_for(1, 0, {"zero_optimization.stage=0"});
-    FlatParams ref = FlatParams::allocate(one, 0);
+    const auto cpu = Device::create(DeviceKind::cpu, 0);
+    FlatParams ref = FlatParams::allocate(one, 0, *cpu);
     ZeroExchange ref_zero(one, ref, nullptr);
     auto ref_model = make_model(one, ref);
     initialise(one, ref, ref_zero);
@@ -124,7 +125,8 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
         on_ranks(world, [&](int r) {
           const Plan& plan = plans[static_cast<size_t>(r)];
           auto comm = group.join(r);
-          FlatParams flat = FlatParams::allocate(plan, r);
+          const auto device = Device::create(DeviceKind::cpu, r);
+          FlatParams flat = FlatParams::allocate(plan, r, *device);
           ZeroExchange zero(plan, flat, comm.get());
           auto model = make_model(plan, flat);
           if (zero.hooks_blocks()) model->set_block_hooks(&zero);

@@ -34,6 +34,20 @@ const char* collective_name(CollectiveKind kind) {
 
 const char* comm_backend_name(CommBackend backend) { return backend == CommBackend::gloo ? "gloo" : "nccl"; }
 
+CommCapabilities comm_capabilities(CommBackend backend) {
+  CommCapabilities c;
+  switch (backend) {
+    case CommBackend::gloo:  // LibTorch 1.13's: no reduce-scatter, no 16-bit sums; ds sends spans point to point
+      c.gathers_into_spans = true;
+      break;
+    case CommBackend::nccl:  // ncclReduceScatter and ncclAllGather over equal pieces, bf16/fp16 sums
+      c.native_reduce_scatter = true;
+      c.sums_16bit = true;
+      break;
+  }
+  return c;
+}
+
 int64_t span_elements(const std::vector<Span>& spans) {
   int64_t n = 0;
   for (const Span& s : spans) n += s.numel;
@@ -87,7 +101,9 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
   // On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
   // all-reduce sums 16-bit floats through an fp32 copy.
-  const int gb = z.backend != CommBackend::gloo ? dtype_bytes(plan.precision.comm_dtype) : scatter ? dtype_bytes(plan.precision.compute_dtype) : 4;
+  const int gb = comm_capabilities(z.backend).sums_16bit ? dtype_bytes(plan.precision.comm_dtype)
+                 : scatter                                ? dtype_bytes(plan.precision.compute_dtype)
+                                                          : 4;
   const char* grad_note = scatter || !z.sharded ? ""
                           : !knobs.reduce_scatter
                               ? "as all_reduce: zero_optimization.reduce_scatter is false"

@@ -39,6 +39,19 @@ const char* collective_name(CollectiveKind kind);
 enum class CommBackend { gloo, nccl };
 const char* comm_backend_name(CommBackend backend);
 
+// What a backend's collectives do natively, read by the plan to decide how ZeRO uses them (scatter,
+// gather_staged, the gradients' wire dtype). Each Communicator reports the same (capabilities()), checked
+// when it is created, so the plan and the library cannot disagree.
+struct CommCapabilities {
+  bool native_reduce_scatter = false;  // else point-to-point sends into a receive scratch of (W-1) parts
+  bool gathers_into_spans = false;     // an all-gather lands every rank's spans in place; else equal packed pieces
+  bool sums_16bit = false;             // all-reduce sums bf16/fp16 itself; else through an fp32 copy
+  bool operator==(const CommCapabilities& o) const {
+    return native_reduce_scatter == o.native_reduce_scatter && gathers_into_spans == o.gathers_into_spans && sums_16bit == o.sums_16bit;
+  }
+};
+CommCapabilities comm_capabilities(CommBackend backend);
+
 struct Collective {
   CollectiveKind kind = CollectiveKind::gradients;
   CollectiveOp op = CollectiveOp::all_reduce;

@@ -97,10 +97,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
   z.backend = plan.topology.device == DeviceKind::cpu ? CommBackend::gloo : CommBackend::nccl;
-  const bool gloo = z.backend == CommBackend::gloo;
-  // On Gloo a reduce-scatter is point-to-point sends into a receive buffer of (W-1) x the rank's part:
-  // a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces there.
-  z.scatter = multi && knobs.reduce_scatter && (z.grouped || !gloo);
+  const CommCapabilities caps = comm_capabilities(z.backend);
+  // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
+  // rank's part: a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces.
+  z.scatter = multi && knobs.reduce_scatter && (z.grouped || caps.native_reduce_scatter);
   z.widened = pp.compute_dtype != pp.param_dtype;
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
@@ -114,7 +114,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
   // forward and backward; the outer parameters' and the whole-kept ones' once per step).
   const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
-  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !gloo);
+  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !caps.gathers_into_spans);
   const int64_t param_bytes = dtype_bytes(pp.param_dtype);
   // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
   const int64_t param_file_bytes = swap_aligned(z.local_numel * param_bytes);
@@ -273,12 +273,12 @@ ZeroExecution describe_zero(const Plan& plan) {
   }
   // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
   // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.
-  if (z.grouped && z.scatter && z.backend == CommBackend::gloo) {
+  if (z.grouped && z.scatter && !caps.native_reduce_scatter) {
     int64_t largest = 0;
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
     add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (multi && z.backend == CommBackend::gloo && dtype_bytes(compute) < 4) {
+  } else if (multi && !caps.sums_16bit && dtype_bytes(compute) < 4) {
     // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
     // a time, or a whole group when its pieces all run beside backward (overlap_comm).
     int64_t largest = z.full_numel;

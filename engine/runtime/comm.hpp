@@ -51,6 +51,8 @@ class Communicator {
   static std::unique_ptr<Communicator> create(CommBackend backend, const Topology& topology, std::chrono::milliseconds timeout);
   virtual ~Communicator() = default;
 
+  // What its collectives do natively: the plan's comm_capabilities for its backend.
+  virtual CommCapabilities capabilities() const = 0;
   int rank() const { return rank_; }
   int world_size() const { return world_; }
 
@@ -90,9 +92,6 @@ class Communicator {
   CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
   // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
   static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
-  // The end of a reduce-scatter: this rank's spans of `t` += the other ranks' contributions, which
-  // `scratch` holds in rank order, each rank's as this rank's spans concatenated.
-  void add_received(const torch::Tensor& t, const Ownership& owners, const torch::Tensor& scratch) const;
 
   // Stamps the end of event `index` (from count); -1 does nothing.
   void finish_event(int64_t index) {

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "common/error.hpp"
+#include "engine/runtime/comm_host.hpp"
 
 namespace ds {
 
@@ -22,6 +23,7 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override;
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
                                                               const torch::Tensor& scratch, CollectiveKind kind) override;
+  CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }
   void barrier() override { group_->barrier()->wait(); }
   void mark_step(int64_t step) override;
 
@@ -219,7 +221,7 @@ std::unique_ptr<PendingCollective> GlooCommunicator::reduce_scatter_sum_async(co
   int64_t event = -1;
   CommStats& s = count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
   return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); },
-                                    [this, t, owners, scratch] { add_received(t, owners, scratch); },
+                                    [this, t, owners, scratch] { add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch); },
                                     [this, event] { finish_event(event); });
 }
 

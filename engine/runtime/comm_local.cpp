@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/runtime/comm_host.hpp"
 
 namespace ds {
 
@@ -134,11 +135,12 @@ class LocalCommunicator : public Communicator {
             at += s.numel;
           }
     });
-    add_received(t, owners, scratch);
+    add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch);
     finish_event(event);
     return std::make_unique<Done>();
   }
 
+  CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }  // behaves as Gloo
   void barrier() override { shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32)); }
 
  private:

@@ -31,10 +31,9 @@
 #include <vector>
 
 #include "engine/plan/plan.hpp"
+#include "engine/runtime/device.hpp"
 
 namespace ds {
-
-torch::ScalarType to_torch(Dtype d);
 
 struct FlatParams {
   torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
@@ -64,10 +63,14 @@ struct FlatParams {
   std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
   std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
   std::vector<std::string> names;
-  std::vector<torch::Tensor> arenas;  // one allocation per dtype; the buffers above are tensors over them
+  std::vector<torch::Tensor> arenas;  // one allocation per dtype and place; the buffers above are tensors over them
+  Device* device = nullptr;           // what allocated them, and the kernels and copies that reach them
 
-  // Allocates the plan's execution's buffers, as rank `rank` holds them.
-  static FlatParams allocate(const Plan& plan, int rank);
+  // Allocates the plan's execution's buffers, as rank `rank` holds them, on `device` (borrowed).
+  static FlatParams allocate(const Plan& plan, int rank, Device& device);
+  // Where the optimizer's states for local elements [0, offloaded) live: the host when offloaded (their
+  // swap buffers too), else the device.
+  Place offloaded_place() const { return offload_grads.defined() ? Place::host : Place::device; }
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
 
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }

@@ -3,9 +3,6 @@
 #include <algorithm>
 
 #include "common/error.hpp"
-#include "kernels/cpu/adam.hpp"
-#include "kernels/cpu/lamb.hpp"
-#include "kernels/cpu/sgd.hpp"
 
 namespace ds {
 
@@ -34,17 +31,17 @@ void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInpu
     const int64_t n = s.end - s.begin;
     double* w_sq = &sums[2 * static_cast<size_t>(s.param)];
     if (b.grads_bf16)
-      kernels::lamb_moments_bf16(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+      b.kernels->lamb_moments_bf16(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
                                  static_cast<const uint16_t*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
     else
-      kernels::lamb_moments_f32(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+      b.kernels->lamb_moments_f32(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
                                 static_cast<const float*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
   }
   if (sum_over_ranks) sum_over_ranks(sums.data(), sums.size());
   for (const StepRun& s : runs_) {
     const auto k = step_for(s);
     const float ratio = kernels::lamb_trust_ratio(sums[2 * static_cast<size_t>(s.param)], sums[2 * static_cast<size_t>(s.param) + 1], k);
-    kernels::lamb_apply(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+    b.kernels->lamb_apply(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
                         b.params_bf16 ? b.params_bf16 + s.begin : nullptr, s.end - s.begin, k, ratio);
   }
 }
@@ -84,9 +81,9 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         a.grad_scale = f(in.grad_scale);
         const auto k = a.at_step(in.step);
         if (b.grads_bf16)
-          kernels::adam_step_bf16(w, b.moment1 + at, b.moment2 + at, out(lo), grad_bf16(lo), n, k);
+          b.kernels->adam_step_bf16(w, b.moment1 + at, b.moment2 + at, out(lo), grad_bf16(lo), n, k);
         else
-          kernels::adam_step_f32(w, b.moment1 + at, b.moment2 + at, out(lo), grad_f32(lo), n, k);
+          b.kernels->adam_step_f32(w, b.moment1 + at, b.moment2 + at, out(lo), grad_f32(lo), n, k);
         break;
       }
       case OptimizerType::Lamb: break;  // lamb_step
@@ -101,9 +98,9 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         k.first_step = in.step == 1;
         float* buf = o_.momentum > 0 ? b.moment1 + at : nullptr;
         if (b.grads_bf16)
-          kernels::sgd_step_bf16(w, buf, out(lo), grad_bf16(lo), n, k);
+          b.kernels->sgd_step_bf16(w, buf, out(lo), grad_bf16(lo), n, k);
         else
-          kernels::sgd_step_f32(w, buf, out(lo), grad_f32(lo), n, k);
+          b.kernels->sgd_step_f32(w, buf, out(lo), grad_f32(lo), n, k);
         break;
       }
     }

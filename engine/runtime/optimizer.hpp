@@ -11,6 +11,7 @@
 
 #include "engine/plan/optimizer_groups.hpp"
 #include "engine/plan/plan.hpp"
+#include "engine/runtime/kernel_table.hpp"
 
 namespace ds {
 
@@ -21,6 +22,8 @@ struct OptimizerBuffers {
   uint16_t* params_bf16 = nullptr; // bf16 working copy to refresh, or null (fp32 runs alias master)
   const void* grads = nullptr;     // fp32 or bf16, per grads_bf16
   bool grads_bf16 = false;
+  // The kernels that reach these buffers: the device's table for its memory, the host's for offloaded states.
+  const KernelTable* kernels = &cpu_kernel_table();
 };
 
 // Per-step inputs that come from the schedule and the gradient checks.

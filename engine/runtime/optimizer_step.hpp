@@ -68,8 +68,27 @@ class OptimizerStep {
   void set_applied(int64_t n) { applied_ = n; }
 
  private:
+  struct Clock;  // the step's phases, timed back to back (optimizer_step.cpp)
+  // Forward and backward of every micro batch; returns the sum of their losses.
+  double micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // The ranks agree on the mean loss, the gradient norm and whether to stop (one small collective); sets
+  // out.loss, out.norm and out.stop_requested. Returns the sum of squares of the scaled gradients.
+  double agree(StepOutcome& out, double loss_sum, int stop_signal);
+  // Overflow (inf/NaN gradients): the step is skipped, the scale lowered, or the run ends (throws).
+  void check_overflow(int64_t step, StepOutcome& out, bool overflow);
+  // The schedule's values and the gradients' scale (loss scale and clipping) for this step.
+  OptimizerStepInputs step_inputs(const StepOutcome& out) const;
+  // The optimizer's update of this rank's part and the new weights published: offloaded states get the
+  // gradients first and send the weights back.
+  void update(const OptimizerStepInputs& si, Clock& clock);
+  // The weights from the master copy, wherever it is (a copy between places when offloaded).
+  void weights_from_master();
+  // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
+  double bytes_moved() const;
+
   const Plan& plan_;
   FlatParams& flat_;
+  Device& device_;
   ZeroExchange& zero_;
   LanguageModel& model_;
   BatchSampler& sampler_;
@@ -80,6 +99,9 @@ class OptimizerStep {
   SumOverRanks sum_over_ranks_;
   OptimizerBuffers buffers_;
   OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
+  // Whether the optimizer's kernel writes the 16-bit weights as it steps the states at `states` (bf16, the
+  // weights not on NVMe, and the kernel able to reach them); otherwise they are copied from the master.
+  bool writes_weights(Place states) const;
   // Partial offload with the states swapped: after the swapped sub-groups, the kept part's update and its
   // weights (to the device, or the NVMe file being written in order).
   void step_kept(const OptimizerStepInputs& si);
@@ -90,12 +112,13 @@ class OptimizerStep {
   // Parameters on NVMe: master elements [begin, begin + n) rounded to the stored dtype into the partition's
   // file (inside a begin_write/end_write).
   void store_params(const float* master, int64_t begin, int64_t n);
-  // Parameters on NVMe: seconds waited on their I/O and bytes moved so far (0 without).
+  // Parameters on NVMe: seconds waited on their I/O so far (0 without).
   double param_wait() const { return param_swap_ ? param_swap_->io().wait_seconds() : 0.0; }
-  double param_bytes() const { return param_swap_ ? param_swap_->io().bytes_read() + param_swap_->io().bytes_written() : 0.0; }
   bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded
   // NVMe: steps every sub-group (gradients to the host, update, weights back); returns seconds waited on I/O.
-  double step_swapped(const OptimizerStepInputs& si, double& bytes);
+  double step_swapped(const OptimizerStepInputs& si);
+  // Whether n master weights at `place` are all finite.
+  bool finite(const float* master, int64_t n, Place place) const;
   int64_t applied_ = 0, consecutive_skips_ = 0;
   bool sample_memory_ = false;
   std::vector<int32_t> in_, tgt_;

@@ -22,9 +22,11 @@ namespace ds {
 TrainResult train(const Plan& plan, const TrainOptions& options);
 
 // The same with the ranks' communicator given (LocalGroup's threads in tests; a future backend): the
-// plan's topology must name the same rank and world size. Null on one rank.
+// plan's topology must name the same rank and world size. Null on one rank. `device`: the device to train
+// on (borrowed; tests hand in one that checks and counts), or null for the plan's.
 class Communicator;
-TrainResult train(const Plan& plan, const TrainOptions& options, Communicator* comm);
+class Device;
+TrainResult train(const Plan& plan, const TrainOptions& options, Communicator* comm, Device* device = nullptr);
 
 // The reasons `train` would refuse this plan, empty when it can run it (for `ds plan` and tests).
 std::vector<std::string> unsupported_by_trainer(const Plan& plan);

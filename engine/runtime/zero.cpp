@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "common/error.hpp"
-#include "kernels/cpu/norm.hpp"
 
 namespace ds {
 
@@ -94,8 +93,9 @@ void ZeroExchange::reduce_gradients() {
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
   *partial = comm_ && plan_.execution.sharded;
   const torch::Tensor& g = flat_.local_grads;
-  return g.scalar_type() == torch::kBFloat16 ? kernels::sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
-                                             : kernels::sum_of_squares_f32(g.data_ptr<float>(), g.numel());
+  const KernelTable& k = flat_.device->kernels(Place::device);
+  return g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
+                                             : k.sum_of_squares_f32(g.data_ptr<float>(), g.numel());
 }
 
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {

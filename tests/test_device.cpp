@@ -1,0 +1,262 @@
+// The device seam (engine/runtime/device.hpp) held to what a GPU backend must do, on the CPU: a second
+// device whose memory the host may not address keeps its buffers apart from the host's, refuses a kernel
+// handed a pointer from the wrong place, and counts every byte that crosses between the two. A ZeRO-3 run
+// with its optimizer offloaded trains on it exactly as on the CPU device, moving the plan's bytes.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/runtime/comm_local.hpp"
+#include "engine/runtime/device.hpp"
+#include "engine/runtime/trainer.hpp"
+#include "schema/loader.hpp"
+
+#include <nlohmann/json.hpp>
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
+// the runtime must copy (counted) where the CPU device lets a host kernel write in place.
+class SeparateMemoryDevice final : public Device {
+ public:
+  SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host) {}
+  std::string name() const override { return "separate-memory test device"; }
+  bool host_addresses_device() const override { return false; }
+  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) override {
+    torch::Tensor t = torch::zeros({elements}, to_torch(dtype));
+    if (place == Place::device) {
+      const auto* p = static_cast<const char*>(t.data_ptr());
+      device_ranges_[p] = p + t.nbytes();
+    }
+    return t;
+  }
+  const KernelTable& kernels(Place place) const override { return place == Place::device ? device_table_ : host_table_; }
+  Stream& compute_stream() override { return compute_; }
+  Stream& copy_stream() override { return copy_; }
+
+  // Whether [p, p + bytes) lies inside one device allocation; whether it touches any.
+  bool inside_device(const void* p, int64_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    auto it = device_ranges_.upper_bound(c);
+    if (it == device_ranges_.begin()) return false;
+    --it;
+    return c >= it->first && c + bytes <= it->second;
+  }
+  bool touches_device(const void* p, int64_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    for (const auto& [lo, hi] : device_ranges_)
+      if (c < hi && c + bytes > lo) return true;
+    return false;
+  }
+  // Kernel calls made through each place's table.
+  int64_t kernel_calls(Place place) const { return place == Place::device ? device_table_.calls : host_table_.calls; }
+
+ protected:
+  void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
+    check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
+    check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
+    dst.copy_(src);
+  }
+
+ private:
+  void check_at(const void* p, int64_t bytes, Place place, const char* what) const {
+    if (!p || bytes == 0) return;
+    const bool ok = place == Place::device ? inside_device(p, bytes) : !touches_device(p, bytes);
+    if (!ok) throw std::logic_error(std::string(what) + " is not in " + place_name(place) + " memory");
+  }
+
+  // Checks every buffer a kernel is handed lies where the table's kernels run, then runs the CPU's.
+  class CheckingTable final : public KernelTable {
+   public:
+    CheckingTable(const SeparateMemoryDevice& d, Place place) : d_(d), place_(place) {}
+    const char* name() const override { return "checking"; }
+    void adam_step_f32(float* w, float* m, float* v, uint16_t* out, const float* g, int64_t n, const kernels::AdamStep& s) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 4}}, n, "adam_step_f32");
+      cpu_kernel_table().adam_step_f32(w, m, v, out, g, n, s);
+    }
+    void adam_step_bf16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
+                        const kernels::AdamStep& s) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 2}}, n, "adam_step_bf16");
+      cpu_kernel_table().adam_step_bf16(w, m, v, out, g, n, s);
+    }
+    void sgd_step_f32(float* w, float* buf, uint16_t* out, const float* g, int64_t n, const kernels::SgdStep& s) const override {
+      check({{w, 4}, {buf, 4}, {out, 2}, {g, 4}}, n, "sgd_step_f32");
+      cpu_kernel_table().sgd_step_f32(w, buf, out, g, n, s);
+    }
+    void sgd_step_bf16(float* w, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const kernels::SgdStep& s) const override {
+      check({{w, 4}, {buf, 4}, {out, 2}, {g, 2}}, n, "sgd_step_bf16");
+      cpu_kernel_table().sgd_step_bf16(w, buf, out, g, n, s);
+    }
+    void lamb_moments_f32(const float* w, float* m, float* v, const float* g, int64_t n, const kernels::LambStep& s, double* w_sq,
+                          double* u_sq) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {g, 4}}, n, "lamb_moments_f32");
+      cpu_kernel_table().lamb_moments_f32(w, m, v, g, n, s, w_sq, u_sq);
+    }
+    void lamb_moments_bf16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
+                           double* u_sq) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {g, 2}}, n, "lamb_moments_bf16");
+      cpu_kernel_table().lamb_moments_bf16(w, m, v, g, n, s, w_sq, u_sq);
+    }
+    void lamb_apply(float* w, const float* m, const float* v, uint16_t* out, int64_t n, const kernels::LambStep& s,
+                    float ratio) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}}, n, "lamb_apply");
+      cpu_kernel_table().lamb_apply(w, m, v, out, n, s, ratio);
+    }
+    double sum_of_squares_f32(const float* x, int64_t n) const override {
+      check({{x, 4}}, n, "sum_of_squares_f32");
+      return cpu_kernel_table().sum_of_squares_f32(x, n);
+    }
+    double sum_of_squares_bf16(const uint16_t* x, int64_t n) const override {
+      check({{x, 2}}, n, "sum_of_squares_bf16");
+      return cpu_kernel_table().sum_of_squares_bf16(x, n);
+    }
+    mutable int64_t calls = 0;
+
+   private:
+    void check(std::initializer_list<std::pair<const void*, int>> buffers, int64_t n, const char* kernel) const {
+      ++calls;
+      for (const auto& [p, width] : buffers) d_.check_at(p, n * width, place_, kernel);
+    }
+    const SeparateMemoryDevice& d_;
+    Place place_;
+  };
+
+  std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
+  CheckingTable device_table_, host_table_;
+  ImmediateStream compute_, copy_;
+};
+
+const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+  "model": {"preset": "gpt2-tiny"}, "data": {"type": "synthetic", "seq_len": 16},
+  "zero_optimization": {"reduce_bucket_size": 3000, "allgather_bucket_size": 5000,
+                        "stage3_param_persistence_threshold": "auto"},
+  "train": {"steps": 4, "eval_every": 0, "threads": 1}})";
+
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) {
+  Config c = load_config_text(kTiny, "tiny.json", overrides);
+  Topology t;
+  t.world_size = t.ranks_per_node = world;
+  t.rank = rank;
+  t.cores_per_node = world;
+  t.host_memory_bytes = 8.0 * (1 << 30);
+  t.world_size_source = "test";
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
+
+struct RankRun {
+  TrainResult result;
+  TransferLedger transfers;
+  int64_t device_kernels = 0, host_kernels = 0;
+};
+
+// Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
+std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate) {
+  std::vector<RankRun> runs(static_cast<size_t>(world));
+  LocalGroup group(world);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        const Plan plan = plan_for(world, r, overrides);
+        TrainOptions opt;
+        opt.print_every = 1000;
+        auto comm = world > 1 ? group.join(r) : nullptr;
+        std::unique_ptr<Device> device = separate ? std::make_unique<SeparateMemoryDevice>() : Device::create(DeviceKind::cpu, r);
+        RankRun& run = runs[static_cast<size_t>(r)];
+        run.result = train(plan, opt, comm.get(), device.get());
+        run.transfers = device->transfers();
+        if (separate) {
+          const auto& d = static_cast<const SeparateMemoryDevice&>(*device);
+          run.device_kernels = d.kernel_calls(Place::device);
+          run.host_kernels = d.kernel_calls(Place::host);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  return runs;
+}
+
+double ledger_bytes(const TransferLedger& l, Place from, Place to) {
+  const auto it = l.find({from, to});
+  return it == l.end() ? 0.0 : it->second.bytes;
+}
+
+}  // namespace
+
+TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePlansBytes) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_seam_" + std::to_string(::getpid()));
+  const fs::path nvme = root / "nvme";
+  fs::create_directories(nvme);
+  struct Case {
+    std::string name;
+    std::vector<std::string> overrides;
+  };
+  const std::vector<Case> cases{
+      {"bf16, optimizer on the CPU", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"}},
+      {"fp32, optimizer on NVMe", {"bf16.enabled=false", "zero_optimization.offload_optimizer.device=nvme",
+                                   "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(), "zero_optimization.sub_group_size=5000"}},
+      {"fp16, 40% of the optimizer on the CPU",
+       {"fp16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_optimizer.ratio=0.4"}},
+      {"bf16, no offload", {"bf16.enabled=true"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"zero_optimization.stage=3", "train.output_dir=" + (root / c.name).string()};
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    const std::vector<RankRun> cpu = train_ranks(2, o, false);
+    fs::remove_all(root / c.name);
+    const std::vector<RankRun> separate = train_ranks(2, o, true);
+    std::vector<double> moved;  // per step, as the separate device counted them (metrics.jsonl)
+    std::ifstream metrics(root / c.name / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
+    fs::remove_all(root / c.name);
+    const Plan plan = plan_for(2, 0, o);
+    ASSERT_EQ(separate.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      const RankRun& s = separate[static_cast<size_t>(r)];
+      // The same numbers: the weights the optimizer's kernel rounds in place on the CPU are copied (and
+      // rounded the same way) on a device the host cannot reach.
+      EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, s.result.losses) << "rank " << r;
+      ASSERT_EQ(s.result.losses.size(), 4u);
+      // Every kernel ran on the place its buffers are: the gradient norm on the device, an offloaded
+      // optimizer on the host (its table refuses a device pointer), a kept one on the device.
+      EXPECT_GT(s.device_kernels, 0);
+      const bool offloaded = plan.execution.offloaded_numel > 0;
+      EXPECT_EQ(s.host_kernels > 0, offloaded);
+      // Bytes per step between the places, counted by the device as they crossed, against the plan.
+      double planned = 0;
+      for (const Transfer& t : plan.execution.transfers) planned += t.bytes_per_step;
+      ASSERT_EQ(moved.size(), 4u);
+      for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
+      if (!offloaded) {
+        EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), 0.0);
+        continue;
+      }
+      // Over the whole run: the gradients out at every step; the weights back at every step and once at
+      // the start (drawn into the host's master copy, then published).
+      const double grads_out = plan.execution.transfers[0].bytes_per_step;
+      double weights_back = 0;
+      for (const Transfer& t : plan.execution.transfers)
+        if (t.from != Place::nvme && t.to == Place::device) weights_back = t.bytes_per_step;
+      EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), 4 * grads_out);
+      if (plan.execution.offloaded_numel == plan.execution.local_numel)  // partial: the kept part is drawn on the device too
+        EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::host, Place::device), 5 * weights_back);
+    }
+  }
+  fs::remove_all(root);
+}
