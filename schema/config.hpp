@@ -119,7 +119,13 @@ struct Bf16Config {
 };
 
 enum class ModelArch { gpt2, llama };
+// Every architecture ds builds, in one table: configs, plans and checkpoints spell them by model_arch_name,
+// and ds_config.schema.json's model.arch lists the same names (a test holds them equal). A new architecture
+// is a row here and its model in engine/runtime, never an else branch that maps it to another.
+inline constexpr std::array<ModelArch, 2> kModelArchs{ModelArch::gpt2, ModelArch::llama};
 const char* model_arch_name(ModelArch a);
+// The architecture a name spells, or none.
+std::optional<ModelArch> model_arch_from_name(const std::string& name);
 
 // Hyperparameters that may come from a preset, a Hugging Face config.json, or explicit keys.
 // Each is optional so the three sources can be layered (preset < hf_config < explicit).

@@ -62,7 +62,10 @@ OffloadConfig read_offload(const json& block, bool param) {
 
 ModelFields read_model_fields(const json& m) {
   ModelFields f;
-  if (m.contains("arch")) f.arch = m["arch"] == "gpt2" ? ModelArch::gpt2 : ModelArch::llama;
+  if (m.contains("arch")) {  // the schema admits only the registry's names
+    f.arch = model_arch_from_name(m["arch"].get<std::string>());
+    DS_CHECK(f.arch.has_value(), "model.arch ", m["arch"].dump(), " passed validation but is no architecture ds knows");
+  }
   auto i = [&](const char* k, std::optional<int64_t>& out) {
     if (m.contains(k)) out = m[k].get<int64_t>();
   };

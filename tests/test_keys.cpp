@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "schema/config.hpp"
 #include "schema/schema_walk.hpp"
 #include "test_helpers.hpp"
 
@@ -281,4 +282,22 @@ TEST(ConfigKeys, EveryIgnoredKeyWarnsOnceWhenSet) {
 TEST(ConfigKeys, RefusedKeysAreErrorsNamingTheKey) {
   EXPECT_NE(find_issue(problems(R"({"zero_optimization": {"legacy_stage1": true}})"), "zero_optimization.legacy_stage1"), nullptr);
   EXPECT_NE(find_issue(problems(R"({"optimizer": {"type": "Adam", "params": {"amsgrad": true}}})"), "optimizer.params.amsgrad"), nullptr);
+}
+
+TEST(Keys, ModelArchNamesAreTheRegistrysBothWays) {
+  // The schema's model.arch enum and the architecture registry (schema/config.hpp) list the same names,
+  // and every name reads back as its architecture: a third architecture cannot pass validation and then be
+  // read as one of the others.
+  SchemaWalk w(config_schema());
+  const json* arch = w.at({"model", "arch"}, json::object({{"model", json::object()}}));
+  ASSERT_NE(arch, nullptr);
+  std::set<std::string> in_schema;
+  for (const json& n : w.resolve(*arch).at("enum")) in_schema.insert(n.get<std::string>());
+  std::set<std::string> in_registry;
+  for (ModelArch a : kModelArchs) {
+    in_registry.insert(model_arch_name(a));
+    EXPECT_EQ(model_arch_from_name(model_arch_name(a)), a);
+  }
+  EXPECT_EQ(in_schema, in_registry);
+  EXPECT_FALSE(model_arch_from_name("mistral").has_value());
 }

@@ -4,8 +4,7 @@
 #include <limits>
 
 #include "common/error.hpp"
-#include "kernels/cpu/attention_softmax.hpp"
-#include "kernels/cpu/attention_tiles.hpp"
+#include "engine/runtime/cpu_kernels_by_dtype.hpp"
 
 namespace ds {
 namespace {
@@ -35,11 +34,6 @@ torch::Tensor by_group(const torch::Tensor& x, const Heads& h) {
 // A (B, T, NKV, D) tensor of keys or values (or their gradient) seen as (B, NKV, T, D).
 torch::Tensor by_head(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}); }
 
-template <class T>
-T* raw(const torch::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-
 // (BKV, T, D) as (BKV, D, T) in memory: LibTorch 1.13's bmm against a transposed view ran at half the
 // rate in fp32 (0.053 vs 0.109 TFLOP/s at 341 x 682 x 64, 24 batches) and 15% slower in bf16.
 torch::Tensor transposed(const torch::Tensor& x) { return x.transpose(1, 2).contiguous(); }
@@ -60,24 +54,24 @@ kernels::CausalBlock block_of(const Heads& h, int64_t first, int64_t rows) {
 
 // The softmax kernels on a block of scores in its dtype (fp32 or bf16), in place.
 void softmax_forward(torch::Tensor& s, torch::Tensor& lse, const kernels::CausalBlock& blk) {
-  if (s.scalar_type() == torch::kBFloat16)
-    kernels::causal_softmax_forward_bf16(raw<uint16_t>(s), raw<float>(lse), blk);
-  else
-    kernels::causal_softmax_forward_f32(raw<float>(s), raw<float>(lse), blk);
+  by_dtype(s, [&](auto* e) {
+    using E = ElementOf<decltype(e)>;
+    CpuKernels<E>::softmax_forward(raw<E>(s), raw<float>(lse), blk);
+  });
 }
 
 void softmax_recompute(torch::Tensor& s, const torch::Tensor& lse, const kernels::CausalBlock& blk) {
-  if (s.scalar_type() == torch::kBFloat16)
-    kernels::causal_softmax_recompute_bf16(raw<uint16_t>(s), raw<float>(lse), blk);
-  else
-    kernels::causal_softmax_recompute_f32(raw<float>(s), raw<float>(lse), blk);
+  by_dtype(s, [&](auto* e) {
+    using E = ElementOf<decltype(e)>;
+    CpuKernels<E>::softmax_recompute(raw<E>(s), raw<float>(lse), blk);
+  });
 }
 
 void softmax_backward(const torch::Tensor& p, torch::Tensor& dp, const kernels::CausalBlock& blk) {
-  if (p.scalar_type() == torch::kBFloat16)
-    kernels::causal_softmax_backward_bf16(raw<uint16_t>(p), raw<uint16_t>(dp), blk);
-  else
-    kernels::causal_softmax_backward_f32(raw<float>(p), raw<float>(dp), blk);
+  by_dtype(p, [&](auto* e) {
+    using E = ElementOf<decltype(e)>;
+    CpuKernels<E>::softmax_backward(raw<E>(p), raw<E>(dp), blk);
+  });
 }
 
 // One block's part of backward: the probabilities p (recomputed from the lse) and the scores'
@@ -197,12 +191,11 @@ std::pair<torch::Tensor, torch::Tensor> attend_tiled(const Heads& h, const torch
                                                      const torch::Tensor& v) {
   torch::Tensor y = torch::empty({h.B, h.T, h.NH, h.D}, q.options());
   torch::Tensor lse = torch::empty({h.B, h.NKV, h.G, h.T}, q.options().dtype(torch::kFloat32));
-  if (q.scalar_type() == torch::kBFloat16)
-    kernels::causal_attention_forward_bf16(shape_of(h), view_of<uint16_t>(q, h.G), view_of<uint16_t>(k, 1),
-                                           view_of<uint16_t>(v, 1), view_of<uint16_t>(y, h.G), raw<float>(lse));
-  else
-    kernels::causal_attention_forward_f32(shape_of(h), view_of<float>(q, h.G), view_of<float>(k, 1), view_of<float>(v, 1),
-                                          view_of<float>(y, h.G), raw<float>(lse));
+  by_dtype(q, [&](auto* e) {
+    using E = ElementOf<decltype(e)>;
+    CpuKernels<E>::attention_forward(shape_of(h), view_of<E>(q, h.G), view_of<E>(k, 1), view_of<E>(v, 1), view_of<E>(y, h.G),
+                                     raw<float>(lse));
+  });
   return {y, lse};
 }
 
@@ -211,15 +204,11 @@ void attend_tiled_backward(const torch::Tensor& q, const torch::Tensor& k, const
                            const torch::Tensor& dk, const torch::Tensor& dv) {
   const Heads h = heads_of(q, k, v);
   const torch::Tensor dy = rows_contiguous(dy_in.to(q.scalar_type()));
-  if (q.scalar_type() == torch::kBFloat16)
-    kernels::causal_attention_backward_bf16(shape_of(h), view_of<uint16_t>(q, h.G), view_of<uint16_t>(k, 1),
-                                            view_of<uint16_t>(v, 1), view_of<uint16_t>(y, h.G), raw<float>(lse),
-                                            view_of<uint16_t>(dy, h.G), view_of<uint16_t>(dq, h.G), view_of<uint16_t>(dk, 1),
-                                            view_of<uint16_t>(dv, 1));
-  else
-    kernels::causal_attention_backward_f32(shape_of(h), view_of<float>(q, h.G), view_of<float>(k, 1), view_of<float>(v, 1),
-                                           view_of<float>(y, h.G), raw<float>(lse), view_of<float>(dy, h.G),
-                                           view_of<float>(dq, h.G), view_of<float>(dk, 1), view_of<float>(dv, 1));
+  by_dtype(q, [&](auto* e) {
+    using E = ElementOf<decltype(e)>;
+    CpuKernels<E>::attention_backward(shape_of(h), view_of<E>(q, h.G), view_of<E>(k, 1), view_of<E>(v, 1), view_of<E>(y, h.G),
+                                      raw<float>(lse), view_of<E>(dy, h.G), view_of<E>(dq, h.G), view_of<E>(dk, 1), view_of<E>(dv, 1));
+  });
 }
 
 class CausalAttention : public torch::autograd::Function<CausalAttention> {
@@ -300,12 +289,6 @@ class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPa
   }
 };
 
-// The kernels take fp32 and bf16 CPU tensors; anything else goes the materialised way.
-bool on_kernels(const torch::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16);
-}
-
 // The rows per block the Functions get, 0 meaning the tiled kernels: asked-for blocks (> 0) are kept,
 // else tiles where the CPU has them for the dtype, else blocks of attention_chunk_rows.
 int64_t path_rows(const torch::Tensor& x, const Heads& h, int64_t block_rows) {
@@ -324,7 +307,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tens
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t block_rows) {
   const Heads h = heads_of(q, k, v);
-  if (!on_kernels(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || h.T == 0)
+  if (!on_cpu_kernels(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || h.T == 0)
     return causal_attention_materialised(q, k, v);
   return CausalAttention::apply(q, k, v, path_rows(q, h, block_rows));
 }
@@ -332,7 +315,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
   const auto [q, k, v] = unpack(qkv, heads);
   const Heads h = heads_of(q, k, v);
-  if (!on_kernels(qkv) || h.T == 0) return causal_attention_materialised(q, k, v);
+  if (!on_cpu_kernels(qkv) || h.T == 0) return causal_attention_materialised(q, k, v);
   return CausalAttentionPacked::apply(qkv, heads, path_rows(qkv, h, block_rows));
 }
 

@@ -1,27 +1,14 @@
 #include "engine/runtime/fused_ops.hpp"
 
 #include "common/error.hpp"
+#include "engine/runtime/cpu_kernels_by_dtype.hpp"
 #include "engine/runtime/matmul.hpp"
-
-#include "kernels/cpu/activation.hpp"
-#include "kernels/cpu/embedding.hpp"
-#include "kernels/cpu/rope.hpp"
-#include "kernels/cpu/layer_norm.hpp"
 
 namespace ds {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool on_kernels(const torch::Tensor& x) {
-  return x.device().is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16);
-}
-
-template <class T>
-T* raw(const torch::Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
-}
 
 class Norm : public torch::autograd::Function<Norm> {
  public:
@@ -33,12 +20,10 @@ class Norm : public torch::autograd::Function<Norm> {
     const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
     torch::Tensor y = torch::empty_like(x);
     torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
-    if (x.scalar_type() == torch::kBFloat16)
-      kernels::norm_forward_bf16(raw<uint16_t>(x), raw<uint16_t>(w), raw<uint16_t>(b), raw<uint16_t>(y), raw<float>(mean),
-                                 raw<float>(rstd), shape);
-    else
-      kernels::norm_forward_f32(raw<float>(x), raw<float>(w), raw<float>(b), raw<float>(y), raw<float>(mean),
-                                raw<float>(rstd), shape);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
+    });
     ctx->save_for_backward({x, w});
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["rstd"] = rstd;
@@ -59,12 +44,11 @@ class Norm : public torch::autograd::Function<Norm> {
     torch::Tensor dx = torch::empty_like(x);
     torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
     torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
-    if (x.scalar_type() == torch::kBFloat16)
-      kernels::norm_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(x), raw<uint16_t>(w), raw<float>(mean), raw<float>(rstd),
-                                  raw<uint16_t>(dx), raw<float>(dw), raw<float>(db), shape);
-    else
-      kernels::norm_backward_f32(raw<float>(dy), raw<float>(x), raw<float>(w), raw<float>(mean), raw<float>(rstd),
-                                 raw<float>(dx), raw<float>(dw), raw<float>(db), shape);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
+                                   raw<float>(db), shape);
+    });
     return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -74,10 +58,10 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
     const torch::Tensor x = x_in.contiguous();
     torch::Tensor y = torch::empty_like(x);
-    if (x.scalar_type() == torch::kBFloat16)
-      kernels::gelu_tanh_forward_bf16(raw<uint16_t>(x), raw<uint16_t>(y), x.numel());
-    else
-      kernels::gelu_tanh_forward_f32(raw<float>(x), raw<float>(y), x.numel());
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::gelu_tanh_forward(raw<E>(x), raw<E>(y), x.numel());
+    });
     ctx->save_for_backward({x});
     return y;
   }
@@ -86,10 +70,10 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
     torch::Tensor dx = torch::empty_like(x);
-    if (x.scalar_type() == torch::kBFloat16)
-      kernels::gelu_tanh_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(x), raw<uint16_t>(dx), x.numel());
-    else
-      kernels::gelu_tanh_backward_f32(raw<float>(dy), raw<float>(x), raw<float>(dx), x.numel());
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::gelu_tanh_backward(raw<E>(dy), raw<E>(x), raw<E>(dx), x.numel());
+    });
     return {dx};
   }
 };
@@ -99,10 +83,10 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in, const torch::Tensor& u_in) {
     const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
     torch::Tensor y = torch::empty_like(g);
-    if (g.scalar_type() == torch::kBFloat16)
-      kernels::swiglu_forward_bf16(raw<uint16_t>(g), raw<uint16_t>(u), raw<uint16_t>(y), g.numel());
-    else
-      kernels::swiglu_forward_f32(raw<float>(g), raw<float>(u), raw<float>(y), g.numel());
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::swiglu_forward(raw<E>(g), raw<E>(u), raw<E>(y), g.numel());
+    });
     ctx->save_for_backward({g, u});
     return y;
   }
@@ -112,11 +96,10 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
     const torch::Tensor &g = saved[0], &u = saved[1];
     const torch::Tensor dy = grad_out[0].to(g.scalar_type()).contiguous();
     torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
-    if (g.scalar_type() == torch::kBFloat16)
-      kernels::swiglu_backward_bf16(raw<uint16_t>(dy), raw<uint16_t>(g), raw<uint16_t>(u), raw<uint16_t>(dg),
-                                    raw<uint16_t>(du), g.numel());
-    else
-      kernels::swiglu_backward_f32(raw<float>(dy), raw<float>(g), raw<float>(u), raw<float>(dg), raw<float>(du), g.numel());
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::swiglu_backward(raw<E>(dy), raw<E>(g), raw<E>(u), raw<E>(dg), raw<E>(du), g.numel());
+    });
     return {dg, du};
   }
 };
@@ -137,10 +120,10 @@ class Rotary : public torch::autograd::Function<Rotary> {
   static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
     const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
     torch::Tensor y = torch::empty_like(x);
-    if (x.scalar_type() == torch::kBFloat16)
-      kernels::rope_bf16(raw<uint16_t>(x), raw<uint16_t>(y), raw<float>(cos), raw<float>(sin), shape);
-    else
-      kernels::rope_f32(raw<float>(x), raw<float>(y), raw<float>(cos), raw<float>(sin), shape);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::rope(raw<E>(x), raw<E>(y), raw<float>(cos), raw<float>(sin), shape);
+    });
     return y;
   }
 };
@@ -160,10 +143,10 @@ class Embedding : public torch::autograd::Function<Embedding> {
     const torch::Tensor dy = grad_out[0].to(weight.scalar_type()).reshape({n, C}).contiguous();
     torch::Tensor g = bound_gradient(weight);
     if (!g.defined()) return {torch::embedding_dense_backward(dy, ids.reshape({n}), V, -1, false), torch::Tensor()};
-    if (g.scalar_type() == torch::kBFloat16)
-      kernels::embedding_backward_bf16(raw<uint16_t>(g), ids.data_ptr<int64_t>(), raw<uint16_t>(dy), n, C);
-    else
-      kernels::embedding_backward_f32(raw<float>(g), ids.data_ptr<int64_t>(), raw<float>(dy), n, C);
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::embedding_backward(raw<E>(g), ids.data_ptr<int64_t>(), raw<E>(dy), n, C);
+    });
     return {torch::Tensor(), torch::Tensor()};  // already in the gradient: nothing for autograd to add
   }
 };
@@ -249,13 +232,13 @@ torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const t
 }
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
-  if (!on_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())
+  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())
     return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
   return Norm::apply(x, w, b, eps, false);
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  if (!on_kernels(x) || w.scalar_type() != x.scalar_type()) {
+  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type()) {
     const torch::Tensor xf = x.to(torch::kFloat32);
     return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
   }
@@ -263,12 +246,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
-  if (!on_kernels(x)) return torch::gelu(x, "tanh");
+  if (!on_cpu_kernels(x)) return torch::gelu(x, "tanh");
   return GeluTanh::apply(x);
 }
 
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
-  if (!on_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong) return torch::embedding(weight, ids);
+  if (!on_cpu_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong) return torch::embedding(weight, ids);
   return Embedding::apply(weight, ids);
 }
 
@@ -278,7 +261,7 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
   DS_CHECK(x.size(3) % 2 == 0 && cos.sizes() == torch::IntArrayRef({T, half}) && sin.sizes() == cos.sizes() &&
                cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
            "rotary: x (B, T, heads, even D), fp32 cos and sin (T, D/2)");
-  if (on_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
+  if (on_cpu_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
   // Hugging Face's formula: the tables duplicated to D and cast to x's dtype.
   const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.scalar_type()).view({T, 1, 2 * half}); };
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -286,7 +269,7 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!on_kernels(gate) || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes())
+  if (!on_cpu_kernels(gate) || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes())
     return torch::silu(gate) * up;
   return SwiGlu::apply(gate, up);
 }

@@ -199,10 +199,11 @@ BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_st
 
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {
   std::unique_ptr<LanguageModel> m;
-  if (plan.model.hp.arch == ModelArch::llama)
-    m = std::make_unique<LlamaModel>(plan.model.hp, params);
-  else
-    m = std::make_unique<Gpt2Model>(plan.model.hp, params);
+  switch (plan.model.hp.arch) {  // one case per architecture of the registry (schema/config.hpp)
+    case ModelArch::gpt2: m = std::make_unique<Gpt2Model>(plan.model.hp, params); break;
+    case ModelArch::llama: m = std::make_unique<LlamaModel>(plan.model.hp, params); break;
+  }
+  DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
   m->set_checkpoint_activations(plan.activation_checkpointing);
   return m;
 }
@@ -216,10 +217,10 @@ const float* InitialWeights::param(int i) {
   while (drawn_ < i) {
     const ParamSlot& p = plan_.layout.params[static_cast<size_t>(++drawn_)];
     values_ = torch::empty({p.numel}, torch::kFloat32);
-    if (plan_.model.hp.arch == ModelArch::llama)
-      LlamaModel::initialise(p, values_, gen_);
-    else
-      Gpt2Model::initialise(plan_.model.hp, p, values_, gen_);
+    switch (plan_.model.hp.arch) {
+      case ModelArch::gpt2: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
+      case ModelArch::llama: LlamaModel::initialise(p, values_, gen_); break;
+    }
   }
   return values_.data_ptr<float>();
 }

@@ -72,7 +72,12 @@ class DsCheckpointSource : public WeightSource {
       plan = json::parse(text);
       const json& m = plan.at("model");
       model_.name = m.at("name").get<std::string>();
-      model_.arch = m.at("arch").get<std::string>() == "llama" ? ModelArch::llama : ModelArch::gpt2;
+      const std::string arch = m.at("arch").get<std::string>();
+      const std::optional<ModelArch> known = model_arch_from_name(arch);
+      if (!known)
+        throw UserError("checkpoint '" + dir_ + "' is of architecture '" + arch + "', which this build of ds does not know",
+                        "a newer ds wrote it: export it to Hugging Face with that version (ds convert-ckpt RUN OUT --to hf)");
+      model_.arch = *known;
       model_.vocab_size = m.at("vocab_size").get<int64_t>();
       model_.hidden_size = m.at("hidden_size").get<int64_t>();
       model_.num_layers = m.at("num_layers").get<int64_t>();
@@ -300,7 +305,8 @@ nlohmann::ordered_json special_token_json(const std::vector<int64_t>& ids) {
 
 std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype) {
   nlohmann::ordered_json j;
-  if (hp.arch == ModelArch::gpt2) {
+  switch (hp.arch) {  // one case per architecture of the registry (schema/config.hpp)
+  case ModelArch::gpt2:
     j["architectures"] = {"GPT2LMHeadModel"};
     j["model_type"] = "gpt2";
     j["vocab_size"] = hp.vocab_size;
@@ -317,7 +323,8 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["attn_pdrop"] = hp.attn_pdrop;
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = true;
-  } else {
+    break;
+  case ModelArch::llama:
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
     j["vocab_size"] = hp.vocab_size;
@@ -336,6 +343,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["mlp_bias"] = false;
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = hp.tie_word_embeddings;
+    break;
   }
   // Written even when the vocabulary has none (null): transformers would otherwise take its own default
   // (GPT-2's 50256), an id outside a small vocabulary.
