@@ -91,6 +91,38 @@ TEST(PlanCompiler, OffloadMovesStatesToTheHost) {
   EXPECT_EQ(p.placement.optimizer_states, "cpu, partitioned");
 }
 
+TEST(PlanCompiler, ThePlacementLineIsReadOffTheBuffersTheRuntimeAllocates) {
+  // ds plan's "placement" row names, for each model state, the farthest place any of its buffers is at in
+  // the ZeRO execution: the same buffers FlatParams allocates, so the line cannot drift from what runs.
+  struct Case {
+    std::vector<std::string> o;
+    const char* params;
+    const char* grads;
+    const char* states;
+  };
+  const std::vector<Case> cases{
+      {{"zero_optimization.stage=0"}, "device (cpu)", "device (cpu)", "device (cpu)"},
+      {{"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}, "device (cpu)", "cpu, partitioned",
+       "cpu, partitioned"},
+      {{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=/tmp",
+        "zero_optimization.offload_param.nvme_path=/tmp", "zero_optimization.offload_param.device=nvme"},
+       "nvme, partitioned", "cpu, partitioned", "nvme, partitioned"},
+      {{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_optimizer.ratio=0.3"},
+       "device (cpu), partitioned", "cpu, partitioned", "cpu, partitioned"},
+  };
+  for (const Case& c : cases) {
+    const Plan p = plan_of(kGpt2, 2, c.o);
+    SCOPED_TRACE(c.o.back());
+    EXPECT_EQ(p.placement.params, c.params);
+    EXPECT_EQ(p.placement.grads, c.grads);
+    EXPECT_EQ(p.placement.optimizer_states, c.states);
+    // And from the buffers themselves: an offloaded optimizer's states have a host (or NVMe) buffer.
+    const bool off_device = p.execution.find(BufferRole::master, Place::host) || p.execution.find(BufferRole::master, Place::nvme) ||
+                            p.execution.find(BufferRole::exp_avg, Place::host) || p.execution.find(BufferRole::exp_avg, Place::nvme);
+    EXPECT_EQ(off_device, std::string(c.states).rfind("device", 0) != 0);
+  }
+}
+
 TEST(PlanCompiler, InvalidStageAndOffloadCombinationsAreRejected) {
   try {
     plan_of(kGpt2, 2, {"zero_optimization.stage=2", "zero_optimization.offload_param.device=cpu"});

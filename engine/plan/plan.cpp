@@ -177,22 +177,20 @@ void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {
   }
 }
 
-Placement place_states(int stage, const ResolvedZero& z, const Topology& topo) {
-  auto where = [&](OffloadDevice d, const char* dflt) -> std::string {
-    switch (d) {
-      case OffloadDevice::none: return dflt;
-      case OffloadDevice::cpu: return "cpu";
-      case OffloadDevice::nvme: return "nvme";
-    }
-    return dflt;
+// Where the model states live, read off the ZeRO execution's buffers (the ones the runtime allocates):
+// the farthest place any of a state's buffers is at (partial offload keeps a share on the device too).
+Placement render_placement(const ZeroExecution& z, int stage, DeviceKind device) {
+  const std::string dev = device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
+  const auto where = [&](std::initializer_list<BufferRole> roles) -> std::string {
+    for (Place p : {Place::nvme, Place::host})
+      for (BufferRole r : roles)
+        if (z.find(r, p)) return p == Place::nvme ? "nvme" : "cpu";
+    return dev;
   };
-  const char* dev = topo.device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
-  const char* part = stage >= 3 ? ", partitioned" : "";
   Placement p;
-  p.params = where(z.offload_param.device, dev) + std::string(part);
-  p.grads = (z.offload_optimizer.device != OffloadDevice::none && stage >= 1 ? std::string("cpu") : std::string(dev)) +
-            (stage >= 2 ? ", partitioned" : "");
-  p.optimizer_states = where(z.offload_optimizer.device, dev) + (stage >= 1 ? std::string(", partitioned") : "");
+  p.params = where({BufferRole::params}) + (stage >= 3 ? ", partitioned" : "");
+  p.grads = where({BufferRole::offload_grads}) + (stage >= 2 ? ", partitioned" : "");
+  p.optimizer_states = where({BufferRole::master, BufferRole::exp_avg, BufferRole::exp_avg_sq}) + (stage >= 1 ? ", partitioned" : "");
   return p;
 }
 
@@ -409,7 +407,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
                              "and max_reuse_distance do not apply"});
   }
 
-  plan.placement = place_states(stage, z, topo);
+  plan.placement = render_placement(plan.execution, stage, topo.device);
 
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * model.train_flops_per_token(plan.seq_len);
@@ -459,7 +457,6 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   if (!errors.empty()) throw ConfigError(c.source, errors);
   resolve_threads(c, topo, plan);
   if (stage >= 0) {
-    plan.placement = place_states(stage, z, topo);
     // The collectives of a model made of one large tensor, their bytes divided by its size: what each
     // parameter costs on the wire per step at this stage and these dtypes (the real model adds the
     // control all-reduce and per-tensor padding).
@@ -471,7 +468,9 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
     one.batch.grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
     one.zero.reduce_bucket_size = one.zero.allgather_bucket_size = n;
     one.layout = build_layout(one.model, stage, topo.world_size);
-    for (Collective col : describe_zero(one).collectives) {
+    const ZeroExecution one_execution = describe_zero(one);
+    plan.placement = render_placement(one_execution, stage, topo.device);
+    for (Collective col : one_execution.collectives) {
       if (col.kind == CollectiveKind::control) continue;
       col.payload_bytes_per_step /= static_cast<double>(one.model.num_params);
       col.wire_bytes_per_rank_per_step /= static_cast<double>(one.model.num_params);
