@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "engine/runtime/block_pool.hpp"
 
@@ -20,10 +21,13 @@ void release_block(void* p) {
 class PooledCpuAllocator final : public c10::Allocator {
  public:
   explicit PooledCpuAllocator(std::size_t min_bytes) : min_bytes_(min_bytes) {}
-  c10::DataPtr allocate(std::size_t n) const override {
+  // LibTorch 1.13 declares allocate() const, LibTorch 2.x not: both are defined (no `override`), and each
+  // version's pure virtual is overridden by the one that matches it.
+  c10::DataPtr allocate(std::size_t n) const {
     void* p = n < min_bytes_ ? c10::alloc_cpu(n) : g_pool->allocate(n);
     return {p, p, &release_block, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DataPtr allocate(std::size_t n) { return std::as_const(*this).allocate(n); }
   c10::DeleterFnPtr raw_deleter() const override { return &release_block; }
   // Pure virtual in LibTorch 2.x (not declared in 1.13, hence no `override`).
   void copy_data(void* dest, const void* src, std::size_t n) const { std::memcpy(dest, src, n); }

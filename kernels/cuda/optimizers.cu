@@ -1,0 +1,217 @@
+#include "kernels/cuda/optimizers.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace ds::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Enough blocks to cover n with a grid-stride loop, at most a few waves.
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+// bf16 as kernels/cpu rounds it: nearest even, NaN kept a quiet NaN.
+__device__ __forceinline__ uint16_t to_bf16(float f) {
+  uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+__device__ __forceinline__ float from_bf16(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ float load(const float* g, int64_t i) { return g[i]; }
+__device__ __forceinline__ float load(const uint16_t* g, int64_t i) { return from_bf16(g[i]); }
+
+template <class G>
+__global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G* grad, int64_t n, AdamStep s) {
+  const float step_size = s.lr / s.bias_correction1;
+  const float decay = s.lr * s.weight_decay;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float g = load(grad, i) * s.grad_scale;
+    float w = p[i];
+    if (!s.decoupled && s.weight_decay != 0) g = g + s.weight_decay * w;
+    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
+    const float denom = sqrtf(vi) * s.rsqrt_bias_correction2 + s.eps;
+    if (s.decoupled && s.weight_decay != 0) w = w - decay * w;
+    w = w - step_size * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = w;
+    if (out) out[i] = to_bf16(w);
+  }
+}
+
+template <class G>
+__global__ void sgd_kernel(float* p, float* buf, uint16_t* out, const G* grad, int64_t n, SgdStep s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float g = load(grad, i) * s.grad_scale + s.weight_decay * p[i];
+    if (s.momentum != 0) {
+      const float b = s.first_step ? g : s.momentum * buf[i] + (1 - s.dampening) * g;
+      buf[i] = b;
+      g = s.nesterov ? g + s.momentum * b : b;
+    }
+    p[i] -= s.lr * g;
+    if (out) out[i] = to_bf16(p[i]);
+  }
+}
+
+__device__ __forceinline__ float lamb_update(float m, float v, float w, const LambStep& s) {
+  const float denom = s.eps_inside_sqrt ? sqrtf(v + s.eps) : sqrtf(v) + s.eps;
+  return m / denom + s.weight_decay * w;
+}
+
+// Adds `a` and `b` over the block; thread 0 gets the totals.
+__device__ void block_sum2(double& a, double& b) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sa[threadIdx.x] += sa[threadIdx.x + half];
+      sb[threadIdx.x] += sb[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  a = sa[0];
+  b = sb[0];
+}
+
+template <class G>
+__global__ void lamb_moments_kernel(const float* p, float* m, float* v, const G* grad, int64_t n, LambStep s, double* partials) {
+  double w_sq = 0, u_sq = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = load(grad, i) * s.grad_scale;
+    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    const float u = lamb_update(mi, vi, p[i], s);
+    w_sq += static_cast<double>(p[i]) * p[i];
+    u_sq += static_cast<double>(u) * u;
+  }
+  block_sum2(w_sq, u_sq);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = w_sq;
+    partials[kReduceBlocks + blockIdx.x] = u_sq;
+  }
+}
+
+__global__ void lamb_apply_kernel(float* p, const float* m, const float* v, uint16_t* out, int64_t n, LambStep s, float ratio) {
+  const float step = s.lr * s.step_size_factor * ratio;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    p[i] -= step * lamb_update(m[i], v[i], p[i], s);
+    if (out) out[i] = to_bf16(p[i]);
+  }
+}
+
+template <class T>
+__global__ void squares_kernel(const T* x, int64_t n, double* partials) {
+  double acc = 0, unused = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double f = load(x, i);
+    acc += f * f;
+  }
+  block_sum2(acc, unused);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block adds `values` rows of kReduceBlocks partials, in order, into out[k] (+= when `accumulate`).
+__global__ void finish_kernel(const double* partials, int values, double* out, bool accumulate) {
+  for (int k = 0; k < values; ++k) {
+    double a = 0, unused = 0;
+    for (int i = threadIdx.x; i < kReduceBlocks; i += blockDim.x) a += partials[k * kReduceBlocks + i];
+    block_sum2(a, unused);
+    if (threadIdx.x == 0) out[k] = accumulate ? out[k] + a : a;
+    __syncthreads();
+  }
+}
+
+template <class G>
+void adam(float* p, float* m, float* v, uint16_t* out, const G* g, int64_t n, const AdamStep& s, void* stream) {
+  if (n <= 0) return;
+  adam_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, m, v, out, g, n, s);
+  check(cudaGetLastError(), "adam_step");
+}
+
+template <class G>
+void sgd(float* p, float* buf, uint16_t* out, const G* g, int64_t n, const SgdStep& s, void* stream) {
+  if (n <= 0) return;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, buf, out, g, n, s);
+  check(cudaGetLastError(), "sgd_step");
+}
+
+template <class G>
+void lamb_moments(const float* p, float* m, float* v, const G* g, int64_t n, const LambStep& s, double* sums, double* scratch,
+                  void* stream) {
+  if (n <= 0) return;
+  lamb_moments_kernel<<<kReduceBlocks, kThreads, 0, as_stream(stream)>>>(p, m, v, g, n, s, scratch);
+  finish_kernel<<<1, kThreads, 0, as_stream(stream)>>>(scratch, 2, sums, true);
+  check(cudaGetLastError(), "lamb_moments");
+}
+
+template <class T>
+void squares(const T* x, int64_t n, double* out, double* scratch, void* stream) {
+  squares_kernel<<<kReduceBlocks, kThreads, 0, as_stream(stream)>>>(x, n, scratch);
+  finish_kernel<<<1, kThreads, 0, as_stream(stream)>>>(scratch, 1, out, false);
+  check(cudaGetLastError(), "sum_of_squares");
+}
+
+}  // namespace
+
+void adam_step_f32(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const AdamStep& s, void* stream) {
+  adam(p, m, v, out, g, n, s, stream);
+}
+void adam_step_bf16(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n, const AdamStep& s, void* stream) {
+  adam(p, m, v, out, g, n, s, stream);
+}
+void sgd_step_f32(float* p, float* buf, uint16_t* out, const float* g, int64_t n, const SgdStep& s, void* stream) {
+  sgd(p, buf, out, g, n, s, stream);
+}
+void sgd_step_bf16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s, void* stream) {
+  sgd(p, buf, out, g, n, s, stream);
+}
+void lamb_moments_f32(const float* p, float* m, float* v, const float* g, int64_t n, const LambStep& s, double* sums,
+                      double* scratch, void* stream) {
+  lamb_moments(p, m, v, g, n, s, sums, scratch, stream);
+}
+void lamb_moments_bf16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* sums,
+                       double* scratch, void* stream) {
+  lamb_moments(p, m, v, g, n, s, sums, scratch, stream);
+}
+void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t n, const LambStep& s, float ratio, void* stream) {
+  if (n <= 0) return;
+  lamb_apply_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, m, v, out, n, s, ratio);
+  check(cudaGetLastError(), "lamb_apply");
+}
+void sum_of_squares_f32(const float* x, int64_t n, double* out, double* scratch, void* stream) { squares(x, n, out, scratch, stream); }
+void sum_of_squares_bf16(const uint16_t* x, int64_t n, double* out, double* scratch, void* stream) {
+  squares(x, n, out, scratch, stream);
+}
+
+int device_count(const char** why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(e);
+    cudaGetLastError();  // clear it: a later call must not see this one
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device is visible";
+  return n;
+}
+
+}  // namespace ds::kernels::cuda

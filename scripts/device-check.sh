@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU checks in one call, for a machine with an NVIDIA GPU, CUDA LibTorch (python3 -c 'import torch')
+# and no network: unpacks .device-deps/ (scripts/fetch-device-deps.sh fills it on a Debian 12 machine),
+# configures ds against that LibTorch, builds the targets the GPU checks need, runs every test labelled
+# gpu (kernels/cuda against the CPU's kernels), and writes each step's log to LOGS (default: $OUT, else
+# ./device-logs). Exit status: the first step that failed, 0 when all passed.
+#   scripts/device-check.sh [LOGS]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs="${1:-${OUT:-device-logs}}"
+mkdir -p "$logs"
+jobs="$(nproc)"
+status=0
+step() {  # name, command...: runs it with its output in LOGS/name.log; the first failure is the exit status
+  local name=$1
+  shift
+  local t0=$SECONDS
+  if "$@" >"$logs/$name.log" 2>&1; then
+    echo "== $name: ok ($((SECONDS - t0)) s)"
+  else
+    local rc=$?
+    echo "== $name: FAILED (exit $rc, $((SECONDS - t0)) s): tail of $logs/$name.log"
+    tail -n 30 "$logs/$name.log"
+    [ "$status" -eq 0 ] && status=$rc
+  fi
+}
+
+step machine bash -c 'nvidia-smi; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; free -g; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"'
+
+pfx=/tmp/ds-device-prefix
+rm -rf "$pfx" && mkdir -p "$pfx"
+if ! ls .device-deps/*.deb >/dev/null 2>&1; then
+  echo "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and bring .device-deps along"
+  exit 2
+fi
+for f in .device-deps/*.deb; do dpkg -x "$f" "$pfx"; done
+L="$pfx/usr/lib/x86_64-linux-gnu"
+export LD_LIBRARY_PATH="$L:$L/hdf5/serial:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+# DS_TORCH_PREFIX: where LibTorch's CMake package is (default: the python3 torch's).
+torch_prefix="${DS_TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}"
+build=/tmp/ds-device-build
+step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
+  -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
+  -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L"
+# DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
+read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds}"
+step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+if [ -x "$build/ds" ]; then
+  step ds-version "$build/ds" --version
+  step ds-env "$build/ds" env
+fi
+step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure
+echo "== logs in $logs"
+exit "$status"

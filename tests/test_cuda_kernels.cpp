@@ -1,0 +1,165 @@
+// The CUDA kernels (kernels/cuda, through the CUDA KernelTable) against the CPU kernels on the same
+// inputs: the optimizers' updates within float rounding (the two may contract multiply-adds differently),
+// the 16-bit weights they write within one bf16 step, sums of squares to 1e-12 and bit-identical run to
+// run. Without a visible GPU every test skips and says why (label gpu; scripts/device-check.sh runs them).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/runtime/kernel_table_cuda.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cuda/optimizers.hpp"
+
+using namespace ds;
+
+namespace {
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* why = nullptr;
+    if (kernels::cuda::device_count(&why) == 0)
+      GTEST_SKIP() << "no CUDA device visible (" << (why ? why : "none") << "): the kernels were compiled and linked; "
+                   << "run scripts/device-check.sh on a GPU machine";
+    table_ = make_cuda_kernel_table(nullptr);
+  }
+  std::unique_ptr<KernelTable> table_;
+};
+
+// A device copy of a host vector, freed with the object.
+template <class T>
+struct OnDevice {
+  explicit OnDevice(const std::vector<T>& host) : n(host.size()) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~OnDevice() { cudaFree(p); }
+  std::vector<T> host() const {
+    std::vector<T> out(n);
+    EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+  size_t n;
+  T* p = nullptr;
+};
+
+std::vector<float> normal(size_t n, float scale, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = kernels::float_to_bf16(v[i]);
+  return out;
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b, double rel, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::fabs(a[i] - b[i]) > rel * (std::fabs(a[i]) + 1e-6)) ++bad;
+  EXPECT_EQ(bad, 0u) << what << ": elements further apart than " << rel << " relative";
+}
+
+void expect_within_one_bf16_step(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::abs(static_cast<int>(a[i]) - static_cast<int>(b[i])) > 1) ++bad;
+  EXPECT_EQ(bad, 0u);
+}
+
+constexpr size_t kN = 100003;  // not a multiple of any block size
+
+}  // namespace
+
+TEST_F(CudaKernels, AdamWMatchesTheCpuKernelInFp32AndBf16Gradients) {
+  for (bool bf16_grads : {false, true}) {
+    SCOPED_TRACE(bf16_grads ? "bf16 gradients" : "fp32 gradients");
+    std::vector<float> w = normal(kN, 0.5f, 1), m = normal(kN, 0.01f, 2), g = normal(kN, 1.0f, 4);
+    std::vector<float> v(kN);
+    for (size_t i = 0; i < kN; ++i) v[i] = 0.1f * std::fabs(m[i]) + 1e-6f;
+    kernels::AdamStep s;
+    s.lr = 1e-3f;
+    s.weight_decay = 0.1f;
+    s.grad_scale = 0.5f;
+    const kernels::AdamStep k = s.at_step(7);
+    OnDevice<float> dw(w), dm(m), dv(v), dg(g);
+    OnDevice<uint16_t> dgb{to_bf16(g)}, dout{std::vector<uint16_t>(kN)};
+    std::vector<uint16_t> out(kN), gb = to_bf16(g);
+    if (bf16_grads) {
+      kernels::adam_step_bf16(w.data(), m.data(), v.data(), out.data(), gb.data(), kN, k);
+      table_->adam_step_bf16(dw.p, dm.p, dv.p, dout.p, dgb.p, kN, k);
+    } else {
+      kernels::adam_step_f32(w.data(), m.data(), v.data(), out.data(), g.data(), kN, k);
+      table_->adam_step_f32(dw.p, dm.p, dv.p, dout.p, dg.p, kN, k);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(w, dw.host(), 1e-6, "weights");
+    expect_close(m, dm.host(), 1e-6, "exp_avg");
+    expect_close(v, dv.host(), 1e-6, "exp_avg_sq");
+    expect_within_one_bf16_step(out, dout.host());
+  }
+}
+
+TEST_F(CudaKernels, SgdWithMomentumMatchesTheCpuKernel) {
+  std::vector<float> w = normal(kN, 0.5f, 11), buf = normal(kN, 0.1f, 12), g = normal(kN, 1.0f, 13);
+  kernels::SgdStep s;
+  s.lr = 0.01f;
+  s.momentum = 0.9f;
+  s.nesterov = true;
+  s.weight_decay = 1e-4f;
+  OnDevice<float> dw(w), db(buf), dg(g);
+  kernels::sgd_step_f32(w.data(), buf.data(), nullptr, g.data(), kN, s);
+  table_->sgd_step_f32(dw.p, db.p, nullptr, dg.p, kN, s);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(w, dw.host(), 1e-6, "weights");
+  expect_close(buf, db.host(), 1e-6, "momentum");
+}
+
+TEST_F(CudaKernels, LambsNormsAndUpdateMatchTheCpuKernel) {
+  std::vector<float> w = normal(kN, 0.5f, 21), m = normal(kN, 0.01f, 22), g = normal(kN, 1.0f, 23);
+  std::vector<float> v(kN, 1e-4f);
+  kernels::LambStep s;
+  s.lr = 1e-3f;
+  s.weight_decay = 0.01f;
+  const kernels::LambStep k = s.at_step(3);
+  OnDevice<float> dw(w), dm(m), dv(v), dg(g);
+  double w_cpu = 0, u_cpu = 0, w_gpu = 0, u_gpu = 0;
+  kernels::lamb_moments_f32(w.data(), m.data(), v.data(), g.data(), kN, k, &w_cpu, &u_cpu);
+  table_->lamb_moments_f32(dw.p, dm.p, dv.p, dg.p, kN, k, &w_gpu, &u_gpu);
+  EXPECT_NEAR(w_gpu, w_cpu, 1e-9 * w_cpu);
+  EXPECT_NEAR(u_gpu, u_cpu, 1e-6 * u_cpu);
+  const float ratio = kernels::lamb_trust_ratio(w_cpu, u_cpu, k);
+  kernels::lamb_apply(w.data(), m.data(), v.data(), nullptr, kN, k, ratio);
+  table_->lamb_apply(dw.p, dm.p, dv.p, nullptr, kN, k, ratio);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_close(w, dw.host(), 1e-6, "weights");
+}
+
+TEST_F(CudaKernels, SumsOfSquaresMatchTheCpuAndRepeatBitForBit) {
+  const std::vector<float> x = normal(kN, 3.0f, 31);
+  const std::vector<uint16_t> xb = to_bf16(x);
+  OnDevice<float> dx(x);
+  OnDevice<uint16_t> dxb(xb);
+  const double cpu = kernels::sum_of_squares_f32(x.data(), kN), cpu_b = kernels::sum_of_squares_bf16(xb.data(), kN);
+  const double gpu = table_->sum_of_squares_f32(dx.p, kN), gpu_b = table_->sum_of_squares_bf16(dxb.p, kN);
+  EXPECT_NEAR(gpu, cpu, 1e-12 * cpu);
+  EXPECT_NEAR(gpu_b, cpu_b, 1e-12 * cpu_b);
+  const double again = table_->sum_of_squares_f32(dx.p, kN);
+  EXPECT_EQ(std::memcmp(&gpu, &again, sizeof gpu), 0) << "a reduction that differs run to run";
+  // An inf anywhere is seen (the overflow check reads this sum).
+  std::vector<float> with_inf = x;
+  with_inf[kN / 2] = INFINITY;
+  OnDevice<float> dinf(with_inf);
+  EXPECT_TRUE(std::isinf(table_->sum_of_squares_f32(dinf.p, kN)));
+}
