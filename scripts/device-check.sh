@@ -2,7 +2,7 @@
 # The GPU checks in one call, for a machine with an NVIDIA GPU, CUDA LibTorch (python3 -c 'import torch')
 # and no network: unpacks .device-deps/ (scripts/fetch-device-deps.sh fills it on a Debian 12 machine),
 # configures ds against that LibTorch, builds the targets the GPU checks need, runs every test labelled
-# gpu (kernels/cuda against the CPU's kernels), and writes each step's log to LOGS (default: $OUT, else
+# gpu (kernels/cuda against the CPU's kernels, the NCCL group on one rank), and writes each step's log to LOGS (default: $OUT, else
 # ./device-logs). Exit status: the first step that failed, 0 when all passed.
 #   scripts/device-check.sh [LOGS]
 set -uo pipefail
@@ -39,13 +39,20 @@ export LD_LIBRARY_PATH="$L:$L/hdf5/serial:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 # DS_TORCH_PREFIX: where LibTorch's CMake package is (default: the python3 torch's).
 torch_prefix="${DS_TORCH_PREFIX:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}"
+# NCCL: the system's headers; the library from PyTorch's wheels (nvidia-nccl-*) when the system has none.
+nccl_lib="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+nccl_flag=()
+if [ -n "$nccl_lib" ] && ls "$nccl_lib"/libnccl.so* >/dev/null 2>&1; then
+  nccl_flag=("-DNCCL_LIBRARY=$(ls "$nccl_lib"/libnccl.so* | head -n 1)")
+  export LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH"
+fi
 build=/tmp/ds-device-build
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
   -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
   -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L"
+  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}"
 # DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
-read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds}"
+read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds}"
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 if [ -x "$build/ds" ]; then
   step ds-version "$build/ds" --version

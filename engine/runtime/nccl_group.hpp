@@ -1,0 +1,53 @@
+// ds — NCCL between GPU ranks over raw device buffers: the collectives ZeRO needs (all-reduce, and the
+// native all-gather and reduce-scatter over equal pieces, in fp32, bf16, fp16 and fp64), each queued on a
+// CUDA stream, and a wait that never hangs: past the timeout the communicator is aborted and the wait
+// throws naming the collective. No LibTorch: the Communicator over CUDA tensors (#39) is built on this,
+// and this compiles and links wherever the CUDA toolkit and NCCL are (CI included).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace ds {
+
+enum class NcclElement { f32, bf16, f16, f64 };
+
+class NcclGroup {
+ public:
+  // The bytes every rank must be handed to join one group (rank 0 makes them; ds's rendezvous store
+  // carries them to the others).
+  static std::string make_unique_id();
+  // Joins the group as `rank` of `world` on CUDA device `device`. Throws std::runtime_error naming NCCL's reason.
+  NcclGroup(const std::string& unique_id, int rank, int world, int device, std::chrono::milliseconds timeout);
+  ~NcclGroup();
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+
+  // Queued on `stream` (a cudaStream_t). In place when send == recv (all-reduce), or where NCCL allows it
+  // (all-gather: send is recv's rank()-th piece; reduce-scatter: recv is send's rank()-th piece).
+  void all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream);
+  // recv: world x count elements, rank q's `count` at q x count.
+  void all_gather(const void* send, void* recv, size_t count, NcclElement e, void* stream);
+  // send: world x count elements; recv: this rank's `count`, summed over the ranks.
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream);
+
+  // Blocks until `stream` has run everything queued on it. A collective a peer never joins is seen here:
+  // past the timeout the communicator is aborted (every rank's NCCL calls fail from then on) and this
+  // throws std::runtime_error naming `what` and the seconds waited.
+  void wait(void* stream, const std::string& what);
+
+ private:
+  void* comm_ = nullptr;  // ncclComm_t
+  int rank_ = 0, world_ = 1;
+  std::chrono::milliseconds timeout_;
+  bool aborted_ = false;
+};
+
+// The NCCL library's version, e.g. "2.27.7".
+std::string nccl_version();
+
+}  // namespace ds
