@@ -52,7 +52,7 @@ step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_B
   -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
   -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}"
 # DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
-read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds}"
+read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds_cuda_device_tests ds}"
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 if [ -x "$build/ds" ]; then
   step ds-version "$build/ds" --version

@@ -1,6 +1,9 @@
 #include "engine/runtime/device.hpp"
 
 #include "common/error.hpp"
+#ifdef DS_WITH_CUDA_DEVICE
+#include "engine/runtime/device_cuda.hpp"
+#endif
 
 namespace ds {
 namespace {
@@ -40,12 +43,18 @@ torch::ScalarType to_torch(Dtype d) {
 
 std::shared_ptr<Event> ImmediateStream::record() { return std::make_shared<CompletedEvent>(); }
 
-std::unique_ptr<Device> Device::create(DeviceKind kind, int /*local_rank*/) {
+std::unique_ptr<Device> Device::create(DeviceKind kind, int local_rank) {
+  (void)local_rank;  // a CPU has one
   switch (kind) {
     case DeviceKind::cpu: return std::make_unique<CpuDevice>();
-    case DeviceKind::cuda: break;
+    case DeviceKind::cuda:
+#ifdef DS_WITH_CUDA_DEVICE
+      return make_cuda_device(local_rank);
+#else
+      break;
+#endif
   }
-  throw UserError("this build of ds has no CUDA device", "train on the CPU (--device cpu), or build ds with CUDA LibTorch (see the README)");
+  throw UserError("this build of ds has no CUDA device", "train on the CPU (--device cpu), or build ds with the CUDA toolkit (see the README)");
 }
 
 void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
