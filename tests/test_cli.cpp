@@ -361,6 +361,24 @@ TEST(CliEnv, ReportsTheMachineAsJson) {
     EXPECT_EQ(products, "none") << r.out;
 }
 
+TEST(CliEnv, SaysWhetherCudaIsBuiltInAndWhatItsRuntimeSees) {
+  // ds env and ds --version agree on whether this ds has the CUDA kernels; where it has them, env says how
+  // many devices the CUDA runtime sees, and when none, the runtime's own reason.
+  const Result version = ds("--version");
+  const bool built = version.out.find("CUDA kernels: compiled") != std::string::npos;
+  Result r = ds("env --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto cuda = nlohmann::json::parse(r.out)["cuda"];
+  EXPECT_EQ(cuda["kernels_built"].get<bool>(), built) << version.out;
+  if (!built) {
+    EXPECT_EQ(cuda["devices_visible"].get<int>(), 0);
+  } else if (cuda["devices_visible"].get<int>() == 0) {
+    EXPECT_FALSE(cuda["reason"].get<std::string>().empty());
+  }
+  const Result text = ds("env");
+  EXPECT_NE(text.out.find("  cuda         "), std::string::npos) << text.out;
+}
+
 TEST(CliEnv, ThreadsFollowTheCpusTheProcessMayUseNotTheMachines) {
   // Pinned to one CPU (as taskset, Slurm or a container cpuset do): one usable core, one thread; more
   // would only wait on each other.

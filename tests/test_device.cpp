@@ -17,6 +17,7 @@
 #include "engine/runtime/device.hpp"
 #include "engine/runtime/trainer.hpp"
 #include "schema/loader.hpp"
+#include "test_helpers.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -145,13 +146,7 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
 
 Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) {
   Config c = load_config_text(kTiny, "tiny.json", overrides);
-  Topology t;
-  t.world_size = t.ranks_per_node = world;
-  t.rank = rank;
-  t.cores_per_node = world;
-  t.host_memory_bytes = 8.0 * (1 << 30);
-  t.world_size_source = "test";
-  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), test::thread_ranks(world, rank));
 }
 
 struct RankRun {

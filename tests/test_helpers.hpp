@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/plan/topology.hpp"
 #include "schema/config.hpp"
 #include "schema/loader.hpp"
 
@@ -46,5 +47,17 @@ inline std::string read_text(const std::string& path) {
     if (!std::ifstream(std::string(DS_SHARED_DIR) + "/DESIGN.md"))                                  \
       GTEST_SKIP() << "no ../shared beside the checkout (" DS_SHARED_DIR "): its data is not here"; \
   } while (0)
+
+// The topology of rank `rank` of `world` ranks on one machine (a core each, 8 GiB), as the tests that run
+// ranks as threads plan them.
+inline Topology thread_ranks(int world, int rank) {
+  Topology t;
+  t.world_size = t.ranks_per_node = world;
+  t.rank = rank;
+  t.cores_per_node = world;
+  t.host_memory_bytes = 8.0 * (1 << 30);
+  t.world_size_source = "test";
+  return t;
+}
 
 }  // namespace ds::test

@@ -1,5 +1,7 @@
 #include "kernels/cpu/adam.hpp"
 
+#include "kernels/optimizer_elements.hpp"
+
 #include <cmath>
 #include <cstring>
 
@@ -45,18 +47,8 @@ void scalar_range(float* p, float* m, float* v, uint16_t* out, int64_t begin, in
   const float step_size = s.lr / s.bias_correction1;
   const float decay = s.lr * s.weight_decay;
   for (int64_t i = begin; i < end; ++i) {
-    float g = grad(i) * s.grad_scale;
-    float w = p[i];
-    if (!s.decoupled && s.weight_decay != 0) g = g + s.weight_decay * w;
-    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
-    const float denom = std::sqrt(vi) * s.rsqrt_bias_correction2 + s.eps;
-    if (s.decoupled && s.weight_decay != 0) w = w - decay * w;
-    w = w - step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = w;
-    if (out) out[i] = float_to_bf16(w);
+    adam_element(grad(i) * s.grad_scale, p[i], m[i], v[i], s, step_size, decay);
+    if (out) out[i] = float_to_bf16(p[i]);
   }
 }
 

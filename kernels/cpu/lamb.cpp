@@ -1,5 +1,7 @@
 #include "kernels/cpu/lamb.hpp"
 
+#include "kernels/optimizer_elements.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -20,10 +22,6 @@ LambStep LambStep::at_step(int64_t t) const {
 
 namespace {
 
-inline float update_of(float m, float v, float w, const LambStep& s) {
-  const float denom = s.eps_inside_sqrt ? std::sqrt(v + s.eps) : std::sqrt(v) + s.eps;
-  return m / denom + s.weight_decay * w;
-}
 
 template <class LoadGrad>
 void lamb_moments(const float* p, float* m, float* v, int64_t n, const LambStep& s, LoadGrad grad, double* w_sq_out,
@@ -31,12 +29,8 @@ void lamb_moments(const float* p, float* m, float* v, int64_t n, const LambStep&
   double w_sq = 0, u_sq = 0;
 #pragma omp parallel for schedule(static) reduction(+ : w_sq, u_sq) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad(i) * s.grad_scale;
-    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
-    m[i] = mi;
-    v[i] = vi;
-    const float u = update_of(mi, vi, p[i], s);
+    lamb_moments_element(grad(i) * s.grad_scale, m[i], v[i], s);
+    const float u = lamb_update_element(m[i], v[i], p[i], s);
     w_sq += static_cast<double>(p[i]) * p[i];
     u_sq += static_cast<double>(u) * u;
   }
@@ -65,7 +59,7 @@ void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t
   const float step = s.lr * s.step_size_factor * ratio;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
-    p[i] -= step * update_of(m[i], v[i], p[i], s);
+    p[i] -= step * lamb_update_element(m[i], v[i], p[i], s);
     if (out) out[i] = float_to_bf16(p[i]);
   }
 }

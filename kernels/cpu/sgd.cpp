@@ -1,5 +1,7 @@
 #include "kernels/cpu/sgd.hpp"
 
+#include "kernels/optimizer_elements.hpp"
+
 #include "kernels/cpu/adam.hpp"  // bf16 conversions
 
 namespace ds::kernels {
@@ -10,13 +12,7 @@ template <class LoadGrad>
 void sgd_range(float* p, float* buf, uint16_t* out, int64_t n, const SgdStep& s, LoadGrad grad) {
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad(i) * s.grad_scale + s.weight_decay * p[i];
-    if (s.momentum != 0) {
-      const float b = s.first_step ? g : s.momentum * buf[i] + (1 - s.dampening) * g;
-      buf[i] = b;
-      g = s.nesterov ? g + s.momentum * b : b;
-    }
-    p[i] -= s.lr * g;
+    sgd_element(grad(i) * s.grad_scale, p[i], s.momentum != 0 ? buf + i : nullptr, s);
     if (out) out[i] = float_to_bf16(p[i]);
   }
 }

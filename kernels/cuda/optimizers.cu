@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/optimizer_elements.hpp"
+
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -39,14 +41,8 @@ __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G
   const float step_size = s.lr / s.bias_correction1;
   const float decay = s.lr * s.weight_decay;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float g = load(grad, i) * s.grad_scale;
-    float w = p[i];
-    if (!s.decoupled && s.weight_decay != 0) g = g + s.weight_decay * w;
-    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
-    const float denom = sqrtf(vi) * s.rsqrt_bias_correction2 + s.eps;
-    if (s.decoupled && s.weight_decay != 0) w = w - decay * w;
-    w = w - step_size * (mi / denom);
+    float w = p[i], mi = m[i], vi = v[i];
+    adam_element(load(grad, i) * s.grad_scale, w, mi, vi, s, step_size, decay);
     m[i] = mi;
     v[i] = vi;
     p[i] = w;
@@ -57,20 +53,9 @@ __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G
 template <class G>
 __global__ void sgd_kernel(float* p, float* buf, uint16_t* out, const G* grad, int64_t n, SgdStep s) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float g = load(grad, i) * s.grad_scale + s.weight_decay * p[i];
-    if (s.momentum != 0) {
-      const float b = s.first_step ? g : s.momentum * buf[i] + (1 - s.dampening) * g;
-      buf[i] = b;
-      g = s.nesterov ? g + s.momentum * b : b;
-    }
-    p[i] -= s.lr * g;
+    sgd_element(load(grad, i) * s.grad_scale, p[i], s.momentum != 0 ? buf + i : nullptr, s);
     if (out) out[i] = to_bf16(p[i]);
   }
-}
-
-__device__ __forceinline__ float lamb_update(float m, float v, float w, const LambStep& s) {
-  const float denom = s.eps_inside_sqrt ? sqrtf(v + s.eps) : sqrtf(v) + s.eps;
-  return m / denom + s.weight_decay * w;
 }
 
 // Adds `a` and `b` over the block; thread 0 gets the totals.
@@ -94,12 +79,11 @@ template <class G>
 __global__ void lamb_moments_kernel(const float* p, float* m, float* v, const G* grad, int64_t n, LambStep s, double* partials) {
   double w_sq = 0, u_sq = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = load(grad, i) * s.grad_scale;
-    const float mi = s.beta1 * m[i] + (1 - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1 - s.beta2) * (g * g);
+    float mi = m[i], vi = v[i];
+    lamb_moments_element(load(grad, i) * s.grad_scale, mi, vi, s);
     m[i] = mi;
     v[i] = vi;
-    const float u = lamb_update(mi, vi, p[i], s);
+    const float u = lamb_update_element(mi, vi, p[i], s);
     w_sq += static_cast<double>(p[i]) * p[i];
     u_sq += static_cast<double>(u) * u;
   }
@@ -113,7 +97,7 @@ __global__ void lamb_moments_kernel(const float* p, float* m, float* v, const G*
 __global__ void lamb_apply_kernel(float* p, const float* m, const float* v, uint16_t* out, int64_t n, LambStep s, float ratio) {
   const float step = s.lr * s.step_size_factor * ratio;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    p[i] -= step * lamb_update(m[i], v[i], p[i], s);
+    p[i] -= step * lamb_update_element(m[i], v[i], p[i], s);
     if (out) out[i] = to_bf16(p[i]);
   }
 }
@@ -203,7 +187,11 @@ void sum_of_squares_bf16(const uint16_t* x, int64_t n, double* out, double* scra
 }
 
 int device_count(const char** why) {
-  int n = 0;
+  int n = 0, driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0) {
+    if (why) *why = "no NVIDIA driver is installed";
+    return 0;
+  }
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     if (why) *why = cudaGetErrorString(e);
