@@ -165,7 +165,7 @@ TEST(CliUsage, EverySubcommandsFlagsAreInItsManPage) {
     int flags = 0;
     for (std::string line; std::getline(lines, line);) {
       const size_t at = line.find_first_not_of(' ');
-      if (at == std::string::npos || at == 0 || line.compare(at, 2, "--") != 0 && line.compare(at, 1, "-") != 0) continue;
+      if (at == std::string::npos || at == 0 || (line.compare(at, 2, "--") != 0 && line.compare(at, 1, "-") != 0)) continue;
       const size_t dd = line.find("--", at);
       if (dd == std::string::npos) continue;
       const size_t end = line.find_first_of(" ,=", dd);

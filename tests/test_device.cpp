@@ -156,7 +156,8 @@ struct RankRun {
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
-std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate) {
+std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate,
+                                 const std::string& resume_from = "") {
   std::vector<RankRun> runs(static_cast<size_t>(world));
   LocalGroup group(world);
   std::vector<std::thread> threads;
@@ -167,6 +168,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
         const Plan plan = plan_for(world, r, overrides);
         TrainOptions opt;
         opt.print_every = 1000;
+        opt.resume_from = resume_from;
         auto comm = world > 1 ? group.join(r) : nullptr;
         std::unique_ptr<Device> device = separate ? std::make_unique<SeparateMemoryDevice>() : Device::create(DeviceKind::cpu, r);
         RankRun& run = runs[static_cast<size_t>(r)];
@@ -239,8 +241,11 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       EXPECT_GT(s.device_kernels, 0);
       const bool offloaded = plan.execution.offloaded_numel > 0;
       EXPECT_EQ(s.host_kernels > 0, offloaded);
+      // The checkpoint at the end: states the host cannot address cross to it through counted copies
+      // (fp32 master and two moments of every element kept on the device).
+      const double kept_states = 12.0 * static_cast<double>(plan.execution.local_numel - plan.execution.offloaded_numel);
       if (!offloaded) {
-        EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), 0.0);
+        EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), kept_states);
         continue;
       }
       // Over the whole run: the gradients out at every step; the weights back at every step and once at
@@ -249,11 +254,43 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       double weights_back = 0;
       for (const Transfer& t : plan.execution.transfers)
         if (t.from != Place::nvme && t.to == Place::device) weights_back = t.bytes_per_step;
-      EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), 4 * grads_out);
+      EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), 4 * grads_out + kept_states);
       if (plan.execution.offloaded_numel == plan.execution.local_numel) {  // partial: the kept part is drawn on the device too
         EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::host, Place::device), 5 * weights_back);
       }
     }
   }
   fs::remove_all(root);
+}
+
+TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopiesAndResume) {
+  // On a device the host may not address, a checkpoint is written from host copies of the states and read
+  // back into host memory first: the bytes show in the device's ledger, and a run resumed from step 2 on it
+  // ends where the straight run on the CPU device ends, bit for bit (ZeRO-2 on 2 thread ranks, bf16, and
+  // with 40% of the states offloaded at stage 3: both places in one shard).
+  const fs::path root = fs::temp_directory_path() / ("ds_device_ckpt_" + std::to_string(::getpid()));
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"zero_optimization.stage=2"},
+        std::vector<std::string>{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                 "zero_optimization.offload_optimizer.ratio=0.4"}}) {
+    SCOPED_TRACE(extra.back());
+    std::vector<std::string> o{"bf16.enabled=true", "train.save_every=2", "train.output_dir=" + (root / "straight").string()};
+    o.insert(o.end(), extra.begin(), extra.end());
+    const std::vector<RankRun> straight = train_ranks(2, o, false);
+    o[2] = "train.output_dir=" + (root / "resumed").string();
+    const std::vector<RankRun> first = train_ranks(2, o, true);
+    const Plan plan = plan_for(2, 0, o);
+    const double device_states = 12.0 * static_cast<double>(plan.execution.local_numel - plan.execution.offloaded_numel);
+    const double grads_out = plan.execution.transfers.empty() ? 0.0 : plan.execution.transfers[0].bytes_per_step;
+    // Two checkpoints (steps 2 and 4) drawn through the host.
+    EXPECT_DOUBLE_EQ(ledger_bytes(first[0].transfers, Place::device, Place::host), 2 * device_states + 4 * grads_out);
+    o[2] = "train.output_dir=" + (root / "continued").string();
+    const std::vector<RankRun> resumed = train_ranks(2, o, true, (root / "resumed" / "checkpoints" / "step_00000002").string());
+    ASSERT_EQ(resumed[0].result.losses.size(), 2u);
+    EXPECT_EQ(resumed[0].result.losses[0], straight[0].result.losses[2]);
+    EXPECT_EQ(resumed[0].result.losses[1], straight[0].result.losses[3]);
+    // The resume read the states into host memory and copied them over.
+    EXPECT_GE(ledger_bytes(resumed[0].transfers, Place::host, Place::device), device_states);
+    fs::remove_all(root);
+  }
 }

@@ -249,23 +249,44 @@ void TrainingRun::describe_states() {
   kept_ = {FlatParams::data_or_null(flat_.kept_master), FlatParams::data_or_null(flat_.kept_exp_avg),
            FlatParams::data_or_null(flat_.kept_exp_avg_sq), local - split, segments_within(flat_.owned, split, local), plan_.layout.numel};
   kept_.verify = false;  // the first part's load verified every data set
-  if (!flat_.partial()) return;
+  // A device whose memory the host cannot read gets its states into the checkpoint through counted copies,
+  // piece by piece; so does partial offload, whose shard is drawn from two places.
+  const bool states_on_device = !swapper_ && flat_.offloaded_place() == Place::device;
+  const bool staged = !device_.host_addresses_device() && (states_on_device || flat_.partial());
+  if (!flat_.partial() && !staged) return;
   const ShardPieces swapped = swapper_ ? swapped_pieces(*swapper_, moments) : ShardPieces{};
   buffers_.pieces.moments = moments;
   buffers_.pieces.read = [this, split, swapped](int64_t at, int64_t n, float* m, float* e1, float* e2) {
     float* out[3] = {m, e1, e2};
+    // Elements [from, from + k) of `states` (at `place`) into out[] + within.
+    const auto take = [&](const torch::Tensor* const states[3], Place place, int64_t from, int64_t k, int64_t within) {
+      for (int s = 0; s < 3; ++s)
+        if (out[s] && states[s]->defined())
+          device_.copy(torch::from_blob(out[s] + within, {k}, torch::kFloat32), Place::host, states[s]->narrow(0, from, k), place);
+    };
     const int64_t lo = std::min(n, std::max<int64_t>(0, split - at));  // elements from the offloaded part
-    if (lo > 0 && swapped.read) {
+    const torch::Tensor* first[3] = {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq};
+    const torch::Tensor* rest[3] = {&flat_.kept_master, &flat_.kept_exp_avg, &flat_.kept_exp_avg_sq};
+    if (lo > 0 && swapped.read)
       swapped.read(at, lo, m, e1, e2);
-    } else if (lo > 0) {
-      const torch::Tensor* from[3] = {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq};
-      for (int k = 0; k < 3; ++k)
-        if (out[k] && from[k]->defined()) std::memcpy(out[k], from[k]->data_ptr<float>() + at, static_cast<size_t>(lo) * 4);
-    }
-    float* rest[3] = {kept_.master, kept_.exp_avg, kept_.exp_avg_sq};
-    for (int k = 0; k < 3; ++k)
-      if (out[k] && rest[k] && n > lo) std::memcpy(out[k] + lo, rest[k] + (at + lo - split), static_cast<size_t>(n - lo) * 4);
+    else if (lo > 0)
+      take(first, flat_.offloaded_place(), at, lo, 0);
+    if (n > lo) take(rest, Place::device, at + lo - split, n - lo, lo);
   };
+}
+
+// A checkpoint's part into states the host cannot address: read into host memory, then copied over.
+CheckpointScalars load_through_host(Device& device, const std::string& dir, const CheckpointBuffers& part, int moments) {
+  torch::Tensor host = torch::empty({static_cast<int64_t>(1 + moments), std::max<int64_t>(part.numel, 1)}, torch::kFloat32);
+  CheckpointBuffers staged = part;
+  float* const to[3] = {part.master, part.exp_avg, part.exp_avg_sq};
+  float** const from[3] = {&staged.master, &staged.exp_avg, &staged.exp_avg_sq};
+  for (int s = 0; s < 3; ++s) *from[s] = to[s] && s <= moments ? host[s].data_ptr<float>() : nullptr;
+  const CheckpointScalars sc = load_checkpoint(dir, staged);
+  for (int s = 0; s < 3; ++s)
+    if (to[s] && s <= moments)
+      device.copy(torch::from_blob(to[s], {part.numel}, torch::kFloat32), Place::device, host[s].narrow(0, 0, part.numel), Place::host);
+  return sc;
 }
 
 // The model is initialised the same way at every stage and world size; each rank keeps its part, drawn
@@ -298,9 +319,15 @@ void TrainingRun::draw_weights() {
 
 void TrainingRun::resume() {
   RunLog& log = report_->log();
-  const CheckpointScalars sc =
-      swapper_ ? swap_in_checkpoint(*swapper_, opt_.resume_from, first_part_) : load_checkpoint(opt_.resume_from, first_part_);
-  if (flat_.partial()) load_checkpoint(opt_.resume_from, kept_);
+  // States on a device the host cannot address come in through host memory (counted copies).
+  const bool through_host = !device_.host_addresses_device();
+  const int moments = plan_.optimizer.moments;
+  const CheckpointScalars sc = swapper_ ? swap_in_checkpoint(*swapper_, opt_.resume_from, first_part_)
+                               : through_host && flat_.offloaded_place() == Place::device
+                                   ? load_through_host(device_, opt_.resume_from, first_part_, moments)
+                                   : load_checkpoint(opt_.resume_from, first_part_);
+  if (flat_.partial())
+    through_host ? load_through_host(device_, opt_.resume_from, kept_, moments) : load_checkpoint(opt_.resume_from, kept_);
   result_.first_step = sc.step;
   stepper_->set_applied(sc.applied_steps);
   result_.skipped_steps = sc.skipped_steps;
