@@ -2,7 +2,8 @@
 # The GPU checks in one call, for a machine with an NVIDIA GPU, CUDA LibTorch (python3 -c 'import torch')
 # and no network: unpacks .device-deps/ (scripts/fetch-device-deps.sh fills it on a Debian 12 machine),
 # configures ds against that LibTorch, builds the targets the GPU checks need, runs every test labelled
-# gpu (kernels/cuda against the CPU's kernels, the NCCL group on one rank), and writes each step's log to LOGS (default: $OUT, else
+# gpu (kernels/cuda against the CPU's kernels, the NCCL group on one rank, the CUDA device), runs the
+# GPU benchmark (bench_cuda_optimizers), and writes each step's log to LOGS (default: $OUT, else
 # ./device-logs). Exit status: the first step that failed, 0 when all passed.
 #   scripts/device-check.sh [LOGS]
 set -uo pipefail
@@ -52,12 +53,16 @@ step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_B
   -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
   -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}"
 # DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
-read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds_cuda_device_tests ds}"
+read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers ds}"
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 if [ -x "$build/ds" ]; then
   step ds-version "$build/ds" --version
   step ds-env "$build/ds" env
 fi
 step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure
+if [ -x "$build/bench_cuda_optimizers" ]; then
+  step bench-cuda-optimizers "$build/bench_cuda_optimizers"
+  cat "$logs/bench-cuda-optimizers.log"
+fi
 echo "== logs in $logs"
 exit "$status"

@@ -1,0 +1,93 @@
+// The CUDA optimizer kernels' bandwidth on a GPU, against the card's own device-to-device copy rate
+// measured in the same run (the fused AdamW step is memory-bound: 28 bytes per element). Interleaved
+// rounds; prints the command and medians. Built with the CUDA kernels (target bench_cuda_optimizers,
+// not part of `all`); scripts/device-check.sh runs it.
+//   bench_cuda_optimizers [ELEMENTS=124439808] [ROUNDS=5]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/optimizers.hpp"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench_cuda_optimizers: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+// Seconds `work` takes on the default stream, timed by events.
+template <class F>
+double timed(F work) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  check(cudaEventRecord(a), "cudaEventRecord");
+  work();
+  check(cudaEventRecord(b), "cudaEventRecord");
+  check(cudaEventSynchronize(b), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / 1e3;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 124439808;  // GPT-2 124M's parameters
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
+  const char* why = nullptr;
+  if (ds::kernels::cuda::device_count(&why) == 0) {
+    std::fprintf(stderr, "bench_cuda_optimizers: no CUDA device (%s)\n", why ? why : "none");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("command: %s %lld %d\ndevice: %s\n", argv[0], static_cast<long long>(n), rounds, prop.name);
+  float *w, *m, *v, *copy_src, *copy_dst;
+  uint16_t *g, *out;
+  double* scratch;
+  const size_t f = static_cast<size_t>(n) * 4, h = static_cast<size_t>(n) * 2;
+  for (auto [p, bytes] : {std::pair<void**, size_t>{reinterpret_cast<void**>(&w), f}, {reinterpret_cast<void**>(&m), f},
+                          {reinterpret_cast<void**>(&v), f}, {reinterpret_cast<void**>(&g), h}, {reinterpret_cast<void**>(&out), h},
+                          {reinterpret_cast<void**>(&copy_src), 14 * static_cast<size_t>(n)},
+                          {reinterpret_cast<void**>(&copy_dst), 14 * static_cast<size_t>(n)},
+                          {reinterpret_cast<void**>(&scratch), sizeof(double) * (2 + ds::kernels::cuda::kReduceBlocks)}}) {
+    check(cudaMalloc(p, bytes), "cudaMalloc");
+    check(cudaMemset(*p, 0, bytes), "cudaMemset");
+  }
+  ds::kernels::AdamStep s;
+  s.lr = 1e-4f;
+  s.weight_decay = 0.1f;
+  const ds::kernels::AdamStep k = s.at_step(10);
+  std::vector<double> copy_s, adam_s, norm_s;
+  for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
+    const double c = timed([&] { check(cudaMemcpy(copy_dst, copy_src, 14 * static_cast<size_t>(n), cudaMemcpyDeviceToDevice), "copy"); });
+    const double a = timed([&] { ds::kernels::cuda::adam_step_bf16(w, m, v, out, g, n, k, nullptr); });
+    const double q = timed([&] { ds::kernels::cuda::sum_of_squares_bf16(g, n, scratch, scratch + 2, nullptr); });
+    if (r == 0) continue;
+    copy_s.push_back(c);
+    adam_s.push_back(a);
+    norm_s.push_back(q);
+    std::printf("round %d: copy %.3f ms, AdamW %.3f ms, sum of squares %.3f ms\n", r, c * 1e3, a * 1e3, q * 1e3);
+  }
+  // A copy of 14 bytes reads 14 and writes 14: 28 bytes moved per element, as the fused AdamW step moves.
+  const double copy_rate = 28.0 * n / median(copy_s), adam_rate = 28.0 * n / median(adam_s), norm_rate = 2.0 * n / median(norm_s);
+  std::printf("medians: device copy %.0f GB/s; AdamW (bf16 grads in, bf16 weights out, 28 B/elem) %.3f ms = %.0f GB/s = %.2fx the copy; "
+              "bf16 sum of squares %.0f GB/s\n",
+              copy_rate / 1e9, median(adam_s) * 1e3, adam_rate / 1e9, adam_rate / copy_rate, norm_rate / 1e9);
+  return 0;
+}
