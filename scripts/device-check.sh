@@ -51,7 +51,8 @@ build=/tmp/ds-device-build
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
   -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
   -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}"
+  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}" \
+  -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++ || command -v c++)"
 # DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
 read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers ds}"
 step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
