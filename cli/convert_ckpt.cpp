@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 struct ConvertArgs {
   std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
   int world_size = 0, stage = -1;  // ds -> ds: the layout to write (0 / -1: the source's)
-  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false;
+  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false, adapter = false;
 };
 
 int print_info(const WeightSource& src, bool as_json) {
@@ -244,6 +244,32 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   return kExitOk;
 }
 
+// A LoRA run's checkpoint -> PEFT's adapter directory. Anything else asked of it is refused: it holds
+// the adapter, not the model.
+int export_adapter(const WeightSource& src, const ConvertArgs& a) {
+  if (!src.lora)
+    throw UserError("'" + src.path() + "' trained every weight: it holds no LoRA adapter", "export it without --adapter (--to hf or safetensors)");
+  if (!a.adapter)
+    throw UserError("'" + src.path() + "' holds a LoRA adapter, not a whole model (its base was frozen and is not in the checkpoint)",
+                    "export the adapter in PEFT's format with --adapter, and load it over its base (PeftModel.from_pretrained)");
+  if (a.to == "safetensors" || ends_with(a.dst, ".safetensors"))
+    throw UserError("--adapter writes a directory (adapter_config.json and adapter_model.safetensors)", "give a directory as DST");
+  check_destination(a);
+  std::error_code ec;
+  if (fs::exists(a.dst, ec) && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
+  ExportOptions opt;
+  opt.dtype = a.dtype;
+  opt.allow_fp16_overflow = a.allow_fp16_overflow;
+  std::cerr << "ds convert-ckpt: " << src.path() << " (step " << src.step << ", LoRA r " << src.lora->r << " on "
+            << join(src.lora->target_modules, ", ") << ") -> " << a.dst << " as a PEFT adapter, " << a.dtype << "\n";
+  const ExportSummary s = export_peft_adapter(src, a.dst, opt);
+  for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+  std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
+  if (src.lora->base_model.empty())
+    std::cerr << "  base_model_name_or_path is null: the run's base was a random init (no model.init_from)\n";
+  return kExitOk;
+}
+
 int run_convert(const ConvertArgs& a) {
   return run_guarded("convert-ckpt", [&]() -> int {
     std::string src_path = a.src;
@@ -270,7 +296,10 @@ int run_convert(const ConvertArgs& a) {
       if (a.to == "hf" || a.to == "safetensors") throw UserError("'" + a.src + "' is already a Hugging Face directory", "");
       return import_hf(*src, a);
     }
+    if (a.adapter && (a.to == "ds" || a.world_size > 0 || a.stage >= 0))
+      throw UserError("--adapter exports; it does not combine with --to ds, --world-size or --stage", "give one or the other");
     if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return reshard_ds(*src, a);
+    if (a.adapter || src->lora) return export_adapter(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
     check_destination(a);
@@ -327,7 +356,9 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
                   "(default 5GB; GB = 10^9 bytes, GiB = 2^30)");
   sub->add_option("-t,--tag", a->tag, "the checkpoint of a run directory to read (e.g. step_00000300; default: the newest complete one)");
   sub->add_flag("--exclude-frozen-parameters", a->exclude_frozen,
-                "DeepSpeed's zero_to_fp32 flag; ds trains every parameter, so nothing is excluded");
+                "DeepSpeed's zero_to_fp32 flag; a ds checkpoint holds only what trained (a LoRA run: the adapter), so nothing is excluded");
+  sub->add_flag("--adapter", a->adapter,
+                "a LoRA run (model.lora) -> PEFT's adapter directory (adapter_config.json, adapter_model.safetensors)");
   sub->add_flag("--info", a->info, "describe SRC (kind, step, model, ZeRO stage and world size, every tensor) and exit");
   sub->add_flag("--json", a->json, "with --info: the description as JSON");
   sub->add_flag("--overwrite", a->overwrite, "replace the files ds writes in an existing DST");
@@ -347,6 +378,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
       a Hugging Face directory as a ds run directory (a checkpoint at step 0, optimizer fresh)
   ds train my.json model.init_from=out/quickstart-hf
       start training from exported (or downloaded Hugging Face) weights
+  ds convert-ckpt runs/lora out/lora-adapter --adapter
+      a LoRA run's adapter in PEFT's format: PeftModel.from_pretrained(base, "out/lora-adapter")
 
 Memory stays bounded by the largest tensor: one tensor is read from the shards and written at a time.
 Files are written to a temporary name and renamed, so an interrupted export leaves no partial file

@@ -11,6 +11,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/estimate.hpp"
+#include "engine/plan/lora.hpp"
 #include "schema/loader.hpp"
 
 namespace ds::cli {
@@ -147,6 +148,12 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   sub->add_option("--zero-stage", a->zero_stage, "only this ZeRO stage")->check(CLI::Range(0, 3));
   sub->add_option("--offload", a->offload, "only this optimizer offload: none, cpu or nvme")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}));
+  sub->add_option("--lora-r", a->lora_r,
+                  "plan a LoRA fine-tune of this rank: the base frozen in the compute dtype, only the adapter trains (model.lora)")
+      ->check(CLI::Range(1, 65536));
+  sub->add_option("--lora-targets", a->lora_targets,
+                  "with --lora-r: the projections that get an adapter, PEFT's names (q_proj,v_proj; default: every projection)")
+      ->delimiter(',');
   sub->add_flag("--json", a->json, "print the table as JSON (with schema_version)");
   sub->footer(R"(Examples:
   ds estimate-memory --model 7b --gpus 8
@@ -158,6 +165,8 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   ds estimate-memory --params 2851e6 --largest-layer 32e6 --gpus 8
       a hypothetical model by size only (model states; activations need an architecture)
   ds estimate-memory --model gpt2-xl --zero-stage 3 --json | jq '.rows[0]'
+  ds estimate-memory --model llama-2-7b --lora-r 16 --gpu-memory 24GiB
+      can a 7B model be fine-tuned with LoRA (rank 16 on every projection) on one 24 GiB GPU
 
 Rows are what `ds plan` computes for each choice; DeepSpeed's estimate_zero2/zero3 numbers are shown
 beside them for comparison. Exit status: 0 ok, 2 bad input.)");
@@ -196,6 +205,19 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     Config base = base_config(a, &model_note);
     ModelSpec model = a.params > 0 ? hypothetical_spec(static_cast<int64_t>(a.params), static_cast<int64_t>(a.largest_layer))
                                    : build_model_spec(resolve_model_hyper(base.model));
+    LoraPlan lora;
+    if (!a.lora_targets.empty() && a.lora_r == 0) throw UserError("--lora-targets needs --lora-r", "e.g. --lora-r 16 --lora-targets q_proj,v_proj");
+    if (a.lora_r > 0) {
+      if (a.params > 0) throw UserError("--lora-r needs an architecture, which --params does not give", "pass --model (a preset or a config.json)");
+      LoraConfig& l = base.model.lora;
+      l.enabled = true;
+      l.r = a.lora_r;
+      l.alpha = static_cast<double>(a.lora_r);
+      l.target_modules = a.lora_targets.empty() ? lora_module_names(model.hp.arch) : a.lora_targets;
+      std::vector<ConfigIssue> errors;
+      lora = resolve_lora(l, model, errors);
+      if (!errors.empty()) throw UserError("--lora-targets: " + errors[0].message, errors[0].hint);
+    }
     if (a.seq_len > 0) {
       base.data.seq_len = a.seq_len;
     } else if (!base.data.seq_len || a.params > 0) {
@@ -222,6 +244,9 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       j["topology"] = {{"gpus_per_node", topo.ranks_per_node}, {"nodes", topo.num_nodes},
                        {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
                        {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
+      j["lora"] = lora.enabled ? ojson{{"r", lora.r}, {"target_modules", lora.target_modules}, {"trainable_params", lora.adapters.num_params},
+                                       {"frozen_params", lora.frozen_numel}}
+                               : ojson(nullptr);
       j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
                           {"headroom", a.headroom}};
       ojson rows = ojson::array();
@@ -257,6 +282,13 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       << format_count(model.largest_module_params) << ") on " << topo.num_nodes << (topo.num_nodes == 1 ? " node" : " nodes")
       << " x " << topo.ranks_per_node << (topo.ranks_per_node == 1 ? " GPU" : " GPUs") << "\n";
     if (!model_note.empty()) o << "  model: " << model_note << "\n";
+    if (lora.enabled) {
+      std::string modules;
+      for (const std::string& m : lora.target_modules) modules += (modules.empty() ? "" : ", ") + m;
+      o << "  LoRA r " << lora.r << " on " << modules << ": " << format_count(lora.adapters.num_params) << " parameters train ("
+        << format_fixed(100.0 * static_cast<double>(lora.adapters.num_params) / static_cast<double>(model.num_params), 3)
+        << "% of the model); the base is frozen in " << dtype << " on every GPU (params column)\n";
+    }
     o << "  " << dtype << ", micro batch " << *base.train_micro_batch_size_per_gpu
       << (a.params > 0 ? std::string(" (activations need an architecture)") : " x " + std::to_string(*base.data.seq_len) + " tokens")
       << ", " << optimizer_type_name(base.optimizer.type) << "; GPU memory "
@@ -299,7 +331,8 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       o << "Pass --gpu-memory (e.g. 80GiB) for a fit check and a recommendation.\n\n";
     }
     o << bold("DeepSpeed's estimator", out)
-      << " (estimate_zero2/zero3_model_states_mem_needs: model states only, CPU x1.5 buffer factor; GiB, which DeepSpeed prints as GB)\n";
+      << " (estimate_zero2/zero3_model_states_mem_needs: model states only, CPU x1.5 buffer factor; GiB, which DeepSpeed prints as GB"
+      << (lora.enabled ? "; it knows no LoRA: these rows train every weight" : "") << ")\n";
     o << "   per CPU  |  per GPU | options\n";
     for (const auto& r : t.deepspeed) {
       std::snprintf(line, sizeof line, "  %8s  | %8s | ZeRO-%d %s\n", gib(r.cpu_bytes).c_str(), gib(r.gpu_bytes).c_str(), r.stage,

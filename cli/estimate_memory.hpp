@@ -19,6 +19,8 @@ struct EstimateMemoryArgs {
   std::string activation_checkpointing = "both";  // on | off | both
   int zero_stage = -1;
   std::string offload;           // "": all
+  int64_t lora_r = 0;            // > 0: a LoRA fine-tune of this rank (the base frozen)
+  std::vector<std::string> lora_targets;  // empty: every projection of the architecture
   bool json = false;
 };
 

@@ -61,9 +61,20 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"num_params", p.model.num_params},
                 {"largest_module_params", p.model.largest_module_params},
                 {"largest_block_params", p.model.largest_block_params},
-                {"train_flops_per_token", p.model.train_flops_per_token(p.seq_len)}};
+                {"train_flops_per_token", p.train_flops_per_token()}};
   else
     j["model"] = nullptr;  // a config without a model block: what needs one is null below
+  if (p.lora.enabled)
+    j["lora"] = {{"r", p.lora.r},
+                 {"alpha", p.lora.alpha},
+                 {"scale", p.lora.scale},
+                 {"dropout", p.lora.dropout},
+                 {"target_modules", p.lora.target_modules},
+                 {"init", p.lora.init == LoraInit::gaussian ? "gaussian" : "kaiming_uniform"},
+                 {"trainable_params", p.lora.adapters.num_params},
+                 {"frozen_params", p.lora.frozen_numel}};
+  else
+    j["lora"] = nullptr;
   const Topology& t = p.topology;
   j["topology"] = {{"world_size", t.world_size},
                    {"ranks_per_node", t.ranks_per_node},

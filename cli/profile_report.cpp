@@ -72,7 +72,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   const int end = a.end < 0 ? total : std::clamp(a.end, warmup + 1, total);
   const double step_s = mean_over(steps, warmup, end, [](const json& s) { return s["step_s"].get<double>(); });
   const int64_t micro_batches = plan.batch.grad_accum;  // per rank per step
-  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing);
+  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.lora);
   double fwd = 0, bwd = 0, recompute = 0;
   for (const auto& m : modules)
     if (m.depth == 1) {

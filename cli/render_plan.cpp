@@ -177,6 +177,22 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
   return s;
 }
 
+namespace {
+// What trains and what is frozen: the adapter's size against the base's, and what the base costs.
+std::string lora_text(const Plan& p) {
+  const LoraPlan& l = p.lora;
+  std::string modules;
+  for (const std::string& m : l.target_modules) modules += (modules.empty() ? "" : ", ") + m;
+  const double trained = static_cast<double>(l.adapters.num_params), frozen = static_cast<double>(l.frozen_numel);
+  const Dtype compute = p.precision.compute_dtype;
+  return "r " + std::to_string(l.r) + ", alpha " + format_double(l.alpha) + " (scale " + format_double(l.scale) + "), dropout " +
+         format_double(l.dropout) + " on " + modules + ": " + format_count(l.adapters.num_params) + " parameters train (" +
+         format_fixed(100.0 * trained / (trained + frozen), trained < 0.01 * (trained + frozen) ? 3 : 2) + "% of all); the base's " + format_count(l.frozen_numel) +
+         " are frozen (" + dtype_name(compute) + ", " + format_bytes(frozen * dtype_bytes(compute)) +
+         " on every rank: no gradient, no optimizer state)";
+}
+}  // namespace
+
 std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
   if (!p.has_model) return render_settings_only(p, h);
@@ -196,10 +212,11 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                         ? "; dropout attention " + format_double(m.attn_pdrop) + ", residual " + format_double(m.resid_pdrop) +
                               ", embedding " + format_double(m.embd_pdrop) + " (training only)"
                         : ""));
+  if (p.lora.enabled) row("lora", lora_text(p));
   row("topology", topology_text(t));
   row("batch", batch_text(p));
   row("tokens", std::to_string(p.seq_len) + " per sample, " + format_count(p.tokens_per_step) + " per step; " +
-                    flops(p.train_flops_per_step) + " per step (" + flops(p.model.train_flops_per_token(p.seq_len)) +
+                    flops(p.train_flops_per_step) + " per step (" + flops(p.train_flops_per_token()) +
                     " per token)");
   row("precision", precision_text(p.precision));
   if (!p.precision.note.empty()) row("", p.precision.note);

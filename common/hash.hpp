@@ -33,13 +33,15 @@ inline uint64_t checksum64(const void* data, size_t n) {
   return splitmix64(h ^ static_cast<uint64_t>(n));
 }
 
-// A file's identity as ds records it (a run's tokenizer files): checksum64 of its bytes, 16 hex digits.
-inline std::string checksum64_hex(const std::string& bytes) {
+// 16 hex digits of a 64-bit value.
+inline std::string hex64(uint64_t h) {
   static const char* digits = "0123456789abcdef";
-  uint64_t h = checksum64(bytes.data(), bytes.size());
   std::string out(16, '0');
   for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<size_t>(i)] = digits[h & 15];
   return out;
 }
+
+// A file's identity as ds records it (a run's tokenizer files): checksum64 of its bytes, 16 hex digits.
+inline std::string checksum64_hex(const std::string& bytes) { return hex64(checksum64(bytes.data(), bytes.size())); }
 
 }  // namespace ds

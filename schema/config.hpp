@@ -140,6 +140,16 @@ struct ModelFields {
   std::optional<std::vector<int64_t>> eos_token_id;  // empty: given as none
 };
 
+// model.lora: a low-rank adapter trained in place of the base weights (engine/plan/lora.hpp).
+enum class LoraInit { kaiming_uniform, gaussian };
+struct LoraConfig {
+  bool enabled = false;
+  int64_t r = 8;
+  double alpha = 8, dropout = 0;
+  std::vector<std::string> target_modules;  // empty: the architecture's default
+  LoraInit init = LoraInit::kaiming_uniform;
+};
+
 struct ModelConfig {
   std::string preset;       // "" when none
   std::string hf_config;    // path, "" when none
@@ -147,6 +157,7 @@ struct ModelConfig {
   ModelFields explicit_fields;
   bool activation_checkpointing = false;
   std::string init_from;    // "" when none
+  LoraConfig lora;
   bool given = false;       // false: no model block at all
 };
 

@@ -250,6 +250,16 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
     c.model.explicit_fields = read_model_fields(m);
     c.model.activation_checkpointing = at(m, "activation_checkpointing").get<bool>();
     c.model.init_from = str_or_empty(at(m, "init_from"));
+    if (m.contains("lora") && m["lora"].is_object()) {
+      const json& l = m["lora"];
+      LoraConfig& lc = c.model.lora;
+      lc.enabled = true;
+      lc.r = l.value("r", lc.r);
+      lc.alpha = l.value("alpha", lc.alpha);
+      lc.dropout = l.value("dropout", lc.dropout);
+      if (l.contains("target_modules") && l["target_modules"].is_array()) lc.target_modules = l["target_modules"].get<std::vector<std::string>>();
+      lc.init = l.value("init", std::string("kaiming_uniform")) == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
+    }
     if (!c.model.preset.empty() && !c.model.hf_config.empty())
       errors.push_back({"model", "both preset and hf_config are given", "keep one of them"});
   }

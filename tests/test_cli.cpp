@@ -878,3 +878,37 @@ TEST(CliHardening, AFrozenRankIsTheOneNamed) {
   EXPECT_TRUE(contains(err, "a collective failed: ")) << err;  // rank 0's own account
   std::system(("pkill -9 -f 'train.output_dir=" + dir + "$'").c_str());
 }
+
+TEST(CliPlan, LoraShowsWhatTrainsWhatIsFrozenAndEstimateMemoryAnswersForIt) {
+  Result r = ds("plan examples/lora.json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // gpt2-tiny, r 8 on c_attn (64 -> 192), c_proj (64 -> 64), c_fc (64 -> 256), mlp.c_proj (256 -> 64), 2 blocks.
+  const int64_t adapter = 2 * 8 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64));
+  EXPECT_TRUE(contains(r.out, "lora        r 8, alpha 16 (scale 2), dropout 0.05 on c_attn, c_proj, c_fc: 16,384 parameters train")) << r.out;
+  EXPECT_EQ(adapter, 16384);
+  r = ds("plan examples/lora.json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["lora"]["trainable_params"], adapter);
+  EXPECT_EQ(j["lora"]["frozen_params"], j["model"]["num_params"]);
+  EXPECT_EQ(j["layout"]["numel"], adapter);
+  r = ds("plan examples/lora.json 'model.lora.target_modules=[\"q_proj\"]'");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "its modules are: c_attn, c_proj, c_fc")) << r.err;
+
+  // Llama-2-7B, r 16 on every projection: 32 blocks x 16 x (4 x (4096 + 4096) + 2 x (4096 + 11008) + (11008 + 4096)).
+  r = ds("estimate-memory --model llama-2-7b --lora-r 16 --zero-stage 0 --activation-checkpointing on --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  const int64_t adapter7b = int64_t{32} * 16 * (4 * 8192 + 3 * 15104);
+  EXPECT_EQ(e["lora"]["trainable_params"], adapter7b);
+  EXPECT_EQ(e["lora"]["frozen_params"], e["model"]["num_params"]);
+  const nlohmann::json& row = e["rows"][0];
+  // bf16: the base and the adapter at 2 bytes, the adapter's gradients at 2, its fp32 master and moments at 12.
+  EXPECT_EQ(row["per_gpu"]["params"].get<int64_t>(), 2 * e["model"]["num_params"].get<int64_t>() + 2 * adapter7b);
+  EXPECT_EQ(row["per_gpu"]["grads"].get<int64_t>(), 2 * adapter7b);
+  EXPECT_EQ(row["per_gpu"]["optimizer_states"].get<int64_t>(), 12 * adapter7b);
+  r = ds("estimate-memory --model llama-2-7b --lora-r 16 --lora-targets q_proj,wq");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "'wq' is not a projection")) << r.err;
+}

@@ -263,3 +263,54 @@ TEST(CliConvert, TokenizerFilesAreTheOnesTheRunReadWhereverTheExportRuns) {
   EXPECT_EQ(slurp(dir + "/hf/model.safetensors"), weights);
   EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
 }
+
+TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresWhatDsScores) {
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/lora";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream tokens(dir + "/window.bin", std::ios::binary);
+    for (int i = 0; i < 17; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 53 + 7) % 256);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  // The base: a short fp32 run, exported. The LoRA run freezes it and trains an adapter on every projection.
+  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.eval_every=0 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  const std::string lora = "train examples/lora.json bf16.enabled=false model.init_from=" + dir + "/base-hf model.lora.dropout=0 ";
+  Result r = ds(lora + "train.steps=20 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "frozen base from Hugging Face directory")) << r.err;
+  // A LoRA checkpoint holds the adapter: exporting it as a whole model is refused, --adapter writes PEFT's files.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/whole");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "holds a LoRA adapter, not a whole model")) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/adapter --adapter");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(dir + "/adapter/adapter_config.json"));
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 8);
+  EXPECT_EQ(cfg["lora_alpha"], 16.0);
+  EXPECT_EQ(cfg["bias"], "none");
+  EXPECT_EQ(cfg["fan_in_fan_out"], true);  // GPT-2's Conv1D
+  EXPECT_EQ(cfg["target_modules"], nlohmann::json::parse(R"(["c_attn", "c_proj", "c_fc"])"));
+  EXPECT_EQ(cfg["base_model_name_or_path"], dir + "/base-hf");
+  r = ds("convert-ckpt --info " + dir + "/run --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tensors"].size(), 2u * 4u * 2u);  // A and B x 4 projections x 2 blocks
+  // ds's loss of the window with the trained adapter: one more step, resumed on the window (its loss is taken
+  // before the update), against the independent reader's with the adapter merged into the base.
+  r = ds(lora + "train.steps=21 train.output_dir=" + dir + "/run --resume data.type=tokens data.path=" + dir +
+         "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.eval_every=0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json last = metrics_of(dir + "/run").back();
+  ASSERT_EQ(last["step"], 21);
+  const double ds_loss = last["loss"].get<double>();
+  const std::string py = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + dir + "/base-hf " + dir + "/window.bin ";
+  ASSERT_EQ(std::system((py + dir + "/adapter > " + dir + "/merged.txt").c_str()), 0);
+  EXPECT_NEAR(std::stod(slurp(dir + "/merged.txt")), ds_loss, 1e-4 * ds_loss);
+  // ...and the adapter matters: the base alone scores the window differently.
+  ASSERT_EQ(std::system((py + "> " + dir + "/base.txt").c_str()), 0);
+  EXPECT_GT(std::fabs(std::stod(slurp(dir + "/base.txt")) - ds_loss), 1e-3);
+}

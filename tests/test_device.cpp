@@ -144,10 +144,7 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
                         "stage3_param_persistence_threshold": "auto"},
   "train": {"steps": 4, "eval_every": 0, "threads": 1}})";
 
-Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) {
-  Config c = load_config_text(kTiny, "tiny.json", overrides);
-  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), test::thread_ranks(world, rank));
-}
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) { return test::plan_of(kTiny, world, rank, overrides); }
 
 struct RankRun {
   TrainResult result;

@@ -71,3 +71,28 @@ TEST(ModuleFlops, LlamaWithGroupedQueryAttentionAndRecomputation) {
   EXPECT_DOUBLE_EQ(m.at("lm_head").recompute, 0);  // outside the blocks nothing is recomputed
   EXPECT_DOUBLE_EQ(m.at("model.norm").forward, 0);
 }
+
+TEST(ModuleFlops, LoraCountsNoWeightGradientForTheFrozenBaseAndTheAdaptersInTheirModule) {
+  const ModelSpec spec = build_model_spec(model_preset("tinyllama-1.1b"));
+  LoraConfig config;
+  config.enabled = true;
+  config.r = 16;
+  config.target_modules = {"q_proj", "v_proj"};
+  std::vector<ConfigIssue> errors;
+  const LoraPlan lora = resolve_lora(config, spec, errors);
+  ASSERT_TRUE(errors.empty());
+  const double B = 2, T = 256, C = 2048, V = 32000, NH = 32, KV = 4, D = 64, N = B * T, r = 16;
+  const auto rows = module_flops(spec, 2, 256, false, lora);
+  const auto m = by_name(rows);
+  const double projections = 2 * N * (C * C + 2 * C * KV * D + C * C), core = 2 * (2 * B * NH * T * T * D);
+  const double adapters = 2 * N * r * ((C + C) + (C + KV * D));  // q: C -> C, v: C -> KV D
+  const auto& attn = m.at("model.layers.3.self_attn");
+  EXPECT_DOUBLE_EQ(attn.forward, projections + core + adapters);
+  EXPECT_DOUBLE_EQ(attn.backward, projections + 2 * core + 2 * adapters);  // frozen: the input's gradient only
+  EXPECT_EQ(attn.params, static_cast<int64_t>(C * C + 2 * C * KV * D + C * C + r * ((C + C) + (C + KV * D))));
+  EXPECT_DOUBLE_EQ(m.at("lm_head").backward, 2 * N * C * V);
+  double total = 0;
+  for (const auto& row : rows)
+    if (row.depth == 1) total += row.total();
+  EXPECT_NEAR(total, lora_train_flops_per_token(spec, lora, 256) * N, 1e-9 * total);
+}

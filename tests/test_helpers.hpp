@@ -3,11 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/plan/plan.hpp"
 #include "engine/plan/topology.hpp"
 #include "schema/config.hpp"
 #include "schema/loader.hpp"
@@ -58,6 +62,29 @@ inline Topology thread_ranks(int world, int rank) {
   t.host_memory_bytes = 8.0 * (1 << 30);
   t.world_size_source = "test";
   return t;
+}
+
+// The plan of rank `rank` of `world` thread ranks for a config text with overrides.
+inline Plan plan_of(const std::string& config_text, int world, int rank, const std::vector<std::string>& overrides = {}) {
+  Config c = load_config_text(config_text, "test.json", overrides);
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), thread_ranks(world, rank));
+}
+
+// Runs `body(rank)` on `world` threads and rethrows the first failure.
+inline void on_ranks(int world, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace ds::test

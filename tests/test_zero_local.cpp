@@ -37,27 +37,9 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
                         "stage3_param_persistence_threshold": "auto"},
   "train": {"steps": 6, "eval_every": 0, "threads": 1}})";
 
-Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) {
-  Config c = load_config_text(kTiny, "tiny.json", overrides);
-  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), test::thread_ranks(world, rank));
-}
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) { return test::plan_of(kTiny, world, rank, overrides); }
 
-// Runs `body(rank)` on `world` threads and rethrows the first failure.
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using test::on_ranks;
 
 torch::Tensor tokens(int64_t sample, int64_t T) {
   return torch::randint(0, 256, {1, T}, torch::TensorOptions().dtype(torch::kLong)).add_(sample * 7).remainder_(256);

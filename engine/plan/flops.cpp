@@ -17,7 +17,8 @@ std::string module_of(const TensorSpec& t) {
 
 }  // namespace
 
-std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, bool recompute) {
+std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, bool recompute,
+                                      const LoraPlan& lora) {
   const ModelHyper& hp = model.hp;
   const double N = static_cast<double>(micro_batch) * static_cast<double>(seq_len);  // tokens
   // Attention scores (Q K^T) and their weighted sum (P V): 2 x B x NH x T x T x D each, forward.
@@ -25,6 +26,7 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
                                 static_cast<double>(seq_len) * static_cast<double>(seq_len) * static_cast<double>(hp.head_dim());
   std::vector<ModuleFlops> rows;
   std::map<std::string, size_t> index;
+  std::map<std::string, double> frozen;  // per row: forward FLOPs of frozen weights (backward: the input's gradient only)
   auto row = [&](const std::string& name, int depth, int layer) -> ModuleFlops& {
     auto it = index.find(name);
     if (it != index.end()) return rows[it->second];
@@ -32,32 +34,45 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
     rows.push_back(ModuleFlops{name, depth, layer, 0, 0, 0, 0});
     return rows.back();
   };
+  // A matmul of `numel` weights in row `m`: trained, or frozen under LoRA.
+  auto matmul = [&](ModuleFlops& m, int64_t numel) {
+    const double f = 2.0 * N * static_cast<double>(numel);
+    m.forward += f;
+    if (lora.enabled) frozen[m.name] += f;
+  };
   for (const TensorSpec& t : model.tensors) {
     if (t.layer >= 0) {
       const std::string child = module_of(t);
       row(child.substr(0, child.rfind('.')), 1, t.layer);  // the block, before its first child
       ModuleFlops& m = row(child, 2, t.layer);
       m.params += t.numel;
-      if (t.shape.size() == 2) m.forward += 2.0 * N * static_cast<double>(t.numel);
+      if (t.shape.size() == 2) matmul(m, t.numel);
       if (t.name.find("c_attn.weight") != std::string::npos || t.name.find("q_proj.weight") != std::string::npos)
         m.forward += attention_core;  // the attention module's own core, once per block
     } else {
       ModuleFlops& m = row(module_of(t), 1, -1);
       m.params += t.numel;
-      if (t.shape.size() == 2 && !is_embedding_table(t)) m.forward += 2.0 * N * static_cast<double>(t.numel);  // lm_head
+      if (t.shape.size() == 2 && !is_embedding_table(t)) matmul(m, t.numel);  // lm_head
     }
   }
   if (hp.tie_word_embeddings)  // the head reads the token embedding: its matmul, no parameters of its own
-    row("lm_head", 1, -1).forward += 2.0 * N * static_cast<double>(hp.vocab_size) * static_cast<double>(hp.hidden_size);
+    matmul(row("lm_head", 1, -1), hp.vocab_size * hp.hidden_size);
+  for (const TensorSpec& t : lora.adapters.tensors) {  // x A^T, then B: in the module of the projection they adapt
+    ModuleFlops& m = row(module_of(t), 2, t.layer);
+    m.params += t.numel;
+    m.forward += 2.0 * N * static_cast<double>(t.numel);
+  }
   for (ModuleFlops& m : rows) {
     if (m.depth == 2) {
-      ModuleFlops& block = rows[index.at(m.name.substr(0, m.name.rfind('.')))];
+      const std::string block_name = m.name.substr(0, m.name.rfind('.'));
+      ModuleFlops& block = rows[index.at(block_name)];
       block.params += m.params;
       block.forward += m.forward;
+      frozen[block_name] += frozen[m.name];
     }
   }
   for (ModuleFlops& m : rows) {
-    m.backward = 2.0 * m.forward;
+    m.backward = 2.0 * m.forward - frozen[m.name];
     m.recompute = recompute && m.layer >= 0 ? m.forward : 0.0;
   }
   return rows;

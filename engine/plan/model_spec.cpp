@@ -301,17 +301,20 @@ bool is_embedding_table(const TensorSpec& t) {
          t.name.find("embed_tokens") != std::string::npos;
 }
 
-double ModelSpec::train_flops_per_token(int64_t T) const {
-  // Matmul parameters: every 2-D weight except the position table, plus the output head (tied or not).
-  double matmul_params = 0;
+double ModelSpec::matmul_params() const {
+  double n = 0;
   for (const auto& t : tensors)
-    if (t.shape.size() == 2 && !is_embedding_table(t))
-      matmul_params += static_cast<double>(t.numel);
-  matmul_params += static_cast<double>(hp.vocab_size) * hp.hidden_size;  // output head
-  if (!hp.tie_word_embeddings) matmul_params -= static_cast<double>(hp.vocab_size) * hp.hidden_size;  // lm_head was in the list
-  const double attn = 12.0 * hp.num_layers * static_cast<double>(T) * (hp.num_heads * hp.head_dim());
-  return 6.0 * matmul_params + attn;
+    if (t.shape.size() == 2 && !is_embedding_table(t)) n += static_cast<double>(t.numel);
+  n += static_cast<double>(hp.vocab_size) * hp.hidden_size;  // output head
+  if (!hp.tie_word_embeddings) n -= static_cast<double>(hp.vocab_size) * hp.hidden_size;  // lm_head was in the list
+  return n;
 }
+
+double ModelSpec::attention_train_flops_per_token(int64_t T) const {
+  return 12.0 * hp.num_layers * static_cast<double>(T) * (hp.num_heads * hp.head_dim());
+}
+
+double ModelSpec::train_flops_per_token(int64_t T) const { return 6.0 * matmul_params() + attention_train_flops_per_token(T); }
 
 double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   // Tensors autograd keeps per token for one block. With the fused causal attention (no attention

@@ -62,6 +62,10 @@ struct ModelSpec {
   // + 12 L T C_attn (attention scores and values), as in PaLM (Chowdhery et al. 2022, app. B) and
   // llm.c. Recomputation is not included (this is "model FLOPs", the basis of MFU).
   double train_flops_per_token(int64_t T) const;
+  // Its two parts: parameters that take part in a matmul per token (every 2-D weight but the position
+  // table, plus the output head, tied or not), and the attention core's training FLOPs per token.
+  double matmul_params() const;
+  double attention_train_flops_per_token(int64_t T) const;
   // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
   double block_activation_bytes_per_token(int64_t T, int bytes) const;
   // Bytes kept outside the blocks per token: embedding output, final norm input and output, and the

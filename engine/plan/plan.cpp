@@ -241,6 +241,10 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
 
 }  // namespace
 
+double Plan::train_flops_per_token() const {
+  return lora.enabled ? lora_train_flops_per_token(model, lora, seq_len) : model.train_flops_per_token(seq_len);
+}
+
 double Plan::host_bytes_per_node() const {
   double per_rank = memory.host.total();
   if (topology.device == DeviceKind::cpu) per_rank += memory.device.total();
@@ -249,17 +253,28 @@ double Plan::host_bytes_per_node() const {
 
 // The layout, ZeRO execution and memory of a plan whose other decisions are made.
 void lay_out(Plan& plan, int stage) {
-  plan.layout = build_layout(plan.model, stage, plan.topology.world_size);
+  plan.layout = build_layout(plan.trained(), stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
-  plan.memory = estimate_memory(plan.execution, activation_bytes(plan.model, plan.batch.micro_batch, plan.seq_len,
-                                                                 plan.precision.compute_dtype, plan.activation_checkpointing,
-                                                                 plan.threads));
+  const Dtype compute = plan.precision.compute_dtype;
+  double activations = activation_bytes(plan.model, plan.batch.micro_batch, plan.seq_len, compute, plan.activation_checkpointing,
+                                        plan.threads);
+  // The adapters' own: every block's, or one recomputed block's with activation checkpointing.
+  const double blocks = plan.activation_checkpointing ? 1.0 : static_cast<double>(plan.model.hp.num_layers);
+  activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
+                 lora_block_activation_bytes_per_token(plan.lora, dtype_bytes(compute));
+  plan.memory = estimate_memory(plan.execution, activations);
 }
 
 Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {
   Plan plan = plan_from_settings(c, topo);
   std::vector<ConfigIssue> errors;
   plan.model = model;
+  plan.lora = resolve_lora(c.model.lora, model, errors);
+  if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
+    std::string list;
+    for (const std::string& m : plan.lora.target_modules) list += (list.empty() ? "" : ", ") + m;
+    plan.resolved.push_back({"model.lora.target_modules", list, std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
+  }
   const int64_t C = model.hp.hidden_size;
 
   // Sequence length.
@@ -410,7 +425,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   plan.placement = render_placement(plan.execution, stage, topo.device);
 
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
-  plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * model.train_flops_per_token(plan.seq_len);
+  plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
 
   if (device_budget > 0 && plan.device_bytes_per_rank() > device_budget)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) +

@@ -10,6 +10,7 @@
 #include "engine/plan/batch.hpp"
 #include "engine/plan/comm.hpp"
 #include "engine/plan/layout.hpp"
+#include "engine/plan/lora.hpp"
 #include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/plan/topology.hpp"
@@ -109,6 +110,7 @@ struct Plan {
   // bytes, an "auto" ZeRO stage or micro batch) is left empty, and the stage is -1 when "auto".
   bool has_model = true;
   ModelSpec model;
+  LoraPlan lora;             // model.lora: the adapter that trains in place of the model's weights
   Topology topology;
   ResolvedBatch batch;
   int64_t seq_len = 0;
@@ -134,7 +136,11 @@ struct Plan {
 
   // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
   int zero_stage() const { return layout.stage; }
+  // The parameters that train, which the layout lays out: the adapter's with LoRA, else the model's.
+  const ModelSpec& trained() const { return lora.enabled ? lora.adapters : model; }
   double device_bytes_per_rank() const { return memory.device.total(); }
+  // Model FLOPs of one token at seq_len: the model's, or with LoRA the frozen base's and the adapter's.
+  double train_flops_per_token() const;
   double host_bytes_per_node() const;
 };
 

@@ -27,6 +27,7 @@ enum class MemoryCategory { params, grads, optimizer_states, buffers };
 enum class BufferRole {
   params,          // the stored weights: the whole (padded) model, or at stage 3 this rank's partition
   whole_params,    // stage 3: the parameters below the persistence threshold, whole, in the compute dtype
+  frozen_params,   // LoRA: the base model's weights, which do not train: whole on every rank, in the compute dtype
   grads,           // gradients in their stored dtype: the whole model (stages 0-1) or this rank's part (2-3)
   offload_grads,   // fp32 copy of this rank's reduced gradients where an offloaded optimizer runs
   compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)

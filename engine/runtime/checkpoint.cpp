@@ -100,6 +100,7 @@ uint64_t metadata_checksum(hid_t f, const std::string& path) {
     }
   for (const char* text : {"plan_json", "config_json"})
     h = fold_text(h, H5Lexists(f, text, H5P_DEFAULT) > 0 ? read_string(f, text, path) : std::string("\1 absent"));
+  if (H5Lexists(f, "base_json", H5P_DEFAULT) > 0) h = fold_text(h, read_string(f, "base_json", path));  // LoRA runs only
   for (const OwnedSegment& g : read_segments(f, path)) {
     const int64_t row[3] = {g.global, g.local, g.numel};
     h = fold_bytes(h, row, sizeof row);
@@ -458,6 +459,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     write_attr<double>(f, "loss", sc.loss, file.string());
     write_string(f, "plan_json", plan_json, file.string());
     write_string(f, "config_json", config_json, file.string());
+    if (!sc.base_json.empty()) write_string(f, "base_json", sc.base_json, file.string());
   }
   write_shard(f, b, file.string());
   write_attr<int64_t>(f, "meta_checksum", static_cast<int64_t>(metadata_checksum(f, file.string())), file.string());
@@ -646,6 +648,7 @@ CheckpointScalars load_checkpoint(const std::string& dir, const CheckpointBuffer
                       "resume with the model the checkpoint was trained with (its plan_json says which)");
     if (b.verify) verify_or_point_back(f, file, dir, current);
     check_counters(sc, dir, file);
+    if (H5Lexists(f, "base_json", H5P_DEFAULT) > 0) sc.base_json = read_string(f, "base_json", file);
     if (current) save_id = read_attr<int64_t>(f, "save_id", file);
     if (version == 1) {
       filled = read_overlaps(f, {OwnedSegment{0, 0, 0, model_numel}}, b, file);

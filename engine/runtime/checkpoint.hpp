@@ -7,7 +7,7 @@
 // state.h5 (format version 2; see ds-checkpoint(5)):
 //   attributes on /: format_version, step, applied_steps, skipped_steps, seed, world_size, model_numel,
 //                    loss_scale, loss_scale_iteration, loss_scale_last_overflow, loss_scale_hysteresis
-//   datasets: /plan_json and /config_json (strings), and rank 0's shard
+//   datasets: /plan_json and /config_json (strings), /base_json (LoRA: the frozen base's source), and rank 0's shard
 // shard_NNNNN.h5, one per further rank (ZeRO stages 1-3 across ranks), and state.h5 itself hold a shard:
 //   /segments (int64 [k, 3]: global offset in the unpadded flat order, local offset, length) and
 //   /master, /optimizer/exp_avg, /optimizer/exp_avg_sq (fp32, the rank's local elements).
@@ -37,6 +37,9 @@ struct CheckpointScalars {
   uint64_t seed = 0;
   LossScalerState loss_scaler;
   double loss = std::numeric_limits<double>::quiet_NaN();  // the training loss of the step saved after (NaN: unknown)
+  // LoRA: the frozen base the adapter was trained on (its source and checksum, JSON), which the checkpoint
+  // does not hold; "" for a run that trains every weight. Written as the /base_json data set.
+  std::string base_json;
 };
 
 // Produces elements [at, at + n) of a buffer into `out`.

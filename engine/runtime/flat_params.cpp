@@ -140,19 +140,28 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   f.outer_grads = arenas.take(BufferRole::outer_grads);
   f.outer_params = arenas.take(BufferRole::outer_params);
   make_views(f, L, z);
+  f.frozen = arenas.take(BufferRole::frozen_params);
+  if (f.frozen.defined()) {  // LoRA: the base's tensors, in state_dict order, never with a gradient
+    int64_t at = 0;
+    for (const TensorSpec& t : plan.model.tensors) {
+      f.frozen_views.push_back(f.frozen.narrow(0, at, t.numel).view(t.shape));
+      f.frozen_names.push_back(t.name);
+      at += t.numel;
+    }
+  }
   return f;
 }
 
 const torch::Tensor& ParamCursor::next(const std::string& suffix) {
-  DS_CHECK(i_ < p_.views.size() && ends_with(p_.names[i_], suffix), "parameter ", i_, " is ",
-           (i_ < p_.names.size() ? p_.names[i_] : "missing"), ", expected *", suffix);
-  return p_.views[i_++];
+  DS_CHECK(i_ < views_.size() && ends_with(names_[i_], suffix), "parameter ", i_, " is ",
+           (i_ < names_.size() ? names_[i_] : "missing"), ", expected *", suffix);
+  return views_[i_++];
 }
 
 FlatParams::Bytes FlatParams::bytes() const {
   const auto n = [](const torch::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0.0; };
   Bytes b;
-  b.params = n(params) + n(whole_params);
+  b.params = n(params) + n(whole_params) + n(frozen);
   b.grads = n(grads) + n(offload_grads);
   const auto own = [&](const torch::Tensor& t) {  // not the weights themselves (fp32)
     return t.defined() && (!local_params.defined() || t.data_ptr() < local_params.data_ptr() ||

@@ -63,6 +63,11 @@ struct FlatParams {
   std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
   std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
   std::vector<std::string> names;
+  // LoRA: the base model's weights, frozen, in the compute dtype (the plan's frozen_params buffer), and a
+  // view per tensor of the model in state_dict order (no gradient). Undefined / empty without LoRA.
+  torch::Tensor frozen;
+  std::vector<torch::Tensor> frozen_views;
+  std::vector<std::string> frozen_names;
   std::vector<torch::Tensor> arenas;  // one allocation per dtype and place; the buffers above are tensors over them
   Device* device = nullptr;           // what allocated them, and the kernels and copies that reach them
 
@@ -86,12 +91,15 @@ struct FlatParams {
 // (a mismatch is a bug: the model and ModelSpec disagree on the state_dict order).
 class ParamCursor {
  public:
-  explicit ParamCursor(const FlatParams& params) : p_(params) {}
+  ParamCursor(const std::vector<torch::Tensor>& views, const std::vector<std::string>& names) : views_(views), names_(names) {}
+  explicit ParamCursor(const FlatParams& params) : ParamCursor(params.views, params.names) {}
   const torch::Tensor& next(const std::string& suffix);
-  bool done() const { return i_ == p_.views.size(); }
+  bool done() const { return i_ == views_.size(); }
+  size_t position() const { return i_; }  // how many were handed out
 
  private:
-  const FlatParams& p_;
+  const std::vector<torch::Tensor>& views_;
+  const std::vector<std::string>& names_;
   size_t i_ = 0;
 };
 

@@ -12,7 +12,7 @@ namespace ds {
 
 class Gpt2Model : public LanguageModel {
  public:
-  Gpt2Model(const ModelHyper& hp, const FlatParams& params);
+  Gpt2Model(const ModelHyper& hp, ModelWeights& weights);
 
   // GPT-2's initialisation: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2L)), zero
   // biases, unit LayerNorm gains. Deterministic in `seed`; written in fp32 into `master`.
@@ -26,7 +26,8 @@ class Gpt2Model : public LanguageModel {
 
  private:
   struct Block {
-    torch::Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
+    torch::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
+    Linear attn, proj, fc, fc_proj;  // Conv1D weights, (in, out)
   };
   ModelHyper hp_;
   torch::Tensor wte_, wpe_, lnf_w_, lnf_b_;

@@ -1,13 +1,16 @@
 #include "engine/runtime/language_model.hpp"
 
+#include <cmath>
 #include <cstring>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/error.hpp"
 #include "common/hash.hpp"
+#include "common/strings.hpp"
 
 #include "engine/runtime/fused_attention.hpp"
+#include "engine/runtime/fused_ops.hpp"
 #include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/gpt2_model.hpp"
 #include "engine/runtime/llama_model.hpp"
@@ -97,11 +100,26 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
 }  // namespace
 
 torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
+  DS_CHECK(site >= 0 && site < 8, "dropout site ", site, " is outside 0-7");
+  return dropout_from(x, p, static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site));
+}
+
+torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint64_t stream) const {
   if (p <= 0 || !training_) return x;
-  const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site)));
+  const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(stream));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const torch::Tensor keep = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32)).bernoulli_(1.0 - p, gen);
   return x * (keep * (1.0 / (1.0 - p))).to(x.scalar_type());
+}
+
+torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
+  const torch::Tensor y = projection(x, l.weight, l.bias, in_out);
+  if (!l.lora_a.defined()) return y;
+  // The adapters' masks come from streams of their own, past every block's dropout sites.
+  constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
+  const torch::Tensor dropped = dropout_from(x, lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index));
+  const torch::Tensor low = projection(dropped, l.lora_a, {}, false);  // (..., r)
+  return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
@@ -132,6 +150,9 @@ torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tens
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   const bool training = torch::GradMode::is_enabled();
   const bool recompute = checkpoint_activations_ && training;
+  // Frozen embeddings (LoRA) give the blocks an input that takes no gradient, and a Function wrapping a
+  // block (recomputed, hooked) passes gradients on only when its input takes one: make it a leaf that does.
+  if (training && !x.requires_grad()) x = x.detach().requires_grad_(true);
   for (int64_t l = 0; l < num_blocks(); ++l) {
     if (hooks_ && training) {
       x = HookedBlock::apply(x, this, hooks_, l, recompute);
@@ -197,26 +218,78 @@ BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_st
   return t;
 }
 
+ModelWeights::ModelWeights(const Plan& plan, const FlatParams& p)
+    : cursor_(plan.lora.enabled ? p.frozen_views : p.views, plan.lora.enabled ? p.frozen_names : p.names) {
+  if (!plan.lora.enabled) return;
+  DS_CHECK(p.frozen_views.size() == plan.model.tensors.size() && p.views.size() == plan.lora.adapted.size(),
+           "the frozen base or the adapters are not the plan's");
+  for (size_t i = 0; i + 1 < p.views.size(); i += 2)  // A then B, for one projection
+    adapters_.push_back({static_cast<size_t>(plan.lora.adapted[i]), p.views[i], p.views[i + 1]});
+}
+
+Linear ModelWeights::linear(const std::string& weight_suffix, const std::string& bias_suffix) {
+  Linear l;
+  l.index = static_cast<int64_t>(cursor_.position());
+  l.weight = next(weight_suffix);
+  if (!bias_suffix.empty()) l.bias = next(bias_suffix);
+  if (adapter_ < adapters_.size() && adapters_[adapter_].base == static_cast<size_t>(l.index)) {
+    l.lora_a = adapters_[adapter_].a;
+    l.lora_b = adapters_[adapter_].b;
+    ++adapter_;
+  }
+  return l;
+}
+
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {
   std::unique_ptr<LanguageModel> m;
+  ModelWeights weights(plan, params);
   switch (plan.model.hp.arch) {  // one case per architecture of the registry (schema/config.hpp)
-    case ModelArch::gpt2: m = std::make_unique<Gpt2Model>(plan.model.hp, params); break;
-    case ModelArch::llama: m = std::make_unique<LlamaModel>(plan.model.hp, params); break;
+    case ModelArch::gpt2: m = std::make_unique<Gpt2Model>(plan.model.hp, weights); break;
+    case ModelArch::llama: m = std::make_unique<LlamaModel>(plan.model.hp, weights); break;
   }
   DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
+  DS_CHECK(weights.done(), "the model left parameters or adapters unbound");
   m->set_checkpoint_activations(plan.activation_checkpointing);
+  if (plan.lora.enabled) m->set_lora(plan.lora.scale, plan.lora.dropout);
   return m;
 }
 
-InitialWeights::InitialWeights(const Plan& plan, uint64_t seed) : plan_(plan), gen_(at::detail::createCPUGenerator(seed)) {}
+namespace {
+// LoRA as PEFT initialises it: B zero (step 0 is the base), A uniform in +-1/sqrt(in) (Kaiming-uniform with
+// a = sqrt(5), PEFT's default) or N(0, 1/r^2) ("gaussian").
+void initialise_adapter(const LoraPlan& lora, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  if (ends_with(p.name, "lora_B.weight"))
+    t.zero_();
+  else if (lora.init == LoraInit::gaussian)
+    t.normal_(0.0, 1.0 / static_cast<double>(lora.r), gen);
+  else
+    t.uniform_(-1.0 / std::sqrt(static_cast<double>(p.shape[1])), 1.0 / std::sqrt(static_cast<double>(p.shape[1])), gen);
+}
+
+std::vector<ParamSlot> slots_of(const ModelSpec& model) {
+  std::vector<ParamSlot> out;
+  for (const TensorSpec& t : model.tensors) out.push_back({t.name, t.shape, t.numel, 0, 0, 0, t.weight_decay, t.layer});
+  return out;
+}
+}  // namespace
+
+InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base)
+    : plan_(plan),
+      slots_(base ? slots_of(plan.model) : plan.layout.params),
+      adapters_(plan.lora.enabled && !base),
+      // The adapter's draws come from a stream of their own, not the base's first values again.
+      gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)) {}
 
 const float* InitialWeights::param(int i) {
-  DS_CHECK(i >= drawn_ && i < static_cast<int>(plan_.layout.params.size()), "initial weights asked for parameter ", i,
-           " after ", drawn_);
+  DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
   torch::NoGradGuard no_grad;
   while (drawn_ < i) {
-    const ParamSlot& p = plan_.layout.params[static_cast<size_t>(++drawn_)];
+    const ParamSlot& p = slots_[static_cast<size_t>(++drawn_)];
     values_ = torch::empty({p.numel}, torch::kFloat32);
+    if (adapters_) {
+      initialise_adapter(plan_.lora, p, values_, gen_);
+      continue;
+    }
     switch (plan_.model.hp.arch) {
       case ModelArch::gpt2: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
       case ModelArch::llama: LlamaModel::initialise(p, values_, gen_); break;

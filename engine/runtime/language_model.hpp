@@ -69,6 +69,36 @@ class BlockTimer : public BlockHooks, public BlockParts {
   std::chrono::steady_clock::time_point started_;
 };
 
+// A projection's weight and bias (undefined for none) and, with LoRA, its adapter: A (r, in), B (out, r),
+// undefined where the projection has none. `index`, the weight's place in the state_dict, keys the
+// adapter's dropout masks.
+struct Linear {
+  torch::Tensor weight, bias, lora_a, lora_b;
+  int64_t index = 0;
+};
+
+// What a model binds to, in state_dict order: the flat parameter views, or with LoRA the frozen base's
+// views and, beside each targeted projection, the adapter's views from the flat buffers.
+class ModelWeights {
+ public:
+  ModelWeights(const Plan& plan, const FlatParams& params);
+  // The next tensor, whose name must end in `suffix`.
+  const torch::Tensor& next(const std::string& suffix) { return cursor_.next(suffix); }
+  // The next projection: its weight (and bias, when named), with its adapter when it has one.
+  Linear linear(const std::string& weight_suffix, const std::string& bias_suffix = "");
+  bool done() const { return cursor_.done() && adapter_ == adapters_.size(); }
+
+ private:
+  ParamCursor cursor_;
+  // LoRA: per adapter tensor pair, the base tensor it adapts and the views of A and B.
+  struct Adapter {
+    size_t base = 0;
+    torch::Tensor a, b;
+  };
+  std::vector<Adapter> adapters_;
+  size_t adapter_ = 0;
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -94,13 +124,21 @@ class LanguageModel {
   // The gradient the next loss will receive in backward (the loss scale over micro batches and ranks):
   // the fused head computes its gradients for it during forward (fused_head_loss.hpp).
   void set_loss_gradient(double g) { loss_gradient_ = g; }
+  // LoRA: every adapter's output is scaled by `scale` (alpha / r), its input dropped with probability `dropout`.
+  void set_lora(double scale, double dropout) {
+    lora_scale_ = scale;
+    lora_dropout_ = dropout;
+  }
 
  protected:
   // Every block in order, checkpointed when configured.
   torch::Tensor run_blocks(torch::Tensor x) const;
   // x with each element zeroed with probability p and the rest scaled by 1/(1-p); x itself when p is 0
-  // or not training. `layer` -1 is outside the blocks; `site` tells the places within one apart.
+  // or not training. `layer` -1 is outside the blocks; `site` (0-7) tells the places within one apart.
   torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
+  // The projection x W^T + b (x W + b with `in_out`: GPT-2's Conv1D), plus with an adapter
+  // scale dropout(x) A^T B^T, added in the same pass that adds the two.
+  torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool in_out) const;
   // Called by block() with the residual sum after the attention half.
   void attention_half_done(int64_t layer, torch::Tensor& x) const;
   // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
@@ -117,6 +155,9 @@ class LanguageModel {
   uint64_t dropout_key_ = 0;
   bool training_ = true;
   double loss_gradient_ = 1.0;
+  double lora_scale_ = 0, lora_dropout_ = 0;
+  // x with dropout p from the mask stream `stream` (dropout()'s are (layer + 1) x 8 + site).
+  torch::Tensor dropout_from(const torch::Tensor& x, double p, uint64_t stream) const;
   mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
@@ -130,12 +171,17 @@ std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& pa
 // tests), so a rank holding a part of the model never needs the whole of it in fp32.
 class InitialWeights {
  public:
-  InitialWeights(const Plan& plan, uint64_t seed);
+  // The layout's parameters (with LoRA the adapter's: A as model.lora.init says, B zero), or with `base` the
+  // model's tensors in state_dict order (with LoRA the frozen base: the same values a run training every
+  // weight draws from this seed).
+  InitialWeights(const Plan& plan, uint64_t seed, bool base = false);
   // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
   const float* param(int i);
 
  private:
   const Plan& plan_;
+  std::vector<ParamSlot> slots_;  // what is drawn, in order
+  bool adapters_;                 // the slots are LoRA's A and B
   at::Generator gen_;
   int drawn_ = -1;
   torch::Tensor values_;

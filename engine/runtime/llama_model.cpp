@@ -9,27 +9,25 @@
 
 namespace ds {
 
-LlamaModel::LlamaModel(const ModelHyper& hp, const FlatParams& p) : hp_(hp) {
+LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
   DS_CHECK(hp.arch == ModelArch::llama);
-  ParamCursor cursor(p);
-  auto next = [&](const char* suffix) { return cursor.next(suffix); };
-  embed_ = next("embed_tokens.weight");
+  embed_ = w.next("embed_tokens.weight");
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     Block b;
-    b.q = next("q_proj.weight");
-    b.k = next("k_proj.weight");
-    b.v = next("v_proj.weight");
-    b.o = next("o_proj.weight");
-    b.gate = next("gate_proj.weight");
-    b.up = next("up_proj.weight");
-    b.down = next("down_proj.weight");
-    b.norm_in = next("input_layernorm.weight");
-    b.norm_post = next("post_attention_layernorm.weight");
+    b.q = w.linear("q_proj.weight");
+    b.k = w.linear("k_proj.weight");
+    b.v = w.linear("v_proj.weight");
+    b.o = w.linear("o_proj.weight");
+    b.gate = w.linear("gate_proj.weight");
+    b.up = w.linear("up_proj.weight");
+    b.down = w.linear("down_proj.weight");
+    b.norm_in = w.next("input_layernorm.weight");
+    b.norm_post = w.next("post_attention_layernorm.weight");
     blocks_.push_back(b);
   }
-  norm_ = next("model.norm.weight");
-  head_ = hp.tie_word_embeddings ? embed_ : next("lm_head.weight");
-  DS_CHECK(cursor.done(), "unexpected parameters after lm_head");
+  norm_ = w.next("model.norm.weight");
+  head_ = hp.tie_word_embeddings ? embed_ : w.next("lm_head.weight");
+  DS_CHECK(w.done(), "unexpected parameters after lm_head");
 }
 
 void LlamaModel::initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
@@ -53,15 +51,15 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const torch::Tensor cos = angles.cos(), sin = angles.sin();
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  const torch::Tensor q = rotary(projection(h, b.q, {}, false).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
-  const torch::Tensor k = rotary(projection(h, b.k, {}, false).view({B, T, NKV, D}), cos, sin);
-  const torch::Tensor v = projection(h, b.v, {}, false).view({B, T, NKV, D});
+  const torch::Tensor q = rotary(linear(h, b.q, false).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
+  const torch::Tensor k = rotary(linear(h, b.k, false).view({B, T, NKV, D}), cos, sin);
+  const torch::Tensor v = linear(h, b.v, false).view({B, T, NKV, D});
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
-  torch::Tensor x = x_in + dropout(projection(y, b.o, {}, false), hp_.resid_pdrop, layer, 1);
+  torch::Tensor x = x_in + dropout(linear(y, b.o, false), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
-  const torch::Tensor gated = swiglu(projection(h, b.gate, {}, false), projection(h, b.up, {}, false));
-  return x + dropout(projection(gated, b.down, {}, false), hp_.resid_pdrop, layer, 2);
+  const torch::Tensor gated = swiglu(linear(h, b.gate, false), linear(h, b.up, false));
+  return x + dropout(linear(gated, b.down, false), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {

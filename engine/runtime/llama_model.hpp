@@ -11,7 +11,7 @@ namespace ds {
 
 class LlamaModel : public LanguageModel {
  public:
-  LlamaModel(const ModelHyper& hp, const FlatParams& params);
+  LlamaModel(const ModelHyper& hp, ModelWeights& weights);
   // N(0, 0.02) for every matrix (HF's initializer_range), unit RMSNorm gains.
   // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
   static void initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen);
@@ -21,7 +21,8 @@ class LlamaModel : public LanguageModel {
 
  private:
   struct Block {
-    torch::Tensor q, k, v, o, gate, up, down, norm_in, norm_post;
+    Linear q, k, v, o, gate, up, down;
+    torch::Tensor norm_in, norm_post;
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   ModelHyper hp_;

@@ -174,7 +174,10 @@ std::string idle_wait_policy() {
 void RunReport::describe(const FlatParams::Bytes& held, const std::string& data, int64_t train_tokens, int64_t val_tokens) {
   const Plan& p = plan_;
   const int W = p.topology.world_size;
-  log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters, " + p.precision.mode + ", " +
+  const std::string lora = p.lora.enabled ? " (frozen; a LoRA adapter of r " + std::to_string(p.lora.r) + ", " +
+                                                format_count(p.lora.adapters.num_params) + " parameters, trains)"
+                                          : std::string();
+  log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters" + lora + ", " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
             (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
   log_.note("ds train: " + held_bytes_line(held, p.memory.held()));

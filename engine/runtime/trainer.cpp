@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 #include "common/stop_signals.hpp"
 #include "engine/runtime/block_pool.hpp"
 #include "engine/runtime/checkpoint.hpp"
@@ -35,6 +36,8 @@
 #include "engine/runtime/run_report.hpp"
 #include "engine/runtime/weights.hpp"
 #include "engine/runtime/zero.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace ds {
 namespace {
@@ -127,6 +130,10 @@ class TrainingRun {
   void open_swappers();
   // The checkpoint's views of this rank's states: the offloaded elements [0, split) and the kept rest.
   void describe_states();
+  // LoRA: the frozen base read from model.init_from (or drawn from the seed) into its buffer, and the
+  // reference to it that checkpoints carry.
+  void load_base();
+  void check_base(const std::string& checkpoint_base) const;
   void draw_weights();
   void resume();
   void save(int64_t step);
@@ -159,6 +166,7 @@ class TrainingRun {
   double best_loss_ = std::numeric_limits<double>::infinity();
   int64_t best_step_ = 0, steps_above_ = 0;
   std::vector<int32_t> in_, tgt_;
+  std::string base_json_;  // LoRA: the frozen base's source and checksum
 };
 
 TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device& device, TrainResult& result)
@@ -289,13 +297,72 @@ CheckpointScalars load_through_host(Device& device, const std::string& dir, cons
   return sc;
 }
 
+void TrainingRun::load_base() {
+  if (!plan_.lora.enabled) return;
+  const ModelSpec& model = plan_.model;
+  std::unique_ptr<WeightSource> source;
+  std::vector<std::string> names;
+  std::unique_ptr<InitialWeights> drawn;
+  if (!plan_.run.init_from.empty()) {
+    source = open_weights(plan_.run.init_from);
+    names = match_weights(*source, model);
+  } else {
+    drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
+  }
+  // One tensor at a time: read (or drawn) in fp32, summed into the checksum, rounded to the compute dtype
+  // on the host and copied to the device.
+  uint64_t checksum = 0x6c6f72615f626173ull;  // "lora_bas"
+  std::vector<float> values;
+  int64_t at = 0;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    const int64_t n = model.tensors[i].numel;
+    const float* v = nullptr;
+    if (source) {
+      values.resize(static_cast<size_t>(n));
+      source->read_f32(names[i], values.data());
+      v = values.data();
+    } else {
+      v = drawn->param(static_cast<int>(i));
+    }
+    checksum = splitmix64(checksum ^ checksum64(v, static_cast<size_t>(n) * 4));
+    const torch::Tensor host = torch::from_blob(const_cast<float*>(v), {n}, torch::kFloat32).to(flat_.frozen.scalar_type());
+    device_.copy(flat_.frozen.narrow(0, at, n), Place::device, host, Place::host);
+    at += n;
+  }
+  nlohmann::ordered_json j;
+  j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()
+                       : "random init from seed " + std::to_string(plan_.run.seed);
+  j["path"] = source ? nlohmann::ordered_json(source->path()) : nlohmann::ordered_json(nullptr);
+  j["params"] = plan_.lora.frozen_numel;
+  j["checksum"] = hex64(checksum);
+  base_json_ = j.dump();
+  if (source)
+    report_->log().note(std::string("ds train: frozen base from ") + weights_kind_name(source->kind()) + " " + source->path() + " (" +
+                        format_count(plan_.lora.frozen_numel) + " parameters, checksum " + hex64(checksum) + ")");
+}
+
+// A resumed adapter must sit on the base it was trained on.
+void TrainingRun::check_base(const std::string& checkpoint_base) const {
+  if (!plan_.lora.enabled) return;
+  if (checkpoint_base.empty())
+    throw UserError("'" + opt_.resume_from + "' holds a run that trained every weight, not a LoRA adapter",
+                    "resume it without model.lora, or start the LoRA run fresh (model.init_from can take that run's weights as the base)");
+  const auto theirs = nlohmann::json::parse(checkpoint_base, nullptr, false);
+  const auto ours = nlohmann::json::parse(base_json_);
+  if (theirs.is_discarded() || theirs.value("checksum", "") != ours["checksum"].get<std::string>())
+    throw UserError("'" + opt_.resume_from + "' trained its adapter on another base: " +
+                        (theirs.is_discarded() ? std::string("(unreadable)") : theirs.value("source", "?") + ", checksum " + theirs.value("checksum", "?")) +
+                        "; this run's base is " + ours["source"].get<std::string>() + ", checksum " + ours["checksum"].get<std::string>(),
+                    "set model.init_from (and train.seed, for a random base) to what the adapter was trained on");
+}
+
 // The model is initialised the same way at every stage and world size; each rank keeps its part, drawn
 // parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
 void TrainingRun::draw_weights() {
   std::function<const float*(const OwnedSegment&)> values;
   InitialWeights drawn(plan_, plan_.run.seed);
   torch::Tensor whole;
-  if (plan_.run.init_from.empty()) {
+  if (plan_.run.init_from.empty() || plan_.lora.enabled) {  // a LoRA run's init_from is its frozen base
     values = [&](const OwnedSegment& s) { return drawn.param(s.param) + (s.global - plan_.layout.params[static_cast<size_t>(s.param)].offset); };
   } else {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
@@ -328,6 +395,7 @@ void TrainingRun::resume() {
                                    : load_checkpoint(opt_.resume_from, first_part_);
   if (flat_.partial())
     through_host ? load_through_host(device_, opt_.resume_from, kept_, moments) : load_checkpoint(opt_.resume_from, kept_);
+  check_base(sc.base_json);
   result_.first_step = sc.step;
   stepper_->set_applied(sc.applied_steps);
   result_.skipped_steps = sc.skipped_steps;
@@ -339,6 +407,7 @@ void TrainingRun::resume() {
 }
 
 void TrainingRun::initialise() {
+  load_base();
   if (opt_.resume_from.empty())
     draw_weights();
   else
@@ -367,6 +436,7 @@ void TrainingRun::save(int64_t step) {
   sc.seed = plan_.run.seed;
   sc.loss_scaler = scaler_->state();
   sc.loss = last_loss_;
+  sc.base_json = base_json_;
   CheckpointWriter writer;
   const int W = plan_.topology.world_size;
   if (comm_ && plan_.execution.sharded) writer = {rank_, W, [this] { comm_->barrier(); }};

@@ -95,6 +95,22 @@ class DsCheckpointSource : public WeightSource {
         model_.bos_token_id = 50256, model_.eos_token_id = {50256};
       }
       has_model_ = true;
+      if (plan.contains("lora") && plan["lora"].is_object()) {
+        const json& l = plan["lora"];
+        PeftAdapter a;
+        a.r = l.at("r").get<int64_t>();
+        a.alpha = l.at("alpha").get<double>();
+        a.dropout = l.at("dropout").get<double>();
+        a.target_modules = l.at("target_modules").get<std::vector<std::string>>();
+        a.fan_in_fan_out = model_.arch == ModelArch::gpt2;
+        json base;
+        try {
+          base = json::parse(read_checkpoint_text(dir_, "base_json"), nullptr, false);
+        } catch (const UserError&) {  // no record of the base: the adapter is still exported, without a base path
+        }
+        if (base.is_object() && base.contains("path") && base["path"].is_string()) a.base_model = base["path"].get<std::string>();
+        lora = a;
+      }
       const json& layout = plan.at("layout");
       model_numel_ = layout.at("numel").get<int64_t>();
       world_size = layout.at("world_size").get<int64_t>();
@@ -477,6 +493,43 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
     if (weights && std::find(s.files.begin(), s.files.end(), e.path().string()) == s.files.end()) s.removed.push_back(e.path().string());
   }
   for (const std::string& f : s.removed) fs::remove(f, ec);
+  return s;
+}
+
+ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options) {
+  DS_CHECK(source.lora.has_value(), "export_peft_adapter: the source holds no adapter");
+  const PeftAdapter& a = *source.lora;
+  const StDtype dtype = export_dtype(options.dtype);
+  ModelSpec adapter;  // the source's tensors as they are, for the fp16 range check
+  std::vector<std::string> names;
+  for (const NamedShape& t : source.tensors()) {
+    adapter.tensors.push_back({t.name, t.shape, t.numel(), -1, false});
+    names.push_back(t.name);
+  }
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, names, adapter, options, s);
+  std::vector<StTensorSource> tensors;
+  for (const TensorSpec& t : adapter.tensors) tensors.push_back(converted(source, t.name, "base_model.model." + t.name, t.shape, dtype));
+  nlohmann::ordered_json c;
+  c["peft_type"] = "LORA";
+  c["task_type"] = "CAUSAL_LM";
+  c["base_model_name_or_path"] = a.base_model.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.base_model);
+  c["r"] = a.r;
+  c["lora_alpha"] = a.alpha;
+  c["lora_dropout"] = a.dropout;
+  c["target_modules"] = a.target_modules;
+  c["bias"] = "none";
+  c["fan_in_fan_out"] = a.fan_in_fan_out;
+  c["inference_mode"] = true;
+  c["init_lora_weights"] = true;
+  c["modules_to_save"] = nullptr;
+  c["use_rslora"] = false;
+  const fs::path dir(out_dir);
+  fs::create_directories(dir);
+  write_text_atomically((dir / "adapter_config.json").string(), c.dump(2) + "\n");
+  s.tensor_bytes = write_safetensors((dir / "adapter_model.safetensors").string(), tensors);
+  s.files = {(dir / "adapter_config.json").string(), (dir / "adapter_model.safetensors").string()};
+  s.tensors = static_cast<int64_t>(tensors.size());
   return s;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,15 @@ struct NamedShape {
   int64_t numel() const;
 };
 
+// A LoRA adapter as PEFT describes it (adapter_config.json): what a ds LoRA run's checkpoint holds.
+struct PeftAdapter {
+  int64_t r = 0;
+  double alpha = 0, dropout = 0;
+  std::vector<std::string> target_modules;
+  std::string base_model;       // the frozen base's path (model.init_from), "" for a random base
+  bool fan_in_fan_out = false;  // GPT-2: the base's Conv1D weights are (in, out)
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -43,6 +53,8 @@ class WeightSource {
   int64_t step = -1, world_size = 0;
   int zero_stage = -1;
   std::string precision;  // the run's precision mode ("bf16", ...)
+  // A LoRA run's checkpoint: its tensors are the adapter's ("<module>.lora_A.weight", ...), not the model's.
+  std::optional<PeftAdapter> lora;
 
  protected:
   WeightsKind kind_ = WeightsKind::ds_checkpoint;
@@ -93,6 +105,10 @@ struct ExportSummary {
 // head is written once, as transformers does. `out_dir` is created; files are replaced atomically.
 ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
                                   const ExportOptions& options);
+// PEFT's LoRA directory: adapter_config.json (peft_type LORA) and adapter_model.safetensors, the adapter's
+// tensors under PEFT's names ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)).
+ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options);
+
 // One consolidated .safetensors file of every tensor (DeepSpeed's zero_to_fp32 job).
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
                                       const ExportOptions& options);

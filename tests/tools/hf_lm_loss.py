@@ -5,8 +5,10 @@ layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama:
 RMSNorm, rotary embeddings rotating halves, grouped-query attention, SwiGLU, lm_head or the tied
 embedding), and prints the mean cross-entropy of predicting tokens[1:] from tokens[:-1].
 
-    python3 tests/tools/hf_lm_loss.py HF_DIR TOKEN_FILE(uint16)
-Pure Python, so only for tiny models (a test's tiny model on 16 tokens takes a second)."""
+    python3 tests/tools/hf_lm_loss.py HF_DIR TOKEN_FILE(uint16) [PEFT_ADAPTER_DIR]
+With a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors, as PEFT documents them)
+the adapter is merged first, as PEFT's merge does: W += (lora_alpha / r) B A, transposed for a fan_in_fan_out
+(Conv1D) base. Pure Python, so only for tiny models (a test's tiny model on 16 tokens takes a second)."""
 import json
 import math
 import struct
@@ -145,10 +147,39 @@ def llama_loss(config, W, inputs, targets):
     return cross_entropy(x, head, targets)
 
 
+def merge_adapter(W, adapter_dir):
+    config = json.load(open(f"{adapter_dir}/adapter_config.json"))
+    assert config["peft_type"] == "LORA" and config["bias"] == "none" and not config.get("use_rslora", False)
+    scale = config["lora_alpha"] / config["r"]
+    A = read_safetensors(f"{adapter_dir}/adapter_model.safetensors")
+    prefix, suffix = "base_model.model.", ".lora_A.weight"
+    merged = 0
+    for name, a in A.items():
+        if not name.endswith(suffix):
+            continue
+        stem = name[len(prefix):-len(suffix)]
+        a = matrix(a)  # [r][in]
+        b = matrix(A[prefix + stem + ".lora_B.weight"])  # [out][r]
+        key = stem + ".weight"
+        if key not in W and key.startswith("transformer."):
+            key = key[len("transformer."):]
+        shape, flat = W[key]
+        rows, cols = shape
+        for o in range(len(b)):
+            for i in range(len(a[0])):
+                d = scale * sum(b[o][k] * a[k][i] for k in range(len(a)))
+                at = i * cols + o if config["fan_in_fan_out"] else o * cols + i
+                flat[at] += d
+        merged += 1
+    assert merged > 0, "no lora_A tensors in the adapter"
+
+
 def main():
     hf_dir, token_file = sys.argv[1], sys.argv[2]
     config = json.load(open(f"{hf_dir}/config.json"))
     W = read_safetensors(f"{hf_dir}/model.safetensors")
+    if len(sys.argv) > 3:
+        merge_adapter(W, sys.argv[3])
     raw = open(token_file, "rb").read()
     tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
     inputs, targets = tokens[:-1], tokens[1:]

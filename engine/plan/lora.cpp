@@ -1,0 +1,106 @@
+#include "engine/plan/lora.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace ds {
+namespace {
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// A block's projection weight (2-D, inside a block): what an adapter may sit beside.
+bool adaptable(const TensorSpec& t) { return t.layer >= 0 && t.shape.size() == 2; }
+
+}  // namespace
+
+std::vector<std::string> lora_module_names(ModelArch arch) {
+  switch (arch) {  // one case per architecture of the registry (schema/config.hpp)
+    case ModelArch::gpt2: return {"c_attn", "c_proj", "c_fc"};
+    case ModelArch::llama: return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  }
+  return {};
+}
+
+std::vector<std::string> lora_default_targets(ModelArch arch) {
+  switch (arch) {
+    case ModelArch::gpt2: return {"c_attn"};
+    case ModelArch::llama: return {"q_proj", "v_proj"};
+  }
+  return {};
+}
+
+std::string lora_module_of(const std::string& tensor_name) {
+  const size_t last = tensor_name.rfind('.');
+  if (last == std::string::npos || last == 0) return tensor_name;
+  const size_t before = tensor_name.rfind('.', last - 1);
+  return tensor_name.substr(before == std::string::npos ? 0 : before + 1, last - (before == std::string::npos ? 0 : before + 1));
+}
+
+LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<ConfigIssue>& errors) {
+  LoraPlan p;
+  if (!c.enabled) return p;
+  p.enabled = true;
+  p.r = c.r;
+  p.alpha = c.alpha;
+  p.scale = c.alpha / static_cast<double>(c.r);
+  p.dropout = c.dropout;
+  p.init = c.init;
+  const ModelArch arch = base.hp.arch;
+  const std::vector<std::string> names = lora_module_names(arch);
+  p.target_modules = c.target_modules.empty() ? lora_default_targets(arch) : c.target_modules;
+  for (const std::string& t : p.target_modules) {
+    if (std::find(names.begin(), names.end(), t) == names.end())
+      errors.push_back({"model.lora.target_modules",
+                        "'" + t + "' is not a projection of this " + model_arch_name(arch) + " model",
+                        "its modules are: " + joined(names)});
+    if (std::count(p.target_modules.begin(), p.target_modules.end(), t) > 1)
+      errors.push_back({"model.lora.target_modules", "'" + t + "' is listed twice", "list each module once"});
+  }
+  p.adapters.hp = base.hp;
+  std::map<int, int64_t> per_block;
+  for (size_t i = 0; i < base.tensors.size(); ++i) {
+    const TensorSpec& t = base.tensors[i];
+    p.frozen_numel += t.numel;
+    if (!adaptable(t)) continue;
+    const std::string module = lora_module_of(t.name);
+    if (std::find(p.target_modules.begin(), p.target_modules.end(), module) == p.target_modules.end()) continue;
+    // nn.Linear stores (out, in); GPT-2's Conv1D (in, out).
+    const bool in_out = arch == ModelArch::gpt2;
+    const int64_t in = in_out ? t.shape[0] : t.shape[1], out = in_out ? t.shape[1] : t.shape[0];
+    const std::string stem = t.name.substr(0, t.name.rfind('.'));
+    // PEFT trains with the Trainer's weight decay on every adapter matrix (no biases, no norms among them).
+    p.adapters.tensors.push_back({stem + ".lora_A.weight", {c.r, in}, c.r * in, t.layer, true});
+    p.adapters.tensors.push_back({stem + ".lora_B.weight", {out, c.r}, out * c.r, t.layer, true});
+    p.adapted.push_back(static_cast<int>(i));
+    p.adapted.push_back(static_cast<int>(i));
+    const int64_t module_params = c.r * (in + out);
+    p.adapters.num_params += module_params;
+    p.adapters.largest_module_params = std::max(p.adapters.largest_module_params, module_params);
+    per_block[t.layer] += module_params;
+  }
+  for (const auto& [layer, n] : per_block) p.adapters.largest_block_params = std::max(p.adapters.largest_block_params, n);
+  return p;
+}
+
+double lora_train_flops_per_token(const ModelSpec& base, const LoraPlan& lora, int64_t T) {
+  return 4.0 * base.matmul_params() + 6.0 * static_cast<double>(lora.adapters.num_params) + base.attention_train_flops_per_token(T);
+}
+
+double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes) {
+  if (!lora.enabled || lora.adapters.tensors.empty()) return 0;
+  double elements = 0;
+  const int first_layer = lora.adapters.tensors.front().layer;
+  for (size_t i = 0; i < lora.adapters.tensors.size(); i += 2) {  // A then B, one module
+    const TensorSpec& a = lora.adapters.tensors[i];
+    if (a.layer != first_layer) break;  // every block has the same adapters
+    elements += static_cast<double>(lora.r);                         // x A^T, B's input
+    if (lora.dropout > 0) elements += 2.0 * static_cast<double>(a.shape[1]);  // dropout(x), A's input, and its mask
+  }
+  return elements * bytes;
+}
+
+}  // namespace ds

@@ -1,0 +1,53 @@
+// ds — LoRA as the plan sees it (Hu et al. 2021, as Hugging Face PEFT trains it): which projections
+// get an adapter, the adapter's tensors (the only parameters that train), and what the frozen base
+// costs. Pure arithmetic, no tensor allocated.
+//
+// A projection y = x W^T (W (out, in); GPT-2's Conv1D stores W^T, (in, out)) gains A (r, in) and
+// B (out, r): y = x W^T + (alpha / r) dropout(x) A^T B^T. B starts at zero, so step 0 is the base.
+// The adapter's tensors are named as PEFT names them without its "base_model.model." prefix:
+// "<module>.lora_A.weight" and "<module>.lora_B.weight", block by block, A before B, the modules in
+// the base's state_dict order. ZeRO lays out, partitions and checkpoints these tensors alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/model_spec.hpp"
+#include "schema/config.hpp"
+
+namespace ds {
+
+struct LoraPlan {
+  bool enabled = false;
+  int64_t r = 0;
+  double alpha = 0, scale = 0, dropout = 0;  // scale = alpha / r
+  LoraInit init = LoraInit::kaiming_uniform;
+  std::vector<std::string> target_modules;  // as resolved (the default filled in)
+  // The trainable tensors as a model of their own: hp is the base's, tensors the adapters', counts theirs.
+  ModelSpec adapters;
+  std::vector<int> adapted;  // per adapter tensor: the index of the base tensor it adapts
+  int64_t frozen_numel = 0;  // the base's parameters, none of which trains
+};
+
+// The module names a LoRA target may take for this architecture (PEFT's spelling), in block order.
+std::vector<std::string> lora_module_names(ModelArch arch);
+// PEFT's default targets for the architecture (llama q_proj, v_proj; gpt2 c_attn).
+std::vector<std::string> lora_default_targets(ModelArch arch);
+// The module a tensor belongs to: "q_proj" of "model.layers.0.self_attn.q_proj.weight".
+std::string lora_module_of(const std::string& tensor_name);
+
+// model.lora resolved against the base model; a target the architecture lacks is a ConfigIssue at
+// model.lora.target_modules naming the architecture's modules.
+LoraPlan resolve_lora(const LoraConfig& config, const ModelSpec& base, std::vector<ConfigIssue>& errors);
+
+// Training FLOPs per token of the base with this adapter at sequence length T: the frozen matmuls run
+// forward and pass gradients to their inputs (4 per parameter, no weight gradient), the adapter's
+// train (6 per parameter), the attention core is the full model's.
+double lora_train_flops_per_token(const ModelSpec& base, const LoraPlan& lora, int64_t T);
+
+// Activations the adapters keep for backward per token of one block, `bytes` per element: x A^T (r) per
+// targeted module, and with dropout the dropped input and its mask (2 in) as well.
+double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes);
+
+}  // namespace ds

@@ -1,0 +1,112 @@
+// LoRA as the plan sees it: which tensors train, what the frozen base costs, the FLOPs and the
+// activations, each against a count made here from the model's sizes.
+#include <gtest/gtest.h>
+
+#include "engine/plan/plan.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+
+namespace {
+
+const char* kTiny = R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true},
+  "model": {"preset": "llama-tiny"}, "data": {"type": "synthetic", "seq_len": 16}, "train": {"steps": 1, "threads": 1}})";
+
+const std::string kAll =
+    R"(model.lora={"r": 4, "alpha": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]})";
+
+// Each projection of a llama block as (in, out), from the sizes alone.
+std::vector<std::pair<int64_t, int64_t>> llama_projections(const ModelHyper& hp) {
+  const int64_t C = hp.hidden_size, D = hp.hidden_size / hp.num_heads, KV = hp.num_kv_heads * D, I = hp.intermediate_size;
+  return {{C, C}, {C, KV}, {C, KV}, {C, C}, {C, I}, {C, I}, {I, C}};
+}
+
+}  // namespace
+
+TEST(LoraPlan, TheAdapterIsWhatTrainsAndTheBaseIsFrozenInTheComputeDtype) {
+  const Plan full = test::plan_of(kTiny, 1, 0);
+  const Plan lora = test::plan_of(kTiny, 1, 0, {kAll});
+  const ModelHyper& hp = lora.model.hp;
+  ASSERT_TRUE(lora.lora.enabled);
+  EXPECT_DOUBLE_EQ(lora.lora.scale, 4.0);
+
+  int64_t adapter = 0;
+  for (const auto& [in, out] : llama_projections(hp)) adapter += 4 * (in + out);
+  adapter *= hp.num_layers;
+  EXPECT_EQ(lora.layout.numel, adapter);
+  EXPECT_EQ(lora.lora.adapters.num_params, adapter);
+  ASSERT_EQ(lora.layout.params.size(), static_cast<size_t>(2 * 7 * hp.num_layers));
+  EXPECT_EQ(lora.layout.params[0].name, "model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(lora.layout.params[0].shape, (std::vector<int64_t>{4, hp.hidden_size}));
+  EXPECT_EQ(lora.layout.params[1].name, "model.layers.0.self_attn.q_proj.lora_B.weight");
+  EXPECT_EQ(lora.layout.params[1].shape, (std::vector<int64_t>{hp.hidden_size, 4}));
+  EXPECT_EQ(lora.layout.params.back().name, "model.layers.1.mlp.down_proj.lora_B.weight");
+
+  // The base: every parameter of the model, once, bf16 on the device; nothing else of it anywhere.
+  EXPECT_EQ(lora.lora.frozen_numel, full.model.num_params);
+  const ZeroBuffer* frozen = lora.execution.find(BufferRole::frozen_params);
+  ASSERT_NE(frozen, nullptr);
+  EXPECT_EQ(frozen->dtype, Dtype::bf16);
+  EXPECT_EQ(frozen->elements, full.model.num_params);
+  EXPECT_EQ(full.execution.find(BufferRole::frozen_params), nullptr);
+
+  // Memory: the adapter's weights, gradients (bf16) and states (fp32 master and two moments), plus the base.
+  const double padded = static_cast<double>(lora.layout.padded_numel);
+  EXPECT_DOUBLE_EQ(lora.memory.device.params, 2.0 * padded + 2.0 * static_cast<double>(full.model.num_params));
+  EXPECT_DOUBLE_EQ(lora.memory.device.grads, 2.0 * padded);
+  EXPECT_DOUBLE_EQ(lora.memory.device.optimizer_states, 12.0 * padded);
+  EXPECT_DOUBLE_EQ(full.memory.device.optimizer_states - lora.memory.device.optimizer_states,
+                   12.0 * static_cast<double>(full.layout.padded_numel) - 12.0 * padded);
+}
+
+TEST(LoraPlan, FlopsCountNoWeightGradientForTheFrozenBase) {
+  const Plan lora = test::plan_of(kTiny, 1, 0, {kAll});
+  const ModelHyper& hp = lora.model.hp;
+  double matmul = 0;
+  for (const auto& [in, out] : llama_projections(hp)) matmul += static_cast<double>(in * out);
+  matmul = matmul * static_cast<double>(hp.num_layers) + static_cast<double>(hp.vocab_size * hp.hidden_size);  // the head
+  const double attention = 12.0 * static_cast<double>(hp.num_layers * lora.seq_len * hp.hidden_size);
+  const double expected = 4.0 * matmul + 6.0 * static_cast<double>(lora.layout.numel) + attention;
+  EXPECT_DOUBLE_EQ(lora.train_flops_per_token(), expected);
+  EXPECT_DOUBLE_EQ(lora.train_flops_per_step, expected * static_cast<double>(lora.tokens_per_step));
+  const Plan full = test::plan_of(kTiny, 1, 0);
+  EXPECT_DOUBLE_EQ(full.train_flops_per_token(), 6.0 * matmul + attention);
+}
+
+TEST(LoraPlan, TheAdaptersActivationsAreCountedPerBlock) {
+  const Plan full = test::plan_of(kTiny, 1, 0);
+  const ModelHyper& hp = full.model.hp;
+  const double tokens = 4.0 * 16.0;
+  // q_proj and down_proj: x A^T (r each) kept per block; with dropout also the dropped input and its mask.
+  const std::string two = R"(model.lora={"r": 8, "target_modules": ["q_proj", "down_proj"]})";
+  const std::string dropped = R"(model.lora={"r": 8, "dropout": 0.1, "target_modules": ["q_proj", "down_proj"]})";
+  const Plan plain = test::plan_of(kTiny, 1, 0, {two});
+  const Plan with_dropout = test::plan_of(kTiny, 1, 0, {dropped});
+  const double L = static_cast<double>(hp.num_layers), C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
+  EXPECT_DOUBLE_EQ(plain.memory.device.activations - full.memory.device.activations, L * tokens * (8 + 8) * 2);
+  EXPECT_DOUBLE_EQ(with_dropout.memory.device.activations - full.memory.device.activations,
+                   L * tokens * (8 + 2 * C + 8 + 2 * I) * 2);
+}
+
+TEST(LoraPlan, AnUnknownModuleIsRefusedNamingTheModelsAndTheDefaultIsPefts) {
+  try {
+    test::plan_of(kTiny, 1, 0, {R"(model.lora={"target_modules": ["q_proj", "c_attn"]})"});
+    ADD_FAILURE() << "an unknown target module was accepted";
+  } catch (const ConfigError& e) {
+    const ConfigIssue* i = test::find_issue(e.issues(), "model.lora.target_modules");
+    ASSERT_NE(i, nullptr) << test::dump(e.issues());
+    EXPECT_NE(i->message.find("'c_attn'"), std::string::npos);
+    EXPECT_EQ(i->hint, "its modules are: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+  }
+  const Plan gpt2 = test::plan_of(kTiny, 1, 0, {"model.preset=gpt2-tiny", "model.lora={}"});
+  EXPECT_EQ(gpt2.lora.target_modules, std::vector<std::string>{"c_attn"});
+  EXPECT_EQ(gpt2.lora.r, 8);
+  bool said = false;
+  for (const ResolvedValue& v : gpt2.resolved) said |= v.path == "model.lora.target_modules" && v.value == "c_attn";
+  EXPECT_TRUE(said);
+  // GPT-2's Conv1D stores (in, out): the adapter is still A (r, in), B (out, r), biases frozen.
+  EXPECT_EQ(gpt2.layout.params[0].name, "transformer.h.0.attn.c_attn.lora_A.weight");
+  EXPECT_EQ(gpt2.layout.params[0].shape, (std::vector<int64_t>{8, 64}));
+  EXPECT_EQ(gpt2.layout.params[1].shape, (std::vector<int64_t>{192, 8}));
+  EXPECT_EQ(gpt2.layout.params.size(), 4u);
+}
