@@ -28,7 +28,8 @@ namespace fs = std::filesystem;
 struct ConvertArgs {
   std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
   int world_size = 0, stage = -1;  // ds -> ds: the layout to write (0 / -1: the source's)
-  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false, adapter = false;
+  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false, adapter = false, merge = false;
+  std::string base;  // --merge: the base's weights (default: the run's record)
 };
 
 int print_info(const WeightSource& src, bool as_json) {
@@ -244,14 +245,46 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   return kExitOk;
 }
 
+// A LoRA run's checkpoint and its base -> the base with the adapter folded in, as a Hugging Face directory or
+// one .safetensors file. The base is the one the run recorded (or --base), checked against the run's checksum.
+int export_merged(const WeightSource& src, const ConvertArgs& a) {
+  const std::string base_path = a.base.empty() ? src.lora->base_model : a.base;
+  if (base_path.empty())
+    throw UserError("'" + src.path() + "' trained its adapter on a random base (no model.init_from), which no file holds",
+                    "export the adapter with --adapter instead, or give the base's weights with --base PATH");
+  const std::unique_ptr<WeightSource> base = open_weights(base_path);
+  const ModelSpec model = build_model_spec(src.model());
+  std::cerr << "ds convert-ckpt: checking the base " << base_path << " against the run's record\n";
+  const std::string checksum = weights_checksum(*base, model);
+  if (!src.lora->base_checksum.empty() && checksum != src.lora->base_checksum)
+    throw UserError("'" + base_path + "' is not the base '" + src.path() + "' trained its adapter on (its weights' checksum is " + checksum +
+                        ", the run recorded " + src.lora->base_checksum + ")",
+                    "give the run's own base with --base PATH");
+  const bool one_file = a.to == "safetensors" || (a.to.empty() && ends_with(a.dst, ".safetensors"));
+  check_destination(a);
+  ExportOptions opt;
+  opt.dtype = a.dtype;
+  opt.allow_fp16_overflow = a.allow_fp16_overflow;
+  opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
+  const std::unique_ptr<WeightSource> merged = merged_weights(*base, src);
+  std::cerr << "ds convert-ckpt: " << base_path << " + the adapter of " << src.path() << " (LoRA r " << src.lora->r << ", scale "
+            << format_double(src.lora->alpha / static_cast<double>(src.lora->r)) << ") -> " << a.dst << " as "
+            << (one_file ? "one safetensors file" : "a Hugging Face directory") << ", " << a.dtype << "\n";
+  const ExportSummary s = one_file ? export_safetensors_file(*merged, model, a.dst, opt) : export_hf_directory(*merged, src.model(), a.dst, opt);
+  for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+  std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
+  return kExitOk;
+}
+
 // A LoRA run's checkpoint -> PEFT's adapter directory. Anything else asked of it is refused: it holds
 // the adapter, not the model.
 int export_adapter(const WeightSource& src, const ConvertArgs& a) {
   if (!src.lora)
-    throw UserError("'" + src.path() + "' trained every weight: it holds no LoRA adapter", "export it without --adapter (--to hf or safetensors)");
+    throw UserError("'" + src.path() + "' trained every weight: it holds no LoRA adapter", "export it without --adapter or --merge (--to hf or safetensors)");
+  if (a.merge) return export_merged(src, a);
   if (!a.adapter)
     throw UserError("'" + src.path() + "' holds a LoRA adapter, not a whole model (its base was frozen and is not in the checkpoint)",
-                    "export the adapter in PEFT's format with --adapter, and load it over its base (PeftModel.from_pretrained)");
+                    "export the adapter in PEFT's format with --adapter, or the base with the adapter folded in with --merge");
   if (a.to == "safetensors" || ends_with(a.dst, ".safetensors"))
     throw UserError("--adapter writes a directory (adapter_config.json and adapter_model.safetensors)", "give a directory as DST");
   check_destination(a);
@@ -299,7 +332,9 @@ int run_convert(const ConvertArgs& a) {
     if (a.adapter && (a.to == "ds" || a.world_size > 0 || a.stage >= 0))
       throw UserError("--adapter exports; it does not combine with --to ds, --world-size or --stage", "give one or the other");
     if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return reshard_ds(*src, a);
-    if (a.adapter || src->lora) return export_adapter(*src, a);
+    if (a.merge && a.adapter) throw UserError("--adapter and --merge are exclusive", "--adapter writes the adapter alone, --merge the base with it folded in");
+    if (!a.base.empty() && !a.merge) throw UserError("--base goes with --merge", "");
+    if (a.adapter || a.merge || src->lora) return export_adapter(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
     check_destination(a);
@@ -359,6 +394,10 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
                 "DeepSpeed's zero_to_fp32 flag; a ds checkpoint holds only what trained (a LoRA run: the adapter), so nothing is excluded");
   sub->add_flag("--adapter", a->adapter,
                 "a LoRA run (model.lora) -> PEFT's adapter directory (adapter_config.json, adapter_model.safetensors)");
+  sub->add_flag("--merge", a->merge,
+                "a LoRA run -> its base with the adapter folded in (W + alpha/r B A), as a Hugging Face directory or one "
+                ".safetensors file; the base is the run's model.init_from, checked against the checksum the run recorded");
+  sub->add_option("--base", a->base, "with --merge: the base's weights, where the run's model.init_from has moved");
   sub->add_flag("--info", a->info, "describe SRC (kind, step, model, ZeRO stage and world size, every tensor) and exit");
   sub->add_flag("--json", a->json, "with --info: the description as JSON");
   sub->add_flag("--overwrite", a->overwrite, "replace the files ds writes in an existing DST");
@@ -380,6 +419,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
       start training from exported (or downloaded Hugging Face) weights
   ds convert-ckpt runs/lora out/lora-adapter --adapter
       a LoRA run's adapter in PEFT's format: PeftModel.from_pretrained(base, "out/lora-adapter")
+  ds convert-ckpt runs/lora out/lora-merged --merge
+      the base with the adapter folded in: a plain Hugging Face directory
 
 Memory stays bounded by the largest tensor: one tensor is read from the shards and written at a time.
 Files are written to a temporary name and renamed, so an interrupted export leaves no partial file

@@ -95,6 +95,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
       {"seq_len", plan.seq_len},
       {"params", plan.model.num_params},
       {"params_per_rank", plan.execution.sharded ? plan.layout.shard_numel : plan.model.num_params},
+      {"trainable_params", plan.lora.enabled ? plan.lora.adapters.num_params : plan.model.num_params},
       {"compute_dtype", dtype_name(plan.precision.compute_dtype)},
       {"fwd_flops_per_micro_batch", fwd},
       {"fwd_macs_per_micro_batch", fwd / 2},
@@ -276,7 +277,9 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
     << lpad(pct(r["unaccounted_s"].get<double>() / step_s), 8) << "\n";
   o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
   if (detailed) {
-    o << "\nModules (FLOPs per micro batch, backward = both gradients of every matmul; time per step, a block's backward with\n"
+    o << "\nModules (FLOPs per micro batch, backward = "
+      << (plan.lora.enabled ? "the input's gradient of a frozen matmul, both of an adapter's" : "both gradients of every matmul")
+      << "; time per step, a block's backward with\n"
          "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
     o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
       << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";

@@ -33,6 +33,13 @@ inline uint64_t checksum64(const void* data, size_t n) {
   return splitmix64(h ^ static_cast<uint64_t>(n));
 }
 
+// A model's weights as one checksum: each tensor's fp32 values in state_dict order folded in (a LoRA run
+// records its frozen base so; ds convert-ckpt --merge checks a base against it).
+constexpr uint64_t kWeightsChecksumSeed = 0x6c6f72615f626173ull;  // "lora_bas"
+inline uint64_t fold_weights_checksum(uint64_t h, const float* values, int64_t n) {
+  return splitmix64(h ^ checksum64(values, static_cast<size_t>(n) * sizeof(float)));
+}
+
 // 16 hex digits of a 64-bit value.
 inline std::string hex64(uint64_t h) {
   static const char* digits = "0123456789abcdef";

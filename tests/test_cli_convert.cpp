@@ -276,7 +276,7 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
     }
   }
   // The base: a short fp32 run, exported. The LoRA run freezes it and trains an adapter on every projection.
-  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.eval_every=0 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.save_every=10 train.eval_every=0 train.output_dir=" + dir + "/base").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
   const std::string lora = "train examples/lora.json bf16.enabled=false model.init_from=" + dir + "/base-hf model.lora.dropout=0 ";
   Result r = ds(lora + "train.steps=20 train.eval_every=0 train.output_dir=" + dir + "/run");
@@ -313,4 +313,23 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
   // ...and the adapter matters: the base alone scores the window differently.
   ASSERT_EQ(std::system((py + "> " + dir + "/base.txt").c_str()), 0);
   EXPECT_GT(std::fabs(std::stod(slurp(dir + "/base.txt")) - ds_loss), 1e-3);
+  // --merge: the base with the adapter folded in is a plain Hugging Face model scoring the same, for the
+  // independent reader and for ds starting from it.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/merged --merge -t step_00000020");  // the adapter exported above (the resume saved 21)
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string merged_py = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + dir + "/merged " + dir + "/window.bin > " + dir + "/m.txt";
+  ASSERT_EQ(std::system(merged_py.c_str()), 0);
+  EXPECT_NEAR(std::stod(slurp(dir + "/m.txt")), ds_loss, 1e-4 * ds_loss);
+  r = ds("train examples/quickstart.json bf16.enabled=false model.init_from=" + dir + "/merged train.output_dir=" + dir +
+         "/from_merged data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 "
+         "train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NEAR(metrics_of(dir + "/from_merged").front()["loss"].get<double>(), ds_loss, 1e-4 * ds_loss);
+  // Another base than the run's is refused by its checksum; a run that trained every weight has no adapter.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/merged2 --merge --base " + dir + "/base/checkpoints/step_00000010");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "is not the base")) << r.err;
+  r = ds("convert-ckpt " + dir + "/base " + dir + "/merged3 --merge");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "holds no LoRA adapter")) << r.err;
 }

@@ -311,7 +311,7 @@ void TrainingRun::load_base() {
   }
   // One tensor at a time: read (or drawn) in fp32, summed into the checksum, rounded to the compute dtype
   // on the host and copied to the device.
-  uint64_t checksum = 0x6c6f72615f626173ull;  // "lora_bas"
+  uint64_t checksum = kWeightsChecksumSeed;
   std::vector<float> values;
   int64_t at = 0;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
@@ -324,7 +324,7 @@ void TrainingRun::load_base() {
     } else {
       v = drawn->param(static_cast<int>(i));
     }
-    checksum = splitmix64(checksum ^ checksum64(v, static_cast<size_t>(n) * 4));
+    checksum = fold_weights_checksum(checksum, v, n);
     const torch::Tensor host = torch::from_blob(const_cast<float*>(v), {n}, torch::kFloat32).to(flat_.frozen.scalar_type());
     device_.copy(flat_.frozen.narrow(0, at, n), Place::device, host, Place::host);
     at += n;

@@ -15,6 +15,7 @@
 #include "common/files.hpp"
 #include "common/json_depth.hpp"
 #include "common/format.hpp"
+#include "common/hash.hpp"
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/safetensors.hpp"
@@ -109,6 +110,7 @@ class DsCheckpointSource : public WeightSource {
         } catch (const UserError&) {  // no record of the base: the adapter is still exported, without a base path
         }
         if (base.is_object() && base.contains("path") && base["path"].is_string()) a.base_model = base["path"].get<std::string>();
+        if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) a.base_checksum = base["checksum"].get<std::string>();
         lora = a;
       }
       const json& layout = plan.at("layout");
@@ -494,6 +496,76 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
   }
   for (const std::string& f : s.removed) fs::remove(f, ec);
   return s;
+}
+
+namespace {
+
+class MergedSource : public WeightSource {
+ public:
+  MergedSource(const WeightSource& base, const WeightSource& adapter) : base_(base), adapter_(adapter) {
+    DS_CHECK(adapter.lora.has_value(), "merged_weights: the adapter source holds no adapter");
+    kind_ = base.kind();
+    path_ = base.path() + " + " + adapter.path();
+    tensors_ = base.tensors();
+    has_model_ = base.has_model();
+    model_ = base.model();
+    const PeftAdapter& a = *adapter.lora;
+    scale_ = a.alpha / static_cast<double>(a.r);
+    in_out_ = a.fan_in_fan_out;
+    for (const NamedShape& t : adapter.tensors()) {
+      const std::string suffix = ".lora_A.weight";
+      if (!ends_with(t.name, suffix)) continue;
+      const std::string stem = t.name.substr(0, t.name.size() - suffix.size());
+      stems_[stem + ".weight"] = stem;
+      if (stem.rfind("transformer.", 0) == 0) stems_[stem.substr(12) + ".weight"] = stem;  // original GPT-2 files
+    }
+  }
+
+  void read_f32(const std::string& name, float* out) const override {
+    base_.read_f32(name, out);
+    const auto it = stems_.find(name);
+    if (it == stems_.end()) return;
+    const NamedShape* a = adapter_.find(it->second + ".lora_A.weight");
+    const NamedShape* b = adapter_.find(it->second + ".lora_B.weight");
+    DS_CHECK(a && b && a->shape.size() == 2 && b->shape.size() == 2 && a->shape[0] == b->shape[1], "adapter of ", name, " is not (r, in), (out, r)");
+    const int64_t r = a->shape[0], in = a->shape[1], out_dim = b->shape[0];
+    std::vector<float> A(static_cast<size_t>(a->numel())), B(static_cast<size_t>(b->numel()));
+    adapter_.read_f32(a->name, A.data());
+    adapter_.read_f32(b->name, B.data());
+    // W (out, in) += scale B A; GPT-2's Conv1D stores W^T (in, out). Summed in double, rounded once.
+    for (int64_t o = 0; o < out_dim; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (int64_t k = 0; k < r; ++k) d += static_cast<double>(B[static_cast<size_t>(o * r + k)]) * A[static_cast<size_t>(k * in + i)];
+        float& w = out[in_out_ ? i * out_dim + o : o * in + i];
+        w = static_cast<float>(static_cast<double>(w) + scale_ * d);
+      }
+  }
+
+ private:
+  const WeightSource& base_;
+  const WeightSource& adapter_;
+  double scale_ = 0;
+  bool in_out_ = false;
+  std::map<std::string, std::string> stems_;  // a base tensor's name -> its adapter's stem in the checkpoint
+};
+
+}  // namespace
+
+std::string weights_checksum(const WeightSource& source, const ModelSpec& model) {
+  const std::vector<std::string> names = match_weights(source, model);
+  uint64_t h = kWeightsChecksumSeed;
+  std::vector<float> v;
+  for (size_t i = 0; i < names.size(); ++i) {
+    v.resize(static_cast<size_t>(model.tensors[i].numel));
+    source.read_f32(names[i], v.data());
+    h = fold_weights_checksum(h, v.data(), model.tensors[i].numel);
+  }
+  return hex64(h);
+}
+
+std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& adapter) {
+  return std::make_unique<MergedSource>(base, adapter);
 }
 
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options) {

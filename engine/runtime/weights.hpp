@@ -34,6 +34,7 @@ struct PeftAdapter {
   double alpha = 0, dropout = 0;
   std::vector<std::string> target_modules;
   std::string base_model;       // the frozen base's path (model.init_from), "" for a random base
+  std::string base_checksum;    // of the base's values as the run read them (weights_checksum), "" when unrecorded
   bool fan_in_fan_out = false;  // GPT-2: the base's Conv1D weights are (in, out)
 };
 
@@ -108,6 +109,14 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
 // PEFT's LoRA directory: adapter_config.json (peft_type LORA) and adapter_model.safetensors, the adapter's
 // tensors under PEFT's names ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)).
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options);
+
+// The model's weights in `source`, checksummed as a LoRA run records its base (16 hex digits).
+std::string weights_checksum(const WeightSource& source, const ModelSpec& model);
+
+// The base's weights with a LoRA run's adapter folded in, W + (alpha / r) B A (transposed for GPT-2's Conv1D),
+// tensor by tensor as they are read: what export_hf_directory writes for `convert-ckpt --merge`. `base` and
+// `adapter` (a LoRA checkpoint: its `lora` set) must outlive it.
+std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& adapter);
 
 // One consolidated .safetensors file of every tensor (DeepSpeed's zero_to_fp32 job).
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
