@@ -248,17 +248,20 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
 // A LoRA run's checkpoint and its base -> the base with the adapter folded in, as a Hugging Face directory or
 // one .safetensors file. The base is the one the run recorded (or --base), checked against the run's checksum.
 int export_merged(const WeightSource& src, const ConvertArgs& a) {
-  const std::string base_path = a.base.empty() ? src.lora->base_model : a.base;
+  const std::string base_path = a.base.empty() ? src.base_path : a.base;
   if (base_path.empty())
-    throw UserError("'" + src.path() + "' trained its adapter on a random base (no model.init_from), which no file holds",
-                    "export the adapter with --adapter instead, or give the base's weights with --base PATH");
+    throw UserError("'" + src.path() + "' trained on a random base (no model.init_from), which no file holds",
+                    std::string(src.lora ? "export the adapter with --adapter instead, or g" : "G") + "ive the base's weights with --base PATH");
   const std::unique_ptr<WeightSource> base = open_weights(base_path);
   const ModelSpec model = build_model_spec(src.model());
+  // The frozen tensors are those the checkpoint does not hold (every one under LoRA).
+  std::vector<uint8_t> frozen(model.tensors.size(), 1);
+  for (size_t i = 0; i < model.tensors.size(); ++i) frozen[i] = src.find(model.tensors[i].name) == nullptr;
   std::cerr << "ds convert-ckpt: checking the base " << base_path << " against the run's record\n";
-  const std::string checksum = weights_checksum(*base, model);
-  if (!src.lora->base_checksum.empty() && checksum != src.lora->base_checksum)
-    throw UserError("'" + base_path + "' is not the base '" + src.path() + "' trained its adapter on (its weights' checksum is " + checksum +
-                        ", the run recorded " + src.lora->base_checksum + ")",
+  const std::string checksum = weights_checksum(*base, model, frozen);
+  if (!src.base_checksum.empty() && checksum != src.base_checksum)
+    throw UserError("'" + base_path + "' is not the base '" + src.path() + "' trained on (its frozen weights' checksum is " + checksum +
+                        ", the run recorded " + src.base_checksum + ")",
                     "give the run's own base with --base PATH");
   const bool one_file = a.to == "safetensors" || (a.to.empty() && ends_with(a.dst, ".safetensors"));
   check_destination(a);
@@ -267,8 +270,10 @@ int export_merged(const WeightSource& src, const ConvertArgs& a) {
   opt.allow_fp16_overflow = a.allow_fp16_overflow;
   opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
   const std::unique_ptr<WeightSource> merged = merged_weights(*base, src);
-  std::cerr << "ds convert-ckpt: " << base_path << " + the adapter of " << src.path() << " (LoRA r " << src.lora->r << ", scale "
-            << format_double(src.lora->alpha / static_cast<double>(src.lora->r)) << ") -> " << a.dst << " as "
+  std::cerr << "ds convert-ckpt: " << base_path << " + what " << src.path() << " trained ("
+            << (src.lora ? "LoRA r " + std::to_string(src.lora->r) + ", scale " + format_double(src.lora->alpha / static_cast<double>(src.lora->r))
+                         : std::to_string(src.tensors().size()) + " tensors")
+            << ") -> " << a.dst << " as "
             << (one_file ? "one safetensors file" : "a Hugging Face directory") << ", " << a.dtype << "\n";
   const ExportSummary s = one_file ? export_safetensors_file(*merged, model, a.dst, opt) : export_hf_directory(*merged, src.model(), a.dst, opt);
   for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
@@ -279,9 +284,14 @@ int export_merged(const WeightSource& src, const ConvertArgs& a) {
 // A LoRA run's checkpoint -> PEFT's adapter directory. Anything else asked of it is refused: it holds
 // the adapter, not the model.
 int export_adapter(const WeightSource& src, const ConvertArgs& a) {
-  if (!src.lora)
-    throw UserError("'" + src.path() + "' trained every weight: it holds no LoRA adapter", "export it without --adapter or --merge (--to hf or safetensors)");
+  if (!src.frozen_part)
+    throw UserError("'" + src.path() + "' trained every weight: it holds no LoRA adapter and no frozen weights to merge",
+                    "export it without --adapter or --merge (--to hf or safetensors)");
   if (a.merge) return export_merged(src, a);
+  if (!src.lora)
+    throw UserError("'" + src.path() + "' holds only the tensors that trained (model.freeze kept the rest frozen)" +
+                        (a.adapter ? std::string(": it has no LoRA adapter") : std::string(", not a whole model")),
+                    "export the whole model with --merge (the frozen tensors read from the run's model.init_from)");
   if (!a.adapter)
     throw UserError("'" + src.path() + "' holds a LoRA adapter, not a whole model (its base was frozen and is not in the checkpoint)",
                     "export the adapter in PEFT's format with --adapter, or the base with the adapter folded in with --merge");
@@ -298,7 +308,7 @@ int export_adapter(const WeightSource& src, const ConvertArgs& a) {
   const ExportSummary s = export_peft_adapter(src, a.dst, opt);
   for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
   std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
-  if (src.lora->base_model.empty())
+  if (src.base_path.empty())
     std::cerr << "  base_model_name_or_path is null: the run's base was a random init (no model.init_from)\n";
   return kExitOk;
 }
@@ -334,7 +344,7 @@ int run_convert(const ConvertArgs& a) {
     if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return reshard_ds(*src, a);
     if (a.merge && a.adapter) throw UserError("--adapter and --merge are exclusive", "--adapter writes the adapter alone, --merge the base with it folded in");
     if (!a.base.empty() && !a.merge) throw UserError("--base goes with --merge", "");
-    if (a.adapter || a.merge || src->lora) return export_adapter(*src, a);
+    if (a.adapter || a.merge || src->frozen_part) return export_adapter(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
     check_destination(a);
@@ -395,8 +405,9 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
   sub->add_flag("--adapter", a->adapter,
                 "a LoRA run (model.lora) -> PEFT's adapter directory (adapter_config.json, adapter_model.safetensors)");
   sub->add_flag("--merge", a->merge,
-                "a LoRA run -> its base with the adapter folded in (W + alpha/r B A), as a Hugging Face directory or one "
-                ".safetensors file; the base is the run's model.init_from, checked against the checksum the run recorded");
+                "a run with frozen weights (model.lora, model.freeze) -> the whole model: its base with the adapter folded in "
+                "(W + alpha/r B A) or the trained tensors put back, as a Hugging Face directory or one .safetensors file; "
+                "the base is the run's model.init_from, checked against the checksum the run recorded");
   sub->add_option("--base", a->base, "with --merge: the base's weights, where the run's model.init_from has moved");
   sub->add_flag("--info", a->info, "describe SRC (kind, step, model, ZeRO stage and world size, every tensor) and exit");
   sub->add_flag("--json", a->json, "with --info: the description as JSON");

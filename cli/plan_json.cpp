@@ -75,6 +75,14 @@ std::string plan_to_json(const Plan& p, int indent) {
                  {"frozen_params", p.lora.frozen_numel}};
   else
     j["lora"] = nullptr;
+  if (!p.lora.enabled && !p.frozen.empty()) {
+    json names = json::array();
+    for (size_t i = 0; i < p.frozen.size(); ++i)
+      if (p.frozen[i]) names.push_back(p.model.tensors[i].name);
+    j["freeze"] = {{"frozen_tensors", names}, {"frozen_params", p.frozen_numel()}, {"trainable_params", p.unfrozen.num_params}};
+  } else {
+    j["freeze"] = nullptr;
+  }
   const Topology& t = p.topology;
   j["topology"] = {{"world_size", t.world_size},
                    {"ranks_per_node", t.ranks_per_node},

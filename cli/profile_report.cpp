@@ -72,7 +72,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   const int end = a.end < 0 ? total : std::clamp(a.end, warmup + 1, total);
   const double step_s = mean_over(steps, warmup, end, [](const json& s) { return s["step_s"].get<double>(); });
   const int64_t micro_batches = plan.batch.grad_accum;  // per rank per step
-  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.lora);
+  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.frozen, plan.lora);
   double fwd = 0, bwd = 0, recompute = 0;
   for (const auto& m : modules)
     if (m.depth == 1) {
@@ -95,7 +95,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
       {"seq_len", plan.seq_len},
       {"params", plan.model.num_params},
       {"params_per_rank", plan.execution.sharded ? plan.layout.shard_numel : plan.model.num_params},
-      {"trainable_params", plan.lora.enabled ? plan.lora.adapters.num_params : plan.model.num_params},
+      {"trainable_params", plan.trained().num_params},
       {"compute_dtype", dtype_name(plan.precision.compute_dtype)},
       {"fwd_flops_per_micro_batch", fwd},
       {"fwd_macs_per_micro_batch", fwd / 2},
@@ -278,7 +278,7 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
   if (detailed) {
     o << "\nModules (FLOPs per micro batch, backward = "
-      << (plan.lora.enabled ? "the input's gradient of a frozen matmul, both of an adapter's" : "both gradients of every matmul")
+      << (!plan.frozen.empty() ? "the input's gradient of a frozen matmul, both of a trained one's" : "both gradients of every matmul")
       << "; time per step, a block's backward with\n"
          "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
     o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)

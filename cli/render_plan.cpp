@@ -191,6 +191,14 @@ std::string lora_text(const Plan& p) {
          " are frozen (" + dtype_name(compute) + ", " + format_bytes(frozen * dtype_bytes(compute)) +
          " on every rank: no gradient, no optimizer state)";
 }
+// model.freeze: what it froze and what still trains.
+std::string freeze_text(const Plan& p) {
+  const int64_t tensors = std::count(p.frozen.begin(), p.frozen.end(), uint8_t{1});
+  const Dtype compute = p.precision.compute_dtype;
+  return std::to_string(tensors) + " of " + std::to_string(p.model.tensors.size()) + " tensors frozen (" + format_count(p.frozen_numel()) +
+         " parameters, " + dtype_name(compute) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * dtype_bytes(compute)) +
+         " on every rank: no gradient, no optimizer state); " + format_count(p.unfrozen.num_params) + " parameters train";
+}
 }  // namespace
 
 std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
@@ -213,6 +221,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                               ", embedding " + format_double(m.embd_pdrop) + " (training only)"
                         : ""));
   if (p.lora.enabled) row("lora", lora_text(p));
+  if (!p.lora.enabled && !p.frozen.empty()) row("freeze", freeze_text(p));
   row("topology", topology_text(t));
   row("batch", batch_text(p));
   row("tokens", std::to_string(p.seq_len) + " per sample, " + format_count(p.tokens_per_step) + " per step; " +

@@ -158,6 +158,7 @@ struct ModelConfig {
   bool activation_checkpointing = false;
   std::string init_from;    // "" when none
   LoraConfig lora;
+  std::vector<std::string> freeze;  // model.freeze: tensor name patterns
   bool given = false;       // false: no model block at all
 };
 

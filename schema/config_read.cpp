@@ -250,6 +250,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
     c.model.explicit_fields = read_model_fields(m);
     c.model.activation_checkpointing = at(m, "activation_checkpointing").get<bool>();
     c.model.init_from = str_or_empty(at(m, "init_from"));
+    if (m.contains("freeze") && m["freeze"].is_array()) c.model.freeze = m["freeze"].get<std::vector<std::string>>();
     if (m.contains("lora") && m["lora"].is_object()) {
       const json& l = m["lora"];
       LoraConfig& lc = c.model.lora;

@@ -14,6 +14,17 @@
 
 using namespace cli_test;
 
+namespace {
+// 17 uint16 tokens (i * mul + add) % 256: a 16-token window a test scores a model on.
+void write_window(const std::string& path, int mul, int add) {
+  std::ofstream tokens(path, std::ios::binary);
+  for (int i = 0; i < 17; ++i) {
+    const uint16_t t = static_cast<uint16_t>((i * mul + add) % 256);
+    tokens.write(reinterpret_cast<const char*>(&t), 2);
+  }
+}
+}  // namespace
+
 TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromStartsAtItsLoss) {
   const std::string dir = scratch_dir() + "/convert";
   // A short fp32 run, exported as a Hugging Face directory and as one bf16 file.
@@ -84,13 +95,7 @@ TEST(CliConvert, AnIndependentReaderOfTheExportComputesTheLossDsComputes) {
   if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
   const std::string dir = scratch_dir() + "/reader";
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream tokens(dir + "/window.bin", std::ios::binary);
-    for (int i = 0; i < 17; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 37 + 11) % 256);
-      tokens.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_window(dir + "/window.bin", 37, 11);
   const std::string window = " data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
                              "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0 ";
   for (const std::string model : {"model.preset=gpt2-tiny", "model.preset=llama-tiny model.tie_word_embeddings=false"}) {
@@ -268,13 +273,7 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
   if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
   const std::string dir = scratch_dir() + "/lora";
   std::filesystem::create_directories(dir);
-  {
-    std::ofstream tokens(dir + "/window.bin", std::ios::binary);
-    for (int i = 0; i < 17; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 53 + 7) % 256);
-      tokens.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_window(dir + "/window.bin", 53, 7);
   // The base: a short fp32 run, exported. The LoRA run freezes it and trains an adapter on every projection.
   ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=30 train.save_every=10 train.eval_every=0 train.output_dir=" + dir + "/base").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
@@ -332,4 +331,39 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
   r = ds("convert-ckpt " + dir + "/base " + dir + "/merged3 --merge");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "holds no LoRA adapter")) << r.err;
+}
+
+TEST(CliConvert, AFrozenRunCheckpointsWhatTrainedAndMergesWithItsBaseIntoTheModelItTrained) {
+  const std::string dir = scratch_dir() + "/freeze";
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", 29, 3);
+  const std::string q = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 ";
+  ASSERT_EQ(ds(q + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  const std::string frozen = q + "model.init_from=" + dir + "/base-hf 'model.freeze=[\"transformer.wte.weight\", \"transformer.h.0.*\"]' ";
+  Result r = ds(frozen + "train.steps=10 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "frozen tensors from Hugging Face directory")) << r.err;
+  r = ds("convert-ckpt --info " + dir + "/run --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tensors"].size(), 28u - 1u - 12u);  // without wte and block 0's 12 tensors
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/whole");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "holds only the tensors that trained")) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/merged --merge");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The merged model is the one the run trained: scored on a window from it, and by the run itself resumed on
+  // that window (its loss taken before the update), the same.
+  const std::string window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 "
+                             "train_micro_batch_size_per_gpu=1 ";
+  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/merged train.output_dir=" + dir + "/eval");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds(frozen + window + "train.steps=11 train.output_dir=" + dir + "/run --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double merged = metrics_of(dir + "/eval").front()["loss"].get<double>(), resumed = metrics_of(dir + "/run").back()["loss"].get<double>();
+  EXPECT_NEAR(merged, resumed, 1e-6 * resumed);
+  // ...and not the base's: what trained is in it.
+  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/eval_base");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_base").front()["loss"].get<double>() - resumed), 1e-3);
 }

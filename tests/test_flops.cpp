@@ -82,7 +82,8 @@ TEST(ModuleFlops, LoraCountsNoWeightGradientForTheFrozenBaseAndTheAdaptersInThei
   const LoraPlan lora = resolve_lora(config, spec, errors);
   ASSERT_TRUE(errors.empty());
   const double B = 2, T = 256, C = 2048, V = 32000, NH = 32, KV = 4, D = 64, N = B * T, r = 16;
-  const auto rows = module_flops(spec, 2, 256, false, lora);
+  const std::vector<uint8_t> frozen(spec.tensors.size(), 1);
+  const auto rows = module_flops(spec, 2, 256, false, frozen, lora);
   const auto m = by_name(rows);
   const double projections = 2 * N * (C * C + 2 * C * KV * D + C * C), core = 2 * (2 * B * NH * T * T * D);
   const double adapters = 2 * N * r * ((C + C) + (C + KV * D));  // q: C -> C, v: C -> KV D
@@ -94,5 +95,5 @@ TEST(ModuleFlops, LoraCountsNoWeightGradientForTheFrozenBaseAndTheAdaptersInThei
   double total = 0;
   for (const auto& row : rows)
     if (row.depth == 1) total += row.total();
-  EXPECT_NEAR(total, lora_train_flops_per_token(spec, lora, 256) * N, 1e-9 * total);
+  EXPECT_NEAR(total, train_flops_per_token(spec, frozen, lora, 256) * N, 1e-9 * total);
 }

@@ -130,6 +130,7 @@ const std::map<std::string, const char*> kActs = {
     {"model.attn_pdrop", "model: dropout"},
     {"model.resid_pdrop", "model: dropout"},
     {"model.embd_pdrop", "model: dropout"},
+    {"model.freeze", "plan: frozen tensors leave the layout for the frozen_params buffer"},
     {"model.lora.r", "plan: adapter shapes; runtime: A (r, in), B (out, r)"},
     {"model.lora.alpha", "runtime: the adapter's scale alpha / r"},
     {"model.lora.dropout", "runtime: dropout on the adapter's input"},

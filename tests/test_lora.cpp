@@ -148,10 +148,49 @@ TEST(Lora, AResumedAdapterContinuesOnItsBaseAndRefusesAnother) {
     train_ranks(1, other, root / "other", step2);
     ADD_FAILURE() << "resumed an adapter onto another base";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("trained its adapter on another base"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("trained on other frozen weights"), std::string::npos) << e.what();
   }
   // A checkpoint of every weight is no adapter.
   train_ranks(1, {"bf16.enabled=true", "train.save_every=2", "train.steps=2"}, root / "full");
   EXPECT_THROW(train_ranks(1, o, root / "full_into_lora", (root / "full" / "checkpoints" / "step_00000002").string()), UserError);
   fs::remove_all(root);
+}
+
+TEST(Freeze, FrozenTensorsStartAsTheFullRunsTrainNothingAndTwoRanksTrainWhatOneDoes) {
+  const fs::path root = scratch("freeze");
+  const std::string freeze = R"(model.freeze=["model.embed_tokens.weight", "model.layers.0.*"])";
+  const TrainResult full = train_ranks(1, {"bf16.enabled=false"}, root / "full");
+  const TrainResult one = train_ranks(1, {"bf16.enabled=false", freeze}, root / "one");
+  ASSERT_EQ(one.losses.size(), 6u);
+  EXPECT_EQ(one.losses[0], full.losses[0]);  // every tensor starts as the full run's, frozen or not
+  EXPECT_NE(one.losses[1], full.losses[1]);
+  EXPECT_LT(one.losses.back(), one.losses.front());
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const TrainResult two = train_ranks(2, {"bf16.enabled=false", freeze, "train_micro_batch_size_per_gpu=2", "zero_optimization.stage=" + std::to_string(stage)},
+                                        root / ("two_s" + std::to_string(stage)));
+    ASSERT_EQ(two.losses.size(), one.losses.size());
+    for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;
+  }
+  fs::remove_all(root);
+}
+
+TEST(Freeze, FrozenTensorsTakeNoGradientAndStayAsLoaded) {
+  const Plan plan = test::plan_of(kTiny, 1, 0, {"bf16.enabled=false", R"(model.freeze=["model.layers.1.mlp.*", "model.norm.weight"])"});
+  auto device = Device::create(DeviceKind::cpu, 0);
+  FlatParams flat = FlatParams::allocate(plan, 0, *device);
+  ASSERT_EQ(flat.frozen_views.size(), 4u);  // gate, up, down and the final norm
+  {
+    torch::NoGradGuard ng;
+    flat.frozen.normal_(0.0, 0.05);
+    flat.params.normal_(0.0, 0.05);
+  }
+  const torch::Tensor before = flat.frozen.clone();
+  auto model = make_model(plan, flat);
+  flat.grads.zero_();
+  model->set_loss_gradient(1.0);
+  model->loss(torch::randint(0, 256, {2, 16}, torch::kLong), torch::randint(0, 256, {2, 16}, torch::kLong)).backward();
+  for (const torch::Tensor& v : flat.frozen_views) EXPECT_FALSE(v.grad().defined());
+  EXPECT_TRUE(torch::equal(flat.frozen, before));
+  EXPECT_GT(flat.grads.abs().sum().item<double>(), 0.0);  // what trains got its gradients
 }

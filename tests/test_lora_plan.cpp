@@ -110,3 +110,42 @@ TEST(LoraPlan, AnUnknownModuleIsRefusedNamingTheModelsAndTheDefaultIsPefts) {
   EXPECT_EQ(gpt2.layout.params[1].shape, (std::vector<int64_t>{192, 8}));
   EXPECT_EQ(gpt2.layout.params.size(), 4u);
 }
+
+TEST(FreezePlan, FrozenTensorsLeaveTheLayoutForTheFrozenBufferAndLoseTheirWeightGradientFlops) {
+  const Plan full = test::plan_of(kTiny, 1, 0);
+  const std::string freeze = R"(model.freeze=["model.embed_tokens.weight", "model.layers.0.*"])";
+  const Plan p = test::plan_of(kTiny, 1, 0, {freeze});
+  const ModelHyper& hp = p.model.hp;
+  int64_t frozen = 0, frozen_tensors = 0;
+  double frozen_matmul = 0;
+  for (const TensorSpec& t : p.model.tensors) {
+    const bool is_frozen = t.name == "model.embed_tokens.weight" || t.layer == 0;
+    if (!is_frozen) continue;
+    frozen += t.numel;
+    ++frozen_tensors;
+    if (t.layer == 0 && t.shape.size() == 2) frozen_matmul += static_cast<double>(t.numel);  // untied: the embedding is a lookup
+  }
+  EXPECT_EQ(p.frozen_numel(), frozen);
+  EXPECT_EQ(p.layout.numel, full.model.num_params - frozen);
+  EXPECT_EQ(p.layout.params.size(), full.layout.params.size() - static_cast<size_t>(frozen_tensors));
+  EXPECT_EQ(p.layout.params[0].name, "model.layers.1.self_attn.q_proj.weight");
+  const ZeroBuffer* buffer = p.execution.find(BufferRole::frozen_params);
+  ASSERT_NE(buffer, nullptr);
+  EXPECT_EQ(buffer->elements, frozen);
+  EXPECT_DOUBLE_EQ(p.memory.device.optimizer_states, 12.0 * static_cast<double>(p.layout.padded_numel));
+  EXPECT_DOUBLE_EQ(p.train_flops_per_token(), full.train_flops_per_token() - 2.0 * frozen_matmul);
+  // With a tied head, freezing the embedding freezes the head's matmul too.
+  const Plan tied = test::plan_of(kTiny, 1, 0, {"model.tie_word_embeddings=true", R"(model.freeze=["model.embed_tokens.weight"])"});
+  const Plan tied_full = test::plan_of(kTiny, 1, 0, {"model.tie_word_embeddings=true"});
+  EXPECT_DOUBLE_EQ(tied.train_flops_per_token(),
+                   tied_full.train_flops_per_token() - 2.0 * static_cast<double>(hp.vocab_size * hp.hidden_size));
+  // A pattern naming nothing, and freezing everything, are refused.
+  for (const std::string& bad : {std::string(R"(model.freeze=["model.layers.9.*"])"), std::string(R"(model.freeze=["*"])")}) {
+    try {
+      test::plan_of(kTiny, 1, 0, {bad});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(test::find_issue(e.issues(), "model.freeze"), nullptr) << test::dump(e.issues());
+    }
+  }
+}

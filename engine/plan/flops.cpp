@@ -18,7 +18,7 @@ std::string module_of(const TensorSpec& t) {
 }  // namespace
 
 std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, bool recompute,
-                                      const LoraPlan& lora) {
+                                      const std::vector<uint8_t>& frozen_tensors, const LoraPlan& lora) {
   const ModelHyper& hp = model.hp;
   const double N = static_cast<double>(micro_batch) * static_cast<double>(seq_len);  // tokens
   // Attention scores (Q K^T) and their weighted sum (P V): 2 x B x NH x T x T x D each, forward.
@@ -34,29 +34,33 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
     rows.push_back(ModuleFlops{name, depth, layer, 0, 0, 0, 0});
     return rows.back();
   };
-  // A matmul of `numel` weights in row `m`: trained, or frozen under LoRA.
-  auto matmul = [&](ModuleFlops& m, int64_t numel) {
+  // A matmul of `numel` weights in row `m`: trained, or frozen (no weight gradient).
+  auto matmul = [&](ModuleFlops& m, int64_t numel, bool is_frozen) {
     const double f = 2.0 * N * static_cast<double>(numel);
     m.forward += f;
-    if (lora.enabled) frozen[m.name] += f;
+    if (is_frozen) frozen[m.name] += f;
   };
-  for (const TensorSpec& t : model.tensors) {
+  bool embedding_frozen = false;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    const TensorSpec& t = model.tensors[i];
+    const bool is_frozen = !frozen_tensors.empty() && frozen_tensors[i];
+    if (is_embedding_table(t) && t.name.find("wpe") == std::string::npos) embedding_frozen = is_frozen;
     if (t.layer >= 0) {
       const std::string child = module_of(t);
       row(child.substr(0, child.rfind('.')), 1, t.layer);  // the block, before its first child
       ModuleFlops& m = row(child, 2, t.layer);
       m.params += t.numel;
-      if (t.shape.size() == 2) matmul(m, t.numel);
+      if (t.shape.size() == 2) matmul(m, t.numel, is_frozen);
       if (t.name.find("c_attn.weight") != std::string::npos || t.name.find("q_proj.weight") != std::string::npos)
         m.forward += attention_core;  // the attention module's own core, once per block
     } else {
       ModuleFlops& m = row(module_of(t), 1, -1);
       m.params += t.numel;
-      if (t.shape.size() == 2 && !is_embedding_table(t)) matmul(m, t.numel);  // lm_head
+      if (t.shape.size() == 2 && !is_embedding_table(t)) matmul(m, t.numel, is_frozen);  // lm_head
     }
   }
   if (hp.tie_word_embeddings)  // the head reads the token embedding: its matmul, no parameters of its own
-    matmul(row("lm_head", 1, -1), hp.vocab_size * hp.hidden_size);
+    matmul(row("lm_head", 1, -1), hp.vocab_size * hp.hidden_size, embedding_frozen);
   for (const TensorSpec& t : lora.adapters.tensors) {  // x A^T, then B: in the module of the projection they adapt
     ModuleFlops& m = row(module_of(t), 2, t.layer);
     m.params += t.numel;

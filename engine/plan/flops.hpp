@@ -5,7 +5,7 @@
 // below the diagonal, and the scores again in backward), and the forward again when a block is recomputed in
 // its backward (activation checkpointing). Norms, activations and softmax are not matmuls and count 0,
 // as in the model FLOPs of PaLM and llm.c: summed over modules, forward + backward equals
-// ModelSpec::train_flops_per_token x B x T. With LoRA the frozen matmuls' backward computes the input's
+// ModelSpec::train_flops_per_token x B x T. With frozen tensors (model.freeze, LoRA's base) a frozen matmul's backward computes the input's
 // gradient only (1x their forward) and the adapters' matmuls count in their module, trained (the sum is
 // then Plan::train_flops_per_token x B x T). Pure arithmetic.
 #pragma once
@@ -29,8 +29,9 @@ struct ModuleFlops {
 };
 
 // Depth 1 and depth 2 rows, in execution order (a block's row before its children). `recompute`: the
-// blocks' forward runs twice (model.activation_checkpointing). `lora`: the adapter beside a frozen model.
+// blocks' forward runs twice (model.activation_checkpointing). `frozen`: per tensor, held frozen (Plan::frozen;
+// empty: none); `lora`: the adapter beside the frozen model.
 std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, bool recompute,
-                                      const LoraPlan& lora = {});
+                                      const std::vector<uint8_t>& frozen = {}, const LoraPlan& lora = {});
 
 }  // namespace ds

@@ -1,5 +1,7 @@
 #include "engine/plan/lora.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <map>
 
@@ -86,8 +88,52 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
   return p;
 }
 
-double lora_train_flops_per_token(const ModelSpec& base, const LoraPlan& lora, int64_t T) {
-  return 4.0 * base.matmul_params() + 6.0 * static_cast<double>(lora.adapters.num_params) + base.attention_train_flops_per_token(T);
+std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, const ModelSpec& model, std::vector<ConfigIssue>& errors) {
+  if (patterns.empty()) return {};
+  std::vector<uint8_t> frozen(model.tensors.size(), 0);
+  for (const std::string& pattern : patterns) {
+    bool matched = false;
+    for (size_t i = 0; i < model.tensors.size(); ++i)
+      if (fnmatch(pattern.c_str(), model.tensors[i].name.c_str(), 0) == 0) frozen[i] = matched = true;
+    if (!matched)
+      errors.push_back({"model.freeze", "'" + pattern + "' names no tensor of this model",
+                        "tensors are named as in Hugging Face's state_dict, e.g. " + model.tensors.front().name + ", " +
+                            model.tensors[std::min<size_t>(1, model.tensors.size() - 1)].name + " (ds plan --full-layout lists them all)"});
+  }
+  if (std::all_of(frozen.begin(), frozen.end(), [](uint8_t f) { return f != 0; }))
+    errors.push_back({"model.freeze", "every tensor of the model is frozen: nothing would train", "freeze fewer, or train a LoRA adapter (model.lora)"});
+  return frozen;
+}
+
+ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen) {
+  ModelSpec s;
+  s.hp = model.hp;
+  std::map<int, int64_t> per_block;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    if (frozen[i]) continue;
+    const TensorSpec& t = model.tensors[i];
+    s.tensors.push_back(t);
+    s.num_params += t.numel;
+    s.largest_module_params = std::max(s.largest_module_params, t.numel);
+    if (t.layer >= 0) per_block[t.layer] += t.numel;
+  }
+  for (const auto& [layer, n] : per_block) s.largest_block_params = std::max(s.largest_block_params, n);
+  return s;
+}
+
+double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {
+  // Matmul parameters held frozen: 2-D weights but the embedding tables, and a tied head with its embedding.
+  double frozen_matmul = 0;
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    const TensorSpec& t = model.tensors[i];
+    if (!frozen[i] || t.shape.size() != 2) continue;
+    if (!is_embedding_table(t))
+      frozen_matmul += static_cast<double>(t.numel);
+    else if (model.hp.tie_word_embeddings && t.name.find("wpe") == std::string::npos)
+      frozen_matmul += static_cast<double>(model.hp.vocab_size) * static_cast<double>(model.hp.hidden_size);
+  }
+  return 6.0 * model.matmul_params() - 2.0 * frozen_matmul + 6.0 * static_cast<double>(lora.adapters.num_params) +
+         model.attention_train_flops_per_token(T);
 }
 
 double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes) {

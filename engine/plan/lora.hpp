@@ -41,10 +41,17 @@ std::string lora_module_of(const std::string& tensor_name);
 // model.lora.target_modules naming the architecture's modules.
 LoraPlan resolve_lora(const LoraConfig& config, const ModelSpec& base, std::vector<ConfigIssue>& errors);
 
-// Training FLOPs per token of the base with this adapter at sequence length T: the frozen matmuls run
-// forward and pass gradients to their inputs (4 per parameter, no weight gradient), the adapter's
-// train (6 per parameter), the attention core is the full model's.
-double lora_train_flops_per_token(const ModelSpec& base, const LoraPlan& lora, int64_t T);
+// model.freeze: per tensor of the model, whether a pattern (shell wildcards, fnmatch) names it. A pattern
+// that names nothing is a ConfigIssue at model.freeze. Empty when there are no patterns.
+std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, const ModelSpec& model, std::vector<ConfigIssue>& errors);
+// The model's tensors that are not frozen, as a model of their own (what the layout then lays out).
+ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen);
+
+// Training FLOPs per token at sequence length T with some matmuls frozen (`frozen`, per tensor of the model;
+// a tied head is frozen with its embedding) and LoRA's adapters beside them: a frozen matmul runs forward and
+// passes the gradient to its input (4 per parameter, no weight gradient), a trained one 6, the adapter's 6,
+// the attention core is the full model's.
+double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
 
 // Activations the adapters keep for backward per token of one block, `bytes` per element: x A^T (r) per
 // targeted module, and with dropout the dropped input and its mask (2 in) as well.

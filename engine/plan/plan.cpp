@@ -241,8 +241,21 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
 
 }  // namespace
 
-double Plan::train_flops_per_token() const {
-  return lora.enabled ? lora_train_flops_per_token(model, lora, seq_len) : model.train_flops_per_token(seq_len);
+double Plan::train_flops_per_token() const { return ds::train_flops_per_token(model, frozen, lora, seq_len); }
+
+int64_t Plan::frozen_numel() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < frozen.size(); ++i)
+    if (frozen[i]) n += model.tensors[i].numel;
+  return n;
+}
+
+std::vector<int> Plan::trained_model_tensors() const {
+  std::vector<int> out;
+  if (lora.enabled) return std::vector<int>(lora.adapters.tensors.size(), -1);
+  for (size_t i = 0; i < model.tensors.size(); ++i)
+    if (!is_frozen(i)) out.push_back(static_cast<int>(i));
+  return out;
 }
 
 double Plan::host_bytes_per_node() const {
@@ -270,6 +283,14 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   std::vector<ConfigIssue> errors;
   plan.model = model;
   plan.lora = resolve_lora(c.model.lora, model, errors);
+  if (plan.lora.enabled) {
+    plan.frozen.assign(model.tensors.size(), 1);
+    if (!c.model.freeze.empty())
+      plan.warnings.push_back({"model.freeze", "has no effect with model.lora: every base weight is frozen already", "remove it"});
+  } else {
+    plan.frozen = resolve_freeze(c.model.freeze, model, errors);
+    if (!plan.frozen.empty()) plan.unfrozen = unfrozen_part(model, plan.frozen);
+  }
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
     std::string list;
     for (const std::string& m : plan.lora.target_modules) list += (list.empty() ? "" : ", ") + m;

@@ -111,6 +111,9 @@ struct Plan {
   bool has_model = true;
   ModelSpec model;
   LoraPlan lora;             // model.lora: the adapter that trains in place of the model's weights
+  // Per tensor of the model: held frozen (model.freeze, or every one under LoRA). Empty: every tensor trains.
+  std::vector<uint8_t> frozen;
+  ModelSpec unfrozen;        // model.freeze without LoRA: the model's tensors that train
   Topology topology;
   ResolvedBatch batch;
   int64_t seq_len = 0;
@@ -137,7 +140,12 @@ struct Plan {
   // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
   int zero_stage() const { return layout.stage; }
   // The parameters that train, which the layout lays out: the adapter's with LoRA, else the model's.
-  const ModelSpec& trained() const { return lora.enabled ? lora.adapters : model; }
+  const ModelSpec& trained() const { return lora.enabled ? lora.adapters : frozen.empty() ? model : unfrozen; }
+  bool is_frozen(size_t tensor) const { return !frozen.empty() && frozen[tensor] != 0; }
+  // Elements of the model held frozen (the frozen_params buffer).
+  int64_t frozen_numel() const;
+  // Per parameter of the layout, the tensor of the model it is (-1: a LoRA adapter's).
+  std::vector<int> trained_model_tensors() const;
   double device_bytes_per_rank() const { return memory.device.total(); }
   // Model FLOPs of one token at seq_len: the model's, or with LoRA the frozen base's and the adapter's.
   double train_flops_per_token() const;

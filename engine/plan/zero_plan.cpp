@@ -174,8 +174,8 @@ ZeroExecution describe_zero(const Plan& plan) {
       params_on_nvme ? param_file_bytes / param_bytes : z.gathers ? z.local_numel : z.full_numel, C::params,
       param_offload ? offload_place(knobs.offload_param.device) : Place::device);
   add(BufferRole::whole_params, compute, z.whole_numel, C::params);
-  // LoRA: the frozen base, read by every projection, never stepped, reduced or partitioned.
-  add(BufferRole::frozen_params, compute, plan.lora.enabled ? plan.lora.frozen_numel : 0, C::params);
+  // Frozen tensors (LoRA's base, model.freeze): read by the model, never stepped, reduced or partitioned.
+  add(BufferRole::frozen_params, compute, plan.frozen_numel(), C::params);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
   // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live.
   add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);

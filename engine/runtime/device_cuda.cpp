@@ -16,13 +16,12 @@
 
 #include "engine/runtime/kernel_table_cuda.hpp"
 #include "kernels/cuda/optimizers.hpp"
+#include "kernels/cuda/check.hpp"
 
 namespace ds {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
+using ds::cuda::check;
 
 class CudaEvent final : public Event {
  public:

@@ -141,9 +141,11 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   f.outer_params = arenas.take(BufferRole::outer_params);
   make_views(f, L, z);
   f.frozen = arenas.take(BufferRole::frozen_params);
-  if (f.frozen.defined()) {  // LoRA: the base's tensors, in state_dict order, never with a gradient
+  if (f.frozen.defined()) {  // the frozen tensors (LoRA's base, model.freeze), in state_dict order, never with a gradient
     int64_t at = 0;
-    for (const TensorSpec& t : plan.model.tensors) {
+    for (size_t i = 0; i < plan.model.tensors.size(); ++i) {
+      if (!plan.is_frozen(i)) continue;
+      const TensorSpec& t = plan.model.tensors[i];
       f.frozen_views.push_back(f.frozen.narrow(0, at, t.numel).view(t.shape));
       f.frozen_names.push_back(t.name);
       at += t.numel;
@@ -153,9 +155,9 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
 }
 
 const torch::Tensor& ParamCursor::next(const std::string& suffix) {
-  DS_CHECK(i_ < views_.size() && ends_with(names_[i_], suffix), "parameter ", i_, " is ",
-           (i_ < names_.size() ? names_[i_] : "missing"), ", expected *", suffix);
-  return views_[i_++];
+  DS_CHECK(i_ < views_->size() && ends_with((*names_)[i_], suffix), "parameter ", i_, " is ",
+           (i_ < names_->size() ? (*names_)[i_] : "missing"), ", expected *", suffix);
+  return (*views_)[i_++];
 }
 
 FlatParams::Bytes FlatParams::bytes() const {

@@ -63,8 +63,8 @@ struct FlatParams {
   std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
   std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
   std::vector<std::string> names;
-  // LoRA: the base model's weights, frozen, in the compute dtype (the plan's frozen_params buffer), and a
-  // view per tensor of the model in state_dict order (no gradient). Undefined / empty without LoRA.
+  // The frozen tensors (LoRA's base, model.freeze) in the compute dtype (the plan's frozen_params buffer), and
+  // a view per frozen tensor in state_dict order (no gradient). Undefined / empty when nothing is frozen.
   torch::Tensor frozen;
   std::vector<torch::Tensor> frozen_views;
   std::vector<std::string> frozen_names;
@@ -91,15 +91,16 @@ struct FlatParams {
 // (a mismatch is a bug: the model and ModelSpec disagree on the state_dict order).
 class ParamCursor {
  public:
-  ParamCursor(const std::vector<torch::Tensor>& views, const std::vector<std::string>& names) : views_(views), names_(names) {}
+  // `from`: the first view to hand out (views.size(): none).
+  ParamCursor(const std::vector<torch::Tensor>& views, const std::vector<std::string>& names, size_t from = 0)
+      : views_(&views), names_(&names), i_(from) {}
   explicit ParamCursor(const FlatParams& params) : ParamCursor(params.views, params.names) {}
   const torch::Tensor& next(const std::string& suffix);
-  bool done() const { return i_ == views_.size(); }
-  size_t position() const { return i_; }  // how many were handed out
+  bool done() const { return i_ == views_->size(); }
 
  private:
-  const std::vector<torch::Tensor>& views_;
-  const std::vector<std::string>& names_;
+  const std::vector<torch::Tensor>* views_;
+  const std::vector<std::string>* names_;
   size_t i_ = 0;
 };
 

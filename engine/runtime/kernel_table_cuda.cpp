@@ -6,15 +6,14 @@
 #include <string>
 
 #include "kernels/cuda/optimizers.hpp"
+#include "kernels/cuda/check.hpp"
 
 namespace ds {
 namespace {
 
 namespace kc = kernels::cuda;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
+using ds::cuda::check;
 
 class CudaKernelTable final : public KernelTable {
  public:

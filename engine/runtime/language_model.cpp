@@ -219,17 +219,22 @@ BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_st
 }
 
 ModelWeights::ModelWeights(const Plan& plan, const FlatParams& p)
-    : cursor_(plan.lora.enabled ? p.frozen_views : p.views, plan.lora.enabled ? p.frozen_names : p.names) {
+    : plan_(plan), trained_(p.views, p.names), frozen_(p.frozen_views, p.frozen_names) {
   if (!plan.lora.enabled) return;
   DS_CHECK(p.frozen_views.size() == plan.model.tensors.size() && p.views.size() == plan.lora.adapted.size(),
            "the frozen base or the adapters are not the plan's");
   for (size_t i = 0; i + 1 < p.views.size(); i += 2)  // A then B, for one projection
     adapters_.push_back({static_cast<size_t>(plan.lora.adapted[i]), p.views[i], p.views[i + 1]});
+  trained_ = ParamCursor(p.views, p.names, p.views.size());  // the flat views are the adapters': none is a model tensor
+}
+
+const torch::Tensor& ModelWeights::next(const std::string& suffix) {
+  return plan_.is_frozen(tensor_++) ? frozen_.next(suffix) : trained_.next(suffix);
 }
 
 Linear ModelWeights::linear(const std::string& weight_suffix, const std::string& bias_suffix) {
   Linear l;
-  l.index = static_cast<int64_t>(cursor_.position());
+  l.index = static_cast<int64_t>(tensor_);
   l.weight = next(weight_suffix);
   if (!bias_suffix.empty()) l.bias = next(bias_suffix);
   if (adapter_ < adapters_.size() && adapters_[adapter_].base == static_cast<size_t>(l.index)) {
@@ -275,12 +280,15 @@ std::vector<ParamSlot> slots_of(const ModelSpec& model) {
 
 InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base)
     : plan_(plan),
-      slots_(base ? slots_of(plan.model) : plan.layout.params),
+      slots_(base || (!plan.lora.enabled && !plan.frozen.empty()) ? slots_of(plan.model) : plan.layout.params),
       adapters_(plan.lora.enabled && !base),
+      model_tensor_(base || plan.lora.enabled || plan.frozen.empty() ? std::vector<int>{} : plan.trained_model_tensors()),
       // The adapter's draws come from a stream of their own, not the base's first values again.
       gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)) {}
 
-const float* InitialWeights::param(int i) {
+const float* InitialWeights::param(int asked) {
+  // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order.
+  const int i = model_tensor_.empty() ? asked : model_tensor_[static_cast<size_t>(asked)];
   DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
   torch::NoGradGuard no_grad;
   while (drawn_ < i) {

@@ -77,19 +77,22 @@ struct Linear {
   int64_t index = 0;
 };
 
-// What a model binds to, in state_dict order: the flat parameter views, or with LoRA the frozen base's
-// views and, beside each targeted projection, the adapter's views from the flat buffers.
+// What a model binds to, in state_dict order: each tensor's view in the flat buffers, or in the frozen
+// buffer when it is frozen (model.freeze; every one under LoRA), and beside each projection LoRA targets,
+// the adapter's views from the flat buffers.
 class ModelWeights {
  public:
   ModelWeights(const Plan& plan, const FlatParams& params);
   // The next tensor, whose name must end in `suffix`.
-  const torch::Tensor& next(const std::string& suffix) { return cursor_.next(suffix); }
+  const torch::Tensor& next(const std::string& suffix);
   // The next projection: its weight (and bias, when named), with its adapter when it has one.
   Linear linear(const std::string& weight_suffix, const std::string& bias_suffix = "");
-  bool done() const { return cursor_.done() && adapter_ == adapters_.size(); }
+  bool done() const { return trained_.done() && frozen_.done() && adapter_ == adapters_.size(); }
 
  private:
-  ParamCursor cursor_;
+  const Plan& plan_;
+  ParamCursor trained_, frozen_;
+  size_t tensor_ = 0;  // the model's tensors handed out
   // LoRA: per adapter tensor pair, the base tensor it adapts and the views of A and B.
   struct Adapter {
     size_t base = 0;
@@ -172,8 +175,8 @@ std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& pa
 class InitialWeights {
  public:
   // The layout's parameters (with LoRA the adapter's: A as model.lora.init says, B zero), or with `base` the
-  // model's tensors in state_dict order (with LoRA the frozen base: the same values a run training every
-  // weight draws from this seed).
+  // model's tensors in state_dict order (what a frozen tensor is filled from). A model's tensor gets the
+  // same values whatever is frozen: those a run training every weight draws from this seed.
   InitialWeights(const Plan& plan, uint64_t seed, bool base = false);
   // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
   const float* param(int i);
@@ -182,6 +185,7 @@ class InitialWeights {
   const Plan& plan_;
   std::vector<ParamSlot> slots_;  // what is drawn, in order
   bool adapters_;                 // the slots are LoRA's A and B
+  std::vector<int> model_tensor_;  // model.freeze: per parameter asked for, the model's tensor it is (drawn in the model's order)
   at::Generator gen_;
   int drawn_ = -1;
   torch::Tensor values_;

@@ -1,4 +1,5 @@
 #include "engine/runtime/nccl_group.hpp"
+#include "kernels/cuda/check.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -17,9 +18,7 @@ void check(ncclResult_t r, const char* what) {
     throw std::runtime_error(std::string("NCCL: ") + what + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
 }
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
+using ds::cuda::check;
 
 ncclDataType_t type_of(NcclElement e) {
   switch (e) {

@@ -298,7 +298,7 @@ CheckpointScalars load_through_host(Device& device, const std::string& dir, cons
 }
 
 void TrainingRun::load_base() {
-  if (!plan_.lora.enabled) return;
+  if (plan_.frozen.empty()) return;
   const ModelSpec& model = plan_.model;
   std::unique_ptr<WeightSource> source;
   std::vector<std::string> names;
@@ -315,6 +315,7 @@ void TrainingRun::load_base() {
   std::vector<float> values;
   int64_t at = 0;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
+    if (!plan_.is_frozen(i)) continue;  // model.freeze: what trains is drawn into the layout
     const int64_t n = model.tensors[i].numel;
     const float* v = nullptr;
     if (source) {
@@ -333,24 +334,25 @@ void TrainingRun::load_base() {
   j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()
                        : "random init from seed " + std::to_string(plan_.run.seed);
   j["path"] = source ? nlohmann::ordered_json(source->path()) : nlohmann::ordered_json(nullptr);
-  j["params"] = plan_.lora.frozen_numel;
+  j["params"] = plan_.frozen_numel();
   j["checksum"] = hex64(checksum);
   base_json_ = j.dump();
   if (source)
-    report_->log().note(std::string("ds train: frozen base from ") + weights_kind_name(source->kind()) + " " + source->path() + " (" +
-                        format_count(plan_.lora.frozen_numel) + " parameters, checksum " + hex64(checksum) + ")");
+    report_->log().note(std::string("ds train: frozen ") + (plan_.lora.enabled ? "base" : "tensors") + " from " +
+                        weights_kind_name(source->kind()) + " " + source->path() + " (" + format_count(plan_.frozen_numel()) +
+                        " parameters, checksum " + hex64(checksum) + ")");
 }
 
 // A resumed adapter must sit on the base it was trained on.
 void TrainingRun::check_base(const std::string& checkpoint_base) const {
-  if (!plan_.lora.enabled) return;
+  if (plan_.frozen.empty()) return;
   if (checkpoint_base.empty())
-    throw UserError("'" + opt_.resume_from + "' holds a run that trained every weight, not a LoRA adapter",
-                    "resume it without model.lora, or start the LoRA run fresh (model.init_from can take that run's weights as the base)");
+    throw UserError("'" + opt_.resume_from + "' holds a run that trained every weight, not one with frozen weights",
+                    "resume it without model.lora or model.freeze, or start fresh (model.init_from can take that run's weights)");
   const auto theirs = nlohmann::json::parse(checkpoint_base, nullptr, false);
   const auto ours = nlohmann::json::parse(base_json_);
   if (theirs.is_discarded() || theirs.value("checksum", "") != ours["checksum"].get<std::string>())
-    throw UserError("'" + opt_.resume_from + "' trained its adapter on another base: " +
+    throw UserError("'" + opt_.resume_from + "' trained on other frozen weights: " +
                         (theirs.is_discarded() ? std::string("(unreadable)") : theirs.value("source", "?") + ", checksum " + theirs.value("checksum", "?")) +
                         "; this run's base is " + ours["source"].get<std::string>() + ", checksum " + ours["checksum"].get<std::string>(),
                     "set model.init_from (and train.seed, for a random base) to what the adapter was trained on");
@@ -367,7 +369,11 @@ void TrainingRun::draw_weights() {
   } else {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
     const auto source = open_weights(plan_.run.init_from);
-    load_weights(*source, plan_.model, whole.data_ptr<float>());
+    // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
+    const std::vector<std::string> names = match_weights(*source, plan_.model);
+    const std::vector<int> tensors = plan_.trained_model_tensors();
+    for (size_t k = 0; k < tensors.size(); ++k)
+      source->read_f32(names[static_cast<size_t>(tensors[k])], whole.data_ptr<float>() + plan_.layout.params[k].offset);
     report_->log().note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                         " (step, schedule and optimizer start fresh)");
     values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };

@@ -96,6 +96,16 @@ class DsCheckpointSource : public WeightSource {
         model_.bos_token_id = 50256, model_.eos_token_id = {50256};
       }
       has_model_ = true;
+      frozen_part = (plan.contains("lora") && plan["lora"].is_object()) || (plan.contains("freeze") && plan["freeze"].is_object());
+      if (frozen_part) {
+        json base;
+        try {
+          base = json::parse(read_checkpoint_text(dir_, "base_json"), nullptr, false);
+        } catch (const UserError&) {  // no record of the base: exports go on without its path or checksum
+        }
+        if (base.is_object() && base.contains("path") && base["path"].is_string()) base_path = base["path"].get<std::string>();
+        if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) base_checksum = base["checksum"].get<std::string>();
+      }
       if (plan.contains("lora") && plan["lora"].is_object()) {
         const json& l = plan["lora"];
         PeftAdapter a;
@@ -104,13 +114,6 @@ class DsCheckpointSource : public WeightSource {
         a.dropout = l.at("dropout").get<double>();
         a.target_modules = l.at("target_modules").get<std::vector<std::string>>();
         a.fan_in_fan_out = model_.arch == ModelArch::gpt2;
-        json base;
-        try {
-          base = json::parse(read_checkpoint_text(dir_, "base_json"), nullptr, false);
-        } catch (const UserError&) {  // no record of the base: the adapter is still exported, without a base path
-        }
-        if (base.is_object() && base.contains("path") && base["path"].is_string()) a.base_model = base["path"].get<std::string>();
-        if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) a.base_checksum = base["checksum"].get<std::string>();
         lora = a;
       }
       const json& layout = plan.at("layout");
@@ -503,25 +506,34 @@ namespace {
 class MergedSource : public WeightSource {
  public:
   MergedSource(const WeightSource& base, const WeightSource& adapter) : base_(base), adapter_(adapter) {
-    DS_CHECK(adapter.lora.has_value(), "merged_weights: the adapter source holds no adapter");
+    DS_CHECK(adapter.frozen_part, "merged_weights: the checkpoint holds every weight");
     kind_ = base.kind();
     path_ = base.path() + " + " + adapter.path();
     tensors_ = base.tensors();
     has_model_ = base.has_model();
     model_ = base.model();
-    const PeftAdapter& a = *adapter.lora;
-    scale_ = a.alpha / static_cast<double>(a.r);
-    in_out_ = a.fan_in_fan_out;
+    if (adapter.lora) {
+      scale_ = adapter.lora->alpha / static_cast<double>(adapter.lora->r);
+      in_out_ = adapter.lora->fan_in_fan_out;
+    }
+    // A name as the base may spell it: ds's, or an original GPT-2 file's without "transformer.".
+    const auto both = [](const std::string& name, const std::string& value, std::map<std::string, std::string>& into) {
+      into[name] = value;
+      if (name.rfind("transformer.", 0) == 0) into[name.substr(12)] = value;
+    };
     for (const NamedShape& t : adapter.tensors()) {
       const std::string suffix = ".lora_A.weight";
-      if (!ends_with(t.name, suffix)) continue;
-      const std::string stem = t.name.substr(0, t.name.size() - suffix.size());
-      stems_[stem + ".weight"] = stem;
-      if (stem.rfind("transformer.", 0) == 0) stems_[stem.substr(12) + ".weight"] = stem;  // original GPT-2 files
+      if (ends_with(t.name, suffix)) {
+        const std::string stem = t.name.substr(0, t.name.size() - suffix.size());
+        both(stem + ".weight", stem, stems_);
+      } else if (!ends_with(t.name, ".lora_B.weight")) {
+        both(t.name, t.name, trained_);  // model.freeze: a tensor that trained
+      }
     }
   }
 
   void read_f32(const std::string& name, float* out) const override {
+    if (const auto t = trained_.find(name); t != trained_.end()) return adapter_.read_f32(t->second, out);
     base_.read_f32(name, out);
     const auto it = stems_.find(name);
     if (it == stems_.end()) return;
@@ -547,16 +559,18 @@ class MergedSource : public WeightSource {
   const WeightSource& adapter_;
   double scale_ = 0;
   bool in_out_ = false;
-  std::map<std::string, std::string> stems_;  // a base tensor's name -> its adapter's stem in the checkpoint
+  std::map<std::string, std::string> stems_;    // a base tensor's name -> its adapter's stem in the checkpoint
+  std::map<std::string, std::string> trained_;  // a base tensor's name -> the checkpoint's tensor that replaces it
 };
 
 }  // namespace
 
-std::string weights_checksum(const WeightSource& source, const ModelSpec& model) {
+std::string weights_checksum(const WeightSource& source, const ModelSpec& model, const std::vector<uint8_t>& frozen) {
   const std::vector<std::string> names = match_weights(source, model);
   uint64_t h = kWeightsChecksumSeed;
   std::vector<float> v;
   for (size_t i = 0; i < names.size(); ++i) {
+    if (!frozen.empty() && !frozen[i]) continue;
     v.resize(static_cast<size_t>(model.tensors[i].numel));
     source.read_f32(names[i], v.data());
     h = fold_weights_checksum(h, v.data(), model.tensors[i].numel);
@@ -585,7 +599,7 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
   nlohmann::ordered_json c;
   c["peft_type"] = "LORA";
   c["task_type"] = "CAUSAL_LM";
-  c["base_model_name_or_path"] = a.base_model.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.base_model);
+  c["base_model_name_or_path"] = source.base_path.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(source.base_path);
   c["r"] = a.r;
   c["lora_alpha"] = a.alpha;
   c["lora_dropout"] = a.dropout;

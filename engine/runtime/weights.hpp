@@ -33,8 +33,6 @@ struct PeftAdapter {
   int64_t r = 0;
   double alpha = 0, dropout = 0;
   std::vector<std::string> target_modules;
-  std::string base_model;       // the frozen base's path (model.init_from), "" for a random base
-  std::string base_checksum;    // of the base's values as the run read them (weights_checksum), "" when unrecorded
   bool fan_in_fan_out = false;  // GPT-2: the base's Conv1D weights are (in, out)
 };
 
@@ -56,6 +54,10 @@ class WeightSource {
   std::string precision;  // the run's precision mode ("bf16", ...)
   // A LoRA run's checkpoint: its tensors are the adapter's ("<module>.lora_A.weight", ...), not the model's.
   std::optional<PeftAdapter> lora;
+  // A run that held weights frozen (LoRA's base, model.freeze) checkpoints only what trained: the rest is the
+  // base it read from `base_path` ("" for the seed's random init), whose frozen tensors had `base_checksum`.
+  bool frozen_part = false;
+  std::string base_path, base_checksum;
 
  protected:
   WeightsKind kind_ = WeightsKind::ds_checkpoint;
@@ -110,13 +112,15 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
 // tensors under PEFT's names ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)).
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options);
 
-// The model's weights in `source`, checksummed as a LoRA run records its base (16 hex digits).
-std::string weights_checksum(const WeightSource& source, const ModelSpec& model);
+// The model's tensors in `source` (those `frozen` marks, when it is not empty), checksummed as a run records
+// its frozen weights (16 hex digits).
+std::string weights_checksum(const WeightSource& source, const ModelSpec& model, const std::vector<uint8_t>& frozen = {});
 
-// The base's weights with a LoRA run's adapter folded in, W + (alpha / r) B A (transposed for GPT-2's Conv1D),
-// tensor by tensor as they are read: what export_hf_directory writes for `convert-ckpt --merge`. `base` and
-// `adapter` (a LoRA checkpoint: its `lora` set) must outlive it.
-std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& adapter);
+// The base's weights with a run's trained part put in, tensor by tensor as they are read: the checkpoint's
+// tensors in place of the base's (model.freeze), and a LoRA adapter folded in, W + (alpha / r) B A (transposed
+// for GPT-2's Conv1D): what `convert-ckpt --merge` exports. `base` and `trained` (a checkpoint with
+// `frozen_part`) must outlive it.
+std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& trained);
 
 // One consolidated .safetensors file of every tensor (DeepSpeed's zero_to_fp32 job).
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/optimizer_elements.hpp"
+#include "kernels/cuda/check.hpp"
 
 #include <cstdio>
 #include <stdexcept>
@@ -13,9 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
+using ds::cuda::check;
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
