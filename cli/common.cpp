@@ -13,6 +13,7 @@
 
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
+#include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
@@ -194,6 +195,8 @@ std::optional<ModelHyper> source_architecture(const std::string& init_from) {
   } catch (const UserError&) {
     return std::nullopt;
   }
+  if (src->kind() == WeightsKind::peft_adapter)  // an adapter's model is its base's
+    return src->base_path.empty() || src->base_path == init_from ? std::nullopt : source_architecture(src->base_path);
   if (src->kind() == WeightsKind::ds_checkpoint && src->has_model()) return src->model();
   if (src->kind() != WeightsKind::hf_directory) return std::nullopt;
   const std::string hf = (std::filesystem::path(src->path()) / "config.json").string();
@@ -328,7 +331,20 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   // Initial weights: must exist and match the model, tensor by tensor (headers only are read).
   if (!config.model.init_from.empty() && plan.has_model) {
     try {
-      match_weights(*open_weights(config.model.init_from), plan.model);
+      const std::unique_ptr<WeightSource> source = open_weights(config.model.init_from);
+      if (source->kind() != WeightsKind::peft_adapter) {
+        match_weights(*source, plan.model);
+      } else if (!plan.lora.enabled) {
+        throw UserError("model.init_from '" + config.model.init_from + "' is a LoRA adapter, and this config trains no adapter",
+                        "set model.lora as its adapter_config.json says (r " + std::to_string(source->lora->r) + ", alpha " +
+                            format_double(source->lora->alpha) + ", target_modules " + join(source->lora->target_modules, ", ") + ")");
+      } else {
+        check_peft_adapter(*source, plan.lora);
+        if (source->base_path.empty())
+          throw UserError("the adapter '" + config.model.init_from + "' names no base (base_model_name_or_path)",
+                          "set base_model_name_or_path in its adapter_config.json to the base's local directory");
+        match_weights(*open_weights(source->base_path), plan.model);
+      }
     } catch (const UserError& e) {
       missing.push_back({"model.init_from", e.what(), e.hint()});
     }

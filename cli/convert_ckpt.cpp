@@ -331,6 +331,9 @@ int run_convert(const ConvertArgs& a) {
     const std::unique_ptr<WeightSource> src = open_weights(src_path);
     if (a.info) return print_info(*src, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt SRC DST (or --info SRC); see ds convert-ckpt --help");
+    if (src->kind() == WeightsKind::peft_adapter)
+      throw UserError("'" + a.src + "' is a PEFT adapter directory, which ds converts only from its own LoRA runs",
+                      "train from it (model.init_from, with model.lora as its adapter_config.json says), or merge it with PEFT");
     if (src->kind() == WeightsKind::safetensors_file)
       throw UserError("a lone .safetensors file does not say which model it holds",
                       "convert a Hugging Face directory (config.json beside the weights), or train from the file with "

@@ -312,6 +312,17 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
   // ...and the adapter matters: the base alone scores the window differently.
   ASSERT_EQ(std::system((py + "> " + dir + "/base.txt").c_str()), 0);
   EXPECT_GT(std::fabs(std::stod(slurp(dir + "/base.txt")) - ds_loss), 1e-3);
+  // The PEFT adapter as model.init_from continues from it: its first step on the window scores what the run did.
+  const std::string on_window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                                "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.eval_every=0 train.steps=1 ";
+  r = ds("train examples/lora.json bf16.enabled=false model.lora.dropout=0 model.init_from=" + dir + "/adapter " + on_window +
+         "train.output_dir=" + dir + "/continued");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "adapter from " + dir + "/adapter")) << r.err;
+  EXPECT_NEAR(metrics_of(dir + "/continued").front()["loss"].get<double>(), ds_loss, 1e-6 * ds_loss);
+  r = ds("train examples/lora.json model.lora.r=4 model.init_from=" + dir + "/adapter " + on_window + "train.output_dir=" + dir + "/r4");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "model.lora.r is 4, but the adapter")) << r.err;
   // --merge: the base with the adapter folded in is a plain Hugging Face model scoring the same, for the
   // independent reader and for ds starting from it.
   r = ds("convert-ckpt " + dir + "/run " + dir + "/merged --merge -t step_00000020");  // the adapter exported above (the resume saved 21)

@@ -305,6 +305,12 @@ void TrainingRun::load_base() {
   std::unique_ptr<InitialWeights> drawn;
   if (!plan_.run.init_from.empty()) {
     source = open_weights(plan_.run.init_from);
+    if (source->kind() == WeightsKind::peft_adapter) {  // the adapter continues on the base it names
+      if (source->base_path.empty())
+        throw UserError("the adapter '" + plan_.run.init_from + "' names no base (base_model_name_or_path)",
+                        "set base_model_name_or_path in its adapter_config.json to the base's local directory");
+      source = open_weights(source->base_path);
+    }
     names = match_weights(*source, model);
   } else {
     drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
@@ -364,11 +370,19 @@ void TrainingRun::draw_weights() {
   std::function<const float*(const OwnedSegment&)> values;
   InitialWeights drawn(plan_, plan_.run.seed);
   torch::Tensor whole;
-  if (plan_.run.init_from.empty() || plan_.lora.enabled) {  // a LoRA run's init_from is its frozen base
+  const std::unique_ptr<WeightSource> source = plan_.run.init_from.empty() ? nullptr : open_weights(plan_.run.init_from);
+  const bool from_adapter = source && source->kind() == WeightsKind::peft_adapter;
+  if (from_adapter) {  // a PEFT adapter's A and B, continued
+    check_peft_adapter(*source, plan_.lora);
+    whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
+    for (const ParamSlot& p : plan_.layout.params) source->read_f32(p.name, whole.data_ptr<float>() + p.offset);
+    report_->log().note("ds train: adapter from " + source->path() + " (LoRA r " + std::to_string(source->lora->r) + ", " +
+                        std::to_string(plan_.layout.params.size()) + " tensors; step, schedule and optimizer start fresh)");
+    values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
+  } else if (!source || plan_.lora.enabled) {  // a LoRA run's other init_from is its frozen base
     values = [&](const OwnedSegment& s) { return drawn.param(s.param) + (s.global - plan_.layout.params[static_cast<size_t>(s.param)].offset); };
   } else {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
-    const auto source = open_weights(plan_.run.init_from);
     // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
     const std::vector<std::string> names = match_weights(*source, plan_.model);
     const std::vector<int> tensors = plan_.trained_model_tensors();

@@ -30,6 +30,7 @@ const char* weights_kind_name(WeightsKind k) {
     case WeightsKind::ds_checkpoint: return "ds checkpoint";
     case WeightsKind::hf_directory: return "Hugging Face directory";
     case WeightsKind::safetensors_file: return "safetensors file";
+    case WeightsKind::peft_adapter: return "PEFT adapter directory";
   }
   return "?";
 }
@@ -219,6 +220,55 @@ class SafetensorsSource : public WeightSource {
   std::map<std::string, const SafetensorsFile*> where_;
 };
 
+// PEFT's LoRA adapter directory: the adapter's tensors without PEFT's "base_model.model." prefix, so they
+// are named as a ds LoRA run names them.
+class PeftAdapterSource : public WeightSource {
+ public:
+  explicit PeftAdapterSource(const std::string& path) : file_((fs::path(path) / "adapter_model.safetensors").string()) {
+    kind_ = WeightsKind::peft_adapter;
+    path_ = path;
+    const std::string config_path = (fs::path(path) / "adapter_config.json").string();
+    const auto refuse = [&](const std::string& what) { throw UserError("'" + config_path + "' " + what, "ds trains and reads LoRA adapters (PEFT's peft_type LORA) with bias none"); };
+    json c;
+    try {
+      const std::string text = read_file_bytes(config_path);
+      check_json_nesting(text, config_path);
+      c = json::parse(text);
+      if (c.value("peft_type", "") != "LORA") refuse("is not a LoRA adapter (peft_type " + c.value("peft_type", std::string("missing")) + ")");
+      if (c.value("bias", "none") != "none") refuse("trains biases (bias " + c["bias"].dump() + ")");
+      if (c.value("use_rslora", false)) refuse("uses rsLoRA (scale alpha / sqrt(r)), which ds does not train");
+      if (!c.contains("target_modules") || !c["target_modules"].is_array())
+        refuse("names its target_modules by a pattern, not a list of module names");
+      PeftAdapter a;
+      a.r = c.at("r").get<int64_t>();
+      a.alpha = c.at("lora_alpha").get<double>();
+      a.dropout = c.value("lora_dropout", 0.0);
+      a.target_modules = c["target_modules"].get<std::vector<std::string>>();
+      a.fan_in_fan_out = c.value("fan_in_fan_out", false);
+      lora = a;
+      if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string()) base_path = c["base_model_name_or_path"].get<std::string>();
+    } catch (const json::exception& e) {
+      throw UserError("'" + config_path + "' is not a PEFT adapter config (" + e.what() + ")", "");
+    }
+    frozen_part = true;
+    const std::string prefix = "base_model.model.";
+    for (NamedShape t : file_.tensors()) {
+      if (t.name.rfind(prefix, 0) != 0) throw UserError("'" + file_.path() + "' holds '" + t.name + "', not a PEFT adapter's tensor", "");
+      t.name = t.name.substr(prefix.size());
+      tensors_.push_back(t);
+    }
+  }
+  void read_f32(const std::string& name, float* out) const override { file_.read_f32("base_model.model." + name, out); }
+
+ private:
+  SafetensorsSource file_;
+};
+
+bool is_peft_adapter(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::exists(p / "adapter_config.json", ec) && fs::exists(p / "adapter_model.safetensors", ec);
+}
+
 bool ignorable(const std::string& name, const ModelSpec& model) {
   if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return model.hp.arch == ModelArch::gpt2;
   if (name == "lm_head.weight") return model.hp.tie_word_embeddings;
@@ -232,6 +282,7 @@ WeightsKind detect_weights(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw UserError("'" + path + "' does not exist", "give a ds run or checkpoint directory, a Hugging Face model directory or a .safetensors file");
+  if (is_peft_adapter(p)) return WeightsKind::peft_adapter;
   if (is_hf_directory(p)) return WeightsKind::hf_directory;
   if (fs::is_regular_file(p, ec) && p.extension() == ".safetensors") return WeightsKind::safetensors_file;
   if (is_ds_checkpoint(p) || fs::exists(p / "DONE", ec)) return WeightsKind::ds_checkpoint;
@@ -241,7 +292,12 @@ WeightsKind detect_weights(const std::string& path) {
 }
 
 std::unique_ptr<WeightSource> open_weights(const std::string& path) {
-  if (detect_weights(path) == WeightsKind::ds_checkpoint) return std::make_unique<DsCheckpointSource>(path);
+  switch (detect_weights(path)) {
+    case WeightsKind::ds_checkpoint: return std::make_unique<DsCheckpointSource>(path);
+    case WeightsKind::peft_adapter: return std::make_unique<PeftAdapterSource>(path);
+    case WeightsKind::hf_directory:
+    case WeightsKind::safetensors_file: break;
+  }
   return std::make_unique<SafetensorsSource>(path);
 }
 
@@ -580,6 +636,31 @@ std::string weights_checksum(const WeightSource& source, const ModelSpec& model,
 
 std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& adapter) {
   return std::make_unique<MergedSource>(base, adapter);
+}
+
+void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora) {
+  DS_CHECK(adapter.lora.has_value(), "check_peft_adapter: not an adapter");
+  const PeftAdapter& a = *adapter.lora;
+  const std::string hint = "model.lora must describe the adapter model.init_from continues (its adapter_config.json)";
+  const auto differ = [&](const std::string& key, const std::string& peft, const std::string& mine) {
+    throw UserError("model.lora." + key + " is " + mine + ", but the adapter '" + adapter.path() + "' has " + peft, hint);
+  };
+  if (a.r != lora.r) differ("r", std::to_string(a.r), std::to_string(lora.r));
+  if (a.alpha != lora.alpha) differ("alpha", format_double(a.alpha), format_double(lora.alpha));
+  std::vector<std::string> theirs = a.target_modules, mine = lora.target_modules;
+  std::sort(theirs.begin(), theirs.end());
+  std::sort(mine.begin(), mine.end());
+  if (theirs != mine) differ("target_modules", join(a.target_modules, ", "), join(lora.target_modules, ", "));
+  for (const TensorSpec& t : lora.adapters.tensors) {
+    const NamedShape* s = adapter.find(t.name);
+    if (!s) throw UserError("the adapter '" + adapter.path() + "' has no tensor '" + t.name + "' " + format_shape(t.shape), hint);
+    if (s->shape != t.shape)
+      throw UserError("the adapter's tensor '" + t.name + "' is " + format_shape(s->shape) + " but " + format_shape(t.shape) + " here", hint);
+  }
+  if (adapter.tensors().size() != lora.adapters.tensors.size())
+    throw UserError("the adapter '" + adapter.path() + "' has " + std::to_string(adapter.tensors().size()) + " tensors, this model's adapter " +
+                        std::to_string(lora.adapters.tensors.size()),
+                    hint);
 }
 
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options) {

@@ -13,12 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan/lora.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/runtime/checkpoint.hpp"
 
 namespace ds {
 
-enum class WeightsKind { ds_checkpoint, hf_directory, safetensors_file };
+enum class WeightsKind { ds_checkpoint, hf_directory, safetensors_file, peft_adapter };
 const char* weights_kind_name(WeightsKind k);
 
 struct NamedShape {
@@ -68,7 +69,9 @@ class WeightSource {
 };
 
 // What `path` holds: a ds run directory or checkpoint (its newest complete checkpoint), a Hugging Face
-// directory, or a .safetensors file. UserError naming the path when it is none of them.
+// directory, a .safetensors file, or a PEFT LoRA adapter directory (adapter_config.json and
+// adapter_model.safetensors: its tensors named as ds names an adapter's, without "base_model.model.", its
+// `lora` and `base_path` from the config). UserError naming the path when it is none of them.
 WeightsKind detect_weights(const std::string& path);
 std::unique_ptr<WeightSource> open_weights(const std::string& path);
 
@@ -108,6 +111,10 @@ struct ExportSummary {
 // head is written once, as transformers does. `out_dir` is created; files are replaced atomically.
 ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
                                   const ExportOptions& options);
+// A PEFT adapter (model.init_from) against the plan's LoRA: r, lora_alpha and target_modules as model.lora
+// says, and every adapter tensor by name and shape (UserError naming the key or tensor and both values).
+void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora);
+
 // PEFT's LoRA directory: adapter_config.json (peft_type LORA) and adapter_model.safetensors, the adapter's
 // tensors under PEFT's names ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)).
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options);
