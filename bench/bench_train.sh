@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput of ds against a PyTorch eager loop of the same model, batch and precision,
-# run side by side (interleaved rounds, medians) on this machine. Debian's python3-torch has the
+# run side by side (interleaved rounds, medians) on this machine; each round's own ratio too, with the
+# median and range of those (the figure that holds on a machine whose speed drifts over minutes). Debian's python3-torch has the
 # same kernels as the LibTorch ds links. Prints tokens/s and the ratio ds / PyTorch.
 #
 # usage: bench/bench_train.sh [rounds] [steps per round] [sequence length] [model name pattern]
@@ -68,13 +69,16 @@ for entry in "${models[@]}"; do
   IFS='|' read -r name overrides script <<< "$entry"
   [[ "$name" =~ $only ]] || continue
   for prec in fp32 bf16; do
-    ds_all=(); pt_all=(); kh_all=(); env_all=(); flops=0; rss=0
+    ds_all=(); pt_all=(); kh_all=(); env_all=(); ratio_all=(); flops=0; rss=0
     for ((r = 0; r < rounds; r++)); do
       read -r rate flops rss < <(ds_run "$overrides" "$prec")
       ds_all+=("$rate")
       pt_all+=("$("$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
       kh_all+=("$(env $kept_heap "$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
       env_all+=("$(env $ds_env "$py" $script 4 "$seq" "$prec" "$steps" "$threads")")
+      # This round's ratio against its own neighbours: a machine whose speed drifts over minutes moves
+      # both sides of a round together, so the ratios hold where the rates do not.
+      ratio_all+=("$(echo "$rate / ${env_all[-1]}" | bc -l)")
     done
     d=$(printf "%s\n" "${ds_all[@]}" | median)
     t=$(printf "%s\n" "${pt_all[@]}" | median)
@@ -87,6 +91,9 @@ for entry in "${models[@]}"; do
     printf "%-18s %-5s %9.1f %9.1f %9.1f %9.1f %7.2fx %7.2fx %7.2fx %5.0f%% %7.3f %5.0f%% %8sx\n" "$name" "$prec" "$d" "$t" "$k" "$e" \
       "$(echo "$d / $t" | bc -l)" "$(echo "$d / $k" | bc -l)" "$(echo "$d / $e" | bc -l)" "$(echo "100 * $d * $flops / ($peak * 10^12)" | bc -l)" "$shapes" \
       "$(echo "100 * $d * $flops / ($shapes * 10^12)" | bc -l)" "$rss"
+    sorted=$(printf "%s\n" "${ratio_all[@]}" | sort -g)
+    printf "%-18s %-5s ds / torch-env per round: median %.2fx, range %.2f-%.2fx over %d rounds\n" "" "" \
+      "$(echo "$sorted" | median)" "$(echo "$sorted" | head -1)" "$(echo "$sorted" | tail -1)" "$rounds"
   done
 done
 echo "torch = PyTorch eager as installed; torch-kh = the same with glibc keeping freed memory (ds's policy);"

@@ -21,6 +21,13 @@ std::vector<double> phase_values(const StepPhases& p) {
 }
 
 // The mean of f over steps [first, end).
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 double mean_over(const json& steps, int first, int end, const std::function<double(const json&)>& f) {
   double sum = 0;
   int n = 0;
@@ -41,6 +48,7 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
     for (size_t k = 0; k < v.size(); ++k) phases[kPhaseNames[k]] = v[k];
     steps.push_back({{"start_s", r.step_start_s[i]}, {"step_s", r.step_seconds[i]}, {"phases", phases}, {"comm_s", r.comm_seconds[i]},
                      {"comm_bytes", r.comm_bytes[i]}, {"offload_bytes", r.offload_bytes[i]}, {"peak_rss_bytes", r.rss_bytes[i]},
+                     {"gemm_flops_per_s", i < r.gemm_rates.size() ? r.gemm_rates[i] : r.gemm_peak_flops},
                      {"block_forward_s", i < r.block_forward_s.size() ? r.block_forward_s[i] : std::vector<double>{}},
                      {"block_backward_s", i < r.block_backward_s.size() ? r.block_backward_s[i] : std::vector<double>{}}});
     json& step = steps.back();
@@ -83,7 +91,17 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   const double W = plan.topology.world_size;
   const double model_flops_per_rank = (fwd + bwd) * static_cast<double>(micro_batches);  // per step
   const double executed_per_rank = (fwd + bwd + recompute) * static_cast<double>(micro_batches);
-  const double peak = lead["gemm_peak_flops"].get<double>();
+  // MFU step by step, each against the matmul rate measured right after it; the median and its spread.
+  std::vector<double> rates, mfus;
+  json per_step = json::array();
+  for (int i = warmup; i < end; ++i) {
+    const double rate = steps[i]["gemm_flops_per_s"].get<double>(), s_i = steps[i]["step_s"].get<double>();
+    const double mfu = rate > 0 ? model_flops_per_rank / s_i / rate : 0.0;
+    rates.push_back(rate);
+    mfus.push_back(mfu);
+    per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}});
+  }
+  const double peak = median_of(rates), mfu = median_of(mfus);
   json r;
   r["schema_version"] = 1;
   r["measured_steps"] = end - warmup;
@@ -109,7 +127,9 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
       {"samples_per_s", static_cast<double>(plan.batch.train_batch_size) / step_s},
       {"tokens_per_s", static_cast<double>(plan.tokens_per_step) / step_s},
       {"gemm_peak_flops_per_s", peak},
-      {"mfu", peak > 0 ? model_flops_per_rank / step_s / peak : 0.0},
+      {"gemm_peak_range", {*std::min_element(rates.begin(), rates.end()), *std::max_element(rates.begin(), rates.end())}},
+      {"mfu", mfu},
+      {"mfu_range", {*std::min_element(mfus.begin(), mfus.end()), *std::max_element(mfus.begin(), mfus.end())}},
   };
   r["summary"] = summary;
   json phases = json::array();
@@ -233,6 +253,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
                      {"comm_s", mean_over(p["steps"], warmup, end, [](const json& s) { return s["comm_s"].get<double>(); })},
                      {"peak_rss_bytes", p["peak_rss_bytes"]}});
   r["ranks"] = ranks;
+  r["steps"] = per_step;  // rank 0's measured steps
   return r;
 }
 
@@ -262,9 +283,12 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   line("samples/s", format_fixed(s["samples_per_s"].get<double>(), 1));
   line("tokens/s", format_count(static_cast<int64_t>(s["tokens_per_s"].get<double>())));
   if (s["gemm_peak_flops_per_s"].get<double>() > 0) {
-    line("matmul peak (measured)", format_fixed(s["gemm_peak_flops_per_s"].get<double>() / 1e12, 3) + " TFLOP/s " +
-                                        s["compute_dtype"].get<std::string>() + " at the model's GEMM shapes");
-    line("MFU", pct(s["mfu"].get<double>()));
+    const auto tf = [](const json& v) { return format_fixed(v.get<double>() / 1e12, 3); };
+    line("matmul peak (measured)", tf(s["gemm_peak_flops_per_s"]) + " TFLOP/s " + s["compute_dtype"].get<std::string>() +
+                                        " at the model's GEMM shapes (median; " + tf(s["gemm_peak_range"][0]) + "-" +
+                                        tf(s["gemm_peak_range"][1]) + " right after each measured step)");
+    line("MFU", pct(s["mfu"].get<double>()) + " (median of each step against the rate after it; " + pct(s["mfu_range"][0].get<double>()) +
+                    "-" + pct(s["mfu_range"][1].get<double>()) + ")");
   } else {
     line("MFU", "not measured here (ds profile measures the matmul peak first)");
   }

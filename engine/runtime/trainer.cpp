@@ -571,6 +571,11 @@ void TrainingRun::loop() {
         sampler_->val_tokens() > 0)
       val = validate();
     report_->step(step, out, val, step_s);
+    // ds profile: the matmul rate now, outside the step's time, for this step's MFU.
+    constexpr double kGemmBudgetPerStep = 0.25;  // seconds
+    if (opt_.profile)
+      result_.gemm_rates.push_back(
+          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep).flops_per_s);
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;

@@ -19,7 +19,7 @@ struct TrainOptions {
   int64_t print_every = 10;          // plain progress lines every N steps
   std::string resume_from;           // a complete checkpoint directory to continue from, or ""
   // ds profile: no checkpoint and no validation; the compute dtype's matmul rate at the model's shapes
-  // is measured before the first step (TrainResult::gemm_peak_flops).
+  // is measured before the first step and after each (TrainResult::gemm_peak_flops, gemm_rates).
   bool profile = false;
   // How the run takes Ctrl-C and SIGTERM: through the process's signals' thread (common/stop_signals.hpp).
   // A field, not a direct call, because this library carries its own copy of that code while the thread
@@ -87,7 +87,10 @@ struct TrainResult {
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
   std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
-  double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes (gemm_peak.hpp)
+  double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes before the first step (gemm_peak.hpp)
+  // ds profile: per step, the same measured right after it, so each step's MFU is taken against the rate the
+  // machine had then (a shared or throttling machine's rate drifts by 2x over minutes).
+  std::vector<double> gemm_rates;
 
   // What training itself held at the peak, to set against the plan: neither the code and libraries there
   // before it began nor the file-backed pages that came in since.
