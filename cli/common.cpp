@@ -340,10 +340,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
                             format_double(source->lora->alpha) + ", target_modules " + join(source->lora->target_modules, ", ") + ")");
       } else {
         check_peft_adapter(*source, plan.lora);
-        if (source->base_path.empty())
-          throw UserError("the adapter '" + config.model.init_from + "' names no base (base_model_name_or_path)",
-                          "set base_model_name_or_path in its adapter_config.json to the base's local directory");
-        match_weights(*open_weights(source->base_path), plan.model);
+        match_weights(*open_adapter_base(*source), plan.model);
       }
     } catch (const UserError& e) {
       missing.push_back({"model.init_from", e.what(), e.hint()});

@@ -245,7 +245,7 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
                        {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
                        {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
       j["lora"] = lora.enabled ? ojson{{"r", lora.r}, {"target_modules", lora.target_modules}, {"trainable_params", lora.adapters.num_params},
-                                       {"frozen_params", lora.frozen_numel}}
+                                       {"frozen_params", model.num_params}}
                                : ojson(nullptr);
       j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
                           {"headroom", a.headroom}};
@@ -283,9 +283,7 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       << " x " << topo.ranks_per_node << (topo.ranks_per_node == 1 ? " GPU" : " GPUs") << "\n";
     if (!model_note.empty()) o << "  model: " << model_note << "\n";
     if (lora.enabled) {
-      std::string modules;
-      for (const std::string& m : lora.target_modules) modules += (modules.empty() ? "" : ", ") + m;
-      o << "  LoRA r " << lora.r << " on " << modules << ": " << format_count(lora.adapters.num_params) << " parameters train ("
+      o << "  LoRA r " << lora.r << " on " << join(lora.target_modules, ", ") << ": " << format_count(lora.adapters.num_params) << " parameters train ("
         << format_fixed(100.0 * static_cast<double>(lora.adapters.num_params) / static_cast<double>(model.num_params), 3)
         << "% of the model); the base is frozen in " << dtype << " on every GPU (params column)\n";
     }

@@ -72,7 +72,7 @@ std::string plan_to_json(const Plan& p, int indent) {
                  {"target_modules", p.lora.target_modules},
                  {"init", p.lora.init == LoraInit::gaussian ? "gaussian" : "kaiming_uniform"},
                  {"trainable_params", p.lora.adapters.num_params},
-                 {"frozen_params", p.lora.frozen_numel}};
+                 {"frozen_params", p.frozen_numel()}};
   else
     j["lora"] = nullptr;
   if (!p.lora.enabled && !p.frozen.empty()) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/format.hpp"
+#include "common/strings.hpp"
 
 namespace ds::cli {
 namespace {
@@ -181,13 +182,12 @@ namespace {
 // What trains and what is frozen: the adapter's size against the base's, and what the base costs.
 std::string lora_text(const Plan& p) {
   const LoraPlan& l = p.lora;
-  std::string modules;
-  for (const std::string& m : l.target_modules) modules += (modules.empty() ? "" : ", ") + m;
-  const double trained = static_cast<double>(l.adapters.num_params), frozen = static_cast<double>(l.frozen_numel);
+  const std::string modules = join(l.target_modules, ", ");
+  const double trained = static_cast<double>(l.adapters.num_params), frozen = static_cast<double>(p.frozen_numel());
   const Dtype compute = p.precision.compute_dtype;
   return "r " + std::to_string(l.r) + ", alpha " + format_double(l.alpha) + " (scale " + format_double(l.scale) + "), dropout " +
          format_double(l.dropout) + " on " + modules + ": " + format_count(l.adapters.num_params) + " parameters train (" +
-         format_fixed(100.0 * trained / (trained + frozen), trained < 0.01 * (trained + frozen) ? 3 : 2) + "% of all); the base's " + format_count(l.frozen_numel) +
+         format_fixed(100.0 * trained / (trained + frozen), trained < 0.01 * (trained + frozen) ? 3 : 2) + "% of all); the base's " + format_count(p.frozen_numel()) +
          " are frozen (" + dtype_name(compute) + ", " + format_bytes(frozen * dtype_bytes(compute)) +
          " on every rank: no gradient, no optimizer state)";
 }

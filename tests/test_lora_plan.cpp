@@ -43,7 +43,7 @@ TEST(LoraPlan, TheAdapterIsWhatTrainsAndTheBaseIsFrozenInTheComputeDtype) {
   EXPECT_EQ(lora.layout.params.back().name, "model.layers.1.mlp.down_proj.lora_B.weight");
 
   // The base: every parameter of the model, once, bf16 on the device; nothing else of it anywhere.
-  EXPECT_EQ(lora.lora.frozen_numel, full.model.num_params);
+  EXPECT_EQ(lora.frozen_numel(), full.model.num_params);
   const ZeroBuffer* frozen = lora.execution.find(BufferRole::frozen_params);
   ASSERT_NE(frozen, nullptr);
   EXPECT_EQ(frozen->dtype, Dtype::bf16);

@@ -5,14 +5,10 @@
 #include <algorithm>
 #include <map>
 
+#include "common/strings.hpp"
+
 namespace ds {
 namespace {
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 // A block's projection weight (2-D, inside a block): what an adapter may sit beside.
 bool adaptable(const TensorSpec& t) { return t.layer >= 0 && t.shape.size() == 2; }
@@ -58,7 +54,7 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
     if (std::find(names.begin(), names.end(), t) == names.end())
       errors.push_back({"model.lora.target_modules",
                         "'" + t + "' is not a projection of this " + model_arch_name(arch) + " model",
-                        "its modules are: " + joined(names)});
+                        "its modules are: " + join(names, ", ")});
     if (std::count(p.target_modules.begin(), p.target_modules.end(), t) > 1)
       errors.push_back({"model.lora.target_modules", "'" + t + "' is listed twice", "list each module once"});
   }
@@ -66,7 +62,6 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
   std::map<int, int64_t> per_block;
   for (size_t i = 0; i < base.tensors.size(); ++i) {
     const TensorSpec& t = base.tensors[i];
-    p.frozen_numel += t.numel;
     if (!adaptable(t)) continue;
     const std::string module = lora_module_of(t.name);
     if (std::find(p.target_modules.begin(), p.target_modules.end(), module) == p.target_modules.end()) continue;

@@ -27,7 +27,6 @@ struct LoraPlan {
   // The trainable tensors as a model of their own: hp is the base's, tensors the adapters', counts theirs.
   ModelSpec adapters;
   std::vector<int> adapted;  // per adapter tensor: the index of the base tensor it adapts
-  int64_t frozen_numel = 0;  // the base's parameters, none of which trains
 };
 
 // The module names a LoRA target may take for this architecture (PEFT's spelling), in block order.

@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/strings.hpp"
 
 namespace ds {
 namespace {
@@ -292,9 +293,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
     if (!plan.frozen.empty()) plan.unfrozen = unfrozen_part(model, plan.frozen);
   }
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
-    std::string list;
-    for (const std::string& m : plan.lora.target_modules) list += (list.empty() ? "" : ", ") + m;
-    plan.resolved.push_back({"model.lora.target_modules", list, std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
+    plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "), std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
   }
   const int64_t C = model.hp.hidden_size;
 

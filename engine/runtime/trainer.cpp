@@ -305,12 +305,7 @@ void TrainingRun::load_base() {
   std::unique_ptr<InitialWeights> drawn;
   if (!plan_.run.init_from.empty()) {
     source = open_weights(plan_.run.init_from);
-    if (source->kind() == WeightsKind::peft_adapter) {  // the adapter continues on the base it names
-      if (source->base_path.empty())
-        throw UserError("the adapter '" + plan_.run.init_from + "' names no base (base_model_name_or_path)",
-                        "set base_model_name_or_path in its adapter_config.json to the base's local directory");
-      source = open_weights(source->base_path);
-    }
+    if (source->kind() == WeightsKind::peft_adapter) source = open_adapter_base(*source);  // the adapter continues on the base it names
     names = match_weights(*source, model);
   } else {
     drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from

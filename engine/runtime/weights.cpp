@@ -663,6 +663,13 @@ void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora) {
                     hint);
 }
 
+std::unique_ptr<WeightSource> open_adapter_base(const WeightSource& adapter) {
+  if (adapter.base_path.empty())
+    throw UserError("the adapter '" + adapter.path() + "' names no base (base_model_name_or_path)",
+                    "set base_model_name_or_path in its adapter_config.json to the base's local directory");
+  return open_weights(adapter.base_path);
+}
+
 ExportSummary export_peft_adapter(const WeightSource& source, const std::string& out_dir, const ExportOptions& options) {
   DS_CHECK(source.lora.has_value(), "export_peft_adapter: the source holds no adapter");
   const PeftAdapter& a = *source.lora;

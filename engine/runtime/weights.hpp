@@ -114,6 +114,8 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
 // A PEFT adapter (model.init_from) against the plan's LoRA: r, lora_alpha and target_modules as model.lora
 // says, and every adapter tensor by name and shape (UserError naming the key or tensor and both values).
 void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora);
+// The base a PEFT adapter names (base_model_name_or_path), opened; UserError when it names none.
+std::unique_ptr<WeightSource> open_adapter_base(const WeightSource& adapter);
 
 // PEFT's LoRA directory: adapter_config.json (peft_type LORA) and adapter_model.safetensors, the adapter's
 // tensors under PEFT's names ("base_model.model.<module>.lora_A.weight" (r, in), "...lora_B.weight" (out, r)).
