@@ -101,7 +101,14 @@ int run_guarded(const std::string& sub, const std::function<int()>& body, bool j
   }
 }
 
-bool build_trains_on_cuda() { return false; }  // the CUDA build (issue "ds train on a CUDA GPU") turns this on
+// Built against CUDA LibTorch with the CUDA kernels (CMakeLists.txt): the GPU is a place to train.
+bool build_trains_on_cuda() {
+#ifdef DS_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 double size_flag(const std::string& flag, const std::string& text) {
   double bytes = 0;

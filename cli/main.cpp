@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cli/app.hpp"
+#include "common/crash_trace.hpp"
 #include "common/idle_waits.hpp"
 #include "common/stop_signals.hpp"
 
@@ -39,6 +40,7 @@ void short_idle_waits(char** argv) {
 
 int main(int argc, char** argv) {
   short_idle_waits(argv);
+  ds::print_stack_on_crash();
   ds::take_stop_signals_on_their_own_thread();  // before any other thread exists (common/stop_signals.hpp)
   return ds::cli::run_ds(argc, argv);
 }

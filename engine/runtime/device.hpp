@@ -66,6 +66,9 @@ class Device {
   virtual torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) = 0;
   // The kernels that run on memory at `place`: the device's own, or the host's for an offloaded optimizer.
   virtual const KernelTable& kernels(Place place) const = 0;
+  // Bytes of the device's own memory in use now, by anything (a GPU: cudaMemGetInfo's total - free, so
+  // LibTorch's cache, ds's buffers and the CUDA context); 0 where the device is the host (RSS says it).
+  virtual double memory_in_use() const { return 0; }
   virtual Stream& compute_stream() = 0;
   virtual Stream& copy_stream() = 0;
 

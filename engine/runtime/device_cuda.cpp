@@ -1,6 +1,7 @@
 // ds — the CUDA GPU as a Device: device memory from cudaMalloc, host memory page-locked (cudaMallocHost,
 // so copies run beside compute), copies between them on a copy stream ordered with the compute stream by
 // events, the CUDA kernel table for device memory and the CPU's for host memory (an offloaded optimizer).
+// The compute stream is the legacy default stream LibTorch's operations run on (docs/ARCHITECTURE.md).
 // Compiled wherever the CUDA toolkit is (against any LibTorch: tensors are made over its memory with
 // from_blob); the models' LibTorch ops on these tensors need a CUDA LibTorch.
 #include "engine/runtime/device_cuda.hpp"
@@ -40,8 +41,14 @@ class CudaEvent final : public Event {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  ~CudaStream() override { cudaStreamDestroy(s_); }
+  // A stream of its own, which runs beside the others.
+  CudaStream() : owned_(true) { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  // The legacy default stream, where LibTorch queues the model's operations: the optimizer and the norms
+  // queued there run after the backward that wrote the gradients, with no event between them.
+  explicit CudaStream(cudaStream_t borrowed) : s_(borrowed), owned_(false) {}
+  ~CudaStream() override {
+    if (owned_) cudaStreamDestroy(s_);
+  }
   std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(s_); }
   void wait_for(const Event& e) override {
     if (const auto* c = dynamic_cast<const CudaEvent*>(&e)) check(cudaStreamWaitEvent(s_, c->handle(), 0), "cudaStreamWaitEvent");
@@ -52,6 +59,7 @@ class CudaStream final : public Stream {
 
  private:
   cudaStream_t s_ = nullptr;
+  bool owned_ = false;
 };
 
 class CudaDevice final : public Device {
@@ -61,7 +69,7 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(index) + " (" + prop.name + ")";
-    compute_ = std::make_unique<CudaStream>();
+    compute_ = std::make_unique<CudaStream>(cudaStreamLegacy);
     copy_ = std::make_unique<CudaStream>();
     table_ = make_cuda_kernel_table(compute_->handle());
   }
@@ -84,6 +92,11 @@ class CudaDevice final : public Device {
   }
 
   const KernelTable& kernels(Place place) const override { return place == Place::device ? *table_ : cpu_kernel_table(); }
+  double memory_in_use() const override {
+    size_t free_bytes = 0, total = 0;
+    check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+    return static_cast<double>(total - free_bytes);
+  }
   Stream& compute_stream() override { return *compute_; }
   Stream& copy_stream() override { return *copy_; }
 

@@ -1,5 +1,7 @@
 #include "engine/runtime/fused_attention.hpp"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <limits>
 
@@ -305,17 +307,33 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tens
   return {qkv.narrow(2, 0, heads), qkv.narrow(2, heads, kv), qkv.narrow(2, heads + kv, kv)};
 }
 
+namespace {
+// Off the CPU: LibTorch's fused attention (flash or memory-efficient kernels on a GPU) where this LibTorch
+// has it (2.0 on), the materialised reference otherwise. Grouped kv heads are repeated for it.
+torch::Tensor library_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  const Heads h = heads_of(q, k, v);
+  if (h.T > 0 && q.device().is_cuda()) {
+    const torch::Tensor qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, H, T, D)
+    const torch::Tensor kk = h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, vv = h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh;
+    return at::scaled_dot_product_attention(qh, kk, vv, {}, 0.0, /*is_causal=*/true).transpose(1, 2).contiguous();
+  }
+#endif
+  return causal_attention_materialised(q, k, v);
+}
+}  // namespace
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t block_rows) {
   const Heads h = heads_of(q, k, v);
   if (!on_cpu_kernels(q) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || h.T == 0)
-    return causal_attention_materialised(q, k, v);
+    return library_attention(q, k, v);
   return CausalAttention::apply(q, k, v, path_rows(q, h, block_rows));
 }
 
 torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
   const auto [q, k, v] = unpack(qkv, heads);
   const Heads h = heads_of(q, k, v);
-  if (!on_cpu_kernels(qkv) || h.T == 0) return causal_attention_materialised(q, k, v);
+  if (!on_cpu_kernels(qkv) || h.T == 0) return library_attention(q, k, v);
   return CausalAttentionPacked::apply(qkv, heads, path_rows(qkv, h, block_rows));
 }
 
@@ -325,7 +343,7 @@ torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch:
   // (B, H, T, D) views; each kv head serves G consecutive query heads (Hugging Face's repeat_kv).
   const torch::Tensor qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);
   const torch::Tensor kk = h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, vv = h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh;
-  const auto mask = torch::ones({h.T, h.T}, torch::kBool).triu(1);  // causal: -inf above the diagonal
+  const auto mask = torch::ones({h.T, h.T}, torch::dtype(torch::kBool).device(q.device())).triu(1);  // causal: -inf above the diagonal
   torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(h.D)));
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   if (drop) att = drop(att);

@@ -39,6 +39,21 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
+// The same off the CPU, in LibTorch's operations on the logits' device: the loss summed there (read once per
+// pass, not per chunk), the gradient softmax - onehot times row_grad written over the logits.
+torch::Tensor library_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad) {
+  const torch::Tensor wide = logits.to(torch::kFloat32);
+  const torch::Tensor lse = wide.logsumexp(1, /*keepdim=*/true);
+  const torch::Tensor ids = targets.view({-1, 1});
+  const torch::Tensor sum = (lse - wide.gather(1, ids)).to(torch::kFloat64).sum();
+  if (write_grad) {
+    torch::Tensor g = (wide - lse).exp_();
+    g.scatter_add_(1, ids, torch::full({ids.size(0), 1}, -1.0f, g.options()));
+    logits.copy_(g.mul_(row_grad));
+  }
+  return sum;
+}
+
 // A (rows, V) buffer for the logits: a new one, or `*kept` (made there when it is missing, too small
 // or of another dtype).
 torch::Tensor logits_buffer(int64_t rows, int64_t V, const torch::TensorOptions& options, torch::Tensor* kept) {
@@ -55,7 +70,9 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
            "fused head loss: shapes x ", x.sizes(), ", weight ", weight.sizes(), ", targets ", targets_in.sizes());
-  const torch::Tensor targets = targets_in.to(torch::kLong).contiguous();
+  const torch::Tensor targets = targets_in.to(x.device(), torch::kLong).contiguous();  // the batch's, from the host
+  const bool host = x.device().is_cpu();
+  torch::Tensor device_sum = host ? torch::Tensor() : torch::zeros({}, x.options().dtype(torch::kFloat64));
   if (N > 0) {
     const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
     DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
@@ -73,7 +90,10 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     const torch::Tensor xc = x.narrow(0, r0, n);
     torch::Tensor logits = buffer.narrow(0, 0, n);
     matmul_into(logits, xc, wt, false);
-    out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
+    if (host)
+      out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
+    else
+      device_sum += library_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads);
     if (!grads) continue;
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
     matmul_into(dxc, logits, weight, false);
@@ -85,6 +105,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     else
       matmul_into(out.dw, logits.t(), xc, true);
   }
+  if (!host) out.loss_sum = device_sum.item<double>();
   return out;
 }
 

@@ -251,7 +251,9 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
 }
 
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
-  if (!on_cpu_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong) return torch::embedding(weight, ids);
+  // The batch's ids come from the host: a GPU's weights look them up on the GPU.
+  if (!on_cpu_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong)
+    return torch::embedding(weight, ids.to(weight.device(), torch::kLong));
   return Embedding::apply(weight, ids);
 }
 
@@ -263,7 +265,7 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
            "rotary: x (B, T, heads, even D), fp32 cos and sin (T, D/2)");
   if (on_cpu_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
   // Hugging Face's formula: the tables duplicated to D and cast to x's dtype.
-  const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.scalar_type()).view({T, 1, 2 * half}); };
+  const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.device(), x.scalar_type()).view({T, 1, 2 * half}); };
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * table(cos) + rotated * table(sin);
 }

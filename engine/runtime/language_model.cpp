@@ -108,8 +108,9 @@ torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint
   if (p <= 0 || !training_) return x;
   const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(stream));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const torch::Tensor keep = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32)).bernoulli_(1.0 - p, gen);
-  return x * (keep * (1.0 / (1.0 - p))).to(x.scalar_type());
+  // Drawn on the host wherever x is, so a GPU run drops what the CPU run drops (and compares with it).
+  const torch::Tensor keep = torch::empty(x.sizes(), torch::kFloat32).bernoulli_(1.0 - p, gen);
+  return x * (keep * (1.0 / (1.0 - p))).to(x.device(), x.scalar_type());
 }
 
 torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {

@@ -346,6 +346,13 @@ void RunReport::finish() {
             " of code and libraries + " + format_bytes(r.paged_file_bytes) + " of code and files paged in since + " +
             format_bytes(training) + " for training, " + format_fixed(training / predicted, 2) + "x the plan's " +
             format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+  if (r.device_peak_bytes > 0) {
+    const double on_device = p.memory.device.total(), trained = r.device_peak_bytes - r.device_baseline_bytes;
+    log_.note("ds train: GPU memory in use after a step at most " + format_bytes(r.device_peak_bytes) + ": " +
+              format_bytes(r.device_baseline_bytes) + " before training (CUDA context, other processes) + " + format_bytes(trained) +
+              " for training, " + format_fixed(trained / on_device, 2) + "x the plan's " + format_bytes(on_device) +
+              " on the device (LibTorch's cache holds the step's peak)");
+  }
 }
 
 void RunReport::track_peak(double peak) {

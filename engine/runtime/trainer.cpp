@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/statvfs.h>
 #include <omp.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -96,7 +97,24 @@ constexpr int64_t kMinStepsForAllSkipped = 16;
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
   std::vector<std::string> why;
-  if (plan.topology.device != DeviceKind::cpu) why.push_back("training on CUDA devices (this build trains on the CPU)");
+  if (plan.topology.device == DeviceKind::cuda) {
+    if (!torch::cuda::is_available()) {
+      why.push_back(
+#ifdef DS_TORCH_CUDA
+          "training on CUDA devices: LibTorch sees no usable GPU (driver or CUDA runtime missing)"
+#else
+          "training on CUDA devices (this build's LibTorch has no CUDA: it trains on the CPU)"
+#endif
+      );
+    } else {
+      // One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.
+      if (plan.topology.world_size > 1) why.push_back("several GPU ranks (NCCL between GPUs): one GPU per run for now");
+      if (plan.precision.param_dtype == Dtype::fp16)
+        why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
+      if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
+        why.push_back("offload from a GPU (zero_optimization.offload_optimizer / offload_param): offload trains on the CPU for now");
+    }
+  }
   if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
   if (plan.precision.grad_dtype != plan.precision.param_dtype)
     why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
@@ -194,6 +212,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   report_ = std::make_unique<RunReport>(plan, opt, lead_, result);
   if (lead_ && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
   open_swappers();
+  result.device_baseline_bytes = device.memory_in_use();
   flat_ = FlatParams::allocate(plan, rank_, device);
   zero_ = std::make_unique<ZeroExchange>(plan, flat_, comm, param_swap_.get());
   model_ = make_model(plan, flat_);
@@ -528,9 +547,11 @@ void TrainingRun::loop() {
   FlatParams::Bytes held = flat_.bytes();
   if (swapper_) held.buffers += swapper_->buffer_bytes();  // the host buffers sub-groups are swapped through
   if (param_swap_) held.buffers += param_swap_->buffer_bytes();
+  if (plan_.topology.device != DeviceKind::cpu) log.note("ds train: training on " + device_.name());
   report_->describe(held, stream_->describe(), sampler_->train_tokens(), sampler_->val_tokens());
   if (opt_.profile) {
-    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype);
+    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, 1.0,
+                                            plan_.topology.device);
     result_.gemm_peak_flops = peak.flops_per_s;
     log.note("ds profile: matmul peak " + format_fixed(peak.flops_per_s / 1e12, 3) + " TFLOP/s in " +
              dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
@@ -555,6 +576,8 @@ void TrainingRun::loop() {
     if (comm_) comm_->mark_step(step);
     report_->begin_step(comm_);
     const StepOutcome out = stepper_->run(step, g_stop_signal);
+    device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
+    result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0);
     report_->end_collectives(comm_);
     for (const std::string& note : out.notes) log.note(note);
@@ -570,7 +593,9 @@ void TrainingRun::loop() {
     constexpr double kGemmBudgetPerStep = 0.25;  // seconds
     if (opt_.profile)
       result_.gemm_rates.push_back(
-          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep).flops_per_s);
+          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep,
+                            plan_.topology.device)
+              .flops_per_s);
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;
@@ -591,7 +616,11 @@ void TrainingRun::loop() {
 }  // namespace
 
 TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device* device) {
-  const auto why = unsupported_by_trainer(plan);
+  auto why = unsupported_by_trainer(plan);
+  // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
+  if (plan.topology.device == DeviceKind::cuda && keeps_step_measurements(plan, opt))
+    why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
+                  "each step's tokens/s and TFLOP/s there");
   if (!why.empty()) {
     std::string list;
     for (const auto& w : why) list += "\n    - " + w;

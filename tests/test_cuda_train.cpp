@@ -1,0 +1,141 @@
+// ds train on a CUDA GPU against the same run on the CPU: the plan, the data, the initial weights and the
+// dropout masks are the same, so fp32 on the GPU must give the CPU's losses step by step (to 1e-4; the
+// GPU's GEMMs and reductions add in another order), bf16 on the GPU must track fp32 (2%), ZeRO's stages at
+// one rank must train what stage 0 trains, LoRA must train the same adapter, a checkpoint of a GPU run
+// must resume on the CPU and the reverse (one format), and fp16, which the GPU path lacks, is refused.
+// Without a GPU that LibTorch can use, every test skips and says why (label gpu; scripts/device-check.sh
+// runs them on a GPU machine).
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "common/crash_trace.hpp"
+#include "common/error.hpp"
+#include "engine/runtime/trainer.hpp"
+#include "schema/loader.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kBase = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+  "gradient_clipping": 1.0,
+  "model": {"preset": "gpt2-tiny"}, "data": {"type": "synthetic", "seq_len": 32},
+  "train": {"steps": 12, "eval_every": 0, "threads": 2, "seed": 5}})";
+
+class CudaTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available())
+      GTEST_SKIP() << "LibTorch sees no CUDA GPU (a CPU LibTorch, or no GPU): run scripts/device-check.sh on a GPU machine";
+    print_stack_on_crash();  // a crash on the GPU machine says where in its log
+    root_ = fs::temp_directory_path() / ("ds_cuda_train_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+  }
+  void TearDown() override {
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+
+  // The run of kBase with `overrides` on `device`, in its own directory under the scratch root.
+  TrainResult run(DeviceKind device, std::vector<std::string> overrides, const std::string& dir, const std::string& resume = "") {
+    overrides.push_back("train.output_dir=" + (root_ / dir).string());
+    Config c = load_config_text(kBase, "test.json", overrides);
+    Topology t = test::thread_ranks(1, 0);
+    t.device = device;
+    if (device == DeviceKind::cuda) t.device_memory_bytes = 16.0 * (1 << 30);
+    const Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+    TrainOptions opt;
+    opt.print_every = 1000;
+    opt.resume_from = resume;
+    return train(plan, opt, nullptr);
+  }
+
+  fs::path root_;
+};
+
+void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << "step " << i + 1;
+}
+
+}  // namespace
+
+TEST_F(CudaTrain, Fp32OnTheGpuGivesTheCpuRunsLossesStepByStep) {
+  for (const char* model : {"model.preset=gpt2-tiny", "model.preset=llama-tiny"}) {  // llama-tiny: grouped kv heads, RoPE, SwiGLU
+    SCOPED_TRACE(model);
+    const std::vector<std::string> o = {model, "bf16.enabled=false", "model.dropout=0.1"};
+    const TrainResult cpu = run(DeviceKind::cpu, o, std::string("cpu_") + model);
+    const TrainResult gpu = run(DeviceKind::cuda, o, std::string("gpu_") + model);
+    expect_losses_near(gpu.losses, cpu.losses, 1e-4);
+    EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+    EXPECT_GT(gpu.device_peak_bytes, gpu.device_baseline_bytes);  // the GPU held the run
+  }
+}
+
+TEST_F(CudaTrain, Bf16OnTheGpuTracksFp32) {
+  const TrainResult fp32 = run(DeviceKind::cuda, {"bf16.enabled=false"}, "fp32");
+  const TrainResult bf16 = run(DeviceKind::cuda, {"bf16.enabled=true"}, "bf16");
+  expect_losses_near(bf16.losses, fp32.losses, 0.02);
+}
+
+TEST_F(CudaTrain, ZeroStagesAtOneRankTrainWhatStageZeroTrains) {
+  const TrainResult s0 = run(DeviceKind::cuda, {"bf16.enabled=false", "zero_optimization.stage=0"}, "s0");
+  for (const char* stage : {"zero_optimization.stage=1", "zero_optimization.stage=2", "zero_optimization.stage=3"}) {
+    SCOPED_TRACE(stage);
+    const TrainResult s = run(DeviceKind::cuda, {"bf16.enabled=false", stage}, stage);
+    expect_losses_near(s.losses, s0.losses, 1e-5);
+  }
+}
+
+TEST_F(CudaTrain, LoraOnTheGpuTrainsTheCpusAdapter) {
+  const std::vector<std::string> o = {"model.preset=llama-tiny", "bf16.enabled=false",
+                                      R"(model.lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]})"};
+  const TrainResult cpu = run(DeviceKind::cpu, o, "lora_cpu");
+  const TrainResult gpu = run(DeviceKind::cuda, o, "lora_gpu");
+  expect_losses_near(gpu.losses, cpu.losses, 1e-4);
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+}
+
+TEST_F(CudaTrain, AGpuCheckpointResumesOnTheCpuAsTheRunWouldHaveGoneOn) {
+  const std::vector<std::string> o = {"bf16.enabled=false", "train.save_every=6"};
+  const TrainResult straight = run(DeviceKind::cuda, o, "straight");
+  const TrainResult first = run(DeviceKind::cuda, {"bf16.enabled=false", "train.steps=6"}, "first");
+  const TrainResult rest = run(DeviceKind::cpu, o, "rest", first.last_checkpoint);
+  ASSERT_EQ(rest.first_step, 6);
+  expect_losses_near(rest.losses, std::vector<double>(straight.losses.begin() + 6, straight.losses.end()), 1e-4);
+  // And back: the CPU's checkpoint continues on the GPU.
+  const TrainResult cpu_first = run(DeviceKind::cpu, {"bf16.enabled=false", "train.steps=6"}, "cpu_first");
+  const TrainResult gpu_rest = run(DeviceKind::cuda, o, "gpu_rest", cpu_first.last_checkpoint);
+  expect_losses_near(gpu_rest.losses, std::vector<double>(straight.losses.begin() + 6, straight.losses.end()), 1e-4);
+}
+
+TEST_F(CudaTrain, Fp16OnTheGpuIsRefusedNamingBf16) {
+  try {
+    run(DeviceKind::cuda, {"bf16.enabled=false", R"(fp16={"enabled": true})"}, "fp16");
+    FAIL() << "fp16 trained on the GPU without its kernels";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16 on a GPU"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaTrain, ProfileOnTheGpuIsRefusedUntilItsTimesAreTheGpus) {
+  Config c = load_config_text(kBase, "test.json", {"train.output_dir=" + (root_ / "profile").string()});
+  Topology t = test::thread_ranks(1, 0);
+  t.device = DeviceKind::cuda;
+  const Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  TrainOptions opt;
+  opt.profile = true;
+  try {
+    train(plan, opt, nullptr);
+    FAIL() << "a profile timed on the host clock";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("ds profile and the flops_profiler block on a GPU"), std::string::npos) << e.what();
+  }
+}
