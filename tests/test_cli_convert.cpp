@@ -378,3 +378,32 @@ TEST(CliConvert, AFrozenRunCheckpointsWhatTrainedAndMergesWithItsBaseIntoTheMode
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_GT(std::fabs(metrics_of(dir + "/eval_base").front()["loss"].get<double>() - resumed), 1e-3);
 }
+
+TEST(CliConvert, AFullRankLoraMergedIsTheFunctionTheAdapterComputed) {
+  // r = 64 is full rank for every projection of gpt2-tiny (64 wide: c_attn 64 -> 192, c_fc 64 -> 256, the
+  // MLP's c_proj 256 -> 64), alpha = r: W + B A is then any matrix, and the merged export must compute
+  // what the base and the learned adapter computed together (loss equal to 1e-5).
+  const std::string dir = scratch_dir() + "/lora_full";
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", 41, 5);
+  const std::string q = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 ";
+  ASSERT_EQ(ds(q + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  const std::string lora = "train examples/lora.json bf16.enabled=false train.eval_every=0 model.init_from=" + dir +
+                           "/base-hf model.lora.r=64 model.lora.alpha=64 model.lora.dropout=0 ";
+  Result r = ds(lora + "train.steps=15 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/merged --merge");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 "
+                             "train_micro_batch_size_per_gpu=1 ";
+  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/merged train.output_dir=" + dir + "/eval");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds(lora + window + "train.steps=16 train.output_dir=" + dir + "/run --resume");  // its loss is taken before the update
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double merged = metrics_of(dir + "/eval").front()["loss"].get<double>(), adapter = metrics_of(dir + "/run").back()["loss"].get<double>();
+  EXPECT_NEAR(merged, adapter, 1e-5 * adapter);
+  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/eval_base");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_base").front()["loss"].get<double>() - adapter), 1e-3);  // the adapter learned something
+}
