@@ -3,7 +3,7 @@
 # GPT-2 124M, bf16, micro batch 16 x 1024 (examples/gpu-gpt2.json), then PyTorch eager with the same
 # shapes (bench/pytorch_gpt2_cuda.py), then ds again, so a drifting card shows. Prints each run's
 # tokens/s and memory; MFU by nanoGPT's formula against PEAK_TFLOPS (default 989, the H100/H200 dense
-# bf16 figure).
+# bf16 figure). Then LoRA against full fine-tuning of a 1.1B Llama on the same GPU (step time, GPU memory).
 #   bench/bench_cuda_train.sh DS_BINARY [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,23 @@ echo "== pytorch eager"
 python3 bench/pytorch_gpt2_cuda.py 12 768 12 50257 16 1024 "$steps" "$peak" || echo "pytorch eager failed"
 echo "== ds, round 2"
 run_ds 2
+# LoRA against full fine-tuning on the GPU (#40): TinyLlama 1.1B's shape, bf16, micro batch 4 x 512, LoRA r 16 on
+# every projection; median step time of the steps after the first two (metrics.jsonl) and the GPU memory line.
+lora_model=${DS_LORA_PRESET:-tinyllama-1.1b}
+lora='model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}'
+run_lora() {  # name, extra overrides...
+  local name=$1
+  shift
+  "$ds" train examples/gpu-gpt2.json --device cuda "model.preset=$lora_model" train_micro_batch_size_per_gpu=4 data.seq_len=512 \
+    train.steps=12 "train.output_dir=$out/$name" "$@" 2>&1 | grep -E "GPU memory|error" || true
+  python3 -c "import json, statistics, sys; s = [json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(f'$name: median step {statistics.median(s):.4f} s')" \
+    "$out/$name/metrics.jsonl" || true
+  rm -rf "${out:?}/$name"
+}
+echo "== LoRA against full fine-tuning ($lora_model, bf16, 4 x 512)"
+run_lora full
+run_lora lora "$lora"
+run_lora full2
 if [ "${DS_BENCH_COMPILE:-0}" = 1 ]; then
   echo "== pytorch compiled"
   python3 bench/pytorch_gpt2_cuda.py 12 768 12 50257 16 1024 "$steps" "$peak" compile || echo "pytorch compiled failed"
