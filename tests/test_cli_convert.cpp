@@ -23,6 +23,26 @@ void write_window(const std::string& path, int mul, int add) {
     tokens.write(reinterpret_cast<const char*>(&t), 2);
   }
 }
+
+// The fp32 quickstart run the merge tests start from (steps, eval off); `dir`/window.bin is a window to score on.
+const std::string kFp32Quickstart = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 ";
+const std::string kOnWindow = "data.type=tokens data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 ";
+
+// A 5-step base run in `dir`/base, exported as a Hugging Face directory `dir`/base-hf, and a window.
+void base_and_window(const std::string& dir, int mul, int add) {
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", mul, add);
+  ASSERT_EQ(ds(kFp32Quickstart + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+}
+
+// The loss the model at `init_from` scores on `dir`'s window: a one-step run's, taken before its update.
+double window_loss(const std::string& dir, const std::string& init_from, const std::string& name) {
+  const Result r = ds(kFp32Quickstart + kOnWindow + "data.path=" + dir + "/window.bin train.steps=1 model.init_from=" + init_from +
+                      " train.output_dir=" + dir + "/" + name);
+  EXPECT_EQ(r.code, 0) << r.err;
+  return metrics_of(dir + "/" + name).front()["loss"].get<double>();
+}
 }  // namespace
 
 TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromStartsAtItsLoss) {
@@ -346,12 +366,8 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
 
 TEST(CliConvert, AFrozenRunCheckpointsWhatTrainedAndMergesWithItsBaseIntoTheModelItTrained) {
   const std::string dir = scratch_dir() + "/freeze";
-  std::filesystem::create_directories(dir);
-  write_window(dir + "/window.bin", 29, 3);
-  const std::string q = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 ";
-  ASSERT_EQ(ds(q + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
-  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
-  const std::string frozen = q + "model.init_from=" + dir + "/base-hf 'model.freeze=[\"transformer.wte.weight\", \"transformer.h.0.*\"]' ";
+  base_and_window(dir, 29, 3);
+  const std::string frozen = kFp32Quickstart + "model.init_from=" + dir + "/base-hf 'model.freeze=[\"transformer.wte.weight\", \"transformer.h.0.*\"]' ";
   Result r = ds(frozen + "train.steps=10 train.output_dir=" + dir + "/run");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "frozen tensors from Hugging Face directory")) << r.err;
@@ -365,18 +381,12 @@ TEST(CliConvert, AFrozenRunCheckpointsWhatTrainedAndMergesWithItsBaseIntoTheMode
   ASSERT_EQ(r.code, 0) << r.err;
   // The merged model is the one the run trained: scored on a window from it, and by the run itself resumed on
   // that window (its loss taken before the update), the same.
-  const std::string window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 "
-                             "train_micro_batch_size_per_gpu=1 ";
-  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/merged train.output_dir=" + dir + "/eval");
+  const double merged = window_loss(dir, dir + "/merged", "eval");
+  r = ds(frozen + kOnWindow + "data.path=" + dir + "/window.bin train.steps=11 train.output_dir=" + dir + "/run --resume");
   ASSERT_EQ(r.code, 0) << r.err;
-  r = ds(frozen + window + "train.steps=11 train.output_dir=" + dir + "/run --resume");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const double merged = metrics_of(dir + "/eval").front()["loss"].get<double>(), resumed = metrics_of(dir + "/run").back()["loss"].get<double>();
+  const double resumed = metrics_of(dir + "/run").back()["loss"].get<double>();
   EXPECT_NEAR(merged, resumed, 1e-6 * resumed);
-  // ...and not the base's: what trained is in it.
-  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/eval_base");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_base").front()["loss"].get<double>() - resumed), 1e-3);
+  EXPECT_GT(std::fabs(window_loss(dir, dir + "/base-hf", "eval_base") - resumed), 1e-3);  // ...and not the base's: what trained is in it
 }
 
 TEST(CliConvert, AFullRankLoraMergedIsTheFunctionTheAdapterComputed) {
@@ -384,26 +394,17 @@ TEST(CliConvert, AFullRankLoraMergedIsTheFunctionTheAdapterComputed) {
   // MLP's c_proj 256 -> 64), alpha = r: W + B A is then any matrix, and the merged export must compute
   // what the base and the learned adapter computed together (loss equal to 1e-5).
   const std::string dir = scratch_dir() + "/lora_full";
-  std::filesystem::create_directories(dir);
-  write_window(dir + "/window.bin", 41, 5);
-  const std::string q = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 ";
-  ASSERT_EQ(ds(q + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
-  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  base_and_window(dir, 41, 5);
   const std::string lora = "train examples/lora.json bf16.enabled=false train.eval_every=0 model.init_from=" + dir +
                            "/base-hf model.lora.r=64 model.lora.alpha=64 model.lora.dropout=0 ";
   Result r = ds(lora + "train.steps=15 train.output_dir=" + dir + "/run");
   ASSERT_EQ(r.code, 0) << r.err;
   r = ds("convert-ckpt " + dir + "/run " + dir + "/merged --merge");
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 "
-                             "train_micro_batch_size_per_gpu=1 ";
-  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/merged train.output_dir=" + dir + "/eval");
+  const double merged = window_loss(dir, dir + "/merged", "eval");
+  r = ds(lora + kOnWindow + "data.path=" + dir + "/window.bin train.steps=16 train.output_dir=" + dir + "/run --resume");  // loss before the update
   ASSERT_EQ(r.code, 0) << r.err;
-  r = ds(lora + window + "train.steps=16 train.output_dir=" + dir + "/run --resume");  // its loss is taken before the update
-  ASSERT_EQ(r.code, 0) << r.err;
-  const double merged = metrics_of(dir + "/eval").front()["loss"].get<double>(), adapter = metrics_of(dir + "/run").back()["loss"].get<double>();
+  const double adapter = metrics_of(dir + "/run").back()["loss"].get<double>();
   EXPECT_NEAR(merged, adapter, 1e-5 * adapter);
-  r = ds(q + window + "train.steps=1 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/eval_base");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_GT(std::fabs(metrics_of(dir + "/eval_base").front()["loss"].get<double>() - adapter), 1e-3);  // the adapter learned something
+  EXPECT_GT(std::fabs(window_loss(dir, dir + "/base-hf", "eval_base") - adapter), 1e-3);  // the adapter learned something
 }
