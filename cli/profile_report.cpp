@@ -20,7 +20,7 @@ std::vector<double> phase_values(const StepPhases& p) {
   return {p.data, p.forward, p.backward, p.reduce, p.norm, p.offload, p.optimizer, p.gather};
 }
 
-// The mean of f over steps [first, end).
+// The middle value (the mean of the two middle ones for an even count); 0 for none.
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -28,6 +28,7 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The mean of f over steps [first, end).
 double mean_over(const json& steps, int first, int end, const std::function<double(const json&)>& f) {
   double sum = 0;
   int n = 0;

@@ -48,8 +48,8 @@ if [ -n "$nccl_lib" ] && ls "$nccl_lib"/libnccl.so* >/dev/null 2>&1; then
   nccl_flag=("-DNCCL_LIBRARY=$(ls "$nccl_lib"/libnccl.so* | head -n 1)")
   export LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH"
 fi
-# The CUDA runtime: PyTorch's own (its wheels'), not the toolkit's, so the process holds one runtime and
-# LibTorch's cuBLAS runs on the version it was built with (a second one crashed bf16 GEMMs).
+# The CUDA runtime: PyTorch's own (its wheels'), not the toolkit's, so the process holds one runtime, the
+# one LibTorch and its cuBLAS were built with.
 cudart_flag=()
 nv_root="$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)"
 cudart_lib="$( [ -n "$nv_root" ] && find "$nv_root" -name 'libcudart.so.*' 2>/dev/null | sort | head -n 1)"

@@ -43,18 +43,22 @@ class CudaTrain : public ::testing::Test {
     if (!root_.empty()) fs::remove_all(root_);
   }
 
-  // The run of kBase with `overrides` on `device`, in its own directory under the scratch root.
-  TrainResult run(DeviceKind device, std::vector<std::string> overrides, const std::string& dir, const std::string& resume = "") {
+  // The plan of kBase with `overrides` on `device`, writing its own directory under the scratch root.
+  Plan plan_for(DeviceKind device, std::vector<std::string> overrides, const std::string& dir) const {
     overrides.push_back("train.output_dir=" + (root_ / dir).string());
     Config c = load_config_text(kBase, "test.json", overrides);
     Topology t = test::thread_ranks(1, 0);
     t.device = device;
     if (device == DeviceKind::cuda) t.device_memory_bytes = 16.0 * (1 << 30);
-    const Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+    return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  }
+
+  // That plan trained (continued from `resume` when given).
+  TrainResult run(DeviceKind device, std::vector<std::string> overrides, const std::string& dir, const std::string& resume = "") {
     TrainOptions opt;
     opt.print_every = 1000;
     opt.resume_from = resume;
-    return train(plan, opt, nullptr);
+    return train(plan_for(device, std::move(overrides), dir), opt, nullptr);
   }
 
   fs::path root_;
@@ -126,10 +130,7 @@ TEST_F(CudaTrain, Fp16OnTheGpuIsRefusedNamingBf16) {
 }
 
 TEST_F(CudaTrain, ProfileOnTheGpuIsRefusedUntilItsTimesAreTheGpus) {
-  Config c = load_config_text(kBase, "test.json", {"train.output_dir=" + (root_ / "profile").string()});
-  Topology t = test::thread_ranks(1, 0);
-  t.device = DeviceKind::cuda;
-  const Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  const Plan plan = plan_for(DeviceKind::cuda, {}, "profile");
   TrainOptions opt;
   opt.profile = true;
   try {

@@ -308,14 +308,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tens
 }
 
 namespace {
+// q, k, v as (B, H, T, D) views, each kv head repeated for the G query heads it serves (Hugging Face's
+// repeat_kv): the layout LibTorch's attention operations take.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> heads_first(const torch::Tensor& q, const torch::Tensor& k,
+                                                                    const torch::Tensor& v, const Heads& h) {
+  const torch::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);
+  return {q.transpose(1, 2), h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh};
+}
+
 // Off the CPU: LibTorch's fused attention (flash or memory-efficient kernels on a GPU) where this LibTorch
-// has it (2.0 on), the materialised reference otherwise. Grouped kv heads are repeated for it.
+// has it (2.0 on), the materialised reference otherwise.
 torch::Tensor library_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   const Heads h = heads_of(q, k, v);
   if (h.T > 0 && q.device().is_cuda()) {
-    const torch::Tensor qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, H, T, D)
-    const torch::Tensor kk = h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, vv = h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh;
+    const auto [qh, kk, vv] = heads_first(q, k, v, h);
     return at::scaled_dot_product_attention(qh, kk, vv, {}, 0.0, /*is_causal=*/true).transpose(1, 2).contiguous();
   }
 #endif
@@ -340,9 +347,7 @@ torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, i
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                             const std::function<torch::Tensor(const torch::Tensor&)>& drop) {
   const Heads h = heads_of(q, k, v);
-  // (B, H, T, D) views; each kv head serves G consecutive query heads (Hugging Face's repeat_kv).
-  const torch::Tensor qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);
-  const torch::Tensor kk = h.G > 1 ? kh.repeat_interleave(h.G, 1) : kh, vv = h.G > 1 ? vh.repeat_interleave(h.G, 1) : vh;
+  const auto [qh, kk, vv] = heads_first(q, k, v, h);
   const auto mask = torch::ones({h.T, h.T}, torch::dtype(torch::kBool).device(q.device())).triu(1);  // causal: -inf above the diagonal
   torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(h.D)));
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);

@@ -1,7 +1,5 @@
 #include "engine/runtime/gemm_peak.hpp"
 
-#include <torch/cuda.h>
-
 #include <chrono>
 #include <map>
 #include <tuple>
@@ -11,7 +9,7 @@
 
 namespace ds {
 
-GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s, DeviceKind device) {
+GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s) {
   // Each distinct (k, n) with the FLOPs one step spends in it.
   std::map<std::pair<int64_t, int64_t>, double> shapes;
   for (const TensorSpec& t : model.tensors) {
@@ -22,11 +20,7 @@ GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, 
   GemmPeak peak;
   if (shapes.empty()) return peak;
   torch::NoGradGuard ng;
-  const bool gpu = device == DeviceKind::cuda;
-  const auto opts = torch::TensorOptions().dtype(to_torch(dtype)).device(gpu ? torch::kCUDA : torch::kCPU);
-  const auto finish = [gpu] {  // a GPU's product has run when the host has waited for it
-    if (gpu) torch::cuda::synchronize();
-  };
+  const auto opts = torch::TensorOptions().dtype(to_torch(dtype));
   const double per_shape = budget_s / static_cast<double>(shapes.size());
   double weighted_flops = 0, weighted_seconds = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -34,14 +28,12 @@ GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, 
     const auto [k, n] = kn;
     const torch::Tensor a = torch::randn({tokens, k}, opts), b = torch::randn({k, n}, opts);
     const torch::Tensor c = matmul_new(a, b);  // warm: first-call allocation and kernel selection; ds's own path
-    finish();
     const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(k) * static_cast<double>(n);
     int reps = 0;
     const auto t0 = std::chrono::steady_clock::now();
     double elapsed = 0;
     while (reps < 2 || elapsed < per_shape) {
       matmul_into(c, a, b, false);
-      finish();
       ++reps;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }

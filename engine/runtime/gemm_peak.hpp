@@ -17,8 +17,7 @@ struct GemmPeak {
 
 // Times `tokens` x k x n products in `dtype` for every linear layer's (k, n) and the output head's,
 // about `budget_s` in all, on the threads already set. The attention core's batched T x T products
-// are not included (they are small and run as many GEMMs). On `device` (a GPU: each product waited for).
-GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s = 1.0,
-                           DeviceKind device = DeviceKind::cpu);
+// are not included (they are small and run as many GEMMs).
+GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s = 1.0);
 
 }  // namespace ds

@@ -550,8 +550,7 @@ void TrainingRun::loop() {
   if (plan_.topology.device != DeviceKind::cpu) log.note("ds train: training on " + device_.name());
   report_->describe(held, stream_->describe(), sampler_->train_tokens(), sampler_->val_tokens());
   if (opt_.profile) {
-    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, 1.0,
-                                            plan_.topology.device);
+    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype);
     result_.gemm_peak_flops = peak.flops_per_s;
     log.note("ds profile: matmul peak " + format_fixed(peak.flops_per_s / 1e12, 3) + " TFLOP/s in " +
              dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
@@ -593,9 +592,7 @@ void TrainingRun::loop() {
     constexpr double kGemmBudgetPerStep = 0.25;  // seconds
     if (opt_.profile)
       result_.gemm_rates.push_back(
-          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep,
-                            plan_.topology.device)
-              .flops_per_s);
+          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep).flops_per_s);
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;

@@ -65,11 +65,11 @@ struct TrainResult {
   std::string metrics_path;
   std::string last_checkpoint;     // the newest checkpoint written, "" if none
   double peak_rss_bytes = 0;       // the process's peak resident memory (getrusage)
-  double device_baseline_bytes = 0;  // a GPU run: device memory in use before training allocated (context, others)
-  double device_peak_bytes = 0;      // a GPU run: the most in use after any step (LibTorch's cache keeps the step's peak)
   double baseline_rss_bytes = 0;   // resident before training allocated anything (code, libraries)
   double paged_file_bytes = 0;     // code and files come in since then, at the peak: file-backed pages (code first
                                    // run, mapped data) and code generated at run time (oneDNN's JIT kernels)
+  double device_baseline_bytes = 0;  // a GPU run: device memory in use before training allocated (context, others)
+  double device_peak_bytes = 0;      // a GPU run: the most in use after any step (LibTorch's cache keeps the step's peak)
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
   // Kept only when keeps_step_measurements (below): one entry per step.
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
