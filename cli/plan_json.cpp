@@ -204,7 +204,11 @@ std::string plan_to_json(const Plan& p, int indent) {
                            {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
                            {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
                            {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers},
-                           {"backend", comm_backend_name(x.backend)}};
+                           {"backend", comm_backend_name(x.backend)},
+                           // Frozen tensors: kept whole, and (stage 3 on several ranks) partitioned, gathered by block.
+                           {"frozen_whole_numel", x.frozen_whole_numel},
+                           {"frozen_partitioned_numel", x.frozen_layout.numel},
+                           {"frozen_block_numel", x.frozen_block_numel}};
     json transfers = json::array();
     for (const Transfer& t : x.transfers)
       transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});

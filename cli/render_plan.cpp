@@ -1,6 +1,7 @@
 #include "cli/render_plan.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <sstream>
@@ -179,25 +180,34 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
 }
 
 namespace {
+// Where the frozen tensors live and what they cost a rank: whole on every rank, or at stage 3 on several
+// ranks the blocks' partitioned (ZeroExecution::frozen_layout).
+std::string frozen_where(const Plan& p) {
+  const ZeroExecution& z = p.execution;
+  const Dtype compute = p.precision.compute_dtype;
+  const double bytes = dtype_bytes(compute);
+  if (z.frozen_layout.params.empty())
+    return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * bytes) + " on every rank";
+  return std::string(dtype_name(compute)) + ", " +
+         format_bytes(static_cast<double>(z.frozen_whole_numel + z.frozen_layout.shard_numel) * bytes) + " per rank: the blocks' " +
+         format_count(z.frozen_layout.numel) + " partitioned across the ranks and gathered as each block runs, " +
+         format_count(z.frozen_whole_numel) + " kept whole";
+}
 // What trains and what is frozen: the adapter's size against the base's, and what the base costs.
 std::string lora_text(const Plan& p) {
   const LoraPlan& l = p.lora;
   const std::string modules = join(l.target_modules, ", ");
   const double trained = static_cast<double>(l.adapters.num_params), frozen = static_cast<double>(p.frozen_numel());
-  const Dtype compute = p.precision.compute_dtype;
   return "r " + std::to_string(l.r) + ", alpha " + format_double(l.alpha) + " (scale " + format_double(l.scale) + "), dropout " +
          format_double(l.dropout) + " on " + modules + ": " + format_count(l.adapters.num_params) + " parameters train (" +
          format_fixed(100.0 * trained / (trained + frozen), trained < 0.01 * (trained + frozen) ? 3 : 2) + "% of all); the base's " + format_count(p.frozen_numel()) +
-         " are frozen (" + dtype_name(compute) + ", " + format_bytes(frozen * dtype_bytes(compute)) +
-         " on every rank: no gradient, no optimizer state)";
+         " are frozen (" + frozen_where(p) + "; no gradient, no optimizer state)";
 }
 // model.freeze: what it froze and what still trains.
 std::string freeze_text(const Plan& p) {
   const int64_t tensors = std::count(p.frozen.begin(), p.frozen.end(), uint8_t{1});
-  const Dtype compute = p.precision.compute_dtype;
   return std::to_string(tensors) + " of " + std::to_string(p.model.tensors.size()) + " tensors frozen (" + format_count(p.frozen_numel()) +
-         " parameters, " + dtype_name(compute) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * dtype_bytes(compute)) +
-         " on every rank: no gradient, no optimizer state); " + format_count(p.unfrozen.num_params) + " parameters train";
+         " parameters, " + frozen_where(p) + "; no gradient, no optimizer state); " + format_count(p.unfrozen.num_params) + " parameters train";
 }
 }  // namespace
 
@@ -274,10 +284,12 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";
   o << "\n" << h("Buffers per rank") << " (the ZeRO execution: what the runtime allocates)\n";
+  size_t role_width = 18;
+  for (const ZeroBuffer& b : p.execution.buffers) role_width = std::max(role_width, std::strlen(buffer_role_name(b.role)) + 2);
   for (const ZeroBuffer& b : p.execution.buffers) {
     std::string size = format_count(b.elements) + " " + dtype_name(b.dtype);
     if (b.copies > 1) size = std::to_string(b.copies) + " x " + size;
-    o << "  " << pad(buffer_role_name(b.role), 18) << pad(size, 26) << pad(place_name(b.place), 8)
+    o << "  " << pad(buffer_role_name(b.role), role_width) << pad(size, 26) << pad(place_name(b.place), 8)
       << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "") << "\n";
   }
   for (const Transfer& t : p.execution.transfers)

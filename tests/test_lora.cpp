@@ -123,11 +123,21 @@ TEST(Lora, ZeroStagesOnTwoRanksTrainTheOneRankAdapter) {
   const TrainResult one = train_ranks(1, o, root / "one");
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    const TrainResult two =
-        train_ranks(2, {"bf16.enabled=false", kLora, "train_micro_batch_size_per_gpu=2", "zero_optimization.stage=" + std::to_string(stage)},
-                    root / ("two_s" + std::to_string(stage)));
+    // Threshold 100: at stage 3 the base's block matrices are partitioned and gathered with their block.
+    const std::vector<std::string> two_ranks{"bf16.enabled=false", kLora, "train_micro_batch_size_per_gpu=2",
+                                             "zero_optimization.stage=" + std::to_string(stage),
+                                             "zero_optimization.stage3_param_persistence_threshold=100"};
+    const TrainResult two = train_ranks(2, two_ranks, root / ("two_s" + std::to_string(stage)));
     ASSERT_EQ(two.losses.size(), one.losses.size());
     for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;
+    // What the base's gathers sent is what the plan said they would, every step.
+    double planned = 0, sent = 0;
+    for (const Collective& c : test::plan_of(kTiny, 2, 0, two_ranks).execution.collectives)
+      if (c.kind == CollectiveKind::frozen_parameters) planned = c.wire_bytes_per_rank_per_step * static_cast<double>(two.losses.size());
+    for (const TrainResult::CollectiveTotal& c : two.collectives)
+      if (c.name == collective_name(CollectiveKind::frozen_parameters)) sent = c.bytes;
+    EXPECT_EQ(planned > 0, stage == 3);
+    EXPECT_DOUBLE_EQ(sent, planned);
   }
   fs::remove_all(root);
 }
@@ -167,7 +177,8 @@ TEST(Freeze, FrozenTensorsStartAsTheFullRunsTrainNothingAndTwoRanksTrainWhatOneD
   EXPECT_LT(one.losses.back(), one.losses.front());
   for (int stage : {1, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    const TrainResult two = train_ranks(2, {"bf16.enabled=false", freeze, "train_micro_batch_size_per_gpu=2", "zero_optimization.stage=" + std::to_string(stage)},
+    const TrainResult two = train_ranks(2, {"bf16.enabled=false", freeze, "train_micro_batch_size_per_gpu=2", "zero_optimization.stage=" + std::to_string(stage),
+                                            "zero_optimization.stage3_param_persistence_threshold=100"},
                                         root / ("two_s" + std::to_string(stage)));
     ASSERT_EQ(two.losses.size(), one.losses.size());
     for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;

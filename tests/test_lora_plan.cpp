@@ -2,7 +2,10 @@
 // activations, each against a count made here from the model's sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/plan/plan.hpp"
+#include "schema/loader.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;
@@ -147,5 +150,78 @@ TEST(FreezePlan, FrozenTensorsLeaveTheLayoutForTheFrozenBufferAndLoseTheirWeight
     } catch (const ConfigError& e) {
       EXPECT_NE(test::find_issue(e.issues(), "model.freeze"), nullptr) << test::dump(e.issues());
     }
+  }
+}
+
+TEST(LoraPlan, AtStageThreeOnSeveralRanksTheBasesBlocksArePartitionedAndGatheredWithTheirBlock) {
+  // Threshold 100: every matrix of a block is partitioned, the norms (64 elements) stay whole, as do the
+  // embedding and the head outside the blocks.
+  const std::vector<std::string> o{kAll, "zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=100",
+                                   "gradient_accumulation_steps=2"};
+  for (int W : {2, 3}) {
+    SCOPED_TRACE(std::to_string(W) + " ranks");
+    const Plan p = test::plan_of(kTiny, W, 0, o);
+    const int64_t layers = p.model.hp.num_layers;
+    int64_t whole = 0, partitions = 0, gathered = 0, largest_block = 0;
+    std::vector<int64_t> per_block(static_cast<size_t>(layers), 0);
+    for (const TensorSpec& t : p.model.tensors) {
+      if (t.layer >= 0 && t.numel >= 100) {
+        partitions += (t.numel + W - 1) / W;
+        gathered += t.numel;
+        per_block[static_cast<size_t>(t.layer)] += t.numel;
+      } else {
+        whole += t.numel;
+      }
+    }
+    for (int64_t n : per_block) largest_block = std::max(largest_block, n);
+    ASSERT_GT(partitions, 0);
+    const ZeroBuffer* frozen = p.execution.find(BufferRole::frozen_params);
+    ASSERT_NE(frozen, nullptr);
+    EXPECT_EQ(frozen->elements, whole + partitions);
+    const ZeroBuffer* blocks = p.execution.find(BufferRole::frozen_block_params);
+    ASSERT_NE(blocks, nullptr);
+    EXPECT_EQ(blocks->elements, largest_block);
+    EXPECT_EQ(blocks->copies, 2);
+    EXPECT_EQ(blocks->dtype, Dtype::bf16);
+    EXPECT_EQ(p.execution.find(BufferRole::frozen_staging), nullptr);  // Gloo lands every rank's spans in place
+    // The weights a rank holds: its adapter partitions and the base's whole and partitioned tensors, in bf16.
+    EXPECT_DOUBLE_EQ(p.memory.device.params, 2.0 * static_cast<double>(p.layout.shard_numel + p.execution.whole_numel + whole + partitions));
+    // Each block's frozen tensors gathered before its forward and again before its backward, every micro step.
+    const Collective* c = nullptr;
+    for (const Collective& x : p.execution.collectives)
+      if (x.kind == CollectiveKind::frozen_parameters) c = &x;
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->op, CollectiveOp::all_gather);
+    EXPECT_EQ(c->calls_per_step, 2 * 2 * layers);
+    EXPECT_EQ(c->elements_per_step, 2 * 2 * gathered);
+    EXPECT_DOUBLE_EQ(c->wire_bytes_per_rank_per_step, 2.0 * 2 * static_cast<double>(gathered) * 2 * (W - 1) / W);
+
+    // Over NCCL (equal pieces) a gather packs every rank's padded partitions first: a staging buffer for a
+    // block's and one for the prefetched block's, and the padding travels.
+    Topology gpus = test::thread_ranks(W, 0);
+    gpus.device = DeviceKind::cuda;
+    gpus.device_memory_bytes = 80.0 * (1 << 30);
+    Config config = load_config_text(kTiny, "test.json", o);
+    const Plan nccl = compile_plan(config, build_model_spec(resolve_model_hyper(config.model)), gpus);
+    int64_t padded = 0, largest_packed = 0;
+    std::vector<int64_t> packed(static_cast<size_t>(layers), 0);
+    for (const TensorSpec& t : p.model.tensors)
+      if (t.layer >= 0 && t.numel >= 100) {
+        padded += (t.numel + W - 1) / W * W;
+        packed[static_cast<size_t>(t.layer)] += (t.numel + W - 1) / W * W;
+      }
+    for (int64_t n : packed) largest_packed = std::max(largest_packed, n);
+    const ZeroBuffer* staging = nccl.execution.find(BufferRole::frozen_staging);
+    ASSERT_NE(staging, nullptr);
+    EXPECT_EQ(staging->elements, largest_packed);
+    EXPECT_EQ(staging->copies, 2);
+    for (const Collective& x : nccl.execution.collectives)
+      if (x.kind == CollectiveKind::frozen_parameters) EXPECT_EQ(x.elements_per_step, 2 * 2 * padded);
+  }
+  // One rank, or stage 2: the base is whole on every rank and nothing of it is gathered.
+  for (const Plan& p : {test::plan_of(kTiny, 1, 0, o), test::plan_of(kTiny, 2, 0, {kAll, "zero_optimization.stage=2"})}) {
+    EXPECT_EQ(p.execution.find(BufferRole::frozen_params)->elements, p.model.num_params);
+    EXPECT_EQ(p.execution.find(BufferRole::frozen_block_params), nullptr);
+    for (const Collective& x : p.execution.collectives) EXPECT_NE(x.kind, CollectiveKind::frozen_parameters);
   }
 }

@@ -131,6 +131,45 @@ TEST(Zero, EveryStageOnTwoRanksTrainsTheSingleRankRun) { expect_same_run_as_one_
 TEST(Zero, EveryStageOnThreeRanksTrainsTheSingleRankRun) { expect_same_run_as_one_rank(3); }
 TEST(Zero, EveryStageOnFourRanksTrainsTheSingleRankRun) { expect_same_run_as_one_rank(4); }
 
+TEST(Zero, AtStageThreeAFrozenBaseIsPartitionedGatheredWithItsBlockAndTrainsTheOneRankRun) {
+  // LoRA on every projection, and model.freeze of the first block: the frozen matrices inside the blocks are
+  // each rank's partitions at stage 3, gathered as their block runs ("auto" keeps norms and biases whole).
+  const std::string lora = R"('model.lora={"r": 4, "alpha": 8, "target_modules": ["c_attn", "c_proj", "c_fc"]}' )";
+  const std::string freeze = R"('model.freeze=["transformer.wte.weight", "transformer.h.0.*"]' )";
+  for (const std::string& frozen : {lora, freeze}) {
+    SCOPED_TRACE(frozen);
+    const std::string one = scratch_dir() + "/frozen1", two = scratch_dir() + "/frozen2";
+    std::filesystem::remove_all(one);
+    std::filesystem::remove_all(two);
+    Result r1 = cli_test::ds(kRun + shape(1) + frozen + "train.steps=6 train.output_dir=" + one);
+    ASSERT_EQ(r1.code, 0) << r1.err;
+    Result r2 = cli_test::ds(kRun + shape(2) + frozen + "train.steps=6 zero_optimization.stage=3 train.output_dir=" + two);
+    ASSERT_EQ(r2.code, 0) << r2.err;
+    const auto a = losses_of(one), b = losses_of(two);
+    ASSERT_EQ(a.size(), 6u);
+    ASSERT_EQ(b.size(), 6u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+    expect_close(whole_state(two).master, whole_state(one).master, "trained weights");
+    // Each rank held part of the base, and sent per step what the plan said, the base's gathers included.
+    const json plan = json::parse(slurp(two + "/plan.json"));
+    const json& z = plan["zero_execution"];
+    EXPECT_GT(z["frozen_partitioned_numel"].get<int64_t>(), 0);
+    const int64_t whole = z["frozen_whole_numel"].get<int64_t>(), partitioned = z["frozen_partitioned_numel"].get<int64_t>();
+    for (const json& buf : z["buffers"])
+      if (buf["role"] == "frozen_params") {  // the whole ones and half of each partitioned one (padded: a little more)
+        EXPECT_GE(buf["elements"].get<int64_t>(), whole + partitioned / 2);
+        EXPECT_LT(buf["elements"].get<int64_t>(), whole + partitioned);
+      }
+    double planned = 0, frozen_gathers = 0;
+    for (const json& c : plan["collectives"]) {
+      planned += c["wire_bytes_per_rank_per_step"].get<double>();
+      if (c["what"] == "frozen parameters (both passes)") frozen_gathers = c["wire_bytes_per_rank_per_step"].get<double>();
+    }
+    EXPECT_GT(frozen_gathers, 0);
+    for (const json& m : metrics_of(two)) EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
+  }
+}
+
 TEST(Zero, LambTakesEachTensorsTrustRatioOverItsPartsOnEveryRank) {
   // Lamb's ratio ||w|| / ||u|| is per tensor; split across ranks, each rank's share of the norms is summed
   // before any rank applies its part.

@@ -26,6 +26,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::parameters_outer: return "parameters outside the blocks";
     case CollectiveKind::parameters_backward: return "parameters (backward)";
     case CollectiveKind::parameters_whole: return "parameters kept whole";
+    case CollectiveKind::frozen_parameters: return "frozen parameters (both passes)";
     case CollectiveKind::parameters_validation: return "parameters (validation)";
     case CollectiveKind::validation_loss: return "validation loss";
   }
@@ -174,6 +175,18 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   gather(CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer);
   gather(CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements);
   gather(CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements);
+  // A block's partitioned frozen tensors go with it, in the compute dtype they are held in.
+  int64_t frozen_calls = 0, frozen_elements = 0;
+  for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
+    frozen_calls += 2;
+    for (int k : g.params) {
+      const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(k)];
+      frozen_elements += 2 * (z.frozen_staged ? p.partition_numel * W : p.numel);
+    }
+  }
+  if (frozen_calls > 0)
+    out.push_back(make(CollectiveKind::frozen_parameters, CollectiveOp::all_gather, "per micro step", grad_accum, frozen_calls,
+                       frozen_elements, dtype_bytes(plan.precision.compute_dtype), W));
   out.push_back(grads);
   if (whole > 0) gather(CollectiveKind::parameters_whole, "per step", 1, 1, whole);
   return out;

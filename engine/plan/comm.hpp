@@ -28,6 +28,7 @@ enum class CollectiveKind {
   parameters_outer,       // stage 3: the parameters outside the blocks, before a step's first forward
   parameters_backward,    // stage 3: a block gathered again before its backward
   parameters_whole,       // stage 3: the parameters kept whole, after the optimizer
+  frozen_parameters,      // stage 3: a block's frozen tensors (LoRA's base, model.freeze), before its forward and its backward
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)
   validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
 };

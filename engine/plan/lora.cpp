@@ -100,12 +100,12 @@ std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, co
   return frozen;
 }
 
-ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen) {
+ModelSpec model_part(const ModelSpec& model, const std::vector<uint8_t>& keep) {
   ModelSpec s;
   s.hp = model.hp;
   std::map<int, int64_t> per_block;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
-    if (frozen[i]) continue;
+    if (!keep[i]) continue;
     const TensorSpec& t = model.tensors[i];
     s.tensors.push_back(t);
     s.num_params += t.numel;
@@ -114,6 +114,12 @@ ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& froz
   }
   for (const auto& [layer, n] : per_block) s.largest_block_params = std::max(s.largest_block_params, n);
   return s;
+}
+
+ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen) {
+  std::vector<uint8_t> trains(frozen.size());
+  for (size_t i = 0; i < frozen.size(); ++i) trains[i] = !frozen[i];
+  return model_part(model, trains);
 }
 
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {

@@ -43,7 +43,9 @@ LoraPlan resolve_lora(const LoraConfig& config, const ModelSpec& base, std::vect
 // model.freeze: per tensor of the model, whether a pattern (shell wildcards, fnmatch) names it. A pattern
 // that names nothing is a ConfigIssue at model.freeze. Empty when there are no patterns.
 std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, const ModelSpec& model, std::vector<ConfigIssue>& errors);
-// The model's tensors that are not frozen, as a model of their own (what the layout then lays out).
+// The model's tensors that `keep` marks, as a model of their own (what a layout then lays out).
+ModelSpec model_part(const ModelSpec& model, const std::vector<uint8_t>& keep);
+// The model's tensors that are not frozen (what the layout lays out under model.freeze).
 ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen);
 
 // Training FLOPs per token at sequence length T with some matmuls frozen (`frozen`, per tensor of the model;

@@ -32,9 +32,11 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::block_grads: return "block_grads";
     case BufferRole::outer_grads: return "outer_grads";
     case BufferRole::block_params: return "block_params";
+    case BufferRole::frozen_block_params: return "frozen_block_params";
     case BufferRole::outer_params: return "outer_params";
     case BufferRole::gather_staging: return "gather_staging";
     case BufferRole::prefetch_staging: return "prefetch_staging";
+    case BufferRole::frozen_staging: return "frozen_staging";
     case BufferRole::reduce_staging: return "reduce_staging";
     case BufferRole::reduce_scratch: return "reduce_scratch";
     case BufferRole::optimizer_swap: return "optimizer_swap";
@@ -58,6 +60,44 @@ Place offload_place(OffloadDevice d) {
     case OffloadDevice::nvme: return Place::nvme;
   }
   return Place::device;
+}
+
+// Where the frozen tensors live (see ZeroExecution::frozen_layout). Those outside the blocks stay whole at
+// stage 3 too: the trained ones there are held gathered all along, and a frozen one, once whole, never needs
+// gathering again. Small ones stay whole as DeepSpeed keeps them (stage3_param_persistence_threshold).
+void place_frozen(const Plan& plan, const CommCapabilities& caps, ZeroExecution& z) {
+  const ModelSpec& model = plan.model;
+  z.frozen_slot.assign(model.tensors.size(), -1);
+  z.frozen_offset.assign(model.tensors.size(), -1);
+  if (plan.frozen.empty()) return;
+  const bool partition = z.gathers && z.world_size > 1;
+  std::vector<uint8_t> partitioned(model.tensors.size(), 0);
+  int slot = 0;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    if (!plan.is_frozen(i)) continue;
+    const TensorSpec& t = model.tensors[i];
+    if (partition && t.layer >= 0 && t.numel >= plan.zero.param_persistence_threshold) {  // as stays_whole decides
+      partitioned[i] = 1;
+      z.frozen_slot[i] = slot++;
+    } else {
+      z.frozen_offset[i] = z.frozen_whole_numel;
+      z.frozen_whole_numel += t.numel;
+    }
+  }
+  z.frozen_layout = build_layout(model_part(model, partitioned), 3, z.world_size);
+  z.frozen_staged = slot > 0 && !caps.gathers_into_spans;
+  z.frozen_group_offset.assign(z.frozen_layout.params.size(), 0);
+  for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
+    int64_t at = 0, partitions = 0;
+    for (int k : g.params) {
+      const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(k)];
+      z.frozen_group_offset[static_cast<size_t>(k)] = at;
+      at += p.numel;
+      partitions += p.partition_numel;
+    }
+    z.frozen_block_numel = std::max(z.frozen_block_numel, at);
+    z.frozen_gather_numel = std::max(z.frozen_gather_numel, partitions * z.world_size);
+  }
 }
 
 }  // namespace
@@ -174,8 +214,10 @@ ZeroExecution describe_zero(const Plan& plan) {
       params_on_nvme ? param_file_bytes / param_bytes : z.gathers ? z.local_numel : z.full_numel, C::params,
       param_offload ? offload_place(knobs.offload_param.device) : Place::device);
   add(BufferRole::whole_params, compute, z.whole_numel, C::params);
-  // Frozen tensors (LoRA's base, model.freeze): read by the model, never stepped, reduced or partitioned.
-  add(BufferRole::frozen_params, compute, plan.frozen_numel(), C::params);
+  // Frozen tensors (LoRA's base, model.freeze): read by the model, never stepped or reduced; at stage 3 on
+  // several ranks partitioned and gathered as a block runs.
+  place_frozen(plan, caps, z);
+  add(BufferRole::frozen_params, compute, z.frozen_whole_numel + z.frozen_layout.shard_numel, C::params);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
   // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live.
   add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);
@@ -273,6 +315,8 @@ ZeroExecution describe_zero(const Plan& plan) {
       add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
       add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
     }
+    add(BufferRole::frozen_block_params, compute, z.frozen_block_numel, C::buffers, Place::device, 2);
+    if (z.frozen_staged) add(BufferRole::frozen_staging, compute, z.frozen_gather_numel, C::buffers, Place::device, 2);
   }
   // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
   // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.

@@ -27,7 +27,8 @@ enum class MemoryCategory { params, grads, optimizer_states, buffers };
 enum class BufferRole {
   params,          // the stored weights: the whole (padded) model, or at stage 3 this rank's partition
   whole_params,    // stage 3: the parameters below the persistence threshold, whole, in the compute dtype
-  frozen_params,   // LoRA: the base model's weights, which do not train: whole on every rank, in the compute dtype
+  frozen_params,   // LoRA's base, model.freeze: the weights that do not train, in the compute dtype: whole on every
+                   // rank, but at stage 3 on several ranks this rank's partitions of those inside the blocks
   grads,           // gradients in their stored dtype: the whole model (stages 0-1) or this rank's part (2-3)
   offload_grads,   // fp32 copy of this rank's reduced gradients where an offloaded optimizer runs
   compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)
@@ -38,9 +39,11 @@ enum class BufferRole {
   block_grads,     // grouped: one transformer block's gradients (two with overlap_comm)
   outer_grads,     // grouped: the gradients of the parameters outside the blocks
   block_params,    // stage 3: one gathered block (two: the next one is prefetched)
+  frozen_block_params,  // stage 3: a gathered block's frozen tensors (two, as block_params)
   outer_params,    // stage 3: the gathered parameters outside the blocks
   gather_staging,  // stage 3, staged gathers: every rank's partitions packed for a gather waited on at once
   prefetch_staging,  // stage 3, staged gathers: the same for the next block's gather, in flight while this block computes
+  frozen_staging,  // stage 3, staged gathers of frozen tensors: a block's and the prefetched block's, packed
   reduce_staging,  // Gloo: the fp32 copy of the 16-bit gradient pieces in flight (the communicator's)
   reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
@@ -90,6 +93,18 @@ struct ZeroExecution {
   int64_t prefetch_numel = 0;       // stage 3: the largest block gather's packed elements (all ranks)
   std::vector<int64_t> group_offset;  // grouped: per parameter, its place in its group's buffers
   std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params, or -1
+  // Frozen tensors (LoRA's base, model.freeze; per tensor of the model). Stage 3 on several ranks partitions
+  // those inside the blocks at or above the persistence threshold, as it does the trained ones: frozen_layout
+  // lays them out alone (stage 3), frozen_params holds the ones kept whole and then this rank's partitions,
+  // and a block's are gathered with it into frozen_block_params. Elsewhere every frozen tensor stays whole.
+  FlatLayout frozen_layout;
+  std::vector<int> frozen_slot;              // per tensor of the model: its index in frozen_layout.params, or -1
+  std::vector<int64_t> frozen_offset;        // per tensor of the model, frozen and kept whole: its place in frozen_params; else -1
+  std::vector<int64_t> frozen_group_offset;  // per frozen_layout parameter: its place in the frozen block buffer
+  int64_t frozen_whole_numel = 0;            // frozen_params' first elements: the frozen tensors kept whole
+  int64_t frozen_block_numel = 0;            // the largest block's partitioned frozen elements, gathered
+  bool frozen_staged = false;                // frozen gathers pack every rank's partitions (frozen_staging) first
+  int64_t frozen_gather_numel = 0;           // ... the largest block's, every rank's partitions packed
   std::vector<ZeroBuffer> buffers;
   std::vector<Collective> collectives;  // empty on one rank
   std::vector<Transfer> transfers;      // empty without offload

@@ -102,6 +102,29 @@ void make_views(FlatParams& f, const FlatLayout& L, const ZeroExecution& z) {
   }
 }
 
+// The frozen tensors (LoRA's base, model.freeze), in state_dict order, never with a gradient: kept whole, or
+// in their block's gathered buffer.
+void take_frozen(FlatParams& f, const Plan& plan, Arenas& arenas) {
+  f.frozen = arenas.take(BufferRole::frozen_params);
+  if (!f.frozen.defined()) return;
+  const ZeroExecution& z = plan.execution;
+  f.frozen_partitions = f.frozen.narrow(0, z.frozen_whole_numel, z.frozen_layout.shard_numel);
+  for (int i = 0; i < 2; ++i) {
+    f.frozen_block_params[i] = arenas.take(BufferRole::frozen_block_params, i);
+    f.frozen_staging[i] = arenas.take(BufferRole::frozen_staging, i);
+  }
+  for (size_t i = 0; i < plan.model.tensors.size(); ++i) {
+    if (!plan.is_frozen(i)) continue;
+    const TensorSpec& t = plan.model.tensors[i];
+    const int slot = z.frozen_slot[i];
+    const torch::Tensor weight =
+        slot < 0 ? f.frozen.narrow(0, z.frozen_offset[i], t.numel)
+                 : f.frozen_block_params[t.layer % 2].narrow(0, z.frozen_group_offset[static_cast<size_t>(slot)], t.numel);
+    f.frozen_views.push_back(weight.view(t.shape));
+    f.frozen_names.push_back(t.name);
+  }
+}
+
 }  // namespace
 
 FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
@@ -140,17 +163,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   f.outer_grads = arenas.take(BufferRole::outer_grads);
   f.outer_params = arenas.take(BufferRole::outer_params);
   make_views(f, L, z);
-  f.frozen = arenas.take(BufferRole::frozen_params);
-  if (f.frozen.defined()) {  // the frozen tensors (LoRA's base, model.freeze), in state_dict order, never with a gradient
-    int64_t at = 0;
-    for (size_t i = 0; i < plan.model.tensors.size(); ++i) {
-      if (!plan.is_frozen(i)) continue;
-      const TensorSpec& t = plan.model.tensors[i];
-      f.frozen_views.push_back(f.frozen.narrow(0, at, t.numel).view(t.shape));
-      f.frozen_names.push_back(t.name);
-      at += t.numel;
-    }
-  }
+  take_frozen(f, plan, arenas);
   return f;
 }
 
@@ -173,7 +186,8 @@ FlatParams::Bytes FlatParams::bytes() const {
                        (own(kept_master) ? n(kept_master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
-                                 &gather_staging[0], &gather_staging[1], &reduce_scratch})
+                                 &gather_staging[0], &gather_staging[1], &reduce_scratch, &frozen_block_params[0],
+                                 &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1]})
     b.buffers += n(*t);
   return b;
 }

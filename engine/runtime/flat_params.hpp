@@ -65,7 +65,11 @@ struct FlatParams {
   std::vector<std::string> names;
   // The frozen tensors (LoRA's base, model.freeze) in the compute dtype (the plan's frozen_params buffer), and
   // a view per frozen tensor in state_dict order (no gradient). Undefined / empty when nothing is frozen.
-  torch::Tensor frozen;
+  // Stage 3 on several ranks (ZeroExecution::frozen_layout): `frozen` holds the ones kept whole, then
+  // frozen_partitions, this rank's partitions of the others, whose views are into frozen_block_params (block l
+  // in [l % 2]), gathered there as their block runs (packed through frozen_staging when the plan stages).
+  torch::Tensor frozen, frozen_partitions;
+  torch::Tensor frozen_block_params[2], frozen_staging[2];
   std::vector<torch::Tensor> frozen_views;
   std::vector<std::string> frozen_names;
   std::vector<torch::Tensor> arenas;  // one allocation per dtype and place; the buffers above are tensors over them

@@ -329,11 +329,11 @@ void TrainingRun::load_base() {
   } else {
     drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
   }
-  // One tensor at a time: read (or drawn) in fp32, summed into the checksum, rounded to the compute dtype
-  // on the host and copied to the device.
+  // One tensor at a time: read (or drawn) in fp32, summed into the checksum whole, rounded to the compute
+  // dtype on the host and copied to the device: whole, or this rank's partition where stage 3 gathers it.
+  const ZeroExecution& z = plan_.execution;
   uint64_t checksum = kWeightsChecksumSeed;
   std::vector<float> values;
-  int64_t at = 0;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
     if (!plan_.is_frozen(i)) continue;  // model.freeze: what trains is drawn into the layout
     const int64_t n = model.tensors[i].numel;
@@ -346,9 +346,20 @@ void TrainingRun::load_base() {
       v = drawn->param(static_cast<int>(i));
     }
     checksum = fold_weights_checksum(checksum, v, n);
-    const torch::Tensor host = torch::from_blob(const_cast<float*>(v), {n}, torch::kFloat32).to(flat_.frozen.scalar_type());
-    device_.copy(flat_.frozen.narrow(0, at, n), Place::device, host, Place::host);
-    at += n;
+    torch::Tensor dest;
+    int64_t from = 0, count = n;
+    if (const int slot = z.frozen_slot[i]; slot >= 0) {
+      const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
+      const ShardRange own = stage3_owned(p, rank_);
+      from = own.begin;
+      count = own.real;
+      dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
+    } else {
+      dest = flat_.frozen.narrow(0, z.frozen_offset[i], n);
+    }
+    if (count == 0) continue;
+    const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(flat_.frozen.scalar_type());
+    device_.copy(dest, Place::device, host, Place::host);
   }
   nlohmann::ordered_json j;
   j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()

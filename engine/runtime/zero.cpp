@@ -7,6 +7,7 @@
 namespace ds {
 
 struct ZeroExchange::Gather {
+  const Partitioned* from = nullptr;
   std::unique_ptr<PendingCollective> work;
   torch::Tensor out;  // staged: every rank's partitions packed, one rank after another; else the destination
   Ownership owners;   // each rank's spans of `out`
@@ -35,6 +36,18 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
   for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
   if (comm_ && plan.execution.overlap && !plan.execution.grouped) block_ranges_ = block_ranges(L);
+  if (!stage3_) return;
+  const auto layers = static_cast<size_t>(plan.model.hp.num_layers);
+  trained_.layout = &L;
+  trained_.partitions = flat.params;
+  trained_.on_nvme = param_swap != nullptr;
+  trained_.staged = plan.execution.gather_staged;
+  trained_.block_offset = &flat.group_offset;
+  trained_.per_block.resize(layers);
+  for (int i = 0; i < 2; ++i) {
+    trained_.staging[i] = flat.gather_staging[i];
+    trained_.blocks[i] = flat.block_params[i];
+  }
   for (const ParamGroup& g : groups_) {
     std::vector<int> gathered;
     for (int i : g.params)
@@ -42,8 +55,23 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
         gathered.push_back(i);
       else
         whole_.push_back(i);
-    gathered_.push_back(gathered);
+    if (g.layer >= 0)
+      trained_.per_block[static_cast<size_t>(g.layer)] = std::move(gathered);
+    else if (&g == &groups_.back())  // groups of blocks with nothing that trains (model.freeze) have layer -1 too
+      outer_ = std::move(gathered);
   }
+  const ZeroExecution& z = plan.execution;
+  frozen_.layout = &z.frozen_layout;
+  frozen_.partitions = flat.frozen_partitions;
+  frozen_.staged = z.frozen_staged;
+  frozen_.block_offset = &z.frozen_group_offset;
+  frozen_.per_block.resize(layers);
+  for (int i = 0; i < 2; ++i) {
+    frozen_.staging[i] = flat.frozen_staging[i];
+    frozen_.blocks[i] = flat.frozen_block_params[i];
+  }
+  for (size_t k = 0; k < z.frozen_layout.params.size(); ++k)
+    frozen_.per_block[static_cast<size_t>(z.frozen_layout.params[k].layer)].push_back(static_cast<int>(k));
 }
 
 ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
@@ -127,19 +155,20 @@ void ZeroExchange::finish_reduce() {
   buf.zero_();
 }
 
-std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vector<int>& params, torch::Tensor dest,
+std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
                                                                  const std::vector<int64_t>& offsets, CollectiveKind what,
                                                                  bool prefetch) {
-  const FlatLayout& L = plan_.layout;
+  const FlatLayout& L = *from.layout;
   const int W = L.world_size;
   auto g = std::make_unique<Gather>();
+  g->from = &from;
   g->params = params;
   g->dest = std::move(dest);
   g->offsets = &offsets;
   g->what = what;
   for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
   torch::NoGradGuard ng;
-  if (!plan_.execution.gather_staged) {
+  if (!from.staged) {
     // Every rank's partitions straight into the destination, through an alias with a version counter of
     // its own: the forward's saved views of these weights stay valid because the block is gathered again
     // (same bits) before its backward reads them.
@@ -152,26 +181,26 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(const std::vect
         const ShardRange own = stage3_owned(p, r);
         if (own.real > 0) g->owners[static_cast<size_t>(r)].push_back({at + own.begin, own.real});
         if (r == flat_.rank && own.real > 0)
-          g->out.narrow(0, at + own.begin, own.real).copy_(flat_.params.narrow(0, p.partition_offset, own.real));
+          g->out.narrow(0, at + own.begin, own.real).copy_(from.partitions.narrow(0, p.partition_offset, own.real));
       }
     }
     issue(*g);
     return g;
   }
   // Staged: this rank packs its partitions into its place; the all-gather fills the others'.
-  g->out = flat_.gather_staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
+  g->out = from.staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
   for (int r = 0; r < W; ++r) g->owners.push_back({{r * g->n, g->n}});
   int64_t at = flat_.rank * g->n;
   std::vector<ParamSwapper::Piece> pieces;
   for (int i : params) {
     const ParamSlot& p = L.params[static_cast<size_t>(i)];
-    if (param_swap_)
+    if (from.on_nvme)
       pieces.push_back({p.partition_offset, p.partition_numel, static_cast<char*>(g->out.data_ptr()) + at * g->out.element_size()});
     else
-      g->out.narrow(0, at, p.partition_numel).copy_(flat_.params.narrow(0, p.partition_offset, p.partition_numel));
+      g->out.narrow(0, at, p.partition_numel).copy_(from.partitions.narrow(0, p.partition_offset, p.partition_numel));
     at += p.partition_numel;
   }
-  if (param_swap_) {
+  if (from.on_nvme) {
     param_swap_->start_read(std::move(pieces));
     g->reading = true;
   } else {
@@ -191,8 +220,8 @@ void ZeroExchange::issue(Gather& g) {
 void ZeroExchange::finish(Gather& g) {
   issue(g);
   if (g.work) g.work->wait();
-  if (!plan_.execution.gather_staged) return;  // already in place
-  const FlatLayout& L = plan_.layout;
+  if (!g.from->staged) return;  // already in place
+  const FlatLayout& L = *g.from->layout;
   torch::NoGradGuard ng;
   // Unpacked through an alias of the destination, as above.
   const torch::Tensor dest = torch::from_blob(g.dest.data_ptr(), {g.dest.numel()}, g.dest.options());
@@ -209,25 +238,30 @@ void ZeroExchange::finish(Gather& g) {
 }
 
 void ZeroExchange::gather_block(int64_t layer, CollectiveKind what, int64_t prefetch) {
+  gather_block(trained_, layer, what, prefetch);
+  gather_block(frozen_, layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::frozen_parameters, prefetch);
+}
+
+void ZeroExchange::gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch) {
   // A block whose parameters are all kept whole has nothing to gather (the plan counts no call for it).
-  const auto has_partitions = [&](int64_t l) { return !gathered_[static_cast<size_t>(l)].empty(); };
-  if (prefetch_ && prefetch_->layer == layer) {
-    finish(*prefetch_);
+  const auto has_partitions = [&](int64_t l) { return !from.per_block[static_cast<size_t>(l)].empty(); };
+  if (from.prefetch && from.prefetch->layer == layer) {
+    finish(*from.prefetch);
   } else if (has_partitions(layer)) {
-    if (prefetch_) {  // not the one needed (cannot happen in forward/backward order): settle it, as every rank does
-      issue(*prefetch_);
-      if (prefetch_->work) prefetch_->work->wait();
+    if (from.prefetch) {  // not the one needed (cannot happen in forward/backward order): settle it, as every rank does
+      issue(*from.prefetch);
+      if (from.prefetch->work) from.prefetch->work->wait();
     }
-    auto g = start_gather(gathered_[static_cast<size_t>(layer)], flat_.block_params[layer % 2], flat_.group_offset, what, false);
+    auto g = start_gather(from, from.per_block[static_cast<size_t>(layer)], from.blocks[layer % 2], *from.block_offset, what, false);
     finish(*g);
   }
-  prefetch_.reset();
+  from.prefetch.reset();
   // The next block's gather runs while this one computes; it writes the other buffer, which no block
   // in use reads.
-  if (prefetch >= 0 && prefetch < static_cast<int64_t>(plan_.model.hp.num_layers) && has_partitions(prefetch)) {
-    prefetch_ = start_gather(gathered_[static_cast<size_t>(prefetch)], flat_.block_params[prefetch % 2], flat_.group_offset, what,
-                             true);
-    prefetch_->layer = prefetch;
+  if (prefetch >= 0 && prefetch < static_cast<int64_t>(from.per_block.size()) && has_partitions(prefetch)) {
+    from.prefetch = start_gather(from, from.per_block[static_cast<size_t>(prefetch)], from.blocks[prefetch % 2], *from.block_offset,
+                                 what, true);
+    from.prefetch->layer = prefetch;
   }
 }
 
@@ -258,11 +292,11 @@ void ZeroExchange::after_backward(int64_t layer) {
 
 void ZeroExchange::begin_micro_step(bool evaluation) {
   evaluating_ = evaluation;
-  if (!stage3_ || groups_.back().layer >= 0 || gathered_.back().empty()) return;
+  if (!stage3_ || outer_.empty()) return;
   // The outer parameters' buffer is theirs alone and they change only in the optimizer: a step's later
   // micro steps find them gathered. (Validation gathers them anyway, counted apart from training.)
   if (!evaluation && outer_gathered_) return;
-  auto g = start_gather(gathered_.back(), flat_.outer_params, flat_.group_offset,
+  auto g = start_gather(trained_, outer_, flat_.outer_params, flat_.group_offset,
                         evaluation ? CollectiveKind::parameters_validation : CollectiveKind::parameters_outer, false);
   finish(*g);
   if (!evaluation) outer_gathered_ = true;
@@ -286,7 +320,7 @@ void ZeroExchange::publish_parameters() {
   outer_gathered_ = false;  // new weights (or the first): the next micro step gathers the outer ones
   if (stage3_) {  // on one rank too (parameter offload): the whole-kept parameters from the partitions
     if (whole_.empty()) return;
-    auto g = start_gather(whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);
+    auto g = start_gather(trained_, whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);
     finish(*g);
     return;
   }

@@ -17,6 +17,8 @@
 //            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
 //            while autograd still holds views of them: gathers write around autograd's version
 //            counters, and the re-gather before block l's backward restores the very same bits.
+//            Frozen tensors (LoRA's base, model.freeze) partitioned by the plan go the same way, in a
+//            gather of their own beside their block's (they are held in the compute dtype).
 // With zero_optimization.reduce_scatter false (and at stage 1 on Gloo) gradients are all-reduced instead
 // and each rank keeps its part.
 #pragma once
@@ -70,13 +72,27 @@ class ZeroExchange : public BlockHooks {
 
  private:
   struct Gather;
+  // What stage 3 gathers: the trained parameters or the frozen tensors, each laid out by a stage-3 layout
+  // with this rank's partitions, block buffers and (staged) packing buffers of its own.
+  struct Partitioned {
+    const FlatLayout* layout = nullptr;
+    torch::Tensor partitions;             // this rank's, in the layout's order (undefined when they are on NVMe)
+    bool on_nvme = false;                 // read through the ParamSwapper
+    bool staged = false;                  // packed through staging[0] ([1]: the prefetch's) before unpacking
+    torch::Tensor staging[2];
+    torch::Tensor blocks[2];              // block l gathered into [l % 2]
+    const std::vector<int64_t>* block_offset = nullptr;  // per parameter of the layout: its place in a block buffer
+    std::vector<std::vector<int>> per_block;  // per block: its parameters gathered on use
+    std::unique_ptr<Gather> prefetch;     // the next block's gather in flight
+  };
   // `prefetch`: packs into the prefetch's staging buffer (at most one gather of each kind is in flight).
-  std::unique_ptr<Gather> start_gather(const std::vector<int>& params, torch::Tensor dest, const std::vector<int64_t>& offsets,
-                                       CollectiveKind what, bool prefetch);
+  std::unique_ptr<Gather> start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
+                                       const std::vector<int64_t>& offsets, CollectiveKind what, bool prefetch);
   void finish(Gather& g);
   // The gather's own partitions are packed and its collective issued (NVMe: after the reads).
   void issue(Gather& g);
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
+  void gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch);
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();
@@ -94,9 +110,9 @@ class ZeroExchange : public BlockHooks {
   std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
   Ownership shard_owners_;                 // stages 1-2: each rank's shard of the padded buffer
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
-  std::vector<std::vector<int>> gathered_; // per group: its parameters gathered on use (stage 3)
+  Partitioned trained_, frozen_;           // stage 3: the trained parameters; the frozen ones the plan partitions
+  std::vector<int> outer_;                 // stage 3: the parameters outside the blocks gathered on use
   std::vector<int> whole_;                 // stage 3: parameters kept whole
-  std::unique_ptr<Gather> prefetch_;       // stage 3: the next block's gather in flight
   std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
   std::vector<std::pair<int64_t, int64_t>> block_ranges_;  // stages 0-1 with overlap_comm: each block's flat range
   bool reducing_blocks_ = false;           // ... and this backward reduces them as it goes
