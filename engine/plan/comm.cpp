@@ -178,6 +178,7 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   // A block's partitioned frozen tensors go with it, in the compute dtype they are held in.
   int64_t frozen_calls = 0, frozen_elements = 0;
   for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
+    if (g.params.empty()) continue;  // a block with nothing frozen in it (parameter_groups keeps its place)
     frozen_calls += 2;
     for (int k : g.params) {
       const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(k)];

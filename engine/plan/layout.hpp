@@ -77,6 +77,7 @@ std::vector<std::pair<int64_t, int64_t>> block_ranges(const FlatLayout& layout);
 
 // Stage 3: parameters smaller than the threshold are kept whole on every rank (DeepSpeed's
 // stage3_param_persistence_threshold); their optimizer state is partitioned like the rest.
-inline bool stays_whole(const ParamSlot& p, int64_t persistence_threshold) { return p.numel < persistence_threshold; }
+inline bool stays_whole(int64_t numel, int64_t persistence_threshold) { return numel < persistence_threshold; }
+inline bool stays_whole(const ParamSlot& p, int64_t persistence_threshold) { return stays_whole(p.numel, persistence_threshold); }
 
 }  // namespace ds

@@ -76,7 +76,7 @@ void place_frozen(const Plan& plan, const CommCapabilities& caps, ZeroExecution&
   for (size_t i = 0; i < model.tensors.size(); ++i) {
     if (!plan.is_frozen(i)) continue;
     const TensorSpec& t = model.tensors[i];
-    if (partition && t.layer >= 0 && t.numel >= plan.zero.param_persistence_threshold) {  // as stays_whole decides
+    if (partition && t.layer >= 0 && !stays_whole(t.numel, plan.zero.param_persistence_threshold)) {
       partitioned[i] = 1;
       z.frozen_slot[i] = slot++;
     } else {
