@@ -23,6 +23,7 @@ int run_ds(int argc, char** argv) {
   app.add_option("--color", color, "colour: auto (a terminal without NO_COLOR), always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
   app.add_flag("--version", version, "print the version, git revision and libraries, then exit");
+  app.fallthrough();  // --color after the command (ds train --color=never) is the same flag
   app.footer(R"(Examples:
   ds plan templates/zero2.json                 the execution plan of a config
   ds plan templates/zero3.json --world-size 8  ... planned for 8 ranks

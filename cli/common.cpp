@@ -272,12 +272,21 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   // keys, so the run's stored config says what it trained); one that names an architecture must agree.
   std::optional<ModelHyper> source;
   if (loaded.config.model.given && !loaded.config.model.init_from.empty()) source = source_architecture(loaded.config.model.init_from);
-  if (source && !config_gives_architecture(loaded.config.model)) {
+  if (source) {
     std::vector<std::string> with = a.overrides;
-    for (const ArchitectureKey& k : architecture_keys())
-      if (!k.llama_only || source->arch == ModelArch::llama) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
+    const bool takes_architecture = !config_gives_architecture(loaded.config.model);
+    if (takes_architecture)
+      for (const ArchitectureKey& k : architecture_keys())
+        if (!k.llama_only || source->arch == ModelArch::llama) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
+    // The source's special tokens go with its weights (an export writes them to config.json and
+    // generation_config.json), unless the config sets them.
+    const ModelFields& set = loaded.config.model.explicit_fields;
+    if (!set.bos_token_id)
+      with.push_back("model.bos_token_id=" + (source->bos_token_id >= 0 ? std::to_string(source->bos_token_id) : std::string("null")));
+    if (!set.eos_token_id)
+      with.push_back("model.eos_token_id=" + (source->eos_token_id.empty() ? std::string("null") : nlohmann::json(source->eos_token_id).dump()));
     loaded = load_config_file_with_json(a.config, with);
-    if (!quiet)
+    if (!quiet && takes_architecture)
       std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
                 << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
   }
@@ -355,7 +364,10 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   }
   if (!missing.empty() && a.inputs_must_exist) throw ConfigError(a.config, missing);
   plan.warnings.insert(plan.warnings.end(), missing.begin(), missing.end());
-  if (!quiet) print_warnings(sub, plan.warnings);
+  std::vector<ConfigIssue> shown;
+  for (const ConfigIssue& w : plan.warnings)
+    if (std::find(a.own_choices.begin(), a.own_choices.end(), w.path) == a.own_choices.end()) shown.push_back(w);
+  if (!quiet) print_warnings(sub, shown);
   return {std::move(loaded.config), std::move(plan), std::move(loaded.resolved_json)};
 }
 

@@ -56,6 +56,9 @@ struct ConfigArgs {
   // ds train / ds profile: the plan runs on this machine with this build, so --device auto means what the
   // build can use (the CPU in a build without CUDA), not what the machine has.
   bool runs_here = false;
+  // Warnings about values the command itself chose, not the user (ds profile's train.steps makes the
+  // scheduler's total_num_steps whatever it is): by JSON path, never printed.
+  std::vector<std::string> own_choices;
 };
 
 // The config named once: as CONFIG, or as DeepSpeed's --deepspeed_config (then a word taken for CONFIG is

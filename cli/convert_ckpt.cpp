@@ -14,6 +14,7 @@
 #include "common/json_depth.hpp"
 #include "common/strings.hpp"
 #include "cli/plan_json.hpp"
+#include "cli/tokenizer_record.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/run_policy.hpp"
@@ -90,11 +91,14 @@ std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
   if (plan.is_object() && plan.contains("tokenizer_files") && plan["tokenizer_files"].is_array()) {
     for (const auto& f : plan["tokenizer_files"]) {
       const std::string role = f.value("role", ""), from = f.value("path", ""), want = f.value("checksum64", "");
-      const std::string name = role == "vocab_file" ? "vocab.json" : "merges.txt";
+      // Runs before the record named its files carried only the GPT-2 pair.
+      const std::string name = f.value("name", role == "vocab_file" ? std::string("vocab.json") : std::string("merges.txt"));
+      if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos) continue;  // never outside DST
+      const std::string key = role == "init_from" ? "model.init_from" : "data." + role;
       std::error_code ec;
       if (!fs::is_regular_file(from, ec)) {
-        print_warnings("convert-ckpt", {{"data." + role, "the run's tokenizer file '" + from + "' is not there any more; not copied",
-                                         "copy it into the export as " + name + " for transformers' GPT2Tokenizer"}});
+        print_warnings("convert-ckpt", {{key, "the run's tokenizer file '" + from + "' is not there any more; not copied",
+                                         "copy it into the export as " + name}});
         continue;
       }
       std::string bytes = read_file_bytes(from);
@@ -102,7 +106,7 @@ std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
       if (want != hex)
         throw UserError("'" + from + "' has changed since the run read it (checksum " + want + ", now " + hex +
                             "): the export would ship another tokenizer than the model was trained with",
-                        "restore the file the run read (data." + role + "), then export again");
+                        "restore the file the run read (" + key + "), then export again");
       out.push_back({name, from, std::move(bytes)});
     }
     return out;
@@ -129,9 +133,35 @@ std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
   return out;
 }
 
-// Never replace what the user did not name: an existing destination needs --overwrite.
-void check_destination(const ConvertArgs& a) {
+void write_tokenizer_files(const std::vector<TokenizerFile>& files, const std::string& dst) {
+  for (const TokenizerFile& t : files) {
+    write_text_atomically((fs::path(dst) / t.name).string(), t.bytes);
+    std::cerr << "  copied " << t.from << " -> " << (fs::path(dst) / t.name).string() << "\n";
+  }
+}
+
+// Never replace what the user did not name: an existing destination needs --overwrite, and no destination,
+// --overwrite or not, may be (or hold) what the command reads: the run, its checkpoint, a merge's base.
+// `sources` are what this conversion reads; `exports` is true when DST receives Hugging Face files.
+void check_destination(const ConvertArgs& a, const std::vector<std::string>& sources, bool exports) {
   std::error_code ec;
+  if (ends_with(a.dst, ".bin") || ends_with(a.dst, ".pt") || ends_with(a.dst, ".pth"))
+    throw UserError("'" + a.dst + "' names a PyTorch pickle file; ds writes safetensors, never pickles",
+                    "give a directory (a Hugging Face directory: model.safetensors loads in transformers wherever "
+                    "pytorch_model.bin did) or a file ending in .safetensors (one consolidated file, zero_to_fp32's job)");
+  for (const std::string& source : sources) {
+    if (source.empty()) continue;
+    if (path_within(source, a.dst))
+      throw UserError("'" + a.dst + "' is " + (same_path(source, a.dst) ? "" : "or holds ") + "what this conversion reads ('" + source +
+                          "'): writing there would replace it",
+                      "choose another destination, e.g. " + a.dst + "-export");
+    const std::string run = checkpoint_run_dir(source);
+    if (!run.empty() && path_within(a.dst, (fs::path(run) / "checkpoints").string()))
+      throw UserError("'" + a.dst + "' lies inside the run's checkpoints/, which ds keeps to itself", "choose a destination outside it");
+  }
+  if (exports && fs::is_directory(a.dst, ec) && holds_run(a.dst))
+    throw UserError("'" + a.dst + "' holds a ds run (checkpoints, metrics.jsonl): an export written there would hide it",
+                    "export into a new directory (e.g. " + a.dst + "/hf or " + a.dst + "-hf)");
   if (fs::exists(a.dst, ec) && !a.overwrite && !(fs::is_directory(a.dst, ec) && fs::is_empty(a.dst, ec)))
     throw UserError("'" + a.dst + "' already exists", "choose a new destination, or add --overwrite to replace the files ds writes there");
 }
@@ -140,7 +170,14 @@ void check_destination(const ConvertArgs& a) {
 // weights (streamed tensor by tensor), the optimizer's moments zero, the model from the directory's config.json. `ds train` with
 // train.output_dir=DST --resume continues from it, or model.init_from=DST starts from its weights.
 int import_hf(const WeightSource& src, const ConvertArgs& a) {
-  check_destination(a);
+  if (a.dtype != "fp32")
+    throw UserError("--dtype " + a.dtype + " does not apply to an import: a ds run holds fp32 master weights (and trains in the "
+                    "precision its config says)",
+                    "leave --dtype out; train the run in " + a.dtype + " with " + a.dtype + ".enabled=true");
+  if (ends_with(a.dst, ".safetensors"))
+    throw UserError("'" + a.src + "' is a Hugging Face directory: importing it writes a ds run directory, not '" + a.dst + "'",
+                    "give a directory for the run (e.g. runs/NAME-init); a Hugging Face directory already is safetensors");
+  check_destination(a, {src.path()}, false);
   if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));  // only what ds wrote there
   const fs::path hf_config = fs::path(src.path()) / "config.json";
   if (!fs::exists(hf_config)) throw UserError("'" + src.path() + "' has no config.json", "a Hugging Face model directory has one beside its weights");
@@ -164,12 +201,51 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   };
   CheckpointScalars sc;
   sc.seed = plan.run.seed;
-  const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_to_json(plan), loaded.resolved_json, 0);
+  // The directory's tokenizer files are recorded, so the run's exports ship them again.
+  const std::string plan_json = with_tokenizer_files(plan_to_json(plan), tokenizer_record(loaded.config.data, src.path()));
+  const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_json, loaded.resolved_json, 0);
   std::cerr << "ds convert-ckpt: " << src.path() << " (" << model_arch_name(plan.model.hp.arch) << ", "
             << format_count(plan.model.num_params) << " parameters) -> " << saved.path << " (step 0, optimizer fresh, "
             << format_bytes(static_cast<double>(saved.bytes)) << ")\n"
             << "  train from it: ds train CONFIG model.init_from=" << a.dst << "\n";
   return kExitOk;
+}
+
+constexpr int kMaxReshardRanks = 65536;
+
+// The overrides that put a run's config at another shape: the stage, and the checkpoint's global batch kept
+// (a resume keeps it too): the accumulation follows from the micro batch and the world size, and where the
+// run's micro batch cannot keep it, the largest smaller one that does (`note` says so). UserError when the
+// world size does not divide the global batch at all.
+std::vector<std::string> reshard_overrides(const WeightSource& src, int world, int stage, const std::string& dst, std::string* note) {
+  const nlohmann::json plan = nlohmann::json::parse(read_checkpoint_text(src.path(), "plan_json"), nullptr, false);
+  std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
+  const nlohmann::json* batch = plan.is_object() && plan.contains("batch") && plan["batch"].is_object() ? &plan["batch"] : nullptr;
+  if (!batch || !batch->contains("train_batch_size") || !batch->contains("train_micro_batch_size_per_gpu") ||
+      !(*batch)["train_batch_size"].is_number_integer() || !(*batch)["train_micro_batch_size_per_gpu"].is_number_integer()) {
+    o.push_back("~train_batch_size");  // a plan without its batch: the batch follows the world size, as it did before
+    return o;
+  }
+  const int64_t global = (*batch)["train_batch_size"].get<int64_t>(), was_micro = (*batch)["train_micro_batch_size_per_gpu"].get<int64_t>();
+  if (global % world != 0) {
+    std::vector<std::string> fits;
+    for (int64_t w = 1; w <= global && fits.size() < 12; ++w)
+      if (global % w == 0) fits.push_back(std::to_string(w));
+    throw UserError("--world-size " + std::to_string(world) + " cannot keep the run's global batch of " + std::to_string(global) +
+                        " samples (each rank takes an equal share)",
+                    "world sizes that keep it: " + join(fits, ", ") + (fits.size() == 12 ? ", ..." : "") +
+                        "; to change the batch knowingly, reshard for one of those and resume with train_batch_size set");
+  }
+  int64_t micro = std::min(was_micro, global / world);
+  while (global % (micro * world) != 0) --micro;
+  if (micro != was_micro)
+    *note = "the global batch of " + std::to_string(global) + " kept on " + std::to_string(world) + " ranks with micro batch " +
+            std::to_string(micro) + " (the run had " + std::to_string(was_micro) + "): resume with train_micro_batch_size_per_gpu=" +
+            std::to_string(micro);
+  o.push_back("train_batch_size=" + std::to_string(global));
+  o.push_back("train_micro_batch_size_per_gpu=" + std::to_string(micro));
+  o.push_back("gradient_accumulation_steps=" + std::to_string(global / (micro * world)));
+  return o;
 }
 
 // A ds checkpoint -> a ds run directory whose checkpoint is sharded for `world_size` ranks at ZeRO
@@ -181,16 +257,27 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
     throw UserError("--dtype " + a.dtype + " does not apply to a ds checkpoint: it always holds fp32 master weights and moments",
                     "train in " + a.dtype + " by setting the config's " + a.dtype + ".enabled=true when resuming; "
                     "--dtype converts exports (--to hf or safetensors)");
-  check_destination(a);
-  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));
+  if (a.to == "hf" || a.to == "safetensors")
+    throw UserError("--to " + a.to + " exports; --world-size and --stage reshard into a ds run directory", "give one or the other");
+  if (ends_with(a.dst, ".safetensors"))
+    throw UserError("--world-size and --stage write a ds run directory, not '" + a.dst + "'", "give a directory for the resharded run");
+  check_destination(a, {src.path()}, false);
   const int world = a.world_size > 0 ? a.world_size : static_cast<int>(src.world_size);
   const int stage = a.stage >= 0 ? a.stage : src.zero_stage;
-  // The run's own config at the new shape: the stage changed and the global batch left to follow the
-  // world size (micro batch and accumulation stay), so any world size compiles.
-  const LoadedConfig loaded = load_config_text_with_json(read_checkpoint_text(src.path(), "config_json"), src.path() + " (config_json)",
-                                                         {"zero_optimization.stage=" + std::to_string(stage), "~train_batch_size",
-                                                          "train.output_dir=" + a.dst});
+  const std::string config_text = read_checkpoint_text(src.path(), "config_json");
+  std::string batch_note;
+  const std::vector<std::string> shape = reshard_overrides(src, world, stage, a.dst, &batch_note);
+  const LoadedConfig loaded = load_config_text_with_json(config_text, src.path() + " (config_json)", shape);
   const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));
+  // One file per rank, each owning part of every buffer: past the parameter count some ranks own nothing.
+  int64_t numel = 0;
+  for (const auto& t : src.tensors()) numel += t.numel();
+  if (world > kMaxReshardRanks || world > numel)
+    throw UserError("--world-size " + std::to_string(world) + " for a model of " + format_count(numel) + " parameters: " +
+                        (world > kMaxReshardRanks ? "ds convert-ckpt writes one file per rank, at most " + std::to_string(kMaxReshardRanks)
+                                                  : std::string("some ranks would hold no parameter at all")),
+                    "reshard for the world size the run will resume on");
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));
   auto plan_for_rank = [&](int rank) {
     Topology t;
     t.world_size = t.ranks_per_node = world;
@@ -242,6 +329,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
             << " on " << world << (world == 1 ? " rank" : " ranks") << (sharded ? ", one shard per rank" : ", one file") << ")\n"
             << "  resume it: ds train CONFIG train.output_dir=" << a.dst << " zero_optimization.stage=" << stage
             << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "") << " --resume\n";
+  if (!batch_note.empty()) std::cerr << "  " << batch_note << "\n";
   return kExitOk;
 }
 
@@ -252,6 +340,11 @@ int export_merged(const WeightSource& src, const ConvertArgs& a) {
   if (base_path.empty())
     throw UserError("'" + src.path() + "' trained on a random base (no model.init_from), which no file holds",
                     std::string(src.lora ? "export the adapter with --adapter instead, or g" : "G") + "ive the base's weights with --base PATH");
+  std::error_code ec;
+  if (a.base.empty() && !fs::exists(base_path, ec))
+    throw UserError("the base '" + src.path() + "' trained on, '" + base_path + "', is not there any more",
+                    "give its new place with --base PATH (its frozen weights are checked against the run's checksum)");
+  check_destination(a, {src.path(), base_path}, true);
   const std::unique_ptr<WeightSource> base = open_weights(base_path);
   const ModelSpec model = build_model_spec(src.model());
   // The frozen tensors are those the checkpoint does not hold (every one under LoRA).
@@ -264,7 +357,6 @@ int export_merged(const WeightSource& src, const ConvertArgs& a) {
                         ", the run recorded " + src.base_checksum + ")",
                     "give the run's own base with --base PATH");
   const bool one_file = a.to == "safetensors" || (a.to.empty() && ends_with(a.dst, ".safetensors"));
-  check_destination(a);
   ExportOptions opt;
   opt.dtype = a.dtype;
   opt.allow_fp16_overflow = a.allow_fp16_overflow;
@@ -275,8 +367,10 @@ int export_merged(const WeightSource& src, const ConvertArgs& a) {
                          : std::to_string(src.tensors().size()) + " tensors")
             << ") -> " << a.dst << " as "
             << (one_file ? "one safetensors file" : "a Hugging Face directory") << ", " << a.dtype << "\n";
+  const std::vector<TokenizerFile> tokenizer = one_file ? std::vector<TokenizerFile>{} : tokenizer_files(src.path());
   const ExportSummary s = one_file ? export_safetensors_file(*merged, model, a.dst, opt) : export_hf_directory(*merged, src.model(), a.dst, opt);
   for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+  write_tokenizer_files(tokenizer, a.dst);
   std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
   return kExitOk;
 }
@@ -297,7 +391,7 @@ int export_adapter(const WeightSource& src, const ConvertArgs& a) {
                     "export the adapter in PEFT's format with --adapter, or the base with the adapter folded in with --merge");
   if (a.to == "safetensors" || ends_with(a.dst, ".safetensors"))
     throw UserError("--adapter writes a directory (adapter_config.json and adapter_model.safetensors)", "give a directory as DST");
-  check_destination(a);
+  check_destination(a, {src.path()}, true);
   std::error_code ec;
   if (fs::exists(a.dst, ec) && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
   ExportOptions opt;
@@ -350,7 +444,7 @@ int run_convert(const ConvertArgs& a) {
     if (a.adapter || a.merge || src->frozen_part) return export_adapter(*src, a);
     std::string to = a.to;
     if (to.empty()) to = ends_with(a.dst, ".safetensors") ? "safetensors" : "hf";
-    check_destination(a);
+    check_destination(a, {src->path()}, true);
     std::error_code ec;
     if (fs::exists(a.dst, ec) && to == "hf" && !fs::is_directory(a.dst, ec)) throw UserError("'" + a.dst + "' is a file, not a directory", "");
     const std::vector<TokenizerFile> tokenizer = to == "hf" ? tokenizer_files(src->path()) : std::vector<TokenizerFile>{};
@@ -371,10 +465,7 @@ int run_convert(const ConvertArgs& a) {
     if (s.fp16_flushed > 0)
       print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
                                        "--dtype bf16 keeps fp32's range"}});
-    for (const TokenizerFile& t : tokenizer) {
-      write_text_atomically((fs::path(a.dst) / t.name).string(), t.bytes);
-      std::cerr << "  copied " << t.from << " -> " << (fs::path(a.dst) / t.name).string() << "\n";
-    }
+    write_tokenizer_files(tokenizer, a.dst);
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;
   }, a.json);

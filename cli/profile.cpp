@@ -1,5 +1,6 @@
 #include "cli/profile.hpp"
 
+#include <csignal>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@ int run_profile(const ProfileArgs& a) {
     const std::string part_dir = rank_process ? a.part_dir : scratch.dir;
     args.overrides.push_back("train.steps=" + std::to_string(a.report.warmup + a.steps));
     args.overrides.push_back("train.output_dir=" + part_dir + "/run");
+    args.own_choices.push_back("scheduler.params.total_num_steps");  // follows the steps profiled, not the user's
     const CompiledConfig compiled = compile_config("profile", args, /*quiet=*/launcher);
     const Plan& plan = compiled.plan;
     std::vector<json> parts;
@@ -86,7 +88,7 @@ int run_profile(const ProfileArgs& a) {
       opt.print_every = 1000000;
       opt.profile = true;
       const TrainResult result = train_with_runtime(plan, opt);
-      if (result.interrupted) return kExitInterrupted;
+      if (result.interrupted) return result.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
       parts.push_back(profile_rank_part(plan, result));
       if (rank_process) {  // a launched rank: the launcher assembles the report
         write_text_atomically(part_dir + "/rank_" + std::to_string(plan.topology.rank) + ".json", parts.back().dump());

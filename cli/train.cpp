@@ -7,21 +7,26 @@
 #include <filesystem>
 #include <fstream>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/hash.hpp"
+#include "common/stop_signals.hpp"
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/launcher.hpp"
 #include "engine/runtime/run_policy.hpp"
 #include "engine/runtime/runtime_library.hpp"
+#include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
 #include "cli/plan_json.hpp"
+#include "cli/tokenizer_record.hpp"
 #include "cli/profile_report.hpp"
 
 namespace ds::cli {
@@ -65,21 +70,6 @@ std::string resume_command() {
   return has_resume ? cmd : cmd + " --resume";
 }
 
-// The tokenizer files a GPT-2 BPE run reads, recorded in its plan.json (and so in every checkpoint) by
-// absolute path and checksum: an export ships exactly these, wherever it is run from, or refuses.
-std::string with_tokenizer_files(const std::string& plan_json, const DataConfig& d) {
-  if (d.type != DataType::text || d.tokenizer != "gpt2") return plan_json;
-  nlohmann::json j = nlohmann::json::parse(plan_json);
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& [role, path] : {std::pair{"vocab_file", d.vocab_file}, {"merges_file", d.merges_file}}) {
-    const std::string text = read_file_bytes(path);
-    files.push_back({{"role", role}, {"path", std::filesystem::absolute(path).lexically_normal().string()}, {"checksum64", checksum64_hex(text)},
-                     {"bytes", text.size()}});
-  }
-  j["tokenizer_files"] = files;
-  return j.dump();
-}
-
 // DeepSpeed's flops_profiler block: ds profile's report of step profile_step (rank 0's figures), printed
 // when the run ends, to standard output or output_file.
 void print_flops_profile(const Plan& plan, const FlopsProfilerConfig& f, const TrainResult& r) {
@@ -100,6 +90,27 @@ void print_flops_profile(const Plan& plan, const FlopsProfilerConfig& f, const T
   out << text;
   if (!out.flush()) throw UserError("cannot write flops_profiler.output_file '" + f.output_file + "'", "");
   std::cerr << "ds train: flops profile of step " << r.first_step + index + 1 << " in " << f.output_file << "\n";
+}
+
+// Until the trainer takes Ctrl-C and SIGTERM (loading LibTorch takes a second or two), a stop ends the
+// process at once, saying so: nothing has been written to the run directory yet.
+void stopped_before_the_trainer(int sig) {
+  const char* text = sig == SIGTERM ? "ds train: stopped by SIGTERM while starting, before the first step: nothing was trained or saved\n"
+                                    : "ds train: interrupted while starting, before the first step: nothing was trained or saved\n";
+  if (::write(STDERR_FILENO, text, std::strlen(text)) < 0) {
+  }
+  ::_exit(sig == SIGTERM ? kExitTerminated : kExitInterrupted);
+}
+
+// What the start-up does first, said at once: a large model's minute of drawing weights is not silence.
+std::string start_line(const Plan& plan, const std::string& resume_from) {
+  std::string what;
+  if (!resume_from.empty()) what = "loading the checkpoint " + resume_from;
+  else if (!plan.run.init_from.empty())
+    what = std::string(plan.lora.enabled ? "reading the frozen base" : "reading the initial weights") + " from " + plan.run.init_from;
+  else what = "drawing the initial weights of " + format_count(plan.model.num_params) + " parameters (seed " + std::to_string(plan.run.seed) + ")";
+  const std::string where = plan.topology.device == DeviceKind::cpu ? "on the CPU" : "on GPU " + std::to_string(plan.topology.local_rank);
+  return "ds train: starting " + where + ": " + what + "; Ctrl-C or SIGTERM now stops it with nothing saved";
 }
 
 }  // namespace
@@ -213,7 +224,8 @@ int run_train(const TrainArgs& a) {
       spec.master_addr = a.master_addr;
       spec.master_port = a.master_port;
       const int world = plan.topology.world_size;
-      std::cerr << "ds train: starting " << world << " ranks "
+      // --num_gpus 2 where no GPU trains starts CPU processes: said, not left to be found out.
+      std::cerr << "ds train: starting " << world << (plan.topology.device == DeviceKind::cpu ? " CPU" : " GPU") << " ranks "
                 << (hosts.empty() ? std::string("on this machine") : "on " + std::to_string(hosts.size()) + " hosts from " + a.hostfile)
                 << (world == 2 ? "; rank 1 logs to " + spec.log_dir + "/rank_1.log\n"
                                : "; ranks 1-" + std::to_string(world - 1) + " log to " + spec.log_dir + "/rank_N.log\n");
@@ -242,12 +254,21 @@ int run_train(const TrainArgs& a) {
         print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});
     }
-    opt.plan_json = with_tokenizer_files(plan_to_json(plan), config.data);
+    const nlohmann::json tokenizer = tokenizer_record(config.data, config.model.init_from);
+    if (!checkpoint_plan.empty()) check_tokenizer_unchanged(checkpoint_plan, tokenizer);
+    opt.plan_json = with_tokenizer_files(plan_to_json(plan), tokenizer);
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
+    const StopHandler before = set_stop_handler(stopped_before_the_trainer);  // before the line that says so
+    std::cerr << start_line(plan, opt.resume_from) << "\n";
     const TrainResult r = train_with_runtime(plan, opt);  // loads LibTorch, here and only here
+    set_stop_handler(before);
     const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
+    if (r.interrupted && r.losses.empty())
+      std::cerr << "ds train: " << (r.stop_signal == SIGTERM ? "stopped by SIGTERM" : "interrupted") << " while "
+                << (r.stopped_while.empty() ? std::string("starting") : r.stopped_while)
+                << ", before the first step: nothing was trained or saved; the same command starts it again\n";
     if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
     if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
     if (writes_run_dir && config.flops_profiler.enabled) print_flops_profile(plan, config.flops_profiler, r);

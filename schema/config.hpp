@@ -142,11 +142,13 @@ struct ModelFields {
 
 // model.lora: a low-rank adapter trained in place of the base weights (engine/plan/lora.hpp).
 enum class LoraInit { kaiming_uniform, gaussian };
+// target_modules "all-linear" (PEFT's shorthand): every projection of the architecture, resolved by the plan.
+inline constexpr const char* kAllLinear = "all-linear";
 struct LoraConfig {
   bool enabled = false;
   int64_t r = 8;
   double alpha = 8, dropout = 0;
-  std::vector<std::string> target_modules;  // empty: the architecture's default
+  std::vector<std::string> target_modules;  // empty: the architecture's default; {kAllLinear}: all its projections
   LoraInit init = LoraInit::kaiming_uniform;
 };
 

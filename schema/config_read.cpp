@@ -259,6 +259,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
       lc.alpha = l.value("alpha", lc.alpha);
       lc.dropout = l.value("dropout", lc.dropout);
       if (l.contains("target_modules") && l["target_modules"].is_array()) lc.target_modules = l["target_modules"].get<std::vector<std::string>>();
+      if (l.contains("target_modules") && l["target_modules"].is_string()) lc.target_modules = {kAllLinear};  // "all-linear"
       lc.init = l.value("init", std::string("kaiming_uniform")) == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
     }
     if (!c.model.preset.empty() && !c.model.hf_config.empty())

@@ -93,6 +93,13 @@ void normalize_legacy(json& doc, std::vector<ConfigIssue>& errors, std::vector<C
         if (z.contains(block) && z[block].is_object() && !z[block].contains("pin_memory")) z[block]["pin_memory"] = v;
     }
   }
+  // model.lora in PEFT's own spellings (LoraConfig's lora_alpha, lora_dropout): the schema lists them as aliases.
+  if (doc.contains("model") && doc["model"].is_object() && doc["model"].contains("lora") && doc["model"]["lora"].is_object()) {
+    SchemaWalk walk(config_schema());
+    const json& lora_schema = walk.resolve(config_schema()["properties"]["model"])["properties"]["lora"];
+    for (const auto& [key, sub] : lora_schema["properties"].items())
+      if (sub.contains("x-ds-alias-of")) rename_key(doc["model"]["lora"], "model.lora.", key, sub["x-ds-alias-of"].get<std::string>(), false, errors, warnings);
+  }
   if (doc.contains("aio") && doc["aio"].is_object())
     rename_key(doc["aio"], "aio.", "thread_count", "intra_op_parallelism", true, errors, warnings);
 

@@ -14,6 +14,7 @@
 #include <valijson/validator.hpp>
 
 #include "common/did_you_mean.hpp"
+#include "common/strings.hpp"
 #include "schema/loader_internal.hpp"
 
 namespace ds::loader {
@@ -119,6 +120,8 @@ std::string suggest_key(const std::vector<std::string>& parent, const std::strin
   if (!near.empty())
     for (size_t i = 0; i < leaf.size(); ++i)
       if (leaf[i] == near) return "; did you mean '" + full[i] + "'?";
+  // Nothing near: inside a block, what the block does take (the top level's list is the man page's job).
+  if (!parent.empty() && !here.empty() && here.size() <= 24) return "; " + path_to_string(parent) + " takes " + join(here, ", ");
   return "";
 }
 

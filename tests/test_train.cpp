@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <algorithm>
 #include <filesystem>
@@ -395,4 +396,33 @@ TEST(ResidentMemory, FilePagesAreToldApartFromAllocatedMemory) {
   ::munmap(map, n);
   ::close(fd);
   fs::remove(path);
+}
+
+namespace {
+// A signal that arrives the moment the run takes Ctrl-C and SIGTERM (a Slurm job cancelled as it starts).
+ds::StopHandler g_installed = nullptr;
+ds::StopHandler signal_when_installed(ds::StopHandler handler) {
+  const ds::StopHandler previous = g_installed;
+  g_installed = handler;
+  if (handler) handler(SIGTERM);
+  return previous;
+}
+}  // namespace
+
+// A stop asked for while the run starts ends one process at the next stop point, before the weights are
+// drawn: nothing trained, nothing written, what it was doing named (ds train prints it and exits 143).
+TEST(Training, AStopWhileStartingEndsBeforeAnyWorkSavingNothing) {
+  const std::string dir = fresh_dir("stop_while_starting");
+  Config c = load_config_text(kTiny, "tiny.json", {"train.output_dir=" + dir});
+  const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
+  TrainOptions opt;
+  opt.set_stop_handler = signal_when_installed;
+  const TrainResult r = train(p, opt);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.stop_signal, SIGTERM);
+  EXPECT_EQ(r.stopped_while, "reading the data");
+  EXPECT_TRUE(r.losses.empty());
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints"));
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+  EXPECT_EQ(g_installed, nullptr) << "the run's handler must be taken back when it ends";
 }

@@ -49,7 +49,8 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
   p.init = c.init;
   const ModelArch arch = base.hp.arch;
   const std::vector<std::string> names = lora_module_names(arch);
-  p.target_modules = c.target_modules.empty() ? lora_default_targets(arch) : c.target_modules;
+  const bool all_linear = c.target_modules.size() == 1 && c.target_modules[0] == kAllLinear;
+  p.target_modules = c.target_modules.empty() ? lora_default_targets(arch) : all_linear ? names : c.target_modules;
   for (const std::string& t : p.target_modules) {
     if (std::find(names.begin(), names.end(), t) == names.end())
       errors.push_back({"model.lora.target_modules",

@@ -295,6 +295,13 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
     plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "), std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
   }
+  if (plan.lora.enabled && c.model.lora.target_modules == std::vector<std::string>{kAllLinear})
+    plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "),
+                             std::string("all-linear: every projection of ") + model_arch_name(model.hp.arch) + ", the output head excepted"});
+  if (!plan.lora.enabled && !c.model.freeze.empty() && c.model.init_from.empty())
+    plan.warnings.push_back({"model.freeze", "freezes weights drawn from the seed (no model.init_from): no file holds them, so "
+                             "convert-ckpt --merge cannot put the trained tensors back into a whole model",
+                             "freeze weights you load: set model.init_from to the model being fine-tuned"});
   const int64_t C = model.hp.hidden_size;
 
   // Sequence length.

@@ -108,7 +108,12 @@ void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora) {
   std::vector<std::string> theirs = a.target_modules, mine = lora.target_modules;
   std::sort(theirs.begin(), theirs.end());
   std::sort(mine.begin(), mine.end());
-  if (theirs != mine) differ("target_modules", join(a.target_modules, ", "), join(lora.target_modules, ", "));
+  // A list shown in a message is cut to its first names: an adapter_config.json may list thousands.
+  const auto some = [](const std::vector<std::string>& names) {
+    std::vector<std::string> head(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(names.size(), 16)));
+    return join(head, ", ") + (names.size() > 16 ? " and " + std::to_string(names.size() - 16) + " more" : "");
+  };
+  if (theirs != mine) differ("target_modules", some(a.target_modules), some(lora.target_modules));
   for (const TensorSpec& t : lora.adapters.tensors) {
     const NamedShape* s = adapter.find(t.name);
     if (!s) throw UserError("the adapter '" + adapter.path() + "' has no tensor '" + t.name + "' " + format_shape(t.shape), hint);

@@ -19,6 +19,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/strings.hpp"
 #include "engine/runtime/hdf5_quiet.hpp"
 
 namespace ds {
@@ -466,13 +467,18 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   if (H5Fclose(f) < 0) io_fail("closing the file (is the disk full?)", file.string());
   fsync_path(file);
   barrier();  // every shard is on disk before the checkpoint is marked complete
-  if (!lead) return {final_dir.string(), 0};
+  if (!lead) return {final_dir.string(), 0, {}};
   fs::remove(save_id_file, ec);
   std::ofstream(partial / "DONE") << "step " << sc.step << ", " << w.world_size << (w.world_size == 1 ? " rank" : " ranks") << "\n";
   fsync_path(partial / "DONE");
   uint64_t bytes = 0;
   for (const auto& e : fs::directory_iterator(partial)) bytes += static_cast<uint64_t>(fs::file_size(e.path()));
-  if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // re-saving a step, e.g. after a resume
+  // Re-saving a step (after a resume): the earlier save's files go; a user's files in it move into the new one.
+  if (fs::exists(final_dir, ec))
+    for (const std::string& kept : remove_checkpoint(final_dir.string())) {
+      fs::rename(kept, partial / fs::path(kept).filename(), ec);
+      if (ec) io_fail("moving " + kept + " into the new save: " + ec.message(), final_dir.string());
+    }
   fs::rename(partial, final_dir, ec);
   if (ec) io_fail("renaming into place: " + ec.message(), final_dir.string());
   fsync_path(root);
@@ -485,13 +491,45 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
   // Prune the oldest beyond keep_last, never the one just written (a fresh run in a directory that
   // holds later steps from an earlier run must not delete its own checkpoint and leave `latest`
   // dangling), and never the one saved at the lowest loss (a diverging run must not prune its last good state).
+  SavedCheckpoint saved{final_dir.string(), bytes, {}};
   if (keep_last > 0) {
     auto all = complete_checkpoints(root);
     const fs::path best = best_loss_checkpoint(all);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i)
-      if (all[i].second != final_dir && all[i].second != best) fs::remove_all(all[i].second, ec);
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+      if (all[i].second == final_dir || all[i].second == best) continue;
+      const std::vector<std::string> kept = remove_checkpoint(all[i].second.string());
+      if (!kept.empty())
+        saved.notes.push_back("train.keep_last: removed the checkpoint in " + all[i].second.string() + " and kept what ds did not write there: " +
+                              join(kept, ", "));
+    }
   }
-  return {final_dir.string(), bytes};
+  return saved;
+}
+
+bool is_checkpoint_file_name(const std::string& n) {
+  if (n == "state.h5" || n == "DONE" || n == ".save_id") return true;
+  // shard_NNNNN.h5 (five digits or more: a rank past 99999)
+  if (n.size() < 14 || n.rfind("shard_", 0) != 0 || n.compare(n.size() - 3, 3, ".h5") != 0) return false;
+  return std::all_of(n.begin() + 6, n.end() - 3, [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir) {
+  std::error_code ec;
+  std::vector<std::string> kept;
+  // DONE first: a directory interrupted half-way through is then incomplete, never resumed from.
+  fs::remove(fs::path(checkpoint_dir) / "DONE", ec);
+  for (const auto& e : fs::directory_iterator(checkpoint_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (is_checkpoint_file_name(n) && !e.is_symlink(ec) && e.is_regular_file(ec)) {
+      fs::remove(e.path(), ec);
+      if (ec) throw std::runtime_error("cannot remove " + e.path().string() + ": " + ec.message());
+    } else {
+      kept.push_back(e.path().string());
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  if (kept.empty()) fs::remove(checkpoint_dir, ec);
+  return kept;
 }
 
 std::string find_latest_checkpoint(const std::string& run_dir) {
@@ -705,6 +743,11 @@ std::string read_checkpoint_text(const std::string& dir, const char* which) {
   hid_t f = open_checkpoint_file(file, dir);
   std::string s;
   try {
+    // The metadata checksum before the text is trusted: a flipped bit in plan.json is named as corruption,
+    // not reported as a JSON error.
+    if (has_attr(f, "meta_checksum") && static_cast<uint64_t>(read_attr<int64_t>(f, "meta_checksum", file)) != metadata_checksum(f, file))
+      throw UserError("'" + file + "': its counters, plan or config do not match their checksum: the file is corrupt",
+                      previous_checkpoint_hint(dir));
     s = read_string(f, which, file);
   } catch (...) {
     H5Fclose(f);

@@ -77,7 +77,15 @@ struct CheckpointWriter {
 struct SavedCheckpoint {
   std::string path;  // the checkpoint directory
   uint64_t bytes = 0;
+  std::vector<std::string> notes;  // what pruning removed and what it kept (a user's files inside a checkpoint)
 };
+
+// Whether a file inside a checkpoint directory is one ds writes there (state.h5, shard_NNNNN.h5, DONE, .save_id).
+bool is_checkpoint_file_name(const std::string& name);
+
+// Removes the files ds wrote in a checkpoint directory, and the directory when nothing else is left in it.
+// Returns what it kept (a user's notes.txt, eval_results.json: never deleted), as paths.
+std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir);
 
 // Writes <run_dir>/checkpoints/step_<step>/ and updates `latest`; keeps the newest `keep_last`
 // complete checkpoints (0 keeps all) and, besides them, the one saved at the lowest loss. Throws std::runtime_error naming the path on I/O failure.

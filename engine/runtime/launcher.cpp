@@ -173,7 +173,7 @@ struct RankStart {
       {"WORLD_SIZE", std::to_string(st.spec.nproc)}, {"LOCAL_WORLD_SIZE", std::to_string(p.local_world)},
       {"MASTER_ADDR", st.addr},             {"MASTER_PORT", st.port}};
   if (r > 0) {
-    const int fd = open(st.log_path(r).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd = open(st.log_path(r).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);  // never through a link
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);

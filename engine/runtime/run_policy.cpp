@@ -1,6 +1,7 @@
 #include "engine/runtime/run_policy.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -52,10 +53,17 @@ nlohmann::json small_json_object(const fs::path& file) {
 }
 
 // Each file ds writes into a run directory, recognised by its content, not its name alone: a Hugging Face
-// export's config.json or a user's notes in metrics.jsonl are not ds's.
+// export's config.json or a user's notes in metrics.jsonl are not ds's. An empty file under one of these
+// names is taken as ds's (a run stopped while starting leaves them so), as there is nothing in it to lose.
+bool is_empty_file(const fs::path& file) {
+  std::error_code ec;
+  return fs::file_size(file, ec) == 0 && !ec;
+}
 bool is_ds_metrics(const fs::path& file) {
-  const nlohmann::json j = nlohmann::json::parse(first_line(file), nullptr, false);
-  return j.is_object() && j.contains("step") && j.contains("loss");
+  const std::string line = first_line(file);
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  // A first line cut short by a kill mid-write still starts as every line ds writes there.
+  return (j.is_object() && j.contains("step") && j.contains("loss")) || line.rfind("{\"step\": ", 0) == 0;
 }
 bool is_ds_config(const fs::path& file) {
   const nlohmann::json j = small_json_object(file);
@@ -79,31 +87,58 @@ bool is_step_name(const std::string& n) {
   return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// What ds wrote under checkpoints/: step_N directories holding a checkpoint's files, the hidden partial
-// saves, `latest` and its temporary. Everything else there is the user's.
-bool is_ds_checkpoint_entry(const fs::directory_entry& e) {
-  const std::string n = e.path().filename().string();
-  std::error_code ec;
-  if (e.is_symlink(ec)) return false;
-  if (n == "latest" || n == ".latest.tmp") return e.is_regular_file(ec);
-  if (n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0) return is_step_name(n.substr(1, n.size() - 9));
-  return is_step_name(n) && e.is_directory(ec) && (fs::exists(e.path() / "state.h5", ec) || fs::exists(e.path() / "DONE", ec));
-}
-
 bool is_rank_log(const std::string& n) {
   if (n.rfind("rank_", 0) != 0 || n.size() <= 9 || n.compare(n.size() - 4, 4, ".log") != 0) return false;
   return std::all_of(n.begin() + 5, n.end() - 4, [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The names ds writes at the top of a run directory.
+// The names ds writes at the top of a run directory, and the temporary names it writes them through.
 constexpr const char* kRunFiles[] = {"config.json", "plan.json", "metrics.jsonl", "train.log"};
+bool is_run_file_temporary(const std::string& n) { return n == "config.json.partial" || n == "plan.json.partial"; }
+
+bool is_ds_run_file(const fs::path& file) {
+  const std::string n = file.filename().string();
+  if (is_empty_file(file) || is_run_file_temporary(n)) return true;
+  return (n == "config.json" && is_ds_config(file)) || (n == "plan.json" && is_ds_plan(file)) ||
+         (n == "metrics.jsonl" && is_ds_metrics(file)) || (n == "train.log" && is_ds_log(file));
+}
 
 struct RunDirContents {
-  std::vector<fs::path> ours;     // what --overwrite removes
-  std::vector<fs::path> foreign;  // what ds did not write (relative names for messages)
+  std::vector<fs::path> ours;         // files --overwrite removes
+  std::vector<fs::path> checkpoints;  // checkpoint directories: --overwrite removes ds's files in them
+  std::vector<fs::path> foreign;      // what ds did not write (relative names for messages)
   std::vector<std::string> collisions;  // foreign files under a name ds writes
-  std::vector<std::string> links;       // symbolic links under a name ds writes
+  std::vector<std::string> links;       // symbolic links where ds writes (relative names)
 };
+
+// What ds wrote under checkpoints/: step_N directories holding a checkpoint's files (a user's files inside
+// one are theirs), the hidden partial saves, `latest` and its temporary. Everything else there is the user's.
+void survey_checkpoints(const fs::path& root, RunDirContents& c) {
+  std::error_code ec;
+  const fs::path rel("checkpoints");
+  for (const auto& k : fs::directory_iterator(root / rel, ec)) {
+    const std::string n = k.path().filename().string();
+    if (k.is_symlink(ec)) {
+      c.links.push_back((rel / n).string());
+      continue;
+    }
+    const bool partial = n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0 && is_step_name(n.substr(1, n.size() - 9));
+    if ((n == "latest" || n == ".latest.tmp") && k.is_regular_file(ec)) {
+      c.ours.push_back(k.path());
+    } else if ((is_step_name(n) || partial) && k.is_directory(ec)) {
+      bool any_ds_file = false;
+      for (const auto& f : fs::directory_iterator(k.path(), ec)) {
+        const std::string fn = f.path().filename().string();
+        if (f.is_symlink(ec)) c.links.push_back((rel / n / fn).string());
+        else if (is_checkpoint_file_name(fn) && f.is_regular_file(ec)) any_ds_file = true;
+        else c.foreign.push_back(rel / n / fn);
+      }
+      if (any_ds_file || partial || fs::is_empty(k.path(), ec)) c.checkpoints.push_back(k.path());
+    } else {
+      c.foreign.push_back(rel / n);
+    }
+  }
+}
 
 RunDirContents survey(const fs::path& root) {
   RunDirContents c;
@@ -111,7 +146,7 @@ RunDirContents survey(const fs::path& root) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
     const bool writes_here = std::find(std::begin(kRunFiles), std::end(kRunFiles), n) != std::end(kRunFiles) || n == "checkpoints" ||
-                             n == "logs" || n == ".ds.lock";
+                             n == "logs" || n == ".ds.lock" || is_run_file_temporary(n);
     if (e.is_symlink(ec)) {
       if (writes_here) c.links.push_back(n);
       else c.foreign.push_back(n);
@@ -119,19 +154,19 @@ RunDirContents survey(const fs::path& root) {
     }
     if (n == ".ds.lock") continue;  // the lock stays: it is held while this run lives
     if (n == "checkpoints" && e.is_directory(ec)) {
-      for (const auto& k : fs::directory_iterator(e.path(), ec))
-        (is_ds_checkpoint_entry(k) ? c.ours.push_back(k.path()) : c.foreign.push_back(fs::path(n) / k.path().filename()));
+      survey_checkpoints(root, c);
       continue;
     }
     if (n == "logs" && e.is_directory(ec)) {
-      for (const auto& k : fs::directory_iterator(e.path(), ec))
-        (is_rank_log(k.path().filename().string()) && k.is_regular_file(ec) ? c.ours.push_back(k.path())
-                                                                               : c.foreign.push_back(fs::path(n) / k.path().filename()));
+      for (const auto& k : fs::directory_iterator(e.path(), ec)) {
+        const std::string kn = k.path().filename().string();
+        if (k.is_symlink(ec)) c.links.push_back((fs::path(n) / kn).string());  // the launcher writes rank logs here
+        else if (is_rank_log(kn) && k.is_regular_file(ec)) c.ours.push_back(k.path());
+        else c.foreign.push_back(fs::path(n) / kn);
+      }
       continue;
     }
-    const bool ours = e.is_regular_file(ec) && ((n == "config.json" && is_ds_config(e.path())) || (n == "plan.json" && is_ds_plan(e.path())) ||
-                                                 (n == "metrics.jsonl" && is_ds_metrics(e.path())) || (n == "train.log" && is_ds_log(e.path())));
-    if (ours) {
+    if (e.is_regular_file(ec) && is_ds_run_file(e.path())) {
       c.ours.push_back(e.path());
     } else {
       c.foreign.push_back(n);
@@ -139,7 +174,9 @@ RunDirContents survey(const fs::path& root) {
     }
   }
   std::sort(c.ours.begin(), c.ours.end());
+  std::sort(c.checkpoints.begin(), c.checkpoints.end());
   std::sort(c.foreign.begin(), c.foreign.end());
+  std::sort(c.links.begin(), c.links.end());
   return c;
 }
 
@@ -168,6 +205,13 @@ bool path_within(const std::string& inner, const std::string& outer) {
   return true;
 }
 
+bool same_path(const std::string& a, const std::string& b) { return path_within(a, b) && path_within(b, a); }
+
+std::string checkpoint_run_dir(const std::string& checkpoint) {
+  const fs::path parent = resolved(checkpoint).parent_path();
+  return parent.filename() == "checkpoints" ? parent.parent_path().string() : std::string();
+}
+
 bool holds_run(const std::string& dir) {
   std::error_code ec;
   return !find_latest_checkpoint(dir).empty() || (fs::is_regular_file(fs::path(dir) / "metrics.jsonl", ec) && is_ds_metrics(fs::path(dir) / "metrics.jsonl"));
@@ -192,8 +236,9 @@ std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& q) {
     warnings.push_back({"", "skipping " + (root / "checkpoints" / name).string() + ": not a step number", ""});
 
   const bool has_run = holds_run(dir);
-  // A run continued in its own directory: nothing to check beyond the links.
-  if (q.resume && !q.resume_from.empty() && path_within(q.resume_from, dir)) return warnings;
+  // A run continued in its own directory (DIR/checkpoints/step_N): nothing to check beyond the links. A
+  // checkpoint of another run that merely lies further inside (DIR/runA/checkpoints/...) is not this one's.
+  if (q.resume && !q.resume_from.empty() && same_path(checkpoint_run_dir(q.resume_from), dir)) return warnings;
   // --resume with no checkpoint to continue starts fresh, into a directory that must be fit for a run; a
   // run that never saved (its metrics.jsonl alone) is continued as asked.
   const bool continues_unsaved = q.resume && q.resume_from.empty();
@@ -225,19 +270,75 @@ std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& q) {
     if (!source.empty() && path_within(source, dir))
       throw UserError("--overwrite would delete the run in '" + dir + "', but this command reads '" + source + "' from inside it",
                       "write to another directory (e.g. " + dir + "-2), or copy what it reads out of '" + dir + "' first");
+  // Checkpoints first (each loses its DONE before anything else), then the files: a removal that fails
+  // half-way leaves a run directory ds can still overwrite.
+  for (const fs::path& p : c.checkpoints) {
+    try {
+      remove_checkpoint(p.string());
+    } catch (const std::exception& e) {
+      throw UserError(std::string("--overwrite: ") + e.what(), "");
+    }
+  }
   for (const fs::path& p : c.ours) {
-    fs::remove_all(p, ec);
+    fs::remove(p, ec);
     if (ec) throw UserError("--overwrite: cannot remove '" + p.string() + "': " + ec.message(), "");
   }
   for (const char* sub : {"checkpoints", "logs"})
     if (fs::is_directory(root / sub, ec) && fs::is_empty(root / sub, ec)) fs::remove(root / sub, ec);
   std::vector<fs::path> removed;
+  for (const fs::path& p : c.checkpoints) removed.push_back(p.lexically_relative(root));
   for (const fs::path& p : c.ours) removed.push_back(p.lexically_relative(root));
   warnings.push_back({"", "--overwrite: removed the previous run from " + dir + ": " + name_some(removed, 1000) +
-                              (c.foreign.empty() ? "" : "; kept what ds did not write: " + name_some(c.foreign)),
+                              (c.foreign.empty() ? "" : "; kept what ds did not write: " + name_some(c.foreign, 1000)),
                       ""});
   return warnings;
 }
+
+namespace {
+
+// The holder's description, the first line of .ds.lock ("host H, pid P, started T"); its second line is
+// the run's token ("run TOKEN"), which the ranks a launcher starts are given in DS_RUN_LOCK.
+struct LockText {
+  std::string holder, token;
+};
+LockText read_lock_text(int fd) {
+  std::string text(4096, '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  LockText t;
+  const size_t nl = text.find('\n');
+  t.holder = text.substr(0, nl);
+  if (nl != std::string::npos && text.compare(nl + 1, 4, "run ") == 0) {
+    t.token = text.substr(nl + 5);
+    t.token = t.token.substr(0, t.token.find('\n'));
+  }
+  while (!t.holder.empty() && (t.holder.back() == '\0' || t.holder.back() == '\r')) t.holder.pop_back();
+  return t;
+}
+
+std::string draw_token() {
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  unsigned char bytes[12] = {};
+  in.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  static const char* hex = "0123456789abcdef";
+  std::string t;
+  for (unsigned char b : bytes) t += hex[b >> 4], t += hex[b & 15];
+  // /dev/urandom unreadable: the clock and pid still tell two runs apart.
+  if (!in) t = std::to_string(std::time(nullptr)) + "-" + std::to_string(::getpid());
+  return t;
+}
+
+// The holder's pid when it ran on this host and is gone: its ranks (or their children) still hold the lock.
+bool holder_gone_from_this_host(const std::string& holder) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string prefix = std::string("host ") + host + ", pid ";
+  if (holder.rfind(prefix, 0) != 0) return false;
+  const long pid = std::strtol(holder.c_str() + prefix.size(), nullptr, 10);
+  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
 
 RunDirLock::RunDirLock(const std::string& dir) {
   std::error_code ec;
@@ -246,62 +347,82 @@ RunDirLock::RunDirLock(const std::string& dir) {
     throw UserError("train.output_dir '" + dir + "' cannot be created: " + (ec ? ec.message() : std::string("it is not a directory")),
                     "choose a directory you can write, e.g. train.output_dir=runs/NAME");
   path_ = (fs::path(dir) / ".ds.lock").string();
-  const char* inherited = std::getenv("DS_RUN_LOCK");
-  if (inherited && path_within(inherited, path_) && path_within(path_, inherited)) {
-    path_.clear();  // a rank of ds's launcher: the launcher holds it for the whole run
-    return;
-  }
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // Two locks, both held for the run's life: the directory's own (a .ds.lock removed by hand does not free
+  // it) and the file's (where a filesystem cannot lock directories, NFS). Neither is closed on exec: every
+  // process the run starts (the launcher's ranks) holds them too, so a launcher killed with -9 leaves the
+  // directory locked until its last rank has finished saving.
+  dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW, 0644);
   if (fd_ < 0)
     throw UserError("cannot open the run directory's lock '" + path_ + "': " + std::strerror(errno),
                     "train.output_dir must be a writable directory");
-  auto read_holder = [&] {
-    std::string text(4096, '\0');
-    const ssize_t n = ::pread(fd_, text.data(), text.size(), 0);
-    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
-    return text;
-  };
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const std::string holder = read_holder();
-    ::close(fd_);
-    fd_ = -1;
-    throw UserError("train.output_dir '" + dir + "' is in use by another ds run (" + (holder.empty() ? "holder unknown" : holder) + ")",
+  const bool dir_locked = dir_fd_ >= 0 && ::flock(dir_fd_, LOCK_EX | LOCK_NB) == 0;
+  const bool dir_lockable = dir_locked || (dir_fd_ >= 0 && errno == EWOULDBLOCK);
+  const bool file_locked = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
+  if ((dir_lockable && !dir_locked) || !file_locked) {
+    const LockText held = read_lock_text(fd_);
+    // A rank of ds's launcher runs under the launcher's lock: DS_RUN_LOCK names this lock and the token the
+    // holder wrote. A DS_RUN_LOCK without that token (copied, or set by hand) does not unlock anything.
+    if (const char* inherited = std::getenv("DS_RUN_LOCK")) {
+      const std::string v = inherited;
+      const size_t colon = v.find(':');
+      if (colon != std::string::npos && !held.token.empty() && v.substr(0, colon) == held.token &&
+          path_within(v.substr(colon + 1), path_) && path_within(path_, v.substr(colon + 1))) {
+        release();
+        path_.clear();
+        return;
+      }
+    }
+    release();
+    std::string holder = held.holder.empty() ? "holder unknown: its .ds.lock was removed or emptied" : held.holder;
+    if (holder_gone_from_this_host(held.holder))
+      holder += "; that process has ended, but a process it started still holds the lock: its ranks are finishing (saving a checkpoint)";
+    throw UserError("train.output_dir '" + dir + "' is in use by another ds run (" + holder + ")",
                     "wait for it to finish or stop it, or choose another train.output_dir; two runs in one directory would "
                     "mix their metrics and checkpoints");
   }
-  const std::string previous = read_holder();
-  if (!previous.empty())
-    note_ = "took over the lock of " + dir + " from a run that ended without releasing it (" + previous + ")";
+  const LockText previous = read_lock_text(fd_);
+  if (!previous.holder.empty())
+    note_ = "took over the lock of " + dir + " from a run that ended without releasing it (" + previous.holder + ")";
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   const std::time_t now = std::time(nullptr);
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
-  const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", started " + when + "\n";
+  const std::string token = draw_token();
+  const std::string me = std::string("host ") + host + ", pid " + std::to_string(::getpid()) + ", started " + when + "\nrun " + token + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
     // Holding the lock is what matters; the text only names the holder.
   }
-  ::setenv("DS_RUN_LOCK", path_.c_str(), 1);  // the ranks this process starts run under this lock
+  ::setenv("DS_RUN_LOCK", (token + ":" + path_).c_str(), 1);  // the ranks this process starts run under this lock
+}
+
+void RunDirLock::release() {
+  if (fd_ >= 0) ::close(fd_);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+  fd_ = dir_fd_ = -1;
 }
 
 RunDirLock::~RunDirLock() {
   if (fd_ < 0) return;
   if (::ftruncate(fd_, 0) != 0) {  // released cleanly: the next run has nothing to take over
   }
-  ::flock(fd_, LOCK_UN);
-  ::close(fd_);
+  // Closing releases this process's hold; ranks that still run (they share the locks) keep the directory.
+  release();
 }
 
-RunDirLock::RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)), note_(std::move(o.note_)) { o.fd_ = -1; }
+RunDirLock::RunDirLock(RunDirLock&& o) noexcept : fd_(o.fd_), dir_fd_(o.dir_fd_), path_(std::move(o.path_)), note_(std::move(o.note_)) {
+  o.fd_ = o.dir_fd_ = -1;
+}
 
 RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
   if (this != &o) {
     this->~RunDirLock();
     fd_ = o.fd_;
+    dir_fd_ = o.dir_fd_;
     path_ = std::move(o.path_);
     note_ = std::move(o.note_);
-    o.fd_ = -1;
+    o.fd_ = o.dir_fd_ = -1;
   }
   return *this;
 }

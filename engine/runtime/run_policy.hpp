@@ -28,8 +28,9 @@ struct RunDirRequest {
 // - it holds a run and this is a fresh start without `overwrite`, or the resume of a checkpoint from
 //   another directory (which would replace its checkpoints and mix its metrics);
 // - with `overwrite`, a source lies inside what would be removed.
-// With `overwrite`, removes only what ds wrote there (checkpoints it can identify, latest, partial saves,
-// metrics.jsonl, train.log, config.json, plan.json, logs/rank_N.log), each named in the warnings returned.
+// With `overwrite`, removes only what ds wrote there (the files of the checkpoints it can identify, latest,
+// partial saves, metrics.jsonl, train.log, config.json, plan.json, logs/rank_N.log), each named in the
+// warnings returned; a user's files (inside a checkpoint directory too) are kept and named.
 std::vector<ConfigIssue> prepare_run_dir(const RunDirRequest& request);
 
 // Whether `dir` holds a run ds wrote: a complete checkpoint, or a metrics.jsonl of ds's making.
@@ -37,11 +38,17 @@ bool holds_run(const std::string& dir);
 
 // Whether `inner` is `outer` or lies inside it (after resolving links and "..": both may not exist yet).
 bool path_within(const std::string& inner, const std::string& outer);
+bool same_path(const std::string& a, const std::string& b);
 
-// One writer per run directory: an advisory lock (flock) on DIR/.ds.lock, held while the process lives,
-// recording host, pid and start time so that a second run is refused naming the holder. A lock left by
-// a process that died is taken over (`note` says whose). Ranks started by ds's own launcher run under
-// the launcher's lock (DS_RUN_LOCK in their environment names it) and take none of their own.
+// The run directory a checkpoint (RUN/checkpoints/step_N) belongs to, or "" when it lies elsewhere.
+std::string checkpoint_run_dir(const std::string& checkpoint);
+
+// One writer per run directory: advisory locks (flock) on DIR itself and on DIR/.ds.lock, held while the
+// process or any process it started lives (the launcher's ranks inherit them), recording host, pid, start
+// time and a token, so that a second run is refused naming the holder. A lock no process holds any more is
+// taken over (`note` says whose). Ranks started by ds's own launcher run under the launcher's lock: its
+// DS_RUN_LOCK ("TOKEN:PATH") must carry the token the holder wrote, so that setting it by hand, or removing
+// .ds.lock, lets no second run in.
 class RunDirLock {
  public:
   RunDirLock() = default;
@@ -55,7 +62,8 @@ class RunDirLock {
   const std::string& path() const { return path_; }
 
  private:
-  int fd_ = -1;
+  void release();
+  int fd_ = -1, dir_fd_ = -1;
   std::string path_, note_;
 };
 

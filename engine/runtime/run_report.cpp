@@ -10,6 +10,9 @@
 #include <iostream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/idle_waits.hpp"
 #include "engine/runtime/data/token_source.hpp"
@@ -34,8 +37,9 @@ std::string duration_text(double s) {
   return buf;
 }
 
-// A value for metrics.jsonl: JSON has no inf or NaN (an overflowed fp16 step's norm), so those are null.
-std::string json_number(double v) { return std::isfinite(v) ? format_fixed(v, 6) : "null"; }
+// A value for metrics.jsonl, the shortest text that reads back as the same double (a loss compared across
+// runs must not lose its last digits there); JSON has no inf or NaN (an overflowed fp16 step's norm): null.
+std::string json_number(double v) { return std::isfinite(v) ? format_double(v) : "null"; }
 
 // The bytes this rank holds beside the plan's prediction, by category.
 std::string held_bytes_line(const FlatParams::Bytes& held, const MemoryCategories& plan) {
@@ -136,17 +140,50 @@ RunReport::RunReport(const Plan& plan, const TrainOptions& options, bool lead, T
   baseline_code_and_file_bytes_ = resident_code_and_file_bytes();
   result_.metrics_path = (dir_ / "metrics.jsonl").string();
   if (!lead) return;
-  for (const auto& [name, text] : {std::pair{"config.json", &opt_.resolved_config_json}, {"plan.json", &opt_.plan_json}}) {
-    std::ofstream f(dir_ / name);
-    f << *text << "\n" << std::flush;
-    if (!f) throw std::runtime_error("cannot write " + (dir_ / name).string() + " (is the disk full?)");
-  }
-  // Appended, never truncated: a resumed run's steps follow the earlier ones (a fresh run into a
-  // directory holding a run is refused before this, or the run was removed by --overwrite).
-  drop_partial_last_line(result_.metrics_path);  // a line cut short (disk full, a kill mid-write) is not JSONL
-  metrics_.open(result_.metrics_path, std::ios::app);
-  if (!metrics_) throw std::runtime_error("cannot write " + result_.metrics_path);
+  // Through a temporary name (NAME.partial, which the run directory's survey knows as ds's): a kill
+  // mid-write leaves the earlier file or none, never a cut one that could be taken for a user's.
+  for (const auto& [name, text] : {std::pair{"config.json", &opt_.resolved_config_json}, {"plan.json", &opt_.plan_json}})
+    write_text_atomically((dir_ / name).string(), *text + "\n");
   monitors_ = open_monitors(plan.run);
+}
+
+namespace {
+// The step a metrics.jsonl line records, or -1 when it has none.
+int64_t step_of_line(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : -1;
+}
+}  // namespace
+
+void RunReport::open_metrics(int64_t first_step) {
+  if (!lead_) return;
+  const std::string& path = result_.metrics_path;
+  drop_partial_last_line(path);  // a line cut short (disk full, a kill mid-write) is not JSONL
+  // Appended: a resumed run's steps follow the earlier ones up to its checkpoint.
+  int64_t keep = 0, first_dropped = -1, last_dropped = -1;
+  {
+    std::ifstream in(path, std::ios::binary);
+    int64_t at = 0;
+    for (std::string line; std::getline(in, line);) {
+      const int64_t next = at + static_cast<int64_t>(line.size()) + 1;
+      const int64_t step = step_of_line(line);
+      if (first_dropped < 0 && step > first_step) first_dropped = step;
+      if (first_dropped < 0) keep = next;
+      else last_dropped = std::max(last_dropped, step);
+      at = next;
+    }
+  }
+  if (first_dropped >= 0) {
+    std::error_code ec;
+    std::filesystem::resize_file(path, static_cast<uintmax_t>(keep), ec);
+    if (ec) throw std::runtime_error("cannot trim " + path + ": " + ec.message());
+    log_.note("ds train: " + path + ": dropped steps " + std::to_string(first_dropped) + "-" + std::to_string(last_dropped) +
+              (first_step > 0 ? ", recorded after the checkpoint of step " + std::to_string(first_step) + " by a run that stopped later"
+                              : ", recorded by an earlier start that saved no checkpoint") +
+              ": this run trains them again");
+  }
+  metrics_.open(path, std::ios::app);
+  if (!metrics_) throw std::runtime_error("cannot write " + path);
 }
 
 namespace {
@@ -180,7 +217,11 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
   log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters" + lora + ", " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
             (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
-  log_.note("ds train: " + held_bytes_line(held, p.memory.held()));
+  double in_flight = 0;  // what the communicator allocates per collective: in the plan's buffers, never held here
+  for (const ZeroBuffer& b : p.execution.buffers)
+    if (b.transient) in_flight += b.bytes();
+  log_.note("ds train: " + held_bytes_line(held, p.memory.held()) +
+            (in_flight > 0 ? "; the plan's buffers count " + format_bytes(in_flight) + " the communicator allocates for each collective" : ""));
   log_.note("ds train: data " + data + "; " + format_count(train_tokens) + " training / " + format_count(val_tokens) +
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +
@@ -269,7 +310,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
   }
   if (lead_) {
     char val_json[48] = "";
-    if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %.6f", *val);
+    if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %s", json_number(*val).c_str());
     char scale_json[48] = "";
     if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
     // wall_clock_breakdown: every phase of the step, in seconds (they sum to step_s but for loop overhead).

@@ -46,10 +46,15 @@ class RunLog {
 
 class RunReport {
  public:
-  // Rank 0 (`lead`) creates the run directory and writes config.json and plan.json there, and opens
-  // metrics.jsonl (appended) and the monitors the plan enables.
+  // Rank 0 (`lead`) creates the run directory and writes config.json and plan.json there, and opens the
+  // monitors the plan enables.
   RunReport(const Plan& plan, const TrainOptions& options, bool lead, TrainResult& result);
   RunLog& log() { return log_; }
+  // Rank 0: opens metrics.jsonl (created only now, once the run has started) to append this run's steps
+  // after `first_step` (the checkpoint's step, 0 for a fresh start). Lines an earlier start wrote for
+  // later steps (after the checkpoint it continues from, or of a start that saved none) are dropped and
+  // named: those steps are trained again.
+  void open_metrics(int64_t first_step);
 
   // The opening lines: model, held bytes against the plan, data, batch.
   void describe(const FlatParams::Bytes& held, const std::string& data, int64_t train_tokens, int64_t val_tokens);

@@ -74,6 +74,15 @@ void check_free_space(const Plan& plan) {
                     "free some space, or choose another train.output_dir");
 }
 
+// A stop asked for while the run starts (Ctrl-C; SIGTERM, Slurm's notice before it kills): one process ends
+// at the next of these points, having trained and saved nothing, so that a large model's minute of drawing
+// weights does not outlast the grace period. Ranks finish starting and stop after their first step, as they
+// must agree (a rank that left alone would leave its peers waiting in a collective).
+struct StoppedWhileStarting {
+  int signal;
+  std::string phase;
+};
+
 // How a swap file is read and written, for the start-up note.
 const char* io_mode(bool direct) { return direct ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT"; }
 
@@ -154,6 +163,9 @@ class TrainingRun {
   void check_base(const std::string& checkpoint_base) const;
   void draw_weights();
   void resume();
+  void stop_point(const char* phase) const {
+    if (!comm_ && g_stop_signal) throw StoppedWhileStarting{g_stop_signal, phase};
+  }
   void save(int64_t step);
   double validate();
   void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0);
@@ -198,6 +210,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   const int W = plan.topology.world_size;
   // Inputs first: a bad data file fails before anything is allocated.
   stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
+  stop_point("reading the data");
   // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
   // across ranks before the step. Rank 0 alone writes the run directory.
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
@@ -213,7 +226,9 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   if (lead_ && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
   open_swappers();
   result.device_baseline_bytes = device.memory_in_use();
+  stop_point("opening the swap files");
   flat_ = FlatParams::allocate(plan, rank_, device);
+  stop_point("allocating the buffers");
   zero_ = std::make_unique<ZeroExchange>(plan, flat_, comm, param_swap_.get());
   model_ = make_model(plan, flat_);
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
@@ -322,9 +337,14 @@ void TrainingRun::load_base() {
   std::unique_ptr<WeightSource> source;
   std::vector<std::string> names;
   std::unique_ptr<InitialWeights> drawn;
+  std::string adapter_base_checksum, adapter_path;  // an adapter ds exported records its base's checksum
   if (!plan_.run.init_from.empty()) {
     source = open_weights(plan_.run.init_from);
-    if (source->kind() == WeightsKind::peft_adapter) source = open_adapter_base(*source);  // the adapter continues on the base it names
+    if (source->kind() == WeightsKind::peft_adapter) {  // the adapter continues on the base it names
+      adapter_base_checksum = source->base_checksum;
+      adapter_path = source->path();
+      source = open_adapter_base(*source);
+    }
     names = match_weights(*source, model);
   } else {
     drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
@@ -361,10 +381,16 @@ void TrainingRun::load_base() {
     const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(flat_.frozen.scalar_type());
     device_.copy(dest, Place::device, host, Place::host);
   }
+  if (!adapter_base_checksum.empty() && adapter_base_checksum != hex64(checksum))
+    throw UserError("the adapter '" + adapter_path + "' was trained on another base: its ds_base.json records checksum " +
+                        adapter_base_checksum + ", and '" + source->path() + "' has " + hex64(checksum),
+                    "point base_model_name_or_path in its adapter_config.json at the base it was trained on");
   nlohmann::ordered_json j;
   j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()
                        : "random init from seed " + std::to_string(plan_.run.seed);
-  j["path"] = source ? nlohmann::ordered_json(source->path()) : nlohmann::ordered_json(nullptr);
+  // Recorded absolute: an export of the adapter names its base wherever it is used from.
+  j["path"] = source ? nlohmann::ordered_json(std::filesystem::absolute(source->path()).lexically_normal().string())
+                     : nlohmann::ordered_json(nullptr);
   j["params"] = plan_.frozen_numel();
   j["checksum"] = hex64(checksum);
   base_json_ = j.dump();
@@ -400,7 +426,13 @@ void TrainingRun::draw_weights() {
   if (from_adapter) {  // a PEFT adapter's A and B, continued
     check_peft_adapter(*source, plan_.lora);
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
-    for (const ParamSlot& p : plan_.layout.params) source->read_f32(p.name, whole.data_ptr<float>() + p.offset);
+    for (const ParamSlot& p : plan_.layout.params) {
+      float* at = whole.data_ptr<float>() + p.offset;
+      source->read_f32(p.name, at);
+      if (!std::all_of(at, at + p.numel, [](float v) { return std::isfinite(v); }))
+        throw UserError("the adapter '" + source->path() + "' holds inf or NaN in " + p.name + ": it was saved from a run that diverged",
+                        "continue from an earlier save of the adapter, or start the adapter fresh (model.init_from = its base)");
+    }
     report_->log().note("ds train: adapter from " + source->path() + " (LoRA r " + std::to_string(source->lora->r) + ", " +
                         std::to_string(plan_.layout.params.size()) + " tensors; step, schedule and optimizer start fresh)");
     values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
@@ -419,6 +451,7 @@ void TrainingRun::draw_weights() {
   }
   // Into the master copy, wherever it lives: a copy from the host, counted like any other.
   const auto put = [&](const torch::Tensor& master, Place place, const OwnedSegment& s) {
+    stop_point(source ? "reading the initial weights" : "drawing the initial weights");
     device_.copy(master.narrow(0, s.local, s.numel), place,
                  torch::from_blob(const_cast<float*>(values(s)), {s.numel}, torch::kFloat32), Place::host);
   };
@@ -453,11 +486,16 @@ void TrainingRun::resume() {
 
 void TrainingRun::initialise() {
   load_base();
+  stop_point("loading the frozen base");
   if (opt_.resume_from.empty())
     draw_weights();
   else
     resume();
+  stop_point(opt_.resume_from.empty() ? "placing the initial weights" : "loading the checkpoint");
   stepper_->refresh_weights(false);
+  stop_point("publishing the weights");
+  // The run's metrics continue from here: the steps an earlier start recorded after this point go.
+  report_->open_metrics(result_.first_step);
 }
 
 void TrainingRun::save(int64_t step) {
@@ -492,6 +530,8 @@ void TrainingRun::save(int64_t step) {
     report_->log().note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
                         format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? " in " + std::to_string(W) + " shards" : "") +
                         ")");
+  if (lead_)
+    for (const std::string& note : saved.notes) report_->log().note("ds train: " + note);
 }
 
 // Validation loss over eval_batches global batches of held-out windows: the same windows whatever the
@@ -567,7 +607,6 @@ void TrainingRun::loop() {
              dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
              format_fixed(peak.seconds, 2) + " s)");
   }
-  const StopSignals signals(opt_.set_stop_handler);
   report_->start();
   if (result_.first_step >= plan_.steps)
     log.note("ds train: the checkpoint is at step " + std::to_string(result_.first_step) + " and train.steps is " +
@@ -616,8 +655,9 @@ void TrainingRun::loop() {
     throw std::runtime_error("every one of this run's " + std::to_string(ran) +
                              " steps was skipped for inf/NaN gradients: the weights never changed; lower fp16.loss_scale or "
                              "fp16.initial_scale_power, or the learning rate (its checkpoints are of the starting weights)");
-  result_.interrupted = stop_requested;
-  result_.stop_signal = stop_requested ? static_cast<int>(g_stop_signal) : 0;
+  // A stop that came during the last step cut nothing short: the run is done.
+  result_.interrupted = stop_requested && result_.steps < plan_.steps;
+  result_.stop_signal = result_.interrupted ? static_cast<int>(g_stop_signal) : 0;
   report_->finish();
 }
 
@@ -635,12 +675,21 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
     throw UserError("this build of ds cannot train this plan yet:" + list,
                     "`ds plan` shows the plan; the items above are on the roadmap (see README)");
   }
+  // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
+  // point; once training, after the current step with a checkpoint.
+  const StopSignals signals(opt.set_stop_handler);
   std::unique_ptr<Device> own;
   if (!device) own = Device::create(plan.topology.device, plan.topology.local_rank);
   TrainResult result;
-  TrainingRun run(plan, opt, comm, device ? *device : *own, result);
-  run.initialise();
-  run.loop();
+  try {
+    TrainingRun run(plan, opt, comm, device ? *device : *own, result);
+    run.initialise();
+    run.loop();
+  } catch (const StoppedWhileStarting& stopped) {
+    result.interrupted = true;
+    result.stop_signal = stopped.signal;
+    result.stopped_while = stopped.phase;
+  }
   return result;
 }
 

@@ -61,6 +61,7 @@ struct TrainResult {
   double seconds = 0;
   bool interrupted = false;
   int stop_signal = 0;             // SIGINT or SIGTERM when interrupted
+  std::string stopped_while;       // interrupted before the first step: what it was doing ("drawing the initial weights")
   int64_t first_step = 0;          // > 0 when resumed
   std::string metrics_path;
   std::string last_checkpoint;     // the newest checkpoint written, "" if none

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -239,14 +240,28 @@ class PeftAdapterSource : public WeightSource {
       if (c.value("use_rslora", false)) refuse("uses rsLoRA (scale alpha / sqrt(r)), which ds does not train");
       if (!c.contains("target_modules") || !c["target_modules"].is_array())
         refuse("names its target_modules by a pattern, not a list of module names");
+      refuse_peft_options(c, refuse);
       PeftAdapter a;
-      a.r = c.at("r").get<int64_t>();
-      a.alpha = c.at("lora_alpha").get<double>();
-      a.dropout = c.value("lora_dropout", 0.0);
+      if (!c.contains("r") || !c["r"].is_number_integer() || c["r"].get<int64_t>() < 1 || c["r"].get<int64_t>() > 65536)
+        refuse("has r " + (c.contains("r") ? c["r"].dump() : std::string("missing")) + ": the rank is a whole number from 1 to 65536");
+      a.r = c["r"].get<int64_t>();
+      if (!c.contains("lora_alpha") || !c["lora_alpha"].is_number() || !(c["lora_alpha"].get<double>() > 0) ||
+          !std::isfinite(c["lora_alpha"].get<double>()))
+        refuse("has lora_alpha " + (c.contains("lora_alpha") ? c["lora_alpha"].dump() : std::string("missing")) + ": a positive number");
+      a.alpha = c["lora_alpha"].get<double>();
+      const json dropout = c.value("lora_dropout", json(0.0));
+      if (!dropout.is_number() || !(dropout.get<double>() >= 0 && dropout.get<double>() < 1))
+        refuse("has lora_dropout " + dropout.dump() + ": a probability from 0 up to (not including) 1");
+      a.dropout = dropout.get<double>();
+      if (c["target_modules"].size() > 4096) refuse("lists " + std::to_string(c["target_modules"].size()) + " target_modules: more than a model has");
       a.target_modules = c["target_modules"].get<std::vector<std::string>>();
       a.fan_in_fan_out = c.value("fan_in_fan_out", false);
       lora = a;
       if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string()) base_path = c["base_model_name_or_path"].get<std::string>();
+      // A relative base is read from the adapter's own directory first (where ds exports record it from).
+      if (!base_path.empty() && fs::path(base_path).is_relative() && fs::exists(fs::path(path) / base_path))
+        base_path = (fs::path(path) / base_path).lexically_normal().string();
+      read_recorded_base(path);
     } catch (const json::exception& e) {
       throw UserError("'" + config_path + "' is not a PEFT adapter config (" + e.what() + ")", "");
     }
@@ -261,6 +276,39 @@ class PeftAdapterSource : public WeightSource {
   void read_f32(const std::string& name, float* out) const override { file_.read_f32("base_model.model." + name, out); }
 
  private:
+  // What PEFT's adapter_config.json may carry beyond what ds reads: options that change what the adapter
+  // computes are refused by name when set; the rest (bookkeeping) have no effect on the weights.
+  static void refuse_peft_options(const json& c, const std::function<void(const std::string&)>& refuse) {
+    const auto set = [&](const char* key) {
+      if (!c.contains(key)) return false;
+      const json& v = c[key];
+      return !(v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_object() && v.empty()) || (v.is_array() && v.empty()));
+    };
+    for (const auto& [key, what] : std::initializer_list<std::pair<const char*, const char*>>{
+             {"alpha_pattern", "sets lora_alpha per module (alpha_pattern)"},
+             {"rank_pattern", "sets r per module (rank_pattern)"},
+             {"use_dora", "is a DoRA adapter (use_dora: a learned magnitude per output)"},
+             {"modules_to_save", "trains whole modules besides the adapter (modules_to_save)"},
+             {"layers_to_transform", "adapts only some layers (layers_to_transform)"},
+             {"layers_pattern", "adapts only some layers (layers_pattern)"},
+             {"layer_replication", "replicates layers (layer_replication)"},
+             {"lora_bias", "trains a bias on lora_B (lora_bias)"},
+             {"exclude_modules", "excludes modules from target_modules (exclude_modules)"},
+             {"target_parameters", "adapts parameters rather than modules (target_parameters)"},
+             {"trainable_token_indices", "trains some embedding rows (trainable_token_indices)"}})
+      if (set(key)) refuse(std::string(what) + ", which ds does not train");
+  }
+  // ds's own exports record the base they were trained on (path and checksum of its frozen weights) in
+  // ds_base.json beside adapter_config.json, which PEFT leaves alone.
+  void read_recorded_base(const std::string& dir) {
+    const fs::path record = fs::path(dir) / "ds_base.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(record, ec)) return;
+    const std::string text = read_file_bytes(record.string());
+    check_json_nesting(text, record.string());
+    const json r = json::parse(text, nullptr, false);
+    if (r.is_object() && r.contains("checksum") && r["checksum"].is_string()) base_checksum = r["checksum"].get<std::string>();
+  }
   SafetensorsSource file_;
 };
 
@@ -590,6 +638,14 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
   write_text_atomically((dir / "adapter_config.json").string(), c.dump(2) + "\n");
   s.tensor_bytes = write_safetensors((dir / "adapter_model.safetensors").string(), tensors);
   s.files = {(dir / "adapter_config.json").string(), (dir / "adapter_model.safetensors").string()};
+  if (!source.base_checksum.empty()) {  // checked when ds continues the adapter or merges it
+    nlohmann::ordered_json b;
+    b["path"] = source.base_path;
+    b["checksum"] = source.base_checksum;
+    b["what"] = "the checksum of the frozen base weights this adapter was trained on, as ds computes it";
+    write_text_atomically((dir / "ds_base.json").string(), b.dump(2) + "\n");
+    s.files.push_back((dir / "ds_base.json").string());
+  }
   s.tensors = static_cast<int64_t>(tensors.size());
   return s;
 }

@@ -1,0 +1,77 @@
+#include "cli/tokenizer_record.hpp"
+
+#include <filesystem>
+#include <set>
+
+#include "common/error.hpp"
+#include "common/files.hpp"
+#include "common/hash.hpp"
+#include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/weights.hpp"
+
+namespace ds::cli {
+
+// The tokenizer files that go out with this run's exports, recorded in its plan.json (and so in every
+// checkpoint) by absolute path and checksum, so an export ships exactly these wherever it is run from, or
+// refuses: a GPT-2 BPE run's vocab.json and merges.txt, and what model.init_from's source had (a Hugging
+// Face directory's tokenizer files, a PEFT adapter's base's, a ds run's record).
+nlohmann::json tokenizer_record(const DataConfig& d, const std::string& init_from) {
+  nlohmann::json files = nlohmann::json::array();
+  std::set<std::string> names;
+  const auto add = [&](const std::string& role, const std::string& name, const std::string& path) {
+    if (!names.insert(name).second) return;  // the data's own vocabulary first
+    const std::string text = read_file_bytes(path);
+    files.push_back({{"role", role}, {"name", name}, {"path", std::filesystem::absolute(path).lexically_normal().string()},
+                     {"checksum64", checksum64_hex(text)}, {"bytes", text.size()}});
+  };
+  if (d.type == DataType::text && d.tokenizer == "gpt2") {
+    add("vocab_file", "vocab.json", d.vocab_file);
+    add("merges_file", "merges.txt", d.merges_file);
+  }
+  if (init_from.empty()) return files;
+  std::unique_ptr<WeightSource> source = open_weights(init_from);
+  if (source->kind() == WeightsKind::peft_adapter && !source->base_path.empty()) source = open_weights(source->base_path);
+  if (source->kind() == WeightsKind::hf_directory) {
+    constexpr uintmax_t kMostBytes = uintmax_t{64} << 20;  // Llama 3's tokenizer.json is 9 MB
+    for (const char* name : kHfTokenizerFiles) {
+      const std::filesystem::path f = std::filesystem::path(source->path()) / name;
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(f, ec) && std::filesystem::file_size(f, ec) <= kMostBytes) add("init_from", name, f.string());
+    }
+  } else if (source->kind() == WeightsKind::ds_checkpoint) {  // a run fine-tuned again: what it recorded
+    const nlohmann::json plan = nlohmann::json::parse(read_checkpoint_text(source->path(), "plan_json"), nullptr, false);
+    if (plan.is_object() && plan.contains("tokenizer_files") && plan["tokenizer_files"].is_array())
+      for (const auto& f : plan["tokenizer_files"]) {
+        const std::string path = f.value("path", ""), name = f.value("name", f.value("role", "") == "merges_file" ? "merges.txt" : "vocab.json");
+        std::error_code ec;
+        if (!path.empty() && std::filesystem::is_regular_file(path, ec)) add("init_from", name, path);
+      }
+  }
+  return files;
+}
+
+std::string with_tokenizer_files(const std::string& plan_json, const nlohmann::json& record) {
+  if (record.empty()) return plan_json;
+  nlohmann::json j = nlohmann::json::parse(plan_json);
+  j["tokenizer_files"] = record;
+  return j.dump();
+}
+
+// A resumed run reads the tokenizer files its checkpoint recorded: a relative path resolved from another
+// working directory, or a file changed since, would train on another vocabulary.
+void check_tokenizer_unchanged(const std::string& checkpoint_plan, const nlohmann::json& now) {
+  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan, nullptr, false);
+  if (!old.is_object() || !old.contains("tokenizer_files") || !old["tokenizer_files"].is_array()) return;
+  for (const auto& was : old["tokenizer_files"]) {
+    const std::string role = was.value("role", "");
+    if (role != "vocab_file" && role != "merges_file") continue;  // what the data is read with
+    for (const auto& is : now)
+      if (is.value("role", "") == role && is.value("checksum64", "") != was.value("checksum64", ""))  // moved is fine; changed is not
+        throw UserError("data." + role + " is '" + is.value("path", "") + "' (checksum " + is.value("checksum64", "") +
+                            "), but the checkpoint's run read '" + was.value("path", "") + "' (checksum " + was.value("checksum64", "") +
+                            "): resuming would continue on another vocabulary",
+                        "give data." + role + "=" + was.value("path", "") + " (relative paths are read from the working directory)");
+  }
+}
+
+}  // namespace ds::cli

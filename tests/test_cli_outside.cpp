@@ -1,0 +1,413 @@
+// What a DeepSpeed / Hugging Face user and an attacker hit from outside (the issue "Found from outside"),
+// replayed against the real binary: signals while starting, locks that outlive a killed launcher, user files
+// inside checkpoints, links, conversions that would write over their own source, what an export carries.
+// Each test failed before its fix.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_helpers.hpp"
+
+using namespace cli_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kRun = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 train.save_every=10 ";
+
+std::string fresh(const std::string& name) {
+  const std::string dir = scratch_dir() + "/outside_" + name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+void train_into(const std::string& dir, int steps, const std::string& extra = "") {
+  const Result r = ds(kRun + "train.steps=" + std::to_string(steps) + " train.output_dir=" + dir + " " + extra);
+  ASSERT_EQ(r.code, 0) << r.err;
+}
+
+// Every step number metrics.jsonl records, in order.
+std::vector<int64_t> steps_of(const std::string& dir) {
+  std::vector<int64_t> out;
+  for (const auto& j : metrics_of(dir)) out.push_back(j["step"].get<int64_t>());
+  return out;
+}
+
+bool strictly_increasing(const std::vector<int64_t>& v) {
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] <= v[i - 1]) return false;
+  return true;
+}
+
+// The pids of `parent`'s children (from /proc).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  for (pid_t p; in >> p;) out.push_back(p);
+  return out;
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Starts `ds ARGS` in the background (its output in OUT.out/OUT.err), returning its pid.
+pid_t ds_background(const std::string& args, const std::string& out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c",
+            ("cd " + work_dir() + " && exec env -u RANK -u WORLD_SIZE -u DS_RUN_LOCK " DS_BINARY " " + args + " >" + out + ".out 2>" + out +
+             ".err </dev/null")
+                .c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+void wait_for_lines(const std::string& file, int64_t lines) {
+  for (int i = 0; i < 15000 && line_count(file) < lines; ++i) ::usleep(20000);
+}
+
+}  // namespace
+
+// 1. A run stopped by SIGTERM while it starts exits 143 saying so, and leaves a directory the next run
+// (fresh, --resume or --overwrite) takes; an empty metrics.jsonl and a lock a dead run left are ds's own.
+TEST(CliOutside, ASigtermWhileStartingSaysSoAndLeavesADirectoryTheNextRunTakes) {
+  const std::string a = fresh("sigterm_start");
+  // GPT-2 124M: drawing its weights takes long enough that the signal lands while it starts.
+  const std::string big = kRun + "model.preset=gpt2 data.seq_len=32 train_micro_batch_size_per_gpu=1 train.steps=3 train.output_dir=" + a;
+  Result r = ds_signalled(big, SIGTERM, scratch_dir() + "/err", 1, 0.0);
+  ASSERT_EQ(r.code, 143) << r.err;
+  EXPECT_TRUE(contains(r.err, "ds train: starting on the CPU: drawing the initial weights of 124,439,808 parameters")) << r.err;
+  EXPECT_TRUE(contains(r.err, "stopped by SIGTERM while")) << r.err;
+  EXPECT_TRUE(contains(r.err, "before the first step: nothing was trained or saved")) << r.err;
+  EXPECT_FALSE(fs::exists(a + "/checkpoints"));
+  // What the issue found left behind by such a stop: an empty metrics.jsonl and a lock naming a dead run.
+  std::ofstream(a + "/metrics.jsonl").flush();
+  std::ofstream(a + "/.ds.lock") << "host elsewhere, pid 999999, started 2026-11-01T00:00:00\n";
+  for (const char* how : {"", " --resume", " --overwrite"}) {
+    r = ds(kRun + "train.steps=2 train.output_dir=" + a + how);
+    EXPECT_EQ(r.code, 0) << how << ": " << r.err;
+    r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");  // back to a run that can start again
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream(a + "/metrics.jsonl", std::ios::trunc).flush();
+    fs::remove_all(a + "/checkpoints");
+  }
+}
+
+// 1b. A restart of a run that never saved, and a resume after a kill, leave one line per step in metrics.jsonl,
+// each loss written so that it reads back as the same double.
+TEST(CliOutside, MetricsHoldEachStepOnceAndLossesRoundTrip) {
+  const std::string a = fresh("metrics_once");
+  train_into(a, 15);  // checkpoints at 10 and 15
+  fs::remove_all(a + "/checkpoints/step_00000015");  // as if killed at step 15 before that save
+  std::ofstream(a + "/checkpoints/latest", std::ios::trunc) << "step_00000010";
+  Result r = ds(kRun + "train.steps=15 train.output_dir=" + a + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "dropped steps 11-15, recorded after the checkpoint of step 10")) << r.err;
+  std::vector<int64_t> steps = steps_of(a);
+  ASSERT_EQ(steps.size(), 15u);
+  EXPECT_TRUE(strictly_increasing(steps));
+  // A run that never saved, started again with --resume: its old lines go, named.
+  const std::string b = fresh("metrics_unsaved");
+  train_into(b, 6, "train.save_every=100 train.steps=6");
+  fs::remove_all(b + "/checkpoints");
+  r = ds(kRun + "train.save_every=100 train.steps=3 train.output_dir=" + b + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "dropped steps 1-6, recorded by an earlier start that saved no checkpoint")) << r.err;
+  EXPECT_EQ(steps_of(b), (std::vector<int64_t>{1, 2, 3}));
+  // Round-trippable: the text of each loss is the shortest that reads back the same, never cut to 7 digits.
+  std::ifstream in(a + "/metrics.jsonl");
+  std::string line;
+  std::getline(in, line);
+  const std::string loss = line.substr(line.find("\"loss\": ") + 8, line.find(',', line.find("\"loss\": ")) - line.find("\"loss\": ") - 8);
+  EXPECT_GT(loss.size(), 9u) << line;  // an fp32 run's loss in double needs more than 7 significant digits
+  EXPECT_EQ(std::to_string(std::stod(loss)).substr(0, 6), loss.substr(0, 6));
+}
+
+// 2b. Resuming a checkpoint of a run that lies further inside the output directory checks the directory.
+TEST(CliOutside, ACheckpointOfAnotherRunInsideTheOutputDirectoryDoesNotSkipItsChecks) {
+  const std::string par = fresh("parent");
+  train_into(par + "/runA", 10);
+  std::ofstream(par + "/config.json") << "{\"mine\": true}\n";
+  const Result r = ds(kRun + "train.steps=12 train.output_dir=" + par + " train.resume=" + par + "/runA/checkpoints/step_00000010");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "config.json' was not written by ds")) << r.err;
+  EXPECT_EQ(slurp(par + "/config.json"), "{\"mine\": true}\n");
+}
+
+// 2b. The launcher never writes a rank's log through a link.
+TEST(CliOutside, RankLogsAreNeverWrittenThroughALink) {
+  const std::string a = fresh("log_link"), outside = scratch_dir() + "/outside_precious.txt";
+  fs::create_directories(a + "/logs");
+  std::ofstream(outside) << "precious\n";
+  fs::create_symlink(outside, a + "/logs/rank_1.log");
+  const Result r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --nproc-per-node 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "logs/rank_1.log' is a symbolic link")) << r.err;
+  EXPECT_EQ(slurp(outside), "precious\n");
+}
+
+// 2b. A user's files inside a checkpoint directory survive pruning and --overwrite, and are named.
+TEST(CliOutside, UserFilesInsideCheckpointsSurvivePruningAndOverwrite) {
+  const std::string a = fresh("user_files");
+  train_into(a, 10);
+  std::ofstream(a + "/checkpoints/step_00000010/notes.txt") << "lr sweep 3\n";
+  Result r = ds(kRun + "train.steps=30 train.keep_last=1 train.output_dir=" + a + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "kept what ds did not write there: " + a + "/checkpoints/step_00000010/notes.txt")) << r.err;
+  EXPECT_EQ(slurp(a + "/checkpoints/step_00000010/notes.txt"), "lr sweep 3\n");
+  EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000010/state.h5"));
+  EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000020"));
+  std::ofstream(a + "/checkpoints/step_00000030/eval_results.json") << "{}\n";
+  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "kept what ds did not write: checkpoints/step_00000010/notes.txt, checkpoints/step_00000030/eval_results.json"))
+      << r.err;
+  EXPECT_EQ(slurp(a + "/checkpoints/step_00000030/eval_results.json"), "{}\n");
+  EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000030/state.h5"));
+}
+
+// 2b. The lock lives as long as any process of the run: a launcher killed with -9 leaves its ranks holding
+// it (a resume started at once is refused until they have saved and gone); a .ds.lock removed by hand or a
+// DS_RUN_LOCK set by hand lets no second run in.
+TEST(CliOutside, TheLockOutlivesAKilledLauncherAndIsNotEasilyLost) {
+  std::string a = fresh("lock_life");
+  const std::string out = scratch_dir() + "/outside_launcher";
+  const pid_t launcher = ds_background(kRun + "train.steps=100000 train.save_every=1000 train.output_dir=" + a + " --nproc-per-node 2", out);
+  wait_for_lines(a + "/metrics.jsonl", 2);
+  std::vector<pid_t> ranks = children_of(launcher);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (pid_t p : ranks) ::kill(p, SIGSTOP);  // the ranks hold still while the launcher dies
+  ::kill(launcher, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  Result r = ds(kRun + "train.steps=100000 train.output_dir=" + a + " --resume");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
+  EXPECT_TRUE(contains(r.err, "its ranks are finishing")) << r.err;
+  for (pid_t p : ranks) ::kill(p, SIGCONT);  // their launcher's death (SIGTERM) now stops them after a save
+  for (int i = 0; i < 3000 && (alive(ranks[0]) || alive(ranks[1])); ++i) ::usleep(20000);
+  ASSERT_FALSE(alive(ranks[0]) || alive(ranks[1])) << "ranks of a dead launcher still run";
+  const std::vector<int64_t> before = steps_of(a);
+  r = ds(kRun + "train.steps=" + std::to_string(before.back() + 2) + " train.output_dir=" + a + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(strictly_increasing(steps_of(a)));
+  EXPECT_EQ(steps_of(a).back(), before.back() + 2);
+
+  // A live single run: its .ds.lock removed by hand, then a DS_RUN_LOCK set by hand.
+  const std::string b = fresh("lock_life_2");
+  const pid_t run = ds_background(kRun + "train.steps=100000 train.save_every=1000 train.output_dir=" + b, out);
+  wait_for_lines(b + "/metrics.jsonl", 2);
+  a = b;
+  fs::remove(a + "/.ds.lock");
+  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
+  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite", "DS_RUN_LOCK=" + a + "/.ds.lock");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
+  EXPECT_GE(line_count(a + "/metrics.jsonl"), 2);
+  ::kill(run, SIGTERM);
+  ::waitpid(run, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << slurp(out + ".err");
+}
+
+// 2b. A resume reads the vocabulary its run read: a relative data.vocab_file resolved from another working
+// directory to another file is refused, naming both.
+TEST(CliOutside, AResumeFromAnotherDirectoryDoesNotSwitchTheVocabulary) {
+  const std::string dir = fresh("vocab_where");
+  const std::string shared = DS_SHARED_DIR "/data/gpt2";
+  for (const char* where : {"/a/tok", "/b/tok"}) {
+    fs::create_directories(dir + where);
+    fs::copy_file(shared + "/vocab.json", dir + where + "/vocab.json");
+    fs::copy_file(shared + "/merges.txt", dir + where + "/merges.txt");
+  }
+  std::ofstream(dir + "/b/tok/merges.txt", std::ios::app) << "Ġqu estion\n";  // another vocabulary
+  {
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 200; ++i) text << "Now is the winter of our discontent " << i << ".\n";
+  }
+  const std::string args = std::string(DS_BINARY) + " train " + work_dir() + "/examples/quickstart.json bf16.enabled=false model.vocab_size=50257 "
+                           "data.type=text data.tokenizer=gpt2 data.path=" + dir + "/corpus.txt data.vocab_file=tok/vocab.json "
+                           "data.merges_file=tok/merges.txt data.seq_len=32 train.eval_every=0 train.save_every=2 train.output_dir=" + dir + "/run ";
+  auto in = [&](const std::string& where, const std::string& more) {
+    return std::system(("cd " + dir + where + " && env -u RANK -u WORLD_SIZE -u DS_RUN_LOCK " + args + more + " >" + dir + "/out 2>" + dir +
+                        "/err </dev/null").c_str());
+  };
+  ASSERT_EQ(in("/a", "train.steps=2"), 0) << slurp(dir + "/err");
+  EXPECT_NE(in("/b", "train.steps=4 --resume"), 0);
+  EXPECT_TRUE(contains(slurp(dir + "/err"), "but the checkpoint's run read '" + dir + "/a/tok/merges.txt'")) << slurp(dir + "/err");
+  EXPECT_EQ(line_count(dir + "/run/metrics.jsonl"), 2);
+  ASSERT_EQ(in("/a", "train.steps=4 --resume"), 0) << slurp(dir + "/err");
+}
+
+// 2b, 10, 3. PEFT adapters: options ds does not train are refused by name, nonsense values too; PEFT's own
+// spellings are ds's; ds's export records its base's checksum and a base that is not it is refused; the base
+// path is absolute, so the adapter works from any directory.
+TEST(CliOutside, PeftAdaptersAreReadStrictlyAndRecordTheirBase) {
+  const std::string dir = fresh("peft");
+  fs::create_directories(dir);
+  ASSERT_EQ(ds(kRun + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  ASSERT_EQ(ds(kRun + "train.steps=6 train.seed=7 train.output_dir=" + dir + "/other").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/other " + dir + "/other-hf").code, 0);
+  // PEFT's names for model.lora's keys.
+  const std::string lora = "train examples/lora.json bf16.enabled=false train.eval_every=0 ~model.lora.alpha ~model.lora.dropout "
+                           "model.lora.lora_alpha=16 model.lora.lora_dropout=0 ";
+  Result r = ds(lora + "model.init_from=" + dir + "/base-hf train.steps=4 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/adapter --adapter");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json base = nlohmann::json::parse(slurp(dir + "/adapter/ds_base.json"));
+  EXPECT_EQ(base["path"], dir + "/base-hf");
+  EXPECT_EQ(base["checksum"].get<std::string>().size(), 16u);
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(dir + "/adapter/adapter_config.json"));
+  EXPECT_EQ(cfg["base_model_name_or_path"], dir + "/base-hf");
+  // Continued from the adapter: fine on its base; another base is refused.
+  const std::string cont = "train examples/lora.json bf16.enabled=false train.eval_every=0 model.lora.dropout=0 train.steps=2 ";
+  r = ds(cont + "model.init_from=" + dir + "/adapter train.output_dir=" + dir + "/cont");
+  EXPECT_EQ(r.code, 0) << r.err;
+  nlohmann::json moved = cfg;
+  moved["base_model_name_or_path"] = dir + "/other-hf";
+  fs::copy(dir + "/adapter", dir + "/adapter-moved");
+  std::ofstream(dir + "/adapter-moved/adapter_config.json", std::ios::trunc) << moved.dump(2);
+  r = ds(cont + "model.init_from=" + dir + "/adapter-moved train.output_dir=" + dir + "/wrong");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "was trained on another base")) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/wrong/checkpoints"));
+  // Options that change what the adapter computes, and values that are not a LoRA's.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"use_dora", "true"},         {"alpha_pattern", "{\"c_attn\": 32}"}, {"rank_pattern", "{\"c_fc\": 4}"},
+      {"modules_to_save", "[\"lm_head\"]"}, {"layers_to_transform", "[0]"},    {"r", "8.5"},
+      {"lora_dropout", "1.5"},      {"lora_dropout", "-1"},                  {"lora_alpha", "0"}};
+  for (const auto& [key, value] : bad) {
+    nlohmann::json c = cfg;
+    c[key] = nlohmann::json::parse(value);
+    fs::remove_all(dir + "/bad");
+    fs::copy(dir + "/adapter", dir + "/bad");
+    std::ofstream(dir + "/bad/adapter_config.json", std::ios::trunc) << c.dump(2);
+    r = ds(cont + "model.init_from=" + dir + "/bad train.output_dir=" + dir + "/bad-run");
+    EXPECT_EQ(r.code, 2) << key << "=" << value << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, key)) << key << "=" << value << ": " << r.err;
+  }
+}
+
+// 2, 12, 2b. convert-ckpt: a merge into the run's own base, or an export over the run it reads, is refused
+// (--overwrite or not); so is a pickle destination; a moved base names --base; a fine-tune of a Hugging Face
+// directory exports the source's special tokens and tokenizer files again.
+TEST(CliOutside, ConversionsNeverWriteOverWhatTheyReadAndCarryWhatTheSourceHad) {
+  const std::string dir = fresh("convert");
+  fs::create_directories(dir);
+  ASSERT_EQ(ds(kRun + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  // The source as released carries special tokens and a tokenizer.
+  nlohmann::json hf = nlohmann::json::parse(slurp(dir + "/base-hf/config.json"));
+  hf["bos_token_id"] = 1;
+  hf["eos_token_id"] = 2;
+  std::ofstream(dir + "/base-hf/config.json", std::ios::trunc) << hf.dump(2);
+  std::ofstream(dir + "/base-hf/tokenizer.json") << "{\"model\": {\"type\": \"BPE\"}}\n";
+  std::ofstream(dir + "/base-hf/tokenizer_config.json") << "{\"bos_token\": \"<s>\"}\n";
+  const std::string base_files = slurp(dir + "/base-hf/model.safetensors");
+  const std::string lora = "train examples/lora.json bf16.enabled=false train.eval_every=0 model.lora.dropout=0 train.steps=3 ";
+  Result r = ds(lora + "model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/lora");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/lora " + dir + "/base-hf --merge --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "what this conversion reads")) << r.err;
+  EXPECT_EQ(slurp(dir + "/base-hf/model.safetensors"), base_files);
+  r = ds("convert-ckpt " + dir + "/lora " + dir + "/lora --merge --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = ds("convert-ckpt " + dir + "/base " + dir + "/base --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(fs::exists(dir + "/base/checkpoints/step_00000005/state.h5"));
+  r = ds("convert-ckpt " + dir + "/base " + dir + "/pytorch_model.bin");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "ds writes safetensors, never pickles")) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/pytorch_model.bin"));
+  // Merged: the source's special tokens and tokenizer files go out again.
+  r = ds("convert-ckpt " + dir + "/lora " + dir + "/merged --merge");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    const nlohmann::json c = nlohmann::json::parse(slurp(dir + "/merged/" + file));
+    EXPECT_EQ(c["bos_token_id"], 1) << file;
+    EXPECT_EQ(c["eos_token_id"], 2) << file;
+  }
+  EXPECT_EQ(slurp(dir + "/merged/tokenizer.json"), slurp(dir + "/base-hf/tokenizer.json"));
+  EXPECT_EQ(slurp(dir + "/merged/tokenizer_config.json"), slurp(dir + "/base-hf/tokenizer_config.json"));
+  // A full fine-tune of the directory, exported: the same.
+  r = ds(kRun + "train.steps=2 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/full");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/full " + dir + "/full-hf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/full-hf/config.json"))["bos_token_id"], 1);
+  EXPECT_EQ(slurp(dir + "/full-hf/tokenizer.json"), slurp(dir + "/base-hf/tokenizer.json"));
+  // The base moved: --merge names --base.
+  fs::rename(dir + "/base-hf", dir + "/base-moved");
+  r = ds("convert-ckpt " + dir + "/lora " + dir + "/merged2 --merge");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--base")) << r.err;
+  r = ds("convert-ckpt " + dir + "/lora " + dir + "/merged2 --merge --base " + dir + "/base-moved");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// 2b. Resharding keeps the global batch a resume keeps; sizes beyond sense and mixed flags are refused at once.
+TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
+  const std::string a = fresh("reshard");
+  train_into(a, 10, "--nproc-per-node 2 zero_optimization.stage=2");  // global batch 32 (16 x 1 x 2)
+  Result r = ds("convert-ckpt " + a + " " + a + "-w4 --world-size 4 --stage 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "kept on 4 ranks with micro batch 8")) << r.err;
+  const nlohmann::json plan = nlohmann::json::parse(slurp(a + "-w4/plan.json").empty() ? "{}" : slurp(a + "-w4/plan.json"));
+  r = ds("convert-ckpt --info " + a + "-w4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + a + " " + a + "-w3 --world-size 3 --stage 3");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot keep the run's global batch of 32")) << r.err;
+  r = ds("convert-ckpt " + a + " " + a + "-huge --world-size 200000 --stage 3");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(a + "-huge/checkpoints"));
+  r = ds("convert-ckpt " + a + " " + a + "-hf --world-size 4 --to hf");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--to hf exports")) << r.err;
+  // Importing a Hugging Face directory writes a run: a .safetensors name or a --dtype is refused, not ignored.
+  ASSERT_EQ(ds("convert-ckpt " + a + " " + a + "-export").code, 0);
+  r = ds("convert-ckpt " + a + "-export " + a + "-x.safetensors --dtype fp16");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(a + "-x.safetensors"));
+  // The resumed 4-rank run keeps the batch of 32.
+  r = ds(kRun + "train.steps=11 train.output_dir=" + a + "-w4 zero_optimization.stage=3 train_micro_batch_size_per_gpu=8 --nproc-per-node 4 --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "global batch would change")) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(a + "-w4/plan.json"))["batch"]["train_batch_size"], 32);
+}
+
+// 2b. A flipped bit in a checkpoint's plan is named as corruption, not reported as a JSON error.
+TEST(CliOutside, AFlippedBitInTheStoredPlanIsCorruptionNotAJsonError) {
+  const std::string a = fresh("bitflip");
+  train_into(a, 10);
+  const std::string state = a + "/checkpoints/step_00000010/state.h5";
+  std::string bytes = slurp(state);
+  const size_t at = bytes.find("\"schema_version\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = '{';  // the plan's JSON broken by one byte
+  std::ofstream(state, std::ios::binary | std::ios::trunc) << bytes;
+  const Result r = ds("convert-ckpt " + a + " " + a + "-hf");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "do not match their checksum: the file is corrupt")) << r.err;
+}
+
+// 14. ds profile stopped by SIGTERM exits 143, as the README says.
+TEST(CliOutside, ProfileStoppedBySigtermExits143) {
+  const Result r = ds_signalled("profile examples/quickstart.json --steps 100000", SIGTERM, scratch_dir() + "/err", 2, 0.5);
+  EXPECT_EQ(r.code, 143) << r.err;
+}
