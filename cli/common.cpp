@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
 
@@ -164,7 +166,7 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
   sub->add_option("overrides", a.overrides,
                   "key.sub=value sets any config key (value parsed as JSON, else a string); ~key.sub removes one");
   sub->add_option("--world-size", a.world_size, "data-parallel ranks to plan for (default: WORLD_SIZE, else 1)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, kMaxWorldSize));
   add_ranks_per_node_flag(sub, a.nproc_per_node, "ranks (GPUs, or CPU processes) per node");
   add_nodes_flag(sub, a.nnodes);
   sub->add_option("--device", a.device, "plan for cpu or cuda devices (auto: cuda when a GPU is found or "
@@ -173,6 +175,12 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
   sub->add_option("--device-memory", a.device_memory,
                   std::string("memory of each rank's GPU, e.g. 80GiB (default: the detected GPU's); used for \"auto\" choices "
                   "and the fit check; ") + kSizeUnitsHelp);
+  sub->add_option("--host-memory,--cpu-memory", a.host_memory,
+                  "host memory per node, e.g. 1TiB, for \"auto\" choices and the fit check (default: this machine's, unless "
+                  "--device-memory plans for GPUs it does not have)");
+  sub->add_option("--headroom", a.headroom,
+                  "share of device and host memory left free when judging what fits (allocator slack, the CUDA context and "
+                  "library workspaces are not counted), default 0.10, as ds estimate-memory");
 }
 
 ConfigArgs with_config_path(ConfigArgs a) {
@@ -192,24 +200,84 @@ ConfigArgs with_config_path(ConfigArgs a) {
 
 namespace {
 
+// "auto" as Hugging Face's Trainer writes it into a ds_config: it fills these from its TrainingArguments,
+// which ds does not have, so guessing (DeepSpeed's lr default, 1e-3, is 20x a fine-tune's) would train another
+// run than the one meant. Each is refused naming the key and what to write.
+const std::map<std::string, std::string>& trainer_only_autos() {
+  static const std::map<std::string, std::string> keys = {
+      {"optimizer.params.lr", "the learning rate you mean (the Trainer's default is 5e-5)"},
+      {"optimizer.params.weight_decay", "the decay you mean (the Trainer's default is 0.0)"},
+      {"optimizer.params.betas", "[0.9, 0.999] (the Trainer's adam_beta1 and adam_beta2)"},
+      {"optimizer.params.eps", "1e-8 (the Trainer's adam_epsilon)"},
+      {"scheduler.params.warmup_num_steps", "the warmup you mean (the Trainer's warmup_steps, 0 by default)"},
+      {"fp16.enabled", "true or false (the Trainer's --fp16)"},
+      {"bf16.enabled", "true or false (the Trainer's --bf16)"},
+      {"gradient_clipping", "1.0 (the Trainer's max_grad_norm) or 0 to turn clipping off"},
+  };
+  return keys;
+}
+
+}  // namespace
+
+std::vector<std::string> auto_choices(const Config& config, const Plan& plan, std::vector<ConfigIssue>* trainer_only) {
+  const auto written = [&](const std::string& path) {
+    const auto it = config.value_source.find(path);
+    return it != config.value_source.end() && (it->second == "file" || it->second == "override" || it->second.rfind("auto", 0) == 0);
+  };
+  std::vector<std::string> chose;
+  const auto consider = [&](const std::string& path, const std::string& value, const std::string& rule) {
+    if (const auto it = trainer_only_autos().find(path); it != trainer_only_autos().end()) {
+      if (trainer_only)
+        trainer_only->push_back({path,
+                                 "is \"auto\", which Hugging Face's Trainer fills from its TrainingArguments; ds has no Trainer and does "
+                                 "not guess (it would be " + value + ", " + rule + ")",
+                                 "write the value: " + it->second});
+    } else {
+      chose.push_back(path + "=" + value + " (" + rule + ")");
+    }
+  };
+  for (const auto& [path, value] : config.auto_defaults) consider(path, value, "the default");
+  for (const ResolvedValue& r : plan.resolved)
+    if (r.source.rfind("auto", 0) == 0 && written(r.path) && !config.auto_defaults.count(r.path)) consider(r.path, r.value, r.source);
+  return chose;
+}
+
+namespace {
+// A config.json's problems as the key the user gave names them: the loader reads a Hugging Face directory's
+// config.json as model.hf_config, a key the user never set.
+[[noreturn]] void rethrow_naming(const ConfigError& e, const std::string& key) {
+  std::vector<ConfigIssue> issues = e.issues();
+  for (ConfigIssue& i : issues)
+    if (i.path == "model.hf_config" || i.path.empty()) i.path = key;
+  throw ConfigError(e.source(), issues);
+}
+
 // The architecture of model.init_from's source: a ds checkpoint's (from its plan), a Hugging Face
 // directory's (its config.json, read as model.hf_config would be); none for a lone safetensors file or a
 // source that cannot be opened (the input check below reports that).
-std::optional<ModelHyper> source_architecture(const std::string& init_from) {
+// `required`: the config names no architecture, so the source must give one: its problems (a path that
+// does not exist, a config.json ds cannot train) are the config's errors, on model.init_from.
+std::optional<ModelHyper> source_architecture(const std::string& init_from, bool required, const std::string& config_path) {
   std::unique_ptr<WeightSource> src;
   try {
     src = open_weights(init_from);
-  } catch (const UserError&) {
+    if (src->kind() == WeightsKind::peft_adapter && required) open_adapter_base(*src);  // a base that is not there, named
+  } catch (const UserError& e) {
+    if (required) throw ConfigError(config_path, {{"model.init_from", e.what(), e.hint()}});
     return std::nullopt;
   }
   if (src->kind() == WeightsKind::peft_adapter)  // an adapter's model is its base's
-    return src->base_path.empty() || src->base_path == init_from ? std::nullopt : source_architecture(src->base_path);
+    return src->base_path.empty() || src->base_path == init_from ? std::nullopt : source_architecture(src->base_path, required, config_path);
   if (src->kind() == WeightsKind::ds_checkpoint && src->has_model()) return src->model();
   if (src->kind() != WeightsKind::hf_directory) return std::nullopt;
   const std::string hf = (std::filesystem::path(src->path()) / "config.json").string();
   const nlohmann::json cfg{{"train_micro_batch_size_per_gpu", 1}, {"model", {{"hf_config", std::filesystem::absolute(hf).string()}}}};
-  const Config c = load_config_text(cfg.dump(), hf);  // its errors name the file (unsupported keys included)
-  return resolve_model_hyper(c.model);
+  try {
+    const Config c = load_config_text(cfg.dump(), hf);  // its errors name the file (unsupported keys included)
+    return resolve_model_hyper(c.model);
+  } catch (const ConfigError& e) {
+    rethrow_naming(e, "model.init_from");
+  }
 }
 
 // The architecture keys a source fixes, as overrides and as the resolved values to compare.
@@ -250,6 +318,8 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   topt.nproc_per_node = a.nproc_per_node;
   topt.nnodes = a.nnodes;
   if (!a.device_memory.empty()) topt.device_memory_bytes = size_flag("--device-memory", a.device_memory);
+  if (!a.host_memory.empty()) topt.host_memory_bytes = size_flag("--host-memory", a.host_memory);
+  topt.headroom = a.headroom;
   topt.device = a.device;
   if (a.device != "cpu") topt.gpus = detect_gpus();
   if (a.runs_here && !build_trains_on_cuda()) {
@@ -271,7 +341,8 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   // model.init_from: the model is the source's. A config that names no architecture takes it (as explicit
   // keys, so the run's stored config says what it trained); one that names an architecture must agree.
   std::optional<ModelHyper> source;
-  if (loaded.config.model.given && !loaded.config.model.init_from.empty()) source = source_architecture(loaded.config.model.init_from);
+  if (loaded.config.model.given && !loaded.config.model.init_from.empty())
+    source = source_architecture(loaded.config.model.init_from, !config_gives_architecture(loaded.config.model), a.config);
   if (source) {
     std::vector<std::string> with = a.overrides;
     const bool takes_architecture = !config_gives_architecture(loaded.config.model);
@@ -289,6 +360,15 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     if (!quiet && takes_architecture)
       std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
                 << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
+  }
+  // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
+  if (loaded.config.train.epochs && loaded.config.model.given) {
+    try {
+      loaded.config.data.measured_tokens =
+          open_token_stream(loaded.config.data, resolve_model_hyper(loaded.config.model).vocab_size, 0)->size();
+    } catch (const UserError& e) {
+      throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
+    }
   }
   const Config& config = loaded.config;
   Plan plan;
@@ -318,15 +398,24 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   }
   // Input files: a warning while planning (the plan may be made on another machine), an error before a run.
   std::vector<ConfigIssue> missing;
-  auto need = [&](const std::string& path, const char* key) {
+  auto need = [&](const std::string& path, const char* key, bool shards = false) {
     std::error_code ec;
     if (path.empty()) return;
     if (!std::filesystem::exists(path, ec))
       missing.push_back({key, "'" + path + "' does not exist", "check the path (relative paths are from the working directory)"});
+    else if (std::filesystem::is_directory(path, ec) && shards)
+      try {
+        data_files(path);  // a directory of shards: it must hold some
+      } catch (const UserError& e) {
+        missing.push_back({key, e.what(), e.hint()});
+      }
     else if (std::filesystem::is_directory(path, ec))
       missing.push_back({key, "'" + path + "' is a directory, not a file", "name the file itself"});
+    else if (!std::filesystem::is_regular_file(path, ec))  // a FIFO or a device would block or never end
+      missing.push_back({key, "'" + path + "' is not a regular file (a FIFO, socket or device)", "name a file on disk"});
   };
-  if (config.data.type != DataType::synthetic) need(config.data.path, "data.path");
+  if (config.data.type != DataType::synthetic)
+    need(config.data.path, "data.path", config.data.type == DataType::text || config.data.type == DataType::tokens);
   if (config.data.type == DataType::text && config.data.tokenizer == "gpt2") {
     need(config.data.vocab_file, "data.vocab_file");
     need(config.data.merges_file, "data.merges_file");
@@ -348,6 +437,13 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   if (!config.model.init_from.empty() && plan.has_model) {
     try {
       const std::unique_ptr<WeightSource> source = open_weights(config.model.init_from);
+      if (source->kind() == WeightsKind::ds_checkpoint && source->frozen_part)
+        throw UserError("model.init_from '" + config.model.init_from + "' is a run that trained " +
+                            (source->lora ? "a LoRA adapter" : "some tensors over a frozen base") +
+                            ": its checkpoints hold only what trained, not a model to start from",
+                        "continue it with train.resume=" + config.model.init_from + "; or start from its result: ds convert-ckpt " +
+                            config.model.init_from + " OUT --merge (the whole model)" +
+                            (source->lora ? std::string(" or --adapter (the adapter, which model.init_from takes with model.lora)") : ""));
       if (source->kind() != WeightsKind::peft_adapter) {
         match_weights(*source, plan.model);
       } else if (!plan.lora.enabled) {
@@ -362,6 +458,11 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
       missing.push_back({"model.init_from", e.what(), e.hint()});
     }
   }
+  // "auto"s only a Python trainer can fill: refused before a run, a warning while planning.
+  std::vector<ConfigIssue> trainer_only;
+  auto_choices(config, plan, &trainer_only);
+  if (!trainer_only.empty() && a.runs_here) throw ConfigError(a.config, trainer_only);
+  plan.warnings.insert(plan.warnings.end(), trainer_only.begin(), trainer_only.end());
   if (!missing.empty() && a.inputs_must_exist) throw ConfigError(a.config, missing);
   plan.warnings.insert(plan.warnings.end(), missing.begin(), missing.end());
   std::vector<ConfigIssue> shown;

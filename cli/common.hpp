@@ -50,6 +50,8 @@ struct ConfigArgs {
   int nproc_per_node = 0;
   int nnodes = 0;
   std::string device_memory;  // e.g. "80GiB"
+  std::string host_memory;    // per node, e.g. "1TiB" (default: this machine's, when it is the one planned for)
+  double headroom = kDefaultHeadroom;
   std::string device = "auto";
   bool model_optional = false;     // ds plan: a config without a model block plans what it can
   bool inputs_must_exist = false;  // ds train: a missing data file is an error, not a warning
@@ -85,6 +87,11 @@ struct CompiledConfig {
   std::string resolved_json;  // the config with defaults filled (the run directory's config.json)
 };
 // Prints the plan's warnings unless `quiet` (a launcher whose rank 0 will print them itself).
+// What each "auto" the user wrote chose, as "key=value (rule)". The "auto"s only Hugging Face's Trainer can
+// fill (the learning rate, weight decay, betas, eps, warmup steps, fp16/bf16, clipping) go to `trainer_only`
+// instead, each naming what to write: compile_config refuses them before a run (a warning while planning).
+std::vector<std::string> auto_choices(const Config& config, const Plan& plan, std::vector<ConfigIssue>* trainer_only);
+
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args, bool quiet = false);
 inline Plan build_plan(const std::string& sub, const ConfigArgs& args) { return compile_config(sub, args).plan; }
 

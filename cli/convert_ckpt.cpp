@@ -185,7 +185,15 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   const std::string cfg_text = nlohmann::json{{"train_micro_batch_size_per_gpu", 1},
                                                {"model", {{"hf_config", fs::absolute(hf_config).string()}}},
                                                {"train", {{"output_dir", a.dst}, {"steps", 1}}}}.dump(2);
-  const LoadedConfig loaded = load_config_text_with_json(cfg_text, hf_config.string());
+  LoadedConfig loaded;
+  try {
+    loaded = load_config_text_with_json(cfg_text, hf_config.string());
+  } catch (const ConfigError& e) {  // the directory's config.json, not a key the user set
+    std::vector<ConfigIssue> issues = e.issues();
+    for (ConfigIssue& i : issues)
+      if (i.path == "model.hf_config") i.path = "SRC";
+    throw ConfigError(e.source(), issues);
+  }
   Topology one;
   one.world_size_source = "convert-ckpt";
   const Plan plan = compile_plan(loaded.config, build_model_spec(resolve_model_hyper(loaded.config.model)), one);

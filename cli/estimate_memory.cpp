@@ -1,5 +1,6 @@
 #include "cli/estimate_memory.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -175,6 +176,8 @@ beside them for comparison. Exit status: 0 ok, 2 bad input.)");
 
 int run_estimate_memory(const EstimateMemoryArgs& a) {
   return run_guarded("estimate-memory", [&] {
+    if (!(a.headroom >= 0 && a.headroom <= 0.9))  // NaN passes a range check: compared, it is neither in nor out
+      throw UserError("--headroom " + format_double(a.headroom) + " is not a share from 0 to 0.9", "e.g. --headroom 0.1 leaves 10% of each GPU free");
     if (a.params > ModelLimits::params)
       throw UserError("--params " + format_double(a.params) + " is more than ds plans for (" + format_double(ModelLimits::params) + ")",
                       "give the parameter count, e.g. --params 7e9");
@@ -262,11 +265,14 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
                   {"cpu_per_node", std::llround(r.host_per_node)},
                   {"nvme_per_node", std::llround(r.nvme_per_node)},
                   {"fits", r.fits_device ? ojson(r.fits()) : ojson(nullptr)},
+                  {"runs_today", r.not_yet.empty()},
+                  {"not_yet", r.not_yet},
                   {"overrides", r.overrides}};
         rows.push_back(row);
       }
       j["rows"] = rows;
       j["recommended"] = t.recommended;
+      j["runnable"] = t.runnable;
       ojson dsrows = ojson::array();
       for (const auto& r : t.deepspeed)
         dsrows.push_back({{"zero_stage", r.stage}, {"options", r.options}, {"cpu_per_node", std::llround(r.cpu_bytes)},
@@ -305,6 +311,7 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
       const auto& r = t.rows[i];
       const auto& d = r.memory.device;
       std::string fits = !r.fits_device ? "?" : r.fits() ? "yes" : "no";
+      if (!r.not_yet.empty()) fits += ", not yet *";
       if (static_cast<int>(i) == t.recommended) fits += "  <- recommended";
       std::snprintf(line, sizeof line, "  %-5d %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", r.choice.stage,
                     offload_text(r.choice).c_str(), r.choice.activation_checkpointing ? "on" : "off", gib(d.params).c_str(),
@@ -313,15 +320,35 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
                     fits.c_str());
       o << line;
     }
-    o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n\n";
+    o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
+    // What this ds cannot train yet on these GPUs, once per reason.
+    std::vector<std::string> reasons;
+    for (const auto& r : t.rows)
+      for (const std::string& why : r.not_yet)
+        if (std::find(reasons.begin(), reasons.end(), why) == reasons.end()) reasons.push_back(why);
+    for (size_t k = 0; k < reasons.size(); ++k) o << (k ? "    " : "  * not yet runnable by this ds: ") << reasons[k] << "\n";
+    o << "\n";
+    const auto choice_text = [](const EstimateRow& r) {
+      return "ZeRO-" + std::to_string(r.choice.stage) +
+             (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "") +
+             (r.choice.offload_param != OffloadDevice::none ? std::string(", parameter offload to ") + offload_device_name(r.choice.offload_param) : "") +
+             (r.choice.activation_checkpointing ? ", activation checkpointing" : "");
+    };
     if (t.recommended >= 0) {
       const auto& r = t.rows[t.recommended];
-      o << bold("Recommended", out) << ": ZeRO-" << r.choice.stage
-        << (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "")
-        << (r.choice.offload_param != OffloadDevice::none ? std::string(", parameter offload to ") + offload_device_name(r.choice.offload_param) : "")
-        << (r.choice.activation_checkpointing ? ", activation checkpointing" : "") << ": " << format_bytes(r.device_per_rank)
+      o << bold("Recommended", out) << ": " << choice_text(r) << ": " << format_bytes(r.device_per_rank)
         << " per GPU (" << std::lround(100.0 * r.device_per_rank / topo.device_memory_bytes) << "% of "
-        << format_bytes(topo.device_memory_bytes) << ")\n  select it with: ds plan CONFIG " << r.overrides << "\n\n";
+        << format_bytes(topo.device_memory_bytes) << ")\n  select it with: ds plan CONFIG " << r.overrides << "\n";
+      // Said with the recommendation, not only in the table: what this ds cannot train yet, and what it can.
+      if (!r.not_yet.empty()) {
+        o << "  not yet runnable by this ds: " << join(r.not_yet, "; ") << "\n";
+        if (t.runnable >= 0)
+          o << "  the fastest that fits and ds trains today: " << choice_text(t.rows[t.runnable]) << " (ds plan CONFIG "
+            << t.rows[t.runnable].overrides << ")\n";
+        else
+          o << "  none of the rows that fit can ds train on " << (topo.world_size > 1 ? "these GPUs" : "a GPU") << " today\n";
+      }
+      o << "\n";
     } else if (topo.device_memory_bytes > 0) {
       o << bold("Nothing fits", out) << " " << format_bytes(topo.device_memory_bytes)
         << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory.\n\n";

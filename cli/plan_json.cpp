@@ -1,5 +1,8 @@
 #include "cli/plan_json.hpp"
 
+#include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
+
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -131,6 +134,7 @@ std::string plan_to_json(const Plan& p, int indent) {
                     {"eps", o.eps},
                     {"weight_decay", o.weight_decay},
                     {"decoupled_weight_decay", o.decoupled_weight_decay},
+                    {"weight_decay_params", o.decay_all_params ? "all" : "matrices"},
                     {"bias_correction", o.bias_correction},
                     {"momentum", o.momentum},
                     {"moments", o.moments}};
@@ -235,6 +239,21 @@ std::string plan_to_json(const Plan& p, int indent) {
   for (const auto& r : p.resolved) res.push_back({{"path", r.path}, {"value", r.value}, {"source", r.source}});
   j["resolved"] = res;
   j["warnings"] = issues(p.warnings);
+  j["not_yet_runnable"] = p.has_model ? not_yet_runnable(p) : std::vector<std::string>{};
+  {
+    const FitCheck f = check_fit(p, p.topology.headroom);
+    const auto name = [](Fit v) {
+      switch (v) {
+        case Fit::fits: return "fits";
+        case Fit::within_headroom: return "within_headroom";
+        case Fit::does_not_fit: return "does_not_fit";
+        case Fit::not_applicable: return "not_applicable";
+        case Fit::unknown: break;
+      }
+      return "unknown";
+    };
+    j["fit"] = p.has_model ? json{{"device", name(f.device)}, {"host", name(f.host)}, {"headroom", p.topology.headroom}} : json(nullptr);
+  }
   if (!p.has_model)
     for (const char* needs_model : {"layout", "memory", "tokens_per_step", "train_flops_per_step"}) j[needs_model] = nullptr;
   return j.dump(indent);

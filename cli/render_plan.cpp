@@ -1,5 +1,8 @@
 #include "cli/render_plan.hpp"
 
+#include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
@@ -50,7 +53,10 @@ std::string optimizer_text(const Plan& p) {
     opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps);
   else
     opt += ", momentum " + format_double(op.momentum);
-  return opt + ", weight decay " + format_double(op.weight_decay) + (op.decoupled_weight_decay ? " (decoupled)" : " (L2)") +
+  const std::string decayed = op.weight_decay == 0      ? ""
+                              : op.decay_all_params     ? " on every parameter"
+                                                        : " on matrices and embeddings, not biases or norms (train.weight_decay_params)";
+  return opt + ", weight decay " + format_double(op.weight_decay) + (op.decoupled_weight_decay ? " (decoupled)" : " (L2)") + decayed +
          "; clip grad norm " + (p.gradient_clipping > 0 ? format_double(p.gradient_clipping) : std::string("off")) +
          (p.gradient_sum_over_ranks ? "; ranks' gradients summed (gradient_allreduce_op sum)" : "");
 }
@@ -135,6 +141,9 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
                          p.placement.optimizer_states);
   row("data", data_text(p.data, p.seq_len));
   row("run", run_text(p));
+  // What this ds cannot train yet on the plan's device, before anyone starts it.
+  const std::vector<std::string> not_yet = not_yet_runnable(p);
+  for (size_t i = 0; i < not_yet.size(); ++i) row(i == 0 ? "NOT YET" : "", "ds train refuses " + not_yet[i]);
   if (p.zero_stage() >= 0) {
     o << "\n" << h("Communication per parameter per optimizer step") << "\n";
     if (p.execution.collectives.empty()) {
@@ -246,6 +255,9 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                        p.placement.optimizer_states);
   row("data", data_text(p.data, p.seq_len));
   row("run", run_text(p));
+  // What this ds cannot train yet on the plan's device, before anyone starts it.
+  const std::vector<std::string> not_yet = not_yet_runnable(p);
+  for (size_t i = 0; i < not_yet.size(); ++i) row(i == 0 ? "NOT YET" : "", "ds train refuses " + not_yet[i]);
 
   // Memory.
   const MemoryEstimate& me = p.memory;
@@ -268,18 +280,23 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   mrow("buffers", me.device.buffers, me.host.buffers);
   mrow("total", me.device.total(), me.host.total());
   if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(in_unit(me.nvme), 10) << "\n";
-  auto verdict = [](double need, double have) {
-    return have <= 0 ? std::string() : need <= have ? "  -> fits (" + format_bytes(have) + " available)"
-                                                    : "  -> DOES NOT FIT (" + format_bytes(have) + " available)";
+  // The one fit rule (engine/plan/fit.hpp): what estimate-memory and the "auto" choices judge by.
+  const FitCheck fit = check_fit(p, t.headroom);
+  const auto verdict = [&](Fit f, double need, double have) {
+    const std::string text = fit_text(f, need, have, t.headroom);
+    return text.empty() ? text : "  -> " + text;
   };
   if (t.device == DeviceKind::cuda)
     o << "  device per rank: " << format_bytes(me.device.total())
-      << (t.device_memory_bytes > 0 ? verdict(me.device.total(), t.device_memory_bytes)
+      << (t.device_memory_bytes > 0 ? verdict(fit.device, fit.device_need, fit.device_have)
                                     : "  (device memory unknown: pass --device-memory to check the fit)")
-      << "\n  host RAM per node: " << format_bytes(p.host_bytes_per_node()) << "\n";
+      << "\n  host RAM per node: " << format_bytes(p.host_bytes_per_node())
+      << (t.host_memory_bytes > 0 ? verdict(fit.host, fit.host_need, fit.host_have)
+                                  : "  (host memory unknown: pass --host-memory to check the fit)")
+      << "\n";
   else
     o << "  host RAM per node: " << format_bytes(p.host_bytes_per_node()) << " (the device is this host)"
-      << verdict(p.host_bytes_per_node(), t.host_memory_bytes) << "\n";
+      << verdict(fit.host, fit.host_need, fit.host_have) << "\n";
   o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";

@@ -18,6 +18,7 @@
 #include "common/hash.hpp"
 #include "common/stop_signals.hpp"
 #include "common/strings.hpp"
+#include "engine/plan/fit.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/launcher.hpp"
@@ -182,13 +183,24 @@ int run_train(const TrainArgs& a) {
     const bool launcher = launch.launcher;
     const std::vector<LaunchHost>& hosts = launch.hosts;
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
-    const Topology& topo = compiled.plan.topology;
-    if (topo.device == DeviceKind::cpu && topo.host_memory_bytes > 0 && compiled.plan.host_bytes_per_node() > topo.host_memory_bytes &&
-        !a.no_fit_check)
-      throw UserError("the plan needs " + format_bytes(compiled.plan.host_bytes_per_node()) + " per node, but this machine has " +
-                          format_bytes(topo.host_memory_bytes),
+    const std::vector<std::string> autos = auto_choices(compiled.config, compiled.plan, nullptr);
+    if (!launcher && !autos.empty() && (!std::getenv("RANK") || std::string(std::getenv("RANK")) == "0"))
+      std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
+    // The one fit rule (engine/plan/fit.hpp): a plan past what the machine has is refused; one inside the
+    // headroom starts with a warning (ds plan calls it tight).
+    const FitCheck fit = check_fit(compiled.plan, compiled.plan.topology.headroom);
+    if (fit.does_not_fit() && !a.no_fit_check)
+      throw UserError("the plan needs " +
+                          (fit.host == Fit::does_not_fit ? format_bytes(fit.host_need) + " of host memory per node, but this machine has " + format_bytes(fit.host_have)
+                                                         : format_bytes(fit.device_need) + " per GPU, but it has " + format_bytes(fit.device_have)),
                       "`ds plan` shows where it goes: lower the micro batch or the sequence, raise the ZeRO stage, enable "
                       "model.activation_checkpointing, or add --no-fit-check to start anyway");
+    if (!fit.fits() && !fit.does_not_fit() && !launcher)
+      print_warnings("train", {{"", "the plan leaves less than the headroom free (" +
+                                         (fit.host == Fit::within_headroom ? fit_text(fit.host, fit.host_need, fit.host_have, compiled.plan.topology.headroom)
+                                                                           : fit_text(fit.device, fit.device_need, fit.device_have, compiled.plan.topology.headroom)) +
+                                         "): what the memory model does not count may not fit",
+                                "a smaller micro batch, or model.activation_checkpointing, leaves more"}});
     const char* rank_env = std::getenv("RANK");
     const bool writes_run_dir = !rank_env || std::string(rank_env) == "0";
     // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported

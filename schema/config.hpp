@@ -172,6 +172,9 @@ struct DataConfig {
   std::string path, tokenizer, vocab_file, merges_file, token_format, dataset;
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;
+  // Not a key: the data's size in tokens, measured by the command before it compiles the plan (train.epochs
+  // needs it); empty when not measured.
+  std::optional<int64_t> measured_tokens;
 };
 
 struct TrainConfig {
@@ -181,6 +184,8 @@ struct TrainConfig {
   std::optional<int64_t> threads;  // empty: auto
   std::string resume;              // "false" | "auto" | a path
   double comm_timeout_s = 600;     // collectives and rendezvous
+  bool decay_all_params = false;   // weight_decay_params "all"; "matrices": never biases or norm weights
+  std::optional<double> epochs;    // steps from passes over the training split (the plan resolves them)
 };
 
 struct MonitorConfig {

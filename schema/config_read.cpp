@@ -285,11 +285,13 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
 
   const json& t = at(d, "train");
   c.train.steps = at(t, "steps").get<int64_t>();
+  if (at(t, "epochs").is_number()) c.train.epochs = at(t, "epochs").get<double>();
   c.train.eval_every = at(t, "eval_every").get<int64_t>();
   c.train.eval_batches = at(t, "eval_batches").get<int64_t>();
   c.train.save_every = at(t, "save_every").get<int64_t>();
   c.train.keep_last = at(t, "keep_last").get<int64_t>();
   c.train.divergence_factor = at(t, "divergence_factor").get<double>();
+  c.train.decay_all_params = at(t, "weight_decay_params").get<std::string>() == "all";
   c.train.output_dir = at(t, "output_dir").get<std::string>();
   c.train.seed = at(t, "seed").get<int64_t>();
   c.train.threads = opt_int(at(t, "threads"));

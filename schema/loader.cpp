@@ -4,6 +4,11 @@
 //   names) -> fill defaults -> validate -> replace "auto" that means "the default" -> typed read.
 #include "schema/loader.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +137,17 @@ std::string read_config_text_file(const std::string& path) {
   if (std::filesystem::is_directory(path, ec))
     throw UserError("'" + path + "' is a directory, not a config file",
                     "name the JSON file itself; templates/ holds ready configs (e.g. templates/zero2.json)");
+  // A pipe is fine (ds plan <(jq ... my.json)), but a named FIFO nobody writes would block forever: one
+  // is given 10 s to produce its first bytes.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    pollfd p{fd, POLLIN, 0};
+    const bool ready = fd >= 0 && ::poll(&p, 1, 10000) > 0;
+    if (fd >= 0) ::close(fd);
+    if (!ready)
+      throw UserError("'" + path + "' is a FIFO that nothing wrote to within 10 s", "give a config file (or a pipe with a writer)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw UserError("cannot read config file '" + path + "'",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,7 +85,9 @@ void wait_for_lines(const std::string& file, int64_t lines) {
 TEST(CliOutside, ASigtermWhileStartingSaysSoAndLeavesADirectoryTheNextRunTakes) {
   const std::string a = fresh("sigterm_start");
   // GPT-2 124M: drawing its weights takes long enough that the signal lands while it starts.
-  const std::string big = kRun + "model.preset=gpt2 data.seq_len=32 train_micro_batch_size_per_gpu=1 train.steps=3 train.output_dir=" + a;
+  // The start line is the first (a warning before it would take the signal meant for the start).
+  const std::string big = kRun + "model.preset=gpt2 data.seq_len=32 train_micro_batch_size_per_gpu=1 train.steps=3 "
+                                 "scheduler.params.warmup_num_steps=1 train.output_dir=" + a;
   Result r = ds_signalled(big, SIGTERM, scratch_dir() + "/err", 1, 0.0);
   ASSERT_EQ(r.code, 143) << r.err;
   EXPECT_TRUE(contains(r.err, "ds train: starting on the CPU: drawing the initial weights of 124,439,808 parameters")) << r.err;
@@ -410,4 +413,193 @@ TEST(CliOutside, AFlippedBitInTheStoredPlanIsCorruptionNotAJsonError) {
 TEST(CliOutside, ProfileStoppedBySigtermExits143) {
   const Result r = ds_signalled("profile examples/quickstart.json --steps 100000", SIGTERM, scratch_dir() + "/err", 2, 0.5);
   EXPECT_EQ(r.code, 143) << r.err;
+}
+
+// 2b. A token file truncated under a running run: the run saves the steps it completed and stops naming the
+// file (exit 1), never SIGBUS; the resume from that checkpoint continues once the file is back.
+TEST(CliOutside, ATokenFileTruncatedMidRunStopsTheRunWithItsStepsSaved) {
+  const std::string dir = fresh("truncated");
+  fs::create_directories(dir);
+  {
+    std::ofstream tokens(dir + "/tokens.bin", std::ios::binary);
+    for (uint32_t i = 0; i < 400000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 7919u) % 256u);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  fs::copy_file(dir + "/tokens.bin", dir + "/tokens.keep");
+  const std::string args = kRun + "data.type=tokens data.path=" + dir + "/tokens.bin train.save_every=100000 train.steps=100000 "
+                                  "train.output_dir=" + dir + "/run";
+  const pid_t pid = ds_background(args, dir + "/log");
+  wait_for_lines(dir + "/run/metrics.jsonl", 3);
+  fs::resize_file(dir + "/tokens.bin", 64);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string err = slurp(dir + "/log.err");
+  ASSERT_TRUE(WIFEXITED(status)) << "died of a signal: " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << "\n" << err;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << err;
+  EXPECT_TRUE(contains(err, "tokens.bin' could not be read at byte")) << err;
+  EXPECT_TRUE(contains(err, "it shrank from 800000 to 64 bytes")) << err;
+  const std::vector<int64_t> steps = steps_of(dir + "/run");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoints/step_" + std::string(8 - std::to_string(steps.back()).size(), '0') +
+                         std::to_string(steps.back()) + "/DONE"))
+      << err;
+  fs::copy_file(dir + "/tokens.keep", dir + "/tokens.bin", fs::copy_options::overwrite_existing);
+  const Result r = ds(kRun + "data.type=tokens data.path=" + dir + "/tokens.bin train.steps=" + std::to_string(steps.back() + 1) +
+                      " train.output_dir=" + dir + "/run --resume");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(steps_of(dir + "/run").back(), steps.back() + 1);
+}
+
+// 3, 4, 14. Errors name what the user gave: a model.init_from that does not exist, a source whose config.json
+// ds cannot train (not model.hf_config), a PEFT adapter whose base is a Hub id, a LoRA run given as weights.
+TEST(CliOutside, InitFromErrorsNameWhatTheUserGave) {
+  const std::string dir = fresh("init_from");
+  fs::create_directories(dir);
+  Result r = ds("plan examples/quickstart.json ~model.preset model.init_from=" + dir + "/does-not-exist");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.init_from: '" + dir + "/does-not-exist' does not exist")) << r.err;
+  EXPECT_FALSE(contains(r.err, "no architecture given")) << r.err;
+  ASSERT_EQ(ds(kRun + "train.steps=2 train.output_dir=" + dir + "/run").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/hf").code, 0);
+  nlohmann::json c = nlohmann::json::parse(slurp(dir + "/hf/config.json"));
+  c["scale_attn_weights"] = false;  // a GPT-2 option that changes the function, which ds does not train
+  std::ofstream(dir + "/hf/config.json", std::ios::trunc) << c.dump(2);
+  r = ds("plan examples/quickstart.json ~model.preset model.init_from=" + dir + "/hf");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.init_from: ")) << r.err;
+  EXPECT_FALSE(contains(r.err, "model.hf_config")) << r.err;
+  r = ds("convert-ckpt " + dir + "/hf " + dir + "/imported");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(contains(r.err, "model.hf_config")) << r.err;
+  // A PEFT adapter naming its base by a Hub id.
+  ASSERT_EQ(ds("train examples/lora.json bf16.enabled=false train.eval_every=0 train.steps=2 ~model.init_from train.output_dir=" + dir + "/lora").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/lora " + dir + "/adapter --adapter").code, 0);
+  nlohmann::json a = nlohmann::json::parse(slurp(dir + "/adapter/adapter_config.json"));
+  a["base_model_name_or_path"] = "openai-community/gpt2";
+  std::ofstream(dir + "/adapter/adapter_config.json", std::ios::trunc) << a.dump(2);
+  r = ds("plan examples/lora.json ~model.preset model.init_from=" + dir + "/adapter");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "huggingface-cli download openai-community/gpt2 --local-dir DIR")) << r.err;
+  // A LoRA run given as the weights to start from.
+  r = ds(kRun + "train.steps=2 model.init_from=" + dir + "/lora train.output_dir=" + dir + "/from-lora");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is a run that trained a LoRA adapter")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--merge")) << r.err;
+}
+
+// 7. "auto" as Hugging Face's Trainer writes it: what only a Python trainer can fill is refused naming the key
+// and what to write (ds plan warns); every other "auto" ds train resolves is said at the start.
+TEST(CliOutside, TrainerOnlyAutosAreRefusedAndTheRestAreSaid) {
+  const std::string dir = fresh("autos");
+  Result r = ds(kRun + "optimizer.params.lr=auto optimizer.params.weight_decay=auto scheduler.params.warmup_num_steps=auto "
+                       "bf16.enabled=auto train.output_dir=" + dir);
+  EXPECT_EQ(r.code, 2) << r.err;
+  for (const char* key : {"optimizer.params.lr: is \"auto\"", "optimizer.params.weight_decay: is \"auto\"",
+                          "scheduler.params.warmup_num_steps: is \"auto\"", "bf16.enabled: is \"auto\""})
+    EXPECT_TRUE(contains(r.err, key)) << key << "\n" << r.err;
+  EXPECT_TRUE(contains(r.err, "the Trainer's default is 5e-5")) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
+  r = ds("plan examples/quickstart.json optimizer.params.lr=auto");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "warning: optimizer.params.lr: is \"auto\"")) << r.err;
+  r = ds(kRun + "train.steps=1 zero_optimization.reduce_bucket_size=auto train.output_dir=" + dir);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "ds train: \"auto\" chose zero_optimization.reduce_bucket_size=4096 (auto: hidden_size^2")) << r.err;
+}
+
+// 2b, 13, 14. Small things users hit: a FIFO as the config or the data, sizes past sense, flags after the
+// command, the DeepSpeed activation_checkpointing block, an unknown key with nothing near, profile's own steps.
+TEST(CliOutside, SmallThingsUsersHit) {
+  const std::string dir = fresh("small");
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  Result r = ds("plan " + dir + "/fifo");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is a FIFO that nothing wrote to within 10 s")) << r.err;
+  r = ds(kRun + "train.steps=1 data.type=tokens data.path=" + dir + "/fifo train.output_dir=" + dir + "/run");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is not a regular file")) << r.err;
+  r = ds("plan examples/quickstart.json --nproc-per-node 65536 --nnodes 65536");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is 4294967296 ranks; ds plans for at most 1048576")) << r.err;
+  r = ds("estimate-memory --model 7b --gpus 8 --headroom nan");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = ds("plan examples/quickstart.json --color=never");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = ds("plan examples/quickstart.json activation_checkpointing.partition_activations=true");
+  EXPECT_TRUE(contains(r.err, "ds recomputes whole blocks when model.activation_checkpointing is true")) << r.err;
+  r = ds("plan examples/quickstart.json activation_checkpointing.partition_grad=true");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "activation_checkpointing takes contiguous_memory_optimization, cpu_checkpointing")) << r.err;
+  r = ds("profile examples/quickstart.json --steps 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "shorter than warmup_num_steps")) << r.err;
+}
+
+// 5, 6, 9. One fit rule for ds plan, estimate-memory and ds train; what ds cannot run yet on a GPU is said
+// where the choice is made; planning for another machine's GPUs does not judge by this machine's RAM.
+TEST(CliOutside, PlanAndEstimateJudgeFitAlikeAndSayWhatCannotRunYet) {
+  Result r = ds("plan templates/zero3.json model.preset=llama-2-7b --device-memory 80GiB zero_optimization.offload_optimizer.device=cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "NOT YET     ds train refuses offload from a GPU")) << r.out;
+  EXPECT_TRUE(contains(r.out, "-> fits (72.00 GiB of 80.00 GiB usable at headroom 0.1)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "host memory unknown: pass --host-memory")) << r.out;
+  r = ds("plan templates/zero3.json model.preset=llama-2-7b --device-memory 80GiB zero_optimization.offload_optimizer.device=cpu "
+         "--host-memory 100GiB --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["fit"]["device"], "fits");
+  EXPECT_EQ(j["fit"]["host"], "does_not_fit");  // 100.41 GiB of states and gradients on the host
+  EXPECT_EQ(j["not_yet_runnable"].size(), 1u);
+  // estimate-memory: the same plan's row, judged the same; the recommendation says it cannot run yet.
+  r = ds("estimate-memory --model 8b --gpus 1 --gpu-memory 80GiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "<- recommended")) << r.out;
+  EXPECT_TRUE(contains(r.out, "not yet runnable by this ds: offload from a GPU")) << r.out;
+  r = ds("estimate-memory --model 8b --gpus 1 --gpu-memory 80GiB --json");
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  for (const auto& row : e["rows"])
+    EXPECT_EQ(row["runs_today"].get<bool>(), row["offload_optimizer"] == "none" && row["offload_param"] == "none") << row.dump();
+  // 9. Optimizer offload on a GPU at stage 3: the gradient partition lives on the host, as in DeepSpeed.
+  for (const auto& row : e["rows"])
+    if (row["zero_stage"] == 3 && row["offload_optimizer"] != "none") EXPECT_EQ(row["per_gpu"]["grads"], 0) << row.dump();
+}
+
+// 11. train.epochs counts the steps from the training split's size (read when the plan is made); data.path
+// may be a directory of shards, read in name order as one stream.
+TEST(CliOutside, EpochsCountStepsFromTheDataAndADirectoryHoldsShards) {
+  const std::string dir = fresh("epochs");
+  fs::create_directories(dir + "/shards");
+  for (const char* name : {"b.bin", "a.bin"}) {
+    std::ofstream tokens(dir + "/shards/" + name, std::ios::binary);
+    for (uint32_t i = 0; i < 50000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 31u + name[0]) % 256u);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  std::ofstream(dir + "/shards/.hidden") << "not data";
+  const std::string data = "data.type=tokens data.path=" + dir + "/shards ";
+  Result r = ds("plan examples/quickstart.json " + data + "~train.steps train.epochs=2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json p = nlohmann::json::parse(r.out);
+  const int64_t tokens = 100000, train_tokens = tokens - static_cast<int64_t>(tokens * 0.05);
+  const int64_t per_step = p["tokens_per_step"].get<int64_t>();
+  EXPECT_EQ(p["steps"].get<int64_t>(), (2 * train_tokens + per_step - 1) / per_step);
+  bool said = false;
+  for (const auto& v : p["resolved"])
+    if (v["path"] == "train.steps") said = v["source"].get<std::string>().find("train.epochs 2 x 95,000 training tokens") == 0;
+  EXPECT_TRUE(said) << p["resolved"].dump();
+  EXPECT_EQ(p["scheduler"]["total_num_steps"], p["steps"]);  // the schedule follows the steps the epochs gave
+  r = ds("plan examples/quickstart.json " + data + "train.epochs=2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "both train.steps and train.epochs are given")) << r.err;
+  r = ds(kRun + data + "train.steps=2 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, dir + "/shards (2 files): 100,000 uint16 tokens")) << r.err;
+  fs::create_directories(dir + "/empty");
+  r = ds(kRun + "data.type=tokens data.path=" + dir + "/empty train.steps=2 train.output_dir=" + dir + "/run2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "is a directory with no data files in it")) << r.err;
 }

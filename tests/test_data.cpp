@@ -46,11 +46,11 @@ DataConfig data(DataType type, const std::string& path, const std::string& forma
 TEST(TokenFiles, RawUint16AndUint32RoundTrip) {
   const std::vector<uint16_t> a = {1, 2, 65535, 7};
   write_tokens(temp_file("a.bin"), a);
-  MappedTokenFile f16(temp_file("a.bin"), "uint16");
+  TokenFile f16(temp_file("a.bin"), "uint16");
   EXPECT_EQ(all_tokens(f16), (std::vector<int32_t>{1, 2, 65535, 7}));
   const std::vector<uint32_t> b = {100000, 3};
   write_tokens(temp_file("b.bin"), b);
-  MappedTokenFile f32(temp_file("b.bin"), "uint32");
+  TokenFile f32(temp_file("b.bin"), "uint32");
   EXPECT_EQ(all_tokens(f32), (std::vector<int32_t>{100000, 3}));
   EXPECT_EQ(f32.max_token(), 100000);
 }
@@ -61,15 +61,15 @@ TEST(TokenFiles, LlmcHeaderIsCheckedAndSkipped) {
   header[1] = 1;
   header[2] = 3;
   write_tokens(temp_file("c.bin"), std::vector<uint16_t>{5, 6, 50256}, header);
-  MappedTokenFile f(temp_file("c.bin"), "llmc");
+  TokenFile f(temp_file("c.bin"), "llmc");
   EXPECT_EQ(all_tokens(f), (std::vector<int32_t>{5, 6, 50256}));
   header[2] = 4;  // claims one more token than the file holds
   write_tokens(temp_file("d.bin"), std::vector<uint16_t>{5, 6, 7}, header);
-  EXPECT_THROW(MappedTokenFile(temp_file("d.bin"), "llmc"), UserError);
+  EXPECT_THROW(TokenFile(temp_file("d.bin"), "llmc"), UserError);
   header[0] = 1234;
   write_tokens(temp_file("e.bin"), std::vector<uint16_t>{5, 6, 7, 8}, header);
   try {
-    MappedTokenFile(temp_file("e.bin"), "llmc");
+    TokenFile(temp_file("e.bin"), "llmc");
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("magic 1234"), std::string::npos) << e.what();
@@ -77,9 +77,9 @@ TEST(TokenFiles, LlmcHeaderIsCheckedAndSkipped) {
 }
 
 TEST(TokenFiles, BadInputsAreUserErrorsNamingTheFile) {
-  EXPECT_THROW(MappedTokenFile("/nonexistent/tokens.bin", "uint16"), UserError);
+  EXPECT_THROW(TokenFile("/nonexistent/tokens.bin", "uint16"), UserError);
   std::ofstream(temp_file("odd.bin"), std::ios::binary) << "abc";
-  EXPECT_THROW(MappedTokenFile(temp_file("odd.bin"), "uint16"), UserError);
+  EXPECT_THROW(TokenFile(temp_file("odd.bin"), "uint16"), UserError);
   write_tokens(temp_file("big.bin"), std::vector<uint16_t>{1, 300});
   try {
     open_token_stream(data(DataType::tokens, temp_file("big.bin")), 256, 1);
@@ -237,4 +237,20 @@ TEST(BatchSampler, TooLittleDataIsAUserError) {
   auto s = make_synthetic_stream(256, 100, 1);
   EXPECT_THROW(BatchSampler(*s, {128, 1, 1, 1, 0, 0.0, 1}), UserError);
   EXPECT_THROW(BatchSampler(*s, {16, 1, 1, 1, 0, 0.05, 1}), UserError);  // 5 validation tokens < 17
+}
+
+// Shards read as one stream: a window that spans two files reads the end of one and the start of the next.
+TEST(TokenFiles, ShardsReadAsOneStreamAcrossTheirBoundaries) {
+  write_tokens(temp_file("s1.bin"), std::vector<uint16_t>{1, 2, 3});
+  write_tokens(temp_file("s2.bin"), std::vector<uint16_t>{40, 50});
+  std::vector<std::unique_ptr<TokenStream>> parts;
+  parts.push_back(std::make_unique<TokenFile>(temp_file("s1.bin"), "uint16"));
+  parts.push_back(std::make_unique<TokenFile>(temp_file("s2.bin"), "uint16"));
+  const ConcatTokenStream s(std::move(parts), "two shards");
+  EXPECT_EQ(s.size(), 5);
+  EXPECT_EQ(s.max_token(), 50);
+  EXPECT_EQ(all_tokens(s), (std::vector<int32_t>{1, 2, 3, 40, 50}));
+  std::vector<int32_t> window(3);
+  s.read(1, 3, window.data());
+  EXPECT_EQ(window, (std::vector<int32_t>{2, 3, 40}));
 }

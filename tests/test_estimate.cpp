@@ -130,12 +130,39 @@ TEST(MemoryEstimateTable, RecommendsTheFastestRowThatFits) {
   EXPECT_TRUE(rec.fits());
   for (int i = 0; i < big.recommended; ++i) EXPECT_FALSE(big.rows[i].fits()) << big.rows[i].overrides;
   EXPECT_EQ(rec.choice.offload_optimizer, OffloadDevice::none);  // 80 GiB needs no offload for 7B on 8 GPUs
-  // 8 GiB: only ZeRO-3 with everything offloaded and recomputation fits (ds keeps each rank's bf16 gradient
-  // partition on the device, 1.57 GiB here, so that offload never changes the numbers).
+  // 8 GiB: only rows with the optimizer offloaded fit (on a GPU each rank's gradient partition then lives on
+  // the host with the states, as DeepSpeed's ZeRO-Offload keeps it).
   MemoryEstimateTable small = estimate_memory_table(base, m, gpus(8, 1, 8.0 * (1 << 30)), {});
   ASSERT_GE(small.recommended, 0);
   EXPECT_NE(small.rows[small.recommended].choice.offload_optimizer, OffloadDevice::none);
   EXPECT_EQ(estimate_memory_table(base, m, gpus(1, 1, 1.0 * (1 << 30)), {}).recommended, -1);
+  // Every row says whether this ds trains it on those GPUs today: 8 ranks are refused (NCCL), and so is offload.
+  for (const EstimateRow& r : small.rows) EXPECT_FALSE(r.not_yet.empty()) << r.overrides;
+  EXPECT_EQ(small.runnable, -1);
+  MemoryEstimateTable one = estimate_memory_table(base, m, gpus(1, 1, 160.0 * (1 << 30)), {});
+  for (const EstimateRow& r : one.rows)
+    EXPECT_EQ(r.not_yet.empty(), r.choice.offload_optimizer == OffloadDevice::none && r.choice.offload_param == OffloadDevice::none)
+        << r.overrides;
+  ASSERT_GE(one.runnable, 0);
+  EXPECT_TRUE(one.rows[one.runnable].fits());
+  EXPECT_GE(one.runnable, one.recommended);
+}
+
+// With the optimizer offloaded from stage 2 on, a GPU rank's gradient partition is on the host, beside the
+// states (DeepSpeed's ZeRO-Offload): the device holds the block buffers only. On the CPU nothing moves.
+TEST(MemoryEstimateTable, OffloadedGradientsLiveOnTheHostOfAGpuRank) {
+  Config base = load_config_text(kCfg, "t");
+  ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  EstimateFilter f;
+  f.stage = 3;
+  f.offload = OffloadDevice::cpu;
+  f.activation_checkpointing = true;
+  const MemoryEstimateTable t = estimate_memory_table(base, m, gpus(8, 1, 24.0 * (1 << 30)), f);
+  ASSERT_FALSE(t.rows.empty());
+  for (const EstimateRow& r : t.rows) {
+    EXPECT_EQ(r.memory.device.grads, 0.0) << r.overrides;
+    EXPECT_GT(r.memory.host.grads, 0.0) << r.overrides;
+  }
 }
 
 TEST(MemoryEstimateTable, SpeedOrderPrefersLessOffloadThenLowerStageThenNoRecompute) {

@@ -176,8 +176,12 @@ TEST(LoraPlan, AtStageThreeOnSeveralRanksTheBasesBlocksArePartitionedAndGathered
     for (int64_t n : per_block) largest_block = std::max(largest_block, n);
     ASSERT_GT(partitions, 0);
     const ZeroBuffer* frozen = p.execution.find(BufferRole::frozen_params);
+    const ZeroBuffer* parts = p.execution.find(BufferRole::frozen_partitions);
     ASSERT_NE(frozen, nullptr);
-    EXPECT_EQ(frozen->elements, whole + partitions);
+    ASSERT_NE(parts, nullptr);
+    EXPECT_EQ(frozen->elements, whole);
+    EXPECT_EQ(parts->elements, partitions);
+    EXPECT_EQ(parts->place, Place::device);
     const ZeroBuffer* blocks = p.execution.find(BufferRole::frozen_block_params);
     ASSERT_NE(blocks, nullptr);
     EXPECT_EQ(blocks->elements, largest_block);
@@ -229,4 +233,24 @@ TEST(LoraPlan, AtStageThreeOnSeveralRanksTheBasesBlocksArePartitionedAndGathered
     EXPECT_EQ(p.execution.find(BufferRole::frozen_block_params), nullptr);
     for (const Collective& x : p.execution.collectives) EXPECT_NE(x.kind, CollectiveKind::frozen_parameters);
   }
+}
+
+// offload_param puts the frozen base's partitions where it puts the trained ones, on the host: a 70B LoRA whose
+// base does not fit the GPUs even partitioned fits with it offloaded. The tensors kept whole stay on the device.
+TEST(LoraPlan, OffloadParamPutsTheBasesPartitionsOnTheHost) {
+  const std::vector<std::string> o = {kAll, "zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=100"};
+  const Plan kept = test::plan_of(kTiny, 2, 0, o);
+  std::vector<std::string> off = o;
+  off.push_back("zero_optimization.offload_param.device=cpu");
+  const Plan moved = test::plan_of(kTiny, 2, 0, off);
+  const ZeroBuffer* parts = moved.execution.find_anywhere(BufferRole::frozen_partitions);
+  ASSERT_NE(parts, nullptr);
+  EXPECT_EQ(parts->place, Place::host);
+  ASSERT_NE(kept.execution.find(BufferRole::frozen_partitions), nullptr);
+  EXPECT_EQ(moved.execution.find(BufferRole::frozen_params)->place, Place::device);
+  // Exactly the partitions' bytes leave the device for the host, the base's and the adapter's.
+  const ZeroBuffer* adapter = moved.execution.find(BufferRole::params, Place::host);
+  ASSERT_NE(adapter, nullptr);
+  EXPECT_DOUBLE_EQ(kept.memory.device.params - moved.memory.device.params, parts->bytes() + adapter->bytes());
+  EXPECT_DOUBLE_EQ(moved.memory.host.params - kept.memory.host.params, parts->bytes() + adapter->bytes());
 }

@@ -6,6 +6,8 @@
 
 #include "engine/plan/plan.hpp"
 #include "cli/plan_json.hpp"
+#include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;
@@ -408,4 +410,66 @@ TEST(PlanCompiler, TheCommunicationBackendIsThePlansDecision) {
   EXPECT_TRUE(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}, 80.0 * (1 << 30)).execution.scatter);
   EXPECT_FALSE(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}).execution.scatter);
   EXPECT_TRUE(plan_of(kGpt2, 2, {"zero_optimization.stage=3"}, 80.0 * (1 << 30)).execution.gather_staged);
+}
+
+// train.weight_decay_params: "matrices" (Hugging Face's Trainer grouping) decays the projections, the token
+// and position embeddings and the head, never biases or norm weights; "all" decays every parameter, as
+// DeepSpeed does with one group. ds plan says which.
+TEST(Plan, WeightDecayAppliesToMatricesOrToEveryParameter) {
+  const char* gpt2 = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"weight_decay": 0.1}},
+    "model": {"preset": "gpt2-tiny"}, "data": {"seq_len": 16}})";
+  const Plan matrices = test::plan_of(gpt2, 1, 0);
+  const Plan all = test::plan_of(gpt2, 1, 0, {"train.weight_decay_params=all"});
+  ASSERT_EQ(matrices.layout.params.size(), all.layout.params.size());
+  int decayed = 0;
+  for (size_t i = 0; i < matrices.layout.params.size(); ++i) {
+    const ParamSlot& p = matrices.layout.params[i];
+    const bool is_matrix = p.shape.size() == 2;  // wte, wpe, c_attn, c_proj, c_fc: the bias and norm vectors are 1-D
+    EXPECT_EQ(p.weight_decay, is_matrix) << p.name;
+    EXPECT_TRUE(all.layout.params[i].weight_decay) << p.name;
+    decayed += p.weight_decay;
+  }
+  EXPECT_EQ(decayed, 2 + 4 * matrices.model.hp.num_layers);
+  EXPECT_EQ(matrices.optimizer.decay_all_params, false);
+  EXPECT_EQ(all.optimizer.decay_all_params, true);
+}
+
+// What this ds cannot train yet is the plan's to say, by device: ds plan shows it, ds train refuses it.
+TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
+  const char* cfg = R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "model": {"preset": "gpt2-tiny"}, "data": {"seq_len": 16}})";
+  Config c = load_config_text(cfg, "t.json", {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"});
+  const ModelSpec m = build_model_spec(resolve_model_hyper(c.model));
+  Topology gpu;
+  gpu.device = DeviceKind::cuda;
+  gpu.device_memory_bytes = 80.0 * (1 << 30);
+  gpu.world_size_source = "test";
+  Topology cpu;
+  cpu.world_size_source = "test";
+  EXPECT_TRUE(not_yet_runnable(compile_plan(c, m, cpu)).empty());
+  const std::vector<std::string> why = not_yet_runnable(compile_plan(c, m, gpu));
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why[0].find("offload from a GPU"), std::string::npos);
+  gpu.world_size = gpu.ranks_per_node = 2;
+  EXPECT_EQ(not_yet_runnable(compile_plan(c, m, gpu)).size(), 2u);
+}
+
+// The one fit rule: fits up to (1 - headroom) of the memory, tight past it, does not fit past the whole.
+TEST(Plan, OneFitRuleWithItsHeadroom) {
+  EXPECT_EQ(judge_fit(50, 100, 0.1), Fit::fits);
+  EXPECT_EQ(judge_fit(90, 100, 0.1), Fit::fits);
+  EXPECT_EQ(judge_fit(91, 100, 0.1), Fit::within_headroom);
+  EXPECT_EQ(judge_fit(100, 100, 0.1), Fit::within_headroom);
+  EXPECT_EQ(judge_fit(101, 100, 0.1), Fit::does_not_fit);
+  EXPECT_EQ(judge_fit(101, 0, 0.1), Fit::unknown);
+  const char* cfg = R"({"train_micro_batch_size_per_gpu": 2, "model": {"preset": "gpt2-tiny"}, "data": {"seq_len": 16}})";
+  Config c = load_config_text(cfg, "t.json");
+  Topology host;
+  host.world_size_source = "test";
+  const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), host);
+  host.host_memory_bytes = p.host_bytes_per_node() / 0.95;  // within the 10% left free
+  const FitCheck tight = check_fit(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), host), 0.1);
+  EXPECT_EQ(tight.device, Fit::not_applicable);
+  EXPECT_EQ(tight.host, Fit::within_headroom);
+  EXPECT_FALSE(tight.fits());
+  EXPECT_FALSE(tight.does_not_fit());
 }

@@ -1,5 +1,8 @@
 #include "engine/plan/estimate.hpp"
 
+#include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
+
 #include <algorithm>
 
 namespace ds {
@@ -61,15 +64,20 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
     for (OffloadConfig* o : {&cfg.zero.offload_optimizer, &cfg.zero.offload_param})
       if (o->device == OffloadDevice::nvme && o->nvme_path.empty()) o->nvme_path = "/local_nvme";
     cfg.model.activation_checkpointing = c.activation_checkpointing;
-    const Plan plan = compile_plan(cfg, model, topo);
+    Topology judged = topo;
+    judged.headroom = headroom;
+    const Plan plan = compile_plan(cfg, model, judged);
     EstimateRow r;
     r.choice = c;
     r.memory = plan.memory;
     r.device_per_rank = plan.memory.device.total();
     r.host_per_node = plan.memory.host.total() * topo.ranks_per_node;
     r.nvme_per_node = plan.memory.nvme * topo.ranks_per_node;
-    if (topo.device_memory_bytes > 0) r.fits_device = r.device_per_rank <= (1.0 - headroom) * topo.device_memory_bytes;
-    if (topo.host_memory_bytes > 0) r.fits_host = r.host_per_node <= topo.host_memory_bytes;
+    // The one fit rule (fit.hpp), as ds plan judges the same plan.
+    const FitCheck f = check_fit(plan, headroom);
+    if (f.device != Fit::unknown && f.device != Fit::not_applicable) r.fits_device = f.device == Fit::fits;
+    if (f.host != Fit::unknown) r.fits_host = f.host == Fit::fits;
+    r.not_yet = not_yet_runnable(plan);
     r.speed_rank = speed_rank_of(c);
     r.overrides = overrides_for(c);
     t.rows.push_back(std::move(r));
@@ -77,11 +85,14 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
   std::stable_sort(t.rows.begin(), t.rows.end(),
                    [](const EstimateRow& a, const EstimateRow& b) { return a.speed_rank < b.speed_rank; });
   if (topo.device_memory_bytes > 0)
-    for (size_t i = 0; i < t.rows.size(); ++i)
-      if (t.rows[i].fits()) {
-        t.recommended = static_cast<int>(i);
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      if (!t.rows[i].fits()) continue;
+      if (t.recommended < 0) t.recommended = static_cast<int>(i);
+      if (t.rows[i].not_yet.empty()) {
+        t.runnable = static_cast<int>(i);
         break;
       }
+    }
   const int G = topo.ranks_per_node, N = topo.num_nodes;
   t.deepspeed = deepspeed_zero2_estimate(model.num_params, G, N);
   for (auto& r : deepspeed_zero3_estimate(model.num_params, model.largest_module_params, G, N)) t.deepspeed.push_back(r);

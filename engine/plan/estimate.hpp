@@ -29,6 +29,7 @@ struct EstimateRow {
   std::optional<bool> fits_host;    // empty: host memory unknown
   int speed_rank = 0;               // 0 is fastest (see speed_rank_of)
   std::string overrides;            // the config overrides that select this row
+  std::vector<std::string> not_yet;  // why this ds cannot train it on its device yet (runnable.hpp); empty: it can
   bool fits() const { return fits_device.value_or(true) && fits_host.value_or(true); }
 };
 
@@ -41,6 +42,7 @@ struct EstimateFilter {
 struct MemoryEstimateTable {
   std::vector<EstimateRow> rows;  // in speed order
   int recommended = -1;           // index of the fastest row that fits, -1 if none fits
+  int runnable = -1;              // index of the fastest row that fits and this ds trains today (not_yet empty), -1 if none
   std::vector<DeepSpeedEstimateRow> deepspeed;  // DeepSpeed's own ZeRO-2/3 estimators for the same model
   double host_memory_per_node = 0;  // 0: unknown
 };

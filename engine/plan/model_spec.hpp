@@ -48,7 +48,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;  // as in the Hugging Face state_dict (GPT-2 Conv1D weights are [in, out])
   int64_t numel = 0;
   int layer = -1;              // transformer block index, -1 outside the blocks
-  bool weight_decay = false;   // matrices decay; biases, norms and embeddings' positions do not
+  bool weight_decay = false;   // matrices decay (projections, the token and position embeddings, the head); biases and norms do not
 };
 
 struct ModelSpec {

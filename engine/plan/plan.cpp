@@ -1,5 +1,7 @@
 #include "engine/plan/plan.hpp"
 
+#include "engine/plan/fit.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -59,6 +61,7 @@ ResolvedOptimizer resolve_optimizer(const Config& c, std::vector<ResolvedValue>&
   r.lr = *o.lr;
   r.eps = *o.eps;
   r.weight_decay = *o.weight_decay;
+  r.decay_all_params = c.train.decay_all_params;
   r.betas = *o.betas;
   r.bias_correction = o.bias_correction;
   r.momentum = o.momentum;
@@ -279,9 +282,37 @@ void lay_out(Plan& plan, int stage) {
   plan.memory = estimate_memory(plan.execution, activations);
 }
 
-Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo) {
+// train.epochs: the steps that see the training split's tokens that many times, once the batch is known;
+// the schedule's lengths that follow train.steps are resolved again for them.
+void steps_from_epochs(const Config& c, Plan& plan) {
+  const auto src = c.value_source.find("train.steps");
+  if (src != c.value_source.end() && (src->second == "file" || src->second == "override"))
+    throw ConfigError(c.source, {{"train.epochs", "both train.steps and train.epochs are given", "give one: epochs count steps from the data's size"}});
+  if (!c.data.measured_tokens)
+    throw ConfigError(c.source, {{"train.epochs", "needs the data's size, which was not read (data.path '" + c.data.path + "')",
+                                  "plan where the data is, or give train.steps"}});
+  const int64_t n = *c.data.measured_tokens;
+  const int64_t train_tokens = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
+  const double exact = *c.train.epochs * static_cast<double>(train_tokens) / static_cast<double>(plan.tokens_per_step);
+  plan.steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(exact - 1e-9)));
+  const auto is_schedule = [](const std::string& path) { return path.rfind("scheduler.", 0) == 0; };
+  plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(), [&](const ResolvedValue& v) { return is_schedule(v.path); }),
+                      plan.resolved.end());
+  plan.warnings.erase(std::remove_if(plan.warnings.begin(), plan.warnings.end(), [&](const ConfigIssue& w) { return is_schedule(w.path); }),
+                      plan.warnings.end());
+  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
+  plan.resolved.push_back({"train.steps", str(plan.steps),
+                           "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(train_tokens) + " training tokens / " +
+                               format_count(plan.tokens_per_step) + " tokens per step"});
+}
+
+Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo) {
   Plan plan = plan_from_settings(c, topo);
   std::vector<ConfigIssue> errors;
+  // Which tensors weight decay applies to is the model's per-tensor flag (matrices by default): "all" sets it on each.
+  ModelSpec model = given_model;
+  if (c.train.decay_all_params)
+    for (TensorSpec& t : model.tensors) t.weight_decay = true;
   plan.model = model;
   plan.lora = resolve_lora(c.model.lora, model, errors);
   if (plan.lora.enabled) {
@@ -351,14 +382,13 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
   const double device_budget = topo.device == DeviceKind::cpu
                                    ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
                                    : topo.device_memory_bytes;
+  // The one fit rule (fit.hpp), headroom left on the device and in the host's memory (offloaded states and
+  // staging buffers; on the CPU the device is the host): "auto" never picks what ds plan calls tight.
   auto fits = [&](int stage, int64_t micro) {
     Plan trial = plan;
     trial.batch.micro_batch = micro;
     lay_out(trial, stage);
-    // 10% headroom for what the model does not count, on the device and in the host's memory (offloaded
-    // states and staging buffers; on the CPU the device is the host): "auto" never picks what ds train refuses.
-    const bool host_fits = topo.host_memory_bytes <= 0 || trial.host_bytes_per_node() <= 0.9 * topo.host_memory_bytes;
-    return trial.memory.device.total() <= 0.9 * device_budget && host_fits;
+    return check_fit(trial, topo.headroom).fits();
   };
   const std::string budget_text =
       format_bytes(device_budget) + " per rank" +
@@ -453,6 +483,7 @@ Plan compile_plan(const Config& c, const ModelSpec& model, const Topology& topo)
 
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
+  if (c.train.epochs) steps_from_epochs(c, plan);
 
   if (device_budget > 0 && plan.device_bytes_per_rank() > device_budget)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) +

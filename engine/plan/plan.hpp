@@ -55,6 +55,7 @@ struct ResolvedOptimizer {
   double momentum = 0, dampening = 0;
   bool nesterov = false, eps_inside_sqrt = false;
   double max_coeff = 0, min_coeff = 0;
+  bool decay_all_params = false;  // train.weight_decay_params: all parameters decay, not only the matrices
   int moments = 2;  // fp32 state tensors per parameter element
   // The update of an element depends on its whole tensor (Lamb's trust ratio over ||w|| and ||u||):
   // steps run over whole tensors, their norms are summed across ranks, and the states cannot be split

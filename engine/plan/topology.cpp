@@ -21,7 +21,7 @@ int env_int(const std::function<const char*(const char*)>& getenv_fn, const char
   if (!v || !*v) return 0;
   char* end = nullptr;
   long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 0 || n > 1 << 20)
+  if (*end != '\0' || n < 0 || n > kMaxWorldSize)
     throw UserError(std::string("environment variable ") + name + "='" + v + "' is not a non-negative integer",
                     "unset it, or set it as torchrun does");
   return static_cast<int>(n);
@@ -43,6 +43,11 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   else if (opt.device_memory_bytes > 0)
     throw UserError("--device-memory was given with --device cpu",
                     "a CPU run's memory is the host's; drop --device-memory, or plan for --device cuda");
+  if (opt.host_memory_bytes > 0) t.host_memory_bytes = opt.host_memory_bytes;
+  else if (cuda && opt.gpus.empty()) t.host_memory_bytes = 0;  // GPUs of another machine: this one's RAM says nothing of theirs
+  if (!(opt.headroom >= 0 && opt.headroom <= 0.9))
+    throw UserError("--headroom " + std::to_string(opt.headroom) + " is not a share from 0 to 0.9", "e.g. --headroom 0.1 leaves 10% free");
+  t.headroom = opt.headroom;
 
   const int env_world = env_int(getenv_fn, "WORLD_SIZE");
   const int env_local_world = env_int(getenv_fn, "LOCAL_WORLD_SIZE");
@@ -50,7 +55,13 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
     t.world_size = opt.world_size;
     t.world_size_source = "--world-size";
   } else if (opt.nproc_per_node > 0) {
-    t.world_size = opt.nproc_per_node * (opt.nnodes > 0 ? opt.nnodes : 1);
+    // In 64 bits: 65536 x 65536 must not wrap to a world of 0.
+    const int64_t world = int64_t{opt.nproc_per_node} * (opt.nnodes > 0 ? opt.nnodes : 1);
+    if (world > kMaxWorldSize)
+      throw UserError("--nproc-per-node " + std::to_string(opt.nproc_per_node) + " x --nnodes " + std::to_string(opt.nnodes) + " is " +
+                          std::to_string(world) + " ranks; ds plans for at most " + std::to_string(kMaxWorldSize),
+                      "check the two flags: the world size is their product");
+    t.world_size = static_cast<int>(world);
     t.world_size_source = "--nproc-per-node x --nnodes";
   } else if (env_world > 0) {
     t.world_size = env_world;

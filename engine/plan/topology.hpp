@@ -8,6 +8,13 @@
 
 namespace ds {
 
+// The most ranks ds plans for (flags, environment and convert-ckpt alike).
+inline constexpr int kMaxWorldSize = 1 << 20;
+// The share of device and host memory left free when judging what fits (engine/plan/fit.hpp): what the
+// memory model does not count (allocator slack, the CUDA context, library workspaces).
+inline constexpr double kDefaultHeadroom = 0.10;
+
+
 enum class DeviceKind { cpu, cuda };
 
 struct Topology {
@@ -20,6 +27,7 @@ struct Topology {
   DeviceKind device = DeviceKind::cpu;
   double device_memory_bytes = 0;  // per rank; 0 = unknown
   double host_memory_bytes = 0;    // per node; 0 = unknown
+  double headroom = kDefaultHeadroom;  // left free of each when judging fit (--headroom)
   int cores_per_node = 1;
   std::string world_size_source;   // "--world-size", "WORLD_SIZE (launcher)", "default (one process)"
 };
@@ -34,6 +42,10 @@ struct TopologyOptions {
   int nproc_per_node = 0;
   int nnodes = 0;
   double device_memory_bytes = 0;  // 0: not given (a detected GPU's memory, else unknown)
+  // 0: not given: this machine's, except when planning for GPUs this machine does not have (--device-memory
+  // with none detected), whose host memory is then unknown.
+  double host_memory_bytes = 0;
+  double headroom = kDefaultHeadroom;
   std::string device = "auto";     // "auto" | "cpu" | "cuda"
   std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
 };

@@ -22,6 +22,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::params: return "params";
     case BufferRole::whole_params: return "whole_params";
     case BufferRole::frozen_params: return "frozen_params";
+    case BufferRole::frozen_partitions: return "frozen_partitions";
     case BufferRole::grads: return "grads";
     case BufferRole::offload_grads: return "offload_grads";
     case BufferRole::compute: return "compute";
@@ -43,6 +44,12 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::param_swap: return "param_swap";
   }
   return "?";
+}
+
+const ZeroBuffer* ZeroExecution::find_anywhere(BufferRole role) const {
+  for (const ZeroBuffer& b : buffers)
+    if (b.role == role) return &b;
+  return nullptr;
 }
 
 const ZeroBuffer* ZeroExecution::find(BufferRole role, Place place) const {
@@ -133,7 +140,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Stage 3 gathers parameters into group buffers whenever they are not all here: across ranks, or
   // offloaded on one rank.
   z.gathers = L.stage == 3 && (multi || param_offload);
-  z.grouped = L.stage >= 2 && (multi || z.gathers);
+  // A GPU's gradients leave for an offloaded optimizer block by block (DeepSpeed's ZeRO-Offload), so from
+  // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host.
+  const bool grads_to_host = plan.topology.device == DeviceKind::cuda && opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
+  z.grouped = L.stage >= 2 && (multi || z.gathers || grads_to_host);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
@@ -217,10 +227,15 @@ ZeroExecution describe_zero(const Plan& plan) {
   // Frozen tensors (LoRA's base, model.freeze): read by the model, never stepped or reduced; at stage 3 on
   // several ranks partitioned and gathered as a block runs.
   place_frozen(plan, caps, z);
-  add(BufferRole::frozen_params, compute, z.frozen_whole_numel + z.frozen_layout.shard_numel, C::params);
+  add(BufferRole::frozen_params, compute, z.frozen_whole_numel, C::params);
+  // Their partitions live where the trained ones do: offload_param puts them on the host (with NVMe too:
+  // never updated, they need no file).
+  add(BufferRole::frozen_partitions, compute, z.frozen_layout.shard_numel, C::params, param_offload ? Place::host : Place::device);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
-  // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live.
-  add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads);
+  // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live. On a GPU
+  // with the whole optimizer offloaded from stage 2 on, that part lives on the host, as DeepSpeed's
+  // ZeRO-Offload keeps it: each block's gradients leave the device's block buffer once reduced.
+  add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads, grads_to_host ? Place::host : Place::device);
   // A compute dtype wider than the stored one (fp16 on the CPU): the model runs on a working copy of the
   // weights (none when it reads gathered buffers only) and accumulates its gradients in that dtype.
   if (z.widened) {

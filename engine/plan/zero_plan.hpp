@@ -27,8 +27,9 @@ enum class MemoryCategory { params, grads, optimizer_states, buffers };
 enum class BufferRole {
   params,          // the stored weights: the whole (padded) model, or at stage 3 this rank's partition
   whole_params,    // stage 3: the parameters below the persistence threshold, whole, in the compute dtype
-  frozen_params,   // LoRA's base, model.freeze: the weights that do not train, in the compute dtype: whole on every
-                   // rank, but at stage 3 on several ranks this rank's partitions of those inside the blocks
+  frozen_params,   // LoRA's base, model.freeze: the weights that do not train, in the compute dtype, kept whole
+  frozen_partitions,  // stage 3 on several ranks: this rank's partitions of the frozen tensors inside the blocks
+                      // (on the host with offload_param, as the trained partitions are)
   grads,           // gradients in their stored dtype: the whole model (stages 0-1) or this rank's part (2-3)
   offload_grads,   // fp32 copy of this rank's reduced gradients where an offloaded optimizer runs
   compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)
@@ -95,13 +96,13 @@ struct ZeroExecution {
   std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params, or -1
   // Frozen tensors (LoRA's base, model.freeze; per tensor of the model). Stage 3 on several ranks partitions
   // those inside the blocks at or above the persistence threshold, as it does the trained ones: frozen_layout
-  // lays them out alone (stage 3), frozen_params holds the ones kept whole and then this rank's partitions,
-  // and a block's are gathered with it into frozen_block_params. Elsewhere every frozen tensor stays whole.
+  // lays them out alone (stage 3), frozen_params holds the ones kept whole, frozen_partitions this rank's
+  // partitions, and a block's are gathered with it into frozen_block_params. Elsewhere every frozen tensor stays whole.
   FlatLayout frozen_layout;
   std::vector<int> frozen_slot;              // per tensor of the model: its index in frozen_layout.params, or -1
   std::vector<int64_t> frozen_offset;        // per tensor of the model, frozen and kept whole: its place in frozen_params; else -1
   std::vector<int64_t> frozen_group_offset;  // per frozen_layout parameter: its place in the frozen block buffer
-  int64_t frozen_whole_numel = 0;            // frozen_params' first elements: the frozen tensors kept whole
+  int64_t frozen_whole_numel = 0;            // frozen_params' elements: the frozen tensors kept whole
   int64_t frozen_block_numel = 0;            // the largest block's partitioned frozen elements, gathered
   bool frozen_staged = false;                // frozen gathers pack every rank's partitions (frozen_staging) first
   int64_t frozen_gather_numel = 0;           // ... the largest block's, every rank's partitions packed
@@ -116,6 +117,7 @@ struct ZeroExecution {
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;
+  const ZeroBuffer* find_anywhere(BufferRole role) const;  // the first of that role, wherever it lives
 };
 
 // Grouped stages: for each group, which elements of its gradient buffer (at `group_offset`) each rank

@@ -3,6 +3,7 @@
 // folded into its projection), and the checks a PEFT adapter passes before a run continues it. The
 // readers and writers of the formats themselves are weights.cpp's.
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -130,6 +131,20 @@ std::unique_ptr<WeightSource> open_adapter_base(const WeightSource& adapter) {
   if (adapter.base_path.empty())
     throw UserError("the adapter '" + adapter.path() + "' names no base (base_model_name_or_path)",
                     "set base_model_name_or_path in its adapter_config.json to the base's local directory");
+  std::error_code ec;
+  if (!std::filesystem::exists(adapter.base_path, ec)) {
+    // "meta-llama/Llama-3.1-8B": one slash, no ./ or / in front: a name on the Hugging Face Hub, not a path.
+    const std::string& b = adapter.base_path;
+    const bool hub_id = std::count(b.begin(), b.end(), '/') == 1 && b.front() != '/' && b.front() != '.' && b.back() != '/';
+    if (hub_id)
+      throw UserError("the adapter '" + adapter.path() + "' names its base '" + b + "', which is no directory here: a Hugging Face "
+                          "Hub id? ds never downloads",
+                      "download it first (huggingface-cli download " + b + " --local-dir DIR), then set base_model_name_or_path in "
+                      "its adapter_config.json to DIR");
+    throw UserError("the adapter '" + adapter.path() + "' names its base '" + b + "', which does not exist",
+                    "set base_model_name_or_path in its adapter_config.json to the base's directory (relative paths are read "
+                    "from the adapter's directory, then the working directory)");
+  }
   return open_weights(adapter.base_path);
 }
 

@@ -106,9 +106,9 @@ void make_views(FlatParams& f, const FlatLayout& L, const ZeroExecution& z) {
 // in their block's gathered buffer.
 void take_frozen(FlatParams& f, const Plan& plan, Arenas& arenas) {
   f.frozen = arenas.take(BufferRole::frozen_params);
-  if (!f.frozen.defined()) return;
+  f.frozen_partitions = arenas.take(BufferRole::frozen_partitions);
+  if (!f.frozen.defined() && !f.frozen_partitions.defined()) return;
   const ZeroExecution& z = plan.execution;
-  f.frozen_partitions = f.frozen.narrow(0, z.frozen_whole_numel, z.frozen_layout.shard_numel);
   for (int i = 0; i < 2; ++i) {
     f.frozen_block_params[i] = arenas.take(BufferRole::frozen_block_params, i);
     f.frozen_staging[i] = arenas.take(BufferRole::frozen_staging, i);
@@ -176,7 +176,7 @@ const torch::Tensor& ParamCursor::next(const std::string& suffix) {
 FlatParams::Bytes FlatParams::bytes() const {
   const auto n = [](const torch::Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0.0; };
   Bytes b;
-  b.params = n(params) + n(whole_params) + n(frozen);
+  b.params = n(params) + n(whole_params) + n(frozen) + n(frozen_partitions);
   b.grads = n(grads) + n(offload_grads);
   const auto own = [&](const torch::Tensor& t) {  // not the weights themselves (fp32)
     return t.defined() && (!local_params.defined() || t.data_ptr() < local_params.data_ptr() ||

@@ -65,9 +65,10 @@ struct FlatParams {
   std::vector<std::string> names;
   // The frozen tensors (LoRA's base, model.freeze) in the compute dtype (the plan's frozen_params buffer), and
   // a view per frozen tensor in state_dict order (no gradient). Undefined / empty when nothing is frozen.
-  // Stage 3 on several ranks (ZeroExecution::frozen_layout): `frozen` holds the ones kept whole, then
-  // frozen_partitions, this rank's partitions of the others, whose views are into frozen_block_params (block l
-  // in [l % 2]), gathered there as their block runs (packed through frozen_staging when the plan stages).
+  // Stage 3 on several ranks (ZeroExecution::frozen_layout): `frozen` holds the ones kept whole and
+  // frozen_partitions (its own buffer, on the host with offload_param) this rank's partitions of the others,
+  // whose views are into frozen_block_params (block l in [l % 2]), gathered there as their block runs (packed
+  // through frozen_staging when the plan stages).
   torch::Tensor frozen, frozen_partitions;
   torch::Tensor frozen_block_params[2], frozen_staging[2];
   std::vector<torch::Tensor> frozen_views;

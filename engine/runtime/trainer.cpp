@@ -37,6 +37,7 @@
 #include "engine/runtime/run_report.hpp"
 #include "engine/runtime/weights.hpp"
 #include "engine/runtime/zero.hpp"
+#include "engine/plan/runnable.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -46,7 +47,18 @@ namespace {
 // Ctrl-C (SIGINT) and SIGTERM (Slurm, Kubernetes, `timeout`) both stop the run after the current step
 // with a checkpoint; the signal decides the exit code (130 or 143).
 std::atomic<int> g_stop_signal{0};
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+// While the run starts, a second signal ends the process at once: the first waits for a stop point, which a
+// read blocked on a slow filesystem may not reach soon, and before the first step there is nothing to save.
+std::atomic<bool> g_starting{false};
+void on_stop_signal(int sig) {
+  if (g_starting && g_stop_signal) {
+    static const char text[] = "ds train: a second stop while starting: ending now, nothing was trained or saved\n";
+    if (::write(STDERR_FILENO, text, sizeof text - 1) < 0) {
+    }
+    ::_exit(128 + sig);
+  }
+  g_stop_signal = sig;
+}
 
 // A training step allocates and frees the same large tensors every step (logits, activations,
 // gradients). glibc hands blocks above 32 MiB back to the OS on free, so every step page-faults them
@@ -105,31 +117,17 @@ struct StopSignals {
 constexpr int64_t kMinStepsForAllSkipped = 16;
 
 std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
+  // What this build and machine lack, then what ds cannot run on the plan's device yet (the plan's own answer).
   std::vector<std::string> why;
-  if (plan.topology.device == DeviceKind::cuda) {
-    if (!torch::cuda::is_available()) {
-      why.push_back(
+  if (plan.topology.device == DeviceKind::cuda && !torch::cuda::is_available())
+    why.push_back(
 #ifdef DS_TORCH_CUDA
-          "training on CUDA devices: LibTorch sees no usable GPU (driver or CUDA runtime missing)"
+        "training on CUDA devices: LibTorch sees no usable GPU (driver or CUDA runtime missing)"
 #else
-          "training on CUDA devices (this build's LibTorch has no CUDA: it trains on the CPU)"
+        "training on CUDA devices (this build's LibTorch has no CUDA: it trains on the CPU)"
 #endif
-      );
-    } else {
-      // One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.
-      if (plan.topology.world_size > 1) why.push_back("several GPU ranks (NCCL between GPUs): one GPU per run for now");
-      if (plan.precision.param_dtype == Dtype::fp16)
-        why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
-      if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
-        why.push_back("offload from a GPU (zero_optimization.offload_optimizer / offload_param): offload trains on the CPU for now");
-    }
-  }
-  if (plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings) why.push_back("an untied gpt2 output head");
-  if (plan.precision.grad_dtype != plan.precision.param_dtype)
-    why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
-  // Optimizer offload runs to the CPU (the states in host buffers, the optimizer stepping them there) and
-  // to NVMe (swapped sub-group by sub-group), whole or partial (ratio); parameters offload to the CPU or
-  // NVMe (stage 3: the partition in host buffers or a file, gathered block by block).
+    );
+  for (const std::string& w : not_yet_runnable(plan)) why.push_back(w);
   return why;
 }
 
@@ -367,6 +365,7 @@ void TrainingRun::load_base() {
     }
     checksum = fold_weights_checksum(checksum, v, n);
     torch::Tensor dest;
+    Place dest_place = Place::device;
     int64_t from = 0, count = n;
     if (const int slot = z.frozen_slot[i]; slot >= 0) {
       const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
@@ -374,12 +373,13 @@ void TrainingRun::load_base() {
       from = own.begin;
       count = own.real;
       dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
+      dest_place = z.find_anywhere(BufferRole::frozen_partitions)->place;
     } else {
       dest = flat_.frozen.narrow(0, z.frozen_offset[i], n);
     }
     if (count == 0) continue;
-    const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(flat_.frozen.scalar_type());
-    device_.copy(dest, Place::device, host, Place::host);
+    const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(dest.scalar_type());
+    device_.copy(dest, dest_place, host, Place::host);
   }
   if (!adapter_base_checksum.empty() && adapter_base_checksum != hex64(checksum))
     throw UserError("the adapter '" + adapter_path + "' was trained on another base: its ds_base.json records checksum " +
@@ -594,6 +594,7 @@ void TrainingRun::check_divergence(int64_t step, double loss) {
 }
 
 void TrainingRun::loop() {
+  g_starting = false;  // from here a stop saves after the current step
   RunLog& log = report_->log();
   FlatParams::Bytes held = flat_.bytes();
   if (swapper_) held.buffers += swapper_->buffer_bytes();  // the host buffers sub-groups are swapped through
@@ -624,7 +625,19 @@ void TrainingRun::loop() {
     if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
     if (comm_) comm_->mark_step(step);
     report_->begin_step(comm_);
-    const StepOutcome out = stepper_->run(step, g_stop_signal);
+    StepOutcome out;
+    try {
+      out = stepper_->run(step, g_stop_signal);
+    } catch (const DataReadError&) {
+      // The data went away under the run (a file truncated or replaced): its batches are read before the
+      // step updates anything, so the weights are the last completed step's. One process saves them.
+      if (!comm_ && step > result_.first_step) {
+        save(step);
+        report_->log().note("ds train: the data could not be read at step " + std::to_string(step + 1) + "; saved the " +
+                            std::to_string(step) + " completed steps first");
+      }
+      throw;
+    }
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0);
@@ -677,6 +690,10 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
   }
   // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
   // point; once training, after the current step with a checkpoint.
+  struct Starting {  // until the loop begins, however train() ends
+    Starting() { g_starting = true; }
+    ~Starting() { g_starting = false; }
+  } starting;
   const StopSignals signals(opt.set_stop_handler);
   std::unique_ptr<Device> own;
   if (!device) own = Device::create(plan.topology.device, plan.topology.local_rank);

@@ -1,7 +1,6 @@
 #include "engine/runtime/data/token_source.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <climits>
 #include <cstring>
 #include <vector>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -46,80 +46,112 @@ void MemoryTokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
   std::memcpy(out, tokens_.data() + begin, static_cast<size_t>(n) * sizeof(int32_t));
 }
 
-MappedTokenFile::MappedTokenFile(const std::string& path, const std::string& format) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw UserError("cannot open token file '" + path + "': " + std::strerror(errno), "check data.path");
+TokenFile::TokenFile(const std::string& path, const std::string& format) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw UserError("cannot open token file '" + path + "': " + std::strerror(errno), "check data.path");
   struct stat st {};
-  ::fstat(fd, &st);
-  map_bytes_ = static_cast<size_t>(st.st_size);
-  if (map_bytes_ == 0) {
-    ::close(fd);
+  ::fstat(fd_, &st);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw UserError("token file '" + path + "' is not a regular file", "data.path names a file of token ids");
+  }
+  file_bytes_ = static_cast<size_t>(st.st_size);
+  if (file_bytes_ == 0) {
+    ::close(fd_);
     throw UserError("token file '" + path + "' is empty", "");
   }
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) throw UserError("cannot map token file '" + path + "'", "");
-  data_ = static_cast<const unsigned char*>(map_);
-  size_t header = 0;
-  if (format == "llmc") {
-    int32_t h[256];
-    if (map_bytes_ < sizeof h) throw UserError("'" + path + "' is shorter than llm.c's 1024-byte header", "");
-    std::memcpy(h, data_, sizeof h);
-    if (h[0] != 20240520)
-      throw UserError("'" + path + "' is not an llm.c token file (magic " + std::to_string(h[0]) + ", expected 20240520)",
-                      "use data.token_format \"uint16\" for raw nanoGPT files");
-    if (h[1] != 1) throw UserError("'" + path + "' has llm.c token-file version " + std::to_string(h[1]) + "; ds reads version 1", "");
-    header = sizeof h;
-    token_bytes_ = 2;
-    count_ = h[2];
-    if (header + static_cast<size_t>(count_) * 2 != map_bytes_)
-      throw UserError("'" + path + "': the header says " + std::to_string(count_) + " tokens but the file holds " +
-                          std::to_string((map_bytes_ - header) / 2),
-                      "the file is truncated or not an llm.c token file");
-  } else {
-    token_bytes_ = format == "uint32" ? 4 : 2;
-    if (map_bytes_ % token_bytes_ != 0)
-      throw UserError("'" + path + "' is " + std::to_string(map_bytes_) + " bytes, not a whole number of " + format + " tokens", "");
-    count_ = static_cast<int64_t>(map_bytes_ / token_bytes_);
-  }
-  data_ += header;
-  // One pass for the largest id, so a vocabulary mismatch is caught before training; as read from the file
-  // (unsigned), so a uint32 id past 2^31 is not taken for a negative one.
-  uint32_t largest = 0;
-  for (int64_t i = 0; i < count_; ++i) {
-    uint32_t v = 0;
-    if (token_bytes_ == 2) {
-      uint16_t h;
-      std::memcpy(&h, data_ + i * 2, 2);
-      v = h;
+  try {
+    if (format == "llmc") {
+      int32_t h[256];
+      if (file_bytes_ < sizeof h) throw UserError("'" + path + "' is shorter than llm.c's 1024-byte header", "");
+      read_bytes(0, sizeof h, reinterpret_cast<unsigned char*>(h));
+      if (h[0] != 20240520)
+        throw UserError("'" + path + "' is not an llm.c token file (magic " + std::to_string(h[0]) + ", expected 20240520)",
+                        "use data.token_format \"uint16\" for raw nanoGPT files");
+      if (h[1] != 1) throw UserError("'" + path + "' has llm.c token-file version " + std::to_string(h[1]) + "; ds reads version 1", "");
+      header_ = sizeof h;
+      token_bytes_ = 2;
+      count_ = h[2];
+      if (header_ + static_cast<size_t>(count_) * 2 != file_bytes_)
+        throw UserError("'" + path + "': the header says " + std::to_string(count_) + " tokens but the file holds " +
+                            std::to_string((file_bytes_ - header_) / 2),
+                        "the file is truncated or not an llm.c token file");
     } else {
-      std::memcpy(&v, data_ + i * 4, 4);
+      token_bytes_ = format == "uint32" ? 4 : 2;
+      if (file_bytes_ % token_bytes_ != 0)
+        throw UserError("'" + path + "' is " + std::to_string(file_bytes_) + " bytes, not a whole number of " + format + " tokens", "");
+      count_ = static_cast<int64_t>(file_bytes_ / token_bytes_);
     }
-    largest = std::max(largest, v);
+    // One pass for the largest id, so a vocabulary mismatch is caught before training; as read from the file
+    // (unsigned), so a uint32 id past 2^31 is not taken for a negative one. In 1 MiB pieces.
+    uint32_t largest = 0;
+    std::vector<unsigned char> piece;
+    const int64_t per_piece = (int64_t{1} << 20) / token_bytes_;
+    for (int64_t at = 0; at < count_; at += per_piece) {
+      const int64_t n = std::min(per_piece, count_ - at);
+      piece.resize(static_cast<size_t>(n) * token_bytes_);
+      read_bytes(static_cast<int64_t>(header_) + at * token_bytes_, piece.size(), piece.data());
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t v = 0;
+        if (token_bytes_ == 2) {
+          uint16_t h;
+          std::memcpy(&h, piece.data() + i * 2, 2);
+          v = h;
+        } else {
+          std::memcpy(&v, piece.data() + i * 4, 4);
+        }
+        largest = std::max(largest, v);
+      }
+    }
+    if (largest > static_cast<uint32_t>(INT32_MAX))
+      throw UserError("'" + path + "' contains token id " + std::to_string(largest) + ", beyond any vocabulary ds can train (2^31 - 1)",
+                      "the file is not " + format + " token ids, or was written with another data.token_format");
+    max_token_ = static_cast<int32_t>(largest);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
   }
-  if (largest > static_cast<uint32_t>(INT32_MAX))
-    throw UserError("'" + path + "' contains token id " + std::to_string(largest) + ", beyond any vocabulary ds can train (2^31 - 1)",
-                    "the file is not " + format + " token ids, or was written with another data.token_format");
-  max_token_ = static_cast<int32_t>(largest);
   description_ = path + ": " + format_count(count_) + " " + format + " tokens";
 }
 
-MappedTokenFile::~MappedTokenFile() {
-  if (map_ && map_ != MAP_FAILED) ::munmap(map_, map_bytes_);
+TokenFile::~TokenFile() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void MappedTokenFile::read(int64_t begin, int64_t n, int32_t* out) const {
+void TokenFile::read_bytes(int64_t at, size_t bytes, unsigned char* out) const {
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd_, out + done, bytes - done, static_cast<off_t>(at) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      struct stat st {};
+      const bool shrank = ::fstat(fd_, &st) == 0 && static_cast<size_t>(st.st_size) < file_bytes_;
+      throw DataReadError("'" + path_ + "' could not be read at byte " + std::to_string(at + static_cast<int64_t>(done)) + ": " +
+                              (shrank ? "it shrank from " + std::to_string(file_bytes_) + " to " + std::to_string(st.st_size) +
+                                            " bytes while the run read it"
+                                      : std::string(n < 0 ? std::strerror(errno) : "the file ended early")),
+                          "restore the data file (or point data.path at a complete copy), then resume: the run's last "
+                          "completed step is saved",
+                          kExitRuntime);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void TokenFile::read(int64_t begin, int64_t n, int32_t* out) const {
   DS_CHECK(begin >= 0 && begin + n <= count_, "read [", begin, ", ", begin + n, ") of ", count_);
+  std::vector<unsigned char> staged(static_cast<size_t>(n) * token_bytes_);  // a window's worth: small
+  read_bytes(static_cast<int64_t>(header_) + begin * token_bytes_, staged.size(), staged.data());
   if (token_bytes_ == 2) {
     uint16_t v;
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(&v, data_ + (begin + i) * 2, 2);
+      std::memcpy(&v, staged.data() + i * 2, 2);
       out[i] = v;
     }
   } else {
     uint32_t v;
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(&v, data_ + (begin + i) * 4, 4);
+      std::memcpy(&v, staged.data() + i * 4, 4);
       out[i] = static_cast<int32_t>(v);
     }
   }
@@ -213,32 +245,78 @@ std::unique_ptr<TokenStream> make_synthetic_stream(int32_t vocab, int64_t n, uin
   return std::make_unique<MemoryTokenStream>(std::move(tokens), desc);
 }
 
+std::vector<std::string> data_files(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return {path};
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec))
+    if (e.path().filename().string()[0] != '.' && e.is_regular_file(ec)) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) throw UserError("data.path '" + path + "' is a directory with no data files in it", "give a file, or a directory of shards");
+  return files;
+}
+
+ConcatTokenStream::ConcatTokenStream(std::vector<std::unique_ptr<TokenStream>> parts, std::string description)
+    : parts_(std::move(parts)), description_(std::move(description)) {
+  starts_.push_back(0);
+  for (const auto& p : parts_) {
+    starts_.push_back(starts_.back() + p->size());
+    max_token_ = std::max(max_token_, p->max_token());
+  }
+}
+
+void ConcatTokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
+  DS_CHECK(begin >= 0 && begin + n <= size(), "read [", begin, ", ", begin + n, ") of ", size());
+  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+  while (n > 0) {
+    const int64_t within = begin - starts_[i], take = std::min(n, starts_[i + 1] - begin);
+    parts_[i]->read(within, take, out);
+    begin += take, out += take, n -= take, ++i;
+  }
+}
+
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t vocab_size, uint64_t seed) {
   std::unique_ptr<TokenStream> s;
+  const std::vector<std::string> files = d.type == DataType::synthetic ? std::vector<std::string>{} : data_files(d.path);
+  const std::string shards = files.size() > 1 ? d.path + " (" + std::to_string(files.size()) + " files)" : d.path;
   switch (d.type) {
     case DataType::synthetic:
       s = make_synthetic_stream(static_cast<int32_t>(std::min<int64_t>(vocab_size, 256)), 1 << 20, seed);
       break;
     case DataType::text: {
-      const std::string text = read_text_file(d.path);
+      std::string text;
+      for (const std::string& f : files) text += read_text_file(f);
       if (d.tokenizer == "gpt2") {
         Gpt2Tokenizer tok(d.vocab_file, d.merges_file);
         auto ids = tok.encode(text);
-        const std::string desc = d.path + ": " + format_count(static_cast<int64_t>(text.size())) + " bytes -> " +
+        const std::string desc = shards + ": " + format_count(static_cast<int64_t>(text.size())) + " bytes -> " +
                                  format_count(static_cast<int64_t>(ids.size())) + " GPT-2 tokens";
         s = std::make_unique<MemoryTokenStream>(std::move(ids), desc);
       } else {
         std::vector<int32_t> ids(text.begin(), text.end());
         for (auto& t : ids) t &= 0xFF;
-        s = std::make_unique<MemoryTokenStream>(std::move(ids), d.path + ": " + format_count(static_cast<int64_t>(text.size())) +
+        s = std::make_unique<MemoryTokenStream>(std::move(ids), shards + ": " + format_count(static_cast<int64_t>(text.size())) +
                                                                     " bytes (byte tokens)");
       }
       break;
     }
-    case DataType::tokens:
-      s = std::make_unique<MappedTokenFile>(d.path, d.token_format);
+    case DataType::tokens: {
+      if (files.size() == 1) {
+        s = std::make_unique<TokenFile>(files[0], d.token_format);
+        break;
+      }
+      std::vector<std::unique_ptr<TokenStream>> parts;
+      int64_t tokens = 0;
+      for (const std::string& f : files) {
+        parts.push_back(std::make_unique<TokenFile>(f, d.token_format));
+        tokens += parts.back()->size();
+      }
+      s = std::make_unique<ConcatTokenStream>(std::move(parts), shards + ": " + format_count(tokens) + " " + d.token_format + " tokens");
       break;
+    }
     case DataType::hdf5:
+      if (files.size() > 1 || files[0] != d.path)
+        throw UserError("data.path '" + d.path + "' is a directory; data.type hdf5 reads one file", "name the HDF5 file");
       s = std::make_unique<Hdf5TokenDataset>(d.path, d.dataset);
       break;
   }

@@ -4,6 +4,8 @@
 // outside the model's vocabulary) are UserErrors naming the file, raised before any training starts.
 #pragma once
 
+#include "common/error.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,6 +14,14 @@
 #include "schema/config.hpp"
 
 namespace ds {
+
+// The training data could not be read mid-run (a file truncated or replaced under the run): the run
+// saves the steps it completed and stops with this message.
+class DataReadError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 
 class TokenStream {
  public:
@@ -41,20 +51,23 @@ class MemoryTokenStream : public TokenStream {
 
 // A memory-mapped binary token file: raw uint16 (nanoGPT's train.bin), raw uint32, or llm.c's
 // headered .bin (256 int32 header: magic 20240520, version 1 = uint16 tokens, token count).
-class MappedTokenFile : public TokenStream {
+class TokenFile : public TokenStream {
  public:
-  MappedTokenFile(const std::string& path, const std::string& format);
-  ~MappedTokenFile() override;
-  MappedTokenFile(const MappedTokenFile&) = delete;
-  MappedTokenFile& operator=(const MappedTokenFile&) = delete;
+  TokenFile(const std::string& path, const std::string& format);
+  ~TokenFile() override;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
   int64_t size() const override { return count_; }
+  // Read with pread, never through a mapping: a file truncated or rewritten while a run reads it gives a
+  // DataReadError naming it (the run saves its last step and stops), where a mapped read dies of SIGBUS.
   void read(int64_t begin, int64_t n, int32_t* out) const override;
   std::string describe() const override { return description_; }
 
  private:
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const unsigned char* data_ = nullptr;
+  void read_bytes(int64_t at, size_t bytes, unsigned char* out) const;
+  std::string path_;
+  int fd_ = -1;
+  size_t file_bytes_ = 0, header_ = 0;
   int64_t count_ = 0;
   int token_bytes_ = 2;
   std::string description_;
@@ -88,5 +101,23 @@ double markov_entropy_nats();
 
 // The stream the data block describes, checked against the model's vocabulary size.
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& data, int64_t vocab_size, uint64_t seed);
+
+// data.path's files: the file itself, or for a directory every regular file in it that is not hidden, in
+// name order (a dataset in shards). UserError for a directory with none.
+std::vector<std::string> data_files(const std::string& path);
+
+// Several token streams read as one, in order (token file shards); windows may span two of them.
+class ConcatTokenStream : public TokenStream {
+ public:
+  explicit ConcatTokenStream(std::vector<std::unique_ptr<TokenStream>> parts, std::string description);
+  int64_t size() const override { return starts_.back(); }
+  void read(int64_t begin, int64_t n, int32_t* out) const override;
+  std::string describe() const override { return description_; }
+
+ private:
+  std::vector<std::unique_ptr<TokenStream>> parts_;
+  std::vector<int64_t> starts_;  // parts_[i] holds [starts_[i], starts_[i + 1])
+  std::string description_;
+};
 
 }  // namespace ds
