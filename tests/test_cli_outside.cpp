@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -303,6 +304,28 @@ TEST(CliOutside, PeftAdaptersAreReadStrictlyAndRecordTheirBase) {
     EXPECT_EQ(r.code, 2) << key << "=" << value << ": " << r.err;
     EXPECT_TRUE(contains(r.err, key)) << key << "=" << value << ": " << r.err;
   }
+  // 100,000 target modules: refused in a message of a few lines, not 800 KB.
+  nlohmann::json many = cfg;
+  many["target_modules"] = nlohmann::json::array();
+  for (int i = 0; i < 100000; ++i) many["target_modules"].push_back("m" + std::to_string(i));
+  std::ofstream(dir + "/bad/adapter_config.json", std::ios::trunc) << many.dump();
+  r = ds(cont + "model.init_from=" + dir + "/bad train.output_dir=" + dir + "/bad-run");
+  EXPECT_EQ(r.code, 2) << r.err.substr(0, 2000);
+  EXPECT_LT(r.err.size(), 4096u);
+  // An adapter holding NaN (saved from a run that diverged) is named as such, not "lower the learning rate".
+  fs::remove_all(dir + "/nan");
+  fs::copy(dir + "/adapter", dir + "/nan");
+  {
+    std::fstream st(dir + "/nan/adapter_model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    st.read(reinterpret_cast<char*>(&header), 8);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    st.seekp(static_cast<std::streamoff>(8 + header));
+    st.write(reinterpret_cast<const char*>(&nan), 4);
+  }
+  r = ds(cont + "model.init_from=" + dir + "/nan train.output_dir=" + dir + "/nan-run");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "holds inf or NaN in")) << r.err;
 }
 
 // 2, 12, 2b. convert-ckpt: a merge into the run's own base, or an export over the run it reads, is refused
@@ -533,6 +556,9 @@ TEST(CliOutside, SmallThingsUsersHit) {
   r = ds("plan examples/quickstart.json activation_checkpointing.partition_grad=true");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "activation_checkpointing takes contiguous_memory_optimization, cpu_checkpointing")) << r.err;
+  r = ds("plan examples/quickstart.json 'model.freeze=[\"transformer.h.0.*\"]'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.freeze: freezes weights drawn from the seed")) << r.err;
   r = ds("profile examples/quickstart.json --steps 1");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(contains(r.err, "shorter than warmup_num_steps")) << r.err;

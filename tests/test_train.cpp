@@ -426,3 +426,19 @@ TEST(Training, AStopWhileStartingEndsBeforeAnyWorkSavingNothing) {
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));
   EXPECT_EQ(g_installed, nullptr) << "the run's handler must be taken back when it ends";
 }
+
+// A checkpoint being read (an export running beside the training) is not pruned from under the reader:
+// keep_last leaves it, saying so, until a later save finds it free.
+TEST(Checkpoints, PruningLeavesACheckpointThatIsBeingRead) {
+  const std::string dir = fresh_dir("read_while_pruned");
+  train_in(dir, {"train.steps=2", "train.save_every=1", "train.keep_last=1"});
+  {
+    const CheckpointReader reading(dir);  // the newest, step 2, as ds convert-ckpt RUN reads it
+    EXPECT_EQ(fs::path(reading.dir()).filename(), "step_00000002");
+    train_in(dir, {"train.steps=4", "train.save_every=1", "train.keep_last=1"}, dir + "/checkpoints/step_00000002");
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000002/DONE"));
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000002/state.h5"));
+  }
+  train_in(dir, {"train.steps=5", "train.save_every=1", "train.keep_last=1"}, dir + "/checkpoints/step_00000004");
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_00000002")) << "a checkpoint no longer read is pruned";
+}

@@ -3,6 +3,7 @@
 #include "common/hash.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <hdf5.h>
 #include <unistd.h>
 
@@ -497,7 +498,13 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const CheckpointScal
     const fs::path best = best_loss_checkpoint(all);
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
       if (all[i].second == final_dir || all[i].second == best) continue;
-      const std::vector<std::string> kept = remove_checkpoint(all[i].second.string());
+      bool busy = false;
+      const std::vector<std::string> kept = remove_checkpoint(all[i].second.string(), &busy);
+      if (busy) {
+        saved.notes.push_back("train.keep_last: kept " + all[i].second.string() + " for now: another process is reading it "
+                              "(an export?); a later save prunes it");
+        continue;
+      }
       if (!kept.empty())
         saved.notes.push_back("train.keep_last: removed the checkpoint in " + all[i].second.string() + " and kept what ds did not write there: " +
                               join(kept, ", "));
@@ -513,9 +520,23 @@ bool is_checkpoint_file_name(const std::string& n) {
   return std::all_of(n.begin() + 6, n.end() - 3, [](char c) { return c >= '0' && c <= '9'; });
 }
 
-std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir) {
+std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir, bool* busy) {
   std::error_code ec;
   std::vector<std::string> kept;
+  // Exclusive against readers (CheckpointReader's shared lock), held while the files go.
+  const int fd = ::open(checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, busy ? LOCK_EX | LOCK_NB : LOCK_EX) != 0) {
+    ::close(fd);
+    if (busy) *busy = true;
+    return kept;
+  }
+  if (busy) *busy = false;
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
   // DONE first: a directory interrupted half-way through is then incomplete, never resumed from.
   fs::remove(fs::path(checkpoint_dir) / "DONE", ec);
   for (const auto& e : fs::directory_iterator(checkpoint_dir, ec)) {
@@ -530,6 +551,22 @@ std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir) {
   std::sort(kept.begin(), kept.end());
   if (kept.empty()) fs::remove(checkpoint_dir, ec);
   return kept;
+}
+
+CheckpointReader::CheckpointReader(const std::string& path) {
+  // A run directory's newest checkpoint may be pruned between finding it and locking it: then the newest again.
+  for (int attempt = 0;; ++attempt) {
+    dir_ = resolve_checkpoint_path(path);
+    fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ >= 0) ::flock(fd_, LOCK_SH);
+    if (complete(dir_) || attempt == 3) return;  // still complete under the lock, or resolve names what is wrong
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string find_latest_checkpoint(const std::string& run_dir) {

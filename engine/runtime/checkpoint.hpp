@@ -84,8 +84,25 @@ struct SavedCheckpoint {
 bool is_checkpoint_file_name(const std::string& name);
 
 // Removes the files ds wrote in a checkpoint directory, and the directory when nothing else is left in it.
-// Returns what it kept (a user's notes.txt, eval_results.json: never deleted), as paths.
-std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir);
+// Returns what it kept (a user's notes.txt, eval_results.json: never deleted), as paths. A checkpoint another
+// process is reading (a CheckpointReader of it is alive) is left whole: `busy` says so (nullptr: wait for it).
+std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir, bool* busy = nullptr);
+
+// While alive, a shared lock (flock) on a checkpoint directory: pruning leaves a checkpoint alone while an
+// export or a run reads it. `path` as resolve_checkpoint_path takes it; when it names a run directory and its
+// newest checkpoint is pruned before the lock is taken, the then newest one is read instead.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& path);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+};
 
 // Writes <run_dir>/checkpoints/step_<step>/ and updates `latest`; keeps the newest `keep_last`
 // complete checkpoints (0 keeps all) and, besides them, the one saved at the lowest loss. Throws std::runtime_error naming the path on I/O failure.

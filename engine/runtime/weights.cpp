@@ -64,9 +64,9 @@ bool is_hf_directory(const fs::path& p) {
 // A ds checkpoint: its plan.json describes the tensors; each is read from the shards holding its pieces.
 class DsCheckpointSource : public WeightSource {
  public:
-  explicit DsCheckpointSource(const std::string& path) {
+  explicit DsCheckpointSource(const std::string& path) : reader_(path) {
     kind_ = WeightsKind::ds_checkpoint;
-    dir_ = resolve_checkpoint_path(path);
+    dir_ = reader_.dir();
     path_ = dir_;
     json plan;
     try {
@@ -154,6 +154,7 @@ class DsCheckpointSource : public WeightSource {
   }
 
  private:
+  CheckpointReader reader_;  // pruning leaves the checkpoint alone while it is read
   std::string dir_;
   std::vector<int64_t> offsets_;
   int64_t model_numel_ = 0;
