@@ -118,4 +118,19 @@ inline Result ds_signalled(const std::string& args, int sig, const std::string& 
 
 inline bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
+// The fp32 quickstart run the trust tests start from: validation off, a checkpoint every 10 steps.
+inline const std::string kQuickstartFp32 = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 train.save_every=10 ";
+
+// A path in the scratch directory, removed first.
+inline std::string fresh(const std::string& name) {
+  const std::string dir = scratch_dir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// A short fp32 run of `steps` steps into `dir` (kQuickstartFp32: checkpoints every 10 steps); its exit status.
+inline Result train_into(const std::string& dir, int steps, const std::string& extra = "") {
+  return ds(kQuickstartFp32 + "train.steps=" + std::to_string(steps) + " train.output_dir=" + dir + " " + extra);
+}
+
 }  // namespace cli_test

@@ -25,19 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kRun = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 train.save_every=10 ";
-
-std::string fresh(const std::string& name) {
-  const std::string dir = scratch_dir() + "/outside_" + name;
-  fs::remove_all(dir);
-  return dir;
-}
-
-void train_into(const std::string& dir, int steps, const std::string& extra = "") {
-  const Result r = ds(kRun + "train.steps=" + std::to_string(steps) + " train.output_dir=" + dir + " " + extra);
-  ASSERT_EQ(r.code, 0) << r.err;
-}
-
 // Every step number metrics.jsonl records, in order.
 std::vector<int64_t> steps_of(const std::string& dir) {
   std::vector<int64_t> out;
@@ -87,7 +74,7 @@ TEST(CliOutside, ASigtermWhileStartingSaysSoAndLeavesADirectoryTheNextRunTakes) 
   const std::string a = fresh("sigterm_start");
   // GPT-2 124M: drawing its weights takes long enough that the signal lands while it starts.
   // The start line is the first (a warning before it would take the signal meant for the start).
-  const std::string big = kRun + "model.preset=gpt2 data.seq_len=32 train_micro_batch_size_per_gpu=1 train.steps=3 "
+  const std::string big = kQuickstartFp32 + "model.preset=gpt2 data.seq_len=32 train_micro_batch_size_per_gpu=1 train.steps=3 "
                                  "scheduler.params.warmup_num_steps=1 train.output_dir=" + a;
   Result r = ds_signalled(big, SIGTERM, scratch_dir() + "/err", 1, 0.0);
   ASSERT_EQ(r.code, 143) << r.err;
@@ -99,9 +86,9 @@ TEST(CliOutside, ASigtermWhileStartingSaysSoAndLeavesADirectoryTheNextRunTakes) 
   std::ofstream(a + "/metrics.jsonl").flush();
   std::ofstream(a + "/.ds.lock") << "host elsewhere, pid 999999, started 2026-11-01T00:00:00\n";
   for (const char* how : {"", " --resume", " --overwrite"}) {
-    r = ds(kRun + "train.steps=2 train.output_dir=" + a + how);
+    r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + how);
     EXPECT_EQ(r.code, 0) << how << ": " << r.err;
-    r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");  // back to a run that can start again
+    r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite");  // back to a run that can start again
     ASSERT_EQ(r.code, 0) << r.err;
     std::ofstream(a + "/metrics.jsonl", std::ios::trunc).flush();
     fs::remove_all(a + "/checkpoints");
@@ -112,10 +99,10 @@ TEST(CliOutside, ASigtermWhileStartingSaysSoAndLeavesADirectoryTheNextRunTakes) 
 // each loss written so that it reads back as the same double.
 TEST(CliOutside, MetricsHoldEachStepOnceAndLossesRoundTrip) {
   const std::string a = fresh("metrics_once");
-  train_into(a, 15);  // checkpoints at 10 and 15
+  ASSERT_EQ(train_into(a, 15).code, 0);  // checkpoints at 10 and 15
   fs::remove_all(a + "/checkpoints/step_00000015");  // as if killed at step 15 before that save
   std::ofstream(a + "/checkpoints/latest", std::ios::trunc) << "step_00000010";
-  Result r = ds(kRun + "train.steps=15 train.output_dir=" + a + " --resume");
+  Result r = ds(kQuickstartFp32 + "train.steps=15 train.output_dir=" + a + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "dropped steps 11-15, recorded after the checkpoint of step 10")) << r.err;
   std::vector<int64_t> steps = steps_of(a);
@@ -123,9 +110,9 @@ TEST(CliOutside, MetricsHoldEachStepOnceAndLossesRoundTrip) {
   EXPECT_TRUE(strictly_increasing(steps));
   // A run that never saved, started again with --resume: its old lines go, named.
   const std::string b = fresh("metrics_unsaved");
-  train_into(b, 6, "train.save_every=100 train.steps=6");
+  ASSERT_EQ(train_into(b, 6, "train.save_every=100 train.steps=6").code, 0);
   fs::remove_all(b + "/checkpoints");
-  r = ds(kRun + "train.save_every=100 train.steps=3 train.output_dir=" + b + " --resume");
+  r = ds(kQuickstartFp32 + "train.save_every=100 train.steps=3 train.output_dir=" + b + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "dropped steps 1-6, recorded by an earlier start that saved no checkpoint")) << r.err;
   EXPECT_EQ(steps_of(b), (std::vector<int64_t>{1, 2, 3}));
@@ -141,9 +128,9 @@ TEST(CliOutside, MetricsHoldEachStepOnceAndLossesRoundTrip) {
 // 2b. Resuming a checkpoint of a run that lies further inside the output directory checks the directory.
 TEST(CliOutside, ACheckpointOfAnotherRunInsideTheOutputDirectoryDoesNotSkipItsChecks) {
   const std::string par = fresh("parent");
-  train_into(par + "/runA", 10);
+  ASSERT_EQ(train_into(par + "/runA", 10).code, 0);
   std::ofstream(par + "/config.json") << "{\"mine\": true}\n";
-  const Result r = ds(kRun + "train.steps=12 train.output_dir=" + par + " train.resume=" + par + "/runA/checkpoints/step_00000010");
+  const Result r = ds(kQuickstartFp32 + "train.steps=12 train.output_dir=" + par + " train.resume=" + par + "/runA/checkpoints/step_00000010");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "config.json' was not written by ds")) << r.err;
   EXPECT_EQ(slurp(par + "/config.json"), "{\"mine\": true}\n");
@@ -155,7 +142,7 @@ TEST(CliOutside, RankLogsAreNeverWrittenThroughALink) {
   fs::create_directories(a + "/logs");
   std::ofstream(outside) << "precious\n";
   fs::create_symlink(outside, a + "/logs/rank_1.log");
-  const Result r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --nproc-per-node 2");
+  const Result r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --nproc-per-node 2");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "logs/rank_1.log' is a symbolic link")) << r.err;
   EXPECT_EQ(slurp(outside), "precious\n");
@@ -164,16 +151,16 @@ TEST(CliOutside, RankLogsAreNeverWrittenThroughALink) {
 // 2b. A user's files inside a checkpoint directory survive pruning and --overwrite, and are named.
 TEST(CliOutside, UserFilesInsideCheckpointsSurvivePruningAndOverwrite) {
   const std::string a = fresh("user_files");
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   std::ofstream(a + "/checkpoints/step_00000010/notes.txt") << "lr sweep 3\n";
-  Result r = ds(kRun + "train.steps=30 train.keep_last=1 train.output_dir=" + a + " --resume");
+  Result r = ds(kQuickstartFp32 + "train.steps=30 train.keep_last=1 train.output_dir=" + a + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "kept what ds did not write there: " + a + "/checkpoints/step_00000010/notes.txt")) << r.err;
   EXPECT_EQ(slurp(a + "/checkpoints/step_00000010/notes.txt"), "lr sweep 3\n");
   EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000010/state.h5"));
   EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000020"));
   std::ofstream(a + "/checkpoints/step_00000030/eval_results.json") << "{}\n";
-  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "kept what ds did not write: checkpoints/step_00000010/notes.txt, checkpoints/step_00000030/eval_results.json"))
       << r.err;
@@ -187,7 +174,7 @@ TEST(CliOutside, UserFilesInsideCheckpointsSurvivePruningAndOverwrite) {
 TEST(CliOutside, TheLockOutlivesAKilledLauncherAndIsNotEasilyLost) {
   std::string a = fresh("lock_life");
   const std::string out = scratch_dir() + "/outside_launcher";
-  const pid_t launcher = ds_background(kRun + "train.steps=100000 train.save_every=1000 train.output_dir=" + a + " --nproc-per-node 2", out);
+  const pid_t launcher = ds_background(kQuickstartFp32 + "train.steps=100000 train.save_every=1000 train.output_dir=" + a + " --nproc-per-node 2", out);
   wait_for_lines(a + "/metrics.jsonl", 2);
   std::vector<pid_t> ranks = children_of(launcher);
   ASSERT_EQ(ranks.size(), 2u);
@@ -195,7 +182,7 @@ TEST(CliOutside, TheLockOutlivesAKilledLauncherAndIsNotEasilyLost) {
   ::kill(launcher, SIGKILL);
   int status = 0;
   ::waitpid(launcher, &status, 0);
-  Result r = ds(kRun + "train.steps=100000 train.output_dir=" + a + " --resume");
+  Result r = ds(kQuickstartFp32 + "train.steps=100000 train.output_dir=" + a + " --resume");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
   EXPECT_TRUE(contains(r.err, "its ranks are finishing")) << r.err;
@@ -203,21 +190,21 @@ TEST(CliOutside, TheLockOutlivesAKilledLauncherAndIsNotEasilyLost) {
   for (int i = 0; i < 3000 && (alive(ranks[0]) || alive(ranks[1])); ++i) ::usleep(20000);
   ASSERT_FALSE(alive(ranks[0]) || alive(ranks[1])) << "ranks of a dead launcher still run";
   const std::vector<int64_t> before = steps_of(a);
-  r = ds(kRun + "train.steps=" + std::to_string(before.back() + 2) + " train.output_dir=" + a + " --resume");
+  r = ds(kQuickstartFp32 + "train.steps=" + std::to_string(before.back() + 2) + " train.output_dir=" + a + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(strictly_increasing(steps_of(a)));
   EXPECT_EQ(steps_of(a).back(), before.back() + 2);
 
   // A live single run: its .ds.lock removed by hand, then a DS_RUN_LOCK set by hand.
   const std::string b = fresh("lock_life_2");
-  const pid_t run = ds_background(kRun + "train.steps=100000 train.save_every=1000 train.output_dir=" + b, out);
+  const pid_t run = ds_background(kQuickstartFp32 + "train.steps=100000 train.save_every=1000 train.output_dir=" + b, out);
   wait_for_lines(b + "/metrics.jsonl", 2);
   a = b;
   fs::remove(a + "/.ds.lock");
-  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite");
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
-  r = ds(kRun + "train.steps=2 train.output_dir=" + a + " --overwrite", "DS_RUN_LOCK=" + a + "/.ds.lock");
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite", "DS_RUN_LOCK=" + a + "/.ds.lock");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
   EXPECT_GE(line_count(a + "/metrics.jsonl"), 2);
@@ -261,9 +248,9 @@ TEST(CliOutside, AResumeFromAnotherDirectoryDoesNotSwitchTheVocabulary) {
 TEST(CliOutside, PeftAdaptersAreReadStrictlyAndRecordTheirBase) {
   const std::string dir = fresh("peft");
   fs::create_directories(dir);
-  ASSERT_EQ(ds(kRun + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds(kQuickstartFp32 + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
-  ASSERT_EQ(ds(kRun + "train.steps=6 train.seed=7 train.output_dir=" + dir + "/other").code, 0);
+  ASSERT_EQ(ds(kQuickstartFp32 + "train.steps=6 train.seed=7 train.output_dir=" + dir + "/other").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/other " + dir + "/other-hf").code, 0);
   // PEFT's names for model.lora's keys.
   const std::string lora = "train examples/lora.json bf16.enabled=false train.eval_every=0 ~model.lora.alpha ~model.lora.dropout "
@@ -334,7 +321,7 @@ TEST(CliOutside, PeftAdaptersAreReadStrictlyAndRecordTheirBase) {
 TEST(CliOutside, ConversionsNeverWriteOverWhatTheyReadAndCarryWhatTheSourceHad) {
   const std::string dir = fresh("convert");
   fs::create_directories(dir);
-  ASSERT_EQ(ds(kRun + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds(kQuickstartFp32 + "train.steps=5 train.output_dir=" + dir + "/base").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
   // The source as released carries special tokens and a tokenizer.
   nlohmann::json hf = nlohmann::json::parse(slurp(dir + "/base-hf/config.json"));
@@ -371,7 +358,7 @@ TEST(CliOutside, ConversionsNeverWriteOverWhatTheyReadAndCarryWhatTheSourceHad) 
   EXPECT_EQ(slurp(dir + "/merged/tokenizer.json"), slurp(dir + "/base-hf/tokenizer.json"));
   EXPECT_EQ(slurp(dir + "/merged/tokenizer_config.json"), slurp(dir + "/base-hf/tokenizer_config.json"));
   // A full fine-tune of the directory, exported: the same.
-  r = ds(kRun + "train.steps=2 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/full");
+  r = ds(kQuickstartFp32 + "train.steps=2 model.init_from=" + dir + "/base-hf train.output_dir=" + dir + "/full");
   ASSERT_EQ(r.code, 0) << r.err;
   r = ds("convert-ckpt " + dir + "/full " + dir + "/full-hf");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -389,7 +376,7 @@ TEST(CliOutside, ConversionsNeverWriteOverWhatTheyReadAndCarryWhatTheSourceHad) 
 // 2b. Resharding keeps the global batch a resume keeps; sizes beyond sense and mixed flags are refused at once.
 TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
   const std::string a = fresh("reshard");
-  train_into(a, 10, "--nproc-per-node 2 zero_optimization.stage=2");  // global batch 32 (16 x 1 x 2)
+  ASSERT_EQ(train_into(a, 10, "--nproc-per-node 2 zero_optimization.stage=2").code, 0);  // global batch 32 (16 x 1 x 2)
   Result r = ds("convert-ckpt " + a + " " + a + "-w4 --world-size 4 --stage 3");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "kept on 4 ranks with micro batch 8")) << r.err;
@@ -411,7 +398,7 @@ TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_FALSE(fs::exists(a + "-x.safetensors"));
   // The resumed 4-rank run keeps the batch of 32.
-  r = ds(kRun + "train.steps=11 train.output_dir=" + a + "-w4 zero_optimization.stage=3 train_micro_batch_size_per_gpu=8 --nproc-per-node 4 --resume");
+  r = ds(kQuickstartFp32 + "train.steps=11 train.output_dir=" + a + "-w4 zero_optimization.stage=3 train_micro_batch_size_per_gpu=8 --nproc-per-node 4 --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(contains(r.err, "global batch would change")) << r.err;
   EXPECT_EQ(nlohmann::json::parse(slurp(a + "-w4/plan.json"))["batch"]["train_batch_size"], 32);
@@ -420,7 +407,7 @@ TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
 // 2b. A flipped bit in a checkpoint's plan is named as corruption, not reported as a JSON error.
 TEST(CliOutside, AFlippedBitInTheStoredPlanIsCorruptionNotAJsonError) {
   const std::string a = fresh("bitflip");
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   const std::string state = a + "/checkpoints/step_00000010/state.h5";
   std::string bytes = slurp(state);
   const size_t at = bytes.find("\"schema_version\"");
@@ -451,7 +438,7 @@ TEST(CliOutside, ATokenFileTruncatedMidRunStopsTheRunWithItsStepsSaved) {
     }
   }
   fs::copy_file(dir + "/tokens.bin", dir + "/tokens.keep");
-  const std::string args = kRun + "data.type=tokens data.path=" + dir + "/tokens.bin train.save_every=100000 train.steps=100000 "
+  const std::string args = kQuickstartFp32 + "data.type=tokens data.path=" + dir + "/tokens.bin train.save_every=100000 train.steps=100000 "
                                   "train.output_dir=" + dir + "/run";
   const pid_t pid = ds_background(args, dir + "/log");
   wait_for_lines(dir + "/run/metrics.jsonl", 3);
@@ -469,7 +456,7 @@ TEST(CliOutside, ATokenFileTruncatedMidRunStopsTheRunWithItsStepsSaved) {
                          std::to_string(steps.back()) + "/DONE"))
       << err;
   fs::copy_file(dir + "/tokens.keep", dir + "/tokens.bin", fs::copy_options::overwrite_existing);
-  const Result r = ds(kRun + "data.type=tokens data.path=" + dir + "/tokens.bin train.steps=" + std::to_string(steps.back() + 1) +
+  const Result r = ds(kQuickstartFp32 + "data.type=tokens data.path=" + dir + "/tokens.bin train.steps=" + std::to_string(steps.back() + 1) +
                       " train.output_dir=" + dir + "/run --resume");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(steps_of(dir + "/run").back(), steps.back() + 1);
@@ -484,7 +471,7 @@ TEST(CliOutside, InitFromErrorsNameWhatTheUserGave) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "model.init_from: '" + dir + "/does-not-exist' does not exist")) << r.err;
   EXPECT_FALSE(contains(r.err, "no architecture given")) << r.err;
-  ASSERT_EQ(ds(kRun + "train.steps=2 train.output_dir=" + dir + "/run").code, 0);
+  ASSERT_EQ(ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + dir + "/run").code, 0);
   ASSERT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/hf").code, 0);
   nlohmann::json c = nlohmann::json::parse(slurp(dir + "/hf/config.json"));
   c["scale_attn_weights"] = false;  // a GPT-2 option that changes the function, which ds does not train
@@ -506,7 +493,7 @@ TEST(CliOutside, InitFromErrorsNameWhatTheUserGave) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "huggingface-cli download openai-community/gpt2 --local-dir DIR")) << r.err;
   // A LoRA run given as the weights to start from.
-  r = ds(kRun + "train.steps=2 model.init_from=" + dir + "/lora train.output_dir=" + dir + "/from-lora");
+  r = ds(kQuickstartFp32 + "train.steps=2 model.init_from=" + dir + "/lora train.output_dir=" + dir + "/from-lora");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is a run that trained a LoRA adapter")) << r.err;
   EXPECT_TRUE(contains(r.err, "--merge")) << r.err;
@@ -516,7 +503,7 @@ TEST(CliOutside, InitFromErrorsNameWhatTheUserGave) {
 // and what to write (ds plan warns); every other "auto" ds train resolves is said at the start.
 TEST(CliOutside, TrainerOnlyAutosAreRefusedAndTheRestAreSaid) {
   const std::string dir = fresh("autos");
-  Result r = ds(kRun + "optimizer.params.lr=auto optimizer.params.weight_decay=auto scheduler.params.warmup_num_steps=auto "
+  Result r = ds(kQuickstartFp32 + "optimizer.params.lr=auto optimizer.params.weight_decay=auto scheduler.params.warmup_num_steps=auto "
                        "bf16.enabled=auto train.output_dir=" + dir);
   EXPECT_EQ(r.code, 2) << r.err;
   for (const char* key : {"optimizer.params.lr: is \"auto\"", "optimizer.params.weight_decay: is \"auto\"",
@@ -527,7 +514,7 @@ TEST(CliOutside, TrainerOnlyAutosAreRefusedAndTheRestAreSaid) {
   r = ds("plan examples/quickstart.json optimizer.params.lr=auto");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "warning: optimizer.params.lr: is \"auto\"")) << r.err;
-  r = ds(kRun + "train.steps=1 zero_optimization.reduce_bucket_size=auto train.output_dir=" + dir);
+  r = ds(kQuickstartFp32 + "train.steps=1 zero_optimization.reduce_bucket_size=auto train.output_dir=" + dir);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "ds train: \"auto\" chose zero_optimization.reduce_bucket_size=4096 (auto: hidden_size^2")) << r.err;
 }
@@ -541,7 +528,7 @@ TEST(CliOutside, SmallThingsUsersHit) {
   Result r = ds("plan " + dir + "/fifo");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is a FIFO that nothing wrote to within 10 s")) << r.err;
-  r = ds(kRun + "train.steps=1 data.type=tokens data.path=" + dir + "/fifo train.output_dir=" + dir + "/run");
+  r = ds(kQuickstartFp32 + "train.steps=1 data.type=tokens data.path=" + dir + "/fifo train.output_dir=" + dir + "/run");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is not a regular file")) << r.err;
   r = ds("plan examples/quickstart.json --nproc-per-node 65536 --nnodes 65536");
@@ -621,11 +608,11 @@ TEST(CliOutside, EpochsCountStepsFromTheDataAndADirectoryHoldsShards) {
   r = ds("plan examples/quickstart.json " + data + "train.epochs=2");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "both train.steps and train.epochs are given")) << r.err;
-  r = ds(kRun + data + "train.steps=2 train.output_dir=" + dir + "/run");
+  r = ds(kQuickstartFp32 + data + "train.steps=2 train.output_dir=" + dir + "/run");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, dir + "/shards (2 files): 100,000 uint16 tokens")) << r.err;
   fs::create_directories(dir + "/empty");
-  r = ds(kRun + "data.type=tokens data.path=" + dir + "/empty train.steps=2 train.output_dir=" + dir + "/run2");
+  r = ds(kQuickstartFp32 + "data.type=tokens data.path=" + dir + "/empty train.steps=2 train.output_dir=" + dir + "/run2");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is a directory with no data files in it")) << r.err;
 }

@@ -24,20 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kRun = "train examples/quickstart.json bf16.enabled=false train.eval_every=0 train.save_every=10 ";
-
-std::string fresh(const std::string& name) {
-  const std::string dir = scratch_dir() + "/" + name;
-  fs::remove_all(dir);
-  return dir;
-}
-
-// A short fp32 run of `steps` steps into `dir` (checkpoints every 10 steps).
-void train_into(const std::string& dir, int steps, const std::string& extra = "") {
-  const Result r = ds(kRun + "train.steps=" + std::to_string(steps) + " train.output_dir=" + dir + " " + extra);
-  ASSERT_EQ(r.code, 0) << r.err;
-}
-
 size_t count_files(const std::string& dir) {
   size_t n = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir)) n += e.is_regular_file();
@@ -78,13 +64,13 @@ void swap_segment_rows(const std::string& file, size_t i, size_t j) {
 // 1. --overwrite never clears a directory a source lies in.
 TEST(CliSafety, OverwriteRefusesWhenWhatItWouldClearHoldsTheSource) {
   const std::string a = fresh("src_inside");
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   const size_t files = count_files(a);
   Result r = ds("convert-ckpt " + a + " " + a + " --world-size 2 --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is or holds what this conversion reads")) << r.err;
   EXPECT_EQ(count_files(a), files) << "the source run was touched";
-  r = ds(kRun + "train.steps=5 train.output_dir=" + a + " model.init_from=" + a + " --overwrite");
+  r = ds(kQuickstartFp32 + "train.steps=5 train.output_dir=" + a + " model.init_from=" + a + " --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "--overwrite would delete the run in")) << r.err;
   EXPECT_EQ(count_files(a), files);
@@ -94,15 +80,15 @@ TEST(CliSafety, OverwriteRefusesWhenWhatItWouldClearHoldsTheSource) {
 // 2. Resuming a checkpoint from another directory into one that holds a run is refused.
 TEST(CliSafety, ResumingAnotherRunIntoADirectoryHoldingARunIsRefused) {
   const std::string a = fresh("resume_a"), b = fresh("resume_b"), c = fresh("resume_c");
-  train_into(a, 10);
-  train_into(b, 20);
-  Result r = ds(kRun + "train.steps=30 train.output_dir=" + b + " train.resume=" + a);
+  ASSERT_EQ(train_into(a, 10).code, 0);
+  ASSERT_EQ(train_into(b, 20).code, 0);
+  Result r = ds(kQuickstartFp32 + "train.steps=30 train.output_dir=" + b + " train.resume=" + a);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "holds a run")) << r.err;
   EXPECT_EQ(metrics_of(b).size(), 20u) << "b's metrics were appended to";
   EXPECT_TRUE(fs::exists(b + "/checkpoints/step_00000020"));
   // Into a new directory it continues a's run.
-  r = ds(kRun + "train.steps=12 train.output_dir=" + c + " train.resume=" + a);
+  r = ds(kQuickstartFp32 + "train.steps=12 train.output_dir=" + c + " train.resume=" + a);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "resuming from")) << r.err;
 }
@@ -110,12 +96,12 @@ TEST(CliSafety, ResumingAnotherRunIntoADirectoryHoldingARunIsRefused) {
 // 3. --overwrite removes what ds wrote, names it, and keeps the rest.
 TEST(CliSafety, OverwriteDeletesOnlyWhatDsWroteAndNamesIt) {
   const std::string a = fresh("overwrite_own");
-  train_into(a, 20);
+  ASSERT_EQ(train_into(a, 20).code, 0);
   std::ofstream(a + "/checkpoints/my_model.pt") << "user's";
   fs::create_directories(a + "/checkpoints/exported");
   std::ofstream(a + "/checkpoints/exported/w.bin") << "user's";
   std::ofstream(a + "/notes.txt") << "user's";
-  const Result r = ds(kRun + "train.steps=3 train.output_dir=" + a + " --overwrite");
+  const Result r = ds(kQuickstartFp32 + "train.steps=3 train.output_dir=" + a + " --overwrite");
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* kept : {"/checkpoints/my_model.pt", "/checkpoints/exported/w.bin", "/notes.txt"})
     EXPECT_TRUE(fs::exists(a + kept)) << kept << " was deleted";
@@ -129,7 +115,7 @@ TEST(CliSafety, OverwriteDeletesOnlyWhatDsWroteAndNamesIt) {
   const std::string u = fresh("not_ours");
   fs::create_directories(u);
   std::ofstream(u + "/metrics.jsonl") << "{\"accuracy\": 0.9}\n";
-  const Result r2 = ds(kRun + "train.steps=2 train.output_dir=" + u + " --overwrite");
+  const Result r2 = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + u + " --overwrite");
   EXPECT_EQ(r2.code, 2) << r2.err;
   EXPECT_TRUE(contains(r2.err, "metrics.jsonl' was not written by ds")) << r2.err;
   EXPECT_EQ(slurp(u + "/metrics.jsonl"), "{\"accuracy\": 0.9}\n");
@@ -139,7 +125,7 @@ TEST(CliSafety, OverwriteDeletesOnlyWhatDsWroteAndNamesIt) {
 TEST(CliSafety, ReExportingReplacesThePreviousExportWhole) {
   const std::string a = fresh("reexport"), hf = a + "_hf";
   fs::remove_all(hf);
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   Result r = ds("convert-ckpt " + a + " " + hf + " --max-shard-size 100KB");
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_TRUE(fs::exists(hf + "/model.safetensors.index.json"));
@@ -160,7 +146,7 @@ TEST(CliSafety, ReExportingReplacesThePreviousExportWhole) {
 // 5. A shard from another save is refused.
 TEST(CliSafety, AShardFromAnotherStepIsRefused) {
   const std::string a = fresh("shards"), w10 = a + "_w10", w20 = a + "_w20";
-  train_into(a, 20);
+  ASSERT_EQ(train_into(a, 20).code, 0);
   for (const auto& [dst, tag] : {std::pair{w10, "step_00000010"}, {w20, "step_00000020"}}) {
     fs::remove_all(dst);
     const Result r = ds("convert-ckpt " + a + " " + dst + " -t " + tag + " --world-size 2 --stage 2");
@@ -180,11 +166,11 @@ TEST(CliSafety, AShardFromAnotherStepIsRefused) {
 // lost checksum attribute, a directory renamed to another step.
 TEST(CliSafety, CorruptMetadataIsRefusedNotResumed) {
   const std::string a = fresh("meta");
-  train_into(a, 20);
+  ASSERT_EQ(train_into(a, 20).code, 0);
   const std::string ckpt = a + "/checkpoints/step_00000020", state = ckpt + "/state.h5", keep = a + "_state.h5";
   fs::copy_file(state, keep);
   auto resume_refused = [&](const std::string& what, const std::string& expected) {
-    const Result r = ds(kRun + "train.steps=25 train.output_dir=" + a + " --resume");
+    const Result r = ds(kQuickstartFp32 + "train.steps=25 train.output_dir=" + a + " --resume");
     EXPECT_EQ(r.code, 2) << what << ":\n" << r.err;
     EXPECT_TRUE(contains(r.err, expected)) << what << ":\n" << r.err;
     fs::copy_file(keep, state, fs::copy_options::overwrite_existing);
@@ -214,7 +200,7 @@ TEST(CliSafety, CorruptMetadataIsRefusedNotResumed) {
   // A checkpoint directory renamed to another step.
   fs::rename(ckpt, a + "/checkpoints/step_00000030");
   std::ofstream(a + "/checkpoints/latest") << "step_00000030";
-  r = ds(kRun + "train.steps=35 train.output_dir=" + a + " --resume");
+  r = ds(kQuickstartFp32 + "train.steps=35 train.output_dir=" + a + " --resume");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "holds step 20 but its directory is named for step 30")) << r.err;
 }
@@ -224,24 +210,24 @@ TEST(CliSafety, ASecondRunIntoTheSameDirectoryIsRefusedNamingTheFirst) {
   const std::string a = fresh("locked");
   const pid_t first = ::fork();
   if (first == 0) {
-    ::execl("/bin/sh", "sh", "-c", ("cd " + work_dir() + " && exec " DS_BINARY " " + kRun + "train.steps=100000 train.output_dir=" + a +
+    ::execl("/bin/sh", "sh", "-c", ("cd " + work_dir() + " && exec " DS_BINARY " " + kQuickstartFp32 + "train.steps=100000 train.output_dir=" + a +
                                     " >/dev/null 2>&1 </dev/null").c_str(),
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
   for (int i = 0; i < 15000 && line_count(a + "/metrics.jsonl") < 1; ++i) ::usleep(20000);
-  Result r = ds(kRun + "train.steps=5 train.output_dir=" + a + " --resume");
+  Result r = ds(kQuickstartFp32 + "train.steps=5 train.output_dir=" + a + " --resume");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is in use by another ds run (host ")) << r.err;
   EXPECT_TRUE(contains(r.err, "pid " + std::to_string(first))) << r.err;
-  r = ds(kRun + "train.steps=5 train.output_dir=" + a + " --overwrite");
+  r = ds(kQuickstartFp32 + "train.steps=5 train.output_dir=" + a + " --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(fs::exists(a + "/metrics.jsonl"));
   ::kill(first, SIGKILL);
   int status = 0;
   ::waitpid(first, &status, 0);
   const int64_t lines = line_count(a + "/metrics.jsonl");
-  r = ds(kRun + "train.steps=" + std::to_string(lines + 2) + " train.output_dir=" + a + " --resume");
+  r = ds(kQuickstartFp32 + "train.steps=" + std::to_string(lines + 2) + " train.output_dir=" + a + " --resume");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "took over the lock")) << r.err;
   EXPECT_TRUE(contains(r.err, "pid " + std::to_string(first))) << r.err;
@@ -251,21 +237,21 @@ TEST(CliSafety, ASecondRunIntoTheSameDirectoryIsRefusedNamingTheFirst) {
 TEST(CliSafety, AFolderThatIsNotARunAndLinksAreRefused) {
   const std::string a = fresh("hf_target"), hf = a + "_hf";
   fs::remove_all(hf);
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   ASSERT_EQ(ds("convert-ckpt " + a + " " + hf).code, 0);
   const std::string config = slurp(hf + "/config.json");
-  Result r = ds(kRun + "train.steps=2 train.output_dir=" + hf);
+  Result r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + hf);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "config.json' was not written by ds")) << r.err;
   EXPECT_EQ(slurp(hf + "/config.json"), config);
-  r = ds(kRun + "train.steps=2 train.output_dir=" + hf + " --resume");  // nothing to resume: a fresh run, refused alike
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + hf + " --resume");  // nothing to resume: a fresh run, refused alike
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(slurp(hf + "/config.json"), config);
   const std::string l = fresh("links"), outside = scratch_dir() + "/outside.txt";
   fs::create_directories(l);
   std::ofstream(outside) << "precious\n";
   fs::create_symlink(outside, l + "/train.log");
-  r = ds(kRun + "train.steps=2 train.output_dir=" + l);
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + l);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "train.log' is a symbolic link")) << r.err;
   EXPECT_EQ(slurp(outside), "precious\n");
@@ -274,9 +260,9 @@ TEST(CliSafety, AFolderThatIsNotARunAndLinksAreRefused) {
 // 10. A metrics.jsonl cut mid-line (disk full, a kill) is repaired on resume: every line stays JSON.
 TEST(CliSafety, APartialLastMetricsLineIsDroppedOnResume) {
   const std::string a = fresh("partial_line");
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   std::ofstream(a + "/metrics.jsonl", std::ios::app) << "{\"step\": 11, \"loss\": 2.3";
-  const Result r = ds(kRun + "train.steps=13 train.output_dir=" + a + " --resume");
+  const Result r = ds(kQuickstartFp32 + "train.steps=13 train.output_dir=" + a + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "ended in a partial line")) << r.err;
   const auto lines = metrics_of(a);  // throws on a line that is not JSON
@@ -288,13 +274,13 @@ TEST(CliSafety, APartialLastMetricsLineIsDroppedOnResume) {
 TEST(CliSafety, DeepJsonAndAFifoAreRefusedNotCrashedOnOrWaitedFor) {
   const std::string a = fresh("deep"), hf = a + "_hf";
   fs::remove_all(hf);
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   ASSERT_EQ(ds("convert-ckpt " + a + " " + hf + " --max-shard-size 100KB").code, 0);
   std::ofstream(hf + "/model.safetensors.index.json") << "{\"weight_map\": " << std::string(200000, '[') << std::string(200000, ']') << "}";
   Result r = ds("convert-ckpt --info " + hf);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "nests JSON deeper than 64 levels")) << r.err;
-  r = ds(kRun + "train.steps=2 train.output_dir=" + a + "_t model.init_from=" + hf);
+  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + "_t model.init_from=" + hf);
   EXPECT_EQ(r.code, 2) << r.err;
   const std::string deep_cfg = fresh("deep_cfg");
   fs::create_directories(deep_cfg);
@@ -318,7 +304,7 @@ TEST(CliSafety, TokenIdsBeyondTwoToThe31AreRefusedBeforeWork) {
   std::vector<uint32_t> ids(4096, 7);
   ids[1000] = 3000000000u;
   std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
-  const Result r = ds(kRun + "train.steps=2 train.output_dir=" + fresh("big_ids") + " data.type=tokens data.token_format=uint32 data.path=" + file);
+  const Result r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + fresh("big_ids") + " data.type=tokens data.token_format=uint32 data.path=" + file);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "token id 3000000000")) << r.err;
 }
@@ -328,7 +314,7 @@ TEST(CliSafety, Fp16ExportRefusesValuesBeyondItsRange) {
   const std::string a = fresh("fp16range"), hf = a + "_hf", imported = a + "_imp";
   fs::remove_all(hf);
   fs::remove_all(imported);
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   ASSERT_EQ(ds("convert-ckpt " + a + " " + hf).code, 0);
   // One weight set to 1e6 in the exported file's first tensor.
   {
@@ -359,8 +345,8 @@ TEST(CliSafety, Fp16ExportRefusesValuesBeyondItsRange) {
 // 16. Resuming with the same parameter count in other shapes is an error naming the tensor.
 TEST(CliSafety, ResumingWithOtherShapesOfTheSameSizeIsRefused) {
   const std::string a = fresh("shapes");
-  train_into(a, 10);
-  const Result r = ds(kRun + "train.steps=12 train.output_dir=" + a + " --resume model.vocab_size=255 model.max_position_embeddings=129");
+  ASSERT_EQ(train_into(a, 10).code, 0);
+  const Result r = ds(kQuickstartFp32 + "train.steps=12 train.output_dir=" + a + " --resume model.vocab_size=255 model.max_position_embeddings=129");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "holds transformer.wte.weight [256, 64] where this model has transformer.wte.weight [255, 64]")) << r.err;
   EXPECT_EQ(metrics_of(a).size(), 10u);
@@ -396,7 +382,7 @@ TEST(CliSafety, BadValuesInFilesAndOverridesExitTwoNamingTheKey) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "rope_scaling")) << r.err;
   const std::string a = fresh("shard_size");
-  train_into(a, 10);
+  ASSERT_EQ(train_into(a, 10).code, 0);
   r = ds("convert-ckpt " + a + " " + a + "_hf --max-shard-size 99999999999999999999GB");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "more than 1 EiB")) << r.err;
