@@ -364,8 +364,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
   if (loaded.config.train.epochs && loaded.config.model.given) {
     try {
-      loaded.config.data.measured_tokens =
-          open_token_stream(loaded.config.data, resolve_model_hyper(loaded.config.model).vocab_size, 0)->size();
+      loaded.config.data.measured_tokens = measure_tokens(loaded.config.data);
     } catch (const UserError& e) {
       throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
     }

@@ -155,6 +155,10 @@ void check_destination(const ConvertArgs& a, const std::vector<std::string>& sou
       throw UserError("'" + a.dst + "' is " + (same_path(source, a.dst) ? "" : "or holds ") + "what this conversion reads ('" + source +
                           "'): writing there would replace it",
                       "choose another destination, e.g. " + a.dst + "-export");
+    // Inside a source directory (base-hf/model.safetensors): a file of it would be replaced.
+    if (fs::is_directory(source, ec) && path_within(a.dst, source))
+      throw UserError("'" + a.dst + "' lies inside '" + source + "', which this conversion reads: writing there could replace its files",
+                      "choose a destination outside it");
     const std::string run = checkpoint_run_dir(source);
     if (!run.empty() && path_within(a.dst, (fs::path(run) / "checkpoints").string()))
       throw UserError("'" + a.dst + "' lies inside the run's checkpoints/, which ds keeps to itself", "choose a destination outside it");
@@ -235,6 +239,10 @@ std::vector<std::string> reshard_overrides(const WeightSource& src, int world, i
     return o;
   }
   const int64_t global = (*batch)["train_batch_size"].get<int64_t>(), was_micro = (*batch)["train_micro_batch_size_per_gpu"].get<int64_t>();
+  if (global < 1 || was_micro < 1)
+    throw UserError("'" + src.path() + "' records a global batch of " + std::to_string(global) + " and a micro batch of " +
+                        std::to_string(was_micro) + ": its plan is damaged",
+                    "reshard an undamaged checkpoint of the run");
   if (global % world != 0) {
     std::vector<std::string> fits;
     for (int64_t w = 1; w <= global && fits.size() < 12; ++w)

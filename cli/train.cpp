@@ -103,6 +103,12 @@ void stopped_before_the_trainer(int sig) {
   ::_exit(sig == SIGTERM ? kExitTerminated : kExitInterrupted);
 }
 
+// The trainer takes the signals over from stopped_before_the_trainer and, ending, hands them back: to the
+// default instead, so a signal after the run (which has saved) is never reported as a stop while starting.
+StopHandler set_for_the_trainer(StopHandler handler) {
+  return set_stop_handler(handler == stopped_before_the_trainer ? nullptr : handler);
+}
+
 // What the start-up does first, said at once: a large model's minute of drawing weights is not silence.
 std::string start_line(const Plan& plan, const std::string& resume_from) {
   std::string what;
@@ -233,6 +239,7 @@ int run_train(const TrainArgs& a) {
       const Plan& plan = compiled.plan;
       const Config& config = compiled.config;
       LaunchSpec spec = rank_launch_spec(launch, args, config.train.output_dir + "/logs", config.train.comm_timeout_s);
+      spec.inherit_fds = lock.inheritable_fds();
       spec.master_addr = a.master_addr;
       spec.master_port = a.master_port;
       const int world = plan.topology.world_size;
@@ -273,6 +280,7 @@ int run_train(const TrainArgs& a) {
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);
     const StopHandler before = set_stop_handler(stopped_before_the_trainer);  // before the line that says so
+    opt.set_stop_handler = set_for_the_trainer;
     std::cerr << start_line(plan, opt.resume_from) << "\n";
     const TrainResult r = train_with_runtime(plan, opt);  // loads LibTorch, here and only here
     set_stop_handler(before);

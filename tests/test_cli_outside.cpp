@@ -46,7 +46,14 @@ std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+// Running, not a zombie no one has reaped yet (a killed launcher's ranks are reparented).
+bool alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z' && line[paren + 2] != 'X';
+}
 
 // Starts `ds ARGS` in the background (its output in OUT.out/OUT.err), returning its pid.
 pid_t ds_background(const std::string& args, const std::string& out) {
@@ -122,7 +129,6 @@ TEST(CliOutside, MetricsHoldEachStepOnceAndLossesRoundTrip) {
   std::getline(in, line);
   const std::string loss = line.substr(line.find("\"loss\": ") + 8, line.find(',', line.find("\"loss\": ")) - line.find("\"loss\": ") - 8);
   EXPECT_GT(loss.size(), 9u) << line;  // an fp32 run's loss in double needs more than 7 significant digits
-  EXPECT_EQ(std::to_string(std::stod(loss)).substr(0, 6), loss.substr(0, 6));
 }
 
 // 2b. Resuming a checkpoint of a run that lies further inside the output directory checks the directory.
@@ -158,14 +164,21 @@ TEST(CliOutside, UserFilesInsideCheckpointsSurvivePruningAndOverwrite) {
   EXPECT_TRUE(contains(r.err, "kept what ds did not write there: " + a + "/checkpoints/step_00000010/notes.txt")) << r.err;
   EXPECT_EQ(slurp(a + "/checkpoints/step_00000010/notes.txt"), "lr sweep 3\n");
   EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000010/state.h5"));
-  EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000020"));
   std::ofstream(a + "/checkpoints/step_00000030/eval_results.json") << "{}\n";
+  // A user's own link to a checkpoint, and an empty marker file, are theirs: a resume goes on beside them.
+  fs::create_directory_symlink("step_00000030", a + "/checkpoints/best");
+  std::ofstream(a + "/STARTED").flush();
+  r = ds(kQuickstartFp32 + "train.steps=31 train.output_dir=" + a + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
   r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "kept what ds did not write: checkpoints/step_00000010/notes.txt, checkpoints/step_00000030/eval_results.json"))
+  EXPECT_TRUE(contains(r.err, "kept what ds did not write: STARTED, checkpoints/best, checkpoints/step_00000010/notes.txt, "
+                              "checkpoints/step_00000030/eval_results.json"))
       << r.err;
   EXPECT_EQ(slurp(a + "/checkpoints/step_00000030/eval_results.json"), "{}\n");
   EXPECT_FALSE(fs::exists(a + "/checkpoints/step_00000030/state.h5"));
+  EXPECT_TRUE(fs::exists(a + "/STARTED"));
+  EXPECT_TRUE(fs::is_symlink(a + "/checkpoints/best"));
 }
 
 // 2b. The lock lives as long as any process of the run: a launcher killed with -9 leaves its ranks holding
@@ -204,9 +217,11 @@ TEST(CliOutside, TheLockOutlivesAKilledLauncherAndIsNotEasilyLost) {
   r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
-  r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite", "DS_RUN_LOCK=" + a + "/.ds.lock");
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
+  for (const std::string& fake : {a + "/.ds.lock", "0123456789abcdef01234567:" + a + "/.ds.lock"}) {  // no token, a wrong one
+    r = ds(kQuickstartFp32 + "train.steps=2 train.output_dir=" + a + " --overwrite", "DS_RUN_LOCK=" + fake);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "is in use by another ds run")) << r.err;
+  }
   EXPECT_GE(line_count(a + "/metrics.jsonl"), 2);
   ::kill(run, SIGTERM);
   ::waitpid(run, &status, 0);
@@ -380,9 +395,11 @@ TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
   Result r = ds("convert-ckpt " + a + " " + a + "-w4 --world-size 4 --stage 3");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "kept on 4 ranks with micro batch 8")) << r.err;
-  const nlohmann::json plan = nlohmann::json::parse(slurp(a + "-w4/plan.json").empty() ? "{}" : slurp(a + "-w4/plan.json"));
   r = ds("convert-ckpt --info " + a + "-w4 --json");
   ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json info = nlohmann::json::parse(r.out);
+  EXPECT_EQ(info["world_size"], 4);
+  EXPECT_EQ(info["zero_stage"], 3);
   r = ds("convert-ckpt " + a + " " + a + "-w3 --world-size 3 --stage 3");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot keep the run's global batch of 32")) << r.err;

@@ -523,14 +523,28 @@ bool is_checkpoint_file_name(const std::string& n) {
 std::vector<std::string> remove_checkpoint(const std::string& checkpoint_dir, bool* busy) {
   std::error_code ec;
   std::vector<std::string> kept;
-  // Exclusive against readers (CheckpointReader's shared lock), held while the files go.
+  // Exclusive against readers (CheckpointReader's shared lock), held while the files go. Only a reader's
+  // hold counts as busy: a filesystem that cannot lock directories (NFS) removes without the lock.
   const int fd = ::open(checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0 && ::flock(fd, busy ? LOCK_EX | LOCK_NB : LOCK_EX) != 0) {
-    ::close(fd);
-    if (busy) *busy = true;
-    return kept;
-  }
   if (busy) *busy = false;
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    if (busy) {
+      ::close(fd);
+      *busy = true;
+      return kept;
+    }
+    // It must go (a re-save, --overwrite): the reader gets a minute to finish, then the one waiting is told.
+    bool locked = false;
+    for (int tick = 0; tick < 600 && !locked; ++tick) {
+      ::usleep(100000);
+      locked = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    }
+    if (!locked) {
+      ::close(fd);
+      throw std::runtime_error(checkpoint_dir + " has been read by another process (ds convert-ckpt?) for over a minute, and "
+                               "this command must replace it: let that finish, then run this again");
+    }
+  }
   struct Closer {
     int fd;
     ~Closer() {

@@ -188,6 +188,7 @@ struct RankStart {
   std::vector<std::string> argv;
   if (p.here) {
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    for (int fd : st.spec.inherit_fds) fcntl(fd, F_SETFD, 0);  // the run directory's lock goes with the rank
     argv.push_back(st.exe);
     argv.insert(argv.end(), st.spec.args.begin(), st.spec.args.end());
   } else {

@@ -32,6 +32,9 @@ struct LaunchSpec {
   std::vector<std::string> args;  // arguments for each rank (argv[1..]); the binary is this one
   std::string log_dir;            // where ranks other than 0 write their output
   std::chrono::seconds grace{30}; // after a failure: how long the others get to exit before SIGKILL
+  // Descriptors the ranks on this machine inherit (the run directory's lock: they hold it with the launcher,
+  // and keep it while they save if the launcher is killed). Every other descriptor closes on exec.
+  std::vector<int> inherit_fds;
 };
 
 // The words each rank runs with: the launcher's command line (argv[1..]) without the flags that only the

@@ -96,9 +96,12 @@ bool is_rank_log(const std::string& n) {
 constexpr const char* kRunFiles[] = {"config.json", "plan.json", "metrics.jsonl", "train.log"};
 bool is_run_file_temporary(const std::string& n) { return n == "config.json.partial" || n == "plan.json.partial"; }
 
+// Under one of ds's names only: a user's empty .gitkeep or marker file is theirs.
 bool is_ds_run_file(const fs::path& file) {
   const std::string n = file.filename().string();
-  if (is_empty_file(file) || is_run_file_temporary(n)) return true;
+  if (is_run_file_temporary(n)) return true;
+  if (std::find(std::begin(kRunFiles), std::end(kRunFiles), n) == std::end(kRunFiles)) return false;
+  if (is_empty_file(file)) return true;
   return (n == "config.json" && is_ds_config(file)) || (n == "plan.json" && is_ds_plan(file)) ||
          (n == "metrics.jsonl" && is_ds_metrics(file)) || (n == "train.log" && is_ds_log(file));
 }
@@ -118,19 +121,22 @@ void survey_checkpoints(const fs::path& root, RunDirContents& c) {
   const fs::path rel("checkpoints");
   for (const auto& k : fs::directory_iterator(root / rel, ec)) {
     const std::string n = k.path().filename().string();
+    const bool partial = n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0 && is_step_name(n.substr(1, n.size() - 9));
+    // A link under a name ds writes is refused (ds never writes through one); a user's own link (best ->
+    // step_00000500) is theirs, kept.
     if (k.is_symlink(ec)) {
-      c.links.push_back((rel / n).string());
+      const bool ds_name = n == "latest" || n == ".latest.tmp" || is_step_name(n) || partial;
+      (ds_name ? c.links.push_back((rel / n).string()) : c.foreign.push_back(rel / n));
       continue;
     }
-    const bool partial = n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0 && is_step_name(n.substr(1, n.size() - 9));
     if ((n == "latest" || n == ".latest.tmp") && k.is_regular_file(ec)) {
       c.ours.push_back(k.path());
     } else if ((is_step_name(n) || partial) && k.is_directory(ec)) {
       bool any_ds_file = false;
       for (const auto& f : fs::directory_iterator(k.path(), ec)) {
         const std::string fn = f.path().filename().string();
-        if (f.is_symlink(ec)) c.links.push_back((rel / n / fn).string());
-        else if (is_checkpoint_file_name(fn) && f.is_regular_file(ec)) any_ds_file = true;
+        if (f.is_symlink(ec) && is_checkpoint_file_name(fn)) c.links.push_back((rel / n / fn).string());
+        else if (is_checkpoint_file_name(fn) && !f.is_symlink(ec) && f.is_regular_file(ec)) any_ds_file = true;
         else c.foreign.push_back(rel / n / fn);
       }
       if (any_ds_file || partial || fs::is_empty(k.path(), ec)) c.checkpoints.push_back(k.path());
@@ -160,7 +166,7 @@ RunDirContents survey(const fs::path& root) {
     if (n == "logs" && e.is_directory(ec)) {
       for (const auto& k : fs::directory_iterator(e.path(), ec)) {
         const std::string kn = k.path().filename().string();
-        if (k.is_symlink(ec)) c.links.push_back((fs::path(n) / kn).string());  // the launcher writes rank logs here
+        if (k.is_symlink(ec) && is_rank_log(kn)) c.links.push_back((fs::path(n) / kn).string());  // the launcher writes these
         else if (is_rank_log(kn) && k.is_regular_file(ec)) c.ours.push_back(k.path());
         else c.foreign.push_back(fs::path(n) / kn);
       }
@@ -348,18 +354,34 @@ RunDirLock::RunDirLock(const std::string& dir) {
                     "choose a directory you can write, e.g. train.output_dir=runs/NAME");
   path_ = (fs::path(dir) / ".ds.lock").string();
   // Two locks, both held for the run's life: the directory's own (a .ds.lock removed by hand does not free
-  // it) and the file's (where a filesystem cannot lock directories, NFS). Neither is closed on exec: every
-  // process the run starts (the launcher's ranks) holds them too, so a launcher killed with -9 leaves the
-  // directory locked until its last rank has finished saving.
-  dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW, 0644);
-  if (fd_ < 0)
-    throw UserError("cannot open the run directory's lock '" + path_ + "': " + std::strerror(errno),
+  // it) and the file's (where a filesystem cannot lock directories). Both close on exec, except into the
+  // launcher's local ranks (inheritable_fds), so a launcher killed with -9 leaves the directory locked until
+  // its last rank has finished saving, and no other child (nvidia-smi, say) ever holds it.
+  dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    release();
+    throw UserError("cannot open the run directory's lock '" + path_ + "': " + std::strerror(err),
                     "train.output_dir must be a writable directory");
-  const bool dir_locked = dir_fd_ >= 0 && ::flock(dir_fd_, LOCK_EX | LOCK_NB) == 0;
-  const bool dir_lockable = dir_locked || (dir_fd_ >= 0 && errno == EWOULDBLOCK);
-  const bool file_locked = ::flock(fd_, LOCK_EX | LOCK_NB) == 0;
-  if ((dir_lockable && !dir_locked) || !file_locked) {
+  }
+  // Held elsewhere: EWOULDBLOCK. Any other failure (a filesystem without flock on directories, Lustre's
+  // noflock) means that lock cannot be had here, and the other one does the work.
+  enum class Got { yes, held, unsupported };
+  const auto take = [](int fd) {
+    if (fd < 0) return Got::unsupported;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return Got::yes;
+    return errno == EWOULDBLOCK ? Got::held : Got::unsupported;
+  };
+  const Got on_dir = take(dir_fd_);
+  const Got on_file = on_dir == Got::held ? Got::held : take(fd_);  // a held directory settles it
+  if (on_dir == Got::unsupported && dir_fd_ >= 0) {
+    ::close(dir_fd_);
+    dir_fd_ = -1;
+  }
+  if (on_dir == Got::unsupported && on_file == Got::unsupported)
+    note_ = "the filesystem of " + dir + " supports no locks (flock): ds cannot keep a second run out of this directory";
+  if (on_dir == Got::held || on_file == Got::held) {
     const LockText held = read_lock_text(fd_);
     // A rank of ds's launcher runs under the launcher's lock: DS_RUN_LOCK names this lock and the token the
     // holder wrote. A DS_RUN_LOCK without that token (copied, or set by hand) does not unlock anything.
@@ -383,7 +405,8 @@ RunDirLock::RunDirLock(const std::string& dir) {
   }
   const LockText previous = read_lock_text(fd_);
   if (!previous.holder.empty())
-    note_ = "took over the lock of " + dir + " from a run that ended without releasing it (" + previous.holder + ")";
+    note_ += (note_.empty() ? "" : "; ") + std::string("took over the lock of ") + dir + " from a run that ended without releasing it (" +
+             previous.holder + ")";
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   const std::time_t now = std::time(nullptr);
@@ -395,6 +418,13 @@ RunDirLock::RunDirLock(const std::string& dir) {
     // Holding the lock is what matters; the text only names the holder.
   }
   ::setenv("DS_RUN_LOCK", (token + ":" + path_).c_str(), 1);  // the ranks this process starts run under this lock
+}
+
+std::vector<int> RunDirLock::inheritable_fds() const {
+  std::vector<int> fds;
+  for (int fd : {fd_, dir_fd_})
+    if (fd >= 0) fds.push_back(fd);
+  return fds;
 }
 
 void RunDirLock::release() {

@@ -60,6 +60,10 @@ class RunDirLock {
   RunDirLock& operator=(const RunDirLock&) = delete;
   const std::string& note() const { return note_; }
   const std::string& path() const { return path_; }
+  // The lock's descriptors, for the launcher to hand to the ranks it starts on this machine (they close on
+  // exec otherwise). Ranks started over ssh cannot inherit them: the launcher's lock covers them only while
+  // the launcher lives.
+  std::vector<int> inheritable_fds() const;
 
  private:
   void release();

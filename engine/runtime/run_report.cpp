@@ -161,7 +161,7 @@ void RunReport::open_metrics(int64_t first_step) {
   drop_partial_last_line(path);  // a line cut short (disk full, a kill mid-write) is not JSONL
   // Appended: a resumed run's steps follow the earlier ones up to its checkpoint.
   int64_t keep = 0, first_dropped = -1, last_dropped = -1;
-  {
+  if (first_step < plan_.steps) {  // a run with nothing to do leaves the record as it is
     std::ifstream in(path, std::ios::binary);
     int64_t at = 0;
     for (std::string line; std::getline(in, line);) {

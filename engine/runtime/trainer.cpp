@@ -11,6 +11,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <cstdio>
 #include <filesystem>
@@ -49,9 +50,19 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 // While the run starts, a second signal ends the process at once: the first waits for a stop point, which a
 // read blocked on a slow filesystem may not reach soon, and before the first step there is nothing to save.
+// "Second" means a second later: one Ctrl-C reaches a launched rank twice within milliseconds (from the
+// terminal's process group and forwarded by its launcher), as Slurm's SIGTERM may.
 std::atomic<bool> g_starting{false};
+std::atomic<int64_t> g_first_signal_ms{0};
+int64_t monotonic_ms() {  // clock_gettime: safe in a signal handler
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
 void on_stop_signal(int sig) {
-  if (g_starting && g_stop_signal) {
+  const int64_t now = monotonic_ms();
+  if (!g_stop_signal) g_first_signal_ms = now;
+  if (g_starting && g_stop_signal && now - g_first_signal_ms >= 1000) {
     static const char text[] = "ds train: a second stop while starting: ending now, nothing was trained or saved\n";
     if (::write(STDERR_FILENO, text, sizeof text - 1) < 0) {
     }
@@ -354,6 +365,7 @@ void TrainingRun::load_base() {
   std::vector<float> values;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
     if (!plan_.is_frozen(i)) continue;  // model.freeze: what trains is drawn into the layout
+    stop_point(source ? "reading the frozen base" : "drawing the frozen base");
     const int64_t n = model.tensors[i].numel;
     const float* v = nullptr;
     if (source) {
@@ -443,8 +455,10 @@ void TrainingRun::draw_weights() {
     // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
     const std::vector<std::string> names = match_weights(*source, plan_.model);
     const std::vector<int> tensors = plan_.trained_model_tensors();
-    for (size_t k = 0; k < tensors.size(); ++k)
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      stop_point("reading the initial weights");
       source->read_f32(names[static_cast<size_t>(tensors[k])], whole.data_ptr<float>() + plan_.layout.params[k].offset);
+    }
     report_->log().note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                         " (step, schedule and optimizer start fresh)");
     values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };

@@ -1,6 +1,7 @@
 #include "engine/runtime/data/token_source.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,8 @@
 #include <vector>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -253,8 +256,40 @@ std::vector<std::string> data_files(const std::string& path) {
     if (e.path().filename().string()[0] != '.' && e.is_regular_file(ec)) files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
   if (files.empty()) throw UserError("data.path '" + path + "' is a directory with no data files in it", "give a file, or a directory of shards");
+  // Shards are files of one kind; a directory that also holds other things (nanoGPT's data/ has input.txt,
+  // meta.pkl, prepare.py, train.bin and val.bin) is not a dataset to read whole.
+  std::set<std::string> kinds;
+  for (const std::string& f : files) kinds.insert(std::filesystem::path(f).extension().string());
+  if (kinds.size() > 1) {
+    std::string list;
+    for (const std::string& k : kinds) list += (list.empty() ? "" : ", ") + (k.empty() ? std::string("(none)") : k);
+    throw UserError("data.path '" + path + "' holds files of several kinds (" + list + "): a directory is read whole, as shards of one dataset",
+                    "name the data file itself, or a directory that holds its shards alone");
+  }
+  // A held-out split beside the training data would be trained on: ds holds out data.val_fraction itself.
+  for (const std::string& f : files) {
+    const std::string stem = std::filesystem::path(f).stem().string();
+    if (files.size() > 1 && (stem == "val" || stem == "valid" || stem == "validation" || stem == "test" || stem == "eval"))
+      throw UserError("data.path '" + path + "' holds '" + std::filesystem::path(f).filename().string() +
+                          "', a held-out split by its name, which would be read as training data",
+                      "name the training file itself (ds holds out data.val_fraction of it for validation)");
+  }
   return files;
 }
+
+namespace {
+// Many shards, each an open file: the soft limit on descriptors is raised as far as the hard one allows.
+void allow_open_files(size_t n, const std::string& path) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= n + 256) return;
+  lim.rlim_cur = std::min<rlim_t>(lim.rlim_max, n + 256);
+  ::setrlimit(RLIMIT_NOFILE, &lim);
+  if (lim.rlim_cur < n + 64)
+    throw UserError("data.path '" + path + "' holds " + std::to_string(n) + " shards, more than this process may open (ulimit -n " +
+                        std::to_string(lim.rlim_max) + ")",
+                    "merge the shards into fewer files, or raise the limit (ulimit -Hn)");
+}
+}  // namespace
 
 ConcatTokenStream::ConcatTokenStream(std::vector<std::unique_ptr<TokenStream>> parts, std::string description)
     : parts_(std::move(parts)), description_(std::move(description)) {
@@ -273,6 +308,42 @@ void ConcatTokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
     parts_[i]->read(within, take, out);
     begin += take, out += take, n -= take, ++i;
   }
+}
+
+int64_t measure_tokens(const DataConfig& d) {
+  if (d.type == DataType::synthetic) return int64_t{1} << 20;  // as open_token_stream draws it
+  if (d.type == DataType::hdf5) return Hdf5TokenDataset(d.path, d.dataset).size();
+  const std::vector<std::string> files = data_files(d.path);
+  int64_t n = 0;
+  if (d.type == DataType::tokens) {  // by size (llm.c's files say their count in the header); read when the run opens them
+    for (const std::string& f : files) {
+      if (d.token_format != "llmc") {
+        n += static_cast<int64_t>(std::filesystem::file_size(f)) / (d.token_format == "uint32" ? 4 : 2);
+        continue;
+      }
+      int32_t header[3] = {0, 0, 0};
+      std::ifstream in(f, std::ios::binary);
+      in.read(reinterpret_cast<char*>(header), sizeof header);
+      n += std::max(0, header[2]);
+    }
+    return n;
+  }
+  if (d.tokenizer != "gpt2") {
+    for (const std::string& f : files) n += static_cast<int64_t>(std::filesystem::file_size(f));
+    return n;
+  }
+  // BPE: only encoding tells; kept for the process, keyed by each file's size and modification time.
+  static std::map<std::string, int64_t> encoded;
+  std::string key = d.vocab_file + "|" + d.merges_file;
+  for (const std::string& f : files) {
+    std::error_code ec;
+    key += "|" + f + ":" + std::to_string(std::filesystem::file_size(f, ec)) + ":" +
+           std::to_string(std::filesystem::last_write_time(f, ec).time_since_epoch().count());
+  }
+  if (const auto it = encoded.find(key); it != encoded.end()) return it->second;
+  std::string text;
+  for (const std::string& f : files) text += read_text_file(f);
+  return encoded[key] = static_cast<int64_t>(Gpt2Tokenizer(d.vocab_file, d.merges_file).encode(text).size());
 }
 
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t vocab_size, uint64_t seed) {
@@ -305,6 +376,7 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
         s = std::make_unique<TokenFile>(files[0], d.token_format);
         break;
       }
+      allow_open_files(files.size(), d.path);
       std::vector<std::unique_ptr<TokenStream>> parts;
       int64_t tokens = 0;
       for (const std::string& f : files) {

@@ -102,6 +102,11 @@ double markov_entropy_nats();
 // The stream the data block describes, checked against the model's vocabulary size.
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& data, int64_t vocab_size, uint64_t seed);
 
+// The number of tokens open_token_stream would give, measured as cheaply as the format allows: token files
+// and byte text by their sizes, GPT-2 BPE text by encoding it (once per process and file version). For
+// train.epochs, which the plan resolves before anything is read.
+int64_t measure_tokens(const DataConfig& data);
+
 // data.path's files: the file itself, or for a directory every regular file in it that is not hidden, in
 // name order (a dataset in shards). UserError for a directory with none.
 std::vector<std::string> data_files(const std::string& path);
