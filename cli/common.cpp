@@ -19,6 +19,7 @@
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
+#include "schema/rope_scaling.hpp"
 
 namespace ds::cli {
 
@@ -299,6 +300,7 @@ const std::vector<ArchitectureKey>& architecture_keys() {
       {"tie_word_embeddings", [](const ModelHyper& h) { return std::string(h.tie_word_embeddings ? "true" : "false"); }},
       {"norm_eps", [](const ModelHyper& h) { return format_double(h.norm_eps); }},
       {"rope_theta", [](const ModelHyper& h) { return format_double(h.rope_theta); }, true},
+      {"rope_scaling", [](const ModelHyper& h) { return rope_scaling_json(h.rope_scaling).dump(); }, true},
   };
   return keys;
 }

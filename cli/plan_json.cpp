@@ -1,6 +1,7 @@
 #include "cli/plan_json.hpp"
 
 #include "engine/plan/fit.hpp"
+#include "schema/rope_scaling.hpp"
 #include "engine/plan/runnable.hpp"
 
 #include <cmath>
@@ -56,6 +57,7 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"tie_word_embeddings", h.tie_word_embeddings},
                 {"norm_eps", h.norm_eps},
                 {"rope_theta", h.rope_theta},
+                {"rope_scaling", rope_scaling_json(h.rope_scaling)},
                 {"attn_pdrop", h.attn_pdrop},
                 {"resid_pdrop", h.resid_pdrop},
                 {"embd_pdrop", h.embd_pdrop},

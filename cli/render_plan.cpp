@@ -235,6 +235,12 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                    (m.num_kv_heads != m.num_heads ? " (" + std::to_string(m.num_kv_heads) + " kv)" : "") + ", vocab " +
                    std::to_string(m.vocab_size) + ", context " + std::to_string(m.max_position_embeddings) +
                    (m.tie_word_embeddings ? ", tied head" : "") +
+                   (m.rope_scaling.type != RopeType::none
+                        ? ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type)) + " x" + format_double(m.rope_scaling.factor) +
+                              (m.rope_scaling.type == RopeType::llama3
+                                   ? " (from " + std::to_string(m.rope_scaling.original_max_position_embeddings) + " positions)"
+                                   : "")
+                        : "") +
                    (m.attn_pdrop + m.resid_pdrop + m.embd_pdrop > 0
                         ? "; dropout attention " + format_double(m.attn_pdrop) + ", residual " + format_double(m.resid_pdrop) +
                               ", embedding " + format_double(m.embd_pdrop) + " (training only)"

@@ -58,6 +58,17 @@ std::optional<ModelArch> model_arch_from_name(const std::string& name) {
   return std::nullopt;
 }
 
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::none: return "default";
+    case RopeType::linear: return "linear";
+    case RopeType::dynamic: return "dynamic";
+    case RopeType::llama3: return "llama3";
+    case RopeType::yarn: return "yarn";
+  }
+  return "?";
+}
+
 const char* data_type_name(DataType t) {
   switch (t) {
     case DataType::synthetic: return "synthetic";

@@ -127,6 +127,25 @@ const char* model_arch_name(ModelArch a);
 // The architecture a name spells, or none.
 std::optional<ModelArch> model_arch_from_name(const std::string& name);
 
+// Rotary position scaling, as Hugging Face's rope_scaling describes it: how the rotary frequencies are
+// stretched for a context longer than the one a model was trained at. none: plain rope_theta frequencies.
+// The arithmetic is engine/plan/rope.hpp's.
+enum class RopeType { none, linear, dynamic, llama3, yarn };
+const char* rope_type_name(RopeType t);
+struct RopeScaling {
+  RopeType type = RopeType::none;
+  double factor = 1;                                    // linear, dynamic, llama3, yarn
+  double low_freq_factor = 1, high_freq_factor = 4;      // llama3
+  int64_t original_max_position_embeddings = 0;          // llama3: the context the frequencies were trained at
+  std::optional<double> attention_factor, beta_fast, beta_slow;  // yarn (defaults: 0.1 ln(factor) + 1, 32, 1)
+  bool operator==(const RopeScaling& o) const {
+    return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
+           original_max_position_embeddings == o.original_max_position_embeddings && attention_factor == o.attention_factor &&
+           beta_fast == o.beta_fast && beta_slow == o.beta_slow;
+  }
+  bool operator!=(const RopeScaling& o) const { return !(*this == o); }
+};
+
 // Hyperparameters that may come from a preset, a Hugging Face config.json, or explicit keys.
 // Each is optional so the three sources can be layered (preset < hf_config < explicit).
 struct ModelFields {
@@ -135,6 +154,7 @@ struct ModelFields {
       max_position_embeddings;
   std::optional<bool> tie_word_embeddings;
   std::optional<double> norm_eps, rope_theta;
+  std::optional<RopeScaling> rope_scaling;  // given as null: RopeType::none
   std::optional<double> attn_pdrop, resid_pdrop, embd_pdrop;
   std::optional<int64_t> bos_token_id;                // -1: given as none (null)
   std::optional<std::vector<int64_t>> eos_token_id;  // empty: given as none

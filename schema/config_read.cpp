@@ -3,6 +3,7 @@
 // a bug in ds (DS_CHECK), not a user error.
 #include <cmath>
 
+#include "schema/rope_scaling.hpp"
 #include "schema/loader_internal.hpp"
 
 namespace ds::loader {
@@ -79,6 +80,11 @@ ModelFields read_model_fields(const json& m) {
   if (m.contains("tie_word_embeddings")) f.tie_word_embeddings = m["tie_word_embeddings"].get<bool>();
   if (m.contains("norm_eps")) f.norm_eps = m["norm_eps"].get<double>();
   if (m.contains("rope_theta")) f.rope_theta = m["rope_theta"].get<double>();
+  if (m.contains("rope_scaling")) {
+    std::vector<ConfigIssue> bad;
+    f.rope_scaling = read_rope_scaling(m["rope_scaling"], "model.rope_scaling", "", bad);
+    if (!bad.empty()) throw ConfigError("model", bad);
+  }
   if (m.contains("dropout")) f.attn_pdrop = f.resid_pdrop = f.embd_pdrop = m["dropout"].get<double>();
   if (m.contains("attn_pdrop")) f.attn_pdrop = m["attn_pdrop"].get<double>();
   if (m.contains("resid_pdrop")) f.resid_pdrop = m["resid_pdrop"].get<double>();

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/json_depth.hpp"
+#include "schema/rope_scaling.hpp"
 #include "schema/loader_internal.hpp"
 
 namespace ds::loader {
@@ -125,8 +126,7 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
       errors.push_back({"model.hf_config", "'" + path + "': attention_bias / mlp_bias are not supported", ""});
     const std::string act = text_of("hidden_act", "silu");
     if (act != "silu" && act != "swish") unsupported("hidden_act", "ds's llama MLP is SwiGLU (silu)");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-      unsupported("rope_scaling", "ds applies plain rotary embeddings (rope_theta only), not scaled ones");
+    if (j.contains("rope_scaling")) f.rope_scaling = read_rope_scaling(j["rope_scaling"], "model.hf_config", "'" + path + "': ", errors);
     if (j.contains("sliding_window") && !j["sliding_window"].is_null() && type == "mistral") {
       const bool covers = j["sliding_window"].is_number() && f.max_position_embeddings &&
                           j["sliding_window"].get<double>() >= static_cast<double>(*f.max_position_embeddings);

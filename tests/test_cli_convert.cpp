@@ -408,3 +408,48 @@ TEST(CliConvert, AFullRankLoraMergedIsTheFunctionTheAdapterComputed) {
   EXPECT_NEAR(merged, adapter, 1e-5 * adapter);
   EXPECT_GT(std::fabs(window_loss(dir, dir + "/base-hf", "eval_base") - adapter), 1e-3);  // the adapter learned something
 }
+
+// Llama 3.1's rope scaling (and linear, yarn): a tiny Llama with each, trained, exported with its rope_scaling
+// in config.json, scored by the independent reader (tests/tools/hf_lm_loss.py, Hugging Face's formulas written
+// out in Python) as ds scores it; and the same weights scored without the scaling differ.
+TEST(CliConvert, RopeScalingIsComputedAsHuggingFaceComputesIt) {
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/rope";
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", 41, 3);
+  const std::string window = " data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                             "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0 ";
+  // A short original context so that the 16 positions reach every branch of each formula.
+  const std::vector<std::pair<std::string, std::string>> kinds = {
+      {"llama3", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32})"},
+      {"linear", R"({"rope_type": "linear", "factor": 4.0})"},
+      {"yarn", R"({"rope_type": "yarn", "factor": 4.0})"}};
+  for (const auto& [name, scaling] : kinds) {
+    SCOPED_TRACE(name);
+    const std::string d = dir + "/" + name;
+    const std::string base = "train examples/quickstart.json bf16.enabled=false model.preset=llama-tiny model.tie_word_embeddings=false "
+                             "'model.rope_scaling=" + scaling + "'";
+    ASSERT_EQ(ds(base + " train.steps=20 train.eval_every=0 train.output_dir=" + d + "/run").code, 0);
+    Result r = ds("convert-ckpt " + d + "/run " + d + "/hf");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(slurp(d + "/hf/config.json"))["rope_scaling"], nlohmann::json::parse(scaling));
+    r = ds(base + window + "model.init_from=" + d + "/hf train.output_dir=" + d + "/eval");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double ds_loss = metrics_of(d + "/eval").front()["loss"].get<double>();
+    ASSERT_EQ(std::system(("python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/hf " + dir + "/window.bin > " + d + "/py.txt").c_str()), 0);
+    const double py_loss = std::stod(slurp(d + "/py.txt"));
+    EXPECT_NEAR(py_loss, ds_loss, 2e-6 * ds_loss);  // fp32 against double: far closer than what the scaling moves
+    // The reader without the scaling scores the same weights otherwise: the scaling is what ds computed.
+    std::filesystem::remove_all(d + "/plain");
+    std::filesystem::copy(d + "/hf", d + "/plain");
+    nlohmann::json plain = nlohmann::json::parse(slurp(d + "/plain/config.json"));
+    plain["rope_scaling"] = nullptr;
+    std::ofstream(d + "/plain/config.json", std::ios::trunc) << plain.dump(2);
+    ASSERT_EQ(std::system(("python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/plain " + dir + "/window.bin > " + d + "/plain.txt").c_str()), 0);
+    EXPECT_GT(std::fabs(std::stod(slurp(d + "/plain.txt")) - py_loss), 2e-5 * ds_loss);
+    // A config that names another scaling than its init_from source trained with is refused.
+    r = ds(base + window + "model.rope_scaling=null model.init_from=" + d + "/hf train.output_dir=" + d + "/eval_plain");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, "model.rope_scaling")) << r.err;
+  }
+}

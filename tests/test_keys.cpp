@@ -123,6 +123,7 @@ const std::map<std::string, const char*> kActs = {
     {"model.tie_word_embeddings", "model"},
     {"model.norm_eps", "model"},
     {"model.rope_theta", "model"},
+    {"model.rope_scaling", "model: rotary frequencies (engine/plan/rope.cpp)"},
     {"model.bos_token_id", "model"},
     {"model.eos_token_id", "model"},
     {"model.activation_checkpointing", "runtime: recompute blocks"},

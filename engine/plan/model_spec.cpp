@@ -52,6 +52,16 @@ ModelHyper llama_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64
 }
 
 // Published architectures (Hugging Face config.json of each model).
+// Llama 3.1 and 3.2 as released: rope_scaling of type llama3 over the 8192 positions Llama 3 was trained at.
+ModelHyper llama31(ModelHyper h, double factor) {
+  h.rope_scaling.type = RopeType::llama3;
+  h.rope_scaling.factor = factor;
+  h.rope_scaling.low_freq_factor = 1;
+  h.rope_scaling.high_freq_factor = 4;
+  h.rope_scaling.original_max_position_embeddings = 8192;
+  return h;
+}
+
 const std::vector<ModelHyper>& presets() {
   static const std::vector<ModelHyper> all = {
       gpt2_hyper("gpt2-tiny", 2, 64, 4, 256, 128),  // for tests and the quickstart
@@ -61,8 +71,10 @@ const std::vector<ModelHyper>& presets() {
       gpt2_hyper("gpt2-xl", 48, 1600, 25),
       llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
       llama_hyper("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, false, 1e-5, 10000.0),
-      llama_hyper("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, true, 1e-5, 500000.0),
-      llama_hyper("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, true, 1e-5, 500000.0),
+      llama31(llama_hyper("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, true, 1e-5, 500000.0), 32),
+      llama31(llama_hyper("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, true, 1e-5, 500000.0), 32),
+      llama31(llama_hyper("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072, false, 1e-5, 500000.0), 8),
+      llama31(llama_hyper("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072, false, 1e-5, 500000.0), 8),
       llama_hyper("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, false, 1e-5, 10000.0),
       llama_hyper("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, false, 1e-5, 10000.0),
       llama_hyper("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, false, 1e-5, 10000.0),
@@ -180,6 +192,7 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
     if (f.norm_eps) h.norm_eps = *f.norm_eps;
     if (f.rope_theta) h.rope_theta = *f.rope_theta;
+    if (f.rope_scaling) h.rope_scaling = *f.rope_scaling;
     if (f.attn_pdrop) h.attn_pdrop = *f.attn_pdrop;
     if (f.resid_pdrop) h.resid_pdrop = *f.resid_pdrop;
     if (f.embd_pdrop) h.embd_pdrop = *f.embd_pdrop;
@@ -254,6 +267,10 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (!(v >= 0 && v < 1)) issues.push_back({path, "dropout " + std::to_string(v) + " is not in [0, 1)", ""});
   if (h.arch == ModelArch::gpt2 && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
     issues.push_back({"model.num_kv_heads", "gpt2 has no grouped-query attention", "remove num_kv_heads or use arch llama"});
+  if (h.arch == ModelArch::gpt2 && h.rope_scaling.type != RopeType::none)
+    issues.push_back({"model.rope_scaling", "gpt2 learns its positions: it has no rotary embedding to scale", "remove rope_scaling or use arch llama"});
+  if (h.rope_scaling.type == RopeType::llama3 && h.rope_scaling.original_max_position_embeddings < 1)
+    issues.push_back({"model.rope_scaling", "llama3 scaling needs original_max_position_embeddings", ""});
   // A GPT-2 with GPT-2's BPE vocabulary (50257 ids, or padded past it) ends its texts with <|endoftext|>,
   // whatever preset its sizes came from, unless its special tokens were given.
   if (h.arch == ModelArch::gpt2 && h.vocab_size >= 50257 && h.bos_token_id < 0 && h.eos_token_id.empty() && !e.bos_token_id &&

@@ -22,6 +22,7 @@ struct ModelHyper {
           intermediate_size = 0, max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   double norm_eps = 0, rope_theta = 0;
+  RopeScaling rope_scaling;  // llama: how the rotary frequencies are stretched (engine/plan/rope.hpp)
   // Dropout probabilities (training only): on attention probabilities, on each sub-layer's output
   // before the residual add, and on the input embeddings. Hugging Face's names.
   double attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0;

@@ -1,5 +1,7 @@
 #include "engine/runtime/llama_model.hpp"
 
+#include "engine/plan/rope.hpp"
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -45,10 +47,13 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
   const int64_t D = hp_.hidden_size / NH;
-  // Rotary tables in fp32: inv_freq_j = theta^(-2j/D), angle = t * inv_freq, (T, D/2).
-  const torch::Tensor inv_freq = torch::pow(hp_.rope_theta, -torch::arange(0, D, 2, torch::kFloat32) / static_cast<double>(D));
+  // Rotary tables in fp32: angle = t * inv_freq_j, (T, D/2), the frequencies as the model's rope_scaling
+  // stretches them (engine/plan/rope.hpp), cos and sin scaled by its attention factor (yarn).
+  const RotaryTables rope = rotary_tables(hp_, T);
+  const torch::Tensor inv_freq = torch::tensor(rope.inv_freq, torch::kFloat64).to(torch::kFloat32);
   const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
-  const torch::Tensor cos = angles.cos(), sin = angles.sin();
+  torch::Tensor cos = angles.cos(), sin = angles.sin();
+  if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
   const torch::Tensor q = rotary(linear(h, b.q, false).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)

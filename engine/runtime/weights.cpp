@@ -20,6 +20,7 @@
 #include "common/strings.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/safetensors.hpp"
+#include "schema/rope_scaling.hpp"
 #include "kernels/cpu/adam.hpp"
 
 namespace ds {
@@ -91,6 +92,11 @@ class DsCheckpointSource : public WeightSource {
       model_.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
       model_.norm_eps = m.at("norm_eps").get<double>();
       model_.rope_theta = m.at("rope_theta").get<double>();
+      if (m.contains("rope_scaling")) {  // plans before rope scaling have none
+        std::vector<ConfigIssue> bad;
+        model_.rope_scaling = read_rope_scaling(m["rope_scaling"], "plan_json", "checkpoint '" + dir_ + "': ", bad);
+        if (!bad.empty()) throw UserError(bad.front().message, "a newer ds wrote it: export it with that version");
+      }
       if (m.contains("bos_token_id")) {  // plans before the special tokens were recorded: GPT-2's rule below
         model_.bos_token_id = m["bos_token_id"].is_number_integer() ? m["bos_token_id"].get<int64_t>() : -1;
         if (m.contains("eos_token_id") && m["eos_token_id"].is_array()) model_.eos_token_id = m["eos_token_id"].get<std::vector<int64_t>>();
@@ -463,7 +469,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["max_position_embeddings"] = hp.max_position_embeddings;
     j["rms_norm_eps"] = hp.norm_eps;
     j["rope_theta"] = hp.rope_theta;
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = rope_scaling_json(hp.rope_scaling);
     j["hidden_act"] = "silu";
     j["attention_bias"] = false;
     j["mlp_bias"] = false;

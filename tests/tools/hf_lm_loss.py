@@ -107,14 +107,53 @@ def rms_norm(x, g, eps):
     return out
 
 
-def rope(rows, heads, D, theta):  # rotate_half: the first and last D/2 of each head pair up
+def rope_frequencies(config, D, T):
+    """Hugging Face's rope_scaling (modeling_rope_utils), written out: the inverse frequencies and the factor
+    cos and sin are scaled by."""
+    theta, scaling = config["rope_theta"], config.get("rope_scaling")
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    context = config["max_position_embeddings"]
+    if kind == "dynamic" and T > context:
+        f = scaling["factor"]
+        theta = theta * ((f * T / context) - (f - 1)) ** (D / (D - 2))
+    inv = [theta ** (-2.0 * j / D) for j in range(D // 2)]
+    scale = 1.0
+    if kind == "linear":
+        inv = [v / scaling["factor"] for v in inv]
+    elif kind == "llama3":
+        f, lo, hi, old = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"], scaling["original_max_position_embeddings"]
+        out = []
+        for v in inv:
+            wavelen = 2 * math.pi / v
+            if wavelen < old / hi:
+                out.append(v)
+            elif wavelen > old / lo:
+                out.append(v / f)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                out.append((1 - smooth) * v / f + smooth * v)
+        inv = out
+    elif kind == "yarn":
+        f = scaling["factor"]
+        scale = scaling.get("attention_factor") or 0.1 * math.log(f) + 1.0
+        fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+        dim_of = lambda rot: D * math.log(context / (rot * 2 * math.pi)) / (2 * math.log(theta))
+        low, high = max(math.floor(dim_of(fast)), 0), min(math.ceil(dim_of(slow)), D - 1)
+        if low == high:
+            high += 0.001
+        ramp = [min(max((j - low) / (high - low), 0.0), 1.0) for j in range(D // 2)]
+        inv = [v / f * r + v * (1 - r) for v, r in zip(inv, ramp)]
+    return inv, scale
+
+
+def rope(rows, heads, D, inv, scale):  # rotate_half: the first and last D/2 of each head pair up
     out = []
     for t, row in enumerate(rows):
         r = list(row)
         for h in range(heads):
             for j in range(D // 2):
-                angle = t * theta ** (-2.0 * j / D)
-                c, s = math.cos(angle), math.sin(angle)
+                angle = t * inv[j]
+                c, s = math.cos(angle) * scale, math.sin(angle) * scale
                 a, b = row[h * D + j], row[h * D + j + D // 2]
                 r[h * D + j] = a * c - b * s
                 r[h * D + j + D // 2] = b * c + a * s
@@ -125,14 +164,15 @@ def rope(rows, heads, D, theta):  # rotate_half: the first and last D/2 of each 
 def llama_loss(config, W, inputs, targets):
     C, H = config["hidden_size"], config["num_attention_heads"]
     KV = config.get("num_key_value_heads", H)
-    D, eps, theta = C // H, config["rms_norm_eps"], config["rope_theta"]
+    D, eps = C // H, config["rms_norm_eps"]
+    inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
     x = [list(embed[tok]) for tok in inputs]
     for l in range(config["num_hidden_layers"]):
         p = f"model.layers.{l}."
         h = rms_norm(x, W[p + "input_layernorm.weight"][1], eps)
-        q = rope(nn_linear(h, matrix(W[p + "self_attn.q_proj.weight"])), H, D, theta)
-        k = rope(nn_linear(h, matrix(W[p + "self_attn.k_proj.weight"])), KV, D, theta)
+        q = rope(nn_linear(h, matrix(W[p + "self_attn.q_proj.weight"])), H, D, inv, scale)
+        k = rope(nn_linear(h, matrix(W[p + "self_attn.k_proj.weight"])), KV, D, inv, scale)
         v = nn_linear(h, matrix(W[p + "self_attn.v_proj.weight"]))
         o = nn_linear(attention(q, k, v, H, KV, D), matrix(W[p + "self_attn.o_proj.weight"]))
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
