@@ -285,7 +285,7 @@ std::optional<ModelHyper> source_architecture(const std::string& init_from, bool
 struct ArchitectureKey {
   const char* key;
   std::function<std::string(const ModelHyper&)> value;
-  bool llama_only = false;
+  bool rotary_only = false;  // a key only the rotary families have (schema/arch.hpp)
 };
 const std::vector<ArchitectureKey>& architecture_keys() {
   static const std::vector<ArchitectureKey> keys = {
@@ -301,9 +301,15 @@ const std::vector<ArchitectureKey>& architecture_keys() {
       {"norm_eps", [](const ModelHyper& h) { return format_double(h.norm_eps); }},
       {"rope_theta", [](const ModelHyper& h) { return format_double(h.rope_theta); }, true},
       {"rope_scaling", [](const ModelHyper& h) { return rope_scaling_json(h.rope_scaling).dump(); }, true},
+      {"head_dim", [](const ModelHyper& h) { return std::to_string(h.head_dim()); }, true},
+      {"attention_bias", [](const ModelHyper& h) { return std::string(h.attention_bias ? "true" : "false"); }, true},
+      {"mlp_bias", [](const ModelHyper& h) { return std::string(h.mlp_bias ? "true" : "false"); }, true},
+      {"sliding_window", [](const ModelHyper& h) { return h.sliding_window > 0 ? std::to_string(h.sliding_window) : std::string("null"); }, true},
   };
   return keys;
 }
+
+bool rotary(const ModelHyper& h) { return h.traits().positions == Positions::rotary; }
 
 bool config_gives_architecture(const ModelConfig& m) { return !m.preset.empty() || !m.hf_config.empty() || m.explicit_fields.arch; }
 
@@ -350,7 +356,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     const bool takes_architecture = !config_gives_architecture(loaded.config.model);
     if (takes_architecture)
       for (const ArchitectureKey& k : architecture_keys())
-        if (!k.llama_only || source->arch == ModelArch::llama) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
+        if (!k.rotary_only || rotary(*source)) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
     // The source's special tokens go with its weights (an export writes them to config.json and
     // generation_config.json), unless the config sets them.
     const ModelFields& set = loaded.config.model.explicit_fields;
@@ -378,7 +384,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     if (source) {
       std::vector<ConfigIssue> differ;
       for (const ArchitectureKey& k : architecture_keys()) {
-        if (k.llama_only && (hyper.arch != ModelArch::llama || source->arch != ModelArch::llama)) continue;
+        if (k.rotary_only && (!rotary(hyper) || !rotary(*source))) continue;
         const std::string mine = k.value(hyper), theirs = k.value(*source);
         if (mine != theirs)
           differ.push_back({"model." + std::string(k.key), "the config gives " + mine + ", but model.init_from (" + config.model.init_from +

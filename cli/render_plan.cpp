@@ -203,6 +203,32 @@ std::string frozen_where(const Plan& p) {
          format_count(z.frozen_whole_numel) + " kept whole";
 }
 // What trains and what is frozen: the adapter's size against the base's, and what the base costs.
+// The model row: the sizes, then what the family adds to its block (schema/arch.hpp), the rotary scaling, dropout.
+std::string model_text(const Plan& p) {
+  const ModelHyper& m = p.model.hp;
+  std::string s = m.name + " (" + model_arch_name(m.arch) + "): " + format_count(p.model.num_params) + " parameters (" +
+                  format_si(static_cast<double>(p.model.num_params)) + "), " + std::to_string(m.num_layers) + " layers x " +
+                  std::to_string(m.hidden_size) + " wide, " + std::to_string(m.num_heads) + " heads" +
+                  (m.num_kv_heads != m.num_heads ? " (" + std::to_string(m.num_kv_heads) + " kv)" : "") +
+                  (m.head_dim_given > 0 ? " of " + std::to_string(m.head_dim()) : "") + ", vocab " + std::to_string(m.vocab_size) +
+                  ", context " + std::to_string(m.max_position_embeddings) + (m.tie_word_embeddings ? ", tied head" : "");
+  if (m.traits().positions == Positions::rotary) {
+    if (m.qkv_biased()) s += m.o_biased() ? ", q/k/v/o biases" : ", q/k/v biases";
+    if (m.mlp_biased()) s += ", MLP biases";
+    if (m.traits().qk_norm) s += ", q/k norms";
+    if (m.sliding_window > 0) s += ", window " + std::to_string(m.sliding_window);
+  }
+  if (m.rope_scaling.type != RopeType::none) {
+    s += ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type)) + " x" + format_double(m.rope_scaling.factor);
+    if (m.rope_scaling.type == RopeType::llama3)
+      s += " (from " + std::to_string(m.rope_scaling.original_max_position_embeddings) + " positions)";
+  }
+  if (m.attn_pdrop + m.resid_pdrop + m.embd_pdrop > 0)
+    s += "; dropout attention " + format_double(m.attn_pdrop) + ", residual " + format_double(m.resid_pdrop) + ", embedding " +
+         format_double(m.embd_pdrop) + " (training only)";
+  return s;
+}
+
 std::string lora_text(const Plan& p) {
   const LoraPlan& l = p.lora;
   const std::string modules = join(l.target_modules, ", ");
@@ -224,27 +250,11 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
   if (!p.has_model) return render_settings_only(p, h);
   std::ostringstream o;
-  const ModelHyper& m = p.model.hp;
   const Topology& t = p.topology;
   auto row = [&](const char* key, const std::string& value) { o << "  " << pad(key, 12) << value << "\n"; };
 
   o << h("Plan for " + p.config_source) << "\n";
-  row("model", m.name + " (" + model_arch_name(m.arch) + "): " + format_count(p.model.num_params) + " parameters (" +
-                   format_si(static_cast<double>(p.model.num_params)) + "), " + std::to_string(m.num_layers) + " layers x " +
-                   std::to_string(m.hidden_size) + " wide, " + std::to_string(m.num_heads) + " heads" +
-                   (m.num_kv_heads != m.num_heads ? " (" + std::to_string(m.num_kv_heads) + " kv)" : "") + ", vocab " +
-                   std::to_string(m.vocab_size) + ", context " + std::to_string(m.max_position_embeddings) +
-                   (m.tie_word_embeddings ? ", tied head" : "") +
-                   (m.rope_scaling.type != RopeType::none
-                        ? ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type)) + " x" + format_double(m.rope_scaling.factor) +
-                              (m.rope_scaling.type == RopeType::llama3
-                                   ? " (from " + std::to_string(m.rope_scaling.original_max_position_embeddings) + " positions)"
-                                   : "")
-                        : "") +
-                   (m.attn_pdrop + m.resid_pdrop + m.embd_pdrop > 0
-                        ? "; dropout attention " + format_double(m.attn_pdrop) + ", residual " + format_double(m.resid_pdrop) +
-                              ", embedding " + format_double(m.embd_pdrop) + " (training only)"
-                        : ""));
+  row("model", model_text(p));
   if (p.lora.enabled) row("lora", lora_text(p));
   if (!p.lora.enabled && !p.frozen.empty()) row("freeze", freeze_text(p));
   row("topology", topology_text(t));

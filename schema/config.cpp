@@ -44,20 +44,6 @@ const char* scheduler_type_name(SchedulerType t) {
   return "?";
 }
 
-const char* model_arch_name(ModelArch a) {
-  switch (a) {
-    case ModelArch::gpt2: return "gpt2";
-    case ModelArch::llama: return "llama";
-  }
-  return "?";
-}
-
-std::optional<ModelArch> model_arch_from_name(const std::string& name) {
-  for (ModelArch a : kModelArchs)
-    if (name == model_arch_name(a)) return a;
-  return std::nullopt;
-}
-
 const char* rope_type_name(RopeType t) {
   switch (t) {
     case RopeType::none: return "default";

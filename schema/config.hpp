@@ -118,11 +118,13 @@ struct Bf16Config {
   bool check_grad_overflow = false;
 };
 
-enum class ModelArch { gpt2, llama };
-// Every architecture ds builds, in one table: configs, plans and checkpoints spell them by model_arch_name,
-// and ds_config.schema.json's model.arch lists the same names (a test holds them equal). A new architecture
-// is a row here and its model in engine/runtime, never an else branch that maps it to another.
-inline constexpr std::array<ModelArch, 2> kModelArchs{ModelArch::gpt2, ModelArch::llama};
+enum class ModelArch { gpt2, llama, mistral, qwen2, qwen3 };
+// Every architecture ds builds: configs, plans and checkpoints spell them by model_arch_name, and
+// ds_config.schema.json's model.arch lists the same names (a test holds them equal). What each one is
+// (positions, norms, biases, Hugging Face's names...) is its row in schema/arch.hpp: a new architecture
+// is a row there and its tests, never an else branch that maps it to another.
+inline constexpr std::array<ModelArch, 5> kModelArchs{ModelArch::gpt2, ModelArch::llama, ModelArch::mistral, ModelArch::qwen2,
+                                                      ModelArch::qwen3};
 const char* model_arch_name(ModelArch a);
 // The architecture a name spells, or none.
 std::optional<ModelArch> model_arch_from_name(const std::string& name);
@@ -151,8 +153,9 @@ struct RopeScaling {
 struct ModelFields {
   std::optional<ModelArch> arch;
   std::optional<int64_t> vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-      max_position_embeddings;
-  std::optional<bool> tie_word_embeddings;
+      max_position_embeddings, head_dim;
+  std::optional<bool> tie_word_embeddings, attention_bias, mlp_bias;
+  std::optional<int64_t> sliding_window;  // 0: given as none (null)
   std::optional<double> norm_eps, rope_theta;
   std::optional<RopeScaling> rope_scaling;  // given as null: RopeType::none
   std::optional<double> attn_pdrop, resid_pdrop, embd_pdrop;

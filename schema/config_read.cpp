@@ -77,6 +77,10 @@ ModelFields read_model_fields(const json& m) {
   i("num_kv_heads", f.num_kv_heads);
   i("intermediate_size", f.intermediate_size);
   i("max_position_embeddings", f.max_position_embeddings);
+  i("head_dim", f.head_dim);
+  if (m.contains("sliding_window")) f.sliding_window = m["sliding_window"].is_null() ? 0 : m["sliding_window"].get<int64_t>();
+  if (m.contains("attention_bias")) f.attention_bias = m["attention_bias"].get<bool>();
+  if (m.contains("mlp_bias")) f.mlp_bias = m["mlp_bias"].get<bool>();
   if (m.contains("tie_word_embeddings")) f.tie_word_embeddings = m["tie_word_embeddings"].get<bool>();
   if (m.contains("norm_eps")) f.norm_eps = m["norm_eps"].get<double>();
   if (m.contains("rope_theta")) f.rope_theta = m["rope_theta"].get<double>();

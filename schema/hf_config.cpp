@@ -1,11 +1,11 @@
-// Reading a Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM) into
-// model fields. Field names and defaults follow transformers' configuration_gpt2.py and
-// configuration_llama.py (reference §6.3, §6.4).
+// Reading a Hugging Face config.json into model fields: GPT-2, and the rotary families of schema/arch.hpp
+// (Llama, Mistral, Qwen2, Qwen3). Field names and defaults follow transformers' configuration_*.py of each.
 #include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "common/json_depth.hpp"
+#include "schema/arch.hpp"
 #include "schema/rope_scaling.hpp"
 #include "schema/loader_internal.hpp"
 
@@ -106,8 +106,8 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     if (flag("reorder_and_upcast_attn", false)) {
       // Numerically the same function (fp32 attention scores): ds computes its scores in fp32 already.
     }
-  } else if (type == "llama" || type == "mistral") {
-    f.arch = ModelArch::llama;
+  } else if (const ArchTraits* t = arch_of_hf_model_type(type); t && t->positions == Positions::rotary) {
+    f.arch = t->arch;
     num({"hidden_size"}, f.hidden_size);
     num({"num_hidden_layers"}, f.num_layers);
     num({"num_attention_heads"}, f.num_heads);
@@ -115,26 +115,53 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     num({"intermediate_size"}, f.intermediate_size);
     num({"vocab_size"}, f.vocab_size);
     num({"max_position_embeddings"}, f.max_position_embeddings);
-    f.tie_word_embeddings = flag("tie_word_embeddings", false);
+    if (t->head_dim_key) num({"head_dim"}, f.head_dim);
+    // Hugging Face's defaults for the keys a file leaves out are the family's (schema/arch.cpp).
+    f.tie_word_embeddings = flag("tie_word_embeddings", t->tied);
+    if (!j.contains("rms_norm_eps")) f.norm_eps = t->norm_eps;
+    if (!j.contains("rope_theta")) f.rope_theta = t->rope_theta;
     real("rms_norm_eps", eps);
     real("rope_theta", theta);
     real("attention_dropout", f.attn_pdrop);
-    if (j.contains("head_dim") && j["head_dim"].is_number() && f.hidden_size && f.num_heads &&
-        j["head_dim"].get<double>() * static_cast<double>(*f.num_heads) != static_cast<double>(*f.hidden_size))
-      errors.push_back({"model.hf_config", "'" + path + "': head_dim != hidden_size / num_attention_heads is not supported", ""});
-    if (flag("attention_bias", false) || flag("mlp_bias", false))
-      errors.push_back({"model.hf_config", "'" + path + "': attention_bias / mlp_bias are not supported", ""});
+    if (t->attention_bias_key) f.attention_bias = flag("attention_bias", false);
+    else if (flag("attention_bias", false)) unsupported("attention_bias", std::string(t->name) + "'s attention has no such switch");
+    if (t->mlp_bias_key) f.mlp_bias = flag("mlp_bias", false);
+    else if (flag("mlp_bias", false)) unsupported("mlp_bias", std::string(t->name) + "'s MLP has no such switch");
     const std::string act = text_of("hidden_act", "silu");
-    if (act != "silu" && act != "swish") unsupported("hidden_act", "ds's llama MLP is SwiGLU (silu)");
+    if (act != "silu" && act != "swish") unsupported("hidden_act", "the MLP ds builds for " + std::string(t->name) + " is SwiGLU (silu)");
     if (j.contains("rope_scaling")) f.rope_scaling = read_rope_scaling(j["rope_scaling"], "model.hf_config", "'" + path + "': ", errors);
-    if (j.contains("sliding_window") && !j["sliding_window"].is_null() && type == "mistral") {
-      const bool covers = j["sliding_window"].is_number() && f.max_position_embeddings &&
-                          j["sliding_window"].get<double>() >= static_cast<double>(*f.max_position_embeddings);
-      if (!covers) unsupported("sliding_window", "ds attends to every earlier position (full causal attention)");
+    // The attention window: Mistral's applies when set; Qwen2's and Qwen3's only with use_sliding_window, and
+    // then to the layers from max_window_layers on (all of them when it covers none).
+    if (type == "mistral" && !j.contains("sliding_window")) f.sliding_window = 4096;  // MistralConfig's default: null turns it off
+    if (t->sliding_window_key && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+      const bool used = type == "mistral" || flag("use_sliding_window", false);
+      if (used) {
+        std::optional<int64_t> window;
+        num({"sliding_window"}, window);
+        // Qwen's layers from max_window_layers on slide (transformers' default 28); the ones before attend to all.
+        double from = 0;
+        if (type != "mistral")
+          from = j.contains("max_window_layers") && j["max_window_layers"].is_number() ? j["max_window_layers"].get<double>() : 28;
+        if (window && f.num_layers && from >= static_cast<double>(*f.num_layers)) {
+          // no layer slides
+        } else if (window && from > 0) {
+          unsupported("max_window_layers", "ds applies one attention window to every layer (max_window_layers 0) or to none");
+        } else if (window) {
+          f.sliding_window = *window;
+        }
+      }
     }
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      for (const json& l : j["layer_types"])
+        if (!l.is_string() || l.get<std::string>() != "full_attention") {
+          if (!(l.is_string() && l.get<std::string>() == "sliding_attention" && f.sliding_window)) {
+            unsupported("layer_types", "ds gives every layer the same attention");
+            break;
+          }
+        }
   } else {
     errors.push_back({"model.hf_config", "'" + path + "': model_type \"" + type + "\" is not supported",
-                      "ds models gpt2, llama and mistral"});
+                      "ds models " + hf_model_types()});
   }
   if (eps) f.norm_eps = *eps;
   if (theta) f.rope_theta = *theta;

@@ -453,3 +453,47 @@ TEST(CliConvert, RopeScalingIsComputedAsHuggingFaceComputesIt) {
     EXPECT_TRUE(contains(r.err, "model.rope_scaling")) << r.err;
   }
 }
+
+// Each family's tiny model (every feature of the family on) trains, exports a directory whose config.json
+// names the family as transformers does, is scored by the independent reader as ds scores it, and comes
+// back through ds byte for byte.
+TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/families";
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", 43, 5);
+  const std::string window = " data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                             "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.steps=1 train.eval_every=0 ";
+  struct Case {
+    std::string name, model, hf_class;
+  };
+  for (const Case& c : {Case{"llama", "model.preset=llama-tiny model.attention_bias=true model.mlp_bias=true model.head_dim=24", "LlamaForCausalLM"},
+                        Case{"mistral", "model.preset=mistral-tiny", "MistralForCausalLM"},
+                        Case{"qwen2", "model.preset=qwen2-tiny", "Qwen2ForCausalLM"},
+                        Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"}}) {
+    SCOPED_TRACE(c.name);
+    const std::string d = dir + "/" + c.name;
+    const std::string base = "train examples/quickstart.json bf16.enabled=false " + c.model;
+    Result r = ds(base + " train.steps=30 train.eval_every=0 train.output_dir=" + d + "/run");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto losses = metrics_of(d + "/run");
+    EXPECT_LT(losses.back()["loss"].get<double>(), losses.front()["loss"].get<double>() - 0.3);  // it learns
+    r = ds("convert-ckpt " + d + "/run " + d + "/hf");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json cfg = nlohmann::json::parse(slurp(d + "/hf/config.json"));
+    EXPECT_EQ(cfg["architectures"][0], c.hf_class);
+    EXPECT_EQ(cfg["model_type"], c.name);
+    // The independent reader (biases, per-head norms, head_dim, the window as config.json says) against ds.
+    r = ds(base + window + "model.init_from=" + d + "/hf train.output_dir=" + d + "/eval");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double ds_loss = metrics_of(d + "/eval").front()["loss"].get<double>();
+    ASSERT_EQ(std::system(("python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/hf " + dir + "/window.bin > " + d + "/py.txt").c_str()), 0);
+    EXPECT_NEAR(std::stod(slurp(d + "/py.txt")), ds_loss, 1e-5 * ds_loss);
+    // Hugging Face -> ds -> Hugging Face: the same bytes, the same config.json.
+    r = ds("convert-ckpt " + d + "/hf " + d + "/ds");
+    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_EQ(ds("convert-ckpt " + d + "/ds " + d + "/hf2").code, 0);
+    EXPECT_EQ(slurp(d + "/hf/model.safetensors"), slurp(d + "/hf2/model.safetensors"));
+    EXPECT_EQ(slurp(d + "/hf/config.json"), slurp(d + "/hf2/config.json"));
+  }
+}

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -213,6 +215,64 @@ TEST(ConfigModel, ReadsAHuggingFaceConfigJson) {
   auto p = problems(R"({"train_batch_size": 8, "model": {"hf_config": "/nonexistent/config.json"}})");
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].path, "model.hf_config");
+}
+
+// Each family's config.json as its base model ships it reads as the preset of that model: architecture,
+// head width, biases, window and special tokens; keys that would change the function in ways ds does not
+// compute are refused by name.
+TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
+  const fs::path dir = fs::temp_directory_path() / ("ds_test_hf_families_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"qwen2.5-0.5b", R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "bos_token_id": 151643, "eos_token_id": 151643,
+        "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936})"},
+      {"qwen3-0.6b", R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": false, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "intermediate_size": 3072,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+        "tie_word_embeddings": true, "use_sliding_window": false, "vocab_size": 151936})"},
+      {"mistral-7b", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "sliding_window": 4096, "tie_word_embeddings": false, "vocab_size": 32000})"},
+      {"mistral-nemo-12b", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "bos_token_id": 1, "eos_token_id": 2,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336, "max_position_embeddings": 1024000,
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 131072})"}};
+  for (const auto& [preset, text] : files) {
+    SCOPED_TRACE(preset);
+    const std::string path = (dir / (preset + ".json")).string();
+    std::ofstream(path) << text;
+    Config c = load_config_text(R"({"train_batch_size": 8, "model": {"hf_config": ")" + path + R"("}})", "t");
+    ModelHyper got = resolve_model_hyper(c.model), want = model_preset(preset);
+    EXPECT_EQ(model_arch_name(got.arch), std::string(model_arch_name(want.arch)));
+    EXPECT_EQ(build_model_spec(got).num_params, build_model_spec(want).num_params);
+    EXPECT_EQ(got.head_dim(), want.head_dim());
+    EXPECT_EQ(got.sliding_window, want.sliding_window);
+    EXPECT_EQ(got.norm_eps, want.norm_eps);
+    EXPECT_EQ(got.rope_theta, want.rope_theta);
+    EXPECT_EQ(got.tie_word_embeddings, want.tie_word_embeddings);
+    EXPECT_EQ(got.bos_token_id, want.bos_token_id);
+    EXPECT_EQ(got.eos_token_id, want.eos_token_id);
+  }
+  // Qwen's window on some layers only, and layers of two kinds, are refused by name.
+  for (const auto& [key, text] : std::vector<std::pair<std::string, std::string>>{
+           {"max_window_layers", R"({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256, "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 2})"},
+           {"layer_types", R"({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256, "layer_types": ["full_attention", "sliding_attention"]})"},
+           {"attention_bias", R"({"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256, "attention_bias": true})"}}) {
+    SCOPED_TRACE(key);
+    const std::string path = (dir / (key + ".json")).string();
+    std::ofstream(path) << text;
+    auto p = problems(R"({"train_batch_size": 8, "model": {"hf_config": ")" + path + R"("}})");
+    ASSERT_FALSE(p.empty());
+    EXPECT_NE(p[0].message.find(key), std::string::npos) << dump(p);
+  }
+  fs::remove_all(dir);
 }
 
 TEST(ConfigSchema, TheAllDefaultsDocumentIsValid) {

@@ -13,7 +13,16 @@ TEST(ModelPresets, ParameterCountsEqualThePublishedModels) {
       {"gpt2-xl", 1557611200},       {"llama-2-7b", 6738415616},    {"llama-2-13b", 13015864320},
       {"llama-2-70b", 68976648192},  {"llama-3-8b", 8030261248},    {"llama-3-70b", 70553706496},
       {"mistral-7b", 7241732096},    {"tinyllama-1.1b", 1100048384}, {"llama-3.2-1b", 1235814400},
-      {"llama-3.2-3b", 3212749824}};
+      {"llama-3.2-3b", 3212749824},  {"llama-3.1-8b", 8030261248},   {"llama-3.1-70b", 70553706496},
+      // Mistral 7B v0.3 (vocabulary 32768) and Nemo (128-wide heads on a 5120 width); Qwen2.5 (q, k, v
+      // biases; the small ones tied) and Qwen3 (q/k norms, 128-wide heads): their configs' counts, equal to
+      // Keras-Hub's presets of the same models and to the model cards' rounded figures.
+      {"mistral-7b-v0.3", 7248023552}, {"mistral-nemo-12b", 12247782400},
+      {"qwen2.5-0.5b", 494032768},   {"qwen2.5-1.5b", 1543714304},  {"qwen2.5-3b", 3085938688},
+      {"qwen2.5-7b", 7615616512},    {"qwen2.5-14b", 14770033664},  {"qwen2.5-32b", 32763876352},
+      {"qwen2.5-72b", 72706203648},  {"qwen3-0.6b", 596049920},     {"qwen3-1.7b", 1720574976},
+      {"qwen3-4b", 4022468096},      {"qwen3-8b", 8190735360},      {"qwen3-14b", 14768307200},
+      {"qwen3-32b", 32762123264}};
   for (const auto& [name, count] : published)
     EXPECT_EQ(build_model_spec(model_preset(name)).num_params, count) << name;
 }
@@ -26,6 +35,29 @@ TEST(ModelPresets, TinyPresetsMatchTheirFormula) {
   const int64_t D = 16, NH = 4, NKV = 2, I = 176;
   EXPECT_EQ(build_model_spec(model_preset("llama-tiny")).num_params,
             2 * V * C + L * (C * NH * D + 2 * C * NKV * D + NH * D * C + 3 * C * I + 2 * C) + C);
+}
+
+TEST(ModelPresets, TheFamiliesAddTheirTensorsToLlamasCount) {
+  // By hand from Hugging Face's modules: Qwen2.5-0.5B, V 151936, C 896, L 24, NH 14, NKV 2, D 64, I 4864, tied:
+  // q (C x 896 + 896), k and v (C x 128 + 128 each), o (896 x C, no bias), MLP 3 C I, two norms; the final norm.
+  {
+    const int64_t V = 151936, C = 896, L = 24, Q = 14 * 64, KV = 2 * 64, I = 4864;
+    EXPECT_EQ(build_model_spec(model_preset("qwen2.5-0.5b")).num_params,
+              V * C + L * ((C * Q + Q) + 2 * (C * KV + KV) + Q * C + 3 * C * I + 2 * C) + C);
+  }
+  // Qwen3-0.6B, C 1024, 16 heads of 128 (2048 wide), 8 kv heads, I 3072, tied: no biases, q_norm and k_norm of 128 each.
+  {
+    const int64_t V = 151936, C = 1024, L = 28, D = 128, Q = 16 * D, KV = 8 * D, I = 3072;
+    EXPECT_EQ(build_model_spec(model_preset("qwen3-0.6b")).num_params,
+              V * C + L * (C * Q + 2 * C * KV + Q * C + 2 * D + 3 * C * I + 2 * C) + C);
+  }
+  // The tiny stand-ins: qwen2-tiny's biases, qwen3-tiny's 24-wide heads and norms, mistral-tiny's window.
+  const ModelSpec q2 = build_model_spec(model_preset("qwen2-tiny")), q3 = build_model_spec(model_preset("qwen3-tiny"));
+  EXPECT_EQ(q2.tensors[2].name, "model.layers.0.self_attn.q_proj.bias");
+  EXPECT_EQ(q3.hp.head_dim(), 24);
+  EXPECT_EQ(q3.tensors[1].shape, (std::vector<int64_t>{4 * 24, 64}));
+  EXPECT_EQ(q3.tensors[5].name, "model.layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(model_preset("mistral-tiny").sliding_window, 64);
 }
 
 TEST(ModelPresets, EveryPresetBuilds) {

@@ -15,21 +15,9 @@ bool adaptable(const TensorSpec& t) { return t.layer >= 0 && t.shape.size() == 2
 
 }  // namespace
 
-std::vector<std::string> lora_module_names(ModelArch arch) {
-  switch (arch) {  // one case per architecture of the registry (schema/config.hpp)
-    case ModelArch::gpt2: return {"c_attn", "c_proj", "c_fc"};
-    case ModelArch::llama: return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  }
-  return {};
-}
+std::vector<std::string> lora_module_names(ModelArch arch) { return arch_traits(arch).lora_modules; }
 
-std::vector<std::string> lora_default_targets(ModelArch arch) {
-  switch (arch) {
-    case ModelArch::gpt2: return {"c_attn"};
-    case ModelArch::llama: return {"q_proj", "v_proj"};
-  }
-  return {};
-}
+std::vector<std::string> lora_default_targets(ModelArch arch) { return arch_traits(arch).lora_default_targets; }
 
 std::string lora_module_of(const std::string& tensor_name) {
   const size_t last = tensor_name.rfind('.');
@@ -67,7 +55,7 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
     const std::string module = lora_module_of(t.name);
     if (std::find(p.target_modules.begin(), p.target_modules.end(), module) == p.target_modules.end()) continue;
     // nn.Linear stores (out, in); GPT-2's Conv1D (in, out).
-    const bool in_out = arch == ModelArch::gpt2;
+    const bool in_out = arch_traits(arch).in_out;
     const int64_t in = in_out ? t.shape[0] : t.shape[1], out = in_out ? t.shape[1] : t.shape[0];
     const std::string stem = t.name.substr(0, t.name.rfind('.'));
     // PEFT trains with the Trainer's weight decay on every adapter matrix (no biases, no norms among them).

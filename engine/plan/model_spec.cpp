@@ -30,10 +30,10 @@ ModelHyper gpt2_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64_
 }
 
 ModelHyper llama_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t I, int64_t V,
-                       int64_t P, bool tied, double eps, double theta) {
+                       int64_t P, bool tied, double eps, double theta, ModelArch arch = ModelArch::llama) {
   ModelHyper h;
   h.name = name;
-  h.arch = ModelArch::llama;
+  h.arch = arch;
   h.vocab_size = V;
   h.hidden_size = C;
   h.num_layers = L;
@@ -44,9 +44,9 @@ ModelHyper llama_hyper(const char* name, int64_t L, int64_t C, int64_t NH, int64
   h.tie_word_embeddings = tied;
   h.norm_eps = eps;
   h.rope_theta = theta;
-  // The published models' special tokens: SentencePiece's <s>/</s> (Llama 2, TinyLlama, Mistral) and
-  // Llama 3's <|begin_of_text|>/<|end_of_text|>.
-  if (V == 32000) h.bos_token_id = 1, h.eos_token_id = {2};
+  // The published models' special tokens: <s>/</s> at 1 and 2 (SentencePiece's in Llama 2, TinyLlama and
+  // Mistral 7B v0.1/v0.3; Tekken's in Mistral Nemo) and Llama 3's <|begin_of_text|>/<|end_of_text|>.
+  if (V == 32000 || V == 32768 || V == 131072) h.bos_token_id = 1, h.eos_token_id = {2};
   if (V == 128256) h.bos_token_id = 128000, h.eos_token_id = {128001};
   return h;
 }
@@ -62,6 +62,27 @@ ModelHyper llama31(ModelHyper h, double factor) {
   return h;
 }
 
+// Qwen2.5 (q, k, v biases; theta 1e6; <|endoftext|> begins and ends) and Qwen3 (q/k norms, 128-wide heads
+// whatever the width; <|im_end|> ends), as their base models' config.json give them.
+ModelHyper qwen(ModelArch arch, const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t I, int64_t V, int64_t P,
+                bool tied, double eps) {
+  ModelHyper h = llama_hyper(name, L, C, NH, NKV, I, V, P, tied, eps, 1000000.0, arch);
+  h.bos_token_id = 151643;
+  h.eos_token_id = {arch == ModelArch::qwen3 ? int64_t{151645} : int64_t{151643}};
+  if (arch == ModelArch::qwen3) h.head_dim_given = C / NH == 128 ? 0 : 128;
+  return h;
+}
+
+ModelHyper with_window(ModelHyper h, int64_t window) {
+  h.sliding_window = window;
+  return h;
+}
+
+ModelHyper with_head_dim(ModelHyper h, int64_t d) {
+  h.head_dim_given = d;
+  return h;
+}
+
 const std::vector<ModelHyper>& presets() {
   static const std::vector<ModelHyper> all = {
       gpt2_hyper("gpt2-tiny", 2, 64, 4, 256, 128),  // for tests and the quickstart
@@ -70,6 +91,9 @@ const std::vector<ModelHyper>& presets() {
       gpt2_hyper("gpt2-large", 36, 1280, 20),
       gpt2_hyper("gpt2-xl", 48, 1600, 25),
       llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
+      with_window(llama_hyper("mistral-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::mistral), 64),  // tests
+      llama_hyper("qwen2-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen2),                 // tests
+      with_head_dim(llama_hyper("qwen3-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen3), 24),  // tests
       llama_hyper("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, false, 1e-5, 10000.0),
       llama31(llama_hyper("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, true, 1e-5, 500000.0), 32),
       llama31(llama_hyper("llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072, true, 1e-5, 500000.0), 32),
@@ -80,7 +104,23 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, false, 1e-5, 10000.0),
       llama_hyper("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, false, 1e-5, 500000.0),
       llama_hyper("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, false, 1e-5, 500000.0),
-      llama_hyper("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, false, 1e-5, 10000.0),
+      // Mistral 7B v0.1 attends within 4096 positions; v0.3 (a larger vocabulary, theta 1e6) and Nemo to all.
+      with_window(llama_hyper("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, false, 1e-5, 10000.0, ModelArch::mistral), 4096),
+      llama_hyper("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768, false, 1e-5, 1000000.0, ModelArch::mistral),
+      with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 1024000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
+      qwen(ModelArch::qwen2, "qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, true, 1e-6),
+      qwen(ModelArch::qwen2, "qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, 131072, true, 1e-6),
+      qwen(ModelArch::qwen2, "qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, 32768, true, 1e-6),
+      qwen(ModelArch::qwen2, "qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 131072, false, 1e-6),
+      qwen(ModelArch::qwen2, "qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 131072, false, 1e-5),
+      qwen(ModelArch::qwen2, "qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, 131072, false, 1e-5),
+      qwen(ModelArch::qwen2, "qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 131072, false, 1e-5),
+      qwen(ModelArch::qwen3, "qwen3-0.6b", 28, 1024, 16, 8, 3072, 151936, 40960, true, 1e-6),
+      qwen(ModelArch::qwen3, "qwen3-1.7b", 28, 2048, 16, 8, 6144, 151936, 40960, true, 1e-6),
+      qwen(ModelArch::qwen3, "qwen3-4b", 36, 2560, 32, 8, 9728, 151936, 40960, true, 1e-6),
+      qwen(ModelArch::qwen3, "qwen3-8b", 36, 4096, 32, 8, 12288, 151936, 40960, false, 1e-6),
+      qwen(ModelArch::qwen3, "qwen3-14b", 40, 5120, 40, 8, 17408, 151936, 40960, false, 1e-6),
+      qwen(ModelArch::qwen3, "qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 40960, false, 1e-6),
   };
   return all;
 }
@@ -121,19 +161,30 @@ void build_gpt2(ModelSpec& s) {
   if (!h.tie_word_embeddings) add(s, "lm_head.weight", {V, C}, -1, true);
 }
 
-void build_llama(ModelSpec& s) {
+// Llama and the families that share its block (schema/arch.hpp): in Hugging Face's state_dict order, each
+// projection's bias after its weight, Qwen3's q_norm and k_norm after o_proj.
+void build_rotary(ModelSpec& s) {
   const auto& h = s.hp;
   const int64_t V = h.vocab_size, C = h.hidden_size, I = h.intermediate_size, D = h.head_dim();
+  const int64_t Q = h.num_heads * D, KV = h.num_kv_heads * D;
   add(s, "model.embed_tokens.weight", {V, C}, -1, true);
   for (int l = 0; l < h.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(s, p + "self_attn.q_proj.weight", {h.num_heads * D, C}, l, true);  // nn.Linear: [out, in]
-    add(s, p + "self_attn.k_proj.weight", {h.num_kv_heads * D, C}, l, true);
-    add(s, p + "self_attn.v_proj.weight", {h.num_kv_heads * D, C}, l, true);
-    add(s, p + "self_attn.o_proj.weight", {C, h.num_heads * D}, l, true);
-    add(s, p + "mlp.gate_proj.weight", {I, C}, l, true);
-    add(s, p + "mlp.up_proj.weight", {I, C}, l, true);
-    add(s, p + "mlp.down_proj.weight", {C, I}, l, true);
+    auto projection = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+      add(s, p + name + ".weight", {out, in}, l, true);  // nn.Linear: [out, in]
+      if (bias) add(s, p + name + ".bias", {out}, l, false);
+    };
+    projection("self_attn.q_proj", Q, C, h.qkv_biased());
+    projection("self_attn.k_proj", KV, C, h.qkv_biased());
+    projection("self_attn.v_proj", KV, C, h.qkv_biased());
+    projection("self_attn.o_proj", C, Q, h.o_biased());
+    if (h.traits().qk_norm) {
+      add(s, p + "self_attn.q_norm.weight", {D}, l, false);
+      add(s, p + "self_attn.k_norm.weight", {D}, l, false);
+    }
+    projection("mlp.gate_proj", I, C, h.mlp_biased());
+    projection("mlp.up_proj", I, C, h.mlp_biased());
+    projection("mlp.down_proj", C, I, h.mlp_biased());
     add(s, p + "input_layernorm.weight", {C}, l, false);
     add(s, p + "post_attention_layernorm.weight", {C}, l, false);
   }
@@ -190,6 +241,10 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (f.intermediate_size) h.intermediate_size = *f.intermediate_size;
     if (f.max_position_embeddings) h.max_position_embeddings = *f.max_position_embeddings;
     if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
+    if (f.head_dim) h.head_dim_given = *f.head_dim;
+    if (f.attention_bias) h.attention_bias = *f.attention_bias;
+    if (f.mlp_bias) h.mlp_bias = *f.mlp_bias;
+    if (f.sliding_window) h.sliding_window = *f.sliding_window;
     if (f.norm_eps) h.norm_eps = *f.norm_eps;
     if (f.rope_theta) h.rope_theta = *f.rope_theta;
     if (f.rope_scaling) h.rope_scaling = *f.rope_scaling;
@@ -216,19 +271,14 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     h.name = "custom";
     h.arch = *e.arch;
     // Family defaults for keys a from-scratch description may leave out.
-    if (h.arch == ModelArch::gpt2) {
-      h.tie_word_embeddings = true;
-      h.norm_eps = 1e-5;
-      h.vocab_size = 50257;
-      h.max_position_embeddings = 1024;
-    } else {
-      h.norm_eps = 1e-5;
-      h.rope_theta = 10000.0;
-      h.vocab_size = 32000;
-      h.max_position_embeddings = 4096;
-    }
-  } else if (e.hidden_size || e.num_layers || e.num_heads || e.vocab_size || e.intermediate_size ||
-             e.num_kv_heads || e.max_position_embeddings || e.tie_word_embeddings) {
+    const ArchTraits& t = h.traits();
+    h.tie_word_embeddings = t.tied;
+    h.norm_eps = t.norm_eps;
+    h.rope_theta = t.rope_theta;
+    h.vocab_size = t.vocab_size;
+    h.max_position_embeddings = t.max_position_embeddings;
+  } else if (e.hidden_size || e.num_layers || e.num_heads || e.vocab_size || e.intermediate_size || e.num_kv_heads ||
+             e.max_position_embeddings || e.tie_word_embeddings || e.head_dim || e.attention_bias || e.mlp_bias || e.sliding_window) {
     h.name = (m.preset.empty() ? std::string("custom") : m.preset) + " (modified)";
   }
   bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
@@ -251,23 +301,40 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   if (h.num_layers <= 0) issues.push_back({"model.num_layers", "missing", "give the number of blocks, e.g. 12"});
   if (h.num_heads <= 0) issues.push_back({"model.num_heads", "missing", "give the number of heads, e.g. 12"});
   if (!issues.empty()) throw ConfigError("model", issues);
-  if (h.arch == ModelArch::gpt2 || h.num_kv_heads <= 0) h.num_kv_heads = h.num_heads;
-  if (h.intermediate_size <= 0 || (h.arch == ModelArch::gpt2 && !explicit_ffn && e.hidden_size))
-    h.intermediate_size = h.arch == ModelArch::gpt2 ? 4 * h.hidden_size : 0;
-  if (h.arch == ModelArch::llama && h.intermediate_size <= 0)
-    issues.push_back({"model.intermediate_size", "missing for a llama model", "give the MLP width, e.g. 11008"});
-  if (h.hidden_size % h.num_heads != 0)
+  const ArchTraits& traits = h.traits();
+  const bool learned = traits.positions == Positions::learned;
+  if (!traits.grouped_query || h.num_kv_heads <= 0) h.num_kv_heads = h.num_heads;
+  if (h.intermediate_size <= 0 || (learned && !explicit_ffn && e.hidden_size))
+    h.intermediate_size = learned ? 4 * h.hidden_size : 0;
+  if (h.intermediate_size <= 0)
+    issues.push_back({"model.intermediate_size", std::string("missing for a ") + traits.name + " model", "give the MLP width, e.g. 11008"});
+  // What a key means only for other families: refused, never ignored (schema/arch.hpp says who has what).
+  auto not_for = [&](const char* key, bool given, bool has, const std::string& why) {
+    if (given && !has)
+      issues.push_back({std::string("model.") + key, std::string(traits.name) + " " + why, "remove it, or choose the family that has it"});
+  };
+  not_for("head_dim", h.head_dim_given > 0, traits.head_dim_key, "heads are hidden_size / num_heads wide");
+  not_for("attention_bias", h.attention_bias, traits.attention_bias_key, "attention projections have no such switch");
+  not_for("mlp_bias", h.mlp_bias, traits.mlp_bias_key, "MLP projections have no such switch");
+  not_for("sliding_window", h.sliding_window > 0, traits.sliding_window_key, "attends to every earlier position");
+  if (h.head_dim_given > ModelLimits::hidden_size)
+    issues.push_back({"model.head_dim", std::to_string(h.head_dim_given) + " is outside what ds accepts", ""});
+  if (h.head_dim_given > 0 && h.head_dim_given % 2 != 0)
+    issues.push_back({"model.head_dim", std::to_string(h.head_dim_given) + " is odd: the rotation pairs a head's dimensions", ""});
+  if (h.head_dim_given <= 0 && h.hidden_size % h.num_heads != 0)
     issues.push_back({"model.num_heads", "hidden_size " + std::to_string(h.hidden_size) + " is not divisible by num_heads " +
                                              std::to_string(h.num_heads), "choose heads that divide the width"});
+  // A width equal to the quotient is no width of its own: the model is the same one either way.
+  if (h.head_dim_given > 0 && h.hidden_size % h.num_heads == 0 && h.head_dim_given == h.hidden_size / h.num_heads) h.head_dim_given = 0;
   if (h.num_kv_heads > 0 && h.num_heads % h.num_kv_heads != 0)
     issues.push_back({"model.num_kv_heads", "num_heads " + std::to_string(h.num_heads) + " is not a multiple of num_kv_heads " +
                                                 std::to_string(h.num_kv_heads), "grouped-query attention needs whole groups"});
   for (const auto& [path, v] : {std::pair{"model.attn_pdrop", h.attn_pdrop}, {"model.resid_pdrop", h.resid_pdrop},
                                 {"model.embd_pdrop", h.embd_pdrop}})
     if (!(v >= 0 && v < 1)) issues.push_back({path, "dropout " + std::to_string(v) + " is not in [0, 1)", ""});
-  if (h.arch == ModelArch::gpt2 && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
+  if (!traits.grouped_query && e.num_kv_heads && *e.num_kv_heads != h.num_heads)
     issues.push_back({"model.num_kv_heads", "gpt2 has no grouped-query attention", "remove num_kv_heads or use arch llama"});
-  if (h.arch == ModelArch::gpt2 && h.rope_scaling.type != RopeType::none)
+  if (learned && h.rope_scaling.type != RopeType::none)
     issues.push_back({"model.rope_scaling", "gpt2 learns its positions: it has no rotary embedding to scale", "remove rope_scaling or use arch llama"});
   if (h.rope_scaling.type == RopeType::llama3 && h.rope_scaling.original_max_position_embeddings < 1)
     issues.push_back({"model.rope_scaling", "llama3 scaling needs original_max_position_embeddings", ""});
@@ -297,10 +364,10 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
 ModelSpec build_model_spec(const ModelHyper& hp) {
   ModelSpec s;
   s.hp = hp;
-  if (hp.arch == ModelArch::gpt2)
-    build_gpt2(s);
-  else
-    build_llama(s);
+  switch (hp.traits().positions) {
+    case Positions::learned: build_gpt2(s); break;
+    case Positions::rotary: build_rotary(s); break;
+  }
   std::map<std::string, int64_t> module_params;
   int64_t block0 = 0;
   for (const auto& t : s.tensors) {
@@ -341,6 +408,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   //  llama: norm in C, q/k/v proj in C, q after RoPE NH*D, k after RoPE and v NKV*D each, o_proj in
   //         NH*D, norm in C, gate/up in C, gate I, up I (the fused SwiGLU keeps no silu(gate)), down in I
   //                                                        -> 3C + 2 NH*D + 2 NKV*D + 3I elements
+  //         (the rotary families alike; biases keep nothing more)
   // With attention dropout the probabilities are materialised instead: NH*T elements, and for llama
   // k and v repeated to NH heads (2 NH*D for 2 NKV*D).
   // Plus two fp32 statistics per norm (mean/rstd).
@@ -350,12 +418,14 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   const double NKV = static_cast<double>(hp.num_kv_heads);  // = NH for gpt2
   const bool materialised = hp.attn_pdrop > 0;
   double elements;
-  if (hp.arch == ModelArch::gpt2)
+  if (hp.traits().positions == Positions::learned)
     elements = 8 * C + 2 * I;
   else
     elements = 3 * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
-  if (materialised) return (elements + NH * static_cast<double>(T)) * b + 2 * 2 * 4;
-  return elements * b + NH * 4 + 2 * 2 * 4;
+  // Qwen3's per-head norms keep their inputs, q and k before the norm, and two fp32 statistics per head.
+  const double head_norms = hp.traits().qk_norm ? (NH + NKV) * D * b + (NH + NKV) * 2 * 4 : 0;
+  if (materialised) return (elements + NH * static_cast<double>(T)) * b + 2 * 2 * 4 + head_norms;
+  return elements * b + NH * 4 + 2 * 2 * 4 + head_norms;
 }
 
 double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b, int threads) const {

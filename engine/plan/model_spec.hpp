@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "schema/config.hpp"
+#include "schema/arch.hpp"
 
 namespace ds {
 
@@ -22,7 +22,13 @@ struct ModelHyper {
           intermediate_size = 0, max_position_embeddings = 0;
   bool tie_word_embeddings = false;
   double norm_eps = 0, rope_theta = 0;
-  RopeScaling rope_scaling;  // llama: how the rotary frequencies are stretched (engine/plan/rope.hpp)
+  RopeScaling rope_scaling;  // rotary: how the frequencies are stretched (engine/plan/rope.hpp)
+  // Rotary families: each head's width when given apart from hidden_size / num_heads (Qwen3, Mistral-Nemo;
+  // 0: that quotient); Hugging Face's attention_bias (q, k, v and o biased) and mlp_bias (gate, up, down);
+  // the attention window (each query sees the last W positions, itself included; 0: every earlier one).
+  int64_t head_dim_given = 0;
+  bool attention_bias = false, mlp_bias = false;
+  int64_t sliding_window = 0;
   // Dropout probabilities (training only): on attention probabilities, on each sub-layer's output
   // before the residual add, and on the input embeddings. Hugging Face's names.
   double attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0;
@@ -31,7 +37,12 @@ struct ModelHyper {
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_id;
 
-  int64_t head_dim() const { return hidden_size / num_heads; }
+  int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : hidden_size / num_heads; }
+  const ArchTraits& traits() const { return arch_traits(arch); }
+  // Which projections carry a bias: q, k and v; o; the MLP's.
+  bool qkv_biased() const { return traits().biases_everywhere || traits().qkv_bias || attention_bias; }
+  bool o_biased() const { return traits().biases_everywhere || attention_bias; }
+  bool mlp_biased() const { return traits().biases_everywhere || mlp_bias; }
 };
 
 // The largest sizes ds accepts, from any source (preset, Hugging Face config, explicit keys, a size

@@ -249,9 +249,9 @@ Linear ModelWeights::linear(const std::string& weight_suffix, const std::string&
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {
   std::unique_ptr<LanguageModel> m;
   ModelWeights weights(plan, params);
-  switch (plan.model.hp.arch) {  // one case per architecture of the registry (schema/config.hpp)
-    case ModelArch::gpt2: m = std::make_unique<Gpt2Model>(plan.model.hp, weights); break;
-    case ModelArch::llama: m = std::make_unique<LlamaModel>(plan.model.hp, weights); break;
+  switch (plan.model.hp.traits().positions) {  // the two blocks ds builds (schema/arch.hpp)
+    case Positions::learned: m = std::make_unique<Gpt2Model>(plan.model.hp, weights); break;
+    case Positions::rotary: m = std::make_unique<LlamaModel>(plan.model.hp, weights); break;
   }
   DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
   DS_CHECK(weights.done(), "the model left parameters or adapters unbound");
@@ -299,9 +299,9 @@ const float* InitialWeights::param(int asked) {
       initialise_adapter(plan_.lora, p, values_, gen_);
       continue;
     }
-    switch (plan_.model.hp.arch) {
-      case ModelArch::gpt2: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
-      case ModelArch::llama: LlamaModel::initialise(p, values_, gen_); break;
+    switch (plan_.model.hp.traits().positions) {
+      case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
+      case Positions::rotary: LlamaModel::initialise(p, values_, gen_); break;
     }
   }
   return values_.data_ptr<float>();

@@ -7,22 +7,29 @@
 #include <cmath>
 
 #include "common/error.hpp"
+#include "common/strings.hpp"
 #include "engine/runtime/fused_ops.hpp"
 
 namespace ds {
 
 LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
-  DS_CHECK(hp.arch == ModelArch::llama);
+  DS_CHECK(hp.traits().positions == Positions::rotary);
   embed_ = w.next("embed_tokens.weight");
+  // A projection's weight, then its bias where the family has one (the order of build_rotary in model_spec).
+  auto projection = [&](const std::string& name, bool bias) { return w.linear(name + ".weight", bias ? name + ".bias" : ""); };
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     Block b;
-    b.q = w.linear("q_proj.weight");
-    b.k = w.linear("k_proj.weight");
-    b.v = w.linear("v_proj.weight");
-    b.o = w.linear("o_proj.weight");
-    b.gate = w.linear("gate_proj.weight");
-    b.up = w.linear("up_proj.weight");
-    b.down = w.linear("down_proj.weight");
+    b.q = projection("q_proj", hp.qkv_biased());
+    b.k = projection("k_proj", hp.qkv_biased());
+    b.v = projection("v_proj", hp.qkv_biased());
+    b.o = projection("o_proj", hp.o_biased());
+    if (hp.traits().qk_norm) {
+      b.q_norm = w.next("q_norm.weight");
+      b.k_norm = w.next("k_norm.weight");
+    }
+    b.gate = projection("gate_proj", hp.mlp_biased());
+    b.up = projection("up_proj", hp.mlp_biased());
+    b.down = projection("down_proj", hp.mlp_biased());
     b.norm_in = w.next("input_layernorm.weight");
     b.norm_post = w.next("post_attention_layernorm.weight");
     blocks_.push_back(b);
@@ -33,7 +40,9 @@ LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
 }
 
 void LlamaModel::initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
-  if (p.shape.size() == 1)
+  if (ends_with(p.name, ".bias"))
+    t.zero_();
+  else if (p.shape.size() == 1)
     t.fill_(1.0);  // RMSNorm gains
   else
     t.normal_(0.0, 0.02, gen);
@@ -46,7 +55,7 @@ torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
-  const int64_t D = hp_.hidden_size / NH;
+  const int64_t D = hp_.head_dim();
   // Rotary tables in fp32: angle = t * inv_freq_j, (T, D/2), the frequencies as the model's rope_scaling
   // stretches them (engine/plan/rope.hpp), cos and sin scaled by its attention factor (yarn).
   const RotaryTables rope = rotary_tables(hp_, T);
@@ -56,8 +65,10 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  const torch::Tensor q = rotary(linear(h, b.q, false).view({B, T, NH, D}), cos, sin);  // (B, T, NH, D)
-  const torch::Tensor k = rotary(linear(h, b.k, false).view({B, T, NKV, D}), cos, sin);
+  torch::Tensor q = linear(h, b.q, false).view({B, T, NH, D}), k = linear(h, b.k, false).view({B, T, NKV, D});
+  if (b.q_norm.defined()) q = rms_norm(q, b.q_norm), k = rms_norm(k, b.k_norm);  // each head's, over its D
+  q = rotary(q, cos, sin);  // (B, T, NH, D)
+  k = rotary(k, cos, sin);
   const torch::Tensor v = linear(h, b.v, false).view({B, T, NKV, D});
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(linear(y, b.o, false), hp_.resid_pdrop, layer, 1);

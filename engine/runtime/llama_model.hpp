@@ -1,8 +1,10 @@
-// ds — Llama (Hugging Face's LlamaForCausalLM): RMSNorm, rotary embeddings in HF's half-rotation
-// layout (dimension j pairs with j + D/2: no q/k permutation on export), SwiGLU MLP
-// down(silu(gate(x)) * up(x)), grouped-query attention (NKV key/value heads shared by NH/NKV query
-// heads), tied or untied head, no biases. Weights are nn.Linear [out, in], as in the state_dict.
-// Legend: B batch, T sequence, C width, NH heads, NKV kv heads, D = C / NH, I MLP width, V vocabulary.
+// ds — Llama (Hugging Face's LlamaForCausalLM) and the families built on its block (schema/arch.hpp:
+// Mistral, Qwen2, Qwen3): RMSNorm, rotary embeddings in HF's half-rotation layout (dimension j pairs with
+// j + D/2: no q/k permutation on export), SwiGLU MLP down(silu(gate(x)) * up(x)), grouped-query attention
+// (NKV key/value heads shared by NH/NKV query heads), tied or untied head. What the families add: biases
+// on q, k, v (Qwen2; with o under attention_bias), on the MLP (mlp_bias), an RMSNorm over each head's q
+// and k before the rotation (Qwen3), a head width of its own (head_dim). Weights are nn.Linear [out, in].
+// Legend: B batch, T sequence, C width, NH heads, NKV kv heads, D head width, I MLP width, V vocabulary.
 #pragma once
 
 #include "engine/runtime/language_model.hpp"
@@ -12,7 +14,7 @@ namespace ds {
 class LlamaModel : public LanguageModel {
  public:
   LlamaModel(const ModelHyper& hp, ModelWeights& weights);
-  // N(0, 0.02) for every matrix (HF's initializer_range), unit RMSNorm gains.
+  // N(0, 0.02) for every matrix (HF's initializer_range), zero biases, unit RMSNorm gains.
   // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
   static void initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen);
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
@@ -22,7 +24,7 @@ class LlamaModel : public LanguageModel {
  private:
   struct Block {
     Linear q, k, v, o, gate, up, down;
-    torch::Tensor norm_in, norm_post;
+    torch::Tensor norm_in, norm_post, q_norm, k_norm;  // q_norm, k_norm: Qwen3's, else undefined
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   ModelHyper hp_;

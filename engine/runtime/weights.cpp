@@ -90,6 +90,14 @@ class DsCheckpointSource : public WeightSource {
       model_.intermediate_size = m.at("intermediate_size").get<int64_t>();
       model_.max_position_embeddings = m.at("max_position_embeddings").get<int64_t>();
       model_.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
+      // Plans before the rotary families' own keys have none (their models had none of these).
+      if (m.contains("head_dim") && m["head_dim"].is_number_integer()) {
+        const int64_t d = m["head_dim"].get<int64_t>();
+        if (model_.num_heads > 0 && d * model_.num_heads != model_.hidden_size) model_.head_dim_given = d;
+      }
+      if (m.contains("attention_bias")) model_.attention_bias = m["attention_bias"].get<bool>();
+      if (m.contains("mlp_bias")) model_.mlp_bias = m["mlp_bias"].get<bool>();
+      if (m.contains("sliding_window") && m["sliding_window"].is_number_integer()) model_.sliding_window = m["sliding_window"].get<int64_t>();
       model_.norm_eps = m.at("norm_eps").get<double>();
       model_.rope_theta = m.at("rope_theta").get<double>();
       if (m.contains("rope_scaling")) {  // plans before rope scaling have none
@@ -121,7 +129,7 @@ class DsCheckpointSource : public WeightSource {
         a.alpha = l.at("alpha").get<double>();
         a.dropout = l.at("dropout").get<double>();
         a.target_modules = l.at("target_modules").get<std::vector<std::string>>();
-        a.fan_in_fan_out = model_.arch == ModelArch::gpt2;
+        a.fan_in_fan_out = model_.traits().in_out;
         lora = a;
       }
       const json& layout = plan.at("layout");
@@ -325,7 +333,7 @@ bool is_peft_adapter(const fs::path& p) {
 }
 
 bool ignorable(const std::string& name, const ModelSpec& model) {
-  if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return model.hp.arch == ModelArch::gpt2;
+  if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) return model.hp.arch == ModelArch::gpt2;  // its causal mask buffers
   if (name == "lm_head.weight") return model.hp.tie_word_embeddings;
   return name == "rotary_emb.inv_freq" || ends_with(name, ".rotary_emb.inv_freq");
 }
@@ -437,10 +445,11 @@ nlohmann::ordered_json special_token_json(const std::vector<int64_t>& ids) {
 
 std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype) {
   nlohmann::ordered_json j;
-  switch (hp.arch) {  // one case per architecture of the registry (schema/config.hpp)
-  case ModelArch::gpt2:
-    j["architectures"] = {"GPT2LMHeadModel"};
-    j["model_type"] = "gpt2";
+  const ArchTraits& t = hp.traits();
+  j["architectures"] = {t.hf_class};
+  j["model_type"] = t.hf_model_type;
+  switch (t.positions) {
+  case Positions::learned:  // GPT-2
     j["vocab_size"] = hp.vocab_size;
     j["n_positions"] = hp.max_position_embeddings;
     j["n_ctx"] = hp.max_position_embeddings;
@@ -456,9 +465,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = true;
     break;
-  case ModelArch::llama:
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+  case Positions::rotary:  // Llama and the families of its block
     j["vocab_size"] = hp.vocab_size;
     j["hidden_size"] = hp.hidden_size;
     j["intermediate_size"] = hp.intermediate_size;
@@ -471,8 +478,19 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["rope_theta"] = hp.rope_theta;
     j["rope_scaling"] = rope_scaling_json(hp.rope_scaling);
     j["hidden_act"] = "silu";
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    if (t.attention_bias_key) j["attention_bias"] = hp.attention_bias;
+    if (t.mlp_bias_key) j["mlp_bias"] = hp.mlp_bias;
+    if (t.sliding_window_key) {
+      const json window = hp.sliding_window > 0 ? json(hp.sliding_window) : json(nullptr);
+      if (hp.arch == ModelArch::mistral) {
+        j["sliding_window"] = window;
+      } else {  // Qwen: the window acts only with use_sliding_window, on the layers from max_window_layers on
+        j["use_sliding_window"] = hp.sliding_window > 0;
+        j["sliding_window"] = window;
+        j["max_window_layers"] = hp.sliding_window > 0 ? 0 : hp.num_layers;
+      }
+    }
+    j["attention_dropout"] = hp.attn_pdrop;
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = hp.tie_word_embeddings;
     break;

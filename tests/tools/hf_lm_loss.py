@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""An independent reader of an exported Hugging Face GPT-2 or Llama directory: parses model.safetensors with
-the json and struct modules only, runs a plain forward written against Hugging Face's tensor names and
-layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama: nn.Linear [out, in],
-RMSNorm, rotary embeddings rotating halves, grouped-query attention, SwiGLU, lm_head or the tied
-embedding), and prints the mean cross-entropy of predicting tokens[1:] from tokens[:-1].
+"""An independent reader of an exported Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3 directory: parses
+model.safetensors with the json and struct modules only, runs a plain forward written against Hugging Face's
+tensor names and layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama and its
+kin: nn.Linear [out, in] with any biases the file holds, RMSNorm, Qwen3's RMSNorm over each head's q and k,
+rotary embeddings rotating halves, head_dim as config.json gives it, grouped-query attention within the
+sliding window where one acts, SwiGLU, lm_head or the tied embedding), and prints the mean cross-entropy of
+predicting tokens[1:] from tokens[:-1].
 
     python3 tests/tools/hf_lm_loss.py HF_DIR TOKEN_FILE(uint16) [PEFT_ADAPTER_DIR]
 With a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors, as PEFT documents them)
@@ -77,7 +79,7 @@ def cross_entropy(x, head, targets):  # x [T][C], head [V][C]: logits = x @ head
     return total / len(x)
 
 
-def attention(q_rows, k_rows, v_rows, H, KV, D):  # causal; query head h reads kv head h // (H // KV)
+def attention(q_rows, k_rows, v_rows, H, KV, D, window=None):  # causal; query head h reads kv head h // (H // KV)
     T = len(q_rows)
     out = [[0.0] * (H * D) for _ in range(T)]
     for head in range(H):
@@ -86,12 +88,14 @@ def attention(q_rows, k_rows, v_rows, H, KV, D):  # causal; query head h reads k
         k = [row[kv * D:(kv + 1) * D] for row in k_rows]
         v = [row[kv * D:(kv + 1) * D] for row in v_rows]
         for t in range(T):
-            scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in range(t + 1)]
+            first = 0 if window is None else max(0, t - window + 1)  # the last `window` positions, t among them
+            seen = range(first, t + 1)
+            scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in seen]
             m = max(scores)
             e = [math.exp(sc - m) for sc in scores]
             z = sum(e)
             for d in range(D):
-                out[t][head * D + d] = sum(e[s] * v[s][d] for s in range(t + 1)) / z
+                out[t][head * D + d] = sum(e[i] * v[s][d] for i, s in enumerate(seen)) / z
     return out
 
 
@@ -164,23 +168,40 @@ def rope(rows, heads, D, inv, scale):  # rotate_half: the first and last D/2 of 
 def llama_loss(config, W, inputs, targets):
     C, H = config["hidden_size"], config["num_attention_heads"]
     KV = config.get("num_key_value_heads", H)
-    D, eps = C // H, config["rms_norm_eps"]
+    D, eps = config.get("head_dim") or C // H, config["rms_norm_eps"]
+    window = config.get("sliding_window")
+    if config["model_type"] != "mistral" and not config.get("use_sliding_window", False):
+        window = None
     inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
     x = [list(embed[tok]) for tok in inputs]
     for l in range(config["num_hidden_layers"]):
         p = f"model.layers.{l}."
+
+        def proj(rows, name):  # nn.Linear, with its bias when the file has one
+            y = nn_linear(rows, matrix(W[p + name + ".weight"]))
+            if p + name + ".bias" in W:
+                b = W[p + name + ".bias"][1]
+                y = [[v + b[i] for i, v in enumerate(row)] for row in y]
+            return y
+
+        def per_head_norm(rows, heads, name):  # Qwen3: RMSNorm over each head's D values
+            if p + name + ".weight" not in W:
+                return rows
+            g = W[p + name + ".weight"][1]
+            return [sum((rms_norm([row[h * D:(h + 1) * D]], g, eps)[0] for h in range(heads)), []) for row in rows]
+
         h = rms_norm(x, W[p + "input_layernorm.weight"][1], eps)
-        q = rope(nn_linear(h, matrix(W[p + "self_attn.q_proj.weight"])), H, D, inv, scale)
-        k = rope(nn_linear(h, matrix(W[p + "self_attn.k_proj.weight"])), KV, D, inv, scale)
-        v = nn_linear(h, matrix(W[p + "self_attn.v_proj.weight"]))
-        o = nn_linear(attention(q, k, v, H, KV, D), matrix(W[p + "self_attn.o_proj.weight"]))
+        q = rope(per_head_norm(proj(h, "self_attn.q_proj"), H, "self_attn.q_norm"), H, D, inv, scale)
+        k = rope(per_head_norm(proj(h, "self_attn.k_proj"), KV, "self_attn.k_norm"), KV, D, inv, scale)
+        v = proj(h, "self_attn.v_proj")
+        o = proj(attention(q, k, v, H, KV, D, window), "self_attn.o_proj")
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"][1], eps)
-        gate = nn_linear(h, matrix(W[p + "mlp.gate_proj.weight"]))
-        up = nn_linear(h, matrix(W[p + "mlp.up_proj.weight"]))
+        gate = proj(h, "mlp.gate_proj")
+        up = proj(h, "mlp.up_proj")
         act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
-        f = nn_linear(act, matrix(W[p + "mlp.down_proj.weight"]))
+        f = proj(act, "mlp.down_proj")
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
     x = rms_norm(x, W["model.norm.weight"][1], eps)
     head = matrix(W["lm_head.weight"]) if "lm_head.weight" in W else embed
@@ -223,7 +244,7 @@ def main():
     raw = open(token_file, "rb").read()
     tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
     inputs, targets = tokens[:-1], tokens[1:]
-    if config["model_type"] == "llama":
+    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3"):
         print(f"{llama_loss(config, W, inputs, targets):.9f}")
         return
     assert config["model_type"] == "gpt2"

@@ -1,0 +1,52 @@
+// ds — an architecture as one row of traits. Whatever differs between the families ds builds is read from
+// here (the model's tensors and their order, how a block computes, Hugging Face's names and config keys,
+// PEFT's module names, the defaults of a from-scratch description), so adding a family is adding a row,
+// the few lines its new traits need where they act, and its tests (docs/ARCHITECTURE.md, "adding a model").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schema/config.hpp"
+
+namespace ds {
+
+enum class Positions { learned, rotary };  // a position table added to the input (GPT-2), or rotary q and k
+enum class NormKind { layer_norm, rms_norm };
+enum class Activation { gelu_tanh, swiglu };  // GPT-2's MLP act(fc(x)), or Llama's down(silu(gate(x)) * up(x))
+
+struct ArchTraits {
+  ModelArch arch;
+  const char* name;           // ds's name: model.arch, plan.json, checkpoints
+  const char* hf_model_type;  // config.json's model_type
+  const char* hf_class;       // config.json's architectures
+  Positions positions;
+  NormKind norm;
+  Activation activation;
+  bool in_out;               // projection weights stored [in, out] (GPT-2's Conv1D); else nn.Linear's [out, in]
+  bool fused_qkv;            // one projection makes q|k|v (GPT-2's c_attn)
+  bool biases_everywhere;    // every projection and norm has a bias (GPT-2)
+  bool qkv_bias;             // q, k and v have biases whatever the config says, o_proj none (Qwen2)
+  bool attention_bias_key;   // config.json's attention_bias puts biases on q, k, v and o (Llama, Mistral, Qwen3)
+  bool mlp_bias_key;         // config.json's mlp_bias puts biases on gate, up and down (Llama)
+  bool qk_norm;              // an RMSNorm over each head's q and k before the rotation (Qwen3)
+  bool sliding_window_key;   // config.json may give an attention window (Mistral; Qwen2/3 with use_sliding_window)
+  bool grouped_query;        // num_kv_heads may be fewer than num_heads
+  bool head_dim_key;         // head_dim may be given apart from hidden_size / num_heads
+  // What a from-scratch description (model.arch and sizes) means by the keys it leaves out.
+  bool tied;
+  int64_t vocab_size, max_position_embeddings;
+  double norm_eps, rope_theta;
+  std::vector<std::string> lora_modules;          // PEFT's names of a block's projections, in the block's order
+  std::vector<std::string> lora_default_targets;  // PEFT's target_modules when none are given, for this family
+};
+
+// The row of an architecture; every ModelArch has one (a test checks).
+const ArchTraits& arch_traits(ModelArch a);
+// The architecture whose config.json says model_type `type`, or none.
+const ArchTraits* arch_of_hf_model_type(const std::string& type);
+// The model types ds reads, for messages: "gpt2, llama, mistral, qwen2, qwen3".
+std::string hf_model_types();
+
+}  // namespace ds

@@ -1,0 +1,173 @@
+// The model families of schema/arch.hpp as ds computes them, against a forward written here from Hugging
+// Face's modeling files in plain LibTorch ops (matmul, softmax, a mask), in double precision: for each
+// family a tiny model with every one of its features on (biases, per-head q/k norms, a head width of its
+// own, grouped-query attention, a window) gives ds's fp32 loss and every parameter's gradient.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "engine/runtime/device.hpp"
+#include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/language_model.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+
+namespace {
+
+const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+  "bf16": {"enabled": false}, "model": {"preset": "llama-tiny"}, "data": {"type": "synthetic", "seq_len": 12},
+  "train": {"steps": 1, "eval_every": 0, "threads": 1, "seed": 3}})";
+
+using Weights = std::map<std::string, torch::Tensor>;
+
+torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& g, double eps) {
+  return g * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+}
+
+// nn.Linear: x w^T (+ b where the model has one).
+torch::Tensor project(const Weights& w, const std::string& name, const torch::Tensor& x) {
+  torch::Tensor y = torch::matmul(x, w.at(name + ".weight").t());
+  if (w.count(name + ".bias")) y = y + w.at(name + ".bias");
+  return y;
+}
+
+// Hugging Face's apply_rotary_pos_emb: x cos + rotate_half(x) sin, the angles t theta^(-2j/D) repeated for both halves.
+torch::Tensor rope(const torch::Tensor& x, double theta) {  // x (B, T, H, D)
+  const int64_t T = x.size(1), D = x.size(3);
+  const torch::Tensor inv = torch::pow(theta, -torch::arange(0, D, 2, torch::kFloat64) / static_cast<double>(D));
+  const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat64), inv);
+  const torch::Tensor full = torch::cat({angles, angles}, -1).view({1, T, 1, D});
+  const torch::Tensor x1 = x.narrow(-1, 0, D / 2), x2 = x.narrow(-1, D / 2, D / 2);
+  return x * full.cos() + torch::cat({-x2, x1}, -1) * full.sin();
+}
+
+// The mean next-token cross-entropy of a rotary-family model with weights `w` (double, by state_dict name).
+torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch::Tensor& in, const torch::Tensor& tgt) {
+  const int64_t B = in.size(0), T = in.size(1), NH = hp.num_heads, NKV = hp.num_kv_heads, D = hp.head_dim();
+  const double eps = hp.norm_eps;
+  torch::Tensor x = w.at("model.embed_tokens.weight").index_select(0, in.flatten()).view({B, T, hp.hidden_size});
+  const torch::Tensor pos = torch::arange(T);
+  // Who each query sees: earlier positions, and within the window when the model has one.
+  torch::Tensor allowed = pos.view({T, 1}) >= pos.view({1, T});
+  if (hp.sliding_window > 0) allowed = allowed & (pos.view({1, T}) > pos.view({T, 1}) - hp.sliding_window);
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    torch::Tensor h = rms(x, w.at(p + "input_layernorm.weight"), eps);
+    torch::Tensor q = project(w, p + "self_attn.q_proj", h).view({B, T, NH, D});
+    torch::Tensor k = project(w, p + "self_attn.k_proj", h).view({B, T, NKV, D});
+    const torch::Tensor v = project(w, p + "self_attn.v_proj", h).view({B, T, NKV, D});
+    if (w.count(p + "self_attn.q_norm.weight")) {
+      q = rms(q, w.at(p + "self_attn.q_norm.weight"), eps);
+      k = rms(k, w.at(p + "self_attn.k_norm.weight"), eps);
+    }
+    q = rope(q, hp.rope_theta).transpose(1, 2);  // (B, NH, T, D)
+    k = rope(k, hp.rope_theta).transpose(1, 2).repeat_interleave(NH / NKV, 1);
+    const torch::Tensor vv = v.transpose(1, 2).repeat_interleave(NH / NKV, 1);
+    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+    const torch::Tensor y = torch::matmul(torch::softmax(scores, -1), vv).transpose(1, 2).reshape({B, T, NH * D});
+    x = x + project(w, p + "self_attn.o_proj", y);
+    h = rms(x, w.at(p + "post_attention_layernorm.weight"), eps);
+    const torch::Tensor gated = torch::silu(project(w, p + "mlp.gate_proj", h)) * project(w, p + "mlp.up_proj", h);
+    x = x + project(w, p + "mlp.down_proj", gated);
+  }
+  x = rms(x, w.at("model.norm.weight"), eps);
+  const torch::Tensor head = w.count("lm_head.weight") ? w.at("lm_head.weight") : w.at("model.embed_tokens.weight");
+  return torch::cross_entropy_loss(torch::matmul(x, head.t()).view({B * T, -1}), tgt.flatten());
+}
+
+struct Family {
+  const char* what;
+  std::vector<std::string> overrides;
+  std::vector<std::string> must_have;  // tensors the family adds to Llama's
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> f = {
+      {"llama with attention_bias, mlp_bias and a head width of its own",
+       {"model.preset=llama-tiny", "model.attention_bias=true", "model.mlp_bias=true", "model.head_dim=24", "model.tie_word_embeddings=false"},
+       {"model.layers.0.self_attn.o_proj.bias", "model.layers.1.mlp.down_proj.bias", "lm_head.weight"}},
+      {"mistral: its window of 64 holds the 12 positions", {"model.preset=mistral-tiny"}, {}},
+      {"qwen2: q, k and v biased, o not", {"model.preset=qwen2-tiny"}, {"model.layers.0.self_attn.v_proj.bias"}},
+      {"qwen3: per-head q and k norms, 24-wide heads, attention_bias", {"model.preset=qwen3-tiny", "model.attention_bias=true"},
+       {"model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.bias"}},
+  };
+  return f;
+}
+
+}  // namespace
+
+TEST(Families, EachFamilysLossAndGradientsAreHuggingFacesForwardInPlainOps) {
+  for (const Family& fam : families()) {
+    SCOPED_TRACE(fam.what);
+    const Plan plan = test::plan_of(kConfig, 1, 0, fam.overrides);
+    for (const std::string& name : fam.must_have) {
+      bool found = false;
+      for (const ParamSlot& s : plan.layout.params) found |= s.name == name;
+      EXPECT_TRUE(found) << name;
+    }
+    auto device = Device::create(DeviceKind::cpu, 0);
+    FlatParams flat = FlatParams::allocate(plan, 0, *device);
+    torch::manual_seed(7);
+    {
+      torch::NoGradGuard ng;
+      initialise_model(plan, flat.params, 5);
+      flat.params.add_(torch::randn_like(flat.params), 0.05);  // biases and norm gains away from 0 and 1
+    }
+    auto model = make_model(plan, flat);
+    const torch::Tensor in = torch::randint(0, 256, {2, 12}, torch::kLong), tgt = torch::randint(0, 256, {2, 12}, torch::kLong);
+    flat.grads.zero_();
+    model->set_loss_gradient(1.0);
+    const torch::Tensor loss = model->loss(in, tgt);
+    loss.backward();
+
+    Weights w;
+    for (const ParamSlot& s : plan.layout.params)
+      w[s.name] = flat.params.narrow(0, s.offset, s.numel).view(s.shape).to(torch::kFloat64).detach().requires_grad_(true);
+    const torch::Tensor want = reference_loss(plan.model.hp, w, in, tgt);
+    want.backward();
+    EXPECT_NEAR(loss.item<double>(), want.item<double>(), 1e-5 * want.item<double>());
+    for (const ParamSlot& s : plan.layout.params) {
+      const torch::Tensor ref = w.at(s.name).grad().flatten();
+      const torch::Tensor got = flat.grads.narrow(0, s.offset, s.numel).to(torch::kFloat64);
+      const double scale = std::max(ref.abs().max().item<double>(), 1e-6);
+      EXPECT_LT((got - ref).abs().max().item<double>() / scale, 1e-4) << s.name;
+    }
+  }
+}
+
+TEST(Families, TheWindowIsRefusedOnlyWhereItWouldChangeTheAttention) {
+  // mistral-tiny attends within 64 positions: a sequence of 64 computes exactly the full causal attention.
+  EXPECT_NO_THROW(test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=64"}));
+  try {
+    test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=65"});
+    ADD_FAILURE() << "a sequence past the window was planned";
+  } catch (const ConfigError& e) {
+    const ConfigIssue* i = test::find_issue(e.issues(), "data.seq_len");
+    ASSERT_NE(i, nullptr) << test::dump(e.issues());
+    EXPECT_NE(i->message.find("sliding_window 64"), std::string::npos) << i->message;
+  }
+  // Left to auto, the sequence is the window.
+  const Plan p = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "~data.seq_len"});
+  EXPECT_EQ(p.seq_len, 64);
+}
+
+TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {
+  for (const auto& [overrides, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"model.preset=gpt2-tiny", "model.head_dim=32"}, "model.head_dim"},
+           {{"model.preset=qwen2-tiny", "model.attention_bias=true"}, "model.attention_bias"},
+           {{"model.preset=qwen3-tiny", "model.mlp_bias=true"}, "model.mlp_bias"},
+           {{"model.preset=llama-tiny", "model.sliding_window=32"}, "model.sliding_window"},
+           {{"model.preset=llama-tiny", "model.head_dim=15"}, "model.head_dim"}}) {
+    SCOPED_TRACE(key);
+    try {
+      test::plan_of(kConfig, 1, 0, overrides);
+      ADD_FAILURE() << "planned";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(test::find_issue(e.issues(), key), nullptr) << test::dump(e.issues());
+    }
+  }
+}
