@@ -216,7 +216,9 @@ std::string model_text(const Plan& p) {
     if (m.qkv_biased()) s += m.o_biased() ? ", q/k/v/o biases" : ", q/k/v biases";
     if (m.mlp_biased()) s += ", MLP biases";
     if (m.traits().qk_norm) s += ", q/k norms";
-    if (m.sliding_window > 0) s += ", window " + std::to_string(m.sliding_window);
+    if (m.sliding_window > 0)
+      s += ", window " + std::to_string(m.sliding_window) +
+           (m.sliding_window < p.seq_len ? " (shorter than seq_len: the attention is materialised, T x T per head)" : "");
   }
   if (m.rope_scaling.type != RopeType::none) {
     s += ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type)) + " x" + format_double(m.rope_scaling.factor);

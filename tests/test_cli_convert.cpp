@@ -468,7 +468,7 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
     std::string name, model, hf_class;
   };
   for (const Case& c : {Case{"llama", "model.preset=llama-tiny model.attention_bias=true model.mlp_bias=true model.head_dim=24", "LlamaForCausalLM"},
-                        Case{"mistral", "model.preset=mistral-tiny", "MistralForCausalLM"},
+                        Case{"mistral", "model.preset=mistral-tiny model.sliding_window=8", "MistralForCausalLM"},
                         Case{"qwen2", "model.preset=qwen2-tiny", "Qwen2ForCausalLM"},
                         Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"}}) {
     SCOPED_TRACE(c.name);

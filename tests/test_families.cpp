@@ -91,6 +91,7 @@ const std::vector<Family>& families() {
        {"model.preset=llama-tiny", "model.attention_bias=true", "model.mlp_bias=true", "model.head_dim=24", "model.tie_word_embeddings=false"},
        {"model.layers.0.self_attn.o_proj.bias", "model.layers.1.mlp.down_proj.bias", "lm_head.weight"}},
       {"mistral: its window of 64 holds the 12 positions", {"model.preset=mistral-tiny"}, {}},
+      {"mistral with a window of 5 on 12 positions", {"model.preset=mistral-tiny", "model.sliding_window=5"}, {}},
       {"qwen2: q, k and v biased, o not", {"model.preset=qwen2-tiny"}, {"model.layers.0.self_attn.v_proj.bias"}},
       {"qwen3: per-head q and k norms, 24-wide heads, attention_bias", {"model.preset=qwen3-tiny", "model.attention_bias=true"},
        {"model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.bias"}},
@@ -139,20 +140,19 @@ TEST(Families, EachFamilysLossAndGradientsAreHuggingFacesForwardInPlainOps) {
   }
 }
 
-TEST(Families, TheWindowIsRefusedOnlyWhereItWouldChangeTheAttention) {
-  // mistral-tiny attends within 64 positions: a sequence of 64 computes exactly the full causal attention.
-  EXPECT_NO_THROW(test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=64"}));
-  try {
-    test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=65"});
-    ADD_FAILURE() << "a sequence past the window was planned";
-  } catch (const ConfigError& e) {
-    const ConfigIssue* i = test::find_issue(e.issues(), "data.seq_len");
-    ASSERT_NE(i, nullptr) << test::dump(e.issues());
-    EXPECT_NE(i->message.find("sliding_window 64"), std::string::npos) << i->message;
-  }
+TEST(Families, AWindowShorterThanTheSequenceIsComputedAndCounted) {
+  // mistral-tiny attends within 64 positions; at 80 the earliest keys leave each late query's window. The
+  // loss and gradients against the reference's masked attention, and the plan counts the probabilities kept.
+  const Plan within = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=64"});
+  const Plan past = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=80", "model.sliding_window=20"});
+  EXPECT_FALSE(within.model.hp.attention_materialised(64));
+  EXPECT_TRUE(past.model.hp.attention_materialised(80));
+  const Plan none = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=80", "model.sliding_window=null"});
+  EXPECT_FALSE(none.model.hp.attention_materialised(80));
+  const double T = 80, NH = 4, b = 4;
+  EXPECT_GE(past.model.block_activation_bytes_per_token(80, 4) - none.model.block_activation_bytes_per_token(80, 4), NH * T * b);
   // Left to auto, the sequence is the window.
-  const Plan p = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "~data.seq_len"});
-  EXPECT_EQ(p.seq_len, 64);
+  EXPECT_EQ(test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "~data.seq_len"}).seq_len, 64);
 }
 
 TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {

@@ -416,7 +416,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   const double C = static_cast<double>(hp.hidden_size), I = static_cast<double>(hp.intermediate_size);
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   const double NKV = static_cast<double>(hp.num_kv_heads);  // = NH for gpt2
-  const bool materialised = hp.attn_pdrop > 0;
+  const bool materialised = hp.attention_materialised(T);
   double elements;
   if (hp.traits().positions == Positions::learned)
     elements = 8 * C + 2 * I;
@@ -431,7 +431,7 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
 double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b, int threads) const {
   // The block path: one block's backward at a time, a block of probabilities and their gradient (the
   // last block, the widest), and the keys' and values' gradients summed in fp32.
-  if (hp.num_layers == 0 || hp.attn_pdrop > 0) return 0;
+  if (hp.num_layers == 0 || hp.attention_materialised(T)) return 0;
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   const double NKV = static_cast<double>(hp.num_kv_heads);
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));

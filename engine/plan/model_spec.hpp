@@ -38,6 +38,9 @@ struct ModelHyper {
   std::vector<int64_t> eos_token_id;
 
   int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : hidden_size / num_heads; }
+  // Whether some block's attention at T positions is the materialised one (engine/runtime/fused_attention):
+  // its probabilities take dropout, or its window is shorter than T. It keeps the T probabilities per head.
+  bool attention_materialised(int64_t T) const { return attn_pdrop > 0 || (sliding_window > 0 && sliding_window < T); }
   const ArchTraits& traits() const { return arch_traits(arch); }
   // Which projections carry a bias: q, k and v; o; the MLP's.
   bool qkv_biased() const { return traits().biases_everywhere || traits().qkv_bias || attention_bias; }

@@ -341,17 +341,12 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
     plan.seq_len = *c.data.seq_len;
   } else if (window > 0 && window < model.hp.max_position_embeddings) {
     plan.seq_len = window;
-    plan.resolved.push_back({"data.seq_len", str(plan.seq_len), "auto: the model's attention window (sliding_window)"});
+    plan.resolved.push_back({"data.seq_len", str(plan.seq_len),
+                             "auto: the model's attention window (sliding_window; a longer sequence takes the materialised attention)"});
   } else {
     plan.seq_len = model.hp.max_position_embeddings;
     plan.resolved.push_back({"data.seq_len", str(plan.seq_len), "auto: the model's max_position_embeddings"});
   }
-  // Within the window every query sees every earlier position: the attention is the full causal one ds computes.
-  if (window > 0 && plan.seq_len > window)
-    errors.push_back({"data.seq_len",
-                      "seq_len " + str(plan.seq_len) + " is longer than the model's attention window (sliding_window " + str(window) +
-                          "): ds does not compute windowed attention yet",
-                      "lower data.seq_len to " + str(window) + " or less (the model then computes exactly what it would with the window)"});
   if (model.hp.traits().positions == Positions::learned && plan.seq_len > model.hp.max_position_embeddings)
     errors.push_back({"data.seq_len",
                       "seq_len " + str(plan.seq_len) + " is longer than the model's " +

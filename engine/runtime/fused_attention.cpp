@@ -345,11 +345,15 @@ torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, i
 }
 
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                            const std::function<torch::Tensor(const torch::Tensor&)>& drop) {
+                                            const std::function<torch::Tensor(const torch::Tensor&)>& drop, const AttentionForm& form) {
   const Heads h = heads_of(q, k, v);
   const auto [qh, kk, vv] = heads_first(q, k, v, h);
-  const auto mask = torch::ones({h.T, h.T}, torch::dtype(torch::kBool).device(q.device())).triu(1);  // causal: -inf above the diagonal
-  torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(h.D)));
+  const torch::Tensor ones = torch::ones({h.T, h.T}, torch::dtype(torch::kBool).device(q.device()));
+  torch::Tensor mask = ones.triu(1);  // causal: -inf above the diagonal
+  if (form.window > 0 && form.window < h.T) mask = mask.logical_or(ones.tril(-form.window));  // and W or more back
+  const double scale = form.scale > 0 ? form.scale : 1.0 / std::sqrt(static_cast<double>(h.D));
+  torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * scale;
+  if (form.softcap > 0) att = torch::tanh(att * (1.0 / form.softcap)) * form.softcap;
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   if (drop) att = drop(att);
   return torch::matmul(att, vv).transpose(1, 2).contiguous();

@@ -40,9 +40,20 @@ torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, i
 // The packed tensor's three parts as views: q (B, T, NH, D), k and v (B, T, NKV, D).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tensor& qkv, int64_t heads);
 
+// What a family changes in its attention (schema/arch.hpp), which only the materialised path computes:
+// a window (each query sees the last `window` positions, itself included; 0: every earlier one), the
+// scores soft-capped as cap tanh(s / cap) (Gemma 2; 0: not), and their scale (0: 1 / sqrt(D)).
+struct AttentionForm {
+  int64_t window = 0;
+  double softcap = 0, scale = 0;
+  // Whether at T positions it is the plain causal attention the fused paths compute.
+  bool plain(int64_t T) const { return (window <= 0 || window >= T) && softcap <= 0 && scale <= 0; }
+};
+
 // The same computed the plain way (scores for every pair, masked, softmax, then the values), with
-// `drop` applied to the probabilities (attention dropout); the same layouts.
+// `drop` applied to the probabilities (attention dropout) and the `form` a family gives it; the same layouts.
 torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                            const std::function<torch::Tensor(const torch::Tensor&)>& drop = {});
+                                            const std::function<torch::Tensor(const torch::Tensor&)>& drop = {},
+                                            const AttentionForm& form = {});
 
 }  // namespace ds

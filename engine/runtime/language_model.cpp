@@ -124,9 +124,11 @@ torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, boo
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
-                                       int64_t layer) const {
-  if (p <= 0 || !training_) return causal_attention(q, k, v);
-  return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); });
+                                       int64_t layer, const AttentionForm& form) const {
+  const bool dropped = p > 0 && training_;
+  if (!dropped && form.plain(q.size(1))) return causal_attention(q, k, v);
+  if (!dropped) return causal_attention_materialised(q, k, v, {}, form);
+  return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); }, form);
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const {

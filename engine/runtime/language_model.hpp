@@ -11,6 +11,7 @@
 
 #include "engine/runtime/flat_params.hpp"
 #include "engine/runtime/trainer_api.hpp"
+#include "engine/runtime/fused_attention.hpp"  // AttentionForm
 
 namespace ds {
 
@@ -145,9 +146,10 @@ class LanguageModel {
   // Called by block() with the residual sum after the attention half.
   void attention_half_done(int64_t layer, torch::Tensor& x) const;
   // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
-  // attention, or the materialised one when its probabilities take dropout (training, p > 0).
+  // attention, or the materialised one when its probabilities take dropout (training, p > 0) or the
+  // family's form is not the plain one at this length (a window shorter than T, soft-capping, a scale).
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
-                          int64_t layer) const;
+                          int64_t layer, const AttentionForm& form = {}) const;
   // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp).
   torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
   // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).

@@ -70,7 +70,9 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   q = rotary(q, cos, sin);  // (B, T, NH, D)
   k = rotary(k, cos, sin);
   const torch::Tensor v = linear(h, b.v, false).view({B, T, NKV, D});
-  torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer).view({B, T, NH * D});  // kv heads serve groups
+  AttentionForm form;
+  form.window = hp_.sliding_window;
+  torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer, form).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(linear(y, b.o, false), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
