@@ -33,7 +33,7 @@ std::vector<ArchTraits> make_rows() {
   gpt2.positions = Positions::learned;
   gpt2.norm = NormKind::layer_norm;
   gpt2.activation = Activation::gelu_tanh;
-  gpt2.in_out = gpt2.fused_qkv = gpt2.biases_everywhere = true;
+  gpt2.in_out = gpt2.fused_qkv = gpt2.biases_everywhere = gpt2.dropout_keys = true;
   gpt2.tied = true;
   gpt2.vocab_size = 50257;
   gpt2.max_position_embeddings = 1024;
@@ -47,21 +47,29 @@ std::vector<ArchTraits> make_rows() {
   ArchTraits mistral = llama_like(ModelArch::mistral, "mistral", "MistralForCausalLM");
   mistral.attention_bias_key = false;  // MistralAttention has no biases
   mistral.sliding_window_key = true;
+  mistral.default_window = 4096;  // MistralConfig's: a config.json turns it off with null
   mistral.max_position_embeddings = 32768;
 
   ArchTraits qwen2 = llama_like(ModelArch::qwen2, "qwen2", "Qwen2ForCausalLM");
   qwen2.qkv_bias = true;
-  qwen2.sliding_window_key = true;
+  qwen2.sliding_window_key = qwen2.use_sliding_window_key = true;
   qwen2.vocab_size = 151936;
   qwen2.max_position_embeddings = 32768;
   qwen2.norm_eps = 1e-6;
 
   ArchTraits qwen3 = llama_like(ModelArch::qwen3, "qwen3", "Qwen3ForCausalLM");
-  qwen3.attention_bias_key = qwen3.qk_norm = qwen3.sliding_window_key = true;
+  qwen3.attention_bias_key = qwen3.qk_norm = qwen3.sliding_window_key = qwen3.use_sliding_window_key = true;
   qwen3.vocab_size = 151936;
   qwen3.max_position_embeddings = 32768;
   qwen3.norm_eps = 1e-6;
-  return {gpt2, llama, mistral, qwen2, qwen3};
+  // Phi-3: Llama's block with q|k|v and gate|up each made by one projection, dropout after each sub-layer
+  // (resid_pdrop), and an attention window in the 4k models. PEFT has no default target_modules for it.
+  ArchTraits phi3 = llama_like(ModelArch::phi3, "phi3", "Phi3ForCausalLM");
+  phi3.fused_qkv = phi3.fused_gate_up = phi3.sliding_window_key = phi3.dropout_keys = true;
+  phi3.vocab_size = 32064;
+  phi3.lora_modules = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+  phi3.lora_default_targets = {};
+  return {gpt2, llama, mistral, qwen2, qwen3, phi3};
 }
 
 const std::vector<ArchTraits>& rows() {

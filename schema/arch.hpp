@@ -25,13 +25,17 @@ struct ArchTraits {
   NormKind norm;
   Activation activation;
   bool in_out;               // projection weights stored [in, out] (GPT-2's Conv1D); else nn.Linear's [out, in]
-  bool fused_qkv;            // one projection makes q|k|v (GPT-2's c_attn)
+  bool fused_qkv;            // one projection makes q|k|v (GPT-2's c_attn, Phi-3's qkv_proj)
+  bool fused_gate_up;        // one projection makes gate|up, split in halves (Phi-3's gate_up_proj)
   bool biases_everywhere;    // every projection and norm has a bias (GPT-2)
   bool qkv_bias;             // q, k and v have biases whatever the config says, o_proj none (Qwen2)
   bool attention_bias_key;   // config.json's attention_bias puts biases on q, k, v and o (Llama, Mistral, Qwen3)
   bool mlp_bias_key;         // config.json's mlp_bias puts biases on gate, up and down (Llama)
   bool qk_norm;              // an RMSNorm over each head's q and k before the rotation (Qwen3)
-  bool sliding_window_key;   // config.json may give an attention window (Mistral; Qwen2/3 with use_sliding_window)
+  bool sliding_window_key;   // config.json may give an attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window)
+  bool use_sliding_window_key;  // the window acts only with use_sliding_window, from max_window_layers on (Qwen)
+  int64_t default_window;    // the window a config.json without the key means (Mistral's 4096), 0: none
+  bool dropout_keys;         // config.json's resid_pdrop acts, and is written (GPT-2, Phi-3)
   bool grouped_query;        // num_kv_heads may be fewer than num_heads
   bool head_dim_key;         // head_dim may be given apart from hidden_size / num_heads
   // What a from-scratch description (model.arch and sizes) means by the keys it leaves out.
@@ -39,7 +43,7 @@ struct ArchTraits {
   int64_t vocab_size, max_position_embeddings;
   double norm_eps, rope_theta;
   std::vector<std::string> lora_modules;          // PEFT's names of a block's projections, in the block's order
-  std::vector<std::string> lora_default_targets;  // PEFT's target_modules when none are given, for this family
+  std::vector<std::string> lora_default_targets;  // PEFT's target_modules when none are given, for this family (none: must be named)
 };
 
 // The row of an architecture; every ModelArch has one (a test checks).

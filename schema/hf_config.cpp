@@ -123,6 +123,9 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     real("rms_norm_eps", eps);
     real("rope_theta", theta);
     real("attention_dropout", f.attn_pdrop);
+    if (t->dropout_keys) real("resid_pdrop", f.resid_pdrop);  // Phi-3's, after each sub-layer (its embd_pdrop acts nowhere)
+    if (j.contains("partial_rotary_factor") && !(j["partial_rotary_factor"].is_number() && j["partial_rotary_factor"].get<double>() == 1.0))
+      unsupported("partial_rotary_factor", "ds rotates every dimension of each head");
     if (t->attention_bias_key) f.attention_bias = flag("attention_bias", false);
     else if (flag("attention_bias", false)) unsupported("attention_bias", std::string(t->name) + "'s attention has no such switch");
     if (t->mlp_bias_key) f.mlp_bias = flag("mlp_bias", false);
@@ -130,17 +133,17 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     const std::string act = text_of("hidden_act", "silu");
     if (act != "silu" && act != "swish") unsupported("hidden_act", "the MLP ds builds for " + std::string(t->name) + " is SwiGLU (silu)");
     if (j.contains("rope_scaling")) f.rope_scaling = read_rope_scaling(j["rope_scaling"], "model.hf_config", "'" + path + "': ", errors);
-    // The attention window: Mistral's applies when set; Qwen2's and Qwen3's only with use_sliding_window, and
+    // The attention window: Mistral's and Phi-3's apply when set; Qwen2's and Qwen3's only with use_sliding_window, and
     // then to the layers from max_window_layers on (all of them when it covers none).
-    if (type == "mistral" && !j.contains("sliding_window")) f.sliding_window = 4096;  // MistralConfig's default: null turns it off
+    if (t->default_window > 0 && !j.contains("sliding_window")) f.sliding_window = t->default_window;  // null turns it off
     if (t->sliding_window_key && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-      const bool used = type == "mistral" || flag("use_sliding_window", false);
+      const bool used = !t->use_sliding_window_key || flag("use_sliding_window", false);
       if (used) {
         std::optional<int64_t> window;
         num({"sliding_window"}, window);
         // Qwen's layers from max_window_layers on slide (transformers' default 28); the ones before attend to all.
         double from = 0;
-        if (type != "mistral")
+        if (t->use_sliding_window_key)
           from = j.contains("max_window_layers") && j["max_window_layers"].is_number() ? j["max_window_layers"].get<double>() : 28;
         if (window && f.num_layers && from >= static_cast<double>(*f.num_layers)) {
           // no layer slides

@@ -470,7 +470,8 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
   for (const Case& c : {Case{"llama", "model.preset=llama-tiny model.attention_bias=true model.mlp_bias=true model.head_dim=24", "LlamaForCausalLM"},
                         Case{"mistral", "model.preset=mistral-tiny model.sliding_window=8", "MistralForCausalLM"},
                         Case{"qwen2", "model.preset=qwen2-tiny", "Qwen2ForCausalLM"},
-                        Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"}}) {
+                        Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"},
+                        Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10", "Phi3ForCausalLM"}}) {
     SCOPED_TRACE(c.name);
     const std::string d = dir + "/" + c.name;
     const std::string base = "train examples/quickstart.json bf16.enabled=false " + c.model;
@@ -495,5 +496,26 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
     ASSERT_EQ(ds("convert-ckpt " + d + "/ds " + d + "/hf2").code, 0);
     EXPECT_EQ(slurp(d + "/hf/model.safetensors"), slurp(d + "/hf2/model.safetensors"));
     EXPECT_EQ(slurp(d + "/hf/config.json"), slurp(d + "/hf2/config.json"));
+    // LoRA on the export, with PEFT's default modules for the family (q_proj and v_proj; Phi-3 has none, so
+    // they are named), out as a PEFT adapter of the family's module names, merged by the reader as PEFT merges.
+    const bool phi3 = c.name == "phi3";
+    const std::string lora_block = std::string(R"({"r": 4, "alpha": 8)") + (phi3 ? R"(, "target_modules": ["qkv_proj", "gate_up_proj"]})" : "}");
+    const std::string lora = "train examples/quickstart.json bf16.enabled=false ~model.preset 'model.lora=" + lora_block + "' ";
+    r = ds(lora + "model.init_from=" + d + "/hf train.steps=10 train.eval_every=0 train.output_dir=" + d + "/lora");
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = ds("convert-ckpt " + d + "/lora " + d + "/adapter --adapter");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json adapter = nlohmann::json::parse(slurp(d + "/adapter/adapter_config.json"));
+    EXPECT_EQ(adapter["target_modules"], phi3 ? nlohmann::json({"qkv_proj", "gate_up_proj"}) : nlohmann::json({"q_proj", "v_proj"}));
+    EXPECT_EQ(adapter["fan_in_fan_out"], false);
+    const std::string module = phi3 ? "self_attn.qkv_proj" : "self_attn.v_proj";
+    EXPECT_TRUE(contains(slurp(d + "/adapter/adapter_model.safetensors"), "base_model.model.model.layers.1." + module + ".lora_B.weight"));
+    r = ds(lora + window + "model.init_from=" + d + "/adapter train.output_dir=" + d + "/lora_eval");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double lora_loss = metrics_of(d + "/lora_eval").front()["loss"].get<double>();
+    const std::string merged = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + d + "/hf " + dir + "/window.bin " + d + "/adapter > " + d + "/merged.txt";
+    ASSERT_EQ(std::system(merged.c_str()), 0);
+    EXPECT_NEAR(std::stod(slurp(d + "/merged.txt")), lora_loss, 1e-5 * lora_loss);
+    EXPECT_GT(std::fabs(lora_loss - ds_loss), 1e-4);  // the adapter changed the function
   }
 }

@@ -56,9 +56,17 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     torch::Tensor h = rms(x, w.at(p + "input_layernorm.weight"), eps);
-    torch::Tensor q = project(w, p + "self_attn.q_proj", h).view({B, T, NH, D});
-    torch::Tensor k = project(w, p + "self_attn.k_proj", h).view({B, T, NKV, D});
-    const torch::Tensor v = project(w, p + "self_attn.v_proj", h).view({B, T, NKV, D});
+    torch::Tensor q, k, v;
+    if (w.count(p + "self_attn.qkv_proj.weight")) {  // Phi-3: the last dimension is q | k | v
+      const torch::Tensor qkv = project(w, p + "self_attn.qkv_proj", h);
+      q = qkv.narrow(-1, 0, NH * D).reshape({B, T, NH, D});
+      k = qkv.narrow(-1, NH * D, NKV * D).reshape({B, T, NKV, D});
+      v = qkv.narrow(-1, (NH + NKV) * D, NKV * D).reshape({B, T, NKV, D});
+    } else {
+      q = project(w, p + "self_attn.q_proj", h).view({B, T, NH, D});
+      k = project(w, p + "self_attn.k_proj", h).view({B, T, NKV, D});
+      v = project(w, p + "self_attn.v_proj", h).view({B, T, NKV, D});
+    }
     if (w.count(p + "self_attn.q_norm.weight")) {
       q = rms(q, w.at(p + "self_attn.q_norm.weight"), eps);
       k = rms(k, w.at(p + "self_attn.k_norm.weight"), eps);
@@ -71,7 +79,13 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
     const torch::Tensor y = torch::matmul(torch::softmax(scores, -1), vv).transpose(1, 2).reshape({B, T, NH * D});
     x = x + project(w, p + "self_attn.o_proj", y);
     h = rms(x, w.at(p + "post_attention_layernorm.weight"), eps);
-    const torch::Tensor gated = torch::silu(project(w, p + "mlp.gate_proj", h)) * project(w, p + "mlp.up_proj", h);
+    torch::Tensor gated;
+    if (w.count(p + "mlp.gate_up_proj.weight")) {  // Phi-3: gate, up = gate_up_proj(h).chunk(2, -1)
+      const auto halves = project(w, p + "mlp.gate_up_proj", h).chunk(2, -1);
+      gated = torch::silu(halves[0]) * halves[1];
+    } else {
+      gated = torch::silu(project(w, p + "mlp.gate_proj", h)) * project(w, p + "mlp.up_proj", h);
+    }
     x = x + project(w, p + "mlp.down_proj", gated);
   }
   x = rms(x, w.at("model.norm.weight"), eps);
@@ -93,6 +107,8 @@ const std::vector<Family>& families() {
       {"mistral: its window of 64 holds the 12 positions", {"model.preset=mistral-tiny"}, {}},
       {"mistral with a window of 5 on 12 positions", {"model.preset=mistral-tiny", "model.sliding_window=5"}, {}},
       {"qwen2: q, k and v biased, o not", {"model.preset=qwen2-tiny"}, {"model.layers.0.self_attn.v_proj.bias"}},
+      {"phi3: one q|k|v projection and one gate|up, within a window of 7", {"model.preset=phi3-tiny", "model.sliding_window=7"},
+       {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"}},
       {"qwen3: per-head q and k norms, 24-wide heads, attention_bias", {"model.preset=qwen3-tiny", "model.attention_bias=true"},
        {"model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.bias"}},
   };
@@ -161,7 +177,9 @@ TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {
            {{"model.preset=qwen2-tiny", "model.attention_bias=true"}, "model.attention_bias"},
            {{"model.preset=qwen3-tiny", "model.mlp_bias=true"}, "model.mlp_bias"},
            {{"model.preset=llama-tiny", "model.sliding_window=32"}, "model.sliding_window"},
-           {{"model.preset=llama-tiny", "model.head_dim=15"}, "model.head_dim"}}) {
+           {{"model.preset=llama-tiny", "model.head_dim=15"}, "model.head_dim"},
+           // PEFT has no default modules for Phi-3: naming them is asked for, not guessed
+           {{"model.preset=phi3-tiny", R"(model.lora={"r": 4})"}, "model.lora.target_modules"}}) {
     SCOPED_TRACE(key);
     try {
       test::plan_of(kConfig, 1, 0, overrides);

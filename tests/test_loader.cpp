@@ -240,7 +240,13 @@ TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
       {"mistral-nemo-12b", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "bos_token_id": 1, "eos_token_id": 2,
         "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336, "max_position_embeddings": 1024000,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
-        "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 131072})"}};
+        "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 131072})"},
+      {"phi-3-mini-4k", R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "attention_bias": false, "attention_dropout": 0.0,
+        "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+        "intermediate_size": 8192, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+        "vocab_size": 32064})"}};
   for (const auto& [preset, text] : files) {
     SCOPED_TRACE(preset);
     const std::string path = (dir / (preset + ".json")).string();

@@ -22,7 +22,9 @@ TEST(ModelPresets, ParameterCountsEqualThePublishedModels) {
       {"qwen2.5-7b", 7615616512},    {"qwen2.5-14b", 14770033664},  {"qwen2.5-32b", 32763876352},
       {"qwen2.5-72b", 72706203648},  {"qwen3-0.6b", 596049920},     {"qwen3-1.7b", 1720574976},
       {"qwen3-4b", 4022468096},      {"qwen3-8b", 8190735360},      {"qwen3-14b", 14768307200},
-      {"qwen3-32b", 32762123264}};
+      {"qwen3-32b", 32762123264},
+      // Phi-3 (q|k|v and gate|up fused, untied): mini 3,821,079,552 and medium 13,960,238,080, the model cards' 3.8B and 14B.
+      {"phi-3-mini-4k", 3821079552}, {"phi-3-medium-4k", 13960238080}};
   for (const auto& [name, count] : published)
     EXPECT_EQ(build_model_spec(model_preset(name)).num_params, count) << name;
 }

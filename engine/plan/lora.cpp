@@ -39,6 +39,9 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
   const std::vector<std::string> names = lora_module_names(arch);
   const bool all_linear = c.target_modules.size() == 1 && c.target_modules[0] == kAllLinear;
   p.target_modules = c.target_modules.empty() ? lora_default_targets(arch) : all_linear ? names : c.target_modules;
+  if (p.target_modules.empty())  // as PEFT, which has no default for the family either
+    errors.push_back({"model.lora.target_modules", std::string("a ") + model_arch_name(arch) + " model has no default modules to adapt",
+                      "name them: " + join(names, ", ") + ", or \"all-linear\""});
   for (const std::string& t : p.target_modules) {
     if (std::find(names.begin(), names.end(), t) == names.end())
       errors.push_back({"model.lora.target_modules",

@@ -73,6 +73,14 @@ ModelHyper qwen(ModelArch arch, const char* name, int64_t L, int64_t C, int64_t 
   return h;
 }
 
+ModelHyper phi3_4k(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t I) {
+  ModelHyper h = llama_hyper(name, L, C, NH, NKV, I, 32064, 4096, false, 1e-5, 10000.0, ModelArch::phi3);
+  h.sliding_window = 2047;
+  h.bos_token_id = 1;
+  h.eos_token_id = {32000};
+  return h;
+}
+
 ModelHyper with_window(ModelHyper h, int64_t window) {
   h.sliding_window = window;
   return h;
@@ -93,6 +101,7 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
       with_window(llama_hyper("mistral-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::mistral), 64),  // tests
       llama_hyper("qwen2-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen2),                 // tests
+      llama_hyper("phi3-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::phi3),                      // tests
       with_head_dim(llama_hyper("qwen3-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen3), 24),  // tests
       llama_hyper("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, false, 1e-5, 10000.0),
       llama31(llama_hyper("llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, true, 1e-5, 500000.0), 32),
@@ -108,6 +117,8 @@ const std::vector<ModelHyper>& presets() {
       with_window(llama_hyper("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, false, 1e-5, 10000.0, ModelArch::mistral), 4096),
       llama_hyper("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768, false, 1e-5, 1000000.0, ModelArch::mistral),
       with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 1024000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
+      // Phi-3 mini and medium (4k context, a window of 2047): <s> begins, <|endoftext|> (32000) ends.
+      phi3_4k("phi-3-mini-4k", 32, 3072, 32, 32, 8192), phi3_4k("phi-3-medium-4k", 40, 5120, 40, 10, 17920),
       qwen(ModelArch::qwen2, "qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, true, 1e-6),
       qwen(ModelArch::qwen2, "qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, 131072, true, 1e-6),
       qwen(ModelArch::qwen2, "qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, 32768, true, 1e-6),
@@ -174,16 +185,25 @@ void build_rotary(ModelSpec& s) {
       add(s, p + name + ".weight", {out, in}, l, true);  // nn.Linear: [out, in]
       if (bias) add(s, p + name + ".bias", {out}, l, false);
     };
-    projection("self_attn.q_proj", Q, C, h.qkv_biased());
-    projection("self_attn.k_proj", KV, C, h.qkv_biased());
-    projection("self_attn.v_proj", KV, C, h.qkv_biased());
-    projection("self_attn.o_proj", C, Q, h.o_biased());
+    if (h.traits().fused_qkv) {  // Phi-3 registers o_proj before qkv_proj
+      projection("self_attn.o_proj", C, Q, h.o_biased());
+      projection("self_attn.qkv_proj", Q + 2 * KV, C, h.qkv_biased());
+    } else {
+      projection("self_attn.q_proj", Q, C, h.qkv_biased());
+      projection("self_attn.k_proj", KV, C, h.qkv_biased());
+      projection("self_attn.v_proj", KV, C, h.qkv_biased());
+      projection("self_attn.o_proj", C, Q, h.o_biased());
+    }
     if (h.traits().qk_norm) {
       add(s, p + "self_attn.q_norm.weight", {D}, l, false);
       add(s, p + "self_attn.k_norm.weight", {D}, l, false);
     }
-    projection("mlp.gate_proj", I, C, h.mlp_biased());
-    projection("mlp.up_proj", I, C, h.mlp_biased());
+    if (h.traits().fused_gate_up) {
+      projection("mlp.gate_up_proj", 2 * I, C, h.mlp_biased());
+    } else {
+      projection("mlp.gate_proj", I, C, h.mlp_biased());
+      projection("mlp.up_proj", I, C, h.mlp_biased());
+    }
     projection("mlp.down_proj", C, I, h.mlp_biased());
     add(s, p + "input_layernorm.weight", {C}, l, false);
     add(s, p + "post_attention_layernorm.weight", {C}, l, false);

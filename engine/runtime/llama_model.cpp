@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
@@ -19,16 +20,25 @@ LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
   auto projection = [&](const std::string& name, bool bias) { return w.linear(name + ".weight", bias ? name + ".bias" : ""); };
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     Block b;
-    b.q = projection("q_proj", hp.qkv_biased());
-    b.k = projection("k_proj", hp.qkv_biased());
-    b.v = projection("v_proj", hp.qkv_biased());
-    b.o = projection("o_proj", hp.o_biased());
+    if (hp.traits().fused_qkv) {
+      b.o = projection("o_proj", hp.o_biased());
+      b.q = projection("qkv_proj", hp.qkv_biased());
+    } else {
+      b.q = projection("q_proj", hp.qkv_biased());
+      b.k = projection("k_proj", hp.qkv_biased());
+      b.v = projection("v_proj", hp.qkv_biased());
+      b.o = projection("o_proj", hp.o_biased());
+    }
     if (hp.traits().qk_norm) {
       b.q_norm = w.next("q_norm.weight");
       b.k_norm = w.next("k_norm.weight");
     }
-    b.gate = projection("gate_proj", hp.mlp_biased());
-    b.up = projection("up_proj", hp.mlp_biased());
+    if (hp.traits().fused_gate_up) {
+      b.gate = projection("gate_up_proj", hp.mlp_biased());
+    } else {
+      b.gate = projection("gate_proj", hp.mlp_biased());
+      b.up = projection("up_proj", hp.mlp_biased());
+    }
     b.down = projection("down_proj", hp.mlp_biased());
     b.norm_in = w.next("input_layernorm.weight");
     b.norm_post = w.next("post_attention_layernorm.weight");
@@ -65,18 +75,31 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
-  torch::Tensor q = linear(h, b.q, false).view({B, T, NH, D}), k = linear(h, b.k, false).view({B, T, NKV, D});
+  torch::Tensor q, k, v;
+  if (hp_.traits().fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
+    std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
+  } else {
+    q = linear(h, b.q, false).view({B, T, NH, D});
+    k = linear(h, b.k, false).view({B, T, NKV, D});
+    v = linear(h, b.v, false).view({B, T, NKV, D});
+  }
   if (b.q_norm.defined()) q = rms_norm(q, b.q_norm), k = rms_norm(k, b.k_norm);  // each head's, over its D
   q = rotary(q, cos, sin);  // (B, T, NH, D)
   k = rotary(k, cos, sin);
-  const torch::Tensor v = linear(h, b.v, false).view({B, T, NKV, D});
   AttentionForm form;
   form.window = hp_.sliding_window;
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer, form).view({B, T, NH * D});  // kv heads serve groups
   torch::Tensor x = x_in + dropout(linear(y, b.o, false), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = rms_norm(x, b.norm_post);
-  const torch::Tensor gated = swiglu(linear(h, b.gate, false), linear(h, b.up, false));
+  torch::Tensor gated;
+  if (hp_.traits().fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
+    const torch::Tensor gate_up = linear(h, b.gate, false);
+    const int64_t I = hp_.intermediate_size;
+    gated = swiglu(gate_up.narrow(-1, 0, I), gate_up.narrow(-1, I, I));
+  } else {
+    gated = swiglu(linear(h, b.gate, false), linear(h, b.up, false));
+  }
   return x + dropout(linear(gated, b.down, false), hp_.resid_pdrop, layer, 2);
 }
 

@@ -23,7 +23,7 @@ class LlamaModel : public LanguageModel {
 
  private:
   struct Block {
-    Linear q, k, v, o, gate, up, down;
+    Linear q, k, v, o, gate, up, down;  // Phi-3: q holds qkv_proj, gate gate_up_proj; k, v and up are unused
     torch::Tensor norm_in, norm_post, q_norm, k_norm;  // q_norm, k_norm: Qwen3's, else undefined
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;

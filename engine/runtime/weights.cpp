@@ -482,7 +482,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     if (t.mlp_bias_key) j["mlp_bias"] = hp.mlp_bias;
     if (t.sliding_window_key) {
       const json window = hp.sliding_window > 0 ? json(hp.sliding_window) : json(nullptr);
-      if (hp.arch == ModelArch::mistral) {
+      if (!t.use_sliding_window_key) {
         j["sliding_window"] = window;
       } else {  // Qwen: the window acts only with use_sliding_window, on the layers from max_window_layers on
         j["use_sliding_window"] = hp.sliding_window > 0;
@@ -491,6 +491,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
       }
     }
     j["attention_dropout"] = hp.attn_pdrop;
+    if (t.dropout_keys) j["resid_pdrop"] = hp.resid_pdrop;  // Phi3Config's dropout after each sub-layer
     j["initializer_range"] = 0.02;
     j["tie_word_embeddings"] = hp.tie_word_embeddings;
     break;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reader of an exported Hugging Face GPT-2, Llama, Mistral, Qwen2 or Qwen3 directory: parses
+"""An independent reader of an exported Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory: parses
 model.safetensors with the json and struct modules only, runs a plain forward written against Hugging Face's
 tensor names and layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama and its
 kin: nn.Linear [out, in] with any biases the file holds, RMSNorm, Qwen3's RMSNorm over each head's q and k,
@@ -170,7 +170,7 @@ def llama_loss(config, W, inputs, targets):
     KV = config.get("num_key_value_heads", H)
     D, eps = config.get("head_dim") or C // H, config["rms_norm_eps"]
     window = config.get("sliding_window")
-    if config["model_type"] != "mistral" and not config.get("use_sliding_window", False):
+    if config["model_type"] in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         window = None
     inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
@@ -192,14 +192,22 @@ def llama_loss(config, W, inputs, targets):
             return [sum((rms_norm([row[h * D:(h + 1) * D]], g, eps)[0] for h in range(heads)), []) for row in rows]
 
         h = rms_norm(x, W[p + "input_layernorm.weight"][1], eps)
-        q = rope(per_head_norm(proj(h, "self_attn.q_proj"), H, "self_attn.q_norm"), H, D, inv, scale)
-        k = rope(per_head_norm(proj(h, "self_attn.k_proj"), KV, "self_attn.k_norm"), KV, D, inv, scale)
-        v = proj(h, "self_attn.v_proj")
+        if p + "self_attn.qkv_proj.weight" in W:  # Phi-3: q | k | v along the output
+            qkv = proj(h, "self_attn.qkv_proj")
+            q, k, v = [r[:H * D] for r in qkv], [r[H * D:(H + KV) * D] for r in qkv], [r[(H + KV) * D:] for r in qkv]
+        else:
+            q, k, v = proj(h, "self_attn.q_proj"), proj(h, "self_attn.k_proj"), proj(h, "self_attn.v_proj")
+        q = rope(per_head_norm(q, H, "self_attn.q_norm"), H, D, inv, scale)
+        k = rope(per_head_norm(k, KV, "self_attn.k_norm"), KV, D, inv, scale)
         o = proj(attention(q, k, v, H, KV, D, window), "self_attn.o_proj")
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"][1], eps)
-        gate = proj(h, "mlp.gate_proj")
-        up = proj(h, "mlp.up_proj")
+        if p + "mlp.gate_up_proj.weight" in W:  # Phi-3: the first half gates, the second goes up
+            both = proj(h, "mlp.gate_up_proj")
+            half = len(both[0]) // 2
+            gate, up = [r[:half] for r in both], [r[half:] for r in both]
+        else:
+            gate, up = proj(h, "mlp.gate_proj"), proj(h, "mlp.up_proj")
         act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
         f = proj(act, "mlp.down_proj")
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
@@ -244,7 +252,7 @@ def main():
     raw = open(token_file, "rb").read()
     tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
     inputs, targets = tokens[:-1], tokens[1:]
-    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3"):
+    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
         print(f"{llama_loss(config, W, inputs, targets):.9f}")
         return
     assert config["model_type"] == "gpt2"
