@@ -305,6 +305,9 @@ const std::vector<ArchitectureKey>& architecture_keys() {
       {"attention_bias", [](const ModelHyper& h) { return std::string(h.attention_bias ? "true" : "false"); }, true},
       {"mlp_bias", [](const ModelHyper& h) { return std::string(h.mlp_bias ? "true" : "false"); }, true},
       {"sliding_window", [](const ModelHyper& h) { return h.sliding_window > 0 ? std::to_string(h.sliding_window) : std::string("null"); }, true},
+      {"attn_logit_softcapping", [](const ModelHyper& h) { return h.attn_softcap > 0 ? format_double(h.attn_softcap) : std::string("null"); }, true},
+      {"final_logit_softcapping", [](const ModelHyper& h) { return h.final_softcap > 0 ? format_double(h.final_softcap) : std::string("null"); }, true},
+      {"query_pre_attn_scalar", [](const ModelHyper& h) { return h.query_pre_attn_scalar > 0 ? format_double(h.query_pre_attn_scalar) : std::string("null"); }, true},
   };
   return keys;
 }

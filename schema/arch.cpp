@@ -69,7 +69,20 @@ std::vector<ArchTraits> make_rows() {
   phi3.vocab_size = 32064;
   phi3.lora_modules = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
   phi3.lora_default_targets = {};
-  return {gpt2, llama, mistral, qwen2, qwen3, phi3};
+  // Gemma 2: (1 + w) RMSNorms, four per block, the embedding scaled by sqrt(width), GeGLU, attention scores
+  // scaled by query_pre_attn_scalar^-1/2 and soft-capped, the final logits soft-capped, a window on the even
+  // layers, 256-wide heads, a tied head.
+  ArchTraits gemma2 = llama_like(ModelArch::gemma2, "gemma2", "Gemma2ForCausalLM");
+  gemma2.activation = Activation::geglu_tanh;
+  gemma2.attention_bias_key = gemma2.norm_plus_one = gemma2.embedding_scaled = gemma2.sandwich_norms = true;
+  gemma2.softcap_keys = gemma2.sliding_window_key = gemma2.window_on_even_layers = true;
+  gemma2.tied = true;
+  gemma2.default_window = 4096;
+  gemma2.default_head_dim = 256;
+  gemma2.vocab_size = 256000;
+  gemma2.max_position_embeddings = 8192;
+  gemma2.norm_eps = 1e-6;
+  return {gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2};
 }
 
 const std::vector<ArchTraits>& rows() {

@@ -14,7 +14,8 @@ namespace ds {
 
 enum class Positions { learned, rotary };  // a position table added to the input (GPT-2), or rotary q and k
 enum class NormKind { layer_norm, rms_norm };
-enum class Activation { gelu_tanh, swiglu };  // GPT-2's MLP act(fc(x)), or Llama's down(silu(gate(x)) * up(x))
+// GPT-2's MLP act(fc(x)); Llama's down(silu(gate(x)) * up(x)); Gemma's down(gelu_tanh(gate(x)) * up(x)).
+enum class Activation { gelu_tanh, swiglu, geglu_tanh };
 
 struct ArchTraits {
   ModelArch arch;
@@ -32,9 +33,15 @@ struct ArchTraits {
   bool attention_bias_key;   // config.json's attention_bias puts biases on q, k, v and o (Llama, Mistral, Qwen3)
   bool mlp_bias_key;         // config.json's mlp_bias puts biases on gate, up and down (Llama)
   bool qk_norm;              // an RMSNorm over each head's q and k before the rotation (Qwen3)
+  bool norm_plus_one;        // RMSNorm scales by (1 + w), computed in fp32, its weights initialised to 0 (Gemma)
+  bool embedding_scaled;     // the embedding is multiplied by sqrt(hidden_size), in the activations' dtype (Gemma)
+  bool sandwich_norms;       // norms after attention and after the MLP too, before each residual add (Gemma 2)
+  bool softcap_keys;         // attn_logit_softcapping, final_logit_softcapping and query_pre_attn_scalar act (Gemma 2)
+  bool window_on_even_layers;  // the window acts on layers 0, 2, 4...; the others attend to all (Gemma 2)
   bool sliding_window_key;   // config.json may give an attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window)
   bool use_sliding_window_key;  // the window acts only with use_sliding_window, from max_window_layers on (Qwen)
   int64_t default_window;    // the window a config.json without the key means (Mistral's 4096), 0: none
+  int64_t default_head_dim;  // the head width a config.json without head_dim means (Gemma's 256), 0: hidden / heads
   bool dropout_keys;         // config.json's resid_pdrop acts, and is written (GPT-2, Phi-3)
   bool grouped_query;        // num_kv_heads may be fewer than num_heads
   bool head_dim_key;         // head_dim may be given apart from hidden_size / num_heads

@@ -118,13 +118,13 @@ struct Bf16Config {
   bool check_grad_overflow = false;
 };
 
-enum class ModelArch { gpt2, llama, mistral, qwen2, qwen3, phi3 };
+enum class ModelArch { gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 };
 // Every architecture ds builds: configs, plans and checkpoints spell them by model_arch_name, and
 // ds_config.schema.json's model.arch lists the same names (a test holds them equal). What each one is
 // (positions, norms, biases, Hugging Face's names...) is its row in schema/arch.hpp: a new architecture
 // is a row there and its tests, never an else branch that maps it to another.
-inline constexpr std::array<ModelArch, 6> kModelArchs{ModelArch::gpt2, ModelArch::llama, ModelArch::mistral, ModelArch::qwen2,
-                                                      ModelArch::qwen3, ModelArch::phi3};
+inline constexpr std::array<ModelArch, 7> kModelArchs{ModelArch::gpt2, ModelArch::llama, ModelArch::mistral, ModelArch::qwen2,
+                                                      ModelArch::qwen3, ModelArch::phi3, ModelArch::gemma2};
 const char* model_arch_name(ModelArch a);
 // The architecture a name spells, or none.
 std::optional<ModelArch> model_arch_from_name(const std::string& name);
@@ -156,6 +156,7 @@ struct ModelFields {
       max_position_embeddings, head_dim;
   std::optional<bool> tie_word_embeddings, attention_bias, mlp_bias;
   std::optional<int64_t> sliding_window;  // 0: given as none (null)
+  std::optional<double> attn_logit_softcapping, final_logit_softcapping, query_pre_attn_scalar;  // 0: given as none
   std::optional<double> norm_eps, rope_theta;
   std::optional<RopeScaling> rope_scaling;  // given as null: RopeType::none
   std::optional<double> attn_pdrop, resid_pdrop, embd_pdrop;

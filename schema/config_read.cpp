@@ -81,6 +81,10 @@ ModelFields read_model_fields(const json& m) {
   if (m.contains("sliding_window")) f.sliding_window = m["sliding_window"].is_null() ? 0 : m["sliding_window"].get<int64_t>();
   if (m.contains("attention_bias")) f.attention_bias = m["attention_bias"].get<bool>();
   if (m.contains("mlp_bias")) f.mlp_bias = m["mlp_bias"].get<bool>();
+  for (const auto& [key, out] : {std::pair<const char*, std::optional<double>*>{"attn_logit_softcapping", &f.attn_logit_softcapping},
+                                 {"final_logit_softcapping", &f.final_logit_softcapping},
+                                 {"query_pre_attn_scalar", &f.query_pre_attn_scalar}})
+    if (m.contains(key)) *out = m[key].is_null() ? 0.0 : m[key].get<double>();
   if (m.contains("tie_word_embeddings")) f.tie_word_embeddings = m["tie_word_embeddings"].get<bool>();
   if (m.contains("norm_eps")) f.norm_eps = m["norm_eps"].get<double>();
   if (m.contains("rope_theta")) f.rope_theta = m["rope_theta"].get<double>();

@@ -116,6 +116,7 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     num({"vocab_size"}, f.vocab_size);
     num({"max_position_embeddings"}, f.max_position_embeddings);
     if (t->head_dim_key) num({"head_dim"}, f.head_dim);
+    if (!j.contains("head_dim") && t->default_head_dim > 0) f.head_dim = t->default_head_dim;
     // Hugging Face's defaults for the keys a file leaves out are the family's (schema/arch.cpp).
     f.tie_word_embeddings = flag("tie_word_embeddings", t->tied);
     if (!j.contains("rms_norm_eps")) f.norm_eps = t->norm_eps;
@@ -130,8 +131,23 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     else if (flag("attention_bias", false)) unsupported("attention_bias", std::string(t->name) + "'s attention has no such switch");
     if (t->mlp_bias_key) f.mlp_bias = flag("mlp_bias", false);
     else if (flag("mlp_bias", false)) unsupported("mlp_bias", std::string(t->name) + "'s MLP has no such switch");
-    const std::string act = text_of("hidden_act", "silu");
-    if (act != "silu" && act != "swish") unsupported("hidden_act", "the MLP ds builds for " + std::string(t->name) + " is SwiGLU (silu)");
+    if (t->activation == Activation::geglu_tanh) {  // Gemma names it hidden_activation, and hidden_act alike
+      const char* key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation" : "hidden_act";
+      const std::string act = text_of(key, "gelu_pytorch_tanh");
+      if (act != "gelu_pytorch_tanh" && act != "gelu_new") unsupported(key, "the MLP ds builds for " + std::string(t->name) + " is GeGLU with the tanh GELU");
+    } else {
+      const std::string act = text_of("hidden_act", "silu");
+      if (act != "silu" && act != "swish") unsupported("hidden_act", "the MLP ds builds for " + std::string(t->name) + " is SwiGLU (silu)");
+    }
+    if (t->softcap_keys) {  // null: not capped
+      for (const auto& [key, out] : {std::pair<const char*, std::optional<double>*>{"attn_logit_softcapping", &f.attn_logit_softcapping},
+                                     {"final_logit_softcapping", &f.final_logit_softcapping},
+                                     {"query_pre_attn_scalar", &f.query_pre_attn_scalar}}) {
+        if (j.contains(key) && j[key].is_null()) *out = 0.0;
+        else real(key, *out);
+        if (*out && !(**out >= 0)) wrong(key, "a positive number or null");
+      }
+    }
     if (j.contains("rope_scaling")) f.rope_scaling = read_rope_scaling(j["rope_scaling"], "model.hf_config", "'" + path + "': ", errors);
     // The attention window: Mistral's and Phi-3's apply when set; Qwen2's and Qwen3's only with use_sliding_window, and
     // then to the layers from max_window_layers on (all of them when it covers none).
@@ -154,14 +170,19 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
         }
       }
     }
-    if (j.contains("layer_types") && j["layer_types"].is_array())
-      for (const json& l : j["layer_types"])
-        if (!l.is_string() || l.get<std::string>() != "full_attention") {
-          if (!(l.is_string() && l.get<std::string>() == "sliding_attention" && f.sliding_window)) {
-            unsupported("layer_types", "ds gives every layer the same attention");
-            break;
-          }
+    // layer_types (newer files write it out): what the family's rule gives each layer, or refused.
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      size_t i = 0;
+      for (const json& l : j["layer_types"]) {
+        const bool slides = f.sliding_window && *f.sliding_window > 0 && (!t->window_on_even_layers || i % 2 == 0);
+        if (!l.is_string() || l.get<std::string>() != (slides ? "sliding_attention" : "full_attention")) {
+          unsupported("layer_types", t->window_on_even_layers ? "ds slides the window on the even layers only, as Gemma 2 does"
+                                                              : "ds gives every layer the same attention");
+          break;
         }
+        ++i;
+      }
+    }
   } else {
     errors.push_back({"model.hf_config", "'" + path + "': model_type \"" + type + "\" is not supported",
                       "ds models " + hf_model_types()});

@@ -471,7 +471,8 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
                         Case{"mistral", "model.preset=mistral-tiny model.sliding_window=8", "MistralForCausalLM"},
                         Case{"qwen2", "model.preset=qwen2-tiny", "Qwen2ForCausalLM"},
                         Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"},
-                        Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10", "Phi3ForCausalLM"}}) {
+                        Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10", "Phi3ForCausalLM"},
+                        Case{"gemma2", "model.preset=gemma2-tiny", "Gemma2ForCausalLM"}}) {
     SCOPED_TRACE(c.name);
     const std::string d = dir + "/" + c.name;
     const std::string base = "train examples/quickstart.json bf16.enabled=false " + c.model;

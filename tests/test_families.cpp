@@ -23,8 +23,10 @@ const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumul
 
 using Weights = std::map<std::string, torch::Tensor>;
 
+// Llama's RMSNorm, or Gemma's x / rms(x) * (1 + g).
+bool g_plus_one = false;
 torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& g, double eps) {
-  return g * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+  return (g_plus_one ? g + 1 : g) * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
 }
 
 // nn.Linear: x w^T (+ b where the model has one).
@@ -48,12 +50,15 @@ torch::Tensor rope(const torch::Tensor& x, double theta) {  // x (B, T, H, D)
 torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch::Tensor& in, const torch::Tensor& tgt) {
   const int64_t B = in.size(0), T = in.size(1), NH = hp.num_heads, NKV = hp.num_kv_heads, D = hp.head_dim();
   const double eps = hp.norm_eps;
+  const bool gemma = hp.arch == ModelArch::gemma2;
+  g_plus_one = gemma;
   torch::Tensor x = w.at("model.embed_tokens.weight").index_select(0, in.flatten()).view({B, T, hp.hidden_size});
+  if (gemma) x = x * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(hp.hidden_size))));  // normalizer in fp32
   const torch::Tensor pos = torch::arange(T);
-  // Who each query sees: earlier positions, and within the window when the model has one.
-  torch::Tensor allowed = pos.view({T, 1}) >= pos.view({1, T});
-  if (hp.sliding_window > 0) allowed = allowed & (pos.view({1, T}) > pos.view({T, 1}) - hp.sliding_window);
   for (int64_t l = 0; l < hp.num_layers; ++l) {
+    // Who each query sees: earlier positions, and within the window when the layer has one (Gemma 2: even layers).
+    torch::Tensor allowed = pos.view({T, 1}) >= pos.view({1, T});
+    if (hp.sliding_window > 0 && (!gemma || l % 2 == 0)) allowed = allowed & (pos.view({1, T}) > pos.view({T, 1}) - hp.sliding_window);
     const std::string p = "model.layers." + std::to_string(l) + ".";
     torch::Tensor h = rms(x, w.at(p + "input_layernorm.weight"), eps);
     torch::Tensor q, k, v;
@@ -74,23 +79,33 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
     q = rope(q, hp.rope_theta).transpose(1, 2);  // (B, NH, T, D)
     k = rope(k, hp.rope_theta).transpose(1, 2).repeat_interleave(NH / NKV, 1);
     const torch::Tensor vv = v.transpose(1, 2).repeat_interleave(NH / NKV, 1);
-    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
+    const double scalar = gemma && hp.query_pre_attn_scalar > 0 ? hp.query_pre_attn_scalar : static_cast<double>(D);
+    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(scalar);
+    if (hp.attn_softcap > 0) scores = torch::tanh(scores / hp.attn_softcap) * hp.attn_softcap;
     scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     const torch::Tensor y = torch::matmul(torch::softmax(scores, -1), vv).transpose(1, 2).reshape({B, T, NH * D});
-    x = x + project(w, p + "self_attn.o_proj", y);
-    h = rms(x, w.at(p + "post_attention_layernorm.weight"), eps);
+    torch::Tensor o = project(w, p + "self_attn.o_proj", y);
+    if (gemma) o = rms(o, w.at(p + "post_attention_layernorm.weight"), eps);
+    x = x + o;
+    h = rms(x, w.at(p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")), eps);
     torch::Tensor gated;
     if (w.count(p + "mlp.gate_up_proj.weight")) {  // Phi-3: gate, up = gate_up_proj(h).chunk(2, -1)
       const auto halves = project(w, p + "mlp.gate_up_proj", h).chunk(2, -1);
       gated = torch::silu(halves[0]) * halves[1];
+    } else if (gemma) {  // GeGLU with the tanh GELU
+      gated = torch::gelu(project(w, p + "mlp.gate_proj", h), "tanh") * project(w, p + "mlp.up_proj", h);
     } else {
       gated = torch::silu(project(w, p + "mlp.gate_proj", h)) * project(w, p + "mlp.up_proj", h);
     }
-    x = x + project(w, p + "mlp.down_proj", gated);
+    torch::Tensor f = project(w, p + "mlp.down_proj", gated);
+    if (gemma) f = rms(f, w.at(p + "post_feedforward_layernorm.weight"), eps);
+    x = x + f;
   }
   x = rms(x, w.at("model.norm.weight"), eps);
   const torch::Tensor head = w.count("lm_head.weight") ? w.at("lm_head.weight") : w.at("model.embed_tokens.weight");
-  return torch::cross_entropy_loss(torch::matmul(x, head.t()).view({B * T, -1}), tgt.flatten());
+  torch::Tensor logits = torch::matmul(x, head.t());
+  if (hp.final_softcap > 0) logits = torch::tanh(logits / hp.final_softcap) * hp.final_softcap;
+  return torch::cross_entropy_loss(logits.view({B * T, -1}), tgt.flatten());
 }
 
 struct Family {
@@ -109,6 +124,11 @@ const std::vector<Family>& families() {
       {"qwen2: q, k and v biased, o not", {"model.preset=qwen2-tiny"}, {"model.layers.0.self_attn.v_proj.bias"}},
       {"phi3: one q|k|v projection and one gate|up, within a window of 7", {"model.preset=phi3-tiny", "model.sliding_window=7"},
        {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"}},
+      {"gemma2: (1 + w) norms, four a block, GeGLU, a scaled embedding, capped scores and logits, a window of 5 on the "
+       "even layers, a query scalar of 24 on 32-wide heads", {"model.preset=gemma2-tiny", "model.sliding_window=5"},
+       {"model.layers.1.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight"}},
+      {"gemma2 with the caps made gentle enough to matter less: caps at 2", {"model.preset=gemma2-tiny", "model.attn_logit_softcapping=2",
+       "model.final_logit_softcapping=2"}, {}},
       {"qwen3: per-head q and k norms, 24-wide heads, attention_bias", {"model.preset=qwen3-tiny", "model.attention_bias=true"},
        {"model.layers.1.self_attn.k_norm.weight", "model.layers.0.self_attn.o_proj.bias"}},
   };

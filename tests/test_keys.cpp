@@ -127,7 +127,10 @@ const std::map<std::string, const char*> kActs = {
     {"model.head_dim", "model: the q/k/v/o shapes and the attention's head width (model_spec, llama_model)"},
     {"model.attention_bias", "model: q, k, v and o biases (model_spec build_rotary, llama_model)"},
     {"model.mlp_bias", "model: gate, up and down biases (model_spec build_rotary, llama_model)"},
-    {"model.sliding_window", "plan: data.seq_len within the window (plan.cpp), exports' config.json"},
+    {"model.sliding_window", "model: the attention's window (llama_model, fused_attention's materialised path)"},
+    {"model.attn_logit_softcapping", "model: the attention's capped scores (llama_model, fused_attention)"},
+    {"model.final_logit_softcapping", "model: the capped logits (fused_head_loss)"},
+    {"model.query_pre_attn_scalar", "model: the attention's scale (llama_model)"},
     {"model.bos_token_id", "model"},
     {"model.eos_token_id", "model"},
     {"model.activation_checkpointing", "runtime: recompute blocks"},
@@ -312,5 +315,5 @@ TEST(Keys, ModelArchNamesAreTheRegistrysBothWays) {
     EXPECT_EQ(model_arch_from_name(model_arch_name(a)), a);
   }
   EXPECT_EQ(in_schema, in_registry);
-  EXPECT_FALSE(model_arch_from_name("gemma2").has_value());  // not built yet: refused, never read as llama
+  EXPECT_FALSE(model_arch_from_name("gemma").has_value());  // Gemma 1 is not built yet: refused, never read as another
 }

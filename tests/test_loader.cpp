@@ -246,7 +246,13 @@ TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
         "intermediate_size": 8192, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
         "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
         "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
-        "vocab_size": 32064})"}};
+        "vocab_size": 32064})"},
+      {"gemma-2-2b", R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": false, "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0,
+        "head_dim": 256, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304,
+        "initializer_range": 0.02, "intermediate_size": 9216, "max_position_embeddings": 8192, "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000})"}};
   for (const auto& [preset, text] : files) {
     SCOPED_TRACE(preset);
     const std::string path = (dir / (preset + ".json")).string();

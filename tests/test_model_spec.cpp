@@ -24,7 +24,9 @@ TEST(ModelPresets, ParameterCountsEqualThePublishedModels) {
       {"qwen3-4b", 4022468096},      {"qwen3-8b", 8190735360},      {"qwen3-14b", 14768307200},
       {"qwen3-32b", 32762123264},
       // Phi-3 (q|k|v and gate|up fused, untied): mini 3,821,079,552 and medium 13,960,238,080, the model cards' 3.8B and 14B.
-      {"phi-3-mini-4k", 3821079552}, {"phi-3-medium-4k", 13960238080}};
+      {"phi-3-mini-4k", 3821079552}, {"phi-3-medium-4k", 13960238080},
+      // Gemma 2 (tied, four norms a block, 256-wide heads; 27B's 128): 2.61B, 9.24B, 27.2B as the model cards round them.
+      {"gemma-2-2b", 2614341888}, {"gemma-2-9b", 9241705984}, {"gemma-2-27b", 27227128320}};
   for (const auto& [name, count] : published)
     EXPECT_EQ(build_model_spec(model_preset(name)).num_params, count) << name;
 }

@@ -81,6 +81,20 @@ ModelHyper phi3_4k(const char* name, int64_t L, int64_t C, int64_t NH, int64_t N
   return h;
 }
 
+// Gemma 2 as released: 256000 tokens (<bos> 2, <eos> 1), 8192 positions, a window of 4096 on the even layers,
+// scores capped at 50 and logits at 30, tied.
+ModelHyper gemma2(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t D, int64_t I, double query_scalar) {
+  ModelHyper h = llama_hyper(name, L, C, NH, NKV, I, 256000, 8192, true, 1e-6, 10000.0, ModelArch::gemma2);
+  h.head_dim_given = D;
+  h.sliding_window = 4096;
+  h.attn_softcap = 50;
+  h.final_softcap = 30;
+  h.query_pre_attn_scalar = query_scalar;
+  h.bos_token_id = 2;
+  h.eos_token_id = {1};
+  return h;
+}
+
 ModelHyper with_window(ModelHyper h, int64_t window) {
   h.sliding_window = window;
   return h;
@@ -88,6 +102,18 @@ ModelHyper with_window(ModelHyper h, int64_t window) {
 
 ModelHyper with_head_dim(ModelHyper h, int64_t d) {
   h.head_dim_given = d;
+  return h;
+}
+
+// Every Gemma 2 feature at test size: 32-wide heads (not 64 / 4), a window of 8 on the even layers, both caps,
+// and a query scalar other than the head width.
+ModelHyper gemma2_tiny() {
+  ModelHyper h = gemma2("gemma2-tiny", 2, 64, 4, 2, 32, 176, 24);
+  h.vocab_size = 256;
+  h.max_position_embeddings = 128;
+  h.sliding_window = 8;
+  h.bos_token_id = -1;
+  h.eos_token_id = {};
   return h;
 }
 
@@ -101,6 +127,7 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
       with_window(llama_hyper("mistral-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::mistral), 64),  // tests
       llama_hyper("qwen2-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen2),                 // tests
+      gemma2_tiny(),                                                                                                    // tests
       llama_hyper("phi3-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::phi3),                      // tests
       with_head_dim(llama_hyper("qwen3-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen3), 24),  // tests
       llama_hyper("tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000, 2048, false, 1e-5, 10000.0),
@@ -118,6 +145,8 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768, false, 1e-5, 1000000.0, ModelArch::mistral),
       with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 1024000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
       // Phi-3 mini and medium (4k context, a window of 2047): <s> begins, <|endoftext|> (32000) ends.
+      gemma2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256), gemma2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
+      gemma2("gemma-2-27b", 46, 4608, 32, 16, 128, 36864, 144),
       phi3_4k("phi-3-mini-4k", 32, 3072, 32, 32, 8192), phi3_4k("phi-3-medium-4k", 40, 5120, 40, 10, 17920),
       qwen(ModelArch::qwen2, "qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, true, 1e-6),
       qwen(ModelArch::qwen2, "qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, 131072, true, 1e-6),
@@ -207,6 +236,10 @@ void build_rotary(ModelSpec& s) {
     projection("mlp.down_proj", C, I, h.mlp_biased());
     add(s, p + "input_layernorm.weight", {C}, l, false);
     add(s, p + "post_attention_layernorm.weight", {C}, l, false);
+    if (h.traits().sandwich_norms) {  // Gemma 2: post_attention_layernorm normalises the attention's output
+      add(s, p + "pre_feedforward_layernorm.weight", {C}, l, false);
+      add(s, p + "post_feedforward_layernorm.weight", {C}, l, false);
+    }
   }
   add(s, "model.norm.weight", {C}, -1, false);
   if (!h.tie_word_embeddings) add(s, "lm_head.weight", {V, C}, -1, true);
@@ -265,6 +298,9 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     if (f.attention_bias) h.attention_bias = *f.attention_bias;
     if (f.mlp_bias) h.mlp_bias = *f.mlp_bias;
     if (f.sliding_window) h.sliding_window = *f.sliding_window;
+    if (f.attn_logit_softcapping) h.attn_softcap = *f.attn_logit_softcapping;
+    if (f.final_logit_softcapping) h.final_softcap = *f.final_logit_softcapping;
+    if (f.query_pre_attn_scalar) h.query_pre_attn_scalar = *f.query_pre_attn_scalar;
     if (f.norm_eps) h.norm_eps = *f.norm_eps;
     if (f.rope_theta) h.rope_theta = *f.rope_theta;
     if (f.rope_scaling) h.rope_scaling = *f.rope_scaling;
@@ -298,7 +334,8 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     h.vocab_size = t.vocab_size;
     h.max_position_embeddings = t.max_position_embeddings;
   } else if (e.hidden_size || e.num_layers || e.num_heads || e.vocab_size || e.intermediate_size || e.num_kv_heads ||
-             e.max_position_embeddings || e.tie_word_embeddings || e.head_dim || e.attention_bias || e.mlp_bias || e.sliding_window) {
+             e.max_position_embeddings || e.tie_word_embeddings || e.head_dim || e.attention_bias || e.mlp_bias || e.sliding_window ||
+             e.attn_logit_softcapping || e.final_logit_softcapping || e.query_pre_attn_scalar) {
     h.name = (m.preset.empty() ? std::string("custom") : m.preset) + " (modified)";
   }
   bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
@@ -337,6 +374,9 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   not_for("attention_bias", h.attention_bias, traits.attention_bias_key, "attention projections have no such switch");
   not_for("mlp_bias", h.mlp_bias, traits.mlp_bias_key, "MLP projections have no such switch");
   not_for("sliding_window", h.sliding_window > 0, traits.sliding_window_key, "attends to every earlier position");
+  not_for("attn_logit_softcapping", h.attn_softcap > 0, traits.softcap_keys, "does not cap its attention scores");
+  not_for("final_logit_softcapping", h.final_softcap > 0, traits.softcap_keys, "does not cap its logits");
+  not_for("query_pre_attn_scalar", h.query_pre_attn_scalar > 0, traits.softcap_keys, "scales its scores by 1/sqrt(head_dim)");
   if (h.head_dim_given > ModelLimits::hidden_size)
     issues.push_back({"model.head_dim", std::to_string(h.head_dim_given) + " is outside what ds accepts", ""});
   if (h.head_dim_given > 0 && h.head_dim_given % 2 != 0)
@@ -444,7 +484,12 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
     elements = 3 * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
   // Qwen3's per-head norms keep their inputs, q and k before the norm, and two fp32 statistics per head.
   const double head_norms = hp.traits().qk_norm ? (NH + NKV) * D * b + (NH + NKV) * 2 * 4 : 0;
-  if (materialised) return (elements + NH * static_cast<double>(T)) * b + 2 * 2 * 4 + head_norms;
+  // Gemma 2: its two more norms keep their inputs (the attention's and the MLP's outputs, C each); GeGLU,
+  // not fused, keeps gelu(gate) besides gate and up (I); capped scores keep their tanh (NH T).
+  if (hp.traits().sandwich_norms) elements += 2 * C;
+  if (hp.traits().activation == Activation::geglu_tanh) elements += I;
+  const double probabilities = NH * static_cast<double>(T) * (hp.attn_softcap > 0 ? 2 : 1);
+  if (materialised) return (elements + probabilities) * b + 2 * 2 * 4 + head_norms;
   return elements * b + NH * 4 + 2 * 2 * 4 + head_norms;
 }
 
@@ -481,7 +526,7 @@ double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
   // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).
   const double V = static_cast<double>(hp.vocab_size);
   const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
-  return rows * V * b;
+  return rows * V * b * (hp.final_softcap > 0 ? 2 : 1);  // capped logits keep a chunk of their tanh
 }
 
 std::string preset_for_size(const std::string& text, std::string* note) {

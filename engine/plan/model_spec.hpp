@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct ModelHyper {
   int64_t head_dim_given = 0;
   bool attention_bias = false, mlp_bias = false;
   int64_t sliding_window = 0;
+  // Gemma 2: scores cap tanh(s / cap) and logits likewise (0: not capped); scores scaled by
+  // query_pre_attn_scalar^-1/2 (0: by head_dim's).
+  double attn_softcap = 0, final_softcap = 0, query_pre_attn_scalar = 0;
   // Dropout probabilities (training only): on attention probabilities, on each sub-layer's output
   // before the residual add, and on the input embeddings. Hugging Face's names.
   double attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0;
@@ -38,9 +42,18 @@ struct ModelHyper {
   std::vector<int64_t> eos_token_id;
 
   int64_t head_dim() const { return head_dim_given > 0 ? head_dim_given : hidden_size / num_heads; }
+  // Block `layer`'s attention window (0: every earlier position).
+  int64_t window_of(int64_t layer) const { return traits().window_on_even_layers && layer % 2 != 0 ? 0 : sliding_window; }
+  // The scores' scale when it is not 1/sqrt(head_dim), else 0.
+  double attention_scale() const {
+    return query_pre_attn_scalar > 0 && query_pre_attn_scalar != static_cast<double>(head_dim()) ? 1.0 / std::sqrt(query_pre_attn_scalar) : 0;
+  }
   // Whether some block's attention at T positions is the materialised one (engine/runtime/fused_attention):
-  // its probabilities take dropout, or its window is shorter than T. It keeps the T probabilities per head.
-  bool attention_materialised(int64_t T) const { return attn_pdrop > 0 || (sliding_window > 0 && sliding_window < T); }
+  // its probabilities take dropout, its window is shorter than T, its scores are soft-capped or scaled
+  // otherwise. It keeps the T probabilities per head (and their tanh when capped).
+  bool attention_materialised(int64_t T) const {
+    return attn_pdrop > 0 || (sliding_window > 0 && sliding_window < T) || attn_softcap > 0 || attention_scale() > 0;
+  }
   const ArchTraits& traits() const { return arch_traits(arch); }
   // Which projections carry a bias: q, k and v; o; the MLP's.
   bool qkv_biased() const { return traits().biases_everywhere || traits().qkv_bias || attention_bias; }

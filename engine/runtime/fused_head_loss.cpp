@@ -65,7 +65,7 @@ torch::Tensor logits_buffer(int64_t rows, int64_t V, const torch::TensorOptions&
 // `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made.
 HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
                    double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, bool grads,
-                   const torch::Tensor& dw_into = {}) {
+                   const torch::Tensor& dw_into = {}, double softcap = 0) {
   torch::NoGradGuard no_grad;
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
@@ -90,11 +90,18 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     const torch::Tensor xc = x.narrow(0, r0, n);
     torch::Tensor logits = buffer.narrow(0, 0, n);
     matmul_into(logits, xc, wt, false);
+    torch::Tensor capped;  // tanh(logits / cap), for the gradient's factor 1 - tanh^2
+    if (softcap > 0) {
+      logits.div_(softcap).tanh_();
+      if (grads) capped = logits.clone();
+      logits.mul_(softcap);
+    }
     if (host)
       out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
     else
       device_sum += library_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads);
     if (!grads) continue;
+    if (capped.defined()) logits.mul_(1 - capped.square());
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
     matmul_into(dxc, logits, weight, false);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
@@ -116,9 +123,9 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
   // exchange finishes any reduction of those buffers before the head runs (ZeroExchange::after_forward).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& targets, double expected_grad, int64_t chunk_elements,
-                               torch::Tensor* kept_logits) {
+                               torch::Tensor* kept_logits, double softcap) {
     const torch::Tensor into = weight.requires_grad() ? bound_gradient(weight) : torch::Tensor();
-    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into);
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into, softcap);
     ctx->saved_data["dx"] = pass.dx;
     ctx->saved_data["dw"] = pass.dw;
     ctx->saved_data["dw_in_buffer"] = into.defined();
@@ -141,18 +148,18 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
       dx = dx * factor;
       dw = dw * factor;
     }
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
-                              double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits) {
+                              double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, double softcap) {
   DS_CHECK(expected_grad != 0, "fused head loss: the expected gradient must be nonzero");
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
-    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits);
-  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false);
+    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap);
+  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false, {}, softcap);
   return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
 }
 

@@ -23,8 +23,10 @@ namespace ds {
 // (made again only for a larger chunk or another dtype). A model passes one, because a chunk of about
 // 100 MB made and freed every step fragments the heap: GPT-2 6x384 in fp32 at B=4, T=128 reached 1.28x
 // the plan's memory after a dozen steps, 1.13x with the chunk kept.
+// `softcap` > 0: the logits are soft-capped first, cap tanh(logits / cap) (Gemma 2's final_logit_softcapping),
+// which keeps one more chunk, of the capped values' tanh, for the gradient.
 torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
                               double expected_grad, int64_t chunk_elements = kHeadChunkElements,
-                              torch::Tensor* kept_logits = nullptr);
+                              torch::Tensor* kept_logits = nullptr, double softcap = 0);
 
 }  // namespace ds

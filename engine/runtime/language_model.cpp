@@ -146,8 +146,9 @@ void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
   }
 }
 
-torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const {
-  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_);
+torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                                       double softcap) const {
+  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
 }
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
@@ -303,7 +304,7 @@ const float* InitialWeights::param(int asked) {
     }
     switch (plan_.model.hp.traits().positions) {
       case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
-      case Positions::rotary: LlamaModel::initialise(p, values_, gen_); break;
+      case Positions::rotary: LlamaModel::initialise(plan_.model.hp, p, values_, gen_); break;
     }
   }
   return values_.data_ptr<float>();

@@ -153,7 +153,8 @@ class LanguageModel {
   // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp).
   torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
   // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
-  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets) const;
+  // `softcap` > 0: the logits soft-capped first (Gemma 2's final_logit_softcapping).
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double softcap = 0) const;
 
  private:
   bool checkpoint_activations_ = false;

@@ -42,6 +42,10 @@ LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
     b.down = projection("down_proj", hp.mlp_biased());
     b.norm_in = w.next("input_layernorm.weight");
     b.norm_post = w.next("post_attention_layernorm.weight");
+    if (hp.traits().sandwich_norms) {
+      b.norm_pre_mlp = w.next("pre_feedforward_layernorm.weight");
+      b.norm_post_mlp = w.next("post_feedforward_layernorm.weight");
+    }
     blocks_.push_back(b);
   }
   norm_ = w.next("model.norm.weight");
@@ -49,17 +53,27 @@ LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
   DS_CHECK(w.done(), "unexpected parameters after lm_head");
 }
 
-void LlamaModel::initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+void LlamaModel::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
   if (ends_with(p.name, ".bias"))
     t.zero_();
   else if (p.shape.size() == 1)
-    t.fill_(1.0);  // RMSNorm gains
+    t.fill_(hp.traits().norm_plus_one ? 0.0 : 1.0);  // RMSNorm gains: w, or Gemma's 1 + w
   else
     t.normal_(0.0, 0.02, gen);
 }
 
 torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
-  return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
+  if (!hp_.traits().norm_plus_one) return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
+  // Gemma's: x / rms(x) * (1 + w), all in fp32 and rounded once, as Hugging Face's Gemma2RMSNorm.
+  if (x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32) return ds::rms_norm(x, w + 1.0, hp_.norm_eps);
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + hp_.norm_eps) * (w.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
+}
+
+// The MLP's gated activation: silu(gate) * up, or Gemma's gelu_tanh(gate) * up.
+torch::Tensor LlamaModel::gated(const torch::Tensor& gate, const torch::Tensor& up) const {
+  if (hp_.traits().activation == Activation::geglu_tanh) return gelu_tanh(gate) * up;
+  return swiglu(gate, up);
 }
 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
@@ -87,27 +101,38 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   q = rotary(q, cos, sin);  // (B, T, NH, D)
   k = rotary(k, cos, sin);
   AttentionForm form;
-  form.window = hp_.sliding_window;
+  form.window = hp_.window_of(layer);
+  form.softcap = hp_.attn_softcap;
+  form.scale = hp_.attention_scale();
   torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer, form).view({B, T, NH * D});  // kv heads serve groups
-  torch::Tensor x = x_in + dropout(linear(y, b.o, false), hp_.resid_pdrop, layer, 1);
+  y = linear(y, b.o, false);
+  const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
+  if (sandwich) y = rms_norm(y, b.norm_post);
+  torch::Tensor x = x_in + dropout(y, hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
-  h = rms_norm(x, b.norm_post);
-  torch::Tensor gated;
+  h = rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post);
+  torch::Tensor act;
   if (hp_.traits().fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
     const torch::Tensor gate_up = linear(h, b.gate, false);
     const int64_t I = hp_.intermediate_size;
-    gated = swiglu(gate_up.narrow(-1, 0, I), gate_up.narrow(-1, I, I));
+    act = gated(gate_up.narrow(-1, 0, I), gate_up.narrow(-1, I, I));
   } else {
-    gated = swiglu(linear(h, b.gate, false), linear(h, b.up, false));
+    act = gated(linear(h, b.gate, false), linear(h, b.up, false));
   }
-  return x + dropout(linear(gated, b.down, false), hp_.resid_pdrop, layer, 2);
+  torch::Tensor out = linear(act, b.down, false);
+  if (sandwich) out = rms_norm(out, b.norm_post_mlp);
+  return x + dropout(out, hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = run_blocks(dropout(embedding_lookup(embed_, inputs), hp_.embd_pdrop, -1, 0));  // (B, T, C)
+  torch::Tensor x = embedding_lookup(embed_, inputs);  // (B, T, C)
+  // Gemma: times sqrt(width), that factor rounded to the activations' dtype as Hugging Face rounds it.
+  if (hp_.traits().embedding_scaled)
+    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(C)), torch::kFloat64).to(x.scalar_type()).item<double>();
+  x = run_blocks(dropout(x, hp_.embd_pdrop, -1, 0));
   x = rms_norm(x, norm_);
-  return head_loss(x.view({B * T, C}), head_, targets);
+  return head_loss(x.view({B * T, C}), head_, targets, hp_.final_softcap);
 }
 
 }  // namespace ds

@@ -16,7 +16,7 @@ class LlamaModel : public LanguageModel {
   LlamaModel(const ModelHyper& hp, ModelWeights& weights);
   // N(0, 0.02) for every matrix (HF's initializer_range), zero biases, unit RMSNorm gains.
   // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
-  static void initialise(const ParamSlot& p, torch::Tensor t, at::Generator& gen);
+  static void initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen);
   torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
   torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
   int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
@@ -25,8 +25,10 @@ class LlamaModel : public LanguageModel {
   struct Block {
     Linear q, k, v, o, gate, up, down;  // Phi-3: q holds qkv_proj, gate gate_up_proj; k, v and up are unused
     torch::Tensor norm_in, norm_post, q_norm, k_norm;  // q_norm, k_norm: Qwen3's, else undefined
+    torch::Tensor norm_pre_mlp, norm_post_mlp;         // Gemma 2's, else undefined (norm_post then follows attention)
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
+  torch::Tensor gated(const torch::Tensor& gate, const torch::Tensor& up) const;
   ModelHyper hp_;
   torch::Tensor embed_, norm_, head_;
   std::vector<Block> blocks_;

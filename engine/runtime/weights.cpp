@@ -98,6 +98,9 @@ class DsCheckpointSource : public WeightSource {
       if (m.contains("attention_bias")) model_.attention_bias = m["attention_bias"].get<bool>();
       if (m.contains("mlp_bias")) model_.mlp_bias = m["mlp_bias"].get<bool>();
       if (m.contains("sliding_window") && m["sliding_window"].is_number_integer()) model_.sliding_window = m["sliding_window"].get<int64_t>();
+      if (m.contains("attn_logit_softcapping") && m["attn_logit_softcapping"].is_number()) model_.attn_softcap = m["attn_logit_softcapping"].get<double>();
+      if (m.contains("final_logit_softcapping") && m["final_logit_softcapping"].is_number()) model_.final_softcap = m["final_logit_softcapping"].get<double>();
+      if (m.contains("query_pre_attn_scalar") && m["query_pre_attn_scalar"].is_number()) model_.query_pre_attn_scalar = m["query_pre_attn_scalar"].get<double>();
       model_.norm_eps = m.at("norm_eps").get<double>();
       model_.rope_theta = m.at("rope_theta").get<double>();
       if (m.contains("rope_scaling")) {  // plans before rope scaling have none
@@ -477,7 +480,17 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["rms_norm_eps"] = hp.norm_eps;
     j["rope_theta"] = hp.rope_theta;
     j["rope_scaling"] = rope_scaling_json(hp.rope_scaling);
-    j["hidden_act"] = "silu";
+    if (t.activation == Activation::geglu_tanh) {
+      j["hidden_act"] = "gelu_pytorch_tanh";
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+    } else {
+      j["hidden_act"] = "silu";
+    }
+    if (t.softcap_keys) {
+      j["attn_logit_softcapping"] = hp.attn_softcap > 0 ? json(hp.attn_softcap) : json(nullptr);
+      j["final_logit_softcapping"] = hp.final_softcap > 0 ? json(hp.final_softcap) : json(nullptr);
+      j["query_pre_attn_scalar"] = hp.query_pre_attn_scalar > 0 ? hp.query_pre_attn_scalar : static_cast<double>(hp.head_dim());
+    }
     if (t.attention_bias_key) j["attention_bias"] = hp.attention_bias;
     if (t.mlp_bias_key) j["mlp_bias"] = hp.mlp_bias;
     if (t.sliding_window_key) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reader of an exported Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3 or Phi-3 directory: parses
+"""An independent reader of an exported Hugging Face GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3 or Gemma 2 directory: parses
 model.safetensors with the json and struct modules only, runs a plain forward written against Hugging Face's
 tensor names and layouts (GPT-2: Conv1D weights [in, out], gelu_new, the head tied to wte; Llama and its
 kin: nn.Linear [out, in] with any biases the file holds, RMSNorm, Qwen3's RMSNorm over each head's q and k,
@@ -69,18 +69,22 @@ def gelu_new(v):
     return 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
 
 
-def cross_entropy(x, head, targets):  # x [T][C], head [V][C]: logits = x @ head^T
+def cross_entropy(x, head, targets, cap=None):  # x [T][C], head [V][C]: logits = x @ head^T (capped as cap tanh(z / cap))
     total = 0.0
     for t, row in enumerate(x):
         logits = [sum(a * b for a, b in zip(row, h)) for h in head]
+        if cap:
+            logits = [cap * math.tanh(v / cap) for v in logits]
         m = max(logits)
         lse = m + math.log(sum(math.exp(v - m) for v in logits))
         total += lse - logits[targets[t]]
     return total / len(x)
 
 
-def attention(q_rows, k_rows, v_rows, H, KV, D, window=None):  # causal; query head h reads kv head h // (H // KV)
+def attention(q_rows, k_rows, v_rows, H, KV, D, window=None, scalar=None, cap=None):  # causal; query head h reads kv head h // (H // KV)
     T = len(q_rows)
+    scale = 1.0 / math.sqrt(scalar or D)
+    capped = (lambda s: cap * math.tanh(s / cap)) if cap else (lambda s: s)
     out = [[0.0] * (H * D) for _ in range(T)]
     for head in range(H):
         kv = head // (H // KV)
@@ -90,7 +94,7 @@ def attention(q_rows, k_rows, v_rows, H, KV, D, window=None):  # causal; query h
         for t in range(T):
             first = 0 if window is None else max(0, t - window + 1)  # the last `window` positions, t among them
             seen = range(first, t + 1)
-            scores = [sum(q[t][d] * k[s][d] for d in range(D)) / math.sqrt(D) for s in seen]
+            scores = [capped(sum(q[t][d] * k[s][d] for d in range(D)) * scale) for s in seen]
             m = max(scores)
             e = [math.exp(sc - m) for sc in scores]
             z = sum(e)
@@ -103,11 +107,11 @@ def nn_linear(x, w):  # nn.Linear: x [T][in] @ w[out][in]^T
     return [[sum(a * b for a, b in zip(row, wr)) for wr in w] for row in x]
 
 
-def rms_norm(x, g, eps):
+def rms_norm(x, g, eps, plus_one=False):  # Gemma's scales by 1 + g
     out = []
     for row in x:
         inv = 1.0 / math.sqrt(sum(v * v for v in row) / len(row) + eps)
-        out.append([v * inv * g[i] for i, v in enumerate(row)])
+        out.append([v * inv * (g[i] + 1.0 if plus_one else g[i]) for i, v in enumerate(row)])
     return out
 
 
@@ -166,15 +170,23 @@ def rope(rows, heads, D, inv, scale):  # rotate_half: the first and last D/2 of 
 
 
 def llama_loss(config, W, inputs, targets):
+    gemma = config["model_type"] == "gemma2"
     C, H = config["hidden_size"], config["num_attention_heads"]
     KV = config.get("num_key_value_heads", H)
     D, eps = config.get("head_dim") or C // H, config["rms_norm_eps"]
     window = config.get("sliding_window")
     if config["model_type"] in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         window = None
+    scalar = config.get("query_pre_attn_scalar") if gemma else None
+    attn_cap = config.get("attn_logit_softcapping") if gemma else None
+    final_cap = config.get("final_logit_softcapping") if gemma else None
+    norm = lambda rows, g: rms_norm(rows, g, eps, gemma)
     inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
     x = [list(embed[tok]) for tok in inputs]
+    if gemma:  # times sqrt(width), rounded to fp32 as the normalizer is
+        normalizer = struct.unpack("<f", struct.pack("<f", math.sqrt(C)))[0]
+        x = [[v * normalizer for v in row] for row in x]
     for l in range(config["num_hidden_layers"]):
         p = f"model.layers.{l}."
 
@@ -191,7 +203,7 @@ def llama_loss(config, W, inputs, targets):
             g = W[p + name + ".weight"][1]
             return [sum((rms_norm([row[h * D:(h + 1) * D]], g, eps)[0] for h in range(heads)), []) for row in rows]
 
-        h = rms_norm(x, W[p + "input_layernorm.weight"][1], eps)
+        h = norm(x, W[p + "input_layernorm.weight"][1])
         if p + "self_attn.qkv_proj.weight" in W:  # Phi-3: q | k | v along the output
             qkv = proj(h, "self_attn.qkv_proj")
             q, k, v = [r[:H * D] for r in qkv], [r[H * D:(H + KV) * D] for r in qkv], [r[(H + KV) * D:] for r in qkv]
@@ -199,21 +211,29 @@ def llama_loss(config, W, inputs, targets):
             q, k, v = proj(h, "self_attn.q_proj"), proj(h, "self_attn.k_proj"), proj(h, "self_attn.v_proj")
         q = rope(per_head_norm(q, H, "self_attn.q_norm"), H, D, inv, scale)
         k = rope(per_head_norm(k, KV, "self_attn.k_norm"), KV, D, inv, scale)
-        o = proj(attention(q, k, v, H, KV, D, window), "self_attn.o_proj")
+        layer_window = window if not gemma or l % 2 == 0 else None  # Gemma 2 slides on the even layers
+        o = proj(attention(q, k, v, H, KV, D, layer_window, scalar, attn_cap), "self_attn.o_proj")
+        if gemma:  # the sandwich: each sub-layer's output normalised before the residual add
+            o = norm(o, W[p + "post_attention_layernorm.weight"][1])
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
-        h = rms_norm(x, W[p + "post_attention_layernorm.weight"][1], eps)
+        h = norm(x, W[p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")][1])
         if p + "mlp.gate_up_proj.weight" in W:  # Phi-3: the first half gates, the second goes up
             both = proj(h, "mlp.gate_up_proj")
             half = len(both[0]) // 2
             gate, up = [r[:half] for r in both], [r[half:] for r in both]
         else:
             gate, up = proj(h, "mlp.gate_proj"), proj(h, "mlp.up_proj")
-        act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
+        if gemma:
+            act = [[gelu_new(g) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
+        else:
+            act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
         f = proj(act, "mlp.down_proj")
+        if gemma:
+            f = norm(f, W[p + "post_feedforward_layernorm.weight"][1])
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
-    x = rms_norm(x, W["model.norm.weight"][1], eps)
+    x = norm(x, W["model.norm.weight"][1])
     head = matrix(W["lm_head.weight"]) if "lm_head.weight" in W else embed
-    return cross_entropy(x, head, targets)
+    return cross_entropy(x, head, targets, final_cap)
 
 
 def merge_adapter(W, adapter_dir):
@@ -252,7 +272,7 @@ def main():
     raw = open(token_file, "rb").read()
     tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
     inputs, targets = tokens[:-1], tokens[1:]
-    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "phi3"):
+    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"):
         print(f"{llama_loss(config, W, inputs, targets):.9f}")
         return
     assert config["model_type"] == "gpt2"
