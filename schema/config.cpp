@@ -51,6 +51,7 @@ const char* rope_type_name(RopeType t) {
     case RopeType::dynamic: return "dynamic";
     case RopeType::llama3: return "llama3";
     case RopeType::yarn: return "yarn";
+    case RopeType::longrope: return "longrope";
   }
   return "?";
 }

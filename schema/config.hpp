@@ -132,18 +132,21 @@ std::optional<ModelArch> model_arch_from_name(const std::string& name);
 // Rotary position scaling, as Hugging Face's rope_scaling describes it: how the rotary frequencies are
 // stretched for a context longer than the one a model was trained at. none: plain rope_theta frequencies.
 // The arithmetic is engine/plan/rope.hpp's.
-enum class RopeType { none, linear, dynamic, llama3, yarn };
+enum class RopeType { none, linear, dynamic, llama3, yarn, longrope };
 const char* rope_type_name(RopeType t);
 struct RopeScaling {
   RopeType type = RopeType::none;
   double factor = 1;                                    // linear, dynamic, llama3, yarn
   double low_freq_factor = 1, high_freq_factor = 4;      // llama3
   int64_t original_max_position_embeddings = 0;          // llama3: the context the frequencies were trained at
-  std::optional<double> attention_factor, beta_fast, beta_slow;  // yarn (defaults: 0.1 ln(factor) + 1, 32, 1)
+  std::optional<double> attention_factor, beta_fast, beta_slow;  // yarn (defaults: 0.1 ln(factor) + 1, 32, 1); longrope's factor
+  // longrope (Phi-3's long-context models): each frequency divided by its factor, the short list's up to
+  // original_max_position_embeddings positions and the long list's past them.
+  std::vector<double> short_factor, long_factor;
   bool operator==(const RopeScaling& o) const {
     return type == o.type && factor == o.factor && low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor &&
            original_max_position_embeddings == o.original_max_position_embeddings && attention_factor == o.attention_factor &&
-           beta_fast == o.beta_fast && beta_slow == o.beta_slow;
+           beta_fast == o.beta_fast && beta_slow == o.beta_slow && short_factor == o.short_factor && long_factor == o.long_factor;
   }
   bool operator!=(const RopeScaling& o) const { return !(*this == o); }
 };

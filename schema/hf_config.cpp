@@ -149,6 +149,12 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
       }
     }
     if (j.contains("rope_scaling")) f.rope_scaling = read_rope_scaling(j["rope_scaling"], "model.hf_config", "'" + path + "': ", errors);
+    // longrope's original context: in rope_scaling, or config.json's top-level key (Phi-3; its default 4096).
+    if (f.rope_scaling && f.rope_scaling->type == RopeType::longrope && f.rope_scaling->original_max_position_embeddings < 1) {
+      std::optional<int64_t> original;
+      num({"original_max_position_embeddings"}, original);
+      f.rope_scaling->original_max_position_embeddings = original.value_or(type == "phi3" ? 4096 : 0);
+    }
     // The attention window: Mistral's and Phi-3's apply when set; Qwen2's and Qwen3's only with use_sliding_window, and
     // then to the layers from max_window_layers on (all of them when it covers none).
     if (t->default_window > 0 && !j.contains("sliding_window")) f.sliding_window = t->default_window;  // null turns it off

@@ -423,7 +423,9 @@ TEST(CliConvert, RopeScalingIsComputedAsHuggingFaceComputesIt) {
   const std::vector<std::pair<std::string, std::string>> kinds = {
       {"llama3", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32})"},
       {"linear", R"({"rope_type": "linear", "factor": 4.0})"},
-      {"yarn", R"({"rope_type": "yarn", "factor": 4.0})"}};
+      {"yarn", R"({"rope_type": "yarn", "factor": 4.0})"},
+      // 16 positions past an original context of 8: the long factors, and cos and sin scaled by sqrt(1 + ln 16 / ln 8).
+      {"longrope", R"({"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 4.0], "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 20.0], "original_max_position_embeddings": 8})"}};
   for (const auto& [name, scaling] : kinds) {
     SCOPED_TRACE(name);
     const std::string d = dir + "/" + name;
@@ -471,7 +473,10 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
                         Case{"mistral", "model.preset=mistral-tiny model.sliding_window=8", "MistralForCausalLM"},
                         Case{"qwen2", "model.preset=qwen2-tiny", "Qwen2ForCausalLM"},
                         Case{"qwen3", "model.preset=qwen3-tiny model.attention_bias=true", "Qwen3ForCausalLM"},
-                        Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10", "Phi3ForCausalLM"},
+                        // Phi-3 long-context style: longrope, its original context of 8 at config.json's top level on export
+                        Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10 'model.rope_scaling={\"type\": \"longrope\", "
+                                     "\"short_factor\": [1, 1.2, 1.5, 2, 3, 4, 6, 8], \"long_factor\": [1, 2, 3, 5, 8, 13, 21, 34], "
+                                     "\"original_max_position_embeddings\": 8}'", "Phi3ForCausalLM"},
                         Case{"gemma2", "model.preset=gemma2-tiny", "Gemma2ForCausalLM"}}) {
     SCOPED_TRACE(c.name);
     const std::string d = dir + "/" + c.name;
@@ -485,6 +490,11 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
     const nlohmann::json cfg = nlohmann::json::parse(slurp(d + "/hf/config.json"));
     EXPECT_EQ(cfg["architectures"][0], c.hf_class);
     EXPECT_EQ(cfg["model_type"], c.name);
+    if (c.name == "phi3") {
+      EXPECT_EQ(cfg["original_max_position_embeddings"], 8);
+      EXPECT_EQ(cfg["rope_scaling"]["type"], "longrope");
+      EXPECT_FALSE(cfg["rope_scaling"].contains("original_max_position_embeddings"));
+    }
     // The independent reader (biases, per-head norms, head_dim, the window as config.json says) against ds.
     r = ds(base + window + "model.init_from=" + d + "/hf train.output_dir=" + d + "/eval");
     ASSERT_EQ(r.code, 0) << r.err;

@@ -1,5 +1,5 @@
 // The rotary frequencies of each rope_type against values computed by hand from Hugging Face's formulas
-// (modeling_rope_utils: default, linear, dynamic NTK, llama3, yarn), in double.
+// (modeling_rope_utils: default, linear, dynamic NTK, llama3, yarn, longrope), in double.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -75,6 +75,41 @@ TEST(Rope, YarnFrequenciesAndAttentionFactor) {
 }
 
 // rope_scaling as Hugging Face writes it: every key of its type read, anything else refused by name.
+TEST(Rope, LongropeDividesByTheShortFactorsWithinTheOriginalContextAndTheLongOnesPast) {
+  // Phi-3's long-context form: D = 8, an original context of 4096 stretched to 131072 (s = 32).
+  ModelHyper h = rotary_model(8, 10000.0, 131072);
+  h.rope_scaling.type = RopeType::longrope;
+  h.rope_scaling.original_max_position_embeddings = 4096;
+  h.rope_scaling.short_factor = {1.0, 1.25, 2.0, 3.5};
+  h.rope_scaling.long_factor = {1.5, 4.0, 16.0, 60.0};
+  const double factor = std::sqrt(1 + std::log(32.0) / std::log(4096.0));  // 1.1902380714238083
+  for (const auto& [T, list] : {std::pair<int64_t, const std::vector<double>*>{4096, &h.rope_scaling.short_factor},
+                                {4097, &h.rope_scaling.long_factor}}) {
+    const RotaryTables t = rotary_tables(h, T);
+    ASSERT_EQ(t.inv_freq.size(), 4u);
+    for (int j = 0; j < 4; ++j)
+      expect_close(t.inv_freq[static_cast<size_t>(j)], 1.0 / ((*list)[static_cast<size_t>(j)] * std::pow(10000.0, 2.0 * j / 8)), "longrope", j);
+    EXPECT_NEAR(t.attention_factor, factor, 1e-12);
+  }
+  EXPECT_NEAR(factor, 1.1902380714238083, 1e-12);
+  // Given, the attention factor is the file's; no stretch, none.
+  h.rope_scaling.attention_factor = 1.5;
+  EXPECT_EQ(rotary_tables(h, 16).attention_factor, 1.5);
+  h.rope_scaling.attention_factor.reset();
+  h.max_position_embeddings = 4096;
+  EXPECT_EQ(rotary_tables(h, 16).attention_factor, 1.0);
+  // Read as Phi-3's config writes it ("type", the original context at the top level, filled by the reader),
+  // written back with rope_type; a list of the wrong kind is refused.
+  std::vector<ConfigIssue> errors;
+  const RopeScaling r = read_rope_scaling(nlohmann::json::parse(R"({"type": "longrope", "short_factor": [1, 2], "long_factor": [3, 4]})"), "k", "", errors);
+  EXPECT_TRUE(errors.empty());
+  EXPECT_EQ(r.type, RopeType::longrope);
+  EXPECT_EQ(r.long_factor, (std::vector<double>{3, 4}));
+  EXPECT_EQ(rope_scaling_json(r)["rope_type"], "longrope");
+  read_rope_scaling(nlohmann::json::parse(R"({"type": "longrope", "short_factor": [1, -2], "long_factor": [3, 4]})"), "k", "", errors);
+  EXPECT_EQ(errors.size(), 1u);
+}
+
 TEST(Rope, RopeScalingIsReadStrictlyAndWrittenBackAsHuggingFaceWritesIt) {
   std::vector<ConfigIssue> errors;
   const nlohmann::json llama31 = nlohmann::json::parse(
@@ -86,7 +121,9 @@ TEST(Rope, RopeScalingIsReadStrictlyAndWrittenBackAsHuggingFaceWritesIt) {
   EXPECT_EQ(rope_scaling_json(r), llama31);
   EXPECT_EQ(read_rope_scaling(nlohmann::json::parse(R"({"type": "linear", "factor": 2.0})"), "k", "", errors).type, RopeType::linear);
   EXPECT_TRUE(errors.empty());
-  for (const char* bad : {R"({"rope_type": "longrope", "short_factor": [1], "long_factor": [1]})", R"({"rope_type": "yarn", "factor": 4.0, "mscale": 1.0})",
+  for (const char* bad : {R"({"rope_type": "longrope", "short_factor": [1], "long_factor": [1], "factor": 4.0})",
+                          R"({"rope_type": "longrope", "short_factor": [1]})", R"({"rope_type": "ntk", "factor": 2.0})",
+                          R"({"rope_type": "yarn", "factor": 4.0, "mscale": 1.0})",
                           R"({"rope_type": "llama3", "factor": 8.0})", R"({"rope_type": "linear", "factor": 0.5})", R"({"factor": 2.0})"}) {
     std::vector<ConfigIssue> e;
     read_rope_scaling(nlohmann::json::parse(bad), "model.rope_scaling", "", e);

@@ -398,6 +398,15 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     issues.push_back({"model.rope_scaling", "gpt2 learns its positions: it has no rotary embedding to scale", "remove rope_scaling or use arch llama"});
   if (h.rope_scaling.type == RopeType::llama3 && h.rope_scaling.original_max_position_embeddings < 1)
     issues.push_back({"model.rope_scaling", "llama3 scaling needs original_max_position_embeddings", ""});
+  if (h.rope_scaling.type == RopeType::longrope) {
+    if (h.rope_scaling.original_max_position_embeddings < 1)
+      issues.push_back({"model.rope_scaling", "longrope scaling needs original_max_position_embeddings", "the context the short factors serve"});
+    const size_t pairs = static_cast<size_t>(h.head_dim() / 2);
+    if (h.rope_scaling.short_factor.size() != pairs || h.rope_scaling.long_factor.size() != pairs)
+      issues.push_back({"model.rope_scaling", "longrope's short_factor and long_factor have " + std::to_string(h.rope_scaling.short_factor.size()) +
+                                                  " and " + std::to_string(h.rope_scaling.long_factor.size()) + " factors, not one per pair of a head's " +
+                                                  std::to_string(h.head_dim()) + " dimensions (" + std::to_string(pairs) + ")", ""});
+  }
   // A GPT-2 with GPT-2's BPE vocabulary (50257 ids, or padded past it) ends its texts with <|endoftext|>,
   // whatever preset its sizes came from, unless its special tokens were given.
   if (h.arch == ModelArch::gpt2 && h.vocab_size >= 50257 && h.bos_token_id < 0 && h.eos_token_id.empty() && !e.bos_token_id &&

@@ -20,6 +20,16 @@ RotaryTables rotary_tables(const ModelHyper& hp, int64_t seq_len) {
   switch (s.type) {
     case RopeType::none:
     case RopeType::dynamic: break;
+    case RopeType::longrope: {
+      // Each frequency divided by its factor: the short list's within the original context, the long list's
+      // past it; cos and sin scaled by sqrt(1 + ln(s) / ln(original)) for the stretch s = context / original.
+      const int64_t original = s.original_max_position_embeddings;
+      const std::vector<double>& ext = seq_len > original ? s.long_factor : s.short_factor;
+      for (size_t j = 0; j < t.inv_freq.size() && j < ext.size(); ++j) t.inv_freq[j] /= ext[j];
+      const double stretch = static_cast<double>(hp.max_position_embeddings) / static_cast<double>(original);
+      t.attention_factor = s.attention_factor.value_or(stretch <= 1 ? 1.0 : std::sqrt(1 + std::log(stretch) / std::log(static_cast<double>(original))));
+      break;
+    }
     case RopeType::linear:  // positions divided by the factor, i.e. the frequencies
       for (double& f : t.inv_freq) f /= s.factor;
       break;

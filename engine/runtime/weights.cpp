@@ -480,6 +480,20 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["rms_norm_eps"] = hp.norm_eps;
     j["rope_theta"] = hp.rope_theta;
     j["rope_scaling"] = rope_scaling_json(hp.rope_scaling);
+    if (hp.arch == ModelArch::phi3) {
+      // Phi3Config keeps longrope's original context at the top level, and (transformers 4.4x) wants exactly
+      // type, short_factor and long_factor in rope_scaling.
+      j["original_max_position_embeddings"] = hp.rope_scaling.type == RopeType::longrope ? hp.rope_scaling.original_max_position_embeddings
+                                                                                            : hp.max_position_embeddings;
+      if (hp.rope_scaling.type == RopeType::longrope) {
+        nlohmann::ordered_json r;
+        r["type"] = "longrope";
+        r["short_factor"] = hp.rope_scaling.short_factor;
+        r["long_factor"] = hp.rope_scaling.long_factor;
+        if (hp.rope_scaling.attention_factor) r["attention_factor"] = *hp.rope_scaling.attention_factor;
+        j["rope_scaling"] = r;
+      }
+    }
     if (t.activation == Activation::geglu_tanh) {
       j["hidden_act"] = "gelu_pytorch_tanh";
       j["hidden_activation"] = "gelu_pytorch_tanh";

@@ -141,6 +141,12 @@ def rope_frequencies(config, D, T):
                 smooth = (old / wavelen - lo) / (hi - lo)
                 out.append((1 - smooth) * v / f + smooth * v)
         inv = out
+    elif kind in ("longrope", "su"):  # the short factors within the original context, the long ones past it
+        original = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+        ext = scaling["long_factor"] if T > original else scaling["short_factor"]
+        inv = [v / e for v, e in zip(inv, ext)]
+        stretch = context / original
+        scale = scaling.get("attention_factor") or (1.0 if stretch <= 1 else math.sqrt(1 + math.log(stretch) / math.log(original)))
     elif kind == "yarn":
         f = scaling["factor"]
         scale = scaling.get("attention_factor") or 0.1 * math.log(f) + 1.0
