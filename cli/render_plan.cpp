@@ -227,7 +227,9 @@ std::string model_text(const Plan& p) {
     if (!why.empty()) s += " (" + why + ": the attention is materialised, T x T per head)";
   }
   if (m.rope_scaling.type != RopeType::none) {
-    s += ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type)) + " x" + format_double(m.rope_scaling.factor);
+    s += ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type));
+    if (m.rope_scaling.type != RopeType::longrope) s += " x" + format_double(m.rope_scaling.factor);
+    else s += " (from " + std::to_string(m.rope_scaling.original_max_position_embeddings) + " positions)";
     if (m.rope_scaling.type == RopeType::llama3)
       s += " (from " + std::to_string(m.rope_scaling.original_max_position_embeddings) + " positions)";
   }

@@ -18,7 +18,7 @@ ArchTraits llama_like(ModelArch a, const char* name, const char* hf_class) {
   t.grouped_query = t.head_dim_key = true;
   t.vocab_size = 32000;
   t.max_position_embeddings = 4096;
-  t.norm_eps = 1e-5;
+  t.norm_eps = 1e-6;  // LlamaConfig's, MistralConfig's, Qwen's rms_norm_eps
   t.rope_theta = 10000.0;
   t.lora_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   t.lora_default_targets = {"q_proj", "v_proj"};  // PEFT's default for each of these families
@@ -59,6 +59,7 @@ std::vector<ArchTraits> make_rows() {
 
   ArchTraits qwen3 = llama_like(ModelArch::qwen3, "qwen3", "Qwen3ForCausalLM");
   qwen3.attention_bias_key = qwen3.qk_norm = qwen3.sliding_window_key = qwen3.use_sliding_window_key = true;
+  qwen3.default_head_dim = 128;
   qwen3.vocab_size = 151936;
   qwen3.max_position_embeddings = 32768;
   qwen3.norm_eps = 1e-6;
@@ -67,6 +68,8 @@ std::vector<ArchTraits> make_rows() {
   ArchTraits phi3 = llama_like(ModelArch::phi3, "phi3", "Phi3ForCausalLM");
   phi3.fused_qkv = phi3.fused_gate_up = phi3.sliding_window_key = phi3.dropout_keys = true;
   phi3.vocab_size = 32064;
+  phi3.norm_eps = 1e-5;
+  phi3.rope_original_at_top = true;
   phi3.lora_modules = {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
   phi3.lora_default_targets = {};
   // Gemma 2: (1 + w) RMSNorms, four per block, the embedding scaled by sqrt(width), GeGLU, attention scores
@@ -79,6 +82,9 @@ std::vector<ArchTraits> make_rows() {
   gemma2.tied = true;
   gemma2.default_window = 4096;
   gemma2.default_head_dim = 256;
+  gemma2.default_attn_softcap = 50;
+  gemma2.default_final_softcap = 30;
+  gemma2.default_query_pre_attn_scalar = 256;
   gemma2.vocab_size = 256000;
   gemma2.max_position_embeddings = 8192;
   gemma2.norm_eps = 1e-6;

@@ -41,7 +41,11 @@ struct ArchTraits {
   bool sliding_window_key;   // config.json may give an attention window (Mistral, Phi-3; Qwen2/3 with use_sliding_window)
   bool use_sliding_window_key;  // the window acts only with use_sliding_window, from max_window_layers on (Qwen)
   int64_t default_window;    // the window a config.json without the key means (Mistral's 4096), 0: none
-  int64_t default_head_dim;  // the head width a config.json without head_dim means (Gemma's 256), 0: hidden / heads
+  int64_t default_head_dim;  // the head width a config.json without head_dim means (Gemma's 256, Qwen3's 128), 0: hidden / heads
+  // Gemma 2's config.json defaults: attn_logit_softcapping 50, final_logit_softcapping 30, query_pre_attn_scalar 256.
+  double default_attn_softcap, default_final_softcap, default_query_pre_attn_scalar;
+  bool rope_original_at_top;  // longrope's original context is config.json's top-level key, default 4096 (Phi-3);
+                              // only Phi-3 takes longrope (transformers computes it for Phi-3's config form)
   bool dropout_keys;         // config.json's resid_pdrop acts, and is written (GPT-2, Phi-3)
   bool grouped_query;        // num_kv_heads may be fewer than num_heads
   bool head_dim_key;         // head_dim may be given apart from hidden_size / num_heads

@@ -131,19 +131,21 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     else if (flag("attention_bias", false)) unsupported("attention_bias", std::string(t->name) + "'s attention has no such switch");
     if (t->mlp_bias_key) f.mlp_bias = flag("mlp_bias", false);
     else if (flag("mlp_bias", false)) unsupported("mlp_bias", std::string(t->name) + "'s MLP has no such switch");
-    if (t->activation == Activation::geglu_tanh) {  // Gemma names it hidden_activation, and hidden_act alike
-      const char* key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation" : "hidden_act";
-      const std::string act = text_of(key, "gelu_pytorch_tanh");
-      if (act != "gelu_pytorch_tanh" && act != "gelu_new") unsupported(key, "the MLP ds builds for " + std::string(t->name) + " is GeGLU with the tanh GELU");
+    if (t->activation == Activation::geglu_tanh) {  // Gemma2MLP reads hidden_activation only (hidden_act acts nowhere)
+      const std::string act = text_of("hidden_activation", "gelu_pytorch_tanh");
+      if (act != "gelu_pytorch_tanh" && act != "gelu_new")
+        unsupported("hidden_activation", "the MLP ds builds for " + std::string(t->name) + " is GeGLU with the tanh GELU");
     } else {
       const std::string act = text_of("hidden_act", "silu");
       if (act != "silu" && act != "swish") unsupported("hidden_act", "the MLP ds builds for " + std::string(t->name) + " is SwiGLU (silu)");
     }
     if (t->softcap_keys) {  // null: not capped
-      for (const auto& [key, out] : {std::pair<const char*, std::optional<double>*>{"attn_logit_softcapping", &f.attn_logit_softcapping},
-                                     {"final_logit_softcapping", &f.final_logit_softcapping},
-                                     {"query_pre_attn_scalar", &f.query_pre_attn_scalar}}) {
-        if (j.contains(key) && j[key].is_null()) *out = 0.0;
+      for (const auto& [key, out, fallback] :
+           {std::tuple<const char*, std::optional<double>*, double>{"attn_logit_softcapping", &f.attn_logit_softcapping, t->default_attn_softcap},
+            {"final_logit_softcapping", &f.final_logit_softcapping, t->default_final_softcap},
+            {"query_pre_attn_scalar", &f.query_pre_attn_scalar, t->default_query_pre_attn_scalar}}) {
+        if (!j.contains(key)) *out = fallback;  // the family's default, as its configuration_*.py has it
+        else if (j[key].is_null()) *out = 0.0;
         else real(key, *out);
         if (*out && !(**out >= 0)) wrong(key, "a positive number or null");
       }
@@ -153,11 +155,14 @@ ModelFields read_hf_config(const std::string& path, std::vector<ConfigIssue>& er
     if (f.rope_scaling && f.rope_scaling->type == RopeType::longrope && f.rope_scaling->original_max_position_embeddings < 1) {
       std::optional<int64_t> original;
       num({"original_max_position_embeddings"}, original);
-      f.rope_scaling->original_max_position_embeddings = original.value_or(type == "phi3" ? 4096 : 0);
+      f.rope_scaling->original_max_position_embeddings = original.value_or(t->rope_original_at_top ? 4096 : 0);
     }
     // The attention window: Mistral's and Phi-3's apply when set; Qwen2's and Qwen3's only with use_sliding_window, and
     // then to the layers from max_window_layers on (all of them when it covers none).
     if (t->default_window > 0 && !j.contains("sliding_window")) f.sliding_window = t->default_window;  // null turns it off
+    // Qwen's window switched on without its size: Qwen2Config's and Qwen3Config's 4096.
+    if (t->use_sliding_window_key && flag("use_sliding_window", false) && (!j.contains("sliding_window") || j["sliding_window"].is_null()))
+      unsupported("use_sliding_window", "without a sliding_window (transformers then takes 4096): give the window");
     if (t->sliding_window_key && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
       const bool used = !t->use_sliding_window_key || flag("use_sliding_window", false);
       if (used) {

@@ -176,9 +176,10 @@ TEST(Families, EachFamilysLossAndGradientsAreHuggingFacesForwardInPlainOps) {
   }
 }
 
-TEST(Families, AWindowShorterThanTheSequenceIsComputedAndCounted) {
-  // mistral-tiny attends within 64 positions; at 80 the earliest keys leave each late query's window. The
-  // loss and gradients against the reference's masked attention, and the plan counts the probabilities kept.
+TEST(Families, AWindowShorterThanTheSequenceIsCountedByThePlan) {
+  // mistral-tiny attends within 64 positions; at 80 the earliest keys leave each late query's window (the
+  // loss and gradients of such a window are EachFamilys...'s): the plan counts the probabilities kept and
+  // the scores made while it runs.
   const Plan within = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=64"});
   const Plan past = test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "data.seq_len=80", "model.sliding_window=20"});
   EXPECT_FALSE(within.model.hp.attention_materialised(64));
@@ -187,8 +188,7 @@ TEST(Families, AWindowShorterThanTheSequenceIsComputedAndCounted) {
   EXPECT_FALSE(none.model.hp.attention_materialised(80));
   const double T = 80, NH = 4, b = 4;
   EXPECT_GE(past.model.block_activation_bytes_per_token(80, 4) - none.model.block_activation_bytes_per_token(80, 4), NH * T * b);
-  // Left to auto, the sequence is the window.
-  EXPECT_EQ(test::plan_of(kConfig, 1, 0, {"model.preset=mistral-tiny", "~data.seq_len"}).seq_len, 64);
+  EXPECT_DOUBLE_EQ(past.model.attention_workspace_bytes(2, 80, 4), 2 * 2 * NH * T * T * b);
 }
 
 TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {
@@ -199,7 +199,11 @@ TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {
            {{"model.preset=llama-tiny", "model.sliding_window=32"}, "model.sliding_window"},
            {{"model.preset=llama-tiny", "model.head_dim=15"}, "model.head_dim"},
            // PEFT has no default modules for Phi-3: naming them is asked for, not guessed
-           {{"model.preset=phi3-tiny", R"(model.lora={"r": 4})"}, "model.lora.target_modules"}}) {
+           {{"model.preset=phi3-tiny", R"(model.lora={"r": 4})"}, "model.lora.target_modules"},
+           // longrope is Phi-3's; Phi-3 takes no other scaling; Gemma 2 needs its window
+           {{"model.preset=llama-tiny", R"(model.rope_scaling={"rope_type": "longrope", "short_factor": [1,1,1,1,1,1,1,1], "long_factor": [1,1,1,1,1,1,1,1], "original_max_position_embeddings": 8})"}, "model.rope_scaling"},
+           {{"model.preset=phi3-tiny", R"(model.rope_scaling={"rope_type": "linear", "factor": 2})"}, "model.rope_scaling"},
+           {{"model.preset=gemma2-tiny", "model.sliding_window=null"}, "model.sliding_window"}}) {
     SCOPED_TRACE(key);
     try {
       test::plan_of(kConfig, 1, 0, overrides);

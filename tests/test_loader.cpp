@@ -269,6 +269,19 @@ TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
     EXPECT_EQ(got.bos_token_id, want.bos_token_id);
     EXPECT_EQ(got.eos_token_id, want.eos_token_id);
   }
+  // Gemma 2's caps and query scalar left out of a config.json are Gemma2Config's: 50, 30 and 256; null turns a cap off.
+  {
+    const std::string path = (dir / "gemma-defaults.json").string();
+    std::ofstream(path) << R"({"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 128, "vocab_size": 256, "final_logit_softcapping": null})";
+    Config c = load_config_text(R"({"train_batch_size": 8, "model": {"hf_config": ")" + path + R"("}})", "t");
+    const ModelHyper h = resolve_model_hyper(c.model);
+    EXPECT_EQ(h.attn_softcap, 50);
+    EXPECT_EQ(h.final_softcap, 0);
+    EXPECT_EQ(h.query_pre_attn_scalar, 256);
+    EXPECT_EQ(h.sliding_window, 4096);
+    EXPECT_TRUE(h.tie_word_embeddings);
+  }
   // Qwen's window on some layers only, and layers of two kinds, are refused by name.
   for (const auto& [key, text] : std::vector<std::pair<std::string, std::string>>{
            {"max_window_layers", R"({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -113,7 +113,8 @@ TEST(MemoryModel, AttentionKeepsNothingOfSizeTUnlessDropoutMaterialisesIt) {
   hp.attn_pdrop = 0.1;  // the probabilities kept (NH x T per token) and k, v repeated to every query head
   const ModelSpec dropped = build_model_spec(hp);
   EXPECT_DOUBLE_EQ(dropped.block_activation_bytes_per_token(4096, 2), (3 * C + 4 * NH * D + 3 * I + NH * 4096) * b + 16);
-  EXPECT_DOUBLE_EQ(dropped.attention_workspace_bytes(4, 4096, 2), 0);
+  // ...and while it runs, the scores and their masked copy, B x NH x T x T each (no fused workspace).
+  EXPECT_DOUBLE_EQ(dropped.attention_workspace_bytes(4, 4096, 2), 2 * 4 * NH * 4096.0 * 4096 * b);
 }
 
 TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {

@@ -398,6 +398,15 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
     issues.push_back({"model.rope_scaling", "gpt2 learns its positions: it has no rotary embedding to scale", "remove rope_scaling or use arch llama"});
   if (h.rope_scaling.type == RopeType::llama3 && h.rope_scaling.original_max_position_embeddings < 1)
     issues.push_back({"model.rope_scaling", "llama3 scaling needs original_max_position_embeddings", ""});
+  if (traits.rope_original_at_top && h.rope_scaling.type != RopeType::none &&
+      (h.rope_scaling.type != RopeType::longrope || h.rope_scaling.attention_factor))
+    issues.push_back({"model.rope_scaling", std::string(traits.name) + " takes rope_scaling of type longrope with short_factor and long_factor only",
+                      "transformers' Phi3Config refuses any other"});
+  if (h.rope_scaling.type == RopeType::longrope && !traits.rope_original_at_top)
+    issues.push_back({"model.rope_scaling", "longrope is Phi-3's: transformers computes it for Phi-3's config form", "use arch phi3, or another rope_type"});
+  if (traits.window_on_even_layers && h.sliding_window <= 0)
+    issues.push_back({"model.sliding_window", std::string(traits.name) + " slides a window on its even layers: it needs one",
+                      "give the window (Gemma 2's is 4096)"});
   if (h.rope_scaling.type == RopeType::longrope) {
     if (h.rope_scaling.original_max_position_embeddings < 1)
       issues.push_back({"model.rope_scaling", "longrope scaling needs original_max_position_embeddings", "the context the short factors serve"});
@@ -497,15 +506,23 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   // not fused, keeps gelu(gate) besides gate and up (I); capped scores keep their tanh (NH T).
   if (hp.traits().sandwich_norms) elements += 2 * C;
   if (hp.traits().activation == Activation::geglu_tanh) elements += I;
+  // Gemma's (1 + w) norms outside fp32 run as LibTorch ops in fp32: each keeps its input widened and its
+  // normalised value (8 C bytes) where the kernel keeps the input alone.
+  const double wide_norms = hp.traits().norm_plus_one && b != 4 ? (hp.traits().sandwich_norms ? 4 : 2) * 8 * C : 0;
   const double probabilities = NH * static_cast<double>(T) * (hp.attn_softcap > 0 ? 2 : 1);
-  if (materialised) return (elements + probabilities) * b + 2 * 2 * 4 + head_norms;
-  return elements * b + NH * 4 + 2 * 2 * 4 + head_norms;
+  if (materialised) return (elements + probabilities) * b + 2 * 2 * 4 + head_norms + wide_norms;
+  return elements * b + NH * 4 + 2 * 2 * 4 + head_norms + wide_norms;
 }
 
 double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int b, int threads) const {
   // The block path: one block's backward at a time, a block of probabilities and their gradient (the
   // last block, the widest), and the keys' and values' gradients summed in fp32.
-  if (hp.num_layers == 0 || hp.attention_materialised(T)) return 0;
+  if (hp.num_layers == 0) return 0;
+  // The materialised attention: beside the probabilities it keeps, the scores and their masked copy exist
+  // while it runs (and the capped scores' two steps), B x NH x T x T each.
+  if (hp.attention_materialised(T))
+    return (hp.attn_softcap > 0 ? 4.0 : 2.0) * static_cast<double>(micro_batch) * static_cast<double>(hp.num_heads) *
+           static_cast<double>(T) * static_cast<double>(T) * b;
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   const double NKV = static_cast<double>(hp.num_kv_heads);
   const double B = static_cast<double>(micro_batch), rows = static_cast<double>(attention_chunk_rows(micro_batch * hp.num_heads, T));
@@ -535,7 +552,7 @@ double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
   // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).
   const double V = static_cast<double>(hp.vocab_size);
   const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
-  return rows * V * b * (hp.final_softcap > 0 ? 2 : 1);  // capped logits keep a chunk of their tanh
+  return rows * V * (b + (hp.final_softcap > 0 ? 4 : 0));  // capped logits keep a chunk of their tanh, in fp32
 }
 
 std::string preset_for_size(const std::string& text, std::string* note) {

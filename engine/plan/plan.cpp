@@ -336,13 +336,8 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   const int64_t C = model.hp.hidden_size;
 
   // Sequence length.
-  const int64_t window = model.hp.sliding_window;
   if (c.data.seq_len) {
     plan.seq_len = *c.data.seq_len;
-  } else if (window > 0 && window < model.hp.max_position_embeddings) {
-    plan.seq_len = window;
-    plan.resolved.push_back({"data.seq_len", str(plan.seq_len),
-                             "auto: the model's attention window (sliding_window; a longer sequence takes the materialised attention)"});
   } else {
     plan.seq_len = model.hp.max_position_embeddings;
     plan.resolved.push_back({"data.seq_len", str(plan.seq_len), "auto: the model's max_position_embeddings"});

@@ -353,7 +353,7 @@ torch::Tensor causal_attention_materialised(const torch::Tensor& q, const torch:
   if (form.window > 0 && form.window < h.T) mask = mask.logical_or(ones.tril(-form.window));  // and W or more back
   const double scale = form.scale > 0 ? form.scale : 1.0 / std::sqrt(static_cast<double>(h.D));
   torch::Tensor att = torch::matmul(qh, kk.transpose(-2, -1)) * scale;
-  if (form.softcap > 0) att = torch::tanh(att * (1.0 / form.softcap)) * form.softcap;
+  if (form.softcap > 0) att = torch::tanh(att / form.softcap) * form.softcap;
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   if (drop) att = drop(att);
   return torch::matmul(att, vv).transpose(1, 2).contiguous();

@@ -90,10 +90,10 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     const torch::Tensor xc = x.narrow(0, r0, n);
     torch::Tensor logits = buffer.narrow(0, 0, n);
     matmul_into(logits, xc, wt, false);
-    torch::Tensor capped;  // tanh(logits / cap), for the gradient's factor 1 - tanh^2
+    torch::Tensor capped;  // tanh(logits / cap) in fp32, for the gradient's factor 1 - tanh^2 (rounded once)
     if (softcap > 0) {
       logits.div_(softcap).tanh_();
-      if (grads) capped = logits.clone();
+      if (grads) capped = logits.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
       logits.mul_(softcap);
     }
     if (host)
@@ -101,7 +101,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     else
       device_sum += library_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads);
     if (!grads) continue;
-    if (capped.defined()) logits.mul_(1 - capped.square());
+    if (capped.defined()) logits.copy_(capped.square_().neg_().add_(1).mul_(logits));
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
     matmul_into(dxc, logits, weight, false);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).

@@ -480,7 +480,7 @@ std::string hf_config_json(const ModelHyper& hp, const std::string& torch_dtype)
     j["rms_norm_eps"] = hp.norm_eps;
     j["rope_theta"] = hp.rope_theta;
     j["rope_scaling"] = rope_scaling_json(hp.rope_scaling);
-    if (hp.arch == ModelArch::phi3) {
+    if (t.rope_original_at_top) {
       // Phi3Config keeps longrope's original context at the top level, and (transformers 4.4x) wants exactly
       // type, short_factor and long_factor in rope_scaling.
       j["original_max_position_embeddings"] = hp.rope_scaling.type == RopeType::longrope ? hp.rope_scaling.original_max_position_embeddings

@@ -183,9 +183,10 @@ def llama_loss(config, W, inputs, targets):
     window = config.get("sliding_window")
     if config["model_type"] in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         window = None
-    scalar = config.get("query_pre_attn_scalar") if gemma else None
-    attn_cap = config.get("attn_logit_softcapping") if gemma else None
-    final_cap = config.get("final_logit_softcapping") if gemma else None
+    # Gemma2Config's defaults where a key is left out (null turns a cap off)
+    scalar = config.get("query_pre_attn_scalar", 256) if gemma else None
+    attn_cap = config.get("attn_logit_softcapping", 50.0) if gemma else None
+    final_cap = config.get("final_logit_softcapping", 30.0) if gemma else None
     norm = lambda rows, g: rms_norm(rows, g, eps, gemma)
     inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
