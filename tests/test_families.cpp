@@ -10,6 +10,7 @@
 
 #include "engine/runtime/device.hpp"
 #include "engine/runtime/flat_params.hpp"
+#include "engine/runtime/fused_head_loss.hpp"
 #include "engine/runtime/language_model.hpp"
 #include "test_helpers.hpp"
 
@@ -211,5 +212,33 @@ TEST(Families, KeysOfAnotherFamilyAreRefusedNamingThem) {
     } catch (const ConfigError& e) {
       EXPECT_NE(test::find_issue(e.issues(), key), nullptr) << test::dump(e.issues());
     }
+  }
+}
+
+TEST(Families, TheFinalCapsLossAndGradientsInFp32AndBf16TrackTheDoubleReference) {
+  // Gemma 2's final_logit_softcapping inside the fused head, with logits bent by the cap (past 1.5 cap), in fp32
+  // and in bf16 (where the gradients' own rounding, about 3e-3 of the largest here, is what remains). The
+  // reference in double from the same rounded inputs.
+  torch::manual_seed(5);
+  const double cap = 3.0;
+  const torch::Tensor x0 = torch::randn({24, 16}, torch::kFloat64) * 0.6, w0 = torch::randn({40, 16}, torch::kFloat64);
+  const torch::Tensor t = torch::randint(0, 40, {24}, torch::kLong);
+  for (const auto& [dtype, loss_tol, grad_tol] : {std::tuple{torch::kFloat32, 1e-6, 1e-5}, std::tuple{torch::kBFloat16, 1e-2, 1e-2}}) {
+    SCOPED_TRACE(dtype == torch::kFloat32 ? "fp32" : "bf16");
+    const torch::Tensor xr = x0.to(dtype).to(torch::kFloat64).requires_grad_(true), wr = w0.to(dtype).to(torch::kFloat64).requires_grad_(true);
+    const torch::Tensor logits = torch::matmul(xr, wr.t());
+    ASSERT_GT(logits.abs().max().item<double>(), 1.5 * cap);  // the cap bends them
+    const torch::Tensor want = torch::cross_entropy_loss(torch::tanh(logits / cap) * cap, t);
+    want.backward();
+    const torch::Tensor x = x0.to(dtype).requires_grad_(true), w = w0.to(dtype).requires_grad_(true);
+    const torch::Tensor got = fused_head_loss(x, w, t, 1.0, kHeadChunkElements, nullptr, cap);
+    got.backward();
+    EXPECT_NEAR(got.item<double>(), want.item<double>(), loss_tol * want.item<double>());
+    for (const auto& [mine, theirs] : {std::pair{x.grad(), xr.grad()}, std::pair{w.grad(), wr.grad()}}) {
+      const double scale = theirs.abs().max().item<double>();
+      EXPECT_LT((mine.to(torch::kFloat64) - theirs).abs().max().item<double>() / scale, grad_tol);
+    }
+    // Without the cap the same inputs give another loss: the cap acted.
+    EXPECT_GT(std::fabs(fused_head_loss(x.detach(), w.detach(), t, 1.0).item<double>() - got.item<double>()), 1e-3);
   }
 }

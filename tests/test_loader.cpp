@@ -238,7 +238,7 @@ TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
         "sliding_window": 4096, "tie_word_embeddings": false, "vocab_size": 32000})"},
       {"mistral-nemo-12b", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "bos_token_id": 1, "eos_token_id": 2,
-        "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336, "max_position_embeddings": 1024000,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336, "max_position_embeddings": 128000,
         "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
         "sliding_window": null, "tie_word_embeddings": false, "vocab_size": 131072})"},
       {"phi-3-mini-4k", R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "attention_bias": false, "attention_dropout": 0.0,

@@ -143,7 +143,7 @@ const std::vector<ModelHyper>& presets() {
       // Mistral 7B v0.1 attends within 4096 positions; v0.3 (a larger vocabulary, theta 1e6) and Nemo to all.
       with_window(llama_hyper("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, false, 1e-5, 10000.0, ModelArch::mistral), 4096),
       llama_hyper("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768, false, 1e-5, 1000000.0, ModelArch::mistral),
-      with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 1024000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
+      with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 128000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
       // Phi-3 mini and medium (4k context, a window of 2047): <s> begins, <|endoftext|> (32000) ends.
       gemma2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256), gemma2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
       gemma2("gemma-2-27b", 46, 4608, 32, 16, 128, 36864, 144),
