@@ -220,11 +220,7 @@ std::string model_text(const Plan& p) {
     if (m.attn_softcap > 0) s += ", scores capped at " + format_double(m.attn_softcap);
     if (m.final_softcap > 0) s += ", logits capped at " + format_double(m.final_softcap);
     // What the fused attention cannot compute takes the materialised one: T x T probabilities per head.
-    std::string why;
-    if (m.sliding_window > 0 && m.sliding_window < p.seq_len) why = "a window shorter than seq_len";
-    else if (m.attn_softcap > 0) why = "capped scores";
-    else if (m.attention_scale() > 0) why = "query_pre_attn_scalar";
-    if (!why.empty()) s += " (" + why + ": the attention is materialised, T x T per head)";
+    if (const char* why = m.form_materialises(p.seq_len)) s += " (" + std::string(why) + ": the attention is materialised, T x T per head)";
   }
   if (m.rope_scaling.type != RopeType::none) {
     s += ", rope scaling " + std::string(rope_type_name(m.rope_scaling.type));

@@ -51,8 +51,13 @@ struct ModelHyper {
   // Whether some block's attention at T positions is the materialised one (engine/runtime/fused_attention):
   // its probabilities take dropout, its window is shorter than T, its scores are soft-capped or scaled
   // otherwise. It keeps the T probabilities per head (and their tanh when capped).
-  bool attention_materialised(int64_t T) const {
-    return attn_pdrop > 0 || (sliding_window > 0 && sliding_window < T) || attn_softcap > 0 || attention_scale() > 0;
+  bool attention_materialised(int64_t T) const { return attn_pdrop > 0 || form_materialises(T) != nullptr; }
+  // Which of the family's attention forms materialises it at T positions, for messages; null: none does.
+  const char* form_materialises(int64_t T) const {
+    if (sliding_window > 0 && sliding_window < T) return "a window shorter than seq_len";
+    if (attn_softcap > 0) return "capped scores";
+    if (attention_scale() > 0) return "query_pre_attn_scalar";
+    return nullptr;
   }
   const ArchTraits& traits() const { return arch_traits(arch); }
   // Which projections carry a bias: q, k and v; o; the MLP's.

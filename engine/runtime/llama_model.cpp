@@ -13,7 +13,7 @@
 
 namespace ds {
 
-LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
+LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp), traits_(hp.traits()) {
   DS_CHECK(hp.traits().positions == Positions::rotary);
   embed_ = w.next("embed_tokens.weight");
   // A projection's weight, then its bias where the family has one (the order of build_rotary in model_spec).
@@ -63,7 +63,7 @@ void LlamaModel::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Ten
 }
 
 torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
-  if (!hp_.traits().norm_plus_one) return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
+  if (!traits_.norm_plus_one) return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
   // Gemma's: x / rms(x) * (1 + w), all in fp32 and rounded once, as Hugging Face's Gemma2RMSNorm.
   if (x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32) return ds::rms_norm(x, w + 1.0, hp_.norm_eps);
   const torch::Tensor xf = x.to(torch::kFloat32);
@@ -72,7 +72,7 @@ torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& 
 
 // The MLP's gated activation: silu(gate) * up, or Gemma's gelu_tanh(gate) * up.
 torch::Tensor LlamaModel::gated(const torch::Tensor& gate, const torch::Tensor& up) const {
-  if (hp_.traits().activation == Activation::geglu_tanh) return gelu_tanh(gate) * up;
+  if (traits_.activation == Activation::geglu_tanh) return gelu_tanh(gate) * up;
   return swiglu(gate, up);
 }
 
@@ -90,7 +90,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
 
   torch::Tensor h = rms_norm(x_in, b.norm_in);
   torch::Tensor q, k, v;
-  if (hp_.traits().fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
+  if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
     std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
   } else {
     q = linear(h, b.q, false).view({B, T, NH, D});
@@ -112,7 +112,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   attention_half_done(layer, x);
   h = rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post);
   torch::Tensor act;
-  if (hp_.traits().fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
+  if (traits_.fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
     const torch::Tensor gate_up = linear(h, b.gate, false);
     const int64_t I = hp_.intermediate_size;
     act = gated(gate_up.narrow(-1, 0, I), gate_up.narrow(-1, I, I));
@@ -128,7 +128,7 @@ torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor&
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
   torch::Tensor x = embedding_lookup(embed_, inputs);  // (B, T, C)
   // Gemma: times sqrt(width), that factor rounded to the activations' dtype as Hugging Face rounds it.
-  if (hp_.traits().embedding_scaled)
+  if (traits_.embedding_scaled)
     x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(C)), torch::kFloat64).to(x.scalar_type()).item<double>();
   x = run_blocks(dropout(x, hp_.embd_pdrop, -1, 0));
   x = rms_norm(x, norm_);

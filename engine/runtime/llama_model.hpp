@@ -30,6 +30,7 @@ class LlamaModel : public LanguageModel {
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor gated(const torch::Tensor& gate, const torch::Tensor& up) const;
   ModelHyper hp_;
+  const ArchTraits& traits_;  // the family's row (schema/arch.hpp), looked up once
   torch::Tensor embed_, norm_, head_;
   std::vector<Block> blocks_;
 };
