@@ -13,7 +13,7 @@
 #include "common/hash.hpp"
 #include "common/json_depth.hpp"
 #include "common/strings.hpp"
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "cli/tokenizer_record.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/runtime/checkpoint.hpp"
@@ -85,29 +85,25 @@ struct TokenizerFile {
 // config's paths.
 std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
   std::vector<TokenizerFile> out;
-  const std::string plan_text = read_checkpoint_text(checkpoint, "plan_json");
-  check_json_nesting(plan_text, checkpoint + " (plan_json)");
-  const nlohmann::json plan = nlohmann::json::parse(plan_text, nullptr, false);
-  if (plan.is_object() && plan.contains("tokenizer_files") && plan["tokenizer_files"].is_array()) {
-    for (const auto& f : plan["tokenizer_files"]) {
-      const std::string role = f.value("role", ""), from = f.value("path", ""), want = f.value("checksum64", "");
-      // Runs before the record named its files carried only the GPT-2 pair.
-      const std::string name = f.value("name", role == "vocab_file" ? std::string("vocab.json") : std::string("merges.txt"));
+  const PlanRecord plan = read_plan_record(read_checkpoint_text(checkpoint, "plan_json"), "checkpoint '" + checkpoint + "'");
+  if (plan.tokenizer_files) {
+    for (const TokenizerFileRecord& f : *plan.tokenizer_files) {
+      const std::string& name = f.name;
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos) continue;  // never outside DST
-      const std::string key = role == "init_from" ? "model.init_from" : "data." + role;
+      const std::string key = f.role == "init_from" ? "model.init_from" : "data." + f.role;
       std::error_code ec;
-      if (!fs::is_regular_file(from, ec)) {
-        print_warnings("convert-ckpt", {{key, "the run's tokenizer file '" + from + "' is not there any more; not copied",
+      if (!fs::is_regular_file(f.path, ec)) {
+        print_warnings("convert-ckpt", {{key, "the run's tokenizer file '" + f.path + "' is not there any more; not copied",
                                          "copy it into the export as " + name}});
         continue;
       }
-      std::string bytes = read_file_bytes(from);
+      std::string bytes = read_file_bytes(f.path);
       const std::string hex = checksum64_hex(bytes);
-      if (want != hex)
-        throw UserError("'" + from + "' has changed since the run read it (checksum " + want + ", now " + hex +
+      if (f.checksum64 != hex)
+        throw UserError("'" + f.path + "' has changed since the run read it (checksum " + f.checksum64 + ", now " + hex +
                             "): the export would ship another tokenizer than the model was trained with",
                         "restore the file the run read (" + key + "), then export again");
-      out.push_back({name, from, std::move(bytes)});
+      out.push_back({name, f.path, std::move(bytes)});
     }
     return out;
   }
@@ -214,7 +210,7 @@ int import_hf(const WeightSource& src, const ConvertArgs& a) {
   CheckpointScalars sc;
   sc.seed = plan.run.seed;
   // The directory's tokenizer files are recorded, so the run's exports ship them again.
-  const std::string plan_json = with_tokenizer_files(plan_to_json(plan), tokenizer_record(loaded.config.data, src.path()));
+  const std::string plan_json = plan_to_json(plan, tokenizer_record(loaded.config.data, src.path()));
   const SavedCheckpoint saved = save_checkpoint(a.dst, sc, b, plan_json, loaded.resolved_json, 0);
   std::cerr << "ds convert-ckpt: " << src.path() << " (" << model_arch_name(plan.model.hp.arch) << ", "
             << format_count(plan.model.num_params) << " parameters) -> " << saved.path << " (step 0, optimizer fresh, "
@@ -229,18 +225,16 @@ constexpr int kMaxReshardRanks = 65536;
 // (a resume keeps it too): the accumulation follows from the micro batch and the world size, and where the
 // run's micro batch cannot keep it, the largest smaller one that does (`note` says so). UserError when the
 // world size does not divide the global batch at all.
-std::vector<std::string> reshard_overrides(const WeightSource& src, int world, int stage, const std::string& dst, std::string* note) {
-  const nlohmann::json plan = nlohmann::json::parse(read_checkpoint_text(src.path(), "plan_json"), nullptr, false);
+std::vector<std::string> reshard_overrides(const PlanRecord& plan, const std::string& source, int world, int stage, const std::string& dst,
+                                           std::string* note) {
   std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
-  const nlohmann::json* batch = plan.is_object() && plan.contains("batch") && plan["batch"].is_object() ? &plan["batch"] : nullptr;
-  if (!batch || !batch->contains("train_batch_size") || !batch->contains("train_micro_batch_size_per_gpu") ||
-      !(*batch)["train_batch_size"].is_number_integer() || !(*batch)["train_micro_batch_size_per_gpu"].is_number_integer()) {
-    o.push_back("~train_batch_size");  // a plan without its batch: the batch follows the world size, as it did before
+  if (plan.train_batch_size == 0 || plan.micro_batch == 0) {
+    o.push_back("~train_batch_size");  // a record without its batch: the batch follows the world size, as it did before
     return o;
   }
-  const int64_t global = (*batch)["train_batch_size"].get<int64_t>(), was_micro = (*batch)["train_micro_batch_size_per_gpu"].get<int64_t>();
+  const int64_t global = plan.train_batch_size, was_micro = plan.micro_batch;
   if (global < 1 || was_micro < 1)
-    throw UserError("'" + src.path() + "' records a global batch of " + std::to_string(global) + " and a micro batch of " +
+    throw UserError("'" + source + "' records a global batch of " + std::to_string(global) + " and a micro batch of " +
                         std::to_string(was_micro) + ": its plan is damaged",
                     "reshard an undamaged checkpoint of the run");
   if (global % world != 0) {
@@ -282,7 +276,8 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   const int stage = a.stage >= 0 ? a.stage : src.zero_stage;
   const std::string config_text = read_checkpoint_text(src.path(), "config_json");
   std::string batch_note;
-  const std::vector<std::string> shape = reshard_overrides(src, world, stage, a.dst, &batch_note);
+  const PlanRecord record = read_plan_record(read_checkpoint_text(src.path(), "plan_json"), "checkpoint '" + src.path() + "'");
+  const std::vector<std::string> shape = reshard_overrides(record, src.path(), world, stage, a.dst, &batch_note);
   const LoadedConfig loaded = load_config_text_with_json(config_text, src.path() + " (config_json)", shape);
   const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));
   // One file per rank, each owning part of every buffer: past the parameter count some ranks own nothing.
@@ -326,7 +321,8 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
     return b;
   };
   const bool sharded = lead_plan.execution.sharded;
-  const std::string plan_json = plan_to_json(lead_plan);
+  // The run's tokenizer record goes with it: exports of the resharded run ship the same files.
+  const std::string plan_json = plan_to_json(lead_plan, record.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{}));
   // save_checkpoint's protocol, played by one process: rank 0 creates the directory and reaches its first
   // barrier, every other rank writes its file, rank 0 writes its own and marks the checkpoint complete.
   CheckpointWriter writer{0, sharded ? world : 1, nullptr};

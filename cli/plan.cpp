@@ -4,7 +4,7 @@
 
 #include "cli/render_plan.hpp"
 #include "schema/loader.hpp"
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 
 namespace ds::cli {
 

@@ -16,7 +16,7 @@
 #include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "cli/profile_report.hpp"
 #include "engine/runtime/launcher.hpp"
 #include "engine/runtime/runtime_library.hpp"

@@ -15,14 +15,14 @@ namespace ds::cli {
 // checkpoint) by absolute path and checksum, so an export ships exactly these wherever it is run from, or
 // refuses: a GPT-2 BPE run's vocab.json and merges.txt, and what model.init_from's source had (a Hugging
 // Face directory's tokenizer files, a PEFT adapter's base's, a ds run's record).
-nlohmann::json tokenizer_record(const DataConfig& d, const std::string& init_from) {
-  nlohmann::json files = nlohmann::json::array();
+std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& d, const std::string& init_from) {
+  std::vector<TokenizerFileRecord> files;
   std::set<std::string> names;
   const auto add = [&](const std::string& role, const std::string& name, const std::string& path) {
     if (!names.insert(name).second) return;  // the data's own vocabulary first
     const std::string text = read_file_bytes(path);
-    files.push_back({{"role", role}, {"name", name}, {"path", std::filesystem::absolute(path).lexically_normal().string()},
-                     {"checksum64", checksum64_hex(text)}, {"bytes", text.size()}});
+    files.push_back({role, name, std::filesystem::absolute(path).lexically_normal().string(), checksum64_hex(text),
+                     static_cast<int64_t>(text.size())});
   };
   if (d.type == DataType::text && d.tokenizer == "gpt2") {
     add("vocab_file", "vocab.json", d.vocab_file);
@@ -39,38 +39,25 @@ nlohmann::json tokenizer_record(const DataConfig& d, const std::string& init_fro
       if (std::filesystem::is_regular_file(f, ec) && std::filesystem::file_size(f, ec) <= kMostBytes) add("init_from", name, f.string());
     }
   } else if (source->kind() == WeightsKind::ds_checkpoint) {  // a run fine-tuned again: what it recorded
-    const nlohmann::json plan = nlohmann::json::parse(read_checkpoint_text(source->path(), "plan_json"), nullptr, false);
-    if (plan.is_object() && plan.contains("tokenizer_files") && plan["tokenizer_files"].is_array())
-      for (const auto& f : plan["tokenizer_files"]) {
-        const std::string path = f.value("path", ""), name = f.value("name", f.value("role", "") == "merges_file" ? "merges.txt" : "vocab.json");
-        std::error_code ec;
-        if (!path.empty() && std::filesystem::is_regular_file(path, ec)) add("init_from", name, path);
-      }
+    const PlanRecord plan = read_plan_record(read_checkpoint_text(source->path(), "plan_json"), "checkpoint '" + source->path() + "'");
+    for (const TokenizerFileRecord& f : plan.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{})) {
+      std::error_code ec;
+      if (!f.path.empty() && std::filesystem::is_regular_file(f.path, ec)) add("init_from", f.name, f.path);
+    }
   }
   return files;
 }
 
-std::string with_tokenizer_files(const std::string& plan_json, const nlohmann::json& record) {
-  if (record.empty()) return plan_json;
-  nlohmann::json j = nlohmann::json::parse(plan_json);
-  j["tokenizer_files"] = record;
-  return j.dump();
-}
-
 // A resumed run reads the tokenizer files its checkpoint recorded: a relative path resolved from another
 // working directory, or a file changed since, would train on another vocabulary.
-void check_tokenizer_unchanged(const std::string& checkpoint_plan, const nlohmann::json& now) {
-  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan, nullptr, false);
-  if (!old.is_object() || !old.contains("tokenizer_files") || !old["tokenizer_files"].is_array()) return;
-  for (const auto& was : old["tokenizer_files"]) {
-    const std::string role = was.value("role", "");
-    if (role != "vocab_file" && role != "merges_file") continue;  // what the data is read with
-    for (const auto& is : now)
-      if (is.value("role", "") == role && is.value("checksum64", "") != was.value("checksum64", ""))  // moved is fine; changed is not
-        throw UserError("data." + role + " is '" + is.value("path", "") + "' (checksum " + is.value("checksum64", "") +
-                            "), but the checkpoint's run read '" + was.value("path", "") + "' (checksum " + was.value("checksum64", "") +
-                            "): resuming would continue on another vocabulary",
-                        "give data." + role + "=" + was.value("path", "") + " (relative paths are read from the working directory)");
+void check_tokenizer_unchanged(const PlanRecord& old, const std::vector<TokenizerFileRecord>& now) {
+  for (const TokenizerFileRecord& was : old.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{})) {
+    if (was.role != "vocab_file" && was.role != "merges_file") continue;  // what the data is read with
+    for (const TokenizerFileRecord& is : now)
+      if (is.role == was.role && is.checksum64 != was.checksum64)  // moved is fine; changed is not
+        throw UserError("data." + was.role + " is '" + is.path + "' (checksum " + is.checksum64 + "), but the checkpoint's run read '" +
+                            was.path + "' (checksum " + was.checksum64 + "): resuming would continue on another vocabulary",
+                        "give data." + was.role + "=" + was.path + " (relative paths are read from the working directory)");
   }
 }
 

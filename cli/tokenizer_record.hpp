@@ -4,9 +4,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "engine/plan/plan_record.hpp"
 #include "schema/config.hpp"
 
 namespace ds::cli {
@@ -16,17 +16,14 @@ inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",    "tokeni
                                                     "vocab.json",        "merges.txt",            "tokenizer.model",
                                                     "added_tokens.json", "chat_template.jinja",   "chat_template.json"};
 
-// The record, an array of {role, name, path, checksum64, bytes}: a GPT-2 BPE run's vocab.json and merges.txt
-// (roles vocab_file, merges_file), then what `init_from` had (role init_from): a Hugging Face directory's
-// tokenizer files, a PEFT adapter's base's, a ds run's own record. Reads each file (UserError when one cannot be).
-nlohmann::json tokenizer_record(const DataConfig& data, const std::string& init_from);
-
-// plan.json with the record added (unchanged when it is empty).
-std::string with_tokenizer_files(const std::string& plan_json, const nlohmann::json& record);
+// The record (plan_to_json writes it): a GPT-2 BPE run's vocab.json and merges.txt (roles vocab_file,
+// merges_file), then what `init_from` had (role init_from): a Hugging Face directory's tokenizer files, a
+// PEFT adapter's base's, a ds run's own record. Reads each file (UserError when one cannot be).
+std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& data, const std::string& init_from);
 
 // A resumed run reads the vocabulary its checkpoint recorded: UserError when data.vocab_file or
 // data.merges_file now holds other bytes (a relative path read from another working directory, a file
 // changed since). A file that moved with the same bytes is the same vocabulary.
-void check_tokenizer_unchanged(const std::string& checkpoint_plan_json, const nlohmann::json& record);
+void check_tokenizer_unchanged(const PlanRecord& checkpoint_plan, const std::vector<TokenizerFileRecord>& record);
 
 }  // namespace ds::cli

@@ -26,7 +26,7 @@
 #include "engine/runtime/runtime_library.hpp"
 #include "engine/runtime/weights.hpp"
 #include "schema/loader.hpp"
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "cli/tokenizer_record.hpp"
 #include "cli/profile_report.hpp"
 
@@ -212,13 +212,15 @@ int run_train(const TrainArgs& a) {
     // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
     // before anything about the output directory.
     const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
-    const std::string checkpoint_plan = resume_from.empty() ? "" : read_checkpoint_text(resume_from, "plan_json");
-    if (!resume_from.empty()) {
-      check_resume_shapes(resume_from, checkpoint_plan, compiled.plan);
+    const std::optional<PlanRecord> checkpoint_plan =
+        resume_from.empty() ? std::nullopt
+                            : std::optional(read_plan_record(read_checkpoint_text(resume_from, "plan_json"), "checkpoint '" + resume_from + "'"));
+    if (checkpoint_plan) {
+      check_resume_shapes(resume_from, *checkpoint_plan, compiled.plan);
       // Another world size: the checkpoint's global batch is kept (the accumulation adjusted), unless the
       // config sets the batch itself; never changed silently.
       std::string note, warning;
-      const std::vector<std::string> keep = batch_pins(checkpoint_plan, compiled.plan, compiled.config, &note, &warning);
+      const std::vector<std::string> keep = batch_pins(*checkpoint_plan, compiled.plan, compiled.config, &note, &warning);
       if (!launcher && !note.empty()) std::cerr << "ds train: " << note << "\n";
       if (!launcher && !warning.empty()) print_warnings("train", {{"", warning, ""}});
       if (!keep.empty()) {
@@ -257,7 +259,7 @@ int run_train(const TrainArgs& a) {
     if (!opt.resume_from.empty()) {
       // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
       std::string note;
-      const auto pins = schedule_pins(checkpoint_plan, compiled.plan, compiled.config, &note);
+      const auto pins = schedule_pins(*checkpoint_plan, compiled.plan, compiled.config, &note);
       if (!pins.empty()) {
         args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
         compiled = compile_config("train", args, /*quiet=*/true);
@@ -273,9 +275,9 @@ int run_train(const TrainArgs& a) {
         print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});
     }
-    const nlohmann::json tokenizer = tokenizer_record(config.data, config.model.init_from);
-    if (!checkpoint_plan.empty()) check_tokenizer_unchanged(checkpoint_plan, tokenizer);
-    opt.plan_json = with_tokenizer_files(plan_to_json(plan), tokenizer);
+    const std::vector<TokenizerFileRecord> tokenizer = tokenizer_record(config.data, config.model.init_from);
+    if (checkpoint_plan) check_tokenizer_unchanged(*checkpoint_plan, tokenizer);
+    opt.plan_json = plan_to_json(plan, tokenizer);
     const char* term = std::getenv("TERM");
     opt.live_progress = isatty(STDERR_FILENO) && !(term && std::string(term) == "dumb");
     opt.print_every = config.steps_per_print.value_or(10);

@@ -280,6 +280,13 @@ TEST(CliConvert, TokenizerFilesAreTheOnesTheRunReadWhereverTheExportRuns) {
   ASSERT_EQ(std::system(export_from_elsewhere.c_str()), 0) << slurp(dir + "/err");
   EXPECT_EQ(slurp(dir + "/hf/vocab.json"), slurp(shared + "/vocab.json"));
   EXPECT_EQ(slurp(dir + "/hf/merges.txt"), slurp(shared + "/merges.txt"));
+  // Resharded, the run keeps its record: the reshard's export ships the same files, not the decoys here.
+  const std::string reshard_and_export = "cd " + dir + "/elsewhere && " DS_BINARY " convert-ckpt " + dir + "/run " + dir +
+                                         "/one --world-size 1 --stage 1 >" + dir + "/out 2>" + dir + "/err && " DS_BINARY " convert-ckpt " +
+                                         dir + "/one " + dir + "/one-hf >" + dir + "/out 2>" + dir + "/err";
+  ASSERT_EQ(std::system(reshard_and_export.c_str()), 0) << slurp(dir + "/err");
+  EXPECT_EQ(slurp(dir + "/one-hf/vocab.json"), slurp(shared + "/vocab.json"));
+  EXPECT_EQ(slurp(dir + "/one-hf/merges.txt"), slurp(shared + "/merges.txt"));
   // The file the run read has changed: the export is refused, naming it, before it writes anything.
   const std::string weights = slurp(dir + "/hf/model.safetensors");
   std::ofstream(work_dir() + "/tok/vocab.json", std::ios::app) << " ";

@@ -236,6 +236,43 @@ TEST(CliHardening, SigtermSavesAndExits143WithACommandThatResumesThisRun) {
                               "train.output_dir=" + dir + " --resume")) << r.err;
 }
 
+// A checkpoint an earlier ds wrote, kept as it was (tests/data/checkpoint-46924e5: 2 ranks, ZeRO stage 3, a
+// qwen3 variant): today's ds resumes it on one rank with its global batch and schedule kept, exports it to
+// Hugging Face, and reshards it.
+TEST(CliTrust, ACheckpointKeptFromAnEarlierDsResumesExportsAndReshards) {
+  namespace fs = std::filesystem;
+  const std::string dir = scratch_dir() + "/kept", fixture = std::string(DS_SOURCE_DIR) + "/tests/data/checkpoint-46924e5";
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/run/checkpoints");
+  fs::copy(fixture + "/step_00000004", dir + "/run/checkpoints/step_00000004", fs::copy_options::recursive);
+  const std::string config = "tests/data/checkpoint-46924e5/config.json ";
+  Result r = ds("train " + config + "train.steps=6 train.output_dir=" + dir + "/run --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming on 1 rank (the checkpoint's run had 2): keeping its global batch of 8 with gradient_accumulation_steps=4"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "at step 4")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.steps 4 -> 6: the schedule keeps total_num_steps=4")) << r.err;
+  const auto m = metrics_of(dir + "/run");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]["step"], 5);
+  for (const auto& step : m) {  // the run ended at 4.54 (uniform over its 96 tokens: 4.56)
+    EXPECT_GT(step["loss"].get<double>(), 3.5) << step.dump();
+    EXPECT_LT(step["loss"].get<double>(), 5.0) << step.dump();
+  }
+  const std::string kept = dir + "/run/checkpoints/step_00000004";
+  r = ds("convert-ckpt " + kept + " " + dir + "/hf");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json hf = nlohmann::json::parse(slurp(dir + "/hf/config.json"));
+  EXPECT_EQ(hf["model_type"], "qwen3");
+  EXPECT_EQ(hf["head_dim"], 12);
+  EXPECT_EQ(hf["rope_scaling"]["rope_type"], "llama3");
+  r = ds("convert-ckpt " + kept + " " + dir + "/one --world-size 1 --stage 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("train " + config + "train.steps=5 zero_optimization.stage=1 train.output_dir=" + dir + "/one --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(metrics_of(dir + "/one").size(), 1u);
+}
+
 TEST(CliHardening, AnExplicitResumePathIsUsedOrRefused) {
   const std::string dir = scratch_dir() + "/explicit";
   std::filesystem::remove_all(dir);

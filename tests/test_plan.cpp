@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/plan.hpp"
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/plan/fit.hpp"
 #include "engine/plan/runnable.hpp"
 #include "test_helpers.hpp"

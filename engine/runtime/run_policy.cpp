@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_depth.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "schema/json_diff.hpp"
 
@@ -69,10 +70,7 @@ bool is_ds_config(const fs::path& file) {
   const nlohmann::json j = small_json_object(file);
   return j.is_object() && j.contains("train") && j["train"].is_object() && j["train"].contains("output_dir");
 }
-bool is_ds_plan(const fs::path& file) {
-  const nlohmann::json j = small_json_object(file);
-  return j.is_object() && j.contains("topology") && j.contains("batch") && j.contains("schema_version");
-}
+bool is_ds_plan(const fs::path& file) { return looks_like_plan_record(small_json_object(file)); }
 bool is_ds_log(const fs::path& file) {  // train.log: every line starts with a local timestamp, 2026-11-26T09:30:00
   const std::string l = first_line(file);
   static const char* shape = "dddd-dd-ddTdd:dd:dd ";
@@ -457,13 +455,9 @@ RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
   return *this;
 }
 
-void check_resume_shapes(const std::string& checkpoint, const std::string& checkpoint_plan_json, const Plan& plan) {
-  if (json_nesting_exceeded_at(checkpoint_plan_json, kMaxJsonNesting) != std::string_view::npos) return;  // load_checkpoint refuses it
-  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan_json, nullptr, false);
-  if (!old.is_object() || !old.contains("layout") || !old["layout"].is_object() || !old["layout"].contains("params") ||
-      !old["layout"]["params"].is_array())
-    return;  // a plan without a layout (older): the parameter count is still checked on load
-  const nlohmann::json& theirs = old["layout"]["params"];
+void check_resume_shapes(const std::string& checkpoint, const PlanRecord& old, const Plan& plan) {
+  if (old.params.empty()) return;  // a record without a layout (older): the parameter count is still checked on load
+  const std::vector<RecordedTensor>& theirs = old.params;
   const auto& mine = plan.layout.params;
   auto shape_text = [](const std::vector<int64_t>& s) {
     std::string t = "[";
@@ -471,32 +465,21 @@ void check_resume_shapes(const std::string& checkpoint, const std::string& check
     return t + "]";
   };
   const size_t n = std::min(theirs.size(), mine.size());
-  for (size_t i = 0; i < n; ++i) {
-    const nlohmann::json& t = theirs[i];
-    const std::string name = t.value("name", std::string("?"));
-    std::vector<int64_t> shape;
-    if (t.contains("shape") && t["shape"].is_array())
-      for (const auto& d : t["shape"]) shape.push_back(d.is_number_integer() ? d.get<int64_t>() : -1);
-    if (name != mine[i].name || shape != mine[i].shape)
-      throw UserError("checkpoint '" + checkpoint + "' holds " + name + " " + shape_text(shape) + " where this model has " + mine[i].name + " " +
-                          shape_text(mine[i].shape),
+  for (size_t i = 0; i < n; ++i)
+    if (theirs[i].name != mine[i].name || theirs[i].shape != mine[i].shape)
+      throw UserError("checkpoint '" + checkpoint + "' holds " + theirs[i].name + " " + shape_text(theirs[i].shape) + " where this model has " +
+                          mine[i].name + " " + shape_text(mine[i].shape),
                       "resume with the model the checkpoint was trained with (the config's model block; its plan.json says which), "
                       "or start a new run from its weights where they fit");
-  }
   if (theirs.size() != mine.size())
     throw UserError("checkpoint '" + checkpoint + "' holds " + std::to_string(theirs.size()) + " tensors where this model has " +
                         std::to_string(mine.size()),
                     "resume with the model the checkpoint was trained with");
 }
 
-std::vector<std::string> batch_pins(const std::string& checkpoint_plan_json, const Plan& plan, const Config& config, std::string* note,
-                                    std::string* warning) {
-  const nlohmann::json old = nlohmann::json::parse(checkpoint_plan_json, nullptr, false);
-  if (!old.is_object() || !old.contains("batch") || !old["batch"].is_object() || !old["batch"].contains("train_batch_size") ||
-      !old["batch"]["train_batch_size"].is_number_integer())
-    return {};
-  const int64_t was = old["batch"]["train_batch_size"].get<int64_t>();
-  const int old_world = old.contains("topology") && old["topology"].is_object() ? old["topology"].value("world_size", 0) : 0;
+std::vector<std::string> batch_pins(const PlanRecord& old, const Plan& plan, const Config& config, std::string* note, std::string* warning) {
+  if (old.train_batch_size <= 0) return {};  // a record without its batch
+  const int64_t was = old.train_batch_size, old_world = old.world_size;
   const ResolvedBatch& b = plan.batch;
   if (was == b.train_batch_size) return {};
   auto source = [&](const char* key) {
@@ -527,35 +510,23 @@ std::vector<std::string> batch_pins(const std::string& checkpoint_plan_json, con
   return {"train_batch_size=" + std::to_string(was), "gradient_accumulation_steps=" + std::to_string(accumulation)};
 }
 
-std::vector<std::string> schedule_pins(const std::string& checkpoint_plan_json, const Plan& plan, const Config& config,
-                                       std::string* note) {
+std::vector<std::string> schedule_pins(const PlanRecord& old, const Plan& plan, const Config& config, std::string* note) {
   std::vector<std::string> pins;
-  if (plan.scheduler.type == SchedulerType::None) return pins;
-  nlohmann::json old;
-  if (json_nesting_exceeded_at(checkpoint_plan_json, kMaxJsonNesting) != std::string_view::npos) return pins;  // damaged
-  try {
-    old = nlohmann::json::parse(checkpoint_plan_json);
-  } catch (const nlohmann::json::exception&) {
-    return pins;  // an older or damaged plan: nothing to compare against
-  }
-  const int64_t old_steps = old.value("steps", int64_t{0});
-  if (old_steps == plan.steps || !old.contains("scheduler") ||
-      old["scheduler"].value("type", std::string()) != scheduler_type_name(plan.scheduler.type))
+  if (plan.scheduler.type == SchedulerType::None || old.steps == plan.steps || old.scheduler != scheduler_type_name(plan.scheduler.type))
     return pins;
   const SchedulerConfig& now = plan.scheduler.params;
   std::string kept;
-  for (const auto& [key, value] : {std::pair{"total_num_steps", now.total_num_steps}, {"warmup_num_steps", now.warmup_num_steps}}) {
+  for (const auto& [key, value, was] : {std::tuple{"total_num_steps", now.total_num_steps, old.total_num_steps},
+                                        {"warmup_num_steps", now.warmup_num_steps, old.warmup_num_steps}}) {
     const std::string path = std::string("scheduler.params.") + key;
     const auto src = config.value_source.find(path);
     const bool given = src != config.value_source.end() && (src->second == "file" || src->second == "override");
-    if (given || !value || !old["scheduler"].contains(key)) continue;
-    const int64_t was = old["scheduler"][key].get<int64_t>();
-    if (was == *value) continue;
-    pins.push_back(path + "=" + std::to_string(was));
-    kept += (kept.empty() ? "" : ", ") + std::string(key) + "=" + std::to_string(was);
+    if (given || !value || !was || *was == *value) continue;
+    pins.push_back(path + "=" + std::to_string(*was));
+    kept += (kept.empty() ? "" : ", ") + std::string(key) + "=" + std::to_string(*was);
   }
   if (!pins.empty())
-    *note = "train.steps " + std::to_string(old_steps) + " -> " + std::to_string(plan.steps) + ": the schedule keeps " + kept +
+    *note = "train.steps " + std::to_string(old.steps) + " -> " + std::to_string(plan.steps) + ": the schedule keeps " + kept +
             " from the checkpoint; set scheduler.params.total_num_steps (and warmup_num_steps) to stretch it";
   return pins;
 }

@@ -18,6 +18,7 @@
 #include "common/format.hpp"
 #include "common/hash.hpp"
 #include "common/strings.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/runtime/checkpoint.hpp"
 #include "engine/runtime/safetensors.hpp"
 #include "schema/rope_scaling.hpp"
@@ -69,85 +70,32 @@ class DsCheckpointSource : public WeightSource {
     kind_ = WeightsKind::ds_checkpoint;
     dir_ = reader_.dir();
     path_ = dir_;
-    json plan;
-    try {
-      const std::string text = read_checkpoint_text(dir_, "plan_json");
-      check_json_nesting(text, dir_ + " (plan_json)");
-      plan = json::parse(text);
-      const json& m = plan.at("model");
-      model_.name = m.at("name").get<std::string>();
-      const std::string arch = m.at("arch").get<std::string>();
-      const std::optional<ModelArch> known = model_arch_from_name(arch);
-      if (!known)
-        throw UserError("checkpoint '" + dir_ + "' is of architecture '" + arch + "', which this build of ds does not know",
-                        "a newer ds wrote it: export it to Hugging Face with that version (ds convert-ckpt RUN OUT --to hf)");
-      model_.arch = *known;
-      model_.vocab_size = m.at("vocab_size").get<int64_t>();
-      model_.hidden_size = m.at("hidden_size").get<int64_t>();
-      model_.num_layers = m.at("num_layers").get<int64_t>();
-      model_.num_heads = m.at("num_heads").get<int64_t>();
-      model_.num_kv_heads = m.at("num_kv_heads").get<int64_t>();
-      model_.intermediate_size = m.at("intermediate_size").get<int64_t>();
-      model_.max_position_embeddings = m.at("max_position_embeddings").get<int64_t>();
-      model_.tie_word_embeddings = m.at("tie_word_embeddings").get<bool>();
-      // Plans before the rotary families' own keys have none (their models had none of these).
-      if (m.contains("head_dim") && m["head_dim"].is_number_integer()) {
-        const int64_t d = m["head_dim"].get<int64_t>();
-        if (model_.num_heads > 0 && d * model_.num_heads != model_.hidden_size) model_.head_dim_given = d;
-      }
-      if (m.contains("attention_bias")) model_.attention_bias = m["attention_bias"].get<bool>();
-      if (m.contains("mlp_bias")) model_.mlp_bias = m["mlp_bias"].get<bool>();
-      if (m.contains("sliding_window") && m["sliding_window"].is_number_integer()) model_.sliding_window = m["sliding_window"].get<int64_t>();
-      if (m.contains("attn_logit_softcapping") && m["attn_logit_softcapping"].is_number()) model_.attn_softcap = m["attn_logit_softcapping"].get<double>();
-      if (m.contains("final_logit_softcapping") && m["final_logit_softcapping"].is_number()) model_.final_softcap = m["final_logit_softcapping"].get<double>();
-      if (m.contains("query_pre_attn_scalar") && m["query_pre_attn_scalar"].is_number()) model_.query_pre_attn_scalar = m["query_pre_attn_scalar"].get<double>();
-      model_.norm_eps = m.at("norm_eps").get<double>();
-      model_.rope_theta = m.at("rope_theta").get<double>();
-      if (m.contains("rope_scaling")) {  // plans before rope scaling have none
-        std::vector<ConfigIssue> bad;
-        model_.rope_scaling = read_rope_scaling(m["rope_scaling"], "plan_json", "checkpoint '" + dir_ + "': ", bad);
-        if (!bad.empty()) throw UserError(bad.front().message, "a newer ds wrote it: export it with that version");
-      }
-      if (m.contains("bos_token_id")) {  // plans before the special tokens were recorded: GPT-2's rule below
-        model_.bos_token_id = m["bos_token_id"].is_number_integer() ? m["bos_token_id"].get<int64_t>() : -1;
-        if (m.contains("eos_token_id") && m["eos_token_id"].is_array()) model_.eos_token_id = m["eos_token_id"].get<std::vector<int64_t>>();
-      } else if (model_.arch == ModelArch::gpt2 && model_.vocab_size >= 50257) {
-        model_.bos_token_id = 50256, model_.eos_token_id = {50256};
-      }
-      has_model_ = true;
-      frozen_part = (plan.contains("lora") && plan["lora"].is_object()) || (plan.contains("freeze") && plan["freeze"].is_object());
-      if (frozen_part) {
-        json base;
-        try {
-          base = json::parse(read_checkpoint_text(dir_, "base_json"), nullptr, false);
-        } catch (const UserError&) {  // no record of the base: exports go on without its path or checksum
-        }
-        if (base.is_object() && base.contains("path") && base["path"].is_string()) base_path = base["path"].get<std::string>();
-        if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) base_checksum = base["checksum"].get<std::string>();
-      }
-      if (plan.contains("lora") && plan["lora"].is_object()) {
-        const json& l = plan["lora"];
-        PeftAdapter a;
-        a.r = l.at("r").get<int64_t>();
-        a.alpha = l.at("alpha").get<double>();
-        a.dropout = l.at("dropout").get<double>();
-        a.target_modules = l.at("target_modules").get<std::vector<std::string>>();
-        a.fan_in_fan_out = model_.traits().in_out;
-        lora = a;
-      }
-      const json& layout = plan.at("layout");
-      model_numel_ = layout.at("numel").get<int64_t>();
-      world_size = layout.at("world_size").get<int64_t>();
-      zero_stage = plan.at("zero").at("stage").get<int>();
-      precision = plan.at("precision").at("mode").get<std::string>();
-      for (const json& p : layout.at("params")) {
-        tensors_.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(), "F32"});
-        offsets_.push_back(p.at("offset").get<int64_t>());
-      }
-    } catch (const json::exception& e) {
-      throw UserError("checkpoint '" + dir_ + "' has no readable plan.json (" + e.what() + ")",
+    const PlanRecord plan = read_plan_record(read_checkpoint_text(dir_, "plan_json"), "checkpoint '" + dir_ + "'");
+    if (!plan.model || plan.params.empty())
+      throw UserError("checkpoint '" + dir_ + "' has no readable plan.json (it records no model" +
+                          std::string(plan.model ? "'s tensors)" : ")"),
                       "it was not written by ds, or is damaged; `ds convert-ckpt --info` reads only ds checkpoints and "
                       "Hugging Face files");
+    model_ = *plan.model;
+    has_model_ = true;
+    frozen_part = plan.frozen;
+    if (frozen_part) {
+      json base;
+      try {
+        base = json::parse(read_checkpoint_text(dir_, "base_json"), nullptr, false);
+      } catch (const UserError&) {  // no record of the base: exports go on without its path or checksum
+      }
+      if (base.is_object() && base.contains("path") && base["path"].is_string()) base_path = base["path"].get<std::string>();
+      if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) base_checksum = base["checksum"].get<std::string>();
+    }
+    if (plan.lora) lora = PeftAdapter{plan.lora->r, plan.lora->alpha, plan.lora->dropout, plan.lora->target_modules, model_.traits().in_out};
+    model_numel_ = plan.layout_numel;
+    world_size = plan.layout_world_size;
+    zero_stage = plan.zero_stage;
+    precision = plan.precision;
+    for (const RecordedTensor& t : plan.params) {
+      tensors_.push_back({t.name, t.shape, "F32"});
+      offsets_.push_back(t.offset);
     }
     const std::string leaf = fs::path(dir_).filename().string();
     if (leaf.rfind("step_", 0) == 0) step = std::strtoll(leaf.c_str() + 5, nullptr, 10);

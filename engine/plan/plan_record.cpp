@@ -1,10 +1,14 @@
-#include "cli/plan_json.hpp"
+#include "engine/plan/plan_record.hpp"
 
-#include "engine/plan/fit.hpp"
-#include "schema/rope_scaling.hpp"
-#include "engine/plan/runnable.hpp"
-
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "common/error.hpp"
+#include "common/json_depth.hpp"
+#include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
+#include "schema/rope_scaling.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +43,7 @@ json issues(const std::vector<ConfigIssue>& list) {
 
 }  // namespace
 
-std::string plan_to_json(const Plan& p, int indent) {
+std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
   const ModelHyper& h = p.model.hp;
   json j;
   j["schema_version"] = p.schema_version;
@@ -265,7 +269,201 @@ std::string plan_to_json(const Plan& p, int indent) {
   }
   if (!p.has_model)
     for (const char* needs_model : {"layout", "memory", "tokens_per_step", "train_flops_per_step"}) j[needs_model] = nullptr;
+  if (!tokenizer_files.empty()) {
+    json files = json::array();
+    for (const TokenizerFileRecord& f : tokenizer_files)
+      files.push_back({{"role", f.role}, {"name", f.name}, {"path", f.path}, {"checksum64", f.checksum64}, {"bytes", f.bytes}});
+    j["tokenizer_files"] = files;
+  }
   return j.dump(indent);
+}
+
+}  // namespace ds
+
+// ---- Reading a record back ------------------------------------------------------------------------
+
+namespace ds {
+namespace {
+
+using rjson = nlohmann::json;
+
+// Each field read at its path and typed; absent and null read alike (null is how the writer says "none").
+class FieldReader {
+ public:
+  explicit FieldReader(const std::string& where) : where_(where) {}
+
+  [[noreturn]] void damaged(const std::string& what) const {
+    throw UserError(where_ + " has no readable plan.json (" + what + ")",
+                    "it was not written by ds, or is damaged: read another checkpoint of the run (each stores its plan)");
+  }
+  const rjson* find(const rjson& obj, const char* key) const {
+    const auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  }
+  const rjson* object(const rjson& obj, const char* key, const std::string& path) const {
+    const rjson* v = find(obj, key);
+    if (v && !v->is_object()) damaged(path + key + " is not an object");
+    return v;
+  }
+  template <class T>
+  std::optional<T> get(const rjson& obj, const char* key, const std::string& path) const {
+    const rjson* v = find(obj, key);
+    if (!v) return std::nullopt;
+    if (!has_type<T>(*v)) damaged(path + key + " is not " + type_name<T>());
+    return v->get<T>();
+  }
+  template <class T>
+  T need(const rjson& obj, const char* key, const std::string& path) const {
+    const std::optional<T> v = get<T>(obj, key, path);
+    if (!v) damaged(path + key + " is missing");
+    return *v;
+  }
+
+ private:
+  template <class T>
+  static bool has_type(const rjson& v) {
+    if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
+    else if constexpr (std::is_same_v<T, int64_t>) return v.is_number_integer();
+    else if constexpr (std::is_same_v<T, double>) return v.is_number();
+    else if constexpr (std::is_same_v<T, std::string>) return v.is_string();
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+      return v.is_array() && std::all_of(v.begin(), v.end(), [](const rjson& e) { return e.is_number_integer(); });
+    else return v.is_array() && std::all_of(v.begin(), v.end(), [](const rjson& e) { return e.is_string(); });
+  }
+  template <class T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+    else if constexpr (std::is_same_v<T, double>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "a list of integers";
+    else return "a list of strings";
+  }
+  const std::string& where_;
+};
+
+ModelHyper read_model(const FieldReader& r, const rjson& m, const std::string& where) {
+  const std::string at = "model.";
+  ModelHyper h;
+  h.name = r.need<std::string>(m, "name", at);
+  const std::string arch = r.need<std::string>(m, "arch", at);
+  const std::optional<ModelArch> known = model_arch_from_name(arch);
+  if (!known)
+    throw UserError(where + " is of architecture '" + arch + "', which this build of ds does not know",
+                    "a newer ds wrote it: export it to Hugging Face with that version (ds convert-ckpt RUN OUT --to hf)");
+  h.arch = *known;
+  h.vocab_size = r.need<int64_t>(m, "vocab_size", at);
+  h.hidden_size = r.need<int64_t>(m, "hidden_size", at);
+  h.num_layers = r.need<int64_t>(m, "num_layers", at);
+  h.num_heads = r.need<int64_t>(m, "num_heads", at);
+  h.num_kv_heads = r.need<int64_t>(m, "num_kv_heads", at);
+  h.intermediate_size = r.need<int64_t>(m, "intermediate_size", at);
+  h.max_position_embeddings = r.need<int64_t>(m, "max_position_embeddings", at);
+  h.tie_word_embeddings = r.need<bool>(m, "tie_word_embeddings", at);
+  h.norm_eps = r.need<double>(m, "norm_eps", at);
+  h.rope_theta = r.need<double>(m, "rope_theta", at);
+  // Records before the rotary families' own keys have none of these: their models had none.
+  const int64_t head_dim = r.get<int64_t>(m, "head_dim", at).value_or(0);
+  if (head_dim > 0 && h.num_heads > 0 && head_dim * h.num_heads != h.hidden_size) h.head_dim_given = head_dim;
+  h.attention_bias = r.get<bool>(m, "attention_bias", at).value_or(false);
+  h.mlp_bias = r.get<bool>(m, "mlp_bias", at).value_or(false);
+  h.sliding_window = r.get<int64_t>(m, "sliding_window", at).value_or(0);
+  h.attn_softcap = r.get<double>(m, "attn_logit_softcapping", at).value_or(0);
+  h.final_softcap = r.get<double>(m, "final_logit_softcapping", at).value_or(0);
+  h.query_pre_attn_scalar = r.get<double>(m, "query_pre_attn_scalar", at).value_or(0);
+  h.attn_pdrop = r.get<double>(m, "attn_pdrop", at).value_or(0);
+  h.resid_pdrop = r.get<double>(m, "resid_pdrop", at).value_or(0);
+  h.embd_pdrop = r.get<double>(m, "embd_pdrop", at).value_or(0);
+  if (m.contains("rope_scaling")) {  // records before rope scaling: plain rotary
+    std::vector<ConfigIssue> bad;
+    h.rope_scaling = read_rope_scaling(m["rope_scaling"], "plan_json", where + ": ", bad);
+    if (!bad.empty()) throw UserError(bad.front().message, "a newer ds wrote it: export it with that version");
+  }
+  if (m.contains("bos_token_id")) {  // written (null when none) since the special tokens were recorded
+    h.bos_token_id = r.get<int64_t>(m, "bos_token_id", at).value_or(-1);
+    h.eos_token_id = r.get<std::vector<int64_t>>(m, "eos_token_id", at).value_or(std::vector<int64_t>{});
+  } else if (h.arch == ModelArch::gpt2 && h.vocab_size >= 50257) {  // before: GPT-2's BPE vocabulary had its one
+    h.bos_token_id = 50256, h.eos_token_id = {50256};
+  }
+  return h;
+}
+
+LoraConfig read_lora(const FieldReader& r, const rjson& l) {
+  const std::string at = "lora.";
+  LoraConfig c;
+  c.enabled = true;
+  c.r = r.need<int64_t>(l, "r", at);
+  c.alpha = r.need<double>(l, "alpha", at);
+  c.dropout = r.need<double>(l, "dropout", at);
+  c.target_modules = r.need<std::vector<std::string>>(l, "target_modules", at);
+  c.init = r.get<std::string>(l, "init", at).value_or("") == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
+  return c;
+}
+
+std::vector<TokenizerFileRecord> read_tokenizer_files(const FieldReader& r, const rjson& files) {
+  if (!files.is_array()) r.damaged("tokenizer_files is not a list");
+  std::vector<TokenizerFileRecord> out;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string at = "tokenizer_files[" + std::to_string(i) + "].";
+    if (!files[i].is_object()) r.damaged(at + " is not an object");
+    TokenizerFileRecord f;
+    f.role = r.get<std::string>(files[i], "role", at).value_or("");
+    // Records before the files were named carried only GPT-2's pair, named by their role.
+    f.name = r.get<std::string>(files[i], "name", at).value_or(f.role == "merges_file" ? "merges.txt" : "vocab.json");
+    f.path = r.get<std::string>(files[i], "path", at).value_or("");
+    f.checksum64 = r.get<std::string>(files[i], "checksum64", at).value_or("");
+    f.bytes = r.get<int64_t>(files[i], "bytes", at).value_or(0);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+void read_layout(const FieldReader& r, const rjson& layout, PlanRecord& rec) {
+  const std::string at = "layout.";
+  rec.layout_numel = r.need<int64_t>(layout, "numel", at);
+  rec.layout_world_size = r.need<int64_t>(layout, "world_size", at);
+  const rjson* params = r.find(layout, "params");
+  if (!params || !params->is_array()) r.damaged("layout.params is not a list");
+  for (size_t i = 0; i < params->size(); ++i) {
+    const std::string pat = "layout.params[" + std::to_string(i) + "].";
+    if (!(*params)[i].is_object()) r.damaged(pat + " is not an object");
+    rec.params.push_back({r.need<std::string>((*params)[i], "name", pat), r.need<std::vector<int64_t>>((*params)[i], "shape", pat),
+                          r.need<int64_t>((*params)[i], "offset", pat)});
+  }
+}
+
+}  // namespace
+
+bool looks_like_plan_record(const nlohmann::json& j) {
+  return j.is_object() && j.contains("topology") && j.contains("batch") && j.contains("schema_version");
+}
+
+PlanRecord read_plan_record(const std::string& text, const std::string& where) {
+  check_json_nesting(text, where + " (plan.json)");
+  const rjson j = rjson::parse(text, nullptr, false);
+  const FieldReader r(where);
+  if (j.is_discarded() || !j.is_object()) r.damaged("not a JSON object");
+  PlanRecord rec;
+  rec.schema_version = static_cast<int>(r.need<int64_t>(j, "schema_version", ""));
+  if (const rjson* m = r.object(j, "model", "")) rec.model = read_model(r, *m, where);
+  if (const rjson* l = r.object(j, "lora", "")) rec.lora = read_lora(r, *l);
+  rec.frozen = rec.lora.has_value() || r.object(j, "freeze", "") != nullptr;
+  if (const rjson* t = r.object(j, "topology", "")) rec.world_size = r.get<int64_t>(*t, "world_size", "topology.").value_or(0);
+  if (const rjson* b = r.object(j, "batch", "")) {
+    rec.train_batch_size = r.get<int64_t>(*b, "train_batch_size", "batch.").value_or(0);
+    rec.micro_batch = r.get<int64_t>(*b, "train_micro_batch_size_per_gpu", "batch.").value_or(0);
+  }
+  rec.steps = r.get<int64_t>(j, "steps", "").value_or(0);
+  if (const rjson* s = r.object(j, "scheduler", "")) {
+    rec.scheduler = r.get<std::string>(*s, "type", "scheduler.").value_or("");
+    rec.warmup_num_steps = r.get<int64_t>(*s, "warmup_num_steps", "scheduler.");
+    rec.total_num_steps = r.get<int64_t>(*s, "total_num_steps", "scheduler.");
+  }
+  if (const rjson* z = r.object(j, "zero", "")) rec.zero_stage = static_cast<int>(r.get<int64_t>(*z, "stage", "zero.").value_or(0));
+  if (const rjson* p = r.object(j, "precision", "")) rec.precision = r.get<std::string>(*p, "mode", "precision.").value_or("");
+  if (const rjson* l = r.object(j, "layout", "")) read_layout(r, *l, rec);
+  if (const rjson* f = r.find(j, "tokenizer_files")) rec.tokenizer_files = read_tokenizer_files(r, *f);
+  return rec;
 }
 
 }  // namespace ds
