@@ -484,7 +484,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
 
 RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {
   RankLaunch l;
-  const bool rank_process = std::getenv("RANK") != nullptr;
+  const bool rank_process = started_as_rank();
   if (!hostfile.empty() && !rank_process) {
     if (args.nproc_per_node > 0) throw UserError("--hostfile and --nproc-per-node both given", "the hostfile's slots say how many ranks each host runs");
     l.hosts = read_hostfile(hostfile);

@@ -57,7 +57,7 @@ int run_profile(const ProfileArgs& a) {
     ConfigArgs args = with_config_path(a.config);
     args.inputs_must_exist = true;
     args.runs_here = true;
-    const bool rank_process = std::getenv("RANK") != nullptr;
+    const bool rank_process = started_as_rank();
     const RankLaunch launch = rank_launch(a.hostfile, args);
     const bool launcher = launch.launcher;
     // The run goes to a scratch directory (removed at the end) and is as long as warm-up + measured steps.

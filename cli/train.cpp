@@ -49,7 +49,7 @@ std::string resume_command() {
   std::string cmd = "ds train";
   bool has_resume = false;
   std::vector<std::string> words = command_line();
-  if (const char* launched = std::getenv("DS_LAUNCH_COMMAND"); launched && std::getenv("RANK")) {
+  if (const char* launched = std::getenv("DS_LAUNCH_COMMAND"); launched && started_as_rank()) {
     words.clear();
     std::string w;
     for (const char* c = launched;; ++c) {
@@ -190,7 +190,7 @@ int run_train(const TrainArgs& a) {
     const std::vector<LaunchHost>& hosts = launch.hosts;
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
     const std::vector<std::string> autos = auto_choices(compiled.config, compiled.plan, nullptr);
-    if (!launcher && !autos.empty() && (!std::getenv("RANK") || std::string(std::getenv("RANK")) == "0"))
+    if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0)
       std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
     // The one fit rule (engine/plan/fit.hpp): a plan past what the machine has is refused; one inside the
     // headroom starts with a warning (ds plan calls it tight).
@@ -207,8 +207,7 @@ int run_train(const TrainArgs& a) {
                                                                            : fit_text(fit.device, fit.device_need, fit.device_have, compiled.plan.topology.headroom)) +
                                          "): what the memory model does not count may not fit",
                                 "a smaller micro batch, or model.activation_checkpointing, leaves more"}});
-    const char* rank_env = std::getenv("RANK");
-    const bool writes_run_dir = !rank_env || std::string(rank_env) == "0";
+    const bool writes_run_dir = compiled.plan.topology.rank == 0;
     // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
     // before anything about the output directory.
     const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);

@@ -306,14 +306,10 @@ void steps_from_epochs(const Config& c, Plan& plan) {
                                format_count(plan.tokens_per_step) + " tokens per step"});
 }
 
-Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo) {
-  Plan plan = plan_from_settings(c, topo);
-  std::vector<ConfigIssue> errors;
-  // Which tensors weight decay applies to is the model's per-tensor flag (matrices by default): "all" sets it on each.
-  ModelSpec model = given_model;
-  if (c.train.decay_all_params)
-    for (TensorSpec& t : model.tensors) t.weight_decay = true;
-  plan.model = model;
+namespace {
+
+// What trains: LoRA's adapter over a frozen base, or model.freeze's tensors frozen, or everything.
+void resolve_trainable(const Config& c, const ModelSpec& model, Plan& plan, std::vector<ConfigIssue>& errors) {
   plan.lora = resolve_lora(c.model.lora, model, errors);
   if (plan.lora.enabled) {
     plan.frozen.assign(model.tensors.size(), 1);
@@ -333,90 +329,98 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
     plan.warnings.push_back({"model.freeze", "freezes weights drawn from the seed (no model.init_from): no file holds them, so "
                              "convert-ckpt --merge cannot put the trained tensors back into a whole model",
                              "freeze weights you load: set model.init_from to the model being fine-tuned"});
-  const int64_t C = model.hp.hidden_size;
+}
 
-  // Sequence length.
+void resolve_seq_len(const Config& c, const ModelHyper& h, Plan& plan, std::vector<ConfigIssue>& errors) {
   if (c.data.seq_len) {
     plan.seq_len = *c.data.seq_len;
   } else {
-    plan.seq_len = model.hp.max_position_embeddings;
+    plan.seq_len = h.max_position_embeddings;
     plan.resolved.push_back({"data.seq_len", str(plan.seq_len), "auto: the model's max_position_embeddings"});
   }
-  if (model.hp.traits().positions == Positions::learned && plan.seq_len > model.hp.max_position_embeddings)
+  if (h.traits().positions == Positions::learned && plan.seq_len > h.max_position_embeddings)
     errors.push_back({"data.seq_len",
-                      "seq_len " + str(plan.seq_len) + " is longer than the model's " +
-                          str(model.hp.max_position_embeddings) + " learned positions",
+                      "seq_len " + str(plan.seq_len) + " is longer than the model's " + str(h.max_position_embeddings) + " learned positions",
                       "lower data.seq_len, or raise model.max_position_embeddings"});
+}
 
-  // ZeRO knobs that follow the model's width when "auto" (Hugging Face's rules).
+// The ZeRO knobs as given. Those whose "auto" follows the model's width (Hugging Face's rules) take it
+// from `hidden_size`, each recorded as resolved; without a model (0) they stay 0, unknown.
+void resolve_zero_knobs(const ZeroConfig& zc, int64_t hidden_size, Plan& plan) {
   ResolvedZero& z = plan.zero;
-  const ZeroConfig& zc = c.zero;
+  const int64_t C = hidden_size;
   auto pick = [&](const std::optional<int64_t>& v, int64_t fallback, const char* path, const std::string& rule) {
-    if (v) return *v;
+    if (v || C == 0) return v.value_or(0);
     plan.resolved.push_back({path, str(fallback), "auto: " + rule});
     return fallback;
   };
-  z.reduce_bucket_size = pick(zc.reduce_bucket_size, C * C, "zero_optimization.reduce_bucket_size",
-                              "hidden_size^2 = " + str(C) + "^2");
-  z.allgather_bucket_size = pick(zc.allgather_bucket_size, C * C, "zero_optimization.allgather_bucket_size",
-                                 "hidden_size^2 = " + str(C) + "^2");
-  z.prefetch_bucket_size = pick(zc.prefetch_bucket_size, static_cast<int64_t>(0.9 * C * C),
-                                "zero_optimization.stage3_prefetch_bucket_size", "0.9 x hidden_size^2");
-  z.param_persistence_threshold = pick(zc.param_persistence_threshold, 10 * C,
-                                       "zero_optimization.stage3_param_persistence_threshold", "10 x hidden_size");
-  DS_CHECK(zc.max_live_parameters && zc.max_reuse_distance && zc.sub_group_size, "the loader fills these defaults");
-  z.max_live_parameters = *zc.max_live_parameters;
-  z.max_reuse_distance = *zc.max_reuse_distance;
-  z.sub_group_size = *zc.sub_group_size;
+  z.reduce_bucket_size = pick(zc.reduce_bucket_size, C * C, "zero_optimization.reduce_bucket_size", "hidden_size^2 = " + str(C) + "^2");
+  z.allgather_bucket_size =
+      pick(zc.allgather_bucket_size, C * C, "zero_optimization.allgather_bucket_size", "hidden_size^2 = " + str(C) + "^2");
+  z.prefetch_bucket_size = pick(zc.prefetch_bucket_size, static_cast<int64_t>(0.9 * C * C), "zero_optimization.stage3_prefetch_bucket_size",
+                                "0.9 x hidden_size^2");
+  z.param_persistence_threshold =
+      pick(zc.param_persistence_threshold, 10 * C, "zero_optimization.stage3_param_persistence_threshold", "10 x hidden_size");
+  z.max_live_parameters = zc.max_live_parameters.value_or(0);  // the loader fills these three
+  z.max_reuse_distance = zc.max_reuse_distance.value_or(0);
+  z.sub_group_size = zc.sub_group_size.value_or(0);
   z.reduce_scatter = zc.reduce_scatter.value_or(true);
   z.contiguous_gradients = zc.contiguous_gradients;
   z.offload_optimizer = zc.offload_optimizer;
   z.offload_param = zc.offload_param;
   z.aio = zc.aio;
+}
 
-  // Micro batch: explicit, from the triangle, or (when "auto" and underdetermined) from memory.
-  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
-                 topo.world_size_source};
-  // "auto" with train_batch_size given is settled by the triangle; without it, by memory.
-  const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;
-  const double device_budget = topo.device == DeviceKind::cpu
-                                   ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
-                                   : topo.device_memory_bytes;
-  // The one fit rule (fit.hpp), headroom left on the device and in the host's memory (offloaded states and
-  // staging buffers; on the CPU the device is the host): "auto" never picks what ds plan calls tight.
-  auto fits = [&](int stage, int64_t micro) {
+// The device memory each rank may use: the GPU's, or on the CPU its share of the host's (0: unknown).
+double device_budget_of(const Topology& topo) {
+  return topo.device == DeviceKind::cpu ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
+                                        : topo.device_memory_bytes;
+}
+
+// What "auto" chooses by memory: a plan fits by the one fit rule (fit.hpp), headroom left on the device and
+// in the host's memory (offloaded states and staging buffers; on the CPU the device is the host), so
+// "auto" never picks what ds plan calls tight.
+struct MemoryChoice {
+  const Plan& plan;
+  const Topology& topo;
+  double device_budget;
+  bool fits(int stage, int64_t micro) const {
     Plan trial = plan;
     trial.batch.micro_batch = micro;
     lay_out(trial, stage);
     return check_fit(trial, topo.headroom).fits();
-  };
-  const std::string budget_text =
-      format_bytes(device_budget) + " per rank" +
-      (topo.host_memory_bytes > 0 ? " and " + format_bytes(topo.host_memory_bytes) + " of host memory per node" : std::string());
-
-  // Stage: explicit, or the lowest that fits at micro batch 1.
-  int stage = 3;
-  if (zc.stage) {
-    stage = *zc.stage;
-  } else {
-    if (device_budget <= 0)
-      errors.push_back({"zero_optimization.stage", "\"auto\" needs the device memory, which is unknown",
-                        "pass --device-memory (e.g. 80GiB) or set the stage"});
-    for (int s = 0; s <= 3 && device_budget > 0; ++s)
-      if (fits(s, c.train_micro_batch_size_per_gpu.value_or(1))) {
-        stage = s;
-        break;
-      }
-    plan.resolved.push_back({"zero_optimization.stage", std::to_string(stage),
-                             "auto: the lowest stage whose plan fits " + budget_text});
   }
+  std::string budget_text() const {
+    return format_bytes(device_budget) + " per rank" +
+           (topo.host_memory_bytes > 0 ? " and " + format_bytes(topo.host_memory_bytes) + " of host memory per node" : std::string());
+  }
+};
+
+// The stage: explicit, or the lowest that fits at the micro batch given (1 when "auto").
+int choose_stage(const Config& c, const MemoryChoice& memory, Plan& plan, std::vector<ConfigIssue>& errors) {
+  if (c.zero.stage) return *c.zero.stage;
+  int stage = 3;
+  if (memory.device_budget <= 0)
+    errors.push_back({"zero_optimization.stage", "\"auto\" needs the device memory, which is unknown", "pass --device-memory (e.g. 80GiB) or set the stage"});
+  for (int s = 0; s <= 3 && memory.device_budget > 0; ++s)
+    if (memory.fits(s, c.train_micro_batch_size_per_gpu.value_or(1))) {
+      stage = s;
+      break;
+    }
+  plan.resolved.push_back({"zero_optimization.stage", std::to_string(stage), "auto: the lowest stage whose plan fits " + memory.budget_text()});
+  return stage;
+}
+
+// overlap_comm's default and where reduce_scatter cannot act, said.
+void resolve_reduction(const ZeroConfig& zc, int stage, const Topology& topo, Plan& plan) {
+  ResolvedZero& z = plan.zero;
   z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
   if (!zc.overlap_comm)
     plan.resolved.push_back({"zero_optimization.overlap_comm", z.overlap_comm ? "true" : "false",
                              stage >= 2 ? "default: true at stage 3; true reduces each block's gradients while the next block's "
-                                            "backward runs, for one more block gradient buffer"
-                                          : "default: true at stage 3; true at stages 0-1 reduces each block's gradients as the "
-                                            "step's last backward finishes it"});
+                                          "backward runs, for one more block gradient buffer"
+                                        : "default: true at stage 3; true at stages 0-1 reduces each block's gradients as the "
+                                          "step's last backward finishes it"});
   // Where the reduction is an all-reduce whatever the key says, it says so (one rank sends nothing at all).
   if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && topo.device == DeviceKind::cpu)))
     plan.warnings.push_back({"zero_optimization.reduce_scatter",
@@ -424,70 +428,121 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                                         : "has no effect at stage 1 on CPU ranks: ds all-reduces there (over Gloo a reduce-scatter "
                                           "would need a receive buffer the size of each rank's shard)",
                              stage == 0 ? "remove it, or use stage 1 or above" : "remove it, or use stage 2"});
-  check_zero(c, plan.optimizer, stage, errors, plan.warnings, z);
+}
 
-  if (micro_from_memory) {
-    if (device_budget <= 0) {
-      errors.push_back({"train_micro_batch_size_per_gpu", "\"auto\" needs the device memory, which is unknown",
-                        "pass --device-memory (e.g. 80GiB) or set the micro batch"});
-    } else {
-      int64_t micro = 0;
-      for (int64_t m = 64; m >= 1 && micro == 0; m /= 2)
-        if (fits(stage, m)) micro = m;
-      if (micro == 0) {
-        micro = 1;
-        plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit " + budget_text,
-                                 "see the memory table; try a higher ZeRO stage, offload or activation checkpointing"});
-      }
-      bi.micro_batch = micro;
-      plan.resolved.push_back({"train_micro_batch_size_per_gpu", str(micro),
-                               "auto: the largest power of two up to 64 whose plan fits " + budget_text});
-    }
+// The micro batch when "auto" leaves it to memory: the largest power of two up to 64 that fits.
+void choose_micro_batch(const MemoryChoice& memory, int stage, BatchInputs& bi, Plan& plan, std::vector<ConfigIssue>& errors) {
+  if (memory.device_budget <= 0) {
+    errors.push_back({"train_micro_batch_size_per_gpu", "\"auto\" needs the device memory, which is unknown",
+                      "pass --device-memory (e.g. 80GiB) or set the micro batch"});
+    return;
   }
+  int64_t micro = 0;
+  for (int64_t m = 64; m >= 1 && micro == 0; m /= 2)
+    if (memory.fits(stage, m)) micro = m;
+  if (micro == 0) {
+    micro = 1;
+    plan.warnings.push_back({"train_micro_batch_size_per_gpu", "even a micro batch of 1 does not fit " + memory.budget_text(),
+                             "see the memory table; try a higher ZeRO stage, offload or activation checkpointing"});
+  }
+  bi.micro_batch = micro;
+  plan.resolved.push_back({"train_micro_batch_size_per_gpu", str(micro), "auto: the largest power of two up to 64 whose plan fits " + memory.budget_text()});
+}
+
+void resolve_batch_into(const BatchInputs& bi, Plan& plan, std::vector<ConfigIssue>& errors) {
   try {
     plan.batch = resolve_batch(bi);
   } catch (const ConfigError& e) {  // the same report as every other problem of the file
     errors.insert(errors.end(), e.issues().begin(), e.issues().end());
   }
-  if (!errors.empty()) throw ConfigError(c.source, errors);
-  // The batch triangle's keys ds computed, each by name (given as "auto" or left out).
-  {
-    const ResolvedBatch& b = plan.batch;
-    const std::string world = "world size " + std::to_string(topo.world_size) + " from " + topo.world_size_source;
-    if (!bi.grad_accum)
-      plan.resolved.push_back({"gradient_accumulation_steps", str(b.grad_accum),
-                               bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + " x world " +
-                                                         std::to_string(b.world_size) + "); " + world
-                                                   : "default 1 when train_batch_size is not given"});
-    if (!bi.train_batch_size)
-      plan.resolved.push_back({"train_batch_size", str(b.train_batch_size),
-                               "micro " + str(b.micro_batch) + " x accumulation " + str(b.grad_accum) + " x world " +
-                                   std::to_string(b.world_size) + "; " + world});
-  }
+}
 
+// The batch triangle's keys ds computed, each by name (given as "auto" or left out).
+void record_batch_derivation(const BatchInputs& bi, const Topology& topo, Plan& plan) {
+  const ResolvedBatch& b = plan.batch;
+  const std::string world = "world size " + std::to_string(topo.world_size) + " from " + topo.world_size_source;
+  if (!bi.grad_accum)
+    plan.resolved.push_back({"gradient_accumulation_steps", str(b.grad_accum),
+                             bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + " x world " +
+                                                       std::to_string(b.world_size) + "); " + world
+                                                 : "default 1 when train_batch_size is not given"});
+  if (!bi.train_batch_size)
+    plan.resolved.push_back({"train_batch_size", str(b.train_batch_size),
+                             "micro " + str(b.micro_batch) + " x accumulation " + str(b.grad_accum) + " x world " + std::to_string(b.world_size) +
+                                 "; " + world});
+}
+
+// Stage 3 as ds runs it, which DeepSpeed's knobs do not describe: replaces the prefetch bucket's "auto".
+void record_block_gathers(const ModelSpec& model, Plan& plan) {
+  plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(),
+                                     [](const ResolvedValue& v) { return v.path == "zero_optimization.stage3_prefetch_bucket_size"; }),
+                      plan.resolved.end());
+  plan.resolved.push_back({"zero_optimization.stage3_prefetch_bucket_size",
+                           "one transformer block (" + format_count(model.largest_block_params) + " parameters)",
+                           "ds gathers a whole block per collective and prefetches the next; max_live_parameters "
+                           "and max_reuse_distance do not apply"});
+}
+
+// Without a model: the collectives of a model made of one large tensor, their bytes divided by its size,
+// i.e. what each parameter costs on the wire per step at this stage and these dtypes (the real model adds
+// the control all-reduce and per-tensor padding), and the placement that stage gives.
+void add_collectives_per_parameter(const Topology& topo, int stage, Plan& plan) {
+  Plan one = plan;
+  const int64_t n = int64_t{1} << 20;
+  one.model = ModelSpec{};
+  one.model.tensors.push_back({"parameters", {n * topo.world_size}, n * topo.world_size, 0, true});
+  one.model.num_params = n * topo.world_size;
+  one.batch.grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
+  one.zero.reduce_bucket_size = one.zero.allgather_bucket_size = n;
+  one.layout = build_layout(one.model, stage, topo.world_size);
+  const ZeroExecution one_execution = describe_zero(one);
+  plan.placement = render_placement(one_execution, stage, topo.device);
+  for (Collective col : one_execution.collectives) {
+    if (col.kind == CollectiveKind::control) continue;
+    col.payload_bytes_per_step /= static_cast<double>(one.model.num_params);
+    col.wire_bytes_per_rank_per_step /= static_cast<double>(one.model.num_params);
+    plan.execution.collectives.push_back(col);
+  }
+}
+
+}  // namespace
+
+Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo) {
+  Plan plan = plan_from_settings(c, topo);
+  std::vector<ConfigIssue> errors;
+  // Which tensors weight decay applies to is the model's per-tensor flag (matrices by default): "all" sets it on each.
+  ModelSpec model = given_model;
+  if (c.train.decay_all_params)
+    for (TensorSpec& t : model.tensors) t.weight_decay = true;
+  plan.model = model;
+  resolve_trainable(c, model, plan, errors);
+  resolve_seq_len(c, model.hp, plan, errors);
+  DS_CHECK(c.zero.max_live_parameters && c.zero.max_reuse_distance && c.zero.sub_group_size, "the loader fills these defaults");
+  resolve_zero_knobs(c.zero, model.hp.hidden_size, plan);
+
+  // Micro batch: explicit, from the triangle, or (when "auto" and underdetermined, i.e. without
+  // train_batch_size) from memory.
+  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
+                 topo.world_size_source};
+  const MemoryChoice memory{plan, topo, device_budget_of(topo)};
+  const int stage = choose_stage(c, memory, plan, errors);
+  resolve_reduction(c.zero, stage, topo, plan);
+  check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
+  if (c.micro_batch_auto && !c.train_batch_size) choose_micro_batch(memory, stage, bi, plan, errors);
+  resolve_batch_into(bi, plan, errors);
+  if (!errors.empty()) throw ConfigError(c.source, errors);
+  record_batch_derivation(bi, topo, plan);
   resolve_threads(c, topo, plan);
 
   lay_out(plan, stage);
-  if (plan.execution.gathers) {
-    // How ds runs stage 3, which DeepSpeed's knobs do not describe: this replaces the "auto" value above.
-    plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(),
-                                       [](const ResolvedValue& v) { return v.path == "zero_optimization.stage3_prefetch_bucket_size"; }),
-                        plan.resolved.end());
-    plan.resolved.push_back({"zero_optimization.stage3_prefetch_bucket_size", "one transformer block (" +
-                                 format_count(model.largest_block_params) + " parameters)",
-                             "ds gathers a whole block per collective and prefetches the next; max_live_parameters "
-                             "and max_reuse_distance do not apply"});
-  }
-
+  if (plan.execution.gathers) record_block_gathers(model, plan);
   plan.placement = render_placement(plan.execution, stage, topo.device);
-
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
   if (c.train.epochs) steps_from_epochs(c, plan);
-
-  if (device_budget > 0 && plan.device_bytes_per_rank() > device_budget)
-    plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) +
-                                     " per rank but the device has " + format_bytes(device_budget),
+  if (memory.device_budget > 0 && plan.device_bytes_per_rank() > memory.device_budget)
+    plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) + " per rank but the device has " +
+                                     format_bytes(memory.device_budget),
                              "raise the ZeRO stage, offload, enable model.activation_checkpointing or lower the micro batch"});
   return plan;
 }
@@ -497,59 +552,18 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   plan.has_model = false;
   std::vector<ConfigIssue> errors;
   plan.seq_len = c.data.seq_len.value_or(0);
-  ResolvedZero& z = plan.zero;
-  const ZeroConfig& zc = c.zero;
-  // Knobs whose "auto" follows the model's width stay 0 (unknown) here.
-  z.reduce_bucket_size = zc.reduce_bucket_size.value_or(0);
-  z.allgather_bucket_size = zc.allgather_bucket_size.value_or(0);
-  z.prefetch_bucket_size = zc.prefetch_bucket_size.value_or(0);
-  z.param_persistence_threshold = zc.param_persistence_threshold.value_or(0);
-  z.max_live_parameters = zc.max_live_parameters.value_or(0);
-  z.max_reuse_distance = zc.max_reuse_distance.value_or(0);
-  z.sub_group_size = zc.sub_group_size.value_or(0);
-  z.reduce_scatter = zc.reduce_scatter.value_or(true);
-  z.contiguous_gradients = zc.contiguous_gradients;
-  z.offload_optimizer = zc.offload_optimizer;
-  z.offload_param = zc.offload_param;
-  z.aio = zc.aio;
-  const int stage = zc.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
+  resolve_zero_knobs(c.zero, 0, plan);
+  const int stage = c.zero.stage.value_or(-1);  // "auto": chosen by memory, which needs the model
   plan.layout.stage = stage;
   plan.layout.world_size = topo.world_size;
-  z.overlap_comm = zc.overlap_comm.value_or(stage == 3);
-  if (stage >= 0) check_zero(c, plan.optimizer, stage, errors, plan.warnings, z);
-  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
-                 topo.world_size_source};
-  const bool micro_from_memory = c.micro_batch_auto && !c.train_batch_size;
-  if (!micro_from_memory) {
-    try {
-      plan.batch = resolve_batch(bi);
-    } catch (const ConfigError& e) {
-      errors.insert(errors.end(), e.issues().begin(), e.issues().end());
-    }
-  }
+  plan.zero.overlap_comm = c.zero.overlap_comm.value_or(stage == 3);
+  if (stage >= 0) check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
+  const BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
+                       topo.world_size_source};
+  if (!(c.micro_batch_auto && !c.train_batch_size)) resolve_batch_into(bi, plan, errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
   resolve_threads(c, topo, plan);
-  if (stage >= 0) {
-    // The collectives of a model made of one large tensor, their bytes divided by its size: what each
-    // parameter costs on the wire per step at this stage and these dtypes (the real model adds the
-    // control all-reduce and per-tensor padding).
-    Plan one = plan;
-    const int64_t n = int64_t{1} << 20;
-    one.model = ModelSpec{};
-    one.model.tensors.push_back({"parameters", {n * topo.world_size}, n * topo.world_size, 0, true});
-    one.model.num_params = n * topo.world_size;
-    one.batch.grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
-    one.zero.reduce_bucket_size = one.zero.allgather_bucket_size = n;
-    one.layout = build_layout(one.model, stage, topo.world_size);
-    const ZeroExecution one_execution = describe_zero(one);
-    plan.placement = render_placement(one_execution, stage, topo.device);
-    for (Collective col : one_execution.collectives) {
-      if (col.kind == CollectiveKind::control) continue;
-      col.payload_bytes_per_step /= static_cast<double>(one.model.num_params);
-      col.wire_bytes_per_rank_per_step /= static_cast<double>(one.model.num_params);
-      plan.execution.collectives.push_back(col);
-    }
-  }
+  if (stage >= 0) add_collectives_per_parameter(topo, stage, plan);
   return plan;
 }
 

@@ -41,45 +41,41 @@ json issues(const std::vector<ConfigIssue>& list) {
   return a;
 }
 
-}  // namespace
-
-std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
+json model_json(const Plan& p) {
   const ModelHyper& h = p.model.hp;
-  json j;
-  j["schema_version"] = p.schema_version;
-  j["config"] = p.config_source;
-  if (p.has_model)
-    j["model"] = {{"name", h.name},
-                {"arch", model_arch_name(h.arch)},
-                {"vocab_size", h.vocab_size},
-                {"hidden_size", h.hidden_size},
-                {"num_layers", h.num_layers},
-                {"num_heads", h.num_heads},
-                {"num_kv_heads", h.num_kv_heads},
-                {"intermediate_size", h.intermediate_size},
-                {"head_dim", h.head_dim()},
-                {"max_position_embeddings", h.max_position_embeddings},
-                {"tie_word_embeddings", h.tie_word_embeddings},
-                {"attention_bias", h.attention_bias},
-                {"mlp_bias", h.mlp_bias},
-                {"sliding_window", h.sliding_window > 0 ? json(h.sliding_window) : json(nullptr)},
-                {"attn_logit_softcapping", h.attn_softcap > 0 ? json(h.attn_softcap) : json(nullptr)},
-                {"final_logit_softcapping", h.final_softcap > 0 ? json(h.final_softcap) : json(nullptr)},
-                {"query_pre_attn_scalar", h.query_pre_attn_scalar > 0 ? json(h.query_pre_attn_scalar) : json(nullptr)},
-                {"norm_eps", h.norm_eps},
-                {"rope_theta", h.rope_theta},
-                {"rope_scaling", rope_scaling_json(h.rope_scaling)},
-                {"attn_pdrop", h.attn_pdrop},
-                {"resid_pdrop", h.resid_pdrop},
-                {"embd_pdrop", h.embd_pdrop},
-                {"bos_token_id", h.bos_token_id >= 0 ? json(h.bos_token_id) : json(nullptr)},
-                {"eos_token_id", h.eos_token_id.empty() ? json(nullptr) : json(h.eos_token_id)},
-                {"num_params", p.model.num_params},
-                {"largest_module_params", p.model.largest_module_params},
-                {"largest_block_params", p.model.largest_block_params},
-                {"train_flops_per_token", p.train_flops_per_token()}};
-  else
-    j["model"] = nullptr;  // a config without a model block: what needs one is null below
+  return {{"name", h.name},
+          {"arch", model_arch_name(h.arch)},
+          {"vocab_size", h.vocab_size},
+          {"hidden_size", h.hidden_size},
+          {"num_layers", h.num_layers},
+          {"num_heads", h.num_heads},
+          {"num_kv_heads", h.num_kv_heads},
+          {"intermediate_size", h.intermediate_size},
+          {"head_dim", h.head_dim()},
+          {"max_position_embeddings", h.max_position_embeddings},
+          {"tie_word_embeddings", h.tie_word_embeddings},
+          {"attention_bias", h.attention_bias},
+          {"mlp_bias", h.mlp_bias},
+          {"sliding_window", h.sliding_window > 0 ? json(h.sliding_window) : json(nullptr)},
+          {"attn_logit_softcapping", h.attn_softcap > 0 ? json(h.attn_softcap) : json(nullptr)},
+          {"final_logit_softcapping", h.final_softcap > 0 ? json(h.final_softcap) : json(nullptr)},
+          {"query_pre_attn_scalar", h.query_pre_attn_scalar > 0 ? json(h.query_pre_attn_scalar) : json(nullptr)},
+          {"norm_eps", h.norm_eps},
+          {"rope_theta", h.rope_theta},
+          {"rope_scaling", rope_scaling_json(h.rope_scaling)},
+          {"attn_pdrop", h.attn_pdrop},
+          {"resid_pdrop", h.resid_pdrop},
+          {"embd_pdrop", h.embd_pdrop},
+          {"bos_token_id", h.bos_token_id >= 0 ? json(h.bos_token_id) : json(nullptr)},
+          {"eos_token_id", h.eos_token_id.empty() ? json(nullptr) : json(h.eos_token_id)},
+          {"num_params", p.model.num_params},
+          {"largest_module_params", p.model.largest_module_params},
+          {"largest_block_params", p.model.largest_block_params},
+          {"train_flops_per_token", p.train_flops_per_token()}};
+}
+
+// What trains and what is held: LoRA's adapter, or model.freeze's tensors (null when neither).
+void add_trainable(const Plan& p, json& j) {
   if (p.lora.enabled)
     j["lora"] = {{"r", p.lora.r},
                  {"alpha", p.lora.alpha},
@@ -99,15 +95,180 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   } else {
     j["freeze"] = nullptr;
   }
-  const Topology& t = p.topology;
-  j["topology"] = {{"world_size", t.world_size},
-                   {"ranks_per_node", t.ranks_per_node},
-                   {"num_nodes", t.num_nodes},
-                   {"device", t.device == DeviceKind::cpu ? "cpu" : "cuda"},
-                   {"device_memory_bytes", bytes(t.device_memory_bytes)},
-                   {"host_memory_bytes", bytes(t.host_memory_bytes)},
-                   {"cores_per_node", t.cores_per_node},
-                   {"world_size_source", t.world_size_source}};
+}
+
+json topology_json(const Topology& t) {
+  return {{"world_size", t.world_size},
+          {"ranks_per_node", t.ranks_per_node},
+          {"num_nodes", t.num_nodes},
+          {"device", t.device == DeviceKind::cpu ? "cpu" : "cuda"},
+          {"device_memory_bytes", bytes(t.device_memory_bytes)},
+          {"host_memory_bytes", bytes(t.host_memory_bytes)},
+          {"cores_per_node", t.cores_per_node},
+          {"world_size_source", t.world_size_source}};
+}
+
+json precision_json(const PrecisionPolicy& pr) {
+  return {{"mode", pr.mode},
+          {"param_dtype", dtype_name(pr.param_dtype)},
+          {"compute_dtype", dtype_name(pr.compute_dtype)},
+          {"grad_dtype", dtype_name(pr.grad_dtype)},
+          {"comm_dtype", dtype_name(pr.comm_dtype)},
+          {"fp32_master", pr.fp32_master},
+          {"check_overflow", pr.check_overflow},
+          {"loss_scaling",
+           {{"enabled", pr.loss_scaling.enabled},
+            {"dynamic", pr.loss_scaling.dynamic},
+            {"initial_scale", pr.loss_scaling.initial_scale},
+            {"window", pr.loss_scaling.window},
+            {"hysteresis", pr.loss_scaling.hysteresis},
+            {"consecutive_hysteresis", pr.loss_scaling.consecutive_hysteresis},
+            {"min_scale", pr.loss_scaling.min_scale}}},
+          {"note", pr.note}};
+}
+
+json optimizer_json(const ResolvedOptimizer& o) {
+  return {{"type", optimizer_type_name(o.type)},
+          {"lr", o.lr},
+          {"betas", {o.betas[0], o.betas[1]}},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"decoupled_weight_decay", o.decoupled_weight_decay},
+          {"weight_decay_params", o.decay_all_params ? "all" : "matrices"},
+          {"bias_correction", o.bias_correction},
+          {"momentum", o.momentum},
+          {"moments", o.moments}};
+}
+
+json scheduler_json(const Plan& p) {
+  const SchedulerConfig& s = p.scheduler.params;
+  json sj{{"type", scheduler_type_name(p.scheduler.type)}};
+  if (p.scheduler.type != SchedulerType::None) {
+    if (s.warmup_min_lr) sj["warmup_min_lr"] = *s.warmup_min_lr;
+    if (s.warmup_max_lr) sj["warmup_max_lr"] = *s.warmup_max_lr;
+    if (s.warmup_num_steps) sj["warmup_num_steps"] = *s.warmup_num_steps;
+    if (s.total_num_steps) sj["total_num_steps"] = *s.total_num_steps;
+    sj["warmup_type"] = s.warmup_type;
+  }
+  return sj;
+}
+
+json zero_json(const Plan& p) {
+  const ResolvedZero& z = p.zero;
+  return {{"stage", p.zero_stage()},
+          {"overlap_comm", z.overlap_comm},
+          {"reduce_scatter", z.reduce_scatter},
+          {"contiguous_gradients", z.contiguous_gradients},
+          {"reduce_bucket_size", z.reduce_bucket_size},
+          {"allgather_bucket_size", z.allgather_bucket_size},
+          {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
+          {"stage3_param_persistence_threshold", z.param_persistence_threshold},
+          {"stage3_max_live_parameters", z.max_live_parameters},
+          {"stage3_max_reuse_distance", z.max_reuse_distance},
+          {"sub_group_size", z.sub_group_size},
+          {"offload_optimizer", offload(z.offload_optimizer)},
+          {"offload_param", offload(z.offload_param)}};
+}
+
+// The flat layout: every tensor's place, and each rank's shard (what checkpoints are cut by).
+json layout_json(const FlatLayout& L) {
+  json params = json::array();
+  for (const auto& ps : L.params) {
+    json e{{"name", ps.name}, {"shape", ps.shape}, {"numel", ps.numel}, {"offset", ps.offset}, {"weight_decay", ps.weight_decay}};
+    if (L.stage == 3) {
+      e["partition_numel"] = ps.partition_numel;
+      e["partition_offset"] = ps.partition_offset;
+    }
+    params.push_back(std::move(e));
+  }
+  json shards = json::array();
+  for (size_t r = 0; r < L.shards.size(); ++r)
+    shards.push_back({{"rank", r}, {"begin", L.shards[r].begin}, {"end", L.shards[r].end}, {"real", L.shards[r].real}});
+  return {{"stage", L.stage},       {"world_size", L.world_size},   {"numel", L.numel},
+          {"padded_numel", L.padded_numel}, {"alignment", L.alignment}, {"shard_numel", L.shard_numel},
+          {"shards", shards},       {"params", params}};
+}
+
+json collectives_json(const std::vector<Collective>& collectives) {
+  json coll = json::array();
+  for (const auto& c : collectives)
+    coll.push_back({{"what", c.what()},
+                    {"op", collective_op_name(c.op)},
+                    {"when", c.when},
+                    {"calls_per_step", c.calls_per_step},
+                    {"elements_per_step", c.elements_per_step},
+                    {"dtype_bytes", c.dtype_bytes},
+                    {"payload_bytes_per_step", bytes(c.payload_bytes_per_step)},
+                    {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)},
+                    {"note", c.note}});
+  return coll;
+}
+
+// The ZeRO execution: the buffers the runtime allocates, the transfers between places, NVMe's sub-groups.
+json execution_json(const ZeroExecution& x) {
+  json buffers = json::array();
+  for (const ZeroBuffer& b : x.buffers)
+    buffers.push_back({{"role", buffer_role_name(b.role)},
+                       {"dtype", dtype_name(b.dtype)},
+                       {"elements", b.elements},
+                       {"copies", b.copies},
+                       {"place", place_name(b.place)},
+                       {"bytes", bytes(b.bytes())},
+                       {"transient", b.transient}});
+  json e = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
+            {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
+            {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
+            {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers},
+            {"backend", comm_backend_name(x.backend)},
+            // Frozen tensors: kept whole, and (stage 3 on several ranks) partitioned, gathered by block.
+            {"frozen_whole_numel", x.frozen_whole_numel},
+            {"frozen_partitioned_numel", x.frozen_layout.numel},
+            {"frozen_block_numel", x.frozen_block_numel}};
+  json transfers = json::array();
+  for (const Transfer& t : x.transfers)
+    transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});
+  e["transfers"] = transfers;
+  if (!x.sub_groups.empty())
+    e["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},
+                      {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};
+  return e;
+}
+
+json run_json(const RunSettings& r) {
+  return {{"output_dir", r.output_dir},     {"seed", r.seed},
+          {"save_every", r.save_every},     {"keep_last", r.keep_last}, {"divergence_factor", r.divergence_factor},
+          {"eval_every", r.eval_every},     {"eval_batches", r.eval_batches},
+          {"comm_timeout_s", r.comm_timeout_s}, {"comms_logger", r.comms_logger},
+          {"wall_clock_breakdown", r.wall_clock_breakdown},
+          {"csv_monitor", r.csv_monitor.enabled}, {"tensorboard", r.tensorboard.enabled},
+          {"init_from", r.init_from}};
+}
+
+json fit_json(const Plan& p) {
+  if (!p.has_model) return nullptr;
+  const FitCheck f = check_fit(p, p.topology.headroom);
+  const auto name = [](Fit v) {
+    switch (v) {
+      case Fit::fits: return "fits";
+      case Fit::within_headroom: return "within_headroom";
+      case Fit::does_not_fit: return "does_not_fit";
+      case Fit::not_applicable: return "not_applicable";
+      case Fit::unknown: break;
+    }
+    return "unknown";
+  };
+  return {{"device", name(f.device)}, {"host", name(f.host)}, {"headroom", p.topology.headroom}};
+}
+
+}  // namespace
+
+std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
+  json j;
+  j["schema_version"] = p.schema_version;
+  j["config"] = p.config_source;
+  j["model"] = p.has_model ? model_json(p) : json(nullptr);  // a config without a model block: what needs one is null below
+  add_trainable(p, j);
+  j["topology"] = topology_json(p.topology);
   j["batch"] = {{"train_batch_size", p.batch.train_batch_size},
                 {"train_micro_batch_size_per_gpu", p.batch.micro_batch},
                 {"gradient_accumulation_steps", p.batch.grad_accum},
@@ -123,124 +284,17 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["threads"] = p.threads;
   j["tokens_per_step"] = p.tokens_per_step;
   j["train_flops_per_step"] = p.train_flops_per_step;
-  const PrecisionPolicy& pr = p.precision;
-  j["precision"] = {{"mode", pr.mode},
-                    {"param_dtype", dtype_name(pr.param_dtype)},
-                    {"compute_dtype", dtype_name(pr.compute_dtype)},
-                    {"grad_dtype", dtype_name(pr.grad_dtype)},
-                    {"comm_dtype", dtype_name(pr.comm_dtype)},
-                    {"fp32_master", pr.fp32_master},
-                    {"check_overflow", pr.check_overflow},
-                    {"loss_scaling",
-                     {{"enabled", pr.loss_scaling.enabled},
-                      {"dynamic", pr.loss_scaling.dynamic},
-                      {"initial_scale", pr.loss_scaling.initial_scale},
-                      {"window", pr.loss_scaling.window},
-                      {"hysteresis", pr.loss_scaling.hysteresis},
-                      {"consecutive_hysteresis", pr.loss_scaling.consecutive_hysteresis},
-                      {"min_scale", pr.loss_scaling.min_scale}}},
-                    {"note", pr.note}};
-  const ResolvedOptimizer& o = p.optimizer;
-  j["optimizer"] = {{"type", optimizer_type_name(o.type)},
-                    {"lr", o.lr},
-                    {"betas", {o.betas[0], o.betas[1]}},
-                    {"eps", o.eps},
-                    {"weight_decay", o.weight_decay},
-                    {"decoupled_weight_decay", o.decoupled_weight_decay},
-                    {"weight_decay_params", o.decay_all_params ? "all" : "matrices"},
-                    {"bias_correction", o.bias_correction},
-                    {"momentum", o.momentum},
-                    {"moments", o.moments}};
-  const SchedulerConfig& s = p.scheduler.params;
-  json sj{{"type", scheduler_type_name(p.scheduler.type)}};
-  if (p.scheduler.type != SchedulerType::None) {
-    if (s.warmup_min_lr) sj["warmup_min_lr"] = *s.warmup_min_lr;
-    if (s.warmup_max_lr) sj["warmup_max_lr"] = *s.warmup_max_lr;
-    if (s.warmup_num_steps) sj["warmup_num_steps"] = *s.warmup_num_steps;
-    if (s.total_num_steps) sj["total_num_steps"] = *s.total_num_steps;
-    sj["warmup_type"] = s.warmup_type;
-  }
-  j["scheduler"] = sj;
+  j["precision"] = precision_json(p.precision);
+  j["optimizer"] = optimizer_json(p.optimizer);
+  j["scheduler"] = scheduler_json(p);
   j["gradient_clipping"] = p.gradient_clipping;
   j["gradient_sum_over_ranks"] = p.gradient_sum_over_ranks;
   j["activation_checkpointing"] = p.activation_checkpointing;
-  const ResolvedZero& z = p.zero;
-  j["zero"] = {{"stage", p.zero_stage()},
-               {"overlap_comm", z.overlap_comm},
-               {"reduce_scatter", z.reduce_scatter},
-               {"contiguous_gradients", z.contiguous_gradients},
-               {"reduce_bucket_size", z.reduce_bucket_size},
-               {"allgather_bucket_size", z.allgather_bucket_size},
-               {"stage3_prefetch_bucket_size", z.prefetch_bucket_size},
-               {"stage3_param_persistence_threshold", z.param_persistence_threshold},
-               {"stage3_max_live_parameters", z.max_live_parameters},
-               {"stage3_max_reuse_distance", z.max_reuse_distance},
-               {"sub_group_size", z.sub_group_size},
-               {"offload_optimizer", offload(z.offload_optimizer)},
-               {"offload_param", offload(z.offload_param)}};
-  const FlatLayout& L = p.layout;
-  json params = json::array();
-  for (const auto& ps : L.params) {
-    json e{{"name", ps.name}, {"shape", ps.shape}, {"numel", ps.numel}, {"offset", ps.offset}, {"weight_decay", ps.weight_decay}};
-    if (L.stage == 3) {
-      e["partition_numel"] = ps.partition_numel;
-      e["partition_offset"] = ps.partition_offset;
-    }
-    params.push_back(std::move(e));
-  }
-  json shards = json::array();
-  for (size_t r = 0; r < L.shards.size(); ++r)
-    shards.push_back({{"rank", r}, {"begin", L.shards[r].begin}, {"end", L.shards[r].end}, {"real", L.shards[r].real}});
-  j["layout"] = {{"stage", L.stage},       {"world_size", L.world_size},   {"numel", L.numel},
-                 {"padded_numel", L.padded_numel}, {"alignment", L.alignment}, {"shard_numel", L.shard_numel},
-                 {"shards", shards},       {"params", params}};
-  json coll = json::array();
-  for (const auto& c : p.execution.collectives)
-    coll.push_back({{"what", c.what()},
-                    {"op", collective_op_name(c.op)},
-                    {"when", c.when},
-                    {"calls_per_step", c.calls_per_step},
-                    {"elements_per_step", c.elements_per_step},
-                    {"dtype_bytes", c.dtype_bytes},
-                    {"payload_bytes_per_step", bytes(c.payload_bytes_per_step)},
-                    {"wire_bytes_per_rank_per_step", bytes(c.wire_bytes_per_rank_per_step)},
-                    {"note", c.note}});
-  j[p.has_model ? "collectives" : "collectives_per_parameter"] = coll;
-  if (p.has_model) {
-    const ZeroExecution& x = p.execution;
-    json buffers = json::array();
-    for (const ZeroBuffer& b : x.buffers)
-      buffers.push_back({{"role", buffer_role_name(b.role)},
-                         {"dtype", dtype_name(b.dtype)},
-                         {"elements", b.elements},
-                         {"copies", b.copies},
-                         {"place", place_name(b.place)},
-                         {"bytes", bytes(b.bytes())},
-                         {"transient", b.transient}});
-    j["zero_execution"] = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
-                           {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
-                           {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
-                           {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers},
-                           {"backend", comm_backend_name(x.backend)},
-                           // Frozen tensors: kept whole, and (stage 3 on several ranks) partitioned, gathered by block.
-                           {"frozen_whole_numel", x.frozen_whole_numel},
-                           {"frozen_partitioned_numel", x.frozen_layout.numel},
-                           {"frozen_block_numel", x.frozen_block_numel}};
-    json transfers = json::array();
-    for (const Transfer& t : x.transfers)
-      transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});
-    j["zero_execution"]["transfers"] = transfers;
-    if (!x.sub_groups.empty())
-      j["zero_execution"]["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},
-                                          {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};
-  }
-  j["run"] = {{"output_dir", p.run.output_dir},     {"seed", p.run.seed},
-              {"save_every", p.run.save_every},     {"keep_last", p.run.keep_last}, {"divergence_factor", p.run.divergence_factor},
-              {"eval_every", p.run.eval_every},     {"eval_batches", p.run.eval_batches},
-              {"comm_timeout_s", p.run.comm_timeout_s}, {"comms_logger", p.run.comms_logger},
-              {"wall_clock_breakdown", p.run.wall_clock_breakdown},
-              {"csv_monitor", p.run.csv_monitor.enabled}, {"tensorboard", p.run.tensorboard.enabled},
-              {"init_from", p.run.init_from}};
+  j["zero"] = zero_json(p);
+  j["layout"] = layout_json(p.layout);
+  j[p.has_model ? "collectives" : "collectives_per_parameter"] = collectives_json(p.execution.collectives);
+  if (p.has_model) j["zero_execution"] = execution_json(p.execution);
+  j["run"] = run_json(p.run);
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},
                  {"host_per_rank", categories(p.memory.host)},
                  {"nvme_per_rank", bytes(p.memory.nvme)},
@@ -253,20 +307,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["resolved"] = res;
   j["warnings"] = issues(p.warnings);
   j["not_yet_runnable"] = p.has_model ? not_yet_runnable(p) : std::vector<std::string>{};
-  {
-    const FitCheck f = check_fit(p, p.topology.headroom);
-    const auto name = [](Fit v) {
-      switch (v) {
-        case Fit::fits: return "fits";
-        case Fit::within_headroom: return "within_headroom";
-        case Fit::does_not_fit: return "does_not_fit";
-        case Fit::not_applicable: return "not_applicable";
-        case Fit::unknown: break;
-      }
-      return "unknown";
-    };
-    j["fit"] = p.has_model ? json{{"device", name(f.device)}, {"host", name(f.host)}, {"headroom", p.topology.headroom}} : json(nullptr);
-  }
+  j["fit"] = fit_json(p);
   if (!p.has_model)
     for (const char* needs_model : {"layout", "memory", "tokens_per_step", "train_flops_per_step"}) j[needs_model] = nullptr;
   if (!tokenizer_files.empty()) {

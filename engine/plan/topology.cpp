@@ -29,6 +29,8 @@ int env_int(const std::function<const char*(const char*)>& getenv_fn, const char
 
 }  // namespace
 
+bool started_as_rank() { return std::getenv("RANK") != nullptr; }
+
 Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn) {
   Topology t;
   t.cores_per_node = detect_cores();

@@ -55,6 +55,11 @@ struct TopologyOptions {
 // wins over defaults. `getenv` is injectable for tests. Throws UserError on contradictions.
 Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn);
 
+// Whether this process is one rank of a run a launcher started (ds's own, torchrun, DeepSpeed's launcher,
+// Slurm through them): RANK is in its environment. The launcher itself and a lone process are not. The one
+// place that reads RANK outside make_topology; after the plan is compiled, its topology's rank says the rest.
+bool started_as_rank();
+
 // GPUs the NVIDIA driver lists (via nvidia-smi); empty without a driver or GPU.
 std::vector<GpuInfo> detect_gpus();
 
