@@ -316,14 +316,8 @@ bool rotary(const ModelHyper& h) { return h.traits().positions == Positions::rot
 
 bool config_gives_architecture(const ModelConfig& m) { return !m.preset.empty() || !m.hf_config.empty() || m.explicit_fields.arch; }
 
-}  // namespace
-
-CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
-  const ConfigArgs a = with_config_path(given);
-  for (const auto& o : a.overrides)
-    if (!looks_like_override(o))
-      throw UserError("'" + o + "' is neither an override nor a flag",
-                      "overrides look like zero_optimization.stage=3 or ~scheduler; flags start with --");
+// The machine planned for: flags over the launcher's environment; a run here uses what this build can.
+Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   TopologyOptions topt;
   topt.world_size = a.world_size;
   topt.nproc_per_node = a.nproc_per_node;
@@ -347,67 +341,52 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
       topt.gpus.clear();
     }
   }
-  const Topology topo = make_topology(topt, [](const char* n) { return std::getenv(n); });
-  LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
-  // model.init_from: the model is the source's. A config that names no architecture takes it (as explicit
-  // keys, so the run's stored config says what it trained); one that names an architecture must agree.
-  std::optional<ModelHyper> source;
-  if (loaded.config.model.given && !loaded.config.model.init_from.empty())
-    source = source_architecture(loaded.config.model.init_from, !config_gives_architecture(loaded.config.model), a.config);
-  if (source) {
-    std::vector<std::string> with = a.overrides;
-    const bool takes_architecture = !config_gives_architecture(loaded.config.model);
-    if (takes_architecture)
-      for (const ArchitectureKey& k : architecture_keys())
-        if (!k.rotary_only || rotary(*source)) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
-    // The source's special tokens go with its weights (an export writes them to config.json and
-    // generation_config.json), unless the config sets them.
-    const ModelFields& set = loaded.config.model.explicit_fields;
-    if (!set.bos_token_id)
-      with.push_back("model.bos_token_id=" + (source->bos_token_id >= 0 ? std::to_string(source->bos_token_id) : std::string("null")));
-    if (!set.eos_token_id)
-      with.push_back("model.eos_token_id=" + (source->eos_token_id.empty() ? std::string("null") : nlohmann::json(source->eos_token_id).dump()));
-    loaded = load_config_file_with_json(a.config, with);
-    if (!quiet && takes_architecture)
-      std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
-                << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
+  return make_topology(topt, [](const char* n) { return std::getenv(n); });
+}
+
+// model.init_from: the model is the source's. A config that names no architecture takes it (as explicit
+// keys, so the run's stored config says what it trained), and the source's special tokens unless the
+// config sets them. Returns the source's architecture (none without init_from).
+std::optional<ModelHyper> take_source_architecture(const std::string& sub, const ConfigArgs& a, bool quiet, LoadedConfig& loaded) {
+  if (!loaded.config.model.given || loaded.config.model.init_from.empty()) return std::nullopt;
+  const bool takes_architecture = !config_gives_architecture(loaded.config.model);
+  std::optional<ModelHyper> source = source_architecture(loaded.config.model.init_from, takes_architecture, a.config);
+  if (!source) return source;
+  std::vector<std::string> with = a.overrides;
+  if (takes_architecture)
+    for (const ArchitectureKey& k : architecture_keys())
+      if (!k.rotary_only || rotary(*source)) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
+  // The special tokens go with the weights (an export writes them to config.json and generation_config.json).
+  const ModelFields& set = loaded.config.model.explicit_fields;
+  if (!set.bos_token_id)
+    with.push_back("model.bos_token_id=" + (source->bos_token_id >= 0 ? std::to_string(source->bos_token_id) : std::string("null")));
+  if (!set.eos_token_id)
+    with.push_back("model.eos_token_id=" + (source->eos_token_id.empty() ? std::string("null") : nlohmann::json(source->eos_token_id).dump()));
+  loaded = load_config_file_with_json(a.config, with);
+  if (!quiet && takes_architecture)
+    std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
+              << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
+  return source;
+}
+
+// A config that names an architecture must agree with model.init_from's, key by key.
+void check_agrees_with_source(const ModelHyper& hyper, const ModelHyper& source, const Config& config, const std::string& path) {
+  std::vector<ConfigIssue> differ;
+  for (const ArchitectureKey& k : architecture_keys()) {
+    if (k.rotary_only && (!rotary(hyper) || !rotary(source))) continue;
+    const std::string mine = k.value(hyper), theirs = k.value(source);
+    if (mine != theirs)
+      differ.push_back({"model." + std::string(k.key),
+                        "the config gives " + mine + ", but model.init_from (" + config.model.init_from + ") was trained with " + theirs,
+                        "a model that computes another function would start from weights made for this one: remove the "
+                        "model keys (the source's architecture is then taken) or make them agree"});
+    if (k.key == std::string("arch") && mine != theirs) break;  // the rest follows from the architecture
   }
-  // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
-  if (loaded.config.train.epochs && loaded.config.model.given) {
-    try {
-      loaded.config.data.measured_tokens = measure_tokens(loaded.config.data);
-    } catch (const UserError& e) {
-      throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
-    }
-  }
-  const Config& config = loaded.config;
-  Plan plan;
-  if (config.model.given) {
-    const ModelHyper hyper = resolve_model_hyper(config.model);
-    if (source) {
-      std::vector<ConfigIssue> differ;
-      for (const ArchitectureKey& k : architecture_keys()) {
-        if (k.rotary_only && (!rotary(hyper) || !rotary(*source))) continue;
-        const std::string mine = k.value(hyper), theirs = k.value(*source);
-        if (mine != theirs)
-          differ.push_back({"model." + std::string(k.key), "the config gives " + mine + ", but model.init_from (" + config.model.init_from +
-                                                                ") was trained with " + theirs,
-                            "a model that computes another function would start from weights made for this one: remove the "
-                            "model keys (the source's architecture is then taken) or make them agree"});
-        if (k.key == std::string("arch") && mine != theirs) break;  // the rest follows from the architecture
-      }
-      if (!differ.empty()) throw ConfigError(a.config, differ);
-    }
-    plan = compile_plan(config, build_model_spec(hyper), topo);
-  } else {
-    plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
-    if (!a.model_optional)
-      throw ConfigError(a.config, {{"model", "the config has no model block: ds " + sub + " needs to know what to train",
-                                    "add e.g. \"model\": {\"preset\": \"gpt2\"} to the file, or the override model.preset=gpt2 "
-                                    "(presets: ds-config(5); a Hugging Face config.json: model.hf_config=path)"}});
-  }
-  // Input files: a warning while planning (the plan may be made on another machine), an error before a run.
-  std::vector<ConfigIssue> missing;
+  if (!differ.empty()) throw ConfigError(path, differ);
+}
+
+// The data files the config names: each must be there, and a file (or a directory of shards where allowed).
+void check_data_files(const DataConfig& d, std::vector<ConfigIssue>& missing) {
   auto need = [&](const std::string& path, const char* key, bool shards = false) {
     std::error_code ec;
     if (path.empty()) return;
@@ -424,15 +403,17 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     else if (!std::filesystem::is_regular_file(path, ec))  // a FIFO or a device would block or never end
       missing.push_back({key, "'" + path + "' is not a regular file (a FIFO, socket or device)", "name a file on disk"});
   };
-  if (config.data.type != DataType::synthetic)
-    need(config.data.path, "data.path", config.data.type == DataType::text || config.data.type == DataType::tokens);
-  if (config.data.type == DataType::text && config.data.tokenizer == "gpt2") {
-    need(config.data.vocab_file, "data.vocab_file");
-    need(config.data.merges_file, "data.merges_file");
+  if (d.type != DataType::synthetic) need(d.path, "data.path", d.type == DataType::text || d.type == DataType::tokens);
+  if (d.type == DataType::text && d.tokenizer == "gpt2") {
+    need(d.vocab_file, "data.vocab_file");
+    need(d.merges_file, "data.merges_file");
   }
-  // Swap folders for NVMe offload (ds train checks more: writable, room for the files).
-  for (const auto& [offload, key] : {std::pair{&plan.zero.offload_optimizer, "zero_optimization.offload_optimizer.nvme_path"},
-                                     {&plan.zero.offload_param, "zero_optimization.offload_param.nvme_path"}}) {
+}
+
+// Swap folders for NVMe offload (ds train checks more: writable, room for the files).
+void check_swap_folders(const ResolvedZero& z, std::vector<ConfigIssue>& missing) {
+  for (const auto& [offload, key] : {std::pair{&z.offload_optimizer, "zero_optimization.offload_optimizer.nvme_path"},
+                                     {&z.offload_param, "zero_optimization.offload_param.nvme_path"}}) {
     if (offload->device != OffloadDevice::nvme) continue;
     std::error_code ec;
     if (offload->nvme_path.empty())
@@ -443,31 +424,71 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     else if (!std::filesystem::is_directory(offload->nvme_path, ec))
       missing.push_back({key, "'" + offload->nvme_path + "' is not a directory", "point nvme_path at a folder"});
   }
-  // Initial weights: must exist and match the model, tensor by tensor (headers only are read).
-  if (!config.model.init_from.empty() && plan.has_model) {
+}
+
+// model.init_from's weights: there, a model to start from, matching the plan's tensors (headers only are read).
+void check_initial_weights(const std::string& init_from, const Plan& plan, std::vector<ConfigIssue>& missing) {
+  try {
+    const std::unique_ptr<WeightSource> source = open_weights(init_from);
+    if (source->kind() == WeightsKind::ds_checkpoint && source->frozen_part)
+      throw UserError("model.init_from '" + init_from + "' is a run that trained " +
+                          (source->lora ? "a LoRA adapter" : "some tensors over a frozen base") +
+                          ": its checkpoints hold only what trained, not a model to start from",
+                      "continue it with train.resume=" + init_from + "; or start from its result: ds convert-ckpt " + init_from +
+                          " OUT --merge (the whole model)" +
+                          (source->lora ? std::string(" or --adapter (the adapter, which model.init_from takes with model.lora)") : ""));
+    if (source->kind() != WeightsKind::peft_adapter) {
+      match_weights(*source, plan.model);
+    } else if (!plan.lora.enabled) {
+      throw UserError("model.init_from '" + init_from + "' is a LoRA adapter, and this config trains no adapter",
+                      "set model.lora as its adapter_config.json says (r " + std::to_string(source->lora->r) + ", alpha " +
+                          format_double(source->lora->alpha) + ", target_modules " + join(source->lora->target_modules, ", ") + ")");
+    } else {
+      check_peft_adapter(*source, plan.lora);
+      match_weights(*open_adapter_base(*source), plan.model);
+    }
+  } catch (const UserError& e) {
+    missing.push_back({"model.init_from", e.what(), e.hint()});
+  }
+}
+
+}  // namespace
+
+CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
+  const ConfigArgs a = with_config_path(given);
+  for (const auto& o : a.overrides)
+    if (!looks_like_override(o))
+      throw UserError("'" + o + "' is neither an override nor a flag",
+                      "overrides look like zero_optimization.stage=3 or ~scheduler; flags start with --");
+  const Topology topo = topology_of(sub, a, quiet);
+  LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
+  const std::optional<ModelHyper> source = take_source_architecture(sub, a, quiet, loaded);
+  // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
+  if (loaded.config.train.epochs && loaded.config.model.given) {
     try {
-      const std::unique_ptr<WeightSource> source = open_weights(config.model.init_from);
-      if (source->kind() == WeightsKind::ds_checkpoint && source->frozen_part)
-        throw UserError("model.init_from '" + config.model.init_from + "' is a run that trained " +
-                            (source->lora ? "a LoRA adapter" : "some tensors over a frozen base") +
-                            ": its checkpoints hold only what trained, not a model to start from",
-                        "continue it with train.resume=" + config.model.init_from + "; or start from its result: ds convert-ckpt " +
-                            config.model.init_from + " OUT --merge (the whole model)" +
-                            (source->lora ? std::string(" or --adapter (the adapter, which model.init_from takes with model.lora)") : ""));
-      if (source->kind() != WeightsKind::peft_adapter) {
-        match_weights(*source, plan.model);
-      } else if (!plan.lora.enabled) {
-        throw UserError("model.init_from '" + config.model.init_from + "' is a LoRA adapter, and this config trains no adapter",
-                        "set model.lora as its adapter_config.json says (r " + std::to_string(source->lora->r) + ", alpha " +
-                            format_double(source->lora->alpha) + ", target_modules " + join(source->lora->target_modules, ", ") + ")");
-      } else {
-        check_peft_adapter(*source, plan.lora);
-        match_weights(*open_adapter_base(*source), plan.model);
-      }
+      loaded.config.data.measured_tokens = measure_tokens(loaded.config.data);
     } catch (const UserError& e) {
-      missing.push_back({"model.init_from", e.what(), e.hint()});
+      throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
     }
   }
+  const Config& config = loaded.config;
+  Plan plan;
+  if (config.model.given) {
+    const ModelHyper hyper = resolve_model_hyper(config.model);
+    if (source) check_agrees_with_source(hyper, *source, config, a.config);
+    plan = compile_plan(config, build_model_spec(hyper), topo);
+  } else {
+    plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
+    if (!a.model_optional)
+      throw ConfigError(a.config, {{"model", "the config has no model block: ds " + sub + " needs to know what to train",
+                                    "add e.g. \"model\": {\"preset\": \"gpt2\"} to the file, or the override model.preset=gpt2 "
+                                    "(presets: ds-config(5); a Hugging Face config.json: model.hf_config=path)"}});
+  }
+  // Input files: a warning while planning (the plan may be made on another machine), an error before a run.
+  std::vector<ConfigIssue> missing;
+  check_data_files(config.data, missing);
+  check_swap_folders(plan.zero, missing);
+  if (!config.model.init_from.empty() && plan.has_model) check_initial_weights(config.model.init_from, plan, missing);
   // "auto"s only a Python trainer can fill: refused before a run, a warning while planning.
   std::vector<ConfigIssue> trainer_only;
   auto_choices(config, plan, &trainer_only);

@@ -125,229 +125,289 @@ std::vector<Ownership> group_ownerships(const FlatLayout& L, const std::vector<P
   return out;
 }
 
-ZeroExecution describe_zero(const Plan& plan) {
+namespace {
+
+// What describe_zero's steps share: the plan, the execution being described, and the choices they read.
+struct ZeroBuild {
+  const Plan& plan;
+  ZeroExecution& z;
+  CommCapabilities caps;
+  bool param_offload = false, opt_offload = false, params_on_nvme = false, grads_to_host = false;
+  // Parameters on NVMe: the partition file's size, and the chunk it is read and written in (bytes).
+  int64_t param_bytes = 0, param_file_bytes = 0, param_chunk = 0;
+
+  void add(BufferRole role, Dtype dtype, int64_t elements, MemoryCategory category, Place place = Place::device, int copies = 1,
+           bool transient = false) {
+    if (elements > 0 && copies > 0) z.buffers.push_back({role, dtype, elements, copies, place, category, transient});
+  }
+};
+
+// How this stage runs on these ranks and this device: sharded, gathered, grouped, overlapped, through which
+// library, in which dtypes; and the sizes of the parameter file when it lives on NVMe.
+ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   const FlatLayout& L = plan.layout;
   const ResolvedZero& knobs = plan.zero;
   const PrecisionPolicy& pp = plan.precision;
   DS_CHECK(L.stage >= 0 && L.stage <= 3, "stage ", L.stage);
-  ZeroExecution z;
   z.stage = L.stage;
   z.world_size = L.world_size;
   const bool multi = L.world_size > 1;
-  const bool param_offload = L.stage == 3 && knobs.offload_param.device != OffloadDevice::none;
-  const bool opt_offload = L.stage >= 1 && knobs.offload_optimizer.device != OffloadDevice::none;
+  ZeroBuild b{plan, z, {}};
+  b.param_offload = L.stage == 3 && knobs.offload_param.device != OffloadDevice::none;
+  b.opt_offload = L.stage >= 1 && knobs.offload_optimizer.device != OffloadDevice::none;
   z.sharded = multi && L.stage >= 1;
   // Stage 3 gathers parameters into group buffers whenever they are not all here: across ranks, or
   // offloaded on one rank.
-  z.gathers = L.stage == 3 && (multi || param_offload);
+  z.gathers = L.stage == 3 && (multi || b.param_offload);
   // A GPU's gradients leave for an offloaded optimizer block by block (DeepSpeed's ZeRO-Offload), so from
   // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host.
-  const bool grads_to_host = plan.topology.device == DeviceKind::cuda && opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
-  z.grouped = L.stage >= 2 && (multi || z.gathers || grads_to_host);
+  b.grads_to_host = plan.topology.device == DeviceKind::cuda && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
+  z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
   z.backend = plan.topology.device == DeviceKind::cpu ? CommBackend::gloo : CommBackend::nccl;
-  const CommCapabilities caps = comm_capabilities(z.backend);
+  b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
   // rank's part: a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces.
-  z.scatter = multi && knobs.reduce_scatter && (z.grouped || caps.native_reduce_scatter);
+  z.scatter = multi && knobs.reduce_scatter && (z.grouped || b.caps.native_reduce_scatter);
   z.widened = pp.compute_dtype != pp.param_dtype;
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
+  b.params_on_nvme = b.param_offload && knobs.offload_param.device == OffloadDevice::nvme;
+  z.gather_staged = z.gathers && (z.widened || b.params_on_nvme || !b.caps.gathers_into_spans);
+  b.param_bytes = dtype_bytes(pp.param_dtype);
+  // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
+  b.param_file_bytes = swap_aligned(z.local_numel * b.param_bytes);
+  b.param_chunk = std::max(kSwapAlignBytes,
+                           std::min(swap_aligned(std::max<int64_t>(1, knobs.offload_param.buffer_size) * b.param_bytes), b.param_file_bytes));
+  return b;
+}
 
-  // Where each parameter sits in its group's buffers. Every block has the same layout, so all blocks
-  // share one buffer (the offsets repeat); the outer parameters concatenate in order. Stage 3 keeps
-  // parameters below the persistence threshold whole, in a buffer of their own.
+// Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
+// forward and backward; the outer parameters' and the whole-kept ones' once per step).
+struct ParamFileReads {
+  std::vector<std::pair<int64_t, int64_t>> whole_ranges;
+  double per_micro_step = 0, outer = 0;
+};
+
+// Where each parameter sits in its group's buffers. Every block has the same layout, so all blocks share
+// one buffer (the offsets repeat); the outer parameters concatenate in order. Stage 3 keeps parameters
+// below the persistence threshold whole, in a buffer of their own.
+ParamFileReads lay_out_groups(ZeroBuild& b) {
+  const FlatLayout& L = b.plan.layout;
+  ZeroExecution& z = b.z;
   z.group_offset.assign(L.params.size(), 0);
   z.whole_offset.assign(L.params.size(), -1);
+  ParamFileReads reads;
+  if (!z.grouped) return reads;
   int64_t whole_partitions = 0;
-  // Parameters on NVMe: the bytes of the partition file each gather reads (a block's twice per micro step,
-  // forward and backward; the outer parameters' and the whole-kept ones' once per step).
-  const bool params_on_nvme = param_offload && knobs.offload_param.device == OffloadDevice::nvme;
-  z.gather_staged = z.gathers && (z.widened || params_on_nvme || !caps.gathers_into_spans);
-  const int64_t param_bytes = dtype_bytes(pp.param_dtype);
-  // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
-  const int64_t param_file_bytes = swap_aligned(z.local_numel * param_bytes);
-  const int64_t param_chunk =
-      std::max(kSwapAlignBytes, std::min(swap_aligned(std::max<int64_t>(1, knobs.offload_param.buffer_size) * param_bytes), param_file_bytes));
-  std::vector<std::pair<int64_t, int64_t>> whole_ranges;
-  double param_reads_per_micro_step = 0, outer_reads = 0;
-  if (z.grouped) {
-    for (const ParamGroup& g : parameter_groups(L)) {
-      int64_t at = 0, gathered = 0;
-      std::vector<std::pair<int64_t, int64_t>> ranges;
-      for (int i : g.params) {
-        const ParamSlot& p = L.params[static_cast<size_t>(i)];
-        z.group_offset[static_cast<size_t>(i)] = at;
-        at += p.numel;
-        const std::pair<int64_t, int64_t> bytes{p.partition_offset * param_bytes, (p.partition_offset + p.partition_numel) * param_bytes};
-        if (z.gathers && stays_whole(p, knobs.param_persistence_threshold)) {
-          z.whole_offset[static_cast<size_t>(i)] = z.whole_numel;
-          z.whole_numel += p.numel;
-          whole_partitions += p.partition_numel;
-          whole_ranges.push_back(bytes);
-        } else {
-          gathered += p.partition_numel;
-          ranges.push_back(bytes);
-        }
-      }
-      if (params_on_nvme) {
-        const double reads = static_cast<double>(swap_transfer_bytes(ranges, param_chunk));
-        if (g.layer >= 0)
-          param_reads_per_micro_step += 2 * reads;
-        else
-          outer_reads += reads;
-      }
-      if (g.layer >= 0) {
-        z.block_numel = std::max(z.block_numel, at);  // equal in every model ds trains; a hypothetical one may differ
+  for (const ParamGroup& g : parameter_groups(L)) {
+    int64_t at = 0, gathered = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      z.group_offset[static_cast<size_t>(i)] = at;
+      at += p.numel;
+      const std::pair<int64_t, int64_t> bytes{p.partition_offset * b.param_bytes, (p.partition_offset + p.partition_numel) * b.param_bytes};
+      if (z.gathers && stays_whole(p, b.plan.zero.param_persistence_threshold)) {
+        z.whole_offset[static_cast<size_t>(i)] = z.whole_numel;
+        z.whole_numel += p.numel;
+        whole_partitions += p.partition_numel;
+        reads.whole_ranges.push_back(bytes);
       } else {
-        z.outer_numel = at;
+        gathered += p.partition_numel;
+        ranges.push_back(bytes);
       }
-      z.gather_numel = std::max(z.gather_numel, gathered * L.world_size);
-      if (g.layer >= 0) z.prefetch_numel = std::max(z.prefetch_numel, gathered * L.world_size);
     }
-    z.gather_numel = std::max(z.gather_numel, whole_partitions * L.world_size);
+    if (b.params_on_nvme) {
+      const double group_reads = static_cast<double>(swap_transfer_bytes(ranges, b.param_chunk));
+      if (g.layer >= 0)
+        reads.per_micro_step += 2 * group_reads;
+      else
+        reads.outer += group_reads;
+    }
+    if (g.layer >= 0) {
+      z.block_numel = std::max(z.block_numel, at);  // equal in every model ds trains; a hypothetical one may differ
+    } else {
+      z.outer_numel = at;
+    }
+    z.gather_numel = std::max(z.gather_numel, gathered * L.world_size);
+    if (g.layer >= 0) z.prefetch_numel = std::max(z.prefetch_numel, gathered * L.world_size);
   }
+  z.gather_numel = std::max(z.gather_numel, whole_partitions * L.world_size);
+  return reads;
+}
 
-  auto add = [&](BufferRole role, Dtype dtype, int64_t elements, MemoryCategory category, Place place = Place::device,
-                 int copies = 1, bool transient = false) {
-    if (elements > 0 && copies > 0) z.buffers.push_back({role, dtype, elements, copies, place, category, transient});
-  };
+// Model states. Stage 3 holds only this rank's partition of the weights (on the host or NVMe when
+// offloaded; on NVMe the partition's file takes whole blocks) plus, in the compute dtype the model reads,
+// the parameters kept whole.
+void add_weights_and_gradients(ZeroBuild& b) {
+  const PrecisionPolicy& pp = b.plan.precision;
+  const ResolvedZero& knobs = b.plan.zero;
+  ZeroExecution& z = b.z;
   const Dtype compute = pp.compute_dtype;
   using C = MemoryCategory;
-
-  // Model states. Stage 3 holds only this rank's partition of the weights (on the host or NVMe when
-  // offloaded) plus, in the compute dtype the model reads, the parameters kept whole.
-  // On NVMe the partition's file takes whole blocks.
-  add(BufferRole::params, pp.param_dtype,
-      params_on_nvme ? param_file_bytes / param_bytes : z.gathers ? z.local_numel : z.full_numel, C::params,
-      param_offload ? offload_place(knobs.offload_param.device) : Place::device);
-  add(BufferRole::whole_params, compute, z.whole_numel, C::params);
+  b.add(BufferRole::params, pp.param_dtype,
+        b.params_on_nvme ? b.param_file_bytes / b.param_bytes : z.gathers ? z.local_numel : z.full_numel, C::params,
+        b.param_offload ? offload_place(knobs.offload_param.device) : Place::device);
+  b.add(BufferRole::whole_params, compute, z.whole_numel, C::params);
   // Frozen tensors (LoRA's base, model.freeze): read by the model, never stepped or reduced; at stage 3 on
   // several ranks partitioned and gathered as a block runs.
-  place_frozen(plan, caps, z);
-  add(BufferRole::frozen_params, compute, z.frozen_whole_numel, C::params);
+  place_frozen(b.plan, b.caps, z);
+  b.add(BufferRole::frozen_params, compute, z.frozen_whole_numel, C::params);
   // Their partitions live where the trained ones do: offload_param puts them on the host (with NVMe too:
   // never updated, they need no file).
-  add(BufferRole::frozen_partitions, compute, z.frozen_layout.shard_numel, C::params, param_offload ? Place::host : Place::device);
+  b.add(BufferRole::frozen_partitions, compute, z.frozen_layout.shard_numel, C::params, b.param_offload ? Place::host : Place::device);
   // Gradients: the whole model up to stage 1, this rank's part from stage 2 on. An offloaded optimizer
   // reads this rank's reduced part, copied (widened to fp32, exactly) to where the states live. On a GPU
   // with the whole optimizer offloaded from stage 2 on, that part lives on the host, as DeepSpeed's
   // ZeRO-Offload keeps it: each block's gradients leave the device's block buffer once reduced.
-  add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads, grads_to_host ? Place::host : Place::device);
+  b.add(BufferRole::grads, pp.grad_dtype, z.grouped ? z.local_numel : z.full_numel, C::grads, b.grads_to_host ? Place::host : Place::device);
   // A compute dtype wider than the stored one (fp16 on the CPU): the model runs on a working copy of the
   // weights (none when it reads gathered buffers only) and accumulates its gradients in that dtype.
   if (z.widened) {
-    if (!z.gathers) add(BufferRole::compute, compute, z.full_numel, C::buffers);
-    add(BufferRole::compute_grads, compute, z.grouped ? z.local_numel : z.full_numel, C::buffers);
+    if (!z.gathers) b.add(BufferRole::compute, compute, z.full_numel, C::buffers);
+    b.add(BufferRole::compute_grads, compute, z.grouped ? z.local_numel : z.full_numel, C::buffers);
   }
-  // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With
-  // offload the first `ratio` of them lives on the host or NVMe, the rest stays.
-  const double ratio = opt_offload ? knobs.offload_optimizer.ratio : 0.0;
+}
+
+// NVMe: the states are swapped sub-group by sub-group through host buffers, and their files hold each
+// sub-group from a block boundary on (O_DIRECT), so they take a little more than the elements. Returns
+// the elements each state's file holds.
+int64_t cut_sub_groups(ZeroBuild& b, const std::vector<StepRun>& runs, int64_t offloaded) {
+  const ResolvedZero& knobs = b.plan.zero;
+  ZeroExecution& z = b.z;
+  const int64_t capacity = std::min(std::max<int64_t>(knobs.sub_group_size, kStepGrain), offloaded);
+  // Each sub-group is a round of file transfers per state: millions of them is a typo (0, 1e1), not a
+  // plan, and listing them would take gigabytes.
+  constexpr int64_t kMostSubGroups = int64_t{1} << 20;
+  if ((offloaded + capacity - 1) / capacity > kMostSubGroups)
+    throw ConfigError("zero_optimization",
+                      {{"zero_optimization.sub_group_size",
+                        "sub_group_size " + std::to_string(knobs.sub_group_size) + " cuts the rank's " + std::to_string(offloaded) +
+                            " offloaded optimizer elements into more than " + std::to_string(kMostSubGroups) + " sub-groups",
+                        "set it to at least " + std::to_string((offloaded + kMostSubGroups - 1) / kMostSubGroups) +
+                            " (DeepSpeed's default is 1e9; 1e8 suits a machine short of RAM)"}});
+  z.sub_groups = optimizer_sub_groups(runs, offloaded, capacity);
+  for (const SubGroup& g : z.sub_groups) z.sub_group_numel = std::max(z.sub_group_numel, g.numel());
+  z.swap_sets = std::max(1, knobs.swap_sets);
+  return swap_file_bytes(z.sub_groups) / 4;
+}
+
+// Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With offload
+// the first `ratio` of them lives on the host or NVMe, the rest stays; the gradients go there each step
+// and the updated weights come back.
+void add_optimizer_states(ZeroBuild& b) {
+  const Plan& plan = b.plan;
+  const PrecisionPolicy& pp = plan.precision;
+  const ResolvedZero& knobs = plan.zero;
+  ZeroExecution& z = b.z;
+  using C = MemoryCategory;
+  const double ratio = b.opt_offload ? knobs.offload_optimizer.ratio : 0.0;
   // Partial offload splits the part on a kernel's grain, so each element's update is the one it gets whole.
-  const std::vector<StepRun> runs = optimizer_runs(L, plan.topology.rank, plan.optimizer.per_tensor_update());
+  const std::vector<StepRun> runs = optimizer_runs(plan.layout, plan.topology.rank, plan.optimizer.per_tensor_update());
   const int64_t offloaded = step_cut(runs, static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio)));
   z.offloaded_numel = offloaded;
-  const Place state_place = offload_place(opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
+  const Place state_place = offload_place(b.opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
   // master is otherwise the weights themselves), and the device's weights are copied from it; so it does
   // when the weights themselves are on NVMe.
-  const bool own_master = pp.fp32_master || params_on_nvme;
+  const bool own_master = pp.fp32_master || b.params_on_nvme;
   if (own_master || offloaded > 0) states.push_back(BufferRole::master);
   if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
-  // NVMe: the states are swapped sub-group by sub-group through host buffers, and their files hold each
-  // sub-group from a block boundary on (O_DIRECT), so they take a little more than the elements.
   const bool swapped = offloaded > 0 && state_place == Place::nvme;
-  int64_t state_elements = offloaded;
-  if (swapped) {
-    const int64_t capacity = std::min(std::max<int64_t>(knobs.sub_group_size, kStepGrain), offloaded);
-    // Each sub-group is a round of file transfers per state: millions of them is a typo (0, 1e1), not a
-    // plan, and listing them would take gigabytes.
-    constexpr int64_t kMostSubGroups = int64_t{1} << 20;
-    if ((offloaded + capacity - 1) / capacity > kMostSubGroups)
-      throw ConfigError("zero_optimization",
-                        {{"zero_optimization.sub_group_size",
-                          "sub_group_size " + std::to_string(knobs.sub_group_size) + " cuts the rank's " +
-                              std::to_string(offloaded) + " offloaded optimizer elements into more than " +
-                              std::to_string(kMostSubGroups) + " sub-groups",
-                          "set it to at least " + std::to_string((offloaded + kMostSubGroups - 1) / kMostSubGroups) +
-                              " (DeepSpeed's default is 1e9; 1e8 suits a machine short of RAM)"}});
-    z.sub_groups = optimizer_sub_groups(runs, offloaded, capacity);
-    for (const SubGroup& g : z.sub_groups) z.sub_group_numel = std::max(z.sub_group_numel, g.numel());
-    z.swap_sets = std::max(1, knobs.swap_sets);
-    state_elements = swap_file_bytes(z.sub_groups) / 4;
-  }
+  const int64_t state_elements = swapped ? cut_sub_groups(b, runs, offloaded) : offloaded;
   for (BufferRole r : states) {
-    if (r != BufferRole::master || own_master) add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
-    add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
+    if (r != BufferRole::master || own_master) b.add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
+    b.add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
   }
-  if (offloaded > 0) {
-    // The reduced gradients (all of them, or one sub-group's at a time when swapping) in fp32 where the
-    // optimizer runs; per step they go there and the updated weights come back.
-    const Place grads_place = swapped ? Place::host : state_place;
-    add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
-    z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
-    if (swapped) {
-      const double state_bytes = static_cast<double>(states.size()) * static_cast<double>(state_elements) * 4;
-      z.transfers.push_back({"optimizer states read", Place::nvme, Place::host, state_bytes});
-      z.transfers.push_back({"optimizer states written", Place::host, Place::nvme, state_bytes});
-      // Whole blocks, as the files are read and written.
-      const int64_t per_block = kSwapAlignBytes / 4;
-      add(BufferRole::optimizer_swap, Dtype::fp32, (z.sub_group_numel + per_block - 1) / per_block * per_block, C::buffers, Place::host,
+  if (offloaded == 0) return;
+  // The reduced gradients (all of them, or one sub-group's at a time when swapping) in fp32 where the
+  // optimizer runs.
+  const Place grads_place = swapped ? Place::host : state_place;
+  b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
+  z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
+  if (swapped) {
+    const double state_bytes = static_cast<double>(states.size()) * static_cast<double>(state_elements) * 4;
+    z.transfers.push_back({"optimizer states read", Place::nvme, Place::host, state_bytes});
+    z.transfers.push_back({"optimizer states written", Place::host, Place::nvme, state_bytes});
+    // Whole blocks, as the files are read and written.
+    const int64_t per_block = kSwapAlignBytes / 4;
+    b.add(BufferRole::optimizer_swap, Dtype::fp32, (z.sub_group_numel + per_block - 1) / per_block * per_block, C::buffers, Place::host,
           z.swap_sets * static_cast<int>(states.size()));
-    }
-    if (!params_on_nvme)
-      z.transfers.push_back({"updated weights to the device", grads_place, Place::device,
-                             static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
   }
-  if (params_on_nvme) {
-    // The partition streams through buffer_count host buffers of buffer_size elements (whole blocks): the
-    // gathers read the parts they need, the optimizer's update rewrites the whole file.
-    add(BufferRole::param_swap, pp.param_dtype, param_chunk / param_bytes, C::buffers, Place::host,
-        static_cast<int>(std::max<int64_t>(1, knobs.offload_param.buffer_count)));
-    const double whole_reads = static_cast<double>(swap_transfer_bytes(whole_ranges, param_chunk));
-    z.transfers.push_back({"parameters read for gathers", Place::nvme, Place::host,
-                           static_cast<double>(plan.batch.grad_accum) * param_reads_per_micro_step + outer_reads + whole_reads});
-    z.transfers.push_back({"updated parameters written", offloaded > 0 ? Place::host : Place::device,
-                           Place::nvme, static_cast<double>(param_file_bytes)});
-  }
+  if (!b.params_on_nvme)
+    z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
+}
 
-  // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
-  // it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3
-  // gathers into one buffer per block in use (the next one prefetched) and the outer parameters'; a staged
-  // gather packs every rank's partitions into a staging buffer first (the prefetch into its own).
+// The parameter partition on NVMe streams through buffer_count host buffers of buffer_size elements (whole
+// blocks): the gathers read the parts they need, the optimizer's update rewrites the whole file.
+void add_parameter_swap(ZeroBuild& b, const ParamFileReads& reads) {
+  const ResolvedZero& knobs = b.plan.zero;
+  ZeroExecution& z = b.z;
+  b.add(BufferRole::param_swap, b.plan.precision.param_dtype, b.param_chunk / b.param_bytes, MemoryCategory::buffers, Place::host,
+        static_cast<int>(std::max<int64_t>(1, knobs.offload_param.buffer_count)));
+  const double whole_reads = static_cast<double>(swap_transfer_bytes(reads.whole_ranges, b.param_chunk));
+  z.transfers.push_back({"parameters read for gathers", Place::nvme, Place::host,
+                         static_cast<double>(b.plan.batch.grad_accum) * reads.per_micro_step + reads.outer + whole_reads});
+  z.transfers.push_back({"updated parameters written", z.offloaded_numel > 0 ? Place::host : Place::device, Place::nvme,
+                         static_cast<double>(b.param_file_bytes)});
+}
+
+// What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
+// it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3
+// gathers into one buffer per block in use (the next one prefetched) and the outer parameters'; a staged
+// gather packs every rank's partitions into a staging buffer first (the prefetch into its own).
+void add_working_buffers(ZeroBuild& b) {
+  const FlatLayout& L = b.plan.layout;
+  const PrecisionPolicy& pp = b.plan.precision;
+  ZeroExecution& z = b.z;
+  const Dtype compute = pp.compute_dtype;
+  using C = MemoryCategory;
   if (z.grouped) {
-    add(BufferRole::block_grads, compute, z.block_numel, C::buffers, Place::device, z.overlap ? 2 : 1);
-    add(BufferRole::outer_grads, compute, z.outer_numel, C::buffers);
+    b.add(BufferRole::block_grads, compute, z.block_numel, C::buffers, Place::device, z.overlap ? 2 : 1);
+    b.add(BufferRole::outer_grads, compute, z.outer_numel, C::buffers);
   }
   if (z.gathers) {
-    add(BufferRole::block_params, compute, z.block_numel, C::buffers, Place::device, 2);
-    add(BufferRole::outer_params, compute, z.outer_numel, C::buffers);
+    b.add(BufferRole::block_params, compute, z.block_numel, C::buffers, Place::device, 2);
+    b.add(BufferRole::outer_params, compute, z.outer_numel, C::buffers);
     if (z.gather_staged) {
-      add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
-      add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
+      b.add(BufferRole::gather_staging, pp.param_dtype, z.gather_numel, C::buffers);
+      b.add(BufferRole::prefetch_staging, pp.param_dtype, z.prefetch_numel, C::buffers);
     }
-    add(BufferRole::frozen_block_params, compute, z.frozen_block_numel, C::buffers, Place::device, 2);
-    if (z.frozen_staged) add(BufferRole::frozen_staging, compute, z.frozen_gather_numel, C::buffers, Place::device, 2);
+    b.add(BufferRole::frozen_block_params, compute, z.frozen_block_numel, C::buffers, Place::device, 2);
+    if (z.frozen_staged) b.add(BufferRole::frozen_staging, compute, z.frozen_gather_numel, C::buffers, Place::device, 2);
   }
   // A grouped reduce-scatter receives the other ranks' contributions to this rank's part of a group: room
   // for the largest part any rank owns (stage 2's shards cut groups unevenly), once per other rank.
-  if (z.grouped && z.scatter && !caps.native_reduce_scatter) {
+  if (z.grouped && z.scatter && !b.caps.native_reduce_scatter) {
     int64_t largest = 0;
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
-    add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (multi && !caps.sums_16bit && dtype_bytes(compute) < 4) {
+    b.add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
+  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(compute) < 4) {
     // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
     // a time, or a whole group when its pieces all run beside backward (overlap_comm).
     int64_t largest = z.full_numel;
     if (z.grouped) largest = std::max(z.block_numel, z.outer_numel);
-    const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, knobs.reduce_bucket_size), largest);
-    add(BufferRole::reduce_staging, Dtype::fp32, in_flight, C::buffers, Place::device, 1, /*transient=*/true);
+    const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, b.plan.zero.reduce_bucket_size), largest);
+    b.add(BufferRole::reduce_staging, Dtype::fp32, in_flight, C::buffers, Place::device, 1, /*transient=*/true);
   }
+}
+
+}  // namespace
+
+ZeroExecution describe_zero(const Plan& plan) {
+  ZeroExecution z;
+  ZeroBuild b = decide_execution(plan, z);
+  const ParamFileReads reads = lay_out_groups(b);
+  add_weights_and_gradients(b);
+  add_optimizer_states(b);
+  if (b.params_on_nvme) add_parameter_swap(b, reads);
+  add_working_buffers(b);
   z.collectives = plan_collectives(plan, z);
   return z;
 }

@@ -1,0 +1,177 @@
+// Rules the source holds itself to, checked on the tree rather than left to review:
+//  * no function in cli/, schema/ or engine/ longer than 100 lines (the runtime's rule, for the whole tree):
+//    a long one is split into named steps. The few still longer are listed below with their length, and the
+//    list only shrinks: one that grows, a new one, or one listed that is short now fails this test;
+//  * "am I a rank?" is answered by the topology (engine/plan/topology.*), never by reading RANK elsewhere.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test_helpers.hpp"
+
+namespace ds {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kMostLines = 100;
+
+// Still longer than kMostLines, at most this long: to be split (#49), never to grow.
+const std::map<std::string, int> kStillLong = {
+    {"schema/hf_config.cpp read_hf_config", 207},
+    {"schema/config_read.cpp read_config", 207},
+    {"cli/estimate_memory.cpp run_estimate_memory", 198},
+    {"cli/profile_report.cpp build_profile_report", 184},
+    {"engine/plan/model_spec.cpp resolve_model_hyper", 167},
+    {"cli/render_plan.cpp render_plan_text", 136},
+    {"cli/train.cpp run_train", 123},
+    {"cli/profile_report.cpp render_profile_text", 111},
+    {"schema/overrides.cpp apply_overrides", 104},
+    {"engine/plan/comm.cpp plan_collectives", 104},
+};
+
+// The text with comments, string and character literals blanked (newlines kept), so braces and
+// parentheses are the code's own.
+std::string code_only(const std::string& s) {
+  std::string out = s;
+  size_t i = 0;
+  auto blank = [&](size_t from, size_t to) {
+    for (size_t k = from; k < to && k < out.size(); ++k)
+      if (out[k] != '\n') out[k] = ' ';
+  };
+  while (i < s.size()) {
+    if (s.compare(i, 2, "//") == 0) {
+      const size_t e = s.find('\n', i);
+      blank(i, e == std::string::npos ? s.size() : e);
+      i = e == std::string::npos ? s.size() : e;
+    } else if (s.compare(i, 2, "/*") == 0) {
+      const size_t e = s.find("*/", i + 2);
+      const size_t end = e == std::string::npos ? s.size() : e + 2;
+      blank(i, end);
+      i = end;
+    } else if (s[i] == 'R' && i + 1 < s.size() && s[i + 1] == '"' && (i == 0 || !std::isalnum(static_cast<unsigned char>(s[i - 1])))) {
+      const size_t open = s.find('(', i);
+      const std::string close = ")" + s.substr(i + 2, open - i - 2) + "\"";
+      const size_t e = s.find(close, open);
+      const size_t end = e == std::string::npos ? s.size() : e + close.size();
+      blank(i, end);
+      i = end;
+    } else if (s[i] == '"' || (s[i] == '\'' && !(i > 0 && std::isxdigit(static_cast<unsigned char>(s[i - 1]))))) {
+      const char q = s[i];
+      size_t k = i + 1;
+      while (k < s.size() && s[k] != q && s[k] != '\n') k += s[k] == '\\' ? 2 : 1;
+      blank(i, k + 1);
+      i = k + 1;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+struct Function {
+  std::string name;
+  int line = 0, lines = 0;
+};
+
+// Functions defined at namespace scope: a line at column 0 that is not a type, namespace or preprocessor
+// line, whose first '{' (before any ';') opens a body; its length runs to the brace that closes it.
+std::vector<Function> functions_in(const std::string& text) {
+  const std::string code = code_only(text);
+  std::vector<size_t> starts{0};
+  for (size_t i = 0; i < code.size(); ++i)
+    if (code[i] == '\n') starts.push_back(i + 1);
+  auto line_of = [&](size_t at) { return static_cast<int>(std::upper_bound(starts.begin(), starts.end(), at) - starts.begin()); };
+  std::vector<Function> out;
+  for (size_t li = 0; li < starts.size(); ++li) {
+    const size_t b = starts[li];
+    const size_t e = code.find('\n', b);
+    const std::string line = code.substr(b, (e == std::string::npos ? code.size() : e) - b);
+    if (line.empty() || !(std::isalpha(static_cast<unsigned char>(line[0])) || line[0] == '_' || line[0] == '~')) continue;
+    bool skip = false;
+    for (const char* k : {"namespace", "struct", "class", "enum", "union", "template", "using", "typedef", "static_assert", "extern", "#"})
+      if (line.rfind(k, 0) == 0) skip = true;
+    if (skip || line.find('(') == std::string::npos) continue;
+    const size_t brace = code.find('{', b), semi = code.find(';', b);
+    if (brace == std::string::npos || (semi != std::string::npos && semi < brace)) continue;
+    int depth = 0;
+    size_t k = brace;
+    for (; k < code.size(); ++k) {
+      if (code[k] == '{') ++depth;
+      if (code[k] == '}' && --depth == 0) break;
+    }
+    const std::string head = line.substr(0, line.find('('));
+    const size_t name_at = head.find_last_of(" *&") == std::string::npos ? 0 : head.find_last_of(" *&") + 1;
+    out.push_back({head.substr(name_at), static_cast<int>(li) + 1, line_of(k) - static_cast<int>(li)});
+    while (li + 1 < starts.size() && starts[li + 1] <= k) ++li;  // past the body
+  }
+  return out;
+}
+
+std::vector<std::string> sources() {
+  std::vector<std::string> files;
+  for (const char* dir : {"cli", "schema", "engine"})
+    for (const auto& e : fs::recursive_directory_iterator(std::string(DS_SOURCE_DIR) + "/" + dir)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".cpp" || ext == ".hpp" || ext == ".cu"))
+        files.push_back(fs::relative(e.path(), DS_SOURCE_DIR).string());
+    }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(SourceRules, TheScannerMeasuresFunctionsAsWritten) {
+  const std::string text =
+      "// a comment with { and (\n"
+      "int one(int a) { return a; }\n"
+      "std::string two(const char* s,\n"
+      "                int n) {\n"
+      "  const char* t = \"}\";\n"
+      "  auto f = [&](int x) {\n"
+      "    return x + '}';\n"
+      "  };\n"
+      "  return R\"x(})x\";\n"
+      "}\n"
+      "void declared(int);\n"
+      "struct S {\n"
+      "  void inline_member() {}\n"
+      "};\n";
+  const std::vector<Function> f = functions_in(text);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].name, "one");
+  EXPECT_EQ(f[0].lines, 1);
+  EXPECT_EQ(f[1].name, "two");
+  EXPECT_EQ(f[1].line, 3);
+  EXPECT_EQ(f[1].lines, 8);
+}
+
+TEST(SourceRules, NoFunctionIsLongerThanAHundredLinesButThoseListedToBeSplit) {
+  std::map<std::string, int> long_ones;
+  for (const std::string& file : sources())
+    for (const Function& f : functions_in(test::read_text(std::string(DS_SOURCE_DIR) + "/" + file)))
+      if (f.lines > kMostLines) long_ones[file + " " + f.name] = std::max(long_ones[file + " " + f.name], f.lines);
+  for (const auto& [where, lines] : long_ones) {
+    const auto listed = kStillLong.find(where);
+    if (listed == kStillLong.end())
+      ADD_FAILURE() << where << " is " << lines << " lines: split it into named steps (at most " << kMostLines << ")";
+    else
+      EXPECT_LE(lines, listed->second) << where << " grew: split it instead";
+  }
+  for (const auto& [where, lines] : kStillLong)
+    EXPECT_TRUE(long_ones.count(where)) << where << " is " << kMostLines << " lines or fewer now: remove it from kStillLong";
+}
+
+TEST(SourceRules, OnlyTheTopologyReadsRank) {
+  for (const std::string& file : sources()) {
+    if (file.rfind("engine/plan/topology.", 0) == 0) continue;
+    const std::string text = test::read_text(std::string(DS_SOURCE_DIR) + "/" + file);
+    EXPECT_EQ(text.find("getenv(\"RANK\")"), std::string::npos)
+        << file << " reads RANK: ask started_as_rank() before the plan, the plan's topology.rank after it";
+  }
+}
+
+}  // namespace
+}  // namespace ds
