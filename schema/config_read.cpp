@@ -105,15 +105,7 @@ ModelFields read_model_fields(const json& m) {
   return f;
 }
 
-}  // namespace
-
-Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
-  Config c;
-  c.train_batch_size = opt_int(at(d, "train_batch_size"));
-  c.train_micro_batch_size_per_gpu = opt_int(at(d, "train_micro_batch_size_per_gpu"));
-  c.micro_batch_auto = is_auto(at(d, "train_micro_batch_size_per_gpu"));
-  c.gradient_accumulation_steps = opt_int(at(d, "gradient_accumulation_steps"));
-
+void read_optimizer(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& opt = at(d, "optimizer");
   const json& op = at(opt, "params");
   OptimizerConfig& o = c.optimizer;
@@ -142,45 +134,49 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
     o.max_coeff = at(op, "max_coeff").get<double>();
     o.min_coeff = at(op, "min_coeff").get<double>();
   }
+}
 
-  if (d.contains("scheduler")) {
-    const json& s = d["scheduler"];
-    const json& p = at(s, "params");
-    SchedulerConfig& sc = c.scheduler;
-    const std::string t = at(s, "type").get<std::string>();
-    for (SchedulerType st : {SchedulerType::WarmupLR, SchedulerType::WarmupDecayLR, SchedulerType::WarmupCosineLR,
-                             SchedulerType::OneCycle, SchedulerType::LRRangeTest})
-      if (t == scheduler_type_name(st)) sc.type = st;
-    auto num = [&](const char* k, double& out) { if (p.contains(k)) out = p[k].get<double>(); };
-    auto integer = [&](const char* k, int64_t& out) { if (p.contains(k)) out = p[k].get<int64_t>(); };
-    if (p.contains("warmup_min_lr")) sc.warmup_min_lr = opt_num(p["warmup_min_lr"]);
-    if (p.contains("warmup_max_lr")) {
-      sc.warmup_max_lr = opt_num(p["warmup_max_lr"]);
-      sc.warmup_max_lr_null = p["warmup_max_lr"].is_null();
-    }
-    if (p.contains("warmup_num_steps")) sc.warmup_num_steps = opt_int(p["warmup_num_steps"]);
-    if (p.contains("total_num_steps")) sc.total_num_steps = opt_int(p["total_num_steps"]);
-    sc.warmup_type = p.value("warmup_type", std::string("log"));
-    num("warmup_min_ratio", sc.warmup_min_ratio);
-    num("cos_min_ratio", sc.cos_min_ratio);
-    num("cycle_min_lr", sc.cycle_min_lr);
-    num("cycle_max_lr", sc.cycle_max_lr);
-    num("decay_lr_rate", sc.decay_lr_rate);
-    integer("cycle_first_step_size", sc.cycle_first_step_size);
-    integer("decay_step_size", sc.decay_step_size);
-    if (p.contains("cycle_second_step_size")) sc.cycle_second_step_size = opt_int(p["cycle_second_step_size"]);
-    if (p.contains("cycle_first_stair_count")) sc.cycle_first_stair_count = opt_int(p["cycle_first_stair_count"]);
-    if (p.contains("cycle_second_stair_count")) sc.cycle_second_stair_count = opt_int(p["cycle_second_stair_count"]);
-    if (p.contains("cycle_momentum")) sc.cycle_momentum = p["cycle_momentum"].get<bool>();
-    num("cycle_min_mom", sc.cycle_min_mom);
-    num("cycle_max_mom", sc.cycle_max_mom);
-    num("decay_mom_rate", sc.decay_mom_rate);
-    num("lr_range_test_min_lr", sc.lr_range_test_min_lr);
-    num("lr_range_test_step_rate", sc.lr_range_test_step_rate);
-    integer("lr_range_test_step_size", sc.lr_range_test_step_size);
-    if (p.contains("lr_range_test_staircase")) sc.lr_range_test_staircase = p["lr_range_test_staircase"].get<bool>();
+void read_scheduler(const json& d, Config& c) {
+  if (!d.contains("scheduler")) return;
+  const json& s = d["scheduler"];
+  const json& p = at(s, "params");
+  SchedulerConfig& sc = c.scheduler;
+  const std::string t = at(s, "type").get<std::string>();
+  for (SchedulerType st : {SchedulerType::WarmupLR, SchedulerType::WarmupDecayLR, SchedulerType::WarmupCosineLR,
+                           SchedulerType::OneCycle, SchedulerType::LRRangeTest})
+    if (t == scheduler_type_name(st)) sc.type = st;
+  auto num = [&](const char* k, double& out) { if (p.contains(k)) out = p[k].get<double>(); };
+  auto integer = [&](const char* k, int64_t& out) { if (p.contains(k)) out = p[k].get<int64_t>(); };
+  if (p.contains("warmup_min_lr")) sc.warmup_min_lr = opt_num(p["warmup_min_lr"]);
+  if (p.contains("warmup_max_lr")) {
+    sc.warmup_max_lr = opt_num(p["warmup_max_lr"]);
+    sc.warmup_max_lr_null = p["warmup_max_lr"].is_null();
   }
+  if (p.contains("warmup_num_steps")) sc.warmup_num_steps = opt_int(p["warmup_num_steps"]);
+  if (p.contains("total_num_steps")) sc.total_num_steps = opt_int(p["total_num_steps"]);
+  sc.warmup_type = p.value("warmup_type", std::string("log"));
+  num("warmup_min_ratio", sc.warmup_min_ratio);
+  num("cos_min_ratio", sc.cos_min_ratio);
+  num("cycle_min_lr", sc.cycle_min_lr);
+  num("cycle_max_lr", sc.cycle_max_lr);
+  num("decay_lr_rate", sc.decay_lr_rate);
+  integer("cycle_first_step_size", sc.cycle_first_step_size);
+  integer("decay_step_size", sc.decay_step_size);
+  if (p.contains("cycle_second_step_size")) sc.cycle_second_step_size = opt_int(p["cycle_second_step_size"]);
+  if (p.contains("cycle_first_stair_count")) sc.cycle_first_stair_count = opt_int(p["cycle_first_stair_count"]);
+  if (p.contains("cycle_second_stair_count")) sc.cycle_second_stair_count = opt_int(p["cycle_second_stair_count"]);
+  if (p.contains("cycle_momentum")) sc.cycle_momentum = p["cycle_momentum"].get<bool>();
+  num("cycle_min_mom", sc.cycle_min_mom);
+  num("cycle_max_mom", sc.cycle_max_mom);
+  num("decay_mom_rate", sc.decay_mom_rate);
+  num("lr_range_test_min_lr", sc.lr_range_test_min_lr);
+  num("lr_range_test_step_rate", sc.lr_range_test_step_rate);
+  integer("lr_range_test_step_size", sc.lr_range_test_step_size);
+  if (p.contains("lr_range_test_staircase")) sc.lr_range_test_staircase = p["lr_range_test_staircase"].get<bool>();
 
+}
+
+void read_precision(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& f16 = at(d, "fp16");
   c.fp16.enabled = opt_bool(at(f16, "enabled"));
   c.fp16.loss_scale = at(f16, "loss_scale").get<double>();
@@ -195,7 +191,9 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   if (c.fp16.enabled.value_or(false) && c.bf16.enabled.value_or(false))
     errors.push_back({"fp16.enabled", "bf16 and fp16 cannot both be enabled",
                       "bf16 needs no loss scaling and is the fast choice on CPUs with AVX512-BF16/AMX and on A100/H100"});
+}
 
+void read_zero(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& z = at(d, "zero_optimization");
   ZeroConfig& zc = c.zero;
   if (!is_auto(at(z, "stage"))) zc.stage = at(z, "stage").get<int>();
@@ -228,7 +226,11 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
       errors.push_back({std::string("zero_optimization.") + block + ".nvme_path", "NVMe offload needs a folder",
                         "set it to a directory on a fast local NVMe drive, e.g. \"/local_nvme\""});
   }
+}
 
+// Gradients' dtypes, clipping and reduction; what the run reports and where.
+void read_reporting(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
+  const ZeroConfig& zc = c.zero;
   c.grad_accum_dtype = read_dtype(at(at(d, "data_types"), "grad_accum_dtype"));
   c.communication_data_type = read_dtype(at(d, "communication_data_type"));
   c.gradient_clipping = opt_num(at(d, "gradient_clipping"));
@@ -255,31 +257,35 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
     const json& out = at(f, "output_file");
     c.flops_profiler.output_file = out.is_string() ? out.get<std::string>() : "";
   }
+}
 
-  if (d.contains("model")) {
-    const json& m = d["model"];
-    c.model.given = true;
-    c.model.preset = m.value("preset", std::string());
-    c.model.hf_config = m.value("hf_config", std::string());
-    c.model.explicit_fields = read_model_fields(m);
-    c.model.activation_checkpointing = at(m, "activation_checkpointing").get<bool>();
-    c.model.init_from = str_or_empty(at(m, "init_from"));
-    if (m.contains("freeze") && m["freeze"].is_array()) c.model.freeze = m["freeze"].get<std::vector<std::string>>();
-    if (m.contains("lora") && m["lora"].is_object()) {
-      const json& l = m["lora"];
-      LoraConfig& lc = c.model.lora;
-      lc.enabled = true;
-      lc.r = l.value("r", lc.r);
-      lc.alpha = l.value("alpha", lc.alpha);
-      lc.dropout = l.value("dropout", lc.dropout);
-      if (l.contains("target_modules") && l["target_modules"].is_array()) lc.target_modules = l["target_modules"].get<std::vector<std::string>>();
-      if (l.contains("target_modules") && l["target_modules"].is_string()) lc.target_modules = {kAllLinear};  // "all-linear"
-      lc.init = l.value("init", std::string("kaiming_uniform")) == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
-    }
-    if (!c.model.preset.empty() && !c.model.hf_config.empty())
-      errors.push_back({"model", "both preset and hf_config are given", "keep one of them"});
+void read_model_block(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
+  if (!d.contains("model")) return;
+  const json& m = d["model"];
+  c.model.given = true;
+  c.model.preset = m.value("preset", std::string());
+  c.model.hf_config = m.value("hf_config", std::string());
+  c.model.explicit_fields = read_model_fields(m);
+  c.model.activation_checkpointing = at(m, "activation_checkpointing").get<bool>();
+  c.model.init_from = str_or_empty(at(m, "init_from"));
+  if (m.contains("freeze") && m["freeze"].is_array()) c.model.freeze = m["freeze"].get<std::vector<std::string>>();
+  if (m.contains("lora") && m["lora"].is_object()) {
+    const json& l = m["lora"];
+    LoraConfig& lc = c.model.lora;
+    lc.enabled = true;
+    lc.r = l.value("r", lc.r);
+    lc.alpha = l.value("alpha", lc.alpha);
+    lc.dropout = l.value("dropout", lc.dropout);
+    if (l.contains("target_modules") && l["target_modules"].is_array()) lc.target_modules = l["target_modules"].get<std::vector<std::string>>();
+    if (l.contains("target_modules") && l["target_modules"].is_string()) lc.target_modules = {kAllLinear};  // "all-linear"
+    lc.init = l.value("init", std::string("kaiming_uniform")) == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
   }
+  if (!c.model.preset.empty() && !c.model.hf_config.empty())
+    errors.push_back({"model", "both preset and hf_config are given", "keep one of them"});
 
+}
+
+void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& data = at(d, "data");
   const std::string dt = at(data, "type").get<std::string>();
   c.data.type = dt == "text" ? DataType::text : dt == "tokens" ? DataType::tokens : dt == "hdf5" ? DataType::hdf5 : DataType::synthetic;
@@ -296,7 +302,9 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))
     errors.push_back({"data.vocab_file", "the gpt2 tokenizer needs vocab_file and merges_file",
                       "point them at GPT-2's vocab.json and merges.txt"});
+}
 
+void read_train(const json& d, Config& c) {
   const json& t = at(d, "train");
   c.train.steps = at(t, "steps").get<int64_t>();
   if (at(t, "epochs").is_number()) c.train.epochs = at(t, "epochs").get<double>();
@@ -312,6 +320,24 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   c.train.comm_timeout_s = at(t, "comm_timeout_s").get<double>();
   const json& r = at(t, "resume");
   c.train.resume = r.is_boolean() ? (r.get<bool>() ? "auto" : "false") : r.get<std::string>();
+}
+
+}  // namespace
+
+Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
+  Config c;
+  c.train_batch_size = opt_int(at(d, "train_batch_size"));
+  c.train_micro_batch_size_per_gpu = opt_int(at(d, "train_micro_batch_size_per_gpu"));
+  c.micro_batch_auto = is_auto(at(d, "train_micro_batch_size_per_gpu"));
+  c.gradient_accumulation_steps = opt_int(at(d, "gradient_accumulation_steps"));
+  read_optimizer(d, c, errors);
+  read_scheduler(d, c);
+  read_precision(d, c, errors);
+  read_zero(d, c, errors);
+  read_reporting(d, c, errors);
+  read_model_block(d, c, errors);
+  read_data(d, c, errors);
+  read_train(d, c);
   return c;
 }
 
