@@ -174,201 +174,265 @@ beside them for comparison. Exit status: 0 ok, 2 bad input.)");
   return {sub, [a] { return run_estimate_memory(*a); }};
 }
 
+namespace {
+
+// The flags' own contradictions, before anything is read.
+void check_flags(const EstimateMemoryArgs& a) {
+  if (!(a.headroom >= 0 && a.headroom <= 0.9))  // NaN passes a range check: compared, it is neither in nor out
+    throw UserError("--headroom " + format_double(a.headroom) + " is not a share from 0 to 0.9", "e.g. --headroom 0.1 leaves 10% of each GPU free");
+  if (a.params > ModelLimits::params)
+    throw UserError("--params " + format_double(a.params) + " is more than ds plans for (" + format_double(ModelLimits::params) + ")",
+                    "give the parameter count, e.g. --params 7e9");
+  if (a.params > 0 && (a.largest_layer <= 0 || a.largest_layer > a.params))
+    throw UserError(a.largest_layer <= 0 ? "--params needs --largest-layer (the parameters of the biggest single layer)"
+                                         : "--largest-layer " + format_double(a.largest_layer) + " is more than --params " + format_double(a.params),
+                    "e.g. --params 7e9 --largest-layer 131e6 (a 7B Llama's largest layer is its 32000 x 4096 embedding)");
+  if (a.params > 0 && a.params / a.largest_layer > ModelLimits::num_layers)
+    throw UserError("--params / --largest-layer is " + format_double(std::ceil(a.params / a.largest_layer)) +
+                        " layers, more than ds plans for (" + std::to_string(ModelLimits::num_layers) + ")",
+                    "--largest-layer is the parameters of the biggest single layer, e.g. 131e6 for a 7B model");
+  if (a.model.empty() && a.params == 0)
+    throw UserError("no model given", "pass --model (llama-2-7b, 7b, a config.json) or --params N --largest-layer N");
+  if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
+  if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
+    throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
+}
+
+// The GPUs planned for: --gpus x --nodes, their memory given or detected; the host's only when given.
+Topology target_topology(const EstimateMemoryArgs& a) {
+  TopologyOptions topt;
+  topt.nproc_per_node = a.gpus;
+  topt.nnodes = a.nodes;
+  topt.device = "cuda";
+  if (!a.gpu_memory.empty()) topt.device_memory_bytes = size_flag("--gpu-memory", a.gpu_memory);
+  topt.gpus = detect_gpus();
+  Topology topo = make_topology(topt, [](const char*) -> const char* { return nullptr; });
+  topo.host_memory_bytes = 0;  // the target's host memory is unknown unless given
+  if (!a.cpu_memory.empty()) topo.host_memory_bytes = size_flag("--cpu-memory", a.cpu_memory);
+  return topo;
+}
+
+// --lora-r: the adapter planned over a frozen base (every projection unless --lora-targets names them).
+LoraPlan plan_lora(const EstimateMemoryArgs& a, Config& base, const ModelSpec& model) {
+  if (!a.lora_targets.empty() && a.lora_r == 0) throw UserError("--lora-targets needs --lora-r", "e.g. --lora-r 16 --lora-targets q_proj,v_proj");
+  if (a.lora_r == 0) return {};
+  if (a.params > 0) throw UserError("--lora-r needs an architecture, which --params does not give", "pass --model (a preset or a config.json)");
+  LoraConfig& l = base.model.lora;
+  l.enabled = true;
+  l.r = a.lora_r;
+  l.alpha = static_cast<double>(a.lora_r);
+  l.target_modules = a.lora_targets.empty() ? lora_module_names(model.hp.arch) : a.lora_targets;
+  std::vector<ConfigIssue> errors;
+  LoraPlan lora = resolve_lora(l, model, errors);
+  if (!errors.empty()) throw UserError("--lora-targets: " + errors[0].message, errors[0].hint);
+  return lora;
+}
+
+EstimateFilter filter_of(const EstimateMemoryArgs& a) {
+  EstimateFilter filter;
+  if (a.zero_stage >= 0) filter.stage = a.zero_stage;
+  if (!a.offload.empty())
+    filter.offload = a.offload == "cpu" ? OffloadDevice::cpu : a.offload == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
+  if (a.activation_checkpointing != "both") filter.activation_checkpointing = a.activation_checkpointing == "on";
+  // A model known by size alone has no activations to count: checkpointing on and off would be the same
+  // rows twice, so only the "off" rows are shown (the header says activations need an architecture).
+  if (a.params > 0 && a.activation_checkpointing == "both") filter.activation_checkpointing = false;
+  return filter;
+}
+
+// What every row was computed for.
+struct EstimateInputs {
+  const ModelSpec& model;
+  const Config& base;
+  const Topology& topo;
+  const LoraPlan& lora;
+  const std::string& model_note;
+  std::string dtype;
+};
+
+void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
+  const ModelSpec& model = in.model;
+  const Config& base = in.base;
+  const Topology& topo = in.topo;
+  const LoraPlan& lora = in.lora;
+  const std::string& model_note = in.model_note;
+  const std::string& dtype = in.dtype;
+  ojson j;
+  j["schema_version"] = 1;
+  j["model"] = {{"name", model.hp.name}, {"num_params", model.num_params}, {"largest_layer_params", model.largest_module_params},
+                {"note", model_note}};
+  j["topology"] = {{"gpus_per_node", topo.ranks_per_node}, {"nodes", topo.num_nodes},
+                   {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
+                   {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
+  j["lora"] = lora.enabled ? ojson{{"r", lora.r}, {"target_modules", lora.target_modules}, {"trainable_params", lora.adapters.num_params},
+                                   {"frozen_params", model.num_params}}
+                           : ojson(nullptr);
+  j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
+                      {"headroom", a.headroom}};
+  ojson rows = ojson::array();
+  for (const auto& r : t.rows) {
+    const auto& d = r.memory.device;
+    ojson row{{"zero_stage", r.choice.stage},
+              {"offload_optimizer", offload_device_name(r.choice.offload_optimizer)},
+              {"offload_param", offload_device_name(r.choice.offload_param)},
+              {"activation_checkpointing", r.choice.activation_checkpointing},
+              {"per_gpu", {{"params", std::llround(d.params)}, {"grads", std::llround(d.grads)},
+                           {"optimizer_states", std::llround(d.optimizer_states)}, {"activations", std::llround(d.activations)},
+                           {"buffers", std::llround(d.buffers)}, {"total", std::llround(d.total())}}},
+              {"cpu_per_node", std::llround(r.host_per_node)},
+              {"nvme_per_node", std::llround(r.nvme_per_node)},
+              {"fits", r.fits_device ? ojson(r.fits()) : ojson(nullptr)},
+              {"runs_today", r.not_yet.empty()},
+              {"not_yet", r.not_yet},
+              {"overrides", r.overrides}};
+    rows.push_back(row);
+  }
+  j["rows"] = rows;
+  j["recommended"] = t.recommended;
+  j["runnable"] = t.runnable;
+  ojson dsrows = ojson::array();
+  for (const auto& r : t.deepspeed)
+    dsrows.push_back({{"zero_stage", r.stage}, {"options", r.options}, {"cpu_per_node", std::llround(r.cpu_bytes)},
+                      {"per_gpu", std::llround(r.gpu_bytes)}});
+  j["deepspeed"] = dsrows;
+  std::cout << j.dump(2) << "\n";
+}
+
+// The table's rows, and what this ds cannot train yet among them, once per reason.
+void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-5s %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", "stage", "offload p/o",
+                "ckpt", "params", "grads", "optim", "activ", "buffers", "per GPU", "CPU/node", "NVMe/node", "fits");
+  o << line;
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const auto& r = t.rows[i];
+    const auto& d = r.memory.device;
+    std::string fits = !r.fits_device ? "?" : r.fits() ? "yes" : "no";
+    if (!r.not_yet.empty()) fits += ", not yet *";
+    if (static_cast<int>(i) == t.recommended) fits += "  <- recommended";
+    std::snprintf(line, sizeof line, "  %-5d %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", r.choice.stage,
+                  offload_text(r.choice).c_str(), r.choice.activation_checkpointing ? "on" : "off", gib(d.params).c_str(),
+                  gib(d.grads).c_str(), gib(d.optimizer_states).c_str(), gib(d.activations).c_str(), gib(d.buffers).c_str(),
+                  gib(d.total()).c_str(), gib(r.host_per_node).c_str(), r.nvme_per_node > 0 ? gib(r.nvme_per_node).c_str() : "-",
+                  fits.c_str());
+    o << line;
+  }
+  o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
+  // What this ds cannot train yet on these GPUs, once per reason.
+  std::vector<std::string> reasons;
+  for (const auto& r : t.rows)
+    for (const std::string& why : r.not_yet)
+      if (std::find(reasons.begin(), reasons.end(), why) == reasons.end()) reasons.push_back(why);
+  for (size_t k = 0; k < reasons.size(); ++k) o << (k ? "    " : "  * not yet runnable by this ds: ") << reasons[k] << "\n";
+  o << "\n";
+}
+
+void render_recommendation(const MemoryEstimateTable& t, const Topology& topo, FILE* out, std::ostringstream& o) {
+  const auto choice_text = [](const EstimateRow& r) {
+    return "ZeRO-" + std::to_string(r.choice.stage) +
+           (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "") +
+           (r.choice.offload_param != OffloadDevice::none ? std::string(", parameter offload to ") + offload_device_name(r.choice.offload_param) : "") +
+           (r.choice.activation_checkpointing ? ", activation checkpointing" : "");
+  };
+  if (t.recommended >= 0) {
+    const auto& r = t.rows[t.recommended];
+    o << bold("Recommended", out) << ": " << choice_text(r) << ": " << format_bytes(r.device_per_rank)
+      << " per GPU (" << std::lround(100.0 * r.device_per_rank / topo.device_memory_bytes) << "% of "
+      << format_bytes(topo.device_memory_bytes) << ")\n  select it with: ds plan CONFIG " << r.overrides << "\n";
+    // Said with the recommendation, not only in the table: what this ds cannot train yet, and what it can.
+    if (!r.not_yet.empty()) {
+      o << "  not yet runnable by this ds: " << join(r.not_yet, "; ") << "\n";
+      if (t.runnable >= 0)
+        o << "  the fastest that fits and ds trains today: " << choice_text(t.rows[t.runnable]) << " (ds plan CONFIG "
+          << t.rows[t.runnable].overrides << ")\n";
+      else
+        o << "  none of the rows that fit can ds train on " << (topo.world_size > 1 ? "these GPUs" : "a GPU") << " today\n";
+    }
+    o << "\n";
+  } else if (topo.device_memory_bytes > 0) {
+    o << bold("Nothing fits", out) << " " << format_bytes(topo.device_memory_bytes)
+      << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory.\n\n";
+  } else {
+    o << "Pass --gpu-memory (e.g. 80GiB) for a fit check and a recommendation.\n\n";
+  }
+}
+
+void render_deepspeed(const MemoryEstimateTable& t, const LoraPlan& lora, FILE* out, std::ostringstream& o) {
+  char line[512];
+  o << bold("DeepSpeed's estimator", out)
+    << " (estimate_zero2/zero3_model_states_mem_needs: model states only, CPU x1.5 buffer factor; GiB, which DeepSpeed prints as GB"
+    << (lora.enabled ? "; it knows no LoRA: these rows train every weight" : "") << ")\n";
+  o << "   per CPU  |  per GPU | options\n";
+  for (const auto& r : t.deepspeed) {
+    std::snprintf(line, sizeof line, "  %8s  | %8s | ZeRO-%d %s\n", gib(r.cpu_bytes).c_str(), gib(r.gpu_bytes).c_str(), r.stage,
+                  r.options.c_str());
+    o << line;
+  }
+  o << "\nCounted per GPU: parameters, gradients, fp32 master weights and optimizer moments, activations kept for "
+       "backward, reduction and gather buffers (DeepSpeed's default bucket sizes unless the config sets them).\n"
+       "Not counted: allocator fragmentation, the CUDA context (~0.5-1 GiB), library workspaces. CPU/node is the "
+       "offloaded states and staging buffers of all ranks on a node; DeepSpeed's 1.5x factor is not applied.\n";
+}
+
+void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
+  const ModelSpec& model = in.model;
+  const Config& base = in.base;
+  const Topology& topo = in.topo;
+  const LoraPlan& lora = in.lora;
+  const std::string& model_note = in.model_note;
+  const std::string& dtype = in.dtype;
+  FILE* out = stdout;
+  std::ostringstream o;
+  o << bold("Memory to train " + model.hp.name, out) << " (" << format_count(model.num_params) << " parameters, largest layer "
+    << format_count(model.largest_module_params) << ") on " << topo.num_nodes << (topo.num_nodes == 1 ? " node" : " nodes")
+    << " x " << topo.ranks_per_node << (topo.ranks_per_node == 1 ? " GPU" : " GPUs") << "\n";
+  if (!model_note.empty()) o << "  model: " << model_note << "\n";
+  if (lora.enabled) {
+    o << "  LoRA r " << lora.r << " on " << join(lora.target_modules, ", ") << ": " << format_count(lora.adapters.num_params) << " parameters train ("
+      << format_fixed(100.0 * static_cast<double>(lora.adapters.num_params) / static_cast<double>(model.num_params), 3)
+      << "% of the model); the base is frozen in " << dtype << " (params column: whole on every GPU; at stage 3 partitioned, a block gathered as it runs)\n";
+  }
+  o << "  " << dtype << ", micro batch " << *base.train_micro_batch_size_per_gpu
+    << (a.params > 0 ? std::string(" (activations need an architecture)") : " x " + std::to_string(*base.data.seq_len) + " tokens")
+    << ", " << optimizer_type_name(base.optimizer.type) << "; GPU memory "
+    << (topo.device_memory_bytes > 0 ? format_bytes(topo.device_memory_bytes) : std::string("not given (no fit check)"))
+    << "; CPU memory per node " << (topo.host_memory_bytes > 0 ? format_bytes(topo.host_memory_bytes) : std::string("not given"))
+    << "\n";
+  if (topo.device_memory_bytes > 0)
+    o << "  fits = at most " << std::lround((1 - a.headroom) * 100) << "% of each GPU (" << format_bytes((1 - a.headroom) * topo.device_memory_bytes)
+      << "): --headroom " << format_double(a.headroom) << " is left for what is not counted\n";
+  o << "\n";
+  render_rows(t, o);
+  render_recommendation(t, topo, out, o);
+  render_deepspeed(t, lora, out, o);
+  std::cout << o.str();
+}
+
+}  // namespace
+
 int run_estimate_memory(const EstimateMemoryArgs& a) {
   return run_guarded("estimate-memory", [&] {
-    if (!(a.headroom >= 0 && a.headroom <= 0.9))  // NaN passes a range check: compared, it is neither in nor out
-      throw UserError("--headroom " + format_double(a.headroom) + " is not a share from 0 to 0.9", "e.g. --headroom 0.1 leaves 10% of each GPU free");
-    if (a.params > ModelLimits::params)
-      throw UserError("--params " + format_double(a.params) + " is more than ds plans for (" + format_double(ModelLimits::params) + ")",
-                      "give the parameter count, e.g. --params 7e9");
-    if (a.params > 0 && (a.largest_layer <= 0 || a.largest_layer > a.params))
-      throw UserError(a.largest_layer <= 0 ? "--params needs --largest-layer (the parameters of the biggest single layer)"
-                                           : "--largest-layer " + format_double(a.largest_layer) + " is more than --params " + format_double(a.params),
-                      "e.g. --params 7e9 --largest-layer 131e6 (a 7B Llama's largest layer is its 32000 x 4096 embedding)");
-    if (a.params > 0 && a.params / a.largest_layer > ModelLimits::num_layers)
-      throw UserError("--params / --largest-layer is " + format_double(std::ceil(a.params / a.largest_layer)) +
-                          " layers, more than ds plans for (" + std::to_string(ModelLimits::num_layers) + ")",
-                      "--largest-layer is the parameters of the biggest single layer, e.g. 131e6 for a 7B model");
-    if (a.model.empty() && a.params == 0)
-      throw UserError("no model given", "pass --model (llama-2-7b, 7b, a config.json) or --params N --largest-layer N");
-    if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
-    if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
-      throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
-    TopologyOptions topt;
-    topt.nproc_per_node = a.gpus;
-    topt.nnodes = a.nodes;
-    topt.device = "cuda";
-    if (!a.gpu_memory.empty()) topt.device_memory_bytes = size_flag("--gpu-memory", a.gpu_memory);
-    topt.gpus = detect_gpus();
-    Topology topo = make_topology(topt, [](const char*) -> const char* { return nullptr; });
-    topo.host_memory_bytes = 0;  // the target's host memory is unknown unless given
-    if (!a.cpu_memory.empty()) topo.host_memory_bytes = size_flag("--cpu-memory", a.cpu_memory);
-
+    check_flags(a);
+    const Topology topo = target_topology(a);
     std::string model_note;
     Config base = base_config(a, &model_note);
-    ModelSpec model = a.params > 0 ? hypothetical_spec(static_cast<int64_t>(a.params), static_cast<int64_t>(a.largest_layer))
-                                   : build_model_spec(resolve_model_hyper(base.model));
-    LoraPlan lora;
-    if (!a.lora_targets.empty() && a.lora_r == 0) throw UserError("--lora-targets needs --lora-r", "e.g. --lora-r 16 --lora-targets q_proj,v_proj");
-    if (a.lora_r > 0) {
-      if (a.params > 0) throw UserError("--lora-r needs an architecture, which --params does not give", "pass --model (a preset or a config.json)");
-      LoraConfig& l = base.model.lora;
-      l.enabled = true;
-      l.r = a.lora_r;
-      l.alpha = static_cast<double>(a.lora_r);
-      l.target_modules = a.lora_targets.empty() ? lora_module_names(model.hp.arch) : a.lora_targets;
-      std::vector<ConfigIssue> errors;
-      lora = resolve_lora(l, model, errors);
-      if (!errors.empty()) throw UserError("--lora-targets: " + errors[0].message, errors[0].hint);
-    }
+    const ModelSpec model = a.params > 0 ? hypothetical_spec(static_cast<int64_t>(a.params), static_cast<int64_t>(a.largest_layer))
+                                         : build_model_spec(resolve_model_hyper(base.model));
+    const LoraPlan lora = plan_lora(a, base, model);
     if (a.seq_len > 0) {
       base.data.seq_len = a.seq_len;
     } else if (!base.data.seq_len || a.params > 0) {
       base.data.seq_len = std::max<int64_t>(1, std::min<int64_t>(model.hp.max_position_embeddings, 2048));
     }
-    EstimateFilter filter;
-    if (a.zero_stage >= 0) filter.stage = a.zero_stage;
-    if (!a.offload.empty())
-      filter.offload = a.offload == "cpu" ? OffloadDevice::cpu : a.offload == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
-    if (a.activation_checkpointing != "both") filter.activation_checkpointing = a.activation_checkpointing == "on";
-    // A model known by size alone has no activations to count: checkpointing on and off would be the same
-    // rows twice, so only the "off" rows are shown (the header says activations need an architecture).
-    if (a.params > 0 && a.activation_checkpointing == "both") filter.activation_checkpointing = false;
-    const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter, a.headroom);
+    const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter_of(a), a.headroom);
     if (t.rows.empty())
       throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");
-
-    const std::string dtype = base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32";
-    if (a.json) {
-      ojson j;
-      j["schema_version"] = 1;
-      j["model"] = {{"name", model.hp.name}, {"num_params", model.num_params}, {"largest_layer_params", model.largest_module_params},
-                    {"note", model_note}};
-      j["topology"] = {{"gpus_per_node", topo.ranks_per_node}, {"nodes", topo.num_nodes},
-                       {"gpu_memory_bytes", static_cast<int64_t>(topo.device_memory_bytes)},
-                       {"cpu_memory_per_node_bytes", static_cast<int64_t>(topo.host_memory_bytes)}};
-      j["lora"] = lora.enabled ? ojson{{"r", lora.r}, {"target_modules", lora.target_modules}, {"trainable_params", lora.adapters.num_params},
-                                       {"frozen_params", model.num_params}}
-                               : ojson(nullptr);
-      j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
-                          {"headroom", a.headroom}};
-      ojson rows = ojson::array();
-      for (const auto& r : t.rows) {
-        const auto& d = r.memory.device;
-        ojson row{{"zero_stage", r.choice.stage},
-                  {"offload_optimizer", offload_device_name(r.choice.offload_optimizer)},
-                  {"offload_param", offload_device_name(r.choice.offload_param)},
-                  {"activation_checkpointing", r.choice.activation_checkpointing},
-                  {"per_gpu", {{"params", std::llround(d.params)}, {"grads", std::llround(d.grads)},
-                               {"optimizer_states", std::llround(d.optimizer_states)}, {"activations", std::llround(d.activations)},
-                               {"buffers", std::llround(d.buffers)}, {"total", std::llround(d.total())}}},
-                  {"cpu_per_node", std::llround(r.host_per_node)},
-                  {"nvme_per_node", std::llround(r.nvme_per_node)},
-                  {"fits", r.fits_device ? ojson(r.fits()) : ojson(nullptr)},
-                  {"runs_today", r.not_yet.empty()},
-                  {"not_yet", r.not_yet},
-                  {"overrides", r.overrides}};
-        rows.push_back(row);
-      }
-      j["rows"] = rows;
-      j["recommended"] = t.recommended;
-      j["runnable"] = t.runnable;
-      ojson dsrows = ojson::array();
-      for (const auto& r : t.deepspeed)
-        dsrows.push_back({{"zero_stage", r.stage}, {"options", r.options}, {"cpu_per_node", std::llround(r.cpu_bytes)},
-                          {"per_gpu", std::llround(r.gpu_bytes)}});
-      j["deepspeed"] = dsrows;
-      std::cout << j.dump(2) << "\n";
-      return 0;
-    }
-
-    FILE* out = stdout;
-    std::ostringstream o;
-    o << bold("Memory to train " + model.hp.name, out) << " (" << format_count(model.num_params) << " parameters, largest layer "
-      << format_count(model.largest_module_params) << ") on " << topo.num_nodes << (topo.num_nodes == 1 ? " node" : " nodes")
-      << " x " << topo.ranks_per_node << (topo.ranks_per_node == 1 ? " GPU" : " GPUs") << "\n";
-    if (!model_note.empty()) o << "  model: " << model_note << "\n";
-    if (lora.enabled) {
-      o << "  LoRA r " << lora.r << " on " << join(lora.target_modules, ", ") << ": " << format_count(lora.adapters.num_params) << " parameters train ("
-        << format_fixed(100.0 * static_cast<double>(lora.adapters.num_params) / static_cast<double>(model.num_params), 3)
-        << "% of the model); the base is frozen in " << dtype << " (params column: whole on every GPU; at stage 3 partitioned, a block gathered as it runs)\n";
-    }
-    o << "  " << dtype << ", micro batch " << *base.train_micro_batch_size_per_gpu
-      << (a.params > 0 ? std::string(" (activations need an architecture)") : " x " + std::to_string(*base.data.seq_len) + " tokens")
-      << ", " << optimizer_type_name(base.optimizer.type) << "; GPU memory "
-      << (topo.device_memory_bytes > 0 ? format_bytes(topo.device_memory_bytes) : std::string("not given (no fit check)"))
-      << "; CPU memory per node " << (topo.host_memory_bytes > 0 ? format_bytes(topo.host_memory_bytes) : std::string("not given"))
-      << "\n";
-    if (topo.device_memory_bytes > 0)
-      o << "  fits = at most " << std::lround((1 - a.headroom) * 100) << "% of each GPU (" << format_bytes((1 - a.headroom) * topo.device_memory_bytes)
-        << "): --headroom " << format_double(a.headroom) << " is left for what is not counted\n";
-    o << "\n";
-    char line[512];
-    std::snprintf(line, sizeof line, "  %-5s %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", "stage", "offload p/o",
-                  "ckpt", "params", "grads", "optim", "activ", "buffers", "per GPU", "CPU/node", "NVMe/node", "fits");
-    o << line;
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      const auto& r = t.rows[i];
-      const auto& d = r.memory.device;
-      std::string fits = !r.fits_device ? "?" : r.fits() ? "yes" : "no";
-      if (!r.not_yet.empty()) fits += ", not yet *";
-      if (static_cast<int>(i) == t.recommended) fits += "  <- recommended";
-      std::snprintf(line, sizeof line, "  %-5d %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", r.choice.stage,
-                    offload_text(r.choice).c_str(), r.choice.activation_checkpointing ? "on" : "off", gib(d.params).c_str(),
-                    gib(d.grads).c_str(), gib(d.optimizer_states).c_str(), gib(d.activations).c_str(), gib(d.buffers).c_str(),
-                    gib(d.total()).c_str(), gib(r.host_per_node).c_str(), r.nvme_per_node > 0 ? gib(r.nvme_per_node).c_str() : "-",
-                    fits.c_str());
-      o << line;
-    }
-    o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
-    // What this ds cannot train yet on these GPUs, once per reason.
-    std::vector<std::string> reasons;
-    for (const auto& r : t.rows)
-      for (const std::string& why : r.not_yet)
-        if (std::find(reasons.begin(), reasons.end(), why) == reasons.end()) reasons.push_back(why);
-    for (size_t k = 0; k < reasons.size(); ++k) o << (k ? "    " : "  * not yet runnable by this ds: ") << reasons[k] << "\n";
-    o << "\n";
-    const auto choice_text = [](const EstimateRow& r) {
-      return "ZeRO-" + std::to_string(r.choice.stage) +
-             (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "") +
-             (r.choice.offload_param != OffloadDevice::none ? std::string(", parameter offload to ") + offload_device_name(r.choice.offload_param) : "") +
-             (r.choice.activation_checkpointing ? ", activation checkpointing" : "");
-    };
-    if (t.recommended >= 0) {
-      const auto& r = t.rows[t.recommended];
-      o << bold("Recommended", out) << ": " << choice_text(r) << ": " << format_bytes(r.device_per_rank)
-        << " per GPU (" << std::lround(100.0 * r.device_per_rank / topo.device_memory_bytes) << "% of "
-        << format_bytes(topo.device_memory_bytes) << ")\n  select it with: ds plan CONFIG " << r.overrides << "\n";
-      // Said with the recommendation, not only in the table: what this ds cannot train yet, and what it can.
-      if (!r.not_yet.empty()) {
-        o << "  not yet runnable by this ds: " << join(r.not_yet, "; ") << "\n";
-        if (t.runnable >= 0)
-          o << "  the fastest that fits and ds trains today: " << choice_text(t.rows[t.runnable]) << " (ds plan CONFIG "
-            << t.rows[t.runnable].overrides << ")\n";
-        else
-          o << "  none of the rows that fit can ds train on " << (topo.world_size > 1 ? "these GPUs" : "a GPU") << " today\n";
-      }
-      o << "\n";
-    } else if (topo.device_memory_bytes > 0) {
-      o << bold("Nothing fits", out) << " " << format_bytes(topo.device_memory_bytes)
-        << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory.\n\n";
-    } else {
-      o << "Pass --gpu-memory (e.g. 80GiB) for a fit check and a recommendation.\n\n";
-    }
-    o << bold("DeepSpeed's estimator", out)
-      << " (estimate_zero2/zero3_model_states_mem_needs: model states only, CPU x1.5 buffer factor; GiB, which DeepSpeed prints as GB"
-      << (lora.enabled ? "; it knows no LoRA: these rows train every weight" : "") << ")\n";
-    o << "   per CPU  |  per GPU | options\n";
-    for (const auto& r : t.deepspeed) {
-      std::snprintf(line, sizeof line, "  %8s  | %8s | ZeRO-%d %s\n", gib(r.cpu_bytes).c_str(), gib(r.gpu_bytes).c_str(), r.stage,
-                    r.options.c_str());
-      o << line;
-    }
-    o << "\nCounted per GPU: parameters, gradients, fp32 master weights and optimizer moments, activations kept for "
-         "backward, reduction and gather buffers (DeepSpeed's default bucket sizes unless the config sets them).\n"
-         "Not counted: allocator fragmentation, the CUDA context (~0.5-1 GiB), library workspaces. CPU/node is the "
-         "offloaded states and staging buffers of all ranks on a node; DeepSpeed's 1.5x factor is not applied.\n";
-    std::cout << o.str();
+    const EstimateInputs in{model, base, topo, lora, model_note,
+                            base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32"};
+    if (a.json)
+      print_json(a, in, t);
+    else
+      print_text(a, in, t);
     return 0;
   }, a.json);
 }
