@@ -176,6 +176,86 @@ on the CPU (--device auto). SIGTERM and Ctrl-C save a checkpoint after the curre
   return {sub, [args] { return run_train(*args); }};
 }
 
+namespace {
+
+// The one fit rule (engine/plan/fit.hpp): a plan past what the machine has is refused; one inside the
+// headroom starts with a warning (ds plan calls it tight).
+void check_fits(const Plan& plan, bool no_fit_check, bool launcher) {
+  const FitCheck fit = check_fit(plan, plan.topology.headroom);
+  if (fit.does_not_fit() && !no_fit_check)
+    throw UserError("the plan needs " +
+                        (fit.host == Fit::does_not_fit ? format_bytes(fit.host_need) + " of host memory per node, but this machine has " + format_bytes(fit.host_have)
+                                                       : format_bytes(fit.device_need) + " per GPU, but it has " + format_bytes(fit.device_have)),
+                    "`ds plan` shows where it goes: lower the micro batch or the sequence, raise the ZeRO stage, enable "
+                    "model.activation_checkpointing, or add --no-fit-check to start anyway");
+  if (!fit.fits() && !fit.does_not_fit() && !launcher)
+    print_warnings("train", {{"", "the plan leaves less than the headroom free (" +
+                                       (fit.host == Fit::within_headroom ? fit_text(fit.host, fit.host_need, fit.host_have, plan.topology.headroom)
+                                                                         : fit_text(fit.device, fit.device_need, fit.device_have, plan.topology.headroom)) +
+                                       "): what the memory model does not count may not fit",
+                              "a smaller micro batch, or model.activation_checkpointing, leaves more"}});
+}
+
+// The checkpoint's record, checked against this plan: the same tensors, and at another world size its global
+// batch kept (the accumulation adjusted, the plan compiled again) unless the config sets the batch itself.
+PlanRecord check_resume(const std::string& resume_from, ConfigArgs& args, CompiledConfig& compiled, bool launcher) {
+  PlanRecord record = read_plan_record(read_checkpoint_text(resume_from, "plan_json"), "checkpoint '" + resume_from + "'");
+  check_resume_shapes(resume_from, record, compiled.plan);
+  std::string note, warning;
+  const std::vector<std::string> keep = batch_pins(record, compiled.plan, compiled.config, &note, &warning);
+  if (!launcher && !note.empty()) std::cerr << "ds train: " << note << "\n";
+  if (!launcher && !warning.empty()) print_warnings("train", {{"", warning, ""}});
+  if (!keep.empty()) {
+    args.overrides.insert(args.overrides.end(), keep.begin(), keep.end());
+    compiled = compile_config("train", args, /*quiet=*/true);
+  }
+  return record;
+}
+
+// A longer run continues the checkpoint's schedule rather than stretching it mid-way.
+void keep_schedule(const PlanRecord& record, ConfigArgs& args, CompiledConfig& compiled) {
+  std::string note;
+  const auto pins = schedule_pins(record, compiled.plan, compiled.config, &note);
+  if (pins.empty()) return;
+  args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
+  compiled = compile_config("train", args, /*quiet=*/true);
+  std::cerr << "ds train: " << note << "\n";
+}
+
+// This process starts the ranks (--nproc-per-node, --hostfile) and waits for them.
+int launch_ranks_of(const RankLaunch& launch, const ConfigArgs& args, const CompiledConfig& compiled, const TrainArgs& a,
+                    const RunDirLock& lock) {
+  const Plan& plan = compiled.plan;
+  const Config& config = compiled.config;
+  LaunchSpec spec = rank_launch_spec(launch, args, config.train.output_dir + "/logs", config.train.comm_timeout_s);
+  spec.inherit_fds = lock.inheritable_fds();
+  spec.master_addr = a.master_addr;
+  spec.master_port = a.master_port;
+  const int world = plan.topology.world_size;
+  // --num_gpus 2 where no GPU trains starts CPU processes: said, not left to be found out.
+  std::cerr << "ds train: starting " << world << (plan.topology.device == DeviceKind::cpu ? " CPU" : " GPU") << " ranks "
+            << (launch.hosts.empty() ? std::string("on this machine") : "on " + std::to_string(launch.hosts.size()) + " hosts from " + a.hostfile)
+            << (world == 2 ? "; rank 1 logs to " + spec.log_dir + "/rank_1.log\n"
+                           : "; ranks 1-" + std::to_string(world - 1) + " log to " + spec.log_dir + "/rank_N.log\n");
+  return launch_ranks(spec);
+}
+
+// How the run ended, said, and its exit status.
+int finish(const TrainResult& r, const Plan& plan, const Config& config, bool writes_run_dir) {
+  const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
+  if (r.interrupted && r.losses.empty())
+    std::cerr << "ds train: " << (r.stop_signal == SIGTERM ? "stopped by SIGTERM" : "interrupted") << " while "
+              << (r.stopped_while.empty() ? std::string("starting") : r.stopped_while)
+              << ", before the first step: nothing was trained or saved; the same command starts it again\n";
+  if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
+  if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
+  if (writes_run_dir && config.flops_profiler.enabled) print_flops_profile(plan, config.flops_profiler, r);
+  if (r.interrupted && !r.last_checkpoint.empty()) std::cerr << "ds train: continue with: " << resume_command() << "\n";
+  return r.interrupted ? stopped : kExitOk;
+}
+
+}  // namespace
+
 int run_train(const TrainArgs& a) {
   return run_guarded("train", [&]() -> int {
     ConfigArgs args = with_config_path(a.config);
@@ -187,46 +267,16 @@ int run_train(const TrainArgs& a) {
     // that world size first).
     const RankLaunch launch = rank_launch(a.hostfile, args);
     const bool launcher = launch.launcher;
-    const std::vector<LaunchHost>& hosts = launch.hosts;
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them
     const std::vector<std::string> autos = auto_choices(compiled.config, compiled.plan, nullptr);
-    if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0)
-      std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
-    // The one fit rule (engine/plan/fit.hpp): a plan past what the machine has is refused; one inside the
-    // headroom starts with a warning (ds plan calls it tight).
-    const FitCheck fit = check_fit(compiled.plan, compiled.plan.topology.headroom);
-    if (fit.does_not_fit() && !a.no_fit_check)
-      throw UserError("the plan needs " +
-                          (fit.host == Fit::does_not_fit ? format_bytes(fit.host_need) + " of host memory per node, but this machine has " + format_bytes(fit.host_have)
-                                                         : format_bytes(fit.device_need) + " per GPU, but it has " + format_bytes(fit.device_have)),
-                      "`ds plan` shows where it goes: lower the micro batch or the sequence, raise the ZeRO stage, enable "
-                      "model.activation_checkpointing, or add --no-fit-check to start anyway");
-    if (!fit.fits() && !fit.does_not_fit() && !launcher)
-      print_warnings("train", {{"", "the plan leaves less than the headroom free (" +
-                                         (fit.host == Fit::within_headroom ? fit_text(fit.host, fit.host_need, fit.host_have, compiled.plan.topology.headroom)
-                                                                           : fit_text(fit.device, fit.device_need, fit.device_have, compiled.plan.topology.headroom)) +
-                                         "): what the memory model does not count may not fit",
-                                "a smaller micro batch, or model.activation_checkpointing, leaves more"}});
+    if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0) std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
+    check_fits(compiled.plan, a.no_fit_check, launcher);
     const bool writes_run_dir = compiled.plan.topology.rank == 0;
     // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
     // before anything about the output directory.
     const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
     const std::optional<PlanRecord> checkpoint_plan =
-        resume_from.empty() ? std::nullopt
-                            : std::optional(read_plan_record(read_checkpoint_text(resume_from, "plan_json"), "checkpoint '" + resume_from + "'"));
-    if (checkpoint_plan) {
-      check_resume_shapes(resume_from, *checkpoint_plan, compiled.plan);
-      // Another world size: the checkpoint's global batch is kept (the accumulation adjusted), unless the
-      // config sets the batch itself; never changed silently.
-      std::string note, warning;
-      const std::vector<std::string> keep = batch_pins(*checkpoint_plan, compiled.plan, compiled.config, &note, &warning);
-      if (!launcher && !note.empty()) std::cerr << "ds train: " << note << "\n";
-      if (!launcher && !warning.empty()) print_warnings("train", {{"", warning, ""}});
-      if (!keep.empty()) {
-        args.overrides.insert(args.overrides.end(), keep.begin(), keep.end());
-        compiled = compile_config("train", args, /*quiet=*/true);
-      }
-    }
+        resume_from.empty() ? std::nullopt : std::optional(check_resume(resume_from, args, compiled, launcher));
     RunDirLock lock;  // held until the run (or the launched ranks) ends
     if (writes_run_dir) {
       const Config& c = compiled.config;
@@ -236,35 +286,12 @@ int run_train(const TrainArgs& a) {
                             {c.model.init_from, c.data.path, c.data.vocab_file, c.data.merges_file, c.source, resume_from}};
       print_warnings("train", prepare_run_dir(request));
     }
-    if (launcher) {
-      const Plan& plan = compiled.plan;
-      const Config& config = compiled.config;
-      LaunchSpec spec = rank_launch_spec(launch, args, config.train.output_dir + "/logs", config.train.comm_timeout_s);
-      spec.inherit_fds = lock.inheritable_fds();
-      spec.master_addr = a.master_addr;
-      spec.master_port = a.master_port;
-      const int world = plan.topology.world_size;
-      // --num_gpus 2 where no GPU trains starts CPU processes: said, not left to be found out.
-      std::cerr << "ds train: starting " << world << (plan.topology.device == DeviceKind::cpu ? " CPU" : " GPU") << " ranks "
-                << (hosts.empty() ? std::string("on this machine") : "on " + std::to_string(hosts.size()) + " hosts from " + a.hostfile)
-                << (world == 2 ? "; rank 1 logs to " + spec.log_dir + "/rank_1.log\n"
-                               : "; ranks 1-" + std::to_string(world - 1) + " log to " + spec.log_dir + "/rank_N.log\n");
-      return launch_ranks(spec);
-    }
+    if (launcher) return launch_ranks_of(launch, args, compiled, a, lock);
     TrainOptions opt;
     opt.resume_from = resume_from;
     if (opt.resume_from.empty() && compiled.config.train.resume == "auto")
       std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
-    if (!opt.resume_from.empty()) {
-      // A longer run continues the checkpoint's schedule rather than stretching it mid-way.
-      std::string note;
-      const auto pins = schedule_pins(*checkpoint_plan, compiled.plan, compiled.config, &note);
-      if (!pins.empty()) {
-        args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
-        compiled = compile_config("train", args, /*quiet=*/true);
-        std::cerr << "ds train: " << note << "\n";
-      }
-    }
+    if (checkpoint_plan) keep_schedule(*checkpoint_plan, args, compiled);
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
     opt.resolved_config_json = compiled.resolved_json;
@@ -285,17 +312,7 @@ int run_train(const TrainArgs& a) {
     std::cerr << start_line(plan, opt.resume_from) << "\n";
     const TrainResult r = train_with_runtime(plan, opt);  // loads LibTorch, here and only here
     set_stop_handler(before);
-    const int stopped = r.stop_signal == SIGTERM ? kExitTerminated : kExitInterrupted;
-    if (r.interrupted && r.losses.empty())
-      std::cerr << "ds train: " << (r.stop_signal == SIGTERM ? "stopped by SIGTERM" : "interrupted") << " while "
-                << (r.stopped_while.empty() ? std::string("starting") : r.stopped_while)
-                << ", before the first step: nothing was trained or saved; the same command starts it again\n";
-    if (r.losses.empty()) return r.interrupted ? stopped : kExitOk;
-    if (writes_run_dir) std::cerr << "ds train: metrics in " << r.metrics_path << "\n";  // rank 0 writes them
-    if (writes_run_dir && config.flops_profiler.enabled) print_flops_profile(plan, config.flops_profiler, r);
-    if (r.interrupted && !r.last_checkpoint.empty())
-      std::cerr << "ds train: continue with: " << resume_command() << "\n";
-    return r.interrupted ? stopped : kExitOk;
+    return finish(r, plan, config, writes_run_dir);
   });
 }
 

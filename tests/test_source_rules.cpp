@@ -24,7 +24,6 @@ const std::map<std::string, int> kStillLong = {
     {"cli/profile_report.cpp build_profile_report", 184},
     {"engine/plan/model_spec.cpp resolve_model_hyper", 167},
     {"cli/render_plan.cpp render_plan_text", 136},
-    {"cli/train.cpp run_train", 123},
     {"cli/profile_report.cpp render_profile_text", 111},
     {"schema/overrides.cpp apply_overrides", 104},
     {"engine/plan/comm.cpp plan_collectives", 104},
