@@ -271,48 +271,52 @@ ModelHyper model_preset(const std::string& name) {
                   hint);
 }
 
-ModelHyper resolve_model_hyper(const ModelConfig& m) {
-  std::vector<ConfigIssue> issues;
+namespace {
+
+// One source's fields over what the model has so far (a preset, then a config.json, then the model block).
+void layer_fields(const ModelFields& f, const std::string& preset, ModelHyper& h, std::vector<ConfigIssue>& issues) {
+  if (f.arch) {
+    if (!preset.empty() && *f.arch != h.arch)
+      issues.push_back({"model.arch", std::string("arch '") + model_arch_name(*f.arch) + "' contradicts preset '" + preset + "' (" +
+                                          model_arch_name(h.arch) + ")", "remove one of the two"});
+    h.arch = *f.arch;
+  }
+  if (f.vocab_size) h.vocab_size = *f.vocab_size;
+  if (f.hidden_size) h.hidden_size = *f.hidden_size;
+  if (f.num_layers) h.num_layers = *f.num_layers;
+  if (f.num_heads) h.num_heads = *f.num_heads;
+  if (f.num_kv_heads) h.num_kv_heads = *f.num_kv_heads;
+  if (f.intermediate_size) h.intermediate_size = *f.intermediate_size;
+  if (f.max_position_embeddings) h.max_position_embeddings = *f.max_position_embeddings;
+  if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
+  if (f.head_dim) h.head_dim_given = *f.head_dim;
+  if (f.attention_bias) h.attention_bias = *f.attention_bias;
+  if (f.mlp_bias) h.mlp_bias = *f.mlp_bias;
+  if (f.sliding_window) h.sliding_window = *f.sliding_window;
+  if (f.attn_logit_softcapping) h.attn_softcap = *f.attn_logit_softcapping;
+  if (f.final_logit_softcapping) h.final_softcap = *f.final_logit_softcapping;
+  if (f.query_pre_attn_scalar) h.query_pre_attn_scalar = *f.query_pre_attn_scalar;
+  if (f.norm_eps) h.norm_eps = *f.norm_eps;
+  if (f.rope_theta) h.rope_theta = *f.rope_theta;
+  if (f.rope_scaling) h.rope_scaling = *f.rope_scaling;
+  if (f.attn_pdrop) h.attn_pdrop = *f.attn_pdrop;
+  if (f.resid_pdrop) h.resid_pdrop = *f.resid_pdrop;
+  if (f.embd_pdrop) h.embd_pdrop = *f.embd_pdrop;
+  if (f.bos_token_id) h.bos_token_id = *f.bos_token_id;
+  if (f.eos_token_id) h.eos_token_id = *f.eos_token_id;
+}
+
+// The model before its own keys: a preset, a Hugging Face config.json over it, or (from scratch) the family's
+// defaults for the keys a description may leave out; named "(modified)" when the model block changes sizes.
+ModelHyper base_hyper(const ModelConfig& m, std::vector<ConfigIssue>& issues) {
   ModelHyper h;
   bool have_base = false;
   if (!m.preset.empty()) {
     h = model_preset(m.preset);
     have_base = true;
   }
-  auto layer = [&](const ModelFields& f) {
-    if (f.arch) {
-      if (have_base && *f.arch != h.arch && !m.preset.empty())
-        issues.push_back({"model.arch", std::string("arch '") + model_arch_name(*f.arch) + "' contradicts preset '" +
-                                            m.preset + "' (" + model_arch_name(h.arch) + ")", "remove one of the two"});
-      h.arch = *f.arch;
-    }
-    if (f.vocab_size) h.vocab_size = *f.vocab_size;
-    if (f.hidden_size) h.hidden_size = *f.hidden_size;
-    if (f.num_layers) h.num_layers = *f.num_layers;
-    if (f.num_heads) h.num_heads = *f.num_heads;
-    if (f.num_kv_heads) h.num_kv_heads = *f.num_kv_heads;
-    if (f.intermediate_size) h.intermediate_size = *f.intermediate_size;
-    if (f.max_position_embeddings) h.max_position_embeddings = *f.max_position_embeddings;
-    if (f.tie_word_embeddings) h.tie_word_embeddings = *f.tie_word_embeddings;
-    if (f.head_dim) h.head_dim_given = *f.head_dim;
-    if (f.attention_bias) h.attention_bias = *f.attention_bias;
-    if (f.mlp_bias) h.mlp_bias = *f.mlp_bias;
-    if (f.sliding_window) h.sliding_window = *f.sliding_window;
-    if (f.attn_logit_softcapping) h.attn_softcap = *f.attn_logit_softcapping;
-    if (f.final_logit_softcapping) h.final_softcap = *f.final_logit_softcapping;
-    if (f.query_pre_attn_scalar) h.query_pre_attn_scalar = *f.query_pre_attn_scalar;
-    if (f.norm_eps) h.norm_eps = *f.norm_eps;
-    if (f.rope_theta) h.rope_theta = *f.rope_theta;
-    if (f.rope_scaling) h.rope_scaling = *f.rope_scaling;
-    if (f.attn_pdrop) h.attn_pdrop = *f.attn_pdrop;
-    if (f.resid_pdrop) h.resid_pdrop = *f.resid_pdrop;
-    if (f.embd_pdrop) h.embd_pdrop = *f.embd_pdrop;
-    if (f.bos_token_id) h.bos_token_id = *f.bos_token_id;
-    if (f.eos_token_id) h.eos_token_id = *f.eos_token_id;
-  };
   if (!m.hf_config.empty()) {
-    if (!have_base) h = ModelHyper{};
-    layer(m.from_hf);
+    layer_fields(m.from_hf, m.preset, h, issues);
     have_base = true;
     if (m.preset.empty()) h.name = m.hf_config;
   }
@@ -323,7 +327,6 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
                         "set model.preset (e.g. \"gpt2\"), model.hf_config (a config.json), or model.arch with its sizes"});
       throw ConfigError("model", issues);
     }
-    h = ModelHyper{};
     h.name = "custom";
     h.arch = *e.arch;
     // Family defaults for keys a from-scratch description may leave out.
@@ -338,9 +341,11 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
              e.attn_logit_softcapping || e.final_logit_softcapping || e.query_pre_attn_scalar) {
     h.name = (m.preset.empty() ? std::string("custom") : m.preset) + " (modified)";
   }
-  bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
-  layer(e);
+  return h;
+}
 
+// Every size within ModelLimits, and the ones nothing can default given.
+void check_sizes(const ModelHyper& h, std::vector<ConfigIssue>& issues) {
   for (const auto& [path, v, limit] : {std::tuple{"model.vocab_size", h.vocab_size, ModelLimits::vocab_size},
                                        {"model.hidden_size", h.hidden_size, ModelLimits::hidden_size},
                                        {"model.num_layers", h.num_layers, ModelLimits::num_layers},
@@ -358,13 +363,12 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   if (h.num_layers <= 0) issues.push_back({"model.num_layers", "missing", "give the number of blocks, e.g. 12"});
   if (h.num_heads <= 0) issues.push_back({"model.num_heads", "missing", "give the number of heads, e.g. 12"});
   if (!issues.empty()) throw ConfigError("model", issues);
+}
+
+// Keys of another family refused, and each family's own rules (heads, windows, rope scaling, dropout).
+void check_family_keys(const ModelHyper& h, const ModelFields& e, std::vector<ConfigIssue>& issues) {
   const ArchTraits& traits = h.traits();
   const bool learned = traits.positions == Positions::learned;
-  if (!traits.grouped_query || h.num_kv_heads <= 0) h.num_kv_heads = h.num_heads;
-  if (h.intermediate_size <= 0 || (learned && !explicit_ffn && e.hidden_size))
-    h.intermediate_size = learned ? 4 * h.hidden_size : 0;
-  if (h.intermediate_size <= 0)
-    issues.push_back({"model.intermediate_size", std::string("missing for a ") + traits.name + " model", "give the MLP width, e.g. 11008"});
   // What a key means only for other families: refused, never ignored (schema/arch.hpp says who has what).
   auto not_for = [&](const char* key, bool given, bool has, const std::string& why) {
     if (given && !has)
@@ -384,8 +388,6 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
   if (h.head_dim_given <= 0 && h.hidden_size % h.num_heads != 0)
     issues.push_back({"model.num_heads", "hidden_size " + std::to_string(h.hidden_size) + " is not divisible by num_heads " +
                                              std::to_string(h.num_heads), "choose heads that divide the width"});
-  // A width equal to the quotient is no width of its own: the model is the same one either way.
-  if (h.head_dim_given > 0 && h.hidden_size % h.num_heads == 0 && h.head_dim_given == h.hidden_size / h.num_heads) h.head_dim_given = 0;
   if (h.num_kv_heads > 0 && h.num_heads % h.num_kv_heads != 0)
     issues.push_back({"model.num_kv_heads", "num_heads " + std::to_string(h.num_heads) + " is not a multiple of num_kv_heads " +
                                                 std::to_string(h.num_kv_heads), "grouped-query attention needs whole groups"});
@@ -416,6 +418,11 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
                                                   " and " + std::to_string(h.rope_scaling.long_factor.size()) + " factors, not one per pair of a head's " +
                                                   std::to_string(h.head_dim()) + " dimensions (" + std::to_string(pairs) + ")", ""});
   }
+}
+
+// The special tokens: GPT-2's BPE end-of-text where that vocabulary is, none outside the vocabulary.
+void resolve_special_tokens(const ModelConfig& m, ModelHyper& h, std::vector<ConfigIssue>& issues) {
+  const ModelFields& e = m.explicit_fields;
   // A GPT-2 with GPT-2's BPE vocabulary (50257 ids, or padded past it) ends its texts with <|endoftext|>,
   // whatever preset its sizes came from, unless its special tokens were given.
   if (h.arch == ModelArch::gpt2 && h.vocab_size >= 50257 && h.bos_token_id < 0 && h.eos_token_id.empty() && !e.bos_token_id &&
@@ -435,6 +442,27 @@ ModelHyper resolve_model_hyper(const ModelConfig& m) {
       h.eos_token_id.clear();
       break;
     }
+}
+
+}  // namespace
+
+ModelHyper resolve_model_hyper(const ModelConfig& m) {
+  std::vector<ConfigIssue> issues;
+  ModelHyper h = base_hyper(m, issues);
+  const ModelFields& e = m.explicit_fields;
+  const bool explicit_ffn = e.intermediate_size.has_value() || m.from_hf.intermediate_size.has_value();
+  layer_fields(e, m.preset, h, issues);
+  check_sizes(h, issues);
+  const ArchTraits& traits = h.traits();
+  const bool learned = traits.positions == Positions::learned;
+  if (!traits.grouped_query || h.num_kv_heads <= 0) h.num_kv_heads = h.num_heads;
+  if (h.intermediate_size <= 0 || (learned && !explicit_ffn && e.hidden_size)) h.intermediate_size = learned ? 4 * h.hidden_size : 0;
+  if (h.intermediate_size <= 0)
+    issues.push_back({"model.intermediate_size", std::string("missing for a ") + traits.name + " model", "give the MLP width, e.g. 11008"});
+  check_family_keys(h, e, issues);
+  // A width equal to the quotient is no width of its own: the model is the same one either way.
+  if (h.head_dim_given > 0 && h.hidden_size % h.num_heads == 0 && h.head_dim_given == h.hidden_size / h.num_heads) h.head_dim_given = 0;
+  resolve_special_tokens(m, h, issues);
   if (!issues.empty()) throw ConfigError("model", issues);
   return h;
 }
