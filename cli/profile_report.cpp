@@ -73,41 +73,62 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
           {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes}, {"paged_file_bytes", r.paged_file_bytes}};
 }
 
-json build_profile_report(const Plan& plan, const std::vector<json>& parts, const ReportOptions& a) {
-  const json& lead = parts.front();
-  const json& steps = lead["steps"];
-  const int total = static_cast<int>(steps.size());
-  const int warmup = std::clamp(a.warmup, 0, total - 1);
-  const int end = a.end < 0 ? total : std::clamp(a.end, warmup + 1, total);
-  const double step_s = mean_over(steps, warmup, end, [](const json& s) { return s["step_s"].get<double>(); });
-  const int64_t micro_batches = plan.batch.grad_accum;  // per rank per step
-  const auto modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.frozen, plan.lora);
-  double fwd = 0, bwd = 0, recompute = 0;
-  for (const auto& m : modules)
-    if (m.depth == 1) {
-      fwd += m.forward;
-      bwd += m.backward;
-      recompute += m.recompute;
+namespace {
+
+// Rank 0's measured steps (after the warm-up) and the FLOPs the plan counts for each.
+struct Measured {
+  Measured(const Plan& p, const json& rank0) : plan(p), lead(rank0), steps(rank0["steps"]) {}
+  const Plan& plan;
+  const json& lead;
+  const json& steps;
+  int warmup = 0, end = 0;
+  double step_s = 0;
+  std::vector<ModuleFlops> modules;
+  double fwd = 0, bwd = 0, recompute = 0;  // per micro batch, the model's top-level modules
+  double micro_batches = 1;               // per rank per step
+
+  template <class F>
+  double mean(F&& f) const {
+    return mean_over(steps, warmup, end, f);
+  }
+};
+
+Measured measured_of(const Plan& plan, const std::vector<json>& parts, const ReportOptions& a) {
+  Measured m(plan, parts.front());
+  const int total = static_cast<int>(m.steps.size());
+  m.warmup = std::clamp(a.warmup, 0, total - 1);
+  m.end = a.end < 0 ? total : std::clamp(a.end, m.warmup + 1, total);
+  m.step_s = m.mean([](const json& s) { return s["step_s"].get<double>(); });
+  m.micro_batches = static_cast<double>(plan.batch.grad_accum);
+  m.modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.frozen, plan.lora);
+  for (const auto& x : m.modules)
+    if (x.depth == 1) {
+      m.fwd += x.forward;
+      m.bwd += x.backward;
+      m.recompute += x.recompute;
     }
+  return m;
+}
+
+// The summary, and MFU step by step, each against the matmul rate measured right after it (the median
+// and its spread in the summary).
+void add_summary(const Measured& ms, json& r) {
+  const Plan& plan = ms.plan;
+  const json& steps = ms.steps;
   const double W = plan.topology.world_size;
-  const double model_flops_per_rank = (fwd + bwd) * static_cast<double>(micro_batches);  // per step
-  const double executed_per_rank = (fwd + bwd + recompute) * static_cast<double>(micro_batches);
-  // MFU step by step, each against the matmul rate measured right after it; the median and its spread.
+  const double model_flops_per_rank = (ms.fwd + ms.bwd) * ms.micro_batches;  // per step
+  const double executed_per_rank = (ms.fwd + ms.bwd + ms.recompute) * ms.micro_batches;
   std::vector<double> rates, mfus;
   json per_step = json::array();
-  for (int i = warmup; i < end; ++i) {
+  for (int i = ms.warmup; i < ms.end; ++i) {
     const double rate = steps[i]["gemm_flops_per_s"].get<double>(), s_i = steps[i]["step_s"].get<double>();
     const double mfu = rate > 0 ? model_flops_per_rank / s_i / rate : 0.0;
     rates.push_back(rate);
     mfus.push_back(mfu);
     per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}});
   }
-  const double peak = median_of(rates), mfu = median_of(mfus);
-  json r;
-  r["schema_version"] = 1;
-  r["measured_steps"] = end - warmup;
-  r["warmup_steps"] = warmup;
-  json summary = {
+  const double step_s = ms.step_s, fwd = ms.fwd;
+  r["summary"] = {
       {"world_size", plan.topology.world_size},
       {"micro_batch", plan.batch.micro_batch},
       {"grad_accum", plan.batch.grad_accum},
@@ -121,37 +142,43 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
       {"model_flops_per_step", model_flops_per_rank * W},
       {"plan_flops_per_step", plan.train_flops_per_step},
       {"executed_flops_per_step", executed_per_rank * W},
-      {"fwd_latency_s", mean_over(steps, warmup, end, [](const json& s) { return s["phases"]["forward"].get<double>(); })},
-      {"bwd_latency_s", mean_over(steps, warmup, end, [](const json& s) { return s["phases"]["backward"].get<double>(); })},
+      {"fwd_latency_s", ms.mean([](const json& s) { return s["phases"]["forward"].get<double>(); })},
+      {"bwd_latency_s", ms.mean([](const json& s) { return s["phases"]["backward"].get<double>(); })},
       {"step_latency_s", step_s},
       {"flops_per_s_per_rank", model_flops_per_rank / step_s},
       {"samples_per_s", static_cast<double>(plan.batch.train_batch_size) / step_s},
       {"tokens_per_s", static_cast<double>(plan.tokens_per_step) / step_s},
-      {"gemm_peak_flops_per_s", peak},
+      {"gemm_peak_flops_per_s", median_of(rates)},
       {"gemm_peak_range", {*std::min_element(rates.begin(), rates.end()), *std::max_element(rates.begin(), rates.end())}},
-      {"mfu", mfu},
+      {"mfu", median_of(mfus)},
       {"mfu_range", {*std::min_element(mfus.begin(), mfus.end()), *std::max_element(mfus.begin(), mfus.end())}},
   };
-  r["summary"] = summary;
+  r["steps"] = per_step;  // rank 0's measured steps
+}
+
+void add_phases(const Measured& ms, json& r) {
   json phases = json::array();
   double accounted = 0;
   for (const char* name : kPhaseNames) {
-    const double s = mean_over(steps, warmup, end, [&](const json& x) { return x["phases"][name].get<double>(); });
+    const double s = ms.mean([&](const json& x) { return x["phases"][name].get<double>(); });
     accounted += s;
-    phases.push_back({{"phase", name}, {"seconds", s}, {"share", s / step_s}});
+    phases.push_back({{"phase", name}, {"seconds", s}, {"share", s / ms.step_s}});
   }
   r["phases"] = phases;
-  r["unaccounted_s"] = step_s - accounted;
-  // Latency per block (its forward; its backward with recomputation and, under ZeRO 2-3, its gather and
-  // reduction), and what is left of the forward and backward phases outside the blocks.
-  auto block_mean = [&](const char* key, size_t layer) {
-    return mean_over(steps, warmup, end, [&](const json& x) { return x[key][layer].get<double>(); });
-  };
-  const double GAS = static_cast<double>(micro_batches);
+  r["unaccounted_s"] = ms.step_s - accounted;
+}
+
+// Latency per block (its forward; its backward with recomputation and, under ZeRO 2-3, its gather and
+// reduction), and what is left of the forward and backward phases outside the blocks.
+void add_modules(const Measured& ms, const ReportOptions& a, json& r) {
+  const json& steps = ms.steps;
+  const int warmup = ms.warmup;
+  const double step_s = ms.step_s, fwd = ms.fwd, bwd = ms.bwd, recompute = ms.recompute, GAS = ms.micro_batches;
+  auto block_mean = [&](const char* key, size_t layer) { return ms.mean([&](const json& x) { return x[key][layer].get<double>(); }); };
   const bool timed_blocks = !steps[static_cast<size_t>(warmup)]["block_forward_s"].empty();
   double blocks_fwd = 0, blocks_bwd = 0, outside_flops = 0;
   json mods = json::array();
-  for (const auto& m : modules) {
+  for (const auto& m : ms.modules) {
     if (m.depth == 1 && m.layer < 0) outside_flops += m.total() * GAS;
     if (m.depth > a.depth) continue;
     json row = {{"name", m.name}, {"depth", m.depth}, {"params", m.params}, {"forward_flops", m.forward},
@@ -182,20 +209,28 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
     mods.push_back(row);
   }
   r["modules"] = mods;
-  const double fwd_phase = summary["fwd_latency_s"].get<double>(), bwd_phase = summary["bwd_latency_s"].get<double>();
+  const double fwd_phase = r["summary"]["fwd_latency_s"].get<double>(), bwd_phase = r["summary"]["bwd_latency_s"].get<double>();
   const double out_f = std::max(0.0, fwd_phase - blocks_fwd), out_b = std::max(0.0, bwd_phase - blocks_bwd);
   r["outside_blocks"] = {{"what", "embeddings, final norm, head and loss"}, {"forward_s", out_f}, {"backward_s", out_b},
                          {"share_of_step_time", (out_f + out_b) / step_s}, {"flops", outside_flops},
                          {"flops_per_s", out_f + out_b > 0 ? outside_flops / (out_f + out_b) : 0.0}};
+}
+
+void add_top_modules(const Measured& ms, const ReportOptions& a, json& r) {
   std::vector<const ModuleFlops*> top;
-  for (const auto& m : modules)
+  for (const auto& m : ms.modules)
     if (m.depth == 2 || (m.depth == 1 && m.layer < 0)) top.push_back(&m);  // leaves: no block counted with its children
   std::stable_sort(top.begin(), top.end(), [](const ModuleFlops* x, const ModuleFlops* y) { return x->total() > y->total(); });
   json tops = json::array();
   for (size_t i = 0; i < top.size() && static_cast<int>(i) < a.top && top[i]->total() > 0; ++i) tops.push_back(top[i]->name);
   r["top_modules"] = tops;
-  // Communication: the plan's table beside what rank 0 measured (bytes per step equal the plan's).
-  const double n_steps = static_cast<double>(steps.size());
+}
+
+// Communication: the plan's table beside what rank 0 measured (bytes per step equal the plan's).
+void add_communication(const Measured& ms, json& r) {
+  const Plan& plan = ms.plan;
+  const json& lead = ms.lead;
+  const double n_steps = static_cast<double>(ms.steps.size());
   json comm = json::array();
   for (const auto& c : plan.execution.collectives) {
     json row = {{"collective", c.what()}, {"plan_calls_per_step", c.calls_per_step}, {"plan_bytes_per_step", c.wire_bytes_per_rank_per_step}};
@@ -210,19 +245,29 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
     comm.push_back(row);
   }
   r["communication"] = comm;
-  // Offload I/O: bytes moved between places per step beside the plan's transfers, the time, the rate.
-  if (!plan.execution.transfers.empty()) {
-    double planned = 0;
-    json transfers = json::array();
-    for (const auto& t : plan.execution.transfers) {
-      planned += t.bytes_per_step;
-      transfers.push_back({{"what", t.what}, {"bytes_per_step", t.bytes_per_step}});
-    }
-    const double bytes = mean_over(steps, warmup, end, [](const json& x) { return x["offload_bytes"].get<double>(); });
-    const double secs = mean_over(steps, warmup, end, [](const json& x) { return x["phases"]["offload"].get<double>(); });
-    r["offload"] = {{"bytes_per_step", bytes}, {"plan_bytes_per_step", planned}, {"seconds_per_step", secs},
-                    {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
+}
+
+// Offload I/O: bytes moved between places per step beside the plan's transfers, the time, the rate.
+void add_offload(const Measured& ms, json& r) {
+  const Plan& plan = ms.plan;
+  if (plan.execution.transfers.empty()) return;
+  double planned = 0;
+  json transfers = json::array();
+  for (const auto& t : plan.execution.transfers) {
+    planned += t.bytes_per_step;
+    transfers.push_back({{"what", t.what}, {"bytes_per_step", t.bytes_per_step}});
   }
+  const double bytes = ms.mean([](const json& x) { return x["offload_bytes"].get<double>(); });
+  const double secs = ms.mean([](const json& x) { return x["phases"]["offload"].get<double>(); });
+  r["offload"] = {{"bytes_per_step", bytes}, {"plan_bytes_per_step", planned}, {"seconds_per_step", secs},
+                  {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
+}
+
+void add_memory(const Measured& ms, json& r) {
+  const Plan& plan = ms.plan;
+  const json& lead = ms.lead;
+  const json& steps = ms.steps;
+  const int warmup = ms.warmup, end = ms.end;
   const MemoryCategories planned = plan.memory.held();
   // Training's part of the peak: neither the code and libraries there before it began nor the file-backed
   // pages (code first run, mapped data) that came in since.
@@ -247,6 +292,10 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
     r["memory"]["peak_rss_bytes"] = peak;
     r["memory"]["training_bytes"] = peak - outside;
   }
+}
+
+void add_ranks(const Measured& ms, const std::vector<json>& parts, json& r) {
+  const int warmup = ms.warmup, end = ms.end;
   json ranks = json::array();
   for (const json& p : parts)
     ranks.push_back({{"rank", p["rank"]},
@@ -254,7 +303,24 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
                      {"comm_s", mean_over(p["steps"], warmup, end, [](const json& s) { return s["comm_s"].get<double>(); })},
                      {"peak_rss_bytes", p["peak_rss_bytes"]}});
   r["ranks"] = ranks;
-  r["steps"] = per_step;  // rank 0's measured steps
+}
+
+}  // namespace
+
+json build_profile_report(const Plan& plan, const std::vector<json>& parts, const ReportOptions& a) {
+  const Measured ms = measured_of(plan, parts, a);
+  json r;
+  r["schema_version"] = 1;
+  r["measured_steps"] = ms.end - ms.warmup;
+  r["warmup_steps"] = ms.warmup;
+  add_summary(ms, r);
+  add_phases(ms, r);
+  add_modules(ms, a, r);
+  add_top_modules(ms, a, r);
+  add_communication(ms, r);
+  add_offload(ms, r);
+  add_memory(ms, r);
+  add_ranks(ms, parts, r);
   return r;
 }
 
