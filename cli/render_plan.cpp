@@ -252,13 +252,13 @@ std::string freeze_text(const Plan& p) {
 }
 }  // namespace
 
-std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
-  auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
-  if (!p.has_model) return render_settings_only(p, h);
-  std::ostringstream o;
+namespace {
+
+// The plan's one-line rows: the model, what trains, the machine, the batch, precision, optimizer, schedule,
+// ZeRO, data and run; then what this ds cannot train yet on the plan's device, before anyone starts it.
+void summary_rows(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
   const Topology& t = p.topology;
   auto row = [&](const char* key, const std::string& value) { o << "  " << pad(key, 12) << value << "\n"; };
-
   o << h("Plan for " + p.config_source) << "\n";
   row("model", model_text(p));
   if (p.lora.enabled) row("lora", lora_text(p));
@@ -277,14 +277,15 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
                        p.placement.optimizer_states);
   row("data", data_text(p.data, p.seq_len));
   row("run", run_text(p));
-  // What this ds cannot train yet on the plan's device, before anyone starts it.
   const std::vector<std::string> not_yet = not_yet_runnable(p);
   for (size_t i = 0; i < not_yet.size(); ++i) row(i == 0 ? "NOT YET" : "", "ds train refuses " + not_yet[i]);
+}
 
-  // Memory.
+// Memory per rank by category (in one unit, the largest in which its biggest figure is at least 1), and
+// the fit by the one rule (engine/plan/fit.hpp) that estimate-memory and the "auto" choices judge by.
+void memory_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
+  const Topology& t = p.topology;
   const MemoryEstimate& me = p.memory;
-  // One unit for the table, the largest in which its biggest figure is at least 1 (a small model's
-  // megabytes would otherwise all print as 0.00 GiB).
   const double largest = std::max({me.device.total(), me.host.total(), me.nvme});
   const auto [unit, unit_bytes] = largest >= 1073741824.0 ? std::pair{"GiB", 1073741824.0}
                                   : largest >= 1048576.0  ? std::pair{"MiB", 1048576.0}
@@ -302,7 +303,6 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   mrow("buffers", me.device.buffers, me.host.buffers);
   mrow("total", me.device.total(), me.host.total());
   if (me.nvme > 0) o << "  " << pad("nvme", 18) << lpad(in_unit(me.nvme), 10) << "\n";
-  // The one fit rule (engine/plan/fit.hpp): what estimate-memory and the "auto" choices judge by.
   const FitCheck fit = check_fit(p, t.headroom);
   const auto verdict = [&](Fit f, double need, double have) {
     const std::string text = fit_text(f, need, have, t.headroom);
@@ -322,6 +322,10 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";
+}
+
+// The ZeRO execution's buffers (what the runtime allocates), transfers and NVMe sub-groups.
+void buffers_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
   o << "\n" << h("Buffers per rank") << " (the ZeRO execution: what the runtime allocates)\n";
   size_t role_width = 18;
   for (const ZeroBuffer& b : p.execution.buffers) role_width = std::max(role_width, std::strlen(buffer_role_name(b.role)) + 2);
@@ -338,8 +342,9 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
     o << "  swapped in " << format_count(static_cast<int64_t>(p.execution.sub_groups.size())) << " sub-groups of up to "
       << format_count(p.execution.sub_group_numel) << " elements, " << p.execution.swap_sets
       << (p.execution.swap_sets == 1 ? " at a time (no pipelining)" : " in flight (read ahead / write behind)") << "\n";
+}
 
-  // Layout.
+void layout_section(const Plan& p, const std::function<std::string(const std::string&)>& h, bool full_layout, std::ostringstream& o) {
   const FlatLayout& L = p.layout;
   o << "\n" << h("Flat parameter layout") << "\n";
   o << "  " << format_count(L.numel) << " elements in " << L.params.size() << " tensors; ";
@@ -365,8 +370,9 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
       o << "\n";
     }
   }
+}
 
-  // Communication.
+void communication_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
   o << "\n" << h("Communication per optimizer step") << "\n";
   if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
@@ -384,7 +390,19 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
     }
     o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";
   }
+}
 
+}  // namespace
+
+std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
+  auto h = [&](const std::string& s) { return color ? "\033[1m" + s + "\033[0m" : s; };
+  if (!p.has_model) return render_settings_only(p, h);
+  std::ostringstream o;
+  summary_rows(p, h, o);
+  memory_section(p, h, o);
+  buffers_section(p, h, o);
+  layout_section(p, h, full_layout, o);
+  communication_section(p, h, o);
   o << decided_and_warnings(p, h);
   return o.str();
 }
