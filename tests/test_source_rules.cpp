@@ -23,7 +23,6 @@ constexpr int kMostLines = 100;
 const std::map<std::string, int> kStillLong = {
     {"cli/profile_report.cpp render_profile_text", 111},
     {"schema/overrides.cpp apply_overrides", 104},
-    {"engine/plan/comm.cpp plan_collectives", 104},
 };
 
 // The text with comments, string and character literals blanked (newlines kept), so braces and

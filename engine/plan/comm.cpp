@@ -88,72 +88,72 @@ Collective make(CollectiveKind kind, CollectiveOp op, const char* when, int64_t 
 
 }  // namespace
 
-std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
+namespace {
+
+void add_gather(std::vector<Collective>& out, CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements,
+                int dtype_bytes, int world) {
+  if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
+  out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, dtype_bytes, world));
+}
+
+// On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
+// all-reduce sums 16-bit floats through an fp32 copy.
+int gradient_element_bytes(const Plan& plan, const ZeroExecution& z) {
+  return comm_capabilities(z.backend).sums_16bit ? dtype_bytes(plan.precision.comm_dtype)
+         : z.scatter                              ? dtype_bytes(plan.precision.compute_dtype)
+                                                  : 4;
+}
+
+// Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each
+// block's range as the last backward finishes it, then the ranges outside the blocks.
+int64_t whole_gradient_calls(const FlatLayout& L, const ZeroExecution& z, int64_t bucket) {
+  const auto blocks = z.overlap && !z.grouped ? block_ranges(L) : std::vector<std::pair<int64_t, int64_t>>{};
+  if (blocks.empty()) return calls_for(z.full_numel, bucket);
+  int64_t calls = calls_for(blocks.front().first, bucket) + calls_for(z.full_numel - blocks.back().second, bucket);
+  for (const auto& [begin, end] : blocks) calls += calls_for(end - begin, bucket);
+  return calls;
+}
+
+// The gradients' reduction at stages 1-3: stage 1 accumulates locally and reduces into the owners'
+// partitions once; stages 2-3 reduce every group's gradients as backward finishes it, in reduce-bucket
+// pieces (reduce-scattered: point to point on Gloo, in their own dtype; stage 1 on Gloo all-reduces, see
+// ZeroExecution::scatter).
+Collective sharded_gradients(const Plan& plan, const ZeroExecution& z, int64_t whole_calls) {
   const FlatLayout& L = plan.layout;
   const ResolvedZero& knobs = plan.zero;
-  std::vector<Collective> out;
   const int W = z.world_size;
-  if (W <= 1) return out;
-  const int64_t grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
-  const int pb = dtype_bytes(plan.precision.param_dtype);
-  // Stages 2-3 reduce-scatter each group's gradients (point to point on Gloo, in their own dtype); stage 1
-  // on Gloo all-reduces (see ZeroExecution::scatter).
   const bool scatter = z.scatter;
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
-  // On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
-  // all-reduce sums 16-bit floats through an fp32 copy.
-  const int gb = comm_capabilities(z.backend).sums_16bit ? dtype_bytes(plan.precision.comm_dtype)
-                 : scatter                                ? dtype_bytes(plan.precision.compute_dtype)
-                                                          : 4;
-  const char* grad_note = scatter || !z.sharded ? ""
-                          : !knobs.reduce_scatter
-                              ? "as all_reduce: zero_optimization.reduce_scatter is false"
-                              : "as all_reduce: stage 1 on Gloo keeps its memory (a reduce-scatter needs a shard-sized receive buffer)";
-  const auto groups = parameter_groups(L);
-
-  out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
-  if (plan.optimizer.per_tensor_update() && z.sharded)
-    out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1,
-                       2 * static_cast<int64_t>(L.params.size()), 8, W));
-  auto gather = [&](CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements) {
-    if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
-    out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, pb, W));
-  };
-  // Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each
-  // block's range as the last backward finishes it, then the ranges outside the blocks.
-  int64_t whole_calls = calls_for(z.full_numel, knobs.reduce_bucket_size);
-  const auto blocks = z.overlap && !z.grouped ? block_ranges(L) : std::vector<std::pair<int64_t, int64_t>>{};
-  if (!blocks.empty()) {
-    whole_calls = calls_for(blocks.front().first, knobs.reduce_bucket_size) +
-                  calls_for(z.full_numel - blocks.back().second, knobs.reduce_bucket_size);
-    for (const auto& [begin, end] : blocks) whole_calls += calls_for(end - begin, knobs.reduce_bucket_size);
-  }
-  if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
-    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1, whole_calls, z.full_numel, gb, W));
-    return out;
-  }
-  // Stage 1 accumulates locally and reduces into the owners' partitions once; stages 2-3 reduce every
-  // group's gradients as backward finishes it, in reduce-bucket pieces.
+  const int gb = gradient_element_bytes(plan, z);
   int64_t grad_calls = whole_calls;
   if (z.grouped) {
     grad_calls = 0;
-    for (const auto& g : groups) grad_calls += calls_for(g.numel, knobs.reduce_bucket_size);
+    for (const auto& g : parameter_groups(L)) grad_calls += calls_for(g.numel, knobs.reduce_bucket_size);
   }
-  Collective grads = z.grouped ? make(CollectiveKind::gradients, grad_op, "per micro step", grad_accum, grad_calls, L.numel, gb, W)
+  Collective grads = z.grouped ? make(CollectiveKind::gradients, grad_op, "per micro step", std::max<int64_t>(1, plan.batch.grad_accum),
+                                      grad_calls, L.numel, gb, W)
                                : make(CollectiveKind::gradients, grad_op, "per step", 1, grad_calls, z.full_numel, gb, W);
-  grads.note = grad_note;
-  if (!z.gathers) {  // stages 1-2: then the updated parameters, in place
-    out.push_back(grads);
-    gather(CollectiveKind::updated_parameters, "per step", 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel);
-    return out;
-  }
-  // Stage 3: each block's partitioned parameters are gathered before its forward and again before its
-  // backward (two buffers serve all blocks); the parameters outside the blocks have a buffer of their
-  // own and are gathered once a step, before its first forward: they change only in the optimizer.
-  // A staged gather carries every rank's padded partitions; one in place only the real elements.
+  grads.note = scatter ? ""
+               : !knobs.reduce_scatter
+                   ? "as all_reduce: zero_optimization.reduce_scatter is false"
+                   : "as all_reduce: stage 1 on Gloo keeps its memory (a reduce-scatter needs a shard-sized receive buffer)";
+  return grads;
+}
+
+// Stage 3: each block's partitioned parameters are gathered before its forward and again before its
+// backward (two buffers serve all blocks); the parameters outside the blocks have a buffer of their own
+// and are gathered once a step, before its first forward: they change only in the optimizer. A staged
+// gather carries every rank's padded partitions; one in place only the real elements. A block's
+// partitioned frozen tensors go with it, in the compute dtype they are held in. Returns the elements of
+// the parameters kept whole, gathered once a step after the optimizer.
+int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector<Collective>& out) {
+  const FlatLayout& L = plan.layout;
+  const int W = z.world_size;
+  const int64_t grad_accum = std::max<int64_t>(1, plan.batch.grad_accum);
+  const int pb = dtype_bytes(plan.precision.param_dtype);
   const auto carried = [&](const ParamSlot& p) { return z.gather_staged ? p.partition_numel * W : p.numel; };
   int64_t fwd_calls = 0, fwd_elements = 0, bwd_calls = 0, bwd_elements = 0, outer = 0, whole = 0;
-  for (const auto& g : groups) {
+  for (const auto& g : parameter_groups(L)) {
     int64_t n = 0;
     for (int i : g.params) {
       const ParamSlot& p = L.params[static_cast<size_t>(i)];
@@ -172,10 +172,9 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
     ++bwd_calls;
     bwd_elements += n;
   }
-  gather(CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer);
-  gather(CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements);
-  gather(CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements);
-  // A block's partitioned frozen tensors go with it, in the compute dtype they are held in.
+  add_gather(out, CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer, pb, W);
+  add_gather(out, CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements, pb, W);
+  add_gather(out, CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements, pb, W);
   int64_t frozen_calls = 0, frozen_elements = 0;
   for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
     if (g.params.empty()) continue;  // a block with nothing frozen in it (parameter_groups keeps its place)
@@ -188,8 +187,36 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   if (frozen_calls > 0)
     out.push_back(make(CollectiveKind::frozen_parameters, CollectiveOp::all_gather, "per micro step", grad_accum, frozen_calls,
                        frozen_elements, dtype_bytes(plan.precision.compute_dtype), W));
+  return whole;
+}
+
+}  // namespace
+
+std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
+  const FlatLayout& L = plan.layout;
+  const ResolvedZero& knobs = plan.zero;
+  std::vector<Collective> out;
+  const int W = z.world_size;
+  if (W <= 1) return out;
+  out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
+  if (plan.optimizer.per_tensor_update() && z.sharded)
+    out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1, 2 * static_cast<int64_t>(L.params.size()), 8, W));
+  const int64_t whole_calls = whole_gradient_calls(L, z, knobs.reduce_bucket_size);
+  if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
+    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1, whole_calls, z.full_numel,
+                       gradient_element_bytes(plan, z), W));
+    return out;
+  }
+  const Collective grads = sharded_gradients(plan, z, whole_calls);
+  if (!z.gathers) {  // stages 1-2: then the updated parameters, in place
+    out.push_back(grads);
+    add_gather(out, CollectiveKind::updated_parameters, "per step", 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel,
+               dtype_bytes(plan.precision.param_dtype), W);
+    return out;
+  }
+  const int64_t whole = add_stage3_gathers(plan, z, out);
   out.push_back(grads);
-  if (whole > 0) gather(CollectiveKind::parameters_whole, "per step", 1, 1, whole);
+  if (whole > 0) add_gather(out, CollectiveKind::parameters_whole, "per step", 1, 1, whole, dtype_bytes(plan.precision.param_dtype), W);
   return out;
 }
 
