@@ -5,6 +5,7 @@
 // `optimizer.params.betas.0=0.95`.
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "schema/loader_internal.hpp"
 
@@ -40,111 +41,126 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// One override, split: `~key` removes, `key=value` sets (the value read as JSON, else taken as a string).
+struct Override {
+  bool remove = false;
+  std::string key;
+  json value;
+};
+
+// The override's key and value, or nothing (an error recorded) when it is malformed.
+std::optional<Override> parse_override(const std::string& arg, std::vector<ConfigIssue>& errors) {
+  Override o;
+  o.remove = !arg.empty() && arg[0] == '~';
+  const size_t eq = arg.find('=');
+  o.key = o.remove ? arg.substr(1, eq == std::string::npos ? std::string::npos : eq - 1) : arg.substr(0, eq);
+  if (!o.remove && eq == std::string::npos) {
+    errors.push_back({"", "override '" + arg + "' has no '='", "write key.sub=value to set, or ~key.sub to remove"});
+    return std::nullopt;
+  }
+  const std::string& key = o.key;
+  if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) {
+    errors.push_back({"", "override '" + arg + "' has an empty key segment", "write e.g. zero_optimization.stage=3"});
+    return std::nullopt;
+  }
+  if (!valid_utf8(arg)) {
+    errors.push_back({"", "override '" + key + "...' is not valid UTF-8 text", "check the shell's quoting and encoding"});
+    return std::nullopt;
+  }
+  if (!o.remove) {
+    const std::string text = arg.substr(eq + 1);
+    check_nesting(text, "override '" + key + "'");
+    try {
+      o.value = json::parse(text);
+    } catch (const json::exception&) {
+      o.value = text;  // not JSON (or a number beyond a double, 1e999): a bare string, which validation names
+    }
+  }
+  return o;
+}
+
+// Walks the schema and the document together along the key, creating objects on the way when setting.
+void apply_override(json& doc, const SchemaWalk& walk, const Override& o, const std::string& arg, std::vector<ConfigIssue>& errors,
+                    std::vector<std::string>& overridden) {
+  const bool remove = o.remove;
+  const std::string& key = o.key;
+  const json& value = o.value;
+  const std::vector<std::string> segs = split_path(key);
+  const json* node = &config_schema();
+  json* cur = &doc;
+  std::vector<std::string> done;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const std::string& seg = segs[i];
+    const bool last = i + 1 == segs.size();
+    if (cur->is_array() && is_index(seg)) {
+      const size_t idx = seg.size() > 9 ? cur->size() : std::stoul(seg);  // a longer index is past any config array
+      node = walk.child(*node, "[" + seg + "]", cur);
+      if (idx >= cur->size()) {
+        errors.push_back({path_to_string(done), "index " + seg + " is past the end of the array (" +
+                                                    std::to_string(cur->size()) + " elements)",
+                          "set the whole array instead, e.g. " + key.substr(0, key.rfind('.')) + "=[...]"});
+        return;
+      }
+      done.push_back("[" + seg + "]");
+      if (last) {
+        if (remove) cur->erase(idx); else (*cur)[idx] = value;
+      } else {
+        cur = &(*cur)[idx];
+      }
+      continue;
+    }
+    const json* sub = node ? walk.child(*node, seg, cur->is_object() ? cur : nullptr) : nullptr;
+    static const json any = json::object();
+    if (!sub && remove && cur->is_object() && cur->contains(seg)) sub = &any;  // removing needs no schema
+    if (!sub) {
+      std::string hint = suggest_key(done, seg, doc);
+      errors.push_back({path_to_string(done) == "(top level)" ? seg : path_to_string(done) + "." + seg,
+                        "unknown key in override '" + arg + "'" + hint, "overrides may only name keys the schema knows"});
+      return;
+    }
+    done.push_back(seg);
+    if (!cur->is_object()) {
+      if (cur->is_null() && !remove) {
+        *cur = json::object();
+      } else {
+        errors.push_back({path_to_string(done), "cannot descend into '" + path_to_string({done.begin(), done.end() - 1}) +
+                                                    "': it is " + std::string(cur->type_name()) + ", not an object",
+                          "set the parent as an object first"});
+        return;
+      }
+    }
+    if (last) {
+      if (remove) {
+        if (!cur->contains(seg))
+          errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have",
+                            "check the spelling; `ds plan` shows the resolved config"});
+        else
+          cur->erase(seg);
+      } else {
+        (*cur)[seg] = value;
+        overridden.push_back(path_to_string(done));
+      }
+    } else {
+      if (!cur->contains(seg)) {
+        if (remove) {
+          errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have", ""});
+          return;
+        }
+        (*cur)[seg] = json::object();
+      }
+      cur = &(*cur)[seg];
+      node = sub;
+    }
+  }
+}
+
 }  // namespace
 
 void apply_overrides(json& doc, const std::vector<std::string>& overrides, std::vector<ConfigIssue>& errors,
                      std::vector<std::string>& overridden) {
   SchemaWalk walk(config_schema());
-  for (const std::string& arg : overrides) {
-    const bool remove = !arg.empty() && arg[0] == '~';
-    const size_t eq = arg.find('=');
-    std::string key = remove ? arg.substr(1, eq == std::string::npos ? std::string::npos : eq - 1) : arg.substr(0, eq);
-    if (!remove && eq == std::string::npos) {
-      errors.push_back({"", "override '" + arg + "' has no '='", "write key.sub=value to set, or ~key.sub to remove"});
-      continue;
-    }
-    if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) {
-      errors.push_back({"", "override '" + arg + "' has an empty key segment", "write e.g. zero_optimization.stage=3"});
-      continue;
-    }
-    if (!valid_utf8(arg)) {
-      errors.push_back({"", "override '" + key + "...' is not valid UTF-8 text", "check the shell's quoting and encoding"});
-      continue;
-    }
-    json value;
-    if (!remove) {
-      const std::string text = arg.substr(eq + 1);
-      check_nesting(text, "override '" + key + "'");
-      try {
-        value = json::parse(text);
-      } catch (const json::exception&) {
-        value = text;  // not JSON (or a number beyond a double, 1e999): a bare string, which validation names
-      }
-    }
-    const std::vector<std::string> segs = split_path(key);
-    // Walk the schema and the document together, creating objects on the way when setting.
-    const json* node = &config_schema();
-    json* cur = &doc;
-    std::vector<std::string> done;
-    bool ok = true;
-    for (size_t i = 0; i < segs.size() && ok; ++i) {
-      const std::string& seg = segs[i];
-      const bool last = i + 1 == segs.size();
-      if (cur->is_array() && is_index(seg)) {
-        const size_t idx = seg.size() > 9 ? cur->size() : std::stoul(seg);  // a longer index is past any config array
-        node = walk.child(*node, "[" + seg + "]", cur);
-        if (idx >= cur->size()) {
-          errors.push_back({path_to_string(done), "index " + seg + " is past the end of the array (" +
-                                                      std::to_string(cur->size()) + " elements)",
-                            "set the whole array instead, e.g. " + key.substr(0, key.rfind('.')) + "=[...]"});
-          ok = false;
-          break;
-        }
-        done.push_back("[" + seg + "]");
-        if (last) {
-          if (remove) cur->erase(idx); else (*cur)[idx] = value;
-        } else {
-          cur = &(*cur)[idx];
-        }
-        continue;
-      }
-      const json* sub = node ? walk.child(*node, seg, cur->is_object() ? cur : nullptr) : nullptr;
-      static const json any = json::object();
-      if (!sub && remove && cur->is_object() && cur->contains(seg)) sub = &any;  // removing needs no schema
-      if (!sub) {
-        std::string hint = suggest_key(done, seg, doc);
-        errors.push_back({path_to_string(done) == "(top level)" ? seg : path_to_string(done) + "." + seg,
-                          "unknown key in override '" + arg + "'" + hint, "overrides may only name keys the schema knows"});
-        ok = false;
-        break;
-      }
-      done.push_back(seg);
-      if (!cur->is_object()) {
-        if (cur->is_null() && !remove) {
-          *cur = json::object();
-        } else {
-          errors.push_back({path_to_string(done), "cannot descend into '" + path_to_string({done.begin(), done.end() - 1}) +
-                                                      "': it is " + std::string(cur->type_name()) + ", not an object",
-                            "set the parent as an object first"});
-          ok = false;
-          break;
-        }
-      }
-      if (last) {
-        if (remove) {
-          if (!cur->contains(seg))
-            errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have",
-                              "check the spelling; `ds plan` shows the resolved config"});
-          else
-            cur->erase(seg);
-        } else {
-          (*cur)[seg] = value;
-          overridden.push_back(path_to_string(done));
-        }
-      } else {
-        if (!cur->contains(seg)) {
-          if (remove) {
-            errors.push_back({path_to_string(done), "override '" + arg + "' removes a key the config does not have", ""});
-            ok = false;
-            break;
-          }
-          (*cur)[seg] = json::object();
-        }
-        cur = &(*cur)[seg];
-        node = sub;
-      }
-    }
-  }
+  for (const std::string& arg : overrides)
+    if (const std::optional<Override> o = parse_override(arg, errors)) apply_override(doc, walk, *o, arg, errors, overridden);
 }
 
 }  // namespace ds::loader
