@@ -324,15 +324,13 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   return r;
 }
 
-std::string render_profile_text(const Plan& plan, const json& r, bool detailed) {
-  std::ostringstream o;
+namespace {
+
+void add_line(std::ostringstream& o, const std::string& key, const std::string& value) { o << "  " << pad(key, 30) << value << "\n"; }
+
+void render_summary(const json& r, std::ostringstream& o) {
   const json& s = r["summary"];
-  o << "ds profile: " << plan.model.hp.name << ", " << plan.precision.mode << ", ZeRO stage " << plan.zero_stage() << " on "
-    << plan.topology.world_size << (plan.topology.world_size == 1 ? " rank" : " ranks") << "; " << r["measured_steps"].get<int>()
-    << (r["measured_steps"].get<int>() == 1 ? " step" : " steps") << " measured after " << r["warmup_steps"].get<int>()
-    << " earlier (means; rank 0)\n\n";
-  o << "Summary\n";
-  auto line = [&](const std::string& k, const std::string& v) { o << "  " << pad(k, 30) << v << "\n"; };
+  auto line = [&](const std::string& k, const std::string& v) { add_line(o, k, v); };
   line("world size", std::to_string(s["world_size"].get<int>()));
   line("batch per rank", std::to_string(s["micro_batch"].get<int64_t>()) + " x " + std::to_string(s["seq_len"].get<int64_t>()) +
                              " tokens, " + std::to_string(s["grad_accum"].get<int64_t>()) + " micro batches per step");
@@ -359,6 +357,10 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   } else {
     line("MFU", "not measured here (ds profile measures the matmul peak first)");
   }
+}
+
+void render_phases(const json& r, std::ostringstream& o) {
+  const json& s = r["summary"];
   o << "\nPhases of one optimizer step\n";
   for (const json& p : r["phases"])
     o << "  " << pad(p["phase"].get<std::string>(), 12) << lpad(ms(p["seconds"].get<double>()), 12) << lpad(pct(p["share"].get<double>()), 8)
@@ -367,29 +369,34 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   o << "  " << pad("unaccounted", 12) << lpad(ms(r["unaccounted_s"].get<double>()), 12)
     << lpad(pct(r["unaccounted_s"].get<double>() / step_s), 8) << "\n";
   o << "  " << pad("step", 12) << lpad(ms(step_s), 12) << "\n";
-  if (detailed) {
-    o << "\nModules (FLOPs per micro batch, backward = "
-      << (!plan.frozen.empty() ? "the input's gradient of a frozen matmul, both of a trained one's" : "both gradients of every matmul")
-      << "; time per step, a block's backward with\n"
-         "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
-    o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
-      << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
-    for (const json& m : r["modules"]) {
-      o << "  " << pad(std::string(m["depth"].get<int>() == 2 ? "  " : "") + m["name"].get<std::string>(), 32)
-        << lpad(format_count(m["params"].get<int64_t>()), 12) << lpad(format_si(m["forward_flops"].get<double>()), 9)
-        << lpad(format_si(m["backward_flops"].get<double>()), 9) << lpad(format_si(m["recompute_flops"].get<double>()), 8)
-        << lpad(pct(m["share_of_step_flops"].get<double>()), 7);
-      if (m.contains("forward_s"))
-        o << lpad(format_fixed(m["forward_s"].get<double>() * 1e3, 2), 9) << lpad(format_fixed(m["backward_s"].get<double>() * 1e3, 2), 9)
-          << lpad(pct(m["share_of_step_time"].get<double>()), 7) << lpad(format_fixed(m["flops_per_s"].get<double>() / 1e12, 3), 9);
-      o << "\n";
-    }
-    const json& ob = r["outside_blocks"];
-    o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
-      << lpad(format_fixed(ob["backward_s"].get<double>() * 1e3, 2), 9) << lpad(pct(ob["share_of_step_time"].get<double>()), 7)
-      << lpad(format_fixed(ob["flops_per_s"].get<double>() / 1e12, 3), 9) << "  (" << ob["what"].get<std::string>() << ")\n";
+}
+
+// Each module's FLOPs per micro batch and, for the blocks and their halves, time per step.
+void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
+  o << "\nModules (FLOPs per micro batch, backward = "
+    << (!plan.frozen.empty() ? "the input's gradient of a frozen matmul, both of a trained one's" : "both gradients of every matmul")
+    << "; time per step, a block's backward with\n"
+       "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
+  o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
+    << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
+  for (const json& m : r["modules"]) {
+    o << "  " << pad(std::string(m["depth"].get<int>() == 2 ? "  " : "") + m["name"].get<std::string>(), 32)
+      << lpad(format_count(m["params"].get<int64_t>()), 12) << lpad(format_si(m["forward_flops"].get<double>()), 9)
+      << lpad(format_si(m["backward_flops"].get<double>()), 9) << lpad(format_si(m["recompute_flops"].get<double>()), 8)
+      << lpad(pct(m["share_of_step_flops"].get<double>()), 7);
+    if (m.contains("forward_s"))
+      o << lpad(format_fixed(m["forward_s"].get<double>() * 1e3, 2), 9) << lpad(format_fixed(m["backward_s"].get<double>() * 1e3, 2), 9)
+        << lpad(pct(m["share_of_step_time"].get<double>()), 7) << lpad(format_fixed(m["flops_per_s"].get<double>() / 1e12, 3), 9);
+    o << "\n";
   }
-  o << "  top modules by FLOPs: " << join(r["top_modules"].get<std::vector<std::string>>(), ", ") << "\n";
+  const json& ob = r["outside_blocks"];
+  o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
+    << lpad(format_fixed(ob["backward_s"].get<double>() * 1e3, 2), 9) << lpad(pct(ob["share_of_step_time"].get<double>()), 7)
+    << lpad(format_fixed(ob["flops_per_s"].get<double>() / 1e12, 3), 9) << "  (" << ob["what"].get<std::string>() << ")\n";
+
+}
+
+void render_communication(const json& r, std::ostringstream& o) {
   if (!r["communication"].empty()) {
     o << "\nCommunication per step (rank 0; plan in parentheses)\n";
     for (const json& c : r["communication"]) {
@@ -403,6 +410,11 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
       o << "\n";
     }
   }
+}
+
+// Offload I/O, memory beside the plan's, and each rank's step (with several).
+void render_io_memory_ranks(const json& r, std::ostringstream& o) {
+  auto line = [&](const std::string& k, const std::string& v) { add_line(o, k, v); };
   if (r.contains("offload")) {
     const json& f = r["offload"];
     o << "\nOffload I/O per step (rank 0)\n";
@@ -433,6 +445,23 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
       o << "  rank " << pad(std::to_string(k["rank"].get<int>()), 4) << " step " << ms(k["step_latency_s"].get<double>()) << ", in collectives "
         << ms(k["comm_s"].get<double>()) << ", peak resident " << format_bytes(k["peak_rss_bytes"].get<double>()) << "\n";
   }
+}
+
+}  // namespace
+
+std::string render_profile_text(const Plan& plan, const json& r, bool detailed) {
+  std::ostringstream o;
+  o << "ds profile: " << plan.model.hp.name << ", " << plan.precision.mode << ", ZeRO stage " << plan.zero_stage() << " on "
+    << plan.topology.world_size << (plan.topology.world_size == 1 ? " rank" : " ranks") << "; " << r["measured_steps"].get<int>()
+    << (r["measured_steps"].get<int>() == 1 ? " step" : " steps") << " measured after " << r["warmup_steps"].get<int>()
+    << " earlier (means; rank 0)\n\n";
+  o << "Summary\n";
+  render_summary(r, o);
+  render_phases(r, o);
+  if (detailed) render_modules(plan, r, o);
+  o << "  top modules by FLOPs: " << join(r["top_modules"].get<std::vector<std::string>>(), ", ") << "\n";
+  render_communication(r, o);
+  render_io_memory_ranks(r, o);
   return o.str();
 }
 
