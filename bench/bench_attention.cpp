@@ -1,6 +1,6 @@
 // bench_attention — causal self-attention at one shape: ds's fused attention as it trains ("fused": fp32
 // tiles where the CPU has AVX-512, else blocks), its block path forced ("blocks": blocks of query rows
-// through LibTorch's bmm, engine/runtime/fused_attention) and the materialised T x T path they replaced
+// through LibTorch's bmm, engine/runtime/model/fused_attention) and the materialised T x T path they replaced
 // (LibTorch matmul, masked softmax, matmul), forward alone and forward + backward, interleaved rounds, medians. Also the
 // rate of one bmm at the blocks' shape, the ceiling for either. FLOP/s use the model-FLOPs count of the
 // full T x T (4 B NH T^2 D forward, twice that backward), as ds profile does.
@@ -20,7 +20,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/runtime/fused_attention.hpp"
+#include "engine/runtime/model/fused_attention.hpp"
 
 namespace {
 double median(std::vector<double> v) {

@@ -3,7 +3,7 @@
 # the resident figure also holds. Runs `ds train` under gdb with bench/heap_live.c preloaded: the counter
 # restarts as the run report is set up, right after ds takes its memory baseline (before training allocates
 # anything), and is read when the run finishes, beside ds's own closing line and the process's anonymous
-# memory. Tensors of 64 KiB and more come from ds's block pool (engine/runtime/block_pool.hpp), not malloc:
+# memory. Tensors of 64 KiB and more come from ds's block pool (engine/runtime/device/block_pool.hpp), not malloc:
 # its own books give their most live bytes and the pool's high-water mark (what of it can be resident). It breaks on the RunReport constructor, not on ds::resident_bytes: stopping in that function's
 # PLT stub raised the run's measured peak by 290 MiB (a gdb effect; bench/RESULTS.md).
 #   bash bench/bench_heap.sh CONFIG [OVERRIDES...]

@@ -17,7 +17,7 @@
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/runtime/data/token_source.hpp"
-#include "engine/runtime/weights.hpp"
+#include "engine/runtime/io/weights.hpp"
 #include "schema/loader.hpp"
 #include "schema/rope_scaling.hpp"
 

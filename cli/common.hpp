@@ -14,7 +14,7 @@
 #include "common/error.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/plan/topology.hpp"
-#include "engine/runtime/launcher.hpp"
+#include "cli/launcher.hpp"
 
 namespace ds::cli {
 

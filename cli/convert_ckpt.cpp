@@ -16,9 +16,9 @@
 #include "engine/plan/plan_record.hpp"
 #include "cli/tokenizer_record.hpp"
 #include "engine/plan/plan.hpp"
-#include "engine/runtime/checkpoint.hpp"
-#include "engine/runtime/run_policy.hpp"
-#include "engine/runtime/weights.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "cli/run_policy.hpp"
+#include "engine/runtime/io/weights.hpp"
 #include "schema/loader.hpp"
 
 namespace ds::cli {

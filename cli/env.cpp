@@ -153,7 +153,7 @@ int run_env(const EnvArgs& a) {
               << (flags.count("avx512f") ? "yes" : "no") << ", avx512_bf16 " << (flags.count("avx512_bf16") ? "yes" : "no")
               << ", amx_bf16 " << (flags.count("amx_bf16") ? "yes" : "no")
               << (bf16_fast ? "  (bf16 matmuls run natively: prefer bf16 on CPU)" : "") << "\n";
-    // Which attention kernels a run here gets (engine/runtime/fused_attention): tiles, or the block path.
+    // Which attention kernels a run here gets (engine/runtime/model/fused_attention): tiles, or the block path.
     std::cout << "  attention    fp32 " << (kernels::causal_attention_tiles_available() ? "tiles (AVX-512)" : "blocks")
               << ", bf16 "
               << (kernels::causal_attention_tiles_bf16_available()

@@ -251,12 +251,7 @@ struct EstimateInputs {
 };
 
 void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
-  const ModelSpec& model = in.model;
-  const Config& base = in.base;
-  const Topology& topo = in.topo;
-  const LoraPlan& lora = in.lora;
-  const std::string& model_note = in.model_note;
-  const std::string& dtype = in.dtype;
+  const auto& [model, base, topo, lora, model_note, dtype] = in;
   ojson j;
   j["schema_version"] = 1;
   j["model"] = {{"name", model.hp.name}, {"num_params", model.num_params}, {"largest_layer_params", model.largest_module_params},
@@ -375,12 +370,7 @@ void render_deepspeed(const MemoryEstimateTable& t, const LoraPlan& lora, FILE* 
 }
 
 void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
-  const ModelSpec& model = in.model;
-  const Config& base = in.base;
-  const Topology& topo = in.topo;
-  const LoraPlan& lora = in.lora;
-  const std::string& model_note = in.model_note;
-  const std::string& dtype = in.dtype;
+  const auto& [model, base, topo, lora, model_note, dtype] = in;
   FILE* out = stdout;
   std::ostringstream o;
   o << bold("Memory to train " + model.hp.name, out) << " (" << format_count(model.num_params) << " parameters, largest layer "

@@ -18,8 +18,8 @@
 #include "common/strings.hpp"
 #include "engine/plan/plan_record.hpp"
 #include "cli/profile_report.hpp"
-#include "engine/runtime/launcher.hpp"
-#include "engine/runtime/runtime_library.hpp"
+#include "cli/launcher.hpp"
+#include "engine/runtime/run/runtime_library.hpp"
 
 namespace ds::cli {
 namespace {

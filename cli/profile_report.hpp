@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/plan.hpp"
-#include "engine/runtime/trainer_api.hpp"
+#include "engine/runtime/run/trainer_api.hpp"
 
 namespace ds::cli {
 

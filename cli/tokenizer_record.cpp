@@ -6,8 +6,8 @@
 #include "common/error.hpp"
 #include "common/files.hpp"
 #include "common/hash.hpp"
-#include "engine/runtime/checkpoint.hpp"
-#include "engine/runtime/weights.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/weights.hpp"
 
 namespace ds::cli {
 

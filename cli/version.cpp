@@ -6,7 +6,7 @@
 #include <torch/version.h>
 
 #include "build_info.hpp"
-#include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
 #include "kernels/cpu/adam.hpp"
 
 namespace ds::cli {

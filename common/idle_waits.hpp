@@ -4,7 +4,7 @@
 //    sleep: beside another busy process a GPT-2 6x384 bf16 run fell 2.3-3.2x with that spin, 1.6-1.7x
 //    with 1000, no slower on a quiet machine.
 //  - OpenBLAS's own worker threads (the pthreads build runs LibTorch's fp32 products; ds's layers run
-//    theirs through oneDNN where built with it, engine/runtime/matmul.hpp) spin and yield
+//    theirs through oneDNN where built with it, engine/runtime/model/matmul.hpp) spin and yield
 //    for 2^28 cycles after each product, through ds's OpenMP kernels between products; 2^4 makes them
 //    sleep at once: GPT-2 6x384 fp32 on 2 cores, 13 of 13 interleaved pairs faster, the median step
 //    4-7% shorter (bench/RESULTS.md).

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/runtime/checkpoint.hpp"
-#include "engine/runtime/hdf5_quiet.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/hdf5_quiet.hpp"
 
 namespace {
 

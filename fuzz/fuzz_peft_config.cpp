@@ -11,7 +11,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "engine/runtime/weights.hpp"
+#include "engine/runtime/io/weights.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/runtime/safetensors.hpp"
+#include "engine/runtime/io/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A copy of exactly `size` bytes, so a read past the end is a heap overflow ASan reports.

@@ -1,4 +1,4 @@
-// The pool that serves a step's large tensors (engine/runtime/block_pool.hpp): blocks disjoint, aligned and
+// The pool that serves a step's large tensors (engine/runtime/device/block_pool.hpp): blocks disjoint, aligned and
 // intact; freed neighbours merge; the smallest fitting span is taken; a repeated step stops growing the
 // pool after its first pass; threads share it; requests beyond a reservation get a region of their own.
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/runtime/block_pool.hpp"
+#include "engine/runtime/device/block_pool.hpp"
 
 using namespace ds;
 

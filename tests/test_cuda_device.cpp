@@ -1,4 +1,4 @@
-// The CUDA GPU as a runtime Device (engine/runtime/device_cuda.cpp), held to the seam's contract on a GPU:
+// The CUDA GPU as a runtime Device (engine/runtime/device/device_cuda.cpp), held to the seam's contract on a GPU:
 // device memory is device memory and host memory is page-locked, every copy between them is counted by
 // direction, the device's kernel table reaches device memory, events order the streams. Without a visible
 // GPU those tests skip and say why (label gpu); asking for the CUDA device then is refused with a reason.
@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "common/error.hpp"
-#include "engine/runtime/device.hpp"
+#include "engine/runtime/device/device.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cuda/optimizers.hpp"
 

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/runtime/kernel_table_cuda.hpp"
+#include "engine/runtime/device/kernel_table_cuda.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cuda/optimizers.hpp"
 

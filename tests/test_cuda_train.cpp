@@ -15,7 +15,7 @@
 
 #include "common/crash_trace.hpp"
 #include "common/error.hpp"
-#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/run/trainer.hpp"
 #include "schema/loader.hpp"
 #include "test_helpers.hpp"
 

@@ -1,4 +1,4 @@
-// The device seam (engine/runtime/device.hpp) held to what a GPU backend must do, on the CPU: a second
+// The device seam (engine/runtime/device/device.hpp) held to what a GPU backend must do, on the CPU: a second
 // device whose memory the host may not address keeps its buffers apart from the host's, refuses a kernel
 // handed a pointer from the wrong place, and counts every byte that crosses between the two. A ZeRO-3 run
 // with its optimizer offloaded trains on it exactly as on the CPU device, moving the plan's bytes.
@@ -13,9 +13,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "engine/runtime/comm_local.hpp"
-#include "engine/runtime/device.hpp"
-#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/comm/comm_local.hpp"
+#include "engine/runtime/device/device.hpp"
+#include "engine/runtime/run/trainer.hpp"
 #include "schema/loader.hpp"
 #include "test_helpers.hpp"
 

@@ -8,10 +8,10 @@
 #include <limits>
 #include <map>
 
-#include "engine/runtime/device.hpp"
-#include "engine/runtime/flat_params.hpp"
-#include "engine/runtime/fused_head_loss.hpp"
-#include "engine/runtime/language_model.hpp"
+#include "engine/runtime/device/device.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/fused_head_loss.hpp"
+#include "engine/runtime/model/language_model.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;

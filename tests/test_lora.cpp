@@ -9,11 +9,11 @@
 #include <filesystem>
 
 #include "common/error.hpp"
-#include "engine/runtime/comm_local.hpp"
-#include "engine/runtime/device.hpp"
-#include "engine/runtime/flat_params.hpp"
-#include "engine/runtime/language_model.hpp"
-#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/comm/comm_local.hpp"
+#include "engine/runtime/device/device.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/language_model.hpp"
+#include "engine/runtime/run/trainer.hpp"
 #include "schema/loader.hpp"
 #include "test_helpers.hpp"
 

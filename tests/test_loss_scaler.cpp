@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "engine/runtime/loss_scaler.hpp"
+#include "engine/runtime/run/loss_scaler.hpp"
 
 using namespace ds;
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "engine/runtime/lr_schedule.hpp"
+#include "engine/runtime/run/lr_schedule.hpp"
 
 using namespace ds;
 

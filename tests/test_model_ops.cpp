@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/block_pool.hpp"
-#include "engine/runtime/fused_attention.hpp"
-#include "engine/runtime/fused_head_loss.hpp"
-#include "engine/runtime/fused_ops.hpp"
-#include "engine/runtime/matmul.hpp"
+#include "engine/runtime/device/block_pool.hpp"
+#include "engine/runtime/model/fused_attention.hpp"
+#include "engine/runtime/model/fused_head_loss.hpp"
+#include "engine/runtime/model/fused_ops.hpp"
+#include "engine/runtime/model/matmul.hpp"
 
 using namespace ds;
 
@@ -436,7 +436,7 @@ TEST(Matmul, EveryLayoutTheLayersPassMatchesADoubleReference) {
   }
 }
 
-// Training routes LibTorch's large CPU tensors to ds's block pool (engine/runtime/block_pool.hpp): 64 KiB
+// Training routes LibTorch's large CPU tensors to ds's block pool (engine/runtime/device/block_pool.hpp): 64 KiB
 // and more from the pool, smaller ones from malloc, both freed through the one deleter, and oneDNN's
 // workspaces (raw_allocate, as in a bf16 product) too.
 TEST(BlockPoolForTensors, TensorsOfSixtyFourKiBAndMoreComeFromThePool) {

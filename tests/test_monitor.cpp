@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/runtime/monitor.hpp"
+#include "engine/runtime/run/monitor.hpp"
 
 using namespace ds;
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// The NCCL group (engine/runtime/nccl_group.hpp) on one GPU: a group of one rank runs every collective for
+// The NCCL group (engine/runtime/comm/nccl_group.hpp) on one GPU: a group of one rank runs every collective for
 // real (NCCL refuses two ranks on one GPU), each the identity on the data, in each element type ZeRO sends.
 // Without a visible GPU those tests skip and say why (label gpu); a malformed unique id is refused anywhere.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/runtime/nccl_group.hpp"
+#include "engine/runtime/comm/nccl_group.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
 using namespace ds;

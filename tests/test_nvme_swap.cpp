@@ -20,8 +20,8 @@
 #include "engine/plan/model_spec.hpp"
 #include "engine/plan/optimizer_groups.hpp"
 #include "engine/plan/plan.hpp"
-#include "engine/runtime/nvme_swap.hpp"
-#include "engine/runtime/optimizer.hpp"
+#include "engine/runtime/io/nvme_swap.hpp"
+#include "engine/runtime/run/optimizer.hpp"
 #include "schema/loader.hpp"
 
 using namespace ds;

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/runtime/optimizer.hpp"
+#include "engine/runtime/run/optimizer.hpp"
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/lamb.hpp"
 #include "kernels/cpu/sgd.hpp"

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/plan/plan_record.hpp"
-#include "engine/runtime/checkpoint.hpp"
-#include "engine/runtime/weights.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/weights.hpp"
 #include "schema/rope_scaling.hpp"
 #include "test_helpers.hpp"
 

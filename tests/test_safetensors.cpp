@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "common/error.hpp"
-#include "engine/runtime/safetensors.hpp"
+#include "engine/runtime/io/safetensors.hpp"
 #include "kernels/cpu/adam.hpp"
 
 using namespace ds;

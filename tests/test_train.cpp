@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/runtime/checkpoint.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
-#include "engine/runtime/flat_params.hpp"
-#include "engine/runtime/resident_memory.hpp"
-#include "engine/runtime/trainer.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/device/resident_memory.hpp"
+#include "engine/runtime/run/trainer.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_helpers.hpp"
-#include "engine/runtime/checkpoint.hpp"
-#include "engine/runtime/safetensors.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/safetensors.hpp"
 
 using namespace cli_test;
 using nlohmann::json;

@@ -15,11 +15,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "engine/runtime/comm_local.hpp"
-#include "engine/runtime/flat_params.hpp"
-#include "engine/runtime/language_model.hpp"
-#include "engine/runtime/trainer.hpp"
-#include "engine/runtime/zero.hpp"
+#include "engine/runtime/comm/comm_local.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/language_model.hpp"
+#include "engine/runtime/run/trainer.hpp"
+#include "engine/runtime/run/zero.hpp"
 #include "schema/loader.hpp"
 #include "test_helpers.hpp"
 

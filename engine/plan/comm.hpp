@@ -1,5 +1,5 @@
 // ds — the collectives one optimizer step issues, with their sizes: exactly the calls the runtime
-// makes (engine/runtime/zero.cpp), so `ds train` can report bytes sent beside this prediction.
+// makes (engine/runtime/run/zero.cpp), so `ds train` can report bytes sent beside this prediction.
 // Wire bytes per rank assume ring algorithms: all-reduce moves 2(W-1)/W of the payload, reduce-scatter
 // and all-gather (W-1)/W. On Gloo (CPU ranks) ds builds the reduce-scatter and the all-gather from
 // point-to-point sends (each rank sends every other rank the elements that rank owns), which move

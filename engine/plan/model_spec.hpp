@@ -48,7 +48,7 @@ struct ModelHyper {
   double attention_scale() const {
     return query_pre_attn_scalar > 0 && query_pre_attn_scalar != static_cast<double>(head_dim()) ? 1.0 / std::sqrt(query_pre_attn_scalar) : 0;
   }
-  // Whether some block's attention at T positions is the materialised one (engine/runtime/fused_attention):
+  // Whether some block's attention at T positions is the materialised one (engine/runtime/model/fused_attention):
   // its probabilities take dropout, its window is shorter than T, its scores are soft-capped or scaled
   // otherwise. It keeps the T probabilities per head (and their tanh when capped).
   bool attention_materialised(int64_t T) const { return attn_pdrop > 0 || form_materialises(T) != nullptr; }
@@ -113,7 +113,7 @@ struct ModelSpec {
   double head_workspace_bytes(int64_t tokens, int bytes) const;
 };
 
-// Logit elements the fused head and loss makes at a time (engine/runtime/fused_head_loss): 32 Mi,
+// Logit elements the fused head and loss makes at a time (engine/runtime/model/fused_head_loss): 32 Mi,
 // 64 MiB in bf16. GPT-2 at 512 tokens is one chunk; longer batches are split so it stays bounded.
 constexpr int64_t kHeadChunkElements = int64_t{1} << 25;
 // Rows of logits per chunk for a vocabulary of `vocab`.
@@ -121,7 +121,7 @@ inline int64_t head_chunk_rows(int64_t vocab) {
   return vocab <= 0 || vocab >= kHeadChunkElements ? 1 : kHeadChunkElements / vocab;  // vocab 0: a size-only model
 }
 
-// Attention scores the fused causal attention makes at a time (engine/runtime/fused_attention), across
+// Attention scores the fused causal attention makes at a time (engine/runtime/model/fused_attention), across
 // the batch's heads: 8 Mi, 16 MiB in bf16, in blocks of at most 256 query rows. A block of query rows
 // sees only the keys before it, so the T x T matrix is never made; GPT-2 at B=4, T=128 is one block.
 // (bench_attention, bf16, B=4, T=1024: 6 heads in blocks of 64, 128, 170, 341, 682 rows took 63, 56, 60,

@@ -1,8 +1,8 @@
 // ds — one ZeRO execution, described once: what a stage shards, groups and gathers, every buffer a
 // rank holds (role, dtype, elements, where it lives) and every collective it issues per step. The
 // memory table sums these buffers (engine/plan/memory.hpp), `ds plan` lists the collectives, and the
-// runtime allocates exactly these buffers (engine/runtime/flat_params.cpp) and issues exactly these
-// collectives (engine/runtime/zero.cpp), counting them under the same CollectiveKind. A new placement
+// runtime allocates exactly these buffers (engine/runtime/run/flat_params.cpp) and issues exactly these
+// collectives (engine/runtime/run/zero.cpp), counting them under the same CollectiveKind. A new placement
 // (offload) is a new Place on a buffer here, not a new branch in the files that use it.
 #pragma once
 

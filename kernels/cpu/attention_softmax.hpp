@@ -1,5 +1,5 @@
 // ds — the softmax of causal attention, over one block of query rows at a time, forward and
-// backward. The fused attention (engine/runtime/fused_attention) multiplies a block of queries by
+// backward. The fused attention (engine/runtime/model/fused_attention) multiplies a block of queries by
 // the keys they may see, runs these on the scores in place, and multiplies by the values: the T x T
 // matrix of probabilities never exists, and nothing of size T x T is kept for backward (only the
 // log-sum-exp of each row; backward recomputes the probabilities from it).

@@ -1,5 +1,5 @@
 // ds — causal attention in fp32 over 64 x 64 tiles of queries and keys, forward and backward, with
-// its own register-blocked products (AVX-512). The block path in engine/runtime/fused_attention
+// its own register-blocked products (AVX-512). The block path in engine/runtime/model/fused_attention
 // multiplies whole blocks through LibTorch's bmm; at the head size (K or N = 64) OpenBLAS's fp32
 // kernels ran at ~75% of their large-GEMM rate there (62% with a transposed operand) and the block
 // path as a whole at ~50% (bench/RESULTS.md, session 13). Here every product is a tile that stays in

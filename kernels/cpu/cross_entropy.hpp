@@ -1,5 +1,5 @@
 // ds — softmax cross-entropy over rows of logits, with the gradient of the logits written over them
-// in the same call. The fused head + loss (engine/runtime/fused_head_loss) runs it on one chunk of
+// in the same call. The fused head + loss (engine/runtime/model/fused_head_loss) runs it on one chunk of
 // rows at a time, so neither the whole batch's logits nor a widened fp32 copy nor a separate gradient
 // buffer ever exists.
 //

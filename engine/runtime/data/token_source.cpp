@@ -22,7 +22,7 @@
 #include "common/format.hpp"
 #include "common/hash.hpp"
 #include "engine/runtime/data/gpt2_tokenizer.hpp"
-#include "engine/runtime/hdf5_quiet.hpp"
+#include "engine/runtime/io/hdf5_quiet.hpp"
 
 namespace ds {
 namespace {

@@ -1,0 +1,48 @@
+#include "engine/runtime/comm/comm.hpp"
+
+#include "common/error.hpp"
+
+namespace ds {
+
+std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout);  // comm_gloo.cpp
+
+std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const Topology& t, std::chrono::milliseconds timeout) {
+  if (t.master_addr.empty() || t.master_port == 0)
+    throw UserError(std::string(t.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT") + " is not set, but the world size is above 1",
+                    "start ranks with `ds train --nproc-per-node N`, torchrun --no-python, or set RANK, WORLD_SIZE, "
+                    "MASTER_ADDR and MASTER_PORT yourself");
+  std::unique_ptr<Communicator> c;
+  switch (backend) {
+    case CommBackend::gloo: c = make_gloo_communicator(t, timeout); break;
+    case CommBackend::nccl: break;
+  }
+  if (c) {
+    DS_CHECK(c->capabilities() == comm_capabilities(backend), "the ", comm_backend_name(backend), " communicator does not do what the plan assumed of it");
+    return c;
+  }
+  throw UserError(std::string("this build of ds has no ") + comm_backend_name(backend) + " communicator",
+                  "GPU ranks need the CUDA build (see the README); CPU ranks use gloo");
+}
+
+CommStats& Communicator::count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event) {
+  CommStats& s = ledger_[kind];
+  s.op = collective_op_name(op);
+  ++s.calls;
+  const double wire = wire_bytes_per_rank(op, payload_bytes, world_);
+  s.bytes += wire;
+  *event = -1;
+  if (recording_) {
+    const auto now = std::chrono::steady_clock::now();
+    events_.push_back({kind, now, now, wire});
+    *event = static_cast<int64_t>(events_.size()) - 1;
+  }
+  return s;
+}
+
+double Communicator::payload_bytes(const torch::Tensor& t, const Ownership& owners) {
+  int64_t n = 0;
+  for (const auto& spans : owners) n += span_elements(spans);
+  return static_cast<double>(n * static_cast<int64_t>(t.element_size()));
+}
+
+}  // namespace ds

@@ -1,0 +1,108 @@
+// ds — collectives between ranks, in the c10d spirit: a small interface (all-reduce, all-gather and
+// reduce-scatter in place, barrier) and two implementations:
+//  * Gloo over LibTorch's c10d (engine/runtime/comm/comm_gloo.cpp): CPU tensors, rendezvous through a
+//    TCPStore at the plan topology's master address (rank 0 hosts it), torchrun's convention, so
+//    `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way. Every
+//    collective waits at most the timeout, then throws: a dead peer ends the run, never hangs it. The
+//    all-gather and the reduce-scatter are point-to-point sends (each rank sends each other rank the
+//    elements that rank owns): Gloo's own all-gather is a third as fast as its all-reduce here, and
+//    LibTorch 1.13's Gloo has no reduce-scatter; sent directly they move half an all-reduce's bytes.
+//  * LocalGroup (engine/runtime/comm/comm_local.hpp): ranks as threads of one process, for unit tests of
+//    ZeRO's exchange at every stage without starting processes.
+// A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
+// plan's CollectiveKind, with the bytes this rank sent (ring algorithms, engine/plan/comm.hpp).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+#include <memory>
+#include <string>
+
+#include "engine/plan/comm.hpp"
+#include "engine/plan/topology.hpp"
+
+namespace ds {
+
+// Per collective kind: calls, bytes this rank sent and seconds it was held up by them (a collective
+// running beside compute counts only its wait).
+struct CommStats {
+  std::string op;
+  int64_t calls = 0;
+  double bytes = 0, seconds = 0;
+};
+using CommLedger = std::map<CollectiveKind, CommStats>;
+
+// A collective in flight; wait() finishes it (and throws if a peer failed or the timeout passed).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  // Joins the group the plan's topology describes (its rank, world size and rendezvous address, which
+  // the CLI read from torchrun's variables) over the plan's backend. Throws UserError when the address
+  // is missing, or for a backend this build lacks.
+  static std::unique_ptr<Communicator> create(CommBackend backend, const Topology& topology, std::chrono::milliseconds timeout);
+  virtual ~Communicator() = default;
+
+  // What its collectives do natively: the plan's comm_capabilities for its backend.
+  virtual CommCapabilities capabilities() const = 0;
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+
+  // In place: every rank ends with the element-wise sum in `t`'s storage (contiguous). The async form
+  // starts it and returns at once; `t` must stay untouched until wait().
+  virtual std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) = 0;
+  void all_reduce_sum(const torch::Tensor& t, CollectiveKind kind) { all_reduce_sum_async(t, kind)->wait(); }
+  // In place, any dtype: this rank's spans of `t` (owners[rank()]) are filled; on wait every rank's are.
+  virtual std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners,
+                                                              CollectiveKind kind) = 0;
+  // In place: `t` holds this rank's contribution to every element; on wait this rank's spans hold the sum
+  // over the ranks (its other elements are left as they were). `scratch` (t's dtype, at least
+  // (world - 1) x this rank's span elements) receives the others' contributions; both stay untouched
+  // until wait(). 16-bit floats accumulate in fp32 and round once.
+  virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                                      const torch::Tensor& scratch, CollectiveKind kind) = 0;
+  virtual void barrier() = 0;
+  // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
+  // can name the ranks that never arrived.
+  virtual void mark_step(int64_t step) { step_ = step; }
+
+  const CommLedger& ledger() const { return ledger_; }
+
+  // ds profile: each collective's span on this rank, from issue to completion (off unless asked).
+  struct Event {
+    CollectiveKind kind;
+    std::chrono::steady_clock::time_point issued, done;
+    double bytes = 0;  // this rank's wire bytes, as the ledger counts them
+  };
+  void record_events(bool on) { recording_ = on; }
+  std::vector<Event> take_events() { return std::exchange(events_, {}); }
+
+ protected:
+  Communicator(int rank, int world) : rank_(rank), world_(world) {}
+  // One more call of `kind`: an `op` over `payload_bytes` (the ledger's figure is a ring's wire bytes for
+  // it). `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
+  CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
+  // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
+  static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
+
+  // Stamps the end of event `index` (from count); -1 does nothing.
+  void finish_event(int64_t index) {
+    if (index >= 0 && static_cast<size_t>(index) < events_.size()) events_[static_cast<size_t>(index)].done = std::chrono::steady_clock::now();
+  }
+
+  int rank_ = 0, world_ = 1;
+  int64_t step_ = -1;
+  CommLedger ledger_;
+  bool recording_ = false;
+  std::vector<Event> events_;
+};
+
+}  // namespace ds

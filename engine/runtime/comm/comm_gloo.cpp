@@ -1,0 +1,272 @@
+#include "engine/runtime/comm/comm.hpp"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+
+#include "common/error.hpp"
+#include "engine/runtime/comm/comm_host.hpp"
+
+namespace ds {
+
+namespace {
+
+// LibTorch 1.13's Gloo has no reduce-scatter, no bf16/fp16 reduction, and an all-gather a third as fast
+// as its all-reduce: ds sends the all-gather's and the reduce-scatter's pieces point to point.
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override;
+  std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override;
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                              const torch::Tensor& scratch, CollectiveKind kind) override;
+  CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }
+  void barrier() override { group_->barrier()->wait(); }
+  void mark_step(int64_t step) override;
+
+ private:
+  // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
+  std::string who_is_behind() const;
+  using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
+  // The first of `count` tags for one collective's messages: every rank issues the same collectives in the
+  // same order, so the tags agree, and a message never matches another collective's.
+  int take_tags(int64_t count);
+  // Posts a send to (or a receive from) `peer` of each non-empty span, span j under tag `tag` + j, through
+  // the tensor `piece` gives for it.
+  void post(Works& works, bool send, const std::vector<Span>& spans, int peer, int tag,
+            const std::function<torch::Tensor(const Span&)>& piece);
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int64_t next_tag_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout) {
+  return std::make_unique<GlooCommunicator>(t.rank, t.world_size, timeout, t.master_addr, t.master_port);
+}
+
+GlooCommunicator::GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port)
+    : Communicator(rank, world) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = static_cast<size_t>(world);
+  so.waitWorkers = true;
+  so.timeout = timeout;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(host, so);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // GLOO_SOCKET_IFNAME picks the network interface, as torch.distributed does; by default Gloo uses
+    // the address this host's name resolves to.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    options->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                                 : c10d::ProcessGroupGloo::createDefaultDevice());
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, world, options);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw std::runtime_error("rank " + std::to_string(rank) + " could not join the group at " + host + ":" + std::to_string(port) +
+                             " within " + std::to_string(timeout.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
+  }
+}
+
+namespace {
+class GlooWork : public PendingCollective {
+ public:
+  // `then` runs once the collective is done (an fp32 copy written back into a 16-bit tensor). The
+  // ledger's seconds are the time this rank was held up: issuing (from `start`) and waiting, not the
+  // time the collective ran beside compute. `explain` says who is missing when the wait fails.
+  // `works`: the collective, or a point-to-point collective's sends and receives.
+  GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, CommStats& stats, std::chrono::steady_clock::time_point start,
+           std::function<std::string()> explain, std::function<void()> then = {}, std::function<void()> finished = {})
+      : works_(std::move(works)), stats_(stats), explain_(std::move(explain)), then_(std::move(then)), finished_(std::move(finished)) {
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  // Never leaves Gloo reading or writing freed memory: each piece is waited for, except that after one
+  // fails the rest are aborted rather than waited for a timeout each.
+  ~GlooWork() override {
+    bool failed = false;
+    for (auto& w : works_) {
+      if (failed) {
+        abort_quietly(*w);
+        continue;
+      }
+      try {
+        w->wait();
+      } catch (...) {
+        failed = true;
+      }
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      while (!works_.empty()) {
+        works_.back()->wait();
+        works_.pop_back();
+      }
+    } catch (const std::exception& e) {
+      for (auto& w : works_) abort_quietly(*w);
+      works_.clear();
+      const std::string what = e.what();
+      throw std::runtime_error("a collective failed: " + explain_() + " (" + what.substr(0, what.find('\n')) + ")");
+    }
+    if (then_) then_();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (finished_) finished_();
+  }
+
+ private:
+  static void abort_quietly(c10d::Work& w) {
+    try {
+      w.abort();
+    } catch (...) {
+    }
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  bool done_ = false;
+  CommStats& stats_;
+  std::function<std::string()> explain_;
+  std::function<void()> then_;
+  std::function<void()> finished_;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> GlooCommunicator::all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
+  const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
+  std::vector<torch::Tensor> buf{narrow ? t.to(torch::kFloat32) : t};
+  Works works{group_->allreduce(buf)};
+  int64_t event = -1;
+  CommStats& s = count(kind, CollectiveOp::all_reduce, static_cast<double>(buf[0].nbytes()), &event);
+  std::function<void()> then;
+  if (narrow) then = [t, wide = buf[0]] { t.copy_(wide); };
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); }, std::move(then),
+                                    [this, event] { finish_event(event); });
+}
+
+int GlooCommunicator::take_tags(int64_t count) {
+  if (next_tag_ + count > (int64_t{1} << 30)) next_tag_ = 0;  // Gloo's tags are non-negative ints
+  const int first = static_cast<int>(next_tag_);
+  next_tag_ += std::max<int64_t>(1, count);
+  return first;
+}
+
+void GlooCommunicator::post(Works& works, bool send, const std::vector<Span>& spans, int peer, int tag,
+                             const std::function<torch::Tensor(const Span&)>& piece) {
+  for (size_t j = 0; j < spans.size(); ++j) {
+    if (spans[j].numel == 0) continue;
+    std::vector<torch::Tensor> one{piece(spans[j])};
+    works.push_back(send ? group_->send(one, peer, tag + static_cast<int>(j)) : group_->recv(one, peer, tag + static_cast<int>(j)));
+  }
+}
+
+namespace {
+int64_t most_spans(const Ownership& owners) {
+  size_t n = 0;
+  for (const auto& spans : owners) n = std::max(n, spans.size());
+  return static_cast<int64_t>(n);
+}
+}  // namespace
+
+std::unique_ptr<PendingCollective> GlooCommunicator::all_gather_async(const torch::Tensor& t, const Ownership& owners,
+                                                                      CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous() && t.dim() == 1 && owners.size() == static_cast<size_t>(world_), "an all-gather's buffer or owners");
+  const int tag = take_tags(most_spans(owners));
+  // Bytes as they are: any dtype travels, no sum.
+  const torch::Tensor bytes = torch::from_blob(t.data_ptr(), {static_cast<int64_t>(t.nbytes())}, torch::kUInt8);
+  const int64_t width = t.element_size();
+  const auto piece = [&](const Span& s) { return bytes.narrow(0, s.offset * width, s.numel * width); };
+  Works works;
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    post(works, /*send=*/true, owners[static_cast<size_t>(rank_)], q, tag, piece);
+    post(works, /*send=*/false, owners[static_cast<size_t>(q)], q, tag, piece);
+  }
+  int64_t event = -1;
+  CommStats& s = count(kind, CollectiveOp::all_gather, payload_bytes(t, owners), &event);
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
+                                    [this, event] { finish_event(event); });
+}
+
+std::unique_ptr<PendingCollective> GlooCommunicator::reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                                              const torch::Tensor& scratch, CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous() && t.dim() == 1 && owners.size() == static_cast<size_t>(world_), "a reduce-scatter's buffer or owners");
+  const auto& mine = owners[static_cast<size_t>(rank_)];
+  const int64_t total = span_elements(mine);
+  DS_CHECK(scratch.is_contiguous() && scratch.scalar_type() == t.scalar_type() && scratch.numel() >= total * (world_ - 1),
+           "a reduce-scatter's scratch is too small");
+  const int tag = take_tags(most_spans(owners));
+  Works works;
+  int64_t at = 0;  // the scratch, peer after peer
+  for (int q = 0; q < world_; ++q) {
+    if (q == rank_) continue;
+    // Rank q's elements of this rank's contribution go to q; q's contribution to this rank's elements
+    // lands in the scratch.
+    post(works, /*send=*/true, owners[static_cast<size_t>(q)], q, tag, [&](const Span& sp) { return t.narrow(0, sp.offset, sp.numel); });
+    post(works, /*send=*/false, mine, q, tag, [&](const Span& sp) {
+      const torch::Tensor into = scratch.narrow(0, at, sp.numel);
+      at += sp.numel;
+      return into;
+    });
+  }
+  int64_t event = -1;
+  CommStats& s = count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); },
+                                    [this, t, owners, scratch] { add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch); },
+                                    [this, event] { finish_event(event); });
+}
+
+namespace {
+std::string step_key(int rank) { return "ds/step/" + std::to_string(rank); }
+}  // namespace
+
+void GlooCommunicator::mark_step(int64_t step) {
+  step_ = step;
+  const std::string v = std::to_string(step);
+  try {
+    store_->set(step_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+  } catch (const std::exception&) {
+    // The store's host is gone: the next collective fails and says so.
+  }
+}
+
+std::string GlooCommunicator::who_is_behind() const {
+  std::string behind, same;
+  try {
+    store_->setTimeout(std::chrono::seconds(3));  // a diagnosis, not another long wait
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      if (!store_->check({step_key(r)})) {
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " never reported a step";
+        continue;
+      }
+      const std::vector<uint8_t> v = store_->get(step_key(r));
+      const int64_t step = std::stoll(std::string(v.begin(), v.end()));
+      if (step < step_)
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " last reported step " +
+                  std::to_string(step + 1);
+      else
+        same += (same.empty() ? "" : ", ") + std::to_string(r);
+    }
+  } catch (const std::exception&) {
+    return "rank " + std::to_string(rank_) + " waited in vain, and rank 0 (which hosts the rendezvous store) did not answer either";
+  }
+  if (!behind.empty())
+    return behind + " while rank " + std::to_string(rank_) + " waited at step " + std::to_string(step_ + 1);
+  const bool one = same.find(',') == std::string::npos;
+  return "rank " + std::to_string(rank_) + " waited in vain at step " + std::to_string(step_ + 1) +
+         (same.empty() ? std::string()
+                       : one ? "; rank " + same + " reached that step too and stopped within it"
+                             : "; ranks " + same + " reached that step too, so one of them stopped within it");
+}
+
+}  // namespace ds

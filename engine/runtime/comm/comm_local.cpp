@@ -1,0 +1,166 @@
+#include "engine/runtime/comm/comm_local.hpp"
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/runtime/comm/comm_host.hpp"
+
+namespace ds {
+
+// Reusable meetings. all_reduce: ranks arrive with their tensors; the last one sums them in rank order;
+// every rank copies the sum out; the last to leave opens the next meeting. exchange: once all have
+// arrived, each rank reads the others' tensors as it needs (writing only its own), and none leaves
+// before all have read.
+struct LocalGroup::Shared {
+  int world = 1;
+  std::chrono::milliseconds timeout{0};
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<torch::Tensor> inputs;
+  torch::Tensor sum;
+  int arrived = 0, left = 0, read = 0;
+  bool leaving = false;
+
+  void wait(std::unique_lock<std::mutex>& lock, const char* what, const std::function<bool()>& ready) {
+    if (!cv.wait_for(lock, timeout, ready))
+      throw std::runtime_error(std::string("a local collective timed out waiting for ") + what);
+  }
+
+  // Every rank calls it with a tensor of the same shape and dtype; returns with the sum written into it.
+  void all_reduce(int rank, const torch::Tensor& t) {
+    std::unique_lock<std::mutex> lock(m);
+    wait(lock, "the previous collective to finish", [&] { return !leaving; });
+    inputs[static_cast<size_t>(rank)] = t;
+    if (++arrived == world) {
+      torch::Tensor s = inputs[0].clone();
+      for (int r = 1; r < world; ++r) {
+        DS_CHECK(inputs[static_cast<size_t>(r)].numel() == s.numel(), "ranks disagree on a collective's size");
+        s.add_(inputs[static_cast<size_t>(r)]);
+      }
+      sum = s;
+      leaving = true;
+      cv.notify_all();
+    } else {
+      wait(lock, "the other ranks", [&] { return leaving; });
+    }
+    t.copy_(sum);
+    if (++left == world) {
+      arrived = left = 0;
+      leaving = false;
+      sum = torch::Tensor();
+      for (auto& in : inputs) in = torch::Tensor();
+      cv.notify_all();
+    }
+  }
+
+  void exchange(int rank, const torch::Tensor& t, const std::function<void(const std::vector<torch::Tensor>&)>& read_others) {
+    std::unique_lock<std::mutex> lock(m);
+    wait(lock, "the previous collective to finish", [&] { return !leaving; });
+    inputs[static_cast<size_t>(rank)] = t;
+    if (++arrived == world) {
+      leaving = true;
+      cv.notify_all();
+    } else {
+      wait(lock, "the other ranks", [&] { return leaving; });
+    }
+    lock.unlock();
+    read_others(inputs);  // the vector is stable until every rank has read
+    lock.lock();
+    if (++read == world) cv.notify_all();
+    wait(lock, "the other ranks to read", [&] { return read == world; });
+    if (++left == world) {
+      arrived = left = read = 0;
+      leaving = false;
+      for (auto& in : inputs) in = torch::Tensor();
+      cv.notify_all();
+    }
+  }
+};
+
+namespace {
+
+class Done : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
+class LocalCommunicator : public Communicator {
+ public:
+  LocalCommunicator(int rank, std::shared_ptr<LocalGroup::Shared> shared) : Communicator(rank, shared->world), shared_(std::move(shared)) {}
+
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
+    // As over Gloo: 16-bit floats are summed through an fp32 copy.
+    const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
+    const torch::Tensor buf = narrow ? t.to(torch::kFloat32) : t;
+    int64_t event = -1;
+    count(kind, CollectiveOp::all_reduce, static_cast<double>(buf.nbytes()), &event);
+    shared_->all_reduce(rank_, buf);
+    if (narrow) t.copy_(buf);
+    finish_event(event);
+    return std::make_unique<Done>();
+  }
+
+  std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous() && owners.size() == static_cast<size_t>(world_), "an all-gather's buffer or owners");
+    int64_t event = -1;
+    count(kind, CollectiveOp::all_gather, payload_bytes(t, owners), &event);
+    shared_->exchange(rank_, t, [&](const std::vector<torch::Tensor>& all) {
+      for (int q = 0; q < world_; ++q)
+        if (q != rank_)
+          for (const Span& s : owners[static_cast<size_t>(q)])
+            t.narrow(0, s.offset, s.numel).copy_(all[static_cast<size_t>(q)].narrow(0, s.offset, s.numel));
+    });
+    finish_event(event);
+    return std::make_unique<Done>();
+  }
+
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
+                                                              const torch::Tensor& scratch, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous() && owners.size() == static_cast<size_t>(world_), "a reduce-scatter's buffer or owners");
+    int64_t event = -1;
+    count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
+    const std::vector<Span>& mine = owners[static_cast<size_t>(rank_)];
+    // As over Gloo: the others' contributions to this rank's spans land in the scratch, rank after rank.
+    shared_->exchange(rank_, t, [&](const std::vector<torch::Tensor>& all) {
+      int64_t at = 0;
+      for (int q = 0; q < world_; ++q)
+        if (q != rank_)
+          for (const Span& s : mine) {
+            scratch.narrow(0, at, s.numel).copy_(all[static_cast<size_t>(q)].narrow(0, s.offset, s.numel));
+            at += s.numel;
+          }
+    });
+    add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch);
+    finish_event(event);
+    return std::make_unique<Done>();
+  }
+
+  CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }  // behaves as Gloo
+  void barrier() override { shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32)); }
+
+ private:
+  std::shared_ptr<LocalGroup::Shared> shared_;
+};
+
+}  // namespace
+
+LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout) : shared_(std::make_shared<Shared>()) {
+  DS_CHECK(world_size >= 1, "world size ", world_size);
+  shared_->world = world_size;
+  shared_->timeout = timeout;
+  shared_->inputs.resize(static_cast<size_t>(world_size));
+}
+
+LocalGroup::~LocalGroup() = default;
+
+std::unique_ptr<Communicator> LocalGroup::join(int rank) {
+  DS_CHECK(rank >= 0 && rank < shared_->world, "rank ", rank, " of ", shared_->world);
+  return std::make_unique<LocalCommunicator>(rank, shared_);
+}
+
+}  // namespace ds

@@ -1,0 +1,28 @@
+// ds — ranks as threads of one process: a Communicator whose collectives meet in shared memory. For
+// unit tests of ZeRO's exchange and flat buffers at every stage inside one process (the multi-process
+// tests over Gloo stay as integration tests). Sums run in rank order; a collective completes when the
+// last rank issues it, so the async forms return finished work. The ledger counts what a ring would
+// send, as Gloo's does.
+#pragma once
+
+#include <memory>
+
+#include "engine/runtime/comm/comm.hpp"
+
+namespace ds {
+
+class LocalGroup {
+ public:
+  // `timeout`: a rank waiting longer than this for the others throws (a test's deadlock fails, not hangs).
+  explicit LocalGroup(int world_size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~LocalGroup();
+  // The communicator of `rank`; each rank's is used by one thread.
+  std::unique_ptr<Communicator> join(int rank);
+
+  struct Shared;
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace ds

@@ -1,0 +1,103 @@
+#include "engine/runtime/comm/nccl_group.hpp"
+#include "kernels/cuda/check.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <stdexcept>
+#include <thread>
+
+namespace ds {
+namespace {
+
+ncclComm_t as_comm(void* c) { return static_cast<ncclComm_t>(c); }
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+void check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw std::runtime_error(std::string("NCCL: ") + what + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+}
+
+using ds::cuda::check;
+
+ncclDataType_t type_of(NcclElement e) {
+  switch (e) {
+    case NcclElement::f32: return ncclFloat32;
+    case NcclElement::bf16: return ncclBfloat16;
+    case NcclElement::f16: return ncclFloat16;
+    case NcclElement::f64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+}  // namespace
+
+std::string NcclGroup::make_unique_id() {
+  ncclUniqueId id;
+  check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  return std::string(id.internal, sizeof id.internal);
+}
+
+NcclGroup::NcclGroup(const std::string& unique_id, int rank, int world, int device, std::chrono::milliseconds timeout)
+    : rank_(rank), world_(world), timeout_(timeout) {
+  if (unique_id.size() != NCCL_UNIQUE_ID_BYTES)
+    throw std::runtime_error("NCCL: a unique id of " + std::to_string(unique_id.size()) + " bytes (" +
+                             std::to_string(NCCL_UNIQUE_ID_BYTES) + " expected)");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  ncclUniqueId id;
+  unique_id.copy(id.internal, sizeof id.internal);
+  ncclComm_t comm = nullptr;
+  check(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  comm_ = comm;
+}
+
+NcclGroup::~NcclGroup() {
+  if (!comm_) return;
+  if (aborted_)
+    ncclCommAbort(as_comm(comm_));
+  else
+    ncclCommDestroy(as_comm(comm_));
+}
+
+void NcclGroup::all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  check(ncclAllReduce(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclAllReduce");
+}
+
+void NcclGroup::all_gather(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  check(ncclAllGather(send, recv, count, type_of(e), as_comm(comm_), as_stream(stream)), "ncclAllGather");
+}
+
+void NcclGroup::reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  check(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclReduceScatter");
+}
+
+void NcclGroup::wait(void* stream, const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(as_stream(stream));
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check(q, what.c_str());
+    ncclResult_t async = ncclSuccess;
+    check(ncclCommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
+    check(async, what.c_str());
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited > timeout_) {
+      aborted_ = true;
+      ncclCommAbort(as_comm(comm_));  // the queued collective fails instead of waiting for ever
+      comm_ = nullptr;
+      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
+                               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
+                               " s (a peer never joined it); the NCCL communicator was aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z from 2.9 on.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace ds

@@ -1,0 +1,83 @@
+#include "engine/runtime/device/device.hpp"
+
+#include "common/error.hpp"
+#ifdef DS_WITH_CUDA_DEVICE
+#include "engine/runtime/device/device_cuda.hpp"
+#endif
+
+namespace ds {
+namespace {
+
+class CompletedEvent final : public Event {
+ public:
+  bool done() const override { return true; }
+  void wait() override {}
+};
+
+class CpuDevice final : public Device {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool host_addresses_device() const override { return true; }
+  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) override {
+    DS_CHECK(place != Place::nvme, "NVMe space is the swappers', not an allocation");
+    return torch::zeros({elements}, to_torch(dtype));
+  }
+  const KernelTable& kernels(Place) const override { return cpu_kernel_table(); }
+  Stream& compute_stream() override { return compute_; }
+  Stream& copy_stream() override { return copy_; }
+
+ private:
+  ImmediateStream compute_, copy_;
+};
+
+}  // namespace
+
+torch::ScalarType to_torch(Dtype d) {
+  switch (d) {
+    case Dtype::fp32: return torch::kFloat32;
+    case Dtype::bf16: return torch::kBFloat16;
+    case Dtype::fp16: return torch::kFloat16;
+  }
+  return torch::kFloat32;
+}
+
+std::shared_ptr<Event> ImmediateStream::record() { return std::make_shared<CompletedEvent>(); }
+
+std::unique_ptr<Device> Device::create(DeviceKind kind, int local_rank) {
+  (void)local_rank;  // a CPU has one
+  switch (kind) {
+    case DeviceKind::cpu: return std::make_unique<CpuDevice>();
+    case DeviceKind::cuda:
+#ifdef DS_WITH_CUDA_DEVICE
+      return make_cuda_device(local_rank);
+#else
+      break;
+#endif
+  }
+  throw UserError("this build of ds has no CUDA device", "train on the CPU (--device cpu), or build ds with the CUDA toolkit (see the README)");
+}
+
+void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
+  DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
+  copy_stream().wait_for(*compute_stream().record());
+  copy_between(dst, to, src, from);
+  compute_stream().wait_for(*copy_stream().record());  // what the compute stream queues next sees dst
+  count(from, to, static_cast<double>(dst.nbytes()));
+}
+
+void Device::copy_between(const torch::Tensor& dst, Place, const torch::Tensor& src, Place) { dst.copy_(src); }
+
+void Device::count(Place from, Place to, double bytes) {
+  TransferStats& s = transfers_[{from, to}];
+  ++s.copies;
+  s.bytes += bytes;
+}
+
+double Device::transferred_bytes() const {
+  double total = 0;
+  for (const auto& [key, s] : transfers_)
+    if (key.first != key.second) total += s.bytes;
+  return total;
+}
+
+}  // namespace ds

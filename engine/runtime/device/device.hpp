@@ -1,0 +1,101 @@
+// ds — the runtime's device: where a Place's bytes live and where kernels run on them. The plan says where
+// every buffer is (ZeroBuffer::place); the device turns that into memory (allocate), the kernels that can
+// reach it (a KernelTable per place), the copies between places (copy, counted per direction: the run's
+// transfers ledger, held equal to the plan's table) and the streams work is ordered on. A second device
+// (CUDA) implements this interface and nothing above it changes: FlatParams allocates through it, the
+// optimizer, the gradient norm and the finite checks run through its tables, the offload copies go
+// through copy().
+//   cpu   host memory for both places, one kernel table, streams that have finished every operation when
+//         its call returns (events are complete when recorded). Device and host buffers are still
+//         allocations of their own, reached through the same copies a GPU run makes.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "engine/plan/topology.hpp"
+#include "engine/plan/zero_plan.hpp"
+#include "engine/runtime/device/kernel_table.hpp"
+
+namespace ds {
+
+torch::ScalarType to_torch(Dtype d);
+
+// A point in a stream's work. wait() returns once everything recorded before it has run.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual bool done() const = 0;
+  virtual void wait() = 0;
+};
+
+// Work on a device, in order: record() marks what has been queued so far; wait_for(e) makes what is
+// queued next wait for e (the copy stream waits for the compute stream's gradients, and back).
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual std::shared_ptr<Event> record() = 0;
+  virtual void wait_for(const Event& e) = 0;
+  virtual void synchronize() = 0;
+};
+
+// Bytes that arrived at one place from another, per direction.
+struct TransferStats {
+  int64_t copies = 0;
+  double bytes = 0;
+};
+using TransferLedger = std::map<std::pair<Place, Place>, TransferStats>;  // (from, to)
+
+class Device {
+ public:
+  // The device the plan trains on, this process's (a rank's local_rank picks among several GPUs). Throws
+  // UserError for a kind this build lacks.
+  static std::unique_ptr<Device> create(DeviceKind kind, int local_rank);
+  virtual ~Device() = default;
+
+  virtual std::string name() const = 0;
+  // Whether host code may read and write the device's memory in place (the CPU: it is host memory). Where
+  // it may not, every byte between the two goes through copy(), and a host kernel gets no device pointer.
+  virtual bool host_addresses_device() const = 0;
+  // `elements` zeros of `dtype` at `place`: the device's memory, or the host's (page-locked where the
+  // device has memory of its own, so that copies run beside compute). NVMe is the swappers'.
+  virtual torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) = 0;
+  // The kernels that run on memory at `place`: the device's own, or the host's for an offloaded optimizer.
+  virtual const KernelTable& kernels(Place place) const = 0;
+  // Bytes of the device's own memory in use now, by anything (a GPU: cudaMemGetInfo's total - free, so
+  // LibTorch's cache, ds's buffers and the CUDA context); 0 where the device is the host (RSS says it).
+  virtual double memory_in_use() const { return 0; }
+  virtual Stream& compute_stream() = 0;
+  virtual Stream& copy_stream() = 0;
+
+  // `dst` (at `to`) takes `src` (at `from`), converted to dst's dtype as Tensor::copy_ converts (nearest
+  // even), on the copy stream after the compute stream's work so far, and before what the compute stream
+  // is given next; counted under (from, to) with the bytes that arrive (dst's).
+  void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
+  // A host kernel wrote `bytes` of device memory in place (host_addresses_device): counted as a transfer.
+  void count_direct_write(double bytes) { count(Place::host, Place::device, bytes); }
+  const TransferLedger& transfers() const { return transfers_; }
+  // Bytes moved between different places so far.
+  double transferred_bytes() const;
+
+ protected:
+  virtual void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
+  void count(Place from, Place to, double bytes);
+
+ private:
+  TransferLedger transfers_;
+};
+
+// The CPU's stream: every operation has finished when its call returns.
+class ImmediateStream final : public Stream {
+ public:
+  std::shared_ptr<Event> record() override;
+  void wait_for(const Event&) override {}
+  void synchronize() override {}
+};
+
+}  // namespace ds

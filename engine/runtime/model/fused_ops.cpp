@@ -1,0 +1,279 @@
+#include "engine/runtime/model/fused_ops.hpp"
+
+#include "common/error.hpp"
+#include "engine/runtime/device/cpu_kernels_by_dtype.hpp"
+#include "engine/runtime/model/matmul.hpp"
+
+namespace ds {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class Norm : public torch::autograd::Function<Norm> {
+ public:
+  // rms: RMSNorm, b is not read (autograd takes no undefined inputs: the callers pass w again).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w_in,
+                               const torch::Tensor& b_in, double eps, bool rms) {
+    const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
+    const int64_t C = x.size(-1);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
+    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
+    });
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["rstd"] = rstd;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bias"] = b.defined();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
+    const int64_t C = x.size(-1);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
+    torch::Tensor dx = torch::empty_like(x);
+    torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
+    torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
+                                   raw<float>(db), shape);
+    });
+    return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class GeluTanh : public torch::autograd::Function<GeluTanh> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
+    const torch::Tensor x = x_in.contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::gelu_tanh_forward(raw<E>(x), raw<E>(y), x.numel());
+    });
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
+    torch::Tensor dx = torch::empty_like(x);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::gelu_tanh_backward(raw<E>(dy), raw<E>(x), raw<E>(dx), x.numel());
+    });
+    return {dx};
+  }
+};
+
+class SwiGlu : public torch::autograd::Function<SwiGlu> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in, const torch::Tensor& u_in) {
+    const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
+    torch::Tensor y = torch::empty_like(g);
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::swiglu_forward(raw<E>(g), raw<E>(u), raw<E>(y), g.numel());
+    });
+    ctx->save_for_backward({g, u});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &g = saved[0], &u = saved[1];
+    const torch::Tensor dy = grad_out[0].to(g.scalar_type()).contiguous();
+    torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::swiglu_backward(raw<E>(dy), raw<E>(g), raw<E>(u), raw<E>(dg), raw<E>(du), g.numel());
+    });
+    return {dg, du};
+  }
+};
+
+class Rotary : public torch::autograd::Function<Rotary> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});  // not x: the backward is a rotation of the gradient alone
+    return rotate(x_in.contiguous(), cos, sin, false);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grad_out[0].contiguous(), saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+    const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
+    torch::Tensor y = torch::empty_like(x);
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::rope(raw<E>(x), raw<E>(y), raw<float>(cos), raw<float>(sin), shape);
+    });
+    return y;
+  }
+};
+
+class Embedding : public torch::autograd::Function<Embedding> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
+    ctx->save_for_backward({ids});
+    ctx->saved_data["weight"] = weight;  // the parameter itself (a leaf: no cycle), for its gradient buffer
+    return torch::embedding(weight, ids);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const torch::Tensor ids = ctx->get_saved_variables()[0].contiguous();
+    const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    const int64_t V = weight.size(0), C = weight.size(1), n = ids.numel();
+    const torch::Tensor dy = grad_out[0].to(weight.scalar_type()).reshape({n, C}).contiguous();
+    torch::Tensor g = bound_gradient(weight);
+    if (!g.defined()) return {torch::embedding_dense_backward(dy, ids.reshape({n}), V, -1, false), torch::Tensor()};
+    by_dtype(g, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::embedding_backward(raw<E>(g), ids.data_ptr<int64_t>(), raw<E>(dy), n, C);
+    });
+    return {torch::Tensor(), torch::Tensor()};  // already in the gradient: nothing for autograd to add
+  }
+};
+
+// y = x w^T + b, or x w + b with `in_out`; b may be undefined. Shared by the two Functions below
+// (autograd's Functions take no undefined tensor inputs).
+torch::Tensor project(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                      bool in_out) {
+  const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
+  torch::Tensor y = torch::empty({x2.size(0), wm.size(1)}, x2.options());
+  if (b.defined()) y.copy_(b.expand_as(y));  // then the product adds into the bias
+  matmul_into(y, x2, wm, b.defined());
+  ctx->save_for_backward({x2});
+  ctx->saved_data["x_shape"] = x.sizes();
+  ctx->saved_data["weight"] = w;  // the parameters themselves (leaves: no cycle), for their gradient buffers
+  if (b.defined()) ctx->saved_data["bias"] = b;
+  ctx->saved_data["in_out"] = in_out;
+  auto shape = x.sizes().vec();
+  shape.back() = wm.size(1);
+  return y.view(shape);
+}
+
+// {dx, dw, db}: dw and db undefined where they went into the parameters' gradient buffers.
+variable_list project_backward(AutogradContext* ctx, const torch::Tensor& grad, bool want_dx, bool want_dw, bool want_db) {
+  const torch::Tensor x2 = ctx->get_saved_variables()[0];
+  const torch::Tensor w = ctx->saved_data["weight"].toTensor();
+  const bool in_out = ctx->saved_data["in_out"].toBool();
+  const torch::Tensor dy = grad.reshape({x2.size(0), -1});
+  variable_list out(3);
+  if (want_dx) out[0] = matmul_new(dy, in_out ? w.t() : w).view(ctx->saved_data["x_shape"].toIntVector());
+  if (want_dw) {  // x^T dy (in, out) or dy^T x (out, in), added into the buffer by the GEMM itself
+    torch::Tensor g = bound_gradient(w);
+    if (g.defined())
+      in_out ? matmul_into(g, x2.t(), dy, true) : matmul_into(g, dy.t(), x2, true);
+    else
+      out[1] = in_out ? matmul_new(x2.t(), dy) : matmul_new(dy.t(), x2);
+  }
+  if (want_db && ctx->saved_data.count("bias")) {
+    torch::Tensor g = bound_gradient(ctx->saved_data["bias"].toTensor());
+    if (g.defined())
+      g.add_(dy.sum(0));
+    else
+      out[2] = dy.sum(0);
+  }
+  return out;
+}
+
+class Projection : public torch::autograd::Function<Projection> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                               bool in_out) {
+    return project(ctx, x, w, b, in_out);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto g = project_backward(ctx, grad_out[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2));
+    return {g[0], g[1], g[2], torch::Tensor()};
+  }
+};
+
+class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, bool in_out) {
+    return project(ctx, x, w, torch::Tensor(), in_out);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto g = project_backward(ctx, grad_out[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1), false);
+    return {g[0], g[1], torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor bound_gradient(const torch::Tensor& param) {
+  if (!param.defined()) return {};
+  torch::Tensor g = param.grad();
+  const bool usable = g.defined() && g.is_contiguous() && g.scalar_type() == param.scalar_type() && g.sizes() == param.sizes();
+  return usable ? g : torch::Tensor();
+}
+
+torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out) {
+  return b.defined() ? Projection::apply(x, w, b, in_out) : ProjectionNoBias::apply(x, w, in_out);
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
+  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())
+    return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return Norm::apply(x, w, b, eps, false);
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type()) {
+    const torch::Tensor xf = x.to(torch::kFloat32);
+    return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+  }
+  return Norm::apply(x, w, w, eps, true);
+}
+
+torch::Tensor gelu_tanh(const torch::Tensor& x) {
+  if (!on_cpu_kernels(x)) return torch::gelu(x, "tanh");
+  return GeluTanh::apply(x);
+}
+
+torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
+  // The batch's ids come from the host: a GPU's weights look them up on the GPU.
+  if (!on_cpu_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong)
+    return torch::embedding(weight, ids.to(weight.device(), torch::kLong));
+  return Embedding::apply(weight, ids);
+}
+
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  DS_CHECK(x.dim() == 4, "rotary: x (B, T, heads, D)");
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  DS_CHECK(x.size(3) % 2 == 0 && cos.sizes() == torch::IntArrayRef({T, half}) && sin.sizes() == cos.sizes() &&
+               cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
+           "rotary: x (B, T, heads, even D), fp32 cos and sin (T, D/2)");
+  if (on_cpu_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
+  // Hugging Face's formula: the tables duplicated to D and cast to x's dtype.
+  const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.device(), x.scalar_type()).view({T, 1, 2 * half}); };
+  const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * table(cos) + rotated * table(sin);
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!on_cpu_kernels(gate) || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes())
+    return torch::silu(gate) * up;
+  return SwiGlu::apply(gate, up);
+}
+
+}  // namespace ds

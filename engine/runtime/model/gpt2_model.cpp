@@ -1,0 +1,67 @@
+#include "engine/runtime/model/gpt2_model.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+#include "common/error.hpp"
+#include "common/strings.hpp"
+#include "engine/runtime/model/fused_ops.hpp"
+
+namespace ds {
+
+Gpt2Model::Gpt2Model(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
+  DS_CHECK(hp.arch == ModelArch::gpt2);
+  wte_ = w.next("wte.weight");
+  wpe_ = w.next("wpe.weight");
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    Block b;
+    b.ln1_w = w.next("ln_1.weight");
+    b.ln1_b = w.next("ln_1.bias");
+    b.attn = w.linear("attn.c_attn.weight", "attn.c_attn.bias");
+    b.proj = w.linear("attn.c_proj.weight", "attn.c_proj.bias");
+    b.ln2_w = w.next("ln_2.weight");
+    b.ln2_b = w.next("ln_2.bias");
+    b.fc = w.linear("mlp.c_fc.weight", "mlp.c_fc.bias");
+    b.fc_proj = w.linear("mlp.c_proj.weight", "mlp.c_proj.bias");
+    blocks_.push_back(b);
+  }
+  lnf_w_ = w.next("ln_f.weight");
+  lnf_b_ = w.next("ln_f.bias");
+  DS_CHECK(w.done(), "untied lm_head is not supported for gpt2 yet");
+}
+
+void Gpt2Model::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  auto ends = [&](const char* suffix) { return ends_with(p.name, suffix); };
+  if (ends(".bias"))
+    t.zero_();
+  else if (ends("ln_1.weight") || ends("ln_2.weight") || ends("ln_f.weight"))
+    t.fill_(1.0);
+  else if (ends("c_proj.weight"))
+    t.normal_(0.0, 0.02 / std::sqrt(2.0 * hp.num_layers), gen);
+  else
+    t.normal_(0.0, 0.02, gen);
+}
+
+torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
+  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
+  torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
+  const torch::Tensor qkv = linear(h.view({B * T, C}), b.attn, true);  // (BT, 3C): q, k, v heads
+  torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, C});
+  torch::Tensor x = x_in + dropout(linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1);
+  attention_half_done(layer, x);
+  h = layer_norm(x, b.ln2_w, b.ln2_b, hp_.norm_eps);
+  torch::Tensor f = gelu_tanh(linear(h.view({B * T, C}), b.fc, true));
+  return x + dropout(linear(f, b.fc_proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
+}
+
+torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+  torch::Tensor x = dropout(embedding_lookup(wte_, inputs) + wpe_.narrow(0, 0, T), hp_.embd_pdrop, -1, 0);  // (B, T, C)
+  x = run_blocks(x);
+  x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);
+  return head_loss(x.view({B * T, C}), wte_, targets);  // tied head
+}
+
+}  // namespace ds

@@ -1,0 +1,321 @@
+#include "engine/runtime/model/language_model.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "common/error.hpp"
+#include "common/hash.hpp"
+#include "common/strings.hpp"
+
+#include "engine/runtime/model/fused_attention.hpp"
+#include "engine/runtime/model/fused_ops.hpp"
+#include "engine/runtime/model/fused_head_loss.hpp"
+#include "engine/runtime/model/gpt2_model.hpp"
+#include "engine/runtime/model/llama_model.hpp"
+
+namespace ds {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Activation checkpointing for one block: forward runs the block without recording a graph and keeps
+// only its input; backward runs the block again with the graph on and back-propagates through it,
+// which accumulates the parameters' gradients into their .grad (the flat gradient buffer) and yields
+// the input's gradient. LibTorch's C++ API has no torch.utils.checkpoint; this is its reentrant form.
+class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, int64_t layer) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x});
+    return model->block(layer, x);  // grad mode is off inside forward
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode on(true);
+      y = model->block(layer, x);
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// A block with ZeRO's hooks around it. Its backward is a unit of its own (a nested graph, or the
+// recomputed block), so the hooks know exactly when the block's parameter gradients are complete:
+// autograd's own order would not say when all of a block's accumulations have run.
+class HookedBlock : public torch::autograd::Function<HookedBlock> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, BlockHooks* hooks,
+                               int64_t layer, bool recompute) {
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["recompute"] = recompute;
+    hooks->before_forward(layer);
+    if (recompute) {
+      ctx->save_for_backward({x});
+      torch::Tensor y = model->block(layer, x);  // grad mode is off inside forward
+      hooks->after_forward(layer);
+      return y;
+    }
+    torch::AutoGradMode on(true);
+    torch::Tensor xi = x.detach().requires_grad_(true);
+    torch::Tensor y = model->block(layer, xi);
+    ctx->saved_data["x"] = xi;
+    ctx->saved_data["y"] = y;
+    hooks->after_forward(layer);
+    return y.detach();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
+    auto* hooks = reinterpret_cast<BlockHooks*>(ctx->saved_data["hooks"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    hooks->before_backward(layer);
+    torch::Tensor x, y;
+    if (ctx->saved_data["recompute"].toBool()) {
+      x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+      torch::AutoGradMode on(true);
+      y = model->block(layer, x);
+    } else {
+      x = ctx->saved_data["x"].toTensor();
+      y = ctx->saved_data["y"].toTensor();
+      ctx->saved_data.erase("x");  // free the block's activations as soon as its backward is done
+      ctx->saved_data.erase("y");
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    hooks->after_backward(layer);
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
+  DS_CHECK(site >= 0 && site < 8, "dropout site ", site, " is outside 0-7");
+  return dropout_from(x, p, static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site));
+}
+
+torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint64_t stream) const {
+  if (p <= 0 || !training_) return x;
+  const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(stream));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  // Drawn on the host wherever x is, so a GPU run drops what the CPU run drops (and compares with it).
+  const torch::Tensor keep = torch::empty(x.sizes(), torch::kFloat32).bernoulli_(1.0 - p, gen);
+  return x * (keep * (1.0 / (1.0 - p))).to(x.device(), x.scalar_type());
+}
+
+torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
+  const torch::Tensor y = projection(x, l.weight, l.bias, in_out);
+  if (!l.lora_a.defined()) return y;
+  // The adapters' masks come from streams of their own, past every block's dropout sites.
+  constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
+  const torch::Tensor dropped = dropout_from(x, lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index));
+  const torch::Tensor low = projection(dropped, l.lora_a, {}, false);  // (..., r)
+  return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
+}
+
+torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                                       int64_t layer, const AttentionForm& form) const {
+  const bool dropped = p > 0 && training_;
+  if (!dropped && form.plain(q.size(1))) return causal_attention(q, k, v);
+  if (!dropped) return causal_attention_materialised(q, k, v, {}, form);
+  return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); }, form);
+}
+
+torch::Tensor LanguageModel::attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const {
+  if (p <= 0 || !training_) return causal_attention_packed(qkv, heads);
+  const auto [q, k, v] = unpack(qkv, heads);
+  return attention(q, k, v, p, layer);
+}
+
+void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
+  if (!parts_) return;
+  parts_->attention_done(layer);
+  if (x.requires_grad()) {
+    BlockParts* parts = parts_;
+    x.register_hook([parts, layer](const torch::Tensor&) { parts->mlp_backward_done(layer); });
+  }
+}
+
+torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                                       double softcap) const {
+  return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
+}
+
+torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
+  const bool training = torch::GradMode::is_enabled();
+  const bool recompute = checkpoint_activations_ && training;
+  // Frozen embeddings (LoRA) give the blocks an input that takes no gradient, and a Function wrapping a
+  // block (recomputed, hooked) passes gradients on only when its input takes one: make it a leaf that does.
+  if (training && !x.requires_grad()) x = x.detach().requires_grad_(true);
+  for (int64_t l = 0; l < num_blocks(); ++l) {
+    if (hooks_ && training) {
+      x = HookedBlock::apply(x, this, hooks_, l, recompute);
+    } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
+      hooks_->before_forward(l);
+      x = block(l, x);
+      hooks_->after_forward(l);
+    } else {
+      x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
+    }
+  }
+  return x;
+}
+
+namespace {
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+void BlockTimer::before_forward(int64_t layer) {
+  started_ = std::chrono::steady_clock::now();
+  if (inner_) inner_->before_forward(layer);  // stage 3's gather counts as the block's time
+}
+void BlockTimer::record(int64_t layer, bool backward) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = seconds_between(started_, now);
+  (backward ? backward_ : forward_)[static_cast<size_t>(layer)] += s;
+  spans_.push_back({BlockSpan{static_cast<int>(layer), backward, 0, s}, started_});
+}
+void BlockTimer::after_forward(int64_t layer) {
+  record(layer, false);
+  if (inner_) inner_->after_forward(layer);
+}
+void BlockTimer::attention_done(int64_t layer) {
+  if (in_backward_ == layer) return;  // recomputation inside the block's backward
+  attention_forward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+}
+void BlockTimer::mlp_backward_done(int64_t layer) {
+  mlp_backward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+}
+void BlockTimer::before_backward(int64_t layer) {
+  in_backward_ = layer;
+  started_ = std::chrono::steady_clock::now();
+  if (inner_) inner_->before_backward(layer);
+}
+void BlockTimer::after_backward(int64_t layer) {
+  if (inner_) inner_->after_backward(layer);  // the block's gradient reduction counts as its backward
+  record(layer, true);
+  in_backward_ = -1;
+}
+BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_start) {
+  Taken t{forward_, backward_, attention_forward_, mlp_backward_, {}};
+  for (auto [span, began] : spans_) {
+    span.start_s = seconds_between(step_start, began);
+    t.spans.push_back(span);
+  }
+  spans_.clear();
+  std::fill(forward_.begin(), forward_.end(), 0.0);
+  std::fill(backward_.begin(), backward_.end(), 0.0);
+  std::fill(attention_forward_.begin(), attention_forward_.end(), 0.0);
+  std::fill(mlp_backward_.begin(), mlp_backward_.end(), 0.0);
+  return t;
+}
+
+ModelWeights::ModelWeights(const Plan& plan, const FlatParams& p)
+    : plan_(plan), trained_(p.views, p.names), frozen_(p.frozen_views, p.frozen_names) {
+  if (!plan.lora.enabled) return;
+  DS_CHECK(p.frozen_views.size() == plan.model.tensors.size() && p.views.size() == plan.lora.adapted.size(),
+           "the frozen base or the adapters are not the plan's");
+  for (size_t i = 0; i + 1 < p.views.size(); i += 2)  // A then B, for one projection
+    adapters_.push_back({static_cast<size_t>(plan.lora.adapted[i]), p.views[i], p.views[i + 1]});
+  trained_ = ParamCursor(p.views, p.names, p.views.size());  // the flat views are the adapters': none is a model tensor
+}
+
+const torch::Tensor& ModelWeights::next(const std::string& suffix) {
+  return plan_.is_frozen(tensor_++) ? frozen_.next(suffix) : trained_.next(suffix);
+}
+
+Linear ModelWeights::linear(const std::string& weight_suffix, const std::string& bias_suffix) {
+  Linear l;
+  l.index = static_cast<int64_t>(tensor_);
+  l.weight = next(weight_suffix);
+  if (!bias_suffix.empty()) l.bias = next(bias_suffix);
+  if (adapter_ < adapters_.size() && adapters_[adapter_].base == static_cast<size_t>(l.index)) {
+    l.lora_a = adapters_[adapter_].a;
+    l.lora_b = adapters_[adapter_].b;
+    ++adapter_;
+  }
+  return l;
+}
+
+std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {
+  std::unique_ptr<LanguageModel> m;
+  ModelWeights weights(plan, params);
+  switch (plan.model.hp.traits().positions) {  // the two blocks ds builds (schema/arch.hpp)
+    case Positions::learned: m = std::make_unique<Gpt2Model>(plan.model.hp, weights); break;
+    case Positions::rotary: m = std::make_unique<LlamaModel>(plan.model.hp, weights); break;
+  }
+  DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
+  DS_CHECK(weights.done(), "the model left parameters or adapters unbound");
+  m->set_checkpoint_activations(plan.activation_checkpointing);
+  if (plan.lora.enabled) m->set_lora(plan.lora.scale, plan.lora.dropout);
+  return m;
+}
+
+namespace {
+// LoRA as PEFT initialises it: B zero (step 0 is the base), A uniform in +-1/sqrt(in) (Kaiming-uniform with
+// a = sqrt(5), PEFT's default) or N(0, 1/r^2) ("gaussian").
+void initialise_adapter(const LoraPlan& lora, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  if (ends_with(p.name, "lora_B.weight"))
+    t.zero_();
+  else if (lora.init == LoraInit::gaussian)
+    t.normal_(0.0, 1.0 / static_cast<double>(lora.r), gen);
+  else
+    t.uniform_(-1.0 / std::sqrt(static_cast<double>(p.shape[1])), 1.0 / std::sqrt(static_cast<double>(p.shape[1])), gen);
+}
+
+std::vector<ParamSlot> slots_of(const ModelSpec& model) {
+  std::vector<ParamSlot> out;
+  for (const TensorSpec& t : model.tensors) out.push_back({t.name, t.shape, t.numel, 0, 0, 0, t.weight_decay, t.layer});
+  return out;
+}
+}  // namespace
+
+InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base)
+    : plan_(plan),
+      slots_(base || (!plan.lora.enabled && !plan.frozen.empty()) ? slots_of(plan.model) : plan.layout.params),
+      adapters_(plan.lora.enabled && !base),
+      model_tensor_(base || plan.lora.enabled || plan.frozen.empty() ? std::vector<int>{} : plan.trained_model_tensors()),
+      // The adapter's draws come from a stream of their own, not the base's first values again.
+      gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)) {}
+
+const float* InitialWeights::param(int asked) {
+  // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order.
+  const int i = model_tensor_.empty() ? asked : model_tensor_[static_cast<size_t>(asked)];
+  DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
+  torch::NoGradGuard no_grad;
+  while (drawn_ < i) {
+    const ParamSlot& p = slots_[static_cast<size_t>(++drawn_)];
+    values_ = torch::empty({p.numel}, torch::kFloat32);
+    if (adapters_) {
+      initialise_adapter(plan_.lora, p, values_, gen_);
+      continue;
+    }
+    switch (plan_.model.hp.traits().positions) {
+      case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
+      case Positions::rotary: LlamaModel::initialise(plan_.model.hp, p, values_, gen_); break;
+    }
+  }
+  return values_.data_ptr<float>();
+}
+
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed) {
+  InitialWeights w(plan, seed);
+  for (size_t i = 0; i < plan.layout.params.size(); ++i) {
+    const ParamSlot& p = plan.layout.params[i];
+    std::memcpy(master.data_ptr<float>() + p.offset, w.param(static_cast<int>(i)), static_cast<size_t>(p.numel) * 4);
+  }
+}
+
+}  // namespace ds

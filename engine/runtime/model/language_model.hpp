@@ -1,0 +1,199 @@
+// ds — what the trainer needs of a model: the loss of a batch, with parameters that are views into
+// the flat buffers, and a deterministic initialisation written into the fp32 master copy.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/run/trainer_api.hpp"
+#include "engine/runtime/model/fused_attention.hpp"  // AttentionForm
+
+namespace ds {
+
+// What ZeRO stages 2-3 do around each transformer block: stage 3 gathers its parameters before the
+// block runs (forward and backward); both reduce its gradients as soon as its backward is done.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_forward(int64_t layer) = 0;
+  virtual void after_forward(int64_t /*layer*/) {}
+  virtual void before_backward(int64_t layer) = 0;
+  virtual void after_backward(int64_t layer) = 0;
+};
+
+// ds profile: the moments a block passes from its attention half (with its first norm) to its MLP half
+// (with its second): in forward when the attention's residual sum exists, in backward when the gradient
+// reaches that sum (the MLP half's backward is done).
+class BlockParts {
+ public:
+  virtual ~BlockParts() = default;
+  virtual void attention_done(int64_t layer) = 0;
+  virtual void mlp_backward_done(int64_t layer) = 0;
+};
+
+// ds profile: the wall time of each block's forward and backward (recomputation included), around
+// another set of hooks (ZeRO's, or none). The blocks then run as units of their own, as under ZeRO 2-3.
+class BlockTimer : public BlockHooks, public BlockParts {
+ public:
+  BlockTimer(BlockHooks* inner, int64_t blocks)
+      : inner_(inner),
+        forward_(static_cast<size_t>(blocks)),
+        backward_(static_cast<size_t>(blocks)),
+        attention_forward_(static_cast<size_t>(blocks)),
+        mlp_backward_(static_cast<size_t>(blocks)) {}
+  void before_forward(int64_t layer) override;
+  void after_forward(int64_t layer) override;
+  void before_backward(int64_t layer) override;
+  void after_backward(int64_t layer) override;
+  void attention_done(int64_t layer) override;
+  void mlp_backward_done(int64_t layer) override;
+  // Seconds per block since the last call (summed over micro batches), and every block run with its
+  // start after `step_start`; then cleared.
+  struct Taken {
+    std::vector<double> forward, backward;
+    std::vector<double> attention_forward, mlp_backward;  // the parts of the two above
+    std::vector<BlockSpan> spans;
+  };
+  Taken take(std::chrono::steady_clock::time_point step_start);
+
+ private:
+  void record(int64_t layer, bool backward);
+  BlockHooks* inner_;
+  std::vector<double> forward_, backward_, attention_forward_, mlp_backward_;
+  int64_t in_backward_ = -1;  // the block whose backward runs (its recomputed forward is not forward time)
+  std::vector<std::pair<BlockSpan, std::chrono::steady_clock::time_point>> spans_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+// A projection's weight and bias (undefined for none) and, with LoRA, its adapter: A (r, in), B (out, r),
+// undefined where the projection has none. `index`, the weight's place in the state_dict, keys the
+// adapter's dropout masks.
+struct Linear {
+  torch::Tensor weight, bias, lora_a, lora_b;
+  int64_t index = 0;
+};
+
+// What a model binds to, in state_dict order: each tensor's view in the flat buffers, or in the frozen
+// buffer when it is frozen (model.freeze; every one under LoRA), and beside each projection LoRA targets,
+// the adapter's views from the flat buffers.
+class ModelWeights {
+ public:
+  ModelWeights(const Plan& plan, const FlatParams& params);
+  // The next tensor, whose name must end in `suffix`.
+  const torch::Tensor& next(const std::string& suffix);
+  // The next projection: its weight (and bias, when named), with its adapter when it has one.
+  Linear linear(const std::string& weight_suffix, const std::string& bias_suffix = "");
+  bool done() const { return trained_.done() && frozen_.done() && adapter_ == adapters_.size(); }
+
+ private:
+  const Plan& plan_;
+  ParamCursor trained_, frozen_;
+  size_t tensor_ = 0;  // the model's tensors handed out
+  // LoRA: per adapter tensor pair, the base tensor it adapts and the views of A and B.
+  struct Adapter {
+    size_t base = 0;
+    torch::Tensor a, b;
+  };
+  std::vector<Adapter> adapters_;
+  size_t adapter_ = 0;
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
+  virtual torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const = 0;
+  // Transformer block `layer` applied to x (B, T, C): self-contained, so it can be run again.
+  virtual torch::Tensor block(int64_t layer, const torch::Tensor& x) const = 0;
+  virtual int64_t num_blocks() const = 0;
+
+  // Activation checkpointing: keep only each block's input and recompute the block in backward.
+  void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  // Not owned; null runs the blocks plainly.
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  // Not owned; null (the default) reports nothing.
+  void set_block_parts(BlockParts* parts) { parts_ = parts; }
+  // Dropout masks of the next forward come from a stream keyed by `key` (the trainer's seed, rank,
+  // step and micro step) and each layer and site, so a block recomputed in backward draws the same
+  // masks and a resumed run the same as an uninterrupted one. `training` false: no dropout (validation).
+  void set_dropout(uint64_t key, bool training) {
+    dropout_key_ = key;
+    training_ = training;
+  }
+  // The gradient the next loss will receive in backward (the loss scale over micro batches and ranks):
+  // the fused head computes its gradients for it during forward (fused_head_loss.hpp).
+  void set_loss_gradient(double g) { loss_gradient_ = g; }
+  // LoRA: every adapter's output is scaled by `scale` (alpha / r), its input dropped with probability `dropout`.
+  void set_lora(double scale, double dropout) {
+    lora_scale_ = scale;
+    lora_dropout_ = dropout;
+  }
+
+ protected:
+  // Every block in order, checkpointed when configured.
+  torch::Tensor run_blocks(torch::Tensor x) const;
+  // x with each element zeroed with probability p and the rest scaled by 1/(1-p); x itself when p is 0
+  // or not training. `layer` -1 is outside the blocks; `site` (0-7) tells the places within one apart.
+  torch::Tensor dropout(const torch::Tensor& x, double p, int64_t layer, int site) const;
+  // The projection x W^T + b (x W + b with `in_out`: GPT-2's Conv1D), plus with an adapter
+  // scale dropout(x) A^T B^T, added in the same pass that adds the two.
+  torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool in_out) const;
+  // Called by block() with the residual sum after the attention half.
+  void attention_half_done(int64_t layer, torch::Tensor& x) const;
+  // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
+  // attention, or the materialised one when its probabilities take dropout (training, p > 0) or the
+  // family's form is not the plain one at this length (a window shorter than T, soft-capping, a scale).
+  torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
+                          int64_t layer, const AttentionForm& form = {}) const;
+  // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp).
+  torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
+  // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
+  // `softcap` > 0: the logits soft-capped first (Gemma 2's final_logit_softcapping).
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double softcap = 0) const;
+
+ private:
+  bool checkpoint_activations_ = false;
+  uint64_t dropout_key_ = 0;
+  bool training_ = true;
+  double loss_gradient_ = 1.0;
+  double lora_scale_ = 0, lora_dropout_ = 0;
+  // x with dropout p from the mask stream `stream` (dropout()'s are (layer + 1) x 8 + site).
+  torch::Tensor dropout_from(const torch::Tensor& x, double p, uint64_t stream) const;
+  mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
+  BlockHooks* hooks_ = nullptr;
+  BlockParts* parts_ = nullptr;
+};
+
+// The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation
+// checkpointing as the plan says.
+std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params);
+// The architecture's initial weights, deterministic in `seed`, drawn parameter by parameter in layout
+// order from one generator of their own (the process-wide one is shared with other threads: ranks in
+// tests), so a rank holding a part of the model never needs the whole of it in fp32.
+class InitialWeights {
+ public:
+  // The layout's parameters (with LoRA the adapter's: A as model.lora.init says, B zero), or with `base` the
+  // model's tensors in state_dict order (what a frozen tensor is filled from). A model's tensor gets the
+  // same values whatever is frozen: those a run training every weight draws from this seed.
+  InitialWeights(const Plan& plan, uint64_t seed, bool base = false);
+  // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
+  const float* param(int i);
+
+ private:
+  const Plan& plan_;
+  std::vector<ParamSlot> slots_;  // what is drawn, in order
+  bool adapters_;                 // the slots are LoRA's A and B
+  std::vector<int> model_tensor_;  // model.freeze: per parameter asked for, the model's tensor it is (drawn in the model's order)
+  at::Generator gen_;
+  int drawn_ = -1;
+  torch::Tensor values_;
+};
+// The whole model's initial weights into `master` (fp32, the plan's layout).
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed);
+
+}  // namespace ds

@@ -1,0 +1,138 @@
+#include "engine/runtime/model/llama_model.hpp"
+
+#include "engine/plan/rope.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "common/error.hpp"
+#include "common/strings.hpp"
+#include "engine/runtime/model/fused_ops.hpp"
+
+namespace ds {
+
+LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp), traits_(hp.traits()) {
+  DS_CHECK(hp.traits().positions == Positions::rotary);
+  embed_ = w.next("embed_tokens.weight");
+  // A projection's weight, then its bias where the family has one (the order of build_rotary in model_spec).
+  auto projection = [&](const std::string& name, bool bias) { return w.linear(name + ".weight", bias ? name + ".bias" : ""); };
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    Block b;
+    if (hp.traits().fused_qkv) {
+      b.o = projection("o_proj", hp.o_biased());
+      b.q = projection("qkv_proj", hp.qkv_biased());
+    } else {
+      b.q = projection("q_proj", hp.qkv_biased());
+      b.k = projection("k_proj", hp.qkv_biased());
+      b.v = projection("v_proj", hp.qkv_biased());
+      b.o = projection("o_proj", hp.o_biased());
+    }
+    if (hp.traits().qk_norm) {
+      b.q_norm = w.next("q_norm.weight");
+      b.k_norm = w.next("k_norm.weight");
+    }
+    if (hp.traits().fused_gate_up) {
+      b.gate = projection("gate_up_proj", hp.mlp_biased());
+    } else {
+      b.gate = projection("gate_proj", hp.mlp_biased());
+      b.up = projection("up_proj", hp.mlp_biased());
+    }
+    b.down = projection("down_proj", hp.mlp_biased());
+    b.norm_in = w.next("input_layernorm.weight");
+    b.norm_post = w.next("post_attention_layernorm.weight");
+    if (hp.traits().sandwich_norms) {
+      b.norm_pre_mlp = w.next("pre_feedforward_layernorm.weight");
+      b.norm_post_mlp = w.next("post_feedforward_layernorm.weight");
+    }
+    blocks_.push_back(b);
+  }
+  norm_ = w.next("model.norm.weight");
+  head_ = hp.tie_word_embeddings ? embed_ : w.next("lm_head.weight");
+  DS_CHECK(w.done(), "unexpected parameters after lm_head");
+}
+
+void LlamaModel::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen) {
+  if (ends_with(p.name, ".bias"))
+    t.zero_();
+  else if (p.shape.size() == 1)
+    t.fill_(hp.traits().norm_plus_one ? 0.0 : 1.0);  // RMSNorm gains: w, or Gemma's 1 + w
+  else
+    t.normal_(0.0, 0.02, gen);
+}
+
+torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  if (!traits_.norm_plus_one) return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
+  // Gemma's: x / rms(x) * (1 + w), all in fp32 and rounded once, as Hugging Face's Gemma2RMSNorm.
+  if (x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32) return ds::rms_norm(x, w + 1.0, hp_.norm_eps);
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  return (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + hp_.norm_eps) * (w.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
+}
+
+// The MLP's gated activation: silu(gate) * up, or Gemma's gelu_tanh(gate) * up.
+torch::Tensor LlamaModel::gated(const torch::Tensor& gate, const torch::Tensor& up) const {
+  if (traits_.activation == Activation::geglu_tanh) return gelu_tanh(gate) * up;
+  return swiglu(gate, up);
+}
+
+torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
+  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
+  const int64_t D = hp_.head_dim();
+  // Rotary tables in fp32: angle = t * inv_freq_j, (T, D/2), the frequencies as the model's rope_scaling
+  // stretches them (engine/plan/rope.hpp), cos and sin scaled by its attention factor (yarn).
+  const RotaryTables rope = rotary_tables(hp_, T);
+  const torch::Tensor inv_freq = torch::tensor(rope.inv_freq, torch::kFloat64).to(torch::kFloat32);
+  const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
+  torch::Tensor cos = angles.cos(), sin = angles.sin();
+  if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
+
+  torch::Tensor h = rms_norm(x_in, b.norm_in);
+  torch::Tensor q, k, v;
+  if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
+    std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
+  } else {
+    q = linear(h, b.q, false).view({B, T, NH, D});
+    k = linear(h, b.k, false).view({B, T, NKV, D});
+    v = linear(h, b.v, false).view({B, T, NKV, D});
+  }
+  if (b.q_norm.defined()) q = rms_norm(q, b.q_norm), k = rms_norm(k, b.k_norm);  // each head's, over its D
+  q = rotary(q, cos, sin);  // (B, T, NH, D)
+  k = rotary(k, cos, sin);
+  AttentionForm form;
+  form.window = hp_.window_of(layer);
+  form.softcap = hp_.attn_softcap;
+  form.scale = hp_.attention_scale();
+  torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer, form).view({B, T, NH * D});  // kv heads serve groups
+  y = linear(y, b.o, false);
+  const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
+  if (sandwich) y = rms_norm(y, b.norm_post);
+  torch::Tensor x = x_in + dropout(y, hp_.resid_pdrop, layer, 1);
+  attention_half_done(layer, x);
+  h = rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post);
+  torch::Tensor act;
+  if (traits_.fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
+    const torch::Tensor gate_up = linear(h, b.gate, false);
+    const int64_t I = hp_.intermediate_size;
+    act = gated(gate_up.narrow(-1, 0, I), gate_up.narrow(-1, I, I));
+  } else {
+    act = gated(linear(h, b.gate, false), linear(h, b.up, false));
+  }
+  torch::Tensor out = linear(act, b.down, false);
+  if (sandwich) out = rms_norm(out, b.norm_post_mlp);
+  return x + dropout(out, hp_.resid_pdrop, layer, 2);
+}
+
+torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+  torch::Tensor x = embedding_lookup(embed_, inputs);  // (B, T, C)
+  // Gemma: times sqrt(width), that factor rounded to the activations' dtype as Hugging Face rounds it.
+  if (traits_.embedding_scaled)
+    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(C)), torch::kFloat64).to(x.scalar_type()).item<double>();
+  x = run_blocks(dropout(x, hp_.embd_pdrop, -1, 0));
+  x = rms_norm(x, norm_);
+  return head_loss(x.view({B * T, C}), head_, targets, hp_.final_softcap);
+}
+
+}  // namespace ds

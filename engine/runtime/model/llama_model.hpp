@@ -1,0 +1,38 @@
+// ds — Llama (Hugging Face's LlamaForCausalLM) and the families built on its block (schema/arch.hpp:
+// Mistral, Qwen2, Qwen3): RMSNorm, rotary embeddings in HF's half-rotation layout (dimension j pairs with
+// j + D/2: no q/k permutation on export), SwiGLU MLP down(silu(gate(x)) * up(x)), grouped-query attention
+// (NKV key/value heads shared by NH/NKV query heads), tied or untied head. What the families add: biases
+// on q, k, v (Qwen2; with o under attention_bias), on the MLP (mlp_bias), an RMSNorm over each head's q
+// and k before the rotation (Qwen3), a head width of its own (head_dim). Weights are nn.Linear [out, in].
+// Legend: B batch, T sequence, C width, NH heads, NKV kv heads, D head width, I MLP width, V vocabulary.
+#pragma once
+
+#include "engine/runtime/model/language_model.hpp"
+
+namespace ds {
+
+class LlamaModel : public LanguageModel {
+ public:
+  LlamaModel(const ModelHyper& hp, ModelWeights& weights);
+  // N(0, 0.02) for every matrix (HF's initializer_range), zero biases, unit RMSNorm gains.
+  // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
+  static void initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen);
+  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
+  torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
+  int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
+
+ private:
+  struct Block {
+    Linear q, k, v, o, gate, up, down;  // Phi-3: q holds qkv_proj, gate gate_up_proj; k, v and up are unused
+    torch::Tensor norm_in, norm_post, q_norm, k_norm;  // q_norm, k_norm: Qwen3's, else undefined
+    torch::Tensor norm_pre_mlp, norm_post_mlp;         // Gemma 2's, else undefined (norm_post then follows attention)
+  };
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
+  torch::Tensor gated(const torch::Tensor& gate, const torch::Tensor& up) const;
+  ModelHyper hp_;
+  const ArchTraits& traits_;  // the family's row (schema/arch.hpp), looked up once
+  torch::Tensor embed_, norm_, head_;
+  std::vector<Block> blocks_;
+};
+
+}  // namespace ds

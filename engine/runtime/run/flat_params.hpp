@@ -1,0 +1,112 @@
+// ds — the model's parameters as flat buffers: exactly the buffers of the plan's ZeRO execution
+// (engine/plan/zero_plan.hpp) for this rank, in state_dict order at the FlatLayout's offsets, carved from
+// one allocation per dtype. Every parameter tensor and its .grad are views into them, so autograd
+// accumulates gradients straight into a flat buffer and the fused optimizer steps the rank's part in
+// one pass.
+//   params  parameter dtype: the weights as stored. Stages 0-2: the whole model (padded); stage 3:
+//           this rank's partition (the layout's concatenated per-parameter partitions).
+//   grads   gradient dtype. Stages 0-1: the whole model; stages 2-3: this rank's part only.
+//   compute, compute_grads: what forward reads and backward accumulates into (stages 0-1; at stages
+//           2-3 compute_grads holds this rank's reduced part). They alias params/grads except for fp16 on
+//           the CPU (no fp16 kernels there): the model computes in an fp32 copy (none at stage 3, where it
+//           reads gathered fp32 buffers) and its gradients are rounded into the fp16 `grads` each step,
+//           so overflow is real.
+//   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs unless the
+//           parameters are on NVMe; with the states on NVMe: undefined)
+//   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
+//   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
+// ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
+// (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
+// grads as soon as the group is done (with overlap_comm, while backward goes on: two block buffers). Stage 3 gathers a group's parameters into group_params before use
+// (two block buffers: the next block is prefetched), in place, or when the plan stages its gathers
+// through gather_staging (every rank's partitions packed: [0] for a gather waited on at once, [1] for
+// the prefetch); parameters below the persistence
+// threshold live whole in whole_params, refreshed once per step. A group's reduce-scatter receives the
+// other ranks' contributions to this rank's part into reduce_scratch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/device/device.hpp"
+
+namespace ds {
+
+struct FlatParams {
+  torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
+  torch::Tensor local_params, local_grads;
+  torch::Tensor offload_grads;  // optimizer offload: fp32 copy of local_grads where the optimizer's states live
+  // Partial offload (ratio < 1): master, exp_avg, exp_avg_sq and offload_grads hold the first `offloaded`
+  // local elements (or are on NVMe); the kept_* states, on the device, the rest (kept_master aliases the
+  // weights in fp32 runs). Without partial offload `offloaded` is 0 or the whole part, kept_* undefined.
+  int64_t offloaded = 0;
+  torch::Tensor kept_master, kept_exp_avg, kept_exp_avg_sq;
+  bool partial() const { return kept_master.defined(); }
+  int rank = 0;
+  bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
+  bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
+  bool swapped = false;  // the optimizer's states are on NVMe (master, exp_avg, exp_avg_sq undefined here)
+  bool params_swapped = false;  // stage 3: the partition is on NVMe (params, local_params undefined here)
+  // grouped: a block's gradients (block l in [l % 2] when their reduce overlaps the next block's
+  // backward, overlap_comm; else all in [0]), the outer parameters'
+  torch::Tensor block_grads[2], outer_grads;
+  bool overlap = false;  // grouped and overlap_comm: gradient reduces run while backward goes on
+  torch::Tensor block_params[2], outer_params;   // stage 3: gathered parameters (block l in [l % 2])
+  torch::Tensor whole_params;                    // stage 3: parameters kept whole
+  torch::Tensor gather_staging[2];               // stage 3: packed partitions of a gather ([1]: the prefetch's)
+  torch::Tensor reduce_scratch;                  // grouped reduce-scatter: the other ranks' contributions to this rank's part
+  std::vector<int64_t> group_offset;  // grouped: per parameter, where it sits in its group's buffers
+  std::vector<int64_t> whole_offset;  // stage 3: per parameter, its place in whole_params or -1
+  std::vector<OwnedSegment> owned;    // what this rank steps and checkpoints
+  std::vector<torch::Tensor> views;   // one per ParamSlot, requires_grad, .grad set to a view of a gradient buffer
+  std::vector<std::string> names;
+  // The frozen tensors (LoRA's base, model.freeze) in the compute dtype (the plan's frozen_params buffer), and
+  // a view per frozen tensor in state_dict order (no gradient). Undefined / empty when nothing is frozen.
+  // Stage 3 on several ranks (ZeroExecution::frozen_layout): `frozen` holds the ones kept whole and
+  // frozen_partitions (its own buffer, on the host with offload_param) this rank's partitions of the others,
+  // whose views are into frozen_block_params (block l in [l % 2]), gathered there as their block runs (packed
+  // through frozen_staging when the plan stages).
+  torch::Tensor frozen, frozen_partitions;
+  torch::Tensor frozen_block_params[2], frozen_staging[2];
+  std::vector<torch::Tensor> frozen_views;
+  std::vector<std::string> frozen_names;
+  std::vector<torch::Tensor> arenas;  // one allocation per dtype and place; the buffers above are tensors over them
+  Device* device = nullptr;           // what allocated them, and the kernels and copies that reach them
+
+  // Allocates the plan's execution's buffers, as rank `rank` holds them, on `device` (borrowed).
+  static FlatParams allocate(const Plan& plan, int rank, Device& device);
+  // Where the optimizer's states for local elements [0, offloaded) live: the host when offloaded (their
+  // swap buffers too), else the device.
+  Place offloaded_place() const { return offload_grads.defined() ? Place::host : Place::device; }
+  const torch::Tensor& operator[](size_t i) const { return views[i]; }
+
+  static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+  // Bytes held, by the plan's categories (model states, then the buffers ZeRO works through).
+  struct Bytes {
+    double params = 0, grads = 0, optimizer_states = 0, buffers = 0;
+  };
+  Bytes bytes() const;
+};
+
+// Hands the parameter views to a model in layout order, checking each name ends as the model expects
+// (a mismatch is a bug: the model and ModelSpec disagree on the state_dict order).
+class ParamCursor {
+ public:
+  // `from`: the first view to hand out (views.size(): none).
+  ParamCursor(const std::vector<torch::Tensor>& views, const std::vector<std::string>& names, size_t from = 0)
+      : views_(&views), names_(&names), i_(from) {}
+  explicit ParamCursor(const FlatParams& params) : ParamCursor(params.views, params.names) {}
+  const torch::Tensor& next(const std::string& suffix);
+  bool done() const { return i_ == views_->size(); }
+
+ private:
+  const std::vector<torch::Tensor>* views_;
+  const std::vector<std::string>* names_;
+  size_t i_ = 0;
+};
+
+}  // namespace ds

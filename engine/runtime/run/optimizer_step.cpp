@@ -1,0 +1,404 @@
+#include "engine/runtime/run/optimizer_step.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "common/hash.hpp"
+#include "engine/runtime/device/resident_memory.hpp"
+
+namespace ds {
+namespace {
+
+// More skipped steps in a row than this (inf/NaN gradients) ends the run. fp16's dynamic scaler needs
+// room to halve its way down from 2^16 or more (with hysteresis); bf16 has no scale to lower, so a streak
+// means the weights are past saving.
+constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
+
+}  // namespace
+
+// The step's phases timed back to back (consecutive laps tile the step), the time waited on the parameters'
+// NVMe I/O taken out of the phase it happens in and counted as offload; with sample_memory, the peak
+// resident memory within each phase.
+struct OptimizerStep::Clock {
+  Clock(StepOutcome& out, bool sample_memory, std::function<double()> param_wait)
+      : phases(out.phases), rss(out.phase_rss_bytes), sample_memory(sample_memory), param_wait(std::move(param_wait)) {
+    waited = this->param_wait();
+    if (sample_memory) restart_peak_resident();
+  }
+  // Seconds since the last lap.
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - at).count();
+    at = now;
+    return s;
+  }
+  // Seconds waited on parameter I/O since the last call, moved to the offload phase.
+  double param_io() {
+    const double now = param_wait(), s = now - waited;
+    waited = now;
+    phases.offload += s;
+    return s;
+  }
+  // The end of phase `phase` (StepOutcome::phase_rss_bytes' index).
+  void mark(size_t phase) {
+    if (!sample_memory) return;
+    rss[phase] = std::max(rss[phase], peak_resident_since_restart());
+    restart_peak_resident();
+  }
+  StepPhases& phases;
+  std::array<double, 8>& rss;
+  bool sample_memory;
+  std::function<double()> param_wait;
+  double waited = 0;
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+};
+
+bool OptimizerStep::finite(const float* master, int64_t n, Place place) const {
+  return std::isfinite(device_.kernels(place).sum_of_squares_f32(master, n));
+}
+
+bool OptimizerStep::master_finite() const {
+  if (flat_.partial() && !finite(flat_.kept_master.data_ptr<float>(), flat_.kept_master.numel(), Place::device)) return false;
+  if (swapper_) return swapped_finite_;
+  return finite(flat_.master.data_ptr<float>(), flat_.master.numel(), flat_.offloaded_place());
+}
+
+bool OptimizerStep::writes_weights(Place states) const {
+  return plan_.precision.param_dtype == Dtype::bf16 && !param_swap_ && (states == Place::device || device_.host_addresses_device());
+}
+
+double OptimizerStep::bytes_moved() const {
+  double b = device_.transferred_bytes();
+  if (swapper_) b += swapper_->io().bytes_read() + swapper_->io().bytes_written();
+  if (param_swap_) b += param_swap_->io().bytes_read() + param_swap_->io().bytes_written();
+  return b;
+}
+
+void OptimizerStep::copy_kept_weights() {
+  if (!flat_.partial() || param_swap_) return;
+  const torch::Tensor kept = flat_.local_params.narrow(0, flat_.offloaded, flat_.kept_master.numel());
+  if (kept.data_ptr() != flat_.kept_master.data_ptr()) kept.copy_(flat_.kept_master);
+}
+
+void OptimizerStep::step_kept(const OptimizerStepInputs& si) {
+  if (!flat_.partial()) return;
+  optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
+  if (param_swap_)
+    store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
+  else if (!kept_.params_bf16)
+    copy_kept_weights();
+}
+
+double OptimizerStep::step_swapped(const OptimizerStepInputs& si) {
+  torch::NoGradGuard ng;
+  const SwapIo& io = swapper_->io();
+  const double waited0 = io.wait_seconds();
+  const int moments = plan_.optimizer.moments;
+  const bool kernel_writes = writes_weights(Place::host);
+  swapped_finite_ = true;
+  if (param_swap_) param_swap_->begin_write();
+  swapper_->for_each([&](size_t i, float* const* st) {
+    const SubGroup& g = swapper_->sub_groups()[i];
+    const int64_t n = g.numel();
+    // This sub-group's reduced gradients to the host, widened exactly to fp32 (as CPU offload copies them).
+    torch::Tensor grads = flat_.offload_grads.narrow(0, 0, n);
+    device_.copy(grads, Place::host, flat_.local_grads.narrow(0, g.begin, n), Place::device);
+    OptimizerBuffers b;
+    b.master = st[0];
+    b.moment1 = moments >= 1 ? st[1] : nullptr;
+    b.moment2 = moments >= 2 ? st[2] : nullptr;
+    b.grads = grads.data_ptr();
+    b.params_bf16 = kernel_writes ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + g.begin : nullptr;
+    b.kernels = &device_.kernels(Place::host);
+    optimizer_.step_window(b, si, g.begin, g.end);
+    // The updated weights to the device (the bf16 kernel wrote them as it stepped), or to their file.
+    const torch::Tensor master = torch::from_blob(st[0], {n}, torch::kFloat32);
+    if (param_swap_)
+      store_params(st[0], g.begin, n);
+    else if (kernel_writes)
+      device_.count_direct_write(static_cast<double>(n) * dtype_bytes(plan_.precision.param_dtype));
+    else
+      device_.copy(flat_.local_params.narrow(0, g.begin, n), Place::device, master, Place::host);
+    swapped_finite_ = swapped_finite_ && finite(st[0], n, Place::host);
+  });
+  step_kept(si);  // partial offload: the part that stays (after the swapped one: the parameter file is written in order)
+  if (param_swap_) param_swap_->end_write();
+  return io.wait_seconds() - waited0;
+}
+
+torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T) {
+  return torch::from_blob(const_cast<int32_t*>(v.data()), {B, T}, torch::kInt32).to(torch::kLong);
+}
+
+OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
+                             Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper, ParamSwapper* param_swap)
+    : plan_(plan),
+      flat_(flat),
+      device_(*flat.device),
+      zero_(zero),
+      model_(model),
+      sampler_(sampler),
+      comm_(comm),
+      scaler_(scaler),
+      schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
+      optimizer_(plan.optimizer, plan.layout, flat.rank),
+      swapper_(swapper),
+      param_swap_(param_swap) {
+  DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
+  DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
+  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
+  if (comm && plan.execution.sharded && plan.optimizer.per_tensor_update())
+    sum_over_ranks_ = [comm](double* v, size_t n) {
+      comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
+    };
+  if (flat.partial()) {  // the kept part: its own states on the device, the gradients and weights from element `offloaded` on
+    const int64_t at = flat.offloaded;
+    kept_.master = flat.kept_master.data_ptr<float>();
+    kept_.moment1 = FlatParams::data_or_null(flat.kept_exp_avg);
+    kept_.moment2 = FlatParams::data_or_null(flat.kept_exp_avg_sq);
+    kept_.params_bf16 = writes_weights(Place::device) ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) + at : nullptr;
+    kept_.grads = static_cast<const char*>(flat.local_grads.data_ptr()) + at * flat.local_grads.element_size();
+    kept_.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
+    kept_.kernels = &device_.kernels(Place::device);
+  }
+  if (swapper) return;  // the buffers are the swapper's, one sub-group at a time
+  const Place states = flat.offloaded_place();
+  buffers_.master = flat.master.data_ptr<float>();
+  buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
+  buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
+  buffers_.params_bf16 = writes_weights(states) ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
+  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened
+  // back; offloaded, their fp32 copy beside the states.
+  const torch::Tensor& grads = flat.offload_grads.defined() ? flat.offload_grads : flat.local_grads;
+  buffers_.grads = grads.data_ptr();
+  buffers_.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
+  buffers_.kernels = &device_.kernels(states);
+}
+
+void OptimizerStep::store_params(const float* master, int64_t begin, int64_t n) {
+  const Dtype d = plan_.precision.param_dtype;
+  while (n > 0) {
+    const auto [dest, k] = param_swap_->span(begin, n);
+    const torch::Tensor from = torch::from_blob(const_cast<float*>(master), {k}, torch::kFloat32);
+    torch::from_blob(dest, {k}, to_torch(d)).copy_(from);  // round to nearest even, as the optimizer's kernel does
+    master += k;
+    begin += k;
+    n -= k;
+  }
+}
+
+void OptimizerStep::weights_from_master() {
+  const torch::Tensor to = flat_.local_params.narrow(0, 0, flat_.master.numel());
+  if (flat_.offloaded_place() == Place::host)
+    device_.copy(to, Place::device, flat_.master, Place::host);
+  else if (to.data_ptr() != flat_.master.data_ptr())
+    to.copy_(flat_.master);
+  copy_kept_weights();
+}
+
+void OptimizerStep::refresh_weights(bool rounded) {
+  torch::NoGradGuard ng;
+  if (param_swap_ && !rounded) {  // the partition's file from the master copy, wherever that is
+    param_swap_->begin_write();
+    if (swapper_) {
+      swapped_finite_ = true;
+      swapper_->for_each(
+          [&](size_t i, float* const* st) {
+            const SubGroup& g = swapper_->sub_groups()[i];
+            swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
+            store_params(st[0], g.begin, g.numel());
+          },
+          /*read=*/true, /*write=*/false);
+    } else {
+      store_params(flat_.master.data_ptr<float>(), 0, flat_.master.numel());
+    }
+    if (flat_.partial()) store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
+    param_swap_->end_write();
+  } else if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
+    swapped_finite_ = true;
+    swapper_->for_each(
+        [&](size_t i, float* const* st) {
+          const SubGroup& g = swapper_->sub_groups()[i];
+          swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
+          device_.copy(flat_.local_params.narrow(0, g.begin, g.numel()), Place::device,
+                       torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host);
+        },
+        /*read=*/true, /*write=*/false);
+    copy_kept_weights();
+  } else if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) {
+    weights_from_master();
+  }
+  zero_.publish_parameters();
+  if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
+}
+
+double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
+  const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
+  const int W = plan_.topology.world_size;
+  StepPhases& t = out.phases;
+  double loss_sum = 0;
+  for (int64_t m = 0; m < GAS; ++m) {
+    sampler_.train_batch(step, m, in_, tgt_);
+    const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
+    model_.set_dropout(splitmix64(plan_.run.seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
+                                                              static_cast<uint64_t>(flat_.rank))),
+                       true);
+    t.data += clock.lap();
+    clock.mark(0);
+    zero_.begin_micro_step(false);
+    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
+    const double loss_gradient = out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W));
+    model_.set_loss_gradient(loss_gradient);
+    torch::Tensor loss = model_.loss(input, target);
+    t.forward += clock.lap() - clock.param_io();
+    clock.mark(1);
+    zero_.begin_backward(/*last=*/m == GAS - 1);
+    (loss * loss_gradient).backward();
+    zero_.end_micro_step();
+    loss_sum += loss.item<double>();
+    t.backward += clock.lap() - clock.param_io();
+    clock.mark(2);
+  }
+  return loss_sum;
+}
+
+double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) {
+  const int64_t GAS = plan_.batch.grad_accum;
+  bool partial = false;
+  double sum_of_squares = zero_.grad_sum_of_squares(&partial);
+  out.loss = loss_sum / static_cast<double>(GAS);
+  out.stop_requested = stop_signal != 0;
+  if (comm_) {
+    // The mean loss, the gradient norm over the ranks' parts and whether any rank was interrupted,
+    // agreed in one small collective, so every rank takes the same step and stops after the same one.
+    torch::Tensor agreed =
+        torch::tensor({loss_sum, static_cast<double>(stop_signal), partial ? sum_of_squares : 0.0}, torch::kFloat64);
+    comm_->all_reduce_sum(agreed, CollectiveKind::control);
+    out.loss = agreed[0].item<double>() / static_cast<double>(GAS * plan_.topology.world_size);
+    out.stop_requested = agreed[1].item<double>() > 0;
+    if (partial) sum_of_squares = agreed[2].item<double>();
+  }
+  out.norm = std::sqrt(sum_of_squares) / out.loss_scale;
+  return sum_of_squares;
+}
+
+void OptimizerStep::check_overflow(int64_t step, StepOutcome& out, bool overflow) {
+  // fp32 and bf16: a non-finite loss means the weights are gone; fp32 has no overflow to skip either.
+  if (!scaler_.enabled() && (!std::isfinite(out.loss) || (overflow && plan_.precision.overflow_is_fatal)))
+    throw std::runtime_error("the loss or gradient became " + std::string(std::isnan(out.loss) ? "NaN" : "infinite") + " at step " +
+                             std::to_string(step + 1) + ": lower the learning rate or keep gradient_clipping on");
+  out.skipped = overflow && plan_.precision.check_overflow;
+  if (scaler_.enabled()) {
+    std::string event;
+    out.skipped = scaler_.update(overflow, &event);
+    if (!event.empty()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": " + event);
+  }
+  consecutive_skips_ = out.skipped ? consecutive_skips_ + 1 : 0;
+  // A static loss scale never changes, so a streak of overflows will not end by itself either.
+  const bool scale_adapts = scaler_.enabled() && plan_.precision.loss_scaling.dynamic;
+  if (consecutive_skips_ > (scale_adapts ? kMaxConsecutiveSkipsFp16 : kMaxConsecutiveSkipsBf16))
+    throw std::runtime_error(std::to_string(consecutive_skips_) + " optimizer steps in a row were skipped for inf/NaN gradients "
+                             "(up to step " + std::to_string(step + 1) + "): the run is not recovering; " +
+                             (scaler_.enabled() && !scale_adapts ? "the static fp16.loss_scale " + format_double(scaler_.scale()) +
+                                                                       " overflows: lower it, or set 0 for DeepSpeed's dynamic scaling"
+                                                                 : std::string("lower the learning rate")));
+  if (out.skipped && !scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
+}
+
+OptimizerStepInputs OptimizerStep::step_inputs(const StepOutcome& out) const {
+  // DeepSpeed's clipping: coefficient ((norm + 1e-6) / clip), applied when above 1; the loss scale comes
+  // off in the same multiply.
+  double clip = 1.0;
+  if (plan_.gradient_clipping > 0) {
+    const double c = (out.norm + 1e-6) / plan_.gradient_clipping;
+    if (c > 1) clip = 1.0 / c;
+  }
+  OptimizerStepInputs si;
+  si.lr = out.lr;
+  si.beta1 = schedule_.beta1_at(applied_ - 1);
+  si.beta2 = schedule_.beta2_override().value_or(plan_.optimizer.betas[1]);
+  si.grad_scale = clip / out.loss_scale;
+  si.step = applied_ + 1;
+  return si;
+}
+
+void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
+  StepPhases& t = clock.phases;
+  if (swapper_) {  // the weights go to the device (or their file) sub-group by sub-group
+    const double swap_wait = step_swapped(si);
+    const double spent = clock.lap();
+    const double param_wait_s = clock.param_io();
+    t.offload += swap_wait;
+    t.optimizer += spent - swap_wait - param_wait_s;
+    clock.mark(6);
+    refresh_weights(/*rounded=*/true);
+    return;
+  }
+  const bool offloaded = flat_.offload_grads.defined();
+  if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
+    torch::NoGradGuard ng;
+    device_.copy(flat_.offload_grads, Place::host, flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()), Place::device);
+    t.offload += clock.lap();
+    clock.mark(5);
+  }
+  if (flat_.partial()) {  // two places: the offloaded part, then the kept one
+    optimizer_.step_window(buffers_, si, 0, flat_.offloaded);
+    optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
+  } else {
+    optimizer_.step(buffers_, si, sum_over_ranks_);
+  }
+  t.optimizer += clock.lap();
+  clock.mark(6);
+  bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
+  if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
+    torch::NoGradGuard ng;
+    if (rounded)
+      device_.count_direct_write(static_cast<double>(flat_.master.numel()) * flat_.local_params.element_size());
+    else
+      weights_from_master();
+    rounded = true;
+    t.offload += clock.lap();
+    clock.mark(5);
+  }
+  refresh_weights(rounded);
+}
+
+StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
+  StepOutcome out;
+  {
+    torch::NoGradGuard ng;
+    flat_.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
+  }
+  out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
+  const double moved0 = bytes_moved();
+  Clock clock(out, sample_memory_, [this] { return param_wait(); });
+  StepPhases& t = out.phases;
+  const double loss_sum = micro_steps(step, out, clock);
+  zero_.reduce_gradients();
+  if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
+    torch::NoGradGuard ng;
+    flat_.grads.copy_(flat_.compute_grads);
+    flat_.compute_grads.copy_(flat_.grads);
+  }
+  t.reduce += clock.lap();
+  clock.mark(3);
+  const double sum_of_squares = agree(out, loss_sum, stop_signal);
+  out.lr = schedule_.lr_at(applied_ - 1);
+  check_overflow(step, out, !std::isfinite(std::sqrt(sum_of_squares)));
+  const OptimizerStepInputs si = step_inputs(out);
+  t.norm += clock.lap();
+  clock.mark(4);  // a skipped step ends at its overflow check
+  if (!out.skipped) {
+    update(si, clock);
+    t.gather += clock.lap() - clock.param_io();
+    clock.mark(7);
+    ++applied_;
+  }
+  out.offload_bytes = bytes_moved() - moved0;  // gradients out, weights back, the swap files' reads and writes
+  return out;
+}
+
+}  // namespace ds

@@ -1,0 +1,130 @@
+// ds — one optimizer step of the training loop, as the plan describes it: the micro steps (forward,
+// backward, ZeRO's exchange around them), the gradient reduction, one small collective in which the
+// ranks agree on the mean loss, the global gradient norm and whether to stop, overflow handling (loss
+// scale, skipped steps), DeepSpeed's clipping, the fused optimizer update of this rank's part, and the
+// new weights published to every rank. The training loop (trainer.cpp) orchestrates; this does the step.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/comm/comm.hpp"
+#include "engine/runtime/data/sampler.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/language_model.hpp"
+#include "engine/runtime/run/loss_scaler.hpp"
+#include "engine/runtime/run/lr_schedule.hpp"
+#include "engine/runtime/io/nvme_swap.hpp"
+#include "engine/runtime/run/optimizer.hpp"
+#include "engine/runtime/run/trainer_api.hpp"
+#include "engine/runtime/run/zero.hpp"
+
+namespace ds {
+
+struct StepOutcome {
+  double loss = 0;        // mean over the step's micro batches and ranks
+  double norm = 0;        // global gradient norm, loss scale removed (inf/NaN on overflow)
+  double lr = 0;
+  double loss_scale = 1;  // the scale this step ran at (fp16)
+  bool skipped = false;   // inf/NaN gradients: no update
+  bool stop_requested = false;  // Ctrl-C or SIGTERM on any rank: every rank stops after this step
+  std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
+  StepPhases phases;
+  std::array<double, 8> phase_rss_bytes{};  // with sample_memory: the peak resident bytes within each phase
+  double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
+};
+
+class OptimizerStep {
+ public:
+  // `comm` null on one rank; `swapper` null unless the optimizer's states are on NVMe, `param_swap` unless
+  // the parameters are (stage 3). Everything is borrowed and must outlive this object.
+  OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
+                Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper = nullptr, ParamSwapper* param_swap = nullptr);
+
+  // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
+  // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
+  // from every rank, then widened to the compute dtype where the two differ (CPU fp16; at stage 3 the
+  // gathers widen).
+  void refresh_weights(bool rounded);
+
+  // Runs step `step` (0-based). `stop_signal`: this rank's pending SIGINT/SIGTERM, 0 if none. Throws
+  // std::runtime_error when the loss or the weights are lost (non-finite without a scaler, or too many
+  // skipped steps in a row).
+  StepOutcome run(int64_t step, int stop_signal);
+
+  // ds profile: the peak resident memory within every phase (the process's high-water mark, restarted at
+  // each phase; a /proc read and write each). Off by default: it resets what getrusage reports as the peak.
+  void set_sample_memory(bool on) { sample_memory_ = on; }
+
+  // Whether every master weight is finite (a checkpoint is never written otherwise). Swapped states are
+  // checked as each sub-group is stepped, so this reads no file.
+  bool master_finite() const;
+
+  // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).
+  int64_t applied() const { return applied_; }
+  void set_applied(int64_t n) { applied_ = n; }
+
+ private:
+  struct Clock;  // the step's phases, timed back to back (optimizer_step.cpp)
+  // Forward and backward of every micro batch; returns the sum of their losses.
+  double micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // The ranks agree on the mean loss, the gradient norm and whether to stop (one small collective); sets
+  // out.loss, out.norm and out.stop_requested. Returns the sum of squares of the scaled gradients.
+  double agree(StepOutcome& out, double loss_sum, int stop_signal);
+  // Overflow (inf/NaN gradients): the step is skipped, the scale lowered, or the run ends (throws).
+  void check_overflow(int64_t step, StepOutcome& out, bool overflow);
+  // The schedule's values and the gradients' scale (loss scale and clipping) for this step.
+  OptimizerStepInputs step_inputs(const StepOutcome& out) const;
+  // The optimizer's update of this rank's part and the new weights published: offloaded states get the
+  // gradients first and send the weights back.
+  void update(const OptimizerStepInputs& si, Clock& clock);
+  // The weights from the master copy, wherever it is (a copy between places when offloaded).
+  void weights_from_master();
+  // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
+  double bytes_moved() const;
+
+  const Plan& plan_;
+  FlatParams& flat_;
+  Device& device_;
+  ZeroExchange& zero_;
+  LanguageModel& model_;
+  BatchSampler& sampler_;
+  Communicator* comm_;
+  LossScaler& scaler_;
+  LrSchedule schedule_;
+  FlatOptimizer optimizer_;
+  SumOverRanks sum_over_ranks_;
+  OptimizerBuffers buffers_;
+  OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
+  // Whether the optimizer's kernel writes the 16-bit weights as it steps the states at `states` (bf16, the
+  // weights not on NVMe, and the kernel able to reach them); otherwise they are copied from the master.
+  bool writes_weights(Place states) const;
+  // Partial offload with the states swapped: after the swapped sub-groups, the kept part's update and its
+  // weights (to the device, or the NVMe file being written in order).
+  void step_kept(const OptimizerStepInputs& si);
+  // The kept part's weights from its master (partial offload; a no-op where they alias, fp32).
+  void copy_kept_weights();
+  OptimizerSwapper* swapper_ = nullptr;
+  ParamSwapper* param_swap_ = nullptr;
+  // Parameters on NVMe: master elements [begin, begin + n) rounded to the stored dtype into the partition's
+  // file (inside a begin_write/end_write).
+  void store_params(const float* master, int64_t begin, int64_t n);
+  // Parameters on NVMe: seconds waited on their I/O so far (0 without).
+  double param_wait() const { return param_swap_ ? param_swap_->io().wait_seconds() : 0.0; }
+  bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded
+  // NVMe: steps every sub-group (gradients to the host, update, weights back); returns seconds waited on I/O.
+  double step_swapped(const OptimizerStepInputs& si);
+  // Whether n master weights at `place` are all finite.
+  bool finite(const float* master, int64_t n, Place place) const;
+  int64_t applied_ = 0, consecutive_skips_ = 0;
+  bool sample_memory_ = false;
+  std::vector<int32_t> in_, tgt_;
+};
+
+// Token ids as the model's input: a [B, T] int64 tensor.
+torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T);
+
+}  // namespace ds

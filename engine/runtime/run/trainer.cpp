@@ -1,0 +1,727 @@
+#include "engine/runtime/run/trainer.hpp"
+
+#include <malloc.h>
+#include <sys/statvfs.h>
+#include <omp.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <optional>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "common/hash.hpp"
+#include "common/stop_signals.hpp"
+#include "engine/runtime/device/block_pool.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/comm/comm.hpp"
+#include "engine/runtime/data/sampler.hpp"
+#include "engine/runtime/data/token_source.hpp"
+#include "engine/runtime/device/device.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/language_model.hpp"
+#include "engine/runtime/run/loss_scaler.hpp"
+#include "engine/runtime/io/nvme_swap.hpp"
+#include "engine/runtime/device/gemm_peak.hpp"
+#include "engine/runtime/run/optimizer_step.hpp"
+#include "engine/runtime/device/resident_memory.hpp"
+#include "engine/runtime/run/run_report.hpp"
+#include "engine/runtime/io/weights.hpp"
+#include "engine/runtime/run/zero.hpp"
+#include "engine/plan/runnable.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace ds {
+namespace {
+
+// Ctrl-C (SIGINT) and SIGTERM (Slurm, Kubernetes, `timeout`) both stop the run after the current step
+// with a checkpoint; the signal decides the exit code (130 or 143).
+std::atomic<int> g_stop_signal{0};
+// While the run starts, a second signal ends the process at once: the first waits for a stop point, which a
+// read blocked on a slow filesystem may not reach soon, and before the first step there is nothing to save.
+// "Second" means a second later: one Ctrl-C reaches a launched rank twice within milliseconds (from the
+// terminal's process group and forwarded by its launcher), as Slurm's SIGTERM may.
+std::atomic<bool> g_starting{false};
+std::atomic<int64_t> g_first_signal_ms{0};
+int64_t monotonic_ms() {  // clock_gettime: safe in a signal handler
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+void on_stop_signal(int sig) {
+  const int64_t now = monotonic_ms();
+  if (!g_stop_signal) g_first_signal_ms = now;
+  if (g_starting && g_stop_signal && now - g_first_signal_ms >= 1000) {
+    static const char text[] = "ds train: a second stop while starting: ending now, nothing was trained or saved\n";
+    if (::write(STDERR_FILENO, text, sizeof text - 1) < 0) {
+    }
+    ::_exit(128 + sig);
+  }
+  g_stop_signal = sig;
+}
+
+// A training step allocates and frees the same large tensors every step (logits, activations,
+// gradients). glibc hands blocks above 32 MiB back to the OS on free, so every step page-faults them
+// in again: measured here, a fresh 512x50257 bf16 matmul output costs 146 ms against 57 ms reused.
+// Serve large blocks from the heap and never trim it: RSS stays at the peak, which the plan predicts.
+// Tensors of 64 KiB and more come from a pool of their own (block_pool.hpp), where small long-lived
+// objects cannot pin the holes they leave: the quickstart's peak 1.7x -> 1.2x the plan in fp32.
+void keep_freed_memory() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  mallopt(M_TOP_PAD, 256 << 20);
+  route_large_tensors_to_pool();
+}
+
+// The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
+// than after the first save_every steps.
+void check_free_space(const Plan& plan) {
+  const double need = static_cast<double>(plan.layout.numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
+  struct statvfs fs {};
+  if (statvfs(plan.run.output_dir.c_str(), &fs) != 0) return;
+  const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+  if (free_bytes < need)
+    throw UserError("train.output_dir '" + plan.run.output_dir + "' has " + format_bytes(free_bytes) + " free; a checkpoint needs " +
+                        format_bytes(need),
+                    "free some space, or choose another train.output_dir");
+}
+
+// A stop asked for while the run starts (Ctrl-C; SIGTERM, Slurm's notice before it kills): one process ends
+// at the next of these points, having trained and saved nothing, so that a large model's minute of drawing
+// weights does not outlast the grace period. Ranks finish starting and stop after their first step, as they
+// must agree (a rank that left alone would leave its peers waiting in a collective).
+struct StoppedWhileStarting {
+  int signal;
+  std::string phase;
+};
+
+// How a swap file is read and written, for the start-up note.
+const char* io_mode(bool direct) { return direct ? "O_DIRECT" : "through the page cache: this filesystem refuses O_DIRECT"; }
+
+// Ctrl-C and SIGTERM set the flag while the run lasts (on the signals' own thread: common/stop_signals.hpp);
+// the previous handler comes back when the run ends, however it ends.
+struct StopSignals {
+  explicit StopSignals(StopHandler (*set)(StopHandler)) : set(set) {
+    g_stop_signal = 0;
+    previous = set(on_stop_signal);
+  }
+  ~StopSignals() { set(previous); }
+  StopHandler (*set)(StopHandler);
+  StopHandler previous = nullptr;
+};
+
+}  // namespace
+
+// A run of at least this many steps that applied none of them (every one skipped for inf/NaN gradients)
+// ends with exit 1: fewer may be fp16's dynamic scaler still finding its scale.
+constexpr int64_t kMinStepsForAllSkipped = 16;
+
+std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
+  // What this build and machine lack, then what ds cannot run on the plan's device yet (the plan's own answer).
+  std::vector<std::string> why;
+  if (plan.topology.device == DeviceKind::cuda && !torch::cuda::is_available())
+    why.push_back(
+#ifdef DS_TORCH_CUDA
+        "training on CUDA devices: LibTorch sees no usable GPU (driver or CUDA runtime missing)"
+#else
+        "training on CUDA devices (this build's LibTorch has no CUDA: it trains on the CPU)"
+#endif
+    );
+  for (const std::string& w : not_yet_runnable(plan)) why.push_back(w);
+  return why;
+}
+
+TrainResult train(const Plan& plan, const TrainOptions& opt) {
+  // Several ranks: join the group the topology describes (Gloo; its rendezvous address came from the CLI).
+  std::unique_ptr<Communicator> own;
+  if (plan.topology.world_size > 1)
+    own = Communicator::create(plan.execution.backend, plan.topology,
+                               std::chrono::milliseconds(static_cast<int64_t>(plan.run.comm_timeout_s * 1000)));
+  return train(plan, opt, own.get());
+}
+
+namespace {
+
+// The training run of one process: what it holds and the parts of the loop, from start to finish.
+class TrainingRun {
+ public:
+  TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device& device, TrainResult& result);
+  // The weights drawn (or read from init_from), or the checkpoint's state, then published to every rank.
+  void initialise();
+  // The steps from the first to train.steps, or until Ctrl-C/SIGTERM; checkpoints on cadence and at the end.
+  void loop();
+
+ private:
+  void open_swappers();
+  // The checkpoint's views of this rank's states: the offloaded elements [0, split) and the kept rest.
+  void describe_states();
+  // LoRA: the frozen base read from model.init_from (or drawn from the seed) into its buffer, and the
+  // reference to it that checkpoints carry.
+  void load_base();
+  void check_base(const std::string& checkpoint_base) const;
+  void draw_weights();
+  void resume();
+  void stop_point(const char* phase) const {
+    if (!comm_ && g_stop_signal) throw StoppedWhileStarting{g_stop_signal, phase};
+  }
+  void save(int64_t step);
+  double validate();
+  void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0);
+  // Throws when the loss has been above divergence_factor x its best for 3 steps.
+  void check_divergence(int64_t step, double loss);
+
+  const Plan& plan_;
+  const TrainOptions& opt_;
+  Communicator* comm_;
+  Device& device_;
+  TrainResult& result_;
+  const int rank_;
+  const bool lead_;
+  std::unique_ptr<TokenStream> stream_;
+  std::unique_ptr<BatchSampler> sampler_;
+  std::unique_ptr<RunReport> report_;
+  std::unique_ptr<OptimizerSwapper> swapper_;
+  std::unique_ptr<ParamSwapper> param_swap_;
+  FlatParams flat_;
+  std::unique_ptr<ZeroExchange> zero_;
+  std::unique_ptr<LanguageModel> model_;
+  std::unique_ptr<BlockTimer> block_timer_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<OptimizerStep> stepper_;
+  CheckpointBuffers buffers_, first_part_, kept_;
+  bool profiling_ = false;
+  double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // of the last applied step, recorded with a checkpoint
+  double best_loss_ = std::numeric_limits<double>::infinity();
+  int64_t best_step_ = 0, steps_above_ = 0;
+  std::vector<int32_t> in_, tgt_;
+  std::string base_json_;  // LoRA: the frozen base's source and checksum
+};
+
+TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device& device, TrainResult& result)
+    : plan_(plan),
+      opt_(opt),
+      comm_(comm),
+      device_(device),
+      result_(result),
+      rank_(comm ? comm->rank() : 0),
+      lead_(rank_ == 0) {
+  const int W = plan.topology.world_size;
+  // Inputs first: a bad data file fails before anything is allocated.
+  stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
+  stop_point("reading the data");
+  // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
+  // across ranks before the step. Rank 0 alone writes the run directory.
+  DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
+           "the communicator does not match the plan's topology");
+  sampler_ = std::make_unique<BatchSampler>(
+      *stream_, SamplerOptions{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction, plan.run.seed});
+
+  keep_freed_memory();
+  result.baseline_rss_bytes = resident_bytes();
+  torch::set_num_threads(plan.threads);
+  omp_set_num_threads(plan.threads);
+  report_ = std::make_unique<RunReport>(plan, opt, lead_, result);
+  if (lead_ && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
+  open_swappers();
+  result.device_baseline_bytes = device.memory_in_use();
+  stop_point("opening the swap files");
+  flat_ = FlatParams::allocate(plan, rank_, device);
+  stop_point("allocating the buffers");
+  zero_ = std::make_unique<ZeroExchange>(plan, flat_, comm, param_swap_.get());
+  model_ = make_model(plan, flat_);
+  // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
+  profiling_ = keeps_step_measurements(plan, opt);
+  if (profiling_) {
+    block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers);
+    model_->set_block_hooks(block_timer_.get());
+    model_->set_block_parts(block_timer_.get());
+  } else if (zero_->hooks_blocks()) {
+    model_->set_block_hooks(zero_.get());
+  }
+  scaler_ = std::make_unique<LossScaler>(plan.precision.loss_scaling);
+  stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, comm, *scaler_, swapper_.get(), param_swap_.get());
+  stepper_->set_sample_memory(opt.profile);
+  describe_states();
+}
+
+// Optimizer states on NVMe: the folder is checked and the swap files reserved before anything else is
+// allocated; a swap directory a dead run left behind is named, with the command that removes it.
+void TrainingRun::open_swappers() {
+  RunLog& log = report_->log();
+  const bool states_on_nvme = plan_.execution.find(BufferRole::master, Place::nvme) != nullptr;
+  const bool params_on_nvme = plan_.execution.find(BufferRole::params, Place::nvme) != nullptr;
+  if (lead_) {
+    std::vector<std::string> roots;
+    if (states_on_nvme) roots.push_back(plan_.zero.offload_optimizer.nvme_path);
+    if (params_on_nvme && (roots.empty() || roots[0] != plan_.zero.offload_param.nvme_path))
+      roots.push_back(plan_.zero.offload_param.nvme_path);
+    for (const std::string& root : roots)
+      for (const StaleSwap& st : stale_swap_directories(root))
+        log.note("ds train: warning: " + st.path + " (" + format_bytes(static_cast<double>(st.bytes)) + ") was left by process " +
+                 std::to_string(st.pid) + ", which is gone: remove it with `rm -r " + st.path + "`");
+  }
+  if (params_on_nvme) {
+    param_swap_ = std::make_unique<ParamSwapper>(plan_, rank_);
+    if (lead_)
+      log.note("ds train: parameters on NVMe in " + param_swap_->directory() + " (" + format_bytes(param_swap_->file_bytes()) + ", " +
+               io_mode(param_swap_->direct()) + ")");
+  }
+  if (states_on_nvme) {
+    swapper_ = std::make_unique<OptimizerSwapper>(plan_, rank_, 1 + plan_.optimizer.moments);
+    if (lead_)
+      log.note("ds train: optimizer states on NVMe in " + swapper_->directory() + " (" + format_bytes(swapper_->file_bytes()) + ", " +
+               std::to_string(swapper_->sub_groups().size()) + " sub-groups, " + io_mode(swapper_->direct()) + ")");
+  }
+}
+
+void TrainingRun::describe_states() {
+  const int moments = plan_.optimizer.moments;
+  const int64_t local = plan_.execution.local_numel;
+  buffers_ = {FlatParams::data_or_null(flat_.master), FlatParams::data_or_null(flat_.exp_avg), FlatParams::data_or_null(flat_.exp_avg_sq),
+              local, flat_.owned, plan_.layout.numel};
+  if (swapper_) buffers_.pieces = swapped_pieces(*swapper_, moments);
+  // Partial offload: the rank's part lives in two places, the offloaded elements [0, split) (on the host or
+  // swapped) and the kept rest on the device. Each is loaded on its own; saving draws both into one shard.
+  const int64_t split = flat_.partial() ? flat_.offloaded : local;
+  first_part_ = buffers_;
+  first_part_.numel = split;
+  first_part_.segments = segments_within(flat_.owned, 0, split);
+  kept_ = {FlatParams::data_or_null(flat_.kept_master), FlatParams::data_or_null(flat_.kept_exp_avg),
+           FlatParams::data_or_null(flat_.kept_exp_avg_sq), local - split, segments_within(flat_.owned, split, local), plan_.layout.numel};
+  kept_.verify = false;  // the first part's load verified every data set
+  // A device whose memory the host cannot read gets its states into the checkpoint through counted copies,
+  // piece by piece; so does partial offload, whose shard is drawn from two places.
+  const bool states_on_device = !swapper_ && flat_.offloaded_place() == Place::device;
+  const bool staged = !device_.host_addresses_device() && (states_on_device || flat_.partial());
+  if (!flat_.partial() && !staged) return;
+  const ShardPieces swapped = swapper_ ? swapped_pieces(*swapper_, moments) : ShardPieces{};
+  buffers_.pieces.moments = moments;
+  buffers_.pieces.read = [this, split, swapped](int64_t at, int64_t n, float* m, float* e1, float* e2) {
+    float* out[3] = {m, e1, e2};
+    // Elements [from, from + k) of `states` (at `place`) into out[] + within.
+    const auto take = [&](const torch::Tensor* const states[3], Place place, int64_t from, int64_t k, int64_t within) {
+      for (int s = 0; s < 3; ++s)
+        if (out[s] && states[s]->defined())
+          device_.copy(torch::from_blob(out[s] + within, {k}, torch::kFloat32), Place::host, states[s]->narrow(0, from, k), place);
+    };
+    const int64_t lo = std::min(n, std::max<int64_t>(0, split - at));  // elements from the offloaded part
+    const torch::Tensor* first[3] = {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq};
+    const torch::Tensor* rest[3] = {&flat_.kept_master, &flat_.kept_exp_avg, &flat_.kept_exp_avg_sq};
+    if (lo > 0 && swapped.read)
+      swapped.read(at, lo, m, e1, e2);
+    else if (lo > 0)
+      take(first, flat_.offloaded_place(), at, lo, 0);
+    if (n > lo) take(rest, Place::device, at + lo - split, n - lo, lo);
+  };
+}
+
+// A checkpoint's part into states the host cannot address: read into host memory, then copied over.
+CheckpointScalars load_through_host(Device& device, const std::string& dir, const CheckpointBuffers& part, int moments) {
+  torch::Tensor host = torch::empty({static_cast<int64_t>(1 + moments), std::max<int64_t>(part.numel, 1)}, torch::kFloat32);
+  CheckpointBuffers staged = part;
+  float* const to[3] = {part.master, part.exp_avg, part.exp_avg_sq};
+  float** const from[3] = {&staged.master, &staged.exp_avg, &staged.exp_avg_sq};
+  for (int s = 0; s < 3; ++s) *from[s] = to[s] && s <= moments ? host[s].data_ptr<float>() : nullptr;
+  const CheckpointScalars sc = load_checkpoint(dir, staged);
+  for (int s = 0; s < 3; ++s)
+    if (to[s] && s <= moments)
+      device.copy(torch::from_blob(to[s], {part.numel}, torch::kFloat32), Place::device, host[s].narrow(0, 0, part.numel), Place::host);
+  return sc;
+}
+
+void TrainingRun::load_base() {
+  if (plan_.frozen.empty()) return;
+  const ModelSpec& model = plan_.model;
+  std::unique_ptr<WeightSource> source;
+  std::vector<std::string> names;
+  std::unique_ptr<InitialWeights> drawn;
+  std::string adapter_base_checksum, adapter_path;  // an adapter ds exported records its base's checksum
+  if (!plan_.run.init_from.empty()) {
+    source = open_weights(plan_.run.init_from);
+    if (source->kind() == WeightsKind::peft_adapter) {  // the adapter continues on the base it names
+      adapter_base_checksum = source->base_checksum;
+      adapter_path = source->path();
+      source = open_adapter_base(*source);
+    }
+    names = match_weights(*source, model);
+  } else {
+    drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
+  }
+  // One tensor at a time: read (or drawn) in fp32, summed into the checksum whole, rounded to the compute
+  // dtype on the host and copied to the device: whole, or this rank's partition where stage 3 gathers it.
+  const ZeroExecution& z = plan_.execution;
+  uint64_t checksum = kWeightsChecksumSeed;
+  std::vector<float> values;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    if (!plan_.is_frozen(i)) continue;  // model.freeze: what trains is drawn into the layout
+    stop_point(source ? "reading the frozen base" : "drawing the frozen base");
+    const int64_t n = model.tensors[i].numel;
+    const float* v = nullptr;
+    if (source) {
+      values.resize(static_cast<size_t>(n));
+      source->read_f32(names[i], values.data());
+      v = values.data();
+    } else {
+      v = drawn->param(static_cast<int>(i));
+    }
+    checksum = fold_weights_checksum(checksum, v, n);
+    torch::Tensor dest;
+    Place dest_place = Place::device;
+    int64_t from = 0, count = n;
+    if (const int slot = z.frozen_slot[i]; slot >= 0) {
+      const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
+      const ShardRange own = stage3_owned(p, rank_);
+      from = own.begin;
+      count = own.real;
+      dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
+      dest_place = z.find_anywhere(BufferRole::frozen_partitions)->place;
+    } else {
+      dest = flat_.frozen.narrow(0, z.frozen_offset[i], n);
+    }
+    if (count == 0) continue;
+    const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(dest.scalar_type());
+    device_.copy(dest, dest_place, host, Place::host);
+  }
+  if (!adapter_base_checksum.empty() && adapter_base_checksum != hex64(checksum))
+    throw UserError("the adapter '" + adapter_path + "' was trained on another base: its ds_base.json records checksum " +
+                        adapter_base_checksum + ", and '" + source->path() + "' has " + hex64(checksum),
+                    "point base_model_name_or_path in its adapter_config.json at the base it was trained on");
+  nlohmann::ordered_json j;
+  j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()
+                       : "random init from seed " + std::to_string(plan_.run.seed);
+  // Recorded absolute: an export of the adapter names its base wherever it is used from.
+  j["path"] = source ? nlohmann::ordered_json(std::filesystem::absolute(source->path()).lexically_normal().string())
+                     : nlohmann::ordered_json(nullptr);
+  j["params"] = plan_.frozen_numel();
+  j["checksum"] = hex64(checksum);
+  base_json_ = j.dump();
+  if (source)
+    report_->log().note(std::string("ds train: frozen ") + (plan_.lora.enabled ? "base" : "tensors") + " from " +
+                        weights_kind_name(source->kind()) + " " + source->path() + " (" + format_count(plan_.frozen_numel()) +
+                        " parameters, checksum " + hex64(checksum) + ")");
+}
+
+// A resumed adapter must sit on the base it was trained on.
+void TrainingRun::check_base(const std::string& checkpoint_base) const {
+  if (plan_.frozen.empty()) return;
+  if (checkpoint_base.empty())
+    throw UserError("'" + opt_.resume_from + "' holds a run that trained every weight, not one with frozen weights",
+                    "resume it without model.lora or model.freeze, or start fresh (model.init_from can take that run's weights)");
+  const auto theirs = nlohmann::json::parse(checkpoint_base, nullptr, false);
+  const auto ours = nlohmann::json::parse(base_json_);
+  if (theirs.is_discarded() || theirs.value("checksum", "") != ours["checksum"].get<std::string>())
+    throw UserError("'" + opt_.resume_from + "' trained on other frozen weights: " +
+                        (theirs.is_discarded() ? std::string("(unreadable)") : theirs.value("source", "?") + ", checksum " + theirs.value("checksum", "?")) +
+                        "; this run's base is " + ours["source"].get<std::string>() + ", checksum " + ours["checksum"].get<std::string>(),
+                    "set model.init_from (and train.seed, for a random base) to what the adapter was trained on");
+}
+
+// The model is initialised the same way at every stage and world size; each rank keeps its part, drawn
+// parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
+void TrainingRun::draw_weights() {
+  std::function<const float*(const OwnedSegment&)> values;
+  InitialWeights drawn(plan_, plan_.run.seed);
+  torch::Tensor whole;
+  const std::unique_ptr<WeightSource> source = plan_.run.init_from.empty() ? nullptr : open_weights(plan_.run.init_from);
+  const bool from_adapter = source && source->kind() == WeightsKind::peft_adapter;
+  if (from_adapter) {  // a PEFT adapter's A and B, continued
+    check_peft_adapter(*source, plan_.lora);
+    whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
+    for (const ParamSlot& p : plan_.layout.params) {
+      float* at = whole.data_ptr<float>() + p.offset;
+      source->read_f32(p.name, at);
+      if (!std::all_of(at, at + p.numel, [](float v) { return std::isfinite(v); }))
+        throw UserError("the adapter '" + source->path() + "' holds inf or NaN in " + p.name + ": it was saved from a run that diverged",
+                        "continue from an earlier save of the adapter, or start the adapter fresh (model.init_from = its base)");
+    }
+    report_->log().note("ds train: adapter from " + source->path() + " (LoRA r " + std::to_string(source->lora->r) + ", " +
+                        std::to_string(plan_.layout.params.size()) + " tensors; step, schedule and optimizer start fresh)");
+    values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
+  } else if (!source || plan_.lora.enabled) {  // a LoRA run's other init_from is its frozen base
+    values = [&](const OwnedSegment& s) { return drawn.param(s.param) + (s.global - plan_.layout.params[static_cast<size_t>(s.param)].offset); };
+  } else {
+    whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
+    // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
+    const std::vector<std::string> names = match_weights(*source, plan_.model);
+    const std::vector<int> tensors = plan_.trained_model_tensors();
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      stop_point("reading the initial weights");
+      source->read_f32(names[static_cast<size_t>(tensors[k])], whole.data_ptr<float>() + plan_.layout.params[k].offset);
+    }
+    report_->log().note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
+                        " (step, schedule and optimizer start fresh)");
+    values = [&](const OwnedSegment& s) { return whole.data_ptr<float>() + s.global; };
+  }
+  // Into the master copy, wherever it lives: a copy from the host, counted like any other.
+  const auto put = [&](const torch::Tensor& master, Place place, const OwnedSegment& s) {
+    stop_point(source ? "reading the initial weights" : "drawing the initial weights");
+    device_.copy(master.narrow(0, s.local, s.numel), place,
+                 torch::from_blob(const_cast<float*>(values(s)), {s.numel}, torch::kFloat32), Place::host);
+  };
+  if (swapper_)
+    swap_in_weights(*swapper_, first_part_.segments, values);
+  else
+    for (const OwnedSegment& s : first_part_.segments) put(flat_.master, flat_.offloaded_place(), s);
+  for (const OwnedSegment& s : kept_.segments) put(flat_.kept_master, Place::device, s);
+}
+
+void TrainingRun::resume() {
+  RunLog& log = report_->log();
+  // States on a device the host cannot address come in through host memory (counted copies).
+  const bool through_host = !device_.host_addresses_device();
+  const int moments = plan_.optimizer.moments;
+  const CheckpointScalars sc = swapper_ ? swap_in_checkpoint(*swapper_, opt_.resume_from, first_part_)
+                               : through_host && flat_.offloaded_place() == Place::device
+                                   ? load_through_host(device_, opt_.resume_from, first_part_, moments)
+                                   : load_checkpoint(opt_.resume_from, first_part_);
+  if (flat_.partial())
+    through_host ? load_through_host(device_, opt_.resume_from, kept_, moments) : load_checkpoint(opt_.resume_from, kept_);
+  check_base(sc.base_json);
+  result_.first_step = sc.step;
+  stepper_->set_applied(sc.applied_steps);
+  result_.skipped_steps = sc.skipped_steps;
+  if (scaler_->enabled()) scaler_->restore(sc.loss_scaler);
+  if (sc.seed != plan_.run.seed)
+    log.note("ds train: warning: the checkpoint was trained with seed " + std::to_string(sc.seed) + ", this run uses " +
+             std::to_string(plan_.run.seed) + ": the data order changes from here on");
+  log.note("ds train: resuming from " + opt_.resume_from + " at step " + std::to_string(sc.step));
+}
+
+void TrainingRun::initialise() {
+  load_base();
+  stop_point("loading the frozen base");
+  if (opt_.resume_from.empty())
+    draw_weights();
+  else
+    resume();
+  stop_point(opt_.resume_from.empty() ? "placing the initial weights" : "loading the checkpoint");
+  stepper_->refresh_weights(false);
+  stop_point("publishing the weights");
+  // The run's metrics continue from here: the steps an earlier start recorded after this point go.
+  report_->open_metrics(result_.first_step);
+}
+
+void TrainingRun::save(int64_t step) {
+  if (opt_.profile) return;  // a profile measures; it leaves no state behind
+  // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
+  // checkpoint for them). Every rank checks its part; the verdict is agreed so all stop together.
+  double bad = stepper_->master_finite() ? 0.0 : 1.0;
+  if (comm_) {
+    torch::Tensor t = torch::tensor({bad}, torch::kFloat64);
+    comm_->all_reduce_sum(t, CollectiveKind::control);
+    bad = t.item<double>();
+  }
+  if (bad > 0)
+    throw std::runtime_error("the weights are not finite after step " + std::to_string(step) +
+                             ": no checkpoint written (the previous ones are kept); lower the learning rate or keep gradient_clipping on");
+  if (!lead_ && !plan_.execution.sharded) return;  // stage 0: every rank holds the same state
+  CheckpointScalars sc;
+  sc.step = step;
+  sc.applied_steps = stepper_->applied();
+  sc.skipped_steps = result_.skipped_steps;
+  sc.seed = plan_.run.seed;
+  sc.loss_scaler = scaler_->state();
+  sc.loss = last_loss_;
+  sc.base_json = base_json_;
+  CheckpointWriter writer;
+  const int W = plan_.topology.world_size;
+  if (comm_ && plan_.execution.sharded) writer = {rank_, W, [this] { comm_->barrier(); }};
+  const SavedCheckpoint saved =
+      save_checkpoint(plan_.run.output_dir, sc, buffers_, opt_.plan_json, opt_.resolved_config_json, plan_.run.keep_last, writer);
+  result_.last_checkpoint = saved.path;
+  if (lead_)
+    report_->log().note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
+                        format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? " in " + std::to_string(W) + " shards" : "") +
+                        ")");
+  if (lead_)
+    for (const std::string& note : saved.notes) report_->log().note("ds train: " + note);
+}
+
+// Validation loss over eval_batches global batches of held-out windows: the same windows whatever the
+// world size and micro batch (eval_batches x train_batch_size of them, in order). Every rank evaluates
+// its share, the same number of micro batches each (so stage 3's gathers pair up), and the sums are
+// added across ranks: every rank gets the same figure.
+double TrainingRun::validate() {
+  torch::NoGradGuard ng;
+  const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
+  const int W = plan_.topology.world_size;
+  const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation
+  double sum = 0;
+  for (int64_t i = 0; i < calls; ++i) {
+    sampler_->val_batch(i * W + rank_, in_, tgt_);  // samples [(i W + rank) B, + B) of the validation sequence
+    model_->set_dropout(0, false);
+    zero_->begin_micro_step(true);
+    sum += model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)).item<double>();
+  }
+  if (comm_) {
+    torch::Tensor total = torch::full({1}, sum, torch::kFloat64);
+    comm_->all_reduce_sum(total, CollectiveKind::validation_loss);
+    sum = total.item<double>();
+  }
+  return sum / static_cast<double>(calls * W);
+}
+
+void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0) {
+  BlockTimer::Taken taken = block_timer_->take(t0);
+  result_.block_forward_s.push_back(std::move(taken.forward));
+  result_.block_backward_s.push_back(std::move(taken.backward));
+  result_.block_spans.push_back(std::move(taken.spans));
+  result_.attention_forward_s.push_back(std::move(taken.attention_forward));
+  result_.mlp_backward_s.push_back(std::move(taken.mlp_backward));
+  result_.phase_rss_bytes.push_back(out.phase_rss_bytes);
+  std::vector<CollectiveSpan> spans;
+  if (comm_)
+    for (const Communicator::Event& e : comm_->take_events())
+      spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
+                       std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
+  result_.collective_spans.push_back(std::move(spans));
+}
+
+// Divergence: the loss above divergence_factor x its best of this run for 3 steps running ends the run
+// before the diverged weights are saved; pruning keeps the checkpoint saved at the lowest loss.
+void TrainingRun::check_divergence(int64_t step, double loss) {
+  last_loss_ = loss;
+  if (loss < best_loss_) best_loss_ = loss, best_step_ = step + 1;
+  const double factor = plan_.run.divergence_factor;
+  steps_above_ = factor > 0 && loss > factor * best_loss_ ? steps_above_ + 1 : 0;
+  if (steps_above_ < 3) return;
+  const std::string best = best_checkpoint(plan_.run.output_dir);
+  throw std::runtime_error("the run diverged: the loss has been above " + format_double(factor) + "x its best (" +
+                           format_fixed(best_loss_, 4) + " at step " + std::to_string(best_step_) + ") for 3 steps, " +
+                           format_fixed(loss, 4) + " at step " + std::to_string(step + 1) +
+                           "; no checkpoint of these weights was written. " +
+                           (best.empty() ? std::string("No checkpoint was saved before it")
+                                         : "The checkpoint saved at the lowest loss is kept: " + best) +
+                           ". Lower the learning rate (and resume with train.resume=PATH), or set train.divergence_factor=0 "
+                           "to train on regardless");
+}
+
+void TrainingRun::loop() {
+  g_starting = false;  // from here a stop saves after the current step
+  RunLog& log = report_->log();
+  FlatParams::Bytes held = flat_.bytes();
+  if (swapper_) held.buffers += swapper_->buffer_bytes();  // the host buffers sub-groups are swapped through
+  if (param_swap_) held.buffers += param_swap_->buffer_bytes();
+  if (plan_.topology.device != DeviceKind::cpu) log.note("ds train: training on " + device_.name());
+  report_->describe(held, stream_->describe(), sampler_->train_tokens(), sampler_->val_tokens());
+  if (opt_.profile) {
+    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype);
+    result_.gemm_peak_flops = peak.flops_per_s;
+    log.note("ds profile: matmul peak " + format_fixed(peak.flops_per_s / 1e12, 3) + " TFLOP/s in " +
+             dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
+             format_fixed(peak.seconds, 2) + " s)");
+  }
+  report_->start();
+  if (result_.first_step >= plan_.steps)
+    log.note("ds train: the checkpoint is at step " + std::to_string(result_.first_step) + " and train.steps is " +
+             std::to_string(plan_.steps) + ": nothing to do (raise train.steps to continue)");
+  result_.steps = result_.first_step;
+  bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
+  if (comm_ && profiling_) {
+    comm_->record_events(true);
+    comm_->take_events();  // the start's gathers are not a step's
+  }
+  const auto first_start = std::chrono::steady_clock::now();
+  int64_t skipped_this_run = 0;
+  for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
+    if (comm_) comm_->mark_step(step);
+    report_->begin_step(comm_);
+    StepOutcome out;
+    try {
+      out = stepper_->run(step, g_stop_signal);
+    } catch (const DataReadError&) {
+      // The data went away under the run (a file truncated or replaced): its batches are read before the
+      // step updates anything, so the weights are the last completed step's. One process saves them.
+      if (!comm_ && step > result_.first_step) {
+        save(step);
+        report_->log().note("ds train: the data could not be read at step " + std::to_string(step + 1) + "; saved the " +
+                            std::to_string(step) + " completed steps first");
+      }
+      throw;
+    }
+    device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
+    result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
+    if (block_timer_) record_profile(out, t0);
+    report_->end_collectives(comm_);
+    for (const std::string& note : out.notes) log.note(note);
+    stop_requested = out.stop_requested;
+    if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::optional<double> val;
+    if (!opt_.profile && plan_.run.eval_every > 0 && ((step + 1) % plan_.run.eval_every == 0 || step + 1 == plan_.steps) &&
+        sampler_->val_tokens() > 0)
+      val = validate();
+    report_->step(step, out, val, step_s);
+    // ds profile: the matmul rate now, outside the step's time, for this step's MFU.
+    constexpr double kGemmBudgetPerStep = 0.25;  // seconds
+    if (opt_.profile)
+      result_.gemm_rates.push_back(
+          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep).flops_per_s);
+    skipped_this_run += out.skipped;
+    if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
+    const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;
+    if (!comm_) stop_requested = g_stop_signal != 0;  // one process: react at once; ranks use the agreed flag
+    if (cadence || step + 1 == plan_.steps || stop_requested) save(step + 1);
+  }
+  // fp16 that never found a scale: a run that applied none of its steps trained nothing.
+  const int64_t ran = result_.steps - result_.first_step;
+  if (!stop_requested && ran >= kMinStepsForAllSkipped && skipped_this_run == ran)
+    throw std::runtime_error("every one of this run's " + std::to_string(ran) +
+                             " steps was skipped for inf/NaN gradients: the weights never changed; lower fp16.loss_scale or "
+                             "fp16.initial_scale_power, or the learning rate (its checkpoints are of the starting weights)");
+  // A stop that came during the last step cut nothing short: the run is done.
+  result_.interrupted = stop_requested && result_.steps < plan_.steps;
+  result_.stop_signal = result_.interrupted ? static_cast<int>(g_stop_signal) : 0;
+  report_->finish();
+}
+
+}  // namespace
+
+TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device* device) {
+  auto why = unsupported_by_trainer(plan);
+  // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
+  if (plan.topology.device == DeviceKind::cuda && keeps_step_measurements(plan, opt))
+    why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
+                  "each step's tokens/s and TFLOP/s there");
+  if (!why.empty()) {
+    std::string list;
+    for (const auto& w : why) list += "\n    - " + w;
+    throw UserError("this build of ds cannot train this plan yet:" + list,
+                    "`ds plan` shows the plan; the items above are on the roadmap (see README)");
+  }
+  // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
+  // point; once training, after the current step with a checkpoint.
+  struct Starting {  // until the loop begins, however train() ends
+    Starting() { g_starting = true; }
+    ~Starting() { g_starting = false; }
+  } starting;
+  const StopSignals signals(opt.set_stop_handler);
+  std::unique_ptr<Device> own;
+  if (!device) own = Device::create(plan.topology.device, plan.topology.local_rank);
+  TrainResult result;
+  try {
+    TrainingRun run(plan, opt, comm, device ? *device : *own, result);
+    run.initialise();
+    run.loop();
+  } catch (const StoppedWhileStarting& stopped) {
+    result.interrupted = true;
+    result.stop_signal = stopped.signal;
+    result.stopped_while = stopped.phase;
+  }
+  return result;
+}
+
+}  // namespace ds

@@ -1,0 +1,339 @@
+#include "engine/runtime/run/zero.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+struct ZeroExchange::Gather {
+  const Partitioned* from = nullptr;
+  std::unique_ptr<PendingCollective> work;
+  torch::Tensor out;  // staged: every rank's partitions packed, one rank after another; else the destination
+  Ownership owners;   // each rank's spans of `out`
+  std::vector<int> params;
+  CollectiveKind what = CollectiveKind::parameters_forward;
+  torch::Tensor dest;
+  const std::vector<int64_t>* offsets = nullptr;
+  int64_t n = 0;  // elements each rank sends
+  int64_t layer = -1;  // the block it gathers, or -1
+  bool reading = false;  // NVMe: this rank's partitions are still being read; the collective waits for them
+};
+
+struct ZeroExchange::Reduce {
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  const ParamGroup* group = nullptr;
+  torch::Tensor buf;
+};
+
+ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap)
+    : plan_(plan), flat_(flat), comm_(comm), param_swap_(param_swap), stage3_(plan.execution.gathers) {
+  DS_CHECK(!param_swap || stage3_, "parameters on NVMe outside stage 3");
+  const FlatLayout& L = plan.layout;
+  groups_ = parameter_groups(L);
+  owned_of_param_.assign(L.params.size(), -1);
+  for (size_t i = 0; i < flat.owned.size(); ++i) owned_of_param_[static_cast<size_t>(flat.owned[i].param)] = static_cast<int>(i);
+  if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
+  for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
+  if (comm_ && plan.execution.overlap && !plan.execution.grouped) block_ranges_ = block_ranges(L);
+  if (!stage3_) return;
+  const auto layers = static_cast<size_t>(plan.model.hp.num_layers);
+  trained_.layout = &L;
+  trained_.partitions = flat.params;
+  trained_.on_nvme = param_swap != nullptr;
+  trained_.staged = plan.execution.gather_staged;
+  trained_.block_offset = &flat.group_offset;
+  trained_.per_block.resize(layers);
+  for (int i = 0; i < 2; ++i) {
+    trained_.staging[i] = flat.gather_staging[i];
+    trained_.blocks[i] = flat.block_params[i];
+  }
+  for (const ParamGroup& g : groups_) {
+    std::vector<int> gathered;
+    for (int i : g.params)
+      if (flat.whole_offset[static_cast<size_t>(i)] < 0)
+        gathered.push_back(i);
+      else
+        whole_.push_back(i);
+    if (g.layer >= 0)
+      trained_.per_block[static_cast<size_t>(g.layer)] = std::move(gathered);
+    else if (&g == &groups_.back())  // groups of blocks with nothing that trains (model.freeze) have layer -1 too
+      outer_ = std::move(gathered);
+  }
+  const ZeroExecution& z = plan.execution;
+  frozen_.layout = &z.frozen_layout;
+  frozen_.partitions = flat.frozen_partitions;
+  frozen_.staged = z.frozen_staged;
+  frozen_.block_offset = &z.frozen_group_offset;
+  frozen_.per_block.resize(layers);
+  for (int i = 0; i < 2; ++i) {
+    frozen_.staging[i] = flat.frozen_staging[i];
+    frozen_.blocks[i] = flat.frozen_block_params[i];
+  }
+  for (size_t k = 0; k < z.frozen_layout.params.size(); ++k)
+    frozen_.per_block[static_cast<size_t>(z.frozen_layout.params[k].layer)].push_back(static_cast<int>(k));
+}
+
+ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
+
+std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, const Ownership* owners,
+                                                                              bool wait_each) {
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  if (!comm_) return pieces;  // one rank: the sum over ranks is the gradient itself
+  const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
+  int64_t received = 0;  // scratch elements the pieces in flight take
+  for (int64_t at = 0; at < t.numel(); at += piece) {
+    const int64_t n = std::min(piece, t.numel() - at);
+    if (owners) {
+      const Ownership part = clip(*owners, at, n);
+      const int64_t need = span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
+      if (wait_each) received = 0;
+      pieces.push_back(comm_->reduce_scatter_sum_async(t.narrow(0, at, n), part, flat_.reduce_scratch.narrow(0, received, need),
+                                                       CollectiveKind::gradients));
+      received += need;
+    } else {
+      pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, n), CollectiveKind::gradients));
+    }
+    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy or scratch) at a time
+  }
+  return pieces;
+}
+
+void ZeroExchange::reduce_gradients() {
+  if (flat_.grouped) return finish_reduce();
+  if (!comm_) return;
+  // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
+  const torch::Tensor& all = flat_.compute_grads;
+  if (!reducing_blocks_) {
+    reduce_in_pieces(all, nullptr, /*wait_each=*/true);
+    return;
+  }
+  // The blocks' ranges are in flight since their backward ended: the parameters before and after them follow.
+  reducing_blocks_ = false;
+  const int64_t head = block_ranges_.front().first, tail = block_ranges_.back().second;
+  for (auto& p : reduce_in_pieces(all.narrow(0, 0, head), nullptr, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
+  for (auto& p : reduce_in_pieces(all.narrow(0, tail, all.numel() - tail), nullptr, /*wait_each=*/false))
+    block_reduces_.push_back(std::move(p));
+  for (auto& p : block_reduces_) p->wait();
+  block_reduces_.clear();
+}
+
+double ZeroExchange::grad_sum_of_squares(bool* partial) const {
+  *partial = comm_ && plan_.execution.sharded;
+  const torch::Tensor& g = flat_.local_grads;
+  const KernelTable& k = flat_.device->kernels(Place::device);
+  return g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
+                                             : k.sum_of_squares_f32(g.data_ptr<float>(), g.numel());
+}
+
+void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
+  finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
+  reducing_ = std::make_unique<Reduce>();
+  reducing_->group = &g;
+  reducing_->buf = buf;
+  const Ownership* owners = group_owners_.empty() ? nullptr : &group_owners_[static_cast<size_t>(&g - groups_.data())];
+  reducing_->pieces = reduce_in_pieces(buf, owners, /*wait_each=*/!flat_.overlap);
+  if (!flat_.overlap) finish_reduce();
+}
+
+void ZeroExchange::finish_reduce() {
+  if (!reducing_) return;
+  for (auto& p : reducing_->pieces) p->wait();
+  const ParamGroup& g = *reducing_->group;
+  const torch::Tensor buf = reducing_->buf;
+  reducing_.reset();
+  torch::NoGradGuard ng;
+  // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the whole).
+  for (int i : g.params) {
+    const int k = owned_of_param_[static_cast<size_t>(i)];
+    if (k < 0) continue;
+    const OwnedSegment& s = flat_.owned[static_cast<size_t>(k)];
+    const ParamSlot& p = plan_.layout.params[static_cast<size_t>(i)];
+    flat_.local_grads.narrow(0, s.local, s.numel)
+        .add_(buf.narrow(0, flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset), s.numel));
+  }
+  buf.zero_();
+}
+
+std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
+                                                                 const std::vector<int64_t>& offsets, CollectiveKind what,
+                                                                 bool prefetch) {
+  const FlatLayout& L = *from.layout;
+  const int W = L.world_size;
+  auto g = std::make_unique<Gather>();
+  g->from = &from;
+  g->params = params;
+  g->dest = std::move(dest);
+  g->offsets = &offsets;
+  g->what = what;
+  for (int i : params) g->n += L.params[static_cast<size_t>(i)].partition_numel;
+  torch::NoGradGuard ng;
+  if (!from.staged) {
+    // Every rank's partitions straight into the destination, through an alias with a version counter of
+    // its own: the forward's saved views of these weights stay valid because the block is gathered again
+    // (same bits) before its backward reads them.
+    g->out = torch::from_blob(g->dest.data_ptr(), {g->dest.numel()}, g->dest.options());
+    g->owners.resize(static_cast<size_t>(W));
+    for (int i : params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      const int64_t at = offsets[static_cast<size_t>(i)];
+      for (int r = 0; r < W; ++r) {
+        const ShardRange own = stage3_owned(p, r);
+        if (own.real > 0) g->owners[static_cast<size_t>(r)].push_back({at + own.begin, own.real});
+        if (r == flat_.rank && own.real > 0)
+          g->out.narrow(0, at + own.begin, own.real).copy_(from.partitions.narrow(0, p.partition_offset, own.real));
+      }
+    }
+    issue(*g);
+    return g;
+  }
+  // Staged: this rank packs its partitions into its place; the all-gather fills the others'.
+  g->out = from.staging[prefetch ? 1 : 0].narrow(0, 0, g->n * W);
+  for (int r = 0; r < W; ++r) g->owners.push_back({{r * g->n, g->n}});
+  int64_t at = flat_.rank * g->n;
+  std::vector<ParamSwapper::Piece> pieces;
+  for (int i : params) {
+    const ParamSlot& p = L.params[static_cast<size_t>(i)];
+    if (from.on_nvme)
+      pieces.push_back({p.partition_offset, p.partition_numel, static_cast<char*>(g->out.data_ptr()) + at * g->out.element_size()});
+    else
+      g->out.narrow(0, at, p.partition_numel).copy_(from.partitions.narrow(0, p.partition_offset, p.partition_numel));
+    at += p.partition_numel;
+  }
+  if (from.on_nvme) {
+    param_swap_->start_read(std::move(pieces));
+    g->reading = true;
+  } else {
+    issue(*g);
+  }
+  return g;
+}
+
+void ZeroExchange::issue(Gather& g) {
+  if (g.reading) {
+    param_swap_->finish_read();
+    g.reading = false;
+  }
+  if (comm_ && !g.work) g.work = comm_->all_gather_async(g.out, g.owners, g.what);  // one rank: its partitions are the whole
+}
+
+void ZeroExchange::finish(Gather& g) {
+  issue(g);
+  if (g.work) g.work->wait();
+  if (!g.from->staged) return;  // already in place
+  const FlatLayout& L = *g.from->layout;
+  torch::NoGradGuard ng;
+  // Unpacked through an alias of the destination, as above.
+  const torch::Tensor dest = torch::from_blob(g.dest.data_ptr(), {g.dest.numel()}, g.dest.options());
+  for (int r = 0; r < L.world_size; ++r) {
+    int64_t at = 0;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      const ShardRange own = stage3_owned(p, r);
+      if (own.real > 0)
+        dest.narrow(0, (*g.offsets)[static_cast<size_t>(i)] + own.begin, own.real).copy_(g.out.narrow(0, r * g.n + at, own.real));
+      at += p.partition_numel;
+    }
+  }
+}
+
+void ZeroExchange::gather_block(int64_t layer, CollectiveKind what, int64_t prefetch) {
+  gather_block(trained_, layer, what, prefetch);
+  gather_block(frozen_, layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::frozen_parameters, prefetch);
+}
+
+void ZeroExchange::gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch) {
+  // A block whose parameters are all kept whole has nothing to gather (the plan counts no call for it).
+  const auto has_partitions = [&](int64_t l) { return !from.per_block[static_cast<size_t>(l)].empty(); };
+  if (from.prefetch && from.prefetch->layer == layer) {
+    finish(*from.prefetch);
+  } else if (has_partitions(layer)) {
+    if (from.prefetch) {  // not the one needed (cannot happen in forward/backward order): settle it, as every rank does
+      issue(*from.prefetch);
+      if (from.prefetch->work) from.prefetch->work->wait();
+    }
+    auto g = start_gather(from, from.per_block[static_cast<size_t>(layer)], from.blocks[layer % 2], *from.block_offset, what, false);
+    finish(*g);
+  }
+  from.prefetch.reset();
+  // The next block's gather runs while this one computes; it writes the other buffer, which no block
+  // in use reads.
+  if (prefetch >= 0 && prefetch < static_cast<int64_t>(from.per_block.size()) && has_partitions(prefetch)) {
+    from.prefetch = start_gather(from, from.per_block[static_cast<size_t>(prefetch)], from.blocks[prefetch % 2], *from.block_offset,
+                                 what, true);
+    from.prefetch->layer = prefetch;
+  }
+}
+
+void ZeroExchange::before_forward(int64_t layer) {
+  if (stage3_)
+    gather_block(layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, layer + 1);
+}
+
+void ZeroExchange::after_forward(int64_t layer) {
+  if (flat_.grouped && layer == plan_.model.hp.num_layers - 1) finish_reduce();
+}
+
+void ZeroExchange::before_backward(int64_t layer) {
+  if (stage3_) gather_block(layer, CollectiveKind::parameters_backward, layer - 1);
+}
+
+void ZeroExchange::after_backward(int64_t layer) {
+  if (reducing_blocks_) {  // this block's gradients are final for the step
+    const auto& [begin, end] = block_ranges_[static_cast<size_t>(layer)];
+    for (auto& p : reduce_in_pieces(flat_.compute_grads.narrow(0, begin, end - begin), nullptr, /*wait_each=*/false))
+      block_reduces_.push_back(std::move(p));
+    return;
+  }
+  if (!flat_.grouped) return;
+  const ParamGroup& g = groups_[static_cast<size_t>(layer)];
+  start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
+}
+
+void ZeroExchange::begin_micro_step(bool evaluation) {
+  evaluating_ = evaluation;
+  if (!stage3_ || outer_.empty()) return;
+  // The outer parameters' buffer is theirs alone and they change only in the optimizer: a step's later
+  // micro steps find them gathered. (Validation gathers them anyway, counted apart from training.)
+  if (!evaluation && outer_gathered_) return;
+  auto g = start_gather(trained_, outer_, flat_.outer_params, flat_.group_offset,
+                        evaluation ? CollectiveKind::parameters_validation : CollectiveKind::parameters_outer, false);
+  finish(*g);
+  if (!evaluation) outer_gathered_ = true;
+}
+
+void ZeroExchange::begin_backward(bool last) {
+  if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
+  reducing_blocks_ = last && !block_ranges_.empty() && !evaluating_;
+}
+
+void ZeroExchange::end_micro_step() {
+  if (!flat_.grouped) return;
+  if (groups_.back().layer < 0)
+    start_reduce(groups_.back(), flat_.outer_grads);
+  else
+    finish_reduce();
+}
+
+void ZeroExchange::publish_parameters() {
+  torch::NoGradGuard ng;
+  outer_gathered_ = false;  // new weights (or the first): the next micro step gathers the outer ones
+  if (stage3_) {  // on one rank too (parameter offload): the whole-kept parameters from the partitions
+    if (whole_.empty()) return;
+    auto g = start_gather(trained_, whole_, flat_.whole_params, flat_.whole_offset, CollectiveKind::parameters_whole, false);
+    finish(*g);
+    return;
+  }
+  if (!comm_ || !plan_.execution.sharded) return;
+  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces.
+  const int64_t padded = plan_.layout.padded_numel;
+  const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
+  std::vector<std::unique_ptr<PendingCollective>> pieces;
+  for (int64_t at = 0; at < padded; at += piece) {
+    const int64_t n = std::min(piece, padded - at);
+    pieces.push_back(comm_->all_gather_async(flat_.params.narrow(0, at, n), clip(shard_owners_, at, n), CollectiveKind::updated_parameters));
+  }
+  for (auto& p : pieces) p->wait();
+}
+
+}  // namespace ds

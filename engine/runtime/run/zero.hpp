@@ -1,0 +1,122 @@
+// ds — ZeRO across ranks: the collectives each stage issues around the training step, exactly those
+// the plan's ZeRO execution lists (engine/plan/zero_plan.hpp), counted in the communicator's ledger
+// under the same CollectiveKind, through the buffers it describes (engine/runtime/run/flat_params.hpp).
+//   stage 0  gradients all-reduced once per step (in reduce-bucket pieces; with overlap_comm each block's
+//            as the step's last backward finishes it, then the rest)
+//   stage 1  the same, each rank keeping its part for its optimizer shard; updated parameters all-gathered
+//   stage 2  each group's gradients (a block, or the parameters outside the blocks) reduce-scattered into
+//            the owners' parts as soon as backward finishes the group, so the whole gradient is never held;
+//            with overlap_comm the reduce runs while backward goes on (a block's during the next
+//            block's backward, the outer parameters' during the next micro step's forward)
+//   stage 3  stage 2, plus parameters partitioned: a block is gathered before it runs (the next block
+//            prefetched while the current one computes) and again for its backward; the parameters
+//            outside the blocks once per step, before its first forward (their buffer is their own);
+//            parameters below the persistence threshold stay whole, gathered once per step after the
+//            optimizer. Over Gloo every rank's partitions land straight in the group buffer (point-to-
+//            point spans); a staged gather (ZeroExecution::gather_staged) packs them first.
+//            Two buffers serve all blocks, so block l's weights are overwritten by block l+2's gather
+//            while autograd still holds views of them: gathers write around autograd's version
+//            counters, and the re-gather before block l's backward restores the very same bits.
+//            Frozen tensors (LoRA's base, model.freeze) partitioned by the plan go the same way, in a
+//            gather of their own beside their block's (they are held in the compute dtype).
+// With zero_optimization.reduce_scatter false (and at stage 1 on Gloo) gradients are all-reduced instead
+// and each rank keeps its part.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/comm/comm.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/language_model.hpp"
+#include "engine/runtime/io/nvme_swap.hpp"
+
+namespace ds {
+
+class ZeroExchange : public BlockHooks {
+ public:
+  // `comm` null: one rank, every call below is a no-op. `param_swap`: the rank's partition is on NVMe
+  // (stage 3, offload_param.device=nvme): each gather reads its partitions from there (a prefetch's
+  // reads run while the current block computes; its collective follows them).
+  ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap = nullptr);
+  ~ZeroExchange() override;
+
+  // Around each micro step: stage 3 gathers the parameters outside the blocks before a step's first
+  // forward, and before every evaluation (`evaluation` counts those gathers apart from training's);
+  // before backward, the previous micro step's reduce in flight (overlap_comm) finishes; after
+  // backward, stages 2-3 reduce the outer parameters' gradients.
+  void begin_micro_step(bool evaluation);
+  // `last`: the step's last micro step, whose backward finishes the gradients (stages 0-1 with
+  // overlap_comm reduce each block's then).
+  void begin_backward(bool last = false);
+  void end_micro_step();
+  // After the last micro step: stages 0-1 reduce the accumulated gradients.
+  void reduce_gradients();
+  // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
+  double grad_sum_of_squares(bool* partial) const;
+  // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
+  void publish_parameters();
+
+  // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
+  // backward finishes them.
+  bool hooks_blocks() const { return flat_.grouped || !block_ranges_.empty(); }
+
+  void before_forward(int64_t layer) override;
+  // After the last block's forward: the previous micro step's reduce of the outer gradients finishes,
+  // since the fused head writes its weight's gradient in its forward.
+  void after_forward(int64_t layer) override;
+  void before_backward(int64_t layer) override;
+  void after_backward(int64_t layer) override;
+
+ private:
+  struct Gather;
+  // What stage 3 gathers: the trained parameters or the frozen tensors, each laid out by a stage-3 layout
+  // with this rank's partitions, block buffers and (staged) packing buffers of its own.
+  struct Partitioned {
+    const FlatLayout* layout = nullptr;
+    torch::Tensor partitions;             // this rank's, in the layout's order (undefined when they are on NVMe)
+    bool on_nvme = false;                 // read through the ParamSwapper
+    bool staged = false;                  // packed through staging[0] ([1]: the prefetch's) before unpacking
+    torch::Tensor staging[2];
+    torch::Tensor blocks[2];              // block l gathered into [l % 2]
+    const std::vector<int64_t>* block_offset = nullptr;  // per parameter of the layout: its place in a block buffer
+    std::vector<std::vector<int>> per_block;  // per block: its parameters gathered on use
+    std::unique_ptr<Gather> prefetch;     // the next block's gather in flight
+  };
+  // `prefetch`: packs into the prefetch's staging buffer (at most one gather of each kind is in flight).
+  std::unique_ptr<Gather> start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
+                                       const std::vector<int64_t>& offsets, CollectiveKind what, bool prefetch);
+  void finish(Gather& g);
+  // The gather's own partitions are packed and its collective issued (NVMe: after the reads).
+  void issue(Gather& g);
+  void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
+  void gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch);
+  struct Reduce;
+  void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
+  void finish_reduce();
+  // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
+  // scratch) or else all-reduced; `wait_each` finishes each before the next starts.
+  std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, const Ownership* owners, bool wait_each);
+
+  const Plan& plan_;
+  FlatParams& flat_;
+  Communicator* comm_;
+  ParamSwapper* param_swap_ = nullptr;
+  bool stage3_ = false, evaluating_ = false;
+  bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
+  std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
+  std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
+  Ownership shard_owners_;                 // stages 1-2: each rank's shard of the padded buffer
+  std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
+  Partitioned trained_, frozen_;           // stage 3: the trained parameters; the frozen ones the plan partitions
+  std::vector<int> outer_;                 // stage 3: the parameters outside the blocks gathered on use
+  std::vector<int> whole_;                 // stage 3: parameters kept whole
+  std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
+  std::vector<std::pair<int64_t, int64_t>> block_ranges_;  // stages 0-1 with overlap_comm: each block's flat range
+  bool reducing_blocks_ = false;           // ... and this backward reduces them as it goes
+  std::vector<std::unique_ptr<PendingCollective>> block_reduces_;  // ... those in flight
+};
+
+}  // namespace ds
