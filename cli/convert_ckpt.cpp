@@ -224,19 +224,14 @@ constexpr int kMaxReshardRanks = 65536;
 // The overrides that put a run's config at another shape: the stage, and the checkpoint's global batch kept
 // (a resume keeps it too): the accumulation follows from the micro batch and the world size, and where the
 // run's micro batch cannot keep it, the largest smaller one that does (`note` says so). UserError when the
-// world size does not divide the global batch at all.
-std::vector<std::string> reshard_overrides(const PlanRecord& plan, const std::string& source, int world, int stage, const std::string& dst,
-                                           std::string* note) {
+// world size does not divide the global batch at all. (A recorded batch below 1 is refused by the record's reader.)
+std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, int stage, const std::string& dst, std::string* note) {
   std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
   if (plan.train_batch_size == 0 || plan.micro_batch == 0) {
     o.push_back("~train_batch_size");  // a record without its batch: the batch follows the world size, as it did before
     return o;
   }
   const int64_t global = plan.train_batch_size, was_micro = plan.micro_batch;
-  if (global < 1 || was_micro < 1)
-    throw UserError("'" + source + "' records a global batch of " + std::to_string(global) + " and a micro batch of " +
-                        std::to_string(was_micro) + ": its plan is damaged",
-                    "reshard an undamaged checkpoint of the run");
   if (global % world != 0) {
     std::vector<std::string> fits;
     for (int64_t w = 1; w <= global && fits.size() < 12; ++w)
@@ -277,7 +272,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   const std::string config_text = read_checkpoint_text(src.path(), "config_json");
   std::string batch_note;
   const PlanRecord record = read_plan_record(read_checkpoint_text(src.path(), "plan_json"), "checkpoint '" + src.path() + "'");
-  const std::vector<std::string> shape = reshard_overrides(record, src.path(), world, stage, a.dst, &batch_note);
+  const std::vector<std::string> shape = reshard_overrides(record, world, stage, a.dst, &batch_note);
   const LoadedConfig loaded = load_config_text_with_json(config_text, src.path() + " (config_json)", shape);
   const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));
   // One file per rank, each owning part of every buffer: past the parameter count some ranks own nothing.

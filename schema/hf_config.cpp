@@ -20,12 +20,14 @@ struct HfKeys {
   std::vector<ConfigIssue>& errors;
 
   bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  // The key's value as the file has it (a key left out takes transformers' default, which is what is refused).
+  std::string shown(const char* k) const { return j.contains(k) ? j[k].dump() : "(left out: transformers' default)"; }
   void wrong(const char* k, const char* expected) const {
-    errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + j[k].dump() + ", not " + expected, "check the file"});
+    errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + shown(k) + ", not " + expected, "check the file"});
   }
   // A key whose value changes what the model computes in a way ds does not implement: refused, never ignored.
   void unsupported(const char* k, const std::string& why) const {
-    errors.push_back({"model.hf_config", "'" + path + "': " + k + " " + j[k].dump() + " is not supported: " + why,
+    errors.push_back({"model.hf_config", "'" + path + "': " + k + " " + shown(k) + " is not supported: " + why,
                       "ds would train a different function than this config describes; remove the key only if that is intended"});
   }
   std::string text(const char* k, const std::string& fallback) const {
@@ -55,7 +57,7 @@ struct HfKeys {
       if (j.contains(k) && j[k].is_number()) {
         const double v = j[k].get<double>();
         if (!(v >= 1 && v <= 1e15) || v != std::floor(v)) {
-          errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + j[k].dump() + ", not a positive whole number",
+          errors.push_back({"model.hf_config", "'" + path + "': " + k + " is " + shown(k) + ", not a positive whole number",
                             "check the file: it does not describe a model ds can build"});
           return;
         }

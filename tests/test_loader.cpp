@@ -297,6 +297,16 @@ TEST(ConfigModel, EachFamilysHuggingFaceConfigReadsAsItsPreset) {
     ASSERT_FALSE(p.empty());
     EXPECT_NE(p[0].message.find(key), std::string::npos) << dump(p);
   }
+  // A window switched on for more layers than transformers' default max_window_layers (28) covers, that key
+  // left out: refused naming it, without reading the missing key.
+  {
+    const std::string path = (dir / "qwen-window-default.json").string();
+    std::ofstream(path) << R"({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 32, "num_attention_heads": 4,
+      "intermediate_size": 128, "vocab_size": 256, "use_sliding_window": true, "sliding_window": 16})";
+    auto p = problems(R"({"train_batch_size": 8, "model": {"hf_config": ")" + path + R"("}})");
+    ASSERT_FALSE(p.empty());
+    EXPECT_NE(p[0].message.find("max_window_layers (left out: transformers' default) is not supported"), std::string::npos) << dump(p);
+  }
   fs::remove_all(dir);
 }
 

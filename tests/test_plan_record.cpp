@@ -183,6 +183,9 @@ TEST(PlanRecord, DamageIsNamedByItsField) {
   EXPECT_NE(with([](auto& j) { j["batch"] = 16; }).find("batch is not an object"), std::string::npos);
   EXPECT_NE(with([](auto& j) { j["tokenizer_files"] = {{{"role", 3}}}; }).find("tokenizer_files[0].role is not a string"), std::string::npos);
   EXPECT_NE(with([](auto& j) { j.erase("schema_version"); }).find("schema_version is missing"), std::string::npos);
+  EXPECT_NE(with([](auto& j) { j["batch"]["train_batch_size"] = 0; }).find("batch.train_batch_size is not a positive count"), std::string::npos);
+  EXPECT_NE(with([](auto& j) { j.erase("zero"); }).find("(zero is missing)"), std::string::npos);
+  EXPECT_NE(with([](auto& j) { j["layout"]["params"][0] = 7; }).find("(layout.params[0] is not an object)"), std::string::npos);
   const std::string arch = with([](auto& j) { j["model"]["arch"] = "mamba"; });
   EXPECT_NE(arch.find("is of architecture 'mamba', which this build of ds does not know"), std::string::npos) << arch;
   // A newer record is read for what this build knows: fields are only ever added.

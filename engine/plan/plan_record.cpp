@@ -446,7 +446,7 @@ std::vector<TokenizerFileRecord> read_tokenizer_files(const FieldReader& r, cons
   std::vector<TokenizerFileRecord> out;
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string at = "tokenizer_files[" + std::to_string(i) + "].";
-    if (!files[i].is_object()) r.damaged(at + " is not an object");
+    if (!files[i].is_object()) r.damaged("tokenizer_files[" + std::to_string(i) + "] is not an object");
     TokenizerFileRecord f;
     f.role = r.get<std::string>(files[i], "role", at).value_or("");
     // Records before the files were named carried only GPT-2's pair, named by their role.
@@ -467,7 +467,7 @@ void read_layout(const FieldReader& r, const rjson& layout, PlanRecord& rec) {
   if (!params || !params->is_array()) r.damaged("layout.params is not a list");
   for (size_t i = 0; i < params->size(); ++i) {
     const std::string pat = "layout.params[" + std::to_string(i) + "].";
-    if (!(*params)[i].is_object()) r.damaged(pat + " is not an object");
+    if (!(*params)[i].is_object()) r.damaged("layout.params[" + std::to_string(i) + "] is not an object");
     rec.params.push_back({r.need<std::string>((*params)[i], "name", pat), r.need<std::vector<int64_t>>((*params)[i], "shape", pat),
                           r.need<int64_t>((*params)[i], "offset", pat)});
   }
@@ -490,9 +490,11 @@ PlanRecord read_plan_record(const std::string& text, const std::string& where) {
   if (const rjson* l = r.object(j, "lora", "")) rec.lora = read_lora(r, *l);
   rec.frozen = rec.lora.has_value() || r.object(j, "freeze", "") != nullptr;
   if (const rjson* t = r.object(j, "topology", "")) rec.world_size = r.get<int64_t>(*t, "world_size", "topology.").value_or(0);
-  if (const rjson* b = r.object(j, "batch", "")) {
+  if (const rjson* b = r.object(j, "batch", "")) {  // 0: not recorded; a recorded one is at least 1
     rec.train_batch_size = r.get<int64_t>(*b, "train_batch_size", "batch.").value_or(0);
     rec.micro_batch = r.get<int64_t>(*b, "train_micro_batch_size_per_gpu", "batch.").value_or(0);
+    for (const auto& [key, v] : {std::pair{"batch.train_batch_size", rec.train_batch_size}, {"batch.train_micro_batch_size_per_gpu", rec.micro_batch}})
+      if (v < 0 || (v == 0 && r.find(*b, std::string(key).substr(6).c_str()))) r.damaged(std::string(key) + " is not a positive count");
   }
   rec.steps = r.get<int64_t>(j, "steps", "").value_or(0);
   if (const rjson* s = r.object(j, "scheduler", "")) {
@@ -500,8 +502,12 @@ PlanRecord read_plan_record(const std::string& text, const std::string& where) {
     rec.warmup_num_steps = r.get<int64_t>(*s, "warmup_num_steps", "scheduler.");
     rec.total_num_steps = r.get<int64_t>(*s, "total_num_steps", "scheduler.");
   }
-  if (const rjson* z = r.object(j, "zero", "")) rec.zero_stage = static_cast<int>(r.get<int64_t>(*z, "stage", "zero.").value_or(0));
-  if (const rjson* p = r.object(j, "precision", "")) rec.precision = r.get<std::string>(*p, "mode", "precision.").value_or("");
+  // Every record has had these two from the first: required.
+  const rjson* zero = r.object(j, "zero", "");
+  const rjson* precision = r.object(j, "precision", "");
+  if (!zero || !precision) r.damaged(std::string(zero ? "precision" : "zero") + " is missing");
+  rec.zero_stage = static_cast<int>(r.need<int64_t>(*zero, "stage", "zero."));
+  rec.precision = r.need<std::string>(*precision, "mode", "precision.");
   if (const rjson* l = r.object(j, "layout", "")) read_layout(r, *l, rec);
   if (const rjson* f = r.find(j, "tokenizer_files")) rec.tokenizer_files = read_tokenizer_files(r, *f);
   return rec;
