@@ -99,7 +99,7 @@ std::string zero_text(int stage, const ResolvedZero& z) {
 std::string topology_text(const Topology& t) {
   return std::to_string(t.world_size) + (t.world_size == 1 ? " rank" : " ranks") + " (" + std::to_string(t.num_nodes) +
          (t.num_nodes == 1 ? " node" : " nodes") + " x " + std::to_string(t.ranks_per_node) + "), " +
-         (t.device == DeviceKind::cpu ? "cpu" : "cuda") + "; world size from " + t.world_size_source;
+         device_kind_name(t.device) + "; world size from " + t.world_size_source;
 }
 
 std::string batch_text(const Plan& p) {

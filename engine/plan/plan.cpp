@@ -184,7 +184,7 @@ void resolve_threads(const Config& c, const Topology& topo, Plan& plan) {
 // Where the model states live, read off the ZeRO execution's buffers (the ones the runtime allocates):
 // the farthest place any of a state's buffers is at (partial offload keeps a share on the device too).
 Placement render_placement(const ZeroExecution& z, int stage, DeviceKind device) {
-  const std::string dev = device == DeviceKind::cpu ? "device (cpu)" : "device (cuda)";
+  const std::string dev = std::string("device (") + device_kind_name(device) + ")";
   const auto where = [&](std::initializer_list<BufferRole> roles) -> std::string {
     for (Place p : {Place::nvme, Place::host})
       for (BufferRole r : roles)

@@ -101,7 +101,7 @@ json topology_json(const Topology& t) {
   return {{"world_size", t.world_size},
           {"ranks_per_node", t.ranks_per_node},
           {"num_nodes", t.num_nodes},
-          {"device", t.device == DeviceKind::cpu ? "cpu" : "cuda"},
+          {"device", device_kind_name(t.device)},
           {"device_memory_bytes", bytes(t.device_memory_bytes)},
           {"host_memory_bytes", bytes(t.host_memory_bytes)},
           {"cores_per_node", t.cores_per_node},

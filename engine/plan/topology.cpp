@@ -29,6 +29,8 @@ int env_int(const std::function<const char*(const char*)>& getenv_fn, const char
 
 }  // namespace
 
+const char* device_kind_name(DeviceKind d) { return d == DeviceKind::cpu ? "cpu" : "cuda"; }
+
 bool started_as_rank() { return std::getenv("RANK") != nullptr; }
 
 Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn) {

@@ -16,6 +16,7 @@ inline constexpr double kDefaultHeadroom = 0.10;
 
 
 enum class DeviceKind { cpu, cuda };
+const char* device_kind_name(DeviceKind d);  // "cpu", "cuda": the one spelling (plan.json, ds plan)
 
 struct Topology {
   int world_size = 1;        // data-parallel ranks in total
