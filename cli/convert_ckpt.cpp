@@ -85,7 +85,7 @@ struct TokenizerFile {
 // config's paths.
 std::vector<TokenizerFile> tokenizer_files(const std::string& checkpoint) {
   std::vector<TokenizerFile> out;
-  const PlanRecord plan = read_plan_record(read_checkpoint_text(checkpoint, "plan_json"), "checkpoint '" + checkpoint + "'");
+  const PlanRecord plan = read_checkpoint_plan(checkpoint);
   if (plan.tokenizer_files) {
     for (const TokenizerFileRecord& f : *plan.tokenizer_files) {
       const std::string& name = f.name;
@@ -271,7 +271,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   const int stage = a.stage >= 0 ? a.stage : src.zero_stage;
   const std::string config_text = read_checkpoint_text(src.path(), "config_json");
   std::string batch_note;
-  const PlanRecord record = read_plan_record(read_checkpoint_text(src.path(), "plan_json"), "checkpoint '" + src.path() + "'");
+  const PlanRecord record = read_checkpoint_plan(src.path());
   const std::vector<std::string> shape = reshard_overrides(record, world, stage, a.dst, &batch_note);
   const LoadedConfig loaded = load_config_text_with_json(config_text, src.path() + " (config_json)", shape);
   const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));

@@ -39,7 +39,7 @@ std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& d, const std
       if (std::filesystem::is_regular_file(f, ec) && std::filesystem::file_size(f, ec) <= kMostBytes) add("init_from", name, f.string());
     }
   } else if (source->kind() == WeightsKind::ds_checkpoint) {  // a run fine-tuned again: what it recorded
-    const PlanRecord plan = read_plan_record(read_checkpoint_text(source->path(), "plan_json"), "checkpoint '" + source->path() + "'");
+    const PlanRecord plan = read_checkpoint_plan(source->path());
     for (const TokenizerFileRecord& f : plan.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{})) {
       std::error_code ec;
       if (!f.path.empty() && std::filesystem::is_regular_file(f.path, ec)) add("init_from", f.name, f.path);

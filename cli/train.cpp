@@ -199,7 +199,7 @@ void check_fits(const Plan& plan, bool no_fit_check, bool launcher) {
 // The checkpoint's record, checked against this plan: the same tensors, and at another world size its global
 // batch kept (the accumulation adjusted, the plan compiled again) unless the config sets the batch itself.
 PlanRecord check_resume(const std::string& resume_from, ConfigArgs& args, CompiledConfig& compiled, bool launcher) {
-  PlanRecord record = read_plan_record(read_checkpoint_text(resume_from, "plan_json"), "checkpoint '" + resume_from + "'");
+  PlanRecord record = read_checkpoint_plan(resume_from);
   check_resume_shapes(resume_from, record, compiled.plan);
   std::string note, warning;
   const std::vector<std::string> keep = batch_pins(record, compiled.plan, compiled.config, &note, &warning);

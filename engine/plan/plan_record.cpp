@@ -490,11 +490,14 @@ PlanRecord read_plan_record(const std::string& text, const std::string& where) {
   if (const rjson* l = r.object(j, "lora", "")) rec.lora = read_lora(r, *l);
   rec.frozen = rec.lora.has_value() || r.object(j, "freeze", "") != nullptr;
   if (const rjson* t = r.object(j, "topology", "")) rec.world_size = r.get<int64_t>(*t, "world_size", "topology.").value_or(0);
-  if (const rjson* b = r.object(j, "batch", "")) {  // 0: not recorded; a recorded one is at least 1
-    rec.train_batch_size = r.get<int64_t>(*b, "train_batch_size", "batch.").value_or(0);
-    rec.micro_batch = r.get<int64_t>(*b, "train_micro_batch_size_per_gpu", "batch.").value_or(0);
-    for (const auto& [key, v] : {std::pair{"batch.train_batch_size", rec.train_batch_size}, {"batch.train_micro_batch_size_per_gpu", rec.micro_batch}})
-      if (v < 0 || (v == 0 && r.find(*b, std::string(key).substr(6).c_str()))) r.damaged(std::string(key) + " is not a positive count");
+  if (const rjson* b = r.object(j, "batch", "")) {
+    auto count = [&](const char* key) {  // 0: not recorded; a recorded one is at least 1
+      const std::optional<int64_t> v = r.get<int64_t>(*b, key, "batch.");
+      if (v && *v < 1) r.damaged(std::string("batch.") + key + " is not a positive count");
+      return v.value_or(0);
+    };
+    rec.train_batch_size = count("train_batch_size");
+    rec.micro_batch = count("train_micro_batch_size_per_gpu");
   }
   rec.steps = r.get<int64_t>(j, "steps", "").value_or(0);
   if (const rjson* s = r.object(j, "scheduler", "")) {

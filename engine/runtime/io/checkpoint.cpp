@@ -1,6 +1,7 @@
 #include "engine/runtime/io/checkpoint.hpp"
 
 #include "common/hash.hpp"
+#include "engine/plan/plan_record.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -806,6 +807,10 @@ std::string read_checkpoint_text(const std::string& dir, const char* which) {
   }
   H5Fclose(f);
   return s;
+}
+
+PlanRecord read_checkpoint_plan(const std::string& dir) {
+  return read_plan_record(read_checkpoint_text(dir, "plan_json"), "checkpoint '" + dir + "'");
 }
 
 }  // namespace ds

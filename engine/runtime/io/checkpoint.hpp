@@ -28,6 +28,8 @@
 
 namespace ds {
 
+struct PlanRecord;  // engine/plan/plan_record.hpp
+
 constexpr int kCheckpointFormatVersion = 3;
 
 struct CheckpointScalars {
@@ -132,6 +134,8 @@ CheckpointScalars load_checkpoint(const std::string& checkpoint_dir, const Check
 // loaded or saved on its own (a swapped sub-group, the two places of a partial offload).
 std::vector<OwnedSegment> segments_within(const std::vector<OwnedSegment>& owned, int64_t begin, int64_t end);
 std::string read_checkpoint_text(const std::string& checkpoint_dir, const char* which);  // "plan_json" | "config_json"
+// The plan the checkpoint stores, read as a record (UserError naming the checkpoint when it is damaged).
+PlanRecord read_checkpoint_plan(const std::string& checkpoint_dir);
 
 // The HDF5 library's version, e.g. "1.10.8" (for `ds --version`).
 std::string hdf5_version();

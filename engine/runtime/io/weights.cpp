@@ -70,7 +70,7 @@ class DsCheckpointSource : public WeightSource {
     kind_ = WeightsKind::ds_checkpoint;
     dir_ = reader_.dir();
     path_ = dir_;
-    const PlanRecord plan = read_plan_record(read_checkpoint_text(dir_, "plan_json"), "checkpoint '" + dir_ + "'");
+    const PlanRecord plan = read_checkpoint_plan(dir_);
     if (!plan.model || plan.params.empty())
       throw UserError("checkpoint '" + dir_ + "' has no readable plan.json (it records no model" +
                           std::string(plan.model ? "'s tensors)" : ")"),
