@@ -16,6 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || 
 run_ds() {
   "$ds" train examples/gpu-gpt2.json --device cuda "train.steps=$steps" "train.output_dir=$out/run$1" steps_per_print=10 2>&1 |
     grep -E "training on|step +[0-9]+|done:|GPU memory|peak resident" || true
+  python3 bench/metrics_median.py "ds round $1" "$out/run$1/metrics.jsonl" 124439808 12 768 1024 "$peak" || true
   rm -rf "$out/run$1"
 }
 echo "== ds, round 1"
@@ -33,14 +34,12 @@ run_lora() {  # name, extra overrides...
   shift
   "$ds" train examples/gpu-gpt2.json --device cuda "model.preset=$lora_model" train_micro_batch_size_per_gpu=4 data.seq_len=512 \
     train.steps=12 "train.output_dir=$out/$name" "$@" 2>&1 | grep -E "GPU memory|error" || true
-  python3 -c "import json, statistics, sys; s = [json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(f'$name: median step {statistics.median(s):.4f} s')" \
-    "$out/$name/metrics.jsonl" || true
+  python3 bench/metrics_median.py "$name" "$out/$name/metrics.jsonl" || true
   rm -rf "${out:?}/$name"
 }
 echo "== LoRA against full fine-tuning ($lora_model, bf16, 4 x 512)"
 run_lora full
 run_lora lora "$lora"
-run_lora full2
 if [ "${DS_BENCH_COMPILE:-0}" = 1 ]; then
   echo "== pytorch compiled"
   python3 bench/pytorch_gpt2_cuda.py 12 768 12 50257 16 1024 "$steps" "$peak" compile || echo "pytorch compiled failed"

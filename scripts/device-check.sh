@@ -1,41 +1,111 @@
 #!/usr/bin/env bash
-# The GPU checks in one call, for a machine with an NVIDIA GPU, CUDA LibTorch (python3 -c 'import torch')
-# and no network: unpacks .device-deps/ (scripts/fetch-device-deps.sh fills it on a Debian 12 machine),
-# configures ds against that LibTorch, builds the targets the GPU checks need, runs every test labelled
-# gpu (kernels/cuda against the CPU's kernels, the NCCL group on one rank, the CUDA device, ds train on the
-# GPU against the CPU), the quickstart on the GPU and the GPU benchmarks (bench_cuda_optimizers;
-# bench/bench_cuda_train.sh beside PyTorch), and writes each step's log to LOGS (default: $OUT, else
-# ./device-logs). Exit status: the first step that failed, 0 when all passed.
-#   scripts/device-check.sh [LOGS]
+# The GPU checks, sized to a short lease: for a machine with an NVIDIA GPU, CUDA LibTorch (python3 -c
+# 'import torch') and no network. Unpacks .device-deps/ (scripts/fetch-device-deps.sh fills it on a Debian 12
+# machine), configures ds against that LibTorch in build-device/ (kept between calls on a warm machine) and
+# runs the stages asked for, in order:
+#   build    ds first, then the GPU test binaries (ninja -k 0: one failing target stops nothing else)
+#   bench    the quickstart on the GPU; ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
+#            checkpoint); the CUDA optimizer kernels (bench_cuda_optimizers)
+#   profile  each kernel's time over about two steps of GPT-2 124M (Nsight Compute, one metric, clocks as
+#            found): ncu.csv, summed by scripts/ncu_summary.py
+#   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
+# Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
+# 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
+# ./device-logs), at most 8 files so a device call brings all of them back.
+#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests] [LOGS]
+# --dry-run runs here, without a GPU: every file, package, script and build target the stages use is
+# checked to be there, so no device minute is spent on a missing one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+dry=0
+stages=build,bench,profile,tests
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dry-run) dry=1 ;;
+    --stages) stages=$2; shift ;;
+    --stages=*) stages=${1#--stages=} ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) break ;;
+  esac
+  shift
+done
 logs="${1:-${OUT:-device-logs}}"
 mkdir -p "$logs"
-jobs="$(nproc)"
+budget=${DS_DEVICE_BUDGET_S:-540}
+steps=${DS_BENCH_STEPS:-30}
+build=$PWD/build-device
 status=0
-step() {  # name, command...: runs it with its output in LOGS/name.log; the first failure is the exit status
-  local name=$1
-  shift
-  local t0=$SECONDS
-  if "$@" >"$logs/$name.log" 2>&1; then
-    echo "== $name: ok ($((SECONDS - t0)) s)"
+wants() { [[ ",$stages," == *",$1,"* ]]; }
+say() { echo "$*" | tee -a "$logs/summary.log"; }
+# step LOG ESTIMATE_S LIMIT_S NAME COMMAND...: appends the command's output to LOGS/LOG.log; skipped when
+# fewer than ESTIMATE_S seconds of the budget are left; stopped after LIMIT_S (or what is left).
+step() {
+  local log=$1 estimate=$2 limit=$3 name=$4
+  shift 4
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt "$estimate" ]; then
+    say "== $name: skipped ($left s of the budget left, it needs about $estimate)"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name ($(date -u +%T))" >>"$logs/$log.log"
+  local t0=$SECONDS rc=0
+  timeout --kill-after=10 "$limit" "$@" >>"$logs/$log.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    say "== $name: ok ($((SECONDS - t0)) s)"
   else
-    local rc=$?
-    echo "== $name: FAILED (exit $rc, $((SECONDS - t0)) s): tail of $logs/$name.log"
-    tail -n 30 "$logs/$name.log"
+    say "== $name: FAILED (exit $rc$([ "$rc" -eq 124 ] && echo ", stopped at $limit s"), $((SECONDS - t0)) s): tail of $log.log"
+    tail -n 25 "$logs/$log.log"
     [ "$status" -eq 0 ] && status=$rc
   fi
 }
+need() {  # a file the stages read
+  if [ ! -e "$1" ]; then say "== missing: $1"; status=2; fi
+}
 
-step machine bash -c 'nvidia-smi; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; free -g; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"'
+need .device-deps
+ls .device-deps/*.deb >/dev/null 2>&1 || { say "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and carry .device-deps"; exit 2; }
+for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
+  need "$f"
+done
+targets_ds=(ds)
+targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers)
+
+if [ "$dry" = 1 ]; then
+  # Here: the scripts parse, the Python compiles, the packages unpack, the targets exist in a configured tree.
+  bash -n bench/bench_cuda_train.sh || status=3
+  python3 -m py_compile bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py || status=3
+  for f in .device-deps/*.deb; do dpkg-deb --info "$f" >/dev/null || { say "== broken package $f"; status=3; }; done
+  probe=${DS_BUILD_DIR:-build}
+  if [ -f "$probe/build.ninja" ]; then
+    for t in "${targets_ds[@]}" "${targets_tests[@]}"; do
+      ninja -C "$probe" -t query "$t" >/dev/null 2>&1 || { say "== target $t is not in $probe (configured without the CUDA toolkit?)"; status=3; }
+    done
+  else
+    say "== no configured tree at $probe: targets not checked"
+  fi
+  if [ -x "$probe/ds" ]; then
+    "$probe/ds" plan examples/gpu-gpt2.json >/dev/null || { say "== ds plan examples/gpu-gpt2.json failed"; status=3; }
+    # The benchmark's and the profile's readers, on a short CPU run's metrics and a two-kernel profile.
+    scratch=$(mktemp -d)
+    "$probe/ds" train examples/quickstart.json train.steps=4 "train.output_dir=$scratch/run" >/dev/null 2>&1 &&
+      python3 bench/metrics_median.py "dry run" "$scratch/run/metrics.jsonl" 124439808 12 768 1024 989 >/dev/null ||
+      { say "== ds train or bench/metrics_median.py failed on a CPU run"; status=3; }
+    printf '%s\n' '"ID","Kernel Name","gpu__time_duration.sum"' '"","","nsecond"' '"0","gemm_a","1,000"' '"1","ds::adam_kernel","500"' >"$scratch/ncu.csv"
+    python3 scripts/ncu_summary.py "$scratch/ncu.csv" >/dev/null || { say "== scripts/ncu_summary.py failed on a sample"; status=3; }
+    rm -rf "$scratch"
+  fi
+  say "== dry run: $([ "$status" -eq 0 ] && echo ok || echo "FAILED ($status)") (stages $stages, budget $budget s)"
+  exit "$status"
+fi
+
+step machine 20 30 machine bash -c 'nvidia-smi; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; free -g; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"; which ncu compute-sanitizer'
 
 pfx=/tmp/ds-device-prefix
-rm -rf "$pfx" && mkdir -p "$pfx"
-if ! ls .device-deps/*.deb >/dev/null 2>&1; then
-  echo "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and bring .device-deps along"
-  exit 2
+if [ ! -d "$pfx/usr/include/nlohmann" ]; then
+  rm -rf "$pfx" && mkdir -p "$pfx"
+  for f in .device-deps/*.deb; do dpkg -x "$f" "$pfx"; done
 fi
-for f in .device-deps/*.deb; do dpkg -x "$f" "$pfx"; done
 L="$pfx/usr/lib/x86_64-linux-gnu"
 export LD_LIBRARY_PATH="$L:$L/hdf5/serial:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -57,41 +127,48 @@ if [ -n "$cudart_lib" ]; then
   cudart_flag=("-DDS_CUDART_LIBRARY=$cudart_lib")
   export LD_LIBRARY_PATH="$(dirname "$cudart_lib"):$LD_LIBRARY_PATH"
 fi
-build=/tmp/ds-device-build
-step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
-  -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
-  -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
-  -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}" "${cudart_flag[@]}" \
-  -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++ || command -v c++)"
-# DS_DEVICE_TARGETS: what to build (default: the GPU tests and ds itself).
-read -r -a targets <<<"${DS_DEVICE_TARGETS:-ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers ds}"
 export DS_BUILD_DIR=$build
-step build cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-if [ -x "$build/ds" ]; then
-  step ds-info bash -c "'$build/ds' --version && '$build/ds' env"  # one log: at most 8 files come back from a device call
+jobs="$(nproc)"
+
+if wants build; then
+  step build 40 120 configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
+    -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
+    -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}" "${cudart_flag[@]}" \
+    -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++ || command -v c++)"
+  step build 60 360 build-ds cmake --build "$build" -j "$jobs" --target "${targets_ds[@]}" -- -k 0
+  [ -x "$build/ds" ] && step machine 5 30 ds-env bash -c "'$build/ds' --version && '$build/ds' env"
 fi
-step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
-if [ -x "$build/ds" ]; then
-  # The README's first command on the GPU (auto picks it), then the GPU benchmark beside PyTorch.
-  step quickstart-gpu "$build/ds" train examples/quickstart.json train.steps=100 "train.output_dir=$logs/qs-run"
-  rm -rf "$logs/qs-run"
-  step bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "${DS_BENCH_STEPS:-30}"
-  cat "$logs/bench-cuda-train.log"
+
+if wants bench && [ -x "$build/ds" ]; then
+  step bench 30 90 quickstart-gpu "$build/ds" train examples/quickstart.json train.steps=100 "train.output_dir=/tmp/ds-qs-run"
+  rm -rf /tmp/ds-qs-run
+  step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
 fi
-if [ -x "$build/bench_cuda_optimizers" ]; then
-  step bench-cuda-optimizers "$build/bench_cuda_optimizers"
-  cat "$logs/bench-cuda-optimizers.log"
+
+if wants profile && [ -x "$build/ds" ]; then
+  # Kernels 2000..4499 of an 8-step run: past the first step's allocations, about two whole steps.
+  if command -v ncu >/dev/null; then
+    step profile 60 150 ncu-gpt2 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      --launch-skip "${DS_NCU_SKIP:-2000}" --launch-count "${DS_NCU_COUNT:-2500}" --log-file "$logs/ncu.csv" \
+      "$build/ds" train examples/gpu-gpt2.json --device cuda train.steps=8 train.output_dir=/tmp/ds-ncu-run steps_per_print=1
+    rm -rf /tmp/ds-ncu-run
+    [ -s "$logs/ncu.csv" ] && step profile 5 30 ncu-summary python3 scripts/ncu_summary.py "$logs/ncu.csv"
+  else
+    say "== profile: ncu not on the PATH: skipped"
+  fi
 fi
+
+if wants tests; then
+  step build 40 240 build-tests cmake --build "$build" -j "$jobs" --target "${targets_tests[@]}" -- -k 0
+  step tests 60 300 gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200
+  [ -x "$build/bench_cuda_optimizers" ] && step bench 20 60 bench-cuda-optimizers "$build/bench_cuda_optimizers"
+fi
+
 # DS_DEVICE_EXTRA: one more command to run in this environment (a diagnosis on a lent machine).
 if [ -n "${DS_DEVICE_EXTRA:-}" ]; then
-  step extra bash -c "$DS_DEVICE_EXTRA"
-  tail -n 80 "$logs/extra.log"
+  step extra 10 "$budget" extra bash -c "$DS_DEVICE_EXTRA"
+  tail -n 60 "$logs/extra.log"
 fi
-# A device call brings back only a few files: the logs go back as one archive there.
-if [ -n "${OUT:-}" ] && [ "$logs" = "$OUT" ]; then
-  (cd "$logs" && tar czf device-logs.tgz ./*.log && rm -f ./*.log)
-  echo "== logs in $logs/device-logs.tgz"
-else
-  echo "== logs in $logs"
-fi
+say "== device check: $([ "$status" -eq 0 ] && echo ok || echo "FAILED ($status)") after $SECONDS s; logs in $logs"
 exit "$status"

@@ -1,11 +1,16 @@
 #include "engine/runtime/model/fused_head_loss.hpp"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "common/error.hpp"
 #include "engine/runtime/model/fused_ops.hpp"  // bound_gradient
 #include "engine/runtime/model/matmul.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#ifdef DS_WITH_CUDA_KERNELS
+#include "kernels/cuda/cross_entropy.hpp"
+#endif
 
 namespace ds {
 namespace {
@@ -13,8 +18,26 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Off the host, the head's products are kept to dimensions cuBLAS runs at full rate: given an odd vocabulary
+// (GPT-2's 50257) or row length it falls back to kernels for unaligned data, which took 36 of a step's 85 ms
+// of GPU time for GPT-2 124M on an H200 (bench/RESULTS.md). So the logits' rows start a multiple of
+// kDeviceRowAlign elements (16 bytes of bf16) apart, a chunk holds a multiple of kDeviceRowsAlign rows, and
+// each product is split at the last multiple of kDeviceVocabAlign in the vocabulary: a large aligned part and
+// a sliver of the remaining ids.
+constexpr int64_t kDeviceRowAlign = 8;
+constexpr int64_t kDeviceRowsAlign = 64;
+constexpr int64_t kDeviceVocabAlign = 64;
+
+// The ranges of vocabulary ids [begin, begin + size) the head's products are split into.
+std::vector<std::pair<int64_t, int64_t>> vocab_parts(int64_t V, bool host) {
+  const int64_t aligned = V / kDeviceVocabAlign * kDeviceVocabAlign;
+  if (host || aligned == V || aligned == 0) return {{0, V}};
+  return {{0, aligned}, {aligned, V - aligned}};
+}
+
 struct HeadPass {
   double loss_sum = 0;
+  torch::Tensor device_loss_sum;  // off the host: the sum there (fp64 scalar), never read back here
   torch::Tensor dx, dw;  // empty unless gradients were asked for; dw empty too when it went into `dw_into`
 };
 
@@ -39,27 +62,44 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
-// The same off the CPU, in LibTorch's operations on the logits' device: the loss summed there (read once per
-// pass, not per chunk), the gradient softmax - onehot times row_grad written over the logits.
-torch::Tensor library_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad) {
+// The same off the host, each row's loss written into `row_loss` (fp32, on the logits' device): kernels/cuda's
+// one kernel on a GPU where ds has them, else LibTorch's operations (the gradient softmax - onehot times
+// row_grad written over the logits).
+void device_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
+                                torch::Tensor row_loss) {
+#ifdef DS_WITH_CUDA_KERNELS
+  if (logits.is_cuda() && logits.stride(1) == 1 && targets.scalar_type() == torch::kLong && targets.is_contiguous()) {
+    const int64_t rows = logits.size(0), vocab = logits.size(1), ld = logits.stride(0);
+    if (logits.scalar_type() == torch::kBFloat16) {
+      kernels::cuda::softmax_cross_entropy_bf16(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), targets.data_ptr<int64_t>(),
+                                                rows, vocab, ld, row_grad, write_grad, row_loss.data_ptr<float>(), nullptr);
+      return;
+    }
+    if (logits.scalar_type() == torch::kFloat32) {
+      kernels::cuda::softmax_cross_entropy_f32(logits.data_ptr<float>(), targets.data_ptr<int64_t>(), rows, vocab, ld, row_grad,
+                                               write_grad, row_loss.data_ptr<float>(), nullptr);
+      return;
+    }
+  }
+#endif
   const torch::Tensor wide = logits.to(torch::kFloat32);
   const torch::Tensor lse = wide.logsumexp(1, /*keepdim=*/true);
   const torch::Tensor ids = targets.view({-1, 1});
-  const torch::Tensor sum = (lse - wide.gather(1, ids)).to(torch::kFloat64).sum();
+  row_loss.copy_((lse - wide.gather(1, ids)).view(-1));
   if (write_grad) {
     torch::Tensor g = (wide - lse).exp_();
     g.scatter_add_(1, ids, torch::full({ids.size(0), 1}, -1.0f, g.options()));
     logits.copy_(g.mul_(row_grad));
   }
-  return sum;
 }
 
-// A (rows, V) buffer for the logits: a new one, or `*kept` (made there when it is missing, too small
-// or of another dtype).
-torch::Tensor logits_buffer(int64_t rows, int64_t V, const torch::TensorOptions& options, torch::Tensor* kept) {
-  if (!kept) return torch::empty({rows, V}, options);
-  if (!kept->defined() || kept->dtype() != options.dtype() || kept->numel() < rows * V) *kept = torch::empty({rows, V}, options);
-  return kept->view(-1).narrow(0, 0, rows * V).view({rows, V});
+// A (rows, V) buffer for the logits whose rows start `ld` elements apart: a new one, or `*kept` (made there
+// when it is missing, too small or of another dtype).
+torch::Tensor logits_buffer(int64_t rows, int64_t V, int64_t ld, const torch::TensorOptions& options, torch::Tensor* kept) {
+  if (!kept) return torch::empty({rows, ld}, options).narrow(1, 0, V);
+  if (!kept->defined() || kept->dtype() != options.dtype() || kept->device() != options.device() || kept->numel() < rows * ld)
+    *kept = torch::empty({rows * ld}, options);
+  return kept->view(-1).narrow(0, 0, rows * ld).view({rows, ld}).narrow(1, 0, V);
 }
 
 // `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made.
@@ -70,26 +110,31 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
            "fused head loss: shapes x ", x.sizes(), ", weight ", weight.sizes(), ", targets ", targets_in.sizes());
-  const torch::Tensor targets = targets_in.to(x.device(), torch::kLong).contiguous();  // the batch's, from the host
   const bool host = x.device().is_cpu();
-  torch::Tensor device_sum = host ? torch::Tensor() : torch::zeros({}, x.options().dtype(torch::kFloat64));
-  if (N > 0) {
-    const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+  // The batch's targets are checked where they are read from the host (a GPU's kernel makes a row with a bad
+  // one NaN rather than stop the queue to look), then copied without waiting.
+  if (N > 0 && targets_in.is_cpu()) {
+    const int64_t lo = targets_in.min().item<int64_t>(), hi = targets_in.max().item<int64_t>();
     DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
              "): the data and model.vocab_size disagree");
   }
-  const int64_t rows = std::clamp<int64_t>(chunk_elements / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+  const torch::Tensor targets = ids_to_device(targets_in, x.device()).contiguous();
+  const torch::Tensor row_losses = host ? torch::Tensor() : torch::empty({N}, x.options().dtype(torch::kFloat32));
+  int64_t rows = std::clamp<int64_t>(chunk_elements / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
+  if (!host && rows > kDeviceRowsAlign) rows = rows / kDeviceRowsAlign * kDeviceRowsAlign;
+  const auto parts = vocab_parts(V, host);
   // (the plan's head_workspace_bytes counts this chunk and the weight's gradient)
   const float row_grad = static_cast<float>(expected_grad / static_cast<double>(N));
   HeadPass out;
   if (grads) out.dx = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  const torch::Tensor buffer = logits_buffer(std::min(rows, N), V, x.options(), kept_logits);
+  const int64_t ld = host ? V : (V + kDeviceRowAlign - 1) / kDeviceRowAlign * kDeviceRowAlign;
+  const torch::Tensor buffer = logits_buffer(std::min(rows, N), V, ld, x.options(), kept_logits);
   const torch::Tensor wt = weight.t();
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);
     const torch::Tensor xc = x.narrow(0, r0, n);
     torch::Tensor logits = buffer.narrow(0, 0, n);
-    matmul_into(logits, xc, wt, false);
+    for (const auto& [v0, nv] : parts) matmul_into(logits.narrow(1, v0, nv), xc, wt.narrow(1, v0, nv), false);
     torch::Tensor capped;  // tanh(logits / cap) in fp32, for the gradient's factor 1 - tanh^2 (rounded once)
     if (softcap > 0) {
       logits.div_(softcap).tanh_();
@@ -99,21 +144,26 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     if (host)
       out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
     else
-      device_sum += library_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads);
+      device_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads, row_losses.narrow(0, r0, n));
     if (!grads) continue;
     if (capped.defined()) logits.copy_(capped.square_().neg_().add_(1).mul_(logits));
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
-    matmul_into(dxc, logits, weight, false);
+    for (size_t i = 0; i < parts.size(); ++i)
+      matmul_into(dxc, logits.narrow(1, parts[i].first, parts[i].second), weight.narrow(0, parts[i].first, parts[i].second), i > 0);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
-    if (dw_into.defined())
-      matmul_into(dw_into, logits.t(), xc, true);
-    else if (r0 == 0)
-      out.dw = matmul_new(logits.t(), xc);
-    else
-      matmul_into(out.dw, logits.t(), xc, true);
+    if (!dw_into.defined() && r0 == 0) out.dw = torch::empty({V, x.size(1)}, x.options());
+    const torch::Tensor& dw = dw_into.defined() ? dw_into : out.dw;
+    const bool add = dw_into.defined() || r0 > 0;
+    for (const auto& [v0, nv] : parts) matmul_into(dw.narrow(0, v0, nv), logits.narrow(1, v0, nv).t(), xc, add);
   }
-  if (!host) out.loss_sum = device_sum.item<double>();
+  if (!host) out.device_loss_sum = row_losses.sum(torch::kFloat64);
   return out;
+}
+
+// The mean loss as an fp32 scalar: on the host, or on the device where it was summed (read when wanted).
+torch::Tensor mean_loss(const HeadPass& pass, int64_t rows) {
+  if (pass.device_loss_sum.defined()) return (pass.device_loss_sum / static_cast<double>(rows)).to(torch::kFloat32);
+  return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(rows)), torch::kFloat32);
 }
 
 class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
@@ -130,7 +180,7 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
     ctx->saved_data["dw"] = pass.dw;
     ctx->saved_data["dw_in_buffer"] = into.defined();
     ctx->saved_data["expected"] = expected_grad;
-    return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
+    return mean_loss(pass, x.size(0));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
@@ -140,6 +190,14 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
     // The gradients were made for the expected one; anything else (a loss used twice, another scale)
     // rescales them -- which W's gradient, already in its buffer, cannot be.
     const float expected = static_cast<float>(ctx->saved_data["expected"].toDouble());
+    if (!grad_out[0].is_cpu()) {
+      // On a GPU the loss's gradient stays there (reading it would stop the queue): the input's gradient is
+      // rescaled by got / expected there (by 1 when used as meant); W's, already in its buffer, is trusted.
+      const torch::Tensor factor = (grad_out[0].to(torch::kFloat64) / static_cast<double>(expected)).to(dx.scalar_type());
+      dx = dx * factor;
+      if (dw.defined()) dw = dw * factor;
+      return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     const float got = grad_out[0].item<float>();
     if (got != expected) {
       DS_CHECK(!ctx->saved_data["dw_in_buffer"].toBool(), "fused head loss: the weight's gradient went into its buffer for a loss gradient of ",
@@ -160,7 +218,7 @@ torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weigh
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
     return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap);
   const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false, {}, softcap);
-  return torch::tensor(static_cast<float>(pass.loss_sum / static_cast<double>(x.size(0))), torch::kFloat32);
+  return mean_loss(pass, x.size(0));
 }
 
 }  // namespace ds

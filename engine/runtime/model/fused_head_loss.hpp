@@ -2,7 +2,7 @@
 // under softmax(x W^T), computed a chunk of rows at a time so the (rows x vocab) logits of the whole
 // batch never exist, let alone widened to fp32 with a gradient beside them. When a gradient is
 // wanted, each chunk's logits are turned into their gradient in place (kernels/cpu/cross_entropy on
-// the CPU, LibTorch's operations on a GPU) and
+// the CPU, kernels/cuda/cross_entropy on a GPU) and
 // multiplied straight into the gradients of x and W, during the forward pass: backward only hands
 // them on. The gradients are computed for the gradient the loss is expected to receive
 // (`expected_grad`: the loss scale over the micro batches and ranks), so fp16 gradients never

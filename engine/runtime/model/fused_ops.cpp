@@ -250,10 +250,16 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
   return GeluTanh::apply(x);
 }
 
+torch::Tensor ids_to_device(const torch::Tensor& ids, const torch::Device& device) {
+  const torch::Tensor ids64 = ids.to(torch::kLong);
+  if (device.is_cpu() || !ids.is_cpu()) return ids64.to(device);
+  return ids64.pin_memory().to(device, /*non_blocking=*/true);  // the pinned block is kept until the copy ran
+}
+
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids) {
   // The batch's ids come from the host: a GPU's weights look them up on the GPU.
   if (!on_cpu_kernels(weight) || weight.dim() != 2 || ids.scalar_type() != torch::kLong)
-    return torch::embedding(weight, ids.to(weight.device(), torch::kLong));
+    return torch::embedding(weight, ids_to_device(ids, weight.device()));
   return Embedding::apply(weight, ids);
 }
 

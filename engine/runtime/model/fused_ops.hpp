@@ -18,6 +18,9 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 // The rows of `weight` (V, C) at `ids` (any shape of int64): (..., C). In backward the rows' gradients
 // are added straight into weight's gradient buffer when it has one of its dtype (the flat gradients
 // ds binds to every parameter): no dense V x C gradient is made (kernels/cpu/embedding).
+// The batch's token ids (from the host) as int64 on `device`: to a GPU through pinned memory, queued without
+// waiting for the GPU's work to finish, so a step never stops the queue to hand it its ids.
+torch::Tensor ids_to_device(const torch::Tensor& ids, const torch::Device& device);
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids);
 // Llama's rotary position embedding (Hugging Face's rotate_half layout) of x (B, T, heads, D) at
 // positions 0 .. T-1, from fp32 tables cos and sin (T, D/2) of the angles t theta^(-2j/D).

@@ -239,7 +239,7 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
   const int W = plan_.topology.world_size;
   StepPhases& t = out.phases;
-  double loss_sum = 0;
+  torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
   for (int64_t m = 0; m < GAS; ++m) {
     sampler_.train_batch(step, m, in_, tgt_);
     const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
@@ -258,11 +258,12 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
     zero_.end_micro_step();
-    loss_sum += loss.item<double>();
+    const torch::Tensor wide = loss.detach().to(torch::kFloat64);
+    loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
     t.backward += clock.lap() - clock.param_io();
     clock.mark(2);
   }
-  return loss_sum;
+  return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }
 
 double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) {

@@ -1,0 +1,165 @@
+#include "kernels/cuda/cross_entropy.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+
+namespace ds::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
+
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
+// bf16 as kernels/cpu rounds it: nearest even, NaN kept a quiet NaN.
+__device__ __forceinline__ void narrow_into(uint16_t& dst, float f) {
+  uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    dst = 0x7fc0;
+    return;
+  }
+  x += 0x7fffu + ((x >> 16) & 1u);
+  dst = static_cast<uint16_t>(x >> 16);
+}
+
+// A running maximum and the sum of exp(z - max) over what was seen: the online softmax's state.
+struct MaxSum {
+  float m = -INFINITY, s = 0.f;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return a;  // neither has seen a finite value
+  MaxSum r;
+  r.m = m;
+  r.s = (a.s == 0.f ? 0.f : a.s * expf(a.m - m)) + (b.s == 0.f ? 0.f : b.s * expf(b.m - m));
+  if (a.s != a.s || b.s != b.s) r.s = NAN;  // a NaN seen anywhere stays
+  return r;
+}
+
+// The block's state, merged over every thread; every thread gets it.
+__device__ MaxSum block_merge(MaxSum v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum other;
+    other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+    other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+    v = merge(v, other);
+  }
+  __shared__ float wm[kThreads / 32], ws[kThreads / 32], total_m, total_s;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    wm[warp] = v.m;
+    ws[warp] = v.s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum t;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      MaxSum x;
+      x.m = wm[w];
+      x.s = ws[w];
+      t = merge(t, x);
+    }
+    total_m = t.m;
+    total_s = t.s;
+  }
+  __syncthreads();
+  MaxSum total;
+  total.m = total_m;
+  total.s = total_s;
+  return total;
+}
+
+// Loads of 16 bytes: 8 bf16 or 4 fp32.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+
+template <class T>
+__global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
+                                     bool write_grad, float* row_loss) {
+  constexpr int kN = Pack<T>::kN;
+  T* row = logits + static_cast<int64_t>(blockIdx.x) * row_stride;
+  const bool packed = reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  const int64_t n_packs = packed ? vocab / kN : 0;
+  const auto* packs = reinterpret_cast<Pack<T>*>(row);
+  MaxSum st;
+  for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
+    const Pack<T> p = packs[i];
+    float z[kN];
+    MaxSum local;
+    local.m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      z[k] = widen(p.v[k]);
+      local.m = fmaxf(local.m, z[k]);
+    }
+    if (local.m != -INFINITY) {
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < kN; ++k) s += expf(z[k] - local.m);
+      local.s = s;
+    } else {
+      local.s = 0.f;
+    }
+    for (int k = 0; k < kN; ++k)
+      if (z[k] != z[k]) local.s = NAN;
+    st = merge(st, local);
+  }
+  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) {
+    MaxSum one;
+    one.m = widen(row[j]);
+    one.s = one.m != one.m ? NAN : 1.f;
+    if (one.m == -INFINITY) one.s = 0.f;
+    st = merge(st, one);
+  }
+  const MaxSum all = block_merge(st);
+  const float lse = all.m + logf(all.s);
+  const int64_t t = targets[blockIdx.x];
+  const bool valid = t >= 0 && t < vocab;  // checked by the caller; a bad one makes the loss NaN, never a stray read
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = valid ? lse - widen(row[t]) : NAN;
+  if (!write_grad) return;
+  __syncthreads();  // z_t is read before it is overwritten
+  auto grad = [&](float z, int64_t j) { return (expf(z - lse) - (j == t ? 1.f : 0.f)) * grad_scale; };
+  auto* wpacks = reinterpret_cast<Pack<T>*>(row);
+  for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
+    Pack<T> p = wpacks[i];
+#pragma unroll
+    for (int k = 0; k < kN; ++k) narrow_into(p.v[k], grad(widen(p.v[k]), i * kN + k));
+    wpacks[i] = p;
+  }
+  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) narrow_into(row[j], grad(widen(row[j]), j));
+}
+
+template <class T>
+void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride, float grad_scale, bool write_grad,
+            float* row_loss, void* stream) {
+  if (rows <= 0) return;
+  if (vocab <= 0 || row_stride < vocab || rows > 0x7fffffff)
+    throw std::runtime_error("softmax_cross_entropy: bad shape (rows " + std::to_string(rows) + ", vocab " + std::to_string(vocab) +
+                             ", row stride " + std::to_string(row_stride) + ")");
+  cross_entropy_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, targets, vocab, row_stride, grad_scale, write_grad, row_loss);
+  ds::cuda::check(cudaGetLastError(), "softmax_cross_entropy launch");
+}
+
+}  // namespace
+
+void softmax_cross_entropy_f32(float* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                               float grad_scale, bool write_grad, float* row_loss, void* stream) {
+  launch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+}
+
+void softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                                float grad_scale, bool write_grad, float* row_loss, void* stream) {
+  launch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+}
+
+}  // namespace ds::kernels::cuda

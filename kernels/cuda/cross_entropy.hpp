@@ -1,0 +1,23 @@
+// ds — softmax cross-entropy over rows of logits on a CUDA GPU, with the gradient of the logits written over
+// them in the same call: the GPU's twin of kernels/cpu/cross_entropy (same formula, same rounding of the
+// bf16 gradient). One block per row reads the row once for its maximum and sum of exponentials (online),
+// and once more to write the gradient, instead of the ten library passes over a widened fp32 copy.
+//
+// Per row r with target t:  lse = log sum_j exp(z_j);  row_loss[r] = lse - z_t
+//                           z_j <- (exp(z_j - lse) - [j == t]) * grad_scale      (when write_grad)
+// Targets must lie in [0, vocab): the caller checks (on the host, before the copy); a row whose target
+// does not gets a NaN loss. `row_stride` is the distance between row starts in elements (>= vocab); rows
+// that start 16 bytes aligned are read 16 bytes a load. Only queues work on `stream` (a cudaStream_t; null:
+// the legacy default stream). No LibTorch here.
+#pragma once
+
+#include <cstdint>
+
+namespace ds::kernels::cuda {
+
+void softmax_cross_entropy_f32(float* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                               float grad_scale, bool write_grad, float* row_loss, void* stream);
+void softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                                float grad_scale, bool write_grad, float* row_loss, void* stream);
+
+}  // namespace ds::kernels::cuda
