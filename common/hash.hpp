@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <string>
 
+#include "common/host_device.hpp"
+
 namespace ds {
 
-inline uint64_t splitmix64(uint64_t x) {
+DS_HOST_DEVICE uint64_t splitmix64(uint64_t x) {  // also in CUDA kernels (dropout)
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;

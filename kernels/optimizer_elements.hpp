@@ -5,15 +5,11 @@
 
 #include <cmath>
 
+#include "common/host_device.hpp"
 #include "kernels/cpu/adam.hpp"
 #include "kernels/cpu/lamb.hpp"
 #include "kernels/cpu/sgd.hpp"
 
-#if defined(__CUDACC__)
-#define DS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DS_HOST_DEVICE inline
-#endif
 
 namespace ds::kernels {
 

@@ -15,7 +15,10 @@
 #include "engine/runtime/device/kernel_table_cuda.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/dropout.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/dropout.hpp"
+#include "kernels/dropout_mask.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
 using namespace ds;
@@ -267,4 +270,26 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyMatchesTheCpuReference) {
 TEST_F(CudaKernels, SoftmaxCrossEntropyNamesABadShape) {
   EXPECT_THROW(kernels::cuda::softmax_cross_entropy_f32(nullptr, nullptr, 4, 100, 50, 1.0f, true, nullptr, nullptr),
                std::runtime_error);
+}
+
+// The GPU's dropout drops what the CPU's drops, bit for bit (the mask is one function of key and index, the
+// kept values one fp32 product rounded once), fp32 and bf16, at a size no multiple of the launch's width.
+TEST_F(CudaKernels, DropoutDropsWhatTheCpuDropsBitForBit) {
+  const int64_t n = 1000003;
+  const uint32_t keep_below = kernels::dropout_keep_below(0.1);
+  const float scale = static_cast<float>(1 / 0.9);
+  const std::vector<float> x = normal(static_cast<size_t>(n), 1.0f, 21);
+  std::vector<float> want(x.size());
+  kernels::dropout_f32(x.data(), want.data(), n, 0x1234567887654321ull, keep_below, scale);
+  OnDevice<float> dx(x), dy(std::vector<float>(x.size(), NAN));
+  kernels::cuda::dropout_f32(dx.p, dy.p, n, 0x1234567887654321ull, keep_below, scale, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(std::memcmp(dy.host().data(), want.data(), want.size() * sizeof(float)), 0);
+  const std::vector<uint16_t> xb = to_bf16(x);
+  std::vector<uint16_t> want_b(xb.size());
+  kernels::dropout_bf16(xb.data(), want_b.data(), n, 99, keep_below, scale);
+  OnDevice<uint16_t> dxb(xb), dyb(std::vector<uint16_t>(xb.size(), 0xffff));
+  kernels::cuda::dropout_bf16(dxb.p, dyb.p, n, 99, keep_below, scale, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(std::memcmp(dyb.host().data(), want_b.data(), want_b.size() * sizeof(uint16_t)), 0);
 }

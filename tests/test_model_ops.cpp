@@ -330,6 +330,27 @@ TEST(FusedAttention, PackedProjectionGivesTheSameOutputAndOneGradientOfItsShape)
   EXPECT_THROW(causal_attention_packed(torch::zeros({1, 2, 5, 4}), 2), std::exception);  // 3 kv-part heads: not even
 }
 
+// The packed projection's parts taken apart for LibTorch's attention (a GPU's): one gradient of the
+// packed shape, equal to what three narrows give, a part left unused contributing zeros.
+TEST(FusedAttention, UnpackingWithOneGradientGivesTheNarrowsGradient) {
+  torch::manual_seed(3);
+  const int64_t NH = 4, NKV = 2;
+  const torch::Tensor qkv0 = torch::randn({2, 5, NH + 2 * NKV, 8});
+  const torch::Tensor a = torch::randn({2, 5, NH, 8}), b = torch::randn({2, 5, NKV, 8}), c = torch::randn({2, 5, NKV, 8});
+  for (const bool use_v : {true, false}) {
+    SCOPED_TRACE(use_v ? "q, k and v used" : "v unused");
+    const torch::Tensor x1 = qkv0.clone().requires_grad_(true), x2 = qkv0.clone().requires_grad_(true);
+    const auto [q1, k1, v1] = unpack(x1, NH);
+    const auto [q2, k2, v2] = unpack_one_gradient(x2, NH);
+    EXPECT_TRUE(torch::equal(q2, q1) && torch::equal(k2, k1) && torch::equal(v2, v1));
+    torch::Tensor l1 = (q1 * a).sum() + (k1 * b).sum(), l2 = (q2 * a).sum() + (k2 * b).sum();
+    if (use_v) l1 = l1 + (v1 * c).sum(), l2 = l2 + (v2 * c).sum();
+    l1.backward();
+    l2.backward();
+    EXPECT_TRUE(torch::equal(x2.grad(), x1.grad()));
+  }
+}
+
 TEST(FusedOps, ProjectionGradientsLandInTheParametersBuffersAsLibTorchComputesThem) {
   torch::manual_seed(12);
   const int64_t B = 3, T = 5, in = 24, out = 40;
@@ -407,6 +428,36 @@ TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem
 // The layers' products: every layout the layers pass (plain, transposed views, a narrowed chunk of rows,
 // a row-major result inside a wider buffer falls back), written or added, against a double reference at
 // awkward sizes; fp32 through oneDNN where built with it, bf16 through LibTorch.
+// Dropout's mask is a function of its key and the element's index: the same key drops the same elements
+// (fp32 and bf16 alike, and in backward), another key others, each element kept with probability 1 - p
+// to within a percent, the kept ones scaled by 1 / (1 - p).
+TEST(FusedOps, HashedDropoutKeepsOneMaskPerKeyAtTheRateAskedAndScalesWhatItKeeps) {
+  const int64_t n = 1 << 20;
+  const double p = 0.1;
+  const torch::Tensor x = torch::rand({n}, torch::kFloat32) + 0.5;  // no zeros: a zero output means dropped
+  const torch::Tensor kept = hashed_dropout(x, p, 42).ne(0);
+  const double rate = kept.to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(rate, 1 - p, 0.01 * (1 - p));
+  EXPECT_TRUE(torch::equal(hashed_dropout(x, p, 42).ne(0), kept));  // the same key, the same mask
+  const double overlap = hashed_dropout(x, p, 43).ne(0).logical_and(kept).to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(overlap, (1 - p) * (1 - p), 0.01);  // another key: independent masks
+  const torch::Tensor y = hashed_dropout(x, p, 42);
+  EXPECT_TRUE(torch::allclose(y.masked_select(kept), x.masked_select(kept) / (1 - p), 1e-6, 0));
+  // bf16: the same elements dropped, each kept one rounded once from the fp32 product.
+  const torch::Tensor xb = x.to(torch::kBFloat16);
+  const torch::Tensor yb = hashed_dropout(xb, p, 42);
+  EXPECT_TRUE(torch::equal(yb.ne(0), kept));
+  EXPECT_TRUE(torch::equal(yb, (xb.to(torch::kFloat32) * static_cast<float>(1 / (1 - p))).to(torch::kBFloat16) * kept));
+  // backward: the gradient passes where the forward kept, scaled alike; checkpointed recomputation gets the mask again.
+  const torch::Tensor leaf = x.clone().requires_grad_(true);
+  hashed_dropout(leaf, p, 42).sum().backward();
+  EXPECT_TRUE(torch::equal(leaf.grad().ne(0), kept));
+  EXPECT_TRUE(torch::allclose(leaf.grad().masked_select(kept), torch::full({kept.sum().item<int64_t>()}, 1 / (1 - p)), 1e-6, 0));
+  // fp16 (no kernel of its own) drops the same elements.
+  EXPECT_TRUE(torch::equal(hashed_dropout(x.to(torch::kHalf), p, 42).ne(0), kept));
+  EXPECT_THROW(hashed_dropout(x, 0.0, 42), std::exception);
+}
+
 TEST(Matmul, EveryLayoutTheLayersPassMatchesADoubleReference) {
   torch::manual_seed(7);
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {

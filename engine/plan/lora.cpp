@@ -137,7 +137,7 @@ double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes) {
     const TensorSpec& a = lora.adapters.tensors[i];
     if (a.layer != first_layer) break;  // every block has the same adapters
     elements += static_cast<double>(lora.r);                         // x A^T, B's input
-    if (lora.dropout > 0) elements += 2.0 * static_cast<double>(a.shape[1]);  // dropout(x), A's input, and its mask
+    if (lora.dropout > 0) elements += static_cast<double>(a.shape[1]);  // dropout(x), A's input (the mask is recomputed)
   }
   return elements * bytes;
 }

@@ -55,7 +55,7 @@ ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& froz
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
 
 // Activations the adapters keep for backward per token of one block, `bytes` per element: x A^T (r) per
-// targeted module, and with dropout the dropped input and its mask (2 in) as well.
+// targeted module, and with dropout the dropped input (in) as well: its mask is recomputed, not kept.
 double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes);
 
 }  // namespace ds

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/check.hpp"
 
 namespace ds::kernels::cuda {
@@ -15,18 +16,9 @@ namespace {
 constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
 
 __device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ float widen(uint16_t b) { return bf16_to_float(b); }
 __device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
-// bf16 as kernels/cpu rounds it: nearest even, NaN kept a quiet NaN.
-__device__ __forceinline__ void narrow_into(uint16_t& dst, float f) {
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    dst = 0x7fc0;
-    return;
-  }
-  x += 0x7fffu + ((x >> 16) & 1u);
-  dst = static_cast<uint16_t>(x >> 16);
-}
+__device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
 
 // A running maximum and the sum of exp(z - max) over what was seen: the online softmax's state.
 struct MaxSum {

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/optimizer_elements.hpp"
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/check.hpp"
 
 #include <cstdio>
@@ -24,14 +25,8 @@ int blocks_for(int64_t n) {
   return static_cast<int>(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
-// bf16 as kernels/cpu rounds it: nearest even, NaN kept a quiet NaN.
-__device__ __forceinline__ uint16_t to_bf16(float f) {
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-__device__ __forceinline__ float from_bf16(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ uint16_t to_bf16(float f) { return float_to_bf16(f); }
+__device__ __forceinline__ float from_bf16(uint16_t b) { return bf16_to_float(b); }
 __device__ __forceinline__ float load(const float* g, int64_t i) { return g[i]; }
 __device__ __forceinline__ float load(const uint16_t* g, int64_t i) { return from_bf16(g[i]); }
 

@@ -291,6 +291,30 @@ class CausalAttentionPacked : public torch::autograd::Function<CausalAttentionPa
   }
 };
 
+// unpack's views with one gradient of the packed shape in backward (the three parts' gradients
+// concatenated), where three narrows would each make a zeroed packed-size gradient for autograd to add.
+class UnpackOneGradient : public torch::autograd::Function<UnpackOneGradient> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv, int64_t heads) {
+    const auto [q, k, v] = unpack(qkv, heads);
+    ctx->saved_data["sizes"] = qkv.sizes();
+    ctx->saved_data["heads"] = heads;
+    return {q, k, v};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t heads = ctx->saved_data["heads"].toInt(), kv = (sizes[2] - heads) / 2;
+    const int64_t widths[3] = {heads, kv, kv};
+    torch::TensorOptions options;
+    for (const torch::Tensor& g : grads)
+      if (g.defined()) options = g.options();
+    std::vector<torch::Tensor> parts;
+    for (int i = 0; i < 3; ++i)
+      parts.push_back(grads[i].defined() ? grads[i] : torch::zeros({sizes[0], sizes[1], widths[i], sizes[3]}, options));
+    return {torch::cat(parts, 2), torch::Tensor()};
+  }
+};
+
 // The rows per block the Functions get, 0 meaning the tiled kernels: asked-for blocks (> 0) are kept,
 // else tiles where the CPU has them for the dtype, else blocks of attention_chunk_rows.
 int64_t path_rows(const torch::Tensor& x, const Heads& h, int64_t block_rows) {
@@ -337,10 +361,20 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return CausalAttention::apply(q, k, v, path_rows(q, h, block_rows));
 }
 
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack_one_gradient(const torch::Tensor& qkv, int64_t heads) {
+  if (!torch::GradMode::is_enabled() || !qkv.requires_grad()) return unpack(qkv, heads);
+  const variable_list parts = UnpackOneGradient::apply(qkv, heads);
+  return {parts[0], parts[1], parts[2]};
+}
+
 torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, int64_t block_rows) {
   const auto [q, k, v] = unpack(qkv, heads);
   const Heads h = heads_of(q, k, v);
-  if (!on_cpu_kernels(qkv) || h.T == 0) return library_attention(q, k, v);
+  if (h.T == 0) return library_attention(q, k, v);
+  if (!on_cpu_kernels(qkv)) {
+    const auto [lq, lk, lv] = unpack_one_gradient(qkv, heads);
+    return library_attention(lq, lk, lv);
+  }
   return CausalAttentionPacked::apply(qkv, heads, path_rows(qkv, h, block_rows));
 }
 

@@ -39,6 +39,10 @@ torch::Tensor causal_attention_packed(const torch::Tensor& qkv, int64_t heads, i
 
 // The packed tensor's three parts as views: q (B, T, NH, D), k and v (B, T, NKV, D).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack(const torch::Tensor& qkv, int64_t heads);
+// The same views, differentiable with one gradient of qkv's shape in backward (the parts' gradients
+// concatenated) instead of one zeroed packed-size gradient per part added by autograd: LibTorch's attention
+// (a GPU's) takes q, k and v apart.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> unpack_one_gradient(const torch::Tensor& qkv, int64_t heads);
 
 // What a family changes in its attention (schema/arch.hpp), which only the materialised path computes:
 // a window (each query sees the last `window` positions, itself included; 0: every earlier one), the

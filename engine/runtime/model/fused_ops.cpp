@@ -3,6 +3,11 @@
 #include "common/error.hpp"
 #include "engine/runtime/device/cpu_kernels_by_dtype.hpp"
 #include "engine/runtime/model/matmul.hpp"
+#include "kernels/cpu/dropout.hpp"
+#include "kernels/dropout_mask.hpp"
+#ifdef DS_WITH_CUDA_KERNELS
+#include "kernels/cuda/dropout.hpp"
+#endif
 
 namespace ds {
 namespace {
@@ -157,9 +162,14 @@ torch::Tensor project(AutogradContext* ctx, const torch::Tensor& x, const torch:
                       bool in_out) {
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
-  torch::Tensor y = torch::empty({x2.size(0), wm.size(1)}, x2.options());
-  if (b.defined()) y.copy_(b.expand_as(y));  // then the product adds into the bias
-  matmul_into(y, x2, wm, b.defined());
+  torch::Tensor y;
+  if (b.defined() && !x2.is_cpu()) {
+    y = at::addmm(b, x2, wm);  // a GPU's cuBLASLt adds the bias in the product's epilogue: no copy of it first
+  } else {
+    y = torch::empty({x2.size(0), wm.size(1)}, x2.options());
+    if (b.defined()) y.copy_(b.expand_as(y));  // then the product adds into the bias
+    matmul_into(y, x2, wm, b.defined());
+  }
   ctx->save_for_backward({x2});
   ctx->saved_data["x_shape"] = x.sizes();
   ctx->saved_data["weight"] = w;  // the parameters themselves (leaves: no cycle), for their gradient buffers
@@ -218,7 +228,50 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
   }
 };
 
+// x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype;
+// else through fp32 on the host (fp16, or a GPU build without ds's CUDA kernels).
+torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
+  const torch::Tensor x = x_in.contiguous();
+  const uint32_t keep_below = kernels::dropout_keep_below(p);
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const bool f32 = x.scalar_type() == torch::kFloat32, bf16 = x.scalar_type() == torch::kBFloat16;
+  if ((f32 || bf16) && (x.is_cpu() || x.is_cuda())) {
+    torch::Tensor y = torch::empty_like(x);
+    const auto* in16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
+    auto* out16 = bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr;
+    if (x.is_cpu()) {
+      f32 ? kernels::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale)
+          : kernels::dropout_bf16(in16, out16, x.numel(), key, keep_below, scale);
+      return y;
+    }
+#ifdef DS_WITH_CUDA_KERNELS
+    f32 ? kernels::cuda::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale, nullptr)
+        : kernels::cuda::dropout_bf16(in16, out16, x.numel(), key, keep_below, scale, nullptr);
+    return y;
+#endif
+  }
+  return apply_dropout(x.to(torch::kCPU, torch::kFloat32), p, key).to(x.device(), x.scalar_type());
+}
+
+class HashedDropout : public torch::autograd::Function<HashedDropout> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, double p, int64_t key) {
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["key"] = key;
+    return apply_dropout(x, p, static_cast<uint64_t>(key));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto key = static_cast<uint64_t>(ctx->saved_data["key"].toInt());
+    return {apply_dropout(grad_out[0], ctx->saved_data["p"].toDouble(), key), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor hashed_dropout(const torch::Tensor& x, double p, uint64_t key) {
+  DS_CHECK(p > 0 && p < 1, "dropout probability ", p, " is outside (0, 1)");
+  return HashedDropout::apply(x, p, static_cast<int64_t>(key));
+}
 
 torch::Tensor bound_gradient(const torch::Tensor& param) {
   if (!param.defined()) return {};

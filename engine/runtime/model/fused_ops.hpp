@@ -15,13 +15,17 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // GPT-2's gelu_new: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
-// The rows of `weight` (V, C) at `ids` (any shape of int64): (..., C). In backward the rows' gradients
-// are added straight into weight's gradient buffer when it has one of its dtype (the flat gradients
-// ds binds to every parameter): no dense V x C gradient is made (kernels/cpu/embedding).
 // The batch's token ids (from the host) as int64 on `device`: to a GPU through pinned memory, queued without
 // waiting for the GPU's work to finish, so a step never stops the queue to hand it its ids.
 torch::Tensor ids_to_device(const torch::Tensor& ids, const torch::Device& device);
+// The rows of `weight` (V, C) at `ids` (any shape of int64): (..., C). In backward the rows' gradients
+// are added straight into weight's gradient buffer when it has one of its dtype (the flat gradients
+// ds binds to every parameter): no dense V x C gradient is made (kernels/cpu/embedding).
 torch::Tensor embedding_lookup(const torch::Tensor& weight, const torch::Tensor& ids);
+// Dropout with probability p in (0, 1): x / (1 - p) where the mask of `key` keeps an element, else 0. The mask
+// is a function of the key and the element's index (kernels/dropout_mask.hpp): the CPU and a GPU drop the
+// same elements, and backward recomputes it instead of keeping it.
+torch::Tensor hashed_dropout(const torch::Tensor& x, double p, uint64_t key);
 // Llama's rotary position embedding (Hugging Face's rotate_half layout) of x (B, T, heads, D) at
 // positions 0 .. T-1, from fp32 tables cos and sin (T, D/2) of the angles t theta^(-2j/D).
 torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);

@@ -106,11 +106,9 @@ torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t l
 
 torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint64_t stream) const {
   if (p <= 0 || !training_) return x;
-  const uint64_t seed = splitmix64(dropout_key_ ^ splitmix64(stream));
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  // Drawn on the host wherever x is, so a GPU run drops what the CPU run drops (and compares with it).
-  const torch::Tensor keep = torch::empty(x.sizes(), torch::kFloat32).bernoulli_(1.0 - p, gen);
-  return x * (keep * (1.0 / (1.0 - p))).to(x.device(), x.scalar_type());
+  // The mask is a function of this key and the element's index, computed where x is: a GPU run drops what
+  // the CPU run drops (and compares with it), a recomputed block what its first forward dropped.
+  return hashed_dropout(x, p, splitmix64(dropout_key_ ^ splitmix64(stream)));
 }
 
 torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {

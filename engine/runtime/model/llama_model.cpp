@@ -76,18 +76,25 @@ torch::Tensor LlamaModel::gated(const torch::Tensor& gate, const torch::Tensor& 
   return swiglu(gate, up);
 }
 
-torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
-  const Block& b = blocks_[static_cast<size_t>(layer)];
-  const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
-  const int64_t D = hp_.head_dim();
-  // Rotary tables in fp32: angle = t * inv_freq_j, (T, D/2), the frequencies as the model's rope_scaling
-  // stretches them (engine/plan/rope.hpp), cos and sin scaled by its attention factor (yarn).
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::rotary_cos_sin(int64_t T, const torch::Device& device) const {
+  if (rope_cos_.defined() && rope_cos_.size(0) == T && rope_cos_.device() == device) return {rope_cos_, rope_sin_};
+  // angle = t * inv_freq_j, the frequencies as the model's rope_scaling stretches them (engine/plan/rope.hpp),
+  // cos and sin scaled by its attention factor (yarn).
   const RotaryTables rope = rotary_tables(hp_, T);
   const torch::Tensor inv_freq = torch::tensor(rope.inv_freq, torch::kFloat64).to(torch::kFloat32);
   const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
   torch::Tensor cos = angles.cos(), sin = angles.sin();
   if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
+  rope_cos_ = cos.to(device);
+  rope_sin_ = sin.to(device);
+  return {rope_cos_, rope_sin_};
+}
 
+torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
+  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
+  const int64_t D = hp_.head_dim();
+  const auto [cos, sin] = rotary_cos_sin(T, x_in.device());
   torch::Tensor h = rms_norm(x_in, b.norm_in);
   torch::Tensor q, k, v;
   if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v

@@ -7,6 +7,8 @@
 // Legend: B batch, T sequence, C width, NH heads, NKV kv heads, D head width, I MLP width, V vocabulary.
 #pragma once
 
+#include <utility>
+
 #include "engine/runtime/model/language_model.hpp"
 
 namespace ds {
@@ -29,10 +31,14 @@ class LlamaModel : public LanguageModel {
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor gated(const torch::Tensor& gate, const torch::Tensor& up) const;
+  // The rotary tables cos, sin (T, D/2, fp32) on `device`: made on the host and copied there once, then
+  // kept, so a GPU's block never waits on a copy of them.
+  std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, const torch::Device& device) const;
   ModelHyper hp_;
   const ArchTraits& traits_;  // the family's row (schema/arch.hpp), looked up once
   torch::Tensor embed_, norm_, head_;
   std::vector<Block> blocks_;
+  mutable torch::Tensor rope_cos_, rope_sin_;  // rotary_cos_sin's, for the last T and device asked
 };
 
 }  // namespace ds

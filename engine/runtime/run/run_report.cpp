@@ -387,8 +387,11 @@ void RunReport::finish() {
   const double training = r.training_rss_bytes();
   log_.note("ds train: peak resident memory " + format_bytes(r.peak_rss_bytes) + ": " + format_bytes(r.baseline_rss_bytes) +
             " of code and libraries + " + format_bytes(r.paged_file_bytes) + " of code and files paged in since + " +
-            format_bytes(training) + " for training, " + format_fixed(training / predicted, 2) + "x the plan's " +
-            format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)");
+            (training > 0 ? format_bytes(training) + " for training, " + format_fixed(training / predicted, 2) + "x the plan's " +
+                                format_bytes(predicted) + " (the plan leaves out allocator slack and library workspaces)"
+                          // Memory this process freed before the run (an earlier run in it) was reused: no growth to show.
+                          : "no growth for training (it reused memory this process had freed before it; the plan's " +
+                                format_bytes(predicted) + ")"));
   if (r.device_peak_bytes > 0) {
     const double on_device = p.memory.device.total(), trained = r.device_peak_bytes - r.device_baseline_bytes;
     log_.note("ds train: GPU memory in use after a step at most " + format_bytes(r.device_peak_bytes) + ": " +
