@@ -75,6 +75,16 @@ std::vector<ArchTraits> make_rows() {
   // Gemma 2: (1 + w) RMSNorms, four per block, the embedding scaled by sqrt(width), GeGLU, attention scores
   // scaled by query_pre_attn_scalar^-1/2 and soft-capped, the final logits soft-capped, a window on the even
   // layers, 256-wide heads, a tied head.
+  // Gemma (1): Llama's block with (1 + w) RMSNorms, the embedding scaled by sqrt(width), GeGLU with the tanh
+  // GELU, 256-wide heads (one kv head in the 2B), a tied head.
+  ArchTraits gemma = llama_like(ModelArch::gemma, "gemma", "GemmaForCausalLM");
+  gemma.activation = Activation::geglu_tanh;
+  gemma.attention_bias_key = gemma.norm_plus_one = gemma.embedding_scaled = true;
+  gemma.tied = true;
+  gemma.default_head_dim = 256;
+  gemma.vocab_size = 256000;
+  gemma.max_position_embeddings = 8192;
+  gemma.norm_eps = 1e-6;
   ArchTraits gemma2 = llama_like(ModelArch::gemma2, "gemma2", "Gemma2ForCausalLM");
   gemma2.activation = Activation::geglu_tanh;
   gemma2.attention_bias_key = gemma2.norm_plus_one = gemma2.embedding_scaled = gemma2.sandwich_norms = true;
@@ -88,7 +98,7 @@ std::vector<ArchTraits> make_rows() {
   gemma2.vocab_size = 256000;
   gemma2.max_position_embeddings = 8192;
   gemma2.norm_eps = 1e-6;
-  return {gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2};
+  return {gpt2, llama, mistral, qwen2, qwen3, phi3, gemma, gemma2};
 }
 
 const std::vector<ArchTraits>& rows() {

@@ -118,13 +118,13 @@ struct Bf16Config {
   bool check_grad_overflow = false;
 };
 
-enum class ModelArch { gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2 };
+enum class ModelArch { gpt2, llama, mistral, qwen2, qwen3, phi3, gemma, gemma2 };
 // Every architecture ds builds: configs, plans and checkpoints spell them by model_arch_name, and
 // ds_config.schema.json's model.arch lists the same names (a test holds them equal). What each one is
 // (positions, norms, biases, Hugging Face's names...) is its row in schema/arch.hpp: a new architecture
 // is a row there and its tests, never an else branch that maps it to another.
-inline constexpr std::array<ModelArch, 7> kModelArchs{ModelArch::gpt2, ModelArch::llama, ModelArch::mistral, ModelArch::qwen2,
-                                                      ModelArch::qwen3, ModelArch::phi3, ModelArch::gemma2};
+inline constexpr std::array<ModelArch, 8> kModelArchs{ModelArch::gpt2,  ModelArch::llama, ModelArch::mistral, ModelArch::qwen2,
+                                                      ModelArch::qwen3, ModelArch::phi3,  ModelArch::gemma,   ModelArch::gemma2};
 const char* model_arch_name(ModelArch a);
 // The architecture a name spells, or none.
 std::optional<ModelArch> model_arch_from_name(const std::string& name);

@@ -482,6 +482,7 @@ TEST(CliConvert, EachFamilyTrainsExportsAndRoundTripsAsHuggingFaceReadsIt) {
                         Case{"phi3", "model.preset=phi3-tiny model.sliding_window=10 'model.rope_scaling={\"type\": \"longrope\", "
                                      "\"short_factor\": [1, 1.2, 1.5, 2, 3, 4, 6, 8], \"long_factor\": [1, 2, 3, 5, 8, 13, 21, 34], "
                                      "\"original_max_position_embeddings\": 8}'", "Phi3ForCausalLM"},
+                        Case{"gemma", "model.preset=gemma-tiny", "GemmaForCausalLM"},
                         Case{"gemma2", "model.preset=gemma2-tiny", "Gemma2ForCausalLM"}}) {
     SCOPED_TRACE(c.name);
     const std::string d = dir + "/" + c.name;

@@ -51,7 +51,7 @@ torch::Tensor rope(const torch::Tensor& x, double theta) {  // x (B, T, H, D)
 torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch::Tensor& in, const torch::Tensor& tgt) {
   const int64_t B = in.size(0), T = in.size(1), NH = hp.num_heads, NKV = hp.num_kv_heads, D = hp.head_dim();
   const double eps = hp.norm_eps;
-  const bool gemma = hp.arch == ModelArch::gemma2;
+  const bool gemma = hp.arch == ModelArch::gemma || hp.arch == ModelArch::gemma2, gemma2 = hp.arch == ModelArch::gemma2;
   g_plus_one = gemma;
   torch::Tensor x = w.at("model.embed_tokens.weight").index_select(0, in.flatten()).view({B, T, hp.hidden_size});
   if (gemma) x = x * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(hp.hidden_size))));  // normalizer in fp32
@@ -59,7 +59,7 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     // Who each query sees: earlier positions, and within the window when the layer has one (Gemma 2: even layers).
     torch::Tensor allowed = pos.view({T, 1}) >= pos.view({1, T});
-    if (hp.sliding_window > 0 && (!gemma || l % 2 == 0)) allowed = allowed & (pos.view({1, T}) > pos.view({T, 1}) - hp.sliding_window);
+    if (hp.sliding_window > 0 && (!gemma2 || l % 2 == 0)) allowed = allowed & (pos.view({1, T}) > pos.view({T, 1}) - hp.sliding_window);
     const std::string p = "model.layers." + std::to_string(l) + ".";
     torch::Tensor h = rms(x, w.at(p + "input_layernorm.weight"), eps);
     torch::Tensor q, k, v;
@@ -80,15 +80,15 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
     q = rope(q, hp.rope_theta).transpose(1, 2);  // (B, NH, T, D)
     k = rope(k, hp.rope_theta).transpose(1, 2).repeat_interleave(NH / NKV, 1);
     const torch::Tensor vv = v.transpose(1, 2).repeat_interleave(NH / NKV, 1);
-    const double scalar = gemma && hp.query_pre_attn_scalar > 0 ? hp.query_pre_attn_scalar : static_cast<double>(D);
+    const double scalar = gemma2 && hp.query_pre_attn_scalar > 0 ? hp.query_pre_attn_scalar : static_cast<double>(D);
     torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(scalar);
     if (hp.attn_softcap > 0) scores = torch::tanh(scores / hp.attn_softcap) * hp.attn_softcap;
     scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     const torch::Tensor y = torch::matmul(torch::softmax(scores, -1), vv).transpose(1, 2).reshape({B, T, NH * D});
     torch::Tensor o = project(w, p + "self_attn.o_proj", y);
-    if (gemma) o = rms(o, w.at(p + "post_attention_layernorm.weight"), eps);
+    if (gemma2) o = rms(o, w.at(p + "post_attention_layernorm.weight"), eps);
     x = x + o;
-    h = rms(x, w.at(p + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")), eps);
+    h = rms(x, w.at(p + (gemma2 ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")), eps);
     torch::Tensor gated;
     if (w.count(p + "mlp.gate_up_proj.weight")) {  // Phi-3: gate, up = gate_up_proj(h).chunk(2, -1)
       const auto halves = project(w, p + "mlp.gate_up_proj", h).chunk(2, -1);
@@ -99,7 +99,7 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
       gated = torch::silu(project(w, p + "mlp.gate_proj", h)) * project(w, p + "mlp.up_proj", h);
     }
     torch::Tensor f = project(w, p + "mlp.down_proj", gated);
-    if (gemma) f = rms(f, w.at(p + "post_feedforward_layernorm.weight"), eps);
+    if (gemma2) f = rms(f, w.at(p + "post_feedforward_layernorm.weight"), eps);
     x = x + f;
   }
   x = rms(x, w.at("model.norm.weight"), eps);
@@ -128,6 +128,10 @@ const std::vector<Family>& families() {
       {"gemma2: (1 + w) norms, four a block, GeGLU, a scaled embedding, capped scores and logits, a window of 5 on the "
        "even layers, a query scalar of 24 on 32-wide heads", {"model.preset=gemma2-tiny", "model.sliding_window=5"},
        {"model.layers.1.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight"}},
+      {"gemma: (1 + w) norms, GeGLU, a scaled embedding, one kv head for four query heads, 32-wide heads on a width of 64",
+       {"model.preset=gemma-tiny"}, {"model.layers.1.post_attention_layernorm.weight"}},
+      {"gemma with q, k, v and o biased (attention_bias)", {"model.preset=gemma-tiny", "model.attention_bias=true"},
+       {"model.layers.0.self_attn.o_proj.bias"}},
       {"gemma2 with the caps made gentle enough to matter less: caps at 2", {"model.preset=gemma2-tiny", "model.attn_logit_softcapping=2",
        "model.final_logit_softcapping=2"}, {}},
       {"qwen3: per-head q and k norms, 24-wide heads, attention_bias", {"model.preset=qwen3-tiny", "model.attention_bias=true"},

@@ -26,7 +26,10 @@ TEST(ModelPresets, ParameterCountsEqualThePublishedModels) {
       // Phi-3 (q|k|v and gate|up fused, untied): mini 3,821,079,552 and medium 13,960,238,080, the model cards' 3.8B and 14B.
       {"phi-3-mini-4k", 3821079552}, {"phi-3-medium-4k", 13960238080},
       // Gemma 2 (tied, four norms a block, 256-wide heads; 27B's 128): 2.61B, 9.24B, 27.2B as the model cards round them.
-      {"gemma-2-2b", 2614341888}, {"gemma-2-9b", 9241705984}, {"gemma-2-27b", 27227128320}};
+      {"gemma-2-2b", 2614341888}, {"gemma-2-9b", 9241705984}, {"gemma-2-27b", 27227128320},
+      // Gemma (tied, 256-wide heads, the 2B with one kv head): 2,506,172,416 and 8,537,680,896, as counted from
+      // google/gemma-2b's and gemma-7b's config.json by hand (embedding V C, per layer q k v o, GeGLU 3 C I, two norms).
+      {"gemma-2b", 2506172416}, {"gemma-7b", 8537680896}};
   for (const auto& [name, count] : published)
     EXPECT_EQ(build_model_spec(model_preset(name)).num_params, count) << name;
 }

@@ -81,17 +81,37 @@ ModelHyper phi3_4k(const char* name, int64_t L, int64_t C, int64_t NH, int64_t N
   return h;
 }
 
+// Gemma as released: 256000 tokens (<bos> 2, <eos> 1), 8192 positions, 256-wide heads, tied.
+ModelHyper gemma(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t I) {
+  ModelHyper h = llama_hyper(name, L, C, NH, NKV, I, 256000, 8192, true, 1e-6, 10000.0, ModelArch::gemma);
+  h.head_dim_given = 256;
+  h.bos_token_id = 2;
+  h.eos_token_id = {1};
+  return h;
+}
+
+// Every Gemma feature at test size: one kv head for four query heads (the 2B's multi-query attention) and
+// 32-wide heads on a width of 64 (not 64 / 4).
+ModelHyper gemma_tiny() {
+  ModelHyper h = gemma("gemma-tiny", 2, 64, 4, 1, 176);
+  h.head_dim_given = 32;
+  h.vocab_size = 256;
+  h.max_position_embeddings = 128;
+  h.bos_token_id = -1;
+  h.eos_token_id = {};
+  return h;
+}
+
 // Gemma 2 as released: 256000 tokens (<bos> 2, <eos> 1), 8192 positions, a window of 4096 on the even layers,
 // scores capped at 50 and logits at 30, tied.
 ModelHyper gemma2(const char* name, int64_t L, int64_t C, int64_t NH, int64_t NKV, int64_t D, int64_t I, double query_scalar) {
-  ModelHyper h = llama_hyper(name, L, C, NH, NKV, I, 256000, 8192, true, 1e-6, 10000.0, ModelArch::gemma2);
+  ModelHyper h = gemma(name, L, C, NH, NKV, I);  // Gemma's sizes, tokens and positions
+  h.arch = ModelArch::gemma2;
   h.head_dim_given = D;
   h.sliding_window = 4096;
   h.attn_softcap = 50;
   h.final_softcap = 30;
   h.query_pre_attn_scalar = query_scalar;
-  h.bos_token_id = 2;
-  h.eos_token_id = {1};
   return h;
 }
 
@@ -127,6 +147,7 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("llama-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0),  // tests
       with_window(llama_hyper("mistral-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::mistral), 64),  // tests
       llama_hyper("qwen2-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen2),                 // tests
+      gemma_tiny(),                                                                                                     // tests
       gemma2_tiny(),                                                                                                    // tests
       llama_hyper("phi3-tiny", 2, 64, 4, 2, 176, 256, 128, false, 1e-5, 10000.0, ModelArch::phi3),                      // tests
       with_head_dim(llama_hyper("qwen3-tiny", 2, 64, 4, 2, 176, 256, 128, true, 1e-6, 1000000.0, ModelArch::qwen3), 24),  // tests
@@ -145,6 +166,7 @@ const std::vector<ModelHyper>& presets() {
       llama_hyper("mistral-7b-v0.3", 32, 4096, 32, 8, 14336, 32768, 32768, false, 1e-5, 1000000.0, ModelArch::mistral),
       with_head_dim(llama_hyper("mistral-nemo-12b", 40, 5120, 32, 8, 14336, 131072, 128000, false, 1e-5, 1000000.0, ModelArch::mistral), 128),
       // Phi-3 mini and medium (4k context, a window of 2047): <s> begins, <|endoftext|> (32000) ends.
+      gemma("gemma-2b", 18, 2048, 8, 1, 16384), gemma("gemma-7b", 28, 3072, 16, 16, 24576),
       gemma2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256), gemma2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
       gemma2("gemma-2-27b", 46, 4608, 32, 16, 128, 36864, 144),
       phi3_4k("phi-3-mini-4k", 32, 3072, 32, 32, 8192), phi3_4k("phi-3-medium-4k", 40, 5120, 40, 10, 17920),

@@ -176,7 +176,8 @@ def rope(rows, heads, D, inv, scale):  # rotate_half: the first and last D/2 of 
 
 
 def llama_loss(config, W, inputs, targets):
-    gemma = config["model_type"] == "gemma2"
+    gemma = config["model_type"] in ("gemma", "gemma2")  # (1 + w) norms, a scaled embedding, GeGLU
+    gemma2 = config["model_type"] == "gemma2"  # and Gemma 2's sandwich norms, caps, query scalar, windows
     C, H = config["hidden_size"], config["num_attention_heads"]
     KV = config.get("num_key_value_heads", H)
     D, eps = config.get("head_dim") or C // H, config["rms_norm_eps"]
@@ -184,9 +185,9 @@ def llama_loss(config, W, inputs, targets):
     if config["model_type"] in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         window = None
     # Gemma2Config's defaults where a key is left out (null turns a cap off)
-    scalar = config.get("query_pre_attn_scalar", 256) if gemma else None
-    attn_cap = config.get("attn_logit_softcapping", 50.0) if gemma else None
-    final_cap = config.get("final_logit_softcapping", 30.0) if gemma else None
+    scalar = config.get("query_pre_attn_scalar", 256) if gemma2 else None
+    attn_cap = config.get("attn_logit_softcapping", 50.0) if gemma2 else None
+    final_cap = config.get("final_logit_softcapping", 30.0) if gemma2 else None
     norm = lambda rows, g: rms_norm(rows, g, eps, gemma)
     inv, scale = rope_frequencies(config, D, len(inputs))
     embed = matrix(W["model.embed_tokens.weight"])
@@ -218,12 +219,12 @@ def llama_loss(config, W, inputs, targets):
             q, k, v = proj(h, "self_attn.q_proj"), proj(h, "self_attn.k_proj"), proj(h, "self_attn.v_proj")
         q = rope(per_head_norm(q, H, "self_attn.q_norm"), H, D, inv, scale)
         k = rope(per_head_norm(k, KV, "self_attn.k_norm"), KV, D, inv, scale)
-        layer_window = window if not gemma or l % 2 == 0 else None  # Gemma 2 slides on the even layers
+        layer_window = window if not gemma2 or l % 2 == 0 else None  # Gemma 2 slides on the even layers
         o = proj(attention(q, k, v, H, KV, D, layer_window, scalar, attn_cap), "self_attn.o_proj")
-        if gemma:  # the sandwich: each sub-layer's output normalised before the residual add
+        if gemma2:  # the sandwich: each sub-layer's output normalised before the residual add
             o = norm(o, W[p + "post_attention_layernorm.weight"][1])
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, o)]
-        h = norm(x, W[p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")][1])
+        h = norm(x, W[p + ("pre_feedforward_layernorm.weight" if gemma2 else "post_attention_layernorm.weight")][1])
         if p + "mlp.gate_up_proj.weight" in W:  # Phi-3: the first half gates, the second goes up
             both = proj(h, "mlp.gate_up_proj")
             half = len(both[0]) // 2
@@ -235,7 +236,7 @@ def llama_loss(config, W, inputs, targets):
         else:
             act = [[g / (1.0 + math.exp(-g)) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
         f = proj(act, "mlp.down_proj")
-        if gemma:
+        if gemma2:
             f = norm(f, W[p + "post_feedforward_layernorm.weight"][1])
         x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, f)]
     x = norm(x, W["model.norm.weight"][1])
@@ -279,7 +280,7 @@ def main():
     raw = open(token_file, "rb").read()
     tokens = list(struct.unpack(f"<{len(raw) // 2}H", raw))
     inputs, targets = tokens[:-1], tokens[1:]
-    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"):
+    if config["model_type"] in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"):
         print(f"{llama_loss(config, W, inputs, targets):.9f}")
         return
     assert config["model_type"] == "gpt2"
