@@ -25,12 +25,15 @@ struct MaxSum {
   float m = -INFINITY, s = 0.f;
 };
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return a;  // neither has seen a finite value
+  const float m = fmaxf(a.m, b.m);  // fmaxf passes a NaN over: the sums carry it
   MaxSum r;
   r.m = m;
+  if (a.s != a.s || b.s != b.s) {  // a NaN seen anywhere stays, also before any finite value
+    r.s = NAN;
+    return r;
+  }
+  if (m == -INFINITY) return a;  // neither has seen a finite value
   r.s = (a.s == 0.f ? 0.f : a.s * expf(a.m - m)) + (b.s == 0.f ? 0.f : b.s * expf(b.m - m));
-  if (a.s != a.s || b.s != b.s) r.s = NAN;  // a NaN seen anywhere stays
   return r;
 }
 
@@ -116,7 +119,8 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
   const float lse = all.m + logf(all.s);
   const int64_t t = targets[blockIdx.x];
   const bool valid = t >= 0 && t < vocab;  // checked by the caller; a bad one makes the loss NaN, never a stray read
-  if (threadIdx.x == 0) row_loss[blockIdx.x] = valid ? lse - widen(row[t]) : NAN;
+  // log(s) + (m - z_t): the two large terms cancel before the sum's logarithm is added, not after.
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = valid ? logf(all.s) + (all.m - widen(row[t])) : NAN;
   if (!write_grad) return;
   __syncthreads();  // z_t is read before it is overwritten
   auto grad = [&](float z, int64_t j) { return (expf(z - lse) - (j == t ? 1.f : 0.f)) * grad_scale; };

@@ -1,6 +1,7 @@
 // ds — softmax cross-entropy over rows of logits on a CUDA GPU, with the gradient of the logits written over
-// them in the same call: the GPU's twin of kernels/cpu/cross_entropy (same formula, same rounding of the
-// bf16 gradient). One block per row reads the row once for its maximum and sum of exponentials (online),
+// them in the same call: the GPU's twin of kernels/cpu/cross_entropy (the same function and bf16 rounding;
+// fp32 throughout where the CPU keeps the row's sum and lse in double, so a gradient may differ by one bf16
+// step, a loss by about 1e-6 of a row's largest logit). One block per row reads the row once for its maximum and sum of exponentials (online),
 // and once more to write the gradient, instead of the ten library passes over a widened fp32 copy.
 //
 // Per row r with target t:  lse = log sum_j exp(z_j);  row_loss[r] = lse - z_t

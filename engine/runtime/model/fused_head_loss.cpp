@@ -62,13 +62,23 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
+// Whether kernels/cuda's cross-entropy takes logits like x (a GPU's, fp32 or bf16, in a build that has it).
+bool cuda_kernel_takes(const torch::Tensor& x) {
+#ifdef DS_WITH_CUDA_KERNELS
+  return x.is_cuda() && (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
 // The same off the host, each row's loss written into `row_loss` (fp32, on the logits' device): kernels/cuda's
 // one kernel on a GPU where ds has them, else LibTorch's operations (the gradient softmax - onehot times
 // row_grad written over the logits).
 void device_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
                                 torch::Tensor row_loss) {
 #ifdef DS_WITH_CUDA_KERNELS
-  if (logits.is_cuda() && logits.stride(1) == 1 && targets.scalar_type() == torch::kLong && targets.is_contiguous()) {
+  if (cuda_kernel_takes(logits) && logits.stride(1) == 1 && targets.scalar_type() == torch::kLong && targets.is_contiguous()) {
     const int64_t rows = logits.size(0), vocab = logits.size(1), ld = logits.stride(0);
     if (logits.scalar_type() == torch::kBFloat16) {
       kernels::cuda::softmax_cross_entropy_bf16(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), targets.data_ptr<int64_t>(),
@@ -112,8 +122,9 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
            "fused head loss: shapes x ", x.sizes(), ", weight ", weight.sizes(), ", targets ", targets_in.sizes());
   const bool host = x.device().is_cpu();
   // The batch's targets are checked where they are read from the host (a GPU's kernel makes a row with a bad
-  // one NaN rather than stop the queue to look), then copied without waiting.
-  if (N > 0 && targets_in.is_cpu()) {
+  // one NaN rather than stop the queue to look), then copied without waiting. Targets already on a device
+  // are looked at there when LibTorch's gather, which has no such guard, would read them.
+  if (N > 0 && (targets_in.is_cpu() || !cuda_kernel_takes(x))) {
     const int64_t lo = targets_in.min().item<int64_t>(), hi = targets_in.max().item<int64_t>();
     DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
              "): the data and model.vocab_size disagree");
@@ -148,6 +159,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     if (!grads) continue;
     if (capped.defined()) logits.copy_(capped.square_().neg_().add_(1).mul_(logits));
     torch::Tensor dxc = out.dx.narrow(0, r0, n);
+    // (split: a 16-bit dx is rounded once more when the sliver's product is added, at most one step)
     for (size_t i = 0; i < parts.size(); ++i)
       matmul_into(dxc, logits.narrow(1, parts[i].first, parts[i].second), weight.narrow(0, parts[i].first, parts[i].second), i > 0);
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
@@ -193,7 +205,8 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
     if (!grad_out[0].is_cpu()) {
       // On a GPU the loss's gradient stays there (reading it would stop the queue): the input's gradient is
       // rescaled by got / expected there (by 1 when used as meant); W's, already in its buffer, is trusted.
-      const torch::Tensor factor = (grad_out[0].to(torch::kFloat64) / static_cast<double>(expected)).to(dx.scalar_type());
+      // (an fp32 0-dim factor: dx keeps its dtype, the factor is not rounded to it)
+      const torch::Tensor factor = (grad_out[0].to(torch::kFloat64) / static_cast<double>(expected)).to(torch::kFloat32);
       dx = dx * factor;
       if (dw.defined()) dw = dw * factor;
       return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};

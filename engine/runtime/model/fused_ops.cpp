@@ -229,7 +229,8 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
 };
 
 // x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype;
-// else through fp32 on the host (fp16, or a GPU build without ds's CUDA kernels).
+// else (fp16, fp64, a GPU build without ds's CUDA kernels) the mask made on the host by the fp32 kernel and
+// applied in x's dtype on x's device (x times the kept 0/1, then the scale: one rounding, as the kernels).
 torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
   const torch::Tensor x = x_in.contiguous();
   const uint32_t keep_below = kernels::dropout_keep_below(p);
@@ -250,7 +251,8 @@ torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
     return y;
 #endif
   }
-  return apply_dropout(x.to(torch::kCPU, torch::kFloat32), p, key).to(x.device(), x.scalar_type());
+  const torch::Tensor keep = apply_dropout(torch::ones({x.numel()}, torch::kFloat32), p, key).ne(0);
+  return x * keep.view(x.sizes()).to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p));
 }
 
 class HashedDropout : public torch::autograd::Function<HashedDropout> {
