@@ -165,6 +165,27 @@ TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   EXPECT_TRUE(unsupported_by_trainer(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu())).empty());
 }
 
+// A plan only the GPU path refuses (fp16 there; on a CPU-only build, CUDA itself) names --device cpu, which
+// trains it; one the CPU cannot train either (an untied GPT-2 head) keeps pointing at the roadmap.
+TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
+  Topology gpu = one_cpu();
+  gpu.device = DeviceKind::cuda;
+  gpu.device_memory_bytes = 16.0 * (1 << 30);
+  const auto hint_for = [&](const std::vector<std::string>& overrides) {
+    Config c = load_config_text(kTiny, "tiny.json", overrides);
+    try {
+      train(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu), {});
+    } catch (const UserError& e) {
+      return e.hint();
+    }
+    return std::string("(trained)");
+  };
+  EXPECT_NE(hint_for({"bf16.enabled=false", "fp16.enabled=true"}).find("--device cpu trains this plan"), std::string::npos);
+  const std::string untied = hint_for({"model.tie_word_embeddings=false"});
+  EXPECT_EQ(untied.find("--device cpu"), std::string::npos) << untied;
+  EXPECT_NE(untied.find("roadmap"), std::string::npos) << untied;
+}
+
 TEST(Training, SgdWithMomentumAndLambLearnToo) {
   for (const std::vector<std::string>& o : std::vector<std::vector<std::string>>{
            {"optimizer.type=SGD", "optimizer.params.lr=0.1", "optimizer.params.momentum=0.9", "optimizer.params.nesterov=true"},
