@@ -270,8 +270,15 @@ std::optional<ModelHyper> source_architecture(const std::string& init_from, bool
   if (src->kind() == WeightsKind::peft_adapter)  // an adapter's model is its base's
     return src->base_path.empty() || src->base_path == init_from ? std::nullopt : source_architecture(src->base_path, required, config_path);
   if (src->kind() == WeightsKind::ds_checkpoint && src->has_model()) return src->model();
-  if (src->kind() != WeightsKind::hf_directory) return std::nullopt;
-  const std::string hf = (std::filesystem::path(src->path()) / "config.json").string();
+  // A DeepSpeed checkpoint records no model; Hugging Face's Trainer saves its config.json beside it.
+  std::string hf = (std::filesystem::path(src->kind() == WeightsKind::deepspeed_checkpoint ? init_from : src->path()) / "config.json").string();
+  if (src->kind() == WeightsKind::deepspeed_checkpoint && !std::filesystem::is_regular_file(hf)) {
+    if (required)
+      throw ConfigError(config_path, {{"model.init_from", "'" + init_from + "' is a DeepSpeed checkpoint, which does not record which model it holds",
+                                       "set model.hf_config to the model's config.json (or model.preset)"}});
+    return std::nullopt;
+  }
+  if (src->kind() != WeightsKind::hf_directory && src->kind() != WeightsKind::deepspeed_checkpoint) return std::nullopt;
   const nlohmann::json cfg{{"train_micro_batch_size_per_gpu", 1}, {"model", {{"hf_config", std::filesystem::absolute(hf).string()}}}};
   try {
     const Config c = load_config_text(cfg.dump(), hf);  // its errors name the file (unsupported keys included)

@@ -1,4 +1,5 @@
 #include "cli/convert_ckpt.hpp"
+#include "cli/convert_args.hpp"
 
 #include <filesystem>
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "cli/tokenizer_record.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/deepspeed_checkpoint.hpp"
 #include "cli/run_policy.hpp"
 #include "engine/runtime/io/weights.hpp"
 #include "schema/loader.hpp"
@@ -25,13 +27,6 @@ namespace ds::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct ConvertArgs {
-  std::string src, dst, to, dtype = "fp32", max_shard_size = "5GB", tag;
-  int world_size = 0, stage = -1;  // ds -> ds: the layout to write (0 / -1: the source's)
-  bool info = false, json = false, overwrite = false, exclude_frozen = false, allow_fp16_overflow = false, adapter = false, merge = false;
-  std::string base;  // --merge: the base's weights (default: the run's record)
-};
 
 int print_info(const WeightSource& src, bool as_json) {
   int64_t params = 0;
@@ -136,6 +131,8 @@ void write_tokenizer_files(const std::vector<TokenizerFile>& files, const std::s
   }
 }
 
+}  // namespace
+
 // Never replace what the user did not name: an existing destination needs --overwrite, and no destination,
 // --overwrite or not, may be (or hold) what the command reads: the run, its checkpoint, a merge's base.
 // `sources` are what this conversion reads; `exports` is true when DST receives Hugging Face files.
@@ -165,6 +162,8 @@ void check_destination(const ConvertArgs& a, const std::vector<std::string>& sou
   if (fs::exists(a.dst, ec) && !a.overwrite && !(fs::is_directory(a.dst, ec) && fs::is_empty(a.dst, ec)))
     throw UserError("'" + a.dst + "' already exists", "choose a new destination, or add --overwrite to replace the files ds writes there");
 }
+
+namespace {
 
 // A Hugging Face directory -> a ds run directory holding a step-0 checkpoint: the weights as fp32 master
 // weights (streamed tensor by tensor), the optimizer's moments zero, the model from the directory's config.json. `ds train` with
@@ -417,7 +416,7 @@ int export_adapter(const WeightSource& src, const ConvertArgs& a) {
 int run_convert(const ConvertArgs& a) {
   return run_guarded("convert-ckpt", [&]() -> int {
     std::string src_path = a.src;
-    if (!a.tag.empty()) {  // zero_to_fp32's -t
+    if (!a.tag.empty() && !is_deepspeed_checkpoint(a.src)) {  // zero_to_fp32's -t
       src_path = (fs::path(a.src) / "checkpoints" / a.tag).string();
       std::error_code ec;
       if (!fs::is_directory(src_path, ec)) {
@@ -429,6 +428,8 @@ int run_convert(const ConvertArgs& a) {
                         tags.empty() ? "it holds no complete checkpoint (is it a ds run directory?)" : "its checkpoints: " + join(tags, ", "));
       }
     }
+    // A DeepSpeed checkpoint before a Hugging Face directory: Hugging Face's Trainer saves both in one folder.
+    if (is_deepspeed_checkpoint(a.src)) return convert_deepspeed(a);
     const std::unique_ptr<WeightSource> src = open_weights(src_path);
     if (a.info) return print_info(*src, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt SRC DST (or --info SRC); see ds convert-ckpt --help");
@@ -483,8 +484,9 @@ int run_convert(const ConvertArgs& a) {
 Subcommand setup_convert_ckpt(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* sub = app.add_subcommand("convert-ckpt", "ds checkpoints to Hugging Face safetensors and back; describe any checkpoint");
-  sub->add_option("SRC", a->src, "a ds run directory (its newest checkpoint) or checkpoint directory, or a Hugging Face "
-                                 "directory (imported as a ds run at step 0); with --info also a .safetensors file")
+  sub->add_option("SRC", a->src, "a ds run directory (its newest checkpoint) or checkpoint directory, a DeepSpeed checkpoint "
+                                 "folder (holding `latest`, or a global_stepN folder), or a Hugging Face directory (imported "
+                                 "as a ds run at step 0); with --info also a .safetensors file")
       ->required();
   sub->add_option("DST", a->dst, "a directory (Hugging Face layout) or a file ending in .safetensors (one consolidated file)");
   sub->add_option("--to", a->to, "force the destination's kind: hf (directory), safetensors (one file) or ds (a run "
@@ -500,9 +502,17 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
   sub->add_option("--max-shard-size,--max_shard_size", a->max_shard_size,
                   "split a Hugging Face export into shards of at most this size, with model.safetensors.index.json "
                   "(default 5GB; GB = 10^9 bytes, GiB = 2^30)");
-  sub->add_option("-t,--tag", a->tag, "the checkpoint of a run directory to read (e.g. step_00000300; default: the newest complete one)");
+  sub->add_option("-t,--tag", a->tag, "the checkpoint of a run directory to read (e.g. step_00000300; default: the newest complete "
+                                     "one), or of a DeepSpeed folder (e.g. global_step500; default: the one `latest` names)");
   sub->add_flag("--exclude-frozen-parameters", a->exclude_frozen,
-                "DeepSpeed's zero_to_fp32 flag; a ds checkpoint holds only what trained (a LoRA run: the adapter), so nothing is excluded");
+                "DeepSpeed's zero_to_fp32 flag: leave a DeepSpeed checkpoint's frozen parameters out; a ds checkpoint holds only "
+                "what trained (a LoRA run: the adapter), so nothing is excluded there");
+  sub->add_flag("--from-module-weights", a->module_weights,
+                "a DeepSpeed checkpoint (ZeRO 0-2): export the module's weights in their training dtype (bf16, fp16) instead of "
+                "the fp32 master weights of its optimizer files");
+  sub->add_option("--hf-config", a->hf_config,
+                  "a DeepSpeed checkpoint exported as a Hugging Face directory: the model's config.json (or its folder); "
+                  "default: the config.json beside the checkpoint, where Hugging Face's Trainer saves it");
   sub->add_flag("--adapter", a->adapter,
                 "a LoRA run (model.lora) -> PEFT's adapter directory (adapter_config.json, adapter_model.safetensors)");
   sub->add_flag("--merge", a->merge,
@@ -533,6 +543,13 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
       a LoRA run's adapter in PEFT's format: PeftModel.from_pretrained(base, "out/lora-adapter")
   ds convert-ckpt runs/lora out/lora-merged --merge
       the base with the adapter folded in: a plain Hugging Face directory
+  ds convert-ckpt --info output/checkpoint-500
+      a DeepSpeed checkpoint (the folder holding `latest`): step, ZeRO stage, world size, dtypes, the
+      config's main keys, every tensor; reads the pickles only, never a weight
+  ds convert-ckpt output/checkpoint-500 out/model.safetensors
+      its fp32 master weights consolidated from every rank's partition (zero_to_fp32's job, one
+      tensor in memory at a time); a folder as DST writes a Hugging Face directory with the
+      config.json found beside the checkpoint (or --hf-config PATH)
 
 Memory stays bounded by the largest tensor: one tensor is read from the shards and written at a time.
 Files are written to a temporary name and renamed, so an interrupted export leaves no partial file

@@ -154,8 +154,6 @@ const StTensor* SafetensorsView::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-namespace {
-// `n` values of `dtype` at `p` as fp32 into `out`; false for a dtype that is not floating point.
 bool convert_to_f32(StDtype dtype, const uint8_t* p, int64_t n, float* out) {
   switch (dtype) {
     case StDtype::F32: std::memcpy(out, p, static_cast<size_t>(n) * 4); return true;
@@ -183,7 +181,6 @@ bool convert_to_f32(StDtype dtype, const uint8_t* p, int64_t n, float* out) {
     default: return false;
   }
 }
-}  // namespace
 
 void SafetensorsView::read_f32(const StTensor& t, float* out) const {
   if (!convert_to_f32(t.dtype, bytes(t), t.numel(), out))

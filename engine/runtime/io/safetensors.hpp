@@ -89,6 +89,9 @@ struct StTensorSource {
 uint64_t write_safetensors(const std::string& path, const std::vector<StTensorSource>& tensors,
                            const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// `n` values of `dtype` at `p` as fp32 into `out`; false for a dtype that is not floating point.
+bool convert_to_f32(StDtype dtype, const uint8_t* p, int64_t n, float* out);
+
 // IEEE half precision <-> fp32: round to nearest even, overflow to inf, NaN stays NaN (bf16's pair is
 // kernels::float_to_bf16 / bf16_to_float).
 uint16_t f32_to_f16(float f);

@@ -20,6 +20,7 @@
 #include "common/strings.hpp"
 #include "engine/plan/plan_record.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/deepspeed_checkpoint.hpp"
 #include "engine/runtime/io/safetensors.hpp"
 #include "schema/rope_scaling.hpp"
 #include "kernels/cpu/adam.hpp"
@@ -34,6 +35,7 @@ const char* weights_kind_name(WeightsKind k) {
     case WeightsKind::hf_directory: return "Hugging Face directory";
     case WeightsKind::safetensors_file: return "safetensors file";
     case WeightsKind::peft_adapter: return "PEFT adapter directory";
+    case WeightsKind::deepspeed_checkpoint: return "DeepSpeed checkpoint";
   }
   return "?";
 }
@@ -300,6 +302,7 @@ WeightsKind detect_weights(const std::string& path) {
   if (is_hf_directory(p)) return WeightsKind::hf_directory;
   if (fs::is_regular_file(p, ec) && p.extension() == ".safetensors") return WeightsKind::safetensors_file;
   if (is_ds_checkpoint(p) || fs::exists(p / "DONE", ec)) return WeightsKind::ds_checkpoint;
+  if (is_deepspeed_checkpoint(path)) return WeightsKind::deepspeed_checkpoint;
   throw UserError("'" + path + "' is neither a ds run or checkpoint, a Hugging Face model directory (config.json with "
                       "model.safetensors or model.safetensors.index.json) nor a .safetensors file",
                   "");
@@ -309,6 +312,8 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path) {
   switch (detect_weights(path)) {
     case WeightsKind::ds_checkpoint: return std::make_unique<DsCheckpointSource>(path);
     case WeightsKind::peft_adapter: return std::make_unique<PeftAdapterSource>(path);
+    case WeightsKind::deepspeed_checkpoint:
+      return std::make_unique<DeepSpeedSource>(std::make_shared<DeepSpeedCheckpoint>(path), false, false);
     case WeightsKind::hf_directory:
     case WeightsKind::safetensors_file: break;
   }
@@ -498,20 +503,33 @@ StDtype export_dtype(const std::string& d) {
 
 const char* torch_dtype_of(StDtype d) { return d == StDtype::BF16 ? "bfloat16" : d == StDtype::F16 ? "float16" : "float32"; }
 
+// One tensor of an export: the source's name, the name written, its shape.
+struct ExportTensor {
+  std::string from, to;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+};
+
+std::vector<ExportTensor> export_tensors(const std::vector<std::string>& names, const ModelSpec& model) {
+  std::vector<ExportTensor> out;
+  for (size_t i = 0; i < model.tensors.size(); ++i)
+    out.push_back({names[i], model.tensors[i].name, model.tensors[i].shape, model.tensors[i].numel});
+  return out;
+}
+
 // Before an fp16 export writes anything: every value checked against fp16's range. A value beyond
 // +-65504 would become inf (refused unless allowed, naming the first); nonzero values below half its
 // smallest subnormal (2^-25) become 0 (counted, as every fp16 cast does it).
-void check_fp16_range(const WeightSource& src, const std::vector<std::string>& names, const ModelSpec& model,
-                      const ExportOptions& options, ExportSummary& s) {
+void check_fp16_range(const WeightSource& src, const std::vector<ExportTensor>& tensors, const ExportOptions& options, ExportSummary& s) {
   std::vector<float> v;
-  for (size_t i = 0; i < model.tensors.size(); ++i) {
-    v.resize(static_cast<size_t>(model.tensors[i].numel));
-    src.read_f32(names[i], v.data());
+  for (const ExportTensor& t : tensors) {
+    v.resize(static_cast<size_t>(t.numel));
+    src.read_f32(t.from, v.data());
     for (size_t k = 0; k < v.size(); ++k) {
       const float a = std::fabs(v[k]);
       if (a > 65504.0f && std::isfinite(a)) {
         if (!options.allow_fp16_overflow)
-          throw UserError("tensor '" + model.tensors[i].name + "' holds " + format_double(v[k]) + " (element " + std::to_string(k) +
+          throw UserError("tensor '" + t.to + "' holds " + format_double(v[k]) + " (element " + std::to_string(k) +
                               "), beyond fp16's range (+-65504): exported in fp16 it would become " + (v[k] > 0 ? "+inf" : "-inf"),
                           "export in bf16 (--dtype bf16: fp32's range) or fp32; --allow-fp16-overflow writes the infinities anyway");
         ++s.fp16_overflowed;
@@ -548,32 +566,25 @@ StTensorSource converted(const WeightSource& src, const std::string& from, const
 
 }  // namespace
 
-ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
-                                  const ExportOptions& options) {
-  const ModelSpec model = build_model_spec(hp);
-  const std::vector<std::string> names = match_weights(source, model);
-  const StDtype dtype = export_dtype(options.dtype);
-  ExportSummary s;
-  if (dtype == StDtype::F16) check_fp16_range(source, names, model, options, s);
-  fs::create_directories(out_dir);
-  // Shards of at most max_shard_bytes (a tensor larger than that gets a shard of its own).
+namespace {
+
+// The weights of a Hugging Face directory: model.safetensors, or shards of at most max_shard_bytes (a tensor
+// larger than that gets a shard of its own) with model.safetensors.index.json; `s.files` holds what was
+// written before them. The previous export's weight files that this one did not write are removed.
+void write_hf_weights(const WeightSource& source, const std::vector<ExportTensor>& tensors, const fs::path& dir, StDtype dtype,
+                      const ExportOptions& options, ExportSummary& s) {
   std::vector<std::vector<StTensorSource>> shards(1);
   uint64_t in_shard = 0, total = 0;
-  for (size_t i = 0; i < model.tensors.size(); ++i) {
-    const TensorSpec& t = model.tensors[i];
+  for (const ExportTensor& t : tensors) {
     const uint64_t bytes = static_cast<uint64_t>(t.numel) * static_cast<uint64_t>(st_dtype_bytes(dtype));
     if (!shards.back().empty() && in_shard + bytes > options.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(converted(source, names[i], t.name, t.shape, dtype));
+    shards.back().push_back(converted(source, t.from, t.to, t.shape, dtype));
     in_shard += bytes;
     total += bytes;
   }
-  const fs::path dir(out_dir);
-  write_text_atomically((dir / "config.json").string(), hf_config_json(hp, torch_dtype_of(dtype)));
-  write_text_atomically((dir / "generation_config.json").string(), hf_generation_config_json(hp));
-  s.files = {(dir / "config.json").string(), (dir / "generation_config.json").string()};
   if (shards.size() == 1) {
     s.tensor_bytes = write_safetensors((dir / "model.safetensors").string(), shards[0]);
     s.files.push_back((dir / "model.safetensors").string());
@@ -591,7 +602,7 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
     write_text_atomically((dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
     s.files.push_back((dir / "model.safetensors.index.json").string());
   }
-  s.tensors = static_cast<int64_t>(model.tensors.size());
+  s.tensors = static_cast<int64_t>(tensors.size());
   // The previous export's weight files that this one did not write (an index and shards where there is now one
   // file, or the other way round, or more shards than now): removed, so the directory holds one export only.
   std::error_code ec;
@@ -603,6 +614,52 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
     if (weights && std::find(s.files.begin(), s.files.end(), e.path().string()) == s.files.end()) s.removed.push_back(e.path().string());
   }
   for (const std::string& f : s.removed) fs::remove(f, ec);
+}
+
+}  // namespace
+
+ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& hp, const std::string& out_dir,
+                                  const ExportOptions& options) {
+  const ModelSpec model = build_model_spec(hp);
+  const std::vector<ExportTensor> tensors = export_tensors(match_weights(source, model), model);
+  const StDtype dtype = export_dtype(options.dtype);
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, tensors, options, s);
+  fs::create_directories(out_dir);
+  const fs::path dir(out_dir);
+  write_text_atomically((dir / "config.json").string(), hf_config_json(hp, torch_dtype_of(dtype)));
+  write_text_atomically((dir / "generation_config.json").string(), hf_generation_config_json(hp));
+  s.files = {(dir / "config.json").string(), (dir / "generation_config.json").string()};
+  write_hf_weights(source, tensors, dir, dtype, options, s);
+  return s;
+}
+
+ExportSummary export_as_named(const WeightSource& source, const std::string& dst, const std::string& config_json,
+                              const std::vector<std::pair<std::string, std::string>>& extra_files, const ExportOptions& options) {
+  std::vector<ExportTensor> tensors;
+  for (const NamedShape& t : source.tensors()) tensors.push_back({t.name, t.name, t.shape, t.numel()});
+  const StDtype dtype = export_dtype(options.dtype);
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, tensors, options, s);
+  if (config_json.empty()) {
+    std::vector<StTensorSource> out;
+    for (const ExportTensor& t : tensors) out.push_back(converted(source, t.from, t.to, t.shape, dtype));
+    s.tensor_bytes = write_safetensors(dst, out);
+    s.files = {dst};
+    s.tensors = static_cast<int64_t>(out.size());
+    return s;
+  }
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_json);
+  config["torch_dtype"] = torch_dtype_of(dtype);
+  const fs::path dir(dst);
+  fs::create_directories(dir);
+  write_text_atomically((dir / "config.json").string(), config.dump(2) + "\n");
+  s.files.push_back((dir / "config.json").string());
+  for (const auto& [name, bytes] : extra_files) {
+    write_text_atomically((dir / name).string(), bytes);
+    s.files.push_back((dir / name).string());
+  }
+  write_hf_weights(source, tensors, dir, dtype, options, s);
   return s;
 }
 
@@ -610,16 +667,12 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
   DS_CHECK(source.lora.has_value(), "export_peft_adapter: the source holds no adapter");
   const PeftAdapter& a = *source.lora;
   const StDtype dtype = export_dtype(options.dtype);
-  ModelSpec adapter;  // the source's tensors as they are, for the fp16 range check
-  std::vector<std::string> names;
-  for (const NamedShape& t : source.tensors()) {
-    adapter.tensors.push_back({t.name, t.shape, t.numel(), -1, false});
-    names.push_back(t.name);
-  }
+  std::vector<ExportTensor> adapter;  // the source's tensors under PEFT's names
+  for (const NamedShape& t : source.tensors()) adapter.push_back({t.name, "base_model.model." + t.name, t.shape, t.numel()});
   ExportSummary s;
-  if (dtype == StDtype::F16) check_fp16_range(source, names, adapter, options, s);
+  if (dtype == StDtype::F16) check_fp16_range(source, adapter, options, s);
   std::vector<StTensorSource> tensors;
-  for (const TensorSpec& t : adapter.tensors) tensors.push_back(converted(source, t.name, "base_model.model." + t.name, t.shape, dtype));
+  for (const ExportTensor& t : adapter) tensors.push_back(converted(source, t.from, t.to, t.shape, dtype));
   nlohmann::ordered_json c;
   c["peft_type"] = "LORA";
   c["task_type"] = "CAUSAL_LM";
@@ -653,13 +706,12 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
 
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
                                       const ExportOptions& options) {
-  const std::vector<std::string> names = match_weights(source, model);
+  const std::vector<ExportTensor> named = export_tensors(match_weights(source, model), model);
   const StDtype dtype = export_dtype(options.dtype);
   ExportSummary s;
-  if (dtype == StDtype::F16) check_fp16_range(source, names, model, options, s);
+  if (dtype == StDtype::F16) check_fp16_range(source, named, options, s);
   std::vector<StTensorSource> tensors;
-  for (size_t i = 0; i < model.tensors.size(); ++i)
-    tensors.push_back(converted(source, names[i], model.tensors[i].name, model.tensors[i].shape, dtype));
+  for (const ExportTensor& t : named) tensors.push_back(converted(source, t.from, t.to, t.shape, dtype));
   s.tensor_bytes = write_safetensors(file, tensors);
   s.files = {file};
   s.tensors = static_cast<int64_t>(tensors.size());

@@ -19,7 +19,7 @@
 
 namespace ds {
 
-enum class WeightsKind { ds_checkpoint, hf_directory, safetensors_file, peft_adapter };
+enum class WeightsKind { ds_checkpoint, hf_directory, safetensors_file, peft_adapter, deepspeed_checkpoint };
 const char* weights_kind_name(WeightsKind k);
 
 struct NamedShape {
@@ -69,7 +69,8 @@ class WeightSource {
 };
 
 // What `path` holds: a ds run directory or checkpoint (its newest complete checkpoint), a Hugging Face
-// directory, a .safetensors file, or a PEFT LoRA adapter directory (adapter_config.json and
+// directory, a .safetensors file, a DeepSpeed checkpoint folder (`latest` and global_stepN/, read from its
+// fp32 master weights: deepspeed_checkpoint.hpp), or a PEFT LoRA adapter directory (adapter_config.json and
 // adapter_model.safetensors: its tensors named as ds names an adapter's, without "base_model.model.", its
 // `lora` and `base_path` from the config). UserError naming the path when it is none of them.
 WeightsKind detect_weights(const std::string& path);
@@ -130,6 +131,12 @@ std::string weights_checksum(const WeightSource& source, const ModelSpec& model,
 // for GPT-2's Conv1D): what `convert-ckpt --merge` exports. `base` and `trained` (a checkpoint with
 // `frozen_part`) must outlive it.
 std::unique_ptr<WeightSource> merged_weights(const WeightSource& base, const WeightSource& trained);
+
+// Every tensor of `source` under its own name and in its order, for a source that carries no ds model (a
+// DeepSpeed checkpoint): one .safetensors file when `config_json` is empty, else a Hugging Face directory
+// with that config.json (its torch_dtype set to the export's) and `extra_files` (name, bytes) beside it.
+ExportSummary export_as_named(const WeightSource& source, const std::string& dst, const std::string& config_json,
+                              const std::vector<std::pair<std::string, std::string>>& extra_files, const ExportOptions& options);
 
 // One consolidated .safetensors file of every tensor (DeepSpeed's zero_to_fp32 job).
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
