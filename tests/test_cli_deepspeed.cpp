@@ -168,3 +168,55 @@ TEST(CliDeepSpeed, InitFromADeepSpeedCheckpointScoresTheLossDeepSpeedRecordedNex
   EXPECT_TRUE(contains(r.err, "is a DeepSpeed checkpoint, which does not record which model it holds")) << r.err;
   EXPECT_TRUE(contains(r.err, "model.hf_config")) << r.err;
 }
+
+// The layouts the real checkpoints above do not have, written by tests/tools/write_deepspeed_checkpoint.py
+// from DeepSpeed's documented partitioning: ZeRO-1, three ranks whose groups and parameters need padding
+// (ZeRO-3's padding not zeroed), bf16 and fp16 module weights, bf16's optimizer at stage 0, frozen and tied
+// parameters. Each consolidation equals what the writer computed from the values it wrote.
+TEST(CliDeepSpeed, PaddedPartitionsAtThreeRanksBf16Fp16FrozenAndTiedConsolidateExactly) {
+  if (std::system("python3 -c 'import pickle, zipfile, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/ds-written";
+  fs::create_directories(dir);
+  struct Case {
+    std::string args;
+    std::string reads;  // what ds says it reads
+  };
+  const std::vector<Case> cases = {{"--stage 1 --world 3 --dtype fp32 --frozen", "fp32 master weights (3 partitions)"},
+                                   {"--stage 2 --world 3 --dtype bf16 --frozen --tied", "fp32 master weights (3 partitions)"},
+                                   {"--stage 3 --world 3 --dtype bf16 --frozen --tied", "fp32 master weights (3 partitions)"},
+                                   {"--stage 3 --world 2 --dtype fp16", "fp32 master weights (2 partitions)"},
+                                   {"--stage 0 --world 1 --dtype bf16", "fp32 master weights (1 partition)"},
+                                   {"--stage 0 --world 1 --dtype fp16 --tied", "the module's F16 weights"}};
+  int i = 0;
+  for (const Case& c : cases) {
+    const std::string ck = dir + "/case" + std::to_string(i++);
+    ASSERT_EQ(std::system(("python3 " DS_SOURCE_DIR "/tests/tools/write_deepspeed_checkpoint.py " + ck + " " + c.args).c_str()), 0) << c.args;
+    Result r = ds("convert-ckpt " + ck + " " + ck + ".safetensors");
+    ASSERT_EQ(r.code, 0) << c.args << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.reads)) << c.args << "\n" << r.err;
+    Result cmp = compare(ck + "/expected_master.safetensors", ck + ".safetensors");
+    EXPECT_EQ(cmp.code, 0) << c.args << "\n" << cmp.out;
+    if (c.args.find("--stage 3") == std::string::npos) {  // the module's own weights, in the dtype they trained in
+      r = ds("convert-ckpt " + ck + " " + ck + "-module.safetensors --from-module-weights");
+      ASSERT_EQ(r.code, 0) << c.args << "\n" << r.err;
+      cmp = compare(ck + "/expected_module.safetensors", ck + "-module.safetensors");
+      EXPECT_EQ(cmp.code, 0) << c.args << "\n" << cmp.out;
+    }
+  }
+  // ZeRO-3 has no module weights to take; frozen parameters can be left out, as zero_to_fp32 leaves them.
+  Result r = ds("convert-ckpt " + dir + "/case2 " + dir + "/m.safetensors --from-module-weights");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "a ZeRO-3 checkpoint keeps no module weights")) << r.err;
+  r = ds("convert-ckpt " + dir + "/case2 " + dir + "/x.safetensors --exclude-frozen-parameters");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Result cmp = compare(dir + "/case2/expected_master.safetensors", dir + "/x.safetensors");
+  EXPECT_EQ(cmp.code, 1);
+  EXPECT_TRUE(contains(cmp.out, "MISSING model.layers.0.mlp.up_proj.weight")) << cmp.out;
+  EXPECT_TRUE(contains(cmp.out, "5 tensors, 1 differ")) << cmp.out;
+  r = ds("convert-ckpt --info " + dir + "/case2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["module_dtype"], "BF16");
+  EXPECT_EQ(j["world_size"], 3);
+  EXPECT_EQ(j["tied"]["lm_head.weight"], "model.embed_tokens.weight");
+}

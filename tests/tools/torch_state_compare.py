@@ -7,7 +7,7 @@ and struct modules, and compares every tensor byte for byte (both fp32).
     python3 tests/tools/torch_state_compare.py STATE_DICT.bin[:KEY] EXPORT.safetensors [ALIAS=SOURCE ...]
 
 STATE_DICT.bin:KEY takes the state dict under KEY of the file's top-level dict (a DeepSpeed model-states
-file's `module`).
+file's `module`); a STATE_DICT ending in .safetensors is read as one (an expected consolidation).
 
 ALIAS=SOURCE: a tied tensor the export writes once (lm_head.weight=transformer.wte.weight): the state dict's
 ALIAS is compared with the export's SOURCE. Prints one line per tensor and exits 1 on any difference, on a
@@ -83,7 +83,7 @@ def read_safetensors(path):
 
 def main():
     path, _, key = sys.argv[1].partition(".pt:") if ".pt:" in sys.argv[1] else (sys.argv[1], "", "")
-    state = read_state_dict(path + ".pt" if key else path)
+    state = read_safetensors(path) if path.endswith(".safetensors") else read_state_dict(path + ".pt" if key else path)
     if key:
         state = {k: v for k, v in state[key].items() if isinstance(v, tuple)}
     export = read_safetensors(sys.argv[2])

@@ -406,6 +406,19 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
       add(std::move(p));
     }
   }
+  // Below stage 3 the module holds every weight: one that no group, fragment or alias accounts for is a
+  // frozen parameter stage 1 records nowhere else (zero_to_fp32.py leaves those out; ds keeps them).
+  std::set<std::string> aliases;
+  if (const PyValue* sh = ms.get("shared_params"); sh && sh->is(PyKind::dict))
+    for (const auto& [alias, source] : sh->entries)
+      if (alias->is(PyKind::string)) aliases.insert(alias->text);
+  if (stage_ < 3 && !(stage_ == 0 && optim_files_.empty()))
+    for (const auto& [k, v] : module.entries)
+      if (k->is(PyKind::string) && v->is(PyKind::tensor) && !seen.count(model_name(k->text)) && !aliases.count(k->text)) {
+        module_param(k->text, *v, false);
+        params_.back().from = DeepSpeedParam::From::frozen;
+        params_.back().buffer = false;
+      }
   if (const PyValue* sh = ms.get("shared_params"); sh && sh->is(PyKind::dict))
     for (const auto& [alias, source] : sh->entries)
       if (alias->is(PyKind::string) && source->is(PyKind::string)) {
@@ -458,9 +471,11 @@ void DeepSpeedCheckpoint::read(const DeepSpeedParam& p, bool module_weights, flo
     case DeepSpeedParam::From::stage3_flat:
     case DeepSpeedParam::From::frozen: {
       const int64_t part = (p.numel + world_size_ - 1) / world_size_;
-      if (p.from == DeepSpeedParam::From::frozen && stage_ != 3) {
+      if (p.from == DeepSpeedParam::From::frozen && stage_ != 3) {  // its fragment is whole, else the module holds it
         const TorchFile& f = *model_files_[0];
-        f.read_f32(*f.root().get("frozen_param_fragments")->get(p.key), 0, p.numel, out);
+        const PyValue* frags = f.root().get("frozen_param_fragments");
+        const PyValue* t = frags ? frags->get(p.key) : nullptr;
+        f.read_f32(t && t->is(PyKind::tensor) ? *t : module_tensor(p), 0, p.numel, out);
         return;
       }
       for (int64_t r = 0; r < world_size_; ++r) {
