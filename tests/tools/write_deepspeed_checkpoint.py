@@ -20,6 +20,12 @@ give, computed here from the values it wrote: expected_master.safetensors (the f
 parameters as their module dtype's values) and expected_module.safetensors (the module's weights, widened).
 
     python3 tests/tools/write_deepspeed_checkpoint.py OUT --stage S --world W --dtype fp32|bf16|fp16 [--frozen] [--tied]
+    python3 tests/tools/write_deepspeed_checkpoint.py OUT --big    (bench/bench_deepspeed_convert.sh)
+
+--big writes a TinyLlama-shaped model (1.1B parameters: vocab 32000, hidden 2048, 22 layers, 4 kv heads,
+intermediate 5632) at ZeRO-2 on --world ranks (default 2; 1 makes a 4.4 GB optimizer file, past ZIP64's
+4 GiB) in bf16, its storages streamed in 64 MiB chunks of a repeated
+value (no expected files): a checkpoint of real size, for measuring a reader's memory.
 """
 import argparse
 import collections
@@ -80,8 +86,9 @@ def decode(data, dtype):
 
 
 class Storage:
-    def __init__(self, key, dtype, data):
+    def __init__(self, key, dtype, data, numel=None):
         self.key, self.dtype, self.data = key, dtype, data
+        self.numel = numel if numel is not None else len(data) // STORAGE[dtype][1]
 
 
 class Tensor:
@@ -107,6 +114,12 @@ class TorchSaver:
         self.storages.append(s)
         return Tensor(s, shape)
 
+    def big(self, numel, dtype, shape):
+        """A tensor of `numel` copies of one value, never held in memory."""
+        s = Storage(str(len(self.storages)), dtype, encode([0.5] * (4 // STORAGE[dtype][1]), dtype), numel)
+        self.storages.append(s)
+        return Tensor(s, shape)
+
     def save(self, obj, path):
         stem = os.path.splitext(os.path.basename(path))[0]
         buf = io.BytesIO()
@@ -116,14 +129,23 @@ class TorchSaver:
             def persistent_id(self, o):
                 if isinstance(o, Storage):
                     name, width = STORAGE[o.dtype]
-                    return ("storage", getattr(torch, name), o.key, "cpu", len(o.data) // width)
+                    return ("storage", getattr(torch, name), o.key, "cpu", o.numel)
                 return None
 
         P(buf, protocol=2).dump(obj)
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
             z.writestr(stem + "/data.pkl", buf.getvalue())
             for s in saver.storages:
-                z.writestr(stem + "/data/" + s.key, s.data)
+                width = STORAGE[s.dtype][1]
+                if len(s.data) == s.numel * width:
+                    z.writestr(stem + "/data/" + s.key, s.data)
+                    continue
+                # A large storage: a repeated 4-byte value, streamed (ZIP64 sizes and offsets where needed).
+                with z.open(stem + "/data/" + s.key, "w", force_zip64=True) as f:
+                    left, chunk = s.numel * width, s.data * ((64 << 20) // len(s.data))
+                    while left > 0:
+                        f.write(chunk[:left])
+                        left -= min(left, len(chunk))
             z.writestr(stem + "/version", "3\n")
 
 
@@ -140,15 +162,56 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def write_big(out, W):
+    V, H, L, KV, I, heads = 32000, 2048, 22, 4, 5632, 32
+    kv = H // heads * KV
+    shapes = [("model.embed_tokens.weight", (V, H))]
+    for i in range(L):
+        p = "model.layers.%d." % i
+        shapes += [(p + "self_attn.q_proj.weight", (H, H)), (p + "self_attn.k_proj.weight", (kv, H)), (p + "self_attn.v_proj.weight", (kv, H)),
+                   (p + "self_attn.o_proj.weight", (H, H)), (p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
+                   (p + "mlp.down_proj.weight", (H, I)), (p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
+    shapes += [("model.norm.weight", (H,)), ("lm_head.weight", (V, H))]
+    numel = {n: (s[0] * s[1] if len(s) == 2 else s[0]) for n, s in shapes}
+    groups = [[n for n, s in shapes if len(s) == 2], [n for n, s in shapes if len(s) == 1]]
+    d = os.path.join(out, "global_step1")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(out, "latest"), "w") as f:
+        f.write("global_step1")
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}
+    s = TorchSaver()
+    s.save({"module": collections.OrderedDict((n, s.big(numel[n], "bf16", sh)) for n, sh in shapes), "buffer_names": [],
+            "optimizer": None, "param_shapes": [collections.OrderedDict((n, Size(dict(shapes)[n])) for n in g) for g in groups],
+            "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None, "global_steps": 1, "global_samples": 2,
+            "skipped_steps": 0, "dp_world_size": W, "mp_world_size": 1, "ds_config": config, "ds_version": "0.14.4"},
+           os.path.join(d, "mp_rank_00_model_states.pt"))
+    for r in range(W):
+        s = TorchSaver()
+        parts = []
+        for g in groups:
+            total = sum(numel[n] for n in g)
+            p = (total + (-total % (2 * W))) // W
+            kept = max(0, min(p, total - r * p))
+            parts.append(s.big(kept, "fp32", (kept,)))
+        osd = {"zero_stage": 2, "loss_scaler": None, "single_partition_of_fp32_groups": parts, "partition_count": [W, W],
+               "base_optimizer_state": {"state": {}, "param_groups": []}}
+        s.save({"optimizer_state_dict": osd, "ds_config": config}, os.path.join(d, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--stage", type=int, required=True)
-    ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], required=True)
+    ap.add_argument("--big", action="store_true")
+    ap.add_argument("--stage", type=int)
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--frozen", action="store_true")
     ap.add_argument("--tied", action="store_true")
     a = ap.parse_args()
+    if a.big:
+        return write_big(a.out, a.world or 2)
+    if a.stage is None or a.world is None or a.dtype is None:
+        ap.error("--stage, --world and --dtype are required (or --big)")
     W, stage, dtype = a.world, a.stage, a.dtype
     # Odd sizes, so the groups and parameters need padding at three ranks.
     shapes = collections.OrderedDict([

@@ -550,12 +550,13 @@ StTensorSource converted(const WeightSource& src, const std::string& from, const
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   t.fill = [&src, from, dtype, n](uint8_t* out) {
-    std::vector<float> v(static_cast<size_t>(n));
-    src.read_f32(from, v.data());
+    // fp32 straight into the writer's buffer (malloc'd, so aligned for floats): one copy of the tensor in memory.
     if (dtype == StDtype::F32) {
-      std::memcpy(out, v.data(), v.size() * 4);
+      src.read_f32(from, reinterpret_cast<float*>(out));
       return;
     }
+    std::vector<float> v(static_cast<size_t>(n));
+    src.read_f32(from, v.data());
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t h = dtype == StDtype::BF16 ? kernels::float_to_bf16(v[static_cast<size_t>(i)]) : f32_to_f16(v[static_cast<size_t>(i)]);
       std::memcpy(out + 2 * i, &h, 2);
