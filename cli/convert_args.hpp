@@ -2,8 +2,12 @@
 // directories) and convert_deepspeed.cpp (DeepSpeed's checkpoints).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "engine/plan/plan.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
 
 namespace ds::cli {
 
@@ -19,6 +23,15 @@ struct ConvertArgs {
 // Refuses a destination that exists (without --overwrite), is or holds what the conversion reads
 // (`sources`), or holds a ds run an export would hide (`exports`: DST receives Hugging Face files).
 void check_destination(const ConvertArgs& a, const std::vector<std::string>& sources, bool exports);
+
+// The plan of rank `rank` of `world` ranks on one node for a conversion (`source` names where the world size came from).
+Plan plan_for_rank(const Config& config, const ModelSpec& spec, int world, int rank, const char* source);
+
+// Writes a ds run's checkpoint into `dst` as `files` ranks save it (one file, or one per rank of a sharded
+// plan): `shard_of(r)` gives rank r's buffers, drawn piece by piece. Prints each further rank as it is written.
+SavedCheckpoint write_run_checkpoint(const std::string& dst, const CheckpointScalars& scalars, int files,
+                                     const std::function<CheckpointBuffers(int rank)>& shard_of, const std::string& plan_json,
+                                     const std::string& config_json);
 
 // SRC is a DeepSpeed checkpoint folder: --info, or its weights as a Hugging Face directory or one file.
 int convert_deepspeed(const ConvertArgs& a);

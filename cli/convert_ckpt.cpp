@@ -252,6 +252,36 @@ std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, in
   return o;
 }
 
+}  // namespace
+
+Plan plan_for_rank(const Config& config, const ModelSpec& spec, int world, int rank, const char* source) {
+  Topology t;
+  t.world_size = t.ranks_per_node = world;
+  t.rank = t.local_rank = rank;
+  t.world_size_source = source;
+  return compile_plan(config, spec, t);
+}
+
+SavedCheckpoint write_run_checkpoint(const std::string& dst, const CheckpointScalars& scalars, int files,
+                                     const std::function<CheckpointBuffers(int rank)>& shard_of, const std::string& plan_json,
+                                     const std::string& config_json) {
+  // save_checkpoint's protocol, played by one process: rank 0 creates the directory and reaches its first
+  // barrier, every other rank writes its file, rank 0 writes its own and marks the checkpoint complete.
+  CheckpointWriter writer{0, files, nullptr};
+  bool others_written = files == 1;
+  writer.barrier = [&] {
+    if (others_written) return;
+    others_written = true;
+    for (int r = 1; r < files; ++r) {
+      save_checkpoint(dst, scalars, shard_of(r), plan_json, config_json, 0, CheckpointWriter{r, files, nullptr});
+      std::cerr << "  rank " << r << " of " << files << " written\n";
+    }
+  };
+  return save_checkpoint(dst, scalars, shard_of(0), plan_json, config_json, 0, writer);
+}
+
+namespace {
+
 // A ds checkpoint -> a ds run directory whose checkpoint is sharded for `world_size` ranks at ZeRO
 // `stage`: each rank's file holds exactly the segments a run of that shape owns (weights, moments,
 // counters unchanged), so the new run resumes from its own shard without remapping. Values are copied,
@@ -283,14 +313,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
                                                   : std::string("some ranks would hold no parameter at all")),
                     "reshard for the world size the run will resume on");
   if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {src.path()}}));
-  auto plan_for_rank = [&](int rank) {
-    Topology t;
-    t.world_size = t.ranks_per_node = world;
-    t.rank = t.local_rank = rank;
-    t.world_size_source = "convert-ckpt --world-size";
-    return compile_plan(loaded.config, spec, t);
-  };
-  const Plan lead_plan = plan_for_rank(0);
+  const Plan lead_plan = plan_for_rank(loaded.config, spec, world, 0, "convert-ckpt --world-size");
   // The source's counters, with its checksums verified once here rather than once per piece.
   CheckpointBuffers probe;
   probe.model_numel = lead_plan.layout.numel;
@@ -298,7 +321,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   // Rank r's shard drawn piece by piece from whichever source files hold those elements: memory is one
   // piece of each buffer, never a shard.
   auto shard_of = [&](int rank) {
-    const Plan plan = rank == 0 ? lead_plan : plan_for_rank(rank);
+    const Plan plan = rank == 0 ? lead_plan : plan_for_rank(loaded.config, spec, world, rank, "convert-ckpt --world-size");
     CheckpointBuffers b{nullptr, nullptr, nullptr, plan.execution.local_numel, owned_segments(plan.layout, rank), plan.layout.numel};
     b.pieces.moments = plan.optimizer.moments;
     b.pieces.read = [&src, segments = b.segments, P = plan.layout.numel](int64_t at, int64_t n, float* m, float* m1, float* m2) {
@@ -317,19 +340,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   const bool sharded = lead_plan.execution.sharded;
   // The run's tokenizer record goes with it: exports of the resharded run ship the same files.
   const std::string plan_json = plan_to_json(lead_plan, record.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{}));
-  // save_checkpoint's protocol, played by one process: rank 0 creates the directory and reaches its first
-  // barrier, every other rank writes its file, rank 0 writes its own and marks the checkpoint complete.
-  CheckpointWriter writer{0, sharded ? world : 1, nullptr};
-  bool others_written = !sharded;
-  writer.barrier = [&] {
-    if (others_written) return;
-    others_written = true;
-    for (int r = 1; r < world; ++r) {
-      save_checkpoint(a.dst, scalars, shard_of(r), plan_json, loaded.resolved_json, 0, CheckpointWriter{r, world, nullptr});
-      std::cerr << "  rank " << r << " of " << world << " written\n";
-    }
-  };
-  const SavedCheckpoint saved = save_checkpoint(a.dst, scalars, shard_of(0), plan_json, loaded.resolved_json, 0, writer);
+  const SavedCheckpoint saved = write_run_checkpoint(a.dst, scalars, sharded ? world : 1, shard_of, plan_json, loaded.resolved_json);
   std::cerr << "ds convert-ckpt: " << src.path() << " (step " << src.step << ", ZeRO stage " << src.zero_stage << " on "
             << src.world_size << (src.world_size == 1 ? " rank" : " ranks") << ") -> " << saved.path << " (ZeRO stage " << stage
             << " on " << world << (world == 1 ? " rank" : " ranks") << (sharded ? ", one shard per rank" : ", one file") << ")\n"
@@ -490,7 +501,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
       ->required();
   sub->add_option("DST", a->dst, "a directory (Hugging Face layout) or a file ending in .safetensors (one consolidated file)");
   sub->add_option("--to", a->to, "force the destination's kind: hf (directory), safetensors (one file) or ds (a run "
-                                 "directory; implied by --world-size and --stage)")
+                                 "directory; implied by --world-size and --stage; from a DeepSpeed checkpoint, a ds run that "
+                                 "resumes it with its optimizer state)")
       ->check(CLI::IsMember({"hf", "safetensors", "ds"}));
   sub->add_option("--world-size", a->world_size, "ds -> ds: shard the checkpoint for this many ranks (default: as saved)")
       ->check(CLI::Range(1, 1 << 20));
@@ -550,6 +562,9 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
       its fp32 master weights consolidated from every rank's partition (zero_to_fp32's job, one
       tensor in memory at a time); a folder as DST writes a Hugging Face directory with the
       config.json found beside the checkpoint (or --hf-config PATH)
+  ds convert-ckpt output/checkpoint-500 runs/continued --to ds
+      the DeepSpeed run as a ds run (fp32 master, Adam's moments, step, loss scaler); continue it with
+      ds train ds_config.json train.output_dir=runs/continued --resume
 
 Memory stays bounded by the largest tensor: one tensor is read from the shards and written at a time.
 Files are written to a temporary name and renamed, so an interrupted export leaves no partial file

@@ -2,6 +2,7 @@
 // .safetensors file or a Hugging Face directory, tensor by tensor, without Python or its pickles running.
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -11,7 +12,11 @@
 #include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
+#include "cli/run_policy.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/runtime/io/deepspeed_checkpoint.hpp"
+#include "schema/loader.hpp"
 
 namespace ds::cli {
 namespace {
@@ -124,6 +129,106 @@ std::string find_hf_config(const ConvertArgs& a, const DeepSpeedCheckpoint& c) {
   return "";
 }
 
+double number_in(const PyValue* v, double fallback) {
+  if (v && v->is(PyKind::real)) return v->real;
+  if (v && v->is(PyKind::integer)) return static_cast<double>(v->integer);
+  return fallback;
+}
+
+// A DeepSpeed checkpoint -> a ds run directory that `ds train --resume` continues: the fp32 master weights
+// and both Adam moments laid out for ds's plan at the checkpoint's world size and stage (one file per rank
+// where the plan shards), the step, the skipped steps and the loss scaler; the stored config is DeepSpeed's
+// own, read by ds's schema, with the model from the Hugging Face config.json. Streamed: one piece of each
+// buffer in memory at a time.
+int import_deepspeed(const ConvertArgs& a, const std::shared_ptr<const DeepSpeedCheckpoint>& ckpt) {
+  const DeepSpeedCheckpoint& c = *ckpt;
+  const std::string resume_instead = "start from its weights instead: model.init_from=" + a.src + " (the optimizer's moments start fresh)";
+  if (!c.has_moments()) throw UserError("'" + c.dir() + "' cannot be resumed in ds: " + c.moments_missing(), resume_instead);
+  for (const DeepSpeedParam& p : c.params())
+    if (p.from == DeepSpeedParam::From::frozen || p.buffer)
+      throw UserError("'" + c.dir() + "' holds " + (p.buffer ? "the buffer" : "the frozen parameter") + " '" + p.name +
+                          "', which a resumed ds run would not keep as DeepSpeed did",
+                      resume_instead);
+  if (a.dtype != "fp32")
+    throw UserError("--dtype " + a.dtype + " does not apply to a ds run: it holds fp32 master weights", "leave --dtype out");
+  if (a.world_size > 0 || a.stage >= 0)
+    throw UserError("--world-size and --stage: a DeepSpeed checkpoint is written as it was saved (" + std::to_string(c.world_size()) +
+                        " ranks, ZeRO stage " + std::to_string(c.stage()) + ")",
+                    "ds train --resume reads it at any world size and stage; to reshard ahead of time, run ds convert-ckpt on the "
+                    "written run with --world-size and --stage");
+  if (ends_with(a.dst, ".safetensors")) throw UserError("--to ds writes a run directory, not '" + a.dst + "'", "give a directory for the run");
+  const std::string hf_config = find_hf_config(a, c);
+  if (hf_config.empty())
+    throw UserError("a ds run needs the model's config.json, which a DeepSpeed checkpoint does not hold (none in '" + a.src + "' either)",
+                    "give it with --hf-config PATH (the config.json of the model you trained)");
+  check_destination(a, {a.src, c.dir()}, false);
+  if (a.overwrite) print_warnings("convert-ckpt", prepare_run_dir({a.dst, false, "", true, {c.dir()}}));
+  // DeepSpeed's config as the run's: ds's schema reads it as it reads any ds_config.json (warnings and refusals
+  // name its keys); the model block and the output directory are added.
+  nlohmann::json cfg = c.config();
+  if (!cfg.is_object()) throw UserError("'" + c.dir() + "' stores no ds_config", "");
+  cfg["model"] = {{"hf_config", fs::absolute(hf_config).string()}};
+  cfg["train"] = {{"output_dir", a.dst}, {"steps", std::max<int64_t>(c.step(), 1)}};
+  const std::string source = c.dir() + " (its ds_config)";
+  const LoadedConfig loaded = load_config_text_with_json(cfg.dump(2), source);
+  print_warnings("convert-ckpt", loaded.config.warnings);
+  const ModelSpec spec = build_model_spec(resolve_model_hyper(loaded.config.model));
+  const int world = static_cast<int>(c.world_size());
+  const Plan lead = plan_for_rank(loaded.config, spec, world, 0, "the DeepSpeed checkpoint");
+  if (lead.optimizer.moments != 2)
+    throw UserError("the checkpoint's config trains with an optimizer without Adam's two moments in ds", resume_instead);
+  // Each of ds's tensors is the DeepSpeed parameter of the same name (GPT-2 with or without "transformer.").
+  const DeepSpeedSource src(ckpt, false, false);
+  const std::vector<std::string> names = match_weights(src, lead.model);
+  std::map<std::string, const DeepSpeedParam*> by_ds_name;
+  for (size_t i = 0; i < lead.model.tensors.size(); ++i) by_ds_name[lead.model.tensors[i].name] = c.find(names[i]);
+  std::vector<const DeepSpeedParam*> slot_param;
+  for (const ParamSlot& slot : lead.layout.params) {
+    const DeepSpeedParam* p = by_ds_name.count(slot.name) ? by_ds_name.at(slot.name) : nullptr;
+    DS_CHECK(p != nullptr, "import_deepspeed: no DeepSpeed parameter for " + slot.name);
+    slot_param.push_back(p);
+  }
+  CheckpointScalars sc;
+  sc.step = c.step();
+  sc.skipped_steps = c.skipped_steps();
+  sc.applied_steps = c.step() - c.skipped_steps();
+  sc.seed = lead.run.seed;
+  if (const PyValue* ls = c.loss_scaler()) {
+    sc.loss_scaler.scale = number_in(ls->get("cur_scale"), 1.0);
+    sc.loss_scaler.iteration = static_cast<int64_t>(number_in(ls->get("cur_iter"), 0));
+    sc.loss_scaler.last_overflow_iteration = static_cast<int64_t>(number_in(ls->get("last_overflow_iter"), -1));
+    sc.loss_scaler.hysteresis_left = static_cast<int>(number_in(ls->get("cur_hysteresis"), 0));
+  }
+  auto shard_of = [&](int rank) {
+    const Plan plan = rank == 0 ? lead : plan_for_rank(loaded.config, spec, world, rank, "the DeepSpeed checkpoint");
+    CheckpointBuffers b{nullptr, nullptr, nullptr, plan.execution.local_numel, owned_segments(plan.layout, rank), plan.layout.numel};
+    b.pieces.moments = 2;
+    b.pieces.read = [&c, &slot_param, layout = plan.layout, segments = b.segments](int64_t at, int64_t n, float* m, float* m1, float* m2) {
+      for (float* p : {m, m1, m2})
+        if (p) std::fill(p, p + n, 0.0f);  // padding between segments
+      for (const OwnedSegment& g : segments) {
+        const int64_t lo = std::max(g.local, at), hi = std::min(g.local + g.numel, at + n);
+        if (lo >= hi) continue;
+        const ParamSlot& slot = layout.params[static_cast<size_t>(g.param)];
+        const int64_t in_param = g.global - slot.offset + (lo - g.local);
+        float* outs[3] = {m, m1, m2};
+        for (int which = 0; which < 3; ++which)
+          if (outs[which]) c.read_state(*slot_param[static_cast<size_t>(g.param)], which, in_param, hi - lo, outs[which] + (lo - at));
+      }
+    };
+    return b;
+  };
+  const SavedCheckpoint saved = write_run_checkpoint(a.dst, sc, lead.execution.sharded ? world : 1, shard_of, plan_to_json(lead),
+                                                     loaded.resolved_json);
+  std::cerr << "ds convert-ckpt: " << c.dir() << " (DeepSpeed, step " << c.step() << ", ZeRO stage " << c.stage() << " on " << world
+            << (world == 1 ? " rank" : " ranks") << ") -> " << saved.path << " (fp32 master weights, Adam's moments, step "
+            << c.step() << ", " << format_bytes(static_cast<double>(saved.bytes)) << ")\n"
+            << "  resume it: ds train CONFIG train.output_dir=" << a.dst << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "")
+            << " --resume   (CONFIG: your ds_config.json with a model block; "
+            << "the run's own config is stored in the checkpoint)\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int convert_deepspeed(const ConvertArgs& a) {
@@ -131,10 +236,7 @@ int convert_deepspeed(const ConvertArgs& a) {
     auto ckpt = std::make_shared<const DeepSpeedCheckpoint>(a.src, a.tag);
     if (a.info) return print_deepspeed_info(*ckpt, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt DEEPSPEED_DIR OUT (a folder, or a file ending in .safetensors); or --info DEEPSPEED_DIR");
-    if (a.to == "ds" || a.world_size > 0 || a.stage >= 0)
-      throw UserError("a DeepSpeed checkpoint cannot be written as a ds run yet (--to ds, --world-size, --stage)",
-                      "export its weights (DST a folder or a .safetensors file) and start a ds run from them with model.init_from=DST; "
-                      "the optimizer's moments then start fresh");
+    if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return import_deepspeed(a, ckpt);
     if (a.adapter || a.merge || !a.base.empty())
       throw UserError("--adapter, --merge and --base apply to ds's own LoRA runs", "a DeepSpeed checkpoint exports its weights as they are");
     const DeepSpeedSource src(ckpt, a.module_weights, a.exclude_frozen);

@@ -185,6 +185,7 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
   }
   s += "; " + (seq_len > 0 ? std::to_string(seq_len) + " tokens per sample" : std::string("sequence length auto (the model's context)"));
   if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";
+  if (!d.shuffle) s += ", samples in stream order (data.shuffle false)";
   return s;
 }
 

@@ -199,6 +199,7 @@ struct DataConfig {
   std::string path, tokenizer, vocab_file, merges_file, token_format, dataset;
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;
+  bool shuffle = true;  // false: samples in stream order (BatchSampler)
   // Not a key: the data's size in tokens, measured by the command before it compiles the plan (train.epochs
   // needs it); empty when not measured.
   std::optional<int64_t> measured_tokens;

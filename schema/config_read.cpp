@@ -297,6 +297,7 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.dataset = at(data, "dataset").get<std::string>();
   c.data.seq_len = opt_int(at(data, "seq_len"));
   c.data.val_fraction = at(data, "val_fraction").get<double>();
+  c.data.shuffle = at(data, "shuffle").get<bool>();
   if (c.data.type != DataType::synthetic && c.data.path.empty())
     errors.push_back({"data.path", std::string("data.type \"") + dt + "\" needs a file", "set data.path, or use data.type \"synthetic\""});
   if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))

@@ -2,7 +2,7 @@
 // ../shared/data/deepspeed-checkpoints (DeepSpeed 0.14.4 wrote them; its own zero_to_fp32.py wrote their
 // pytorch_model.bin). Checked independently: tests/tools/torch_state_compare.py reads the .bin with Python's
 // own pickle and zipfile modules and the export with json and struct, byte for byte; and a ds run started
-// from the checkpoint scores the loss DeepSpeed recorded for the next step.
+// from the checkpoint, or resuming it, logs the losses DeepSpeed recorded.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -117,46 +117,92 @@ TEST(CliDeepSpeed, AHuggingFaceDirectoryNeedsTheModelsConfigAndShipsIt) {
   r = ds("convert-ckpt " + src + " " + src + "/global_step5/out.safetensors");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "which this conversion reads")) << r.err;
-  // Resuming as a ds run is not built yet: said, with the way that works today.
-  r = ds("convert-ckpt " + src + " " + dir + "/run --to ds");
+  // Stage 0 keeps Adam's state by parameter index only: no ds run from it, and the way that works instead.
+  r = ds("convert-ckpt " + kCases + "llama-z0-w1-fp32/ckpt " + dir + "/run --to ds --hf-config " + kCases + "llama-z0-w1-fp32/init");
   EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "by parameter index, without names")) << r.err;
   EXPECT_TRUE(contains(r.err, "model.init_from")) << r.err;
+}
+
+namespace {
+// The DeepSpeed case's own config (as losses.json records it) with ds's blocks: its model, its data in the
+// order DeepSpeed fed it (windows of 33 tokens at a stride of 32, no shuffling), `steps` steps.
+std::string case_config(const std::string& dir, const std::string& c, int steps, const std::string& out) {
+  nlohmann::json cfg = nlohmann::json::parse(slurp(kCases + c + "/losses.json"))["ds_config"];
+  cfg["model"] = {{"hf_config", kCases + c + "/init/config.json"}};
+  cfg["data"] = {{"type", "tokens"}, {"token_format", "uint16"}, {"path", kCases + "gpl3.u16"}, {"seq_len", 32}, {"val_fraction", 0},
+                 {"shuffle", false}};
+  cfg["train"] = {{"steps", steps}, {"eval_every", 0}, {"output_dir", out}};
+  const std::string path = dir + "/" + c + ".json";
+  std::ofstream(path) << cfg.dump(1);
+  return path;
+}
+
+std::vector<double> losses_of(const std::string& run) {
+  std::vector<double> out;
+  for (const nlohmann::json& m : metrics_of(run))
+    if (m.contains("loss") && m.contains("step")) out.push_back(m["loss"].get<double>());
+  return out;
+}
+}  // namespace
+
+// The same run in ds from DeepSpeed's initial weights: its data in DeepSpeed's order (data.shuffle false),
+// DeepSpeed's ds_config, ZeRO-2 on two ranks: every step's loss is the one DeepSpeed logged, and the seventh
+// (the weights after step 6 on batch 6) too. AdamW, the weight-decay groups, clipping and the batch's
+// layout over ranks all agree.
+TEST(CliDeepSpeed, TrainedFromTheSameStartDsLogsDeepSpeedsLossesStepForStep) {
+  REQUIRE_CASES();
+  const std::string dir = scratch_dir() + "/ds-same";
+  fs::create_directories(dir);
+  const std::string c = "llama-z2-w2-fp32";
+  const Result r = ds("train " + case_config(dir, c, 7, dir + "/run") + " model.init_from=" + kCases + c + "/init --nproc-per-node 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json rec = nlohmann::json::parse(slurp(kCases + c + "/losses.json"));
+  const std::vector<double> ours = losses_of(dir + "/run");
+  ASSERT_EQ(ours.size(), 7u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(ours[i], rec["losses"][i].get<double>(), 1e-5) << "step " << i + 1;
+  EXPECT_NEAR(ours[6], rec["loss_after_step6_on_batch_b6"].get<double>(), 1e-5);
+}
+
+// A DeepSpeed run continued in ds: `convert-ckpt --to ds` lays the fp32 master and both Adam moments out for
+// ds's plan, and `ds train --resume` takes step 6 and 7 as DeepSpeed did. Step 7's loss depends on the
+// moments and the step count the checkpoint carried.
+TEST(CliDeepSpeed, ADeepSpeedRunResumedInDsContinuesWithDeepSpeedsNextLosses) {
+  REQUIRE_CASES();
+  const std::string dir = scratch_dir() + "/ds-resume";
+  fs::create_directories(dir);
+  for (const std::string c : {"llama-z3-w2-fp32", "gpt2-z2-w2-fp32"}) {
+    Result r = ds("convert-ckpt " + kCases + c + "/ckpt " + dir + "/" + c + " --to ds --hf-config " + kCases + c + "/init");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "fp32 master weights, Adam's moments, step 5")) << r.err;
+    r = ds("train " + case_config(dir, c, 7, dir + "/" + c) + " --resume --nproc-per-node 2");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json rec = nlohmann::json::parse(slurp(kCases + c + "/losses.json"));
+    const std::vector<double> ours = losses_of(dir + "/" + c);
+    ASSERT_EQ(ours.size(), 2u) << c;  // steps 6 and 7
+    EXPECT_NEAR(ours[0], rec["losses"][5].get<double>(), 1e-5) << c;
+    EXPECT_NEAR(ours[1], rec["loss_after_step6_on_batch_b6"].get<double>(), 1e-5) << c;
+  }
 }
 
 // ds started from DeepSpeed's checkpoint (model.init_from names the folder) scores, before its first
 // update, the loss DeepSpeed logged for step 6 on the same rows: the weights reached ds's model intact
-// (names, GPT-2's Conv1D layout and tied head, Llama's grouped-query projections).
+// (names, GPT-2's Conv1D layout and tied head, Llama's grouped-query projections). Its data are the
+// tokens from step 6's first window on, in DeepSpeed's order (data.shuffle false), on DeepSpeed's two ranks.
 TEST(CliDeepSpeed, InitFromADeepSpeedCheckpointScoresTheLossDeepSpeedRecordedNext) {
   REQUIRE_CASES();
   const std::string dir = scratch_dir() + "/ds-init";
   fs::create_directories(dir);
-  std::ifstream in(kCases + "gpl3.u16", std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto* tokens = reinterpret_cast<const uint16_t*>(bytes.data());
-  struct Case {
-    std::string name;
-    int rank;
-  };
-  for (const Case& c : {Case{"gpt2-z2-w2-fp32", 0}, Case{"llama-z3-w2-fp32", 1}}) {
-    const nlohmann::json rec = nlohmann::json::parse(slurp(kCases + c.name + "/losses.json"));
-    const int world = rec["world_size"];
-    double sum = 0;
-    for (int i = 0; i < 4; ++i) {  // the README's order: step 6 (b = 5), this rank, row i
-      const int64_t o = ((5 * world + c.rank) * 4 + i) * 32;
-      const std::string row = dir + "/" + c.name + "-row" + std::to_string(i) + ".bin";
-      std::ofstream(row, std::ios::binary).write(reinterpret_cast<const char*>(tokens + o), 33 * 2);
-      const nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 1},
-                                  {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-                                  {"model", {{"hf_config", kCases + c.name + "/init/config.json"}, {"init_from", kCases + c.name + "/ckpt"}}},
-                                  {"data", {{"type", "tokens"}, {"token_format", "uint16"}, {"seq_len", 32}, {"val_fraction", 0}, {"path", row}}},
-                                  {"train", {{"steps", 1}, {"eval_every", 0}, {"output_dir", row + "-run"}}}};
-      std::ofstream(row + ".json") << cfg.dump();
-      const Result r = ds("train " + row + ".json");
-      ASSERT_EQ(r.code, 0) << r.err;
-      sum += metrics_of(row + "-run").front()["loss"].get<double>();
-    }
-    const double recorded = rec["steps"][5]["rank_losses"][c.rank];
-    EXPECT_NEAR(sum / 4, recorded, 1e-5) << c.name;
+  const std::string all = slurp(kCases + "gpl3.u16");
+  std::ofstream(dir + "/from-step6.u16", std::ios::binary) << all.substr(5 * 8 * 32 * 2);  // batch b = 5 of 8 rows of 32
+  for (const std::string c : {"gpt2-z2-w2-fp32", "llama-z3-w2-fp32"}) {
+    const Result r = ds("train " + case_config(dir, c, 1, dir + "/" + c) + " model.init_from=" + kCases + c + "/ckpt data.path=" + dir +
+                        "/from-step6.u16 --nproc-per-node 2");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json rec = nlohmann::json::parse(slurp(kCases + c + "/losses.json"));
+    const std::vector<double> ours = losses_of(dir + "/" + c);
+    ASSERT_EQ(ours.size(), 1u);
+    EXPECT_NEAR(ours[0], rec["losses"][5].get<double>(), 1e-5) << c;
   }
   // Without a model block naming the architecture: said, with the key that gives it.
   const nlohmann::json bare = {{"train_micro_batch_size_per_gpu", 1},
@@ -168,6 +214,7 @@ TEST(CliDeepSpeed, InitFromADeepSpeedCheckpointScoresTheLossDeepSpeedRecordedNex
   EXPECT_TRUE(contains(r.err, "is a DeepSpeed checkpoint, which does not record which model it holds")) << r.err;
   EXPECT_TRUE(contains(r.err, "model.hf_config")) << r.err;
 }
+
 
 // The layouts the real checkpoints above do not have, written by tests/tools/write_deepspeed_checkpoint.py
 // from DeepSpeed's documented partitioning: ZeRO-1, three ranks whose groups and parameters need padding

@@ -196,6 +196,25 @@ TEST(BatchSampler, TargetsAreInputsShiftedByOne) {
   }
 }
 
+// data.shuffle false: rank r's micro batch m of step s reads windows s*B + (m*W + r)*b + i in stream order
+// (seq_len + 1 tokens at a stride of seq_len), wrapping after the split's last whole window.
+TEST(BatchSampler, UnshuffledSamplesAreConsecutiveWindowsInStreamOrder) {
+  auto s = make_synthetic_stream(256, 1001, 1);
+  const auto t = all_tokens(*s);
+  BatchSampler sampler(*s, {10, 2, 2, 3, 1, 0.0, 7, false});  // seq_len 10, micro 2, accumulation 2, rank 1 of 3
+  std::vector<int32_t> in, tgt;
+  sampler.train_batch(4, 1, in, tgt);
+  for (int i = 0; i < 2; ++i) {
+    const int64_t g = 4 * 12 + (1 * 3 + 1) * 2 + i;  // global batch 12
+    for (int k = 0; k < 10; ++k) {
+      EXPECT_EQ(in[i * 10 + k], t[g * 10 + k]) << i;
+      EXPECT_EQ(tgt[i * 10 + k], t[g * 10 + k + 1]) << i;
+    }
+  }
+  EXPECT_EQ(sampler.sample_offset(99), 990);  // the last whole window: 990 + 11 tokens = 1001
+  EXPECT_EQ(sampler.sample_offset(100), 0);   // then the split again from its start
+}
+
 // The same global batch whatever the world size: the data side of "ZeRO on N ranks computes the
 // same run as one rank with the same global batch".
 TEST(BatchSampler, GlobalBatchIsTheSameSetOfSamplesAtAnyWorldSize) {

@@ -154,6 +154,7 @@ const std::map<std::string, const char*> kActs = {
     {"data.dataset", "data"},
     {"data.seq_len", "plan: tokens per sample"},
     {"data.val_fraction", "data: validation split"},
+    {"data.shuffle", "data: the sampler's order (BatchSampler::sample_offset)"},
     {"train.steps", "trainer"},
     {"train.epochs", "plan: train.steps from the training split's measured tokens"},
     {"train.eval_every", "trainer"},

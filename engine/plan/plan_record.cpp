@@ -278,7 +278,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   const DataConfig& d = p.data;
   j["data"] = {{"type", data_type_name(d.type)}, {"path", d.path},       {"tokenizer", d.tokenizer},
                {"vocab_file", d.vocab_file},     {"merges_file", d.merges_file}, {"token_format", d.token_format},
-               {"dataset", d.dataset},           {"val_fraction", d.val_fraction}};
+               {"dataset", d.dataset},           {"val_fraction", d.val_fraction}, {"shuffle", d.shuffle}};
   j["seq_len"] = p.seq_len;
   j["steps"] = p.steps;
   j["threads"] = p.threads;

@@ -19,6 +19,7 @@ BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) :
 }
 
 int64_t BatchSampler::sample_offset(int64_t g) const {
+  if (!o_.shuffle) return (g % ((train_end_ - 1) / o_.seq_len)) * o_.seq_len;  // the split's whole windows, in order
   const uint64_t span = static_cast<uint64_t>(train_end_ - o_.seq_len);  // valid starts: [0, train_end - seq_len - 1]
   return static_cast<int64_t>(splitmix64(o_.seed * 0x100000001B3ull ^ splitmix64(static_cast<uint64_t>(g))) % span);
 }

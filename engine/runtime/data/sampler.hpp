@@ -3,7 +3,8 @@
 // number (the next global sample). That makes resume exact, and makes a step's global batch the same
 // set of samples whatever the world size: step s owns samples [s*B, (s+1)*B) of the global batch B,
 // and rank r's micro batch m takes samples s*B + (m*W + r)*b + [0, b) for micro batch size b.
-// The validation split is the stream's last val_fraction, read in order.
+// The validation split is the stream's last val_fraction, read in order. Without shuffling (data.shuffle
+// false) sample g is the g-th window of seq_len + 1 tokens at a stride of seq_len, wrapping at the split's end.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@ struct SamplerOptions {
   int rank = 0;
   double val_fraction = 0;
   uint64_t seed = 0;
+  bool shuffle = true;  // false: sample g starts at (g mod the split's windows) x seq_len
 };
 
 class BatchSampler {

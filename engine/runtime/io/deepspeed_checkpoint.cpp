@@ -84,17 +84,37 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 std::string model_name(const std::string& key) { return key.rfind("module.", 0) == 0 ? key.substr(7) : key; }
 
+
+}  // namespace
+
+bool is_deepspeed_checkpoint(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::is_directory(p, ec)) return false;
+  if (has_model_states(p)) return true;
+  // `latest` alone is not enough: a ds run's checkpoints/ folder has one too. DeepSpeed's names a folder of
+  // model-state files, or at least a global_stepN one (a dangling `latest` is then reported by the reader).
+  if (!fs::is_regular_file(p / "latest", ec)) return false;
+  const std::string tag = trimmed(read_head(p / "latest"));
+  if (tag.rfind("global_step", 0) == 0) return true;
+  if (!tag.empty() && tag.find('/') == std::string::npos && has_model_states(p / tag)) return true;
+  for (const auto& e : fs::directory_iterator(p, ec))
+    if (e.is_directory(ec) && has_model_states(e.path())) return true;
+  return false;
+}
+
 // The files of one tag folder, by role. Anything DeepSpeed writes that ds does not read is refused by name.
-struct TagFiles {
+struct DeepSpeedCheckpoint::TagFiles {
   std::map<int64_t, std::string> model, optim;  // by data-parallel rank (model: stage 3's per-rank files)
   std::string mp_model;                         // mp_rank_00_model_states.pt
   bool bf16_optim = false;
 };
 
-TagFiles list_tag(const fs::path& dir) {
+namespace {
+DeepSpeedCheckpoint::TagFiles list_tag(const fs::path& dir) {
   static const std::regex mp_model(R"(mp_rank_(\d+)_model_states\.pt)"), zero_model(R"(zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt)"),
       optim(R"((bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt)");
-  TagFiles t;
+  DeepSpeedCheckpoint::TagFiles t;
   std::error_code ec;
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
@@ -131,26 +151,21 @@ TagFiles list_tag(const fs::path& dir) {
   }
   return t;
 }
-
 }  // namespace
 
-bool is_deepspeed_checkpoint(const std::string& path) {
-  std::error_code ec;
-  const fs::path p(path);
-  if (!fs::is_directory(p, ec)) return false;
-  if (has_model_states(p)) return true;
-  // `latest` alone is not enough: a ds run's checkpoints/ folder has one too. DeepSpeed's names a folder of
-  // model-state files, or at least a global_stepN one (a dangling `latest` is then reported by the reader).
-  if (!fs::is_regular_file(p / "latest", ec)) return false;
-  const std::string tag = trimmed(read_head(p / "latest"));
-  if (tag.rfind("global_step", 0) == 0) return true;
-  if (!tag.empty() && tag.find('/') == std::string::npos && has_model_states(p / tag)) return true;
-  for (const auto& e : fs::directory_iterator(p, ec))
-    if (e.is_directory(ec) && has_model_states(e.path())) return true;
-  return false;
+DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::string& tag) {
+  locate(path, tag);
+  const TagFiles t = list_tag(dir_);
+  const PyValue& ms = open_model_states(t);
+  open_optimizer_files(t);
+  check_one_save();
+  read_params(ms);
+  if (params_.empty()) throw UserError("'" + dir_ + "' holds no parameters", "");
+  collect_moments();
 }
 
-DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::string& tag) {
+// dir_ and tag_: the tag folder `latest` (or `tag`) names under `path`, or `path` itself.
+void DeepSpeedCheckpoint::locate(const std::string& path, const std::string& tag) {
   std::error_code ec;
   const fs::path root(path);
   if (!fs::is_directory(root, ec)) throw UserError("'" + path + "' is not a folder", "give the folder holding `latest`, or a global_stepN folder");
@@ -179,28 +194,36 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
     dir_ = root.string();
     tag_ = root.filename().string();
   }
-  const TagFiles t = list_tag(dir_);
+}
+
+// The model-state file (one below stage 3, rank 0's at stage 3) and what it records of the run.
+const PyValue& DeepSpeedCheckpoint::open_model_states(const TagFiles& t) {
   // The model-state file: one below stage 3, one per rank at stage 3.
-  std::string lead = t.mp_model;
-  if (lead.empty() && t.model.count(0)) lead = t.model.at(0);
-  if (lead.empty())
+  lead_ = t.mp_model;
+  if (lead_.empty() && t.model.count(0)) lead_ = t.model.at(0);
+  if (lead_.empty())
     throw UserError("'" + dir_ + "' holds no mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt",
                     "give a DeepSpeed checkpoint folder (holding `latest`) or one of its global_stepN folders");
-  model_files_.push_back(std::make_unique<TorchFile>(lead));
-  files_.push_back(lead);
-  const PyValue& ms = need(&model_files_[0]->root(), lead, "the saved state", PyKind::dict);
-  step_ = need_int(ms, "global_steps", lead);
+  model_files_.push_back(std::make_unique<TorchFile>(lead_));
+  files_.push_back(lead_);
+  const PyValue& ms = need(&model_files_[0]->root(), lead_, "the saved state", PyKind::dict);
+  step_ = need_int(ms, "global_steps", lead_);
   if (const PyValue* v = ms.get("global_samples"); v && v->is(PyKind::integer)) global_samples_ = v->integer;
   if (const PyValue* v = ms.get("skipped_steps"); v && v->is(PyKind::integer)) skipped_steps_ = v->integer;
   if (const PyValue* v = ms.get("ds_version"); v && v->is(PyKind::string)) ds_version_ = v->text;
-  if (const PyValue* v = ms.get("ds_config"); v && v->is(PyKind::dict)) config_ = pickle_to_json(*v, lead);
-  world_size_ = need_int(ms, "dp_world_size", lead);
+  if (const PyValue* v = ms.get("ds_config"); v && v->is(PyKind::dict)) config_ = pickle_to_json(*v, lead_);
+  world_size_ = need_int(ms, "dp_world_size", lead_);
   if (world_size_ < 1 || world_size_ > kMaxWorld)
-    throw UserError("'" + lead + "' records a world size of " + std::to_string(world_size_), "the file is damaged");
+    throw UserError("'" + lead_ + "' records a world size of " + std::to_string(world_size_), "the file is damaged");
   if (const PyValue* v = ms.get("mp_world_size"); v && v->is(PyKind::integer) && v->integer > 1)
-    throw UserError("'" + lead + "' was saved with " + std::to_string(v->integer) + " tensor-parallel ranks (mp_world_size)",
+    throw UserError("'" + lead_ + "' was saved with " + std::to_string(v->integer) + " tensor-parallel ranks (mp_world_size)",
                     "ds reads data-parallel DeepSpeed checkpoints (ZeRO 0-3)");
 
+  return ms;
+}
+
+// The optimizer files, one per rank, and the stage they record; at stage 3 every rank's model file too.
+void DeepSpeedCheckpoint::open_optimizer_files(const TagFiles& t) {
   // The stage, from rank 0's optimizer file (none at stage 0 without bf16).
   if (!t.optim.empty()) {
     if (!t.optim.count(0)) throw UserError("'" + dir_ + "' lacks rank 0's optimizer file (zero_pp_rank_0_mp_rank_00_optim_states.pt)", "");
@@ -246,11 +269,14 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
         files_.push_back(f);
         const int64_t s = need_int(model_files_.back()->root(), "global_steps", f);
         if (s != step_)
-          throw UserError("'" + f + "' was saved at step " + std::to_string(s) + ", '" + lead + "' at step " + std::to_string(step_) +
+          throw UserError("'" + f + "' was saved at step " + std::to_string(s) + ", '" + lead_ + "' at step " + std::to_string(step_) +
                               ": files from two saves share this folder",
                           "give the folder of a single save");
       }
   }
+}
+
+void DeepSpeedCheckpoint::check_one_save() const {
   // One save: every rank's optimizer has taken as many steps (DeepSpeed records no step in these files' headers).
   int64_t first_step = -1;
   for (size_t r = 0; r < optim_files_.size(); ++r) {
@@ -259,7 +285,6 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
     const PyValue* state = base ? base->get("state") : nullptr;
     if (!state || !state->is(PyKind::dict) || state->entries.empty()) continue;
     const PyValue* s0 = state->entries.front().second;
-    if (s0->get("exp_avg")) has_moments_ = true;
     const PyValue* st = s0->get("step");
     if (!st || !st->is(PyKind::integer)) continue;
     if (first_step < 0) first_step = st->integer;
@@ -269,7 +294,41 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
                       "give the folder of a single save");
   }
 
-  const PyValue& module = need(ms.get("module"), lead, "module", PyKind::dict);
+}
+
+void DeepSpeedCheckpoint::add(DeepSpeedParam p) {
+  if (!seen_.insert(p.name).second) throw UserError("'" + lead_ + "' names the parameter '" + p.name + "' twice", "the file is damaged");
+  params_.push_back(std::move(p));
+}
+
+// A parameter as param_shapes (or frozen_param_shapes) records it: name -> torch.Size.
+DeepSpeedParam DeepSpeedCheckpoint::shaped(const PyValue& key, const PyValue& shape, DeepSpeedParam::From from, int group,
+                                           int64_t offset) const {
+  DeepSpeedParam p;
+  p.key = need(&key, lead_, "a name in param_shapes", PyKind::string).text;
+  p.name = model_name(p.key);
+  p.shape = shape_of(shape, p.key, lead_);
+  p.numel = numel_of(p.shape);
+  p.from = from;
+  p.group = group;
+  p.offset = offset;
+  return p;
+}
+
+void DeepSpeedCheckpoint::add_module_param(const std::string& key, const PyValue& v, bool buffer) {
+  DeepSpeedParam p;
+  p.key = key;
+  p.name = model_name(key);
+  p.shape = v.shape;
+  p.numel = v.numel();
+  p.buffer = buffer;
+  add(std::move(p));
+}
+
+// Every parameter and where its values are: the module (stage 0), the flat partitions (stages 1-3) with
+// the module's buffers beside them, then the frozen and tied ones.
+void DeepSpeedCheckpoint::read_params(const PyValue& ms) {
+  const PyValue& module = need(ms.get("module"), lead_, "module", PyKind::dict);
   std::set<std::string> buffers;
   if (const PyValue* b = ms.get("buffer_names"); b && (b->is(PyKind::list) || b->is(PyKind::set)))
     for (const PyValue* n : b->items)
@@ -279,120 +338,20 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
       module_dtype_ = v->dtype;
       if (!buffers.count(k->text)) break;
     }
-  std::set<std::string> seen;
-  auto add = [&](DeepSpeedParam p) {
-    if (!seen.insert(p.name).second) throw UserError("'" + lead + "' names the parameter '" + p.name + "' twice", "the file is damaged");
-    params_.push_back(std::move(p));
-  };
-  auto module_param = [&](const std::string& key, const PyValue& v, bool buffer) {
-    DeepSpeedParam p;
-    p.key = key;
-    p.name = model_name(key);
-    p.shape = v.shape;
-    p.numel = v.numel();
-    p.buffer = buffer;
-    add(std::move(p));
-  };
   if (stage_ == 0 && optim_files_.empty()) {
     for (const auto& [k, v] : module.entries)
-      if (k->is(PyKind::string) && v->is(PyKind::tensor)) module_param(k->text, *v, buffers.count(k->text) > 0);
+      if (k->is(PyKind::string) && v->is(PyKind::tensor)) add_module_param(k->text, *v, buffers.count(k->text) > 0);
   } else {
-    const PyValue& shapes = need(ms.get("param_shapes"), lead, "param_shapes", PyKind::list);
-    has_master_ = true;
-    if (stage_ <= 2) {
-      groups_.resize(shapes.items.size());
-      for (size_t r = 0; r < optim_files_.size(); ++r) {
-        const std::string& f = files_[files_.size() - optim_files_.size() + r];
-        const PyValue& parts =
-            need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("single_partition_of_fp32_groups"), f,
-                 "single_partition_of_fp32_groups", PyKind::list);
-        if (parts.items.size() != shapes.items.size())
-          throw UserError("'" + f + "' holds " + std::to_string(parts.items.size()) + " parameter groups, the model file " +
-                              std::to_string(shapes.items.size()),
-                          "files from two saves share this folder?");
-        for (size_t g = 0; g < parts.items.size(); ++g) {
-          need(parts.items[g], f, "single_partition_of_fp32_groups[" + std::to_string(g) + "]", PyKind::tensor);
-          groups_[g].push_back({optim_files_[r].get(), parts.items[g]});
-        }
-      }
-      for (size_t g = 0; g < shapes.items.size(); ++g) {
-        const PyValue& group = need(shapes.items[g], lead, "param_shapes[" + std::to_string(g) + "]", PyKind::dict);
-        int64_t offset = 0, avail = 0;
-        for (const Piece& piece : groups_[g]) avail += piece.tensor->numel();
-        for (const auto& [k, s] : group.entries) {
-          DeepSpeedParam p;
-          p.key = need(k, lead, "a name in param_shapes", PyKind::string).text;
-          p.name = model_name(p.key);
-          p.shape = shape_of(*s, p.key, lead);
-          p.numel = numel_of(p.shape);
-          p.from = DeepSpeedParam::From::flat_group;
-          p.group = static_cast<int>(g);
-          p.offset = offset;
-          offset += p.numel;
-          add(std::move(p));
-        }
-        // The ranks' slices hold the group plus its end padding (to a multiple of 2 x world size).
-        const int64_t align = 2 * world_size_;
-        auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
-        if (offset > avail || up(offset) != up(avail))
-          throw UserError("'" + dir_ + "': parameter group " + std::to_string(g) + " has " + format_count(offset) +
-                              " elements by param_shapes, but its partitions hold " + format_count(avail),
-                          "the model file and the optimizer files come from different saves (or world sizes)");
-      }
-    } else {
-      flat_.resize(optim_files_.size());
-      int64_t per_rank = -1;
-      for (size_t r = 0; r < optim_files_.size(); ++r) {
-        const std::string& f = files_[files_.size() - optim_files_.size() + r];
-        const PyValue& parts =
-            need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("fp32_flat_groups"), f, "fp32_flat_groups", PyKind::list);
-        int64_t total = 0;
-        for (size_t g = 0; g < parts.items.size(); ++g) {
-          need(parts.items[g], f, "fp32_flat_groups[" + std::to_string(g) + "]", PyKind::tensor);
-          flat_[r].push_back({optim_files_[r].get(), parts.items[g]});
-          total += parts.items[g]->numel();
-        }
-        if (per_rank >= 0 && total != per_rank)
-          throw UserError("'" + f + "' holds " + format_count(total) + " fp32 elements, rank 0's file " + format_count(per_rank) +
-                              ": at ZeRO-3 every rank holds an equal part",
-                          "files from two saves (or world sizes) share this folder");
-        per_rank = total;
-      }
-      int64_t offset = 0;
-      for (size_t g = 0; g < shapes.items.size(); ++g) {
-        const PyValue& group = need(shapes.items[g], lead, "param_shapes[" + std::to_string(g) + "]", PyKind::dict);
-        for (const auto& [k, s] : group.entries) {
-          DeepSpeedParam p;
-          p.key = need(k, lead, "a name in param_shapes", PyKind::string).text;
-          p.name = model_name(p.key);
-          p.shape = shape_of(*s, p.key, lead);
-          p.numel = numel_of(p.shape);
-          p.from = DeepSpeedParam::From::stage3_flat;
-          p.group = static_cast<int>(g);
-          p.offset = offset;
-          offset += (p.numel + world_size_ - 1) / world_size_;
-          add(std::move(p));
-        }
-      }
-      if (offset != per_rank)
-        throw UserError("'" + dir_ + "': the parameters take " + format_count(offset) + " elements of each rank's partition by param_shapes, "
-                            "but each rank holds " + format_count(per_rank),
-                        "the model files and the optimizer files come from different saves (or world sizes)");
-    }
+    read_partitions(need(ms.get("param_shapes"), lead_, "param_shapes", PyKind::list));
     // Buffers stay whole in the module at every stage (zero_to_fp32 writes them too).
     for (const auto& [k, v] : module.entries)
-      if (k->is(PyKind::string) && v->is(PyKind::tensor) && buffers.count(k->text) && !seen.count(model_name(k->text)))
-        module_param(k->text, *v, true);
+      if (k->is(PyKind::string) && v->is(PyKind::tensor) && buffers.count(k->text) && !seen_.count(model_name(k->text)))
+        add_module_param(k->text, *v, true);
   }
   // Frozen parameters (stages 2-3): whole in rank 0's fragments at stage 2, a part per rank at stage 3.
   if (const PyValue* fz = ms.get("frozen_param_shapes"); fz && fz->is(PyKind::dict)) {
     for (const auto& [k, s] : fz->entries) {
-      DeepSpeedParam p;
-      p.key = need(k, lead, "a name in frozen_param_shapes", PyKind::string).text;
-      p.name = model_name(p.key);
-      p.shape = shape_of(*s, p.key, lead);
-      p.numel = numel_of(p.shape);
-      p.from = DeepSpeedParam::From::frozen;
+      DeepSpeedParam p = shaped(*k, *s, DeepSpeedParam::From::frozen, -1, 0);
       for (const auto& mf : model_files_) {
         const PyValue* frags = mf->root().get("frozen_param_fragments");
         const PyValue* t = frags ? frags->get(p.key) : nullptr;
@@ -414,8 +373,8 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
       if (alias->is(PyKind::string)) aliases.insert(alias->text);
   if (stage_ < 3 && !(stage_ == 0 && optim_files_.empty()))
     for (const auto& [k, v] : module.entries)
-      if (k->is(PyKind::string) && v->is(PyKind::tensor) && !seen.count(model_name(k->text)) && !aliases.count(k->text)) {
-        module_param(k->text, *v, false);
+      if (k->is(PyKind::string) && v->is(PyKind::tensor) && !seen_.count(model_name(k->text)) && !aliases.count(k->text)) {
+        add_module_param(k->text, *v, false);
         params_.back().from = DeepSpeedParam::From::frozen;
         params_.back().buffer = false;
       }
@@ -423,12 +382,149 @@ DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::string& path, const std::str
     for (const auto& [alias, source] : sh->entries)
       if (alias->is(PyKind::string) && source->is(PyKind::string)) {
         const std::string a = model_name(alias->text), s = model_name(source->text);
-        if (!seen.count(s))
-          throw UserError("'" + lead + "' ties '" + a + "' to '" + s + "', which it does not hold", "the file is damaged");
+        if (!seen_.count(s))
+          throw UserError("'" + lead_ + "' ties '" + a + "' to '" + s + "', which it does not hold", "the file is damaged");
         tied_.emplace_back(a, s);
         params_.erase(std::remove_if(params_.begin(), params_.end(), [&](const DeepSpeedParam& p) { return p.name == a; }), params_.end());
       }
-  if (params_.empty()) throw UserError("'" + dir_ + "' holds no parameters", "");
+}
+
+// Stages 1-3: the ranks' fp32 partitions of each group (or sub-group), checked against param_shapes as
+// zero_to_fp32.py checks them, and each parameter's place in them.
+void DeepSpeedCheckpoint::read_partitions(const PyValue& shapes) {
+  has_master_ = true;
+  if (stage_ <= 2) {
+    groups_.resize(shapes.items.size());
+    for (size_t r = 0; r < optim_files_.size(); ++r) {
+      const std::string& f = files_[files_.size() - optim_files_.size() + r];
+      const PyValue& parts =
+          need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("single_partition_of_fp32_groups"), f,
+               "single_partition_of_fp32_groups", PyKind::list);
+      if (parts.items.size() != shapes.items.size())
+        throw UserError("'" + f + "' holds " + std::to_string(parts.items.size()) + " parameter groups, the model file " +
+                            std::to_string(shapes.items.size()),
+                        "files from two saves share this folder?");
+      for (size_t g = 0; g < parts.items.size(); ++g) {
+        need(parts.items[g], f, "single_partition_of_fp32_groups[" + std::to_string(g) + "]", PyKind::tensor);
+        groups_[g].push_back({optim_files_[r].get(), parts.items[g]});
+      }
+    }
+    for (size_t g = 0; g < shapes.items.size(); ++g) {
+      const PyValue& group = need(shapes.items[g], lead_, "param_shapes[" + std::to_string(g) + "]", PyKind::dict);
+      int64_t offset = 0, avail = 0;
+      for (const Piece& piece : groups_[g]) avail += piece.tensor->numel();
+      for (const auto& [k, s] : group.entries) {
+        add(shaped(*k, *s, DeepSpeedParam::From::flat_group, static_cast<int>(g), offset));
+        offset += params_.back().numel;
+      }
+      // The ranks' slices hold the group plus its end padding (to a multiple of 2 x world size).
+      const int64_t align = 2 * world_size_;
+      auto up = [&](int64_t n) { return (n + align - 1) / align * align; };
+      if (offset > avail || up(offset) != up(avail))
+        throw UserError("'" + dir_ + "': parameter group " + std::to_string(g) + " has " + format_count(offset) +
+                            " elements by param_shapes, but its partitions hold " + format_count(avail),
+                        "the model file and the optimizer files come from different saves (or world sizes)");
+    }
+  } else {
+    flat_.resize(optim_files_.size());
+    int64_t per_rank = -1;
+    for (size_t r = 0; r < optim_files_.size(); ++r) {
+      const std::string& f = files_[files_.size() - optim_files_.size() + r];
+      const PyValue& parts =
+          need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("fp32_flat_groups"), f, "fp32_flat_groups", PyKind::list);
+      int64_t total = 0;
+      for (size_t g = 0; g < parts.items.size(); ++g) {
+        need(parts.items[g], f, "fp32_flat_groups[" + std::to_string(g) + "]", PyKind::tensor);
+        flat_[r].push_back({optim_files_[r].get(), parts.items[g]});
+        total += parts.items[g]->numel();
+      }
+      if (per_rank >= 0 && total != per_rank)
+        throw UserError("'" + f + "' holds " + format_count(total) + " fp32 elements, rank 0's file " + format_count(per_rank) +
+                            ": at ZeRO-3 every rank holds an equal part",
+                        "files from two saves (or world sizes) share this folder");
+      per_rank = total;
+    }
+    int64_t offset = 0;
+    for (size_t g = 0; g < shapes.items.size(); ++g) {
+      const PyValue& group = need(shapes.items[g], lead_, "param_shapes[" + std::to_string(g) + "]", PyKind::dict);
+      for (const auto& [k, s] : group.entries) {
+        add(shaped(*k, *s, DeepSpeedParam::From::stage3_flat, static_cast<int>(g), offset));
+        offset += (params_.back().numel + world_size_ - 1) / world_size_;  // each rank's slice of it
+      }
+    }
+    if (offset != per_rank)
+      throw UserError("'" + dir_ + "': the parameters take " + format_count(offset) + " elements of each rank's partition by param_shapes, "
+                          "but each rank holds " + format_count(per_rank),
+                      "the model files and the optimizer files come from different saves (or world sizes)");
+  }
+}
+
+// Adam's moments lie beside the fp32 master in the same flat shape: the base optimizer's state, keyed by
+// group (stages 1-2) or sub-group (stage 3), one flat tensor per moment.
+void DeepSpeedCheckpoint::collect_moments() {
+  const std::vector<std::vector<Piece>>& master = stage_ == 3 ? flat_ : groups_;
+  if (master.empty()) {
+    moments_missing_ = stage_ == 0 ? "at ZeRO stage 0 DeepSpeed keeps the optimizer's state by parameter index, without names"
+                                   : "the checkpoint holds no fp32 partitions";
+    return;
+  }
+  for (auto& m : moments_) m.assign(master.size(), {});
+  for (size_t r = 0; r < optim_files_.size(); ++r) {
+    const std::string& f = optim_files_[r]->path();
+    const PyValue* osd = optim_files_[r]->root().get("optimizer_state_dict");
+    const PyValue* base = osd ? osd->get(stage_ == 3 ? "optimizer_state_dict" : "base_optimizer_state") : nullptr;
+    const PyValue* state = base ? base->get("state") : nullptr;
+    const size_t count = stage_ == 3 ? flat_[r].size() : groups_.size();
+    for (size_t k = 0; k < count; ++k) {
+      const PyValue* entry = nullptr;
+      if (state && state->is(PyKind::dict))
+        for (const auto& [key, v] : state->entries)
+          if (key->is(PyKind::integer) && key->integer == static_cast<int64_t>(k)) entry = v;
+      const Piece& twin = stage_ == 3 ? flat_[r][k] : groups_[k][r];
+      for (int m = 0; m < 2; ++m) {
+        const PyValue* t = entry ? entry->get(m == 0 ? "exp_avg" : "exp_avg_sq") : nullptr;
+        if (!t || !t->is(PyKind::tensor) || t->numel() != twin.tensor->numel()) {
+          moments_missing_ = "'" + f + "' holds no " + (m == 0 ? "exp_avg" : "exp_avg_sq") + " of the size of its fp32 partition " +
+                             std::to_string(k) + " (an optimizer other than Adam, or its state not saved)";
+          for (auto& mm : moments_) mm.clear();
+          return;
+        }
+        if (stage_ == 3) {
+          if (moments_[m].size() < optim_files_.size()) moments_[m].resize(optim_files_.size());
+          moments_[m][r].push_back({optim_files_[r].get(), t});
+        } else {
+          moments_[m][k].push_back({optim_files_[r].get(), t});
+        }
+      }
+    }
+  }
+  has_moments_ = true;
+}
+
+const PyValue* DeepSpeedCheckpoint::loss_scaler() const {
+  if (optim_files_.empty()) return nullptr;
+  const PyValue* osd = optim_files_[0]->root().get("optimizer_state_dict");
+  const PyValue* ls = osd ? osd->get("loss_scaler") : nullptr;
+  return ls && ls->is(PyKind::object) ? ls : nullptr;
+}
+
+void DeepSpeedCheckpoint::read_state(const DeepSpeedParam& p, int which, int64_t lo, int64_t n, float* out) const {
+  DS_CHECK(which >= 0 && which <= 2 && lo >= 0 && n >= 0 && lo + n <= p.numel, "read_state: a range outside the parameter");
+  DS_CHECK(which == 0 || has_moments_, "read_state: no moments: " + moments_missing_);
+  if (p.from == DeepSpeedParam::From::flat_group) {
+    const auto& pieces = which == 0 ? groups_[static_cast<size_t>(p.group)] : moments_[which - 1][static_cast<size_t>(p.group)];
+    read_concat(pieces, p.offset + lo, n, out);
+    return;
+  }
+  DS_CHECK(p.from == DeepSpeedParam::From::stage3_flat, "read_state: '" + p.name + "' is not in the optimizer's partitions");
+  // Stage 3: element e of the parameter is rank e / part's element e % part of its slice.
+  const int64_t part = (p.numel + world_size_ - 1) / world_size_;
+  for (int64_t e = lo; e < lo + n;) {
+    const int64_t r = e / part, within = e % part, len = std::min(part - within, lo + n - e);
+    const auto& pieces = which == 0 ? flat_[static_cast<size_t>(r)] : moments_[which - 1][static_cast<size_t>(r)];
+    read_concat(pieces, p.offset + within, len, out + (e - lo));
+    e += len;
+  }
 }
 
 const DeepSpeedParam* DeepSpeedCheckpoint::find(const std::string& name) const {
@@ -467,8 +563,8 @@ void DeepSpeedCheckpoint::read(const DeepSpeedParam& p, bool module_weights, flo
     return;
   }
   switch (p.from) {
-    case DeepSpeedParam::From::flat_group: read_concat(groups_[static_cast<size_t>(p.group)], p.offset, p.numel, out); return;
-    case DeepSpeedParam::From::stage3_flat:
+    case DeepSpeedParam::From::flat_group:
+    case DeepSpeedParam::From::stage3_flat: read_state(p, 0, 0, p.numel, out); return;
     case DeepSpeedParam::From::frozen: {
       const int64_t part = (p.numel + world_size_ - 1) / world_size_;
       if (p.from == DeepSpeedParam::From::frozen && stage_ != 3) {  // its fragment is whole, else the module holds it
@@ -481,12 +577,8 @@ void DeepSpeedCheckpoint::read(const DeepSpeedParam& p, bool module_weights, flo
       for (int64_t r = 0; r < world_size_; ++r) {
         const int64_t lo = r * part, n = std::min(part, p.numel - lo);
         if (n <= 0) break;
-        if (p.from == DeepSpeedParam::From::stage3_flat) {
-          read_concat(flat_[static_cast<size_t>(r)], p.offset, n, out + lo);
-        } else {
-          const TorchFile& f = *model_files_[static_cast<size_t>(r)];
-          f.read_f32(*f.root().get("frozen_param_fragments")->get(p.key), 0, n, out + lo);
-        }
+        const TorchFile& f = *model_files_[static_cast<size_t>(r)];
+        f.read_f32(*f.root().get("frozen_param_fragments")->get(p.key), 0, n, out + lo);
       }
       return;
     }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,7 +73,28 @@ class DeepSpeedCheckpoint {
   // `module_weights`), else the module's weights in their training dtype. UserError naming the file.
   void read(const DeepSpeedParam& p, bool module_weights, float* out) const;
 
+  // The optimizer's state (stages 1-3): elements [lo, lo + n) of a trained parameter's fp32 master
+  // (`which` 0), Adam's first moment (1) or second moment (2). `moments_missing()` says why moments cannot
+  // be read ("" when they can).
+  void read_state(const DeepSpeedParam& p, int which, int64_t lo, int64_t n, float* out) const;
+  const std::string& moments_missing() const { return moments_missing_; }
+  // The loss scaler's state as the optimizer saved it (fp16): scale, iteration, last overflow, hysteresis;
+  // absent keys keep the defaults given.
+  const PyValue* loss_scaler() const;
+
+ struct TagFiles;  // the files of a tag folder, by role
+
  private:
+  void locate(const std::string& path, const std::string& tag);
+  const PyValue& open_model_states(const TagFiles& t);
+  void open_optimizer_files(const TagFiles& t);
+  void check_one_save() const;
+  void read_params(const PyValue& model_states);
+  void read_partitions(const PyValue& param_shapes);
+  void add(DeepSpeedParam p);
+  DeepSpeedParam shaped(const PyValue& key, const PyValue& shape, DeepSpeedParam::From from, int group, int64_t offset) const;
+  void add_module_param(const std::string& key, const PyValue& v, bool buffer);
+
   struct Piece {
     const TorchFile* file;
     const PyValue* tensor;
@@ -81,6 +103,8 @@ class DeepSpeedCheckpoint {
   const PyValue& module_tensor(const DeepSpeedParam& p) const;
 
   std::string dir_, tag_, ds_version_;
+  std::string lead_;              // the model-state file that records the run (rank 0's)
+  std::set<std::string> seen_;    // parameter names read so far
   int stage_ = 0;
   int64_t world_size_ = 1, step_ = 0, global_samples_ = 0, skipped_steps_ = 0;
   StDtype module_dtype_ = StDtype::F32;
@@ -92,6 +116,10 @@ class DeepSpeedCheckpoint {
   std::vector<std::unique_ptr<TorchFile>> model_files_, optim_files_;  // by rank (one model file below stage 3)
   std::vector<std::vector<Piece>> groups_;                             // stages 1-2: [group][rank] partitions
   std::vector<std::vector<Piece>> flat_;                               // stage 3: [rank][sub-group]
+  // Adam's moments beside them, in the same shape: [moment][group][rank] (stages 1-2), [moment][rank][sub-group] (3).
+  std::vector<std::vector<Piece>> moments_[2];
+  std::string moments_missing_;
+  void collect_moments();
 };
 
 // A DeepSpeed checkpoint as a source of weights, named as the model names them, tied aliases left out

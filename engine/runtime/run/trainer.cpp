@@ -225,7 +225,8 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
            "the communicator does not match the plan's topology");
   sampler_ = std::make_unique<BatchSampler>(
-      *stream_, SamplerOptions{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction, plan.run.seed});
+      *stream_, SamplerOptions{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction, plan.run.seed,
+                                plan.data.shuffle});
 
   keep_freed_memory();
   result.baseline_rss_bytes = resident_bytes();
