@@ -214,10 +214,14 @@ def main():
         ap.error("--stage, --world and --dtype are required (or --big)")
     W, stage, dtype = a.world, a.stage, a.dtype
     # Odd sizes, so the groups and parameters need padding at three ranks.
+    # A one-layer Llama (hidden 8, 2 heads of 4, one kv head, intermediate 5, vocab 13): sizes that need
+    # padding at three ranks; config.json beside the checkpoint describes it, as the Trainer saves one.
+    L = "model.layers.0."
     shapes = collections.OrderedDict([
-        ("model.embed_tokens.weight", (13, 6)), ("model.layers.0.self_attn.q_proj.weight", (6, 6)),
-        ("model.layers.0.mlp.up_proj.weight", (5, 6)), ("model.layers.0.input_layernorm.weight", (6,)),
-        ("model.norm.weight", (7,)), ("lm_head.weight", (13, 6))])
+        ("model.embed_tokens.weight", (13, 8)), (L + "self_attn.q_proj.weight", (8, 8)), (L + "self_attn.k_proj.weight", (4, 8)),
+        (L + "self_attn.v_proj.weight", (4, 8)), (L + "self_attn.o_proj.weight", (8, 8)), (L + "mlp.gate_proj.weight", (5, 8)),
+        (L + "mlp.up_proj.weight", (5, 8)), (L + "mlp.down_proj.weight", (8, 5)), (L + "input_layernorm.weight", (8,)),
+        (L + "post_attention_layernorm.weight", (8,)), ("model.norm.weight", (8,)), ("lm_head.weight", (13, 8))])
     frozen = ["model.layers.0.mlp.up_proj.weight"] if a.frozen else []
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if a.tied else {}
     numel = {n: (s[0] * s[1] if len(s) == 2 else s[0]) for n, s in shapes.items()}
@@ -290,9 +294,11 @@ def main():
                 kept = flat[lo:min(hi, len(flat))]
                 paddings.append(p - len(kept))
                 parts.append(s.tensor(kept, "fp32", (len(kept),)))
+            # Adam's moments: one flat tensor per group, the size of the rank's partition.
+            state = {g: {"step": 7, "exp_avg": s.tensor([0.0] * (len(p.storage.data) // 4), "fp32", p.shape),
+                         "exp_avg_sq": s.tensor([0.0] * (len(p.storage.data) // 4), "fp32", p.shape)} for g, p in enumerate(parts)}
             osd = {"loss_scaler": None, "dynamic_loss_scale": dtype == "fp16", "overflow": False, "clip_grad": 1.0,
-                   "base_optimizer_state": {"state": {0: {"step": 7, "exp_avg": s.tensor([0.0], "fp32", (1,)),
-                                                          "exp_avg_sq": s.tensor([0.0], "fp32", (1,))}}, "param_groups": []},
+                   "base_optimizer_state": {"state": state, "param_groups": []},
                    "single_partition_of_fp32_groups": parts, "group_paddings": paddings, "partition_count": [W] * len(groups),
                    "ds_version": "0.14.4"}
             if stage:
@@ -310,12 +316,20 @@ def main():
             cut = -(-numel[names[0]] // W)  # two sub-groups: the first parameter, then the rest
             subs = [s.tensor(flat[:cut], "fp32", (cut,)), s.tensor(flat[cut:], "fp32", (len(flat) - cut,))]
             osd = {"zero_stage": 3, "loss_scaler": None, "dynamic_loss_scale": False, "overflow": False, "partition_count": W,
-                   "optimizer_state_dict": {"state": {0: {"step": 7}}, "param_groups": []}, "fp32_flat_groups": subs}
+                   "optimizer_state_dict": {"state": {k: {"step": 7, "exp_avg": s.tensor([0.0] * t.shape[0], "fp32", t.shape),
+                                                          "exp_avg_sq": s.tensor([0.0] * t.shape[0], "fp32", t.shape)}
+                                                      for k, t in enumerate(subs)}, "param_groups": []},
+                   "fp32_flat_groups": subs}
             s.save({"optimizer_state_dict": osd, "ds_config": config, "ds_version": "0.14.4"},
                    os.path.join(d, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
 
     has_master = stage > 0 or dtype == "bf16"
     exported = [n for n in shapes if n not in tied]
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8, "intermediate_size": 5,
+                   "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 13,
+                   "max_position_embeddings": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": a.tied,
+                   "hidden_act": "silu", "torch_dtype": "float32"}, f, indent=1)
     write_safetensors(os.path.join(a.out, "expected_master.safetensors"),
                       collections.OrderedDict((n, (shapes[n], master[n] if has_master and n not in frozen else module[n])) for n in exported))
     write_safetensors(os.path.join(a.out, "expected_module.safetensors"),

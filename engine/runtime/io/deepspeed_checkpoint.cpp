@@ -464,8 +464,7 @@ void DeepSpeedCheckpoint::read_partitions(const PyValue& shapes) {
 void DeepSpeedCheckpoint::collect_moments() {
   const std::vector<std::vector<Piece>>& master = stage_ == 3 ? flat_ : groups_;
   if (master.empty()) {
-    moments_missing_ = stage_ == 0 ? "at ZeRO stage 0 DeepSpeed keeps the optimizer's state by parameter index, without names"
-                                   : "the checkpoint holds no fp32 partitions";
+    collect_stage0_moments();
     return;
   }
   for (auto& m : moments_) m.assign(master.size(), {});
@@ -501,6 +500,57 @@ void DeepSpeedCheckpoint::collect_moments() {
   has_moments_ = true;
 }
 
+// Stage 0 without ZeRO: the model file holds torch's own optimizer state, keyed by parameter index in the
+// order of its groups, without names. The index is tied to a name the way Hugging Face's Trainer (and
+// ds) build the groups: one group of every parameter in the module's order, or two, the one with weight
+// decay holding the matrices and embeddings (2 or more dimensions) and the other the rest, each in the
+// module's order. Every moment's size must then match its parameter's, else nothing is guessed.
+void DeepSpeedCheckpoint::collect_stage0_moments() {
+  const PyValue* opt = model_files_[0]->root().get("optimizer");
+  const PyValue* state = opt ? opt->get("state") : nullptr;
+  const PyValue* groups = opt ? opt->get("param_groups") : nullptr;
+  moments_missing_ = "the model file holds no optimizer state ds can read (torch's state and param_groups)";
+  if (!state || !state->is(PyKind::dict) || !groups || !groups->is(PyKind::list) || groups->items.empty() || groups->items.size() > 2) return;
+  std::vector<std::vector<const DeepSpeedParam*>> members(groups->items.size());
+  for (const DeepSpeedParam& p : params_) {
+    if (p.buffer) continue;
+    size_t g = 0;
+    if (groups->items.size() == 2) {
+      const PyValue* wd = groups->items[0]->get("weight_decay");
+      const bool first_decays = wd && ((wd->is(PyKind::real) && wd->real > 0) || (wd->is(PyKind::integer) && wd->integer > 0));
+      g = (p.shape.size() >= 2) == first_decays ? 0 : 1;
+    }
+    members[g].push_back(&p);
+  }
+  std::map<std::string, std::array<const PyValue*, 2>> found;
+  for (size_t g = 0; g < members.size(); ++g) {
+    const PyValue* ids = groups->items[g]->get("params");
+    if (!ids || !ids->is(PyKind::list) || ids->items.size() != members[g].size()) {
+      moments_missing_ = "at ZeRO stage 0 the optimizer keeps its state by parameter index, and its parameter group " + std::to_string(g) +
+                         " does not match the module's parameters by count";
+      return;
+    }
+    for (size_t i = 0; i < members[g].size(); ++i) {
+      const PyValue* entry = nullptr;
+      if (ids->items[i]->is(PyKind::integer))
+        for (const auto& [key, v] : state->entries)
+          if (key->is(PyKind::integer) && key->integer == ids->items[i]->integer) entry = v;
+      const DeepSpeedParam& p = *members[g][i];
+      std::array<const PyValue*, 2> m{entry ? entry->get("exp_avg") : nullptr, entry ? entry->get("exp_avg_sq") : nullptr};
+      for (const PyValue* t : m)
+        if (!t || !t->is(PyKind::tensor) || t->numel() != p.numel || !t->contiguous()) {
+          moments_missing_ = "at ZeRO stage 0 the optimizer keeps its state by parameter index, and the state of '" + p.name +
+                             "' (by the Trainer's grouping) is not of its size";
+          return;
+        }
+      found[p.name] = m;
+    }
+  }
+  stage0_moments_ = std::move(found);
+  moments_missing_.clear();
+  has_moments_ = true;
+}
+
 const PyValue* DeepSpeedCheckpoint::loss_scaler() const {
   if (optim_files_.empty()) return nullptr;
   const PyValue* osd = optim_files_[0]->root().get("optimizer_state_dict");
@@ -514,6 +564,11 @@ void DeepSpeedCheckpoint::read_state(const DeepSpeedParam& p, int which, int64_t
   if (p.from == DeepSpeedParam::From::flat_group) {
     const auto& pieces = which == 0 ? groups_[static_cast<size_t>(p.group)] : moments_[which - 1][static_cast<size_t>(p.group)];
     read_concat(pieces, p.offset + lo, n, out);
+    return;
+  }
+  if (p.from == DeepSpeedParam::From::module) {  // stage 0: the module's weights and torch's per-parameter state
+    const PyValue* t = which == 0 ? &module_tensor(p) : stage0_moments_.at(p.name)[static_cast<size_t>(which - 1)];
+    model_files_[0]->read_f32(*t, lo, n, out);
     return;
   }
   DS_CHECK(p.from == DeepSpeedParam::From::stage3_flat, "read_state: '" + p.name + "' is not in the optimizer's partitions");

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -73,7 +75,8 @@ class DeepSpeedCheckpoint {
   // `module_weights`), else the module's weights in their training dtype. UserError naming the file.
   void read(const DeepSpeedParam& p, bool module_weights, float* out) const;
 
-  // The optimizer's state (stages 1-3): elements [lo, lo + n) of a trained parameter's fp32 master
+  // The optimizer's state (stage 0 without bf16: the module's weights and torch's per-parameter state, tied to
+  // names by the Trainer's grouping; stages 1-3: the partitions): elements [lo, lo + n) of a trained parameter's fp32 master
   // (`which` 0), Adam's first moment (1) or second moment (2). `moments_missing()` says why moments cannot
   // be read ("" when they can).
   void read_state(const DeepSpeedParam& p, int which, int64_t lo, int64_t n, float* out) const;
@@ -120,6 +123,8 @@ class DeepSpeedCheckpoint {
   std::vector<std::vector<Piece>> moments_[2];
   std::string moments_missing_;
   void collect_moments();
+  void collect_stage0_moments();
+  std::map<std::string, std::array<const PyValue*, 2>> stage0_moments_;  // stage 0: by parameter name
 };
 
 // A DeepSpeed checkpoint as a source of weights, named as the model names them, tied aliases left out
