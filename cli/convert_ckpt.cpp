@@ -520,8 +520,8 @@ Subcommand setup_convert_ckpt(CLI::App& app) {
                 "DeepSpeed's zero_to_fp32 flag: leave a DeepSpeed checkpoint's frozen parameters out; a ds checkpoint holds only "
                 "what trained (a LoRA run: the adapter), so nothing is excluded there");
   sub->add_flag("--from-module-weights", a->module_weights,
-                "a DeepSpeed checkpoint (ZeRO 0-2): export the module's weights in their training dtype (bf16, fp16) instead of "
-                "the fp32 master weights of its optimizer files");
+                "a DeepSpeed checkpoint (ZeRO 0-2): export the module's weights (the bf16 or fp16 values it trained with, "
+                "written in --dtype, fp32 by default) instead of the fp32 master weights of its optimizer files");
   sub->add_option("--hf-config", a->hf_config,
                   "a DeepSpeed checkpoint exported as a Hugging Face directory: the model's config.json (or its folder); "
                   "default: the config.json beside the checkpoint, where Hugging Face's Trainer saves it");

@@ -236,11 +236,22 @@ int convert_deepspeed(const ConvertArgs& a) {
     auto ckpt = std::make_shared<const DeepSpeedCheckpoint>(a.src, a.tag);
     if (a.info) return print_deepspeed_info(*ckpt, a.json);
     if (a.dst.empty()) throw UserError("no destination given", "ds convert-ckpt DEEPSPEED_DIR OUT (a folder, or a file ending in .safetensors); or --info DEEPSPEED_DIR");
-    if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) return import_deepspeed(a, ckpt);
     if (a.adapter || a.merge || !a.base.empty())
       throw UserError("--adapter, --merge and --base apply to ds's own LoRA runs", "a DeepSpeed checkpoint exports its weights as they are");
+    if (a.to == "ds" || a.world_size > 0 || a.stage >= 0) {
+      if (a.module_weights || a.exclude_frozen)
+        throw UserError(std::string(a.module_weights ? "--from-module-weights" : "--exclude-frozen-parameters") +
+                            " applies to an export; a ds run resumes from the fp32 master weights and every parameter",
+                        "leave it out with --to ds");
+      return import_deepspeed(a, ckpt);
+    }
     const DeepSpeedSource src(ckpt, a.module_weights, a.exclude_frozen);
     const bool one_file = a.to == "safetensors" || (a.to.empty() && ends_with(a.dst, ".safetensors"));
+    if (one_file && !a.hf_config.empty())
+      print_warnings("convert-ckpt", {{"", "--hf-config has no effect on one .safetensors file (it holds no config.json)",
+                                       "give a directory as DST for a Hugging Face directory with it"}});
+    if (one_file && a.max_shard_size != ConvertArgs{}.max_shard_size)
+      print_warnings("convert-ckpt", {{"", "--max-shard-size has no effect on one .safetensors file", "give a directory as DST to shard"}});
     std::string config_json;
     std::vector<std::pair<std::string, std::string>> extra;
     if (!one_file) {

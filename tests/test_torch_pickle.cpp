@@ -190,6 +190,12 @@ TEST(TorchFile, HostilePicklesAreErrorsNamingTheOffsetNeverCrashes) {
   std::string dag = B("\x80\x02]q\x00");
   for (int i = 0; i < 40; ++i) dag += B("](h\x00h\x00" "eq\x00");
   EXPECT_NE(pickle_error(dag + ".").find("more than a million parts"), std::string::npos) << pickle_error(dag + ".");
+  // Sets copying one list of 1,000 references 20,000 times: 20M references from 190 KB, refused by budget.
+  std::string sets = B("\x80\x02]q\x00(");
+  for (int i = 0; i < 1000; ++i) sets += B("h\x00");
+  sets += B("e" "c__builtin__\nset\nq\x01");
+  for (int i = 0; i < 20000; ++i) sets += B("h\x01(h\x00tR0");
+  EXPECT_NE(pickle_error(sets + "N.").find("more than 16777216 references"), std::string::npos) << pickle_error(sets + "N.");
   // Protocol 0's text opcodes are not torch.save's: refused by name.
   EXPECT_NE(pickle_error(B("\x80\x02(l.")).find("opcode 0x6c"), std::string::npos);
   // A tensor view reaching past its storage.
@@ -221,15 +227,19 @@ TEST(TorchFile, DamagedZipsAreRefusedNamingWhatIsWrong) {
   big[second + 25] = '\xff';
   big[second + 21] = '\xff';
   EXPECT_NE(zip_error(big).find("runs past the end"), std::string::npos);
-  // A storage member shorter than its pickle says: an error on reading it.
-  const TorchFile f = open_bytes(zip({{"a/data.pkl", pkl}, {"a/data/0", data.substr(0, 4)}}));
-  float out[2];
-  try {
-    f.read_f32(f.root(), 0, 2, out);
-    ADD_FAILURE() << "a short storage was read";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds 4 bytes, less than its 2 elements"), std::string::npos) << e.what();
-  }
+  // A storage member shorter than its pickle says, or missing: refused on opening, before any tensor is sized.
+  EXPECT_NE(zip_error(zip({{"a/data.pkl", pkl}, {"a/data/0", data.substr(0, 4)}})).find("holds 4 bytes, less than its 2 elements"),
+            std::string::npos);
+  EXPECT_NE(zip_error(zip({{"a/data.pkl", pkl}})).find("lacks the member data/0"), std::string::npos);
+  // A storage claiming 2^62 elements: numel x width would wrap to 0 in 64 bits; refused all the same.
+  P huge;
+  huge.tensor("FloatStorage", "0", 1, 0, {1}, {1});
+  std::string hp = huge.done();
+  const size_t at = hp.find(std::string("J\x01\x00\x00\x00", 5));  // the storage's numel
+  ASSERT_NE(at, std::string::npos);
+  hp.replace(at, 5, std::string("\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40", 10));  // LONG1 2^62
+  EXPECT_NE(zip_error(zip({{"a/data.pkl", hp}, {"a/data/0", data}})).find("less than its 4611686018427387904 elements"), std::string::npos)
+      << zip_error(zip({{"a/data.pkl", hp}, {"a/data/0", data}}));
 }
 
 // --- DeepSpeed's own checkpoints (DeepSpeed 0.14.4, ../shared/data/deepspeed-checkpoints) ---

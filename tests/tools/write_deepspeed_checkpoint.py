@@ -285,7 +285,7 @@ def main():
         prefix = "bf16_" if stage == 0 else ""
         for r in range(W):
             s = TorchSaver()
-            parts, paddings = [], []
+            parts, paddings, full = [], [], []
             for g in groups:
                 flat = [v for n in g for v in master[n]]
                 padded = len(flat) + (-len(flat) % (2 * W))
@@ -293,10 +293,12 @@ def main():
                 lo, hi = r * p, (r + 1) * p
                 kept = flat[lo:min(hi, len(flat))]
                 paddings.append(p - len(kept))
+                full.append(p)
                 parts.append(s.tensor(kept, "fp32", (len(kept),)))
-            # Adam's moments: one flat tensor per group, the size of the rank's partition.
-            state = {g: {"step": 7, "exp_avg": s.tensor([0.0] * (len(p.storage.data) // 4), "fp32", p.shape),
-                         "exp_avg_sq": s.tensor([0.0] * (len(p.storage.data) // 4), "fp32", p.shape)} for g, p in enumerate(parts)}
+            # Adam's moments: one flat tensor per group, the rank's whole slice with its padding (the fp32 slice
+            # is saved without it).
+            state = {g: {"step": 7, "exp_avg": s.tensor([0.0] * n, "fp32", (n,)), "exp_avg_sq": s.tensor([0.0] * n, "fp32", (n,))}
+                     for g, n in enumerate(full)}
             osd = {"loss_scaler": None, "dynamic_loss_scale": dtype == "fp16", "overflow": False, "clip_grad": 1.0,
                    "base_optimizer_state": {"state": state, "param_groups": []},
                    "single_partition_of_fp32_groups": parts, "group_paddings": paddings, "partition_count": [W] * len(groups),

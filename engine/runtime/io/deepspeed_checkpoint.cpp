@@ -120,7 +120,7 @@ DeepSpeedCheckpoint::TagFiles list_tag(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   auto refuse_mp = [&](const std::string& n, const std::string& mp) {
-    if (std::stoll(mp) != 0)
+    if (mp.find_first_not_of('0') != std::string::npos)
       throw UserError("'" + (dir / n).string() + "' is tensor-parallel rank " + mp + "'s: the run split its layers over ranks (mp_world_size > 1)",
                       "ds reads data-parallel DeepSpeed checkpoints (ZeRO 0-3); merge the model-parallel slices first "
                       "(DeepSpeed's ds_to_universal.py)");
@@ -286,10 +286,17 @@ void DeepSpeedCheckpoint::check_one_save() const {
     if (!state || !state->is(PyKind::dict) || state->entries.empty()) continue;
     const PyValue* s0 = state->entries.front().second;
     const PyValue* st = s0->get("step");
-    if (!st || !st->is(PyKind::integer)) continue;
-    if (first_step < 0) first_step = st->integer;
-    else if (st->integer != first_step)
-      throw UserError("'" + files_[files_.size() - optim_files_.size() + r] + "' holds an optimizer at step " + std::to_string(st->integer) +
+    int64_t step = -1;
+    if (st && st->is(PyKind::integer)) step = st->integer;
+    if (st && st->is(PyKind::tensor) && st->numel() == 1 && st->contiguous()) {  // torch 2's AdamW: a 0-d tensor
+      float v = 0;
+      optim_files_[r]->read_f32(*st, 0, 1, &v);
+      step = static_cast<int64_t>(v);
+    }
+    if (step < 0) continue;
+    if (first_step < 0) first_step = step;
+    else if (step != first_step)
+      throw UserError("'" + optim_files_[r]->path() + "' holds an optimizer at step " + std::to_string(step) +
                           ", rank 0's at step " + std::to_string(first_step) + ": files from two saves share this folder",
                       "give the folder of a single save");
   }
@@ -298,6 +305,9 @@ void DeepSpeedCheckpoint::check_one_save() const {
 
 void DeepSpeedCheckpoint::add(DeepSpeedParam p) {
   if (!seen_.insert(p.name).second) throw UserError("'" + lead_ + "' names the parameter '" + p.name + "' twice", "the file is damaged");
+  total_numel_ += p.numel;  // each below 2^50, and at most 2^21 of them (the pickle's values): no overflow
+  if (total_numel_ > kMaxNumel)
+    throw UserError("'" + lead_ + "' describes more than 2^50 parameters", "the file is damaged");
   params_.push_back(std::move(p));
 }
 
@@ -396,7 +406,7 @@ void DeepSpeedCheckpoint::read_partitions(const PyValue& shapes) {
   if (stage_ <= 2) {
     groups_.resize(shapes.items.size());
     for (size_t r = 0; r < optim_files_.size(); ++r) {
-      const std::string& f = files_[files_.size() - optim_files_.size() + r];
+      const std::string& f = optim_files_[r]->path();
       const PyValue& parts =
           need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("single_partition_of_fp32_groups"), f,
                "single_partition_of_fp32_groups", PyKind::list);
@@ -405,7 +415,8 @@ void DeepSpeedCheckpoint::read_partitions(const PyValue& shapes) {
                             std::to_string(shapes.items.size()),
                         "files from two saves share this folder?");
       for (size_t g = 0; g < parts.items.size(); ++g) {
-        need(parts.items[g], f, "single_partition_of_fp32_groups[" + std::to_string(g) + "]", PyKind::tensor);
+        if (need(parts.items[g], f, "single_partition_of_fp32_groups[" + std::to_string(g) + "]", PyKind::tensor).numel() > kMaxNumel)
+          throw UserError("'" + f + "': a partition of more than 2^50 elements", "the file is damaged");
         groups_[g].push_back({optim_files_[r].get(), parts.items[g]});
       }
     }
@@ -429,12 +440,13 @@ void DeepSpeedCheckpoint::read_partitions(const PyValue& shapes) {
     flat_.resize(optim_files_.size());
     int64_t per_rank = -1;
     for (size_t r = 0; r < optim_files_.size(); ++r) {
-      const std::string& f = files_[files_.size() - optim_files_.size() + r];
+      const std::string& f = optim_files_[r]->path();
       const PyValue& parts =
           need(need(optim_files_[r]->root().get("optimizer_state_dict"), f, "optimizer_state_dict", PyKind::dict).get("fp32_flat_groups"), f, "fp32_flat_groups", PyKind::list);
       int64_t total = 0;
       for (size_t g = 0; g < parts.items.size(); ++g) {
-        need(parts.items[g], f, "fp32_flat_groups[" + std::to_string(g) + "]", PyKind::tensor);
+        if (need(parts.items[g], f, "fp32_flat_groups[" + std::to_string(g) + "]", PyKind::tensor).numel() > kMaxNumel)
+          throw UserError("'" + f + "': a partition of more than 2^50 elements", "the file is damaged");
         flat_[r].push_back({optim_files_[r].get(), parts.items[g]});
         total += parts.items[g]->numel();
       }
@@ -482,7 +494,10 @@ void DeepSpeedCheckpoint::collect_moments() {
       const Piece& twin = stage_ == 3 ? flat_[r][k] : groups_[k][r];
       for (int m = 0; m < 2; ++m) {
         const PyValue* t = entry ? entry->get(m == 0 ? "exp_avg" : "exp_avg_sq") : nullptr;
-        if (!t || !t->is(PyKind::tensor) || t->numel() != twin.tensor->numel()) {
+        // Stages 1-2 save the fp32 slice without its end padding but the moments with it (less than 2 x world
+        // elements, all after every real one): the real elements sit at the same offsets either way.
+        const int64_t extra = t && t->is(PyKind::tensor) ? t->numel() - twin.tensor->numel() : -1;
+        if (extra < 0 || (stage_ == 3 ? extra != 0 : extra >= 2 * world_size_)) {
           moments_missing_ = "'" + f + "' holds no " + (m == 0 ? "exp_avg" : "exp_avg_sq") + " of the size of its fp32 partition " +
                              std::to_string(k) + " (an optimizer other than Adam, or its state not saved)";
           for (auto& mm : moments_) mm.clear();

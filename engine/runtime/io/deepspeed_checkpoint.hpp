@@ -108,6 +108,7 @@ class DeepSpeedCheckpoint {
   std::string dir_, tag_, ds_version_;
   std::string lead_;              // the model-state file that records the run (rank 0's)
   std::set<std::string> seen_;    // parameter names read so far
+  int64_t total_numel_ = 0;       // their elements
   int stage_ = 0;
   int64_t world_size_ = 1, step_ = 0, global_samples_ = 0, skipped_steps_ = 0;
   StDtype module_dtype_ = StDtype::F32;

@@ -76,7 +76,9 @@ bool valid_utf8(const char* s, size_t n) {
   return true;
 }
 
-constexpr size_t kMaxValues = size_t{1} << 24, kMaxMarks = 4096, kMaxStack = size_t{1} << 22;
+// Values and the references containers hold, each bounded: a value costs a few hundred bytes, a reference
+// eight, so a hostile pickle stays under about a gigabyte however it shares and copies.
+constexpr size_t kMaxValues = size_t{1} << 21, kMaxReferences = size_t{1} << 24, kMaxMarks = 4096, kMaxStack = size_t{1} << 22;
 
 // The globals a checkpoint may name: what each becomes. Anything else is refused by name.
 enum class Allowed { rebuild_tensor, rebuild_parameter, storage_class, ordered_dict, torch_size, set, getattr, zero_stage_enum, record_class, codecs_encode, torch_device };
@@ -181,6 +183,7 @@ class PickleMachine {
         case 't': {                                                    // TUPLE
           PyValue* v = make(PyKind::tuple);
           v->items = pop_mark();
+          refs(v->items.size());
           push(v);
           break;
         }
@@ -188,6 +191,7 @@ class PickleMachine {
           PyValue* v = make(PyKind::tuple);
           const size_t n = op - 0x84u;
           if (stack_.size() < n + floor()) fail("TUPLE" + std::to_string(n) + " on a stack of fewer values");
+          refs(n);
           v->items.assign(stack_.end() - static_cast<long>(n), stack_.end());
           stack_.resize(stack_.size() - n);
           push(v);
@@ -195,18 +199,21 @@ class PickleMachine {
         }
         case 'a': {                                                    // APPEND
           const PyValue* x = pop();
+          refs(1);
           sequence(top(), "APPEND")->items.push_back(x);
           break;
         }
         case 'e': case 0x90: {                                         // APPENDS, ADDITEMS
           std::vector<const PyValue*> xs = pop_mark();
           PyValue* s = sequence(top(), op == 'e' ? "APPENDS" : "ADDITEMS");
+          refs(xs.size());
           s->items.insert(s->items.end(), xs.begin(), xs.end());
           break;
         }
         case 's': {                                                    // SETITEM
           const PyValue* v = pop();
           const PyValue* k = pop();
+          refs(2);
           dict(top(), "SETITEM")->entries.emplace_back(k, v);
           break;
         }
@@ -214,6 +221,7 @@ class PickleMachine {
           std::vector<const PyValue*> kv = pop_mark();
           if (kv.size() % 2) fail("SETITEMS with an odd number of values");
           PyValue* d = dict(top(), "SETITEMS");
+          refs(kv.size());
           for (size_t i = 0; i < kv.size(); i += 2) d->entries.emplace_back(kv[i], kv[i + 1]);
           break;
         }
@@ -302,6 +310,11 @@ class PickleMachine {
     return out_.values_.back().get();
   }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  // Every reference a container takes is counted: sets and OrderedDicts copy their argument's.
+  void refs(size_t n) {
+    references_ += n;
+    if (references_ > kMaxReferences) fail("containers holding more than " + std::to_string(kMaxReferences) + " references");
+  }
   void push(const PyValue* v) {
     if (stack_.size() >= kMaxStack) fail("a stack deeper than " + std::to_string(kMaxStack));
     stack_.push_back(const_cast<PyValue*>(v));
@@ -443,6 +456,7 @@ class PickleMachine {
         PyValue* d = make(PyKind::dict);
         if (a.empty()) return d;
         want(a.size() == 1 && a[0]->is(PyKind::list));
+        refs(2 * a[0]->items.size());
         for (const PyValue* kv : a[0]->items) {
           want(kv->is(PyKind::tuple) && kv->items.size() == 2);
           d->entries.emplace_back(kv->items[0], kv->items[1]);
@@ -452,6 +466,7 @@ class PickleMachine {
       case Allowed::torch_size: {
         want(a.size() == 1);
         PyValue* t = make(PyKind::tuple);
+        refs(a[0]->items.size());
         for (int64_t d : ints(a[0], "a torch.Size")) {
           PyValue* i = make(PyKind::integer);
           i->integer = d;
@@ -462,7 +477,10 @@ class PickleMachine {
       case Allowed::set: {
         want(a.size() <= 1 && (a.empty() || a[0]->is(PyKind::list)));
         PyValue* s = make(PyKind::set);
-        if (!a.empty()) s->items = a[0]->items;
+        if (!a.empty()) {
+          refs(a[0]->items.size());
+          s->items = a[0]->items;
+        }
         return s;
       }
       case Allowed::getattr: {  // getattr(ZeroStageEnum, 'gradients'): the stage's number
@@ -502,11 +520,19 @@ class PickleMachine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, PyValue*> memo_;
   std::map<std::string, PyValue*> storages_;
+  size_t references_ = 0;
 };
 
 Pickle::Pickle(const std::string& bytes, const std::string& source) : source_(source) {
   PickleMachine m(*this, bytes);
   m.run();
+}
+
+std::vector<const PyValue*> Pickle::storages() const {
+  std::vector<const PyValue*> out;
+  for (const auto& v : values_)
+    if (v->is(PyKind::storage)) out.push_back(v.get());
+  return out;
 }
 
 namespace {

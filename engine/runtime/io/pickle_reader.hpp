@@ -56,6 +56,7 @@ class Pickle {
   Pickle(const std::string& bytes, const std::string& source);
   const PyValue& root() const { return *root_; }
   const std::string& source() const { return source_; }
+  std::vector<const PyValue*> storages() const;  // every storage the pickle names, once each
 
  private:
   friend class PickleMachine;

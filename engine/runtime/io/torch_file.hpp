@@ -22,6 +22,7 @@ class TorchFile {
   void read_f32(const PyValue& tensor, int64_t from, int64_t n, float* out) const;
 
  private:
+  const ZipMember& storage_member(const PyValue& storage) const;  // UserError when missing or short
   TorchZip zip_;
   Pickle pickle_;
 };
