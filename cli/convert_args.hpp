@@ -8,6 +8,7 @@
 
 #include "engine/plan/plan.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
+#include "engine/runtime/io/weights.hpp"
 
 namespace ds::cli {
 
@@ -23,6 +24,9 @@ struct ConvertArgs {
 // Refuses a destination that exists (without --overwrite), is or holds what the conversion reads
 // (`sources`), or holds a ds run an export would hide (`exports`: DST receives Hugging Face files).
 void check_destination(const ConvertArgs& a, const std::vector<std::string>& sources, bool exports);
+
+// What an export wrote and removed, and its fp16 warnings, on stderr.
+void report_export(const ExportSummary& s);
 
 // The plan of rank `rank` of `world` ranks on one node for a conversion (`source` names where the world size came from).
 Plan plan_for_rank(const Config& config, const ModelSpec& spec, int world, int rank, const char* source);

@@ -254,6 +254,16 @@ std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, in
 
 }  // namespace
 
+void report_export(const ExportSummary& s) {
+  for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
+  for (const auto& f : s.removed) std::cerr << "  removed " << f << " (the previous export's)\n";
+  if (s.fp16_overflowed > 0)
+    print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_overflowed) + " values beyond fp16's range were written as +-inf (--allow-fp16-overflow)", ""}});
+  if (s.fp16_flushed > 0)
+    print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
+                                     "--dtype bf16 keeps fp32's range"}});
+}
+
 Plan plan_for_rank(const Config& config, const ModelSpec& spec, int world, int rank, const char* source) {
   Topology t;
   t.world_size = t.ranks_per_node = world;
@@ -477,13 +487,7 @@ int run_convert(const ConvertArgs& a) {
               << src->zero_stage << ") -> " << a.dst << " as " << (to == "hf" ? "a Hugging Face directory" : "one safetensors file")
               << ", " << a.dtype << "\n";
     const ExportSummary s = to == "hf" ? export_hf_directory(*src, src->model(), a.dst, opt) : export_safetensors_file(*src, model, a.dst, opt);
-    for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
-    for (const auto& f : s.removed) std::cerr << "  removed " << f << " (the previous export's)\n";
-    if (s.fp16_overflowed > 0)
-      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_overflowed) + " values beyond fp16's range were written as +-inf (--allow-fp16-overflow)", ""}});
-    if (s.fp16_flushed > 0)
-      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
-                                       "--dtype bf16 keeps fp32's range"}});
+    report_export(s);
     write_tokenizer_files(tokenizer, a.dst);
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;

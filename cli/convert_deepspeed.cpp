@@ -288,13 +288,7 @@ int convert_deepspeed(const ConvertArgs& a) {
               << "  reading " << weights_read(*ckpt, a.module_weights) << ", one tensor at a time\n";
     for (const auto& [alias, source] : ckpt->tied()) std::cerr << "  " << alias << " is tied to " << source << ": written once, as transformers saves it\n";
     const ExportSummary s = export_as_named(src, a.dst, config_json, extra, opt);
-    for (const auto& f : s.files) std::cerr << "  wrote " << f << "\n";
-    for (const auto& f : s.removed) std::cerr << "  removed " << f << " (the previous export's)\n";
-    if (s.fp16_overflowed > 0)
-      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_overflowed) + " values beyond fp16's range were written as +-inf (--allow-fp16-overflow)", ""}});
-    if (s.fp16_flushed > 0)
-      print_warnings("convert-ckpt", {{"", std::to_string(s.fp16_flushed) + " nonzero values smaller than fp16's least subnormal (2^-24) were written as 0",
-                                       "--dtype bf16 keeps fp32's range"}});
+    report_export(s);
     std::cerr << "ds convert-ckpt: " << s.tensors << " tensors, " << format_bytes(static_cast<double>(s.tensor_bytes)) << "\n";
     return kExitOk;
   }
