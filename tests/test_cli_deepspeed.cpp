@@ -117,6 +117,14 @@ TEST(CliDeepSpeed, AHuggingFaceDirectoryNeedsTheModelsConfigAndShipsIt) {
   r = ds("convert-ckpt " + src + " " + src + "/global_step5/out.safetensors");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "which this conversion reads")) << r.err;
+  // Flags that do nothing where they are given: said, never silently dropped.
+  r = ds("convert-ckpt " + src + " " + dir + "/one.safetensors --hf-config " + kCases + "llama-z3-w2-fp32/init --max-shard-size 1GB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "--hf-config has no effect on one .safetensors file")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--max-shard-size has no effect on one .safetensors file")) << r.err;
+  r = ds("convert-ckpt " + src + " " + dir + "/run --to ds --from-module-weights");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--from-module-weights applies to an export")) << r.err;
 }
 
 namespace {
