@@ -10,6 +10,13 @@
 #include "common/error.hpp"
 
 namespace ds {
+void ByteReader::check_span(uint64_t offset, uint64_t n, const std::string& hint) const {
+  if (offset > size() || n > size() - offset)
+    throw UserError("'" + name() + "' is cut short: " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                        " lie beyond its " + std::to_string(size()) + " bytes",
+                    hint);
+}
+
 namespace {
 
 class FileReader : public ByteReader {
@@ -28,10 +35,7 @@ class FileReader : public ByteReader {
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return path_; }
   void read(uint64_t offset, void* out, uint64_t n) const override {
-    if (offset > size_ || n > size_ - offset)
-      throw UserError("'" + path_ + "' is cut short: " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                          " lie beyond its " + std::to_string(size_) + " bytes",
-                      "the file is damaged or still being written; copy it again");
+    check_span(offset, n, "the file is damaged or still being written; copy it again");
     auto* into = static_cast<uint8_t*>(out);
     for (uint64_t done = 0; done < n;) {
       const ssize_t got = ::pread(fd_, into + done, static_cast<size_t>(n - done), static_cast<off_t>(offset + done));
@@ -56,10 +60,7 @@ class MemoryReader : public ByteReader {
   uint64_t size() const override { return size_; }
   const std::string& name() const override { return name_; }
   void read(uint64_t offset, void* out, uint64_t n) const override {
-    if (offset > size_ || n > size_ - offset)
-      throw UserError("'" + name_ + "' is cut short: " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
-                          " lie beyond its " + std::to_string(size_) + " bytes",
-                      "");
+    check_span(offset, n, "");
     if (n) std::memcpy(out, data_ + offset, static_cast<size_t>(n));
   }
 

@@ -22,6 +22,10 @@ class ByteReader {
   // Exactly n bytes at `offset` into `out`; UserError naming the source when they are not there.
   virtual void read(uint64_t offset, void* out, uint64_t n) const = 0;
   virtual const std::string& name() const = 0;
+
+ protected:
+  // UserError naming the source when [offset, offset + n) is not inside it.
+  void check_span(uint64_t offset, uint64_t n, const std::string& hint) const;
 };
 std::unique_ptr<ByteReader> open_file_reader(const std::string& path);
 std::unique_ptr<ByteReader> memory_reader(const uint8_t* data, uint64_t size, const std::string& name);

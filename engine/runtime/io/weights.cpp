@@ -635,21 +635,30 @@ ExportSummary export_hf_directory(const WeightSource& source, const ModelHyper& 
   return s;
 }
 
+namespace {
+// `tensors` as one .safetensors file, after fp16's range check.
+ExportSummary write_one_file(const WeightSource& source, const std::vector<ExportTensor>& tensors, const std::string& file,
+                             const ExportOptions& options) {
+  const StDtype dtype = export_dtype(options.dtype);
+  ExportSummary s;
+  if (dtype == StDtype::F16) check_fp16_range(source, tensors, options, s);
+  std::vector<StTensorSource> out;
+  for (const ExportTensor& t : tensors) out.push_back(converted(source, t.from, t.to, t.shape, dtype));
+  s.tensor_bytes = write_safetensors(file, out);
+  s.files = {file};
+  s.tensors = static_cast<int64_t>(out.size());
+  return s;
+}
+}  // namespace
+
 ExportSummary export_as_named(const WeightSource& source, const std::string& dst, const std::string& config_json,
                               const std::vector<std::pair<std::string, std::string>>& extra_files, const ExportOptions& options) {
   std::vector<ExportTensor> tensors;
   for (const NamedShape& t : source.tensors()) tensors.push_back({t.name, t.name, t.shape, t.numel()});
+  if (config_json.empty()) return write_one_file(source, tensors, dst, options);
   const StDtype dtype = export_dtype(options.dtype);
   ExportSummary s;
   if (dtype == StDtype::F16) check_fp16_range(source, tensors, options, s);
-  if (config_json.empty()) {
-    std::vector<StTensorSource> out;
-    for (const ExportTensor& t : tensors) out.push_back(converted(source, t.from, t.to, t.shape, dtype));
-    s.tensor_bytes = write_safetensors(dst, out);
-    s.files = {dst};
-    s.tensors = static_cast<int64_t>(out.size());
-    return s;
-  }
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_json);
   config["torch_dtype"] = torch_dtype_of(dtype);
   const fs::path dir(dst);
@@ -707,16 +716,7 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
 
 ExportSummary export_safetensors_file(const WeightSource& source, const ModelSpec& model, const std::string& file,
                                       const ExportOptions& options) {
-  const std::vector<ExportTensor> named = export_tensors(match_weights(source, model), model);
-  const StDtype dtype = export_dtype(options.dtype);
-  ExportSummary s;
-  if (dtype == StDtype::F16) check_fp16_range(source, named, options, s);
-  std::vector<StTensorSource> tensors;
-  for (const ExportTensor& t : named) tensors.push_back(converted(source, t.from, t.to, t.shape, dtype));
-  s.tensor_bytes = write_safetensors(file, tensors);
-  s.files = {file};
-  s.tensors = static_cast<int64_t>(tensors.size());
-  return s;
+  return write_one_file(source, export_tensors(match_weights(source, model), model), file, options);
 }
 
 }  // namespace ds
