@@ -410,7 +410,14 @@ void check_data_files(const DataConfig& d, std::vector<ConfigIssue>& missing) {
     else if (!std::filesystem::is_regular_file(path, ec))  // a FIFO or a device would block or never end
       missing.push_back({key, "'" + path + "' is not a regular file (a FIFO, socket or device)", "name a file on disk"});
   };
-  if (d.type != DataType::synthetic) need(d.path, "data.path", d.type == DataType::text || d.type == DataType::tokens);
+  if (d.type != DataType::synthetic)
+    need(d.path, "data.path", d.type == DataType::text || d.type == DataType::tokens || d.type == DataType::jsonl);
+  if (d.tokenizer == "hf" && !d.tokenizer_path.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::exists(d.tokenizer_path, ec))
+      missing.push_back({"data.tokenizer_path", "'" + d.tokenizer_path + "' does not exist",
+                         "point it at the model's directory or its tokenizer.json"});
+  }
   if (d.type == DataType::text && d.tokenizer == "gpt2") {
     need(d.vocab_file, "data.vocab_file");
     need(d.merges_file, "data.merges_file");

@@ -179,9 +179,14 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
     case DataType::text:
       s += " " + d.path + ", tokenizer " + d.tokenizer;
       if (d.tokenizer == "gpt2") s += " (" + d.vocab_file + ", " + d.merges_file + ")";
+      if (d.tokenizer == "hf") s += " (" + d.tokenizer_path + ")";
       break;
     case DataType::tokens: s += " " + d.path + " (" + d.token_format + ")"; break;
     case DataType::hdf5: s += " " + d.path + " dataset " + d.dataset; break;
+    case DataType::jsonl:
+      s += " " + d.path + ", tokenizer " + d.tokenizer_path + ", chat format " + d.chat_template + ", one sample a row, the loss on " +
+           (d.train_on_prompt ? "every token" : "the completions and the assistant's turns");
+      break;
   }
   s += "; " + (seq_len > 0 ? std::to_string(seq_len) + " tokens per sample" : std::string("sequence length auto (the model's context)"));
   if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";

@@ -28,6 +28,15 @@ std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& d, const std
     add("vocab_file", "vocab.json", d.vocab_file);
     add("merges_file", "merges.txt", d.merges_file);
   }
+  if (d.tokenizer == "hf" && !d.tokenizer_path.empty()) {  // the model's own files, which the data was read with
+    const std::filesystem::path given(d.tokenizer_path);
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::is_directory(given, ec) ? given : given.parent_path();
+    for (const char* name : kHfTokenizerFiles) {
+      const std::filesystem::path f = dir / name;
+      if (std::filesystem::is_regular_file(f, ec)) add("tokenizer_path", name, f.string());
+    }
+  }
   if (init_from.empty()) return files;
   std::unique_ptr<WeightSource> source = open_weights(init_from);
   if (source->kind() == WeightsKind::peft_adapter && !source->base_path.empty()) source = open_weights(source->base_path);
@@ -52,9 +61,9 @@ std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& d, const std
 // working directory, or a file changed since, would train on another vocabulary.
 void check_tokenizer_unchanged(const PlanRecord& old, const std::vector<TokenizerFileRecord>& now) {
   for (const TokenizerFileRecord& was : old.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{})) {
-    if (was.role != "vocab_file" && was.role != "merges_file") continue;  // what the data is read with
+    if (was.role != "vocab_file" && was.role != "merges_file" && was.role != "tokenizer_path") continue;  // what the data is read with
     for (const TokenizerFileRecord& is : now)
-      if (is.role == was.role && is.checksum64 != was.checksum64)  // moved is fine; changed is not
+      if (is.role == was.role && is.name == was.name && is.checksum64 != was.checksum64)  // moved is fine; changed is not
         throw UserError("data." + was.role + " is '" + is.path + "' (checksum " + is.checksum64 + "), but the checkpoint's run read '" +
                             was.path + "' (checksum " + was.checksum64 + "): resuming would continue on another vocabulary",
                         "give data." + was.role + "=" + was.path + " (relative paths are read from the working directory)");

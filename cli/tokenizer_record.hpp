@@ -17,7 +17,8 @@ inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",    "tokeni
                                                     "added_tokens.json", "chat_template.jinja",   "chat_template.json"};
 
 // The record (plan_to_json writes it): a GPT-2 BPE run's vocab.json and merges.txt (roles vocab_file,
-// merges_file), then what `init_from` had (role init_from): a Hugging Face directory's tokenizer files, a
+// merges_file), or an hf tokenizer's files (role tokenizer_path: tokenizer.json and what is beside it),
+// then what `init_from` had (role init_from): a Hugging Face directory's tokenizer files, a
 // PEFT adapter's base's, a ds run's own record. Reads each file (UserError when one cannot be).
 std::vector<TokenizerFileRecord> tokenizer_record(const DataConfig& data, const std::string& init_from);
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "engine/runtime/data/gpt2_tokenizer.hpp"
+#include "engine/runtime/data/byte_level_bpe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::ofstream(dir + "_vocab.json", std::ios::binary) << input.substr(0, nul);
   std::ofstream(dir + "_merges.txt", std::ios::binary) << (nul == std::string::npos ? std::string() : input.substr(nul + 1));
   try {
-    ds::Gpt2Tokenizer tok(dir + "_vocab.json", dir + "_merges.txt");
+    ds::ByteLevelBpe tok(dir + "_vocab.json", dir + "_merges.txt");
     const auto ids = tok.encode("Hello world, it's 2026!\n  caf\xc3\xa9");
     tok.decode(ids);
   } catch (const ds::UserError&) {

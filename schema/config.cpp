@@ -62,6 +62,7 @@ const char* data_type_name(DataType t) {
     case DataType::text: return "text";
     case DataType::tokens: return "tokens";
     case DataType::hdf5: return "hdf5";
+    case DataType::jsonl: return "jsonl";
   }
   return "?";
 }

@@ -191,12 +191,14 @@ struct ModelConfig {
   bool given = false;       // false: no model block at all
 };
 
-enum class DataType { synthetic, text, tokens, hdf5 };
+enum class DataType { synthetic, text, tokens, hdf5, jsonl };
 const char* data_type_name(DataType t);
 
 struct DataConfig {
   DataType type = DataType::synthetic;
   std::string path, tokenizer, vocab_file, merges_file, token_format, dataset;
+  std::string tokenizer_path, chat_template = "auto";  // tokenizer hf; jsonl's conversations
+  bool train_on_prompt = false;                        // jsonl: the loss counts the prompts too
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;
   bool shuffle = true;  // false: samples in stream order (BatchSampler)

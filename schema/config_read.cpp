@@ -288,7 +288,11 @@ void read_model_block(const json& d, Config& c, std::vector<ConfigIssue>& errors
 void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& data = at(d, "data");
   const std::string dt = at(data, "type").get<std::string>();
-  c.data.type = dt == "text" ? DataType::text : dt == "tokens" ? DataType::tokens : dt == "hdf5" ? DataType::hdf5 : DataType::synthetic;
+  c.data.type = dt == "text"     ? DataType::text
+                : dt == "tokens" ? DataType::tokens
+                : dt == "hdf5"   ? DataType::hdf5
+                : dt == "jsonl"  ? DataType::jsonl
+                                 : DataType::synthetic;
   c.data.path = str_or_empty(at(data, "path"));
   c.data.tokenizer = at(data, "tokenizer").get<std::string>();
   c.data.vocab_file = str_or_empty(at(data, "vocab_file"));
@@ -298,11 +302,27 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.seq_len = opt_int(at(data, "seq_len"));
   c.data.val_fraction = at(data, "val_fraction").get<double>();
   c.data.shuffle = at(data, "shuffle").get<bool>();
+  c.data.tokenizer_path = str_or_empty(at(data, "tokenizer_path"));
+  c.data.chat_template = at(data, "chat_template").get<std::string>();
+  c.data.train_on_prompt = at(data, "train_on_prompt").get<bool>();
   if (c.data.type != DataType::synthetic && c.data.path.empty())
     errors.push_back({"data.path", std::string("data.type \"") + dt + "\" needs a file", "set data.path, or use data.type \"synthetic\""});
   if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))
     errors.push_back({"data.vocab_file", "the gpt2 tokenizer needs vocab_file and merges_file",
                       "point them at GPT-2's vocab.json and merges.txt"});
+  if (c.data.type == DataType::jsonl && c.data.tokenizer != "hf")
+    errors.push_back({"data.tokenizer", "jsonl data is tokenized with the model's own tokenizer",
+                      "set data.tokenizer \"hf\" and data.tokenizer_path to the model's directory (or its tokenizer.json)"});
+  if (c.data.tokenizer == "hf" && c.data.tokenizer_path.empty())
+    errors.push_back({"data.tokenizer_path", "the hf tokenizer needs its tokenizer.json",
+                      "point data.tokenizer_path at the model's directory (the one model.init_from reads) or at its tokenizer.json"});
+  if (c.data.tokenizer == "hf" && c.data.type != DataType::text && c.data.type != DataType::jsonl)
+    errors.push_back({"data.tokenizer", "the hf tokenizer reads text or jsonl data", "set data.type text or jsonl"});
+  if (c.data.tokenizer != "hf" && !c.data.tokenizer_path.empty())
+    errors.push_back({"data.tokenizer_path", "acts with data.tokenizer \"hf\" only", "set data.tokenizer \"hf\", or remove the key"});
+  if (c.data.type != DataType::jsonl && (c.data.chat_template != "auto" || c.data.train_on_prompt))
+    errors.push_back({c.data.train_on_prompt ? "data.train_on_prompt" : "data.chat_template", "acts on jsonl data only",
+                      "remove the key, or set data.type \"jsonl\""});
 }
 
 void read_train(const json& d, Config& c) {

@@ -106,7 +106,7 @@ torch::Tensor reference_loss(const ModelHyper& hp, const Weights& w, const torch
   const torch::Tensor head = w.count("lm_head.weight") ? w.at("lm_head.weight") : w.at("model.embed_tokens.weight");
   torch::Tensor logits = torch::matmul(x, head.t());
   if (hp.final_softcap > 0) logits = torch::tanh(logits / hp.final_softcap) * hp.final_softcap;
-  return torch::cross_entropy_loss(logits.view({B * T, -1}), tgt.flatten());
+  return torch::cross_entropy_loss(logits.view({B * T, -1}), tgt.flatten(), {}, at::Reduction::Mean, /*ignore_index=*/-1);
 }
 
 struct Family {
@@ -245,4 +245,52 @@ TEST(Families, TheFinalCapsLossAndGradientsInFp32AndBf16TrackTheDoubleReference)
     // Without the cap the same inputs give another loss: the cap acted.
     EXPECT_GT(std::fabs(fused_head_loss(x.detach(), w.detach(), t, 1.0).item<double>() - got.item<double>()), 1e-3);
   }
+}
+
+// Fine-tuning data's masks: a target of -1 (padding, a prompt's token) is not counted. The loss is the mean
+// over the counted targets and the gradients are those of that mean, as torch's cross-entropy with an
+// ignore_index gives them; a micro batch with nothing counted contributes a zero loss and zero gradients.
+TEST(Families, MaskedTargetsAreLeftOutOfTheLossAndItsGradients) {
+  const Plan plan = test::plan_of(kConfig, 1, 0, families()[3].overrides);
+  auto device = Device::create(DeviceKind::cpu, 0);
+  FlatParams flat = FlatParams::allocate(plan, 0, *device);
+  torch::manual_seed(11);
+  {
+    torch::NoGradGuard ng;
+    initialise_model(plan, flat.params, 5);
+  }
+  auto model = make_model(plan, flat);
+  const torch::Tensor in = torch::randint(0, 256, {2, 12}, torch::kLong);
+  torch::Tensor tgt = torch::randint(0, 256, {2, 12}, torch::kLong);
+  tgt.narrow(1, 0, 5).fill_(-1);               // the prompts of both rows
+  tgt[1].narrow(0, 9, 3).fill_(-1);            // and the second row's padding
+  flat.grads.zero_();
+  model->set_loss_gradient(1.0);
+  const torch::Tensor loss = model->loss(in, tgt);
+  loss.backward();
+  Weights w;
+  for (const ParamSlot& s : plan.layout.params)
+    w[s.name] = flat.params.narrow(0, s.offset, s.numel).view(s.shape).to(torch::kFloat64).detach().requires_grad_(true);
+  const torch::Tensor want = reference_loss(plan.model.hp, w, in, tgt);
+  want.backward();
+  EXPECT_NEAR(loss.item<double>(), want.item<double>(), 1e-5 * want.item<double>());
+  for (const ParamSlot& s : plan.layout.params) {
+    const torch::Tensor ref = w.at(s.name).grad().flatten();
+    const torch::Tensor got = flat.grads.narrow(0, s.offset, s.numel).to(torch::kFloat64);
+    const double scale = std::max(ref.abs().max().item<double>(), 1e-6);
+    EXPECT_LT((got - ref).abs().max().item<double>() / scale, 1e-4) << s.name;
+  }
+  // Any negative target is masked alike.
+  torch::Tensor other = tgt.clone();
+  other[0][0] = -7;
+  other[1][10] = -100;
+  {
+    torch::NoGradGuard ng;
+    EXPECT_EQ(model->loss(in, other).item<double>(), loss.item<double>());
+  }
+  flat.grads.zero_();
+  const torch::Tensor none = model->loss(in, torch::full({2, 12}, -1, torch::kLong));
+  none.backward();
+  EXPECT_EQ(none.item<double>(), 0.0);
+  EXPECT_EQ(flat.grads.abs().max().item<double>(), 0.0);
 }

@@ -2,14 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/runtime/data/gpt2_tokenizer.hpp"
+#include "engine/runtime/data/byte_level_bpe.hpp"
 #include "test_helpers.hpp"
 
 using namespace ds;
 
 namespace {
-const Gpt2Tokenizer& tokenizer() {
-  static const Gpt2Tokenizer t(std::string(DS_SHARED_DIR) + "/data/gpt2/vocab.json",
+const ByteLevelBpe& tokenizer() {
+  static const ByteLevelBpe t(std::string(DS_SHARED_DIR) + "/data/gpt2/vocab.json",
                                std::string(DS_SHARED_DIR) + "/data/gpt2/merges.txt");
   return t;
 }
@@ -18,7 +18,7 @@ nlohmann::json vectors() {
 }
 }  // namespace
 
-TEST(Gpt2Tokenizer, HelloWorldIsGpt2s15496And995) {
+TEST(ByteLevelBpe, HelloWorldIsGpt2s15496And995) {
   DS_REQUIRE_SHARED_DATA();
   EXPECT_EQ(tokenizer().encode("Hello world"), (std::vector<int32_t>{15496, 995}));
 }
@@ -26,9 +26,9 @@ TEST(Gpt2Tokenizer, HelloWorldIsGpt2s15496And995) {
 // The shared vocab.json lacks GPT-2's "Ġgazed" (id 50255) and puts <|endoftext|> at 50255, while
 // merges.txt still ends with "Ġg azed". The tokenizer drops that merge, says so, and never produces
 // an unknown piece.
-TEST(Gpt2Tokenizer, ToleratesAVocabularyMissingAMergeResult) {
+TEST(ByteLevelBpe, ToleratesAVocabularyMissingAMergeResult) {
   DS_REQUIRE_SHARED_DATA();
-  const Gpt2Tokenizer& t = tokenizer();
+  const ByteLevelBpe& t = tokenizer();
   EXPECT_EQ(t.eot_id(), t.vocab_size() - 1);
   if (t.vocab_size() == 50257) GTEST_SKIP() << "the shared files are GPT-2's exact ones";
   ASSERT_EQ(t.warnings().size(), 1u);
@@ -41,7 +41,7 @@ TEST(Gpt2Tokenizer, ToleratesAVocabularyMissingAMergeResult) {
 // Vectors from an independent implementation (OpenAI's GPT-2 encoder ported to JavaScript, npm
 // gpt-3-encoder 1.1.4, with its own vocabulary files): contractions, numbers, whitespace runs,
 // punctuation, accents, CJK, emoji.
-TEST(Gpt2Tokenizer, MatchesAnIndependentEncoderOnTrickyText) {
+TEST(ByteLevelBpe, MatchesAnIndependentEncoderOnTrickyText) {
   DS_REQUIRE_SHARED_DATA();
   const nlohmann::json v = vectors();  // held: a range-for over vectors()["cases"] reads a destroyed temporary
   for (const auto& c : v["cases"]) {
@@ -50,7 +50,7 @@ TEST(Gpt2Tokenizer, MatchesAnIndependentEncoderOnTrickyText) {
   }
 }
 
-TEST(Gpt2Tokenizer, MatchesAnIndependentEncoderOnTheCorpus) {
+TEST(ByteLevelBpe, MatchesAnIndependentEncoderOnTheCorpus) {
   DS_REQUIRE_SHARED_DATA();
   const auto v = vectors();
   const std::string corpus = test::read_text(std::string(DS_SHARED_DIR) + "/data/tinyshakespeare.txt")
@@ -61,7 +61,7 @@ TEST(Gpt2Tokenizer, MatchesAnIndependentEncoderOnTheCorpus) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], expected[i]) << "first difference at token " << i;
 }
 
-TEST(Gpt2Tokenizer, DecodeInvertsEncodeByteForByte) {
+TEST(ByteLevelBpe, DecodeInvertsEncodeByteForByte) {
   DS_REQUIRE_SHARED_DATA();
   for (const std::string& s : std::vector<std::string>{"Hello world", "naïve café 日本語 🙂", "tabs\tand\nnewlines\n\n",
                                                      std::string("\xff\xfe bytes", 8)})
@@ -70,17 +70,17 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncodeByteForByte) {
 
 TEST(Gpt2Pretokenizer, SplitsLikeGpt2sPattern) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("Hello world"), (V{"Hello", " world"}));
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("don't DON'T"), (V{"don", "'t", " DON", "'", "T"}));
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("a   b"), (V{"a", "  ", " b"}));  // the run leaves one space to the word
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("x\n\ny"), (V{"x", "\n", "\n", "y"}));
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("end  "), (V{"end", "  "}));
-  EXPECT_EQ(Gpt2Tokenizer::pretokenize("pi=3.14"), (V{"pi", "=", "3", ".", "14"}));
+  EXPECT_EQ(ByteLevelBpe::pretokenize("Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(ByteLevelBpe::pretokenize("don't DON'T"), (V{"don", "'t", " DON", "'", "T"}));
+  EXPECT_EQ(ByteLevelBpe::pretokenize("a   b"), (V{"a", "  ", " b"}));  // the run leaves one space to the word
+  EXPECT_EQ(ByteLevelBpe::pretokenize("x\n\ny"), (V{"x", "\n", "\n", "y"}));
+  EXPECT_EQ(ByteLevelBpe::pretokenize("end  "), (V{"end", "  "}));
+  EXPECT_EQ(ByteLevelBpe::pretokenize("pi=3.14"), (V{"pi", "=", "3", ".", "14"}));
 }
 
-TEST(Gpt2Tokenizer, MissingFilesAreUserErrorsNamingThePath) {
+TEST(ByteLevelBpe, MissingFilesAreUserErrorsNamingThePath) {
   try {
-    Gpt2Tokenizer("/nonexistent/vocab.json", "/nonexistent/merges.txt");
+    ByteLevelBpe("/nonexistent/vocab.json", "/nonexistent/merges.txt");
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/vocab.json"), std::string::npos);

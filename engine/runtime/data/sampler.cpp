@@ -1,12 +1,14 @@
 #include "engine/runtime/data/sampler.hpp"
 
+#include <algorithm>
+
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/hash.hpp"
 
 namespace ds {
 
-BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) : stream_(stream), o_(o) {
+BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) : stream_(&stream), o_(o) {
   DS_CHECK(o.seq_len > 0 && o.micro_batch > 0 && o.world_size > 0 && o.rank < o.world_size);
   const int64_t n = stream.size();
   const int64_t val = static_cast<int64_t>(static_cast<double>(n) * o.val_fraction);
@@ -18,7 +20,80 @@ BatchSampler::BatchSampler(const TokenStream& stream, const SamplerOptions& o) :
                     "use more data, a shorter data.seq_len, or a different data.val_fraction");
 }
 
+BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : samples_(&samples), o_(o) {
+  DS_CHECK(o.seq_len > 0 && o.micro_batch > 0 && o.world_size > 0 && o.rank < o.world_size);
+  const int64_t n = samples.size();
+  const int64_t val = static_cast<int64_t>(static_cast<double>(n) * o.val_fraction);
+  train_end_ = n - val;
+  if (train_end_ < 1 || (o.val_fraction > 0 && val < 1))
+    throw UserError(samples.description + ": too few samples for data.val_fraction " + format_double(o.val_fraction) + " (" +
+                        format_count(train_end_) + " for training, " + format_count(val) + " for validation)",
+                    "each split needs at least one sample: use more data or another data.val_fraction");
+}
+
+namespace {
+
+// A bijection of [0, n) keyed by `key`: a four-round Feistel network over the smallest even number of
+// bits that holds n, walking the cycle until the image falls inside [0, n) (under four steps on average).
+int64_t permute(int64_t x, int64_t n, uint64_t key) {
+  int bits = 2;
+  while ((int64_t{1} << bits) < n) bits += 2;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  uint64_t v = static_cast<uint64_t>(x);
+  do {
+    uint64_t left = v >> half, right = v & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t next = left ^ (splitmix64(key ^ splitmix64(right * 4 + round)) & mask);
+      left = right;
+      right = next;
+    }
+    v = (left << half) | right;
+  } while (static_cast<int64_t>(v) >= n);
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+int64_t BatchSampler::train_tokens() const {
+  return samples_ ? samples_->starts[static_cast<size_t>(train_end_)] : train_end_;
+}
+
+int64_t BatchSampler::val_tokens() const {
+  return samples_ ? samples_->starts.back() - samples_->starts[static_cast<size_t>(train_end_)] : stream_->size() - train_end_;
+}
+
+std::string BatchSampler::notes() const {
+  if (!samples_) return "";
+  int64_t cut = 0, rows_tokens = 0;
+  for (int64_t i = 0; i < train_end_; ++i) {
+    const int64_t len = samples_->length(i);
+    cut += len > o_.seq_len + 1;
+    rows_tokens += std::min(len - 1, o_.seq_len);
+  }
+  std::string s = format_fixed(100.0 * (1.0 - static_cast<double>(rows_tokens) / static_cast<double>(train_end_ * o_.seq_len)), 1) +
+                  "% of the training rows' positions are padding (one sample a row)";
+  if (cut) s += "; " + format_count(cut) + " of " + format_count(train_end_) + " training samples are longer than seq_len + 1 = " +
+                std::to_string(o_.seq_len + 1) + " tokens and are cut there";
+  return s;
+}
+
+void BatchSampler::sample_row(int64_t index, int32_t* in, int32_t* tgt) const {
+  const SampleSet& s = *samples_;
+  const int64_t begin = s.starts[static_cast<size_t>(index)], len = s.length(index);
+  for (int64_t t = 0; t < o_.seq_len; ++t) {
+    in[t] = t < len ? s.tokens[static_cast<size_t>(begin + t)] : s.pad_id;
+    tgt[t] = t + 1 < len && s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+  }
+}
+
 int64_t BatchSampler::sample_offset(int64_t g) const {
+  if (samples_) {
+    const int64_t n = train_end_;
+    if (!o_.shuffle) return g % n;
+    const uint64_t epoch = static_cast<uint64_t>(g / n);
+    return permute(g % n, n, splitmix64(o_.seed * 0x100000001B3ull ^ splitmix64(epoch + 0x5A17)));
+  }
   if (!o_.shuffle) return (g % ((train_end_ - 1) / o_.seq_len)) * o_.seq_len;  // the split's whole windows, in order
   const uint64_t span = static_cast<uint64_t>(train_end_ - o_.seq_len);  // valid starts: [0, train_end - seq_len - 1]
   return static_cast<int64_t>(splitmix64(o_.seed * 0x100000001B3ull ^ splitmix64(static_cast<uint64_t>(g))) % span);
@@ -26,7 +101,7 @@ int64_t BatchSampler::sample_offset(int64_t g) const {
 
 void BatchSampler::window(int64_t start, int32_t* in, int32_t* tgt) const {
   std::vector<int32_t> buf(static_cast<size_t>(o_.seq_len + 1));
-  stream_.read(start, o_.seq_len + 1, buf.data());
+  stream_->read(start, o_.seq_len + 1, buf.data());
   for (int64_t t = 0; t < o_.seq_len; ++t) {
     in[t] = buf[t];
     tgt[t] = buf[t + 1];
@@ -39,14 +114,23 @@ void BatchSampler::train_batch(int64_t step, int64_t micro, std::vector<int32_t>
   targets.resize(static_cast<size_t>(b * T));
   const int64_t global_batch = b * o_.grad_accum * o_.world_size;
   const int64_t first = step * global_batch + (micro * o_.world_size + o_.rank) * b;
-  for (int64_t i = 0; i < b; ++i) window(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
+  for (int64_t i = 0; i < b; ++i) {
+    if (samples_) sample_row(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
+    else window(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
+  }
 }
 
 void BatchSampler::val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
   const int64_t b = o_.micro_batch, T = o_.seq_len;
   inputs.resize(static_cast<size_t>(b * T));
   targets.resize(static_cast<size_t>(b * T));
-  const int64_t windows = (stream_.size() - train_end_ - 1) / T;  // non-overlapping windows in the split
+  if (samples_) {
+    const int64_t n = samples_->size() - train_end_;
+    DS_CHECK(n > 0, "no validation split (data.val_fraction is 0)");
+    for (int64_t i = 0; i < b; ++i) sample_row(train_end_ + (index * b + i) % n, inputs.data() + i * T, targets.data() + i * T);
+    return;
+  }
+  const int64_t windows = (stream_->size() - train_end_ - 1) / T;  // non-overlapping windows in the split
   DS_CHECK(windows > 0, "no validation split (data.val_fraction is 0)");
   for (int64_t i = 0; i < b; ++i) {
     const int64_t w = (index * b + i) % windows;

@@ -5,11 +5,18 @@
 // and rank r's micro batch m takes samples s*B + (m*W + r)*b + [0, b) for micro batch size b.
 // The validation split is the stream's last val_fraction, read in order. Without shuffling (data.shuffle
 // false) sample g is the g-th window of seq_len + 1 tokens at a stride of seq_len, wrapping at the split's end.
+// Over a SampleSet (fine-tuning data) a row is one sample: cut at seq_len + 1 tokens, padded after its end;
+// a target the loss does not count (padding, a prompt's token) is -1. Sample g of the run is sample
+// perm_e(g mod n) of epoch e = g / n, perm_e a permutation hashed from the seed and e (in file order
+// without shuffling): each epoch sees every training sample once, on any world size.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include <string>
+
+#include "engine/runtime/data/chat_data.hpp"
 #include "engine/runtime/data/token_source.hpp"
 
 namespace ds {
@@ -29,6 +36,8 @@ class BatchSampler {
  public:
   // Throws UserError when the stream is too short for one sample in each split.
   BatchSampler(const TokenStream& stream, const SamplerOptions& o);
+  // Throws UserError when a split would hold no sample.
+  BatchSampler(const SampleSet& samples, const SamplerOptions& o);
 
   // Inputs and targets (targets are the inputs shifted by one) of this rank's micro batch `micro` of
   // optimizer step `step`; each is micro_batch x seq_len, row-major.
@@ -36,16 +45,20 @@ class BatchSampler {
   // Validation micro batch `index` (deterministic, in stream order, wrapping around).
   void val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
 
-  int64_t train_tokens() const { return train_end_; }
-  int64_t val_tokens() const { return stream_.size() - train_end_; }
-  // The start offset of global sample g (exposed for tests).
+  int64_t train_tokens() const;
+  int64_t val_tokens() const;
+  // The start offset of global sample g (exposed for tests); over a SampleSet, the sample's index.
   int64_t sample_offset(int64_t g) const;
+  // What a user should know of the rows (samples cut at seq_len, the share of padding); "" for windows.
+  std::string notes() const;
 
  private:
   void window(int64_t start, int32_t* in, int32_t* tgt) const;
-  const TokenStream& stream_;
+  void sample_row(int64_t index, int32_t* in, int32_t* tgt) const;
+  const TokenStream* stream_ = nullptr;
+  const SampleSet* samples_ = nullptr;
   SamplerOptions o_;
-  int64_t train_end_ = 0;
+  int64_t train_end_ = 0;  // tokens of the training split; over a SampleSet, its samples
 };
 
 }  // namespace ds

@@ -21,7 +21,9 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/hash.hpp"
-#include "engine/runtime/data/gpt2_tokenizer.hpp"
+#include "engine/runtime/data/byte_level_bpe.hpp"
+#include "engine/runtime/data/chat_data.hpp"
+#include "engine/runtime/data/hf_tokenizer.hpp"
 #include "engine/runtime/io/hdf5_quiet.hpp"
 
 namespace ds {
@@ -313,6 +315,9 @@ void ConcatTokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
 int64_t measure_tokens(const DataConfig& d) {
   if (d.type == DataType::synthetic) return int64_t{1} << 20;  // as open_token_stream draws it
   if (d.type == DataType::hdf5) return Hdf5TokenDataset(d.path, d.dataset).size();
+  if (d.type == DataType::jsonl)
+    throw UserError("train.epochs is not read for jsonl data yet (its samples are rows, not a token stream)",
+                    "give train.steps: samples per epoch / train_batch_size steps make one epoch");
   const std::vector<std::string> files = data_files(d.path);
   int64_t n = 0;
   if (d.type == DataType::tokens) {  // by size (llm.c's files say their count in the header); read when the run opens them
@@ -328,13 +333,13 @@ int64_t measure_tokens(const DataConfig& d) {
     }
     return n;
   }
-  if (d.tokenizer != "gpt2") {
+  if (d.tokenizer == "bytes") {
     for (const std::string& f : files) n += static_cast<int64_t>(std::filesystem::file_size(f));
     return n;
   }
   // BPE: only encoding tells; kept for the process, keyed by each file's size and modification time.
   static std::map<std::string, int64_t> encoded;
-  std::string key = d.vocab_file + "|" + d.merges_file;
+  std::string key = d.vocab_file + "|" + d.merges_file + "|" + d.tokenizer_path;
   for (const std::string& f : files) {
     std::error_code ec;
     key += "|" + f + ":" + std::to_string(std::filesystem::file_size(f, ec)) + ":" +
@@ -343,7 +348,9 @@ int64_t measure_tokens(const DataConfig& d) {
   if (const auto it = encoded.find(key); it != encoded.end()) return it->second;
   std::string text;
   for (const std::string& f : files) text += read_text_file(f);
-  return encoded[key] = static_cast<int64_t>(Gpt2Tokenizer(d.vocab_file, d.merges_file).encode(text).size());
+  const int64_t n_tokens = d.tokenizer == "hf" ? static_cast<int64_t>(HfTokenizer(d.tokenizer_path).encode(text).size())
+                                               : static_cast<int64_t>(ByteLevelBpe(d.vocab_file, d.merges_file).encode(text).size());
+  return encoded[key] = n_tokens;
 }
 
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t vocab_size, uint64_t seed) {
@@ -357,8 +364,14 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
     case DataType::text: {
       std::string text;
       for (const std::string& f : files) text += read_text_file(f);
-      if (d.tokenizer == "gpt2") {
-        Gpt2Tokenizer tok(d.vocab_file, d.merges_file);
+      if (d.tokenizer == "hf") {
+        const HfTokenizer tok(d.tokenizer_path);
+        auto ids = tok.encode(text);
+        const std::string desc = shards + ": " + format_count(static_cast<int64_t>(text.size())) + " bytes -> " +
+                                 format_count(static_cast<int64_t>(ids.size())) + " tokens (" + tok.describe() + ")";
+        s = std::make_unique<MemoryTokenStream>(std::move(ids), desc);
+      } else if (d.tokenizer == "gpt2") {
+        ByteLevelBpe tok(d.vocab_file, d.merges_file);
         auto ids = tok.encode(text);
         const std::string desc = shards + ": " + format_count(static_cast<int64_t>(text.size())) + " bytes -> " +
                                  format_count(static_cast<int64_t>(ids.size())) + " GPT-2 tokens";
@@ -386,6 +399,8 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
       s = std::make_unique<ConcatTokenStream>(std::move(parts), shards + ": " + format_count(tokens) + " " + d.token_format + " tokens");
       break;
     }
+    case DataType::jsonl:
+      throw UserError("data.type jsonl is read as samples (open_samples), not as a token stream", "");
     case DataType::hdf5:
       if (files.size() > 1 || files[0] != d.path)
         throw UserError("data.path '" + d.path + "' is a directory; data.type hdf5 reads one file", "name the HDF5 file");
@@ -397,6 +412,20 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
                         std::to_string(vocab_size) + " ids",
                     "raise model.vocab_size, or use the tokenizer the data was made with");
   return s;
+}
+
+std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size) {
+  const HfTokenizer tok(d.tokenizer_path);
+  if (tok.vocab_size() > vocab_size)
+    throw UserError(tok.describe() + ": its ids reach " + format_count(tok.vocab_size() - 1) + ", but the model's vocabulary has " +
+                        format_count(vocab_size) + " ids",
+                    "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
+  SampleOptions o;
+  o.train_on_prompt = d.train_on_prompt;
+  o.source = d.path;
+  o.chat_template = d.chat_template;
+  const std::vector<std::string> files = data_files(d.path);
+  return std::make_unique<SampleSet>(read_jsonl_samples(files, tok, o));
 }
 
 }  // namespace ds

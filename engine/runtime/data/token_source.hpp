@@ -102,6 +102,11 @@ double markov_entropy_nats();
 // The stream the data block describes, checked against the model's vocabulary size.
 std::unique_ptr<TokenStream> open_token_stream(const DataConfig& data, int64_t vocab_size, uint64_t seed);
 
+// data.type jsonl: the samples of data.path, tokenized with data.tokenizer_path's tokenizer (chat_data.hpp),
+// checked against the model's vocabulary size.
+struct SampleSet;
+std::unique_ptr<SampleSet> open_samples(const DataConfig& data, int64_t vocab_size);
+
 // The number of tokens open_token_stream would give, measured as cheaply as the format allows: token files
 // and byte text by their sizes, GPT-2 BPE text by encoding it (once per process and file version). For
 // train.epochs, which the plan resolves before anything is read.

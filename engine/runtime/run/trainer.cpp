@@ -188,7 +188,8 @@ class TrainingRun {
   TrainResult& result_;
   const int rank_;
   const bool lead_;
-  std::unique_ptr<TokenStream> stream_;
+  std::unique_ptr<TokenStream> stream_;   // pre-training data: one token stream, cut into windows
+  std::unique_ptr<SampleSet> samples_;    // fine-tuning data (jsonl): one sample a row
   std::unique_ptr<BatchSampler> sampler_;
   std::unique_ptr<RunReport> report_;
   std::unique_ptr<OptimizerSwapper> swapper_;
@@ -218,15 +219,16 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       lead_(rank_ == 0) {
   const int W = plan.topology.world_size;
   // Inputs first: a bad data file fails before anything is allocated.
-  stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
+  if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size);
+  else stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
   stop_point("reading the data");
   // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
   // across ranks before the step. Rank 0 alone writes the run directory.
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
            "the communicator does not match the plan's topology");
-  sampler_ = std::make_unique<BatchSampler>(
-      *stream_, SamplerOptions{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction, plan.run.seed,
-                                plan.data.shuffle});
+  const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction,
+                                plan.run.seed, plan.data.shuffle};
+  sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
 
   keep_freed_memory();
   result.baseline_rss_bytes = resident_bytes();
@@ -615,7 +617,9 @@ void TrainingRun::loop() {
   if (swapper_) held.buffers += swapper_->buffer_bytes();  // the host buffers sub-groups are swapped through
   if (param_swap_) held.buffers += param_swap_->buffer_bytes();
   if (plan_.topology.device != DeviceKind::cpu) log.note("ds train: training on " + device_.name());
-  report_->describe(held, stream_->describe(), sampler_->train_tokens(), sampler_->val_tokens());
+  const std::string notes = sampler_->notes();
+  report_->describe(held, (samples_ ? samples_->description : stream_->describe()) + (notes.empty() ? "" : "; " + notes),
+                    sampler_->train_tokens(), sampler_->val_tokens());
   if (opt_.profile) {
     const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype);
     result_.gemm_peak_flops = peak.flops_per_s;

@@ -1,4 +1,4 @@
-#include "engine/runtime/data/gpt2_tokenizer.hpp"
+#include "engine/runtime/data/byte_level_bpe.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -8,7 +8,6 @@
 #include "common/error.hpp"
 
 namespace ds {
-namespace {
 
 // ---- UTF-8 ----------------------------------------------------------------------------------
 
@@ -30,8 +29,6 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-// Decodes one code point at s[i]; returns its byte length (invalid bytes count as one code point each,
-// U+FFFD, so every byte still reaches BPE).
 int decode_utf8(const std::string& s, size_t i, uint32_t* cp) {
   const unsigned char c = static_cast<unsigned char>(s[i]);
   int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
@@ -52,53 +49,40 @@ int decode_utf8(const std::string& s, size_t i, uint32_t* cp) {
   return len;
 }
 
+namespace {
+
 // ---- Unicode classes for the pre-tokenizer --------------------------------------------------
 
+#include "engine/runtime/data/unicode_classes.inc"
+
+// `\s`: Unicode's White_Space property (what the regex engines of OpenAI's and Hugging Face's tokenizers
+// match; not Python's str.isspace, which adds U+001C..U+001F).
 bool is_space(uint32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+  return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-bool in_ranges(uint32_t c, const uint32_t (*ranges)[2], size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    if (c >= ranges[i][0] && c <= ranges[i][1]) return true;
-  return false;
-}
-
-bool is_number(uint32_t c) {
-  static const uint32_t ranges[][2] = {
-      {0x30, 0x39},     {0xB2, 0xB3},     {0xB9, 0xB9},     {0xBC, 0xBE},     {0x660, 0x669},   {0x6F0, 0x6F9},
-      {0x966, 0x96F},   {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089}, {0x2150, 0x2189}, {0x2460, 0x249B},
-      {0x24EA, 0x24FF}, {0x2776, 0x2793}, {0x3007, 0x3007}, {0x3021, 0x3029}, {0xFF10, 0xFF19}};
-  return in_ranges(c, ranges, sizeof ranges / sizeof ranges[0]);
-}
-
-// Non-ASCII code points that are neither letters nor numbers (punctuation, symbols, marks of
-// common blocks). Everything else outside ASCII that is not space or number counts as a letter.
-bool is_non_letter_symbol(uint32_t c) {
-  static const uint32_t ranges[][2] = {
-      {0xA1, 0xA9},     {0xAB, 0xB1},     {0xB4, 0xB4},     {0xB6, 0xB8},     {0xBB, 0xBB},     {0xBF, 0xBF},
-      {0xD7, 0xD7},     {0xF7, 0xF7},     {0x2C2, 0x2C5},   {0x2D2, 0x2DF},   {0x2E5, 0x2EB},   {0x2ED, 0x2ED},
-      {0x2EF, 0x2FF},   {0x300, 0x36F},   {0x375, 0x375},   {0x37E, 0x37E},   {0x384, 0x385},   {0x387, 0x387},
-      {0x482, 0x489},   {0x55A, 0x55F},   {0x589, 0x58A},   {0x5BE, 0x5BE},   {0x5C0, 0x5C0},   {0x5C3, 0x5C3},
-      {0x5F3, 0x5F4},   {0x60C, 0x60D},   {0x61B, 0x61F},   {0x66A, 0x66D},   {0x6D4, 0x6D4},   {0x964, 0x965},
-      {0x2010, 0x2027}, {0x2030, 0x205E}, {0x20A0, 0x20CF}, {0x20D0, 0x20FF}, {0x2100, 0x2101}, {0x2103, 0x2106},
-      {0x2108, 0x2109}, {0x2114, 0x2114}, {0x2116, 0x2118}, {0x211E, 0x2123}, {0x2125, 0x2125}, {0x2127, 0x2127},
-      {0x2129, 0x2129}, {0x212E, 0x212E}, {0x2190, 0x245F}, {0x249C, 0x24E9}, {0x2500, 0x2775}, {0x2794, 0x2BFF},
-      {0x2E00, 0x2E7F}, {0x3001, 0x3004}, {0x3008, 0x3020}, {0x3030, 0x3030}, {0x303D, 0x303F}, {0x309B, 0x309C},
-      {0x30A0, 0x30A0}, {0x30FB, 0x30FB}, {0xFE10, 0xFE6F}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF20}, {0xFF3B, 0xFF40},
-      {0xFF5B, 0xFF65}, {0xFFE0, 0xFFEE}, {0xFFFC, 0xFFFD}, {0x1F000, 0x1FAFF}, {0xE0000, 0xE007F}};
-  return in_ranges(c, ranges, sizeof ranges / sizeof ranges[0]);
+template <size_t N>
+bool in_ranges(uint32_t c, const uint32_t (&ranges)[N][2]) {
+  size_t lo = 0, hi = N;  // the first range whose end is >= c
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (ranges[mid][1] < c) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < N && ranges[lo][0] <= c;
 }
 
 enum class CharClass { space, letter, number, other };
 
 CharClass classify(uint32_t c) {
   if (is_space(c)) return CharClass::space;
-  if (is_number(c)) return CharClass::number;
-  if (c < 0x80) return ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ? CharClass::letter : CharClass::other;
-  if (c == 0xAA || c == 0xB5 || c == 0xBA) return CharClass::letter;
-  return is_non_letter_symbol(c) ? CharClass::other : CharClass::letter;
+  if (c < 0x80) {
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return CharClass::letter;
+    return c >= '0' && c <= '9' ? CharClass::number : CharClass::other;
+  }
+  if (in_ranges(c, kLetterRanges)) return CharClass::letter;
+  return in_ranges(c, kNumberRanges) ? CharClass::number : CharClass::other;
 }
 
 std::string slurp(const std::string& path, const char* what) {
@@ -200,105 +184,186 @@ std::vector<std::pair<std::string, int32_t>> parse_vocab(const std::string& text
 
 }  // namespace
 
-Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_path, const std::string& merges_path) {
-  // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes map to
-  // U+0100 onwards in byte order, so every byte has a visible, whitespace-free stand-in.
+bool nfc_may_change(uint32_t cp) { return cp >= 0x300 && in_ranges(cp, kNfcUnstableRanges); }
+
+namespace {
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes map to
+// U+0100 onwards in byte order, so every byte has a visible, whitespace-free stand-in.
+void byte_stand_ins(std::string (&to)[256], std::unordered_map<std::string, uint8_t>& from) {
   int next = 0;
   for (int b = 0; b < 256; ++b) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     std::string s;
     append_utf8(s, printable ? static_cast<uint32_t>(b) : 256u + next++);
-    byte_to_unicode_[b] = s;
-    unicode_to_byte_[s] = static_cast<uint8_t>(b);
+    to[b] = s;
+    from[s] = static_cast<uint8_t>(b);
   }
-  for (auto& [tok, id] : parse_vocab(slurp(vocab_path, "vocab"), vocab_path)) {
-    if (id < 0) throw UserError("'" + vocab_path + "' has a negative id for '" + tok + "'", "");
+}
+
+}  // namespace
+
+void ByteLevelBpe::add_vocab(std::vector<std::pair<std::string, int32_t>> vocab, const std::string& source) {
+  for (auto& [tok, id] : vocab) {
+    if (id < 0 || id >= (int32_t{1} << 24))
+      throw UserError("'" + source + "' gives '" + tok + "' the id " + std::to_string(id),
+                      "token ids are from 0 to 16,777,215");
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(id + 1);
     id_to_token_[id] = tok;
     if (tok == "<|endoftext|>") eot_ = id;
     token_to_id_[tok] = id;
   }
+}
+
+void ByteLevelBpe::add_merge(const std::string& left, const std::string& right, int32_t rank, const std::string& source) {
+  const std::string merged = left + right;
+  if (!token_to_id_.count(merged)) {
+    warnings_.push_back(source + ": merge '" + left + " " + right + "' makes '" + merged +
+                        "', which the vocabulary lacks; the merge is dropped (these are not the model's exact files)");
+    return;
+  }
+  merge_rank_.emplace(left + " " + right, rank);
+}
+
+void ByteLevelBpe::check_bytes(const std::string& source) const {
+  for (int b = 0; b < 256; ++b)
+    if (!token_to_id_.count(byte_to_unicode_[b]))
+      throw UserError("'" + source + "' has no token for byte " + std::to_string(b),
+                      "a byte-level BPE vocabulary must contain all 256 single-byte tokens");
+}
+
+ByteLevelBpe::ByteLevelBpe(const std::string& vocab_path, const std::string& merges_path) {
+  byte_stand_ins(byte_to_unicode_, unicode_to_byte_);
+  add_vocab(parse_vocab(slurp(vocab_path, "vocab"), vocab_path), vocab_path);
   std::istringstream merges(slurp(merges_path, "merges"));
   std::string line;
   int32_t rank = 0;
   while (std::getline(merges, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
-    if (line.find(' ') == std::string::npos)
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos)
       throw UserError("'" + merges_path + "' line " + std::to_string(rank + 2) + " is not a merge pair: '" + line + "'",
                       "merges.txt holds one 'left right' pair per line");
-    const size_t sp = line.find(' ');
-    const std::string merged = line.substr(0, sp) + line.substr(sp + 1);
-    if (!token_to_id_.count(merged)) {
-      warnings_.push_back(merges_path + ": merge '" + line + "' makes '" + merged + "', which " + vocab_path +
-                          " lacks; the merge is dropped (these are not GPT-2's exact files)");
-      ++rank;
-      continue;
-    }
-    merge_rank_.emplace(line, rank++);
+    add_merge(line.substr(0, sp), line.substr(sp + 1), rank++, merges_path);
   }
-  for (int b = 0; b < 256; ++b)
-    if (!token_to_id_.count(byte_to_unicode_[b]))
-      throw UserError("'" + vocab_path + "' has no token for byte " + std::to_string(b),
-                      "a byte-level BPE vocabulary must contain all 256 single-byte tokens");
+  check_bytes(vocab_path);
   if (id_to_token_.size() != token_to_id_.size())
     warnings_.push_back(vocab_path + ": ids are not contiguous (" + std::to_string(token_to_id_.size()) + " tokens, largest id " +
                         std::to_string(id_to_token_.size() - 1) + ")");
 }
 
-std::vector<std::string> Gpt2Tokenizer::pretokenize(const std::string& s) {
-  // Code points and their classes once, then the pattern's alternatives in order at each position.
+ByteLevelBpe::ByteLevelBpe(Parts parts) : split_(parts.split), ignore_merges_(parts.ignore_merges) {
+  byte_stand_ins(byte_to_unicode_, unicode_to_byte_);
+  add_vocab(std::move(parts.vocab), parts.source);
+  int32_t rank = 0;
+  for (const auto& [left, right] : parts.merges) add_merge(left, right, rank++, parts.source);
+  check_bytes(parts.source);
+}
+
+int32_t ByteLevelBpe::id_of(const std::string& token) const {
+  auto it = token_to_id_.find(token);
+  return it == token_to_id_.end() ? -1 : it->second;
+}
+
+namespace {
+
+struct Scan {
   std::vector<uint32_t> cps;
-  std::vector<size_t> offs;
-  for (size_t i = 0; i < s.size();) {
-    uint32_t cp;
-    const int len = decode_utf8(s, i, &cp);
-    cps.push_back(cp);
-    offs.push_back(i);
-    i += len;
+  std::vector<size_t> offs;  // byte offset of each code point, and the text's end
+  std::vector<CharClass> cls;
+  explicit Scan(const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+      uint32_t cp;
+      const int len = decode_utf8(s, i, &cp);
+      cps.push_back(cp);
+      offs.push_back(i);
+      cls.push_back(classify(cp));
+      i += len;
+    }
+    offs.push_back(s.size());
   }
-  offs.push_back(s.size());
-  const size_t n = cps.size();
-  std::vector<CharClass> cls(n);
-  for (size_t k = 0; k < n; ++k) cls[k] = classify(cps[k]);
+  size_t size() const { return cps.size(); }
+  bool newline(size_t k) const { return cps[k] == '\r' || cps[k] == '\n'; }
+  size_t run(size_t k, CharClass c, size_t most = SIZE_MAX) const {  // the end of a run of class c from k
+    const size_t start = k;
+    while (k < size() && cls[k] == c && k - start < most) ++k;
+    return k;
+  }
+};
+
+// 's 't 're 've 'm 'll 'd at i: their length, else 0. Case-insensitive in the llama3/qwen2 patterns, with
+// Unicode's simple case folding as the regex engines apply it (the long s, U+017F, folds to s).
+size_t contraction(const Scan& t, size_t i, bool any_case) {
+  if (t.cps[i] != '\'' || i + 1 >= t.size()) return 0;
+  auto low = [&](size_t k) -> uint32_t {
+    if (k >= t.size()) return 0;
+    if (!any_case) return t.cps[k];
+    if (t.cps[k] == 0x17F) return 's';
+    return t.cps[k] >= 'A' && t.cps[k] <= 'Z' ? (t.cps[k] | 0x20) : t.cps[k];
+  };
+  const uint32_t a = low(i + 1), b = low(i + 2);
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+  if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  return 0;
+}
+
+// `\s+(?!\S)` then `\s+`: a whitespace run, leaving its last character to the next word when one follows.
+size_t trailing_space(const Scan& t, size_t i) {
+  size_t k = t.run(i, CharClass::space);
+  if (k < t.size() && k - i > 1) k -= 1;
+  return k;
+}
+
+// GPT-2's pattern: the end of the piece that starts at i.
+size_t gpt2_piece(const Scan& t, size_t i) {
+  if (size_t len = contraction(t, i, false)) return i + len;
+  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional single space, then a run of one class.
+  size_t j = i;
+  if (t.cps[j] == ' ' && j + 1 < t.size() && t.cls[j + 1] != CharClass::space) ++j;
+  if (t.cls[j] != CharClass::space) return t.run(j, t.cls[j]);
+  return trailing_space(t, i);
+}
+
+// Llama 3's (and Qwen 2's, digits one at a time) pattern: the end of the piece that starts at i.
+size_t llama3_piece(const Scan& t, size_t i, size_t digits) {
+  const size_t n = t.size();
+  if (size_t len = contraction(t, i, true)) return i + len;
+  // `[^\r\n\p{L}\p{N}]?\p{L}+`: one optional character that is no newline, letter or number, then letters.
+  if (t.cls[i] == CharClass::letter) return t.run(i, CharClass::letter);
+  if (t.cls[i] != CharClass::number && !t.newline(i) && i + 1 < n && t.cls[i + 1] == CharClass::letter)
+    return t.run(i + 1, CharClass::letter);
+  if (t.cls[i] == CharClass::number) return t.run(i, CharClass::number, digits);  // `\p{N}{1,3}`
+  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+  size_t j = i + (t.cps[i] == ' ' && i + 1 < n && t.cls[i + 1] == CharClass::other ? 1 : 0);
+  if (t.cls[j] == CharClass::other) {
+    j = t.run(j, CharClass::other);
+    while (j < n && t.newline(j)) ++j;
+    return j;
+  }
+  // `\s*[\r\n]+`: the whitespace run up to and including its last newline, when it has one.
+  const size_t end = t.run(i, CharClass::space);
+  for (size_t k = end; k > i; --k)
+    if (t.newline(k - 1)) return k;
+  return trailing_space(t, i);
+}
+
+}  // namespace
+
+std::vector<std::string> ByteLevelBpe::pretokenize(const std::string& s, SplitPattern split) {
+  const Scan t(s);
   std::vector<std::string> out;
-  auto emit = [&](size_t a, size_t b) { out.push_back(s.substr(offs[a], offs[b] - offs[a])); };
-  size_t i = 0;
-  while (i < n) {
-    // 's 't 're 've 'm 'll 'd (case-sensitive, as in GPT-2)
-    if (cps[i] == '\'' && i + 1 < n) {
-      const uint32_t a = cps[i + 1], b = i + 2 < n ? cps[i + 2] : 0;
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
-      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
-      if (len) {
-        emit(i, i + len);
-        i += len;
-        continue;
-      }
-    }
-    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional single space, then a run of one class.
-    const size_t start = i;
-    size_t j = i;
-    if (cps[j] == ' ' && j + 1 < n && cls[j + 1] != CharClass::space) ++j;
-    if (cls[j] != CharClass::space) {
-      const CharClass c = cls[j];
-      while (j < n && cls[j] == c) ++j;
-      emit(start, j);
-      i = j;
-      continue;
-    }
-    // `\s+(?!\S)` then `\s+`: a whitespace run, leaving its last character to the next word when one follows.
-    size_t k = i;
-    while (k < n && cls[k] == CharClass::space) ++k;
-    if (k < n && k - i > 1) k -= 1;
-    emit(i, k);
-    i = k;
+  for (size_t i = 0; i < t.size();) {
+    const size_t end = split == SplitPattern::gpt2     ? gpt2_piece(t, i)
+                       : split == SplitPattern::llama3 ? llama3_piece(t, i, 3)
+                                                       : llama3_piece(t, i, 1);
+    out.push_back(s.substr(t.offs[i], t.offs[end] - t.offs[i]));
+    i = end;
   }
   return out;
 }
 
-void Gpt2Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) const {
+void ByteLevelBpe::bpe(const std::string& piece, std::vector<int32_t>& out) const {
   auto hit = cache_.find(piece);
   if (hit != cache_.end()) {
     out.insert(out.end(), hit->second.begin(), hit->second.end());
@@ -306,6 +371,11 @@ void Gpt2Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) con
   }
   std::vector<std::string> parts;
   for (unsigned char b : piece) parts.push_back(byte_to_unicode_[b]);
+  if (ignore_merges_ && parts.size() > 1) {
+    std::string whole;
+    for (const auto& p : parts) whole += p;
+    if (token_to_id_.count(whole)) parts = {whole};
+  }
   while (parts.size() > 1) {
     int32_t best = INT_MAX;
     size_t at = 0;
@@ -337,13 +407,17 @@ void Gpt2Tokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) con
   if (cache_.size() < (1u << 20)) cache_.emplace(piece, std::move(ids));
 }
 
-std::vector<int32_t> Gpt2Tokenizer::encode(const std::string& text) const {
+void ByteLevelBpe::encode_into(const std::string& text, std::vector<int32_t>& out) const {
+  for (const auto& piece : pretokenize(text, split_)) bpe(piece, out);
+}
+
+std::vector<int32_t> ByteLevelBpe::encode(const std::string& text) const {
   std::vector<int32_t> ids;
-  for (const auto& piece : pretokenize(text)) bpe(piece, ids);
+  encode_into(text, ids);
   return ids;
 }
 
-std::string Gpt2Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string ByteLevelBpe::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) continue;

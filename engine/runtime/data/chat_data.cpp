@@ -1,0 +1,302 @@
+#include "engine/runtime/data/chat_data.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "common/json_depth.hpp"
+
+namespace ds {
+namespace {
+
+using json = nlohmann::json;
+
+// A line longer than this is refused: a jsonl sample is a conversation, not a book.
+constexpr size_t kMaxLineBytes = size_t{16} << 20;
+constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is three levels
+
+const char* const kChoices = "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3)";
+
+// Jinja's trim: Python's str.strip(), which strips the code points str.isspace() holds.
+bool python_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+std::string trim(const std::string& s) {
+  size_t begin = 0, end = s.size();
+  while (begin < end) {
+    uint32_t cp;
+    const int len = decode_utf8(s, begin, &cp);
+    if (!python_space(cp)) break;
+    begin += len;
+  }
+  while (end > begin) {  // step back over one code point: continuation bytes are 10xxxxxx
+    size_t start = end - 1;
+    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    uint32_t cp;
+    decode_utf8(s, start, &cp);
+    if (!python_space(cp)) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
+
+// The first string literal of the template that sits between `open` and `close` and is plain text (in the
+// template's source, where a newline is written \n): the default system turn of Qwen's templates.
+std::string literal_between(const std::string& tmpl, const std::string& open, const std::string& close) {
+  for (size_t a = tmpl.find(open); a != std::string::npos; a = tmpl.find(open, a + 1)) {
+    const size_t b = tmpl.find(close, a + open.size());
+    if (b == std::string::npos) return "";
+    const std::string text = tmpl.substr(a + open.size(), b - a - open.size());
+    if (!text.empty() && text.find_first_of("'\"+{}()") == std::string::npos) return text;  // else an expression
+  }
+  return "";
+}
+
+void require_tokens(const HfTokenizer& tok, const std::vector<std::string>& names, const std::string& format) {
+  for (const std::string& n : names)
+    if (tok.id_of(n) < 0)
+      throw UserError("the " + format + " chat format needs the token " + n + ", which " + tok.path() + " does not hold",
+                      std::string("this tokenizer is not of that family: ") + kChoices);
+}
+
+}  // namespace
+
+std::string ChatFormat::describe() const {
+  switch (kind) {
+    case ChatFormatKind::chatml:
+      return "chatml" + (default_system.empty() ? std::string() : " (default system turn \"" + default_system + "\")");
+    case ChatFormatKind::llama3: return "llama3";
+    case ChatFormatKind::llama3_1: return "llama3.1 (date \"" + date + "\")";
+  }
+  return "";
+}
+
+ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) {
+  const std::string& t = tok.chat_template();
+  ChatFormat f;
+  std::string kind = name;
+  if (kind == "auto") {
+    if (t.empty())
+      throw UserError(tok.path() + " has no chat template (tokenizer_config.json's chat_template, or chat_template.jinja)",
+                      kChoices);
+    if (t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos) kind = "chatml";
+    else if (t.find("<|start_header_id|>") != std::string::npos)
+      kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
+    else
+      throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
+                          "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
+                      std::string("ds renders these formats exactly and approximates none: ") + kChoices);
+  }
+  if (kind == "chatml") {
+    f.kind = ChatFormatKind::chatml;
+    f.default_system = literal_between(t, "<|im_start|>system\\n", "<|im_end|>");
+    size_t at;
+    while ((at = f.default_system.find("\\n")) != std::string::npos) f.default_system.replace(at, 2, "\n");
+    require_tokens(tok, {"<|im_start|>", "<|im_end|>"}, "chatml");
+  } else if (kind == "llama3" || kind == "llama3.1") {
+    f.kind = kind == "llama3" ? ChatFormatKind::llama3 : ChatFormatKind::llama3_1;
+    const std::string date = literal_between(t, "set date_string = \"", "\"");
+    if (!date.empty()) f.date = date;
+    require_tokens(tok, {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, kind);
+  } else {
+    throw UserError("data.chat_template \"" + name + "\" is not a format ds renders", kChoices);
+  }
+  return f;
+}
+
+RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, const HfTokenizer& tok) {
+  RenderedChat r;
+  std::string& s = r.text;
+  auto turn = [&](const std::string& open, const std::string& content, const std::string& close, bool trained,
+                  const std::string& after) {
+    s += open;
+    const size_t begin = s.size();
+    s += content + close;
+    if (trained) r.trained.emplace_back(begin, s.size());
+    s += after;
+  };
+  if (f.kind == ChatFormatKind::chatml) {
+    if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system"))
+      turn("<|im_start|>system\n", f.default_system, "<|im_end|>", false, "\n");
+    for (const ChatMessage& m : messages) turn("<|im_start|>" + m.role + "\n", m.content, "<|im_end|>", m.role == "assistant", "\n");
+    return r;
+  }
+  s += "<|begin_of_text|>";
+  size_t first = 0;
+  if (f.kind == ChatFormatKind::llama3_1) {
+    const bool has_system = !messages.empty() && messages[0].role == "system";
+    turn("<|start_header_id|>system<|end_header_id|>\n\n",
+         "Cutting Knowledge Date: December 2023\nToday Date: " + f.date + "\n\n" + (has_system ? trim(messages[0].content) : ""),
+         "<|eot_id|>", false, "");
+    first = has_system ? 1 : 0;
+  }
+  for (size_t i = first; i < messages.size(); ++i)
+    turn("<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n", trim(messages[i].content), "<|eot_id|>",
+         messages[i].role == "assistant", "");
+  (void)tok;
+  return r;
+}
+
+void SampleSet::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  trained.insert(trained.end(), mask.begin(), mask.end());
+  starts.push_back(static_cast<int64_t>(tokens.size()));
+}
+
+namespace {
+
+// Tokens of `text` and whether each is trained: its first byte lies in one of the spans.
+void tokens_with_mask(const std::string& text, const std::vector<std::pair<size_t, size_t>>& spans, const HfTokenizer& tok,
+                      std::vector<int32_t>& ids, std::vector<uint8_t>& mask) {
+  ids = tok.encode(text);
+  mask.assign(ids.size(), 0);
+  size_t at = 0, span = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    while (span < spans.size() && spans[span].second <= at) ++span;
+    mask[k] = span < spans.size() && spans[span].first <= at;
+    at += static_cast<size_t>(tok.byte_length(ids[k]));
+  }
+}
+
+[[noreturn]] void bad_line(const std::string& where, const std::string& what) {
+  throw UserError(where + ": " + what,
+                  "each line is one JSON object: {\"text\": ...}, {\"prompt\": ..., \"completion\": ...} or "
+                  "{\"messages\": [{\"role\": \"user\", \"content\": ...}, ...]} (roles system, user, assistant)");
+}
+
+std::vector<ChatMessage> read_messages(const json& list, const std::string& where, const char* key) {
+  if (!list.is_array()) bad_line(where, std::string("\"") + key + "\" is " + list.type_name() + ", not a list of messages");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& m = list[i];
+    const std::string at = std::string(key) + "[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
+      bad_line(where, at + " is not {\"role\": string, \"content\": string}: " + m.dump().substr(0, 200));
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant")
+      bad_line(where, at + " has the role \"" + role + "\" (ds reads system, user and assistant; tool turns are not read yet)");
+    out.push_back({role, m["content"].get<std::string>()});
+  }
+  if (out.empty()) bad_line(where, std::string("\"") + key + "\" is empty");
+  return out;
+}
+
+}  // namespace
+
+JsonlSamples::JsonlSamples(const HfTokenizer& tok, SampleOptions o) : tok_(tok), o_(std::move(o)) {
+  out_.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
+}
+
+const ChatFormat& JsonlSamples::format() {
+  if (!format_) format_ = resolve_chat_format(o_.chat_template, tok_);
+  return *format_;
+}
+
+void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages) {
+  const RenderedChat r = render_chat(format(), messages, tok_);
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  tokens_with_mask(r.text, o_.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok_, ids, mask);
+  out_.add(ids, mask);
+}
+
+void JsonlSamples::add_line(const std::string& line, const std::string& where) {
+  if (json_nesting_exceeded_at(line, kMaxLineNesting) != std::string::npos)
+    bad_line(where, "nests deeper than " + std::to_string(kMaxLineNesting) + " levels");
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::exception& e) {
+    bad_line(where, std::string("not JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) bad_line(where, std::string("a JSON ") + j.type_name() + ", not an object");
+  if (j.contains("messages")) {
+    add_chat(read_messages(j["messages"], where, "messages"));
+    ++shapes_[2];
+  } else if (j.contains("prompt") || j.contains("completion")) {
+    if (!j.contains("prompt") || !j.contains("completion")) bad_line(where, "has \"prompt\" or \"completion\" but not both");
+    const json &p = j["prompt"], &c = j["completion"];
+    if (p.is_string() && c.is_string()) {  // the prompt's tokens, then the completion's and EOS
+      std::vector<int32_t> ids = tok_.prefix_ids();
+      const std::vector<int32_t> prompt = tok_.encode(p.get<std::string>()), completion = tok_.encode(c.get<std::string>());
+      ids.insert(ids.end(), prompt.begin(), prompt.end());
+      std::vector<uint8_t> mask(ids.size(), o_.train_on_prompt ? 1 : 0);
+      ids.insert(ids.end(), completion.begin(), completion.end());
+      if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id());
+      mask.resize(ids.size(), 1);
+      out_.add(ids, mask);
+    } else if (p.is_array() && c.is_array()) {  // conversational: the prompt's turns, then the completion's
+      std::vector<ChatMessage> m = read_messages(p, where, "prompt");
+      const std::vector<ChatMessage> more = read_messages(c, where, "completion");
+      m.insert(m.end(), more.begin(), more.end());
+      add_chat(m);
+    } else {
+      bad_line(where, std::string("\"prompt\" is ") + p.type_name() + " and \"completion\" " + c.type_name() +
+                          " (both strings, or both lists of messages)");
+    }
+    ++shapes_[1];
+  } else if (j.contains("text")) {
+    if (!j["text"].is_string()) bad_line(where, std::string("\"text\" is ") + j["text"].type_name() + ", not a string");
+    std::vector<int32_t> ids = tok_.prefix_ids();
+    const std::vector<int32_t> body = tok_.encode(j["text"].get<std::string>());
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id());
+    out_.add(ids, std::vector<uint8_t>(ids.size(), 1));
+    ++shapes_[0];
+  } else {
+    std::string keys;
+    for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
+    bad_line(where, "has none of the keys text, prompt + completion, messages (it has: " + (keys.empty() ? "nothing" : keys) + ")");
+  }
+}
+
+void JsonlSamples::add_file(const std::string& file) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
+  if (!f) throw UserError("cannot read '" + file + "'", "check data.path");
+  std::string line;
+  int64_t number = 0;
+  for (bool eof = false; !eof;) {
+    line.clear();
+    int c;
+    while ((c = std::fgetc(f.get())) != EOF && c != '\n') {
+      if (line.size() >= kMaxLineBytes)
+        bad_line(file + ":" + std::to_string(number + 1), "longer than " + format_bytes(static_cast<double>(kMaxLineBytes)));
+      line.push_back(static_cast<char>(c));
+    }
+    eof = c == EOF;
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines separate nothing
+    add_line(line, file + ":" + std::to_string(number));
+  }
+}
+
+SampleSet JsonlSamples::take() {
+  if (out_.size() == 0) throw UserError(o_.source + " holds no samples", "each line of a jsonl file is one sample");
+  int64_t trained = 0;
+  for (uint8_t t : out_.trained) trained += t;
+  std::string kinds;
+  const char* names[3] = {"text", "prompt/completion", "conversations"};
+  for (int k = 0; k < 3; ++k)
+    if (shapes_[k]) kinds += (kinds.empty() ? "" : ", ") + format_count(shapes_[k]) + " " + names[k];
+  out_.description = o_.source + ": " + format_count(out_.size()) + " samples (" + kinds + "), " +
+                     format_count(static_cast<int64_t>(out_.tokens.size())) + " tokens, " + format_count(trained) + " trained; " +
+                     tok_.describe() + (format_ ? "; chat format " + format_->describe() : "");
+  if (tok_.texts_not_normalized() > 0)
+    out_.description += "; " + format_count(tok_.texts_not_normalized()) +
+                        " texts hold characters the tokenizer's NFC normalizer could compose: tokenized as written";
+  return std::move(out_);
+}
+
+SampleSet read_jsonl_samples(const std::vector<std::string>& files, const HfTokenizer& tok, const SampleOptions& o) {
+  JsonlSamples reader(tok, o);
+  for (const std::string& f : files) reader.add_file(f);
+  return reader.take();
+}
+
+}  // namespace ds

@@ -1,0 +1,95 @@
+// ds — fine-tuning data as people have it: jsonl files (or a directory of them) whose lines are
+//   {"text": ...}                                        trained whole
+//   {"prompt": ..., "completion": ...}                   the loss on the completion only
+//   {"messages": [{"role": ..., "content": ...}, ...]}   rendered by the model's chat template, the loss on
+//                                                        the assistant's turns only
+// tokenized with the model's own tokenizer (hf_tokenizer.hpp). A conversation is rendered to one string
+// with the spans the loss counts marked, tokenized whole (so its tokens are exactly the template's), and a
+// token is trained when its first byte lies in a marked span. Every problem in a file (not JSON, no known
+// shape, an unknown role, a wrong type) is a UserError naming file:line, raised before training starts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/data/hf_tokenizer.hpp"
+
+namespace ds {
+
+// The chat formats ds renders, each exactly as the model's official template does for plain
+// conversations (no tools): chatml (Qwen 2/2.5: <|im_start|>role\n...<|im_end|>\n, with the template's
+// default system turn when the conversation has none), llama3 (Llama 3.0: <|start_header_id|>role
+// <|end_header_id|>\n\n...<|eot_id|>, contents trimmed), llama3.1 (3.1-3.3: a system turn always, with
+// "Cutting Knowledge Date: December 2023" and the template's default date).
+enum class ChatFormatKind { chatml, llama3, llama3_1 };
+
+struct ChatFormat {
+  ChatFormatKind kind = ChatFormatKind::chatml;
+  std::string default_system;  // chatml: the system turn the template adds when a conversation has none
+  std::string date = "26 Jul 2024";  // llama3.1: the template's default date_string
+  std::string describe() const;
+};
+
+// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1"). "auto" recognises the tokenizer's
+// template; a template ds cannot render is refused naming the choices, never approximated.
+ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
+
+struct ChatMessage {
+  std::string role, content;
+};
+
+// One conversation as the template renders it, and the byte spans [begin, end) the loss counts: each
+// assistant turn's content and its end-of-turn token.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> trained;
+};
+RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, const HfTokenizer& tok);
+
+// Samples one after another: sample i is tokens [starts[i], starts[i + 1]); trained[k] says whether the
+// loss counts token k as a target (its prediction from token k - 1).
+struct SampleSet {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;
+  std::vector<int64_t> starts{0};
+  int32_t pad_id = 0;
+  std::string description;  // "chat.jsonl: 1,204 samples (1,204 messages), 201,337 tokens, 84,112 trained"
+  int64_t size() const { return static_cast<int64_t>(starts.size()) - 1; }
+  int64_t length(int64_t i) const { return starts[i + 1] - starts[i]; }
+  void add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask);
+};
+
+struct SampleOptions {
+  std::string chat_template = "auto";  // data.chat_template, resolved at the first conversation
+  bool train_on_prompt = false;        // the loss counts the prompt's (and the user's) tokens too
+  std::string source;                  // for messages: data.path
+};
+
+// Reads samples line by line, keeping what the lines share: the chat format (resolved when the first
+// conversation needs it, so a file of texts needs no template) and how many of each shape it read.
+class JsonlSamples {
+ public:
+  JsonlSamples(const HfTokenizer& tok, SampleOptions o);
+  // One line's sample: UserError "where: ..." (where = file:line) for a line that is not one.
+  void add_line(const std::string& line, const std::string& where);
+  // Every line of a file; blank lines are skipped.
+  void add_file(const std::string& path);
+  // The samples read, described; UserError when there are none.
+  SampleSet take();
+
+ private:
+  const ChatFormat& format();
+  void add_chat(const std::vector<ChatMessage>& messages);
+  const HfTokenizer& tok_;
+  SampleOptions o_;
+  std::optional<ChatFormat> format_;
+  SampleSet out_;
+  int64_t shapes_[3] = {0, 0, 0};  // text, prompt/completion, conversations
+};
+
+// The samples of these jsonl files, in file then line order.
+SampleSet read_jsonl_samples(const std::vector<std::string>& files, const HfTokenizer& tok, const SampleOptions& o);
+
+}  // namespace ds

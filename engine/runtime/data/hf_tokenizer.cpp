@@ -1,0 +1,337 @@
+#include "engine/runtime/data/hf_tokenizer.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "common/json_depth.hpp"
+
+namespace ds {
+namespace {
+
+using json = nlohmann::json;
+
+// The split patterns ds implements, as tokenizer.json spells them in a Split pre-tokenizer.
+const char* const kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+const char* pattern_name(SplitPattern p) {
+  return p == SplitPattern::gpt2 ? "gpt2" : p == SplitPattern::llama3 ? "llama3" : "qwen2";
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UserError("cannot read '" + path + "'", "check the path in data.tokenizer_path");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+json parse_file(const std::string& path) {
+  const std::string text = slurp(path);
+  check_json_nesting(text, path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw UserError("'" + path + "' is not JSON: " + e.what(), "a Hugging Face tokenizer file is one JSON object");
+  }
+}
+
+// A refusal naming the file, the key and what it holds.
+[[noreturn]] void refuse(const std::string& path, const std::string& key, const json& value, const std::string& why) {
+  std::string shown = value.dump();
+  if (shown.size() > 300) shown = shown.substr(0, 300) + "...";
+  throw UserError("'" + path + "': " + key + " is " + shown + ": " + why,
+                  "ds reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen 2/2.5/3 and models that reuse theirs); "
+                  "tokenize this data with its own tokenizer into a token file (data.type tokens) meanwhile");
+}
+
+std::string str_or_empty(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// tokenizer_config.json's bos_token / eos_token: a string, an AddedToken object {"content": ...}, or null.
+std::string token_text(const json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) return str_or_empty(*it, "content");
+  return "";
+}
+
+}  // namespace
+
+HfTokenizer::HfTokenizer(const std::string& where) {
+  const bool dir_given = is_dir(where);
+  const size_t slash = where.find_last_of('/');
+  const std::string dir = dir_given ? where : slash == std::string::npos ? std::string() : where.substr(0, slash);
+  path_ = dir_given ? where + "/tokenizer.json" : where;
+  if (!exists(path_))
+    throw UserError("no tokenizer.json at '" + path_ + "'",
+                    "point data.tokenizer_path at a model directory holding tokenizer.json, or at the file itself "
+                    "(a directory with only tokenizer.model, SentencePiece's file, is not read yet)");
+  const json t = parse_file(path_);
+  if (!t.is_object() || !t.contains("model") || !t["model"].is_object())
+    throw UserError("'" + path_ + "' has no \"model\" object", "is it a Hugging Face tokenizer.json?");
+  ByteLevelBpe::Parts parts = read_model(t["model"]);
+  read_pre_tokenizer(t.value("pre_tokenizer", json()));
+  parts.split = split_;
+  const json norm = t.value("normalizer", json());
+  if (!norm.is_null()) {
+    if (norm.value("type", std::string()) != "NFC") refuse(path_, "normalizer", norm, "ds applies no normalizer but NFC");
+    nfc_ = true;
+  }
+  const json dec = t.value("decoder", json());
+  if (!dec.is_null() && dec.value("type", std::string()) != "ByteLevel") refuse(path_, "decoder", dec, "ds decodes byte-level BPE only");
+  bpe_ = std::make_unique<ByteLevelBpe>(std::move(parts));
+  vocab_size_ = bpe_->vocab_size();
+  read_added_tokens(t.value("added_tokens", json::array()));
+  read_post_processor(t.value("post_processor", json()));
+  read_config(dir);
+}
+
+ByteLevelBpe::Parts HfTokenizer::read_model(const json& m) const {
+  if (m.value("type", std::string()) != "BPE") refuse(path_, "model.type", m.value("type", json()), "ds reads BPE models only");
+  if (m.value("byte_fallback", false))
+    refuse(path_, "model.byte_fallback", true, "a BPE with byte fallback and the '▁' space (Llama 2, Mistral, Gemma) is not read yet");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(key) && !m[key].is_null() && m[key] != "") refuse(path_, std::string("model.") + key, m[key], "not byte-level BPE");
+  ByteLevelBpe::Parts parts;
+  parts.source = path_;
+  parts.ignore_merges = m.value("ignore_merges", false);
+  if (!m.contains("vocab") || !m["vocab"].is_object()) throw UserError("'" + path_ + "': model.vocab is not an object", "");
+  for (const auto& [tok, id] : m["vocab"].items()) {
+    if (!id.is_number_integer()) refuse(path_, "model.vocab[\"" + tok + "\"]", id, "ids are integers");
+    parts.vocab.emplace_back(tok, id.get<int32_t>());
+  }
+  if (!m.contains("merges") || !m["merges"].is_array()) return parts;
+  for (const json& merge : m["merges"]) {
+    if (merge.is_string()) {  // "left right"
+      const std::string s = merge.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) refuse(path_, "a merge", merge, "merges are \"left right\" or [left, right]");
+      parts.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+      parts.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+    } else {
+      refuse(path_, "a merge", merge, "merges are \"left right\" or [left, right]");
+    }
+  }
+  return parts;
+}
+
+// ByteLevel with its own (GPT-2's) pattern, or a Split by a pattern ds knows, then ByteLevel.
+void HfTokenizer::read_pre_tokenizer(const json& pre) {
+  auto byte_level = [&](const json& p, bool pattern_expected) {
+    if (!p.is_object() || p.value("type", std::string()) != "ByteLevel")
+      refuse(path_, "pre_tokenizer", pre, "not a byte-level pre-tokenizer");
+    prefix_space_ = p.value("add_prefix_space", false);
+    if (p.value("use_regex", true) != pattern_expected)
+      refuse(path_, "pre_tokenizer", pre, pattern_expected ? "a ByteLevel pre-tokenizer without a split pattern" : "two split patterns");
+  };
+  if (pre.is_object() && pre.value("type", std::string()) == "Sequence" && pre.contains("pretokenizers") &&
+      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2) {
+    const json& split = pre["pretokenizers"][0];
+    if (!split.is_object() || split.value("type", std::string()) != "Split" || split.value("behavior", std::string()) != "Isolated" ||
+        split.value("invert", false))
+      refuse(path_, "pre_tokenizer.pretokenizers[0]", split, "ds reads a Split with behavior Isolated");
+    const std::string regex = split.contains("pattern") && split["pattern"].is_object() ? str_or_empty(split["pattern"], "Regex") : "";
+    if (regex == kGpt2Regex) split_ = SplitPattern::gpt2;
+    else if (regex == kLlama3Regex) split_ = SplitPattern::llama3;
+    else if (regex == kQwen2Regex) split_ = SplitPattern::qwen2;
+    else refuse(path_, "the pre-tokenizer's split pattern", regex, "ds knows GPT-2's, Llama 3's and Qwen 2's patterns only");
+    byte_level(pre["pretokenizers"][1], false);
+  } else if (pre.is_object()) {
+    byte_level(pre, true);
+    split_ = SplitPattern::gpt2;
+  } else {
+    refuse(path_, "pre_tokenizer", pre, "a byte-level BPE needs a ByteLevel pre-tokenizer");
+  }
+}
+
+void HfTokenizer::read_added_tokens(const json& added) {
+  if (!added.is_array()) refuse(path_, "added_tokens", added, "a list of tokens");
+  for (const json& a : added) {
+    const std::string content = a.is_object() ? str_or_empty(a, "content") : "";
+    if (content.empty() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
+        a["id"].get<int64_t>() >= (int64_t{1} << 24))
+      refuse(path_, "added_tokens", a, "each added token has a non-empty content and an id below 16,777,216");
+    for (const char* key : {"lstrip", "rstrip", "single_word"})
+      if (a.value(key, false)) refuse(path_, std::string("added token ") + content + "'s " + key, true, "not implemented");
+    const int32_t id = a["id"].get<int32_t>();
+    added_by_first_byte_[static_cast<unsigned char>(content[0])].push_back({content, id});
+    vocab_size_ = std::max(vocab_size_, id + 1);
+    added_by_id_[id] = content;
+  }
+  for (auto& list : added_by_first_byte_)
+    std::stable_sort(list.begin(), list.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+}
+
+// ByteLevel adds nothing; TemplateProcessing's single form adds its special tokens around the text.
+void HfTokenizer::read_post_processor(const json& post) {
+  const std::vector<json> posts = post.is_object() && post.value("type", std::string()) == "Sequence" &&
+                                          post.contains("processors") && post["processors"].is_array()
+                                      ? post["processors"].get<std::vector<json>>()
+                                      : std::vector<json>{post};
+  for (const json& p : posts) {
+    const std::string type = p.is_object() ? p.value("type", std::string()) : "";
+    if (type == "ByteLevel" || p.is_null()) continue;
+    if (type != "TemplateProcessing") refuse(path_, "post_processor", p, "ds reads ByteLevel and TemplateProcessing");
+    bool before = true;
+    const json single = p.value("single", json::array());
+    for (const json& piece : single.is_array() ? single : json::array()) {
+      if (!piece.is_object()) continue;
+      if (piece.contains("Sequence")) {
+        before = false;
+        continue;
+      }
+      if (!piece.contains("SpecialToken") || !piece["SpecialToken"].is_object()) continue;
+      const std::string name = str_or_empty(piece["SpecialToken"], "id");
+      const json specials = p.value("special_tokens", json::object());
+      const json entry = specials.is_object() && specials.contains(name) ? specials[name] : json::object();
+      const json ids = entry.is_object() ? entry.value("ids", json::array()) : json::array();
+      for (const json& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size_)
+          refuse(path_, "post_processor's special token " + name, entry, "its ids must be the tokenizer's");
+        (before ? prefix_ids_ : suffix_ids_).push_back(id.get<int32_t>());
+      }
+    }
+  }
+}
+
+void HfTokenizer::read_config(const std::string& dir) {
+  const std::string path = (dir.empty() ? std::string(".") : dir) + "/tokenizer_config.json";
+  if (exists(path)) {
+    const json c = parse_file(path);
+    bos_token_ = token_text(c, "bos_token");
+    eos_token_ = token_text(c, "eos_token");
+    auto tmpl = c.find("chat_template");
+    if (tmpl != c.end() && tmpl->is_string()) {
+      chat_template_ = tmpl->get<std::string>();
+    } else if (tmpl != c.end() && tmpl->is_array()) {  // named templates: the "default" one
+      for (const json& named : *tmpl)
+        if (named.is_object() && named.value("name", std::string()) == "default") chat_template_ = str_or_empty(named, "template");
+    }
+  }
+  const std::string jinja = (dir.empty() ? std::string(".") : dir) + "/chat_template.jinja";
+  if (chat_template_.empty() && exists(jinja)) chat_template_ = slurp(jinja);
+  bos_ = bos_token_.empty() ? -1 : id_of(bos_token_);
+  eos_ = eos_token_.empty() ? -1 : id_of(eos_token_);
+  if (!eos_token_.empty() && eos_ < 0)
+    throw UserError("'" + path + "' names eos_token '" + eos_token_ + "', which '" + path_ + "' does not hold",
+                    "the two files are from different models?");
+}
+
+int32_t HfTokenizer::id_of(const std::string& token) const {
+  if (!token.empty())
+    for (const Added& a : added_by_first_byte_[static_cast<unsigned char>(token[0])])
+      if (a.content == token) return a.id;
+  return bpe_->id_of(token);
+}
+
+void HfTokenizer::bpe_or_added(const std::string& text, std::vector<int32_t>& out) const {
+  // Added tokens first, leftmost and longest; the text between them goes to BPE.
+  size_t plain = 0;
+  auto flush = [&](size_t end) {
+    if (end > plain) {
+      std::string piece = text.substr(plain, end - plain);
+      if (prefix_space_ && plain == 0 && piece[0] != ' ') piece.insert(piece.begin(), ' ');
+      bpe_->encode_into(piece, out);
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    const Added* hit = nullptr;
+    for (const Added& a : added_by_first_byte_[static_cast<unsigned char>(text[i])])
+      if (text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    flush(i);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    plain = i;
+  }
+  flush(text.size());
+}
+
+std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  if (nfc_) {
+    for (size_t i = 0; i < text.size();) {
+      uint32_t cp;
+      i += decode_utf8(text, i, &cp);
+      if (nfc_may_change(cp)) {
+        ++not_normalized_;
+        break;
+      }
+    }
+  }
+  std::vector<int32_t> ids;
+  if (add_special_tokens) ids = prefix_ids_;
+  bpe_or_added(text, ids);
+  if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return ids;
+}
+
+std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  std::vector<int32_t> run;
+  auto flush = [&] {
+    out += bpe_->decode(run);
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    auto added = added_by_id_.find(id);
+    if (added == added_by_id_.end()) {
+      run.push_back(id);
+    } else {
+      flush();
+      out += added->second;
+    }
+  }
+  flush();
+  return out;
+}
+
+int64_t HfTokenizer::byte_length(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  if (added != added_by_id_.end()) return static_cast<int64_t>(added->second.size());
+  const std::string& token = bpe_->token_of(id);  // one stand-in character per byte
+  int64_t n = 0;
+  for (size_t i = 0; i < token.size(); ++n) {
+    uint32_t cp;
+    i += decode_utf8(token, i, &cp);
+  }
+  return n;
+}
+
+const std::vector<std::string>& HfTokenizer::warnings() const { return bpe_->warnings(); }
+
+std::string HfTokenizer::describe() const {
+  return path_ + ": byte-level BPE (" + pattern_name(split_) + " pattern" + (nfc_ ? ", NFC" : "") + "), " +
+         format_count(vocab_size_) + " ids, " + std::to_string(added_by_id_.size()) + " added tokens";
+}
+
+}  // namespace ds

@@ -1,0 +1,76 @@
+// ds — a Hugging Face tokenizer as its model directory holds it: tokenizer.json (the model, the
+// pre-tokenizer, the added tokens, the post-processor) and tokenizer_config.json (BOS/EOS/pad tokens,
+// the chat template; or chat_template.jinja beside it). ds reads the byte-level BPE tokenizers (GPT-2,
+// Llama 3, Qwen 2/2.5/3 and their descendants) with the split patterns byte_level_bpe.hpp names. Anything
+// else (another model type, a pre-tokenizer pattern ds does not know, byte fallback, a normalizer other
+// than NFC) is refused naming what the file says, never approximated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/runtime/data/byte_level_bpe.hpp"
+
+namespace ds {
+
+class HfTokenizer {
+ public:
+  // `path`: a tokenizer.json, or a directory holding one. UserError naming the file and the key when it
+  // cannot be read or describes a tokenizer ds does not implement.
+  explicit HfTokenizer(const std::string& path);
+
+  // Text to ids. Added tokens written in the text (special ones included, as Hugging Face's tokenizers do
+  // by default) become their ids; the rest is byte-level BPE. `add_special_tokens`: the post-processor's
+  // tokens around the text (Llama 3's <|begin_of_text|>), as tokenizer(text) gives them.
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  // The post-processor's tokens before a text (Llama 3's <|begin_of_text|>).
+  const std::vector<int32_t>& prefix_ids() const { return prefix_ids_; }
+  // How many bytes of text token `id` stands for (its content for an added token).
+  int64_t byte_length(int32_t id) const;
+  int32_t vocab_size() const { return vocab_size_; }  // the largest id + 1, added tokens included
+  int32_t id_of(const std::string& token) const;      // a vocabulary entry or an added token; -1 if neither
+  int32_t bos_id() const { return bos_; }              // -1 when tokenizer_config.json names none
+  int32_t eos_id() const { return eos_; }
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+  const std::string& chat_template() const { return chat_template_; }  // "" when none
+  const std::string& path() const { return path_; }
+  std::string describe() const;  // "tokenizer.json: byte-level BPE (llama3 pattern), 128,256 ids, 256 added tokens"
+
+  // Texts that tokenizer.json's NFC normalizer would change, which ds tokenizes as written (it does not
+  // compose characters): counted so the data reader can say how many samples it touched.
+  int64_t texts_not_normalized() const { return not_normalized_; }
+  const std::vector<std::string>& warnings() const;
+
+ private:
+  ByteLevelBpe::Parts read_model(const nlohmann::json& model) const;
+  void read_pre_tokenizer(const nlohmann::json& pre);
+  void read_added_tokens(const nlohmann::json& added);
+  void read_post_processor(const nlohmann::json& post);
+  void read_config(const std::string& dir);
+  void bpe_or_added(const std::string& text, std::vector<int32_t>& out) const;
+
+  std::string path_;
+  std::unique_ptr<ByteLevelBpe> bpe_;
+  SplitPattern split_ = SplitPattern::gpt2;
+  bool prefix_space_ = false, nfc_ = false;
+  struct Added {
+    std::string content;
+    int32_t id;
+  };
+  std::vector<std::vector<Added>> added_by_first_byte_ = std::vector<std::vector<Added>>(256);  // longest first
+  std::unordered_map<int32_t, std::string> added_by_id_;
+  std::vector<int32_t> prefix_ids_, suffix_ids_;  // the post-processor's, for add_special_tokens
+  int32_t vocab_size_ = 0, bos_ = -1, eos_ = -1;
+  std::string bos_token_, eos_token_, chat_template_;
+  mutable int64_t not_normalized_ = 0;
+};
+
+}  // namespace ds

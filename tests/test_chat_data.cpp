@@ -1,0 +1,459 @@
+// Fine-tuning data: Hugging Face tokenizer.json read and encoded exactly as an independent encoder does
+// (tests/tools/bpe_reference.py: Python's regex engine running the file's own pattern), the chat formats
+// rendered as the models' official templates render them, the loss masks, hostile jsonl refused with
+// file:line, and rows of one sample each (padding and prompts masked, every sample once per epoch).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.hpp"
+#include "engine/runtime/data/chat_data.hpp"
+#include "engine/runtime/data/hf_tokenizer.hpp"
+#include "engine/runtime/data/sampler.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const char* const kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::string scratch(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("ds_chat_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+json example_tokenizer() { return json::parse(test::read_text(std::string(DS_SOURCE_DIR) + "/examples/data/sft/tokenizer.json")); }
+
+// The example's tokenizer with more added tokens (Llama 3's) and a chat template of our choosing.
+std::string tokenizer_dir(const std::string& name, const std::string& chat_template, json tok = example_tokenizer()) {
+  const std::string d = scratch(name);
+  int32_t next = 0;
+  for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int32_t>() + 1);
+  for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+    tok["added_tokens"].push_back({{"id", next++}, {"content", s}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
+  write(d + "/tokenizer.json", tok.dump());
+  json config = {{"eos_token", "<|im_end|>"}};
+  if (!chat_template.empty()) config["chat_template"] = chat_template;
+  write(d + "/tokenizer_config.json", config.dump());
+  return d;
+}
+
+// GPT-2's vocabulary and merges as a tokenizer.json with the given pre-tokenizer.
+std::string gpt2_tokenizer_json(const std::string& dir, const json& pre_tokenizer, bool ignore_merges) {
+  const json vocab = json::parse(test::read_text(std::string(DS_SHARED_DIR) + "/data/gpt2/vocab.json"));
+  json merges = json::array();
+  std::istringstream in(test::read_text(std::string(DS_SHARED_DIR) + "/data/gpt2/merges.txt"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(line);
+  json added = json::array();
+  int32_t id = 50300;
+  for (const char* s : {"<|im_start|>", "<|im_end|>", "<|begin_of_text|>"})
+    added.push_back({{"id", id++}, {"content", s}, {"special", true}, {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+  const json t = {{"added_tokens", added},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", pre_tokenizer},
+                  {"post_processor", {{"type", "ByteLevel"}}},
+                  {"decoder", {{"type", "ByteLevel"}}},
+                  {"model", {{"type", "BPE"}, {"ignore_merges", ignore_merges}, {"vocab", vocab}, {"merges", merges}}}};
+  write(dir + "/tokenizer.json", t.dump());
+  return dir + "/tokenizer.json";
+}
+
+json split_then_bytes(const char* regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+}
+
+std::vector<int32_t> reference_ids(const std::string& tokenizer_json, const std::string& text, const std::string& dir) {
+  write(dir + "/text.txt", text);
+  const std::string out = dir + "/ids.json";
+  const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/bpe_reference.py " + tokenizer_json + " " + dir + "/text.txt > " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return json::parse(test::read_text(out)).get<std::vector<int32_t>>();
+}
+
+// Text that trips tokenizers: every ASCII character, whitespace runs and newlines in every arrangement the
+// patterns treat apart, contractions in both cases, digits in runs, letters with combining marks, CJK,
+// emoji, Devanagari, Arabic-Indic digits, added tokens inside words and back to back.
+std::string hostile_text() {
+  std::string s;
+  for (int c = 1; c < 128; ++c) s += static_cast<char>(c);
+  s += " don't DON'T it'S it'ſ we'LL I'd 've\n\n\n  \t x  \r\n y \n\t\n z   \n";
+  s += "1234567 12 3 ٣٤٥٦ Ⅻ ½ 3.14159 x1y22z333 ";
+  s += "naïve café é (e + U+0301) Ωmega ὈΔΥΣΣΕΎΣ 日本語のテキスト 中文 한국어 ";
+  s += "🙂👍🏽 👨‍👩‍👧 हिन्दी العربية ";
+  s += "he<|im_start|>llo<|im_end|><|im_start|>x <|im_end|>\n<|begin_of_text|>";
+  s += std::string(300, ' ') + "end" + std::string(40, '\n') + "!!!???...";
+  return s;
+}
+
+}  // namespace
+
+TEST(HfTokenizer, MatchesAnIndependentEncoderForEachSplitPattern) {
+  DS_REQUIRE_SHARED_DATA();
+  if (std::system("python3 -c 'import unicodedata, re, json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string corpus = test::read_text(std::string(DS_SHARED_DIR) + "/data/tinyshakespeare.txt").substr(0, 40000);
+  struct Case {
+    const char* name;
+    json pre;
+    bool ignore_merges;
+  };
+  const std::vector<Case> cases = {
+      {"gpt2", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}, false},
+      {"llama3", split_then_bytes(kLlama3Regex), true},
+      {"qwen2", split_then_bytes(kQwen2Regex), false},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = scratch(std::string("ref_") + c.name);
+    const std::string path = gpt2_tokenizer_json(dir, c.pre, c.ignore_merges);
+    const HfTokenizer tok(path);
+    EXPECT_NE(tok.describe().find(std::string("(") + c.name + " pattern"), std::string::npos) << tok.describe();
+    for (const std::string& text : {hostile_text(), corpus}) {
+      const std::vector<int32_t> got = tok.encode(text), want = reference_ids(path, text, dir);
+      ASSERT_EQ(got.size(), want.size()) << c.name;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << c.name << ": first difference at token " << i << " ('" << tok.decode({got[i]}) << "' vs '"
+                                   << tok.decode({want[i]}) << "')";
+      EXPECT_EQ(tok.decode(got), text) << c.name;
+    }
+    EXPECT_EQ(tok.id_of("<|im_end|>"), 50301);
+    EXPECT_EQ(tok.vocab_size(), 50303);
+  }
+}
+
+TEST(HfTokenizer, InvalidUtf8AndEveryByteRoundTrip) {
+  const HfTokenizer tok(tokenizer_dir("bytes", ""));
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  all += "\xff\xfe\xc3(\xe2\x82 tail";
+  EXPECT_EQ(tok.decode(tok.encode(all)), all);
+}
+
+TEST(HfTokenizer, RefusesWhatItDoesNotImplementNamingIt) {
+  const auto refused = [](json tok, const std::string& expect) {
+    const std::string d = scratch("refuse");
+    write(d + "/tokenizer.json", tok.dump());
+    try {
+      HfTokenizer t(d);
+      ADD_FAILURE() << "accepted; expected a refusal naming " << expect;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  json t = example_tokenizer();
+  t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+|\\s+";
+  refused(t, "\\\\p{L}+|\\\\s+");  // the pattern itself, as JSON shows it
+  t = example_tokenizer();
+  t["model"]["byte_fallback"] = true;
+  refused(t, "model.byte_fallback");
+  t = example_tokenizer();
+  t["model"]["type"] = "WordPiece";
+  refused(t, "model.type");
+  t = example_tokenizer();
+  t["normalizer"] = {{"type", "NFKC"}};
+  refused(t, "normalizer");
+  t = example_tokenizer();
+  t["added_tokens"][0]["lstrip"] = true;
+  refused(t, "lstrip");
+  try {
+    HfTokenizer none(scratch("none"));
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HfTokenizer, ThePostProcessorsBosAndTheConfigsEos) {
+  json t = example_tokenizer();
+  const std::string d = tokenizer_dir("post", "", t);
+  json full = json::parse(test::read_text(d + "/tokenizer.json"));
+  const int32_t bos = full["added_tokens"][3]["id"];  // <|begin_of_text|>
+  full["post_processor"] = json::parse(R"({"type": "Sequence", "processors": [{"type": "ByteLevel"},
+      {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                               {"Sequence": {"id": "A", "type_id": 0}}],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [)" + std::to_string(bos) + R"(]}}}]})");
+  write(d + "/tokenizer.json", full.dump());
+  const HfTokenizer tok(d);
+  const std::vector<int32_t> with = tok.encode("Hi there", true), without = tok.encode("Hi there");
+  ASSERT_EQ(with.size(), without.size() + 1);
+  EXPECT_EQ(with[0], bos);
+  EXPECT_EQ(tok.eos_id(), tok.id_of("<|im_end|>"));
+  EXPECT_EQ(tok.decode(without), "Hi there");
+}
+
+namespace {
+
+std::vector<ChatMessage> three_turns(bool system) {
+  std::vector<ChatMessage> m = {{"user", "Hi"}, {"assistant", "Hello!"}, {"user", "Capital of France?"}, {"assistant", " Paris. "}};
+  if (system) m.insert(m.begin(), {"system", "Be brief."});
+  return m;
+}
+
+// The trained tokens of a rendered conversation, decoded run by run.
+std::vector<std::string> trained_runs(const HfTokenizer& tok, const std::string& text, const std::vector<std::pair<size_t, size_t>>& spans) {
+  std::vector<std::string> runs;
+  // Tokenize as the reader does (the whole text), then group the trained tokens.
+  const std::vector<int32_t> ids = tok.encode(text);
+  size_t at = 0;
+  std::string run;
+  bool in_run = false;
+  for (int32_t id : ids) {
+    bool trained = false;
+    for (const auto& [a, b] : spans) trained = trained || (a <= at && at < b);
+    if (trained) run += tok.decode({id});
+    if (!trained && in_run) runs.push_back(run), run.clear();
+    in_run = trained;
+    at += static_cast<size_t>(tok.byte_length(id));
+  }
+  if (in_run) runs.push_back(run);
+  return runs;
+}
+
+// Qwen2.5's template as tokenizer_config.json holds it (its tools branch shortened, its plain branch whole).
+const char* const kQwen25Template =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n"
+    "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) "
+    "or (message.role == \"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n";
+
+// Llama 3.1's template, the parts a conversation without tools goes through.
+const char* const kLlama31Template =
+    "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n{%- endif %}\n"
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n"
+    "{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n"
+    "{%- for message in messages %}\n        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n"
+    "{%- endfor %}\n";
+
+// Llama 3.0's template, whole.
+const char* const kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+}  // namespace
+
+TEST(ChatTemplate, ChatmlIsQwensTemplateWithItsDefaultSystemTurn) {
+  const HfTokenizer tok(tokenizer_dir("chatml", kQwen25Template));
+  const ChatFormat f = resolve_chat_format("auto", tok);
+  ASSERT_EQ(f.kind, ChatFormatKind::chatml);
+  EXPECT_EQ(f.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  const RenderedChat r = render_chat(f, three_turns(false), tok);
+  EXPECT_EQ(r.text,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n Paris. <|im_end|>\n");
+  EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|im_end|>", " Paris. <|im_end|>"}));
+  EXPECT_EQ(render_chat(f, three_turns(true), tok).text.rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi", 0), 0u);
+}
+
+TEST(ChatTemplate, Llama3AndLlama31AreTheirTemplatesExactly) {
+  const HfTokenizer l3(tokenizer_dir("llama3", kLlama3Template));
+  const ChatFormat f3 = resolve_chat_format("auto", l3);
+  ASSERT_EQ(f3.kind, ChatFormatKind::llama3);
+  const RenderedChat r3 = render_chat(f3, three_turns(true), l3);
+  const std::string turns =
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nCapital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nParis.<|eot_id|>";
+  EXPECT_EQ(r3.text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>" + turns);
+  EXPECT_EQ(trained_runs(l3, r3.text, r3.trained), (std::vector<std::string>{"Hello!<|eot_id|>", "Paris.<|eot_id|>"}));
+
+  const HfTokenizer l31(tokenizer_dir("llama31", kLlama31Template));
+  const ChatFormat f31 = resolve_chat_format("auto", l31);
+  ASSERT_EQ(f31.kind, ChatFormatKind::llama3_1);
+  EXPECT_EQ(f31.date, "26 Jul 2024");
+  const std::string header = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+  EXPECT_EQ(render_chat(f31, three_turns(false), l31).text, header + "<|eot_id|>" + turns);
+  EXPECT_EQ(render_chat(f31, three_turns(true), l31).text, header + "Be brief.<|eot_id|>" + turns);
+}
+
+TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {
+  for (const std::string& tmpl : {std::string("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"),
+                                  std::string(kQwen25Template) + "{%- if '<think>' in content %}{% endif %}", std::string()}) {
+    const HfTokenizer tok(tokenizer_dir("unknown", tmpl));
+    try {
+      resolve_chat_format("auto", tok);
+      ADD_FAILURE() << "rendered " << tmpl;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("chat template"), std::string::npos) << e.what();
+      EXPECT_NE(e.hint().find("chatml"), std::string::npos) << e.hint();
+      EXPECT_NE(e.hint().find("llama3.1"), std::string::npos) << e.hint();
+    }
+    EXPECT_EQ(resolve_chat_format("chatml", tok).kind, ChatFormatKind::chatml);  // named: rendered as asked
+  }
+  const std::string plain = scratch("plain");  // the example's tokenizer alone: no Llama 3 tokens
+  write(plain + "/tokenizer.json", example_tokenizer().dump());
+  try {
+    resolve_chat_format("llama3", HfTokenizer(plain));
+    ADD_FAILURE() << "llama3 without its tokens";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs the token <|begin_of_text|>"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+SampleSet read_lines(const HfTokenizer& tok, const std::vector<std::string>& lines, SampleOptions o = {}) {
+  JsonlSamples reader(tok, o);
+  for (size_t i = 0; i < lines.size(); ++i) reader.add_line(lines[i], "data.jsonl:" + std::to_string(i + 1));
+  return reader.take();
+}
+
+std::string trained_text(const HfTokenizer& tok, const SampleSet& s, int64_t i) {
+  std::vector<int32_t> ids;
+  for (int64_t k = s.starts[i]; k < s.starts[i + 1]; ++k)
+    if (s.trained[k]) ids.push_back(s.tokens[k]);
+  return tok.decode(ids);
+}
+
+}  // namespace
+
+TEST(JsonlSamples, EachShapeTrainsWhatItShould) {
+  const HfTokenizer tok(tokenizer_dir("shapes", kQwen25Template));
+  const std::vector<std::string> lines = {
+      R"({"text": "Once upon a time."})",
+      R"({"prompt": "2 + 2 =", "completion": " 4"})",
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})",
+      R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]})"};
+  const SampleSet s = read_lines(tok, lines);
+  ASSERT_EQ(s.size(), 4);
+  EXPECT_EQ(trained_text(tok, s, 0), "Once upon a time.<|im_end|>");  // the text and EOS
+  EXPECT_EQ(trained_text(tok, s, 1), " 4<|im_end|>");                 // the completion and EOS
+  EXPECT_EQ(trained_text(tok, s, 2), "Hello!<|im_end|>");             // the assistant's turn
+  EXPECT_EQ(trained_text(tok, s, 3), "Yo<|im_end|>");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>(s.tokens.begin() + s.starts[1], s.tokens.begin() + s.starts[2])), "2 + 2 = 4<|im_end|>");
+  EXPECT_NE(s.description.find("4 samples (1 text, 2 prompt/completion, 1 conversations)"), std::string::npos) << s.description;
+  EXPECT_EQ(s.pad_id, tok.eos_id());
+  SampleOptions all;
+  all.train_on_prompt = true;
+  const SampleSet t = read_lines(tok, lines, all);
+  EXPECT_EQ(trained_text(tok, t, 1), "2 + 2 = 4<|im_end|>");
+  // A file of texts needs no chat template: the format is resolved at the first conversation only.
+  const HfTokenizer bare(tokenizer_dir("bare", ""));
+  EXPECT_EQ(read_lines(bare, {lines[0], lines[1]}).size(), 2);
+  EXPECT_THROW(read_lines(bare, {lines[2]}), UserError);
+}
+
+TEST(JsonlSamples, HostileLinesAreRefusedWithFileAndLine) {
+  const HfTokenizer tok(tokenizer_dir("hostile", kQwen25Template));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"text\": \"unterminated", "not JSON"},
+      {std::string("{\"text\": \"a\0b\"}", 15), "not JSON"},  // a raw NUL inside a string
+      {"{\"text\": \"\xff\xfe\"}", "not JSON"},                  // invalid UTF-8
+      {"[1, 2, 3]", "not an object"},
+      {R"({"text": 42})", "not a string"},
+      {R"({"prompt": "only"})", "not both"},
+      {R"({"prompt": "a", "completion": 3})", "both strings"},
+      {R"({"messages": "hello"})", "not a list"},
+      {R"({"messages": []})", "empty"},
+      {R"({"messages": [{"role": "tool", "content": "x"}]})", "\"tool\""},
+      {R"({"messages": [{"role": "user"}]})", "messages[0]"},
+      {R"({"input": "x", "output": "y"})", "it has: input, output"},
+      {std::string(100, '[') + std::string(100, ']'), "nests deeper"},
+  };
+  for (const auto& [line, expect] : cases) {
+    try {
+      read_lines(tok, {R"({"text": "fine"})", line});
+      ADD_FAILURE() << "accepted: " << line;
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("data.jsonl:2: ", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  }
+  // A whole file: blank lines skipped, the line number counted from 1, a line past 16 MiB refused unread.
+  const std::string d = scratch("hostile_file");
+  write(d + "/a.jsonl", "{\"text\": \"x\"}\n\n\r\n{\"text\": \"y\"}\n{\"text\": oops}\n");
+  JsonlSamples reader(tok, SampleOptions{});
+  try {
+    reader.add_file(d + "/a.jsonl");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(d + "/a.jsonl:5: ", 0), 0u) << e.what();
+  }
+  write(d + "/b.jsonl", "{\"text\": \"" + std::string(17u << 20, 'x') + "\"}\n");
+  try {
+    JsonlSamples(tok, SampleOptions{}).add_file(d + "/b.jsonl");
+    ADD_FAILURE();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(":1: longer than"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
+}
+
+namespace {
+
+SampleSet counted_samples(int n) {  // sample i: tokens i*100 + [0, 3 + i), the first two untrained
+  SampleSet s;
+  s.pad_id = 7;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    for (int k = 0; k < 3 + i; ++k) ids.push_back(i * 100 + k), mask.push_back(k >= 2);
+    s.add(ids, mask);
+  }
+  s.description = "counted";
+  return s;
+}
+
+}  // namespace
+
+TEST(BatchSampler, SampleRowsArePaddedMaskedAndEachEpochSeesEverySampleOnce) {
+  const SampleSet s = counted_samples(10);
+  const int64_t T = 6;
+  BatchSampler sampler(s, SamplerOptions{T, 1, 1, 1, 0, 0.2, 5, false});  // in file order; the last 2 validate
+  std::vector<int32_t> in, tgt;
+  sampler.train_batch(0, 0, in, tgt);  // sample 0: tokens 0 1 2
+  EXPECT_EQ(in, (std::vector<int32_t>{0, 1, 2, 7, 7, 7}));
+  EXPECT_EQ(tgt, (std::vector<int32_t>{-1, 2, -1, -1, -1, -1}));  // token 1 untrained; 2 is; then padding
+  sampler.train_batch(6, 0, in, tgt);  // sample 6: 9 tokens, cut at T + 1 = 7
+  EXPECT_EQ(in, (std::vector<int32_t>{600, 601, 602, 603, 604, 605}));
+  EXPECT_EQ(tgt, (std::vector<int32_t>{-1, 602, 603, 604, 605, 606}));
+  sampler.train_batch(8, 0, in, tgt);  // the training split's 8 samples wrap
+  EXPECT_EQ(in[0], 0);
+  sampler.val_batch(1, in, tgt);  // validation: samples 8, 9
+  EXPECT_EQ(in[0], 900);
+  EXPECT_NE(sampler.notes().find("3 of 8 training samples are longer"), std::string::npos) << sampler.notes();
+  EXPECT_EQ(sampler.train_tokens(), 3 + 4 + 5 + 6 + 7 + 8 + 9 + 10);
+
+  // Shuffled: each epoch a permutation of the training samples, another one each epoch, the same on any
+  // world size (the global sample index decides).
+  const SampleSet big = counted_samples(37);
+  BatchSampler shuffled(big, SamplerOptions{4, 1, 1, 1, 0, 0, 9, true});
+  std::vector<int64_t> first, second;
+  for (int64_t g = 0; g < 37; ++g) first.push_back(shuffled.sample_offset(g)), second.push_back(shuffled.sample_offset(37 + g));
+  EXPECT_EQ(std::set<int64_t>(first.begin(), first.end()).size(), 37u);
+  EXPECT_EQ(std::set<int64_t>(second.begin(), second.end()).size(), 37u);
+  EXPECT_EQ(*std::max_element(first.begin(), first.end()), 36);
+  EXPECT_NE(first, second);
+  std::vector<int64_t> ordered(37);
+  for (int64_t i = 0; i < 37; ++i) ordered[i] = i;
+  EXPECT_NE(first, ordered);
+  BatchSampler two_ranks(big, SamplerOptions{4, 2, 1, 2, 1, 0, 9, true});
+  two_ranks.train_batch(0, 0, in, tgt);  // rank 1's micro batch: global samples 2, 3
+  EXPECT_EQ(in[0], first[2] * 100);
+  EXPECT_EQ(in[4], first[3] * 100);
+}

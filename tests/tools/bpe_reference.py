@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""An independent byte-level BPE encoder for the tests: reads a Hugging Face tokenizer.json and encodes
+a UTF-8 file with Python's own regular expression engine running the pre-tokenizer's pattern as the
+file gives it (\\p{L}, \\p{N} and \\s spelled out as character classes from unicodedata and Unicode's
+White_Space list), the added tokens split first (leftmost, longest), then the BPE merges by rank.
+Standard library only. Usage: bpe_reference.py tokenizer.json text.txt  ->  the ids as a JSON list."""
+import json
+import re
+import sys
+import unicodedata
+
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+WHITE_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+               (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
+
+
+def category_ranges(first):
+    out, start = [], None
+    for cp in range(0x110000):
+        hit = unicodedata.category(chr(cp))[0] == first
+        if hit and start is None:
+            start = cp
+        if not hit and start is not None:
+            out.append((start, cp - 1))
+            start = None
+    return out
+
+
+def class_body(ranges):
+    return "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+
+
+def translate(pattern):
+    bodies = {"L": class_body(category_ranges("L")), "N": class_body(category_ranges("N")), "s": class_body(WHITE_SPACE)}
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and pattern.startswith("\\p{", i):
+            body = bodies[pattern[i + 3]]
+            out.append(body if in_class else "[" + body + "]")
+            i += 5
+        elif c == "\\" and pattern[i + 1] in "sS":
+            neg = pattern[i + 1] == "S"
+            assert not (in_class and neg)
+            out.append(bodies["s"] if in_class else ("[^" if neg else "[") + bodies["s"] + "]")
+            i += 2
+        elif c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+        else:
+            if c == "[":
+                in_class = True
+            elif c == "]":
+                in_class = False
+            out.append(c)
+            i += 1
+    return re.compile("".join(out))
+
+
+def byte_stand_ins():
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def main():
+    tok = json.load(open(sys.argv[1], encoding="utf-8"))
+    text = open(sys.argv[2], "rb").read().decode("utf-8", errors="replace")
+    model = tok["model"]
+    vocab = model["vocab"]
+    ranks = {}
+    for r, m in enumerate(model["merges"]):
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+        ranks.setdefault(pair, r)
+    pre = tok["pre_tokenizer"]
+    pattern = pre["pretokenizers"][0]["pattern"]["Regex"] if pre["type"] == "Sequence" else GPT2_PATTERN
+    splitter = translate(pattern)
+    stand_in = byte_stand_ins()
+    added = sorted(tok.get("added_tokens", []), key=lambda a: -len(a["content"]))
+    added_re = re.compile("|".join(re.escape(a["content"]) for a in added)) if added else None
+    added_id = {a["content"]: a["id"] for a in added}
+    ignore_merges = model.get("ignore_merges", False)
+
+    def bpe(word):
+        parts = [stand_in[b] for b in word.encode("utf-8")]
+        if ignore_merges and "".join(parts) in vocab:
+            return [vocab["".join(parts)]]
+        while len(parts) > 1:
+            best = min(range(len(parts) - 1), key=lambda k: ranks.get((parts[k], parts[k + 1]), 1 << 60))
+            pair = (parts[best], parts[best + 1])
+            if pair not in ranks:
+                break
+            merged, k = [], 0
+            while k < len(parts):
+                if k + 1 < len(parts) and (parts[k], parts[k + 1]) == pair:
+                    merged.append(parts[k] + parts[k + 1])
+                    k += 2
+                else:
+                    merged.append(parts[k])
+                    k += 1
+            parts = merged
+        return [vocab[p] for p in parts]
+
+    ids = []
+
+    def plain(chunk):
+        for m in splitter.finditer(chunk):
+            ids.extend(bpe(m.group(0)))
+
+    at = 0
+    if added_re:
+        for m in added_re.finditer(text):
+            plain(text[at:m.start()])
+            ids.append(added_id[m.group(0)])
+            at = m.end()
+    plain(text[at:])
+    json.dump(ids, sys.stdout)
+
+
+main()
