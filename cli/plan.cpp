@@ -3,6 +3,10 @@
 #include <iostream>
 
 #include "cli/render_plan.hpp"
+#include "common/error.hpp"
+#include "engine/runtime/data/chat_data.hpp"
+#include "engine/runtime/data/hf_tokenizer.hpp"
+#include "engine/runtime/data/token_source.hpp"
 #include "schema/loader.hpp"
 #include "engine/plan/plan_record.hpp"
 
@@ -16,6 +20,10 @@ Subcommand setup_plan(CLI::App& app) {
   sub->add_flag("--resolved-config", args->show_config,
                 "print the fully resolved config (defaults filled, legacy keys rewritten) instead of the plan");
   sub->add_flag("--layout", args->layout, "list every parameter's offset and shard in the text output");
+  sub->add_option("--show-sample", args->show_sample,
+                  "jsonl data: read the data and print sample N (0 = the first line) as the model sees it, rendered and "
+                  "tokenized, the tokens the loss counts between [[ and ]]")
+      ->check(CLI::NonNegativeNumber);
   sub->footer(R"(Examples:
   ds plan templates/zero2.json
       the plan for ZeRO-2 on one process: batch, precision, memory per rank, communication
@@ -27,10 +35,46 @@ Subcommand setup_plan(CLI::App& app) {
       ~key removes a key; "auto" is resolved and shown with its source
   ds plan templates/bf16.json --json | jq .memory.device_per_rank.total
       machine-readable plan; human output may change, --json fields only get added
+  ds plan examples/sft.json --show-sample 0
+      the first conversation of the data as the chat template renders it, the trained tokens marked
 
 Exit status: 0 valid and planned, 2 config or usage error (every problem is listed), 1 other failure.)");
   return {sub, [args] { return run_plan(*args); }};
 }
+
+namespace {
+
+// Sample `index` of the plan's jsonl data: the text the model reads, the spans the loss counts marked.
+std::string render_sample(const Plan& plan, int64_t index) {
+  const DataConfig& d = plan.data;
+  if (d.type != DataType::jsonl)
+    throw UserError("--show-sample shows fine-tuning samples: this config's data.type is " + std::string(data_type_name(d.type)),
+                    "use it with data.type jsonl");
+  const std::unique_ptr<SampleSet> samples = open_samples(d, plan.model.hp.vocab_size);
+  if (index >= samples->size())
+    throw UserError("--show-sample " + std::to_string(index) + ": the data holds " + std::to_string(samples->size()) + " samples",
+                    "samples are numbered from 0, in file then line order");
+  const HfTokenizer tok(d.tokenizer_path);
+  std::string out = samples->description + "\nsample " + std::to_string(index) + ": " + std::to_string(samples->length(index)) +
+                    " tokens";
+  if (samples->length(index) > plan.seq_len + 1)
+    out += " (cut at seq_len + 1 = " + std::to_string(plan.seq_len + 1) + " in training)";
+  out += "; the loss counts the tokens between [[ and ]]\n";
+  std::vector<int32_t> run;
+  bool trained = false;
+  auto flush = [&] {
+    if (!run.empty()) out += trained ? "[[" + tok.decode(run) + "]]" : tok.decode(run);
+    run.clear();
+  };
+  for (int64_t k = samples->starts[index]; k < samples->starts[index + 1]; ++k) {
+    if (static_cast<bool>(samples->trained[k]) != trained) flush(), trained = samples->trained[k];
+    run.push_back(samples->tokens[k]);
+  }
+  flush();
+  return out + "\n";
+}
+
+}  // namespace
 
 int run_plan(const PlanArgs& a) {
   return run_guarded("plan", [&] {
@@ -41,6 +85,10 @@ int run_plan(const PlanArgs& a) {
     }
     args.model_optional = true;  // a bare DeepSpeed config plans what it can
     Plan plan = build_plan("plan", args);
+    if (a.show_sample >= 0) {
+      std::cout << render_sample(plan, a.show_sample);
+      return 0;
+    }
     if (a.json)
       std::cout << plan_to_json(plan) << "\n";
     else

@@ -10,6 +10,7 @@ struct PlanArgs {
   bool json = false;
   bool show_config = false;
   bool layout = false;
+  int64_t show_sample = -1;  // jsonl data: print this sample as the model sees it
 };
 
 Subcommand setup_plan(CLI::App& app);

@@ -262,20 +262,20 @@ TEST(ChatTemplate, ChatmlIsQwensTemplateWithItsDefaultSystemTurn) {
   const ChatFormat f = resolve_chat_format("auto", tok);
   ASSERT_EQ(f.kind, ChatFormatKind::chatml);
   EXPECT_EQ(f.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-  const RenderedChat r = render_chat(f, three_turns(false), tok);
+  const RenderedChat r = render_chat(f, three_turns(false));
   EXPECT_EQ(r.text,
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
             "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n Paris. <|im_end|>\n");
   EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|im_end|>", " Paris. <|im_end|>"}));
-  EXPECT_EQ(render_chat(f, three_turns(true), tok).text.rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi", 0), 0u);
+  EXPECT_EQ(render_chat(f, three_turns(true)).text.rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi", 0), 0u);
 }
 
 TEST(ChatTemplate, Llama3AndLlama31AreTheirTemplatesExactly) {
   const HfTokenizer l3(tokenizer_dir("llama3", kLlama3Template));
   const ChatFormat f3 = resolve_chat_format("auto", l3);
   ASSERT_EQ(f3.kind, ChatFormatKind::llama3);
-  const RenderedChat r3 = render_chat(f3, three_turns(true), l3);
+  const RenderedChat r3 = render_chat(f3, three_turns(true));
   const std::string turns =
       "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nCapital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nParis.<|eot_id|>";
@@ -287,12 +287,14 @@ TEST(ChatTemplate, Llama3AndLlama31AreTheirTemplatesExactly) {
   ASSERT_EQ(f31.kind, ChatFormatKind::llama3_1);
   EXPECT_EQ(f31.date, "26 Jul 2024");
   const std::string header = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
-  EXPECT_EQ(render_chat(f31, three_turns(false), l31).text, header + "<|eot_id|>" + turns);
-  EXPECT_EQ(render_chat(f31, three_turns(true), l31).text, header + "Be brief.<|eot_id|>" + turns);
+  EXPECT_EQ(render_chat(f31, three_turns(false)).text, header + "<|eot_id|>" + turns);
+  EXPECT_EQ(render_chat(f31, three_turns(true)).text, header + "Be brief.<|eot_id|>" + turns);
 }
 
 TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {
   for (const std::string& tmpl : {std::string("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"),
+                                  std::string("{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                                              "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"),  // Hermes 3: ChatML after a BOS
                                   std::string(kQwen25Template) + "{%- if '<think>' in content %}{% endif %}", std::string()}) {
     const HfTokenizer tok(tokenizer_dir("unknown", tmpl));
     try {
@@ -338,13 +340,14 @@ TEST(JsonlSamples, EachShapeTrainsWhatItShould) {
       R"({"text": "Once upon a time."})",
       R"({"prompt": "2 + 2 =", "completion": " 4"})",
       R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})",
-      R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]})"};
+      R"({"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Old"}, {"role": "user", "content": "Again"}],
+          "completion": [{"role": "assistant", "content": "Yo"}]})"};
   const SampleSet s = read_lines(tok, lines);
   ASSERT_EQ(s.size(), 4);
   EXPECT_EQ(trained_text(tok, s, 0), "Once upon a time.<|im_end|>");  // the text and EOS
   EXPECT_EQ(trained_text(tok, s, 1), " 4<|im_end|>");                 // the completion and EOS
   EXPECT_EQ(trained_text(tok, s, 2), "Hello!<|im_end|>");             // the assistant's turn
-  EXPECT_EQ(trained_text(tok, s, 3), "Yo<|im_end|>");
+  EXPECT_EQ(trained_text(tok, s, 3), "Yo<|im_end|>");  // the completion's turn; the prompt's is context
   EXPECT_EQ(tok.decode(std::vector<int32_t>(s.tokens.begin() + s.starts[1], s.tokens.begin() + s.starts[2])), "2 + 2 = 4<|im_end|>");
   EXPECT_NE(s.description.find("4 samples (1 text, 2 prompt/completion, 1 conversations)"), std::string::npos) << s.description;
   EXPECT_EQ(s.pad_id, tok.eos_id());

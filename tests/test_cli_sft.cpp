@@ -72,3 +72,34 @@ TEST(CliSft, ABadLineStopsTheRunBeforeAnyWorkNamingFileAndLine) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_TRUE(contains(r.err, "data.tokenizer")) << r.err;
 }
+
+TEST(CliSft, ShowSamplePrintsTheConversationAsTheModelSeesIt) {
+  Result r = ds("plan examples/sft.json --show-sample 1");  // chat.jsonl's second line
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "<|im_start|>system\nAnswer with one sentence.<|im_end|>\n<|im_start|>user\nWhat is 34 plus 6?<|im_end|>\n"
+                              "<|im_start|>assistant\n[[34 plus 6 is 40.<|im_end|>]]\n"))
+      << r.out;
+  r = ds("plan examples/sft.json --show-sample 5000");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "holds 1200 samples")) << r.err;
+  r = ds("plan examples/quickstart.json --show-sample 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.type is synthetic")) << r.err;
+}
+
+// The loss of a step is the mean over all its counted targets, however the global batch is cut into micro
+// batches: 16 samples as one micro batch or as four of four give the same losses (to rounding), where a mean
+// of the micro batches' own means would weigh a short answer's tokens more than a long one's.
+TEST(CliSft, TheStepLossWeighsEveryTrainedTokenAlikeWhateverTheMicroBatch) {
+  const std::string one = fresh("sft_micro16"), four = fresh("sft_micro4");
+  const std::string fp32 = "train examples/sft.json bf16.enabled=false train.eval_every=0 train.steps=4 train_batch_size=16 ";
+  ASSERT_EQ(ds(fp32 + "train_micro_batch_size_per_gpu=16 train.output_dir=" + one).code, 0);
+  ASSERT_EQ(ds(fp32 + "train_micro_batch_size_per_gpu=4 train.output_dir=" + four).code, 0);
+  const auto a = metrics_of(one), b = metrics_of(four);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const double x = a[i]["loss"].get<double>(), y = b[i]["loss"].get<double>();
+    EXPECT_NEAR(x, y, 2e-5 * x) << "step " << i + 1;
+  }
+}

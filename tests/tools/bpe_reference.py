@@ -77,7 +77,7 @@ def main():
     ranks = {}
     for r, m in enumerate(model["merges"]):
         pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
-        ranks.setdefault(pair, r)
+        ranks[pair] = r  # a repeated pair: the last rank, as Hugging Face's tokenizers read it
     pre = tok["pre_tokenizer"]
     pattern = pre["pretokenizers"][0]["pattern"]["Regex"] if pre["type"] == "Sequence" else GPT2_PATTERN
     splitter = translate(pattern)

@@ -222,14 +222,17 @@ void ByteLevelBpe::add_merge(const std::string& left, const std::string& right, 
                         "', which the vocabulary lacks; the merge is dropped (these are not the model's exact files)");
     return;
   }
-  merge_rank_.emplace(left + " " + right, rank);
+  auto l = token_to_id_.find(left), r = token_to_id_.find(right);
+  if (l == token_to_id_.end() || r == token_to_id_.end()) return;  // never met: BPE's pieces are vocabulary entries
+  merges_[pair_key(l->second, r->second)] = Merge{rank, token_to_id_.at(merged)};  // a repeated pair: the last wins, as in HF
 }
 
-void ByteLevelBpe::check_bytes(const std::string& source) const {
+void ByteLevelBpe::check_bytes(const std::string& source) {
   for (int b = 0; b < 256; ++b)
     if (!token_to_id_.count(byte_to_unicode_[b]))
       throw UserError("'" + source + "' has no token for byte " + std::to_string(b),
                       "a byte-level BPE vocabulary must contain all 256 single-byte tokens");
+  for (int b = 0; b < 256; ++b) byte_ids_[b] = token_to_id_.at(byte_to_unicode_[b]);
 }
 
 ByteLevelBpe::ByteLevelBpe(const std::string& vocab_path, const std::string& merges_path) {
@@ -350,16 +353,26 @@ size_t llama3_piece(const Scan& t, size_t i, size_t digits) {
 
 }  // namespace
 
-std::vector<std::string> ByteLevelBpe::pretokenize(const std::string& s, SplitPattern split) {
+namespace {
+
+// Calls f(begin, end) with the byte range of each piece of `s`, in order.
+template <typename F>
+void for_each_piece(const std::string& s, SplitPattern split, F&& f) {
   const Scan t(s);
-  std::vector<std::string> out;
   for (size_t i = 0; i < t.size();) {
     const size_t end = split == SplitPattern::gpt2     ? gpt2_piece(t, i)
                        : split == SplitPattern::llama3 ? llama3_piece(t, i, 3)
                                                        : llama3_piece(t, i, 1);
-    out.push_back(s.substr(t.offs[i], t.offs[end] - t.offs[i]));
+    f(t.offs[i], t.offs[end]);
     i = end;
   }
+}
+
+}  // namespace
+
+std::vector<std::string> ByteLevelBpe::pretokenize(const std::string& s, SplitPattern split) {
+  std::vector<std::string> out;
+  for_each_piece(s, split, [&](size_t a, size_t b) { out.push_back(s.substr(a, b - a)); });
   return out;
 }
 
@@ -369,46 +382,46 @@ void ByteLevelBpe::bpe(const std::string& piece, std::vector<int32_t>& out) cons
     out.insert(out.end(), hit->second.begin(), hit->second.end());
     return;
   }
-  std::vector<std::string> parts;
-  for (unsigned char b : piece) parts.push_back(byte_to_unicode_[b]);
-  if (ignore_merges_ && parts.size() > 1) {
+  std::vector<int32_t> ids;
+  ids.reserve(piece.size());
+  for (unsigned char b : piece) ids.push_back(byte_ids_[b]);
+  if (ignore_merges_ && ids.size() > 1) {
     std::string whole;
-    for (const auto& p : parts) whole += p;
-    if (token_to_id_.count(whole)) parts = {whole};
+    for (unsigned char b : piece) whole += byte_to_unicode_[b];
+    auto it = token_to_id_.find(whole);
+    if (it != token_to_id_.end()) ids = {it->second};
   }
-  while (parts.size() > 1) {
-    int32_t best = INT_MAX;
-    size_t at = 0;
-    for (size_t k = 0; k + 1 < parts.size(); ++k) {
-      auto it = merge_rank_.find(parts[k] + " " + parts[k + 1]);
-      if (it != merge_rank_.end() && it->second < best) best = it->second, at = k;
+  std::vector<int32_t> merged;
+  while (ids.size() > 1) {
+    Merge best{INT_MAX, -1};
+    for (size_t k = 0; k + 1 < ids.size(); ++k) {
+      auto it = merges_.find(pair_key(ids[k], ids[k + 1]));
+      if (it != merges_.end() && it->second.rank < best.rank) best = it->second;
     }
-    if (best == INT_MAX) break;
+    if (best.rank == INT_MAX) break;
     // Merge every occurrence of the best pair, left to right, as GPT-2 does.
-    const std::string left = parts[at], right = parts[at + 1];
-    std::vector<std::string> merged;
-    for (size_t k = 0; k < parts.size();) {
-      if (k + 1 < parts.size() && parts[k] == left && parts[k + 1] == right) {
-        merged.push_back(left + right);
+    merged.clear();
+    for (size_t k = 0; k < ids.size();) {
+      if (k + 1 < ids.size() && merges_.count(pair_key(ids[k], ids[k + 1])) &&
+          merges_.at(pair_key(ids[k], ids[k + 1])).rank == best.rank) {
+        merged.push_back(best.id);
         k += 2;
       } else {
-        merged.push_back(parts[k++]);
+        merged.push_back(ids[k++]);
       }
     }
-    parts.swap(merged);
-  }
-  std::vector<int32_t> ids;
-  for (const auto& p : parts) {
-    auto it = token_to_id_.find(p);
-    DS_CHECK(it != token_to_id_.end(), "BPE produced '", p, "', which the vocabulary lacks");
-    ids.push_back(it->second);
+    ids.swap(merged);
   }
   out.insert(out.end(), ids.begin(), ids.end());
   if (cache_.size() < (1u << 20)) cache_.emplace(piece, std::move(ids));
 }
 
 void ByteLevelBpe::encode_into(const std::string& text, std::vector<int32_t>& out) const {
-  for (const auto& piece : pretokenize(text, split_)) bpe(piece, out);
+  std::string piece;  // reused: most pieces fit its buffer
+  for_each_piece(text, split_, [&](size_t a, size_t b) {
+    piece.assign(text, a, b - a);
+    bpe(piece, out);
+  });
 }
 
 std::vector<int32_t> ByteLevelBpe::encode(const std::string& text) const {

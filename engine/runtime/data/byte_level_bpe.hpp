@@ -55,13 +55,20 @@ class ByteLevelBpe {
  private:
   void add_vocab(std::vector<std::pair<std::string, int32_t>> vocab, const std::string& source);
   void add_merge(const std::string& left, const std::string& right, int32_t rank, const std::string& source);
-  void check_bytes(const std::string& source) const;
+  void check_bytes(const std::string& source);  // and notes each byte's token
   void bpe(const std::string& piece, std::vector<int32_t>& out) const;
 
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "a b" -> rank
-  std::string byte_to_unicode_[256];                     // byte -> its stand-in (UTF-8)
+  struct Merge {
+    int32_t rank, id;  // the merge's rank and the token it makes
+  };
+  static uint64_t pair_key(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+  }
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> the merge
+  std::string byte_to_unicode_[256];            // byte -> its stand-in (UTF-8)
+  int32_t byte_ids_[256] = {};                  // byte -> its token
   std::unordered_map<std::string, uint8_t> unicode_to_byte_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
   SplitPattern split_ = SplitPattern::gpt2;

@@ -52,7 +52,9 @@ std::string literal_between(const std::string& tmpl, const std::string& open, co
     const size_t b = tmpl.find(close, a + open.size());
     if (b == std::string::npos) return "";
     const std::string text = tmpl.substr(a + open.size(), b - a - open.size());
-    if (!text.empty() && text.find_first_of("'\"+{}()") == std::string::npos) return text;  // else an expression
+    const bool expression = text.find_first_of("'\"") != std::string::npos || text.find("{{") != std::string::npos ||
+                            text.find("{%") != std::string::npos;  // the literal ended inside: an expression follows
+    if (!text.empty() && !expression) return text;
   }
   return "";
 }
@@ -84,7 +86,11 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     if (t.empty())
       throw UserError(tok.path() + " has no chat template (tokenizer_config.json's chat_template, or chat_template.jinja)",
                       kChoices);
-    if (t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos) kind = "chatml";
+    // ChatML as Qwen 2/2.5 write it: no BOS, contents as given (a template that trims them or adds a BOS,
+    // such as Hermes 3's, renders otherwise and is refused here; naming chatml renders it ChatML's way).
+    const bool chatml = t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos &&
+                        t.find("bos_token") == std::string::npos && t.find("trim") == std::string::npos;
+    if (chatml) kind = "chatml";
     else if (t.find("<|start_header_id|>") != std::string::npos)
       kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
     else
@@ -109,7 +115,7 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
   return f;
 }
 
-RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, const HfTokenizer& tok) {
+RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from) {
   RenderedChat r;
   std::string& s = r.text;
   auto turn = [&](const std::string& open, const std::string& content, const std::string& close, bool trained,
@@ -123,7 +129,9 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
   if (f.kind == ChatFormatKind::chatml) {
     if (!f.default_system.empty() && (messages.empty() || messages[0].role != "system"))
       turn("<|im_start|>system\n", f.default_system, "<|im_end|>", false, "\n");
-    for (const ChatMessage& m : messages) turn("<|im_start|>" + m.role + "\n", m.content, "<|im_end|>", m.role == "assistant", "\n");
+    for (size_t i = 0; i < messages.size(); ++i)
+      turn("<|im_start|>" + messages[i].role + "\n", messages[i].content, "<|im_end|>",
+           messages[i].role == "assistant" && i >= trained_from, "\n");
     return r;
   }
   s += "<|begin_of_text|>";
@@ -137,8 +145,7 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
   }
   for (size_t i = first; i < messages.size(); ++i)
     turn("<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n", trim(messages[i].content), "<|eot_id|>",
-         messages[i].role == "assistant", "");
-  (void)tok;
+         messages[i].role == "assistant" && i >= trained_from, "");
   return r;
 }
 
@@ -197,8 +204,8 @@ const ChatFormat& JsonlSamples::format() {
   return *format_;
 }
 
-void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages) {
-  const RenderedChat r = render_chat(format(), messages, tok_);
+void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages, size_t trained_from) {
+  const RenderedChat r = render_chat(format(), messages, trained_from);
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   tokens_with_mask(r.text, o_.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok_, ids, mask);
@@ -216,7 +223,7 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
   }
   if (!j.is_object()) bad_line(where, std::string("a JSON ") + j.type_name() + ", not an object");
   if (j.contains("messages")) {
-    add_chat(read_messages(j["messages"], where, "messages"));
+    add_chat(read_messages(j["messages"], where, "messages"), 0);
     ++shapes_[2];
   } else if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion")) bad_line(where, "has \"prompt\" or \"completion\" but not both");
@@ -233,8 +240,9 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
     } else if (p.is_array() && c.is_array()) {  // conversational: the prompt's turns, then the completion's
       std::vector<ChatMessage> m = read_messages(p, where, "prompt");
       const std::vector<ChatMessage> more = read_messages(c, where, "completion");
+      const size_t prompt_turns = m.size();
       m.insert(m.end(), more.begin(), more.end());
-      add_chat(m);
+      add_chat(m, prompt_turns);
     } else {
       bad_line(where, std::string("\"prompt\" is ") + p.type_name() + " and \"completion\" " + c.type_name() +
                           " (both strings, or both lists of messages)");

@@ -46,7 +46,9 @@ struct RenderedChat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> trained;
 };
-RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, const HfTokenizer& tok);
+// `trained_from`: assistant turns before this message index are context, not trained (a conversational
+// prompt/completion pair: the prompt's turns).
+RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from = 0);
 
 // Samples one after another: sample i is tokens [starts[i], starts[i + 1]); trained[k] says whether the
 // loss counts token k as a target (its prediction from token k - 1).
@@ -81,7 +83,7 @@ class JsonlSamples {
 
  private:
   const ChatFormat& format();
-  void add_chat(const std::vector<ChatMessage>& messages);
+  void add_chat(const std::vector<ChatMessage>& messages, size_t trained_from);
   const HfTokenizer& tok_;
   SampleOptions o_;
   std::optional<ChatFormat> format_;

@@ -81,6 +81,15 @@ std::string token_text(const json& config, const char* key) {
 }  // namespace
 
 HfTokenizer::HfTokenizer(const std::string& where) {
+  try {
+    load(where);
+  } catch (const json::exception& e) {  // a key of the wrong type, wherever it is
+    throw UserError("'" + path_ + "' (or the tokenizer_config.json beside it) holds a value of the wrong type: " + e.what(),
+                    "is it a Hugging Face tokenizer.json as transformers writes it?");
+  }
+}
+
+void HfTokenizer::load(const std::string& where) {
   const bool dir_given = is_dir(where);
   const size_t slash = where.find_last_of('/');
   const std::string dir = dir_given ? where : slash == std::string::npos ? std::string() : where.substr(0, slash);
@@ -121,7 +130,9 @@ ByteLevelBpe::Parts HfTokenizer::read_model(const json& m) const {
   if (!m.contains("vocab") || !m["vocab"].is_object()) throw UserError("'" + path_ + "': model.vocab is not an object", "");
   for (const auto& [tok, id] : m["vocab"].items()) {
     if (!id.is_number_integer()) refuse(path_, "model.vocab[\"" + tok + "\"]", id, "ids are integers");
-    parts.vocab.emplace_back(tok, id.get<int32_t>());
+    if (id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 24))
+      refuse(path_, "model.vocab[\"" + tok + "\"]", id, "ids are from 0 to 16,777,215");
+    parts.vocab.emplace_back(tok, static_cast<int32_t>(id.get<int64_t>()));
   }
   if (!m.contains("merges") || !m["merges"].is_array()) return parts;
   for (const json& merge : m["merges"]) {
@@ -144,7 +155,8 @@ void HfTokenizer::read_pre_tokenizer(const json& pre) {
   auto byte_level = [&](const json& p, bool pattern_expected) {
     if (!p.is_object() || p.value("type", std::string()) != "ByteLevel")
       refuse(path_, "pre_tokenizer", pre, "not a byte-level pre-tokenizer");
-    prefix_space_ = p.value("add_prefix_space", false);
+    if (p.value("add_prefix_space", false))  // Hugging Face adds it to every piece between added tokens: not done here
+      refuse(path_, "pre_tokenizer's add_prefix_space", true, "not implemented (GPT-2's, Llama 3's and Qwen's tokenizers leave it off)");
     if (p.value("use_regex", true) != pattern_expected)
       refuse(path_, "pre_tokenizer", pre, pattern_expected ? "a ByteLevel pre-tokenizer without a split pattern" : "two split patterns");
   };
@@ -253,9 +265,7 @@ void HfTokenizer::bpe_or_added(const std::string& text, std::vector<int32_t>& ou
   size_t plain = 0;
   auto flush = [&](size_t end) {
     if (end > plain) {
-      std::string piece = text.substr(plain, end - plain);
-      if (prefix_space_ && plain == 0 && piece[0] != ' ') piece.insert(piece.begin(), ' ');
-      bpe_->encode_into(piece, out);
+      bpe_->encode_into(text.substr(plain, end - plain), out);
     }
   };
   for (size_t i = 0; i < text.size();) {

@@ -50,6 +50,7 @@ class HfTokenizer {
   const std::vector<std::string>& warnings() const;
 
  private:
+  void load(const std::string& where);
   ByteLevelBpe::Parts read_model(const nlohmann::json& model) const;
   void read_pre_tokenizer(const nlohmann::json& pre);
   void read_added_tokens(const nlohmann::json& added);
@@ -60,7 +61,7 @@ class HfTokenizer {
   std::string path_;
   std::unique_ptr<ByteLevelBpe> bpe_;
   SplitPattern split_ = SplitPattern::gpt2;
-  bool prefix_space_ = false, nfc_ = false;
+  bool nfc_ = false;
   struct Added {
     std::string content;
     int32_t id;

@@ -29,6 +29,30 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
     throw UserError(samples.description + ": too few samples for data.val_fraction " + format_double(o.val_fraction) + " (" +
                         format_count(train_end_) + " for training, " + format_count(val) + " for validation)",
                     "each split needs at least one sample: use more data or another data.val_fraction");
+  counted_.resize(static_cast<size_t>(train_end_));
+  for (int64_t i = 0; i < train_end_; ++i) {
+    const int64_t begin = samples.starts[static_cast<size_t>(i)], last = std::min(samples.length(i) - 1, o.seq_len);
+    int32_t n = 0;
+    for (int64_t t = 0; t < last; ++t) n += samples.trained[static_cast<size_t>(begin + t + 1)] ? 1 : 0;
+    counted_[static_cast<size_t>(i)] = n;
+  }
+}
+
+int64_t BatchSampler::counted_targets(int64_t step, int64_t micro) const {
+  const int64_t b = o_.micro_batch;
+  if (!samples_) return b * o_.seq_len;
+  const int64_t first = step * b * o_.grad_accum * o_.world_size + (micro * o_.world_size + o_.rank) * b;
+  int64_t n = 0;
+  for (int64_t i = 0; i < b; ++i) n += counted_[static_cast<size_t>(sample_offset(first + i))];
+  return n;
+}
+
+int64_t BatchSampler::step_counted_targets(int64_t step) const {
+  const int64_t global_batch = o_.micro_batch * o_.grad_accum * o_.world_size;
+  if (!samples_) return global_batch * o_.seq_len;
+  int64_t n = 0;
+  for (int64_t g = step * global_batch; g < (step + 1) * global_batch; ++g) n += counted_[static_cast<size_t>(sample_offset(g))];
+  return n;
 }
 
 namespace {
@@ -69,7 +93,7 @@ std::string BatchSampler::notes() const {
   for (int64_t i = 0; i < train_end_; ++i) {
     const int64_t len = samples_->length(i);
     cut += len > o_.seq_len + 1;
-    rows_tokens += std::min(len - 1, o_.seq_len);
+    rows_tokens += std::max<int64_t>(0, std::min(len - 1, o_.seq_len));
   }
   std::string s = format_fixed(100.0 * (1.0 - static_cast<double>(rows_tokens) / static_cast<double>(train_end_ * o_.seq_len)), 1) +
                   "% of the training rows' positions are padding (one sample a row)";

@@ -52,6 +52,15 @@ class BatchSampler {
   // What a user should know of the rows (samples cut at seq_len, the share of padding); "" for windows.
   std::string notes() const;
 
+  // Rows whose targets the loss may leave out (fine-tuning samples). The loss of a step is then the mean
+  // over every counted target of the step (all micro batches, all ranks), as Hugging Face's Trainer
+  // weighs accumulated micro batches: each micro batch's mean weighs its share of the step's targets.
+  bool masked() const { return samples_ != nullptr; }
+  // Counted targets of this rank's micro batch `micro` of `step`, and of the whole step on every rank
+  // (read from the data itself, so no rank needs to ask the others).
+  int64_t counted_targets(int64_t step, int64_t micro) const;
+  int64_t step_counted_targets(int64_t step) const;
+
  private:
   void window(int64_t start, int32_t* in, int32_t* tgt) const;
   void sample_row(int64_t index, int32_t* in, int32_t* tgt) const;
@@ -59,6 +68,7 @@ class BatchSampler {
   const SampleSet* samples_ = nullptr;
   SamplerOptions o_;
   int64_t train_end_ = 0;  // tokens of the training split; over a SampleSet, its samples
+  std::vector<int32_t> counted_;  // over a SampleSet: each training sample's counted targets in its row
 };
 
 }  // namespace ds

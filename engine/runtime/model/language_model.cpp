@@ -148,23 +148,21 @@ void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
 
 torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
                                        double softcap) const {
-  const torch::Tensor flat = targets.reshape({-1});
+  // The batch's targets come from the host (a copy when they do not: the count below is read there).
+  const torch::Tensor flat = targets.is_cpu() ? targets.reshape({-1}) : targets.reshape({-1}).cpu();
   // A negative target is one the loss does not count (padding, a prompt's token): those rows never reach
   // the head (no logits, no FLOPs), and the loss is the mean over the rows that do.
-  int64_t counted = flat.numel();
-  if (flat.is_cpu() && flat.scalar_type() == torch::kLong) {
-    const torch::Tensor t = flat.contiguous();
-    const int64_t* p = t.data_ptr<int64_t>();
-    counted = std::count_if(p, p + t.numel(), [](int64_t v) { return v >= 0; });
-  }
-  if (counted == flat.numel())
-    return fused_head_loss(x, weight, flat, loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
-  if (counted == 0) {  // nothing to learn here: a zero loss whose gradient reaches x and the head as zeros
+  const torch::Tensor t = flat.to(torch::kLong).contiguous();
+  const int64_t* p = t.data_ptr<int64_t>();
+  const int64_t counted = std::count_if(p, p + t.numel(), [](int64_t v) { return v >= 0; });
+  if (counted == t.numel())
+    return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
+  if (counted == 0) {  // nothing to learn here: a zero loss whose gradient reaches x as zeros (the head's buffer is untouched)
     const torch::Tensor none = torch::zeros({0}, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
-    return (x.index_select(0, none).sum() + weight.index_select(0, none).sum()).to(torch::kFloat32);
+    return x.index_select(0, none).sum().to(torch::kFloat32);
   }
-  const torch::Tensor kept = (flat >= 0).nonzero().view({-1});
-  return fused_head_loss(x.index_select(0, kept.to(x.device())), weight, flat.index_select(0, kept), loss_gradient_, kHeadChunkElements,
+  const torch::Tensor kept = (t >= 0).nonzero().view({-1});
+  return fused_head_loss(x.index_select(0, kept.to(x.device())), weight, t.index_select(0, kept), loss_gradient_, kHeadChunkElements,
                          &head_logits_, softcap);
 }
 

@@ -240,6 +240,7 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
   const int W = plan_.topology.world_size;
   StepPhases& t = out.phases;
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
+  const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
   for (int64_t m = 0; m < GAS; ++m) {
     sampler_.train_batch(step, m, in_, tgt_);
     const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
@@ -249,8 +250,14 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     t.data += clock.lap();
     clock.mark(0);
     zero_.begin_micro_step(false);
-    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum".
-    const double loss_gradient = out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W));
+    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum". Masked rows (fine-tuning data):
+    // each micro batch's mean weighs its share of the step's counted targets (`share` = 1 / (GAS x W) unmasked).
+    double loss_gradient = out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)), loss_weight = 1;
+    if (sampler_.masked()) {
+      const double share = step_counted > 0 ? static_cast<double>(sampler_.counted_targets(step, m)) / static_cast<double>(step_counted) : 0;
+      loss_gradient = out.loss_scale * share * (plan_.gradient_sum_over_ranks ? W : 1);
+      loss_weight = share * static_cast<double>(GAS * W);  // agree() divides the summed losses by GAS x W
+    }
     model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
     t.forward += clock.lap() - clock.param_io();
@@ -258,7 +265,7 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
     zero_.end_micro_step();
-    const torch::Tensor wide = loss.detach().to(torch::kFloat64);
+    const torch::Tensor wide = loss_weight == 1 ? loss.detach().to(torch::kFloat64) : loss.detach().to(torch::kFloat64) * loss_weight;
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
     t.backward += clock.lap() - clock.param_io();
     clock.mark(2);
