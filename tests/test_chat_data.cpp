@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "common/error.hpp"
 #include "engine/runtime/data/chat_data.hpp"
@@ -142,6 +143,89 @@ TEST(HfTokenizer, MatchesAnIndependentEncoderForEachSplitPattern) {
   }
 }
 
+namespace {
+
+// GPT-2's vocabulary and merges as SentencePiece's: 'Ġ' (GPT-2's space) spelled '▁', <unk>, <s>, </s> and
+// the 256 <0xXX> byte tokens added, byte fallback on. Characters GPT-2 spells with stand-ins (newlines,
+// accents, CJK) are not in it as themselves: they take the byte fallback.
+std::string piece_tokenizer_json(const std::string& dir, const json& normalizer, const json& pre_tokenizer) {
+  const json gpt2 = json::parse(test::read_text(std::string(DS_SHARED_DIR) + "/data/gpt2/vocab.json"));
+  auto spelled = [](std::string t) {
+    for (size_t at; (at = t.find("\xC4\xA0")) != std::string::npos;) t.replace(at, 2, "\xE2\x96\x81");  // Ġ -> ▁
+    return t;
+  };
+  json vocab = json::object();
+  int32_t next = 0;
+  for (const char* special : {"<unk>", "<s>", "</s>"}) vocab[special] = next++;
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = next++;
+  }
+  for (const auto& [tok, id] : gpt2.items())
+    if (!vocab.contains(spelled(tok))) vocab[spelled(tok)] = next++;
+  json merges = json::array();
+  std::istringstream in(test::read_text(std::string(DS_SHARED_DIR) + "/data/gpt2/merges.txt"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(spelled(line));
+  json added = json::array();
+  for (const char* special : {"<unk>", "<s>", "</s>"})
+    added.push_back({{"id", vocab[special]}, {"content", special}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
+  const json t = {{"added_tokens", added},     {"normalizer", normalizer}, {"pre_tokenizer", pre_tokenizer},
+                  {"post_processor", nullptr}, {"decoder", nullptr},
+                  {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}, {"unk_token", "<unk>"}, {"vocab", vocab}, {"merges", merges}}}};
+  write(dir + "/tokenizer.json", t.dump());
+  return dir + "/tokenizer.json";
+}
+
+}  // namespace
+
+// Llama 2 / Mistral / Phi-3's tokenizers: the legacy normalizer (a '▁' before every segment), and the
+// Metaspace forms (before the text's first segment, or before each one without a '▁'), on hostile text and on
+// the corpus line by line, against the independent encoder (which merges one pair at a time by scanning).
+TEST(HfTokenizer, SentencePieceBpeMatchesAnIndependentEncoder) {
+  DS_REQUIRE_SHARED_DATA();
+  if (std::system("python3 -c 'import unicodedata, re, json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const json legacy = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]})");
+  const std::vector<std::pair<json, json>> setups = {
+      {legacy, nullptr},
+      {nullptr, json::parse(R"({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false})")},
+      {nullptr, json::parse(R"({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": false})")},
+  };
+  std::string lines;
+  std::istringstream corpus(test::read_text(std::string(DS_SHARED_DIR) + "/data/tinyshakespeare.txt"));
+  int count = 0;
+  for (std::string line; count < 400 && std::getline(corpus, line); ++count) lines += line + "\n";
+  lines += "<s>[INST] What's 2+2? [/INST] It's 4.</s>\n  two  spaces</s><s> lead\n";
+  std::string hostile = hostile_text();
+  for (char& c : hostile)
+    if (c == '\n') c = ' ';  // one line
+  lines += hostile;
+  for (size_t k = 0; k < setups.size(); ++k) {
+    const std::string dir = scratch("piece" + std::to_string(k));
+    const std::string path = piece_tokenizer_json(dir, setups[k].first, setups[k].second);
+    const HfTokenizer tok(path);
+    EXPECT_NE(tok.describe().find("SentencePiece BPE (byte fallback"), std::string::npos) << tok.describe();
+    write(dir + "/text.txt", lines);
+    const std::string cmd = "python3 " DS_SOURCE_DIR "/tests/tools/bpe_reference.py " + path + " " + dir + "/text.txt --lines > " + dir + "/ids.json";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const json want = json::parse(test::read_text(dir + "/ids.json"));
+    std::istringstream each(lines);
+    size_t i = 0;
+    for (std::string line; std::getline(each, line); ++i) {
+      std::vector<int32_t> lengths;
+      const std::vector<int32_t> got = tok.encode(line, false, &lengths);
+      ASSERT_EQ(got, want[i].get<std::vector<int32_t>>()) << "setup " << k << ", line " << i << ": '" << line << "'";
+      int64_t covered = 0;  // the lengths map the tokens back onto the line exactly
+      for (int32_t n : lengths) covered += n;
+      ASSERT_EQ(covered, static_cast<int64_t>(line.size())) << line;
+      if (line.find("<s>") == std::string::npos && line.find("</s>") == std::string::npos && !line.empty() && line[0] != ' ')
+        EXPECT_EQ(tok.decode(got), line) << "setup " << k;
+    }
+  }
+}
+
 TEST(HfTokenizer, InvalidUtf8AndEveryByteRoundTrip) {
   const HfTokenizer tok(tokenizer_dir("bytes", ""));
   std::string all;
@@ -165,8 +249,10 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplementNamingIt) {
   t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+|\\s+";
   refused(t, "\\\\p{L}+|\\\\s+");  // the pattern itself, as JSON shows it
   t = example_tokenizer();
-  t["model"]["byte_fallback"] = true;
-  refused(t, "model.byte_fallback");
+  t["model"]["byte_fallback"] = true;  // SentencePiece's BPE, with a byte-level pre-tokenizer: not a pair ds knows
+  refused(t, "SentencePiece's BPE is read with a Metaspace pre-tokenizer or none");
+  t["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}};
+  refused(t, "no split");
   t = example_tokenizer();
   t["model"]["type"] = "WordPiece";
   refused(t, "model.type");
@@ -214,8 +300,9 @@ std::vector<ChatMessage> three_turns(bool system) {
 std::vector<std::string> trained_runs(const HfTokenizer& tok, const std::string& text, const std::vector<std::pair<size_t, size_t>>& spans) {
   std::vector<std::string> runs;
   // Tokenize as the reader does (the whole text), then group the trained tokens.
-  const std::vector<int32_t> ids = tok.encode(text);
-  size_t at = 0;
+  std::vector<int32_t> lengths;
+  const std::vector<int32_t> ids = tok.encode(text, false, &lengths);
+  size_t at = 0, k = 0;
   std::string run;
   bool in_run = false;
   for (int32_t id : ids) {
@@ -224,7 +311,7 @@ std::vector<std::string> trained_runs(const HfTokenizer& tok, const std::string&
     if (trained) run += tok.decode({id});
     if (!trained && in_run) runs.push_back(run), run.clear();
     in_run = trained;
-    at += static_cast<size_t>(tok.byte_length(id));
+    at += static_cast<size_t>(lengths[k++]);
   }
   if (in_run) runs.push_back(run);
   return runs;

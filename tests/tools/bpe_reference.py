@@ -3,7 +3,11 @@
 a UTF-8 file with Python's own regular expression engine running the pre-tokenizer's pattern as the
 file gives it (\\p{L}, \\p{N} and \\s spelled out as character classes from unicodedata and Unicode's
 White_Space list), the added tokens split first (leftmost, longest), then the BPE merges by rank.
-Standard library only. Usage: bpe_reference.py tokenizer.json text.txt  ->  the ids as a JSON list."""
+SentencePiece's BPE (byte fallback): each segment between added tokens has its spaces made '▁' and a '▁'
+put before it as the normalizer or Metaspace says, its characters (or their <0xXX> bytes) merged one pair
+at a time, the lowest rank first and the leftmost among equals.
+Standard library only. Usage: bpe_reference.py tokenizer.json text.txt [--lines]  ->  the ids as a JSON
+list (--lines: each line of the file encoded alone, a list of lists)."""
 import json
 import re
 import sys
@@ -69,9 +73,52 @@ def byte_stand_ins():
     return table
 
 
+SPACE = "\u2581"
+
+
+def piece_rule(tok):
+    """How a SentencePiece tokenizer.json puts a '▁' before a segment: always, unless, first, never."""
+    pre, norm = tok.get("pre_tokenizer"), tok.get("normalizer")
+    if pre and pre.get("type") == "Metaspace":
+        scheme = pre.get("prepend_scheme") or ("always" if pre.get("add_prefix_space", True) else "never")
+        return {"always": "unless", "first": "first", "never": "never"}[scheme]
+    if norm and norm.get("type") == "Sequence" and norm["normalizers"][0]["type"] == "Prepend":
+        return "always"
+    return "never"
+
+
+def piece_encoder(tok, ranks):
+    vocab, rule = tok["model"]["vocab"], piece_rule(tok)
+
+    def encode(segment, starts_text):
+        there = segment == "" or segment[0] == " "
+        text = segment.replace(" ", SPACE)
+        if rule == "always" or (rule == "unless" and not there) or (rule == "first" and starts_text and not there):
+            text = SPACE + text
+        parts = []
+        for ch in text:
+            if ch in vocab:
+                parts.append(ch)
+            else:
+                parts.extend("<0x%02X>" % b for b in ch.encode("utf-8"))
+        while True:
+            best = None
+            for k in range(len(parts) - 1):
+                r = ranks.get((parts[k], parts[k + 1]))
+                if r is not None and parts[k] + parts[k + 1] in vocab and (best is None or r < best[0]):
+                    best = (r, k)
+            if best is None:
+                break
+            k = best[1]
+            parts[k:k + 2] = [parts[k] + parts[k + 1]]
+        return [vocab[p] for p in parts]
+    return encode
+
+
 def main():
     tok = json.load(open(sys.argv[1], encoding="utf-8"))
-    text = open(sys.argv[2], "rb").read().decode("utf-8", errors="replace")
+    raw = open(sys.argv[2], "rb").read().decode("utf-8", errors="replace")
+    texts = raw.split("\n") if "--lines" in sys.argv else [raw]
     model = tok["model"]
     vocab = model["vocab"]
     ranks = {}
@@ -79,9 +126,13 @@ def main():
         pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
         ranks[pair] = r  # a repeated pair: the last rank, as Hugging Face's tokenizers read it
     pre = tok["pre_tokenizer"]
-    pattern = pre["pretokenizers"][0]["pattern"]["Regex"] if pre["type"] == "Sequence" else GPT2_PATTERN
-    splitter = translate(pattern)
-    stand_in = byte_stand_ins()
+    piece = model.get("byte_fallback") or (pre and pre.get("type") == "Metaspace")
+    if not piece:
+        pattern = pre["pretokenizers"][0]["pattern"]["Regex"] if pre["type"] == "Sequence" else GPT2_PATTERN
+        splitter = translate(pattern)
+        stand_in = byte_stand_ins()
+    else:
+        piece_encode = piece_encoder(tok, ranks)
     added = sorted(tok.get("added_tokens", []), key=lambda a: -len(a["content"]))
     added_re = re.compile("|".join(re.escape(a["content"]) for a in added)) if added else None
     added_id = {a["content"]: a["id"] for a in added}
@@ -107,20 +158,29 @@ def main():
             parts = merged
         return [vocab[p] for p in parts]
 
-    ids = []
+    def encode(text):
+        ids = []
 
-    def plain(chunk):
-        for m in splitter.finditer(chunk):
-            ids.extend(bpe(m.group(0)))
+        def plain(chunk, starts_text):
+            if not chunk:
+                return
+            if piece:
+                ids.extend(piece_encode(chunk, starts_text))
+                return
+            for m in splitter.finditer(chunk):
+                ids.extend(bpe(m.group(0)))
 
-    at = 0
-    if added_re:
-        for m in added_re.finditer(text):
-            plain(text[at:m.start()])
-            ids.append(added_id[m.group(0)])
-            at = m.end()
-    plain(text[at:])
-    json.dump(ids, sys.stdout)
+        at = 0
+        if added_re:
+            for m in added_re.finditer(text):
+                plain(text[at:m.start()], at == 0)
+                ids.append(added_id[m.group(0)])
+                at = m.end()
+        plain(text[at:], at == 0)
+        return ids
+
+    out = [encode(t) for t in texts]
+    json.dump(out if "--lines" in sys.argv else out[0], sys.stdout)
 
 
 main()

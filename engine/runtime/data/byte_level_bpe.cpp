@@ -264,6 +264,16 @@ ByteLevelBpe::ByteLevelBpe(Parts parts) : split_(parts.split), ignore_merges_(pa
   check_bytes(parts.source);
 }
 
+int64_t ByteLevelBpe::token_bytes(int32_t id) const {
+  const std::string& token = token_of(id);  // one stand-in character per byte
+  int64_t n = 0;
+  for (size_t i = 0; i < token.size(); ++n) {
+    uint32_t cp;
+    i += static_cast<size_t>(decode_utf8(token, i, &cp));
+  }
+  return n;
+}
+
 int32_t ByteLevelBpe::id_of(const std::string& token) const {
   auto it = token_to_id_.find(token);
   return it == token_to_id_.end() ? -1 : it->second;

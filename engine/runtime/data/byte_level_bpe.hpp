@@ -44,6 +44,7 @@ class ByteLevelBpe {
   // The id of a vocabulary entry, or -1.
   int32_t id_of(const std::string& token) const;
   const std::string& token_of(int32_t id) const { return id_to_token_.at(static_cast<size_t>(id)); }
+  int64_t token_bytes(int32_t id) const;  // how many bytes of text the token stands for
 
   // Inconsistencies found between the vocabulary and the merges (e.g. a merge whose result the vocabulary
   // lacks: that merge is dropped so encoding never produces an unknown piece). Empty for GPT-2's files.

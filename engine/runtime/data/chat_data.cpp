@@ -160,13 +160,14 @@ namespace {
 // Tokens of `text` and whether each is trained: its first byte lies in one of the spans.
 void tokens_with_mask(const std::string& text, const std::vector<std::pair<size_t, size_t>>& spans, const HfTokenizer& tok,
                       std::vector<int32_t>& ids, std::vector<uint8_t>& mask) {
-  ids = tok.encode(text);
+  std::vector<int32_t> lengths;
+  ids = tok.encode(text, false, &lengths);
   mask.assign(ids.size(), 0);
   size_t at = 0, span = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     while (span < spans.size() && spans[span].second <= at) ++span;
     mask[k] = span < spans.size() && spans[span].first <= at;
-    at += static_cast<size_t>(tok.byte_length(ids[k]));
+    at += static_cast<size_t>(lengths[k]);
   }
 }
 

@@ -101,53 +101,113 @@ void HfTokenizer::load(const std::string& where) {
   const json t = parse_file(path_);
   if (!t.is_object() || !t.contains("model") || !t["model"].is_object())
     throw UserError("'" + path_ + "' has no \"model\" object", "is it a Hugging Face tokenizer.json?");
-  ByteLevelBpe::Parts parts = read_model(t["model"]);
-  read_pre_tokenizer(t.value("pre_tokenizer", json()));
-  parts.split = split_;
-  const json norm = t.value("normalizer", json());
-  if (!norm.is_null()) {
-    if (norm.value("type", std::string()) != "NFC") refuse(path_, "normalizer", norm, "ds applies no normalizer but NFC");
-    nfc_ = true;
+  const json& m = t["model"];
+  const json pre = t.value("pre_tokenizer", json()), norm = t.value("normalizer", json());
+  const bool metaspace = pre.is_object() && pre.value("type", std::string()) == "Metaspace";
+  if (m.is_object() && (m.value("byte_fallback", false) || metaspace)) {  // SentencePiece's BPE
+    read_piece_setup(norm, pre);
+    piece_ = std::make_unique<PieceBpe>(read_piece_model(m));
+    vocab_size_ = piece_->vocab_size();
+  } else {
+    ByteLevelBpe::Parts parts = read_model(m);
+    read_pre_tokenizer(pre);
+    parts.split = split_;
+    if (!norm.is_null()) {
+      if (!norm.is_object() || norm.value("type", std::string()) != "NFC")
+        refuse(path_, "normalizer", norm, "ds applies no normalizer but NFC to a byte-level BPE");
+      nfc_ = true;
+    }
+    const json dec = t.value("decoder", json());
+    if (!dec.is_null() && (!dec.is_object() || dec.value("type", std::string()) != "ByteLevel"))
+      refuse(path_, "decoder", dec, "ds decodes byte-level BPE only");
+    bpe_ = std::make_unique<ByteLevelBpe>(std::move(parts));
+    vocab_size_ = bpe_->vocab_size();
   }
-  const json dec = t.value("decoder", json());
-  if (!dec.is_null() && dec.value("type", std::string()) != "ByteLevel") refuse(path_, "decoder", dec, "ds decodes byte-level BPE only");
-  bpe_ = std::make_unique<ByteLevelBpe>(std::move(parts));
-  vocab_size_ = bpe_->vocab_size();
   read_added_tokens(t.value("added_tokens", json::array()));
   read_post_processor(t.value("post_processor", json()));
   read_config(dir);
 }
 
-ByteLevelBpe::Parts HfTokenizer::read_model(const json& m) const {
+void HfTokenizer::read_vocab_merges(const json& m, std::vector<std::pair<std::string, int32_t>>& vocab,
+                                    std::vector<std::pair<std::string, std::string>>& merges) const {
   if (m.value("type", std::string()) != "BPE") refuse(path_, "model.type", m.value("type", json()), "ds reads BPE models only");
-  if (m.value("byte_fallback", false))
-    refuse(path_, "model.byte_fallback", true, "a BPE with byte fallback and the '▁' space (Llama 2, Mistral, Gemma) is not read yet");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (m.contains(key) && !m[key].is_null() && m[key] != "") refuse(path_, std::string("model.") + key, m[key], "not byte-level BPE");
-  ByteLevelBpe::Parts parts;
-  parts.source = path_;
-  parts.ignore_merges = m.value("ignore_merges", false);
+    if (m.contains(key) && !m[key].is_null() && m[key] != "") refuse(path_, std::string("model.") + key, m[key], "not implemented");
   if (!m.contains("vocab") || !m["vocab"].is_object()) throw UserError("'" + path_ + "': model.vocab is not an object", "");
   for (const auto& [tok, id] : m["vocab"].items()) {
     if (!id.is_number_integer()) refuse(path_, "model.vocab[\"" + tok + "\"]", id, "ids are integers");
     if (id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 24))
       refuse(path_, "model.vocab[\"" + tok + "\"]", id, "ids are from 0 to 16,777,215");
-    parts.vocab.emplace_back(tok, static_cast<int32_t>(id.get<int64_t>()));
+    vocab.emplace_back(tok, static_cast<int32_t>(id.get<int64_t>()));
   }
-  if (!m.contains("merges") || !m["merges"].is_array()) return parts;
+  if (!m.contains("merges") || !m["merges"].is_array()) return;
   for (const json& merge : m["merges"]) {
     if (merge.is_string()) {  // "left right"
       const std::string s = merge.get<std::string>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos) refuse(path_, "a merge", merge, "merges are \"left right\" or [left, right]");
-      parts.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-      parts.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+      merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
     } else {
       refuse(path_, "a merge", merge, "merges are \"left right\" or [left, right]");
     }
   }
+}
+
+ByteLevelBpe::Parts HfTokenizer::read_model(const json& m) const {
+  ByteLevelBpe::Parts parts;
+  parts.source = path_;
+  parts.ignore_merges = m.value("ignore_merges", false);
+  read_vocab_merges(m, parts.vocab, parts.merges);
   return parts;
+}
+
+PieceBpe::Parts HfTokenizer::read_piece_model(const json& m) const {
+  PieceBpe::Parts parts;
+  parts.source = path_;
+  parts.byte_fallback = m.value("byte_fallback", false);
+  parts.fuse_unk = m.value("fuse_unk", false);
+  parts.unk_token = m.contains("unk_token") && m["unk_token"].is_string() ? m["unk_token"].get<std::string>() : "";
+  if (m.value("ignore_merges", false)) refuse(path_, "model.ignore_merges", true, "not implemented for SentencePiece's BPE");
+  read_vocab_merges(m, parts.vocab, parts.merges);
+  return parts;
+}
+
+// SentencePiece's spaces as the file spells them: the legacy normalizer (prepend '▁' to every segment, then
+// spaces to '▁'), Gemma's (spaces to '▁' only), or a Metaspace pre-tokenizer without a split (spaces to
+// '▁', a '▁' before the text's first segment, every segment or none, unless it starts with one already).
+void HfTokenizer::read_piece_setup(const json& norm, const json& pre) {
+  const std::string space = "\xE2\x96\x81";  // '▁'
+  auto is_replace = [&](const json& n) {
+    return n.is_object() && n.value("type", std::string()) == "Replace" && n.contains("pattern") && n["pattern"].is_object() &&
+           n["pattern"].value("String", std::string()) == " " && n.value("content", std::string()) == space;
+  };
+  auto is_prepend = [&](const json& n) {
+    return n.is_object() && n.value("type", std::string()) == "Prepend" && n.value("prepend", std::string()) == space;
+  };
+  piece_prepend_ = PiecePrepend::none;
+  if (pre.is_object() && pre.value("type", std::string()) == "Metaspace") {
+    if (!norm.is_null()) refuse(path_, "normalizer", norm, "with a Metaspace pre-tokenizer ds reads no normalizer");
+    if (pre.value("replacement", space) != space || pre.value("split", false))
+      refuse(path_, "pre_tokenizer", pre, "ds reads a Metaspace with the '▁' replacement and no split");
+    const std::string scheme = pre.contains("prepend_scheme") && pre["prepend_scheme"].is_string()
+                                   ? pre["prepend_scheme"].get<std::string>()
+                                   : (pre.value("add_prefix_space", true) ? "always" : "never");
+    if (scheme == "always") piece_prepend_ = PiecePrepend::unless_there;
+    else if (scheme == "first") piece_prepend_ = PiecePrepend::first_unless_there;
+    else if (scheme != "never") refuse(path_, "pre_tokenizer.prepend_scheme", pre["prepend_scheme"], "always, first or never");
+    return;
+  }
+  if (!pre.is_null()) refuse(path_, "pre_tokenizer", pre, "SentencePiece's BPE is read with a Metaspace pre-tokenizer or none");
+  if (is_replace(norm)) return;  // Gemma's
+  if (norm.is_object() && norm.value("type", std::string()) == "Sequence" && norm.contains("normalizers") &&
+      norm["normalizers"].is_array() && norm["normalizers"].size() == 2 && is_prepend(norm["normalizers"][0]) &&
+      is_replace(norm["normalizers"][1])) {
+    piece_prepend_ = PiecePrepend::always;
+    return;
+  }
+  refuse(path_, "normalizer", norm, "ds reads SentencePiece's legacy normalizer (Prepend '▁', Replace ' ' by '▁') or Replace alone");
 }
 
 // ByteLevel with its own (GPT-2's) pattern, or a Split by a pattern ds knows, then ByteLevel.
@@ -257,16 +317,54 @@ int32_t HfTokenizer::id_of(const std::string& token) const {
   if (!token.empty())
     for (const Added& a : added_by_first_byte_[static_cast<unsigned char>(token[0])])
       if (a.content == token) return a.id;
-  return bpe_->id_of(token);
+  return bpe_ ? bpe_->id_of(token) : piece_->id_of(token);
 }
 
-void HfTokenizer::bpe_or_added(const std::string& text, std::vector<int32_t>& out) const {
+void HfTokenizer::encode_plain(const std::string& segment, bool starts_text, std::vector<int32_t>& out,
+                               std::vector<int32_t>* lengths) const {
+  const size_t first = out.size();
+  if (bpe_) {
+    bpe_->encode_into(segment, out);
+    if (lengths)  // a byte-level token stands for its bytes of the text
+      for (size_t k = first; k < out.size(); ++k) lengths->push_back(static_cast<int32_t>(bpe_->token_bytes(out[k])));
+    return;
+  }
+  // SentencePiece: spaces become '▁' (3 bytes standing for 1), a prepended '▁' stands for none of the text.
+  const std::string space = "\xE2\x96\x81";
+  std::string text;
+  std::vector<uint8_t> weight;  // per byte of `text`: how many bytes of the segment it stands for
+  const bool there = segment.empty() || segment[0] == ' ';
+  if (piece_prepend_ == PiecePrepend::always || (piece_prepend_ == PiecePrepend::unless_there && !there) ||
+      (piece_prepend_ == PiecePrepend::first_unless_there && starts_text && !there)) {
+    text += space;
+    weight.insert(weight.end(), {0, 0, 0});
+  }
+  for (char c : segment) {
+    if (c == ' ') {
+      text += space;
+      weight.insert(weight.end(), {1, 0, 0});
+    } else {
+      text += c;
+      weight.push_back(1);
+    }
+  }
+  piece_->encode_into(text, out);
+  if (!lengths) return;
+  size_t at = 0;
+  for (size_t k = first; k < out.size(); ++k) {
+    const size_t n = static_cast<size_t>(piece_->byte_length(out[k]));
+    int32_t original = 0;
+    for (size_t b = at; b < at + n && b < weight.size(); ++b) original += weight[b];
+    lengths->push_back(original);
+    at += n;
+  }
+}
+
+void HfTokenizer::split_added(const std::string& text, std::vector<int32_t>& out, std::vector<int32_t>* lengths) const {
   // Added tokens first, leftmost and longest; the text between them goes to BPE.
   size_t plain = 0;
   auto flush = [&](size_t end) {
-    if (end > plain) {
-      bpe_->encode_into(text.substr(plain, end - plain), out);
-    }
+    if (end > plain) encode_plain(text.substr(plain, end - plain), plain == 0, out, lengths);
   };
   for (size_t i = 0; i < text.size();) {
     const Added* hit = nullptr;
@@ -281,13 +379,14 @@ void HfTokenizer::bpe_or_added(const std::string& text, std::vector<int32_t>& ou
     }
     flush(i);
     out.push_back(hit->id);
+    if (lengths) lengths->push_back(static_cast<int32_t>(hit->content.size()));
     i += hit->content.size();
     plain = i;
   }
   flush(text.size());
 }
 
-std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_special_tokens) const {
+std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_special_tokens, std::vector<int32_t>* lengths) const {
   if (nfc_) {
     for (size_t i = 0; i < text.size();) {
       uint32_t cp;
@@ -300,8 +399,10 @@ std::vector<int32_t> HfTokenizer::encode(const std::string& text, bool add_speci
   }
   std::vector<int32_t> ids;
   if (add_special_tokens) ids = prefix_ids_;
-  bpe_or_added(text, ids);
+  if (lengths) lengths->assign(ids.size(), 0);
+  split_added(text, ids, lengths);
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  if (add_special_tokens && lengths) lengths->resize(ids.size(), 0);
   return ids;
 }
 
@@ -309,7 +410,7 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   std::vector<int32_t> run;
   auto flush = [&] {
-    out += bpe_->decode(run);
+    out += bpe_ ? bpe_->decode(run) : piece_->decode(run);
     run.clear();
   };
   for (int32_t id : ids) {
@@ -322,25 +423,21 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
     }
   }
   flush();
+  if (piece_ && piece_prepend_ != PiecePrepend::none && !out.empty() && out[0] == ' ') out.erase(0, 1);  // as its decoder strips it
   return out;
 }
 
-int64_t HfTokenizer::byte_length(int32_t id) const {
-  auto added = added_by_id_.find(id);
-  if (added != added_by_id_.end()) return static_cast<int64_t>(added->second.size());
-  const std::string& token = bpe_->token_of(id);  // one stand-in character per byte
-  int64_t n = 0;
-  for (size_t i = 0; i < token.size(); ++n) {
-    uint32_t cp;
-    i += decode_utf8(token, i, &cp);
-  }
-  return n;
+const std::vector<std::string>& HfTokenizer::warnings() const {
+  static const std::vector<std::string> none;
+  return bpe_ ? bpe_->warnings() : none;
 }
 
-const std::vector<std::string>& HfTokenizer::warnings() const { return bpe_->warnings(); }
-
 std::string HfTokenizer::describe() const {
-  return path_ + ": byte-level BPE (" + pattern_name(split_) + " pattern" + (nfc_ ? ", NFC" : "") + "), " +
+  const char* prepend[] = {"", ", '▁' before every segment", ", '▁' before each segment without one",
+                           ", '▁' before the text's first segment"};
+  const std::string kind = bpe_ ? "byte-level BPE (" + std::string(pattern_name(split_)) + " pattern" + (nfc_ ? ", NFC" : "") + ")"
+                                : "SentencePiece BPE (byte fallback" + std::string(prepend[static_cast<int>(piece_prepend_)]) + ")";
+  return path_ + ": " + kind + ", " +
          format_count(vocab_size_) + " ids, " + std::to_string(added_by_id_.size()) + " added tokens";
 }
 

@@ -1,9 +1,10 @@
 // ds — a Hugging Face tokenizer as its model directory holds it: tokenizer.json (the model, the
 // pre-tokenizer, the added tokens, the post-processor) and tokenizer_config.json (BOS/EOS/pad tokens,
 // the chat template; or chat_template.jinja beside it). ds reads the byte-level BPE tokenizers (GPT-2,
-// Llama 3, Qwen 2/2.5/3 and their descendants) with the split patterns byte_level_bpe.hpp names. Anything
-// else (another model type, a pre-tokenizer pattern ds does not know, byte fallback, a normalizer other
-// than NFC) is refused naming what the file says, never approximated.
+// Llama 3, Qwen 2/2.5/3 and their descendants) with the split patterns byte_level_bpe.hpp names, and
+// SentencePiece's BPE with byte fallback (Llama 2, Mistral, Phi-3; piece_bpe.hpp) in its legacy-normalizer
+// and Metaspace forms. Anything else (another model type, a pattern or normalizer ds does not know) is
+// refused naming what the file says, never approximated.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "engine/runtime/data/byte_level_bpe.hpp"
+#include "engine/runtime/data/piece_bpe.hpp"
 
 namespace ds {
 
@@ -27,7 +29,9 @@ class HfTokenizer {
   // Text to ids. Added tokens written in the text (special ones included, as Hugging Face's tokenizers do
   // by default) become their ids; the rest is byte-level BPE. `add_special_tokens`: the post-processor's
   // tokens around the text (Llama 3's <|begin_of_text|>), as tokenizer(text) gives them.
-  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false) const;
+  // `lengths` (optional): for each id, how many bytes of `text` it stands for (an added token its content; a
+  // BOS the post-processor adds none), so spans of the text map to tokens exactly.
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens = false, std::vector<int32_t>* lengths = nullptr) const;
   std::string decode(const std::vector<int32_t>& ids) const;
 
   // The post-processor's tokens before a text (Llama 3's <|begin_of_text|>).
@@ -56,10 +60,18 @@ class HfTokenizer {
   void read_added_tokens(const nlohmann::json& added);
   void read_post_processor(const nlohmann::json& post);
   void read_config(const std::string& dir);
-  void bpe_or_added(const std::string& text, std::vector<int32_t>& out) const;
+  void read_vocab_merges(const nlohmann::json& m, std::vector<std::pair<std::string, int32_t>>& vocab,
+                         std::vector<std::pair<std::string, std::string>>& merges) const;
+  PieceBpe::Parts read_piece_model(const nlohmann::json& model) const;
+  void read_piece_setup(const nlohmann::json& normalizer, const nlohmann::json& pre_tokenizer);
+  void split_added(const std::string& text, std::vector<int32_t>& out, std::vector<int32_t>* lengths) const;
+  void encode_plain(const std::string& segment, bool starts_text, std::vector<int32_t>& out, std::vector<int32_t>* lengths) const;
 
   std::string path_;
-  std::unique_ptr<ByteLevelBpe> bpe_;
+  std::unique_ptr<ByteLevelBpe> bpe_;  // one of the two models
+  std::unique_ptr<PieceBpe> piece_;
+  enum class PiecePrepend { none, always, unless_there, first_unless_there };
+  PiecePrepend piece_prepend_ = PiecePrepend::none;
   SplitPattern split_ = SplitPattern::gpt2;
   bool nfc_ = false;
   struct Added {
