@@ -103,3 +103,24 @@ TEST(CliSft, TheStepLossWeighsEveryTrainedTokenAlikeWhateverTheMicroBatch) {
     EXPECT_NEAR(x, y, 2e-5 * x) << "step " << i + 1;
   }
 }
+
+// Two ranks (real processes over Gloo) train the global batch of one rank: the same samples, and the same
+// step and validation losses, every trained token weighing alike across the ranks.
+TEST(CliSft, TwoRanksTrainWhatOneRankTrains) {
+  const std::string one = fresh("sft_rank1"), two = fresh("sft_rank2");
+  const std::string fp32 = "train examples/sft.json bf16.enabled=false train.steps=6 train.eval_every=3 train_batch_size=16 ";
+  ASSERT_EQ(ds(fp32 + "train_micro_batch_size_per_gpu=16 train.output_dir=" + one).code, 0);
+  Result r = ds(fp32 + "train_micro_batch_size_per_gpu=8 --nproc-per-node 2 train.output_dir=" + two);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto a = metrics_of(one), b = metrics_of(two);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  int validations = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+    if (!a[i].contains("val_loss")) continue;
+    ++validations;
+    EXPECT_NEAR(a[i]["val_loss"].get<double>(), b[i]["val_loss"].get<double>(), 1e-5) << "step " << i + 1;
+  }
+  EXPECT_EQ(validations, 2);
+}

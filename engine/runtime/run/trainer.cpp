@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -560,18 +561,25 @@ double TrainingRun::validate() {
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
   const int W = plan_.topology.world_size;
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation
-  double sum = 0;
+  // Masked rows (fine-tuning data): the mean over every counted target, as the training loss is.
+  const bool masked = sampler_->masked();
+  double sum = 0, counted = 0;
   for (int64_t i = 0; i < calls; ++i) {
     sampler_->val_batch(i * W + rank_, in_, tgt_);  // samples [(i W + rank) B, + B) of the validation sequence
     model_->set_dropout(0, false);
     zero_->begin_micro_step(true);
-    sum += model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)).item<double>();
+    const double loss = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)).item<double>();
+    const double n = masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1;
+    sum += loss * n;
+    counted += n;
   }
   if (comm_) {
-    torch::Tensor total = torch::full({1}, sum, torch::kFloat64);
+    torch::Tensor total = masked ? torch::tensor({sum, counted}, torch::kFloat64) : torch::full({1}, sum, torch::kFloat64);
     comm_->all_reduce_sum(total, CollectiveKind::validation_loss);
-    sum = total.item<double>();
+    sum = total[0].item<double>();
+    if (masked) counted = total[1].item<double>();
   }
+  if (masked) return counted > 0 ? sum / counted : 0;
   return sum / static_cast<double>(calls * W);
 }
 
