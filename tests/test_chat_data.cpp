@@ -45,14 +45,16 @@ void write(const std::string& path, const std::string& text) {
 json example_tokenizer() { return json::parse(test::read_text(std::string(DS_SOURCE_DIR) + "/examples/data/sft/tokenizer.json")); }
 
 // The example's tokenizer with more added tokens (Llama 3's) and a chat template of our choosing.
-std::string tokenizer_dir(const std::string& name, const std::string& chat_template, json tok = example_tokenizer()) {
+std::string tokenizer_dir(const std::string& name, const std::string& chat_template, json tok = example_tokenizer(),
+                          const std::string& eos = "<|im_end|>") {
   const std::string d = scratch(name);
   int32_t next = 0;
   for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int32_t>() + 1);
-  for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+  for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
+                        "<|end|>", "<|system|>"})
     tok["added_tokens"].push_back({{"id", next++}, {"content", s}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
   write(d + "/tokenizer.json", tok.dump());
-  json config = {{"eos_token", "<|im_end|>"}};
+  json config = {{"eos_token", eos}};
   if (!chat_template.empty()) config["chat_template"] = chat_template;
   write(d + "/tokenizer_config.json", config.dump());
   return d;
@@ -376,6 +378,31 @@ TEST(ChatTemplate, Llama3AndLlama31AreTheirTemplatesExactly) {
   const std::string header = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
   EXPECT_EQ(render_chat(f31, three_turns(false)).text, header + "<|eot_id|>" + turns);
   EXPECT_EQ(render_chat(f31, three_turns(true)).text, header + "Be brief.<|eot_id|>" + turns);
+}
+
+// Phi-3-mini-4k-instruct's template, whole, and Phi-3.5's (which leaves out an empty system turn).
+const char* const kPhi3Template =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
+TEST(ChatTemplate, Phi3IsItsTemplateEndingWithTheEosToken) {
+  const HfTokenizer tok(tokenizer_dir("phi3", kPhi3Template, example_tokenizer(), "<|endoftext|>"));
+  const ChatFormat f = resolve_chat_format("auto", tok);
+  ASSERT_EQ(f.kind, ChatFormatKind::phi3);
+  const RenderedChat r = render_chat(f, three_turns(true));
+  EXPECT_EQ(r.text,
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n<|user|>\nCapital of France?<|end|>\n"
+            "<|assistant|>\n Paris. <|end|>\n<|endoftext|>");
+  EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|end|>", " Paris. <|end|>"}));
+  std::vector<ChatMessage> empty_system = three_turns(false);
+  empty_system.insert(empty_system.begin(), {"system", ""});
+  EXPECT_EQ(render_chat(f, empty_system).text.rfind("<|system|>\n<|end|>\n<|user|>\nHi", 0), 0u);  // Phi-3 keeps it
+  std::string phi35 = kPhi3Template;
+  phi35.replace(phi35.find("== 'system' %}"), 14, "== 'system' and message['content'] %}");
+  const HfTokenizer tok35(tokenizer_dir("phi35", phi35, example_tokenizer(), "<|endoftext|>"));
+  EXPECT_EQ(render_chat(resolve_chat_format("auto", tok35), empty_system).text.rfind("<|user|>\nHi<|end|>\n", 0), 0u);  // 3.5 drops it
 }
 
 TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {

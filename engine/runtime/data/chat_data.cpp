@@ -18,7 +18,8 @@ using json = nlohmann::json;
 constexpr size_t kMaxLineBytes = size_t{16} << 20;
 constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is three levels
 
-const char* const kChoices = "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3)";
+const char* const kChoices =
+    "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5)";
 
 // Jinja's trim: Python's str.strip(), which strips the code points str.isspace() holds.
 bool python_space(uint32_t c) {
@@ -74,6 +75,7 @@ std::string ChatFormat::describe() const {
       return "chatml" + (default_system.empty() ? std::string() : " (default system turn \"" + default_system + "\")");
     case ChatFormatKind::llama3: return "llama3";
     case ChatFormatKind::llama3_1: return "llama3.1 (date \"" + date + "\")";
+    case ChatFormatKind::phi3: return "phi3" + (eos.empty() ? std::string() : " (ending with " + eos + ")");
   }
   return "";
 }
@@ -90,7 +92,11 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     // such as Hermes 3's, renders otherwise and is refused here; naming chatml renders it ChatML's way).
     const bool chatml = t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos &&
                         t.find("bos_token") == std::string::npos && t.find("trim") == std::string::npos;
+    const bool phi3 = t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos &&
+                      t.find("<|end|>") != std::string::npos && t.find("bos_token") == std::string::npos &&
+                      t.find("trim") == std::string::npos;
     if (chatml) kind = "chatml";
+    else if (phi3) kind = "phi3";
     else if (t.find("<|start_header_id|>") != std::string::npos)
       kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
     else
@@ -109,6 +115,12 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     const std::string date = literal_between(t, "set date_string = \"", "\"");
     if (!date.empty()) f.date = date;
     require_tokens(tok, {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, kind);
+  } else if (kind == "phi3") {
+    f.kind = ChatFormatKind::phi3;
+    // The official templates end a conversation with eos_token unless a generation prompt is asked for.
+    f.eos = t.empty() || t.find("eos_token") != std::string::npos ? tok.eos_token() : "";
+    f.skip_empty_system = t.find("== 'system' and message['content']") != std::string::npos;
+    require_tokens(tok, {"<|user|>", "<|assistant|>", "<|end|>"}, "phi3");
   } else {
     throw UserError("data.chat_template \"" + name + "\" is not a format ds renders", kChoices);
   }
@@ -132,6 +144,14 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
     for (size_t i = 0; i < messages.size(); ++i)
       turn("<|im_start|>" + messages[i].role + "\n", messages[i].content, "<|im_end|>",
            messages[i].role == "assistant" && i >= trained_from, "\n");
+    return r;
+  }
+  if (f.kind == ChatFormatKind::phi3) {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (messages[i].role == "system" && messages[i].content.empty() && f.skip_empty_system) continue;
+      turn("<|" + messages[i].role + "|>\n", messages[i].content, "<|end|>", messages[i].role == "assistant" && i >= trained_from, "\n");
+    }
+    s += f.eos;
     return r;
   }
   s += "<|begin_of_text|>";

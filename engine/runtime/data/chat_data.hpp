@@ -22,17 +22,20 @@ namespace ds {
 // conversations (no tools): chatml (Qwen 2/2.5: <|im_start|>role\n...<|im_end|>\n, with the template's
 // default system turn when the conversation has none), llama3 (Llama 3.0: <|start_header_id|>role
 // <|end_header_id|>\n\n...<|eot_id|>, contents trimmed), llama3.1 (3.1-3.3: a system turn always, with
-// "Cutting Knowledge Date: December 2023" and the template's default date).
-enum class ChatFormatKind { chatml, llama3, llama3_1 };
+// "Cutting Knowledge Date: December 2023" and the template's default date), phi3 (Phi-3 and 3.5:
+// <|role|>\n...<|end|>\n, then the EOS token the template ends a conversation with).
+enum class ChatFormatKind { chatml, llama3, llama3_1, phi3 };
 
 struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
   std::string default_system;  // chatml: the system turn the template adds when a conversation has none
   std::string date = "26 Jul 2024";  // llama3.1: the template's default date_string
+  std::string eos;                   // phi3: what the template appends after the last turn (its eos_token)
+  bool skip_empty_system = false;    // phi3: Phi-3.5's template leaves out a system turn with no content
   std::string describe() const;
 };
 
-// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1"). "auto" recognises the tokenizer's
+// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3"). "auto" recognises the tokenizer's
 // template; a template ds cannot render is refused naming the choices, never approximated.
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
 
