@@ -249,14 +249,16 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
   } else if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion")) bad_line(where, "has \"prompt\" or \"completion\" but not both");
     const json &p = j["prompt"], &c = j["completion"];
-    if (p.is_string() && c.is_string()) {  // the prompt's tokens, then the completion's and EOS
+    if (p.is_string() && c.is_string()) {  // prompt + completion tokenized as one text (as TRL does), then EOS
+      const std::string prompt = p.get<std::string>(), text = prompt + c.get<std::string>();
+      std::vector<int32_t> body;
+      std::vector<uint8_t> body_mask;
+      tokens_with_mask(text, {{o_.train_on_prompt ? 0 : prompt.size(), text.size()}}, tok_, body, body_mask);
       std::vector<int32_t> ids = tok_.prefix_ids();
-      const std::vector<int32_t> prompt = tok_.encode(p.get<std::string>()), completion = tok_.encode(c.get<std::string>());
-      ids.insert(ids.end(), prompt.begin(), prompt.end());
       std::vector<uint8_t> mask(ids.size(), o_.train_on_prompt ? 1 : 0);
-      ids.insert(ids.end(), completion.begin(), completion.end());
-      if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id());
-      mask.resize(ids.size(), 1);
+      ids.insert(ids.end(), body.begin(), body.end());
+      mask.insert(mask.end(), body_mask.begin(), body_mask.end());
+      if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id()), mask.push_back(1);
       out_.add(ids, mask);
     } else if (p.is_array() && c.is_array()) {  // conversational: the prompt's turns, then the completion's
       std::vector<ChatMessage> m = read_messages(p, where, "prompt");

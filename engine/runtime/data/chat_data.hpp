@@ -3,9 +3,9 @@
 //   {"prompt": ..., "completion": ...}                   the loss on the completion only
 //   {"messages": [{"role": ..., "content": ...}, ...]}   rendered by the model's chat template, the loss on
 //                                                        the assistant's turns only
-// tokenized with the model's own tokenizer (hf_tokenizer.hpp). A conversation is rendered to one string
-// with the spans the loss counts marked, tokenized whole (so its tokens are exactly the template's), and a
-// token is trained when its first byte lies in a marked span. Every problem in a file (not JSON, no known
+// tokenized with the model's own tokenizer (hf_tokenizer.hpp). A conversation (or a prompt and its
+// completion) is rendered to one string with the spans the loss counts marked, tokenized whole (so its
+// tokens are exactly the template's), and a token is trained when its first byte lies in a marked span. Every problem in a file (not JSON, no known
 // shape, an unknown role, a wrong type) is a UserError naming file:line, raised before training starts.
 #pragma once
 
