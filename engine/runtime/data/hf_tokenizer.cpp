@@ -3,11 +3,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/error.hpp"
+#include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
 
@@ -37,16 +36,9 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError("cannot read '" + path + "'", "check the path in data.tokenizer_path");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 json parse_file(const std::string& path) {
-  const std::string text = slurp(path);
+  const std::string text = read_file_bytes(path);
   check_json_nesting(text, path);
   try {
     return json::parse(text);
@@ -305,7 +297,7 @@ void HfTokenizer::read_config(const std::string& dir) {
     }
   }
   const std::string jinja = (dir.empty() ? std::string(".") : dir) + "/chat_template.jinja";
-  if (chat_template_.empty() && exists(jinja)) chat_template_ = slurp(jinja);
+  if (chat_template_.empty() && exists(jinja)) chat_template_ = read_file_bytes(jinja);
   bos_ = bos_token_.empty() ? -1 : id_of(bos_token_);
   eos_ = eos_token_.empty() ? -1 : id_of(eos_token_);
   if (!eos_token_.empty() && eos_ < 0)
