@@ -150,7 +150,7 @@ namespace {
 // GPT-2's vocabulary and merges as SentencePiece's: 'Ġ' (GPT-2's space) spelled '▁', <unk>, <s>, </s> and
 // the 256 <0xXX> byte tokens added, byte fallback on. Characters GPT-2 spells with stand-ins (newlines,
 // accents, CJK) are not in it as themselves: they take the byte fallback.
-std::string piece_tokenizer_json(const std::string& dir, const json& normalizer, const json& pre_tokenizer) {
+std::string piece_tokenizer_json(const std::string& dir, const json& normalizer, const json& pre_tokenizer, bool strips = false) {
   const json gpt2 = json::parse(test::read_text(std::string(DS_SHARED_DIR) + "/data/gpt2/vocab.json"));
   auto spelled = [](std::string t) {
     for (size_t at; (at = t.find("\xC4\xA0")) != std::string::npos;) t.replace(at, 2, "\xE2\x96\x81");  // Ġ -> ▁
@@ -171,8 +171,9 @@ std::string piece_tokenizer_json(const std::string& dir, const json& normalizer,
   for (std::string line; std::getline(in, line);)
     if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(spelled(line));
   json added = json::array();
-  for (const char* special : {"<unk>", "<s>", "</s>"})
-    added.push_back({{"id", vocab[special]}, {"content", special}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
+  for (const char* special : {"<unk>", "<s>", "</s>"})  // with `strips`, Phi-3's way: </s> takes the whitespace after it, <s> before
+    added.push_back({{"id", vocab[special]}, {"content", special}, {"special", true},
+                     {"lstrip", strips && std::string(special) == "<s>"}, {"rstrip", strips && std::string(special) == "</s>"}});
   const json t = {{"added_tokens", added},     {"normalizer", normalizer}, {"pre_tokenizer", pre_tokenizer},
                   {"post_processor", nullptr}, {"decoder", nullptr},
                   {"model", {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}, {"unk_token", "<unk>"}, {"vocab", vocab}, {"merges", merges}}}};
@@ -199,14 +200,14 @@ TEST(HfTokenizer, SentencePieceBpeMatchesAnIndependentEncoder) {
   std::istringstream corpus(test::read_text(std::string(DS_SHARED_DIR) + "/data/tinyshakespeare.txt"));
   int count = 0;
   for (std::string line; count < 400 && std::getline(corpus, line); ++count) lines += line + "\n";
-  lines += "<s>[INST] What's 2+2? [/INST] It's 4.</s>\n  two  spaces</s><s> lead\n";
+  lines += "<s>[INST] What's 2+2? [/INST] It's 4.</s>\n  two  spaces</s><s> lead\nx </s>   y \t <s>z  \n\xE2\x96\x81x starts with the mark\n";
   std::string hostile = hostile_text();
   for (char& c : hostile)
     if (c == '\n') c = ' ';  // one line
   lines += hostile;
   for (size_t k = 0; k < setups.size(); ++k) {
     const std::string dir = scratch("piece" + std::to_string(k));
-    const std::string path = piece_tokenizer_json(dir, setups[k].first, setups[k].second);
+    const std::string path = piece_tokenizer_json(dir, setups[k].first, setups[k].second, /*strips=*/k == 1);
     const HfTokenizer tok(path);
     EXPECT_NE(tok.describe().find("SentencePiece BPE (byte fallback"), std::string::npos) << tok.describe();
     write(dir + "/text.txt", lines);
@@ -222,10 +223,53 @@ TEST(HfTokenizer, SentencePieceBpeMatchesAnIndependentEncoder) {
       int64_t covered = 0;  // the lengths map the tokens back onto the line exactly
       for (int32_t n : lengths) covered += n;
       ASSERT_EQ(covered, static_cast<int64_t>(line.size())) << line;
-      if (line.find("<s>") == std::string::npos && line.find("</s>") == std::string::npos && !line.empty() && line[0] != ' ')
+      const bool plain_text = line.find("<s>") == std::string::npos && line.find("</s>") == std::string::npos &&
+                              line.find("\xE2\x96\x81") == std::string::npos;  // a literal '▁' decodes as a space
+      if (plain_text && !line.empty() && line[0] != ' ')
         EXPECT_EQ(tok.decode(got), line) << "setup " << k;
     }
   }
+}
+
+// An <unk> stands for the bytes of the characters it replaced (consecutive ones fused into one), so the spans
+// of a text still map to tokens; a Metaspace that would split is refused (Hugging Face's default is to split).
+TEST(HfTokenizer, SentencePieceWithoutByteFallbackCountsWhatUnkStandsFor) {
+  const std::string d = scratch("unk");
+  json t = {{"added_tokens", json::array()},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}}},
+            {"model", {{"type", "BPE"}, {"byte_fallback", false}, {"fuse_unk", true}, {"unk_token", "<unk>"},
+                       {"vocab", {{"<unk>", 0}, {"\u2581", 1}, {"a", 2}, {"b", 3}, {"\u2581a", 4}}}, {"merges", {"\u2581 a"}}}}};
+  write(d + "/tokenizer.json", t.dump());
+  const HfTokenizer tok(d);
+  std::vector<int32_t> lengths;
+  EXPECT_EQ(tok.encode("\xC3\xA9\xC3\xA9" "ab a\xC3\xA9", false, &lengths), (std::vector<int32_t>{1, 0, 2, 3, 4, 0}));
+  EXPECT_EQ(lengths, (std::vector<int32_t>{0, 4, 1, 1, 2, 2}));  // ▁ prepended: none; the fused <unk>: both é
+  t["pre_tokenizer"].erase("split");
+  write(d + "/tokenizer.json", t.dump());
+  try {
+    HfTokenizer refused(d);
+    ADD_FAILURE() << "a Metaspace without \"split\" splits in Hugging Face";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"split\": false"), std::string::npos) << e.what();
+  }
+}
+
+// An added token with rstrip (lstrip) takes the whitespace after (before) it, as Phi-3's <|end|> and
+// <|user|> do: the text between is tokenized without it, and the token's length covers it.
+TEST(HfTokenizer, AddedTokensTakeTheWhitespaceTheyStrip) {
+  json t = example_tokenizer();
+  for (auto& a : t["added_tokens"])
+    if (a["content"] == "<|im_end|>") a["rstrip"] = true, a["lstrip"] = true;
+  const std::string d = scratch("strip");
+  write(d + "/tokenizer.json", t.dump());
+  const HfTokenizer tok(d);
+  std::vector<int32_t> lengths;
+  const std::string text = "a \t<|im_end|>\n  b";
+  EXPECT_EQ(tok.encode(text, false, &lengths), tok.encode("a<|im_end|>b"));
+  int64_t covered = 0;
+  for (int32_t n : lengths) covered += n;
+  EXPECT_EQ(covered, static_cast<int64_t>(text.size()));
 }
 
 TEST(HfTokenizer, InvalidUtf8AndEveryByteRoundTrip) {
@@ -254,7 +298,7 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplementNamingIt) {
   t["model"]["byte_fallback"] = true;  // SentencePiece's BPE, with a byte-level pre-tokenizer: not a pair ds knows
   refused(t, "SentencePiece's BPE is read with a Metaspace pre-tokenizer or none");
   t["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}};
-  refused(t, "no split");
+  refused(t, "\"split\": false");
   t = example_tokenizer();
   t["model"]["type"] = "WordPiece";
   refused(t, "model.type");
@@ -262,8 +306,8 @@ TEST(HfTokenizer, RefusesWhatItDoesNotImplementNamingIt) {
   t["normalizer"] = {{"type", "NFKC"}};
   refused(t, "normalizer");
   t = example_tokenizer();
-  t["added_tokens"][0]["lstrip"] = true;
-  refused(t, "lstrip");
+  t["added_tokens"][0]["single_word"] = true;
+  refused(t, "single_word");
   try {
     HfTokenizer none(scratch("none"));
     ADD_FAILURE();

@@ -124,3 +124,23 @@ TEST(CliSft, TwoRanksTrainWhatOneRankTrains) {
   }
   EXPECT_EQ(validations, 2);
 }
+
+// A micro batch whose sample has no trained token in its row (a prompt longer than seq_len) contributes
+// nothing to the step, and the validation right after it still scores the held-out samples.
+TEST(CliSft, ARowWithNothingTrainedThenAValidationRun) {
+  const std::string dir = fresh("sft_untrained");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/data.jsonl");
+    f << "{\"prompt\": \"" << std::string(300, 'x') << "\", \"completion\": \" done\"}\n";
+    for (int i = 0; i < 20; ++i) f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}\n";
+  }
+  Result r = ds("train examples/sft.json data.path=" + dir + "/data.jsonl data.shuffle=false train_micro_batch_size_per_gpu=1 "
+                "train.steps=2 train.eval_every=1 train.eval_batches=2 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto m = metrics_of(dir + "/run");
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]["loss"].get<double>(), 0.0);  // sample 0: its row is all prompt
+  EXPECT_GT(m[0]["val_loss"].get<double>(), 0.0);
+  EXPECT_GT(m[1]["loss"].get<double>(), 0.0);
+}

@@ -91,7 +91,7 @@ def piece_encoder(tok, ranks):
     vocab, rule = tok["model"]["vocab"], piece_rule(tok)
 
     def encode(segment, starts_text):
-        there = segment == "" or segment[0] == " "
+        there = segment == "" or segment[0] in (" ", SPACE)
         text = segment.replace(" ", SPACE)
         if rule == "always" or (rule == "unless" and not there) or (rule == "first" and starts_text and not there):
             text = SPACE + text
@@ -136,6 +136,7 @@ def main():
     added = sorted(tok.get("added_tokens", []), key=lambda a: -len(a["content"]))
     added_re = re.compile("|".join(re.escape(a["content"]) for a in added)) if added else None
     added_id = {a["content"]: a["id"] for a in added}
+    strips = {a["content"]: (a.get("lstrip", False), a.get("rstrip", False)) for a in added}
     ignore_merges = model.get("ignore_merges", False)
 
     def bpe(word):
@@ -173,9 +174,18 @@ def main():
         at = 0
         if added_re:
             for m in added_re.finditer(text):
-                plain(text[at:m.start()], at == 0)
+                if m.start() < at:  # inside whitespace an earlier token took
+                    continue
+                start, end = m.start(), m.end()
+                if strips[m.group(0)][0]:  # lstrip: the whitespace before it, back to the last token
+                    while start > at and text[start - 1].isspace() and text[start - 1] not in "\x1c\x1d\x1e\x1f":
+                        start -= 1
+                if strips[m.group(0)][1]:  # rstrip: the whitespace after it
+                    while end < len(text) and text[end].isspace() and text[end] not in "\x1c\x1d\x1e\x1f":
+                        end += 1
+                plain(text[at:start], at == 0)
                 ids.append(added_id[m.group(0)])
-                at = m.end()
+                at = end
         plain(text[at:], at == 0)
         return ids
 

@@ -186,6 +186,8 @@ std::vector<std::pair<std::string, int32_t>> parse_vocab(const std::string& text
 
 bool nfc_may_change(uint32_t cp) { return cp >= 0x300 && in_ranges(cp, kNfcUnstableRanges); }
 
+bool is_white_space(uint32_t cp) { return is_space(cp); }
+
 namespace {
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes map to

@@ -84,5 +84,7 @@ void append_utf8(std::string& out, uint32_t cp);
 int decode_utf8(const std::string& s, size_t i, uint32_t* cp);
 // True when NFC could change a text holding this code point (or combine it with the one before).
 bool nfc_may_change(uint32_t cp);
+// Unicode's White_Space property (the regex engines' \s, Rust's char::is_whitespace).
+bool is_white_space(uint32_t cp);
 
 }  // namespace ds

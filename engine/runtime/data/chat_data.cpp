@@ -92,9 +92,10 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     // such as Hermes 3's, renders otherwise and is refused here; naming chatml renders it ChatML's way).
     const bool chatml = t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos &&
                         t.find("bos_token") == std::string::npos && t.find("trim") == std::string::npos;
+    // Phi-3 mini's and 3.5's; Phi-3 medium's spells '<|user|>' + '\n' and drops system turns: not this format.
     const bool phi3 = t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos &&
                       t.find("<|end|>") != std::string::npos && t.find("bos_token") == std::string::npos &&
-                      t.find("trim") == std::string::npos;
+                      t.find("trim") == std::string::npos && t.find("'<|user|>' + '\\n'") == std::string::npos;
     if (chatml) kind = "chatml";
     else if (phi3) kind = "phi3";
     else if (t.find("<|start_header_id|>") != std::string::npos)

@@ -36,8 +36,6 @@ class HfTokenizer {
 
   // The post-processor's tokens before a text (Llama 3's <|begin_of_text|>).
   const std::vector<int32_t>& prefix_ids() const { return prefix_ids_; }
-  // How many bytes of text token `id` stands for (its content for an added token).
-  int64_t byte_length(int32_t id) const;
   int32_t vocab_size() const { return vocab_size_; }  // the largest id + 1, added tokens included
   int32_t id_of(const std::string& token) const;      // a vocabulary entry or an added token; -1 if neither
   int32_t bos_id() const { return bos_; }              // -1 when tokenizer_config.json names none
@@ -77,6 +75,7 @@ class HfTokenizer {
   struct Added {
     std::string content;
     int32_t id;
+    bool lstrip, rstrip;  // the token takes the whitespace before / after it in the text
   };
   std::vector<std::vector<Added>> added_by_first_byte_ = std::vector<std::vector<Added>>(256);  // longest first
   std::unordered_map<int32_t, std::string> added_by_id_;

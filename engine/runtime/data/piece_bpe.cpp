@@ -48,27 +48,23 @@ int32_t PieceBpe::id_of(const std::string& token) const {
   return it == token_to_id_.end() ? -1 : it->second;
 }
 
-int64_t PieceBpe::byte_length(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return 0;
-  return byte_of_id_[static_cast<size_t>(id)] >= 0 ? 1 : static_cast<int64_t>(id_to_token_[static_cast<size_t>(id)].size());
-}
-
-void PieceBpe::encode_into(const std::string& s, std::vector<int32_t>& out) const {
-  // Symbols: one a character, or its bytes' tokens, or <unk> (consecutive ones fused).
-  std::vector<int32_t> sym;
+void PieceBpe::encode_into(const std::string& s, std::vector<int32_t>& out, std::vector<int32_t>* lengths) const {
+  // Symbols: one a character, or its bytes' tokens, or <unk> (consecutive ones fused); `len` the bytes each covers.
+  std::vector<int32_t> sym, len_of;
   bool last_unk = false;
   for (size_t i = 0; i < s.size();) {
     uint32_t cp;
     const int len = decode_utf8(s, i, &cp);
     auto it = token_to_id_.find(s.substr(i, static_cast<size_t>(len)));
     if (it != token_to_id_.end()) {
-      sym.push_back(it->second);
+      sym.push_back(it->second), len_of.push_back(len);
       last_unk = false;
     } else if (byte_fallback_) {
-      for (int k = 0; k < len; ++k) sym.push_back(byte_ids_[static_cast<unsigned char>(s[i + k])]);
+      for (int k = 0; k < len; ++k) sym.push_back(byte_ids_[static_cast<unsigned char>(s[i + k])]), len_of.push_back(1);
       last_unk = false;
     } else if (unk_ >= 0) {
-      if (!(fuse_unk_ && last_unk)) sym.push_back(unk_);
+      if (fuse_unk_ && last_unk) len_of.back() += len;
+      else sym.push_back(unk_), len_of.push_back(len);
       last_unk = true;
     } else {
       throw UserError("the tokenizer has no token for the character '" + s.substr(i, static_cast<size_t>(len)) +
@@ -102,13 +98,17 @@ void PieceBpe::encode_into(const std::string& s, std::vector<int32_t>& out) cons
     if (gone[a] || next[a] >= n || sym[a] != c.left || sym[next[a]] != c.right) continue;  // stale
     const int b = next[a];
     sym[a] = merges_.at(pair_key(c.left, c.right)).id;
+    len_of[a] += len_of[b];
     gone[b] = true;
     next[a] = next[b];
     if (next[b] < n) prev[next[b]] = a;
     offer(prev[a]);
     offer(a);
   }
-  for (int k = 0; k < n; k = next[k]) out.push_back(sym[k]);
+  for (int k = 0; k < n; k = next[k]) {
+    out.push_back(sym[k]);
+    if (lengths) lengths->push_back(len_of[k]);
+  }
 }
 
 std::string PieceBpe::decode(const std::vector<int32_t>& ids) const {

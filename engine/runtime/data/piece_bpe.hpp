@@ -26,13 +26,13 @@ class PieceBpe {
   };
   explicit PieceBpe(Parts parts);  // UserError when byte fallback lacks a <0xXX> token
 
-  void encode_into(const std::string& normalized, std::vector<int32_t>& out) const;
+  // `lengths` (optional): for each id appended, how many bytes of `normalized` it covers (an <unk> the
+  // bytes of the characters it stands for, a <0xXX> one).
+  void encode_into(const std::string& normalized, std::vector<int32_t>& out, std::vector<int32_t>* lengths = nullptr) const;
   // Text of the ids: '▁' back to spaces, <0xXX> runs back to their bytes.
   std::string decode(const std::vector<int32_t>& ids) const;
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
   int32_t id_of(const std::string& token) const;
-  // How many bytes of normalized text token `id` stands for ('▁' is three, <0xXX> one).
-  int64_t byte_length(int32_t id) const;
 
  private:
   struct Merge {

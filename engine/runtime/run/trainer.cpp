@@ -563,6 +563,7 @@ double TrainingRun::validate() {
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation
   // Masked rows (fine-tuning data): the mean over every counted target, as the training loss is.
   const bool masked = sampler_->masked();
+  model_->set_loss_gradient(1.0);  // no gradient is made here; the last training micro batch's (0 if it counted nothing) must not reach the head
   double sum = 0, counted = 0;
   for (int64_t i = 0; i < calls; ++i) {
     sampler_->val_batch(i * W + rank_, in_, tgt_);  // samples [(i W + rank) B, + B) of the validation sequence
