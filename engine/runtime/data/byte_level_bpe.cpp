@@ -49,6 +49,12 @@ int decode_utf8(const std::string& s, size_t i, uint32_t* cp) {
   return len;
 }
 
+size_t code_point_before(const std::string& s, size_t end, size_t floor) {
+  size_t start = end - 1;  // continuation bytes are 10xxxxxx
+  while (start > floor && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+  return start;
+}
+
 namespace {
 
 // ---- Unicode classes for the pre-tokenizer --------------------------------------------------

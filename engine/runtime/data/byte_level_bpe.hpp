@@ -82,6 +82,8 @@ class ByteLevelBpe {
 // returned; an invalid byte is one code point, U+FFFD).
 void append_utf8(std::string& out, uint32_t cp);
 int decode_utf8(const std::string& s, size_t i, uint32_t* cp);
+// The start of the code point that ends at s[end - 1], no further back than `floor` (end > floor).
+size_t code_point_before(const std::string& s, size_t end, size_t floor);
 // True when NFC could change a text holding this code point (or combine it with the one before).
 bool nfc_may_change(uint32_t cp);
 // Unicode's White_Space property (the regex engines' \s, Rust's char::is_whitespace).

@@ -21,11 +21,8 @@ constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is t
 const char* const kChoices =
     "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5)";
 
-// Jinja's trim: Python's str.strip(), which strips the code points str.isspace() holds.
-bool python_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
+// Jinja's trim: Python's str.strip(), whose str.isspace() is White_Space and U+001C..U+001F.
+bool python_space(uint32_t c) { return is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
 
 std::string trim(const std::string& s) {
   size_t begin = 0, end = s.size();
@@ -35,9 +32,8 @@ std::string trim(const std::string& s) {
     if (!python_space(cp)) break;
     begin += len;
   }
-  while (end > begin) {  // step back over one code point: continuation bytes are 10xxxxxx
-    size_t start = end - 1;
-    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+  while (end > begin) {
+    const size_t start = code_point_before(s, end, begin);
     uint32_t cp;
     decode_utf8(s, start, &cp);
     if (!python_space(cp)) break;

@@ -52,7 +52,7 @@ json parse_file(const std::string& path) {
   std::string shown = value.dump();
   if (shown.size() > 300) shown = shown.substr(0, 300) + "...";
   throw UserError("'" + path + "': " + key + " is " + shown + ": " + why,
-                  "ds reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen 2/2.5/3 and models that reuse theirs); "
+                  "ds reads byte-level BPE (GPT-2, Llama 3, Qwen 2/2.5/3) and SentencePiece's BPE (Llama 2, Mistral, Phi-3); "
                   "tokenize this data with its own tokenizer into a token file (data.type tokens) meanwhile");
 }
 
@@ -378,8 +378,7 @@ void HfTokenizer::split_added(const std::string& text, std::vector<int32_t>& out
     }
     size_t begin = i, end = i + hit->content.size();
     while (hit->lstrip && begin > plain) {  // the whitespace before it, a code point at a time
-      size_t start = begin - 1;
-      while (start > plain && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+      const size_t start = code_point_before(text, begin, plain);
       uint32_t cp;
       decode_utf8(text, start, &cp);
       if (!is_white_space(cp)) break;

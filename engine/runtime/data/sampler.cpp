@@ -38,10 +38,15 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
   }
 }
 
+int64_t BatchSampler::first_sample(int64_t step, int64_t micro) const {
+  const int64_t b = o_.micro_batch;
+  return step * b * o_.grad_accum * o_.world_size + (micro * o_.world_size + o_.rank) * b;
+}
+
 int64_t BatchSampler::counted_targets(int64_t step, int64_t micro) const {
   const int64_t b = o_.micro_batch;
   if (!samples_) return b * o_.seq_len;
-  const int64_t first = step * b * o_.grad_accum * o_.world_size + (micro * o_.world_size + o_.rank) * b;
+  const int64_t first = first_sample(step, micro);
   int64_t n = 0;
   for (int64_t i = 0; i < b; ++i) n += counted_[static_cast<size_t>(sample_offset(first + i))];
   return n;
@@ -136,8 +141,7 @@ void BatchSampler::train_batch(int64_t step, int64_t micro, std::vector<int32_t>
   const int64_t b = o_.micro_batch, T = o_.seq_len;
   inputs.resize(static_cast<size_t>(b * T));
   targets.resize(static_cast<size_t>(b * T));
-  const int64_t global_batch = b * o_.grad_accum * o_.world_size;
-  const int64_t first = step * global_batch + (micro * o_.world_size + o_.rank) * b;
+  const int64_t first = first_sample(step, micro);
   for (int64_t i = 0; i < b; ++i) {
     if (samples_) sample_row(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
     else window(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);

@@ -62,6 +62,7 @@ class BatchSampler {
   int64_t step_counted_targets(int64_t step) const;
 
  private:
+  int64_t first_sample(int64_t step, int64_t micro) const;  // this rank's micro batch's first global sample
   void window(int64_t start, int32_t* in, int32_t* tgt) const;
   void sample_row(int64_t index, int32_t* in, int32_t* tgt) const;
   const TokenStream* stream_ = nullptr;
