@@ -17,6 +17,7 @@
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/runtime/data/token_source.hpp"
+#include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/io/weights.hpp"
 #include "schema/loader.hpp"
 #include "schema/rope_scaling.hpp"
@@ -102,15 +103,6 @@ int run_guarded(const std::string& sub, const std::function<int()>& body, bool j
     if (json_errors) print_json_error(e.what(), {{"", e.what(), ""}});
     return kExitRuntime;
   }
-}
-
-// Built against CUDA LibTorch with the CUDA kernels (CMakeLists.txt): the GPU is a place to train.
-bool build_trains_on_cuda() {
-#ifdef DS_TORCH_CUDA
-  return true;
-#else
-  return false;
-#endif
 }
 
 double size_flag(const std::string& flag, const std::string& text) {
@@ -334,21 +326,11 @@ Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   topt.headroom = a.headroom;
   topt.device = a.device;
   if (a.device != "cpu") topt.gpus = detect_gpus();
-  if (a.runs_here && !build_trains_on_cuda()) {
-    if (a.device == "cuda")
-      throw UserError("--device cuda: this build of ds trains on the CPU only (it was built without CUDA LibTorch)",
-                      "train on the CPU with --device cpu (or leave --device at auto); `ds plan --device cuda` and "
-                      "`ds estimate-memory` still plan for GPUs");
-    if (a.device == "auto") {
-      if (!topt.gpus.empty() && !quiet)
-        std::cerr << "ds " << sub << ": training on the CPU: this build has no CUDA support, so the " << topt.gpus.size()
-                  << (topt.gpus.size() == 1 ? " GPU" : " GPUs") << " nvidia-smi lists " << (topt.gpus.size() == 1 ? "is" : "are")
-                  << " not used (--device cpu says so explicitly)\n";
-      topt.device = "cpu";
-      topt.gpus.clear();
-    }
-  }
-  return make_topology(topt, [](const char* n) { return std::getenv(n); });
+  topt.build = build_support();
+  topt.runs_here = a.runs_here;
+  Topology t = make_topology(topt, [](const char* n) { return std::getenv(n); });
+  if (!t.device_note.empty() && !quiet) std::cerr << "ds " << sub << ": " << t.device_note << "\n";
+  return t;
 }
 
 // model.init_from: the model is the source's. A config that names no architecture takes it (as explicit

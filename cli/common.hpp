@@ -67,9 +67,6 @@ struct ConfigArgs {
 // the first override). UserError when there is none, or two.
 ConfigArgs with_config_path(ConfigArgs a);
 
-// Whether this build of ds can train on CUDA GPUs (a build against a CUDA LibTorch; not yet).
-bool build_trains_on_cuda();
-
 // One spelling of each topology flag across subcommands, with the others as aliases.
 void add_ranks_per_node_flag(CLI::App* sub, int& value, const std::string& help);
 void add_nodes_flag(CLI::App* sub, int& value);

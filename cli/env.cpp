@@ -1,9 +1,5 @@
 #include "cli/env.hpp"
 
-#ifdef DS_CUDA_KERNELS
-#include "kernels/cuda/optimizers.hpp"
-#endif
-
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -19,6 +15,7 @@
 #include "cli/version.hpp"
 #include "common/format.hpp"
 #include "engine/plan/topology.hpp"
+#include "engine/runtime/device/build_support.hpp"
 #include "kernels/cpu/attention_tiles.hpp"
 
 namespace ds::cli {
@@ -81,28 +78,6 @@ Subcommand setup_env(CLI::App& app) {
   return {sub, [args] { return run_env(*args); }};
 }
 
-namespace {
-
-// What the CUDA runtime sees, in a build with the CUDA kernels (else: not built).
-struct CudaSeen {
-  bool built = false;
-  int devices = 0;
-  std::string why;  // the runtime's reason when it sees none
-};
-
-CudaSeen cuda_seen() {
-  CudaSeen c;
-#ifdef DS_CUDA_KERNELS
-  const char* why = nullptr;
-  c.built = true;
-  c.devices = kernels::cuda::device_count(&why);
-  if (c.devices == 0 && why) c.why = why;
-#endif
-  return c;
-}
-
-}  // namespace
-
 int run_env(const EnvArgs& a) {
   return run_guarded("env", [&] {
     const auto flags = cpu_flags();
@@ -137,7 +112,7 @@ int run_env(const EnvArgs& a) {
       ojson g = ojson::array();
       for (const auto& gpu : gpus) g.push_back({{"name", gpu.name}, {"memory_bytes", static_cast<int64_t>(gpu.memory_bytes)}});
       j["gpus"] = g;
-      j["cuda"] = {{"kernels_built", cuda.built}, {"devices_visible", cuda.devices}, {"reason", cuda.why}};
+      j["cuda"] = {{"kernels_built", cuda.kernels_built}, {"devices_visible", cuda.devices}, {"reason", cuda.why}};
       j["shm_bytes"] = static_cast<int64_t>(shm_bytes);
       j["environment"] = launcher;
       j["other_ds_on_path"] = others;
@@ -163,7 +138,7 @@ int run_env(const EnvArgs& a) {
     std::cout << "  gpus         " << (gpus.empty() ? "none found (no nvidia-smi or no GPU)" : "") << "\n";
     for (const auto& g : gpus) std::cout << "    " << g.name << ", " << format_bytes(g.memory_bytes) << "\n";
     std::cout << "  cuda         "
-              << (!cuda.built            ? std::string("not built into this ds (no CUDA toolkit at build time)")
+              << (!cuda.kernels_built            ? std::string("not built into this ds (no CUDA toolkit at build time)")
                   : cuda.devices > 0     ? std::to_string(cuda.devices) + " device(s) visible to the CUDA runtime"
                                          : "no device visible to the CUDA runtime (" + cuda.why + ")")
               << "\n";

@@ -314,7 +314,7 @@ void memory_section(const Plan& p, const std::function<std::string(const std::st
     const std::string text = fit_text(f, need, have, t.headroom);
     return text.empty() ? text : "  -> " + text;
   };
-  if (t.device == DeviceKind::cuda)
+  if (!t.device_traits().memory_is_host)
     o << "  device per rank: " << format_bytes(me.device.total())
       << (t.device_memory_bytes > 0 ? verdict(fit.device, fit.device_need, fit.device_have)
                                     : "  (device memory unknown: pass --device-memory to check the fit)")

@@ -116,7 +116,9 @@ std::string start_line(const Plan& plan, const std::string& resume_from) {
   else if (!plan.run.init_from.empty())
     what = std::string(plan.lora.enabled ? "reading the frozen base" : "reading the initial weights") + " from " + plan.run.init_from;
   else what = "drawing the initial weights of " + format_count(plan.model.num_params) + " parameters (seed " + std::to_string(plan.run.seed) + ")";
-  const std::string where = plan.topology.device == DeviceKind::cpu ? "on the CPU" : "on GPU " + std::to_string(plan.topology.local_rank);
+  const DeviceTraits device = plan.topology.device_traits();
+  const std::string where = device.memory_is_host ? std::string("on the ") + device.label
+                                                  : std::string("on ") + device.label + " " + std::to_string(plan.topology.local_rank);
   return "ds train: starting " + where + ": " + what + "; Ctrl-C or SIGTERM now stops it with nothing saved";
 }
 
@@ -233,7 +235,7 @@ int launch_ranks_of(const RankLaunch& launch, const ConfigArgs& args, const Comp
   spec.master_port = a.master_port;
   const int world = plan.topology.world_size;
   // --num_gpus 2 where no GPU trains starts CPU processes: said, not left to be found out.
-  std::cerr << "ds train: starting " << world << (plan.topology.device == DeviceKind::cpu ? " CPU" : " GPU") << " ranks "
+  std::cerr << "ds train: starting " << world << " " << plan.topology.device_traits().label << " ranks "
             << (launch.hosts.empty() ? std::string("on this machine") : "on " + std::to_string(launch.hosts.size()) + " hosts from " + a.hostfile)
             << (world == 2 ? "; rank 1 logs to " + spec.log_dir + "/rank_1.log\n"
                            : "; ranks 1-" + std::to_string(world - 1) + " log to " + spec.log_dir + "/rank_N.log\n");

@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include "build_info.hpp"
+#include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
 #include "kernels/cpu/adam.hpp"
 
@@ -22,19 +23,12 @@ std::string version_text() {
 #else
       "unknown compiler";
 #endif
-#if defined(DS_CUDA_KERNELS) && defined(DS_TORCH_CUDA)
-  const std::string cuda_kernels = "compiled (" DS_CUDA_KERNELS "), ds train runs on the GPU";
-#elif defined(DS_CUDA_KERNELS)
-  // Compiled and linked; training on the GPU needs a build against CUDA LibTorch as well.
-  const std::string cuda_kernels = "compiled (" DS_CUDA_KERNELS "), not used: this LibTorch has no CUDA, ds train runs on the CPU";
-#else
-  const std::string cuda_kernels = "not built in";
-#endif
-#ifdef DS_TORCH_CUDA
-  const std::string torch_kind = "CUDA";
-#else
-  const std::string torch_kind = "CPU";
-#endif
+  const BuildSupport build = build_support();
+  // Compiled and linked without CUDA LibTorch, the kernels wait: training on the GPU needs both.
+  const std::string cuda_kernels = build.cuda_kernels.empty() ? "not built in"
+                                   : build.torch_cuda         ? "compiled (" + build.cuda_kernels + "), ds train runs on the GPU"
+                                                              : "compiled (" + build.cuda_kernels + "), not used: this LibTorch has no CUDA, ds train runs on the CPU";
+  const std::string torch_kind = build.torch_cuda ? "CUDA" : "CPU";
   return "ds " + version_short() +
          "\n  the native C++ training toolchain (config -> plan -> run); not DeepSpeed's Python `ds` launcher\n"
          "  build: " + std::string(DS_BUILD_TYPE) + ", " + compiler + ", C++17\n" +

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/runtime/device/block_pool.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 #include "engine/runtime/model/fused_attention.hpp"
 #include "engine/runtime/model/fused_head_loss.hpp"
 #include "engine/runtime/model/fused_ops.hpp"
@@ -456,6 +457,20 @@ TEST(FusedOps, HashedDropoutKeepsOneMaskPerKeyAtTheRateAskedAndScalesWhatItKeeps
   // fp16 (no kernel of its own) drops the same elements.
   EXPECT_TRUE(torch::equal(hashed_dropout(x.to(torch::kHalf), p, 42).ne(0), kept));
   EXPECT_THROW(hashed_dropout(x, 0.0, 42), std::exception);
+}
+
+// The one answer to "which kernels take this tensor": ds's CPU kernels for fp32 and bf16 host tensors,
+// LibTorch's for the rest; kernels/cuda's entry points refuse anything that is not theirs.
+TEST(KernelRoute, HostTensorsOfOurDtypesTakeTheCpuKernelsAndTheCudaEntriesRefuseThem) {
+  EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kFloat32)), KernelRoute::host);
+  EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kBFloat16)), KernelRoute::host);
+  EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kHalf)), KernelRoute::libtorch);
+  EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kFloat64)), KernelRoute::libtorch);
+  EXPECT_TRUE(on_host(torch::zeros({1})));
+  const torch::Tensor x = torch::ones({8});
+  EXPECT_THROW(cuda_dropout(x, torch::empty_like(x), 1, 1u << 31, 2.0f), std::exception);
+  EXPECT_THROW(cuda_softmax_cross_entropy(x.view({2, 4}), torch::zeros({2}, torch::kLong), 1.0f, false, torch::empty({2})),
+               std::exception);
 }
 
 TEST(Matmul, EveryLayoutTheLayersPassMatchesADoubleReference) {

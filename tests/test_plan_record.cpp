@@ -129,6 +129,35 @@ TEST(PlanRecord, TheWrittenTextIsDsPlanJson) {
   EXPECT_FALSE(looks_like_plan_record(nlohmann::json::parse(R"({"train": {"output_dir": "x"}})")));
 }
 
+// plan.json's device block: the traits the compiler and the trainer ask, and the device's refusals, each of
+// them also in not_yet_runnable (what ds train refuses); the build only where the topology carries it.
+TEST(PlanRecord, TheDeviceBlockSaysWhatThePlanAskedAndWhatItRefuses) {
+  const nlohmann::json cpu = nlohmann::json::parse(plan_to_json(test::plan_of(kBase, 2, 0)));
+  EXPECT_EQ(cpu["device"]["name"], cpu["topology"]["device"]);
+  EXPECT_EQ(cpu["device"]["communicator"], cpu["zero_execution"]["backend"]);
+  EXPECT_EQ(cpu["device"]["memory_is_host"], true);
+  EXPECT_TRUE(cpu["device"]["build"].is_null());
+  EXPECT_TRUE(cpu["device"]["refuses"].empty());
+
+  Config c = load_config_text(kBase, "test.json", {"bf16.enabled=false", "fp16.enabled=true"});
+  Topology gpus = test::thread_ranks(2, 0);
+  gpus.device = DeviceKind::cuda;
+  gpus.build = BuildSupport{};  // CPU LibTorch
+  const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus);
+  const nlohmann::json j = nlohmann::json::parse(plan_to_json(p));
+  EXPECT_EQ(j["device"]["communicator"], j["zero_execution"]["backend"]);
+  EXPECT_EQ(j["device"]["communicator"], "nccl");
+  EXPECT_EQ(j["device"]["build"]["torch_cuda"], false);
+  EXPECT_EQ(j["precision"]["compute_dtype"], "fp16") << "a GPU computes in fp16";
+  const std::vector<std::string> refuses = j["device"]["refuses"];
+  ASSERT_EQ(refuses.size(), 3u) << j["device"].dump();  // the build, several GPU ranks, fp16 on a GPU
+  EXPECT_NE(refuses[0].find("with this build"), std::string::npos) << refuses[0];
+  const std::vector<std::string> not_yet = j["not_yet_runnable"];
+  for (const std::string& r : refuses) EXPECT_NE(std::find(not_yet.begin(), not_yet.end(), r), not_yet.end()) << r;
+  gpus.build->torch_cuda = true;
+  EXPECT_EQ(device_refusals(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus)).size(), 2u);
+}
+
 TEST(PlanRecord, OlderRecordsReadAsTheirRunsHadThem) {
   // A record from before the rotary families' keys, the special tokens and the layout: GPT-2's BPE vocabulary
   // then had its end-of-text token 50256 as both, and nothing else was there.

@@ -1,7 +1,9 @@
 // Rules the source holds itself to, checked on the tree rather than left to review:
 //  * no function in cli/, schema/ or engine/ longer than 100 lines (the runtime's rule, for the whole tree):
 //    a long one is split into named steps;
-//  * "am I a rank?" is answered by the topology (engine/plan/topology.*), never by reading RANK elsewhere.
+//  * "am I a rank?" is answered by the topology (engine/plan/topology.*), never by reading RANK elsewhere;
+//  * the device is asked in its own files: which kind a run has, where a tensor is, what this build has
+//    (engine/runtime/device/, engine/plan/device_traits.*, and the topology, which chooses the kind).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -149,6 +151,41 @@ TEST(SourceRules, OnlyTheTopologyReadsRank) {
     EXPECT_EQ(text.find("getenv(\"RANK\")"), std::string::npos)
         << file << " reads RANK: ask started_as_rank() before the plan, the plan's topology.rank after it";
   }
+}
+
+// The ways code asks about the device, in code (comments and literals blanked): a tensor's place, LibTorch's
+// CUDA, a test of the plan's device kind, the build's macros.
+std::vector<std::string> device_questions_in(const std::string& text) {
+  const std::string code = code_only(text);
+  std::vector<std::string> found;
+  for (const char* q : {"is_cuda(", "is_cpu(", "torch::kCPU", "torch::kCUDA", "torch::cuda::", "== DeviceKind::", "!= DeviceKind::",
+                        "DS_TORCH_CUDA", "DS_CUDA_KERNELS", "DS_WITH_CUDA"})
+    if (code.find(q) != std::string::npos) found.push_back(q);
+  return found;
+}
+
+TEST(SourceRules, TheDeviceFinderSeesQuestionsInCodeOnly) {
+  EXPECT_TRUE(device_questions_in("// x.is_cuda() in a comment\nconst char* s = \"torch::kCPU\";\n").empty());
+  EXPECT_EQ(device_questions_in("if (x.is_cpu()) f();\n"), std::vector<std::string>{"is_cpu("});
+  EXPECT_EQ(device_questions_in("#ifdef DS_WITH_CUDA_KERNELS\n#endif\n"), std::vector<std::string>{"DS_WITH_CUDA"});
+  EXPECT_EQ(device_questions_in("bool g = t.device == DeviceKind::cuda;\n"), std::vector<std::string>{"== DeviceKind::"});
+  EXPECT_TRUE(device_questions_in("t.device = DeviceKind::cpu;\n").empty());  // naming a kind is not asking
+}
+
+TEST(SourceRules, TheDeviceIsAskedInItsOwnFiles) {
+  size_t allowed = 0;
+  for (const std::string& file : sources()) {
+    const std::vector<std::string> found = device_questions_in(test::read_text(std::string(DS_SOURCE_DIR) + "/" + file));
+    if (file.rfind("engine/runtime/device/", 0) == 0 || file.rfind("engine/plan/device_traits.", 0) == 0 ||
+        file.rfind("engine/plan/topology.", 0) == 0) {
+      allowed += found.size();
+      continue;
+    }
+    for (const std::string& q : found)
+      ADD_FAILURE() << file << " asks `" << q << "`: ask the plan's device traits (engine/plan/device_traits.hpp), "
+                    << "kernel_route/on_host (engine/runtime/device/kernel_route.hpp) or build_support()";
+  }
+  EXPECT_GT(allowed, 3u) << "the device's own files ask nothing: is the finder reading the tree?";
 }
 
 }  // namespace

@@ -71,6 +71,55 @@ TEST(Topology, DetectedGpuMemoryIsTheDefault) {
   EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cpu);
 }
 
+// One place chooses the device: a run here on a build whose LibTorch has no CUDA takes the CPU on "auto"
+// (saying why when a GPU is seen) and refuses "cuda"; planning alone still plans for the GPU it sees.
+TEST(Topology, TheDeviceIsChosenOnceByWhatThisBuildTrainsOn) {
+  TopologyOptions o;
+  o.gpus = {{"NVIDIA H200", 140.0 * (1 << 30)}};
+  o.build = BuildSupport{};  // CPU LibTorch
+  Topology planned = make_topology(o, env({}));
+  EXPECT_EQ(planned.device, DeviceKind::cuda);
+  EXPECT_TRUE(planned.device_note.empty());
+  ASSERT_TRUE(planned.build.has_value());
+  EXPECT_FALSE(planned.build->torch_cuda);
+  o.runs_here = true;
+  Topology here = make_topology(o, env({}));
+  EXPECT_EQ(here.device, DeviceKind::cpu);
+  EXPECT_NE(here.device_note.find("the 1 GPU nvidia-smi lists is not used"), std::string::npos) << here.device_note;
+  o.device = "cuda";
+  try {
+    make_topology(o, env({}));
+    ADD_FAILURE() << "--device cuda ran on a CPU-only build";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("trains on the CPU only"), std::string::npos) << e.what();
+  }
+  o.build->torch_cuda = true;  // a CUDA build: the GPU it sees, on auto too
+  EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cuda);
+  o.device = "auto";
+  EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cuda);
+  o.gpus.clear();  // nothing seen, nothing said
+  Topology none = make_topology(o, env({}));
+  EXPECT_EQ(none.device, DeviceKind::cpu);
+  EXPECT_TRUE(none.device_note.empty());
+  o.device = "tpu";
+  EXPECT_THROW(make_topology(o, env({})), UserError);
+}
+
+// What the plan asks of its device: the communicator, where memory is, fp16 arithmetic, the spellings.
+TEST(Topology, TheDevicesTraitsAnswerWhatThePlanAsks) {
+  const DeviceTraits cpu = device_traits(DeviceKind::cpu), gpu = device_traits(DeviceKind::cuda);
+  EXPECT_EQ(cpu.communicator, CommBackend::gloo);
+  EXPECT_EQ(gpu.communicator, CommBackend::nccl);
+  EXPECT_TRUE(cpu.memory_is_host);
+  EXPECT_FALSE(gpu.memory_is_host);
+  EXPECT_FALSE(cpu.computes_fp16);
+  EXPECT_TRUE(gpu.computes_fp16);
+  for (const DeviceKind k : {DeviceKind::cpu, DeviceKind::cuda})
+    EXPECT_EQ(device_kind_from_name(device_kind_name(k)), k);
+  EXPECT_FALSE(device_kind_from_name("auto").has_value());
+  EXPECT_STREQ(gpu.label, "GPU");
+}
+
 TEST(Topology, CarriesTheRendezvousAddressSoTheRuntimeReadsNoEnvironment) {
   Topology t = make_topology({}, env({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29511"}}));
   EXPECT_EQ(t.rank, 1);

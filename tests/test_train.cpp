@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/plan/runnable.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/run/flat_params.hpp"
@@ -158,11 +159,11 @@ TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   Config c = load_config_text(kTiny, "tiny.json", {"zero_optimization.stage=3", "model.tie_word_embeddings=false",
                                                           "data_types.grad_accum_dtype=fp32", "bf16.enabled=true"});
   Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
-  const auto why = unsupported_by_trainer(p);
+  const auto why = not_yet_runnable(p);
   ASSERT_EQ(why.size(), 2u) << (why.empty() ? "" : why[0]);  // one line per root cause: the untied head and the gradient dtype
   EXPECT_THROW(train(p, {}), UserError);
   Config ok = load_config_text(kTiny, "tiny.json");
-  EXPECT_TRUE(unsupported_by_trainer(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu())).empty());
+  EXPECT_TRUE(not_yet_runnable(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu())).empty());
 }
 
 // A plan only the GPU path refuses (fp16 there; on a CPU-only build, CUDA itself) names --device cpu, which
@@ -184,6 +185,13 @@ TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
   const std::string untied = hint_for({"model.tie_word_embeddings=false"});
   EXPECT_EQ(untied.find("--device cpu"), std::string::npos) << untied;
   EXPECT_NE(untied.find("roadmap"), std::string::npos) << untied;
+  // A build whose LibTorch has no CUDA refuses the GPU itself, in the plan (ds plan lists it), and points at the CPU.
+  gpu.build = BuildSupport{};
+  const std::string no_cuda = hint_for({});
+  EXPECT_NE(no_cuda.find("--device cpu trains this plan"), std::string::npos) << no_cuda;
+  gpu.build->torch_cuda = true;
+  Config c = load_config_text(kTiny, "tiny.json");
+  EXPECT_TRUE(not_yet_runnable(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu)).empty());
 }
 
 TEST(Training, SgdWithMomentumAndLambLearnToo) {

@@ -16,7 +16,7 @@ FitCheck check_fit(const Plan& plan, double headroom) {
   f.host_need = plan.host_bytes_per_node();
   f.host_have = t.host_memory_bytes;
   f.host = judge_fit(f.host_need, f.host_have, headroom);
-  if (t.device == DeviceKind::cpu) {
+  if (t.device_traits().memory_is_host) {
     f.device = Fit::not_applicable;
   } else {
     f.device_need = plan.memory.device.total();

@@ -30,7 +30,7 @@ PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
     p.param_dtype = Dtype::fp16;
     p.fp32_master = true;
     p.check_overflow = true;
-    if (topo.device == DeviceKind::cpu) {
+    if (!topo.device_traits().computes_fp16) {
       p.compute_dtype = Dtype::fp32;
       p.note = "fp16 on CPU: parameters and gradients are stored in fp16 (so overflow and loss scaling are real) "
                "but matmuls run in fp32, because LibTorch has no fp16 CPU kernels; bf16 is the fast CPU choice";
@@ -231,7 +231,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.activation_checkpointing = c.model.activation_checkpointing;
   list_default_autos(c, plan.resolved);
   plan.precision = resolve_precision(c, topo);
-  if (c.communication_data_type && topo.device == DeviceKind::cpu && *c.communication_data_type != plan.precision.compute_dtype)
+  if (c.communication_data_type && topo.device_traits().communicator == CommBackend::gloo && *c.communication_data_type != plan.precision.compute_dtype)
     plan.warnings.push_back({"communication_data_type",
                              std::string("has no effect on CPU ranks: gradients travel over Gloo in the dtype backward wrote them in (") +
                                  dtype_name(plan.precision.compute_dtype) + "; Gloo's all-reduce sums 16-bit floats in fp32)",
@@ -264,7 +264,7 @@ std::vector<int> Plan::trained_model_tensors() const {
 
 double Plan::host_bytes_per_node() const {
   double per_rank = memory.host.total();
-  if (topology.device == DeviceKind::cpu) per_rank += memory.device.total();
+  if (topology.device_traits().memory_is_host) per_rank += memory.device.total();
   return per_rank * topology.ranks_per_node;
 }
 
@@ -373,8 +373,8 @@ void resolve_zero_knobs(const ZeroConfig& zc, int64_t hidden_size, Plan& plan) {
 
 // The device memory each rank may use: the GPU's, or on the CPU its share of the host's (0: unknown).
 double device_budget_of(const Topology& topo) {
-  return topo.device == DeviceKind::cpu ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
-                                        : topo.device_memory_bytes;
+  return topo.device_traits().memory_is_host ? (topo.host_memory_bytes > 0 ? topo.host_memory_bytes / topo.ranks_per_node : 0)
+                                             : topo.device_memory_bytes;
 }
 
 // What "auto" chooses by memory: a plan fits by the one fit rule (fit.hpp), headroom left on the device and
@@ -422,7 +422,7 @@ void resolve_reduction(const ZeroConfig& zc, int stage, const Topology& topo, Pl
                                         : "default: true at stage 3; true at stages 0-1 reduces each block's gradients as the "
                                           "step's last backward finishes it"});
   // Where the reduction is an all-reduce whatever the key says, it says so (one rank sends nothing at all).
-  if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && topo.device == DeviceKind::cpu)))
+  if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && !comm_capabilities(topo.device_traits().communicator).native_reduce_scatter)))
     plan.warnings.push_back({"zero_optimization.reduce_scatter",
                              stage == 0 ? "has no effect at stage 0: every rank needs the whole gradient, so it is all-reduced"
                                         : "has no effect at stage 1 on CPU ranks: ds all-reduces there (over Gloo a reduce-scatter "

@@ -108,6 +108,20 @@ json topology_json(const Topology& t) {
           {"world_size_source", t.world_size_source}};
 }
 
+// The device's traits (engine/plan/device_traits.hpp): what ds plan and the trainer ask of it, and what it refuses.
+json device_json(const Plan& p) {
+  const DeviceTraits d = p.topology.device_traits();
+  json build = nullptr;
+  if (p.topology.build) build = {{"torch_cuda", p.topology.build->torch_cuda}, {"cuda_kernels", p.topology.build->cuda_kernels}};
+  return {{"name", d.name},
+          {"communicator", comm_backend_name(d.communicator)},
+          {"memory_is_host", d.memory_is_host},
+          {"memory_measured_by", d.memory_measured_by},
+          {"computes_fp16", d.computes_fp16},
+          {"build", build},
+          {"refuses", device_refusals(p)}};
+}
+
 json precision_json(const PrecisionPolicy& pr) {
   return {{"mode", pr.mode},
           {"param_dtype", dtype_name(pr.param_dtype)},
@@ -269,6 +283,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["model"] = p.has_model ? model_json(p) : json(nullptr);  // a config without a model block: what needs one is null below
   add_trainable(p, j);
   j["topology"] = topology_json(p.topology);
+  j["device"] = device_json(p);
   j["batch"] = {{"train_batch_size", p.batch.train_batch_size},
                 {"train_micro_batch_size_per_gpu", p.batch.micro_batch},
                 {"gradient_accumulation_steps", p.batch.grad_accum},

@@ -1,6 +1,7 @@
-// ds — what this version of ds can train, decided from the plan alone: the plans it cannot run yet on their
-// device, each with the reason. ds plan shows them, estimate-memory never recommends such a plan, and ds train
-// refuses it before any work (adding only what the build and machine lack: CUDA LibTorch, a visible GPU).
+// ds — what this version of ds can train, decided from the plan alone: the plans it cannot run on their device
+// (device_traits.hpp: what the build lacks, what ds cannot do there yet) or at all yet, each with the reason.
+// ds plan shows them, estimate-memory never recommends such a plan, and ds train refuses it before any work
+// (adding only what the machine lacks at run time: a GPU the driver shows).
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 
 namespace ds {
 
-// Empty when ds trains this plan (on a build that has its device).
+// Empty when ds trains this plan (on a build that has its device, when the topology does not carry the build).
 std::vector<std::string> not_yet_runnable(const Plan& plan);
 
 }  // namespace ds

@@ -27,9 +27,27 @@ int env_int(const std::function<const char*(const char*)>& getenv_fn, const char
   return static_cast<int>(n);
 }
 
-}  // namespace
+// "auto": a GPU when one is seen or its memory given, unless the run happens here on a build that trains on
+// the CPU only.
+DeviceKind choose_device(const TopologyOptions& opt, std::string& note) {
+  const std::optional<DeviceKind> asked = device_kind_from_name(opt.device);
+  if (!asked && opt.device != "auto") throw UserError("unknown device '" + opt.device + "'", "use auto, cpu or cuda");
+  const bool cpu_only_here = opt.runs_here && opt.build && !opt.build->torch_cuda;
+  if (asked == DeviceKind::cuda && cpu_only_here)
+    throw UserError("--device cuda: this build of ds trains on the CPU only (it was built without CUDA LibTorch)",
+                    "train on the CPU with --device cpu (or leave --device at auto); `ds plan --device cuda` and "
+                    "`ds estimate-memory` still plan for GPUs");
+  if (asked) return *asked;
+  if (cpu_only_here) {
+    if (!opt.gpus.empty())
+      note = "training on the CPU: this build has no CUDA support, so the " + std::to_string(opt.gpus.size()) +
+             (opt.gpus.size() == 1 ? " GPU nvidia-smi lists is" : " GPUs nvidia-smi lists are") + " not used (--device cpu says so explicitly)";
+    return DeviceKind::cpu;
+  }
+  return !opt.gpus.empty() || opt.device_memory_bytes > 0 ? DeviceKind::cuda : DeviceKind::cpu;
+}
 
-const char* device_kind_name(DeviceKind d) { return d == DeviceKind::cpu ? "cpu" : "cuda"; }
+}  // namespace
 
 bool started_as_rank() { return std::getenv("RANK") != nullptr; }
 
@@ -37,10 +55,9 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   Topology t;
   t.cores_per_node = detect_cores();
   t.host_memory_bytes = detect_host_memory_bytes();
-  if (opt.device != "auto" && opt.device != "cpu" && opt.device != "cuda")
-    throw UserError("unknown device '" + opt.device + "'", "use auto, cpu or cuda");
-  const bool cuda = opt.device == "cuda" || (opt.device == "auto" && (!opt.gpus.empty() || opt.device_memory_bytes > 0));
-  t.device = cuda ? DeviceKind::cuda : DeviceKind::cpu;
+  t.build = opt.build;
+  t.device = choose_device(opt, t.device_note);
+  const bool cuda = !t.device_traits().memory_is_host;
   if (cuda)
     t.device_memory_bytes = opt.device_memory_bytes > 0 ? opt.device_memory_bytes
                                                         : (opt.gpus.empty() ? 0 : opt.gpus.front().memory_bytes);

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "engine/plan/device_traits.hpp"
 
 namespace ds {
 
@@ -15,8 +18,6 @@ inline constexpr int kMaxWorldSize = 1 << 20;
 inline constexpr double kDefaultHeadroom = 0.10;
 
 
-enum class DeviceKind { cpu, cuda };
-const char* device_kind_name(DeviceKind d);  // "cpu", "cuda": the one spelling (plan.json, ds plan)
 
 struct Topology {
   int world_size = 1;        // data-parallel ranks in total
@@ -26,6 +27,11 @@ struct Topology {
   std::string master_addr;  // where ranks rendezvous (MASTER_ADDR); "" for one rank
   int master_port = 0;      // MASTER_PORT
   DeviceKind device = DeviceKind::cpu;
+  DeviceTraits device_traits() const { return ds::device_traits(device); }
+  // The build of ds that plans (ds plan, train, profile): what it lacks on the device is refused in the plan.
+  // None: a plan for any build (estimate-memory, the tests' plans).
+  std::optional<BuildSupport> build;
+  std::string device_note;  // why "auto" chose the device it did, where the choice is not the obvious one ("" none)
   double device_memory_bytes = 0;  // per rank; 0 = unknown
   double host_memory_bytes = 0;    // per node; 0 = unknown
   double headroom = kDefaultHeadroom;  // left free of each when judging fit (--headroom)
@@ -49,10 +55,15 @@ struct TopologyOptions {
   double headroom = kDefaultHeadroom;
   std::string device = "auto";     // "auto" | "cpu" | "cuda"
   std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
+  std::optional<BuildSupport> build;  // this binary's (build_support()), carried into the Topology
+  // The run happens here (ds train, ds profile): a build without CUDA LibTorch trains on the CPU, so "auto"
+  // takes the CPU whatever GPUs are seen, and "cuda" is refused. Planning alone may plan for GPUs.
+  bool runs_here = false;
 };
 
-// The device: "cuda" when asked, or on "auto" when a GPU is detected or --device-memory is given;
-// otherwise "cpu". Flags win over the environment; the environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
+// The device, the one place it is chosen: "cuda" when asked, or on "auto" when a GPU is detected or
+// --device-memory is given; otherwise "cpu" (and always "cpu" on "auto" for a run here on a build that trains
+// on the CPU only, saying why in device_note). Flags win over the environment; the environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)
 // wins over defaults. `getenv` is injectable for tests. Throws UserError on contradictions.
 Topology make_topology(const TopologyOptions& opt, const std::function<const char*(const char*)>& getenv_fn);
 

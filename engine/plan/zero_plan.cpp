@@ -161,12 +161,12 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   z.gathers = L.stage == 3 && (multi || b.param_offload);
   // A GPU's gradients leave for an offloaded optimizer block by block (DeepSpeed's ZeRO-Offload), so from
   // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host.
-  b.grads_to_host = plan.topology.device == DeviceKind::cuda && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
+  b.grads_to_host = !plan.topology.device_traits().memory_is_host && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
-  z.backend = plan.topology.device == DeviceKind::cpu ? CommBackend::gloo : CommBackend::nccl;
+  z.backend = plan.topology.device_traits().communicator;
   b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
   // rank's part: a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces.

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common/error.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/attention_softmax.hpp"
 #include "kernels/cpu/attention_tiles.hpp"
@@ -17,11 +18,8 @@
 
 namespace ds {
 
-// The CPU kernels take fp32 and bf16 CPU tensors; anything else goes LibTorch's way.
-inline bool on_cpu_kernels(const torch::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  return x.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16);
-}
+// The CPU kernels take fp32 and bf16 host tensors (kernel_route.hpp); anything else goes another way.
+inline bool on_cpu_kernels(const torch::Tensor& x) { return kernel_route(x) == KernelRoute::host; }
 
 template <class T>
 T* raw(const torch::Tensor& t) {

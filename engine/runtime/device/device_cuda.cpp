@@ -125,6 +125,9 @@ std::unique_ptr<Device> make_cuda_device(int local_rank) {
   const char* why = nullptr;
   const int n = kernels::cuda::device_count(&why);
   if (n == 0) throw UserError(std::string("no CUDA device is visible: ") + (why ? why : "none found"), "train on the CPU (--device cpu)");
+  if (!torch::cuda::is_available())
+    throw UserError("LibTorch sees no usable GPU, though the CUDA runtime shows " + std::to_string(n) + " (its driver or CUDA runtime differs)",
+                    "train on the CPU (--device cpu), or run ds where PyTorch's CUDA works");
   return std::make_unique<CudaDevice>(local_rank % n);
 }
 

@@ -345,7 +345,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> heads_first(const torch:
 torch::Tensor library_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   const Heads h = heads_of(q, k, v);
-  if (h.T > 0 && q.device().is_cuda()) {
+  if (h.T > 0 && !on_host(q)) {
     const auto [qh, kk, vv] = heads_first(q, k, v, h);
     return at::scaled_dot_product_attention(qh, kk, vv, {}, 0.0, /*is_causal=*/true).transpose(1, 2).contiguous();
   }

@@ -7,10 +7,8 @@
 #include "common/error.hpp"
 #include "engine/runtime/model/fused_ops.hpp"  // bound_gradient
 #include "engine/runtime/model/matmul.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
-#ifdef DS_WITH_CUDA_KERNELS
-#include "kernels/cuda/cross_entropy.hpp"
-#endif
 
 namespace ds {
 namespace {
@@ -62,36 +60,16 @@ double chunk_cross_entropy(torch::Tensor& logits, const int64_t* targets, float 
   }
 }
 
-// Whether kernels/cuda's cross-entropy takes logits like x (a GPU's, fp32 or bf16, in a build that has it).
-bool cuda_kernel_takes(const torch::Tensor& x) {
-#ifdef DS_WITH_CUDA_KERNELS
-  return x.is_cuda() && (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32);
-#else
-  (void)x;
-  return false;
-#endif
-}
-
 // The same off the host, each row's loss written into `row_loss` (fp32, on the logits' device): kernels/cuda's
 // one kernel on a GPU where ds has them, else LibTorch's operations (the gradient softmax - onehot times
 // row_grad written over the logits).
 void device_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
                                 torch::Tensor row_loss) {
-#ifdef DS_WITH_CUDA_KERNELS
-  if (cuda_kernel_takes(logits) && logits.stride(1) == 1 && targets.scalar_type() == torch::kLong && targets.is_contiguous()) {
-    const int64_t rows = logits.size(0), vocab = logits.size(1), ld = logits.stride(0);
-    if (logits.scalar_type() == torch::kBFloat16) {
-      kernels::cuda::softmax_cross_entropy_bf16(reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()), targets.data_ptr<int64_t>(),
-                                                rows, vocab, ld, row_grad, write_grad, row_loss.data_ptr<float>(), nullptr);
-      return;
-    }
-    if (logits.scalar_type() == torch::kFloat32) {
-      kernels::cuda::softmax_cross_entropy_f32(logits.data_ptr<float>(), targets.data_ptr<int64_t>(), rows, vocab, ld, row_grad,
-                                               write_grad, row_loss.data_ptr<float>(), nullptr);
-      return;
-    }
+  if (kernel_route(logits) == KernelRoute::cuda && logits.stride(1) == 1 && targets.scalar_type() == torch::kLong &&
+      targets.is_contiguous()) {
+    cuda_softmax_cross_entropy(logits, targets, row_grad, write_grad, row_loss);
+    return;
   }
-#endif
   const torch::Tensor wide = logits.to(torch::kFloat32);
   const torch::Tensor lse = wide.logsumexp(1, /*keepdim=*/true);
   const torch::Tensor ids = targets.view({-1, 1});
@@ -120,11 +98,11 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
            "fused head loss: shapes x ", x.sizes(), ", weight ", weight.sizes(), ", targets ", targets_in.sizes());
-  const bool host = x.device().is_cpu();
+  const bool host = on_host(x);
   // The batch's targets are checked where they are read from the host (a GPU's kernel makes a row with a bad
   // one NaN rather than stop the queue to look), then copied without waiting. Targets already on a device
   // are looked at there when LibTorch's gather, which has no such guard, would read them.
-  if (N > 0 && (targets_in.is_cpu() || !cuda_kernel_takes(x))) {
+  if (N > 0 && (on_host(targets_in) || kernel_route(x) != KernelRoute::cuda)) {
     const int64_t lo = targets_in.min().item<int64_t>(), hi = targets_in.max().item<int64_t>();
     DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
              "): the data and model.vocab_size disagree");
@@ -202,7 +180,7 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
     // The gradients were made for the expected one; anything else (a loss used twice, another scale)
     // rescales them -- which W's gradient, already in its buffer, cannot be.
     const float expected = static_cast<float>(ctx->saved_data["expected"].toDouble());
-    if (!grad_out[0].is_cpu()) {
+    if (!on_host(grad_out[0])) {
       // On a GPU the loss's gradient stays there (reading it would stop the queue): the input's gradient is
       // rescaled by got / expected there (by 1 when used as meant); W's, already in its buffer, is trusted.
       // (an fp32 0-dim factor: dx keeps its dtype, the factor is not rounded to it)

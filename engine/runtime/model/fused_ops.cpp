@@ -2,12 +2,10 @@
 
 #include "common/error.hpp"
 #include "engine/runtime/device/cpu_kernels_by_dtype.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 #include "engine/runtime/model/matmul.hpp"
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/dropout_mask.hpp"
-#ifdef DS_WITH_CUDA_KERNELS
-#include "kernels/cuda/dropout.hpp"
-#endif
 
 namespace ds {
 namespace {
@@ -163,7 +161,7 @@ torch::Tensor project(AutogradContext* ctx, const torch::Tensor& x, const torch:
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
   torch::Tensor y;
-  if (b.defined() && !x2.is_cpu()) {
+  if (b.defined() && !on_host(x2)) {
     y = at::addmm(b, x2, wm);  // a GPU's cuBLASLt adds the bias in the product's epilogue: no copy of it first
   } else {
     y = torch::empty({x2.size(0), wm.size(1)}, x2.options());
@@ -235,21 +233,18 @@ torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
   const torch::Tensor x = x_in.contiguous();
   const uint32_t keep_below = kernels::dropout_keep_below(p);
   const float scale = static_cast<float>(1.0 / (1.0 - p));
-  const bool f32 = x.scalar_type() == torch::kFloat32, bf16 = x.scalar_type() == torch::kBFloat16;
-  if ((f32 || bf16) && (x.is_cpu() || x.is_cuda())) {
+  const KernelRoute route = kernel_route(x);
+  if (route != KernelRoute::libtorch) {
     torch::Tensor y = torch::empty_like(x);
-    const auto* in16 = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
-    auto* out16 = bf16 ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr;
-    if (x.is_cpu()) {
-      f32 ? kernels::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale)
-          : kernels::dropout_bf16(in16, out16, x.numel(), key, keep_below, scale);
-      return y;
+    if (route == KernelRoute::cuda) {
+      cuda_dropout(x, y, key, keep_below, scale);
+    } else if (x.scalar_type() == torch::kFloat32) {
+      kernels::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale);
+    } else {
+      kernels::dropout_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                            reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), x.numel(), key, keep_below, scale);
     }
-#ifdef DS_WITH_CUDA_KERNELS
-    f32 ? kernels::cuda::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale, nullptr)
-        : kernels::cuda::dropout_bf16(in16, out16, x.numel(), key, keep_below, scale, nullptr);
     return y;
-#endif
   }
   const torch::Tensor keep = apply_dropout(torch::ones({x.numel()}, torch::kFloat32), p, key).ne(0);
   return x * keep.view(x.sizes()).to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p));
@@ -307,7 +302,7 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
 
 torch::Tensor ids_to_device(const torch::Tensor& ids, const torch::Device& device) {
   const torch::Tensor ids64 = ids.to(torch::kLong);
-  if (device.is_cpu() || !ids.is_cpu()) return ids64.to(device);
+  if (on_host(device) || !on_host(ids)) return ids64.to(device);
   return ids64.pin_memory().to(device, /*non_blocking=*/true);  // the pinned block is kept until the copy ran
 }
 

@@ -11,6 +11,7 @@
 #include "common/hash.hpp"
 #include "common/strings.hpp"
 
+#include "engine/runtime/device/kernel_route.hpp"
 #include "engine/runtime/model/fused_attention.hpp"
 #include "engine/runtime/model/fused_ops.hpp"
 #include "engine/runtime/model/fused_head_loss.hpp"
@@ -149,7 +150,7 @@ void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
 torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
                                        double softcap) const {
   // The batch's targets come from the host (a copy when they do not: the count below is read there).
-  const torch::Tensor flat = targets.is_cpu() ? targets.reshape({-1}) : targets.reshape({-1}).cpu();
+  const torch::Tensor flat = on_host(targets) ? targets.reshape({-1}) : targets.reshape({-1}).cpu();
   // A negative target is one the loss does not count (padding, a prompt's token): those rows never reach
   // the head (no logits, no FLOPs), and the loss is the mean over the rows that do.
   const torch::Tensor t = flat.to(torch::kLong).contiguous();

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/error.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 
 #ifdef DS_WITH_ONEDNN_SGEMM
 // oneDNN's C API (dnnl.h), declared here: Debian's runtime package has the library but not the header.
@@ -31,7 +32,7 @@ Operand operand(const torch::Tensor& t) {
 #ifdef DS_WITH_ONEDNN_SGEMM
 bool onednn_sgemm(const torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
   if (a.scalar_type() != torch::kFloat || b.scalar_type() != torch::kFloat || c.scalar_type() != torch::kFloat) return false;
-  if (a.device().type() != torch::kCPU || a.numel() == 0 || b.numel() == 0) return false;
+  if (!on_host(a) || a.numel() == 0 || b.numel() == 0) return false;
   const Operand oa = operand(a), ob = operand(b), oc = operand(c);
   if (!oa.trans || !ob.trans || oc.trans != 'N') return false;
   const int status = dnnl_sgemm(oa.trans, ob.trans, a.size(0), b.size(1), a.size(1), 1.0f, a.data_ptr<float>(), oa.ld,

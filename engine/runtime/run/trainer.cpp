@@ -128,21 +128,6 @@ struct StopSignals {
 // ends with exit 1: fewer may be fp16's dynamic scaler still finding its scale.
 constexpr int64_t kMinStepsForAllSkipped = 16;
 
-std::vector<std::string> unsupported_by_trainer(const Plan& plan) {
-  // What this build and machine lack, then what ds cannot run on the plan's device yet (the plan's own answer).
-  std::vector<std::string> why;
-  if (plan.topology.device == DeviceKind::cuda && !torch::cuda::is_available())
-    why.push_back(
-#ifdef DS_TORCH_CUDA
-        "training on CUDA devices: LibTorch sees no usable GPU (driver or CUDA runtime missing)"
-#else
-        "training on CUDA devices (this build's LibTorch has no CUDA: it trains on the CPU)"
-#endif
-    );
-  for (const std::string& w : not_yet_runnable(plan)) why.push_back(w);
-  return why;
-}
-
 TrainResult train(const Plan& plan, const TrainOptions& opt) {
   // Several ranks: join the group the topology describes (Gloo; its rendezvous address came from the CLI).
   std::unique_ptr<Communicator> own;
@@ -625,7 +610,7 @@ void TrainingRun::loop() {
   FlatParams::Bytes held = flat_.bytes();
   if (swapper_) held.buffers += swapper_->buffer_bytes();  // the host buffers sub-groups are swapped through
   if (param_swap_) held.buffers += param_swap_->buffer_bytes();
-  if (plan_.topology.device != DeviceKind::cpu) log.note("ds train: training on " + device_.name());
+  if (!plan_.topology.device_traits().memory_is_host) log.note("ds train: training on " + device_.name());
   const std::string notes = sampler_->notes();
   report_->describe(held, (samples_ ? samples_->description : stream_->describe()) + (notes.empty() ? "" : "; " + notes),
                     sampler_->train_tokens(), sampler_->val_tokens());
@@ -705,9 +690,11 @@ void TrainingRun::loop() {
 }  // namespace
 
 TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device* device) {
-  auto why = unsupported_by_trainer(plan);
+  // The plan's own answer: what the build lacks on its device (when the topology carries the build), what ds
+  // cannot do there yet. The machine (a GPU the driver shows) is the device's to say when it is created.
+  std::vector<std::string> why = not_yet_runnable(plan);
   // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
-  if (plan.topology.device == DeviceKind::cuda && keeps_step_measurements(plan, opt))
+  if (!plan.topology.device_traits().memory_is_host && keeps_step_measurements(plan, opt))
     why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
                   "each step's tokens/s and TFLOP/s there");
   if (!why.empty()) {
@@ -716,7 +703,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
     // Where only the GPU path is missing, the same plan trains on the CPU: say so.
     Plan on_cpu = plan;
     on_cpu.topology.device = DeviceKind::cpu;
-    const bool cpu_trains_it = plan.topology.device == DeviceKind::cuda && not_yet_runnable(on_cpu).empty();
+    const bool cpu_trains_it = !plan.topology.device_traits().memory_is_host && not_yet_runnable(on_cpu).empty();
     throw UserError("this build of ds cannot train this plan yet:" + list,
                     cpu_trains_it ? "--device cpu trains this plan on the CPU (the items above are the GPU path's limits for now; "
                                     "`ds plan --device cuda` lists them before a run)"

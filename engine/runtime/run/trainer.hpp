@@ -28,7 +28,4 @@ class Communicator;
 class Device;
 TrainResult train(const Plan& plan, const TrainOptions& options, Communicator* comm, Device* device = nullptr);
 
-// The reasons `train` would refuse this plan, empty when it can run it (for `ds plan` and tests).
-std::vector<std::string> unsupported_by_trainer(const Plan& plan);
-
 }  // namespace ds

@@ -1,0 +1,58 @@
+#include "engine/plan/device_traits.hpp"
+
+#include "engine/plan/plan.hpp"
+
+namespace ds {
+
+const char* device_kind_name(DeviceKind d) { return device_traits(d).name; }
+
+std::optional<DeviceKind> device_kind_from_name(const std::string& name) {
+  if (name == "cpu") return DeviceKind::cpu;
+  if (name == "cuda") return DeviceKind::cuda;
+  return std::nullopt;
+}
+
+DeviceTraits device_traits(DeviceKind kind) {
+  DeviceTraits t;
+  t.kind = kind;
+  if (kind == DeviceKind::cuda) {
+    t.name = "cuda";
+    t.label = "GPU";
+    t.computes_fp16 = true;
+    t.communicator = CommBackend::nccl;
+    t.memory_is_host = false;
+    t.memory_measured_by = "cudaMemGetInfo (in use by anything on the GPU)";
+  }
+  return t;
+}
+
+namespace {
+
+// What a build without CUDA LibTorch lacks on a GPU: everything.
+void build_refusals(const Plan& plan, const DeviceTraits& device, std::vector<std::string>& why) {
+  if (!plan.topology.build || device.kind != DeviceKind::cuda || plan.topology.build->torch_cuda) return;
+  why.push_back("training on CUDA devices with this build: its LibTorch has no CUDA (a build against CUDA LibTorch "
+                "trains there; this one trains on the CPU)");
+}
+
+// One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.
+void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<std::string>& why) {
+  if (device.kind != DeviceKind::cuda) return;
+  if (plan.topology.world_size > 1) why.push_back("several GPU ranks (NCCL between GPUs): one GPU per run for now");
+  if (plan.precision.param_dtype == Dtype::fp16)
+    why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
+  if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
+    why.push_back("offload from a GPU (zero_optimization.offload_optimizer / offload_param): offload trains on the CPU for now");
+}
+
+}  // namespace
+
+std::vector<std::string> device_refusals(const Plan& plan) {
+  const DeviceTraits device = device_traits(plan.topology.device);
+  std::vector<std::string> why;
+  build_refusals(plan, device, why);
+  not_yet_on_gpus(plan, device, why);
+  return why;
+}
+
+}  // namespace ds

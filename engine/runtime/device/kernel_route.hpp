@@ -1,0 +1,33 @@
+// ds — which kernels a model op runs on a tensor, answered in one place for every op in engine/runtime/model.
+// The run's Device put the tensor where it is (it allocates the weights; the batch's ids and targets come
+// from the host), so the answer follows the tensor's place and dtype: a GPU run holds host tensors too (the
+// targets as read, an offloaded optimizer's states), and a CPU op must never be handed a GPU pointer. What
+// this build has (kernels/cuda or not) is read here, not in the ops.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace ds {
+
+enum class KernelRoute {
+  host,      // ds's CPU kernels (kernels/cpu): fp32 and bf16 tensors in host memory
+  cuda,      // ds's CUDA kernels (kernels/cuda): fp32 and bf16 tensors on a GPU, in a build that has them
+  libtorch,  // LibTorch's own operations: anything else (fp16, fp64, a GPU build without kernels/cuda)
+};
+KernelRoute kernel_route(const torch::Tensor& x);
+
+// The bytes are in host memory (a pointer host code may read).
+bool on_host(const torch::Tensor& x);
+bool on_host(const torch::Device& d);
+
+// kernels/cuda's model kernels, for tensors kernel_route sends there (checked), on the current stream.
+// y = x with dropout's mask of `key` applied (kernels/dropout_mask.hpp), x and y contiguous, of one dtype.
+void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, uint32_t keep_below, float scale);
+// Each row's softmax cross-entropy into row_loss (fp32), and with write_grad its gradient times row_grad over
+// the logits (rows x vocab, unit stride along the vocabulary); targets int64, contiguous, on the GPU.
+void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
+                                const torch::Tensor& row_loss);
+
+}  // namespace ds
