@@ -155,6 +155,7 @@ TEST(PlanRecord, TheDeviceBlockSaysWhatThePlanAskedAndWhatItRefuses) {
   const std::vector<std::string> not_yet = j["not_yet_runnable"];
   for (const std::string& r : refuses) EXPECT_NE(std::find(not_yet.begin(), not_yet.end(), r), not_yet.end()) << r;
   gpus.build->torch_cuda = true;
+  gpus.build->cuda_kernels = "CUDA 13.0, sm_90";
   EXPECT_EQ(device_refusals(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus)).size(), 2u);
 }
 

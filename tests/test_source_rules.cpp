@@ -158,8 +158,8 @@ TEST(SourceRules, OnlyTheTopologyReadsRank) {
 std::vector<std::string> device_questions_in(const std::string& text) {
   const std::string code = code_only(text);
   std::vector<std::string> found;
-  for (const char* q : {"is_cuda(", "is_cpu(", "torch::kCPU", "torch::kCUDA", "torch::cuda::", "== DeviceKind::", "!= DeviceKind::",
-                        "DS_TORCH_CUDA", "DS_CUDA_KERNELS", "DS_WITH_CUDA"})
+  for (const char* q : {"is_cuda(", "is_cpu(", "kCPU", "kCUDA", "DeviceType", "torch::cuda::", "== DeviceKind::", "!= DeviceKind::",
+                        "DeviceKind::cpu ==", "DeviceKind::cuda ==", "case DeviceKind::", "DS_TORCH_CUDA", "DS_CUDA_KERNELS", "DS_WITH_CUDA"})
     if (code.find(q) != std::string::npos) found.push_back(q);
   return found;
 }
@@ -170,11 +170,16 @@ TEST(SourceRules, TheDeviceFinderSeesQuestionsInCodeOnly) {
   EXPECT_EQ(device_questions_in("#ifdef DS_WITH_CUDA_KERNELS\n#endif\n"), std::vector<std::string>{"DS_WITH_CUDA"});
   EXPECT_EQ(device_questions_in("bool g = t.device == DeviceKind::cuda;\n"), std::vector<std::string>{"== DeviceKind::"});
   EXPECT_TRUE(device_questions_in("t.device = DeviceKind::cpu;\n").empty());  // naming a kind is not asking
+  EXPECT_EQ(device_questions_in("switch (k) {\n  case DeviceKind::cuda: break;\n}\n"), std::vector<std::string>{"case DeviceKind::"});
+  EXPECT_EQ(device_questions_in("if (d.type() == at::kCUDA) g();\n"), std::vector<std::string>{"kCUDA"});
 }
 
 TEST(SourceRules, TheDeviceIsAskedInItsOwnFiles) {
   size_t allowed = 0;
-  for (const std::string& file : sources()) {
+  std::vector<std::string> files = sources();
+  for (const auto& e : fs::recursive_directory_iterator(std::string(DS_SOURCE_DIR) + "/common"))
+    if (e.is_regular_file()) files.push_back(fs::relative(e.path(), DS_SOURCE_DIR).string());
+  for (const std::string& file : files) {
     const std::vector<std::string> found = device_questions_in(test::read_text(std::string(DS_SOURCE_DIR) + "/" + file));
     if (file.rfind("engine/runtime/device/", 0) == 0 || file.rfind("engine/plan/device_traits.", 0) == 0 ||
         file.rfind("engine/plan/topology.", 0) == 0) {

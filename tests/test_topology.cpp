@@ -93,7 +93,9 @@ TEST(Topology, TheDeviceIsChosenOnceByWhatThisBuildTrainsOn) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("trains on the CPU only"), std::string::npos) << e.what();
   }
-  o.build->torch_cuda = true;  // a CUDA build: the GPU it sees, on auto too
+  o.build->torch_cuda = true;  // CUDA LibTorch without the CUDA toolkit's Device and kernels: still the CPU's
+  EXPECT_THROW(make_topology(o, env({})), UserError);
+  o.build->cuda_kernels = "CUDA 13.0, sm_90";  // a CUDA build: the GPU it sees, on auto too
   EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cuda);
   o.device = "auto";
   EXPECT_EQ(make_topology(o, env({})).device, DeviceKind::cuda);

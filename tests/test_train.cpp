@@ -190,6 +190,7 @@ TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
   const std::string no_cuda = hint_for({});
   EXPECT_NE(no_cuda.find("--device cpu trains this plan"), std::string::npos) << no_cuda;
   gpu.build->torch_cuda = true;
+  gpu.build->cuda_kernels = "CUDA 13.0, sm_90";
   Config c = load_config_text(kTiny, "tiny.json");
   EXPECT_TRUE(not_yet_runnable(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu)).empty());
 }

@@ -28,11 +28,14 @@ DeviceTraits device_traits(DeviceKind kind) {
 
 namespace {
 
-// What a build without CUDA LibTorch lacks on a GPU: everything.
+// What a build without CUDA LibTorch, or without the CUDA toolkit, lacks on a GPU: everything.
 void build_refusals(const Plan& plan, const DeviceTraits& device, std::vector<std::string>& why) {
-  if (!plan.topology.build || device.kind != DeviceKind::cuda || plan.topology.build->torch_cuda) return;
-  why.push_back("training on CUDA devices with this build: its LibTorch has no CUDA (a build against CUDA LibTorch "
-                "trains there; this one trains on the CPU)");
+  const std::optional<BuildSupport>& build = plan.topology.build;
+  if (!build || device.kind != DeviceKind::cuda || build->trains_on_cuda()) return;
+  why.push_back(build->torch_cuda ? "training on CUDA devices with this build: it was built without the CUDA toolkit (no kernels/cuda, "
+                                    "no CUDA Device; rebuild where nvcc is found), so it trains on the CPU"
+                                  : "training on CUDA devices with this build: its LibTorch has no CUDA (a build against CUDA LibTorch "
+                                    "trains there; this one trains on the CPU)");
 }
 
 // One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.

@@ -32,9 +32,10 @@ int env_int(const std::function<const char*(const char*)>& getenv_fn, const char
 DeviceKind choose_device(const TopologyOptions& opt, std::string& note) {
   const std::optional<DeviceKind> asked = device_kind_from_name(opt.device);
   if (!asked && opt.device != "auto") throw UserError("unknown device '" + opt.device + "'", "use auto, cpu or cuda");
-  const bool cpu_only_here = opt.runs_here && opt.build && !opt.build->torch_cuda;
+  const bool cpu_only_here = opt.runs_here && opt.build && !opt.build->trains_on_cuda();
   if (asked == DeviceKind::cuda && cpu_only_here)
-    throw UserError("--device cuda: this build of ds trains on the CPU only (it was built without CUDA LibTorch)",
+    throw UserError(std::string("--device cuda: this build of ds trains on the CPU only (it was built without ") +
+                        (opt.build->torch_cuda ? "the CUDA toolkit)" : "CUDA LibTorch)"),
                     "train on the CPU with --device cpu (or leave --device at auto); `ds plan --device cuda` and "
                     "`ds estimate-memory` still plan for GPUs");
   if (asked) return *asked;

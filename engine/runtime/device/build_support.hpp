@@ -1,6 +1,6 @@
 // ds — what this binary was built with, said in one place: whether its LibTorch has CUDA (so ds trains on
 // GPUs), whether kernels/cuda are compiled in, and what the CUDA runtime sees. The build's macros are read
-// here and in the device's own files (device.cpp, model_kernels_cuda.cpp), nowhere else; the CLI gives the
+// here and in the device's own files (device.cpp, kernel_route.cpp), nowhere else; the CLI gives the
 // answer to the topology (engine/plan/device_traits.hpp), so `ds plan` refuses what this build lacks. No LibTorch.
 #pragma once
 

@@ -15,6 +15,7 @@
 
 #include "common/error.hpp"
 
+#include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/device/kernel_table_cuda.hpp"
 #include "kernels/cuda/optimizers.hpp"
 #include "kernels/cuda/check.hpp"
@@ -122,6 +123,8 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::unique_ptr<Device> make_cuda_device(int local_rank) {
+  if (!build_support().torch_cuda)  // a plan made without the build (a library caller): the build says it first
+    throw UserError("this build of ds has no CUDA LibTorch: it trains on the CPU", "train on the CPU (--device cpu)");
   const char* why = nullptr;
   const int n = kernels::cuda::device_count(&why);
   if (n == 0) throw UserError(std::string("no CUDA device is visible: ") + (why ? why : "none found"), "train on the CPU (--device cpu)");
