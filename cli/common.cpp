@@ -462,7 +462,9 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
   if (loaded.config.train.epochs && loaded.config.model.given) {
     try {
-      loaded.config.data.measured_tokens = measure_tokens(loaded.config.data);
+      DataConfig& data = loaded.config.data;
+      if (data.type == DataType::jsonl) data.measured_samples = measure_samples(data);
+      else data.measured_tokens = measure_tokens(data);
     } catch (const UserError& e) {
       throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
     }

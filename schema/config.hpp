@@ -202,9 +202,10 @@ struct DataConfig {
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;
   bool shuffle = true;  // false: samples in stream order (BatchSampler)
-  // Not a key: the data's size in tokens, measured by the command before it compiles the plan (train.epochs
-  // needs it); empty when not measured.
+  // Not keys: the data's size, measured by the command before it compiles the plan (train.epochs needs it):
+  // in tokens for a token stream, in samples (rows) for jsonl; empty when not measured.
   std::optional<int64_t> measured_tokens;
+  std::optional<int64_t> measured_samples;
 };
 
 struct TrainConfig {

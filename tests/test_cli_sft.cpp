@@ -144,3 +144,39 @@ TEST(CliSft, ARowWithNothingTrainedThenAValidationRun) {
   EXPECT_GT(m[0]["val_loss"].get<double>(), 0.0);
   EXPECT_GT(m[1]["loss"].get<double>(), 0.0);
 }
+
+// train.epochs on jsonl counts rows: steps = ceil(epochs x the training split's samples / the global batch),
+// the samples being the file's lines that are not blank (counted here independently of ds), and a run of one
+// epoch makes that many steps.
+TEST(CliSft, EpochsCountStepsInSamples) {
+  const std::string dir = fresh("sft_epochs");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/data.jsonl", std::ios::binary);
+    for (int i = 0; i < 45; ++i) {
+      f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}" << (i == 7 ? "\r\n" : "\n");
+      if (i % 20 == 3) f << (i == 3 ? "  \t\n" : "\n");  // blank lines hold no sample
+    }
+  }
+  int64_t samples = 0;
+  {
+    std::ifstream f(dir + "/data.jsonl");
+    for (std::string line; std::getline(f, line);)
+      if (line.find_first_not_of(" \t\r") != std::string::npos) ++samples;
+  }
+  ASSERT_EQ(samples, 45);
+  const int64_t split = samples - static_cast<int64_t>(samples * 0.1), batch = 8;
+  const std::string data = "data.path=" + dir + "/data.jsonl data.val_fraction=0.1 train_batch_size=8 train_micro_batch_size_per_gpu=8 ~train.steps ";
+  Result r = ds("plan examples/sft.json " + data + "train.epochs=2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json p = nlohmann::json::parse(r.out);
+  EXPECT_EQ(p["steps"].get<int64_t>(), (2 * split + batch - 1) / batch);
+  bool said = false;
+  for (const auto& v : p["resolved"])
+    if (v["path"] == "train.steps") said = v["source"].get<std::string>() == "train.epochs 2 x 41 training samples / 8 samples per step";
+  EXPECT_TRUE(said) << p["resolved"].dump();
+  EXPECT_EQ(p["scheduler"]["total_num_steps"], p["steps"]);
+  r = ds("train examples/sft.json " + data + "train.epochs=1 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(static_cast<int64_t>(metrics_of(dir + "/run").size()), (split + batch - 1) / batch);
+}

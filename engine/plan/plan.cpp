@@ -288,12 +288,15 @@ void steps_from_epochs(const Config& c, Plan& plan) {
   const auto src = c.value_source.find("train.steps");
   if (src != c.value_source.end() && (src->second == "file" || src->second == "override"))
     throw ConfigError(c.source, {{"train.epochs", "both train.steps and train.epochs are given", "give one: epochs count steps from the data's size"}});
-  if (!c.data.measured_tokens)
+  const bool rows = c.data.type == DataType::jsonl;  // one sample a row: an epoch is the split's samples
+  const std::optional<int64_t>& measured = rows ? c.data.measured_samples : c.data.measured_tokens;
+  if (!measured)
     throw ConfigError(c.source, {{"train.epochs", "needs the data's size, which was not read (data.path '" + c.data.path + "')",
                                   "plan where the data is, or give train.steps"}});
-  const int64_t n = *c.data.measured_tokens;
-  const int64_t train_tokens = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
-  const double exact = *c.train.epochs * static_cast<double>(train_tokens) / static_cast<double>(plan.tokens_per_step);
+  const int64_t n = *measured;
+  const int64_t split = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
+  const int64_t per_step = rows ? plan.batch.train_batch_size : plan.tokens_per_step;
+  const double exact = *c.train.epochs * static_cast<double>(split) / static_cast<double>(per_step);
   plan.steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(exact - 1e-9)));
   const auto is_schedule = [](const std::string& path) { return path.rfind("scheduler.", 0) == 0; };
   plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(), [&](const ResolvedValue& v) { return is_schedule(v.path); }),
@@ -302,8 +305,9 @@ void steps_from_epochs(const Config& c, Plan& plan) {
                       plan.warnings.end());
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
   plan.resolved.push_back({"train.steps", str(plan.steps),
-                           "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(train_tokens) + " training tokens / " +
-                               format_count(plan.tokens_per_step) + " tokens per step"});
+                           "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(split) +
+                               (rows ? " training samples / " : " training tokens / ") + format_count(per_step) +
+                               (rows ? " samples per step" : " tokens per step")});
 }
 
 namespace {

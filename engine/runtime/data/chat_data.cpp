@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -283,7 +284,11 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
   }
 }
 
-void JsonlSamples::add_file(const std::string& file) {
+namespace {
+
+// Each line of a jsonl file that is not blank (blank lines separate nothing), with its number from 1; a
+// line longer than kMaxLineBytes is refused where it is found.
+void each_sample_line(const std::string& file, const std::function<void(const std::string& line, int64_t number)>& take) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
   if (!f) throw UserError("cannot read '" + file + "'", "check data.path");
   std::string line;
@@ -299,9 +304,21 @@ void JsonlSamples::add_file(const std::string& file) {
     eof = c == EOF;
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines separate nothing
-    add_line(line, file + ":" + std::to_string(number));
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    take(line, number);
   }
+}
+
+}  // namespace
+
+void JsonlSamples::add_file(const std::string& file) {
+  each_sample_line(file, [&](const std::string& line, int64_t number) { add_line(line, file + ":" + std::to_string(number)); });
+}
+
+int64_t count_jsonl_samples(const std::vector<std::string>& files) {
+  int64_t n = 0;
+  for (const std::string& f : files) each_sample_line(f, [&](const std::string&, int64_t) { ++n; });
+  return n;
 }
 
 SampleSet JsonlSamples::take() {

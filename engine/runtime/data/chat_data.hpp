@@ -94,6 +94,10 @@ class JsonlSamples {
   int64_t shapes_[3] = {0, 0, 0};  // text, prompt/completion, conversations
 };
 
+// The samples these jsonl files hold, counted without tokenizing them: their lines that are not blank (each is
+// one sample, or an error when read). For train.epochs, which the plan resolves before the data is read.
+int64_t count_jsonl_samples(const std::vector<std::string>& files);
+
 // The samples of these jsonl files, in file then line order.
 SampleSet read_jsonl_samples(const std::vector<std::string>& files, const HfTokenizer& tok, const SampleOptions& o);
 

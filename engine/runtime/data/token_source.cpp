@@ -312,12 +312,15 @@ void ConcatTokenStream::read(int64_t begin, int64_t n, int32_t* out) const {
   }
 }
 
+int64_t measure_samples(const DataConfig& d) {
+  DS_CHECK(d.type == DataType::jsonl, "only jsonl data is a set of samples");
+  return count_jsonl_samples(data_files(d.path));
+}
+
 int64_t measure_tokens(const DataConfig& d) {
   if (d.type == DataType::synthetic) return int64_t{1} << 20;  // as open_token_stream draws it
   if (d.type == DataType::hdf5) return Hdf5TokenDataset(d.path, d.dataset).size();
-  if (d.type == DataType::jsonl)
-    throw UserError("train.epochs is not read for jsonl data yet (its samples are rows, not a token stream)",
-                    "give train.steps: samples per epoch / train_batch_size steps make one epoch");
+  DS_CHECK(d.type != DataType::jsonl, "jsonl data is measured in samples (measure_samples), not tokens");
   const std::vector<std::string> files = data_files(d.path);
   int64_t n = 0;
   if (d.type == DataType::tokens) {  // by size (llm.c's files say their count in the header); read when the run opens them

@@ -111,6 +111,9 @@ std::unique_ptr<SampleSet> open_samples(const DataConfig& data, int64_t vocab_si
 // and byte text by their sizes, GPT-2 BPE text by encoding it (once per process and file version). For
 // train.epochs, which the plan resolves before anything is read.
 int64_t measure_tokens(const DataConfig& data);
+// For jsonl data, the samples open_samples would give (one per line that is not blank), counted without
+// tokenizing: train.epochs counts its steps in rows.
+int64_t measure_samples(const DataConfig& data);
 
 // data.path's files: the file itself, or for a directory every regular file in it that is not hidden, in
 // name order (a dataset in shards). UserError for a directory with none.
