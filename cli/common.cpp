@@ -16,8 +16,10 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "cli/run_policy.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/device/build_support.hpp"
+#include "engine/runtime/io/checkpoint.hpp"
 #include "engine/runtime/io/weights.hpp"
 #include "schema/loader.hpp"
 #include "schema/rope_scaling.hpp"
@@ -450,6 +452,19 @@ void check_initial_weights(const std::string& init_from, const Plan& plan, std::
 
 }  // namespace
 
+// The resolved config with what a resumed run kept of its checkpoint written in, as if given: the run's
+// stored config says what it trains with, and the next resume compares against it.
+std::string with_kept_values(const std::string& resolved_json, const KeptFromCheckpoint& kept) {
+  if (kept.values.empty()) return resolved_json;
+  nlohmann::json j = nlohmann::json::parse(resolved_json);
+  for (const auto& [path, value] : kept.values) {
+    std::string pointer = "/" + path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    j[nlohmann::json::json_pointer(pointer)] = value;
+  }
+  return j.dump(2);
+}
+
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
   const ConfigArgs a = with_config_path(given);
   for (const auto& o : a.overrides)
@@ -470,11 +485,26 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     }
   }
   const Config& config = loaded.config;
+  // The checkpoint a run continues is settled before the plan: the compiler keeps its batch and schedule.
+  std::string resume_from;
+  std::optional<PlanRecord> checkpoint_plan;
+  std::optional<ResumedFrom> resumed;
+  if (a.resumes && config.model.given) {
+    resume_from = resume_checkpoint(config.train.resume, config.train.output_dir);
+    if (!resume_from.empty()) {
+      checkpoint_plan = read_checkpoint_plan(resume_from);
+      const PlanRecord& r = *checkpoint_plan;
+      resumed = ResumedFrom{r.train_batch_size, r.world_size, r.steps, r.scheduler, r.total_num_steps, r.warmup_num_steps};
+    }
+  }
   Plan plan;
   if (config.model.given) {
     const ModelHyper hyper = resolve_model_hyper(config.model);
     if (source) check_agrees_with_source(hyper, *source, config, a.config);
-    plan = compile_plan(config, build_model_spec(hyper), topo);
+    plan = compile_plan(config, build_model_spec(hyper), topo, resumed ? &*resumed : nullptr);
+    // A checkpoint of another model is refused first; then a global batch no whole accumulation keeps.
+    if (checkpoint_plan) check_resume_shapes(resume_from, *checkpoint_plan, plan);
+    if (!plan.kept.refusal.empty()) throw UserError(plan.kept.refusal, plan.kept.refusal_hint);
   } else {
     plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
     if (!a.model_optional)
@@ -498,7 +528,8 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   for (const ConfigIssue& w : plan.warnings)
     if (std::find(a.own_choices.begin(), a.own_choices.end(), w.path) == a.own_choices.end()) shown.push_back(w);
   if (!quiet) print_warnings(sub, shown);
-  return {std::move(loaded.config), std::move(plan), std::move(loaded.resolved_json)};
+  std::string resolved = with_kept_values(loaded.resolved_json, plan.kept);
+  return {std::move(loaded.config), std::move(plan), std::move(resolved), std::move(resume_from), std::move(checkpoint_plan)};
 }
 
 RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {

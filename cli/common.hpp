@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "common/error.hpp"
 #include "engine/plan/plan.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/plan/topology.hpp"
 #include "cli/launcher.hpp"
 
@@ -58,6 +60,9 @@ struct ConfigArgs {
   // ds train / ds profile: the plan runs on this machine with this build, so --device auto means what the
   // build can use (the CPU in a build without CUDA), not what the machine has.
   bool runs_here = false;
+  // ds train: the run continues a checkpoint (train.resume): found and read here, its batch and schedule
+  // kept by the compiler where the config leaves them open.
+  bool resumes = false;
   // Warnings about values the command itself chose, not the user (ds profile's train.steps makes the
   // scheduler's total_num_steps whatever it is): by JSON path, never printed.
   std::vector<std::string> own_choices;
@@ -81,7 +86,9 @@ void add_config_args(CLI::App* sub, ConfigArgs& args);
 struct CompiledConfig {
   Config config;
   Plan plan;
-  std::string resolved_json;  // the config with defaults filled (the run directory's config.json)
+  std::string resolved_json;  // the config with defaults filled, and what a resume kept (the run directory's config.json)
+  std::string resume_from;    // the checkpoint the run continues ("" none; ConfigArgs::resumes)
+  std::optional<PlanRecord> checkpoint_plan;  // its plan.json, its shapes checked against this plan
 };
 // Prints the plan's warnings unless `quiet` (a launcher whose rank 0 will print them itself).
 // What each "auto" the user wrote chose, as "key=value (rule)". The "auto"s only Hugging Face's Trainer can

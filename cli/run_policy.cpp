@@ -477,60 +477,6 @@ void check_resume_shapes(const std::string& checkpoint, const PlanRecord& old, c
                     "resume with the model the checkpoint was trained with");
 }
 
-std::vector<std::string> batch_pins(const PlanRecord& old, const Plan& plan, const Config& config, std::string* note, std::string* warning) {
-  if (old.train_batch_size <= 0) return {};  // a record without its batch
-  const int64_t was = old.train_batch_size, old_world = old.world_size;
-  const ResolvedBatch& b = plan.batch;
-  if (was == b.train_batch_size) return {};
-  auto source = [&](const char* key) {
-    const auto it = config.value_source.find(key);
-    return it == config.value_source.end() ? std::string("default") : it->second;
-  };
-  auto given = [&](const char* key) { return source(key) == "file" || source(key) == "override"; };
-  const std::string change = "the global batch would change from " + std::to_string(was) + " (the checkpoint's, " +
-                             std::to_string(old_world) + (old_world == 1 ? " rank" : " ranks") + ") to " +
-                             std::to_string(b.train_batch_size) + " (" + std::to_string(b.world_size) +
-                             (b.world_size == 1 ? " rank" : " ranks") + ")";
-  // The batch set for this run on its command line (or train_batch_size anywhere): the user's choice, said.
-  if (given("train_batch_size") || source("gradient_accumulation_steps") == "override" ||
-      source("train_micro_batch_size_per_gpu") == "override") {
-    *warning = change + ": the batch is set for this run, so it does";
-    return {};
-  }
-  const int64_t per_step = b.micro_batch * b.world_size;
-  if (was % per_step != 0)
-    throw UserError("resuming at another world size: " + change,
-                    "keep it with a micro batch that divides it: train_micro_batch_size_per_gpu x gradient_accumulation_steps x " +
-                        std::to_string(b.world_size) + " = " + std::to_string(was) + "; or change it knowingly with train_batch_size=" +
-                        std::to_string(b.train_batch_size));
-  const int64_t accumulation = was / per_step;
-  *note = "resuming on " + std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") + " (the checkpoint's run had " +
-          std::to_string(old_world) + "): keeping its global batch of " + std::to_string(was) + " with gradient_accumulation_steps=" +
-          std::to_string(accumulation) + " (set train_batch_size to change it)";
-  return {"train_batch_size=" + std::to_string(was), "gradient_accumulation_steps=" + std::to_string(accumulation)};
-}
-
-std::vector<std::string> schedule_pins(const PlanRecord& old, const Plan& plan, const Config& config, std::string* note) {
-  std::vector<std::string> pins;
-  if (plan.scheduler.type == SchedulerType::None || old.steps == plan.steps || old.scheduler != scheduler_type_name(plan.scheduler.type))
-    return pins;
-  const SchedulerConfig& now = plan.scheduler.params;
-  std::string kept;
-  for (const auto& [key, value, was] : {std::tuple{"total_num_steps", now.total_num_steps, old.total_num_steps},
-                                        {"warmup_num_steps", now.warmup_num_steps, old.warmup_num_steps}}) {
-    const std::string path = std::string("scheduler.params.") + key;
-    const auto src = config.value_source.find(path);
-    const bool given = src != config.value_source.end() && (src->second == "file" || src->second == "override");
-    if (given || !value || !was || *was == *value) continue;
-    pins.push_back(path + "=" + std::to_string(*was));
-    kept += (kept.empty() ? "" : ", ") + std::string(key) + "=" + std::to_string(*was);
-  }
-  if (!pins.empty())
-    *note = "train.steps " + std::to_string(old.steps) + " -> " + std::to_string(plan.steps) + ": the schedule keeps " + kept +
-            " from the checkpoint; set scheduler.params.total_num_steps (and warmup_num_steps) to stretch it";
-  return pins;
-}
-
 std::string resume_checkpoint(const std::string& resume, const std::string& output_dir) {
   if (resume == "false") return "";
   if (resume == "auto") return find_latest_checkpoint(output_dir);

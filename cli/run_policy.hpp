@@ -85,18 +85,4 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
 // from this plan's: the same parameter count in other shapes would load every weight into the wrong place.
 void check_resume_shapes(const std::string& checkpoint, const PlanRecord& checkpoint_plan, const Plan& plan);
 
-// Overrides that keep a resumed run's global batch when the world size changed: gradient_accumulation_steps
-// scaled so that micro x accumulation x world is the checkpoint's train_batch_size (`note` says so). Empty
-// when nothing changed, or when the batch is the user's choice (train_batch_size given, or the micro batch or
-// accumulation set on this command line: `warning` says the global batch changes). UserError with the
-// choices when no whole accumulation keeps it.
-std::vector<std::string> batch_pins(const PlanRecord& checkpoint_plan, const Plan& plan, const Config& config, std::string* note,
-                                    std::string* warning);
-
-// Overrides that keep a resumed run's schedule where the checkpoint had it: scheduler lengths that
-// followed train.steps ("auto" or absent) are pinned to the checkpoint's values when train.steps
-// changed. `note` says what was kept. Empty when nothing needs pinning.
-std::vector<std::string> schedule_pins(const PlanRecord& checkpoint_plan, const Plan& plan, const Config& config,
-                                       std::string* note);
-
 }  // namespace ds

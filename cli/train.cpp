@@ -198,32 +198,6 @@ void check_fits(const Plan& plan, bool no_fit_check, bool launcher) {
                               "a smaller micro batch, or model.activation_checkpointing, leaves more"}});
 }
 
-// The checkpoint's record, checked against this plan: the same tensors, and at another world size its global
-// batch kept (the accumulation adjusted, the plan compiled again) unless the config sets the batch itself.
-PlanRecord check_resume(const std::string& resume_from, ConfigArgs& args, CompiledConfig& compiled, bool launcher) {
-  PlanRecord record = read_checkpoint_plan(resume_from);
-  check_resume_shapes(resume_from, record, compiled.plan);
-  std::string note, warning;
-  const std::vector<std::string> keep = batch_pins(record, compiled.plan, compiled.config, &note, &warning);
-  if (!launcher && !note.empty()) std::cerr << "ds train: " << note << "\n";
-  if (!launcher && !warning.empty()) print_warnings("train", {{"", warning, ""}});
-  if (!keep.empty()) {
-    args.overrides.insert(args.overrides.end(), keep.begin(), keep.end());
-    compiled = compile_config("train", args, /*quiet=*/true);
-  }
-  return record;
-}
-
-// A longer run continues the checkpoint's schedule rather than stretching it mid-way.
-void keep_schedule(const PlanRecord& record, ConfigArgs& args, CompiledConfig& compiled) {
-  std::string note;
-  const auto pins = schedule_pins(record, compiled.plan, compiled.config, &note);
-  if (pins.empty()) return;
-  args.overrides.insert(args.overrides.end(), pins.begin(), pins.end());
-  compiled = compile_config("train", args, /*quiet=*/true);
-  std::cerr << "ds train: " << note << "\n";
-}
-
 // This process starts the ranks (--nproc-per-node, --hostfile) and waits for them.
 int launch_ranks_of(const RankLaunch& launch, const ConfigArgs& args, const CompiledConfig& compiled, const TrainArgs& a,
                     const RunDirLock& lock) {
@@ -263,6 +237,7 @@ int run_train(const TrainArgs& a) {
     ConfigArgs args = with_config_path(a.config);
     args.inputs_must_exist = true;
     args.runs_here = true;
+    args.resumes = true;
     // First, so that a train.resume=PATH override after it (or before: same key) names the checkpoint.
     if (a.resume && !explicit_resume_path(args.overrides)) args.overrides.insert(args.overrides.begin(), "train.resume=auto");
     // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
@@ -274,11 +249,12 @@ int run_train(const TrainArgs& a) {
     if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0) std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
     check_fits(compiled.plan, a.no_fit_check, launcher);
     const bool writes_run_dir = compiled.plan.topology.rank == 0;
-    // The checkpoint to continue from is settled first: a bad train.resume is the config's error, reported
-    // before anything about the output directory.
-    const std::string resume_from = resume_checkpoint(compiled.config.train.resume, compiled.config.train.output_dir);
-    const std::optional<PlanRecord> checkpoint_plan =
-        resume_from.empty() ? std::nullopt : std::optional(check_resume(resume_from, args, compiled, launcher));
+    // The checkpoint to continue from was settled with the plan (a bad train.resume is the config's error,
+    // reported before anything about the output directory); what the plan kept of it is said once.
+    const std::string& resume_from = compiled.resume_from;
+    const std::optional<PlanRecord>& checkpoint_plan = compiled.checkpoint_plan;
+    if (!launcher)
+      for (const std::string& note : compiled.plan.kept.notes) std::cerr << "ds train: " << note << "\n";
     RunDirLock lock;  // held until the run (or the launched ranks) ends
     if (writes_run_dir) {
       const Config& c = compiled.config;
@@ -293,12 +269,18 @@ int run_train(const TrainArgs& a) {
     opt.resume_from = resume_from;
     if (opt.resume_from.empty() && compiled.config.train.resume == "auto")
       std::cerr << "ds train: no checkpoint in " << compiled.config.train.output_dir << "/checkpoints: starting fresh\n";
-    if (checkpoint_plan) keep_schedule(*checkpoint_plan, args, compiled);
     const Plan& plan = compiled.plan;
     const Config& config = compiled.config;
     opt.resolved_config_json = compiled.resolved_json;
     if (!opt.resume_from.empty()) {
-      const std::vector<std::string> changed = config_changes_since(opt.resume_from, opt.resolved_config_json);
+      // What the plan kept of the checkpoint (its batch at another world size) keeps the run as it was: not a change.
+      std::vector<std::string> changed = config_changes_since(opt.resume_from, opt.resolved_config_json);
+      const auto kept = [&](const std::string& path) {
+        for (const auto& [p, value] : plan.kept.values)
+          if (p == path) return true;
+        return false;
+      };
+      changed.erase(std::remove_if(changed.begin(), changed.end(), kept), changed.end());
       if (!changed.empty())
         print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});

@@ -473,3 +473,54 @@ TEST(Plan, OneFitRuleWithItsHeadroom) {
   EXPECT_FALSE(tight.fits());
   EXPECT_FALSE(tight.does_not_fit());
 }
+
+// A resumed run keeps its checkpoint's global batch at another world size (the accumulation scaled) and the
+// schedule's lengths that followed train.steps, in one compile; a batch the user sets for this run changes,
+// said; a batch no whole accumulation keeps is the caller's to refuse, with the choices.
+TEST(PlanCompiler, AResumedRunKeepsItsCheckpointsBatchAndScheduleWhereTheConfigLeavesThemOpen) {
+  const char* text = R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true}, "model": {"preset": "gpt2-tiny"},
+    "scheduler": {"type": "WarmupCosineLR"}, "data": {"seq_len": 32}, "train": {"steps": 200}})";
+  ResumedFrom was;  // 2 ranks x micro 4 x accumulation 2, 100 steps of WarmupCosineLR (warmup 10, total 100)
+  was.train_batch_size = 16, was.world_size = 2, was.steps = 100, was.scheduler = "WarmupCosineLR";
+  was.total_num_steps = 100, was.warmup_num_steps = 10;
+  const auto compile = [&](const std::vector<std::string>& overrides, int world) {
+    Config c = load_config_text(text, "resume.json", overrides);
+    return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), test::thread_ranks(world, 0), &was);
+  };
+  const Plan p = compile({}, 1);
+  EXPECT_EQ(p.batch.train_batch_size, 16);
+  EXPECT_EQ(p.batch.grad_accum, 4);
+  EXPECT_EQ(p.tokens_per_step, 16 * 32);
+  EXPECT_EQ(p.steps, 200);
+  EXPECT_EQ(p.scheduler.params.total_num_steps, 100);
+  EXPECT_EQ(p.scheduler.params.warmup_num_steps, 10);
+  const std::vector<std::pair<std::string, int64_t>> kept{{"train_batch_size", 16}, {"gradient_accumulation_steps", 4},
+                                                           {"scheduler.params.total_num_steps", 100}, {"scheduler.params.warmup_num_steps", 10}};
+  EXPECT_EQ(p.kept.values, kept);
+  ASSERT_EQ(p.kept.notes.size(), 2u);
+  EXPECT_NE(p.kept.notes[0].find("keeping its global batch of 16 with gradient_accumulation_steps=4"), std::string::npos) << p.kept.notes[0];
+  EXPECT_NE(p.kept.notes[1].find("train.steps 100 -> 200: the schedule keeps total_num_steps=100, warmup_num_steps=10"), std::string::npos)
+      << p.kept.notes[1];
+  EXPECT_TRUE(p.kept.refusal.empty());
+  // The same plan as the values given by the user (what resuming did by overrides before).
+  Config given = load_config_text(text, "resume.json", {"train_batch_size=16", "gradient_accumulation_steps=4",
+                                                        "scheduler.params.total_num_steps=100", "scheduler.params.warmup_num_steps=10"});
+  const Plan same = compile_plan(given, build_model_spec(resolve_model_hyper(given.model)), test::thread_ranks(1, 0));
+  EXPECT_EQ(plan_to_json(p), plan_to_json(same));
+  // The schedule set in the file, and the batch set for this run: they act, the batch's change said.
+  const Plan mine = compile({"scheduler.params.total_num_steps=300", "gradient_accumulation_steps=1"}, 1);
+  EXPECT_EQ(mine.batch.train_batch_size, 4);
+  EXPECT_EQ(mine.scheduler.params.total_num_steps, 300);
+  EXPECT_EQ(mine.scheduler.params.warmup_num_steps, 10);  // still open: kept
+  bool said = false;
+  for (const ConfigIssue& w : mine.warnings) said = said || w.message.find("the batch is set for this run, so it does") != std::string::npos;
+  EXPECT_TRUE(said);
+  // 16 cannot be made of micro 4 on 3 ranks: refused by the caller, naming the choices.
+  const Plan three = compile({}, 3);
+  EXPECT_NE(three.kept.refusal.find("the global batch would change from 16 (the checkpoint's, 2 ranks) to 12 (3 ranks)"), std::string::npos)
+      << three.kept.refusal;
+  EXPECT_NE(three.kept.refusal_hint.find("train_micro_batch_size_per_gpu x gradient_accumulation_steps x 3 = 16"), std::string::npos);
+  // Nothing changed, nothing kept.
+  was.world_size = 1, was.train_batch_size = 4, was.steps = 200, was.total_num_steps = 200, was.warmup_num_steps = 20;
+  EXPECT_TRUE(compile({}, 1).kept.values.empty());
+}

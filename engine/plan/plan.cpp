@@ -282,6 +282,17 @@ void lay_out(Plan& plan, int stage) {
   plan.memory = estimate_memory(plan.execution, activations);
 }
 
+// The schedule resolved again for the plan's steps (or for `c`'s scheduler lengths): what it resolved and
+// warned before goes.
+void resolve_schedule_again(const Config& c, Plan& plan) {
+  const auto is_schedule = [](const std::string& path) { return path.rfind("scheduler.", 0) == 0; };
+  plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(), [&](const ResolvedValue& v) { return is_schedule(v.path); }),
+                      plan.resolved.end());
+  plan.warnings.erase(std::remove_if(plan.warnings.begin(), plan.warnings.end(), [&](const ConfigIssue& w) { return is_schedule(w.path); }),
+                      plan.warnings.end());
+  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
+}
+
 // train.epochs: the steps that see the training split's tokens that many times, once the batch is known;
 // the schedule's lengths that follow train.steps are resolved again for them.
 void steps_from_epochs(const Config& c, Plan& plan) {
@@ -298,16 +309,78 @@ void steps_from_epochs(const Config& c, Plan& plan) {
   const int64_t per_step = rows ? plan.batch.train_batch_size : plan.tokens_per_step;
   const double exact = *c.train.epochs * static_cast<double>(split) / static_cast<double>(per_step);
   plan.steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(exact - 1e-9)));
-  const auto is_schedule = [](const std::string& path) { return path.rfind("scheduler.", 0) == 0; };
-  plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(), [&](const ResolvedValue& v) { return is_schedule(v.path); }),
-                      plan.resolved.end());
-  plan.warnings.erase(std::remove_if(plan.warnings.begin(), plan.warnings.end(), [&](const ConfigIssue& w) { return is_schedule(w.path); }),
-                      plan.warnings.end());
-  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
+  resolve_schedule_again(c, plan);
   plan.resolved.push_back({"train.steps", str(plan.steps),
                            "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(split) +
                                (rows ? " training samples / " : " training tokens / ") + format_count(per_step) +
                                (rows ? " samples per step" : " tokens per step")});
+}
+
+bool given_by_user(const Config& c, const std::string& path) {
+  const auto it = c.value_source.find(path);
+  return it != c.value_source.end() && (it->second == "file" || it->second == "override");
+}
+
+// A resumed run at another world size keeps its checkpoint's global batch, the accumulation scaled so that
+// micro x accumulation x world is that batch, unless the batch is the user's choice for this run
+// (train_batch_size given, or the micro batch or accumulation set on the command line: then it changes, said).
+void keep_checkpoint_batch(const Config& c, const ResumedFrom& r, BatchInputs& bi, Plan& plan) {
+  const ResolvedBatch& b = plan.batch;
+  const int64_t was = r.train_batch_size;
+  if (was <= 0 || was == b.train_batch_size) return;  // a record without its batch, or nothing changed
+  const auto source = [&](const char* key) {
+    const auto it = c.value_source.find(key);
+    return it == c.value_source.end() ? std::string("default") : it->second;
+  };
+  const std::string change = "the global batch would change from " + str(was) + " (the checkpoint's, " + str(r.world_size) +
+                             (r.world_size == 1 ? " rank" : " ranks") + ") to " + str(b.train_batch_size) + " (" +
+                             std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") + ")";
+  if (given_by_user(c, "train_batch_size") || source("gradient_accumulation_steps") == "override" ||
+      source("train_micro_batch_size_per_gpu") == "override") {
+    plan.warnings.push_back({"", change + ": the batch is set for this run, so it does", ""});
+    return;
+  }
+  const int64_t per_step = b.micro_batch * b.world_size;
+  if (was % per_step != 0) {
+    plan.kept.refusal = "resuming at another world size: " + change;
+    plan.kept.refusal_hint = "keep it with a micro batch that divides it: train_micro_batch_size_per_gpu x gradient_accumulation_steps x " +
+                             std::to_string(b.world_size) + " = " + str(was) + "; or change it knowingly with train_batch_size=" +
+                             str(b.train_batch_size);
+    return;
+  }
+  const int64_t accumulation = was / per_step;
+  bi.train_batch_size = was;
+  bi.micro_batch = b.micro_batch;
+  bi.grad_accum = accumulation;
+  plan.batch = resolve_batch(bi);
+  plan.kept.values.push_back({"train_batch_size", was});
+  plan.kept.values.push_back({"gradient_accumulation_steps", accumulation});
+  plan.kept.notes.push_back("resuming on " + std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") +
+                            " (the checkpoint's run had " + str(r.world_size) + "): keeping its global batch of " + str(was) +
+                            " with gradient_accumulation_steps=" + str(accumulation) + " (set train_batch_size to change it)");
+}
+
+// A run resumed with other train.steps keeps the schedule's lengths that followed train.steps at the
+// checkpoint's values: it continues the schedule rather than stretch it mid-way.
+void keep_checkpoint_schedule(const Config& c, const ResumedFrom& r, Plan& plan) {
+  if (plan.scheduler.type == SchedulerType::None || r.steps == plan.steps || r.scheduler != scheduler_type_name(plan.scheduler.type))
+    return;
+  Config pinned = c;
+  std::string kept;
+  const SchedulerConfig& now = plan.scheduler.params;
+  for (const auto& [key, value, was, into] :
+       {std::tuple{"total_num_steps", now.total_num_steps, r.total_num_steps, &pinned.scheduler.total_num_steps},
+        {"warmup_num_steps", now.warmup_num_steps, r.warmup_num_steps, &pinned.scheduler.warmup_num_steps}}) {
+    const std::string path = std::string("scheduler.params.") + key;
+    if (given_by_user(c, path) || !value || !was || *was == *value) continue;
+    *into = *was;
+    plan.kept.values.push_back({path, *was});
+    kept += (kept.empty() ? "" : ", ") + std::string(key) + "=" + str(*was);
+  }
+  if (kept.empty()) return;
+  resolve_schedule_again(pinned, plan);
+  plan.kept.notes.push_back("train.steps " + str(r.steps) + " -> " + str(plan.steps) + ": the schedule keeps " + kept +
+                            " from the checkpoint; set scheduler.params.total_num_steps (and warmup_num_steps) to stretch it");
 }
 
 namespace {
@@ -511,7 +584,7 @@ void add_collectives_per_parameter(const Topology& topo, int stage, Plan& plan) 
 
 }  // namespace
 
-Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo) {
+Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo, const ResumedFrom* resumed) {
   Plan plan = plan_from_settings(c, topo);
   std::vector<ConfigIssue> errors;
   // Which tensors weight decay applies to is the model's per-tensor flag (matrices by default): "all" sets it on each.
@@ -535,6 +608,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   if (c.micro_batch_auto && !c.train_batch_size) choose_micro_batch(memory, stage, bi, plan, errors);
   resolve_batch_into(bi, plan, errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
+  if (resumed) keep_checkpoint_batch(c, *resumed, bi, plan);
   record_batch_derivation(bi, topo, plan);
   resolve_threads(c, topo, plan);
 
@@ -544,6 +618,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
   if (c.train.epochs) steps_from_epochs(c, plan);
+  if (resumed) keep_checkpoint_schedule(c, *resumed, plan);
   if (memory.device_budget > 0 && plan.device_bytes_per_rank() > memory.device_budget)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) + " per rank but the device has " +
                                      format_bytes(memory.device_budget),

@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/plan/batch.hpp"
@@ -104,6 +106,27 @@ struct ResolvedValue {
   std::string path, value, source;
 };
 
+// A resumed run's checkpoint, as far as its plan is kept where this config leaves things open (cli/ reads it
+// from the checkpoint's plan.json): its global batch at another world size, and its schedule's lengths when
+// train.steps changed (a longer run continues the schedule rather than stretch it mid-way).
+struct ResumedFrom {
+  int64_t train_batch_size = 0;  // 0: not recorded
+  int64_t world_size = 0;
+  int64_t steps = 0;
+  std::string scheduler;  // its type's name
+  std::optional<int64_t> total_num_steps, warmup_num_steps;
+};
+
+// What the compiler kept of a checkpoint's plan: the values, by the config path they take the place of (the
+// run's stored config is written with them, as if the user had given them), and a sentence for each.
+struct KeptFromCheckpoint {
+  std::vector<std::pair<std::string, int64_t>> values;
+  std::vector<std::string> notes;
+  // Why the checkpoint's global batch cannot be kept (no whole accumulation gives it), with the choices: the
+  // caller refuses the run, after checking the checkpoint is of this model. "" when nothing is refused.
+  std::string refusal, refusal_hint;
+};
+
 struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string config_source;
@@ -137,6 +160,7 @@ struct Plan {
   bool gradient_sum_over_ranks = false;  // gradient_allreduce_op "sum": ranks' gradients add up, not averaged
   std::vector<ResolvedValue> resolved;
   std::vector<ConfigIssue> warnings;  // the loader's plus the compiler's
+  KeptFromCheckpoint kept;            // a resumed run's (compile_plan's `resumed`)
 
   // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
   int zero_stage() const { return layout.stage; }
@@ -154,8 +178,10 @@ struct Plan {
 };
 
 // Resolves every "auto", the batch triangle and the precision policy, lays out the parameters and
-// sizes memory and communication. Throws ConfigError for combinations that cannot run.
-Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& topology);
+// sizes memory and communication. Throws ConfigError for combinations that cannot run. `resumed`: the
+// checkpoint a run continues, whose batch and schedule it keeps where the config leaves them open
+// (Plan::kept says what, or why its batch cannot be kept).
+Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& topology, const ResumedFrom* resumed = nullptr);
 
 // What can be planned from the config alone (a DeepSpeed ds_config without a model block): batch
 // triangle, precision, optimizer, schedule, ZeRO stage and placement. Throws ConfigError as compile_plan.
