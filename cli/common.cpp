@@ -452,6 +452,15 @@ void check_initial_weights(const std::string& init_from, const Plan& plan, std::
 
 }  // namespace
 
+void check_resumed(const CompiledConfig& compiled) {
+  if (compiled.resume_error) std::rethrow_exception(compiled.resume_error);
+  if (!compiled.checkpoint_plan) return;
+  // A checkpoint of another model is refused first; then a global batch no whole accumulation keeps.
+  check_resume_shapes(compiled.resume_from, *compiled.checkpoint_plan, compiled.plan);
+  const KeptFromCheckpoint& kept = compiled.plan.kept;
+  if (!kept.refusal.empty()) throw UserError(kept.refusal, kept.refusal_hint);
+}
+
 // The resolved config with what a resumed run kept of its checkpoint written in, as if given: the run's
 // stored config says what it trains with, and the next resume compares against it.
 std::string with_kept_values(const std::string& resolved_json, const KeptFromCheckpoint& kept) {
@@ -489,10 +498,18 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   std::string resume_from;
   std::optional<PlanRecord> checkpoint_plan;
   std::optional<ResumedFrom> resumed;
+  // A checkpoint that cannot be found or read is reported after the config's own errors (check_resumed).
+  std::exception_ptr resume_error;
   if (a.resumes && config.model.given) {
-    resume_from = resume_checkpoint(config.train.resume, config.train.output_dir);
-    if (!resume_from.empty()) {
-      checkpoint_plan = read_checkpoint_plan(resume_from);
+    try {
+      resume_from = resume_checkpoint(config.train.resume, config.train.output_dir);
+      if (!resume_from.empty()) checkpoint_plan = read_checkpoint_plan(resume_from);
+    } catch (const std::exception&) {
+      resume_error = std::current_exception();
+      resume_from.clear();
+      checkpoint_plan.reset();
+    }
+    if (checkpoint_plan) {
       const PlanRecord& r = *checkpoint_plan;
       resumed = ResumedFrom{r.train_batch_size, r.world_size, r.steps, r.scheduler, r.total_num_steps, r.warmup_num_steps};
     }
@@ -502,9 +519,6 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     const ModelHyper hyper = resolve_model_hyper(config.model);
     if (source) check_agrees_with_source(hyper, *source, config, a.config);
     plan = compile_plan(config, build_model_spec(hyper), topo, resumed ? &*resumed : nullptr);
-    // A checkpoint of another model is refused first; then a global batch no whole accumulation keeps.
-    if (checkpoint_plan) check_resume_shapes(resume_from, *checkpoint_plan, plan);
-    if (!plan.kept.refusal.empty()) throw UserError(plan.kept.refusal, plan.kept.refusal_hint);
   } else {
     plan = compile_plan_without_model(config, topo);  // the config's own problems first, then the missing model
     if (!a.model_optional)
@@ -529,7 +543,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
     if (std::find(a.own_choices.begin(), a.own_choices.end(), w.path) == a.own_choices.end()) shown.push_back(w);
   if (!quiet) print_warnings(sub, shown);
   std::string resolved = with_kept_values(loaded.resolved_json, plan.kept);
-  return {std::move(loaded.config), std::move(plan), std::move(resolved), std::move(resume_from), std::move(checkpoint_plan)};
+  return {std::move(loaded.config), std::move(plan), std::move(resolved), std::move(resume_from), std::move(checkpoint_plan), resume_error};
 }
 
 RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {

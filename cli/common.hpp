@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -88,8 +89,13 @@ struct CompiledConfig {
   Plan plan;
   std::string resolved_json;  // the config with defaults filled, and what a resume kept (the run directory's config.json)
   std::string resume_from;    // the checkpoint the run continues ("" none; ConfigArgs::resumes)
-  std::optional<PlanRecord> checkpoint_plan;  // its plan.json, its shapes checked against this plan
+  std::optional<PlanRecord> checkpoint_plan;  // its plan.json
+  std::exception_ptr resume_error;            // why it could not be found or read (check_resumed throws it)
 };
+// The resume settled with the plan, refused where it cannot go on: a checkpoint not found or unreadable, of
+// another model (its tensors' shapes), or whose global batch no whole accumulation keeps. After the config's
+// own errors and the fit check, before the run directory is touched.
+void check_resumed(const CompiledConfig& compiled);
 // Prints the plan's warnings unless `quiet` (a launcher whose rank 0 will print them itself).
 // What each "auto" the user wrote chose, as "key=value (rule)". The "auto"s only Hugging Face's Trainer can
 // fill (the learning rate, weight decay, betas, eps, warmup steps, fp16/bf16, clipping) go to `trainer_only`

@@ -64,6 +64,7 @@ int run_profile(const ProfileArgs& a) {
     const Scratch scratch(rank_process ? std::string() : make_scratch_dir());
     const std::string part_dir = rank_process ? a.part_dir : scratch.dir;
     args.overrides.push_back("train.steps=" + std::to_string(a.report.warmup + a.steps));
+    args.overrides.push_back("train.epochs=null");  // the steps profiled, not the config's epochs
     args.overrides.push_back("train.output_dir=" + part_dir + "/run");
     args.own_choices.push_back("scheduler.params.total_num_steps");  // follows the steps profiled, not the user's
     const CompiledConfig compiled = compile_config("profile", args, /*quiet=*/launcher);

@@ -248,6 +248,7 @@ int run_train(const TrainArgs& a) {
     const std::vector<std::string> autos = auto_choices(compiled.config, compiled.plan, nullptr);
     if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0) std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
     check_fits(compiled.plan, a.no_fit_check, launcher);
+    check_resumed(compiled);
     const bool writes_run_dir = compiled.plan.topology.rank == 0;
     // The checkpoint to continue from was settled with the plan (a bad train.resume is the config's error,
     // reported before anything about the output directory); what the plan kept of it is said once.

@@ -180,3 +180,16 @@ TEST(CliSft, EpochsCountStepsInSamples) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(static_cast<int64_t>(metrics_of(dir + "/run").size()), (split + batch - 1) / batch);
 }
+
+// Data with nothing to train on is refused when epochs count the steps, and ds profile measures its own steps
+// whatever epochs the config asks for.
+TEST(CliSft, EpochsOfNothingAreRefusedAndProfileIgnoresEpochs) {
+  const std::string dir = fresh("sft_epochs_empty");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/empty.jsonl") << "\n  \n";
+  Result r = ds("plan examples/sft.json data.path=" + dir + "/empty.jsonl ~train.steps train.epochs=1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "the training split holds no samples")) << r.err;
+  r = ds("profile examples/sft.json ~train.steps train.epochs=3 --steps 1");
+  EXPECT_EQ(r.code, 0) << r.err;
+}

@@ -239,6 +239,25 @@ TEST(CliHardening, SigtermSavesAndExits143WithACommandThatResumesThisRun) {
 // A checkpoint an earlier ds wrote, kept as it was (tests/data/checkpoint-46924e5: 2 ranks, ZeRO stage 3, a
 // qwen3 variant): today's ds resumes it on one rank with its global batch and schedule kept, exports it to
 // Hugging Face, and reshards it.
+// A resumed run's checkpoint is settled with the plan, but its problems come after the config's own: a bad
+// batch, or a missing data file, is reported before a checkpoint that is not there or cannot be continued.
+TEST(CliTrust, TheConfigsErrorsComeBeforeTheCheckpointsOnResume) {
+  const std::string dir = scratch_dir() + "/resume_order";
+  std::filesystem::remove_all(dir);
+  Result r = ds("train examples/quickstart.json train_batch_size=7 train.resume=" + dir + "/nowhere train.output_dir=" + dir + "/a");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "train_batch_size 7 != micro 16")) << r.err;
+  ASSERT_EQ(ds("train examples/quickstart.json train.steps=2 train.eval_every=0 train.output_dir=" + dir + "/b").code, 0);
+  // 16 cannot be kept on 2 ranks of micro 16; the missing data is said first.
+  r = ds("train examples/quickstart.json train.steps=4 data.type=tokens data.path=" + dir + "/none.bin train.output_dir=" + dir +
+         "/b --resume --nproc-per-node 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "none.bin' does not exist")) << r.err;
+  r = ds("train examples/quickstart.json train.steps=4 train.output_dir=" + dir + "/b --resume --nproc-per-node 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming at another world size: the global batch would change from 16")) << r.err;
+}
+
 TEST(CliTrust, ACheckpointKeptFromAnEarlierDsResumesExportsAndReshards) {
   namespace fs = std::filesystem;
   const std::string dir = scratch_dir() + "/kept", fixture = std::string(DS_SOURCE_DIR) + "/tests/data/checkpoint-46924e5";

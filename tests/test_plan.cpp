@@ -520,6 +520,21 @@ TEST(PlanCompiler, AResumedRunKeepsItsCheckpointsBatchAndScheduleWhereTheConfigL
   EXPECT_NE(three.kept.refusal.find("the global batch would change from 16 (the checkpoint's, 2 ranks) to 12 (3 ranks)"), std::string::npos)
       << three.kept.refusal;
   EXPECT_NE(three.kept.refusal_hint.find("train_micro_batch_size_per_gpu x gradient_accumulation_steps x 3 = 16"), std::string::npos);
+  // "auto" written in the file leaves a value open: kept like one left out.
+  const Plan autos = compile({"train_batch_size=auto", "gradient_accumulation_steps=auto", "scheduler.params.total_num_steps=auto"}, 1);
+  EXPECT_EQ(autos.batch.train_batch_size, 16);
+  EXPECT_EQ(autos.scheduler.params.total_num_steps, 100);
+  // A loader's warning on a scheduler key outlives the schedule resolved again.
+  const Plan inert = compile({"scheduler.params.last_batch_iteration=5"}, 1);
+  bool inert_said = false;
+  for (const ConfigIssue& w : inert.warnings) inert_said = inert_said || w.path == "scheduler.params.last_batch_iteration";
+  EXPECT_TRUE(inert_said);
+  EXPECT_EQ(inert.scheduler.params.total_num_steps, 100);
+  // At the same world size an edited accumulation is the user's (nothing kept); "auto" choosing another micro
+  // batch is kept as at another world size.
+  was.world_size = 1;
+  EXPECT_EQ(compile({"gradient_accumulation_steps=2"}, 1).batch.train_batch_size, 8);
+  EXPECT_TRUE(compile({"gradient_accumulation_steps=2"}, 1).kept.refusal.empty());
   // Nothing changed, nothing kept.
   was.world_size = 1, was.train_batch_size = 4, was.steps = 200, was.total_num_steps = 200, was.warmup_num_steps = 20;
   EXPECT_TRUE(compile({}, 1).kept.values.empty());

@@ -282,15 +282,23 @@ void lay_out(Plan& plan, int stage) {
   plan.memory = estimate_memory(plan.execution, activations);
 }
 
-// The schedule resolved again for the plan's steps (or for `c`'s scheduler lengths): what it resolved and
-// warned before goes.
-void resolve_schedule_again(const Config& c, Plan& plan) {
-  const auto is_schedule = [](const std::string& path) { return path.rfind("scheduler.", 0) == 0; };
-  plan.resolved.erase(std::remove_if(plan.resolved.begin(), plan.resolved.end(), [&](const ResolvedValue& v) { return is_schedule(v.path); }),
-                      plan.resolved.end());
-  plan.warnings.erase(std::remove_if(plan.warnings.begin(), plan.warnings.end(), [&](const ConfigIssue& w) { return is_schedule(w.path); }),
-                      plan.warnings.end());
-  plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
+// The schedule resolved again, for the plan's steps now and `after`'s scheduler lengths: what its resolution
+// for `before` and `steps_before` resolved and warned goes (only that: the loader's warnings stay).
+void resolve_schedule_again(const Config& before, int64_t steps_before, const Config& after, Plan& plan) {
+  std::vector<ResolvedValue> old_resolved;
+  std::vector<ConfigIssue> old_warnings;
+  resolve_scheduler(before, plan.optimizer.lr, steps_before, old_resolved, old_warnings);
+  for (const ResolvedValue& o : old_resolved) {
+    const auto it = std::find_if(plan.resolved.begin(), plan.resolved.end(),
+                                 [&](const ResolvedValue& v) { return v.path == o.path && v.value == o.value && v.source == o.source; });
+    if (it != plan.resolved.end()) plan.resolved.erase(it);
+  }
+  for (const ConfigIssue& o : old_warnings) {
+    const auto it = std::find_if(plan.warnings.begin(), plan.warnings.end(),
+                                 [&](const ConfigIssue& w) { return w.path == o.path && w.message == o.message; });
+    if (it != plan.warnings.end()) plan.warnings.erase(it);
+  }
+  plan.scheduler = resolve_scheduler(after, plan.optimizer.lr, plan.steps, plan.resolved, plan.warnings);
 }
 
 // train.epochs: the steps that see the training split's tokens that many times, once the batch is known;
@@ -307,18 +315,24 @@ void steps_from_epochs(const Config& c, Plan& plan) {
   const int64_t n = *measured;
   const int64_t split = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
   const int64_t per_step = rows ? plan.batch.train_batch_size : plan.tokens_per_step;
+  if (split <= 0)
+    throw ConfigError(c.source, {{"train.epochs", std::string("the training split holds no ") + (rows ? "samples" : "tokens") +
+                                                      " (data.path '" + c.data.path + "')",
+                                  "give data with something to train on"}});
   const double exact = *c.train.epochs * static_cast<double>(split) / static_cast<double>(per_step);
+  const int64_t steps_before = plan.steps;
   plan.steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(exact - 1e-9)));
-  resolve_schedule_again(c, plan);
+  resolve_schedule_again(c, steps_before, c, plan);
   plan.resolved.push_back({"train.steps", str(plan.steps),
                            "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(split) +
                                (rows ? " training samples / " : " training tokens / ") + format_count(per_step) +
                                (rows ? " samples per step" : " tokens per step")});
 }
 
-bool given_by_user(const Config& c, const std::string& path) {
+// A value the user gave as a number, in the file or on the command line ("auto" leaves it open; a default too).
+bool given_number(const Config& c, const std::string& path, bool has_value) {
   const auto it = c.value_source.find(path);
-  return it != c.value_source.end() && (it->second == "file" || it->second == "override");
+  return has_value && it != c.value_source.end() && (it->second == "file" || it->second == "override");
 }
 
 // A resumed run at another world size keeps its checkpoint's global batch, the accumulation scaled so that
@@ -328,21 +342,27 @@ void keep_checkpoint_batch(const Config& c, const ResumedFrom& r, BatchInputs& b
   const ResolvedBatch& b = plan.batch;
   const int64_t was = r.train_batch_size;
   if (was <= 0 || was == b.train_batch_size) return;  // a record without its batch, or nothing changed
-  const auto source = [&](const char* key) {
+  // At the same world size the batch changed because the config did (the user's edit: it acts, and is said
+  // as a config change) or because "auto" chose another micro batch (kept, as at another world size).
+  const bool same_world = r.world_size == b.world_size;
+  if (same_world && !c.micro_batch_auto) return;
+  const auto on_command_line = [&](const char* key) {
     const auto it = c.value_source.find(key);
-    return it == c.value_source.end() ? std::string("default") : it->second;
+    return it != c.value_source.end() && it->second == "override";
   };
   const std::string change = "the global batch would change from " + str(was) + " (the checkpoint's, " + str(r.world_size) +
                              (r.world_size == 1 ? " rank" : " ranks") + ") to " + str(b.train_batch_size) + " (" +
                              std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") + ")";
-  if (given_by_user(c, "train_batch_size") || source("gradient_accumulation_steps") == "override" ||
-      source("train_micro_batch_size_per_gpu") == "override") {
+  // Given means a number ("auto" leaves it open): train_batch_size anywhere, the others on the command line.
+  if (given_number(c, "train_batch_size", c.train_batch_size.has_value()) ||
+      (c.gradient_accumulation_steps && on_command_line("gradient_accumulation_steps")) ||
+      (c.train_micro_batch_size_per_gpu && on_command_line("train_micro_batch_size_per_gpu"))) {
     plan.warnings.push_back({"", change + ": the batch is set for this run, so it does", ""});
     return;
   }
   const int64_t per_step = b.micro_batch * b.world_size;
   if (was % per_step != 0) {
-    plan.kept.refusal = "resuming at another world size: " + change;
+    plan.kept.refusal = std::string(same_world ? "resuming with another micro batch: " : "resuming at another world size: ") + change;
     plan.kept.refusal_hint = "keep it with a micro batch that divides it: train_micro_batch_size_per_gpu x gradient_accumulation_steps x " +
                              std::to_string(b.world_size) + " = " + str(was) + "; or change it knowingly with train_batch_size=" +
                              str(b.train_batch_size);
@@ -355,9 +375,11 @@ void keep_checkpoint_batch(const Config& c, const ResumedFrom& r, BatchInputs& b
   plan.batch = resolve_batch(bi);
   plan.kept.values.push_back({"train_batch_size", was});
   plan.kept.values.push_back({"gradient_accumulation_steps", accumulation});
-  plan.kept.notes.push_back("resuming on " + std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") +
-                            " (the checkpoint's run had " + str(r.world_size) + "): keeping its global batch of " + str(was) +
-                            " with gradient_accumulation_steps=" + str(accumulation) + " (set train_batch_size to change it)");
+  const std::string why = same_world ? "resuming with another micro batch (\"auto\" chose " + str(b.micro_batch) + ")"
+                                      : "resuming on " + std::to_string(b.world_size) + (b.world_size == 1 ? " rank" : " ranks") +
+                                            " (the checkpoint's run had " + str(r.world_size) + ")";
+  plan.kept.notes.push_back(why + ": keeping its global batch of " + str(was) + " with gradient_accumulation_steps=" + str(accumulation) +
+                            " (set train_batch_size to change it)");
 }
 
 // A run resumed with other train.steps keeps the schedule's lengths that followed train.steps at the
@@ -368,17 +390,18 @@ void keep_checkpoint_schedule(const Config& c, const ResumedFrom& r, Plan& plan)
   Config pinned = c;
   std::string kept;
   const SchedulerConfig& now = plan.scheduler.params;
-  for (const auto& [key, value, was, into] :
-       {std::tuple{"total_num_steps", now.total_num_steps, r.total_num_steps, &pinned.scheduler.total_num_steps},
-        {"warmup_num_steps", now.warmup_num_steps, r.warmup_num_steps, &pinned.scheduler.warmup_num_steps}}) {
+  // A length the config gives as a number is the user's; one "auto" or left out followed train.steps.
+  for (const auto& [key, given, value, was, into] :
+       {std::tuple{"total_num_steps", c.scheduler.total_num_steps, now.total_num_steps, r.total_num_steps, &pinned.scheduler.total_num_steps},
+        {"warmup_num_steps", c.scheduler.warmup_num_steps, now.warmup_num_steps, r.warmup_num_steps, &pinned.scheduler.warmup_num_steps}}) {
     const std::string path = std::string("scheduler.params.") + key;
-    if (given_by_user(c, path) || !value || !was || *was == *value) continue;
+    if (given_number(c, path, given.has_value()) || !value || !was || *was == *value) continue;
     *into = *was;
     plan.kept.values.push_back({path, *was});
     kept += (kept.empty() ? "" : ", ") + std::string(key) + "=" + str(*was);
   }
   if (kept.empty()) return;
-  resolve_schedule_again(pinned, plan);
+  resolve_schedule_again(c, plan.steps, pinned, plan);
   plan.kept.notes.push_back("train.steps " + str(r.steps) + " -> " + str(plan.steps) + ": the schedule keeps " + kept +
                             " from the checkpoint; set scheduler.params.total_num_steps (and warmup_num_steps) to stretch it");
 }

@@ -123,11 +123,11 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::unique_ptr<Device> make_cuda_device(int local_rank) {
+  if (!build_support().torch_cuda)  // a plan made without the build (a library caller): the build says it first
+    throw UserError("this build of ds has no CUDA LibTorch: it trains on the CPU", "train on the CPU (--device cpu)");
   const char* why = nullptr;
   const int n = kernels::cuda::device_count(&why);
   if (n == 0) throw UserError(std::string("no CUDA device is visible: ") + (why ? why : "none found"), "train on the CPU (--device cpu)");
-  if (!build_support().torch_cuda)  // a plan made without the build (a library caller): the build's reason, not the driver's
-    throw UserError("this build of ds has no CUDA LibTorch: it trains on the CPU", "train on the CPU (--device cpu)");
   if (!torch::cuda::is_available())
     throw UserError("LibTorch sees no usable GPU, though the CUDA runtime shows " + std::to_string(n) + " (its driver or CUDA runtime differs)",
                     "train on the CPU (--device cpu), or run ds where PyTorch's CUDA works");
