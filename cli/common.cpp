@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/run_policy.hpp"
 #include "common/did_you_mean.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
-#include "cli/run_policy.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/io/checkpoint.hpp"

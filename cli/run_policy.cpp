@@ -483,10 +483,14 @@ std::string resume_checkpoint(const std::string& resume, const std::string& outp
   return resolve_checkpoint_path(resume);
 }
 
-std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json) {
+std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json,
+                                              const KeptFromCheckpoint& kept) {
+  const auto was_kept = [&](const std::string& path) {
+    return std::any_of(kept.values.begin(), kept.values.end(), [&](const auto& v) { return v.first == path; });
+  };
   std::vector<std::string> changed;
   for (const auto& p : json_differences(read_checkpoint_text(checkpoint, "config_json"), resolved_config_json))
-    if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0) changed.push_back(p);
+    if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p)) changed.push_back(p);
   return changed;
 }
 

@@ -78,8 +78,10 @@ class RunDirLock {
 std::string resume_checkpoint(const std::string& resume, const std::string& output_dir);
 
 // The keys whose resolved values differ between the checkpoint's config and this run's, besides those
-// a continued run is meant to change (train.resume, train.steps, the scheduler's lengths).
-std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json);
+// a continued run is meant to change (train.resume, train.steps, the scheduler's lengths) and those the plan
+// kept of the checkpoint to continue it as it was (`kept`: Plan::kept's paths).
+std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json,
+                                              const KeptFromCheckpoint& kept);
 
 // Throws UserError when the checkpoint's tensors (its plan's layout: names and shapes, in order) differ
 // from this plan's: the same parameter count in other shapes would load every weight into the wrong place.

@@ -274,14 +274,7 @@ int run_train(const TrainArgs& a) {
     const Config& config = compiled.config;
     opt.resolved_config_json = compiled.resolved_json;
     if (!opt.resume_from.empty()) {
-      // What the plan kept of the checkpoint (its batch at another world size) keeps the run as it was: not a change.
-      std::vector<std::string> changed = config_changes_since(opt.resume_from, opt.resolved_config_json);
-      const auto kept = [&](const std::string& path) {
-        for (const auto& [p, value] : plan.kept.values)
-          if (p == path) return true;
-        return false;
-      };
-      changed.erase(std::remove_if(changed.begin(), changed.end(), kept), changed.end());
+      const std::vector<std::string> changed = config_changes_since(opt.resume_from, opt.resolved_config_json, plan.kept);
       if (!changed.empty())
         print_warnings("train", {{"", "the config differs from the checkpoint's at: " + join(changed, ", "),
                                   "intended for keys such as train.steps; other changes alter the run being continued"}});
