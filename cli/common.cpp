@@ -315,8 +315,6 @@ const std::vector<ArchitectureKey>& architecture_keys() {
 
 bool rotary(const ModelHyper& h) { return h.traits().positions == Positions::rotary; }
 
-bool config_gives_architecture(const ModelConfig& m) { return !m.preset.empty() || !m.hf_config.empty() || m.explicit_fields.arch; }
-
 // The machine planned for: flags over the launcher's environment; a run here uses what this build can.
 Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   TopologyOptions topt;
@@ -335,29 +333,32 @@ Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   return t;
 }
 
-// model.init_from: the model is the source's. A config that names no architecture takes it (as explicit
-// keys, so the run's stored config says what it trained), and the source's special tokens unless the
-// config sets them. Returns the source's architecture (none without init_from).
-std::optional<ModelHyper> take_source_architecture(const std::string& sub, const ConfigArgs& a, bool quiet, LoadedConfig& loaded) {
-  if (!loaded.config.model.given || loaded.config.model.init_from.empty()) return std::nullopt;
-  const bool takes_architecture = !config_gives_architecture(loaded.config.model);
-  std::optional<ModelHyper> source = source_architecture(loaded.config.model.init_from, takes_architecture, a.config);
-  if (!source) return source;
-  std::vector<std::string> with = a.overrides;
-  if (takes_architecture)
-    for (const ArchitectureKey& k : architecture_keys())
-      if (!k.rotary_only || rotary(*source)) with.push_back("model." + std::string(k.key) + "=" + k.value(*source));
-  // The special tokens go with the weights (an export writes them to config.json and generation_config.json).
-  const ModelFields& set = loaded.config.model.explicit_fields;
-  if (!set.bos_token_id)
-    with.push_back("model.bos_token_id=" + (source->bos_token_id >= 0 ? std::to_string(source->bos_token_id) : std::string("null")));
-  if (!set.eos_token_id)
-    with.push_back("model.eos_token_id=" + (source->eos_token_id.empty() ? std::string("null") : nlohmann::json(source->eos_token_id).dump()));
-  loaded = load_config_file_with_json(a.config, with);
-  if (!quiet && takes_architecture)
-    std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
-              << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
-  return source;
+// model.init_from: the model is the source's. Asked by the loader (ModelSourceKeys) while the config loads:
+// a config that names no architecture takes the source's (as keys, so the run's stored config says what it
+// trained), and the source's special tokens unless the config sets them. `source` receives the source's
+// architecture (none without init_from); `takes` whether the config took it.
+ModelSourceKeys source_keys(const std::string& config_path, std::optional<ModelHyper>& source, bool& takes) {
+  return [&source, &takes, config_path](const std::string& init_from, const nlohmann::json& model) {
+    const auto given = [&](const char* key) {
+      return model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty());
+    };
+    takes = !given("preset") && !given("hf_config") && !given("arch");
+    source = source_architecture(init_from, takes, config_path);
+    nlohmann::json keys = nlohmann::json::object();
+    if (!source) return keys;
+    // A key's text as an override would have it: JSON where it reads as JSON, else a string (the arch's name).
+    const auto value = [](const std::string& text) {
+      nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
+      return v.is_discarded() ? nlohmann::json(text) : v;
+    };
+    if (takes)
+      for (const ArchitectureKey& k : architecture_keys())
+        if (!k.rotary_only || rotary(*source)) keys[k.key] = value(k.value(*source));
+    // The special tokens go with the weights (an export writes them to config.json and generation_config.json).
+    keys["bos_token_id"] = source->bos_token_id >= 0 ? nlohmann::json(source->bos_token_id) : nlohmann::json(nullptr);
+    keys["eos_token_id"] = source->eos_token_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(source->eos_token_id);
+    return keys;
+  };
 }
 
 // A config that names an architecture must agree with model.init_from's, key by key.
@@ -474,6 +475,12 @@ std::string with_kept_values(const std::string& resolved_json, const KeptFromChe
   return j.dump(2);
 }
 
+std::string resolved_config(const ConfigArgs& a) {
+  std::optional<ModelHyper> source;
+  bool takes_architecture = false;
+  return resolved_config_json(a.config, a.overrides, 2, source_keys(a.config, source, takes_architecture));
+}
+
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, bool quiet) {
   const ConfigArgs a = with_config_path(given);
   for (const auto& o : a.overrides)
@@ -481,8 +488,12 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
       throw UserError("'" + o + "' is neither an override nor a flag",
                       "overrides look like zero_optimization.stage=3 or ~scheduler; flags start with --");
   const Topology topo = topology_of(sub, a, quiet);
-  LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides);
-  const std::optional<ModelHyper> source = take_source_architecture(sub, a, quiet, loaded);
+  std::optional<ModelHyper> source;
+  bool takes_architecture = false;
+  LoadedConfig loaded = load_config_file_with_json(a.config, a.overrides, source_keys(a.config, source, takes_architecture));
+  if (source && takes_architecture && !quiet)
+    std::cerr << "ds " << sub << ": the model is model.init_from's: " << model_arch_name(source->arch) << ", " << source->num_layers
+              << " layers x " << source->hidden_size << " wide, vocab " << source->vocab_size << "\n";
   // train.epochs counts steps from the data's size: read here (the plan itself reads no files).
   if (loaded.config.train.epochs && loaded.config.model.given) {
     try {

@@ -103,6 +103,9 @@ void check_resumed(const CompiledConfig& compiled);
 std::vector<std::string> auto_choices(const Config& config, const Plan& plan, std::vector<ConfigIssue>* trainer_only);
 
 CompiledConfig compile_config(const std::string& sub, const ConfigArgs& args, bool quiet = false);
+// The config resolved as a run stores it (defaults filled, model.init_from's architecture taken), for
+// `ds plan --resolved-config`.
+std::string resolved_config(const ConfigArgs& args);
 inline Plan build_plan(const std::string& sub, const ConfigArgs& args) { return compile_config(sub, args).plan; }
 
 // One subcommand: its CLI11 node and the function that runs it once parsed.

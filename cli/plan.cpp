@@ -80,7 +80,7 @@ int run_plan(const PlanArgs& a) {
   return run_guarded("plan", [&] {
     ConfigArgs args = with_config_path(a.config);
     if (a.show_config) {
-      std::cout << resolved_config_json(args.config, args.overrides) << "\n";
+      std::cout << resolved_config(args) << "\n";
       return 0;
     }
     args.model_optional = true;  // a bare DeepSpeed config plans what it can

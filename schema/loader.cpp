@@ -1,7 +1,7 @@
 // load_config: the steps in order. Each step collects problems instead of stopping at the first, so
 // one run of `ds plan` lists everything wrong with a config.
 //   parse -> rewrite legacy spellings -> apply overrides -> rewrite again (overrides may use old
-//   names) -> fill defaults -> validate -> replace "auto" that means "the default" -> typed read.
+//   names) -> model.init_from's keys -> fill defaults -> validate -> replace "auto" that means "the default" -> typed read.
 #include "schema/loader.hpp"
 
 #include <fcntl.h>
@@ -81,7 +81,31 @@ struct Loaded {
   Config config;
 };
 
-Loaded load(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+// The keys model.init_from's source gives, set where the model block leaves them unset (their paths in
+// `taken`). The source's error is returned, to be thrown only if the config itself has none.
+std::exception_ptr take_source_keys(json& doc, const ModelSourceKeys& from_source, std::vector<std::string>& taken) {
+  if (!from_source || !doc.contains("model") || !doc["model"].is_object()) return nullptr;
+  json& model = doc["model"];
+  const auto init_from = model.find("init_from");
+  if (init_from == model.end() || !init_from->is_string() || init_from->get<std::string>().empty()) return nullptr;
+  json keys;
+  try {
+    keys = from_source(init_from->get<std::string>(), model);
+  } catch (const ConfigError&) {
+    return std::current_exception();
+  }
+  DS_CHECK(keys.is_object() || keys.is_null(), "model.init_from's keys are not an object: ", keys.dump());
+  if (keys.is_object())
+    for (const auto& [key, value] : keys.items())
+      if (!model.contains(key)) {
+        model[key] = value;
+        taken.push_back("model." + key);
+      }
+  return nullptr;
+}
+
+Loaded load(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+            const ModelSourceKeys& from_source = {}) {
   std::vector<ConfigIssue> errors, warnings;
   json doc = parse_config_json(text, source, errors);
   if (!doc.is_object())
@@ -95,6 +119,8 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   std::vector<std::string> overridden;
   apply_overrides(doc, overrides, errors, overridden);
   normalize_legacy(doc, errors, warnings);
+  std::vector<std::string> taken;
+  const std::exception_ptr source_error = errors.empty() ? take_source_keys(doc, from_source, taken) : nullptr;
 
   SchemaWalk walk(config_schema());
   std::vector<std::string> filled;
@@ -109,6 +135,7 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   for (const auto& p : from_file) sources[p] = "file";
   for (const auto& p : filled) sources[p] = "default";
   for (const auto& p : overridden) sources[p] = "override";
+  for (const auto& p : taken) sources[p] = "init_from";
   std::map<std::string, std::string> autos;
   substitute_default_autos(config_schema(), doc, path, sources, autos);
 
@@ -118,6 +145,7 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   });
   if (!c.model.hf_config.empty()) c.model.from_hf = read_hf_config(c.model.hf_config, errors);
   if (!errors.empty()) throw ConfigError(source, errors);
+  if (source_error) std::rethrow_exception(source_error);
   c.source = source;
   c.warnings = std::move(warnings);
   c.value_source = std::move(sources);
@@ -200,12 +228,15 @@ LoadedConfig load_config_text_with_json(const std::string& text, const std::stri
   return {std::move(l.config), l.doc.dump(2)};
 }
 
-LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides) {
-  return load_config_text_with_json(loader::read_config_text_file(path), path, overrides);
+LoadedConfig load_config_file_with_json(const std::string& path, const std::vector<std::string>& overrides,
+                                       const ModelSourceKeys& from_source) {
+  Loaded l = load(loader::read_config_text_file(path), path, overrides, from_source);
+  return {std::move(l.config), l.doc.dump(2)};
 }
 
-std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent) {
-  return load(loader::read_config_text_file(path), path, overrides).doc.dump(indent);
+std::string resolved_config_json(const std::string& path, const std::vector<std::string>& overrides, int indent,
+                                 const ModelSourceKeys& from_source) {
+  return load(loader::read_config_text_file(path), path, overrides, from_source).doc.dump(indent);
 }
 
 }  // namespace ds

@@ -235,7 +235,28 @@ TEST(CliConvert, InitFromTakesTheSourcesArchitectureAndRefusesAConfigThatDisagre
     const nlohmann::json cfg = nlohmann::json::parse(slurp(out + "/config.json"));
     EXPECT_EQ(cfg["model"]["hidden_size"], 64) << cfg["model"].dump();
     EXPECT_EQ(cfg["model"]["arch"], "gpt2");
+    // `ds plan --resolved-config` shows the config the run stored: the same model block, source's keys taken.
+    r = ds("plan examples/quickstart.json ~model.preset model.init_from=" + source + " train.steps=2 train.eval_every=0 train.output_dir=" +
+           out + " --resolved-config");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["model"], cfg["model"]);
   }
+  // A key the config gives without naming an architecture is the user's: checked against the source, never
+  // replaced by its value.
+  r = ds("train examples/quickstart.json ~model.preset model.hidden_size=32 model.init_from=" + dir + "/hf train.steps=2 train.output_dir=" +
+         dir + "/narrow");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.hidden_size: the config gives 32, but model.init_from (" + dir + "/hf) was trained with 64")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/narrow"));
+  // The config's own mistakes come before a source that is not there.
+  r = ds("train examples/quickstart.json ~model.preset model.init_from=" + dir + "/nowhere zero_optimization.stage=7 train.output_dir=" +
+         dir + "/never");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "zero_optimization.stage")) << r.err;
+  EXPECT_FALSE(contains(r.err, "nowhere")) << r.err;
+  r = ds("train examples/quickstart.json ~model.preset model.init_from=" + dir + "/nowhere train.output_dir=" + dir + "/never");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.init_from: '" + dir + "/nowhere' does not exist")) << r.err;
   // A config whose architecture computes another function: refused, naming the key and both values.
   r = ds("train examples/quickstart.json model.init_from=" + dir + "/hf model.norm_eps=1e-6 train.steps=2 train.output_dir=" + dir + "/eps");
   EXPECT_EQ(r.code, 2) << r.err;
