@@ -105,7 +105,12 @@ std::string topology_text(const Topology& t) {
 std::string batch_text(const Plan& p) {
   if (p.batch.micro_batch == 0) return "micro batch auto: the largest that fits, chosen once the model is known";
   return "global " + std::to_string(p.batch.train_batch_size) + " = micro " + std::to_string(p.batch.micro_batch) +
-         " x accumulation " + std::to_string(p.batch.grad_accum) + " x world " + std::to_string(p.batch.world_size);
+         " x accumulation " + std::to_string(p.batch.grad_accum) + (p.mesh.shape.splits_the_model() ? " x data ranks " : " x world ") +
+         std::to_string(p.batch.world_size);
+}
+
+std::string mesh_text(const MeshShape& m) {
+  return "data " + std::to_string(m.data) + " x tensor " + std::to_string(m.tensor) + " x pipeline " + std::to_string(m.pipeline);
 }
 
 std::string run_text(const Plan& p) {
@@ -130,6 +135,7 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
   auto row = [&](const char* key, const std::string& value) { o << "  " << pad(key, 12) << value << "\n"; };
   o << h("Plan for " + p.config_source) << " (no model block: the settings alone)\n";
   row("topology", topology_text(p.topology));
+  if (p.mesh.shape.splits_the_model()) row("mesh", mesh_text(p.mesh.shape) + " (the stages need the model)");
   row("batch", batch_text(p));
   row("precision", precision_text(p.precision));
   if (!p.precision.note.empty()) row("", p.precision.note);
@@ -287,6 +293,44 @@ void summary_rows(const Plan& p, const std::function<std::string(const std::stri
   for (size_t i = 0; i < not_yet.size(); ++i) row(i == 0 ? "NOT YET" : "", "ds train refuses " + not_yet[i]);
 }
 
+// A few groups of ranks, "[0 1] [2 3] ... (16 groups)" beyond `shown`.
+std::string groups_text(const std::vector<std::vector<int>>& groups, size_t shown = 8) {
+  std::string out;
+  for (size_t g = 0; g < groups.size() && g < shown; ++g) {
+    out += g ? " [" : "[";
+    for (size_t i = 0; i < groups[g].size(); ++i) out += (i ? " " : "") + std::to_string(groups[g][i]);
+    out += "]";
+  }
+  if (groups.size() > shown) out += " ... (" + std::to_string(groups.size()) + " groups)";
+  return out;
+}
+
+// A model split over ranks: the groups each kind of parallelism forms, each stage's blocks and parameters per
+// rank, and the pipeline's bubble. Nothing when the ranks are data parallel alone.
+void mesh_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
+  const MeshPlan& m = p.mesh;
+  if (!m.shape.splits_the_model()) return;
+  o << "\n" << h("Mesh: " + mesh_text(m.shape) + " = " + std::to_string(m.shape.world()) + " ranks")
+    << " (tensor fastest, then data, then pipeline)\n";
+  for (MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline})
+    o << "  " << pad(std::string(mesh_axis_name(axis)) + " groups", 17) << groups_text(mesh_groups(m.shape, axis)) << "\n";
+  if (m.tensor_groups_across_nodes > 0)
+    o << "  " << m.tensor_groups_across_nodes << " tensor groups span two nodes: their all-reduces (two per block per micro-batch) "
+      << "cross the network; a tensor size that divides the ranks per node keeps them inside one\n";
+  o << "  " << pad("stage", 7) << pad("blocks", 12) << pad("also holds", 22) << lpad("params per rank", 16) << lpad("in flight", 11) << "\n";
+  for (size_t s = 0; s < m.stages.size(); ++s) {
+    const PipelineStage& st = m.stages[s];
+    std::string also = st.embeddings && st.head ? "embeddings, head" : st.embeddings ? "embeddings" : st.head ? "final norm, head" : "";
+    o << "  " << pad(std::to_string(s), 7)
+      << pad(std::to_string(st.first_block) + "-" + std::to_string(st.first_block + st.blocks - 1) + " (" + std::to_string(st.blocks) + ")", 12)
+      << pad(also, 22) << lpad(format_count(st.params_per_rank), 16) << lpad(std::to_string(st.in_flight), 11) << "\n";
+  }
+  o << "  stages cut by " << m.partition_text << "; \"in flight\": micro-batches whose activations a stage holds at once (1F1B)\n";
+  if (m.shape.pipeline > 1)
+    o << "  pipeline bubble: " << format_fixed(100 * m.bubble, 1) << "% of each step idle ((p - 1) / (m + p - 1), p "
+      << m.shape.pipeline << " stages, m " << m.micro_batches << " micro-batches: gradient_accumulation_steps)\n";
+}
+
 // Memory per rank by category (in one unit, the largest in which its biggest figure is at least 1), and
 // the fit by the one rule (engine/plan/fit.hpp) that estimate-memory and the "auto" choices judge by.
 void memory_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
@@ -405,6 +449,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   if (!p.has_model) return render_settings_only(p, h);
   std::ostringstream o;
   summary_rows(p, h, o);
+  mesh_section(p, h, o);
   memory_section(p, h, o);
   buffers_section(p, h, o);
   layout_section(p, h, full_layout, o);

@@ -22,6 +22,7 @@ ArchTraits llama_like(ModelArch a, const char* name, const char* hf_class) {
   t.rope_theta = 10000.0;
   t.lora_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   t.lora_default_targets = {"q_proj", "v_proj"};  // PEFT's default for each of these families
+  t.row_parallel = {"o_proj", "down_proj"};
   return t;
 }
 
@@ -40,6 +41,7 @@ std::vector<ArchTraits> make_rows() {
   gpt2.norm_eps = 1e-5;
   gpt2.lora_modules = {"c_attn", "c_proj", "c_fc"};
   gpt2.lora_default_targets = {"c_attn"};
+  gpt2.row_parallel = {"c_proj"};  // attn.c_proj and mlp.c_proj
 
   ArchTraits llama = llama_like(ModelArch::llama, "llama", "LlamaForCausalLM");
   llama.attention_bias_key = llama.mlp_bias_key = true;

@@ -55,6 +55,9 @@ struct ArchTraits {
   double norm_eps, rope_theta;
   std::vector<std::string> lora_modules;          // PEFT's names of a block's projections, in the block's order
   std::vector<std::string> lora_default_targets;  // PEFT's target_modules when none are given, for this family (none: must be named)
+  // Of lora_modules, those tensor parallelism splits by their input (Megatron's row-parallel: attention's output
+  // and the MLP's down projection); the others are split by their output (engine/plan/mesh.hpp).
+  std::vector<std::string> row_parallel;
 };
 
 // The row of an architecture; every ModelArch has one (a test checks).

@@ -234,6 +234,14 @@ struct FlopsProfilerConfig {
   std::string output_file;  // "": standard output
 };
 
+// The model split over ranks (engine/plan/mesh.hpp), in DeepSpeed's terms: tensor_parallel.autotp_size and
+// the pipeline block. 1 and 1: data parallel alone.
+struct ParallelConfig {
+  int tensor = 1;    // tensor_parallel.autotp_size
+  int pipeline = 1;  // pipeline.stages ("auto": 1)
+  std::string partition = "parameters";  // pipeline.partition as given: "parameters", "uniform", "best", "type:..."
+};
+
 struct Config {
   std::optional<int64_t> train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps;
   bool micro_batch_auto = false;  // train_micro_batch_size_per_gpu was literally "auto"
@@ -256,11 +264,12 @@ struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
+  ParallelConfig parallel;
 
   // Where the config came from and what the loader noticed.
   std::string source;                          // file path, or "<name>" for embedded configs
   std::vector<ConfigIssue> warnings;           // ignored keys, deprecated spellings, ...
-  std::map<std::string, std::string> value_source;  // JSON path -> "file" | "override" | "default"
+  std::map<std::string, std::string> value_source;  // JSON path -> "file" | "override" | "default" | "init_from"
   std::map<std::string, std::string> auto_defaults; // JSON path -> the default an "auto" there became
 };
 

@@ -343,6 +343,21 @@ void read_train(const json& d, Config& c) {
   c.train.resume = r.is_boolean() ? (r.get<bool>() ? "auto" : "false") : r.get<std::string>();
 }
 
+// tensor_parallel and pipeline: the mesh the model is split over (engine/plan/mesh.hpp checks it against the
+// model and the world).
+void read_parallel(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
+  const int64_t tp = at(at(d, "tensor_parallel"), "autotp_size").get<int64_t>();
+  c.parallel.tensor = tp < 1 ? 1 : static_cast<int>(tp);
+  const json& p = at(d, "pipeline");
+  const json& stages = at(p, "stages");
+  c.parallel.pipeline = stages.is_number() ? static_cast<int>(stages.get<int64_t>()) : 1;
+  c.parallel.partition = at(p, "partition").get<std::string>();
+  const std::string& how = c.parallel.partition;
+  if (how != "parameters" && how != "uniform" && how != "best" && how.rfind("type:", 0) != 0)
+    errors.push_back({"pipeline.partition", "'" + how + "' is no way ds knows to cut the blocks into stages",
+                      "parameters (balanced; \"best\" too) or uniform (\"type:...\" too)"});
+}
+
 }  // namespace
 
 Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
@@ -359,6 +374,7 @@ Config read_config(const json& d, std::vector<ConfigIssue>& errors) {
   read_model_block(d, c, errors);
   read_data(d, c, errors);
   read_train(d, c);
+  read_parallel(d, c, errors);
   return c;
 }
 

@@ -560,7 +560,7 @@ void resolve_batch_into(const BatchInputs& bi, Plan& plan, std::vector<ConfigIss
 // The batch triangle's keys ds computed, each by name (given as "auto" or left out).
 void record_batch_derivation(const BatchInputs& bi, const Topology& topo, Plan& plan) {
   const ResolvedBatch& b = plan.batch;
-  const std::string world = "world size " + std::to_string(topo.world_size) + " from " + topo.world_size_source;
+  const std::string world = "world size " + std::to_string(b.world_size) + " from " + bi.world_size_source;
   if (!bi.grad_accum)
     plan.resolved.push_back({"gradient_accumulation_steps", str(b.grad_accum),
                              bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + " x world " +
@@ -605,6 +605,42 @@ void add_collectives_per_parameter(const Topology& topo, int stage, Plan& plan) 
   }
 }
 
+MeshRequest mesh_request(const Config& c) {
+  MeshRequest r;
+  r.tensor = c.parallel.tensor;
+  r.pipeline = c.parallel.pipeline;
+  r.partition_text = c.parallel.partition;
+  r.partition = c.parallel.partition == "uniform" || c.parallel.partition.rfind("type:", 0) == 0 ? StagePartition::uniform
+                                                                                                   : StagePartition::parameters;
+  return r;
+}
+
+// The mesh's shape before the batch (which counts its data-parallel ranks); a world it does not divide is
+// reported by plan_mesh, and the batch meanwhile counts every rank.
+MeshShape mesh_shape_of(const Config& c, const Topology& topo) {
+  const int split = c.parallel.tensor * c.parallel.pipeline;
+  if (topo.world_size % split != 0) return {topo.world_size, 1, 1};
+  return {topo.world_size / split, c.parallel.tensor, c.parallel.pipeline};
+}
+
+// The batch's "world": the data-parallel ranks, and where their number comes from.
+BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape& mesh) {
+  std::string source = topo.world_size_source;
+  if (mesh.splits_the_model())
+    source = "the " + std::to_string(topo.world_size) + " ranks of " + source + " / (tensor " + std::to_string(mesh.tensor) + " x pipeline " +
+             std::to_string(mesh.pipeline) + ")";
+  return {c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, mesh.data, source};
+}
+
+void note_mesh(Plan& plan) {
+  if (!plan.mesh.shape.splits_the_model()) return;
+  plan.warnings.push_back({"", "the model is split over ranks (tensor " + std::to_string(plan.mesh.shape.tensor) + " x pipeline " +
+                                   std::to_string(plan.mesh.shape.pipeline) + "): ds plans the mesh (its groups, stages and each rank's "
+                                   "parameters) but not yet its memory: the memory and collectives below are data parallelism's, each rank with the "
+                                   "whole model",
+                           "ds train refuses this plan until tensor and pipeline parallelism run"});
+}
+
 }  // namespace
 
 Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo, const ResumedFrom* resumed) {
@@ -622,16 +658,21 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
 
   // Micro batch: explicit, from the triangle, or (when "auto" and underdetermined, i.e. without
   // train_batch_size) from memory.
-  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
-                 topo.world_size_source};
+  plan.mesh.shape = mesh_shape_of(c, topo);
+  BatchInputs bi = batch_inputs(c, topo, plan.mesh.shape);
   const MemoryChoice memory{plan, topo, device_budget_of(topo)};
   const int stage = choose_stage(c, memory, plan, errors);
   resolve_reduction(c.zero, stage, topo, plan);
   check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
   if (c.micro_batch_auto && !c.train_batch_size) choose_micro_batch(memory, stage, bi, plan, errors);
   resolve_batch_into(bi, plan, errors);
+  plan.mesh = plan_mesh(model, mesh_request(c), topo.world_size, topo.ranks_per_node, static_cast<int>(plan.batch.grad_accum), errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
-  if (resumed) keep_checkpoint_batch(c, *resumed, bi, plan);
+  note_mesh(plan);
+  if (resumed) {
+    keep_checkpoint_batch(c, *resumed, bi, plan);
+    schedule_micro_batches(plan.mesh, static_cast<int>(plan.batch.grad_accum));
+  }
   record_batch_derivation(bi, topo, plan);
   resolve_threads(c, topo, plan);
 
@@ -660,10 +701,12 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   plan.layout.world_size = topo.world_size;
   plan.zero.overlap_comm = c.zero.overlap_comm.value_or(stage == 3);
   if (stage >= 0) check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
-  const BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, topo.world_size,
-                       topo.world_size_source};
+  plan.mesh.shape = mesh_shape_of(c, topo);
+  check_mesh_world(mesh_request(c), topo.world_size, errors);
+  const BatchInputs bi = batch_inputs(c, topo, plan.mesh.shape);
   if (!(c.micro_batch_auto && !c.train_batch_size)) resolve_batch_into(bi, plan, errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
+  note_mesh(plan);
   resolve_threads(c, topo, plan);
   if (stage >= 0) add_collectives_per_parameter(topo, stage, plan);
   return plan;

@@ -14,6 +14,7 @@
 #include "engine/plan/layout.hpp"
 #include "engine/plan/lora.hpp"
 #include "engine/plan/memory.hpp"
+#include "engine/plan/mesh.hpp"
 #include "engine/plan/model_spec.hpp"
 #include "engine/plan/topology.hpp"
 #include "engine/plan/zero_plan.hpp"
@@ -146,6 +147,9 @@ struct Plan {
   ResolvedOptimizer optimizer;
   ResolvedScheduler scheduler;
   ResolvedZero zero;
+  // The world split into data x tensor x pipeline (data x 1 x 1 when the model is not split): the batch counts
+  // the data-parallel ranks. Without a model, its shape only.
+  MeshPlan mesh;
   double gradient_clipping = 0;
   bool activation_checkpointing = false;
   FlatLayout layout;         // the stage lives here: layout.stage (-1: "auto" without a model)

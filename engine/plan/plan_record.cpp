@@ -274,6 +274,24 @@ json fit_json(const Plan& p) {
   return {{"device", name(f.device)}, {"host", name(f.host)}, {"headroom", p.topology.headroom}};
 }
 
+// The mesh: its shape always; with a model, each stage's blocks and parameters per rank, and the bubble.
+json mesh_json(const Plan& p) {
+  const MeshPlan& m = p.mesh;
+  json j{{"data", m.shape.data}, {"tensor", m.shape.tensor}, {"pipeline", m.shape.pipeline},
+         {"rank_order", "tensor fastest, then data, then pipeline"}};
+  if (!p.has_model) return j;
+  j["partition"] = m.partition_text;
+  j["micro_batches"] = m.micro_batches;
+  j["bubble"] = m.bubble;
+  j["tensor_groups_across_nodes"] = m.tensor_groups_across_nodes;
+  json stages = json::array();
+  for (const PipelineStage& s : m.stages)
+    stages.push_back({{"first_block", s.first_block}, {"blocks", s.blocks}, {"embeddings", s.embeddings}, {"head", s.head},
+                      {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", s.in_flight}});
+  j["stages"] = stages;
+  return j;
+}
+
 }  // namespace
 
 std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
@@ -284,6 +302,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   add_trainable(p, j);
   j["topology"] = topology_json(p.topology);
   j["device"] = device_json(p);
+  j["mesh"] = mesh_json(p);
   j["batch"] = {{"train_batch_size", p.batch.train_batch_size},
                 {"train_micro_batch_size_per_gpu", p.batch.micro_batch},
                 {"gradient_accumulation_steps", p.batch.grad_accum},

@@ -1,0 +1,233 @@
+#include "engine/plan/mesh.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace ds {
+
+MeshCoord mesh_coord(const MeshShape& m, int rank) {
+  return {(rank / m.tensor) % m.data, rank % m.tensor, rank / (m.tensor * m.data)};
+}
+
+int mesh_rank(const MeshShape& m, const MeshCoord& c) { return (c.pipeline * m.data + c.data) * m.tensor + c.tensor; }
+
+const char* mesh_axis_name(MeshAxis a) {
+  switch (a) {
+    case MeshAxis::data: return "data";
+    case MeshAxis::tensor: return "tensor";
+    case MeshAxis::pipeline: return "pipeline";
+  }
+  return "?";
+}
+
+std::vector<std::vector<int>> mesh_groups(const MeshShape& m, MeshAxis axis) {
+  // A group is the ranks that differ only along `axis`; it is named by its first rank's coordinates.
+  std::vector<std::vector<int>> groups;
+  for (int rank = 0; rank < m.world(); ++rank) {
+    MeshCoord c = mesh_coord(m, rank);
+    int& along = axis == MeshAxis::data ? c.data : axis == MeshAxis::tensor ? c.tensor : c.pipeline;
+    if (along != 0) continue;
+    const int size = axis == MeshAxis::data ? m.data : axis == MeshAxis::tensor ? m.tensor : m.pipeline;
+    std::vector<int> g;
+    for (along = 0; along < size; ++along) g.push_back(mesh_rank(m, c));
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+const char* tensor_split_name(TensorSplit s) {
+  switch (s) {
+    case TensorSplit::column: return "column";
+    case TensorSplit::row: return "row";
+    case TensorSplit::vocabulary: return "vocabulary";
+    case TensorSplit::whole: return "whole";
+  }
+  return "?";
+}
+
+namespace {
+
+// "model.layers.3.self_attn.q_proj.weight" -> module "q_proj", leaf "weight".
+std::pair<std::string, std::string> module_and_leaf(const std::string& name) {
+  const size_t last = name.rfind('.');
+  if (last == std::string::npos) return {"", name};
+  const size_t before = name.rfind('.', last - 1);
+  return {name.substr(before == std::string::npos ? 0 : before + 1, last - (before == std::string::npos ? 0 : before + 1)),
+          name.substr(last + 1)};
+}
+
+bool has(const std::vector<std::string>& names, const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t) {
+  const ArchTraits& traits = model.hp.traits();
+  const auto [module, leaf] = module_and_leaf(t.name);
+  if (t.layer >= 0) {
+    if (!has(traits.lora_modules, module)) return TensorSplit::whole;  // norms (a block's, and Qwen3's per-head q/k norms)
+    if (!has(traits.row_parallel, module)) return TensorSplit::column;
+    return leaf == "bias" ? TensorSplit::whole : TensorSplit::row;  // added once, after the all-reduce
+  }
+  if (module == "lm_head") return TensorSplit::vocabulary;
+  if (is_embedding_table(t)) return module == "wpe" ? TensorSplit::whole : TensorSplit::vocabulary;
+  return TensorSplit::whole;  // the final norm
+}
+
+int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor) {
+  switch (tensor_split_of(model, t)) {
+    case TensorSplit::whole: return t.numel;
+    case TensorSplit::vocabulary: {
+      const int64_t rows = t.shape.empty() ? t.numel : t.shape[0];
+      return rows == 0 ? 0 : t.numel / rows * ceil_div(rows, tensor);
+    }
+    case TensorSplit::column:
+    case TensorSplit::row: return t.numel / tensor;
+  }
+  return t.numel;
+}
+
+double pipeline_bubble(int stages, int micro_batches) {
+  if (stages <= 1) return 0;
+  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+namespace {
+
+// Per rank of a tensor group: each block's share, what the first stage adds (the token and position tables)
+// and what the last adds (the final norm and the head; a tied head is a copy of the token table there once
+// the two are on different stages).
+struct StageWeights {
+  std::vector<int64_t> block;
+  int64_t first = 0, last = 0, tied_copy = 0;
+};
+
+StageWeights stage_weights(const ModelSpec& model, int tensor) {
+  StageWeights w;
+  w.block.assign(static_cast<size_t>(std::max<int64_t>(model.hp.num_layers, 0)), 0);
+  for (const TensorSpec& t : model.tensors) {
+    const int64_t n = tensor_numel_per_rank(model, t, tensor);
+    if (t.layer >= 0 && static_cast<size_t>(t.layer) < w.block.size()) w.block[static_cast<size_t>(t.layer)] += n;
+    else if (is_embedding_table(t)) w.first += n;
+    else w.last += n;
+    if (is_embedding_table(t) && tensor_split_of(model, t) == TensorSplit::vocabulary && model.hp.tie_word_embeddings) w.tied_copy = n;
+  }
+  return w;
+}
+
+// Blocks per stage for `p` stages: the same number on each, the first ones taking one more.
+std::vector<int> uniform_cut(int blocks, int p) {
+  std::vector<int> n(static_cast<size_t>(p), blocks / p);
+  for (int s = 0; s < blocks % p; ++s) ++n[static_cast<size_t>(s)];
+  return n;
+}
+
+// Blocks per stage so that the largest stage (its blocks, and the first's and last's extras) is as small as
+// it can be: the least capacity at which filling each stage in turn, as full as it goes while leaving a
+// block for each stage after it, fits them all.
+std::vector<int> balanced_cut(const StageWeights& w, int p, int64_t last_extra) {
+  const int L = static_cast<int>(w.block.size());
+  auto fill = [&](int64_t cap, std::vector<int>* out) {
+    std::vector<int> n;
+    int next = 0;
+    for (int s = 0; s < p; ++s) {
+      int64_t load = (s == 0 ? w.first : 0) + (s == p - 1 ? last_extra : 0);
+      int taken = 0;
+      const int must_leave = p - 1 - s;
+      while (next < L - must_leave && (s == p - 1 || load + w.block[static_cast<size_t>(next)] <= cap || taken == 0)) {
+        load += w.block[static_cast<size_t>(next++)];
+        ++taken;
+      }
+      if (load > cap) return false;
+      n.push_back(taken);
+    }
+    if (out) *out = n;
+    return next == L;
+  };
+  int64_t lo = 0, hi = w.first + last_extra;
+  for (int64_t b : w.block) hi += b;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fill(mid, nullptr)) hi = mid; else lo = mid + 1;
+  }
+  std::vector<int> n;
+  fill(lo, &n);
+  return n;
+}
+
+}  // namespace
+
+void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
+  plan.micro_batches = std::max(micro_batches, 1);
+  plan.bubble = pipeline_bubble(plan.shape.pipeline, plan.micro_batches);
+  for (size_t s = 0; s < plan.stages.size(); ++s)
+    plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
+}
+
+bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors) {
+  const int split = r.tensor * r.pipeline;
+  if (world_size % split == 0) return true;
+  errors.push_back({r.tensor > 1 ? "tensor_parallel.autotp_size" : "pipeline.stages",
+                    "the " + std::to_string(world_size) + " ranks do not split into tensor " + std::to_string(r.tensor) + " x pipeline " +
+                        std::to_string(r.pipeline) + " groups (their product must divide the world size)",
+                    "launch a multiple of " + std::to_string(split) + " ranks, or change the sizes"});
+  return false;
+}
+
+MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size, int ranks_per_node, int micro_batches,
+                   std::vector<ConfigIssue>& errors) {
+  MeshPlan plan;
+  plan.partition = r.partition;
+  plan.partition_text = r.partition_text;
+  const size_t before = errors.size();
+  const int split = r.tensor * r.pipeline;
+  check_mesh_world(r, world_size, errors);
+  const ModelHyper& h = model.hp;
+  if (r.tensor > 1) {
+    const int64_t kv = h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads;
+    const auto need = [&](int64_t count, const std::string& what, const std::string& why) {
+      if (count % r.tensor != 0)
+        errors.push_back({"tensor_parallel.autotp_size",
+                          "the model's " + std::to_string(count) + " " + what + " do not split over " + std::to_string(r.tensor) + " tensor ranks",
+                          why});
+    };
+    need(h.num_heads, "attention heads", "each tensor rank computes whole heads: choose a tensor size that divides them");
+    if (kv != h.num_heads)
+      need(kv, "key/value heads",
+           kv < r.tensor ? "each tensor rank needs whole key/value heads, and there are fewer than ranks (Megatron copies them to "
+                           "each rank; ds does not yet): choose a tensor size of at most " + std::to_string(kv)
+                         : "each tensor rank needs whole key/value heads: choose a tensor size that divides them");
+    need(h.intermediate_size, "MLP channels (intermediate_size)", "each tensor rank computes an equal share of the MLP");
+  }
+  if (r.pipeline > 1 && r.pipeline > h.num_layers)
+    errors.push_back({"pipeline.stages", std::to_string(r.pipeline) + " stages for the model's " + std::to_string(h.num_layers) + " blocks",
+                      "each stage needs at least one block: use at most " + std::to_string(h.num_layers) + " stages"});
+  if (errors.size() != before) return plan;
+  plan.shape = {world_size / split, r.tensor, r.pipeline};
+
+  const StageWeights w = stage_weights(model, r.tensor);
+  const int64_t last_extra = w.last + (r.pipeline > 1 ? w.tied_copy : 0);
+  const std::vector<int> cut = r.partition == StagePartition::uniform ? uniform_cut(static_cast<int>(h.num_layers), r.pipeline)
+                                                                       : balanced_cut(w, r.pipeline, last_extra);
+  int first = 0;
+  for (int s = 0; s < r.pipeline; ++s) {
+    PipelineStage st;
+    st.first_block = first;
+    st.blocks = cut[static_cast<size_t>(s)];
+    st.embeddings = s == 0;
+    st.head = s == r.pipeline - 1;
+    for (int b = first; b < first + st.blocks; ++b) st.params_per_rank += w.block[static_cast<size_t>(b)];
+    if (st.embeddings) st.params_per_rank += w.first;
+    if (st.head) st.params_per_rank += last_extra;
+    first += st.blocks;
+    plan.stages.push_back(st);
+  }
+  schedule_micro_batches(plan, micro_batches);
+  const int per_node = std::max(ranks_per_node, 1);
+  for (const std::vector<int>& g : mesh_groups(plan.shape, MeshAxis::tensor))
+    if (g.front() / per_node != g.back() / per_node) ++plan.tensor_groups_across_nodes;
+  return plan;
+}
+
+}  // namespace ds

@@ -1,0 +1,96 @@
+// ds — the mesh: how ranks split the work three ways. Data parallel (ZeRO over each data group), tensor
+// parallel (Megatron's split of each block's matrices over a tensor group) and pipeline parallel (the blocks
+// cut into stages, micro-batches flowing through them one forward, one backward). data x tensor x pipeline =
+// world size. Pure arithmetic from the config's tensor_parallel and pipeline blocks and the model's tensors.
+//
+// Rank order: tensor fastest, then data, then pipeline (Megatron's), so a tensor group is consecutive ranks
+// and shares a node whenever its size divides the ranks per node: its all-reduces, one per block in forward
+// and one in backward, are the mesh's most frequent messages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/plan/model_spec.hpp"
+
+namespace ds {
+
+struct MeshShape {
+  int data = 1, tensor = 1, pipeline = 1;
+  int world() const { return data * tensor * pipeline; }
+  bool splits_the_model() const { return tensor > 1 || pipeline > 1; }
+};
+
+// Where a rank sits, and the rank at a position.
+struct MeshCoord {
+  int data = 0, tensor = 0, pipeline = 0;
+};
+MeshCoord mesh_coord(const MeshShape& m, int rank);
+int mesh_rank(const MeshShape& m, const MeshCoord& c);
+
+// The groups of each kind, each a list of ranks in order: a tensor group shares data and stage, a data group
+// shares tensor rank and stage, a pipeline group shares data and tensor rank.
+enum class MeshAxis { data, tensor, pipeline };
+const char* mesh_axis_name(MeshAxis a);
+std::vector<std::vector<int>> mesh_groups(const MeshShape& m, MeshAxis axis);
+
+// How the blocks are cut into stages (DeepSpeed's pipeline.partition): the same number of blocks on each
+// (uniform; "type:..." too, the transformer block being the one layer type ds repeats), or the parameters
+// balanced, the first stage holding the embeddings and the last the final norm and the head (parameters;
+// DeepSpeed's "best" too).
+enum class StagePartition { uniform, parameters };
+
+// How a tensor is split over a tensor group (Megatron): by its output (q, k, v, gate, up and their biases;
+// each rank computes its heads or its share of the MLP), by its input (o and down; their biases added once,
+// after the all-reduce, so whole on every rank), by vocabulary rows (the token table and the head), or
+// whole on every rank (norms, the position table).
+enum class TensorSplit { column, row, vocabulary, whole };
+const char* tensor_split_name(TensorSplit s);
+TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t);
+// A tensor's elements on one rank of a tensor group of `tensor` ranks (the vocabulary padded to a multiple of it).
+int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor);
+
+struct PipelineStage {
+  int first_block = 0, blocks = 0;  // blocks [first_block, first_block + blocks)
+  bool embeddings = false;          // the token (and position) table: the first stage
+  bool head = false;                // the final norm and the head (a tied head's copy of the table): the last
+  int64_t params_per_rank = 0;      // elements one rank of this stage holds (its tensor group's share)
+  int in_flight = 1;                // micro-batches whose activations it holds at once under 1F1B: min(p - s, m)
+};
+
+struct MeshPlan {
+  MeshShape shape;
+  StagePartition partition = StagePartition::parameters;
+  std::string partition_text;  // as the config gave it
+  int micro_batches = 1;       // in flight per step: gradient_accumulation_steps
+  std::vector<PipelineStage> stages;  // one per pipeline stage
+  double bubble = 0;           // the pipeline's idle share of a step: (p - 1) / (m + p - 1)
+  int tensor_groups_across_nodes = 0;  // tensor groups whose ranks are on more than one node
+};
+
+// What the config asks of the mesh, read from its tensor_parallel and pipeline blocks.
+struct MeshRequest {
+  int tensor = 1, pipeline = 1;
+  StagePartition partition = StagePartition::parameters;
+  std::string partition_text = "parameters";
+};
+
+// Whether tensor x pipeline divides the world; when not, the error, naming the key, is appended.
+bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<ConfigIssue>& errors);
+
+// Cuts the blocks and counts each stage's share. The world must divide by tensor x pipeline; the heads, the
+// kv heads and the MLP width by tensor; there must be a block per stage. What does not is appended to
+// `errors`, naming the config key (the plan then has no stages).
+MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& request, int world_size, int ranks_per_node, int micro_batches,
+                   std::vector<ConfigIssue>& errors);
+
+// The micro-batches in flight per step (gradient_accumulation_steps), and what follows from them: the bubble
+// and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
+void schedule_micro_batches(MeshPlan& plan, int micro_batches);
+
+// The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
+double pipeline_bubble(int stages, int micro_batches);
+
+}  // namespace ds

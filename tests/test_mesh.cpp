@@ -1,0 +1,231 @@
+// The mesh (engine/plan/mesh.hpp): ranks laid out data x tensor x pipeline, each tensor's share on a tensor
+// rank, the blocks cut into stages, the bubble; and the plan that carries it. Every count is checked against
+// one computed here another way: from the hyperparameters by formula, or by trying every cut.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <functional>
+#include <set>
+#include <tuple>
+
+#include "engine/plan/mesh.hpp"
+#include "engine/plan/plan_record.hpp"
+#include "engine/plan/runnable.hpp"
+#include "test_helpers.hpp"
+
+namespace ds {
+namespace {
+
+ModelSpec model_of(const std::string& preset, const std::vector<std::string>& overrides = {}) {
+  std::vector<std::string> with = overrides;
+  with.push_back("model.preset=" + preset);
+  const Config c = load_config_text(R"({"train_micro_batch_size_per_gpu": 1})", "test.json", with);
+  return build_model_spec(resolve_model_hyper(c.model));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+TEST(Mesh, RanksAreLaidOutTensorFastestThenDataThenPipeline) {
+  const MeshShape m{2, 2, 2};
+  for (int r = 0; r < m.world(); ++r) EXPECT_EQ(mesh_rank(m, mesh_coord(m, r)), r);
+  using G = std::vector<std::vector<int>>;
+  EXPECT_EQ(mesh_groups(m, MeshAxis::tensor), (G{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(mesh_groups(m, MeshAxis::data), (G{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(mesh_groups(m, MeshAxis::pipeline), (G{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // Any shape: each rank is in exactly one group of each kind, and a group differs along its axis only.
+  const MeshShape odd{3, 2, 4};
+  for (MeshAxis axis : {MeshAxis::data, MeshAxis::tensor, MeshAxis::pipeline}) {
+    std::multiset<int> seen;
+    for (const auto& g : mesh_groups(odd, axis)) {
+      for (int r : g) seen.insert(r);
+      for (int r : g) {
+        const MeshCoord a = mesh_coord(odd, g.front()), b = mesh_coord(odd, r);
+        EXPECT_EQ(a.data == b.data, axis != MeshAxis::data || r == g.front());
+        EXPECT_EQ(a.tensor == b.tensor, axis != MeshAxis::tensor || r == g.front());
+        EXPECT_EQ(a.pipeline == b.pipeline, axis != MeshAxis::pipeline || r == g.front());
+      }
+    }
+    EXPECT_EQ(seen.size(), static_cast<size_t>(odd.world()));
+    for (int r = 0; r < odd.world(); ++r) EXPECT_EQ(seen.count(r), 1u) << mesh_axis_name(axis) << " rank " << r;
+  }
+}
+
+TEST(Mesh, EachTensorRankHoldsItsShareAsMegatronSplitsALlamaBlock) {
+  const ModelSpec model = model_of("llama-tiny", {"model.vocab_size=250"});  // a vocabulary 2 does not divide
+  const ModelHyper& h = model.hp;
+  const int64_t C = h.hidden_size, D = h.head_dim(), I = h.intermediate_size, V = h.vocab_size;
+  for (int t : {1, 2}) {
+    std::vector<ConfigIssue> errors;
+    const MeshPlan m = plan_mesh(model, {t, 1}, 2 * t, 8, 1, errors);
+    ASSERT_TRUE(errors.empty()) << test::dump(errors);
+    // q, k, v, o, gate, up, down split t ways; the two norms whole; the table and head by rows, padded.
+    const int64_t block = (C * h.num_heads * D + 2 * C * h.num_kv_heads * D + h.num_heads * D * C + 3 * C * I) / t + 2 * C;
+    const int64_t expected = h.num_layers * block + 2 * ceil_div(V, t) * C + C;
+    ASSERT_EQ(m.stages.size(), 1u);
+    EXPECT_EQ(m.stages[0].params_per_rank, expected) << "tensor " << t;
+    if (t == 1) {
+      EXPECT_EQ(expected, model.num_params);
+    }
+  }
+  int64_t per_rank_by_kind[4] = {};
+  for (const TensorSpec& t : model.tensors) per_rank_by_kind[static_cast<int>(tensor_split_of(model, t))] += t.numel;
+  EXPECT_EQ(per_rank_by_kind[static_cast<int>(TensorSplit::row)], h.num_layers * (h.num_heads * D * C + I * C));  // o and down
+  EXPECT_EQ(per_rank_by_kind[static_cast<int>(TensorSplit::vocabulary)], 2 * V * C);
+}
+
+TEST(Mesh, AGpt2BlocksRowParallelBiasesStayWholeAndATiedHeadIsCopiedToTheLastStage) {
+  const ModelSpec model = model_of("gpt2-tiny", {"model.num_layers=4"});
+  const ModelHyper& h = model.hp;
+  const int64_t C = h.hidden_size, V = h.vocab_size, P = h.max_position_embeddings, t = 2;
+  std::vector<ConfigIssue> errors;
+  const MeshPlan m = plan_mesh(model, {2, 2, StagePartition::uniform, "uniform"}, 8, 8, 4, errors);
+  ASSERT_TRUE(errors.empty()) << test::dump(errors);
+  EXPECT_EQ(m.shape.data, 2);
+  // c_attn and c_fc split with their biases; both c_proj weights split, their biases whole; ln_1, ln_2 whole.
+  const int64_t block = (3 * C * C + 3 * C) / t + C * C / t + C + 4 * C + (4 * C * C + 4 * C) / t + 4 * C * C / t + C;
+  const int64_t table = ceil_div(V, t) * C;
+  ASSERT_EQ(m.stages.size(), 2u);
+  EXPECT_EQ(m.stages[0].blocks, 2);
+  EXPECT_EQ(m.stages[0].params_per_rank, 2 * block + table + P * C);  // the position table whole
+  EXPECT_EQ(m.stages[1].params_per_rank, 2 * block + 2 * C + table);  // ln_f, and the tied head's copy of the table
+  EXPECT_TRUE(m.stages[0].embeddings && !m.stages[0].head && m.stages[1].head && !m.stages[1].embeddings);
+  // One stage: the tied table is held once.
+  const MeshPlan one = plan_mesh(model, {2, 1}, 2, 8, 1, errors);
+  EXPECT_EQ(one.stages[0].params_per_rank, 4 * block + table + P * C + 2 * C);
+}
+
+// The least possible largest stage, by trying every cut of the blocks into `p` non-empty runs.
+int64_t best_largest_stage(const std::vector<int64_t>& block, int64_t first, int64_t last, int p) {
+  const int L = static_cast<int>(block.size());
+  int64_t best = std::numeric_limits<int64_t>::max();
+  std::vector<int> cut(static_cast<size_t>(p), 1);
+  std::function<void(int, int)> go = [&](int s, int left) {
+    if (s == p - 1) {
+      cut[static_cast<size_t>(s)] = left;
+      int64_t largest = 0;
+      int b = 0;
+      for (int k = 0; k < p; ++k) {
+        int64_t load = (k == 0 ? first : 0) + (k == p - 1 ? last : 0);
+        for (int i = 0; i < cut[static_cast<size_t>(k)]; ++i) load += block[static_cast<size_t>(b++)];
+        largest = std::max(largest, load);
+      }
+      best = std::min(best, largest);
+      return;
+    }
+    for (int n = 1; n <= left - (p - 1 - s); ++n) {
+      cut[static_cast<size_t>(s)] = n;
+      go(s + 1, left - n);
+    }
+  };
+  go(0, L);
+  return best;
+}
+
+TEST(Mesh, StagesCutByParametersMakeTheLargestStageAsSmallAsAnyCut) {
+  // A large vocabulary makes the first and last stages heavy: they take fewer blocks.
+  for (const auto& [layers, vocab, stages] : std::vector<std::tuple<int, int, int>>{{12, 50000, 4}, {9, 256, 3}, {7, 4096, 7}, {10, 30000, 2}}) {
+    const ModelSpec model = model_of("llama-tiny", {"model.num_layers=" + std::to_string(layers), "model.vocab_size=" + std::to_string(vocab)});
+    std::vector<ConfigIssue> errors;
+    const MeshPlan m = plan_mesh(model, {1, stages}, stages, 8, 8, errors);
+    ASSERT_TRUE(errors.empty()) << test::dump(errors);
+    const MeshPlan one = plan_mesh(model, {1, 1}, 1, 8, 8, errors);
+    const int64_t per_block = (one.stages[0].params_per_rank - 2 * int64_t{vocab} * 64 - 64) / layers;
+    const int64_t largest = std::max_element(m.stages.begin(), m.stages.end(), [](auto& a, auto& b) {
+                              return a.params_per_rank < b.params_per_rank;
+                            })->params_per_rank;
+    EXPECT_EQ(largest, best_largest_stage(std::vector<int64_t>(static_cast<size_t>(layers), per_block), int64_t{vocab} * 64,
+                                          int64_t{vocab} * 64 + 64, stages))
+        << layers << " layers, vocab " << vocab << ", " << stages << " stages";
+    int blocks = 0;
+    int64_t params = 0;
+    for (const PipelineStage& s : m.stages) {
+      EXPECT_EQ(s.first_block, blocks);
+      EXPECT_GE(s.blocks, 1);
+      blocks += s.blocks;
+      params += s.params_per_rank;
+    }
+    EXPECT_EQ(blocks, layers);
+    EXPECT_EQ(params, one.stages[0].params_per_rank);  // untied: every tensor on exactly one stage
+  }
+  // Uniform: the same number of blocks on each, the first ones one more.
+  std::vector<ConfigIssue> errors;
+  const MeshPlan u = plan_mesh(model_of("llama-tiny", {"model.num_layers=10"}), {1, 4, StagePartition::uniform, "uniform"}, 4, 4, 8, errors);
+  std::vector<int> blocks;
+  for (const PipelineStage& s : u.stages) blocks.push_back(s.blocks);
+  EXPECT_EQ(blocks, (std::vector<int>{3, 3, 2, 2}));
+}
+
+TEST(Mesh, TheBubbleAndTheMicroBatchesEachStageHoldsFollowOneForwardOneBackward) {
+  EXPECT_DOUBLE_EQ(pipeline_bubble(4, 8), 3.0 / 11.0);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(1, 8), 0.0);
+  std::vector<ConfigIssue> errors;
+  const MeshPlan m = plan_mesh(model_of("llama-tiny", {"model.num_layers=8"}), {1, 4}, 4, 4, 2, errors);
+  std::vector<int> in_flight;
+  for (const PipelineStage& s : m.stages) in_flight.push_back(s.in_flight);
+  EXPECT_EQ(in_flight, (std::vector<int>{2, 2, 2, 1}));  // min(p - s, m) with m = 2
+  EXPECT_DOUBLE_EQ(m.bubble, 3.0 / 5.0);
+}
+
+TEST(Mesh, AMeshTheModelOrTheWorldCannotTakeIsRefusedNamingTheKey) {
+  const ModelSpec model = model_of("llama-tiny");  // 4 heads, 2 kv heads, 176 MLP channels, 2 blocks
+  const auto refusal = [&](const MeshRequest& r, int world) {
+    std::vector<ConfigIssue> errors;
+    const MeshPlan m = plan_mesh(model, r, world, 8, 1, errors);
+    EXPECT_EQ(m.stages.empty(), !errors.empty());  // no stages for a mesh that cannot be
+    return test::dump(errors);
+  };
+  EXPECT_NE(refusal({2, 2}, 6).find("tensor_parallel.autotp_size: the 6 ranks do not split into tensor 2 x pipeline 2 groups"), std::string::npos);
+  const std::string kv = refusal({4, 1}, 4);
+  EXPECT_NE(kv.find("the model's 2 key/value heads do not split over 4 tensor ranks"), std::string::npos) << kv;
+  EXPECT_NE(kv.find("choose a tensor size of at most 2"), std::string::npos) << kv;
+  EXPECT_EQ(kv.find("attention heads do not split"), std::string::npos) << kv;  // 4 heads split 4 ways
+  EXPECT_NE(refusal({1, 3}, 3).find("pipeline.stages: 3 stages for the model's 2 blocks"), std::string::npos);
+  const std::string mlp = refusal({2, 1}, 2);
+  EXPECT_TRUE(mlp.empty()) << mlp;  // 176 = 2 x 88
+  std::vector<ConfigIssue> errors;
+  plan_mesh(model_of("llama-tiny", {"model.intermediate_size=174"}), {4, 1}, 4, 8, 1, errors);
+  EXPECT_NE(test::dump(errors).find("174 MLP channels (intermediate_size) do not split over 4"), std::string::npos) << test::dump(errors);
+}
+
+TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+                              "model": {"preset": "llama-tiny", "num_layers": 4}, "data": {"seq_len": 32},
+                              "tensor_parallel": {"autotp_size": 2}, "pipeline": {"stages": 2}})";
+  const Plan p = test::plan_of(cfg, 8, 0);
+  EXPECT_EQ(p.mesh.shape.data, 2);
+  EXPECT_EQ(p.batch.world_size, 2);
+  EXPECT_EQ(p.batch.train_batch_size, 2 * 4 * 2);
+  ASSERT_EQ(p.mesh.stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.mesh.bubble, 1.0 / 5.0);
+  const std::vector<std::string> why = not_yet_runnable(p);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.back().find("tensor_parallel.autotp_size 2, pipeline.stages 2"), std::string::npos) << why.back();
+  // DeepSpeed's train_batch_size for this mesh (micro x accumulation x data ranks) is consistent.
+  EXPECT_EQ(test::plan_of(cfg, 8, 0, {"train_batch_size=16"}).batch.grad_accum, 4);
+  // plan.json carries the mesh; a plain run's is data x 1 x 1 and nothing is refused for it.
+  const nlohmann::json j = nlohmann::json::parse(plan_to_json(p));
+  EXPECT_EQ(j["mesh"]["tensor"], 2);
+  EXPECT_EQ(j["mesh"]["stages"][1]["head"], true);
+  EXPECT_EQ(j["mesh"]["stages"][0]["params_per_rank"], p.mesh.stages[0].params_per_rank);
+  const Plan plain = test::plan_of(cfg, 8, 0, {"~tensor_parallel", "~pipeline"});
+  EXPECT_EQ(plain.mesh.shape.data, 8);
+  EXPECT_FALSE(plain.mesh.shape.splits_the_model());
+  EXPECT_TRUE(not_yet_runnable(plain).empty());
+  // A world the mesh does not divide is the config's error.
+  try {
+    test::plan_of(cfg, 6, 0);
+    ADD_FAILURE() << "6 ranks planned for tensor 2 x pipeline 2";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(test::dump(e.issues()).find("tensor_parallel.autotp_size: the 6 ranks do not split"), std::string::npos) << test::dump(e.issues());
+  }
+  // A partition ds does not know is refused by the loader; DeepSpeed's "best" and "type:" are taken.
+  EXPECT_NE(test::dump(test::problems(cfg, {"pipeline.partition=random"})).find("pipeline.partition"), std::string::npos);
+  EXPECT_TRUE(test::problems(cfg, {"pipeline.partition=type:DecoderLayer"}).empty());
+  EXPECT_TRUE(test::problems(cfg, {"pipeline.partition=best"}).empty());
+}
+
+}  // namespace
+}  // namespace ds
