@@ -315,20 +315,40 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
   for (MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline})
     o << "  " << pad(std::string(mesh_axis_name(axis)) + " groups", 17) << groups_text(mesh_groups(m.shape, axis)) << "\n";
   if (m.tensor_groups_across_nodes > 0)
-    o << "  " << m.tensor_groups_across_nodes << " tensor groups span two nodes: their all-reduces (two per block per micro-batch) "
-      << "cross the network; a tensor size that divides the ranks per node keeps them inside one\n";
-  o << "  " << pad("stage", 7) << pad("blocks", 12) << pad("also holds", 22) << lpad("params per rank", 16) << lpad("in flight", 11) << "\n";
+    o << "  " << m.tensor_groups_across_nodes << (m.tensor_groups_across_nodes == 1 ? " tensor group spans " : " tensor groups span ")
+      << (m.tensor_group_nodes == 2 ? std::string("two") : "up to " + std::to_string(m.tensor_group_nodes)) << " nodes: their all-reduces "
+      << "(four per block per micro-batch) cross the network; a tensor size that divides the ranks per node keeps each inside one\n";
+  const bool memory = !m.stages.empty() && m.stages.front().memory_planned;
+  o << "  " << pad("stage", 7) << pad("blocks", 12) << pad("also holds", 30) << lpad("params per rank", 16) << lpad("in flight", 11)
+    << (memory ? lpad("memory per rank", 17) : "") << "\n";
   for (size_t s = 0; s < m.stages.size(); ++s) {
     const PipelineStage& st = m.stages[s];
-    std::string also = st.embeddings && st.head ? "embeddings, head" : st.embeddings ? "embeddings" : st.head ? "final norm, head" : "";
+    std::string also = st.embeddings && st.head ? "embeddings, final norm, head" : st.embeddings ? "embeddings" : st.head ? "final norm, head" : "";
     o << "  " << pad(std::to_string(s), 7)
       << pad(std::to_string(st.first_block) + "-" + std::to_string(st.first_block + st.blocks - 1) + " (" + std::to_string(st.blocks) + ")", 12)
-      << pad(also, 22) << lpad(format_count(st.params_per_rank), 16) << lpad(std::to_string(st.in_flight), 11) << "\n";
+      << pad(also, 30) << lpad(format_count(st.params_per_rank), 16) << lpad(std::to_string(st.in_flight), 11)
+      << (memory ? lpad(format_bytes(st.memory.device.total() + st.memory.host.total()), 17) : "")
+      << (static_cast<int>(s) == m.heaviest_stage ? "  (the memory below)" : "") << "\n";
   }
-  o << "  stages cut by " << m.partition_text << "; \"in flight\": micro-batches whose activations a stage holds at once (1F1B)\n";
+  if (m.shape.pipeline > 1) o << "  stages cut by " << m.partition_text << "; ";
+  else o << "  ";
+  o << "\"in flight\": micro-batches whose activations a stage holds at once (1F1B)"
+    << (memory ? "; memory: device and host, by the memory model below" : "") << "\n";
+  if (p.lora.enabled || !p.frozen.empty())
+    o << "  params per rank: the model's tensors (" << (p.lora.enabled ? "the frozen base; the adapter's are not counted" : "frozen and trained")
+      << "); the mesh's memory with " << (p.lora.enabled ? "LoRA" : "frozen tensors") << " is not planned yet\n";
+  o << "  sent per rank per step, besides ZeRO's collectives over the data group (below):\n";
+  o << "  " << pad("stage", 7) << lpad("tensor all-reduces", 19) << lpad("wire bytes", 13) << lpad("pipeline sends", 16) << lpad("bytes", 13)
+    << "\n";
+  for (size_t s = 0; s < m.stages.size(); ++s) {
+    const MeshTraffic& x = m.stages[s].traffic;
+    o << "  " << pad(std::to_string(s), 7) << lpad(format_count(x.tensor_all_reduces), 19) << lpad(format_bytes(x.tensor_wire_bytes), 13)
+      << lpad(format_count(x.pipeline_sends), 16) << lpad(format_bytes(x.pipeline_bytes), 13) << "\n";
+  }
   if (m.shape.pipeline > 1)
     o << "  pipeline bubble: " << format_fixed(100 * m.bubble, 1) << "% of each step idle ((p - 1) / (m + p - 1), p "
-      << m.shape.pipeline << " stages, m " << m.micro_batches << " micro-batches: gradient_accumulation_steps)\n";
+      << m.shape.pipeline << " stages, m " << m.micro_batches << (m.micro_batches == 1 ? " micro-batch" : " micro-batches")
+      << ": gradient_accumulation_steps)\n";
 }
 
 // Memory per rank by category (in one unit, the largest in which its biggest figure is at least 1), and

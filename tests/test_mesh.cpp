@@ -177,7 +177,7 @@ TEST(Mesh, AMeshTheModelOrTheWorldCannotTakeIsRefusedNamingTheKey) {
     EXPECT_EQ(m.stages.empty(), !errors.empty());  // no stages for a mesh that cannot be
     return test::dump(errors);
   };
-  EXPECT_NE(refusal({2, 2}, 6).find("tensor_parallel.autotp_size: the 6 ranks do not split into tensor 2 x pipeline 2 groups"), std::string::npos);
+  EXPECT_NE(refusal({2, 2}, 6).find("pipeline.stages: the 6 ranks do not split into tensor 2 x pipeline 2 groups"), std::string::npos);
   const std::string kv = refusal({4, 1}, 4);
   EXPECT_NE(kv.find("the model's 2 key/value heads do not split over 4 tensor ranks"), std::string::npos) << kv;
   EXPECT_NE(kv.find("choose a tensor size of at most 2"), std::string::npos) << kv;
@@ -219,12 +219,124 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
     test::plan_of(cfg, 6, 0);
     ADD_FAILURE() << "6 ranks planned for tensor 2 x pipeline 2";
   } catch (const ConfigError& e) {
-    EXPECT_NE(test::dump(e.issues()).find("tensor_parallel.autotp_size: the 6 ranks do not split"), std::string::npos) << test::dump(e.issues());
+    EXPECT_NE(test::dump(e.issues()).find("pipeline.stages: the 6 ranks do not split"), std::string::npos) << test::dump(e.issues());
   }
   // A partition ds does not know is refused by the loader; DeepSpeed's "best" and "type:" are taken.
   EXPECT_NE(test::dump(test::problems(cfg, {"pipeline.partition=random"})).find("pipeline.partition"), std::string::npos);
   EXPECT_TRUE(test::problems(cfg, {"pipeline.partition=type:DecoderLayer"}).empty());
   EXPECT_TRUE(test::problems(cfg, {"pipeline.partition=best"}).empty());
+}
+
+TEST(PlanMesh, SizesBeyondTheWorldAndZeroStagesAPipelineCannotTakeAreRefusedNamingTheirKey) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "llama-tiny", "num_layers": 4},
+                              "data": {"seq_len": 32}})";
+  const auto error_of = [&](int world, const std::vector<std::string>& overrides) {
+    try {
+      test::plan_of(cfg, world, 0, overrides);
+    } catch (const ConfigError& e) {
+      return test::dump(e.issues());
+    }
+    return std::string("(planned)");
+  };
+  // Sizes whose product is beyond 32 bits: an error, not a division by a wrapped product.
+  std::string e = error_of(8, {"tensor_parallel.autotp_size=65536", "pipeline.stages=65536"});
+  EXPECT_NE(e.find("tensor_parallel.autotp_size: the 8 ranks do not split into tensor 65536 x pipeline 65536"), std::string::npos) << e;
+  EXPECT_NE(e.find("launch a multiple of 4294967296 ranks"), std::string::npos) << e;
+  // The key named is the one to change: the tensor size divides 16, three stages do not.
+  e = error_of(16, {"tensor_parallel.autotp_size=2", "pipeline.stages=3"});
+  EXPECT_NE(e.find("pipeline.stages: the 16 ranks do not split"), std::string::npos) << e;
+  // A pipeline keeps each stage's gradients and parameters whole: ZeRO 2 and 3 are refused, "auto" takes 1.
+  e = error_of(4, {"pipeline.stages=2", "zero_optimization.stage=2"});
+  EXPECT_NE(e.find("zero_optimization.stage: stage 2 with pipeline stages"), std::string::npos) << e;
+  EXPECT_EQ(error_of(4, {"tensor_parallel.autotp_size=2", "zero_optimization.stage=3"}), "(planned)");  // tensor alone: any stage
+  const Plan automatic = test::plan_of(cfg, 4, 0, {"pipeline.stages=2", "zero_optimization.stage=auto"});
+  EXPECT_EQ(automatic.zero_stage(), 1);
+  // The batch's ranks are called what they are.
+  e = error_of(8, {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "train_batch_size=3"});
+  EXPECT_NE(e.find("not divisible by micro 1 x data-parallel size 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("data-parallel size 2 comes from the 8 ranks of test / (tensor 2 x pipeline 2)"), std::string::npos) << e;
+}
+
+TEST(Mesh, ATensorGroupAcrossNodesIsCountedWithTheNodesItSpans) {
+  const ModelSpec model = model_of("llama-tiny", {"model.num_heads=8", "model.num_kv_heads=8"});
+  std::vector<ConfigIssue> errors;
+  const MeshPlan inside = plan_mesh(model, {8, 1}, 16, 8, 1, errors);
+  EXPECT_EQ(inside.tensor_groups_across_nodes, 0);
+  EXPECT_EQ(inside.tensor_group_nodes, 1);
+  const MeshPlan across = plan_mesh(model, {8, 1}, 16, 2, 1, errors);  // 8 nodes of 2 ranks: each group on 4
+  ASSERT_TRUE(errors.empty()) << test::dump(errors);
+  EXPECT_EQ(across.tensor_groups_across_nodes, 2);
+  EXPECT_EQ(across.tensor_group_nodes, 4);
+}
+
+TEST(PlanMesh, EachStagesRankIsLaidOutByThePlansMemoryModel) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},
+                              "zero_optimization": {"stage": 0}, "model": {"preset": "llama-tiny", "num_layers": 4},
+                              "data": {"seq_len": 32}, "tensor_parallel": {"autotp_size": 2}, "pipeline": {"stages": 2}})";
+  const Plan p = test::plan_of(cfg, 8, 0);
+  ASSERT_EQ(p.mesh.stages.size(), 2u);
+  for (const PipelineStage& st : p.mesh.stages) {
+    ASSERT_TRUE(st.memory_planned);
+    // bf16 weights and gradients, fp32 master weights and two Adam moments, all whole at stage 0.
+    const double n = static_cast<double>(st.params_per_rank);
+    EXPECT_EQ(st.memory.device.params, 2 * n);
+    EXPECT_EQ(st.memory.device.grads, 2 * n);
+    EXPECT_EQ(st.memory.device.optimizer_states, 12 * n);
+  }
+  // The plan's own memory and layout are the heaviest stage's rank: the fit is judged on it.
+  ASSERT_GE(p.mesh.heaviest_stage, 0);
+  const PipelineStage& heaviest = p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)];
+  for (const PipelineStage& st : p.mesh.stages) EXPECT_LE(st.memory.device.total(), heaviest.memory.device.total());
+  EXPECT_EQ(p.memory.device.total(), heaviest.memory.device.total());
+  EXPECT_EQ(p.layout.numel, heaviest.params_per_rank);
+  // Activations: pipeline alone, two blocks a stage. The last stage holds one micro-batch: what a two-block
+  // model on its own keeps. The first holds min(p, m) of them and no logits.
+  const auto act = [&](int accum, int s) {
+    return test::plan_of(cfg, 4, 0, {"tensor_parallel.autotp_size=1", "pipeline.partition=uniform",
+                                     "gradient_accumulation_steps=" + std::to_string(accum)})
+        .mesh.stages[static_cast<size_t>(s)].memory.device.activations;
+  };
+  const Plan two_blocks = test::plan_of(cfg, 1, 0, {"~tensor_parallel", "~pipeline", "model.num_layers=2", "gradient_accumulation_steps=1"});
+  EXPECT_EQ(act(4, 1), two_blocks.memory.device.activations);
+  const double logits_chunk = 2 * 32 * 256 * 2;  // the head's chunk of logits: 64 tokens x 256 in bf16
+  EXPECT_EQ(act(1, 0), act(1, 1) - logits_chunk);
+  const ActivationParts per_micro_batch = activation_parts(two_blocks.model, 2, 32, Dtype::bf16, false, two_blocks.threads);
+  EXPECT_EQ(act(4, 0) - act(1, 0), per_micro_batch.kept);
+  // With LoRA the mesh's memory is not planned yet, and the plan says the memory is the whole model's.
+  const Plan lora = test::plan_of(cfg, 8, 0, {"model.lora={\"r\": 4}"});
+  EXPECT_FALSE(lora.mesh.stages.front().memory_planned);
+  EXPECT_EQ(lora.mesh.heaviest_stage, -1);
+}
+
+TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},
+                              "model": {"preset": "gpt2-tiny", "num_layers": 4}, "data": {"seq_len": 32},
+                              "tensor_parallel": {"autotp_size": 2}, "pipeline": {"stages": 2, "partition": "uniform"}})";
+  for (const bool recompute : {false, true}) {
+    const Plan p = test::plan_of(cfg, 8, 0, {std::string("model.activation_checkpointing=") + (recompute ? "true" : "false")});
+    ASSERT_EQ(p.mesh.stages.size(), 2u);
+    const double boundary = 2 * 32 * 64 * 2;  // micro 2 x 32 tokens x 64 wide, bf16
+    const int64_t per_block = recompute ? 6 : 4;
+    // Stage 0: two blocks and the embedding's output; stage 1: two blocks, the head's input gradient and the
+    // loss's three fp32 values per token. Four micro-batches; a ring of two sends the payload once.
+    const MeshTraffic& first = p.mesh.stages[0].traffic;
+    EXPECT_EQ(first.tensor_all_reduces, 4 * (2 * per_block + 1));
+    EXPECT_EQ(first.tensor_payload_bytes, 4 * (2 * per_block + 1) * boundary);
+    EXPECT_EQ(first.tensor_wire_bytes, first.tensor_payload_bytes);
+    const MeshTraffic& last = p.mesh.stages[1].traffic;
+    EXPECT_EQ(last.tensor_all_reduces, 4 * (2 * per_block + 1 + 3));
+    EXPECT_EQ(last.tensor_payload_bytes, 4 * ((2 * per_block + 1) * boundary + 3 * 2 * 32 * 4));
+    for (const PipelineStage& st : p.mesh.stages) {
+      EXPECT_EQ(st.traffic.pipeline_sends, 4);  // activations on from stage 0, their gradients back from stage 1
+      EXPECT_EQ(st.traffic.pipeline_bytes, 4 * boundary);
+    }
+  }
+  // Tensor parallel alone: no sends; four tensor ranks send 2 x 3/4 of the payload.
+  const Plan four = test::plan_of(cfg, 4, 0, {"tensor_parallel.autotp_size=4", "~pipeline"});
+  ASSERT_EQ(four.mesh.stages.size(), 1u);
+  const MeshTraffic& x = four.mesh.stages[0].traffic;
+  EXPECT_EQ(x.pipeline_sends, 0);
+  EXPECT_DOUBLE_EQ(x.tensor_wire_bytes, 1.5 * x.tensor_payload_bytes);
 }
 
 }  // namespace

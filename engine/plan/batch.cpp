@@ -8,9 +8,9 @@ namespace {
 std::string s(int64_t v) { return std::to_string(v); }
 
 [[noreturn]] void fail(const std::string& path, const std::string& msg, const BatchInputs& in) {
-  throw ConfigError("batch size", {{path, msg, "world size " + std::to_string(in.world_size) + " comes from " +
+  throw ConfigError("batch size", {{path, msg, in.world_name + " " + std::to_string(in.world_size) + " comes from " +
                                                    in.world_size_source + "; the three keys must satisfy "
-                                                   "train_batch_size = micro x accumulation x world size"}});
+                                                   "train_batch_size = micro x accumulation x " + in.world_name}});
 }
 
 }  // namespace
@@ -25,14 +25,14 @@ ResolvedBatch resolve_batch(const BatchInputs& in) {
   if (TB && MB && GA) {
     if (*TB != *MB * *GA * W)
       fail("train_batch_size",
-           "train_batch_size " + s(*TB) + " != micro " + s(*MB) + " x accumulation " + s(*GA) + " x world size " + s(W) +
+           "train_batch_size " + s(*TB) + " != micro " + s(*MB) + " x accumulation " + s(*GA) + " x " + in.world_name + " " + s(W) +
                " = " + s(*MB * *GA * W),
            in);
     r = {*TB, *MB, *GA, in.world_size, "all three given"};
   } else if (TB && MB) {
     if (*TB % (*MB * W) != 0)
       fail("train_batch_size",
-           "train_batch_size " + s(*TB) + " is not divisible by micro " + s(*MB) + " x world size " + s(W) + " = " +
+           "train_batch_size " + s(*TB) + " is not divisible by micro " + s(*MB) + " x " + in.world_name + " " + s(W) + " = " +
                s(*MB * W) + " (it would need accumulation " + s(*TB) + " / " + s(*MB * W) + ")",
            in);
     r = {*TB, *MB, *TB / (*MB * W), in.world_size,
@@ -40,7 +40,7 @@ ResolvedBatch resolve_batch(const BatchInputs& in) {
   } else if (TB && GA) {
     if (*TB % (*GA * W) != 0)
       fail("train_batch_size",
-           "train_batch_size " + s(*TB) + " is not divisible by accumulation " + s(*GA) + " x world size " + s(W) + " = " +
+           "train_batch_size " + s(*TB) + " is not divisible by accumulation " + s(*GA) + " x " + in.world_name + " " + s(W) + " = " +
                s(*GA * W),
            in);
     r = {*TB, *TB / (*GA * W), *GA, in.world_size,
@@ -50,7 +50,7 @@ ResolvedBatch resolve_batch(const BatchInputs& in) {
          "train_batch_size = " + s(*MB) + " x " + s(*GA) + " x " + s(W) + " = " + s(*MB * *GA * W)};
   } else if (TB) {
     if (*TB % W != 0)
-      fail("train_batch_size", "train_batch_size " + s(*TB) + " is not divisible by world size " + s(W), in);
+      fail("train_batch_size", "train_batch_size " + s(*TB) + " is not divisible by " + in.world_name + " " + s(W), in);
     r = {*TB, *TB / W, 1, in.world_size,
          "gradient_accumulation_steps = 1; train_micro_batch_size_per_gpu = " + s(*TB) + " / " + s(W) + " = " + s(*TB / W)};
   } else if (MB) {

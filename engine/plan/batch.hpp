@@ -13,6 +13,7 @@ struct BatchInputs {
   std::optional<int64_t> train_batch_size, micro_batch, grad_accum;  // empty: not given or "auto"
   int world_size = 1;
   std::string world_size_source;
+  std::string world_name = "world size";  // what the ranks the batch counts are called: a mesh's are its data-parallel ones
 };
 
 struct ResolvedBatch {

@@ -4,8 +4,8 @@
 
 namespace ds {
 
-double activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
-                        int threads) {
+ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
+                                 int threads) {
   const int bc = dtype_bytes(compute_dtype);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double block = m.block_activation_bytes_per_token(seq_len, bc);
@@ -14,8 +14,9 @@ double activation_bytes(const ModelSpec& m, int64_t micro_batch, int64_t seq_len
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
   const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
-  if (checkpointing) return tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + block + head) + workspace;
-  return tokens * (L * block + head) + workspace;
+  // Checkpointed: each block's input is kept; the one block recomputed at a time is a workspace.
+  if (checkpointing) return {tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + head), tokens * block + workspace};
+  return {tokens * (L * block + head), workspace};
 }
 
 MemoryEstimate estimate_memory(const ZeroExecution& zero, double activations) {

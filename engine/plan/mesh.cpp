@@ -1,6 +1,7 @@
 #include "engine/plan/mesh.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace ds {
@@ -88,6 +89,68 @@ int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int t
   return t.numel;
 }
 
+namespace {
+
+// A tensor's shape on one tensor rank: the split dimension divided (the output's for column and vocabulary
+// splits, the input's for row splits; GPT-2's Conv1D stores [in, out], nn.Linear [out, in]).
+std::vector<int64_t> shape_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor) {
+  std::vector<int64_t> shape = t.shape;
+  if (shape.empty() || tensor == 1) return shape;
+  const TensorSplit split = tensor_split_of(model, t);
+  if (split == TensorSplit::whole) return shape;
+  size_t dim = 0;
+  if (shape.size() == 2 && split != TensorSplit::vocabulary) {
+    const bool in_out = model.hp.traits().in_out;
+    const bool by_output = split == TensorSplit::column;
+    dim = by_output == in_out ? 1 : 0;
+  }
+  shape[dim] = split == TensorSplit::vocabulary ? ceil_div(shape[dim], tensor) : shape[dim] / tensor;
+  return shape;
+}
+
+}  // namespace
+
+ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
+  const PipelineStage& st = mesh.stages.at(static_cast<size_t>(stage));
+  const int t = mesh.shape.tensor;
+  ModelSpec s;
+  s.hp = model.hp;
+  s.hp.num_layers = st.blocks;
+  s.hp.head_dim_given = model.hp.head_dim();  // the heads keep their width when a rank holds fewer of them
+  s.hp.num_heads = model.hp.num_heads / t;
+  if (s.hp.num_kv_heads > 0) s.hp.num_kv_heads = model.hp.num_kv_heads / t;
+  s.hp.intermediate_size = model.hp.intermediate_size / t;
+  s.hp.vocab_size = st.head ? ceil_div(model.hp.vocab_size, t) : 0;  // 0: no head, no logits on this stage
+  std::map<int, int64_t> per_block;
+  const auto add = [&](const TensorSpec& whole, int layer) {
+    TensorSpec part = whole;
+    part.shape = shape_per_rank(model, whole, t);
+    part.numel = tensor_numel_per_rank(model, whole, t);
+    part.layer = layer;
+    s.num_params += part.numel;
+    s.largest_module_params = std::max(s.largest_module_params, part.numel);
+    if (layer >= 0) per_block[layer] += part.numel;
+    s.tensors.push_back(std::move(part));
+  };
+  const TensorSpec* token_table = nullptr;
+  bool has_head = false;
+  for (const TensorSpec& tensor : model.tensors) {
+    if (tensor.layer >= 0) {
+      if (tensor.layer >= st.first_block && tensor.layer < st.first_block + st.blocks) add(tensor, tensor.layer - st.first_block);
+    } else if (is_embedding_table(tensor)) {
+      if (tensor_split_of(model, tensor) == TensorSplit::vocabulary) token_table = &tensor;
+      if (st.embeddings) add(tensor, -1);
+    } else {
+      has_head |= tensor_split_of(model, tensor) == TensorSplit::vocabulary;
+      if (st.head) add(tensor, -1);
+    }
+  }
+  // A tied head reads the token table: the last stage holds its own copy, kept in step with the first's.
+  if (st.head && !st.embeddings && !has_head && token_table) add(*token_table, -1);
+  for (const auto& [layer, n] : per_block) s.largest_block_params = std::max(s.largest_block_params, n);
+  return s;
+}
+
 double pipeline_bubble(int stages, int micro_batches) {
   if (stages <= 1) return 0;
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
@@ -165,12 +228,38 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, bool checkpointing) {
+  const int t = plan.shape.tensor, p = plan.shape.pipeline;
+  const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
+  const double activation = tokens * static_cast<double>(h.hidden_size) * dtype_bytes;  // one micro-batch's, one block boundary
+  const double ring = t > 1 ? 2.0 * (t - 1) / t : 0;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    PipelineStage& st = plan.stages[s];
+    MeshTraffic& x = st.traffic;
+    x = {};
+    if (t > 1) {
+      const int64_t per_block = 2 + 2 + (checkpointing ? 2 : 0);  // forward, backward, forward again
+      const int64_t big = st.blocks * per_block + (st.embeddings ? 1 : 0) + (st.head ? 1 : 0);
+      const int64_t loss = st.head ? 3 : 0;
+      x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss);
+      x.tensor_payload_bytes = m * (static_cast<double>(big) * activation + static_cast<double>(loss) * tokens * 4);
+      x.tensor_wire_bytes = ring * x.tensor_payload_bytes;
+    }
+    const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
+    x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
+    x.pipeline_bytes = m * neighbours * activation;
+  }
+}
+
 bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors) {
-  const int split = r.tensor * r.pipeline;
-  if (world_size % split == 0) return true;
-  errors.push_back({r.tensor > 1 ? "tensor_parallel.autotp_size" : "pipeline.stages",
-                    "the " + std::to_string(world_size) + " ranks do not split into tensor " + std::to_string(r.tensor) + " x pipeline " +
-                        std::to_string(r.pipeline) + " groups (their product must divide the world size)",
+  const int64_t split = int64_t{r.tensor} * r.pipeline;  // each up to the schema's 2^20: their product needs 64 bits
+  if (split <= world_size && world_size % split == 0) return true;
+  // The key to change: the tensor size when it alone does not divide the world, else the pipeline's.
+  const bool tensor_alone = r.tensor > world_size || world_size % r.tensor != 0;
+  errors.push_back({tensor_alone ? "tensor_parallel.autotp_size" : "pipeline.stages",
+                    "the " + std::to_string(world_size) + (world_size == 1 ? " rank does" : " ranks do") + " not split into tensor " +
+                        std::to_string(r.tensor) + " x pipeline " + std::to_string(r.pipeline) +
+                        " groups (their product must divide the world size)",
                     "launch a multiple of " + std::to_string(split) + " ranks, or change the sizes"});
   return false;
 }
@@ -181,7 +270,6 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
   plan.partition = r.partition;
   plan.partition_text = r.partition_text;
   const size_t before = errors.size();
-  const int split = r.tensor * r.pipeline;
   check_mesh_world(r, world_size, errors);
   const ModelHyper& h = model.hp;
   if (r.tensor > 1) {
@@ -204,7 +292,7 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
     errors.push_back({"pipeline.stages", std::to_string(r.pipeline) + " stages for the model's " + std::to_string(h.num_layers) + " blocks",
                       "each stage needs at least one block: use at most " + std::to_string(h.num_layers) + " stages"});
   if (errors.size() != before) return plan;
-  plan.shape = {world_size / split, r.tensor, r.pipeline};
+  plan.shape = {world_size / (r.tensor * r.pipeline), r.tensor, r.pipeline};  // checked: divides the world
 
   const StageWeights w = stage_weights(model, r.tensor);
   const int64_t last_extra = w.last + (r.pipeline > 1 ? w.tied_copy : 0);
@@ -225,8 +313,11 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
   }
   schedule_micro_batches(plan, micro_batches);
   const int per_node = std::max(ranks_per_node, 1);
-  for (const std::vector<int>& g : mesh_groups(plan.shape, MeshAxis::tensor))
-    if (g.front() / per_node != g.back() / per_node) ++plan.tensor_groups_across_nodes;
+  for (const std::vector<int>& g : mesh_groups(plan.shape, MeshAxis::tensor)) {
+    const int nodes = g.back() / per_node - g.front() / per_node + 1;  // a group is consecutive ranks
+    if (nodes > 1) ++plan.tensor_groups_across_nodes;
+    plan.tensor_group_nodes = std::max(plan.tensor_group_nodes, nodes);
+  }
   return plan;
 }
 

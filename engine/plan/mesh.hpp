@@ -4,8 +4,8 @@
 // world size. Pure arithmetic from the config's tensor_parallel and pipeline blocks and the model's tensors.
 //
 // Rank order: tensor fastest, then data, then pipeline (Megatron's), so a tensor group is consecutive ranks
-// and shares a node whenever its size divides the ranks per node: its all-reduces, one per block in forward
-// and one in backward, are the mesh's most frequent messages.
+// and shares a node whenever its size divides the ranks per node: its all-reduces, two per block in forward
+// and two in backward, are the mesh's most frequent messages.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
 
 namespace ds {
@@ -52,12 +53,34 @@ TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t);
 // A tensor's elements on one rank of a tensor group of `tensor` ranks (the vocabulary padded to a multiple of it).
 int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor);
 
+// What one rank of a stage sends per optimizer step for the mesh, besides ZeRO's collectives over its data
+// group (which the plan's collectives list). Megatron's tensor parallelism without sequence parallelism:
+// per block and micro-batch, an all-reduce of the activations after attention and after the MLP in forward
+// (again when activation checkpointing recomputes it) and of the input gradients of q|k|v and gate|up in
+// backward, each micro x seq x hidden in the compute dtype; the first stage's embedding output once more; the
+// last stage's head input gradient, and three fp32 values per token for the vocabulary-parallel loss (the
+// logits' maximum, the target's logit, the sum of exponentials). Pipeline: per micro-batch, the activations
+// sent to the next stage and their gradient sent back, micro x seq x hidden each, whole from every tensor
+// rank (DeepSpeed's pipe_partitioned would split them over the tensor group; ds does not yet).
+struct MeshTraffic {
+  int64_t tensor_all_reduces = 0;    // calls per step
+  double tensor_payload_bytes = 0;   // summed over those calls
+  double tensor_wire_bytes = 0;      // sent per rank: ring all-reduce, 2 (t - 1) / t of the payload
+  int64_t pipeline_sends = 0;        // point-to-point sends per step
+  double pipeline_bytes = 0;         // sent per rank
+};
+
 struct PipelineStage {
   int first_block = 0, blocks = 0;  // blocks [first_block, first_block + blocks)
   bool embeddings = false;          // the token (and position) table: the first stage
   bool head = false;                // the final norm and the head (a tied head's copy of the table): the last
   int64_t params_per_rank = 0;      // elements one rank of this stage holds (its tensor group's share)
   int in_flight = 1;                // micro-batches whose activations it holds at once under 1F1B: min(p - s, m)
+  // Per rank of this stage: its share laid out and executed over its data group by the plan's memory model
+  // (compile_plan fills it; not with LoRA or frozen tensors yet: memory_planned false).
+  MemoryEstimate memory;
+  bool memory_planned = false;
+  MeshTraffic traffic;              // per rank of this stage (count_mesh_traffic)
 };
 
 struct MeshPlan {
@@ -68,6 +91,8 @@ struct MeshPlan {
   std::vector<PipelineStage> stages;  // one per pipeline stage
   double bubble = 0;           // the pipeline's idle share of a step: (p - 1) / (m + p - 1)
   int tensor_groups_across_nodes = 0;  // tensor groups whose ranks are on more than one node
+  int tensor_group_nodes = 1;          // the most nodes one tensor group spans
+  int heaviest_stage = -1;     // the stage whose rank the plan's layout, buffers and memory describe (-1: none)
 };
 
 // What the config asks of the mesh, read from its tensor_parallel and pipeline blocks.
@@ -86,9 +111,19 @@ bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<Co
 MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& request, int world_size, int ranks_per_node, int micro_batches,
                    std::vector<ConfigIssue>& errors);
 
+// What one rank of stage `stage` holds of the model, as a model of its own: the stage's blocks (numbered from
+// 0), the embeddings on the first stage, the final norm and head (or the tied table's copy) on the last, each
+// tensor its tensor-rank share. Its hyperparameters say the same: its blocks, heads, kv heads and MLP channels
+// per tensor rank, the vocabulary rows per rank where it holds the head (0 where it does not). What the
+// memory model reads of it is what the rank holds.
+ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage);
+
 // The micro-batches in flight per step (gradient_accumulation_steps), and what follows from them: the bubble
 // and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
 void schedule_micro_batches(MeshPlan& plan, int micro_batches);
+
+// Each stage's MeshTraffic at this micro batch and sequence length, `dtype_bytes` per activation element.
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, bool checkpointing);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

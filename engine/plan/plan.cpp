@@ -282,6 +282,38 @@ void lay_out(Plan& plan, int stage) {
   plan.memory = estimate_memory(plan.execution, activations);
 }
 
+// A model split over ranks: each stage's rank laid out and executed over its data group by the same model as
+// the whole plan (its share of the model as a model of its own), its activations those of the micro-batches
+// it holds at once. The plan's layout, buffers and memory become those of the heaviest stage's rank, which
+// the fit check and the device budget judge. Not with LoRA or frozen tensors yet (the whole model's stay).
+void lay_out_mesh(Plan& plan, int stage) {
+  MeshPlan& mesh = plan.mesh;
+  if (!mesh.shape.splits_the_model() || plan.lora.enabled || !plan.frozen.empty()) return;
+  double heaviest = -1;
+  Plan at_heaviest;
+  for (size_t s = 0; s < mesh.stages.size(); ++s) {
+    PipelineStage& st = mesh.stages[s];
+    Plan rank = plan;
+    rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
+    rank.topology.world_size = mesh.shape.data;
+    lay_out(rank, stage);
+    const ActivationParts a = activation_parts(rank.model, plan.batch.micro_batch, plan.seq_len, plan.precision.compute_dtype,
+                                               plan.activation_checkpointing, plan.threads);
+    rank.memory.device.activations = st.in_flight * a.kept + a.workspace;
+    st.memory = rank.memory;
+    st.memory_planned = true;
+    const double bytes = rank.memory.device.total() + rank.memory.host.total();
+    if (bytes > heaviest) {
+      heaviest = bytes;
+      mesh.heaviest_stage = static_cast<int>(s);
+      at_heaviest = std::move(rank);
+    }
+  }
+  plan.layout = std::move(at_heaviest.layout);
+  plan.execution = std::move(at_heaviest.execution);
+  plan.memory = mesh.stages[static_cast<size_t>(mesh.heaviest_stage)].memory;
+}
+
 // The schedule resolved again, for the plan's steps now and `after`'s scheduler lengths: what its resolution
 // for `before` and `steps_before` resolved and warned goes (only that: the loader's warnings stay).
 void resolve_schedule_again(const Config& before, int64_t steps_before, const Config& after, Plan& plan) {
@@ -498,7 +530,21 @@ struct MemoryChoice {
 
 // The stage: explicit, or the lowest that fits at the micro batch given (1 when "auto").
 int choose_stage(const Config& c, const MemoryChoice& memory, Plan& plan, std::vector<ConfigIssue>& errors) {
-  if (c.zero.stage) return *c.zero.stage;
+  const bool pipelined = c.parallel.pipeline > 1;
+  if (c.zero.stage) {
+    if (pipelined && *c.zero.stage >= 2)
+      errors.push_back({"zero_optimization.stage",
+                        "stage " + std::to_string(*c.zero.stage) + " with pipeline stages: a stage's ranks keep its gradients and "
+                            "parameters whole between micro-batches (DeepSpeed's pipeline engine takes ZeRO stage 0 or 1)",
+                        "use stage 1 (each stage's optimizer states partitioned over its data group), or pipeline.stages=1"});
+    return *c.zero.stage;
+  }
+  if (pipelined || c.parallel.tensor > 1) {
+    plan.resolved.push_back({"zero_optimization.stage", "1",
+                             "auto with the model split over ranks: the optimizer states partitioned over each data group, as "
+                             "Megatron-DeepSpeed runs it (a pipeline takes at most stage 1)"});
+    return 1;
+  }
   int stage = 3;
   if (memory.device_budget <= 0)
     errors.push_back({"zero_optimization.stage", "\"auto\" needs the device memory, which is unknown", "pass --device-memory (e.g. 80GiB) or set the stage"});
@@ -560,15 +606,16 @@ void resolve_batch_into(const BatchInputs& bi, Plan& plan, std::vector<ConfigIss
 // The batch triangle's keys ds computed, each by name (given as "auto" or left out).
 void record_batch_derivation(const BatchInputs& bi, const Topology& topo, Plan& plan) {
   const ResolvedBatch& b = plan.batch;
-  const std::string world = "world size " + std::to_string(b.world_size) + " from " + bi.world_size_source;
+  const std::string world = bi.world_name + " " + std::to_string(b.world_size) + " from " + bi.world_size_source;
+  const std::string times = bi.world_name == "world size" ? " x world " : " x " + bi.world_name + " ";
   if (!bi.grad_accum)
     plan.resolved.push_back({"gradient_accumulation_steps", str(b.grad_accum),
-                             bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + " x world " +
+                             bi.train_batch_size ? "train_batch_size / (micro " + str(b.micro_batch) + times +
                                                        std::to_string(b.world_size) + "); " + world
                                                  : "default 1 when train_batch_size is not given"});
   if (!bi.train_batch_size)
     plan.resolved.push_back({"train_batch_size", str(b.train_batch_size),
-                             "micro " + str(b.micro_batch) + " x accumulation " + str(b.grad_accum) + " x world " + std::to_string(b.world_size) +
+                             "micro " + str(b.micro_batch) + " x accumulation " + str(b.grad_accum) + times + std::to_string(b.world_size) +
                                  "; " + world});
 }
 
@@ -618,27 +665,43 @@ MeshRequest mesh_request(const Config& c) {
 // The mesh's shape before the batch (which counts its data-parallel ranks); a world it does not divide is
 // reported by plan_mesh, and the batch meanwhile counts every rank.
 MeshShape mesh_shape_of(const Config& c, const Topology& topo) {
-  const int split = c.parallel.tensor * c.parallel.pipeline;
-  if (topo.world_size % split != 0) return {topo.world_size, 1, 1};
-  return {topo.world_size / split, c.parallel.tensor, c.parallel.pipeline};
+  const int64_t split = int64_t{c.parallel.tensor} * c.parallel.pipeline;
+  if (split > topo.world_size || topo.world_size % split != 0) return {topo.world_size, 1, 1};
+  return {static_cast<int>(topo.world_size / split), c.parallel.tensor, c.parallel.pipeline};
 }
 
 // The batch's "world": the data-parallel ranks, and where their number comes from.
 BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape& mesh) {
-  std::string source = topo.world_size_source;
-  if (mesh.splits_the_model())
-    source = "the " + std::to_string(topo.world_size) + " ranks of " + source + " / (tensor " + std::to_string(mesh.tensor) + " x pipeline " +
-             std::to_string(mesh.pipeline) + ")";
-  return {c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, mesh.data, source};
+  BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, mesh.data, topo.world_size_source};
+  if (mesh.splits_the_model()) {
+    bi.world_size_source = "the " + std::to_string(topo.world_size) + " ranks of " + topo.world_size_source + " / (tensor " +
+                           std::to_string(mesh.tensor) + " x pipeline " + std::to_string(mesh.pipeline) + ")";
+    bi.world_name = "data-parallel size";
+  }
+  return bi;
 }
 
+// What a split model's plan counts and what it does not yet.
 void note_mesh(Plan& plan) {
-  if (!plan.mesh.shape.splits_the_model()) return;
-  plan.warnings.push_back({"", "the model is split over ranks (tensor " + std::to_string(plan.mesh.shape.tensor) + " x pipeline " +
-                                   std::to_string(plan.mesh.shape.pipeline) + "): ds plans the mesh (its groups, stages and each rank's "
-                                   "parameters) but not yet its memory: the memory and collectives below are data parallelism's, each rank with the "
-                                   "whole model",
-                           "ds train refuses this plan until tensor and pipeline parallelism run"});
+  const MeshPlan& m = plan.mesh;
+  if (!m.shape.splits_the_model()) return;
+  const std::string split = "tensor " + std::to_string(m.shape.tensor) + " x pipeline " + std::to_string(m.shape.pipeline);
+  if (!plan.has_model)
+    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): its stages, their parameters and memory per rank need "
+                                     "the model (model.preset=NAME or a model block)",
+                             "ds train refuses this plan until tensor and pipeline parallelism run"});
+  else if (m.heaviest_stage < 0)
+    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): with " +
+                                     std::string(plan.lora.enabled ? "LoRA" : "frozen tensors") +
+                                     " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
+                                     "buffers and collectives below are data parallelism's, each rank with the whole model",
+                             "ds train refuses this plan until tensor and pipeline parallelism run"});
+  else
+    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): the memory, buffers and layout below are a rank of stage " +
+                                     std::to_string(m.heaviest_stage) + " (the heaviest; each stage's in the mesh table) over its " +
+                                     std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group, "
+                                     "without the tensor all-reduces and the pipeline's sends",
+                             "ds train refuses this plan until tensor and pipeline parallelism run"});
 }
 
 }  // namespace
@@ -668,7 +731,6 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   resolve_batch_into(bi, plan, errors);
   plan.mesh = plan_mesh(model, mesh_request(c), topo.world_size, topo.ranks_per_node, static_cast<int>(plan.batch.grad_accum), errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
-  note_mesh(plan);
   if (resumed) {
     keep_checkpoint_batch(c, *resumed, bi, plan);
     schedule_micro_batches(plan.mesh, static_cast<int>(plan.batch.grad_accum));
@@ -677,6 +739,10 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   resolve_threads(c, topo, plan);
 
   lay_out(plan, stage);
+  lay_out_mesh(plan, stage);
+  count_mesh_traffic(plan.mesh, model.hp, plan.batch.micro_batch, plan.seq_len, dtype_bytes(plan.precision.compute_dtype),
+                     plan.activation_checkpointing);
+  note_mesh(plan);
   if (plan.execution.gathers) record_block_gathers(model, plan);
   plan.placement = render_placement(plan.execution, stage, topo.device);
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;

@@ -284,10 +284,19 @@ json mesh_json(const Plan& p) {
   j["micro_batches"] = m.micro_batches;
   j["bubble"] = m.bubble;
   j["tensor_groups_across_nodes"] = m.tensor_groups_across_nodes;
+  j["tensor_group_nodes"] = m.tensor_group_nodes;
+  j["heaviest_stage"] = m.heaviest_stage >= 0 ? json(m.heaviest_stage) : json(nullptr);
   json stages = json::array();
-  for (const PipelineStage& s : m.stages)
-    stages.push_back({{"first_block", s.first_block}, {"blocks", s.blocks}, {"embeddings", s.embeddings}, {"head", s.head},
-                      {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", s.in_flight}});
+  for (const PipelineStage& s : m.stages) {
+    json st{{"first_block", s.first_block}, {"blocks", s.blocks}, {"embeddings", s.embeddings}, {"head", s.head},
+            {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", s.in_flight}, {"memory_per_rank", nullptr}};
+    if (s.memory_planned) st["memory_per_rank"] = {{"device", categories(s.memory.device)}, {"host", categories(s.memory.host)}};
+    const MeshTraffic& x = s.traffic;
+    st["traffic_per_rank_per_step"] = {{"tensor_all_reduces", x.tensor_all_reduces}, {"tensor_payload_bytes", x.tensor_payload_bytes},
+                                       {"tensor_wire_bytes", x.tensor_wire_bytes}, {"pipeline_sends", x.pipeline_sends},
+                                       {"pipeline_bytes", x.pipeline_bytes}};
+    stages.push_back(st);
+  }
   j["stages"] = stages;
   return j;
 }
