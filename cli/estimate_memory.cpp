@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
@@ -71,8 +72,13 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   // rows that switch offload on then use.
   for (const char* block : {"offload_optimizer", "offload_param"})
     overrides.push_back(std::string("zero_optimization.") + block + ".device=none");
+  // --tp / --pp: the mesh (else the config's).
+  if (a.tp > 0) overrides.push_back("tensor_parallel.autotp_size=" + std::to_string(a.tp));
+  if (a.pp > 0) overrides.push_back("pipeline.stages=" + std::to_string(a.pp));
   Config c = load_config_text(text, a.model.empty() ? "--params" : a.model, overrides);
   if (!c.train_micro_batch_size_per_gpu) c.train_micro_batch_size_per_gpu = 1;
+  // A pipeline runs as many micro-batches per step as it has stages: the fewest that keep every stage busy.
+  if (c.parallel.pipeline > 1) c.gradient_accumulation_steps = c.parallel.pipeline;
   return c;
 }
 
@@ -155,6 +161,12 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   sub->add_option("--lora-targets", a->lora_targets,
                   "with --lora-r: the projections that get an adapter, PEFT's names (q_proj,v_proj; default: every projection)")
       ->delimiter(',');
+  sub->add_option("--tp", a->tp, "tensor-parallel size: each block's matrices split over this many GPUs of a node "
+                                   "(tensor_parallel.autotp_size; rows are then the heaviest pipeline stage's GPU)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--pp", a->pp, "pipeline stages: the blocks cut into this many stages, as many micro-batches per step "
+                                   "(pipeline.stages; ZeRO stages 0-1 only)")
+      ->check(CLI::Range(1, 1 << 20));
   sub->add_flag("--json", a->json, "print the table as JSON (with schema_version)");
   sub->footer(R"(Examples:
   ds estimate-memory --model 7b --gpus 8
@@ -168,9 +180,13 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   ds estimate-memory --model gpt2-xl --zero-stage 3 --json | jq '.rows[0]'
   ds estimate-memory --model llama-2-7b --lora-r 16 --gpu-memory 24GiB
       can a 7B model be fine-tuned with LoRA (rank 16 on every projection) on one 24 GiB GPU
+  ds estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu-memory 80GiB
+      beside the ZeRO rows, the smallest tensor x pipeline mesh of these GPUs that fits
+  ds estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --tp 8 --pp 2 --gpu-memory 80GiB
+      the rows for that mesh (each the heaviest stage's GPU)
 
 Rows are what `ds plan` computes for each choice; DeepSpeed's estimate_zero2/zero3 numbers are shown
-beside them for comparison. Exit status: 0 ok, 2 bad input.)");
+beside them for comparison (without a mesh). Exit status: 0 ok, 2 bad input.)");
   return {sub, [a] { return run_estimate_memory(*a); }};
 }
 
@@ -194,6 +210,10 @@ void check_flags(const EstimateMemoryArgs& a) {
   if (a.model.empty() && a.params == 0)
     throw UserError("no model given", "pass --model (llama-2-7b, 7b, a config.json) or --params N --largest-layer N");
   if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
+  if (a.params > 0 && (a.tp > 1 || a.pp > 1))
+    throw UserError("--tp and --pp split an architecture's blocks, which --params does not give", "pass --model (a preset or a config.json)");
+  if (a.lora_r > 0 && (a.tp > 1 || a.pp > 1))
+    throw UserError("--lora-r with --tp or --pp: ds does not plan the memory of a split model's adapter yet", "plan the LoRA fine-tune without a mesh");
   if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
     throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
 }
@@ -248,10 +268,16 @@ struct EstimateInputs {
   const LoraPlan& lora;
   const std::string& model_note;
   std::string dtype;
+  std::optional<MeshChoice> mesh;  // the smallest mesh of these GPUs that fits (recommend_mesh)
 };
 
+std::string mesh_choice_text(const MeshChoice& m, const Topology& topo) {
+  return "tensor " + std::to_string(m.tensor) + " x pipeline " + std::to_string(m.pipeline) + " x data " +
+         std::to_string(topo.world_size / (m.tensor * m.pipeline)) + ", ZeRO-1" + (m.activation_checkpointing ? ", activation checkpointing" : "");
+}
+
 void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
-  const auto& [model, base, topo, lora, model_note, dtype] = in;
+  const auto& [model, base, topo, lora, model_note, dtype, mesh] = in;
   ojson j;
   j["schema_version"] = 1;
   j["model"] = {{"name", model.hp.name}, {"num_params", model.num_params}, {"largest_layer_params", model.largest_module_params},
@@ -263,7 +289,8 @@ void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
                                    {"frozen_params", model.num_params}}
                            : ojson(nullptr);
   j["assumptions"] = {{"dtype", dtype}, {"micro_batch", *base.train_micro_batch_size_per_gpu}, {"seq_len", *base.data.seq_len},
-                      {"headroom", a.headroom}};
+                      {"headroom", a.headroom}, {"tensor_parallel", base.parallel.tensor}, {"pipeline_stages", base.parallel.pipeline},
+                      {"micro_batches_per_step", base.gradient_accumulation_steps.value_or(1)}};
   ojson rows = ojson::array();
   for (const auto& r : t.rows) {
     const auto& d = r.memory.device;
@@ -290,6 +317,12 @@ void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
     dsrows.push_back({{"zero_stage", r.stage}, {"options", r.options}, {"cpu_per_node", std::llround(r.cpu_bytes)},
                       {"per_gpu", std::llround(r.gpu_bytes)}});
   j["deepspeed"] = dsrows;
+  j["mesh_recommended"] = mesh ? ojson{{"tensor", mesh->tensor}, {"pipeline", mesh->pipeline},
+                                       {"data", topo.world_size / (mesh->tensor * mesh->pipeline)}, {"zero_stage", 1},
+                                       {"activation_checkpointing", mesh->activation_checkpointing},
+                                       {"per_gpu", std::llround(mesh->device_per_rank)}, {"heaviest_stage", mesh->heaviest_stage},
+                                       {"runs_today", mesh->not_yet.empty()}, {"not_yet", mesh->not_yet}, {"overrides", mesh->overrides}}
+                               : ojson(nullptr);
   std::cout << j.dump(2) << "\n";
 }
 
@@ -322,7 +355,8 @@ void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
   o << "\n";
 }
 
-void render_recommendation(const MemoryEstimateTable& t, const Topology& topo, FILE* out, std::ostringstream& o) {
+void render_recommendation(const MemoryEstimateTable& t, const EstimateInputs& in, FILE* out, std::ostringstream& o) {
+  const Topology& topo = in.topo;
   const auto choice_text = [](const EstimateRow& r) {
     return "ZeRO-" + std::to_string(r.choice.stage) +
            (r.choice.offload_optimizer != OffloadDevice::none ? std::string(", optimizer offload to ") + offload_device_name(r.choice.offload_optimizer) : "") +
@@ -346,10 +380,32 @@ void render_recommendation(const MemoryEstimateTable& t, const Topology& topo, F
     o << "\n";
   } else if (topo.device_memory_bytes > 0) {
     o << bold("Nothing fits", out) << " " << format_bytes(topo.device_memory_bytes)
-      << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory.\n\n";
+      << " per GPU: use more GPUs, a smaller micro batch or sequence, or more memory"
+      << (in.mesh ? ", or split the model over the GPUs (below)." : ".") << "\n\n";
   } else {
     o << "Pass --gpu-memory (e.g. 80GiB) for a fit check and a recommendation.\n\n";
   }
+}
+
+// The smallest mesh that fits at ZeRO-1, beside the rows: what splitting the model costs in memory where data
+// parallelism would gather every parameter across all GPUs (ZeRO-3) or offload.
+void render_mesh(const MemoryEstimateTable& t, const EstimateInputs& in, FILE* out, std::ostringstream& o) {
+  const Topology& topo = in.topo;
+  if (!in.mesh) {
+    if (t.recommended < 0 && topo.device_memory_bytes > 0 && in.base.parallel.tensor == 1 && in.base.parallel.pipeline == 1 &&
+        in.model.hp.num_layers > 0 && !in.lora.enabled)
+      o << "No tensor x pipeline mesh of these GPUs fits either.\n\n";
+    return;
+  }
+  const MeshChoice& m = *in.mesh;
+  o << bold("Split the model", out) << ": " << mesh_choice_text(m, topo) << ": " << format_bytes(m.device_per_rank)
+    << " per GPU on stage " << m.heaviest_stage << ", the heaviest (" << std::lround(100.0 * m.device_per_rank / topo.device_memory_bytes)
+    << "% of " << format_bytes(topo.device_memory_bytes) << ")\n"
+    << "  the fewest GPUs per copy of the model that fit at ZeRO-1 (tensor groups within a node, then pipeline stages);"
+    << (t.recommended >= 0 ? " no parameter gathers across all GPUs, at the cost of the mesh's own traffic (ds plan shows it)" : "")
+    << "\n  select it with: ds plan CONFIG " << m.overrides << "\n";
+  if (!m.not_yet.empty()) o << "  not yet runnable by this ds: " << join(m.not_yet, "; ") << "\n";
+  o << "\n";
 }
 
 void render_deepspeed(const MemoryEstimateTable& t, const LoraPlan& lora, FILE* out, std::ostringstream& o) {
@@ -370,7 +426,7 @@ void render_deepspeed(const MemoryEstimateTable& t, const LoraPlan& lora, FILE* 
 }
 
 void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const MemoryEstimateTable& t) {
-  const auto& [model, base, topo, lora, model_note, dtype] = in;
+  const auto& [model, base, topo, lora, model_note, dtype, mesh] = in;
   FILE* out = stdout;
   std::ostringstream o;
   o << bold("Memory to train " + model.hp.name, out) << " (" << format_count(model.num_params) << " parameters, largest layer "
@@ -388,13 +444,20 @@ void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
     << (topo.device_memory_bytes > 0 ? format_bytes(topo.device_memory_bytes) : std::string("not given (no fit check)"))
     << "; CPU memory per node " << (topo.host_memory_bytes > 0 ? format_bytes(topo.host_memory_bytes) : std::string("not given"))
     << "\n";
+  if (base.parallel.tensor > 1 || base.parallel.pipeline > 1)
+    o << "  mesh: tensor " << base.parallel.tensor << " x pipeline " << base.parallel.pipeline << " x data "
+      << topo.world_size / (base.parallel.tensor * base.parallel.pipeline) << "; each row is a GPU of the heaviest pipeline stage"
+      << (base.parallel.pipeline > 1 ? ", " + std::to_string(base.parallel.pipeline) + " micro-batches per step; a pipeline takes ZeRO stages 0-1"
+                                     : std::string())
+      << "\n";
   if (topo.device_memory_bytes > 0)
     o << "  fits = at most " << std::lround((1 - a.headroom) * 100) << "% of each GPU (" << format_bytes((1 - a.headroom) * topo.device_memory_bytes)
       << "): --headroom " << format_double(a.headroom) << " is left for what is not counted\n";
   o << "\n";
   render_rows(t, o);
-  render_recommendation(t, topo, out, o);
-  render_deepspeed(t, lora, out, o);
+  render_recommendation(t, in, out, o);
+  render_mesh(t, in, out, o);
+  if (!t.deepspeed.empty()) render_deepspeed(t, lora, out, o);
   std::cout << o.str();
 }
 
@@ -417,8 +480,12 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter_of(a), a.headroom);
     if (t.rows.empty())
       throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");
+    // Beside the rows, the smallest mesh of these GPUs that fits (an architecture's, without LoRA, more than one GPU).
+    std::optional<MeshChoice> mesh;
+    if (base.parallel.tensor == 1 && base.parallel.pipeline == 1 && model.hp.num_layers > 0 && !lora.enabled && topo.world_size > 1)
+      mesh = recommend_mesh(base, model, topo, a.headroom);
     const EstimateInputs in{model, base, topo, lora, model_note,
-                            base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32"};
+                            base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32", mesh};
     if (a.json)
       print_json(a, in, t);
     else

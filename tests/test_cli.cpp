@@ -359,6 +359,39 @@ TEST(CliEstimateMemory, BadInputExitsTwoWithAClearMessage) {
   EXPECT_EQ(ds("estimate-memory --params 1e9").code, 2);
 }
 
+TEST(CliEstimateMemory, AMeshIsPlannedWithTpAndPpAndTheSmallestThatFitsIsShownBesideTheRows) {
+  Result r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu-memory 80GiB --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& mesh = j["mesh_recommended"];
+  ASSERT_TRUE(mesh.is_object()) << r.out;
+  EXPECT_EQ(mesh["tensor"].get<int>() * mesh["pipeline"].get<int>() * mesh["data"].get<int>(), 32);
+  EXPECT_LE(mesh["per_gpu"].get<double>(), 0.9 * 80 * 1073741824.0);
+  EXPECT_FALSE(mesh["runs_today"].get<bool>());
+  // The mesh's own rows: the heaviest stage's GPU, a pipeline's stopping at stage 1, no DeepSpeed estimator.
+  r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --tp 8 --pp 2 --gpu-memory 80GiB --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  EXPECT_EQ(rows["assumptions"]["pipeline_stages"], 2);
+  EXPECT_EQ(rows["assumptions"]["micro_batches_per_step"], 2);
+  ASSERT_GT(rows["rows"].size(), 0u);
+  for (const auto& row : rows["rows"]) EXPECT_LE(row["zero_stage"].get<int>(), 1);
+  EXPECT_TRUE(rows["deepspeed"].empty());
+  EXPECT_TRUE(rows["mesh_recommended"].is_null());
+  r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --tp 8 --pp 2 --gpu-memory 80GiB");
+  EXPECT_TRUE(contains(r.out, "mesh: tensor 8 x pipeline 2 x data 2; each row is a GPU of the heaviest pipeline stage")) << r.out;
+  r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu-memory 80GiB");
+  EXPECT_TRUE(contains(r.out, "Split the model: tensor ")) << r.out;
+  // What a mesh needs: an architecture, and no adapter yet.
+  r = ds("estimate-memory --params 7e9 --largest-layer 1e8 --gpus 8 --tp 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--tp and --pp split an architecture's blocks")) << r.err;
+  EXPECT_EQ(ds("estimate-memory --model 7b --gpus 8 --lora-r 8 --pp 2").code, 2);
+  r = ds("estimate-memory --model llama-tiny --gpus 4 --tp 4");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "key/value heads do not split over 4 tensor ranks")) << r.err;
+}
+
 // ---- Trust: what a user relies on most (issue "Trust") ----
 
 TEST(CliTrust, SizesNeedAUnitAndTheHelpSaysWhichUnitIsWhich) {

@@ -175,3 +175,62 @@ TEST(MemoryEstimateTable, SpeedOrderPrefersLessOffloadThenLowerStageThenNoRecomp
   EXPECT_LT(speed_rank_of({3, OffloadDevice::cpu, OffloadDevice::cpu, true}),
             speed_rank_of({3, OffloadDevice::nvme, OffloadDevice::none, false}));
 }
+
+// The mesh recommended beside the rows: it fits, and no mesh of fewer GPUs per copy of the model does (every
+// tensor size within a node x every pipeline length, with recomputation and without, tried here).
+TEST(MeshRecommendation, TheSmallestMeshThatFitsAndNothingSmallerDoes) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "model": {"preset": "llama-3-70b"},
+                              "data": {"seq_len": 4096}})";
+  const Config base = load_config_text(cfg, "t");
+  const ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  const Topology cluster = gpus(8, 4, 80.0 * (1 << 30));
+  const std::optional<MeshChoice> mesh = recommend_mesh(base, m, cluster);
+  ASSERT_TRUE(mesh.has_value());
+  const Plan chosen = compile_plan(with_mesh(base, mesh->tensor, mesh->pipeline, mesh->activation_checkpointing), m, cluster);
+  EXPECT_LE(chosen.memory.device.total(), 0.9 * cluster.device_memory_bytes);
+  EXPECT_DOUBLE_EQ(chosen.memory.device.total(), mesh->device_per_rank);
+  EXPECT_EQ(chosen.zero_stage(), 1);
+  // The same overrides, read as a user's ds plan reads them, give the same plan.
+  std::vector<std::string> overrides;
+  for (size_t at = 0, next; at < mesh->overrides.size(); at = next + 1) {
+    next = mesh->overrides.find(' ', at);
+    if (next == std::string::npos) next = mesh->overrides.size();
+    overrides.push_back(mesh->overrides.substr(at, next - at));
+  }
+  EXPECT_DOUBLE_EQ(compile_plan(load_config_text(cfg, "t", overrides), m, cluster).memory.device.total(), mesh->device_per_rank);
+  int smaller = 0;
+  for (int t : {1, 2, 4, 8})
+    for (int p = 1; p <= 32 / t; ++p) {
+      if ((32 / t) % p != 0 || t * p >= mesh->tensor * mesh->pipeline || t * p == 1) continue;
+      for (bool ckpt : {false, true}) {
+        try {
+          const Plan smaller_plan = compile_plan(with_mesh(base, t, p, ckpt), m, cluster);
+          EXPECT_GT(smaller_plan.memory.device.total(), 0.9 * cluster.device_memory_bytes) << "tensor " << t << " x pipeline " << p;
+          ++smaller;
+        } catch (const ConfigError&) {
+        }
+      }
+    }
+  EXPECT_GT(smaller, 0);
+  // Without the GPUs' memory there is nothing to judge a fit by: no recommendation.
+  EXPECT_FALSE(recommend_mesh(base, m, gpus(8, 4, 0)).has_value());
+}
+
+// Rows for a mesh: each the heaviest stage's GPU, a pipeline's stopping at ZeRO stage 1.
+TEST(MeshRecommendation, RowsForAMeshAreTheHeaviestStagesAndAPipelineStopsAtStageOne) {
+  Config base = load_config_text(kCfg, "t", {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "gradient_accumulation_steps=2"});
+  const ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  const MemoryEstimateTable t = estimate_memory_table(base, m, gpus(8, 1, 80.0 * (1 << 30)), {});
+  ASSERT_FALSE(t.rows.empty());
+  for (const EstimateRow& r : t.rows) {
+    EXPECT_LE(r.choice.stage, 1) << r.overrides;
+    std::vector<std::string> o = {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "gradient_accumulation_steps=2",
+                                  "zero_optimization.stage=" + std::to_string(r.choice.stage),
+                                  std::string("zero_optimization.offload_optimizer.device=") + offload_device_name(r.choice.offload_optimizer),
+                                  std::string("model.activation_checkpointing=") + (r.choice.activation_checkpointing ? "true" : "false")};
+    const Plan p = compile_plan(load_config_text(kCfg, "t", o), m, gpus(8, 1, 80.0 * (1 << 30)));
+    const PipelineStage& heaviest = p.mesh.stages.at(static_cast<size_t>(p.mesh.heaviest_stage));
+    EXPECT_DOUBLE_EQ(r.device_per_rank, heaviest.memory.device.total()) << r.overrides;
+  }
+  EXPECT_TRUE(t.deepspeed.empty());  // DeepSpeed's estimators know no mesh
+}

@@ -57,6 +57,7 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
     if (filter.stage && c.stage != *filter.stage) continue;
     if (filter.offload && c.offload_optimizer != *filter.offload) continue;
     if (filter.activation_checkpointing && c.activation_checkpointing != *filter.activation_checkpointing) continue;
+    if (base.parallel.pipeline > 1 && c.stage >= 2) continue;  // a pipeline keeps its stages' gradients whole
     Config cfg = base;
     cfg.zero.stage = c.stage;
     cfg.zero.offload_optimizer.device = c.offload_optimizer;
@@ -94,9 +95,65 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
       }
     }
   const int G = topo.ranks_per_node, N = topo.num_nodes;
+  if (base.parallel.tensor > 1 || base.parallel.pipeline > 1) return t;  // DeepSpeed's estimators know no mesh
   t.deepspeed = deepspeed_zero2_estimate(model.num_params, G, N);
   for (auto& r : deepspeed_zero3_estimate(model.num_params, model.largest_module_params, G, N)) t.deepspeed.push_back(r);
   return t;
+}
+
+Config with_mesh(const Config& base, int tensor, int pipeline, bool activation_checkpointing) {
+  Config cfg = base;
+  cfg.parallel.tensor = tensor;
+  cfg.parallel.pipeline = pipeline;
+  cfg.zero.stage = 1;
+  cfg.zero.offload_optimizer.device = cfg.zero.offload_param.device = OffloadDevice::none;
+  cfg.model.activation_checkpointing = activation_checkpointing;
+  cfg.train_batch_size.reset();
+  cfg.gradient_accumulation_steps = pipeline;
+  return cfg;
+}
+
+std::optional<MeshChoice> recommend_mesh(const Config& base, const ModelSpec& model, const Topology& topo, double headroom) {
+  if (topo.device_memory_bytes <= 0) return std::nullopt;
+  struct Candidate {
+    int tensor, pipeline;
+    bool checkpointing;
+  };
+  std::vector<Candidate> candidates;
+  for (int t = 1; t <= topo.ranks_per_node; ++t) {
+    if (topo.ranks_per_node % t != 0) continue;  // a tensor group within one node
+    for (int p = 1; p <= topo.world_size / t; ++p)
+      if ((topo.world_size / t) % p == 0 && t * p > 1)
+        for (bool ckpt : {false, true}) candidates.push_back({t, p, ckpt});
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.tensor * a.pipeline != b.tensor * b.pipeline) return a.tensor * a.pipeline < b.tensor * b.pipeline;
+    if (a.pipeline != b.pipeline) return a.pipeline < b.pipeline;
+    return a.checkpointing < b.checkpointing;
+  });
+  Topology judged = topo;
+  judged.headroom = headroom;
+  for (const Candidate& c : candidates) {
+    Plan plan;
+    try {
+      plan = compile_plan(with_mesh(base, c.tensor, c.pipeline, c.checkpointing), model, judged);
+    } catch (const ConfigError&) {
+      continue;  // a mesh this model cannot take (heads, kv heads, channels, blocks)
+    }
+    if (check_fit(plan, headroom).device != Fit::fits) continue;
+    MeshChoice m;
+    m.tensor = c.tensor;
+    m.pipeline = c.pipeline;
+    m.activation_checkpointing = c.checkpointing;
+    m.device_per_rank = plan.memory.device.total();
+    m.heaviest_stage = plan.mesh.heaviest_stage;
+    m.not_yet = not_yet_runnable(plan);
+    m.overrides = "tensor_parallel.autotp_size=" + std::to_string(c.tensor) + " pipeline.stages=" + std::to_string(c.pipeline) +
+                  " zero_optimization.stage=1 gradient_accumulation_steps=" + std::to_string(c.pipeline) +
+                  (c.checkpointing ? " model.activation_checkpointing=true" : "");
+    return m;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ds

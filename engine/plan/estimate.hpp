@@ -52,7 +52,26 @@ struct MemoryEstimateTable {
 // offload adds host transfers and a CPU optimizer step, NVMe more so.
 int speed_rank_of(const EstimateChoice& c);
 
+// `base` may split the model over ranks (base.parallel): each row is then the heaviest stage's rank, and a
+// pipeline's rows stop at ZeRO stage 1 (the most a pipeline takes).
 MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& model, const Topology& topo,
                                           const EstimateFilter& filter = {}, double headroom = 0.10);
+
+// A mesh for a model that data parallelism alone cannot fit: at ZeRO stage 1, the fewest ranks per copy of
+// the model (tensor x pipeline: the most data parallelism) whose heaviest stage fits; at one size, tensor
+// groups within a node before pipeline stages, fewer stages before more, recomputation only if needed. A
+// pipeline runs as many micro-batches per step as it has stages (the fewest that keep every stage busy).
+struct MeshChoice {
+  int tensor = 1, pipeline = 1;
+  bool activation_checkpointing = false;
+  double device_per_rank = 0;  // the heaviest stage's rank
+  int heaviest_stage = 0;
+  std::vector<std::string> not_yet;  // why this ds cannot train it yet
+  std::string overrides;             // the config overrides that select it
+};
+// The config `base` with this mesh, as compiled for the recommendation (and by a user's ds plan with `overrides`).
+Config with_mesh(const Config& base, int tensor, int pipeline, bool activation_checkpointing);
+// Empty when the device memory is unknown or no mesh of these ranks fits.
+std::optional<MeshChoice> recommend_mesh(const Config& base, const ModelSpec& model, const Topology& topo, double headroom = 0.10);
 
 }  // namespace ds
