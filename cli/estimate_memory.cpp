@@ -392,8 +392,8 @@ void render_recommendation(const MemoryEstimateTable& t, const EstimateInputs& i
 void render_mesh(const MemoryEstimateTable& t, const EstimateInputs& in, FILE* out, std::ostringstream& o) {
   const Topology& topo = in.topo;
   if (!in.mesh) {
-    if (t.recommended < 0 && topo.device_memory_bytes > 0 && in.base.parallel.tensor == 1 && in.base.parallel.pipeline == 1 &&
-        in.model.hp.num_layers > 0 && !in.lora.enabled)
+    if (t.recommended < 0 && topo.device_memory_bytes > 0 && topo.world_size > 1 && in.base.parallel.tensor == 1 &&
+        in.base.parallel.pipeline == 1 && in.model.hp.num_layers > 0 && !in.lora.enabled)
       o << "No tensor x pipeline mesh of these GPUs fits either.\n\n";
     return;
   }
@@ -479,7 +479,8 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     }
     const MemoryEstimateTable t = estimate_memory_table(base, model, topo, filter_of(a), a.headroom);
     if (t.rows.empty())
-      throw UserError("no configuration matches the filters", "stage 0 has no offload; optimizer offload needs stage >= 1");
+      throw UserError("no configuration matches the filters", base.parallel.pipeline > 1 ? "a pipeline takes ZeRO stages 0-1; optimizer offload needs stage >= 1"
+                                                                                      : "stage 0 has no offload; optimizer offload needs stage >= 1");
     // Beside the rows, the smallest mesh of these GPUs that fits (an architecture's, without LoRA, more than one GPU).
     std::optional<MeshChoice> mesh;
     if (base.parallel.tensor == 1 && base.parallel.pipeline == 1 && model.hp.num_layers > 0 && !lora.enabled && topo.world_size > 1)

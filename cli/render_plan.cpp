@@ -317,7 +317,7 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
   if (m.tensor_groups_across_nodes > 0)
     o << "  " << m.tensor_groups_across_nodes << (m.tensor_groups_across_nodes == 1 ? " tensor group spans " : " tensor groups span ")
       << (m.tensor_group_nodes == 2 ? std::string("two") : "up to " + std::to_string(m.tensor_group_nodes)) << " nodes: their all-reduces "
-      << "(four per block per micro-batch) cross the network; a tensor size that divides the ranks per node keeps each inside one\n";
+      << "(four per block per micro-batch, six with recomputation) cross the network; a tensor size that divides the ranks per node keeps each inside one\n";
   const bool memory = !m.stages.empty() && m.stages.front().memory_planned;
   o << "  " << pad("stage", 7) << pad("blocks", 12) << pad("also holds", 30) << lpad("params per rank", 16) << lpad("in flight", 11)
     << (memory ? lpad("memory per rank", 17) : "") << "\n";
@@ -344,6 +344,11 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
     const MeshTraffic& x = m.stages[s].traffic;
     o << "  " << pad(std::to_string(s), 7) << lpad(format_count(x.tensor_all_reduces), 19) << lpad(format_bytes(x.tensor_wire_bytes), 13)
       << lpad(format_count(x.pipeline_sends), 16) << lpad(format_bytes(x.pipeline_bytes), 13) << "\n";
+  }
+  if (m.tied_copy_per_rank > 0) {
+    const MeshTraffic& x = m.stages.front().traffic;
+    o << "  the tied head: its copy's gradient and the table's summed between stage 0 and stage " << m.stages.size() - 1
+      << " once per step (" << format_bytes(x.tied_bytes) << " sent by each of those ranks)\n";
   }
   if (m.shape.pipeline > 1)
     o << "  pipeline bubble: " << format_fixed(100 * m.bubble, 1) << "% of each step idle ((p - 1) / (m + p - 1), p "

@@ -234,3 +234,19 @@ TEST(MeshRecommendation, RowsForAMeshAreTheHeaviestStagesAndAPipelineStopsAtStag
   }
   EXPECT_TRUE(t.deepspeed.empty());  // DeepSpeed's estimators know no mesh
 }
+
+// "auto" micro batch with a mesh is chosen by the memory of a rank of the heaviest stage, not of the whole model.
+TEST(MeshRecommendation, AnAutoMicroBatchIsJudgedOnTheMeshsHeaviestStage) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": true}, "model": {"preset": "llama-3-70b",
+                              "activation_checkpointing": true}, "data": {"seq_len": 4096}, "zero_optimization": {"stage": 1},
+                              "tensor_parallel": {"autotp_size": 8}, "pipeline": {"stages": 2}, "gradient_accumulation_steps": 16})";
+  const Config c = load_config_text(cfg, "t");
+  const ModelSpec m = build_model_spec(resolve_model_hyper(c.model));
+  const Topology cluster = gpus(8, 4, 80.0 * (1 << 30));
+  const Plan p = compile_plan(c, m, cluster);
+  EXPECT_GT(p.batch.micro_batch, 1);  // the whole model fits no micro batch at all on 80 GiB
+  EXPECT_LE(p.memory.device.total(), 0.9 * cluster.device_memory_bytes);
+  const Plan twice = compile_plan(load_config_text(cfg, "t", {"train_micro_batch_size_per_gpu=" + std::to_string(2 * p.batch.micro_batch)}), m,
+                                  cluster);
+  EXPECT_GT(twice.memory.device.total(), 0.9 * cluster.device_memory_bytes);  // the next power of two does not fit
+}

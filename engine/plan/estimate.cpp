@@ -30,8 +30,12 @@ std::vector<EstimateChoice> all_choices() {
   return out;
 }
 
-std::string overrides_for(const EstimateChoice& c) {
-  std::string o = "zero_optimization.stage=" + std::to_string(c.stage);
+std::string overrides_for(const Config& base, const EstimateChoice& c) {
+  std::string o;
+  if (base.parallel.tensor > 1 || base.parallel.pipeline > 1)  // the mesh the rows are for
+    o = "tensor_parallel.autotp_size=" + std::to_string(base.parallel.tensor) + " pipeline.stages=" + std::to_string(base.parallel.pipeline) +
+        " gradient_accumulation_steps=" + std::to_string(base.gradient_accumulation_steps.value_or(1)) + " ";
+  o += "zero_optimization.stage=" + std::to_string(c.stage);
   if (c.offload_optimizer != OffloadDevice::none)
     o += std::string(" zero_optimization.offload_optimizer.device=") + offload_device_name(c.offload_optimizer);
   if (c.offload_param != OffloadDevice::none)
@@ -80,7 +84,7 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
     if (f.host != Fit::unknown) r.fits_host = f.host == Fit::fits;
     r.not_yet = not_yet_runnable(plan);
     r.speed_rank = speed_rank_of(c);
-    r.overrides = overrides_for(c);
+    r.overrides = overrides_for(base, c);
     t.rows.push_back(std::move(r));
   }
   std::stable_sort(t.rows.begin(), t.rows.end(),

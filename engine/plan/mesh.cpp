@@ -120,7 +120,9 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
   s.hp.num_heads = model.hp.num_heads / t;
   if (s.hp.num_kv_heads > 0) s.hp.num_kv_heads = model.hp.num_kv_heads / t;
   s.hp.intermediate_size = model.hp.intermediate_size / t;
-  s.hp.vocab_size = st.head ? ceil_div(model.hp.vocab_size, t) : 0;  // 0: no head, no logits on this stage
+  s.hp.vocab_size = ceil_div(model.hp.vocab_size, t);  // the rows of the table and head a rank holds
+  s.holds_embeddings = st.embeddings;
+  s.holds_head = st.head;
   std::map<int, int64_t> per_block;
   const auto add = [&](const TensorSpec& whole, int layer) {
     TensorSpec part = whole;
@@ -228,7 +230,8 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, bool checkpointing) {
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, int grad_bytes,
+                        bool checkpointing) {
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double activation = tokens * static_cast<double>(h.hidden_size) * dtype_bytes;  // one micro-batch's, one block boundary
@@ -248,6 +251,10 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
     const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
     x.pipeline_bytes = m * neighbours * activation;
+    if (plan.tied_copy_per_rank > 0 && (st.embeddings || st.head)) {
+      x.tied_all_reduces = 1;
+      x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * grad_bytes;  // 2 (2 - 1) / 2 of the payload
+    }
   }
 }
 
@@ -296,6 +303,7 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
 
   const StageWeights w = stage_weights(model, r.tensor);
   const int64_t last_extra = w.last + (r.pipeline > 1 ? w.tied_copy : 0);
+  plan.tied_copy_per_rank = r.pipeline > 1 ? w.tied_copy : 0;
   const std::vector<int> cut = r.partition == StagePartition::uniform ? uniform_cut(static_cast<int>(h.num_layers), r.pipeline)
                                                                        : balanced_cut(w, r.pipeline, last_extra);
   int first = 0;

@@ -68,6 +68,10 @@ struct MeshTraffic {
   double tensor_wire_bytes = 0;      // sent per rank: ring all-reduce, 2 (t - 1) / t of the payload
   int64_t pipeline_sends = 0;        // point-to-point sends per step
   double pipeline_bytes = 0;         // sent per rank
+  // A tied head on another stage than the table: the two copies' gradients summed once per step between the
+  // first and the last stage (an all-reduce of two ranks: each sends its copy's gradient).
+  int64_t tied_all_reduces = 0;
+  double tied_bytes = 0;
 };
 
 struct PipelineStage {
@@ -93,6 +97,7 @@ struct MeshPlan {
   int tensor_groups_across_nodes = 0;  // tensor groups whose ranks are on more than one node
   int tensor_group_nodes = 1;          // the most nodes one tensor group spans
   int heaviest_stage = -1;     // the stage whose rank the plan's layout, buffers and memory describe (-1: none)
+  int64_t tied_copy_per_rank = 0;  // elements of the tied table's copy on the last stage (0: none)
 };
 
 // What the config asks of the mesh, read from its tensor_parallel and pipeline blocks.
@@ -113,17 +118,19 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& request, int world
 
 // What one rank of stage `stage` holds of the model, as a model of its own: the stage's blocks (numbered from
 // 0), the embeddings on the first stage, the final norm and head (or the tied table's copy) on the last, each
-// tensor its tensor-rank share. Its hyperparameters say the same: its blocks, heads, kv heads and MLP channels
-// per tensor rank, the vocabulary rows per rank where it holds the head (0 where it does not). What the
-// memory model reads of it is what the rank holds.
+// tensor its tensor-rank share. Its hyperparameters say the same: its blocks, heads, kv heads, MLP channels and
+// vocabulary rows per tensor rank, and which ends it holds. What the memory model reads of it is what the
+// rank holds.
 ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage);
 
 // The micro-batches in flight per step (gradient_accumulation_steps), and what follows from them: the bubble
 // and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
 void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
-// Each stage's MeshTraffic at this micro batch and sequence length, `dtype_bytes` per activation element.
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, bool checkpointing);
+// Each stage's MeshTraffic at this micro batch and sequence length, `dtype_bytes` per activation element and
+// `grad_bytes` per gradient element.
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, int grad_bytes,
+                        bool checkpointing);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

@@ -595,10 +595,12 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
 double ModelSpec::head_activation_bytes_per_token(int b) const {
   // Embedding output C, final norm input C, head input C, the head input's gradient C. No logits: the
   // fused head never keeps them (head_workspace_bytes).
-  return 4 * static_cast<double>(hp.hidden_size) * b;
+  const int widths = (holds_embeddings ? 1 : 0) + (holds_head ? 3 : 0);
+  return widths * static_cast<double>(hp.hidden_size) * b;
 }
 
 double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
+  if (!holds_head) return 0;
   // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).
   const double V = static_cast<double>(hp.vocab_size);
   const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));

@@ -90,6 +90,9 @@ struct ModelSpec {
   int64_t num_params = 0;           // tied weights counted once
   int64_t largest_module_params = 0;  // DeepSpeed's "largest layer": the biggest module's own params
   int64_t largest_block_params = 0;   // params of one transformer block (the unit ZeRO-3 gathers)
+  // Which ends of the model this spec holds: both for a whole model; a pipeline stage's share (engine/plan/mesh)
+  // holds the embeddings on the first stage, the final norm and head on the last, neither in the middle.
+  bool holds_embeddings = true, holds_head = true;
 
   // Training FLOPs per token at sequence length T: 6 x (matmul params incl. the output head)
   // + 12 L T C_attn (attention scores and values), as in PaLM (Chowdhery et al. 2022, app. B) and
@@ -101,15 +104,16 @@ struct ModelSpec {
   double attention_train_flops_per_token(int64_t T) const;
   // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
   double block_activation_bytes_per_token(int64_t T, int bytes) const;
-  // Bytes kept outside the blocks per token: embedding output, final norm input and output, and the
-  // gradient of the head's input (the fused head computes it in forward and keeps it for backward).
+  // Bytes kept outside the blocks per token: the embedding output (where the embeddings are), the final norm's
+  // input and output and the gradient of the head's input (where the head is: the fused head computes it in
+  // forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
   // What the fused causal attention holds beyond that while one block's backward runs (0 when the
   // attention is materialised for dropout); `threads` bounds how many of bf16 backward's per-task
   // copies exist at once.
   double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes, int threads = 1) const;
   // What the fused head and loss holds at its peak, whatever the batch: one chunk of logits
-  // (kHeadChunkElements); the head weight's gradient goes straight into the flat gradients.
+  // (kHeadChunkElements); the head weight's gradient goes straight into the flat gradients. 0 without the head.
   double head_workspace_bytes(int64_t tokens, int bytes) const;
 };
 

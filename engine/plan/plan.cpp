@@ -302,7 +302,8 @@ void lay_out_mesh(Plan& plan, int stage) {
     rank.memory.device.activations = st.in_flight * a.kept + a.workspace;
     st.memory = rank.memory;
     st.memory_planned = true;
-    const double bytes = rank.memory.device.total() + rank.memory.host.total();
+    // Heaviest on the device, which the fit judges (the host's as a tie-break: offloaded states differ by stage).
+    const double bytes = rank.memory.device.total() + 1e-9 * rank.memory.host.total();
     if (bytes > heaviest) {
       heaviest = bytes;
       mesh.heaviest_stage = static_cast<int>(s);
@@ -520,6 +521,7 @@ struct MemoryChoice {
     Plan trial = plan;
     trial.batch.micro_batch = micro;
     lay_out(trial, stage);
+    lay_out_mesh(trial, stage);  // a split model: a rank of its heaviest stage
     return check_fit(trial, topo.headroom).fits();
   }
   std::string budget_text() const {
@@ -723,27 +725,29 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   // train_batch_size) from memory.
   plan.mesh.shape = mesh_shape_of(c, topo);
   BatchInputs bi = batch_inputs(c, topo, plan.mesh.shape);
+  // The mesh's stages before any choice made by memory, which then judges a rank of the heaviest stage; the
+  // micro-batches in flight follow the accumulation once it is resolved.
+  plan.mesh = plan_mesh(model, mesh_request(c), topo.world_size, topo.ranks_per_node,
+                        static_cast<int>(c.gradient_accumulation_steps.value_or(1)), errors);
   const MemoryChoice memory{plan, topo, device_budget_of(topo)};
   const int stage = choose_stage(c, memory, plan, errors);
   resolve_reduction(c.zero, stage, topo, plan);
   check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
   if (c.micro_batch_auto && !c.train_batch_size) choose_micro_batch(memory, stage, bi, plan, errors);
   resolve_batch_into(bi, plan, errors);
-  plan.mesh = plan_mesh(model, mesh_request(c), topo.world_size, topo.ranks_per_node, static_cast<int>(plan.batch.grad_accum), errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);
-  if (resumed) {
-    keep_checkpoint_batch(c, *resumed, bi, plan);
-    schedule_micro_batches(plan.mesh, static_cast<int>(plan.batch.grad_accum));
-  }
+  if (resumed) keep_checkpoint_batch(c, *resumed, bi, plan);
+  schedule_micro_batches(plan.mesh, static_cast<int>(plan.batch.grad_accum));
   record_batch_derivation(bi, topo, plan);
   resolve_threads(c, topo, plan);
 
   lay_out(plan, stage);
   lay_out_mesh(plan, stage);
   count_mesh_traffic(plan.mesh, model.hp, plan.batch.micro_batch, plan.seq_len, dtype_bytes(plan.precision.compute_dtype),
-                     plan.activation_checkpointing);
+                     dtype_bytes(plan.precision.grad_dtype), plan.activation_checkpointing);
   note_mesh(plan);
-  if (plan.execution.gathers) record_block_gathers(model, plan);
+  if (plan.execution.gathers)
+    record_block_gathers(plan.mesh.heaviest_stage >= 0 ? stage_share(plan.model, plan.mesh, plan.mesh.heaviest_stage) : model, plan);
   plan.placement = render_placement(plan.execution, stage, topo.device);
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();

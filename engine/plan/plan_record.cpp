@@ -290,11 +290,13 @@ json mesh_json(const Plan& p) {
   for (const PipelineStage& s : m.stages) {
     json st{{"first_block", s.first_block}, {"blocks", s.blocks}, {"embeddings", s.embeddings}, {"head", s.head},
             {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", s.in_flight}, {"memory_per_rank", nullptr}};
-    if (s.memory_planned) st["memory_per_rank"] = {{"device", categories(s.memory.device)}, {"host", categories(s.memory.host)}};
+    if (s.memory_planned)
+      st["memory_per_rank"] = {{"device", categories(s.memory.device)}, {"host", categories(s.memory.host)}, {"nvme", bytes(s.memory.nvme)}};
     const MeshTraffic& x = s.traffic;
     st["traffic_per_rank_per_step"] = {{"tensor_all_reduces", x.tensor_all_reduces}, {"tensor_payload_bytes", x.tensor_payload_bytes},
                                        {"tensor_wire_bytes", x.tensor_wire_bytes}, {"pipeline_sends", x.pipeline_sends},
-                                       {"pipeline_bytes", x.pipeline_bytes}};
+                                       {"pipeline_bytes", x.pipeline_bytes}, {"tied_all_reduces", x.tied_all_reduces},
+                                       {"tied_bytes", x.tied_bytes}};
     stages.push_back(st);
   }
   j["stages"] = stages;
