@@ -135,20 +135,19 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
     s.tensors.push_back(std::move(part));
   };
   const TensorSpec* token_table = nullptr;
-  bool has_head = false;
   for (const TensorSpec& tensor : model.tensors) {
     if (tensor.layer >= 0) {
       if (tensor.layer >= st.first_block && tensor.layer < st.first_block + st.blocks) add(tensor, tensor.layer - st.first_block);
     } else if (is_embedding_table(tensor)) {
       if (tensor_split_of(model, tensor) == TensorSplit::vocabulary) token_table = &tensor;
       if (st.embeddings) add(tensor, -1);
-    } else {
-      has_head |= tensor_split_of(model, tensor) == TensorSplit::vocabulary;
-      if (st.head) add(tensor, -1);
+    } else if (st.head) {
+      add(tensor, -1);
     }
   }
-  // A tied head reads the token table: the last stage holds its own copy, kept in step with the first's.
-  if (st.head && !st.embeddings && !has_head && token_table) add(*token_table, -1);
+  // A tied head reads the token table: the last stage holds its own copy, last, where the head is (plan_mesh
+  // counted it).
+  if (st.head && !st.embeddings && mesh.tied_copy_per_rank > 0 && token_table) add(*token_table, -1);
   for (const auto& [layer, n] : per_block) s.largest_block_params = std::max(s.largest_block_params, n);
   return s;
 }

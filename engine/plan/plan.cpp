@@ -268,13 +268,15 @@ double Plan::host_bytes_per_node() const {
   return per_rank * topology.ranks_per_node;
 }
 
-// The layout, ZeRO execution and memory of a plan whose other decisions are made.
-void lay_out(Plan& plan, int stage) {
+// The layout, ZeRO execution and memory of a plan whose other decisions are made. `in_flight`: the micro-batches
+// whose activations a rank holds at once (a pipeline stage's, under 1F1B; else 1).
+void lay_out(Plan& plan, int stage, int in_flight = 1) {
   plan.layout = build_layout(plan.trained(), stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
   const Dtype compute = plan.precision.compute_dtype;
-  double activations = activation_bytes(plan.model, plan.batch.micro_batch, plan.seq_len, compute, plan.activation_checkpointing,
-                                        plan.threads);
+  const ActivationParts parts = activation_parts(plan.model, plan.batch.micro_batch, plan.seq_len, compute, plan.activation_checkpointing,
+                                                 plan.threads);
+  double activations = in_flight * parts.kept + parts.workspace;
   // The adapters' own: every block's, or one recomputed block's with activation checkpointing.
   const double blocks = plan.activation_checkpointing ? 1.0 : static_cast<double>(plan.model.hp.num_layers);
   activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
@@ -296,10 +298,7 @@ void lay_out_mesh(Plan& plan, int stage) {
     Plan rank = plan;
     rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
     rank.topology.world_size = mesh.shape.data;
-    lay_out(rank, stage);
-    const ActivationParts a = activation_parts(rank.model, plan.batch.micro_batch, plan.seq_len, plan.precision.compute_dtype,
-                                               plan.activation_checkpointing, plan.threads);
-    rank.memory.device.activations = st.in_flight * a.kept + a.workspace;
+    lay_out(rank, stage, st.in_flight);
     st.memory = rank.memory;
     st.memory_planned = true;
     // Heaviest on the device, which the fit judges (the host's as a tie-break: offloaded states differ by stage).
@@ -667,9 +666,9 @@ MeshRequest mesh_request(const Config& c) {
 // The mesh's shape before the batch (which counts its data-parallel ranks); a world it does not divide is
 // reported by plan_mesh, and the batch meanwhile counts every rank.
 MeshShape mesh_shape_of(const Config& c, const Topology& topo) {
-  const int64_t split = int64_t{c.parallel.tensor} * c.parallel.pipeline;
-  if (split > topo.world_size || topo.world_size % split != 0) return {topo.world_size, 1, 1};
-  return {static_cast<int>(topo.world_size / split), c.parallel.tensor, c.parallel.pipeline};
+  std::vector<ConfigIssue> reported_by_plan_mesh;
+  if (!check_mesh_world(mesh_request(c), topo.world_size, reported_by_plan_mesh)) return {topo.world_size, 1, 1};
+  return {topo.world_size / (c.parallel.tensor * c.parallel.pipeline), c.parallel.tensor, c.parallel.pipeline};
 }
 
 // The batch's "world": the data-parallel ranks, and where their number comes from.
