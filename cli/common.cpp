@@ -498,7 +498,12 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
   if (loaded.config.train.epochs && loaded.config.model.given) {
     try {
       DataConfig& data = loaded.config.data;
-      if (data.type == DataType::jsonl) data.measured_samples = measure_samples(data);
+      if (data.type == DataType::jsonl && data.packing) {
+        data.measured_sample_tokens = measure_sample_tokens(data);
+        data.measured_samples = static_cast<int64_t>(data.measured_sample_tokens.size());
+      } else if (data.type == DataType::jsonl) {
+        data.measured_samples = measure_samples(data);
+      }
       else data.measured_tokens = measure_tokens(data);
     } catch (const UserError& e) {
       throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});

@@ -190,7 +190,8 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
     case DataType::tokens: s += " " + d.path + " (" + d.token_format + ")"; break;
     case DataType::hdf5: s += " " + d.path + " dataset " + d.dataset; break;
     case DataType::jsonl:
-      s += " " + d.path + ", tokenizer " + d.tokenizer_path + ", chat format " + d.chat_template + ", one sample a row, the loss on " +
+      s += " " + d.path + ", tokenizer " + d.tokenizer_path + ", chat format " + d.chat_template +
+           (d.packing ? ", samples packed into rows (each attends only to itself)" : ", one sample a row") + ", the loss on " +
            (d.train_on_prompt ? "every token" : "the completions and the assistant's turns");
       break;
   }

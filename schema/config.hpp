@@ -199,6 +199,7 @@ struct DataConfig {
   std::string path, tokenizer, vocab_file, merges_file, token_format, dataset;
   std::string tokenizer_path, chat_template = "auto";  // tokenizer hf; jsonl's conversations
   bool train_on_prompt = false;                        // jsonl: the loss counts the prompts too
+  bool packing = false;                                // jsonl: several samples a row (engine/plan/packing.hpp)
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;
   bool shuffle = true;  // false: samples in stream order (BatchSampler)
@@ -206,6 +207,7 @@ struct DataConfig {
   // in tokens for a token stream, in samples (rows) for jsonl; empty when not measured.
   std::optional<int64_t> measured_tokens;
   std::optional<int64_t> measured_samples;
+  std::vector<int64_t> measured_sample_tokens;  // jsonl with packing: each sample's tokens (the rows depend on seq_len)
 };
 
 struct TrainConfig {

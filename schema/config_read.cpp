@@ -305,6 +305,7 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.tokenizer_path = str_or_empty(at(data, "tokenizer_path"));
   c.data.chat_template = at(data, "chat_template").get<std::string>();
   c.data.train_on_prompt = at(data, "train_on_prompt").get<bool>();
+  c.data.packing = at(data, "packing").get<bool>();
   if (c.data.type != DataType::synthetic && c.data.path.empty())
     errors.push_back({"data.path", std::string("data.type \"") + dt + "\" needs a file", "set data.path, or use data.type \"synthetic\""});
   if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))
@@ -320,9 +321,10 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
     errors.push_back({"data.tokenizer", "the hf tokenizer reads text or jsonl data", "set data.type text or jsonl"});
   if (c.data.tokenizer != "hf" && !c.data.tokenizer_path.empty())
     errors.push_back({"data.tokenizer_path", "acts with data.tokenizer \"hf\" only", "set data.tokenizer \"hf\", or remove the key"});
-  if (c.data.type != DataType::jsonl && (c.data.chat_template != "auto" || c.data.train_on_prompt))
-    errors.push_back({c.data.train_on_prompt ? "data.train_on_prompt" : "data.chat_template", "acts on jsonl data only",
-                      "remove the key, or set data.type \"jsonl\""});
+  if (c.data.type != DataType::jsonl && (c.data.chat_template != "auto" || c.data.train_on_prompt || c.data.packing))
+    errors.push_back({c.data.train_on_prompt ? "data.train_on_prompt" : c.data.packing ? "data.packing" : "data.chat_template",
+                      "acts on jsonl data only", c.data.packing ? "remove the key: text, token and HDF5 data fill every row already (no padding)"
+                                                                : "remove the key, or set data.type \"jsonl\""});
 }
 
 void read_train(const json& d, Config& c) {

@@ -4,8 +4,10 @@
 // resume that continues with the samples the uninterrupted run would have seen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include "cli_helpers.hpp"
@@ -192,4 +194,92 @@ TEST(CliSft, EpochsOfNothingAreRefusedAndProfileIgnoresEpochs) {
   EXPECT_TRUE(contains(r.err, "the training split holds no samples")) << r.err;
   r = ds("profile examples/sft.json ~train.steps train.epochs=3 --steps 1");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+namespace {
+
+// The "N samples packed into M rows" and the padding share a packed run's log says.
+struct PackingNote {
+  int64_t samples = -1, rows = -1;
+  double padding = -1;
+};
+PackingNote packing_note(const std::string& log) {
+  PackingNote n;
+  const auto number = [](std::string s) {
+    s.erase(std::remove(s.begin(), s.end(), ','), s.end());
+    return std::stoll(s);
+  };
+  std::smatch m;
+  if (std::regex_search(log, m, std::regex("([0-9.]+)% of the training rows' positions are padding \\(([0-9,]+) samples packed into ([0-9,]+) rows\\)"))) {
+    n.padding = std::stod(m[1]);
+    n.samples = number(m[2]);
+    n.rows = number(m[3]);
+  } else if (std::regex_search(log, m, std::regex("([0-9.]+)% of the training rows' positions are padding \\(one sample a row\\)"))) {
+    n.padding = std::stod(m[1]);
+  }
+  return n;
+}
+
+}  // namespace
+
+// data.packing: the example's conversations packed into rows of 256 positions leave a fraction of the padding
+// one conversation a row leaves, still learn, and train.epochs counts the rows they fill.
+TEST(CliSft, PackedRowsWasteLessAndEpochsCountTheRows) {
+  Result r = ds("plan examples/sft.json data.packing=true");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "samples packed into rows (each attends only to itself)")) << r.out;
+  r = ds("plan examples/quickstart.json data.packing=true");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.packing")) << r.err;
+
+  const std::string one = fresh("sft_unpacked"), packed = fresh("sft_packed");
+  const std::string common = "train examples/sft.json data.seq_len=256 train_micro_batch_size_per_gpu=4 train.eval_every=0 ";
+  r = ds(common + "train.steps=1 train.output_dir=" + one);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const PackingNote unpacked_note = packing_note(r.err);
+  r = ds(common + "data.packing=true train.steps=40 train.output_dir=" + packed);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const PackingNote note = packing_note(r.err);
+  ASSERT_GT(note.rows, 0) << r.err;
+  EXPECT_EQ(note.samples, 1140);  // chat.jsonl's 1,200 less the 5% held out
+  EXPECT_LT(note.rows * 3, note.samples);  // several conversations a row
+  EXPECT_LT(note.padding * 4, unpacked_note.padding) << note.padding << " vs " << unpacked_note.padding;
+  const auto m = metrics_of(packed);
+  ASSERT_EQ(m.size(), 40u);
+  EXPECT_LT(m.back()["loss"].get<double>(), 0.5 * m.front()["loss"].get<double>()) << m.front() << m.back();
+
+  r = ds("plan examples/sft.json data.seq_len=256 train_micro_batch_size_per_gpu=4 data.packing=true ~train.steps train.epochs=2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json p = nlohmann::json::parse(r.out);
+  EXPECT_EQ(p["steps"].get<int64_t>(), (2 * note.rows + 3) / 4);
+  bool said = false;
+  for (const auto& v : p["resolved"])
+    if (v["path"] == "train.steps")
+      said = v["source"].get<std::string>() == "train.epochs 2 x " + std::to_string(note.rows) + " packed training rows / 4 rows per step";
+  EXPECT_TRUE(said) << p["resolved"].dump();
+}
+
+// Packed rows resume where they stopped, and two ranks (processes) train and validate what one rank does.
+TEST(CliSft, PackedRowsResumeExactlyAndTwoRanksTrainWhatOneRankTrains) {
+  const std::string whole = fresh("sft_packed_whole"), split = fresh("sft_packed_split"), two = fresh("sft_packed_two");
+  const std::string fp32 = "train examples/sft.json bf16.enabled=false data.packing=true data.seq_len=128 train.eval_every=4 "
+                           "train.eval_batches=2 train.save_every=4 train_batch_size=8 ";
+  ASSERT_EQ(ds(fp32 + "train_micro_batch_size_per_gpu=8 train.steps=8 train.output_dir=" + whole).code, 0);
+  ASSERT_EQ(ds(fp32 + "train_micro_batch_size_per_gpu=8 train.steps=4 train.output_dir=" + split).code, 0);
+  Result r = ds(fp32 + "train_micro_batch_size_per_gpu=8 train.steps=8 train.output_dir=" + split + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds(fp32 + "train_micro_batch_size_per_gpu=4 train.steps=8 --nproc-per-node 2 train.output_dir=" + two);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto a = metrics_of(whole), b = metrics_of(split), c = metrics_of(two);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  ASSERT_EQ(c.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    if (i >= 4) EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_NEAR(a[i]["loss"].get<double>(), c[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+    if (a[i].contains("val_loss")) {
+      EXPECT_NEAR(a[i]["val_loss"].get<double>(), c[i]["val_loss"].get<double>(), 1e-5) << "step " << i + 1;
+    }
+  }
+  EXPECT_TRUE(a[3].contains("val_loss") && a[7].contains("val_loss"));
 }

@@ -1,6 +1,7 @@
 #include "engine/plan/plan.hpp"
 
 #include "engine/plan/fit.hpp"
+#include "engine/plan/packing.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -268,6 +269,15 @@ double Plan::host_bytes_per_node() const {
   return per_rank * topology.ranks_per_node;
 }
 
+// Packed rows (data.packing): each sample's attention output, kept by the attention for its backward, is a
+// tensor of its own beside the rows' joined one the output projection keeps: NH x D more per token, per block.
+double packed_attention_bytes(const Plan& plan, int64_t micro_batch) {
+  if (!plan.data.packing || plan.data.type != DataType::jsonl) return 0;
+  const ModelHyper& hp = plan.model.hp;
+  return static_cast<double>(micro_batch * plan.seq_len) * static_cast<double>(hp.num_heads * hp.head_dim()) *
+         dtype_bytes(plan.precision.compute_dtype);
+}
+
 // The layout, ZeRO execution and memory of a plan whose other decisions are made. `in_flight`: the micro-batches
 // whose activations a rank holds at once (a pipeline stage's, under 1F1B; else 1).
 void lay_out(Plan& plan, int stage, int in_flight = 1) {
@@ -281,6 +291,7 @@ void lay_out(Plan& plan, int stage, int in_flight = 1) {
   const double blocks = plan.activation_checkpointing ? 1.0 : static_cast<double>(plan.model.hp.num_layers);
   activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
                  lora_block_activation_bytes_per_token(plan.lora, dtype_bytes(compute));
+  activations += blocks * packed_attention_bytes(plan, plan.batch.micro_batch);
   plan.memory = estimate_memory(plan.execution, activations);
 }
 
@@ -345,7 +356,13 @@ void steps_from_epochs(const Config& c, Plan& plan) {
     throw ConfigError(c.source, {{"train.epochs", "needs the data's size, which was not read (data.path '" + c.data.path + "')",
                                   "plan where the data is, or give train.steps"}});
   const int64_t n = *measured;
-  const int64_t split = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
+  int64_t split = n - static_cast<int64_t>(static_cast<double>(n) * c.data.val_fraction);  // the sampler's split
+  const bool packed = rows && c.data.packing;  // an epoch is the rows its training samples are packed into
+  if (packed) {
+    DS_CHECK(static_cast<int64_t>(c.data.measured_sample_tokens.size()) == n, "packing needs each sample's length");
+    const auto begin = c.data.measured_sample_tokens.begin();
+    split = static_cast<int64_t>(pack_samples(std::vector<int64_t>(begin, begin + split), plan.seq_len).size());
+  }
   const int64_t per_step = rows ? plan.batch.train_batch_size : plan.tokens_per_step;
   if (split <= 0)
     throw ConfigError(c.source, {{"train.epochs", std::string("the training split holds no ") + (rows ? "samples" : "tokens") +
@@ -357,8 +374,8 @@ void steps_from_epochs(const Config& c, Plan& plan) {
   resolve_schedule_again(c, steps_before, c, plan);
   plan.resolved.push_back({"train.steps", str(plan.steps),
                            "train.epochs " + format_double(*c.train.epochs) + " x " + format_count(split) +
-                               (rows ? " training samples / " : " training tokens / ") + format_count(per_step) +
-                               (rows ? " samples per step" : " tokens per step")});
+                               (packed ? " packed training rows / " : rows ? " training samples / " : " training tokens / ") +
+                               format_count(per_step) + (packed ? " rows per step" : rows ? " samples per step" : " tokens per step")});
 }
 
 // A value the user gave as a number, in the file or on the command line ("auto" leaves it open; a default too).

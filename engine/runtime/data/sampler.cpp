@@ -5,6 +5,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/hash.hpp"
+#include "engine/plan/packing.hpp"
 
 namespace ds {
 
@@ -29,13 +30,41 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
     throw UserError(samples.description + ": too few samples for data.val_fraction " + format_double(o.val_fraction) + " (" +
                         format_count(train_end_) + " for training, " + format_count(val) + " for validation)",
                     "each split needs at least one sample: use more data or another data.val_fraction");
-  counted_.resize(static_cast<size_t>(train_end_));
-  for (int64_t i = 0; i < train_end_; ++i) {
-    const int64_t begin = samples.starts[static_cast<size_t>(i)], last = std::min(samples.length(i) - 1, o.seq_len);
-    int32_t n = 0;
-    for (int64_t t = 0; t < last; ++t) n += samples.trained[static_cast<size_t>(begin + t + 1)] ? 1 : 0;
-    counted_[static_cast<size_t>(i)] = n;
+  // A sample's counted targets in a row: those of its positions.
+  const auto counted = [&](int64_t i) {
+    const int64_t begin = samples.starts[static_cast<size_t>(i)], last = sample_positions(samples.length(i), o.seq_len);
+    int32_t c = 0;
+    for (int64_t t = 0; t < last; ++t) c += samples.trained[static_cast<size_t>(begin + t + 1)] ? 1 : 0;
+    return c;
+  };
+  train_units_ = train_end_;
+  if (o.pack) {
+    // Each split packed on its own; the rows' sample indices kept flat.
+    unit_starts_.push_back(0);
+    for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, train_end_}, {train_end_, n}}) {
+      std::vector<int64_t> tokens;
+      for (int64_t i = first; i < end; ++i) tokens.push_back(samples.length(i));
+      for (const auto& row : pack_samples(tokens, o.seq_len)) {
+        for (const int64_t i : row) unit_samples_.push_back(first + i);
+        unit_starts_.push_back(static_cast<int64_t>(unit_samples_.size()));
+      }
+      if (first == 0) train_units_ = static_cast<int64_t>(unit_starts_.size()) - 1;
+    }
+    if (train_units_ < 1 || (o.val_fraction > 0 && units() == train_units_))
+      throw UserError(samples.description + ": a split holds no sample with more than one token to pack", "use more data");
   }
+  counted_.resize(static_cast<size_t>(train_units_));
+  for (int64_t u = 0; u < train_units_; ++u)
+    for (const int64_t i : packed() ? row_samples(u) : std::vector<int64_t>{u}) counted_[static_cast<size_t>(u)] += counted(i);
+}
+
+int64_t BatchSampler::units() const {
+  return packed() ? static_cast<int64_t>(unit_starts_.size()) - 1 : samples_->size();
+}
+
+std::vector<int64_t> BatchSampler::row_samples(int64_t row) const {
+  DS_CHECK(packed() && row >= 0 && row < units());
+  return {unit_samples_.begin() + unit_starts_[static_cast<size_t>(row)], unit_samples_.begin() + unit_starts_[static_cast<size_t>(row) + 1]};
 }
 
 int64_t BatchSampler::first_sample(int64_t step, int64_t micro) const {
@@ -98,27 +127,48 @@ std::string BatchSampler::notes() const {
   for (int64_t i = 0; i < train_end_; ++i) {
     const int64_t len = samples_->length(i);
     cut += len > o_.seq_len + 1;
-    rows_tokens += std::max<int64_t>(0, std::min(len - 1, o_.seq_len));
+    rows_tokens += sample_positions(len, o_.seq_len);
   }
-  std::string s = format_fixed(100.0 * (1.0 - static_cast<double>(rows_tokens) / static_cast<double>(train_end_ * o_.seq_len)), 1) +
-                  "% of the training rows' positions are padding (one sample a row)";
+  std::string s = format_fixed(100.0 * (1.0 - static_cast<double>(rows_tokens) / static_cast<double>(train_units_ * o_.seq_len)), 1) +
+                  "% of the training rows' positions are padding (" +
+                  (packed() ? format_count(train_end_) + " samples packed into " + format_count(train_units_) + " rows" : "one sample a row") + ")";
   if (cut) s += "; " + format_count(cut) + " of " + format_count(train_end_) + " training samples are longer than seq_len + 1 = " +
                 std::to_string(o_.seq_len + 1) + " tokens and are cut there";
   return s;
 }
 
-void BatchSampler::sample_row(int64_t index, int32_t* in, int32_t* tgt) const {
+void BatchSampler::sample_row(int64_t index, int32_t* in, int32_t* tgt, RowSegments* segments) const {
   const SampleSet& s = *samples_;
-  const int64_t begin = s.starts[static_cast<size_t>(index)], len = s.length(index);
-  for (int64_t t = 0; t < o_.seq_len; ++t) {
-    in[t] = t < len ? s.tokens[static_cast<size_t>(begin + t)] : s.pad_id;
-    tgt[t] = t + 1 < len && s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+  const int64_t T = o_.seq_len;
+  if (!packed()) {
+    const int64_t begin = s.starts[static_cast<size_t>(index)], len = s.length(index);
+    for (int64_t t = 0; t < T; ++t) {
+      in[t] = t < len ? s.tokens[static_cast<size_t>(begin + t)] : s.pad_id;
+      tgt[t] = t + 1 < len && s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+    }
+    return;
   }
+  std::vector<int64_t> lengths;
+  int64_t at = 0;
+  for (const int64_t i : row_samples(index)) {
+    const int64_t begin = s.starts[static_cast<size_t>(i)], n = sample_positions(s.length(i), T);
+    for (int64_t t = 0; t < n; ++t) {
+      in[at + t] = s.tokens[static_cast<size_t>(begin + t)];
+      tgt[at + t] = s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+    }
+    at += n;
+    lengths.push_back(n);
+  }
+  DS_CHECK(at <= T, "a packed row overflows seq_len");
+  std::fill(in + at, in + T, s.pad_id);
+  std::fill(tgt + at, tgt + T, -1);
+  if (at < T) lengths.push_back(T - at);
+  if (segments) segments->push_back(std::move(lengths));
 }
 
 int64_t BatchSampler::sample_offset(int64_t g) const {
   if (samples_) {
-    const int64_t n = train_end_;
+    const int64_t n = train_units_;
     if (!o_.shuffle) return g % n;
     const uint64_t epoch = static_cast<uint64_t>(g / n);
     return permute(g % n, n, splitmix64(o_.seed * 0x100000001B3ull ^ splitmix64(epoch + 0x5A17)));
@@ -137,25 +187,29 @@ void BatchSampler::window(int64_t start, int32_t* in, int32_t* tgt) const {
   }
 }
 
-void BatchSampler::train_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
+void BatchSampler::train_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                               RowSegments* segments) const {
   const int64_t b = o_.micro_batch, T = o_.seq_len;
   inputs.resize(static_cast<size_t>(b * T));
   targets.resize(static_cast<size_t>(b * T));
+  if (segments) segments->clear();
   const int64_t first = first_sample(step, micro);
   for (int64_t i = 0; i < b; ++i) {
-    if (samples_) sample_row(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
+    if (samples_) sample_row(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T, segments);
     else window(sample_offset(first + i), inputs.data() + i * T, targets.data() + i * T);
   }
 }
 
-void BatchSampler::val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const {
+void BatchSampler::val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets, RowSegments* segments) const {
   const int64_t b = o_.micro_batch, T = o_.seq_len;
   inputs.resize(static_cast<size_t>(b * T));
   targets.resize(static_cast<size_t>(b * T));
+  if (segments) segments->clear();
   if (samples_) {
-    const int64_t n = samples_->size() - train_end_;
+    const int64_t n = units() - train_units_;
     DS_CHECK(n > 0, "no validation split (data.val_fraction is 0)");
-    for (int64_t i = 0; i < b; ++i) sample_row(train_end_ + (index * b + i) % n, inputs.data() + i * T, targets.data() + i * T);
+    for (int64_t i = 0; i < b; ++i)
+      sample_row(train_units_ + (index * b + i) % n, inputs.data() + i * T, targets.data() + i * T, segments);
     return;
   }
   const int64_t windows = (stream_->size() - train_end_ - 1) / T;  // non-overlapping windows in the split

@@ -9,6 +9,9 @@
 // a target the loss does not count (padding, a prompt's token) is -1. Sample g of the run is sample
 // perm_e(g mod n) of epoch e = g / n, perm_e a permutation hashed from the seed and e (in file order
 // without shuffling): each epoch sees every training sample once, on any world size.
+// Packed (data.packing): the training samples are packed into rows once (engine/plan/packing.hpp), the
+// validation samples into rows of their own, and the rows take the samples' place above: row g of the run
+// is row perm_e(g mod rows). Each sample in a row is followed by the next; the padding after the last.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +33,12 @@ struct SamplerOptions {
   double val_fraction = 0;
   uint64_t seed = 0;
   bool shuffle = true;  // false: sample g starts at (g mod the split's windows) x seq_len
+  bool pack = false;    // over a SampleSet: several samples a row
 };
+
+// Per row of a batch, the lengths of the samples packed in it, in order, then of the padding after them
+// (which sum to seq_len); empty when the rows are not packed.
+using RowSegments = std::vector<std::vector<int64_t>>;
 
 class BatchSampler {
  public:
@@ -41,14 +49,19 @@ class BatchSampler {
 
   // Inputs and targets (targets are the inputs shifted by one) of this rank's micro batch `micro` of
   // optimizer step `step`; each is micro_batch x seq_len, row-major.
-  void train_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
+  // Packed rows also give their samples' lengths in `segments` (when given).
+  void train_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                   RowSegments* segments = nullptr) const;
   // Validation micro batch `index` (deterministic, in stream order, wrapping around).
-  void val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) const;
+  void val_batch(int64_t index, std::vector<int32_t>& inputs, std::vector<int32_t>& targets, RowSegments* segments = nullptr) const;
 
   int64_t train_tokens() const;
   int64_t val_tokens() const;
-  // The start offset of global sample g (exposed for tests); over a SampleSet, the sample's index.
+  // The start offset of global sample g (exposed for tests); over a SampleSet, the sample's index (packed:
+  // the row's, whose samples row_samples gives).
   int64_t sample_offset(int64_t g) const;
+  std::vector<int64_t> row_samples(int64_t row) const;
+  bool packed() const { return !unit_starts_.empty(); }
   // What a user should know of the rows (samples cut at seq_len, the share of padding); "" for windows.
   std::string notes() const;
 
@@ -64,12 +77,16 @@ class BatchSampler {
  private:
   int64_t first_sample(int64_t step, int64_t micro) const;  // this rank's micro batch's first global sample
   void window(int64_t start, int32_t* in, int32_t* tgt) const;
-  void sample_row(int64_t index, int32_t* in, int32_t* tgt) const;
+  // Unit `index` (a sample, or packed a row of samples) into a row; its segments added to `segments`.
+  void sample_row(int64_t index, int32_t* in, int32_t* tgt, RowSegments* segments) const;
+  int64_t units() const;  // samples, or packed rows
   const TokenStream* stream_ = nullptr;
   const SampleSet* samples_ = nullptr;
   SamplerOptions o_;
   int64_t train_end_ = 0;  // tokens of the training split; over a SampleSet, its samples
-  std::vector<int32_t> counted_;  // over a SampleSet: each training sample's counted targets in its row
+  int64_t train_units_ = 0;  // over a SampleSet: training samples, or packed the rows they fill
+  std::vector<int64_t> unit_starts_, unit_samples_;  // packed: row u holds unit_samples_[unit_starts_[u], unit_starts_[u + 1])
+  std::vector<int32_t> counted_;  // over a SampleSet: each training unit's counted targets
 };
 
 }  // namespace ds

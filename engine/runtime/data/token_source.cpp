@@ -417,18 +417,33 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
   return s;
 }
 
+namespace {
+
+SampleSet read_samples(const DataConfig& d, const HfTokenizer& tok) {
+  SampleOptions o;
+  o.train_on_prompt = d.train_on_prompt;
+  o.source = d.path;
+  o.chat_template = d.chat_template;
+  return read_jsonl_samples(data_files(d.path), tok, o);
+}
+
+}  // namespace
+
 std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size) {
   const HfTokenizer tok(d.tokenizer_path);
   if (tok.vocab_size() > vocab_size)
     throw UserError(tok.describe() + ": its ids reach " + format_count(tok.vocab_size() - 1) + ", but the model's vocabulary has " +
                         format_count(vocab_size) + " ids",
                     "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
-  SampleOptions o;
-  o.train_on_prompt = d.train_on_prompt;
-  o.source = d.path;
-  o.chat_template = d.chat_template;
-  const std::vector<std::string> files = data_files(d.path);
-  return std::make_unique<SampleSet>(read_jsonl_samples(files, tok, o));
+  return std::make_unique<SampleSet>(read_samples(d, tok));
+}
+
+std::vector<int64_t> measure_sample_tokens(const DataConfig& d) {
+  DS_CHECK(d.type == DataType::jsonl, "only jsonl data is a set of samples");
+  const SampleSet s = read_samples(d, HfTokenizer(d.tokenizer_path));
+  std::vector<int64_t> tokens(static_cast<size_t>(s.size()));
+  for (int64_t i = 0; i < s.size(); ++i) tokens[static_cast<size_t>(i)] = s.length(i);
+  return tokens;
 }
 
 }  // namespace ds

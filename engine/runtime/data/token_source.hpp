@@ -114,6 +114,9 @@ int64_t measure_tokens(const DataConfig& data);
 // For jsonl data, the samples open_samples would give (one per line that is not blank), counted without
 // tokenizing: train.epochs counts its steps in rows.
 int64_t measure_samples(const DataConfig& data);
+// For jsonl data packed into rows (data.packing): each sample's tokens, which only tokenizing tells; the rows
+// an epoch holds follow from them and seq_len (pack_samples).
+std::vector<int64_t> measure_sample_tokens(const DataConfig& data);
 
 // data.path's files: the file itself, or for a directory every regular file in it that is not hidden, in
 // name order (a dataset in shards). UserError for a directory with none.

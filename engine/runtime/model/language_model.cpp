@@ -125,17 +125,67 @@ torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, boo
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
-                                       int64_t layer, const AttentionForm& form) const {
+                                       int64_t layer, const AttentionForm& form, uint64_t sample) const {
   const bool dropped = p > 0 && training_;
   if (!dropped && form.plain(q.size(1))) return causal_attention(q, k, v);
   if (!dropped) return causal_attention_materialised(q, k, v, {}, form);
-  return causal_attention_materialised(q, k, v, [&](const torch::Tensor& att) { return dropout(att, p, layer, 0); }, form);
+  // A packed sample's probabilities are dropped from a stream of its own (its masks would repeat another's).
+  constexpr uint64_t kSampleStreams = uint64_t{3} << 62;
+  const auto drop = [&](const torch::Tensor& att) {
+    if (!sample) return dropout(att, p, layer, 0);
+    return dropout_from(att, p, kSampleStreams ^ splitmix64((static_cast<uint64_t>(layer) << 48) ^ sample));
+  };
+  return causal_attention_materialised(q, k, v, drop, form);
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const {
-  if (p <= 0 || !training_) return causal_attention_packed(qkv, heads);
-  const auto [q, k, v] = unpack(qkv, heads);
-  return attention(q, k, v, p, layer);
+  return per_sample({qkv}, [&](const std::vector<torch::Tensor>& part, uint64_t sample) {
+    if (p <= 0 || !training_) return causal_attention_packed(part[0], heads);
+    const auto [q, k, v] = unpack(part[0], heads);
+    return attention(q, k, v, p, layer, {}, sample);
+  });
+}
+
+bool LanguageModel::packed() const {
+  if (!segments_) return false;
+  for (const auto& row : *segments_)
+    if (row.size() > 1) return true;
+  return false;
+}
+
+torch::Tensor LanguageModel::positions(int64_t B, int64_t T, const torch::Device& device) const {
+  DS_CHECK(segments_ && static_cast<int64_t>(segments_->size()) == B, "positions: one row of segments per batch row");
+  torch::Tensor pos = torch::empty({B, T}, torch::kLong);
+  int64_t* p = pos.data_ptr<int64_t>();
+  for (const auto& row : *segments_)
+    for (const int64_t length : row)
+      for (int64_t t = 0; t < length; ++t) *p++ = t;
+  DS_CHECK(p == pos.data_ptr<int64_t>() + B * T, "positions: the segments do not cover the rows");
+  return ids_to_device(pos, device);
+}
+
+torch::Tensor LanguageModel::per_sample(const std::vector<torch::Tensor>& parts, const SampleFn& f) const {
+  if (!packed()) return f(parts, 0);
+  const int64_t B = parts[0].size(0), T = parts[0].size(1);
+  DS_CHECK(static_cast<int64_t>(segments_->size()) == B, "per_sample: ", segments_->size(), " rows of segments for a batch of ", B);
+  std::vector<std::vector<torch::Tensor>> rows;  // per part, its rows (T, ...)
+  for (const torch::Tensor& part : parts) rows.push_back(part.unbind(0));
+  std::vector<torch::Tensor> joined;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t>& lengths = (*segments_)[static_cast<size_t>(b)];
+    std::vector<std::vector<torch::Tensor>> pieces;  // per part, its samples (L, ...)
+    for (const auto& part_rows : rows) pieces.push_back(part_rows[static_cast<size_t>(b)].split_with_sizes(lengths, 0));
+    std::vector<torch::Tensor> outs;
+    int64_t start = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      std::vector<torch::Tensor> args;
+      for (const auto& part_pieces : pieces) args.push_back(part_pieces[s].unsqueeze(0));
+      outs.push_back(f(args, static_cast<uint64_t>(b * T + start + 1)));
+      start += lengths[s];
+    }
+    joined.push_back(torch::cat(outs, 1));
+  }
+  return torch::cat(joined, 0);
 }
 
 void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -133,6 +134,10 @@ class LanguageModel {
     lora_scale_ = scale;
     lora_dropout_ = dropout;
   }
+  // Packed rows (data.packing): per row of the next batches, the lengths of the samples in it and of the
+  // padding after them (the sampler's RowSegments, summing to T). Each is attended to on its own, its
+  // positions counted from 0, as if it were run alone. Not owned; null or empty: each row is one sequence.
+  void set_segments(const std::vector<std::vector<int64_t>>* segments) { segments_ = segments; }
 
  protected:
   // Every block in order, checkpointed when configured.
@@ -148,10 +153,20 @@ class LanguageModel {
   // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
   // attention, or the materialised one when its probabilities take dropout (training, p > 0) or the
   // family's form is not the plain one at this length (a window shorter than T, soft-capping, a scale).
+  // `sample` (per_sample's key) draws a packed sample's attention dropout from a stream of its own.
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
-                          int64_t layer, const AttentionForm& form = {}) const;
-  // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp).
+                          int64_t layer, const AttentionForm& form = {}, uint64_t sample = 0) const;
+  // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp), each packed sample on its own.
   torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
+  // Whether the rows hold several samples (set_segments).
+  bool packed() const;
+  // Packed rows: each position's place within its sample, (B, T) int64 on `device`.
+  torch::Tensor positions(int64_t B, int64_t T, const torch::Device& device) const;
+  // Packed rows: `f` applied to each sample's slices (1, L, ...) of `parts` (each (B, T, ...)), with a key
+  // of the sample (its row x T + first position + 1), the results (1, L, ...) joined into (B, T, ...) with
+  // one gradient per part (split and stacked, not a zeroed full-size gradient per slice). Unpacked: f(parts, 0).
+  using SampleFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&, uint64_t)>;
+  torch::Tensor per_sample(const std::vector<torch::Tensor>& parts, const SampleFn& f) const;
   // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
   // `softcap` > 0: the logits soft-capped first (Gemma 2's final_logit_softcapping).
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double softcap = 0) const;
@@ -165,6 +180,7 @@ class LanguageModel {
   // x with dropout p from the mask stream `stream` (dropout()'s are (layer + 1) x 8 + site).
   torch::Tensor dropout_from(const torch::Tensor& x, double p, uint64_t stream) const;
   mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
+  const std::vector<std::vector<int64_t>>* segments_ = nullptr;
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
 };

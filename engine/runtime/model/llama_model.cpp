@@ -90,6 +90,16 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rotary_cos_sin(int64_t T, co
   return {rope_cos_, rope_sin_};
 }
 
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::sample_cos_sin(int64_t L, int64_t T, const torch::Tensor& cos,
+                                                                  const torch::Tensor& sin) const {
+  const RotaryTables row = rotary_tables(hp_, T), own = rotary_tables(hp_, L);
+  if (own.inv_freq == row.inv_freq && own.attention_factor == row.attention_factor) return {cos.narrow(0, 0, L), sin.narrow(0, 0, L)};
+  // Scaling that depends on the length (dynamic, longrope): the sample's own, as it would have alone.
+  const torch::Tensor inv_freq = torch::tensor(own.inv_freq, torch::kFloat64).to(torch::kFloat32);
+  const torch::Tensor angles = torch::outer(torch::arange(L, torch::kFloat32), inv_freq);
+  return {(angles.cos() * own.attention_factor).to(cos.device()), (angles.sin() * own.attention_factor).to(cos.device())};
+}
+
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
@@ -105,13 +115,18 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
     v = linear(h, b.v, false).view({B, T, NKV, D});
   }
   if (b.q_norm.defined()) q = rms_norm(q, b.q_norm), k = rms_norm(k, b.k_norm);  // each head's, over its D
-  q = rotary(q, cos, sin);  // (B, T, NH, D)
-  k = rotary(k, cos, sin);
   AttentionForm form;
   form.window = hp_.window_of(layer);
   form.softcap = hp_.attn_softcap;
   form.scale = hp_.attention_scale();
-  torch::Tensor y = attention(q, k, v, hp_.attn_pdrop, layer, form).view({B, T, NH * D});  // kv heads serve groups
+  // Rotated, then attended to: each packed sample from position 0, with the tables of its own length.
+  const auto rotated_attention = [&](const std::vector<torch::Tensor>& qkv, uint64_t sample) {
+    const int64_t L = qkv[0].size(1);
+    torch::Tensor c = cos, s = sin;
+    if (L != T) std::tie(c, s) = sample_cos_sin(L, T, cos, sin);
+    return attention(rotary(qkv[0], c, s), rotary(qkv[1], c, s), qkv[2], hp_.attn_pdrop, layer, form, sample);
+  };
+  torch::Tensor y = per_sample({q, k, v}, rotated_attention).view({B, T, NH * D});  // kv heads serve groups
   y = linear(y, b.o, false);
   const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
   if (sandwich) y = rms_norm(y, b.norm_post);

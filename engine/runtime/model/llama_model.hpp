@@ -34,6 +34,9 @@ class LlamaModel : public LanguageModel {
   // The rotary tables cos, sin (T, D/2, fp32) on `device`: made on the host and copied there once, then
   // kept, so a GPU's block never waits on a copy of them.
   std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, const torch::Device& device) const;
+  // A packed sample's L rows of the tables: the first L of the row's (`cos`, `sin` for T positions), or its own
+  // where the scaling depends on the length (dynamic, longrope), as the sample alone would have them.
+  std::pair<torch::Tensor, torch::Tensor> sample_cos_sin(int64_t L, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin) const;
   ModelHyper hp_;
   const ArchTraits& traits_;  // the family's row (schema/arch.hpp), looked up once
   torch::Tensor embed_, norm_, head_;

@@ -242,7 +242,8 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
   const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
   for (int64_t m = 0; m < GAS; ++m) {
-    sampler_.train_batch(step, m, in_, tgt_);
+    sampler_.train_batch(step, m, in_, tgt_, &segments_);
+    model_.set_segments(&segments_);
     const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
     model_.set_dropout(splitmix64(plan_.run.seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
                                                               static_cast<uint64_t>(flat_.rank))),

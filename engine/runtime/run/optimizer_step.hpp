@@ -122,6 +122,7 @@ class OptimizerStep {
   int64_t applied_ = 0, consecutive_skips_ = 0;
   bool sample_memory_ = false;
   std::vector<int32_t> in_, tgt_;
+  RowSegments segments_;  // packed rows: the samples in each (read by the model until the next micro batch)
 };
 
 // Token ids as the model's input: a [B, T] int64 tensor.

@@ -192,6 +192,7 @@ class TrainingRun {
   double best_loss_ = std::numeric_limits<double>::infinity();
   int64_t best_step_ = 0, steps_above_ = 0;
   std::vector<int32_t> in_, tgt_;
+  RowSegments segments_;  // packed rows: the samples in each validation row
   std::string base_json_;  // LoRA: the frozen base's source and checksum
 };
 
@@ -213,7 +214,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
            "the communicator does not match the plan's topology");
   const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction,
-                                plan.run.seed, plan.data.shuffle};
+                                plan.run.seed, plan.data.shuffle, plan.data.packing};
   sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
 
   keep_freed_memory();
@@ -551,7 +552,8 @@ double TrainingRun::validate() {
   model_->set_loss_gradient(1.0);  // no gradient is made here; the last training micro batch's (0 if it counted nothing) must not reach the head
   double sum = 0, counted = 0;
   for (int64_t i = 0; i < calls; ++i) {
-    sampler_->val_batch(i * W + rank_, in_, tgt_);  // samples [(i W + rank) B, + B) of the validation sequence
+    sampler_->val_batch(i * W + rank_, in_, tgt_, &segments_);  // samples [(i W + rank) B, + B) of the validation sequence
+    model_->set_segments(&segments_);
     model_->set_dropout(0, false);
     zero_->begin_micro_step(true);
     const double loss = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)).item<double>();
