@@ -195,7 +195,8 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
            (d.train_on_prompt ? "every token" : "the completions and the assistant's turns");
       break;
   }
-  s += "; " + (seq_len > 0 ? std::to_string(seq_len) + " tokens per sample" : std::string("sequence length auto (the model's context)"));
+  s += "; " + (seq_len > 0 ? std::to_string(seq_len) + (d.packing ? " tokens per row" : " tokens per sample")
+                           : std::string("sequence length auto (the model's context)"));
   if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";
   if (!d.shuffle) s += ", samples in stream order (data.shuffle false)";
   return s;
@@ -278,7 +279,7 @@ void summary_rows(const Plan& p, const std::function<std::string(const std::stri
   if (!p.lora.enabled && !p.frozen.empty()) row("freeze", freeze_text(p));
   row("topology", topology_text(t));
   row("batch", batch_text(p));
-  row("tokens", std::to_string(p.seq_len) + " per sample, " + format_count(p.tokens_per_step) + " per step; " +
+  row("tokens", std::to_string(p.seq_len) + (p.data.packing ? " per row, " : " per sample, ") + format_count(p.tokens_per_step) + " per step; " +
                     flops(p.train_flops_per_step) + " per step (" + flops(p.train_flops_per_token()) +
                     " per token)");
   row("precision", precision_text(p.precision));

@@ -46,15 +46,16 @@ json example_tokenizer() { return json::parse(test::read_text(std::string(DS_SOU
 
 // The example's tokenizer with more added tokens (Llama 3's) and a chat template of our choosing.
 std::string tokenizer_dir(const std::string& name, const std::string& chat_template, json tok = example_tokenizer(),
-                          const std::string& eos = "<|im_end|>") {
+                          const std::string& eos = "<|im_end|>", const std::string& bos = "") {
   const std::string d = scratch(name);
   int32_t next = 0;
   for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int32_t>() + 1);
   for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
-                        "<|end|>", "<|system|>"})
+                        "<|end|>", "<|system|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"})
     tok["added_tokens"].push_back({{"id", next++}, {"content", s}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
   write(d + "/tokenizer.json", tok.dump());
   json config = {{"eos_token", eos}};
+  if (!bos.empty()) config["bos_token"] = bos;
   if (!chat_template.empty()) config["chat_template"] = chat_template;
   write(d + "/tokenizer_config.json", config.dump());
   return d;
@@ -447,6 +448,74 @@ TEST(ChatTemplate, Phi3IsItsTemplateEndingWithTheEosToken) {
   phi35.replace(phi35.find("== 'system' %}"), 14, "== 'system' and message['content'] %}");
   const HfTokenizer tok35(tokenizer_dir("phi35", phi35, example_tokenizer(), "<|endoftext|>"));
   EXPECT_EQ(render_chat(resolve_chat_format("auto", tok35), empty_system).text.rfind("<|user|>\nHi<|end|>\n", 0), 0u);  // 3.5 drops it
+}
+
+// Gemma's and Gemma 2's template (google/gemma-2-2b-it's tokenizer_config.json), whole, and Gemma 3's (as
+// transformers' Gemma 3 conversion script writes it), whole.
+const char* const kGemmaTemplate =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
+    "roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = "
+    "'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
+    "'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+const char* const kGemma3Template =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n            {%- endif -%}\n"
+    "        {%- endfor -%}\n    {%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n";
+
+TEST(ChatTemplate, GemmaAndGemma3AreTheirTemplatesExactlyAndRefuseWhatTheyRefuse) {
+  const HfTokenizer g(tokenizer_dir("gemma", kGemmaTemplate, example_tokenizer(), "<eos>", "<bos>"));
+  const ChatFormat f = resolve_chat_format("auto", g);
+  ASSERT_EQ(f.kind, ChatFormatKind::gemma);
+  const std::string turns =
+      "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+      "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\nParis.<end_of_turn>\n";
+  const RenderedChat r = render_chat(f, three_turns(false));
+  EXPECT_EQ(r.text, "<bos>" + turns);
+  EXPECT_EQ(trained_runs(g, r.text, r.trained), (std::vector<std::string>{"Hello!<end_of_turn>", "Paris.<end_of_turn>"}));
+  // What the template raises on: a system turn first, roles out of turn.
+  EXPECT_THROW(render_chat(f, three_turns(true)), ChatRefused);
+  EXPECT_THROW(render_chat(f, {{"user", "a"}, {"user", "b"}}), ChatRefused);
+  EXPECT_THROW(render_chat(f, {{"assistant", "a"}}), ChatRefused);
+
+  const HfTokenizer g3(tokenizer_dir("gemma3", kGemma3Template, example_tokenizer(), "<eos>", "<bos>"));
+  const ChatFormat f3 = resolve_chat_format("auto", g3);
+  ASSERT_EQ(f3.kind, ChatFormatKind::gemma3);
+  EXPECT_EQ(render_chat(f3, three_turns(false)).text, "<bos>" + turns);
+  std::vector<ChatMessage> with_system = three_turns(false);
+  with_system.insert(with_system.begin(), {"system", " Be brief. "});  // not trimmed: the prefix is the content as given
+  const RenderedChat r3 = render_chat(f3, with_system);
+  EXPECT_EQ(r3.text, "<bos><start_of_turn>user\n Be brief. \n\nHi<end_of_turn>\n" + turns.substr(turns.find("<start_of_turn>model")));
+  EXPECT_EQ(trained_runs(g3, r3.text, r3.trained), (std::vector<std::string>{"Hello!<end_of_turn>", "Paris.<end_of_turn>"}));
+  EXPECT_THROW(render_chat(f3, {{"system", "s"}, {"assistant", "a"}}), ChatRefused);
+
+  // In a file: the line the template refuses is named.
+  const std::string d = scratch("gemma_file");
+  write(d + "/chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}\n"
+                           "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Hi\"}]}\n");
+  try {
+    JsonlSamples(g, SampleOptions{}).add_file(d + "/chat.jsonl");
+    ADD_FAILURE() << "a system turn was rendered for Gemma";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(d + "/chat.jsonl:2: Gemma's chat template raises \"System role not supported\"", 0), 0u) << e.what();
+  }
+  JsonlSamples folds(g3, SampleOptions{});  // Gemma 3 folds the system turn into the user's
+  EXPECT_NO_THROW(folds.add_file(d + "/chat.jsonl"));
+  EXPECT_EQ(folds.take().size(), 2);
+  fs::remove_all(d);
 }
 
 TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -107,7 +108,12 @@ TEST(Packing, TheSamplerPutsEachSampleInItsRowWithItsOwnTargetsAndEveryOneOnceAn
     for (int64_t b = 0; b < 2; ++b) {
       const std::vector<int64_t> samples = sampler.row_samples(sampler.sample_offset(step * 2 + b));
       const auto& seg = segments[static_cast<size_t>(b)];
-      EXPECT_EQ(std::accumulate(seg.begin(), seg.end(), int64_t{0}), T);
+      int64_t covered = 0;
+      for (size_t k = 0; k < seg.size(); ++k) {
+        covered += std::abs(seg[k]);
+        EXPECT_EQ(seg[k] < 0, k == samples.size()) << "only the padding after the samples is negative";
+      }
+      EXPECT_EQ(covered, T);
       ASSERT_GE(seg.size(), samples.size());
       int64_t at = b * T;
       for (size_t k = 0; k < samples.size(); ++k) {
@@ -139,7 +145,8 @@ const char* kConfig = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumul
 }  // namespace
 
 // Packed rows keep each sample's attention output (the attention's, for its backward) beside the joined rows
-// the output projection keeps: the plan counts NH x D more per token in every block kept (one recomputed).
+// the output projection keeps: the plan counts NH x D more per token in every block kept (one recomputed),
+// and once the rotary tables gathered per position (fp32 cos and sin, D/2 each).
 TEST(Packing, ThePlanCountsEachSamplesAttentionOutputBesideTheJoinedRows) {
   const std::vector<std::string> jsonl = {"model.preset=qwen3-tiny", "data.type=jsonl", "data.tokenizer=hf", "data.tokenizer_path=tok",
                                           "data.path=chat.jsonl"};
@@ -153,6 +160,6 @@ TEST(Packing, ThePlanCountsEachSamplesAttentionOutputBesideTheJoinedRows) {
     ASSERT_NE(hp.num_heads * hp.head_dim(), hp.hidden_size);  // qwen3-tiny's heads are wider than the model
     const double kept_blocks = checkpointing ? 1 : static_cast<double>(hp.num_layers);
     EXPECT_DOUBLE_EQ(b.memory.device.activations - a.memory.device.activations,
-                     kept_blocks * 2 * 16 * static_cast<double>(hp.num_heads * hp.head_dim()) * 4);
+                     kept_blocks * 2 * 16 * static_cast<double>(hp.num_heads * hp.head_dim()) * 4 + 2 * 16 * hp.head_dim() * 4);
   }
 }

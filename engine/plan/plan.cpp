@@ -270,12 +270,15 @@ double Plan::host_bytes_per_node() const {
 }
 
 // Packed rows (data.packing): each sample's attention output, kept by the attention for its backward, is a
-// tensor of its own beside the rows' joined one the output projection keeps: NH x D more per token, per block.
-double packed_attention_bytes(const Plan& plan, int64_t micro_batch) {
+// tensor of its own beside the rows' joined one the output projection keeps: NH x D more per token in each
+// block kept (`blocks`). Rotary models also keep, once, the fp32 cos and sin tables gathered at every
+// position's place in its sample: D/2 of each per token.
+double packed_row_bytes(const Plan& plan, int64_t micro_batch, double blocks) {
   if (!plan.data.packing || plan.data.type != DataType::jsonl) return 0;
   const ModelHyper& hp = plan.model.hp;
-  return static_cast<double>(micro_batch * plan.seq_len) * static_cast<double>(hp.num_heads * hp.head_dim()) *
-         dtype_bytes(plan.precision.compute_dtype);
+  const double tokens = static_cast<double>(micro_batch * plan.seq_len), D = static_cast<double>(hp.head_dim());
+  const double tables = hp.traits().positions == Positions::rotary ? tokens * D * 4 : 0;
+  return blocks * tokens * static_cast<double>(hp.num_heads) * D * dtype_bytes(plan.precision.compute_dtype) + tables;
 }
 
 // The layout, ZeRO execution and memory of a plan whose other decisions are made. `in_flight`: the micro-batches
@@ -291,7 +294,7 @@ void lay_out(Plan& plan, int stage, int in_flight = 1) {
   const double blocks = plan.activation_checkpointing ? 1.0 : static_cast<double>(plan.model.hp.num_layers);
   activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
                  lora_block_activation_bytes_per_token(plan.lora, dtype_bytes(compute));
-  activations += blocks * packed_attention_bytes(plan, plan.batch.micro_batch);
+  activations += packed_row_bytes(plan, plan.batch.micro_batch, blocks);
   plan.memory = estimate_memory(plan.execution, activations);
 }
 

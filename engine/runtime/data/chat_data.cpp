@@ -20,7 +20,8 @@ constexpr size_t kMaxLineBytes = size_t{16} << 20;
 constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is three levels
 
 const char* const kChoices =
-    "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5)";
+    "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5), "
+    "gemma (Gemma, Gemma 2), gemma3 (Gemma 3)";
 
 // Jinja's trim: Python's str.strip(), whose str.isspace() is White_Space and U+001C..U+001F.
 bool python_space(uint32_t c) { return is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
@@ -73,6 +74,8 @@ std::string ChatFormat::describe() const {
     case ChatFormatKind::llama3: return "llama3";
     case ChatFormatKind::llama3_1: return "llama3.1 (date \"" + date + "\")";
     case ChatFormatKind::phi3: return "phi3" + (eos.empty() ? std::string() : " (ending with " + eos + ")");
+    case ChatFormatKind::gemma: return "gemma";
+    case ChatFormatKind::gemma3: return "gemma3";
   }
   return "";
 }
@@ -97,6 +100,11 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     else if (phi3) kind = "phi3";
     else if (t.find("<|start_header_id|>") != std::string::npos)
       kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
+    // Gemma 3's folds a system turn into the first user turn; Gemma's and Gemma 2's refuse one.
+    else if (t.find("<start_of_turn>") != std::string::npos && t.find("first_user_prefix") != std::string::npos)
+      kind = "gemma3";
+    else if (t.find("<start_of_turn>") != std::string::npos && t.find("System role not supported") != std::string::npos)
+      kind = "gemma";
     else
       throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
                           "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
@@ -119,6 +127,10 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     f.eos = t.empty() || t.find("eos_token") != std::string::npos ? tok.eos_token() : "";
     f.skip_empty_system = t.find("== 'system' and message['content']") != std::string::npos;
     require_tokens(tok, {"<|user|>", "<|assistant|>", "<|end|>"}, "phi3");
+  } else if (kind == "gemma" || kind == "gemma3") {
+    f.kind = kind == "gemma" ? ChatFormatKind::gemma : ChatFormatKind::gemma3;
+    f.bos = tok.bos_token();
+    require_tokens(tok, {"<start_of_turn>", "<end_of_turn>"}, kind);
   } else {
     throw UserError("data.chat_template \"" + name + "\" is not a format ds renders", kChoices);
   }
@@ -142,6 +154,25 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
     for (size_t i = 0; i < messages.size(); ++i)
       turn("<|im_start|>" + messages[i].role + "\n", messages[i].content, "<|im_end|>",
            messages[i].role == "assistant" && i >= trained_from, "\n");
+    return r;
+  }
+  if (f.kind == ChatFormatKind::gemma || f.kind == ChatFormatKind::gemma3) {
+    s += f.bos;
+    size_t first = 0;
+    std::string prefix;  // gemma3: the system turn's content, before the first user turn's
+    if (!messages.empty() && messages[0].role == "system") {
+      if (f.kind == ChatFormatKind::gemma) throw ChatRefused("Gemma's chat template raises \"System role not supported\"");
+      prefix = messages[0].content + "\n\n";
+      first = 1;
+    }
+    for (size_t i = first; i < messages.size(); ++i) {
+      if ((messages[i].role == "user") != ((i - first) % 2 == 0))
+        throw ChatRefused("Gemma's chat template raises \"Conversation roles must alternate user/assistant/user/assistant/...\" (message " +
+                          std::to_string(i) + " is " + messages[i].role + "'s)");
+      turn("<start_of_turn>" + std::string(messages[i].role == "assistant" ? "model" : messages[i].role.c_str()) + "\n" +
+               (i == first ? prefix : ""),
+           trim(messages[i].content), "<end_of_turn>", messages[i].role == "assistant" && i >= trained_from, "\n");
+    }
     return r;
   }
   if (f.kind == ChatFormatKind::phi3) {
@@ -223,8 +254,13 @@ const ChatFormat& JsonlSamples::format() {
   return *format_;
 }
 
-void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages, size_t trained_from) {
-  const RenderedChat r = render_chat(format(), messages, trained_from);
+void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages, size_t trained_from, const std::string& where) {
+  RenderedChat r;
+  try {
+    r = render_chat(format(), messages, trained_from);
+  } catch (const ChatRefused& e) {
+    throw UserError(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
+  }
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   tokens_with_mask(r.text, o_.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok_, ids, mask);
@@ -242,7 +278,7 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
   }
   if (!j.is_object()) bad_line(where, std::string("a JSON ") + j.type_name() + ", not an object");
   if (j.contains("messages")) {
-    add_chat(read_messages(j["messages"], where, "messages"), 0);
+    add_chat(read_messages(j["messages"], where, "messages"), 0, where);
     ++shapes_[2];
   } else if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion")) bad_line(where, "has \"prompt\" or \"completion\" but not both");
@@ -263,7 +299,7 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
       const std::vector<ChatMessage> more = read_messages(c, where, "completion");
       const size_t prompt_turns = m.size();
       m.insert(m.end(), more.begin(), more.end());
-      add_chat(m, prompt_turns);
+      add_chat(m, prompt_turns, where);
     } else {
       bad_line(where, std::string("\"prompt\" is ") + p.type_name() + " and \"completion\" " + c.type_name() +
                           " (both strings, or both lists of messages)");

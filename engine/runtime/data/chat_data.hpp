@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,11 @@ namespace ds {
 // default system turn when the conversation has none), llama3 (Llama 3.0: <|start_header_id|>role
 // <|end_header_id|>\n\n...<|eot_id|>, contents trimmed), llama3.1 (3.1-3.3: a system turn always, with
 // "Cutting Knowledge Date: December 2023" and the template's default date), phi3 (Phi-3 and 3.5:
-// <|role|>\n...<|end|>\n, then the EOS token the template ends a conversation with).
-enum class ChatFormatKind { chatml, llama3, llama3_1, phi3 };
+// <|role|>\n...<|end|>\n, then the EOS token the template ends a conversation with), gemma (Gemma and
+// Gemma 2: BOS, then <start_of_turn>user|model\n...<end_of_turn>\n, contents trimmed, no system turn, roles
+// alternating from the user's) and gemma3 (Gemma 3: the same, a system turn's content and a blank line put
+// before the first user turn's).
+enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3 };
 
 struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
@@ -32,10 +36,11 @@ struct ChatFormat {
   std::string date = "26 Jul 2024";  // llama3.1: the template's default date_string
   std::string eos;                   // phi3: what the template appends after the last turn (its eos_token)
   bool skip_empty_system = false;    // phi3: Phi-3.5's template leaves out a system turn with no content
+  std::string bos;                   // gemma, gemma3: the template's bos_token, first
   std::string describe() const;
 };
 
-// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3"). "auto" recognises the tokenizer's
+// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3"). "auto" recognises the tokenizer's
 // template; a template ds cannot render is refused naming the choices, never approximated.
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
 
@@ -49,8 +54,13 @@ struct RenderedChat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> trained;
 };
+// A conversation the format's template refuses to render (Gemma's: a system turn, roles that do not
+// alternate), with the template's reason.
+struct ChatRefused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 // `trained_from`: assistant turns before this message index are context, not trained (a conversational
-// prompt/completion pair: the prompt's turns).
+// prompt/completion pair: the prompt's turns). Throws ChatRefused where the template raises.
 RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from = 0);
 
 // Samples one after another: sample i is tokens [starts[i], starts[i + 1]); trained[k] says whether the
@@ -86,7 +96,7 @@ class JsonlSamples {
 
  private:
   const ChatFormat& format();
-  void add_chat(const std::vector<ChatMessage>& messages, size_t trained_from);
+  void add_chat(const std::vector<ChatMessage>& messages, size_t trained_from, const std::string& where);
   const HfTokenizer& tok_;
   SampleOptions o_;
   std::optional<ChatFormat> format_;

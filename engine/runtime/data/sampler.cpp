@@ -123,15 +123,16 @@ int64_t BatchSampler::val_tokens() const {
 
 std::string BatchSampler::notes() const {
   if (!samples_) return "";
-  int64_t cut = 0, rows_tokens = 0;
+  int64_t cut = 0, rows_tokens = 0, placed = 0;  // placed: the samples with a position (a 1-token sample has none)
   for (int64_t i = 0; i < train_end_; ++i) {
     const int64_t len = samples_->length(i);
     cut += len > o_.seq_len + 1;
     rows_tokens += sample_positions(len, o_.seq_len);
+    placed += sample_positions(len, o_.seq_len) > 0;
   }
   std::string s = format_fixed(100.0 * (1.0 - static_cast<double>(rows_tokens) / static_cast<double>(train_units_ * o_.seq_len)), 1) +
                   "% of the training rows' positions are padding (" +
-                  (packed() ? format_count(train_end_) + " samples packed into " + format_count(train_units_) + " rows" : "one sample a row") + ")";
+                  (packed() ? format_count(placed) + " samples packed into " + format_count(train_units_) + " rows" : "one sample a row") + ")";
   if (cut) s += "; " + format_count(cut) + " of " + format_count(train_end_) + " training samples are longer than seq_len + 1 = " +
                 std::to_string(o_.seq_len + 1) + " tokens and are cut there";
   return s;
@@ -162,7 +163,7 @@ void BatchSampler::sample_row(int64_t index, int32_t* in, int32_t* tgt, RowSegme
   DS_CHECK(at <= T, "a packed row overflows seq_len");
   std::fill(in + at, in + T, s.pad_id);
   std::fill(tgt + at, tgt + T, -1);
-  if (at < T) lengths.push_back(T - at);
+  if (at < T) lengths.push_back(at - T);  // padding: negative
   if (segments) segments->push_back(std::move(lengths));
 }
 

@@ -36,8 +36,8 @@ struct SamplerOptions {
   bool pack = false;    // over a SampleSet: several samples a row
 };
 
-// Per row of a batch, the lengths of the samples packed in it, in order, then of the padding after them
-// (which sum to seq_len); empty when the rows are not packed.
+// Per row of a batch, the lengths of the samples packed in it, in order, then the padding after them as a
+// negative length (their magnitudes sum to seq_len); empty when the rows are not packed.
 using RowSegments = std::vector<std::vector<int64_t>>;
 
 class BatchSampler {

@@ -59,7 +59,7 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
 torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
   // Packed rows: each sample's positions count from 0.
-  const torch::Tensor pos = packed() ? embedding_lookup(wpe_, positions(B, T, wpe_.device())) : wpe_.narrow(0, 0, T);
+  const torch::Tensor pos = packed() ? embedding_lookup(wpe_, positions(wpe_.device())) : wpe_.narrow(0, 0, T);
   torch::Tensor x = dropout(embedding_lookup(wte_, inputs) + pos, hp_.embd_pdrop, -1, 0);  // (B, T, C)
   x = run_blocks(x);
   x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);

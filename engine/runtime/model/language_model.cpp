@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -139,48 +140,72 @@ torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tens
 }
 
 torch::Tensor LanguageModel::attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const {
-  return per_sample({qkv}, [&](const std::vector<torch::Tensor>& part, uint64_t sample) {
+  return per_sample({qkv}, heads, [&](const std::vector<torch::Tensor>& part, uint64_t sample, int64_t) {
     if (p <= 0 || !training_) return causal_attention_packed(part[0], heads);
     const auto [q, k, v] = unpack(part[0], heads);
     return attention(q, k, v, p, layer, {}, sample);
   });
 }
 
-bool LanguageModel::packed() const {
-  if (!segments_) return false;
-  for (const auto& row : *segments_)
-    if (row.size() > 1) return true;
-  return false;
-}
-
-torch::Tensor LanguageModel::positions(int64_t B, int64_t T, const torch::Device& device) const {
-  DS_CHECK(segments_ && static_cast<int64_t>(segments_->size()) == B, "positions: one row of segments per batch row");
-  torch::Tensor pos = torch::empty({B, T}, torch::kLong);
-  int64_t* p = pos.data_ptr<int64_t>();
-  for (const auto& row : *segments_)
+void LanguageModel::set_segments(const std::vector<std::vector<int64_t>>* segments) {
+  positions_ = device_positions_ = torch::Tensor();
+  segments_.clear();
+  ++segments_version_;
+  if (!segments || segments->empty()) return;
+  segments_ = *segments;
+  bool several = false;  // rows of one sample each (then padding) are plain rows: causal attention never looks ahead
+  for (const auto& row : segments_) several |= std::count_if(row.begin(), row.end(), [](int64_t l) { return l > 0; }) > 1;
+  if (!several) return;
+  const int64_t B = static_cast<int64_t>(segments_.size());
+  int64_t T = 0;
+  for (const int64_t length : segments_[0]) T += std::abs(length);
+  positions_ = torch::empty({B, T}, torch::kLong);
+  int64_t* p = positions_.data_ptr<int64_t>();
+  for (const auto& row : segments_) {
+    int64_t filled = 0;
     for (const int64_t length : row)
-      for (int64_t t = 0; t < length; ++t) *p++ = t;
-  DS_CHECK(p == pos.data_ptr<int64_t>() + B * T, "positions: the segments do not cover the rows");
-  return ids_to_device(pos, device);
+      for (int64_t t = 0; t < std::abs(length); ++t) *p++ = t, ++filled;
+    DS_CHECK(filled == T, "set_segments: rows of ", filled, " and ", T, " positions");
+  }
 }
 
-torch::Tensor LanguageModel::per_sample(const std::vector<torch::Tensor>& parts, const SampleFn& f) const {
-  if (!packed()) return f(parts, 0);
-  const int64_t B = parts[0].size(0), T = parts[0].size(1);
-  DS_CHECK(static_cast<int64_t>(segments_->size()) == B, "per_sample: ", segments_->size(), " rows of segments for a batch of ", B);
+const torch::Tensor& LanguageModel::positions(const torch::Device& device) const {
+  DS_CHECK(packed(), "positions: the rows are not packed");
+  if (!device_positions_.defined() || device_positions_.device() != device) device_positions_ = ids_to_device(positions_, device);
+  return device_positions_;
+}
+
+torch::Tensor LanguageModel::per_sample(const std::vector<torch::Tensor>& parts, int64_t heads, const SampleFn& f,
+                                        bool by_length) const {
+  if (!packed() && !(by_length && !segments_.empty())) return f(parts, 0, parts[0].size(1));
+  const int64_t B = parts[0].size(0), T = parts[0].size(1), D = parts[0].size(3);
+  DS_CHECK(static_cast<int64_t>(segments_.size()) == B, "per_sample: ", segments_.size(), " rows of segments for a batch of ",
+           parts[0].sizes());
   std::vector<std::vector<torch::Tensor>> rows;  // per part, its rows (T, ...)
   for (const torch::Tensor& part : parts) rows.push_back(part.unbind(0));
   std::vector<torch::Tensor> joined;
   for (int64_t b = 0; b < B; ++b) {
-    const std::vector<int64_t>& lengths = (*segments_)[static_cast<size_t>(b)];
+    // The padding after the last sample goes with it (causal: the sample never looks at it), one piece fewer.
+    const std::vector<int64_t>& row = segments_[static_cast<size_t>(b)];
+    std::vector<int64_t> given = row;
+    if (given.size() > 1 && given.back() < 0 && given[given.size() - 2] > 0) {
+      given[given.size() - 2] -= given.back();
+      given.pop_back();
+    }
+    std::vector<int64_t> lengths = given;
+    for (int64_t& length : lengths) length = std::abs(length);
     std::vector<std::vector<torch::Tensor>> pieces;  // per part, its samples (L, ...)
     for (const auto& part_rows : rows) pieces.push_back(part_rows[static_cast<size_t>(b)].split_with_sizes(lengths, 0));
     std::vector<torch::Tensor> outs;
     int64_t start = 0;
     for (size_t s = 0; s < lengths.size(); ++s) {
-      std::vector<torch::Tensor> args;
-      for (const auto& part_pieces : pieces) args.push_back(part_pieces[s].unsqueeze(0));
-      outs.push_back(f(args, static_cast<uint64_t>(b * T + start + 1)));
+      if (given[s] < 0) {  // a row of padding alone
+        outs.push_back(torch::zeros({1, lengths[s], heads, D}, parts[0].options()));
+      } else {
+        std::vector<torch::Tensor> args;
+        for (const auto& part_pieces : pieces) args.push_back(part_pieces[s].unsqueeze(0));
+        outs.push_back(f(args, static_cast<uint64_t>(b * T + start + 1), row[s]));
+      }
       start += lengths[s];
     }
     joined.push_back(torch::cat(outs, 1));

@@ -134,10 +134,12 @@ class LanguageModel {
     lora_scale_ = scale;
     lora_dropout_ = dropout;
   }
-  // Packed rows (data.packing): per row of the next batches, the lengths of the samples in it and of the
-  // padding after them (the sampler's RowSegments, summing to T). Each is attended to on its own, its
-  // positions counted from 0, as if it were run alone. Not owned; null or empty: each row is one sequence.
-  void set_segments(const std::vector<std::vector<int64_t>>* segments) { segments_ = segments; }
+  // Packed rows (data.packing): per row of the next batches, the lengths of the samples in it, then the
+  // padding after them as a negative length (the sampler's RowSegments, |lengths| summing to T). Each sample
+  // is attended to on its own, its positions counted from 0, as if it were run alone. The padding is
+  // attended to with the sample before it (which, causal, never sees it); no counted target reads its
+  // outputs. Copied; null or empty, or no row with two samples: each row is one sequence.
+  void set_segments(const std::vector<std::vector<int64_t>>* segments);
 
  protected:
   // Every block in order, checkpointed when configured.
@@ -158,15 +160,21 @@ class LanguageModel {
                           int64_t layer, const AttentionForm& form = {}, uint64_t sample = 0) const;
   // The same from one packed projection (B, T, NH + 2 NKV, D) (fused_attention.hpp), each packed sample on its own.
   torch::Tensor attention(const torch::Tensor& qkv, int64_t heads, double p, int64_t layer) const;
-  // Whether the rows hold several samples (set_segments).
-  bool packed() const;
-  // Packed rows: each position's place within its sample, (B, T) int64 on `device`.
-  torch::Tensor positions(int64_t B, int64_t T, const torch::Device& device) const;
+  // Whether the rows hold samples of their own (set_segments).
+  bool packed() const { return positions_.defined(); }
+  // Packed rows: each position's place within its sample (B, T), int64 on `device`.
+  const torch::Tensor& positions(const torch::Device& device) const;
   // Packed rows: `f` applied to each sample's slices (1, L, ...) of `parts` (each (B, T, ...)), with a key
-  // of the sample (its row x T + first position + 1), the results (1, L, ...) joined into (B, T, ...) with
-  // one gradient per part (split and stacked, not a zeroed full-size gradient per slice). Unpacked: f(parts, 0).
-  using SampleFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&, uint64_t)>;
-  torch::Tensor per_sample(const std::vector<torch::Tensor>& parts, const SampleFn& f) const;
+  // of the sample (its row x T + first position + 1) and its length, the results (1, L, heads, D) joined into
+  // (B, T, heads, D) with one gradient per part (split and stacked, not a zeroed full-size gradient per
+  // slice). The padding goes with the sample before it (L is then longer than the sample; a row of padding
+  // alone gives zeros). Unpacked: f(parts, 0, T); `by_length`: rows of one sample are still taken one by
+  // one, for what depends on a sample's length (Llama's dynamic and longrope rotary scaling).
+  using SampleFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&, uint64_t, int64_t)>;
+  torch::Tensor per_sample(const std::vector<torch::Tensor>& parts, int64_t heads, const SampleFn& f, bool by_length = false) const;
+  // Whether set_segments gave rows (packed or not), and a number that changes with every set_segments.
+  bool has_segments() const { return !segments_.empty(); }
+  uint64_t segments_version() const { return segments_version_; }
   // The mean cross-entropy of targets under softmax(x weight^T): x (B*T, C), the head (V, C).
   // `softcap` > 0: the logits soft-capped first (Gemma 2's final_logit_softcapping).
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double softcap = 0) const;
@@ -180,7 +188,10 @@ class LanguageModel {
   // x with dropout p from the mask stream `stream` (dropout()'s are (layer + 1) x 8 + site).
   torch::Tensor dropout_from(const torch::Tensor& x, double p, uint64_t stream) const;
   mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
-  const std::vector<std::vector<int64_t>>* segments_ = nullptr;
+  std::vector<std::vector<int64_t>> segments_;  // set_segments'
+  uint64_t segments_version_ = 0;
+  torch::Tensor positions_;                      // packed: (B, T) on the host; undefined unpacked
+  mutable torch::Tensor device_positions_;       // positions_ where the model runs
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
 };

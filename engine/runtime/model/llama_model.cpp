@@ -90,14 +90,24 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::rotary_cos_sin(int64_t T, co
   return {rope_cos_, rope_sin_};
 }
 
-std::pair<torch::Tensor, torch::Tensor> LlamaModel::sample_cos_sin(int64_t L, int64_t T, const torch::Tensor& cos,
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::sample_cos_sin(int64_t L, int64_t length, int64_t T, const torch::Tensor& cos,
                                                                   const torch::Tensor& sin) const {
-  const RotaryTables row = rotary_tables(hp_, T), own = rotary_tables(hp_, L);
+  const RotaryTables row = rotary_tables(hp_, T), own = rotary_tables(hp_, length);
   if (own.inv_freq == row.inv_freq && own.attention_factor == row.attention_factor) return {cos.narrow(0, 0, L), sin.narrow(0, 0, L)};
   // Scaling that depends on the length (dynamic, longrope): the sample's own, as it would have alone.
   const torch::Tensor inv_freq = torch::tensor(own.inv_freq, torch::kFloat64).to(torch::kFloat32);
   const torch::Tensor angles = torch::outer(torch::arange(L, torch::kFloat32), inv_freq);
   return {(angles.cos() * own.attention_factor).to(cos.device()), (angles.sin() * own.attention_factor).to(cos.device())};
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::gathered_cos_sin(const torch::Tensor& cos, const torch::Tensor& sin) const {
+  if (gathered_version_ != segments_version() || !gathered_cos_.defined() || gathered_cos_.device() != cos.device()) {
+    const torch::Tensor at = positions(cos.device()).flatten();
+    gathered_cos_ = cos.index_select(0, at);
+    gathered_sin_ = sin.index_select(0, at);
+    gathered_version_ = segments_version();
+  }
+  return {gathered_cos_, gathered_sin_};
 }
 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
@@ -119,14 +129,26 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   form.window = hp_.window_of(layer);
   form.softcap = hp_.attn_softcap;
   form.scale = hp_.attention_scale();
-  // Rotated, then attended to: each packed sample from position 0, with the tables of its own length.
-  const auto rotated_attention = [&](const std::vector<torch::Tensor>& qkv, uint64_t sample) {
-    const int64_t L = qkv[0].size(1);
-    torch::Tensor c = cos, s = sin;
-    if (L != T) std::tie(c, s) = sample_cos_sin(L, T, cos, sin);
+  // Packed rows rotate each sample from position 0: where the scaling does not depend on the length (all but
+  // dynamic and longrope) the whole batch at once, by the tables gathered at each position's place in its
+  // sample; else each sample by the tables of its own length, as it would have them alone.
+  const RopeType scaling = hp_.rope_scaling.type;
+  const bool by_length = scaling == RopeType::dynamic || scaling == RopeType::longrope;
+  const bool own_tables = has_segments() && by_length;  // a row of one sample too: the tables of its length, not T's
+  if (packed() && !own_tables) {
+    const auto [c, s] = gathered_cos_sin(cos, sin);  // (B T, D/2)
+    q = rotary(q.view({1, B * T, NH, D}), c, s).view({B, T, NH, D});
+    k = rotary(k.view({1, B * T, NKV, D}), c, s).view({B, T, NKV, D});
+  } else if (!own_tables) {
+    q = rotary(q, cos, sin);  // (B, T, NH, D)
+    k = rotary(k, cos, sin);
+  }
+  const auto attend = [&](const std::vector<torch::Tensor>& qkv, uint64_t sample, int64_t length) {
+    if (!own_tables) return attention(qkv[0], qkv[1], qkv[2], hp_.attn_pdrop, layer, form, sample);
+    const auto [c, s] = sample_cos_sin(qkv[0].size(1), length, T, cos, sin);
     return attention(rotary(qkv[0], c, s), rotary(qkv[1], c, s), qkv[2], hp_.attn_pdrop, layer, form, sample);
   };
-  torch::Tensor y = per_sample({q, k, v}, rotated_attention).view({B, T, NH * D});  // kv heads serve groups
+  torch::Tensor y = per_sample({q, k, v}, NH, attend, own_tables).view({B, T, NH * D});  // kv heads serve groups
   y = linear(y, b.o, false);
   const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
   if (sandwich) y = rms_norm(y, b.norm_post);

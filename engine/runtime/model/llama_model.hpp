@@ -34,14 +34,21 @@ class LlamaModel : public LanguageModel {
   // The rotary tables cos, sin (T, D/2, fp32) on `device`: made on the host and copied there once, then
   // kept, so a GPU's block never waits on a copy of them.
   std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, const torch::Device& device) const;
-  // A packed sample's L rows of the tables: the first L of the row's (`cos`, `sin` for T positions), or its own
-  // where the scaling depends on the length (dynamic, longrope), as the sample alone would have them.
-  std::pair<torch::Tensor, torch::Tensor> sample_cos_sin(int64_t L, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin) const;
+  // A packed sample's L rows of the tables (its `length` positions, and the padding after it): the first L of
+  // the row's (`cos`, `sin` for T positions), or where the scaling depends on the length (dynamic, longrope)
+  // those of the sample's own length, as the sample alone would have them.
+  std::pair<torch::Tensor, torch::Tensor> sample_cos_sin(int64_t L, int64_t length, int64_t T, const torch::Tensor& cos,
+                                                         const torch::Tensor& sin) const;
   ModelHyper hp_;
   const ArchTraits& traits_;  // the family's row (schema/arch.hpp), looked up once
   torch::Tensor embed_, norm_, head_;
   std::vector<Block> blocks_;
   mutable torch::Tensor rope_cos_, rope_sin_;  // rotary_cos_sin's, for the last T and device asked
+  // Packed rows: the tables at each position's place in its sample, (B T, D/2), made once per batch
+  // (set_segments), so every block's rotation keeps the same two tensors for backward, not copies of its own.
+  std::pair<torch::Tensor, torch::Tensor> gathered_cos_sin(const torch::Tensor& cos, const torch::Tensor& sin) const;
+  mutable torch::Tensor gathered_cos_, gathered_sin_;
+  mutable uint64_t gathered_version_ = 0;
 };
 
 }  // namespace ds
