@@ -397,6 +397,7 @@ void check_data_files(const DataConfig& d, std::vector<ConfigIssue>& missing) {
   };
   if (d.type != DataType::synthetic)
     need(d.path, "data.path", d.type == DataType::text || d.type == DataType::tokens || d.type == DataType::jsonl);
+  need(d.val_path, "data.val_path", true);
   if (d.tokenizer == "hf" && !d.tokenizer_path.empty()) {
     std::error_code ec;
     if (!std::filesystem::exists(d.tokenizer_path, ec))

@@ -197,7 +197,8 @@ std::string data_text(const DataConfig& d, int64_t seq_len) {
   }
   s += "; " + (seq_len > 0 ? std::to_string(seq_len) + (d.packing ? " tokens per row" : " tokens per sample")
                            : std::string("sequence length auto (the model's context)"));
-  if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";
+  if (!d.val_path.empty()) s += ", validation samples from " + d.val_path;
+  else if (d.type != DataType::synthetic || d.val_fraction > 0) s += ", " + format_double(d.val_fraction * 100) + "% held out for validation";
   if (!d.shuffle) s += ", samples in stream order (data.shuffle false)";
   return s;
 }

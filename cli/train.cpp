@@ -262,7 +262,7 @@ int run_train(const TrainArgs& a) {
       lock = RunDirLock(c.train.output_dir);
       if (!lock.note().empty()) print_warnings("train", {{"", lock.note(), ""}});
       RunDirRequest request{c.train.output_dir, c.train.resume != "false", resume_from, a.overwrite,
-                            {c.model.init_from, c.data.path, c.data.vocab_file, c.data.merges_file, c.source, resume_from}};
+                            {c.model.init_from, c.data.path, c.data.val_path, c.data.vocab_file, c.data.merges_file, c.source, resume_from}};
       print_warnings("train", prepare_run_dir(request));
     }
     if (launcher) return launch_ranks_of(launch, args, compiled, a, lock);

@@ -306,6 +306,10 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.chat_template = at(data, "chat_template").get<std::string>();
   c.data.train_on_prompt = at(data, "train_on_prompt").get<bool>();
   c.data.packing = at(data, "packing").get<bool>();
+  c.data.val_path = str_or_empty(at(data, "val_path"));
+  if (!c.data.val_path.empty() && c.data.type != DataType::jsonl)
+    errors.push_back({"data.val_path", "acts on jsonl data only",
+                      "remove the key: ds holds out data.val_fraction of text, token and HDF5 data for validation"});
   if (c.data.type != DataType::synthetic && c.data.path.empty())
     errors.push_back({"data.path", std::string("data.type \"") + dt + "\" needs a file", "set data.path, or use data.type \"synthetic\""});
   if (c.data.type == DataType::text && c.data.tokenizer == "gpt2" && (c.data.vocab_file.empty() || c.data.merges_file.empty()))

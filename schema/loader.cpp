@@ -140,6 +140,14 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
   substitute_default_autos(config_schema(), doc, path, sources, autos);
 
   Config c = read_config(doc, errors);
+  if (!c.data.val_path.empty()) {  // the validation samples come from their own file: all of data.path trains
+    const auto given = sources.find("data.val_fraction");
+    if (given != sources.end() && given->second != "default" && c.data.val_fraction > 0)
+      errors.push_back({"data.val_fraction", "data.val_path already holds the validation samples",
+                        "give one: data.val_path (a file of its own) or data.val_fraction (a share of data.path); on the "
+                        "command line ~data.val_fraction removes the config's"});
+    c.data.val_fraction = 0;
+  }
   c.optimizer.given = std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
     return (kv.first == "optimizer" || kv.first.rfind("optimizer.", 0) == 0) && kv.second != "default";
   });

@@ -283,3 +283,71 @@ TEST(CliSft, PackedRowsResumeExactlyAndTwoRanksTrainWhatOneRankTrains) {
   }
   EXPECT_TRUE(a[3].contains("val_loss") && a[7].contains("val_loss"));
 }
+
+// data.val_path: validation samples from a file of their own. The example's data cut in two (its first 1,140
+// conversations to train on, its last 60 to validate) trains and validates exactly as the whole file with
+// the default 5% held out; the two ways of naming a validation split are not taken together.
+TEST(CliSft, AValidationFileIsTheSplitTheFractionWouldHoldOut) {
+  const std::string dir = fresh("sft_valpath");
+  std::filesystem::create_directories(dir);
+  {
+    std::ifstream in(work_dir() + "/examples/data/sft/chat.jsonl");
+    std::ofstream train(dir + "/train.jsonl"), val(dir + "/val.jsonl");
+    int n = 0;
+    for (std::string line; std::getline(in, line); ++n) (n < 1140 ? train : val) << line << "\n";
+    ASSERT_EQ(n, 1200);
+  }
+  const std::string split_data = "data.path=" + dir + "/train.jsonl data.val_path=" + dir + "/val.jsonl ~data.val_fraction ";
+  Result r = ds("plan examples/sft.json " + split_data);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "validation samples from " + dir + "/val.jsonl")) << r.out;
+  const std::string fp32 = "train examples/sft.json bf16.enabled=false train.steps=6 train.eval_every=3 ";
+  ASSERT_EQ(ds(fp32 + "train.output_dir=" + dir + "/whole").code, 0);
+  r = ds(fp32 + split_data + "train.output_dir=" + dir + "/split");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "; validation " + dir + "/val.jsonl: 60 samples (60 conversations)")) << r.err;
+  const auto a = metrics_of(dir + "/whole"), b = metrics_of(dir + "/split");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i].contains("val_loss"), i == 2 || i == 5);
+    if (a[i].contains("val_loss")) EXPECT_EQ(a[i]["val_loss"], b[i]["val_loss"]) << "step " << i + 1;
+  }
+  r = ds("plan examples/sft.json data.val_path=" + dir + "/val.jsonl");  // the example's own val_fraction 0.05 too
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.val_fraction: data.val_path already holds the validation samples")) << r.err;
+  EXPECT_TRUE(contains(r.err, "~data.val_fraction")) << r.err;
+  r = ds("train examples/sft.json ~data.val_fraction data.val_path=" + dir + "/missing.jsonl train.output_dir=" + dir + "/none");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.val_path")) << r.err;
+  r = ds("plan examples/quickstart.json data.val_path=" + dir + "/val.jsonl");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.val_path")) << r.err;
+}
+
+// metrics.jsonl's trained_tokens: over one epoch of text lines (every target trained), the steps' counts
+// add up to the training split's tokens less one per sample (a sample's first token is no target).
+TEST(CliSft, EachStepSaysTheTokensItTrained) {
+  const std::string dir = fresh("sft_trained_tokens");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/data.jsonl");
+    for (int i = 0; i < 44; ++i) f << "{\"text\": \"Sample " << i << " says " << std::string(static_cast<size_t>(i % 7), 'a') << ".\"}\n";
+  }
+  // 44 samples, 4 held out: 40 train, an epoch in 5 steps of 8.
+  Result r = ds("train examples/sft.json data.path=" + dir + "/data.jsonl data.val_fraction=0.1 train_batch_size=8 "
+                "train_micro_batch_size_per_gpu=4 train.steps=5 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("; ([0-9,]+) training / [0-9,]+ validation tokens"))) << r.err;
+  std::string count = m[1];
+  count.erase(std::remove(count.begin(), count.end(), ','), count.end());
+  int64_t sum = 0;
+  for (const auto& step : metrics_of(dir + "/run")) sum += step["trained_tokens"].get<int64_t>();
+  EXPECT_EQ(sum, std::stoll(count) - 40);
+  // Data without masks has no such field.
+  r = ds("train examples/quickstart.json train.steps=1 train.output_dir=" + dir + "/plain");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(metrics_of(dir + "/plain")[0].contains("trained_tokens"));
+}

@@ -159,6 +159,7 @@ const std::map<std::string, const char*> kActs = {
     {"data.chat_template", "data: how jsonl conversations are rendered (resolve_chat_format)"},
     {"data.train_on_prompt", "data: which jsonl tokens the loss counts (JsonlSamples)"},
     {"data.packing", "data: several jsonl samples a row, each attending to itself (BatchSampler, LanguageModel::per_sample)"},
+    {"data.val_path", "data: the jsonl validation samples (open_samples, SampleSet::held_out_from)"},
     {"tensor_parallel.autotp_size", "plan: the mesh (engine/plan/mesh), the batch's data ranks; ds train refuses a split model"},
     {"pipeline.stages", "plan: the mesh (engine/plan/mesh), the batch's data ranks; ds train refuses a split model"},
     {"pipeline.partition", "plan: how the mesh's stages are cut"},

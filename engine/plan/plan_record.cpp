@@ -324,7 +324,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["data"] = {{"type", data_type_name(d.type)}, {"path", d.path},       {"tokenizer", d.tokenizer},
                {"vocab_file", d.vocab_file},     {"merges_file", d.merges_file}, {"token_format", d.token_format},
                {"dataset", d.dataset},           {"val_fraction", d.val_fraction}, {"shuffle", d.shuffle},
-               {"tokenizer_path", d.tokenizer_path}, {"chat_template", d.chat_template}, {"train_on_prompt", d.train_on_prompt}, {"packing", d.packing}};
+               {"tokenizer_path", d.tokenizer_path}, {"chat_template", d.chat_template}, {"train_on_prompt", d.train_on_prompt}, {"packing", d.packing}, {"val_path", d.val_path}};
   j["seq_len"] = p.seq_len;
   j["steps"] = p.steps;
   j["threads"] = p.threads;

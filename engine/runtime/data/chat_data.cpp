@@ -204,6 +204,13 @@ void SampleSet::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>&
   starts.push_back(static_cast<int64_t>(tokens.size()));
 }
 
+void SampleSet::append(const SampleSet& more) {
+  const int64_t base = static_cast<int64_t>(tokens.size());
+  tokens.insert(tokens.end(), more.tokens.begin(), more.tokens.end());
+  trained.insert(trained.end(), more.trained.begin(), more.trained.end());
+  for (size_t i = 1; i < more.starts.size(); ++i) starts.push_back(base + more.starts[i]);
+}
+
 namespace {
 
 // Tokens of `text` and whether each is trained: its first byte lies in one of the spans.

@@ -70,10 +70,12 @@ struct SampleSet {
   std::vector<uint8_t> trained;
   std::vector<int64_t> starts{0};
   int32_t pad_id = 0;
+  int64_t held_out_from = -1;  // >= 0: samples from here on validate (data.val_path), whatever data.val_fraction says
   std::string description;  // "chat.jsonl: 1,204 samples (1,204 messages), 201,337 tokens, 84,112 trained"
   int64_t size() const { return static_cast<int64_t>(starts.size()) - 1; }
   int64_t length(int64_t i) const { return starts[i + 1] - starts[i]; }
   void add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask);
+  void append(const SampleSet& more);  // its samples after these
 };
 
 struct SampleOptions {

@@ -274,7 +274,8 @@ std::vector<std::string> data_files(const std::string& path) {
     if (files.size() > 1 && (stem == "val" || stem == "valid" || stem == "validation" || stem == "test" || stem == "eval"))
       throw UserError("data.path '" + path + "' holds '" + std::filesystem::path(f).filename().string() +
                           "', a held-out split by its name, which would be read as training data",
-                      "name the training file itself (ds holds out data.val_fraction of it for validation)");
+                      "name the training file itself (ds holds out data.val_fraction of it for validation; jsonl data takes a "
+                      "validation file as data.val_path)");
   }
   return files;
 }
@@ -435,7 +436,16 @@ std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size)
     throw UserError(tok.describe() + ": its ids reach " + format_count(tok.vocab_size() - 1) + ", but the model's vocabulary has " +
                         format_count(vocab_size) + " ids",
                     "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
-  return std::make_unique<SampleSet>(read_samples(d, tok));
+  auto samples = std::make_unique<SampleSet>(read_samples(d, tok));
+  if (!d.val_path.empty()) {  // the validation samples after the training ones (BatchSampler starts them at held_out_from)
+    DataConfig v = d;
+    v.path = d.val_path;
+    const SampleSet held = read_samples(v, tok);
+    samples->held_out_from = samples->size();
+    samples->append(held);
+    samples->description += "; validation " + held.description;
+  }
+  return samples;
 }
 
 std::vector<int64_t> measure_sample_tokens(const DataConfig& d) {

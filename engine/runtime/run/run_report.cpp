@@ -335,7 +335,9 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                   forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
                   p.train_flops_per_step / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
-    metrics_ << (std::string(json) + phases_json + "}\n") << std::flush;  // one write per line
+    // Fine-tuning data: the step's trained tokens (its counted targets, every rank's), read from the data.
+    const std::string trained = o.trained_tokens >= 0 ? ", \"trained_tokens\": " + std::to_string(o.trained_tokens) : "";
+    metrics_ << (std::string(json) + trained + phases_json + "}\n") << std::flush;  // one write per line
     if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
   }
   if (!monitors_.empty()) {
