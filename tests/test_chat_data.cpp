@@ -51,7 +51,7 @@ std::string tokenizer_dir(const std::string& name, const std::string& chat_templ
   int32_t next = 0;
   for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int32_t>() + 1);
   for (const char* s : {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|user|>", "<|assistant|>",
-                        "<|end|>", "<|system|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"})
+                        "<|end|>", "<|system|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<s>", "</s>"})
     tok["added_tokens"].push_back({{"id", next++}, {"content", s}, {"special", true}, {"lstrip", false}, {"rstrip", false}});
   write(d + "/tokenizer.json", tok.dump());
   json config = {{"eos_token", eos}};
@@ -516,6 +516,46 @@ TEST(ChatTemplate, GemmaAndGemma3AreTheirTemplatesExactlyAndRefuseWhatTheyRefuse
   EXPECT_NO_THROW(folds.add_file(d + "/chat.jsonl"));
   EXPECT_EQ(folds.take().size(), 2);
   fs::remove_all(d);
+}
+
+// Llama-2-13b-chat-hf's template and Mixtral-8x7B-Instruct-v0.1's (Mistral 7B Instruct v0.1's), whole.
+const char* const kLlama2Template =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}"
+    "{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = "
+    "'<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] "
+    "== 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+const char* const kMistralTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+    "'Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+TEST(ChatTemplate, Llama2AndMistralAreTheirTemplatesExactly) {
+  const HfTokenizer l2(tokenizer_dir("llama2", kLlama2Template, example_tokenizer(), "</s>", "<s>"));
+  const ChatFormat f2 = resolve_chat_format("auto", l2);
+  ASSERT_EQ(f2.kind, ChatFormatKind::llama2);
+  const RenderedChat r2 = render_chat(f2, three_turns(true));
+  EXPECT_EQ(r2.text, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_EQ(trained_runs(l2, r2.text, r2.trained), (std::vector<std::string>{" Hello! </s>", " Paris. </s>"}));
+  EXPECT_EQ(render_chat(f2, three_turns(false)).text, "<s>[INST] Hi [/INST] Hello! </s><s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_THROW(render_chat(f2, {{"user", "a"}, {"user", "b"}}), ChatRefused);
+
+  const HfTokenizer m(tokenizer_dir("mistral", kMistralTemplate, example_tokenizer(), "</s>", "<s>"));
+  const ChatFormat fm = resolve_chat_format("auto", m);
+  ASSERT_EQ(fm.kind, ChatFormatKind::mistral);
+  const RenderedChat rm = render_chat(fm, three_turns(false));
+  EXPECT_EQ(rm.text, "<s>[INST] Hi [/INST]Hello!</s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_EQ(trained_runs(m, rm.text, rm.trained), (std::vector<std::string>{"Hello!</s>", " Paris. </s>"}));
+  EXPECT_THROW(render_chat(fm, three_turns(true)), ChatRefused);  // the template has no system turn
+  // Llama 2 templates that carry a default system prompt render otherwise: not recognised.
+  std::string with_default = kLlama2Template;
+  with_default.replace(with_default.find("{% set system_message = false %}"), 32,
+                       "{% set system_message = 'You are a helpful assistant. If you don\\'t know, please don\\'t share false information.' %}");
+  EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("llama2_default", with_default, example_tokenizer(), "</s>", "<s>"))),
+               UserError);
 }
 
 TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {

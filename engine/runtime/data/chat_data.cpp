@@ -21,7 +21,7 @@ constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is t
 
 const char* const kChoices =
     "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5), "
-    "gemma (Gemma, Gemma 2), gemma3 (Gemma 3)";
+    "gemma (Gemma, Gemma 2), gemma3 (Gemma 3), llama2 (Llama 2 chat), mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral 8x7B Instruct v0.1)";
 
 // Jinja's trim: Python's str.strip(), whose str.isspace() is White_Space and U+001C..U+001F.
 bool python_space(uint32_t c) { return is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
@@ -76,6 +76,8 @@ std::string ChatFormat::describe() const {
     case ChatFormatKind::phi3: return "phi3" + (eos.empty() ? std::string() : " (ending with " + eos + ")");
     case ChatFormatKind::gemma: return "gemma";
     case ChatFormatKind::gemma3: return "gemma3";
+    case ChatFormatKind::llama2: return "llama2";
+    case ChatFormatKind::mistral: return "mistral";
   }
   return "";
 }
@@ -105,6 +107,17 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
       kind = "gemma3";
     else if (t.find("<start_of_turn>") != std::string::npos && t.find("System role not supported") != std::string::npos)
       kind = "gemma";
+    // Llama 2 chat's, without a default system prompt (some copies carry one: refused).
+    else if (t.find("<<SYS>>") != std::string::npos && t.find("{% set system_message = false %}") != std::string::npos &&
+             t.find("bos_token + '[INST] ' + content.strip() + ' [/INST]'") != std::string::npos &&
+             t.find("' '  + content.strip() + ' ' + eos_token") != std::string::npos && t.find("DEFAULT") == std::string::npos &&
+             t.find("false information") == std::string::npos && t.find("message['role'] == 'system' %}{{") == std::string::npos)
+      kind = "llama2";
+    // Mistral 7B Instruct v0.1's (and Mixtral's); later Mistral templates place a system turn otherwise.
+    else if (t.find("'[INST] ' + message['content'] + ' [/INST]'") != std::string::npos &&
+             t.find("message['content'] + eos_token") != std::string::npos &&
+             t.find("Only user and assistant roles are supported!") != std::string::npos)
+      kind = "mistral";
     else
       throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
                           "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
@@ -131,6 +144,13 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     f.kind = kind == "gemma" ? ChatFormatKind::gemma : ChatFormatKind::gemma3;
     f.bos = tok.bos_token();
     require_tokens(tok, {"<start_of_turn>", "<end_of_turn>"}, kind);
+  } else if (kind == "llama2" || kind == "mistral") {
+    f.kind = kind == "llama2" ? ChatFormatKind::llama2 : ChatFormatKind::mistral;
+    f.bos = tok.bos_token();
+    f.eos = tok.eos_token();
+    if (f.eos.empty() || tok.eos_id() < 0)
+      throw UserError("the " + kind + " chat format ends each answer with the EOS token, which " + tok.path() + " does not name",
+                      "set eos_token in tokenizer_config.json (Llama 2 and Mistral: </s>)");
   } else {
     throw UserError("data.chat_template \"" + name + "\" is not a format ds renders", kChoices);
   }
@@ -172,6 +192,33 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
       turn("<start_of_turn>" + std::string(messages[i].role == "assistant" ? "model" : messages[i].role.c_str()) + "\n" +
                (i == first ? prefix : ""),
            trim(messages[i].content), "<end_of_turn>", messages[i].role == "assistant" && i >= trained_from, "\n");
+    }
+    return r;
+  }
+  if (f.kind == ChatFormatKind::llama2 || f.kind == ChatFormatKind::mistral) {
+    const bool llama2 = f.kind == ChatFormatKind::llama2;
+    if (!llama2) s += f.bos;
+    size_t first = 0;
+    std::string system;
+    if (llama2 && !messages.empty() && messages[0].role == "system") {
+      system = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n";
+      first = 1;
+    }
+    for (size_t i = first; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if ((m.role == "user") != ((i - first) % 2 == 0))
+        throw ChatRefused(std::string(llama2 ? "Llama 2's" : "Mistral's") +
+                          " chat template raises \"Conversation roles must alternate user/assistant/user/assistant/...\" (message " +
+                          std::to_string(i) + " is " + m.role + "'s)");
+      if (!llama2 && m.role == "system") throw ChatRefused("Mistral's chat template raises \"Only user and assistant roles are supported!\"");
+      const std::string content = i == first ? system + m.content : m.content;
+      const bool trained = m.role == "assistant" && i >= trained_from;
+      if (llama2 && m.role == "user") s += f.bos + "[INST] " + trim(content) + " [/INST]";
+      else if (m.role == "user") s += "[INST] " + content + " [/INST]";
+      // The answer's leading space is trained with it: SentencePiece joins it to the answer's first word.
+      else if (llama2 && m.role == "assistant") turn("", " " + trim(content) + " ", f.eos, trained, "");
+      else if (m.role == "assistant") turn("", content, f.eos, trained, "");
+      // Llama 2's: a system turn past the first renders nothing.
     }
     return r;
   }

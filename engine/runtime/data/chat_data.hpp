@@ -26,9 +26,11 @@ namespace ds {
 // "Cutting Knowledge Date: December 2023" and the template's default date), phi3 (Phi-3 and 3.5:
 // <|role|>\n...<|end|>\n, then the EOS token the template ends a conversation with), gemma (Gemma and
 // Gemma 2: BOS, then <start_of_turn>user|model\n...<end_of_turn>\n, contents trimmed, no system turn, roles
-// alternating from the user's) and gemma3 (Gemma 3: the same, a system turn's content and a blank line put
-// before the first user turn's).
-enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3 };
+// alternating from the user's), gemma3 (Gemma 3: the same, a system turn's content and a blank line put
+// before the first user turn's), llama2 (Llama 2 chat: BOS [INST] user [/INST] answer EOS, a system turn
+// in <<SYS>> before the first user turn's content) and mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral
+// 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn).
+enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral };
 
 struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
@@ -36,11 +38,11 @@ struct ChatFormat {
   std::string date = "26 Jul 2024";  // llama3.1: the template's default date_string
   std::string eos;                   // phi3: what the template appends after the last turn (its eos_token)
   bool skip_empty_system = false;    // phi3: Phi-3.5's template leaves out a system turn with no content
-  std::string bos;                   // gemma, gemma3: the template's bos_token, first
+  std::string bos;                   // gemma, gemma3, llama2, mistral: the template's bos_token
   std::string describe() const;
 };
 
-// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3"). "auto" recognises the tokenizer's
+// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3", "llama2", "mistral"). "auto" recognises the tokenizer's
 // template; a template ds cannot render is refused naming the choices, never approximated.
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
 
