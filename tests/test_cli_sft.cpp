@@ -143,8 +143,29 @@ TEST(CliSft, ARowWithNothingTrainedThenAValidationRun) {
   const auto m = metrics_of(dir + "/run");
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[0]["loss"].get<double>(), 0.0);  // sample 0: its row is all prompt
+  EXPECT_EQ(m[0]["trained_tokens"].get<int64_t>(), 0);
   EXPECT_GT(m[0]["val_loss"].get<double>(), 0.0);
   EXPECT_GT(m[1]["loss"].get<double>(), 0.0);
+  // Nothing to learn: the step is skipped (no AdamW momentum or decay applied), and the schedule waits for it.
+  EXPECT_TRUE(m[0]["skipped"].get<bool>());
+  EXPECT_FALSE(m[1]["skipped"].get<bool>());
+  EXPECT_TRUE(contains(r.err, "step 1: its samples hold no trained token within data.seq_len")) << r.err;
+  {
+    std::ofstream f(dir + "/answers.jsonl");  // the same without the long prompt: no step skipped
+    for (int i = 0; i < 20; ++i) f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}\n";
+  }
+  // The schedule waits for the skipped step: each later step runs at the rate of the step before it in a run
+  // that skipped nothing.
+  const std::string four = "train examples/sft.json data.shuffle=false train_micro_batch_size_per_gpu=1 train.steps=4 "
+                           "train.eval_every=0 scheduler.params.warmup_num_steps=2 ";
+  ASSERT_EQ(ds(four + "data.path=" + dir + "/data.jsonl train.output_dir=" + dir + "/skipped").code, 0);
+  ASSERT_EQ(ds(four + "data.path=" + dir + "/answers.jsonl train.output_dir=" + dir + "/plain").code, 0);
+  const auto s = metrics_of(dir + "/skipped"), u = metrics_of(dir + "/plain");
+  ASSERT_EQ(s.size(), 4u);
+  ASSERT_EQ(u.size(), 4u);
+  EXPECT_FALSE(u[0]["skipped"].get<bool>());
+  EXPECT_EQ(s[3]["lr"], u[2]["lr"]);
+  EXPECT_NE(s[3]["lr"], u[3]["lr"]);
 }
 
 // train.epochs on jsonl counts rows: steps = ceil(epochs x the training split's samples / the global batch),

@@ -398,6 +398,13 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   const double sum_of_squares = agree(out, loss_sum, stop_signal);
   out.lr = schedule_.lr_at(applied_ - 1);
   check_overflow(step, out, !std::isfinite(std::sqrt(sum_of_squares)));
+  if (out.trained_tokens == 0 && !out.skipped) {
+    // Fine-tuning data whose step counts no target (every sample cut inside its prompt): no gradient to
+    // follow, so no update either; AdamW would still move every weight by its momentum and decay.
+    out.skipped = true;
+    out.notes.push_back("ds train: step " + std::to_string(step + 1) +
+                        ": its samples hold no trained token within data.seq_len (prompts cut before their answers): step skipped, no update");
+  }
   const OptimizerStepInputs si = step_inputs(out);
   t.norm += clock.lap();
   clock.mark(4);  // a skipped step ends at its overflow check
