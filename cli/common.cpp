@@ -386,7 +386,7 @@ void check_data_files(const DataConfig& d, std::vector<ConfigIssue>& missing) {
       missing.push_back({key, "'" + path + "' does not exist", "check the path (relative paths are from the working directory)"});
     else if (std::filesystem::is_directory(path, ec) && shards)
       try {
-        data_files(path);  // a directory of shards: it must hold some
+        data_files(path, key);  // a directory of shards: it must hold some
       } catch (const UserError& e) {
         missing.push_back({key, e.what(), e.hint()});
       }
@@ -398,6 +398,21 @@ void check_data_files(const DataConfig& d, std::vector<ConfigIssue>& missing) {
   if (d.type != DataType::synthetic)
     need(d.path, "data.path", d.type == DataType::text || d.type == DataType::tokens || d.type == DataType::jsonl);
   need(d.val_path, "data.val_path", true);
+  if (!d.val_path.empty() && !d.path.empty()) {  // a validation file read as training data too would score what was trained
+    std::vector<std::string> train, held;
+    try {
+      train = data_files(d.path);
+      held = data_files(d.val_path, "data.val_path");
+    } catch (const UserError&) {  // said above
+    }
+    for (const std::string& h : held)
+      for (const std::string& t : train) {
+        std::error_code ec;
+        if (std::filesystem::equivalent(h, t, ec))
+          missing.push_back({"data.val_path", "'" + h + "' is also read as training data (data.path '" + d.path + "')",
+                             "validate on samples the run does not train on: a file outside data.path"});
+      }
+  }
   if (d.tokenizer == "hf" && !d.tokenizer_path.empty()) {
     std::error_code ec;
     if (!std::filesystem::exists(d.tokenizer_path, ec))

@@ -147,6 +147,7 @@ Loaded load(const std::string& text, const std::string& source, const std::vecto
                         "give one: data.val_path (a file of its own) or data.val_fraction (a share of data.path); on the "
                         "command line ~data.val_fraction removes the config's"});
     c.data.val_fraction = 0;
+    doc["data"]["val_fraction"] = 0;  // the resolved config says so too: a run's config.json plans again as it ran
   }
   c.optimizer.given = std::any_of(sources.begin(), sources.end(), [](const auto& kv) {
     return (kv.first == "optimizer" || kv.first.rfind("optimizer.", 0) == 0) && kv.second != "default";

@@ -345,6 +345,23 @@ TEST(CliSft, AValidationFileIsTheSplitTheFractionWouldHoldOut) {
   r = ds("plan examples/quickstart.json data.val_path=" + dir + "/val.jsonl");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "data.val_path")) << r.err;
+  // The run's own config.json plans again as it ran (val_fraction resolved to 0 there).
+  r = ds("plan " + dir + "/split/config.json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  // A validation file that data.path also trains on is refused before a run; a validation directory may hold
+  // files named as held-out splits.
+  std::filesystem::create_directories(dir + "/both");
+  std::filesystem::copy_file(dir + "/train.jsonl", dir + "/both/train.jsonl");
+  std::filesystem::copy_file(dir + "/val.jsonl", dir + "/both/dev.jsonl");
+  r = ds("train examples/sft.json ~data.val_fraction data.path=" + dir + "/both data.val_path=" + dir + "/both/dev.jsonl train.output_dir=" +
+         dir + "/overlap");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "data.val_path: '" + dir + "/both/dev.jsonl' is also read as training data")) << r.err;
+  std::filesystem::create_directories(dir + "/heldout");
+  std::filesystem::copy_file(dir + "/val.jsonl", dir + "/heldout/val.jsonl");
+  std::filesystem::copy_file(dir + "/val.jsonl", dir + "/heldout/test.jsonl");
+  r = ds("plan examples/sft.json ~data.val_fraction data.path=" + dir + "/train.jsonl data.val_path=" + dir + "/heldout");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // metrics.jsonl's trained_tokens: over one epoch of text lines (every target trained), the steps' counts

@@ -380,7 +380,7 @@ namespace {
 // line longer than kMaxLineBytes is refused where it is found.
 void each_sample_line(const std::string& file, const std::function<void(const std::string& line, int64_t number)>& take) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
-  if (!f) throw UserError("cannot read '" + file + "'", "check data.path");
+  if (!f) throw UserError("cannot read '" + file + "'", "check data.path and data.val_path");
   std::string line;
   int64_t number = 0;
   for (bool eof = false; !eof;) {

@@ -250,14 +250,14 @@ std::unique_ptr<TokenStream> make_synthetic_stream(int32_t vocab, int64_t n, uin
   return std::make_unique<MemoryTokenStream>(std::move(tokens), desc);
 }
 
-std::vector<std::string> data_files(const std::string& path) {
+std::vector<std::string> data_files(const std::string& path, const std::string& key) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return {path};
   std::vector<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(path, ec))
     if (e.path().filename().string()[0] != '.' && e.is_regular_file(ec)) files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
-  if (files.empty()) throw UserError("data.path '" + path + "' is a directory with no data files in it", "give a file, or a directory of shards");
+  if (files.empty()) throw UserError(key + " '" + path + "' is a directory with no data files in it", "give a file, or a directory of shards");
   // Shards are files of one kind; a directory that also holds other things (nanoGPT's data/ has input.txt,
   // meta.pkl, prepare.py, train.bin and val.bin) is not a dataset to read whole.
   std::set<std::string> kinds;
@@ -265,14 +265,15 @@ std::vector<std::string> data_files(const std::string& path) {
   if (kinds.size() > 1) {
     std::string list;
     for (const std::string& k : kinds) list += (list.empty() ? "" : ", ") + (k.empty() ? std::string("(none)") : k);
-    throw UserError("data.path '" + path + "' holds files of several kinds (" + list + "): a directory is read whole, as shards of one dataset",
+    throw UserError(key + " '" + path + "' holds files of several kinds (" + list + "): a directory is read whole, as shards of one dataset",
                     "name the data file itself, or a directory that holds its shards alone");
   }
   // A held-out split beside the training data would be trained on: ds holds out data.val_fraction itself.
   for (const std::string& f : files) {
+    if (key != "data.path") break;  // a validation directory may hold them
     const std::string stem = std::filesystem::path(f).stem().string();
     if (files.size() > 1 && (stem == "val" || stem == "valid" || stem == "validation" || stem == "test" || stem == "eval"))
-      throw UserError("data.path '" + path + "' holds '" + std::filesystem::path(f).filename().string() +
+      throw UserError(key + " '" + path + "' holds '" + std::filesystem::path(f).filename().string() +
                           "', a held-out split by its name, which would be read as training data",
                       "name the training file itself (ds holds out data.val_fraction of it for validation; jsonl data takes a "
                       "validation file as data.val_path)");
@@ -420,12 +421,13 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
 
 namespace {
 
-SampleSet read_samples(const DataConfig& d, const HfTokenizer& tok) {
+// The samples of `path` (data.path, or with `key` data.val_path), read as the data block says.
+SampleSet read_samples(const DataConfig& d, const HfTokenizer& tok, const std::string& path, const std::string& key = "data.path") {
   SampleOptions o;
   o.train_on_prompt = d.train_on_prompt;
-  o.source = d.path;
+  o.source = path;
   o.chat_template = d.chat_template;
-  return read_jsonl_samples(data_files(d.path), tok, o);
+  return read_jsonl_samples(data_files(path, key), tok, o);
 }
 
 }  // namespace
@@ -436,11 +438,9 @@ std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size)
     throw UserError(tok.describe() + ": its ids reach " + format_count(tok.vocab_size() - 1) + ", but the model's vocabulary has " +
                         format_count(vocab_size) + " ids",
                     "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
-  auto samples = std::make_unique<SampleSet>(read_samples(d, tok));
+  auto samples = std::make_unique<SampleSet>(read_samples(d, tok, d.path));
   if (!d.val_path.empty()) {  // the validation samples after the training ones (BatchSampler starts them at held_out_from)
-    DataConfig v = d;
-    v.path = d.val_path;
-    const SampleSet held = read_samples(v, tok);
+    const SampleSet held = read_samples(d, tok, d.val_path, "data.val_path");
     samples->held_out_from = samples->size();
     samples->append(held);
     samples->description += "; validation " + held.description;
@@ -450,7 +450,7 @@ std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size)
 
 std::vector<int64_t> measure_sample_tokens(const DataConfig& d) {
   DS_CHECK(d.type == DataType::jsonl, "only jsonl data is a set of samples");
-  const SampleSet s = read_samples(d, HfTokenizer(d.tokenizer_path));
+  const SampleSet s = read_samples(d, HfTokenizer(d.tokenizer_path), d.path);
   std::vector<int64_t> tokens(static_cast<size_t>(s.size()));
   for (int64_t i = 0; i < s.size(); ++i) tokens[static_cast<size_t>(i)] = s.length(i);
   return tokens;

@@ -120,7 +120,8 @@ std::vector<int64_t> measure_sample_tokens(const DataConfig& data);
 
 // data.path's files: the file itself, or for a directory every regular file in it that is not hidden, in
 // name order (a dataset in shards). UserError for a directory with none.
-std::vector<std::string> data_files(const std::string& path);
+// `key` names the path in errors (data.val_path's directory may hold files named as held-out splits).
+std::vector<std::string> data_files(const std::string& path, const std::string& key = "data.path");
 
 // Several token streams read as one, in order (token file shards); windows may span two of them.
 class ConcatTokenStream : public TokenStream {

@@ -405,6 +405,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     out.notes.push_back("ds train: step " + std::to_string(step + 1) +
                         ": its samples hold no trained token within data.seq_len (prompts cut before their answers): step skipped, no update");
   }
+  if (out.skipped && out.trained_tokens > 0) out.trained_tokens = 0;  // skipped for overflow: nothing was trained
   const OptimizerStepInputs si = step_inputs(out);
   t.norm += clock.lap();
   clock.mark(4);  // a skipped step ends at its overflow check
