@@ -26,8 +26,9 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
   const int64_t n = samples.size();
   // The validation samples: those of data.val_path, else the last val_fraction.
   const int64_t val = samples.held_out_from >= 0 ? n - samples.held_out_from : static_cast<int64_t>(static_cast<double>(n) * o.val_fraction);
+  const bool validates = o.val_fraction > 0 || samples.held_out_from >= 0;
   train_end_ = n - val;
-  if (train_end_ < 1 || ((o.val_fraction > 0 || samples.held_out_from >= 0) && val < 1))
+  if (train_end_ < 1 || (validates && val < 1))
     throw UserError(samples.description + ": too few samples for data.val_fraction " + format_double(o.val_fraction) + " (" +
                         format_count(train_end_) + " for training, " + format_count(val) + " for validation)",
                     "each split needs at least one sample: use more data or another data.val_fraction");
@@ -51,7 +52,7 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
       }
       if (first == 0) train_units_ = static_cast<int64_t>(unit_starts_.size()) - 1;
     }
-    if (train_units_ < 1 || ((o.val_fraction > 0 || samples.held_out_from >= 0) && units() == train_units_))
+    if (train_units_ < 1 || (validates && units() == train_units_))
       throw UserError(samples.description + ": a split holds no sample with more than one token to pack", "use more data");
   }
   counted_.resize(static_cast<size_t>(train_units_));

@@ -76,17 +76,23 @@ torch::Tensor LlamaModel::gated(const torch::Tensor& gate, const torch::Tensor& 
   return swiglu(gate, up);
 }
 
-std::pair<torch::Tensor, torch::Tensor> LlamaModel::rotary_cos_sin(int64_t T, const torch::Device& device) const {
-  if (rope_cos_.defined() && rope_cos_.size(0) == T && rope_cos_.device() == device) return {rope_cos_, rope_sin_};
-  // angle = t * inv_freq_j, the frequencies as the model's rope_scaling stretches them (engine/plan/rope.hpp),
-  // cos and sin scaled by its attention factor (yarn).
-  const RotaryTables rope = rotary_tables(hp_, T);
+namespace {
+
+// cos and sin (rows, D/2) of angle = t * inv_freq_j, the frequencies as the model's rope_scaling stretches them
+// (engine/plan/rope.hpp), scaled by its attention factor (yarn); made on the host, then moved to `device`.
+std::pair<torch::Tensor, torch::Tensor> cos_sin_of(const RotaryTables& rope, int64_t rows, const torch::Device& device) {
   const torch::Tensor inv_freq = torch::tensor(rope.inv_freq, torch::kFloat64).to(torch::kFloat32);
-  const torch::Tensor angles = torch::outer(torch::arange(T, torch::kFloat32), inv_freq);
+  const torch::Tensor angles = torch::outer(torch::arange(rows, torch::kFloat32), inv_freq);
   torch::Tensor cos = angles.cos(), sin = angles.sin();
   if (rope.attention_factor != 1.0) cos = cos * rope.attention_factor, sin = sin * rope.attention_factor;
-  rope_cos_ = cos.to(device);
-  rope_sin_ = sin.to(device);
+  return {cos.to(device), sin.to(device)};
+}
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::rotary_cos_sin(int64_t T, const torch::Device& device) const {
+  if (rope_cos_.defined() && rope_cos_.size(0) == T && rope_cos_.device() == device) return {rope_cos_, rope_sin_};
+  std::tie(rope_cos_, rope_sin_) = cos_sin_of(rotary_tables(hp_, T), T, device);
   return {rope_cos_, rope_sin_};
 }
 
@@ -94,10 +100,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::sample_cos_sin(int64_t L, in
                                                                   const torch::Tensor& sin) const {
   const RotaryTables row = rotary_tables(hp_, T), own = rotary_tables(hp_, length);
   if (own.inv_freq == row.inv_freq && own.attention_factor == row.attention_factor) return {cos.narrow(0, 0, L), sin.narrow(0, 0, L)};
-  // Scaling that depends on the length (dynamic, longrope): the sample's own, as it would have alone.
-  const torch::Tensor inv_freq = torch::tensor(own.inv_freq, torch::kFloat64).to(torch::kFloat32);
-  const torch::Tensor angles = torch::outer(torch::arange(L, torch::kFloat32), inv_freq);
-  return {(angles.cos() * own.attention_factor).to(cos.device()), (angles.sin() * own.attention_factor).to(cos.device())};
+  return cos_sin_of(own, L, cos.device());  // scaling that depends on the length: the sample's own, as it would have alone
 }
 
 std::pair<torch::Tensor, torch::Tensor> LlamaModel::gathered_cos_sin(const torch::Tensor& cos, const torch::Tensor& sin) const {
