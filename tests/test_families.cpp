@@ -8,6 +8,8 @@
 #include <limits>
 #include <map>
 
+#include "engine/plan/memory.hpp"
+#include "engine/runtime/device/block_pool.hpp"
 #include "engine/runtime/device/device.hpp"
 #include "engine/runtime/run/flat_params.hpp"
 #include "engine/runtime/model/fused_head_loss.hpp"
@@ -285,4 +287,70 @@ TEST(Families, MaskedTargetsAreLeftOutOfTheLossAndItsGradients) {
   none.backward();
   EXPECT_EQ(none.item<double>(), 0.0);
   EXPECT_EQ(flat.grads.abs().max().item<double>(), 0.0);
+}
+
+// What autograd keeps from a micro batch's forward to its backward, and the most that is live while the
+// two run, measured in ds's block pool (every tensor of 64 KiB and more: at these widths all the
+// per-token ones), against the plan's activation model: per family, in fp32 and bf16.
+TEST(Families, TheActivationsEachFamilyKeepsAreWhatThePlanCounts) {
+  const BlockPool& pool = route_large_tensors_to_pool();
+  const std::vector<std::string> widths = {"model.hidden_size=128", "model.num_heads=4", "model.intermediate_size=352",
+                                           "model.vocab_size=512", "model.max_position_embeddings=128", "data.seq_len=128",
+                                           "train_micro_batch_size_per_gpu=4"};
+  const std::vector<std::string> rotary = {"model.num_kv_heads=2", "model.head_dim=32"};
+  const std::vector<std::vector<std::string>> families = {
+      {"model.preset=gpt2-tiny"},
+      {"model.preset=llama-tiny", "model.attention_bias=true"},
+      {"model.preset=mistral-tiny", "model.sliding_window=32"},
+      {"model.preset=qwen2-tiny"},
+      {"model.preset=qwen3-tiny"},
+      {"model.preset=phi3-tiny", "model.sliding_window=48"},
+      {"model.preset=gemma-tiny"},
+      {"model.preset=gemma2-tiny", "model.sliding_window=32"},
+      {"model.preset=gemma2-tiny", "model.sliding_window=128", "model.attn_logit_softcapping=null", "model.final_logit_softcapping=null", "model.query_pre_attn_scalar=32"}};
+  for (const auto& family : families) {
+    for (const bool bf16 : {false, true}) {
+      std::vector<std::string> overrides = family;
+      overrides.insert(overrides.end(), widths.begin(), widths.end());
+      if (family[0] != "model.preset=gpt2-tiny") overrides.insert(overrides.end(), rotary.begin(), rotary.end());
+      overrides.push_back(std::string("bf16.enabled=") + (bf16 ? "true" : "false"));
+      const Plan plan = test::plan_of(kConfig, 1, 0, overrides);
+      SCOPED_TRACE(family[0] + (family.size() > 1 ? " " + family[1] : "") + (bf16 ? " bf16" : " fp32"));
+      auto device = Device::create(DeviceKind::cpu, 0);
+      FlatParams flat = FlatParams::allocate(plan, 0, *device);
+      {
+        torch::NoGradGuard ng;
+        torch::Tensor init = torch::zeros({plan.layout.numel}, torch::kFloat32);
+        initialise_model(plan, init, 5);
+        flat.params.copy_(init);
+      }
+      auto model = make_model(plan, flat);
+      model->set_loss_gradient(1.0);
+      const int64_t B = 4, T = 128;
+      const torch::Tensor in = torch::randint(0, 512, {B, T}, torch::kLong), tgt = torch::randint(0, 512, {B, T}, torch::kLong);
+      const double base = static_cast<double>(pool.stats().live_bytes);
+      restart_pooled_peak();
+      torch::Tensor loss = model->loss(in, tgt);
+      const double kept = static_cast<double>(pool.stats().live_bytes) - base;
+      loss.backward();
+      loss = torch::Tensor();
+      const double most = static_cast<double>(pool.stats().peak_live_bytes) - base;
+      const ActivationParts planned = activation_parts(plan.model, B, T, plan.precision.compute_dtype, false, plan.threads);
+      // Kept after forward: what autograd holds, and the head's chunk of logits (here all 512 rows of the 512-word
+      // vocabulary in the compute dtype) that the model keeps for later steps.
+      const double chunk = 512.0 * 512 * dtype_bytes(plan.precision.compute_dtype);
+      ASSERT_GE(head_chunk_rows(512), B * T);
+      // (GPT-2's count holds one C-wide tensor per block more than it keeps: an over-count of 6% left as it is.)
+      EXPECT_GT(kept / (planned.kept + chunk), family[0] == "model.preset=gpt2-tiny" ? 0.93 : 0.97) << kept << " bytes kept";
+      EXPECT_LT(kept / (planned.kept + chunk), 1.02) << kept << " bytes kept";
+      // The most live at any moment, transients included: never above the plan's count; below it where the
+      // plan counts the larger of two attention paths the CPU chooses between, or the materialised
+      // attention's scores whole beside every kept activation.
+      EXPECT_LT(most, 1.01 * planned.total());
+      EXPECT_GT(most, 0.75 * planned.total());
+      std::printf("%-52s %s kept %.2f MiB = %.3fx the plan's, most %.2f MiB = %.3fx\n",
+                  (family[0] + (family.size() > 1 ? " " + family[1] : "")).c_str(), bf16 ? "bf16" : "fp32", kept / 1048576,
+                  kept / (planned.kept + chunk), most / 1048576, most / planned.total());
+    }
+  }
 }

@@ -552,13 +552,15 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
     elements = 3 * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
   // Qwen3's per-head norms keep their inputs, q and k before the norm, and two fp32 statistics per head.
   const double head_norms = hp.traits().qk_norm ? (NH + NKV) * D * b + (NH + NKV) * 2 * 4 : 0;
-  // Gemma 2: its two more norms keep their inputs (the attention's and the MLP's outputs, C each); GeGLU,
-  // not fused, keeps gelu(gate) besides gate and up (I); capped scores keep their tanh (NH T).
-  if (hp.traits().sandwich_norms) elements += 2 * C;
-  if (hp.traits().activation == Activation::geglu_tanh) elements += I;
   // Gemma's (1 + w) norms outside fp32 run as LibTorch ops in fp32: each keeps its input widened and its
   // normalised value (8 C bytes) where the kernel keeps the input alone.
-  const double wide_norms = hp.traits().norm_plus_one && b != 4 ? (hp.traits().sandwich_norms ? 4 : 2) * 8 * C : 0;
+  const bool widened = hp.traits().norm_plus_one && b != 4;
+  const double wide_norms = widened ? (hp.traits().sandwich_norms ? 4 : 2) * 8 * C : 0;
+  // Gemma 2: its two more norms keep their inputs (the attention's and the MLP's outputs, C each; widened,
+  // their fp32 copies, counted above); GeGLU, not fused, keeps gelu(gate) besides gate and up (I); capped
+  // scores keep their tanh (NH T).
+  if (hp.traits().sandwich_norms && !widened) elements += 2 * C;
+  if (hp.traits().activation == Activation::geglu_tanh) elements += I;
   const double probabilities = NH * static_cast<double>(T) * (hp.attn_softcap > 0 ? 2 : 1);
   if (materialised) return (elements + probabilities) * b + 2 * 2 * 4 + head_norms + wide_norms;
   return elements * b + NH * 4 + 2 * 2 * 4 + head_norms + wide_norms;

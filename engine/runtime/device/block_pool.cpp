@@ -151,6 +151,11 @@ bool BlockPool::owns(const void* p) const {
   return std::any_of(regions_.begin(), regions_.end(), [&](const Region& r) { return r.contains(a); });
 }
 
+void BlockPool::restart_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_live_ = live_;
+}
+
 BlockPool::Stats BlockPool::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s;

@@ -49,6 +49,8 @@ class BlockPool {
     std::size_t free_spans = 0;
   };
   Stats stats() const;
+  // peak_live_bytes counts again from what is live now: the most of one phase (a forward, a backward).
+  void restart_peak();
 
  private:
   struct Region {
@@ -80,5 +82,7 @@ class BlockPool {
 // destroyed: tensors may outlive any scope); smaller ones stay with malloc. Idempotent; the first call's
 // threshold holds. Returns the pool, for its stats. (In block_pool_torch.cpp, the LibTorch part.)
 const BlockPool& route_large_tensors_to_pool(std::size_t min_bytes = std::size_t{64} << 10);
+// The routed pool's restart_peak (route_large_tensors_to_pool first).
+void restart_pooled_peak();
 
 }  // namespace ds

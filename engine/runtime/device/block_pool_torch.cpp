@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "common/error.hpp"
 #include "engine/runtime/device/block_pool.hpp"
 
 namespace ds {
@@ -46,6 +47,11 @@ const BlockPool& route_large_tensors_to_pool(std::size_t min_bytes) {
     c10::SetCPUAllocator(new PooledCpuAllocator(min_bytes), 1);
   });
   return *g_pool;
+}
+
+void restart_pooled_peak() {
+  DS_CHECK(g_pool != nullptr, "restart_pooled_peak: no pool routed (route_large_tensors_to_pool first)");
+  g_pool->restart_peak();
 }
 
 }  // namespace ds

@@ -290,9 +290,13 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const t
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type()) {
     const torch::Tensor xf = x.to(torch::kFloat32);
-    return w * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+    return w * (xf * inverse_rms(xf, eps)).to(x.scalar_type());
   }
   return Norm::apply(x, w, w, eps, true);
+}
+
+torch::Tensor inverse_rms(const torch::Tensor& xf, double eps) {
+  return torch::rsqrt(xf.pow(2).sum(-1, true) / static_cast<double>(xf.size(-1)) + eps);
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {

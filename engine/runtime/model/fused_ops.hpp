@@ -13,6 +13,9 @@ namespace ds {
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps);
 // w * x / sqrt(mean(x^2) + eps) over the last dimension (Llama's RMSNorm), the statistic in fp32.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// 1 / sqrt(mean(xf^2) + eps) over the last dimension, in LibTorch ops for autograd. The mean is a sum over the
+// width: LibTorch's mean keeps its input (xf^2) for backward, a sum does not, and so this keeps only xf.
+torch::Tensor inverse_rms(const torch::Tensor& xf, double eps);
 // GPT-2's gelu_new: x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
 // The batch's token ids (from the host) as int64 on `device`: to a GPU through pinned memory, queued without

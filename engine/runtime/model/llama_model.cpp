@@ -67,7 +67,7 @@ torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& 
   // Gemma's: x / rms(x) * (1 + w), all in fp32 and rounded once, as Hugging Face's Gemma2RMSNorm.
   if (x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32) return ds::rms_norm(x, w + 1.0, hp_.norm_eps);
   const torch::Tensor xf = x.to(torch::kFloat32);
-  return (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + hp_.norm_eps) * (w.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
+  return (xf * inverse_rms(xf, hp_.norm_eps) * (w.to(torch::kFloat32) + 1.0)).to(x.scalar_type());
 }
 
 // The MLP's gated activation: silu(gate) * up, or Gemma's gelu_tanh(gate) * up.
