@@ -94,6 +94,8 @@ TEST(Packing, APackedBatchGivesTheLossesAndGradientsOfItsSamplesRunOneByOne) {
     EXPECT_LT((packed_grads - flat.grads).abs().max().item<double>() / scale, 1e-5);
     // Packing acted: the same rows attended to whole give another loss.
     torch::NoGradGuard ng;
-    if (layout == 0) EXPECT_GT(std::fabs(model->loss(in, tgt).item<double>() - packed_loss.item<double>()), 1e-4);
+    if (layout == 0) {
+      EXPECT_GT(std::fabs(model->loss(in, tgt).item<double>() - packed_loss.item<double>()), 1e-4);
+    }
   }
 }

@@ -133,7 +133,9 @@ TEST(Packing, TheSamplerPutsEachSampleInItsRowWithItsOwnTargetsAndEveryOneOnceAn
   // Validation rows hold the last six samples only.
   sampler.val_batch(0, in, tgt, &segments);
   for (int64_t p = 0; p < 2 * T; ++p)
-    if (tgt[static_cast<size_t>(p)] >= 0) EXPECT_GE(tgt[static_cast<size_t>(p)] / 100, 24);
+    if (tgt[static_cast<size_t>(p)] >= 0) {
+      EXPECT_GE(tgt[static_cast<size_t>(p)] / 100, 24);
+    }
 }
 
 namespace {

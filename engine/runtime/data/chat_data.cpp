@@ -21,7 +21,8 @@ constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is t
 
 const char* const kChoices =
     "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5), "
-    "gemma (Gemma, Gemma 2), gemma3 (Gemma 3), llama2 (Llama 2 chat), mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral 8x7B Instruct v0.1)";
+    "gemma (Gemma, Gemma 2), gemma3 (Gemma 3), llama2 (Llama 2 chat), mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral 8x7B Instruct v0.1), "
+    "qwen3 (Qwen3, with its <think> blocks)";
 
 // Jinja's trim: Python's str.strip(), whose str.isspace() is White_Space and U+001C..U+001F.
 bool python_space(uint32_t c) { return is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
@@ -78,6 +79,7 @@ std::string ChatFormat::describe() const {
     case ChatFormatKind::gemma3: return "gemma3";
     case ChatFormatKind::llama2: return "llama2";
     case ChatFormatKind::mistral: return "mistral";
+    case ChatFormatKind::qwen3: return "qwen3";
   }
   return "";
 }
@@ -98,7 +100,15 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     const bool phi3 = t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos &&
                       t.find("<|end|>") != std::string::npos && t.find("bos_token") == std::string::npos &&
                       t.find("trim") == std::string::npos && t.find("'<|user|>' + '\\n'") == std::string::npos;
+    // Qwen3's: the reasoning of the turns after the last user turn shown in <think> blocks (tools aside, the
+    // template's whole logic is in these lines; another handling of <think> is refused below).
+    const bool qwen3 = t.find("<|im_start|>") != std::string::npos && t.find("last_query_index") != std::string::npos &&
+                       t.find("'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n')") !=
+                           std::string::npos &&
+                       t.find("loop.last or (not loop.last and reasoning_content)") != std::string::npos &&
+                       t.find("bos_token") == std::string::npos;
     if (chatml) kind = "chatml";
+    else if (qwen3) kind = "qwen3";
     else if (phi3) kind = "phi3";
     else if (t.find("<|start_header_id|>") != std::string::npos)
       kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
@@ -123,7 +133,10 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
                           "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
                       std::string("ds renders these formats exactly and approximates none: ") + kChoices);
   }
-  if (kind == "chatml") {
+  if (kind == "qwen3") {
+    f.kind = ChatFormatKind::qwen3;
+    require_tokens(tok, {"<|im_start|>", "<|im_end|>"}, "qwen3");
+  } else if (kind == "chatml") {
     f.kind = ChatFormatKind::chatml;
     f.default_system = literal_between(t, "<|im_start|>system\\n", "<|im_end|>");
     size_t at;
@@ -157,6 +170,53 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
   return f;
 }
 
+namespace {
+
+// Python's str.lstrip('\n'), rstrip('\n') and strip('\n').
+std::string lstrip_newlines(const std::string& s) { return s.substr(std::min(s.find_first_not_of('\n'), s.size())); }
+std::string rstrip_newlines(const std::string& s) {
+  const size_t last = s.find_last_not_of('\n');
+  return last == std::string::npos ? std::string() : s.substr(0, last + 1);
+}
+std::string strip_newlines(const std::string& s) { return lstrip_newlines(rstrip_newlines(s)); }
+
+// Qwen3's template. Its last query is the last user turn (one whose content is a <tool_response> aside);
+// the whole conversation when there is none.
+template <class Turn>
+void render_qwen3(const std::vector<ChatMessage>& messages, size_t trained_from, Turn& turn) {
+  size_t last_query = messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    const bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 && c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+    if (messages[i].role == "user" && !tool_response) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "assistant") {
+      turn("<|im_start|>" + m.role + "\n", m.content, "<|im_end|>", false, "\n");
+      continue;
+    }
+    std::string content = m.content, reasoning;
+    if (m.reasoning) {
+      reasoning = *m.reasoning;
+    } else if (const size_t close = content.find("</think>"); close != std::string::npos) {
+      // split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n'), and what follows the last </think>
+      std::string before = rstrip_newlines(content.substr(0, close));
+      if (const size_t open = before.rfind("<think>"); open != std::string::npos) before = before.substr(open + 7);
+      reasoning = lstrip_newlines(before);
+      content = lstrip_newlines(content.substr(content.rfind("</think>") + 8));
+    }
+    const bool shown = i > last_query && (i + 1 == messages.size() || !reasoning.empty());
+    const std::string body = shown ? "<think>\n" + strip_newlines(reasoning) + "\n</think>\n\n" + lstrip_newlines(content) : content;
+    turn("<|im_start|>assistant\n", body, "<|im_end|>", i >= trained_from, "\n");
+  }
+}
+
+}  // namespace
+
 RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from) {
   RenderedChat r;
   std::string& s = r.text;
@@ -174,6 +234,10 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
     for (size_t i = 0; i < messages.size(); ++i)
       turn("<|im_start|>" + messages[i].role + "\n", messages[i].content, "<|im_end|>",
            messages[i].role == "assistant" && i >= trained_from, "\n");
+    return r;
+  }
+  if (f.kind == ChatFormatKind::qwen3) {
+    render_qwen3(messages, trained_from, turn);
     return r;
   }
   if (f.kind == ChatFormatKind::gemma || f.kind == ChatFormatKind::gemma3) {
@@ -291,7 +355,13 @@ std::vector<ChatMessage> read_messages(const json& list, const std::string& wher
     const std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant")
       bad_line(where, at + " has the role \"" + role + "\" (ds reads system, user and assistant; tool turns are not read yet)");
-    out.push_back({role, m["content"].get<std::string>()});
+    ChatMessage message{role, m["content"].get<std::string>(), std::nullopt};
+    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
+      if (!m["reasoning_content"].is_string())
+        bad_line(where, at + "'s reasoning_content is " + m["reasoning_content"].type_name() + ", not a string");
+      message.reasoning = m["reasoning_content"].get<std::string>();
+    }
+    out.push_back(std::move(message));
   }
   if (out.empty()) bad_line(where, std::string("\"") + key + "\" is empty");
   return out;

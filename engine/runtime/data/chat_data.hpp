@@ -29,8 +29,11 @@ namespace ds {
 // alternating from the user's), gemma3 (Gemma 3: the same, a system turn's content and a blank line put
 // before the first user turn's), llama2 (Llama 2 chat: BOS [INST] user [/INST] answer EOS, a system turn
 // in <<SYS>> before the first user turn's content) and mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral
-// 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn).
-enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral };
+// 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn) and qwen3 (Qwen3: ChatML with
+// no default system turn, each assistant turn's reasoning taken from its reasoning_content or from the
+// <think>...</think> its content opens with; the turns after the last user turn show it in a <think> block,
+// the last one always, empty when it has none; the earlier ones drop it).
+enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral, qwen3 };
 
 struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
@@ -42,12 +45,14 @@ struct ChatFormat {
   std::string describe() const;
 };
 
-// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3", "llama2", "mistral"). "auto" recognises the tokenizer's
+// `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3", "llama2", "mistral",
+// "qwen3"). "auto" recognises the tokenizer's
 // template; a template ds cannot render is refused naming the choices, never approximated.
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
 
 struct ChatMessage {
   std::string role, content;
+  std::optional<std::string> reasoning = std::nullopt;  // the message's "reasoning_content": read by qwen3 (the other templates ignore it)
 };
 
 // One conversation as the template renders it, and the byte spans [begin, end) the loss counts: each

@@ -1,0 +1,301 @@
+// The chat formats rendered as the models' official templates render them: each family's rendering of a
+// conversation against the exact string its template produces (written here from the template's text), the
+// templates "auto" recognises, and those it refuses.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "chat_test_helpers.hpp"
+#include "common/error.hpp"
+#include "engine/runtime/data/chat_data.hpp"
+#include "engine/runtime/data/hf_tokenizer.hpp"
+
+using namespace ds;
+using namespace chat_test;
+
+namespace {
+
+// Llama 3.1's template, the parts a conversation without tools goes through.
+const char* const kLlama31Template =
+    "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n{%- endif %}\n"
+    "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n"
+    "{%- else %}\n    {%- set system_message = \"\" %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n"
+    "{%- for message in messages %}\n        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n"
+    "{%- endfor %}\n";
+
+// Llama 3.0's template, whole.
+const char* const kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+}  // namespace
+
+TEST(ChatTemplate, ChatmlIsQwensTemplateWithItsDefaultSystemTurn) {
+  const HfTokenizer tok(tokenizer_dir("chatml", kQwen25Template));
+  const ChatFormat f = resolve_chat_format("auto", tok);
+  ASSERT_EQ(f.kind, ChatFormatKind::chatml);
+  EXPECT_EQ(f.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  const RenderedChat r = render_chat(f, three_turns(false));
+  EXPECT_EQ(r.text,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n Paris. <|im_end|>\n");
+  EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|im_end|>", " Paris. <|im_end|>"}));
+  EXPECT_EQ(render_chat(f, three_turns(true)).text.rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi", 0), 0u);
+}
+
+TEST(ChatTemplate, Llama3AndLlama31AreTheirTemplatesExactly) {
+  const HfTokenizer l3(tokenizer_dir("llama3", kLlama3Template));
+  const ChatFormat f3 = resolve_chat_format("auto", l3);
+  ASSERT_EQ(f3.kind, ChatFormatKind::llama3);
+  const RenderedChat r3 = render_chat(f3, three_turns(true));
+  const std::string turns =
+      "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nCapital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nParis.<|eot_id|>";
+  EXPECT_EQ(r3.text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>" + turns);
+  EXPECT_EQ(trained_runs(l3, r3.text, r3.trained), (std::vector<std::string>{"Hello!<|eot_id|>", "Paris.<|eot_id|>"}));
+
+  const HfTokenizer l31(tokenizer_dir("llama31", kLlama31Template));
+  const ChatFormat f31 = resolve_chat_format("auto", l31);
+  ASSERT_EQ(f31.kind, ChatFormatKind::llama3_1);
+  EXPECT_EQ(f31.date, "26 Jul 2024");
+  const std::string header = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+  EXPECT_EQ(render_chat(f31, three_turns(false)).text, header + "<|eot_id|>" + turns);
+  EXPECT_EQ(render_chat(f31, three_turns(true)).text, header + "Be brief.<|eot_id|>" + turns);
+}
+
+// Phi-3-mini-4k-instruct's template, whole, and Phi-3.5's (which leaves out an empty system turn).
+const char* const kPhi3Template =
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}";
+
+TEST(ChatTemplate, Phi3IsItsTemplateEndingWithTheEosToken) {
+  const HfTokenizer tok(tokenizer_dir("phi3", kPhi3Template, example_tokenizer(), "<|endoftext|>"));
+  const ChatFormat f = resolve_chat_format("auto", tok);
+  ASSERT_EQ(f.kind, ChatFormatKind::phi3);
+  const RenderedChat r = render_chat(f, three_turns(true));
+  EXPECT_EQ(r.text,
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n<|user|>\nCapital of France?<|end|>\n"
+            "<|assistant|>\n Paris. <|end|>\n<|endoftext|>");
+  EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|end|>", " Paris. <|end|>"}));
+  std::vector<ChatMessage> empty_system = three_turns(false);
+  empty_system.insert(empty_system.begin(), {"system", ""});
+  EXPECT_EQ(render_chat(f, empty_system).text.rfind("<|system|>\n<|end|>\n<|user|>\nHi", 0), 0u);  // Phi-3 keeps it
+  std::string phi35 = kPhi3Template;
+  phi35.replace(phi35.find("== 'system' %}"), 14, "== 'system' and message['content'] %}");
+  const HfTokenizer tok35(tokenizer_dir("phi35", phi35, example_tokenizer(), "<|endoftext|>"));
+  EXPECT_EQ(render_chat(resolve_chat_format("auto", tok35), empty_system).text.rfind("<|user|>\nHi<|end|>\n", 0), 0u);  // 3.5 drops it
+}
+
+// Gemma's and Gemma 2's template (google/gemma-2-2b-it's tokenizer_config.json), whole, and Gemma 3's (as
+// transformers' Gemma 3 conversion script writes it), whole.
+const char* const kGemmaTemplate =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
+    "roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = "
+    "'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
+    "'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+const char* const kGemma3Template =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n            {%- endif -%}\n"
+    "        {%- endfor -%}\n    {%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n";
+
+TEST(ChatTemplate, GemmaAndGemma3AreTheirTemplatesExactlyAndRefuseWhatTheyRefuse) {
+  const HfTokenizer g(tokenizer_dir("gemma", kGemmaTemplate, example_tokenizer(), "<eos>", "<bos>"));
+  const ChatFormat f = resolve_chat_format("auto", g);
+  ASSERT_EQ(f.kind, ChatFormatKind::gemma);
+  const std::string turns =
+      "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+      "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\nParis.<end_of_turn>\n";
+  const RenderedChat r = render_chat(f, three_turns(false));
+  EXPECT_EQ(r.text, "<bos>" + turns);
+  EXPECT_EQ(trained_runs(g, r.text, r.trained), (std::vector<std::string>{"Hello!<end_of_turn>", "Paris.<end_of_turn>"}));
+  // What the template raises on: a system turn first, roles out of turn.
+  EXPECT_THROW(render_chat(f, three_turns(true)), ChatRefused);
+  EXPECT_THROW(render_chat(f, {{"user", "a"}, {"user", "b"}}), ChatRefused);
+  EXPECT_THROW(render_chat(f, {{"assistant", "a"}}), ChatRefused);
+
+  const HfTokenizer g3(tokenizer_dir("gemma3", kGemma3Template, example_tokenizer(), "<eos>", "<bos>"));
+  const ChatFormat f3 = resolve_chat_format("auto", g3);
+  ASSERT_EQ(f3.kind, ChatFormatKind::gemma3);
+  EXPECT_EQ(render_chat(f3, three_turns(false)).text, "<bos>" + turns);
+  std::vector<ChatMessage> with_system = three_turns(false);
+  with_system.insert(with_system.begin(), {"system", " Be brief. "});  // not trimmed: the prefix is the content as given
+  const RenderedChat r3 = render_chat(f3, with_system);
+  EXPECT_EQ(r3.text, "<bos><start_of_turn>user\n Be brief. \n\nHi<end_of_turn>\n" + turns.substr(turns.find("<start_of_turn>model")));
+  EXPECT_EQ(trained_runs(g3, r3.text, r3.trained), (std::vector<std::string>{"Hello!<end_of_turn>", "Paris.<end_of_turn>"}));
+  EXPECT_THROW(render_chat(f3, {{"system", "s"}, {"assistant", "a"}}), ChatRefused);
+
+  // In a file: the line the template refuses is named.
+  const std::string d = scratch("gemma_file");
+  write(d + "/chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}\n"
+                           "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Hi\"}]}\n");
+  try {
+    JsonlSamples(g, SampleOptions{}).add_file(d + "/chat.jsonl");
+    ADD_FAILURE() << "a system turn was rendered for Gemma";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(d + "/chat.jsonl:2: Gemma's chat template raises \"System role not supported\"", 0), 0u) << e.what();
+  }
+  JsonlSamples folds(g3, SampleOptions{});  // Gemma 3 folds the system turn into the user's
+  EXPECT_NO_THROW(folds.add_file(d + "/chat.jsonl"));
+  EXPECT_EQ(folds.take().size(), 2);
+  fs::remove_all(d);
+}
+
+// Llama-2-13b-chat-hf's template and Mixtral-8x7B-Instruct-v0.1's (Mistral 7B Instruct v0.1's), whole.
+const char* const kLlama2Template =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}"
+    "{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = "
+    "'<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] "
+    "== 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+const char* const kMistralTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception("
+    "'Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
+
+TEST(ChatTemplate, Llama2AndMistralAreTheirTemplatesExactly) {
+  const HfTokenizer l2(tokenizer_dir("llama2", kLlama2Template, example_tokenizer(), "</s>", "<s>"));
+  const ChatFormat f2 = resolve_chat_format("auto", l2);
+  ASSERT_EQ(f2.kind, ChatFormatKind::llama2);
+  const RenderedChat r2 = render_chat(f2, three_turns(true));
+  EXPECT_EQ(r2.text, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_EQ(trained_runs(l2, r2.text, r2.trained), (std::vector<std::string>{" Hello! </s>", " Paris. </s>"}));
+  EXPECT_EQ(render_chat(f2, three_turns(false)).text, "<s>[INST] Hi [/INST] Hello! </s><s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_THROW(render_chat(f2, {{"user", "a"}, {"user", "b"}}), ChatRefused);
+
+  const HfTokenizer m(tokenizer_dir("mistral", kMistralTemplate, example_tokenizer(), "</s>", "<s>"));
+  const ChatFormat fm = resolve_chat_format("auto", m);
+  ASSERT_EQ(fm.kind, ChatFormatKind::mistral);
+  const RenderedChat rm = render_chat(fm, three_turns(false));
+  EXPECT_EQ(rm.text, "<s>[INST] Hi [/INST]Hello!</s>[INST] Capital of France? [/INST] Paris. </s>");
+  EXPECT_EQ(trained_runs(m, rm.text, rm.trained), (std::vector<std::string>{"Hello!</s>", " Paris. </s>"}));
+  EXPECT_THROW(render_chat(fm, three_turns(true)), ChatRefused);  // the template has no system turn
+  // Llama 2 templates that carry a default system prompt render otherwise: not recognised.
+  std::string with_default = kLlama2Template;
+  with_default.replace(with_default.find("{% set system_message = false %}"), 32,
+                       "{% set system_message = 'You are a helpful assistant. If you don\\'t know, please don\\'t share false information.' %}");
+  EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("llama2_default", with_default, example_tokenizer(), "</s>", "<s>"))),
+               UserError);
+}
+
+TEST(ChatTemplate, AutoRefusesWhatItCannotRenderAndNamesTheChoices) {
+  for (const std::string& tmpl : {std::string("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"),
+                                  std::string("{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                                              "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"),  // Hermes 3: ChatML after a BOS
+                                  std::string(kQwen25Template) + "{%- if '<think>' in content %}{% endif %}", std::string()}) {
+    const HfTokenizer tok(tokenizer_dir("unknown", tmpl));
+    try {
+      resolve_chat_format("auto", tok);
+      ADD_FAILURE() << "rendered " << tmpl;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("chat template"), std::string::npos) << e.what();
+      EXPECT_NE(e.hint().find("chatml"), std::string::npos) << e.hint();
+      EXPECT_NE(e.hint().find("llama3.1"), std::string::npos) << e.hint();
+    }
+    EXPECT_EQ(resolve_chat_format("chatml", tok).kind, ChatFormatKind::chatml);  // named: rendered as asked
+  }
+  const std::string plain = scratch("plain");  // the example's tokenizer alone: no Llama 3 tokens
+  write(plain + "/tokenizer.json", example_tokenizer().dump());
+  try {
+    resolve_chat_format("llama3", HfTokenizer(plain));
+    ADD_FAILURE() << "llama3 without its tokens";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs the token <|begin_of_text|>"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+// Qwen3's template (Qwen/Qwen3-8B's tokenizer_config.json), whole but for the tools branch of its system turn.
+const char* const kQwen3Template =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n{%- else %}\n    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+    "{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+    "    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and not(message.content.startswith('<tool_response>') "
+    "and message.content.endswith('</tool_response>')) %}\n        {%- set ns.multi_step_tool = false %}\n"
+    "        {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n"
+    "    {%- if message.content is string %}\n        {%- set content = message.content %}\n    {%- else %}\n"
+    "        {%- set content = '' %}\n    {%- endif %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is string %}\n            {%- set reasoning_content = message.reasoning_content %}\n"
+    "        {%- else %}\n            {%- if '</think>' in content %}\n"
+    "                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
+    "                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n            {%- endif %}\n        {%- endif %}\n"
+    "        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
+    "content.lstrip('\\n') }}\n            {%- else %}\n                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "            {%- endif %}\n        {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "        {%- endif %}\n        {{- '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}";
+
+}  // namespace
+
+TEST(ChatTemplate, Qwen3ShowsTheReasoningOfTheTurnsAfterTheLastQueryAndDropsTheEarlierOnes) {
+  const HfTokenizer tok(tokenizer_dir("qwen3", kQwen3Template));
+  const ChatFormat f = resolve_chat_format("auto", tok);
+  ASSERT_EQ(f.kind, ChatFormatKind::qwen3);
+  // No default system turn; the last answer gets an empty <think> block; the first answer's reasoning (in its
+  // content) is dropped, being before the last user turn.
+  std::vector<ChatMessage> m = three_turns(false);
+  m[1].content = "<think>\nGreet back.\n</think>\n\nHello!";
+  RenderedChat r = render_chat(f, m);
+  EXPECT_EQ(r.text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n Paris. <|im_end|>\n");
+  EXPECT_EQ(trained_runs(tok, r.text, r.trained), (std::vector<std::string>{"Hello!<|im_end|>", "<think>\n\n</think>\n\n Paris. <|im_end|>"}));
+  // A system turn as given; the last answer's reasoning from reasoning_content, stripped of newlines (its content
+  // then taken whole); an answer after the last user turn that is not the last keeps its block only with reasoning.
+  m = three_turns(true);
+  m[4].reasoning = "\n\nThe capital.\n";
+  m.push_back({"assistant", "\nAnything else?"});
+  m.push_back({"assistant", "<think>a</think>b</think>\n\nDone."});
+  EXPECT_EQ(render_chat(f, m).text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n<think>\nThe capital.\n</think>\n\n Paris. <|im_end|>\n"
+            "<|im_start|>assistant\n\nAnything else?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\na\n</think>\n\nDone.<|im_end|>\n");
+  // A conversation with no user turn: the last turn is the last query, so no answer shows a block.
+  EXPECT_EQ(render_chat(f, {{"system", "S"}, {"assistant", "<think>x</think>y"}}).text,
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\ny<|im_end|>\n");
+  // Read from a jsonl line: the message's reasoning_content, trained with its answer.
+  JsonlSamples reader(tok, SampleOptions{});
+  reader.add_line(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "reasoning_content": "Greet."}]})",
+                  "data.jsonl:1");
+  const SampleSet s = reader.take();
+  std::vector<int32_t> trained;
+  for (size_t k = 0; k < s.tokens.size(); ++k)
+    if (s.trained[k]) trained.push_back(s.tokens[k]);
+  EXPECT_EQ(tok.decode(trained), "<think>\nGreet.\n</think>\n\nYo<|im_end|>");
+  // Qwen2.5's template is still chatml, and another handling of <think> is refused.
+  EXPECT_EQ(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("qwen25", kQwen25Template))).kind, ChatFormatKind::chatml);
+  std::string other = kQwen3Template;
+  other.replace(other.find("loop.last or (not loop.last and reasoning_content)"), 50, "true");
+  EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("qwen3_other", other))), UserError);
+}
