@@ -62,6 +62,7 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
       for (const BlockSpan& b : r.block_spans[i])
         step["block_spans"].push_back({{"layer", b.layer}, {"backward", b.backward}, {"start_s", b.start_s}, {"seconds", b.seconds}});
     if (i < r.phase_rss_bytes.size()) step["phase_rss_bytes"] = r.phase_rss_bytes[i];
+    if (i < r.model_flops.size()) step["model_flops"] = r.model_flops[i];
     step["collective_spans"] = json::array();
     if (i < r.collective_spans.size())
       for (const CollectiveSpan& c : r.collective_spans[i])
@@ -116,13 +117,20 @@ void add_summary(const Measured& ms, json& r) {
   const Plan& plan = ms.plan;
   const json& steps = ms.steps;
   const double W = plan.topology.world_size;
-  const double model_flops_per_rank = (ms.fwd + ms.bwd) * ms.micro_batches;  // per step
-  const double executed_per_rank = (ms.fwd + ms.bwd + ms.recompute) * ms.micro_batches;
+  // Per step and rank, every row's; a step whose masked rows skipped the head did less (its model_flops, over
+  // all ranks, against the plan's full figure), and its own is what its MFU counts.
+  const double full_per_rank = (ms.fwd + ms.bwd) * ms.micro_batches;
+  const auto flops_of = [&](const json& s) {
+    const bool own = s.contains("model_flops") && plan.train_flops_per_step > 0;
+    return own ? full_per_rank * s["model_flops"].get<double>() / plan.train_flops_per_step : full_per_rank;
+  };
+  const double model_flops_per_rank = ms.mean(flops_of);
+  const double executed_per_rank = model_flops_per_rank + ms.recompute * ms.micro_batches;
   std::vector<double> rates, mfus;
   json per_step = json::array();
   for (int i = ms.warmup; i < ms.end; ++i) {
     const double rate = steps[i]["gemm_flops_per_s"].get<double>(), s_i = steps[i]["step_s"].get<double>();
-    const double mfu = rate > 0 ? model_flops_per_rank / s_i / rate : 0.0;
+    const double mfu = rate > 0 ? flops_of(steps[i]) / s_i / rate : 0.0;
     rates.push_back(rate);
     mfus.push_back(mfu);
     per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}});

@@ -296,7 +296,9 @@ TEST(CliSft, PackedRowsResumeExactlyAndTwoRanksTrainWhatOneRankTrains) {
   ASSERT_EQ(b.size(), 8u);
   ASSERT_EQ(c.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
-    if (i >= 4) EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    if (i >= 4) {
+      EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    }
     EXPECT_NEAR(a[i]["loss"].get<double>(), c[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
     if (a[i].contains("val_loss")) {
       EXPECT_NEAR(a[i]["val_loss"].get<double>(), c[i]["val_loss"].get<double>(), 1e-5) << "step " << i + 1;
@@ -333,7 +335,9 @@ TEST(CliSft, AValidationFileIsTheSplitTheFractionWouldHoldOut) {
   for (size_t i = 0; i < 6; ++i) {
     EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
     EXPECT_EQ(a[i].contains("val_loss"), i == 2 || i == 5);
-    if (a[i].contains("val_loss")) EXPECT_EQ(a[i]["val_loss"], b[i]["val_loss"]) << "step " << i + 1;
+    if (a[i].contains("val_loss")) {
+      EXPECT_EQ(a[i]["val_loss"], b[i]["val_loss"]) << "step " << i + 1;
+    }
   }
   r = ds("plan examples/sft.json data.val_path=" + dir + "/val.jsonl");  // the example's own val_fraction 0.05 too
   EXPECT_EQ(r.code, 2);
@@ -388,4 +392,38 @@ TEST(CliSft, EachStepSaysTheTokensItTrained) {
   r = ds("train examples/quickstart.json train.steps=1 train.output_dir=" + dir + "/plain");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(metrics_of(dir + "/plain")[0].contains("trained_tokens"));
+}
+
+// The TFLOP/s figures count the head only for the rows that reach it: a row whose target is masked (a prompt's
+// token, padding) never does. Each step's model FLOPs per token (metrics.jsonl's tflops over its tokens_per_s)
+// is the plan's full figure less the head's 6 V C (4 V C when LoRA freezes the tied head) for each row the step
+// did not count.
+TEST(CliSft, EachStepsFlopsCountTheHeadOnlyForTheRowsThatReachIt) {
+  for (const bool lora : {false, true}) {
+    SCOPED_TRACE(lora ? "LoRA" : "full");
+    const std::string dir = fresh(lora ? "sft_flops_lora" : "sft_flops");
+    Result r = ds("train examples/sft.json train.steps=4 train.eval_every=0 train.output_dir=" + dir +
+                  (lora ? " 'model.lora={\"r\": 4, \"alpha\": 8}'" : ""));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json plan = nlohmann::json::parse(slurp(dir + "/plan.json"));
+    const double tokens = plan["tokens_per_step"].get<double>(), full = plan["train_flops_per_step"].get<double>();
+    const double head = (lora ? 4 : 6) * plan["model"]["vocab_size"].get<double>() * plan["model"]["hidden_size"].get<double>();
+    for (const nlohmann::json& m : metrics_of(dir)) {
+      const double counted = m["trained_tokens"].get<double>();
+      ASSERT_LT(counted, 0.9 * tokens) << "the prompts and padding are most of a row here";
+      const double per_token = m["tflops"].get<double>() * 1e12 / m["tokens_per_s"].get<double>();
+      EXPECT_NEAR(per_token, (full - (tokens - counted) * head) / tokens, 1e-4 * full / tokens) << m.dump();
+    }
+  }
+  // ds profile counts the steps it measured alike: fewer FLOPs than the plan's every row, and each step's MFU
+  // is its own FLOPs over its time and the matmul rate after it.
+  Result r = ds("profile examples/sft.json --steps 3 --warmup 1 --json train.output_dir=" + fresh("sft_flops_profile"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json report = nlohmann::json::parse(r.out);
+  const nlohmann::json& summary = report["summary"];
+  EXPECT_LT(summary["model_flops_per_step"].get<double>(), 0.99 * summary["plan_flops_per_step"].get<double>()) << summary.dump();
+  double flops = 0;
+  for (const nlohmann::json& step : report["steps"])
+    flops += step["mfu"].get<double>() * step["step_s"].get<double>() * step["gemm_flops_per_s"].get<double>() / report["steps"].size();
+  EXPECT_NEAR(flops, summary["model_flops_per_step"].get<double>(), 1e-6 * flops);
 }

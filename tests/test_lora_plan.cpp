@@ -221,13 +221,17 @@ TEST(LoraPlan, AtStageThreeOnSeveralRanksTheBasesBlocksArePartitionedAndGathered
     EXPECT_EQ(staging->elements, largest_packed);
     EXPECT_EQ(staging->copies, 2);
     for (const Collective& x : nccl.execution.collectives)
-      if (x.kind == CollectiveKind::frozen_parameters) EXPECT_EQ(x.elements_per_step, 2 * 2 * padded);
+      if (x.kind == CollectiveKind::frozen_parameters) {
+        EXPECT_EQ(x.elements_per_step, 2 * 2 * padded);
+      }
   }
   // model.freeze of the second block alone: one block's frozen tensors gathered, twice per micro step.
   const Plan second = test::plan_of(kTiny, 2, 0, {R"(model.freeze=["model.layers.1.*"])", "zero_optimization.stage=3",
                                                   "zero_optimization.stage3_param_persistence_threshold=100"});
   for (const Collective& x : second.execution.collectives)
-    if (x.kind == CollectiveKind::frozen_parameters) EXPECT_EQ(x.calls_per_step, 2);
+    if (x.kind == CollectiveKind::frozen_parameters) {
+      EXPECT_EQ(x.calls_per_step, 2);
+    }
   // One rank, or stage 2: the base is whole on every rank and nothing of it is gathered.
   for (const Plan& p : {test::plan_of(kTiny, 1, 0, o), test::plan_of(kTiny, 2, 0, {kAll, "zero_optimization.stage=2"})}) {
     EXPECT_EQ(p.execution.find(BufferRole::frozen_params)->elements, p.model.num_params);

@@ -129,6 +129,17 @@ double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>&
          model.attention_train_flops_per_token(T);
 }
 
+double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen) {
+  const double VC = static_cast<double>(model.hp.vocab_size) * static_cast<double>(model.hp.hidden_size);
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    const TensorSpec& t = model.tensors[i];
+    const bool head = model.hp.tie_word_embeddings ? is_embedding_table(t) && t.name.find("wpe") == std::string::npos
+                                                   : t.name == "lm_head.weight";
+    if (frozen[i] && head) return 4 * VC;
+  }
+  return 6 * VC;
+}
+
 double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes) {
   if (!lora.enabled || lora.adapters.tensors.empty()) return 0;
   double elements = 0;

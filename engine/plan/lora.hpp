@@ -53,6 +53,9 @@ ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& froz
 // passes the gradient to its input (4 per parameter, no weight gradient), a trained one 6, the adapter's 6,
 // the attention core is the full model's.
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
+// The output head's share of train_flops_per_token: 6 V C per token, 4 V C when its matrix (a tied head's
+// token table) is frozen.
+double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen);
 
 // Activations the adapters keep for backward per token of one block, `bytes` per element: x A^T (r) per
 // targeted module, and with dropout the dropped input (in) as well: its mask is recomputed, not kept.

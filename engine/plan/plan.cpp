@@ -248,6 +248,12 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
 
 double Plan::train_flops_per_token() const { return ds::train_flops_per_token(model, frozen, lora, seq_len); }
 
+double Plan::train_flops_of_step(int64_t counted_targets) const {
+  if (counted_targets < 0) return train_flops_per_step;
+  const double skipped_rows = static_cast<double>(tokens_per_step) - static_cast<double>(counted_targets);
+  return train_flops_per_step - skipped_rows * head_train_flops_per_token(model, frozen);
+}
+
 int64_t Plan::frozen_numel() const {
   int64_t n = 0;
   for (size_t i = 0; i < frozen.size(); ++i)

@@ -178,6 +178,10 @@ struct Plan {
   double device_bytes_per_rank() const { return memory.device.total(); }
   // Model FLOPs of one token at seq_len: the model's, or with LoRA the frozen base's and the adapter's.
   double train_flops_per_token() const;
+  // Model FLOPs of one step whose data counted `counted_targets` targets over all ranks: the rows whose targets
+  // are masked (a prompt's, padding) never reach the head (LanguageModel::head_loss), so each costs the head's
+  // share less. -1 (data without masks): train_flops_per_step.
+  double train_flops_of_step(int64_t counted_targets) const;
   double host_bytes_per_node() const;
 };
 

@@ -257,6 +257,7 @@ void RunReport::end_collectives(const Communicator* comm) {
 
 void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s) {
   const Plan& p = plan_;
+  const double step_flops = p.train_flops_of_step(o.counted_targets);
   double comm_bytes = 0, comm_s = 0;
   for (const auto& [kind, d] : step_comm_) {
     comm_bytes += d.bytes;
@@ -271,6 +272,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     result_.step_seconds.push_back(step_s);
     result_.phases.push_back(o.phases);
     result_.rss_bytes.push_back(peak);
+    result_.model_flops.push_back(step_flops);
   }
   result_.losses.push_back(o.loss);
   if (val) result_.val_losses.push_back(*val);
@@ -281,9 +283,11 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
   // The console line's rates are smoothed over recent steps; metrics.jsonl's are each step's own. The
   // average starts again at the second step: the first one's warm-up (allocations, library handles) would
   // weigh on it for dozens of steps (GPT-2 124M on an H200 showed 180k tokens/s at step 30 while running at 290k).
-  smoothed_step_s_ = step <= result_.first_step + 1 ? step_s : 0.9 * smoothed_step_s_ + 0.1 * step_s;
+  const bool restart = step <= result_.first_step + 1;
+  smoothed_step_s_ = restart ? step_s : 0.9 * smoothed_step_s_ + 0.1 * step_s;
+  smoothed_flops_ = restart ? step_flops : 0.9 * smoothed_flops_ + 0.1 * step_flops;
   const double tok_s = static_cast<double>(p.tokens_per_step) / smoothed_step_s_;
-  const double tflops = p.train_flops_per_step / smoothed_step_s_ / 1e12;
+  const double tflops = smoothed_flops_ / smoothed_step_s_ / 1e12;
   char val_text[32] = "";
   if (val) std::snprintf(val_text, sizeof val_text, " (val %.4f)", *val);
   char line[256];
@@ -333,7 +337,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                   static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(),
                   static_cast<double>(p.tokens_per_step) / step_s, step_s,
                   forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
-                  p.train_flops_per_step / step_s / 1e12,
+                  step_flops / step_s / 1e12,
                   o.skipped ? "true" : "false", scale_json, val_json);
     // Fine-tuning data: the step's trained tokens (its counted targets, every rank's), read from the data.
     const std::string trained = o.trained_tokens >= 0 ? ", \"trained_tokens\": " + std::to_string(o.trained_tokens) : "";

@@ -81,6 +81,7 @@ class RunReport {
   RunLog log_;
   std::chrono::steady_clock::time_point start_;
   double smoothed_step_s_ = 0;  // an exponential average over ~10 steps, for tok/s and TFLOP/s
+  double smoothed_flops_ = 0;   // the same average of the steps' model FLOPs (fewer where masked rows skip the head)
   bool ranks_ = false;  // several ranks: collectives are reported
   CommLedger comm_before_, step_comm_, comm_total_;  // before this step, this step's, summed over the run's steps
   // The code and file pages at the highest peak seen so far (read when the peak rises): the code that first
