@@ -338,6 +338,16 @@ TEST(JsonlSamples, EachShapeTrainsWhatItShould) {
   EXPECT_EQ(trained_text(tok, s, 3), "Yo<|im_end|>");  // the completion's turn; the prompt's is context
   EXPECT_EQ(tok.decode(std::vector<int32_t>(s.tokens.begin() + s.starts[1], s.tokens.begin() + s.starts[2])), "2 + 2 = 4<|im_end|>");
   EXPECT_NE(s.description.find("4 samples (1 text, 2 prompt/completion, 1 conversations)"), std::string::npos) << s.description;
+  EXPECT_EQ(s.description.find("nothing"), std::string::npos) << s.description;
+  // Lines that train nothing (a conversation without an answer; a completion that is empty but for its EOS,
+  // which still trains) are counted and the first one named.
+  std::vector<std::string> more = lines;
+  more.push_back(R"({"messages": [{"role": "user", "content": "Anyone?"}]})");
+  more.push_back(R"({"prompt": "Just this", "completion": ""})");
+  more.push_back(R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]})");
+  const SampleSet u = read_lines(tok, more);
+  EXPECT_NE(u.description.find("; 2 samples train nothing (no answer within it, the first at data.jsonl:5)"), std::string::npos)
+      << u.description;
   EXPECT_EQ(s.pad_id, tok.eos_id());
   SampleOptions all;
   all.train_on_prompt = true;

@@ -442,6 +442,13 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
     for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
     bad_line(where, "has none of the keys text, prompt + completion, messages (it has: " + (keys.empty() ? "nothing" : keys) + ")");
   }
+  // A sample none of whose targets is trained (a conversation with no assistant turn, one that renders to
+  // nothing; its first token is no one's target) costs its rows and teaches nothing: counted, named once.
+  const int64_t last = out_.size() - 1;
+  const auto first_target = out_.trained.begin() + out_.starts[last] + 1, end = out_.trained.begin() + out_.starts[last + 1];
+  if (first_target >= end || std::find(first_target, end, uint8_t{1}) == end) {
+    if (untrained_++ == 0) first_untrained_ = where;
+  }
 }
 
 namespace {
@@ -492,6 +499,10 @@ SampleSet JsonlSamples::take() {
   out_.description = o_.source + ": " + format_count(out_.size()) + " samples (" + kinds + "), " +
                      format_count(static_cast<int64_t>(out_.tokens.size())) + " tokens, " + format_count(trained) + " trained; " +
                      tok_.describe() + (format_ ? "; chat format " + format_->describe() : "");
+  if (untrained_ > 0)
+    out_.description += "; " + format_count(untrained_) + (untrained_ == 1 ? " sample trains" : " samples train") +
+                        " nothing (no answer within it, the first at " + first_untrained_ +
+                        "): it costs its place in a batch and teaches nothing; leave such lines out, or set data.train_on_prompt";
   if (tok_.texts_not_normalized() > 0)
     out_.description += "; " + format_count(tok_.texts_not_normalized()) +
                         " texts hold characters the tokenizer's NFC normalizer could compose: tokenized as written";

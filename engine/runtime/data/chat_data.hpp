@@ -111,6 +111,8 @@ class JsonlSamples {
   std::optional<ChatFormat> format_;
   SampleSet out_;
   int64_t shapes_[3] = {0, 0, 0};  // text, prompt/completion, conversations
+  int64_t untrained_ = 0;          // samples none of whose targets is trained
+  std::string first_untrained_;    // the first one's file:line
 };
 
 // The samples these jsonl files hold, counted without tokenizing them: their lines that are not blank (each is
