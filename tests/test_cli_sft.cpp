@@ -427,3 +427,34 @@ TEST(CliSft, EachStepsFlopsCountTheHeadOnlyForTheRowsThatReachIt) {
     flops += step["mfu"].get<double>() * step["step_s"].get<double>() * step["gemm_flops_per_s"].get<double>() / report["steps"].size();
   EXPECT_NEAR(flops, summary["model_flops_per_step"].get<double>(), 1e-6 * flops);
 }
+
+// Packed rows run their attention sample by sample: rows of four samples of n positions each (no padding) do a
+// quarter of a whole row's attention, and each step's FLOPs per token say so.
+TEST(CliSft, PackedRowsCountEachSamplesAttentionInTheStepsFlops) {
+  const std::string dir = fresh("sft_packed_flops");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/same.jsonl");
+    for (int i = 0; i < 48; ++i) f << "{\"text\": \"The same line, again and again.\"}\n";
+  }
+  const std::string base = "train examples/sft.json data.path=" + dir + "/same.jsonl data.val_fraction=0 train.eval_every=0 ";
+  Result r = ds(base + "train.steps=1 train.output_dir=" + dir + "/probe");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("48 samples \\(48 text\\), ([0-9,]+) tokens"))) << r.err;
+  std::string count = m[1];
+  count.erase(std::remove(count.begin(), count.end(), ','), count.end());
+  const int64_t n = std::stoll(count) / 48 - 1;  // each sample's positions
+  r = ds(base + "data.packing=true data.seq_len=" + std::to_string(4 * n) + " train_micro_batch_size_per_gpu=2 train.steps=3 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "48 samples packed into 12 rows")) << r.err;
+  const nlohmann::json plan = nlohmann::json::parse(slurp(dir + "/run/plan.json"));
+  const nlohmann::json& model = plan["model"];
+  const double T = 4.0 * static_cast<double>(n), full = plan["model"]["train_flops_per_token"].get<double>();
+  const double attention = 12 * model["num_layers"].get<double>() * T * model["num_heads"].get<double>() * model["head_dim"].get<double>();
+  for (const nlohmann::json& step : metrics_of(dir + "/run")) {
+    EXPECT_EQ(step["trained_tokens"].get<double>(), 2 * T);  // every target of a text trains: no head row skipped
+    const double per_token = step["tflops"].get<double>() * 1e12 / step["tokens_per_s"].get<double>();
+    EXPECT_NEAR(per_token, full - attention + attention / 4, 1e-4 * full) << step.dump();
+  }
+}

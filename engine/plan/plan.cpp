@@ -248,10 +248,17 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
 
 double Plan::train_flops_per_token() const { return ds::train_flops_per_token(model, frozen, lora, seq_len); }
 
-double Plan::train_flops_of_step(int64_t counted_targets) const {
-  if (counted_targets < 0) return train_flops_per_step;
-  const double skipped_rows = static_cast<double>(tokens_per_step) - static_cast<double>(counted_targets);
-  return train_flops_per_step - skipped_rows * head_train_flops_per_token(model, frozen);
+double Plan::train_flops_of_step(int64_t counted_targets, int64_t attention_squares) const {
+  double flops = train_flops_per_step;
+  if (counted_targets >= 0) {
+    const double skipped_rows = static_cast<double>(tokens_per_step) - static_cast<double>(counted_targets);
+    flops -= skipped_rows * head_train_flops_per_token(model, frozen);
+  }
+  if (attention_squares >= 0 && seq_len > 0) {  // attention_train_flops_per_token(T) is linear in T: per T^2, its / T
+    const double whole_rows = static_cast<double>(tokens_per_step) * static_cast<double>(seq_len);
+    flops -= (whole_rows - static_cast<double>(attention_squares)) * model.attention_train_flops_per_token(seq_len) / static_cast<double>(seq_len);
+  }
+  return flops;
 }
 
 int64_t Plan::frozen_numel() const {

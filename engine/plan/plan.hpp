@@ -180,8 +180,9 @@ struct Plan {
   double train_flops_per_token() const;
   // Model FLOPs of one step whose data counted `counted_targets` targets over all ranks: the rows whose targets
   // are masked (a prompt's, padding) never reach the head (LanguageModel::head_loss), so each costs the head's
-  // share less. -1 (data without masks): train_flops_per_step.
-  double train_flops_of_step(int64_t counted_targets) const;
+  // share less. Packed rows run their attention per sample: `attention_squares` is the step's sum of those
+  // calls' lengths squared (where every row would be seq_len^2). -1: as the plan counts them.
+  double train_flops_of_step(int64_t counted_targets, int64_t attention_squares = -1) const;
   double host_bytes_per_node() const;
 };
 

@@ -58,6 +58,19 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
   counted_.resize(static_cast<size_t>(train_units_));
   for (int64_t u = 0; u < train_units_; ++u)
     for (const int64_t i : packed() ? row_samples(u) : std::vector<int64_t>{u}) counted_[static_cast<size_t>(u)] += counted(i);
+  if (!packed()) return;
+  // A packed row's attention runs sample by sample, the padding with the last (LanguageModel::per_sample).
+  attention_squares_.resize(static_cast<size_t>(train_units_));
+  for (int64_t u = 0; u < train_units_; ++u) {
+    const std::vector<int64_t> row = row_samples(u);
+    int64_t before_last = 0, squares = 0;
+    for (size_t k = 0; k + 1 < row.size(); ++k) {
+      const int64_t n = sample_positions(samples.length(row[k]), o.seq_len);
+      before_last += n;
+      squares += n * n;
+    }
+    attention_squares_[static_cast<size_t>(u)] = squares + (o.seq_len - before_last) * (o.seq_len - before_last);
+  }
 }
 
 int64_t BatchSampler::units() const {
@@ -80,6 +93,14 @@ int64_t BatchSampler::counted_targets(int64_t step, int64_t micro) const {
   const int64_t first = first_sample(step, micro);
   int64_t n = 0;
   for (int64_t i = 0; i < b; ++i) n += counted_[static_cast<size_t>(sample_offset(first + i))];
+  return n;
+}
+
+int64_t BatchSampler::step_attention_squares(int64_t step) const {
+  const int64_t global_batch = o_.micro_batch * o_.grad_accum * o_.world_size;
+  if (!packed()) return global_batch * o_.seq_len * o_.seq_len;
+  int64_t n = 0;
+  for (int64_t g = step * global_batch; g < (step + 1) * global_batch; ++g) n += attention_squares_[static_cast<size_t>(sample_offset(g))];
   return n;
 }
 

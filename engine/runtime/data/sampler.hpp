@@ -73,6 +73,9 @@ class BatchSampler {
   // (read from the data itself, so no rank needs to ask the others).
   int64_t counted_targets(int64_t step, int64_t micro) const;
   int64_t step_counted_targets(int64_t step) const;
+  // The step's rows (every rank's): the sum over the attention's calls of their length squared, seq_len^2 a
+  // row, or in packed rows each sample's (the padding with the last sample, which runs it).
+  int64_t step_attention_squares(int64_t step) const;
 
  private:
   int64_t first_sample(int64_t step, int64_t micro) const;  // this rank's micro batch's first global sample
@@ -87,6 +90,7 @@ class BatchSampler {
   int64_t train_units_ = 0;  // over a SampleSet: training samples, or packed the rows they fill
   std::vector<int64_t> unit_starts_, unit_samples_;  // packed: row u holds unit_samples_[unit_starts_[u], unit_starts_[u + 1])
   std::vector<int32_t> counted_;  // over a SampleSet: each training unit's counted targets
+  std::vector<int64_t> attention_squares_;  // packed: each training row's attention calls' lengths squared, summed
 };
 
 }  // namespace ds

@@ -242,6 +242,7 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
   const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
   if (sampler_.masked()) out.trained_tokens = out.counted_targets = step_counted;
+  if (sampler_.packed()) out.attention_squares = sampler_.step_attention_squares(step);
   for (int64_t m = 0; m < GAS; ++m) {
     sampler_.train_batch(step, m, in_, tgt_, &segments_);
     model_.set_segments(&segments_);

@@ -37,6 +37,7 @@ struct StepOutcome {
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
   int64_t trained_tokens = -1;  // fine-tuning data: the targets the step's loss counted, on every rank; -1 otherwise
   int64_t counted_targets = -1;  // the same, kept when the step is skipped: the rows that ran through the head (FLOPs)
+  int64_t attention_squares = -1;  // packed rows: their attention calls' lengths squared, summed over the step (FLOPs)
 };
 
 class OptimizerStep {

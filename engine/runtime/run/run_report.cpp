@@ -257,7 +257,7 @@ void RunReport::end_collectives(const Communicator* comm) {
 
 void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s) {
   const Plan& p = plan_;
-  const double step_flops = p.train_flops_of_step(o.counted_targets);
+  const double step_flops = p.train_flops_of_step(o.counted_targets, o.attention_squares);
   double comm_bytes = 0, comm_s = 0;
   for (const auto& [kind, d] : step_comm_) {
     comm_bytes += d.bytes;
