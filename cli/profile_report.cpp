@@ -133,7 +133,7 @@ void add_summary(const Measured& ms, json& r) {
     const double mfu = rate > 0 ? flops_of(steps[i]) / s_i / rate : 0.0;
     rates.push_back(rate);
     mfus.push_back(mfu);
-    per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}});
+    per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}, {"model_flops", flops_of(steps[i]) * W}});
   }
   const double step_s = ms.step_s, fwd = ms.fwd;
   r["summary"] = {
@@ -493,7 +493,8 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
       double at = s["start_s"].get<double>() * 1e6;
       events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 1}, {"name", "step " + std::to_string(step)}, {"ts", at},
                         {"dur", s["step_s"].get<double>() * 1e6},
-                        {"args", {{"model_flops", plan.train_flops_per_step / plan.topology.world_size}, {"comm_bytes", s["comm_bytes"]}}}});
+                        {"args", {{"model_flops", s.value("model_flops", plan.train_flops_per_step) / plan.topology.world_size},
+                                  {"comm_bytes", s["comm_bytes"]}}}});
       const double step_at = at;
       if (s.contains("block_spans"))
         for (const json& b : s["block_spans"])

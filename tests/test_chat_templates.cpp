@@ -295,7 +295,18 @@ TEST(ChatTemplate, Qwen3ShowsTheReasoningOfTheTurnsAfterTheLastQueryAndDropsTheE
   EXPECT_EQ(tok.decode(trained), "<think>\nGreet.\n</think>\n\nYo<|im_end|>");
   // Qwen2.5's template is still chatml, and another handling of <think> is refused.
   EXPECT_EQ(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("qwen25", kQwen25Template))).kind, ChatFormatKind::chatml);
-  std::string other = kQwen3Template;
-  other.replace(other.find("loop.last or (not loop.last and reasoning_content)"), 50, "true");
-  EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("qwen3_other", other))), UserError);
+  // A tool response is no query: the answer before it, after the last user turn, shows its reasoning.
+  EXPECT_EQ(render_chat(f, {{"user", "Q"}, {"assistant", "<think>r1</think>A1"}, {"user", "<tool_response>x</tool_response>"},
+                            {"assistant", "A2"}})
+                .text,
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr1\n</think>\n\nA1<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+  // Edited templates that render otherwise are refused: blocks for every answer, or the reasoning kept whole.
+  for (const auto& [piece, edit] : {std::pair<std::string, std::string>{"if loop.index0 > ns.last_query_index %}", "if true %}"},
+                                    {"loop.last or (not loop.last and reasoning_content)", "true"},
+                                    {".split('<think>')[-1]", ""}}) {
+    std::string other = kQwen3Template;
+    other.replace(other.find(piece), piece.size(), edit);
+    EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("qwen3_other", other))), UserError) << edit;
+  }
 }

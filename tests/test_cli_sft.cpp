@@ -423,8 +423,12 @@ TEST(CliSft, EachStepsFlopsCountTheHeadOnlyForTheRowsThatReachIt) {
   const nlohmann::json& summary = report["summary"];
   EXPECT_LT(summary["model_flops_per_step"].get<double>(), 0.99 * summary["plan_flops_per_step"].get<double>()) << summary.dump();
   double flops = 0;
-  for (const nlohmann::json& step : report["steps"])
-    flops += step["mfu"].get<double>() * step["step_s"].get<double>() * step["gemm_flops_per_s"].get<double>() / report["steps"].size();
+  for (const nlohmann::json& step : report["steps"]) {
+    const double own = step["model_flops"].get<double>();
+    EXPECT_LT(own, 0.99 * summary["plan_flops_per_step"].get<double>()) << step.dump();
+    EXPECT_NEAR(step["mfu"].get<double>() * step["step_s"].get<double>() * step["gemm_flops_per_s"].get<double>(), own, 1e-6 * own) << step.dump();
+    flops += own / static_cast<double>(report["steps"].size());
+  }
   EXPECT_NEAR(flops, summary["model_flops_per_step"].get<double>(), 1e-6 * flops);
 }
 

@@ -341,13 +341,13 @@ TEST(Families, TheActivationsEachFamilyKeepsAreWhatThePlanCounts) {
       const double chunk = 512.0 * 512 * dtype_bytes(plan.precision.compute_dtype);
       ASSERT_GE(head_chunk_rows(512), B * T);
       // (GPT-2's count holds one C-wide tensor per block more than it keeps: an over-count of 6% left as it is.)
-      EXPECT_GT(kept / (planned.kept + chunk), family[0] == "model.preset=gpt2-tiny" ? 0.93 : 0.97) << kept << " bytes kept";
+      EXPECT_GT(kept / (planned.kept + chunk), family[0] == "model.preset=gpt2-tiny" ? 0.92 : 0.96) << kept << " bytes kept";
       EXPECT_LT(kept / (planned.kept + chunk), 1.02) << kept << " bytes kept";
       // The most live at any moment, transients included: never above the plan's count; below it where the
       // plan counts the larger of two attention paths the CPU chooses between, or the materialised
       // attention's scores whole beside every kept activation.
       EXPECT_LT(most, 1.01 * planned.total());
-      EXPECT_GT(most, 0.75 * planned.total());
+      EXPECT_GT(most, 0.6 * planned.total());
       std::printf("%-52s %s kept %.2f MiB = %.3fx the plan's, most %.2f MiB = %.3fx\n",
                   (family[0] + (family.size() > 1 ? " " + family[1] : "")).c_str(), bf16 ? "bf16" : "fp32", kept / 1048576,
                   kept / (planned.kept + chunk), most / 1048576, most / planned.total());

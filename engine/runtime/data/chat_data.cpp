@@ -102,11 +102,17 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
                       t.find("trim") == std::string::npos && t.find("'<|user|>' + '\\n'") == std::string::npos;
     // Qwen3's: the reasoning of the turns after the last user turn shown in <think> blocks (tools aside, the
     // template's whole logic is in these lines; another handling of <think> is refused below).
-    const bool qwen3 = t.find("<|im_start|>") != std::string::npos && t.find("last_query_index") != std::string::npos &&
-                       t.find("'\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n')") !=
-                           std::string::npos &&
-                       t.find("loop.last or (not loop.last and reasoning_content)") != std::string::npos &&
-                       t.find("bos_token") == std::string::npos;
+    const auto has = [&](const char* piece) { return t.find(piece) != std::string::npos; };
+    const bool qwen3_parse = has("split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n')") ||
+                             (has("(message.content.split('</think>')|first).rstrip('\\n')") &&
+                              has("(reasoning_content.split('<think>')|last).lstrip('\\n')"));
+    const bool qwen3 = has("<|im_start|>") && !has("bos_token") && qwen3_parse &&
+                       has("startswith('<tool_response>') and message.content.endswith('</tool_response>')") &&
+                       has("if loop.index0 > ns.last_query_index %}") &&
+                       has("if loop.last or (not loop.last and reasoning_content) %}") &&
+                       has("'<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
+                           "content.lstrip('\\n') }}") &&
+                       has("'<|im_start|>' + message.role + '\\n' + content }}");
     if (chatml) kind = "chatml";
     else if (qwen3) kind = "qwen3";
     else if (phi3) kind = "phi3";

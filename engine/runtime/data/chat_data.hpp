@@ -30,8 +30,9 @@ namespace ds {
 // before the first user turn's), llama2 (Llama 2 chat: BOS [INST] user [/INST] answer EOS, a system turn
 // in <<SYS>> before the first user turn's content) and mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral
 // 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn) and qwen3 (Qwen3: ChatML with
-// no default system turn, each assistant turn's reasoning taken from its reasoning_content or from the
-// <think>...</think> its content opens with; the turns after the last user turn show it in a <think> block,
+// no default system turn, each assistant turn's reasoning taken from its reasoning_content, or else from its
+// content where that holds a </think> (what precedes the first one, after the last <think> there; the answer is
+// what follows the last </think>); the turns after the last user turn show it in a <think> block,
 // the last one always, empty when it has none; the earlier ones drop it).
 enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral, qwen3 };
 
