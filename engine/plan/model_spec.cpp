@@ -535,8 +535,9 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   //         mlp.c_proj in I                                -> 8C + 2I elements
   //  llama: norm in C, q/k/v proj in C, q after RoPE NH*D, k after RoPE and v NKV*D each, o_proj in
   //         NH*D, norm in C, gate/up in C, gate I, up I (the fused SwiGLU keeps no silu(gate)), down in I
-  //                                                        -> 3C + 2 NH*D + 2 NKV*D + 3I elements
-  //         (the rotary families alike; biases keep nothing more)
+  //                                                        -> 4C + 2 NH*D + 2 NKV*D + 3I elements
+  //         (the rotary families alike; biases keep nothing more; measured per family by
+  //         Families.TheActivationsEachFamilyKeepsAreWhatThePlanCounts, at 2 and 8 blocks)
   // With attention dropout the probabilities are materialised instead: NH*T elements, and for llama
   // k and v repeated to NH heads (2 NH*D for 2 NKV*D).
   // Plus two fp32 statistics per norm (mean/rstd).
@@ -545,17 +546,17 @@ double ModelSpec::block_activation_bytes_per_token(int64_t T, int b) const {
   const double NH = static_cast<double>(hp.num_heads), D = static_cast<double>(hp.head_dim());
   const double NKV = static_cast<double>(hp.num_kv_heads);  // = NH for gpt2
   const bool materialised = hp.attention_materialised(T);
+  // Gemma's (1 + w) norms outside fp32 run as LibTorch ops in fp32: each keeps its input widened and its
+  // normalised value (8 C bytes) where the kernel keeps the input alone.
+  const bool widened = norms_widened(b);
+  const double wide_norms = widened ? (hp.traits().sandwich_norms ? 4 : 2) * 8 * C : 0;
   double elements;
   if (hp.traits().positions == Positions::learned)
     elements = 8 * C + 2 * I;
-  else
-    elements = 3 * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
+  else  // widened, the two norms' inputs are their fp32 copies (above)
+    elements = (widened ? 2 : 4) * C + 2 * NH * D + 2 * (materialised ? NH : NKV) * D + 3 * I;
   // Qwen3's per-head norms keep their inputs, q and k before the norm, and two fp32 statistics per head.
   const double head_norms = hp.traits().qk_norm ? (NH + NKV) * D * b + (NH + NKV) * 2 * 4 : 0;
-  // Gemma's (1 + w) norms outside fp32 run as LibTorch ops in fp32: each keeps its input widened and its
-  // normalised value (8 C bytes) where the kernel keeps the input alone.
-  const bool widened = hp.traits().norm_plus_one && b != 4;
-  const double wide_norms = widened ? (hp.traits().sandwich_norms ? 4 : 2) * 8 * C : 0;
   // Gemma 2: its two more norms keep their inputs (the attention's and the MLP's outputs, C each; widened,
   // their fp32 copies, counted above); GeGLU, not fused, keeps gelu(gate) besides gate and up (I); capped
   // scores keep their tanh (NH T).
@@ -595,10 +596,12 @@ double ModelSpec::attention_workspace_bytes(int64_t micro_batch, int64_t T, int 
 }
 
 double ModelSpec::head_activation_bytes_per_token(int b) const {
-  // Embedding output C, final norm input C, head input C, the head input's gradient C. No logits: the
-  // fused head never keeps them (head_workspace_bytes).
-  const int widths = (holds_embeddings ? 1 : 0) + (holds_head ? 3 : 0);
-  return widths * static_cast<double>(hp.hidden_size) * b;
+  // The final norm's input (widened: its fp32 copy and normalised value) and the head input's gradient, which
+  // the fused head makes in forward with the weight's: the head's input and its logits need no keeping
+  // (head_workspace_bytes). The embedding output is the first block's input, kept by its first norm.
+  if (!holds_head) return 0;
+  const double C = static_cast<double>(hp.hidden_size);
+  return (norms_widened(b) ? 8 * C : C * b) + C * b;
 }
 
 double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {

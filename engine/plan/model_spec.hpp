@@ -104,10 +104,11 @@ struct ModelSpec {
   double attention_train_flops_per_token(int64_t T) const;
   // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
   double block_activation_bytes_per_token(int64_t T, int bytes) const;
-  // Bytes kept outside the blocks per token: the embedding output (where the embeddings are), the final norm's
-  // input and output and the gradient of the head's input (where the head is: the fused head computes it in
-  // forward and keeps it for backward).
+  // Bytes kept outside the blocks per token, where the head is: the final norm's input and the gradient of the
+  // head's input (the fused head computes it in forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
+  // Gemma's (1 + w) norms in a 16-bit compute dtype: LibTorch ops in fp32 instead of the norm kernel.
+  bool norms_widened(int bytes) const { return hp.traits().norm_plus_one && bytes != 4; }
   // What the fused causal attention holds beyond that while one block's backward runs (0 when the
   // attention is materialised for dropout); `threads` bounds how many of bf16 backward's per-task
   // copies exist at once.

@@ -255,6 +255,42 @@ void RunReport::end_collectives(const Communicator* comm) {
   }
 }
 
+// metrics.jsonl's line for a step: every figure of it, each step's own (the console's are smoothed).
+void RunReport::write_metrics(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s, double step_flops,
+                              double comm_bytes, double comm_s) {
+  const Plan& p = plan_;
+  const StepPhases& ph = o.phases;
+  const double forward_s = ph.forward, backward_s = ph.backward, after_s = ph.reduce + ph.norm + ph.offload + ph.optimizer + ph.gather;
+  char val_json[48] = "";
+  if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %s", json_number(*val).c_str());
+  char scale_json[48] = "";
+  if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
+  // wall_clock_breakdown: every phase of the step, in seconds (they sum to step_s but for loop overhead).
+  std::string phases_json;
+  if (p.run.wall_clock_breakdown) {
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  ", \"phases\": {\"data\": %.6f, \"forward\": %.6f, \"backward\": %.6f, \"reduce\": %.6f, \"norm\": %.6f, "
+                  "\"offload\": %.6f, \"optimizer\": %.6f, \"gather\": %.6f}",
+                  ph.data, ph.forward, ph.backward, ph.reduce, ph.norm, ph.offload, ph.optimizer, ph.gather);
+    phases_json = buf;
+  }
+  char json[512];
+  std::snprintf(json, sizeof json,
+                "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
+                "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
+                "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s",
+                static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(),
+                static_cast<double>(p.tokens_per_step) / step_s, step_s,
+                forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
+                step_flops / step_s / 1e12,
+                o.skipped ? "true" : "false", scale_json, val_json);
+  // Fine-tuning data: the step's trained tokens (its counted targets, every rank's), read from the data.
+  const std::string trained = o.trained_tokens >= 0 ? ", \"trained_tokens\": " + std::to_string(o.trained_tokens) : "";
+  metrics_ << (std::string(json) + trained + phases_json + "}\n") << std::flush;  // one write per line
+  if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
+}
+
 void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s) {
   const Plan& p = plan_;
   const double step_flops = p.train_flops_of_step(o.counted_targets, o.attention_squares);
@@ -314,36 +350,7 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
                   after_s * 1e3);
     log_.note(times);
   }
-  if (lead_) {
-    char val_json[48] = "";
-    if (val) std::snprintf(val_json, sizeof val_json, ", \"val_loss\": %s", json_number(*val).c_str());
-    char scale_json[48] = "";
-    if (p.precision.loss_scaling.enabled) std::snprintf(scale_json, sizeof scale_json, ", \"loss_scale\": %g", o.loss_scale);
-    // wall_clock_breakdown: every phase of the step, in seconds (they sum to step_s but for loop overhead).
-    std::string phases_json;
-    if (p.run.wall_clock_breakdown) {
-      char buf[400];
-      std::snprintf(buf, sizeof buf,
-                    ", \"phases\": {\"data\": %.6f, \"forward\": %.6f, \"backward\": %.6f, \"reduce\": %.6f, \"norm\": %.6f, "
-                    "\"offload\": %.6f, \"optimizer\": %.6f, \"gather\": %.6f}",
-                    ph.data, ph.forward, ph.backward, ph.reduce, ph.norm, ph.offload, ph.optimizer, ph.gather);
-      phases_json = buf;
-    }
-    char json[512];
-    std::snprintf(json, sizeof json,
-                  "{\"step\": %lld, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens_per_s\": %.1f, "
-                  "\"step_s\": %.4f, \"forward_s\": %.4f, \"backward_s\": %.4f, \"optimizer_s\": %.4f, \"comm_bytes\": %.0f, "
-                  "\"comm_s\": %.4f, \"offload_bytes\": %.0f, \"offload_s\": %.6f, \"tflops\": %.6g, \"skipped\": %s%s%s",
-                  static_cast<long long>(step + 1), json_number(o.loss).c_str(), o.lr, json_number(o.norm).c_str(),
-                  static_cast<double>(p.tokens_per_step) / step_s, step_s,
-                  forward_s, backward_s, after_s, comm_bytes, comm_s, o.offload_bytes, ph.offload,
-                  step_flops / step_s / 1e12,
-                  o.skipped ? "true" : "false", scale_json, val_json);
-    // Fine-tuning data: the step's trained tokens (its counted targets, every rank's), read from the data.
-    const std::string trained = o.trained_tokens >= 0 ? ", \"trained_tokens\": " + std::to_string(o.trained_tokens) : "";
-    metrics_ << (std::string(json) + trained + phases_json + "}\n") << std::flush;  // one write per line
-    if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
-  }
+  if (lead_) write_metrics(step, o, val, step_s, step_flops, comm_bytes, comm_s);
   if (!monitors_.empty()) {
     const int64_t samples = (step + 1) * p.batch.train_batch_size;  // DeepSpeed's x axis
     std::vector<MetricEvent> events{{"Train/Samples/train_loss", o.loss, samples}, {"Train/Samples/lr", o.lr, samples},

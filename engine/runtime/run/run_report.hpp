@@ -71,6 +71,8 @@ class RunReport {
   void finish();
 
  private:
+  void write_metrics(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s, double step_flops, double comm_bytes,
+                     double comm_s);
   const Plan& plan_;
   const TrainOptions& opt_;
   bool lead_;
