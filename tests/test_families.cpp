@@ -305,6 +305,7 @@ TEST(Families, TheActivationsEachFamilyKeepsAreWhatThePlanCounts) {
       {"model.preset=qwen2-tiny"},
       {"model.preset=qwen3-tiny"},
       {"model.preset=phi3-tiny", "model.sliding_window=48"},
+      {"model.preset=phi3-tiny", "model.sliding_window=null"},  // the fused attention over the fused projection's v
       {"model.preset=gemma-tiny"},
       {"model.preset=gemma2-tiny", "model.sliding_window=32"},
       {"model.preset=gemma2-tiny", "model.sliding_window=128", "model.attn_logit_softcapping=null", "model.final_logit_softcapping=null", "model.query_pre_attn_scalar=32"}};

@@ -126,6 +126,26 @@ TEST(FusedHeadLoss, WithoutGradientsItIsTheSameLossAndTouchesNothing) {
   EXPECT_TRUE(torch::equal(w, w_before));
 }
 
+TEST(FusedHeadLoss, AFrozenWeightGetsNoGradientMadeOrHeld) {
+  // LoRA freezes the head: its forward makes x's gradient only, so nothing V x C is held until backward, and
+  // x's gradient is the one the trained head gives.
+  const BlockPool& pool = route_large_tensors_to_pool();
+  torch::manual_seed(5);
+  const int64_t N = 64, C = 256, V = 4096;  // W: 4 MiB in fp32, x and its gradient 64 KiB each
+  const torch::Tensor x = torch::randn({N, C}).requires_grad_(true), w = torch::randn({V, C}) * 0.05;
+  const torch::Tensor t = torch::randint(0, V, {N}, torch::kLong);
+  const double before = static_cast<double>(pool.stats().live_bytes);
+  torch::Tensor loss = fused_head_loss(x, w, t, 1.0, kHeadChunkElements);
+  EXPECT_LT(static_cast<double>(pool.stats().live_bytes) - before, 0.5 * V * C * 4) << "W's gradient held until backward";
+  loss.backward();
+  const torch::Tensor frozen_dx = x.grad().clone();
+  x.mutable_grad() = torch::Tensor();
+  const torch::Tensor trained_w = w.clone().requires_grad_(true);
+  fused_head_loss(x, trained_w, t, 1.0, kHeadChunkElements).backward();
+  EXPECT_TRUE(torch::equal(frozen_dx, x.grad()));
+  EXPECT_TRUE(trained_w.grad().defined());
+}
+
 TEST(FusedHeadLoss, AKeptChunkOfLogitsIsReusedAndGivesTheSameResults) {
   // A model keeps its chunk of logits from step to step (made anew each step it fragmented the heap).
   torch::manual_seed(7);

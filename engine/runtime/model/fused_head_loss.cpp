@@ -90,10 +90,11 @@ torch::Tensor logits_buffer(int64_t rows, int64_t V, int64_t ld, const torch::Te
   return kept->view(-1).narrow(0, 0, rows * ld).view({rows, ld}).narrow(1, 0, V);
 }
 
-// `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made.
+// `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made. `weight_grad`
+// false (a frozen head, as under LoRA): x's gradient only, W's neither computed nor held.
 HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
                    double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, bool grads,
-                   const torch::Tensor& dw_into = {}, double softcap = 0) {
+                   const torch::Tensor& dw_into = {}, double softcap = 0, bool weight_grad = true) {
   torch::NoGradGuard no_grad;
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
@@ -140,6 +141,7 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     // (split: a 16-bit dx is rounded once more when the sliver's product is added, at most one step)
     for (size_t i = 0; i < parts.size(); ++i)
       matmul_into(dxc, logits.narrow(1, parts[i].first, parts[i].second), weight.narrow(0, parts[i].first, parts[i].second), i > 0);
+    if (!weight_grad) continue;
     // Later chunks add into W's gradient: one rounding per chunk in bf16/fp16 (the GEMM adds in fp32).
     if (!dw_into.defined() && r0 == 0) out.dw = torch::empty({V, x.size(1)}, x.options());
     const torch::Tensor& dw = dw_into.defined() ? dw_into : out.dw;
@@ -165,7 +167,7 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
                                const torch::Tensor& targets, double expected_grad, int64_t chunk_elements,
                                torch::Tensor* kept_logits, double softcap) {
     const torch::Tensor into = weight.requires_grad() ? bound_gradient(weight) : torch::Tensor();
-    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into, softcap);
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into, softcap, weight.requires_grad());
     ctx->saved_data["dx"] = pass.dx;
     ctx->saved_data["dw"] = pass.dw;
     ctx->saved_data["dw_in_buffer"] = into.defined();
@@ -195,7 +197,7 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
                expected, ", but ", got, " arrived (set_loss_gradient before the forward)");
       const double factor = static_cast<double>(got) / static_cast<double>(expected);
       dx = dx * factor;
-      dw = dw * factor;
+      if (dw.defined()) dw = dw * factor;
     }
     return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

@@ -122,6 +122,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   torch::Tensor q, k, v;
   if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
     std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
+    v = v.contiguous();  // its own: a view kept by the attention would keep the whole projection (q and k are rotated copies)
   } else {
     q = linear(h, b.q, false).view({B, T, NH, D});
     k = linear(h, b.k, false).view({B, T, NKV, D});
