@@ -3,7 +3,8 @@
 # GPT-2 124M, bf16, micro batch 16 x 1024 (examples/gpu-gpt2.json), then PyTorch eager with the same
 # shapes (bench/pytorch_gpt2_cuda.py), then ds again, so a drifting card shows. Prints each run's
 # tokens/s and memory; MFU by nanoGPT's formula against PEAK_TFLOPS (default 989, the H100/H200 dense
-# bf16 figure). Then LoRA against full fine-tuning of a 1.1B Llama on the same GPU (step time, GPU memory).
+# bf16 figure). Then LoRA against full fine-tuning of a 1.1B Llama on the same GPU (step time, GPU memory;
+# DS_BENCH_LORA=0 leaves it out), and torch.compile with DS_BENCH_COMPILE=1.
 #   bench/bench_cuda_train.sh DS_BINARY [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,9 +38,11 @@ run_lora() {  # name, extra overrides...
   python3 bench/metrics_median.py "$name" "$out/$name/metrics.jsonl" || true
   rm -rf "${out:?}/$name"
 }
-echo "== LoRA against full fine-tuning ($lora_model, bf16, 4 x 512)"
-run_lora full
-run_lora lora "$lora"
+if [ "${DS_BENCH_LORA:-1}" = 1 ]; then
+  echo "== LoRA against full fine-tuning ($lora_model, bf16, 4 x 512)"
+  run_lora full
+  run_lora lora "$lora"
+fi
 if [ "${DS_BENCH_COMPILE:-0}" = 1 ]; then
   echo "== pytorch compiled"
   python3 bench/pytorch_gpt2_cuda.py 12 768 12 50257 16 1024 "$steps" "$peak" compile || echo "pytorch compiled failed"

@@ -5,14 +5,15 @@
 # runs the stages asked for, in order:
 #   build    ds first, then the GPU test binaries (ninja -k 0: one failing target stops nothing else)
 #   bench    the quickstart on the GPU; ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
-#            checkpoint); the CUDA optimizer kernels (bench_cuda_optimizers)
-#   profile  each kernel's time over about two steps of GPT-2 124M (Nsight Compute, one metric, clocks as
-#            found): ncu.csv, summed by scripts/ncu_summary.py
+#            checkpoint; DS_BENCH_COMPILE=1 adds torch.compile); GPT-2 1.5B and TinyLlama's shape
+#            (bench/bench_cuda_shapes.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
+#   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape (Nsight Compute,
+#            one metric, clocks as found): ncu.csv and ncu-llama.csv, summed by scripts/ncu_summary.py
 #   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
 # Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
 # 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
 # ./device-logs), at most 8 files so a device call brings all of them back.
-#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests] [LOGS]
+#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests] [LOGS]   (stages run in the order given)
 # --dry-run runs here, without a GPU: every file, package, script and build target the stages use is
 # checked to be there, so no device minute is spent on a missing one.
 set -uo pipefail
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -35,7 +36,6 @@ budget=${DS_DEVICE_BUDGET_S:-540}
 steps=${DS_BENCH_STEPS:-30}
 build=$PWD/build-device
 status=0
-wants() { [[ ",$stages," == *",$1,"* ]]; }
 say() { echo "$*" | tee -a "$logs/summary.log"; }
 # step LOG ESTIMATE_S LIMIT_S NAME COMMAND...: appends the command's output to LOGS/LOG.log; skipped when
 # fewer than ESTIMATE_S seconds of the budget are left; stopped after LIMIT_S (or what is left).
@@ -65,7 +65,7 @@ need() {  # a file the stages read
 
 need .device-deps
 ls .device-deps/*.deb >/dev/null 2>&1 || { say "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and carry .device-deps"; exit 2; }
-for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
+for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
   need "$f"
 done
 targets_ds=(ds)
@@ -73,7 +73,7 @@ targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optim
 
 if [ "$dry" = 1 ]; then
   # Here: the scripts parse, the Python compiles, the packages unpack, the targets exist in a configured tree.
-  bash -n bench/bench_cuda_train.sh || status=3
+  bash -n bench/bench_cuda_train.sh && bash -n bench/bench_cuda_shapes.sh || status=3
   python3 -m py_compile bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py || status=3
   for f in .device-deps/*.deb; do dpkg-deb --info "$f" >/dev/null || { say "== broken package $f"; status=3; }; done
   probe=${DS_BUILD_DIR:-build}
@@ -85,7 +85,10 @@ if [ "$dry" = 1 ]; then
     say "== no configured tree at $probe: targets not checked"
   fi
   if [ -x "$probe/ds" ]; then
-    "$probe/ds" plan examples/gpu-gpt2.json >/dev/null || { say "== ds plan examples/gpu-gpt2.json failed"; status=3; }
+    for shape in "" "model.preset=gpt2-xl train_micro_batch_size_per_gpu=8" "model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=8"; do
+      # shellcheck disable=SC2086
+      "$probe/ds" plan examples/gpu-gpt2.json $shape >/dev/null 2>&1 || { say "== ds plan examples/gpu-gpt2.json $shape failed"; status=3; }
+    done
     # The benchmark's and the profile's readers, on a short CPU run's metrics and a two-kernel profile.
     scratch=$(mktemp -d)
     "$probe/ds" train examples/quickstart.json train.steps=4 "train.output_dir=$scratch/run" >/dev/null 2>&1 &&
@@ -130,7 +133,7 @@ fi
 export DS_BUILD_DIR=$build
 jobs="$(nproc)"
 
-if wants build; then
+stage_build() {
   step build 40 120 configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDS_BUILD_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$pfx/usr;$torch_prefix" -DCMAKE_CXX_FLAGS="-isystem $pfx/usr/include" \
     -DHDF5_C_LIBRARIES="$L/hdf5/serial/libhdf5.so" -DVALIJSON_INCLUDE_DIR="$pfx/usr/include" \
@@ -138,15 +141,18 @@ if wants build; then
     -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++ || command -v c++)"
   step build 60 360 build-ds cmake --build "$build" -j "$jobs" --target "${targets_ds[@]}" -- -k 0
   [ -x "$build/ds" ] && step machine 5 30 ds-env bash -c "'$build/ds' --version && '$build/ds' env"
-fi
+}
 
-if wants bench && [ -x "$build/ds" ]; then
+stage_bench() {
+  [ -x "$build/ds" ] || return 0
   step bench 30 90 quickstart-gpu "$build/ds" train examples/quickstart.json train.steps=100 "train.output_dir=/tmp/ds-qs-run"
   rm -rf /tmp/ds-qs-run
   step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
-fi
+  step bench 60 150 bench-cuda-shapes bench/bench_cuda_shapes.sh "$build/ds" "${DS_BENCH_SHAPE_STEPS:-12}"
+}
 
-if wants profile && [ -x "$build/ds" ]; then
+stage_profile() {
+  [ -x "$build/ds" ] || return 0
   # Kernels 2000..4499 of an 8-step run: past the first step's allocations, about two whole steps.
   if command -v ncu >/dev/null; then
     step profile 60 150 ncu-gpt2 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
@@ -154,16 +160,31 @@ if wants profile && [ -x "$build/ds" ]; then
       "$build/ds" train examples/gpu-gpt2.json --device cuda train.steps=8 train.output_dir=/tmp/ds-ncu-run steps_per_print=1
     rm -rf /tmp/ds-ncu-run
     [ -s "$logs/ncu.csv" ] && step profile 5 30 ncu-summary python3 scripts/ncu_summary.py "$logs/ncu.csv"
+    # TinyLlama's shape (RMSNorm, SwiGLU, rotary, GQA), micro batch 8 x 1024: about two steps after the first.
+    step profile 60 150 ncu-llama ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      --launch-skip "${DS_NCU_LLAMA_SKIP:-2500}" --launch-count "${DS_NCU_LLAMA_COUNT:-4000}" --log-file "$logs/ncu-llama.csv" \
+      "$build/ds" train examples/gpu-gpt2.json --device cuda model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=8 \
+      train.steps=6 train.output_dir=/tmp/ds-ncu-run steps_per_print=1
+    rm -rf /tmp/ds-ncu-run
+    [ -s "$logs/ncu-llama.csv" ] && step profile 5 30 ncu-llama-summary python3 scripts/ncu_summary.py "$logs/ncu-llama.csv"
   else
     say "== profile: ncu not on the PATH: skipped"
   fi
-fi
+}
 
-if wants tests; then
+stage_tests() {
   step build 40 240 build-tests cmake --build "$build" -j "$jobs" --target "${targets_tests[@]}" -- -k 0
   step tests 60 300 gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200
   [ -x "$build/bench_cuda_optimizers" ] && step bench 20 60 bench-cuda-optimizers "$build/bench_cuda_optimizers"
-fi
+}
+
+# The stages in the order asked for (--stages tests,bench runs the tests first).
+for stage in ${stages//,/ }; do
+  case $stage in
+    build|bench|profile|tests) "stage_$stage" ;;
+    *) say "== unknown stage $stage (build, bench, profile, tests)"; status=2 ;;
+  esac
+done
 
 # DS_DEVICE_EXTRA: one more command to run in this environment (a diagnosis on a lent machine).
 if [ -n "${DS_DEVICE_EXTRA:-}" ]; then

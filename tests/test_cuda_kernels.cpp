@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "kernels/cpu/dropout.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/dropout.hpp"
+#include "kernels/cuda/norm.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
@@ -292,4 +294,99 @@ TEST_F(CudaKernels, DropoutDropsWhatTheCpuDropsBitForBit) {
   kernels::cuda::dropout_bf16(dxb.p, dyb.p, n, 99, keep_below, scale, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(std::memcmp(dyb.host().data(), want_b.data(), want_b.size() * sizeof(uint16_t)), 0);
+}
+
+// The GPU's LayerNorm and RMSNorm against the CPU's scalar reference (double statistics) on the same rows:
+// fp32 and bf16, a width of whole 16-byte loads (768, 2048) and one that is not (1001), more rows than one chunk
+// of the weight gradients' sums; dw and db added to what they held; the gradients the same from run to run.
+template <class T>
+std::vector<float> widened(const std::vector<T>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if constexpr (sizeof(T) == 2)
+      out[i] = kernels::bf16_to_float(v[i]);
+    else
+      out[i] = v[i];
+  }
+  return out;
+}
+
+template <class T>
+void check_norm(int64_t rows, int64_t C, bool rms, unsigned seed) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << (rms ? "RMSNorm " : "LayerNorm ") << rows << " x " << C);
+  const kernels::NormShape s{rows, C, 1e-5f, rms};
+  const size_t n = static_cast<size_t>(rows * C);
+  auto typed = [](std::vector<float> v) {
+    if constexpr (sizeof(T) == 2)
+      return to_bf16(v);
+    else
+      return v;
+  };
+  std::vector<float> xf = normal(n, 2.0f, seed);
+  for (float& v : xf) v += 0.75f;  // a mean to take away
+  const std::vector<T> x = typed(xf), w = typed(normal(static_cast<size_t>(C), 1.0f, seed + 1)),
+                       b = rms ? std::vector<T>() : typed(normal(static_cast<size_t>(C), 0.5f, seed + 2)),
+                       dy = typed(normal(n, 1.0f, seed + 3));
+  const T* b_host = rms ? nullptr : b.data();
+  std::vector<T> y_ref(n), dx_ref(n);
+  std::vector<float> mean_ref(static_cast<size_t>(rows)), rstd_ref(mean_ref.size()), dw_ref(static_cast<size_t>(C), 0.25f),
+      db_ref(dw_ref);
+  if constexpr (sizeof(T) == 2) {
+    kernels::norm_forward_bf16_reference(x.data(), w.data(), b_host, y_ref.data(), mean_ref.data(), rstd_ref.data(), s);
+    kernels::norm_backward_bf16_reference(dy.data(), x.data(), w.data(), mean_ref.data(), rstd_ref.data(), dx_ref.data(), dw_ref.data(),
+                                          rms ? nullptr : db_ref.data(), s);
+  } else {
+    kernels::norm_forward_f32_reference(x.data(), w.data(), b_host, y_ref.data(), mean_ref.data(), rstd_ref.data(), s);
+    kernels::norm_backward_f32_reference(dy.data(), x.data(), w.data(), mean_ref.data(), rstd_ref.data(), dx_ref.data(), dw_ref.data(),
+                                         rms ? nullptr : db_ref.data(), s);
+  }
+  OnDevice<T> d_x(x), d_w(w), d_dy(dy), d_y{std::vector<T>(n)}, d_dx{std::vector<T>(n)};
+  std::unique_ptr<OnDevice<T>> d_b = rms ? nullptr : std::make_unique<OnDevice<T>>(b);
+  OnDevice<float> dmean(std::vector<float>(static_cast<size_t>(rows), NAN)), drstd(dmean.host());
+  OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::norm_backward_scratch_floats(s)), NAN));
+  std::vector<std::vector<float>> dws, dbs;
+  for (int run = 0; run < 2; ++run) {
+    OnDevice<float> ddw(std::vector<float>(static_cast<size_t>(C), 0.25f)), ddb(ddw.host());
+    float* db_dev = rms ? nullptr : ddb.p;
+    if constexpr (sizeof(T) == 2) {
+      kernels::cuda::norm_forward_bf16(d_x.p, d_w.p, rms ? nullptr : d_b->p, d_y.p, dmean.p, drstd.p, s, nullptr);
+      kernels::cuda::norm_backward_bf16(d_dy.p, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
+    } else {
+      kernels::cuda::norm_forward_f32(d_x.p, d_w.p, rms ? nullptr : d_b->p, d_y.p, dmean.p, drstd.p, s, nullptr);
+      kernels::cuda::norm_backward_f32(d_dy.p, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    dws.push_back(ddw.host());
+    dbs.push_back(ddb.host());
+  }
+  const bool bf16 = sizeof(T) == 2;
+  expect_close(mean_ref, dmean.host(), 1e-5, "mean", 1e-5);
+  expect_close(rstd_ref, drstd.host(), 1e-5, "rstd");
+  // One bf16 step (2^-7 relative) where fp32 and double land on either side of a rounding boundary.
+  expect_close(widened(y_ref), widened(d_y.host()), bf16 ? 7.9e-3 : 2e-5, "y", bf16 ? 1e-3 : 1e-5);
+  expect_close(widened(dx_ref), widened(d_dx.host()), bf16 ? 7.9e-3 : 1e-4, "dx", bf16 ? 1e-3 : 1e-5);
+  expect_close(dw_ref, dws[0], 1e-4, "dw", 2e-3);
+  if (rms) {
+    EXPECT_EQ(dbs[0], std::vector<float>(static_cast<size_t>(C), 0.25f)) << "RMSNorm wrote a bias gradient";
+  } else {
+    expect_close(db_ref, dbs[0], 1e-4, "db", 2e-3);
+  }
+  EXPECT_EQ(std::memcmp(dws[0].data(), dws[1].data(), dws[0].size() * sizeof(float)), 0) << "dw differs from run to run";
+  EXPECT_EQ(std::memcmp(dbs[0].data(), dbs[1].data(), dbs[0].size() * sizeof(float)), 0) << "db differs from run to run";
+}
+
+TEST_F(CudaKernels, LayerNormAndRmsNormMatchTheCpuReference) {
+  check_norm<float>(300, 768, false, 31);
+  check_norm<uint16_t>(300, 768, false, 32);
+  check_norm<uint16_t>(97, 1001, false, 33);  // one element a load
+  check_norm<float>(57, 1001, true, 34);
+  check_norm<uint16_t>(300, 2048, true, 35);
+  check_norm<float>(3000, 256, false, 36);  // 47 chunks of rows for dw and db
+  check_norm<uint16_t>(1, 8, true, 37);
+}
+
+TEST_F(CudaKernels, NormNamesABadShape) {
+  EXPECT_THROW(kernels::cuda::norm_forward_f32(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, kernels::NormShape{4, 0, 1e-5f, false},
+                                               nullptr),
+               std::runtime_error);
 }

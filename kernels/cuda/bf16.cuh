@@ -1,5 +1,6 @@
 // ds — bf16 in the CUDA kernels, as kernels/cpu rounds it: widened exactly, narrowed to nearest even with a
-// NaN kept a quiet NaN. One definition for every .cu file.
+// NaN kept a quiet NaN; widen/narrow_into for code templated on fp32 or bf16 (uint16_t) elements, and the
+// 16-byte Pack they are loaded in. One definition for every .cu file.
 #pragma once
 
 #include <cstdint>
@@ -14,5 +15,17 @@ __device__ __forceinline__ uint16_t float_to_bf16(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
 }
+
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(uint16_t b) { return bf16_to_float(b); }
+__device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
+__device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
+
+// 16 bytes of elements (8 bf16 or 4 fp32): one load or store instruction.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
 
 }  // namespace ds::kernels::cuda

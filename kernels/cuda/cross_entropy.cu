@@ -15,11 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(uint16_t b) { return bf16_to_float(b); }
-__device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
-__device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
-
 // A running maximum and the sum of exp(z - max) over what was seen: the online softmax's state.
 struct MaxSum {
   float m = -INFINITY, s = 0.f;
@@ -69,13 +64,6 @@ __device__ MaxSum block_merge(MaxSum v) {
   total.s = total_s;
   return total;
 }
-
-// Loads of 16 bytes: 8 bf16 or 4 fp32.
-template <class T>
-struct alignas(16) Pack {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
 
 template <class T>
 __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,

@@ -1,9 +1,13 @@
 #include "engine/runtime/device/kernel_route.hpp"
 
+#include <type_traits>
+#include <vector>
+
 #include "common/error.hpp"
 #ifdef DS_WITH_CUDA_KERNELS
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/dropout.hpp"
+#include "kernels/cuda/norm.hpp"
 #endif
 
 namespace ds {
@@ -29,7 +33,67 @@ void check_cuda_route(const torch::Tensor& x, const char* op) {
 
 uint16_t* bf16_data(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
+// An optional tensor's data as E* (null where undefined).
+template <class E>
+E* data_or_null(const torch::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  if constexpr (std::is_same_v<E, uint16_t>)
+    return bf16_data(t);
+  else
+    return t.data_ptr<E>();
+}
+
+void check_norm_tensors(const std::vector<torch::Tensor>& same_dtype, const torch::Tensor& mean, const torch::Tensor& rstd,
+                        const kernels::NormShape& s) {
+  const torch::Tensor& x = same_dtype.front();
+  for (const torch::Tensor& t : same_dtype)
+    DS_CHECK(!t.defined() || (t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device() == x.device()),
+             "norm: x, w, b, y (dy, dx) contiguous, of one dtype, on one device");
+  DS_CHECK(x.numel() == s.rows * s.cols && mean.scalar_type() == torch::kFloat32 && rstd.scalar_type() == torch::kFloat32 &&
+               mean.numel() == s.rows && rstd.numel() == s.rows,
+           "norm: x holds rows x cols, mean and rstd one fp32 a row");
+}
+
 }  // namespace
+
+void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
+                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& s) {
+  check_cuda_route(x, "norm forward");
+  check_norm_tensors({x, w, b, y}, mean, rstd, s);
+#ifdef DS_WITH_CUDA_KERNELS
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::norm_forward_f32(x.data_ptr<float>(), w.data_ptr<float>(), data_or_null<float>(b), y.data_ptr<float>(),
+                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), s, nullptr);
+  else
+    kernels::cuda::norm_forward_bf16(bf16_data(x), bf16_data(w), data_or_null<uint16_t>(b), bf16_data(y), mean.data_ptr<float>(),
+                                     rstd.data_ptr<float>(), s, nullptr);
+#else
+  (void)w, (void)b, (void)y;
+#endif
+}
+
+void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
+                        const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
+                        const kernels::NormShape& s) {
+  check_cuda_route(x, "norm backward");
+  check_norm_tensors({x, dy, w, dx}, mean, rstd, s);
+  DS_CHECK(dw.scalar_type() == torch::kFloat32 && dw.numel() == s.cols && (!db.defined() || db.sizes() == dw.sizes()),
+           "norm backward: dw (and db) fp32, one a column");
+#ifdef DS_WITH_CUDA_KERNELS
+  // The column sums' partials, from LibTorch's caching allocator on the current stream.
+  const torch::Tensor scratch = torch::empty({kernels::cuda::norm_backward_scratch_floats(s)}, dw.options());
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::norm_backward_f32(dy.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), mean.data_ptr<float>(),
+                                     rstd.data_ptr<float>(), dx.data_ptr<float>(), dw.data_ptr<float>(), data_or_null<float>(db),
+                                     scratch.data_ptr<float>(), s, nullptr);
+  else
+    kernels::cuda::norm_backward_bf16(bf16_data(dy), bf16_data(x), bf16_data(w), mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                      bf16_data(dx), dw.data_ptr<float>(), data_or_null<float>(db), scratch.data_ptr<float>(), s,
+                                      nullptr);
+#else
+  (void)dy, (void)w, (void)mean, (void)rstd, (void)dx, (void)db;
+#endif
+}
 
 void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, uint32_t keep_below, float scale) {
   check_cuda_route(x, "dropout");

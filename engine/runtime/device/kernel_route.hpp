@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/layer_norm.hpp"  // NormShape
+
 namespace ds {
 
 enum class KernelRoute {
@@ -29,5 +31,13 @@ void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, 
 // the logits (rows x vocab, unit stride along the vocabulary); targets int64, contiguous, on the GPU.
 void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
                                 const torch::Tensor& row_loss);
+
+// LayerNorm / RMSNorm (kernels/cpu/layer_norm.hpp's functions) over contiguous tensors of one dtype on the GPU;
+// mean and rstd fp32 (rows); b and db undefined for RMSNorm; dw and db fp32 (C), added to.
+void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
+                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& shape);
+void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
+                        const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
+                        const kernels::NormShape& shape);
 
 }  // namespace ds

@@ -23,10 +23,13 @@ class Norm : public torch::autograd::Function<Norm> {
     const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
     torch::Tensor y = torch::empty_like(x);
     torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
-    by_dtype(x, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
-    });
+    if (kernel_route(x) == KernelRoute::cuda)
+      cuda_norm_forward(x, w, b, y, mean, rstd, shape);
+    else
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
+      });
     ctx->save_for_backward({x, w});
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["rstd"] = rstd;
@@ -47,11 +50,14 @@ class Norm : public torch::autograd::Function<Norm> {
     torch::Tensor dx = torch::empty_like(x);
     torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
     torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
-    by_dtype(x, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
-                                   raw<float>(db), shape);
-    });
+    if (kernel_route(x) == KernelRoute::cuda)
+      cuda_norm_backward(dy, x, w, mean, rstd, dx, dw, db, shape);
+    else
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx),
+                                     raw<float>(dw), raw<float>(db), shape);
+      });
     return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -281,14 +287,23 @@ torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const t
   return b.defined() ? Projection::apply(x, w, b, in_out) : ProjectionNoBias::apply(x, w, in_out);
 }
 
+namespace {
+
+// ds's norm kernels take x, w (and b) of one dtype and device: the host's (kernels/cpu) or a GPU's (kernels/cuda).
+bool on_norm_kernels(const torch::Tensor& x, const torch::Tensor& w) {
+  return kernel_route(x) != KernelRoute::libtorch && w.scalar_type() == x.scalar_type() && w.device() == x.device();
+}
+
+}  // namespace
+
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
-  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type() || b.scalar_type() != x.scalar_type())
+  if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b))
     return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
   return Norm::apply(x, w, b, eps, false);
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  if (!on_cpu_kernels(x) || w.scalar_type() != x.scalar_type()) {
+  if (!on_norm_kernels(x, w)) {
     const torch::Tensor xf = x.to(torch::kFloat32);
     return w * (xf * inverse_rms(xf, eps)).to(x.scalar_type());
   }

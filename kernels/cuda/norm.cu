@@ -1,0 +1,261 @@
+#include "kernels/cuda/norm.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/bf16.cuh"
+#include "kernels/cuda/check.hpp"
+
+namespace ds::kernels::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp a row, 256 threads a block
+constexpr int kColsPerThread = 4;
+constexpr int kTileCols = 32 * kColsPerThread;  // the weight gradients' block: 128 columns x 8 row lanes
+constexpr int kRowLanes = 8;
+constexpr int64_t kGradBlocks = 1024;  // about this many blocks for the weight gradients, whatever the card
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// V consecutive elements widened to fp32: one 16-byte load when V is a Pack's width, else one element.
+template <class T, int V>
+__device__ __forceinline__ void load(const T* p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = widen(*p);
+  } else {
+    static_assert(V == Pack<T>::kN, "a vector access is one 16-byte Pack");
+    const Pack<T> q = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = widen(q.v[k]);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store(T* p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    narrow_into(*p, in[0]);
+  } else {
+    Pack<T> q;
+#pragma unroll
+    for (int k = 0; k < V; ++k) narrow_into(q.v[k], in[k]);
+    *reinterpret_cast<Pack<T>*>(p) = q;
+  }
+}
+
+template <class T, int V>
+__global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows, int64_t C,
+                               float eps, bool rms) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const T* xr = x + r * C;
+  float mu = 0.f;
+  if (!rms) {
+    float s = 0.f;
+    for (int64_t c = lane * V; c < C; c += 32 * V) {
+      float v[V];
+      load<T, V>(xr + c, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += v[k];
+    }
+    mu = warp_sum(s) / static_cast<float>(C);
+  }
+  float ss = 0.f;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    float v[V];
+    load<T, V>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) ss += (v[k] - mu) * (v[k] - mu);
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  T* yr = y + r * C;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    float v[V], wv[V], bv[V] = {};
+    load<T, V>(xr + c, v);
+    load<T, V>(w + c, wv);
+    if (b) load<T, V>(b + c, bv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = (v[k] - mu) * rs * wv[k] + bv[k];
+    store<T, V>(yr + c, v);
+  }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: without mean(g)).
+template <class T, int V>
+__global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, int64_t rows,
+                                   int64_t C, bool rms) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const T* xr = x + r * C;
+  const T* dyr = dy + r * C;
+  const float mu = mean[r], rs = rstd[r];
+  float sg = 0.f, sgx = 0.f;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    float xv[V], dv[V], wv[V];
+    load<T, V>(xr + c, xv);
+    load<T, V>(dyr + c, dv);
+    load<T, V>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float g = dv[k] * wv[k];
+      sg += g;
+      sgx += g * (xv[k] - mu) * rs;
+    }
+  }
+  const float a = rms ? 0.f : warp_sum(sg) / static_cast<float>(C), bb = warp_sum(sgx) / static_cast<float>(C);
+  T* dxr = dx + r * C;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    float xv[V], dv[V], wv[V];
+    load<T, V>(xr + c, xv);
+    load<T, V>(dyr + c, dv);
+    load<T, V>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) xv[k] = rs * (dv[k] * wv[k] - a - (xv[k] - mu) * rs * bb);
+    store<T, V>(dxr + c, xv);
+  }
+}
+
+// Each block: 128 columns over one chunk of rows; each of its 8 row lanes sums every 8th row, then the lanes
+// are added in order. partial_w/partial_b: chunks x C.
+template <class T>
+__global__ void weight_grads_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_w, float* partial_b,
+                                    int64_t rows, int64_t C, int64_t rows_per_chunk) {
+  const int64_t chunk = blockIdx.y, r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
+  float aw[kColsPerThread] = {}, ab[kColsPerThread] = {};
+  for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+    const float mu = mean[r], rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < kColsPerThread; ++k) {
+      const int64_t c = c0 + 32 * k;
+      if (c < C) {
+        const float d = widen(dy[r * C + c]);
+        aw[k] += d * ((widen(x[r * C + c]) - mu) * rs);
+        ab[k] += d;
+      }
+    }
+  }
+  __shared__ float sw[kRowLanes][kTileCols], sb[kRowLanes][kTileCols];
+#pragma unroll
+  for (int k = 0; k < kColsPerThread; ++k) {
+    sw[threadIdx.y][threadIdx.x + 32 * k] = aw[k];
+    sb[threadIdx.y][threadIdx.x + 32 * k] = ab[k];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0) return;
+#pragma unroll
+  for (int k = 0; k < kColsPerThread; ++k) {
+    const int64_t c = c0 + 32 * k;
+    if (c >= C) continue;
+    float tw = 0.f, tb = 0.f;
+    for (int j = 0; j < kRowLanes; ++j) {
+      tw += sw[j][threadIdx.x + 32 * k];
+      tb += sb[j][threadIdx.x + 32 * k];
+    }
+    partial_w[chunk * C + c] = tw;
+    partial_b[chunk * C + c] = tb;
+  }
+}
+
+__global__ void sum_chunks_kernel(const float* partial_w, const float* partial_b, float* dw, float* db, int64_t chunks, int64_t C) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float tw = 0.f, tb = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) {
+    tw += partial_w[k * C + c];
+    tb += partial_b[k * C + c];
+  }
+  dw[c] += tw;
+  if (db) db[c] += tb;
+}
+
+// The weight gradients' chunks of rows: about kGradBlocks blocks in all, at least 64 rows a chunk.
+int64_t rows_per_chunk(const NormShape& s) {
+  const int64_t tiles = (s.cols + kTileCols - 1) / kTileCols;
+  const int64_t chunks = std::max<int64_t>(1, std::min((s.rows + 63) / 64, kGradBlocks / tiles));
+  return std::max<int64_t>(1, (s.rows + chunks - 1) / chunks);
+}
+
+int64_t chunk_count(const NormShape& s) {
+  const int64_t per = rows_per_chunk(s);
+  return s.rows == 0 ? 0 : (s.rows + per - 1) / per;
+}
+
+void check_shape(const NormShape& s, const char* what) {
+  if (s.rows < 0 || s.cols <= 0 || (s.rows + kRowsPerBlock - 1) / kRowsPerBlock > 0x7fffffff)
+    throw std::runtime_error(std::string(what) + ": bad shape (rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ")");
+}
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+unsigned row_blocks(const NormShape& s) { return static_cast<unsigned>((s.rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+template <class T>
+void forward(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, const NormShape& s, void* stream) {
+  check_shape(s, "norm forward");
+  if (s.rows == 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  constexpr int kN = Pack<T>::kN;
+  if (s.cols % kN == 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y))
+    forward_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, w, b, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
+  else
+    forward_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, w, b, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
+  ds::cuda::check(cudaGetLastError(), "norm forward launch");
+}
+
+template <class T>
+void backward(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, float* dw, float* db, float* scratch,
+              const NormShape& s, void* stream) {
+  check_shape(s, "norm backward");
+  if (s.rows == 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  constexpr int kN = Pack<T>::kN;
+  if (s.cols % kN == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx))
+    backward_dx_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+  else
+    backward_dx_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+  ds::cuda::check(cudaGetLastError(), "norm backward (dx) launch");
+  const int64_t per = rows_per_chunk(s), chunks = chunk_count(s);
+  float* partial_w = scratch;
+  float* partial_b = scratch + chunks * s.cols;
+  const dim3 grid(static_cast<unsigned>((s.cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(chunks));
+  weight_grads_kernel<T><<<grid, dim3(32, kRowLanes), 0, st>>>(dy, x, mean, rstd, partial_w, partial_b, s.rows, s.cols, per);
+  ds::cuda::check(cudaGetLastError(), "norm backward (weight gradients) launch");
+  sum_chunks_kernel<<<static_cast<unsigned>((s.cols + 255) / 256), 256, 0, st>>>(partial_w, partial_b, dw, db, chunks, s.cols);
+  ds::cuda::check(cudaGetLastError(), "norm backward (chunk sums) launch");
+}
+
+}  // namespace
+
+void norm_forward_f32(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, const NormShape& s,
+                      void* stream) {
+  forward(x, w, b, y, mean, rstd, s, stream);
+}
+void norm_forward_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
+                       const NormShape& s, void* stream) {
+  forward(x, w, b, y, mean, rstd, s, stream);
+}
+
+int64_t norm_backward_scratch_floats(const NormShape& s) { return 2 * chunk_count(s) * s.cols; }
+
+void norm_backward_f32(const float* dy, const float* x, const float* w, const float* mean, const float* rstd, float* dx, float* dw,
+                       float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
+}
+void norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
+                        float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
+}
+
+}  // namespace ds::kernels::cuda
