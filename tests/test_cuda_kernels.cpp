@@ -15,11 +15,15 @@
 
 #include "engine/runtime/device/kernel_table_cuda.hpp"
 #include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
+#include "kernels/cpu/rope.hpp"
 #include "kernels/cpu/dropout.hpp"
+#include "kernels/cuda/activation.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/dropout.hpp"
 #include "kernels/cuda/norm.hpp"
+#include "kernels/cuda/rope.hpp"
 #include "kernels/dropout_mask.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
@@ -178,6 +182,13 @@ TEST_F(CudaKernels, SumsOfSquaresMatchTheCpuAndRepeatBitForBit) {
   EXPECT_NEAR(gpu_b, exact_b, 1e-12 * exact_b);
   EXPECT_NEAR(gpu, kernels::sum_of_squares_f32(x.data(), kN), 1e-6 * exact);
   EXPECT_NEAR(gpu_b, kernels::sum_of_squares_bf16(xb.data(), kN), 1e-6 * exact_b);
+  // A start off the 16-byte loads' boundary (a partition's slice of a flat buffer): its head and tail read alone.
+  for (const size_t skip : {size_t{1}, size_t{3}, size_t{7}}) {
+    const double want = kernels::sum_of_squares_bf16_reference(xb.data() + skip, kN - skip - 2);
+    EXPECT_NEAR(table_->sum_of_squares_bf16(dxb.p + skip, kN - skip - 2), want, 1e-12 * want) << "from element " << skip;
+    const double want_f = kernels::sum_of_squares_f32_reference(x.data() + skip, kN - skip - 2);
+    EXPECT_NEAR(table_->sum_of_squares_f32(dx.p + skip, kN - skip - 2), want_f, 1e-12 * want_f) << "from element " << skip;
+  }
   const double again = table_->sum_of_squares_f32(dx.p, kN);
   EXPECT_EQ(std::memcmp(&gpu, &again, sizeof gpu), 0) << "a reduction that differs run to run";
   // An inf anywhere is seen (the overflow check reads this sum).
@@ -388,5 +399,115 @@ TEST_F(CudaKernels, LayerNormAndRmsNormMatchTheCpuReference) {
 TEST_F(CudaKernels, NormNamesABadShape) {
   EXPECT_THROW(kernels::cuda::norm_forward_f32(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, kernels::NormShape{4, 0, 1e-5f, false},
                                                nullptr),
+               std::runtime_error);
+}
+
+// GELU, SwiGLU and the rotary embedding on the GPU against the CPU's scalar references (double math) on the
+// same inputs: fp32 within float rounding, bf16 within one bf16 step; sizes that are whole 16-byte loads and
+// sizes that are not.
+template <class T>
+std::vector<T> typed(const std::vector<float>& v) {
+  if constexpr (sizeof(T) == 2)
+    return to_bf16(v);
+  else
+    return v;
+}
+
+template <class T>
+void expect_like_reference(const std::vector<T>& want, const std::vector<T>& got, const char* what) {
+  const bool bf16 = sizeof(T) == 2;
+  // An absolute part for results near a zero of the function (GELU's and SwiGLU's derivatives cross zero: terms cancel).
+  expect_close(widened(want), widened(got), bf16 ? 7.9e-3 : 2e-6, what, bf16 ? 1e-5 : 1e-6);
+}
+
+template <class T>
+void check_activations(int64_t n, unsigned seed) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16, " : "fp32, ") << n << " elements");
+  const size_t m = static_cast<size_t>(n);
+  const std::vector<T> x = typed<T>(normal(m, 3.0f, seed)), u = typed<T>(normal(m, 1.0f, seed + 1)),
+                       dy = typed<T>(normal(m, 1.0f, seed + 2));
+  std::vector<T> y_ref(m), dx_ref(m), s_ref(m), dg_ref(m), du_ref(m);
+  if constexpr (sizeof(T) == 2) {
+    kernels::gelu_tanh_forward_bf16_reference(x.data(), y_ref.data(), n);
+    kernels::gelu_tanh_backward_bf16_reference(dy.data(), x.data(), dx_ref.data(), n);
+    kernels::swiglu_forward_bf16_reference(x.data(), u.data(), s_ref.data(), n);
+    kernels::swiglu_backward_bf16_reference(dy.data(), x.data(), u.data(), dg_ref.data(), du_ref.data(), n);
+  } else {
+    kernels::gelu_tanh_forward_f32_reference(x.data(), y_ref.data(), n);
+    kernels::gelu_tanh_backward_f32_reference(dy.data(), x.data(), dx_ref.data(), n);
+    kernels::swiglu_forward_f32_reference(x.data(), u.data(), s_ref.data(), n);
+    kernels::swiglu_backward_f32_reference(dy.data(), x.data(), u.data(), dg_ref.data(), du_ref.data(), n);
+  }
+  OnDevice<T> d_x(x), d_u(u), d_dy(dy), d_y{std::vector<T>(m)}, d_dx{std::vector<T>(m)}, d_s{std::vector<T>(m)},
+      d_dg{std::vector<T>(m)}, d_du{std::vector<T>(m)};
+  if constexpr (sizeof(T) == 2) {
+    kernels::cuda::gelu_tanh_forward_bf16(d_x.p, d_y.p, n, nullptr);
+    kernels::cuda::gelu_tanh_backward_bf16(d_dy.p, d_x.p, d_dx.p, n, nullptr);
+    kernels::cuda::swiglu_forward_bf16(d_x.p, d_u.p, d_s.p, n, nullptr);
+    kernels::cuda::swiglu_backward_bf16(d_dy.p, d_x.p, d_u.p, d_dg.p, d_du.p, n, nullptr);
+  } else {
+    kernels::cuda::gelu_tanh_forward_f32(d_x.p, d_y.p, n, nullptr);
+    kernels::cuda::gelu_tanh_backward_f32(d_dy.p, d_x.p, d_dx.p, n, nullptr);
+    kernels::cuda::swiglu_forward_f32(d_x.p, d_u.p, d_s.p, n, nullptr);
+    kernels::cuda::swiglu_backward_f32(d_dy.p, d_x.p, d_u.p, d_dg.p, d_du.p, n, nullptr);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_like_reference(y_ref, d_y.host(), "gelu");
+  expect_like_reference(dx_ref, d_dx.host(), "gelu's dx");
+  expect_like_reference(s_ref, d_s.host(), "swiglu");
+  expect_like_reference(dg_ref, d_dg.host(), "swiglu's d gate");
+  expect_like_reference(du_ref, d_du.host(), "swiglu's d up");
+}
+
+TEST_F(CudaKernels, GeluAndSwigluMatchTheCpuReference) {
+  check_activations<float>(65536, 41);
+  check_activations<float>(100003, 42);  // one element a load
+  check_activations<uint16_t>(65536, 43);
+  check_activations<uint16_t>(100003, 44);
+  check_activations<uint16_t>(5, 45);
+}
+
+template <class T>
+void check_rope(int64_t B, int64_t T_len, int64_t heads, int64_t D, bool inverse, unsigned seed) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << B << " x " << T_len << " x " << heads << " x " << D
+                                  << (inverse ? ", inverse" : ""));
+  const kernels::RopeShape s{B * T_len, T_len, heads, D, inverse};
+  const size_t n = static_cast<size_t>(B * T_len * heads * D), half = static_cast<size_t>(D / 2);
+  const std::vector<T> x = typed<T>(normal(n, 1.0f, seed));
+  std::vector<float> cos(static_cast<size_t>(T_len) * half), sin(cos.size());
+  for (int64_t t = 0; t < T_len; ++t)
+    for (size_t j = 0; j < half; ++j) {
+      const double angle = static_cast<double>(t) * std::pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(D));
+      cos[t * half + j] = static_cast<float>(std::cos(angle));
+      sin[t * half + j] = static_cast<float>(std::sin(angle));
+    }
+  std::vector<T> want(n);
+  if constexpr (sizeof(T) == 2)
+    kernels::rope_bf16_reference(x.data(), want.data(), cos.data(), sin.data(), s);
+  else
+    kernels::rope_f32_reference(x.data(), want.data(), cos.data(), sin.data(), s);
+  OnDevice<T> d_x(x), d_y{std::vector<T>(n)};
+  OnDevice<float> d_cos(cos), d_sin(sin);
+  if constexpr (sizeof(T) == 2)
+    kernels::cuda::rope_bf16(d_x.p, d_y.p, d_cos.p, d_sin.p, s, nullptr);
+  else
+    kernels::cuda::rope_f32(d_x.p, d_y.p, d_cos.p, d_sin.p, s, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_like_reference(want, d_y.host(), "rotary");
+  // In place, as the CPU's allows.
+  if constexpr (sizeof(T) == 2)
+    kernels::cuda::rope_bf16(d_x.p, d_x.p, d_cos.p, d_sin.p, s, nullptr);
+  else
+    kernels::cuda::rope_f32(d_x.p, d_x.p, d_cos.p, d_sin.p, s, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(std::memcmp(d_x.host().data(), d_y.host().data(), n * sizeof(T)), 0) << "in place differs";
+}
+
+TEST_F(CudaKernels, RotaryMatchesTheCpuReference) {
+  check_rope<float>(2, 37, 3, 64, false, 51);
+  check_rope<float>(2, 37, 3, 64, true, 52);
+  check_rope<uint16_t>(3, 129, 4, 128, false, 53);
+  check_rope<uint16_t>(1, 5, 2, 10, true, 54);
+  EXPECT_THROW(kernels::cuda::rope_f32(nullptr, nullptr, nullptr, nullptr, kernels::RopeShape{4, 2, 1, 3, false}, nullptr),
                std::runtime_error);
 }

@@ -28,4 +28,29 @@ struct alignas(16) Pack {
   T v[kN];
 };
 
+// V consecutive elements widened to fp32: one 16-byte load when V is a Pack's width, else one element.
+template <class T, int V>
+__device__ __forceinline__ void load_widened(const T* p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = widen(*p);
+  } else {
+    static_assert(V == Pack<T>::kN, "a vector access is one 16-byte Pack");
+    const Pack<T> q = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = widen(q.v[k]);
+  }
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_narrowed(T* p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    narrow_into(*p, in[0]);
+  } else {
+    Pack<T> q;
+#pragma unroll
+    for (int k = 0; k < V; ++k) narrow_into(q.v[k], in[k]);
+    *reinterpret_cast<Pack<T>*>(p) = q;
+  }
+}
+
 }  // namespace ds::kernels::cuda

@@ -6,6 +6,7 @@
 #include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/check.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -98,11 +99,34 @@ __global__ void lamb_apply_kernel(float* p, const float* m, const float* v, uint
 
 template <class T>
 __global__ void squares_kernel(const T* x, int64_t n, double* partials) {
-  double acc = 0, unused = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  // The elements before x's first 16-byte boundary, then 16-byte loads (one element a load read 1.0 TB/s of
+  // an H200's 4.2), then the tail; two accumulators so the double adds overlap.
+  constexpr int kN = Pack<T>::kN;
+  const int64_t tid = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, threads = int64_t{gridDim.x} * blockDim.x;
+  const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(x) % 16);
+  const int64_t to_boundary = misaligned == 0 ? 0 : (16 - misaligned) / static_cast<int64_t>(sizeof(T));
+  const int64_t head = to_boundary < n ? to_boundary : n;
+  const int64_t packs = (n - head) / kN, tail = head + packs * kN;
+  double a0 = 0, a1 = 0;
+  for (int64_t i = tid; i < head; i += threads) {
     const double f = load(x, i);
-    acc += f * f;
+    a0 += f * f;
   }
+  const auto* p = reinterpret_cast<const Pack<T>*>(x + head);
+  for (int64_t i = tid; i < packs; i += threads) {
+    const Pack<T> q = p[i];
+#pragma unroll
+    for (int k = 0; k < kN; k += 2) {
+      const double f0 = widen(q.v[k]), f1 = widen(q.v[k + 1]);
+      a0 += f0 * f0;
+      a1 += f1 * f1;
+    }
+  }
+  for (int64_t i = tail + tid; i < n; i += threads) {
+    const double f = load(x, i);
+    a1 += f * f;
+  }
+  double acc = a0 + a1, unused = 0;
   block_sum2(acc, unused);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }

@@ -1,13 +1,16 @@
 #include "engine/runtime/device/kernel_route.hpp"
 
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
 #include "common/error.hpp"
 #ifdef DS_WITH_CUDA_KERNELS
+#include "kernels/cuda/activation.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/dropout.hpp"
 #include "kernels/cuda/norm.hpp"
+#include "kernels/cuda/rope.hpp"
 #endif
 
 namespace ds {
@@ -125,6 +128,76 @@ void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor
                                              write_grad, row_loss.data_ptr<float>(), nullptr);
 #else
   (void)targets, (void)row_grad, (void)write_grad, (void)row_loss;
+#endif
+}
+
+namespace {
+
+void check_elementwise(std::initializer_list<const torch::Tensor*> ts, const char* op) {
+  const torch::Tensor& x = **ts.begin();
+  check_cuda_route(x, op);
+  for (const torch::Tensor* t : ts)
+    DS_CHECK(t->is_contiguous() && t->scalar_type() == x.scalar_type() && t->device() == x.device() && t->numel() == x.numel(), op,
+             ": contiguous tensors of one dtype, device and size");
+}
+
+}  // namespace
+
+void cuda_gelu_tanh_forward(const torch::Tensor& x, const torch::Tensor& y) {
+  check_elementwise({&x, &y}, "gelu forward");
+#ifdef DS_WITH_CUDA_KERNELS
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::gelu_tanh_forward_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), nullptr);
+  else
+    kernels::cuda::gelu_tanh_forward_bf16(bf16_data(x), bf16_data(y), x.numel(), nullptr);
+#endif
+}
+
+void cuda_gelu_tanh_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& dx) {
+  check_elementwise({&x, &dy, &dx}, "gelu backward");
+#ifdef DS_WITH_CUDA_KERNELS
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::gelu_tanh_backward_f32(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel(), nullptr);
+  else
+    kernels::cuda::gelu_tanh_backward_bf16(bf16_data(dy), bf16_data(x), bf16_data(dx), x.numel(), nullptr);
+#endif
+}
+
+void cuda_swiglu_forward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& y) {
+  check_elementwise({&g, &u, &y}, "swiglu forward");
+#ifdef DS_WITH_CUDA_KERNELS
+  if (g.scalar_type() == torch::kFloat32)
+    kernels::cuda::swiglu_forward_f32(g.data_ptr<float>(), u.data_ptr<float>(), y.data_ptr<float>(), g.numel(), nullptr);
+  else
+    kernels::cuda::swiglu_forward_bf16(bf16_data(g), bf16_data(u), bf16_data(y), g.numel(), nullptr);
+#endif
+}
+
+void cuda_swiglu_backward(const torch::Tensor& dy, const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dg,
+                          const torch::Tensor& du) {
+  check_elementwise({&g, &dy, &u, &dg, &du}, "swiglu backward");
+#ifdef DS_WITH_CUDA_KERNELS
+  if (g.scalar_type() == torch::kFloat32)
+    kernels::cuda::swiglu_backward_f32(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                                       du.data_ptr<float>(), g.numel(), nullptr);
+  else
+    kernels::cuda::swiglu_backward_bf16(bf16_data(dy), bf16_data(g), bf16_data(u), bf16_data(dg), bf16_data(du), g.numel(), nullptr);
+#endif
+}
+
+void cuda_rope(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& cos, const torch::Tensor& sin,
+               const kernels::RopeShape& s) {
+  check_elementwise({&x, &y}, "rotary");
+  const int64_t half = s.D / 2;
+  DS_CHECK(x.numel() == s.rows * s.heads * s.D && cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+               cos.is_contiguous() && sin.is_contiguous() && cos.device() == x.device() && sin.device() == x.device() &&
+               cos.numel() == s.T * half && sin.numel() == s.T * half,
+           "rotary: x holds rows x heads x D; fp32 cos and sin (T, D/2), contiguous, on x's GPU");
+#ifdef DS_WITH_CUDA_KERNELS
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::rope_f32(x.data_ptr<float>(), y.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), s, nullptr);
+  else
+    kernels::cuda::rope_bf16(bf16_data(x), bf16_data(y), cos.data_ptr<float>(), sin.data_ptr<float>(), s, nullptr);
 #endif
 }
 

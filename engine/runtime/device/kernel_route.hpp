@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/layer_norm.hpp"  // NormShape
+#include "kernels/cpu/rope.hpp"        // RopeShape
 
 namespace ds {
 
@@ -39,5 +40,14 @@ void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const tor
 void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
                         const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
                         const kernels::NormShape& shape);
+// The MLP activations (kernels/cpu/activation.hpp's functions) over contiguous tensors of one dtype and size.
+void cuda_gelu_tanh_forward(const torch::Tensor& x, const torch::Tensor& y);
+void cuda_gelu_tanh_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& dx);
+void cuda_swiglu_forward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& y);
+void cuda_swiglu_backward(const torch::Tensor& dy, const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dg,
+                          const torch::Tensor& du);
+// Rotary embedding (kernels/cpu/rope.hpp) of contiguous x into y, fp32 cos and sin (T, D/2) on x's GPU.
+void cuda_rope(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& cos, const torch::Tensor& sin,
+               const kernels::RopeShape& shape);
 
 }  // namespace ds

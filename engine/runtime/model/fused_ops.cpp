@@ -67,10 +67,13 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
     const torch::Tensor x = x_in.contiguous();
     torch::Tensor y = torch::empty_like(x);
-    by_dtype(x, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::gelu_tanh_forward(raw<E>(x), raw<E>(y), x.numel());
-    });
+    if (kernel_route(x) == KernelRoute::cuda)
+      cuda_gelu_tanh_forward(x, y);
+    else
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::gelu_tanh_forward(raw<E>(x), raw<E>(y), x.numel());
+      });
     ctx->save_for_backward({x});
     return y;
   }
@@ -79,10 +82,13 @@ class GeluTanh : public torch::autograd::Function<GeluTanh> {
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
     torch::Tensor dx = torch::empty_like(x);
-    by_dtype(x, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::gelu_tanh_backward(raw<E>(dy), raw<E>(x), raw<E>(dx), x.numel());
-    });
+    if (kernel_route(x) == KernelRoute::cuda)
+      cuda_gelu_tanh_backward(dy, x, dx);
+    else
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::gelu_tanh_backward(raw<E>(dy), raw<E>(x), raw<E>(dx), x.numel());
+      });
     return {dx};
   }
 };
@@ -92,10 +98,13 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g_in, const torch::Tensor& u_in) {
     const torch::Tensor g = g_in.contiguous(), u = u_in.contiguous();
     torch::Tensor y = torch::empty_like(g);
-    by_dtype(g, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::swiglu_forward(raw<E>(g), raw<E>(u), raw<E>(y), g.numel());
-    });
+    if (kernel_route(g) == KernelRoute::cuda)
+      cuda_swiglu_forward(g, u, y);
+    else
+      by_dtype(g, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::swiglu_forward(raw<E>(g), raw<E>(u), raw<E>(y), g.numel());
+      });
     ctx->save_for_backward({g, u});
     return y;
   }
@@ -105,10 +114,13 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
     const torch::Tensor &g = saved[0], &u = saved[1];
     const torch::Tensor dy = grad_out[0].to(g.scalar_type()).contiguous();
     torch::Tensor dg = torch::empty_like(g), du = torch::empty_like(u);
-    by_dtype(g, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::swiglu_backward(raw<E>(dy), raw<E>(g), raw<E>(u), raw<E>(dg), raw<E>(du), g.numel());
-    });
+    if (kernel_route(g) == KernelRoute::cuda)
+      cuda_swiglu_backward(dy, g, u, dg, du);
+    else
+      by_dtype(g, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::swiglu_backward(raw<E>(dy), raw<E>(g), raw<E>(u), raw<E>(dg), raw<E>(du), g.numel());
+      });
     return {dg, du};
   }
 };
@@ -129,10 +141,13 @@ class Rotary : public torch::autograd::Function<Rotary> {
   static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
     const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
     torch::Tensor y = torch::empty_like(x);
-    by_dtype(x, [&](auto* e) {
-      using E = ElementOf<decltype(e)>;
-      CpuKernels<E>::rope(raw<E>(x), raw<E>(y), raw<float>(cos), raw<float>(sin), shape);
-    });
+    if (kernel_route(x) == KernelRoute::cuda)
+      cuda_rope(x, y, cos, sin, shape);
+    else
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::rope(raw<E>(x), raw<E>(y), raw<float>(cos), raw<float>(sin), shape);
+      });
     return y;
   }
 };
@@ -315,7 +330,7 @@ torch::Tensor inverse_rms(const torch::Tensor& xf, double eps) {
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
-  if (!on_cpu_kernels(x)) return torch::gelu(x, "tanh");
+  if (kernel_route(x) == KernelRoute::libtorch) return torch::gelu(x, "tanh");
   return GeluTanh::apply(x);
 }
 
@@ -338,7 +353,9 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
   DS_CHECK(x.size(3) % 2 == 0 && cos.sizes() == torch::IntArrayRef({T, half}) && sin.sizes() == cos.sizes() &&
                cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
            "rotary: x (B, T, heads, even D), fp32 cos and sin (T, D/2)");
-  if (on_cpu_kernels(x) && cos.is_contiguous() && sin.is_contiguous()) return Rotary::apply(x, cos, sin);
+  if (kernel_route(x) != KernelRoute::libtorch && cos.is_contiguous() && sin.is_contiguous() && cos.device() == x.device() &&
+      sin.device() == x.device())
+    return Rotary::apply(x, cos, sin);
   // Hugging Face's formula: the tables duplicated to D and cast to x's dtype.
   const auto table = [&](const torch::Tensor& t) { return torch::cat({t, t}, -1).to(x.device(), x.scalar_type()).view({T, 1, 2 * half}); };
   const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -346,7 +363,8 @@ torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const tor
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!on_cpu_kernels(gate) || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes())
+  if (kernel_route(gate) == KernelRoute::libtorch || up.scalar_type() != gate.scalar_type() || up.sizes() != gate.sizes() ||
+      up.device() != gate.device())
     return torch::silu(gate) * up;
   return SwiGlu::apply(gate, up);
 }
