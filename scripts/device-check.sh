@@ -7,8 +7,9 @@
 #   bench    the quickstart on the GPU; ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
 #            checkpoint; DS_BENCH_COMPILE=1 adds torch.compile); GPT-2 1.5B and TinyLlama's shape
 #            (bench/bench_cuda_shapes.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
-#   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape (Nsight Compute,
-#            one metric, clocks as found): ncu.csv and ncu-llama.csv, summed by scripts/ncu_summary.py
+#   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
+#            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
+#            scripts/ncu_summary.py
 #   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
 # Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
 # 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -89,6 +90,9 @@ if [ "$dry" = 1 ]; then
       # shellcheck disable=SC2086
       "$probe/ds" plan examples/gpu-gpt2.json $shape >/dev/null 2>&1 || { say "== ds plan examples/gpu-gpt2.json $shape failed"; status=3; }
     done
+    "$probe/ds" plan examples/gpu-gpt2.json model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=4 data.seq_len=512 \
+      'model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}' \
+      >/dev/null 2>&1 || { say "== ds plan of the LoRA profile's run failed"; status=3; }
     # The benchmark's and the profile's readers, on a short CPU run's metrics and a two-kernel profile.
     scratch=$(mktemp -d)
     "$probe/ds" train examples/quickstart.json train.steps=4 "train.output_dir=$scratch/run" >/dev/null 2>&1 &&
@@ -102,7 +106,7 @@ if [ "$dry" = 1 ]; then
   exit "$status"
 fi
 
-step machine 20 30 machine bash -c 'nvidia-smi; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; free -g; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"; which ncu compute-sanitizer'
+step build 20 30 machine bash -c 'nvidia-smi; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; free -g; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"; which ncu compute-sanitizer'
 
 pfx=/tmp/ds-device-prefix
 if [ ! -d "$pfx/usr/include/nlohmann" ]; then
@@ -140,7 +144,7 @@ stage_build() {
     -DCMAKE_SHARED_LINKER_FLAGS="-L$L" -DCMAKE_EXE_LINKER_FLAGS="-L$L" "${nccl_flag[@]}" "${cudart_flag[@]}" \
     -DCMAKE_CUDA_HOST_COMPILER="$(command -v g++ || command -v c++)"
   step build 60 360 build-ds cmake --build "$build" -j "$jobs" --target "${targets_ds[@]}" -- -k 0
-  [ -x "$build/ds" ] && step machine 5 30 ds-env bash -c "'$build/ds' --version && '$build/ds' env"
+  [ -x "$build/ds" ] && step build 5 30 ds-env bash -c "'$build/ds' --version && '$build/ds' env"
 }
 
 stage_bench() {
@@ -167,6 +171,14 @@ stage_profile() {
       train.steps=6 train.output_dir=/tmp/ds-ncu-run steps_per_print=1
     rm -rf /tmp/ds-ncu-run
     [ -s "$logs/ncu-llama.csv" ] && step profile 5 30 ncu-llama-summary python3 scripts/ncu_summary.py "$logs/ncu-llama.csv"
+    # LoRA r 16 on the same shape at 4 x 512, the benchmark's case (slower per step than full fine-tuning so far).
+    step profile 60 150 ncu-lora ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      --launch-skip "${DS_NCU_LORA_SKIP:-3000}" --launch-count "${DS_NCU_LORA_COUNT:-5000}" --log-file "$logs/ncu-lora.csv" \
+      "$build/ds" train examples/gpu-gpt2.json --device cuda model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=4 \
+      data.seq_len=512 'model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}' \
+      train.steps=6 train.output_dir=/tmp/ds-ncu-run steps_per_print=1
+    rm -rf /tmp/ds-ncu-run
+    [ -s "$logs/ncu-lora.csv" ] && step profile 5 30 ncu-lora-summary python3 scripts/ncu_summary.py "$logs/ncu-lora.csv"
   else
     say "== profile: ncu not on the PATH: skipped"
   fi
@@ -188,8 +200,8 @@ done
 
 # DS_DEVICE_EXTRA: one more command to run in this environment (a diagnosis on a lent machine).
 if [ -n "${DS_DEVICE_EXTRA:-}" ]; then
-  step extra 10 "$budget" extra bash -c "$DS_DEVICE_EXTRA"
-  tail -n 60 "$logs/extra.log"
+  step bench 10 "$budget" extra bash -c "$DS_DEVICE_EXTRA"
+  tail -n 60 "$logs/bench.log"
 fi
 say "== device check: $([ "$status" -eq 0 ] && echo ok || echo "FAILED ($status)") after $SECONDS s; logs in $logs"
 exit "$status"
