@@ -44,7 +44,7 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
   for (size_t i = 0; i < model.tensors.size(); ++i) {
     const TensorSpec& t = model.tensors[i];
     const bool is_frozen = !frozen_tensors.empty() && frozen_tensors[i];
-    if (is_embedding_table(t) && t.name.find("wpe") == std::string::npos) embedding_frozen = is_frozen;
+    if (is_token_table(t)) embedding_frozen = is_frozen;
     if (t.layer >= 0) {
       const std::string child = module_of(t);
       row(child.substr(0, child.rfind('.')), 1, t.layer);  // the block, before its first child

@@ -122,7 +122,7 @@ double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>&
     if (!frozen[i] || t.shape.size() != 2) continue;
     if (!is_embedding_table(t))
       frozen_matmul += static_cast<double>(t.numel);
-    else if (model.hp.tie_word_embeddings && t.name.find("wpe") == std::string::npos)
+    else if (model.hp.tie_word_embeddings && is_token_table(t))
       frozen_matmul += static_cast<double>(model.hp.vocab_size) * static_cast<double>(model.hp.hidden_size);
   }
   return 6.0 * model.matmul_params() - 2.0 * frozen_matmul + 6.0 * static_cast<double>(lora.adapters.num_params) +
@@ -133,8 +133,7 @@ double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint
   const double VC = static_cast<double>(model.hp.vocab_size) * static_cast<double>(model.hp.hidden_size);
   for (size_t i = 0; i < frozen.size(); ++i) {
     const TensorSpec& t = model.tensors[i];
-    const bool head = model.hp.tie_word_embeddings ? is_embedding_table(t) && t.name.find("wpe") == std::string::npos
-                                                   : t.name == "lm_head.weight";
+    const bool head = model.hp.tie_word_embeddings ? is_token_table(t) : t.name == "lm_head.weight";
     if (frozen[i] && head) return 4 * VC;
   }
   return 6 * VC;

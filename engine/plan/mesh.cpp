@@ -121,7 +121,6 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
   if (s.hp.num_kv_heads > 0) s.hp.num_kv_heads = model.hp.num_kv_heads / t;
   s.hp.intermediate_size = model.hp.intermediate_size / t;
   s.hp.vocab_size = ceil_div(model.hp.vocab_size, t);  // the rows of the table and head a rank holds
-  s.holds_embeddings = st.embeddings;
   s.holds_head = st.head;
   std::map<int, int64_t> per_block;
   const auto add = [&](const TensorSpec& whole, int layer) {

@@ -513,6 +513,8 @@ bool is_embedding_table(const TensorSpec& t) {
          t.name.find("embed_tokens") != std::string::npos;
 }
 
+bool is_token_table(const TensorSpec& t) { return is_embedding_table(t) && t.name.find("wpe") == std::string::npos; }
+
 double ModelSpec::matmul_params() const {
   double n = 0;
   for (const auto& t : tensors)

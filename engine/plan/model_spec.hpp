@@ -90,9 +90,9 @@ struct ModelSpec {
   int64_t num_params = 0;           // tied weights counted once
   int64_t largest_module_params = 0;  // DeepSpeed's "largest layer": the biggest module's own params
   int64_t largest_block_params = 0;   // params of one transformer block (the unit ZeRO-3 gathers)
-  // Which ends of the model this spec holds: both for a whole model; a pipeline stage's share (engine/plan/mesh)
-  // holds the embeddings on the first stage, the final norm and head on the last, neither in the middle.
-  bool holds_embeddings = true, holds_head = true;
+  // Whether this spec holds the final norm and head: a whole model does; of a pipeline's stages (engine/plan/mesh)
+  // only the last. (A stage's embedding tables are in `tensors` or not: nothing else depends on them.)
+  bool holds_head = true;
 
   // Training FLOPs per token at sequence length T: 6 x (matmul params incl. the output head)
   // + 12 L T C_attn (attention scores and values), as in PaLM (Chowdhery et al. 2022, app. B) and
@@ -142,6 +142,9 @@ inline int64_t attention_chunk_rows(int64_t batch_heads, int64_t T) {
 // A token or position table (wte, wpe, embed_tokens): looked up, not multiplied; the tied head's matmul
 // reads wte but is counted as the head's.
 bool is_embedding_table(const TensorSpec& t);
+// The token table (wte, embed_tokens): an embedding table that is not the position table (wpe); a tied head
+// multiplies by it.
+bool is_token_table(const TensorSpec& t);
 
 // Names of the built-in presets, in display order.
 const std::vector<std::string>& model_preset_names();

@@ -11,8 +11,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ float widen(uint16_t x) { return bf16_to_float(x); }
 __device__ __forceinline__ void store(float* y, int64_t i, float v) { y[i] = v; }
 __device__ __forceinline__ void store(uint16_t* y, int64_t i, float v) { y[i] = float_to_bf16(v); }
 

@@ -33,11 +33,12 @@ __global__ void rope_kernel(const T* x, T* y, const float* cos, const float* sin
 
 template <class T>
 void rope(const T* x, T* y, const float* cos, const float* sin, const RopeShape& s, void* stream) {
-  if (s.rows < 0 || s.T <= 0 || s.heads <= 0 || s.D <= 0 || s.D % 2 != 0)
+  const bool empty = s.rows == 0 || s.heads == 0 || s.D == 0;  // nothing to rotate, as on the CPU
+  if (s.rows < 0 || s.heads < 0 || s.D < 0 || s.D % 2 != 0 || (!empty && s.T <= 0))
     throw std::runtime_error("rope: bad shape (rows " + std::to_string(s.rows) + ", T " + std::to_string(s.T) + ", heads " +
                              std::to_string(s.heads) + ", D " + std::to_string(s.D) + ")");
+  if (empty) return;
   const int64_t pairs = s.rows * s.heads * (s.D / 2);
-  if (pairs == 0) return;
   const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, (pairs + kThreads - 1) / kThreads));
   rope_kernel<T><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, cos, sin, s.rows, s.T, s.heads, s.D,
                                                                              s.inverse ? -1.f : 1.f);

@@ -2,7 +2,6 @@
 
 #include <initializer_list>
 #include <type_traits>
-#include <vector>
 
 #include "common/error.hpp"
 #ifdef DS_WITH_CUDA_KERNELS
@@ -46,15 +45,21 @@ E* data_or_null(const torch::Tensor& t) {
     return t.data_ptr<E>();
 }
 
-void check_norm_tensors(const std::vector<torch::Tensor>& same_dtype, const torch::Tensor& mean, const torch::Tensor& rstd,
+// x and every tensor of `like_x` (y; dy, dx) of x's dtype, device and size; w and b (undefined for RMSNorm) one a
+// column; mean and rstd one fp32 a row; all contiguous.
+void check_norm_tensors(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                        std::initializer_list<const torch::Tensor*> like_x, const torch::Tensor& mean, const torch::Tensor& rstd,
                         const kernels::NormShape& s) {
-  const torch::Tensor& x = same_dtype.front();
-  for (const torch::Tensor& t : same_dtype)
-    DS_CHECK(!t.defined() || (t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device() == x.device()),
-             "norm: x, w, b, y (dy, dx) contiguous, of one dtype, on one device");
-  DS_CHECK(x.numel() == s.rows * s.cols && mean.scalar_type() == torch::kFloat32 && rstd.scalar_type() == torch::kFloat32 &&
-               mean.numel() == s.rows && rstd.numel() == s.rows,
-           "norm: x holds rows x cols, mean and rstd one fp32 a row");
+  const auto same_kind = [&](const torch::Tensor& t) {
+    return t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device() == x.device();
+  };
+  DS_CHECK(same_kind(x) && x.numel() == s.rows * s.cols, "norm: x contiguous, holding rows x cols");
+  for (const torch::Tensor* t : like_x) DS_CHECK(same_kind(*t) && t->numel() == x.numel(), "norm: y (dy, dx) like x");
+  DS_CHECK(same_kind(w) && w.numel() == s.cols && (!b.defined() || (same_kind(b) && b.numel() == s.cols)),
+           "norm: w (and b) of x's dtype and device, one a column");
+  for (const torch::Tensor* stat : {&mean, &rstd})
+    DS_CHECK(stat->scalar_type() == torch::kFloat32 && stat->is_contiguous() && stat->numel() == s.rows && stat->device() == x.device(),
+             "norm: mean and rstd one fp32 a row, contiguous, on x's device");
 }
 
 }  // namespace
@@ -62,7 +67,7 @@ void check_norm_tensors(const std::vector<torch::Tensor>& same_dtype, const torc
 void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
                        const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& s) {
   check_cuda_route(x, "norm forward");
-  check_norm_tensors({x, w, b, y}, mean, rstd, s);
+  check_norm_tensors(x, w, b, {&y}, mean, rstd, s);
 #ifdef DS_WITH_CUDA_KERNELS
   if (x.scalar_type() == torch::kFloat32)
     kernels::cuda::norm_forward_f32(x.data_ptr<float>(), w.data_ptr<float>(), data_or_null<float>(b), y.data_ptr<float>(),
@@ -79,9 +84,12 @@ void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const t
                         const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
                         const kernels::NormShape& s) {
   check_cuda_route(x, "norm backward");
-  check_norm_tensors({x, dy, w, dx}, mean, rstd, s);
-  DS_CHECK(dw.scalar_type() == torch::kFloat32 && dw.numel() == s.cols && (!db.defined() || db.sizes() == dw.sizes()),
-           "norm backward: dw (and db) fp32, one a column");
+  check_norm_tensors(x, w, torch::Tensor(), {&dy, &dx}, mean, rstd, s);
+  for (const torch::Tensor* grad : {&dw, &db})
+    DS_CHECK(!grad->defined() || (grad->scalar_type() == torch::kFloat32 && grad->numel() == s.cols && grad->is_contiguous() &&
+                                  grad->device() == x.device()),
+             "norm backward: dw (and db) fp32, one a column, contiguous, on x's device");
+  DS_CHECK(dw.defined(), "norm backward: dw is required");
 #ifdef DS_WITH_CUDA_KERNELS
   // The column sums' partials, from LibTorch's caching allocator on the current stream.
   const torch::Tensor scratch = torch::empty({kernels::cuda::norm_backward_scratch_floats(s)}, dw.options());

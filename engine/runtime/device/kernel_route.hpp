@@ -25,7 +25,9 @@ KernelRoute kernel_route(const torch::Tensor& x);
 bool on_host(const torch::Tensor& x);
 bool on_host(const torch::Device& d);
 
-// kernels/cuda's model kernels, for tensors kernel_route sends there (checked), on the current stream.
+// kernels/cuda's model kernels, for tensors kernel_route sends there (checked), queued on the legacy default
+// stream: LibTorch's default and the CUDA Device's compute stream (a CUDAStreamGuard around the model would
+// need the current stream passed here instead), on the current device (one GPU a process).
 // y = x with dropout's mask of `key` applied (kernels/dropout_mask.hpp), x and y contiguous, of one dtype.
 void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, uint32_t keep_below, float scale);
 // Each row's softmax cross-entropy into row_loss (fp32), and with write_grad its gradient times row_grad over

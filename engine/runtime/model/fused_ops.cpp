@@ -304,9 +304,11 @@ torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const t
 
 namespace {
 
-// ds's norm kernels take x, w (and b) of one dtype and device: the host's (kernels/cpu) or a GPU's (kernels/cuda).
+// ds's norm kernels take x, w (and b) of one dtype and device: the host's (kernels/cpu) or a GPU's (kernels/cuda);
+// a last dimension of 0 (nothing to normalise over) is LibTorch's.
 bool on_norm_kernels(const torch::Tensor& x, const torch::Tensor& w) {
-  return kernel_route(x) != KernelRoute::libtorch && w.scalar_type() == x.scalar_type() && w.device() == x.device();
+  return kernel_route(x) != KernelRoute::libtorch && x.dim() > 0 && x.size(-1) > 0 && w.scalar_type() == x.scalar_type() &&
+         w.device() == x.device();
 }
 
 }  // namespace
