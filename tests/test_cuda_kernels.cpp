@@ -542,3 +542,33 @@ TEST_F(CudaKernels, RotaryMatchesTheCpuReference) {
   EXPECT_THROW(kernels::cuda::rope_f32(nullptr, nullptr, nullptr, nullptr, kernels::RopeShape{4, 2, 1, 3, false}, nullptr),
                std::runtime_error);
 }
+
+// A bias's gradient as the GPU sums it: out += each column's sum over the rows, against the sums in double, out
+// rounded once; fp32 and bf16, more rows than one chunk, a width no multiple of a warp's columns.
+template <class T>
+void check_column_sums(int64_t rows, int64_t cols, unsigned seed) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << rows << " x " << cols);
+  const std::vector<T> x = typed<T>(normal(static_cast<size_t>(rows * cols), 1.0f, seed));
+  const std::vector<float> x_f = widened(x);
+  std::vector<float> want(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0.5;  // what out held
+    for (int64_t r = 0; r < rows; ++r) sum += x_f[static_cast<size_t>(r * cols + c)];
+    want[static_cast<size_t>(c)] = static_cast<float>(sum);
+  }
+  OnDevice<T> d_x(x), d_out(typed<T>(std::vector<float>(static_cast<size_t>(cols), 0.5f)));
+  OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::column_sums_scratch_floats(rows, cols)), NAN));
+  if constexpr (sizeof(T) == 2)
+    kernels::cuda::column_sums_add_bf16(d_x.p, rows, cols, d_out.p, scratch.p, nullptr);
+  else
+    kernels::cuda::column_sums_add_f32(d_x.p, rows, cols, d_out.p, scratch.p, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // fp32 sums of up to 3000 terms of about 1 in another order: 1e-4 of sqrt(rows) absolute.
+  expect_close(want, widened(d_out.host()), sizeof(T) == 2 ? 7.9e-3 : 1e-5, "column sums", 1e-4 * std::sqrt(static_cast<double>(rows)));
+}
+
+TEST_F(CudaKernels, ColumnSumsAddABiasGradientOnce) {
+  check_column_sums<float>(3000, 130, 61);
+  check_column_sums<uint16_t>(1000, 768, 62);
+  check_column_sums<uint16_t>(5, 3, 63);
+}

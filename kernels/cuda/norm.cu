@@ -103,20 +103,22 @@ __global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const fl
 
 // Each block: 128 columns over one chunk of rows; each of its 8 row lanes sums every 8th row, then the lanes
 // are added in order. partial_w/partial_b: chunks x C.
+// Without x (a projection's bias gradient) only the sums of dy are made: partial_w is not written.
 template <class T>
 __global__ void weight_grads_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_w, float* partial_b,
                                     int64_t rows, int64_t C, int64_t rows_per_chunk) {
+  const bool norm = x != nullptr;
   const int64_t chunk = blockIdx.y, r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
   float aw[kColsPerThread] = {}, ab[kColsPerThread] = {};
   for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-    const float mu = mean[r], rs = rstd[r];
+    const float mu = norm ? mean[r] : 0.f, rs = norm ? rstd[r] : 0.f;
 #pragma unroll
     for (int k = 0; k < kColsPerThread; ++k) {
       const int64_t c = c0 + 32 * k;
       if (c < C) {
         const float d = widen(dy[r * C + c]);
-        aw[k] += d * ((widen(x[r * C + c]) - mu) * rs);
+        if (norm) aw[k] += d * ((widen(x[r * C + c]) - mu) * rs);
         ab[k] += d;
       }
     }
@@ -138,20 +140,23 @@ __global__ void weight_grads_kernel(const T* dy, const T* x, const float* mean, 
       tw += sw[j][threadIdx.x + 32 * k];
       tb += sb[j][threadIdx.x + 32 * k];
     }
-    partial_w[chunk * C + c] = tw;
+    if (norm) partial_w[chunk * C + c] = tw;
     partial_b[chunk * C + c] = tb;
   }
 }
 
 // Each block: 32 columns; its 8 row lanes sum every 8th chunk, then the lanes are added in order (a thread a
 // column walking every chunk took 38 us at GPT-2's 169 chunks x 768: latency, not bytes).
-__global__ void sum_chunks_kernel(const float* partial_w, const float* partial_b, float* dw, float* db, int64_t chunks, int64_t C) {
+// dw and db (either may be null) are added to, in their own type (fp32 for the norms; the bias's type for a projection,
+// rounded once).
+template <class O>
+__global__ void sum_chunks_kernel(const float* partial_w, const float* partial_b, O* dw, O* db, int64_t chunks, int64_t C) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float tw = 0.f, tb = 0.f;
   if (c < C) {
 #pragma unroll 4
     for (int64_t k = threadIdx.y; k < chunks; k += kRowLanes) {
-      tw += partial_w[k * C + c];
+      if (dw) tw += partial_w[k * C + c];
       tb += partial_b[k * C + c];
     }
   }
@@ -166,8 +171,8 @@ __global__ void sum_chunks_kernel(const float* partial_w, const float* partial_b
     tw += sw[j][threadIdx.x];
     tb += sb[j][threadIdx.x];
   }
-  dw[c] += tw;
-  if (db) db[c] += tb;
+  if (dw) narrow_into(dw[c], widen(dw[c]) + tw);
+  if (db) narrow_into(db[c], widen(db[c]) + tb);
 }
 
 // The weight gradients' chunks of rows: about kGradBlocks blocks in all, at least 64 rows a chunk.
@@ -222,9 +227,24 @@ void backward(const T* dy, const T* x, const T* w, const float* mean, const floa
   const dim3 grid(static_cast<unsigned>((s.cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(chunks));
   weight_grads_kernel<T><<<grid, dim3(32, kRowLanes), 0, st>>>(dy, x, mean, rstd, partial_w, partial_b, s.rows, s.cols, per);
   ds::cuda::check(cudaGetLastError(), "norm backward (weight gradients) launch");
-  sum_chunks_kernel<<<static_cast<unsigned>((s.cols + 31) / 32), dim3(32, kRowLanes), 0, st>>>(partial_w, partial_b, dw, db, chunks,
-                                                                                              s.cols);
+  sum_chunks_kernel<float><<<static_cast<unsigned>((s.cols + 31) / 32), dim3(32, kRowLanes), 0, st>>>(partial_w, partial_b, dw, db,
+                                                                                                     chunks, s.cols);
   ds::cuda::check(cudaGetLastError(), "norm backward (chunk sums) launch");
+}
+
+template <class T>
+void column_sums_add(const T* x, int64_t rows, int64_t cols, T* out, float* scratch, void* stream) {
+  const NormShape s{rows, cols, 0.f, true};
+  check_shape(s, "column sums");
+  if (rows == 0) return;
+  auto* st = static_cast<cudaStream_t>(stream);
+  const int64_t per = rows_per_chunk(s), chunks = chunk_count(s);
+  const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(chunks));
+  weight_grads_kernel<T><<<grid, dim3(32, kRowLanes), 0, st>>>(x, nullptr, nullptr, nullptr, nullptr, scratch, rows, cols, per);
+  ds::cuda::check(cudaGetLastError(), "column sums launch");
+  sum_chunks_kernel<T><<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kRowLanes), 0, st>>>(nullptr, scratch, nullptr, out, chunks,
+                                                                                               cols);
+  ds::cuda::check(cudaGetLastError(), "column sums (chunk sums) launch");
 }
 
 }  // namespace
@@ -239,6 +259,14 @@ void norm_forward_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, 
 }
 
 int64_t norm_backward_scratch_floats(const NormShape& s) { return 2 * chunk_count(s) * s.cols; }
+
+int64_t column_sums_scratch_floats(int64_t rows, int64_t cols) { return chunk_count(NormShape{rows, cols, 0.f, true}) * cols; }
+void column_sums_add_f32(const float* x, int64_t rows, int64_t cols, float* out, float* scratch, void* stream) {
+  column_sums_add(x, rows, cols, out, scratch, stream);
+}
+void column_sums_add_bf16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* out, float* scratch, void* stream) {
+  column_sums_add(x, rows, cols, out, scratch, stream);
+}
 
 void norm_backward_f32(const float* dy, const float* x, const float* w, const float* mean, const float* rstd, float* dx, float* dw,
                        float* db, float* scratch, const NormShape& s, void* stream) {

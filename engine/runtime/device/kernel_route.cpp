@@ -139,6 +139,21 @@ void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor
 #endif
 }
 
+void cuda_column_sums_add(const torch::Tensor& x, const torch::Tensor& out) {
+  check_cuda_route(x, "column sums");
+  DS_CHECK(x.dim() == 2 && x.is_contiguous() && out.is_contiguous() && out.scalar_type() == x.scalar_type() &&
+               out.device() == x.device() && out.numel() == x.size(1) && x.size(1) > 0,
+           "column sums: x (rows, cols) contiguous, out of cols elements of x's dtype and device");
+#ifdef DS_WITH_CUDA_KERNELS
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const torch::Tensor scratch = torch::empty({kernels::cuda::column_sums_scratch_floats(rows, cols)}, x.options().dtype(torch::kFloat32));
+  if (x.scalar_type() == torch::kFloat32)
+    kernels::cuda::column_sums_add_f32(x.data_ptr<float>(), rows, cols, out.data_ptr<float>(), scratch.data_ptr<float>(), nullptr);
+  else
+    kernels::cuda::column_sums_add_bf16(bf16_data(x), rows, cols, bf16_data(out), scratch.data_ptr<float>(), nullptr);
+#endif
+}
+
 namespace {
 
 void check_elementwise(std::initializer_list<const torch::Tensor*> ts, const char* op) {

@@ -42,6 +42,8 @@ void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const tor
 void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
                         const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
                         const kernels::NormShape& shape);
+// out += the sums of x's columns (x rows x cols, contiguous; out cols elements of x's dtype): a bias's gradient.
+void cuda_column_sums_add(const torch::Tensor& x, const torch::Tensor& out);
 // The MLP activations (kernels/cpu/activation.hpp's functions) over contiguous tensors of one dtype and size.
 void cuda_gelu_tanh_forward(const torch::Tensor& x, const torch::Tensor& y);
 void cuda_gelu_tanh_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& dx);

@@ -216,7 +216,9 @@ variable_list project_backward(AutogradContext* ctx, const torch::Tensor& grad, 
   }
   if (want_db && ctx->saved_data.count("bias")) {
     torch::Tensor g = bound_gradient(ctx->saved_data["bias"].toTensor());
-    if (g.defined())
+    if (g.defined() && kernel_route(g) == KernelRoute::cuda && dy.scalar_type() == g.scalar_type() && dy.size(1) > 0)
+      cuda_column_sums_add(dy.contiguous(), g);  // one pass over dy, summed in fp32 and rounded once
+    else if (g.defined())
       g.add_(dy.sum(0));
     else
       out[2] = dy.sum(0);
