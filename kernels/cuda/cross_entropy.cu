@@ -14,6 +14,8 @@ namespace ds::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
+// Rows up to this size stay in shared memory between the passes: two blocks an SM of an H100/H200 (228 KiB).
+constexpr size_t kMaxCachedRowBytes = 112 * 1024;
 
 // A running maximum and the sum of exp(z - max) over what was seen: the online softmax's state.
 struct MaxSum {
@@ -65,17 +67,23 @@ __device__ MaxSum block_merge(MaxSum v) {
   return total;
 }
 
-template <class T>
+// kCached: the row is kept in shared memory between the two passes (it fits: GPT-2's 50,257 bf16 logits are
+// 98 KiB), so the logits are read from device memory once, not twice. Each thread reads back what it stored.
+template <class T, bool kCached>
 __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
                                      bool write_grad, float* row_loss) {
   constexpr int kN = Pack<T>::kN;
+  extern __shared__ __align__(16) unsigned char shared_row[];
   T* row = logits + static_cast<int64_t>(blockIdx.x) * row_stride;
+  T* cache = kCached ? reinterpret_cast<T*>(shared_row) : row;
   const bool packed = reinterpret_cast<uintptr_t>(row) % 16 == 0;
   const int64_t n_packs = packed ? vocab / kN : 0;
   const auto* packs = reinterpret_cast<Pack<T>*>(row);
+  auto* cache_packs = reinterpret_cast<Pack<T>*>(cache);
   MaxSum st;
   for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
     const Pack<T> p = packs[i];
+    if constexpr (kCached) cache_packs[i] = p;
     float z[kN];
     MaxSum local;
     local.m = -INFINITY;
@@ -97,6 +105,7 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
     st = merge(st, local);
   }
   for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) {
+    if constexpr (kCached) cache[j] = row[j];
     MaxSum one;
     one.m = widen(row[j]);
     one.s = one.m != one.m ? NAN : 1.f;
@@ -114,12 +123,12 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
   auto grad = [&](float z, int64_t j) { return (expf(z - lse) - (j == t ? 1.f : 0.f)) * grad_scale; };
   auto* wpacks = reinterpret_cast<Pack<T>*>(row);
   for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
-    Pack<T> p = wpacks[i];
+    Pack<T> p = cache_packs[i];
 #pragma unroll
     for (int k = 0; k < kN; ++k) narrow_into(p.v[k], grad(widen(p.v[k]), i * kN + k));
     wpacks[i] = p;
   }
-  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) narrow_into(row[j], grad(widen(row[j]), j));
+  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) narrow_into(row[j], grad(widen(cache[j]), j));
 }
 
 template <class T>
@@ -129,8 +138,22 @@ void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int6
   if (vocab <= 0 || row_stride < vocab || rows > 0x7fffffff)
     throw std::runtime_error("softmax_cross_entropy: bad shape (rows " + std::to_string(rows) + ", vocab " + std::to_string(vocab) +
                              ", row stride " + std::to_string(row_stride) + ")");
-  cross_entropy_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      logits, targets, vocab, row_stride, grad_scale, write_grad, row_loss);
+  auto* st = static_cast<cudaStream_t>(stream);
+  const size_t row_bytes = (static_cast<size_t>(vocab) * sizeof(T) + 15) / 16 * 16;
+  if (write_grad && row_bytes <= kMaxCachedRowBytes) {
+    static bool opted_in = false;  // per T: shared memory past 48 KiB is granted on request
+    if (!opted_in) {
+      ds::cuda::check(cudaFuncSetAttribute(cross_entropy_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kMaxCachedRowBytes)),
+                      "softmax_cross_entropy: shared memory");
+      opted_in = true;
+    }
+    cross_entropy_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, row_bytes, st>>>(logits, targets, vocab, row_stride,
+                                                                                             grad_scale, write_grad, row_loss);
+  } else {
+    cross_entropy_kernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(logits, targets, vocab, row_stride, grad_scale,
+                                                                                      write_grad, row_loss);
+  }
   ds::cuda::check(cudaGetLastError(), "softmax_cross_entropy launch");
 }
 

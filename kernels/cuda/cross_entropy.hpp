@@ -2,7 +2,8 @@
 // them in the same call: the GPU's twin of kernels/cpu/cross_entropy (the same function and bf16 rounding;
 // fp32 throughout where the CPU keeps the row's sum and lse in double, so a gradient may differ by one bf16
 // step, a loss by about 1e-6 of a row's largest logit). One block per row reads the row once for its maximum and sum of exponentials (online),
-// and once more to write the gradient, instead of the ten library passes over a widened fp32 copy.
+// keeping it in shared memory where it fits (112 KiB: GPT-2's bf16 rows), and writes the gradient from there (else
+// reads the row again), instead of the ten library passes over a widened fp32 copy.
 //
 // Per row r with target t:  lse = log sum_j exp(z_j);  row_loss[r] = lse - z_t
 //                           z_j <- (exp(z_j - lse) - [j == t]) * grad_scale      (when write_grad)
