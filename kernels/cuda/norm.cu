@@ -75,12 +75,16 @@ __global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const fl
   const T* xr = x + r * C;
   const T* dyr = dy + r * C;
   const float mu = mean[r], rs = rstd[r];
-  float sg = 0.f, sgx = 0.f;
-  for (int64_t c = lane * V; c < C; c += 32 * V) {
-    float xv[V], dv[V], wv[V];
+  // Each pass reads x, dy and w at columns c..c+V-1 (the second from L1/L2: a row is a few KiB).
+  const auto load_at = [&](int64_t c, float(&xv)[V], float(&dv)[V], float(&wv)[V]) {
     load_widened<T, V>(xr + c, xv);
     load_widened<T, V>(dyr + c, dv);
     load_widened<T, V>(w + c, wv);
+  };
+  float sg = 0.f, sgx = 0.f;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    float xv[V], dv[V], wv[V];
+    load_at(c, xv, dv, wv);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float g = dv[k] * wv[k];
@@ -92,9 +96,7 @@ __global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const fl
   T* dxr = dx + r * C;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     float xv[V], dv[V], wv[V];
-    load_widened<T, V>(xr + c, xv);
-    load_widened<T, V>(dyr + c, dv);
-    load_widened<T, V>(w + c, wv);
+    load_at(c, xv, dv, wv);
 #pragma unroll
     for (int k = 0; k < V; ++k) xv[k] = rs * (dv[k] * wv[k] - a - (xv[k] - mu) * rs * bb);
     store_narrowed<T, V>(dxr + c, xv);
