@@ -3,6 +3,7 @@
 // without starting processes (the Gloo runs in test_zero.cpp remain the integration tests).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <exception>
 #include <fstream>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/plan/mesh.hpp"
 #include "engine/runtime/comm/comm_local.hpp"
 #include "engine/runtime/run/flat_params.hpp"
 #include "engine/runtime/model/language_model.hpp"
@@ -524,4 +526,56 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
       EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::gradients).bytes, N * (4 + 2) * share);
     });
   }
+}
+
+// The mesh's groups as sub-communicators of the world's: 8 ranks over Gloo as data x tensor x pipeline = 2 x 2 x 2
+// in the plan's layout (mesh_groups). Each rank joins its tensor, data and pipeline group; an all-reduce in each sums
+// over that group's ranks only, an all-gather fills the group's spans, each group's ledger counts its own bytes (a
+// ring's, computed here) and the world's none. Ranks of a group are named by their world rank. The in-process
+// LocalGroup refuses, saying so.
+TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
+  const MeshShape mesh{2, 2, 2};
+  const int W = mesh.world();
+  const int port = free_port();
+  on_ranks(W, [&](int rank) {
+    Topology t;
+    t.world_size = W;
+    t.rank = rank;
+    t.master_addr = "127.0.0.1";
+    t.master_port = port;
+    const std::unique_ptr<Communicator> world = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(60));
+    for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline}) {
+      const std::vector<std::vector<int>> groups = mesh_groups(mesh, axis);
+      size_t index = 0;
+      while (index < groups.size() && std::find(groups[index].begin(), groups[index].end(), rank) == groups[index].end()) ++index;
+      ASSERT_LT(index, groups.size()) << "rank " << rank << " is in no " << mesh_axis_name(axis) << " group";
+      const std::vector<int>& members = groups[index];
+      const std::string name = std::string(mesh_axis_name(axis)) + "-" + std::to_string(index);
+      const std::string what = "rank " + std::to_string(rank) + " in " + name;
+      const std::unique_ptr<Communicator> group = world->split(name, members);
+      const int n = static_cast<int>(members.size());
+      ASSERT_EQ(group->world_size(), n) << what;
+      EXPECT_EQ(members[static_cast<size_t>(group->rank())], rank) << what;
+      torch::Tensor x = torch::full({5}, static_cast<double>(rank + 1), torch::kFloat32);
+      group->all_reduce_sum(x, CollectiveKind::gradients);
+      double want = 0;
+      for (const int m : members) want += m + 1;
+      EXPECT_EQ(x[4].item<double>(), want) << what;
+      Ownership owners(static_cast<size_t>(n));
+      for (int k = 0; k < n; ++k) owners[static_cast<size_t>(k)] = {{k, 1}};
+      torch::Tensor g = torch::full({n}, -1.0, torch::kFloat32);
+      g[group->rank()] = 10.0 * rank;
+      group->all_gather_async(g, owners, CollectiveKind::updated_parameters)->wait();
+      for (int k = 0; k < n; ++k) EXPECT_EQ(g[k].item<double>(), 10.0 * members[static_cast<size_t>(k)]) << what << " element " << k;
+      // A ring all-reduce sends 2 (n - 1) / n of its 20 bytes from each rank.
+      EXPECT_DOUBLE_EQ(group->ledger().at(CollectiveKind::gradients).bytes, 2.0 * (n - 1) / n * 20.0) << what;
+      EXPECT_EQ(world->ledger().count(CollectiveKind::gradients), 0u) << what;
+    }
+    world->barrier();
+  });
+  LocalGroup local(2);
+  on_ranks(2, [&](int rank) {
+    const std::unique_ptr<Communicator> c = local.join(rank);
+    EXPECT_THROW(c->split("tensor-0", {0, 1}), UserError);
+  });
 }

@@ -24,6 +24,25 @@ std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const To
                   "GPU ranks need the CUDA build (see the README); CPU ranks use gloo");
 }
 
+std::unique_ptr<Communicator> Communicator::split(const std::string& name, const std::vector<int>&) {
+  throw UserError("this communicator cannot form the group " + name + " of some of its ranks",
+                  "groups of ranks (tensor, pipeline and data parallel) run over Gloo: start the ranks as processes");
+}
+
+int Communicator::place_in(const std::string& name, const std::vector<int>& members) const {
+  int place = -1;
+  std::vector<bool> seen(static_cast<size_t>(world_), false);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int r = members[i];
+    DS_CHECK(r >= 0 && r < world_ && !seen[static_cast<size_t>(r)], "group ", name, ": rank ", r,
+             " is out of the world's ", world_, " ranks or listed twice");
+    seen[static_cast<size_t>(r)] = true;
+    if (r == rank_) place = static_cast<int>(i);
+  }
+  DS_CHECK(place >= 0, "group ", name, ": rank ", rank_, " is not among its members");
+  return place;
+}
+
 CommStats& Communicator::count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event) {
   CommStats& s = ledger_[kind];
   s.op = collective_op_name(op);

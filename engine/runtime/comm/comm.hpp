@@ -9,7 +9,8 @@
 //    LibTorch 1.13's Gloo has no reduce-scatter; sent directly they move half an all-reduce's bytes.
 //  * LocalGroup (engine/runtime/comm/comm_local.hpp): ranks as threads of one process, for unit tests of
 //    ZeRO's exchange at every stage without starting processes.
-// A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
+// split() forms a group of some ranks (the mesh's tensor, data and pipeline groups) over the same transport
+// and rendezvous: Gloo's meet under the group's name in the world's store. // A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
 // plan's CollectiveKind, with the bytes this rank sent (ring algorithms, engine/plan/comm.hpp).
 #pragma once
 
@@ -70,6 +71,12 @@ class Communicator {
   virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
                                                                       const torch::Tensor& scratch, CollectiveKind kind) = 0;
   virtual void barrier() = 0;
+  // A communicator over `members` (ranks of this one, in order, each once, this rank among them), met under
+  // `name`: every member calls it with the same name and members, and no other group uses that name. The
+  // mesh's tensor, pipeline and data groups are these, over the world's own transport and rendezvous. Its
+  // rank is this rank's place in `members`; its collectives involve only them; its ledger is its own.
+  // Throws UserError where the implementation cannot (the in-process LocalGroup).
+  virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members);
   // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
   // can name the ranks that never arrived.
   virtual void mark_step(int64_t step) { step_ = step; }
@@ -90,6 +97,8 @@ class Communicator {
   // One more call of `kind`: an `op` over `payload_bytes` (the ledger's figure is a ring's wire bytes for
   // it). `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
   CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
+  // This rank's place in `members` for split(), after checking them (every rank once, in range, this one among them).
+  int place_in(const std::string& name, const std::vector<int>& members) const;
   // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
   static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
 

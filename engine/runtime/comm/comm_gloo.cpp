@@ -1,5 +1,6 @@
 #include "engine/runtime/comm/comm.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -18,7 +19,13 @@ namespace {
 // as its all-reduce: ds sends the all-gather's and the reduce-scatter's pieces point to point.
 class GlooCommunicator : public Communicator {
  public:
+  // The world's: rendezvous through a TCPStore at host:port (rank 0 hosts it).
   GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
+  // A group of the world's ranks, met through `store` (the world's, under the group's prefix); `world_ranks[r]`
+  // is this group's rank r in the world, for messages.
+  GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
+                   const std::string& name);
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override;
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override;
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override;
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
@@ -30,6 +37,9 @@ class GlooCommunicator : public Communicator {
  private:
   // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
   std::string who_is_behind() const;
+  // Gloo's process group over store_ (the constructors' common part); `where` names the rendezvous in an error.
+  void join(const std::string& where);
+  std::string world_rank(int r) const { return std::to_string(world_ranks_[static_cast<size_t>(r)]); }
   using Works = std::vector<c10::intrusive_ptr<c10d::Work>>;
   // The first of `count` tags for one collective's messages: every rank issues the same collectives in the
   // same order, so the tags agree, and a message never matches another collective's.
@@ -40,6 +50,8 @@ class GlooCommunicator : public Communicator {
             const std::function<torch::Tensor(const Span&)>& piece);
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  std::chrono::milliseconds timeout_;
+  std::vector<int> world_ranks_;
   int64_t next_tag_ = 0;
 };
 
@@ -50,27 +62,55 @@ std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chr
 }
 
 GlooCommunicator::GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port)
-    : Communicator(rank, world) {
+    : Communicator(rank, world), timeout_(timeout) {
+  for (int r = 0; r < world; ++r) world_ranks_.push_back(r);
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(port);
   so.isServer = rank == 0;
   so.numWorkers = static_cast<size_t>(world);
   so.waitWorkers = true;
   so.timeout = timeout;
+  const std::string where = "the group at " + host + ":" + std::to_string(port);
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(host, so);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw std::runtime_error("rank " + std::to_string(rank) + " could not join " + where + " within " +
+                             std::to_string(timeout.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
+  }
+  join(where);
+}
+
+GlooCommunicator::GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout,
+                                   c10::intrusive_ptr<c10d::Store> store, const std::string& name)
+    : Communicator(rank, static_cast<int>(world_ranks.size())), store_(std::move(store)), timeout_(timeout),
+      world_ranks_(std::move(world_ranks)) {
+  join("group " + name);
+}
+
+void GlooCommunicator::join(const std::string& where) {
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
     // GLOO_SOCKET_IFNAME picks the network interface, as torch.distributed does; by default Gloo uses
     // the address this host's name resolves to.
     const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
     options->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
                                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, world, options);
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, world_, options);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    throw std::runtime_error("rank " + std::to_string(rank) + " could not join the group at " + host + ":" + std::to_string(port) +
-                             " within " + std::to_string(timeout.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
+    throw std::runtime_error("rank " + world_rank(rank_) + " could not join " + where + " within " +
+                             std::to_string(timeout_.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
   }
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, const std::vector<int>& members) {
+  const int place = place_in(name, members);
+  std::vector<int> world_ranks;
+  for (const int m : members) world_ranks.push_back(world_ranks_[static_cast<size_t>(m)]);
+  // The group meets under its name's keys in the world's store: its sockets are its own, its rendezvous the world's.
+  auto store = c10::make_intrusive<c10d::PrefixStore>("ds/group/" + name, store_);
+  return std::make_unique<GlooCommunicator>(place, std::move(world_ranks), timeout_, std::move(store), name);
 }
 
 namespace {
@@ -246,24 +286,24 @@ std::string GlooCommunicator::who_is_behind() const {
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
       if (!store_->check({step_key(r)})) {
-        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " never reported a step";
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + world_rank(r) + " never reported a step";
         continue;
       }
       const std::vector<uint8_t> v = store_->get(step_key(r));
       const int64_t step = std::stoll(std::string(v.begin(), v.end()));
       if (step < step_)
-        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " last reported step " +
+        behind += (behind.empty() ? "" : ", ") + std::string("rank ") + world_rank(r) + " last reported step " +
                   std::to_string(step + 1);
       else
-        same += (same.empty() ? "" : ", ") + std::to_string(r);
+        same += (same.empty() ? "" : ", ") + world_rank(r);
     }
   } catch (const std::exception&) {
-    return "rank " + std::to_string(rank_) + " waited in vain, and rank 0 (which hosts the rendezvous store) did not answer either";
+    return "rank " + world_rank(rank_) + " waited in vain, and rank 0 (which hosts the rendezvous store) did not answer either";
   }
   if (!behind.empty())
-    return behind + " while rank " + std::to_string(rank_) + " waited at step " + std::to_string(step_ + 1);
+    return behind + " while rank " + world_rank(rank_) + " waited at step " + std::to_string(step_ + 1);
   const bool one = same.find(',') == std::string::npos;
-  return "rank " + std::to_string(rank_) + " waited in vain at step " + std::to_string(step_ + 1) +
+  return "rank " + world_rank(rank_) + " waited in vain at step " + std::to_string(step_ + 1) +
          (same.empty() ? std::string()
                        : one ? "; rank " + same + " reached that step too and stopped within it"
                              : "; ranks " + same + " reached that step too, so one of them stopped within it");
