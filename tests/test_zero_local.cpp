@@ -3,6 +3,8 @@
 // without starting processes (the Gloo runs in test_zero.cpp remain the integration tests).
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <exception>
 #include <fstream>
@@ -18,6 +20,7 @@
 
 #include "engine/plan/mesh.hpp"
 #include "engine/runtime/comm/comm_local.hpp"
+#include "engine/runtime/model/tensor_parallel.hpp"
 #include "engine/runtime/run/flat_params.hpp"
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/run/trainer.hpp"
@@ -577,5 +580,49 @@ TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
   on_ranks(2, [&](int rank) {
     const std::unique_ptr<Communicator> c = local.join(rank);
     EXPECT_THROW(c->split("tensor-0", {0, 1}), UserError);
+  });
+}
+
+// Megatron's MLP split over a tensor group of 2 Gloo ranks: the first matrix by its outputs (column-parallel), the
+// second by its inputs (row-parallel), entered and left through the tensor-parallel operators. The output, the
+// input's gradient and each rank's slices of the weights' gradients equal the whole MLP's on one rank, and the
+// group sent one all-reduce of the activations forward and one of their gradient backward, a ring's bytes each.
+TEST(TensorParallel, AColumnThenRowParallelMlpOnTwoRanksIsTheWholeMlp) {
+  constexpr int W = 2;
+  constexpr int64_t B = 3, T = 4, C = 8, H = 32, part = H / W;
+  const int port = free_port();
+  on_ranks(W, [&](int rank) {
+    Topology t;
+    t.world_size = W;
+    t.rank = rank;
+    t.master_addr = "127.0.0.1";
+    t.master_port = port;
+    const std::unique_ptr<Communicator> world = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(60));
+    const std::unique_ptr<Communicator> group = world->split("tensor-0", {0, 1});
+    // The same values on every rank: a generator of each rank's own (the global one is shared by the threads).
+    at::Generator gen = at::detail::createCPUGenerator(7);
+    const auto draw = [&](at::IntArrayRef shape) { return torch::randn(shape, gen); };
+    const torch::Tensor x0 = draw({B, T, C}), w1 = draw({C, H}) * 0.3, b1 = draw({H}), w2 = draw({H, C}) * 0.3, b2 = draw({C}),
+                        r = draw({B, T, C});
+    const auto leaf = [](const torch::Tensor& v) { return v.clone().requires_grad_(true); };
+    // The whole MLP, here alone.
+    const torch::Tensor xw = leaf(x0), w1w = leaf(w1), w2w = leaf(w2), b2w = leaf(b2);
+    const torch::Tensor yw = torch::matmul(torch::gelu(torch::matmul(xw, w1w) + b1), w2w) + b2w;
+    (yw * r).sum().backward();
+    // This rank's share: columns [rank part, (rank + 1) part) of w1 and b1, the same rows of w2.
+    const torch::Tensor xs = leaf(x0), w1s = leaf(w1.narrow(1, rank * part, part)), w2s = leaf(w2.narrow(0, rank * part, part)),
+                        b2s = leaf(b2);
+    const torch::Tensor h = torch::gelu(torch::matmul(enter_tensor_group(xs, *group), w1s) + b1.narrow(0, rank * part, part));
+    const torch::Tensor ys = leave_tensor_group(torch::matmul(h, w2s), *group) + b2s;
+    (ys * r).sum().backward();
+    const std::string what = "rank " + std::to_string(rank);
+    EXPECT_TRUE(torch::allclose(ys, yw, 1e-5, 1e-5)) << what << ": output";
+    EXPECT_TRUE(torch::allclose(xs.grad(), xw.grad(), 1e-5, 1e-5)) << what << ": the input's gradient";
+    EXPECT_TRUE(torch::allclose(w1s.grad(), w1w.grad().narrow(1, rank * part, part), 1e-5, 1e-5)) << what << ": w1's columns";
+    EXPECT_TRUE(torch::allclose(w2s.grad(), w2w.grad().narrow(0, rank * part, part), 1e-5, 1e-5)) << what << ": w2's rows";
+    EXPECT_TRUE(torch::allclose(b2s.grad(), b2w.grad(), 1e-5, 1e-5)) << what << ": b2";
+    const CommStats& sent = group->ledger().at(CollectiveKind::tensor_activations);
+    EXPECT_EQ(sent.calls, 2) << what;
+    EXPECT_DOUBLE_EQ(sent.bytes, 2 * (2.0 * (W - 1) / W * B * T * C * 4)) << what;
   });
 }

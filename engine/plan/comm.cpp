@@ -29,6 +29,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::frozen_parameters: return "frozen parameters (both passes)";
     case CollectiveKind::parameters_validation: return "parameters (validation)";
     case CollectiveKind::validation_loss: return "validation loss";
+    case CollectiveKind::tensor_activations: return "tensor-parallel activations";
   }
   return "?";
 }

@@ -31,6 +31,7 @@ enum class CollectiveKind {
   frozen_parameters,      // stage 3: a block's frozen tensors (LoRA's base, model.freeze), before its forward and its backward
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)
   validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
+  tensor_activations,     // tensor parallel: a block's partial outputs (forward) and its input's gradients (backward)
 };
 const char* collective_name(CollectiveKind kind);
 

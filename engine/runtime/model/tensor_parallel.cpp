@@ -1,0 +1,54 @@
+#include "engine/runtime/model/tensor_parallel.hpp"
+
+#include <cstdint>
+
+namespace ds {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The group travels in the autograd context as its address: it outlives the graph (see the header).
+Communicator& group_of(AutogradContext* ctx) { return *reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt()); }
+
+torch::Tensor summed_over(const torch::Tensor& t, Communicator& group) {
+  torch::Tensor sum = t.contiguous().clone();
+  group.all_reduce_sum(sum, CollectiveKind::tensor_activations);
+  return sum;
+}
+
+class EnterTensorGroup : public torch::autograd::Function<EnterTensorGroup> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x.view_as(x);  // a new tensor of the graph, the same values
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    return {summed_over(grad_out[0], group_of(ctx)), torch::Tensor()};
+  }
+};
+
+class LeaveTensorGroup : public torch::autograd::Function<LeaveTensorGroup> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& partial, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return summed_over(partial, *reinterpret_cast<Communicator*>(group));
+  }
+  static variable_list backward(AutogradContext*, variable_list grad_out) { return {grad_out[0], torch::Tensor()}; }
+};
+
+int64_t address_of(Communicator& group) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&group)); }
+
+}  // namespace
+
+torch::Tensor enter_tensor_group(const torch::Tensor& x, Communicator& group) {
+  if (group.world_size() == 1) return x;
+  return EnterTensorGroup::apply(x, address_of(group));
+}
+
+torch::Tensor leave_tensor_group(const torch::Tensor& partial, Communicator& group) {
+  if (group.world_size() == 1) return partial;
+  return LeaveTensorGroup::apply(partial, address_of(group));
+}
+
+}  // namespace ds
