@@ -10,7 +10,8 @@
 //  * LocalGroup (engine/runtime/comm/comm_local.hpp): ranks as threads of one process, for unit tests of
 //    ZeRO's exchange at every stage without starting processes.
 // split() forms a group of some ranks (the mesh's tensor, data and pipeline groups) over the same transport
-// and rendezvous: Gloo's meet under the group's name in the world's store. // A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
+// and rendezvous: Gloo's meet under the group's name in the world's store.
+// A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
 // plan's CollectiveKind, with the bytes this rank sent (ring algorithms, engine/plan/comm.hpp).
 #pragma once
 

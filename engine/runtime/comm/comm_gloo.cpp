@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <set>
 
 #include "common/error.hpp"
 #include "engine/runtime/comm/comm_host.hpp"
@@ -24,7 +26,7 @@ class GlooCommunicator : public Communicator {
   // A group of the world's ranks, met through `store` (the world's, under the group's prefix); `world_ranks[r]`
   // is this group's rank r in the world, for messages.
   GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-                   const std::string& name);
+                   const std::string& name, const GlooCommunicator& world);
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override;
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override;
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override;
@@ -52,6 +54,11 @@ class GlooCommunicator : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
   std::chrono::milliseconds timeout_;
   std::vector<int> world_ranks_;
+  // The world's store, where every communicator of a rank (the world's and its groups') reports the step the
+  // world is at, keyed by world rank, and reads the others' after a timeout.
+  c10::intrusive_ptr<c10d::Store> root_store_;
+  std::shared_ptr<int64_t> world_step_ = std::make_shared<int64_t>(-1);
+  std::set<std::string> group_names_;  // the groups formed from this one: a name meets once
   int64_t next_tag_ = 0;
 };
 
@@ -78,13 +85,14 @@ GlooCommunicator::GlooCommunicator(int rank, int world, std::chrono::millisecond
     throw std::runtime_error("rank " + std::to_string(rank) + " could not join " + where + " within " +
                              std::to_string(timeout.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
   }
+  root_store_ = store_;
   join(where);
 }
 
 GlooCommunicator::GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout,
-                                   c10::intrusive_ptr<c10d::Store> store, const std::string& name)
+                                   c10::intrusive_ptr<c10d::Store> store, const std::string& name, const GlooCommunicator& world)
     : Communicator(rank, static_cast<int>(world_ranks.size())), store_(std::move(store)), timeout_(timeout),
-      world_ranks_(std::move(world_ranks)) {
+      world_ranks_(std::move(world_ranks)), root_store_(world.root_store_), world_step_(world.world_step_) {
   join("group " + name);
 }
 
@@ -106,11 +114,13 @@ void GlooCommunicator::join(const std::string& where) {
 
 std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, const std::vector<int>& members) {
   const int place = place_in(name, members);
+  // Gloo's rendezvous keys stay in the store: a second group of the same name would read the first one's.
+  DS_CHECK(group_names_.insert(name).second, "group ", name, " was formed already: each group needs a name of its own");
   std::vector<int> world_ranks;
   for (const int m : members) world_ranks.push_back(world_ranks_[static_cast<size_t>(m)]);
   // The group meets under its name's keys in the world's store: its sockets are its own, its rendezvous the world's.
   auto store = c10::make_intrusive<c10d::PrefixStore>("ds/group/" + name, store_);
-  return std::make_unique<GlooCommunicator>(place, std::move(world_ranks), timeout_, std::move(store), name);
+  return std::make_unique<GlooCommunicator>(place, std::move(world_ranks), timeout_, std::move(store), name, *this);
 }
 
 namespace {
@@ -271,39 +281,44 @@ std::string step_key(int rank) { return "ds/step/" + std::to_string(rank); }
 
 void GlooCommunicator::mark_step(int64_t step) {
   step_ = step;
+  *world_step_ = step;
   const std::string v = std::to_string(step);
   try {
-    store_->set(step_key(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+    root_store_->set(step_key(world_ranks_[static_cast<size_t>(rank_)]), std::vector<uint8_t>(v.begin(), v.end()));
   } catch (const std::exception&) {
     // The store's host is gone: the next collective fails and says so.
   }
 }
 
 std::string GlooCommunicator::who_is_behind() const {
+  // The step the world is at (a group's own collectives never mark one) and each peer's report, by world rank.
+  const int64_t at = *world_step_;
   std::string behind, same;
+  const std::chrono::milliseconds saved = root_store_->getTimeout();
   try {
-    store_->setTimeout(std::chrono::seconds(3));  // a diagnosis, not another long wait
+    root_store_->setTimeout(std::chrono::seconds(3));  // a diagnosis, not another long wait
     for (int r = 0; r < world_; ++r) {
       if (r == rank_) continue;
-      if (!store_->check({step_key(r)})) {
+      const std::string key = step_key(world_ranks_[static_cast<size_t>(r)]);
+      if (!root_store_->check({key})) {
         behind += (behind.empty() ? "" : ", ") + std::string("rank ") + world_rank(r) + " never reported a step";
         continue;
       }
-      const std::vector<uint8_t> v = store_->get(step_key(r));
+      const std::vector<uint8_t> v = root_store_->get(key);
       const int64_t step = std::stoll(std::string(v.begin(), v.end()));
-      if (step < step_)
+      if (step < at)
         behind += (behind.empty() ? "" : ", ") + std::string("rank ") + world_rank(r) + " last reported step " +
                   std::to_string(step + 1);
       else
         same += (same.empty() ? "" : ", ") + world_rank(r);
     }
+    root_store_->setTimeout(saved);
   } catch (const std::exception&) {
     return "rank " + world_rank(rank_) + " waited in vain, and rank 0 (which hosts the rendezvous store) did not answer either";
   }
-  if (!behind.empty())
-    return behind + " while rank " + world_rank(rank_) + " waited at step " + std::to_string(step_ + 1);
+  if (!behind.empty()) return behind + " while rank " + world_rank(rank_) + " waited at step " + std::to_string(at + 1);
   const bool one = same.find(',') == std::string::npos;
-  return "rank " + world_rank(rank_) + " waited in vain at step " + std::to_string(step_ + 1) +
+  return "rank " + world_rank(rank_) + " waited in vain at step " + std::to_string(at + 1) +
          (same.empty() ? std::string()
                        : one ? "; rank " + same + " reached that step too and stopped within it"
                              : "; ranks " + same + " reached that step too, so one of them stopped within it");

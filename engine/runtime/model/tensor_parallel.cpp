@@ -23,8 +23,9 @@ class EnterTensorGroup : public torch::autograd::Function<EnterTensorGroup> {
     ctx->saved_data["group"] = group;
     return x.view_as(x);  // a new tensor of the graph, the same values
   }
+  // The gradient leaves the group as g does: differentiable again (a double backward all-reduces too).
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    return {summed_over(grad_out[0], group_of(ctx)), torch::Tensor()};
+    return {leave_tensor_group(grad_out[0], group_of(ctx)), torch::Tensor()};
   }
 };
 
@@ -34,7 +35,9 @@ class LeaveTensorGroup : public torch::autograd::Function<LeaveTensorGroup> {
     ctx->saved_data["group"] = group;
     return summed_over(partial, *reinterpret_cast<Communicator*>(group));
   }
-  static variable_list backward(AutogradContext*, variable_list grad_out) { return {grad_out[0], torch::Tensor()}; }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    return {enter_tensor_group(grad_out[0], group_of(ctx)), torch::Tensor()};
+  }
 };
 
 int64_t address_of(Communicator& group) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&group)); }
