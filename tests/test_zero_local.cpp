@@ -473,6 +473,16 @@ int free_port() {
   return ok ? ntohs(a.sin_port) : 29650;
 }
 
+// Rank `rank` of `world` Gloo ranks meeting on this host at `port`.
+std::unique_ptr<Communicator> gloo_rank(int rank, int world, int port) {
+  Topology t;
+  t.world_size = world;
+  t.rank = rank;
+  t.master_addr = "127.0.0.1";
+  t.master_port = port;
+  return Communicator::create(CommBackend::gloo, t, std::chrono::seconds(60));
+}
+
 }  // namespace
 
 // The all-gather and the reduce-scatter ZeRO issues, by spans, on three ranks, over shared memory and over
@@ -494,12 +504,7 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
     on_ranks(W, [&](int rank) {
       std::unique_ptr<Communicator> comm;
       if (gloo) {
-        Topology t;
-        t.world_size = W;
-        t.rank = rank;
-        t.master_addr = "127.0.0.1";
-        t.master_port = port;
-        comm = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(30));
+        comm = gloo_rank(rank, W, port);
       } else {
         comm = local.join(rank);
       }
@@ -534,19 +539,13 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
 // The mesh's groups as sub-communicators of the world's: 8 ranks over Gloo as data x tensor x pipeline = 2 x 2 x 2
 // in the plan's layout (mesh_groups). Each rank joins its tensor, data and pipeline group; an all-reduce in each sums
 // over that group's ranks only, an all-gather fills the group's spans, each group's ledger counts its own bytes (a
-// ring's, computed here) and the world's none. Ranks of a group are named by their world rank. The in-process
-// LocalGroup refuses, saying so.
+// ring's, computed here) and the world's none; a name meets once. The in-process LocalGroup refuses, saying so.
 TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
   const MeshShape mesh{2, 2, 2};
   const int W = mesh.world();
   const int port = free_port();
   on_ranks(W, [&](int rank) {
-    Topology t;
-    t.world_size = W;
-    t.rank = rank;
-    t.master_addr = "127.0.0.1";
-    t.master_port = port;
-    const std::unique_ptr<Communicator> world = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(60));
+    const std::unique_ptr<Communicator> world = gloo_rank(rank, W, port);
     for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline}) {
       const std::vector<std::vector<int>> groups = mesh_groups(mesh, axis);
       size_t index = 0;
@@ -594,12 +593,7 @@ TEST(TensorParallel, AColumnThenRowParallelMlpOnTwoRanksIsTheWholeMlp) {
   constexpr int64_t B = 3, T = 4, C = 8, H = 32, part = H / W;
   const int port = free_port();
   on_ranks(W, [&](int rank) {
-    Topology t;
-    t.world_size = W;
-    t.rank = rank;
-    t.master_addr = "127.0.0.1";
-    t.master_port = port;
-    const std::unique_ptr<Communicator> world = Communicator::create(CommBackend::gloo, t, std::chrono::seconds(60));
+    const std::unique_ptr<Communicator> world = gloo_rank(rank, W, port);
     const std::unique_ptr<Communicator> group = world->split("tensor-0", {0, 1});
     // The same values on every rank: a generator of each rank's own (the global one is shared by the threads).
     at::Generator gen = at::detail::createCPUGenerator(7);
