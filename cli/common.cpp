@@ -176,6 +176,28 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
   sub->add_option("--headroom", a.headroom,
                   "share of device and host memory left free when judging what fits (allocator slack, the CUDA context and "
                   "library workspaces are not counted), default 0.10, as ds estimate-memory");
+  add_hardware_flags(sub, a.hardware);
+}
+
+void add_hardware_flags(CLI::App* sub, HardwareArgs& a) {
+  sub->add_option("--gpu", a.gpu,
+                  "plan for this GPU model: its memory (unless --device-memory), its peak rate and its node's link, for the "
+                  "predicted step time (" + known_gpu_names() + "; default: the detected GPU's)");
+  sub->add_option("--intra-node-link", a.intra_node_link,
+                  "the link between the ranks of a node, by name (" + known_link_names() +
+                      ") or bus bandwidth per GPU, e.g. 300GB/s (default: the GPU model's)");
+  sub->add_option("--inter-node-link", a.inter_node_link,
+                  "the network between nodes, per GPU, by name (ib-ndr, ib-hdr, eth-100g) or rate, e.g. 50GB/s or 400Gb/s "
+                  "(a NIC's line rate, taken at 90%)");
+  sub->add_option("--mfu", a.mfu, "the share of the peak matmul rate a step's FLOPs (recomputation included) run at, for the predicted step time (default " +
+                                      format_double(kAssumedMfu) + ", what ds measured on one H200)");
+}
+
+void apply_hardware_flags(const HardwareArgs& a, TopologyOptions& topt) {
+  topt.gpu = a.gpu;
+  topt.intra_node_link = a.intra_node_link;
+  topt.inter_node_link = a.inter_node_link;
+  topt.mfu = a.mfu;
 }
 
 ConfigArgs with_config_path(ConfigArgs a) {
@@ -325,6 +347,7 @@ Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   if (!a.host_memory.empty()) topt.host_memory_bytes = size_flag("--host-memory", a.host_memory);
   topt.headroom = a.headroom;
   topt.device = a.device;
+  apply_hardware_flags(a.hardware, topt);
   if (a.device != "cpu") topt.gpus = detect_gpus();
   topt.build = build_support();
   topt.runs_here = a.runs_here;

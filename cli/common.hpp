@@ -45,6 +45,15 @@ int run_guarded(const std::string& sub, const std::function<int()>& body, bool j
 double size_flag(const std::string& flag, const std::string& text);
 
 // Arguments of every subcommand that reads a config.
+// The hardware the step's time is predicted for (engine/plan/hardware.hpp): a GPU model, the links, the MFU.
+struct HardwareArgs {
+  std::string gpu, intra_node_link, inter_node_link;
+  double mfu = 0;
+};
+// --gpu, --intra-node-link, --inter-node-link and --mfu (ds plan, train, profile and estimate-memory alike).
+void add_hardware_flags(CLI::App* sub, HardwareArgs& a);
+void apply_hardware_flags(const HardwareArgs& a, TopologyOptions& topt);
+
 struct ConfigArgs {
   std::string config;
   std::string deepspeed_config;  // --deepspeed_config: DeepSpeed's spelling of CONFIG
@@ -56,6 +65,7 @@ struct ConfigArgs {
   std::string host_memory;    // per node, e.g. "1TiB" (default: this machine's, when it is the one planned for)
   double headroom = kDefaultHeadroom;
   std::string device = "auto";
+  HardwareArgs hardware;
   bool model_optional = false;     // ds plan: a config without a model block plans what it can
   bool inputs_must_exist = false;  // ds train: a missing data file is an error, not a warning
   // ds train / ds profile: the plan runs on this machine with this build, so --device auto means what the

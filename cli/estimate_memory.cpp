@@ -167,6 +167,7 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   sub->add_option("--pp", a->pp, "pipeline stages: the blocks cut into this many stages, as many micro-batches per step "
                                    "(pipeline.stages; ZeRO stages 0-1 only)")
       ->check(CLI::Range(1, 1 << 20));
+  add_hardware_flags(sub, a->hardware);
   sub->add_flag("--json", a->json, "print the table as JSON (with schema_version)");
   sub->footer(R"(Examples:
   ds estimate-memory --model 7b --gpus 8
@@ -225,6 +226,7 @@ Topology target_topology(const EstimateMemoryArgs& a) {
   topt.nnodes = a.nodes;
   topt.device = "cuda";
   if (!a.gpu_memory.empty()) topt.device_memory_bytes = size_flag("--gpu-memory", a.gpu_memory);
+  apply_hardware_flags(a.hardware, topt);
   topt.gpus = detect_gpus();
   Topology topo = make_topology(topt, [](const char*) -> const char* { return nullptr; });
   topo.host_memory_bytes = 0;  // the target's host memory is unknown unless given
@@ -306,7 +308,9 @@ void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
               {"fits", r.fits_device ? ojson(r.fits()) : ojson(nullptr)},
               {"runs_today", r.not_yet.empty()},
               {"not_yet", r.not_yet},
-              {"overrides", r.overrides}};
+              {"overrides", r.overrides},
+              {"predicted_step_s", r.step_s > 0 ? ojson(r.step_s) : ojson(nullptr)},
+              {"predicted_tokens_per_s", r.step_s > 0 ? ojson(r.tokens_per_s) : ojson(nullptr)}};
     rows.push_back(row);
   }
   j["rows"] = rows;
@@ -321,7 +325,9 @@ void print_json(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
                                        {"data", topo.world_size / (mesh->tensor * mesh->pipeline)}, {"zero_stage", 1},
                                        {"activation_checkpointing", mesh->activation_checkpointing},
                                        {"per_gpu", std::llround(mesh->device_per_rank)}, {"heaviest_stage", mesh->heaviest_stage},
-                                       {"runs_today", mesh->not_yet.empty()}, {"not_yet", mesh->not_yet}, {"overrides", mesh->overrides}}
+                                       {"runs_today", mesh->not_yet.empty()}, {"not_yet", mesh->not_yet}, {"overrides", mesh->overrides},
+                                       {"predicted_step_s", mesh->step_s > 0 ? ojson(mesh->step_s) : ojson(nullptr)},
+                                       {"predicted_tokens_per_s", mesh->step_s > 0 ? ojson(mesh->tokens_per_s) : ojson(nullptr)}, {"chosen_as", mesh->fastest ? "fastest" : "fewest_gpus"}}
                                : ojson(nullptr);
   std::cout << j.dump(2) << "\n";
 }
@@ -336,6 +342,7 @@ void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
     const auto& r = t.rows[i];
     const auto& d = r.memory.device;
     std::string fits = !r.fits_device ? "?" : r.fits() ? "yes" : "no";
+    if (r.step_s > 0) fits += ", " + format_count(std::llround(r.tokens_per_s)) + " tokens/s";
     if (!r.not_yet.empty()) fits += ", not yet *";
     if (static_cast<int>(i) == t.recommended) fits += "  <- recommended";
     std::snprintf(line, sizeof line, "  %-5d %-11s %-5s | %7s %7s %7s %7s %7s | %8s | %9s %9s | %s\n", r.choice.stage,
@@ -345,7 +352,10 @@ void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
                   fits.c_str());
     o << line;
   }
-  o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
+  o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first";
+  if (std::any_of(t.rows.begin(), t.rows.end(), [](const EstimateRow& r) { return r.step_s > 0; }))
+    o << "; tokens/s: predicted over all GPUs from the GPU's and the links' rates, as ds plan predicts a step";
+  o << ")\n";
   // What this ds cannot train yet on these GPUs, once per reason.
   std::vector<std::string> reasons;
   for (const auto& r : t.rows)
@@ -401,7 +411,9 @@ void render_mesh(const MemoryEstimateTable& t, const EstimateInputs& in, FILE* o
   o << bold("Split the model", out) << ": " << mesh_choice_text(m, topo) << ": " << format_bytes(m.device_per_rank)
     << " per GPU on stage " << m.heaviest_stage << ", the heaviest (" << std::lround(100.0 * m.device_per_rank / topo.device_memory_bytes)
     << "% of " << format_bytes(topo.device_memory_bytes) << ")\n"
-    << "  the fewest GPUs per copy of the model that fit at ZeRO-1 (tensor groups within a node, then pipeline stages);"
+    << (m.fastest ? "  the fastest predicted of the meshes that fit at ZeRO-1 (" + format_count(std::llround(m.tokens_per_s)) +
+                        " tokens/s, a step of " + format_fixed(m.step_s, 2) + " s, as ds plan predicts it);"
+                  : std::string("  the fewest GPUs per copy of the model that fit at ZeRO-1 (tensor groups within a node, then pipeline stages);"))
     << (t.recommended >= 0 ? " no parameter gathers across all GPUs, at the cost of the mesh's own traffic (ds plan shows it)" : "")
     << "\n  select it with: ds plan CONFIG " << m.overrides << "\n";
   if (!m.not_yet.empty()) o << "  not yet runnable by this ds: " << join(m.not_yet, "; ") << "\n";

@@ -22,6 +22,7 @@ struct EstimateMemoryArgs {
   int64_t lora_r = 0;            // > 0: a LoRA fine-tune of this rank (the base frozen)
   std::vector<std::string> lora_targets;  // empty: every projection of the architecture
   int tp = 0, pp = 0;            // the model split over ranks: tensor and pipeline sizes (0: the config's, else 1)
+  HardwareArgs hardware;         // --gpu and the links: each row's step time predicted
   bool json = false;
 };
 

@@ -161,6 +161,9 @@ void add_summary(const Measured& ms, json& r) {
       {"mfu", median_of(mfus)},
       {"mfu_range", {*std::min_element(mfus.begin(), mfus.end()), *std::max_element(mfus.begin(), mfus.end())}},
   };
+  // The plan's prediction beside the measurement, where the hardware's rates are known (engine/plan/step_time.hpp).
+  const StepTime& t = plan.step_time;
+  if (t.step_known()) r["summary"]["predicted_step_latency_s"] = t.step_s();
   r["steps"] = per_step;  // rank 0's measured steps
 }
 
@@ -240,8 +243,13 @@ void add_communication(const Measured& ms, json& r) {
   const json& lead = ms.lead;
   const double n_steps = static_cast<double>(ms.steps.size());
   json comm = json::array();
-  for (const auto& c : plan.execution.collectives) {
+  for (size_t i = 0; i < plan.execution.collectives.size(); ++i) {
+    const Collective& c = plan.execution.collectives[i];
     json row = {{"collective", c.what()}, {"plan_calls_per_step", c.calls_per_step}, {"plan_bytes_per_step", c.wire_bytes_per_rank_per_step}};
+    if (plan.step_time.comm_known && i < plan.step_time.collectives.size()) {  // a row per collective, in order
+      row["predicted_seconds_per_step"] = plan.step_time.collectives[i].seconds;
+      row["predicted_link"] = plan.step_time.collectives[i].link;
+    }
     for (const json& m : lead["collectives"])
       if (m["name"] == collective_name(c.kind)) {
         const double s = m["seconds"].get<double>() / n_steps;
@@ -351,7 +359,8 @@ void render_summary(const json& r, std::ostringstream& o) {
     line("FLOPs per step (executed)", format_si(s["executed_flops_per_step"].get<double>()) + " with recomputation");
   line("fwd latency", ms(s["fwd_latency_s"].get<double>()));
   line("bwd latency", ms(s["bwd_latency_s"].get<double>()));
-  line("step latency", ms(s["step_latency_s"].get<double>()));
+  line("step latency", ms(s["step_latency_s"].get<double>()) +
+                          (s.contains("predicted_step_latency_s") ? " (predicted " + ms(s["predicted_step_latency_s"].get<double>()) + ": ds plan)" : ""));
   line("FLOPS per rank", format_fixed(s["flops_per_s_per_rank"].get<double>() / 1e12, 3) + " TFLOP/s");
   line("samples/s", format_fixed(s["samples_per_s"].get<double>(), 1));
   line("tokens/s", format_count(static_cast<int64_t>(s["tokens_per_s"].get<double>())));
@@ -406,13 +415,16 @@ void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
 
 void render_communication(const json& r, std::ostringstream& o) {
   if (!r["communication"].empty()) {
-    o << "\nCommunication per step (rank 0; plan in parentheses)\n";
+    o << "\nCommunication per step (rank 0; plan in parentheses; waited: the time the rank was held up, so an overlapped "
+         "collective waits less than it takes)\n";
     for (const json& c : r["communication"]) {
       o << "  " << pad(c["collective"].get<std::string>(), 34);
       if (c.contains("bytes_per_step"))
         o << lpad(format_fixed(c["calls_per_step"].get<double>(), 1), 6) << " calls " << lpad(format_bytes(c["bytes_per_step"].get<double>()), 11)
           << " (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << ")  waited " << ms(c["seconds_per_step"].get<double>())
           << ", " << format_fixed(c["bus_gb_per_s"].get<double>(), 2) << " GB/s";
+      if (c.contains("bytes_per_step") && c.contains("predicted_seconds_per_step"))
+        o << " (predicted " << ms(c["predicted_seconds_per_step"].get<double>()) << " on " << c["predicted_link"].get<std::string>() << ")";
       else
         o << " not measured (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << " planned)";
       o << "\n";

@@ -470,6 +470,40 @@ void communication_section(const Plan& p, const std::function<std::string(const 
   }
 }
 
+std::string seconds_text(double s) {
+  return s >= 1 ? format_fixed(s, 2) + " s" : s >= 1e-3 ? format_fixed(s * 1e3, 1) + " ms" : format_fixed(s * 1e6, 0) + " us";
+}
+
+// The step's time predicted from the hardware's rates (engine/plan/step_time.hpp), or what the prediction lacks.
+void time_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
+  const StepTime& t = p.step_time;
+  o << "\n" << h("Time per optimizer step (predicted)") << "\n";
+  if (t.compute_known)
+    o << "  compute " << seconds_text(t.compute_s) << (p.activation_checkpointing ? " (the recomputed forward included)" : "") << " at " << t.rate_source
+      << (t.bubble_s > 0 ? "; of it the pipeline bubble " + seconds_text(t.bubble_s) : std::string()) << "\n";
+  if (t.comm_known && !t.collectives.empty()) {
+    o << "  " << pad("collective", 34) << pad("link", 28) << pad("overlaps", 10) << lpad("time", 10) << lpad("hidden", 10) << "\n";
+    for (const CollectiveTime& c : t.collectives)
+      o << "  " << pad(c.what, 34) << pad(c.link, 28) << pad(c.phase == StepPhase::between ? "-" : step_phase_name(c.phase), 10)
+        << lpad(seconds_text(c.seconds), 10) << lpad(t.compute_known ? seconds_text(c.hidden_s) : "?", 10) << "\n";
+    o << "  communication " << seconds_text(t.comm_s);
+    if (t.compute_known)
+      o << ", " << format_fixed(t.comm_s > 0 ? 100 * t.hidden_s / t.comm_s : 0, 0) << "% hidden behind compute";
+    o << "\n";
+  } else if (t.comm_known) {
+    o << "  communication none (one rank)\n";
+  }
+  if (t.step_known()) {
+    const double step = t.step_s();
+    o << "  step " << seconds_text(step) << ": " << t.bound() << "; " << format_count(static_cast<int64_t>(p.tokens_per_step / step))
+      << " tokens/s over " << p.topology.world_size << (p.topology.world_size == 1 ? " rank" : " ranks") << ", MFU "
+      << format_fixed(t.mfu(p.train_flops_per_step / p.topology.world_size), 2)
+      << (p.activation_checkpointing ? " (model FLOPs: the recomputed forward is not counted)" : "") << "\n";
+  }
+  for (const std::string& m : t.missing) o << "  not predicted without " << m << "\n";
+  o << "  a prediction from rates, not a measurement: ds profile measures the step\n";
+}
+
 }  // namespace
 
 std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
@@ -482,6 +516,7 @@ std::string render_plan_text(const Plan& p, bool color, bool full_layout) {
   buffers_section(p, h, o);
   layout_section(p, h, full_layout, o);
   communication_section(p, h, o);
+  time_section(p, h, o);
   o << decided_and_warnings(p, h);
   return o.str();
 }

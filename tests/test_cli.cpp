@@ -35,6 +35,37 @@ TEST(CliPlan, JsonIsParseableWithASchemaVersion) {
   EXPECT_EQ(j["zero"]["stage"], 3);
 }
 
+TEST(CliPlan, PredictsTheStepsTimeForTheGpusAndLinksItIsToldOf) {
+  Result r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"Time per optimizer step (predicted)", "0.45 x H100 SXM 80GB's 989.4 TFLOP/s", "nvlink4 (within a node)", "tokens/s over 8 ranks",
+                        "a prediction from rates, not a measurement"})
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  // Four nodes: the data group crosses the network, which must be named.
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 8 --nnodes 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "not predicted without the network between nodes (--inter-node-link")) << r.out;
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 8 --nnodes 4 --inter-node-link ib-ndr --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json t = nlohmann::json::parse(r.out)["step_time"];
+  EXPECT_EQ(t["collectives"][0]["link"], "ib-ndr (across nodes)");
+  EXPECT_GT(t["step_s"].get<double>(), t["compute_s"].get<double>());
+  // estimate-memory predicts each row's throughput too, and picks the fastest mesh that fits.
+  r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu h100 --inter-node-link ib-ndr --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  EXPECT_EQ(e["mesh_recommended"]["chosen_as"], "fastest");
+  EXPECT_GT(e["mesh_recommended"]["predicted_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(e["rows"][0]["predicted_tokens_per_s"].get<double>(), 0);
+  // A model or a link ds does not know is refused with the ones it does.
+  r = ds("plan examples/time-llama2-7b.json --gpu h1000");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "h100, h200")) << r.err;
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --inter-node-link fast");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "ib-ndr")) << r.err;
+}
+
 TEST(CliPlan, OverridesOnTheCommandLine) {
   Result r = ds("plan templates/zero2.json zero_optimization.stage=3 bf16.enabled=false --json");
   ASSERT_EQ(r.code, 0) << r.err;

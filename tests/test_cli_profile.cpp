@@ -168,7 +168,7 @@ TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const std::string trace = scratch_dir() + "/profile_ranks_" + std::to_string(stage) + ".json";
-    Result r = ds("profile examples/quickstart.json --nproc-per-node 2 --steps 2 --warmup 1 --json --trace " + trace +
+    Result r = ds("profile examples/quickstart.json --nproc-per-node 2 --steps 2 --warmup 1 --json --intra-node-link 5GB/s --trace " + trace +
                   " train_micro_batch_size_per_gpu=8 zero_optimization.stage=" + std::to_string(stage) +
                   " zero_optimization.stage3_param_persistence_threshold=auto");
     ASSERT_EQ(r.code, 0) << r.err;
@@ -179,7 +179,12 @@ TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
       ASSERT_TRUE(c.contains("bytes_per_step")) << c.dump();
       EXPECT_DOUBLE_EQ(c["bytes_per_step"].get<double>(), c["plan_bytes_per_step"].get<double>()) << c.dump();
       EXPECT_DOUBLE_EQ(c["calls_per_step"].get<double>(), c["plan_calls_per_step"].get<double>()) << c.dump();
+      // Predicted from the link given: its bytes at 5 GB/s and 10 us a call (a rate within a node: NVLink's latency).
+      ASSERT_TRUE(c.contains("predicted_seconds_per_step")) << c.dump();
+      EXPECT_NEAR(c["predicted_seconds_per_step"].get<double>(),
+                  c["plan_bytes_per_step"].get<double>() / 5e9 + c["plan_calls_per_step"].get<double>() * 10e-6, 1e-12) << c.dump();
     }
+    EXPECT_FALSE(report["summary"].contains("predicted_step_latency_s"));  // the CPU's peak rate is not known to the plan
     const json parsed = json::parse(slurp(trace));
     expect_well_formed_trace(parsed, 2, 3);
     // Every collective of every step is a span on its rank's collectives track: the plan's calls and bytes.

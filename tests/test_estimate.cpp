@@ -216,6 +216,51 @@ TEST(MeshRecommendation, TheSmallestMeshThatFitsAndNothingSmallerDoes) {
   EXPECT_FALSE(recommend_mesh(base, m, gpus(8, 4, 0)).has_value());
 }
 
+// Told the GPUs' and links' rates, the recommendation is the mesh that fits with the most predicted tokens/s
+// (meshes run different micro-batches per step, so throughput, not the step, is compared), every candidate
+// tried here; the rows carry their predicted throughput, offload rows none (offload is not modelled yet).
+TEST(MeshRecommendation, WithTheHardwaresRatesTheFastestPredictedMeshThatFitsIsChosen) {
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "model": {"preset": "llama-3-70b"},
+                              "data": {"seq_len": 4096}})";
+  const Config base = load_config_text(cfg, "t");
+  const ModelSpec m = build_model_spec(resolve_model_hyper(base.model));
+  Topology cluster = gpus(8, 4, 80.0 * (1 << 30));
+  cluster.rates.gpu = "test GPU";
+  cluster.rates.peak_flops_16bit = 1e15;
+  cluster.rates.intra_node = {"nvlink", 300e9, 10e-6};
+  cluster.rates.inter_node = {"ib", 40e9, 30e-6};
+  const std::optional<MeshChoice> mesh = recommend_mesh(base, m, cluster);
+  ASSERT_TRUE(mesh.has_value());
+  EXPECT_TRUE(mesh->fastest);
+  double best = 0;
+  int fitting = 0;
+  for (int t : {1, 2, 4, 8})
+    for (int p = 1; p <= 32 / t; ++p) {
+      if ((32 / t) % p != 0 || t * p == 1) continue;
+      for (bool ckpt : {false, true}) {
+        try {
+          const Plan plan = compile_plan(with_mesh(base, t, p, ckpt), m, cluster);
+          if (plan.memory.device.total() > 0.9 * cluster.device_memory_bytes) continue;
+          ASSERT_TRUE(plan.step_time.step_known());
+          ++fitting;
+          best = std::max(best, static_cast<double>(plan.tokens_per_step) / plan.step_time.step_s());
+        } catch (const ConfigError&) {
+        }
+      }
+    }
+  EXPECT_GT(fitting, 1);  // a real choice
+  EXPECT_DOUBLE_EQ(mesh->tokens_per_s, best);
+  const Plan chosen = compile_plan(with_mesh(base, mesh->tensor, mesh->pipeline, mesh->activation_checkpointing), m, cluster);
+  EXPECT_DOUBLE_EQ(mesh->step_s, chosen.step_time.step_s());
+
+  const MemoryEstimateTable table = estimate_memory_table(load_config_text(kCfg, "t"), build_model_spec(resolve_model_hyper(load_config_text(kCfg, "t").model)), cluster);
+  for (const EstimateRow& r : table.rows) {
+    const bool offload = r.choice.offload_optimizer != OffloadDevice::none || r.choice.offload_param != OffloadDevice::none;
+    EXPECT_EQ(r.step_s > 0, !offload) << r.overrides;
+    if (r.step_s > 0) EXPECT_DOUBLE_EQ(r.tokens_per_s, 32.0 * 1024 / r.step_s) << r.overrides;  // 32 GPUs x micro 1 x 1024 tokens
+  }
+}
+
 // Rows for a mesh: each the heaviest stage's GPU, a pipeline's stopping at ZeRO stage 1.
 TEST(MeshRecommendation, RowsForAMeshAreTheHeaviestStagesAndAPipelineStopsAtStageOne) {
   Config base = load_config_text(kCfg, "t", {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "gradient_accumulation_steps=2"});

@@ -83,6 +83,10 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
     if (f.device != Fit::unknown && f.device != Fit::not_applicable) r.fits_device = f.device == Fit::fits;
     if (f.host != Fit::unknown) r.fits_host = f.host == Fit::fits;
     r.not_yet = not_yet_runnable(plan);
+    if (plan.step_time.step_known()) {
+      r.step_s = plan.step_time.step_s();
+      r.tokens_per_s = static_cast<double>(plan.tokens_per_step) / r.step_s;
+    }
     r.speed_rank = speed_rank_of(c);
     r.overrides = overrides_for(base, c);
     t.rows.push_back(std::move(r));
@@ -137,6 +141,7 @@ std::optional<MeshChoice> recommend_mesh(const Config& base, const ModelSpec& mo
   });
   Topology judged = topo;
   judged.headroom = headroom;
+  std::optional<MeshChoice> best;
   for (const Candidate& c : candidates) {
     Plan plan;
     try {
@@ -155,9 +160,17 @@ std::optional<MeshChoice> recommend_mesh(const Config& base, const ModelSpec& mo
     m.overrides = "tensor_parallel.autotp_size=" + std::to_string(c.tensor) + " pipeline.stages=" + std::to_string(c.pipeline) +
                   " zero_optimization.stage=1 gradient_accumulation_steps=" + std::to_string(c.pipeline) +
                   (c.checkpointing ? " model.activation_checkpointing=true" : "");
-    return m;
+    if (plan.step_time.step_known()) {
+      m.step_s = plan.step_time.step_s();
+      m.tokens_per_s = static_cast<double>(plan.tokens_per_step) / m.step_s;
+    }
+    // Without a prediction the first that fits is the fewest GPUs per copy; with one, the most tokens/s (the earlier on a tie).
+    if (!best) best = m;
+    else if (m.step_s > 0 && best->step_s > 0 && m.tokens_per_s > best->tokens_per_s) best = m;
+    if (best->step_s <= 0) return best;
   }
-  return std::nullopt;
+  if (best && best->step_s > 0) best->fastest = true;
+  return best;
 }
 
 }  // namespace ds

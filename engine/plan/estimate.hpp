@@ -30,6 +30,8 @@ struct EstimateRow {
   int speed_rank = 0;               // 0 is fastest (see speed_rank_of)
   std::string overrides;            // the config overrides that select this row
   std::vector<std::string> not_yet;  // why this ds cannot train it on its device yet (runnable.hpp); empty: it can
+  double step_s = 0;                // the plan's predicted step (step_time.hpp); 0: not predicted (rates unknown, offload)
+  double tokens_per_s = 0;          // ... and the throughput it gives, over all GPUs
   bool fits() const { return fits_device.value_or(true) && fits_host.value_or(true); }
 };
 
@@ -57,7 +59,8 @@ int speed_rank_of(const EstimateChoice& c);
 MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& model, const Topology& topo,
                                           const EstimateFilter& filter = {}, double headroom = 0.10);
 
-// A mesh for a model that data parallelism alone cannot fit: at ZeRO stage 1, the fewest ranks per copy of
+// A mesh for a model that data parallelism alone cannot fit: at ZeRO stage 1, the fastest predicted of those
+// whose heaviest stage fits when the hardware's rates are known (step_time.hpp), else the fewest ranks per copy of
 // the model (tensor x pipeline: the most data parallelism) whose heaviest stage fits; at one size, tensor
 // groups within a node before pipeline stages, fewer stages before more, recomputation only if needed. A
 // pipeline runs as many micro-batches per step as it has stages (the fewest that keep every stage busy).
@@ -68,6 +71,9 @@ struct MeshChoice {
   int heaviest_stage = 0;
   std::vector<std::string> not_yet;  // why this ds cannot train it yet
   std::string overrides;             // the config overrides that select it
+  double step_s = 0;                 // its predicted step (0: not predicted)
+  double tokens_per_s = 0;           // ... and throughput over all GPUs (meshes differ in micro-batches per step)
+  bool fastest = false;              // chosen as the fastest predicted of the meshes that fit, not the fewest GPUs
 };
 // The config `base` with this mesh, as compiled for the recommendation (and by a user's ds plan with `overrides`).
 Config with_mesh(const Config& base, int tensor, int pipeline, bool activation_checkpointing);

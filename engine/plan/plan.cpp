@@ -785,6 +785,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
   if (c.train.epochs) steps_from_epochs(c, plan);
   if (resumed) keep_checkpoint_schedule(c, *resumed, plan);
+  plan.step_time = predict_step_time(plan);
   if (memory.device_budget > 0 && plan.device_bytes_per_rank() > memory.device_budget)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) + " per rank but the device has " +
                                      format_bytes(memory.device_budget),

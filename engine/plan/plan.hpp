@@ -16,6 +16,7 @@
 #include "engine/plan/memory.hpp"
 #include "engine/plan/mesh.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "engine/plan/step_time.hpp"
 #include "engine/plan/topology.hpp"
 #include "engine/plan/zero_plan.hpp"
 #include "schema/config.hpp"
@@ -158,6 +159,7 @@ struct Plan {
   Placement placement;
   int64_t tokens_per_step = 0;
   double train_flops_per_step = 0;  // model FLOPs of one optimizer step across all ranks
+  StepTime step_time;               // predicted from the topology's rates (what it lacks: step_time.missing)
   int64_t steps = 0;
   DataConfig data;                       // the token source, as resolved by the loader
   RunSettings run;

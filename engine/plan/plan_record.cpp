@@ -303,6 +303,31 @@ json mesh_json(const Plan& p) {
   return j;
 }
 
+// The predicted step (a prediction from the topology's rates; null figures where they are unknown).
+json step_time_json(const Plan& p) {
+  const StepTime& t = p.step_time;
+  const HardwareRates& hw = p.topology.rates;
+  const auto link = [](const Link& l) { return l.known() ? json{{"name", l.name}, {"busbw_bytes_per_s", l.busbw}, {"latency_s", l.latency_s}} : json(nullptr); };
+  json j = {{"gpu", hw.gpu},
+            {"peak_flops", t.compute_known ? json(t.peak_flops) : json(nullptr)},
+            {"mfu_assumed", hw.mfu},
+            {"intra_node_link", link(hw.intra_node)},
+            {"inter_node_link", link(hw.inter_node)},
+            {"missing", t.missing}};
+  const auto known = [](bool k, double v) { return k ? json(v) : json(nullptr); };
+  j["compute_s"] = known(t.compute_known, t.compute_s);
+  j["bubble_s"] = known(t.compute_known, t.bubble_s);
+  j["communication_s"] = known(t.comm_known, t.comm_s);
+  j["hidden_s"] = known(t.comm_known && t.compute_known, t.hidden_s);
+  j["step_s"] = known(t.step_known(), t.step_s());
+  j["bound"] = t.step_known() ? json(t.bound()) : json(nullptr);
+  json rows = json::array();
+  for (const CollectiveTime& c : t.collectives)
+    rows.push_back({{"what", c.what}, {"link", c.link}, {"overlaps", step_phase_name(c.phase)}, {"seconds", c.seconds}, {"hidden_s", c.hidden_s}});
+  j["collectives"] = rows;
+  return j;
+}
+
 }  // namespace
 
 std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
@@ -339,6 +364,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["zero"] = zero_json(p);
   j["layout"] = layout_json(p.layout);
   j[p.has_model ? "collectives" : "collectives_per_parameter"] = collectives_json(p.execution.collectives);
+  j["step_time"] = step_time_json(p);
   if (p.has_model) j["zero_execution"] = execution_json(p.execution);
   j["run"] = run_json(p.run);
   j["memory"] = {{"device_per_rank", categories(p.memory.device)},

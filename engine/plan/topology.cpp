@@ -45,7 +45,47 @@ DeviceKind choose_device(const TopologyOptions& opt, std::string& note) {
              (opt.gpus.size() == 1 ? " GPU nvidia-smi lists is" : " GPUs nvidia-smi lists are") + " not used (--device cpu says so explicitly)";
     return DeviceKind::cpu;
   }
-  return !opt.gpus.empty() || opt.device_memory_bytes > 0 ? DeviceKind::cuda : DeviceKind::cpu;
+  return !opt.gpus.empty() || opt.device_memory_bytes > 0 || !opt.gpu.empty() ? DeviceKind::cuda : DeviceKind::cpu;
+}
+
+Link link_flag(const char* flag, const std::string& text, bool network) {
+  const std::optional<Link> link = link_from_text(text, network);
+  if (!link)
+    throw UserError(std::string(flag) + " '" + text + "' is neither a link ds knows nor a rate",
+                    "name one (" + known_link_names() + ") or give its bus bandwidth per GPU, e.g. 100GB/s, or a NIC's line rate, e.g. 400Gb/s");
+  return *link;
+}
+
+// The GPU model (--gpu, else the first detected GPU's, if ds knows it), its rates and links, and the MFU.
+HardwareRates hardware_rates(const TopologyOptions& opt, bool cuda) {
+  HardwareRates hw;
+  const GpuModel* gpu = nullptr;
+  if (!opt.gpu.empty()) {
+    gpu = gpu_by_name(opt.gpu);
+    if (!gpu) throw UserError("--gpu '" + opt.gpu + "' is not a GPU model ds knows", "name one of " + known_gpu_names() +
+                                                                                          ", or give --device-memory (and the link flags) for another");
+    if (!cuda)
+      throw UserError("--gpu " + opt.gpu + " plans for GPUs, but this plan is for the CPU" +
+                          (opt.device == "cpu" ? std::string(" (--device cpu)") : std::string(": this build of ds trains on the CPU only")),
+                      "drop --gpu; `ds plan --gpu " + opt.gpu + "` plans for that GPU");
+  } else if (cuda && !opt.gpus.empty()) {
+    gpu = gpu_from_device_name(opt.gpus.front().name);
+  }
+  if (gpu) {
+    hw.gpu = gpu->label;
+    hw.peak_flops_16bit = gpu->peak_flops_16bit;
+    hw.peak_flops_fp32 = gpu->peak_flops_fp32;
+    hw.intra_node = *link_from_text(gpu->intra_node_link, false);
+  }
+  if (!opt.intra_node_link.empty()) hw.intra_node = link_flag("--intra-node-link", opt.intra_node_link, false);
+  if (!opt.inter_node_link.empty()) hw.inter_node = link_flag("--inter-node-link", opt.inter_node_link, true);
+  if (opt.mfu != 0) {
+    if (!(opt.mfu > 0 && opt.mfu <= 1))
+      throw UserError("--mfu " + std::to_string(opt.mfu) + " is not a share from 0 to 1", "e.g. --mfu 0.4: a step reaches 40% of the peak rate");
+    hw.mfu = opt.mfu;
+    hw.mfu_given = true;
+  }
+  return hw;
 }
 
 }  // namespace
@@ -59,14 +99,20 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   t.build = opt.build;
   t.device = choose_device(opt, t.device_note);
   const bool cuda = !t.device_traits().memory_is_host;
+  t.rates = hardware_rates(opt, cuda);
+  // --gpu naming another model than this machine's plans for another machine: its memory is the model's.
+  const GpuModel* named = opt.gpu.empty() ? nullptr : gpu_by_name(opt.gpu);
+  const bool elsewhere = opt.gpus.empty() || (named && gpu_from_device_name(opt.gpus.front().name) != named);
   if (cuda)
     t.device_memory_bytes = opt.device_memory_bytes > 0 ? opt.device_memory_bytes
-                                                        : (opt.gpus.empty() ? 0 : opt.gpus.front().memory_bytes);
+                            : !elsewhere                ? opt.gpus.front().memory_bytes
+                            : named                     ? named->memory_bytes
+                                                        : 0;
   else if (opt.device_memory_bytes > 0)
     throw UserError("--device-memory was given with --device cpu",
                     "a CPU run's memory is the host's; drop --device-memory, or plan for --device cuda");
   if (opt.host_memory_bytes > 0) t.host_memory_bytes = opt.host_memory_bytes;
-  else if (cuda && opt.gpus.empty()) t.host_memory_bytes = 0;  // GPUs of another machine: this one's RAM says nothing of theirs
+  else if (cuda && elsewhere) t.host_memory_bytes = 0;  // GPUs of another machine: this one's RAM says nothing of theirs
   if (!(opt.headroom >= 0 && opt.headroom <= 0.9))
     throw UserError("--headroom " + std::to_string(opt.headroom) + " is not a share from 0 to 0.9", "e.g. --headroom 0.1 leaves 10% free");
   t.headroom = opt.headroom;

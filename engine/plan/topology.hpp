@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/plan/device_traits.hpp"
+#include "engine/plan/hardware.hpp"
 
 namespace ds {
 
@@ -36,6 +37,9 @@ struct Topology {
   double host_memory_bytes = 0;    // per node; 0 = unknown
   double headroom = kDefaultHeadroom;  // left free of each when judging fit (--headroom)
   int cores_per_node = 1;
+  // What the device and the links between ranks can do, for the plan's time prediction: from --gpu or the
+  // detected GPU's model, and the link flags (unknown where neither says).
+  HardwareRates rates;
   std::string world_size_source;   // "--world-size", "WORLD_SIZE (launcher)", "default (one process)"
 };
 
@@ -54,6 +58,11 @@ struct TopologyOptions {
   double host_memory_bytes = 0;
   double headroom = kDefaultHeadroom;
   std::string device = "auto";     // "auto" | "cpu" | "cuda"
+  // The GPU model planned for (a known_gpus() name): its memory where --device-memory is not given, its peak
+  // rates and its node's link; it plans for GPUs (on "auto") as --device-memory does. "": the detected GPU's.
+  std::string gpu;
+  std::string intra_node_link, inter_node_link;  // a known link's name or a rate; "": the GPU's own / unknown
+  double mfu = 0;                  // the share of peak a step reaches; 0: kAssumedMfu
   std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
   std::optional<BuildSupport> build;  // this binary's (build_support()), carried into the Topology
   // The run happens here (ds train, ds profile): a build without CUDA LibTorch trains on the CPU, so "auto"

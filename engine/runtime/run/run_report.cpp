@@ -405,6 +405,14 @@ void RunReport::finish() {
                           // Memory this process freed before the run (an earlier run in it) was reused: no growth to show.
                           : "no growth for training (it reused memory this process had freed before it; the plan's " +
                                 format_bytes(predicted) + ")"));
+  // The plan's predicted step beside the measured one (its first step left out: warm-up), where the plan knew the rates.
+  if (p.step_time.step_known() && r.step_seconds.size() > 1) {
+    std::vector<double> later(r.step_seconds.begin() + 1, r.step_seconds.end());
+    std::nth_element(later.begin(), later.begin() + static_cast<std::ptrdiff_t>(later.size() / 2), later.end());
+    const double measured = later[later.size() / 2];
+    log_.note("ds train: a step took " + format_fixed(measured * 1e3, 1) + " ms (the median after the first), the plan predicted " +
+              format_fixed(p.step_time.step_s() * 1e3, 1) + " ms (" + format_fixed(measured / p.step_time.step_s(), 2) + "x; ds plan's STEP TIME)");
+  }
   if (r.device_peak_bytes > 0) {
     const double on_device = p.memory.device.total(), trained = r.device_peak_bytes - r.device_baseline_bytes;
     log_.note("ds train: GPU memory in use after a step at most " + format_bytes(r.device_peak_bytes) + ": " +

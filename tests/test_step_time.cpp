@@ -1,0 +1,209 @@
+// The predicted step time (engine/plan/step_time.hpp) and the hardware it is predicted for
+// (engine/plan/hardware.hpp): every figure recomputed here by hand from the plan's FLOPs and bytes, the rates
+// as NCCL defines bus bandwidth (time = payload x factor / busbw), and the overlap rules written out again.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/plan/plan.hpp"
+#include "engine/plan/plan_record.hpp"
+#include "test_helpers.hpp"
+
+namespace ds {
+namespace {
+
+Topology gpus(int nodes, int per_node, const std::string& gpu, const std::string& inter = "", double mfu = 0) {
+  TopologyOptions o;
+  o.nnodes = nodes;
+  o.nproc_per_node = per_node;
+  o.gpu = gpu;
+  o.inter_node_link = inter;
+  o.mfu = mfu;
+  return make_topology(o, [](const char*) -> const char* { return nullptr; });
+}
+
+Plan plan_on(const std::string& text, const Topology& t, const std::vector<std::string>& overrides = {}) {
+  const Config c = load_config_text(text, "test.json", overrides);
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
+
+// NCCL's factors: an all-reduce moves 2 (n - 1) / n of its payload per rank, a reduce-scatter and an all-gather (n - 1) / n.
+double by_hand(const Collective& c, int n, double busbw, double latency) {
+  const double factor = c.op == CollectiveOp::all_reduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+  return c.payload_bytes_per_step * factor / busbw + static_cast<double>(c.calls_per_step) * latency;
+}
+
+const char* kGpt2Zero2 = R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "bf16": {"enabled": true},
+                             "zero_optimization": {"stage": 2, "overlap_comm": true},
+                             "model": {"preset": "gpt2"}, "data": {"seq_len": 1024}})";
+
+TEST(Hardware, LinksAreKnownByNameOrGivenAsARate) {
+  EXPECT_DOUBLE_EQ(link_from_text("ib-ndr", true)->busbw, 400e9 / 8 * 0.9);
+  EXPECT_DOUBLE_EQ(link_from_text("NVLink4", false)->busbw, 370e9);
+  EXPECT_DOUBLE_EQ(link_from_text("400Gb/s", true)->busbw, 400e9 / 8 * 0.9);  // a NIC's line rate, in bits
+  EXPECT_DOUBLE_EQ(link_from_text("100GB/s", false)->busbw, 100e9);
+  EXPECT_DOUBLE_EQ(link_from_text("25GiB/s", false)->busbw, 25.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(link_from_text("800Mbps", true)->busbw, 800e6 / 8 * 0.9);
+  // A rate takes the latency of where it is: the network's across nodes.
+  EXPECT_GT(link_from_text("50GB/s", true)->latency_s, link_from_text("50GB/s", false)->latency_s);
+  for (const char* bad : {"fast", "10GB", "0GB/s", "-5GB/s", "5XB/s", "GB/s", "nan GB/s"}) EXPECT_FALSE(link_from_text(bad, true)) << bad;
+}
+
+TEST(Hardware, AGpuIsKnownByTheNameItsDriverGives) {
+  const auto model = [](const char* n) { const GpuModel* g = gpu_from_device_name(n); return g ? g->name : std::string("-"); };
+  EXPECT_EQ(model("NVIDIA H100 80GB HBM3"), "h100");
+  EXPECT_EQ(model("NVIDIA H100 PCIe"), "h100-pcie");
+  EXPECT_EQ(model("NVIDIA H200"), "h200");
+  EXPECT_EQ(model("NVIDIA A100-SXM4-40GB"), "a100-40gb");
+  EXPECT_EQ(model("NVIDIA A100-SXM4-80GB"), "a100");
+  EXPECT_EQ(model("NVIDIA A100 80GB PCIe"), "a100-pcie");
+  EXPECT_EQ(model("Tesla T4"), "-");
+  // Every model's own link is one ds knows, and each --gpu name finds itself.
+  for (const GpuModel& g : known_gpus()) {
+    EXPECT_TRUE(link_from_text(g.intra_node_link, false)) << g.name;
+    EXPECT_EQ(gpu_by_name(g.name), &g);
+  }
+}
+
+TEST(Hardware, GpuPlansForThatGpuAndBadFlagsAreRefused) {
+  const Topology t = gpus(1, 8, "h100");
+  EXPECT_EQ(t.device, DeviceKind::cuda);
+  EXPECT_DOUBLE_EQ(t.device_memory_bytes, 81559.0 * 1048576);
+  EXPECT_EQ(t.host_memory_bytes, 0);  // another machine's GPUs: this one's RAM says nothing of theirs
+  EXPECT_EQ(t.rates.intra_node.name, "nvlink4");
+  EXPECT_FALSE(t.rates.inter_node.known());
+  EXPECT_DOUBLE_EQ(t.rates.peak_flops_16bit, 989.4e12);
+  EXPECT_DOUBLE_EQ(t.rates.mfu, kAssumedMfu);
+  EXPECT_THROW(gpus(1, 8, "h1000"), UserError);
+  EXPECT_THROW(gpus(2, 8, "h100", "fast"), UserError);
+  EXPECT_THROW(gpus(1, 8, "h100", "", 1.5), UserError);
+  TopologyOptions cpu;
+  cpu.device = "cpu";
+  cpu.gpu = "h100";
+  EXPECT_THROW(make_topology(cpu, [](const char*) -> const char* { return nullptr; }), UserError);
+}
+
+TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvlinksBusBandwidth) {
+  const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100"));
+  const StepTime& t = p.step_time;
+  ASSERT_TRUE(t.compute_known && t.comm_known) << (t.missing.empty() ? "" : t.missing.front());
+  // Compute: the step's model FLOPs shared by 8 ranks, at 989.4 TFLOP/s x 0.45; backward is twice the forward.
+  const double compute = p.train_flops_per_step / 8 / (989.4e12 * 0.45);
+  EXPECT_NEAR(t.compute_s, compute, 1e-9 * compute);
+  EXPECT_NEAR(t.backward_s, 2 * t.forward_s, 1e-9 * compute);
+  EXPECT_EQ(t.bubble_s, 0);
+  // Each collective on NVLink 4 (370 GB/s, 10 us a call).
+  ASSERT_EQ(t.collectives.size(), p.execution.collectives.size());
+  double comm = 0, hidden_by_hand = 0;
+  for (size_t i = 0; i < t.collectives.size(); ++i) {
+    const Collective& c = p.execution.collectives[i];
+    const double s = by_hand(c, 8, 370e9, 10e-6);
+    EXPECT_NEAR(t.collectives[i].seconds, s, 1e-9 * s + 1e-15) << c.what();
+    EXPECT_EQ(t.collectives[i].link, "nvlink4 (within a node)");
+    comm += s;
+    // Stage 2 reduces each micro step's gradients during its backward: all but the first call hide, up to the
+    // backward's time; nothing else can.
+    if (c.kind == CollectiveKind::gradients) {
+      EXPECT_EQ(t.collectives[i].phase, StepPhase::backward);
+      hidden_by_hand = std::min(s - s / static_cast<double>(c.calls_per_step), 2.0 / 3.0 * compute);
+      EXPECT_NEAR(t.collectives[i].hidden_s, hidden_by_hand, 1e-9 * s);
+    } else {
+      EXPECT_EQ(t.collectives[i].hidden_s, 0) << c.what();
+    }
+  }
+  EXPECT_GT(hidden_by_hand, 0);
+  EXPECT_NEAR(t.comm_s, comm, 1e-9 * comm);
+  EXPECT_NEAR(t.step_s(), compute + comm - hidden_by_hand, 1e-9 * compute);
+  EXPECT_STREQ(t.bound(), comm > compute ? "communication-bound" : "compute-bound");
+  // MFU of the predicted step: the assumed one, less what communication adds.
+  EXPECT_NEAR(t.mfu(p.train_flops_per_step / 8), 0.45 * compute / t.step_s(), 1e-9);
+}
+
+TEST(StepTime, WithoutOverlapCommNothingHidesAndStagesZeroAndOneHideOnlyBehindTheLastBackward) {
+  const Plan off = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.overlap_comm=false"});
+  EXPECT_EQ(off.step_time.hidden_s, 0);
+  EXPECT_NEAR(off.step_time.step_s(), off.step_time.compute_s + off.step_time.comm_s, 1e-12);
+  // Stage 1 reduces once per step, after the last of 2 micro steps: only that backward (a sixth of compute) covers it.
+  const Plan one = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.stage=1"});
+  const StepTime& t = one.step_time;
+  double hideable = 0;
+  for (size_t i = 0; i < t.collectives.size(); ++i)
+    if (one.execution.collectives[i].kind == CollectiveKind::gradients)
+      hideable += t.collectives[i].seconds - t.collectives[i].seconds / static_cast<double>(one.execution.collectives[i].calls_per_step);
+  ASSERT_GT(hideable, 0);
+  EXPECT_NEAR(t.hidden_s, std::min(hideable, t.backward_s / 2), 1e-12);
+}
+
+TEST(StepTime, AcrossNodesTheDataGroupCrossesTheNetworkWhichMustBeGiven) {
+  const Plan unknown = plan_on(kGpt2Zero2, gpus(2, 8, "h100"));
+  EXPECT_TRUE(unknown.step_time.compute_known);
+  EXPECT_FALSE(unknown.step_time.comm_known);
+  ASSERT_EQ(unknown.step_time.missing.size(), 1u);
+  EXPECT_NE(unknown.step_time.missing[0].find("--inter-node-link"), std::string::npos);
+  EXPECT_TRUE(unknown.step_time.collectives.empty());
+
+  const Plan p = plan_on(kGpt2Zero2, gpus(2, 8, "h100", "ib-ndr"));
+  ASSERT_TRUE(p.step_time.comm_known);
+  for (size_t i = 0; i < p.step_time.collectives.size(); ++i) {
+    const double s = by_hand(p.execution.collectives[i], 16, 45e9, 30e-6);
+    EXPECT_NEAR(p.step_time.collectives[i].seconds, s, 1e-9 * s) << p.execution.collectives[i].what();
+    EXPECT_EQ(p.step_time.collectives[i].link, "ib-ndr (across nodes)");
+  }
+  // A plan for the CPU knows no peak rate: it says so.
+  const Plan cpu = plan_on(kGpt2Zero2, test::thread_ranks(2, 0));
+  EXPECT_FALSE(cpu.step_time.compute_known);
+  EXPECT_FALSE(cpu.step_time.comm_known);
+}
+
+TEST(StepTime, TheMeshsTensorGroupStaysOnNvlinkItsDataGroupCrossesNodesAndTheBubbleIsAdded) {
+  // Llama-2-7B on 2 nodes x 8: tensor 8 (a node each), pipeline 2, data 1... 2 x 8 x 2 needs 32: use 4 nodes.
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},
+                               "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": 8},
+                               "pipeline": {"stages": 2}, "model": {"preset": "llama-2-7b"}, "data": {"seq_len": 2048}})";
+  const Plan p = plan_on(text, gpus(4, 8, "h100", "ib-ndr"));
+  const StepTime& t = p.step_time;
+  ASSERT_TRUE(t.compute_known && t.comm_known) << (t.missing.empty() ? "" : t.missing.front());
+  // 4 micro-batches through 2 stages: a bubble of 1 / 5 of the step.
+  const double busy = t.forward_s + t.backward_s;
+  EXPECT_NEAR(t.bubble_s, busy * (1.0 / 5) / (1 - 1.0 / 5), 1e-9 * busy);
+  EXPECT_NEAR(busy, p.train_flops_per_step / 32 / (989.4e12 * 0.45), 1e-9 * busy);
+  const auto row = [&](const std::string& what) -> const CollectiveTime* {
+    for (const CollectiveTime& c : t.collectives)
+      if (c.what == what) return &c;
+    return nullptr;
+  };
+  const CollectiveTime* tensor = row("tensor all-reduces");
+  const CollectiveTime* pipe = row("pipeline sends");
+  ASSERT_TRUE(tensor && pipe);
+  EXPECT_EQ(tensor->link, "nvlink4 (within a node)");
+  EXPECT_EQ(pipe->link, "ib-ndr (across nodes)");  // stage 1's ranks are 16 further on: another node
+  // The busiest stage's traffic at the link's rate.
+  double most = 0;
+  const MeshTraffic* x = nullptr;
+  for (const PipelineStage& s : p.mesh.stages)
+    if (s.traffic.tensor_wire_bytes + s.traffic.pipeline_bytes + s.traffic.tied_bytes > most)
+      most = s.traffic.tensor_wire_bytes + s.traffic.pipeline_bytes + s.traffic.tied_bytes, x = &s.traffic;
+  ASSERT_TRUE(x);
+  EXPECT_NEAR(tensor->seconds, x->tensor_wire_bytes / 370e9 + static_cast<double>(x->tensor_all_reduces) * 10e-6, 1e-12);
+  EXPECT_NEAR(pipe->seconds, x->pipeline_bytes / 45e9 + static_cast<double>(x->pipeline_sends) * 30e-6, 1e-12);
+  EXPECT_EQ(tensor->hidden_s, 0);  // Megatron's all-reduces wait for the compute that needs them
+  // The data group (ranks 8 apart) spans nodes: ZeRO's collectives on the network.
+  EXPECT_EQ(t.collectives.front().link, "ib-ndr (across nodes)");
+}
+
+TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {
+  const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100", "", 0.5));
+  const nlohmann::json j = nlohmann::json::parse(plan_to_json(p))["step_time"];
+  EXPECT_EQ(j["gpu"], "H100 SXM 80GB");
+  EXPECT_DOUBLE_EQ(j["mfu_assumed"].get<double>(), 0.5);
+  EXPECT_NEAR(j["compute_s"].get<double>(), p.train_flops_per_step / 8 / (989.4e12 * 0.5), 1e-12);
+  EXPECT_NEAR(j["step_s"].get<double>(), j["compute_s"].get<double>() + j["communication_s"].get<double>() - j["hidden_s"].get<double>(), 1e-12);
+  EXPECT_EQ(j["collectives"].size(), p.execution.collectives.size());
+  const nlohmann::json cpu = nlohmann::json::parse(plan_to_json(plan_on(kGpt2Zero2, test::thread_ranks(2, 0))))["step_time"];
+  EXPECT_TRUE(cpu["step_s"].is_null());
+  EXPECT_TRUE(cpu["compute_s"].is_null());
+  EXPECT_FALSE(cpu["missing"].empty());
+}
+
+}  // namespace
+}  // namespace ds
