@@ -190,7 +190,8 @@ void add_hardware_flags(CLI::App* sub, HardwareArgs& a) {
                   "the network between nodes, per GPU, by name (ib-ndr, ib-hdr, eth-100g) or rate, e.g. 50GB/s or 400Gb/s "
                   "(a NIC's line rate, taken at 90%)");
   sub->add_option("--mfu", a.mfu, "the share of the peak matmul rate a step's FLOPs (recomputation included) run at, for the predicted step time (default " +
-                                      format_double(kAssumedMfu) + ", what ds measured on one H200)");
+                                      format_double(kAssumedMfu) + ", what ds measured on one H200)")
+      ->check(CLI::Range(0.01, 1.0));
 }
 
 void apply_hardware_flags(const HardwareArgs& a, TopologyOptions& topt) {

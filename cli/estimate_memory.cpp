@@ -352,10 +352,11 @@ void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
                   fits.c_str());
     o << line;
   }
-  o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first";
   if (std::any_of(t.rows.begin(), t.rows.end(), [](const EstimateRow& r) { return r.step_s > 0; }))
-    o << "; tokens/s: predicted over all GPUs from the GPU's and the links' rates, as ds plan predicts a step";
-  o << ")\n";
+    o << "  (GiB; per GPU columns are one rank's device memory; rows fastest first by the tokens/s predicted over all GPUs from the\n"
+         "  GPU's and the links' rates, as ds plan predicts a step; the offload rows, not predicted, after them in expected order)\n";
+  else
+    o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
   // What this ds cannot train yet on these GPUs, once per reason.
   std::vector<std::string> reasons;
   for (const auto& r : t.rows)

@@ -419,14 +419,15 @@ void render_communication(const json& r, std::ostringstream& o) {
          "collective waits less than it takes)\n";
     for (const json& c : r["communication"]) {
       o << "  " << pad(c["collective"].get<std::string>(), 34);
-      if (c.contains("bytes_per_step"))
+      if (c.contains("bytes_per_step")) {
         o << lpad(format_fixed(c["calls_per_step"].get<double>(), 1), 6) << " calls " << lpad(format_bytes(c["bytes_per_step"].get<double>()), 11)
           << " (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << ")  waited " << ms(c["seconds_per_step"].get<double>())
           << ", " << format_fixed(c["bus_gb_per_s"].get<double>(), 2) << " GB/s";
-      if (c.contains("bytes_per_step") && c.contains("predicted_seconds_per_step"))
-        o << " (predicted " << ms(c["predicted_seconds_per_step"].get<double>()) << " on " << c["predicted_link"].get<std::string>() << ")";
-      else
+        if (c.contains("predicted_seconds_per_step"))
+          o << " (predicted " << ms(c["predicted_seconds_per_step"].get<double>()) << " on " << c["predicted_link"].get<std::string>() << ")";
+      } else {
         o << " not measured (" << format_bytes(c["plan_bytes_per_step"].get<double>()) << " planned)";
+      }
       o << "\n";
     }
   }

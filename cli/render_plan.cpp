@@ -470,8 +470,9 @@ void communication_section(const Plan& p, const std::function<std::string(const 
   }
 }
 
+// In the unit its rounded figure reads best in (999.6 us is "1.0 ms", not "1000 us").
 std::string seconds_text(double s) {
-  return s >= 1 ? format_fixed(s, 2) + " s" : s >= 1e-3 ? format_fixed(s * 1e3, 1) + " ms" : format_fixed(s * 1e6, 0) + " us";
+  return s >= 0.9995 ? format_fixed(s, 2) + " s" : s >= 0.9995e-3 ? format_fixed(s * 1e3, 1) + " ms" : format_fixed(s * 1e6, 0) + " us";
 }
 
 // The step's time predicted from the hardware's rates (engine/plan/step_time.hpp), or what the prediction lacks.

@@ -48,7 +48,7 @@ TEST(CliPlan, PredictsTheStepsTimeForTheGpusAndLinksItIsToldOf) {
   r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 8 --nnodes 4 --inter-node-link ib-ndr --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json t = nlohmann::json::parse(r.out)["step_time"];
-  EXPECT_EQ(t["collectives"][0]["link"], "ib-ndr (across nodes)");
+  EXPECT_EQ(t["collectives"][0]["link"], "ib-ndr (across nodes, 8 NICs a node)");  // one ring per NIC
   EXPECT_GT(t["step_s"].get<double>(), t["compute_s"].get<double>());
   // estimate-memory predicts each row's throughput too, and picks the fastest mesh that fits.
   r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu h100 --inter-node-link ib-ndr --json");

@@ -204,6 +204,13 @@ TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
       EXPECT_DOUBLE_EQ(bytes[rank], 3 * plan_bytes) << "rank " << rank;
     }
   }
+  // The text report without the hardware flags: every collective measured, nothing predicted.
+  const Result text = ds("profile examples/quickstart.json --nproc-per-node 2 --steps 2 --warmup 1 train_micro_batch_size_per_gpu=8 "
+                         "zero_optimization.stage=2");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, " waited ")) << text.out;
+  EXPECT_FALSE(contains(text.out, "not measured")) << text.out;
+  EXPECT_FALSE(contains(text.out, "(predicted")) << text.out;
 }
 
 TEST(CliProfile, BadArgumentsAreRefusedBeforeAnythingRuns) {

@@ -254,10 +254,18 @@ TEST(MeshRecommendation, WithTheHardwaresRatesTheFastestPredictedMeshThatFitsIsC
   EXPECT_DOUBLE_EQ(mesh->step_s, chosen.step_time.step_s());
 
   const MemoryEstimateTable table = estimate_memory_table(load_config_text(kCfg, "t"), build_model_spec(resolve_model_hyper(load_config_text(kCfg, "t").model)), cluster);
+  double faster = 1e300;
+  bool offload_seen = false;
   for (const EstimateRow& r : table.rows) {
     const bool offload = r.choice.offload_optimizer != OffloadDevice::none || r.choice.offload_param != OffloadDevice::none;
     EXPECT_EQ(r.step_s > 0, !offload) << r.overrides;
-    if (r.step_s > 0) EXPECT_DOUBLE_EQ(r.tokens_per_s, 32.0 * 1024 / r.step_s) << r.overrides;  // 32 GPUs x micro 1 x 1024 tokens
+    if (r.step_s > 0) {
+      EXPECT_DOUBLE_EQ(r.tokens_per_s, 32.0 * 1024 / r.step_s) << r.overrides;  // 32 GPUs x micro 1 x 1024 tokens
+      EXPECT_LE(r.tokens_per_s, faster) << r.overrides;  // fastest first
+      EXPECT_FALSE(offload_seen) << r.overrides;         // before the rows it cannot predict
+      faster = r.tokens_per_s;
+    }
+    offload_seen = offload_seen || offload;
   }
 }
 

@@ -46,7 +46,7 @@ TEST(Hardware, LinksAreKnownByNameOrGivenAsARate) {
   EXPECT_DOUBLE_EQ(link_from_text("800Mbps", true)->busbw, 800e6 / 8 * 0.9);
   // A rate takes the latency of where it is: the network's across nodes.
   EXPECT_GT(link_from_text("50GB/s", true)->latency_s, link_from_text("50GB/s", false)->latency_s);
-  for (const char* bad : {"fast", "10GB", "0GB/s", "-5GB/s", "5XB/s", "GB/s", "nan GB/s"}) EXPECT_FALSE(link_from_text(bad, true)) << bad;
+  for (const char* bad : {"fast", "10GB", "0GB/s", "-5GB/s", "5XB/s", "GB/s", "nan GB/s", "1e-300GB/s", "10kB/s"}) EXPECT_FALSE(link_from_text(bad, true)) << bad;
 }
 
 TEST(Hardware, AGpuIsKnownByTheNameItsDriverGives) {
@@ -83,6 +83,49 @@ TEST(Hardware, GpuPlansForThatGpuAndBadFlagsAreRefused) {
   EXPECT_THROW(make_topology(cpu, [](const char*) -> const char* { return nullptr; }), UserError);
 }
 
+TEST(Hardware, ADetectedGpuGivesItsRatesOnlyWhenThePlanIsForThisMachine) {
+  const auto none = [](const char*) -> const char* { return nullptr; };
+  TopologyOptions here;
+  here.gpus = {{"NVIDIA H200", 150e9}};
+  Topology t = make_topology(here, none);
+  EXPECT_EQ(t.rates.gpu, "H200 SXM 141GB");
+  EXPECT_DOUBLE_EQ(t.device_memory_bytes, 150e9);
+  EXPECT_GT(t.host_memory_bytes, 0);  // this machine's
+  // --device-memory plans for other GPUs: the card here says nothing of their rates.
+  TopologyOptions other = here;
+  other.device_memory_bytes = 80e9;
+  t = make_topology(other, none);
+  EXPECT_EQ(t.rates.peak_flops_16bit, 0);
+  EXPECT_DOUBLE_EQ(t.device_memory_bytes, 80e9);
+  // --gpu naming another model: its memory and rates, and not this machine's host memory.
+  TopologyOptions named = here;
+  named.gpu = "a100";
+  t = make_topology(named, none);
+  EXPECT_EQ(t.rates.gpu, "A100 SXM 80GB");
+  EXPECT_DOUBLE_EQ(t.device_memory_bytes, 81920.0 * 1048576);
+  EXPECT_EQ(t.host_memory_bytes, 0);
+  // A run here trains on the GPU here: --gpu changes only the rates its prediction uses.
+  TopologyOptions run = named;
+  run.runs_here = true;
+  run.build = BuildSupport{true, "CUDA 13.0, sm_90"};
+  t = make_topology(run, none);
+  EXPECT_EQ(t.device, DeviceKind::cuda);
+  EXPECT_DOUBLE_EQ(t.device_memory_bytes, 150e9);
+  EXPECT_GT(t.host_memory_bytes, 0);
+  EXPECT_EQ(t.rates.gpu, "A100 SXM 80GB");
+  // ... and with no GPU here, --gpu does not make it a GPU run: it is refused, saying why.
+  TopologyOptions bare;
+  bare.gpu = "h100";
+  bare.runs_here = true;
+  bare.build = run.build;
+  try {
+    make_topology(bare, none);
+    ADD_FAILURE() << "--gpu on a run without a GPU was taken";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU is visible here"), std::string::npos) << e.what();
+  }
+}
+
 TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvlinksBusBandwidth) {
   const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100"));
   const StepTime& t = p.step_time;
@@ -101,11 +144,12 @@ TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvli
     EXPECT_NEAR(t.collectives[i].seconds, s, 1e-9 * s + 1e-15) << c.what();
     EXPECT_EQ(t.collectives[i].link, "nvlink4 (within a node)");
     comm += s;
-    // Stage 2 reduces each micro step's gradients during its backward: all but the first call hide, up to the
-    // backward's time; nothing else can.
+    // Stage 2 reduces each micro step's gradients during its backward: all but each of the 2 micro steps' last
+    // bucket hide, up to the backward's time; nothing else can.
     if (c.kind == CollectiveKind::gradients) {
       EXPECT_EQ(t.collectives[i].phase, StepPhase::backward);
-      hidden_by_hand = std::min(s - s / static_cast<double>(c.calls_per_step), 2.0 / 3.0 * compute);
+      ASSERT_GE(c.calls_per_step, 2);
+      hidden_by_hand = std::min(s - 2 * s / static_cast<double>(c.calls_per_step), 2.0 / 3.0 * compute);
       EXPECT_NEAR(t.collectives[i].hidden_s, hidden_by_hand, 1e-9 * s);
     } else {
       EXPECT_EQ(t.collectives[i].hidden_s, 0) << c.what();
@@ -142,12 +186,19 @@ TEST(StepTime, AcrossNodesTheDataGroupCrossesTheNetworkWhichMustBeGiven) {
   EXPECT_NE(unknown.step_time.missing[0].find("--inter-node-link"), std::string::npos);
   EXPECT_TRUE(unknown.step_time.collectives.empty());
 
+  // 16 ranks on 2 nodes: NCCL runs a ring per NIC, 8 NICs a node (one per GPU): 8 x 45 GB/s, capped by NVLink's 370.
   const Plan p = plan_on(kGpt2Zero2, gpus(2, 8, "h100", "ib-ndr"));
   ASSERT_TRUE(p.step_time.comm_known);
   for (size_t i = 0; i < p.step_time.collectives.size(); ++i) {
-    const double s = by_hand(p.execution.collectives[i], 16, 45e9, 30e-6);
+    const double s = by_hand(p.execution.collectives[i], 16, std::min(370e9, 8 * 45e9), 30e-6);
     EXPECT_NEAR(p.step_time.collectives[i].seconds, s, 1e-9 * s) << p.execution.collectives[i].what();
-    EXPECT_EQ(p.step_time.collectives[i].link, "ib-ndr (across nodes)");
+    EXPECT_EQ(p.step_time.collectives[i].link, "ib-ndr (across nodes, 8 NICs a node)");
+  }
+  // A slower network per GPU (a rate: 10 GB/s) sets the pace at 8 x 10 GB/s.
+  const Plan slow = plan_on(kGpt2Zero2, gpus(2, 8, "h100", "10GB/s"));
+  for (size_t i = 0; i < slow.step_time.collectives.size(); ++i) {
+    const double s = by_hand(slow.execution.collectives[i], 16, 80e9, 30e-6);
+    EXPECT_NEAR(slow.step_time.collectives[i].seconds, s, 1e-9 * s) << slow.execution.collectives[i].what();
   }
   // A plan for the CPU knows no peak rate: it says so.
   const Plan cpu = plan_on(kGpt2Zero2, test::thread_ranks(2, 0));
@@ -195,7 +246,8 @@ TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {
   const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100", "", 0.5));
   const nlohmann::json j = nlohmann::json::parse(plan_to_json(p))["step_time"];
   EXPECT_EQ(j["gpu"], "H100 SXM 80GB");
-  EXPECT_DOUBLE_EQ(j["mfu_assumed"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j["mfu"].get<double>(), 0.5);
+  EXPECT_EQ(j["mfu_source"], "--mfu");
   EXPECT_NEAR(j["compute_s"].get<double>(), p.train_flops_per_step / 8 / (989.4e12 * 0.5), 1e-12);
   EXPECT_NEAR(j["step_s"].get<double>(), j["compute_s"].get<double>() + j["communication_s"].get<double>() - j["hidden_s"].get<double>(), 1e-12);
   EXPECT_EQ(j["collectives"].size(), p.execution.collectives.size());

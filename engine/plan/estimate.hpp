@@ -42,7 +42,7 @@ struct EstimateFilter {
 };
 
 struct MemoryEstimateTable {
-  std::vector<EstimateRow> rows;  // in speed order
+  std::vector<EstimateRow> rows;  // fastest first: by predicted tokens/s where the rates are known, then by speed_rank_of
   int recommended = -1;           // index of the fastest row that fits, -1 if none fits
   int runnable = -1;              // index of the fastest row that fits and this ds trains today (not_yet empty), -1 if none
   std::vector<DeepSpeedEstimateRow> deepspeed;  // DeepSpeed's own ZeRO-2/3 estimators for the same model

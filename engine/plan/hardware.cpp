@@ -72,6 +72,7 @@ std::optional<Link> link_from_text(const std::string& text, bool network) {
   double rate = number;
   for (size_t i = 0; i <= p; ++i) rate *= binary ? 1024.0 : 1000.0;
   if (last == 'b') rate = rate / 8 * kNicEfficiency;  // a line rate in bits: what NCCL carries over it
+  if (rate < 1e6) return std::nullopt;  // under 1 MB/s: a typo, not a link
   return Link{text, rate, network ? kNetworkLatency : kNvlinkLatency};
 }
 

@@ -9,6 +9,8 @@
 // Figures are what such links sustain, not their line rates: NVLink 4's 450 GB/s a direction carries about
 // 370 GB/s of busbw through NCCL's protocol (ring; NVLink SHARP all-reduces reach more), InfiniBand about 90%
 // of the NIC's rate. Named network links assume one NIC per GPU (as DGX H100 has); with fewer, give a rate.
+// A group across nodes runs one ring per NIC: with k of its ranks on each node, k NICs carry it, so its busbw is
+// min(the node's link, k x the network's per GPU) (step_time.cpp).
 #pragma once
 
 #include <optional>

@@ -812,6 +812,7 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   note_mesh(plan);
   resolve_threads(c, topo, plan);
   if (stage >= 0) add_collectives_per_parameter(topo, stage, plan);
+  plan.step_time = predict_step_time(plan);  // says that it needs the model
   return plan;
 }
 

@@ -310,7 +310,8 @@ json step_time_json(const Plan& p) {
   const auto link = [](const Link& l) { return l.known() ? json{{"name", l.name}, {"busbw_bytes_per_s", l.busbw}, {"latency_s", l.latency_s}} : json(nullptr); };
   json j = {{"gpu", hw.gpu},
             {"peak_flops", t.compute_known ? json(t.peak_flops) : json(nullptr)},
-            {"mfu_assumed", hw.mfu},
+            {"mfu", hw.mfu},
+            {"mfu_source", hw.mfu_given ? "--mfu" : "assumed"},
             {"intra_node_link", link(hw.intra_node)},
             {"inter_node_link", link(hw.inter_node)},
             {"missing", t.missing}};

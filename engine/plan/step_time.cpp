@@ -1,6 +1,8 @@
 #include "engine/plan/step_time.hpp"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 
 #include "common/format.hpp"
 #include "engine/plan/flops.hpp"
@@ -9,29 +11,41 @@
 namespace ds {
 namespace {
 
-// Whether any group of this kind has ranks on more than one node.
-bool spans_nodes(const std::vector<std::vector<int>>& groups, int ranks_per_node) {
+// How a group of this kind sits on the nodes: 0 when every group is inside one node, else the fewest of a
+// group's ranks on one of its nodes (the NICs that carry its rings there).
+int ranks_per_node_across(const std::vector<std::vector<int>>& groups, int ranks_per_node) {
   const int per_node = std::max(1, ranks_per_node);
-  for (const auto& g : groups)
-    for (int r : g)
-      if (r / per_node != g.front() / per_node) return true;
-  return false;
+  int fewest = 0;
+  for (const auto& g : groups) {
+    std::map<int, int> on_node;
+    for (int r : g) ++on_node[r / per_node];
+    if (on_node.size() < 2) continue;
+    for (const auto& [node, n] : on_node) fewest = fewest == 0 ? n : std::min(fewest, n);
+  }
+  return fewest;
 }
 
-// The link a group of this kind crosses; an unknown one is added to `missing` once, naming the flag.
-const Link* link_of(const Plan& p, MeshAxis axis, std::vector<std::string>& missing) {
+// The link a group of this kind crosses, as a rate: within a node the node's link; across nodes one ring per NIC
+// (one NIC per GPU), so k ranks of the group on each node give k times the network's rate, at most the node's link.
+// Unknown: added to `missing` once, naming the flag, and nullopt.
+std::optional<Link> link_of(const Plan& p, MeshAxis axis, std::vector<std::string>& missing) {
   const HardwareRates& hw = p.topology.rates;
-  const bool across = spans_nodes(mesh_groups(p.mesh.shape, axis), p.topology.ranks_per_node);
-  const Link& link = across ? hw.inter_node : hw.intra_node;
-  if (link.known()) return &link;
-  const std::string need = across ? "the network between nodes (--inter-node-link, e.g. ib-ndr or 400Gb/s)"
-                                  : "the link between the ranks of a node (--intra-node-link, or --gpu)";
-  if (std::find(missing.begin(), missing.end(), need) == missing.end()) missing.push_back(need);
-  return nullptr;
-}
-
-std::string link_text(const Plan& p, const Link& link) {
-  return link.name + (&link == &p.topology.rates.inter_node ? " (across nodes)" : " (within a node)");
+  const int k = ranks_per_node_across(mesh_groups(p.mesh.shape, axis), p.topology.ranks_per_node);
+  const bool gpu = !p.topology.device_traits().memory_is_host;
+  const auto need = [&](const std::string& what) {
+    if (std::find(missing.begin(), missing.end(), what) == missing.end()) missing.push_back(what);
+    return std::nullopt;
+  };
+  if (k == 0) {
+    if (hw.intra_node.known()) return Link{hw.intra_node.name + " (within a node)", hw.intra_node.busbw, hw.intra_node.latency_s};
+    return need(gpu ? "the link between the ranks of a node (--intra-node-link, or --gpu)" : "the link between the ranks of a node (--intra-node-link)");
+  }
+  if (!hw.inter_node.known()) return need("the network between nodes (--inter-node-link, e.g. ib-ndr or 400Gb/s)");
+  Link across{hw.inter_node.name + " (across nodes", k * hw.inter_node.busbw, hw.inter_node.latency_s};
+  if (k > 1) across.name += ", " + std::to_string(k) + " NICs a node";
+  if (hw.intra_node.known() && hw.intra_node.busbw < across.busbw) across.busbw = hw.intra_node.busbw;
+  across.name += ")";
+  return across;
 }
 
 // What a collective of the data group can hide behind, as the runtime issues it.
@@ -77,8 +91,8 @@ void predict_compute(const Plan& p, StepTime& t) {
   t.bubble_s = t.compute_s - busy;
 }
 
-void add_row(StepTime& t, std::string what, const Plan& p, const Link& link, StepPhase phase, double bytes, double calls) {
-  t.collectives.push_back({std::move(what), link_text(p, link), phase, bytes / link.busbw + calls * link.latency_s, 0});
+void add_row(StepTime& t, std::string what, const Link& link, StepPhase phase, double bytes, double calls) {
+  t.collectives.push_back({std::move(what), link.name, phase, bytes / link.busbw + calls * link.latency_s, 0});
 }
 
 // The mesh's own traffic, of the stage that sends the most (stages run side by side: the slowest sets the pace).
@@ -91,17 +105,18 @@ void mesh_rows(const Plan& p, StepTime& t) {
       busiest = &s;
   const MeshTraffic& x = busiest->traffic;
   if (x.tensor_all_reduces > 0)
-    if (const Link* l = link_of(p, MeshAxis::tensor, t.missing))
-      add_row(t, "tensor all-reduces", p, *l, StepPhase::between, x.tensor_wire_bytes, static_cast<double>(x.tensor_all_reduces));
+    if (const auto l = link_of(p, MeshAxis::tensor, t.missing))
+      add_row(t, "tensor all-reduces", *l, StepPhase::between, x.tensor_wire_bytes, static_cast<double>(x.tensor_all_reduces));
   if (x.pipeline_sends > 0)
-    if (const Link* l = link_of(p, MeshAxis::pipeline, t.missing))
-      add_row(t, "pipeline sends", p, *l, StepPhase::between, x.pipeline_bytes, static_cast<double>(x.pipeline_sends));
+    if (const auto l = link_of(p, MeshAxis::pipeline, t.missing))
+      add_row(t, "pipeline sends", *l, StepPhase::between, x.pipeline_bytes, static_cast<double>(x.pipeline_sends));
   if (x.tied_all_reduces > 0)
-    if (const Link* l = link_of(p, MeshAxis::pipeline, t.missing))
-      add_row(t, "tied embeddings", p, *l, StepPhase::between, x.tied_bytes, static_cast<double>(x.tied_all_reduces));
+    if (const auto l = link_of(p, MeshAxis::pipeline, t.missing))
+      add_row(t, "tied embeddings", *l, StepPhase::between, x.tied_bytes, static_cast<double>(x.tied_all_reduces));
 }
 
-// Within each phase, what can hide (all but each collective's first call) hides up to the phase's compute.
+// Within each phase, what can hide hides up to the phase's compute: all but each collective's first call of a
+// micro step (the first block's gather, the last bucket's reduce), which nothing runs beside.
 void overlap(const Plan& p, StepTime& t) {
   const double windows[] = {t.forward_s, t.backward_s};
   for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
@@ -116,7 +131,8 @@ void overlap(const Plan& p, StepTime& t) {
       if (i >= t.collectives.size()) break;
       CollectiveTime& row = t.collectives[i++];
       if (row.phase != phase) continue;
-      const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step));
+      const double micro_steps = c.when == "per micro step" ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
+      const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step)) * std::min(micro_steps, static_cast<double>(c.calls_per_step));
       rows.push_back({&row, row.seconds - first_call});
       hideable += row.seconds - first_call;
     }
@@ -139,17 +155,20 @@ const char* step_phase_name(StepPhase p) {
 
 StepTime predict_step_time(const Plan& p) {
   StepTime t;
-  if (!p.has_model || p.batch.micro_batch <= 0) return t;
+  if (!p.has_model || p.batch.micro_batch <= 0) {
+    t.missing.push_back(p.has_model ? "the micro batch (\"auto\" is chosen once the model is known)" : "a model (model.preset, or a model block)");
+    return t;
+  }
   predict_compute(p, t);
   // ZeRO's collectives run over the data group; one row each, in the plan's order (overlap() relies on it).
   bool comm_known = true;
   for (const Collective& c : p.execution.collectives) {
-    const Link* l = link_of(p, MeshAxis::data, t.missing);
+    const auto l = link_of(p, MeshAxis::data, t.missing);
     if (!l) {
       comm_known = false;
       break;
     }
-    add_row(t, c.what(), p, *l, phase_of(c, p.execution), c.wire_bytes_per_rank_per_step, static_cast<double>(c.calls_per_step));
+    add_row(t, c.what(), *l, phase_of(c, p.execution), c.wire_bytes_per_rank_per_step, static_cast<double>(c.calls_per_step));
   }
   if (!comm_known) t.collectives.clear();
   const size_t before = t.missing.size();

@@ -7,11 +7,12 @@
 //   compute   = (forward + backward + recompute FLOPs of its micro-batches, its share of the model)
 //               / (peak x mfu), over (1 - bubble) with pipeline stages (stages assumed balanced);
 //   a collective = wire bytes per rank / busbw + calls x the link's latency, on the link its group crosses:
-//               within one node the GPUs' link, across nodes the network (the ring's slowest hop);
+//               within one node the GPUs' link, across nodes a ring per NIC: k of the group's ranks a node
+//               give k x the network's rate per GPU, at most the node's link;
 //   hidden    = what overlaps compute as ds runs it: with overlap_comm the gradient reductions run during
 //               the backward that produces them (stages 0-1: the last micro step's; 2-3: every one's), stage 3's
 //               gathers one block ahead of the forward or backward that needs them; each collective's first
-//               call (the first block's gather, the last bucket's reduce) cannot hide. The rest (the control
+//               call of a micro step (the first block's gather, the last bucket's reduce) cannot hide. The rest (the control
 //               values, the updated parameters' all-gather, the tensor-parallel all-reduces, pipeline sends)
 //               waits for compute, and compute for it;
 //   step      = compute + communication - hidden.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 
 namespace ds {
 namespace {
@@ -45,7 +46,9 @@ DeviceKind choose_device(const TopologyOptions& opt, std::string& note) {
              (opt.gpus.size() == 1 ? " GPU nvidia-smi lists is" : " GPUs nvidia-smi lists are") + " not used (--device cpu says so explicitly)";
     return DeviceKind::cpu;
   }
-  return !opt.gpus.empty() || opt.device_memory_bytes > 0 || !opt.gpu.empty() ? DeviceKind::cuda : DeviceKind::cpu;
+  // --gpu plans for that GPU as --device-memory does; a run here trains on what is here, whatever --gpu says.
+  const bool gpu_named = !opt.gpu.empty() && !opt.runs_here;
+  return !opt.gpus.empty() || opt.device_memory_bytes > 0 || gpu_named ? DeviceKind::cuda : DeviceKind::cpu;
 }
 
 Link link_flag(const char* flag, const std::string& text, bool network) {
@@ -56,7 +59,17 @@ Link link_flag(const char* flag, const std::string& text, bool network) {
   return *link;
 }
 
-// The GPU model (--gpu, else the first detected GPU's, if ds knows it), its rates and links, and the MFU.
+// Whether the plan is for GPUs other than this machine's: none here, or --gpu names another model (planning only:
+// a run here is on this machine's), or their memory is given (--device-memory, without --gpu).
+bool plans_elsewhere(const TopologyOptions& opt) {
+  if (opt.gpus.empty()) return true;
+  if (opt.runs_here) return false;
+  if (!opt.gpu.empty()) return gpu_from_device_name(opt.gpus.front().name) != gpu_by_name(opt.gpu);
+  return opt.device_memory_bytes > 0;
+}
+
+// The GPU model (--gpu, else the first detected GPU's when the plan is for this machine and ds knows it), its
+// rates and links, and the MFU.
 HardwareRates hardware_rates(const TopologyOptions& opt, bool cuda) {
   HardwareRates hw;
   const GpuModel* gpu = nullptr;
@@ -65,10 +78,12 @@ HardwareRates hardware_rates(const TopologyOptions& opt, bool cuda) {
     if (!gpu) throw UserError("--gpu '" + opt.gpu + "' is not a GPU model ds knows", "name one of " + known_gpu_names() +
                                                                                           ", or give --device-memory (and the link flags) for another");
     if (!cuda)
-      throw UserError("--gpu " + opt.gpu + " plans for GPUs, but this plan is for the CPU" +
-                          (opt.device == "cpu" ? std::string(" (--device cpu)") : std::string(": this build of ds trains on the CPU only")),
+      throw UserError("--gpu " + opt.gpu + " is for GPUs, but this " + (opt.runs_here ? "run" : "plan") + " is on the CPU" +
+                          (opt.device == "cpu"                                ? std::string(" (--device cpu)")
+                           : opt.build && !opt.build->trains_on_cuda()       ? std::string(": this build of ds trains on the CPU only")
+                                                                              : std::string(": no GPU is visible here")),
                       "drop --gpu; `ds plan --gpu " + opt.gpu + "` plans for that GPU");
-  } else if (cuda && !opt.gpus.empty()) {
+  } else if (cuda && !plans_elsewhere(opt)) {
     gpu = gpu_from_device_name(opt.gpus.front().name);
   }
   if (gpu) {
@@ -80,8 +95,8 @@ HardwareRates hardware_rates(const TopologyOptions& opt, bool cuda) {
   if (!opt.intra_node_link.empty()) hw.intra_node = link_flag("--intra-node-link", opt.intra_node_link, false);
   if (!opt.inter_node_link.empty()) hw.inter_node = link_flag("--inter-node-link", opt.inter_node_link, true);
   if (opt.mfu != 0) {
-    if (!(opt.mfu > 0 && opt.mfu <= 1))
-      throw UserError("--mfu " + std::to_string(opt.mfu) + " is not a share from 0 to 1", "e.g. --mfu 0.4: a step reaches 40% of the peak rate");
+    if (!(opt.mfu >= 0.01 && opt.mfu <= 1))
+      throw UserError("--mfu " + format_double(opt.mfu) + " is not a share from 0.01 to 1", "e.g. --mfu 0.4: a step's matmuls run at 40% of the peak rate");
     hw.mfu = opt.mfu;
     hw.mfu_given = true;
   }
@@ -100,9 +115,10 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   t.device = choose_device(opt, t.device_note);
   const bool cuda = !t.device_traits().memory_is_host;
   t.rates = hardware_rates(opt, cuda);
-  // --gpu naming another model than this machine's plans for another machine: its memory is the model's.
-  const GpuModel* named = opt.gpu.empty() ? nullptr : gpu_by_name(opt.gpu);
-  const bool elsewhere = opt.gpus.empty() || (named && gpu_from_device_name(opt.gpus.front().name) != named);
+  // --gpu naming another model than this machine's plans for another machine: its memory is the model's. A run
+  // here uses this machine's GPU, whatever --gpu says of the rates.
+  const GpuModel* named = opt.gpu.empty() || opt.runs_here ? nullptr : gpu_by_name(opt.gpu);
+  const bool elsewhere = plans_elsewhere(opt) && (opt.gpus.empty() || named);
   if (cuda)
     t.device_memory_bytes = opt.device_memory_bytes > 0 ? opt.device_memory_bytes
                             : !elsewhere                ? opt.gpus.front().memory_bytes
