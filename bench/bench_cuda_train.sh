@@ -16,7 +16,7 @@ echo "command: bench/bench_cuda_train.sh $ds $steps (PEAK_TFLOPS=$peak)"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
 run_ds() {
   "$ds" train examples/gpu-gpt2.json --device cuda "train.steps=$steps" "train.output_dir=$out/run$1" steps_per_print=10 2>&1 |
-    grep -E "training on|step +[0-9]+|done:|GPU memory|peak resident" || true
+    grep -E "training on|step +[0-9]+|done:|GPU memory|peak resident|a step took" || true
   python3 bench/metrics_median.py "ds round $1" "$out/run$1/metrics.jsonl" 124439808 12 768 1024 "$peak" || true
   rm -rf "$out/run$1"
 }
@@ -34,7 +34,7 @@ run_lora() {  # name, extra overrides...
   local name=$1
   shift
   "$ds" train examples/gpu-gpt2.json --device cuda "model.preset=$lora_model" train_micro_batch_size_per_gpu=4 data.seq_len=512 \
-    train.steps=12 "train.output_dir=$out/$name" "$@" 2>&1 | grep -E "GPU memory|error" || true
+    train.steps=12 "train.output_dir=$out/$name" "$@" 2>&1 | grep -E "GPU memory|a step took|error" || true
   python3 bench/metrics_median.py "$name" "$out/$name/metrics.jsonl" || true
   rm -rf "${out:?}/$name"
 }
