@@ -450,12 +450,28 @@ void layout_section(const Plan& p, const std::function<std::string(const std::st
   }
 }
 
+// How ZeRO uses the library's collectives, as the plan decided from its capabilities (comm_capabilities).
+std::string collectives_how(const Plan& p) {
+  const ZeroExecution& z = p.execution;
+  const CommCapabilities caps = comm_capabilities(z.backend);
+  std::string how = z.scatter ? (caps.native_reduce_scatter ? "gradients reduce-scattered by the library"
+                                                            : "gradients reduce-scattered as point-to-point sends (each rank the elements it owns)")
+                              : "gradients all-reduced";
+  const bool library_sums = !z.scatter || caps.native_reduce_scatter;  // point-to-point pieces are summed by ds
+  if (library_sums && dtype_bytes(p.precision.comm_dtype) < 4)
+    how += caps.sums_16bit ? ", 16-bit sums by the library" : ", 16-bit sums through an fp32 copy (the library sums no 16-bit floats)";
+  if (z.gathers)
+    how += z.gather_staged ? "; gathers packed into equal pieces through staging buffers"
+                           : "; gathers land every rank's spans in place (point-to-point)";
+  return how;
+}
+
 void communication_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
   o << "\n" << h("Communication per optimizer step") << "\n";
   if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
   } else {
-    o << "  over " << comm_backend_name(p.execution.backend) << "\n";
+    o << "  over " << comm_backend_name(p.execution.backend) << ": " << collectives_how(p) << "\n";
     o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)
       << lpad("wire/rank", 13) << "\n";
     double wire = 0;

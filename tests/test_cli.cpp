@@ -66,6 +66,21 @@ TEST(CliPlan, PredictsTheStepsTimeForTheGpusAndLinksItIsToldOf) {
   EXPECT_TRUE(contains(r.err, "ib-ndr")) << r.err;
 }
 
+TEST(CliPlan, SaysHowZeroUsesTheLibrarysCollectives) {
+  // Gloo (CPU ranks): no reduce-scatter and no 16-bit sums, so ds sends each rank its elements and widens to fp32.
+  Result r = ds("plan examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "over gloo: gradients reduce-scattered as point-to-point sends")) << r.out;
+  EXPECT_TRUE(contains(r.out, "gathers land every rank's spans in place")) << r.out;
+  r = ds("plan examples/quickstart.json --nproc-per-node 2 zero_optimization.stage=0");
+  EXPECT_TRUE(contains(r.out, "over gloo: gradients all-reduced, 16-bit sums through an fp32 copy")) << r.out;
+  // NCCL (GPUs): its own reduce-scatter and 16-bit sums, gathers in equal packed pieces.
+  r = ds("plan examples/quickstart.json --gpu h100 --gpus 8 zero_optimization.stage=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "over nccl: gradients reduce-scattered by the library, 16-bit sums by the library; gathers packed into equal pieces"))
+      << r.out;
+}
+
 TEST(CliPlan, OverridesOnTheCommandLine) {
   Result r = ds("plan templates/zero2.json zero_optimization.stage=3 bf16.enabled=false --json");
   ASSERT_EQ(r.code, 0) << r.err;
