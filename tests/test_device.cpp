@@ -207,6 +207,20 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       {"fp16, 40% of the optimizer on the CPU",
        {"fp16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_optimizer.ratio=0.4"}},
       {"bf16, no offload", {"bf16.enabled=true"}},
+      // The parameters offloaded too: their partitions reach the device's gather buffers through counted
+      // copies (from the host, or from the swap file's host buffers), and the weights stepped on the device
+      // go back to the host's partition or file the same way.
+      {"bf16, parameters and optimizer on the CPU",
+       {"bf16.enabled=true", "zero_optimization.offload_param.device=cpu", "zero_optimization.offload_optimizer.device=cpu"}},
+      {"fp32, parameters on the CPU, optimizer on the device", {"bf16.enabled=false", "zero_optimization.offload_param.device=cpu"}},
+      {"bf16, parameters on NVMe, 40% of the optimizer on the CPU",
+       {"bf16.enabled=true", "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=" + nvme.string(),
+        "zero_optimization.offload_param.buffer_size=2000", "zero_optimization.offload_optimizer.device=cpu",
+        "zero_optimization.offload_optimizer.ratio=0.4"}},
+      {"fp32, parameters and optimizer on NVMe",
+       {"bf16.enabled=false", "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=" + nvme.string(),
+        "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
+        "zero_optimization.sub_group_size=5000"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -241,6 +255,17 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       // The checkpoint at the end: states the host cannot address cross to it through counted copies
       // (fp32 master and two moments of every element kept on the device).
       const double kept_states = 12.0 * static_cast<double>(plan.execution.local_numel - plan.execution.offloaded_numel);
+      if (plan.zero.offload_param.device != OffloadDevice::none) {
+        // Each direction moved at least its four steps' worth (the start and the checkpoint add to both).
+        for (const auto& [from, to] : {std::pair{Place::host, Place::device}, std::pair{Place::device, Place::host}}) {
+          double per_step = 0;
+          for (const Transfer& t : plan.execution.transfers)
+            if (t.from == from && t.to == to) per_step += t.bytes_per_step;
+          EXPECT_GT(per_step, 0);
+          EXPECT_GE(ledger_bytes(s.transfers, from, to), 4 * per_step) << place_name(from) << " -> " << place_name(to);
+        }
+        continue;
+      }
       if (!offloaded) {
         EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::device, Place::host), kept_states);
         continue;
@@ -264,13 +289,17 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
   // On a device the host may not address, a checkpoint is written from host copies of the states and read
   // back into host memory first: the bytes show in the device's ledger, and a run resumed from step 2 on it
   // ends where the straight run on the CPU device ends, bit for bit (ZeRO-2 on 2 thread ranks, bf16, and
-  // with 40% of the states offloaded at stage 3: both places in one shard).
+  // with 40% of the states offloaded at stage 3: both places in one shard; and with the parameters on NVMe).
   const fs::path root = fs::temp_directory_path() / ("ds_device_ckpt_" + std::to_string(::getpid()));
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"zero_optimization.stage=2"},
         std::vector<std::string>{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                 "zero_optimization.offload_optimizer.ratio=0.4"},
+        std::vector<std::string>{"zero_optimization.stage=3", "zero_optimization.offload_param.device=nvme",
+                                 "zero_optimization.offload_param.nvme_path=" + root.string(), "zero_optimization.offload_optimizer.device=cpu",
                                  "zero_optimization.offload_optimizer.ratio=0.4"}}) {
     SCOPED_TRACE(extra.back());
+    fs::create_directories(root);  // the NVMe case's swap folder
     std::vector<std::string> o{"bf16.enabled=true", "train.save_every=2", "train.output_dir=" + (root / "straight").string()};
     o.insert(o.end(), extra.begin(), extra.end());
     const std::vector<RankRun> straight = train_ranks(2, o, false);
@@ -279,8 +308,10 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
     const Plan plan = plan_for(2, 0, o);
     const double device_states = 12.0 * static_cast<double>(plan.execution.local_numel - plan.execution.offloaded_numel);
     const double grads_out = plan.execution.transfers.empty() ? 0.0 : plan.execution.transfers[0].bytes_per_step;
-    // Two checkpoints (steps 2 and 4) drawn through the host.
-    EXPECT_DOUBLE_EQ(ledger_bytes(first[0].transfers, Place::device, Place::host), 2 * device_states + 4 * grads_out);
+    // Two checkpoints (steps 2 and 4) drawn through the host (with the parameters offloaded, the stepped
+    // weights cross too).
+    if (plan.zero.offload_param.device == OffloadDevice::none)
+      EXPECT_DOUBLE_EQ(ledger_bytes(first[0].transfers, Place::device, Place::host), 2 * device_states + 4 * grads_out);
     o[2] = "train.output_dir=" + (root / "continued").string();
     const std::vector<RankRun> resumed = train_ranks(2, o, true, (root / "resumed" / "checkpoints" / "step_00000002").string());
     ASSERT_EQ(resumed[0].result.losses.size(), 2u);

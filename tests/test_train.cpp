@@ -405,14 +405,17 @@ TEST(ResidentMemory, FilePagesAreToldApartFromAllocatedMemory) {
   const size_t n = 16u << 20;
   const double file0 = resident_file_bytes(), all0 = resident_bytes();
   ASSERT_GT(file0, 0);  // this process's own code is file-backed
-  std::vector<char> heap(n);
-  std::memset(heap.data(), 1, n);
+  // Fresh anonymous pages of its own: a std::vector could reuse heap pages an earlier test left resident.
+  void* fresh = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(fresh, MAP_FAILED);
+  char* const heap = static_cast<char*>(fresh);
+  std::memset(heap, 1, n);
   const double file1 = resident_file_bytes(), all1 = resident_bytes();
   EXPECT_NEAR(all1 - all0, n, n * 0.1);
   EXPECT_LT(std::abs(file1 - file0), n * 0.1);
 
   const std::string path = (fs::temp_directory_path() / ("ds_resident_" + std::to_string(::getpid()))).string();
-  std::ofstream(path, std::ios::binary).write(heap.data(), static_cast<std::streamsize>(n));
+  std::ofstream(path, std::ios::binary).write(heap, static_cast<std::streamsize>(n));
   const int fd = ::open(path.c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
   void* map = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -424,6 +427,7 @@ TEST(ResidentMemory, FilePagesAreToldApartFromAllocatedMemory) {
   EXPECT_NEAR(file2 - file1, n, n * 0.1);
   EXPECT_NEAR(all2 - all1, n, n * 0.1);
   ::munmap(map, n);
+  ::munmap(fresh, n);
   ::close(fd);
   fs::remove(path);
 }

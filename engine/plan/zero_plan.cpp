@@ -313,8 +313,8 @@ void add_optimizer_states(ZeroBuild& b) {
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
   // master is otherwise the weights themselves), and the device's weights are copied from it; so it does
-  // when the weights themselves are on NVMe.
-  const bool own_master = pp.fp32_master || b.params_on_nvme;
+  // when the weights themselves are offloaded (the states stepped on the device send the weights over).
+  const bool own_master = pp.fp32_master || b.param_offload;
   if (own_master || offloaded > 0) states.push_back(BufferRole::master);
   if (plan.optimizer.moments >= 1) states.push_back(BufferRole::exp_avg);
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
@@ -339,8 +339,46 @@ void add_optimizer_states(ZeroBuild& b) {
     b.add(BufferRole::optimizer_swap, Dtype::fp32, (z.sub_group_numel + per_block - 1) / per_block * per_block, C::buffers, Place::host,
           z.swap_sets * static_cast<int>(states.size()));
   }
-  if (!b.params_on_nvme)
+  if (!b.param_offload)  // offloaded weights live beside the states (on the host) or in their file
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
+}
+
+// Bytes of this rank's partitions one gather of `params` copies into the device's buffer: whole partitions
+// when packed (staged), the elements this rank really owns when gathered in place.
+double partition_bytes(const FlatLayout& L, const std::vector<int>& params, bool staged, int rank, int64_t bytes) {
+  int64_t n = 0;
+  for (int i : params) {
+    const ParamSlot& p = L.params[static_cast<size_t>(i)];
+    n += staged ? p.partition_numel : stage3_owned(p, rank).real;
+  }
+  return static_cast<double>(n * bytes);
+}
+
+// Offloaded parameters: the weights the optimizer steps on the device (all of them, or the part a ratio
+// keeps there) go to the host's partition or file; every gather copies this rank's partitions from the
+// host to the device (each block's twice a micro step, forward and backward, the frozen blocks' too; the
+// outer parameters' at the step's first micro step; the ones kept whole after the update).
+void add_parameter_fetches(ZeroBuild& b) {
+  const Plan& plan = b.plan;
+  ZeroExecution& z = b.z;
+  const int rank = plan.topology.rank;
+  const int64_t stepped_on_device = z.local_numel - z.offloaded_numel;
+  if (stepped_on_device > 0)
+    z.transfers.push_back({"stepped weights to the host", Place::device, Place::host,
+                           static_cast<double>(stepped_on_device * b.param_bytes)});
+  const FlatLayout& L = plan.layout;
+  const double micro = static_cast<double>(plan.batch.grad_accum);
+  double bytes = 0;
+  std::vector<int> whole;
+  for (const ParamGroup& g : parameter_groups(L)) {
+    std::vector<int> gathered;
+    for (int i : g.params) (z.whole_offset[static_cast<size_t>(i)] >= 0 ? whole : gathered).push_back(i);
+    bytes += (g.layer >= 0 ? 2 * micro : 1.0) * partition_bytes(L, gathered, z.gather_staged, rank, b.param_bytes);
+  }
+  bytes += partition_bytes(L, whole, z.gather_staged, rank, b.param_bytes);
+  for (const ParamGroup& g : parameter_groups(z.frozen_layout))
+    bytes += 2 * micro * partition_bytes(z.frozen_layout, g.params, z.frozen_staged, rank, dtype_bytes(plan.precision.compute_dtype));
+  z.transfers.push_back({"parameters to the device", Place::host, Place::device, bytes});
 }
 
 // The parameter partition on NVMe streams through buffer_count host buffers of buffer_size elements (whole
@@ -353,8 +391,7 @@ void add_parameter_swap(ZeroBuild& b, const ParamFileReads& reads) {
   const double whole_reads = static_cast<double>(swap_transfer_bytes(reads.whole_ranges, b.param_chunk));
   z.transfers.push_back({"parameters read for gathers", Place::nvme, Place::host,
                          static_cast<double>(b.plan.batch.grad_accum) * reads.per_micro_step + reads.outer + whole_reads});
-  z.transfers.push_back({"updated parameters written", z.offloaded_numel > 0 ? Place::host : Place::device, Place::nvme,
-                         static_cast<double>(b.param_file_bytes)});
+  z.transfers.push_back({"updated parameters written", Place::host, Place::nvme, static_cast<double>(b.param_file_bytes)});
 }
 
 // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
@@ -407,6 +444,7 @@ ZeroExecution describe_zero(const Plan& plan) {
   add_weights_and_gradients(b);
   add_optimizer_states(b);
   if (b.params_on_nvme) add_parameter_swap(b, reads);
+  if (b.param_offload) add_parameter_fetches(b);
   add_working_buffers(b);
   z.collectives = plan_collectives(plan, z);
   return z;

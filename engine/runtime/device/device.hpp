@@ -76,8 +76,9 @@ class Device {
   // even), on the copy stream after the compute stream's work so far, and before what the compute stream
   // is given next; counted under (from, to) with the bytes that arrive (dst's).
   void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
-  // A host kernel wrote `bytes` of device memory in place (host_addresses_device): counted as a transfer.
-  void count_direct_write(double bytes) { count(Place::host, Place::device, bytes); }
+  // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
+  // a transfer.
+  void count_direct_write(Place from, Place to, double bytes) { count(from, to, bytes); }
   const TransferLedger& transfers() const { return transfers_; }
   // Bytes moved between different places so far.
   double transferred_bytes() const;

@@ -478,7 +478,7 @@ void ParamSwapper::start_read(std::vector<Piece> pieces) {
   while (next_ < transfers_.size() && next_ < buffers_.size()) issue(next_++);
 }
 
-void ParamSwapper::finish_read() {
+void ParamSwapper::finish_read(const Deliver& deliver) {
   size_t first = 0;  // the first piece that may overlap the next transfer (both ordered by offset)
   for (; done_ < transfers_.size(); ++done_) {
     const size_t b = done_ % buffers_.size();
@@ -490,7 +490,7 @@ void ParamSwapper::finish_read() {
       const Piece& p = pieces_[k];
       const int64_t lo = std::max(p.at * elem_bytes_, t.offset), hi = std::min((p.at + p.n) * elem_bytes_, t.offset + t.bytes);
       if (lo < hi)
-        std::memcpy(static_cast<char*>(p.dest) + (lo - p.at * elem_bytes_), buffers_[b] + (lo - t.offset), static_cast<size_t>(hi - lo));
+        deliver(static_cast<char*>(p.dest) + (lo - p.at * elem_bytes_), buffers_[b] + (lo - t.offset), hi - lo);
     }
     if (next_ < transfers_.size()) issue(next_++);  // into the buffer just emptied
   }

@@ -127,15 +127,18 @@ class ParamSwapper {
   ParamSwapper(const Plan& plan, int rank);
   ~ParamSwapper();
 
-  // Elements [at, at + n) of the partition, for `dest` (in the parameters' dtype).
+  // Elements [at, at + n) of the partition, for `dest` (in the parameters' dtype; possibly memory the host
+  // cannot address: only `deliver` writes it).
   struct Piece {
     int64_t at = 0, n = 0;
     void* dest = nullptr;
   };
   // Puts the first transfers in flight, as many as there are buffers.
   void start_read(std::vector<Piece> pieces);
-  // Waits for them, copying each piece to its destination while the rest stream through the freed buffers.
-  void finish_read();
+  // Moves `bytes` from a host buffer to a piece's destination; the buffer is refilled once it returns.
+  using Deliver = std::function<void(void* dest, const char* host, int64_t bytes)>;
+  // Waits for them, delivering each piece while the rest stream through the freed buffers.
+  void finish_read(const Deliver& deliver);
   bool reading() const { return !pieces_.empty() || next_ < transfers_.size(); }
 
   // Rewriting the partition, front to back: `span(at, n)` returns where elements [at, at + k) go (k <= n,

@@ -67,7 +67,19 @@ bool OptimizerStep::master_finite() const {
 }
 
 bool OptimizerStep::writes_weights(Place states) const {
-  return plan_.precision.param_dtype == Dtype::bf16 && !param_swap_ && (states == Place::device || device_.host_addresses_device());
+  return plan_.precision.param_dtype == Dtype::bf16 && !param_swap_ && (states == flat_.params_place || device_.host_addresses_device());
+}
+
+void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t begin, bool written) {
+  const torch::Tensor to = flat_.local_params.narrow(0, begin, master.numel());
+  const Place home = flat_.params_place;
+  if (written) {
+    if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
+  } else if (at != home) {
+    device_.copy(to, home, master, at);
+  } else if (to.data_ptr() != master.data_ptr()) {
+    to.copy_(master);
+  }
 }
 
 double OptimizerStep::bytes_moved() const {
@@ -78,18 +90,16 @@ double OptimizerStep::bytes_moved() const {
 }
 
 void OptimizerStep::copy_kept_weights() {
-  if (!flat_.partial() || param_swap_) return;
-  const torch::Tensor kept = flat_.local_params.narrow(0, flat_.offloaded, flat_.kept_master.numel());
-  if (kept.data_ptr() != flat_.kept_master.data_ptr()) kept.copy_(flat_.kept_master);
+  if (flat_.partial() && !param_swap_) weights_home(flat_.kept_master, Place::device, flat_.offloaded, false);
 }
 
 void OptimizerStep::step_kept(const OptimizerStepInputs& si) {
   if (!flat_.partial()) return;
   optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
   if (param_swap_)
-    store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
-  else if (!kept_.params_bf16)
-    copy_kept_weights();
+    store_params(flat_.kept_master, Place::device, flat_.offloaded);
+  else
+    weights_home(flat_.kept_master, Place::device, flat_.offloaded, kept_.params_bf16 != nullptr);
 }
 
 double OptimizerStep::step_swapped(const OptimizerStepInputs& si) {
@@ -117,11 +127,9 @@ double OptimizerStep::step_swapped(const OptimizerStepInputs& si) {
     // The updated weights to the device (the bf16 kernel wrote them as it stepped), or to their file.
     const torch::Tensor master = torch::from_blob(st[0], {n}, torch::kFloat32);
     if (param_swap_)
-      store_params(st[0], g.begin, n);
-    else if (kernel_writes)
-      device_.count_direct_write(static_cast<double>(n) * dtype_bytes(plan_.precision.param_dtype));
+      store_params(master, Place::host, g.begin);
     else
-      device_.copy(flat_.local_params.narrow(0, g.begin, n), Place::device, master, Place::host);
+      weights_home(master, Place::host, g.begin, kernel_writes);
     swapped_finite_ = swapped_finite_ && finite(st[0], n, Place::host);
   });
   step_kept(si);  // partial offload: the part that stays (after the swapped one: the parameter file is written in order)
@@ -178,24 +186,21 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   buffers_.kernels = &device_.kernels(states);
 }
 
-void OptimizerStep::store_params(const float* master, int64_t begin, int64_t n) {
-  const Dtype d = plan_.precision.param_dtype;
-  while (n > 0) {
-    const auto [dest, k] = param_swap_->span(begin, n);
-    const torch::Tensor from = torch::from_blob(const_cast<float*>(master), {k}, torch::kFloat32);
-    torch::from_blob(dest, {k}, to_torch(d)).copy_(from);  // round to nearest even, as the optimizer's kernel does
-    master += k;
-    begin += k;
-    n -= k;
+void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64_t begin) {
+  const torch::ScalarType stored = to_torch(plan_.precision.param_dtype);
+  for (int64_t done = 0, n = master.numel(); done < n;) {
+    const auto [dest, k] = param_swap_->span(begin + done, n - done);
+    const torch::Tensor to = torch::from_blob(dest, {k}, stored), from = master.narrow(0, done, k);
+    if (place == Place::host)
+      to.copy_(from);  // round to nearest even, as the optimizer's kernel does
+    else
+      device_.copy(to, Place::host, from, place);  // rounded the same way on the way
+    done += k;
   }
 }
 
 void OptimizerStep::weights_from_master() {
-  const torch::Tensor to = flat_.local_params.narrow(0, 0, flat_.master.numel());
-  if (flat_.offloaded_place() == Place::host)
-    device_.copy(to, Place::device, flat_.master, Place::host);
-  else if (to.data_ptr() != flat_.master.data_ptr())
-    to.copy_(flat_.master);
+  weights_home(flat_.master, flat_.offloaded_place(), 0, false);
   copy_kept_weights();
 }
 
@@ -209,13 +214,13 @@ void OptimizerStep::refresh_weights(bool rounded) {
           [&](size_t i, float* const* st) {
             const SubGroup& g = swapper_->sub_groups()[i];
             swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
-            store_params(st[0], g.begin, g.numel());
+            store_params(torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host, g.begin);
           },
           /*read=*/true, /*write=*/false);
     } else {
-      store_params(flat_.master.data_ptr<float>(), 0, flat_.master.numel());
+      store_params(flat_.master, flat_.offloaded_place(), 0);
     }
-    if (flat_.partial()) store_params(flat_.kept_master.data_ptr<float>(), flat_.offloaded, flat_.kept_master.numel());
+    if (flat_.partial()) store_params(flat_.kept_master, Place::device, flat_.offloaded);
     param_swap_->end_write();
   } else if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
     swapped_finite_ = true;
@@ -364,12 +369,11 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   t.optimizer += clock.lap();
   clock.mark(6);
   bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
-  if (offloaded && !param_swap_) {  // the updated weights back to the device (on NVMe: refresh_weights writes them)
+  // The updated weights to where they live when the states live elsewhere (on NVMe: refresh_weights writes them).
+  if (!param_swap_ && (offloaded || flat_.params_place != Place::device)) {
     torch::NoGradGuard ng;
-    if (rounded)
-      device_.count_direct_write(static_cast<double>(flat_.master.numel()) * flat_.local_params.element_size());
-    else
-      weights_from_master();
+    weights_home(flat_.master, flat_.offloaded_place(), 0, rounded);
+    if (flat_.partial()) weights_home(flat_.kept_master, Place::device, flat_.offloaded, kept_.params_bf16 != nullptr);
     rounded = true;
     t.offload += clock.lap();
     clock.mark(5);

@@ -110,11 +110,16 @@ class OptimizerStep {
   void step_kept(const OptimizerStepInputs& si);
   // The kept part's weights from its master (partial offload; a no-op where they alias, fp32).
   void copy_kept_weights();
+  // The updated weights, local elements [begin, begin + master.numel()), from the master copy at `at` to where
+  // the weights live: nothing to move where the kernel wrote them as it stepped (`written`; counted when that
+  // crossed places), else a copy (counted between places).
+  void weights_home(const torch::Tensor& master, Place at, int64_t begin, bool written);
   OptimizerSwapper* swapper_ = nullptr;
   ParamSwapper* param_swap_ = nullptr;
-  // Parameters on NVMe: master elements [begin, begin + n) rounded to the stored dtype into the partition's
-  // file (inside a begin_write/end_write).
-  void store_params(const float* master, int64_t begin, int64_t n);
+  // Parameters on NVMe: `master` (fp32, at `place`), elements [begin, begin + numel) of the partition, rounded
+  // to the stored dtype into the file's host buffers (inside a begin_write/end_write); from the device
+  // through counted copies.
+  void store_params(const torch::Tensor& master, Place place, int64_t begin);
   // Parameters on NVMe: seconds waited on their I/O so far (0 without).
   double param_wait() const { return param_swap_ ? param_swap_->io().wait_seconds() : 0.0; }
   bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded

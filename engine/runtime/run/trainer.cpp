@@ -316,17 +316,18 @@ void TrainingRun::describe_states() {
   };
 }
 
-// A checkpoint's part into states the host cannot address: read into host memory, then copied over.
-CheckpointScalars load_through_host(Device& device, const std::string& dir, const CheckpointBuffers& part, int moments) {
+// A checkpoint's part into states the host cannot address (`dest`: the part's master and moments, as the
+// device's tensors): read into host memory, then copied over.
+CheckpointScalars load_through_host(Device& device, const std::string& dir, const CheckpointBuffers& part,
+                                    const std::array<const torch::Tensor*, 3>& dest, int moments) {
   torch::Tensor host = torch::empty({static_cast<int64_t>(1 + moments), std::max<int64_t>(part.numel, 1)}, torch::kFloat32);
   CheckpointBuffers staged = part;
-  float* const to[3] = {part.master, part.exp_avg, part.exp_avg_sq};
   float** const from[3] = {&staged.master, &staged.exp_avg, &staged.exp_avg_sq};
-  for (int s = 0; s < 3; ++s) *from[s] = to[s] && s <= moments ? host[s].data_ptr<float>() : nullptr;
+  for (int s = 0; s < 3; ++s) *from[s] = dest[s]->defined() && s <= moments ? host[s].data_ptr<float>() : nullptr;
   const CheckpointScalars sc = load_checkpoint(dir, staged);
   for (int s = 0; s < 3; ++s)
-    if (to[s] && s <= moments)
-      device.copy(torch::from_blob(to[s], {part.numel}, torch::kFloat32), Place::device, host[s].narrow(0, 0, part.numel), Place::host);
+    if (dest[s]->defined() && s <= moments)
+      device.copy(dest[s]->narrow(0, 0, part.numel), Place::device, host[s].narrow(0, 0, part.numel), Place::host);
   return sc;
 }
 
@@ -473,10 +474,11 @@ void TrainingRun::resume() {
   const int moments = plan_.optimizer.moments;
   const CheckpointScalars sc = swapper_ ? swap_in_checkpoint(*swapper_, opt_.resume_from, first_part_)
                                : through_host && flat_.offloaded_place() == Place::device
-                                   ? load_through_host(device_, opt_.resume_from, first_part_, moments)
+                                   ? load_through_host(device_, opt_.resume_from, first_part_, {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq}, moments)
                                    : load_checkpoint(opt_.resume_from, first_part_);
   if (flat_.partial())
-    through_host ? load_through_host(device_, opt_.resume_from, kept_, moments) : load_checkpoint(opt_.resume_from, kept_);
+    through_host ? load_through_host(device_, opt_.resume_from, kept_, {&flat_.kept_master, &flat_.kept_exp_avg, &flat_.kept_exp_avg_sq}, moments)
+                 : load_checkpoint(opt_.resume_from, kept_);
   check_base(sc.base_json);
   result_.first_step = sc.step;
   stepper_->set_applied(sc.applied_steps);

@@ -41,6 +41,11 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   trained_.layout = &L;
   trained_.partitions = flat.params;
   trained_.on_nvme = param_swap != nullptr;
+  const auto place_of = [&](BufferRole role) {
+    const ZeroBuffer* b = plan.execution.find_anywhere(role);
+    return b ? b->place : Place::device;
+  };
+  trained_.place = place_of(BufferRole::params);
   trained_.staged = plan.execution.gather_staged;
   trained_.block_offset = &flat.group_offset;
   trained_.per_block.resize(layers);
@@ -63,6 +68,7 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   const ZeroExecution& z = plan.execution;
   frozen_.layout = &z.frozen_layout;
   frozen_.partitions = flat.frozen_partitions;
+  frozen_.place = place_of(BufferRole::frozen_partitions);
   frozen_.staged = z.frozen_staged;
   frozen_.block_offset = &z.frozen_group_offset;
   frozen_.per_block.resize(layers);
@@ -181,7 +187,7 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
         const ShardRange own = stage3_owned(p, r);
         if (own.real > 0) g->owners[static_cast<size_t>(r)].push_back({at + own.begin, own.real});
         if (r == flat_.rank && own.real > 0)
-          g->out.narrow(0, at + own.begin, own.real).copy_(from.partitions.narrow(0, p.partition_offset, own.real));
+          take_partitions(from, g->out.narrow(0, at + own.begin, own.real), from.partitions.narrow(0, p.partition_offset, own.real));
       }
     }
     issue(*g);
@@ -197,7 +203,7 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
     if (from.on_nvme)
       pieces.push_back({p.partition_offset, p.partition_numel, static_cast<char*>(g->out.data_ptr()) + at * g->out.element_size()});
     else
-      g->out.narrow(0, at, p.partition_numel).copy_(from.partitions.narrow(0, p.partition_offset, p.partition_numel));
+      take_partitions(from, g->out.narrow(0, at, p.partition_numel), from.partitions.narrow(0, p.partition_offset, p.partition_numel));
     at += p.partition_numel;
   }
   if (from.on_nvme) {
@@ -209,9 +215,24 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
   return g;
 }
 
+void ZeroExchange::take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src) {
+  if (from.place == Place::device)
+    dst.copy_(src);
+  else
+    flat_.device->copy(dst, Place::device, src, from.place);
+}
+
 void ZeroExchange::issue(Gather& g) {
   if (g.reading) {
-    param_swap_->finish_read();
+    // The file's bytes arrive in the swapper's host buffers and cross to the device's staging through
+    // counted copies; each is finished before its buffer is refilled.
+    Device& device = *flat_.device;
+    const torch::TensorOptions bytes_at_device = g.out.options().dtype(torch::kUInt8);
+    param_swap_->finish_read([&](void* dest, const char* host, int64_t bytes) {
+      device.copy(torch::from_blob(dest, {bytes}, bytes_at_device), Place::device,
+                  torch::from_blob(const_cast<char*>(host), {bytes}, torch::kUInt8), Place::host);
+      device.copy_stream().synchronize();
+    });
     g.reading = false;
   }
   if (comm_ && !g.work) g.work = comm_->all_gather_async(g.out, g.owners, g.what);  // one rank: its partitions are the whole

@@ -77,6 +77,7 @@ class ZeroExchange : public BlockHooks {
   struct Partitioned {
     const FlatLayout* layout = nullptr;
     torch::Tensor partitions;             // this rank's, in the layout's order (undefined when they are on NVMe)
+    Place place = Place::device;          // where `partitions` lives (the host under offload_param)
     bool on_nvme = false;                 // read through the ParamSwapper
     bool staged = false;                  // packed through staging[0] ([1]: the prefetch's) before unpacking
     torch::Tensor staging[2];
@@ -89,6 +90,8 @@ class ZeroExchange : public BlockHooks {
   std::unique_ptr<Gather> start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
                                        const std::vector<int64_t>& offsets, CollectiveKind what, bool prefetch);
   void finish(Gather& g);
+  // This rank's partitions into a gather's device buffer: a counted copy when they live on the host.
+  void take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src);
   // The gather's own partitions are packed and its collective issued (NVMe: after the reads).
   void issue(Gather& g);
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
