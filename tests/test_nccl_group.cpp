@@ -1,6 +1,7 @@
 // The NCCL group (engine/runtime/comm/nccl_group.hpp) on one GPU: a group of one rank runs every collective for
 // real (NCCL refuses two ranks on one GPU), each the identity on the data, in each element type ZeRO sends.
-// Without a visible GPU those tests skip and say why (label gpu); a malformed unique id is refused anywhere.
+// Without a visible GPU those tests skip and say why (label gpu); a malformed unique id is refused anywhere. A
+// group whose peer never joins fails at the timeout (the join is non-blocking).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -67,4 +68,24 @@ TEST_F(NcclOneGpu, EveryCollectiveRunsAndIsTheIdentityOnOneRank) {
   cudaFree(a);
   cudaFree(b);
   EXPECT_FALSE(nccl_version().empty());
+}
+
+// The join is non-blocking and polled against the timeout: a group of two whose second rank never starts ends
+// in a named error on the rank that did, with its communicator aborted, instead of a process stuck in NCCL.
+TEST_F(NcclOneGpu, AGroupWhosePeerNeverJoinsFailsAtTheTimeoutNamingTheJoin) {
+  try {
+    NcclGroup lonely(NcclGroup::make_unique_id(), 0, 2, 0, std::chrono::seconds(2));
+    FAIL() << "joined a group of two with one rank";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0: joining the NCCL group of 2 ranks"), std::string::npos) << what;
+    EXPECT_NE(what.find("aborted"), std::string::npos) << what;
+  }
+  // The group of one made in SetUp still works after another communicator was aborted.
+  float* a = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&a), 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(a, 0, 64 * sizeof(float)), cudaSuccess);
+  group_->all_reduce_sum(a, a, 64, NcclElement::f32, stream_);
+  group_->wait(stream_, "an all-reduce after the abort");
+  cudaFree(a);
 }

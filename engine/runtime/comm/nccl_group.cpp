@@ -46,29 +46,72 @@ NcclGroup::NcclGroup(const std::string& unique_id, int rank, int world, int devi
   check(cudaSetDevice(device), "cudaSetDevice");
   ncclUniqueId id;
   unique_id.copy(id.internal, sizeof id.internal);
+  // Non-blocking: the join is polled against the timeout, so a peer that never starts is a named error,
+  // not a process stuck inside ncclCommInitRank.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = nullptr;
-  check(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
+  check(ncclCommInitRankConfig(&comm, world, id, rank, &config), "ncclCommInitRankConfig");
   comm_ = comm;
+  settle("joining the NCCL group of " + std::to_string(world) + " ranks (every rank must join within the timeout)");
 }
 
 NcclGroup::~NcclGroup() {
   if (!comm_) return;
-  if (aborted_)
-    ncclCommAbort(as_comm(comm_));
+  ncclComm_t comm = as_comm(comm_);
+  // Finalizing flushes what is queued (polled: a non-blocking communicator answers ncclInProgress); a peer gone
+  // meanwhile must not hold the process at its exit.
+  if (!aborted_) {
+    const ncclResult_t r = ncclCommFinalize(comm);
+    aborted_ = r != ncclSuccess && r != ncclInProgress;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  ncclResult_t state = ncclInProgress;
+  while (!aborted_ && ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress) {
+    if (std::chrono::steady_clock::now() > deadline) aborted_ = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (aborted_ || state != ncclSuccess)
+    ncclCommAbort(comm);
   else
-    ncclCommDestroy(as_comm(comm_));
+    ncclCommDestroy(comm);
+}
+
+void NcclGroup::settle(const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check(ncclCommGetAsyncError(as_comm(comm_), &state), "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) check(state, what.c_str());
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited > timeout_) abort_after(what, waited);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclGroup::abort_after(const std::string& what, std::chrono::steady_clock::duration waited) {
+  aborted_ = true;
+  ncclCommAbort(as_comm(comm_));  // what is queued fails instead of waiting for ever
+  comm_ = nullptr;
+  throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
+                           " s (a peer never joined it); the NCCL communicator was aborted");
 }
 
 void NcclGroup::all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
   check(ncclAllReduce(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclAllReduce");
+  settle("queueing an all-reduce");
 }
 
 void NcclGroup::all_gather(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
   check(ncclAllGather(send, recv, count, type_of(e), as_comm(comm_), as_stream(stream)), "ncclAllGather");
+  settle("queueing an all-gather");
 }
 
 void NcclGroup::reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
   check(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclReduceScatter");
+  settle("queueing a reduce-scatter");
 }
 
 void NcclGroup::wait(void* stream, const std::string& what) {
@@ -81,14 +124,7 @@ void NcclGroup::wait(void* stream, const std::string& what) {
     check(ncclCommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
     check(async, what.c_str());
     const auto waited = std::chrono::steady_clock::now() - start;
-    if (waited > timeout_) {
-      aborted_ = true;
-      ncclCommAbort(as_comm(comm_));  // the queued collective fails instead of waiting for ever
-      comm_ = nullptr;
-      throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
-                               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
-                               " s (a peer never joined it); the NCCL communicator was aborted");
-    }
+    if (waited > timeout_) abort_after(what, waited);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

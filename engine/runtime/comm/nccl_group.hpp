@@ -18,7 +18,9 @@ class NcclGroup {
   // The bytes every rank must be handed to join one group (rank 0 makes them; ds's rendezvous store
   // carries them to the others).
   static std::string make_unique_id();
-  // Joins the group as `rank` of `world` on CUDA device `device`. Throws std::runtime_error naming NCCL's reason.
+  // Joins the group as `rank` of `world` on CUDA device `device`, without blocking inside NCCL: past the
+  // timeout (a peer that never started) the communicator is aborted and this throws. Throws
+  // std::runtime_error naming NCCL's reason.
   NcclGroup(const std::string& unique_id, int rank, int world, int device, std::chrono::milliseconds timeout);
   ~NcclGroup();
   NcclGroup(const NcclGroup&) = delete;
@@ -41,6 +43,10 @@ class NcclGroup {
   void wait(void* stream, const std::string& what);
 
  private:
+  // The communicator is non-blocking: after each call, its state is polled until NCCL has taken the call
+  // (or failed); past the timeout it is aborted and this throws naming `what`.
+  void settle(const std::string& what);
+  [[noreturn]] void abort_after(const std::string& what, std::chrono::steady_clock::duration waited);
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_;
