@@ -44,6 +44,14 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
 
 Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) { return test::plan_of(kTiny, world, rank, overrides); }
 
+// The plan of thread ranks whose collectives speak `library`'s terms (Gloo's are the CPU's own).
+Plan plan_speaking(CommBackend library, int world, int rank, const std::vector<std::string>& overrides) {
+  Config c = load_config_text(kTiny, "test.json", overrides);
+  Topology t = test::thread_ranks(world, rank);
+  t.communicator = library;
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
+
 using test::on_ranks;
 
 torch::Tensor tokens(int64_t sample, int64_t T) {
@@ -93,16 +101,22 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
     for (int r = 0; r < world; ++r) micro_step(ref_zero, *ref_model, in[r], tgt[r], 1.0 / world);
     const torch::Tensor expected = ref.grads.narrow(0, 0, one.layout.numel);
 
+    // Over Gloo's terms (point-to-point reduce-scatter into scratch, gathers into spans) and NCCL's (the
+    // library's own reduce-scatter, no scratch; gathers packed into equal pieces).
+    for (const CommBackend library : {CommBackend::gloo, CommBackend::nccl})
     for (int stage : {0, 1, 2, 3}) {
       // The third variant keeps every parameter of this tiny model whole at stage 3 (DeepSpeed's default threshold).
       for (const char* overlap : {"zero_optimization.overlap_comm=false", "zero_optimization.overlap_comm=true",
                                   "zero_optimization.stage3_param_persistence_threshold=100000"}) {
-        SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(world) + " thread ranks, " + overlap);
-        LocalGroup group(world);
+        SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(world) + " thread ranks speaking " +
+                     comm_backend_name(library) + ", " + overlap);
+        LocalGroup group(world, std::chrono::seconds(60), library);
         torch::Tensor assembled = torch::zeros({one.layout.numel}, torch::kFloat32);
         std::vector<CommLedger> ledgers(static_cast<size_t>(world));
         std::vector<Plan> plans;
-        for (int r = 0; r < world; ++r) plans.push_back(plan_for(world, r, {"zero_optimization.stage=" + std::to_string(stage), overlap}));
+        for (int r = 0; r < world; ++r)
+          plans.push_back(plan_speaking(library, world, r, {"zero_optimization.stage=" + std::to_string(stage), overlap}));
+        EXPECT_EQ(plans[0].execution.backend, library);
         std::mutex m;
         on_ranks(world, [&](int r) {
           const Plan& plan = plans[static_cast<size_t>(r)];
@@ -190,6 +204,44 @@ TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {
     }
     EXPECT_EQ(results[0].losses, results[1].losses);  // every rank agrees on the mean loss
     EXPECT_FALSE(results[0].last_checkpoint.empty());
+  }
+  fs::remove_all(root);
+}
+
+// ZeRO as it runs over NCCL (the plan's choices for that library: the library's own reduce-scatter without a
+// receive scratch, gathers packed into equal pieces, 16-bit gradients summed in their dtype), on thread ranks:
+// every stage trains the single-rank run, fp32 to 1e-5 and bf16 to bf16's precision (NCCL sums bf16 in bf16).
+TEST(ZeroInProcess, EveryStageSpeakingNcclsTermsTrainsTheSingleRankRun) {
+  const fs::path root = fs::temp_directory_path() / ("ds_zero_nccl_terms_" + std::to_string(::getpid()));
+  for (const char* precision : {"bf16.enabled=false", "bf16.enabled=true"}) {
+    const auto run = [&](int world, int stage, CommBackend library) {
+      std::vector<TrainResult> results(static_cast<size_t>(world));
+      const std::string dir = (root / (std::to_string(world) + "_" + std::to_string(stage))).string();
+      fs::remove_all(dir);
+      LocalGroup group(world, std::chrono::seconds(60), library);
+      on_ranks(world, [&](int r) {
+        const Plan plan = plan_speaking(library, world, r,
+                                        {precision, "zero_optimization.stage=" + std::to_string(stage),
+                                         "train_micro_batch_size_per_gpu=" + std::to_string(4 / world), "train.output_dir=" + dir});
+        TrainOptions opt;
+        opt.print_every = 1000;
+        auto comm = world > 1 ? group.join(r) : nullptr;
+        results[static_cast<size_t>(r)] = train(plan, opt, comm.get());
+      });
+      return results;
+    };
+    const std::vector<double> base = run(1, 0, CommBackend::nccl)[0].losses;
+    ASSERT_EQ(base.size(), 6u);
+    const double tolerance = std::string(precision) == "bf16.enabled=true" ? 1e-2 : 1e-5;
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(std::string(precision) + ", stage " + std::to_string(stage));
+      const auto results = run(2, stage, CommBackend::nccl);
+      for (const TrainResult& r : results) {
+        ASSERT_EQ(r.losses.size(), base.size());
+        for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(r.losses[i], base[i], tolerance * base[i]) << "step " << i + 1;
+      }
+      EXPECT_EQ(results[0].losses, results[1].losses);
+    }
   }
   fs::remove_all(root);
 }

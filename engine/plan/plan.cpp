@@ -232,7 +232,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.activation_checkpointing = c.model.activation_checkpointing;
   list_default_autos(c, plan.resolved);
   plan.precision = resolve_precision(c, topo);
-  if (c.communication_data_type && topo.device_traits().communicator == CommBackend::gloo && *c.communication_data_type != plan.precision.compute_dtype)
+  if (c.communication_data_type && topo.comm_backend() == CommBackend::gloo && *c.communication_data_type != plan.precision.compute_dtype)
     plan.warnings.push_back({"communication_data_type",
                              std::string("has no effect on CPU ranks: gradients travel over Gloo in the dtype backward wrote them in (") +
                                  dtype_name(plan.precision.compute_dtype) + "; Gloo's all-reduce sums 16-bit floats in fp32)",
@@ -602,7 +602,7 @@ void resolve_reduction(const ZeroConfig& zc, int stage, const Topology& topo, Pl
                                         : "default: true at stage 3; true at stages 0-1 reduces each block's gradients as the "
                                           "step's last backward finishes it"});
   // Where the reduction is an all-reduce whatever the key says, it says so (one rank sends nothing at all).
-  if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && !comm_capabilities(topo.device_traits().communicator).native_reduce_scatter)))
+  if (zc.reduce_scatter && topo.world_size > 1 && (stage == 0 || (stage == 1 && !comm_capabilities(topo.comm_backend()).native_reduce_scatter)))
     plan.warnings.push_back({"zero_optimization.reduce_scatter",
                              stage == 0 ? "has no effect at stage 0: every rank needs the whole gradient, so it is all-reduced"
                                         : "has no effect at stage 1 on CPU ranks: ds all-reduces there (over Gloo a reduce-scatter "

@@ -29,6 +29,10 @@ struct Topology {
   int master_port = 0;      // MASTER_PORT
   DeviceKind device = DeviceKind::cpu;
   DeviceTraits device_traits() const { return ds::device_traits(device); }
+  // The library between ranks: the device's (Gloo between CPU ranks, NCCL between GPUs) unless set. Set by the
+  // tests, which run ZeRO on thread ranks as it runs over NCCL (LocalGroup speaking NCCL's terms).
+  std::optional<CommBackend> communicator;
+  CommBackend comm_backend() const { return communicator.value_or(device_traits().communicator); }
   // The build of ds that plans (ds plan, train, profile): what it lacks on the device is refused in the plan.
   // None: a plan for any build (estimate-memory, the tests' plans).
   std::optional<BuildSupport> build;

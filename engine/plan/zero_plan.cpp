@@ -166,7 +166,7 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
-  z.backend = plan.topology.device_traits().communicator;
+  z.backend = plan.topology.comm_backend();
   b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
   // rank's part: a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces.

@@ -17,6 +17,7 @@ namespace ds {
 // before all have read.
 struct LocalGroup::Shared {
   int world = 1;
+  CommBackend speaks = CommBackend::gloo;
   std::chrono::milliseconds timeout{0};
   std::mutex m;
   std::condition_variable cv;
@@ -94,8 +95,8 @@ class LocalCommunicator : public Communicator {
 
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
-    // As over Gloo: 16-bit floats are summed through an fp32 copy.
-    const bool narrow = t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
+    // As over Gloo: 16-bit floats are summed through an fp32 copy; as NCCL: in their own dtype.
+    const bool narrow = !capabilities().sums_16bit && t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
     const torch::Tensor buf = narrow ? t.to(torch::kFloat32) : t;
     int64_t event = -1;
     count(kind, CollectiveOp::all_reduce, static_cast<double>(buf.nbytes()), &event);
@@ -125,6 +126,19 @@ class LocalCommunicator : public Communicator {
     int64_t event = -1;
     count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
     const std::vector<Span>& mine = owners[static_cast<size_t>(rank_)];
+    if (capabilities().native_reduce_scatter) {  // as NCCL: no scratch; every rank's contribution summed in rank order
+      std::vector<torch::Tensor> sums;
+      shared_->exchange(rank_, t, [&](const std::vector<torch::Tensor>& all) {
+        for (const Span& s : mine) {
+          torch::Tensor sum = all[0].narrow(0, s.offset, s.numel).clone();
+          for (int q = 1; q < world_; ++q) sum.add_(all[static_cast<size_t>(q)].narrow(0, s.offset, s.numel));
+          sums.push_back(sum);
+        }
+      });
+      for (size_t i = 0; i < mine.size(); ++i) t.narrow(0, mine[i].offset, mine[i].numel).copy_(sums[i]);  // once every rank has read t
+      finish_event(event);
+      return std::make_unique<Done>();
+    }
     // As over Gloo: the others' contributions to this rank's spans land in the scratch, rank after rank.
     shared_->exchange(rank_, t, [&](const std::vector<torch::Tensor>& all) {
       int64_t at = 0;
@@ -140,7 +154,7 @@ class LocalCommunicator : public Communicator {
     return std::make_unique<Done>();
   }
 
-  CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }  // behaves as Gloo
+  CommCapabilities capabilities() const override { return comm_capabilities(shared_->speaks); }
   void barrier() override { shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32)); }
 
  private:
@@ -149,9 +163,10 @@ class LocalCommunicator : public Communicator {
 
 }  // namespace
 
-LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout) : shared_(std::make_shared<Shared>()) {
+LocalGroup::LocalGroup(int world_size, std::chrono::milliseconds timeout, CommBackend speaks) : shared_(std::make_shared<Shared>()) {
   DS_CHECK(world_size >= 1, "world size ", world_size);
   shared_->world = world_size;
+  shared_->speaks = speaks;
   shared_->timeout = timeout;
   shared_->inputs.resize(static_cast<size_t>(world_size));
 }

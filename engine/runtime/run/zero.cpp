@@ -27,7 +27,13 @@ struct ZeroExchange::Reduce {
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap)
-    : plan_(plan), flat_(flat), comm_(comm), param_swap_(param_swap), stage3_(plan.execution.gathers) {
+    : plan_(plan),
+      flat_(flat),
+      comm_(comm),
+      param_swap_(param_swap),
+      stage3_(plan.execution.gathers),
+      native_scatter_(comm_capabilities(plan.execution.backend).native_reduce_scatter),
+      scatter_shards_(plan.execution.sharded && plan.execution.scatter && !plan.execution.grouped) {
   DS_CHECK(!param_swap || stage3_, "parameters on NVMe outside stage 3");
   const FlatLayout& L = plan.layout;
   groups_ = parameter_groups(L);
@@ -92,9 +98,11 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
     const int64_t n = std::min(piece, t.numel() - at);
     if (owners) {
       const Ownership part = clip(*owners, at, n);
-      const int64_t need = span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
+      // A library's own reduce-scatter (NCCL) needs no room for the others' contributions (the plan allots none).
+      const int64_t need = native_scatter_ ? 0 : span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
       if (wait_each) received = 0;
-      pieces.push_back(comm_->reduce_scatter_sum_async(t.narrow(0, at, n), part, flat_.reduce_scratch.narrow(0, received, need),
+      pieces.push_back(comm_->reduce_scatter_sum_async(t.narrow(0, at, n), part,
+                                                       native_scatter_ ? torch::Tensor() : flat_.reduce_scratch.narrow(0, received, need),
                                                        CollectiveKind::gradients));
       received += need;
     } else {
@@ -105,21 +113,27 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
   return pieces;
 }
 
+std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_range(int64_t at, int64_t n, bool wait_each) {
+  const torch::Tensor range = flat_.compute_grads.narrow(0, at, n);
+  if (!scatter_shards_) return reduce_in_pieces(range, nullptr, wait_each);
+  const Ownership owners = clip(shard_owners_, at, n);
+  return reduce_in_pieces(range, &owners, wait_each);
+}
+
 void ZeroExchange::reduce_gradients() {
   if (flat_.grouped) return finish_reduce();
   if (!comm_) return;
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
   const torch::Tensor& all = flat_.compute_grads;
   if (!reducing_blocks_) {
-    reduce_in_pieces(all, nullptr, /*wait_each=*/true);
+    reduce_range(0, all.numel(), /*wait_each=*/true);
     return;
   }
   // The blocks' ranges are in flight since their backward ended: the parameters before and after them follow.
   reducing_blocks_ = false;
   const int64_t head = block_ranges_.front().first, tail = block_ranges_.back().second;
-  for (auto& p : reduce_in_pieces(all.narrow(0, 0, head), nullptr, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
-  for (auto& p : reduce_in_pieces(all.narrow(0, tail, all.numel() - tail), nullptr, /*wait_each=*/false))
-    block_reduces_.push_back(std::move(p));
+  for (auto& p : reduce_range(0, head, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
+  for (auto& p : reduce_range(tail, all.numel() - tail, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
   for (auto& p : block_reduces_) p->wait();
   block_reduces_.clear();
 }
@@ -302,8 +316,7 @@ void ZeroExchange::before_backward(int64_t layer) {
 void ZeroExchange::after_backward(int64_t layer) {
   if (reducing_blocks_) {  // this block's gradients are final for the step
     const auto& [begin, end] = block_ranges_[static_cast<size_t>(layer)];
-    for (auto& p : reduce_in_pieces(flat_.compute_grads.narrow(0, begin, end - begin), nullptr, /*wait_each=*/false))
-      block_reduces_.push_back(std::move(p));
+    for (auto& p : reduce_range(begin, end - begin, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
     return;
   }
   if (!flat_.grouped) return;

@@ -101,13 +101,19 @@ class ZeroExchange : public BlockHooks {
   void finish_reduce();
   // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
   // scratch) or else all-reduced; `wait_each` finishes each before the next starts.
+  // Gradients [at, at + n) of compute_grads (stages 0-1): all-reduced, or at stage 1 over a library with its
+  // own reduce-scatter, reduce-scattered to the shards' owners.
+  std::vector<std::unique_ptr<PendingCollective>> reduce_range(int64_t at, int64_t n, bool wait_each);
   std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, const Ownership* owners, bool wait_each);
 
   const Plan& plan_;
   FlatParams& flat_;
   Communicator* comm_;
   ParamSwapper* param_swap_ = nullptr;
-  bool stage3_ = false, evaluating_ = false;
+  bool stage3_ = false;
+  bool native_scatter_ = false;  // the library reduce-scatters itself (NCCL): no receive scratch
+  bool scatter_shards_ = false;  // stage 1 on such a library: each rank receives its shard's sum only
+  bool evaluating_ = false;
   bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
   std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
   std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
