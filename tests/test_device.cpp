@@ -144,7 +144,13 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
                         "stage3_param_persistence_threshold": "auto"},
   "train": {"steps": 4, "eval_every": 0, "threads": 1}})";
 
-Plan plan_for(int world, int rank, const std::vector<std::string>& overrides) { return test::plan_of(kTiny, world, rank, overrides); }
+// `grads_leave`: an offloaded optimizer's gradients leave block by block for host memory, as on a GPU.
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false) {
+  Config c = load_config_text(kTiny, "test.json", overrides);
+  Topology t = test::thread_ranks(world, rank);
+  if (grads_leave) t.gradients_leave_per_block = true;
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
 
 struct RankRun {
   TrainResult result;
@@ -154,7 +160,7 @@ struct RankRun {
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
 std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate,
-                                 const std::string& resume_from = "") {
+                                 const std::string& resume_from = "", bool grads_leave = false) {
   std::vector<RankRun> runs(static_cast<size_t>(world));
   LocalGroup group(world);
   std::vector<std::thread> threads;
@@ -162,7 +168,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        const Plan plan = plan_for(world, r, overrides);
+        const Plan plan = plan_for(world, r, overrides, grads_leave);
         TrainOptions opt;
         opt.print_every = 1000;
         opt.resume_from = resume_from;
@@ -199,6 +205,7 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
   struct Case {
     std::string name;
     std::vector<std::string> overrides;
+    bool grads_leave = false;  // each block's reduced gradients leave for the host (ZeRO-Offload as on a GPU)
   };
   const std::vector<Case> cases{
       {"bf16, optimizer on the CPU", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"}},
@@ -217,6 +224,17 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
        {"bf16.enabled=true", "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=" + nvme.string(),
         "zero_optimization.offload_param.buffer_size=2000", "zero_optimization.offload_optimizer.device=cpu",
         "zero_optimization.offload_optimizer.ratio=0.4"}},
+      {"bf16, optimizer on the CPU, gradients leaving block by block", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"}, true},
+      {"stage 2, bf16, optimizer on the CPU, gradients leaving block by block",
+       {"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"},
+       true},
+      {"fp32, optimizer on NVMe, gradients leaving block by block",
+       {"bf16.enabled=false", "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
+        "zero_optimization.sub_group_size=5000", "gradient_accumulation_steps=2"},
+       true},
+      {"bf16, parameters on the CPU, optimizer on NVMe",
+       {"bf16.enabled=true", "zero_optimization.offload_param.device=cpu", "zero_optimization.offload_optimizer.device=nvme",
+        "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(), "zero_optimization.sub_group_size=5000"}},
       {"fp32, parameters and optimizer on NVMe",
        {"bf16.enabled=false", "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=" + nvme.string(),
         "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
@@ -226,15 +244,16 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
     SCOPED_TRACE(c.name);
     std::vector<std::string> o{"zero_optimization.stage=3", "train.output_dir=" + (root / c.name).string()};
     o.insert(o.end(), c.overrides.begin(), c.overrides.end());
-    const std::vector<RankRun> cpu = train_ranks(2, o, false);
+    const std::vector<RankRun> cpu = train_ranks(2, o, false, "", c.grads_leave);
     fs::remove_all(root / c.name);
-    const std::vector<RankRun> separate = train_ranks(2, o, true);
+    const std::vector<RankRun> separate = train_ranks(2, o, true, "", c.grads_leave);
     std::vector<double> moved;  // per step, as the separate device counted them (metrics.jsonl)
     std::ifstream metrics(root / c.name / "metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
     fs::remove_all(root / c.name);
-    const Plan plan = plan_for(2, 0, o);
+    const Plan plan = plan_for(2, 0, o, c.grads_leave);
     ASSERT_EQ(separate.size(), 2u);
+    if (c.grads_leave) EXPECT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
     // Bytes per step between the places, as the separate device counted them crossing (rank 0's
     // metrics.jsonl), against the plan's table.
     double planned = 0;
@@ -247,9 +266,10 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       // rounded the same way) on a device the host cannot reach.
       EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, s.result.losses) << "rank " << r;
       ASSERT_EQ(s.result.losses.size(), 4u);
-      // Every kernel ran on the place its buffers are: the gradient norm on the device, an offloaded
-      // optimizer on the host (its table refuses a device pointer), a kept one on the device.
-      EXPECT_GT(s.device_kernels, 0);
+      // Every kernel ran on the place its buffers are: the gradient norm where the gradients are (on the
+      // host once they leave block by block), an offloaded optimizer on the host (its table refuses a device
+      // pointer), a kept one on the device.
+      EXPECT_EQ(s.device_kernels > 0, !c.grads_leave);
       const bool offloaded = plan.execution.offloaded_numel > 0;
       EXPECT_EQ(s.host_kernels > 0, offloaded);
       // The checkpoint at the end: states the host cannot address cross to it through counted copies
@@ -307,11 +327,15 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
     const std::vector<RankRun> first = train_ranks(2, o, true);
     const Plan plan = plan_for(2, 0, o);
     const double device_states = 12.0 * static_cast<double>(plan.execution.local_numel - plan.execution.offloaded_numel);
-    const double grads_out = plan.execution.transfers.empty() ? 0.0 : plan.execution.transfers[0].bytes_per_step;
-    // Two checkpoints (steps 2 and 4) drawn through the host (with the parameters offloaded, the stepped
-    // weights cross too).
-    if (plan.zero.offload_param.device == OffloadDevice::none)
-      EXPECT_DOUBLE_EQ(ledger_bytes(first[0].transfers, Place::device, Place::host), 2 * device_states + 4 * grads_out);
+    // Two checkpoints (steps 2 and 4) drawn through the host, beside each step's own crossings (the gradients
+    // out; with the parameters offloaded, the weights stepped on the device to the file, once more at the start).
+    double per_step = 0, stepped = 0;
+    for (const Transfer& t : plan.execution.transfers) {
+      if (t.from == Place::device && t.to == Place::host) per_step += t.bytes_per_step;
+      if (t.what == "stepped weights to the host") stepped = t.bytes_per_step;
+    }
+    EXPECT_EQ(stepped > 0, plan.zero.offload_param.device != OffloadDevice::none);
+    EXPECT_DOUBLE_EQ(ledger_bytes(first[0].transfers, Place::device, Place::host), 2 * device_states + 4 * per_step + stepped);
     o[2] = "train.output_dir=" + (root / "continued").string();
     const std::vector<RankRun> resumed = train_ranks(2, o, true, (root / "resumed" / "checkpoints" / "step_00000002").string());
     ASSERT_EQ(resumed[0].result.losses.size(), 2u);

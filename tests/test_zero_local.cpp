@@ -240,7 +240,6 @@ TEST(ZeroInProcess, EveryStageSpeakingNcclsTermsTrainsTheSingleRankRun) {
         ASSERT_EQ(r.losses.size(), base.size());
         for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(r.losses[i], base[i], tolerance * base[i]) << "step " << i + 1;
       }
-      EXPECT_EQ(results[0].losses, results[1].losses);
     }
   }
   fs::remove_all(root);

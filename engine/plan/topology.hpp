@@ -33,6 +33,11 @@ struct Topology {
   // tests, which run ZeRO on thread ranks as it runs over NCCL (LocalGroup speaking NCCL's terms).
   std::optional<CommBackend> communicator;
   CommBackend comm_backend() const { return communicator.value_or(device_traits().communicator); }
+  // Whether an offloaded optimizer's gradients leave the device block by block into host memory (DeepSpeed's
+  // ZeRO-Offload on a GPU): where the device has memory of its own, unless set. Set by the tests, which run
+  // that path on the CPU's separate-memory test device.
+  std::optional<bool> gradients_leave_per_block;
+  bool grads_leave_per_block() const { return gradients_leave_per_block.value_or(!device_traits().memory_is_host); }
   // The build of ds that plans (ds plan, train, profile): what it lacks on the device is refused in the plan.
   // None: a plan for any build (estimate-memory, the tests' plans).
   std::optional<BuildSupport> build;

@@ -161,7 +161,7 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   z.gathers = L.stage == 3 && (multi || b.param_offload);
   // A GPU's gradients leave for an offloaded optimizer block by block (DeepSpeed's ZeRO-Offload), so from
   // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host.
-  b.grads_to_host = !plan.topology.device_traits().memory_is_host && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
+  b.grads_to_host = plan.topology.grads_leave_per_block() && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
@@ -329,7 +329,14 @@ void add_optimizer_states(ZeroBuild& b) {
   // optimizer runs.
   const Place grads_place = swapped ? Place::host : state_place;
   b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
-  z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
+  if (b.grads_to_host) {  // each micro step, every group's reduced part of this rank leaves as backward finishes it
+    int64_t owned = 0;
+    for (const OwnedSegment& s : owned_segments(plan.layout, plan.topology.rank)) owned += s.numel;
+    z.transfers.push_back({"gradients to the host", Place::device, Place::host,
+                           static_cast<double>(plan.batch.grad_accum * owned * dtype_bytes(pp.grad_dtype))});
+  } else {
+    z.transfers.push_back({"gradients to the optimizer", Place::device, grads_place, static_cast<double>(offloaded) * 4});
+  }
   if (swapped) {
     const double state_bytes = static_cast<double>(states.size()) * static_cast<double>(state_elements) * 4;
     z.transfers.push_back({"optimizer states read", Place::nvme, Place::host, state_bytes});

@@ -51,8 +51,9 @@ NcclGroup::NcclGroup(const std::string& unique_id, int rank, int world, int devi
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  check(ncclCommInitRankConfig(&comm, world, id, rank, &config), "ncclCommInitRankConfig");
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   comm_ = comm;
+  if (started != ncclSuccess && started != ncclInProgress) fail(std::string("NCCL: ncclCommInitRankConfig: ") + ncclGetErrorString(started));
   settle("joining the NCCL group of " + std::to_string(world) + " ranks (every rank must join within the timeout)");
 }
 
@@ -81,9 +82,10 @@ void NcclGroup::settle(const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    check(ncclCommGetAsyncError(as_comm(comm_), &state), "ncclCommGetAsyncError");
+    const ncclResult_t asked = ncclCommGetAsyncError(as_comm(comm_), &state);
+    if (asked != ncclSuccess) state = asked;
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) check(state, what.c_str());
+    if (state != ncclInProgress) fail("rank " + std::to_string(rank_) + ": " + what + ": NCCL: " + ncclGetErrorString(state) + " (" + ncclGetLastError(nullptr) + ")");
     const auto waited = std::chrono::steady_clock::now() - start;
     if (waited > timeout_) abort_after(what, waited);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -91,12 +93,18 @@ void NcclGroup::settle(const std::string& what) {
 }
 
 void NcclGroup::abort_after(const std::string& what, std::chrono::steady_clock::duration waited) {
-  aborted_ = true;
-  ncclCommAbort(as_comm(comm_));  // what is queued fails instead of waiting for ever
+  fail("rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
+       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
+       " s (a peer never joined it); the NCCL communicator was aborted");
+}
+
+void NcclGroup::fail(const std::string& message) {
+  // A communicator that saw an error is aborted (NCCL's rule), never finalized: what is queued fails
+  // instead of waiting for ever, and nothing of it leaks when a constructor throws.
+  if (comm_) ncclCommAbort(as_comm(comm_));
   comm_ = nullptr;
-  throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + " did not finish within " +
-                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(waited).count()) +
-                           " s (a peer never joined it); the NCCL communicator was aborted");
+  aborted_ = true;
+  throw std::runtime_error(message);
 }
 
 void NcclGroup::all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
@@ -121,8 +129,10 @@ void NcclGroup::wait(void* stream, const std::string& what) {
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) check(q, what.c_str());
     ncclResult_t async = ncclSuccess;
-    check(ncclCommGetAsyncError(as_comm(comm_), &async), "ncclCommGetAsyncError");
-    check(async, what.c_str());
+    const ncclResult_t asked = ncclCommGetAsyncError(as_comm(comm_), &async);
+    if (asked != ncclSuccess) async = asked;
+    if (async != ncclSuccess && async != ncclInProgress)
+      fail("rank " + std::to_string(rank_) + ": " + what + ": NCCL: " + ncclGetErrorString(async) + " (" + ncclGetLastError(nullptr) + ")");
     const auto waited = std::chrono::steady_clock::now() - start;
     if (waited > timeout_) abort_after(what, waited);
     std::this_thread::sleep_for(std::chrono::microseconds(50));

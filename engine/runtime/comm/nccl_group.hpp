@@ -47,6 +47,8 @@ class NcclGroup {
   // (or failed); past the timeout it is aborted and this throws naming `what`.
   void settle(const std::string& what);
   [[noreturn]] void abort_after(const std::string& what, std::chrono::steady_clock::duration waited);
+  // Aborts the communicator (a failed one is never finalized) and throws std::runtime_error(message).
+  [[noreturn]] void fail(const std::string& message);
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_;

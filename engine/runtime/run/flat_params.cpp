@@ -145,6 +145,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   f.params = arenas.take(BufferRole::params);
   f.params_swapped = z.find(BufferRole::params, Place::nvme) != nullptr;
   if (const ZeroBuffer* b = z.find_anywhere(BufferRole::params); b && b->place != Place::device) f.params_place = Place::host;
+  if (const ZeroBuffer* b = z.find_anywhere(BufferRole::grads)) f.grads_place = b->place;
   f.whole_params = arenas.take(BufferRole::whole_params);
   f.grads = arenas.take(BufferRole::grads);
   DS_CHECK((f.params.defined() || f.params_swapped) && f.grads.defined(), "the execution lacks the parameters or gradients");

@@ -51,6 +51,7 @@ struct FlatParams {
   bool swapped = false;  // the optimizer's states are on NVMe (master, exp_avg, exp_avg_sq undefined here)
   bool params_swapped = false;  // stage 3: the partition is on NVMe (params, local_params undefined here)
   Place params_place = Place::device;  // where `params` lives: the host under offload_param (NVMe: its buffers' host)
+  Place grads_place = Place::device;   // where `grads` lives: the host when each block's gradients leave (ZeRO-Offload on a GPU)
   // grouped: a block's gradients (block l in [l % 2] when their reduce overlaps the next block's
   // backward, overlap_comm; else all in [0]), the outer parameters'
   torch::Tensor block_grads[2], outer_grads;

@@ -115,7 +115,7 @@ double OptimizerStep::step_swapped(const OptimizerStepInputs& si) {
     const int64_t n = g.numel();
     // This sub-group's reduced gradients to the host, widened exactly to fp32 (as CPU offload copies them).
     torch::Tensor grads = flat_.offload_grads.narrow(0, 0, n);
-    device_.copy(grads, Place::host, flat_.local_grads.narrow(0, g.begin, n), Place::device);
+    device_.copy(grads, Place::host, flat_.local_grads.narrow(0, g.begin, n), flat_.grads_place);
     OptimizerBuffers b;
     b.master = st[0];
     b.moment1 = moments >= 1 ? st[1] : nullptr;
@@ -195,6 +195,8 @@ void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64
       to.copy_(from);  // round to nearest even, as the optimizer's kernel does
     else
       device_.copy(to, Place::host, from, place);  // rounded the same way on the way
+    // Landed before the next span() may write this buffer out.
+    if (place != Place::host) device_.copy_stream().synchronize();
     done += k;
   }
 }
@@ -228,8 +230,7 @@ void OptimizerStep::refresh_weights(bool rounded) {
         [&](size_t i, float* const* st) {
           const SubGroup& g = swapper_->sub_groups()[i];
           swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
-          device_.copy(flat_.local_params.narrow(0, g.begin, g.numel()), Place::device,
-                       torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host);
+          weights_home(torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host, g.begin, false);
         },
         /*read=*/true, /*write=*/false);
     copy_kept_weights();
@@ -356,7 +357,7 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   const bool offloaded = flat_.offload_grads.defined();
   if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
     torch::NoGradGuard ng;
-    device_.copy(flat_.offload_grads, Place::host, flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()), Place::device);
+    device_.copy(flat_.offload_grads, Place::host, flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()), flat_.grads_place);
     t.offload += clock.lap();
     clock.mark(5);
   }

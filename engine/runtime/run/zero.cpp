@@ -35,6 +35,8 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
       native_scatter_(comm_capabilities(plan.execution.backend).native_reduce_scatter),
       scatter_shards_(plan.execution.sharded && plan.execution.scatter && !plan.execution.grouped) {
   DS_CHECK(!param_swap || stage3_, "parameters on NVMe outside stage 3");
+  DS_CHECK(!comm || comm->capabilities() == comm_capabilities(plan.execution.backend), "a communicator that does not do what the plan (",
+           comm_backend_name(plan.execution.backend), ") assumed of it");
   const FlatLayout& L = plan.layout;
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
@@ -141,7 +143,7 @@ void ZeroExchange::reduce_gradients() {
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
   *partial = comm_ && plan_.execution.sharded;
   const torch::Tensor& g = flat_.local_grads;
-  const KernelTable& k = flat_.device->kernels(Place::device);
+  const KernelTable& k = flat_.device->kernels(flat_.grads_place);
   return g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
                                              : k.sum_of_squares_f32(g.data_ptr<float>(), g.numel());
 }
@@ -163,14 +165,22 @@ void ZeroExchange::finish_reduce() {
   const torch::Tensor buf = reducing_->buf;
   reducing_.reset();
   torch::NoGradGuard ng;
-  // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the whole).
+  // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the
+  // whole); where those live on the host, the part leaves the device through a counted copy first.
   for (int i : g.params) {
     const int k = owned_of_param_[static_cast<size_t>(i)];
     if (k < 0) continue;
     const OwnedSegment& s = flat_.owned[static_cast<size_t>(k)];
     const ParamSlot& p = plan_.layout.params[static_cast<size_t>(i)];
-    flat_.local_grads.narrow(0, s.local, s.numel)
-        .add_(buf.narrow(0, flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset), s.numel));
+    const torch::Tensor part = buf.narrow(0, flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset), s.numel);
+    const torch::Tensor into = flat_.local_grads.narrow(0, s.local, s.numel);
+    if (flat_.grads_place == Place::device) {
+      into.add_(part);
+    } else {
+      const torch::Tensor arrived = torch::empty({s.numel}, into.options());
+      flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
+      into.add_(arrived);
+    }
   }
   buf.zero_();
 }
