@@ -186,6 +186,27 @@ TEST(Freeze, FrozenTensorsStartAsTheFullRunsTrainNothingAndTwoRanksTrainWhatOneD
   fs::remove_all(root);
 }
 
+// A whole block frozen, first or last: the blocks that reduce their gradients as backward finishes them
+// (stage 1 with overlap_comm, stages 2-3 by group) skip it, and two ranks train what one does.
+TEST(Freeze, AWholeFrozenBlockFirstOrLastIsSkippedByTheReducesAsBackwardGoes) {
+  const fs::path root = scratch("freeze_blocks");
+  for (const std::string freeze : {R"(model.freeze=["model.layers.0.*"])", R"(model.freeze=["model.layers.1.*"])"}) {
+    const TrainResult one = train_ranks(1, {"bf16.enabled=false", freeze}, root / "one");
+    ASSERT_EQ(one.losses.size(), 6u);
+    for (const std::string zero : {"zero_optimization.stage=1", "zero_optimization.stage=2", "zero_optimization.stage=3"}) {
+      SCOPED_TRACE(freeze + ", " + zero);
+      const TrainResult two = train_ranks(2, {"bf16.enabled=false", freeze, zero, "zero_optimization.overlap_comm=true",
+                                              "train_micro_batch_size_per_gpu=2"},
+                                          root / "two");
+      ASSERT_EQ(two.losses.size(), one.losses.size());
+      for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;
+      fs::remove_all(root / "two");
+    }
+    fs::remove_all(root / "one");
+  }
+  fs::remove_all(root);
+}
+
 TEST(Freeze, FrozenTensorsTakeNoGradientAndStayAsLoaded) {
   const Plan plan = test::plan_of(kTiny, 1, 0, {"bf16.enabled=false", R"(model.freeze=["model.layers.1.mlp.*", "model.norm.weight"])"});
   auto device = Device::create(DeviceKind::cpu, 0);

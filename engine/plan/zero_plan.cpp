@@ -159,9 +159,12 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // Stage 3 gathers parameters into group buffers whenever they are not all here: across ranks, or
   // offloaded on one rank.
   z.gathers = L.stage == 3 && (multi || b.param_offload);
+  z.widened = pp.compute_dtype != pp.param_dtype;
   // A GPU's gradients leave for an offloaded optimizer block by block (DeepSpeed's ZeRO-Offload), so from
-  // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host.
-  b.grads_to_host = plan.topology.grads_leave_per_block() && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 && L.stage >= 2;
+  // stage 2 on they are reduced per group even on one rank, and this rank's part lives on the host. (Not
+  // with a widened compute dtype, the CPU's fp16: its gradients are rounded through the device's buffers.)
+  b.grads_to_host = plan.topology.grads_leave_per_block() && !z.widened && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 &&
+                    L.stage >= 2;
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
@@ -171,7 +174,6 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
   // rank's part: a group's part at stages 2-3; at stage 1 it would be the whole shard, so stage 1 all-reduces.
   z.scatter = multi && knobs.reduce_scatter && (z.grouped || b.caps.native_reduce_scatter);
-  z.widened = pp.compute_dtype != pp.param_dtype;
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
   b.params_on_nvme = b.param_offload && knobs.offload_param.device == OffloadDevice::nvme;

@@ -78,6 +78,14 @@ NcclGroup::~NcclGroup() {
     ncclCommDestroy(comm);
 }
 
+void NcclGroup::queued(int result, const std::string& what) {
+  if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail("rank " + std::to_string(rank_) + ": " + what + ": NCCL: " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+  settle(what);
+}
+
 void NcclGroup::settle(const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
@@ -108,26 +116,24 @@ void NcclGroup::fail(const std::string& message) {
 }
 
 void NcclGroup::all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
-  check(ncclAllReduce(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclAllReduce");
-  settle("queueing an all-reduce");
+  queued(ncclAllReduce(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "queueing an all-reduce");
 }
 
 void NcclGroup::all_gather(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
-  check(ncclAllGather(send, recv, count, type_of(e), as_comm(comm_), as_stream(stream)), "ncclAllGather");
-  settle("queueing an all-gather");
+  queued(ncclAllGather(send, recv, count, type_of(e), as_comm(comm_), as_stream(stream)), "queueing an all-gather");
 }
 
 void NcclGroup::reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
-  check(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "ncclReduceScatter");
-  settle("queueing a reduce-scatter");
+  queued(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "queueing a reduce-scatter");
 }
 
 void NcclGroup::wait(void* stream, const std::string& what) {
+  if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     const cudaError_t q = cudaStreamQuery(as_stream(stream));
     if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) check(q, what.c_str());
+    if (q != cudaErrorNotReady) fail("rank " + std::to_string(rank_) + ": " + what + ": CUDA: " + cudaGetErrorString(q));
     ncclResult_t async = ncclSuccess;
     const ncclResult_t asked = ncclCommGetAsyncError(as_comm(comm_), &async);
     if (asked != ncclSuccess) async = asked;

@@ -46,6 +46,8 @@ class NcclGroup {
   // The communicator is non-blocking: after each call, its state is polled until NCCL has taken the call
   // (or failed); past the timeout it is aborted and this throws naming `what`.
   void settle(const std::string& what);
+  // A collective's call: its result (an ncclResult_t) checked (an error aborts), then settled.
+  void queued(int result, const std::string& what);
   [[noreturn]] void abort_after(const std::string& what, std::chrono::steady_clock::duration waited);
   // Aborts the communicator (a failed one is never finalized) and throws std::runtime_error(message).
   [[noreturn]] void fail(const std::string& message);

@@ -44,6 +44,14 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
   for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
   if (comm_ && plan.execution.overlap && !plan.execution.grouped) block_ranges_ = block_ranges(L);
+  group_of_block_.assign(static_cast<size_t>(std::max<int64_t>(0, plan.model.hp.num_layers)), -1);
+  range_of_block_ = group_of_block_;
+  int ranges = 0;  // block_ranges lists the blocks that have parameters, in order
+  for (size_t k = 0; k < groups_.size(); ++k)
+    if (const int layer = groups_[k].layer; layer >= 0 && layer < static_cast<int>(group_of_block_.size())) {
+      group_of_block_[static_cast<size_t>(layer)] = static_cast<int>(k);
+      range_of_block_[static_cast<size_t>(layer)] = ranges++;
+    }
   if (!stage3_) return;
   const auto layers = static_cast<size_t>(plan.model.hp.num_layers);
   trained_.layout = &L;
@@ -325,12 +333,15 @@ void ZeroExchange::before_backward(int64_t layer) {
 
 void ZeroExchange::after_backward(int64_t layer) {
   if (reducing_blocks_) {  // this block's gradients are final for the step
-    const auto& [begin, end] = block_ranges_[static_cast<size_t>(layer)];
+    const int k = range_of_block_[static_cast<size_t>(layer)];
+    if (k < 0) return;  // nothing in it trains
+    const auto& [begin, end] = block_ranges_[static_cast<size_t>(k)];
     for (auto& p : reduce_range(begin, end - begin, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
     return;
   }
-  if (!flat_.grouped) return;
-  const ParamGroup& g = groups_[static_cast<size_t>(layer)];
+  const int k = group_of_block_[static_cast<size_t>(layer)];
+  if (!flat_.grouped || k < 0) return;
+  const ParamGroup& g = groups_[static_cast<size_t>(k)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
 }
 

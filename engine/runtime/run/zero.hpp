@@ -124,6 +124,9 @@ class ZeroExchange : public BlockHooks {
   std::vector<int> whole_;                 // stage 3: parameters kept whole
   std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
   std::vector<std::pair<int64_t, int64_t>> block_ranges_;  // stages 0-1 with overlap_comm: each block's flat range
+  // Per block of the model: its group in groups_ and its range in block_ranges_, -1 for a block with nothing
+  // that trains (model.freeze: its parameters are not in the layout, and it has no gradients to reduce).
+  std::vector<int> group_of_block_, range_of_block_;
   bool reducing_blocks_ = false;           // ... and this backward reduces them as it goes
   std::vector<std::unique_ptr<PendingCollective>> block_reduces_;  // ... those in flight
 };
