@@ -8,6 +8,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libvalijson-dev
   libgtest-dev googletest
   libhdf5-dev liburing-dev
+  libsentencepiece-dev  # tests only: the reference a tokenizer.model is checked against
   libtorch-dev libgloo-dev libopenblas0-pthread  # libgloo-dev: c10d's ProcessGroupGloo.hpp includes gloo's headers
   python3
   clang libclang-rt-14-dev libomp-14-dev  # the sanitizer build: ASan, UBSan, libFuzzer (scripts/sanitize.sh)

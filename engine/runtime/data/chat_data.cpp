@@ -22,7 +22,7 @@ constexpr int kMaxLineNesting = 16;  // {"messages": [{"role", "content"}]} is t
 const char* const kChoices =
     "name one in data.chat_template: chatml (Qwen 2/2.5), llama3 (Llama 3.0), llama3.1 (Llama 3.1-3.3), phi3 (Phi-3, Phi-3.5), "
     "gemma (Gemma, Gemma 2), gemma3 (Gemma 3), llama2 (Llama 2 chat), mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral 8x7B Instruct v0.1), "
-    "qwen3 (Qwen3, with its <think> blocks)";
+    "mistral-v3 (Mistral 7B Instruct v0.3, Mixtral 8x22B Instruct, Mistral Large 2407), qwen3 (Qwen3, with its <think> blocks)";
 
 // Jinja's trim: Python's str.strip(), whose str.isspace() is White_Space and U+001C..U+001F.
 bool python_space(uint32_t c) { return is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
@@ -73,12 +73,18 @@ std::string ChatFormat::describe() const {
     case ChatFormatKind::chatml:
       return "chatml" + (default_system.empty() ? std::string() : " (default system turn \"" + default_system + "\")");
     case ChatFormatKind::llama3: return "llama3";
-    case ChatFormatKind::llama3_1: return "llama3.1 (date \"" + date + "\")";
+    case ChatFormatKind::llama3_1:
+      return "llama3.1 (date \"" + date + "\"" +
+             (date_of_the_day ? std::string(", the template's fallback: Hugging Face renders the day's date, which would change a run's samples "
+                                            "from one day to the next")
+                              : std::string()) +
+             ")";
     case ChatFormatKind::phi3: return "phi3" + (eos.empty() ? std::string() : " (ending with " + eos + ")");
     case ChatFormatKind::gemma: return "gemma";
     case ChatFormatKind::gemma3: return "gemma3";
     case ChatFormatKind::llama2: return "llama2";
     case ChatFormatKind::mistral: return "mistral";
+    case ChatFormatKind::mistral_v3: return "mistral-v3";
     case ChatFormatKind::qwen3: return "qwen3";
   }
   return "";
@@ -134,6 +140,13 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
              t.find("message['content'] + eos_token") != std::string::npos &&
              t.find("Only user and assistant roles are supported!") != std::string::npos)
       kind = "mistral";
+    // Mistral's v3 tokenizer's (7B Instruct v0.3, Mixtral 8x22B, Large 2407): the lines a conversation without tools
+    // goes through. Nemo's (Tekken) drops the spaces after [INST] and before an answer: not this format.
+    else if (has("{%- set system_message = messages[0][\"content\"] %}") && has("{%- if loop.last and system_message is defined %}") &&
+             has("\"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\"") &&
+             has("\"[INST] \" + message[\"content\"] + \"[/INST]\"") && has("\" \" + message[\"content\"]|trim + eos_token") &&
+             has("(message[\"role\"] == \"user\") != (ns.index % 2 == 0)"))
+      kind = "mistral-v3";
     else
       throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
                           "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
@@ -152,6 +165,7 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     f.kind = kind == "llama3" ? ChatFormatKind::llama3 : ChatFormatKind::llama3_1;
     const std::string date = literal_between(t, "set date_string = \"", "\"");
     if (!date.empty()) f.date = date;
+    f.date_of_the_day = t.find("strftime_now") != std::string::npos;
     require_tokens(tok, {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, kind);
   } else if (kind == "phi3") {
     f.kind = ChatFormatKind::phi3;
@@ -163,8 +177,8 @@ ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) 
     f.kind = kind == "gemma" ? ChatFormatKind::gemma : ChatFormatKind::gemma3;
     f.bos = tok.bos_token();
     require_tokens(tok, {"<start_of_turn>", "<end_of_turn>"}, kind);
-  } else if (kind == "llama2" || kind == "mistral") {
-    f.kind = kind == "llama2" ? ChatFormatKind::llama2 : ChatFormatKind::mistral;
+  } else if (kind == "llama2" || kind == "mistral" || kind == "mistral-v3") {
+    f.kind = kind == "llama2" ? ChatFormatKind::llama2 : kind == "mistral" ? ChatFormatKind::mistral : ChatFormatKind::mistral_v3;
     f.bos = tok.bos_token();
     f.eos = tok.eos_token();
     if (f.eos.empty() || tok.eos_id() < 0)
@@ -219,6 +233,32 @@ void render_qwen3(const std::vector<ChatMessage>& messages, size_t trained_from,
     const std::string body = shown ? "<think>\n" + strip_newlines(reasoning) + "\n</think>\n\n" + lstrip_newlines(content) : content;
     turn("<|im_start|>assistant\n", body, "<|im_end|>", i >= trained_from, "\n");
   }
+}
+
+// Mistral's v3 template: after an optional first system turn, user and assistant alternate; the system turn's content
+// goes before the last message only when that is a user turn (a conversation that ends with an answer shows it nowhere).
+template <class Turn>
+void render_mistral_v3(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from, RenderedChat& r, Turn& turn) {
+  r.text += f.bos;
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != ((i - first) % 2 == 0))
+      throw ChatRefused("Mistral's v3 chat template raises \"After the optional system message, conversation roles must alternate "
+                        "user/assistant/user/assistant/...\" (message " + std::to_string(i) + " is " + m.role + "'s)");
+    if (m.role == "user") {
+      const bool system_here = has_system && i + 1 == messages.size();
+      r.text += "[INST] " + (system_here ? messages[0].content + "\n\n" : std::string()) + m.content + "[/INST]";
+    } else if (m.role == "assistant") {
+      // The space before an answer is trained with it: SentencePiece joins it to the answer's first word.
+      turn("", " " + trim(m.content), f.eos, i >= trained_from, "");
+    } else {
+      throw ChatRefused("Mistral's v3 chat template raises \"Only user and assistant roles are supported, with the exception of an "
+                        "initial optional system message!\" (message " + std::to_string(i) + " is " + m.role + "'s)");
+    }
+  }
+  r.system_left_out = has_system && messages.back().role != "user";
 }
 
 }  // namespace
@@ -290,6 +330,10 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
       else if (m.role == "assistant") turn("", content, f.eos, trained, "");
       // Llama 2's: a system turn past the first renders nothing.
     }
+    return r;
+  }
+  if (f.kind == ChatFormatKind::mistral_v3) {
+    render_mistral_v3(f, messages, trained_from, r, turn);
     return r;
   }
   if (f.kind == ChatFormatKind::phi3) {
@@ -391,6 +435,12 @@ void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages, size_t tra
   } catch (const ChatRefused& e) {
     throw UserError(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
   }
+  if (r.system_left_out && systems_left_out_++ == 0) first_system_left_out_ = where;
+  // Only Qwen3's template renders a reasoning_content; the others have no place for it.
+  if (format().kind != ChatFormatKind::qwen3 &&
+      std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.reasoning && !m.reasoning->empty(); }) &&
+      reasoning_left_out_++ == 0)
+    first_reasoning_left_out_ = where;
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   tokens_with_mask(r.text, o_.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok_, ids, mask);
@@ -509,6 +559,15 @@ SampleSet JsonlSamples::take() {
     out_.description += "; " + format_count(untrained_) + (untrained_ == 1 ? " sample trains" : " samples train") +
                         " nothing (no answer within it, the first at " + first_untrained_ +
                         "): it costs its place in a batch and teaches nothing; leave such lines out, or set data.train_on_prompt";
+  if (systems_left_out_ > 0)
+    out_.description += "; " + format_count(systems_left_out_) + (systems_left_out_ == 1 ? " conversation's" : " conversations'") +
+                        " system turn is not rendered (the first at " + first_system_left_out_ +
+                        "): the chat template shows it only before a last user turn; to train with it, put it at the start of the "
+                        "first user turn's content";
+  if (reasoning_left_out_ > 0)
+    out_.description += "; " + format_count(reasoning_left_out_) + (reasoning_left_out_ == 1 ? " conversation's" : " conversations'") +
+                        " reasoning_content is not rendered (the first at " + first_reasoning_left_out_ + "): the " +
+                        format_->describe() + " chat template has no place for it (qwen3's has)";
   if (tok_.texts_not_normalized() > 0)
     out_.description += "; " + format_count(tok_.texts_not_normalized()) +
                         " texts hold characters the tokenizer's NFC normalizer could compose: tokenized as written";

@@ -29,25 +29,28 @@ namespace ds {
 // alternating from the user's), gemma3 (Gemma 3: the same, a system turn's content and a blank line put
 // before the first user turn's), llama2 (Llama 2 chat: BOS [INST] user [/INST] answer EOS, a system turn
 // in <<SYS>> before the first user turn's content) and mistral (Mistral 7B Instruct v0.1/v0.2, Mixtral
-// 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn) and qwen3 (Qwen3: ChatML with
+// 8x7B Instruct v0.1: BOS, then [INST] user [/INST]answer EOS, no system turn), mistral_v3 (Mistral 7B Instruct
+// v0.3, Mixtral 8x22B Instruct, Mistral Large 2407: BOS, then [INST] user[/INST] answer EOS, answers trimmed, a system
+// turn shown only before the last user turn when the conversation ends with it) and qwen3 (Qwen3: ChatML with
 // no default system turn, each assistant turn's reasoning taken from its reasoning_content, or else from its
 // content where that holds a </think> (what precedes the first one, after the last <think> there; the answer is
 // what follows the last </think>); the turns after the last user turn show it in a <think> block,
 // the last one always, empty when it has none; the earlier ones drop it).
-enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral, qwen3 };
+enum class ChatFormatKind { chatml, llama3, llama3_1, phi3, gemma, gemma3, llama2, mistral, mistral_v3, qwen3 };
 
 struct ChatFormat {
   ChatFormatKind kind = ChatFormatKind::chatml;
   std::string default_system;  // chatml: the system turn the template adds when a conversation has none
   std::string date = "26 Jul 2024";  // llama3.1: the template's default date_string
+  bool date_of_the_day = false;      // llama3.1: the template prefers strftime_now (Llama 3.2): ds keeps the fixed date
   std::string eos;                   // phi3: what the template appends after the last turn (its eos_token)
   bool skip_empty_system = false;    // phi3: Phi-3.5's template leaves out a system turn with no content
-  std::string bos;                   // gemma, gemma3, llama2, mistral: the template's bos_token
+  std::string bos;                   // gemma, gemma3, llama2, mistral, mistral_v3: the template's bos_token
   std::string describe() const;
 };
 
 // `name`: data.chat_template ("auto", "chatml", "llama3", "llama3.1", "phi3", "gemma", "gemma3", "llama2", "mistral",
-// "qwen3"). "auto" recognises the tokenizer's
+// "mistral-v3", "qwen3"). "auto" recognises the tokenizer's
 // template; a template ds cannot render is refused naming the choices, never approximated.
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok);
 
@@ -61,6 +64,7 @@ struct ChatMessage {
 struct RenderedChat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> trained;
+  bool system_left_out = false;  // the template rendered the conversation's system turn nowhere (mistral_v3's rule)
 };
 // A conversation the format's template refuses to render (Gemma's: a system turn, roles that do not
 // alternate), with the template's reason.
@@ -114,6 +118,10 @@ class JsonlSamples {
   int64_t shapes_[3] = {0, 0, 0};  // text, prompt/completion, conversations
   int64_t untrained_ = 0;          // samples none of whose targets is trained
   std::string first_untrained_;    // the first one's file:line
+  int64_t systems_left_out_ = 0;   // conversations whose system turn the template rendered nowhere
+  std::string first_system_left_out_;
+  int64_t reasoning_left_out_ = 0;  // conversations with a reasoning_content the format does not render
+  std::string first_reasoning_left_out_;
 };
 
 // The samples these jsonl files hold, counted without tokenizing them: their lines that are not blank (each is

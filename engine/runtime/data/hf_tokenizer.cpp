@@ -9,6 +9,7 @@
 #include "common/files.hpp"
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
+#include "engine/runtime/data/sentencepiece_model.hpp"
 
 namespace ds {
 namespace {
@@ -61,6 +62,12 @@ std::string str_or_empty(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// The model directory's tokenizer_config.json, parsed; null when there is none.
+json read_config_file(const std::string& dir) {
+  const std::string path = (dir.empty() ? std::string(".") : dir) + "/tokenizer_config.json";
+  return exists(path) ? parse_file(path) : json();
+}
+
 // tokenizer_config.json's bos_token / eos_token: a string, an AddedToken object {"content": ...}, or null.
 std::string token_text(const json& config, const char* key) {
   auto it = config.find(key);
@@ -86,10 +93,17 @@ void HfTokenizer::load(const std::string& where) {
   const size_t slash = where.find_last_of('/');
   const std::string dir = dir_given ? where : slash == std::string::npos ? std::string() : where.substr(0, slash);
   path_ = dir_given ? where + "/tokenizer.json" : where;
+  const std::string model = dir_given ? where + "/tokenizer.model" : where;
+  const bool model_named = !dir_given && where.size() >= 6 && where.compare(where.size() - 6, 6, ".model") == 0;
+  if (model_named || (dir_given && !exists(path_) && exists(model))) {
+    if (!exists(model)) throw UserError("no tokenizer model at '" + model + "'", "point data.tokenizer_path at the model's directory");
+    load_sentencepiece(model, dir);
+    return;
+  }
   if (!exists(path_))
     throw UserError("no tokenizer.json at '" + path_ + "'",
-                    "point data.tokenizer_path at a model directory holding tokenizer.json, or at the file itself "
-                    "(a directory with only tokenizer.model, SentencePiece's file, is not read yet)");
+                    "point data.tokenizer_path at a model directory holding tokenizer.json (or SentencePiece's tokenizer.model), "
+                    "or at the file itself");
   const json t = parse_file(path_);
   if (!t.is_object() || !t.contains("model") || !t["model"].is_object())
     throw UserError("'" + path_ + "' has no \"model\" object", "is it a Hugging Face tokenizer.json?");
@@ -118,6 +132,30 @@ void HfTokenizer::load(const std::string& where) {
   read_added_tokens(t.value("added_tokens", json::array()));
   read_post_processor(t.value("post_processor", json()));
   read_config(dir);
+}
+
+void HfTokenizer::load_sentencepiece(const std::string& file, const std::string& dir) {
+  path_ = file;
+  SentencePieceModel m = read_sentencepiece_model(file);
+  const json config = read_config_file(dir);
+  // Hugging Face's Llama tokenizers: legacy (the default) puts '▁' before every text between special tokens, as
+  // SentencePiece encodes each of them; "legacy": false before the text's first one only.
+  piece_prepend_ = !m.add_dummy_prefix ? PiecePrepend::none
+                   : config.is_object() && config.value("legacy", true) == false ? PiecePrepend::first_unless_there
+                                                                                 : PiecePrepend::always;
+  piece_ = std::make_unique<PieceBpe>(std::move(m.parts));
+  vocab_size_ = piece_->vocab_size();
+  model_described_ = m.describe;
+  for (const auto& [content, id] : m.specials) add_token({content, id, false, false});
+  sort_added();
+  read_config(dir);
+  if (bos_token_.empty() && !m.bos_piece.empty()) bos_token_ = m.bos_piece, bos_ = id_of(bos_token_);
+  if (eos_token_.empty() && !m.eos_piece.empty()) eos_token_ = m.eos_piece, eos_ = id_of(eos_token_);
+  // tokenizer(text) adds the BOS unless add_bos_token is false, and the EOS where add_eos_token is true.
+  const bool bos = config.is_object() ? config.value("add_bos_token", true) : true;
+  const bool eos = config.is_object() ? config.value("add_eos_token", false) : false;
+  if (bos && bos_ >= 0) prefix_ids_.push_back(bos_);
+  if (eos && eos_ >= 0) suffix_ids_.push_back(eos_);
 }
 
 void HfTokenizer::read_vocab_merges(const json& m, std::vector<std::pair<std::string, int32_t>>& vocab,
@@ -248,11 +286,18 @@ void HfTokenizer::read_added_tokens(const json& added) {
     // or NFC, where it changes nothing ds does).
     if (piece_ && piece_prepend_ == PiecePrepend::always && a.value("normalized", false))
       refuse(path_, "added token " + content + "'s normalized", true, "not implemented with SentencePiece's legacy normalizer");
-    const int32_t id = a["id"].get<int32_t>();
-    added_by_first_byte_[static_cast<unsigned char>(content[0])].push_back({content, id, a.value("lstrip", false), a.value("rstrip", false)});
-    vocab_size_ = std::max(vocab_size_, id + 1);
-    added_by_id_[id] = content;
+    add_token({content, a["id"].get<int32_t>(), a.value("lstrip", false), a.value("rstrip", false)});
   }
+  sort_added();
+}
+
+void HfTokenizer::add_token(Added a) {
+  vocab_size_ = std::max(vocab_size_, a.id + 1);
+  added_by_id_[a.id] = a.content;
+  added_by_first_byte_[static_cast<unsigned char>(a.content[0])].push_back(std::move(a));
+}
+
+void HfTokenizer::sort_added() {
   for (auto& list : added_by_first_byte_)
     std::stable_sort(list.begin(), list.end(), [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
 }
@@ -291,8 +336,7 @@ void HfTokenizer::read_post_processor(const json& post) {
 
 void HfTokenizer::read_config(const std::string& dir) {
   const std::string path = (dir.empty() ? std::string(".") : dir) + "/tokenizer_config.json";
-  if (exists(path)) {
-    const json c = parse_file(path);
+  if (const json c = read_config_file(dir); c.is_object()) {
     bos_token_ = token_text(c, "bos_token");
     eos_token_ = token_text(c, "eos_token");
     auto tmpl = c.find("chat_template");
@@ -449,7 +493,8 @@ std::string HfTokenizer::describe() const {
   const char* prepend[] = {"", ", '▁' before every segment", ", '▁' before each segment without one",
                            ", '▁' before the text's first segment"};
   const std::string kind = bpe_ ? "byte-level BPE (" + std::string(pattern_name(split_)) + " pattern" + (nfc_ ? ", NFC" : "") + ")"
-                                : "SentencePiece BPE (byte fallback" + std::string(prepend[static_cast<int>(piece_prepend_)]) + ")";
+                           : !model_described_.empty() ? model_described_ + std::string(prepend[static_cast<int>(piece_prepend_)])
+                                                       : "SentencePiece BPE (byte fallback" + std::string(prepend[static_cast<int>(piece_prepend_)]) + ")";
   return path_ + ": " + kind + ", " +
          format_count(vocab_size_) + " ids, " + std::to_string(added_by_id_.size()) + " added tokens";
 }

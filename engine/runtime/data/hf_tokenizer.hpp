@@ -3,7 +3,10 @@
 // the chat template; or chat_template.jinja beside it). ds reads the byte-level BPE tokenizers (GPT-2,
 // Llama 3, Qwen 2/2.5/3 and their descendants) with the split patterns byte_level_bpe.hpp names, and
 // SentencePiece's BPE with byte fallback (Llama 2, Mistral, Phi-3; piece_bpe.hpp) in its legacy-normalizer
-// and Metaspace forms. Anything else (another model type, a pattern or normalizer ds does not know) is
+// and Metaspace forms. A directory with no tokenizer.json is read from SentencePiece's own tokenizer.model
+// (sentencepiece_model.hpp): each text between its special pieces encoded as SentencePiece encodes a text, as
+// Hugging Face's Llama tokenizers do (legacy; "legacy": false in tokenizer_config.json puts the '▁' before the
+// text's start only), its BOS before a text unless add_bos_token is false. Anything else (another model type, a pattern or normalizer ds does not know) is
 // refused naming what the file says, never approximated.
 #pragma once
 
@@ -22,7 +25,7 @@ namespace ds {
 
 class HfTokenizer {
  public:
-  // `path`: a tokenizer.json, or a directory holding one. UserError naming the file and the key when it
+  // `path`: a tokenizer.json, a directory holding one (or, without one, a tokenizer.model), or a tokenizer.model. UserError naming the file and the key when it
   // cannot be read or describes a tokenizer ds does not implement.
   explicit HfTokenizer(const std::string& path);
 
@@ -53,6 +56,7 @@ class HfTokenizer {
 
  private:
   void load(const std::string& where);
+  void load_sentencepiece(const std::string& file, const std::string& dir);
   ByteLevelBpe::Parts read_model(const nlohmann::json& model) const;
   void read_pre_tokenizer(const nlohmann::json& pre);
   void read_added_tokens(const nlohmann::json& added);
@@ -77,11 +81,14 @@ class HfTokenizer {
     int32_t id;
     bool lstrip, rstrip;  // the token takes the whitespace before / after it in the text
   };
+  void add_token(Added a);  // matched in the text before the model sees it
+  void sort_added();       // longest first, once all are in
   std::vector<std::vector<Added>> added_by_first_byte_ = std::vector<std::vector<Added>>(256);  // longest first
   std::unordered_map<int32_t, std::string> added_by_id_;
   std::vector<int32_t> prefix_ids_, suffix_ids_;  // the post-processor's, for add_special_tokens
   int32_t vocab_size_ = 0, bos_ = -1, eos_ = -1;
   std::string bos_token_, eos_token_, chat_template_;
+  std::string model_described_;  // tokenizer.model's own description ("" for tokenizer.json)
   mutable int64_t not_normalized_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <queue>
+#include <stdexcept>
 
 #include "common/error.hpp"
 #include "engine/runtime/data/byte_level_bpe.hpp"  // the UTF-8 helpers
@@ -35,11 +36,13 @@ PieceBpe::PieceBpe(Parts parts) : byte_fallback_(parts.byte_fallback), fuse_unk_
                       "a byte-fallback vocabulary holds all 256 <0xXX> tokens");
   }
   if (!parts.unk_token.empty()) unk_ = id_of(parts.unk_token);
-  int32_t rank = 0;
-  for (const auto& [left, right] : parts.merges) {
+  if (!parts.merge_ranks.empty() && parts.merge_ranks.size() != parts.merges.size())
+    throw std::logic_error("PieceBpe: a rank for each merge, or none");
+  for (size_t k = 0; k < parts.merges.size(); ++k) {
+    const auto& [left, right] = parts.merges[k];
+    const int32_t rank = parts.merge_ranks.empty() ? static_cast<int32_t>(k) : parts.merge_ranks[k];
     const int32_t l = id_of(left), r = id_of(right), m = id_of(left + right);
     if (l >= 0 && r >= 0 && m >= 0) merges_[pair_key(l, r)] = Merge{rank, m};  // a repeated pair: the last wins, as in HF
-    ++rank;
   }
 }
 

@@ -19,6 +19,7 @@ class PieceBpe {
   struct Parts {
     std::vector<std::pair<std::string, int32_t>> vocab;
     std::vector<std::pair<std::string, std::string>> merges;  // in rank order
+    std::vector<int32_t> merge_ranks;  // each merge's rank where several share one (SentencePiece's scores); empty: its place
     bool byte_fallback = true;
     std::string unk_token;  // "" when none
     bool fuse_unk = true;
