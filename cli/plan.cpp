@@ -50,7 +50,7 @@ std::string render_sample(const Plan& plan, int64_t index) {
   if (d.type != DataType::jsonl)
     throw UserError("--show-sample shows fine-tuning samples: this config's data.type is " + std::string(data_type_name(d.type)),
                     "use it with data.type jsonl");
-  const std::unique_ptr<SampleSet> samples = open_samples(d, plan.model.hp.vocab_size);
+  const std::unique_ptr<SampleSet> samples = open_samples(d, plan.model.hp.vocab_size, plan.seq_len);
   if (index >= samples->size())
     throw UserError("--show-sample " + std::to_string(index) + ": the data holds " + std::to_string(samples->size()) + " samples",
                     "samples are numbered from 0, in file then line order");
@@ -66,9 +66,12 @@ std::string render_sample(const Plan& plan, int64_t index) {
     if (!run.empty()) out += trained ? "[[" + tok.decode(run) + "]]" : tok.decode(run);
     run.clear();
   };
-  for (int64_t k = samples->starts[index]; k < samples->starts[index + 1]; ++k) {
-    if (static_cast<bool>(samples->trained[k]) != trained) flush(), trained = samples->trained[k];
-    run.push_back(samples->tokens[k]);
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  samples->sample(index, samples->length(index), ids, mask);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (static_cast<bool>(mask[k]) != trained) flush(), trained = mask[k];
+    run.push_back(ids[k]);
   }
   flush();
   return out + "\n";

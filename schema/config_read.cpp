@@ -307,6 +307,10 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.train_on_prompt = at(data, "train_on_prompt").get<bool>();
   c.data.packing = at(data, "packing").get<bool>();
   c.data.val_path = str_or_empty(at(data, "val_path"));
+  c.data.tokens_in_memory = opt_bool(at(data, "tokens_in_memory"));
+  if (c.data.tokens_in_memory && c.data.type != DataType::jsonl)
+    errors.push_back({"data.tokens_in_memory", "acts on jsonl data only",
+                      "remove the key: text and HDF5 data are read from their files as they go already"});
   if (!c.data.val_path.empty() && c.data.type != DataType::jsonl)
     errors.push_back({"data.val_path", "acts on jsonl data only",
                       "remove the key: ds holds out data.val_fraction of text, token and HDF5 data for validation"});

@@ -374,6 +374,8 @@ TEST(JsonlSamples, HostileLinesAreRefusedWithFileAndLine) {
       {R"({"messages": [{"role": "tool", "content": "x"}]})", "\"tool\""},
       {R"({"messages": [{"role": "user"}]})", "messages[0]"},
       {R"({"messages": [{"role": "assistant", "content": "a", "reasoning_content": ["b"]}]})", "messages[0]'s reasoning_content is array"},
+      {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": []}]})",
+       "messages[1] has tool_calls"},
       {R"({"input": "x", "output": "y"})", "it has: input, output"},
       {std::string(100, '[') + std::string(100, ']'), "nests deeper"},
   };
@@ -458,4 +460,91 @@ TEST(BatchSampler, SampleRowsArePaddedMaskedAndEachEpochSeesEverySampleOnce) {
   two_ranks.train_batch(0, 0, in, tgt);  // rank 1's micro batch: global samples 2, 3
   EXPECT_EQ(in[0], first[2] * 100);
   EXPECT_EQ(in[4], first[3] * 100);
+}
+
+// data.tokens_in_memory false: an index of where each sample's line is, its tokens read again per batch. The same
+// samples, counted targets and rows (packed or not, training and validation, on each rank) as the set in memory,
+// with no token held; a file changed under a run is named, not trained on.
+TEST(JsonlSamples, AnIndexedSetReadsTheSameRowsAsTheSetInMemory) {
+  const auto tok = std::make_shared<const HfTokenizer>(tokenizer_dir("indexed", kQwen25Template));
+  const std::string d = scratch("indexed_data");
+  std::string lines;
+  for (int i = 0; i < 40; ++i) {
+    const std::string n = std::to_string(i);
+    if (i % 3 == 0) lines += R"({"text": "Sample )" + n + R"( says: \" \", naïve café 日本語 🙂 )" + std::string(i * 3, 'x') + "\"}\n";
+    else if (i % 3 == 1) lines += R"({"prompt": "What is )" + n + R"( + 1? ", "completion": ")" + std::to_string(i + 1) + "\"}\r\n";
+    else lines += R"({"messages": [{"role": "user", "content": "Hi )" + n + R"("}, {"role": "assistant", "content": "Hello )" + std::string(i, 'y') + "\"}]}\n";
+    if (i % 7 == 0) lines += "\n   \n";  // blank lines: no samples, but bytes before the next line
+  }
+  write(d + "/train.jsonl", lines);
+  write(d + "/val.jsonl", R"({"messages": [{"role": "user", "content": "Val?"}, {"role": "assistant", "content": "Yes."}]})" "\n"
+                          R"({"text": "validation text"})");  // no end of line at the end of the file
+  const int64_t T = 24;
+  auto read = [&](bool keep) {
+    SampleOptions o;
+    o.seq_len = T;
+    o.keep_tokens = keep;
+    o.source = "train.jsonl";
+    SampleSet s = read_jsonl_samples({d + "/train.jsonl"}, tok, o);
+    const SampleSet held = read_jsonl_samples({d + "/val.jsonl"}, tok, o);
+    s.held_out_from = s.size();
+    s.append(held);
+    return s;
+  };
+  const SampleSet mem = read(true), idx = read(false);
+  ASSERT_TRUE(idx.indexed);
+  EXPECT_TRUE(idx.tokens.empty() && idx.trained.empty());
+  ASSERT_EQ(idx.size(), 42);
+  EXPECT_EQ(idx.starts, mem.starts);
+  EXPECT_EQ(idx.counted, mem.counted);
+  EXPECT_EQ(idx.description, mem.description);
+  for (int64_t i = 0; i < idx.size(); ++i) {
+    std::vector<int32_t> a, b;
+    std::vector<uint8_t> ma, mb;
+    mem.sample(i, 1 << 20, a, ma);
+    idx.sample(i, 1 << 20, b, mb);
+    ASSERT_EQ(a, b) << "sample " << i;
+    ASSERT_EQ(ma, mb) << "sample " << i;
+    EXPECT_EQ(static_cast<int64_t>(a.size()), mem.length(i));
+  }
+  for (const bool pack : {false, true}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const SamplerOptions o{T, 2, 2, 2, rank, 0, 11, true, pack};
+      const BatchSampler m(mem, o), x(idx, o);
+      std::vector<int32_t> in_m, tgt_m, in_x, tgt_x;
+      RowSegments seg_m, seg_x;
+      for (int64_t step = 0; step < 12; ++step) {
+        EXPECT_EQ(m.step_counted_targets(step), x.step_counted_targets(step));
+        for (int64_t micro = 0; micro < 2; ++micro) {
+          m.train_batch(step, micro, in_m, tgt_m, &seg_m);
+          x.train_batch(step, micro, in_x, tgt_x, &seg_x);
+          ASSERT_EQ(in_m, in_x) << "step " << step << " micro " << micro << (pack ? " packed" : "");
+          ASSERT_EQ(tgt_m, tgt_x);
+          ASSERT_EQ(seg_m, seg_x);
+          EXPECT_EQ(m.counted_targets(step, micro), x.counted_targets(step, micro));
+        }
+      }
+      for (int64_t v = 0; v < 3; ++v) {
+        m.val_batch(v, in_m, tgt_m);
+        x.val_batch(v, in_x, tgt_x);
+        ASSERT_EQ(in_m, in_x) << "validation batch " << v;
+        ASSERT_EQ(tgt_m, tgt_x);
+      }
+    }
+  }
+  // The file changed under the run (here its size too, which a clock's coarse tick cannot hide), or cut short: named.
+  std::string changed = lines;
+  changed.replace(changed.find("Sample 0"), 8, "Sample 00");
+  write(d + "/train.jsonl", changed);
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  try {
+    idx.sample(0, 1 << 20, ids, mask);
+    ADD_FAILURE() << "a changed line was read";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.jsonl' changed since the run read it"), std::string::npos) << e.what();
+  }
+  write(d + "/train.jsonl", "");
+  EXPECT_THROW(idx.sample(5, 1 << 20, ids, mask), UserError);
+  fs::remove_all(d);
 }

@@ -303,8 +303,16 @@ TEST(ChatTemplate, MistralV3IsItsTemplateAndShowsTheSystemTurnOnlyBeforeALastQue
   const std::string tekken = replaced(replaced(replaced(kMistralV3Template, "\"[INST] \"", "\"[INST]\""), "\" \" + message[\"content\"]|trim", "message[\"content\"]"),
                                       "[AVAILABLE_TOOLS] [", "[AVAILABLE_TOOLS][");
   EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("tekken", tekken, example_tokenizer(), "</s>", "<s>"))), UserError);
+  // Edited copies that render otherwise (found by an outside review: each was taken for v3 before).
   const std::string edited = replaced(kMistralV3Template, "loop.last and system_message", "loop.first and system_message");
-  EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("edited", edited, example_tokenizer(), "</s>", "<s>"))), UserError);
+  for (const std::string& other : {edited, replaced(kMistralV3Template, "{{- bos_token }}\n", ""),
+                                   replaced(kMistralV3Template, "{%- set loop_messages = messages[1:] %}", "{%- set loop_messages = messages %}"),
+                                   replaced(kMistralV3Template, "{%- if not tools is defined %}",
+                                            "{%- set system_message = \"Be nice.\" %}\n{%- if not tools is defined %}"),
+                                   replaced(kMistralV3Template, "|trim + eos_token}}", "|trim + eos_token + \"\\n\"}}"),
+                                   replaced(kMistralV3Template, "{%- endfor %}\n\n{{- bos_token }}", "{%- endfor %}\n{{- '[SYS]' }}\n{{- bos_token }}")})
+    EXPECT_THROW(resolve_chat_format("auto", HfTokenizer(tokenizer_dir("edited", other, example_tokenizer(), "</s>", "<s>"))), UserError)
+        << other;
   EXPECT_EQ(resolve_chat_format("mistral-v3", HfTokenizer(tokenizer_dir("named", edited, example_tokenizer(), "</s>", "<s>"))).kind,
             ChatFormatKind::mistral_v3);
 }

@@ -307,6 +307,35 @@ TEST(CliSft, PackedRowsResumeExactlyAndTwoRanksTrainWhatOneRankTrains) {
   EXPECT_TRUE(a[3].contains("val_loss") && a[7].contains("val_loss"));
 }
 
+// data.tokens_in_memory false: the samples kept as an index of their lines, each batch's read and tokenized again.
+// The run trains, validates and resumes exactly as the one whose tokens are in memory, and says how it reads.
+TEST(CliSft, AnIndexedDataSetTrainsAndResumesAsTheOneInMemory) {
+  const std::string mem = fresh("sft_mem"), idx = fresh("sft_idx"), split = fresh("sft_idx_split");
+  const std::string fp32 = "train examples/sft.json bf16.enabled=false data.packing=true data.seq_len=128 train.eval_every=4 "
+                           "train.eval_batches=2 train.save_every=4 train_batch_size=8 train_micro_batch_size_per_gpu=4 ";
+  ASSERT_EQ(ds(fp32 + "train.steps=8 train.output_dir=" + mem).code, 0);
+  Result r = ds(fp32 + "data.tokens_in_memory=false train.steps=8 train.output_dir=" + idx);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "; indexed (data.tokens_in_memory false): each batch's lines are read and tokenized again")) << r.err;
+  ASSERT_EQ(ds(fp32 + "data.tokens_in_memory=false train.steps=4 train.output_dir=" + split).code, 0);
+  r = ds(fp32 + "data.tokens_in_memory=false train.steps=8 train.output_dir=" + split + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto a = metrics_of(mem), b = metrics_of(idx), c = metrics_of(split);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  ASSERT_EQ(c.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i]["loss"], c[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i].value("val_loss", -1.0), b[i].value("val_loss", -1.0)) << "step " << i + 1;
+  }
+  EXPECT_TRUE(a[3].contains("val_loss"));
+  // The key acts on jsonl data only.
+  r = ds("plan examples/quickstart.json data.tokens_in_memory=false");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "data.tokens_in_memory")) << r.err;
+}
+
 // data.val_path: validation samples from a file of their own. The example's data cut in two (its first 1,140
 // conversations to train on, its last 60 to validate) trains and validates exactly as the whole file with
 // the default 5% held out; the two ways of naming a validation split are not taken together.

@@ -1,6 +1,8 @@
 #include "engine/runtime/data/chat_data.hpp"
 
 #include <algorithm>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -9,6 +11,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
+#include "engine/plan/packing.hpp"
 
 namespace ds {
 namespace {
@@ -90,68 +93,86 @@ std::string ChatFormat::describe() const {
   return "";
 }
 
+namespace {
+
+// data.chat_template auto: the format whose official template the tokenizer's is, by its lines; UserError naming the
+// choices when it is none of them.
+std::string recognise_template(const HfTokenizer& tok) {
+  const std::string& t = tok.chat_template();
+  std::string kind;
+  if (t.empty())
+    throw UserError(tok.path() + " has no chat template (tokenizer_config.json's chat_template, or chat_template.jinja)",
+                    kChoices);
+  // ChatML as Qwen 2/2.5 write it: no BOS, contents as given (a template that trims them or adds a BOS,
+  // such as Hermes 3's, renders otherwise and is refused here; naming chatml renders it ChatML's way).
+  const bool chatml = t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos &&
+                      t.find("bos_token") == std::string::npos && t.find("trim") == std::string::npos;
+  // Phi-3 mini's and 3.5's; Phi-3 medium's spells '<|user|>' + '\n' and drops system turns: not this format.
+  const bool phi3 = t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos &&
+                    t.find("<|end|>") != std::string::npos && t.find("bos_token") == std::string::npos &&
+                    t.find("trim") == std::string::npos && t.find("'<|user|>' + '\\n'") == std::string::npos;
+  // Qwen3's: the reasoning of the turns after the last user turn shown in <think> blocks (tools aside, the
+  // template's whole logic is in these lines; another handling of <think> is refused below).
+  const auto has = [&](const char* piece) { return t.find(piece) != std::string::npos; };
+  const auto count = [&](const char* piece) {
+    int n = 0;
+    for (size_t at = t.find(piece); at != std::string::npos; at = t.find(piece, at + 1)) ++n;
+    return n;
+  };
+  const bool qwen3_parse = has("split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n')") ||
+                           (has("(message.content.split('</think>')|first).rstrip('\\n')") &&
+                            has("(reasoning_content.split('<think>')|last).lstrip('\\n')"));
+  const bool qwen3 = has("<|im_start|>") && !has("bos_token") && qwen3_parse &&
+                     has("startswith('<tool_response>') and message.content.endswith('</tool_response>')") &&
+                     has("if loop.index0 > ns.last_query_index %}") &&
+                     has("if loop.last or (not loop.last and reasoning_content) %}") &&
+                     has("'<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
+                         "content.lstrip('\\n') }}") &&
+                     has("'<|im_start|>' + message.role + '\\n' + content }}");
+  if (chatml) kind = "chatml";
+  else if (qwen3) kind = "qwen3";
+  else if (phi3) kind = "phi3";
+  else if (t.find("<|start_header_id|>") != std::string::npos)
+    kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
+  // Gemma 3's folds a system turn into the first user turn; Gemma's and Gemma 2's refuse one.
+  else if (t.find("<start_of_turn>") != std::string::npos && t.find("first_user_prefix") != std::string::npos)
+    kind = "gemma3";
+  else if (t.find("<start_of_turn>") != std::string::npos && t.find("System role not supported") != std::string::npos)
+    kind = "gemma";
+  // Llama 2 chat's, without a default system prompt (some copies carry one: refused).
+  else if (t.find("<<SYS>>") != std::string::npos && t.find("{% set system_message = false %}") != std::string::npos &&
+           t.find("bos_token + '[INST] ' + content.strip() + ' [/INST]'") != std::string::npos &&
+           t.find("' '  + content.strip() + ' ' + eos_token") != std::string::npos && t.find("DEFAULT") == std::string::npos &&
+           t.find("false information") == std::string::npos && t.find("message['role'] == 'system' %}{{") == std::string::npos)
+    kind = "llama2";
+  // Mistral 7B Instruct v0.1's (and Mixtral's); later Mistral templates place a system turn otherwise.
+  else if (t.find("'[INST] ' + message['content'] + ' [/INST]'") != std::string::npos &&
+           t.find("message['content'] + eos_token") != std::string::npos &&
+           t.find("Only user and assistant roles are supported!") != std::string::npos)
+    kind = "mistral";
+  // Mistral's v3 tokenizer's (7B Instruct v0.3, Mixtral 8x22B, Large 2407): every line a conversation without tools
+  // goes through, one system_message set, and its 24 outputs ({{ ... }}: an edited copy that prints more is not it).
+  // Nemo's (Tekken) drops the spaces after [INST] and before an answer: not this format.
+  else if (count("{{") == 24 && count("set system_message") == 1 && has("{{- bos_token }}\n{%- for message in loop_messages %}") &&
+           has("{%- set loop_messages = messages[1:] %}") && has("{%- else %}\n    {%- set loop_messages = messages %}") &&
+           has("{%- set system_message = messages[0][\"content\"] %}") && has("{%- if loop.last and system_message is defined %}") &&
+           has("\"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\"") &&
+           has("\"[INST] \" + message[\"content\"] + \"[/INST]\" }}") && has("{{- \" \" + message[\"content\"]|trim + eos_token}}\n") &&
+           has("(message[\"role\"] == \"user\") != (ns.index % 2 == 0)"))
+    kind = "mistral-v3";
+  else
+    throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
+                        "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
+                    std::string("ds renders these formats exactly and approximates none: ") + kChoices);
+  return kind;
+}
+
+}  // namespace
+
 ChatFormat resolve_chat_format(const std::string& name, const HfTokenizer& tok) {
   const std::string& t = tok.chat_template();
   ChatFormat f;
-  std::string kind = name;
-  if (kind == "auto") {
-    if (t.empty())
-      throw UserError(tok.path() + " has no chat template (tokenizer_config.json's chat_template, or chat_template.jinja)",
-                      kChoices);
-    // ChatML as Qwen 2/2.5 write it: no BOS, contents as given (a template that trims them or adds a BOS,
-    // such as Hermes 3's, renders otherwise and is refused here; naming chatml renders it ChatML's way).
-    const bool chatml = t.find("<|im_start|>") != std::string::npos && t.find("<think>") == std::string::npos &&
-                        t.find("bos_token") == std::string::npos && t.find("trim") == std::string::npos;
-    // Phi-3 mini's and 3.5's; Phi-3 medium's spells '<|user|>' + '\n' and drops system turns: not this format.
-    const bool phi3 = t.find("<|user|>") != std::string::npos && t.find("<|assistant|>") != std::string::npos &&
-                      t.find("<|end|>") != std::string::npos && t.find("bos_token") == std::string::npos &&
-                      t.find("trim") == std::string::npos && t.find("'<|user|>' + '\\n'") == std::string::npos;
-    // Qwen3's: the reasoning of the turns after the last user turn shown in <think> blocks (tools aside, the
-    // template's whole logic is in these lines; another handling of <think> is refused below).
-    const auto has = [&](const char* piece) { return t.find(piece) != std::string::npos; };
-    const bool qwen3_parse = has("split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n')") ||
-                             (has("(message.content.split('</think>')|first).rstrip('\\n')") &&
-                              has("(reasoning_content.split('<think>')|last).lstrip('\\n')"));
-    const bool qwen3 = has("<|im_start|>") && !has("bos_token") && qwen3_parse &&
-                       has("startswith('<tool_response>') and message.content.endswith('</tool_response>')") &&
-                       has("if loop.index0 > ns.last_query_index %}") &&
-                       has("if loop.last or (not loop.last and reasoning_content) %}") &&
-                       has("'<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + "
-                           "content.lstrip('\\n') }}") &&
-                       has("'<|im_start|>' + message.role + '\\n' + content }}");
-    if (chatml) kind = "chatml";
-    else if (qwen3) kind = "qwen3";
-    else if (phi3) kind = "phi3";
-    else if (t.find("<|start_header_id|>") != std::string::npos)
-      kind = t.find("Cutting Knowledge Date") != std::string::npos ? "llama3.1" : "llama3";
-    // Gemma 3's folds a system turn into the first user turn; Gemma's and Gemma 2's refuse one.
-    else if (t.find("<start_of_turn>") != std::string::npos && t.find("first_user_prefix") != std::string::npos)
-      kind = "gemma3";
-    else if (t.find("<start_of_turn>") != std::string::npos && t.find("System role not supported") != std::string::npos)
-      kind = "gemma";
-    // Llama 2 chat's, without a default system prompt (some copies carry one: refused).
-    else if (t.find("<<SYS>>") != std::string::npos && t.find("{% set system_message = false %}") != std::string::npos &&
-             t.find("bos_token + '[INST] ' + content.strip() + ' [/INST]'") != std::string::npos &&
-             t.find("' '  + content.strip() + ' ' + eos_token") != std::string::npos && t.find("DEFAULT") == std::string::npos &&
-             t.find("false information") == std::string::npos && t.find("message['role'] == 'system' %}{{") == std::string::npos)
-      kind = "llama2";
-    // Mistral 7B Instruct v0.1's (and Mixtral's); later Mistral templates place a system turn otherwise.
-    else if (t.find("'[INST] ' + message['content'] + ' [/INST]'") != std::string::npos &&
-             t.find("message['content'] + eos_token") != std::string::npos &&
-             t.find("Only user and assistant roles are supported!") != std::string::npos)
-      kind = "mistral";
-    // Mistral's v3 tokenizer's (7B Instruct v0.3, Mixtral 8x22B, Large 2407): the lines a conversation without tools
-    // goes through. Nemo's (Tekken) drops the spaces after [INST] and before an answer: not this format.
-    else if (has("{%- set system_message = messages[0][\"content\"] %}") && has("{%- if loop.last and system_message is defined %}") &&
-             has("\"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\"") &&
-             has("\"[INST] \" + message[\"content\"] + \"[/INST]\"") && has("\" \" + message[\"content\"]|trim + eos_token") &&
-             has("(message[\"role\"] == \"user\") != (ns.index % 2 == 0)"))
-      kind = "mistral-v3";
-    else
-      throw UserError("ds cannot render this tokenizer's chat template (" + tok.path() + "): it begins \"" + t.substr(0, 120) +
-                          "\"" + (t.find("<think>") != std::string::npos ? " and handles reasoning turns (<think>)" : ""),
-                      std::string("ds renders these formats exactly and approximates none: ") + kChoices);
-  }
+  const std::string kind = name == "auto" ? recognise_template(tok) : name;
   if (kind == "qwen3") {
     f.kind = ChatFormatKind::qwen3;
     require_tokens(tok, {"<|im_start|>", "<|im_end|>"}, "qwen3");
@@ -359,19 +380,6 @@ RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& me
   return r;
 }
 
-void SampleSet::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
-  tokens.insert(tokens.end(), ids.begin(), ids.end());
-  trained.insert(trained.end(), mask.begin(), mask.end());
-  starts.push_back(static_cast<int64_t>(tokens.size()));
-}
-
-void SampleSet::append(const SampleSet& more) {
-  const int64_t base = static_cast<int64_t>(tokens.size());
-  tokens.insert(tokens.end(), more.tokens.begin(), more.tokens.end());
-  trained.insert(trained.end(), more.trained.begin(), more.trained.end());
-  for (size_t i = 1; i < more.starts.size(); ++i) starts.push_back(base + more.starts[i]);
-}
-
 namespace {
 
 // Tokens of `text` and whether each is trained: its first byte lies in one of the spans.
@@ -405,6 +413,10 @@ std::vector<ChatMessage> read_messages(const json& list, const std::string& wher
     const std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant")
       bad_line(where, at + " has the role \"" + role + "\" (ds reads system, user and assistant; tool turns are not read yet)");
+    // Templates render a message's tool calls (Mistral's [TOOL_CALLS], Qwen's <tool_call>): not read yet, so refused
+    // rather than trained without them.
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+      bad_line(where, at + " has tool_calls (ds reads system, user and assistant turns without tools; tool turns are not read yet)");
     ChatMessage message{role, m["content"].get<std::string>(), std::nullopt};
     if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
       if (!m["reasoning_content"].is_string())
@@ -419,35 +431,20 @@ std::vector<ChatMessage> read_messages(const json& list, const std::string& wher
 
 }  // namespace
 
-JsonlSamples::JsonlSamples(const HfTokenizer& tok, SampleOptions o) : tok_(tok), o_(std::move(o)) {
-  out_.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
-}
+namespace {
 
-const ChatFormat& JsonlSamples::format() {
-  if (!format_) format_ = resolve_chat_format(o_.chat_template, tok_);
-  return *format_;
-}
-
-void JsonlSamples::add_chat(const std::vector<ChatMessage>& messages, size_t trained_from, const std::string& where) {
-  RenderedChat r;
-  try {
-    r = render_chat(format(), messages, trained_from);
-  } catch (const ChatRefused& e) {
-    throw UserError(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
-  }
-  if (r.system_left_out && systems_left_out_++ == 0) first_system_left_out_ = where;
-  // Only Qwen3's template renders a reasoning_content; the others have no place for it.
-  if (format().kind != ChatFormatKind::qwen3 &&
-      std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.reasoning && !m.reasoning->empty(); }) &&
-      reasoning_left_out_++ == 0)
-    first_reasoning_left_out_ = where;
+// One line's sample, and what the reader counts of it.
+struct LineSample {
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
-  tokens_with_mask(r.text, o_.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok_, ids, mask);
-  out_.add(ids, mask);
-}
+  int shape = 0;  // 0 text, 1 prompt/completion, 2 conversation
+  bool system_left_out = false, reasoning_left_out = false;
+};
 
-void JsonlSamples::add_line(const std::string& line, const std::string& where) {
+// A line as a sample: the one code path that reads a line the first time and again when an indexed set needs it.
+// `format` gives the chat format (resolved at the first conversation).
+LineSample sample_of_line(const std::string& line, const std::string& where, const HfTokenizer& tok, const SampleOptions& o,
+                          const std::function<const ChatFormat&()>& format) {
   if (json_nesting_exceeded_at(line, kMaxLineNesting) != std::string::npos)
     bad_line(where, "nests deeper than " + std::to_string(kMaxLineNesting) + " levels");
   json j;
@@ -457,9 +454,23 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
     bad_line(where, std::string("not JSON (") + e.what() + ")");
   }
   if (!j.is_object()) bad_line(where, std::string("a JSON ") + j.type_name() + ", not an object");
+  LineSample out;
+  const auto chat = [&](const std::vector<ChatMessage>& messages, size_t trained_from) {
+    RenderedChat r;
+    try {
+      r = render_chat(format(), messages, trained_from);
+    } catch (const ChatRefused& e) {
+      throw UserError(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
+    }
+    out.system_left_out = r.system_left_out;
+    // Only Qwen3's template renders a reasoning_content; the others have no place for it.
+    out.reasoning_left_out = format().kind != ChatFormatKind::qwen3 &&
+                             std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.reasoning && !m.reasoning->empty(); });
+    tokens_with_mask(r.text, o.train_on_prompt ? std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}} : r.trained, tok, out.ids, out.mask);
+  };
   if (j.contains("messages")) {
-    add_chat(read_messages(j["messages"], where, "messages"), 0, where);
-    ++shapes_[2];
+    chat(read_messages(j["messages"], where, "messages"), 0);
+    out.shape = 2;
   } else if (j.contains("prompt") || j.contains("completion")) {
     if (!j.contains("prompt") || !j.contains("completion")) bad_line(where, "has \"prompt\" or \"completion\" but not both");
     const json &p = j["prompt"], &c = j["completion"];
@@ -467,42 +478,101 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
       const std::string prompt = p.get<std::string>(), text = prompt + c.get<std::string>();
       std::vector<int32_t> body;
       std::vector<uint8_t> body_mask;
-      tokens_with_mask(text, {{o_.train_on_prompt ? 0 : prompt.size(), text.size()}}, tok_, body, body_mask);
-      std::vector<int32_t> ids = tok_.prefix_ids();
-      std::vector<uint8_t> mask(ids.size(), o_.train_on_prompt ? 1 : 0);
-      ids.insert(ids.end(), body.begin(), body.end());
-      mask.insert(mask.end(), body_mask.begin(), body_mask.end());
-      if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id()), mask.push_back(1);
-      out_.add(ids, mask);
+      tokens_with_mask(text, {{o.train_on_prompt ? 0 : prompt.size(), text.size()}}, tok, body, body_mask);
+      out.ids = tok.prefix_ids();
+      out.mask.assign(out.ids.size(), o.train_on_prompt ? 1 : 0);
+      out.ids.insert(out.ids.end(), body.begin(), body.end());
+      out.mask.insert(out.mask.end(), body_mask.begin(), body_mask.end());
+      if (tok.eos_id() >= 0) out.ids.push_back(tok.eos_id()), out.mask.push_back(1);
     } else if (p.is_array() && c.is_array()) {  // conversational: the prompt's turns, then the completion's
       std::vector<ChatMessage> m = read_messages(p, where, "prompt");
       const std::vector<ChatMessage> more = read_messages(c, where, "completion");
       const size_t prompt_turns = m.size();
       m.insert(m.end(), more.begin(), more.end());
-      add_chat(m, prompt_turns, where);
+      chat(m, prompt_turns);
     } else {
       bad_line(where, std::string("\"prompt\" is ") + p.type_name() + " and \"completion\" " + c.type_name() +
                           " (both strings, or both lists of messages)");
     }
-    ++shapes_[1];
+    out.shape = 1;
   } else if (j.contains("text")) {
     if (!j["text"].is_string()) bad_line(where, std::string("\"text\" is ") + j["text"].type_name() + ", not a string");
-    std::vector<int32_t> ids = tok_.prefix_ids();
-    const std::vector<int32_t> body = tok_.encode(j["text"].get<std::string>());
-    ids.insert(ids.end(), body.begin(), body.end());
-    if (tok_.eos_id() >= 0) ids.push_back(tok_.eos_id());
-    out_.add(ids, std::vector<uint8_t>(ids.size(), 1));
-    ++shapes_[0];
+    out.ids = tok.prefix_ids();
+    const std::vector<int32_t> body = tok.encode(j["text"].get<std::string>());
+    out.ids.insert(out.ids.end(), body.begin(), body.end());
+    if (tok.eos_id() >= 0) out.ids.push_back(tok.eos_id());
+    out.mask.assign(out.ids.size(), 1);
   } else {
     std::string keys;
     for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + k;
     bad_line(where, "has none of the keys text, prompt + completion, messages (it has: " + (keys.empty() ? "nothing" : keys) + ")");
   }
+  return out;
+}
+
+// Targets the loss counts within a row of seq_len positions: those of the sample's first positions.
+int32_t counted_targets(const std::vector<uint8_t>& mask, int64_t seq_len) {
+  const int64_t last = sample_positions(static_cast<int64_t>(mask.size()), seq_len);
+  int32_t c = 0;
+  for (int64_t t = 0; t < last; ++t) c += mask[static_cast<size_t>(t + 1)] ? 1 : 0;
+  return c;
+}
+
+}  // namespace
+
+class SampleLines {
+ public:
+  SampleLines(std::shared_ptr<const HfTokenizer> tok, SampleOptions o, std::optional<ChatFormat> format)
+      : tok_(std::move(tok)), o_(std::move(o)), format_(std::move(format)) {}
+  // The sample of a line read before (its chat format, if it needs one, resolved then).
+  LineSample sample(const std::string& line, const std::string& where) const {
+    return sample_of_line(line, where, *tok_, o_, [&]() -> const ChatFormat& {
+      DS_CHECK(format_.has_value(), "a conversation read again whose chat format was never resolved");
+      return *format_;
+    });
+  }
+
+ private:
+  std::shared_ptr<const HfTokenizer> tok_;
+  SampleOptions o_;
+  std::optional<ChatFormat> format_;
+};
+
+JsonlSamples::JsonlSamples(const HfTokenizer& tok, SampleOptions o) : tok_(tok), o_(std::move(o)) {
+  DS_CHECK(o_.keep_tokens, "an indexed sample set reads its lines again with a tokenizer it shares");
+  out_.pad_id = tok.eos_id() >= 0 ? tok.eos_id() : 0;
+}
+
+JsonlSamples::JsonlSamples(std::shared_ptr<const HfTokenizer> tok, SampleOptions o) : owned_(std::move(tok)), tok_(*owned_), o_(std::move(o)) {
+  out_.pad_id = tok_.eos_id() >= 0 ? tok_.eos_id() : 0;
+  out_.indexed = !o_.keep_tokens;
+  out_.counted_seq_len = o_.seq_len;
+}
+
+void JsonlSamples::add_line(const std::string& line, const std::string& where) {
+  DS_CHECK(o_.keep_tokens, "an indexed sample set reads lines from files (add_file)");
+  add_line_at(line, where, nullptr);
+}
+
+void JsonlSamples::add_line_at(const std::string& line, const std::string& where, const SampleSet::Place* place) {
+  const LineSample l = sample_of_line(line, where, tok_, o_, [&]() -> const ChatFormat& {
+    if (!format_) format_ = resolve_chat_format(o_.chat_template, tok_);
+    return *format_;
+  });
+  ++shapes_[l.shape];
+  if (l.system_left_out && systems_left_out_++ == 0) first_system_left_out_ = where;
+  if (l.reasoning_left_out && reasoning_left_out_++ == 0) first_reasoning_left_out_ = where;
+  for (uint8_t t : l.mask) trained_ += t;
+  if (out_.indexed) {
+    out_.places.push_back(*place);
+    out_.starts.push_back(out_.starts.back() + static_cast<int64_t>(l.ids.size()));
+  } else {
+    out_.add(l.ids, l.mask);
+  }
+  if (o_.seq_len > 0) out_.counted.push_back(counted_targets(l.mask, o_.seq_len));
   // A sample none of whose targets is trained (a conversation with no assistant turn, one that renders to
   // nothing; its first token is no one's target) costs its rows and teaches nothing: counted, named once.
-  const int64_t last = out_.size() - 1;
-  const auto first_target = out_.trained.begin() + out_.starts[last] + 1, end = out_.trained.begin() + out_.starts[last + 1];
-  if (first_target >= end || std::find(first_target, end, uint8_t{1}) == end) {
+  if (std::find(l.mask.begin() + std::min<size_t>(1, l.mask.size()), l.mask.end(), uint8_t{1}) == l.mask.end()) {
     if (untrained_++ == 0) first_untrained_ = where;
   }
 }
@@ -511,13 +581,14 @@ namespace {
 
 // Each line of a jsonl file that is not blank (blank lines separate nothing), with its number from 1; a
 // line longer than kMaxLineBytes is refused where it is found.
-void each_sample_line(const std::string& file, const std::function<void(const std::string& line, int64_t number)>& take) {
+void each_sample_line(const std::string& file, const std::function<void(const std::string& line, int64_t number, int64_t offset)>& take) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
   if (!f) throw UserError("cannot read '" + file + "'", "check data.path and data.val_path");
   std::string line;
-  int64_t number = 0;
+  int64_t number = 0, offset = 0;
   for (bool eof = false; !eof;) {
     line.clear();
+    const int64_t begin = offset;
     int c;
     while ((c = std::fgetc(f.get())) != EOF && c != '\n') {
       if (line.size() >= kMaxLineBytes)
@@ -525,35 +596,62 @@ void each_sample_line(const std::string& file, const std::function<void(const st
       line.push_back(static_cast<char>(c));
     }
     eof = c == EOF;
+    offset += static_cast<int64_t>(line.size()) + (eof ? 0 : 1);
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    take(line, number);
+    take(line, number, begin);
   }
+}
+
+// A file's size and modification time, which tell a file changed since it was read.
+std::pair<int64_t, int64_t> file_version(const std::string& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return {-1, -1};
+  return {static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+// `bytes` bytes of `file` from `offset`: an indexed sample's line, read again.
+std::string read_line_at(const std::string& file, int64_t offset, int32_t bytes) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
+  std::string line(static_cast<size_t>(bytes), '\0');
+  if (!f || ::fseeko(f.get(), static_cast<off_t>(offset), SEEK_SET) != 0 || std::fread(line.data(), 1, line.size(), f.get()) != line.size())
+    throw UserError("cannot read '" + file + "' again at byte " + format_count(offset) + " (the training data is read from it as it goes)",
+                    "a file of data.path or data.val_path was moved, truncated or replaced during the run: restore it and resume");
+  return line;
 }
 
 }  // namespace
 
 void JsonlSamples::add_file(const std::string& file) {
-  each_sample_line(file, [&](const std::string& line, int64_t number) { add_line(line, file + ":" + std::to_string(number)); });
+  const int32_t index = static_cast<int32_t>(out_.files.size());
+  const auto [bytes, modified_ns] = file_version(file);
+  out_.files.push_back({file, nullptr, bytes, modified_ns});
+  each_sample_line(file, [&](const std::string& line, int64_t number, int64_t offset) {
+    const SampleSet::Place place{offset, static_cast<int32_t>(line.size()), index};
+    add_line_at(line, file + ":" + std::to_string(number), &place);
+  });
 }
 
 int64_t count_jsonl_samples(const std::vector<std::string>& files) {
   int64_t n = 0;
-  for (const std::string& f : files) each_sample_line(f, [&](const std::string&, int64_t) { ++n; });
+  for (const std::string& f : files) each_sample_line(f, [&](const std::string&, int64_t, int64_t) { ++n; });
   return n;
 }
 
 SampleSet JsonlSamples::take() {
   if (out_.size() == 0) throw UserError(o_.source + " holds no samples", "each line of a jsonl file is one sample");
-  int64_t trained = 0;
-  for (uint8_t t : out_.trained) trained += t;
+  const int64_t trained = trained_;
+  if (out_.indexed) {
+    const auto lines = std::make_shared<const SampleLines>(owned_, o_, format_);
+    for (SampleFile& f : out_.files) f.lines = lines;
+  }
   std::string kinds;
   const char* names[3] = {"text", "prompt/completion", "conversations"};
   for (int k = 0; k < 3; ++k)
     if (shapes_[k]) kinds += (kinds.empty() ? "" : ", ") + format_count(shapes_[k]) + " " + names[k];
   out_.description = o_.source + ": " + format_count(out_.size()) + " samples (" + kinds + "), " +
-                     format_count(static_cast<int64_t>(out_.tokens.size())) + " tokens, " + format_count(trained) + " trained; " +
+                     format_count(out_.total_tokens()) + " tokens, " + format_count(trained) + " trained; " +
                      tok_.describe() + (format_ ? "; chat format " + format_->describe() : "");
   if (untrained_ > 0)
     out_.description += "; " + format_count(untrained_) + (untrained_ == 1 ? " sample trains" : " samples train") +
@@ -578,6 +676,59 @@ SampleSet read_jsonl_samples(const std::vector<std::string>& files, const HfToke
   JsonlSamples reader(tok, o);
   for (const std::string& f : files) reader.add_file(f);
   return reader.take();
+}
+
+SampleSet read_jsonl_samples(const std::vector<std::string>& files, std::shared_ptr<const HfTokenizer> tok, const SampleOptions& o) {
+  JsonlSamples reader(std::move(tok), o);
+  for (const std::string& f : files) reader.add_file(f);
+  return reader.take();
+}
+
+void SampleSet::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
+  DS_CHECK(!indexed, "an indexed sample set keeps no tokens");
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  trained.insert(trained.end(), mask.begin(), mask.end());
+  starts.push_back(static_cast<int64_t>(tokens.size()));
+}
+
+void SampleSet::append(const SampleSet& more) {
+  DS_CHECK(indexed == more.indexed && counted_seq_len == more.counted_seq_len, "appending samples kept otherwise");
+  const int64_t base = total_tokens();
+  tokens.insert(tokens.end(), more.tokens.begin(), more.tokens.end());
+  trained.insert(trained.end(), more.trained.begin(), more.trained.end());
+  for (size_t i = 1; i < more.starts.size(); ++i) starts.push_back(base + more.starts[i]);
+  counted.insert(counted.end(), more.counted.begin(), more.counted.end());
+  const int32_t file_base = static_cast<int32_t>(files.size());
+  files.insert(files.end(), more.files.begin(), more.files.end());
+  for (Place p : more.places) {
+    p.file += file_base;
+    places.push_back(p);
+  }
+}
+
+void SampleSet::sample(int64_t i, int64_t limit, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) const {
+  DS_CHECK(i >= 0 && i < size(), "no sample " + std::to_string(i));
+  const int64_t n = std::min(length(i), limit);
+  if (!indexed) {
+    ids.assign(tokens.begin() + starts[i], tokens.begin() + starts[i] + n);
+    mask.assign(trained.begin() + starts[i], trained.begin() + starts[i] + n);
+    return;
+  }
+  const Place& p = places[static_cast<size_t>(i)];
+  const SampleFile& f = files[static_cast<size_t>(p.file)];
+  if (file_version(f.path) != std::make_pair(f.bytes, f.modified_ns))
+    throw UserError("'" + f.path + "' changed since the run read it (its size or modification time): its samples are read from it as "
+                        "the run goes",
+                    "restore the file as it was and resume, or start a run on the new data");
+  LineSample l = f.lines->sample(read_line_at(f.path, p.offset, p.bytes), f.path + " at byte " + format_count(p.offset));
+  if (static_cast<int64_t>(l.ids.size()) != length(i))
+    throw UserError(f.path + " at byte " + format_count(p.offset) + " reads as " + format_count(static_cast<int64_t>(l.ids.size())) +
+                        " tokens now, " + format_count(length(i)) + " when the run began",
+                    "a file of data.path or data.val_path changed during the run: restore it and resume");
+  l.ids.resize(static_cast<size_t>(n));
+  l.mask.resize(static_cast<size_t>(n));
+  ids = std::move(l.ids);
+  mask = std::move(l.mask);
 }
 
 }  // namespace ds

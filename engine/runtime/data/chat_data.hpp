@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -75,8 +76,19 @@ struct ChatRefused : std::runtime_error {
 // prompt/completion pair: the prompt's turns). Throws ChatRefused where the template raises.
 RenderedChat render_chat(const ChatFormat& f, const std::vector<ChatMessage>& messages, size_t trained_from = 0);
 
+// How a jsonl line becomes a sample (the tokenizer, the resolved chat format, the options): what an indexed
+// SampleSet reads its samples again with. Defined in chat_data.cpp.
+class SampleLines;
+struct SampleFile {
+  std::string path;
+  std::shared_ptr<const SampleLines> lines;
+  int64_t bytes = 0, modified_ns = 0;  // as it was read: a file changed since is refused, not trained on
+};
+
 // Samples one after another: sample i is tokens [starts[i], starts[i + 1]); trained[k] says whether the
-// loss counts token k as a target (its prediction from token k - 1).
+// loss counts token k as a target (its prediction from token k - 1). Indexed (data whose tokens would not fit
+// in memory): tokens and trained stay empty, starts still gives each sample's length, and `places` where its
+// line is, read and tokenized again when a batch needs it (the same tokens: the same code reads both times).
 struct SampleSet {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> trained;
@@ -84,24 +96,43 @@ struct SampleSet {
   int32_t pad_id = 0;
   int64_t held_out_from = -1;  // >= 0: samples from here on validate (data.val_path), whatever data.val_fraction says
   std::string description;  // "chat.jsonl: 1,204 samples (1,204 messages), 201,337 tokens, 84,112 trained"
+  // Each sample's counted targets within a row of `counted_seq_len` positions (its targets the loss counts
+  // there); filled when the reader knew the row length (SampleOptions::seq_len).
+  std::vector<int32_t> counted;
+  int64_t counted_seq_len = 0;
+  struct Place {
+    int64_t offset;  // the line's first byte in its file
+    int32_t bytes;   // the line's length, its end of line left out
+    int32_t file;    // in `files`
+  };
+  bool indexed = false;
+  std::vector<Place> places;
+  std::vector<SampleFile> files;
+
   int64_t size() const { return static_cast<int64_t>(starts.size()) - 1; }
   int64_t length(int64_t i) const { return starts[i + 1] - starts[i]; }
+  int64_t total_tokens() const { return starts.back(); }
+  // Sample i's first min(length, limit) tokens and whether each is trained, from memory or from its file.
+  void sample(int64_t i, int64_t limit, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) const;
   void add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask);
-  void append(const SampleSet& more);  // its samples after these
+  void append(const SampleSet& more);  // its samples after these (both in memory, or both indexed)
 };
 
 struct SampleOptions {
   std::string chat_template = "auto";  // data.chat_template, resolved at the first conversation
   bool train_on_prompt = false;        // the loss counts the prompt's (and the user's) tokens too
   std::string source;                  // for messages: data.path
+  int64_t seq_len = 0;                 // > 0: count each sample's trained targets within a row of this many positions
+  bool keep_tokens = true;             // false: indexed (read_jsonl_samples with a shared tokenizer only)
 };
 
 // Reads samples line by line, keeping what the lines share: the chat format (resolved when the first
 // conversation needs it, so a file of texts needs no template) and how many of each shape it read.
 class JsonlSamples {
  public:
-  JsonlSamples(const HfTokenizer& tok, SampleOptions o);
-  // One line's sample: UserError "where: ..." (where = file:line) for a line that is not one.
+  JsonlSamples(const HfTokenizer& tok, SampleOptions o);  // in memory
+  JsonlSamples(std::shared_ptr<const HfTokenizer> tok, SampleOptions o);  // in memory, or indexed (keep_tokens false)
+  // One line's sample: UserError "where: ..." (where = file:line) for a line that is not one. In memory only.
   void add_line(const std::string& line, const std::string& where);
   // Every line of a file; blank lines are skipped.
   void add_file(const std::string& path);
@@ -109,13 +140,14 @@ class JsonlSamples {
   SampleSet take();
 
  private:
-  const ChatFormat& format();
-  void add_chat(const std::vector<ChatMessage>& messages, size_t trained_from, const std::string& where);
+  void add_line_at(const std::string& line, const std::string& where, const SampleSet::Place* place);
+  std::shared_ptr<const HfTokenizer> owned_;
   const HfTokenizer& tok_;
   SampleOptions o_;
   std::optional<ChatFormat> format_;
   SampleSet out_;
   int64_t shapes_[3] = {0, 0, 0};  // text, prompt/completion, conversations
+  int64_t trained_ = 0;            // targets the loss counts, over every sample
   int64_t untrained_ = 0;          // samples none of whose targets is trained
   std::string first_untrained_;    // the first one's file:line
   int64_t systems_left_out_ = 0;   // conversations whose system turn the template rendered nowhere
@@ -128,7 +160,9 @@ class JsonlSamples {
 // one sample, or an error when read). For train.epochs, which the plan resolves before the data is read.
 int64_t count_jsonl_samples(const std::vector<std::string>& files);
 
-// The samples of these jsonl files, in file then line order.
+// The samples of these jsonl files, in file then line order (in memory; indexed with the shared tokenizer
+// and o.keep_tokens false).
 SampleSet read_jsonl_samples(const std::vector<std::string>& files, const HfTokenizer& tok, const SampleOptions& o);
+SampleSet read_jsonl_samples(const std::vector<std::string>& files, std::shared_ptr<const HfTokenizer> tok, const SampleOptions& o);
 
 }  // namespace ds

@@ -140,9 +140,10 @@ void HfTokenizer::load_sentencepiece(const std::string& file, const std::string&
   const json config = read_config_file(dir);
   // Hugging Face's Llama tokenizers: legacy (the default) puts '▁' before every text between special tokens, as
   // SentencePiece encodes each of them; "legacy": false before the text's first one only.
-  piece_prepend_ = !m.add_dummy_prefix ? PiecePrepend::none
-                   : config.is_object() && config.value("legacy", true) == false ? PiecePrepend::first_unless_there
-                                                                                 : PiecePrepend::always;
+  const auto flag = [&](const char* key, bool otherwise) {  // a boolean key; absent or null: Hugging Face's default
+    return config.is_object() && config.contains(key) && config[key].is_boolean() ? config[key].get<bool>() : otherwise;
+  };
+  piece_prepend_ = !m.add_dummy_prefix ? PiecePrepend::none : !flag("legacy", true) ? PiecePrepend::first_unless_there : PiecePrepend::always;
   piece_ = std::make_unique<PieceBpe>(std::move(m.parts));
   vocab_size_ = piece_->vocab_size();
   model_described_ = m.describe;
@@ -152,10 +153,8 @@ void HfTokenizer::load_sentencepiece(const std::string& file, const std::string&
   if (bos_token_.empty() && !m.bos_piece.empty()) bos_token_ = m.bos_piece, bos_ = id_of(bos_token_);
   if (eos_token_.empty() && !m.eos_piece.empty()) eos_token_ = m.eos_piece, eos_ = id_of(eos_token_);
   // tokenizer(text) adds the BOS unless add_bos_token is false, and the EOS where add_eos_token is true.
-  const bool bos = config.is_object() ? config.value("add_bos_token", true) : true;
-  const bool eos = config.is_object() ? config.value("add_eos_token", false) : false;
-  if (bos && bos_ >= 0) prefix_ids_.push_back(bos_);
-  if (eos && eos_ >= 0) suffix_ids_.push_back(eos_);
+  if (flag("add_bos_token", true) && bos_ >= 0) prefix_ids_.push_back(bos_);
+  if (flag("add_eos_token", false) && eos_ >= 0) suffix_ids_.push_back(eos_);
 }
 
 void HfTokenizer::read_vocab_merges(const json& m, std::vector<std::pair<std::string, int32_t>>& vocab,

@@ -32,8 +32,11 @@ BatchSampler::BatchSampler(const SampleSet& samples, const SamplerOptions& o) : 
     throw UserError(samples.description + ": too few samples for data.val_fraction " + format_double(o.val_fraction) + " (" +
                         format_count(train_end_) + " for training, " + format_count(val) + " for validation)",
                     "each split needs at least one sample: use more data or another data.val_fraction");
-  // A sample's counted targets in a row: those of its positions.
+  // A sample's counted targets in a row: those of its positions (counted as the data was read, where it knew the row).
+  const bool read_counted = samples.counted_seq_len == o.seq_len && static_cast<int64_t>(samples.counted.size()) == n;
+  DS_CHECK(read_counted || !samples.indexed, "an indexed sample set counts its targets as it reads (SampleOptions::seq_len)");
   const auto counted = [&](int64_t i) {
+    if (read_counted) return samples.counted[static_cast<size_t>(i)];
     const int64_t begin = samples.starts[static_cast<size_t>(i)], last = sample_positions(samples.length(i), o.seq_len);
     int32_t c = 0;
     for (int64_t t = 0; t < last; ++t) c += samples.trained[static_cast<size_t>(begin + t + 1)] ? 1 : 0;
@@ -164,21 +167,25 @@ std::string BatchSampler::notes() const {
 void BatchSampler::sample_row(int64_t index, int32_t* in, int32_t* tgt, RowSegments* segments) const {
   const SampleSet& s = *samples_;
   const int64_t T = o_.seq_len;
+  std::vector<int32_t> ids;  // a sample's first T + 1 tokens, from memory or read again from its file
+  std::vector<uint8_t> trained;
   if (!packed()) {
-    const int64_t begin = s.starts[static_cast<size_t>(index)], len = s.length(index);
+    s.sample(index, T + 1, ids, trained);
+    const int64_t len = static_cast<int64_t>(ids.size());
     for (int64_t t = 0; t < T; ++t) {
-      in[t] = t < len ? s.tokens[static_cast<size_t>(begin + t)] : s.pad_id;
-      tgt[t] = t + 1 < len && s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+      in[t] = t < len ? ids[static_cast<size_t>(t)] : s.pad_id;
+      tgt[t] = t + 1 < len && trained[static_cast<size_t>(t + 1)] ? ids[static_cast<size_t>(t + 1)] : -1;
     }
     return;
   }
   std::vector<int64_t> lengths;
   int64_t at = 0;
   for (const int64_t i : row_samples(index)) {
-    const int64_t begin = s.starts[static_cast<size_t>(i)], n = sample_positions(s.length(i), T);
+    const int64_t n = sample_positions(s.length(i), T);
+    s.sample(i, n + 1, ids, trained);
     for (int64_t t = 0; t < n; ++t) {
-      in[at + t] = s.tokens[static_cast<size_t>(begin + t)];
-      tgt[at + t] = s.trained[static_cast<size_t>(begin + t + 1)] ? s.tokens[static_cast<size_t>(begin + t + 1)] : -1;
+      in[at + t] = ids[static_cast<size_t>(t)];
+      tgt[at + t] = trained[static_cast<size_t>(t + 1)] ? ids[static_cast<size_t>(t + 1)] : -1;
     }
     at += n;
     lengths.push_back(n);

@@ -129,6 +129,9 @@ void read_normalizer(Wire w, Settings& s) {
   }
 }
 
+// Longer pieces than SentencePiece's trainer makes (16 characters by default): every cut of a piece is looked up.
+constexpr size_t kMostPieceBytes = 1024;
+
 [[noreturn]] void refuse(const std::string& file, const std::string& what) {
   throw UserError("'" + file + "' is a SentencePiece model ds does not encode exactly: " + what,
                   "ds reads SentencePiece's BPE with the identity normalizer (Llama 2, Mistral); give the model's tokenizer.json, "
@@ -190,6 +193,21 @@ SentencePieceModel read_sentencepiece_model(const std::string& path) {
     }
     if (s.bos_id == i) m.bos_piece = p.text;
     if (s.eos_id == i) m.eos_piece = p.text;
+  }
+  // SentencePiece starts from characters and merges any two symbols that join into a piece; ds starts from the
+  // characters the vocabulary holds (byte fallback for the others), which is the same where every character of a
+  // piece is a piece of its own, as BPE training makes it. A vocabulary edited otherwise is refused.
+  for (const auto& [text, id] : normal) {
+    if (text.size() > kMostPieceBytes)
+      refuse(path, "its piece " + std::to_string(id) + " is " + format_count(static_cast<int64_t>(text.size())) + " bytes long (ds reads up to " +
+                       format_count(static_cast<int64_t>(kMostPieceBytes)) + ")");
+    for (size_t at = 0; at < text.size();) {
+      uint32_t cp;
+      const size_t len = static_cast<size_t>(decode_utf8(text, at, &cp));
+      if (!normal.count(text.substr(at, len)))
+        refuse(path, "its piece '" + text + "' holds the character '" + text.substr(at, len) + "', which is not a piece of its own");
+      at += len;
+    }
   }
   // Rank by score, highest first; equal scores share a rank, so the leftmost pair goes first among them.
   std::vector<float> scores;

@@ -18,7 +18,9 @@ namespace ds {
 
 struct SentencePieceModel {
   PieceBpe::Parts parts;  // every piece at its id; merges ranked by the joined piece's score (equal scores: equal ranks)
-  // Control, unknown and user-defined pieces: the text holds them whole (SentencePiece never merges into them).
+  // Control, unknown and user-defined pieces: matched whole in a text before the rest is encoded, as Hugging Face's
+  // tokenizers made from this file do (SentencePiece itself matches user-defined pieces inside one text, so the '▁'
+  // it puts first differs next to them; it never yields control pieces from text).
   std::vector<std::pair<std::string, int32_t>> specials;
   bool add_dummy_prefix = true;  // a '▁' before the text, as SentencePiece adds it
   std::string bos_piece, eos_piece;  // "" when the model has none

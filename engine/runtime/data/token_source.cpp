@@ -24,6 +24,7 @@
 #include "engine/runtime/data/byte_level_bpe.hpp"
 #include "engine/runtime/data/chat_data.hpp"
 #include "engine/runtime/data/hf_tokenizer.hpp"
+#include "engine/plan/topology.hpp"
 #include "engine/runtime/io/hdf5_quiet.hpp"
 
 namespace ds {
@@ -422,35 +423,68 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& d, int64_t voca
 namespace {
 
 // The samples of `path` (data.path, or with `key` data.val_path), read as the data block says.
-SampleSet read_samples(const DataConfig& d, const HfTokenizer& tok, const std::string& path, const std::string& key = "data.path") {
+SampleSet read_samples(const DataConfig& d, std::shared_ptr<const HfTokenizer> tok, const std::string& path, const std::string& key,
+                       int64_t seq_len, bool keep_tokens) {
   SampleOptions o;
   o.train_on_prompt = d.train_on_prompt;
   o.source = path;
   o.chat_template = d.chat_template;
-  return read_jsonl_samples(data_files(path, key), tok, o);
+  o.seq_len = seq_len;
+  o.keep_tokens = keep_tokens;
+  return read_jsonl_samples(data_files(path, key), std::move(tok), o);
+}
+
+// data.tokens_in_memory, or when unset whether the tokens fit in a quarter of this machine's memory: 5 bytes a
+// token (its id and whether it is trained), a token taken as at most 3 bytes of the files (JSON's keys and
+// quotes included), so the estimate errs towards the index.
+bool keep_tokens_in_memory(const DataConfig& d, std::string& why) {
+  if (d.tokens_in_memory) {
+    why = *d.tokens_in_memory ? "" : "data.tokens_in_memory false";
+    return *d.tokens_in_memory;
+  }
+  double bytes = 0;
+  for (const std::string& key : {std::string("data.path"), std::string("data.val_path")}) {
+    const std::string& path = key == "data.path" ? d.path : d.val_path;
+    if (path.empty()) continue;
+    for (const std::string& f : data_files(path, key)) {
+      struct stat st {};
+      if (::stat(f.c_str(), &st) == 0) bytes += static_cast<double>(st.st_size);
+    }
+  }
+  const double tokens_bytes = bytes / 3.0 * 5.0, memory = detect_host_memory_bytes();
+  if (memory <= 0 || tokens_bytes <= memory / 4) return true;
+  why = "its tokens would take about " + format_bytes(tokens_bytes) + ", over a quarter of this machine's " + format_bytes(memory) +
+        " (data.tokens_in_memory true keeps them)";
+  return false;
 }
 
 }  // namespace
 
-std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size) {
-  const HfTokenizer tok(d.tokenizer_path);
-  if (tok.vocab_size() > vocab_size)
-    throw UserError(tok.describe() + ": its ids reach " + format_count(tok.vocab_size() - 1) + ", but the model's vocabulary has " +
+std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size, int64_t seq_len) {
+  const auto tok = std::make_shared<const HfTokenizer>(d.tokenizer_path);
+  if (tok->vocab_size() > vocab_size)
+    throw UserError(tok->describe() + ": its ids reach " + format_count(tok->vocab_size() - 1) + ", but the model's vocabulary has " +
                         format_count(vocab_size) + " ids",
                     "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
-  auto samples = std::make_unique<SampleSet>(read_samples(d, tok, d.path));
+  std::string why;
+  const bool keep = keep_tokens_in_memory(d, why);
+  auto samples = std::make_unique<SampleSet>(read_samples(d, tok, d.path, "data.path", seq_len, keep));
   if (!d.val_path.empty()) {  // the validation samples after the training ones (BatchSampler starts them at held_out_from)
-    const SampleSet held = read_samples(d, tok, d.val_path, "data.val_path");
+    const SampleSet held = read_samples(d, tok, d.val_path, "data.val_path", seq_len, keep);
     samples->held_out_from = samples->size();
     samples->append(held);
     samples->description += "; validation " + held.description;
   }
+  if (!keep)
+    samples->description += "; indexed (" + why + "): each batch's lines are read and tokenized again, " +
+                            format_bytes(static_cast<double>(samples->size()) * 28.0) + " kept in memory";
   return samples;
 }
 
 std::vector<int64_t> measure_sample_tokens(const DataConfig& d) {
   DS_CHECK(d.type == DataType::jsonl, "only jsonl data is a set of samples");
-  const SampleSet s = read_samples(d, HfTokenizer(d.tokenizer_path), d.path);
+  // Lengths only: indexed, so a data set bigger than memory is measured in what its lengths take.
+  const SampleSet s = read_samples(d, std::make_shared<const HfTokenizer>(d.tokenizer_path), d.path, "data.path", 0, false);
   std::vector<int64_t> tokens(static_cast<size_t>(s.size()));
   for (int64_t i = 0; i < s.size(); ++i) tokens[static_cast<size_t>(i)] = s.length(i);
   return tokens;

@@ -206,7 +206,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       lead_(rank_ == 0) {
   const int W = plan.topology.world_size;
   // Inputs first: a bad data file fails before anything is allocated.
-  if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size);
+  if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size, plan.seq_len);
   else stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
   stop_point("reading the data");
   // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
