@@ -20,7 +20,7 @@ cmake --build $dir -j "${DS_JOBS:-2}"
 [ "$seconds" = --build-only ] && exit 0
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for target in fuzz_config fuzz_tokenizer fuzz_token_file fuzz_checkpoint fuzz_safetensors fuzz_peft_config fuzz_torch_pickle \
-    fuzz_jsonl fuzz_hf_tokenizer; do
+    fuzz_jsonl fuzz_hf_tokenizer fuzz_sentencepiece_model; do
   mkdir -p "$dir/corpus/$target"
   seeds=("fuzz/corpus/$target")
   [ "$target" = fuzz_config ] && seeds+=(templates examples)
