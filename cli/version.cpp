@@ -35,7 +35,7 @@ std::string version_text() {
          "  libraries: nlohmann/json " + std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." +
          std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH) +
          ", CLI11 " CLI11_VERSION ", valijson (JSON Schema)\n"
-         "  LibTorch " TORCH_VERSION " (" + torch_kind + "); CUDA kernels: " + cuda_kernels + "; NCCL: not built in; HDF5 " + hdf5_version() + "\n"
+         "  LibTorch " TORCH_VERSION " (" + torch_kind + "); CUDA kernels: " + cuda_kernels + "; NCCL: " + (build.nccl.empty() ? std::string("not built in") : build.nccl) + "; HDF5 " + hdf5_version() + "\n"
          "  fused optimizer kernel: " + std::string(kernels::adam_implementation()) + "\n"
          "  fp32 products of the layers: " DS_FP32_PRODUCTS "\n";
 }

@@ -157,6 +157,17 @@ TEST(PlanRecord, TheDeviceBlockSaysWhatThePlanAskedAndWhatItRefuses) {
   gpus.build->torch_cuda = true;
   gpus.build->cuda_kernels = "CUDA 13.0, sm_90";
   EXPECT_EQ(device_refusals(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus)).size(), 2u);
+  // With the NCCL communicator built in, several GPU ranks are planned (fp16 is still refused), with a warning that
+  // says how far they have been checked; the record names NCCL's version.
+  gpus.build->nccl = "2.27.7";
+  const Plan with_nccl = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus);
+  const std::vector<std::string> left = device_refusals(with_nccl);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_NE(left[0].find("fp16"), std::string::npos) << left[0];
+  bool warned = false;
+  for (const ConfigIssue& w : with_nccl.warnings) warned = warned || w.message.find("several GPU ranks over NCCL 2.27.7") != std::string::npos;
+  EXPECT_TRUE(warned);
+  EXPECT_EQ(nlohmann::json::parse(plan_to_json(with_nccl))["device"]["build"]["nccl"], "2.27.7");
 }
 
 TEST(PlanRecord, OlderRecordsReadAsTheirRunsHadThem) {

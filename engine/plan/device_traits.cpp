@@ -41,7 +41,9 @@ void build_refusals(const Plan& plan, const DeviceTraits& device, std::vector<st
 // One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.
 void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<std::string>& why) {
   if (device.kind != DeviceKind::cuda) return;
-  if (plan.topology.world_size > 1) why.push_back("several GPU ranks (NCCL between GPUs): one GPU per run for now");
+  if (plan.topology.world_size > 1 && !(plan.topology.build && !plan.topology.build->nccl.empty()))
+    why.push_back("several GPU ranks with this build: it has no NCCL communicator (a build with CUDA LibTorch where NCCL is found has "
+                  "one), so one GPU per run");
   if (plan.precision.param_dtype == Dtype::fp16)
     why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
   if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)

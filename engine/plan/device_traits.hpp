@@ -26,6 +26,7 @@ std::optional<DeviceKind> device_kind_from_name(const std::string& name);
 struct BuildSupport {
   bool torch_cuda = false;    // LibTorch built with CUDA: tensors and autograd on a GPU, so ds trains there
   std::string cuda_kernels;   // "CUDA 13.0, sm_90" where kernels/cuda are compiled in; "" where not
+  std::string nccl;           // "2.27.7": the Communicator over NCCL is built in (CUDA LibTorch, NCCL found); "" where not
   // ds trains on GPUs: CUDA LibTorch, and the CUDA Device and kernels built beside it (the toolkit found).
   bool trains_on_cuda() const { return torch_cuda && !cuda_kernels.empty(); }
 };

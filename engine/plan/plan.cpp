@@ -237,6 +237,11 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                              std::string("has no effect on CPU ranks: gradients travel over Gloo in the dtype backward wrote them in (") +
                                  dtype_name(plan.precision.compute_dtype) + "; Gloo's all-reduce sums 16-bit floats in fp32)",
                              "remove it here; it applies to GPU ranks"});
+  if (topo.world_size > 1 && topo.comm_backend() == CommBackend::nccl && topo.build && !topo.build->nccl.empty())
+    plan.warnings.push_back({"world size", "several GPU ranks over NCCL " + topo.build->nccl +
+                                               ": ds's own checks have run its NCCL communicator on one GPU only (the one kind of machine "
+                                               "lent to them) and ZeRO's collectives in NCCL's terms on CPU ranks; a run across GPUs is new",
+                             "compare its first steps with a one-GPU run of the same global batch; --device cpu runs the ranks over Gloo"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");

@@ -112,7 +112,8 @@ json topology_json(const Topology& t) {
 json device_json(const Plan& p) {
   const DeviceTraits d = p.topology.device_traits();
   json build = nullptr;
-  if (p.topology.build) build = {{"torch_cuda", p.topology.build->torch_cuda}, {"cuda_kernels", p.topology.build->cuda_kernels}};
+  if (p.topology.build)
+    build = {{"torch_cuda", p.topology.build->torch_cuda}, {"cuda_kernels", p.topology.build->cuda_kernels}, {"nccl", p.topology.build->nccl}};
   return {{"name", d.name},
           {"communicator", comm_backend_name(d.communicator)},
           {"memory_is_host", d.memory_is_host},

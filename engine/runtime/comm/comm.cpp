@@ -5,6 +5,7 @@
 namespace ds {
 
 std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout);  // comm_gloo.cpp
+std::unique_ptr<Communicator> make_nccl_communicator(const Topology& t, std::chrono::milliseconds timeout);  // comm_nccl.cpp
 
 std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const Topology& t, std::chrono::milliseconds timeout) {
   if (t.master_addr.empty() || t.master_port == 0)
@@ -14,7 +15,11 @@ std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const To
   std::unique_ptr<Communicator> c;
   switch (backend) {
     case CommBackend::gloo: c = make_gloo_communicator(t, timeout); break;
-    case CommBackend::nccl: break;
+    case CommBackend::nccl:
+#ifdef DS_WITH_NCCL_COMMUNICATOR
+      c = make_nccl_communicator(t, timeout);
+#endif
+      break;
   }
   if (c) {
     DS_CHECK(c->capabilities() == comm_capabilities(backend), "the ", comm_backend_name(backend), " communicator does not do what the plan assumed of it");

@@ -2,7 +2,6 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "engine/runtime/comm/comm_host.hpp"
+#include "engine/runtime/comm/rendezvous.hpp"
 
 namespace ds {
 
@@ -21,8 +21,8 @@ namespace {
 // as its all-reduce: ds sends the all-gather's and the reduce-scatter's pieces point to point.
 class GlooCommunicator : public Communicator {
  public:
-  // The world's: rendezvous through a TCPStore at host:port (rank 0 hosts it).
-  GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port);
+  // The world's: rendezvous through the world's store (rendezvous.hpp).
+  GlooCommunicator(const Topology& t, std::chrono::milliseconds timeout);
   // A group of the world's ranks, met through `store` (the world's, under the group's prefix); `world_ranks[r]`
   // is this group's rank r in the world, for messages.
   GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
@@ -65,28 +65,15 @@ class GlooCommunicator : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(const Topology& t, std::chrono::milliseconds timeout) {
-  return std::make_unique<GlooCommunicator>(t.rank, t.world_size, timeout, t.master_addr, t.master_port);
+  return std::make_unique<GlooCommunicator>(t, timeout);
 }
 
-GlooCommunicator::GlooCommunicator(int rank, int world, std::chrono::milliseconds timeout, const std::string& host, int port)
-    : Communicator(rank, world), timeout_(timeout) {
-  for (int r = 0; r < world; ++r) world_ranks_.push_back(r);
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = rank == 0;
-  so.numWorkers = static_cast<size_t>(world);
-  so.waitWorkers = true;
-  so.timeout = timeout;
-  const std::string where = "the group at " + host + ":" + std::to_string(port);
-  try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw std::runtime_error("rank " + std::to_string(rank) + " could not join " + where + " within " +
-                             std::to_string(timeout.count() / 1000) + " s: " + what.substr(0, what.find('\n')));
-  }
+GlooCommunicator::GlooCommunicator(const Topology& t, std::chrono::milliseconds timeout)
+    : Communicator(t.rank, t.world_size), timeout_(timeout) {
+  for (int r = 0; r < t.world_size; ++r) world_ranks_.push_back(r);
+  store_ = open_world_store(t, timeout);
   root_store_ = store_;
-  join(where);
+  join("the group at " + t.master_addr + ":" + std::to_string(t.master_port));
 }
 
 GlooCommunicator::GlooCommunicator(int rank, std::vector<int> world_ranks, std::chrono::milliseconds timeout,

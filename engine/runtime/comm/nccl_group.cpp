@@ -127,6 +127,29 @@ void NcclGroup::reduce_scatter_sum(const void* send, void* recv, size_t count, N
   queued(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "queueing a reduce-scatter");
 }
 
+void NcclGroup::begin_group() {
+  if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": the NCCL communicator was aborted earlier");
+  check(ncclGroupStart(), "ncclGroupStart");
+}
+
+void NcclGroup::end_group(const std::string& what) { queued(ncclGroupEnd(), what); }
+
+void NcclGroup::grouped(int result, const std::string& what) {
+  const auto r = static_cast<ncclResult_t>(result);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    ncclGroupEnd();  // close the group before the communicator is aborted
+    fail("rank " + std::to_string(rank_) + ": " + what + ": NCCL: " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+  }
+}
+
+void NcclGroup::broadcast(void* buf, size_t count, NcclElement e, int root, void* stream) {
+  grouped(ncclBroadcast(buf, buf, count, type_of(e), root, as_comm(comm_), as_stream(stream)), "queueing a broadcast");
+}
+
+void NcclGroup::reduce_sum(void* buf, size_t count, NcclElement e, int root, void* stream) {
+  grouped(ncclReduce(buf, buf, count, type_of(e), ncclSum, root, as_comm(comm_), as_stream(stream)), "queueing a reduce");
+}
+
 void NcclGroup::wait(void* stream, const std::string& what) {
   if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
   const auto start = std::chrono::steady_clock::now();

@@ -37,6 +37,15 @@ class NcclGroup {
   // send: world x count elements; recv: this rank's `count`, summed over the ranks.
   void reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream);
 
+  // Several calls queued as one (ncclGroupStart / ncclGroupEnd): the broadcasts and reduces below, one a span,
+  // where an all-gather's or a reduce-scatter's spans are not NCCL's equal pieces in rank order. end_group
+  // settles the whole group (naming `what` on a failure or past the timeout).
+  void begin_group();
+  void end_group(const std::string& what);
+  // In place, inside a group: `root`'s `count` elements at `buf` to every rank; every rank's summed into root's.
+  void broadcast(void* buf, size_t count, NcclElement e, int root, void* stream);
+  void reduce_sum(void* buf, size_t count, NcclElement e, int root, void* stream);
+
   // Blocks until `stream` has run everything queued on it. A collective a peer never joins is seen here:
   // past the timeout the communicator is aborted (every rank's NCCL calls fail from then on) and this
   // throws std::runtime_error naming `what` and the seconds waited.
@@ -48,6 +57,8 @@ class NcclGroup {
   void settle(const std::string& what);
   // A collective's call: its result (an ncclResult_t) checked (an error aborts), then settled.
   void queued(int result, const std::string& what);
+  // A call inside a group: checked, settled with the group.
+  void grouped(int result, const std::string& what);
   [[noreturn]] void abort_after(const std::string& what, std::chrono::steady_clock::duration waited);
   // Aborts the communicator (a failed one is never finalized) and throws std::runtime_error(message).
   [[noreturn]] void fail(const std::string& message);

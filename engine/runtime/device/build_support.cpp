@@ -3,6 +3,9 @@
 #ifdef DS_CUDA_KERNELS
 #include "kernels/cuda/optimizers.hpp"  // device_count
 #endif
+#ifdef DS_WITH_NCCL_COMMUNICATOR
+#include "engine/runtime/comm/nccl_group.hpp"  // nccl_version
+#endif
 
 namespace ds {
 
@@ -13,6 +16,9 @@ BuildSupport build_support() {
 #endif
 #ifdef DS_CUDA_KERNELS
   b.cuda_kernels = DS_CUDA_KERNELS;
+#endif
+#ifdef DS_WITH_NCCL_COMMUNICATOR
+  b.nccl = nccl_version();
 #endif
   return b;
 }

@@ -1,0 +1,121 @@
+// The Communicator over NCCL (engine/runtime/comm/comm_nccl.cpp). Anywhere: rank 0's NCCL unique id reaches every
+// rank through the world's store (NCCL makes the id without a GPU), and a rank whose rank 0 never sends it fails at
+// the timeout naming what it waited for. On a GPU (label gpu; skipped elsewhere, saying why): a one-rank
+// communicator runs every collective over CUDA tensors, NCCL's equal pieces and uneven spans alike, each the
+// identity on one rank, and counts them in its ledger.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "engine/runtime/comm/comm.hpp"
+#include "engine/runtime/comm/nccl_group.hpp"
+#include "engine/runtime/comm/rendezvous.hpp"
+#include "kernels/cuda/optimizers.hpp"
+
+using namespace ds;
+
+namespace ds {
+std::unique_ptr<Communicator> make_nccl_communicator(const Topology& t, std::chrono::milliseconds timeout);  // comm_nccl.cpp
+}
+
+namespace {
+
+int free_port() {  // a port nothing listens on now (the kernel's pick for port 0)
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : 29651;
+}
+
+Topology rank_of(int rank, int world, int port) {
+  Topology t;
+  t.world_size = world;
+  t.rank = t.local_rank = rank;
+  t.master_addr = "127.0.0.1";
+  t.master_port = port;
+  return t;
+}
+
+}  // namespace
+
+TEST(NcclRendezvous, RankZerosUniqueIdReachesEveryRankThroughTheStore) {
+  constexpr int W = 3;
+  const int port = free_port();
+  std::vector<std::string> got(W);
+  std::vector<std::string> errors(W);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < W; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        const auto store = open_world_store(rank_of(r, W, port), std::chrono::seconds(60));
+        got[static_cast<size_t>(r)] =
+            share_from_rank0(*store, "ds/nccl/unique_id", r, std::chrono::seconds(60), NcclGroup::make_unique_id, "NCCL unique id");
+        store->add("done", 1);  // rank 0 serves the store: it stays until every rank has read
+        while (r == 0 && store->add("done", 0) < W) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < W; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  ASSERT_EQ(got[0].size(), 128u);  // NCCL_UNIQUE_ID_BYTES, zero bytes and all
+  EXPECT_EQ(got[1], got[0]);
+  EXPECT_EQ(got[2], got[0]);
+  EXPECT_NE(got[0], NcclGroup::make_unique_id());  // a new id each time: the one shared is rank 0's
+}
+
+TEST(NcclRendezvous, ARankWhoseRankZeroNeverSendsTheIdFailsAtTheTimeoutNamingIt) {
+  const int port = free_port();
+  std::string error;
+  std::thread rank0([&] {  // joins the store, never sends the id, stays until rank 1 gave up
+    const auto store = open_world_store(rank_of(0, 2, port), std::chrono::seconds(60));
+    store->wait({"gave up"}, std::chrono::seconds(60));
+  });
+  std::thread rank1([&] {
+    const auto store = open_world_store(rank_of(1, 2, port), std::chrono::seconds(60));
+    try {
+      share_from_rank0(*store, "ds/nccl/unique_id", 1, std::chrono::seconds(1), NcclGroup::make_unique_id, "NCCL unique id");
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+    store->set("gave up", std::vector<uint8_t>{1});
+  });
+  rank1.join();
+  rank0.join();
+  EXPECT_NE(error.find("rank 1 waited 1 s for rank 0's NCCL unique id, which never came"), std::string::npos) << error;
+}
+
+TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenSpans) {
+  const char* why = nullptr;
+  if (kernels::cuda::device_count(&why) == 0)
+    GTEST_SKIP() << "no CUDA device visible (" << (why ? why : "none") << "): the NCCL communicator was compiled and linked; "
+                 << "run scripts/device-check.sh on a GPU machine";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "this LibTorch has no CUDA: the device check builds with CUDA LibTorch";
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, free_port()), std::chrono::seconds(30));
+  EXPECT_TRUE(comm->capabilities() == comm_capabilities(CommBackend::nccl));
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor host = torch::arange(0, 4099, torch::kFloat32).mul(0.25).sub(7).to(dtype);
+    torch::Tensor t = host.to(torch::kCUDA);
+    comm->all_reduce_sum_async(t, CollectiveKind::gradients)->wait();
+    comm->all_gather_async(t, Ownership{{{3, 4000}}}, CollectiveKind::updated_parameters)->wait();  // NCCL's one piece
+    comm->all_gather_async(t, Ownership{{{0, 5}, {100, 7}, {4090, 9}}}, CollectiveKind::updated_parameters)->wait();  // uneven spans
+    comm->reduce_scatter_sum_async(t, Ownership{{{0, 4099}}}, torch::Tensor(), CollectiveKind::gradients)->wait();
+    comm->reduce_scatter_sum_async(t, Ownership{{{1, 2}, {50, 0}, {60, 600}}}, torch::Tensor(), CollectiveKind::gradients)->wait();
+    comm->mark_step(1);  // the host waits for the step's collectives here
+    EXPECT_TRUE(torch::equal(t.cpu(), host)) << dtype;
+  }
+  comm->barrier();
+  EXPECT_EQ(comm->ledger().at(CollectiveKind::gradients).calls, 6);
+  EXPECT_EQ(comm->ledger().at(CollectiveKind::updated_parameters).calls, 4);
+}
