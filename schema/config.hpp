@@ -201,6 +201,7 @@ struct DataConfig {
   bool train_on_prompt = false;                        // jsonl: the loss counts the prompts too
   bool packing = false;                                // jsonl: several samples a row (engine/plan/packing.hpp)
   std::string val_path;                                // jsonl: the validation samples' file ("" : val_fraction of path)
+  bool skip_bad_lines = false;                         // jsonl: a line that is no sample is skipped and counted
   std::optional<bool> tokens_in_memory;                // jsonl: empty = auto (in memory when they take under a quarter of it)
   std::optional<int64_t> seq_len;  // empty: auto (the model's context length)
   double val_fraction = 0;

@@ -308,6 +308,9 @@ void read_data(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.data.packing = at(data, "packing").get<bool>();
   c.data.val_path = str_or_empty(at(data, "val_path"));
   c.data.tokens_in_memory = opt_bool(at(data, "tokens_in_memory"));
+  c.data.skip_bad_lines = at(data, "skip_bad_lines").get<bool>();
+  if (c.data.skip_bad_lines && c.data.type != DataType::jsonl)
+    errors.push_back({"data.skip_bad_lines", "acts on jsonl data only", "remove the key, or set data.type \"jsonl\""});
   if (c.data.tokens_in_memory && c.data.type != DataType::jsonl)
     errors.push_back({"data.tokens_in_memory", "acts on jsonl data only",
                       "remove the key: text and HDF5 data are read from their files as they go already"});

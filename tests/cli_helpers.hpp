@@ -99,6 +99,9 @@ inline int64_t line_count(const std::string& path) {
 // waiting (and signals anyway) after 300 s; a ds that ends on its own first is reported as it ended.
 inline Result ds_signalled(const std::string& args, int sig, const std::string& watched, int64_t lines, double after_s,
                            const std::string& env = "") {
+  // The last run's output goes first: a watched err file it left would count as this run's lines.
+  std::filesystem::remove(scratch_dir() + "/out");
+  std::filesystem::remove(scratch_dir() + "/err");
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::execl("/bin/sh", "sh", "-c", ds_command(args, env).c_str(), static_cast<char*>(nullptr));

@@ -388,6 +388,20 @@ TEST(JsonlSamples, HostileLinesAreRefusedWithFileAndLine) {
       EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
     }
   }
+  // data.skip_bad_lines: every one of those lines skipped and counted, the first named with its reason; the good
+  // lines read as without them.
+  SampleOptions skip;
+  skip.skip_bad_lines = true;
+  std::vector<std::string> mixed = {R"({"text": "fine"})"};
+  for (const auto& c : cases) mixed.push_back(c.first);
+  mixed.push_back(R"({"text": "also fine"})");
+  const SampleSet kept = read_lines(tok, mixed, skip);
+  ASSERT_EQ(kept.size(), 2);
+  EXPECT_EQ(kept.tokens, read_lines(tok, {mixed.front(), mixed.back()}).tokens);
+  EXPECT_NE(kept.description.find("; " + std::to_string(cases.size()) + " lines are no sample and skipped (data.skip_bad_lines; the first: "
+                                  "data.jsonl:2: "),
+            std::string::npos)
+      << kept.description;
   // A whole file: blank lines skipped, the line number counted from 1, a line past 16 MiB refused unread.
   const std::string d = scratch("hostile_file");
   write(d + "/a.jsonl", "{\"text\": \"x\"}\n\n\r\n{\"text\": \"y\"}\n{\"text\": oops}\n");

@@ -79,6 +79,8 @@ TEST(CliPlan, SaysHowZeroUsesTheLibrarysCollectives) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "over nccl: gradients reduce-scattered by the library, 16-bit sums by the library; gathers packed into equal pieces"))
       << r.out;
+  EXPECT_TRUE(contains(r.out, "; a reduce-scatter of uneven spans (ZeRO's buckets and groups) runs as one NCCL group of reduces"))
+      << r.out;
 }
 
 TEST(CliPlan, OverridesOnTheCommandLine) {

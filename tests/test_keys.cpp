@@ -160,6 +160,7 @@ const std::map<std::string, const char*> kActs = {
     {"data.train_on_prompt", "data: which jsonl tokens the loss counts (JsonlSamples)"},
     {"data.packing", "data: several jsonl samples a row, each attending to itself (BatchSampler, LanguageModel::per_sample)"},
     {"data.val_path", "data: the jsonl validation samples (open_samples, SampleSet::held_out_from)"},
+    {"data.skip_bad_lines", "data: jsonl lines that are no sample skipped and counted (JsonlSamples)"},
     {"data.tokens_in_memory", "data: jsonl samples kept in memory or as an index of their lines, read again per batch (open_samples, SampleSet::indexed)"},
     {"tensor_parallel.autotp_size", "plan: the mesh (engine/plan/mesh), the batch's data ranks; ds train refuses a split model"},
     {"pipeline.stages", "plan: the mesh (engine/plan/mesh), the batch's data ranks; ds train refuses a split model"},

@@ -259,3 +259,21 @@ TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {
 
 }  // namespace
 }  // namespace ds
+
+// NCCL's layout for its all-gather and reduce-scatter (equal_pieces): one span a rank, all of one size, rank q's at
+// first + q x size, as many owners as ranks. Anything else is uneven (the NCCL communicator then groups broadcasts or
+// reduces, one a span).
+TEST(NcclLayout, EqualPiecesAreOneSpanARankOfOneSizeInRankOrder) {
+  using ds::equal_pieces;
+  using ds::Ownership;
+  const auto p = equal_pieces(Ownership{{{10, 4}}, {{14, 4}}, {{18, 4}}}, 3);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->first, 10);
+  EXPECT_EQ(p->size, 4);
+  EXPECT_TRUE(equal_pieces(Ownership{{{0, 0}}, {{0, 0}}}, 2).has_value());  // empty pieces, all at one place
+  EXPECT_FALSE(equal_pieces(Ownership{{{10, 4}}, {{14, 4}}}, 3).has_value());  // fewer owners than ranks
+  EXPECT_FALSE(equal_pieces(Ownership{{{10, 4}}, {{14, 5}}, {{19, 4}}}, 3).has_value());  // sizes differ
+  EXPECT_FALSE(equal_pieces(Ownership{{{14, 4}}, {{10, 4}}, {{18, 4}}}, 3).has_value());  // not in rank order
+  EXPECT_FALSE(equal_pieces(Ownership{{{10, 2}, {12, 2}}, {{14, 4}}, {{18, 4}}}, 3).has_value());  // two spans for rank 0
+  EXPECT_FALSE(equal_pieces(Ownership{{{10, 4}}, {{15, 4}}, {{20, 4}}}, 3).has_value());  // a gap between pieces
+}

@@ -50,6 +50,15 @@ CommCapabilities comm_capabilities(CommBackend backend) {
   return c;
 }
 
+std::optional<EqualPieces> equal_pieces(const Ownership& owners, int world) {
+  if (world < 1 || owners.size() != static_cast<size_t>(world) || owners[0].size() != 1) return std::nullopt;
+  const EqualPieces p{owners[0][0].offset, owners[0][0].numel};
+  for (size_t q = 0; q < owners.size(); ++q)
+    if (owners[q].size() != 1 || owners[q][0].numel != p.size || owners[q][0].offset != p.first + static_cast<int64_t>(q) * p.size)
+      return std::nullopt;
+  return p;
+}
+
 int64_t span_elements(const std::vector<Span>& spans) {
   int64_t n = 0;
   for (const Span& s : spans) n += s.numel;

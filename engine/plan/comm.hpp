@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,12 @@ using Ownership = std::vector<std::vector<Span>>;
 int64_t span_elements(const std::vector<Span>& spans);
 // The owners of the elements [at, at + n) of a buffer, with offsets from `at`: a bucket's share.
 Ownership clip(const Ownership& owners, int64_t at, int64_t n);
+// NCCL's layout for its all-gather and reduce-scatter: one span a rank of `world`, all of one size, rank q's at
+// first + q x size. {first, size} when `owners` are so; none when not (uneven spans: grouped broadcasts/reduces).
+struct EqualPieces {
+  int64_t first = 0, size = 0;
+};
+std::optional<EqualPieces> equal_pieces(const Ownership& owners, int world);
 
 struct Plan;
 struct ZeroExecution;

@@ -81,6 +81,11 @@ class Communicator {
   // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
   // can name the ranks that never arrived.
   virtual void mark_step(int64_t step) { step_ = step; }
+  // Before the host reads what the device computed (a loss, a norm, the step's end): waits, at most the comm
+  // timeout, for every collective issued so far. Where a collective's wait blocks the host already (Gloo, the
+  // thread ranks) there is nothing to do; NCCL's run on a stream the host does not wait for, and a peer that
+  // never joins one would hold the host's read for ever: there it throws instead, naming the step.
+  virtual void settle() {}
 
   const CommLedger& ledger() const { return ledger_; }
 

@@ -2,13 +2,16 @@
 // through the world's store (rendezvous.hpp); LOCAL_RANK picks the GPU as the runtime's Device does (local
 // rank modulo the GPUs seen). Collectives run on a stream of their own, ordered after the compute stream's
 // work by an event, and a pending collective is waited on by the compute stream (another event), not by the
-// host; the host waits for them once a step (mark_step), bounded by the comm timeout: a peer that never
-// joins a collective aborts the communicator there, naming the step. Spans that are NCCL's equal pieces in
+// host; before the host reads the device (settle: the step's loss, its norm, its end) it waits for them,
+// bounded by the comm timeout: a peer that never joins a collective aborts the communicator there, naming
+// the step, instead of holding the host's read for ever. Host tensors (the step's agreed figures) go through
+// a device buffer and are waited for at once. Spans that are NCCL's equal pieces in
 // rank order go through ncclAllGather / ncclReduceScatter in place; any others as one group of broadcasts
 // (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner. 16-bit floats are
 // summed in their own dtype (NCCL's way; the plan's capabilities say so).
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <optional>
 #include <stdexcept>
 
@@ -16,6 +19,7 @@
 #include "engine/runtime/comm/comm.hpp"
 #include "engine/runtime/comm/nccl_group.hpp"
 #include "engine/runtime/comm/rendezvous.hpp"
+#include "engine/runtime/device/kernel_route.hpp"  // on_host
 
 namespace ds {
 namespace {
@@ -35,23 +39,16 @@ NcclElement element_of(const torch::Tensor& t) {
   return NcclElement::f32;
 }
 
-// The first element and the piece size when `owners` are NCCL's layout: one span a rank, all of one size, rank
-// q's at first + q x size.
-std::optional<std::pair<int64_t, int64_t>> equal_pieces(const Ownership& owners) {
-  if (owners.empty() || owners[0].size() != 1) return std::nullopt;
-  const int64_t first = owners[0][0].offset, size = owners[0][0].numel;
-  for (size_t q = 0; q < owners.size(); ++q)
-    if (owners[q].size() != 1 || owners[q][0].numel != size || owners[q][0].offset != first + static_cast<int64_t>(q) * size)
-      return std::nullopt;
-  return std::make_pair(first, size);
-}
-
 // A collective queued on the communication stream: waiting makes the compute stream wait for it.
+// Dropped without a wait (an exception unwinding), it still orders the compute stream after it: what follows
+// must not touch the buffer NCCL writes.
 class NcclWork final : public PendingCollective {
  public:
   NcclWork(cudaEvent_t done, std::function<void()> finished) : done_(done), finished_(std::move(finished)) {}
   ~NcclWork() override {
-    if (done_) cudaEventDestroy(done_);
+    if (!done_) return;
+    cudaStreamWaitEvent(cudaStreamLegacy, done_, 0);
+    cudaEventDestroy(done_);
   }
   void wait() override {
     if (!done_) return;
@@ -88,6 +85,7 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception&) {  // aborted already: nothing left to wait for
     }
     group_.reset();
+    if (staging_) cudaFree(staging_);
     if (one_) cudaFree(one_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -95,45 +93,41 @@ class NcclCommunicator final : public Communicator {
   CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::nccl); }
 
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
+    const NcclElement e = element_of(t);
+    if (on_host(t)) return all_reduce_host(t, kind, e);
     const Issue issue = begin(t, kind, CollectiveOp::all_reduce, static_cast<double>(t.numel() * t.element_size()));
-    group_->all_reduce_sum(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), element_of(t), stream_);
+    group_->all_reduce_sum(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), e, stream_);
     return end(issue);
   }
 
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override {
+    const NcclElement e = element_of(t);
     const Issue issue = begin(t, kind, CollectiveOp::all_gather, payload_bytes(t, owners));
     char* base = static_cast<char*>(t.data_ptr());
     const size_t bytes = static_cast<size_t>(t.element_size());
-    if (const auto pieces = equal_pieces(owners)) {
-      const auto [first, size] = *pieces;
-      group_->all_gather(base + (first + rank_ * size) * bytes, base + first * bytes, static_cast<size_t>(size), element_of(t), stream_);
+    if (const auto p = equal_pieces(owners, world_)) {
+      group_->all_gather(base + (p->first + rank_ * p->size) * bytes, base + p->first * bytes, static_cast<size_t>(p->size), e, stream_);
     } else {
-      group_->begin_group();
-      for (size_t q = 0; q < owners.size(); ++q)
-        for (const Span& s : owners[q])
-          if (s.numel > 0)
-            group_->broadcast(base + s.offset * bytes, static_cast<size_t>(s.numel), element_of(t), static_cast<int>(q), stream_);
-      group_->end_group("queueing an all-gather of uneven spans");
+      grouped(owners, "queueing an all-gather of uneven spans", [&](const Span& s, int owner) {
+        group_->broadcast(base + s.offset * bytes, static_cast<size_t>(s.numel), e, owner, stream_);
+      });
     }
     return end(issue);
   }
 
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners, const torch::Tensor&,
                                                               CollectiveKind kind) override {
+    const NcclElement e = element_of(t);
     const Issue issue = begin(t, kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners));
     char* base = static_cast<char*>(t.data_ptr());
     const size_t bytes = static_cast<size_t>(t.element_size());
-    if (const auto pieces = equal_pieces(owners)) {
-      const auto [first, size] = *pieces;
-      group_->reduce_scatter_sum(base + first * bytes, base + (first + rank_ * size) * bytes, static_cast<size_t>(size), element_of(t),
+    if (const auto p = equal_pieces(owners, world_)) {
+      group_->reduce_scatter_sum(base + p->first * bytes, base + (p->first + rank_ * p->size) * bytes, static_cast<size_t>(p->size), e,
                                  stream_);
     } else {
-      group_->begin_group();
-      for (size_t q = 0; q < owners.size(); ++q)
-        for (const Span& s : owners[q])
-          if (s.numel > 0)
-            group_->reduce_sum(base + s.offset * bytes, static_cast<size_t>(s.numel), element_of(t), static_cast<int>(q), stream_);
-      group_->end_group("queueing a reduce-scatter of uneven spans");
+      grouped(owners, "queueing a reduce-scatter of uneven spans", [&](const Span& s, int owner) {
+        group_->reduce_sum(base + s.offset * bytes, static_cast<size_t>(s.numel), e, owner, stream_);
+      });
     }
     return end(issue);
   }
@@ -144,11 +138,12 @@ class NcclCommunicator final : public Communicator {
     group_->wait(stream_, "a barrier");
   }
 
-  // Once a step the host waits for the step's collectives, bounded: a peer that never joined one is found here.
   void mark_step(int64_t step) override {
-    group_->wait(stream_, "the collectives of step " + std::to_string(step_));
+    settle();
     step_ = step;
   }
+  // Before the host reads the device (Communicator::settle): every collective so far, bounded by the timeout.
+  void settle() override { group_->wait(stream_, "the collectives of step " + std::to_string(step_ + 1)); }
 
  private:
   struct Issue {
@@ -168,6 +163,41 @@ class NcclCommunicator final : public Communicator {
     cudaEventDestroy(ready);  // released once the wait is queued
     return issue;
   }
+  // Uneven spans: NCCL calls, one a non-empty span rooted at its owner, in groups of at most kMostGrouped.
+  static constexpr int kMostGrouped = 1024;  // NCCL caps the operations one group may hold
+  void grouped(const Ownership& owners, const std::string& what, const std::function<void(const Span&, int)>& call) {
+    int in_group = 0;
+    for (size_t q = 0; q < owners.size(); ++q)
+      for (const Span& s : owners[q]) {
+        if (s.numel <= 0) continue;
+        if (in_group == 0) group_->begin_group();
+        call(s, static_cast<int>(q));
+        if (++in_group == kMostGrouped) group_->end_group(what), in_group = 0;
+      }
+    if (in_group > 0) group_->end_group(what);
+  }
+  // A host tensor (the step's agreed loss, norm and stop flag): through a device buffer, summed, back, and
+  // waited for by the host (bounded), so the caller reads the sum when this returns.
+  std::unique_ptr<PendingCollective> all_reduce_host(const torch::Tensor& t, CollectiveKind kind, NcclElement e) {
+    DS_CHECK(t.is_contiguous(), "NCCL collectives take contiguous tensors");
+    const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
+    Issue issue{-1, nullptr, std::chrono::steady_clock::now()};
+    issue.stats = &count(kind, CollectiveOp::all_reduce, static_cast<double>(bytes), &issue.event);
+    if (bytes > staging_bytes_) {
+      if (staging_) cudaFree(staging_);
+      staging_ = nullptr;
+      cuda_check(cudaMalloc(&staging_, bytes), "cudaMalloc");
+      staging_bytes_ = bytes;
+    }
+    cuda_check(cudaMemcpyAsync(staging_, t.data_ptr(), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    group_->all_reduce_sum(staging_, staging_, static_cast<size_t>(t.numel()), e, stream_);
+    cuda_check(cudaMemcpyAsync(t.data_ptr(), staging_, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    group_->wait(stream_, std::string("an all-reduce of ") + collective_name(kind) + " at step " + std::to_string(step_ + 1));
+    issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
+    finish_event(issue.event);
+    return std::make_unique<NcclWork>(nullptr, nullptr);
+  }
+
   std::unique_ptr<PendingCollective> end(const Issue& issue) {
     cudaEvent_t done;
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
@@ -182,6 +212,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<NcclGroup> group_;
   cudaStream_t stream_ = nullptr;
   void* one_ = nullptr;  // the barrier's float
+  void* staging_ = nullptr;  // host tensors' all-reduces go through it
+  size_t staging_bytes_ = 0;
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
 #include "engine/plan/packing.hpp"
+#include "engine/runtime/data/token_source.hpp"  // DataReadError
 
 namespace ds {
 namespace {
@@ -396,8 +397,13 @@ void tokens_with_mask(const std::string& text, const std::vector<std::pair<size_
   }
 }
 
+// A line that is no sample (data.skip_bad_lines skips these, and only these).
+struct BadLine : UserError {
+  using UserError::UserError;
+};
+
 [[noreturn]] void bad_line(const std::string& where, const std::string& what) {
-  throw UserError(where + ": " + what,
+  throw BadLine(where + ": " + what,
                   "each line is one JSON object: {\"text\": ...}, {\"prompt\": ..., \"completion\": ...} or "
                   "{\"messages\": [{\"role\": \"user\", \"content\": ...}, ...]} (roles system, user, assistant)");
 }
@@ -460,7 +466,7 @@ LineSample sample_of_line(const std::string& line, const std::string& where, con
     try {
       r = render_chat(format(), messages, trained_from);
     } catch (const ChatRefused& e) {
-      throw UserError(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
+      throw BadLine(where + ": " + e.what(), "the model's chat template refuses this conversation: fix the line, or leave it out");
     }
     out.system_left_out = r.system_left_out;
     // Only Qwen3's template renders a reasoning_content; the others have no place for it.
@@ -555,10 +561,17 @@ void JsonlSamples::add_line(const std::string& line, const std::string& where) {
 }
 
 void JsonlSamples::add_line_at(const std::string& line, const std::string& where, const SampleSet::Place* place) {
-  const LineSample l = sample_of_line(line, where, tok_, o_, [&]() -> const ChatFormat& {
-    if (!format_) format_ = resolve_chat_format(o_.chat_template, tok_);
-    return *format_;
-  });
+  LineSample l;
+  try {
+    l = sample_of_line(line, where, tok_, o_, [&]() -> const ChatFormat& {
+      if (!format_) format_ = resolve_chat_format(o_.chat_template, tok_);
+      return *format_;
+    });
+  } catch (const BadLine& e) {
+    if (!o_.skip_bad_lines) throw;
+    if (skipped_++ == 0) first_skipped_ = e.what();
+    return;
+  }
   ++shapes_[l.shape];
   if (l.system_left_out && systems_left_out_++ == 0) first_system_left_out_ = where;
   if (l.reasoning_left_out && reasoning_left_out_++ == 0) first_reasoning_left_out_ = where;
@@ -616,7 +629,7 @@ std::string read_line_at(const std::string& file, int64_t offset, int32_t bytes)
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(file.c_str(), "rb"), std::fclose);
   std::string line(static_cast<size_t>(bytes), '\0');
   if (!f || ::fseeko(f.get(), static_cast<off_t>(offset), SEEK_SET) != 0 || std::fread(line.data(), 1, line.size(), f.get()) != line.size())
-    throw UserError("cannot read '" + file + "' again at byte " + format_count(offset) + " (the training data is read from it as it goes)",
+    throw DataReadError("cannot read '" + file + "' again at byte " + format_count(offset) + " (the training data is read from it as it goes)",
                     "a file of data.path or data.val_path was moved, truncated or replaced during the run: restore it and resume");
   return line;
 }
@@ -657,6 +670,9 @@ SampleSet JsonlSamples::take() {
     out_.description += "; " + format_count(untrained_) + (untrained_ == 1 ? " sample trains" : " samples train") +
                         " nothing (no answer within it, the first at " + first_untrained_ +
                         "): it costs its place in a batch and teaches nothing; leave such lines out, or set data.train_on_prompt";
+  if (skipped_ > 0)
+    out_.description += "; " + format_count(skipped_) + (skipped_ == 1 ? " line is" : " lines are") +
+                        " no sample and skipped (data.skip_bad_lines; the first: " + first_skipped_ + ")";
   if (systems_left_out_ > 0)
     out_.description += "; " + format_count(systems_left_out_) + (systems_left_out_ == 1 ? " conversation's" : " conversations'") +
                         " system turn is not rendered (the first at " + first_system_left_out_ +
@@ -717,12 +733,12 @@ void SampleSet::sample(int64_t i, int64_t limit, std::vector<int32_t>& ids, std:
   const Place& p = places[static_cast<size_t>(i)];
   const SampleFile& f = files[static_cast<size_t>(p.file)];
   if (file_version(f.path) != std::make_pair(f.bytes, f.modified_ns))
-    throw UserError("'" + f.path + "' changed since the run read it (its size or modification time): its samples are read from it as "
+    throw DataReadError("'" + f.path + "' changed since the run read it (its size or modification time): its samples are read from it as "
                         "the run goes",
                     "restore the file as it was and resume, or start a run on the new data");
   LineSample l = f.lines->sample(read_line_at(f.path, p.offset, p.bytes), f.path + " at byte " + format_count(p.offset));
   if (static_cast<int64_t>(l.ids.size()) != length(i))
-    throw UserError(f.path + " at byte " + format_count(p.offset) + " reads as " + format_count(static_cast<int64_t>(l.ids.size())) +
+    throw DataReadError(f.path + " at byte " + format_count(p.offset) + " reads as " + format_count(static_cast<int64_t>(l.ids.size())) +
                         " tokens now, " + format_count(length(i)) + " when the run began",
                     "a file of data.path or data.val_path changed during the run: restore it and resume");
   l.ids.resize(static_cast<size_t>(n));

@@ -124,6 +124,7 @@ struct SampleOptions {
   std::string source;                  // for messages: data.path
   int64_t seq_len = 0;                 // > 0: count each sample's trained targets within a row of this many positions
   bool keep_tokens = true;             // false: indexed (read_jsonl_samples with a shared tokenizer only)
+  bool skip_bad_lines = false;         // a line that is no sample is skipped and counted, not an error
 };
 
 // Reads samples line by line, keeping what the lines share: the chat format (resolved when the first
@@ -152,6 +153,8 @@ class JsonlSamples {
   std::string first_untrained_;    // the first one's file:line
   int64_t systems_left_out_ = 0;   // conversations whose system turn the template rendered nowhere
   std::string first_system_left_out_;
+  int64_t skipped_ = 0;             // lines that are no sample, skipped (skip_bad_lines)
+  std::string first_skipped_;       // the first one's file:line and why
   int64_t reasoning_left_out_ = 0;  // conversations with a reasoning_content the format does not render
   std::string first_reasoning_left_out_;
 };

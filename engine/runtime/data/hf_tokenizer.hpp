@@ -90,7 +90,7 @@ class HfTokenizer {
   int32_t vocab_size_ = 0, bos_ = -1, eos_ = -1;
   std::string bos_token_, eos_token_, chat_template_;
   std::string model_described_;  // tokenizer.model's own description ("" for tokenizer.json)
-  mutable std::atomic<int64_t> not_normalized_{0};  // encode may run on several threads (indexed samples read again)
+  mutable std::atomic<int64_t> not_normalized_{0};  // counted by const encode calls (not thread-safe as a whole: the BPE's cache)
 };
 
 }  // namespace ds

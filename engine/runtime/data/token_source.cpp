@@ -431,13 +431,14 @@ SampleSet read_samples(const DataConfig& d, std::shared_ptr<const HfTokenizer> t
   o.chat_template = d.chat_template;
   o.seq_len = seq_len;
   o.keep_tokens = keep_tokens;
+  o.skip_bad_lines = d.skip_bad_lines;
   return read_jsonl_samples(data_files(path, key), std::move(tok), o);
 }
 
 // data.tokens_in_memory, or when unset whether the tokens fit in a quarter of this machine's memory: 5 bytes a
 // token (its id and whether it is trained), a token taken as at most 3 bytes of the files (JSON's keys and
 // quotes included), so the estimate errs towards the index.
-bool keep_tokens_in_memory(const DataConfig& d, std::string& why) {
+bool keep_tokens_in_memory(const DataConfig& d, int ranks_on_node, std::string& why) {
   if (d.tokens_in_memory) {
     why = *d.tokens_in_memory ? "" : "data.tokens_in_memory false";
     return *d.tokens_in_memory;
@@ -451,23 +452,25 @@ bool keep_tokens_in_memory(const DataConfig& d, std::string& why) {
       if (::stat(f.c_str(), &st) == 0) bytes += static_cast<double>(st.st_size);
     }
   }
-  const double tokens_bytes = bytes / 3.0 * 5.0, memory = detect_host_memory_bytes();
+  // Each rank on the node holds its own copy, and reading grows vectors to twice what they hold at worst.
+  const double tokens_bytes = bytes / 3.0 * 5.0 * 2.0 * std::max(ranks_on_node, 1), memory = detect_host_memory_bytes();
   if (memory <= 0 || tokens_bytes <= memory / 4) return true;
-  why = "its tokens would take about " + format_bytes(tokens_bytes) + ", over a quarter of this machine's " + format_bytes(memory) +
+  why = "its tokens would take about " + format_bytes(tokens_bytes) + " while read (" + std::to_string(std::max(ranks_on_node, 1)) +
+        (ranks_on_node > 1 ? " ranks" : " rank") + " on this node), over a quarter of its " + format_bytes(memory) +
         " (data.tokens_in_memory true keeps them)";
   return false;
 }
 
 }  // namespace
 
-std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size, int64_t seq_len) {
+std::unique_ptr<SampleSet> open_samples(const DataConfig& d, int64_t vocab_size, int64_t seq_len, int ranks_on_node) {
   const auto tok = std::make_shared<const HfTokenizer>(d.tokenizer_path);
   if (tok->vocab_size() > vocab_size)
     throw UserError(tok->describe() + ": its ids reach " + format_count(tok->vocab_size() - 1) + ", but the model's vocabulary has " +
                         format_count(vocab_size) + " ids",
                     "use the tokenizer of the model you train (model.init_from's directory), or raise model.vocab_size");
   std::string why;
-  const bool keep = keep_tokens_in_memory(d, why);
+  const bool keep = keep_tokens_in_memory(d, ranks_on_node, why);
   auto samples = std::make_unique<SampleSet>(read_samples(d, tok, d.path, "data.path", seq_len, keep));
   if (!d.val_path.empty()) {  // the validation samples after the training ones (BatchSampler starts them at held_out_from)
     const SampleSet held = read_samples(d, tok, d.val_path, "data.val_path", seq_len, keep);

@@ -104,9 +104,10 @@ std::unique_ptr<TokenStream> open_token_stream(const DataConfig& data, int64_t v
 
 // data.type jsonl: the samples of data.path, tokenized with data.tokenizer_path's tokenizer (chat_data.hpp),
 // checked against the model's vocabulary size; their tokens in memory, or indexed (data.tokens_in_memory, or
-// by their size), their targets counted within rows of seq_len positions.
+// by their size against this node's memory shared by `ranks_on_node` ranks), their targets counted within rows of
+// seq_len positions.
 struct SampleSet;
-std::unique_ptr<SampleSet> open_samples(const DataConfig& data, int64_t vocab_size, int64_t seq_len);
+std::unique_ptr<SampleSet> open_samples(const DataConfig& data, int64_t vocab_size, int64_t seq_len, int ranks_on_node = 1);
 
 // The number of tokens open_token_stream would give, measured as cheaply as the format allows: token files
 // and byte text by their sizes, GPT-2 BPE text by encoding it (once per process and file version). For

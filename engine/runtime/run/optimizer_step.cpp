@@ -279,12 +279,14 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     t.backward += clock.lap() - clock.param_io();
     clock.mark(2);
   }
+  if (comm_) comm_->settle();  // the host reads the loss: the collectives it may follow end first, or time out
   return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }
 
 double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) {
   const int64_t GAS = plan_.batch.grad_accum;
   bool partial = false;
+  if (comm_) comm_->settle();  // the gradients' last reduces, before the host reads their norm
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
   out.loss = loss_sum / static_cast<double>(GAS);
   out.stop_requested = stop_signal != 0;

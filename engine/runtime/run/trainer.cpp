@@ -206,7 +206,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       lead_(rank_ == 0) {
   const int W = plan.topology.world_size;
   // Inputs first: a bad data file fails before anything is allocated.
-  if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size, plan.seq_len);
+  if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size, plan.seq_len, plan.topology.ranks_per_node);
   else stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
   stop_point("reading the data");
   // Several ranks: each draws its own micro batches of the same global batch and gradients are summed
@@ -655,6 +655,7 @@ void TrainingRun::loop() {
       }
       throw;
     }
+    if (comm_) comm_->settle();               // the step's last gathers, bounded by the comm timeout
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0);
