@@ -2,6 +2,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <exception>
 #include <fstream>
@@ -38,6 +42,18 @@ inline std::string dump(const std::vector<ConfigIssue>& issues) {
   std::string out;
   for (const auto& i : issues) out += i.path + ": " + i.message + (i.hint.empty() ? "" : " [" + i.hint + "]") + "\n";
   return out;
+}
+
+// A port nothing listens on now (the kernel's pick for port 0), for ranks that meet on this host.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : 29650;
 }
 
 inline std::string read_text(const std::string& path) {

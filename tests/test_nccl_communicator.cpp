@@ -5,11 +5,6 @@
 // identity on one rank, and counts them in its ledger.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -18,6 +13,7 @@
 #include "engine/runtime/comm/nccl_group.hpp"
 #include "engine/runtime/comm/rendezvous.hpp"
 #include "kernels/cuda/optimizers.hpp"
+#include "test_helpers.hpp"
 
 using namespace ds;
 
@@ -26,17 +22,6 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Topology& t, std::chr
 }
 
 namespace {
-
-int free_port() {  // a port nothing listens on now (the kernel's pick for port 0)
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(a.sin_port) : 29651;
-}
 
 Topology rank_of(int rank, int world, int port) {
   Topology t;
@@ -51,7 +36,7 @@ Topology rank_of(int rank, int world, int port) {
 
 TEST(NcclRendezvous, RankZerosUniqueIdReachesEveryRankThroughTheStore) {
   constexpr int W = 3;
-  const int port = free_port();
+  const int port = test::free_port();
   std::vector<std::string> got(W);
   std::vector<std::string> errors(W);
   std::vector<std::thread> ranks;
@@ -76,7 +61,7 @@ TEST(NcclRendezvous, RankZerosUniqueIdReachesEveryRankThroughTheStore) {
 }
 
 TEST(NcclRendezvous, ARankWhoseRankZeroNeverSendsTheIdFailsAtTheTimeoutNamingIt) {
-  const int port = free_port();
+  const int port = test::free_port();
   std::string error;
   std::thread rank0([&] {  // joins the store, never sends the id, stays until rank 1 gave up
     const auto store = open_world_store(rank_of(0, 2, port), std::chrono::seconds(60));
@@ -102,7 +87,7 @@ TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenS
     GTEST_SKIP() << "no CUDA device visible (" << (why ? why : "none") << "): the NCCL communicator was compiled and linked; "
                  << "run scripts/device-check.sh on a GPU machine";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "this LibTorch has no CUDA: the device check builds with CUDA LibTorch";
-  const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, free_port()), std::chrono::seconds(30));
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, test::free_port()), std::chrono::seconds(30));
   EXPECT_TRUE(comm->capabilities() == comm_capabilities(CommBackend::nccl));
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     const torch::Tensor host = torch::arange(0, 4099, torch::kFloat32).mul(0.25).sub(7).to(dtype);

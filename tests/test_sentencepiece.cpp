@@ -50,6 +50,13 @@ const char* const kLlamaLike =
     "--add_dummy_prefix=true --character_coverage=0.9995 --split_digits=true --allow_whitespace_only_pieces=true "
     "--control_symbols=[INST],[/INST] --max_sentence_length=100000";
 
+// The library's ids of `text`.
+std::vector<int32_t> library_ids(const sentencepiece::SentencePieceProcessor& lib, const std::string& text) {
+  std::vector<int> ids;
+  EXPECT_TRUE(lib.Encode(text, &ids).ok());
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
 std::string replaced(std::string s, const std::string& from, const std::string& to) {
   const size_t at = s.find(from);
   if (at != std::string::npos) s.replace(at, from.size(), to);
@@ -128,11 +135,7 @@ TEST(SentencePieceModel, ControlPiecesAreMatchedWholeAndTheBosComesFirst) {
   train(dir, kLlamaLike);
   sentencepiece::SentencePieceProcessor lib;
   ASSERT_TRUE(lib.Load(dir + "/tokenizer.model").ok());
-  const auto lib_ids = [&](const std::string& text) {
-    std::vector<int> ids;
-    EXPECT_TRUE(lib.Encode(text, &ids).ok());
-    return std::vector<int32_t>(ids.begin(), ids.end());
-  };
+  const auto lib_ids = [&](const std::string& text) { return library_ids(lib, text); };
   const HfTokenizer tok(dir + "/tokenizer.model");  // the file named
   ASSERT_EQ(tok.bos_id(), lib.bos_id());
   ASSERT_EQ(tok.eos_id(), lib.eos_id());
@@ -188,11 +191,7 @@ TEST(SentencePieceModel, UserDefinedPiecesSplitTheTextAsHuggingFacesTokenizersDo
   train(dir, std::string(kLlamaLike) + " --user_defined_symbols=<U>,@@");
   sentencepiece::SentencePieceProcessor lib;
   ASSERT_TRUE(lib.Load(dir + "/tokenizer.model").ok());
-  const auto lib_ids = [&](const std::string& text) {
-    std::vector<int> ids;
-    EXPECT_TRUE(lib.Encode(text, &ids).ok());
-    return std::vector<int32_t>(ids.begin(), ids.end());
-  };
+  const auto lib_ids = [&](const std::string& text) { return library_ids(lib, text); };
   write(dir + "/tokenizer_config.json", R"({"legacy": null, "add_bos_token": null})");
   const HfTokenizer tok(dir);
   std::vector<int32_t> want = lib_ids("hello");

@@ -512,18 +512,6 @@ TEST(OptimizerOffload, PartialOffloadSplitsTheStatesNeverTheNumbers) {
 
 namespace {
 
-// A port nothing listens on now (the kernel's pick for port 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(a.sin_port) : 29650;
-}
-
 // Rank `rank` of `world` Gloo ranks meeting on this host at `port`.
 std::unique_ptr<Communicator> gloo_rank(int rank, int world, int port) {
   Topology t;
@@ -550,7 +538,7 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
   // by accumulating in fp32 and rounding once.
   const auto contribution = [](int r, int64_t i) { return i == 33 ? (r == 0 ? 256.0 : 1.0) : static_cast<double>((r + 1) * (i % 7) - r); };
   LocalGroup local(W);
-  const int port = free_port();
+  const int port = test::free_port();
   for (const bool gloo : {false, true}) {
     on_ranks(W, [&](int rank) {
       std::unique_ptr<Communicator> comm;
@@ -594,7 +582,7 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
 TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
   const MeshShape mesh{2, 2, 2};
   const int W = mesh.world();
-  const int port = free_port();
+  const int port = test::free_port();
   on_ranks(W, [&](int rank) {
     const std::unique_ptr<Communicator> world = gloo_rank(rank, W, port);
     for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline}) {
@@ -642,7 +630,7 @@ TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
 TEST(TensorParallel, AColumnThenRowParallelMlpOnTwoRanksIsTheWholeMlp) {
   constexpr int W = 2;
   constexpr int64_t B = 3, T = 4, C = 8, H = 32, part = H / W;
-  const int port = free_port();
+  const int port = test::free_port();
   on_ranks(W, [&](int rank) {
     const std::unique_ptr<Communicator> world = gloo_rank(rank, W, port);
     const std::unique_ptr<Communicator> group = world->split("tensor-0", {0, 1});
