@@ -50,7 +50,7 @@ std::string render_sample(const Plan& plan, int64_t index) {
   if (d.type != DataType::jsonl)
     throw UserError("--show-sample shows fine-tuning samples: this config's data.type is " + std::string(data_type_name(d.type)),
                     "use it with data.type jsonl");
-  const std::unique_ptr<SampleSet> samples = open_samples(d, plan.model.hp.vocab_size, plan.seq_len);
+  const std::unique_ptr<SampleSet> samples = open_samples(d, plan.model.hp.vocab_size, plan.seq_len, plan.topology.ranks_per_node);
   if (index >= samples->size())
     throw UserError("--show-sample " + std::to_string(index) + ": the data holds " + std::to_string(samples->size()) + " samples",
                     "samples are numbered from 0, in file then line order");

@@ -465,7 +465,7 @@ std::string collectives_how(const Plan& p) {
                            : "; gathers land every rank's spans in place (point-to-point)";
   // NCCL's reduce-scatter takes equal pieces in rank order; ZeRO's buckets and groups own uneven spans.
   if (z.scatter && caps.native_reduce_scatter && !caps.gathers_into_spans)
-    how += "; a reduce-scatter of uneven spans (ZeRO's buckets and groups) runs as one NCCL group of reduces, each rooted at its span's owner";
+    how += "; a reduce-scatter of uneven spans (ZeRO's buckets and groups) runs as NCCL groups of reduces, each rooted at its span's owner";
   return how;
 }
 

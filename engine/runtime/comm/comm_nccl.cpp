@@ -6,8 +6,8 @@
 // bounded by the comm timeout: a peer that never joins a collective aborts the communicator there, naming
 // the step, instead of holding the host's read for ever. Host tensors (the step's agreed figures) go through
 // a device buffer and are waited for at once. Spans that are NCCL's equal pieces in
-// rank order go through ncclAllGather / ncclReduceScatter in place; any others as one group of broadcasts
-// (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner. 16-bit floats are
+// rank order go through ncclAllGather / ncclReduceScatter in place; any others as NCCL groups of broadcasts
+// (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner, 1024 a group. 16-bit floats are
 // summed in their own dtype (NCCL's way; the plan's capabilities say so).
 #include <cuda_runtime.h>
 
@@ -143,7 +143,7 @@ class NcclCommunicator final : public Communicator {
     step_ = step;
   }
   // Before the host reads the device (Communicator::settle): every collective so far, bounded by the timeout.
-  void settle() override { group_->wait(stream_, "the collectives of step " + std::to_string(step_ + 1)); }
+  void settle() override { group_->wait(stream_, "the collectives " + at_step()); }
 
  private:
   struct Issue {
@@ -163,6 +163,7 @@ class NcclCommunicator final : public Communicator {
     cudaEventDestroy(ready);  // released once the wait is queued
     return issue;
   }
+  std::string at_step() const { return step_ < 0 ? "before the first step" : "of step " + std::to_string(step_ + 1); }
   // Uneven spans: NCCL calls, one a non-empty span rooted at its owner, in groups of at most kMostGrouped.
   static constexpr int kMostGrouped = 1024;  // NCCL caps the operations one group may hold
   void grouped(const Ownership& owners, const std::string& what, const std::function<void(const Span&, int)>& call) {
@@ -191,8 +192,9 @@ class NcclCommunicator final : public Communicator {
     }
     cuda_check(cudaMemcpyAsync(staging_, t.data_ptr(), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     group_->all_reduce_sum(staging_, staging_, static_cast<size_t>(t.numel()), e, stream_);
-    cuda_check(cudaMemcpyAsync(t.data_ptr(), staging_, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-    group_->wait(stream_, std::string("an all-reduce of ") + collective_name(kind) + " at step " + std::to_string(step_ + 1));
+    // Bounded first: a copy into pageable host memory would block until the sum lands, a dead peer's for ever.
+    group_->wait(stream_, std::string("an all-reduce of ") + collective_name(kind) + " " + at_step());
+    cuda_check(cudaMemcpy(t.data_ptr(), staging_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
     finish_event(issue.event);
     return std::make_unique<NcclWork>(nullptr, nullptr);

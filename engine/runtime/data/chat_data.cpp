@@ -736,7 +736,13 @@ void SampleSet::sample(int64_t i, int64_t limit, std::vector<int32_t>& ids, std:
     throw DataReadError("'" + f.path + "' changed since the run read it (its size or modification time): its samples are read from it as "
                         "the run goes",
                     "restore the file as it was and resume, or start a run on the new data");
-  LineSample l = f.lines->sample(read_line_at(f.path, p.offset, p.bytes), f.path + " at byte " + format_count(p.offset));
+  LineSample l;
+  try {
+    l = f.lines->sample(read_line_at(f.path, p.offset, p.bytes), f.path + " at byte " + format_count(p.offset));
+  } catch (const BadLine& e) {  // it read as a sample when the run began
+    throw DataReadError(std::string(e.what()) + " (it read as a sample when the run began)",
+                        "a file of data.path or data.val_path changed during the run: restore it and resume");
+  }
   if (static_cast<int64_t>(l.ids.size()) != length(i))
     throw DataReadError(f.path + " at byte " + format_count(p.offset) + " reads as " + format_count(static_cast<int64_t>(l.ids.size())) +
                         " tokens now, " + format_count(length(i)) + " when the run began",

@@ -558,7 +558,9 @@ double TrainingRun::validate() {
     model_->set_segments(&segments_);
     model_->set_dropout(0, false);
     zero_->begin_micro_step(true);
-    const double loss = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)).item<double>();
+    const torch::Tensor loss_t = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T));
+    if (comm_) comm_->settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
+    const double loss = loss_t.item<double>();
     const double n = masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1;
     sum += loss * n;
     counted += n;
