@@ -321,14 +321,15 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
     const double boundary = 2 * 32 * 64 * 2;  // micro 2 x 32 tokens x 64 wide, bf16
     const int64_t per_block = recompute ? 6 : 4;
     // Stage 0: two blocks and the embedding's output; stage 1: two blocks, the head's input gradient and the
-    // loss's three fp32 values per token. Four micro-batches; a ring of two sends the payload once.
+    // loss's one chunk (64 rows of 128 vocabulary rows per rank) of 2t + 1 = 5 fp32 values per token. Four
+    // micro-batches; a ring of two sends the payload once.
     const MeshTraffic& first = p.mesh.stages[0].traffic;
     EXPECT_EQ(first.tensor_all_reduces, 4 * (2 * per_block + 1));
     EXPECT_EQ(first.tensor_payload_bytes, 4 * (2 * per_block + 1) * boundary);
     EXPECT_EQ(first.tensor_wire_bytes, first.tensor_payload_bytes);
     const MeshTraffic& last = p.mesh.stages[1].traffic;
-    EXPECT_EQ(last.tensor_all_reduces, 4 * (2 * per_block + 1 + 3));
-    EXPECT_EQ(last.tensor_payload_bytes, 4 * ((2 * per_block + 1) * boundary + 3 * 2 * 32 * 4));
+    EXPECT_EQ(last.tensor_all_reduces, 4 * (2 * per_block + 1 + 1));
+    EXPECT_EQ(last.tensor_payload_bytes, 4 * ((2 * per_block + 1) * boundary + 5 * 2 * 32 * 4));
     for (const PipelineStage& st : p.mesh.stages) {
       EXPECT_EQ(st.traffic.pipeline_sends, 4);  // activations on from stage 0, their gradients back from stage 1
       EXPECT_EQ(st.traffic.pipeline_bytes, 4 * boundary);

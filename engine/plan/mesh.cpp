@@ -110,6 +110,49 @@ std::vector<int64_t> shape_per_rank(const ModelSpec& model, const TensorSpec& t,
 
 }  // namespace
 
+VocabShare vocab_share(int64_t vocab, int tensor, int rank) {
+  VocabShare v;
+  v.rows = ceil_div(vocab, tensor);
+  v.begin = std::min<int64_t>(vocab, v.rows * rank);
+  v.real = std::min<int64_t>(v.rows, vocab - v.begin);
+  return v;
+}
+
+TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int tensor, int rank) {
+  TensorSlice slice;
+  const TensorSplit split = tensor == 1 ? TensorSplit::whole : tensor_split_of(model, t);
+  const int64_t rows = t.shape.empty() ? t.numel : t.shape[0];
+  if (split == TensorSplit::whole) {
+    slice.runs = {{0, rows}};
+    return slice;
+  }
+  if (split == TensorSplit::vocabulary) {
+    const VocabShare v = vocab_share(rows, tensor, rank);
+    slice.runs = {{v.begin, v.real}};
+    slice.padding = v.rows - v.real;
+    return slice;
+  }
+  const bool column = split == TensorSplit::column;
+  if (t.shape.size() == 2) slice.dim = column == model.hp.traits().in_out ? 1 : 0;
+  const int64_t along = t.shape.empty() ? t.numel : t.shape[static_cast<size_t>(slice.dim)];
+  // The parts a packed projection makes, along its output.
+  std::vector<int64_t> parts = {along};
+  const ModelHyper& h = model.hp;
+  const std::string module = module_and_leaf(t.name).first;
+  if (column && h.traits().fused_qkv && module == h.traits().lora_modules.front()) {
+    const int64_t kv = (h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads) * h.head_dim();
+    parts = {along - 2 * kv, kv, kv};
+  } else if (column && h.traits().fused_gate_up && module == "gate_up_proj") {
+    parts = {along / 2, along / 2};
+  }
+  int64_t start = 0;
+  for (const int64_t part : parts) {
+    slice.runs.push_back({start + part / tensor * rank, part / tensor});
+    start += part;
+  }
+  return slice;
+}
+
 ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
   const PipelineStage& st = mesh.stages.at(static_cast<size_t>(stage));
   const int t = mesh.shape.tensor;
@@ -241,9 +284,15 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
     if (t > 1) {
       const int64_t per_block = 2 + 2 + (checkpointing ? 2 : 0);  // forward, backward, forward again
       const int64_t big = st.blocks * per_block + (st.embeddings ? 1 : 0) + (st.head ? 1 : 0);
-      const int64_t loss = st.head ? 3 : 0;
-      x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss);
-      x.tensor_payload_bytes = m * (static_cast<double>(big) * activation + static_cast<double>(loss) * tokens * 4);
+      // The loss: a call per chunk of the rank's logits, 2t + 1 values per token over the chunks.
+      const int64_t chunk = head_chunk_rows(ceil_div(h.vocab_size, t));
+      const int64_t loss = st.head ? ceil_div(micro_batch * seq_len, chunk) : 0;
+      // Per-head q and k norms (Qwen3): each rank's gradient of the whole gains covers its own heads, summed in backward.
+      const int64_t gains = h.traits().qk_norm ? 2 * st.blocks : 0;
+      x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss + gains);
+      x.tensor_payload_bytes =
+          m * (static_cast<double>(big) * activation + (st.head ? static_cast<double>(2 * t + 1) * tokens * 4 : 0.0) +
+               static_cast<double>(gains * h.head_dim() * grad_bytes));
       x.tensor_wire_bytes = ring * x.tensor_payload_bytes;
     }
     const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back

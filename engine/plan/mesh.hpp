@@ -53,13 +53,35 @@ TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t);
 // A tensor's elements on one rank of a tensor group of `tensor` ranks (the vocabulary padded to a multiple of it).
 int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor);
 
+// The vocabulary rows tensor rank `rank` holds of the token table and the head: [begin, begin + real) of the
+// whole, then rows - real rows of padding (the last ranks' when the vocabulary does not divide by `tensor`).
+struct VocabShare {
+  int64_t begin = 0, rows = 0, real = 0;
+};
+VocabShare vocab_share(int64_t vocab, int tensor, int rank);
+
+// Where tensor rank `rank`'s share of a tensor comes from in the whole tensor: along dimension `dim`, the runs
+// (begin, length) of the whole's indices, joined in order, then `padding` zero rows. A projection that packs
+// several (GPT-2's c_attn and Phi-3's qkv_proj: q, k and v; Phi-3's gate_up_proj: gate and up) gives each
+// rank its share of every part, so a rank's packed projection makes its own heads' q, k and v. A tensor kept
+// whole: one run over all of dimension 0.
+struct TensorSlice {
+  int dim = 0;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  int64_t padding = 0;
+};
+TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int tensor, int rank);
+
 // What one rank of a stage sends per optimizer step for the mesh, besides ZeRO's collectives over its data
 // group (which the plan's collectives list). Megatron's tensor parallelism without sequence parallelism:
 // per block and micro-batch, an all-reduce of the activations after attention and after the MLP in forward
 // (again when activation checkpointing recomputes it) and of the input gradients of q|k|v and gate|up in
 // backward, each micro x seq x hidden in the compute dtype; the first stage's embedding output once more; the
-// last stage's head input gradient, and three fp32 values per token for the vocabulary-parallel loss (the
-// logits' maximum, the target's logit, the sum of exponentials). Pipeline: per micro-batch, the activations
+// last stage's head input gradient, and for the vocabulary-parallel loss one all-reduce per chunk of logits
+// (head_chunk_rows of the rank's vocabulary) of 2t + 1 fp32 values per token: every rank's maximum logit and
+// its sum of exponentials below it (each rank fills its own two rows, the others are zero: a sum that gathers
+// them), and the target's logit (from the rank that holds it); Qwen3's per-head q and k norms, whose gains every
+// rank holds whole but applies to its own heads, have their gradients summed once per block in backward. Pipeline: per micro-batch, the activations
 // sent to the next stage and their gradient sent back, micro x seq x hidden each, whole from every tensor
 // rank (DeepSpeed's pipe_partitioned would split them over the tensor group; ds does not yet).
 struct MeshTraffic {

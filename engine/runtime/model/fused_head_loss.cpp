@@ -81,6 +81,39 @@ void device_chunk_cross_entropy(torch::Tensor& logits, const torch::Tensor& targ
   }
 }
 
+// Tensor parallel: the cross-entropy of a chunk of this rank's logits (rows, rows of the share) against targets of the
+// whole vocabulary (int64, on the logits' device), each row's loss returned (fp32); the gradient, softmax - onehot
+// times row_grad over this rank's columns (zero over its padding), written over the logits when asked.
+torch::Tensor vocab_parallel_cross_entropy(torch::Tensor& logits, const torch::Tensor& targets, float row_grad, bool write_grad,
+                                           const TensorGroup& group) {
+  const VocabShare& v = group.vocab;
+  const int t = group.size(), r = group.rank();
+  const int64_t n = logits.size(0);
+  torch::Tensor real = logits.narrow(1, 0, v.real);
+  const torch::Tensor wide = real.to(torch::kFloat32);
+  const torch::Tensor local_max = std::get<0>(wide.max(1));
+  const torch::Tensor local = targets - v.begin;
+  const torch::Tensor mine = (local >= 0) & (local < v.real);
+  const torch::Tensor at = torch::where(mine, local, torch::zeros_like(local)).view({-1, 1});
+  // Rows 2k and 2k + 1: rank k's maximum and its sum of exponentials below it; row 2t: the target's logit.
+  torch::Tensor stats = torch::zeros({2 * t + 1, n}, wide.options());
+  stats[2 * r].copy_(local_max);
+  stats[2 * r + 1].copy_((wide - local_max.unsqueeze(1)).exp().sum(1));
+  stats[2 * t].copy_(torch::where(mine, wide.gather(1, at).view(-1), torch::zeros_like(local_max)));
+  group.comm->all_reduce_sum(stats, CollectiveKind::tensor_activations);
+  const torch::Tensor pairs = stats.narrow(0, 0, 2 * t).view({t, 2, n});
+  const torch::Tensor maxima = pairs.select(1, 0), sums = pairs.select(1, 1);
+  const torch::Tensor top = std::get<0>(maxima.max(0));
+  const torch::Tensor lse = (sums * (maxima - top).exp()).sum(0).log() + top;
+  if (write_grad) {
+    torch::Tensor g = (wide - lse.unsqueeze(1)).exp_();
+    g.scatter_add_(1, at, -mine.to(torch::kFloat32).view({-1, 1}));
+    real.copy_(g.mul_(row_grad));
+    if (v.rows > v.real) logits.narrow(1, v.real, v.rows - v.real).zero_();
+  }
+  return lse - stats[2 * t];
+}
+
 // A (rows, V) buffer for the logits whose rows start `ld` elements apart: a new one, or `*kept` (made there
 // when it is missing, too small or of another dtype).
 torch::Tensor logits_buffer(int64_t rows, int64_t V, int64_t ld, const torch::TensorOptions& options, torch::Tensor* kept) {
@@ -92,9 +125,10 @@ torch::Tensor logits_buffer(int64_t rows, int64_t V, int64_t ld, const torch::Te
 
 // `dw_into` (defined): W's gradient is added into it chunk by chunk by the GEMM, instead of made. `weight_grad`
 // false (a frozen head, as under LoRA): x's gradient only, W's neither computed nor held.
+// `group` (split): the head's vocabulary rows are this rank's of the group's (vocab_parallel_head_loss).
 HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets_in,
                    double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, bool grads,
-                   const torch::Tensor& dw_into = {}, double softcap = 0, bool weight_grad = true) {
+                   const torch::Tensor& dw_into = {}, double softcap = 0, bool weight_grad = true, const TensorGroup& group = {}) {
   torch::NoGradGuard no_grad;
   const int64_t N = x.size(0), V = weight.size(0);
   DS_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1) && targets_in.numel() == N,
@@ -103,13 +137,17 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
   // The batch's targets are checked where they are read from the host (a GPU's kernel makes a row with a bad
   // one NaN rather than stop the queue to look), then copied without waiting. Targets already on a device
   // are looked at there when LibTorch's gather, which has no such guard, would read them.
-  if (N > 0 && (on_host(targets_in) || kernel_route(x) != KernelRoute::cuda)) {
+  const bool split = group.split();
+  const int64_t whole_vocab = split ? group.whole_vocab : V;
+  DS_CHECK(!split || (group.vocab.rows == V && group.vocab.real >= 1), "vocabulary-parallel head: ", V, " rows where the share has ",
+           group.vocab.rows);
+  if (N > 0 && (split || on_host(targets_in) || kernel_route(x) != KernelRoute::cuda)) {
     const int64_t lo = targets_in.min().item<int64_t>(), hi = targets_in.max().item<int64_t>();
-    DS_CHECK(lo >= 0 && hi < V, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", V,
+    DS_CHECK(lo >= 0 && hi < whole_vocab, "token id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", whole_vocab,
              "): the data and model.vocab_size disagree");
   }
   const torch::Tensor targets = ids_to_device(targets_in, x.device()).contiguous();
-  const torch::Tensor row_losses = host ? torch::Tensor() : torch::empty({N}, x.options().dtype(torch::kFloat32));
+  const torch::Tensor row_losses = host && !split ? torch::Tensor() : torch::empty({N}, x.options().dtype(torch::kFloat32));
   int64_t rows = std::clamp<int64_t>(chunk_elements / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1));
   if (!host && rows > kDeviceRowsAlign) rows = rows / kDeviceRowsAlign * kDeviceRowsAlign;
   const auto parts = vocab_parts(V, host);
@@ -131,7 +169,9 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
       if (grads) capped = logits.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
       logits.mul_(softcap);
     }
-    if (host)
+    if (split)
+      row_losses.narrow(0, r0, n).copy_(vocab_parallel_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads, group));
+    else if (host)
       out.loss_sum += chunk_cross_entropy(logits, targets.data_ptr<int64_t>() + r0, row_grad, grads);
     else
       device_chunk_cross_entropy(logits, targets.narrow(0, r0, n), row_grad, grads, row_losses.narrow(0, r0, n));
@@ -148,7 +188,10 @@ HeadPass head_pass(const torch::Tensor& x, const torch::Tensor& weight, const to
     const bool add = dw_into.defined() || r0 > 0;
     for (const auto& [v0, nv] : parts) matmul_into(dw.narrow(0, v0, nv), logits.narrow(1, v0, nv).t(), xc, add);
   }
-  if (!host) out.device_loss_sum = row_losses.sum(torch::kFloat64);
+  if (split && host)
+    out.loss_sum = row_losses.sum(torch::kFloat64).item<double>();
+  else if (!host)
+    out.device_loss_sum = row_losses.sum(torch::kFloat64);
   return out;
 }
 
@@ -165,9 +208,10 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
   // exchange finishes any reduction of those buffers before the head runs (ZeroExchange::after_forward).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& targets, double expected_grad, int64_t chunk_elements,
-                               torch::Tensor* kept_logits, double softcap) {
+                               torch::Tensor* kept_logits, double softcap, const TensorGroup* group) {
     const torch::Tensor into = weight.requires_grad() ? bound_gradient(weight) : torch::Tensor();
-    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into, softcap, weight.requires_grad());
+    HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, true, into, softcap, weight.requires_grad(),
+                              *group);
     ctx->saved_data["dx"] = pass.dx;
     ctx->saved_data["dw"] = pass.dw;
     ctx->saved_data["dw_in_buffer"] = into.defined();
@@ -189,7 +233,7 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
       const torch::Tensor factor = (grad_out[0].to(torch::kFloat64) / static_cast<double>(expected)).to(torch::kFloat32);
       dx = dx * factor;
       if (dw.defined()) dw = dw * factor;
-      return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+      return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
     const float got = grad_out[0].item<float>();
     if (got != expected) {
@@ -199,19 +243,32 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
       dx = dx * factor;
       if (dw.defined()) dw = dw * factor;
     }
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
-                              double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, double softcap) {
+namespace {
+torch::Tensor head_loss_over(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double expected_grad,
+                             int64_t chunk_elements, torch::Tensor* kept_logits, double softcap, const TensorGroup& group) {
   DS_CHECK(expected_grad != 0, "fused head loss: the expected gradient must be nonzero");
   if (torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
-    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap);
-  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false, {}, softcap);
+    return FusedHeadLoss::apply(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap, &group);
+  const HeadPass pass = head_pass(x, weight, targets, expected_grad, chunk_elements, kept_logits, false, {}, softcap, true, group);
   return mean_loss(pass, x.size(0));
+}
+}  // namespace
+
+torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                              double expected_grad, int64_t chunk_elements, torch::Tensor* kept_logits, double softcap) {
+  return head_loss_over(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap, TensorGroup{});
+}
+
+torch::Tensor vocab_parallel_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                                       const TensorGroup& group, double expected_grad, int64_t chunk_elements,
+                                       torch::Tensor* kept_logits, double softcap) {
+  return head_loss_over(x, weight, targets, expected_grad, chunk_elements, kept_logits, softcap, group);
 }
 
 }  // namespace ds

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "engine/plan/model_spec.hpp"  // kHeadChunkElements: the plan counts the same chunk
+#include "engine/runtime/model/tensor_parallel.hpp"
 
 namespace ds {
 
@@ -28,5 +29,17 @@ namespace ds {
 torch::Tensor fused_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
                               double expected_grad, int64_t chunk_elements = kHeadChunkElements,
                               torch::Tensor* kept_logits = nullptr, double softcap = 0);
+
+// Tensor parallel (Megatron's vocabulary-parallel cross-entropy): `weight` holds this rank's rows of the head,
+// group.vocab (the last rows - real of them padding, never a target, their gradient zero), the other rows are
+// the group's other ranks'; x and the targets (ids of the whole vocabulary) are the same on every rank. The
+// logits never leave their rank: per chunk, one all-reduce over the group carries each rank's maximum logit
+// and sum of exponentials below it per row, and the target's logit from the rank that holds it (2t + 1 fp32
+// values a row), from which every rank computes the whole softmax's loss and its own columns' gradient. The
+// loss returned is the whole one, on every rank; x's gradient is this rank's part: pass x through
+// enter_tensor_group first so backward sums the parts.
+torch::Tensor vocab_parallel_head_loss(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets,
+                                       const TensorGroup& group, double expected_grad, int64_t chunk_elements = kHeadChunkElements,
+                                       torch::Tensor* kept_logits = nullptr, double softcap = 0);
 
 }  // namespace ds

@@ -45,22 +45,23 @@ void Gpt2Model::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tens
 
 torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer)];
-  const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = C / NH;
+  // (tensor parallel: NH is this rank's heads, D their width; c_attn and c_fc its columns, the c_proj's its rows)
+  const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = hp_.head_dim();
   torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
-  const torch::Tensor qkv = linear(h.view({B * T, C}), b.attn, true);  // (BT, 3C): q, k, v heads
-  torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, C});
-  torch::Tensor x = x_in + dropout(linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1);
+  const torch::Tensor qkv = linear(column_input(h).view({B * T, C}), b.attn, true);  // (BT, 3 NH D): q, k, v heads
+  torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, NH * D});
+  torch::Tensor x = x_in + dropout(row_linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
   h = layer_norm(x, b.ln2_w, b.ln2_b, hp_.norm_eps);
-  torch::Tensor f = gelu_tanh(linear(h.view({B * T, C}), b.fc, true));
-  return x + dropout(linear(f, b.fc_proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
+  torch::Tensor f = gelu_tanh(linear(column_input(h).view({B * T, C}), b.fc, true));
+  return x + dropout(row_linear(f, b.fc_proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
   // Packed rows: each sample's positions count from 0.
   const torch::Tensor pos = packed() ? embedding_lookup(wpe_, positions(wpe_.device())) : wpe_.narrow(0, 0, T);
-  torch::Tensor x = dropout(embedding_lookup(wte_, inputs) + pos, hp_.embd_pdrop, -1, 0);  // (B, T, C)
+  torch::Tensor x = dropout(token_embedding(wte_, inputs) + pos, hp_.embd_pdrop, -1, 0);  // (B, T, C)
   x = run_blocks(x);
   x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);
   return head_loss(x.view({B * T, C}), wte_, targets);  // tied head

@@ -125,16 +125,36 @@ torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, boo
   return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
 }
 
+torch::Tensor LanguageModel::column_input(const torch::Tensor& x) const {
+  return tensor_.split() ? enter_tensor_group(x, *tensor_.comm) : x;
+}
+
+torch::Tensor LanguageModel::row_linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
+  if (!tensor_.split()) return linear(x, l, in_out);
+  const torch::Tensor summed = leave_tensor_group(projection(x, l.weight, {}, in_out), *tensor_.comm);
+  return l.bias.defined() ? summed + l.bias : summed;
+}
+
+torch::Tensor LanguageModel::token_embedding(const torch::Tensor& table, const torch::Tensor& ids) const {
+  return vocab_parallel_embedding(table, ids, tensor_);
+}
+
+void LanguageModel::set_tensor_group(const TensorGroup& group) {
+  tensor_ = group;
+  head_streams_ = group.split() ? splitmix64(0x7465'6e73'6f72ull + static_cast<uint64_t>(group.rank())) : 0;
+}
+
 torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p,
                                        int64_t layer, const AttentionForm& form, uint64_t sample) const {
   const bool dropped = p > 0 && training_;
   if (!dropped && form.plain(q.size(1))) return causal_attention(q, k, v);
   if (!dropped) return causal_attention_materialised(q, k, v, {}, form);
-  // A packed sample's probabilities are dropped from a stream of its own (its masks would repeat another's).
+  // A packed sample's probabilities are dropped from a stream of its own (its masks would repeat another's);
+  // a tensor rank's heads from streams of the rank's (head_streams_, 0 on one rank).
   constexpr uint64_t kSampleStreams = uint64_t{3} << 62;
   const auto drop = [&](const torch::Tensor& att) {
-    if (!sample) return dropout(att, p, layer, 0);
-    return dropout_from(att, p, kSampleStreams ^ splitmix64((static_cast<uint64_t>(layer) << 48) ^ sample));
+    if (!sample) return dropout_from(att, p, (static_cast<uint64_t>(layer + 1) * 8) ^ head_streams_);
+    return dropout_from(att, p, kSampleStreams ^ splitmix64((static_cast<uint64_t>(layer) << 48) ^ sample) ^ head_streams_);
   };
   return causal_attention_materialised(q, k, v, drop, form);
 }
@@ -231,15 +251,19 @@ torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tens
   const torch::Tensor t = flat.to(torch::kLong).contiguous();
   const int64_t* p = t.data_ptr<int64_t>();
   const int64_t counted = std::count_if(p, p + t.numel(), [](int64_t v) { return v >= 0; });
-  if (counted == t.numel())
-    return fused_head_loss(x, weight, targets.reshape({-1}), loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
+  // Tensor parallel: the head's rows are this rank's; x's gradient, its part, is summed over the group.
+  const auto loss_of = [&](const torch::Tensor& rows, const torch::Tensor& ids) {
+    if (!tensor_.split()) return fused_head_loss(rows, weight, ids, loss_gradient_, kHeadChunkElements, &head_logits_, softcap);
+    return vocab_parallel_head_loss(column_input(rows), weight, ids, tensor_, loss_gradient_, kHeadChunkElements, &head_logits_,
+                                    softcap);
+  };
+  if (counted == t.numel()) return loss_of(x, targets.reshape({-1}));
   if (counted == 0) {  // nothing to learn here: a zero loss whose gradient reaches x as zeros (the head's buffer is untouched)
     const torch::Tensor none = torch::zeros({0}, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
     return x.index_select(0, none).sum().to(torch::kFloat32);
   }
   const torch::Tensor kept = (t >= 0).nonzero().view({-1});
-  return fused_head_loss(x.index_select(0, kept.to(x.device())), weight, t.index_select(0, kept), loss_gradient_, kHeadChunkElements,
-                         &head_logits_, softcap);
+  return loss_of(x.index_select(0, kept.to(x.device())), t.index_select(0, kept));
 }
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
@@ -340,13 +364,34 @@ Linear ModelWeights::linear(const std::string& weight_suffix, const std::string&
   return l;
 }
 
-std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params) {
+namespace {
+// Tensor parallel: the group a split plan's model runs over, checked against the plan's mesh.
+TensorGroup tensor_group_of(const Plan& plan, Communicator* comm) {
+  const MeshShape& mesh = plan.mesh.shape;
+  if (mesh.tensor == 1) return {};
+  DS_CHECK(mesh.pipeline == 1, "make_model: pipeline stages do not run yet");
+  DS_CHECK(!plan.lora.enabled && plan.frozen.empty(), "make_model: tensor parallelism with LoRA or frozen tensors does not run yet");
+  DS_CHECK(comm && comm->world_size() == mesh.tensor, "make_model: the plan splits the model over ", mesh.tensor,
+           " tensor ranks, but the tensor group has ", comm ? comm->world_size() : 0);
+  TensorGroup g;
+  g.comm = comm;
+  g.vocab = vocab_share(plan.model.hp.vocab_size, mesh.tensor, comm->rank());
+  g.whole_vocab = plan.model.hp.vocab_size;
+  return g;
+}
+}  // namespace
+
+std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params, Communicator* tensor_group) {
   std::unique_ptr<LanguageModel> m;
   ModelWeights weights(plan, params);
-  switch (plan.model.hp.traits().positions) {  // the two blocks ds builds (schema/arch.hpp)
-    case Positions::learned: m = std::make_unique<Gpt2Model>(plan.model.hp, weights); break;
-    case Positions::rotary: m = std::make_unique<LlamaModel>(plan.model.hp, weights); break;
+  const TensorGroup group = tensor_group_of(plan, tensor_group);
+  // A tensor rank's model has its share's sizes: its heads, kv heads, MLP channels and vocabulary rows.
+  const ModelHyper hp = group.split() ? stage_share(plan.model, plan.mesh, 0).hp : plan.model.hp;
+  switch (hp.traits().positions) {  // the two blocks ds builds (schema/arch.hpp)
+    case Positions::learned: m = std::make_unique<Gpt2Model>(hp, weights); break;
+    case Positions::rotary: m = std::make_unique<LlamaModel>(hp, weights); break;
   }
+  m->set_tensor_group(group);
   DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
   DS_CHECK(weights.done(), "the model left parameters or adapters unbound");
   m->set_checkpoint_activations(plan.activation_checkpointing);
@@ -373,13 +418,22 @@ std::vector<ParamSlot> slots_of(const ModelSpec& model) {
 }
 }  // namespace
 
-InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base)
+InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base, int tensor_rank)
     : plan_(plan),
       slots_(base || (!plan.lora.enabled && !plan.frozen.empty()) ? slots_of(plan.model) : plan.layout.params),
       adapters_(plan.lora.enabled && !base),
       model_tensor_(base || plan.lora.enabled || plan.frozen.empty() ? std::vector<int>{} : plan.trained_model_tensors()),
       // The adapter's draws come from a stream of their own, not the base's first values again.
-      gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)) {}
+      gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)),
+      tensor_rank_(tensor_rank) {
+  if (plan.mesh.shape.tensor == 1 || base) return;
+  DS_CHECK(plan.mesh.shape.pipeline == 1 && !adapters_ && model_tensor_.empty(),
+           "initial weights: a tensor rank's share with pipeline stages, LoRA or frozen tensors is not drawn yet");
+  slots_ = slots_of(plan.model);  // the whole tensors, each handed out as this rank's share
+  sharing_ = true;
+  DS_CHECK(slots_.size() == plan.layout.params.size(), "initial weights: the share has ", plan.layout.params.size(), " tensors, the model ",
+           slots_.size());
+}
 
 const float* InitialWeights::param(int asked) {
   // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order.
@@ -397,12 +451,18 @@ const float* InitialWeights::param(int asked) {
       case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
       case Positions::rotary: LlamaModel::initialise(plan_.model.hp, p, values_, gen_); break;
     }
+    if (sharing_) {
+      const TensorSpec& whole = plan_.model.tensors[static_cast<size_t>(drawn_)];
+      share_ = take_share(values_.view(whole.shape), tensor_slice_of(plan_.model, whole, plan_.mesh.shape.tensor, tensor_rank_)).view(-1);
+      DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(drawn_)].numel, "initial weights: ", whole.name, "'s share has ",
+               share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(drawn_)].numel);
+    }
   }
-  return values_.data_ptr<float>();
+  return (sharing_ ? share_ : values_).data_ptr<float>();
 }
 
-void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed) {
-  InitialWeights w(plan, seed);
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed, int tensor_rank) {
+  InitialWeights w(plan, seed, false, tensor_rank);
   for (size_t i = 0; i < plan.layout.params.size(); ++i) {
     const ParamSlot& p = plan.layout.params[i];
     std::memcpy(master.data_ptr<float>() + p.offset, w.param(static_cast<int>(i)), static_cast<size_t>(p.numel) * 4);

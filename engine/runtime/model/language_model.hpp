@@ -13,6 +13,7 @@
 #include "engine/runtime/run/flat_params.hpp"
 #include "engine/runtime/run/trainer_api.hpp"
 #include "engine/runtime/model/fused_attention.hpp"  // AttentionForm
+#include "engine/runtime/model/tensor_parallel.hpp"
 
 namespace ds {
 
@@ -140,6 +141,13 @@ class LanguageModel {
   // attended to with the sample before it (which, causal, never sees it); no counted target reads its
   // outputs. Copied; null or empty, or no row with two samples: each row is one sequence.
   void set_segments(const std::vector<std::vector<int64_t>>* segments);
+  // Tensor parallel (Megatron's scheme, make_model sets it): the model was built with its share's sizes (its
+  // heads, MLP channels and vocabulary rows) and bound to its share of each split tensor; each block sums its
+  // attention's and its MLP's partial outputs over the group (then adds their biases, whole on every rank), and
+  // sums its inputs' gradients in backward; the embedding and the loss run over the group's vocabulary rows.
+  // The dropout masks of activations every rank holds whole are the same on each (set_dropout's key must be);
+  // the attention's probabilities, each rank's own heads, draw from a stream of the rank's.
+  void set_tensor_group(const TensorGroup& group);
 
  protected:
   // Every block in order, checkpointed when configured.
@@ -150,6 +158,17 @@ class LanguageModel {
   // The projection x W^T + b (x W + b with `in_out`: GPT-2's Conv1D), plus with an adapter
   // scale dropout(x) A^T B^T, added in the same pass that adds the two.
   torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool in_out) const;
+  // Tensor parallel: where column-parallel projections (q, k, v; gate, up) take their input `x` (Megatron's f:
+  // backward sums its gradient over the group); `x` itself on one rank.
+  torch::Tensor column_input(const torch::Tensor& x) const;
+  // A row-parallel projection (attention's output, the MLP's down): this rank's partial product summed over the
+  // group (Megatron's g), then the bias; `linear` itself on one rank.
+  torch::Tensor row_linear(const torch::Tensor& x, const Linear& l, bool in_out) const;
+  // A whole tensor each rank applies to its own heads only (Qwen3's per-head q and k norms): under tensor
+  // parallelism its gradient is summed over the group in backward, so every rank's copy steps alike.
+  torch::Tensor per_head_weight(const torch::Tensor& w) const { return column_input(w); }
+  // The token embedding of `ids` from the table (this rank's vocabulary rows under tensor parallelism).
+  torch::Tensor token_embedding(const torch::Tensor& table, const torch::Tensor& ids) const;
   // Called by block() with the residual sum after the attention half.
   void attention_half_done(int64_t layer, torch::Tensor& x) const;
   // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
@@ -194,11 +213,15 @@ class LanguageModel {
   mutable torch::Tensor device_positions_;       // positions_ where the model runs
   BlockHooks* hooks_ = nullptr;
   BlockParts* parts_ = nullptr;
+  TensorGroup tensor_;
+  uint64_t head_streams_ = 0;  // tensor parallel: mixed into the attention probabilities' dropout streams, per rank
 };
 
 // The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation
-// checkpointing as the plan says.
-std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params);
+// checkpointing as the plan says. A plan whose mesh splits the model over tensor ranks: this rank's share,
+// built with the share's sizes and running over `tensor_group` (the mesh's tensor group, this rank's place in
+// it its tensor rank).
+std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params, Communicator* tensor_group = nullptr);
 // The architecture's initial weights, deterministic in `seed`, drawn parameter by parameter in layout
 // order from one generator of their own (the process-wide one is shared with other threads: ranks in
 // tests), so a rank holding a part of the model never needs the whole of it in fp32.
@@ -207,7 +230,9 @@ class InitialWeights {
   // The layout's parameters (with LoRA the adapter's: A as model.lora.init says, B zero), or with `base` the
   // model's tensors in state_dict order (what a frozen tensor is filled from). A model's tensor gets the
   // same values whatever is frozen: those a run training every weight draws from this seed.
-  InitialWeights(const Plan& plan, uint64_t seed, bool base = false);
+  // A plan split over tensor ranks: the whole model's tensors are drawn as one rank would, and each handed out
+  // as tensor rank `tensor_rank`'s share (take_share), so every mesh starts from the weights one rank does.
+  InitialWeights(const Plan& plan, uint64_t seed, bool base = false, int tensor_rank = 0);
   // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
   const float* param(int i);
 
@@ -219,8 +244,12 @@ class InitialWeights {
   at::Generator gen_;
   int drawn_ = -1;
   torch::Tensor values_;
+  int tensor_rank_ = 0;   // split over tensor ranks: the share handed out
+  bool sharing_ = false;  // whether the plan splits the model so
+  torch::Tensor share_;   // that share of values_
 };
-// The whole model's initial weights into `master` (fp32, the plan's layout).
-void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed);
+// The whole model's initial weights into `master` (fp32, the plan's layout); `tensor_rank`'s share of them
+// when the plan splits the model over tensor ranks.
+void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed, int tensor_rank = 0);
 
 }  // namespace ds

@@ -118,7 +118,8 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
   const int64_t D = hp_.head_dim();
   const auto [cos, sin] = rotary_cos_sin(T, x_in.device());
-  torch::Tensor h = rms_norm(x_in, b.norm_in);
+  // (tensor parallel: NH and NKV are this rank's heads, the intermediate size its MLP channels)
+  torch::Tensor h = column_input(rms_norm(x_in, b.norm_in));
   torch::Tensor q, k, v;
   if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
     std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
@@ -128,7 +129,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
     k = linear(h, b.k, false).view({B, T, NKV, D});
     v = linear(h, b.v, false).view({B, T, NKV, D});
   }
-  if (b.q_norm.defined()) q = rms_norm(q, b.q_norm), k = rms_norm(k, b.k_norm);  // each head's, over its D
+  if (b.q_norm.defined()) q = rms_norm(q, per_head_weight(b.q_norm)), k = rms_norm(k, per_head_weight(b.k_norm));  // each head's, over its D
   AttentionForm form;
   form.window = hp_.window_of(layer);
   form.softcap = hp_.attn_softcap;
@@ -153,12 +154,12 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
     return attention(rotary(qkv[0], c, s), rotary(qkv[1], c, s), qkv[2], hp_.attn_pdrop, layer, form, sample);
   };
   torch::Tensor y = per_sample({q, k, v}, NH, attend, own_tables).view({B, T, NH * D});  // kv heads serve groups
-  y = linear(y, b.o, false);
+  y = row_linear(y, b.o, false);
   const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
   if (sandwich) y = rms_norm(y, b.norm_post);
   torch::Tensor x = x_in + dropout(y, hp_.resid_pdrop, layer, 1);
   attention_half_done(layer, x);
-  h = rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post);
+  h = column_input(rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post));
   torch::Tensor act;
   if (traits_.fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
     const torch::Tensor gate_up = linear(h, b.gate, false);
@@ -167,14 +168,14 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   } else {
     act = gated(linear(h, b.gate, false), linear(h, b.up, false));
   }
-  torch::Tensor out = linear(act, b.down, false);
+  torch::Tensor out = row_linear(act, b.down, false);
   if (sandwich) out = rms_norm(out, b.norm_post_mlp);
   return x + dropout(out, hp_.resid_pdrop, layer, 2);
 }
 
 torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
   const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
-  torch::Tensor x = embedding_lookup(embed_, inputs);  // (B, T, C)
+  torch::Tensor x = token_embedding(embed_, inputs);  // (B, T, C)
   // Gemma: times sqrt(width), that factor rounded to the activations' dtype as Hugging Face rounds it.
   if (traits_.embedding_scaled)
     x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(C)), torch::kFloat64).to(x.scalar_type()).item<double>();

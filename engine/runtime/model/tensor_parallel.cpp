@@ -1,6 +1,10 @@
 #include "engine/runtime/model/tensor_parallel.hpp"
 
 #include <cstdint>
+#include <vector>
+
+#include "common/error.hpp"
+#include "engine/runtime/model/fused_ops.hpp"  // embedding_lookup
 
 namespace ds {
 namespace {
@@ -52,6 +56,29 @@ torch::Tensor enter_tensor_group(const torch::Tensor& x, Communicator& group) {
 torch::Tensor leave_tensor_group(const torch::Tensor& partial, Communicator& group) {
   if (group.world_size() == 1) return partial;
   return LeaveTensorGroup::apply(partial, address_of(group));
+}
+
+torch::Tensor take_share(const torch::Tensor& whole, const TensorSlice& slice) {
+  const int64_t dim = slice.dim;
+  DS_CHECK(dim < whole.dim() || (whole.dim() == 0 && dim == 0), "take_share: dimension ", dim, " of a tensor of ", whole.sizes());
+  std::vector<torch::Tensor> parts;
+  for (const auto& [begin, length] : slice.runs) parts.push_back(whole.narrow(dim, begin, length));
+  if (slice.padding > 0) {
+    std::vector<int64_t> shape = whole.sizes().vec();
+    shape[static_cast<size_t>(dim)] = slice.padding;
+    parts.push_back(torch::zeros(shape, whole.options()));
+  }
+  return torch::cat(parts, dim).contiguous();
+}
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& table, const torch::Tensor& ids, const TensorGroup& group) {
+  if (!group.split()) return embedding_lookup(table, ids);
+  const VocabShare& v = group.vocab;
+  const torch::Tensor local = ids.to(torch::kLong) - v.begin;
+  const torch::Tensor mine = (local >= 0) & (local < v.real);
+  // Another rank's id reads row 0 and is zeroed: its gradient into row 0 is zero.
+  const torch::Tensor rows = embedding_lookup(table, torch::where(mine, local, torch::zeros_like(local)));
+  return leave_tensor_group(rows * mine.unsqueeze(-1).to(rows.device(), rows.scalar_type()), *group.comm);
 }
 
 }  // namespace ds
