@@ -201,8 +201,17 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   ASSERT_EQ(p.mesh.stages.size(), 2u);
   EXPECT_DOUBLE_EQ(p.mesh.bubble, 1.0 / 5.0);
   const std::vector<std::string> why = not_yet_runnable(p);
-  ASSERT_FALSE(why.empty());
-  EXPECT_NE(why.back().find("tensor_parallel.autotp_size 2, pipeline.stages 2"), std::string::npos) << why.back();
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why.back().find("pipeline parallelism (pipeline.stages 2)"), std::string::npos) << why.back();
+  // Tensor parallel alone trains; with what it does not run with yet, each is named.
+  EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline"})).empty());
+  const std::vector<std::string> lamb = not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline", "optimizer.type=Lamb"}));
+  ASSERT_EQ(lamb.size(), 1u);
+  EXPECT_NE(lamb[0].find("tensor_parallel.autotp_size 2) with Lamb"), std::string::npos) << lamb[0];
+  const std::vector<std::string> offload =
+      not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}));
+  ASSERT_EQ(offload.size(), 1u);
+  EXPECT_NE(offload[0].find("with offload"), std::string::npos) << offload[0];
   // DeepSpeed's train_batch_size for this mesh (micro x accumulation x data ranks) is consistent.
   EXPECT_EQ(test::plan_of(cfg, 8, 0, {"train_batch_size=16"}).batch.grad_accum, 4);
   // plan.json carries the mesh; a plain run's is data x 1 x 1 and nothing is refused for it.
@@ -318,7 +327,7 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
   for (const bool recompute : {false, true}) {
     const Plan p = test::plan_of(cfg, 8, 0, {std::string("model.activation_checkpointing=") + (recompute ? "true" : "false")});
     ASSERT_EQ(p.mesh.stages.size(), 2u);
-    const double boundary = 2 * 32 * 64 * 2;  // micro 2 x 32 tokens x 64 wide, bf16
+    const double boundary = 2 * 32 * 64 * 4;  // micro 2 x 32 tokens x 64 wide, bf16 summed in fp32 (Gloo)
     const int64_t per_block = recompute ? 6 : 4;
     // Stage 0: two blocks and the embedding's output; stage 1: two blocks, the head's input gradient and the
     // loss's one chunk (64 rows of 128 vocabulary rows per rank) of 2t + 1 = 5 fp32 values per token. Four
@@ -334,9 +343,9 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
       EXPECT_EQ(st.traffic.pipeline_sends, 4);  // activations on from stage 0, their gradients back from stage 1
       EXPECT_EQ(st.traffic.pipeline_bytes, 4 * boundary);
       // GPT-2's head is the token table: the last stage's copy and the first's gradients summed once a step,
-      // 128 of the 256 rows on each tensor rank, bf16 gradients.
+      // 128 of the 256 rows on each tensor rank, bf16 gradients summed in fp32 (Gloo).
       EXPECT_EQ(st.traffic.tied_all_reduces, 1);
-      EXPECT_EQ(st.traffic.tied_bytes, 128 * 64 * 2);
+      EXPECT_EQ(st.traffic.tied_bytes, 128 * 64 * 4);
     }
   }
   // Tensor parallel alone: no sends; four tensor ranks send 2 x 3/4 of the payload.
@@ -345,6 +354,14 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
   const MeshTraffic& x = four.mesh.stages[0].traffic;
   EXPECT_EQ(x.pipeline_sends, 0);
   EXPECT_DOUBLE_EQ(x.tensor_wire_bytes, 1.5 * x.tensor_payload_bytes);
+  // NCCL sums bf16 itself: the activations cross in bf16, half Gloo's fp32 (the loss's values are fp32 on both:
+  // 4 micro-batches x 2t + 1 = 9 values x 64 tokens x 4 bytes).
+  const Config c = load_config_text(cfg, "test.json", {"tensor_parallel.autotp_size=4", "~pipeline"});
+  Topology gpus = test::thread_ranks(4, 0);
+  gpus.device = DeviceKind::cuda;
+  const Plan on_gpus = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus);
+  const double loss = 4 * 9 * 64 * 4;
+  EXPECT_DOUBLE_EQ(x.tensor_payload_bytes - loss, 2 * (on_gpus.mesh.stages[0].traffic.tensor_payload_bytes - loss));
 }
 
 }  // namespace

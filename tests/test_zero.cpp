@@ -333,6 +333,89 @@ TEST(Zero, ConvertCkptReshardsACheckpointForAnotherWorldSizeAndStageBitForBit) {
   for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
 }
 
+// Tensor parallelism over real processes (Gloo): tensor 2 alone, and tensor 2 x data 2 with ZeRO 1 and 3 over the data
+// groups, train the one-rank run (the same global batch): per-step losses to 1e-5. Their checkpoint is the whole
+// model's (each tensor rank writes its share as the elements of the whole it holds): it holds the one-rank run's
+// weights and moments, convert-ckpt consolidates it, and one rank resumes a mesh's checkpoint into the same losses.
+TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
+  const std::string& one = single_rank_run();
+  const auto base = losses_of(one);
+  ASSERT_EQ(base.size(), 10u);
+  const WholeState base_state = whole_state(one);
+  struct Mesh {
+    std::string name, shape;
+  };
+  const std::vector<Mesh> meshes = {
+      {"t2", "train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=3 --nproc-per-node 2 zero_optimization.stage=0"},
+      {"t2d2z1", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=1"},
+      {"t2d2z2", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=2"},
+      {"t2d2z3", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=3 "
+                 "model.activation_checkpointing=true"},
+  };
+  for (const Mesh& m : meshes) {
+    SCOPED_TRACE(m.name);
+    const std::string dir = scratch_dir() + "/tp_" + m.name;
+    Result r = cli_test::ds(kRun + m.shape + " tensor_parallel.autotp_size=2 train.steps=10 train.save_every=5 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(slurp(dir + "/train.log"), "(tensor 2 x data ")) << slurp(dir + "/train.log");
+    const auto losses = losses_of(dir);
+    ASSERT_EQ(losses.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+    // Bytes sent per step: ZeRO's collectives over the data group and the tensor group's all-reduces, as planned.
+    const json plan = json::parse(slurp(dir + "/plan.json"));
+    double planned = plan["mesh"]["stages"][0]["traffic_per_rank_per_step"]["tensor_wire_bytes"].get<double>();
+    EXPECT_GT(planned, 0);
+    for (const json& c : plan["collectives"]) planned += c["wire_bytes_per_rank_per_step"].get<double>();
+    for (const json& m : metrics_of(dir)) EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
+    const WholeState state = whole_state(dir, one);
+    expect_close(state.master, base_state.master, "weights");
+    expect_close(state.exp_avg, base_state.exp_avg, "exp_avg");
+    expect_close(state.exp_avg_sq, base_state.exp_avg_sq, "exp_avg_sq");
+    Result c = cli_test::ds("convert-ckpt " + dir + " " + dir + "/consolidated.safetensors");
+    ASSERT_EQ(c.code, 0) << c.err;
+    ds::SafetensorsFile file(dir + "/consolidated.safetensors");
+    std::vector<float> consolidated;
+    for (const ds::StTensor& t : file.view().tensors()) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      file.view().read_f32(t, v.data());
+      consolidated.insert(consolidated.end(), v.begin(), v.end());
+    }
+    EXPECT_TRUE(consolidated == state.master) << "the consolidated file differs from the checkpoint's weights";
+  }
+  // The step-5 checkpoint of tensor 2 x data 2 at stage 3, resumed on one rank: steps 6-10 are the one-rank run's.
+  const std::string resumed = scratch_dir() + "/tp_resumed";
+  Result r = cli_test::ds(kRun + shape(1) + "train.steps=10 train.output_dir=" + resumed + " train.resume=" + scratch_dir() +
+                          "/tp_t2d2z3/checkpoints/step_00000005");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto losses = losses_of(resumed);
+  ASSERT_EQ(losses.size(), 5u);
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
+  // Validation: the data ranks split the held-out rows, each tensor group evaluates its rows together; the same loss.
+  double val[2] = {0, 0};
+  for (int tp = 0; tp < 2; ++tp) {
+    const std::string dir = scratch_dir() + "/tp_val" + std::to_string(tp);
+    r = cli_test::ds(kRun + (tp ? meshes[1].shape + " tensor_parallel.autotp_size=2" : shape(1)) +
+                     " train.steps=2 train.eval_every=2 train.eval_batches=2 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    val[tp] = metrics_of(dir).back()["val_loss"].get<double>();
+  }
+  EXPECT_NEAR(val[1], val[0], 1e-5 * val[0]);
+  // Started from a checkpoint's weights (model.init_from): each tensor rank reads the whole tensors and keeps its
+  // share; the first steps' losses are one rank's from the same weights.
+  std::vector<double> from[2];
+  for (int tp = 0; tp < 2; ++tp) {
+    const std::string dir = scratch_dir() + "/tp_init" + std::to_string(tp);
+    r = cli_test::ds(kRun + (tp ? meshes[1].shape + " tensor_parallel.autotp_size=2" : shape(1)) + " train.steps=2 model.init_from=" +
+                     ds::find_latest_checkpoint(one) + " train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    from[tp] = losses_of(dir);
+  }
+  ASSERT_EQ(from[0].size(), 2u);
+  ASSERT_EQ(from[1].size(), 2u);
+  EXPECT_LT(from[0][0], base[0] - 0.1);  // the trained weights, not a fresh draw
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(from[1][i], from[0][i], 1e-5 * from[0][i]) << "step " << i + 1;
+}
+
 TEST(Zero, TwoLocalRanksAtStageZeroTrainTheSameRunAsOneRank) {
   // One rank: 2 micro batches of 16 per step; two ranks: one each. The sampler hands both the same 32
   // samples per step, so fp32 losses agree to summation order.

@@ -202,13 +202,17 @@ int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector
 
 }  // namespace
 
+Collective control_collective(int world_size) {
+  return make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, world_size);
+}
+
 std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
   const FlatLayout& L = plan.layout;
   const ResolvedZero& knobs = plan.zero;
   std::vector<Collective> out;
   const int W = z.world_size;
   if (W <= 1) return out;
-  out.push_back(make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, W));
+  out.push_back(control_collective(W));
   if (plan.optimizer.per_tensor_update() && z.sharded)
     out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1, 2 * static_cast<int64_t>(L.params.size()), 8, W));
   const int64_t whole_calls = whole_gradient_calls(L, z, knobs.reduce_bucket_size);

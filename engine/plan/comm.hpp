@@ -90,6 +90,8 @@ struct ZeroExecution;
 // The collectives one optimizer step of this plan issues, for the execution's flags. Empty for a
 // single rank: nothing crosses a wire.
 std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& zero);
+// The step's agreement (the loss, the gradient norm's sum of squares and the stop flag, 3 fp64) over `world_size` ranks.
+Collective control_collective(int world_size);
 
 // Wire bytes one rank sends for a payload (ring algorithms).
 double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size);

@@ -4,6 +4,8 @@
 #include <map>
 #include <set>
 
+#include "common/error.hpp"
+
 namespace ds {
 
 MeshCoord mesh_coord(const MeshShape& m, int rank) {
@@ -151,6 +153,56 @@ TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int ten
     start += part;
   }
   return slice;
+}
+
+std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const FlatLayout& share, const std::vector<OwnedSegment>& owned,
+                                         int tensor, int tensor_rank, bool whole_tensors) {
+  DS_CHECK(share.params.size() == whole.tensors.size(), "whole_segments: the share has ", share.params.size(), " tensors, the model ",
+           whole.tensors.size());
+  std::vector<int64_t> offset(whole.tensors.size() + 1, 0);  // each whole tensor's place in the whole's flat order
+  for (size_t i = 0; i < whole.tensors.size(); ++i) offset[i + 1] = offset[i] + whole.tensors[i].numel;
+  std::vector<OwnedSegment> out;
+  for (const OwnedSegment& s : owned) {
+    const size_t i = static_cast<size_t>(s.param);
+    const TensorSpec& t = whole.tensors[i];
+    const TensorSlice slice = tensor_slice_of(whole, t, tensor, tensor_rank);
+    const bool kept_whole = tensor == 1 || tensor_split_of(whole, t) == TensorSplit::whole;
+    if (kept_whole && !whole_tensors) continue;
+    // The share as rows x columns along the slice's dimension: dimension 0 splits rows (of `inner` elements),
+    // dimension 1 the columns of each row.
+    const int64_t rows = t.shape.empty() ? t.numel : t.shape[0];
+    const int64_t inner = rows == 0 ? 0 : t.numel / rows;             // the whole's row length
+    int64_t along_runs = 0;  // the share's length along the split dimension, without its padding
+    for (const auto& run : slice.runs) along_runs += run.second;
+    const int64_t share_inner = slice.dim == 0 ? inner : along_runs;  // the share's row length
+    int64_t k = s.global - share.params[i].offset;  // within the share tensor
+    const int64_t end = k + s.numel;
+    int64_t local = s.local;
+    while (k < end) {
+      const int64_t row = share_inner == 0 ? 0 : k / share_inner, col = share_inner == 0 ? 0 : k % share_inner;
+      const int64_t along = slice.dim == 0 ? row : col;  // the share's index along the split dimension
+      int64_t start = 0, whole_index = -1, stretch = 0;
+      for (const auto& [begin, length] : slice.runs) {
+        if (along < start + length) {
+          if (slice.dim == 0) {
+            whole_index = (begin + along - start) * inner + col;
+            stretch = (start + length - along) * inner - col;
+          } else {
+            whole_index = row * inner + begin + along - start;
+            stretch = start + length - along;
+          }
+          break;
+        }
+        start += length;
+      }
+      if (whole_index < 0) stretch = (along_runs + slice.padding - row) * inner - col;  // the padding rows (dimension 0 only)
+      stretch = std::min(stretch, end - k);
+      if (whole_index >= 0) out.push_back({s.param, offset[i] + whole_index, local, stretch});
+      k += stretch;
+      local += stretch;
+    }
+  }
+  return out;
 }
 
 ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {

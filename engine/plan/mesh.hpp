@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/plan/layout.hpp"
 #include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
 
@@ -71,6 +72,16 @@ struct TensorSlice {
   int64_t padding = 0;
 };
 TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int tensor, int rank);
+
+// A tensor rank's segments (owned_segments of its share's layout, `share`) as segments of the whole model's flat
+// order (its tensors concatenated, as one rank lays them out): the same local places, the elements they hold
+// found in the whole tensors through tensor_slice_of, a run broken wherever the whole's elements stop being
+// consecutive (each row of a tensor split by columns); the padding's rows left out. With `whole_tensors` false,
+// the tensors every tensor rank holds whole are left out too (a checkpoint takes them from tensor rank 0). A
+// checkpoint written with these is the whole model's: any mesh, or one rank, resumes it, and convert-ckpt reads
+// it as it reads any other. One pipeline stage (the share's tensors are the model's, in order).
+std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const FlatLayout& share, const std::vector<OwnedSegment>& owned,
+                                         int tensor, int tensor_rank, bool whole_tensors);
 
 // What one rank of a stage sends per optimizer step for the mesh, besides ZeRO's collectives over its data
 // group (which the plan's collectives list). Megatron's tensor parallelism without sequence parallelism:

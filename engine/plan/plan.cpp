@@ -344,6 +344,11 @@ void lay_out_mesh(Plan& plan, int stage) {
   plan.layout = std::move(at_heaviest.layout);
   plan.execution = std::move(at_heaviest.execution);
   plan.memory = mesh.stages[static_cast<size_t>(mesh.heaviest_stage)].memory;
+  // The step's loss, norm and stop flag are agreed by the whole world (every rank holds a part of the norm), not
+  // the data group ZeRO's collectives run over.
+  std::vector<Collective>& all = plan.execution.collectives;
+  all.erase(std::remove_if(all.begin(), all.end(), [](const Collective& c) { return c.kind == CollectiveKind::control; }), all.end());
+  if (plan.topology.world_size > 1) all.insert(all.begin(), control_collective(plan.topology.world_size));
 }
 
 // The schedule resolved again, for the plan's steps now and `after`'s scheduler lengths: what its resolution
@@ -728,19 +733,21 @@ void note_mesh(Plan& plan) {
   if (!plan.has_model)
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): its stages, their parameters and memory per rank need "
                                      "the model (model.preset=NAME or a model block)",
-                             "ds train refuses this plan until tensor and pipeline parallelism run"});
+                             "give the model: ds train splits it over tensor ranks (pipeline stages not yet)"});
   else if (m.heaviest_stage < 0)
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): with " +
                                      std::string(plan.lora.enabled ? "LoRA" : "frozen tensors") +
                                      " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
                                      "buffers and collectives below are data parallelism's, each rank with the whole model",
-                             "ds train refuses this plan until tensor and pipeline parallelism run"});
+                             "ds train refuses a split model with LoRA or frozen tensors yet"});
   else
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): the memory, buffers and layout below are a rank of stage " +
                                      std::to_string(m.heaviest_stage) + " (the heaviest; each stage's in the mesh table) over its " +
                                      std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group, "
                                      "without the tensor all-reduces and the pipeline's sends",
-                             "ds train refuses this plan until tensor and pipeline parallelism run"});
+                             m.shape.pipeline > 1 ? "ds train refuses pipeline stages yet (tensor and data parallelism train)"
+                                                  : "the mesh table has each rank's tensor all-reduces per step; ds train counts them "
+                                                    "with ZeRO's in its bytes"});
 }
 
 }  // namespace
@@ -780,8 +787,10 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
 
   lay_out(plan, stage);
   lay_out_mesh(plan, stage);
-  count_mesh_traffic(plan.mesh, model.hp, plan.batch.micro_batch, plan.seq_len, dtype_bytes(plan.precision.compute_dtype),
-                     dtype_bytes(plan.precision.grad_dtype), plan.activation_checkpointing);
+  // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
+  const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };
+  count_mesh_traffic(plan.mesh, model.hp, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
+                     on_wire(plan.precision.grad_dtype), plan.activation_checkpointing);
   note_mesh(plan);
   if (plan.execution.gathers)
     record_block_gathers(plan.mesh.heaviest_stage >= 0 ? stage_share(plan.model, plan.mesh, plan.mesh.heaviest_stage) : model, plan);

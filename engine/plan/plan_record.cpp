@@ -332,6 +332,12 @@ json step_time_json(const Plan& p) {
 
 }  // namespace
 
+std::string with_whole_model_layout(const std::string& plan_json, const Plan& plan) {
+  json j = json::parse(plan_json);
+  j["layout"] = layout_json(build_layout(plan.model, plan.layout.stage, plan.mesh.shape.data));
+  return j.dump(2);
+}
+
 std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& tokenizer_files, int indent) {
   json j;
   j["schema_version"] = p.schema_version;

@@ -57,6 +57,10 @@ struct PlanRecord {
 
 // The record: `ds plan --json`'s output (indent 2), with the tokenizer files a run records.
 std::string plan_to_json(const Plan& plan, const std::vector<TokenizerFileRecord>& tokenizer_files = {}, int indent = 2);
+// A model split over tensor ranks is checkpointed as the whole model's elements (whole_segments): the plan.json a
+// checkpoint carries, `plan_json` (plan_to_json's) with the whole model's layout in place of a rank's share, so
+// that what reads it (convert-ckpt, a resume on any mesh) finds every tensor whole.
+std::string with_whole_model_layout(const std::string& plan_json, const Plan& plan);
 
 // Reads a record written by plan_to_json (of this version or an older one). UserError naming `where`
 // (for example "checkpoint 'runs/x/checkpoints/step_00000010'") and the field when the text is not a

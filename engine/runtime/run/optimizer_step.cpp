@@ -155,6 +155,8 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       optimizer_(plan.optimizer, plan.layout, flat.rank),
       swapper_(swapper),
       param_swap_(param_swap) {
+  for (const TensorSpec& t : plan.model.tensors)
+    split_params_.push_back(plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, t) != TensorSplit::whole ? 1 : 0);
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
   // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
@@ -243,7 +245,7 @@ void OptimizerStep::refresh_weights(bool rounded) {
 
 double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
-  const int W = plan_.topology.world_size;
+  const int W = plan_.batch.world_size;  // the data-parallel ranks (the world, unless tensor ranks share each batch)
   StepPhases& t = out.phases;
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
   const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
@@ -288,6 +290,15 @@ double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) 
   bool partial = false;
   if (comm_) comm_->settle();  // the gradients' last reduces, before the host reads their norm
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
+  if (plan_.mesh.shape.tensor > 1 && comm_) {
+    // Tensor parallel: every rank holds a part, summed over the world; a tensor every tensor rank holds whole
+    // counts once (tensor rank 0's), and a stage-0 replica of the whole share once (data rank 0's). (The loss
+    // needs nothing: every tensor rank adds the same, and the world's sum is divided by the world below.)
+    const MeshCoord at = mesh_coord(plan_.mesh.shape, comm_->rank());
+    if (!plan_.execution.sharded && at.data != 0) sum_of_squares = 0;
+    else if (at.tensor != 0) sum_of_squares = zero_.grad_sum_of_squares_of(split_params_);
+    partial = true;
+  }
   out.loss = loss_sum / static_cast<double>(GAS);
   out.stop_requested = stop_signal != 0;
   if (comm_) {

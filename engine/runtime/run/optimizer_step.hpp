@@ -71,6 +71,8 @@ class OptimizerStep {
   void set_applied(int64_t n) { applied_ = n; }
 
  private:
+  // Tensor parallel: per parameter, whether tensor ranks each hold a part of it (1) or all of it (0).
+  std::vector<uint8_t> split_params_;
   struct Clock;  // the step's phases, timed back to back (optimizer_step.cpp)
   // Forward and backward of every micro batch; returns the sum of their losses.
   double micro_steps(int64_t step, StepOutcome& out, Clock& clock);

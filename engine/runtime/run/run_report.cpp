@@ -216,7 +216,10 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
                                           : std::string();
   log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters" + lora + ", " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
-            (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
+            (W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()) +
+            (p.mesh.shape.tensor > 1 ? " (tensor " + std::to_string(p.mesh.shape.tensor) + " x data " + std::to_string(p.mesh.shape.data) +
+                                           ": each rank holds " + format_count(p.layout.numel) + " parameters)"
+                                     : std::string()));
   double in_flight = 0;  // what the communicator allocates per collective: in the plan's buffers, never held here
   for (const ZeroBuffer& b : p.execution.buffers)
     if (b.transient) in_flight += b.bytes();
@@ -232,15 +235,15 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
 
 void RunReport::start() { start_ = std::chrono::steady_clock::now(); }
 
-void RunReport::begin_step(const Communicator* comm) {
-  if (comm) comm_before_ = comm->ledger();
+void RunReport::begin_step(const CommLedger* ledger) {
+  if (ledger) comm_before_ = *ledger;
 }
 
-void RunReport::end_collectives(const Communicator* comm) {
+void RunReport::end_collectives(const CommLedger* ledger) {
   step_comm_.clear();
-  if (!comm) return;
+  if (!ledger) return;
   ranks_ = true;
-  for (const auto& [kind, st] : comm->ledger()) {
+  for (const auto& [kind, st] : *ledger) {
     CommStats d = st;
     if (auto it = comm_before_.find(kind); it != comm_before_.end()) {
       d.calls -= it->second.calls;
@@ -371,12 +374,17 @@ void RunReport::finish() {
     // What went on the wire per step beside the plan's prediction, per collective.
     const double n = static_cast<double>(r.steps - r.first_step);
     log_.note("ds train: sent per rank per step (plan):");
-    for (const Collective& c : p.execution.collectives) {
-      const auto it = comm_total_.find(c.kind);
+    const auto line = [&](CollectiveKind kind, int64_t planned_calls, double planned_bytes) {
+      const auto it = comm_total_.find(kind);
       const double bytes = it == comm_total_.end() ? 0.0 : it->second.bytes / n;
       const double calls = it == comm_total_.end() ? 0.0 : static_cast<double>(it->second.calls) / n;
-      log_.note(std::string("  ") + c.what() + ": " + format_fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
-                std::to_string(c.calls_per_step) + " calls, " + format_bytes(c.wire_bytes_per_rank_per_step) + ")");
+      log_.note(std::string("  ") + collective_name(kind) + ": " + format_fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
+                std::to_string(planned_calls) + " calls, " + format_bytes(planned_bytes) + ")");
+    };
+    for (const Collective& c : p.execution.collectives) line(c.kind, c.calls_per_step, c.wire_bytes_per_rank_per_step);
+    if (p.mesh.shape.tensor > 1 && p.mesh.heaviest_stage >= 0) {  // the tensor group's, from the mesh's traffic
+      const MeshTraffic& x = p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].traffic;
+      line(CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes);
     }
   }
   for (const auto& [kind, d] : comm_total_) r.collectives.push_back({collective_name(kind), d.calls, d.bytes, d.seconds});

@@ -62,8 +62,9 @@ class RunReport {
   void start();
   // Around the optimizer step's own collectives (not the start's gathers, validation's or a checkpoint's):
   // begin_step before it, end_collectives right after it.
-  void begin_step(const Communicator* comm);
-  void end_collectives(const Communicator* comm);
+  // `ledger`: what the run's communicators have counted so far (the world's, and a mesh's groups' added); null on one rank.
+  void begin_step(const CommLedger* ledger);
+  void end_collectives(const CommLedger* ledger);
   // After each step: the result's losses and bytes, the progress line, comms_logger and wall-clock lines,
   // metrics.jsonl and the monitors.
   void step(int64_t step, const StepOutcome& o, std::optional<double> val, double step_s);

@@ -39,6 +39,7 @@
 #include "engine/runtime/run/run_report.hpp"
 #include "engine/runtime/io/weights.hpp"
 #include "engine/runtime/run/zero.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/plan/runnable.hpp"
 
 #include <nlohmann/json.hpp>
@@ -163,17 +164,24 @@ class TrainingRun {
   }
   void save(int64_t step);
   double validate();
+  // What the run's communicators have counted: the world's, with the mesh's groups' added.
+  CommLedger ledger() const;
   void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0);
   // Throws when the loss has been above divergence_factor x its best for 3 steps.
   void check_divergence(int64_t step, double loss);
 
   const Plan& plan_;
   const TrainOptions& opt_;
-  Communicator* comm_;
+  Communicator* comm_;  // the world: null on one rank
   Device& device_;
   TrainResult& result_;
-  const int rank_;
-  const bool lead_;
+  const int rank_;    // this rank's place among the data-parallel ranks (the world's rank unless the mesh splits the model)
+  const bool lead_;   // the world's rank 0: it writes the run directory
+  // Tensor parallel: this rank's tensor group (the model's all-reduces) and data group (ZeRO's collectives and the
+  // batches it reads), split from the world; data_comm_ is that group, or the world when the model is whole.
+  std::unique_ptr<Communicator> tensor_group_, data_group_;
+  Communicator* data_comm_ = nullptr;
+  std::string checkpoint_plan_json_;  // the plan.json checkpoints carry: the whole model's layout when tensor ranks split it
   std::unique_ptr<TokenStream> stream_;   // pre-training data: one token stream, cut into windows
   std::unique_ptr<SampleSet> samples_;    // fine-tuning data (jsonl): one sample a row
   std::unique_ptr<BatchSampler> sampler_;
@@ -202,9 +210,9 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       comm_(comm),
       device_(device),
       result_(result),
-      rank_(comm ? comm->rank() : 0),
-      lead_(rank_ == 0) {
-  const int W = plan.topology.world_size;
+      rank_(comm ? mesh_coord(plan.mesh.shape, comm->rank()).data : 0),
+      lead_(!comm || comm->rank() == 0) {
+  const int W = plan.topology.world_size, D = plan.batch.world_size;  // the world, and its data-parallel ranks
   // Inputs first: a bad data file fails before anything is allocated.
   if (plan.data.type == DataType::jsonl) samples_ = open_samples(plan.data, plan.model.hp.vocab_size, plan.seq_len, plan.topology.ranks_per_node);
   else stream_ = open_token_stream(plan.data, plan.model.hp.vocab_size, plan.run.seed);
@@ -213,7 +221,22 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   // across ranks before the step. Rank 0 alone writes the run directory.
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
            "the communicator does not match the plan's topology");
-  const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, W, rank_, plan.data.val_fraction,
+  DS_CHECK(plan.mesh.shape.world() == W && plan.mesh.shape.data == D, "the plan's mesh does not match its topology");
+  data_comm_ = comm;
+  if (comm && plan.mesh.shape.splits_the_model()) {
+    // Every rank forms its groups in the same order; a group of one rank needs no communicator.
+    const auto split = [&](MeshAxis axis) -> std::unique_ptr<Communicator> {
+      for (const std::vector<int>& g : mesh_groups(plan.mesh.shape, axis))
+        if (g.size() > 1 && std::find(g.begin(), g.end(), comm->rank()) != g.end())
+          return comm->split(std::string(mesh_axis_name(axis)) + "-" + std::to_string(g.front()), g);
+      return nullptr;
+    };
+    tensor_group_ = split(MeshAxis::tensor);
+    data_group_ = split(MeshAxis::data);
+    data_comm_ = data_group_.get();
+  }
+  checkpoint_plan_json_ = tensor_group_ && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan) : opt.plan_json;
+  const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, D, rank_, plan.data.val_fraction,
                                 plan.run.seed, plan.data.shuffle, plan.data.packing};
   sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
 
@@ -228,8 +251,8 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   stop_point("opening the swap files");
   flat_ = FlatParams::allocate(plan, rank_, device);
   stop_point("allocating the buffers");
-  zero_ = std::make_unique<ZeroExchange>(plan, flat_, comm, param_swap_.get());
-  model_ = make_model(plan, flat_);
+  zero_ = std::make_unique<ZeroExchange>(plan, flat_, data_comm_, param_swap_.get());
+  model_ = make_model(plan, flat_, tensor_group_.get());
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   profiling_ = keeps_step_measurements(plan, opt);
   if (profiling_) {
@@ -290,6 +313,16 @@ void TrainingRun::describe_states() {
   kept_ = {FlatParams::data_or_null(flat_.kept_master), FlatParams::data_or_null(flat_.kept_exp_avg),
            FlatParams::data_or_null(flat_.kept_exp_avg_sq), local - split, segments_within(flat_.owned, split, local), plan_.layout.numel};
   kept_.verify = false;  // the first part's load verified every data set
+  if (tensor_group_) {
+    // A tensor rank's states are its share's: checkpointed as the whole model's elements they are, so the
+    // checkpoint is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads
+    // every element it holds (first_part_); the tensors all tensor ranks hold whole are written by the first alone.
+    const int t = tensor_group_->world_size(), r = tensor_group_->rank();
+    buffers_.model_numel = first_part_.model_numel = plan_.model.num_params;
+    buffers_.segments = whole_segments(plan_.model, plan_.layout, flat_.owned, t, r, /*whole_tensors=*/r == 0);
+    first_part_.segments = whole_segments(plan_.model, plan_.layout, flat_.owned, t, r, /*whole_tensors=*/true);
+    DS_CHECK(!flat_.partial() && !swapper_, "tensor parallelism with offloaded states");
+  }
   // A device whose memory the host cannot read gets its states into the checkpoint through counted copies,
   // piece by piece; so does partial offload, whose shard is drawn from two places.
   const bool states_on_device = !swapper_ && flat_.offloaded_place() == Place::device;
@@ -422,7 +455,7 @@ void TrainingRun::check_base(const std::string& checkpoint_base) const {
 // parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
 void TrainingRun::draw_weights() {
   std::function<const float*(const OwnedSegment&)> values;
-  InitialWeights drawn(plan_, plan_.run.seed);
+  InitialWeights drawn(plan_, plan_.run.seed, false, tensor_group_ ? tensor_group_->rank() : 0);
   torch::Tensor whole;
   const std::unique_ptr<WeightSource> source = plan_.run.init_from.empty() ? nullptr : open_weights(plan_.run.init_from);
   const bool from_adapter = source && source->kind() == WeightsKind::peft_adapter;
@@ -448,7 +481,18 @@ void TrainingRun::draw_weights() {
     const std::vector<int> tensors = plan_.trained_model_tensors();
     for (size_t k = 0; k < tensors.size(); ++k) {
       stop_point("reading the initial weights");
-      source->read_f32(names[static_cast<size_t>(tensors[k])], whole.data_ptr<float>() + plan_.layout.params[k].offset);
+      const ParamSlot& p = plan_.layout.params[k];
+      const std::string& name = names[static_cast<size_t>(tensors[k])];
+      if (!tensor_group_) {
+        source->read_f32(name, whole.data_ptr<float>() + p.offset);
+        continue;
+      }
+      // Tensor parallel: the whole tensor read, this rank's share kept.
+      const TensorSpec& t = plan_.model.tensors[static_cast<size_t>(tensors[k])];
+      torch::Tensor all = torch::empty({t.numel}, torch::kFloat32);
+      source->read_f32(name, all.data_ptr<float>());
+      whole.narrow(0, p.offset, p.numel)
+          .copy_(take_share(all.view(t.shape), tensor_slice_of(plan_.model, t, tensor_group_->world_size(), tensor_group_->rank())).view(-1));
     }
     report_->log().note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                         " (step, schedule and optimizer start fresh)");
@@ -460,10 +504,12 @@ void TrainingRun::draw_weights() {
     device_.copy(master.narrow(0, s.local, s.numel), place,
                  torch::from_blob(const_cast<float*>(values(s)), {s.numel}, torch::kFloat32), Place::host);
   };
+  // (the segments of this rank's own layout: a tensor rank's checkpoint segments are the whole model's)
+  const std::vector<OwnedSegment> first = segments_within(flat_.owned, 0, first_part_.numel);
   if (swapper_)
-    swap_in_weights(*swapper_, first_part_.segments, values);
+    swap_in_weights(*swapper_, first, values);
   else
-    for (const OwnedSegment& s : first_part_.segments) put(flat_.master, flat_.offloaded_place(), s);
+    for (const OwnedSegment& s : first) put(flat_.master, flat_.offloaded_place(), s);
   for (const OwnedSegment& s : kept_.segments) put(flat_.kept_master, Place::device, s);
 }
 
@@ -517,7 +563,7 @@ void TrainingRun::save(int64_t step) {
   if (bad > 0)
     throw std::runtime_error("the weights are not finite after step " + std::to_string(step) +
                              ": no checkpoint written (the previous ones are kept); lower the learning rate or keep gradient_clipping on");
-  if (!lead_ && !plan_.execution.sharded) return;  // stage 0: every rank holds the same state
+  if (rank_ != 0 && !plan_.execution.sharded) return;  // stage 0: every data rank holds the same state
   CheckpointScalars sc;
   sc.step = step;
   sc.applied_steps = stepper_->applied();
@@ -526,11 +572,16 @@ void TrainingRun::save(int64_t step) {
   sc.loss_scaler = scaler_->state();
   sc.loss = last_loss_;
   sc.base_json = base_json_;
+  // Every rank that holds a part writes it: ZeRO's data ranks (each tensor rank's), or at stage 0 the first data
+  // rank's tensor ranks.
   CheckpointWriter writer;
-  const int W = plan_.topology.world_size;
-  if (comm_ && plan_.execution.sharded) writer = {rank_, W, [this] { comm_->barrier(); }};
+  if (comm_ && plan_.execution.sharded)
+    writer = {comm_->rank(), comm_->world_size(), [this] { comm_->barrier(); }};
+  else if (tensor_group_)
+    writer = {tensor_group_->rank(), tensor_group_->world_size(), [this] { tensor_group_->barrier(); }};
+  const int W = writer.world_size;
   const SavedCheckpoint saved =
-      save_checkpoint(plan_.run.output_dir, sc, buffers_, opt_.plan_json, opt_.resolved_config_json, plan_.run.keep_last, writer);
+      save_checkpoint(plan_.run.output_dir, sc, buffers_, checkpoint_plan_json_, opt_.resolved_config_json, plan_.run.keep_last, writer);
   result_.last_checkpoint = saved.path;
   if (lead_)
     report_->log().note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
@@ -547,7 +598,7 @@ void TrainingRun::save(int64_t step) {
 double TrainingRun::validate() {
   torch::NoGradGuard ng;
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
-  const int W = plan_.topology.world_size;
+  const int W = plan_.batch.world_size;  // the data-parallel ranks: a tensor group evaluates the same rows
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation
   // Masked rows (fine-tuning data): the mean over every counted target, as the training loss is.
   const bool masked = sampler_->masked();
@@ -565,14 +616,29 @@ double TrainingRun::validate() {
     sum += loss * n;
     counted += n;
   }
-  if (comm_) {
+  if (data_comm_) {
     torch::Tensor total = masked ? torch::tensor({sum, counted}, torch::kFloat64) : torch::full({1}, sum, torch::kFloat64);
-    comm_->all_reduce_sum(total, CollectiveKind::validation_loss);
+    data_comm_->all_reduce_sum(total, CollectiveKind::validation_loss);
     sum = total[0].item<double>();
     if (masked) counted = total[1].item<double>();
   }
   if (masked) return counted > 0 ? sum / counted : 0;
   return sum / static_cast<double>(calls * W);
+}
+
+CommLedger TrainingRun::ledger() const {
+  CommLedger all = comm_ ? comm_->ledger() : CommLedger{};
+  for (const Communicator* group : {tensor_group_.get(), data_group_.get()}) {
+    if (!group) continue;
+    for (const auto& [kind, st] : group->ledger()) {
+      CommStats& into = all[kind];
+      into.op = st.op;
+      into.calls += st.calls;
+      into.bytes += st.bytes;
+      into.seconds += st.seconds;
+    }
+  }
+  return all;
 }
 
 void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0) {
@@ -642,8 +708,10 @@ void TrainingRun::loop() {
   for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
-    if (comm_) comm_->mark_step(step);
-    report_->begin_step(comm_);
+    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})
+      if (c) c->mark_step(step);
+    const CommLedger before = ledger();
+    report_->begin_step(comm_ ? &before : nullptr);
     StepOutcome out;
     try {
       out = stepper_->run(step, g_stop_signal);
@@ -661,7 +729,8 @@ void TrainingRun::loop() {
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0);
-    report_->end_collectives(comm_);
+    const CommLedger after = ledger();
+    report_->end_collectives(comm_ ? &after : nullptr);
     for (const std::string& note : out.notes) log.note(note);
     stop_requested = out.stop_requested;
     if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted

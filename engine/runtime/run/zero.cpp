@@ -156,6 +156,18 @@ double ZeroExchange::grad_sum_of_squares(bool* partial) const {
                                              : k.sum_of_squares_f32(g.data_ptr<float>(), g.numel());
 }
 
+double ZeroExchange::grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const {
+  const KernelTable& k = flat_.device->kernels(flat_.grads_place);
+  const torch::Tensor& g = flat_.local_grads;
+  double sum = 0;
+  for (const OwnedSegment& s : flat_.owned) {
+    if (!counted[static_cast<size_t>(s.param)] || s.numel == 0) continue;
+    sum += g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()) + s.local, s.numel)
+                                               : k.sum_of_squares_f32(g.data_ptr<float>() + s.local, s.numel);
+  }
+  return sum;
+}
+
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
   reducing_ = std::make_unique<Reduce>();

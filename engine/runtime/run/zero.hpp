@@ -56,6 +56,9 @@ class ZeroExchange : public BlockHooks {
   void reduce_gradients();
   // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
   double grad_sum_of_squares(bool* partial) const;
+  // The same over the owned segments of the parameters `counted` marks (tensor parallel: a tensor rank other
+  // than the first leaves out the tensors every tensor rank holds whole, so the mesh counts them once).
+  double grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const;
   // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
   void publish_parameters();
 
