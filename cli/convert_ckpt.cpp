@@ -225,7 +225,9 @@ constexpr int kMaxReshardRanks = 65536;
 // run's micro batch cannot keep it, the largest smaller one that does (`note` says so). UserError when the
 // world size does not divide the global batch at all. (A recorded batch below 1 is refused by the record's reader.)
 std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, int stage, const std::string& dst, std::string* note) {
-  std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
+  // A tensor-parallel run's checkpoint is the whole model's already: resharded as data parallelism's (any mesh
+  // resumes either).
+  std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst, "tensor_parallel.autotp_size=1"};
   if (plan.train_batch_size == 0 || plan.micro_batch == 0) {
     o.push_back("~train_batch_size");  // a record without its batch: the batch follows the world size, as it did before
     return o;

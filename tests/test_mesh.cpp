@@ -188,6 +188,13 @@ TEST(Mesh, AMeshTheModelOrTheWorldCannotTakeIsRefusedNamingTheKey) {
   std::vector<ConfigIssue> errors;
   plan_mesh(model_of("llama-tiny", {"model.intermediate_size=174"}), {4, 1}, 4, 8, 1, errors);
   EXPECT_NE(test::dump(errors).find("174 MLP channels (intermediate_size) do not split over 4"), std::string::npos) << test::dump(errors);
+  // 9 vocabulary rows over 4 tensor ranks: 3 a rank, and the last would hold only padding.
+  errors.clear();
+  plan_mesh(model_of("gpt2-tiny", {"model.vocab_size=9"}), {4, 1}, 4, 8, 1, errors);
+  EXPECT_NE(test::dump(errors).find("9 vocabulary rows leave tensor rank 3 none of its own"), std::string::npos) << test::dump(errors);
+  errors.clear();
+  plan_mesh(model_of("gpt2-tiny", {"model.vocab_size=10"}), {4, 1}, 4, 8, 1, errors);  // 3, 3, 3 and 1
+  EXPECT_TRUE(errors.empty()) << test::dump(errors);
 }
 
 TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
@@ -217,6 +224,8 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   // plan.json carries the mesh; a plain run's is data x 1 x 1 and nothing is refused for it.
   const nlohmann::json j = nlohmann::json::parse(plan_to_json(p));
   EXPECT_EQ(j["mesh"]["tensor"], 2);
+  // A resume reads back the ranks its batch counted: the data-parallel ones.
+  EXPECT_EQ(read_plan_record(plan_to_json(p), "test").world_size, 2);
   EXPECT_EQ(j["mesh"]["stages"][1]["head"], true);
   EXPECT_EQ(j["mesh"]["stages"][0]["params_per_rank"], p.mesh.stages[0].params_per_rank);
   const Plan plain = test::plan_of(cfg, 8, 0, {"~tensor_parallel", "~pipeline"});

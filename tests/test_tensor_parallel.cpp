@@ -7,6 +7,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -203,6 +204,45 @@ TEST(TensorParallelModel, ATensorRankDrawsItsShareOfTheWeightsOneRankDraws) {
     for (size_t i = 0; i < plan.layout.params.size(); ++i) {
       const torch::Tensor want = take_share(tensor_of(whole, all, i), tensor_slice_of(whole.model, whole.model.tensors[i], 2, rank));
       EXPECT_TRUE(torch::equal(tensor_of(plan, mine, i), want)) << "rank " << rank << ": " << plan.layout.params[i].name;
+    }
+  }
+}
+
+// A checkpoint of a mesh is the whole model's: every rank's owned elements (its share of its data group's ZeRO
+// partition), mapped by whole_segments, hold the whole model's values at the offsets they name, and over the
+// world they tile the whole model exactly once (the tensors held whole by tensor rank 0 alone, no padding row).
+TEST(TensorParallelModel, WholeSegmentsPutEachRanksElementsAtTheirPlaceInTheWholeModelAndTileIt) {
+  for (const auto& [preset, t] : std::vector<std::pair<std::string, int>>{{"gpt2-tiny", 4}, {"llama-tiny", 2}, {"phi3-tiny", 2}}) {
+    for (const int stage : {0, 1, 3}) {
+      SCOPED_TRACE(preset + " tensor " + std::to_string(t) + " stage " + std::to_string(stage));
+      const std::vector<std::string> o = {"model.preset=" + preset, "model.vocab_size=250", "zero_optimization.stage=" + std::to_string(stage)};
+      const Plan whole = test::plan_of(kConfig, 1, 0, o);
+      const int64_t P = whole.model.num_params;
+      const torch::Tensor values = torch::arange(P, torch::kDouble);
+      std::vector<int> covered(static_cast<size_t>(P), 0);
+      const int data = stage == 0 ? 1 : 2, world = t * data;
+      std::vector<std::string> split = o;
+      split.push_back("tensor_parallel.autotp_size=" + std::to_string(t));
+      for (int rank = 0; rank < world; ++rank) {
+        const Plan plan = test::plan_of(kConfig, world, rank, split);
+        const MeshCoord at = mesh_coord(plan.mesh.shape, rank);
+        // The rank's share in its own layout, then its local buffer as its owned segments lay it out.
+        torch::Tensor share = torch::zeros({plan.layout.numel}, torch::kDouble);
+        for (size_t i = 0; i < plan.layout.params.size(); ++i)
+          tensor_of(plan, share, i).copy_(take_share(tensor_of(whole, values, i), tensor_slice_of(whole.model, whole.model.tensors[i], t, at.tensor)));
+        const std::vector<OwnedSegment> owned = owned_segments(plan.layout, at.data);
+        int64_t local_numel = 0;
+        for (const OwnedSegment& s : owned) local_numel = std::max(local_numel, s.local + s.numel);
+        torch::Tensor local = torch::zeros({local_numel}, torch::kDouble);
+        for (const OwnedSegment& s : owned) local.narrow(0, s.local, s.numel).copy_(share.narrow(0, s.global, s.numel));
+        if (stage == 0 && at.data != 0) continue;  // stage 0: the first data rank's tensor ranks write
+        for (const OwnedSegment& g : whole_segments(whole.model, plan.layout, owned, t, at.tensor, at.tensor == 0)) {
+          ASSERT_TRUE(torch::equal(local.narrow(0, g.local, g.numel), values.narrow(0, g.global, g.numel)))
+              << "rank " << rank << ": segment at " << g.global << " of " << g.numel;
+          for (int64_t k = g.global; k < g.global + g.numel; ++k) ++covered[static_cast<size_t>(k)];
+        }
+      }
+      EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), P) << "every element of the whole model written exactly once";
     }
   }
 }

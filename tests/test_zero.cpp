@@ -390,6 +390,20 @@ TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint
   const auto losses = losses_of(resumed);
   ASSERT_EQ(losses.size(), 5u);
   for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
+  // And on another mesh: tensor 2 x data 2 at stage 1's step 5, continued by tensor 2 alone at stage 0.
+  const std::string remeshed = scratch_dir() + "/tp_remeshed";
+  r = cli_test::ds(kRun + meshes[0].shape + " tensor_parallel.autotp_size=2 train.steps=10 train.output_dir=" + remeshed +
+                   " train.resume=" + scratch_dir() + "/tp_t2d2z1/checkpoints/step_00000005");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto continued = losses_of(remeshed);
+  ASSERT_EQ(continued.size(), 5u);
+  for (size_t i = 0; i < continued.size(); ++i) EXPECT_NEAR(continued[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
+  // convert-ckpt reshards a mesh's checkpoint as data parallelism's (3 ranks at stage 3): the same state, bit for bit.
+  const std::string resharded = scratch_dir() + "/tp_resharded";
+  r = cli_test::ds("convert-ckpt " + scratch_dir() + "/tp_t2d2z1 " + resharded + " --world-size 3 --stage 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const WholeState before = whole_state(scratch_dir() + "/tp_t2d2z1", one), after = whole_state(resharded, one);
+  EXPECT_TRUE(before.master == after.master && before.exp_avg == after.exp_avg && before.exp_avg_sq == after.exp_avg_sq);
   // Validation: the data ranks split the held-out rows, each tensor group evaluates its rows together; the same loss.
   double val[2] = {0, 0};
   for (int tp = 0; tp < 2; ++tp) {

@@ -393,6 +393,12 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
                            "each rank; ds does not yet): choose a tensor size of at most " + std::to_string(kv)
                          : "each tensor rank needs whole key/value heads: choose a tensor size that divides them");
     need(h.intermediate_size, "MLP channels (intermediate_size)", "each tensor rank computes an equal share of the MLP");
+    // Each rank's rows are ceil(V / t): the last rank must still hold a real one (its loss's share of the softmax).
+    if (h.vocab_size > 0 && vocab_share(h.vocab_size, r.tensor, r.tensor - 1).real < 1)
+      errors.push_back({"tensor_parallel.autotp_size",
+                        "the model's " + std::to_string(h.vocab_size) + " vocabulary rows leave tensor rank " + std::to_string(r.tensor - 1) +
+                            " none of its own (each rank holds " + std::to_string(ceil_div(h.vocab_size, r.tensor)) + ")",
+                        "choose a smaller tensor size"});
   }
   if (r.pipeline > 1 && r.pipeline > h.num_layers)
     errors.push_back({"pipeline.stages", std::to_string(r.pipeline) + " stages for the model's " + std::to_string(h.num_layers) + " blocks",

@@ -330,6 +330,7 @@ void lay_out_mesh(Plan& plan, int stage) {
     Plan rank = plan;
     rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
     rank.topology.world_size = mesh.shape.data;
+    rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
     lay_out(rank, stage, st.in_flight);
     st.memory = rank.memory;
     st.memory_planned = true;
@@ -743,8 +744,8 @@ void note_mesh(Plan& plan) {
   else
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): the memory, buffers and layout below are a rank of stage " +
                                      std::to_string(m.heaviest_stage) + " (the heaviest; each stage's in the mesh table) over its " +
-                                     std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group, "
-                                     "without the tensor all-reduces and the pipeline's sends",
+                                     std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group "
+                                     "(the step's loss and norm over the world), without the tensor all-reduces and the pipeline's sends",
                              m.shape.pipeline > 1 ? "ds train refuses pipeline stages yet (tensor and data parallelism train)"
                                                   : "the mesh table has each rank's tensor all-reduces per step; ds train counts them "
                                                     "with ZeRO's in its bytes"});

@@ -578,6 +578,9 @@ PlanRecord read_plan_record(const std::string& text, const std::string& where) {
     };
     rec.train_batch_size = count("train_batch_size");
     rec.micro_batch = count("train_micro_batch_size_per_gpu");
+    // The ranks the batch counts: the data-parallel ones (a mesh's tensor ranks share each batch); older
+    // records have the topology's alone, which was the same.
+    if (const int64_t data = count("world_size")) rec.world_size = data;
   }
   rec.steps = r.get<int64_t>(j, "steps", "").value_or(0);
   if (const rjson* s = r.object(j, "scheduler", "")) {

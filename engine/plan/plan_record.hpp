@@ -41,7 +41,7 @@ struct PlanRecord {
   std::optional<ModelHyper> model;
   std::optional<LoraConfig> lora;  // a LoRA run: its adapter's r, alpha, dropout, targets and init
   bool frozen = false;             // a run with frozen tensors (LoRA's base, model.freeze)
-  int64_t world_size = 0;          // the ranks that trained it (topology.world_size)
+  int64_t world_size = 0;          // the data-parallel ranks that trained it (batch.world_size; topology's in older records)
   int64_t train_batch_size = 0, micro_batch = 0;
   int64_t steps = 0;
   std::string scheduler;  // its type's name (scheduler_type_name)

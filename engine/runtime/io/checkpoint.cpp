@@ -240,6 +240,14 @@ void check_segments(const std::vector<OwnedSegment>& segs, int64_t model_numel, 
     if (spans[i].first < spans[i - 1].second)
       throw UserError("'" + path + "': two segments share local elements " + std::to_string(spans[i].first) + ".." +
                       std::to_string(spans[i - 1].second) + ": the file is corrupt");
+  // Nor the model's: read_overlaps searches them in the model's order.
+  spans.clear();
+  for (const OwnedSegment& g : segs) spans.emplace_back(g.global, g.global + g.numel);
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second)
+      throw UserError("'" + path + "': two segments hold the model's elements " + std::to_string(spans[i].first) + ".." +
+                      std::to_string(spans[i - 1].second) + ": the file is corrupt");
 }
 
 void write_segments(hid_t loc, const std::vector<OwnedSegment>& segs, const std::string& path) {
@@ -659,18 +667,38 @@ hid_t open_checkpoint_file(const std::string& file, const std::string& dir) {
 }
 
 // Copies every element of the caller's segments that `file`'s segments hold; returns how many.
-int64_t read_overlaps(hid_t f, const std::vector<OwnedSegment>& theirs, const CheckpointBuffers& b, const std::string& path) {
-  int64_t filled = 0;
-  for (const OwnedSegment& mine : b.segments)
-    for (const OwnedSegment& t : theirs) {
-      const int64_t lo = std::max(mine.global, t.global), hi = std::min(mine.global + mine.numel, t.global + t.numel);
+int64_t read_overlaps(hid_t f, const std::vector<OwnedSegment>& theirs_in, const CheckpointBuffers& b, const std::string& path) {
+  // A tensor-parallel rank's segments are a row each of a tensor split by columns (hundreds of thousands for a
+  // 7B model): the file's segments are searched in global order, and reads that continue the previous one in
+  // the file and in memory are made as one.
+  std::vector<OwnedSegment> theirs = theirs_in;
+  std::sort(theirs.begin(), theirs.end(), [](const OwnedSegment& x, const OwnedSegment& y) { return x.global < y.global; });
+  int64_t filled = 0, from0 = 0, to0 = 0, run = 0;
+  const auto flush = [&] {
+    if (run == 0) return;
+    read_float_range(f, "master", from0, run, b.master + to0, path);
+    if (b.exp_avg) read_float_range(f, "optimizer/exp_avg", from0, run, b.exp_avg + to0, path);
+    if (b.exp_avg_sq) read_float_range(f, "optimizer/exp_avg_sq", from0, run, b.exp_avg_sq + to0, path);
+    run = 0;
+  };
+  for (const OwnedSegment& mine : b.segments) {
+    const int64_t end = mine.global + mine.numel;
+    // The first of the file's segments that ends past this one's start (they do not overlap one another).
+    auto t = std::partition_point(theirs.begin(), theirs.end(), [&](const OwnedSegment& x) { return x.global + x.numel <= mine.global; });
+    for (; t != theirs.end() && t->global < end; ++t) {
+      const int64_t lo = std::max(mine.global, t->global), hi = std::min(end, t->global + t->numel);
       if (lo >= hi) continue;
-      const int64_t from = t.local + (lo - t.global), to = mine.local + (lo - mine.global), n = hi - lo;
-      read_float_range(f, "master", from, n, b.master + to, path);
-      if (b.exp_avg) read_float_range(f, "optimizer/exp_avg", from, n, b.exp_avg + to, path);
-      if (b.exp_avg_sq) read_float_range(f, "optimizer/exp_avg_sq", from, n, b.exp_avg_sq + to, path);
+      const int64_t from = t->local + (lo - t->global), to = mine.local + (lo - mine.global), n = hi - lo;
+      if (run > 0 && from == from0 + run && to == to0 + run) {
+        run += n;
+      } else {
+        flush();
+        from0 = from, to0 = to, run = n;
+      }
       filled += n;
     }
+  }
+  flush();
   return filled;
 }
 

@@ -89,7 +89,9 @@ void keep_freed_memory() {
 // The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
 // than after the first save_every steps.
 void check_free_space(const Plan& plan) {
-  const double need = static_cast<double>(plan.layout.numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
+  // (a model split over tensor ranks checkpoints the whole model, not the rank's share)
+  const int64_t numel = plan.mesh.shape.tensor > 1 ? plan.model.num_params : plan.layout.numel;
+  const double need = static_cast<double>(numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
   struct statvfs fs {};
   if (statvfs(plan.run.output_dir.c_str(), &fs) != 0) return;
   const double free_bytes = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
