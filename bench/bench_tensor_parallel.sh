@@ -27,7 +27,7 @@ for round in $(seq "$rounds"); do
     median=$(python3 bench/metrics_median.py "$name" "$dir/metrics.jsonl")
     held=$(grep -o "held per rank (plan): .*" "$dir/train.log" | head -1)
     peak=$(grep -o "peak resident memory [0-9.]* [KMG]iB" "$dir/train.log" | head -1)
-    sent=$(grep -A6 "sent per rank per step" "$dir/train.log" | tail -n +2 | sed 's/^ *//' | paste -sd';' -)
+    sent=$( (grep -o "[a-z, -]*: [0-9.]* calls, [0-9.]* [KMG]*i*B ([0-9]* calls, [^)]*)" "$dir/train.log" || true) | sed 's/^ *//' | paste -sd';' -)
     echo "round $round, $name: $median | $peak (rank 0) | $held | ${sent:-nothing sent}"
     echo "    ($cmd)"
   done
