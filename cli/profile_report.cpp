@@ -102,6 +102,14 @@ Measured measured_of(const Plan& plan, const std::vector<json>& parts, const Rep
   m.step_s = m.mean([](const json& s) { return s["step_s"].get<double>(); });
   m.micro_batches = static_cast<double>(plan.batch.grad_accum);
   m.modules = module_flops(plan.model, plan.batch.micro_batch, plan.seq_len, plan.activation_checkpointing, plan.frozen, plan.lora);
+  // Tensor parallel: a rank computes its share of every module's products (its heads, MLP channels and
+  // vocabulary rows), 1/t of each (the norms' and embeddings' FLOPs are not counted).
+  if (const int t = plan.mesh.shape.tensor; t > 1)
+    for (auto& x : m.modules) {
+      x.forward /= t;
+      x.backward /= t;
+      x.recompute /= t;
+    }
   for (const auto& x : m.modules)
     if (x.depth == 1) {
       m.fwd += x.forward;
@@ -243,6 +251,16 @@ void add_communication(const Measured& ms, json& r) {
   const json& lead = ms.lead;
   const double n_steps = static_cast<double>(ms.steps.size());
   json comm = json::array();
+  const auto measured = [&](CollectiveKind kind, json& row) {
+    for (const json& m : lead["collectives"])
+      if (m["name"] == collective_name(kind)) {
+        const double s = m["seconds"].get<double>() / n_steps;
+        row["calls_per_step"] = m["calls"].get<double>() / n_steps;
+        row["bytes_per_step"] = m["bytes"].get<double>() / n_steps;
+        row["seconds_per_step"] = s;
+        row["bus_gb_per_s"] = s > 0 ? m["bytes"].get<double>() / n_steps / s / 1e9 : 0.0;
+      }
+  };
   for (size_t i = 0; i < plan.execution.collectives.size(); ++i) {
     const Collective& c = plan.execution.collectives[i];
     json row = {{"collective", c.what()}, {"plan_calls_per_step", c.calls_per_step}, {"plan_bytes_per_step", c.wire_bytes_per_rank_per_step}};
@@ -250,14 +268,15 @@ void add_communication(const Measured& ms, json& r) {
       row["predicted_seconds_per_step"] = plan.step_time.collectives[i].seconds;
       row["predicted_link"] = plan.step_time.collectives[i].link;
     }
-    for (const json& m : lead["collectives"])
-      if (m["name"] == collective_name(c.kind)) {
-        const double s = m["seconds"].get<double>() / n_steps;
-        row["calls_per_step"] = m["calls"].get<double>() / n_steps;
-        row["bytes_per_step"] = m["bytes"].get<double>() / n_steps;
-        row["seconds_per_step"] = s;
-        row["bus_gb_per_s"] = s > 0 ? m["bytes"].get<double>() / n_steps / s / 1e9 : 0.0;
-      }
+    measured(c.kind, row);
+    comm.push_back(row);
+  }
+  if (plan.mesh.shape.tensor > 1 && plan.mesh.heaviest_stage >= 0) {  // the tensor group's all-reduces, from the mesh's traffic
+    const MeshTraffic& x = plan.mesh.stages[static_cast<size_t>(plan.mesh.heaviest_stage)].traffic;
+    json row = {{"collective", collective_name(CollectiveKind::tensor_activations)},
+                {"plan_calls_per_step", x.tensor_all_reduces},
+                {"plan_bytes_per_step", x.tensor_wire_bytes}};
+    measured(CollectiveKind::tensor_activations, row);
     comm.push_back(row);
   }
   r["communication"] = comm;
@@ -393,7 +412,11 @@ void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
   o << "\nModules (FLOPs per micro batch, backward = "
     << (!plan.frozen.empty() ? "the input's gradient of a frozen matmul, both of a trained one's" : "both gradients of every matmul")
     << "; time per step, a block's backward with\n"
-       "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise)\n";
+       "its recomputation and ZeRO's exchange; a block's attention timed with the norm before it, its MLP likewise"
+    << (plan.mesh.shape.tensor > 1 ? ";\n  tensor parallel: the FLOPs a rank computes, 1/" + std::to_string(plan.mesh.shape.tensor) +
+                                         " of each module's; params are the whole module's"
+                                   : std::string())
+    << ")\n";
   o << "  " << pad("module", 32) << lpad("params", 12) << lpad("forward", 9) << lpad("backward", 9) << lpad("recomp", 8)
     << lpad("FLOPs", 7) << lpad("fwd ms", 9) << lpad("bwd ms", 9) << lpad("time", 7) << lpad("TFLOP/s", 9) << "\n";
   for (const json& m : r["modules"]) {

@@ -164,6 +164,34 @@ TEST(CliProfile, OneRankReportsThePlansFlopsPhasesInsideTheStepAndLeavesNothing)
     EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
 }
 
+// Tensor 2 x data 2: a rank computes its share of the model's FLOPs (the step's sum over the ranks is the plan's),
+// and the tensor group's all-reduces are a row of their own and spans of the trace, each the plan's.
+TEST(CliProfile, ATensorParallelMeshCountsEachRanksShareOfTheFlopsAndItsGroupsCollectives) {
+  const std::string trace = scratch_dir() + "/profile_tp.json";
+  Result r = ds("profile examples/tensor-parallel.json --nproc-per-node 4 --steps 2 --warmup 1 --json --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json report = json::parse(r.out);
+  Result p = ds("plan examples/tensor-parallel.json --nproc-per-node 4 --json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const double planned = json::parse(p.out)["train_flops_per_step"].get<double>();
+  EXPECT_NEAR(report["summary"]["model_flops_per_step"].get<double>(), planned, 1e-9 * planned);
+  bool tensor_row = false;
+  double plan_calls = 0;
+  for (const json& c : report["communication"]) {
+    ASSERT_TRUE(c.contains("bytes_per_step")) << c.dump();
+    EXPECT_DOUBLE_EQ(c["bytes_per_step"].get<double>(), c["plan_bytes_per_step"].get<double>()) << c.dump();
+    EXPECT_DOUBLE_EQ(c["calls_per_step"].get<double>(), c["plan_calls_per_step"].get<double>()) << c.dump();
+    tensor_row |= c["collective"] == "tensor-parallel activations";
+    plan_calls += c["plan_calls_per_step"].get<double>();
+  }
+  EXPECT_TRUE(tensor_row) << report["communication"].dump();
+  std::map<int, double> calls;
+  const json parsed = json::parse(slurp(trace));  // held: a range-for over a temporary's member reads freed memory
+  for (const json& e : parsed["traceEvents"])
+    if (e["ph"] == "X" && e.value("tid", 0) == 5) calls[e["pid"].get<int>()] += 1;
+  for (int rank = 0; rank < 4; ++rank) EXPECT_DOUBLE_EQ(calls[rank], 3 * plan_calls) << "rank " << rank;
+}
+
 TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

@@ -652,10 +652,12 @@ void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clo
   result_.mlp_backward_s.push_back(std::move(taken.mlp_backward));
   result_.phase_rss_bytes.push_back(out.phase_rss_bytes);
   std::vector<CollectiveSpan> spans;
-  if (comm_)
-    for (const Communicator::Event& e : comm_->take_events())
-      spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
-                       std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
+  for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})  // the world's and a mesh's groups'
+    if (c)
+      for (const Communicator::Event& e : c->take_events())
+        spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
+                         std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
+  std::sort(spans.begin(), spans.end(), [](const CollectiveSpan& a, const CollectiveSpan& b) { return a.start_s < b.start_s; });
   result_.collective_spans.push_back(std::move(spans));
 }
 
@@ -701,10 +703,12 @@ void TrainingRun::loop() {
              std::to_string(plan_.steps) + ": nothing to do (raise train.steps to continue)");
   result_.steps = result_.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
-  if (comm_ && profiling_) {
-    comm_->record_events(true);
-    comm_->take_events();  // the start's gathers are not a step's
-  }
+  if (profiling_)
+    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})
+      if (c) {
+        c->record_events(true);
+        c->take_events();  // the start's gathers are not a step's
+      }
   const auto first_start = std::chrono::steady_clock::now();
   int64_t skipped_this_run = 0;
   for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
