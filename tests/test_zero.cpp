@@ -414,6 +414,18 @@ TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint
     val[tp] = metrics_of(dir).back()["val_loss"].get<double>();
   }
   EXPECT_NEAR(val[1], val[0], 1e-5 * val[0]);
+  // bf16: the same run within bf16's rounding (the tensor group sums its parts in another order).
+  std::vector<double> bf16[2];
+  for (int tp = 0; tp < 2; ++tp) {
+    const std::string dir = scratch_dir() + "/tp_bf16_" + std::to_string(tp);
+    r = cli_test::ds(kRun + (tp ? meshes[2].shape + " tensor_parallel.autotp_size=2" : shape(1)) +
+                     " bf16.enabled=true train.steps=10 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    bf16[tp] = losses_of(dir);
+  }
+  ASSERT_EQ(bf16[1].size(), 10u);
+  ASSERT_EQ(bf16[0].size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(bf16[1][i], bf16[0][i], 1e-3 * bf16[0][i]) << "bf16 step " << i + 1;
   // Started from a checkpoint's weights (model.init_from): each tensor rank reads the whole tensors and keeps its
   // share; the first steps' losses are one rank's from the same weights.
   std::vector<double> from[2];
