@@ -238,8 +238,12 @@ TEST(StepTime, TheMeshsTensorGroupStaysOnNvlinkItsDataGroupCrossesNodesAndTheBub
   EXPECT_NEAR(tensor->seconds, x->tensor_wire_bytes / 370e9 + static_cast<double>(x->tensor_all_reduces) * 10e-6, 1e-12);
   EXPECT_NEAR(pipe->seconds, x->pipeline_bytes / 45e9 + static_cast<double>(x->pipeline_sends) * 30e-6, 1e-12);
   EXPECT_EQ(tensor->hidden_s, 0);  // Megatron's all-reduces wait for the compute that needs them
-  // The data group (ranks 8 apart) spans nodes: ZeRO's collectives on the network.
-  EXPECT_EQ(t.collectives.front().link, "ib-ndr (across nodes)");
+  // The data group (ranks 8 apart) spans nodes: ZeRO's collectives on the network; the step's agreement spans the
+  // world, 8 ranks a node (a ring per NIC).
+  EXPECT_EQ(t.collectives.front().what, std::string(collective_name(CollectiveKind::control)));
+  EXPECT_EQ(t.collectives.front().link, "ib-ndr (across nodes, 8 NICs a node)");
+  ASSERT_TRUE(row("gradients"));
+  EXPECT_EQ(row("gradients")->link, "ib-ndr (across nodes)");
 }
 
 TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {

@@ -52,6 +52,26 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, cons
       ADD_FAILURE() << what << "[" << i << "] " << a[i] << " vs " << b[i];
 }
 
+// A run's newest checkpoint holds `base`'s weights and moments (to 1e-5), and `ds convert-ckpt` consolidates
+// exactly those weights (tensor by tensor from the shards: what a resume loads). `planned_by`: the run whose
+// plan.json gives the whole model's layout (a tensor-parallel run's own has its rank's share).
+void expect_state_and_export(const std::string& dir, const WholeState& base, const std::string& planned_by = "") {
+  const WholeState state = whole_state(dir, planned_by);
+  expect_close(state.master, base.master, "weights");
+  expect_close(state.exp_avg, base.exp_avg, "exp_avg");
+  expect_close(state.exp_avg_sq, base.exp_avg_sq, "exp_avg_sq");
+  Result c = cli_test::ds("convert-ckpt " + dir + " " + dir + "/consolidated.safetensors");
+  ASSERT_EQ(c.code, 0) << c.err;
+  ds::SafetensorsFile file(dir + "/consolidated.safetensors");
+  std::vector<float> consolidated;
+  for (const ds::StTensor& t : file.view().tensors()) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    file.view().read_f32(t, v.data());
+    consolidated.insert(consolidated.end(), v.begin(), v.end());
+  }
+  EXPECT_TRUE(consolidated == state.master) << "the consolidated file differs from the checkpoint's weights";
+}
+
 // Global batch 24 per step (micro x accumulation x ranks), gradient clipping on (quickstart: 1.0),
 // small buckets so every group is reduced and gathered in several pieces, and partitioned stage-3
 // parameters ("auto" keeps only biases and norms whole; DeepSpeed's 1e5 would keep this tiny model whole).
@@ -98,21 +118,7 @@ void expect_same_run_as_one_rank(int ranks) {
     const auto losses = losses_of(dir);
     ASSERT_EQ(losses.size(), base.size());
     for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
-    const WholeState state = whole_state(dir);
-    expect_close(state.master, base_state.master, "weights");
-    expect_close(state.exp_avg, base_state.exp_avg, "exp_avg");
-    expect_close(state.exp_avg_sq, base_state.exp_avg_sq, "exp_avg_sq");
-    // Consolidated by `ds convert-ckpt` (tensor by tensor from the shards): exactly the weights a resume loads.
-    Result c = cli_test::ds("convert-ckpt " + dir + " " + dir + "/consolidated.safetensors");
-    ASSERT_EQ(c.code, 0) << c.err;
-    ds::SafetensorsFile file(dir + "/consolidated.safetensors");
-    std::vector<float> consolidated;
-    for (const ds::StTensor& t : file.view().tensors()) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      file.view().read_f32(t, v.data());
-      consolidated.insert(consolidated.end(), v.begin(), v.end());
-    }
-    EXPECT_TRUE(consolidated == state.master) << "the consolidated file differs from the checkpoint's weights";
+    expect_state_and_export(dir, base_state);
     // Bytes sent per step are the plan's, collective for collective.
     double planned = 0;
     const json plan = json::parse(slurp(dir + "/plan.json"));
@@ -367,20 +373,7 @@ TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint
     EXPECT_GT(planned, 0);
     for (const json& c : plan["collectives"]) planned += c["wire_bytes_per_rank_per_step"].get<double>();
     for (const json& m : metrics_of(dir)) EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
-    const WholeState state = whole_state(dir, one);
-    expect_close(state.master, base_state.master, "weights");
-    expect_close(state.exp_avg, base_state.exp_avg, "exp_avg");
-    expect_close(state.exp_avg_sq, base_state.exp_avg_sq, "exp_avg_sq");
-    Result c = cli_test::ds("convert-ckpt " + dir + " " + dir + "/consolidated.safetensors");
-    ASSERT_EQ(c.code, 0) << c.err;
-    ds::SafetensorsFile file(dir + "/consolidated.safetensors");
-    std::vector<float> consolidated;
-    for (const ds::StTensor& t : file.view().tensors()) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      file.view().read_f32(t, v.data());
-      consolidated.insert(consolidated.end(), v.begin(), v.end());
-    }
-    EXPECT_TRUE(consolidated == state.master) << "the consolidated file differs from the checkpoint's weights";
+    expect_state_and_export(dir, base_state, one);
   }
   // The step-5 checkpoint of tensor 2 x data 2 at stage 3, resumed on one rank: steps 6-10 are the one-rank run's.
   const std::string resumed = scratch_dir() + "/tp_resumed";

@@ -28,9 +28,9 @@ int ranks_per_node_across(const std::vector<std::vector<int>>& groups, int ranks
 // The link a group of this kind crosses, as a rate: within a node the node's link; across nodes one ring per NIC
 // (one NIC per GPU), so k ranks of the group on each node give k times the network's rate, at most the node's link.
 // Unknown: added to `missing` once, naming the flag, and nullopt.
-std::optional<Link> link_of(const Plan& p, MeshAxis axis, std::vector<std::string>& missing) {
+std::optional<Link> link_of(const Plan& p, const std::vector<std::vector<int>>& groups, std::vector<std::string>& missing) {
   const HardwareRates& hw = p.topology.rates;
-  const int k = ranks_per_node_across(mesh_groups(p.mesh.shape, axis), p.topology.ranks_per_node);
+  const int k = ranks_per_node_across(groups, p.topology.ranks_per_node);
   const bool gpu = !p.topology.device_traits().memory_is_host;
   const auto need = [&](const std::string& what) {
     if (std::find(missing.begin(), missing.end(), what) == missing.end()) missing.push_back(what);
@@ -46,6 +46,9 @@ std::optional<Link> link_of(const Plan& p, MeshAxis axis, std::vector<std::strin
   if (hw.intra_node.known() && hw.intra_node.busbw < across.busbw) across.busbw = hw.intra_node.busbw;
   across.name += ")";
   return across;
+}
+std::optional<Link> link_of(const Plan& p, MeshAxis axis, std::vector<std::string>& missing) {
+  return link_of(p, mesh_groups(p.mesh.shape, axis), missing);
 }
 
 // What a collective of the data group can hide behind, as the runtime issues it.
@@ -98,11 +101,10 @@ void add_row(StepTime& t, std::string what, const Link& link, StepPhase phase, d
 // The mesh's own traffic, of the stage that sends the most (stages run side by side: the slowest sets the pace).
 void mesh_rows(const Plan& p, StepTime& t) {
   if (!p.mesh.shape.splits_the_model() || p.mesh.stages.empty()) return;
+  const auto sent = [](const PipelineStage& s) { return s.traffic.tensor_wire_bytes + s.traffic.pipeline_bytes + s.traffic.tied_bytes; };
   const PipelineStage* busiest = &p.mesh.stages.front();
   for (const PipelineStage& s : p.mesh.stages)
-    if (s.traffic.tensor_wire_bytes + s.traffic.pipeline_bytes + s.traffic.tied_bytes >
-        busiest->traffic.tensor_wire_bytes + busiest->traffic.pipeline_bytes + busiest->traffic.tied_bytes)
-      busiest = &s;
+    if (sent(s) > sent(*busiest)) busiest = &s;
   const MeshTraffic& x = busiest->traffic;
   if (x.tensor_all_reduces > 0)
     if (const auto l = link_of(p, MeshAxis::tensor, t.missing))
@@ -160,17 +162,20 @@ StepTime predict_step_time(const Plan& p) {
     return t;
   }
   predict_compute(p, t);
-  // ZeRO's collectives run over the data group; one row each, in the plan's order (overlap() relies on it).
+  // ZeRO's collectives run over the data group, the step's agreement over the world (the same group unless the
+  // mesh splits the model); one row each, in the plan's order (overlap() relies on it).
   bool comm_known = true;
-  for (const Collective& c : p.execution.collectives) {
-    const auto l = link_of(p, MeshAxis::data, t.missing);
-    if (!l) {
-      comm_known = false;
-      break;
-    }
-    add_row(t, c.what(), *l, phase_of(c, p.execution), c.wire_bytes_per_rank_per_step, static_cast<double>(c.calls_per_step));
+  if (!p.execution.collectives.empty()) {
+    std::vector<int> everyone(static_cast<size_t>(p.mesh.shape.world()));
+    for (size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int>(r);
+    const std::optional<Link> data = link_of(p, MeshAxis::data, t.missing);
+    const std::optional<Link> world = p.mesh.shape.splits_the_model() ? link_of(p, {everyone}, t.missing) : data;
+    comm_known = data && world;
+    for (const Collective& c : p.execution.collectives)
+      if (comm_known)
+        add_row(t, c.what(), c.kind == CollectiveKind::control ? *world : *data, phase_of(c, p.execution), c.wire_bytes_per_rank_per_step,
+                static_cast<double>(c.calls_per_step));
   }
-  if (!comm_known) t.collectives.clear();
   const size_t before = t.missing.size();
   if (comm_known) mesh_rows(p, t);
   t.comm_known = comm_known && t.missing.size() == before;
