@@ -26,6 +26,14 @@
 namespace ds::cli {
 namespace {
 
+// Who wrote a ds checkpoint: "4 ranks (tensor 2 x data 2)", "2 ranks", "1 rank".
+std::string saved_by(const WeightSource& src) {
+  const int64_t world = src.world_size * src.tensor_parallel;
+  std::string s = std::to_string(world) + (world == 1 ? " rank" : " ranks");
+  if (src.tensor_parallel > 1) s += " (tensor " + std::to_string(src.tensor_parallel) + " x data " + std::to_string(src.world_size) + ")";
+  return s;
+}
+
 namespace fs = std::filesystem;
 
 int print_info(const WeightSource& src, bool as_json) {
@@ -39,7 +47,8 @@ int print_info(const WeightSource& src, bool as_json) {
     j["num_params"] = params;
     if (src.kind() == WeightsKind::ds_checkpoint) {
       j["step"] = src.step;
-      j["world_size"] = src.world_size;
+      j["world_size"] = src.world_size;  // the data-parallel ranks (all of them without tensor parallelism)
+      j["tensor_parallel"] = src.tensor_parallel;
       j["zero_stage"] = src.zero_stage;
       j["precision"] = src.precision;
       j["model"] = {{"name", src.model().name},
@@ -60,8 +69,8 @@ int print_info(const WeightSource& src, bool as_json) {
     std::cout << "  step        " << src.step << "\n"
               << "  model       " << m.name << " (" << model_arch_name(m.arch) << ", " << m.num_layers << " layers, hidden "
               << m.hidden_size << ", vocab " << m.vocab_size << ")\n"
-              << "  saved by    " << src.world_size << (src.world_size == 1 ? " rank" : " ranks") << " at ZeRO stage "
-              << src.zero_stage << ", " << src.precision << " training (fp32 master weights stored)\n";
+              << "  saved by    " << saved_by(src) << " at ZeRO stage " << src.zero_stage << ", " << src.precision
+              << " training (fp32 master weights stored)\n";
   }
   std::cout << "  parameters  " << format_count(params) << " in " << src.tensors().size() << " tensors\n";
   for (const auto& t : src.tensors()) std::cout << "    " << pad(t.name, 48) << pad(t.dtype, 6) << format_shape(t.shape) << "\n";
@@ -485,7 +494,7 @@ int run_convert(const ConvertArgs& a) {
     opt.max_shard_bytes = static_cast<uint64_t>(size_flag("--max-shard-size", a.max_shard_size));
     const ModelSpec model = build_model_spec(src->model());
     std::cerr << "ds convert-ckpt: " << src->path() << " (step " << src->step << ", " << format_count(model.num_params)
-              << " parameters, saved by " << src->world_size << (src->world_size == 1 ? " rank" : " ranks") << " at ZeRO stage "
+              << " parameters, saved by " << saved_by(*src) << " at ZeRO stage "
               << src->zero_stage << ") -> " << a.dst << " as " << (to == "hf" ? "a Hugging Face directory" : "one safetensors file")
               << ", " << a.dtype << "\n";
     const ExportSummary s = to == "hf" ? export_hf_directory(*src, src->model(), a.dst, opt) : export_safetensors_file(*src, model, a.dst, opt);

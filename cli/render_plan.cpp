@@ -471,8 +471,15 @@ std::string collectives_how(const Plan& p) {
 
 void communication_section(const Plan& p, const std::function<std::string(const std::string&)>& h, std::ostringstream& o) {
   o << "\n" << h("Communication per optimizer step") << "\n";
-  if (p.execution.collectives.empty()) {
+  // A mesh's tensor all-reduces and pipeline sends (its table's, the heaviest stage's) join the total.
+  const MeshTraffic* mesh = p.mesh.shape.splits_the_model() && p.mesh.heaviest_stage >= 0
+                                ? &p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].traffic
+                                : nullptr;
+  const double mesh_wire = mesh ? mesh->tensor_wire_bytes + mesh->pipeline_bytes + mesh->tied_bytes : 0;
+  if (p.execution.collectives.empty() && mesh_wire == 0) {
     o << "  none (one rank)\n";
+  } else if (p.execution.collectives.empty()) {
+    o << "  total on the wire per rank per step: " << format_bytes(mesh_wire) << " (the mesh's, above; ZeRO has one data rank)\n";
   } else {
     o << "  over " << comm_backend_name(p.execution.backend) << ": " << collectives_how(p) << "\n";
     o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)
@@ -485,7 +492,11 @@ void communication_section(const Plan& p, const std::function<std::string(const 
       if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";
       wire += c.wire_bytes_per_rank_per_step;
     }
-    o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";
+    if (mesh_wire > 0)
+      o << "  total on the wire per rank per step: " << format_bytes(wire + mesh_wire) << " (ring algorithms; " << format_bytes(wire)
+        << " above and the mesh's " << format_bytes(mesh_wire) << ")\n";
+    else
+      o << "  total on the wire per rank per step: " << format_bytes(wire) << " (ring algorithms)\n";
   }
 }
 

@@ -391,6 +391,10 @@ TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint
   const auto continued = losses_of(remeshed);
   ASSERT_EQ(continued.size(), 5u);
   for (size_t i = 0; i < continued.size(); ++i) EXPECT_NEAR(continued[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
+  // --info says who wrote it.
+  r = cli_test::ds("convert-ckpt --info " + scratch_dir() + "/tp_t2d2z1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "saved by    4 ranks (tensor 2 x data 2) at ZeRO stage 1")) << r.out;
   // convert-ckpt reshards a mesh's checkpoint as data parallelism's (3 ranks at stage 3): the same state, bit for bit.
   const std::string resharded = scratch_dir() + "/tp_resharded";
   r = cli_test::ds("convert-ckpt " + scratch_dir() + "/tp_t2d2z1 " + resharded + " --world-size 3 --stage 3");

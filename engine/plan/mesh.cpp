@@ -366,7 +366,8 @@ bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIs
                     "the " + std::to_string(world_size) + (world_size == 1 ? " rank does" : " ranks do") + " not split into tensor " +
                         std::to_string(r.tensor) + " x pipeline " + std::to_string(r.pipeline) +
                         " groups (their product must divide the world size)",
-                    "launch a multiple of " + std::to_string(split) + " ranks, or change the sizes"});
+                    "launch a multiple of " + std::to_string(split) + " ranks, or change the sizes (" +
+                        (tensor_alone ? "tensor_parallel.autotp_size=1" : "pipeline.stages=1") + ": none)"});
   return false;
 }
 

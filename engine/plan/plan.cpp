@@ -741,14 +741,12 @@ void note_mesh(Plan& plan) {
                                      " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
                                      "buffers and collectives below are data parallelism's, each rank with the whole model",
                              "ds train refuses a split model with LoRA or frozen tensors yet"});
-  else
+  else if (m.shape.pipeline > 1)  // (tensor parallelism alone runs: ds plan's mesh table says what a rank holds and sends)
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): the memory, buffers and layout below are a rank of stage " +
                                      std::to_string(m.heaviest_stage) + " (the heaviest; each stage's in the mesh table) over its " +
                                      std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group "
                                      "(the step's loss and norm over the world), without the tensor all-reduces and the pipeline's sends",
-                             m.shape.pipeline > 1 ? "ds train refuses pipeline stages yet (tensor and data parallelism train)"
-                                                  : "the mesh table has each rank's tensor all-reduces per step; ds train counts them "
-                                                    "with ZeRO's in its bytes"});
+                             "ds train refuses pipeline stages yet (tensor and data parallelism train)"});
 }
 
 }  // namespace

@@ -93,6 +93,7 @@ class DsCheckpointSource : public WeightSource {
     if (plan.lora) lora = PeftAdapter{plan.lora->r, plan.lora->alpha, plan.lora->dropout, plan.lora->target_modules, model_.traits().in_out};
     model_numel_ = plan.layout_numel;
     world_size = plan.layout_world_size;
+    tensor_parallel = plan.mesh_tensor;
     zero_stage = plan.zero_stage;
     precision = plan.precision;
     for (const RecordedTensor& t : plan.params) {
