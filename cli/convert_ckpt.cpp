@@ -234,9 +234,10 @@ constexpr int kMaxReshardRanks = 65536;
 // run's micro batch cannot keep it, the largest smaller one that does (`note` says so). UserError when the
 // world size does not divide the global batch at all. (A recorded batch below 1 is refused by the record's reader.)
 std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, int stage, const std::string& dst, std::string* note) {
+  std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
   // A tensor-parallel run's checkpoint is the whole model's already: resharded as data parallelism's (any mesh
   // resumes either).
-  std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst, "tensor_parallel.autotp_size=1"};
+  if (plan.mesh_tensor > 1) o.push_back("tensor_parallel.autotp_size=1");
   if (plan.train_batch_size == 0 || plan.micro_batch == 0) {
     o.push_back("~train_batch_size");  // a record without its batch: the batch follows the world size, as it did before
     return o;
@@ -363,7 +364,7 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   const std::string plan_json = plan_to_json(lead_plan, record.tokenizer_files.value_or(std::vector<TokenizerFileRecord>{}));
   const SavedCheckpoint saved = write_run_checkpoint(a.dst, scalars, sharded ? world : 1, shard_of, plan_json, loaded.resolved_json);
   std::cerr << "ds convert-ckpt: " << src.path() << " (step " << src.step << ", ZeRO stage " << src.zero_stage << " on "
-            << src.world_size << (src.world_size == 1 ? " rank" : " ranks") << ") -> " << saved.path << " (ZeRO stage " << stage
+            << saved_by(src) << ") -> " << saved.path << " (ZeRO stage " << stage
             << " on " << world << (world == 1 ? " rank" : " ranks") << (sharded ? ", one shard per rank" : ", one file") << ")\n"
             << "  resume it: ds train CONFIG train.output_dir=" << a.dst << " zero_optimization.stage=" << stage
             << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "") << " --resume\n";

@@ -150,8 +150,10 @@ void add_summary(const Measured& ms, json& r) {
       {"grad_accum", plan.batch.grad_accum},
       {"seq_len", plan.seq_len},
       {"params", plan.model.num_params},
-      // (ZeRO's shard of what the rank holds: a tensor rank's share of the model, else the whole model)
-      {"params_per_rank", plan.execution.sharded ? plan.layout.shard_numel : plan.layout.numel},
+      // (ZeRO's shard of what the rank trains; unsharded, a tensor rank's share of the model, else the whole model)
+      {"params_per_rank", plan.execution.sharded         ? plan.layout.shard_numel
+                          : plan.mesh.shape.tensor > 1 ? plan.layout.numel
+                                                       : plan.model.num_params},
       {"trainable_params", plan.trained().num_params},
       {"compute_dtype", dtype_name(plan.precision.compute_dtype)},
       {"fwd_flops_per_micro_batch", fwd},

@@ -476,10 +476,8 @@ void communication_section(const Plan& p, const std::function<std::string(const 
                                 ? &p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].traffic
                                 : nullptr;
   const double mesh_wire = mesh ? mesh->tensor_wire_bytes + mesh->pipeline_bytes + mesh->tied_bytes : 0;
-  if (p.execution.collectives.empty() && mesh_wire == 0) {
+  if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
-  } else if (p.execution.collectives.empty()) {
-    o << "  total on the wire per rank per step: " << format_bytes(mesh_wire) << " (the mesh's, above; ZeRO has one data rank)\n";
   } else {
     o << "  over " << comm_backend_name(p.execution.backend) << ": " << collectives_how(p) << "\n";
     o << "  " << pad("op", 16) << pad("what", 36) << pad("when", 16) << lpad("calls", 7) << lpad("payload", 13)

@@ -323,11 +323,12 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, int grad_bytes,
-                        bool checkpointing) {
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
+                        int grad_bytes, bool checkpointing) {
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
-  const double activation = tokens * static_cast<double>(h.hidden_size) * dtype_bytes;  // one micro-batch's, one block boundary
+  const double boundary = tokens * static_cast<double>(h.hidden_size);  // one micro-batch's elements at one block boundary
+  const double activation = boundary * summed_bytes, sent = boundary * sent_bytes;
   const double ring = t > 1 ? 2.0 * (t - 1) / t : 0;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     PipelineStage& st = plan.stages[s];
@@ -349,7 +350,7 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
     }
     const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
-    x.pipeline_bytes = m * neighbours * activation;
+    x.pipeline_bytes = m * neighbours * sent;
     if (plan.tied_copy_per_rank > 0 && (st.embeddings || st.head)) {
       x.tied_all_reduces = 1;
       x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * grad_bytes;  // 2 (2 - 1) / 2 of the payload

@@ -160,10 +160,11 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage);
 // and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
 void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
-// Each stage's MeshTraffic at this micro batch and sequence length, `dtype_bytes` per activation element and
-// `grad_bytes` per gradient element.
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int dtype_bytes, int grad_bytes,
-                        bool checkpointing);
+// Each stage's MeshTraffic at this micro batch and sequence length: `summed_bytes` per activation element an
+// all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the pipeline sends
+// as it is, `grad_bytes` per gradient element summed.
+void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
+                        int grad_bytes, bool checkpointing);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

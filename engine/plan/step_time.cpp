@@ -168,9 +168,12 @@ StepTime predict_step_time(const Plan& p) {
   if (!p.execution.collectives.empty()) {
     std::vector<int> everyone(static_cast<size_t>(p.mesh.shape.world()));
     for (size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int>(r);
-    const std::optional<Link> data = link_of(p, MeshAxis::data, t.missing);
-    const std::optional<Link> world = p.mesh.shape.splits_the_model() ? link_of(p, {everyone}, t.missing) : data;
-    comm_known = data && world;
+    const bool over_data = std::any_of(p.execution.collectives.begin(), p.execution.collectives.end(),
+                                       [](const Collective& c) { return c.kind != CollectiveKind::control; });
+    const bool split = p.mesh.shape.splits_the_model();
+    const std::optional<Link> data = over_data || !split ? link_of(p, MeshAxis::data, t.missing) : std::nullopt;
+    const std::optional<Link> world = split ? link_of(p, {everyone}, t.missing) : data;
+    comm_known = (data || !over_data) && world;
     for (const Collective& c : p.execution.collectives)
       if (comm_known)
         add_row(t, c.what(), c.kind == CollectiveKind::control ? *world : *data, phase_of(c, p.execution), c.wire_bytes_per_rank_per_step,

@@ -217,7 +217,8 @@ void verify_shard(hid_t f, const std::string& path, bool current_format) {
 }
 
 // What a shard's segment table claims, checked against the model and the shard's own arrays: every row
-// inside the model and inside the arrays, no two rows sharing local elements, every array as long as master.
+// inside the model and inside the arrays, no two rows sharing local elements nor the model's, every array as
+// long as master.
 void check_segments(const std::vector<OwnedSegment>& segs, int64_t model_numel, hid_t f, const std::string& path) {
   const int64_t local = dataset_length(f, "master");
   for (const char* moment : {"optimizer/exp_avg", "optimizer/exp_avg_sq"}) {

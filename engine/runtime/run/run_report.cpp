@@ -218,8 +218,10 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
             optimizer_type_name(p.optimizer.type) +
             (p.mesh.shape.tensor > 1
                  ? " on " + std::to_string(W) + " ranks (tensor " + std::to_string(p.mesh.shape.tensor) + " x data " +
-                       std::to_string(p.mesh.shape.data) + ": each rank holds " + format_count(p.layout.numel) + " parameters), ZeRO stage " +
-                       std::to_string(p.zero_stage()) + " over each data group of " + std::to_string(p.mesh.shape.data)
+                       std::to_string(p.mesh.shape.data) + ": each rank holds " + format_count(p.layout.numel) + " parameters" +
+                       (p.mesh.shape.data > 1 ? "), ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " +
+                                                    std::to_string(p.mesh.shape.data)
+                                              : ")")
                  : W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
   double in_flight = 0;  // what the communicator allocates per collective: in the plan's buffers, never held here
   for (const ZeroBuffer& b : p.execution.buffers)
