@@ -19,6 +19,7 @@
 #include "common/stop_signals.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/fit.hpp"
+#include "engine/plan/runnable.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "cli/launcher.hpp"
@@ -249,6 +250,9 @@ int run_train(const TrainArgs& a) {
     if (!launcher && !autos.empty() && compiled.plan.topology.rank == 0) std::cerr << "ds train: \"auto\" chose " << join(autos, ", ") << "\n";
     check_fits(compiled.plan, a.no_fit_check, launcher);
     check_resumed(compiled);
+    // What ds cannot train yet (pipeline stages, tensor parallelism with LoRA...) is refused before a launcher
+    // touches the run directory or starts a rank: each rank would refuse the same plan once started.
+    if (launcher) refuse_not_runnable(compiled.plan, not_yet_runnable(compiled.plan));
     const bool writes_run_dir = compiled.plan.topology.rank == 0;
     // The checkpoint to continue from was settled with the plan (a bad train.resume is the config's error,
     // reported before anything about the output directory); what the plan kept of it is said once.

@@ -1,5 +1,6 @@
 #include "engine/plan/runnable.hpp"
 
+#include "common/error.hpp"
 #include "engine/plan/device_traits.hpp"
 
 namespace ds {
@@ -23,6 +24,20 @@ std::vector<std::string> not_yet_runnable(const Plan& plan) {
   }
   if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   return why;
+}
+
+void refuse_not_runnable(const Plan& plan, const std::vector<std::string>& why) {
+  if (why.empty()) return;
+  std::string list;
+  for (const auto& w : why) list += "\n    - " + w;
+  // Where only the GPU path is missing, the same plan trains on the CPU: say so.
+  Plan on_cpu = plan;
+  on_cpu.topology.device = DeviceKind::cpu;
+  const bool cpu_trains_it = !plan.topology.device_traits().memory_is_host && not_yet_runnable(on_cpu).empty();
+  throw UserError("this build of ds cannot train this plan yet:" + list,
+                  cpu_trains_it ? "--device cpu trains this plan on the CPU (the items above are the GPU path's limits for now; "
+                                  "`ds plan --device cuda` lists them before a run)"
+                                : "`ds plan` shows the plan; the items above are on the roadmap (see README)");
 }
 
 }  // namespace ds

@@ -14,4 +14,9 @@ namespace ds {
 // Empty when ds trains this plan (on a build that has its device, when the topology does not carry the build).
 std::vector<std::string> not_yet_runnable(const Plan& plan);
 
+// Throws the UserError that lists `why` (not_yet_runnable's, with a caller's own), with the way out: --device cpu
+// where only the GPU path is missing. Nothing when `why` is empty. ds train's ranks and its launcher (before it
+// starts any rank) say the same.
+void refuse_not_runnable(const Plan& plan, const std::vector<std::string>& why);
+
 }  // namespace ds

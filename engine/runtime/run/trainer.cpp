@@ -779,18 +779,7 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
   if (!plan.topology.device_traits().memory_is_host && keeps_step_measurements(plan, opt))
     why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
                   "each step's tokens/s and TFLOP/s there");
-  if (!why.empty()) {
-    std::string list;
-    for (const auto& w : why) list += "\n    - " + w;
-    // Where only the GPU path is missing, the same plan trains on the CPU: say so.
-    Plan on_cpu = plan;
-    on_cpu.topology.device = DeviceKind::cpu;
-    const bool cpu_trains_it = !plan.topology.device_traits().memory_is_host && not_yet_runnable(on_cpu).empty();
-    throw UserError("this build of ds cannot train this plan yet:" + list,
-                    cpu_trains_it ? "--device cpu trains this plan on the CPU (the items above are the GPU path's limits for now; "
-                                    "`ds plan --device cuda` lists them before a run)"
-                                  : "`ds plan` shows the plan; the items above are on the roadmap (see README)");
-  }
+  refuse_not_runnable(plan, why);
   // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
   // point; once training, after the current step with a checkpoint.
   struct Starting {  // until the loop begins, however train() ends
