@@ -26,11 +26,13 @@
 namespace ds::cli {
 namespace {
 
-// Who wrote a ds checkpoint: "4 ranks (tensor 2 x data 2)", "2 ranks", "1 rank".
+// Who wrote a ds checkpoint: "4 ranks (tensor 2 x data 2)", "8 ranks (tensor 2 x pipeline 2 x data 2)", "2 ranks", "1 rank".
 std::string saved_by(const WeightSource& src) {
-  const int64_t world = src.world_size * src.tensor_parallel;
+  const int64_t world = src.world_size * src.tensor_parallel * src.pipeline_stages;
   std::string s = std::to_string(world) + (world == 1 ? " rank" : " ranks");
-  if (src.tensor_parallel > 1) s += " (tensor " + std::to_string(src.tensor_parallel) + " x data " + std::to_string(src.world_size) + ")";
+  if (src.tensor_parallel > 1 || src.pipeline_stages > 1)
+    s += " (tensor " + std::to_string(src.tensor_parallel) + (src.pipeline_stages > 1 ? " x pipeline " + std::to_string(src.pipeline_stages) : "") +
+         " x data " + std::to_string(src.world_size) + ")";
   return s;
 }
 
@@ -49,6 +51,7 @@ int print_info(const WeightSource& src, bool as_json) {
       j["step"] = src.step;
       j["world_size"] = src.world_size;  // the data-parallel ranks (all of them without tensor parallelism)
       j["tensor_parallel"] = src.tensor_parallel;
+      j["pipeline_stages"] = src.pipeline_stages;
       j["zero_stage"] = src.zero_stage;
       j["precision"] = src.precision;
       j["model"] = {{"name", src.model().name},
@@ -235,9 +238,10 @@ constexpr int kMaxReshardRanks = 65536;
 // world size does not divide the global batch at all. (A recorded batch below 1 is refused by the record's reader.)
 std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, int stage, const std::string& dst, std::string* note) {
   std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "train.output_dir=" + dst};
-  // A tensor-parallel run's checkpoint is the whole model's already: resharded as data parallelism's (any mesh
-  // resumes either).
+  // A split model's checkpoint is the whole model's already: resharded as data parallelism's (any mesh resumes
+  // either).
   if (plan.mesh_tensor > 1) o.push_back("tensor_parallel.autotp_size=1");
+  if (plan.mesh_pipeline > 1) o.push_back("pipeline.stages=1");
   if (plan.train_batch_size == 0 || plan.micro_batch == 0) {
     o.push_back("~train_batch_size");  // a record without its batch: the batch follows the world size, as it did before
     return o;

@@ -163,7 +163,7 @@ const std::map<std::string, const char*> kActs = {
     {"data.skip_bad_lines", "data: jsonl lines that are no sample skipped and counted (JsonlSamples)"},
     {"data.tokens_in_memory", "data: jsonl samples kept in memory or as an index of their lines, read again per batch (open_samples, SampleSet::indexed)"},
     {"tensor_parallel.autotp_size", "plan: the mesh (engine/plan/mesh), the batch's data ranks; the trainer's tensor groups (make_model)"},
-    {"pipeline.stages", "plan: the mesh (engine/plan/mesh), the batch's data ranks; ds train refuses pipeline stages"},
+    {"pipeline.stages", "plan: the mesh (engine/plan/mesh), the batch's data ranks; train: each rank runs its stage, 1F1B (engine/runtime/run/pipeline)"},
     {"pipeline.partition", "plan: how the mesh's stages are cut"},
     {"train.steps", "trainer"},
     {"train.epochs", "plan: train.steps from the training split's measured tokens"},

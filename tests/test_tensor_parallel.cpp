@@ -236,7 +236,7 @@ TEST(TensorParallelModel, WholeSegmentsPutEachRanksElementsAtTheirPlaceInTheWhol
         torch::Tensor local = torch::zeros({local_numel}, torch::kDouble);
         for (const OwnedSegment& s : owned) local.narrow(0, s.local, s.numel).copy_(share.narrow(0, s.global, s.numel));
         if (stage == 0 && at.data != 0) continue;  // stage 0: the first data rank's tensor ranks write
-        for (const OwnedSegment& g : whole_segments(whole.model, plan.layout, owned, t, at.tensor, at.tensor == 0)) {
+        for (const OwnedSegment& g : whole_segments(whole.model, plan.mesh, 0, at.tensor, plan.layout, owned, /*writing=*/true)) {
           ASSERT_TRUE(torch::equal(local.narrow(0, g.local, g.numel), values.narrow(0, g.global, g.numel)))
               << "rank " << rank << ": segment at " << g.global << " of " << g.numel;
           for (int64_t k = g.global; k < g.global + g.numel; ++k) ++covered[static_cast<size_t>(k)];

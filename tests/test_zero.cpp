@@ -440,6 +440,91 @@ TEST(Zero, TensorParallelMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint
   for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(from[1][i], from[0][i], 1e-5 * from[0][i]) << "step " << i + 1;
 }
 
+TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
+  // Real processes over Gloo: pipeline stages alone, with data parallelism under ZeRO 1, and tensor 2 x pipeline 2
+  // x data 2 (8 ranks). GPT-2's head is tied: the last stage holds a copy of the token table, whose gradient is
+  // summed with the first stage's every step.
+  const std::string& one = single_rank_run();
+  const auto base = losses_of(one);
+  ASSERT_EQ(base.size(), 10u);
+  const WholeState base_state = whole_state(one);
+  struct Mesh {
+    std::string name, shape, says;
+  };
+  const std::vector<Mesh> meshes = {
+      {"p2", "train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=3 --nproc-per-node 2 zero_optimization.stage=0 pipeline.stages=2",
+       "(tensor 1 x pipeline 2"},
+      {"p2d2z1", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=1 pipeline.stages=2 "
+                 "model.activation_checkpointing=true",
+       "(tensor 1 x pipeline 2 x data 2"},
+      {"t2p2d2", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 8 zero_optimization.stage=1 pipeline.stages=2 "
+                 "tensor_parallel.autotp_size=2",
+       "(tensor 2 x pipeline 2 x data 2"},
+  };
+  for (const Mesh& m : meshes) {
+    SCOPED_TRACE(m.name);
+    const std::string dir = scratch_dir() + "/pp_" + m.name;
+    Result r = cli_test::ds(kRun + m.shape + " train.steps=10 train.save_every=5 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string log = slurp(dir + "/train.log");
+    EXPECT_TRUE(contains(log, m.says)) << log;
+    const auto losses = losses_of(dir);
+    ASSERT_EQ(losses.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+    // Bytes rank 0 (the first stage) sends per step: its ZeRO collectives, its activations (and their gradients
+    // none: the first stage sends no gradient back), the tied table's gradient and the tensor all-reduces, as planned.
+    const json plan = json::parse(slurp(dir + "/plan.json"));
+    const json& traffic = plan["mesh"]["stages"][0]["traffic_per_rank_per_step"];
+    double planned = traffic["pipeline_bytes"].get<double>() + traffic["tied_bytes"].get<double>() + traffic["tensor_wire_bytes"].get<double>() +
+                     traffic["zero_wire_bytes"].get<double>();  // (the plan's collectives are its heaviest stage's)
+    EXPECT_GT(traffic["pipeline_bytes"].get<double>(), 0);
+    EXPECT_GT(traffic["tied_bytes"].get<double>(), 0);
+    for (const json& c : plan["collectives"])
+      if (c["what"] == "loss, norm and stop flag") planned += c["wire_bytes_per_rank_per_step"].get<double>();
+    for (const json& x : metrics_of(dir)) EXPECT_NEAR(x["comm_bytes"].get<double>(), planned, 1.0) << "step " << x["step"];
+    EXPECT_TRUE(contains(log, "pipeline activations: 3.0 calls")) << log;  // the run report's row beside the plan's
+    expect_state_and_export(dir, base_state, one);
+  }
+  Result info = cli_test::ds("convert-ckpt --info " + scratch_dir() + "/pp_t2p2d2");
+  ASSERT_EQ(info.code, 0) << info.err;
+  EXPECT_TRUE(contains(info.out, "saved by    8 ranks (tensor 2 x pipeline 2 x data 2) at ZeRO stage 1")) << info.out;
+  // The 2 x 2 x 2 mesh's step-5 checkpoint resumed on one rank, and on pipeline 2 x data 2 at ZeRO stage 0: steps 6-10
+  // are the one-rank run's.
+  for (const std::string& shape_then : {shape(1), std::string("train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 "
+                                                              "--nproc-per-node 4 pipeline.stages=2 zero_optimization.stage=0 ")}) {
+    SCOPED_TRACE(shape_then);
+    const std::string resumed = scratch_dir() + "/pp_resumed" + std::to_string(shape_then.size());
+    Result r = cli_test::ds(kRun + shape_then + "train.steps=10 train.output_dir=" + resumed + " train.resume=" + scratch_dir() +
+                            "/pp_t2p2d2/checkpoints/step_00000005");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto losses = losses_of(resumed);
+    ASSERT_EQ(losses.size(), 5u);
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
+  }
+  // Validation: the last stage's losses, the same as one rank's.
+  double val[2] = {0, 0};
+  for (int pp = 0; pp < 2; ++pp) {
+    const std::string dir = scratch_dir() + "/pp_val" + std::to_string(pp);
+    Result r = cli_test::ds(kRun + (pp ? meshes[1].shape : shape(1)) + " train.steps=2 train.eval_every=2 train.eval_batches=2 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    val[pp] = metrics_of(dir).back()["val_loss"].get<double>();
+  }
+  EXPECT_NEAR(val[1], val[0], 1e-5 * val[0]);
+  // Started from a checkpoint's weights (model.init_from): each stage reads its tensors (the last the table too).
+  std::vector<double> from[2];
+  for (int pp = 0; pp < 2; ++pp) {
+    const std::string dir = scratch_dir() + "/pp_init" + std::to_string(pp);
+    Result r = cli_test::ds(kRun + (pp ? meshes[0].shape : shape(1)) + " train.steps=2 model.init_from=" + ds::find_latest_checkpoint(one) +
+                            " train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    from[pp] = losses_of(dir);
+  }
+  ASSERT_EQ(from[0].size(), 2u);
+  ASSERT_EQ(from[1].size(), 2u);
+  EXPECT_LT(from[0][0], base[0] - 0.1);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(from[1][i], from[0][i], 1e-5 * from[0][i]) << "step " << i + 1;
+}
+
 TEST(Zero, TwoLocalRanksAtStageZeroTrainTheSameRunAsOneRank) {
   // One rank: 2 micro batches of 16 per step; two ranks: one each. The sampler hands both the same 32
   // samples per step, so fp32 losses agree to summation order.

@@ -12,6 +12,7 @@ const char* collective_op_name(CollectiveOp op) {
     case CollectiveOp::all_reduce: return "all_reduce";
     case CollectiveOp::reduce_scatter: return "reduce_scatter";
     case CollectiveOp::all_gather: return "all_gather";
+    case CollectiveOp::send: return "send";
   }
   return "?";
 }
@@ -30,6 +31,8 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::parameters_validation: return "parameters (validation)";
     case CollectiveKind::validation_loss: return "validation loss";
     case CollectiveKind::tensor_activations: return "tensor-parallel activations";
+    case CollectiveKind::pipeline_activations: return "pipeline activations";
+    case CollectiveKind::tied_gradients: return "tied embedding gradients";
   }
   return "?";
 }
@@ -76,6 +79,7 @@ Ownership clip(const Ownership& owners, int64_t at, int64_t n) {
 }
 
 double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size) {
+  if (op == CollectiveOp::send) return payload_bytes;  // to one rank, whole
   const double share = static_cast<double>(world_size - 1) / world_size;
   return payload_bytes * (op == CollectiveOp::all_reduce ? 2 * share : share);
 }

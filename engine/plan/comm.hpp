@@ -15,7 +15,8 @@
 
 namespace ds {
 
-enum class CollectiveOp { all_reduce, reduce_scatter, all_gather };
+// send: point to point, one rank to another (a pipeline stage's activations or their gradient).
+enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send };
 const char* collective_op_name(CollectiveOp op);
 
 // What a collective carries: the plan lists them, the runtime issues and counts them under the same kind,
@@ -33,6 +34,8 @@ enum class CollectiveKind {
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)
   validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
   tensor_activations,     // tensor parallel: a block's partial outputs (forward) and its input's gradients (backward)
+  pipeline_activations,   // pipeline parallel: a stage's output sent to the next stage, its gradient sent back
+  tied_gradients,         // pipeline parallel: the tied token table's gradient summed between its first and last stage copies
 };
 const char* collective_name(CollectiveKind kind);
 

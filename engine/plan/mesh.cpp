@@ -155,19 +155,42 @@ TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int ten
   return slice;
 }
 
-std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const FlatLayout& share, const std::vector<OwnedSegment>& owned,
-                                         int tensor, int tensor_rank, bool whole_tensors) {
-  DS_CHECK(share.params.size() == whole.tensors.size(), "whole_segments: the share has ", share.params.size(), " tensors, the model ",
-           whole.tensors.size());
+std::vector<StageTensor> stage_tensors(const ModelSpec& model, const MeshPlan& mesh, int stage) {
+  std::vector<StageTensor> out;
+  if (mesh.stages.empty()) {
+    for (size_t i = 0; i < model.tensors.size(); ++i) out.push_back({static_cast<int>(i), false});
+    return out;
+  }
+  // stage_share's order: the stage's tensors as the model has them, then a tied head's copy of the table.
+  const PipelineStage& st = mesh.stages.at(static_cast<size_t>(stage));
+  int token_table = -1;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    const TensorSpec& t = model.tensors[i];
+    const bool table = t.layer < 0 && is_embedding_table(t);
+    if (table && is_token_table(t)) token_table = static_cast<int>(i);
+    const bool holds = t.layer >= 0 ? t.layer >= st.first_block && t.layer < st.first_block + st.blocks : table ? st.embeddings : st.head;
+    if (holds) out.push_back({static_cast<int>(i), false});
+  }
+  if (st.head && !st.embeddings && mesh.tied_copy_per_rank > 0 && token_table >= 0) out.push_back({token_table, true});
+  return out;
+}
+
+std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const MeshPlan& mesh, int stage, int tensor_rank, const FlatLayout& share,
+                                         const std::vector<OwnedSegment>& owned, bool writing) {
+  const std::vector<StageTensor> sources = stage_tensors(whole, mesh, stage);
+  DS_CHECK(share.params.size() == sources.size(), "whole_segments: the share has ", share.params.size(), " tensors, its stage ",
+           sources.size());
+  const int tensor = mesh.shape.tensor;
   std::vector<int64_t> offset(whole.tensors.size() + 1, 0);  // each whole tensor's place in the whole's flat order
   for (size_t i = 0; i < whole.tensors.size(); ++i) offset[i + 1] = offset[i] + whole.tensors[i].numel;
   std::vector<OwnedSegment> out;
   for (const OwnedSegment& s : owned) {
-    const size_t i = static_cast<size_t>(s.param);
+    const StageTensor& source = sources[static_cast<size_t>(s.param)];
+    const size_t i = static_cast<size_t>(source.whole);
     const TensorSpec& t = whole.tensors[i];
     const TensorSlice slice = tensor_slice_of(whole, t, tensor, tensor_rank);
     const bool kept_whole = tensor == 1 || tensor_split_of(whole, t) == TensorSplit::whole;
-    if (kept_whole && !whole_tensors) continue;
+    if (writing && ((kept_whole && tensor_rank != 0) || source.tied_copy)) continue;
     // The share as rows x columns along the slice's dimension: dimension 0 splits rows (of `inner` elements),
     // dimension 1 the columns of each row.
     const int64_t rows = t.shape.empty() ? t.numel : t.shape[0];
@@ -175,7 +198,7 @@ std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const FlatLayou
     int64_t along_runs = 0;  // the share's length along the split dimension, without its padding
     for (const auto& run : slice.runs) along_runs += run.second;
     const int64_t share_inner = slice.dim == 0 ? inner : along_runs;  // the share's row length
-    int64_t k = s.global - share.params[i].offset;  // within the share tensor
+    int64_t k = s.global - share.params[static_cast<size_t>(s.param)].offset;  // within the share tensor
     const int64_t end = k + s.numel;
     int64_t local = s.local;
     while (k < end) {
@@ -249,6 +272,19 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
 double pipeline_bubble(int stages, int micro_batches) {
   if (stages <= 1) return 0;
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+std::vector<PipelineOp> one_forward_one_backward(int stages, int stage, int micro_batches) {
+  const int warm_up = std::min(stages - stage - 1, micro_batches);
+  std::vector<PipelineOp> ops;
+  int forward = 0, backward = 0;
+  for (; forward < warm_up; ++forward) ops.push_back({true, forward});
+  while (forward < micro_batches) {
+    ops.push_back({true, forward++});
+    ops.push_back({false, backward++});
+  }
+  while (backward < micro_batches) ops.push_back({false, backward++});
+  return ops;
 }
 
 namespace {

@@ -73,15 +73,6 @@ struct TensorSlice {
 };
 TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int tensor, int rank);
 
-// A tensor rank's segments (owned_segments of its share's layout, `share`) as segments of the whole model's flat
-// order (its tensors concatenated, as one rank lays them out): the same local places, the elements they hold
-// found in the whole tensors through tensor_slice_of, a run broken wherever the whole's elements stop being
-// consecutive (each row of a tensor split by columns); the padding's rows left out. With `whole_tensors` false,
-// the tensors every tensor rank holds whole are left out too (a checkpoint takes them from tensor rank 0). A
-// checkpoint written with these is the whole model's: any mesh, or one rank, resumes it, and convert-ckpt reads
-// it as it reads any other. One pipeline stage (the share's tensors are the model's, in order).
-std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const FlatLayout& share, const std::vector<OwnedSegment>& owned,
-                                         int tensor, int tensor_rank, bool whole_tensors);
 
 // What one rank of a stage sends per optimizer step for the mesh, besides ZeRO's collectives over its data
 // group (which the plan's collectives list). Megatron's tensor parallelism without sequence parallelism:
@@ -118,6 +109,7 @@ struct PipelineStage {
   MemoryEstimate memory;
   bool memory_planned = false;
   MeshTraffic traffic;              // per rank of this stage (count_mesh_traffic)
+  double zero_wire_bytes = 0;       // per rank per step: ZeRO's collectives over its data group (compile_plan fills it)
 };
 
 struct MeshPlan {
@@ -132,6 +124,27 @@ struct MeshPlan {
   int heaviest_stage = -1;     // the stage whose rank the plan's layout, buffers and memory describe (-1: none)
   int64_t tied_copy_per_rank = 0;  // elements of the tied table's copy on the last stage (0: none)
 };
+
+// Each tensor of stage `stage`'s share (stage_share's order): the whole model's tensor it is a part of, and whether
+// it is the last stage's copy of the token table for a tied head. That copy's gradient is summed with the
+// table's on the first stage each step (both then step alike), it counts once in the gradient norm and the
+// checkpoint takes the first stage's. Without stages (an empty mesh): the model's tensors in order.
+struct StageTensor {
+  int whole = 0;
+  bool tied_copy = false;
+};
+std::vector<StageTensor> stage_tensors(const ModelSpec& model, const MeshPlan& mesh, int stage);
+
+// A rank's segments (owned_segments of its share's layout, `share`: tensor rank `tensor_rank` of stage `stage`)
+// as segments of the whole model's flat order (its tensors concatenated, as one rank lays them out): the same
+// local places, the elements they hold found in the whole tensors through stage_tensors and tensor_slice_of,
+// a run broken wherever the whole's elements stop being consecutive (each row of a tensor split by columns);
+// the padding's rows left out. `writing`: only what this rank writes to a checkpoint, so that every element
+// is written once: the tensors every tensor rank holds whole come from tensor rank 0, the tied table from the
+// first stage. A checkpoint written with these is the whole model's: any mesh, or one rank, resumes it, and
+// convert-ckpt reads it as it reads any other.
+std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const MeshPlan& mesh, int stage, int tensor_rank, const FlatLayout& share,
+                                         const std::vector<OwnedSegment>& owned, bool writing);
 
 // What the config asks of the mesh, read from its tensor_parallel and pipeline blocks.
 struct MeshRequest {
@@ -168,5 +181,17 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);
+
+// One step of a stage's 1F1B schedule (PipeDream-Flush, DeepSpeed's TrainSchedule, Megatron's): a micro-batch's
+// forward or backward.
+struct PipelineOp {
+  bool forward = true;
+  int micro = 0;
+};
+// Stage `stage` of `stages` over `micro_batches`: min(p - s - 1, m) forwards to fill the pipeline, then one
+// forward and one backward in turn, then the backwards left. Micro-batches go forward and backward in order, so
+// a stage holds at most min(p - s, m) micro-batches' activations at once (PipelineStage::in_flight); with
+// sends that never block, no two stages wait on each other.
+std::vector<PipelineOp> one_forward_one_backward(int stages, int stage, int micro_batches);
 
 }  // namespace ds

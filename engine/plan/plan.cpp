@@ -320,6 +320,25 @@ void lay_out(Plan& plan, int stage, int in_flight = 1) {
 // the whole plan (its share of the model as a model of its own), its activations those of the micro-batches
 // it holds at once. The plan's layout, buffers and memory become those of the heaviest stage's rank, which
 // the fit check and the device budget judge. Not with LoRA or frozen tensors yet (the whole model's stay).
+// A rank of pipeline stage `s` of a split model, laid out and executed over its data group (its model the stage's share).
+Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
+  const MeshPlan& mesh = plan.mesh;
+  Plan rank = plan;
+  rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
+  rank.topology.world_size = mesh.shape.data;
+  rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
+  lay_out(rank, zero_stage, mesh.stages[s].in_flight);
+  return rank;
+}
+
+// The step's loss, norm and stop flag are agreed by the whole world (every rank holds a part of the norm), not
+// the data group ZeRO's collectives run over.
+void agree_over_the_world(Plan& plan) {
+  std::vector<Collective>& all = plan.execution.collectives;
+  all.erase(std::remove_if(all.begin(), all.end(), [](const Collective& c) { return c.kind == CollectiveKind::control; }), all.end());
+  if (plan.topology.world_size > 1) all.insert(all.begin(), control_collective(plan.topology.world_size));
+}
+
 void lay_out_mesh(Plan& plan, int stage) {
   MeshPlan& mesh = plan.mesh;
   if (!mesh.shape.splits_the_model() || plan.lora.enabled || !plan.frozen.empty()) return;
@@ -327,12 +346,11 @@ void lay_out_mesh(Plan& plan, int stage) {
   Plan at_heaviest;
   for (size_t s = 0; s < mesh.stages.size(); ++s) {
     PipelineStage& st = mesh.stages[s];
-    Plan rank = plan;
-    rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
-    rank.topology.world_size = mesh.shape.data;
-    rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
-    lay_out(rank, stage, st.in_flight);
+    Plan rank = stage_rank_plan(plan, s, stage);
     st.memory = rank.memory;
+    st.zero_wire_bytes = 0;
+    for (const Collective& c : rank.execution.collectives)
+      if (c.kind != CollectiveKind::control) st.zero_wire_bytes += c.wire_bytes_per_rank_per_step;
     st.memory_planned = true;
     // Heaviest on the device, which the fit judges (the host's as a tie-break: offloaded states differ by stage).
     const double bytes = rank.memory.device.total() + 1e-9 * rank.memory.host.total();
@@ -345,11 +363,7 @@ void lay_out_mesh(Plan& plan, int stage) {
   plan.layout = std::move(at_heaviest.layout);
   plan.execution = std::move(at_heaviest.execution);
   plan.memory = mesh.stages[static_cast<size_t>(mesh.heaviest_stage)].memory;
-  // The step's loss, norm and stop flag are agreed by the whole world (every rank holds a part of the norm), not
-  // the data group ZeRO's collectives run over.
-  std::vector<Collective>& all = plan.execution.collectives;
-  all.erase(std::remove_if(all.begin(), all.end(), [](const Collective& c) { return c.kind == CollectiveKind::control; }), all.end());
-  if (plan.topology.world_size > 1) all.insert(all.begin(), control_collective(plan.topology.world_size));
+  agree_over_the_world(plan);
 }
 
 // The schedule resolved again, for the plan's steps now and `after`'s scheduler lengths: what its resolution
@@ -734,19 +748,14 @@ void note_mesh(Plan& plan) {
   if (!plan.has_model)
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): its stages, their parameters and memory per rank need "
                                      "the model (model.preset=NAME or a model block)",
-                             "give the model: ds train splits it over tensor ranks (pipeline stages not yet)"});
+                             "give the model: ds train splits it over tensor ranks and pipeline stages"});
   else if (m.heaviest_stage < 0)
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): with " +
                                      std::string(plan.lora.enabled ? "LoRA" : "frozen tensors") +
                                      " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
                                      "buffers and collectives below are data parallelism's, each rank with the whole model",
                              "ds train refuses a split model with LoRA or frozen tensors yet"});
-  else if (m.shape.pipeline > 1)  // (tensor parallelism alone runs: ds plan's mesh table says what a rank holds and sends)
-    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): the memory, buffers and layout below are a rank of stage " +
-                                     std::to_string(m.heaviest_stage) + " (the heaviest; each stage's in the mesh table) over its " +
-                                     std::to_string(m.shape.data) + " data-parallel ranks; the collectives are ZeRO's over that data group "
-                                     "(the step's loss and norm over the world), without the tensor all-reduces and the pipeline's sends",
-                             "ds train refuses pipeline stages yet (tensor and data parallelism train)"});
+  // (otherwise ds plan's mesh table says what a rank of each stage holds and sends, and which stage the memory below is)
 }
 
 }  // namespace
@@ -804,6 +813,22 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                                      format_bytes(memory.device_budget),
                              "raise the ZeRO stage, offload, enable model.activation_checkpointing or lower the micro batch"});
   return plan;
+}
+
+int own_stage(const Plan& plan) {
+  return plan.mesh.shape.pipeline > 1 ? mesh_coord(plan.mesh.shape, plan.topology.rank).pipeline : 0;
+}
+
+Plan with_own_stage(const Plan& plan) {
+  Plan own = plan;
+  const int s = own_stage(plan);
+  if (plan.mesh.shape.pipeline == 1 || s == plan.mesh.heaviest_stage || plan.mesh.heaviest_stage < 0) return own;
+  const Plan rank = stage_rank_plan(plan, static_cast<size_t>(s), plan.zero_stage());
+  own.layout = rank.layout;
+  own.execution = rank.execution;
+  own.memory = rank.memory;
+  agree_over_the_world(own);
+  return own;
 }
 
 Plan compile_plan_without_model(const Config& c, const Topology& topo) {

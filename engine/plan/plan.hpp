@@ -198,4 +198,11 @@ Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& 
 // triangle, precision, optimizer, schedule, ZeRO stage and placement. Throws ConfigError as compile_plan.
 Plan compile_plan_without_model(const Config& config, const Topology& topology);
 
+// The pipeline stage the plan's rank (topology.rank) runs: 0 without stages.
+int own_stage(const Plan& plan);
+// What the plan's rank trains: a plan whose mesh cuts the model into pipeline stages describes a rank of its
+// heaviest stage (the fit is judged there); this copy's layout, ZeRO execution and memory are those of the
+// rank's own stage. The plan as it is without stages.
+Plan with_own_stage(const Plan& plan);
+
 }  // namespace ds

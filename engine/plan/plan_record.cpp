@@ -297,7 +297,7 @@ json mesh_json(const Plan& p) {
     st["traffic_per_rank_per_step"] = {{"tensor_all_reduces", x.tensor_all_reduces}, {"tensor_payload_bytes", x.tensor_payload_bytes},
                                        {"tensor_wire_bytes", x.tensor_wire_bytes}, {"pipeline_sends", x.pipeline_sends},
                                        {"pipeline_bytes", x.pipeline_bytes}, {"tied_all_reduces", x.tied_all_reduces},
-                                       {"tied_bytes", x.tied_bytes}};
+                                       {"tied_bytes", x.tied_bytes}, {"zero_wire_bytes", s.zero_wire_bytes}};
     stages.push_back(st);
   }
   j["stages"] = stages;
@@ -570,7 +570,10 @@ PlanRecord read_plan_record(const std::string& text, const std::string& where) {
   if (const rjson* l = r.object(j, "lora", "")) rec.lora = read_lora(r, *l);
   rec.frozen = rec.lora.has_value() || r.object(j, "freeze", "") != nullptr;
   if (const rjson* t = r.object(j, "topology", "")) rec.world_size = r.get<int64_t>(*t, "world_size", "topology.").value_or(0);
-  if (const rjson* m = r.object(j, "mesh", "")) rec.mesh_tensor = std::max<int64_t>(1, r.get<int64_t>(*m, "tensor", "mesh.").value_or(1));
+  if (const rjson* m = r.object(j, "mesh", "")) {
+    rec.mesh_tensor = std::max<int64_t>(1, r.get<int64_t>(*m, "tensor", "mesh.").value_or(1));
+    rec.mesh_pipeline = std::max<int64_t>(1, r.get<int64_t>(*m, "pipeline", "mesh.").value_or(1));
+  }
   if (const rjson* b = r.object(j, "batch", "")) {
     auto count = [&](const char* key) {  // 0: not recorded; a recorded one is at least 1
       const std::optional<int64_t> v = r.get<int64_t>(*b, key, "batch.");

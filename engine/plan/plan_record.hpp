@@ -51,6 +51,7 @@ struct PlanRecord {
   // The flat layout: every element counted, the world size it was cut for, the tensors in order.
   int64_t layout_numel = 0, layout_world_size = 0;
   int64_t mesh_tensor = 1;  // the ranks of each tensor group (mesh.tensor; 1 in records without a mesh)
+  int64_t mesh_pipeline = 1;  // the pipeline's stages (mesh.pipeline; 1 in records without a mesh)
   std::vector<RecordedTensor> params;
   // Absent (nullopt) in runs from before the record: their tokenizer files are known by the config's paths.
   std::optional<std::vector<TokenizerFileRecord>> tokenizer_files;

@@ -10,17 +10,19 @@ std::vector<std::string> not_yet_runnable(const Plan& plan) {
   if (plan.has_model && plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings)
     why.push_back("an untied gpt2 output head");
   const MeshShape& mesh = plan.mesh.shape;
-  if (mesh.pipeline > 1)
-    why.push_back("pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) +
-                  "): ds plans the stages but trains tensor and data parallel only yet");
-  if (mesh.tensor > 1) {
-    // What tensor parallelism does not run with yet, each named.
-    const std::string tp = "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with ";
-    if (plan.lora.enabled || !plan.frozen.empty()) why.push_back(tp + "model.lora or model.freeze");
+  if (mesh.splits_the_model()) {
+    // What a split model does not run with yet, each named.
+    const std::string split = mesh.tensor > 1 && mesh.pipeline > 1
+                                  ? "tensor and pipeline parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) +
+                                        ", pipeline.stages " + std::to_string(mesh.pipeline) + ") with "
+                              : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
+                                                : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
+    if (plan.lora.enabled || !plan.frozen.empty()) why.push_back(split + "model.lora or model.freeze");
     if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
-      why.push_back(tp + "offload (zero_optimization.offload_optimizer / offload_param)");
-    if (plan.optimizer.per_tensor_update()) why.push_back(tp + "Lamb (its per-tensor norms would span the tensor group)");
-    if (!plan.topology.device_traits().memory_is_host) why.push_back(tp + "a GPU (tensor groups run over Gloo on the CPU yet)");
+      why.push_back(split + "offload (zero_optimization.offload_optimizer / offload_param)");
+    if (plan.optimizer.per_tensor_update()) why.push_back(split + "Lamb (its per-tensor norms would span the groups)");
+    if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
+    // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }
   if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   return why;

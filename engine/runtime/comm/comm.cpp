@@ -34,6 +34,13 @@ std::unique_ptr<Communicator> Communicator::split(const std::string& name, const
                   "groups of ranks (tensor, pipeline and data parallel) run over Gloo: start the ranks as processes");
 }
 
+std::unique_ptr<PendingCollective> Communicator::send_async(const torch::Tensor&, int, CollectiveKind) {
+  throw UserError("this communicator has no point-to-point sends (a pipeline's stages need them)",
+                  "pipeline stages run over Gloo: train them on the CPU");
+}
+
+void Communicator::recv(const torch::Tensor& t, int from, CollectiveKind kind) { send_async(t, from, kind); }
+
 int Communicator::place_in(const std::string& name, const std::vector<int>& members) const {
   int place = -1;
   std::vector<bool> seen(static_cast<size_t>(world_), false);

@@ -72,6 +72,13 @@ class Communicator {
   virtual std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
                                                                       const torch::Tensor& scratch, CollectiveKind kind) = 0;
   virtual void barrier() = 0;
+  // Point to point (a pipeline stage's activations and their gradients): send_async starts sending `t`
+  // (contiguous) to rank `to` and returns; `t` stays untouched until wait(). recv fills `t` (contiguous, the
+  // sent shape and dtype) from rank `from`, returning once it holds it. Between two ranks, messages arrive in
+  // the order they were sent. The ledger counts a send's bytes and calls, and a receive's wait. Throws
+  // UserError where the implementation has none (NCCL's is not written yet).
+  virtual std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind);
+  virtual void recv(const torch::Tensor& t, int from, CollectiveKind kind);
   // A communicator over `members` (ranks of this one, in order, each once, this rank among them), met under
   // `name`: every member calls it with the same name and members, and no other group uses that name. The
   // mesh's tensor, pipeline and data groups are these, over the world's own transport and rendezvous. Its

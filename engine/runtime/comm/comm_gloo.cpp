@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 
 #include "common/error.hpp"
@@ -35,6 +36,8 @@ class GlooCommunicator : public Communicator {
   CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::gloo); }
   void barrier() override { group_->barrier()->wait(); }
   void mark_step(int64_t step) override;
+  std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind) override;
+  void recv(const torch::Tensor& t, int from, CollectiveKind kind) override;
 
  private:
   // "rank 1 last reported step 6 (this rank is at step 7)": read from the store after a timeout.
@@ -60,6 +63,13 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<int64_t> world_step_ = std::make_shared<int64_t>(-1);
   std::set<std::string> group_names_;  // the groups formed from this one: a name meets once
   int64_t next_tag_ = 0;
+  // Point to point: the messages sent to and received from each peer so far. A pair's n-th message goes under
+  // tag kPointToPointTags + n (wrapping), above the collectives' tags: the pair's order alone matches them.
+  static constexpr int64_t kPointToPointTags = int64_t{1} << 30;
+  int p2p_tag(std::map<int, int64_t>& counts, int peer) {
+    return static_cast<int>(kPointToPointTags + (counts[peer]++ % kPointToPointTags));
+  }
+  std::map<int, int64_t> sent_to_, received_from_;
 };
 
 }  // namespace
@@ -260,6 +270,27 @@ std::unique_ptr<PendingCollective> GlooCommunicator::reduce_scatter_sum_async(co
   return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); },
                                     [this, t, owners, scratch] { add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch); },
                                     [this, event] { finish_event(event); });
+}
+
+std::unique_ptr<PendingCollective> GlooCommunicator::send_async(const torch::Tensor& t, int to, CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous() && to >= 0 && to < world_ && to != rank_, "a send of a non-contiguous tensor, or to rank ", to);
+  std::vector<torch::Tensor> one{t};
+  Works works{group_->send(one, to, p2p_tag(sent_to_, to))};
+  int64_t event = -1;
+  CommStats& s = count(kind, CollectiveOp::send, static_cast<double>(t.nbytes()), &event);
+  return std::make_unique<GlooWork>(std::move(works), s, t0, [this] { return who_is_behind(); }, std::function<void()>(),
+                                    [this, event] { finish_event(event); });
+}
+
+void GlooCommunicator::recv(const torch::Tensor& t, int from, CollectiveKind kind) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
+  std::vector<torch::Tensor> one{t};
+  CommStats& waited = ledger_[kind];  // a receive's wait; its bytes are the sender's
+  if (waited.op.empty()) waited.op = collective_op_name(CollectiveOp::send);
+  GlooWork work({group_->recv(one, from, p2p_tag(received_from_, from))}, waited, t0, [this] { return who_is_behind(); });
+  work.wait();
 }
 
 namespace {

@@ -1,6 +1,8 @@
 #include "engine/runtime/comm/comm_local.hpp"
 
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
@@ -25,6 +27,22 @@ struct LocalGroup::Shared {
   torch::Tensor sum;
   int arrived = 0, left = 0, read = 0;
   bool leaving = false;
+  // Point to point: per (sender, receiver), the copies sent and not yet received, in order.
+  std::map<std::pair<int, int>, std::deque<torch::Tensor>> mail;
+
+  void post(int from, int to, const torch::Tensor& t) {
+    std::lock_guard<std::mutex> lock(m);
+    mail[{from, to}].push_back(t.clone());
+    cv.notify_all();
+  }
+  void take(int from, int to, const torch::Tensor& t) {
+    std::unique_lock<std::mutex> lock(m);
+    std::deque<torch::Tensor>& box = mail[{from, to}];
+    wait(lock, "a message from another rank", [&] { return !box.empty(); });
+    DS_CHECK(box.front().numel() == t.numel() && box.front().scalar_type() == t.scalar_type(), "a message of another size or dtype");
+    t.copy_(box.front().view(t.sizes()));
+    box.pop_front();
+  }
 
   void wait(std::unique_lock<std::mutex>& lock, const char* what, const std::function<bool()>& ready) {
     if (!cv.wait_for(lock, timeout, ready))
@@ -152,6 +170,21 @@ class LocalCommunicator : public Communicator {
     add_received_on_host(t, owners[static_cast<size_t>(rank_)], world_ - 1, scratch);
     finish_event(event);
     return std::make_unique<Done>();
+  }
+
+  std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous() && to >= 0 && to < world_ && to != rank_, "a send of a non-contiguous tensor, or to rank ", to);
+    int64_t event = -1;
+    count(kind, CollectiveOp::send, static_cast<double>(t.nbytes()), &event);
+    shared_->post(rank_, to, t);
+    finish_event(event);
+    return std::make_unique<Done>();
+  }
+  void recv(const torch::Tensor& t, int from, CollectiveKind kind) override {
+    DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
+    CommStats& waited = ledger_[kind];
+    if (waited.op.empty()) waited.op = collective_op_name(CollectiveOp::send);
+    shared_->take(from, rank_, t);
   }
 
   CommCapabilities capabilities() const override { return comm_capabilities(shared_->speaks); }

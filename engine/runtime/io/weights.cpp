@@ -94,6 +94,7 @@ class DsCheckpointSource : public WeightSource {
     model_numel_ = plan.layout_numel;
     world_size = plan.layout_world_size;
     tensor_parallel = plan.mesh_tensor;
+    pipeline_stages = plan.mesh_pipeline;
     zero_stage = plan.zero_stage;
     precision = plan.precision;
     for (const RecordedTensor& t : plan.params) {

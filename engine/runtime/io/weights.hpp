@@ -52,6 +52,7 @@ class WeightSource {
   const ModelHyper& model() const { return model_; }
   int64_t step = -1, world_size = 0;
   int64_t tensor_parallel = 1;  // a ds checkpoint of a mesh: the ranks of each tensor group (world_size counts the data ranks)
+  int64_t pipeline_stages = 1;  // and its pipeline's stages
   int zero_stage = -1;
   std::string precision;  // the run's precision mode ("bf16", ...)
   // A LoRA run's checkpoint: its tensors are the adapter's ("<module>.lora_A.weight", ...), not the model's.

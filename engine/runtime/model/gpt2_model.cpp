@@ -10,10 +10,12 @@
 
 namespace ds {
 
-Gpt2Model::Gpt2Model(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
+Gpt2Model::Gpt2Model(const ModelHyper& hp, ModelWeights& w, const StageEnds& stage) : LanguageModel(stage), hp_(hp) {
   DS_CHECK(hp.arch == ModelArch::gpt2);
-  wte_ = w.next("wte.weight");
-  wpe_ = w.next("wpe.weight");
+  if (stage.embeddings) {
+    wte_ = w.next("wte.weight");
+    wpe_ = w.next("wpe.weight");
+  }
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     Block b;
     b.ln1_w = w.next("ln_1.weight");
@@ -26,8 +28,11 @@ Gpt2Model::Gpt2Model(const ModelHyper& hp, ModelWeights& w) : hp_(hp) {
     b.fc_proj = w.linear("mlp.c_proj.weight", "mlp.c_proj.bias");
     blocks_.push_back(b);
   }
-  lnf_w_ = w.next("ln_f.weight");
-  lnf_b_ = w.next("ln_f.bias");
+  if (stage.head) {
+    lnf_w_ = w.next("ln_f.weight");
+    lnf_b_ = w.next("ln_f.bias");
+    if (!stage.embeddings) wte_ = w.next("wte.weight");  // the tied head's copy of the table
+  }
   DS_CHECK(w.done(), "untied lm_head is not supported for gpt2 yet");
 }
 
@@ -44,7 +49,7 @@ void Gpt2Model::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tens
 }
 
 torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
-  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const Block& b = blocks_[static_cast<size_t>(layer - stage().first_block)];
   // (tensor parallel: NH is this rank's heads, D their width; c_attn and c_fc its columns, the c_proj's its rows)
   const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = hp_.head_dim();
   torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
@@ -57,14 +62,16 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   return x + dropout(row_linear(f, b.fc_proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }
 
-torch::Tensor Gpt2Model::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
-  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+torch::Tensor Gpt2Model::embed(const torch::Tensor& inputs) const {
+  const int64_t T = inputs.size(1);
   // Packed rows: each sample's positions count from 0.
   const torch::Tensor pos = packed() ? embedding_lookup(wpe_, positions(wpe_.device())) : wpe_.narrow(0, 0, T);
-  torch::Tensor x = dropout(token_embedding(wte_, inputs) + pos, hp_.embd_pdrop, -1, 0);  // (B, T, C)
-  x = run_blocks(x);
-  x = layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps);
-  return head_loss(x.view({B * T, C}), wte_, targets);  // tied head
+  return dropout(token_embedding(wte_, inputs) + pos, hp_.embd_pdrop, -1, 0);  // (B, T, C)
+}
+
+torch::Tensor Gpt2Model::head(const torch::Tensor& x, const torch::Tensor& targets) const {
+  const int64_t B = x.size(0), T = x.size(1), C = hp_.hidden_size;
+  return head_loss(layer_norm(x, lnf_w_, lnf_b_, hp_.norm_eps).view({B * T, C}), wte_, targets);  // tied head
 }
 
 }  // namespace ds

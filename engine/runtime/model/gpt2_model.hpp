@@ -12,17 +12,19 @@ namespace ds {
 
 class Gpt2Model : public LanguageModel {
  public:
-  Gpt2Model(const ModelHyper& hp, ModelWeights& weights);
+  Gpt2Model(const ModelHyper& hp, ModelWeights& weights, const StageEnds& stage = {});
 
   // GPT-2's initialisation: N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2L)), zero
   // biases, unit LayerNorm gains. Deterministic in `seed`; written in fp32 into `master`.
   // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
   static void initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen);
 
-  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
-  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
   torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
   int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
+
+ protected:
+  torch::Tensor embed(const torch::Tensor& inputs) const override;
+  torch::Tensor head(const torch::Tensor& x, const torch::Tensor& targets) const override;
 
  private:
   struct Block {

@@ -63,11 +63,11 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["recompute"] = recompute;
-    hooks->before_forward(layer);
+    hooks->before_forward(layer - model->stage().first_block);  // ZeRO's blocks: the stage's own, from 0
     if (recompute) {
       ctx->save_for_backward({x});
       torch::Tensor y = model->block(layer, x);  // grad mode is off inside forward
-      hooks->after_forward(layer);
+      hooks->after_forward(layer - model->stage().first_block);
       return y;
     }
     torch::AutoGradMode on(true);
@@ -75,7 +75,7 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
     torch::Tensor y = model->block(layer, xi);
     ctx->saved_data["x"] = xi;
     ctx->saved_data["y"] = y;
-    hooks->after_forward(layer);
+    hooks->after_forward(layer - model->stage().first_block);
     return y.detach();
   }
 
@@ -83,7 +83,7 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
     const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
     auto* hooks = reinterpret_cast<BlockHooks*>(ctx->saved_data["hooks"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
-    hooks->before_backward(layer);
+    hooks->before_backward(layer - model->stage().first_block);
     torch::Tensor x, y;
     if (ctx->saved_data["recompute"].toBool()) {
       x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
@@ -96,7 +96,7 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
       ctx->saved_data.erase("y");
     }
     torch::autograd::backward({y}, {grad_out[0]});
-    hooks->after_backward(layer);
+    hooks->after_backward(layer - model->stage().first_block);
     return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -272,18 +272,28 @@ torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   // Frozen embeddings (LoRA) give the blocks an input that takes no gradient, and a Function wrapping a
   // block (recomputed, hooked) passes gradients on only when its input takes one: make it a leaf that does.
   if (training && !x.requires_grad()) x = x.detach().requires_grad_(true);
-  for (int64_t l = 0; l < num_blocks(); ++l) {
+  for (int64_t l = stage_.first_block; l < stage_.first_block + num_blocks(); ++l) {
     if (hooks_ && training) {
       x = HookedBlock::apply(x, this, hooks_, l, recompute);
     } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
-      hooks_->before_forward(l);
+      hooks_->before_forward(l - stage_.first_block);
       x = block(l, x);
-      hooks_->after_forward(l);
+      hooks_->after_forward(l - stage_.first_block);
     } else {
       x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
     }
   }
   return x;
+}
+
+torch::Tensor LanguageModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
+  DS_CHECK(stage_.embeddings && stage_.head, "loss() of a pipeline stage's model: run stage_forward");
+  return stage_forward(inputs, {}, targets);
+}
+
+torch::Tensor LanguageModel::stage_forward(const torch::Tensor& inputs, const torch::Tensor& x, const torch::Tensor& targets) const {
+  const torch::Tensor out = run_blocks(stage_.embeddings ? embed(inputs) : x);
+  return stage_.head ? head(out, targets) : out;
 }
 
 namespace {
@@ -369,7 +379,6 @@ namespace {
 TensorGroup tensor_group_of(const Plan& plan, Communicator* comm) {
   const MeshShape& mesh = plan.mesh.shape;
   if (mesh.tensor == 1) return {};
-  DS_CHECK(mesh.pipeline == 1, "make_model: pipeline stages do not run yet");
   DS_CHECK(!plan.lora.enabled && plan.frozen.empty(), "make_model: tensor parallelism with LoRA or frozen tensors does not run yet");
   DS_CHECK(comm && comm->world_size() == mesh.tensor, "make_model: the plan splits the model over ", mesh.tensor,
            " tensor ranks, but the tensor group has ", comm ? comm->world_size() : 0);
@@ -385,11 +394,19 @@ std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& pa
   std::unique_ptr<LanguageModel> m;
   ModelWeights weights(plan, params);
   const TensorGroup group = tensor_group_of(plan, tensor_group);
-  // A tensor rank's model has its share's sizes: its heads, kv heads, MLP channels and vocabulary rows.
-  const ModelHyper hp = group.split() ? stage_share(plan.model, plan.mesh, 0).hp : plan.model.hp;
+  // A rank of a split model has its share's sizes: its stage's blocks; its heads, kv heads, MLP channels and
+  // vocabulary rows.
+  const bool split = plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty();
+  const int stage = own_stage(plan);
+  const ModelHyper hp = split ? stage_share(plan.model, plan.mesh, stage).hp : plan.model.hp;
+  StageEnds ends;
+  if (split) {
+    const PipelineStage& st = plan.mesh.stages[static_cast<size_t>(stage)];
+    ends = {st.embeddings, st.head, st.first_block};
+  }
   switch (hp.traits().positions) {  // the two blocks ds builds (schema/arch.hpp)
-    case Positions::learned: m = std::make_unique<Gpt2Model>(hp, weights); break;
-    case Positions::rotary: m = std::make_unique<LlamaModel>(hp, weights); break;
+    case Positions::learned: m = std::make_unique<Gpt2Model>(hp, weights, ends); break;
+    case Positions::rotary: m = std::make_unique<LlamaModel>(hp, weights, ends); break;
   }
   m->set_tensor_group(group);
   DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
@@ -426,18 +443,29 @@ InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base, int t
       // The adapter's draws come from a stream of their own, not the base's first values again.
       gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)),
       tensor_rank_(tensor_rank) {
-  if (plan.mesh.shape.tensor == 1 || base) return;
-  DS_CHECK(plan.mesh.shape.pipeline == 1 && !adapters_ && model_tensor_.empty(),
-           "initial weights: a tensor rank's share with pipeline stages, LoRA or frozen tensors is not drawn yet");
-  slots_ = slots_of(plan.model);  // the whole tensors, each handed out as this rank's share
+  if (!plan.mesh.shape.splits_the_model() || plan.mesh.stages.empty() || base) return;
+  DS_CHECK(!adapters_ && model_tensor_.empty(), "initial weights: a split model's share with LoRA or frozen tensors is not drawn yet");
+  slots_ = slots_of(plan.model);  // the whole tensors, each handed out as this rank's share of it
+  sources_ = stage_tensors(plan.model, plan.mesh, own_stage(plan));
   sharing_ = true;
-  DS_CHECK(slots_.size() == plan.layout.params.size(), "initial weights: the share has ", plan.layout.params.size(), " tensors, the model ",
-           slots_.size());
+  DS_CHECK(sources_.size() == plan.layout.params.size(), "initial weights: the share has ", plan.layout.params.size(), " tensors, its stage ",
+           sources_.size());
+  for (const StageTensor& t : sources_)
+    if (t.tied_copy) tied_table_ = t.whole;
 }
 
 const float* InitialWeights::param(int asked) {
-  // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order.
-  const int i = model_tensor_.empty() ? asked : model_tensor_[static_cast<size_t>(asked)];
+  // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order; a
+  // split model's: the whole tensor its share is of (a tied head's copy: the table, kept when it was drawn).
+  int i = model_tensor_.empty() ? asked : model_tensor_[static_cast<size_t>(asked)];
+  if (sharing_) {
+    const StageTensor& source = sources_[static_cast<size_t>(asked)];
+    if (source.tied_copy) {
+      DS_CHECK(tied_.defined(), "initial weights: the tied head's copy was asked for before the blocks");
+      return tied_.data_ptr<float>();
+    }
+    i = source.whole;
+  }
   DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
   torch::NoGradGuard no_grad;
   while (drawn_ < i) {
@@ -454,10 +482,12 @@ const float* InitialWeights::param(int asked) {
     if (sharing_) {
       const TensorSpec& whole = plan_.model.tensors[static_cast<size_t>(drawn_)];
       share_ = take_share(values_.view(whole.shape), tensor_slice_of(plan_.model, whole, plan_.mesh.shape.tensor, tensor_rank_)).view(-1);
-      DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(drawn_)].numel, "initial weights: ", whole.name, "'s share has ",
-               share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(drawn_)].numel);
+      if (drawn_ == tied_table_) tied_ = share_;
     }
   }
+  if (sharing_)
+    DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(asked)].numel, "initial weights: ", plan_.model.tensors[static_cast<size_t>(i)].name,
+             "'s share has ", share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(asked)].numel);
   return (sharing_ ? share_ : values_).data_ptr<float>();
 }
 

@@ -105,12 +105,27 @@ class ModelWeights {
   size_t adapter_ = 0;
 };
 
+// What a pipeline stage's model holds: the token (and position) tables, the final norm and the head, and the
+// whole model's number of its first block (its blocks keep their numbers: dropout streams and per-layer forms
+// such as Gemma 2's sliding windows follow them). A head tied to the token table on a later stage than the
+// table is bound to a copy of it, after the final norm. The whole model holds everything.
+struct StageEnds {
+  bool embeddings = true, head = true;
+  int64_t first_block = 0;
+};
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
-  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32.
-  virtual torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const = 0;
-  // Transformer block `layer` applied to x (B, T, C): self-contained, so it can be run again.
+  // Mean cross-entropy of predicting targets (B, T) from inputs (B, T); computed in fp32. The whole model's.
+  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const;
+  // A pipeline stage's forward of a micro batch: from the token ids `inputs` (B, T) on the first stage, from the
+  // previous stage's output `x` (B, T, C) on the others; through the stage's blocks; the last stage returns the
+  // loss of `targets` (as loss() does), the others their output (B, T, C) for the next stage.
+  torch::Tensor stage_forward(const torch::Tensor& inputs, const torch::Tensor& x, const torch::Tensor& targets) const;
+  const StageEnds& stage() const { return stage_; }
+  // Transformer block `layer` (the whole model's number: stage().first_block onwards) applied to x (B, T, C):
+  // self-contained, so it can be run again.
   virtual torch::Tensor block(int64_t layer, const torch::Tensor& x) const = 0;
   virtual int64_t num_blocks() const = 0;
 
@@ -150,6 +165,11 @@ class LanguageModel {
   void set_tensor_group(const TensorGroup& group);
 
  protected:
+  explicit LanguageModel(const StageEnds& stage) : stage_(stage) {}
+  // The token ids' embedding (B, T, C), dropout applied: the first stage's start.
+  virtual torch::Tensor embed(const torch::Tensor& inputs) const = 0;
+  // The final norm, the head and the loss of `targets` from the last block's output x (B, T, C).
+  virtual torch::Tensor head(const torch::Tensor& x, const torch::Tensor& targets) const = 0;
   // Every block in order, checkpointed when configured.
   torch::Tensor run_blocks(torch::Tensor x) const;
   // x with each element zeroed with probability p and the rest scaled by 1/(1-p); x itself when p is 0
@@ -215,12 +235,14 @@ class LanguageModel {
   BlockParts* parts_ = nullptr;
   TensorGroup tensor_;
   uint64_t head_streams_ = 0;  // tensor parallel: mixed into the attention probabilities' dropout streams, per rank
+  StageEnds stage_;
 };
 
 // The model the plan describes (gpt2 or llama), bound to the flat parameter views, with activation
-// checkpointing as the plan says. A plan whose mesh splits the model over tensor ranks: this rank's share,
-// built with the share's sizes and running over `tensor_group` (the mesh's tensor group, this rank's place in
-// it its tensor rank).
+// checkpointing as the plan says. A plan whose mesh splits the model: the share of this rank (the plan's
+// topology.rank, whose stage's layout the plan must carry: with_own_stage), built with the share's sizes (its
+// stage's blocks and ends; over tensor ranks its heads, MLP channels and vocabulary rows) and running over
+// `tensor_group` (the mesh's tensor group, this rank's place in it its tensor rank).
 std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& params, Communicator* tensor_group = nullptr);
 // The architecture's initial weights, deterministic in `seed`, drawn parameter by parameter in layout
 // order from one generator of their own (the process-wide one is shared with other threads: ranks in
@@ -230,8 +252,9 @@ class InitialWeights {
   // The layout's parameters (with LoRA the adapter's: A as model.lora.init says, B zero), or with `base` the
   // model's tensors in state_dict order (what a frozen tensor is filled from). A model's tensor gets the
   // same values whatever is frozen: those a run training every weight draws from this seed.
-  // A plan split over tensor ranks: the whole model's tensors are drawn as one rank would, and each handed out
-  // as tensor rank `tensor_rank`'s share (take_share), so every mesh starts from the weights one rank does.
+  // A plan that splits the model: the whole model's tensors are drawn as one rank would, and each of its stage's
+  // (the plan's rank's) handed out as tensor rank `tensor_rank`'s share (take_share), so every mesh starts from
+  // the weights one rank does.
   InitialWeights(const Plan& plan, uint64_t seed, bool base = false, int tensor_rank = 0);
   // Parameter `i`'s values (fp32, its numel). Ask in increasing order; asking again for the last is free.
   const float* param(int i);
@@ -245,8 +268,11 @@ class InitialWeights {
   int drawn_ = -1;
   torch::Tensor values_;
   int tensor_rank_ = 0;   // split over tensor ranks: the share handed out
-  bool sharing_ = false;  // whether the plan splits the model so
+  bool sharing_ = false;  // whether the plan splits the model (over tensor ranks, pipeline stages or both)
+  std::vector<StageTensor> sources_;  // a split model: per parameter, the whole tensor it is a share of
   torch::Tensor share_;   // that share of values_
+  int tied_table_ = -1;   // the last stage's tied head: the table it copies, whose share is kept in tied_
+  torch::Tensor tied_;
 };
 // The whole model's initial weights into `master` (fp32, the plan's layout); `tensor_rank`'s share of them
 // when the plan splits the model over tensor ranks.

@@ -13,9 +13,9 @@
 
 namespace ds {
 
-LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp), traits_(hp.traits()) {
+LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w, const StageEnds& stage) : LanguageModel(stage), hp_(hp), traits_(hp.traits()) {
   DS_CHECK(hp.traits().positions == Positions::rotary);
-  embed_ = w.next("embed_tokens.weight");
+  if (stage.embeddings) embed_ = w.next("embed_tokens.weight");
   // A projection's weight, then its bias where the family has one (the order of build_rotary in model_spec).
   auto projection = [&](const std::string& name, bool bias) { return w.linear(name + ".weight", bias ? name + ".bias" : ""); };
   for (int64_t l = 0; l < hp.num_layers; ++l) {
@@ -48,8 +48,11 @@ LlamaModel::LlamaModel(const ModelHyper& hp, ModelWeights& w) : hp_(hp), traits_
     }
     blocks_.push_back(b);
   }
-  norm_ = w.next("model.norm.weight");
-  head_ = hp.tie_word_embeddings ? embed_ : w.next("lm_head.weight");
+  if (stage.head) {
+    norm_ = w.next("model.norm.weight");
+    // A tied head on a later stage than the table: its copy of it, after the norm.
+    head_ = !hp.tie_word_embeddings ? w.next("lm_head.weight") : stage.embeddings ? embed_ : w.next("embed_tokens.weight");
+  }
   DS_CHECK(w.done(), "unexpected parameters after lm_head");
 }
 
@@ -114,7 +117,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::gathered_cos_sin(const torch
 }
 
 torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const {
-  const Block& b = blocks_[static_cast<size_t>(layer)];
+  const Block& b = blocks_[static_cast<size_t>(layer - stage().first_block)];
   const int64_t B = x_in.size(0), T = x_in.size(1), NH = hp_.num_heads, NKV = hp_.num_kv_heads;
   const int64_t D = hp_.head_dim();
   const auto [cos, sin] = rotary_cos_sin(T, x_in.device());
@@ -173,15 +176,17 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   return x + dropout(out, hp_.resid_pdrop, layer, 2);
 }
 
-torch::Tensor LlamaModel::loss(const torch::Tensor& inputs, const torch::Tensor& targets) const {
-  const int64_t B = inputs.size(0), T = inputs.size(1), C = hp_.hidden_size;
+torch::Tensor LlamaModel::embed(const torch::Tensor& inputs) const {
   torch::Tensor x = token_embedding(embed_, inputs);  // (B, T, C)
   // Gemma: times sqrt(width), that factor rounded to the activations' dtype as Hugging Face rounds it.
   if (traits_.embedding_scaled)
-    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(C)), torch::kFloat64).to(x.scalar_type()).item<double>();
-  x = run_blocks(dropout(x, hp_.embd_pdrop, -1, 0));
-  x = rms_norm(x, norm_);
-  return head_loss(x.view({B * T, C}), head_, targets, hp_.final_softcap);
+    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(hp_.hidden_size)), torch::kFloat64).to(x.scalar_type()).item<double>();
+  return dropout(x, hp_.embd_pdrop, -1, 0);
+}
+
+torch::Tensor LlamaModel::head(const torch::Tensor& x, const torch::Tensor& targets) const {
+  const int64_t B = x.size(0), T = x.size(1), C = hp_.hidden_size;
+  return head_loss(rms_norm(x, norm_).view({B * T, C}), head_, targets, hp_.final_softcap);
 }
 
 }  // namespace ds

@@ -15,13 +15,16 @@ namespace ds {
 
 class LlamaModel : public LanguageModel {
  public:
-  LlamaModel(const ModelHyper& hp, ModelWeights& weights);
+  LlamaModel(const ModelHyper& hp, ModelWeights& weights, const StageEnds& stage = {});
   // N(0, 0.02) for every matrix (HF's initializer_range), zero biases, unit RMSNorm gains.
   // Parameter `p`'s initial values into `t` (its numel, fp32), drawn from `gen` (layout order).
   static void initialise(const ModelHyper& hp, const ParamSlot& p, torch::Tensor t, at::Generator& gen);
-  torch::Tensor loss(const torch::Tensor& inputs, const torch::Tensor& targets) const override;
   torch::Tensor block(int64_t layer, const torch::Tensor& x) const override;
   int64_t num_blocks() const override { return static_cast<int64_t>(blocks_.size()); }
+
+ protected:
+  torch::Tensor embed(const torch::Tensor& inputs) const override;
+  torch::Tensor head(const torch::Tensor& x, const torch::Tensor& targets) const override;
 
  private:
   struct Block {

@@ -155,8 +155,13 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       optimizer_(plan.optimizer, plan.layout, flat.rank),
       swapper_(swapper),
       param_swap_(param_swap) {
-  for (const TensorSpec& t : plan.model.tensors)
-    split_params_.push_back(plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, t) != TensorSplit::whole ? 1 : 0);
+  if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
+    const int tensor_rank = comm ? mesh_coord(plan.mesh.shape, comm->rank()).tensor : 0;
+    for (const StageTensor& t : stage_tensors(plan.model, plan.mesh, own_stage(plan))) {
+      const bool whole_on_each = plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, plan.model.tensors[static_cast<size_t>(t.whole)]) == TensorSplit::whole;
+      counted_params_.push_back(!t.tied_copy && (!whole_on_each || tensor_rank == 0) ? 1 : 0);
+    }
+  }
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
   // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
@@ -243,32 +248,97 @@ void OptimizerStep::refresh_weights(bool rounded) {
   if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
 }
 
+void OptimizerStep::set_pipeline(PipelineStageRunner* stage, Communicator* tied) {
+  pipeline_ = stage;
+  tied_ = tied;
+  if (!tied) return;
+  const std::vector<StageTensor> mine = stage_tensors(plan_.model, plan_.mesh, own_stage(plan_));
+  const std::vector<StageTensor> last = stage_tensors(plan_.model, plan_.mesh, plan_.mesh.shape.pipeline - 1);
+  const auto copy = std::find_if(last.begin(), last.end(), [](const StageTensor& t) { return t.tied_copy; });
+  DS_CHECK(copy != last.end(), "a tied group without a tied head");
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (mine[i].whole == copy->whole && (own_stage(plan_) == 0 || mine[i].tied_copy)) tied_param_ = static_cast<int>(i);
+  DS_CHECK(tied_param_ >= 0 && plan_.zero_stage() <= 1, "the tied table's gradient: not on this stage, or partitioned");
+}
+
+void OptimizerStep::sum_tied_gradients() {
+  if (!tied_) return;
+  torch::NoGradGuard ng;
+  const ParamSlot& p = plan_.layout.params[static_cast<size_t>(tied_param_)];
+  const torch::Tensor g = flat_.compute_grads.narrow(0, p.offset, p.numel).contiguous();
+  tied_->all_reduce_sum(g, CollectiveKind::tied_gradients);
+  if (g.data_ptr() != flat_.compute_grads.data_ptr()) flat_.compute_grads.narrow(0, p.offset, p.numel).copy_(g);
+}
+
+void OptimizerStep::draw_micro_batch(int64_t step, int64_t m) {
+  sampler_.train_batch(step, m, in_, tgt_, &segments_);
+  model_.set_segments(&segments_);
+  // (the data rank's key: the tensor ranks and stages of one batch drop alike, as one rank would)
+  model_.set_dropout(splitmix64(plan_.run.seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(plan_.batch.grad_accum) + m) * 4099 +
+                                                            static_cast<uint64_t>(flat_.rank))),
+                     true);
+}
+
+std::pair<double, double> OptimizerStep::loss_gradient_of(int64_t step, int64_t m, double loss_scale, int64_t step_counted) const {
+  const int64_t GAS = plan_.batch.grad_accum;
+  const int W = plan_.batch.world_size;  // the data-parallel ranks (the world, unless the mesh splits the model)
+  // The sum over ranks is the mean, unless gradient_allreduce_op is "sum". Masked rows (fine-tuning data):
+  // each micro batch's mean weighs its share of the step's counted targets (`share` = 1 / (GAS x W) unmasked).
+  if (!sampler_.masked()) return {loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)), 1.0};
+  const double share = step_counted > 0 ? static_cast<double>(sampler_.counted_targets(step, m)) / static_cast<double>(step_counted) : 0;
+  return {loss_scale * share * (plan_.gradient_sum_over_ranks ? W : 1),
+          share * static_cast<double>(GAS * W)};  // agree() divides the summed losses by GAS x W
+}
+
+double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
+  const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
+  StepPhases& t = out.phases;
+  const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
+  std::vector<std::pair<double, double>> gradient(static_cast<size_t>(GAS));  // per micro batch: its loss's gradient and weight
+  // The time since the last op began (its wait for a neighbour's message included) is that op's.
+  bool after_forward = true;
+  const auto lap_op = [&] { (after_forward ? t.forward : t.backward) += clock.lap(); };
+  const auto prepare = [&](int m, bool forward) {
+    lap_op();
+    after_forward = forward;
+    draw_micro_batch(step, m);
+    PipelineStageRunner::Batch batch;
+    if (forward) {
+      batch = {to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)};
+      gradient[static_cast<size_t>(m)] = loss_gradient_of(step, m, out.loss_scale, step_counted);
+      model_.set_loss_gradient(gradient[static_cast<size_t>(m)].first);
+      zero_.begin_micro_step(false);
+    } else {
+      zero_.begin_backward(/*last=*/m == GAS - 1);
+    }
+    t.data += clock.lap();
+    return batch;
+  };
+  const auto backward_from = [&](const torch::Tensor& loss, int m) { return loss * gradient[static_cast<size_t>(m)].first; };
+  const auto finished = [&](int) { zero_.end_micro_step(); };
+  const std::vector<torch::Tensor> losses = pipeline_->run(prepare, backward_from, finished);
+  lap_op();  // the last backward, and the wait for the last sends
+  clock.mark(2);
+  double loss_sum = 0;
+  for (size_t m = 0; m < losses.size(); ++m) loss_sum += losses[m].item<double>() * gradient[m].second;
+  return loss_sum;
+}
+
 double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
-  const int W = plan_.batch.world_size;  // the data-parallel ranks (the world, unless tensor ranks share each batch)
   StepPhases& t = out.phases;
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
   const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
   if (sampler_.masked()) out.trained_tokens = out.counted_targets = step_counted;
   if (sampler_.packed()) out.attention_squares = sampler_.step_attention_squares(step);
+  if (pipeline_) return pipeline_micro_steps(step, out, clock);
   for (int64_t m = 0; m < GAS; ++m) {
-    sampler_.train_batch(step, m, in_, tgt_, &segments_);
-    model_.set_segments(&segments_);
+    draw_micro_batch(step, m);
     const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
-    model_.set_dropout(splitmix64(plan_.run.seed ^ splitmix64((static_cast<uint64_t>(step) * static_cast<uint64_t>(GAS) + m) * 4099 +
-                                                              static_cast<uint64_t>(flat_.rank))),
-                       true);
     t.data += clock.lap();
     clock.mark(0);
     zero_.begin_micro_step(false);
-    // The sum over ranks is the mean, unless gradient_allreduce_op is "sum". Masked rows (fine-tuning data):
-    // each micro batch's mean weighs its share of the step's counted targets (`share` = 1 / (GAS x W) unmasked).
-    double loss_gradient = out.loss_scale / static_cast<double>(GAS * (plan_.gradient_sum_over_ranks ? 1 : W)), loss_weight = 1;
-    if (sampler_.masked()) {
-      const double share = step_counted > 0 ? static_cast<double>(sampler_.counted_targets(step, m)) / static_cast<double>(step_counted) : 0;
-      loss_gradient = out.loss_scale * share * (plan_.gradient_sum_over_ranks ? W : 1);
-      loss_weight = share * static_cast<double>(GAS * W);  // agree() divides the summed losses by GAS x W
-    }
+    const auto [loss_gradient, loss_weight] = loss_gradient_of(step, m, out.loss_scale, step_counted);
     model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
     t.forward += clock.lap() - clock.param_io();
@@ -290,13 +360,13 @@ double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) 
   bool partial = false;
   if (comm_) comm_->settle();  // the gradients' last reduces, before the host reads their norm
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
-  if (plan_.mesh.shape.tensor > 1 && comm_) {
-    // Tensor parallel: every rank holds a part, summed over the world; a tensor every tensor rank holds whole
-    // counts once (tensor rank 0's), and a stage-0 replica of the whole share once (data rank 0's). (The loss
-    // needs nothing: every tensor rank adds the same, and the world's sum is divided by the world below.)
+  if (!counted_params_.empty() && comm_) {
+    // A split model: every rank holds a part, summed over the world; a tensor every tensor rank holds whole
+    // counts once (tensor rank 0's), the tied head's copy not at all (the table does), and a stage-0 replica of
+    // the whole share once (data rank 0's).
     const MeshCoord at = mesh_coord(plan_.mesh.shape, comm_->rank());
     if (!plan_.execution.sharded && at.data != 0) sum_of_squares = 0;
-    else if (at.tensor != 0) sum_of_squares = zero_.grad_sum_of_squares_of(split_params_);
+    else sum_of_squares = zero_.grad_sum_of_squares_of(counted_params_);
     partial = true;
   }
   out.loss = loss_sum / static_cast<double>(GAS);
@@ -307,7 +377,9 @@ double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) 
     torch::Tensor agreed =
         torch::tensor({loss_sum, static_cast<double>(stop_signal), partial ? sum_of_squares : 0.0}, torch::kFloat64);
     comm_->all_reduce_sum(agreed, CollectiveKind::control);
-    out.loss = agreed[0].item<double>() / static_cast<double>(GAS * plan_.topology.world_size);
+    // Every rank of the last stage holds the loss (each tensor rank the same): the world's sum over them.
+    const int holders = plan_.topology.world_size / plan_.mesh.shape.pipeline;
+    out.loss = agreed[0].item<double>() / static_cast<double>(GAS * holders);
     out.stop_requested = agreed[1].item<double>() > 0;
     if (partial) sum_of_squares = agreed[2].item<double>();
   }
@@ -406,6 +478,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   Clock clock(out, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
   const double loss_sum = micro_steps(step, out, clock);
+  sum_tied_gradients();
   zero_.reduce_gradients();
   if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
     torch::NoGradGuard ng;

@@ -19,6 +19,7 @@
 #include "engine/runtime/run/lr_schedule.hpp"
 #include "engine/runtime/io/nvme_swap.hpp"
 #include "engine/runtime/run/optimizer.hpp"
+#include "engine/runtime/run/pipeline.hpp"
 #include "engine/runtime/run/trainer_api.hpp"
 #include "engine/runtime/run/zero.hpp"
 
@@ -70,12 +71,30 @@ class OptimizerStep {
   int64_t applied() const { return applied_; }
   void set_applied(int64_t n) { applied_ = n; }
 
+  // Pipeline parallel: the stage's runner of the micro-batches (over the pipeline group) and the two ranks that
+  // hold the tied token table, its first stage's and the last's copy (`tied`: null when the head is not tied
+  // or this rank holds neither). Borrowed.
+  void set_pipeline(PipelineStageRunner* stage, Communicator* tied);
+
  private:
-  // Tensor parallel: per parameter, whether tensor ranks each hold a part of it (1) or all of it (0).
-  std::vector<uint8_t> split_params_;
+  // A split model: per parameter, whether its gradient counts in the norm on this rank. A tensor every tensor
+  // rank holds whole counts on the first only; the tied head's copy on the last stage never (the table does).
+  std::vector<uint8_t> counted_params_;
   struct Clock;  // the step's phases, timed back to back (optimizer_step.cpp)
   // Forward and backward of every micro batch; returns the sum of their losses.
   double micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // The same through a pipeline stage, 1F1B (pipeline.hpp): only the last stage has losses to sum.
+  double pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // Micro batch m of `step`: drawn, its segments and dropout key given to the model.
+  void draw_micro_batch(int64_t step, int64_t m);
+  // The gradient micro batch m's loss gets (the loss scale, its share of the ranks' and micro batches' targets)
+  // and the weight of its loss in the step's mean.
+  std::pair<double, double> loss_gradient_of(int64_t step, int64_t m, double loss_scale, int64_t step_counted) const;
+  // Pipeline parallel with a tied head: the table's gradient summed with its copy's, so the two step alike.
+  void sum_tied_gradients();
+  PipelineStageRunner* pipeline_ = nullptr;
+  Communicator* tied_ = nullptr;
+  int tied_param_ = -1;  // the layout's parameter that is the tied table, or its copy
   // The ranks agree on the mean loss, the gradient norm and whether to stop (one small collective); sets
   // out.loss, out.norm and out.stop_requested. Returns the sum of squares of the scaled gradients.
   double agree(StepOutcome& out, double loss_sum, int stop_signal);

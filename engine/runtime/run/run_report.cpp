@@ -208,6 +208,28 @@ std::string idle_wait_policy() {
 }
 }  // namespace
 
+namespace {
+// A split model's mesh as the run log names it, after "on 8 ranks (": "tensor 2 x pipeline 2 x data 2: this rank, of
+// stage 0 (blocks 0-1 and the embeddings), holds N parameters), ZeRO stage 1 over each data group of 2".
+std::string mesh_description(const Plan& p) {
+  const MeshShape& m = p.mesh.shape;
+  std::string d = "tensor " + std::to_string(m.tensor) + (m.pipeline > 1 ? " x pipeline " + std::to_string(m.pipeline) : "") + " x data " +
+                  std::to_string(m.data) + ": ";
+  if (m.pipeline > 1) {
+    const int s = own_stage(p);
+    const PipelineStage& st = p.mesh.stages[static_cast<size_t>(s)];
+    d += "this rank, of stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
+         std::to_string(st.first_block + st.blocks - 1) + (st.embeddings ? " and the embeddings" : st.head ? " and the head" : "") + "), ";
+  } else {
+    d += "each rank ";
+  }
+  d += "holds " + format_count(p.layout.numel) + " parameters";
+  d += ")";
+  if (m.data > 1) d += ", ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " + std::to_string(m.data);
+  return d;
+}
+}  // namespace
+
 void RunReport::describe(const FlatParams::Bytes& held, const std::string& data, int64_t train_tokens, int64_t val_tokens) {
   const Plan& p = plan_;
   const int W = p.topology.world_size;
@@ -216,13 +238,9 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
                                           : std::string();
   log_.note("ds train: " + p.model.hp.name + ", " + format_count(p.model.num_params) + " parameters" + lora + ", " + p.precision.mode + ", " +
             optimizer_type_name(p.optimizer.type) +
-            (p.mesh.shape.tensor > 1
-                 ? " on " + std::to_string(W) + " ranks (tensor " + std::to_string(p.mesh.shape.tensor) + " x data " +
-                       std::to_string(p.mesh.shape.data) + ": each rank holds " + format_count(p.layout.numel) + " parameters" +
-                       (p.mesh.shape.data > 1 ? "), ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " +
-                                                    std::to_string(p.mesh.shape.data)
-                                              : ")")
-                 : W > 1 ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks" : std::string()));
+            (p.mesh.shape.splits_the_model() ? " on " + std::to_string(W) + " ranks (" + mesh_description(p)
+             : W > 1                         ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks"
+                                             : std::string()));
   double in_flight = 0;  // what the communicator allocates per collective: in the plan's buffers, never held here
   for (const ZeroBuffer& b : p.execution.buffers)
     if (b.transient) in_flight += b.bytes();
@@ -385,9 +403,11 @@ void RunReport::finish() {
                 std::to_string(planned_calls) + " calls, " + format_bytes(planned_bytes) + ")");
     };
     for (const Collective& c : p.execution.collectives) line(c.kind, c.calls_per_step, c.wire_bytes_per_rank_per_step);
-    if (p.mesh.shape.tensor > 1 && p.mesh.heaviest_stage >= 0) {  // the tensor group's, from the mesh's traffic
-      const MeshTraffic& x = p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].traffic;
-      line(CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes);
+    if (p.mesh.shape.splits_the_model() && !p.mesh.stages.empty()) {  // the mesh's own, from its traffic at this rank's stage
+      const MeshTraffic& x = p.mesh.stages[static_cast<size_t>(own_stage(p))].traffic;
+      if (p.mesh.shape.tensor > 1) line(CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes);
+      if (p.mesh.shape.pipeline > 1) line(CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes);
+      if (x.tied_all_reduces > 0) line(CollectiveKind::tied_gradients, x.tied_all_reduces, x.tied_bytes);
     }
   }
   for (const auto& [kind, d] : comm_total_) r.collectives.push_back({collective_name(kind), d.calls, d.bytes, d.seconds});

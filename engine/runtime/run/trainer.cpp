@@ -35,6 +35,7 @@
 #include "engine/runtime/io/nvme_swap.hpp"
 #include "engine/runtime/device/gemm_peak.hpp"
 #include "engine/runtime/run/optimizer_step.hpp"
+#include "engine/runtime/run/pipeline.hpp"
 #include "engine/runtime/device/resident_memory.hpp"
 #include "engine/runtime/run/run_report.hpp"
 #include "engine/runtime/io/weights.hpp"
@@ -89,8 +90,8 @@ void keep_freed_memory() {
 // The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
 // than after the first save_every steps.
 void check_free_space(const Plan& plan) {
-  // (a model split over tensor ranks checkpoints the whole model, not the rank's share)
-  const int64_t numel = plan.mesh.shape.tensor > 1 ? plan.model.num_params : plan.layout.numel;
+  // (a split model checkpoints the whole model, not the rank's share)
+  const int64_t numel = plan.mesh.shape.splits_the_model() ? plan.model.num_params : plan.layout.numel;
   const double need = static_cast<double>(numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
   struct statvfs fs {};
   if (statvfs(plan.run.output_dir.c_str(), &fs) != 0) return;
@@ -179,10 +180,21 @@ class TrainingRun {
   TrainResult& result_;
   const int rank_;    // this rank's place among the data-parallel ranks (the world's rank unless the mesh splits the model)
   const bool lead_;   // the world's rank 0: it writes the run directory
-  // Tensor parallel: this rank's tensor group (the model's all-reduces) and data group (ZeRO's collectives and the
-  // batches it reads), split from the world; data_comm_ is that group, or the world when the model is whole.
-  std::unique_ptr<Communicator> tensor_group_, data_group_;
+  // A split model: this rank's tensor group (the model's all-reduces), data group (ZeRO's collectives and the
+  // batches it reads) and pipeline group (the stages' sends), split from the world; the tied table's two ranks
+  // (the first and the last stage's); at ZeRO stage 0 the ranks of data rank 0 (who write a checkpoint). Each
+  // null where this rank is in no such group of two or more. data_comm_ is the data group, or the world when
+  // the model is whole.
+  std::unique_ptr<Communicator> tensor_group_, data_group_, pipeline_group_, tied_group_, writer_group_;
   Communicator* data_comm_ = nullptr;
+  // The world's communicator and the mesh's groups this rank is in.
+  std::vector<Communicator*> communicators() const {
+    std::vector<Communicator*> all;
+    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get(), pipeline_group_.get(), tied_group_.get(), writer_group_.get()})
+      if (c) all.push_back(c);
+    return all;
+  }
+  std::unique_ptr<PipelineStageRunner> pipeline_;  // pipeline stages: this stage's micro-batches, 1F1B
   std::string checkpoint_plan_json_;  // the plan.json checkpoints carry: the whole model's layout when tensor ranks split it
   std::unique_ptr<TokenStream> stream_;   // pre-training data: one token stream, cut into windows
   std::unique_ptr<SampleSet> samples_;    // fine-tuning data (jsonl): one sample a row
@@ -235,9 +247,23 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     };
     tensor_group_ = split(MeshAxis::tensor);
     data_group_ = split(MeshAxis::data);
+    pipeline_group_ = split(MeshAxis::pipeline);
     data_comm_ = data_group_.get();
+    const MeshShape& shape = plan.mesh.shape;
+    const MeshCoord at = mesh_coord(shape, comm->rank());
+    if (shape.pipeline > 1 && plan.mesh.tied_copy_per_rank > 0 && (at.pipeline == 0 || at.pipeline == shape.pipeline - 1)) {
+      const std::vector<int> ends{mesh_rank(shape, {at.data, at.tensor, 0}), mesh_rank(shape, {at.data, at.tensor, shape.pipeline - 1})};
+      tied_group_ = comm->split("tied-" + std::to_string(ends.front()), ends);
+    }
+    if (!plan.execution.sharded && at.data == 0) {
+      std::vector<int> writers;
+      for (int r = 0; r < W; ++r)
+        if (mesh_coord(shape, r).data == 0) writers.push_back(r);
+      if (writers.size() > 1) writer_group_ = comm->split("writers", writers);
+    }
   }
-  checkpoint_plan_json_ = tensor_group_ && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan) : opt.plan_json;
+  checkpoint_plan_json_ = plan.mesh.shape.splits_the_model() && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan)
+                                                                                        : opt.plan_json;
   const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, D, rank_, plan.data.val_fraction,
                                 plan.run.seed, plan.data.shuffle, plan.data.packing};
   sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
@@ -266,6 +292,12 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   }
   scaler_ = std::make_unique<LossScaler>(plan.precision.loss_scaling);
   stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, comm, *scaler_, swapper_.get(), param_swap_.get());
+  if (plan.mesh.shape.pipeline > 1) {
+    pipeline_ = std::make_unique<PipelineStageRunner>(
+        *model_, pipeline_group_.get(), static_cast<int>(plan.batch.grad_accum),
+        std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size}, to_torch(plan.precision.compute_dtype));
+    stepper_->set_pipeline(pipeline_.get(), tied_group_.get());
+  }
   stepper_->set_sample_memory(opt.profile);
   describe_states();
 }
@@ -315,15 +347,16 @@ void TrainingRun::describe_states() {
   kept_ = {FlatParams::data_or_null(flat_.kept_master), FlatParams::data_or_null(flat_.kept_exp_avg),
            FlatParams::data_or_null(flat_.kept_exp_avg_sq), local - split, segments_within(flat_.owned, split, local), plan_.layout.numel};
   kept_.verify = false;  // the first part's load verified every data set
-  if (tensor_group_) {
-    // A tensor rank's states are its share's: checkpointed as the whole model's elements they are, so the
-    // checkpoint is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads
-    // every element it holds (first_part_); the tensors all tensor ranks hold whole are written by the first alone.
-    const int t = tensor_group_->world_size(), r = tensor_group_->rank();
+  if (plan_.mesh.shape.splits_the_model()) {
+    // A rank's states are its share's: checkpointed as the whole model's elements they are, so the checkpoint
+    // is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads every
+    // element it holds (first_part_); what several ranks hold (tensors every tensor rank holds whole, the tied
+    // table) is written by one alone.
+    const int r = tensor_group_ ? tensor_group_->rank() : 0, stage = own_stage(plan_);
     buffers_.model_numel = first_part_.model_numel = plan_.model.num_params;
-    buffers_.segments = whole_segments(plan_.model, plan_.layout, flat_.owned, t, r, /*whole_tensors=*/r == 0);
-    first_part_.segments = whole_segments(plan_.model, plan_.layout, flat_.owned, t, r, /*whole_tensors=*/true);
-    DS_CHECK(!flat_.partial() && !swapper_, "tensor parallelism with offloaded states");
+    buffers_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/true);
+    first_part_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
+    DS_CHECK(!flat_.partial() && !swapper_, "a split model with offloaded states");
   }
   // A device whose memory the host cannot read gets its states into the checkpoint through counted copies,
   // piece by piece; so does partial offload, whose shard is drawn from two places.
@@ -480,7 +513,11 @@ void TrainingRun::draw_weights() {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
     // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
     const std::vector<std::string> names = match_weights(*source, plan_.model);
-    const std::vector<int> tensors = plan_.trained_model_tensors();
+    std::vector<int> tensors = plan_.trained_model_tensors();
+    if (plan_.mesh.shape.splits_the_model()) {  // the stage's tensors (a tied head's copy: the table)
+      tensors.clear();
+      for (const StageTensor& t : stage_tensors(plan_.model, plan_.mesh, own_stage(plan_))) tensors.push_back(t.whole);
+    }
     for (size_t k = 0; k < tensors.size(); ++k) {
       stop_point("reading the initial weights");
       const ParamSlot& p = plan_.layout.params[k];
@@ -574,13 +611,13 @@ void TrainingRun::save(int64_t step) {
   sc.loss_scaler = scaler_->state();
   sc.loss = last_loss_;
   sc.base_json = base_json_;
-  // Every rank that holds a part writes it: ZeRO's data ranks (each tensor rank's), or at stage 0 the first data
-  // rank's tensor ranks.
+  // Every rank that holds a part writes it: ZeRO's data ranks (each tensor rank's and stage's), or at stage 0
+  // the first data rank's tensor ranks and stages.
   CheckpointWriter writer;
   if (comm_ && plan_.execution.sharded)
     writer = {comm_->rank(), comm_->world_size(), [this] { comm_->barrier(); }};
-  else if (tensor_group_)
-    writer = {tensor_group_->rank(), tensor_group_->world_size(), [this] { tensor_group_->barrier(); }};
+  else if (writer_group_)
+    writer = {writer_group_->rank(), writer_group_->world_size(), [this] { writer_group_->barrier(); }};
   const int W = writer.world_size;
   const SavedCheckpoint saved =
       save_checkpoint(plan_.run.output_dir, sc, buffers_, checkpoint_plan_json_, opt_.resolved_config_json, plan_.run.keep_last, writer);
@@ -606,7 +643,25 @@ double TrainingRun::validate() {
   const bool masked = sampler_->masked();
   model_->set_loss_gradient(1.0);  // no gradient is made here; the last training micro batch's (0 if it counted nothing) must not reach the head
   double sum = 0, counted = 0;
-  for (int64_t i = 0; i < calls; ++i) {
+  const auto targets_counted = [&] {
+    return masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1.0;
+  };
+  Communicator* summed_over = data_comm_;
+  if (pipeline_) {
+    // The stages' forwards in turn; the last stage's losses, from its first tensor rank, summed over the world.
+    std::vector<double> n;
+    const std::vector<torch::Tensor> losses = pipeline_->evaluate(static_cast<int>(calls), [&](int i, bool) {
+      sampler_->val_batch(i * W + rank_, in_, tgt_, &segments_);
+      model_->set_segments(&segments_);
+      model_->set_dropout(0, false);
+      n.push_back(targets_counted());
+      return PipelineStageRunner::Batch{to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)};
+    });
+    const bool counts = !losses.empty() && (!tensor_group_ || tensor_group_->rank() == 0);
+    for (size_t i = 0; counts && i < losses.size(); ++i) sum += losses[i].item<double>() * n[i], counted += n[i];
+    summed_over = comm_;
+  }
+  for (int64_t i = 0; i < calls && !pipeline_; ++i) {
     sampler_->val_batch(i * W + rank_, in_, tgt_, &segments_);  // samples [(i W + rank) B, + B) of the validation sequence
     model_->set_segments(&segments_);
     model_->set_dropout(0, false);
@@ -614,13 +669,13 @@ double TrainingRun::validate() {
     const torch::Tensor loss_t = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T));
     if (comm_) comm_->settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
     const double loss = loss_t.item<double>();
-    const double n = masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1;
+    const double n = targets_counted();
     sum += loss * n;
     counted += n;
   }
-  if (data_comm_) {
+  if (summed_over) {
     torch::Tensor total = masked ? torch::tensor({sum, counted}, torch::kFloat64) : torch::full({1}, sum, torch::kFloat64);
-    data_comm_->all_reduce_sum(total, CollectiveKind::validation_loss);
+    summed_over->all_reduce_sum(total, CollectiveKind::validation_loss);
     sum = total[0].item<double>();
     if (masked) counted = total[1].item<double>();
   }
@@ -630,8 +685,8 @@ double TrainingRun::validate() {
 
 CommLedger TrainingRun::ledger() const {
   CommLedger all = comm_ ? comm_->ledger() : CommLedger{};
-  for (const Communicator* group : {tensor_group_.get(), data_group_.get()}) {
-    if (!group) continue;
+  for (const Communicator* group : communicators()) {
+    if (group == comm_) continue;
     for (const auto& [kind, st] : group->ledger()) {
       CommStats& into = all[kind];
       into.op = st.op;
@@ -652,10 +707,9 @@ void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clo
   result_.mlp_backward_s.push_back(std::move(taken.mlp_backward));
   result_.phase_rss_bytes.push_back(out.phase_rss_bytes);
   std::vector<CollectiveSpan> spans;
-  for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})  // the world's and a mesh's groups'
-    if (c)
-      for (const Communicator::Event& e : c->take_events())
-        spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
+  for (Communicator* c : communicators())  // the world's and a mesh's groups'
+    for (const Communicator::Event& e : c->take_events())
+      spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
                          std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
   std::sort(spans.begin(), spans.end(), [](const CollectiveSpan& a, const CollectiveSpan& b) { return a.start_s < b.start_s; });
   result_.collective_spans.push_back(std::move(spans));
@@ -704,18 +758,16 @@ void TrainingRun::loop() {
   result_.steps = result_.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
   if (profiling_)
-    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})
-      if (c) {
-        c->record_events(true);
-        c->take_events();  // the start's gathers are not a step's
-      }
+    for (Communicator* c : communicators()) {
+      c->record_events(true);
+      c->take_events();  // the start's gathers are not a step's
+    }
   const auto first_start = std::chrono::steady_clock::now();
   int64_t skipped_this_run = 0;
   for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
-    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get()})
-      if (c) c->mark_step(step);
+    for (Communicator* c : communicators()) c->mark_step(step);
     const CommLedger before = ledger();
     report_->begin_step(comm_ ? &before : nullptr);
     StepOutcome out;
@@ -779,6 +831,9 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
   if (!plan.topology.device_traits().memory_is_host && keeps_step_measurements(plan, opt))
     why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
                   "each step's tokens/s and TFLOP/s there");
+  if (plan.mesh.shape.pipeline > 1 && keeps_step_measurements(plan, opt))
+    why.push_back("ds profile and the flops_profiler with pipeline stages (their block and phase times are one stage's, idle "
+                  "waits included): ds train prints each step's tokens/s");
   refuse_not_runnable(plan, why);
   // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
   // point; once training, after the current step with a checkpoint.
@@ -791,7 +846,9 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
   if (!device) own = Device::create(plan.topology.device, plan.topology.local_rank);
   TrainResult result;
   try {
-    TrainingRun run(plan, opt, comm, device ? *device : *own, result);
+    // A pipeline stage's rank trains its own stage's layout (the plan describes the heaviest stage's).
+    const Plan own_plan = with_own_stage(plan);
+    TrainingRun run(own_plan, opt, comm, device ? *device : *own, result);
     run.initialise();
     run.loop();
   } catch (const StoppedWhileStarting& stopped) {

@@ -1,0 +1,104 @@
+#include "engine/runtime/run/pipeline.hpp"
+
+#include <algorithm>
+
+#include "common/error.hpp"
+
+namespace ds {
+
+PipelineStageRunner::PipelineStageRunner(LanguageModel& model, Communicator* stages, int micro_batches, std::vector<int64_t> activation_shape,
+                                         torch::ScalarType dtype)
+    : model_(model), stages_(stages), micro_batches_(micro_batches), shape_(std::move(activation_shape)), dtype_(dtype) {
+  if (stages) {
+    stage_ = stages->rank();
+    count_ = stages->world_size();
+  }
+  DS_CHECK(model.stage().embeddings == (stage_ == 0) && model.stage().head == (stage_ == count_ - 1),
+           "pipeline stage ", stage_, " of ", count_, ": the model holds other ends");
+}
+
+torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch::Tensor* kept_input) {
+  torch::Tensor x;
+  if (!model_.stage().embeddings) {
+    x = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+    stages_->recv(x, stage_ - 1, CollectiveKind::pipeline_activations);
+    note(PipelineEvent::received_activation, micro);
+    if (torch::GradMode::is_enabled()) x.requires_grad_(true);  // its gradient goes back to the previous stage
+    if (kept_input) *kept_input = x;
+  }
+  note(PipelineEvent::forward, micro);
+  torch::Tensor y = model_.stage_forward(batch.inputs, x, batch.targets);
+  if (!model_.stage().head) {
+    const torch::Tensor out = y.detach().contiguous();
+    sends_.emplace_back(stages_->send_async(out, stage_ + 1, CollectiveKind::pipeline_activations), out);
+    note(PipelineEvent::sent_activation, micro);
+  }
+  return y;
+}
+
+void PipelineStageRunner::finish_sends() {
+  for (auto& [pending, tensor] : sends_) pending->wait();
+  sends_.clear();
+}
+
+std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, const Backward& backward, const Finished& finished) {
+  const auto M = static_cast<size_t>(micro_batches_);
+  std::vector<torch::Tensor> outputs(M), inputs(M), losses;
+  int in_flight = 0;
+  most_in_flight_ = 0;
+  try {
+    for (const PipelineOp& op : one_forward_one_backward(count_, stage_, micro_batches_)) {
+      const auto m = static_cast<size_t>(op.micro);
+      if (op.forward) {
+        const Batch batch = prepare(op.micro, true);
+        outputs[m] = forward(op.micro, batch, &inputs[m]);
+        if (model_.stage().head) losses.push_back(outputs[m].detach());
+        most_in_flight_ = std::max(most_in_flight_, ++in_flight);
+        continue;
+      }
+      prepare(op.micro, false);
+      if (model_.stage().head) {
+        note(PipelineEvent::backward, op.micro);
+        backward(outputs[m], op.micro).backward();
+      } else {
+        torch::Tensor grad = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+        stages_->recv(grad, stage_ + 1, CollectiveKind::pipeline_activations);
+        note(PipelineEvent::received_gradient, op.micro);
+        note(PipelineEvent::backward, op.micro);
+        outputs[m].backward(grad);
+      }
+      if (!model_.stage().embeddings) {
+        const torch::Tensor grad_in = inputs[m].grad().contiguous();
+        DS_CHECK(grad_in.defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
+        sends_.emplace_back(stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in);
+        note(PipelineEvent::sent_gradient, op.micro);
+      }
+      outputs[m] = torch::Tensor();
+      inputs[m] = torch::Tensor();
+      --in_flight;
+      finished(op.micro);
+    }
+  } catch (...) {
+    sends_.clear();  // each send's destructor waits or aborts it; the error goes on
+    throw;
+  }
+  finish_sends();
+  return losses;
+}
+
+std::vector<torch::Tensor> PipelineStageRunner::evaluate(int count, const Prepare& prepare) {
+  std::vector<torch::Tensor> losses;
+  try {
+    for (int m = 0; m < count; ++m) {
+      const torch::Tensor y = forward(m, prepare(m, true), nullptr);
+      if (model_.stage().head) losses.push_back(y.detach());
+    }
+  } catch (...) {
+    sends_.clear();
+    throw;
+  }
+  finish_sends();
+  return losses;
+}
+
+}  // namespace ds
