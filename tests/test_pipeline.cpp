@@ -7,6 +7,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -175,6 +176,21 @@ TEST(PipelineModel, StagesRunningOneForwardOneBackwardGiveTheWholeModelsLossesAn
     SCOPED_TRACE(what + "stages " + std::to_string(c.stages));
     expect_stages_equal_whole(c);
   }
+}
+
+TEST(PipelineModel, TheLastStagesTiedCopyStartsAsTheTableEvenWhenItIsTheFirstTensorAShardAsksFor) {
+  // A ZeRO shard of the last stage may begin inside the tied head's copy: asked for first, it is the table's draw.
+  const std::string cfg = kConfig;
+  const Plan whole_plan = test::plan_of(cfg, 1, 0, {"model.preset=gpt2-tiny"});
+  torch::Tensor whole = torch::empty({whole_plan.layout.numel}, torch::kFloat32);
+  initialise_model(whole_plan, whole, 5);
+  const Plan last = with_own_stage(test::plan_of(cfg, 2, 1, {"model.preset=gpt2-tiny", "pipeline.stages=2"}));
+  const std::vector<StageTensor> sources = stage_tensors(whole_plan.model, last.mesh, 1);
+  ASSERT_TRUE(sources.back().tied_copy);
+  InitialWeights drawn(last, 5);
+  const int copy = static_cast<int>(sources.size()) - 1;
+  const ParamSlot& table = whole_plan.layout.params[static_cast<size_t>(sources.back().whole)];
+  EXPECT_EQ(std::memcmp(drawn.param(copy), whole.data_ptr<float>() + table.offset, static_cast<size_t>(table.numel) * 4), 0);
 }
 
 TEST(PipelineSchedule, OneForwardOneBackwardFillsThePipelineThenAlternates) {

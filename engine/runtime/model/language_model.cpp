@@ -461,12 +461,21 @@ const float* InitialWeights::param(int asked) {
   if (sharing_) {
     const StageTensor& source = sources_[static_cast<size_t>(asked)];
     if (source.tied_copy) {
-      DS_CHECK(tied_.defined(), "initial weights: the tied head's copy was asked for before the blocks");
+      // (a ZeRO shard may begin inside the copy: the table is drawn first, in the model's order, then)
+      if (!tied_.defined()) draw_through(tied_table_);
       return tied_.data_ptr<float>();
     }
     i = source.whole;
   }
   DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
+  draw_through(i);
+  if (sharing_)
+    DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(asked)].numel, "initial weights: ", plan_.model.tensors[static_cast<size_t>(i)].name,
+             "'s share has ", share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(asked)].numel);
+  return (sharing_ ? share_ : values_).data_ptr<float>();
+}
+
+void InitialWeights::draw_through(int i) {
   torch::NoGradGuard no_grad;
   while (drawn_ < i) {
     const ParamSlot& p = slots_[static_cast<size_t>(++drawn_)];
@@ -485,10 +494,6 @@ const float* InitialWeights::param(int asked) {
       if (drawn_ == tied_table_) tied_ = share_;
     }
   }
-  if (sharing_)
-    DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(asked)].numel, "initial weights: ", plan_.model.tensors[static_cast<size_t>(i)].name,
-             "'s share has ", share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(asked)].numel);
-  return (sharing_ ? share_ : values_).data_ptr<float>();
 }
 
 void initialise_model(const Plan& plan, torch::Tensor master, uint64_t seed, int tensor_rank) {

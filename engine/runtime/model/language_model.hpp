@@ -260,6 +260,8 @@ class InitialWeights {
   const float* param(int i);
 
  private:
+  // Draws the whole model's tensors up to and including `i`, in order (keeping the tied table's share).
+  void draw_through(int i);
   const Plan& plan_;
   std::vector<ParamSlot> slots_;  // what is drawn, in order
   bool adapters_;                 // the slots are LoRA's A and B

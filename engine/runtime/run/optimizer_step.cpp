@@ -265,9 +265,9 @@ void OptimizerStep::sum_tied_gradients() {
   if (!tied_) return;
   torch::NoGradGuard ng;
   const ParamSlot& p = plan_.layout.params[static_cast<size_t>(tied_param_)];
-  const torch::Tensor g = flat_.compute_grads.narrow(0, p.offset, p.numel).contiguous();
+  const torch::Tensor slice = flat_.compute_grads.narrow(0, p.offset, p.numel), g = slice.contiguous();
   tied_->all_reduce_sum(g, CollectiveKind::tied_gradients);
-  if (g.data_ptr() != flat_.compute_grads.data_ptr()) flat_.compute_grads.narrow(0, p.offset, p.numel).copy_(g);
+  if (g.data_ptr() != slice.data_ptr()) slice.copy_(g);
 }
 
 void OptimizerStep::draw_micro_batch(int64_t step, int64_t m) {

@@ -29,6 +29,8 @@ torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch:
   note(PipelineEvent::forward, micro);
   torch::Tensor y = model_.stage_forward(batch.inputs, x, batch.targets);
   if (!model_.stage().head) {
+    DS_CHECK(y.sizes() == torch::IntArrayRef(shape_) && y.scalar_type() == dtype_, "pipeline stage ", stage_, ": an output of ", y.sizes(),
+             " ", y.scalar_type(), " where the next stage receives ", torch::IntArrayRef(shape_), " ", dtype_);
     const torch::Tensor out = y.detach().contiguous();
     sends_.emplace_back(stages_->send_async(out, stage_ + 1, CollectiveKind::pipeline_activations), out);
     note(PipelineEvent::sent_activation, micro);
@@ -68,8 +70,8 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
         outputs[m].backward(grad);
       }
       if (!model_.stage().embeddings) {
+        DS_CHECK(inputs[m].grad().defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
         const torch::Tensor grad_in = inputs[m].grad().contiguous();
-        DS_CHECK(grad_in.defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
         sends_.emplace_back(stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in);
         note(PipelineEvent::sent_gradient, op.micro);
       }
