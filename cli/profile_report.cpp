@@ -274,14 +274,12 @@ void add_communication(const Measured& ms, json& r) {
     measured(c.kind, row);
     comm.push_back(row);
   }
-  if (plan.mesh.shape.tensor > 1 && plan.mesh.heaviest_stage >= 0) {  // the tensor group's all-reduces, from the mesh's traffic
-    const MeshTraffic& x = plan.mesh.stages[static_cast<size_t>(plan.mesh.heaviest_stage)].traffic;
-    json row = {{"collective", collective_name(CollectiveKind::tensor_activations)},
-                {"plan_calls_per_step", x.tensor_all_reduces},
-                {"plan_bytes_per_step", x.tensor_wire_bytes}};
-    measured(CollectiveKind::tensor_activations, row);
-    comm.push_back(row);
-  }
+  if (plan.mesh.heaviest_stage >= 0)  // the mesh's own (the tensor group's all-reduces), from its traffic
+    for (const MeshCollective& c : mesh_collectives(plan.mesh.stages[static_cast<size_t>(plan.mesh.heaviest_stage)].traffic)) {
+      json row = {{"collective", collective_name(c.kind)}, {"plan_calls_per_step", c.calls}, {"plan_bytes_per_step", c.bytes}};
+      measured(c.kind, row);
+      comm.push_back(row);
+    }
   r["communication"] = comm;
 }
 

@@ -475,7 +475,7 @@ void communication_section(const Plan& p, const std::function<std::string(const 
   const MeshTraffic* mesh = p.mesh.shape.splits_the_model() && p.mesh.heaviest_stage >= 0
                                 ? &p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].traffic
                                 : nullptr;
-  const double mesh_wire = mesh ? mesh->tensor_wire_bytes + mesh->pipeline_bytes + mesh->tied_bytes : 0;
+  const double mesh_wire = mesh ? mesh->sent_bytes() : 0;
   if (p.execution.collectives.empty()) {
     o << "  none (one rank)\n";
   } else {

@@ -251,20 +251,11 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
     if (layer >= 0) per_block[layer] += part.numel;
     s.tensors.push_back(std::move(part));
   };
-  const TensorSpec* token_table = nullptr;
-  for (const TensorSpec& tensor : model.tensors) {
-    if (tensor.layer >= 0) {
-      if (tensor.layer >= st.first_block && tensor.layer < st.first_block + st.blocks) add(tensor, tensor.layer - st.first_block);
-    } else if (is_embedding_table(tensor)) {
-      if (tensor_split_of(model, tensor) == TensorSplit::vocabulary) token_table = &tensor;
-      if (st.embeddings) add(tensor, -1);
-    } else if (st.head) {
-      add(tensor, -1);
-    }
+  // (a tied head's copy of the token table last, where the head is: plan_mesh counted it)
+  for (const StageTensor& source : stage_tensors(model, mesh, stage)) {
+    const TensorSpec& whole = model.tensors[static_cast<size_t>(source.whole)];
+    add(whole, whole.layer >= 0 ? whole.layer - st.first_block : -1);
   }
-  // A tied head reads the token table: the last stage holds its own copy, last, where the head is (plan_mesh
-  // counted it).
-  if (st.head && !st.embeddings && mesh.tied_copy_per_rank > 0 && token_table) add(*token_table, -1);
   for (const auto& [layer, n] : per_block) s.largest_block_params = std::max(s.largest_block_params, n);
   return s;
 }
@@ -272,6 +263,14 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
 double pipeline_bubble(int stages, int micro_batches) {
   if (stages <= 1) return 0;
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+std::vector<MeshCollective> mesh_collectives(const MeshTraffic& x) {
+  std::vector<MeshCollective> out;
+  if (x.tensor_all_reduces > 0) out.push_back({CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes});
+  if (x.pipeline_sends > 0) out.push_back({CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes});
+  if (x.tied_all_reduces > 0) out.push_back({CollectiveKind::tied_gradients, x.tied_all_reduces, x.tied_bytes});
+  return out;
 }
 
 std::vector<PipelineOp> one_forward_one_backward(int stages, int stage, int micro_batches) {

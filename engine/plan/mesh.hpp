@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "engine/plan/comm.hpp"
 #include "engine/plan/layout.hpp"
 #include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
@@ -96,7 +97,17 @@ struct MeshTraffic {
   // first and the last stage (an all-reduce of two ranks: each sends its copy's gradient).
   int64_t tied_all_reduces = 0;
   double tied_bytes = 0;
+  double sent_bytes() const { return tensor_wire_bytes + pipeline_bytes + tied_bytes; }  // all of the above
 };
+
+// A stage's MeshTraffic as the ledger counts it, one row per kind a rank of it sends (none for a kind it does not):
+// the calls and the bytes it sends per step.
+struct MeshCollective {
+  CollectiveKind kind;
+  int64_t calls = 0;
+  double bytes = 0;
+};
+std::vector<MeshCollective> mesh_collectives(const MeshTraffic& x);
 
 struct PipelineStage {
   int first_block = 0, blocks = 0;  // blocks [first_block, first_block + blocks)

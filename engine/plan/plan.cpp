@@ -276,6 +276,10 @@ int64_t Plan::frozen_numel() const {
 std::vector<int> Plan::trained_model_tensors() const {
   std::vector<int> out;
   if (lora.enabled) return std::vector<int>(lora.adapters.tensors.size(), -1);
+  if (mesh.shape.splits_the_model() && !mesh.stages.empty() && frozen.empty()) {
+    for (const StageTensor& t : stage_tensors(model, mesh, own_stage(*this))) out.push_back(t.whole);
+    return out;
+  }
   for (size_t i = 0; i < model.tensors.size(); ++i)
     if (!is_frozen(i)) out.push_back(static_cast<int>(i));
   return out;

@@ -175,7 +175,8 @@ struct Plan {
   bool is_frozen(size_t tensor) const { return !frozen.empty() && frozen[tensor] != 0; }
   // Elements of the model held frozen (the frozen_params buffer).
   int64_t frozen_numel() const;
-  // Per parameter of the layout, the tensor of the model it is (-1: a LoRA adapter's).
+  // Per parameter of the layout, the tensor of the model it is (-1: a LoRA adapter's; a split model's rank: the
+  // whole tensor its share is of, the tied head's copy the token table's).
   std::vector<int> trained_model_tensors() const;
   double device_bytes_per_rank() const { return memory.device.total(); }
   // Model FLOPs of one token at seq_len: the model's, or with LoRA the frozen base's and the adapter's.

@@ -101,10 +101,9 @@ void add_row(StepTime& t, std::string what, const Link& link, StepPhase phase, d
 // The mesh's own traffic, of the stage that sends the most (stages run side by side: the slowest sets the pace).
 void mesh_rows(const Plan& p, StepTime& t) {
   if (!p.mesh.shape.splits_the_model() || p.mesh.stages.empty()) return;
-  const auto sent = [](const PipelineStage& s) { return s.traffic.tensor_wire_bytes + s.traffic.pipeline_bytes + s.traffic.tied_bytes; };
   const PipelineStage* busiest = &p.mesh.stages.front();
   for (const PipelineStage& s : p.mesh.stages)
-    if (sent(s) > sent(*busiest)) busiest = &s;
+    if (s.traffic.sent_bytes() > busiest->traffic.sent_bytes()) busiest = &s;
   const MeshTraffic& x = busiest->traffic;
   if (x.tensor_all_reduces > 0)
     if (const auto l = link_of(p, MeshAxis::tensor, t.missing))

@@ -34,12 +34,21 @@ std::unique_ptr<Communicator> Communicator::split(const std::string& name, const
                   "groups of ranks (tensor, pipeline and data parallel) run over Gloo: start the ranks as processes");
 }
 
-std::unique_ptr<PendingCollective> Communicator::send_async(const torch::Tensor&, int, CollectiveKind) {
+namespace {
+[[noreturn]] void no_point_to_point() {
   throw UserError("this communicator has no point-to-point sends (a pipeline's stages need them)",
                   "pipeline stages run over Gloo: train them on the CPU");
 }
+}  // namespace
 
-void Communicator::recv(const torch::Tensor& t, int from, CollectiveKind kind) { send_async(t, from, kind); }
+std::unique_ptr<PendingCollective> Communicator::send_async(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
+void Communicator::recv(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
+
+CommStats& Communicator::count_received(CollectiveKind kind) {
+  CommStats& s = ledger_[kind];
+  if (s.op.empty()) s.op = collective_op_name(CollectiveOp::send);
+  return s;
+}
 
 int Communicator::place_in(const std::string& name, const std::vector<int>& members) const {
   int place = -1;

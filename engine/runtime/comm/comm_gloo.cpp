@@ -287,9 +287,7 @@ void GlooCommunicator::recv(const torch::Tensor& t, int from, CollectiveKind kin
   const auto t0 = std::chrono::steady_clock::now();
   DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
   std::vector<torch::Tensor> one{t};
-  CommStats& waited = ledger_[kind];  // a receive's wait; its bytes are the sender's
-  if (waited.op.empty()) waited.op = collective_op_name(CollectiveOp::send);
-  GlooWork work({group_->recv(one, from, p2p_tag(received_from_, from))}, waited, t0, [this] { return who_is_behind(); });
+  GlooWork work({group_->recv(one, from, p2p_tag(received_from_, from))}, count_received(kind), t0, [this] { return who_is_behind(); });
   work.wait();
 }
 

@@ -182,8 +182,7 @@ class LocalCommunicator : public Communicator {
   }
   void recv(const torch::Tensor& t, int from, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
-    CommStats& waited = ledger_[kind];
-    if (waited.op.empty()) waited.op = collective_op_name(CollectiveOp::send);
+    count_received(kind);
     shared_->take(from, rank_, t);
   }
 

@@ -105,7 +105,7 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
 
 torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
   DS_CHECK(site >= 0 && site < 8, "dropout site ", site, " is outside 0-7");
-  return dropout_from(x, p, static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site));
+  return dropout_from(x, p, dropout_stream(layer, site));
 }
 
 torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint64_t stream) const {
@@ -153,7 +153,7 @@ torch::Tensor LanguageModel::attention(const torch::Tensor& q, const torch::Tens
   // a tensor rank's heads from streams of the rank's (head_streams_, 0 on one rank).
   constexpr uint64_t kSampleStreams = uint64_t{3} << 62;
   const auto drop = [&](const torch::Tensor& att) {
-    if (!sample) return dropout_from(att, p, (static_cast<uint64_t>(layer + 1) * 8) ^ head_streams_);
+    if (!sample) return dropout_from(att, p, dropout_stream(layer, 0) ^ head_streams_);
     return dropout_from(att, p, kSampleStreams ^ splitmix64((static_cast<uint64_t>(layer) << 48) ^ sample) ^ head_streams_);
   };
   return causal_attention_materialised(q, k, v, drop, form);
@@ -437,28 +437,30 @@ std::vector<ParamSlot> slots_of(const ModelSpec& model) {
 
 InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base, int tensor_rank)
     : plan_(plan),
-      slots_(base || (!plan.lora.enabled && !plan.frozen.empty()) ? slots_of(plan.model) : plan.layout.params),
       adapters_(plan.lora.enabled && !base),
-      model_tensor_(base || plan.lora.enabled || plan.frozen.empty() ? std::vector<int>{} : plan.trained_model_tensors()),
       // The adapter's draws come from a stream of their own, not the base's first values again.
       gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)),
-      tensor_rank_(tensor_rank) {
-  if (!plan.mesh.shape.splits_the_model() || plan.mesh.stages.empty() || base) return;
-  DS_CHECK(!adapters_ && model_tensor_.empty(), "initial weights: a split model's share with LoRA or frozen tensors is not drawn yet");
-  slots_ = slots_of(plan.model);  // the whole tensors, each handed out as this rank's share of it
-  sources_ = stage_tensors(plan.model, plan.mesh, own_stage(plan));
-  sharing_ = true;
-  DS_CHECK(sources_.size() == plan.layout.params.size(), "initial weights: the share has ", plan.layout.params.size(), " tensors, its stage ",
-           sources_.size());
-  for (const StageTensor& t : sources_)
-    if (t.tied_copy) tied_table_ = t.whole;
+      tensor_rank_(tensor_rank),
+      sharing_(!base && plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
+  if (sharing_) {  // each tensor of the rank's stage, handed out as its tensor rank's share
+    DS_CHECK(!plan.lora.enabled && plan.frozen.empty(), "initial weights: a split model's share with LoRA or frozen tensors is not drawn yet");
+    sources_ = stage_tensors(plan.model, plan.mesh, own_stage(plan));
+    for (const StageTensor& t : sources_)
+      if (t.tied_copy) tied_table_ = t.whole;
+  } else if (!base && !plan.lora.enabled && !plan.frozen.empty()) {  // model.freeze: the trained tensors
+    for (const int t : plan.trained_model_tensors()) sources_.push_back({t, false});
+  }
+  DS_CHECK(sources_.empty() || sources_.size() == plan.layout.params.size(), "initial weights: the layout has ", plan.layout.params.size(),
+           " tensors, the model's for it ", sources_.size());
+  // The whole model's tensors are drawn, in its order, unless the layout is the model's (or the adapter's) own.
+  slots_ = base || !sources_.empty() ? slots_of(plan.model) : plan.layout.params;
 }
 
 const float* InitialWeights::param(int asked) {
-  // model.freeze: the layout's parameter `asked` is one of the model's tensors, drawn in the model's order; a
-  // split model's: the whole tensor its share is of (a tied head's copy: the table, kept when it was drawn).
-  int i = model_tensor_.empty() ? asked : model_tensor_[static_cast<size_t>(asked)];
-  if (sharing_) {
+  // The layout's parameter `asked` is (a share of) one of the model's tensors, drawn in the model's order (a tied
+  // head's copy: the table, kept when it was drawn).
+  int i = asked;
+  if (!sources_.empty()) {
     const StageTensor& source = sources_[static_cast<size_t>(asked)];
     if (source.tied_copy) {
       // (a ZeRO shard may begin inside the copy: the table is drawn first, in the model's order, then)

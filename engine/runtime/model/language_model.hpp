@@ -224,8 +224,10 @@ class LanguageModel {
   bool training_ = true;
   double loss_gradient_ = 1.0;
   double lora_scale_ = 0, lora_dropout_ = 0;
-  // x with dropout p from the mask stream `stream` (dropout()'s are (layer + 1) x 8 + site).
+  // x with dropout p from the mask stream `stream` (dropout()'s: dropout_stream).
   torch::Tensor dropout_from(const torch::Tensor& x, double p, uint64_t stream) const;
+  // The mask stream of dropout site `site` of block `layer` (-1: outside the blocks).
+  static uint64_t dropout_stream(int64_t layer, int site) { return static_cast<uint64_t>(layer + 1) * 8 + static_cast<uint64_t>(site); }
   mutable torch::Tensor head_logits_;  // the fused head's chunk of logits, kept from step to step
   std::vector<std::vector<int64_t>> segments_;  // set_segments'
   uint64_t segments_version_ = 0;
@@ -265,14 +267,15 @@ class InitialWeights {
   const Plan& plan_;
   std::vector<ParamSlot> slots_;  // what is drawn, in order
   bool adapters_;                 // the slots are LoRA's A and B
-  std::vector<int> model_tensor_;  // model.freeze: per parameter asked for, the model's tensor it is (drawn in the model's order)
   at::Generator gen_;
   int drawn_ = -1;
   torch::Tensor values_;
-  int tensor_rank_ = 0;   // split over tensor ranks: the share handed out
-  bool sharing_ = false;  // whether the plan splits the model (over tensor ranks, pipeline stages or both)
-  std::vector<StageTensor> sources_;  // a split model: per parameter, the whole tensor it is a share of
-  torch::Tensor share_;   // that share of values_
+  int tensor_rank_ = 0;  // split over tensor ranks: the share handed out
+  bool sharing_;         // whether the plan splits the model (over tensor ranks, pipeline stages or both)
+  // Per parameter asked for, the model's tensor it is (a share of): model.freeze's trained ones, a split model's
+  // stage's; empty when the slots are the layout's own.
+  std::vector<StageTensor> sources_;
+  torch::Tensor share_;   // a split model: this rank's share of values_
   int tied_table_ = -1;   // the last stage's tied head: the table it copies, whose share is kept in tied_
   torch::Tensor tied_;
 };

@@ -252,12 +252,10 @@ void OptimizerStep::set_pipeline(PipelineStageRunner* stage, Communicator* tied)
   pipeline_ = stage;
   tied_ = tied;
   if (!tied) return;
-  const std::vector<StageTensor> mine = stage_tensors(plan_.model, plan_.mesh, own_stage(plan_));
-  const std::vector<StageTensor> last = stage_tensors(plan_.model, plan_.mesh, plan_.mesh.shape.pipeline - 1);
-  const auto copy = std::find_if(last.begin(), last.end(), [](const StageTensor& t) { return t.tied_copy; });
-  DS_CHECK(copy != last.end(), "a tied group without a tied head");
-  for (size_t i = 0; i < mine.size(); ++i)
-    if (mine[i].whole == copy->whole && (own_stage(plan_) == 0 || mine[i].tied_copy)) tied_param_ = static_cast<int>(i);
+  // The token table on the first stage, its copy on the last: the one this stage holds.
+  const std::vector<int> tensors = plan_.trained_model_tensors();
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (is_token_table(plan_.model.tensors[static_cast<size_t>(tensors[i])])) tied_param_ = static_cast<int>(i);
   DS_CHECK(tied_param_ >= 0 && plan_.zero_stage() <= 1, "the tied table's gradient: not on this stage, or partitioned");
 }
 

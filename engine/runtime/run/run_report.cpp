@@ -223,8 +223,7 @@ std::string mesh_description(const Plan& p) {
   } else {
     d += "each rank ";
   }
-  d += "holds " + format_count(p.layout.numel) + " parameters";
-  d += ")";
+  d += "holds " + format_count(p.layout.numel) + " parameters)";
   if (m.data > 1) d += ", ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " + std::to_string(m.data);
   return d;
 }
@@ -403,12 +402,8 @@ void RunReport::finish() {
                 std::to_string(planned_calls) + " calls, " + format_bytes(planned_bytes) + ")");
     };
     for (const Collective& c : p.execution.collectives) line(c.kind, c.calls_per_step, c.wire_bytes_per_rank_per_step);
-    if (p.mesh.shape.splits_the_model() && !p.mesh.stages.empty()) {  // the mesh's own, from its traffic at this rank's stage
-      const MeshTraffic& x = p.mesh.stages[static_cast<size_t>(own_stage(p))].traffic;
-      if (p.mesh.shape.tensor > 1) line(CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes);
-      if (p.mesh.shape.pipeline > 1) line(CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes);
-      if (x.tied_all_reduces > 0) line(CollectiveKind::tied_gradients, x.tied_all_reduces, x.tied_bytes);
-    }
+    if (!p.mesh.stages.empty())  // the mesh's own, from its traffic at this rank's stage
+      for (const MeshCollective& c : mesh_collectives(p.mesh.stages[static_cast<size_t>(own_stage(p))].traffic)) line(c.kind, c.calls, c.bytes);
   }
   for (const auto& [kind, d] : comm_total_) r.collectives.push_back({collective_name(kind), d.calls, d.bytes, d.seconds});
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();

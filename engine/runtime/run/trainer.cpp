@@ -32,6 +32,7 @@
 #include "engine/runtime/run/flat_params.hpp"
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/run/loss_scaler.hpp"
+#include "engine/runtime/run/mesh_groups.hpp"
 #include "engine/runtime/io/nvme_swap.hpp"
 #include "engine/runtime/device/gemm_peak.hpp"
 #include "engine/runtime/run/optimizer_step.hpp"
@@ -167,8 +168,6 @@ class TrainingRun {
   }
   void save(int64_t step);
   double validate();
-  // What the run's communicators have counted: the world's, with the mesh's groups' added.
-  CommLedger ledger() const;
   void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0);
   // Throws when the loss has been above divergence_factor x its best for 3 steps.
   void check_divergence(int64_t step, double loss);
@@ -180,20 +179,7 @@ class TrainingRun {
   TrainResult& result_;
   const int rank_;    // this rank's place among the data-parallel ranks (the world's rank unless the mesh splits the model)
   const bool lead_;   // the world's rank 0: it writes the run directory
-  // A split model: this rank's tensor group (the model's all-reduces), data group (ZeRO's collectives and the
-  // batches it reads) and pipeline group (the stages' sends), split from the world; the tied table's two ranks
-  // (the first and the last stage's); at ZeRO stage 0 the ranks of data rank 0 (who write a checkpoint). Each
-  // null where this rank is in no such group of two or more. data_comm_ is the data group, or the world when
-  // the model is whole.
-  std::unique_ptr<Communicator> tensor_group_, data_group_, pipeline_group_, tied_group_, writer_group_;
-  Communicator* data_comm_ = nullptr;
-  // The world's communicator and the mesh's groups this rank is in.
-  std::vector<Communicator*> communicators() const {
-    std::vector<Communicator*> all;
-    for (Communicator* c : {comm_, tensor_group_.get(), data_group_.get(), pipeline_group_.get(), tied_group_.get(), writer_group_.get()})
-      if (c) all.push_back(c);
-    return all;
-  }
+  MeshGroups groups_;  // a split model's groups (and the world's communicator)
   std::unique_ptr<PipelineStageRunner> pipeline_;  // pipeline stages: this stage's micro-batches, 1F1B
   std::string checkpoint_plan_json_;  // the plan.json checkpoints carry: the whole model's layout when tensor ranks split it
   std::unique_ptr<TokenStream> stream_;   // pre-training data: one token stream, cut into windows
@@ -236,32 +222,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   DS_CHECK((W > 1) == (comm != nullptr) && (!comm || (comm->world_size() == W && comm->rank() == plan.topology.rank)),
            "the communicator does not match the plan's topology");
   DS_CHECK(plan.mesh.shape.world() == W && plan.mesh.shape.data == D, "the plan's mesh does not match its topology");
-  data_comm_ = comm;
-  if (comm && plan.mesh.shape.splits_the_model()) {
-    // Every rank forms its groups in the same order; a group of one rank needs no communicator.
-    const auto split = [&](MeshAxis axis) -> std::unique_ptr<Communicator> {
-      for (const std::vector<int>& g : mesh_groups(plan.mesh.shape, axis))
-        if (g.size() > 1 && std::find(g.begin(), g.end(), comm->rank()) != g.end())
-          return comm->split(std::string(mesh_axis_name(axis)) + "-" + std::to_string(g.front()), g);
-      return nullptr;
-    };
-    tensor_group_ = split(MeshAxis::tensor);
-    data_group_ = split(MeshAxis::data);
-    pipeline_group_ = split(MeshAxis::pipeline);
-    data_comm_ = data_group_.get();
-    const MeshShape& shape = plan.mesh.shape;
-    const MeshCoord at = mesh_coord(shape, comm->rank());
-    if (shape.pipeline > 1 && plan.mesh.tied_copy_per_rank > 0 && (at.pipeline == 0 || at.pipeline == shape.pipeline - 1)) {
-      const std::vector<int> ends{mesh_rank(shape, {at.data, at.tensor, 0}), mesh_rank(shape, {at.data, at.tensor, shape.pipeline - 1})};
-      tied_group_ = comm->split("tied-" + std::to_string(ends.front()), ends);
-    }
-    if (!plan.execution.sharded && at.data == 0) {
-      std::vector<int> writers;
-      for (int r = 0; r < W; ++r)
-        if (mesh_coord(shape, r).data == 0) writers.push_back(r);
-      if (writers.size() > 1) writer_group_ = comm->split("writers", writers);
-    }
-  }
+  groups_ = MeshGroups(plan, comm);
   checkpoint_plan_json_ = plan.mesh.shape.splits_the_model() && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan)
                                                                                         : opt.plan_json;
   const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, D, rank_, plan.data.val_fraction,
@@ -279,8 +240,8 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   stop_point("opening the swap files");
   flat_ = FlatParams::allocate(plan, rank_, device);
   stop_point("allocating the buffers");
-  zero_ = std::make_unique<ZeroExchange>(plan, flat_, data_comm_, param_swap_.get());
-  model_ = make_model(plan, flat_, tensor_group_.get());
+  zero_ = std::make_unique<ZeroExchange>(plan, flat_, groups_.data_comm, param_swap_.get());
+  model_ = make_model(plan, flat_, groups_.tensor.get());
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   profiling_ = keeps_step_measurements(plan, opt);
   if (profiling_) {
@@ -294,9 +255,9 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, comm, *scaler_, swapper_.get(), param_swap_.get());
   if (plan.mesh.shape.pipeline > 1) {
     pipeline_ = std::make_unique<PipelineStageRunner>(
-        *model_, pipeline_group_.get(), static_cast<int>(plan.batch.grad_accum),
+        *model_, groups_.pipeline.get(), static_cast<int>(plan.batch.grad_accum),
         std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size}, to_torch(plan.precision.compute_dtype));
-    stepper_->set_pipeline(pipeline_.get(), tied_group_.get());
+    stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
   }
   stepper_->set_sample_memory(opt.profile);
   describe_states();
@@ -352,7 +313,7 @@ void TrainingRun::describe_states() {
     // is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads every
     // element it holds (first_part_); what several ranks hold (tensors every tensor rank holds whole, the tied
     // table) is written by one alone.
-    const int r = tensor_group_ ? tensor_group_->rank() : 0, stage = own_stage(plan_);
+    const int r = groups_.tensor ? groups_.tensor->rank() : 0, stage = own_stage(plan_);
     buffers_.model_numel = first_part_.model_numel = plan_.model.num_params;
     buffers_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/true);
     first_part_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
@@ -490,7 +451,7 @@ void TrainingRun::check_base(const std::string& checkpoint_base) const {
 // parameter by parameter (a sharded or swapped rank never holds the whole model in fp32).
 void TrainingRun::draw_weights() {
   std::function<const float*(const OwnedSegment&)> values;
-  InitialWeights drawn(plan_, plan_.run.seed, false, tensor_group_ ? tensor_group_->rank() : 0);
+  InitialWeights drawn(plan_, plan_.run.seed, false, groups_.tensor ? groups_.tensor->rank() : 0);
   torch::Tensor whole;
   const std::unique_ptr<WeightSource> source = plan_.run.init_from.empty() ? nullptr : open_weights(plan_.run.init_from);
   const bool from_adapter = source && source->kind() == WeightsKind::peft_adapter;
@@ -513,16 +474,12 @@ void TrainingRun::draw_weights() {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
     // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
     const std::vector<std::string> names = match_weights(*source, plan_.model);
-    std::vector<int> tensors = plan_.trained_model_tensors();
-    if (plan_.mesh.shape.splits_the_model()) {  // the stage's tensors (a tied head's copy: the table)
-      tensors.clear();
-      for (const StageTensor& t : stage_tensors(plan_.model, plan_.mesh, own_stage(plan_))) tensors.push_back(t.whole);
-    }
+    const std::vector<int> tensors = plan_.trained_model_tensors();
     for (size_t k = 0; k < tensors.size(); ++k) {
       stop_point("reading the initial weights");
       const ParamSlot& p = plan_.layout.params[k];
       const std::string& name = names[static_cast<size_t>(tensors[k])];
-      if (!tensor_group_) {
+      if (!groups_.tensor) {
         source->read_f32(name, whole.data_ptr<float>() + p.offset);
         continue;
       }
@@ -531,7 +488,7 @@ void TrainingRun::draw_weights() {
       torch::Tensor all = torch::empty({t.numel}, torch::kFloat32);
       source->read_f32(name, all.data_ptr<float>());
       whole.narrow(0, p.offset, p.numel)
-          .copy_(take_share(all.view(t.shape), tensor_slice_of(plan_.model, t, tensor_group_->world_size(), tensor_group_->rank())).view(-1));
+          .copy_(take_share(all.view(t.shape), tensor_slice_of(plan_.model, t, groups_.tensor->world_size(), groups_.tensor->rank())).view(-1));
     }
     report_->log().note(std::string("ds train: weights from ") + weights_kind_name(source->kind()) + " " + source->path() +
                         " (step, schedule and optimizer start fresh)");
@@ -616,8 +573,8 @@ void TrainingRun::save(int64_t step) {
   CheckpointWriter writer;
   if (comm_ && plan_.execution.sharded)
     writer = {comm_->rank(), comm_->world_size(), [this] { comm_->barrier(); }};
-  else if (writer_group_)
-    writer = {writer_group_->rank(), writer_group_->world_size(), [this] { writer_group_->barrier(); }};
+  else if (groups_.writers)
+    writer = {groups_.writers->rank(), groups_.writers->world_size(), [this] { groups_.writers->barrier(); }};
   const int W = writer.world_size;
   const SavedCheckpoint saved =
       save_checkpoint(plan_.run.output_dir, sc, buffers_, checkpoint_plan_json_, opt_.resolved_config_json, plan_.run.keep_last, writer);
@@ -642,37 +599,34 @@ double TrainingRun::validate() {
   // Masked rows (fine-tuning data): the mean over every counted target, as the training loss is.
   const bool masked = sampler_->masked();
   model_->set_loss_gradient(1.0);  // no gradient is made here; the last training micro batch's (0 if it counted nothing) must not reach the head
-  double sum = 0, counted = 0;
-  const auto targets_counted = [&] {
-    return masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1.0;
-  };
-  Communicator* summed_over = data_comm_;
-  if (pipeline_) {
-    // The stages' forwards in turn; the last stage's losses, from its first tensor rank, summed over the world.
-    std::vector<double> n;
-    const std::vector<torch::Tensor> losses = pipeline_->evaluate(static_cast<int>(calls), [&](int i, bool) {
-      sampler_->val_batch(i * W + rank_, in_, tgt_, &segments_);
-      model_->set_segments(&segments_);
-      model_->set_dropout(0, false);
-      n.push_back(targets_counted());
-      return PipelineStageRunner::Batch{to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)};
-    });
-    const bool counts = !losses.empty() && (!tensor_group_ || tensor_group_->rank() == 0);
-    for (size_t i = 0; counts && i < losses.size(); ++i) sum += losses[i].item<double>() * n[i], counted += n[i];
-    summed_over = comm_;
-  }
-  for (int64_t i = 0; i < calls && !pipeline_; ++i) {
+  // Validation micro batch i of this rank: drawn, its segments given to the model, dropout off; its weight in the
+  // mean (its counted targets, masked) noted.
+  std::vector<double> losses, weights;
+  const auto draw = [&](int64_t i) {
     sampler_->val_batch(i * W + rank_, in_, tgt_, &segments_);  // samples [(i W + rank) B, + B) of the validation sequence
     model_->set_segments(&segments_);
     model_->set_dropout(0, false);
-    zero_->begin_micro_step(true);
-    const torch::Tensor loss_t = model_->loss(to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T));
-    if (comm_) comm_->settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
-    const double loss = loss_t.item<double>();
-    const double n = targets_counted();
-    sum += loss * n;
-    counted += n;
+    weights.push_back(masked ? static_cast<double>(std::count_if(tgt_.begin(), tgt_.end(), [](int32_t t) { return t >= 0; })) : 1.0);
+    return PipelineStageRunner::Batch{to_long_tensor(in_, B, T), to_long_tensor(tgt_, B, T)};
+  };
+  Communicator* summed_over = groups_.data_comm;
+  if (pipeline_) {
+    // The stages' forwards in turn; the last stage's losses, from its first tensor rank, summed over the world.
+    for (const torch::Tensor& l : pipeline_->evaluate(static_cast<int>(calls), [&](int i, bool) { return draw(i); }))
+      losses.push_back(l.item<double>());
+    if (groups_.tensor && groups_.tensor->rank() != 0) losses.clear();  // (the tensor group's ranks hold the same)
+    summed_over = comm_;
+  } else {
+    for (int64_t i = 0; i < calls; ++i) {
+      const PipelineStageRunner::Batch batch = draw(i);
+      zero_->begin_micro_step(true);
+      const torch::Tensor loss_t = model_->loss(batch.inputs, batch.targets);
+      if (comm_) comm_->settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
+      losses.push_back(loss_t.item<double>());
+    }
   }
+  double sum = 0, counted = 0;
+  for (size_t i = 0; i < losses.size(); ++i) sum += losses[i] * weights[i], counted += weights[i];
   if (summed_over) {
     torch::Tensor total = masked ? torch::tensor({sum, counted}, torch::kFloat64) : torch::full({1}, sum, torch::kFloat64);
     summed_over->all_reduce_sum(total, CollectiveKind::validation_loss);
@@ -681,21 +635,6 @@ double TrainingRun::validate() {
   }
   if (masked) return counted > 0 ? sum / counted : 0;
   return sum / static_cast<double>(calls * W);
-}
-
-CommLedger TrainingRun::ledger() const {
-  CommLedger all = comm_ ? comm_->ledger() : CommLedger{};
-  for (const Communicator* group : communicators()) {
-    if (group == comm_) continue;
-    for (const auto& [kind, st] : group->ledger()) {
-      CommStats& into = all[kind];
-      into.op = st.op;
-      into.calls += st.calls;
-      into.bytes += st.bytes;
-      into.seconds += st.seconds;
-    }
-  }
-  return all;
 }
 
 void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0) {
@@ -707,10 +646,10 @@ void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clo
   result_.mlp_backward_s.push_back(std::move(taken.mlp_backward));
   result_.phase_rss_bytes.push_back(out.phase_rss_bytes);
   std::vector<CollectiveSpan> spans;
-  for (Communicator* c : communicators())  // the world's and a mesh's groups'
+  for (Communicator* c : groups_.all())  // the world's and a mesh's groups'
     for (const Communicator::Event& e : c->take_events())
       spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
-                         std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
+                       std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
   std::sort(spans.begin(), spans.end(), [](const CollectiveSpan& a, const CollectiveSpan& b) { return a.start_s < b.start_s; });
   result_.collective_spans.push_back(std::move(spans));
 }
@@ -758,7 +697,7 @@ void TrainingRun::loop() {
   result_.steps = result_.first_step;
   bool stop_requested = false;  // Ctrl-C or SIGTERM, agreed across ranks
   if (profiling_)
-    for (Communicator* c : communicators()) {
+    for (Communicator* c : groups_.all()) {
       c->record_events(true);
       c->take_events();  // the start's gathers are not a step's
     }
@@ -767,8 +706,8 @@ void TrainingRun::loop() {
   for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
-    for (Communicator* c : communicators()) c->mark_step(step);
-    const CommLedger before = ledger();
+    if (comm_) comm_->mark_step(step);  // (the groups report through the world's: they share its store and step)
+    const CommLedger before = groups_.ledger();
     report_->begin_step(comm_ ? &before : nullptr);
     StepOutcome out;
     try {
@@ -787,7 +726,7 @@ void TrainingRun::loop() {
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0);
-    const CommLedger after = ledger();
+    const CommLedger after = groups_.ledger();
     report_->end_collectives(comm_ ? &after : nullptr);
     for (const std::string& note : out.notes) log.note(note);
     stop_requested = out.stop_requested;
