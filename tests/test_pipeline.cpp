@@ -2,7 +2,7 @@
 // micro-batches flowing through them in 1F1B order, must give the whole model's losses and gradients (each stage
 // its blocks' and ends'; the tied table's two copies summing to the whole's), to 1e-5 in fp32. Every send,
 // receive, forward and backward is recorded: the order must be the schedule's, and no stage may hold more
-// micro-batches' activations than min(p - s, m).
+// micro-batches' activations than min(p - s, m), nor keep every send of the step.
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -43,7 +43,7 @@ struct Case {
 // What a stage did and computed.
 struct StageResult {
   std::vector<PipelineEvent> trace;
-  int most_in_flight = 0;
+  int most_in_flight = 0, most_sends_held = 0;
   std::vector<double> losses;
   std::map<std::string, torch::Tensor> grads;  // by the whole model's tensor name (the tied copy: "copy of " + name)
 };
@@ -109,6 +109,7 @@ void expect_stages_equal_whole(const Case& c) {
         },
         [&](const torch::Tensor& loss, int) { return loss * (1.0 / M); }, [](int) {});
     r.most_in_flight = runner.most_in_flight();
+    r.most_sends_held = runner.most_sends_held();
     for (const torch::Tensor& l : losses) r.losses.push_back(l.item<double>());
     for (size_t i = 0; i < sources.size(); ++i)
       r.grads[(sources[i].tied_copy ? "copy of " : "") + whole_plan.model.tensors[static_cast<size_t>(sources[i].whole)].name] =
@@ -157,6 +158,9 @@ void expect_stages_equal_whole(const Case& c) {
       EXPECT_EQ(r.trace[k].micro, want[k].micro) << "stage " << s << ", event " << k;
     }
     EXPECT_EQ(r.most_in_flight, std::min(P - s, M)) << "stage " << s;
+    // A send is let go once the schedule says it arrived: its activations in flight, and the gradients the previous
+    // stage has not yet used (up to p - s + 1 of them), not every micro-batch's of the step.
+    EXPECT_LE(r.most_sends_held, std::min(2 * (P - s) + 1, 2 * M)) << "stage " << s;
   }
 }
 

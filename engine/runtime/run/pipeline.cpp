@@ -32,28 +32,41 @@ torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch:
     DS_CHECK(y.sizes() == torch::IntArrayRef(shape_) && y.scalar_type() == dtype_, "pipeline stage ", stage_, ": an output of ", y.sizes(),
              " ", y.scalar_type(), " where the next stage receives ", torch::IntArrayRef(shape_), " ", dtype_);
     const torch::Tensor out = y.detach().contiguous();
-    sends_.emplace_back(stages_->send_async(out, stage_ + 1, CollectiveKind::pipeline_activations), out);
+    sends_.push_back({stages_->send_async(out, stage_ + 1, CollectiveKind::pipeline_activations), out, micro, true});
+    most_sends_held_ = std::max(most_sends_held_, static_cast<int>(sends_.size()));
     note(PipelineEvent::sent_activation, micro);
   }
   return y;
 }
 
 void PipelineStageRunner::finish_sends() {
-  for (auto& [pending, tensor] : sends_) pending->wait();
+  for (Send& send : sends_) send.pending->wait();
   sends_.clear();
+}
+
+void PipelineStageRunner::release(bool activations, int up_to) {
+  const auto done = [&](Send& send) {
+    if (send.activation != activations || send.micro > up_to) return false;
+    send.pending->wait();
+    return true;
+  };
+  sends_.erase(std::remove_if(sends_.begin(), sends_.end(), done), sends_.end());
 }
 
 std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, const Backward& backward, const Finished& finished) {
   const auto M = static_cast<size_t>(micro_batches_);
   std::vector<torch::Tensor> outputs(M), inputs(M), losses;
   int in_flight = 0;
-  most_in_flight_ = 0;
+  most_in_flight_ = most_sends_held_ = 0;
   try {
     for (const PipelineOp& op : one_forward_one_backward(count_, stage_, micro_batches_)) {
       const auto m = static_cast<size_t>(op.micro);
       if (op.forward) {
         const Batch batch = prepare(op.micro, true);
         outputs[m] = forward(op.micro, batch, &inputs[m]);
+        // The previous stage ran micro-batch m's forward after the backward of m - (p - s) - 1, whose gradient
+        // this stage had sent: delivered, its tensor is free.
+        if (!model_.stage().embeddings) release(/*activations=*/false, op.micro - (count_ - stage_) - 1);
         if (model_.stage().head) losses.push_back(outputs[m].detach());
         most_in_flight_ = std::max(most_in_flight_, ++in_flight);
         continue;
@@ -66,13 +79,15 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
         torch::Tensor grad = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
         stages_->recv(grad, stage_ + 1, CollectiveKind::pipeline_activations);
         note(PipelineEvent::received_gradient, op.micro);
+        release(/*activations=*/true, op.micro);  // the next stage ran its forward, on what this one sent
         note(PipelineEvent::backward, op.micro);
         outputs[m].backward(grad);
       }
       if (!model_.stage().embeddings) {
         DS_CHECK(inputs[m].grad().defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
         const torch::Tensor grad_in = inputs[m].grad().contiguous();
-        sends_.emplace_back(stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in);
+        sends_.push_back({stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in, op.micro, false});
+        most_sends_held_ = std::max(most_sends_held_, static_cast<int>(sends_.size()));
         note(PipelineEvent::sent_gradient, op.micro);
       }
       outputs[m] = torch::Tensor();
@@ -93,6 +108,7 @@ std::vector<torch::Tensor> PipelineStageRunner::evaluate(int count, const Prepar
   try {
     for (int m = 0; m < count; ++m) {
       const torch::Tensor y = forward(m, prepare(m, true), nullptr);
+      release(/*activations=*/true, m - 1);  // the next stage took it before it could ask for this one
       if (model_.stage().head) losses.push_back(y.detach());
     }
   } catch (...) {

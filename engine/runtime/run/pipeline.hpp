@@ -4,7 +4,9 @@
 // loss; each backward takes the next stage's gradient of that output (received), or the loss's on the last
 // stage, and sends the gradient of its input back. Sends never block (the sender goes on at once), so the
 // stages only ever wait for what they need: a neighbour's message. The activations of a micro-batch are kept
-// from its forward to its backward, at most PipelineStage::in_flight of them at once.
+// from its forward to its backward, at most PipelineStage::in_flight of them at once; a sent tensor is let go
+// as soon as the schedule says it has arrived (an activation when its gradient comes back, a gradient when the
+// previous stage's next forward does), so the sends hold no more than that either.
 #pragma once
 
 #include <torch/torch.h>
@@ -51,8 +53,9 @@ class PipelineStageRunner {
   std::vector<torch::Tensor> evaluate(int count, const Prepare& prepare);
 
   void set_trace(std::vector<PipelineEvent>* trace) { trace_ = trace; }
-  // The most micro-batches whose activations the stage held at once in the last run.
+  // The most micro-batches whose activations the stage held at once in the last run, and the most sends it held.
   int most_in_flight() const { return most_in_flight_; }
+  int most_sends_held() const { return most_sends_held_; }
 
  private:
   torch::Tensor forward(int micro, const Batch& batch, torch::Tensor* kept_input);
@@ -61,15 +64,24 @@ class PipelineStageRunner {
   }
   // Waits for every send still in flight (their tensors are then free).
   void finish_sends();
+  // Waits for (and lets go of) the sends of activations, or of gradients, of micro-batches up to `up_to`: called
+  // where the schedule says they have arrived, so it does not wait.
+  void release(bool activations, int up_to);
 
   LanguageModel& model_;
   Communicator* stages_;
   int stage_ = 0, count_ = 1, micro_batches_;
   std::vector<int64_t> shape_;
   torch::ScalarType dtype_;
-  std::vector<std::pair<std::unique_ptr<PendingCollective>, torch::Tensor>> sends_;  // each with the tensor it reads
+  struct Send {
+    std::unique_ptr<PendingCollective> pending;
+    torch::Tensor tensor;  // what it reads until done
+    int micro = 0;
+    bool activation = true;  // a forward's output, or a backward's input gradient
+  };
+  std::vector<Send> sends_;
   std::vector<PipelineEvent>* trace_ = nullptr;
-  int most_in_flight_ = 0;
+  int most_in_flight_ = 0, most_sends_held_ = 0;
 };
 
 }  // namespace ds
