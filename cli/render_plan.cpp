@@ -350,8 +350,8 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
   }
   if (m.tied_copy_per_rank > 0) {
     const MeshTraffic& x = m.stages.front().traffic;
-    o << "  the tied head: its copy's gradient and the table's summed between stage 0 and stage " << m.stages.size() - 1
-      << " once per step (" << format_bytes(x.tied_bytes) << " sent by each of those ranks)\n";
+    o << "  the tied head: stage " << m.stages.size() - 1 << " sends its copy's gradient to stage 0, whose table steps on the sum and "
+      << "sends its weights back, once per step (" << format_bytes(x.tied_bytes) << " each way)\n";
   }
   if (m.shape.pipeline > 1)
     o << "  pipeline bubble: " << format_fixed(100 * m.bubble, 1) << "% of each step idle ((p - 1) / (m + p - 1), p "

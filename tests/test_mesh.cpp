@@ -356,10 +356,10 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
     for (const PipelineStage& st : p.mesh.stages) {
       EXPECT_EQ(st.traffic.pipeline_sends, 4);  // activations on from stage 0, their gradients back from stage 1
       EXPECT_EQ(st.traffic.pipeline_bytes, 4 * sent);
-      // GPT-2's head is the token table: the last stage's copy and the first's gradients summed once a step,
-      // 128 of the 256 rows on each tensor rank, bf16 gradients summed in fp32 (Gloo).
-      EXPECT_EQ(st.traffic.tied_all_reduces, 1);
-      EXPECT_EQ(st.traffic.tied_bytes, 128 * 64 * 4);
+      // GPT-2's head is the token table: once a step the last stage sends its copy's gradient and the first the
+      // table's weights back, 128 of the 256 rows on each tensor rank, in bf16 as they are.
+      EXPECT_EQ(st.traffic.tied_sends, 1);
+      EXPECT_EQ(st.traffic.tied_bytes, 128 * 64 * 2);
     }
   }
   // Tensor parallel alone: no sends; four tensor ranks send 2 x 3/4 of the payload.

@@ -32,7 +32,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::validation_loss: return "validation loss";
     case CollectiveKind::tensor_activations: return "tensor-parallel activations";
     case CollectiveKind::pipeline_activations: return "pipeline activations";
-    case CollectiveKind::tied_gradients: return "tied embedding gradients";
+    case CollectiveKind::tied_embedding: return "tied embedding (gradient in, weights back)";
   }
   return "?";
 }

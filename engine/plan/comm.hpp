@@ -35,7 +35,7 @@ enum class CollectiveKind {
   validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
   tensor_activations,     // tensor parallel: a block's partial outputs (forward) and its input's gradients (backward)
   pipeline_activations,   // pipeline parallel: a stage's output sent to the next stage, its gradient sent back
-  tied_gradients,         // pipeline parallel: the tied token table's gradient summed between its first and last stage copies
+  tied_embedding,         // pipeline parallel: a tied head's copy sends its gradient to the first stage, which sends the table's weights back
 };
 const char* collective_name(CollectiveKind kind);
 

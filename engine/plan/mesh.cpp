@@ -269,7 +269,7 @@ std::vector<MeshCollective> mesh_collectives(const MeshTraffic& x) {
   std::vector<MeshCollective> out;
   if (x.tensor_all_reduces > 0) out.push_back({CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes});
   if (x.pipeline_sends > 0) out.push_back({CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes});
-  if (x.tied_all_reduces > 0) out.push_back({CollectiveKind::tied_gradients, x.tied_all_reduces, x.tied_bytes});
+  if (x.tied_sends > 0) out.push_back({CollectiveKind::tied_embedding, x.tied_sends, x.tied_bytes});
   return out;
 }
 
@@ -359,7 +359,7 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
 }
 
 void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, bool checkpointing) {
+                        int grad_bytes, int weight_bytes, bool checkpointing) {
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double boundary = tokens * static_cast<double>(h.hidden_size);  // one micro-batch's elements at one block boundary
@@ -387,8 +387,8 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
     x.pipeline_bytes = m * neighbours * sent;
     if (plan.tied_copy_per_rank > 0 && (st.embeddings || st.head)) {
-      x.tied_all_reduces = 1;
-      x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * grad_bytes;  // 2 (2 - 1) / 2 of the payload
+      x.tied_sends = 1;  // the last stage's gradient of its copy, the first stage's weights back
+      x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * weight_bytes;
     }
   }
 }

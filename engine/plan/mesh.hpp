@@ -93,9 +93,9 @@ struct MeshTraffic {
   double tensor_wire_bytes = 0;      // sent per rank: ring all-reduce, 2 (t - 1) / t of the payload
   int64_t pipeline_sends = 0;        // point-to-point sends per step
   double pipeline_bytes = 0;         // sent per rank
-  // A tied head on another stage than the table: the two copies' gradients summed once per step between the
-  // first and the last stage (an all-reduce of two ranks: each sends its copy's gradient).
-  int64_t tied_all_reduces = 0;
+  // A tied head on another stage than the table, once per step: the last stage sends its copy's gradient to the
+  // first, whose table steps on the sum, and the first sends the table's new weights back (each sends one).
+  int64_t tied_sends = 0;
   double tied_bytes = 0;
   double sent_bytes() const { return tensor_wire_bytes + pipeline_bytes + tied_bytes; }  // all of the above
 };
@@ -137,9 +137,9 @@ struct MeshPlan {
 };
 
 // Each tensor of stage `stage`'s share (stage_share's order): the whole model's tensor it is a part of, and whether
-// it is the last stage's copy of the token table for a tied head. That copy's gradient is summed with the
-// table's on the first stage each step (both then step alike), it counts once in the gradient norm and the
-// checkpoint takes the first stage's. Without stages (an empty mesh): the model's tensors in order.
+// it is the last stage's copy of the token table for a tied head. That copy's gradient goes to the first
+// stage's table each step and the table's weights come back (the copy always holds the table's weights), it
+// counts once in the gradient norm (the table's) and the checkpoint takes the first stage's. Without stages (an empty mesh): the model's tensors in order.
 struct StageTensor {
   int whole = 0;
   bool tied_copy = false;
@@ -186,9 +186,9 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
 // Each stage's MeshTraffic at this micro batch and sequence length: `summed_bytes` per activation element an
 // all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the pipeline sends
-// as it is, `grad_bytes` per gradient element summed.
+// as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient) sent as it is.
 void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, bool checkpointing);
+                        int grad_bytes, int weight_bytes, bool checkpointing);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

@@ -111,9 +111,9 @@ void mesh_rows(const Plan& p, StepTime& t) {
   if (x.pipeline_sends > 0)
     if (const auto l = link_of(p, MeshAxis::pipeline, t.missing))
       add_row(t, "pipeline sends", *l, StepPhase::between, x.pipeline_bytes, static_cast<double>(x.pipeline_sends));
-  if (x.tied_all_reduces > 0)
+  if (x.tied_sends > 0)
     if (const auto l = link_of(p, MeshAxis::pipeline, t.missing))
-      add_row(t, "tied embeddings", *l, StepPhase::between, x.tied_bytes, static_cast<double>(x.tied_all_reduces));
+      add_row(t, "tied embeddings", *l, StepPhase::between, x.tied_bytes, static_cast<double>(x.tied_sends));
 }
 
 // Within each phase, what can hide hides up to the phase's compute: all but each collective's first call of a

@@ -259,13 +259,33 @@ void OptimizerStep::set_pipeline(PipelineStageRunner* stage, Communicator* tied)
   DS_CHECK(tied_param_ >= 0 && plan_.zero_stage() <= 1, "the tied table's gradient: not on this stage, or partitioned");
 }
 
-void OptimizerStep::sum_tied_gradients() {
+void OptimizerStep::tied_gradient_in() {
   if (!tied_) return;
   torch::NoGradGuard ng;
   const ParamSlot& p = plan_.layout.params[static_cast<size_t>(tied_param_)];
-  const torch::Tensor slice = flat_.compute_grads.narrow(0, p.offset, p.numel), g = slice.contiguous();
-  tied_->all_reduce_sum(g, CollectiveKind::tied_gradients);
-  if (g.data_ptr() != slice.data_ptr()) slice.copy_(g);
+  const torch::Tensor slice = flat_.compute_grads.narrow(0, p.offset, p.numel);
+  if (tied_->rank() == 1) {  // the last stage's copy: its gradient to the table (its own step is overwritten)
+    tied_->send_async(slice.contiguous(), 0, CollectiveKind::tied_embedding)->wait();
+    return;
+  }
+  const torch::Tensor head = torch::empty_like(slice);
+  tied_->recv(head, 1, CollectiveKind::tied_embedding);
+  slice.add_(head);
+}
+
+void OptimizerStep::tied_weights_back() {
+  if (!tied_) return;
+  torch::NoGradGuard ng;
+  const ParamSlot& p = plan_.layout.params[static_cast<size_t>(tied_param_)];
+  const torch::Tensor slice = flat_.params.narrow(0, p.offset, p.numel);
+  if (tied_->rank() == 0) {  // the table, stepped: its weights to the copy
+    tied_->send_async(slice.contiguous(), 1, CollectiveKind::tied_embedding)->wait();
+    return;
+  }
+  const torch::Tensor table = torch::empty_like(slice);
+  tied_->recv(table, 0, CollectiveKind::tied_embedding);
+  slice.copy_(table);
+  if (flat_.widened && flat_.compute.defined()) flat_.compute.narrow(0, p.offset, p.numel).copy_(table);
 }
 
 void OptimizerStep::draw_micro_batch(int64_t step, int64_t m) {
@@ -476,7 +496,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   Clock clock(out, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
   const double loss_sum = micro_steps(step, out, clock);
-  sum_tied_gradients();
+  tied_gradient_in();
   zero_.reduce_gradients();
   if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
     torch::NoGradGuard ng;
@@ -501,6 +521,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   clock.mark(4);  // a skipped step ends at its overflow check
   if (!out.skipped) {
     update(si, clock);
+    tied_weights_back();
     t.gather += clock.lap() - clock.param_io();
     clock.mark(7);
     ++applied_;

@@ -72,8 +72,8 @@ class OptimizerStep {
   void set_applied(int64_t n) { applied_ = n; }
 
   // Pipeline parallel: the stage's runner of the micro-batches (over the pipeline group) and the two ranks that
-  // hold the tied token table, its first stage's and the last's copy (`tied`: null when the head is not tied
-  // or this rank holds neither). Borrowed.
+  // hold the tied token table, the first stage's (its rank 0) and the last stage's copy (`tied`: null when the
+  // head is not tied or this rank holds neither). Borrowed.
   void set_pipeline(PipelineStageRunner* stage, Communicator* tied);
 
  private:
@@ -90,8 +90,12 @@ class OptimizerStep {
   // The gradient micro batch m's loss gets (the loss scale, its share of the ranks' and micro batches' targets)
   // and the weight of its loss in the step's mean.
   std::pair<double, double> loss_gradient_of(int64_t step, int64_t m, double loss_scale, int64_t step_counted) const;
-  // Pipeline parallel with a tied head: the table's gradient summed with its copy's, so the two step alike.
-  void sum_tied_gradients();
+  // Pipeline parallel with a tied head, before the gradients are reduced: the last stage's copy sends its
+  // gradient to the first stage, which adds it to the table's (one table, one sum: the data groups of the two
+  // stages would sum it in different orders).
+  void tied_gradient_in();
+  // After the update: the first stage sends the table's new weights to the copy (whose own step they replace).
+  void tied_weights_back();
   PipelineStageRunner* pipeline_ = nullptr;
   Communicator* tied_ = nullptr;
   int tied_param_ = -1;  // the layout's parameter that is the tied table, or its copy
