@@ -214,6 +214,8 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   const std::vector<std::string> why = not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"}));
   ASSERT_EQ(why.size(), 1u);
   EXPECT_NE(why.back().find("(tensor_parallel.autotp_size 2, pipeline.stages 2) with Lamb"), std::string::npos) << why.back();
+  // Pipeline stages alone hold whole tensors: Lamb's norms are its data group's to sum, and it trains.
+  EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb", "tensor_parallel.autotp_size=1"})).empty());
   // Tensor parallel alone trains; with what it does not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline"})).empty());
   const std::vector<std::string> lamb = not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline", "optimizer.type=Lamb"}));

@@ -238,18 +238,27 @@ TEST(Zero, LambTakesEachTensorsTrustRatioOverItsPartsOnEveryRank) {
   const std::string one = scratch_dir() + "/lamb1";
   Result r1 = cli_test::ds(kRun + lamb + shape(1) + "train.steps=6 train.output_dir=" + one);
   ASSERT_EQ(r1.code, 0) << r1.err;
-  for (const auto& [ranks, stage] : {std::pair{2, 2}, {3, 3}}) {
-    SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(ranks) + " ranks");
-    const std::string dir = scratch_dir() + "/lamb" + std::to_string(ranks);
-    Result r = cli_test::ds(kRun + lamb + shape(ranks) + "train.steps=6 zero_optimization.stage=" + std::to_string(stage) +
-                            " train.output_dir=" + dir);
+  // Stage 2 on 2 ranks, stage 3 on 3, and a pipeline of 2 stages x data 2 at stage 1 (a stage holds its tensors
+  // whole: their norms are summed over its data group only).
+  const std::string pipeline = "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 pipeline.stages=2 ";
+  for (const auto& [name, run] : {std::pair<std::string, std::string>{"z2", shape(2) + "zero_optimization.stage=2 "},
+                                  {"z3", shape(3) + "zero_optimization.stage=3 "},
+                                  {"p2d2z1", pipeline + "zero_optimization.stage=1 "}}) {
+    SCOPED_TRACE(name);
+    const std::string dir = scratch_dir() + "/lamb_" + name;
+    Result r = cli_test::ds(kRun + lamb + run + "train.steps=6 train.output_dir=" + dir);
     ASSERT_EQ(r.code, 0) << r.err;
     const auto a = losses_of(one), b = losses_of(dir);
     ASSERT_EQ(b.size(), a.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
-    expect_close(whole_state(dir).master, whole_state(one).master, "weights");
+    expect_close(whole_state(dir, one).master, whole_state(one).master, "weights");
     EXPECT_TRUE(contains(slurp(dir + "/train.log"), "Lamb tensor norms: 1.0 calls")) << slurp(dir + "/train.log");
   }
+  // A tensor group splits a tensor's parts over ranks whose norms nobody sums yet: refused before any rank starts.
+  Result t2 = cli_test::ds(kRun + lamb + "train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=3 --nproc-per-node 2 "
+                                         "tensor_parallel.autotp_size=2 train.output_dir=" + scratch_dir() + "/lamb_t2");
+  EXPECT_EQ(t2.code, 2);
+  EXPECT_TRUE(contains(t2.err, "tensor parallelism (tensor_parallel.autotp_size 2) with Lamb")) << t2.err;
 }
 
 TEST(Zero, Fp16AcrossRanksOverflowsSkipsAndScalesAsOneRankDoes) {

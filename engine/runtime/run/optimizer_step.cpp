@@ -164,11 +164,9 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
   }
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
-  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts.
-  if (comm && plan.execution.sharded && plan.optimizer.per_tensor_update())
-    sum_over_ranks_ = [comm](double* v, size_t n) {
-      comm->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
-    };
+  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts (its data group's; a
+  // pipeline stage holds its tensors whole).
+  if (plan.optimizer.per_tensor_update()) sum_over_ranks_ = [&zero](double* v, size_t n) { zero.sum_over_partitions(v, n); };
   if (flat.partial()) {  // the kept part: its own states on the device, the gradients and weights from element `offloaded` on
     const int64_t at = flat.offloaded;
     kept_.master = flat.kept_master.data_ptr<float>();

@@ -218,8 +218,10 @@ std::string mesh_description(const Plan& p) {
   if (m.pipeline > 1) {
     const int s = own_stage(p);
     const PipelineStage& st = p.mesh.stages[static_cast<size_t>(s)];
-    d += "this rank, of stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
-         std::to_string(st.first_block + st.blocks - 1) + (st.embeddings ? " and the embeddings" : st.head ? " and the head" : "") + "), ";
+    const std::string blocks = st.blocks == 1 ? "block " + std::to_string(st.first_block)
+                               : "blocks " + std::to_string(st.first_block) + "-" + std::to_string(st.first_block + st.blocks - 1);
+    d += "this rank, of stage " + std::to_string(s) + " (" + blocks + (st.embeddings ? " and the embeddings" : st.head ? " and the head" : "") +
+         "), ";
   } else {
     d += "each rank ";
   }

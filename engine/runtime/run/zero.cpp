@@ -168,6 +168,11 @@ double ZeroExchange::grad_sum_of_squares_of(const std::vector<uint8_t>& counted)
   return sum;
 }
 
+void ZeroExchange::sum_over_partitions(double* values, size_t n) const {
+  if (!comm_ || !plan_.execution.sharded) return;
+  comm_->all_reduce_sum(torch::from_blob(values, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms);
+}
+
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
   reducing_ = std::make_unique<Reduce>();

@@ -59,6 +59,9 @@ class ZeroExchange : public BlockHooks {
   // The same over the owned segments of the parameters `counted` marks (tensor parallel: a tensor rank other
   // than the first leaves out the tensors every tensor rank holds whole, so the mesh counts them once).
   double grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const;
+  // Figures each rank computed over its own partition (Lamb's per-tensor norms), summed over the data group
+  // in place: a no-op on one rank and where nothing is partitioned (every rank holds the whole of each tensor).
+  void sum_over_partitions(double* values, size_t n) const;
   // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
   void publish_parameters();
 
