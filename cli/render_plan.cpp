@@ -353,6 +353,11 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
     o << "  the tied head: stage " << m.stages.size() - 1 << " sends its copy's gradient to stage 0, whose table steps on the sum and "
       << "sends its weights back, once per step (" << format_bytes(x.tied_bytes) << " each way)\n";
   }
+  if (!m.stages.empty() && m.stages.front().traffic.lamb_all_reduces > 0) {
+    const MeshTraffic& x = m.stages.front().traffic;
+    o << "  Lamb: each tensor's two norms summed over the tensor group once per step (a split tensor's trust ratio is the whole "
+      << "tensor's): " << format_bytes(x.lamb_bytes) << " per rank" << (m.stages.size() > 1 ? " of stage 0" : "") << "\n";
+  }
   if (m.shape.pipeline > 1)
     o << "  pipeline bubble: " << format_fixed(100 * m.bubble, 1) << "% of each step idle ((p - 1) / (m + p - 1), p "
       << m.shape.pipeline << " stages, m " << m.micro_batches << (m.micro_batches == 1 ? " micro-batch" : " micro-batches")

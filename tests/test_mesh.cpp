@@ -211,16 +211,14 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   // not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1"})).empty());
   EXPECT_THROW(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=2"}), ConfigError);
-  const std::vector<std::string> why = not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"}));
+  const std::vector<std::string> why = not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.lora={\"r\": 4}"}));
   ASSERT_EQ(why.size(), 1u);
-  EXPECT_NE(why.back().find("(tensor_parallel.autotp_size 2, pipeline.stages 2) with Lamb"), std::string::npos) << why.back();
-  // Pipeline stages alone hold whole tensors: Lamb's norms are its data group's to sum, and it trains.
-  EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb", "tensor_parallel.autotp_size=1"})).empty());
+  EXPECT_NE(why.back().find("(tensor_parallel.autotp_size 2, pipeline.stages 2) with model.lora or model.freeze"), std::string::npos)
+      << why.back();
+  // Lamb's per-tensor norms are summed over the data and tensor groups: it trains on any mesh.
+  EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"})).empty());
   // Tensor parallel alone trains; with what it does not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline"})).empty());
-  const std::vector<std::string> lamb = not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline", "optimizer.type=Lamb"}));
-  ASSERT_EQ(lamb.size(), 1u);
-  EXPECT_NE(lamb[0].find("tensor_parallel.autotp_size 2) with Lamb"), std::string::npos) << lamb[0];
   const std::vector<std::string> offload =
       not_yet_runnable(test::plan_of(cfg, 8, 0, {"~pipeline", "zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"}));
   ASSERT_EQ(offload.size(), 1u);
@@ -364,6 +362,14 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
       EXPECT_EQ(st.traffic.tied_bytes, 128 * 64 * 2);
     }
   }
+  // Lamb: once a step, two fp64 norms per tensor of the stage summed over the tensor group (a ring of two sends the
+  // payload once); stage 0 holds the embeddings (wte, wpe) and blocks 0-1, stage 1 blocks 2-3, ln_f and wte's copy.
+  const Plan lamb = test::plan_of(cfg, 8, 0, {"optimizer.type=Lamb"});
+  const int64_t per_block = 12;  // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj: weight and bias each
+  EXPECT_EQ(lamb.mesh.stages[0].traffic.lamb_all_reduces, 1);
+  EXPECT_EQ(lamb.mesh.stages[0].traffic.lamb_bytes, 2 * 8 * (2 + 2 * per_block));
+  EXPECT_EQ(lamb.mesh.stages[1].traffic.lamb_bytes, 2 * 8 * (2 * per_block + 2 + 1));
+  EXPECT_EQ(test::plan_of(cfg, 8, 0).mesh.stages[0].traffic.lamb_all_reduces, 0);
   // Tensor parallel alone: no sends; four tensor ranks send 2 x 3/4 of the payload.
   const Plan four = test::plan_of(cfg, 4, 0, {"tensor_parallel.autotp_size=4", "~pipeline"});
   ASSERT_EQ(four.mesh.stages.size(), 1u);

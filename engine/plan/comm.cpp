@@ -21,6 +21,7 @@ const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::control: return "loss, norm and stop flag";
     case CollectiveKind::lamb_norms: return "Lamb tensor norms";
+    case CollectiveKind::lamb_norms_tensor: return "Lamb tensor norms (tensor group)";
     case CollectiveKind::gradients: return "gradients";
     case CollectiveKind::updated_parameters: return "updated parameters";
     case CollectiveKind::parameters_forward: return "parameters (forward)";

@@ -24,6 +24,7 @@ const char* collective_op_name(CollectiveOp op);
 enum class CollectiveKind {
   control,                // the mean loss, the gradient norm and the stop flag, agreed each step
   lamb_norms,             // Lamb: each tensor's ||w|| and ||u|| summed over its parts
+  lamb_norms_tensor,      // Lamb with tensor parallelism: the same summed over the tensor group (a split tensor's parts)
   gradients,              // the gradient reduction
   updated_parameters,     // stages 1-2: every rank's updated part, after the optimizer
   parameters_forward,     // stage 3: a block gathered before its forward

@@ -270,6 +270,7 @@ std::vector<MeshCollective> mesh_collectives(const MeshTraffic& x) {
   if (x.tensor_all_reduces > 0) out.push_back({CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes});
   if (x.pipeline_sends > 0) out.push_back({CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes});
   if (x.tied_sends > 0) out.push_back({CollectiveKind::tied_embedding, x.tied_sends, x.tied_bytes});
+  if (x.lamb_all_reduces > 0) out.push_back({CollectiveKind::lamb_norms_tensor, x.lamb_all_reduces, x.lamb_bytes});
   return out;
 }
 
@@ -358,8 +359,9 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, int weight_bytes, bool checkpointing) {
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
+                        int grad_bytes, int weight_bytes, bool checkpointing, bool per_tensor_norms) {
+  const ModelHyper& h = model.hp;
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double boundary = tokens * static_cast<double>(h.hidden_size);  // one micro-batch's elements at one block boundary
@@ -382,6 +384,10 @@ void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch
           m * (static_cast<double>(big) * activation + (st.head ? static_cast<double>(2 * t + 1) * tokens * 4 : 0.0) +
                static_cast<double>(gains * h.head_dim() * grad_bytes));
       x.tensor_wire_bytes = ring * x.tensor_payload_bytes;
+      if (per_tensor_norms) {
+        x.lamb_all_reduces = 1;
+        x.lamb_bytes = ring * 2.0 * 8.0 * static_cast<double>(stage_tensors(model, plan, static_cast<int>(s)).size());
+      }
     }
     const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;

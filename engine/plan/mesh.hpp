@@ -97,7 +97,11 @@ struct MeshTraffic {
   // first, whose table steps on the sum, and the first sends the table's new weights back (each sends one).
   int64_t tied_sends = 0;
   double tied_bytes = 0;
-  double sent_bytes() const { return tensor_wire_bytes + pipeline_bytes + tied_bytes; }  // all of the above
+  // Lamb with tensor parallelism, once per step: every tensor's ||w||^2 and ||u||^2 (two fp64 values per tensor of
+  // the stage) all-reduced over the tensor group, so a split tensor's trust ratio is the whole tensor's.
+  int64_t lamb_all_reduces = 0;
+  double lamb_bytes = 0;  // sent per rank: ring
+  double sent_bytes() const { return tensor_wire_bytes + pipeline_bytes + tied_bytes + lamb_bytes; }  // all of the above
 };
 
 // A stage's MeshTraffic as the ledger counts it, one row per kind a rank of it sends (none for a kind it does not):
@@ -186,9 +190,10 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
 // Each stage's MeshTraffic at this micro batch and sequence length: `summed_bytes` per activation element an
 // all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the pipeline sends
-// as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient) sent as it is.
-void count_mesh_traffic(MeshPlan& plan, const ModelHyper& h, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, int weight_bytes, bool checkpointing);
+// as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient) sent as it is;
+// `per_tensor_norms`: the optimizer takes each tensor's norms (Lamb), summed over a tensor group once per step.
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
+                        int grad_bytes, int weight_bytes, bool checkpointing, bool per_tensor_norms);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

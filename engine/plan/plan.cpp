@@ -801,9 +801,9 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   lay_out_mesh(plan, stage);
   // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
   const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };
-  count_mesh_traffic(plan.mesh, model.hp, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
+  count_mesh_traffic(plan.mesh, model, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
-                     plan.activation_checkpointing);
+                     plan.activation_checkpointing, plan.optimizer.per_tensor_update());
   note_mesh(plan);
   if (plan.execution.gathers)
     record_block_gathers(plan.mesh.heaviest_stage >= 0 ? stage_share(plan.model, plan.mesh, plan.mesh.heaviest_stage) : model, plan);

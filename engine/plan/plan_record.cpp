@@ -297,7 +297,8 @@ json mesh_json(const Plan& p) {
     st["traffic_per_rank_per_step"] = {{"tensor_all_reduces", x.tensor_all_reduces}, {"tensor_payload_bytes", x.tensor_payload_bytes},
                                        {"tensor_wire_bytes", x.tensor_wire_bytes}, {"pipeline_sends", x.pipeline_sends},
                                        {"pipeline_bytes", x.pipeline_bytes}, {"tied_sends", x.tied_sends},
-                                       {"tied_bytes", x.tied_bytes}, {"zero_wire_bytes", s.zero_wire_bytes}};
+                                       {"tied_bytes", x.tied_bytes}, {"lamb_all_reduces", x.lamb_all_reduces},
+                                       {"lamb_bytes", x.lamb_bytes}, {"zero_wire_bytes", s.zero_wire_bytes}};
     stages.push_back(st);
   }
   j["stages"] = stages;

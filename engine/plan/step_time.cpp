@@ -114,6 +114,9 @@ void mesh_rows(const Plan& p, StepTime& t) {
   if (x.tied_sends > 0)
     if (const auto l = link_of(p, MeshAxis::pipeline, t.missing))
       add_row(t, "tied embeddings", *l, StepPhase::between, x.tied_bytes, static_cast<double>(x.tied_sends));
+  if (x.lamb_all_reduces > 0)
+    if (const auto l = link_of(p, MeshAxis::tensor, t.missing))
+      add_row(t, "Lamb norms (tensor group)", *l, StepPhase::between, x.lamb_bytes, static_cast<double>(x.lamb_all_reduces));
 }
 
 // Within each phase, what can hide hides up to the phase's compute: all but each collective's first call of a

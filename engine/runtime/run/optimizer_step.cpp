@@ -142,31 +142,41 @@ torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T
 }
 
 OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                             Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper, ParamSwapper* param_swap)
+                             const MeshGroups& groups, LossScaler& scaler, OptimizerSwapper* swapper, ParamSwapper* param_swap)
     : plan_(plan),
       flat_(flat),
       device_(*flat.device),
       zero_(zero),
       model_(model),
       sampler_(sampler),
-      comm_(comm),
+      comm_(groups.world),
       scaler_(scaler),
       schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
       optimizer_(plan.optimizer, plan.layout, flat.rank),
       swapper_(swapper),
       param_swap_(param_swap) {
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
-    const int tensor_rank = comm ? mesh_coord(plan.mesh.shape, comm->rank()).tensor : 0;
+    const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
     for (const StageTensor& t : stage_tensors(plan.model, plan.mesh, own_stage(plan))) {
       const bool whole_on_each = plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, plan.model.tensors[static_cast<size_t>(t.whole)]) == TensorSplit::whole;
       counted_params_.push_back(!t.tied_copy && (!whole_on_each || tensor_rank == 0) ? 1 : 0);
+      held_whole_elsewhere_.push_back(whole_on_each && tensor_rank != 0 ? 1 : 0);
     }
   }
   DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
-  // Lamb under ZeRO: each tensor's norms summed over the ranks that hold its parts (its data group's; a
-  // pipeline stage holds its tensors whole).
-  if (plan.optimizer.per_tensor_update()) sum_over_ranks_ = [&zero](double* v, size_t n) { zero.sum_over_partitions(v, n); };
+  // Lamb: each tensor's norms summed over the ranks that hold its parts: the data group's partitions under ZeRO,
+  // then a tensor group's slices (a tensor every tensor rank holds whole counts once: tensor rank 0's). A
+  // pipeline stage holds its tensors whole.
+  if (plan.optimizer.per_tensor_update())
+    sum_over_ranks_ = [this, &zero, tensor = groups.tensor.get()](double* v, size_t n) {
+      zero.sum_over_partitions(v, n);
+      if (!tensor) return;
+      DS_CHECK(2 * held_whole_elsewhere_.size() == n, "Lamb's norms are two a parameter of the rank's layout");
+      for (size_t p = 0; p < held_whole_elsewhere_.size(); ++p)
+        if (held_whole_elsewhere_[p]) v[2 * p] = v[2 * p + 1] = 0;
+      tensor->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms_tensor);
+    };
   if (flat.partial()) {  // the kept part: its own states on the device, the gradients and weights from element `offloaded` on
     const int64_t at = flat.offloaded;
     kept_.master = flat.kept_master.data_ptr<float>();

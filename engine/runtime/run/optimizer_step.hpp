@@ -17,6 +17,7 @@
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/run/loss_scaler.hpp"
 #include "engine/runtime/run/lr_schedule.hpp"
+#include "engine/runtime/run/mesh_groups.hpp"
 #include "engine/runtime/io/nvme_swap.hpp"
 #include "engine/runtime/run/optimizer.hpp"
 #include "engine/runtime/run/pipeline.hpp"
@@ -43,10 +44,10 @@ struct StepOutcome {
 
 class OptimizerStep {
  public:
-  // `comm` null on one rank; `swapper` null unless the optimizer's states are on NVMe, `param_swap` unless
+  // `groups.world` null on one rank; `swapper` null unless the optimizer's states are on NVMe, `param_swap` unless
   // the parameters are (stage 3). Everything is borrowed and must outlive this object.
   OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
-                Communicator* comm, LossScaler& scaler, OptimizerSwapper* swapper = nullptr, ParamSwapper* param_swap = nullptr);
+                const MeshGroups& groups, LossScaler& scaler, OptimizerSwapper* swapper = nullptr, ParamSwapper* param_swap = nullptr);
 
   // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
   // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
@@ -125,6 +126,9 @@ class OptimizerStep {
   LrSchedule schedule_;
   FlatOptimizer optimizer_;
   SumOverRanks sum_over_ranks_;
+  // A split model, per parameter of this rank's layout: 1 where another tensor rank's copy of a tensor every
+  // tensor rank holds whole is the one counted (Lamb's norms).
+  std::vector<uint8_t> held_whole_elsewhere_;
   OptimizerBuffers buffers_;
   OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
   // Whether the optimizer's kernel writes the 16-bit weights as it steps the states at `states` (bf16, the

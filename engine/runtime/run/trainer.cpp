@@ -252,7 +252,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     model_->set_block_hooks(zero_.get());
   }
   scaler_ = std::make_unique<LossScaler>(plan.precision.loss_scaling);
-  stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, comm, *scaler_, swapper_.get(), param_swap_.get());
+  stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, groups_, *scaler_, swapper_.get(), param_swap_.get());
   if (plan.mesh.shape.pipeline > 1) {
     pipeline_ = std::make_unique<PipelineStageRunner>(
         *model_, groups_.pipeline.get(), static_cast<int>(plan.batch.grad_accum),
