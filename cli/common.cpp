@@ -160,7 +160,7 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
       ->check(CLI::Range(0, 1 << 16));
   sub->add_option("overrides", a.overrides,
                   "key.sub=value sets any config key (value parsed as JSON, else a string); ~key.sub removes one");
-  sub->add_option("--world-size", a.world_size, "data-parallel ranks to plan for (default: WORLD_SIZE, else 1)")
+  sub->add_option("--world-size", a.world_size, "ranks to plan for, every rank of the mesh (data x tensor x pipeline; default: WORLD_SIZE, else 1)")
       ->check(CLI::Range(1, kMaxWorldSize));
   add_ranks_per_node_flag(sub, a.nproc_per_node, "ranks (GPUs, or CPU processes) per node");
   add_nodes_flag(sub, a.nnodes);

@@ -49,7 +49,8 @@ int print_info(const WeightSource& src, bool as_json) {
     j["num_params"] = params;
     if (src.kind() == WeightsKind::ds_checkpoint) {
       j["step"] = src.step;
-      j["world_size"] = src.world_size;  // the data-parallel ranks (all of them without tensor parallelism)
+      j["world_size"] = src.world_size * src.tensor_parallel * src.pipeline_stages;  // every rank that wrote it
+      j["data_parallel"] = src.world_size;
       j["tensor_parallel"] = src.tensor_parallel;
       j["pipeline_stages"] = src.pipeline_stages;
       j["zero_stage"] = src.zero_stage;
@@ -260,12 +261,19 @@ std::vector<std::string> reshard_overrides(const PlanRecord& plan, int world, in
   while (global % (micro * world) != 0) --micro;
   if (micro != was_micro)
     *note = "the global batch of " + std::to_string(global) + " kept on " + std::to_string(world) + " ranks with micro batch " +
-            std::to_string(micro) + " (the run had " + std::to_string(was_micro) + "): resume with train_micro_batch_size_per_gpu=" +
-            std::to_string(micro);
+            std::to_string(micro) + " (the run had " + std::to_string(was_micro) + ")";
   o.push_back("train_batch_size=" + std::to_string(global));
   o.push_back("train_micro_batch_size_per_gpu=" + std::to_string(micro));
   o.push_back("gradient_accumulation_steps=" + std::to_string(global / (micro * world)));
   return o;
+}
+
+// The overrides that shaped the resharded run, as the resume command gives them: the run's own config still names its
+// mesh and batch, which the new world size may not take (a pipeline's checkpoint resharded for data ranks alone).
+std::string resume_overrides(const std::vector<std::string>& overrides) {
+  std::string out;
+  for (const std::string& o : overrides) out += " " + (o.find_first_of(" '\"") == std::string::npos ? o : "'" + o + "'");
+  return out;
 }
 
 }  // namespace
@@ -370,8 +378,8 @@ int reshard_ds(const WeightSource& src, const ConvertArgs& a) {
   std::cerr << "ds convert-ckpt: " << src.path() << " (step " << src.step << ", ZeRO stage " << src.zero_stage << " on "
             << saved_by(src) << ") -> " << saved.path << " (ZeRO stage " << stage
             << " on " << world << (world == 1 ? " rank" : " ranks") << (sharded ? ", one shard per rank" : ", one file") << ")\n"
-            << "  resume it: ds train CONFIG train.output_dir=" << a.dst << " zero_optimization.stage=" << stage
-            << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "") << " --resume\n";
+            << "  resume it: ds train CONFIG" << resume_overrides(shape) << (world > 1 ? " --nproc-per-node " + std::to_string(world) : "")
+            << " --resume\n";
   if (!batch_note.empty()) std::cerr << "  " << batch_note << "\n";
   return kExitOk;
 }

@@ -65,9 +65,9 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
     overrides.push_back(std::string("bf16.enabled=") + (dtype == "bf16" ? "true" : "false"));
     overrides.push_back(std::string("fp16.enabled=") + (dtype == "fp16" ? "true" : "false"));
   }
-  // Batch keys given in the file would be checked against --gpus x --nodes; only the micro batch matters here.
-  for (const char* k : {"train_batch_size", "gradient_accumulation_steps"})
-    if (has(k)) overrides.push_back(std::string("~") + k);
+  // A global batch given in the file would be checked against --gpus x --nodes; the micro batch and the
+  // accumulation (a pipeline's micro-batches in flight) are kept.
+  if (has("train_batch_size")) overrides.push_back("~train_batch_size");
   // Present offload blocks (device none) get the schema's defaults (buffer counts, pinning), which the
   // rows that switch offload on then use.
   for (const char* block : {"offload_optimizer", "offload_param"})
@@ -77,8 +77,9 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   if (a.pp > 0) overrides.push_back("pipeline.stages=" + std::to_string(a.pp));
   Config c = load_config_text(text, a.model.empty() ? "--params" : a.model, overrides);
   if (!c.train_micro_batch_size_per_gpu) c.train_micro_batch_size_per_gpu = 1;
-  // A pipeline runs as many micro-batches per step as it has stages: the fewest that keep every stage busy.
-  if (c.parallel.pipeline > 1) c.gradient_accumulation_steps = c.parallel.pipeline;
+  // A pipeline without the config's accumulation runs as many micro-batches per step as it has stages: the fewest
+  // that keep every stage busy.
+  if (c.parallel.pipeline > 1 && !c.gradient_accumulation_steps) c.gradient_accumulation_steps = c.parallel.pipeline;
   return c;
 }
 
@@ -164,8 +165,8 @@ Subcommand setup_estimate_memory(CLI::App& app) {
   sub->add_option("--tp", a->tp, "tensor-parallel size: each block's matrices split over this many GPUs of a node "
                                    "(tensor_parallel.autotp_size; rows are then the heaviest pipeline stage's GPU)")
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--pp", a->pp, "pipeline stages: the blocks cut into this many stages, as many micro-batches per step "
-                                   "(pipeline.stages; ZeRO stages 0-1 only)")
+  sub->add_option("--pp", a->pp, "pipeline stages: the blocks cut into this many stages, as many micro-batches per step unless "
+                                   "a config gives gradient_accumulation_steps (pipeline.stages; ZeRO stages 0-1 only)")
       ->check(CLI::Range(1, 1 << 20));
   add_hardware_flags(sub, a->hardware);
   sub->add_flag("--json", a->json, "print the table as JSON (with schema_version)");
@@ -460,7 +461,8 @@ void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
   if (base.parallel.tensor > 1 || base.parallel.pipeline > 1)
     o << "  mesh: tensor " << base.parallel.tensor << " x pipeline " << base.parallel.pipeline << " x data "
       << topo.world_size / (base.parallel.tensor * base.parallel.pipeline) << "; each row is a GPU of the heaviest pipeline stage"
-      << (base.parallel.pipeline > 1 ? ", " + std::to_string(base.parallel.pipeline) + " micro-batches per step; a pipeline takes ZeRO stages 0-1"
+      << (base.parallel.pipeline > 1 ? ", " + std::to_string(base.gradient_accumulation_steps.value_or(base.parallel.pipeline)) +
+                                         " micro-batches per step; a pipeline takes ZeRO stages 0-1"
                                      : std::string())
       << "\n";
   if (topo.device_memory_bytes > 0)

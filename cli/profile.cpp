@@ -17,6 +17,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/plan_record.hpp"
+#include "engine/plan/runnable.hpp"
 #include "cli/profile_report.hpp"
 #include "cli/launcher.hpp"
 #include "engine/runtime/run/runtime_library.hpp"
@@ -71,6 +72,7 @@ int run_profile(const ProfileArgs& a) {
     const Plan& plan = compiled.plan;
     std::vector<json> parts;
     if (launcher) {
+      refuse_not_runnable(plan, not_yet_runnable(plan, /*profiling=*/true));  // what the ranks would refuse, before any starts
       LaunchSpec spec = rank_launch_spec(launch, args, part_dir + "/logs", compiled.config.train.comm_timeout_s);
       spec.args.push_back("--part-dir");
       spec.args.push_back(part_dir);

@@ -109,8 +109,9 @@ std::string batch_text(const Plan& p) {
          std::to_string(p.batch.world_size);
 }
 
+// In the order ds train's log and convert-ckpt name a mesh.
 std::string mesh_text(const MeshShape& m) {
-  return "data " + std::to_string(m.data) + " x tensor " + std::to_string(m.tensor) + " x pipeline " + std::to_string(m.pipeline);
+  return "tensor " + std::to_string(m.tensor) + " x pipeline " + std::to_string(m.pipeline) + " x data " + std::to_string(m.data);
 }
 
 std::string run_text(const Plan& p) {
@@ -516,9 +517,11 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     o << "  compute " << seconds_text(t.compute_s) << (p.activation_checkpointing ? " (the recomputed forward included)" : "") << " at " << t.rate_source
       << (t.bubble_s > 0 ? "; of it the pipeline bubble " + seconds_text(t.bubble_s) : std::string()) << "\n";
   if (t.comm_known && !t.collectives.empty()) {
-    o << "  " << pad("collective", 34) << pad("link", 28) << pad("overlaps", 10) << lpad("time", 10) << lpad("hidden", 10) << "\n";
+    size_t what_w = 34, link_w = 28;  // wider where a name is (a link across nodes names its NICs)
+    for (const CollectiveTime& c : t.collectives) what_w = std::max(what_w, c.what.size() + 2), link_w = std::max(link_w, c.link.size() + 2);
+    o << "  " << pad("collective", what_w) << pad("link", link_w) << pad("overlaps", 10) << lpad("time", 10) << lpad("hidden", 10) << "\n";
     for (const CollectiveTime& c : t.collectives)
-      o << "  " << pad(c.what, 34) << pad(c.link, 28) << pad(c.phase == StepPhase::between ? "-" : step_phase_name(c.phase), 10)
+      o << "  " << pad(c.what, what_w) << pad(c.link, link_w) << pad(c.phase == StepPhase::between ? "-" : step_phase_name(c.phase), 10)
         << lpad(seconds_text(c.seconds), 10) << lpad(t.compute_known ? seconds_text(c.hidden_s) : "?", 10) << "\n";
     o << "  communication " << seconds_text(t.comm_s);
     if (t.compute_known)

@@ -13,6 +13,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -490,9 +491,23 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
   const auto was_kept = [&](const std::string& path) {
     return std::any_of(kept.values.begin(), kept.values.end(), [&](const auto& v) { return v.first == path; });
   };
+  const std::string then = read_checkpoint_text(checkpoint, "config_json");
+  // The same global batch cut another way (another world size or mesh needs another micro batch or accumulation)
+  // and the mesh and ZeRO stage themselves change how the run is laid out, not what it computes.
+  const auto batch_of = [](const std::string& text) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    return j.is_object() && j.contains("train_batch_size") ? j["train_batch_size"] : nlohmann::json();
+  };
+  const nlohmann::json batch = batch_of(then);
+  const bool same_batch = !batch.is_null() && batch == batch_of(resolved_config_json);
+  static const std::set<std::string> layout_keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization.stage",
+                                                    "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition",
+                                                    "pipeline.pipe_partitioned", "pipeline.grad_partitioned"};
   std::vector<std::string> changed;
-  for (const auto& p : json_differences(read_checkpoint_text(checkpoint, "config_json"), resolved_config_json))
-    if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p)) changed.push_back(p);
+  for (const auto& p : json_differences(then, resolved_config_json))
+    if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p) &&
+        !(same_batch && layout_keys.count(p)))
+      changed.push_back(p);
   return changed;
 }
 

@@ -421,6 +421,37 @@ TEST(CliOutside, ReshardingKeepsTheGlobalBatchAndRefusesWhatMakesNoSense) {
   EXPECT_EQ(nlohmann::json::parse(slurp(a + "-w4/plan.json"))["batch"]["train_batch_size"], 32);
 }
 
+// A pipeline's mistakes, each said once and before any rank starts (found by a new user's trial).
+TEST(CliOutside, APipelinesMistakesAreSaidOnceAndBeforeAnyRankStarts) {
+  // A world the mesh does not divide: one problem (the batch is not judged on a mesh that cannot be), with the
+  // sizes that would work.
+  for (const auto& [ranks, sizes] : {std::pair<std::string, std::string>{"1", "one of: 1"}, {"3", "one of: 1, 3"}}) {
+    Result r = ds("plan examples/pipeline-parallel.json --nproc-per-node " + ranks);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, ": 1 problem") && contains(r.err, "pipeline.stages") && contains(r.err, sizes)) << r.err;
+    EXPECT_FALSE(contains(r.err, "train_batch_size")) << r.err;
+  }
+  // Timing a pipeline's steps phase by phase is not done yet: ds plan says so, ds train and ds profile refuse it
+  // before starting any rank.
+  const std::string dir = fresh("pipeline_profiled");
+  Result r = ds("plan examples/pipeline-parallel.json --nproc-per-node 4 flops_profiler.enabled=true");
+  EXPECT_TRUE(contains(r.out, "NOT YET") && contains(r.out, "flops_profiler with pipeline stages")) << r.out << r.err;
+  r = ds("train examples/pipeline-parallel.json --nproc-per-node 4 flops_profiler.enabled=true train.output_dir=" + dir);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "flops_profiler with pipeline stages")) << r.err;
+  EXPECT_FALSE(contains(r.err, "starting 4")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
+  r = ds("profile examples/pipeline-parallel.json --nproc-per-node 4 --steps 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "ds profile and the flops_profiler with pipeline stages")) << r.err;
+  EXPECT_FALSE(contains(r.err, "starting 4")) << r.err;
+  // DeepSpeed's pipe_partitioned defaults to true; ds sends activations whole: setting true is what has no effect.
+  r = ds("plan examples/pipeline-parallel.json --nproc-per-node 4 pipeline.pipe_partitioned=true");
+  EXPECT_TRUE(contains(r.err, "pipeline.pipe_partitioned: ignored")) << r.err;
+  r = ds("plan examples/pipeline-parallel.json --nproc-per-node 4 pipeline.pipe_partitioned=false");
+  EXPECT_FALSE(contains(r.err, "pipe_partitioned")) << r.err;
+}
+
 // 2b. A flipped bit in a checkpoint's plan is named as corruption, not reported as a JSON error.
 TEST(CliOutside, AFlippedBitInTheStoredPlanIsCorruptionNotAJsonError) {
   const std::string a = fresh("bitflip");

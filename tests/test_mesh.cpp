@@ -207,6 +207,14 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   EXPECT_EQ(p.batch.train_batch_size, 2 * 4 * 2);
   ASSERT_EQ(p.mesh.stages.size(), 2u);
   EXPECT_DOUBLE_EQ(p.mesh.bubble, 1.0 / 5.0);
+  // Fewer micro-batches than stages is said: half of each step idle with one micro-batch through two stages.
+  const auto bubble_warning = [](const Plan& plan) {
+    for (const ConfigIssue& w : plan.warnings)
+      if (w.path == "gradient_accumulation_steps") return w.message;
+    return std::string();
+  };
+  EXPECT_EQ(bubble_warning(p), "");
+  EXPECT_NE(bubble_warning(test::plan_of(cfg, 8, 0, {"gradient_accumulation_steps=1"})).find("50.0% of each step"), std::string::npos);
   // Tensor x pipeline parallel trains (ZeRO 0-1: a pipeline at stage 2-3 is the plan's error); with what it does
   // not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1"})).empty());

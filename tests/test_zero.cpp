@@ -508,6 +508,27 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
   Result info = cli_test::ds("convert-ckpt --info " + scratch_dir() + "/pp_t2p2d2");
   ASSERT_EQ(info.code, 0) << info.err;
   EXPECT_TRUE(contains(info.out, "saved by    8 ranks (tensor 2 x pipeline 2 x data 2) at ZeRO stage 1")) << info.out;
+  info = cli_test::ds("convert-ckpt --info --json " + scratch_dir() + "/pp_t2p2d2");
+  ASSERT_EQ(info.code, 0) << info.err;
+  const json saved = json::parse(info.out);
+  EXPECT_EQ(saved["world_size"], 8);
+  EXPECT_EQ(saved["data_parallel"], 2);
+  // Resharded for 2 data ranks, the command it prints resumes it from the run's own config (which names its mesh
+  // and batch shape): the overrides it gives are all the new shape needs.
+  const std::string two = scratch_dir() + "/pp_resharded2";
+  Result c = cli_test::ds("convert-ckpt " + scratch_dir() + "/pp_t2p2d2/checkpoints/step_00000005 " + two + " --world-size 2");
+  ASSERT_EQ(c.code, 0) << c.err;
+  const size_t at = c.err.find("resume it: ds train CONFIG ");
+  ASSERT_NE(at, std::string::npos) << c.err;
+  const std::string resume = c.err.substr(at + 27, c.err.find('\n', at) - at - 27);
+  for (const char* o : {"pipeline.stages=1", "tensor_parallel.autotp_size=1", "train_batch_size=24", "--nproc-per-node 2", "--resume"})
+    EXPECT_TRUE(contains(resume, o)) << resume;
+  c = cli_test::ds(kRun + meshes[2].shape.substr(0, meshes[2].shape.find("--nproc")) + "pipeline.stages=2 tensor_parallel.autotp_size=2 "
+                   "train.steps=10 " + resume);
+  ASSERT_EQ(c.code, 0) << c.err;
+  const auto continued = losses_of(two);
+  ASSERT_EQ(continued.size(), 5u);
+  for (size_t i = 0; i < continued.size(); ++i) EXPECT_NEAR(continued[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
   // The 2 x 2 x 2 mesh's step-5 checkpoint resumed on one rank, and on pipeline 2 x data 2 at ZeRO stage 0: steps 6-10
   // are the one-rank run's.
   for (const std::string& shape_then : {shape(1), std::string("train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 "
@@ -517,6 +538,12 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
     Result r = cli_test::ds(kRun + shape_then + "train.steps=10 train.output_dir=" + resumed + " train.resume=" + scratch_dir() +
                             "/pp_t2p2d2/checkpoints/step_00000005");
     ASSERT_EQ(r.code, 0) << r.err;
+    // The same global batch on another mesh: its micro batch and mesh keys changed, not the run (only
+    // train.save_every, which this resume leaves out, is a change to report).
+    const size_t said = r.err.find("the config differs from the checkpoint's at: ");
+    const std::string changes = said == std::string::npos ? "" : r.err.substr(said, r.err.find('\n', said) - said);
+    for (const char* key : {"train_micro_batch_size_per_gpu", "pipeline.stages", "tensor_parallel", "zero_optimization.stage"})
+      EXPECT_FALSE(contains(changes, key)) << changes;
     const auto losses = losses_of(resumed);
     ASSERT_EQ(losses.size(), 5u);
     for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;

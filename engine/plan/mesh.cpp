@@ -404,12 +404,18 @@ bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIs
   if (split <= world_size && world_size % split == 0) return true;
   // The key to change: the tensor size when it alone does not divide the world, else the pipeline's.
   const bool tensor_alone = r.tensor > world_size || world_size % r.tensor != 0;
-  errors.push_back({tensor_alone ? "tensor_parallel.autotp_size" : "pipeline.stages",
+  // The sizes of that key the world takes (with the other size kept): the divisors of what is left of the world.
+  const int left = tensor_alone ? world_size : world_size / r.tensor;
+  std::string sizes;
+  for (int d = 1; d <= left; ++d)
+    if (left % d == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
+  const std::string key = tensor_alone ? "tensor_parallel.autotp_size" : "pipeline.stages";
+  errors.push_back({key,
                     "the " + std::to_string(world_size) + (world_size == 1 ? " rank does" : " ranks do") + " not split into tensor " +
                         std::to_string(r.tensor) + " x pipeline " + std::to_string(r.pipeline) +
                         " groups (their product must divide the world size)",
-                    "launch a multiple of " + std::to_string(split) + " ranks, or change the sizes (" +
-                        (tensor_alone ? "tensor_parallel.autotp_size=1" : "pipeline.stages=1") + ": none)"});
+                    "launch a multiple of " + std::to_string(split) + " ranks, or set " + key +
+                        (tensor_alone || r.tensor == 1 ? "" : " (with tensor " + std::to_string(r.tensor) + ")") + " to one of: " + sizes});
   return false;
 }
 

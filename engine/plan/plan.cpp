@@ -760,6 +760,15 @@ void note_mesh(Plan& plan) {
                                      "buffers and collectives below are data parallelism's, each rank with the whole model",
                              "ds train refuses a split model with LoRA or frozen tensors yet"});
   // (otherwise ds plan's mesh table says what a rank of each stage holds and sends, and which stage the memory below is)
+  // Fewer micro-batches than stages: most of each step, most stages wait. 4 (p - 1) keeps the bubble at 20%.
+  const int p = m.shape.pipeline;
+  if (plan.has_model && p > 1 && m.micro_batches < p)
+    plan.warnings.push_back({"gradient_accumulation_steps",
+                             std::to_string(m.micro_batches) + (m.micro_batches == 1 ? " micro-batch" : " micro-batches") + " per step through " +
+                                 std::to_string(p) + " pipeline stages: " + format_fixed(100 * m.bubble, 1) +
+                                 "% of each step is the pipeline's bubble, each stage idle",
+                             "raise gradient_accumulation_steps (the micro-batches in flight; " + std::to_string(4 * (p - 1)) +
+                                 " keep the bubble at 20% or less) and lower train_micro_batch_size_per_gpu to keep the global batch"});
 }
 
 }  // namespace
@@ -783,8 +792,11 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   BatchInputs bi = batch_inputs(c, topo, plan.mesh.shape);
   // The mesh's stages before any choice made by memory, which then judges a rank of the heaviest stage; the
   // micro-batches in flight follow the accumulation once it is resolved.
+  const size_t before_mesh = errors.size();
   plan.mesh = plan_mesh(model, mesh_request(c), topo.world_size, topo.ranks_per_node,
                         static_cast<int>(c.gradient_accumulation_steps.value_or(1)), errors);
+  // A mesh the world or the model cannot take: the batch and memory below would count its ranks wrongly.
+  if (errors.size() > before_mesh) throw ConfigError(c.source, errors);
   const MemoryChoice memory{plan, topo, device_budget_of(topo)};
   const int stage = choose_stage(c, memory, plan, errors);
   resolve_reduction(c.zero, stage, topo, plan);
@@ -848,7 +860,7 @@ Plan compile_plan_without_model(const Config& c, const Topology& topo) {
   plan.zero.overlap_comm = c.zero.overlap_comm.value_or(stage == 3);
   if (stage >= 0) check_zero(c, plan.optimizer, stage, errors, plan.warnings, plan.zero);
   plan.mesh.shape = mesh_shape_of(c, topo);
-  check_mesh_world(mesh_request(c), topo.world_size, errors);
+  if (!check_mesh_world(mesh_request(c), topo.world_size, errors)) throw ConfigError(c.source, errors);
   const BatchInputs bi = batch_inputs(c, topo, plan.mesh.shape);
   if (!(c.micro_batch_auto && !c.train_batch_size)) resolve_batch_into(bi, plan, errors);
   if (!errors.empty()) throw ConfigError(c.source, errors);

@@ -5,7 +5,24 @@
 
 namespace ds {
 
-std::vector<std::string> not_yet_runnable(const Plan& plan) {
+namespace {
+
+// What keeps ds from measuring a step of this plan phase by phase (ds profile, the flops_profiler block).
+std::vector<std::string> profiling_refusals(const Plan& plan) {
+  std::vector<std::string> why;
+  // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
+  if (!plan.topology.device_traits().memory_is_host)
+    why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
+                  "each step's tokens/s and TFLOP/s there");
+  if (plan.mesh.shape.pipeline > 1)
+    why.push_back("ds profile and the flops_profiler with pipeline stages (their block and phase times would be one stage's, idle "
+                  "waits included): ds train prints each step's tokens/s, and each rank's log its stage's memory beside the plan's");
+  return why;
+}
+
+}  // namespace
+
+std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
   std::vector<std::string> why = device_refusals(plan);
   if (plan.has_model && plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings)
     why.push_back("an untied gpt2 output head");
@@ -24,6 +41,8 @@ std::vector<std::string> not_yet_runnable(const Plan& plan) {
     // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }
   if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
+  if (profiling || plan.run.flops_profiler.enabled)
+    for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));
   return why;
 }
 

@@ -12,7 +12,8 @@
 namespace ds {
 
 // Empty when ds trains this plan (on a build that has its device, when the topology does not carry the build).
-std::vector<std::string> not_yet_runnable(const Plan& plan);
+// `profiling` (ds profile) or the flops_profiler on: what keeps ds from timing a step phase by phase too.
+std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling = false);
 
 // Throws the UserError that lists `why` (not_yet_runnable's, with a caller's own), with the way out: --device cpu
 // where only the GPU path is missing. Nothing when `why` is empty. ds train's ranks and its launcher (before it

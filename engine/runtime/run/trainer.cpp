@@ -765,15 +765,7 @@ void TrainingRun::loop() {
 TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm, Device* device) {
   // The plan's own answer: what the build lacks on its device (when the topology carries the build), what ds
   // cannot do there yet. The machine (a GPU the driver shows) is the device's to say when it is created.
-  std::vector<std::string> why = not_yet_runnable(plan);
-  // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
-  if (!plan.topology.device_traits().memory_is_host && keeps_step_measurements(plan, opt))
-    why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
-                  "each step's tokens/s and TFLOP/s there");
-  if (plan.mesh.shape.pipeline > 1 && keeps_step_measurements(plan, opt))
-    why.push_back("ds profile and the flops_profiler with pipeline stages (their block and phase times are one stage's, idle "
-                  "waits included): ds train prints each step's tokens/s");
-  refuse_not_runnable(plan, why);
+  refuse_not_runnable(plan, not_yet_runnable(plan, opt.profile));
   // Ctrl-C and SIGTERM are taken from the start: while starting they end one process at the next stop
   // point; once training, after the current step with a checkpoint.
   struct Starting {  // until the loop begins, however train() ends
