@@ -503,6 +503,14 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
       if (c["what"] == "loss, norm and stop flag") planned += c["wire_bytes_per_rank_per_step"].get<double>();
     for (const json& x : metrics_of(dir)) EXPECT_NEAR(x["comm_bytes"].get<double>(), planned, 1.0) << "step " << x["step"];
     EXPECT_TRUE(contains(log, "pipeline activations: 3.0 calls")) << log;  // the run report's row beside the plan's
+    // The stage's measured idle share beside the plan's bubble (p 2, m 3: 25%): a share of the step, whatever the machine.
+    const std::string said = "stage 0 waited for the other stages (their activations, gradients, the step's end) ";
+    const size_t waited = log.find(said);
+    ASSERT_NE(waited, std::string::npos) << log;
+    const double share = std::strtod(log.c_str() + waited + said.size(), nullptr);
+    EXPECT_GE(share, 0.0);
+    EXPECT_LE(share, 100.0);
+    EXPECT_TRUE(contains(log, "the plan's bubble: 25.0%, (p - 1) / (m + p - 1) with p 2, m 3")) << log;
     expect_state_and_export(dir, base_state, one);
   }
   Result info = cli_test::ds("convert-ckpt --info " + scratch_dir() + "/pp_t2p2d2");

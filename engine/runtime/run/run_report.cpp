@@ -325,6 +325,14 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     comm_s += d.seconds;
   }
   result_.comm_bytes.push_back(comm_bytes);
+  if (p.mesh.shape.pipeline > 1 && step_s > 0) {
+    // Idle: the receives' waits (a send returns at once), the tied table's exchange and the step's agreement, which a
+    // stage that finished first waits in for the others (the last stage ends its backwards before the first does).
+    double waited = 0;
+    for (CollectiveKind kind : {CollectiveKind::pipeline_activations, CollectiveKind::tied_embedding, CollectiveKind::control})
+      if (const auto it = step_comm_.find(kind); it != step_comm_.end()) waited += it->second.seconds;
+    pipeline_waits_.push_back(waited / step_s);
+  }
   const double peak = peak_resident_bytes();
   track_peak(peak);
   if (keeps_step_measurements(p, opt_)) {
@@ -433,6 +441,16 @@ void RunReport::finish() {
                           // Memory this process freed before the run (an earlier run in it) was reused: no growth to show.
                           : "no growth for training (it reused memory this process had freed before it; the plan's " +
                                 format_bytes(predicted) + ")"));
+  // A pipeline stage's idle time beside the plan's bubble, the first step left out.
+  if (pipeline_waits_.size() > 1) {
+    std::vector<double> later(pipeline_waits_.begin() + 1, pipeline_waits_.end());
+    std::nth_element(later.begin(), later.begin() + static_cast<std::ptrdiff_t>(later.size() / 2), later.end());
+    const MeshPlan& m = p.mesh;
+    log_.note("ds train: stage " + std::to_string(own_stage(p)) + " waited for the other stages (their activations, gradients, the step's end) " +
+              format_fixed(100 * later[later.size() / 2], 1) + "% of a step (the median after the first; the plan's bubble: " +
+              format_fixed(100 * m.bubble, 1) + "%, (p - 1) / (m + p - 1) with p " + std::to_string(m.shape.pipeline) + ", m " +
+              std::to_string(m.micro_batches) + "; more is the stages' uneven work or the link)");
+  }
   // The plan's predicted step beside the measured one (its first step left out: warm-up), where the plan knew the rates.
   if (p.step_time.step_known() && r.step_seconds.size() > 1) {
     std::vector<double> later(r.step_seconds.begin() + 1, r.step_seconds.end());

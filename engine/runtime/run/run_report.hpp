@@ -87,6 +87,7 @@ class RunReport {
   double smoothed_flops_ = 0;   // the same average of the steps' model FLOPs (fewer where masked rows skip the head)
   bool ranks_ = false;  // several ranks: collectives are reported
   CommLedger comm_before_, step_comm_, comm_total_;  // before this step, this step's, summed over the run's steps
+  std::vector<double> pipeline_waits_;  // a pipeline stage: per step, the share of it spent waiting for the other stages
   // The code and file pages at the highest peak seen so far (read when the peak rises): the code that first
   // runs or is generated in the first steps and a mapped token file are in the peak but are not training's memory.
   void track_peak(double peak);
