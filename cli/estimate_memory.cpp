@@ -72,6 +72,8 @@ Config base_config(const EstimateMemoryArgs& a, std::string* model_note) {
   // rows that switch offload on then use.
   for (const char* block : {"offload_optimizer", "offload_param"})
     overrides.push_back(std::string("zero_optimization.") + block + ".device=none");
+  // What is estimated is memory: a profiler the config turns on is not what is being chosen (nor refused with it).
+  overrides.push_back("flops_profiler.enabled=false");
   // --tp / --pp: the mesh (else the config's).
   if (a.tp > 0) overrides.push_back("tensor_parallel.autotp_size=" + std::to_string(a.tp));
   if (a.pp > 0) overrides.push_back("pipeline.stages=" + std::to_string(a.pp));

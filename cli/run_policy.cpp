@@ -501,12 +501,13 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
   const nlohmann::json batch = batch_of(then);
   const bool same_batch = !batch.is_null() && batch == batch_of(resolved_config_json);
   static const std::set<std::string> layout_keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization.stage",
-                                                    "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition",
-                                                    "pipeline.pipe_partitioned", "pipeline.grad_partitioned"};
+                                                    "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition"};
+  // Keys ds does not act on (their defaults changed once to say what ds does).
+  static const std::set<std::string> no_effect = {"pipeline.pipe_partitioned", "pipeline.grad_partitioned"};
   std::vector<std::string> changed;
   for (const auto& p : json_differences(then, resolved_config_json))
     if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p) &&
-        !(same_batch && layout_keys.count(p)))
+        !(same_batch && layout_keys.count(p)) && !no_effect.count(p))
       changed.push_back(p);
   return changed;
 }

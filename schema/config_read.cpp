@@ -366,9 +366,9 @@ void read_parallel(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   c.parallel.pipeline = stages.is_number() ? static_cast<int>(stages.get<int64_t>()) : 1;
   c.parallel.partition = at(p, "partition").get<std::string>();
   const std::string& how = c.parallel.partition;
-  if (how != "parameters" && how != "uniform" && how != "best" && how.rfind("type:", 0) != 0)
+  if (how != "parameters" && how != "uniform" && how != "best" && how != "memory" && how.rfind("type:", 0) != 0)
     errors.push_back({"pipeline.partition", "'" + how + "' is no way ds knows to cut the blocks into stages",
-                      "parameters (balanced; \"best\" too) or uniform (\"type:...\" too)"});
+                      "parameters (balanced; \"best\" too), uniform (\"type:...\" too) or memory (the heaviest stage's memory least)"});
 }
 
 }  // namespace

@@ -341,6 +341,39 @@ TEST(PlanMesh, EachStagesRankIsLaidOutByThePlansMemoryModel) {
   EXPECT_EQ(lora.mesh.heaviest_stage, -1);
 }
 
+TEST(PlanMesh, AMemoryCutMakesTheHeaviestStageTheLeastOfEveryCut) {
+  // 8 blocks on 4 stages with 8 micro-batches: the first stage holds 4 micro-batches' activations, the last 1 (and
+  // the head's copy of the table), so balancing parameters leaves the first stages heaviest.
+  const std::string cfg = R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8, "bf16": {"enabled": true},
+                              "model": {"preset": "gpt2-tiny", "num_layers": 8}, "data": {"seq_len": 64},
+                              "pipeline": {"stages": 4}})";
+  const Plan by_memory = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory"});
+  const Plan by_parameters = test::plan_of(cfg, 4, 0);
+  const auto heaviest = [](const Plan& p) { return p.mesh.stages[static_cast<size_t>(p.mesh.heaviest_stage)].memory.device.total(); };
+  std::vector<int> cut;
+  for (const PipelineStage& st : by_memory.mesh.stages) cut.push_back(st.blocks);
+  // The mesh table's figures are the cut's.
+  const std::vector<double> mine = stage_device_bytes(by_memory, cut);
+  for (size_t s = 0; s < cut.size(); ++s) EXPECT_DOUBLE_EQ(mine[s], by_memory.mesh.stages[s].memory.device.total()) << "stage " << s;
+  // Every cut of 8 blocks into 4 stages: none has a lighter heaviest stage.
+  double least = 0;
+  std::vector<int> best;
+  for (int a = 1; a <= 5; ++a)
+    for (int b = 1; a + b <= 6; ++b)
+      for (int c = 1; a + b + c <= 7; ++c) {
+        const std::vector<int> any{a, b, c, 8 - a - b - c};
+        const std::vector<double> bytes = stage_device_bytes(by_memory, any);
+        const double most = *std::max_element(bytes.begin(), bytes.end());
+        if (best.empty() || most < least) least = most, best = any;
+      }
+  EXPECT_DOUBLE_EQ(heaviest(by_memory), least) << "the least is cut " << best[0] << "/" << best[1] << "/" << best[2] << "/" << best[3];
+  EXPECT_LT(heaviest(by_memory), heaviest(by_parameters));
+  EXPECT_GT(cut.back(), cut.front());  // the first stage holds the most activations: it takes fewer blocks
+  // With LoRA the stages' memory is not planned: cut by parameters, said.
+  const Plan lora = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", "model.lora={\"r\": 4}"});
+  EXPECT_TRUE(std::any_of(lora.warnings.begin(), lora.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
+}
+
 TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) {
   const std::string cfg = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "bf16": {"enabled": true},
                               "model": {"preset": "gpt2-tiny", "num_layers": 4}, "data": {"seq_len": 32},

@@ -507,7 +507,9 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
     const std::string said = "stage 0 waited for the other stages (their activations, gradients, the step's end) ";
     const size_t waited = log.find(said);
     ASSERT_NE(waited, std::string::npos) << log;
-    const double share = std::strtod(log.c_str() + waited + said.size(), nullptr);
+    char* end = nullptr;
+    const double share = std::strtod(log.c_str() + waited + said.size(), &end);
+    EXPECT_EQ(*end, '%') << log.substr(waited, 200);
     EXPECT_GE(share, 0.0);
     EXPECT_LE(share, 100.0);
     EXPECT_TRUE(contains(log, "the plan's bubble: 25.0%, (p - 1) / (m + p - 1) with p 2, m 3")) << log;
@@ -549,7 +551,9 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
     // The same global batch on another mesh: its micro batch and mesh keys changed, not the run (only
     // train.save_every, which this resume leaves out, is a change to report).
     const size_t said = r.err.find("the config differs from the checkpoint's at: ");
-    const std::string changes = said == std::string::npos ? "" : r.err.substr(said, r.err.find('\n', said) - said);
+    ASSERT_NE(said, std::string::npos) << r.err;
+    const std::string changes = r.err.substr(said, r.err.find('\n', said) - said);
+    EXPECT_TRUE(contains(changes, "train.save_every")) << changes;
     for (const char* key : {"train_micro_batch_size_per_gpu", "pipeline.stages", "tensor_parallel", "zero_optimization.stage"})
       EXPECT_FALSE(contains(changes, key)) << changes;
     const auto losses = losses_of(resumed);

@@ -123,7 +123,8 @@ Config with_mesh(const Config& base, int tensor, int pipeline, bool activation_c
   cfg.zero.offload_optimizer.device = cfg.zero.offload_param.device = OffloadDevice::none;
   cfg.model.activation_checkpointing = activation_checkpointing;
   cfg.train_batch_size.reset();
-  cfg.gradient_accumulation_steps = pipeline;
+  // The config's micro-batches per step, else as many as stages (the fewest that keep every stage busy).
+  cfg.gradient_accumulation_steps = base.gradient_accumulation_steps.value_or(pipeline);
   return cfg;
 }
 
@@ -164,7 +165,8 @@ std::optional<MeshChoice> recommend_mesh(const Config& base, const ModelSpec& mo
     m.heaviest_stage = plan.mesh.heaviest_stage;
     m.not_yet = not_yet_runnable(plan);
     m.overrides = "tensor_parallel.autotp_size=" + std::to_string(c.tensor) + " pipeline.stages=" + std::to_string(c.pipeline) +
-                  " zero_optimization.stage=1 gradient_accumulation_steps=" + std::to_string(c.pipeline) +
+                  " zero_optimization.stage=1" +
+                  (base.gradient_accumulation_steps ? "" : " gradient_accumulation_steps=" + std::to_string(c.pipeline)) +
                   (c.checkpointing ? " model.activation_checkpointing=true" : "");
     if (plan.step_time.step_known()) {
       m.step_s = plan.step_time.step_s();

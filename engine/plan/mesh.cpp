@@ -399,23 +399,58 @@ void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_ba
   }
 }
 
-bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors) {
+void cut_stages(MeshPlan& plan, const ModelSpec& model, const std::vector<int>& blocks) {
+  const int p = static_cast<int>(blocks.size());
+  DS_CHECK(p == plan.shape.pipeline, "a cut of ", p, " stages for a pipeline of ", plan.shape.pipeline);
+  const StageWeights w = stage_weights(model, plan.shape.tensor);
+  const int64_t last_extra = w.last + (p > 1 ? w.tied_copy : 0);
+  const std::vector<int> in_flight = [&] {
+    std::vector<int> f;
+    for (const PipelineStage& st : plan.stages) f.push_back(st.in_flight);
+    return f;
+  }();
+  plan.stages.clear();
+  int first = 0;
+  for (int s = 0; s < p; ++s) {
+    PipelineStage st;
+    st.first_block = first;
+    st.blocks = blocks[static_cast<size_t>(s)];
+    DS_CHECK(st.blocks >= 1 || p == 1, "stage ", s, " of ", p, " cut with no block");
+    st.embeddings = s == 0;
+    st.head = s == p - 1;
+    if (static_cast<size_t>(s) < in_flight.size()) st.in_flight = in_flight[static_cast<size_t>(s)];
+    for (int b = first; b < first + st.blocks; ++b) st.params_per_rank += w.block[static_cast<size_t>(b)];
+    if (st.embeddings) st.params_per_rank += w.first;
+    if (st.head) st.params_per_rank += last_extra;
+    first += st.blocks;
+    plan.stages.push_back(st);
+  }
+  DS_CHECK(first == static_cast<int>(w.block.size()), "a cut of ", first, " blocks for a model of ", w.block.size());
+}
+
+bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors, int64_t blocks) {
   const int64_t split = int64_t{r.tensor} * r.pipeline;  // each up to the schema's 2^20: their product needs 64 bits
   if (split <= world_size && world_size % split == 0) return true;
   // The key to change: the tensor size when it alone does not divide the world, else the pipeline's.
   const bool tensor_alone = r.tensor > world_size || world_size % r.tensor != 0;
-  // The sizes of that key the world takes (with the other size kept): the divisors of what is left of the world.
-  const int left = tensor_alone ? world_size : world_size / r.tensor;
+  const std::string key = tensor_alone ? "tensor_parallel.autotp_size" : "pipeline.stages";
+  // The sizes of that key the world takes with the other kept (the divisors of what the other leaves of the world),
+  // or, where the other does not divide the world either, with the other 1; a pipeline no longer than the blocks.
+  const int other = tensor_alone ? r.pipeline : r.tensor;
+  const bool other_kept = other > 1 && world_size % other == 0;
+  const int left = other_kept ? world_size / other : world_size;
   std::string sizes;
   for (int d = 1; d <= left; ++d)
-    if (left % d == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
-  const std::string key = tensor_alone ? "tensor_parallel.autotp_size" : "pipeline.stages";
+    if (left % d == 0 && (tensor_alone || blocks <= 0 || d <= blocks)) sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
+  const std::string other_key = tensor_alone ? "pipeline" : "tensor";
+  const std::string with = other <= 1 ? ""
+                           : other_kept ? " (with " + other_key + " " + std::to_string(other) + ")"
+                                        : " (with " + other_key + " 1: " + std::to_string(other) + " does not divide the world either)";
   errors.push_back({key,
                     "the " + std::to_string(world_size) + (world_size == 1 ? " rank does" : " ranks do") + " not split into tensor " +
                         std::to_string(r.tensor) + " x pipeline " + std::to_string(r.pipeline) +
                         " groups (their product must divide the world size)",
-                    "launch a multiple of " + std::to_string(split) + " ranks, or set " + key +
-                        (tensor_alone || r.tensor == 1 ? "" : " (with tensor " + std::to_string(r.tensor) + ")") + " to one of: " + sizes});
+                    "launch a multiple of " + std::to_string(split) + " ranks, or set " + key + with + " to one of: " + sizes});
   return false;
 }
 
@@ -425,7 +460,7 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
   plan.partition = r.partition;
   plan.partition_text = r.partition_text;
   const size_t before = errors.size();
-  check_mesh_world(r, world_size, errors);
+  check_mesh_world(r, world_size, errors, model.hp.num_layers);
   const ModelHyper& h = model.hp;
   if (r.tensor > 1) {
     const int64_t kv = h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads;
@@ -458,21 +493,9 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
   const StageWeights w = stage_weights(model, r.tensor);
   const int64_t last_extra = w.last + (r.pipeline > 1 ? w.tied_copy : 0);
   plan.tied_copy_per_rank = r.pipeline > 1 ? w.tied_copy : 0;
-  const std::vector<int> cut = r.partition == StagePartition::uniform ? uniform_cut(static_cast<int>(h.num_layers), r.pipeline)
-                                                                       : balanced_cut(w, r.pipeline, last_extra);
-  int first = 0;
-  for (int s = 0; s < r.pipeline; ++s) {
-    PipelineStage st;
-    st.first_block = first;
-    st.blocks = cut[static_cast<size_t>(s)];
-    st.embeddings = s == 0;
-    st.head = s == r.pipeline - 1;
-    for (int b = first; b < first + st.blocks; ++b) st.params_per_rank += w.block[static_cast<size_t>(b)];
-    if (st.embeddings) st.params_per_rank += w.first;
-    if (st.head) st.params_per_rank += last_extra;
-    first += st.blocks;
-    plan.stages.push_back(st);
-  }
+  // (memory: the parameters' cut until compile_plan knows what a stage's memory is)
+  cut_stages(plan, model, r.partition == StagePartition::uniform ? uniform_cut(static_cast<int>(h.num_layers), r.pipeline)
+                                                                 : balanced_cut(w, r.pipeline, last_extra));
   schedule_micro_batches(plan, micro_batches);
   const int per_node = std::max(ranks_per_node, 1);
   for (const std::vector<int>& g : mesh_groups(plan.shape, MeshAxis::tensor)) {

@@ -42,8 +42,11 @@ std::vector<std::vector<int>> mesh_groups(const MeshShape& m, MeshAxis axis);
 // How the blocks are cut into stages (DeepSpeed's pipeline.partition): the same number of blocks on each
 // (uniform; "type:..." too, the transformer block being the one layer type ds repeats), or the parameters
 // balanced, the first stage holding the embeddings and the last the final norm and the head (parameters;
-// DeepSpeed's "best" too).
-enum class StagePartition { uniform, parameters };
+// DeepSpeed's "best" too), or ds's own: the heaviest stage's memory per rank as small as it can be (memory: each
+// stage's weights, gradients and optimizer states with the activations of the micro-batches it holds at once,
+// which the first stages hold more of; compile_plan cuts it, by the plan's memory model, once the ZeRO stage and
+// the micro batch are known).
+enum class StagePartition { uniform, parameters, memory };
 
 // How a tensor is split over a tensor group (Megatron): by its output (q, k, v, gate, up and their biases;
 // each rank computes its heads or its share of the MLP), by its input (o and down; their biases added once,
@@ -168,8 +171,13 @@ struct MeshRequest {
   std::string partition_text = "parameters";
 };
 
-// Whether tensor x pipeline divides the world; when not, the error, naming the key, is appended.
-bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<ConfigIssue>& errors);
+// Sets the stages' blocks (`blocks[s]` for stage s, in order, each at least one, summing to the model's blocks) and
+// each stage's parameters per rank from them.
+void cut_stages(MeshPlan& plan, const ModelSpec& model, const std::vector<int>& blocks);
+
+// Whether tensor x pipeline divides the world; when not, the error, naming the key and the sizes that would (a
+// pipeline of at most `blocks` stages where the model is known), is appended.
+bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<ConfigIssue>& errors, int64_t blocks = 0);
 
 // Cuts the blocks and counts each stage's share. The world must divide by tensor x pipeline; the heads, the
 // kv heads and the MLP width by tensor; there must be a block per stage. What does not is appended to

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "common/error.hpp"
 #include "common/format.hpp"
@@ -334,6 +335,78 @@ Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
   lay_out(rank, zero_stage, mesh.stages[s].in_flight);
   return rank;
 }
+
+namespace {
+
+// Device bytes per rank (the host's a tie-break, as lay_out_mesh judges) of pipeline stage `s` holding `n` blocks,
+// the other stages holding the rest: the blocks are alike, so which ones does not matter.
+double stage_bytes_with(const Plan& plan, int s, int n, int zero_stage) {
+  const int p = plan.mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
+  std::vector<int> blocks(static_cast<size_t>(p), 1);
+  blocks[static_cast<size_t>(s)] = n;
+  blocks[static_cast<size_t>(s == 0 ? p - 1 : 0)] += L - n - (p - 1);
+  Plan probe = plan;
+  cut_stages(probe.mesh, probe.model, blocks);
+  const Plan rank = stage_rank_plan(probe, static_cast<size_t>(s), zero_stage);
+  return rank.memory.device.total() + 1e-9 * rank.memory.host.total();
+}
+
+// pipeline.partition "memory": the cut whose heaviest stage needs the least memory per rank. A stage's bytes grow
+// with its blocks (their weights, gradients and states, and the activations of the micro-batches it holds at once,
+// more on the first stages); the least capacity every stage's blocks fit in is found by bisection, each stage
+// taking the most blocks within it (a binary search over its block count, each count's bytes the plan's memory
+// model's, computed once), and the stages from the first take as many as they may.
+void cut_stages_by_memory(Plan& plan, int zero_stage) {
+  MeshPlan& mesh = plan.mesh;
+  const int p = mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
+  if (p <= 1 || L < p) return;
+  if (plan.lora.enabled || !plan.frozen.empty()) {
+    plan.warnings.push_back({"pipeline.partition", "memory: with LoRA or frozen tensors the stages' memory is not planned yet",
+                             "the blocks are cut by parameters instead"});
+    return;
+  }
+  const int most = L - p + 1;  // the others keep a block each
+  std::map<std::pair<int, int>, double> known;
+  const auto bytes = [&](int s, int n) {
+    const auto [it, added] = known.try_emplace({s, n}, 0.0);
+    if (added) it->second = stage_bytes_with(plan, s, n, zero_stage);
+    return it->second;
+  };
+  const auto most_within = [&](int s, double cap) {  // 0: not even one block fits
+    int lo = 0, hi = most;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (bytes(s, mid) <= cap) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  };
+  const auto fits = [&](double cap) {
+    int total = 0;
+    for (int s = 0; s < p; ++s) {
+      const int n = most_within(s, cap);
+      if (n == 0) return false;
+      total += n;
+    }
+    return total >= L;
+  };
+  double lo = 0, hi = 0;  // lo does not fit (or is the least any stage needs), hi does
+  for (int s = 0; s < p; ++s) lo = std::max(lo, bytes(s, 1)), hi = std::max(hi, bytes(s, most));
+  if (fits(lo)) hi = lo;
+  for (int i = 0; i < 64 && hi - lo > 1.0; ++i) {
+    const double mid = lo + (hi - lo) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  std::vector<int> blocks;
+  int left = L;
+  for (int s = 0; s < p; ++s) {
+    const int n = s == p - 1 ? left : std::min(most_within(s, hi), left - (p - 1 - s));
+    blocks.push_back(n);
+    left -= n;
+  }
+  cut_stages(mesh, plan.model, blocks);
+}
+
+}  // namespace
 
 // The step's loss, norm and stop flag are agreed by the whole world (every rank holds a part of the norm), not
 // the data group ZeRO's collectives run over.
@@ -721,6 +794,7 @@ MeshRequest mesh_request(const Config& c) {
   r.pipeline = c.parallel.pipeline;
   r.partition_text = c.parallel.partition;
   r.partition = c.parallel.partition == "uniform" || c.parallel.partition.rfind("type:", 0) == 0 ? StagePartition::uniform
+                : c.parallel.partition == "memory"                                                ? StagePartition::memory
                                                                                                    : StagePartition::parameters;
   return r;
 }
@@ -810,6 +884,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   resolve_threads(c, topo, plan);
 
   lay_out(plan, stage);
+  if (plan.mesh.partition == StagePartition::memory) cut_stages_by_memory(plan, stage);
   lay_out_mesh(plan, stage);
   // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
   const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };
@@ -830,6 +905,14 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                                      format_bytes(memory.device_budget),
                              "raise the ZeRO stage, offload, enable model.activation_checkpointing or lower the micro batch"});
   return plan;
+}
+
+std::vector<double> stage_device_bytes(const Plan& plan, const std::vector<int>& blocks) {
+  Plan probe = plan;
+  cut_stages(probe.mesh, probe.model, blocks);
+  std::vector<double> out;
+  for (size_t s = 0; s < blocks.size(); ++s) out.push_back(stage_rank_plan(probe, s, plan.zero_stage()).memory.device.total());
+  return out;
 }
 
 int own_stage(const Plan& plan) {

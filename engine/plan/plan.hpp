@@ -199,6 +199,10 @@ Plan compile_plan(const Config& config, const ModelSpec& model, const Topology& 
 // triangle, precision, optimizer, schedule, ZeRO stage and placement. Throws ConfigError as compile_plan.
 Plan compile_plan_without_model(const Config& config, const Topology& topology);
 
+// A split model's device bytes per rank of each stage (ds plan's mesh table) were its blocks cut `blocks[s]` per
+// stage (each at least one, summing to the model's blocks), the plan otherwise as compiled.
+std::vector<double> stage_device_bytes(const Plan& plan, const std::vector<int>& blocks);
+
 // The pipeline stage the plan's rank (topology.rank) runs: 0 without stages.
 int own_stage(const Plan& plan);
 // What the plan's rank trains: a plan whose mesh cuts the model into pipeline stages describes a rank of its
