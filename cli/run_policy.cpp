@@ -459,9 +459,7 @@ RunDirLock& RunDirLock::operator=(RunDirLock&& o) noexcept {
 void check_resume_shapes(const std::string& checkpoint, const PlanRecord& old, const Plan& plan) {
   if (old.params.empty()) return;  // a record without a layout (older): the parameter count is still checked on load
   const std::vector<RecordedTensor>& theirs = old.params;
-  // A model split over ranks resumes the whole model's tensors (its checkpoints hold them whole).
-  const std::vector<ParamSlot> mine = plan.mesh.shape.splits_the_model() ? build_layout(plan.model, plan.layout.stage, plan.mesh.shape.data).params
-                                                                         : plan.layout.params;
+  const std::vector<ParamSlot> mine = plan.checkpoint_layout().params;
   auto shape_text = [](const std::vector<int64_t>& s) {
     std::string t = "[";
     for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);

@@ -907,6 +907,10 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   return plan;
 }
 
+FlatLayout Plan::checkpoint_layout() const {
+  return mesh.shape.splits_the_model() ? build_layout(model, layout.stage, mesh.shape.data) : layout;
+}
+
 std::vector<double> stage_device_bytes(const Plan& plan, const std::vector<int>& blocks) {
   Plan probe = plan;
   cut_stages(probe.mesh, probe.model, blocks);

@@ -178,6 +178,10 @@ struct Plan {
   // Per parameter of the layout, the tensor of the model it is (-1: a LoRA adapter's; a split model's rank: the
   // whole tensor its share is of, the tied head's copy the token table's).
   std::vector<int> trained_model_tensors() const;
+  // The layout a checkpoint of this plan holds and records: the rank's own, or for a model split over ranks the
+  // whole model's laid out for its data ranks (each rank writes the whole tensors' elements it holds, so one rank
+  // or any mesh resumes it).
+  FlatLayout checkpoint_layout() const;
   double device_bytes_per_rank() const { return memory.device.total(); }
   // Model FLOPs of one token at seq_len: the model's, or with LoRA the frozen base's and the adapter's.
   double train_flops_per_token() const;

@@ -335,7 +335,7 @@ json step_time_json(const Plan& p) {
 
 std::string with_whole_model_layout(const std::string& plan_json, const Plan& plan) {
   json j = json::parse(plan_json);
-  j["layout"] = layout_json(build_layout(plan.model, plan.layout.stage, plan.mesh.shape.data));
+  j["layout"] = layout_json(plan.checkpoint_layout());
   return j.dump(2);
 }
 

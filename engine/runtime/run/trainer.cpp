@@ -91,8 +91,7 @@ void keep_freed_memory() {
 // The first checkpoint must fit: fp32 master weights and moments of every rank, found out now rather
 // than after the first save_every steps.
 void check_free_space(const Plan& plan) {
-  // (a split model checkpoints the whole model, not the rank's share)
-  const int64_t numel = plan.mesh.shape.splits_the_model() ? plan.model.num_params : plan.layout.numel;
+  const int64_t numel = plan.checkpoint_layout().numel;
   const double need = static_cast<double>(numel) * 4.0 * (1 + plan.optimizer.moments) + (1 << 20);
   struct statvfs fs {};
   if (statvfs(plan.run.output_dir.c_str(), &fs) != 0) return;
