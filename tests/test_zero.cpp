@@ -596,6 +596,25 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
   EXPECT_TRUE(a.master == b.master && a.exp_avg == b.exp_avg && a.exp_avg_sq == b.exp_avg_sq);
 }
 
+TEST(Zero, AMemoryCutPipelineTrainsTheSingleRankRun) {
+  // pipeline.partition "memory": 8 blocks on 4 stages with 12 micro-batches, the first stage holding the most
+  // activations takes the fewest blocks; the stages run the one-rank run all the same.
+  const std::string eight = kRun + "model.num_layers=8 train.steps=4 train_micro_batch_size_per_gpu=2 gradient_accumulation_steps=12 ";
+  const std::string one = scratch_dir() + "/memory_cut_one", four = scratch_dir() + "/memory_cut_p4";
+  Result r = cli_test::ds(eight + "train.output_dir=" + one);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli_test::ds(eight + "pipeline.stages=4 pipeline.partition=memory --nproc-per-node 4 train.output_dir=" + four);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json stages = json::parse(slurp(four + "/plan.json"))["mesh"]["stages"];
+  ASSERT_EQ(stages.size(), 4u);
+  EXPECT_LT(stages[0]["blocks"].get<int>(), stages[3]["blocks"].get<int>()) << stages.dump();
+  const auto a = losses_of(one), b = losses_of(four);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  expect_close(whole_state(four, one).master, whole_state(one).master, "weights");
+}
+
 TEST(Zero, TwoLocalRanksAtStageZeroTrainTheSameRunAsOneRank) {
   // One rank: 2 micro batches of 16 per step; two ranks: one each. The sampler hands both the same 32
   // samples per step, so fp32 losses agree to summation order.
