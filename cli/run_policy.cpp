@@ -21,6 +21,7 @@
 #include "engine/plan/plan_record.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
 #include "schema/json_diff.hpp"
+#include "schema/schema_walk.hpp"
 
 namespace ds {
 namespace fs = std::filesystem;
@@ -484,6 +485,28 @@ std::string resume_checkpoint(const std::string& resume, const std::string& outp
   return resolve_checkpoint_path(resume);
 }
 
+namespace {
+
+// Whether the schema marks the key at dotted `path` of `doc`, or a block above it, as one ds does not act on
+// (x-ds-ignored): its change changes nothing (a default may even have changed to say what ds does).
+bool schema_ignores(const std::string& path, const nlohmann::json& doc) {
+  const SchemaWalk walk(config_schema());
+  std::vector<std::string> segments;
+  for (size_t at = 0; at <= path.size();) {
+    const size_t dot = std::min(path.find('.', at), path.size());
+    segments.push_back(path.substr(at, dot - at));
+    at = dot + 1;
+  }
+  for (size_t n = 1; n <= segments.size(); ++n) {
+    const nlohmann::json* sub = walk.at(std::vector<std::string>(segments.begin(), segments.begin() + static_cast<std::ptrdiff_t>(n)), doc);
+    if (!sub) return false;
+    if (const nlohmann::json* ignored = walk.annotation(*sub, "x-ds-ignored"); ignored && *ignored == true) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json,
                                               const KeptFromCheckpoint& kept) {
   const auto was_kept = [&](const std::string& path) {
@@ -500,12 +523,11 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
   const bool same_batch = !batch.is_null() && batch == batch_of(resolved_config_json);
   static const std::set<std::string> layout_keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization.stage",
                                                     "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition"};
-  // Keys ds does not act on (their defaults changed once to say what ds does).
-  static const std::set<std::string> no_effect = {"pipeline.pipe_partitioned", "pipeline.grad_partitioned"};
+  const nlohmann::json now = nlohmann::json::parse(resolved_config_json, nullptr, false);
   std::vector<std::string> changed;
   for (const auto& p : json_differences(then, resolved_config_json))
     if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p) &&
-        !(same_batch && layout_keys.count(p)) && !no_effect.count(p))
+        !(same_batch && layout_keys.count(p)) && !schema_ignores(p, now))
       changed.push_back(p);
   return changed;
 }

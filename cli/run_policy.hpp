@@ -80,7 +80,8 @@ std::string resume_checkpoint(const std::string& resume, const std::string& outp
 // The keys whose resolved values differ between the checkpoint's config and this run's, besides those
 // a continued run is meant to change (train.resume, train.steps, the scheduler's lengths), those the plan
 // kept of the checkpoint to continue it as it was (`kept`: Plan::kept's paths), and, where the global batch is the
-// checkpoint's, the keys that only lay the run out (micro batch and accumulation, the ZeRO stage, the mesh).
+// checkpoint's, the keys that only lay the run out (micro batch and accumulation, the ZeRO stage, the mesh); never
+// a key ds does not act on (the schema's x-ds-ignored).
 std::vector<std::string> config_changes_since(const std::string& checkpoint, const std::string& resolved_config_json,
                                               const KeptFromCheckpoint& kept);
 
