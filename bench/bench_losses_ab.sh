@@ -42,5 +42,12 @@ run nvme_bf16 $q zero_optimization.stage=2 zero_optimization.offload_optimizer.d
 run cpu_offload_z3 $q --nproc-per-node 2 zero_optimization.stage=3 zero_optimization.offload_optimizer.device=cpu train.steps=12 train.eval_every=0
 run partial_fp16 $q bf16.enabled=false fp16.enabled=true zero_optimization.stage=3 zero_optimization.offload_optimizer.device=cpu \
   zero_optimization.offload_optimizer.ratio=0.5 train.steps=12 train.eval_every=0
+run partial_nvme_fp32 $q bf16.enabled=false zero_optimization.stage=3 zero_optimization.offload_optimizer.device=nvme \
+  zero_optimization.offload_optimizer.nvme_path="$dir/nvme" zero_optimization.offload_optimizer.ratio=0.5 zero_optimization.sub_group_size=200000 \
+  train.steps=12 train.eval_every=0
+run param_cpu_z3 $q zero_optimization.stage=3 zero_optimization.offload_param.device=cpu zero_optimization.offload_optimizer.device=cpu \
+  train.steps=12 train.eval_every=0
+run infinity examples/offload-infinity.json zero_optimization.offload_param.nvme_path="$dir/nvme" \
+  zero_optimization.offload_optimizer.nvme_path="$dir/nvme" train.steps=12 train.eval_every=0
 echo "bench_losses_ab: $same runs identical, $differ differ"
 [ "$differ" -eq 0 ]

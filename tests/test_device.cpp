@@ -253,7 +253,9 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
     fs::remove_all(root / c.name);
     const Plan plan = plan_for(2, 0, o, c.grads_leave);
     ASSERT_EQ(separate.size(), 2u);
-    if (c.grads_leave) EXPECT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
+    if (c.grads_leave) {
+      EXPECT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
+    }
     // Bytes per step between the places, as the separate device counted them crossing (rank 0's
     // metrics.jsonl), against the plan's table.
     double planned = 0;

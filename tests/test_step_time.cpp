@@ -107,7 +107,7 @@ TEST(Hardware, ADetectedGpuGivesItsRatesOnlyWhenThePlanIsForThisMachine) {
   // A run here trains on the GPU here: --gpu changes only the rates its prediction uses.
   TopologyOptions run = named;
   run.runs_here = true;
-  run.build = BuildSupport{true, "CUDA 13.0, sm_90"};
+  run.build = BuildSupport{true, "CUDA 13.0, sm_90", ""};
   t = make_topology(run, none);
   EXPECT_EQ(t.device, DeviceKind::cuda);
   EXPECT_DOUBLE_EQ(t.device_memory_bytes, 150e9);

@@ -22,6 +22,7 @@
 #include "engine/runtime/comm/comm_local.hpp"
 #include "engine/runtime/model/tensor_parallel.hpp"
 #include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/run/optimizer_states.hpp"
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/run/trainer.hpp"
 #include "engine/runtime/run/zero.hpp"
@@ -63,8 +64,9 @@ void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
   torch::NoGradGuard ng;
   torch::Tensor init = torch::zeros({plan.layout.numel}, torch::kFloat32);
   initialise_model(plan, init, 5);
-  for (const OwnedSegment& s : flat.owned) flat.master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
-  if (flat.master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(flat.master);
+  const torch::Tensor& master = flat.states.at(0).master;  // one state span: no offload here
+  for (const OwnedSegment& s : flat.owned) master.narrow(0, s.local, s.numel).copy_(init.narrow(0, s.global, s.numel));
+  if (master.data_ptr() != flat.local_params.data_ptr()) flat.local_params.copy_(master);
   zero.publish_parameters();
 }
 
@@ -442,6 +444,82 @@ TEST(ParameterOffload, NvmePartitionsReadForEveryGatherGiveTheSameRun) {
         EXPECT_DOUBLE_EQ(m["offload_bytes"].get<double>(), planned) << "step " << m["step"];
       }
       EXPECT_TRUE(fs::is_empty(nvme)) << "a swap directory outlived its run";
+    }
+  fs::remove_all(root);
+}
+
+TEST(OptimizerOffload, ThePlanPlacesTheStatesInSpansAndTheWalkVisitsEachElementOnceWhereItLives) {
+  // Every placement the plan can choose: the states on the device, all on the host or NVMe, a ratio's part
+  // there and the rest on the device. The spans tile the rank's part in order (the offloaded first, its size
+  // the plan's offloaded_numel); the walk hands every local element over exactly once, in order, in its
+  // span's memory (NVMe's through host buffers, one sub-group at a time), and what a writing walk stores a
+  // reading walk reads back (through the files on NVMe).
+  const fs::path root = fs::temp_directory_path() / ("ds_spans_" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  struct Case {
+    const char* device;
+    double ratio;
+    std::vector<Place> places;
+  };
+  for (const Case& c : {Case{"none", 1, {Place::device}}, Case{"cpu", 1, {Place::host}}, Case{"cpu", 0.4, {Place::host, Place::device}},
+                        Case{"nvme", 1, {Place::nvme}}, Case{"nvme", 0.4, {Place::nvme, Place::device}}})
+    for (int rank : {0, 1}) {
+      SCOPED_TRACE(std::string(c.device) + " ratio " + std::to_string(c.ratio) + ", rank " + std::to_string(rank));
+      std::vector<std::string> overrides{"bf16.enabled=true", "zero_optimization.stage=3", "zero_optimization.sub_group_size=3000"};
+      if (std::string(c.device) != "none")
+        overrides.insert(overrides.end(), {std::string("zero_optimization.offload_optimizer.device=") + c.device,
+                                           "zero_optimization.offload_optimizer.nvme_path=" + root.string(),
+                                           "zero_optimization.offload_optimizer.ratio=" + std::to_string(c.ratio)});
+      const Plan plan = plan_for(2, rank, overrides);
+      const ZeroExecution& z = plan.execution;
+      ASSERT_EQ(z.state_spans.size(), c.places.size());
+      int64_t at = 0;
+      for (size_t i = 0; i < z.state_spans.size(); ++i) {
+        EXPECT_EQ(z.state_spans[i].place, c.places[i]);
+        EXPECT_EQ(z.state_spans[i].begin, at);
+        at = z.state_spans[i].end;
+      }
+      EXPECT_EQ(at, z.local_numel);
+      if (c.places[0] != Place::device) {
+        EXPECT_EQ(z.state_spans[0].numel(), z.offloaded_numel);
+      }
+      auto device = Device::create(DeviceKind::cpu, 0);
+      FlatParams flat = FlatParams::allocate(plan, rank, *device);
+      std::unique_ptr<OptimizerSwapper> swapper;
+      if (std::string(c.device) == "nvme") swapper = std::make_unique<OptimizerSwapper>(plan, rank, 1 + plan.optimizer.moments);
+      const OptimizerStates states(flat, swapper.get());
+      int64_t next = 0, chunks = 0;
+      states.for_each([&](const StateChunk& k) {  // write: each element's master its local index, exp_avg_sq minus it
+        EXPECT_EQ(k.begin, next);
+        next += k.numel;
+        ++chunks;
+        const StateSpan& span = z.state_spans[k.span];
+        EXPECT_TRUE(k.begin >= span.begin && k.begin + k.numel <= span.end);
+        EXPECT_EQ(k.at, memory_of(span));
+        ASSERT_TRUE(k.master.defined() && k.exp_avg.defined() && k.exp_avg_sq.defined());
+        EXPECT_EQ(k.master.numel(), k.numel);
+        if (span.place != Place::nvme) {
+          EXPECT_EQ(k.master.data_ptr(), flat.states[k.span].master.data_ptr());
+        }
+        const torch::Tensor index = torch::arange(k.begin, k.begin + k.numel, torch::kFloat32);
+        k.master.copy_(index);
+        k.exp_avg_sq.copy_(-index);
+      });
+      EXPECT_EQ(next, z.local_numel);
+      int64_t expected_chunks = 0;
+      for (const Place p : c.places) expected_chunks += p == Place::nvme ? static_cast<int64_t>(z.sub_groups.size()) : 1;
+      if (c.places[0] == Place::nvme) {
+        EXPECT_GT(z.sub_groups.size(), 2u);
+      }
+      EXPECT_EQ(chunks, expected_chunks);
+      int64_t wrong = 0;
+      states.for_each(
+          [&](const StateChunk& k) {
+            const torch::Tensor index = torch::arange(k.begin, k.begin + k.numel, torch::kFloat32);
+            wrong += (k.master != index).sum().item<int64_t>() + (k.exp_avg_sq != -index).sum().item<int64_t>();
+          },
+          /*read=*/true, /*write=*/false);
+      EXPECT_EQ(wrong, 0);
     }
   fs::remove_all(root);
 }

@@ -312,6 +312,8 @@ void add_optimizer_states(ZeroBuild& b) {
   const int64_t offloaded = step_cut(runs, static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio)));
   z.offloaded_numel = offloaded;
   const Place state_place = offload_place(b.opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
+  if (offloaded > 0) z.state_spans.push_back({0, offloaded, state_place});
+  if (offloaded < z.local_numel || z.state_spans.empty()) z.state_spans.push_back({offloaded, z.local_numel, Place::device});
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
   // master is otherwise the weights themselves), and the device's weights are copied from it; so it does

@@ -21,6 +21,13 @@ struct Plan;
 enum class Place { device, host, nvme };
 const char* place_name(Place p);
 
+// Local elements [begin, end) of a rank's optimizer part whose states (fp32 master, moments) live at `place`.
+struct StateSpan {
+  int64_t begin = 0, end = 0;
+  Place place = Place::device;
+  int64_t numel() const { return end - begin; }
+};
+
 // The memory table's rows.
 enum class MemoryCategory { params, grads, optimizer_states, buffers };
 
@@ -114,6 +121,11 @@ struct ZeroExecution {
   std::vector<SubGroup> sub_groups;
   int64_t sub_group_numel = 0;
   int swap_sets = 0;
+  // Where the optimizer's states of this rank's part live, chosen here once: spans of the local elements in
+  // order, each at one place. One span [0, local_numel) (the device, or the host/NVMe the optimizer is
+  // offloaded to), or under offload_optimizer.ratio < 1 the offloaded [0, offloaded_numel) then the rest on
+  // the device. The runtime walks them (optimizer_states.hpp) instead of asking which buffers exist.
+  std::vector<StateSpan> state_spans;
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;

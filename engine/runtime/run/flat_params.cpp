@@ -57,23 +57,20 @@ class Arenas {
   std::map<Key, int64_t> used_;
 };
 
-// The optimizer's states: partial offload puts the offloaded part's (on the host, or swapped) and the
-// rest's (on the device) apart.
+// The optimizer's states, span by span where the plan placed them (none here for a span on NVMe).
 void take_states(FlatParams& f, const ZeroExecution& z, Arenas& arenas) {
-  f.swapped = z.find(BufferRole::master, Place::nvme) != nullptr;
-  f.offloaded = z.offloaded_numel;
-  const bool partial = f.offloaded > 0 && f.offloaded < z.local_numel;
-  const std::optional<Place> offloaded_at = partial ? std::optional<Place>(Place::host) : std::nullopt;
-  f.master = arenas.take(BufferRole::master, 0, offloaded_at);
-  f.exp_avg = arenas.take(BufferRole::exp_avg, 0, offloaded_at);
-  f.exp_avg_sq = arenas.take(BufferRole::exp_avg_sq, 0, offloaded_at);
-  if (partial) {
-    f.kept_master = arenas.take(BufferRole::master, 0, Place::device);
-    if (!f.kept_master.defined()) f.kept_master = f.local_params.narrow(0, f.offloaded, z.local_numel - f.offloaded);  // fp32
-    f.kept_exp_avg = arenas.take(BufferRole::exp_avg, 0, Place::device);
-    f.kept_exp_avg_sq = arenas.take(BufferRole::exp_avg_sq, 0, Place::device);
+  f.spans = z.state_spans;
+  for (const StateSpan& s : z.state_spans) {
+    FlatParams::States st;
+    if (s.place != Place::nvme) {
+      st.master = arenas.take(BufferRole::master, 0, s.place);
+      // fp32 with the states on the device: the optimizer steps the weights themselves
+      if (!st.master.defined() && f.local_params.defined()) st.master = f.local_params.narrow(0, s.begin, s.numel());
+      st.exp_avg = arenas.take(BufferRole::exp_avg, 0, s.place);
+      st.exp_avg_sq = arenas.take(BufferRole::exp_avg_sq, 0, s.place);
+    }
+    f.states.push_back(st);
   }
-  if (!f.master.defined() && !f.swapped) f.master = f.local_params;  // fp32: the optimizer steps the weights themselves
   f.offload_grads = arenas.take(BufferRole::offload_grads);
 }
 
@@ -184,8 +181,7 @@ FlatParams::Bytes FlatParams::bytes() const {
     return t.defined() && (!local_params.defined() || t.data_ptr() < local_params.data_ptr() ||
                            t.data_ptr() >= static_cast<char*>(local_params.data_ptr()) + local_params.nbytes());
   };
-  b.optimizer_states = n(exp_avg) + n(exp_avg_sq) + n(kept_exp_avg) + n(kept_exp_avg_sq) + (own(master) ? n(master) : 0.0) +
-                       (own(kept_master) ? n(kept_master) : 0.0);
+  for (const States& s : states) b.optimizer_states += n(s.exp_avg) + n(s.exp_avg_sq) + (own(s.master) ? n(s.master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1], &reduce_scratch, &frozen_block_params[0],

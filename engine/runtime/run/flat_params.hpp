@@ -11,9 +11,9 @@
 //           the CPU (no fp16 kernels there): the model computes in an fp32 copy (none at stage 3, where it
 //           reads gathered fp32 buffers) and its gradients are rounded into the fp16 `grads` each step,
 //           so overflow is real.
-//   master  fp32: the optimizer's copy of this rank's part (aliases params in fp32 runs unless the
-//           parameters are on NVMe; with the states on NVMe: undefined)
-//   exp_avg, exp_avg_sq  fp32: the optimizer's moments for this rank's part, as many as the plan counts
+//   states  per span of the plan's state_spans (where the optimizer's states live): the fp32 master of the
+//           span's elements (aliases params in fp32 runs unless the states or the parameters are offloaded)
+//           and the moments the plan counts; a span on NVMe has none here (the swapper's buffers)
 //   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
 // (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
@@ -36,19 +36,21 @@
 namespace ds {
 
 struct FlatParams {
-  torch::Tensor params, grads, compute, compute_grads, master, exp_avg, exp_avg_sq;
+  torch::Tensor params, grads, compute, compute_grads;
   torch::Tensor local_params, local_grads;
-  torch::Tensor offload_grads;  // optimizer offload: fp32 copy of local_grads where the optimizer's states live
-  // Partial offload (ratio < 1): master, exp_avg, exp_avg_sq and offload_grads hold the first `offloaded`
-  // local elements (or are on NVMe); the kept_* states, on the device, the rest (kept_master aliases the
-  // weights in fp32 runs). Without partial offload `offloaded` is 0 or the whole part, kept_* undefined.
-  int64_t offloaded = 0;
-  torch::Tensor kept_master, kept_exp_avg, kept_exp_avg_sq;
-  bool partial() const { return kept_master.defined(); }
+  // The optimizer's states by where they live: `spans` are the plan's state_spans (local elements at a place,
+  // in order), `states` their buffers (undefined for a span on NVMe). optimizer_states.hpp walks them.
+  struct States {
+    torch::Tensor master, exp_avg, exp_avg_sq;
+  };
+  std::vector<StateSpan> spans;
+  std::vector<States> states;
+  // Optimizer offload: an fp32 copy of an offloaded span's reduced gradients (of one NVMe sub-group's at a
+  // time), beside its states.
+  torch::Tensor offload_grads;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)
-  bool swapped = false;  // the optimizer's states are on NVMe (master, exp_avg, exp_avg_sq undefined here)
   bool params_swapped = false;  // stage 3: the partition is on NVMe (params, local_params undefined here)
   Place params_place = Place::device;  // where `params` lives: the host under offload_param (NVMe: its buffers' host)
   Place grads_place = Place::device;   // where `grads` lives: the host when each block's gradients leave (ZeRO-Offload on a GPU)
@@ -80,9 +82,6 @@ struct FlatParams {
 
   // Allocates the plan's execution's buffers, as rank `rank` holds them, on `device` (borrowed).
   static FlatParams allocate(const Plan& plan, int rank, Device& device);
-  // Where the optimizer's states for local elements [0, offloaded) live: the host when offloaded (their
-  // swap buffers too), else the device.
-  Place offloaded_place() const { return offload_grads.defined() ? Place::host : Place::device; }
   const torch::Tensor& operator[](size_t i) const { return views[i]; }
 
   static float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }

@@ -48,6 +48,14 @@ struct OptimizerStep::Clock {
     rss[phase] = std::max(rss[phase], peak_resident_since_restart());
     restart_peak_resident();
   }
+  // The end of two phases run interleaved (the state walk's copies and updates): each gets their peak.
+  void mark_together(size_t a, size_t b) {
+    if (!sample_memory) return;
+    const double peak = peak_resident_since_restart();
+    rss[a] = std::max(rss[a], peak);
+    rss[b] = std::max(rss[b], peak);
+    restart_peak_resident();
+  }
   StepPhases& phases;
   std::array<double, 8>& rss;
   bool sample_memory;
@@ -56,14 +64,17 @@ struct OptimizerStep::Clock {
   std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
 };
 
-bool OptimizerStep::finite(const float* master, int64_t n, Place place) const {
-  return std::isfinite(device_.kernels(place).sum_of_squares_f32(master, n));
+bool OptimizerStep::finite(const torch::Tensor& master, Place place) const {
+  return std::isfinite(device_.kernels(place).sum_of_squares_f32(master.data_ptr<float>(), master.numel()));
 }
 
 bool OptimizerStep::master_finite() const {
-  if (flat_.partial() && !finite(flat_.kept_master.data_ptr<float>(), flat_.kept_master.numel(), Place::device)) return false;
-  if (swapper_) return swapped_finite_;
-  return finite(flat_.master.data_ptr<float>(), flat_.master.numel(), flat_.offloaded_place());
+  for (size_t i = 0; i < states_.spans().size(); ++i) {
+    const StateSpan& span = states_.spans()[i];
+    // (on NVMe: checked as each sub-group was last stepped or loaded, so no file is read)
+    if (span.place == Place::nvme ? !swapped_finite_ : !finite(flat_.states[i].master, span.place)) return false;
+  }
+  return true;
 }
 
 bool OptimizerStep::writes_weights(Place states) const {
@@ -84,57 +95,29 @@ void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t 
 
 double OptimizerStep::bytes_moved() const {
   double b = device_.transferred_bytes();
-  if (swapper_) b += swapper_->io().bytes_read() + swapper_->io().bytes_written();
+  b += states_.io_bytes();
   if (param_swap_) b += param_swap_->io().bytes_read() + param_swap_->io().bytes_written();
   return b;
 }
 
-void OptimizerStep::copy_kept_weights() {
-  if (flat_.partial() && !param_swap_) weights_home(flat_.kept_master, Place::device, flat_.offloaded, false);
+torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
+  const torch::Tensor grads = flat_.local_grads.narrow(0, c.begin, c.numel);
+  if (states_.spans()[c.span].place == Place::device) return grads;
+  const torch::Tensor wide = flat_.offload_grads.narrow(0, 0, c.numel);  // a span in memory is one chunk, NVMe's one sub-group
+  device_.copy(wide, Place::host, grads, flat_.grads_place);
+  return wide;
 }
 
-void OptimizerStep::step_kept(const OptimizerStepInputs& si) {
-  if (!flat_.partial()) return;
-  optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
-  if (param_swap_)
-    store_params(flat_.kept_master, Place::device, flat_.offloaded);
-  else
-    weights_home(flat_.kept_master, Place::device, flat_.offloaded, kept_.params_bf16 != nullptr);
-}
-
-double OptimizerStep::step_swapped(const OptimizerStepInputs& si) {
-  torch::NoGradGuard ng;
-  const SwapIo& io = swapper_->io();
-  const double waited0 = io.wait_seconds();
-  const int moments = plan_.optimizer.moments;
-  const bool kernel_writes = writes_weights(Place::host);
-  swapped_finite_ = true;
-  if (param_swap_) param_swap_->begin_write();
-  swapper_->for_each([&](size_t i, float* const* st) {
-    const SubGroup& g = swapper_->sub_groups()[i];
-    const int64_t n = g.numel();
-    // This sub-group's reduced gradients to the host, widened exactly to fp32 (as CPU offload copies them).
-    torch::Tensor grads = flat_.offload_grads.narrow(0, 0, n);
-    device_.copy(grads, Place::host, flat_.local_grads.narrow(0, g.begin, n), flat_.grads_place);
-    OptimizerBuffers b;
-    b.master = st[0];
-    b.moment1 = moments >= 1 ? st[1] : nullptr;
-    b.moment2 = moments >= 2 ? st[2] : nullptr;
-    b.grads = grads.data_ptr();
-    b.params_bf16 = kernel_writes ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + g.begin : nullptr;
-    b.kernels = &device_.kernels(Place::host);
-    optimizer_.step_window(b, si, g.begin, g.end);
-    // The updated weights to the device (the bf16 kernel wrote them as it stepped), or to their file.
-    const torch::Tensor master = torch::from_blob(st[0], {n}, torch::kFloat32);
-    if (param_swap_)
-      store_params(master, Place::host, g.begin);
-    else
-      weights_home(master, Place::host, g.begin, kernel_writes);
-    swapped_finite_ = swapped_finite_ && finite(st[0], n, Place::host);
-  });
-  step_kept(si);  // partial offload: the part that stays (after the swapped one: the parameter file is written in order)
-  if (param_swap_) param_swap_->end_write();
-  return io.wait_seconds() - waited0;
+OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Tensor& grads) const {
+  OptimizerBuffers b;
+  b.master = c.master.data_ptr<float>();
+  b.moment1 = FlatParams::data_or_null(c.exp_avg);
+  b.moment2 = FlatParams::data_or_null(c.exp_avg_sq);
+  b.params_bf16 = writes_weights(c.at) ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + c.begin : nullptr;
+  b.grads = grads.data_ptr();
+  b.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
+  b.kernels = &device_.kernels(c.at);
+  return b;
 }
 
 torch::Tensor to_long_tensor(const std::vector<int32_t>& v, int64_t B, int64_t T) {
@@ -153,7 +136,7 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       scaler_(scaler),
       schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
       optimizer_(plan.optimizer, plan.layout, flat.rank),
-      swapper_(swapper),
+      states_(flat, swapper),
       param_swap_(param_swap) {
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
@@ -163,7 +146,6 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       held_whole_elsewhere_.push_back(whole_on_each && tensor_rank != 0 ? 1 : 0);
     }
   }
-  DS_CHECK(flat.swapped == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
   // Lamb: each tensor's norms summed over the ranks that hold its parts: the data group's partitions under ZeRO,
   // then a tensor group's slices (a tensor every tensor rank holds whole counts once: tensor rank 0's). A
@@ -177,28 +159,6 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
         if (held_whole_elsewhere_[p]) v[2 * p] = v[2 * p + 1] = 0;
       tensor->all_reduce_sum(torch::from_blob(v, {static_cast<int64_t>(n)}, torch::kFloat64), CollectiveKind::lamb_norms_tensor);
     };
-  if (flat.partial()) {  // the kept part: its own states on the device, the gradients and weights from element `offloaded` on
-    const int64_t at = flat.offloaded;
-    kept_.master = flat.kept_master.data_ptr<float>();
-    kept_.moment1 = FlatParams::data_or_null(flat.kept_exp_avg);
-    kept_.moment2 = FlatParams::data_or_null(flat.kept_exp_avg_sq);
-    kept_.params_bf16 = writes_weights(Place::device) ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) + at : nullptr;
-    kept_.grads = static_cast<const char*>(flat.local_grads.data_ptr()) + at * flat.local_grads.element_size();
-    kept_.grads_bf16 = flat.local_grads.scalar_type() == torch::kBFloat16;
-    kept_.kernels = &device_.kernels(Place::device);
-  }
-  if (swapper) return;  // the buffers are the swapper's, one sub-group at a time
-  const Place states = flat.offloaded_place();
-  buffers_.master = flat.master.data_ptr<float>();
-  buffers_.moment1 = FlatParams::data_or_null(flat.exp_avg);
-  buffers_.moment2 = FlatParams::data_or_null(flat.exp_avg_sq);
-  buffers_.params_bf16 = writes_weights(states) ? reinterpret_cast<uint16_t*>(flat.local_params.data_ptr()) : nullptr;
-  // The rank's part of compute_grads: the gradients themselves, or under CPU fp16 their fp16 rounding widened
-  // back; offloaded, their fp32 copy beside the states.
-  const torch::Tensor& grads = flat.offload_grads.defined() ? flat.offload_grads : flat.local_grads;
-  buffers_.grads = grads.data_ptr();
-  buffers_.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
-  buffers_.kernels = &device_.kernels(states);
 }
 
 void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64_t begin) {
@@ -217,41 +177,24 @@ void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64
 }
 
 void OptimizerStep::weights_from_master() {
-  weights_home(flat_.master, flat_.offloaded_place(), 0, false);
-  copy_kept_weights();
+  torch::NoGradGuard ng;
+  if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
+  swapped_finite_ = true;
+  states_.for_each(
+      [&](const StateChunk& c) {
+        if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
+        if (param_swap_)
+          store_params(c.master, c.at, c.begin);
+        else
+          weights_home(c.master, c.at, c.begin, /*written=*/false);
+      },
+      /*read=*/true, /*write=*/false);
+  if (param_swap_) param_swap_->end_write();
 }
 
 void OptimizerStep::refresh_weights(bool rounded) {
   torch::NoGradGuard ng;
-  if (param_swap_ && !rounded) {  // the partition's file from the master copy, wherever that is
-    param_swap_->begin_write();
-    if (swapper_) {
-      swapped_finite_ = true;
-      swapper_->for_each(
-          [&](size_t i, float* const* st) {
-            const SubGroup& g = swapper_->sub_groups()[i];
-            swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
-            store_params(torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host, g.begin);
-          },
-          /*read=*/true, /*write=*/false);
-    } else {
-      store_params(flat_.master, flat_.offloaded_place(), 0);
-    }
-    if (flat_.partial()) store_params(flat_.kept_master, Place::device, flat_.offloaded);
-    param_swap_->end_write();
-  } else if (swapper_ && !rounded) {  // the weights from the master copy on NVMe, sub-group by sub-group
-    swapped_finite_ = true;
-    swapper_->for_each(
-        [&](size_t i, float* const* st) {
-          const SubGroup& g = swapper_->sub_groups()[i];
-          swapped_finite_ = swapped_finite_ && finite(st[0], g.numel(), Place::host);
-          weights_home(torch::from_blob(st[0], {g.numel()}, torch::kFloat32), Place::host, g.begin, false);
-        },
-        /*read=*/true, /*write=*/false);
-    copy_kept_weights();
-  } else if (!rounded && flat_.master.data_ptr() != flat_.local_params.data_ptr()) {
-    weights_from_master();
-  }
+  if (!rounded) weights_from_master();
   zero_.publish_parameters();
   if (flat_.widened && flat_.compute.defined()) flat_.compute.copy_(flat_.params);
 }
@@ -454,43 +397,45 @@ OptimizerStepInputs OptimizerStep::step_inputs(const StepOutcome& out) const {
 }
 
 void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
+  torch::NoGradGuard ng;
   StepPhases& t = clock.phases;
-  if (swapper_) {  // the weights go to the device (or their file) sub-group by sub-group
-    const double swap_wait = step_swapped(si);
-    const double spent = clock.lap();
-    const double param_wait_s = clock.param_io();
-    t.offload += swap_wait;
-    t.optimizer += spent - swap_wait - param_wait_s;
+  const double io0 = states_.io_wait();
+  double crossing_s = 0;  // the gradients' and weights' copies between places
+  const auto timed = [&crossing_s](const auto& copy) {
+    const auto t0 = std::chrono::steady_clock::now();
+    copy();
+    crossing_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
+  swapped_finite_ = true;
+  states_.for_each([&](const StateChunk& c) {
+    torch::Tensor grads;
+    if (states_.spans()[c.span].place == Place::device)
+      grads = gradients_at(c);
+    else
+      timed([&] { grads = gradients_at(c); });
+    const OptimizerBuffers b = buffers_of(c, grads);
+    if (states_.whole_in_memory())
+      optimizer_.step(b, si, sum_over_ranks_);
+    else
+      optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
+    if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
+    if (param_swap_)  // its waits are the parameters' I/O (Clock::param_io)
+      store_params(c.master, c.at, c.begin);
+    else if (c.at != flat_.params_place)
+      timed([&] { weights_home(c.master, c.at, c.begin, b.params_bf16 != nullptr); });
+    else
+      weights_home(c.master, c.at, c.begin, b.params_bf16 != nullptr);
+  });
+  if (param_swap_) param_swap_->end_write();
+  const double spent = clock.lap(), io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();
+  t.offload += io_wait + crossing_s;
+  t.optimizer += spent - io_wait - crossing_s - param_wait_s;
+  if (io_wait + crossing_s + param_wait_s > 0)  // states or weights crossed places
+    clock.mark_together(5, 6);
+  else
     clock.mark(6);
-    refresh_weights(/*rounded=*/true);
-    return;
-  }
-  const bool offloaded = flat_.offload_grads.defined();
-  if (offloaded) {  // the reduced gradients to the optimizer, widened exactly to fp32
-    torch::NoGradGuard ng;
-    device_.copy(flat_.offload_grads, Place::host, flat_.local_grads.narrow(0, 0, flat_.offload_grads.numel()), flat_.grads_place);
-    t.offload += clock.lap();
-    clock.mark(5);
-  }
-  if (flat_.partial()) {  // two places: the offloaded part, then the kept one
-    optimizer_.step_window(buffers_, si, 0, flat_.offloaded);
-    optimizer_.step_window(kept_, si, flat_.offloaded, flat_.offloaded + flat_.kept_master.numel());
-  } else {
-    optimizer_.step(buffers_, si, sum_over_ranks_);
-  }
-  t.optimizer += clock.lap();
-  clock.mark(6);
-  bool rounded = buffers_.params_bf16 != nullptr;  // the bf16 kernel wrote the weights as it stepped
-  // The updated weights to where they live when the states live elsewhere (on NVMe: refresh_weights writes them).
-  if (!param_swap_ && (offloaded || flat_.params_place != Place::device)) {
-    torch::NoGradGuard ng;
-    weights_home(flat_.master, flat_.offloaded_place(), 0, rounded);
-    if (flat_.partial()) weights_home(flat_.kept_master, Place::device, flat_.offloaded, kept_.params_bf16 != nullptr);
-    rounded = true;
-    t.offload += clock.lap();
-    clock.mark(5);
-  }
-  refresh_weights(rounded);
+  refresh_weights(/*rounded=*/true);  // every chunk's weights are home: published
 }
 
 StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {

@@ -20,6 +20,7 @@
 #include "engine/runtime/run/mesh_groups.hpp"
 #include "engine/runtime/io/nvme_swap.hpp"
 #include "engine/runtime/run/optimizer.hpp"
+#include "engine/runtime/run/optimizer_states.hpp"
 #include "engine/runtime/run/pipeline.hpp"
 #include "engine/runtime/run/trainer_api.hpp"
 #include "engine/runtime/run/zero.hpp"
@@ -107,11 +108,17 @@ class OptimizerStep {
   void check_overflow(int64_t step, StepOutcome& out, bool overflow);
   // The schedule's values and the gradients' scale (loss scale and clipping) for this step.
   OptimizerStepInputs step_inputs(const StepOutcome& out) const;
-  // The optimizer's update of this rank's part and the new weights published: offloaded states get the
-  // gradients first and send the weights back.
+  // The optimizer's update of this rank's part and the new weights published: chunk by chunk of the states'
+  // walk, the gradients to where the chunk's states are, its update, its weights home.
   void update(const OptimizerStepInputs& si, Clock& clock);
-  // The weights from the master copy, wherever it is (a copy between places when offloaded).
+  // The weights from the master copy, wherever its spans are (a copy between places when offloaded; the
+  // parameter file rewritten when the parameters are on NVMe).
   void weights_from_master();
+  // Chunk c's reduced gradients where its states are: the rank's gradients themselves on the device, else
+  // their fp32 copy (widened exactly) beside the offloaded states, copied now.
+  torch::Tensor gradients_at(const StateChunk& c);
+  // What the optimizer's kernel gets for chunk c and its gradients `grads`.
+  OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads) const;
   // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
   double bytes_moved() const;
 
@@ -129,21 +136,14 @@ class OptimizerStep {
   // A split model, per parameter of this rank's layout: 1 where another tensor rank's copy of a tensor every
   // tensor rank holds whole is the one counted (Lamb's norms).
   std::vector<uint8_t> held_whole_elsewhere_;
-  OptimizerBuffers buffers_;
-  OptimizerBuffers kept_;  // partial offload: the states that stay, for local elements [offloaded, local)
+  OptimizerStates states_;
   // Whether the optimizer's kernel writes the 16-bit weights as it steps the states at `states` (bf16, the
   // weights not on NVMe, and the kernel able to reach them); otherwise they are copied from the master.
   bool writes_weights(Place states) const;
-  // Partial offload with the states swapped: after the swapped sub-groups, the kept part's update and its
-  // weights (to the device, or the NVMe file being written in order).
-  void step_kept(const OptimizerStepInputs& si);
-  // The kept part's weights from its master (partial offload; a no-op where they alias, fp32).
-  void copy_kept_weights();
   // The updated weights, local elements [begin, begin + master.numel()), from the master copy at `at` to where
   // the weights live: nothing to move where the kernel wrote them as it stepped (`written`; counted when that
   // crossed places), else a copy (counted between places).
   void weights_home(const torch::Tensor& master, Place at, int64_t begin, bool written);
-  OptimizerSwapper* swapper_ = nullptr;
   ParamSwapper* param_swap_ = nullptr;
   // Parameters on NVMe: `master` (fp32, at `place`), elements [begin, begin + numel) of the partition, rounded
   // to the stored dtype into the file's host buffers (inside a begin_write/end_write); from the device
@@ -152,10 +152,8 @@ class OptimizerStep {
   // Parameters on NVMe: seconds waited on their I/O so far (0 without).
   double param_wait() const { return param_swap_ ? param_swap_->io().wait_seconds() : 0.0; }
   bool swapped_finite_ = true;  // NVMe: every master sub-group finite when last stepped or loaded
-  // NVMe: steps every sub-group (gradients to the host, update, weights back); returns seconds waited on I/O.
-  double step_swapped(const OptimizerStepInputs& si);
-  // Whether n master weights at `place` are all finite.
-  bool finite(const float* master, int64_t n, Place place) const;
+  // Whether the master weights `master` (at `place`) are all finite.
+  bool finite(const torch::Tensor& master, Place place) const;
   int64_t applied_ = 0, consecutive_skips_ = 0;
   bool sample_memory_ = false;
   std::vector<int32_t> in_, tgt_;

@@ -154,7 +154,7 @@ class TrainingRun {
 
  private:
   void open_swappers();
-  // The checkpoint's views of this rank's states: the offloaded elements [0, split) and the kept rest.
+  // The checkpoint's views of this rank's states: the whole part (saving) and each state span's (loading).
   void describe_states();
   // LoRA: the frozen base read from model.init_from (or drawn from the seed) into its buffer, and the
   // reference to it that checkpoints carry.
@@ -193,7 +193,8 @@ class TrainingRun {
   std::unique_ptr<BlockTimer> block_timer_;
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<OptimizerStep> stepper_;
-  CheckpointBuffers buffers_, first_part_, kept_;
+  CheckpointBuffers buffers_;             // the rank's whole part, as a checkpoint's shard holds it (saving)
+  std::vector<CheckpointBuffers> spans_;  // per state span (FlatParams::spans): its part, loaded on its own
   bool profiling_ = false;
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // of the last applied step, recorded with a checkpoint
   double best_loss_ = std::numeric_limits<double>::infinity();
@@ -294,53 +295,52 @@ void TrainingRun::open_swappers() {
 
 void TrainingRun::describe_states() {
   const int moments = plan_.optimizer.moments;
-  const int64_t local = plan_.execution.local_numel;
-  buffers_ = {FlatParams::data_or_null(flat_.master), FlatParams::data_or_null(flat_.exp_avg), FlatParams::data_or_null(flat_.exp_avg_sq),
-              local, flat_.owned, plan_.layout.numel};
+  const std::vector<StateSpan>& spans = flat_.spans;
+  spans_.clear();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const FlatParams::States& st = flat_.states[i];
+    spans_.push_back({FlatParams::data_or_null(st.master), FlatParams::data_or_null(st.exp_avg), FlatParams::data_or_null(st.exp_avg_sq),
+                      spans[i].numel(), segments_within(flat_.owned, spans[i].begin, spans[i].end), plan_.layout.numel});
+    spans_.back().verify = i == 0;  // the first span's load verified every data set
+  }
+  buffers_ = spans_[0];
+  buffers_.numel = plan_.execution.local_numel;
+  buffers_.segments = flat_.owned;
   if (swapper_) buffers_.pieces = swapped_pieces(*swapper_, moments);
-  // Partial offload: the rank's part lives in two places, the offloaded elements [0, split) (on the host or
-  // swapped) and the kept rest on the device. Each is loaded on its own; saving draws both into one shard.
-  const int64_t split = flat_.partial() ? flat_.offloaded : local;
-  first_part_ = buffers_;
-  first_part_.numel = split;
-  first_part_.segments = segments_within(flat_.owned, 0, split);
-  kept_ = {FlatParams::data_or_null(flat_.kept_master), FlatParams::data_or_null(flat_.kept_exp_avg),
-           FlatParams::data_or_null(flat_.kept_exp_avg_sq), local - split, segments_within(flat_.owned, split, local), plan_.layout.numel};
-  kept_.verify = false;  // the first part's load verified every data set
   if (plan_.mesh.shape.splits_the_model()) {
     // A rank's states are its share's: checkpointed as the whole model's elements they are, so the checkpoint
     // is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads every
-    // element it holds (first_part_); what several ranks hold (tensors every tensor rank holds whole, the tied
+    // element it holds (spans_[0]); what several ranks hold (tensors every tensor rank holds whole, the tied
     // table) is written by one alone.
+    DS_CHECK(spans.size() == 1 && spans[0].place != Place::nvme, "a split model with offloaded states");
     const int r = groups_.tensor ? groups_.tensor->rank() : 0, stage = own_stage(plan_);
-    buffers_.model_numel = first_part_.model_numel = plan_.model.num_params;
+    buffers_.model_numel = spans_[0].model_numel = plan_.model.num_params;
     buffers_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/true);
-    first_part_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
-    DS_CHECK(!flat_.partial() && !swapper_, "a split model with offloaded states");
+    spans_[0].segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
   }
-  // A device whose memory the host cannot read gets its states into the checkpoint through counted copies,
-  // piece by piece; so does partial offload, whose shard is drawn from two places.
-  const bool states_on_device = !swapper_ && flat_.offloaded_place() == Place::device;
-  const bool staged = !device_.host_addresses_device() && (states_on_device || flat_.partial());
-  if (!flat_.partial() && !staged) return;
+  // One span the host reads (host memory, a CPU device's, or NVMe's swapped pieces) is saved as it is; states
+  // on a device the host cannot address, or in several places, are drawn into the shard piece by piece
+  // through counted copies.
+  if (spans.size() == 1 && (spans[0].place != Place::device || device_.host_addresses_device())) return;
   const ShardPieces swapped = swapper_ ? swapped_pieces(*swapper_, moments) : ShardPieces{};
   buffers_.pieces.moments = moments;
-  buffers_.pieces.read = [this, split, swapped](int64_t at, int64_t n, float* m, float* e1, float* e2) {
-    float* out[3] = {m, e1, e2};
-    // Elements [from, from + k) of `states` (at `place`) into out[] + within.
-    const auto take = [&](const torch::Tensor* const states[3], Place place, int64_t from, int64_t k, int64_t within) {
+  buffers_.pieces.read = [this, swapped](int64_t at, int64_t n, float* m, float* e1, float* e2) {
+    for (size_t i = 0; i < flat_.spans.size(); ++i) {
+      const StateSpan& span = flat_.spans[i];
+      const int64_t from = std::max(at, span.begin), to = std::min(at + n, span.end);
+      if (from >= to) continue;
+      const int64_t within = from - at, k = to - from;
+      float* out[3] = {m ? m + within : nullptr, e1 ? e1 + within : nullptr, e2 ? e2 + within : nullptr};
+      if (span.place == Place::nvme) {
+        swapped.read(from, k, out[0], out[1], out[2]);
+        continue;
+      }
+      const FlatParams::States& st = flat_.states[i];
+      const torch::Tensor* states[3] = {&st.master, &st.exp_avg, &st.exp_avg_sq};
       for (int s = 0; s < 3; ++s)
         if (out[s] && states[s]->defined())
-          device_.copy(torch::from_blob(out[s] + within, {k}, torch::kFloat32), Place::host, states[s]->narrow(0, from, k), place);
-    };
-    const int64_t lo = std::min(n, std::max<int64_t>(0, split - at));  // elements from the offloaded part
-    const torch::Tensor* first[3] = {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq};
-    const torch::Tensor* rest[3] = {&flat_.kept_master, &flat_.kept_exp_avg, &flat_.kept_exp_avg_sq};
-    if (lo > 0 && swapped.read)
-      swapped.read(at, lo, m, e1, e2);
-    else if (lo > 0)
-      take(first, flat_.offloaded_place(), at, lo, 0);
-    if (n > lo) take(rest, Place::device, at + lo - split, n - lo, lo);
+          device_.copy(torch::from_blob(out[s], {k}, torch::kFloat32), Place::host, states[s]->narrow(0, from - span.begin, k), span.place);
+    }
   };
 }
 
@@ -500,12 +500,14 @@ void TrainingRun::draw_weights() {
                  torch::from_blob(const_cast<float*>(values(s)), {s.numel}, torch::kFloat32), Place::host);
   };
   // (the segments of this rank's own layout: a tensor rank's checkpoint segments are the whole model's)
-  const std::vector<OwnedSegment> first = segments_within(flat_.owned, 0, first_part_.numel);
-  if (swapper_)
-    swap_in_weights(*swapper_, first, values);
-  else
-    for (const OwnedSegment& s : first) put(flat_.master, flat_.offloaded_place(), s);
-  for (const OwnedSegment& s : kept_.segments) put(flat_.kept_master, Place::device, s);
+  for (size_t i = 0; i < flat_.spans.size(); ++i) {
+    const StateSpan& span = flat_.spans[i];
+    const std::vector<OwnedSegment> segments = segments_within(flat_.owned, span.begin, span.end);
+    if (span.place == Place::nvme)
+      swap_in_weights(*swapper_, segments, values);
+    else
+      for (const OwnedSegment& s : segments) put(flat_.states[i].master, span.place, s);
+  }
 }
 
 void TrainingRun::resume() {
@@ -513,13 +515,17 @@ void TrainingRun::resume() {
   // States on a device the host cannot address come in through host memory (counted copies).
   const bool through_host = !device_.host_addresses_device();
   const int moments = plan_.optimizer.moments;
-  const CheckpointScalars sc = swapper_ ? swap_in_checkpoint(*swapper_, opt_.resume_from, first_part_)
-                               : through_host && flat_.offloaded_place() == Place::device
-                                   ? load_through_host(device_, opt_.resume_from, first_part_, {&flat_.master, &flat_.exp_avg, &flat_.exp_avg_sq}, moments)
-                                   : load_checkpoint(opt_.resume_from, first_part_);
-  if (flat_.partial())
-    through_host ? load_through_host(device_, opt_.resume_from, kept_, {&flat_.kept_master, &flat_.kept_exp_avg, &flat_.kept_exp_avg_sq}, moments)
-                 : load_checkpoint(opt_.resume_from, kept_);
+  CheckpointScalars sc;
+  for (size_t i = 0; i < flat_.spans.size(); ++i) {  // each span from the checkpoint, where its states live
+    const StateSpan& span = flat_.spans[i];
+    const FlatParams::States& st = flat_.states[i];
+    const CheckpointScalars got =
+        span.place == Place::nvme ? swap_in_checkpoint(*swapper_, opt_.resume_from, spans_[i])
+        : through_host && span.place == Place::device
+            ? load_through_host(device_, opt_.resume_from, spans_[i], {&st.master, &st.exp_avg, &st.exp_avg_sq}, moments)
+            : load_checkpoint(opt_.resume_from, spans_[i]);
+    if (i == 0) sc = got;
+  }
   check_base(sc.base_json);
   result_.first_step = sc.step;
   stepper_->set_applied(sc.applied_steps);

@@ -1,0 +1,36 @@
+#include "engine/runtime/run/optimizer_states.hpp"
+
+#include "common/error.hpp"
+
+namespace ds {
+
+OptimizerStates::OptimizerStates(FlatParams& flat, OptimizerSwapper* swapper) : flat_(flat), swapper_(swapper) {
+  bool on_nvme = false;
+  for (const StateSpan& s : flat.spans) on_nvme = on_nvme || s.place == Place::nvme;
+  DS_CHECK(on_nvme == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
+  DS_CHECK(flat.states.size() == flat.spans.size(), "a state span without its buffers");
+}
+
+void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn, bool read, bool write) const {
+  for (size_t i = 0; i < flat_.spans.size(); ++i) {
+    const StateSpan& span = flat_.spans[i];
+    if (span.place != Place::nvme) {
+      const FlatParams::States& st = flat_.states[i];
+      fn(StateChunk{i, span.begin, span.numel(), span.place, st.master, st.exp_avg, st.exp_avg_sq});
+      continue;
+    }
+    const int states = swapper_->states();
+    swapper_->for_each(
+        [&](size_t g, float* const* st) {
+          const SubGroup& sub = swapper_->sub_groups()[g];
+          DS_CHECK(sub.begin >= span.begin && sub.end <= span.end, "a sub-group outside its span");
+          const auto wrap = [&](int s) {
+            return s < states ? torch::from_blob(st[s], {sub.numel()}, torch::kFloat32) : torch::Tensor();
+          };
+          fn(StateChunk{i, sub.begin, sub.numel(), Place::host, wrap(0), wrap(1), wrap(2)});
+        },
+        read, write);
+  }
+}
+
+}  // namespace ds

@@ -1,0 +1,52 @@
+// ds — this rank's optimizer states, walked wherever the plan put them (ZeroExecution::state_spans): each
+// span in order; a span in memory (the device, or host memory under ZeRO-Offload) is one chunk, a span on
+// NVMe one sub-group at a time, read into the swapper's host buffers and written back. The step, the weights
+// copied from the master and the finite check all walk it, so where a state lives is decided once, by the
+// plan, and a new place (pinned host windows on a copy stream) is one case here rather than a branch in each.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <vector>
+
+#include "engine/runtime/io/nvme_swap.hpp"
+#include "engine/runtime/run/flat_params.hpp"
+
+namespace ds {
+
+// Local elements [begin, begin + numel) of span `span`, as tensors in the memory they are in.
+struct StateChunk {
+  size_t span = 0;
+  int64_t begin = 0, numel = 0;
+  Place at = Place::device;  // the memory of the tensors below (a span on NVMe: the host buffers it goes through)
+  torch::Tensor master, exp_avg, exp_avg_sq;  // fp32; undefined where the plan has no such state
+};
+
+// The memory a span's states are stepped in: NVMe's go through host buffers.
+inline Place memory_of(const StateSpan& s) { return s.place == Place::nvme ? Place::host : s.place; }
+
+class OptimizerStates {
+ public:
+  // `swapper`: the NVMe span's files (null when no span is on NVMe). Both borrowed.
+  OptimizerStates(FlatParams& flat, OptimizerSwapper* swapper);
+
+  const std::vector<StateSpan>& spans() const { return flat_.spans; }
+  // Whether the part is one span in memory: one optimizer call steps it whole (Lamb's per-tensor norms need that).
+  bool whole_in_memory() const { return spans().size() == 1 && spans()[0].place != Place::nvme; }
+  bool swapped() const { return swapper_ != nullptr; }
+  // Seconds waited on the NVMe span's reads and writes so far (0 without).
+  double io_wait() const { return swapper_ ? swapper_->io().wait_seconds() : 0.0; }
+  // Bytes the NVMe span's files have read and written so far (0 without).
+  double io_bytes() const { return swapper_ ? swapper_->io().bytes_read() + swapper_->io().bytes_written() : 0.0; }
+
+  // fn(chunk) for every chunk in order. On NVMe `read`: the sub-group's states are read in first (else the
+  // buffers hold whatever they held); `write`: written back after fn.
+  void for_each(const std::function<void(const StateChunk&)>& fn, bool read = true, bool write = true) const;
+
+ private:
+  FlatParams& flat_;
+  OptimizerSwapper* swapper_;
+};
+
+}  // namespace ds
