@@ -192,12 +192,24 @@ void add_hardware_flags(CLI::App* sub, HardwareArgs& a) {
   sub->add_option("--mfu", a.mfu, "the share of the peak matmul rate a step's FLOPs (recomputation included) run at, for the predicted step time (default " +
                                       format_double(kAssumedMfu) + ", what ds measured on one H200)")
       ->check(CLI::Range(0.01, 1.0));
+  sub->add_option("--host-link", a.host_link,
+                  "offload: a GPU's copies to and from its host's pinned memory, per direction, by name (" + known_host_link_names() +
+                      ") or rate, e.g. 50GB/s (default: the GPU model's PCIe)");
+  sub->add_option("--host-memory-bw", a.host_memory_bw,
+                  "offload: the bytes a second a node's memory streams with all its cores, e.g. 200GB/s: the optimizer's step "
+                  "on the host reads and writes its states at this rate, shared by the node's ranks (unknown unless given)");
+  sub->add_option("--nvme-bw", a.nvme_bw,
+                  "offload to NVMe: the bytes a second a node's drives under nvme_path read or write, e.g. 6GB/s, shared by "
+                  "the node's ranks (unknown unless given)");
 }
 
 void apply_hardware_flags(const HardwareArgs& a, TopologyOptions& topt) {
   topt.gpu = a.gpu;
   topt.intra_node_link = a.intra_node_link;
   topt.inter_node_link = a.inter_node_link;
+  topt.host_link = a.host_link;
+  topt.host_memory_bw = a.host_memory_bw;
+  topt.nvme_bw = a.nvme_bw;
   topt.mfu = a.mfu;
 }
 

@@ -47,10 +47,11 @@ double size_flag(const std::string& flag, const std::string& text);
 // Arguments of every subcommand that reads a config.
 // The hardware the step's time is predicted for (engine/plan/hardware.hpp): a GPU model, the links, the MFU.
 struct HardwareArgs {
-  std::string gpu, intra_node_link, inter_node_link;
+  std::string gpu, intra_node_link, inter_node_link, host_link, host_memory_bw, nvme_bw;
   double mfu = 0;
 };
-// --gpu, --intra-node-link, --inter-node-link and --mfu (ds plan, train, profile and estimate-memory alike).
+// --gpu, --intra-node-link, --inter-node-link, --mfu and the offload rates (--host-link, --host-memory-bw,
+// --nvme-bw) (ds plan, train, profile and estimate-memory alike).
 void add_hardware_flags(CLI::App* sub, HardwareArgs& a);
 void apply_hardware_flags(const HardwareArgs& a, TopologyOptions& topt);
 

@@ -355,9 +355,12 @@ void render_rows(const MemoryEstimateTable& t, std::ostringstream& o) {
                   fits.c_str());
     o << line;
   }
+  const bool some_unpredicted = std::any_of(t.rows.begin(), t.rows.end(), [](const EstimateRow& r) { return !(r.step_s > 0); });
   if (std::any_of(t.rows.begin(), t.rows.end(), [](const EstimateRow& r) { return r.step_s > 0; }))
     o << "  (GiB; per GPU columns are one rank's device memory; rows fastest first by the tokens/s predicted over all GPUs from the\n"
-         "  GPU's and the links' rates, as ds plan predicts a step; the offload rows, not predicted, after them in expected order)\n";
+         "  GPU's and the links' rates, as ds plan predicts a step"
+      << (some_unpredicted ? "; the offload rows, not predicted without --host-memory-bw (and --nvme-bw), after them in expected order)\n"
+                           : ")\n");
   else
     o << "  (GiB; per GPU columns are one rank's device memory; rows in expected speed order, fastest first)\n";
   // What this ds cannot train yet on these GPUs, once per reason.

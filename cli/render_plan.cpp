@@ -530,6 +530,17 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
   } else if (t.comm_known) {
     o << "  communication none (one rank)\n";
   }
+  if (!t.offload.empty()) {
+    size_t what_w = 34, rate_w = 28;
+    for (const OffloadTime& x : t.offload) what_w = std::max(what_w, x.what.size() + 2), rate_w = std::max(rate_w, x.rate.size() + 2);
+    o << "  " << pad("offload", what_w) << pad("at", rate_w) << lpad("bytes", 12) << lpad("time", 10) << lpad("hidden", 10) << "\n";
+    for (const OffloadTime& x : t.offload)
+      o << "  " << pad(x.what, what_w) << pad(x.rate, rate_w) << lpad(format_bytes(x.bytes), 12)
+        << lpad(x.known ? seconds_text(x.seconds) : "?", 10) << lpad(x.known ? seconds_text(x.hidden_s) : "?", 10) << "\n";
+    if (t.offload_known())
+      o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s)
+        << " added to the step (ds's offload does not overlap compute yet)\n";
+  }
   if (t.step_known()) {
     const double step = t.step_s();
     o << "  step " << seconds_text(step) << ": " << t.bound() << "; " << format_count(static_cast<int64_t>(p.tokens_per_step / step))

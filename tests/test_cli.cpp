@@ -64,6 +64,19 @@ TEST(CliPlan, PredictsTheStepsTimeForTheGpusAndLinksItIsToldOf) {
   r = ds("plan examples/time-llama2-7b.json --gpu h100 --inter-node-link fast");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "ib-ndr")) << r.err;
+  // Offloaded: the transfers at the H100's PCIe, the host's step once its memory's rate is given; which bounds the step.
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 1 zero_optimization.offload_optimizer.device=cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"gradients to the host", "pcie5 (50.0 GB/s a direction)", "not predicted without the host's memory bandwidth (--host-memory-bw"})
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --gpus 1 zero_optimization.offload_optimizer.device=nvme "
+         "zero_optimization.offload_optimizer.nvme_path=/tmp --host-memory-bw 200GB/s --nvme-bw 1GB/s");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"optimizer step on the host", "host memory (200.0 GB/s)", "nvme (1.0 GB/s)", "nvme-bound"})
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  r = ds("plan examples/time-llama2-7b.json --gpu h100 --host-memory-bw 200Gb/s");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--host-memory-bw '200Gb/s' is not a rate in bytes a second")) << r.err;
 }
 
 TEST(CliPlan, SaysHowZeroUsesTheLibrarysCollectives) {

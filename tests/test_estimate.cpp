@@ -218,7 +218,8 @@ TEST(MeshRecommendation, TheSmallestMeshThatFitsAndNothingSmallerDoes) {
 
 // Told the GPUs' and links' rates, the recommendation is the mesh that fits with the most predicted tokens/s
 // (meshes run different micro-batches per step, so throughput, not the step, is compared), every candidate
-// tried here; the rows carry their predicted throughput, offload rows none (offload is not modelled yet).
+// tried here; the rows carry their predicted throughput, offload rows none until the host's memory and the
+// drives' rates are given, then every row, fastest first.
 TEST(MeshRecommendation, WithTheHardwaresRatesTheFastestPredictedMeshThatFitsIsChosen) {
   const std::string cfg = R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "model": {"preset": "llama-3-70b"},
                               "data": {"seq_len": 4096}})";
@@ -266,6 +267,18 @@ TEST(MeshRecommendation, WithTheHardwaresRatesTheFastestPredictedMeshThatFitsIsC
       faster = r.tokens_per_s;
     }
     offload_seen = offload_seen || offload;
+  }
+  EXPECT_TRUE(offload_seen);
+  cluster.rates.host_link = {"pcie5", 50e9, 10e-6};
+  cluster.rates.host_memory_bw = 200e9;
+  cluster.rates.nvme_bw = 6e9;
+  const MemoryEstimateTable rated = estimate_memory_table(load_config_text(kCfg, "t"), build_model_spec(resolve_model_hyper(load_config_text(kCfg, "t").model)), cluster);
+  ASSERT_EQ(rated.rows.size(), table.rows.size());
+  faster = 1e300;
+  for (const EstimateRow& r : rated.rows) {
+    ASSERT_GT(r.step_s, 0) << r.overrides;
+    EXPECT_LE(r.tokens_per_s, faster) << r.overrides;
+    faster = r.tokens_per_s;
   }
 }
 

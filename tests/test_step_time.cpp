@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <tuple>
+
 #include "engine/plan/plan.hpp"
 #include "engine/plan/plan_record.hpp"
 #include "test_helpers.hpp"
@@ -259,6 +261,120 @@ TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {
   EXPECT_TRUE(cpu["step_s"].is_null());
   EXPECT_TRUE(cpu["compute_s"].is_null());
   EXPECT_FALSE(cpu["missing"].empty());
+}
+
+// A GPU plan with its offload rates: --host-link, --host-memory-bw, --nvme-bw ("" for unknown).
+Topology gpus_offloading(int per_node, const std::string& gpu, const std::string& host_link, const std::string& memory, const std::string& nvme) {
+  TopologyOptions o;
+  o.nproc_per_node = per_node;
+  o.gpu = gpu;
+  o.host_link = host_link;
+  o.host_memory_bw = memory;
+  o.nvme_bw = nvme;
+  return make_topology(o, [](const char*) -> const char* { return nullptr; });
+}
+
+bool mentions(const std::vector<std::string>& missing, const std::string& flag) {
+  for (const std::string& m : missing)
+    if (m.find(flag) != std::string::npos) return true;
+  return false;
+}
+
+TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRateSharedByTheNodesRanks) {
+  const std::vector<std::string> cpu_offload{"zero_optimization.offload_optimizer.device=cpu"};
+  // The host's memory unknown: the copies are predicted at the H100's PCIe 5 (50 GB/s), the step is not.
+  const Plan unknown = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "", ""), cpu_offload);
+  EXPECT_FALSE(unknown.step_time.step_known());
+  EXPECT_TRUE(mentions(unknown.step_time.missing, "--host-memory-bw"));
+  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + 1);
+  for (size_t i = 0; i < unknown.execution.transfers.size(); ++i) {
+    const Transfer& x = unknown.execution.transfers[i];
+    EXPECT_EQ(unknown.step_time.offload[i].what, x.what);
+    EXPECT_TRUE(unknown.step_time.offload[i].known);
+    EXPECT_DOUBLE_EQ(unknown.step_time.offload[i].seconds, x.bytes_per_step / 50e9) << x.what;
+  }
+  EXPECT_FALSE(unknown.step_time.offload.back().known);  // the host's step: its bytes, no time
+  EXPECT_FALSE(unknown.step_time.offload_known());
+  EXPECT_TRUE(nlohmann::json::parse(plan_to_json(unknown))["step_time"]["offload_s"].is_null());
+  // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the fp32
+  // gradient, the master and two moments read and written, the bf16 weight written: 4 + 8 x 3 + 2 bytes.
+  const Plan p = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
+  const StepTime& t = p.step_time;
+  ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
+  const ZeroExecution& z = p.execution;
+  ASSERT_EQ(z.state_spans.size(), 1u);
+  ASSERT_EQ(z.state_spans[0].place, Place::host);
+  const double host_bytes = static_cast<double>(z.local_numel) * (4 + 8 * 3 + 2);
+  ASSERT_EQ(t.offload.size(), z.transfers.size() + 1);
+  EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
+  EXPECT_DOUBLE_EQ(t.offload.back().bytes, host_bytes);
+  EXPECT_NEAR(t.offload.back().seconds, host_bytes / (400e9 / 8), 1e-15);
+  double link_s = 0;
+  for (const Transfer& x : z.transfers) link_s += x.bytes_per_step / 50e9;
+  const double host_s = host_bytes / 50e9;
+  EXPECT_NEAR(t.offload_s, link_s + host_s, 1e-12);
+  EXPECT_EQ(t.offload_hidden_s, 0);
+  EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + link_s + host_s, 1e-12);
+  // What it waits on most: here the host's memory (the step's states), over compute and the link.
+  const double most = std::max({t.compute_s, t.comm_s, link_s, host_s});
+  EXPECT_STREQ(t.bound(), most == host_s ? "host-memory-bound" : most == link_s ? "host-link-bound" : most == t.comm_s ? "communication-bound" : "compute-bound");
+  // --host-link replaces the GPU's own; plan.json carries every row.
+  const Plan slow = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "pcie4", "400GB/s", ""), cpu_offload);
+  EXPECT_NEAR(slow.step_time.offload_s, link_s * 2 + host_s, 1e-12);
+  const nlohmann::json j = nlohmann::json::parse(plan_to_json(p))["step_time"];
+  EXPECT_EQ(j["offload"].size(), t.offload.size());
+  EXPECT_EQ(j["offload"].back()["resource"], "host memory");
+  EXPECT_DOUBLE_EQ(j["host_link"]["busbw_bytes_per_s"].get<double>(), 50e9);
+  EXPECT_NEAR(j["step_s"].get<double>(), t.step_s(), 1e-12);
+}
+
+TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) {
+  const auto nvme = [](bool pipelined) {
+    return std::vector<std::string>{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                                    "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=8",
+                                    std::string("zero_optimization.offload_optimizer.pipeline_read=") + (pipelined ? "true" : "false"),
+                                    std::string("zero_optimization.offload_optimizer.pipeline_write=") + (pipelined ? "true" : "false"),
+                                    "zero_optimization.sub_group_size=10000000"};
+  };
+  EXPECT_TRUE(mentions(plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", ""), nvme(true)).step_time.missing, "--nvme-bw"));
+  for (const bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "one swap set");
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", "5GB/s"), nvme(pipelined));
+    const StepTime& t = p.step_time;
+    ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
+    EXPECT_EQ(p.execution.swap_sets > 1, pipelined);
+    double swaps = 0, host = 0, rest = 0;
+    for (const OffloadTime& o : t.offload) {
+      const bool on_nvme = o.resource == OffloadResource::nvme;
+      EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (on_nvme ? 5e9 : o.resource == OffloadResource::host_memory ? 200e9 : 50e9)) << o.what;
+      if (on_nvme && o.what.rfind("optimizer states", 0) == 0) swaps += o.seconds;
+      else if (o.resource == OffloadResource::host_memory) host += o.seconds;
+      else rest += o.seconds;
+    }
+    EXPECT_GT(swaps, 0);
+    EXPECT_GT(host, 0);
+    const double hidden = pipelined ? std::min(swaps, host) : 0;
+    EXPECT_NEAR(t.offload_hidden_s, hidden, 1e-12);
+    EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + swaps + host + rest - hidden, 1e-12);
+    EXPECT_NEAR(t.offload_seconds(OffloadResource::nvme), swaps - hidden, 1e-12);  // the states are the drives' only traffic here
+  }
+}
+
+TEST(StepTime, OnTheCpuACopyBetweenPlacesReadsAndWritesTheHostsMemoryAndBadRatesAreRefused) {
+  Topology t = test::thread_ranks(2, 0);
+  t.rates.host_memory_bw = 100e9;
+  const Plan p = plan_on(kGpt2Zero2, t, {"zero_optimization.offload_optimizer.device=cpu"});
+  const int sharing = std::max(1, p.topology.ranks_per_node);
+  ASSERT_FALSE(p.step_time.offload.empty());
+  for (const OffloadTime& o : p.step_time.offload)
+    EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (o.resource == OffloadResource::host_memory ? 100e9 / sharing : 100e9 / 2 / sharing)) << o.what;
+  EXPECT_FALSE(mentions(p.step_time.missing, "--host"));  // compute is what a CPU plan lacks
+  for (const auto& [link, memory, nvme] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"fast", "", ""}, {"", "400Gb/s", ""}, {"", "", "lots"}, {"", "200GB", ""}})
+    EXPECT_THROW(gpus_offloading(1, "h100", link, memory, nvme), UserError) << link << memory << nvme;
+  EXPECT_DOUBLE_EQ(gpus_offloading(1, "a100", "", "", "").rates.host_link.busbw, 25e9);
+  EXPECT_DOUBLE_EQ(gpus_offloading(1, "a100", "64GB/s", "6.5GiB/s", "").rates.host_link.busbw, 64e9);
+  EXPECT_DOUBLE_EQ(gpus_offloading(1, "a100", "", "6.5GiB/s", "").rates.host_memory_bw, 6.5 * 1024 * 1024 * 1024);
 }
 
 }  // namespace

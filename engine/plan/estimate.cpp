@@ -94,7 +94,7 @@ MemoryEstimateTable estimate_memory_table(const Config& base, const ModelSpec& m
   std::stable_sort(t.rows.begin(), t.rows.end(),
                    [](const EstimateRow& a, const EstimateRow& b) { return a.speed_rank < b.speed_rank; });
   // Where the plan predicts the rows' throughput, that orders them (fastest first), the rows it cannot predict
-  // (offload) after them in the expected order.
+  // (offload without --host-memory-bw / --nvme-bw) after them in the expected order.
   std::stable_sort(t.rows.begin(), t.rows.end(), [](const EstimateRow& a, const EstimateRow& b) {
     if ((a.step_s > 0) != (b.step_s > 0)) return a.step_s > 0;
     return a.step_s > 0 && a.tokens_per_s > b.tokens_per_s;

@@ -76,18 +76,52 @@ std::optional<Link> link_from_text(const std::string& text, bool network) {
   return Link{text, rate, network ? kNetworkLatency : kNvlinkLatency};
 }
 
+namespace {
+
+const std::vector<Link>& host_links() {
+  static const std::vector<Link> links = {
+      {"pcie5", 50 * kGB, 10e-6},  // x16 Gen5: 64 GB/s a direction; pinned copies sustain about 50
+      {"pcie4", 25 * kGB, 10e-6},  // x16 Gen4: 32 GB/s a direction; about 25
+  };
+  return links;
+}
+
+}  // namespace
+
+std::optional<Link> host_link_from_text(const std::string& text) {
+  const std::string key = lower(text);
+  for (const Link& l : host_links())
+    if (l.name == key) return l;
+  const std::optional<double> rate = byte_rate_from_text(text);
+  if (!rate) return std::nullopt;
+  return Link{text, *rate, 10e-6};
+}
+
+std::string known_host_link_names() {
+  std::vector<std::string> names;
+  for (const Link& l : host_links()) names.push_back(l.name);
+  return join_names(names);
+}
+
+std::optional<double> byte_rate_from_text(const std::string& text) {
+  const size_t slash = text.find('/');
+  if (slash == std::string::npos || slash == 0 || text[slash - 1] != 'B') return std::nullopt;  // bytes, not a line rate in bits
+  const std::optional<Link> l = link_from_text(text, false);
+  return l ? std::optional<double>(l->busbw) : std::nullopt;
+}
+
 const std::vector<GpuModel>& known_gpus() {
   // Memory as nvidia-smi reports it; peak dense matmul rates from NVIDIA's data sheets. Listed so that the
   // first whose pieces all appear in a device's name is the one (PCIe variants before their SXM siblings).
   static const std::vector<GpuModel> gpus = {
-      {"h100-pcie", "H100 PCIe 80GB", {"h100", "pcie"}, 81559 * kMiB, 756e12, 51.2e12, "pcie5"},
-      {"h100", "H100 SXM 80GB", {"h100"}, 81559 * kMiB, 989.4e12, 66.9e12, "nvlink4"},
-      {"h200", "H200 SXM 141GB", {"h200"}, 143771 * kMiB, 989.4e12, 66.9e12, "nvlink4"},
-      {"a100-pcie", "A100 PCIe 80GB", {"a100", "pcie"}, 81920 * kMiB, 312e12, 19.5e12, "pcie4"},
-      {"a100-40gb", "A100 SXM 40GB", {"a100", "40gb"}, 40960 * kMiB, 312e12, 19.5e12, "nvlink3"},
-      {"a100", "A100 SXM 80GB", {"a100"}, 81920 * kMiB, 312e12, 19.5e12, "nvlink3"},
-      {"l40s", "L40S 48GB", {"l40s"}, 46068 * kMiB, 362e12, 91.6e12, "pcie4"},
-      {"rtx4090", "GeForce RTX 4090 24GB", {"4090"}, 24564 * kMiB, 165.2e12, 82.6e12, "pcie4"},
+      {"h100-pcie", "H100 PCIe 80GB", {"h100", "pcie"}, 81559 * kMiB, 756e12, 51.2e12, "pcie5", "pcie5"},
+      {"h100", "H100 SXM 80GB", {"h100"}, 81559 * kMiB, 989.4e12, 66.9e12, "nvlink4", "pcie5"},
+      {"h200", "H200 SXM 141GB", {"h200"}, 143771 * kMiB, 989.4e12, 66.9e12, "nvlink4", "pcie5"},
+      {"a100-pcie", "A100 PCIe 80GB", {"a100", "pcie"}, 81920 * kMiB, 312e12, 19.5e12, "pcie4", "pcie4"},
+      {"a100-40gb", "A100 SXM 40GB", {"a100", "40gb"}, 40960 * kMiB, 312e12, 19.5e12, "nvlink3", "pcie4"},
+      {"a100", "A100 SXM 80GB", {"a100"}, 81920 * kMiB, 312e12, 19.5e12, "nvlink3", "pcie4"},
+      {"l40s", "L40S 48GB", {"l40s"}, 46068 * kMiB, 362e12, 91.6e12, "pcie4", "pcie4"},
+      {"rtx4090", "GeForce RTX 4090 24GB", {"4090"}, 24564 * kMiB, 165.2e12, 82.6e12, "pcie4", "pcie4"},
   };
   return gpus;
 }

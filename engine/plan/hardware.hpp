@@ -1,7 +1,8 @@
 // ds — what the hardware a plan is made for can do: the GPU models ds knows (memory, peak matmul rates, the
 // link between the GPUs of one node) and the links between ranks, by name. The one place these figures live:
 // the time prediction (engine/plan/step_time.hpp) reads them from the Topology, which takes them from
-// --gpu, a detected GPU's name, --intra-node-link / --inter-node-link and --mfu.
+// --gpu, a detected GPU's name, --intra-node-link / --inter-node-link, --mfu and offload's --host-link,
+// --host-memory-bw and --nvme-bw.
 //
 // A link's rate is NCCL's bus bandwidth ("busbw" in nccl-tests): what one rank's share of a large ring
 // collective moves per second, so a collective of payload S takes S x factor / busbw, the factor 2 (n - 1) / n
@@ -28,6 +29,14 @@ struct Link {
 
 // The links ds knows by name, in the order --help lists them.
 const std::vector<Link>& known_links();
+// A GPU's copies to and from its host's pinned memory, per direction, by name ("pcie5": about 50 GB/s; "pcie4":
+// about 25 GB/s: what pinned copies sustain of x16's 64 and 32 GB/s) or by rate in bytes ("50GB/s"). nullopt: neither.
+std::optional<Link> host_link_from_text(const std::string& text);
+// "pcie5, pcie4" for messages.
+std::string known_host_link_names();
+// A rate in bytes a second ("200GB/s", "6.5GiB/s"), for memory and drives. nullopt: not one.
+std::optional<double> byte_rate_from_text(const std::string& text);
+
 // A link by name ("nvlink4") or by rate ("300GB/s", "25GiB/s", "400Gb/s": bits, the NIC's line rate, taken at
 // 90%). `network`: a rate given across nodes takes the network's latency, else NVLink's. nullopt: neither.
 std::optional<Link> link_from_text(const std::string& text, bool network);
@@ -42,6 +51,7 @@ struct GpuModel {
   double peak_flops_16bit = 0; // dense bf16/fp16 matmul with fp32 accumulation
   double peak_flops_fp32 = 0;  // fp32 without TF32 (LibTorch's default for fp32 matmuls)
   std::string intra_node_link; // the link between the GPUs of one node, a known_links() name
+  std::string host_link;       // the link to its host's memory, a host_link_from_text() name
 };
 const std::vector<GpuModel>& known_gpus();
 // The model by its --gpu name, or nullopt.
@@ -63,6 +73,11 @@ struct HardwareRates {
   double mfu = kAssumedMfu;
   bool mfu_given = false;        // --mfu (else kAssumedMfu)
   Link intra_node, inter_node;
+  // Offload (step_time.cpp): a GPU's copies to and from its host (--host-link, else the GPU's PCIe), per GPU; the
+  // bytes a second a node's memory streams (--host-memory-bw: the optimizer's step on the host) and its drives
+  // under nvme_path read or write (--nvme-bw), each shared by the node's ranks. 0 / unknown: not known.
+  Link host_link;
+  double host_memory_bw = 0, nvme_bw = 0;
 };
 
 }  // namespace ds

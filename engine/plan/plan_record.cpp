@@ -328,6 +328,15 @@ json step_time_json(const Plan& p) {
   for (const CollectiveTime& c : t.collectives)
     rows.push_back({{"what", c.what}, {"link", c.link}, {"overlaps", step_phase_name(c.phase)}, {"seconds", c.seconds}, {"hidden_s", c.hidden_s}});
   j["collectives"] = rows;
+  j["host_link"] = link(hw.host_link);
+  j["host_memory_bytes_per_s"] = hw.host_memory_bw > 0 ? json(hw.host_memory_bw) : json(nullptr);
+  j["nvme_bytes_per_s"] = hw.nvme_bw > 0 ? json(hw.nvme_bw) : json(nullptr);
+  json offload = json::array();
+  for (const OffloadTime& x : t.offload)
+    offload.push_back({{"what", x.what}, {"resource", offload_resource_name(x.resource)}, {"at", x.rate}, {"bytes", x.bytes},
+                       {"seconds", known(x.known, x.seconds)}, {"hidden_s", known(x.known, x.hidden_s)}});
+  j["offload"] = offload;
+  j["offload_s"] = known(t.offload_known(), t.offload_s - t.offload_hidden_s);
   return j;
 }
 

@@ -146,7 +146,115 @@ void overlap(const Plan& p, StepTime& t) {
   }
 }
 
+// Offload's resources and their rates (bytes a second, for one rank): 0 where not known, with what would give it
+// added to `missing` once.
+struct OffloadRates {
+  double link = 0, memory = 0, nvme = 0;
+  std::string link_name, memory_name, nvme_name;
+};
+
+OffloadRates offload_rates(const Plan& p) {
+  const HardwareRates& hw = p.topology.rates;
+  const double sharing = std::max(1, p.topology.ranks_per_node);  // a node's memory and drives serve all its ranks
+  const auto per_rank = [&](double rate, const std::string& what) {
+    return what + " (" + format_fixed(rate / 1e9, 1) + " GB/s" + (sharing > 1 ? " a node over " + format_count(static_cast<int64_t>(sharing)) + " ranks" : "") + ")";
+  };
+  OffloadRates r;
+  if (hw.host_memory_bw > 0) {
+    r.memory = hw.host_memory_bw / sharing;
+    r.memory_name = per_rank(hw.host_memory_bw, "host memory");
+  }
+  if (hw.nvme_bw > 0) {
+    r.nvme = hw.nvme_bw / sharing;
+    r.nvme_name = per_rank(hw.nvme_bw, "nvme");
+  }
+  if (p.topology.device_traits().memory_is_host) {  // the device is the host: a copy reads and writes its memory
+    r.link = r.memory / 2;
+    if (r.link > 0) r.link_name = "memory copy, " + r.memory_name;
+  } else if (hw.host_link.known()) {
+    r.link = hw.host_link.busbw;
+    r.link_name = hw.host_link.name + " (" + format_fixed(r.link / 1e9, 1) + " GB/s a direction)";
+  }
+  return r;
+}
+
+// The plan's transfers and the host's optimizer step, each at its resource's rate, run after the backward one after
+// another (ds's offload today); the NVMe swaps of pipelined states overlap the host's step.
+void predict_offload(const Plan& p, StepTime& t) {
+  const ZeroExecution& z = p.execution;
+  if (z.transfers.empty()) return;
+  const OffloadRates r = offload_rates(p);
+  const bool cpu = p.topology.device_traits().memory_is_host;
+  const auto need = [&](const std::string& what) {
+    if (std::find(t.missing.begin(), t.missing.end(), what) == t.missing.end()) t.missing.push_back(what);
+  };
+  const std::string memory_flag = "the host's memory bandwidth (--host-memory-bw, e.g. 200GB/s)";
+  const auto add = [&](const std::string& what, OffloadResource resource, double bytes) {
+    const double rate = resource == OffloadResource::host_link ? r.link : resource == OffloadResource::nvme ? r.nvme : r.memory;
+    if (!(rate > 0)) {
+      need(resource == OffloadResource::nvme ? "the NVMe drives' rate under nvme_path (--nvme-bw, e.g. 6GB/s)"
+           : resource == OffloadResource::host_memory || cpu ? memory_flag
+                                                             : "the link between a GPU and its host (--host-link " + known_host_link_names() + " or a rate, e.g. 50GB/s; or --gpu)");
+      t.offload.push_back({what, resource, std::string(offload_resource_name(resource)) + " (rate unknown)", bytes, 0, 0, false});
+      return;
+    }
+    const std::string& name = resource == OffloadResource::host_link ? r.link_name : resource == OffloadResource::nvme ? r.nvme_name : r.memory_name;
+    t.offload.push_back({what, resource, name, bytes, bytes / rate, 0, true});
+  };
+  for (const Transfer& x : z.transfers)
+    add(x.what, x.from == Place::nvme || x.to == Place::nvme ? OffloadResource::nvme : OffloadResource::host_link, x.bytes_per_step);
+  // The optimizer's step of the offloaded states: per element its fp32 gradient read, the master and each moment
+  // read and written, the weight written in its stored dtype.
+  const bool stepped_on_host = !z.state_spans.empty() && z.state_spans.front().place != Place::device;
+  if (stepped_on_host) {
+    const double per_element = 4.0 + 8.0 * (1 + p.optimizer.moments) + dtype_bytes(p.precision.param_dtype);
+    add("optimizer step on the host", OffloadResource::host_memory, static_cast<double>(z.state_spans.front().numel()) * per_element);
+  }
+  // Pipelined swaps: the states' reads and writes run while the host steps the sub-groups already in.
+  double swaps = 0, host_step = 0;
+  for (const OffloadTime& o : t.offload) {
+    if (o.resource == OffloadResource::nvme && o.what.rfind("optimizer states", 0) == 0) swaps += o.seconds;
+    if (o.resource == OffloadResource::host_memory) host_step += o.seconds;
+  }
+  if (z.swap_sets > 1 && swaps > 0) {
+    const double hidden = std::min(swaps, host_step);
+    for (OffloadTime& o : t.offload)
+      if (o.resource == OffloadResource::nvme && o.what.rfind("optimizer states", 0) == 0) o.hidden_s = hidden * o.seconds / swaps;
+  }
+  for (const OffloadTime& o : t.offload) t.offload_s += o.seconds, t.offload_hidden_s += o.hidden_s;
+}
+
 }  // namespace
+
+const char* offload_resource_name(OffloadResource r) {
+  switch (r) {
+    case OffloadResource::host_link: return "host link";
+    case OffloadResource::host_memory: return "host memory";
+    case OffloadResource::nvme: return "nvme";
+  }
+  return "?";
+}
+
+bool StepTime::offload_known() const {
+  return std::all_of(offload.begin(), offload.end(), [](const OffloadTime& o) { return o.known; });
+}
+
+double StepTime::offload_seconds(OffloadResource r) const {
+  double s = 0;
+  for (const OffloadTime& o : offload)
+    if (o.resource == r) s += o.seconds - o.hidden_s;
+  return s;
+}
+
+const char* StepTime::bound() const {
+  const char* name = comm_s > compute_s ? "communication-bound" : "compute-bound";
+  double most = std::max(comm_s, compute_s);
+  const std::pair<OffloadResource, const char*> resources[] = {
+      {OffloadResource::host_link, "host-link-bound"}, {OffloadResource::host_memory, "host-memory-bound"}, {OffloadResource::nvme, "nvme-bound"}};
+  for (const auto& [r, label] : resources)
+    if (offload_seconds(r) > most) most = offload_seconds(r), name = label;
+  return name;
+}
 
 const char* step_phase_name(StepPhase p) {
   switch (p) {
@@ -186,10 +294,10 @@ StepTime predict_step_time(const Plan& p) {
   t.comm_known = comm_known && t.missing.size() == before;
   if (!t.comm_known) {
     t.collectives.clear();
+    predict_offload(p, t);
     return t;
   }
-  if (!p.execution.transfers.empty())
-    t.missing.push_back("a model of offload: its device-host transfers and the CPU's optimizer step are not predicted yet");
+  predict_offload(p, t);
   if (t.compute_known) overlap(p, t);
   for (const CollectiveTime& c : t.collectives) t.comm_s += c.seconds, t.hidden_s += c.hidden_s;
   return t;

@@ -15,7 +15,14 @@
 //               call of a micro step (the first block's gather, the last bucket's reduce) cannot hide. The rest (the control
 //               values, the updated parameters' all-gather, the tensor-parallel all-reduces, pipeline sends)
 //               waits for compute, and compute for it;
-//   step      = compute + communication - hidden.
+//   offload   = each of the plan's transfers (ZeroExecution::transfers) at its resource's rate: between a GPU and its
+//               host the host link (per GPU), to and from NVMe the drives' rate, and the optimizer's step on the
+//               host its states streamed through the host's memory (per element: the fp32 gradient read, the
+//               master and each moment read and written, the weight written); memory and drives are shared by a
+//               node's ranks, and on a CPU device a "copy between places" is a memory copy (read and write). As
+//               ds runs offload today it follows the backward and nothing overlaps it, except NVMe swaps pipelined
+//               (pipeline_read/write) behind the host's step;
+//   step      = compute + communication - hidden + offload - its hidden part.
 #pragma once
 
 #include <string>
@@ -36,6 +43,19 @@ struct CollectiveTime {
   double hidden_s = 0;   // of which overlapped with compute
 };
 
+enum class OffloadResource { host_link, host_memory, nvme };
+
+struct OffloadTime {
+  std::string what;      // a transfer's name ("gradients to the optimizer"), or "optimizer step on the host"
+  OffloadResource resource = OffloadResource::host_link;
+  std::string rate;      // the resource and its rate as given: "pcie5 (50.0 GB/s a direction)"
+  double bytes = 0;      // per step and rank
+  double seconds = 0;    // 0 where the resource's rate is not known (`known`)
+  double hidden_s = 0;   // of which overlapped (NVMe swaps pipelined behind the host's step)
+  bool known = true;
+};
+const char* offload_resource_name(OffloadResource r);
+
 struct StepTime {
   bool compute_known = false;  // the device's peak rate is known (--gpu or a detected GPU ds knows)
   bool comm_known = false;     // every link a collective crosses is known (or nothing crosses one)
@@ -48,14 +68,19 @@ struct StepTime {
   double comm_s = 0;           // every collective's seconds
   double hidden_s = 0;         // of which hidden behind compute
   std::vector<CollectiveTime> collectives;  // the plan's collectives in order, then the mesh's
+  std::vector<OffloadTime> offload;         // the plan's transfers in order, then the host's optimizer step
+  double offload_s = 0, offload_hidden_s = 0;  // the known rows'
+  bool offload_known() const;                   // every row's rate is known
+  double offload_seconds(OffloadResource r) const;  // its rows' exposed seconds
   // Everything the step needs is known: compute, every link, and nothing the model leaves out (offload).
   bool step_known() const { return compute_known && comm_known && missing.empty(); }
   double exposed_s() const { return comm_s - hidden_s; }
-  double step_s() const { return compute_s + exposed_s(); }  // both known
-  // "compute-bound" or "communication-bound": which of the two is longer before any overlap.
+  double step_s() const { return compute_s + exposed_s() + offload_s - offload_hidden_s; }  // all known
+  // What the step waits on most: "compute-bound", "communication-bound" (its collectives before any overlap), or
+  // with offload "host-link-bound", "host-memory-bound", "nvme-bound" (the resource whose exposed time is longest).
   // The share of the peak the predicted step reaches, from the model FLOPs one rank does (recomputation not counted).
   double mfu(double train_flops_per_rank) const { return train_flops_per_rank / step_s() / peak_flops; }
-  const char* bound() const { return comm_s > compute_s ? "communication-bound" : "compute-bound"; }
+  const char* bound() const;
 };
 
 StepTime predict_step_time(const Plan& plan);

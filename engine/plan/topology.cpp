@@ -92,6 +92,22 @@ HardwareRates hardware_rates(const TopologyOptions& opt, bool cuda) {
     hw.peak_flops_fp32 = gpu->peak_flops_fp32;
     hw.intra_node = *link_from_text(gpu->intra_node_link, false);
   }
+  if (gpu) hw.host_link = *host_link_from_text(gpu->host_link);
+  if (!opt.host_link.empty()) {
+    const std::optional<Link> l = host_link_from_text(opt.host_link);
+    if (!l)
+      throw UserError("--host-link '" + opt.host_link + "' is neither a link ds knows nor a rate in bytes",
+                      "name one (" + known_host_link_names() + ") or give what a GPU's copies to its host's pinned memory sustain, e.g. 50GB/s");
+    hw.host_link = *l;
+  }
+  const auto byte_rate = [](const char* flag, const std::string& text, const char* example) {
+    if (text.empty()) return 0.0;
+    const std::optional<double> rate = byte_rate_from_text(text);
+    if (!rate) throw UserError(std::string(flag) + " '" + text + "' is not a rate in bytes a second", std::string("e.g. ") + flag + " " + example);
+    return *rate;
+  };
+  hw.host_memory_bw = byte_rate("--host-memory-bw", opt.host_memory_bw, "200GB/s (a node's memory, all its cores streaming)");
+  hw.nvme_bw = byte_rate("--nvme-bw", opt.nvme_bw, "6GB/s (a node's drives under nvme_path)");
   if (!opt.intra_node_link.empty()) hw.intra_node = link_flag("--intra-node-link", opt.intra_node_link, false);
   if (!opt.inter_node_link.empty()) hw.inter_node = link_flag("--inter-node-link", opt.inter_node_link, true);
   if (opt.mfu != 0) {

@@ -71,6 +71,8 @@ struct TopologyOptions {
   // rates and its node's link; it plans for GPUs (on "auto") as --device-memory does. "": the detected GPU's.
   std::string gpu;
   std::string intra_node_link, inter_node_link;  // a known link's name or a rate; "": the GPU's own / unknown
+  std::string host_link;                          // a GPU's link to its host: a name or a rate; "": the GPU's own
+  std::string host_memory_bw, nvme_bw;            // rates, e.g. "200GB/s"; "": unknown
   double mfu = 0;                  // the share of peak a step reaches; 0: kAssumedMfu
   std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
   std::optional<BuildSupport> build;  // this binary's (build_support()), carried into the Topology
