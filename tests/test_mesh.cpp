@@ -272,6 +272,12 @@ TEST(PlanMesh, SizesBeyondTheWorldAndZeroStagesAPipelineCannotTakeAreRefusedNami
   std::string e = error_of(8, {"tensor_parallel.autotp_size=65536", "pipeline.stages=65536"});
   EXPECT_NE(e.find("tensor_parallel.autotp_size: the 8 ranks do not split into tensor 65536 x pipeline 65536"), std::string::npos) << e;
   EXPECT_NE(e.find("launch a multiple of 4294967296 ranks"), std::string::npos) << e;
+  // The sizes offered are ones the model takes: of 12's divisors only 1 and 2 split llama-tiny's 4 heads, 2 key/value
+  // heads and 176 MLP channels (4 would leave a rank without a key/value head).
+  e = error_of(12, {"tensor_parallel.autotp_size=5"});
+  EXPECT_NE(e.find("set tensor_parallel.autotp_size to one of: 1, 2]"), std::string::npos) << e;
+  for (int t : {1, 2}) EXPECT_TRUE(tensor_split_issues(model_of("llama-tiny").hp, t).empty()) << t;
+  for (int t : {3, 4, 6, 12}) EXPECT_FALSE(tensor_split_issues(model_of("llama-tiny").hp, t).empty()) << t;
   // The key named is the one to change: the tensor size divides 16, three stages do not.
   e = error_of(16, {"tensor_parallel.autotp_size=2", "pipeline.stages=3"});
   EXPECT_NE(e.find("pipeline.stages: the 16 ranks do not split"), std::string::npos) << e;

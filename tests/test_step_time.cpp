@@ -14,14 +14,19 @@
 namespace ds {
 namespace {
 
-Topology gpus(int nodes, int per_node, const std::string& gpu, const std::string& inter = "", double mfu = 0) {
-  TopologyOptions o;
+// The topology of `per_node` GPUs of model `gpu` on each of `nodes` nodes, nothing detected here, `o`'s other rates.
+Topology gpus_with(int nodes, int per_node, const std::string& gpu, TopologyOptions o) {
   o.nnodes = nodes;
   o.nproc_per_node = per_node;
   o.gpu = gpu;
+  return make_topology(o, [](const char*) -> const char* { return nullptr; });
+}
+
+Topology gpus(int nodes, int per_node, const std::string& gpu, const std::string& inter = "", double mfu = 0) {
+  TopologyOptions o;
   o.inter_node_link = inter;
   o.mfu = mfu;
-  return make_topology(o, [](const char*) -> const char* { return nullptr; });
+  return gpus_with(nodes, per_node, gpu, o);
 }
 
 Plan plan_on(const std::string& text, const Topology& t, const std::vector<std::string>& overrides = {}) {
@@ -266,12 +271,10 @@ TEST(StepTime, PlanJsonCarriesThePredictionAndNullsWhatIsUnknown) {
 // A GPU plan with its offload rates: --host-link, --host-memory-bw, --nvme-bw ("" for unknown).
 Topology gpus_offloading(int per_node, const std::string& gpu, const std::string& host_link, const std::string& memory, const std::string& nvme) {
   TopologyOptions o;
-  o.nproc_per_node = per_node;
-  o.gpu = gpu;
   o.host_link = host_link;
   o.host_memory_bw = memory;
   o.nvme_bw = nvme;
-  return make_topology(o, [](const char*) -> const char* { return nullptr; });
+  return gpus_with(1, per_node, gpu, o);
 }
 
 bool mentions(const std::vector<std::string>& missing, const std::string& flag) {

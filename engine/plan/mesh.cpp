@@ -428,7 +428,33 @@ void cut_stages(MeshPlan& plan, const ModelSpec& model, const std::vector<int>& 
   DS_CHECK(first == static_cast<int>(w.block.size()), "a cut of ", first, " blocks for a model of ", w.block.size());
 }
 
-bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors, int64_t blocks) {
+std::vector<ConfigIssue> tensor_split_issues(const ModelHyper& h, int tensor) {
+  std::vector<ConfigIssue> issues;
+  if (tensor <= 1) return issues;
+  const int64_t kv = h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads;
+  const auto need = [&](int64_t count, const std::string& what, const std::string& why) {
+    if (count % tensor != 0)
+      issues.push_back({"tensor_parallel.autotp_size",
+                        "the model's " + std::to_string(count) + " " + what + " do not split over " + std::to_string(tensor) + " tensor ranks", why});
+  };
+  need(h.num_heads, "attention heads", "each tensor rank computes whole heads: choose a tensor size that divides them");
+  if (kv != h.num_heads)
+    need(kv, "key/value heads",
+         kv < tensor ? "each tensor rank needs whole key/value heads, and there are fewer than ranks (Megatron copies them to "
+                       "each rank; ds does not yet): choose a tensor size of at most " + std::to_string(kv)
+                     : "each tensor rank needs whole key/value heads: choose a tensor size that divides them");
+  need(h.intermediate_size, "MLP channels (intermediate_size)", "each tensor rank computes an equal share of the MLP");
+  // Each rank's rows are ceil(V / t): the last rank must still hold a real one (its loss's share of the softmax).
+  if (h.vocab_size > 0 && vocab_share(h.vocab_size, tensor, tensor - 1).real < 1)
+    issues.push_back({"tensor_parallel.autotp_size",
+                      "the model's " + std::to_string(h.vocab_size) + " vocabulary rows leave tensor rank " + std::to_string(tensor - 1) +
+                          " none of its own (each rank holds " + std::to_string(ceil_div(h.vocab_size, tensor)) + ")",
+                      "choose a smaller tensor size"});
+  return issues;
+}
+
+bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIssue>& errors, const ModelHyper* model) {
+  const int64_t blocks = model ? model->num_layers : 0;
   const int64_t split = int64_t{r.tensor} * r.pipeline;  // each up to the schema's 2^20: their product needs 64 bits
   if (split <= world_size && world_size % split == 0) return true;
   // The key to change: the tensor size when it alone does not divide the world, else the pipeline's.
@@ -441,7 +467,8 @@ bool check_mesh_world(const MeshRequest& r, int world_size, std::vector<ConfigIs
   const int left = other_kept ? world_size / other : world_size;
   std::string sizes;
   for (int d = 1; d <= left; ++d)
-    if (left % d == 0 && (tensor_alone || blocks <= 0 || d <= blocks)) sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
+    if (left % d == 0 && (tensor_alone ? !model || tensor_split_issues(*model, d).empty() : blocks <= 0 || d <= blocks))
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(d);
   const std::string other_key = tensor_alone ? "pipeline" : "tensor";
   const std::string with = other <= 1 ? ""
                            : other_kept ? " (with " + other_key + " " + std::to_string(other) + ")"
@@ -460,30 +487,9 @@ MeshPlan plan_mesh(const ModelSpec& model, const MeshRequest& r, int world_size,
   plan.partition = r.partition;
   plan.partition_text = r.partition_text;
   const size_t before = errors.size();
-  check_mesh_world(r, world_size, errors, model.hp.num_layers);
+  check_mesh_world(r, world_size, errors, &model.hp);
   const ModelHyper& h = model.hp;
-  if (r.tensor > 1) {
-    const int64_t kv = h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads;
-    const auto need = [&](int64_t count, const std::string& what, const std::string& why) {
-      if (count % r.tensor != 0)
-        errors.push_back({"tensor_parallel.autotp_size",
-                          "the model's " + std::to_string(count) + " " + what + " do not split over " + std::to_string(r.tensor) + " tensor ranks",
-                          why});
-    };
-    need(h.num_heads, "attention heads", "each tensor rank computes whole heads: choose a tensor size that divides them");
-    if (kv != h.num_heads)
-      need(kv, "key/value heads",
-           kv < r.tensor ? "each tensor rank needs whole key/value heads, and there are fewer than ranks (Megatron copies them to "
-                           "each rank; ds does not yet): choose a tensor size of at most " + std::to_string(kv)
-                         : "each tensor rank needs whole key/value heads: choose a tensor size that divides them");
-    need(h.intermediate_size, "MLP channels (intermediate_size)", "each tensor rank computes an equal share of the MLP");
-    // Each rank's rows are ceil(V / t): the last rank must still hold a real one (its loss's share of the softmax).
-    if (h.vocab_size > 0 && vocab_share(h.vocab_size, r.tensor, r.tensor - 1).real < 1)
-      errors.push_back({"tensor_parallel.autotp_size",
-                        "the model's " + std::to_string(h.vocab_size) + " vocabulary rows leave tensor rank " + std::to_string(r.tensor - 1) +
-                            " none of its own (each rank holds " + std::to_string(ceil_div(h.vocab_size, r.tensor)) + ")",
-                        "choose a smaller tensor size"});
-  }
+  for (ConfigIssue& issue : tensor_split_issues(h, r.tensor)) errors.push_back(std::move(issue));
   if (r.pipeline > 1 && r.pipeline > h.num_layers)
     errors.push_back({"pipeline.stages", std::to_string(r.pipeline) + " stages for the model's " + std::to_string(h.num_layers) + " blocks",
                       "each stage needs at least one block: use at most " + std::to_string(h.num_layers) + " stages"});

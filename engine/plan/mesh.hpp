@@ -175,9 +175,14 @@ struct MeshRequest {
 // each stage's parameters per rank from them.
 void cut_stages(MeshPlan& plan, const ModelSpec& model, const std::vector<int>& blocks);
 
-// Whether tensor x pipeline divides the world; when not, the error, naming the key and the sizes that would (a
-// pipeline of at most `blocks` stages where the model is known), is appended.
-bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<ConfigIssue>& errors, int64_t blocks = 0);
+// Why the model's layers do not split over `tensor` ranks (empty: they do): each rank needs whole attention
+// heads, whole key/value heads, an equal share of the MLP and at least one real vocabulary row.
+std::vector<ConfigIssue> tensor_split_issues(const ModelHyper& h, int tensor);
+
+// Whether tensor x pipeline divides the world; when not, the error, naming the key and the sizes that would, is
+// appended (where the model is known, only sizes it takes: a tensor size its layers split over, a pipeline of at
+// most its blocks).
+bool check_mesh_world(const MeshRequest& request, int world_size, std::vector<ConfigIssue>& errors, const ModelHyper* model = nullptr);
 
 // Cuts the blocks and counts each stage's share. The world must divide by tensor x pipeline; the heads, the
 // kv heads and the MLP width by tensor; there must be a block per stage. What does not is appended to

@@ -1,0 +1,204 @@
+// ds — the plan of a model split over ranks (tensor and pipeline parallelism, engine/plan/mesh.hpp) as compile_plan
+// makes it: each stage's rank laid out over its data group, the stages cut by memory where asked, the heaviest
+// stage's rank judged, and the warnings a split model's plan carries.
+#include <algorithm>
+#include <map>
+
+#include "common/format.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/plan/plan_steps.hpp"
+
+namespace ds {
+
+Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
+  const MeshPlan& mesh = plan.mesh;
+  Plan rank = plan;
+  rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
+  rank.topology.world_size = mesh.shape.data;
+  rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
+  lay_out(rank, zero_stage, mesh.stages[s].in_flight);
+  return rank;
+}
+
+namespace {
+
+// Device bytes per rank (the host's a tie-break, as lay_out_mesh judges) of pipeline stage `s` holding `n` blocks,
+// the other stages holding the rest: the blocks are alike, so which ones does not matter.
+double stage_bytes_with(const Plan& plan, int s, int n, int zero_stage) {
+  const int p = plan.mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
+  std::vector<int> blocks(static_cast<size_t>(p), 1);
+  blocks[static_cast<size_t>(s)] = n;
+  blocks[static_cast<size_t>(s == 0 ? p - 1 : 0)] += L - n - (p - 1);
+  Plan probe = plan;
+  cut_stages(probe.mesh, probe.model, blocks);
+  const Plan rank = stage_rank_plan(probe, static_cast<size_t>(s), zero_stage);
+  return rank.memory.device.total() + 1e-9 * rank.memory.host.total();
+}
+
+}  // namespace
+
+// pipeline.partition "memory": the cut whose heaviest stage needs the least memory per rank. A stage's bytes grow
+// with its blocks (their weights, gradients and states, and the activations of the micro-batches it holds at once,
+// more on the first stages); the least capacity every stage's blocks fit in is found by bisection, each stage
+// taking the most blocks within it (a binary search over its block count, each count's bytes the plan's memory
+// model's, computed once), and the stages from the first take as many as they may.
+void cut_stages_by_memory(Plan& plan, int zero_stage) {
+  MeshPlan& mesh = plan.mesh;
+  const int p = mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
+  if (p <= 1 || L < p) return;
+  if (plan.lora.enabled || !plan.frozen.empty()) {
+    plan.warnings.push_back({"pipeline.partition", "memory: with LoRA or frozen tensors the stages' memory is not planned yet",
+                             "the blocks are cut by parameters instead"});
+    return;
+  }
+  const int most = L - p + 1;  // the others keep a block each
+  std::map<std::pair<int, int>, double> known;
+  const auto bytes = [&](int s, int n) {
+    const auto [it, added] = known.try_emplace({s, n}, 0.0);
+    if (added) it->second = stage_bytes_with(plan, s, n, zero_stage);
+    return it->second;
+  };
+  const auto most_within = [&](int s, double cap) {  // 0: not even one block fits
+    int lo = 0, hi = most;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (bytes(s, mid) <= cap) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+  };
+  const auto fits = [&](double cap) {
+    int total = 0;
+    for (int s = 0; s < p; ++s) {
+      const int n = most_within(s, cap);
+      if (n == 0) return false;
+      total += n;
+    }
+    return total >= L;
+  };
+  double lo = 0, hi = 0;  // lo does not fit (or is the least any stage needs), hi does
+  for (int s = 0; s < p; ++s) lo = std::max(lo, bytes(s, 1)), hi = std::max(hi, bytes(s, most));
+  if (fits(lo)) hi = lo;
+  for (int i = 0; i < 64 && hi - lo > 1.0; ++i) {
+    const double mid = lo + (hi - lo) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  std::vector<int> blocks;
+  int left = L;
+  for (int s = 0; s < p; ++s) {
+    const int n = s == p - 1 ? left : std::min(most_within(s, hi), left - (p - 1 - s));
+    blocks.push_back(n);
+    left -= n;
+  }
+  cut_stages(mesh, plan.model, blocks);
+}
+
+// The step's loss, norm and stop flag are agreed by the whole world (every rank holds a part of the norm), not
+// the data group ZeRO's collectives run over.
+void agree_over_the_world(Plan& plan) {
+  std::vector<Collective>& all = plan.execution.collectives;
+  all.erase(std::remove_if(all.begin(), all.end(), [](const Collective& c) { return c.kind == CollectiveKind::control; }), all.end());
+  if (plan.topology.world_size > 1) all.insert(all.begin(), control_collective(plan.topology.world_size));
+}
+
+// A model split over ranks: each stage's rank laid out and executed over its data group by the same model as
+// the whole plan (its share of the model as a model of its own), its activations those of the micro-batches
+// it holds at once. The plan's layout, buffers and memory become those of the heaviest stage's rank, which
+// the fit check and the device budget judge. Not with LoRA or frozen tensors yet (the whole model's stay).
+void lay_out_mesh(Plan& plan, int stage) {
+  MeshPlan& mesh = plan.mesh;
+  if (!mesh.shape.splits_the_model() || plan.lora.enabled || !plan.frozen.empty()) return;
+  double heaviest = -1;
+  Plan at_heaviest;
+  for (size_t s = 0; s < mesh.stages.size(); ++s) {
+    PipelineStage& st = mesh.stages[s];
+    Plan rank = stage_rank_plan(plan, s, stage);
+    st.memory = rank.memory;
+    st.zero_wire_bytes = 0;
+    for (const Collective& c : rank.execution.collectives)
+      if (c.kind != CollectiveKind::control) st.zero_wire_bytes += c.wire_bytes_per_rank_per_step;
+    st.memory_planned = true;
+    // Heaviest on the device, which the fit judges (the host's as a tie-break: offloaded states differ by stage).
+    const double bytes = rank.memory.device.total() + 1e-9 * rank.memory.host.total();
+    if (bytes > heaviest) {
+      heaviest = bytes;
+      mesh.heaviest_stage = static_cast<int>(s);
+      at_heaviest = std::move(rank);
+    }
+  }
+  plan.layout = std::move(at_heaviest.layout);
+  plan.execution = std::move(at_heaviest.execution);
+  plan.memory = mesh.stages[static_cast<size_t>(mesh.heaviest_stage)].memory;
+  agree_over_the_world(plan);
+}
+
+MeshRequest mesh_request(const Config& c) {
+  MeshRequest r;
+  r.tensor = c.parallel.tensor;
+  r.pipeline = c.parallel.pipeline;
+  r.partition_text = c.parallel.partition;
+  r.partition = c.parallel.partition == "uniform" || c.parallel.partition.rfind("type:", 0) == 0 ? StagePartition::uniform
+                : c.parallel.partition == "memory"                                                ? StagePartition::memory
+                                                                                                   : StagePartition::parameters;
+  return r;
+}
+
+// The mesh's shape before the batch (which counts its data-parallel ranks); a world it does not divide is
+// reported by plan_mesh, and the batch meanwhile counts every rank.
+MeshShape mesh_shape_of(const Config& c, const Topology& topo) {
+  std::vector<ConfigIssue> reported_by_plan_mesh;
+  if (!check_mesh_world(mesh_request(c), topo.world_size, reported_by_plan_mesh)) return {topo.world_size, 1, 1};
+  return {topo.world_size / (c.parallel.tensor * c.parallel.pipeline), c.parallel.tensor, c.parallel.pipeline};
+}
+
+// What a split model's plan counts and what it does not yet.
+void note_mesh(Plan& plan) {
+  const MeshPlan& m = plan.mesh;
+  if (!m.shape.splits_the_model()) return;
+  const std::string split = "tensor " + std::to_string(m.shape.tensor) + " x pipeline " + std::to_string(m.shape.pipeline);
+  if (!plan.has_model)
+    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): its stages, their parameters and memory per rank need "
+                                     "the model (model.preset=NAME or a model block)",
+                             "give the model: ds train splits it over tensor ranks and pipeline stages"});
+  else if (m.heaviest_stage < 0)
+    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): with " +
+                                     std::string(plan.lora.enabled ? "LoRA" : "frozen tensors") +
+                                     " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
+                                     "buffers and collectives below are data parallelism's, each rank with the whole model",
+                             "ds train refuses a split model with LoRA or frozen tensors yet"});
+  // (otherwise ds plan's mesh table says what a rank of each stage holds and sends, and which stage the memory below is)
+  // Fewer micro-batches than stages: most of each step, most stages wait. 4 (p - 1) keeps the bubble at 20%.
+  const int p = m.shape.pipeline;
+  if (plan.has_model && p > 1 && m.micro_batches < p)
+    plan.warnings.push_back({"gradient_accumulation_steps",
+                             std::to_string(m.micro_batches) + (m.micro_batches == 1 ? " micro-batch" : " micro-batches") + " per step through " +
+                                 std::to_string(p) + " pipeline stages: " + format_fixed(100 * m.bubble, 1) +
+                                 "% of each step is the pipeline's bubble, each stage idle",
+                             "raise gradient_accumulation_steps (the micro-batches in flight; " + std::to_string(4 * (p - 1)) +
+                                 " keep the bubble at 20% or less) and lower train_micro_batch_size_per_gpu to keep the global batch"});
+}
+
+std::vector<double> stage_device_bytes(const Plan& plan, const std::vector<int>& blocks) {
+  Plan probe = plan;
+  cut_stages(probe.mesh, probe.model, blocks);
+  std::vector<double> out;
+  for (size_t s = 0; s < blocks.size(); ++s) out.push_back(stage_rank_plan(probe, s, plan.zero_stage()).memory.device.total());
+  return out;
+}
+
+int own_stage(const Plan& plan) {
+  return plan.mesh.shape.pipeline > 1 ? mesh_coord(plan.mesh.shape, plan.topology.rank).pipeline : 0;
+}
+
+Plan with_own_stage(const Plan& plan) {
+  Plan own = plan;
+  const int s = own_stage(plan);
+  if (plan.mesh.shape.pipeline == 1 || s == plan.mesh.heaviest_stage || plan.mesh.heaviest_stage < 0) return own;
+  const Plan rank = stage_rank_plan(plan, static_cast<size_t>(s), plan.zero_stage());
+  own.layout = rank.layout;
+  own.execution = rank.execution;
+  own.memory = rank.memory;
+  agree_over_the_world(own);
+  return own;
+}
+
+}  // namespace ds
