@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "engine/plan/mesh.hpp"
+#include "engine/plan/plan_record.hpp"
 #include "engine/runtime/comm/comm_local.hpp"
 #include "engine/runtime/model/tensor_parallel.hpp"
 #include "engine/runtime/run/flat_params.hpp"
@@ -480,6 +481,10 @@ TEST(OptimizerOffload, ThePlanPlacesTheStatesInSpansAndTheWalkVisitsEachElementO
         at = z.state_spans[i].end;
       }
       EXPECT_EQ(at, z.local_numel);
+      const nlohmann::json spans = nlohmann::json::parse(plan_to_json(plan))["zero_execution"]["optimizer_state_spans"];
+      ASSERT_EQ(spans.size(), c.places.size());
+      EXPECT_EQ(spans.back()["end"], z.local_numel);
+      EXPECT_EQ(spans[0]["place"], place_name(c.places[0]));
       if (c.places[0] != Place::device) {
         EXPECT_EQ(z.state_spans[0].numel(), z.offloaded_numel);
       }

@@ -241,8 +241,12 @@ json execution_json(const ZeroExecution& x) {
             {"frozen_block_numel", x.frozen_block_numel}};
   json transfers = json::array();
   for (const Transfer& t : x.transfers)
-    transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)}});
+    transfers.push_back({{"what", t.what}, {"from", place_name(t.from)}, {"to", place_name(t.to)}, {"bytes_per_step", bytes(t.bytes_per_step)},
+                         {"written_in_step", t.written_in_step}});
   e["transfers"] = transfers;
+  json spans = json::array();  // where the optimizer's states live: the rank's local elements [begin, end) at a place
+  for (const StateSpan& sp : x.state_spans) spans.push_back({{"begin", sp.begin}, {"end", sp.end}, {"place", place_name(sp.place)}});
+  e["optimizer_state_spans"] = spans;
   if (!x.sub_groups.empty())
     e["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},
                       {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};

@@ -201,8 +201,13 @@ void predict_offload(const Plan& p, StepTime& t) {
     const std::string& name = resource == OffloadResource::host_link ? r.link_name : resource == OffloadResource::nvme ? r.nvme_name : r.memory_name;
     t.offload.push_back({what, resource, name, bytes, bytes / rate, 0, true});
   };
-  for (const Transfer& x : z.transfers)
+  for (const Transfer& x : z.transfers) {
+    if (x.written_in_step) {  // the optimizer's kernel wrote them: the host's step counts their bytes
+      t.offload.push_back({x.what, OffloadResource::host_memory, "written by the optimizer's step", x.bytes_per_step, 0, 0, true});
+      continue;
+    }
     add(x.what, x.from == Place::nvme || x.to == Place::nvme ? OffloadResource::nvme : OffloadResource::host_link, x.bytes_per_step);
+  }
   // The optimizer's step of the offloaded states: per element its fp32 gradient read, the master and each moment
   // read and written, the weight written in its stored dtype.
   const bool stepped_on_host = !z.state_spans.empty() && z.state_spans.front().place != Place::device;

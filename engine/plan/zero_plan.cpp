@@ -297,6 +297,12 @@ int64_t cut_sub_groups(ZeroBuild& b, const std::vector<StepRun>& runs, int64_t o
   return swap_file_bytes(z.sub_groups) / 4;
 }
 
+// Whether the optimizer's kernel writes the updated bf16 weights where they live as it steps states in another
+// place: only where one memory holds both (a CPU device); a GPU's weights cross the link by a copy.
+bool weights_written_in_step(const Plan& plan) {
+  return plan.precision.param_dtype == Dtype::bf16 && plan.topology.device_traits().memory_is_host;
+}
+
 // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With offload
 // the first `ratio` of them lives on the host or NVMe, the rest stays; the gradients go there each step
 // and the updated weights come back.
@@ -351,7 +357,8 @@ void add_optimizer_states(ZeroBuild& b) {
           z.swap_sets * static_cast<int>(states.size()));
   }
   if (!b.param_offload)  // offloaded weights live beside the states (on the host) or in their file
-    z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype)});
+    z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype),
+                           weights_written_in_step(plan)});
 }
 
 // Bytes of this rank's partitions one gather of `params` copies into the device's buffer: whole partitions
@@ -376,7 +383,7 @@ void add_parameter_fetches(ZeroBuild& b) {
   const int64_t stepped_on_device = z.local_numel - z.offloaded_numel;
   if (stepped_on_device > 0)
     z.transfers.push_back({"stepped weights to the host", Place::device, Place::host,
-                           static_cast<double>(stepped_on_device * b.param_bytes)});
+                           static_cast<double>(stepped_on_device * b.param_bytes), weights_written_in_step(plan) && !b.params_on_nvme});
   const FlatLayout& L = plan.layout;
   const double micro = static_cast<double>(plan.batch.grad_accum);
   double bytes = 0;

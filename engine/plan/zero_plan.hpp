@@ -76,6 +76,9 @@ struct Transfer {
   std::string what;
   Place from = Place::device, to = Place::host;
   double bytes_per_step = 0;
+  // The optimizer's kernel writes these bytes where they go as it steps (bf16 weights on a CPU device, whose host
+  // is its memory): no copy of their own, their time is the step's.
+  bool written_in_step = false;
 };
 
 struct ZeroExecution {
