@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -262,3 +263,48 @@ TEST(Zero, AMemoryCutPipelineTrainsTheSingleRankRun) {
   expect_close(whole_state(four, one).master, whole_state(one).master, "weights");
 }
 
+
+TEST(Zero, SplitModelsWithTheirOptimizerOffloadedTrainTheSingleRankRun) {
+  // The optimizer's states where offload puts them, on tensor and pipeline meshes: a span on the host, or half of
+  // each rank's part on NVMe and half on the device; and a tensor rank's parameter partition in a file on NVMe. The one-rank run's losses, a checkpoint of the whole model
+  // holding its weights and moments, and (tensor ranks all alike) the bytes moved per step the plan's.
+  const std::string& one = single_rank_run();
+  const auto base = losses_of(one);
+  ASSERT_EQ(base.size(), 10u);
+  const WholeState base_state = whole_state(one);
+  const std::string nvme = scratch_dir() + "/split_nvme";
+  std::filesystem::create_directories(nvme);
+  struct Mesh {
+    std::string name, shape;
+    bool same_ranks;  // every rank holds as much as rank 0, whose bytes metrics.jsonl records
+  };
+  const std::vector<Mesh> meshes = {
+      {"t2z2cpu", "train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=3 --nproc-per-node 2 zero_optimization.stage=2 "
+                  "tensor_parallel.autotp_size=2 zero_optimization.offload_optimizer.device=cpu", true},
+      {"t2d2z3nvme", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=3 "
+                     "tensor_parallel.autotp_size=2 zero_optimization.offload_optimizer.device=nvme zero_optimization.offload_optimizer.nvme_path=" +
+                         nvme + " zero_optimization.offload_optimizer.ratio=0.5 zero_optimization.sub_group_size=5000", true},
+      {"t2d2z3params", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=3 "
+                       "tensor_parallel.autotp_size=2 zero_optimization.offload_optimizer.device=cpu zero_optimization.offload_param.device=nvme "
+                       "zero_optimization.offload_param.nvme_path=" + nvme, true},
+      {"p2d2z1cpu", "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=1 "
+                    "pipeline.stages=2 zero_optimization.offload_optimizer.device=cpu", false},
+  };
+  for (const Mesh& m : meshes) {
+    SCOPED_TRACE(m.name);
+    const std::string dir = scratch_dir() + "/split_offload_" + m.name;
+    Result r = cli_test::ds(kRun + m.shape + " train.steps=10 train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto losses = losses_of(dir);
+    ASSERT_EQ(losses.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+    expect_state_and_export(dir, base_state, one);
+    const json plan = json::parse(slurp(dir + "/plan.json"));
+    ASSERT_FALSE(plan["zero_execution"]["transfers"].empty());
+    if (!m.same_ranks) continue;
+    double planned = 0;
+    for (const json& t : plan["zero_execution"]["transfers"]) planned += t["bytes_per_step"].get<double>();
+    for (const json& s : metrics_of(dir)) EXPECT_DOUBLE_EQ(s["offload_bytes"].get<double>(), planned) << "step " << s["step"];
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "a swap directory outlived its run";
+}

@@ -35,8 +35,6 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                               : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
                                                 : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
     if (plan.lora.enabled || !plan.frozen.empty()) why.push_back(split + "model.lora or model.freeze");
-    if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
-      why.push_back(split + "offload (zero_optimization.offload_optimizer / offload_param)");
     if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
     // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }

@@ -310,13 +310,16 @@ void TrainingRun::describe_states() {
   if (plan_.mesh.shape.splits_the_model()) {
     // A rank's states are its share's: checkpointed as the whole model's elements they are, so the checkpoint
     // is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads every
-    // element it holds (spans_[0]); what several ranks hold (tensors every tensor rank holds whole, the tied
-    // table) is written by one alone.
-    DS_CHECK(spans.size() == 1 && spans[0].place != Place::nvme, "a split model with offloaded states");
+    // element it holds (each span its own); what several ranks hold (tensors every tensor rank holds whole, the
+    // tied table) is written by one alone.
     const int r = groups_.tensor ? groups_.tensor->rank() : 0, stage = own_stage(plan_);
-    buffers_.model_numel = spans_[0].model_numel = plan_.model.num_params;
+    buffers_.model_numel = plan_.model.num_params;
     buffers_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/true);
-    spans_[0].segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
+    const std::vector<OwnedSegment> held = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
+    for (size_t i = 0; i < spans.size(); ++i) {
+      spans_[i].model_numel = plan_.model.num_params;
+      spans_[i].segments = segments_within(held, spans[i].begin, spans[i].end);
+    }
   }
   // One span the host reads (host memory, a CPU device's, or NVMe's swapped pieces) is saved as it is; states
   // on a device the host cannot address, or in several places, are drawn into the shard piece by piece
