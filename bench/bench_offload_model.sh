@@ -28,8 +28,8 @@ for stage in 2 3; do
 import json, statistics, sys
 plan = json.load(open(sys.argv[1]))["step_time"]
 steps = [json.loads(l) for l in open(sys.argv[2]) if l.strip()][2:]
-host = sum(r["seconds"] for r in plan["offload"] if r["resource"] == "host memory")
-copies = sum(r["seconds"] for r in plan["offload"] if r["resource"] == "host link")
+host = sum(r["seconds"] for r in plan["offload"] if r["what"] == "optimizer step on the host")
+copies = sum(r["seconds"] for r in plan["offload"] if r["what"] != "optimizer step on the host" and r["resource"] != "nvme")
 measured_opt = statistics.median(s["optimizer_s"] for s in steps)
 measured_copy = statistics.median(s["offload_s"] for s in steps)
 print(f"ZeRO {sys.argv[3]}, host {sys.argv[4]}: optimizer step on the host predicted {host * 1e3:7.1f} ms, measured {measured_opt * 1e3:7.1f} ms "

@@ -289,7 +289,10 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   const Plan unknown = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "", ""), cpu_offload);
   EXPECT_FALSE(unknown.step_time.step_known());
   EXPECT_TRUE(mentions(unknown.step_time.missing, "--host-memory-bw"));
-  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + 1);
+  // The transfers' rows first, then the host's: gradients widened to fp32 where they left the GPU block by block,
+  // and the step.
+  const bool widened = unknown.execution.find_anywhere(BufferRole::grads)->place == Place::host;
+  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + (widened ? 2 : 1));
   for (size_t i = 0; i < unknown.execution.transfers.size(); ++i) {
     const Transfer& x = unknown.execution.transfers[i];
     EXPECT_EQ(unknown.step_time.offload[i].what, x.what);
@@ -300,27 +303,36 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_FALSE(unknown.step_time.offload_known());
   EXPECT_TRUE(nlohmann::json::parse(plan_to_json(unknown))["step_time"]["offload_s"].is_null());
   // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the fp32
-  // gradient, the master and two moments read and written, the bf16 weight written: 4 + 8 x 3 + 2 bytes.
+  // gradient, the master and two moments read and written, and the master read again by the weights' copy to the
+  // GPU: 4 + 8 x 3 + 4 bytes; gradients widened from bf16: 2 + 4 more.
   const Plan p = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
   const StepTime& t = p.step_time;
   ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
   const ZeroExecution& z = p.execution;
   ASSERT_EQ(z.state_spans.size(), 1u);
   ASSERT_EQ(z.state_spans[0].place, Place::host);
-  const double host_bytes = static_cast<double>(z.local_numel) * (4 + 8 * 3 + 2);
-  ASSERT_EQ(t.offload.size(), z.transfers.size() + 1);
+  const double n = static_cast<double>(z.local_numel), step_bytes = n * (4 + 8 * 3 + 4), widen_bytes = widened ? n * (2 + 4) : 0;
+  ASSERT_EQ(t.offload.size(), z.transfers.size() + (widened ? 2 : 1));
   EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
-  EXPECT_DOUBLE_EQ(t.offload.back().bytes, host_bytes);
-  EXPECT_NEAR(t.offload.back().seconds, host_bytes / (400e9 / 8), 1e-15);
+  EXPECT_DOUBLE_EQ(t.offload.back().bytes, step_bytes);
+  EXPECT_NEAR(t.offload.back().seconds, step_bytes / (400e9 / 8), 1e-15);
+  if (widened) {
+    EXPECT_EQ(t.offload[t.offload.size() - 2].what, "gradients widened to fp32");
+    EXPECT_DOUBLE_EQ(t.offload[t.offload.size() - 2].bytes, widen_bytes);
+  }
   double link_s = 0;
   for (const Transfer& x : z.transfers) link_s += x.bytes_per_step / 50e9;
-  const double host_s = host_bytes / 50e9;
+  const double host_s = (step_bytes + widen_bytes) / 50e9;
   EXPECT_NEAR(t.offload_s, link_s + host_s, 1e-12);
   EXPECT_EQ(t.offload_hidden_s, 0);
   EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + link_s + host_s, 1e-12);
   // What it waits on most: here the host's memory (the step's states), over compute and the link.
   const double most = std::max({t.compute_s, t.comm_s, link_s, host_s});
   EXPECT_STREQ(t.bound(), most == host_s ? "host-memory-bound" : most == link_s ? "host-link-bound" : most == t.comm_s ? "communication-bound" : "compute-bound");
+  // With the parameters on the host too (ZeRO 3) the kernel writes the bf16 weights there itself: 4 + 8 x 3 + 2.
+  const Plan on_host = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""),
+                               {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu"});
+  EXPECT_DOUBLE_EQ(on_host.step_time.offload.back().bytes, static_cast<double>(on_host.execution.local_numel) * (4 + 8 * 3 + 2));
   // --host-link replaces the GPU's own; plan.json carries every row.
   const Plan slow = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "pcie4", "400GB/s", ""), cpu_offload);
   EXPECT_NEAR(slow.step_time.offload_s, link_s * 2 + host_s, 1e-12);
@@ -332,35 +344,74 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
 }
 
 TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) {
-  const auto nvme = [](bool pipelined) {
+  const auto nvme = [](bool read, bool write, int64_t sub_group) {
     return std::vector<std::string>{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
                                     "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=8",
-                                    std::string("zero_optimization.offload_optimizer.pipeline_read=") + (pipelined ? "true" : "false"),
-                                    std::string("zero_optimization.offload_optimizer.pipeline_write=") + (pipelined ? "true" : "false"),
-                                    "zero_optimization.sub_group_size=10000000"};
+                                    std::string("zero_optimization.offload_optimizer.pipeline_read=") + (read ? "true" : "false"),
+                                    std::string("zero_optimization.offload_optimizer.pipeline_write=") + (write ? "true" : "false"),
+                                    "zero_optimization.sub_group_size=" + std::to_string(sub_group)};
   };
-  EXPECT_TRUE(mentions(plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", ""), nvme(true)).step_time.missing, "--nvme-bw"));
-  for (const bool pipelined : {false, true}) {
-    SCOPED_TRACE(pipelined ? "pipelined" : "one swap set");
-    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", "5GB/s"), nvme(pipelined));
+  EXPECT_TRUE(mentions(plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", ""), nvme(true, true, 10000000)).step_time.missing, "--nvme-bw"));
+  // Pipelined reads let every sub-group's read but the first run while the host steps another; pipelined writes every
+  // write but the last; up to the step's time. One sub-group: nothing to overlap.
+  struct Case {
+    bool read, write;
+    int64_t sub_group;
+  };
+  for (const Case& c : {Case{false, false, 10000000}, Case{true, false, 10000000}, Case{true, true, 10000000}, Case{true, true, 1000000000}}) {
+    SCOPED_TRACE(std::string(c.read ? "read " : "") + (c.write ? "write " : "") + std::to_string(c.sub_group));
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h200", "", "200GB/s", "5GB/s"), nvme(c.read, c.write, c.sub_group));
     const StepTime& t = p.step_time;
     ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
-    EXPECT_EQ(p.execution.swap_sets > 1, pipelined);
-    double swaps = 0, host = 0, rest = 0;
+    const double groups = static_cast<double>(p.execution.sub_groups.size());
+    double reads = 0, writes = 0, step = 0, all = 0;
     for (const OffloadTime& o : t.offload) {
       const bool on_nvme = o.resource == OffloadResource::nvme;
       EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (on_nvme ? 5e9 : o.resource == OffloadResource::host_memory ? 200e9 : 50e9)) << o.what;
-      if (on_nvme && o.what.rfind("optimizer states", 0) == 0) swaps += o.seconds;
-      else if (o.resource == OffloadResource::host_memory) host += o.seconds;
-      else rest += o.seconds;
+      if (o.what == "optimizer states read") reads = o.seconds;
+      if (o.what == "optimizer states written") writes = o.seconds;
+      if (o.what == "optimizer step on the host") step = o.seconds;
+      all += o.seconds;
     }
-    EXPECT_GT(swaps, 0);
-    EXPECT_GT(host, 0);
-    const double hidden = pipelined ? std::min(swaps, host) : 0;
+    ASSERT_GT(reads, 0);
+    ASSERT_GT(step, 0);
+    const double share = groups > 1 && p.execution.swap_sets > 1 ? (groups - 1) / groups : 0;
+    const double hidden = std::min(share * ((c.read ? reads : 0) + (c.write ? writes : 0)), step);
+    if (c.sub_group == 10000000) {
+      EXPECT_GT(groups, 5);
+    }
+    if (c.read && c.sub_group == 10000000) {
+      EXPECT_GT(hidden, 0);
+    }
     EXPECT_NEAR(t.offload_hidden_s, hidden, 1e-12);
-    EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + swaps + host + rest - hidden, 1e-12);
-    EXPECT_NEAR(t.offload_seconds(OffloadResource::nvme), swaps - hidden, 1e-12);  // the states are the drives' only traffic here
+    EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + all - hidden, 1e-12);
+    EXPECT_NEAR(t.offload_seconds(OffloadResource::nvme), reads + writes - hidden, 1e-12);  // the states are the drives' only traffic here
   }
+}
+
+TEST(StepTime, APipelinesOffloadIsItsSlowestStagesAndItsHostMemoryEachNodesOwnStages) {
+  // 8 H100s on 2 nodes, pipeline 2 x data 4 (ranks 0-3 stage 0 on node 0, 4-7 stage 1 on node 1), the optimizer on
+  // the host: the stages step different parts, and the one with more to step sets the offload's pace; each node's
+  // host memory is its own ranks' stages'.
+  TopologyOptions o;
+  o.host_memory_bw = "400GB/s";
+  const Topology two_nodes = gpus_with(2, 4, "h100", o);
+  const std::vector<std::string> mesh{"pipeline.stages=2", "zero_optimization.stage=1", "gradient_accumulation_steps=8",
+                                      "train_micro_batch_size_per_gpu=1", "zero_optimization.offload_optimizer.device=cpu", "model.num_layers=5"};
+  const Plan p = plan_on(kGpt2Zero2, two_nodes, mesh);
+  ASSERT_EQ(p.mesh.shape.pipeline, 2);
+  double most_step_bytes = 0, node_host[2] = {0, 0};
+  for (int r = 0; r < 8; ++r) {
+    Topology t = two_nodes;
+    t.rank = r;
+    const Plan own = with_own_stage(plan_on(kGpt2Zero2, t, mesh));
+    ASSERT_EQ(own.execution.state_spans.size(), 1u);
+    most_step_bytes = std::max(most_step_bytes, static_cast<double>(own.execution.state_spans[0].numel()) * (4 + 8 * 3 + 4));
+    node_host[r / 4] += own.memory.host.total();
+  }
+  EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, most_step_bytes);
+  EXPECT_DOUBLE_EQ(p.host_bytes_per_node(), std::max(node_host[0], node_host[1]));
+  EXPECT_NE(node_host[0], node_host[1]);  // the stages hold different parts
 }
 
 TEST(StepTime, OnTheCpuACopyBetweenPlacesReadsAndWritesTheHostsMemoryAndBadRatesAreRefused) {
@@ -371,15 +422,20 @@ TEST(StepTime, OnTheCpuACopyBetweenPlacesReadsAndWritesTheHostsMemoryAndBadRates
   ASSERT_FALSE(p.step_time.offload.empty());
   int written = 0;
   for (const OffloadTime& o : p.step_time.offload) {
+    EXPECT_EQ(o.resource, OffloadResource::host_memory) << o.what;  // one memory: no link
     // bf16 weights the host's step writes in place (one memory holds both places): their bytes, no time of their own.
     if (o.what == "updated weights to the device") {
       ++written;
       EXPECT_EQ(o.seconds, 0);
       continue;
     }
-    EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (o.resource == OffloadResource::host_memory ? 100e9 / sharing : 100e9 / 2 / sharing)) << o.what;
+    // The step streams the memory; a copy between places reads and writes it.
+    EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (o.what == "optimizer step on the host" ? 100e9 / sharing : 100e9 / 2 / sharing)) << o.what;
   }
   EXPECT_EQ(written, 1);
+  // The step's weight is the kernel's write on a CPU device: 4 + 8 x 3 + 2 bytes.
+  EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, static_cast<double>(p.execution.local_numel) * (4 + 8 * 3 + 2));
+  EXPECT_NE(std::string(p.step_time.bound()), "host-link-bound");
   EXPECT_FALSE(mentions(p.step_time.missing, "--host"));  // compute is what a CPU plan lacks
   for (const auto& [link, memory, nvme] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"fast", "", ""}, {"", "400Gb/s", ""}, {"", "", "lots"}, {"", "200GB", ""}})

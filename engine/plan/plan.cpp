@@ -288,9 +288,19 @@ std::vector<int> Plan::trained_model_tensors() const {
 }
 
 double Plan::host_bytes_per_node() const {
-  double per_rank = memory.host.total();
-  if (topology.device_traits().memory_is_host) per_rank += memory.device.total();
-  return per_rank * topology.ranks_per_node;
+  const bool device_is_host = topology.device_traits().memory_is_host;
+  const auto of = [&](const MemoryEstimate& m) { return m.host.total() + (device_is_host ? m.device.total() : 0.0); };
+  if (mesh.shape.pipeline <= 1 || mesh.heaviest_stage < 0) return of(memory) * topology.ranks_per_node;
+  // Pipeline stages hold different parts: a node's host memory is its own ranks' stages', the most of any node's.
+  const int per_node = std::max(1, topology.ranks_per_node), world = mesh.shape.world();
+  double most = 0;
+  for (int first = 0; first < world; first += per_node) {
+    double node = 0;
+    for (int r = first; r < std::min(world, first + per_node); ++r)
+      node += of(mesh.stages[static_cast<size_t>(mesh_coord(mesh.shape, r).pipeline)].memory);
+    most = std::max(most, node);
+  }
+  return most;
 }
 
 // Packed rows (data.packing): each sample's attention output, kept by the attention for its backward, is a
@@ -733,6 +743,9 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   if (c.train.epochs) steps_from_epochs(c, plan);
   if (resumed) keep_checkpoint_schedule(c, *resumed, plan);
   plan.step_time = predict_step_time(plan);
+  if (topo.device_traits().memory_is_host && topo.rates.host_link.known())
+    plan.warnings.push_back({"", "--host-link has no effect on the CPU: its copies between places are the host's memory's (--host-memory-bw)",
+                             "drop --host-link, or plan for a GPU (--gpu)"});
   if (memory.device_budget > 0 && plan.device_bytes_per_rank() > memory.device_budget)
     plan.warnings.push_back({"", "the plan needs " + format_bytes(plan.device_bytes_per_rank()) + " per rank but the device has " +
                                      format_bytes(memory.device_budget),

@@ -7,6 +7,7 @@
 #include "common/format.hpp"
 #include "engine/plan/flops.hpp"
 #include "engine/plan/plan.hpp"
+#include "engine/plan/plan_steps.hpp"
 
 namespace ds {
 namespace {
@@ -168,65 +169,97 @@ OffloadRates offload_rates(const Plan& p) {
     r.nvme = hw.nvme_bw / sharing;
     r.nvme_name = per_rank(hw.nvme_bw, "nvme");
   }
-  if (p.topology.device_traits().memory_is_host) {  // the device is the host: a copy reads and writes its memory
-    r.link = r.memory / 2;
-    if (r.link > 0) r.link_name = "memory copy, " + r.memory_name;
-  } else if (hw.host_link.known()) {
+  if (!p.topology.device_traits().memory_is_host && hw.host_link.known()) {  // (a CPU device's copies are its memory's)
     r.link = hw.host_link.busbw;
     r.link_name = hw.host_link.name + " (" + format_fixed(r.link / 1e9, 1) + " GB/s a direction)";
   }
   return r;
 }
 
-// The plan's transfers and the host's optimizer step, each at its resource's rate, run after the backward one after
-// another (ds's offload today); the NVMe swaps of pipelined states overlap the host's step.
-void predict_offload(const Plan& p, StepTime& t) {
-  const ZeroExecution& z = p.execution;
-  if (z.transfers.empty()) return;
-  const OffloadRates r = offload_rates(p);
+// One rank's offload (`z`, its execution, laid out by `p`): each transfer at its resource's rate, then what the host's
+// memory streams for the optimizer's step, run after the backward one after another (ds's offload today); NVMe
+// swaps of a pipelined optimizer overlap the host's step. An unknown rate leaves the row's time unknown and names the
+// flag in `missing`.
+std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, const OffloadRates& r, std::vector<std::string>& missing) {
+  std::vector<OffloadTime> rows;
   const bool cpu = p.topology.device_traits().memory_is_host;
   const auto need = [&](const std::string& what) {
-    if (std::find(t.missing.begin(), t.missing.end(), what) == t.missing.end()) t.missing.push_back(what);
+    if (std::find(missing.begin(), missing.end(), what) == missing.end()) missing.push_back(what);
   };
-  const std::string memory_flag = "the host's memory bandwidth (--host-memory-bw, e.g. 200GB/s)";
-  const auto add = [&](const std::string& what, OffloadResource resource, double bytes) {
-    const double rate = resource == OffloadResource::host_link ? r.link : resource == OffloadResource::nvme ? r.nvme : r.memory;
-    if (!(rate > 0)) {
-      need(resource == OffloadResource::nvme ? "the NVMe drives' rate under nvme_path (--nvme-bw, e.g. 6GB/s)"
-           : resource == OffloadResource::host_memory || cpu ? memory_flag
-                                                             : "the link between a GPU and its host (--host-link " + known_host_link_names() + " or a rate, e.g. 50GB/s; or --gpu)");
-      t.offload.push_back({what, resource, std::string(offload_resource_name(resource)) + " (rate unknown)", bytes, 0, 0, false});
+  const auto add = [&](const std::string& what, OffloadResource resource, double bytes, double rate, const std::string& at) {
+    if (rate > 0) {
+      rows.push_back({what, resource, at, bytes, bytes / rate, 0, true});
       return;
     }
-    const std::string& name = resource == OffloadResource::host_link ? r.link_name : resource == OffloadResource::nvme ? r.nvme_name : r.memory_name;
-    t.offload.push_back({what, resource, name, bytes, bytes / rate, 0, true});
+    need(resource == OffloadResource::nvme          ? "the NVMe drives' rate under nvme_path (--nvme-bw, e.g. 6GB/s)"
+         : resource == OffloadResource::host_memory ? "the host's memory bandwidth (--host-memory-bw, e.g. 200GB/s)"
+                                                    : "the link between a GPU and its host (--host-link " + known_host_link_names() +
+                                                          " or a rate, e.g. 50GB/s; or --gpu)");
+    rows.push_back({what, resource, std::string(offload_resource_name(resource)) + " (rate unknown)", bytes, 0, 0, false});
   };
   for (const Transfer& x : z.transfers) {
-    if (x.written_in_step) {  // the optimizer's kernel wrote them: the host's step counts their bytes
-      t.offload.push_back({x.what, OffloadResource::host_memory, "written by the optimizer's step", x.bytes_per_step, 0, 0, true});
-      continue;
+    if (x.written_in_step)  // the optimizer's kernel writes them as it steps: the host's step counts their bytes
+      rows.push_back({x.what, OffloadResource::host_memory, "written by the optimizer's step", x.bytes_per_step, 0, 0, true});
+    else if (x.from == Place::nvme || x.to == Place::nvme)
+      add(x.what, OffloadResource::nvme, x.bytes_per_step, r.nvme, r.nvme_name);
+    else if (cpu)  // the device is the host: a copy reads and writes its memory
+      add(x.what, OffloadResource::host_memory, x.bytes_per_step, r.memory / 2, "memory copy, " + r.memory_name);
+    else
+      add(x.what, OffloadResource::host_link, x.bytes_per_step, r.link, r.link_name);
+  }
+  if (z.state_spans.empty() || z.state_spans.front().place == Place::device) return rows;
+  const double n = static_cast<double>(z.state_spans.front().numel());
+  const Dtype param = p.precision.param_dtype;
+  // Gradients that left the device block by block are widened to fp32 beside the states: a copy in host memory.
+  if (const ZeroBuffer* g = z.find_anywhere(BufferRole::grads); g && g->place == Place::host)
+    add("gradients widened to fp32", OffloadResource::host_memory, n * (dtype_bytes(p.precision.grad_dtype) + 4), r.memory, r.memory_name);
+  // The step: per element its fp32 gradient read, the master and each moment read and written, then the weight: bf16
+  // written by the kernel where it reaches the weights (one memory, or the parameters on the host), else the master
+  // read again by the weights' copy (and the weight written where it lands in host memory: the parameters' file buffers).
+  const OffloadDevice params_at = p.zero.offload_param.device;
+  const bool kernel_writes = param == Dtype::bf16 && params_at != OffloadDevice::nvme && (cpu || params_at == OffloadDevice::cpu);
+  const double weight = kernel_writes ? dtype_bytes(param) : 4.0 + (params_at != OffloadDevice::none ? dtype_bytes(param) : 0.0);
+  add("optimizer step on the host", OffloadResource::host_memory, n * (4.0 + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
+  // A pipelined optimizer reads the next sub-groups and writes the last ones while the host steps this one: all but
+  // one sub-group's read (the first) and write (the last) can hide, in the directions pipelined, up to the step's time.
+  const int64_t groups = static_cast<int64_t>(z.sub_groups.size());
+  if (z.swap_sets <= 1 || groups <= 1) return rows;
+  const OffloadConfig& o = p.zero.offload_optimizer;
+  const auto hides = [&](const OffloadTime& x) {
+    return x.known && ((o.pipeline_read && x.what == "optimizer states read") || (o.pipeline_write && x.what == "optimizer states written"));
+  };
+  double hideable = 0, step = 0;
+  for (const OffloadTime& x : rows) {
+    if (hides(x)) hideable += x.seconds * static_cast<double>(groups - 1) / static_cast<double>(groups);
+    if (x.what == "optimizer step on the host") step = x.seconds;
+  }
+  if (!(hideable > 0)) return rows;
+  const double hidden = std::min(hideable, step);
+  for (OffloadTime& x : rows)
+    if (hides(x)) x.hidden_s = hidden * (x.seconds * static_cast<double>(groups - 1) / static_cast<double>(groups)) / hideable;
+  return rows;
+}
+
+double exposed(const std::vector<OffloadTime>& rows) {
+  double s = 0;
+  for (const OffloadTime& x : rows) s += x.seconds - x.hidden_s + 1e-18 * x.bytes;  // (bytes: the tie-break where rates are unknown)
+  return s;
+}
+
+void predict_offload(const Plan& p, StepTime& t) {
+  if (p.execution.transfers.empty()) return;
+  const OffloadRates r = offload_rates(p);
+  std::vector<OffloadTime> rows = offload_rows(p, p.execution, r, t.missing);
+  // Pipeline stages hold different parts and run side by side: the one whose offload takes longest sets the pace.
+  // (The plan's execution is the stage heaviest on the device, not necessarily this one.)
+  if (p.mesh.shape.pipeline > 1 && p.mesh.heaviest_stage >= 0)
+    for (size_t s = 0; s < p.mesh.stages.size(); ++s) {
+      const Plan rank = stage_rank_plan(p, s, p.zero_stage());
+      std::vector<OffloadTime> other = offload_rows(rank, rank.execution, r, t.missing);
+      if (exposed(other) > exposed(rows)) rows = std::move(other);
     }
-    add(x.what, x.from == Place::nvme || x.to == Place::nvme ? OffloadResource::nvme : OffloadResource::host_link, x.bytes_per_step);
-  }
-  // The optimizer's step of the offloaded states: per element its fp32 gradient read, the master and each moment
-  // read and written, the weight written in its stored dtype.
-  const bool stepped_on_host = !z.state_spans.empty() && z.state_spans.front().place != Place::device;
-  if (stepped_on_host) {
-    const double per_element = 4.0 + 8.0 * (1 + p.optimizer.moments) + dtype_bytes(p.precision.param_dtype);
-    add("optimizer step on the host", OffloadResource::host_memory, static_cast<double>(z.state_spans.front().numel()) * per_element);
-  }
-  // Pipelined swaps: the states' reads and writes run while the host steps the sub-groups already in.
-  double swaps = 0, host_step = 0;
-  for (const OffloadTime& o : t.offload) {
-    if (o.resource == OffloadResource::nvme && o.what.rfind("optimizer states", 0) == 0) swaps += o.seconds;
-    if (o.resource == OffloadResource::host_memory) host_step += o.seconds;
-  }
-  if (z.swap_sets > 1 && swaps > 0) {
-    const double hidden = std::min(swaps, host_step);
-    for (OffloadTime& o : t.offload)
-      if (o.resource == OffloadResource::nvme && o.what.rfind("optimizer states", 0) == 0) o.hidden_s = hidden * o.seconds / swaps;
-  }
-  for (const OffloadTime& o : t.offload) t.offload_s += o.seconds, t.offload_hidden_s += o.hidden_s;
+  t.offload = std::move(rows);
+  for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ void take_states(FlatParams& f, const ZeroExecution& z, Arenas& arenas) {
     if (s.place != Place::nvme) {
       st.master = arenas.take(BufferRole::master, 0, s.place);
       // fp32 with the states on the device: the optimizer steps the weights themselves
-      if (!st.master.defined() && f.local_params.defined()) st.master = f.local_params.narrow(0, s.begin, s.numel());
+      if (!st.master.defined() && f.local_params.defined())
+        st.master = s.numel() > 0 ? f.local_params.narrow(0, s.begin, s.numel()) : torch::empty({0}, torch::kFloat32);  // (a rank owning nothing)
       st.exp_avg = arenas.take(BufferRole::exp_avg, 0, s.place);
       st.exp_avg_sq = arenas.take(BufferRole::exp_avg_sq, 0, s.place);
     }
