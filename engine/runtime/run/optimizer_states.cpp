@@ -16,7 +16,7 @@ void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn,
     const StateSpan& span = flat_.spans[i];
     if (span.place != Place::nvme) {
       const FlatParams::States& st = flat_.states[i];
-      fn(StateChunk{i, span.begin, span.numel(), span.place, st.master, st.exp_avg, st.exp_avg_sq});
+      fn(StateChunk{i, span.begin, span.numel(), memory_of(span), st.master, st.exp_avg, st.exp_avg_sq});
       continue;
     }
     const int states = swapper_->states();
@@ -27,7 +27,7 @@ void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn,
           const auto wrap = [&](int s) {
             return s < states ? torch::from_blob(st[s], {sub.numel()}, torch::kFloat32) : torch::Tensor();
           };
-          fn(StateChunk{i, sub.begin, sub.numel(), Place::host, wrap(0), wrap(1), wrap(2)});
+          fn(StateChunk{i, sub.begin, sub.numel(), memory_of(span), wrap(0), wrap(1), wrap(2)});
         },
         read, write);
   }

@@ -34,7 +34,6 @@ class OptimizerStates {
   const std::vector<StateSpan>& spans() const { return flat_.spans; }
   // Whether the part is one span in memory: one optimizer call steps it whole (Lamb's per-tensor norms need that).
   bool whole_in_memory() const { return spans().size() == 1 && spans()[0].place != Place::nvme; }
-  bool swapped() const { return swapper_ != nullptr; }
   // Seconds waited on the NVMe span's reads and writes so far (0 without).
   double io_wait() const { return swapper_ ? swapper_->io().wait_seconds() : 0.0; }
   // Bytes the NVMe span's files have read and written so far (0 without).

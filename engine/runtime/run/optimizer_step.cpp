@@ -43,11 +43,7 @@ struct OptimizerStep::Clock {
     return s;
   }
   // The end of phase `phase` (StepOutcome::phase_rss_bytes' index).
-  void mark(size_t phase) {
-    if (!sample_memory) return;
-    rss[phase] = std::max(rss[phase], peak_resident_since_restart());
-    restart_peak_resident();
-  }
+  void mark(size_t phase) { mark_together(phase, phase); }
   // The end of two phases run interleaved (the state walk's copies and updates): each gets their peak.
   void mark_together(size_t a, size_t b) {
     if (!sample_memory) return;
@@ -98,6 +94,14 @@ double OptimizerStep::bytes_moved() const {
   b += states_.io_bytes();
   if (param_swap_) b += param_swap_->io().bytes_read() + param_swap_->io().bytes_written();
   return b;
+}
+
+void OptimizerStep::put_weights(const StateChunk& c, bool written) {
+  if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
+  if (param_swap_)
+    store_params(c.master, c.at, c.begin);
+  else
+    weights_home(c.master, c.at, c.begin, written);
 }
 
 torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
@@ -180,15 +184,7 @@ void OptimizerStep::weights_from_master() {
   torch::NoGradGuard ng;
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
   swapped_finite_ = true;
-  states_.for_each(
-      [&](const StateChunk& c) {
-        if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
-        if (param_swap_)
-          store_params(c.master, c.at, c.begin);
-        else
-          weights_home(c.master, c.at, c.begin, /*written=*/false);
-      },
-      /*read=*/true, /*write=*/false);
+  states_.for_each([&](const StateChunk& c) { put_weights(c, /*written=*/false); }, /*read=*/true, /*write=*/false);
   if (param_swap_) param_swap_->end_write();
 }
 
@@ -419,13 +415,11 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
       optimizer_.step(b, si, sum_over_ranks_);
     else
       optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
-    if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
-    if (param_swap_)  // its waits are the parameters' I/O (Clock::param_io)
-      store_params(c.master, c.at, c.begin);
-    else if (c.at != flat_.params_place)
-      timed([&] { weights_home(c.master, c.at, c.begin, b.params_bf16 != nullptr); });
+    const bool written = b.params_bf16 != nullptr;
+    if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
+      put_weights(c, written);
     else
-      weights_home(c.master, c.at, c.begin, b.params_bf16 != nullptr);
+      timed([&] { put_weights(c, written); });
   });
   if (param_swap_) param_swap_->end_write();
   const double spent = clock.lap(), io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();

@@ -117,6 +117,9 @@ class OptimizerStep {
   // Chunk c's reduced gradients where its states are: the rank's gradients themselves on the device, else
   // their fp32 copy (widened exactly) beside the offloaded states, copied now.
   torch::Tensor gradients_at(const StateChunk& c);
+  // Chunk c's updated weights where they live (its span's part of the parameter file when that is on NVMe;
+  // `written`: the kernel wrote them as it stepped); a chunk swapped from NVMe is checked finite as it passes.
+  void put_weights(const StateChunk& c, bool written);
   // What the optimizer's kernel gets for chunk c and its gradients `grads`.
   OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads) const;
   // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
