@@ -158,7 +158,7 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
     } else {
       double wire = 0;
       for (const auto& c : p.execution.collectives) {
-        o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(c.when, 16)
+        o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(cadence_name(c.when), 16)
           << lpad(format_fixed(c.wire_bytes_per_rank_per_step, 2), 8) << " bytes on the wire per rank\n";
         if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";
         wire += c.wire_bytes_per_rank_per_step;
@@ -490,7 +490,7 @@ void communication_section(const Plan& p, const std::function<std::string(const 
       << lpad("wire/rank", 13) << "\n";
     double wire = 0;
     for (const auto& c : p.execution.collectives) {
-      o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(c.when, 16)
+      o << "  " << pad(collective_op_name(c.op), 16) << pad(c.what(), 36) << pad(cadence_name(c.when), 16)
         << lpad(std::to_string(c.calls_per_step), 7) << lpad(format_bytes(c.payload_bytes_per_step), 13)
         << lpad(format_bytes(c.wire_bytes_per_rank_per_step), 13) << "\n";
       if (!c.note.empty()) o << "  " << pad("", 16) << "(" << c.note << ")\n";

@@ -6,7 +6,8 @@
 #   build    ds first, then the GPU test binaries (ninja -k 0: one failing target stops nothing else)
 #   bench    the quickstart on the GPU; ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
 #            checkpoint; DS_BENCH_COMPILE=1 adds torch.compile); GPT-2 1.5B and TinyLlama's shape
-#            (bench/bench_cuda_shapes.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
+#            (bench/bench_cuda_shapes.sh); offload from the GPU against the plan's time model
+#            (bench/bench_offload_model.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
 #   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -66,7 +67,8 @@ need() {  # a file the stages read
 
 need .device-deps
 ls .device-deps/*.deb >/dev/null 2>&1 || { say "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and carry .device-deps"; exit 2; }
-for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
+for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/bench_offload_model.sh \
+  bench/host_memory_rate.c bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
   need "$f"
 done
 targets_ds=(ds)
@@ -74,7 +76,7 @@ targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optim
 
 if [ "$dry" = 1 ]; then
   # Here: the scripts parse, the Python compiles, the packages unpack, the targets exist in a configured tree.
-  bash -n bench/bench_cuda_train.sh && bash -n bench/bench_cuda_shapes.sh || status=3
+  bash -n bench/bench_cuda_train.sh && bash -n bench/bench_cuda_shapes.sh && bash -n bench/bench_offload_model.sh || status=3
   python3 -m py_compile bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py || status=3
   for f in .device-deps/*.deb; do dpkg-deb --info "$f" >/dev/null || { say "== broken package $f"; status=3; }; done
   probe=${DS_BUILD_DIR:-build}
@@ -89,6 +91,11 @@ if [ "$dry" = 1 ]; then
     for shape in "" "model.preset=gpt2-xl train_micro_batch_size_per_gpu=8" "model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=8"; do
       # shellcheck disable=SC2086
       "$probe/ds" plan examples/gpu-gpt2.json $shape >/dev/null 2>&1 || { say "== ds plan examples/gpu-gpt2.json $shape failed"; status=3; }
+    done
+    # The offload benchmark's plans (ZeRO 2 and 3, the optimizer on the host) as the GPU machine makes them.
+    for stage in 2 3; do
+      "$probe/ds" plan examples/gpu-gpt2.json train_micro_batch_size_per_gpu=8 zero_optimization.stage=$stage zero_optimization.offload_optimizer.device=cpu \
+        --device cuda --gpu h200 --host-memory-bw 20GB/s --json >/dev/null 2>&1 || { say "== ds plan of the GPU offload benchmark (ZeRO $stage) failed"; status=3; }
     done
     "$probe/ds" plan examples/gpu-gpt2.json model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=4 data.seq_len=512 \
       'model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}' \
@@ -153,6 +160,8 @@ stage_bench() {
   rm -rf /tmp/ds-qs-run
   step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
   step bench 60 150 bench-cuda-shapes bench/bench_cuda_shapes.sh "$build/ds" "${DS_BENCH_SHAPE_STEPS:-12}"
+  # ZeRO-Offload from the GPU: measured host step and PCIe copies against the plan's time model, and the slowdown.
+  step bench 60 150 offload-model env DS_DEVICE=cuda DS="$build/ds" bench/bench_offload_model.sh gpt2 8 1 /tmp/ds-offload-model
 }
 
 stage_profile() {

@@ -2,7 +2,8 @@
 // dropout masks are the same, so fp32 on the GPU must give the CPU's losses step by step (to 1e-4; the
 // GPU's GEMMs and reductions add in another order), bf16 on the GPU must track fp32 (2%), ZeRO's stages at
 // one rank must train what stage 0 trains, LoRA must train the same adapter, a checkpoint of a GPU run
-// must resume on the CPU and the reverse (one format), and fp16, which the GPU path lacks, is refused.
+// must resume on the CPU and the reverse (one format), offload from the GPU must train the CPU's offloaded
+// run, and fp16, which the GPU path lacks, is refused.
 // Without a GPU that LibTorch can use, every test skips and says why (label gpu; scripts/device-check.sh
 // runs them on a GPU machine).
 #include <gtest/gtest.h>
@@ -12,6 +13,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "common/crash_trace.hpp"
 #include "common/error.hpp"
@@ -107,6 +111,50 @@ TEST_F(CudaTrain, LoraOnTheGpuTrainsTheCpusAdapter) {
   const TrainResult gpu = run(DeviceKind::cuda, o, "lora_gpu");
   expect_losses_near(gpu.losses, cpu.losses, 1e-4);
   EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+}
+
+TEST_F(CudaTrain, OffloadFromTheGpuTrainsTheCpusOffloadedRunAndMovesThePlansBytes) {
+  // ZeRO-Offload and -Infinity from one GPU: the optimizer's states (all, or a ratio's part) on the host or on
+  // NVMe, and at stage 3 the parameters on the host. Each in fp32 gives the CPU's offloaded run's losses, step
+  // by step, and the GPU's run without offload's to 1e-5 (the host's AdamW kernel and the GPU's round alike but
+  // for fused multiply-adds); each step moves the bytes the plan's transfers say (the GPU's copies cross to the
+  // host, where the CPU's kernel wrote bf16 weights in place: the plan counts those alike).
+  const std::string opt = "zero_optimization.offload_optimizer.", par = "zero_optimization.offload_param.";
+  const std::string nvme = (root_ / "nvme").string();
+  fs::create_directories(nvme);
+  const std::vector<std::vector<std::string>> cases{
+      {"zero_optimization.stage=2", opt + "device=cpu"},
+      {"zero_optimization.stage=3", opt + "device=cpu", opt + "ratio=0.5"},
+      {"zero_optimization.stage=3", opt + "device=cpu", par + "device=cpu"},
+      {"zero_optimization.stage=1", opt + "device=nvme", opt + "nvme_path=" + nvme, "zero_optimization.sub_group_size=20000"},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    std::vector<std::string> o = cases[k];
+    o.push_back("bf16.enabled=false");
+    SCOPED_TRACE(o[1] + (o.size() > 3 ? " " + o[2] : ""));
+    const TrainResult cpu = run(DeviceKind::cpu, o, "offload_cpu_" + std::to_string(k));
+    const TrainResult gpu = run(DeviceKind::cuda, o, "offload_gpu_" + std::to_string(k));
+    expect_losses_near(gpu.losses, cpu.losses, 1e-4);
+    const TrainResult kept = run(DeviceKind::cuda, {o[0], "bf16.enabled=false"}, "kept_gpu_" + std::to_string(k));
+    expect_losses_near(gpu.losses, kept.losses, 1e-5);
+    EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+    const Plan plan = plan_for(DeviceKind::cuda, o, "offload_plan_" + std::to_string(k));
+    double planned = 0;
+    for (const Transfer& t : plan.execution.transfers) planned += t.bytes_per_step;
+    std::ifstream metrics(gpu.metrics_path);
+    int steps = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json m = nlohmann::json::parse(line);
+      if (!m.contains("offload_bytes") || m["skipped"].get<bool>()) continue;
+      ++steps;
+      EXPECT_DOUBLE_EQ(m["offload_bytes"].get<double>(), planned) << "step " << m["step"];
+    }
+    EXPECT_EQ(steps, static_cast<int>(gpu.losses.size()));
+  }
+  // bf16: the kernel steps on the host, the weights cross to the GPU by a copy (rounded as the CPU's kernel
+  // rounds them); the GPU's matmuls differ from the CPU's, so within bf16's tolerance.
+  const std::vector<std::string> bf16{"bf16.enabled=true", "zero_optimization.stage=2", opt + "device=cpu"};
+  expect_losses_near(run(DeviceKind::cuda, bf16, "offload_bf16_gpu").losses, run(DeviceKind::cpu, bf16, "offload_bf16_cpu").losses, 0.02);
 }
 
 TEST_F(CudaTrain, AGpuCheckpointResumesOnTheCpuAsTheRunWouldHaveGoneOn) {

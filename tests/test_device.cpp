@@ -145,10 +145,12 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
   "train": {"steps": 4, "eval_every": 0, "threads": 1}})";
 
 // `grads_leave`: an offloaded optimizer's gradients leave block by block for host memory, as on a GPU.
-Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false) {
+// `separate`: for the separate-memory device, whose weights cross between places by copies, as a GPU's do.
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false, bool separate = false) {
   Config c = load_config_text(kTiny, "test.json", overrides);
   Topology t = test::thread_ranks(world, rank);
   if (grads_leave) t.gradients_leave_per_block = true;
+  if (separate) t.host_writes_device = false;
   return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
 }
 
@@ -168,7 +170,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        const Plan plan = plan_for(world, r, overrides, grads_leave);
+        const Plan plan = plan_for(world, r, overrides, grads_leave, separate);
         TrainOptions opt;
         opt.print_every = 1000;
         opt.resume_from = resume_from;

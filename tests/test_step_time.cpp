@@ -303,15 +303,15 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_FALSE(unknown.step_time.offload_known());
   EXPECT_TRUE(nlohmann::json::parse(plan_to_json(unknown))["step_time"]["offload_s"].is_null());
   // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the fp32
-  // gradient, the master and two moments read and written, and the master read again by the weights' copy to the
-  // GPU: 4 + 8 x 3 + 4 bytes; gradients widened from bf16: 2 + 4 more.
+  // gradient, the master and two moments read and written, and the bf16 weight written into the staging buffer
+  // the GPU's copy takes: 4 + 8 x 3 + 2 bytes; gradients widened from bf16: 2 + 4 more.
   const Plan p = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
   const StepTime& t = p.step_time;
   ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
   const ZeroExecution& z = p.execution;
   ASSERT_EQ(z.state_spans.size(), 1u);
   ASSERT_EQ(z.state_spans[0].place, Place::host);
-  const double n = static_cast<double>(z.local_numel), step_bytes = n * (4 + 8 * 3 + 4), widen_bytes = widened ? n * (2 + 4) : 0;
+  const double n = static_cast<double>(z.local_numel), step_bytes = n * (4 + 8 * 3 + 2), widen_bytes = widened ? n * (2 + 4) : 0;
   ASSERT_EQ(t.offload.size(), z.transfers.size() + (widened ? 2 : 1));
   EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
   EXPECT_DOUBLE_EQ(t.offload.back().bytes, step_bytes);
@@ -341,6 +341,80 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_EQ(j["offload"].back()["resource"], "host memory");
   EXPECT_DOUBLE_EQ(j["host_link"]["busbw_bytes_per_s"].get<double>(), 50e9);
   EXPECT_NEAR(j["step_s"].get<double>(), t.step_s(), 1e-12);
+}
+
+TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransfersAndStepReadAlike) {
+  // bf16 weights are written by the optimizer's kernel in place where one memory holds the stepped states and the
+  // weights (the device's span on the device, the host's with the parameters on the host, or a CPU device); a host
+  // kernel stepping a GPU's weights writes them into a page-locked staging buffer (a chunk's: the span, or an NVMe
+  // sub-group) copied over whole; an fp32 run's and weights in a file are copied from the master. The transfers,
+  // the buffers and the host's step row follow the span's decision.
+  using W = WeightsBack;
+  struct Case {
+    const char* what;
+    bool gpu;
+    std::vector<std::string> overrides;
+    std::vector<W> weights;  // per span, offloaded first
+  };
+  const std::string opt = "zero_optimization.offload_optimizer.", par = "zero_optimization.offload_param.";
+  const std::vector<Case> cases{
+      {"GPU, no offload", true, {}, {W::in_place}},
+      {"GPU, fp32", true, {"bf16.enabled=false"}, {W::copied}},
+      {"GPU, states on the host", true, {opt + "device=cpu"}, {W::staged}},
+      {"GPU, half on the host", true, {"zero_optimization.stage=3", opt + "device=cpu", opt + "ratio=0.5"}, {W::staged, W::in_place}},
+      {"GPU, states on NVMe", true, {"zero_optimization.stage=3", opt + "device=nvme", opt + "nvme_path=/tmp", "zero_optimization.sub_group_size=20000000"},
+       {W::staged}},
+      {"GPU, states and parameters on the host", true, {"zero_optimization.stage=3", opt + "device=cpu", par + "device=cpu"}, {W::in_place}},
+      {"GPU, states on NVMe, parameters on the host", true,
+       {"zero_optimization.stage=3", opt + "device=nvme", opt + "nvme_path=/tmp", par + "device=cpu"}, {W::in_place}},
+      {"GPU, parameters on NVMe", true,
+       {"zero_optimization.stage=3", opt + "device=cpu", par + "device=nvme", par + "nvme_path=/tmp"}, {W::copied}},
+      {"GPU, parameters on the host, states on the device", true, {"zero_optimization.stage=3", par + "device=cpu"}, {W::copied}},
+      {"CPU, half on the host", false, {"zero_optimization.stage=3", opt + "device=cpu", opt + "ratio=0.5"}, {W::in_place, W::in_place}},
+      {"CPU, fp32 on the host", false, {"bf16.enabled=false", opt + "device=cpu"}, {W::copied}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Topology t = c.gpu ? gpus_offloading(1, "h100", "", "400GB/s", "") : test::thread_ranks(1, 0);
+    t.rates.host_memory_bw = 400e9;
+    Plan p;
+    try {
+      p = plan_on(kGpt2Zero2, t, c.overrides);
+    } catch (const ConfigError& e) {
+      FAIL() << e.issues().front().path << ": " << e.issues().front().message;
+    }
+    const ZeroExecution& z = p.execution;
+    ASSERT_EQ(z.state_spans.size(), c.weights.size());
+    for (size_t i = 0; i < c.weights.size(); ++i)
+      EXPECT_EQ(z.state_spans[i].weights, c.weights[i]) << "span " << i << ": " << weights_back_name(z.state_spans[i].weights);
+    for (const Transfer& x : z.transfers) {
+      if (x.what == "updated weights to the device") EXPECT_EQ(x.written_in_step, c.weights.front() == W::in_place) << x.what;
+      if (x.what == "stepped weights to the host") EXPECT_EQ(x.written_in_step, c.weights.back() == W::in_place) << x.what;
+    }
+    // The staging buffer: on the host, in the weights' dtype, one chunk's (the span's, or its largest sub-group's).
+    const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
+    ASSERT_EQ(staging != nullptr, c.weights.front() == W::staged);
+    if (staging) {
+      EXPECT_EQ(staging->dtype, Dtype::bf16);
+      int64_t chunk = 0;
+      if (z.state_spans.front().place == Place::nvme) {
+        ASSERT_GT(z.sub_groups.size(), 1u);
+        for (const SubGroup& g : z.sub_groups) chunk = std::max(chunk, g.numel());
+      } else {
+        chunk = z.state_spans.front().numel();
+      }
+      EXPECT_EQ(staging->elements, chunk);
+    }
+    const nlohmann::json spans = nlohmann::json::parse(plan_to_json(p))["zero_execution"]["optimizer_state_spans"];
+    EXPECT_EQ(spans.front()["weights"], weights_back_name(c.weights.front()));
+    if (z.state_spans.front().place == Place::device) continue;
+    // The host's step: a weight the kernel writes is its bf16 bytes, else the master read again (+ the weight where
+    // it lands on the host).
+    const bool params_on_host = p.zero.offload_param.device != OffloadDevice::none;
+    const double weight = c.weights.front() != W::copied ? 2.0 : 4.0 + (params_on_host ? dtype_bytes(p.precision.param_dtype) : 0.0);
+    const double moments = static_cast<double>(p.optimizer.moments);
+    EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, static_cast<double>(z.state_spans.front().numel()) * (4 + 8 * (1 + moments) + weight));
+  }
 }
 
 TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) {
@@ -406,7 +480,7 @@ TEST(StepTime, APipelinesOffloadIsItsSlowestStagesAndItsHostMemoryEachNodesOwnSt
     t.rank = r;
     const Plan own = with_own_stage(plan_on(kGpt2Zero2, t, mesh));
     ASSERT_EQ(own.execution.state_spans.size(), 1u);
-    most_step_bytes = std::max(most_step_bytes, static_cast<double>(own.execution.state_spans[0].numel()) * (4 + 8 * 3 + 4));
+    most_step_bytes = std::max(most_step_bytes, static_cast<double>(own.execution.state_spans[0].numel()) * (4 + 8 * 3 + 2));
     node_host[r / 4] += own.memory.host.total();
   }
   EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, most_step_bytes);

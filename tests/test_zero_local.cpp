@@ -149,7 +149,7 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
             << "max difference " << (assembled - expected).abs().max().item<double>();
         // One micro step's collectives are the plan's, kind for kind, byte for byte.
         for (const Collective& c : plans[0].execution.collectives) {
-          if (c.when != "per micro step" && c.kind != CollectiveKind::gradients) continue;
+          if (c.when != Cadence::per_micro_step && c.kind != CollectiveKind::gradients) continue;
           for (int r = 0; r < world; ++r) {
             const CommLedger& l = ledgers[static_cast<size_t>(r)];
             const auto it = l.find(c.kind);

@@ -17,6 +17,8 @@ const char* collective_op_name(CollectiveOp op) {
   return "?";
 }
 
+const char* cadence_name(Cadence c) { return c == Cadence::per_micro_step ? "per micro step" : "per step"; }
+
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::control: return "loss, norm and stop flag";
@@ -87,7 +89,7 @@ double wire_bytes_per_rank(CollectiveOp op, double payload_bytes, int world_size
 
 namespace {
 
-Collective make(CollectiveKind kind, CollectiveOp op, const char* when, int64_t times, int64_t calls, int64_t elements,
+Collective make(CollectiveKind kind, CollectiveOp op, Cadence when, int64_t times, int64_t calls, int64_t elements,
                 int bytes, int world) {
   Collective c;
   c.kind = kind;
@@ -105,7 +107,7 @@ Collective make(CollectiveKind kind, CollectiveOp op, const char* when, int64_t 
 
 namespace {
 
-void add_gather(std::vector<Collective>& out, CollectiveKind kind, const char* when, int64_t times, int64_t calls, int64_t elements,
+void add_gather(std::vector<Collective>& out, CollectiveKind kind, Cadence when, int64_t times, int64_t calls, int64_t elements,
                 int dtype_bytes, int world) {
   if (calls == 0) return;  // e.g. stage 3 with every parameter kept whole: no block is gathered
   out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, dtype_bytes, world));
@@ -145,9 +147,9 @@ Collective sharded_gradients(const Plan& plan, const ZeroExecution& z, int64_t w
     grad_calls = 0;
     for (const auto& g : parameter_groups(L)) grad_calls += calls_for(g.numel, knobs.reduce_bucket_size);
   }
-  Collective grads = z.grouped ? make(CollectiveKind::gradients, grad_op, "per micro step", std::max<int64_t>(1, plan.batch.grad_accum),
+  Collective grads = z.grouped ? make(CollectiveKind::gradients, grad_op, Cadence::per_micro_step, std::max<int64_t>(1, plan.batch.grad_accum),
                                       grad_calls, L.numel, gb, W)
-                               : make(CollectiveKind::gradients, grad_op, "per step", 1, grad_calls, z.full_numel, gb, W);
+                               : make(CollectiveKind::gradients, grad_op, Cadence::per_step, 1, grad_calls, z.full_numel, gb, W);
   grads.note = scatter ? ""
                : !knobs.reduce_scatter
                    ? "as all_reduce: zero_optimization.reduce_scatter is false"
@@ -187,9 +189,9 @@ int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector
     ++bwd_calls;
     bwd_elements += n;
   }
-  add_gather(out, CollectiveKind::parameters_outer, "per step", 1, outer > 0 ? 1 : 0, outer, pb, W);
-  add_gather(out, CollectiveKind::parameters_forward, "per micro step", grad_accum, fwd_calls, fwd_elements, pb, W);
-  add_gather(out, CollectiveKind::parameters_backward, "per micro step", grad_accum, bwd_calls, bwd_elements, pb, W);
+  add_gather(out, CollectiveKind::parameters_outer, Cadence::per_step, 1, outer > 0 ? 1 : 0, outer, pb, W);
+  add_gather(out, CollectiveKind::parameters_forward, Cadence::per_micro_step, grad_accum, fwd_calls, fwd_elements, pb, W);
+  add_gather(out, CollectiveKind::parameters_backward, Cadence::per_micro_step, grad_accum, bwd_calls, bwd_elements, pb, W);
   int64_t frozen_calls = 0, frozen_elements = 0;
   for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
     if (g.params.empty()) continue;  // a block with nothing frozen in it (parameter_groups keeps its place)
@@ -200,7 +202,7 @@ int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector
     }
   }
   if (frozen_calls > 0)
-    out.push_back(make(CollectiveKind::frozen_parameters, CollectiveOp::all_gather, "per micro step", grad_accum, frozen_calls,
+    out.push_back(make(CollectiveKind::frozen_parameters, CollectiveOp::all_gather, Cadence::per_micro_step, grad_accum, frozen_calls,
                        frozen_elements, dtype_bytes(plan.precision.compute_dtype), W));
   return whole;
 }
@@ -208,7 +210,7 @@ int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector
 }  // namespace
 
 Collective control_collective(int world_size) {
-  return make(CollectiveKind::control, CollectiveOp::all_reduce, "per step", 1, 1, 3, 8, world_size);
+  return make(CollectiveKind::control, CollectiveOp::all_reduce, Cadence::per_step, 1, 1, 3, 8, world_size);
 }
 
 std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
@@ -219,23 +221,23 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   if (W <= 1) return out;
   out.push_back(control_collective(W));
   if (plan.optimizer.per_tensor_update() && z.sharded)
-    out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, "per step", 1, 1, 2 * static_cast<int64_t>(L.params.size()), 8, W));
+    out.push_back(make(CollectiveKind::lamb_norms, CollectiveOp::all_reduce, Cadence::per_step, 1, 1, 2 * static_cast<int64_t>(L.params.size()), 8, W));
   const int64_t whole_calls = whole_gradient_calls(L, z, knobs.reduce_bucket_size);
   if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
-    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, "per step", 1, whole_calls, z.full_numel,
+    out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, Cadence::per_step, 1, whole_calls, z.full_numel,
                        gradient_element_bytes(plan, z), W));
     return out;
   }
   const Collective grads = sharded_gradients(plan, z, whole_calls);
   if (!z.gathers) {  // stages 1-2: then the updated parameters, in place
     out.push_back(grads);
-    add_gather(out, CollectiveKind::updated_parameters, "per step", 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel,
+    add_gather(out, CollectiveKind::updated_parameters, Cadence::per_step, 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel,
                dtype_bytes(plan.precision.param_dtype), W);
     return out;
   }
   const int64_t whole = add_stage3_gathers(plan, z, out);
   out.push_back(grads);
-  if (whole > 0) add_gather(out, CollectiveKind::parameters_whole, "per step", 1, 1, whole, dtype_bytes(plan.precision.param_dtype), W);
+  if (whole > 0) add_gather(out, CollectiveKind::parameters_whole, Cadence::per_step, 1, 1, whole, dtype_bytes(plan.precision.param_dtype), W);
   return out;
 }
 

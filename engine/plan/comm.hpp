@@ -19,6 +19,10 @@ namespace ds {
 enum class CollectiveOp { all_reduce, reduce_scatter, all_gather, send };
 const char* collective_op_name(CollectiveOp op);
 
+// How often a collective runs: once per optimizer step, or at each of its micro steps.
+enum class Cadence { per_step, per_micro_step };
+const char* cadence_name(Cadence c);  // "per step" | "per micro step"
+
 // What a collective carries: the plan lists them, the runtime issues and counts them under the same kind,
 // and collective_name is the one place their names are spelled.
 enum class CollectiveKind {
@@ -62,7 +66,7 @@ CommCapabilities comm_capabilities(CommBackend backend);
 struct Collective {
   CollectiveKind kind = CollectiveKind::gradients;
   CollectiveOp op = CollectiveOp::all_reduce;
-  std::string when;            // "per step" | "per micro step"
+  Cadence when = Cadence::per_step;
   int64_t calls_per_step = 0;  // bucketed calls
   int64_t elements_per_step = 0;  // all-gather: the gathered (output) elements
   int dtype_bytes = 0;

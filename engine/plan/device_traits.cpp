@@ -38,7 +38,7 @@ void build_refusals(const Plan& plan, const DeviceTraits& device, std::vector<st
                                     "trains there; this one trains on the CPU)");
 }
 
-// One GPU trains the whole step; what moves states off it, or spans GPUs, is still the CPU's.
+// What the GPU path does not run yet.
 void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<std::string>& why) {
   if (device.kind != DeviceKind::cuda) return;
   if (plan.topology.world_size > 1 && !(plan.topology.build && !plan.topology.build->nccl.empty()))
@@ -46,8 +46,12 @@ void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<s
                   "one), so one GPU per run");
   if (plan.precision.param_dtype == Dtype::fp16)
     why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
-  if (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none)
-    why.push_back("offload from a GPU (zero_optimization.offload_optimizer / offload_param): offload trains on the CPU for now");
+  // One GPU offloads (warned: plan.cpp); with several, a copy to the host would wait on NCCL's stream before the
+  // communicator's bounded wait, so a dead peer would hang it.
+  if (plan.topology.world_size > 1 &&
+      (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none))
+    why.push_back("offload from several GPU ranks (zero_optimization.offload_optimizer / offload_param): one GPU offloads, and "
+                  "several CPU ranks");
 }
 
 }  // namespace

@@ -244,6 +244,13 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                                                ": ds's own checks have run its NCCL communicator on one GPU only (the one kind of machine "
                                                "lent to them) and ZeRO's collectives in NCCL's terms on CPU ranks; a run across GPUs is new",
                              "compare its first steps with a one-GPU run of the same global batch; --device cpu runs the ranks over Gloo"});
+  if (!topo.device_traits().memory_is_host && topo.world_size == 1 &&
+      (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none))
+    plan.warnings.push_back({c.zero.offload_optimizer.device != OffloadDevice::none ? "zero_optimization.offload_optimizer"
+                                                                                     : "zero_optimization.offload_param",
+                             "offload from a GPU is new: ds's own checks have run offload on the CPU (every byte moved equal to the "
+                             "plan's, the losses equal to the run without it) and have not yet run it on a GPU",
+                             "compare its first steps with the same run without offload (a smaller model), or with --device cpu"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");

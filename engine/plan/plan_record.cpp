@@ -209,7 +209,7 @@ json collectives_json(const std::vector<Collective>& collectives) {
   for (const auto& c : collectives)
     coll.push_back({{"what", c.what()},
                     {"op", collective_op_name(c.op)},
-                    {"when", c.when},
+                    {"when", cadence_name(c.when)},
                     {"calls_per_step", c.calls_per_step},
                     {"elements_per_step", c.elements_per_step},
                     {"dtype_bytes", c.dtype_bytes},
@@ -245,7 +245,7 @@ json execution_json(const ZeroExecution& x) {
                          {"written_in_step", t.written_in_step}});
   e["transfers"] = transfers;
   json spans = json::array();  // where the optimizer's states live: the rank's local elements [begin, end) at a place
-  for (const StateSpan& sp : x.state_spans) spans.push_back({{"begin", sp.begin}, {"end", sp.end}, {"place", place_name(sp.place)}});
+  for (const StateSpan& sp : x.state_spans) spans.push_back({{"begin", sp.begin}, {"end", sp.end}, {"place", place_name(sp.place)}, {"weights", weights_back_name(sp.weights)}});
   e["optimizer_state_spans"] = spans;
   if (!x.sub_groups.empty())
     e["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},

@@ -136,7 +136,7 @@ void overlap(const Plan& p, StepTime& t) {
       if (i >= t.collectives.size()) break;
       CollectiveTime& row = t.collectives[i++];
       if (row.phase != phase) continue;
-      const double micro_steps = c.when == "per micro step" ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
+      const double micro_steps = c.when == Cadence::per_micro_step ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
       const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step)) * std::min(micro_steps, static_cast<double>(c.calls_per_step));
       rows.push_back({&row, row.seconds - first_call});
       hideable += row.seconds - first_call;
@@ -214,11 +214,11 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
   if (const ZeroBuffer* g = z.find_anywhere(BufferRole::grads); g && g->place == Place::host)
     add("gradients widened to fp32", OffloadResource::host_memory, n * (dtype_bytes(p.precision.grad_dtype) + 4), r.memory, r.memory_name);
   // The step: per element its fp32 gradient read, the master and each moment read and written, then the weight: bf16
-  // written by the kernel where it reaches the weights (one memory, or the parameters on the host), else the master
-  // read again by the weights' copy (and the weight written where it lands in host memory: the parameters' file buffers).
+  // written by the kernel where it reaches the weights (one memory, or the parameters on the host) or into the host's
+  // staging buffer for a GPU, else the master read again by the weights' copy (and the weight written where it lands
+  // in host memory: the parameters' file buffers).
   const OffloadDevice params_at = p.zero.offload_param.device;
-  const bool kernel_writes = param == Dtype::bf16 && params_at != OffloadDevice::nvme && (cpu || params_at == OffloadDevice::cpu);
-  const double weight = kernel_writes ? dtype_bytes(param) : 4.0 + (params_at != OffloadDevice::none ? dtype_bytes(param) : 0.0);
+  const double weight = z.state_spans.front().weights != WeightsBack::copied ? dtype_bytes(param) : 4.0 + (params_at != OffloadDevice::none ? dtype_bytes(param) : 0.0);
   add("optimizer step on the host", OffloadResource::host_memory, n * (4.0 + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
   // A pipelined optimizer reads the next sub-groups and writes the last ones while the host steps this one: all but
   // one sub-group's read (the first) and write (the last) can hide, in the directions pipelined, up to the step's time.

@@ -38,6 +38,11 @@ struct Topology {
   // that path on the CPU's separate-memory test device.
   std::optional<bool> gradients_leave_per_block;
   bool grads_leave_per_block() const { return gradients_leave_per_block.value_or(!device_traits().memory_is_host); }
+  // Whether the optimizer's kernel, stepping states in one place, may write bf16 weights in another in place (one
+  // memory holds both: the CPU device), unless set. Set by the tests that run the separate-memory test device, whose
+  // weights cross between places by copies as a GPU's do.
+  std::optional<bool> host_writes_device;
+  bool host_writes_device_memory() const { return host_writes_device.value_or(device_traits().memory_is_host); }
   // The build of ds that plans (ds plan, train, profile): what it lacks on the device is refused in the plan.
   // None: a plan for any build (estimate-memory, the tests' plans).
   std::optional<BuildSupport> build;

@@ -17,6 +17,15 @@ const char* place_name(Place p) {
   return "?";
 }
 
+const char* weights_back_name(WeightsBack w) {
+  switch (w) {
+    case WeightsBack::in_place: return "written in place";
+    case WeightsBack::staged: return "staged on the host";
+    case WeightsBack::copied: return "copied from the master";
+  }
+  return "?";
+}
+
 const char* buffer_role_name(BufferRole r) {
   switch (r) {
     case BufferRole::params: return "params";
@@ -42,6 +51,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::reduce_scratch: return "reduce_scratch";
     case BufferRole::optimizer_swap: return "optimizer_swap";
     case BufferRole::param_swap: return "param_swap";
+    case BufferRole::weights_staging: return "weights_staging";
   }
   return "?";
 }
@@ -297,10 +307,17 @@ int64_t cut_sub_groups(ZeroBuild& b, const std::vector<StepRun>& runs, int64_t o
   return swap_file_bytes(z.sub_groups) / 4;
 }
 
-// Whether the optimizer's kernel writes the updated bf16 weights where they live as it steps states in another
-// place: only where one memory holds both (a CPU device); a GPU's weights cross the link by a copy.
-bool weights_written_in_step(const Plan& plan) {
-  return plan.precision.param_dtype == Dtype::bf16 && plan.topology.device_traits().memory_is_host;
+// How the weights stepped at `states` reach their own place: the kernel writes bf16 weights in place where one
+// memory holds both (the states beside the weights, or a CPU device), into a host staging buffer where a host
+// kernel steps a GPU's weights, else they are copied from the master (and weights in a file are written by the
+// parameters' swap).
+WeightsBack weights_back_of(const ZeroBuild& b, Place states) {
+  const Plan& plan = b.plan;
+  if (plan.precision.param_dtype != Dtype::bf16 || b.params_on_nvme) return WeightsBack::copied;
+  const Place stepped_at = states == Place::nvme ? Place::host : states;  // swapped in to be stepped
+  const Place params_at = b.param_offload ? Place::host : Place::device;
+  if (stepped_at == params_at || plan.topology.host_writes_device_memory()) return WeightsBack::in_place;
+  return stepped_at == Place::host ? WeightsBack::staged : WeightsBack::copied;
 }
 
 // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With offload
@@ -318,8 +335,9 @@ void add_optimizer_states(ZeroBuild& b) {
   const int64_t offloaded = step_cut(runs, static_cast<int64_t>(std::llround(static_cast<double>(z.local_numel) * ratio)));
   z.offloaded_numel = offloaded;
   const Place state_place = offload_place(b.opt_offload ? knobs.offload_optimizer.device : OffloadDevice::none);
-  if (offloaded > 0) z.state_spans.push_back({0, offloaded, state_place});
-  if (offloaded < z.local_numel || z.state_spans.empty()) z.state_spans.push_back({offloaded, z.local_numel, Place::device});
+  if (offloaded > 0) z.state_spans.push_back({0, offloaded, state_place, weights_back_of(b, state_place)});
+  if (offloaded < z.local_numel || z.state_spans.empty())
+    z.state_spans.push_back({offloaded, z.local_numel, Place::device, weights_back_of(b, Place::device)});
   std::vector<BufferRole> states;
   // Offloaded, the optimizer updates an fp32 master where the states live even in an fp32 run (whose
   // master is otherwise the weights themselves), and the device's weights are copied from it; so it does
@@ -358,7 +376,9 @@ void add_optimizer_states(ZeroBuild& b) {
   }
   if (!b.param_offload)  // offloaded weights live beside the states (on the host) or in their file
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype),
-                           weights_written_in_step(plan)});
+                           z.state_spans.front().weights == WeightsBack::in_place});
+  if (z.state_spans.front().weights == WeightsBack::staged)  // one chunk's weights at a time: the span, or a sub-group
+    b.add(BufferRole::weights_staging, pp.param_dtype, swapped ? z.sub_group_numel : offloaded, C::buffers, Place::host);
 }
 
 // Bytes of this rank's partitions one gather of `params` copies into the device's buffer: whole partitions
@@ -383,7 +403,7 @@ void add_parameter_fetches(ZeroBuild& b) {
   const int64_t stepped_on_device = z.local_numel - z.offloaded_numel;
   if (stepped_on_device > 0)
     z.transfers.push_back({"stepped weights to the host", Place::device, Place::host,
-                           static_cast<double>(stepped_on_device * b.param_bytes), weights_written_in_step(plan) && !b.params_on_nvme});
+                           static_cast<double>(stepped_on_device * b.param_bytes), z.state_spans.back().weights == WeightsBack::in_place});
   const FlatLayout& L = plan.layout;
   const double micro = static_cast<double>(plan.batch.grad_accum);
   double bytes = 0;

@@ -21,10 +21,23 @@ struct Plan;
 enum class Place { device, host, nvme };
 const char* place_name(Place p);
 
+// How a span's updated weights reach the place the weights live once its states are stepped (decided by the plan
+// once: the runtime's step, the plan's transfers and buffers, and its time model read it).
+enum class WeightsBack {
+  in_place,  // the optimizer's kernel writes the bf16 weights where they live as it steps (one memory holds both)
+  staged,    // the host's kernel writes the bf16 weights into a page-locked host buffer (weights_staging) as it
+             // steps, which is copied to the device whole: half the bytes of the fp32 master on the link, and
+             // the master not read again
+  copied,    // copied from the fp32 master after the step, converted on the way (fp32 or fp16 weights, weights in
+             // a file, or a device's step for weights on the host); nothing where the master is the weights
+};
+const char* weights_back_name(WeightsBack w);
+
 // Local elements [begin, end) of a rank's optimizer part whose states (fp32 master, moments) live at `place`.
 struct StateSpan {
   int64_t begin = 0, end = 0;
   Place place = Place::device;
+  WeightsBack weights = WeightsBack::copied;
   int64_t numel() const { return end - begin; }
 };
 
@@ -56,6 +69,7 @@ enum class BufferRole {
   reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
   param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
+  weights_staging,  // offload from a GPU: the host-stepped bf16 weights on their way to the device (WeightsBack::staged)
 };
 const char* buffer_role_name(BufferRole r);
 

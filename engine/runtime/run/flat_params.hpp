@@ -48,6 +48,9 @@ struct FlatParams {
   // Optimizer offload: an fp32 copy of an offloaded span's reduced gradients (of one NVMe sub-group's at a
   // time), beside its states.
   torch::Tensor offload_grads;
+  // Offload from a GPU: the bf16 weights the host's kernel writes as it steps a chunk, copied to the device whole
+  // (WeightsBack::staged); page-locked.
+  torch::Tensor weights_staging;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)

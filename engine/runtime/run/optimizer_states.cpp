@@ -1,5 +1,7 @@
 #include "engine/runtime/run/optimizer_states.hpp"
 
+#include <algorithm>
+
 #include "common/error.hpp"
 
 namespace ds {
@@ -9,6 +11,14 @@ OptimizerStates::OptimizerStates(FlatParams& flat, OptimizerSwapper* swapper) : 
   for (const StateSpan& s : flat.spans) on_nvme = on_nvme || s.place == Place::nvme;
   DS_CHECK(on_nvme == (swapper != nullptr), "NVMe states without a swapper, or a swapper without them");
   DS_CHECK(flat.states.size() == flat.spans.size(), "a state span without its buffers");
+}
+
+int64_t OptimizerStates::largest_chunk(const StateSpan& span) const {
+  if (span.place != Place::nvme) return span.numel();
+  int64_t most = 0;
+  for (const SubGroup& g : swapper_->sub_groups())
+    if (g.begin >= span.begin && g.end <= span.end) most = std::max(most, g.numel());
+  return most;
 }
 
 void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn, bool read, bool write) const {

@@ -39,6 +39,9 @@ class OptimizerStates {
   // Bytes the NVMe span's files have read and written so far (0 without).
   double io_bytes() const { return swapper_ ? swapper_->io().bytes_read() + swapper_->io().bytes_written() : 0.0; }
 
+  // The most elements one chunk of `span` holds: the span in memory, its largest sub-group on NVMe.
+  int64_t largest_chunk(const StateSpan& span) const;
+
   // fn(chunk) for every chunk in order. On NVMe `read`: the sub-group's states are read in first (else the
   // buffers hold whatever they held); `write`: written back after fn.
   void for_each(const std::function<void(const StateChunk&)>& fn, bool read = true, bool write = true) const;

@@ -73,15 +73,13 @@ bool OptimizerStep::master_finite() const {
   return true;
 }
 
-bool OptimizerStep::writes_weights(Place states) const {
-  return plan_.precision.param_dtype == Dtype::bf16 && !param_swap_ && (states == flat_.params_place || device_.host_addresses_device());
-}
-
-void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t begin, bool written) {
+void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how) {
   const torch::Tensor to = flat_.local_params.narrow(0, begin, master.numel());
   const Place home = flat_.params_place;
-  if (written) {
+  if (how == WeightsBack::in_place) {
     if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
+  } else if (how == WeightsBack::staged) {
+    device_.copy(to, home, flat_.weights_staging.narrow(0, 0, master.numel()), Place::host);
   } else if (at != home) {
     device_.copy(to, home, master, at);
   } else if (to.data_ptr() != master.data_ptr()) {
@@ -96,12 +94,12 @@ double OptimizerStep::bytes_moved() const {
   return b;
 }
 
-void OptimizerStep::put_weights(const StateChunk& c, bool written) {
+void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how) {
   if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
   if (param_swap_)
     store_params(c.master, c.at, c.begin);
   else
-    weights_home(c.master, c.at, c.begin, written);
+    weights_home(c.master, c.at, c.begin, how);
 }
 
 torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
@@ -117,7 +115,11 @@ OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Ten
   b.master = c.master.data_ptr<float>();
   b.moment1 = FlatParams::data_or_null(c.exp_avg);
   b.moment2 = FlatParams::data_or_null(c.exp_avg_sq);
-  b.params_bf16 = writes_weights(c.at) ? reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + c.begin : nullptr;
+  switch (states_.spans()[c.span].weights) {
+    case WeightsBack::in_place: b.params_bf16 = reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + c.begin; break;
+    case WeightsBack::staged: b.params_bf16 = reinterpret_cast<uint16_t*>(flat_.weights_staging.data_ptr()); break;
+    case WeightsBack::copied: b.params_bf16 = nullptr; break;
+  }
   b.grads = grads.data_ptr();
   b.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
   b.kernels = &device_.kernels(c.at);
@@ -151,6 +153,14 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
     }
   }
   DS_CHECK(flat.params_swapped == (param_swap != nullptr), "NVMe parameters without a swapper, or a swapper without them");
+  for (const StateSpan& span : states_.spans()) {  // the plan's word on where the kernel writes the weights, held to
+    DS_CHECK(span.weights != WeightsBack::in_place ||
+                 (!param_swap && (memory_of(span) == flat.params_place || device_.host_addresses_device())),
+             "the plan has the optimizer write weights at ", place_name(flat.params_place), " while stepping states at ",
+             place_name(span.place), " on ", device_.name());
+    DS_CHECK(span.weights != WeightsBack::staged || flat.weights_staging.numel() >= states_.largest_chunk(span),
+             "the weights' staging buffer holds ", flat.weights_staging.numel(), " elements, a chunk ", states_.largest_chunk(span));
+  }
   // Lamb: each tensor's norms summed over the ranks that hold its parts: the data group's partitions under ZeRO,
   // then a tensor group's slices (a tensor every tensor rank holds whole counts once: tensor rank 0's). A
   // pipeline stage holds its tensors whole.
@@ -184,7 +194,7 @@ void OptimizerStep::weights_from_master() {
   torch::NoGradGuard ng;
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
   swapped_finite_ = true;
-  states_.for_each([&](const StateChunk& c) { put_weights(c, /*written=*/false); }, /*read=*/true, /*write=*/false);
+  states_.for_each([&](const StateChunk& c) { put_weights(c, WeightsBack::copied); }, /*read=*/true, /*write=*/false);
   if (param_swap_) param_swap_->end_write();
 }
 
@@ -415,11 +425,11 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
       optimizer_.step(b, si, sum_over_ranks_);
     else
       optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
-    const bool written = b.params_bf16 != nullptr;
+    const WeightsBack how = states_.spans()[c.span].weights;
     if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
-      put_weights(c, written);
+      put_weights(c, how);
     else
-      timed([&] { put_weights(c, written); });
+      timed([&] { put_weights(c, how); });
   });
   if (param_swap_) param_swap_->end_write();
   const double spent = clock.lap(), io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();

@@ -117,9 +117,10 @@ class OptimizerStep {
   // Chunk c's reduced gradients where its states are: the rank's gradients themselves on the device, else
   // their fp32 copy (widened exactly) beside the offloaded states, copied now.
   torch::Tensor gradients_at(const StateChunk& c);
-  // Chunk c's updated weights where they live (its span's part of the parameter file when that is on NVMe;
-  // `written`: the kernel wrote them as it stepped); a chunk swapped from NVMe is checked finite as it passes.
-  void put_weights(const StateChunk& c, bool written);
+  // Chunk c's updated weights where they live (its span's part of the parameter file when that is on NVMe), the
+  // way `how` says (after the kernel's step: its span's; from the master alone: copied); a chunk swapped from NVMe
+  // is checked finite as it passes.
+  void put_weights(const StateChunk& c, WeightsBack how);
   // What the optimizer's kernel gets for chunk c and its gradients `grads`.
   OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads) const;
   // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
@@ -140,13 +141,10 @@ class OptimizerStep {
   // tensor rank holds whole is the one counted (Lamb's norms).
   std::vector<uint8_t> held_whole_elsewhere_;
   OptimizerStates states_;
-  // Whether the optimizer's kernel writes the 16-bit weights as it steps the states at `states` (bf16, the
-  // weights not on NVMe, and the kernel able to reach them); otherwise they are copied from the master.
-  bool writes_weights(Place states) const;
-  // The updated weights, local elements [begin, begin + master.numel()), from the master copy at `at` to where
-  // the weights live: nothing to move where the kernel wrote them as it stepped (`written`; counted when that
-  // crossed places), else a copy (counted between places).
-  void weights_home(const torch::Tensor& master, Place at, int64_t begin, bool written);
+  // The updated weights, local elements [begin, begin + master.numel()), to where the weights live: nothing to
+  // move where the kernel wrote them in place (counted when that crossed places), the staging buffer's copy where
+  // it wrote them there, else a copy from the master at `at` (counted between places).
+  void weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how);
   ParamSwapper* param_swap_ = nullptr;
   // Parameters on NVMe: `master` (fp32, at `place`), elements [begin, begin + numel) of the partition, rounded
   // to the stored dtype into the file's host buffers (inside a begin_write/end_write); from the device
