@@ -289,10 +289,8 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   const Plan unknown = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "", ""), cpu_offload);
   EXPECT_FALSE(unknown.step_time.step_known());
   EXPECT_TRUE(mentions(unknown.step_time.missing, "--host-memory-bw"));
-  // The transfers' rows first, then the host's: gradients widened to fp32 where they left the GPU block by block,
-  // and the step.
-  const bool widened = unknown.execution.find_anywhere(BufferRole::grads)->place == Place::host;
-  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + (widened ? 2 : 1));
+  // The transfers' rows first, then the host's step.
+  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + 1);
   for (size_t i = 0; i < unknown.execution.transfers.size(); ++i) {
     const Transfer& x = unknown.execution.transfers[i];
     EXPECT_EQ(unknown.step_time.offload[i].what, x.what);
@@ -302,37 +300,37 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_FALSE(unknown.step_time.offload.back().known);  // the host's step: its bytes, no time
   EXPECT_FALSE(unknown.step_time.offload_known());
   EXPECT_TRUE(nlohmann::json::parse(plan_to_json(unknown))["step_time"]["offload_s"].is_null());
-  // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the fp32
-  // gradient, the master and two moments read and written, and the bf16 weight written into the staging buffer
-  // the GPU's copy takes: 4 + 8 x 3 + 2 bytes; gradients widened from bf16: 2 + 4 more.
+  // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the gradient
+  // (bf16 where it left the GPU block by block into host memory, read by the kernel as it is; else its fp32 copy),
+  // the master and two moments read and written, and the bf16 weight written into the staging buffer the GPU's
+  // copy takes: 2 (or 4) + 8 x 3 + 2 bytes.
   const Plan p = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
   const StepTime& t = p.step_time;
   ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
   const ZeroExecution& z = p.execution;
   ASSERT_EQ(z.state_spans.size(), 1u);
   ASSERT_EQ(z.state_spans[0].place, Place::host);
-  const double n = static_cast<double>(z.local_numel), step_bytes = n * (4 + 8 * 3 + 2), widen_bytes = widened ? n * (2 + 4) : 0;
-  ASSERT_EQ(t.offload.size(), z.transfers.size() + (widened ? 2 : 1));
+  const bool grads_on_host = z.find_anywhere(BufferRole::grads)->place == Place::host;
+  EXPECT_TRUE(grads_on_host);  // ZeRO 2 from a GPU: the gradients leave block by block (DeepSpeed's ZeRO-Offload)
+  EXPECT_EQ(z.find_anywhere(BufferRole::offload_grads), nullptr);  // no fp32 copy of them
+  const double n = static_cast<double>(z.local_numel), step_bytes = n * ((grads_on_host ? 2 : 4) + 8 * 3 + 2);
+  ASSERT_EQ(t.offload.size(), z.transfers.size() + 1);
   EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
   EXPECT_DOUBLE_EQ(t.offload.back().bytes, step_bytes);
   EXPECT_NEAR(t.offload.back().seconds, step_bytes / (400e9 / 8), 1e-15);
-  if (widened) {
-    EXPECT_EQ(t.offload[t.offload.size() - 2].what, "gradients widened to fp32");
-    EXPECT_DOUBLE_EQ(t.offload[t.offload.size() - 2].bytes, widen_bytes);
-  }
   double link_s = 0;
   for (const Transfer& x : z.transfers) link_s += x.bytes_per_step / 50e9;
-  const double host_s = (step_bytes + widen_bytes) / 50e9;
+  const double host_s = step_bytes / 50e9;
   EXPECT_NEAR(t.offload_s, link_s + host_s, 1e-12);
   EXPECT_EQ(t.offload_hidden_s, 0);
   EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + link_s + host_s, 1e-12);
   // What it waits on most: here the host's memory (the step's states), over compute and the link.
   const double most = std::max({t.compute_s, t.comm_s, link_s, host_s});
   EXPECT_STREQ(t.bound(), most == host_s ? "host-memory-bound" : most == link_s ? "host-link-bound" : most == t.comm_s ? "communication-bound" : "compute-bound");
-  // With the parameters on the host too (ZeRO 3) the kernel writes the bf16 weights there itself: 4 + 8 x 3 + 2.
+  // With the parameters on the host too (ZeRO 3) the kernel writes the bf16 weights there itself: 2 + 8 x 3 + 2.
   const Plan on_host = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""),
                                {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_param.device=cpu"});
-  EXPECT_DOUBLE_EQ(on_host.step_time.offload.back().bytes, static_cast<double>(on_host.execution.local_numel) * (4 + 8 * 3 + 2));
+  EXPECT_DOUBLE_EQ(on_host.step_time.offload.back().bytes, static_cast<double>(on_host.execution.local_numel) * (2 + 8 * 3 + 2));
   // --host-link replaces the GPU's own; plan.json carries every row.
   const Plan slow = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "pcie4", "400GB/s", ""), cpu_offload);
   EXPECT_NEAR(slow.step_time.offload_s, link_s * 2 + host_s, 1e-12);
@@ -388,8 +386,12 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
     for (size_t i = 0; i < c.weights.size(); ++i)
       EXPECT_EQ(z.state_spans[i].weights, c.weights[i]) << "span " << i << ": " << weights_back_name(z.state_spans[i].weights);
     for (const Transfer& x : z.transfers) {
-      if (x.what == "updated weights to the device") EXPECT_EQ(x.written_in_step, c.weights.front() == W::in_place) << x.what;
-      if (x.what == "stepped weights to the host") EXPECT_EQ(x.written_in_step, c.weights.back() == W::in_place) << x.what;
+      if (x.what == "updated weights to the device") {
+        EXPECT_EQ(x.written_in_step, c.weights.front() == W::in_place) << x.what;
+      }
+      if (x.what == "stepped weights to the host") {
+        EXPECT_EQ(x.written_in_step, c.weights.back() == W::in_place) << x.what;
+      }
     }
     // The staging buffer: on the host, in the weights' dtype, one chunk's (the span's, or its largest sub-group's).
     const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
@@ -413,7 +415,9 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
     const bool params_on_host = p.zero.offload_param.device != OffloadDevice::none;
     const double weight = c.weights.front() != W::copied ? 2.0 : 4.0 + (params_on_host ? dtype_bytes(p.precision.param_dtype) : 0.0);
     const double moments = static_cast<double>(p.optimizer.moments);
-    EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, static_cast<double>(z.state_spans.front().numel()) * (4 + 8 * (1 + moments) + weight));
+    // (the gradient: in its own dtype where it left the GPU block by block into host memory, else its fp32 copy)
+    const double grad = z.find_anywhere(BufferRole::grads)->place == Place::host ? dtype_bytes(p.precision.grad_dtype) : 4.0;
+    EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, static_cast<double>(z.state_spans.front().numel()) * (grad + 8 * (1 + moments) + weight));
   }
 }
 

@@ -196,7 +196,7 @@ Placement render_placement(const ZeroExecution& z, int stage, DeviceKind device)
   };
   Placement p;
   p.params = where({BufferRole::params}) + (stage >= 3 ? ", partitioned" : "");
-  p.grads = where({BufferRole::offload_grads}) + (stage >= 2 ? ", partitioned" : "");
+  p.grads = where({BufferRole::grads, BufferRole::offload_grads}) + (stage >= 2 ? ", partitioned" : "");
   p.optimizer_states = where({BufferRole::master, BufferRole::exp_avg, BufferRole::exp_avg_sq}) + (stage >= 1 ? ", partitioned" : "");
   return p;
 }

@@ -210,16 +210,16 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
   if (z.state_spans.empty() || z.state_spans.front().place == Place::device) return rows;
   const double n = static_cast<double>(z.state_spans.front().numel());
   const Dtype param = p.precision.param_dtype;
-  // Gradients that left the device block by block are widened to fp32 beside the states: a copy in host memory.
-  if (const ZeroBuffer* g = z.find_anywhere(BufferRole::grads); g && g->place == Place::host)
-    add("gradients widened to fp32", OffloadResource::host_memory, n * (dtype_bytes(p.precision.grad_dtype) + 4), r.memory, r.memory_name);
-  // The step: per element its fp32 gradient read, the master and each moment read and written, then the weight: bf16
+  // The step: per element its gradient read (fp32 beside the states, or in its own dtype where it left the device
+  // block by block into host memory), the master and each moment read and written, then the weight: bf16
   // written by the kernel where it reaches the weights (one memory, or the parameters on the host) or into the host's
   // staging buffer for a GPU, else the master read again by the weights' copy (and the weight written where it lands
   // in host memory: the parameters' file buffers).
   const OffloadDevice params_at = p.zero.offload_param.device;
   const double weight = z.state_spans.front().weights != WeightsBack::copied ? dtype_bytes(param) : 4.0 + (params_at != OffloadDevice::none ? dtype_bytes(param) : 0.0);
-  add("optimizer step on the host", OffloadResource::host_memory, n * (4.0 + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
+  const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
+  const double grad = g && g->place == Place::host ? dtype_bytes(p.precision.grad_dtype) : 4.0;
+  add("optimizer step on the host", OffloadResource::host_memory, n * (grad + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
   // A pipelined optimizer reads the next sub-groups and writes the last ones while the host steps this one: all but
   // one sub-group's read (the first) and write (the last) can hide, in the directions pipelined, up to the step's time.
   const int64_t groups = static_cast<int64_t>(z.sub_groups.size());

@@ -354,9 +354,10 @@ void add_optimizer_states(ZeroBuild& b) {
   }
   if (offloaded == 0) return;
   // The reduced gradients (all of them, or one sub-group's at a time when swapping) in fp32 where the
-  // optimizer runs.
+  // optimizer runs; none where they left the device block by block into host memory, where the kernel reads
+  // them in their own dtype.
   const Place grads_place = swapped ? Place::host : state_place;
-  b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
+  if (!b.grads_to_host) b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
   if (b.grads_to_host) {  // each micro step, every group's reduced part of this rank leaves as backward finishes it
     int64_t owned = 0;
     for (const OwnedSegment& s : owned_segments(plan.layout, plan.topology.rank)) owned += s.numel;

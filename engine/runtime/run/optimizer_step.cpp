@@ -104,7 +104,9 @@ void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how) {
 
 torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
   const torch::Tensor grads = flat_.local_grads.narrow(0, c.begin, c.numel);
-  if (states_.spans()[c.span].place == Place::device) return grads;
+  // Already in the memory the states are stepped in (on the device, or left for the host block by block): the
+  // kernel reads them in their own dtype.
+  if (flat_.grads_place == c.at) return grads;
   const torch::Tensor wide = flat_.offload_grads.narrow(0, 0, c.numel);  // a span in memory is one chunk, NVMe's one sub-group
   device_.copy(wide, Place::host, grads, flat_.grads_place);
   return wide;

@@ -114,8 +114,9 @@ class OptimizerStep {
   // The weights from the master copy, wherever its spans are (a copy between places when offloaded; the
   // parameter file rewritten when the parameters are on NVMe).
   void weights_from_master();
-  // Chunk c's reduced gradients where its states are: the rank's gradients themselves on the device, else
-  // their fp32 copy (widened exactly) beside the offloaded states, copied now.
+  // Chunk c's reduced gradients where its states are: the rank's gradients themselves where they are in that
+  // memory already (on the device; on the host once they left it block by block), else their fp32 copy
+  // (widened exactly) beside the offloaded states, copied now.
   torch::Tensor gradients_at(const StateChunk& c);
   // Chunk c's updated weights where they live (its span's part of the parameter file when that is on NVMe), the
   // way `how` says (after the kernel's step: its span's; from the master alone: copied); a chunk swapped from NVMe
