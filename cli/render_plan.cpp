@@ -392,7 +392,7 @@ void memory_section(const Plan& p, const std::function<std::string(const std::st
     const std::string text = fit_text(f, need, have, t.headroom);
     return text.empty() ? text : "  -> " + text;
   };
-  if (!t.device_traits().memory_is_host)
+  if (!t.device_traits().memory_is_host) {
     o << "  device per rank: " << format_bytes(me.device.total())
       << (t.device_memory_bytes > 0 ? verdict(fit.device, fit.device_need, fit.device_have)
                                     : "  (device memory unknown: pass --device-memory to check the fit)")
@@ -400,9 +400,15 @@ void memory_section(const Plan& p, const std::function<std::string(const std::st
       << (t.host_memory_bytes > 0 ? verdict(fit.host, fit.host_need, fit.host_have)
                                   : "  (host memory unknown: pass --host-memory to check the fit)")
       << "\n";
-  else
+    double pinned = 0;
+    for (const ZeroBuffer& b : p.execution.buffers) pinned += b.pinned ? b.bytes() : 0.0;
+    if (pinned > 0)
+      o << "  page-locked per rank: " << format_bytes(pinned)
+        << " of the host's (what the GPU copies to and from; the states the host steps stay pageable; pin_memory)\n";
+  } else {
     o << "  host RAM per node: " << format_bytes(p.host_bytes_per_node()) << " (the device is this host)"
       << verdict(fit.host, fit.host_need, fit.host_have) << "\n";
+  }
   o << "  counted: parameters, gradients, fp32 master + optimizer moments, activations at micro batch "
     << p.batch.micro_batch << " x " << p.seq_len << " tokens, comm/gather buffers; not counted: allocator slack, "
     << "CUDA context, library workspaces\n";
@@ -417,7 +423,8 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     std::string size = format_count(b.elements) + " " + dtype_name(b.dtype);
     if (b.copies > 1) size = std::to_string(b.copies) + " x " + size;
     o << "  " << pad(buffer_role_name(b.role), role_width) << pad(size, 26) << pad(place_name(b.place), 8)
-      << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "") << "\n";
+      << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "")
+      << (b.pinned ? "  page-locked" : "") << "\n";
   }
   for (const Transfer& t : p.execution.transfers)
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)

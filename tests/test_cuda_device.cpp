@@ -38,7 +38,7 @@ TEST(CudaDeviceOnGpu, AllocatesByPlaceCountsEveryCopyAndItsKernelsReachDeviceMem
   const auto d = Device::create(DeviceKind::cuda, 0);
   EXPECT_FALSE(d->host_addresses_device());
   const int64_t n = 100003;
-  torch::Tensor dev = d->allocate(Place::device, Dtype::fp32, n), host = d->allocate(Place::host, Dtype::fp32, n);
+  torch::Tensor dev = d->allocate(Place::device, Dtype::fp32, n, false), host = d->allocate(Place::host, Dtype::fp32, n, true);
   cudaPointerAttributes a{}, b{};
   ASSERT_EQ(cudaPointerGetAttributes(&a, dev.data_ptr()), cudaSuccess);
   ASSERT_EQ(cudaPointerGetAttributes(&b, host.data_ptr()), cudaSuccess);

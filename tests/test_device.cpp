@@ -33,7 +33,9 @@ class SeparateMemoryDevice final : public Device {
   SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host) {}
   std::string name() const override { return "separate-memory test device"; }
   bool host_addresses_device() const override { return false; }
-  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) override {
+  double pinned_bytes = 0;  // host memory asked page-locked
+  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) override {
+    if (pinned) pinned_bytes += static_cast<double>(elements * dtype_bytes(dtype));
     torch::Tensor t = torch::zeros({elements}, to_torch(dtype));
     if (place == Place::device) {
       const auto* p = static_cast<const char*>(t.data_ptr());
@@ -157,6 +159,7 @@ Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bo
 struct RankRun {
   TrainResult result;
   TransferLedger transfers;
+  double pinned_bytes = 0;  // the separate-memory device's page-locked host allocations
   int64_t device_kernels = 0, host_kernels = 0;
 };
 
@@ -182,6 +185,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
         if (separate) {
           const auto& d = static_cast<const SeparateMemoryDevice&>(*device);
           run.device_kernels = d.kernel_calls(Place::device);
+          run.pinned_bytes = d.pinned_bytes;
           run.host_kernels = d.kernel_calls(Place::host);
         }
       } catch (const std::exception& e) {
@@ -211,6 +215,14 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
   };
   const std::vector<Case> cases{
       {"bf16, optimizer on the CPU", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"}},
+      // The host's step writes the device's bf16 weights into two staging buffers in turn, tile by tile (of an
+      // in-memory span, or NVMe's sub-groups), each copied over as the next is stepped.
+      {"bf16, optimizer on the CPU in tiles", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                               "zero_optimization.sub_group_size=20000"}},
+      {"bf16, optimizer on NVMe, gradients leaving block by block",
+       {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
+        "zero_optimization.sub_group_size=20000"},
+       true},
       {"fp32, optimizer on NVMe", {"bf16.enabled=false", "zero_optimization.offload_optimizer.device=nvme",
                                    "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(), "zero_optimization.sub_group_size=5000"}},
       {"fp16, 40% of the optimizer on the CPU",
@@ -253,8 +265,29 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
     std::ifstream metrics(root / c.name / "metrics.jsonl");
     for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
     fs::remove_all(root / c.name);
-    const Plan plan = plan_for(2, 0, o, c.grads_leave);
+    const Plan plan = plan_for(2, 0, o, c.grads_leave, /*separate=*/true);
     ASSERT_EQ(separate.size(), 2u);
+    // Where the host steps bf16 states of weights it cannot reach, they come over through the staging buffers.
+    const StateSpan& front = plan.execution.state_spans.front();
+    const bool staged = front.place != Place::device && plan.precision.param_dtype == Dtype::bf16 &&
+                        plan.zero.offload_param.device == OffloadDevice::none;
+    EXPECT_EQ(front.weights == WeightsBack::staged, staged);
+    EXPECT_EQ(plan.execution.find(BufferRole::weights_staging, Place::host) != nullptr, staged);
+    if (c.name == "bf16, optimizer on the CPU in tiles") {
+      EXPECT_GT(plan.execution.weight_tiles.size(), 2u);
+    }
+    // Page-locked: exactly the host buffers the device copies to or from (each carved at a 64-byte boundary), never
+    // the states the host steps where they are.
+    double pinned = 0;
+    int pinned_buffers = 0;
+    for (const ZeroBuffer& b : plan.execution.buffers) {
+      if (!b.pinned) continue;
+      EXPECT_EQ(b.place, Place::host) << buffer_role_name(b.role);
+      EXPECT_TRUE(b.role != BufferRole::master && b.role != BufferRole::exp_avg && b.role != BufferRole::exp_avg_sq) << buffer_role_name(b.role);
+      pinned += b.bytes();
+      pinned_buffers += b.copies;
+    }
+    EXPECT_EQ(pinned > 0, plan.execution.offloaded_numel > 0 || plan.zero.offload_param.device != OffloadDevice::none);
     if (c.grads_leave) {
       EXPECT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
     }
@@ -266,6 +299,10 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
     for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
     for (int r = 0; r < 2; ++r) {
       const RankRun& s = separate[static_cast<size_t>(r)];
+      if (r == 0) {  // (rank 0's plan)
+        EXPECT_GE(s.pinned_bytes, pinned);
+        EXPECT_LE(s.pinned_bytes, pinned + 64.0 * pinned_buffers);
+      }
       // The same numbers: the weights the optimizer's kernel rounds in place on the CPU are copied (and
       // rounded the same way) on a device the host cannot reach.
       EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, s.result.losses) << "rank " << r;

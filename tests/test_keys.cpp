@@ -85,6 +85,8 @@ const std::map<std::string, const char*> kActs = {
     {"aio.queue_depth", "runtime: SwapIo io_uring size, requests in flight"},
     {"aio.single_submit", "runtime: SwapIo submits each request on its own"},
     {"zero_optimization.offload_optimizer.ratio", "plan + runtime: share offloaded"},
+    {"zero_optimization.offload_optimizer.pin_memory", "plan: ZeroBuffer::pinned of the optimizer's copied host buffers (GPU); warned on the CPU"},
+    {"zero_optimization.offload_param.pin_memory", "plan: ZeroBuffer::pinned of the parameters' host partitions (GPU); warned on the CPU"},
     {"zero_optimization.offload_param.device", "plan + runtime: where the partition lives"},
     {"zero_optimization.offload_param.nvme_path", "runtime: the swap folder"},
     {"zero_optimization.offload_param.buffer_count", "plan + runtime: NVMe parameter buffers"},

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <tuple>
 
 #include "engine/plan/plan.hpp"
@@ -393,19 +394,31 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
         EXPECT_EQ(x.written_in_step, c.weights.back() == W::in_place) << x.what;
       }
     }
-    // The staging buffer: on the host, in the weights' dtype, one chunk's (the span's, or its largest sub-group's).
+    // The staging buffers: on the host, in the weights' dtype, a tile's each (an NVMe sub-group, or a tile of the
+    // span in memory: at most kMostStagingTile elements, the tiles tiling the span), two where there are several.
     const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
     ASSERT_EQ(staging != nullptr, c.weights.front() == W::staged);
+    EXPECT_EQ(!z.weight_tiles.empty(), c.weights.front() == W::staged && z.state_spans.front().place == Place::host);
     if (staging) {
       EXPECT_EQ(staging->dtype, Dtype::bf16);
-      int64_t chunk = 0;
-      if (z.state_spans.front().place == Place::nvme) {
-        ASSERT_GT(z.sub_groups.size(), 1u);
-        for (const SubGroup& g : z.sub_groups) chunk = std::max(chunk, g.numel());
-      } else {
-        chunk = z.state_spans.front().numel();
+      const bool nvme = z.state_spans.front().place == Place::nvme;
+      const std::vector<SubGroup>& tiles = nvme ? z.sub_groups : z.weight_tiles;
+      ASSERT_GT(tiles.size(), 1u);
+      int64_t most = 0, at = 0;
+      for (const SubGroup& g : tiles) {
+        EXPECT_EQ(g.begin, at);
+        at = g.end;
+        most = std::max(most, g.numel());
+        if (!nvme) EXPECT_LE(g.numel(), kMostStagingTile);
       }
-      EXPECT_EQ(staging->elements, chunk);
+      EXPECT_EQ(at, z.state_spans.front().end);
+      EXPECT_EQ(staging->elements, most);
+      EXPECT_EQ(staging->copies, 2);
+      // All but the last tile's copy to the device hides behind the host's step.
+      for (const OffloadTime& x : p.step_time.offload)
+        if (x.what == "updated weights to the device") {
+          EXPECT_NEAR(x.hidden_s, x.seconds * static_cast<double>(tiles.size() - 1) / static_cast<double>(tiles.size()), 1e-15);
+        }
     }
     const nlohmann::json spans = nlohmann::json::parse(plan_to_json(p))["zero_execution"]["optimizer_state_spans"];
     EXPECT_EQ(spans.front()["weights"], weights_back_name(c.weights.front()));
@@ -419,6 +432,41 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
     const double grad = z.find_anywhere(BufferRole::grads)->place == Place::host ? dtype_bytes(p.precision.grad_dtype) : 4.0;
     EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, static_cast<double>(z.state_spans.front().numel()) * (grad + 8 * (1 + moments) + weight));
   }
+}
+
+TEST(StepTime, PinMemoryPageLocksTheHostBuffersAGpuCopiesAndNeverTheStatesOnTheCpuItWarns) {
+  // From a GPU, ZeRO 3 with the optimizer and the parameters on the host: the parameters' partition, the gradients
+  // that left the GPU and the staged weights are page-locked (pin_memory, DeepSpeed's default true), the master and
+  // moments the host steps in place are not; each block's pin_memory false leaves its own buffers pageable.
+  const std::vector<std::string> both{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                      "zero_optimization.offload_param.device=cpu"};
+  const auto pinned_roles = [](const Plan& p) {
+    std::set<std::string> roles;
+    for (const ZeroBuffer& b : p.execution.buffers)
+      if (b.pinned) roles.insert(buffer_role_name(b.role));
+    return roles;
+  };
+  const Plan gpu = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), both);
+  EXPECT_EQ(pinned_roles(gpu), (std::set<std::string>{"params", "grads"}));  // (the parameters on the host: weights in place)
+  std::vector<std::string> staged{"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"};
+  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), staged)),
+            (std::set<std::string>{"grads", "weights_staging"}));
+  std::vector<std::string> no_params = both, no_optimizer = both;
+  no_params.push_back("zero_optimization.offload_param.pin_memory=false");
+  no_optimizer.push_back("zero_optimization.offload_optimizer.pin_memory=false");
+  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), no_params)), (std::set<std::string>{"grads"}));
+  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), no_optimizer)), (std::set<std::string>{"params"}));
+  const nlohmann::json buffers = nlohmann::json::parse(plan_to_json(gpu))["zero_execution"]["buffers"];
+  int pinned_json = 0;
+  for (const auto& b : buffers) pinned_json += b["pinned"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(pinned_json, 2);
+  // On the CPU nothing crosses: nothing is page-locked, and pin_memory false is named as having no effect.
+  const Plan cpu = plan_on(kGpt2Zero2, test::thread_ranks(1, 0), no_optimizer);
+  EXPECT_TRUE(pinned_roles(cpu).empty());
+  int warned = 0;
+  for (const ConfigIssue& w : cpu.warnings) warned += w.path == "zero_optimization.offload_optimizer.pin_memory" ? 1 : 0;
+  EXPECT_EQ(warned, 1);
+  for (const ConfigIssue& w : gpu.warnings) EXPECT_EQ(w.path.find("pin_memory"), std::string::npos) << w.path;
 }
 
 TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) {
@@ -442,19 +490,26 @@ TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) 
     const StepTime& t = p.step_time;
     ASSERT_TRUE(t.step_known()) << (t.missing.empty() ? "" : t.missing.front());
     const double groups = static_cast<double>(p.execution.sub_groups.size());
-    double reads = 0, writes = 0, step = 0, all = 0;
+    double reads = 0, writes = 0, weights = 0, step = 0, all = 0;
     for (const OffloadTime& o : t.offload) {
       const bool on_nvme = o.resource == OffloadResource::nvme;
       EXPECT_DOUBLE_EQ(o.seconds, o.bytes / (on_nvme ? 5e9 : o.resource == OffloadResource::host_memory ? 200e9 : 50e9)) << o.what;
       if (o.what == "optimizer states read") reads = o.seconds;
       if (o.what == "optimizer states written") writes = o.seconds;
+      if (o.what == "updated weights to the device") weights = o.seconds;
       if (o.what == "optimizer step on the host") step = o.seconds;
       all += o.seconds;
     }
     ASSERT_GT(reads, 0);
     ASSERT_GT(step, 0);
+    // The bf16 weights cross sub-group by sub-group through the staging buffers as the host steps the next: all
+    // but the last's hides too, pipelined or not.
+    ASSERT_EQ(p.execution.state_spans.front().weights, WeightsBack::staged);
     const double share = groups > 1 && p.execution.swap_sets > 1 ? (groups - 1) / groups : 0;
-    const double hidden = std::min(share * ((c.read ? reads : 0) + (c.write ? writes : 0)), step);
+    const double nvme_hideable = share * ((c.read ? reads : 0) + (c.write ? writes : 0));
+    const double weights_hideable = groups > 1 ? (groups - 1) / groups * weights : 0;
+    const double hidden = std::min(nvme_hideable + weights_hideable, step);
+    const double nvme_hidden = hidden > 0 ? hidden * nvme_hideable / (nvme_hideable + weights_hideable) : 0;
     if (c.sub_group == 10000000) {
       EXPECT_GT(groups, 5);
     }
@@ -463,7 +518,7 @@ TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) 
     }
     EXPECT_NEAR(t.offload_hidden_s, hidden, 1e-12);
     EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + all - hidden, 1e-12);
-    EXPECT_NEAR(t.offload_seconds(OffloadResource::nvme), reads + writes - hidden, 1e-12);  // the states are the drives' only traffic here
+    EXPECT_NEAR(t.offload_seconds(OffloadResource::nvme), reads + writes - nvme_hidden, 1e-12);  // the states are the drives' only traffic here
   }
 }
 

@@ -251,6 +251,13 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                              "offload from a GPU is new: ds's own checks have run offload on the CPU (every byte moved equal to the "
                              "plan's, the losses equal to the run without it) and have not yet run it on a GPU",
                              "compare its first steps with the same run without offload (a smaller model), or with --device cpu"});
+  // pin_memory page-locks what a GPU copies to and from; on the CPU nothing crosses.
+  for (const auto& [path, block] : {std::pair<const char*, const OffloadConfig*>{"zero_optimization.offload_optimizer.pin_memory", &c.zero.offload_optimizer},
+                                    {"zero_optimization.offload_param.pin_memory", &c.zero.offload_param}})
+    if (topo.device_traits().memory_is_host && block->device != OffloadDevice::none && !block->pin_memory)
+      plan.warnings.push_back({path, "has no effect on a CPU run: page-locked memory speeds copies between a GPU and its host, and "
+                                     "here host and device are one memory",
+                               "remove it; on a GPU, false keeps the offload's copied buffers pageable (slower copies)"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");

@@ -229,7 +229,8 @@ json execution_json(const ZeroExecution& x) {
                        {"copies", b.copies},
                        {"place", place_name(b.place)},
                        {"bytes", bytes(b.bytes())},
-                       {"transient", b.transient}});
+                       {"transient", b.transient},
+                       {"pinned", b.pinned}});
   json e = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
             {"overlap", x.overlap},         {"widened", x.widened},         {"full_numel", x.full_numel},
             {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
@@ -247,6 +248,7 @@ json execution_json(const ZeroExecution& x) {
   json spans = json::array();  // where the optimizer's states live: the rank's local elements [begin, end) at a place
   for (const StateSpan& sp : x.state_spans) spans.push_back({{"begin", sp.begin}, {"end", sp.end}, {"place", place_name(sp.place)}, {"weights", weights_back_name(sp.weights)}});
   e["optimizer_state_spans"] = spans;
+  if (!x.weight_tiles.empty()) e["weight_tiles"] = {{"tiles", x.weight_tiles.size()}, {"largest", std::max_element(x.weight_tiles.begin(), x.weight_tiles.end(), [](const SubGroup& a, const SubGroup& b) { return a.numel() < b.numel(); })->numel()}};
   if (!x.sub_groups.empty())
     e["nvme_swap"] = {{"sub_groups", x.sub_groups.size()}, {"sub_group_numel", x.sub_group_numel},
                       {"sets_in_flight", x.swap_sets}, {"file_bytes_per_state", swap_file_bytes(x.sub_groups)}};

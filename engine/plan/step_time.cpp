@@ -220,23 +220,29 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
   const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
   const double grad = g && g->place == Place::host ? dtype_bytes(p.precision.grad_dtype) : 4.0;
   add("optimizer step on the host", OffloadResource::host_memory, n * (grad + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
-  // A pipelined optimizer reads the next sub-groups and writes the last ones while the host steps this one: all but
-  // one sub-group's read (the first) and write (the last) can hide, in the directions pipelined, up to the step's time.
-  const int64_t groups = static_cast<int64_t>(z.sub_groups.size());
-  if (z.swap_sets <= 1 || groups <= 1) return rows;
+  // Work that runs while the host steps: a pipelined optimizer reads the next sub-groups and writes the last ones
+  // (all but one sub-group's read, the first, and write, the last, in the directions pipelined), and staged weights
+  // cross tile by tile while the next tile is stepped (all but the last tile's), together up to the step's time.
   const OffloadConfig& o = p.zero.offload_optimizer;
-  const auto hides = [&](const OffloadTime& x) {
-    return x.known && ((o.pipeline_read && x.what == "optimizer states read") || (o.pipeline_write && x.what == "optimizer states written"));
+  const int64_t groups = static_cast<int64_t>(z.sub_groups.size());
+  const bool pipelined = z.swap_sets > 1 && groups > 1;
+  const bool staged = z.state_spans.front().weights == WeightsBack::staged;
+  const int64_t tiles = staged ? static_cast<int64_t>(z.weight_tiles.empty() ? z.sub_groups.size() : z.weight_tiles.size()) : 0;
+  const auto hiding = [&](const OffloadTime& x) -> double {  // the share of a row that may hide
+    if (!x.known) return 0;
+    if (pipelined && ((o.pipeline_read && x.what == "optimizer states read") || (o.pipeline_write && x.what == "optimizer states written")))
+      return static_cast<double>(groups - 1) / static_cast<double>(groups);
+    if (tiles > 1 && x.what == "updated weights to the device") return static_cast<double>(tiles - 1) / static_cast<double>(tiles);
+    return 0;
   };
   double hideable = 0, step = 0;
   for (const OffloadTime& x : rows) {
-    if (hides(x)) hideable += x.seconds * static_cast<double>(groups - 1) / static_cast<double>(groups);
+    hideable += x.seconds * hiding(x);
     if (x.what == "optimizer step on the host") step = x.seconds;
   }
   if (!(hideable > 0)) return rows;
   const double hidden = std::min(hideable, step);
-  for (OffloadTime& x : rows)
-    if (hides(x)) x.hidden_s = hidden * (x.seconds * static_cast<double>(groups - 1) / static_cast<double>(groups)) / hideable;
+  for (OffloadTime& x : rows) x.hidden_s = hidden * x.seconds * hiding(x) / hideable;
   return rows;
 }
 

@@ -148,7 +148,22 @@ struct ZeroBuild {
 
   void add(BufferRole role, Dtype dtype, int64_t elements, MemoryCategory category, Place place = Place::device, int copies = 1,
            bool transient = false) {
-    if (elements > 0 && copies > 0) z.buffers.push_back({role, dtype, elements, copies, place, category, transient});
+    if (elements > 0 && copies > 0) z.buffers.push_back({role, dtype, elements, copies, place, category, transient, pinned(role, place)});
+  }
+
+  // Whether a buffer is page-locked: on the host of a device with memory of its own, copied to or from the device
+  // (the offloaded parameters and their frozen partitions, the gradients that left it, the gradients' fp32 copy
+  // taken from it, the staged weights), as its offload block's pin_memory asks.
+  bool pinned(BufferRole role, Place place) const {
+    if (place != Place::host || plan.topology.host_writes_device_memory()) return false;  // (one memory: nothing crosses)
+    switch (role) {
+      case BufferRole::params:
+      case BufferRole::frozen_partitions: return plan.zero.offload_param.pin_memory;
+      case BufferRole::grads:
+      case BufferRole::offload_grads:
+      case BufferRole::weights_staging: return plan.zero.offload_optimizer.pin_memory;
+      default: return false;  // the states stepped where they are; NVMe's swap buffers are the swappers'
+    }
   }
 };
 
@@ -317,7 +332,8 @@ WeightsBack weights_back_of(const ZeroBuild& b, Place states) {
   const Place stepped_at = states == Place::nvme ? Place::host : states;  // swapped in to be stepped
   const Place params_at = b.param_offload ? Place::host : Place::device;
   if (stepped_at == params_at || plan.topology.host_writes_device_memory()) return WeightsBack::in_place;
-  return stepped_at == Place::host ? WeightsBack::staged : WeightsBack::copied;
+  // (Lamb steps each tensor whole, so not in tiles: its weights are copied from the master)
+  return stepped_at == Place::host && !plan.optimizer.per_tensor_update() ? WeightsBack::staged : WeightsBack::copied;
 }
 
 // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With offload
@@ -378,8 +394,15 @@ void add_optimizer_states(ZeroBuild& b) {
   if (!b.param_offload)  // offloaded weights live beside the states (on the host) or in their file
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype),
                            z.state_spans.front().weights == WeightsBack::in_place});
-  if (z.state_spans.front().weights == WeightsBack::staged)  // one chunk's weights at a time: the span, or a sub-group
-    b.add(BufferRole::weights_staging, pp.param_dtype, swapped ? z.sub_group_numel : offloaded, C::buffers, Place::host);
+  if (z.state_spans.front().weights == WeightsBack::staged) {
+    // A tile's weights at a time (an NVMe sub-group's, or a tile of the span in memory), in two buffers taken in turn
+    // where there are several: the host steps the next tile while the last one crosses.
+    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile));
+    const std::vector<SubGroup>& tiles = swapped ? z.sub_groups : z.weight_tiles;
+    int64_t most = 0;
+    for (const SubGroup& t : tiles) most = std::max(most, t.numel());
+    b.add(BufferRole::weights_staging, pp.param_dtype, most, C::buffers, Place::host, tiles.size() > 1 ? 2 : 1);
+  }
 }
 
 // Bytes of this rank's partitions one gather of `params` copies into the device's buffer: whole partitions

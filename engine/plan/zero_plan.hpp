@@ -32,6 +32,8 @@ enum class WeightsBack {
              // a file, or a device's step for weights on the host); nothing where the master is the weights
 };
 const char* weights_back_name(WeightsBack w);
+// The most elements one tile of staged weights holds: 32 MiB of bf16 in each of the two page-locked buffers.
+constexpr int64_t kMostStagingTile = int64_t{1} << 24;
 
 // Local elements [begin, end) of a rank's optimizer part whose states (fp32 master, moments) live at `place`.
 struct StateSpan {
@@ -69,7 +71,8 @@ enum class BufferRole {
   reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
   param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
-  weights_staging,  // offload from a GPU: the host-stepped bf16 weights on their way to the device (WeightsBack::staged)
+  weights_staging,  // offload from a GPU: a tile of the host-stepped bf16 weights on its way to the device (WeightsBack::staged;
+                    // two, taken in turn, where a span is stepped in several tiles or sub-groups)
 };
 const char* buffer_role_name(BufferRole r);
 
@@ -82,6 +85,10 @@ struct ZeroBuffer {
   MemoryCategory category = MemoryCategory::params;
   // Allocated by the communicator for each collective rather than held by the runtime's buffers.
   bool transient = false;
+  // Page-locked host memory: a GPU copies to or from it (its copies then run beside compute without a bounce
+  // through the driver's own buffer), as the offload block that put it there asks (pin_memory). The states the
+  // host steps where they are never cross, and are not.
+  bool pinned = false;
   double bytes() const { return static_cast<double>(elements) * copies * dtype_bytes(dtype); }
 };
 
@@ -143,6 +150,11 @@ struct ZeroExecution {
   // offloaded to), or under offload_optimizer.ratio < 1 the offloaded [0, offloaded_numel) then the rest on
   // the device. The runtime walks them (optimizer_states.hpp) instead of asking which buffers exist.
   std::vector<StateSpan> state_spans;
+  // A staged span in memory (WeightsBack::staged, the host's states of a GPU run): the tiles it is stepped in,
+  // each tile's bf16 weights written into a staging buffer and copied to the device while the next tile is
+  // stepped into the other buffer. Cut as NVMe's sub-groups are (at most sub_group_size elements, and at most
+  // kMostStagingTile, on the kernels' grain). Empty otherwise (an NVMe span's chunks are its sub-groups).
+  std::vector<SubGroup> weight_tiles;
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;

@@ -18,7 +18,7 @@ class CpuDevice final : public Device {
  public:
   std::string name() const override { return "cpu"; }
   bool host_addresses_device() const override { return true; }
-  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) override {
+  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool /*pinned: one memory, no copies to speed*/) override {
     DS_CHECK(place != Place::nvme, "NVMe space is the swappers', not an allocation");
     return torch::zeros({elements}, to_torch(dtype));
   }

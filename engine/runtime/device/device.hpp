@@ -61,9 +61,9 @@ class Device {
   // Whether host code may read and write the device's memory in place (the CPU: it is host memory). Where
   // it may not, every byte between the two goes through copy(), and a host kernel gets no device pointer.
   virtual bool host_addresses_device() const = 0;
-  // `elements` zeros of `dtype` at `place`: the device's memory, or the host's (page-locked where the
-  // device has memory of its own, so that copies run beside compute). NVMe is the swappers'.
-  virtual torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) = 0;
+  // `elements` zeros of `dtype` at `place`: the device's memory, or the host's (page-locked when `pinned` and
+  // the device has memory of its own, so that copies to and from it run beside compute). NVMe is the swappers'.
+  virtual torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) = 0;
   // The kernels that run on memory at `place`: the device's own, or the host's for an offloaded optimizer.
   virtual const KernelTable& kernels(Place place) const = 0;
   // Bytes of the device's own memory in use now, by anything (a GPU: cudaMemGetInfo's total - free, so

@@ -77,7 +77,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   bool host_addresses_device() const override { return false; }
 
-  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements) override {
+  torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) override {
     if (place == Place::nvme) throw std::logic_error("NVMe space is the swappers', not an allocation");
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(elements, 1)) * static_cast<size_t>(dtype_bytes(dtype));
     void* p = nullptr;
@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
       check(cudaMemsetAsync(p, 0, bytes, compute_->handle()), "cudaMemsetAsync");
       return torch::from_blob(p, {elements}, [](void* q) { cudaFree(q); }, options.device(torch::Device(torch::kCUDA, index_)));
     }
+    if (!pinned) return torch::zeros({elements}, options);  // host memory no copy crosses from (the states)
     check(cudaMallocHost(&p, bytes), "cudaMallocHost");  // page-locked: copies to and from it are asynchronous
     std::memset(p, 0, bytes);
     return torch::from_blob(p, {elements}, [](void* q) { cudaFreeHost(q); }, options);

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
@@ -10,7 +11,7 @@ namespace ds {
 
 namespace {
 
-// The execution's buffers carved from one allocation per dtype and place (each start aligned to 64 bytes
+// The execution's buffers carved from one allocation per dtype, place and page-locking (each start aligned to 64 bytes
 // for the kernels), made by the device. On a CPU run the host is the same RAM as the device, but its
 // buffers are allocations of their own, reached through the same copies a GPU run makes. States on NVMe
 // and the buffers they are swapped through belong to the swapper (nvme_swap.hpp); the communicator's
@@ -21,9 +22,9 @@ class Arenas {
     std::map<Key, int64_t> total;
     for (const ZeroBuffer& b : z.buffers) {
       if (b.transient || b.place == Place::nvme || b.role == BufferRole::optimizer_swap || b.role == BufferRole::param_swap) continue;
-      total[{b.dtype, b.place}] += aligned(b.elements, b.dtype) * b.copies;
+      total[{b.dtype, b.place, b.pinned}] += aligned(b.elements, b.dtype) * b.copies;
     }
-    for (const auto& [key, n] : total) arena_[key] = device.allocate(key.second, key.first, n);
+    for (const auto& [key, n] : total) arena_[key] = device.allocate(std::get<1>(key), std::get<0>(key), n, std::get<2>(key));
   }
   std::vector<torch::Tensor> all() const {
     std::vector<torch::Tensor> out;
@@ -38,7 +39,7 @@ class Arenas {
     if (!b || copy >= b->copies) return {};
     // A tensor of its own over the arena's memory, not a view: views share their base's version counter,
     // and autograd would take a gradient accumulated into one buffer for a change of the weights in another.
-    const Key key{b->dtype, b->place};
+    const Key key{b->dtype, b->place, b->pinned};
     const torch::Tensor& a = arena_.at(key);
     char* at = static_cast<char*>(a.data_ptr()) + used_[key] * dtype_bytes(b->dtype);
     used_[key] += aligned(b->elements, b->dtype);
@@ -46,7 +47,7 @@ class Arenas {
   }
 
  private:
-  using Key = std::pair<Dtype, Place>;
+  using Key = std::tuple<Dtype, Place, bool>;  // (dtype, place, page-locked)
   static int64_t aligned(int64_t elements, Dtype d) {
     constexpr int64_t kAlignBytes = 64;
     const int64_t step = kAlignBytes / dtype_bytes(d);
@@ -73,7 +74,8 @@ void take_states(FlatParams& f, const ZeroExecution& z, Arenas& arenas) {
     f.states.push_back(st);
   }
   f.offload_grads = arenas.take(BufferRole::offload_grads);
-  f.weights_staging = arenas.take(BufferRole::weights_staging);
+  for (int i = 0; i < 2; ++i) f.weights_staging[i] = arenas.take(BufferRole::weights_staging, i);
+  f.weight_tiles = z.weight_tiles;
 }
 
 // One view per parameter, requires_grad, its .grad a view of the buffer backward accumulates it in.
@@ -187,7 +189,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   if (widened) b.buffers += n(compute) + n(compute_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1], &reduce_scratch, &frozen_block_params[0],
-                                 &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging})
+                                 &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging[0], &weights_staging[1]})
     b.buffers += n(*t);
   return b;
 }

@@ -48,9 +48,11 @@ struct FlatParams {
   // Optimizer offload: an fp32 copy of an offloaded span's reduced gradients (of one NVMe sub-group's at a
   // time), beside its states.
   torch::Tensor offload_grads;
-  // Offload from a GPU: the bf16 weights the host's kernel writes as it steps a chunk, copied to the device whole
-  // (WeightsBack::staged); page-locked.
-  torch::Tensor weights_staging;
+  // Offload from a GPU (WeightsBack::staged): the page-locked buffers the host's kernel writes a tile's bf16 weights
+  // into as it steps it, copied to the device from there (the second undefined where one suffices), and the tiles
+  // a staged span in memory is stepped in (the plan's weight_tiles; an NVMe span's are its sub-groups).
+  torch::Tensor weights_staging[2];
+  std::vector<SubGroup> weight_tiles;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers
   bool widened = false;  // the model computes in a wider copy of the stored weights (CPU fp16)

@@ -13,10 +13,17 @@ OptimizerStates::OptimizerStates(FlatParams& flat, OptimizerSwapper* swapper) : 
   DS_CHECK(flat.states.size() == flat.spans.size(), "a state span without its buffers");
 }
 
+namespace {
+bool tiles_span(const std::vector<SubGroup>& tiles, const StateSpan& span) {
+  return !tiles.empty() && span.place != Place::nvme && tiles.front().begin == span.begin && tiles.back().end == span.end;
+}
+}  // namespace
+
 int64_t OptimizerStates::largest_chunk(const StateSpan& span) const {
-  if (span.place != Place::nvme) return span.numel();
+  const bool nvme = span.place == Place::nvme;
+  if (!nvme && !tiles_span(flat_.weight_tiles, span)) return span.numel();
   int64_t most = 0;
-  for (const SubGroup& g : swapper_->sub_groups())
+  for (const SubGroup& g : nvme ? swapper_->sub_groups() : flat_.weight_tiles)
     if (g.begin >= span.begin && g.end <= span.end) most = std::max(most, g.numel());
   return most;
 }
@@ -26,7 +33,15 @@ void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn,
     const StateSpan& span = flat_.spans[i];
     if (span.place != Place::nvme) {
       const FlatParams::States& st = flat_.states[i];
-      fn(StateChunk{i, span.begin, span.numel(), memory_of(span), st.master, st.exp_avg, st.exp_avg_sq});
+      if (!tiles_span(flat_.weight_tiles, span)) {
+        fn(StateChunk{i, span.begin, span.numel(), memory_of(span), st.master, st.exp_avg, st.exp_avg_sq});
+        continue;
+      }
+      const auto part = [&](const torch::Tensor& t, const SubGroup& g) {
+        return t.defined() ? t.narrow(0, g.begin - span.begin, g.numel()) : torch::Tensor();
+      };
+      for (const SubGroup& g : flat_.weight_tiles)
+        fn(StateChunk{i, g.begin, g.numel(), memory_of(span), part(st.master, g), part(st.exp_avg, g), part(st.exp_avg_sq, g)});
       continue;
     }
     const int states = swapper_->states();

@@ -78,8 +78,10 @@ void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t 
   const Place home = flat_.params_place;
   if (how == WeightsBack::in_place) {
     if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
-  } else if (how == WeightsBack::staged) {
-    device_.copy(to, home, flat_.weights_staging.narrow(0, 0, master.numel()), Place::host);
+  } else if (how == WeightsBack::staged) {  // the tile the kernel just wrote: its turn's buffer, copied on the copy stream
+    device_.copy(to, home, staging_now().narrow(0, 0, master.numel()), Place::host);
+    staging_copied_[staging_turn_] = device_.copy_stream().record();
+    if (flat_.weights_staging[1].defined()) staging_turn_ ^= 1;
   } else if (at != home) {
     device_.copy(to, home, master, at);
   } else if (to.data_ptr() != master.data_ptr()) {
@@ -107,19 +109,32 @@ torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
   // Already in the memory the states are stepped in (on the device, or left for the host block by block): the
   // kernel reads them in their own dtype.
   if (flat_.grads_place == c.at) return grads;
-  const torch::Tensor wide = flat_.offload_grads.narrow(0, 0, c.numel);  // a span in memory is one chunk, NVMe's one sub-group
+  // (a span in memory: the span's; NVMe's: one sub-group's)
+  const StateSpan& span = states_.spans()[c.span];
+  const torch::Tensor wide = flat_.offload_grads.narrow(0, span.place == Place::nvme ? 0 : c.begin - span.begin, c.numel);
   device_.copy(wide, Place::host, grads, flat_.grads_place);
   return wide;
 }
 
-OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Tensor& grads) const {
+torch::Tensor& OptimizerStep::staging_now() {
+  if (const std::shared_ptr<Event>& copied = staging_copied_[staging_turn_]) copied->wait();
+  return flat_.weights_staging[staging_turn_];
+}
+
+void OptimizerStep::settle_staging() {
+  for (std::shared_ptr<Event>& copied : staging_copied_)
+    if (copied) copied->wait(), copied.reset();
+  staging_turn_ = 0;
+}
+
+OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Tensor& grads) {
   OptimizerBuffers b;
   b.master = c.master.data_ptr<float>();
   b.moment1 = FlatParams::data_or_null(c.exp_avg);
   b.moment2 = FlatParams::data_or_null(c.exp_avg_sq);
   switch (states_.spans()[c.span].weights) {
     case WeightsBack::in_place: b.params_bf16 = reinterpret_cast<uint16_t*>(flat_.local_params.data_ptr()) + c.begin; break;
-    case WeightsBack::staged: b.params_bf16 = reinterpret_cast<uint16_t*>(flat_.weights_staging.data_ptr()); break;
+    case WeightsBack::staged: b.params_bf16 = reinterpret_cast<uint16_t*>(staging_now().data_ptr()); break;
     case WeightsBack::copied: b.params_bf16 = nullptr; break;
   }
   b.grads = grads.data_ptr();
@@ -160,8 +175,9 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
                  (!param_swap && (memory_of(span) == flat.params_place || device_.host_addresses_device())),
              "the plan has the optimizer write weights at ", place_name(flat.params_place), " while stepping states at ",
              place_name(span.place), " on ", device_.name());
-    DS_CHECK(span.weights != WeightsBack::staged || flat.weights_staging.numel() >= states_.largest_chunk(span),
-             "the weights' staging buffer holds ", flat.weights_staging.numel(), " elements, a chunk ", states_.largest_chunk(span));
+    DS_CHECK(span.weights != WeightsBack::staged || (flat.weights_staging[0].defined() && flat.weights_staging[0].numel() >= states_.largest_chunk(span)),
+             "the weights' staging buffer holds ", flat.weights_staging[0].defined() ? flat.weights_staging[0].numel() : 0,
+             " elements, a chunk ", states_.largest_chunk(span));
   }
   // Lamb: each tensor's norms summed over the ranks that hold its parts: the data group's partitions under ZeRO,
   // then a tensor group's slices (a tensor every tensor rank holds whole counts once: tensor rank 0's). A
@@ -422,17 +438,22 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
       grads = gradients_at(c);
     else
       timed([&] { grads = gradients_at(c); });
-    const OptimizerBuffers b = buffers_of(c, grads);
+    const WeightsBack how = states_.spans()[c.span].weights;
+    OptimizerBuffers b;
+    if (how == WeightsBack::staged)  // (it may wait for a staging buffer's last copy)
+      timed([&] { b = buffers_of(c, grads); });
+    else
+      b = buffers_of(c, grads);
     if (states_.whole_in_memory())
       optimizer_.step(b, si, sum_over_ranks_);
     else
       optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
-    const WeightsBack how = states_.spans()[c.span].weights;
     if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
       put_weights(c, how);
     else
       timed([&] { put_weights(c, how); });
   });
+  timed([&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done
   if (param_swap_) param_swap_->end_write();
   const double spent = clock.lap(), io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();
   t.offload += io_wait + crossing_s;

@@ -122,8 +122,15 @@ class OptimizerStep {
   // way `how` says (after the kernel's step: its span's; from the master alone: copied); a chunk swapped from NVMe
   // is checked finite as it passes.
   void put_weights(const StateChunk& c, WeightsBack how);
-  // What the optimizer's kernel gets for chunk c and its gradients `grads`.
-  OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads) const;
+  // What the optimizer's kernel gets for chunk c and its gradients `grads` (a staged chunk's weights: the
+  // staging buffer whose turn it is, once its last copy has left).
+  OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads);
+  // Staged weights (WeightsBack::staged): the buffer the next tile is written into, taken in turn; each is written
+  // again only once the copy that read it last has left (`staging_copied_`). settle_staging() waits for them all.
+  torch::Tensor& staging_now();
+  void settle_staging();
+  int staging_turn_ = 0;
+  std::shared_ptr<Event> staging_copied_[2];
   // Bytes moved between places so far: the device's copies and the swap files' reads and writes.
   double bytes_moved() const;
 
