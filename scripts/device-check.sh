@@ -12,10 +12,13 @@
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
 #   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
+#   size     (not in the default stages) ZeRO-Offload's size case: Llama-3-8B's shape fully fine-tuned on one GPU
+#            with the optimizer on the host (ZeRO 2; about 105 GiB of host memory), 4 steps: peak device and
+#            host memory against the plan, the loss, the step's phases (in bench.log)
 # Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
 # 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
 # ./device-logs), at most 8 files so a device call brings all of them back.
-#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests] [LOGS]   (stages run in the order given)
+#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests,size] [LOGS]   (stages run in the order given)
 # --dry-run runs here, without a GPU: every file, package, script and build target the stages use is
 # checked to be there, so no device minute is spent on a missing one.
 set -uo pipefail
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -92,6 +95,11 @@ if [ "$dry" = 1 ]; then
       # shellcheck disable=SC2086
       "$probe/ds" plan examples/gpu-gpt2.json $shape >/dev/null 2>&1 || { say "== ds plan examples/gpu-gpt2.json $shape failed"; status=3; }
     done
+    # The size stage's plan: it must fit an H200 and the machine's 128 GiB of host memory.
+    "$probe/ds" plan examples/gpu-gpt2.json --device cuda --gpu h200 --host-memory 128GiB model.preset=llama-3-8b data.seq_len=2048 \
+      train_micro_batch_size_per_gpu=8 zero_optimization.stage=2 zero_optimization.offload_optimizer.device=cpu \
+      model.activation_checkpointing=true --json 2>/dev/null | python3 -c 'import json,sys; f=json.load(sys.stdin)["fit"]; sys.exit(0 if f["device"]=="fits" and f["host"]=="fits" else 1)' \
+      || { say "== the size stage's plan does not fit an H200 with 128 GiB of host memory"; status=3; }
     # The offload benchmark's plans (ZeRO 2 and 3, the optimizer on the host) as the GPU machine makes them.
     for stage in 2 3; do
       "$probe/ds" plan examples/gpu-gpt2.json train_micro_batch_size_per_gpu=8 zero_optimization.stage=$stage zero_optimization.offload_optimizer.device=cpu \
@@ -193,6 +201,14 @@ stage_profile() {
   fi
 }
 
+stage_size() {
+  [ -x "$build/ds" ] || return 0
+  step bench 200 420 offload-8b "$build/ds" train examples/gpu-gpt2.json --device cuda model.preset=llama-3-8b data.seq_len=2048 \
+    train_micro_batch_size_per_gpu=8 zero_optimization.stage=2 zero_optimization.offload_optimizer.device=cpu \
+    model.activation_checkpointing=true train.steps=4 steps_per_print=1 train.output_dir=/tmp/ds-size-run
+  rm -rf /tmp/ds-size-run
+}
+
 stage_tests() {
   step build 40 240 build-tests cmake --build "$build" -j "$jobs" --target "${targets_tests[@]}" -- -k 0
   step tests 60 300 gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200
@@ -202,8 +218,8 @@ stage_tests() {
 # The stages in the order asked for (--stages tests,bench runs the tests first).
 for stage in ${stages//,/ }; do
   case $stage in
-    build|bench|profile|tests) "stage_$stage" ;;
-    *) say "== unknown stage $stage (build, bench, profile, tests)"; status=2 ;;
+    build|bench|profile|tests|size) "stage_$stage" ;;
+    *) say "== unknown stage $stage (build, bench, profile, tests, size)"; status=2 ;;
   esac
 done
 

@@ -360,6 +360,8 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
       {"GPU, no offload", true, {}, {W::in_place}},
       {"GPU, fp32", true, {"bf16.enabled=false"}, {W::copied}},
       {"GPU, states on the host", true, {opt + "device=cpu"}, {W::staged}},
+      {"GPU, Lamb's states on the host (one tile)", true, {opt + "device=cpu", "optimizer.type=Lamb"}, {W::staged}},
+      {"GPU, states on the host in at most 1024 tiles", true, {opt + "device=cpu", "zero_optimization.sub_group_size=16"}, {W::staged}},
       {"GPU, half on the host", true, {"zero_optimization.stage=3", opt + "device=cpu", opt + "ratio=0.5"}, {W::staged, W::in_place}},
       {"GPU, states on NVMe", true, {"zero_optimization.stage=3", opt + "device=nvme", opt + "nvme_path=/tmp", "zero_optimization.sub_group_size=20000000"},
        {W::staged}},
@@ -403,17 +405,19 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
       EXPECT_EQ(staging->dtype, Dtype::bf16);
       const bool nvme = z.state_spans.front().place == Place::nvme;
       const std::vector<SubGroup>& tiles = nvme ? z.sub_groups : z.weight_tiles;
-      ASSERT_GT(tiles.size(), 1u);
+      ASSERT_FALSE(tiles.empty());
+      EXPECT_LE(tiles.size(), static_cast<size_t>(kMostWeightTiles));
+      EXPECT_EQ(tiles.size() == 1, p.optimizer.per_tensor_update());  // Lamb steps its tensors whole: one tile
       int64_t most = 0, at = 0;
       for (const SubGroup& g : tiles) {
         EXPECT_EQ(g.begin, at);
         at = g.end;
         most = std::max(most, g.numel());
-        if (!nvme) EXPECT_LE(g.numel(), kMostStagingTile);
+        if (!nvme && tiles.size() > 1) EXPECT_LE(g.numel(), std::max(kMostStagingTile, (z.state_spans.front().numel() + kMostWeightTiles - 1) / kMostWeightTiles));
       }
       EXPECT_EQ(at, z.state_spans.front().end);
       EXPECT_EQ(staging->elements, most);
-      EXPECT_EQ(staging->copies, 2);
+      EXPECT_EQ(staging->copies, tiles.size() > 1 ? 2 : 1);
       // All but the last tile's copy to the device hides behind the host's step.
       for (const OffloadTime& x : p.step_time.offload)
         if (x.what == "updated weights to the device") {
@@ -435,8 +439,8 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
 }
 
 TEST(StepTime, PinMemoryPageLocksTheHostBuffersAGpuCopiesAndNeverTheStatesOnTheCpuItWarns) {
-  // From a GPU, ZeRO 3 with the optimizer and the parameters on the host: the parameters' partition, the gradients
-  // that left the GPU and the staged weights are page-locked (pin_memory, DeepSpeed's default true), the master and
+  // From a GPU, ZeRO 3 with the optimizer and the parameters on the host: the parameters' partition, the buffer the
+  // gradients leaving the GPU arrive in and the staged weights are page-locked (pin_memory, DeepSpeed's default true), the master and
   // moments the host steps in place are not; each block's pin_memory false leaves its own buffers pageable.
   const std::vector<std::string> both{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
                                       "zero_optimization.offload_param.device=cpu"};
@@ -447,14 +451,19 @@ TEST(StepTime, PinMemoryPageLocksTheHostBuffersAGpuCopiesAndNeverTheStatesOnTheC
     return roles;
   };
   const Plan gpu = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), both);
-  EXPECT_EQ(pinned_roles(gpu), (std::set<std::string>{"params", "grads"}));  // (the parameters on the host: weights in place)
+  EXPECT_EQ(pinned_roles(gpu), (std::set<std::string>{"params", "grads_arrival"}));  // (the parameters on the host: weights in place)
   std::vector<std::string> staged{"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu"};
   EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), staged)),
-            (std::set<std::string>{"grads", "weights_staging"}));
+            (std::set<std::string>{"grads_arrival", "weights_staging"}));
   std::vector<std::string> no_params = both, no_optimizer = both;
   no_params.push_back("zero_optimization.offload_param.pin_memory=false");
   no_optimizer.push_back("zero_optimization.offload_optimizer.pin_memory=false");
-  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), no_params)), (std::set<std::string>{"grads"}));
+  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), no_params)), (std::set<std::string>{"grads_arrival"}));
+  // fp32 from the GPU: the weights are the master's, copied over from it: the master is page-locked; ZeRO 1's gradients
+  // come over whole into their fp32 copy beside the states.
+  EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""),
+                                 {"bf16.enabled=false", "zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=cpu"})),
+            (std::set<std::string>{"master", "offload_grads"}));
   EXPECT_EQ(pinned_roles(plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "", ""), no_optimizer)), (std::set<std::string>{"params"}));
   const nlohmann::json buffers = nlohmann::json::parse(plan_to_json(gpu))["zero_execution"]["buffers"];
   int pinned_json = 0;

@@ -52,6 +52,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::optimizer_swap: return "optimizer_swap";
     case BufferRole::param_swap: return "param_swap";
     case BufferRole::weights_staging: return "weights_staging";
+    case BufferRole::grads_arrival: return "grads_arrival";
   }
   return "?";
 }
@@ -143,6 +144,7 @@ struct ZeroBuild {
   ZeroExecution& z;
   CommCapabilities caps;
   bool param_offload = false, opt_offload = false, params_on_nvme = false, grads_to_host = false;
+  bool master_crosses = false;  // the host's master is copied to the device's weights (WeightsBack::copied)
   // Parameters on NVMe: the partition file's size, and the chunk it is read and written in (bytes).
   int64_t param_bytes = 0, param_file_bytes = 0, param_chunk = 0;
 
@@ -157,9 +159,10 @@ struct ZeroBuild {
   bool pinned(BufferRole role, Place place) const {
     if (place != Place::host || plan.topology.host_writes_device_memory()) return false;  // (one memory: nothing crosses)
     switch (role) {
+      case BufferRole::master: return master_crosses && plan.zero.offload_optimizer.pin_memory;
       case BufferRole::params:
       case BufferRole::frozen_partitions: return plan.zero.offload_param.pin_memory;
-      case BufferRole::grads:
+      case BufferRole::grads_arrival:
       case BufferRole::offload_grads:
       case BufferRole::weights_staging: return plan.zero.offload_optimizer.pin_memory;
       default: return false;  // the states stepped where they are; NVMe's swap buffers are the swappers'
@@ -332,8 +335,7 @@ WeightsBack weights_back_of(const ZeroBuild& b, Place states) {
   const Place stepped_at = states == Place::nvme ? Place::host : states;  // swapped in to be stepped
   const Place params_at = b.param_offload ? Place::host : Place::device;
   if (stepped_at == params_at || plan.topology.host_writes_device_memory()) return WeightsBack::in_place;
-  // (Lamb steps each tensor whole, so not in tiles: its weights are copied from the master)
-  return stepped_at == Place::host && !plan.optimizer.per_tensor_update() ? WeightsBack::staged : WeightsBack::copied;
+  return stepped_at == Place::host ? WeightsBack::staged : WeightsBack::copied;
 }
 
 // Optimizer states of this rank's part: the fp32 master (mixed precision) and the moments. With offload
@@ -364,6 +366,7 @@ void add_optimizer_states(ZeroBuild& b) {
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
   const bool swapped = offloaded > 0 && state_place == Place::nvme;
   const int64_t state_elements = swapped ? cut_sub_groups(b, runs, offloaded) : offloaded;
+  b.master_crosses = offloaded > 0 && state_place == Place::host && !b.param_offload && z.state_spans.front().weights == WeightsBack::copied;
   for (BufferRole r : states) {
     if (r != BufferRole::master || own_master) b.add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
     b.add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
@@ -375,8 +378,10 @@ void add_optimizer_states(ZeroBuild& b) {
   const Place grads_place = swapped ? Place::host : state_place;
   if (!b.grads_to_host) b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
   if (b.grads_to_host) {  // each micro step, every group's reduced part of this rank leaves as backward finishes it
-    int64_t owned = 0;
-    for (const OwnedSegment& s : owned_segments(plan.layout, plan.topology.rank)) owned += s.numel;
+    int64_t owned = 0, largest = 0;
+    for (const OwnedSegment& s : owned_segments(plan.layout, plan.topology.rank)) owned += s.numel, largest = std::max(largest, s.numel);
+    // (each piece arrives in a page-locked buffer, then is added to the gradients the micro steps accumulate)
+    b.add(BufferRole::grads_arrival, pp.grad_dtype, largest, C::buffers, Place::host);
     z.transfers.push_back({"gradients to the host", Place::device, Place::host,
                            static_cast<double>(plan.batch.grad_accum * owned * dtype_bytes(pp.grad_dtype))});
   } else {
@@ -397,7 +402,10 @@ void add_optimizer_states(ZeroBuild& b) {
   if (z.state_spans.front().weights == WeightsBack::staged) {
     // A tile's weights at a time (an NVMe sub-group's, or a tile of the span in memory), in two buffers taken in turn
     // where there are several: the host steps the next tile while the last one crosses.
-    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile));
+    // (Lamb steps each tensor whole: one tile, the span; the others at most kMostWeightTiles of them)
+    const int64_t tile = std::max(std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile), (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
+    // (+ a grain: each cut may move back onto its run's grain by less than one)
+    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, plan.optimizer.per_tensor_update() ? offloaded : tile);
     const std::vector<SubGroup>& tiles = swapped ? z.sub_groups : z.weight_tiles;
     int64_t most = 0;
     for (const SubGroup& t : tiles) most = std::max(most, t.numel());

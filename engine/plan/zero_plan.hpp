@@ -32,8 +32,10 @@ enum class WeightsBack {
              // a file, or a device's step for weights on the host); nothing where the master is the weights
 };
 const char* weights_back_name(WeightsBack w);
-// The most elements one tile of staged weights holds: 32 MiB of bf16 in each of the two page-locked buffers.
+// The most elements one tile of staged weights holds (32 MiB of bf16 in each of the two page-locked buffers),
+// and the most tiles a span is cut in (a small sub_group_size would otherwise cut millions).
 constexpr int64_t kMostStagingTile = int64_t{1} << 24;
+constexpr int64_t kMostWeightTiles = 1024;
 
 // Local elements [begin, end) of a rank's optimizer part whose states (fp32 master, moments) live at `place`.
 struct StateSpan {
@@ -73,6 +75,8 @@ enum class BufferRole {
   param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
   weights_staging,  // offload from a GPU: a tile of the host-stepped bf16 weights on its way to the device (WeightsBack::staged;
                     // two, taken in turn, where a span is stepped in several tiles or sub-groups)
+  grads_arrival,    // gradients leaving a GPU block by block: the page-locked buffer a piece arrives in before it is
+                    // added to the host's gradients (the largest piece's)
 };
 const char* buffer_role_name(BufferRole r);
 
@@ -153,7 +157,8 @@ struct ZeroExecution {
   // A staged span in memory (WeightsBack::staged, the host's states of a GPU run): the tiles it is stepped in,
   // each tile's bf16 weights written into a staging buffer and copied to the device while the next tile is
   // stepped into the other buffer. Cut as NVMe's sub-groups are (at most sub_group_size elements, and at most
-  // kMostStagingTile, on the kernels' grain). Empty otherwise (an NVMe span's chunks are its sub-groups).
+  // kMostStagingTile, on the kernels' grain; at most kMostWeightTiles tiles; Lamb's one, the span, each tensor
+  // stepped whole). Empty otherwise (an NVMe span's chunks are its sub-groups).
   std::vector<SubGroup> weight_tiles;
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.

@@ -52,6 +52,8 @@ struct FlatParams {
   // into as it steps it, copied to the device from there (the second undefined where one suffices), and the tiles
   // a staged span in memory is stepped in (the plan's weight_tiles; an NVMe span's are its sub-groups).
   torch::Tensor weights_staging[2];
+  // Gradients leaving the device block by block: the page-locked buffer each piece arrives in (grads_arrival).
+  torch::Tensor grads_arrival;
   std::vector<SubGroup> weight_tiles;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers

@@ -35,7 +35,7 @@ class OptimizerStates {
   const std::vector<StateSpan>& spans() const { return flat_.spans; }
   // Whether the part is one span in memory, stepped as one chunk: one optimizer call steps it whole (Lamb's
   // per-tensor norms need that).
-  bool whole_in_memory() const { return spans().size() == 1 && spans()[0].place != Place::nvme && flat_.weight_tiles.empty(); }
+  bool whole_in_memory() const { return spans().size() == 1 && spans()[0].place != Place::nvme && flat_.weight_tiles.size() <= 1; }
   // Seconds waited on the NVMe span's reads and writes so far (0 without).
   double io_wait() const { return swapper_ ? swapper_->io().wait_seconds() : 0.0; }
   // Bytes the NVMe span's files have read and written so far (0 without).

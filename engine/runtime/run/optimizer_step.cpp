@@ -108,12 +108,22 @@ torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
   const torch::Tensor grads = flat_.local_grads.narrow(0, c.begin, c.numel);
   // Already in the memory the states are stepped in (on the device, or left for the host block by block): the
   // kernel reads them in their own dtype.
-  if (flat_.grads_place == c.at) return grads;
-  // (a span in memory: the span's; NVMe's: one sub-group's)
+  if (flat_.grads_place == c.at) {
+    DS_CHECK(grads.scalar_type() == torch::kFloat32 || grads.scalar_type() == torch::kBFloat16,
+             "the optimizer's kernels read fp32 or bf16 gradients, not ", grads.scalar_type());
+    return grads;
+  }
   const StateSpan& span = states_.spans()[c.span];
-  const torch::Tensor wide = flat_.offload_grads.narrow(0, span.place == Place::nvme ? 0 : c.begin - span.begin, c.numel);
-  device_.copy(wide, Place::host, grads, flat_.grads_place);
-  return wide;
+  if (span.place == Place::nvme) {  // one sub-group's, beside its states
+    const torch::Tensor wide = flat_.offload_grads.narrow(0, 0, c.numel);
+    device_.copy(wide, Place::host, grads, flat_.grads_place);
+    return wide;
+  }
+  // A span in memory: the whole span's at its first chunk (one copy, before any tile's weights are on their way
+  // back, so the host's steps of the next tiles never wait for those copies), then read there tile by tile.
+  if (c.begin == span.begin)
+    device_.copy(flat_.offload_grads.narrow(0, 0, span.numel()), Place::host, flat_.local_grads.narrow(0, span.begin, span.numel()), flat_.grads_place);
+  return flat_.offload_grads.narrow(0, c.begin - span.begin, c.numel);
 }
 
 torch::Tensor& OptimizerStep::staging_now() {

@@ -202,7 +202,8 @@ void ZeroExchange::finish_reduce() {
     if (flat_.grads_place == Place::device) {
       into.add_(part);
     } else {
-      const torch::Tensor arrived = torch::empty({s.numel}, into.options());
+      DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
+      const torch::Tensor arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
       flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
       into.add_(arrived);
     }
