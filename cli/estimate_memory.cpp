@@ -216,8 +216,6 @@ void check_flags(const EstimateMemoryArgs& a) {
   if (!a.model.empty() && a.params > 0) throw UserError("--model and --params are exclusive", "give one of them");
   if (a.params > 0 && (a.tp > 1 || a.pp > 1))
     throw UserError("--tp and --pp split an architecture's blocks, which --params does not give", "pass --model (a preset or a config.json)");
-  if (a.lora_r > 0 && (a.tp > 1 || a.pp > 1))
-    throw UserError("--lora-r with --tp or --pp: ds does not plan the memory of a split model's adapter yet", "plan the LoRA fine-tune without a mesh");
   if (a.params > 0 && (a.params != std::floor(a.params) || a.largest_layer != std::floor(a.largest_layer)))
     throw UserError("--params and --largest-layer count parameters: whole numbers", "e.g. --params 7e9 --largest-layer 131e6");
 }
@@ -410,7 +408,7 @@ void render_mesh(const MemoryEstimateTable& t, const EstimateInputs& in, FILE* o
   const Topology& topo = in.topo;
   if (!in.mesh) {
     if (t.recommended < 0 && topo.device_memory_bytes > 0 && topo.world_size > 1 && in.base.parallel.tensor == 1 &&
-        in.base.parallel.pipeline == 1 && in.model.hp.num_layers > 0 && !in.lora.enabled)
+        in.base.parallel.pipeline == 1 && in.model.hp.num_layers > 0)
       o << "No tensor x pipeline mesh of these GPUs fits either.\n\n";
     return;
   }
@@ -501,9 +499,9 @@ int run_estimate_memory(const EstimateMemoryArgs& a) {
     if (t.rows.empty())
       throw UserError("no configuration matches the filters", base.parallel.pipeline > 1 ? "a pipeline takes ZeRO stages 0-1; optimizer offload needs stage >= 1"
                                                                                       : "stage 0 has no offload; optimizer offload needs stage >= 1");
-    // Beside the rows, the smallest mesh of these GPUs that fits (an architecture's, without LoRA, more than one GPU).
+    // Beside the rows, the smallest mesh of these GPUs that fits (an architecture's, more than one GPU).
     std::optional<MeshChoice> mesh;
-    if (base.parallel.tensor == 1 && base.parallel.pipeline == 1 && model.hp.num_layers > 0 && !lora.enabled && topo.world_size > 1)
+    if (base.parallel.tensor == 1 && base.parallel.pipeline == 1 && model.hp.num_layers > 0 && topo.world_size > 1)
       mesh = recommend_mesh(base, model, topo, a.headroom);
     const EstimateInputs in{model, base, topo, lora, model_note,
                             base.bf16.enabled.value_or(false) ? "bf16" : base.fp16.enabled.value_or(false) ? "fp16" : "fp32", mesh};

@@ -340,7 +340,7 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
     << (memory ? "; memory: device and host, by the memory model below" : "") << "\n";
   if (p.lora.enabled || !p.frozen.empty())
     o << "  params per rank: the model's tensors (" << (p.lora.enabled ? "the frozen base; the adapter's are not counted" : "frozen and trained")
-      << "); the mesh's memory with " << (p.lora.enabled ? "LoRA" : "frozen tensors") << " is not planned yet\n";
+      << ")\n";
   o << "  sent per rank per step, besides ZeRO's collectives over the data group (below):\n";
   o << "  " << pad("stage", 7) << lpad("tensor all-reduces", 19) << lpad("wire bytes", 13) << lpad("pipeline sends", 16) << lpad("bytes", 13)
     << "\n";
@@ -349,7 +349,9 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
     o << "  " << pad(std::to_string(s), 7) << lpad(format_count(x.tensor_all_reduces), 19) << lpad(format_bytes(x.tensor_wire_bytes), 13)
       << lpad(format_count(x.pipeline_sends), 16) << lpad(format_bytes(x.pipeline_bytes), 13) << "\n";
   }
-  if (m.tied_copy_per_rank > 0) {
+  if (m.tied_copy_per_rank > 0 && !m.tied_trains)
+    o << "  the tied head: stage " << m.stages.size() - 1 << " holds a copy of the frozen token table, loaded with it; nothing crosses\n";
+  if (m.tied_exchange()) {
     const MeshTraffic& x = m.stages.front().traffic;
     o << "  the tied head: stage " << m.stages.size() - 1 << " sends its copy's gradient to stage 0, whose table steps on the sum and "
       << "sends its weights back, once per step (" << format_bytes(x.tied_bytes) << " each way)\n";

@@ -443,11 +443,14 @@ TEST(CliEstimateMemory, AMeshIsPlannedWithTpAndPpAndTheSmallestThatFitsIsShownBe
   EXPECT_TRUE(contains(r.out, "mesh: tensor 8 x pipeline 2 x data 2; each row is a GPU of the heaviest pipeline stage")) << r.out;
   r = ds("estimate-memory --model llama-3-70b --gpus 8 --nodes 4 --gpu-memory 80GiB");
   EXPECT_TRUE(contains(r.out, "Split the model: tensor ")) << r.out;
-  // What a mesh needs: an architecture, and no adapter yet.
+  // What a mesh needs: an architecture (an adapter splits with it).
   r = ds("estimate-memory --params 7e9 --largest-layer 1e8 --gpus 8 --tp 2");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--tp and --pp split an architecture's blocks")) << r.err;
-  EXPECT_EQ(ds("estimate-memory --model 7b --gpus 8 --lora-r 8 --pp 2").code, 2);
+  r = ds("estimate-memory --model 7b --gpus 8 --lora-r 8 --pp 2");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "mesh: tensor 1 x pipeline 2 x data 4")) << r.out;
+  EXPECT_TRUE(contains(r.out, "LoRA r 8 on")) << r.out;
   r = ds("estimate-memory --model llama-tiny --gpus 4 --tp 4");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "key/value heads do not split over 4 tensor ranks")) << r.err;

@@ -219,9 +219,13 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   // not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1"})).empty());
   EXPECT_THROW(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=2"}), ConfigError);
-  const std::vector<std::string> why = not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.lora={\"r\": 4}"}));
+  // LoRA splits with the model, but not its dropout on a row-parallel projection's input (each rank holds a part).
+  EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.lora={\"r\": 4, \"dropout\": 0.1}"})).empty());
+  const std::vector<std::string> why = not_yet_runnable(
+      test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.lora={\"r\": 4, \"dropout\": 0.1, \"target_modules\": [\"q_proj\", \"o_proj\"]}"}));
   ASSERT_EQ(why.size(), 1u);
-  EXPECT_NE(why.back().find("(tensor_parallel.autotp_size 2, pipeline.stages 2) with model.lora or model.freeze"), std::string::npos)
+  EXPECT_NE(why.back().find("(tensor_parallel.autotp_size 2, pipeline.stages 2) with model.lora.dropout > 0 on o_proj (row-parallel"),
+            std::string::npos)
       << why.back();
   // Lamb's per-tensor norms are summed over the data and tensor groups: it trains on any mesh.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"})).empty());
@@ -342,10 +346,37 @@ TEST(PlanMesh, EachStagesRankIsLaidOutByThePlansMemoryModel) {
   EXPECT_EQ(act(1, 0), act(1, 1) - logits_chunk - 2 * width);
   const ActivationParts per_micro_batch = activation_parts(two_blocks.model, 2, 32, Dtype::bf16, false, two_blocks.threads);
   EXPECT_EQ(act(4, 0) - act(1, 0), per_micro_batch.kept - 2 * width);
-  // With LoRA the mesh's memory is not planned yet, and the plan says the memory is the whole model's.
-  const Plan lora = test::plan_of(cfg, 8, 0, {"model.lora={\"r\": 4}"});
-  EXPECT_FALSE(lora.mesh.stages.front().memory_planned);
-  EXPECT_EQ(lora.mesh.heaviest_stage, -1);
+  // Fine-tuning: each stage's rank trains the adapters of its own blocks or its tensors not frozen: bf16 gradients
+  // and fp32 master and moments for those (counted here from the whole run's trained tensors by block, a tensor
+  // rank's share by hand: LoRA's A whole beside a column-parallel projection and split beside a row-parallel one, B
+  // the other way round; a frozen-free tensor's by its split), its frozen share beside.
+  const std::vector<std::string> row_parallel = {"o_proj", "down_proj"};
+  for (const int t : {1, 2})
+    for (const char* trains : {"model.lora={\"r\": 4, \"target_modules\": [\"q_proj\", \"down_proj\"]}",
+                               "model.freeze=[\"model.layers.0.*\", \"lm_head.weight\", \"*.q_proj.*\"]"}) {
+      SCOPED_TRACE(std::string(trains) + " on tensor " + std::to_string(t));
+      const Plan pp = test::plan_of(cfg, 2 * t, 0, {"tensor_parallel.autotp_size=" + std::to_string(t), "pipeline.partition=uniform", trains});
+      ASSERT_EQ(pp.mesh.stages.size(), 2u);
+      const ModelSpec& whole = pp.trained();
+      for (const PipelineStage& st : pp.mesh.stages) {
+        ASSERT_TRUE(st.memory_planned);
+        double trained = 0;
+        for (const TensorSpec& w : whole.tensors) {
+          // (llama-tiny's head is untied: the table on the first stage, the final norm and the head on the last)
+          if (!(w.layer >= 0 ? w.layer >= st.first_block && w.layer < st.first_block + st.blocks
+                             : w.name == "model.embed_tokens.weight" ? st.embeddings : st.head))
+            continue;
+          const bool adapter_a = w.name.find("lora_A") != std::string::npos, adapter_b = w.name.find("lora_B") != std::string::npos;
+          bool row = false;
+          for (const std::string& m : row_parallel) row |= w.name.find(m) != std::string::npos;
+          const bool norm = w.shape.size() == 1;
+          const bool split = adapter_a ? row : adapter_b ? !row : !norm;  // (every trained matrix here is split: q_proj, the others' o, gate, up, down, v, k)
+          trained += static_cast<double>(w.numel) / (split ? t : 1);
+        }
+        EXPECT_EQ(st.memory.device.grads, 2 * trained) << "stage starting at block " << st.first_block;
+        EXPECT_EQ(st.memory.device.optimizer_states, 12 * trained) << "stage starting at block " << st.first_block;
+      }
+    }
 }
 
 TEST(PlanMesh, AMemoryCutMakesTheHeaviestStageTheLeastOfEveryCut) {
@@ -363,22 +394,24 @@ TEST(PlanMesh, AMemoryCutMakesTheHeaviestStageTheLeastOfEveryCut) {
   const std::vector<double> mine = stage_device_bytes(by_memory, cut);
   for (size_t s = 0; s < cut.size(); ++s) EXPECT_DOUBLE_EQ(mine[s], by_memory.mesh.stages[s].memory.device.total()) << "stage " << s;
   // Every cut of 8 blocks into 4 stages: none has a lighter heaviest stage.
-  double least = 0;
-  std::vector<int> best;
-  for (int a = 1; a <= 5; ++a)
-    for (int b = 1; a + b <= 6; ++b)
-      for (int c = 1; a + b + c <= 7; ++c) {
-        const std::vector<int> any{a, b, c, 8 - a - b - c};
-        const std::vector<double> bytes = stage_device_bytes(by_memory, any);
-        const double most = *std::max_element(bytes.begin(), bytes.end());
-        if (best.empty() || most < least) least = most, best = any;
-      }
-  EXPECT_DOUBLE_EQ(heaviest(by_memory), least) << "the least is cut " << best[0] << "/" << best[1] << "/" << best[2] << "/" << best[3];
+  const auto least_of_every_cut = [](const Plan& p) {
+    double least = -1;
+    for (int a = 1; a <= 5; ++a)
+      for (int b = 1; a + b <= 6; ++b)
+        for (int c = 1; a + b + c <= 7; ++c) {
+          const std::vector<double> bytes = stage_device_bytes(p, {a, b, c, 8 - a - b - c});
+          const double most = *std::max_element(bytes.begin(), bytes.end());
+          if (least < 0 || most < least) least = most;
+        }
+    return least;
+  };
+  EXPECT_DOUBLE_EQ(heaviest(by_memory), least_of_every_cut(by_memory));
   EXPECT_LT(heaviest(by_memory), heaviest(by_parameters));
   EXPECT_GT(cut.back(), cut.front());  // the first stage holds the most activations: it takes fewer blocks
-  // With LoRA the stages' memory is not planned: cut by parameters, said.
+  // With LoRA the stages' memory is the adapters' and the frozen base's: cut by it all the same.
   const Plan lora = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", "model.lora={\"r\": 4}"});
-  EXPECT_TRUE(std::any_of(lora.warnings.begin(), lora.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
+  EXPECT_FALSE(std::any_of(lora.warnings.begin(), lora.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
+  EXPECT_DOUBLE_EQ(heaviest(lora), least_of_every_cut(lora));
 }
 
 TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) {
@@ -418,6 +451,21 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
   EXPECT_EQ(lamb.mesh.stages[0].traffic.lamb_bytes, 2 * 8 * (2 + 2 * per_block));
   EXPECT_EQ(lamb.mesh.stages[1].traffic.lamb_bytes, 2 * 8 * (2 * per_block + 2 + 1));
   EXPECT_EQ(test::plan_of(cfg, 8, 0).mesh.stages[0].traffic.lamb_all_reduces, 0);
+  // Frozen tensors have no norms to sum (stage 0 without wpe and block 0's six pairs), and a frozen tied table
+  // nothing to exchange.
+  const Plan frozen = test::plan_of(cfg, 8, 0, {"optimizer.type=Lamb", R"(model.freeze=["transformer.wpe.weight", "transformer.wte.weight", "transformer.h.0.*"])"});
+  EXPECT_EQ(frozen.mesh.stages[0].traffic.lamb_bytes, 2 * 8 * per_block);
+  EXPECT_EQ(frozen.mesh.stages[1].traffic.lamb_bytes, 2 * 8 * (2 * per_block + 2));
+  EXPECT_EQ(frozen.mesh.stages[0].traffic.tied_sends, 0);
+  EXPECT_EQ(frozen.mesh.stages[1].traffic.tied_bytes, 0);
+  // Qwen3's per-head q and k gains: their gradients summed over the tensor group once a block and micro-batch
+  // each, none for a frozen gain (4 micro-batches x 2 blocks of q_norm fewer).
+  const auto all_reduces = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> o = {"model.preset=qwen3-tiny", "model.num_layers=2", "~pipeline"};
+    o.insert(o.end(), more.begin(), more.end());
+    return test::plan_of(cfg, 2, 0, o).mesh.stages[0].traffic.tensor_all_reduces;
+  };
+  EXPECT_EQ(all_reduces({}) - all_reduces({R"(model.freeze=["*.q_norm.weight"])"}), 4 * 2);
   // Tensor parallel alone: no sends; four tensor ranks send 2 x 3/4 of the payload.
   const Plan four = test::plan_of(cfg, 4, 0, {"tensor_parallel.autotp_size=4", "~pipeline"});
   ASSERT_EQ(four.mesh.stages.size(), 1u);

@@ -70,7 +70,13 @@ void expect_split_equals_whole(const Case& c) {
     initialise_model(whole_plan, fp32, 5);
     fp32.add_(torch::randn(fp32.sizes(), gen), 0.05);  // no zero biases, no unit gains: every share shows
     whole.params.narrow(0, 0, whole_plan.layout.numel).copy_(fp32);
+    for (const torch::Tensor& v : whole.frozen_views) v.copy_(torch::randn(v.sizes(), gen) * 0.1);  // model.freeze's, LoRA's base
   }
+  std::vector<size_t> frozen;  // the model's tensor each frozen view is
+  for (size_t i = 0; i < whole_plan.model.tensors.size(); ++i)
+    if (whole_plan.is_frozen(i)) frozen.push_back(i);
+  ASSERT_EQ(frozen.size(), whole.frozen_views.size());
+  const ModelSpec& trained = whole_plan.trained();  // what the layout holds: the model's, those not frozen, or LoRA's adapters
   const int64_t V = whole_plan.model.hp.vocab_size;
   const torch::Tensor in = torch::randint(0, V, {2, 16}, gen, torch::kLong);
   torch::Tensor tgt = torch::randint(0, V, {2, 16}, gen, torch::kLong);
@@ -90,11 +96,14 @@ void expect_split_equals_whole(const Case& c) {
     {
       torch::NoGradGuard ng;
       for (size_t i = 0; i < plan.layout.params.size(); ++i) {
-        slices.push_back(tensor_slice_of(whole_plan.model, whole_plan.model.tensors[i], c.tensor, rank));
+        slices.push_back(tensor_slice_of(whole_plan.model, trained.tensors[i], c.tensor, rank));
         const torch::Tensor share = take_share(tensor_of(whole_plan, whole.params, i), slices.back());
         ASSERT_EQ(share.sizes(), torch::IntArrayRef(plan.layout.params[i].shape)) << plan.layout.params[i].name;
         tensor_of(plan, flat.params, i).copy_(share);
       }
+      ASSERT_EQ(flat.frozen_views.size(), frozen.size());
+      for (size_t k = 0; k < frozen.size(); ++k)
+        flat.frozen_views[k].copy_(take_share(whole.frozen_views[k], tensor_slice_of(whole_plan.model, whole_plan.model.tensors[frozen[k]], c.tensor, rank)));
     }
     const std::unique_ptr<Communicator> comm = group.join(rank);
     auto model = make_model(plan, flat, comm.get());
@@ -122,6 +131,15 @@ TEST(TensorParallelModel, EachFamilySplitOverATensorGroupGivesTheWholeModelsLoss
       {{"model.preset=gemma2-tiny", "model.sliding_window=4"}},
       {{"model.preset=phi3-tiny"}, 2, true},
       {{"model.preset=llama-tiny", "bf16.enabled=true"}},
+      // Fine-tuning: frozen tensors held as their shares; LoRA's A and B split with their base (B by a column-parallel
+      // projection's outputs, A whole and its gradient summed; A by a row-parallel one's inputs, x A^T summed, B whole),
+      // a packed projection's B by each part; LoRA dropout on column-parallel inputs, which every rank holds whole.
+      {{"model.preset=gpt2-tiny", R"(model.freeze=["transformer.wte.weight", "transformer.h.0.attn.*", "*.ln_2.*"])"}},
+      {{"model.preset=gpt2-tiny", R"(model.lora={"r": 4, "target_modules": ["c_attn", "c_proj", "c_fc"]})"}},
+      {{"model.preset=phi3-tiny", R"(model.lora={"r": 4, "target_modules": ["all-linear"]})"}, 2, true},
+      {{"model.preset=qwen3-tiny", R"(model.lora={"r": 2, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]})"}},
+      {{"model.preset=llama-tiny", "model.vocab_size=251", R"(model.lora={"r": 4, "dropout": 0.2, "target_modules": ["q_proj", "up_proj"]})"},
+       2, false, true},
   };
   for (const Case& c : cases) {
     std::string what;
@@ -236,7 +254,7 @@ TEST(TensorParallelModel, WholeSegmentsPutEachRanksElementsAtTheirPlaceInTheWhol
         torch::Tensor local = torch::zeros({local_numel}, torch::kDouble);
         for (const OwnedSegment& s : owned) local.narrow(0, s.local, s.numel).copy_(share.narrow(0, s.global, s.numel));
         if (stage == 0 && at.data != 0) continue;  // stage 0: the first data rank's tensor ranks write
-        for (const OwnedSegment& g : whole_segments(whole.model, plan.mesh, 0, at.tensor, plan.layout, owned, /*writing=*/true)) {
+        for (const OwnedSegment& g : whole_segments(whole.model, whole.model, plan.own.trained, t, at.tensor, plan.layout, owned, /*writing=*/true)) {
           ASSERT_TRUE(torch::equal(local.narrow(0, g.local, g.numel), values.narrow(0, g.global, g.numel)))
               << "rank " << rank << ": segment at " << g.global << " of " << g.numel;
           for (int64_t k = g.global; k < g.global + g.numel; ++k) ++covered[static_cast<size_t>(k)];

@@ -308,3 +308,110 @@ TEST(Zero, SplitModelsWithTheirOptimizerOffloadedTrainTheSingleRankRun) {
   }
   EXPECT_TRUE(std::filesystem::is_empty(nvme)) << "a swap directory outlived its run";
 }
+
+namespace {
+// A safetensors file's tensors, in its order, joined.
+std::vector<float> values_of(const std::string& path) {
+  ds::SafetensorsFile file(path);
+  std::vector<float> out;
+  for (const ds::StTensor& t : file.view().tensors()) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    file.view().read_f32(t, v.data());
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+}  // namespace
+
+TEST(Zero, SplitModelsFineTuneWithFrozenTensorsAndLoraAsOneRank) {
+  // Fine-tuning a loaded model on a split model: each rank freezes its share of model.freeze's tensors (a tensor
+  // rank its slices; the last stage's copy of a frozen tied table loaded, not exchanged), or a pipeline stage trains
+  // LoRA's adapters on its blocks. The one-rank run's losses, a checkpoint of the whole run's trained tensors with
+  // its moments, the same merged model or PEFT adapter, the plan's bytes, and a resume on another mesh (the base's
+  // checksum is the whole base's at any mesh).
+  const std::string tuned = kRun + "train.steps=6 train.save_every=3 model.init_from=" + ds::find_latest_checkpoint(single_rank_run()) + " ";
+  const std::string p2 = "train_micro_batch_size_per_gpu=8 gradient_accumulation_steps=3 --nproc-per-node 2 zero_optimization.stage=0 pipeline.stages=2 ";
+  const std::string p2d2 = "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=1 pipeline.stages=2 ";
+  const std::string lora = R"('model.lora={"r": 4, "alpha": 8, "target_modules": ["c_attn", "c_proj", "c_fc"]}' )";
+  struct Case {
+    std::string name, what, mesh;
+    bool tied_exchange, adapter;
+  };
+  const std::vector<Case> cases = {
+      {"freeze_table", R"('model.freeze=["transformer.wte.weight", "transformer.h.0.attn.*"]' )", p2d2, false, false},
+      {"freeze_last", R"('model.freeze=["transformer.h.1.*"]' )", p2, true, false},
+      {"freeze_t2d2z3", R"('model.freeze=["transformer.wte.weight", "transformer.h.0.attn.*"]' )",
+       "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=3 tensor_parallel.autotp_size=2 ",
+       false, false},
+      {"freeze_t2p2d2", R"('model.freeze=["transformer.h.1.*", "transformer.wpe.weight"]' )",
+       "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 8 zero_optimization.stage=1 pipeline.stages=2 "
+       "tensor_parallel.autotp_size=2 ", true, false},
+      {"lora", lora, p2d2, false, true},
+      // The same micro batch as one rank's: the same dropout masks, each drawn from its adapted tensor's stream.
+      {"lora_dropout", lora + "model.lora.dropout=0.1 ", p2, false, true},
+      {"lora_t2p2d2", lora, "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 8 zero_optimization.stage=1 "
+                            "pipeline.stages=2 tensor_parallel.autotp_size=2 ", false, true},
+      {"lora_t2d2z2", lora, "train_micro_batch_size_per_gpu=4 gradient_accumulation_steps=3 --nproc-per-node 4 zero_optimization.stage=2 "
+                            "tensor_parallel.autotp_size=2 ", false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string one = scratch_dir() + "/tune_one_" + c.name, dir = scratch_dir() + "/tune_pp_" + c.name;
+    Result r = cli_test::ds(tuned + shape(1) + c.what + "train.output_dir=" + one);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = cli_test::ds(tuned + c.mesh + c.what + "train.output_dir=" + dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto base = losses_of(one), losses = losses_of(dir);
+    ASSERT_EQ(base.size(), 6u);
+    ASSERT_EQ(losses.size(), base.size());
+    for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(losses[i], base[i], 1e-5 * base[i]) << "step " << i + 1;
+    const WholeState a = whole_state(dir, one), b = whole_state(one);  // (the mesh's plan.json lays out its heaviest stage)
+    expect_close(a.master, b.master, "weights");
+    expect_close(a.exp_avg, b.exp_avg, "exp_avg");
+    expect_close(a.exp_avg_sq, b.exp_avg_sq, "exp_avg_sq");
+    // Rank 0 (the first stage) sends its activations, its tensor all-reduces, its ZeRO collectives, the step's
+    // agreement, and the tied table's weights only where the table trains.
+    const json plan = json::parse(slurp(dir + "/plan.json"));
+    const json& traffic = plan["mesh"]["stages"][0]["traffic_per_rank_per_step"];
+    EXPECT_EQ(traffic["tied_bytes"].get<double>() > 0, c.tied_exchange);
+    double planned = traffic["pipeline_bytes"].get<double>() + traffic["tied_bytes"].get<double>() + traffic["tensor_wire_bytes"].get<double>() +
+                     traffic["zero_wire_bytes"].get<double>();
+    for (const json& x : plan["collectives"])
+      if (x["what"] == "loss, norm and stop flag") planned += x["wire_bytes_per_rank_per_step"].get<double>();
+    for (const json& x : metrics_of(dir)) EXPECT_NEAR(x["comm_bytes"].get<double>(), planned, 1.0) << "step " << x["step"];
+    // What a user takes away: the merged model, or the PEFT adapter.
+    std::string exported[2];
+    for (int k = 0; k < 2; ++k) {
+      const std::string run = k ? dir : one;
+      exported[k] = run + (c.adapter ? "/adapter" : "/merged.safetensors");
+      r = cli_test::ds("convert-ckpt " + run + " " + exported[k] + (c.adapter ? " --adapter" : " --merge"));
+      ASSERT_EQ(r.code, 0) << r.err;
+      if (c.adapter) exported[k] += "/adapter_model.safetensors";
+    }
+    expect_close(values_of(exported[1]), values_of(exported[0]), "exported");
+  }
+  // The frozen table's mesh at step 3 resumed on one rank, tensor 2 x data 2's on pipeline 2, and LoRA's on pipeline
+  // 2 alone: steps 4-6 are one rank's.
+  for (const auto& [name, then] : std::vector<std::pair<std::string, std::string>>{{"freeze_table", shape(1) + cases[0].what},
+                                                                                   {"freeze_t2d2z3", p2 + cases[2].what},
+                                                                                   {"lora", p2 + cases[4].what}}) {
+    SCOPED_TRACE(name);
+    const std::string resumed = scratch_dir() + "/tune_resumed_" + name;
+    Result r = cli_test::ds(tuned + then + "train.output_dir=" + resumed + " train.resume=" + scratch_dir() + "/tune_pp_" + name +
+                            "/checkpoints/step_00000003");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto base = losses_of(scratch_dir() + "/tune_one_" + name), losses = losses_of(resumed);
+    ASSERT_EQ(losses.size(), 3u);
+    for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 3], 1e-5 * base[i + 3]) << "step " << i + 4;
+  }
+  // LoRA dropout on a row-parallel projection split over tensor ranks is refused before any rank starts, naming it.
+  Result refused = cli_test::ds(tuned + shape(1) + "--nproc-per-node 2 tensor_parallel.autotp_size=2 " + lora + "model.lora.dropout=0.1 train.output_dir=" +
+                                scratch_dir() + "/tune_refused");
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_TRUE(contains(refused.err, "model.lora.dropout > 0 on c_proj (row-parallel")) << refused.err;
+  // A stage whose every tensor is frozen is refused before anything runs, naming it.
+  Result r = cli_test::ds(R"(plan examples/quickstart.json pipeline.stages=2 --nproc-per-node 2 )"
+                          R"('model.freeze=["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.*"]')");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.err, "pipeline stage 0 (blocks 0-0) trains nothing")) << r.err;
+}

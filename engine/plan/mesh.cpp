@@ -63,15 +63,37 @@ bool has(const std::vector<std::string>& names, const std::string& n) { return s
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The projection a tensor belongs to and how its matrix is stored: GPT-2's Conv1D [in, out], nn.Linear [out, in]; a
+// LoRA adapter's A [r, in] and B [out, r] are nn.Linear's whatever the base, and split with their base's module.
+struct Form {
+  std::string module, leaf;
+  bool in_out = false;
+  char adapter = 0;  // 'A', 'B', or 0 for a tensor of the model
+};
+Form form_of(const ModelSpec& model, const TensorSpec& t) {
+  const auto [module, leaf] = module_and_leaf(t.name);
+  if (module == "lora_A" || module == "lora_B") {
+    const std::string stem = t.name.substr(0, t.name.size() - std::string(".lora_A.weight").size());
+    return {module_and_leaf(stem + ".weight").first, leaf, false, module == "lora_A" ? 'A' : 'B'};
+  }
+  return {module, leaf, model.hp.traits().in_out, 0};
+}
+
 }  // namespace
 
 TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t) {
   const ArchTraits& traits = model.hp.traits();
-  const auto [module, leaf] = module_and_leaf(t.name);
+  const Form f = form_of(model, t);
+  const std::string& module = f.module;
   if (t.layer >= 0) {
     if (!has(traits.lora_modules, module)) return TensorSplit::whole;  // norms (a block's, and Qwen3's per-head q/k norms)
-    if (!has(traits.row_parallel, module)) return TensorSplit::column;
-    return leaf == "bias" ? TensorSplit::whole : TensorSplit::row;  // added once, after the all-reduce
+    const bool row = has(traits.row_parallel, module);
+    // LoRA beside a column-parallel projection: A whole, B by its output rows (the rank's own outputs); beside a
+    // row-parallel one: A by its input columns (the rank's own inputs), B whole.
+    if (f.adapter == 'A') return row ? TensorSplit::row : TensorSplit::whole;
+    if (f.adapter == 'B') return row ? TensorSplit::whole : TensorSplit::column;
+    if (!row) return TensorSplit::column;
+    return f.leaf == "bias" ? TensorSplit::whole : TensorSplit::row;  // added once, after the all-reduce
   }
   if (module == "lm_head") return TensorSplit::vocabulary;
   if (is_embedding_table(t)) return module == "wpe" ? TensorSplit::whole : TensorSplit::vocabulary;
@@ -91,18 +113,16 @@ int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int t
   return t.numel;
 }
 
-namespace {
-
 // A tensor's shape on one tensor rank: the split dimension divided (the output's for column and vocabulary
 // splits, the input's for row splits; GPT-2's Conv1D stores [in, out], nn.Linear [out, in]).
-std::vector<int64_t> shape_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor) {
+std::vector<int64_t> tensor_shape_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor) {
   std::vector<int64_t> shape = t.shape;
   if (shape.empty() || tensor == 1) return shape;
   const TensorSplit split = tensor_split_of(model, t);
   if (split == TensorSplit::whole) return shape;
   size_t dim = 0;
   if (shape.size() == 2 && split != TensorSplit::vocabulary) {
-    const bool in_out = model.hp.traits().in_out;
+    const bool in_out = form_of(model, t).in_out;
     const bool by_output = split == TensorSplit::column;
     dim = by_output == in_out ? 1 : 0;
   }
@@ -110,7 +130,6 @@ std::vector<int64_t> shape_per_rank(const ModelSpec& model, const TensorSpec& t,
   return shape;
 }
 
-}  // namespace
 
 VocabShare vocab_share(int64_t vocab, int tensor, int rank) {
   VocabShare v;
@@ -135,12 +154,13 @@ TensorSlice tensor_slice_of(const ModelSpec& model, const TensorSpec& t, int ten
     return slice;
   }
   const bool column = split == TensorSplit::column;
-  if (t.shape.size() == 2) slice.dim = column == model.hp.traits().in_out ? 1 : 0;
+  const Form f = form_of(model, t);
+  if (t.shape.size() == 2) slice.dim = column == f.in_out ? 1 : 0;
   const int64_t along = t.shape.empty() ? t.numel : t.shape[static_cast<size_t>(slice.dim)];
-  // The parts a packed projection makes, along its output.
+  // The parts a packed projection makes, along its output (a packed projection's B too).
   std::vector<int64_t> parts = {along};
   const ModelHyper& h = model.hp;
-  const std::string module = module_and_leaf(t.name).first;
+  const std::string& module = f.module;
   if (column && h.traits().fused_qkv && module == h.traits().lora_modules.front()) {
     const int64_t kv = (h.num_kv_heads > 0 ? h.num_kv_heads : h.num_heads) * h.head_dim();
     parts = {along - 2 * kv, kv, kv};
@@ -175,12 +195,10 @@ std::vector<StageTensor> stage_tensors(const ModelSpec& model, const MeshPlan& m
   return out;
 }
 
-std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const MeshPlan& mesh, int stage, int tensor_rank, const FlatLayout& share,
-                                         const std::vector<OwnedSegment>& owned, bool writing) {
-  const std::vector<StageTensor> sources = stage_tensors(whole, mesh, stage);
+std::vector<OwnedSegment> whole_segments(const ModelSpec& model, const ModelSpec& whole, const std::vector<StageTensor>& sources, int tensor,
+                                         int tensor_rank, const FlatLayout& share, const std::vector<OwnedSegment>& owned, bool writing) {
   DS_CHECK(share.params.size() == sources.size(), "whole_segments: the share has ", share.params.size(), " tensors, its stage ",
            sources.size());
-  const int tensor = mesh.shape.tensor;
   std::vector<int64_t> offset(whole.tensors.size() + 1, 0);  // each whole tensor's place in the whole's flat order
   for (size_t i = 0; i < whole.tensors.size(); ++i) offset[i + 1] = offset[i] + whole.tensors[i].numel;
   std::vector<OwnedSegment> out;
@@ -188,8 +206,8 @@ std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const MeshPlan&
     const StageTensor& source = sources[static_cast<size_t>(s.param)];
     const size_t i = static_cast<size_t>(source.whole);
     const TensorSpec& t = whole.tensors[i];
-    const TensorSlice slice = tensor_slice_of(whole, t, tensor, tensor_rank);
-    const bool kept_whole = tensor == 1 || tensor_split_of(whole, t) == TensorSplit::whole;
+    const TensorSlice slice = tensor_slice_of(model, t, tensor, tensor_rank);
+    const bool kept_whole = tensor == 1 || tensor_split_of(model, t) == TensorSplit::whole;
     if (writing && ((kept_whole && tensor_rank != 0) || source.tied_copy)) continue;
     // The share as rows x columns along the slice's dimension: dimension 0 splits rows (of `inner` elements),
     // dimension 1 the columns of each row.
@@ -243,7 +261,7 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage) {
   std::map<int, int64_t> per_block;
   const auto add = [&](const TensorSpec& whole, int layer) {
     TensorSpec part = whole;
-    part.shape = shape_per_rank(model, whole, t);
+    part.shape = tensor_shape_per_rank(model, whole, t);
     part.numel = tensor_numel_per_rank(model, whole, t);
     part.layer = layer;
     s.num_params += part.numel;
@@ -359,8 +377,9 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
-void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, int weight_bytes, bool checkpointing, bool per_tensor_norms) {
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t micro_batch,
+                        int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes, int weight_bytes, bool checkpointing,
+                        bool per_tensor_norms) {
   const ModelHyper& h = model.hp;
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
@@ -377,22 +396,48 @@ void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_ba
       // The loss: a call per chunk of the rank's logits, 2t + 1 values per token over the chunks.
       const int64_t chunk = head_chunk_rows(ceil_div(h.vocab_size, t));
       const int64_t loss = st.head ? ceil_div(micro_batch * seq_len, chunk) : 0;
-      // Per-head q and k norms (Qwen3): each rank's gradient of the whole gains covers its own heads, summed in backward.
-      const int64_t gains = h.traits().qk_norm ? 2 * st.blocks : 0;
-      x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss + gains);
+      // Per-head q and k norms (Qwen3): each rank's gradient of the whole gains covers its own heads, summed in
+      // backward (a frozen gain has none). The trained tensors' norms, for Lamb.
+      int64_t gains = 0, trained = 0;
+      for (const StageTensor& held : stage_tensors(model, plan, static_cast<int>(s))) {
+        if (!frozen.empty() && frozen[static_cast<size_t>(held.whole)]) continue;
+        ++trained;
+        const TensorSpec& w = model.tensors[static_cast<size_t>(held.whole)];
+        const std::string module = module_and_leaf(w.name).first;
+        if (h.traits().qk_norm && w.layer >= 0 && (module == "q_norm" || module == "k_norm")) ++gains;
+      }
+      // LoRA beside a column-parallel projection: A's gradient summed in backward (r x in); beside a row-parallel one
+      // each rank's x A^T summed in forward (micro x seq x r, again when the block is recomputed).
+      int64_t adapter_calls = 0;
+      double adapter_payload = 0;
+      for (size_t a = 0; a + 1 < lora.adapters.tensors.size(); a += 2) {
+        const TensorSpec& base = model.tensors[static_cast<size_t>(lora.adapted[a])];
+        if (base.layer < st.first_block || base.layer >= st.first_block + st.blocks) continue;
+        trained += 2;
+        const TensorSpec& A = lora.adapters.tensors[a];
+        if (tensor_split_of(model, base) == TensorSplit::row) {
+          const int64_t calls = checkpointing ? 2 : 1;
+          adapter_calls += calls;
+          adapter_payload += static_cast<double>(calls) * tokens * static_cast<double>(lora.r) * summed_bytes;
+        } else {
+          adapter_calls += 1;
+          adapter_payload += static_cast<double>(A.numel) * grad_bytes;
+        }
+      }
+      x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss + gains + adapter_calls);
       x.tensor_payload_bytes =
           m * (static_cast<double>(big) * activation + (st.head ? static_cast<double>(2 * t + 1) * tokens * 4 : 0.0) +
-               static_cast<double>(gains * h.head_dim() * grad_bytes));
+               static_cast<double>(gains * h.head_dim() * grad_bytes) + adapter_payload);
       x.tensor_wire_bytes = ring * x.tensor_payload_bytes;
       if (per_tensor_norms) {
         x.lamb_all_reduces = 1;
-        x.lamb_bytes = ring * 2.0 * 8.0 * static_cast<double>(stage_tensors(model, plan, static_cast<int>(s)).size());
+        x.lamb_bytes = ring * 2.0 * 8.0 * static_cast<double>(trained);
       }
     }
     const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
     x.pipeline_bytes = m * neighbours * sent;
-    if (plan.tied_copy_per_rank > 0 && (st.embeddings || st.head)) {
+    if (plan.tied_exchange() && (st.embeddings || st.head)) {
       x.tied_sends = 1;  // the last stage's gradient of its copy, the first stage's weights back
       x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * weight_bytes;
     }

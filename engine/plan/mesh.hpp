@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "engine/plan/comm.hpp"
 #include "engine/plan/layout.hpp"
+#include "engine/plan/lora.hpp"
 #include "engine/plan/memory.hpp"
 #include "engine/plan/model_spec.hpp"
 
@@ -51,12 +52,16 @@ enum class StagePartition { uniform, parameters, memory };
 // How a tensor is split over a tensor group (Megatron): by its output (q, k, v, gate, up and their biases;
 // each rank computes its heads or its share of the MLP), by its input (o and down; their biases added once,
 // after the all-reduce, so whole on every rank), by vocabulary rows (the token table and the head), or
-// whole on every rank (norms, the position table).
+// whole on every rank (norms, the position table). LoRA's adapters: beside a column-parallel projection A is
+// whole (its gradient summed over the group) and B split by output rows; beside a row-parallel one A is split by
+// input columns (x A^T summed over the group) and B whole.
 enum class TensorSplit { column, row, vocabulary, whole };
 const char* tensor_split_name(TensorSplit s);
 TensorSplit tensor_split_of(const ModelSpec& model, const TensorSpec& t);
-// A tensor's elements on one rank of a tensor group of `tensor` ranks (the vocabulary padded to a multiple of it).
+// A tensor's elements on one rank of a tensor group of `tensor` ranks (the vocabulary padded to a multiple of it), and
+// its shape there (the split dimension divided). A LoRA adapter's A and B split with their base (tensor_split_of).
 int64_t tensor_numel_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor);
+std::vector<int64_t> tensor_shape_per_rank(const ModelSpec& model, const TensorSpec& t, int tensor);
 
 // The vocabulary rows tensor rank `rank` holds of the token table and the head: [begin, begin + real) of the
 // whole, then rows - real rows of padding (the last ranks' when the vocabulary does not divide by `tensor`).
@@ -141,6 +146,10 @@ struct MeshPlan {
   int tensor_group_nodes = 1;          // the most nodes one tensor group spans
   int heaviest_stage = -1;     // the stage whose rank the plan's layout, buffers and memory describe (-1: none)
   int64_t tied_copy_per_rank = 0;  // elements of the tied table's copy on the last stage (0: none)
+  // The tied table trains (compile_plan: not frozen by model.freeze or LoRA): its copy's gradient and the table's
+  // weights cross between the first and last stage each step. A frozen table's copy is only read: nothing crosses.
+  bool tied_trains = true;
+  bool tied_exchange() const { return tied_copy_per_rank > 0 && tied_trains; }
 };
 
 // Each tensor of stage `stage`'s share (stage_share's order): the whole model's tensor it is a part of, and whether
@@ -153,16 +162,18 @@ struct StageTensor {
 };
 std::vector<StageTensor> stage_tensors(const ModelSpec& model, const MeshPlan& mesh, int stage);
 
-// A rank's segments (owned_segments of its share's layout, `share`: tensor rank `tensor_rank` of stage `stage`)
-// as segments of the whole model's flat order (its tensors concatenated, as one rank lays them out): the same
-// local places, the elements they hold found in the whole tensors through stage_tensors and tensor_slice_of,
-// a run broken wherever the whole's elements stop being consecutive (each row of a tensor split by columns);
-// the padding's rows left out. `writing`: only what this rank writes to a checkpoint, so that every element
-// is written once: the tensors every tensor rank holds whole come from tensor rank 0, the tied table from the
-// first stage. A checkpoint written with these is the whole model's: any mesh, or one rank, resumes it, and
-// convert-ckpt reads it as it reads any other.
-std::vector<OwnedSegment> whole_segments(const ModelSpec& whole, const MeshPlan& mesh, int stage, int tensor_rank, const FlatLayout& share,
-                                         const std::vector<OwnedSegment>& owned, bool writing);
+// A rank's segments (owned_segments of its share's layout, `share`: tensor rank `tensor_rank` of a group of `tensor`)
+// as segments of the whole run's flat order (the trained tensors `whole` concatenated, as one rank lays them out:
+// the model's, those model.freeze leaves, or LoRA's adapters): the same local places, the elements they hold found
+// through `sources` (per parameter of `share`, the tensor of `whole` it is a part of: StageShare::trained) and
+// tensor_slice_of (`model` the whole model, whose hyperparameters say how tensors split), a run broken wherever
+// the whole's elements stop being consecutive (each row of a tensor split by columns); the padding's rows left
+// out. `writing`: only what this rank writes to a checkpoint, so that every element is written once: the tensors
+// every tensor rank holds whole come from tensor rank 0, the tied table from the first stage. A checkpoint
+// written with these is the whole run's: any mesh, or one rank, resumes it, and convert-ckpt reads it as it
+// reads any other.
+std::vector<OwnedSegment> whole_segments(const ModelSpec& model, const ModelSpec& whole, const std::vector<StageTensor>& sources, int tensor,
+                                         int tensor_rank, const FlatLayout& share, const std::vector<OwnedSegment>& owned, bool writing);
 
 // What the config asks of the mesh, read from its tensor_parallel and pipeline blocks.
 struct MeshRequest {
@@ -201,12 +212,14 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage);
 // and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
 void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
-// Each stage's MeshTraffic at this micro batch and sequence length: `summed_bytes` per activation element an
+// Each stage's MeshTraffic at this micro batch and sequence length, `frozen` and `lora` the plan's (`frozen` per
+// tensor of the model, empty: every one trains; LoRA's adapters add their all-reduces, tensor_split_of): `summed_bytes` per activation element an
 // all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the pipeline sends
 // as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient) sent as it is;
 // `per_tensor_norms`: the optimizer takes each tensor's norms (Lamb), summed over a tensor group once per step.
-void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes,
-                        int grad_bytes, int weight_bytes, bool checkpointing, bool per_tensor_norms);
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t micro_batch,
+                        int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes, int weight_bytes, bool checkpointing,
+                        bool per_tensor_norms);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

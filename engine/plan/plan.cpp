@@ -289,18 +289,6 @@ int64_t Plan::frozen_numel() const {
   return n;
 }
 
-std::vector<int> Plan::trained_model_tensors() const {
-  std::vector<int> out;
-  if (lora.enabled) return std::vector<int>(lora.adapters.tensors.size(), -1);
-  if (mesh.shape.splits_the_model() && !mesh.stages.empty() && frozen.empty()) {
-    for (const StageTensor& t : stage_tensors(model, mesh, own_stage(*this))) out.push_back(t.whole);
-    return out;
-  }
-  for (size_t i = 0; i < model.tensors.size(); ++i)
-    if (!is_frozen(i)) out.push_back(static_cast<int>(i));
-  return out;
-}
-
 double Plan::host_bytes_per_node() const {
   const bool device_is_host = topology.device_traits().memory_is_host;
   const auto of = [&](const MemoryEstimate& m) { return m.host.total() + (device_is_host ? m.device.total() : 0.0); };
@@ -692,6 +680,23 @@ void add_collectives_per_parameter(const Topology& topo, int stage, Plan& plan) 
 }
 
 // The batch's "world": the data-parallel ranks, and where their number comes from.
+// A pipeline stage whose every tensor is frozen: its backward would pass gradients through and step nothing.
+// Not run yet: said before anything starts, naming the stage's blocks.
+void refuse_stages_training_nothing(const Config& c, const Plan& plan) {
+  if (plan.mesh.shape.pipeline <= 1 || (plan.frozen.empty() && !plan.lora.enabled)) return;
+  std::vector<ConfigIssue> errors;
+  for (size_t s = 0; s < plan.mesh.stages.size(); ++s) {
+    if (!share_of(plan, static_cast<int>(s)).trained.empty()) continue;
+    const PipelineStage& st = plan.mesh.stages[s];
+    errors.push_back({plan.lora.enabled ? "model.lora.target_modules" : "model.freeze",
+                      "pipeline stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
+                          std::to_string(st.first_block + st.blocks - 1) + ") trains nothing: every tensor it holds is frozen",
+                      "a stage that only passes gradients through does not run yet: freeze fewer of its tensors, or use fewer "
+                      "pipeline.stages"});
+  }
+  if (!errors.empty()) throw ConfigError(c.source, errors);
+}
+
 BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape& mesh) {
   BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, mesh.data, topo.world_size_source};
   if (mesh.splits_the_model()) {
@@ -728,6 +733,8 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                         static_cast<int>(c.gradient_accumulation_steps.value_or(1)), errors);
   // A mesh the world or the model cannot take: the batch and memory below would count its ranks wrongly.
   if (errors.size() > before_mesh) throw ConfigError(c.source, errors);
+  for (size_t i = 0; i < model.tensors.size(); ++i)
+    if (is_token_table(model.tensors[i])) plan.mesh.tied_trains = !plan.is_frozen(i);
   const MemoryChoice memory{plan, topo, device_budget_of(topo)};
   const int stage = choose_stage(c, memory, plan, errors);
   resolve_reduction(c.zero, stage, topo, plan);
@@ -743,9 +750,11 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   lay_out(plan, stage);
   if (plan.mesh.partition == StagePartition::memory) cut_stages_by_memory(plan, stage);
   lay_out_mesh(plan, stage);
+  refuse_stages_training_nothing(c, plan);
+  plan.own = share_of(plan, own_stage(plan));
   // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
   const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };
-  count_mesh_traffic(plan.mesh, model, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
+  count_mesh_traffic(plan.mesh, model, plan.frozen, plan.lora, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
                      plan.activation_checkpointing, plan.optimizer.per_tensor_update());
   note_mesh(plan);
@@ -768,7 +777,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
 }
 
 FlatLayout Plan::checkpoint_layout() const {
-  return mesh.shape.splits_the_model() ? build_layout(model, layout.stage, mesh.shape.data) : layout;
+  return mesh.shape.splits_the_model() ? build_layout(trained(), layout.stage, mesh.shape.data) : layout;
 }
 
 Plan compile_plan_without_model(const Config& c, const Topology& topo) {

@@ -129,6 +129,24 @@ struct KeptFromCheckpoint {
   std::string refusal, refusal_hint;
 };
 
+// What one rank holds and trains, as a model of its own. For a model split over ranks: its stage's share
+// (stage_share, each tensor the whole model's `tensors[i]`), which of those are frozen (a tied head's copy with the
+// token table), those that train, and LoRA's adapters on its blocks (`lora.adapted` numbering `model`'s tensors).
+// Unsplit: the whole plan's own. `trained` maps each parameter of the rank's layout to the whole run's trained
+// tensor it is (a part of): Plan::trained()'s index, a tied copy marked; `trained_model` to the whole model's
+// tensor (-1: an adapter).
+struct StageShare {
+  ModelSpec model;
+  std::vector<StageTensor> tensors;
+  std::vector<uint8_t> frozen;  // per tensor of `model`; empty: every one trains
+  ModelSpec unfrozen;
+  LoraPlan lora;
+  std::vector<StageTensor> trained;
+  std::vector<int> trained_model;
+  const ModelSpec& trained_spec() const { return lora.enabled ? lora.adapters : frozen.empty() ? model : unfrozen; }
+  bool is_frozen(size_t tensor) const { return !frozen.empty() && frozen[tensor] != 0; }
+};
+
 struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string config_source;
@@ -167,6 +185,9 @@ struct Plan {
   std::vector<ResolvedValue> resolved;
   std::vector<ConfigIssue> warnings;  // the loader's plus the compiler's
   KeptFromCheckpoint kept;            // a resumed run's (compile_plan's `resumed`)
+  // What this plan's rank (topology.rank) holds and trains: the runtime binds, draws, loads and checkpoints
+  // through it. compile_plan fills it for the rank's own stage.
+  StageShare own;
 
   // Per rank on the device, and per node in host RAM (a CPU-only run's device memory is host RAM).
   int zero_stage() const { return layout.stage; }
@@ -176,8 +197,8 @@ struct Plan {
   // Elements of the model held frozen (the frozen_params buffer).
   int64_t frozen_numel() const;
   // Per parameter of the layout, the tensor of the model it is (-1: a LoRA adapter's; a split model's rank: the
-  // whole tensor its share is of, the tied head's copy the token table's).
-  std::vector<int> trained_model_tensors() const;
+  // whole tensor its share is of, the tied head's copy the token table's): own.trained_model.
+  const std::vector<int>& trained_model_tensors() const { return own.trained_model; }
   // The layout a checkpoint of this plan holds and records: the rank's own, or for a model split over ranks the
   // whole model's laid out for its data ranks (each rank writes the whole tensors' elements it holds, so one rank
   // or any mesh resumes it).
@@ -209,6 +230,8 @@ std::vector<double> stage_device_bytes(const Plan& plan, const std::vector<int>&
 
 // The pipeline stage the plan's rank (topology.rank) runs: 0 without stages.
 int own_stage(const Plan& plan);
+// What a rank of stage `stage` holds and trains (Plan::own's record); the whole plan's own without stages.
+StageShare share_of(const Plan& plan, int stage);
 // What the plan's rank trains: a plan whose mesh cuts the model into pipeline stages describes a rank of its
 // heaviest stage (the fit is judged there); this copy's layout, ZeRO execution and memory are those of the
 // rank's own stage. The plan as it is without stages.

@@ -10,10 +10,71 @@
 
 namespace ds {
 
+StageShare share_of(const Plan& plan, int stage) {
+  StageShare own;
+  const bool split = plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty();
+  own.model = split ? stage_share(plan.model, plan.mesh, stage) : plan.model;
+  own.tensors = stage_tensors(plan.model, plan.mesh, split ? stage : 0);  // (the model's own order without stages)
+  const int first_block = split ? plan.mesh.stages[static_cast<size_t>(stage)].first_block : 0;
+  if (!plan.frozen.empty())
+    for (const StageTensor& t : own.tensors) own.frozen.push_back(plan.frozen[static_cast<size_t>(t.whole)]);
+  if (plan.lora.enabled) {
+    // The adapters of the share's tensors, in the whole adapter's order (A then B, a projection's pair together).
+    std::vector<int> local(plan.model.tensors.size(), -1);
+    for (size_t i = 0; i < own.tensors.size(); ++i)
+      if (!own.tensors[i].tied_copy) local[static_cast<size_t>(own.tensors[i].whole)] = static_cast<int>(i);
+    LoraPlan& l = own.lora;
+    l = plan.lora;
+    l.adapters.tensors.clear();
+    l.adapted.clear();
+    l.adapters.hp = own.model.hp;
+    l.adapters.num_params = l.adapters.largest_module_params = l.adapters.largest_block_params = 0;
+    std::map<int, int64_t> per_block;
+    for (size_t a = 0; a + 1 < plan.lora.adapters.tensors.size(); a += 2) {
+      const int at = local[static_cast<size_t>(plan.lora.adapted[a])];
+      if (at < 0) continue;
+      int64_t module = 0;
+      for (size_t k = a; k < a + 2; ++k) {
+        TensorSpec t = plan.lora.adapters.tensors[k];
+        t.shape = tensor_shape_per_rank(plan.model, t, plan.mesh.shape.tensor);  // (split with its base over tensor ranks)
+        t.numel = tensor_numel_per_rank(plan.model, t, plan.mesh.shape.tensor);
+        t.layer -= first_block;
+        module += t.numel;
+        per_block[t.layer] += t.numel;
+        l.adapters.tensors.push_back(std::move(t));
+        l.adapted.push_back(at);
+        own.trained.push_back({static_cast<int>(k), false});
+        own.trained_model.push_back(-1);
+      }
+      l.adapters.num_params += module;
+      l.adapters.largest_module_params = std::max(l.adapters.largest_module_params, module);
+    }
+    for (const auto& [layer, n] : per_block) l.adapters.largest_block_params = std::max(l.adapters.largest_block_params, n);
+    return own;
+  }
+  // The whole run's trained tensors: the model's, or under model.freeze those not frozen, in the model's order.
+  std::vector<int> trained_at(plan.model.tensors.size(), -1);
+  for (size_t i = 0, k = 0; i < plan.model.tensors.size(); ++i)
+    if (!plan.is_frozen(i)) trained_at[i] = static_cast<int>(k++);
+  for (size_t i = 0; i < own.tensors.size(); ++i) {
+    if (own.is_frozen(i)) continue;
+    const StageTensor& t = own.tensors[i];
+    own.trained.push_back({trained_at[static_cast<size_t>(t.whole)], t.tied_copy});
+    own.trained_model.push_back(t.whole);
+  }
+  if (!own.frozen.empty()) own.unfrozen = unfrozen_part(own.model, own.frozen);
+  return own;
+}
+
 Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
   const MeshPlan& mesh = plan.mesh;
   Plan rank = plan;
-  rank.model = stage_share(plan.model, mesh, static_cast<int>(s));
+  rank.own = share_of(plan, static_cast<int>(s));
+  // The rank's share as the model it trains: its tensors, those frozen, LoRA's adapters on its blocks.
+  rank.model = rank.own.model;
+  rank.frozen = rank.own.frozen;
+  rank.unfrozen = rank.own.unfrozen;
+  rank.lora = rank.own.lora;
   rank.topology.world_size = mesh.shape.data;
   rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
   lay_out(rank, zero_stage, mesh.stages[s].in_flight);
@@ -46,11 +107,6 @@ void cut_stages_by_memory(Plan& plan, int zero_stage) {
   MeshPlan& mesh = plan.mesh;
   const int p = mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
   if (p <= 1 || L < p) return;
-  if (plan.lora.enabled || !plan.frozen.empty()) {
-    plan.warnings.push_back({"pipeline.partition", "memory: with LoRA or frozen tensors the stages' memory is not planned yet",
-                             "the blocks are cut by parameters instead"});
-    return;
-  }
   const int most = L - p + 1;  // the others keep a block each
   std::map<std::pair<int, int>, double> known;
   const auto bytes = [&](int s, int n) {
@@ -101,12 +157,12 @@ void agree_over_the_world(Plan& plan) {
 }
 
 // A model split over ranks: each stage's rank laid out and executed over its data group by the same model as
-// the whole plan (its share of the model as a model of its own), its activations those of the micro-batches
-// it holds at once. The plan's layout, buffers and memory become those of the heaviest stage's rank, which
-// the fit check and the device budget judge. Not with LoRA or frozen tensors yet (the whole model's stay).
+// the whole plan (its share of the model as a model of its own: its frozen tensors, LoRA's adapters on its
+// blocks), its activations those of the micro-batches it holds at once. The plan's layout, buffers and memory
+// become those of the heaviest stage's rank, which the fit check and the device budget judge.
 void lay_out_mesh(Plan& plan, int stage) {
   MeshPlan& mesh = plan.mesh;
-  if (!mesh.shape.splits_the_model() || plan.lora.enabled || !plan.frozen.empty()) return;
+  if (!mesh.shape.splits_the_model()) return;
   double heaviest = -1;
   Plan at_heaviest;
   for (size_t s = 0; s < mesh.stages.size(); ++s) {
@@ -159,12 +215,6 @@ void note_mesh(Plan& plan) {
     plan.warnings.push_back({"", "the model is split over ranks (" + split + "): its stages, their parameters and memory per rank need "
                                      "the model (model.preset=NAME or a model block)",
                              "give the model: ds train splits it over tensor ranks and pipeline stages"});
-  else if (m.heaviest_stage < 0)
-    plan.warnings.push_back({"", "the model is split over ranks (" + split + "): with " +
-                                     std::string(plan.lora.enabled ? "LoRA" : "frozen tensors") +
-                                     " ds plans the mesh's groups, stages and parameters per rank but not yet its memory: the memory, "
-                                     "buffers and collectives below are data parallelism's, each rank with the whole model",
-                             "ds train refuses a split model with LoRA or frozen tensors yet"});
   // (otherwise ds plan's mesh table says what a rank of each stage holds and sends, and which stage the memory below is)
   // Fewer micro-batches than stages: most of each step, most stages wait. 4 (p - 1) keeps the bubble at 20%.
   const int p = m.shape.pipeline;
@@ -194,6 +244,7 @@ Plan with_own_stage(const Plan& plan) {
   const int s = own_stage(plan);
   if (plan.mesh.shape.pipeline == 1 || s == plan.mesh.heaviest_stage || plan.mesh.heaviest_stage < 0) return own;
   const Plan rank = stage_rank_plan(plan, static_cast<size_t>(s), plan.zero_stage());
+  own.own = rank.own;
   own.layout = rank.layout;
   own.execution = rank.execution;
   own.memory = rank.memory;

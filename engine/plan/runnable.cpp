@@ -1,6 +1,9 @@
 #include "engine/plan/runnable.hpp"
 
+#include <algorithm>
+
 #include "common/error.hpp"
+#include "common/strings.hpp"
 #include "engine/plan/device_traits.hpp"
 
 namespace ds {
@@ -34,7 +37,16 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                                         ", pipeline.stages " + std::to_string(mesh.pipeline) + ") with "
                               : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
                                                 : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
-    if (plan.lora.enabled || !plan.frozen.empty()) why.push_back(split + "model.lora or model.freeze");
+    // (model.freeze and LoRA split with the model; LoRA dropout's mask on a rank's input columns would not be the
+    // whole input's)
+    if (mesh.tensor > 1 && plan.lora.enabled && plan.lora.dropout > 0) {
+      std::vector<std::string> rows;
+      for (const std::string& m : plan.lora.target_modules)
+        if (std::find(plan.model.hp.traits().row_parallel.begin(), plan.model.hp.traits().row_parallel.end(), m) !=
+            plan.model.hp.traits().row_parallel.end())
+          rows.push_back(m);
+      if (!rows.empty()) why.push_back(split + "model.lora.dropout > 0 on " + join(rows, ", ") + " (row-parallel: each rank holds part of its input)");
+    }
     if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
     // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }

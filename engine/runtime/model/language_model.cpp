@@ -121,7 +121,9 @@ torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, boo
   // The adapters' masks come from streams of their own, past every block's dropout sites.
   constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
   const torch::Tensor dropped = dropout_from(x, lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index));
-  const torch::Tensor low = projection(dropped, l.lora_a, {}, false);  // (..., r)
+  // Split over a tensor group (a column-parallel projection: B holds the rank's outputs), A is whole on every rank
+  // and each rank's gradient of it a part: summed over the group, as the input's is.
+  const torch::Tensor low = projection(dropped, column_input(l.lora_a), {}, false);  // (..., r)
   return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
 }
 
@@ -132,7 +134,13 @@ torch::Tensor LanguageModel::column_input(const torch::Tensor& x) const {
 torch::Tensor LanguageModel::row_linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
   if (!tensor_.split()) return linear(x, l, in_out);
   const torch::Tensor summed = leave_tensor_group(projection(x, l.weight, {}, in_out), *tensor_.comm);
-  return l.bias.defined() ? summed + l.bias : summed;
+  const torch::Tensor y = l.bias.defined() ? summed + l.bias : summed;
+  if (!l.lora_a.defined()) return y;
+  // LoRA: A holds the rank's input columns, so x A^T is summed over the group (r values a token) before the
+  // whole B. (No dropout here: the plan refuses it, a rank's mask would not be the whole input's.)
+  DS_CHECK(lora_dropout_ <= 0 || !training_, "LoRA dropout on a row-parallel projection split over tensor ranks");
+  const torch::Tensor low = leave_tensor_group(projection(x, l.lora_a, {}, false), *tensor_.comm);
+  return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
 }
 
 torch::Tensor LanguageModel::token_embedding(const torch::Tensor& table, const torch::Tensor& ids) const {
@@ -349,24 +357,27 @@ BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_st
 
 ModelWeights::ModelWeights(const Plan& plan, const FlatParams& p)
     : plan_(plan), trained_(p.views, p.names), frozen_(p.frozen_views, p.frozen_names) {
-  if (!plan.lora.enabled) return;
-  DS_CHECK(p.frozen_views.size() == plan.model.tensors.size() && p.views.size() == plan.lora.adapted.size(),
+  const StageShare& own = plan.own;  // the rank's tensors, in the order its model binds them
+  if (!own.lora.enabled) return;
+  DS_CHECK(p.frozen_views.size() == own.model.tensors.size() && p.views.size() == own.lora.adapted.size(),
            "the frozen base or the adapters are not the plan's");
   for (size_t i = 0; i + 1 < p.views.size(); i += 2)  // A then B, for one projection
-    adapters_.push_back({static_cast<size_t>(plan.lora.adapted[i]), p.views[i], p.views[i + 1]});
+    adapters_.push_back({static_cast<size_t>(own.lora.adapted[i]), p.views[i], p.views[i + 1]});
   trained_ = ParamCursor(p.views, p.names, p.views.size());  // the flat views are the adapters': none is a model tensor
 }
 
 const torch::Tensor& ModelWeights::next(const std::string& suffix) {
-  return plan_.is_frozen(tensor_++) ? frozen_.next(suffix) : trained_.next(suffix);
+  return plan_.own.is_frozen(tensor_++) ? frozen_.next(suffix) : trained_.next(suffix);
 }
 
 Linear ModelWeights::linear(const std::string& weight_suffix, const std::string& bias_suffix) {
   Linear l;
-  l.index = static_cast<int64_t>(tensor_);
+  const size_t held = tensor_;
+  // The whole model's number: LoRA dropout's stream is the tensor's, whichever stage holds it.
+  l.index = static_cast<int64_t>(plan_.own.tensors.at(held).whole);
   l.weight = next(weight_suffix);
   if (!bias_suffix.empty()) l.bias = next(bias_suffix);
-  if (adapter_ < adapters_.size() && adapters_[adapter_].base == static_cast<size_t>(l.index)) {
+  if (adapter_ < adapters_.size() && adapters_[adapter_].base == held) {
     l.lora_a = adapters_[adapter_].a;
     l.lora_b = adapters_[adapter_].b;
     ++adapter_;
@@ -379,7 +390,6 @@ namespace {
 TensorGroup tensor_group_of(const Plan& plan, Communicator* comm) {
   const MeshShape& mesh = plan.mesh.shape;
   if (mesh.tensor == 1) return {};
-  DS_CHECK(!plan.lora.enabled && plan.frozen.empty(), "make_model: tensor parallelism with LoRA or frozen tensors does not run yet");
   DS_CHECK(comm && comm->world_size() == mesh.tensor, "make_model: the plan splits the model over ", mesh.tensor,
            " tensor ranks, but the tensor group has ", comm ? comm->world_size() : 0);
   TensorGroup g;
@@ -442,18 +452,20 @@ InitialWeights::InitialWeights(const Plan& plan, uint64_t seed, bool base, int t
       gen_(at::detail::createCPUGenerator(adapters_ ? splitmix64(seed ^ 0x4c6f5241ull) : seed)),
       tensor_rank_(tensor_rank),
       sharing_(!base && plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
-  if (sharing_) {  // each tensor of the rank's stage, handed out as its tensor rank's share
-    DS_CHECK(!plan.lora.enabled && plan.frozen.empty(), "initial weights: a split model's share with LoRA or frozen tensors is not drawn yet");
-    sources_ = stage_tensors(plan.model, plan.mesh, own_stage(plan));
-    for (const StageTensor& t : sources_)
-      if (t.tied_copy) tied_table_ = t.whole;
-  } else if (!base && !plan.lora.enabled && !plan.frozen.empty()) {  // model.freeze: the trained tensors
-    for (const int t : plan.trained_model_tensors()) sources_.push_back({t, false});
+  // The layout's tensors are some of the whole run's (a split model's share, or model.freeze's trained ones): each
+  // drawn in the whole's order (the model's; the adapter's under LoRA) and kept.
+  const StageShare& own = plan.own;
+  if (!base && (sharing_ || (!plan.lora.enabled && !plan.frozen.empty()))) {
+    for (size_t k = 0; k < own.trained.size(); ++k) {
+      const StageTensor& t = own.trained[k];
+      sources_.push_back({adapters_ ? t.whole : own.trained_model[k], t.tied_copy});
+      if (t.tied_copy) tied_table_ = sources_.back().whole;
+    }
   }
   DS_CHECK(sources_.empty() || sources_.size() == plan.layout.params.size(), "initial weights: the layout has ", plan.layout.params.size(),
            " tensors, the model's for it ", sources_.size());
-  // The whole model's tensors are drawn, in its order, unless the layout is the model's (or the adapter's) own.
-  slots_ = base || !sources_.empty() ? slots_of(plan.model) : plan.layout.params;
+  // The whole model's (or adapter's) tensors are drawn, in its order, unless the layout is the model's (or the adapter's) own.
+  slots_ = base || !sources_.empty() ? slots_of(adapters_ ? plan.lora.adapters : plan.model) : plan.layout.params;
 }
 
 const float* InitialWeights::param(int asked) {
@@ -471,10 +483,11 @@ const float* InitialWeights::param(int asked) {
   }
   DS_CHECK(i >= drawn_ && i < static_cast<int>(slots_.size()), "initial weights asked for parameter ", i, " after ", drawn_);
   draw_through(i);
+  const torch::Tensor& kept = sharing_ ? share_ : values_;
   if (sharing_)
-    DS_CHECK(share_.numel() == plan_.layout.params[static_cast<size_t>(asked)].numel, "initial weights: ", plan_.model.tensors[static_cast<size_t>(i)].name,
-             "'s share has ", share_.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(asked)].numel);
-  return (sharing_ ? share_ : values_).data_ptr<float>();
+    DS_CHECK(kept.numel() == plan_.layout.params[static_cast<size_t>(asked)].numel, "initial weights: ", slots_[static_cast<size_t>(i)].name,
+             "'s share has ", kept.numel(), " elements, the layout ", plan_.layout.params[static_cast<size_t>(asked)].numel);
+  return kept.data_ptr<float>();
 }
 
 void InitialWeights::draw_through(int i) {
@@ -484,14 +497,14 @@ void InitialWeights::draw_through(int i) {
     values_ = torch::empty({p.numel}, torch::kFloat32);
     if (adapters_) {
       initialise_adapter(plan_.lora, p, values_, gen_);
-      continue;
+    } else {
+      switch (plan_.model.hp.traits().positions) {
+        case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
+        case Positions::rotary: LlamaModel::initialise(plan_.model.hp, p, values_, gen_); break;
+      }
     }
-    switch (plan_.model.hp.traits().positions) {
-      case Positions::learned: Gpt2Model::initialise(plan_.model.hp, p, values_, gen_); break;
-      case Positions::rotary: LlamaModel::initialise(plan_.model.hp, p, values_, gen_); break;
-    }
-    if (sharing_) {
-      const TensorSpec& whole = plan_.model.tensors[static_cast<size_t>(drawn_)];
+    if (sharing_) {  // (an adapter's split follows its base's: tensor_split_of)
+      const TensorSpec& whole = (adapters_ ? plan_.lora.adapters : plan_.model).tensors[static_cast<size_t>(drawn_)];
       share_ = take_share(values_.view(whole.shape), tensor_slice_of(plan_.model, whole, plan_.mesh.shape.tensor, tensor_rank_)).view(-1);
       if (drawn_ == tied_table_) tied_ = share_;
     }

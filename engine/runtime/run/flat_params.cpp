@@ -104,7 +104,7 @@ void make_views(FlatParams& f, const FlatLayout& L, const ZeroExecution& z) {
   }
 }
 
-// The frozen tensors (LoRA's base, model.freeze), in state_dict order, never with a gradient: kept whole, or
+// The rank's frozen tensors (LoRA's base, model.freeze), in state_dict order, never with a gradient: kept whole, or
 // in their block's gathered buffer.
 void take_frozen(FlatParams& f, const Plan& plan, Arenas& arenas) {
   f.frozen = arenas.take(BufferRole::frozen_params);
@@ -115,9 +115,10 @@ void take_frozen(FlatParams& f, const Plan& plan, Arenas& arenas) {
     f.frozen_block_params[i] = arenas.take(BufferRole::frozen_block_params, i);
     f.frozen_staging[i] = arenas.take(BufferRole::frozen_staging, i);
   }
-  for (size_t i = 0; i < plan.model.tensors.size(); ++i) {
-    if (!plan.is_frozen(i)) continue;
-    const TensorSpec& t = plan.model.tensors[i];
+  const StageShare& own = plan.own;  // the rank's tensors (a pipeline stage's share)
+  for (size_t i = 0; i < own.model.tensors.size(); ++i) {
+    if (!own.is_frozen(i)) continue;
+    const TensorSpec& t = own.model.tensors[i];
     const int slot = z.frozen_slot[i];
     const torch::Tensor weight =
         slot < 0 ? f.frozen.narrow(0, z.frozen_offset[i], t.numel)

@@ -20,7 +20,7 @@ MeshGroups::MeshGroups(const Plan& plan, Communicator* world_comm) : world(world
   data_comm = data.get();
   const MeshShape& shape = plan.mesh.shape;
   const MeshCoord at = mesh_coord(shape, world->rank());
-  if (shape.pipeline > 1 && plan.mesh.tied_copy_per_rank > 0 && (at.pipeline == 0 || at.pipeline == shape.pipeline - 1)) {
+  if (shape.pipeline > 1 && plan.mesh.tied_exchange() && (at.pipeline == 0 || at.pipeline == shape.pipeline - 1)) {
     const std::vector<int> ends{mesh_rank(shape, {at.data, at.tensor, 0}), mesh_rank(shape, {at.data, at.tensor, shape.pipeline - 1})};
     tied = world->split("tied-" + std::to_string(ends.front()), ends);
   }

@@ -173,8 +173,11 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       param_swap_(param_swap) {
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
-    for (const StageTensor& t : stage_tensors(plan.model, plan.mesh, own_stage(plan))) {
-      const bool whole_on_each = plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, plan.model.tensors[static_cast<size_t>(t.whole)]) == TensorSplit::whole;
+    // Per parameter of the rank's layout (its stage's trained tensors, or adapters).
+    for (const StageTensor& t : plan.own.trained) {
+      // (the whole run's trained tensor: the model's, or an adapter's A or B, which split with their base)
+      const TensorSpec& whole = plan.trained().tensors[static_cast<size_t>(t.whole)];
+      const bool whole_on_each = plan.mesh.shape.tensor > 1 && tensor_split_of(plan.model, whole) == TensorSplit::whole;
       counted_params_.push_back(!t.tied_copy && (!whole_on_each || tensor_rank == 0) ? 1 : 0);
       held_whole_elsewhere_.push_back(whole_on_each && tensor_rank != 0 ? 1 : 0);
     }
@@ -238,9 +241,9 @@ void OptimizerStep::set_pipeline(PipelineStageRunner* stage, Communicator* tied)
   tied_ = tied;
   if (!tied) return;
   // The token table on the first stage, its copy on the last: the one this stage holds.
-  const std::vector<int> tensors = plan_.trained_model_tensors();
+  const std::vector<int>& tensors = plan_.trained_model_tensors();
   for (size_t i = 0; i < tensors.size(); ++i)
-    if (is_token_table(plan_.model.tensors[static_cast<size_t>(tensors[i])])) tied_param_ = static_cast<int>(i);
+    if (tensors[i] >= 0 && is_token_table(plan_.model.tensors[static_cast<size_t>(tensors[i])])) tied_param_ = static_cast<int>(i);
   DS_CHECK(tied_param_ >= 0 && plan_.zero_stage() <= 1, "the tied table's gradient: not on this stage, or partitioned");
 }
 

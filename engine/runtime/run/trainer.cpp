@@ -312,12 +312,16 @@ void TrainingRun::describe_states() {
     // is the whole model's (any mesh or one rank resumes it, convert-ckpt reads it). Each rank loads every
     // element it holds (each span its own); what several ranks hold (tensors every tensor rank holds whole, the
     // tied table) is written by one alone.
-    const int r = groups_.tensor ? groups_.tensor->rank() : 0, stage = own_stage(plan_);
-    buffers_.model_numel = plan_.model.num_params;
-    buffers_.segments = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/true);
-    const std::vector<OwnedSegment> held = whole_segments(plan_.model, plan_.mesh, stage, r, plan_.layout, flat_.owned, /*writing=*/false);
+    const int r = groups_.tensor ? groups_.tensor->rank() : 0;
+    const ModelSpec& whole = plan_.trained();  // the whole run's trained tensors (the model's, those not frozen, the adapter's)
+    const auto mapped = [&](bool writing) {
+      return whole_segments(plan_.model, whole, plan_.own.trained, plan_.mesh.shape.tensor, r, plan_.layout, flat_.owned, writing);
+    };
+    buffers_.model_numel = whole.num_params;
+    buffers_.segments = mapped(/*writing=*/true);
+    const std::vector<OwnedSegment> held = mapped(/*writing=*/false);
     for (size_t i = 0; i < spans.size(); ++i) {
-      spans_[i].model_numel = plan_.model.num_params;
+      spans_[i].model_numel = whole.num_params;
       spans_[i].segments = segments_within(held, spans[i].begin, spans[i].end);
     }
   }
@@ -381,8 +385,15 @@ void TrainingRun::load_base() {
     drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
   }
   // One tensor at a time: read (or drawn) in fp32, summed into the checksum whole, rounded to the compute
-  // dtype on the host and copied to the device: whole, or this rank's partition where stage 3 gathers it.
+  // dtype on the host and copied to the device: whole, or this rank's partition where stage 3 gathers it. A rank
+  // of a split model reads the whole base for its checksum (the same at any mesh, so a resume or an adapter export
+  // checks it) and keeps its own tensors (a tied head's copy too), each its tensor rank's share.
   const ZeroExecution& z = plan_.execution;
+  const StageShare& own = plan_.own;
+  std::vector<std::vector<size_t>> held(model.tensors.size());  // per tensor of the model: where the rank holds it
+  const int tensor_ranks = groups_.tensor ? groups_.tensor->world_size() : 1, tensor_rank = groups_.tensor ? groups_.tensor->rank() : 0;
+  for (size_t j = 0; j < own.tensors.size(); ++j)
+    if (own.is_frozen(j)) held[static_cast<size_t>(own.tensors[j].whole)].push_back(j);
   uint64_t checksum = kWeightsChecksumSeed;
   std::vector<float> values;
   for (size_t i = 0; i < model.tensors.size(); ++i) {
@@ -398,22 +409,33 @@ void TrainingRun::load_base() {
       v = drawn->param(static_cast<int>(i));
     }
     checksum = fold_weights_checksum(checksum, v, n);
-    torch::Tensor dest;
-    Place dest_place = Place::device;
-    int64_t from = 0, count = n;
-    if (const int slot = z.frozen_slot[i]; slot >= 0) {
-      const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
-      const ShardRange own = stage3_owned(p, rank_);
-      from = own.begin;
-      count = own.real;
-      dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
-      dest_place = z.find_anywhere(BufferRole::frozen_partitions)->place;
-    } else {
-      dest = flat_.frozen.narrow(0, z.frozen_offset[i], n);
+    if (held[i].empty()) continue;
+    torch::Tensor share;  // a tensor rank's share (its vocabulary rows padded), else the whole
+    if (tensor_ranks > 1) {
+      const TensorSpec& t = model.tensors[i];
+      share = take_share(torch::from_blob(const_cast<float*>(v), t.shape, torch::kFloat32), tensor_slice_of(model, t, tensor_ranks, tensor_rank))
+                  .view(-1);
+      v = share.data_ptr<float>();
     }
-    if (count == 0) continue;
-    const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(dest.scalar_type());
-    device_.copy(dest, dest_place, host, Place::host);
+    for (const size_t j : held[i]) {
+      const int64_t n_held = own.model.tensors[j].numel;
+      torch::Tensor dest;
+      Place dest_place = Place::device;
+      int64_t from = 0, count = n_held;
+      if (const int slot = z.frozen_slot[j]; slot >= 0) {
+        const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
+        const ShardRange mine = stage3_owned(p, rank_);
+        from = mine.begin;
+        count = mine.real;
+        dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
+        dest_place = z.find_anywhere(BufferRole::frozen_partitions)->place;
+      } else {
+        dest = flat_.frozen.narrow(0, z.frozen_offset[j], n_held);
+      }
+      if (count == 0) continue;
+      const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(dest.scalar_type());
+      device_.copy(dest, dest_place, host, Place::host);
+    }
   }
   if (!adapter_base_checksum.empty() && adapter_base_checksum != hex64(checksum))
     throw UserError("the adapter '" + adapter_path + "' was trained on another base: its ds_base.json records checksum " +
@@ -460,9 +482,18 @@ void TrainingRun::draw_weights() {
   if (from_adapter) {  // a PEFT adapter's A and B, continued
     check_peft_adapter(*source, plan_.lora);
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
-    for (const ParamSlot& p : plan_.layout.params) {
+    for (size_t k = 0; k < plan_.layout.params.size(); ++k) {
+      const ParamSlot& p = plan_.layout.params[k];
       float* at = whole.data_ptr<float>() + p.offset;
-      source->read_f32(p.name, at);
+      if (groups_.tensor) {  // the whole adapter tensor read, this tensor rank's share kept
+        const TensorSpec& t = plan_.lora.adapters.tensors[static_cast<size_t>(plan_.own.trained[k].whole)];
+        torch::Tensor all = torch::empty({t.numel}, torch::kFloat32);
+        source->read_f32(p.name, all.data_ptr<float>());
+        whole.narrow(0, p.offset, p.numel)
+            .copy_(take_share(all.view(t.shape), tensor_slice_of(plan_.model, t, groups_.tensor->world_size(), groups_.tensor->rank())).view(-1));
+      } else {
+        source->read_f32(p.name, at);
+      }
       if (!std::all_of(at, at + p.numel, [](float v) { return std::isfinite(v); }))
         throw UserError("the adapter '" + source->path() + "' holds inf or NaN in " + p.name + ": it was saved from a run that diverged",
                         "continue from an earlier save of the adapter, or start the adapter fresh (model.init_from = its base)");
@@ -476,7 +507,7 @@ void TrainingRun::draw_weights() {
     whole = torch::zeros({plan_.layout.numel}, torch::kFloat32);
     // Each parameter of the layout is a tensor of the model (model.freeze leaves some out).
     const std::vector<std::string> names = match_weights(*source, plan_.model);
-    const std::vector<int> tensors = plan_.trained_model_tensors();
+    const std::vector<int>& tensors = plan_.trained_model_tensors();
     for (size_t k = 0; k < tensors.size(); ++k) {
       stop_point("reading the initial weights");
       const ParamSlot& p = plan_.layout.params[k];
