@@ -30,6 +30,7 @@
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/device/device.hpp"
 #include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/run/frozen_base.hpp"
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/run/loss_scaler.hpp"
 #include "engine/runtime/run/mesh_groups.hpp"
@@ -159,7 +160,6 @@ class TrainingRun {
   // LoRA: the frozen base read from model.init_from (or drawn from the seed) into its buffer, and the
   // reference to it that checkpoints carry.
   void load_base();
-  void check_base(const std::string& checkpoint_base) const;
   void draw_weights();
   void resume();
   void stop_point(const char* phase) const {
@@ -368,107 +368,10 @@ CheckpointScalars load_through_host(Device& device, const std::string& dir, cons
 
 void TrainingRun::load_base() {
   if (plan_.frozen.empty()) return;
-  const ModelSpec& model = plan_.model;
-  std::unique_ptr<WeightSource> source;
-  std::vector<std::string> names;
-  std::unique_ptr<InitialWeights> drawn;
-  std::string adapter_base_checksum, adapter_path;  // an adapter ds exported records its base's checksum
-  if (!plan_.run.init_from.empty()) {
-    source = open_weights(plan_.run.init_from);
-    if (source->kind() == WeightsKind::peft_adapter) {  // the adapter continues on the base it names
-      adapter_base_checksum = source->base_checksum;
-      adapter_path = source->path();
-      source = open_adapter_base(*source);
-    }
-    names = match_weights(*source, model);
-  } else {
-    drawn = std::make_unique<InitialWeights>(plan_, plan_.run.seed, true);  // what a full run from this seed starts from
-  }
-  // One tensor at a time: read (or drawn) in fp32, summed into the checksum whole, rounded to the compute
-  // dtype on the host and copied to the device: whole, or this rank's partition where stage 3 gathers it. A rank
-  // of a split model reads the whole base for its checksum (the same at any mesh, so a resume or an adapter export
-  // checks it) and keeps its own tensors (a tied head's copy too), each its tensor rank's share.
-  const ZeroExecution& z = plan_.execution;
-  const StageShare& own = plan_.own;
-  std::vector<std::vector<size_t>> held(model.tensors.size());  // per tensor of the model: where the rank holds it
-  const int tensor_ranks = groups_.tensor ? groups_.tensor->world_size() : 1, tensor_rank = groups_.tensor ? groups_.tensor->rank() : 0;
-  for (size_t j = 0; j < own.tensors.size(); ++j)
-    if (own.is_frozen(j)) held[static_cast<size_t>(own.tensors[j].whole)].push_back(j);
-  uint64_t checksum = kWeightsChecksumSeed;
-  std::vector<float> values;
-  for (size_t i = 0; i < model.tensors.size(); ++i) {
-    if (!plan_.is_frozen(i)) continue;  // model.freeze: what trains is drawn into the layout
-    stop_point(source ? "reading the frozen base" : "drawing the frozen base");
-    const int64_t n = model.tensors[i].numel;
-    const float* v = nullptr;
-    if (source) {
-      values.resize(static_cast<size_t>(n));
-      source->read_f32(names[i], values.data());
-      v = values.data();
-    } else {
-      v = drawn->param(static_cast<int>(i));
-    }
-    checksum = fold_weights_checksum(checksum, v, n);
-    if (held[i].empty()) continue;
-    torch::Tensor share;  // a tensor rank's share (its vocabulary rows padded), else the whole
-    if (tensor_ranks > 1) {
-      const TensorSpec& t = model.tensors[i];
-      share = take_share(torch::from_blob(const_cast<float*>(v), t.shape, torch::kFloat32), tensor_slice_of(model, t, tensor_ranks, tensor_rank))
-                  .view(-1);
-      v = share.data_ptr<float>();
-    }
-    for (const size_t j : held[i]) {
-      const int64_t n_held = own.model.tensors[j].numel;
-      torch::Tensor dest;
-      Place dest_place = Place::device;
-      int64_t from = 0, count = n_held;
-      if (const int slot = z.frozen_slot[j]; slot >= 0) {
-        const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(slot)];
-        const ShardRange mine = stage3_owned(p, rank_);
-        from = mine.begin;
-        count = mine.real;
-        dest = flat_.frozen_partitions.narrow(0, p.partition_offset, count);
-        dest_place = z.find_anywhere(BufferRole::frozen_partitions)->place;
-      } else {
-        dest = flat_.frozen.narrow(0, z.frozen_offset[j], n_held);
-      }
-      if (count == 0) continue;
-      const torch::Tensor host = torch::from_blob(const_cast<float*>(v) + from, {count}, torch::kFloat32).to(dest.scalar_type());
-      device_.copy(dest, dest_place, host, Place::host);
-    }
-  }
-  if (!adapter_base_checksum.empty() && adapter_base_checksum != hex64(checksum))
-    throw UserError("the adapter '" + adapter_path + "' was trained on another base: its ds_base.json records checksum " +
-                        adapter_base_checksum + ", and '" + source->path() + "' has " + hex64(checksum),
-                    "point base_model_name_or_path in its adapter_config.json at the base it was trained on");
-  nlohmann::ordered_json j;
-  j["source"] = source ? std::string(weights_kind_name(source->kind())) + " " + source->path()
-                       : "random init from seed " + std::to_string(plan_.run.seed);
-  // Recorded absolute: an export of the adapter names its base wherever it is used from.
-  j["path"] = source ? nlohmann::ordered_json(std::filesystem::absolute(source->path()).lexically_normal().string())
-                     : nlohmann::ordered_json(nullptr);
-  j["params"] = plan_.frozen_numel();
-  j["checksum"] = hex64(checksum);
-  base_json_ = j.dump();
-  if (source)
-    report_->log().note(std::string("ds train: frozen ") + (plan_.lora.enabled ? "base" : "tensors") + " from " +
-                        weights_kind_name(source->kind()) + " " + source->path() + " (" + format_count(plan_.frozen_numel()) +
-                        " parameters, checksum " + hex64(checksum) + ")");
-}
-
-// A resumed adapter must sit on the base it was trained on.
-void TrainingRun::check_base(const std::string& checkpoint_base) const {
-  if (plan_.frozen.empty()) return;
-  if (checkpoint_base.empty())
-    throw UserError("'" + opt_.resume_from + "' holds a run that trained every weight, not one with frozen weights",
-                    "resume it without model.lora or model.freeze, or start fresh (model.init_from can take that run's weights)");
-  const auto theirs = nlohmann::json::parse(checkpoint_base, nullptr, false);
-  const auto ours = nlohmann::json::parse(base_json_);
-  if (theirs.is_discarded() || theirs.value("checksum", "") != ours["checksum"].get<std::string>())
-    throw UserError("'" + opt_.resume_from + "' trained on other frozen weights: " +
-                        (theirs.is_discarded() ? std::string("(unreadable)") : theirs.value("source", "?") + ", checksum " + theirs.value("checksum", "?")) +
-                        "; this run's base is " + ours["source"].get<std::string>() + ", checksum " + ours["checksum"].get<std::string>(),
-                    "set model.init_from (and train.seed, for a random base) to what the adapter was trained on");
+  const FrozenBase base = load_frozen_base(plan_, flat_, device_, rank_, groups_.tensor ? groups_.tensor->world_size() : 1,
+                                           groups_.tensor ? groups_.tensor->rank() : 0, [this](const char* phase) { stop_point(phase); });
+  base_json_ = base.record;
+  if (!base.note.empty()) report_->log().note(base.note);
 }
 
 // The model is initialised the same way at every stage and world size; each rank keeps its part, drawn
@@ -560,7 +463,7 @@ void TrainingRun::resume() {
             : load_checkpoint(opt_.resume_from, spans_[i]);
     if (i == 0) sc = got;
   }
-  check_base(sc.base_json);
+  check_frozen_base(plan_, opt_.resume_from, sc.base_json, base_json_);
   result_.first_step = sc.step;
   stepper_->set_applied(sc.applied_steps);
   result_.skipped_steps = sc.skipped_steps;
