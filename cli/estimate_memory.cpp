@@ -453,7 +453,9 @@ void print_text(const EstimateMemoryArgs& a, const EstimateInputs& in, const Mem
   if (lora.enabled) {
     o << "  LoRA r " << lora.r << " on " << join(lora.target_modules, ", ") << ": " << format_count(lora.adapters.num_params) << " parameters train ("
       << format_fixed(100.0 * static_cast<double>(lora.adapters.num_params) / static_cast<double>(model.num_params), 3)
-      << "% of the model); the base is frozen in " << dtype << " (params column: whole on every GPU; at stage 3 partitioned, a block gathered as it runs)\n";
+      << "% of the model); the base is frozen in " << dtype << " (params column: "
+      << (base.parallel.tensor > 1 || base.parallel.pipeline > 1 ? "each GPU's share of the split model" : "whole on every GPU")
+      << "; at stage 3 partitioned, a block gathered as it runs)\n";
   }
   o << "  " << dtype << ", micro batch " << *base.train_micro_batch_size_per_gpu
     << (a.params > 0 ? std::string(" (activations need an architecture)") : " x " + std::to_string(*base.data.seq_len) + " tokens")

@@ -211,8 +211,13 @@ std::string frozen_where(const Plan& p) {
   const ZeroExecution& z = p.execution;
   const Dtype compute = p.precision.compute_dtype;
   const double bytes = dtype_bytes(compute);
-  if (z.frozen_layout.params.empty())
-    return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * bytes) + " on every rank";
+  if (z.frozen_layout.params.empty()) {
+    if (!p.mesh.shape.splits_the_model())
+      return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * bytes) + " on every rank";
+    // A split model's rank holds its stage's share (a tensor rank its slices): the plan's rank, the heaviest stage's.
+    return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(z.frozen_whole_numel) * bytes) + " per rank of stage " +
+           std::to_string(std::max(p.mesh.heaviest_stage, 0)) + " (its share of them)";
+  }
   return std::string(dtype_name(compute)) + ", " +
          format_bytes(static_cast<double>(z.frozen_whole_numel + z.frozen_layout.shard_numel) * bytes) + " per rank: the blocks' " +
          format_count(z.frozen_layout.numel) + " partitioned across the ranks and gathered as each block runs, " +

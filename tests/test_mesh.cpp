@@ -412,6 +412,12 @@ TEST(PlanMesh, AMemoryCutMakesTheHeaviestStageTheLeastOfEveryCut) {
   const Plan lora = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", "model.lora={\"r\": 4}"});
   EXPECT_FALSE(std::any_of(lora.warnings.begin(), lora.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
   EXPECT_DOUBLE_EQ(heaviest(lora), least_of_every_cut(lora));
+  // model.freeze makes blocks unlike (a frozen one holds no gradient or state), which the cut assumes they are: cut by
+  // parameters, said.
+  const Plan frozen = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", R"(model.freeze=["transformer.h.0.*"])"});
+  EXPECT_TRUE(std::any_of(frozen.warnings.begin(), frozen.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
+  for (size_t s = 0; s < frozen.mesh.stages.size(); ++s)
+    EXPECT_EQ(frozen.mesh.stages[s].blocks, test::plan_of(cfg, 4, 0, {R"(model.freeze=["transformer.h.0.*"])"}).mesh.stages[s].blocks);
 }
 
 TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) {

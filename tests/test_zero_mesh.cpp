@@ -409,9 +409,15 @@ TEST(Zero, SplitModelsFineTuneWithFrozenTensorsAndLoraAsOneRank) {
                                 scratch_dir() + "/tune_refused");
   EXPECT_EQ(refused.code, 2);
   EXPECT_TRUE(contains(refused.err, "model.lora.dropout > 0 on c_proj (row-parallel")) << refused.err;
-  // A stage whose every tensor is frozen is refused before anything runs, naming it.
-  Result r = cli_test::ds(R"(plan examples/quickstart.json pipeline.stages=2 --nproc-per-node 2 )"
-                          R"('model.freeze=["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.*"]')");
-  EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(contains(r.err, "pipeline stage 0 (blocks 0-0) trains nothing")) << r.err;
+  // A stage whose every tensor is frozen: ds plan shows the plan (its stages) and says so; ds train refuses it before
+  // any rank starts.
+  const std::string all_frozen = R"(examples/quickstart.json pipeline.stages=2 --nproc-per-node 2 )"
+                                 R"('model.freeze=["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.*"]')";
+  Result r = cli_test::ds("plan " + all_frozen);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "pipeline stage 0 (blocks 0-0) training nothing")) << r.out;
+  r = cli_test::ds("train " + all_frozen + " train.output_dir=" + scratch_dir() + "/tune_all_frozen");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "pipeline stage 0 (blocks 0-0) training nothing")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(scratch_dir() + "/tune_all_frozen"));
 }

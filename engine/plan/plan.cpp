@@ -680,23 +680,6 @@ void add_collectives_per_parameter(const Topology& topo, int stage, Plan& plan) 
 }
 
 // The batch's "world": the data-parallel ranks, and where their number comes from.
-// A pipeline stage whose every tensor is frozen: its backward would pass gradients through and step nothing.
-// Not run yet: said before anything starts, naming the stage's blocks.
-void refuse_stages_training_nothing(const Config& c, const Plan& plan) {
-  if (plan.mesh.shape.pipeline <= 1 || (plan.frozen.empty() && !plan.lora.enabled)) return;
-  std::vector<ConfigIssue> errors;
-  for (size_t s = 0; s < plan.mesh.stages.size(); ++s) {
-    if (!share_of(plan, static_cast<int>(s)).trained.empty()) continue;
-    const PipelineStage& st = plan.mesh.stages[s];
-    errors.push_back({plan.lora.enabled ? "model.lora.target_modules" : "model.freeze",
-                      "pipeline stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
-                          std::to_string(st.first_block + st.blocks - 1) + ") trains nothing: every tensor it holds is frozen",
-                      "a stage that only passes gradients through does not run yet: freeze fewer of its tensors, or use fewer "
-                      "pipeline.stages"});
-  }
-  if (!errors.empty()) throw ConfigError(c.source, errors);
-}
-
 BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape& mesh) {
   BatchInputs bi{c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, mesh.data, topo.world_size_source};
   if (mesh.splits_the_model()) {
@@ -750,7 +733,6 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   lay_out(plan, stage);
   if (plan.mesh.partition == StagePartition::memory) cut_stages_by_memory(plan, stage);
   lay_out_mesh(plan, stage);
-  refuse_stages_training_nothing(c, plan);
   plan.own = share_of(plan, own_stage(plan));
   // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
   const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };

@@ -107,6 +107,13 @@ void cut_stages_by_memory(Plan& plan, int zero_stage) {
   MeshPlan& mesh = plan.mesh;
   const int p = mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
   if (p <= 1 || L < p) return;
+  if (!plan.lora.enabled && !plan.frozen.empty()) {
+    plan.warnings.push_back({"pipeline.partition",
+                             "memory: with model.freeze the blocks are not alike (a frozen one holds no gradient or optimizer state), "
+                             "which the memory cut assumes",
+                             "the blocks are cut by parameters instead"});
+    return;
+  }
   const int most = L - p + 1;  // the others keep a block each
   std::map<std::pair<int, int>, double> known;
   const auto bytes = [&](int s, int n) {

@@ -37,6 +37,16 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                                         ", pipeline.stages " + std::to_string(mesh.pipeline) + ") with "
                               : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
                                                 : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
+    // A pipeline stage whose every tensor is frozen would only pass gradients through, stepping nothing.
+    if (mesh.pipeline > 1 && !plan.frozen.empty())
+      for (size_t s = 0; s < plan.mesh.stages.size(); ++s) {
+        if (!share_of(plan, static_cast<int>(s)).trained.empty()) continue;
+        const PipelineStage& st = plan.mesh.stages[s];
+        why.push_back("pipeline stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
+                      std::to_string(st.first_block + st.blocks - 1) +
+                      ") training nothing: every tensor it holds is frozen (freeze fewer, or cut the stages otherwise: pipeline.partition, "
+                      "pipeline.stages)");
+      }
     // (model.freeze and LoRA split with the model; LoRA dropout's mask on a rank's input columns would not be the
     // whole input's)
     if (mesh.tensor > 1 && plan.lora.enabled && plan.lora.dropout > 0) {

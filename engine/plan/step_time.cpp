@@ -230,7 +230,7 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
   // come from the GPU first, a copy that waits for the weights' copies queued before it)
   const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
   const bool overlaps = staging && staging->pinned && (z.state_spans.front().place == Place::host || (g && g->place == Place::host));
-  const int64_t tiles = overlaps ? static_cast<int64_t>(z.weight_tiles.empty() ? z.sub_groups.size() : z.weight_tiles.size()) : 0;
+  const int64_t tiles = overlaps ? static_cast<int64_t>(z.staged_tiles().size()) : 0;
   const auto hiding = [&](const OffloadTime& x) -> double {  // the share of a row that may hide
     if (!x.known) return 0;
     if (pipelined && ((o.pipeline_read && x.what == "optimizer states read") || (o.pipeline_write && x.what == "optimizer states written")))

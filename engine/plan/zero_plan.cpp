@@ -332,7 +332,7 @@ int64_t cut_sub_groups(ZeroBuild& b, const std::vector<StepRun>& runs, int64_t o
 WeightsBack weights_back_of(const ZeroBuild& b, Place states) {
   const Plan& plan = b.plan;
   if (plan.precision.param_dtype != Dtype::bf16 || b.params_on_nvme) return WeightsBack::copied;
-  const Place stepped_at = states == Place::nvme ? Place::host : states;  // swapped in to be stepped
+  const Place stepped_at = memory_of(states);  // (swapped in to be stepped)
   const Place params_at = b.param_offload ? Place::host : Place::device;
   if (stepped_at == params_at || plan.topology.host_writes_device_memory()) return WeightsBack::in_place;
   return stepped_at == Place::host ? WeightsBack::staged : WeightsBack::copied;
@@ -406,7 +406,7 @@ void add_optimizer_states(ZeroBuild& b) {
     const int64_t tile = std::max(std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile), (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
     // (+ a grain: each cut may move back onto its run's grain by less than one)
     if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, plan.optimizer.per_tensor_update() ? offloaded : tile);
-    const std::vector<SubGroup>& tiles = swapped ? z.sub_groups : z.weight_tiles;
+    const std::vector<SubGroup>& tiles = z.staged_tiles();
     int64_t most = 0;
     for (const SubGroup& t : tiles) most = std::max(most, t.numel());
     b.add(BufferRole::weights_staging, pp.param_dtype, most, C::buffers, Place::host, tiles.size() > 1 ? 2 : 1);

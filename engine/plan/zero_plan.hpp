@@ -45,6 +45,10 @@ struct StateSpan {
   int64_t numel() const { return end - begin; }
 };
 
+// The memory states at `place` are stepped in: NVMe's go through host buffers.
+inline Place memory_of(Place place) { return place == Place::nvme ? Place::host : place; }
+inline Place memory_of(const StateSpan& s) { return memory_of(s.place); }
+
 // The memory table's rows.
 enum class MemoryCategory { params, grads, optimizer_states, buffers };
 
@@ -160,6 +164,8 @@ struct ZeroExecution {
   // kMostStagingTile, on the kernels' grain; at most kMostWeightTiles tiles; Lamb's one, the span, each tensor
   // stepped whole). Empty otherwise (an NVMe span's chunks are its sub-groups).
   std::vector<SubGroup> weight_tiles;
+  // The tiles staged weights cross in: a span in memory's weight_tiles, an NVMe span's sub-groups.
+  const std::vector<SubGroup>& staged_tiles() const { return weight_tiles.empty() ? sub_groups : weight_tiles; }
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;

@@ -294,7 +294,9 @@ torch::Tensor hashed_dropout(const torch::Tensor& x, double p, uint64_t key) {
 }
 
 torch::Tensor bound_gradient(const torch::Tensor& param) {
-  if (!param.defined()) return {};
+  // (a weight that passed through an op, as LoRA's A entering a tensor group does, has no buffer of its own: its
+  // gradient flows back through that op)
+  if (!param.defined() || !param.is_leaf()) return {};
   torch::Tensor g = param.grad();
   const bool usable = g.defined() && g.is_contiguous() && g.scalar_type() == param.scalar_type() && g.sizes() == param.sizes();
   return usable ? g : torch::Tensor();

@@ -24,9 +24,6 @@ struct StateChunk {
   torch::Tensor master, exp_avg, exp_avg_sq;  // fp32; undefined where the plan has no such state
 };
 
-// The memory a span's states are stepped in: NVMe's go through host buffers.
-inline Place memory_of(const StateSpan& s) { return s.place == Place::nvme ? Place::host : s.place; }
-
 class OptimizerStates {
  public:
   // `swapper`: the NVMe span's files (null when no span is on NVMe). Both borrowed.
