@@ -133,13 +133,15 @@ TEST(TensorParallelModel, EachFamilySplitOverATensorGroupGivesTheWholeModelsLoss
       {{"model.preset=llama-tiny", "bf16.enabled=true"}},
       // Fine-tuning: frozen tensors held as their shares; LoRA's A and B split with their base (B by a column-parallel
       // projection's outputs, A whole and its gradient summed; A by a row-parallel one's inputs, x A^T summed, B whole),
-      // a packed projection's B by each part; LoRA dropout on column-parallel inputs, which every rank holds whole.
+      // a packed projection's B by each part; LoRA dropout as one rank draws it (a row-parallel input's columns cut
+      // from the whole input's mask).
       {{"model.preset=gpt2-tiny", R"(model.freeze=["transformer.wte.weight", "transformer.h.0.attn.*", "*.ln_2.*"])"}},
       {{"model.preset=gpt2-tiny", R"(model.lora={"r": 4, "target_modules": ["c_attn", "c_proj", "c_fc"]})"}},
       {{"model.preset=phi3-tiny", R"(model.lora={"r": 4, "target_modules": ["all-linear"]})"}, 2, true},
       {{"model.preset=qwen3-tiny", R"(model.lora={"r": 2, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]})"}},
-      {{"model.preset=llama-tiny", "model.vocab_size=251", R"(model.lora={"r": 4, "dropout": 0.2, "target_modules": ["q_proj", "up_proj"]})"},
+      {{"model.preset=llama-tiny", "model.vocab_size=251", R"(model.lora={"r": 4, "dropout": 0.2, "target_modules": ["q_proj", "o_proj", "up_proj", "down_proj"]})"},
        2, false, true},
+      {{"model.preset=gpt2-tiny", R"(model.lora={"r": 4, "dropout": 0.3, "target_modules": ["c_attn", "c_proj", "c_fc"]})"}, 4, false, true},
   };
   for (const Case& c : cases) {
     std::string what;

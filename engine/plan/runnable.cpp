@@ -1,9 +1,6 @@
 #include "engine/plan/runnable.hpp"
 
-#include <algorithm>
-
 #include "common/error.hpp"
-#include "common/strings.hpp"
 #include "engine/plan/device_traits.hpp"
 
 namespace ds {
@@ -47,16 +44,6 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                       ") training nothing: every tensor it holds is frozen (freeze fewer, or cut the stages otherwise: pipeline.partition, "
                       "pipeline.stages)");
       }
-    // (model.freeze and LoRA split with the model; LoRA dropout's mask on a rank's input columns would not be the
-    // whole input's)
-    if (mesh.tensor > 1 && plan.lora.enabled && plan.lora.dropout > 0) {
-      std::vector<std::string> rows;
-      for (const std::string& m : plan.lora.target_modules)
-        if (std::find(plan.model.hp.traits().row_parallel.begin(), plan.model.hp.traits().row_parallel.end(), m) !=
-            plan.model.hp.traits().row_parallel.end())
-          rows.push_back(m);
-      if (!rows.empty()) why.push_back(split + "model.lora.dropout > 0 on " + join(rows, ", ") + " (row-parallel: each rank holds part of its input)");
-    }
     if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
     // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }

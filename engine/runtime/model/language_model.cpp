@@ -103,6 +103,11 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
 
 }  // namespace
 
+namespace {
+// The LoRA adapters' dropout masks come from streams of their own, past every block's dropout sites.
+constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
+}  // namespace
+
 torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
   DS_CHECK(site >= 0 && site < 8, "dropout site ", site, " is outside 0-7");
   return dropout_from(x, p, dropout_stream(layer, site));
@@ -118,8 +123,6 @@ torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint
 torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
   const torch::Tensor y = projection(x, l.weight, l.bias, in_out);
   if (!l.lora_a.defined()) return y;
-  // The adapters' masks come from streams of their own, past every block's dropout sites.
-  constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
   const torch::Tensor dropped = dropout_from(x, lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index));
   // Split over a tensor group (a column-parallel projection: B holds the rank's outputs), A is whole on every rank
   // and each rank's gradient of it a part: summed over the group, as the input's is.
@@ -137,10 +140,23 @@ torch::Tensor LanguageModel::row_linear(const torch::Tensor& x, const Linear& l,
   const torch::Tensor y = l.bias.defined() ? summed + l.bias : summed;
   if (!l.lora_a.defined()) return y;
   // LoRA: A holds the rank's input columns, so x A^T is summed over the group (r values a token) before the
-  // whole B. (No dropout here: the plan refuses it, a rank's mask would not be the whole input's.)
-  DS_CHECK(lora_dropout_ <= 0 || !training_, "LoRA dropout on a row-parallel projection split over tensor ranks");
-  const torch::Tensor low = leave_tensor_group(projection(x, l.lora_a, {}, false), *tensor_.comm);
+  // whole B.
+  const torch::Tensor low = leave_tensor_group(projection(row_dropout(x, l), l.lora_a, {}, false), *tensor_.comm);
   return torch::add(y, projection(low, l.lora_b, {}, false), lora_scale_);
+}
+
+torch::Tensor LanguageModel::row_dropout(const torch::Tensor& x, const Linear& l) const {
+  if (lora_dropout_ <= 0 || !training_) return x;
+  // The mask is a function of each element's index in the whole input, which the rank holds columns of: the whole
+  // input's mask is made (every rank makes the same) and the rank's columns kept. Applied in fp32 and rounded once,
+  // as the dropout kernel does, so the rank drops exactly what one rank would.
+  const int64_t cols = x.size(-1), group = tensor_.comm->world_size();
+  std::vector<int64_t> whole = x.sizes().vec();
+  whole.back() = cols * group;
+  const torch::Tensor kept =
+      dropout_from(torch::ones(whole, x.options().dtype(torch::kFloat32)), lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index))
+          .narrow(-1, cols * tensor_.comm->rank(), cols);
+  return (x.to(torch::kFloat32) * kept).to(x.scalar_type());
 }
 
 torch::Tensor LanguageModel::token_embedding(const torch::Tensor& table, const torch::Tensor& ids) const {

@@ -184,6 +184,8 @@ class LanguageModel {
   // A row-parallel projection (attention's output, the MLP's down): this rank's partial product summed over the
   // group (Megatron's g), then the bias; `linear` itself on one rank.
   torch::Tensor row_linear(const torch::Tensor& x, const Linear& l, bool in_out) const;
+  // LoRA dropout of a row-parallel projection's input columns, as one rank drops the whole input's.
+  torch::Tensor row_dropout(const torch::Tensor& x, const Linear& l) const;
   // A whole tensor each rank applies to its own heads only (Qwen3's per-head q and k norms): under tensor
   // parallelism its gradient is summed over the group in backward, so every rank's copy steps alike.
   torch::Tensor per_head_weight(const torch::Tensor& w) const { return column_input(w); }
