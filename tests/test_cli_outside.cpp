@@ -48,11 +48,17 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 // Running, not a zombie no one has reaped yet (a killed launcher's ranks are reparented).
 bool alive(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z' && line[paren + 2] != 'X';
+  // Any of its threads: a process whose main thread has exited shows as a zombie while its other threads (OpenMP's,
+  // Gloo's) are still tearing down, and they still hold its files (a run directory's lock among them).
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const size_t paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z' && line[paren + 2] != 'X') return true;
+  }
+  return false;
 }
 
 // Starts `ds ARGS` in the background (its output in OUT.out/OUT.err), returning its pid.
