@@ -116,7 +116,10 @@ std::string mesh_text(const MeshShape& m) {
 
 std::string run_text(const Plan& p) {
   return std::to_string(p.steps) + " steps, " + std::to_string(p.threads) + (p.threads == 1 ? " thread" : " threads") +
-         " per rank" + (p.activation_checkpointing ? ", activation checkpointing" : "") +
+         " per rank" +
+         (!p.activation_checkpointing ? ""
+          : p.recompute_group > 1     ? ", activation checkpointing (blocks recomputed " + std::to_string(p.recompute_group) + " at a time)"
+                                      : ", activation checkpointing") +
          (p.run.init_from.empty() ? std::string() : ", weights from " + p.run.init_from);
 }
 
@@ -256,6 +259,14 @@ std::string model_text(const Plan& p) {
   return s;
 }
 
+// The blocks below every trained tensor: no backward there (Plan::backward_from).
+std::string forward_only_text(const Plan& p) {
+  if (p.backward_from <= 0) return "";
+  const int64_t L = p.model.hp.num_layers;
+  return "; " + (p.backward_from >= L ? std::string("every block runs") : p.backward_from == 1 ? "block 0 runs" : "blocks 0-" + std::to_string(p.backward_from - 1) + " run") +
+         " forward only (nothing in or below " + (p.backward_from == 1 ? "it" : "them") + " trains: no backward, no activations kept)";
+}
+
 std::string lora_text(const Plan& p) {
   const LoraPlan& l = p.lora;
   const std::string modules = join(l.target_modules, ", ");
@@ -263,13 +274,14 @@ std::string lora_text(const Plan& p) {
   return "r " + std::to_string(l.r) + ", alpha " + format_double(l.alpha) + " (scale " + format_double(l.scale) + "), dropout " +
          format_double(l.dropout) + " on " + modules + ": " + format_count(l.adapters.num_params) + " parameters train (" +
          format_fixed(100.0 * trained / (trained + frozen), trained < 0.01 * (trained + frozen) ? 3 : 2) + "% of all); the base's " + format_count(p.frozen_numel()) +
-         " are frozen (" + frozen_where(p) + "; no gradient, no optimizer state)";
+         " are frozen (" + frozen_where(p) + "; no gradient, no optimizer state)" + forward_only_text(p);
 }
 // model.freeze: what it froze and what still trains.
 std::string freeze_text(const Plan& p) {
   const int64_t tensors = std::count(p.frozen.begin(), p.frozen.end(), uint8_t{1});
   return std::to_string(tensors) + " of " + std::to_string(p.model.tensors.size()) + " tensors frozen (" + format_count(p.frozen_numel()) +
-         " parameters, " + frozen_where(p) + "; no gradient, no optimizer state); " + format_count(p.unfrozen.num_params) + " parameters train";
+         " parameters, " + frozen_where(p) + "; no gradient, no optimizer state); " + format_count(p.unfrozen.num_params) + " parameters train" +
+         forward_only_text(p);
 }
 }  // namespace
 

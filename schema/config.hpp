@@ -245,6 +245,7 @@ struct ParallelConfig {
   int tensor = 1;    // tensor_parallel.autotp_size
   int pipeline = 1;  // pipeline.stages ("auto": 1)
   std::string partition = "parameters";  // pipeline.partition as given: "parameters", "uniform", "best", "type:..."
+  int64_t checkpoint_interval = 0;        // pipeline.activation_checkpoint_interval: blocks recomputed together (0: none)
 };
 
 struct Config {

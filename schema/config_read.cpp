@@ -365,6 +365,7 @@ void read_parallel(const json& d, Config& c, std::vector<ConfigIssue>& errors) {
   const json& stages = at(p, "stages");
   c.parallel.pipeline = stages.is_number() ? static_cast<int>(stages.get<int64_t>()) : 1;
   c.parallel.partition = at(p, "partition").get<std::string>();
+  c.parallel.checkpoint_interval = at(p, "activation_checkpoint_interval").get<int64_t>();
   const std::string& how = c.parallel.partition;
   if (how != "parameters" && how != "uniform" && how != "best" && how != "memory" && how.rfind("type:", 0) != 0)
     errors.push_back({"pipeline.partition", "'" + how + "' is no way ds knows to cut the blocks into stages",

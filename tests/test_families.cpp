@@ -355,3 +355,57 @@ TEST(Families, TheActivationsEachFamilyKeepsAreWhatThePlanCounts) {
     }
   }
 }
+
+// Blocks below every trained tensor run forward only, and recomputed blocks (in groups of
+// pipeline.activation_checkpoint_interval) keep only each group's input: the activations kept are what the plan
+// counts (activation_parts' recompute_group and forward_only), and a backward still trains what is above.
+TEST(Families, BlocksRunningForwardOnlyOrRecomputedInGroupsKeepWhatThePlanCounts) {
+  const BlockPool& pool = route_large_tensors_to_pool();
+  const std::vector<std::string> widths = {"model.hidden_size=128", "model.num_heads=4", "model.intermediate_size=352", "model.vocab_size=512",
+                                           "model.max_position_embeddings=128", "data.seq_len=128", "train_micro_batch_size_per_gpu=4",
+                                           "model.num_layers=8", "bf16.enabled=false"};
+  const std::string gpt2_frozen = R"(model.freeze=["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.[0-4].*"])";
+  const std::string llama_frozen = R"(model.freeze=["model.embed_tokens.weight", "model.layers.[0-4].*"])";
+  struct Case {
+    std::vector<std::string> overrides;
+    int64_t backward_from, group;  // group 0: nothing recomputed
+  };
+  for (const Case& c : {Case{{"model.preset=gpt2-tiny", gpt2_frozen}, 5, 0},
+                        Case{{"model.preset=llama-tiny", "model.num_kv_heads=2", "model.head_dim=32", llama_frozen}, 5, 0},
+                        Case{{"model.preset=llama-tiny", "model.num_kv_heads=2", "model.head_dim=32", "pipeline.activation_checkpoint_interval=3"}, 0, 3},
+                        Case{{"model.preset=gpt2-tiny", "model.activation_checkpointing=true"}, 0, 1},
+                        Case{{"model.preset=gpt2-tiny", gpt2_frozen, "pipeline.activation_checkpoint_interval=2"}, 5, 2}}) {
+    std::string what;
+    for (const std::string& o : c.overrides) what += o + " ";
+    SCOPED_TRACE(what);
+    std::vector<std::string> overrides = c.overrides;
+    overrides.insert(overrides.end(), widths.begin(), widths.end());
+    const Plan plan = test::plan_of(kConfig, 1, 0, overrides);
+    ASSERT_EQ(plan.backward_from, c.backward_from);
+    ASSERT_EQ(plan.activation_checkpointing ? plan.recompute_group : 0, c.group);
+    auto device = Device::create(DeviceKind::cpu, 0);
+    FlatParams flat = FlatParams::allocate(plan, 0, *device);
+    {
+      torch::NoGradGuard ng;
+      flat.params.normal_(0.0, 0.02);
+      if (flat.frozen.defined()) flat.frozen.normal_(0.0, 0.02);
+    }
+    auto model = make_model(plan, flat);
+    model->set_loss_gradient(1.0);
+    const int64_t B = 4, T = 128;
+    const torch::Tensor in = torch::randint(0, 512, {B, T}, torch::kLong), tgt = torch::randint(0, 512, {B, T}, torch::kLong);
+    const double base = static_cast<double>(pool.stats().live_bytes);
+    torch::Tensor loss = model->loss(in, tgt);
+    const double kept = static_cast<double>(pool.stats().live_bytes) - base;
+    loss.backward();
+    const ActivationParts planned = activation_parts(plan.model, B, T, plan.precision.compute_dtype, c.group, plan.threads, plan.backward_from);
+    const ActivationParts every = activation_parts(plan.model, B, T, plan.precision.compute_dtype, 0, plan.threads);
+    const double chunk = 512.0 * 512 * dtype_bytes(plan.precision.compute_dtype);  // the head's kept chunk of logits
+    EXPECT_GT(kept / (planned.kept + chunk), 0.97) << kept << " bytes kept";
+    EXPECT_LT(kept / (planned.kept + chunk), 1.02) << kept << " bytes kept";
+    EXPECT_LT(planned.kept, 0.5 * every.kept);
+    EXPECT_GT(flat.grads.abs().sum().item<double>(), 0.0);
+    std::printf("%-64s kept %.2f MiB = %.3fx the plan's (keeping every block's: %.2f MiB)\n", what.c_str(), kept / 1048576,
+                kept / (planned.kept + chunk), (every.kept + chunk) / 1048576);
+  }
+}

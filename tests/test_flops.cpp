@@ -97,3 +97,35 @@ TEST(ModuleFlops, LoraCountsNoWeightGradientForTheFrozenBaseAndTheAdaptersInThei
     if (row.depth == 1) total += row.total();
   EXPECT_NEAR(total, train_flops_per_token(spec, frozen, lora, 256) * N, 1e-9 * total);
 }
+
+TEST(ModuleFlops, BlocksBelowEveryTrainedTensorRunForwardOnly) {
+  // GPT-2 with its tables and blocks 0-4 frozen: those blocks run forward alone (nothing recomputed either), block 5
+  // passes no gradient on yet still computes its frozen matmuls' input gradient where frozen, the tied head is frozen.
+  const ModelSpec spec = build_model_spec(model_preset("gpt2"));
+  std::vector<uint8_t> frozen(spec.tensors.size(), 0);
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& t = spec.tensors[i];
+    frozen[i] = t.name == "transformer.wte.weight" || t.name == "transformer.wpe.weight" || (t.layer >= 0 && t.layer < 5);
+  }
+  EXPECT_EQ(first_backward_block(spec, frozen, LoraPlan{}), 5);
+  const double B = 4, T = 128, C = 768, I = 3072, V = 50257, NH = 12, D = 64, N = B * T;
+  const double attn = 2 * N * C * 3 * C + 2 * N * C * C + 2 * (2 * B * NH * T * T * D), mlp = 2 * N * C * I + 2 * N * I * C;
+  const auto rows = module_flops(spec, 4, 128, /*recompute=*/true, frozen, LoraPlan{});
+  const auto m = by_name(rows);
+  for (const char* name : {"transformer.h.0.attn", "transformer.h.4.mlp", "transformer.h.4"}) {
+    SCOPED_TRACE(name);
+    EXPECT_DOUBLE_EQ(m.at(name).backward, 0.0);
+    EXPECT_DOUBLE_EQ(m.at(name).recompute, 0.0);
+  }
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.4").forward, attn + mlp);
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.attn").backward, 2 * attn);
+  EXPECT_DOUBLE_EQ(m.at("transformer.h.5.attn").recompute, attn);
+  EXPECT_DOUBLE_EQ(m.at("lm_head").backward, 2 * N * C * V);  // the frozen table: the input's gradient only
+  double total = 0;
+  for (const auto& row : rows)
+    if (row.depth == 1) total += row.forward + row.backward;  // train_flops_per_token leaves recomputation out
+  EXPECT_NEAR(total, train_flops_per_token(spec, frozen, LoraPlan{}, 128) * N, 1e-9 * total);
+  // By hand: 12 blocks' forward, 7 blocks' backward (2x), the head 3 x forward less its weight gradient.
+  const double head = 2 * N * C * V;
+  EXPECT_NEAR(total, 12 * (attn + mlp) + 7 * 2 * (attn + mlp) + head + head, 1e-6 * total);
+}

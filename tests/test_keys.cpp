@@ -167,6 +167,7 @@ const std::map<std::string, const char*> kActs = {
     {"tensor_parallel.autotp_size", "plan: the mesh (engine/plan/mesh), the batch's data ranks; the trainer's tensor groups (make_model)"},
     {"pipeline.stages", "plan: the mesh (engine/plan/mesh), the batch's data ranks; train: each rank runs its stage, 1F1B (engine/runtime/run/pipeline)"},
     {"pipeline.partition", "plan: how the mesh's stages are cut"},
+    {"pipeline.activation_checkpoint_interval", "plan: recompute_group (activations); runtime: blocks recomputed in groups (run_blocks)"},
     {"train.steps", "trainer"},
     {"train.epochs", "plan: train.steps from the training split's measured tokens"},
     {"train.eval_every", "trainer"},

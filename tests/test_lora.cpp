@@ -226,3 +226,69 @@ TEST(Freeze, FrozenTensorsTakeNoGradientAndStayAsLoaded) {
   EXPECT_TRUE(torch::equal(flat.frozen, before));
   EXPECT_GT(flat.grads.abs().sum().item<double>(), 0.0);  // what trains got its gradients
 }
+
+// Below every trained tensor (here the embeddings and block 0 frozen) no gradient is wanted: those blocks run
+// forward only, keep no graph, and what trains gets the gradients a backward through every block gives it.
+TEST(Freeze, BlocksBelowEveryTrainedTensorRunForwardOnlyWithTheSameGradients) {
+  const Plan plan = test::plan_of(kTiny, 1, 0, {"bf16.enabled=false", R"(model.freeze=["model.embed_tokens.weight", "model.layers.0.*"])"});
+  ASSERT_EQ(plan.backward_from, 1);
+  auto device = Device::create(DeviceKind::cpu, 0);
+  FlatParams flat = FlatParams::allocate(plan, 0, *device);
+  {
+    torch::NoGradGuard ng;
+    flat.frozen.normal_(0.0, 0.05);
+    flat.params.normal_(0.0, 0.05);
+  }
+  auto model = make_model(plan, flat);
+  EXPECT_EQ(model->backward_from(), 1);
+  struct Recorder : BlockHooks {
+    std::vector<int64_t> forward, backward;
+    void before_forward(int64_t layer) override { forward.push_back(layer); }
+    void before_backward(int64_t layer) override { backward.push_back(layer); }
+    void after_backward(int64_t) override {}
+  };
+  const torch::Tensor ids = torch::randint(0, 256, {2, 16}, torch::kLong), targets = torch::randint(0, 256, {2, 16}, torch::kLong);
+  model->set_loss_gradient(1.0);
+  const auto run = [&](int64_t backward_from, bool hooked) {
+    Recorder seen;
+    model->set_backward_from(backward_from);
+    model->set_block_hooks(hooked ? &seen : nullptr);
+    flat.grads.zero_();
+    const torch::Tensor loss = model->loss(ids, targets);
+    loss.backward();
+    model->set_block_hooks(nullptr);
+    return std::make_tuple(loss.item<double>(), flat.grads.clone(), seen);
+  };
+  for (bool hooked : {false, true}) {
+    SCOPED_TRACE(hooked ? "hooked blocks (ZeRO's)" : "plain blocks");
+    const auto [whole_loss, whole_grads, whole_seen] = run(0, hooked);
+    const auto [loss, grads, seen] = run(plan.backward_from, hooked);
+    EXPECT_EQ(loss, whole_loss);
+    EXPECT_TRUE(torch::equal(grads, whole_grads));
+    EXPECT_GT(grads.abs().sum().item<double>(), 0.0);
+    if (!hooked) continue;
+    EXPECT_EQ(seen.forward, (std::vector<int64_t>{0, 1}));
+    EXPECT_EQ(whole_seen.backward, (std::vector<int64_t>{1, 0}));
+    EXPECT_EQ(seen.backward, std::vector<int64_t>{1});  // block 0's backward never ran
+  }
+}
+
+// Blocks recomputed in groups (pipeline.activation_checkpoint_interval 2) above a frozen first block that runs
+// forward only, plainly data parallel and with ZeRO stage 1's hooks around the groups (each block's gradients
+// reduced as backward finishes it): two ranks train what one rank trains keeping every activation.
+TEST(Freeze, GroupsOfRecomputedBlocksAboveForwardOnlyOnesTrainTheOneRankRun) {
+  const fs::path root = scratch("groups");
+  const std::string freeze = R"(model.freeze=["model.embed_tokens.weight", "model.layers.0.*"])";
+  const TrainResult one = train_ranks(1, {"bf16.enabled=false", freeze, "model.num_layers=4"}, root / "one");
+  ASSERT_EQ(one.losses.size(), 6u);
+  for (const std::string zero : {"zero_optimization.stage=0", "zero_optimization.stage=1"}) {
+    SCOPED_TRACE(zero);
+    const TrainResult two = train_ranks(2, {"bf16.enabled=false", freeze, "model.num_layers=4", "pipeline.activation_checkpoint_interval=2",
+                                            zero, "zero_optimization.overlap_comm=true", "train_micro_batch_size_per_gpu=2"},
+                                        root / "two");
+    ASSERT_EQ(two.losses.size(), one.losses.size());
+    for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * one.losses[i]) << "step " << i + 1;
+    fs::remove_all(root / "two");
+  }
+  fs::remove_all(root);
+}

@@ -137,7 +137,18 @@ TEST(FreezePlan, FrozenTensorsLeaveTheLayoutForTheFrozenBufferAndLoseTheirWeight
   ASSERT_NE(buffer, nullptr);
   EXPECT_EQ(buffer->elements, frozen);
   EXPECT_DOUBLE_EQ(p.memory.device.optimizer_states, 12.0 * static_cast<double>(p.layout.padded_numel));
-  EXPECT_DOUBLE_EQ(p.train_flops_per_token(), full.train_flops_per_token() - 2.0 * frozen_matmul);
+  // Block 0 is below every trained tensor: it runs forward only (2 per parameter, not 6; its attention core's
+  // forward, a third of the 12 T C per token a block's forward and backward take).
+  EXPECT_EQ(p.backward_from, 1);
+  const double attention_block = 12.0 * static_cast<double>(p.seq_len) * static_cast<double>(hp.num_heads * hp.head_dim());
+  EXPECT_DOUBLE_EQ(p.train_flops_per_token(), full.train_flops_per_token() - 4.0 * frozen_matmul - attention_block * 2.0 / 3.0);
+  // Frozen tensors above a trained one still pass the gradient back: 4 per parameter.
+  const Plan later = test::plan_of(kTiny, 1, 0, {R"(model.freeze=["model.layers.1.*"])"});
+  double later_matmul = 0;
+  for (const TensorSpec& t : later.model.tensors)
+    if (t.layer == 1 && t.shape.size() == 2) later_matmul += static_cast<double>(t.numel);
+  EXPECT_EQ(later.backward_from, 0);
+  EXPECT_DOUBLE_EQ(later.train_flops_per_token(), full.train_flops_per_token() - 2.0 * later_matmul);
   // With a tied head, freezing the embedding freezes the head's matmul too.
   const Plan tied = test::plan_of(kTiny, 1, 0, {"model.tie_word_embeddings=true", R"(model.freeze=["model.embed_tokens.weight"])"});
   const Plan tied_full = test::plan_of(kTiny, 1, 0, {"model.tie_word_embeddings=true"});

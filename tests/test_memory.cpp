@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/plan/plan.hpp"
@@ -80,6 +81,20 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   EXPECT_DOUBLE_EQ(a1, 2 * T * (L * block + head) + workspace(2));
   EXPECT_DOUBLE_EQ(a2 - a1, 2 * T * (L * block + head) + workspace(4) - workspace(2));
   EXPECT_LT(activation_bytes(m, 4, 64, Dtype::fp32, true), a2);
+  // Checkpointed in groups of G blocks: each group's input (C per token) kept, one group recomputed at a time; the
+  // blocks running forward only keep nothing.
+  ModelHyper deeper = model_preset("gpt2-tiny");
+  deeper.num_layers = 8;
+  const ModelSpec m8 = build_model_spec(deeper);
+  for (const auto& [group, forward_only, groups, recomputed] :
+       {std::tuple{1, 0, 8.0, 1.0}, std::tuple{3, 0, 3.0, 3.0}, std::tuple{8, 0, 1.0, 8.0}, std::tuple{3, 2, 2.0, 3.0}, std::tuple{4, 5, 1.0, 3.0}}) {
+    SCOPED_TRACE("groups of " + std::to_string(group) + ", " + std::to_string(forward_only) + " blocks forward only");
+    const ActivationParts parts = activation_parts(m8, 2, 64, Dtype::fp32, group, 1, forward_only);
+    EXPECT_DOUBLE_EQ(parts.kept, 2 * T * (groups * C * b + head));
+    EXPECT_DOUBLE_EQ(parts.workspace, 2 * T * recomputed * block + workspace(2));
+  }
+  const ActivationParts plain = activation_parts(m8, 2, 64, Dtype::fp32, 0, 1, 5);
+  EXPECT_DOUBLE_EQ(plain.kept, 2 * T * (3 * block + head));
   EXPECT_DOUBLE_EQ(tiny(1).memory.device.activations, a1);
   // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096;
   // the attention 170 query rows at a time (2^23 scores / (4 x 12 heads x 1024 keys)).

@@ -219,14 +219,33 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   // not run with yet, each is named.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1"})).empty());
   EXPECT_THROW(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=2"}), ConfigError);
-  // LoRA and model.freeze split with the model; a pipeline stage whose every tensor is frozen does not run yet.
+  // LoRA and model.freeze split with the model, a pipeline stage whose every tensor is frozen too: below every trained
+  // tensor it runs forward only, and the stage after it sends it no gradient.
   EXPECT_TRUE(not_yet_runnable(
                   test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.lora={\"r\": 4, \"dropout\": 0.1, \"target_modules\": [\"q_proj\", \"o_proj\"]}"}))
                   .empty());
-  const std::vector<std::string> why =
-      not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.freeze=[\"model.embed_tokens.weight\", \"model.layers.[01].*\"]"}));
-  ASSERT_EQ(why.size(), 1u);
-  EXPECT_NE(why.back().find("pipeline stage 0 (blocks 0-1) training nothing"), std::string::npos) << why.back();
+  const Plan first_frozen =
+      test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.freeze=[\"model.embed_tokens.weight\", \"model.layers.[01].*\"]"});
+  EXPECT_TRUE(not_yet_runnable(first_frozen).empty());
+  ASSERT_EQ(first_frozen.mesh.stages.size(), 2u);
+  const PipelineStage& s0 = first_frozen.mesh.stages[0];
+  const PipelineStage& s1 = first_frozen.mesh.stages[1];
+  EXPECT_EQ(first_frozen.backward_from, 2);
+  EXPECT_EQ(s0.blocks, 2);
+  EXPECT_FALSE(stage_runs_backward(s0, first_frozen.backward_from));
+  EXPECT_FALSE(stage_sends_gradient(s1, first_frozen.backward_from));
+  const int64_t m = first_frozen.mesh.micro_batches;
+  EXPECT_EQ(s0.traffic.pipeline_sends, m);  // its activations on; nothing comes back
+  EXPECT_EQ(s1.traffic.pipeline_sends, 0);
+  // Its blocks keep no activations: against the same blocks frozen with the token table training (a backward through
+  // them), its two blocks' for each micro-batch it holds fewer.
+  const Plan trained = test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.freeze=[\"model.layers.[01].*\"]"});
+  EXPECT_EQ(trained.backward_from, 0);
+  EXPECT_EQ(trained.mesh.stages[1].traffic.pipeline_sends, m);
+  const ModelSpec share = stage_share(trained.model, trained.mesh, 0);
+  const double per_micro_batch = 2.0 * 32 * 2 * share.block_activation_bytes_per_token(32, dtype_bytes(trained.precision.compute_dtype));
+  EXPECT_NEAR(trained.mesh.stages[0].memory.device.activations - s0.memory.device.activations, s0.in_flight * per_micro_batch,
+              1e-9 * per_micro_batch);
   // Lamb's per-tensor norms are summed over the data and tensor groups: it trains on any mesh.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"})).empty());
   // Tensor parallel alone trains, and with its optimizer offloaded (the states a span on the host, as without a mesh).

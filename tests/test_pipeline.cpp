@@ -173,6 +173,9 @@ TEST(PipelineModel, StagesRunningOneForwardOneBackwardGiveTheWholeModelsLossesAn
       // windows alternate by the whole model's layer number.
       {{"model.preset=gemma2-tiny", "model.sliding_window=4", "model.activation_checkpointing=true", "model.resid_pdrop=0.2"}, 2, 3},
       {{"model.preset=qwen3-tiny", "pipeline.partition=uniform"}, 2, 2},
+      // Groups of two blocks recomputed together, counted from each stage's first block (3 + 2 blocks).
+      {{"model.preset=gemma2-tiny", "model.num_layers=5", "pipeline.partition=uniform", "model.sliding_window=4",
+        "pipeline.activation_checkpoint_interval=2", "model.resid_pdrop=0.2"}, 2, 3},
   };
   for (const Case& c : cases) {
     std::string what;

@@ -544,3 +544,37 @@ TEST(PlanCompiler, AResumedRunKeepsItsCheckpointsBatchAndScheduleWhereTheConfigL
   was.world_size = 1, was.train_batch_size = 4, was.steps = 200, was.total_num_steps = 200, was.warmup_num_steps = 20;
   EXPECT_TRUE(compile({}, 1).kept.values.empty());
 }
+
+TEST(PlanCompiler, DeepSpeedsCheckpointIntervalRecomputesBlocksInGroups) {
+  // 0 (DeepSpeed's default) leaves model.activation_checkpointing to decide; N turns it on, N blocks at a time.
+  const Plan off = plan_of(kGpt2, 1);
+  EXPECT_FALSE(off.activation_checkpointing);
+  const Plan one = plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=1"});
+  EXPECT_TRUE(one.activation_checkpointing);
+  EXPECT_EQ(one.recompute_group, 1);
+  const auto said = find_resolved(one, "model.activation_checkpointing");
+  ASSERT_NE(said, one.resolved.end());
+  EXPECT_NE(said->source.find("pipeline.activation_checkpoint_interval 1"), std::string::npos) << said->source;
+  EXPECT_EQ(one.memory.device.activations, plan_of(kGpt2, 1, {"model.activation_checkpointing=true"}).memory.device.activations);
+  // GPT-2's 12 blocks in groups of 4: 3 inputs kept instead of 12, 4 blocks recomputed at once instead of 1.
+  const Plan four = plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=4"});
+  EXPECT_EQ(four.recompute_group, 4);
+  const double tokens = 4.0 * 256, bc = 2;
+  const double block = four.model.block_activation_bytes_per_token(256, 2);
+  EXPECT_NEAR(four.memory.device.activations - one.memory.device.activations,
+              tokens * ((3.0 - 12.0) * static_cast<double>(four.model.hp.hidden_size) * bc + (4.0 - 1.0) * block), 1.0);
+  EXPECT_TRUE(not_yet_runnable(four).empty());
+  // Not yet at ZeRO stages 2-3 (two block buffers) or profiled (one backward per group). Above 0 it decides alone.
+  for (const int stage : {2, 3}) {
+    const std::vector<std::string> why =
+        not_yet_runnable(plan_of(kGpt2, 2, {"pipeline.activation_checkpoint_interval=4", "zero_optimization.stage=" + std::to_string(stage)}));
+    ASSERT_EQ(why.size(), 1u);
+    EXPECT_NE(why[0].find("at ZeRO stage " + std::to_string(stage)), std::string::npos) << why[0];
+    EXPECT_TRUE(not_yet_runnable(plan_of(kGpt2, 2, {"pipeline.activation_checkpoint_interval=1", "zero_optimization.stage=" + std::to_string(stage)})).empty());
+  }
+  EXPECT_TRUE(not_yet_runnable(plan_of(kGpt2, 2, {"pipeline.activation_checkpoint_interval=4", "zero_optimization.stage=1"})).empty());
+  const std::vector<std::string> profiled = not_yet_runnable(four, /*profiling=*/true);
+  ASSERT_EQ(profiled.size(), 1u);
+  EXPECT_NE(profiled[0].find("activation_checkpoint_interval 4"), std::string::npos) << profiled[0];
+  EXPECT_TRUE(plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=2", "model.activation_checkpointing=false"}).activation_checkpointing);
+}

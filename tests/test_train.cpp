@@ -231,14 +231,19 @@ TEST(Training, Fp16AtAModestScaleTracksFp32Closely) {
 }
 
 TEST(Training, ActivationCheckpointingComputesTheSameRun) {
-  // Recomputing each block in backward must not change a single gradient: the same fp32 losses.
+  // Recomputing each block in backward, or groups of them (DeepSpeed's pipeline.activation_checkpoint_interval; 2 of
+  // 3 blocks, then the last alone), must not change a single gradient: the same fp32 losses.
   for (const char* model : {"model.preset=gpt2-tiny", "model.preset=llama-tiny"}) {
-    TrainedRun plain = run({model, "train.steps=6"});
-    TrainedRun ckpt = run({model, "train.steps=6", "model.activation_checkpointing=true"});
-    ASSERT_TRUE(ckpt.plan.activation_checkpointing);
-    ASSERT_EQ(plain.result.losses.size(), ckpt.result.losses.size());
-    for (size_t i = 0; i < plain.result.losses.size(); ++i)
-      EXPECT_NEAR(plain.result.losses[i], ckpt.result.losses[i], 1e-6 * plain.result.losses[i]) << model << " step " << i;
+    TrainedRun plain = run({model, "model.num_layers=3", "train.steps=6"});
+    for (const std::string ckpt_key : {"model.activation_checkpointing=true", "pipeline.activation_checkpoint_interval=2"}) {
+      SCOPED_TRACE(std::string(model) + " " + ckpt_key);
+      TrainedRun ckpt = run({model, "model.num_layers=3", "train.steps=6", ckpt_key});
+      ASSERT_TRUE(ckpt.plan.activation_checkpointing);
+      EXPECT_EQ(ckpt.plan.recompute_group, ckpt_key[0] == 'p' ? 2 : 1);
+      ASSERT_EQ(plain.result.losses.size(), ckpt.result.losses.size());
+      for (size_t i = 0; i < plain.result.losses.size(); ++i)
+        EXPECT_NEAR(plain.result.losses[i], ckpt.result.losses[i], 1e-6 * plain.result.losses[i]) << "step " << i;
+    }
   }
 }
 

@@ -195,10 +195,11 @@ int64_t add_stage3_gathers(const Plan& plan, const ZeroExecution& z, std::vector
   int64_t frozen_calls = 0, frozen_elements = 0;
   for (const ParamGroup& g : parameter_groups(z.frozen_layout)) {
     if (g.params.empty()) continue;  // a block with nothing frozen in it (parameter_groups keeps its place)
-    frozen_calls += 2;
+    const int passes = g.layer >= 0 && g.layer < plan.backward_from ? 1 : 2;  // a block below every trained one: forward only
+    frozen_calls += passes;
     for (int k : g.params) {
       const ParamSlot& p = z.frozen_layout.params[static_cast<size_t>(k)];
-      frozen_elements += 2 * (z.frozen_staged ? p.partition_numel * W : p.numel);
+      frozen_elements += passes * (z.frozen_staged ? p.partition_numel * W : p.numel);
     }
   }
   if (frozen_calls > 0)

@@ -75,9 +75,11 @@ std::vector<ModuleFlops> module_flops(const ModelSpec& model, int64_t micro_batc
       frozen[block_name] += frozen[m.name];
     }
   }
+  const int64_t forward_only = first_backward_block(model, frozen_tensors, lora);  // below it: no backward, nothing recomputed
   for (ModuleFlops& m : rows) {
-    m.backward = 2.0 * m.forward - frozen[m.name];
-    m.recompute = recompute && m.layer >= 0 ? m.forward : 0.0;
+    const bool backward = m.layer < 0 || m.layer >= forward_only;
+    m.backward = backward ? 2.0 * m.forward - frozen[m.name] : 0.0;
+    m.recompute = recompute && m.layer >= 0 && backward ? m.forward : 0.0;
   }
   return rows;
 }

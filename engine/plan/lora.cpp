@@ -114,6 +114,27 @@ ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& froz
   return model_part(model, trains);
 }
 
+int64_t first_backward_block(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora) {
+  if (frozen.empty() && !lora.enabled) return 0;
+  int64_t first = model.hp.num_layers;
+  for (size_t i = 0; i < model.tensors.size(); ++i) {
+    if (!frozen.empty() && frozen[i]) continue;
+    const TensorSpec& t = model.tensors[i];
+    if (is_embedding_table(t)) return 0;  // its gradient comes back through every block
+    if (t.layer >= 0) first = std::min<int64_t>(first, t.layer);
+  }
+  for (const TensorSpec& t : lora.adapters.tensors)
+    if (t.layer >= 0) first = std::min<int64_t>(first, t.layer);
+  return first;
+}
+
+double attention_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {
+  const double L = static_cast<double>(model.hp.num_layers);
+  if (L <= 0) return 0;
+  const double forward_only = static_cast<double>(first_backward_block(model, frozen, lora));
+  return model.attention_train_flops_per_token(T) * (L - forward_only * 2.0 / 3.0) / L;
+}
+
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {
   // Matmul parameters held frozen: 2-D weights but the embedding tables, and a tied head with its embedding.
   double frozen_matmul = 0;
@@ -125,8 +146,13 @@ double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>&
     else if (model.hp.tie_word_embeddings && is_token_table(t))
       frozen_matmul += static_cast<double>(model.hp.vocab_size) * static_cast<double>(model.hp.hidden_size);
   }
-  return 6.0 * model.matmul_params() - 2.0 * frozen_matmul + 6.0 * static_cast<double>(lora.adapters.num_params) +
-         model.attention_train_flops_per_token(T);
+  // A block running forward alone: 2 per parameter of its (frozen) matmuls, not 4.
+  const int64_t forward_only = first_backward_block(model, frozen, lora);
+  double forward_only_matmul = 0;
+  for (const TensorSpec& t : model.tensors)
+    if (t.layer >= 0 && t.layer < forward_only && t.shape.size() == 2) forward_only_matmul += static_cast<double>(t.numel);
+  return 6.0 * model.matmul_params() - 2.0 * frozen_matmul - 2.0 * forward_only_matmul + 6.0 * static_cast<double>(lora.adapters.num_params) +
+         attention_train_flops_per_token(model, frozen, lora, T);
 }
 
 double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen) {

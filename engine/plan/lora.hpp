@@ -48,10 +48,20 @@ ModelSpec model_part(const ModelSpec& model, const std::vector<uint8_t>& keep);
 // The model's tensors that are not frozen (what the layout lays out under model.freeze).
 ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& frozen);
 
+// The first block whose backward runs. Below it nothing trains (model.freeze of the embeddings and the first
+// blocks, or LoRA's adapters from a later block on): no gradient is wanted there, so those blocks run forward
+// only, keep no activations, and a pipeline stage made of them alone receives no gradient. 0 when an embedding
+// table trains (a tied head's too) or nothing is frozen; the number of blocks when none trains.
+int64_t first_backward_block(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora);
+// The attention core's training FLOPs per token at T: forward and backward in the blocks whose backward runs,
+// forward alone (a third) below them.
+double attention_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
+
 // Training FLOPs per token at sequence length T with some matmuls frozen (`frozen`, per tensor of the model;
 // a tied head is frozen with its embedding) and LoRA's adapters beside them: a frozen matmul runs forward and
 // passes the gradient to its input (4 per parameter, no weight gradient), a trained one 6, the adapter's 6,
-// the attention core is the full model's.
+// the attention core is the full model's; a block below first_backward_block runs forward only (2 per parameter,
+// a third of its attention core).
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
 // The output head's share of train_flops_per_token: 6 V C per token, 4 V C when its matrix (a tied head's
 // token table) is frozen.

@@ -1,21 +1,28 @@
 #include "engine/plan/memory.hpp"
 
+#include <algorithm>
+
 #include "engine/plan/zero_plan.hpp"
 
 namespace ds {
 
-ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
-                                 int threads) {
+ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
+                                 int threads, int64_t forward_only) {
   const int bc = dtype_bytes(compute_dtype);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double block = m.block_activation_bytes_per_token(seq_len, bc);
   const double head = m.head_activation_bytes_per_token(bc);
-  const double L = static_cast<double>(m.hp.num_layers);
+  const double L = static_cast<double>(m.hp.num_layers - forward_only);  // the blocks that keep activations for backward
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
   const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
-  // Checkpointed: each block's input is kept; the one block recomputed at a time is a workspace.
-  if (checkpointing) return {tokens * (L * static_cast<double>(m.hp.hidden_size) * bc + head), tokens * block + workspace};
+  // Checkpointed: each group's input is kept; the one group recomputed at a time is a workspace.
+  if (recompute_group > 0) {
+    const int64_t with_backward = m.hp.num_layers - forward_only;
+    const double groups = static_cast<double>((with_backward + recompute_group - 1) / recompute_group);
+    const double recomputed = static_cast<double>(std::min(recompute_group, with_backward));
+    return {tokens * (groups * static_cast<double>(m.hp.hidden_size) * bc + head), tokens * recomputed * block + workspace};
+  }
   return {tokens * (L * block + head), workspace};
 }
 

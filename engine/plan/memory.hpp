@@ -34,18 +34,19 @@ struct MemoryEstimate {
 struct ZeroExecution;
 
 // Activations kept for backward per rank, at this micro batch and sequence length. With activation
-// checkpointing: every block's input, plus one block recomputed at a time. In two parts: what one micro-batch
+// checkpointing (`recompute_group` G > 0; 0: none): each group of G blocks' input, plus one group recomputed at a
+// time (model.activation_checkpointing is G = 1). In two parts: what one micro-batch
 // keeps until its backward (a pipeline stage holds several at once), and the workspaces of one forward and
-// backward at a time.
+// backward at a time. The first `forward_only` blocks (below every trained tensor) keep nothing.
 struct ActivationParts {
   double kept = 0, workspace = 0;
   double total() const { return kept + workspace; }
 };
-ActivationParts activation_parts(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
-                                 int threads = 1);
-inline double activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, bool checkpointing,
+ActivationParts activation_parts(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
+                                 int threads = 1, int64_t forward_only = 0);
+inline double activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
                                int threads = 1) {
-  return activation_parts(model, micro_batch, seq_len, compute_dtype, checkpointing, threads).total();
+  return activation_parts(model, micro_batch, seq_len, compute_dtype, recompute_group, threads).total();
 }
 
 // The ZeRO execution's buffers summed by place and category (engine/plan/zero_plan.hpp), plus the activations.

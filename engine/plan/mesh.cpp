@@ -377,53 +377,43 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
     plan.stages[s].in_flight = std::min(plan.shape.pipeline - static_cast<int>(s), plan.micro_batches);
 }
 
-void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t micro_batch,
-                        int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes, int weight_bytes, bool checkpointing,
-                        bool per_tensor_norms) {
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<StageTraining>& training, int64_t backward_from,
+                        int64_t lora_r, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes,
+                        int weight_bytes, bool checkpointing, bool per_tensor_norms) {
   const ModelHyper& h = model.hp;
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double boundary = tokens * static_cast<double>(h.hidden_size);  // one micro-batch's elements at one block boundary
   const double activation = boundary * summed_bytes, sent = boundary * sent_bytes;
   const double ring = t > 1 ? 2.0 * (t - 1) / t : 0;
+  DS_CHECK(training.size() == plan.stages.size(), "what ", training.size(), " stages train, for ", plan.stages.size());
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     PipelineStage& st = plan.stages[s];
     MeshTraffic& x = st.traffic;
     x = {};
+    const int64_t forward_only = std::clamp<int64_t>(backward_from - st.first_block, 0, st.blocks);
     if (t > 1) {
       const int64_t per_block = 2 + 2 + (checkpointing ? 2 : 0);  // forward, backward, forward again
-      const int64_t big = st.blocks * per_block + (st.embeddings ? 1 : 0) + (st.head ? 1 : 0);
+      const int64_t big = (st.blocks - forward_only) * per_block + forward_only * 2 + (st.embeddings ? 1 : 0) + (st.head ? 1 : 0);
       // The loss: a call per chunk of the rank's logits, 2t + 1 values per token over the chunks.
       const int64_t chunk = head_chunk_rows(ceil_div(h.vocab_size, t));
       const int64_t loss = st.head ? ceil_div(micro_batch * seq_len, chunk) : 0;
-      // Per-head q and k norms (Qwen3): each rank's gradient of the whole gains covers its own heads, summed in
-      // backward (a frozen gain has none). The trained tensors' norms, for Lamb.
-      int64_t gains = 0, trained = 0;
-      for (const StageTensor& held : stage_tensors(model, plan, static_cast<int>(s))) {
-        if (!frozen.empty() && frozen[static_cast<size_t>(held.whole)]) continue;
-        ++trained;
-        const TensorSpec& w = model.tensors[static_cast<size_t>(held.whole)];
-        const std::string module = module_and_leaf(w.name).first;
-        if (h.traits().qk_norm && w.layer >= 0 && (module == "q_norm" || module == "k_norm")) ++gains;
-      }
+      const StageTraining& trains = training[s];
       // LoRA beside a column-parallel projection: A's gradient summed in backward (r x in); beside a row-parallel one
       // each rank's x A^T summed in forward (micro x seq x r, again when the block is recomputed).
       int64_t adapter_calls = 0;
       double adapter_payload = 0;
-      for (size_t a = 0; a + 1 < lora.adapters.tensors.size(); a += 2) {
-        const TensorSpec& base = model.tensors[static_cast<size_t>(lora.adapted[a])];
-        if (base.layer < st.first_block || base.layer >= st.first_block + st.blocks) continue;
-        trained += 2;
-        const TensorSpec& A = lora.adapters.tensors[a];
-        if (tensor_split_of(model, base) == TensorSplit::row) {
+      for (const StageTraining::Adapter& a : trains.adapters) {
+        if (a.base == TensorSplit::row) {
           const int64_t calls = checkpointing ? 2 : 1;
           adapter_calls += calls;
-          adapter_payload += static_cast<double>(calls) * tokens * static_cast<double>(lora.r) * summed_bytes;
+          adapter_payload += static_cast<double>(calls) * tokens * static_cast<double>(lora_r) * summed_bytes;
         } else {
           adapter_calls += 1;
-          adapter_payload += static_cast<double>(A.numel) * grad_bytes;
+          adapter_payload += static_cast<double>(a.a_numel) * grad_bytes;
         }
       }
+      const int64_t gains = trains.gains, trained = trains.tensors;
       x.tensor_all_reduces = static_cast<int64_t>(m) * (big + loss + gains + adapter_calls);
       x.tensor_payload_bytes =
           m * (static_cast<double>(big) * activation + (st.head ? static_cast<double>(2 * t + 1) * tokens * 4 : 0.0) +
@@ -434,7 +424,8 @@ void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vecto
         x.lamb_bytes = ring * 2.0 * 8.0 * static_cast<double>(trained);
       }
     }
-    const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (s > 0 ? 1 : 0);  // activations on, gradients back
+    // Activations on; gradients back where a block before this stage runs backward.
+    const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (stage_sends_gradient(st, backward_from) ? 1 : 0);
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
     x.pipeline_bytes = m * neighbours * sent;
     if (plan.tied_exchange() && (st.embeddings || st.head)) {

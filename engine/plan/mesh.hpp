@@ -128,12 +128,19 @@ struct PipelineStage {
   int64_t params_per_rank = 0;      // elements one rank of this stage holds (its tensor group's share)
   int in_flight = 1;                // micro-batches whose activations it holds at once under 1F1B: min(p - s, m)
   // Per rank of this stage: its share laid out and executed over its data group by the plan's memory model
-  // (compile_plan fills it; not with LoRA or frozen tensors yet: memory_planned false).
+  // (compile_plan fills it: memory_planned).
   MemoryEstimate memory;
   bool memory_planned = false;
   MeshTraffic traffic;              // per rank of this stage (count_mesh_traffic)
   double zero_wire_bytes = 0;       // per rank per step: ZeRO's collectives over its data group (compile_plan fills it)
 };
+
+// With the blocks below `backward_from` running forward only (Plan::backward_from): whether a stage runs any
+// backward (the head's always does), and whether it sends its input's gradient back (a block before it runs one).
+inline bool stage_runs_backward(const PipelineStage& st, int64_t backward_from) {
+  return st.head || st.first_block + st.blocks > backward_from;
+}
+inline bool stage_sends_gradient(const PipelineStage& st, int64_t backward_from) { return !st.embeddings && backward_from < st.first_block; }
 
 struct MeshPlan {
   MeshShape shape;
@@ -212,14 +219,27 @@ ModelSpec stage_share(const ModelSpec& model, const MeshPlan& mesh, int stage);
 // and what each stage holds at once. plan_mesh calls it; the compiler again when a resumed run keeps its batch.
 void schedule_micro_batches(MeshPlan& plan, int micro_batches);
 
-// Each stage's MeshTraffic at this micro batch and sequence length, `frozen` and `lora` the plan's (`frozen` per
-// tensor of the model, empty: every one trains; LoRA's adapters add their all-reduces, tensor_split_of): `summed_bytes` per activation element an
-// all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the pipeline sends
-// as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient) sent as it is;
-// `per_tensor_norms`: the optimizer takes each tensor's norms (Lamb), summed over a tensor group once per step.
-void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t micro_batch,
-                        int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes, int weight_bytes, bool checkpointing,
-                        bool per_tensor_norms);
+// What one rank of a stage trains, as far as its traffic goes (plan_mesh.cpp's stage_training reads it off the
+// stage's share: which stage holds what is decided there alone).
+struct StageTraining {
+  int64_t tensors = 0;  // trained tensors and adapters (Lamb's norms)
+  int64_t gains = 0;    // per-head q/k norm gains among them: each rank's gradient of the whole gain summed in backward
+  struct Adapter {
+    TensorSplit base = TensorSplit::whole;  // its projection's split
+    int64_t a_numel = 0;                    // A's elements (whole beside a column-parallel projection)
+  };
+  std::vector<Adapter> adapters;  // LoRA's pairs on its blocks
+};
+
+// Each stage's MeshTraffic at this micro batch and sequence length, `training` per stage, the blocks below
+// `backward_from` forward only (Plan::backward_from), `lora_r` the adapters' rank: `summed_bytes` per activation
+// element an all-reduce sums (fp32 where the library cannot sum 16-bit floats itself), `sent_bytes` per one the
+// pipeline sends as it is, `grad_bytes` per gradient element summed, `weight_bytes` per weight (or its gradient)
+// sent as it is; `per_tensor_norms`: the optimizer takes each tensor's norms (Lamb), summed over a tensor group
+// once per step.
+void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<StageTraining>& training, int64_t backward_from,
+                        int64_t lora_r, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes,
+                        int weight_bytes, bool checkpointing, bool per_tensor_norms);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

@@ -207,6 +207,20 @@ void list_default_autos(const Config& c, std::vector<ResolvedValue>& resolved) {
   for (const auto& [path, value] : c.auto_defaults) resolved.push_back({path, value, "auto: DeepSpeed's default"});
 }
 
+// Activation checkpointing: model.activation_checkpointing (each block recomputed), or DeepSpeed's pipeline key
+// pipeline.activation_checkpoint_interval (blocks recomputed in groups of that many), which decides alone where
+// it is above 0, as it does in DeepSpeed's pipeline module.
+void resolve_checkpointing(const Config& c, Plan& plan) {
+  plan.activation_checkpointing = c.model.activation_checkpointing;
+  const int64_t n = c.parallel.checkpoint_interval;
+  if (n <= 0) return;
+  plan.activation_checkpointing = true;
+  plan.recompute_group = n;
+  plan.resolved.push_back({"model.activation_checkpointing", "true",
+                           "pipeline.activation_checkpoint_interval " + std::to_string(n) +
+                               (n == 1 ? ": each block recomputed in its backward" : ": the blocks recomputed " + std::to_string(n) + " at a time")});
+}
+
 // What the config decides without a model: the run's cadence and data, precision, optimizer, schedule,
 // clipping, and the "auto"s that mean a default.
 Plan plan_from_settings(const Config& c, const Topology& topo) {
@@ -231,7 +245,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.run.tensorboard = c.tensorboard;
   plan.run.init_from = c.model.init_from;
   plan.gradient_sum_over_ranks = c.gradient_allreduce_sum;
-  plan.activation_checkpointing = c.model.activation_checkpointing;
+  resolve_checkpointing(c, plan);
   list_default_autos(c, plan.resolved);
   plan.precision = resolve_precision(c, topo);
   if (c.communication_data_type && topo.comm_backend() == CommBackend::gloo && *c.communication_data_type != plan.precision.compute_dtype)
@@ -277,7 +291,8 @@ double Plan::train_flops_of_step(int64_t counted_targets, int64_t attention_squa
   }
   if (attention_squares >= 0 && seq_len > 0) {  // attention_train_flops_per_token(T) is linear in T: per T^2, its / T
     const double whole_rows = static_cast<double>(tokens_per_step) * static_cast<double>(seq_len);
-    flops -= (whole_rows - static_cast<double>(attention_squares)) * model.attention_train_flops_per_token(seq_len) / static_cast<double>(seq_len);
+    flops -= (whole_rows - static_cast<double>(attention_squares)) * ds::attention_train_flops_per_token(model, frozen, lora, seq_len) /
+             static_cast<double>(seq_len);
   }
   return flops;
 }
@@ -323,11 +338,13 @@ void lay_out(Plan& plan, int stage, int in_flight) {
   plan.layout = build_layout(plan.trained(), stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
   const Dtype compute = plan.precision.compute_dtype;
-  const ActivationParts parts = activation_parts(plan.model, plan.batch.micro_batch, plan.seq_len, compute, plan.activation_checkpointing,
-                                                 plan.threads);
+  const int64_t recompute_group = plan.activation_checkpointing ? plan.recompute_group : 0;
+  const ActivationParts parts =
+      activation_parts(plan.model, plan.batch.micro_batch, plan.seq_len, compute, recompute_group, plan.threads, plan.backward_from);
   double activations = in_flight * parts.kept + parts.workspace;
-  // The adapters' own: every block's, or one recomputed block's with activation checkpointing.
-  const double blocks = plan.activation_checkpointing ? 1.0 : static_cast<double>(plan.model.hp.num_layers);
+  // The adapters' own: every block's that runs backward, or with activation checkpointing one recomputed group's.
+  const int64_t with_backward = plan.model.hp.num_layers - plan.backward_from;
+  const double blocks = static_cast<double>(recompute_group > 0 ? std::min(recompute_group, with_backward) : with_backward);
   activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
                  lora_block_activation_bytes_per_token(plan.lora, dtype_bytes(compute));
   activations += packed_row_bytes(plan, plan.batch.micro_batch, blocks);
@@ -477,6 +494,7 @@ void resolve_trainable(const Config& c, const ModelSpec& model, Plan& plan, std:
     plan.frozen = resolve_freeze(c.model.freeze, model, errors);
     if (!plan.frozen.empty()) plan.unfrozen = unfrozen_part(model, plan.frozen);
   }
+  plan.backward_from = first_backward_block(model, plan.frozen, plan.lora);
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
     plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "), std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
   }
@@ -736,7 +754,8 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   plan.own = share_of(plan, own_stage(plan));
   // A library that cannot sum 16-bit floats itself (Gloo) sums the activations and gradients through fp32 copies.
   const auto on_wire = [&](Dtype d) { return comm_capabilities(topo.comm_backend()).sums_16bit ? dtype_bytes(d) : 4; };
-  count_mesh_traffic(plan.mesh, model, plan.frozen, plan.lora, plan.batch.micro_batch, plan.seq_len, on_wire(plan.precision.compute_dtype),
+  count_mesh_traffic(plan.mesh, model, stage_training(plan), plan.backward_from, plan.lora.r, plan.batch.micro_batch, plan.seq_len,
+                     on_wire(plan.precision.compute_dtype),
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
                      plan.activation_checkpointing, plan.optimizer.per_tensor_update());
   note_mesh(plan);

@@ -158,6 +158,9 @@ struct Plan {
   // Per tensor of the model: held frozen (model.freeze, or every one under LoRA). Empty: every tensor trains.
   std::vector<uint8_t> frozen;
   ModelSpec unfrozen;        // model.freeze without LoRA: the model's tensors that train
+  // The first block whose backward runs (first_backward_block): those below it run forward only. In the model's
+  // numbering; a stage's rank plan (stage_rank_plan) in its share's.
+  int64_t backward_from = 0;
   Topology topology;
   ResolvedBatch batch;
   int64_t seq_len = 0;
@@ -171,6 +174,7 @@ struct Plan {
   MeshPlan mesh;
   double gradient_clipping = 0;
   bool activation_checkpointing = false;
+  int64_t recompute_group = 1;  // with activation checkpointing: blocks recomputed together (pipeline.activation_checkpoint_interval)
   FlatLayout layout;         // the stage lives here: layout.stage (-1: "auto" without a model)
   ZeroExecution execution;   // every buffer and collective of a rank; without a model, collectives per parameter
   MemoryEstimate memory;     // the execution's buffers summed, plus activations

@@ -66,6 +66,29 @@ StageShare share_of(const Plan& plan, int stage) {
   return own;
 }
 
+std::vector<StageTraining> stage_training(const Plan& plan) {
+  std::vector<StageTraining> out;
+  const bool gains = plan.model.hp.traits().qk_norm;
+  for (size_t s = 0; s < plan.mesh.stages.size(); ++s) {
+    const StageShare own = share_of(plan, static_cast<int>(s));
+    StageTraining t;
+    t.tensors = static_cast<int64_t>(own.trained.size());
+    for (const int whole : own.trained_model) {
+      if (whole < 0 || !gains) continue;
+      const TensorSpec& w = plan.model.tensors[static_cast<size_t>(whole)];
+      const std::string module = lora_module_of(w.name);
+      if (w.layer >= 0 && (module == "q_norm" || module == "k_norm")) ++t.gains;
+    }
+    const std::vector<TensorSpec>& adapters = own.lora.adapters.tensors;
+    for (size_t a = 0; a + 1 < adapters.size(); a += 2) {
+      const TensorSpec& base = plan.model.tensors[static_cast<size_t>(own.tensors[static_cast<size_t>(own.lora.adapted[a])].whole)];
+      t.adapters.push_back({tensor_split_of(plan.model, base), adapters[a].numel});
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
   const MeshPlan& mesh = plan.mesh;
   Plan rank = plan;
@@ -75,6 +98,8 @@ Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
   rank.frozen = rank.own.frozen;
   rank.unfrozen = rank.own.unfrozen;
   rank.lora = rank.own.lora;
+  const PipelineStage& st = mesh.stages[s];
+  rank.backward_from = std::clamp<int64_t>(plan.backward_from - st.first_block, 0, st.blocks);
   rank.topology.world_size = mesh.shape.data;
   rank.topology.rank = mesh_coord(mesh.shape, plan.topology.rank).data;  // its place in its data group
   lay_out(rank, zero_stage, mesh.stages[s].in_flight);

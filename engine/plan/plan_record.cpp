@@ -84,14 +84,18 @@ void add_trainable(const Plan& p, json& j) {
                  {"target_modules", p.lora.target_modules},
                  {"init", p.lora.init == LoraInit::gaussian ? "gaussian" : "kaiming_uniform"},
                  {"trainable_params", p.lora.adapters.num_params},
-                 {"frozen_params", p.frozen_numel()}};
+                 {"frozen_params", p.frozen_numel()},
+                 {"forward_only_blocks", p.backward_from}};
   else
     j["lora"] = nullptr;
   if (!p.lora.enabled && !p.frozen.empty()) {
     json names = json::array();
     for (size_t i = 0; i < p.frozen.size(); ++i)
       if (p.frozen[i]) names.push_back(p.model.tensors[i].name);
-    j["freeze"] = {{"frozen_tensors", names}, {"frozen_params", p.frozen_numel()}, {"trainable_params", p.unfrozen.num_params}};
+    j["freeze"] = {{"frozen_tensors", names},
+                   {"frozen_params", p.frozen_numel()},
+                   {"trainable_params", p.unfrozen.num_params},
+                   {"forward_only_blocks", p.backward_from}};
   } else {
     j["freeze"] = nullptr;
   }
@@ -385,6 +389,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["gradient_clipping"] = p.gradient_clipping;
   j["gradient_sum_over_ranks"] = p.gradient_sum_over_ranks;
   j["activation_checkpointing"] = p.activation_checkpointing;
+  j["recompute_group"] = p.recompute_group;
   j["zero"] = zero_json(p);
   j["layout"] = layout_json(p.layout);
   j[p.has_model ? "collectives" : "collectives_per_parameter"] = collectives_json(p.execution.collectives);

@@ -23,5 +23,7 @@ MeshRequest mesh_request(const Config& c);
 MeshShape mesh_shape_of(const Config& c, const Topology& topo);
 // What a split model's plan counts and what it does not yet (warnings).
 void note_mesh(Plan& plan);
+// What each stage's rank trains, for count_mesh_traffic: read off each stage's share (share_of).
+std::vector<StageTraining> stage_training(const Plan& plan);
 
 }  // namespace ds

@@ -14,6 +14,9 @@ std::vector<std::string> profiling_refusals(const Plan& plan) {
   if (!plan.topology.device_traits().memory_is_host)
     why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
                   "each step's tokens/s and TFLOP/s there");
+  if (plan.activation_checkpointing && plan.recompute_group > 1)
+    why.push_back("ds profile and the flops_profiler with pipeline.activation_checkpoint_interval " + std::to_string(plan.recompute_group) +
+                  " (a group of blocks recomputed together has one backward, not one per block): an interval of 1 profiles each block");
   if (plan.mesh.shape.pipeline > 1)
     why.push_back("ds profile and the flops_profiler with pipeline stages (their block and phase times would be one stage's, idle "
                   "waits included): ds train prints each step's tokens/s, and each rank's log its stage's memory beside the plan's");
@@ -34,19 +37,14 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                                         ", pipeline.stages " + std::to_string(mesh.pipeline) + ") with "
                               : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
                                                 : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
-    // A pipeline stage whose every tensor is frozen would only pass gradients through, stepping nothing.
-    if (mesh.pipeline > 1 && !plan.frozen.empty())
-      for (size_t s = 0; s < plan.mesh.stages.size(); ++s) {
-        if (!share_of(plan, static_cast<int>(s)).trained.empty()) continue;
-        const PipelineStage& st = plan.mesh.stages[s];
-        why.push_back("pipeline stage " + std::to_string(s) + " (blocks " + std::to_string(st.first_block) + "-" +
-                      std::to_string(st.first_block + st.blocks - 1) +
-                      ") training nothing: every tensor it holds is frozen (freeze fewer, or cut the stages otherwise: pipeline.partition, "
-                      "pipeline.stages)");
-      }
     if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
     // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   }
+  if (plan.activation_checkpointing && plan.recompute_group > 1 && plan.zero_stage() >= 2)
+    why.push_back("pipeline.activation_checkpoint_interval " + std::to_string(plan.recompute_group) + " at ZeRO stage " +
+                  std::to_string(plan.zero_stage()) +
+                  " (each block's gradients, and at stage 3 its weights, pass through one of two buffers; a group recomputed together "
+                  "needs one per block): an interval of 1, or ZeRO stage 0-1");
   if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   if (profiling || plan.run.flops_profiler.enabled)
     for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));

@@ -25,70 +25,85 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Activation checkpointing for one block: forward runs the block without recording a graph and keeps
-// only its input; backward runs the block again with the graph on and back-propagates through it,
-// which accumulates the parameters' gradients into their .grad (the flat gradient buffer) and yields
-// the input's gradient. LibTorch's C++ API has no torch.utils.checkpoint; this is its reentrant form.
-class RecomputedBlock : public torch::autograd::Function<RecomputedBlock> {
+// The blocks [first, first + count) applied to x in turn.
+torch::Tensor run_range(const LanguageModel* model, int64_t first, int64_t count, torch::Tensor x) {
+  for (int64_t l = first; l < first + count; ++l) x = model->block(l, x);
+  return x;
+}
+
+// Activation checkpointing for a group of blocks (one, or pipeline.activation_checkpoint_interval's): forward
+// runs them without recording a graph and keeps only the group's input; backward runs them again with the graph
+// on and back-propagates through them, which accumulates the parameters' gradients into their .grad (the flat
+// gradient buffer) and yields the input's gradient. LibTorch's C++ API has no torch.utils.checkpoint; this is
+// its reentrant form.
+class RecomputedBlocks : public torch::autograd::Function<RecomputedBlocks> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, int64_t layer) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, int64_t first, int64_t count) {
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
-    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["first"] = first;
+    ctx->saved_data["count"] = count;
     ctx->save_for_backward({x});
-    return model->block(layer, x);  // grad mode is off inside forward
+    return run_range(model, first, count, x);  // grad mode is off inside forward
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
-    const int64_t layer = ctx->saved_data["layer"].toInt();
     torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     torch::Tensor y;
     {
       torch::AutoGradMode on(true);
-      y = model->block(layer, x);
+      y = run_range(model, ctx->saved_data["first"].toInt(), ctx->saved_data["count"].toInt(), x);
     }
     torch::autograd::backward({y}, {grad_out[0]});
-    return {x.grad(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
-// A block with ZeRO's hooks around it. Its backward is a unit of its own (a nested graph, or the
-// recomputed block), so the hooks know exactly when the block's parameter gradients are complete:
-// autograd's own order would not say when all of a block's accumulations have run.
-class HookedBlock : public torch::autograd::Function<HookedBlock> {
+// Blocks with ZeRO's hooks around each: one block, or with recomputation a group of them. Its backward is a unit
+// of its own (a nested graph, or the recomputed blocks), so the hooks know exactly when the blocks' parameter
+// gradients are complete: autograd's own order would not say when all of a block's accumulations have run.
+class HookedBlocks : public torch::autograd::Function<HookedBlocks> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const LanguageModel* model, BlockHooks* hooks,
-                               int64_t layer, bool recompute) {
+                               int64_t first, int64_t count, bool recompute) {
+    DS_CHECK(recompute || count == 1, "a group of ", count, " blocks kept whole: only a recomputed group runs as one");
     ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
     ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(hooks);
-    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["first"] = first;
+    ctx->saved_data["count"] = count;
     ctx->saved_data["recompute"] = recompute;
-    hooks->before_forward(layer - model->stage().first_block);  // ZeRO's blocks: the stage's own, from 0
+    const int64_t base = model->stage().first_block;  // ZeRO's blocks: the stage's own, from 0
     if (recompute) {
       ctx->save_for_backward({x});
-      torch::Tensor y = model->block(layer, x);  // grad mode is off inside forward
-      hooks->after_forward(layer - model->stage().first_block);
+      torch::Tensor y = x;
+      for (int64_t l = first; l < first + count; ++l) {
+        hooks->before_forward(l - base);
+        y = model->block(l, y);  // grad mode is off inside forward
+        hooks->after_forward(l - base);
+      }
       return y;
     }
+    hooks->before_forward(first - base);
     torch::AutoGradMode on(true);
     torch::Tensor xi = x.detach().requires_grad_(true);
-    torch::Tensor y = model->block(layer, xi);
+    torch::Tensor y = model->block(first, xi);
     ctx->saved_data["x"] = xi;
     ctx->saved_data["y"] = y;
-    hooks->after_forward(layer - model->stage().first_block);
+    hooks->after_forward(first - base);
     return y.detach();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto* model = reinterpret_cast<const LanguageModel*>(ctx->saved_data["model"].toInt());
     auto* hooks = reinterpret_cast<BlockHooks*>(ctx->saved_data["hooks"].toInt());
-    const int64_t layer = ctx->saved_data["layer"].toInt();
-    hooks->before_backward(layer - model->stage().first_block);
+    const int64_t first = ctx->saved_data["first"].toInt(), count = ctx->saved_data["count"].toInt();
+    const int64_t base = model->stage().first_block;
+    for (int64_t l = first + count - 1; l >= first; --l) hooks->before_backward(l - base);
     torch::Tensor x, y;
     if (ctx->saved_data["recompute"].toBool()) {
       x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
       torch::AutoGradMode on(true);
-      y = model->block(layer, x);
+      y = run_range(model, first, count, x);
     } else {
       x = ctx->saved_data["x"].toTensor();
       y = ctx->saved_data["y"].toTensor();
@@ -96,8 +111,8 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
       ctx->saved_data.erase("y");
     }
     torch::autograd::backward({y}, {grad_out[0]});
-    hooks->after_backward(layer - model->stage().first_block);
-    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    for (int64_t l = first + count - 1; l >= first; --l) hooks->after_backward(l - base);
+    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -106,6 +121,9 @@ class HookedBlock : public torch::autograd::Function<HookedBlock> {
 namespace {
 // The LoRA adapters' dropout masks come from streams of their own, past every block's dropout sites.
 constexpr uint64_t kAdapterStreams = uint64_t{1} << 40;
+// The stream of the adapter beside projection `l`: keyed by its whole tensor's number, so a split model's rank
+// drops what one rank drops.
+uint64_t adapter_stream(const Linear& l) { return kAdapterStreams + static_cast<uint64_t>(l.index); }
 }  // namespace
 
 torch::Tensor LanguageModel::dropout(const torch::Tensor& x, double p, int64_t layer, int site) const {
@@ -123,7 +141,7 @@ torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint
 torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
   const torch::Tensor y = projection(x, l.weight, l.bias, in_out);
   if (!l.lora_a.defined()) return y;
-  const torch::Tensor dropped = dropout_from(x, lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index));
+  const torch::Tensor dropped = dropout_from(x, lora_dropout_, adapter_stream(l));
   // Split over a tensor group (a column-parallel projection: B holds the rank's outputs), A is whole on every rank
   // and each rank's gradient of it a part: summed over the group, as the input's is.
   const torch::Tensor low = projection(dropped, column_input(l.lora_a), {}, false);  // (..., r)
@@ -154,7 +172,7 @@ torch::Tensor LanguageModel::row_dropout(const torch::Tensor& x, const Linear& l
   std::vector<int64_t> whole = x.sizes().vec();
   whole.back() = cols * group;
   const torch::Tensor kept =
-      dropout_from(torch::ones(whole, x.options().dtype(torch::kFloat32)), lora_dropout_, kAdapterStreams + static_cast<uint64_t>(l.index))
+      dropout_from(torch::ones(whole, x.options().dtype(torch::kFloat32)), lora_dropout_, adapter_stream(l))
           .narrow(-1, cols * tensor_.comm->rank(), cols);
   return (x.to(torch::kFloat32) * kept).to(x.scalar_type());
 }
@@ -293,19 +311,32 @@ torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tens
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {
   const bool training = torch::GradMode::is_enabled();
   const bool recompute = checkpoint_activations_ && training;
-  // Frozen embeddings (LoRA) give the blocks an input that takes no gradient, and a Function wrapping a
-  // block (recomputed, hooked) passes gradients on only when its input takes one: make it a leaf that does.
-  if (training && !x.requires_grad()) x = x.detach().requires_grad_(true);
-  for (int64_t l = stage_.first_block; l < stage_.first_block + num_blocks(); ++l) {
-    if (hooks_ && training) {
-      x = HookedBlock::apply(x, this, hooks_, l, recompute);
-    } else if (hooks_) {  // evaluation: parameters gathered, nothing to reduce
-      hooks_->before_forward(l - stage_.first_block);
-      x = block(l, x);
-      hooks_->after_forward(l - stage_.first_block);
-    } else {
-      x = recompute ? RecomputedBlock::apply(x, this, l) : block(l, x);
+  const auto forward_only = [&](int64_t l, const torch::Tensor& in) {  // parameters gathered, nothing kept or reduced
+    if (!hooks_) return block(l, in);
+    hooks_->before_forward(l - stage_.first_block);
+    torch::Tensor out = block(l, in);
+    hooks_->after_forward(l - stage_.first_block);
+    return out;
+  };
+  const int64_t end = stage_.first_block + num_blocks();
+  for (int64_t l = stage_.first_block; l < end; ++l) {
+    if (!training) {  // evaluation
+      x = forward_only(l, x);
+      continue;
     }
+    if (l < backward_from_) {  // nothing in or below this block trains: no graph
+      torch::NoGradGuard no_graph;
+      x = forward_only(l, x);
+      continue;
+    }
+    // Frozen embeddings (LoRA) or blocks give the blocks an input that takes no gradient, and a Function wrapping
+    // blocks (recomputed, hooked) passes gradients on only when its input takes one: make it a leaf that does.
+    if (!x.requires_grad()) x = x.detach().requires_grad_(true);
+    // Recomputed in groups of recompute_group_ blocks, counted from the first block whose backward runs.
+    const int64_t count = recompute ? std::min(recompute_group_, end - l) : 1;
+    if (hooks_) x = HookedBlocks::apply(x, this, hooks_, l, count, recompute);
+    else x = recompute ? RecomputedBlocks::apply(x, this, l, count) : block(l, x);
+    l += count - 1;
   }
   return x;
 }
@@ -438,6 +469,8 @@ std::unique_ptr<LanguageModel> make_model(const Plan& plan, const FlatParams& pa
   DS_CHECK(m != nullptr, "no model for architecture ", model_arch_name(plan.model.hp.arch));
   DS_CHECK(weights.done(), "the model left parameters or adapters unbound");
   m->set_checkpoint_activations(plan.activation_checkpointing);
+  m->set_backward_from(plan.backward_from);
+  m->set_recompute_group(plan.recompute_group);
   if (plan.lora.enabled) m->set_lora(plan.lora.scale, plan.lora.dropout);
   return m;
 }

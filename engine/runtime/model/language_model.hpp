@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -129,8 +130,14 @@ class LanguageModel {
   virtual torch::Tensor block(int64_t layer, const torch::Tensor& x) const = 0;
   virtual int64_t num_blocks() const = 0;
 
-  // Activation checkpointing: keep only each block's input and recompute the block in backward.
+  // Activation checkpointing: keep only each group's input and recompute the group in backward, `group` blocks at
+  // a time (1: each block; pipeline.activation_checkpoint_interval).
   void set_checkpoint_activations(bool on) { checkpoint_activations_ = on; }
+  void set_recompute_group(int64_t group) { recompute_group_ = std::max<int64_t>(group, 1); }
+  // In training, the blocks below `layer` (the whole model's number: Plan::backward_from) run forward only, keeping
+  // nothing: nothing in or below them trains, so no gradient is wanted there.
+  void set_backward_from(int64_t layer) { backward_from_ = layer; }
+  int64_t backward_from() const { return backward_from_; }
   // Not owned; null runs the blocks plainly.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   // Not owned; null (the default) reports nothing.
@@ -222,6 +229,8 @@ class LanguageModel {
 
  private:
   bool checkpoint_activations_ = false;
+  int64_t backward_from_ = 0;
+  int64_t recompute_group_ = 1;
   uint64_t dropout_key_ = 0;
   bool training_ = true;
   double loss_gradient_ = 1.0;

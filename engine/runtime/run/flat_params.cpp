@@ -151,6 +151,10 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   if (const ZeroBuffer* b = z.find_anywhere(BufferRole::grads)) f.grads_place = b->place;
   f.whole_params = arenas.take(BufferRole::whole_params);
   f.grads = arenas.take(BufferRole::grads);
+  if (L.numel == 0) {  // a pipeline stage training nothing (its every tensor frozen): no element, no buffer in the plan
+    f.params = device.allocate(Place::device, plan.precision.param_dtype, 0, false);
+    f.grads = device.allocate(Place::device, plan.precision.grad_dtype, 0, false);
+  }
   DS_CHECK((f.params.defined() || f.params_swapped) && f.grads.defined(), "the execution lacks the parameters or gradients");
   f.compute = z.widened ? arenas.take(BufferRole::compute) : f.params;  // widened stage 3 reads gathered buffers only
   f.compute_grads = z.widened ? arenas.take(BufferRole::compute_grads) : f.grads;

@@ -366,10 +366,10 @@ double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) 
   bool partial = false;
   if (comm_) comm_->settle();  // the gradients' last reduces, before the host reads their norm
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
-  if (!counted_params_.empty() && comm_) {
-    // A split model: every rank holds a part, summed over the world; a tensor every tensor rank holds whole
-    // counts once (tensor rank 0's), the tied head's copy not at all (the table does), and a stage-0 replica of
-    // the whole share once (data rank 0's).
+  if (plan_.mesh.shape.splits_the_model() && comm_) {
+    // A split model: every rank holds a part, summed over the world (a stage training nothing adds 0); a tensor
+    // every tensor rank holds whole counts once (tensor rank 0's), the tied head's copy not at all (the table
+    // does), and a stage-0 replica of the whole share once (data rank 0's).
     const MeshCoord at = mesh_coord(plan_.mesh.shape, comm_->rank());
     if (!plan_.execution.sharded && at.data != 0) sum_of_squares = 0;
     else sum_of_squares = zero_.grad_sum_of_squares_of(counted_params_);

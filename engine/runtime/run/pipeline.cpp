@@ -15,6 +15,13 @@ PipelineStageRunner::PipelineStageRunner(LanguageModel& model, Communicator* sta
   }
   DS_CHECK(model.stage().embeddings == (stage_ == 0) && model.stage().head == (stage_ == count_ - 1),
            "pipeline stage ", stage_, " of ", count_, ": the model holds other ends");
+  PipelineStage at;  // this stage's ends and blocks, as the model holds them
+  at.first_block = static_cast<int>(model.stage().first_block);
+  at.blocks = static_cast<int>(model.num_blocks());
+  at.embeddings = model.stage().embeddings;
+  at.head = model.stage().head;
+  runs_backward_ = stage_runs_backward(at, model.backward_from());
+  sends_gradient_ = stage_sends_gradient(at, model.backward_from());
 }
 
 torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch::Tensor* kept_input) {
@@ -23,7 +30,7 @@ torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch:
     x = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
     stages_->recv(x, stage_ - 1, CollectiveKind::pipeline_activations);
     note(PipelineEvent::received_activation, micro);
-    if (torch::GradMode::is_enabled()) x.requires_grad_(true);  // its gradient goes back to the previous stage
+    if (torch::GradMode::is_enabled() && sends_gradient_) x.requires_grad_(true);  // its gradient goes back to the previous stage
     if (kept_input) *kept_input = x;
   }
   note(PipelineEvent::forward, micro);
@@ -59,6 +66,14 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
   int in_flight = 0;
   most_in_flight_ = most_sends_held_ = 0;
   try {
+    if (!runs_backward_) {  // forward only, each output let go once the next stage has it
+      for (int m = 0; m < micro_batches_; ++m) {
+        forward(m, prepare(m, true), nullptr);
+        release(/*activations=*/true, m - 1);
+      }
+      finish_sends();
+      return losses;
+    }
     for (const PipelineOp& op : one_forward_one_backward(count_, stage_, micro_batches_)) {
       const auto m = static_cast<size_t>(op.micro);
       if (op.forward) {
@@ -83,7 +98,7 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
         note(PipelineEvent::backward, op.micro);
         outputs[m].backward(grad);
       }
-      if (!model_.stage().embeddings) {
+      if (sends_gradient_) {
         DS_CHECK(inputs[m].grad().defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
         const torch::Tensor grad_in = inputs[m].grad().contiguous();
         sends_.push_back({stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in, op.micro, false});

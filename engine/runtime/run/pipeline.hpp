@@ -6,7 +6,9 @@
 // stages only ever wait for what they need: a neighbour's message. The activations of a micro-batch are kept
 // from its forward to its backward, at most PipelineStage::in_flight of them at once; a sent tensor is let go
 // as soon as the schedule says it has arrived (an activation when its gradient comes back, a gradient when the
-// previous stage's next forward does), so the sends hold no more than that either.
+// previous stage's next forward does), so the sends hold no more than that either. A stage whose blocks all lie
+// below every trained tensor (Plan::backward_from) runs its forwards alone, and the stage after it sends no
+// gradient back.
 #pragma once
 
 #include <torch/torch.h>
@@ -71,6 +73,9 @@ class PipelineStageRunner {
   LanguageModel& model_;
   Communicator* stages_;
   int stage_ = 0, count_ = 1, micro_batches_;
+  // A stage whose blocks all run forward only (below every trained tensor) has no backward; the first stage
+  // with one sends no gradient back to them.
+  bool runs_backward_ = true, sends_gradient_ = true;
   std::vector<int64_t> shape_;
   torch::ScalarType dtype_;
   struct Send {

@@ -449,7 +449,10 @@ void RunReport::finish() {
     log_.note("ds train: stage " + std::to_string(own_stage(p)) + " waited for the other stages (their activations, gradients, the step's end) " +
               format_fixed(100 * later[later.size() / 2], 1) + "% of a step (the median after the first; the plan's bubble: " +
               format_fixed(100 * m.bubble, 1) + "%, (p - 1) / (m + p - 1) with p " + std::to_string(m.shape.pipeline) + ", m " +
-              std::to_string(m.micro_batches) + "; more is the stages' uneven work or the link)");
+              std::to_string(m.micro_batches) + "; more is the stages' uneven work or the link" +
+              (stage_runs_backward(m.stages[static_cast<size_t>(own_stage(p))], p.backward_from)
+                   ? ")"
+                   : "; this stage runs forward only, nothing in or below it training, and waits out the others' backward)"));
   }
   // The plan's predicted step beside the measured one (its first step left out: warm-up), where the plan knew the rates.
   if (p.step_time.step_known() && r.step_seconds.size() > 1) {

@@ -346,7 +346,9 @@ void ZeroExchange::after_forward(int64_t layer) {
 }
 
 void ZeroExchange::before_backward(int64_t layer) {
-  if (stage3_) gather_block(layer, CollectiveKind::parameters_backward, layer - 1);
+  // The block below runs backward next, unless it ran forward only (below every trained tensor). (Stage 3 runs
+  // without pipeline stages: the blocks are numbered as the model's.)
+  if (stage3_) gather_block(layer, CollectiveKind::parameters_backward, layer - 1 >= plan_.backward_from ? layer - 1 : -1);
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
