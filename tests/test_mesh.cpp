@@ -431,12 +431,19 @@ TEST(PlanMesh, AMemoryCutMakesTheHeaviestStageTheLeastOfEveryCut) {
   const Plan lora = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", "model.lora={\"r\": 4}"});
   EXPECT_FALSE(std::any_of(lora.warnings.begin(), lora.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
   EXPECT_DOUBLE_EQ(heaviest(lora), least_of_every_cut(lora));
-  // model.freeze makes blocks unlike (a frozen one holds no gradient or state), which the cut assumes they are: cut by
-  // parameters, said.
-  const Plan frozen = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", R"(model.freeze=["transformer.h.0.*"])"});
-  EXPECT_TRUE(std::any_of(frozen.warnings.begin(), frozen.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.partition"; }));
-  for (size_t s = 0; s < frozen.mesh.stages.size(); ++s)
-    EXPECT_EQ(frozen.mesh.stages[s].blocks, test::plan_of(cfg, 4, 0, {R"(model.freeze=["transformer.h.0.*"])"}).mesh.stages[s].blocks);
+  // model.freeze makes blocks unlike (a frozen one holds no gradient or state; below every trained tensor no
+  // activations either): the cut weighs each stage's own blocks, and is still the least of every cut.
+  for (const std::string freeze : {R"(model.freeze=["transformer.h.0.*"])", R"(model.freeze=["transformer.h.[4-7].*"])",
+                                   R"(model.freeze=["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.[0-2].*"])"}) {
+    SCOPED_TRACE(freeze);
+    const Plan frozen = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", freeze});
+    EXPECT_DOUBLE_EQ(heaviest(frozen), least_of_every_cut(frozen));
+    EXPECT_LE(heaviest(frozen), heaviest(test::plan_of(cfg, 4, 0, {freeze})));
+  }
+  // Freezing the last four blocks, their stages hold no states: the memory cut gives them more blocks than the
+  // cut by parameters does.
+  const Plan back = test::plan_of(cfg, 4, 0, {"pipeline.partition=memory", R"(model.freeze=["transformer.h.[4-7].*"])"});
+  EXPECT_GT(back.mesh.stages.back().blocks + back.mesh.stages[2].blocks, 4);
 }
 
 TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) {

@@ -3,6 +3,8 @@
 // stage's rank judged, and the warnings a split model's plan carries.
 #include <algorithm>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "common/format.hpp"
 #include "engine/plan/plan.hpp"
@@ -108,13 +110,18 @@ Plan stage_rank_plan(const Plan& plan, size_t s, int zero_stage) {
 
 namespace {
 
-// Device bytes per rank (the host's a tie-break, as lay_out_mesh judges) of pipeline stage `s` holding `n` blocks,
-// the other stages holding the rest: the blocks are alike, so which ones does not matter.
-double stage_bytes_with(const Plan& plan, int s, int n, int zero_stage) {
+// Device bytes per rank (the host's a tie-break, as lay_out_mesh judges) of pipeline stage `s` holding the `n` blocks
+// from block `b`, the stages before it the `b` blocks before and the stages after the rest (one block each at least,
+// which does not change stage s's own bytes).
+double stage_bytes_with(const Plan& plan, int s, int b, int n, int zero_stage) {
   const int p = plan.mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
+  int before = b, after = L - b - n;
+  if (s == 0) after += std::exchange(before, 0);  // (alike blocks: only how many the stage holds matters)
+  if (s == p - 1) before += std::exchange(after, 0);
   std::vector<int> blocks(static_cast<size_t>(p), 1);
   blocks[static_cast<size_t>(s)] = n;
-  blocks[static_cast<size_t>(s == 0 ? p - 1 : 0)] += L - n - (p - 1);
+  if (s > 0) blocks[0] += before - s;
+  if (s < p - 1) blocks[static_cast<size_t>(p - 1)] += after - (p - 1 - s);
   Plan probe = plan;
   cut_stages(probe.mesh, probe.model, blocks);
   const Plan rank = stage_rank_plan(probe, static_cast<size_t>(s), zero_stage);
@@ -125,58 +132,56 @@ double stage_bytes_with(const Plan& plan, int s, int n, int zero_stage) {
 
 // pipeline.partition "memory": the cut whose heaviest stage needs the least memory per rank. A stage's bytes grow
 // with its blocks (their weights, gradients and states, and the activations of the micro-batches it holds at once,
-// more on the first stages); the least capacity every stage's blocks fit in is found by bisection, each stage
-// taking the most blocks within it (a binary search over its block count, each count's bytes the plan's memory
-// model's, computed once), and the stages from the first take as many as they may.
+// more on the first stages); the least capacity every stage's blocks fit in is found by bisection, the stages from
+// the first taking as many blocks as fit in it (a binary search over the block count, each count's bytes the plan's
+// memory model's, computed once), which leaves the later stages the fewest. Blocks alike (every one training, or
+// LoRA's) weigh the same wherever they are; under model.freeze a stage's bytes depend on which blocks it holds (a
+// frozen block has no gradient or state, and below every trained tensor no activations either).
 void cut_stages_by_memory(Plan& plan, int zero_stage) {
   MeshPlan& mesh = plan.mesh;
   const int p = mesh.shape.pipeline, L = static_cast<int>(plan.model.hp.num_layers);
   if (p <= 1 || L < p) return;
-  if (!plan.lora.enabled && !plan.frozen.empty()) {
-    plan.warnings.push_back({"pipeline.partition",
-                             "memory: with model.freeze the blocks are not alike (a frozen one holds no gradient or optimizer state), "
-                             "which the memory cut assumes",
-                             "the blocks are cut by parameters instead"});
-    return;
-  }
-  const int most = L - p + 1;  // the others keep a block each
-  std::map<std::pair<int, int>, double> known;
-  const auto bytes = [&](int s, int n) {
-    const auto [it, added] = known.try_emplace({s, n}, 0.0);
-    if (added) it->second = stage_bytes_with(plan, s, n, zero_stage);
+  const bool alike = plan.lora.enabled || plan.frozen.empty();
+  std::map<std::tuple<int, int, int>, double> known;
+  const auto bytes = [&](int s, int b, int n) {
+    const auto [it, added] = known.try_emplace({s, alike ? 0 : b, n}, 0.0);
+    if (added) it->second = stage_bytes_with(plan, s, b, n, zero_stage);
     return it->second;
   };
-  const auto most_within = [&](int s, double cap) {  // 0: not even one block fits
-    int lo = 0, hi = most;
+  const auto most_within = [&](int s, int b, double cap) {  // 0: not even one block fits
+    int lo = 0, hi = L - b - (p - 1 - s);  // the stages after keep a block each
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (bytes(s, mid) <= cap) lo = mid; else hi = mid - 1;
+      if (bytes(s, b, mid) <= cap) lo = mid; else hi = mid - 1;
     }
     return lo;
   };
-  const auto fits = [&](double cap) {
-    int total = 0;
+  // The blocks each stage takes under `cap`, from the first; empty where they do not all fit.
+  const auto cut_within = [&](double cap) {
+    std::vector<int> blocks;
+    int b = 0;
     for (int s = 0; s < p; ++s) {
-      const int n = most_within(s, cap);
-      if (n == 0) return false;
-      total += n;
+      const int n = s == p - 1 ? (bytes(s, b, L - b) <= cap ? L - b : 0) : most_within(s, b, cap);
+      if (n == 0) return std::vector<int>{};
+      blocks.push_back(n);
+      b += n;
     }
-    return total >= L;
+    return blocks;
   };
-  double lo = 0, hi = 0;  // lo does not fit (or is the least any stage needs), hi does
-  for (int s = 0; s < p; ++s) lo = std::max(lo, bytes(s, 1)), hi = std::max(hi, bytes(s, most));
-  if (fits(lo)) hi = lo;
+  // lo does not fit (or is the least any cut needs), hi does: the cut by parameters' heaviest stage (a stage's
+  // bytes never grow when it holds fewer of its blocks, so the greedy cut fits wherever any cut does).
+  double lo = 0, hi = 0;
+  for (int s = 0, b = 0; s < p; b += mesh.stages[static_cast<size_t>(s)].blocks, ++s)
+    hi = std::max(hi, bytes(s, b, mesh.stages[static_cast<size_t>(s)].blocks));
+  if (alike)
+    for (int s = 0; s < p; ++s) lo = std::max(lo, bytes(s, s, 1));  // every cut gives each stage a block at least
+  if (!cut_within(lo).empty()) hi = lo;
   for (int i = 0; i < 64 && hi - lo > 1.0; ++i) {
     const double mid = lo + (hi - lo) / 2;
-    (fits(mid) ? hi : lo) = mid;
+    (cut_within(mid).empty() ? lo : hi) = mid;
   }
-  std::vector<int> blocks;
-  int left = L;
-  for (int s = 0; s < p; ++s) {
-    const int n = s == p - 1 ? left : std::min(most_within(s, hi), left - (p - 1 - s));
-    blocks.push_back(n);
-    left -= n;
-  }
+  const std::vector<int> blocks = cut_within(hi);
+  DS_CHECK(!blocks.empty(), "no cut of ", L, " blocks into ", p, " stages within ", hi, " bytes");
   cut_stages(mesh, plan.model, blocks);
 }
 
