@@ -177,6 +177,7 @@ struct LoraConfig {
   double alpha = 8, dropout = 0;
   std::vector<std::string> target_modules;  // empty: the architecture's default; {kAllLinear}: all its projections
   LoraInit init = LoraInit::kaiming_uniform;
+  std::vector<int64_t> layers_to_transform;  // PEFT's: the blocks whose projections get an adapter (empty: every block)
 };
 
 struct ModelConfig {

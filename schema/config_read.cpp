@@ -279,6 +279,11 @@ void read_model_block(const json& d, Config& c, std::vector<ConfigIssue>& errors
     if (l.contains("target_modules") && l["target_modules"].is_array()) lc.target_modules = l["target_modules"].get<std::vector<std::string>>();
     if (l.contains("target_modules") && l["target_modules"].is_string()) lc.target_modules = {kAllLinear};  // "all-linear"
     lc.init = l.value("init", std::string("kaiming_uniform")) == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
+    if (l.contains("layers_to_transform")) {  // one block (PEFT's int) or a list
+      const json& layers = l["layers_to_transform"];
+      if (layers.is_number_integer()) lc.layers_to_transform = {layers.get<int64_t>()};
+      if (layers.is_array()) lc.layers_to_transform = layers.get<std::vector<int64_t>>();
+    }
   }
   if (!c.model.preset.empty() && !c.model.hf_config.empty())
     errors.push_back({"model", "both preset and hf_config are given", "keep one of them"});

@@ -392,6 +392,57 @@ TEST(CliConvert, ALoraRunsPeftAdapterMergedOnItsBaseByAnIndependentReaderScoresW
   EXPECT_TRUE(contains(r.err, "holds no LoRA adapter")) << r.err;
 }
 
+// PEFT's layers_to_transform: the adapter on block 1 alone (block 0 below it runs forward only). The exported
+// adapter names the block and holds its tensors alone; the independent reader, merging what the adapter holds,
+// scores the window as ds does; ds continues it only with the same blocks.
+TEST(CliConvert, AnAdapterOnSomeBlocksExportsTheirNumbersAndScoresWhatDsScores) {
+  if (std::system("python3 -c 'import json, struct' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string dir = scratch_dir() + "/lora_layers";
+  std::filesystem::create_directories(dir);
+  write_window(dir + "/window.bin", 41, 5);
+  ASSERT_EQ(ds("train examples/quickstart.json bf16.enabled=false train.steps=20 train.eval_every=0 train.output_dir=" + dir + "/base").code, 0);
+  ASSERT_EQ(ds("convert-ckpt " + dir + "/base " + dir + "/base-hf").code, 0);
+  const std::string lora = "train examples/lora.json bf16.enabled=false model.init_from=" + dir + "/base-hf model.lora.dropout=0 "
+                           "model.lora.layers_to_transform=1 ";
+  Result r = ds("plan" + lora.substr(5));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "block 0 runs forward only")) << r.out;
+  r = ds(lora + "train.steps=15 train.eval_every=0 train.output_dir=" + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/adapter --adapter");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(dir + "/adapter/adapter_config.json"));
+  EXPECT_EQ(cfg["layers_to_transform"], nlohmann::json::parse("[1]"));
+  r = ds("convert-ckpt --info " + dir + "/run --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json info = nlohmann::json::parse(r.out);
+  ASSERT_EQ(info["tensors"].size(), 2u * 4u);  // A and B x 4 projections of block 1
+  for (const auto& t : info["tensors"]) EXPECT_TRUE(contains(t["name"].get<std::string>(), ".h.1.")) << t["name"];
+  // One more step on the window (its loss taken before the update) against the reader's with the adapter merged.
+  r = ds(lora + "train.steps=16 train.output_dir=" + dir + "/run --resume data.type=tokens data.path=" + dir +
+         "/window.bin data.token_format=uint16 data.seq_len=16 data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.eval_every=0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const double ds_loss = metrics_of(dir + "/run").back()["loss"].get<double>();
+  const std::string py = "python3 " DS_SOURCE_DIR "/tests/tools/hf_lm_loss.py " + dir + "/base-hf " + dir + "/window.bin ";
+  ASSERT_EQ(std::system((py + dir + "/adapter > " + dir + "/merged.txt").c_str()), 0);
+  EXPECT_NEAR(std::stod(slurp(dir + "/merged.txt")), ds_loss, 1e-4 * ds_loss);
+  // Continued from the PEFT files with the same blocks; refused with others, naming the key and both.
+  const std::string on_window = "data.type=tokens data.path=" + dir + "/window.bin data.token_format=uint16 data.seq_len=16 "
+                                "data.val_fraction=0 train_micro_batch_size_per_gpu=1 train.eval_every=0 train.steps=1 ";
+  const std::string from = "train examples/lora.json bf16.enabled=false model.lora.dropout=0 model.init_from=" + dir + "/adapter " + on_window;
+  r = ds(from + "model.lora.layers_to_transform=[1] train.output_dir=" + dir + "/continued");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NEAR(metrics_of(dir + "/continued").front()["loss"].get<double>(), ds_loss, 1e-6 * ds_loss);
+  r = ds(from + "train.output_dir=" + dir + "/every");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "model.lora.layers_to_transform is every block (null), but the adapter")) << r.err;
+  EXPECT_TRUE(contains(r.err, "has [1]")) << r.err;
+  // A block the model does not have is the config's error.
+  r = ds("plan examples/lora.json model.lora.layers_to_transform=[0,7] model.init_from=" + dir + "/base-hf");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "block 7 is past the model's 2 blocks")) << r.err;
+}
+
 TEST(CliConvert, AFrozenRunCheckpointsWhatTrainedAndMergesWithItsBaseIntoTheModelItTrained) {
   const std::string dir = scratch_dir() + "/freeze";
   base_and_window(dir, 29, 3);

@@ -146,6 +146,7 @@ const std::map<std::string, const char*> kActs = {
     {"model.lora.dropout", "runtime: dropout on the adapter's input"},
     {"model.lora.target_modules", "plan: which projections get an adapter"},
     {"model.lora.init", "runtime: A's initial values"},
+    {"model.lora.layers_to_transform", "plan: which blocks get an adapter (resolve_lora); the blocks below them run forward only"},
     {"model.init_from", "runtime: initial weights (engine/runtime/io/weights.cpp)"},
     {"data.type", "data"},
     {"data.path", "data"},

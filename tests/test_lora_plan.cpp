@@ -90,6 +90,18 @@ TEST(LoraPlan, TheAdaptersActivationsAreCountedPerBlock) {
   EXPECT_DOUBLE_EQ(plain.memory.device.activations - full.memory.device.activations, L * tokens * (8 + 8) * 2);
   EXPECT_DOUBLE_EQ(with_dropout.memory.device.activations - full.memory.device.activations,
                    L * tokens * (8 + C + 8 + I) * 2);
+  // PEFT's layers_to_transform: block 1's adapters alone, block 0 below them running forward only (its activations
+  // not kept either: the same difference as freezing the embeddings and block 0 without an adapter).
+  const Plan upper = test::plan_of(kTiny, 1, 0, {two, "model.lora.layers_to_transform=[1]"});
+  EXPECT_EQ(upper.lora.layers, std::vector<int64_t>{1});
+  EXPECT_EQ(upper.backward_from, 1);
+  ASSERT_EQ(upper.lora.adapters.tensors.size(), 4u);
+  for (const TensorSpec& t : upper.lora.adapters.tensors) EXPECT_EQ(t.layer, 1) << t.name;
+  const Plan frozen_below = test::plan_of(kTiny, 1, 0, {R"(model.freeze=["model.embed_tokens.weight", "model.layers.0.*"])"});
+  const Plan frozen_none = test::plan_of(kTiny, 1, 0, {R"(model.freeze=["model.embed_tokens.weight"])"});
+  EXPECT_DOUBLE_EQ(upper.memory.device.activations - plain.memory.device.activations,
+                   frozen_below.memory.device.activations - frozen_none.memory.device.activations - tokens * (8 + 8) * 2);
+  EXPECT_LT(upper.train_flops_per_token(), plain.train_flops_per_token());
 }
 
 TEST(LoraPlan, AnUnknownModuleIsRefusedNamingTheModelsAndTheDefaultIsPefts) {
@@ -154,6 +166,10 @@ TEST(FreezePlan, FrozenTensorsLeaveTheLayoutForTheFrozenBufferAndLoseTheirWeight
   const Plan tied_full = test::plan_of(kTiny, 1, 0, {"model.tie_word_embeddings=true"});
   EXPECT_DOUBLE_EQ(tied.train_flops_per_token(),
                    tied_full.train_flops_per_token() - 2.0 * static_cast<double>(hp.vocab_size * hp.hidden_size));
+  // "[0-15]" is one character (0, 1 or 5), not the numbers 0 to 15: said.
+  const Plan slip = test::plan_of(kTiny, 1, 0, {R"(model.freeze=["model.layers.[0-15].*"])"});
+  EXPECT_TRUE(std::any_of(slip.warnings.begin(), slip.warnings.end(),
+                          [](const ConfigIssue& w) { return w.path == "model.freeze" && w.message.find("not the numbers 0 to 15") != std::string::npos; }));
   // A pattern naming nothing, and freezing everything, are refused.
   for (const std::string& bad : {std::string(R"(model.freeze=["model.layers.9.*"])"), std::string(R"(model.freeze=["*"])")}) {
     try {

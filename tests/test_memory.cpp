@@ -95,6 +95,11 @@ TEST(MemoryModel, ActivationsGrowWithTokensAndShrinkWithCheckpointing) {
   }
   const ActivationParts plain = activation_parts(m8, 2, 64, Dtype::fp32, 0, 1, 5);
   EXPECT_DOUBLE_EQ(plain.kept, 2 * T * (3 * block + head));
+  EXPECT_DOUBLE_EQ(plain.workspace, workspace(2));
+  // Every block forward only: nothing kept, the running block's own held while it runs.
+  const ActivationParts passing = activation_parts(m8, 2, 64, Dtype::fp32, 0, 1, 8);
+  EXPECT_DOUBLE_EQ(passing.kept, 2 * T * head);
+  EXPECT_DOUBLE_EQ(passing.workspace, 2 * T * block + workspace(2));
   EXPECT_DOUBLE_EQ(tiny(1).memory.device.activations, a1);
   // GPT-2 at 4 x 1024 tokens: the logits come 667 rows at a time (2^25 elements / 50257), not 4096;
   // the attention 170 query rows at a time (2^23 scores / (4 x 12 heads x 1024 keys)).

@@ -238,13 +238,13 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   EXPECT_EQ(s0.traffic.pipeline_sends, m);  // its activations on; nothing comes back
   EXPECT_EQ(s1.traffic.pipeline_sends, 0);
   // Its blocks keep no activations: against the same blocks frozen with the token table training (a backward through
-  // them), its two blocks' for each micro-batch it holds fewer.
+  // them), its two blocks' for each micro-batch it holds fewer, one block's held while it runs more.
   const Plan trained = test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.freeze=[\"model.layers.[01].*\"]"});
   EXPECT_EQ(trained.backward_from, 0);
   EXPECT_EQ(trained.mesh.stages[1].traffic.pipeline_sends, m);
   const ModelSpec share = stage_share(trained.model, trained.mesh, 0);
   const double per_micro_batch = 2.0 * 32 * 2 * share.block_activation_bytes_per_token(32, dtype_bytes(trained.precision.compute_dtype));
-  EXPECT_NEAR(trained.mesh.stages[0].memory.device.activations - s0.memory.device.activations, s0.in_flight * per_micro_batch,
+  EXPECT_NEAR(trained.mesh.stages[0].memory.device.activations - s0.memory.device.activations, (s0.in_flight - 0.5) * per_micro_batch,
               1e-9 * per_micro_batch);
   // Lamb's per-tensor norms are summed over the data and tensor groups: it trains on any mesh.
   EXPECT_TRUE(not_yet_runnable(test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "optimizer.type=Lamb"})).empty());

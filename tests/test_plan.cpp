@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -577,4 +578,10 @@ TEST(PlanCompiler, DeepSpeedsCheckpointIntervalRecomputesBlocksInGroups) {
   ASSERT_EQ(profiled.size(), 1u);
   EXPECT_NE(profiled[0].find("activation_checkpoint_interval 4"), std::string::npos) << profiled[0];
   EXPECT_TRUE(plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=2", "model.activation_checkpointing=false"}).activation_checkpointing);
+  // A group holding every block recomputes them all at once: said (the key still acts).
+  const auto warned = [](const Plan& p) {
+    return std::any_of(p.warnings.begin(), p.warnings.end(), [](const ConfigIssue& w) { return w.path == "pipeline.activation_checkpoint_interval"; });
+  };
+  EXPECT_FALSE(warned(four));
+  EXPECT_TRUE(warned(plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=12"})));
 }

@@ -30,7 +30,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::parameters_outer: return "parameters outside the blocks";
     case CollectiveKind::parameters_backward: return "parameters (backward)";
     case CollectiveKind::parameters_whole: return "parameters kept whole";
-    case CollectiveKind::frozen_parameters: return "frozen parameters (both passes)";
+    case CollectiveKind::frozen_parameters: return "frozen parameters (each pass)";
     case CollectiveKind::parameters_validation: return "parameters (validation)";
     case CollectiveKind::validation_loss: return "validation loss";
     case CollectiveKind::tensor_activations: return "tensor-parallel activations";

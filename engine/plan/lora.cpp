@@ -50,11 +50,19 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
     if (std::count(p.target_modules.begin(), p.target_modules.end(), t) > 1)
       errors.push_back({"model.lora.target_modules", "'" + t + "' is listed twice", "list each module once"});
   }
+  p.layers = c.layers_to_transform;
+  std::sort(p.layers.begin(), p.layers.end());
+  p.layers.erase(std::unique(p.layers.begin(), p.layers.end()), p.layers.end());
+  if (!p.layers.empty() && p.layers.back() >= base.hp.num_layers)
+    errors.push_back({"model.lora.layers_to_transform",
+                      "block " + std::to_string(p.layers.back()) + " is past the model's " + std::to_string(base.hp.num_layers) + " blocks",
+                      "number the blocks from 0 to " + std::to_string(base.hp.num_layers - 1)});
   p.adapters.hp = base.hp;
   std::map<int, int64_t> per_block;
   for (size_t i = 0; i < base.tensors.size(); ++i) {
     const TensorSpec& t = base.tensors[i];
     if (!adaptable(t)) continue;
+    if (!p.layers.empty() && !std::binary_search(p.layers.begin(), p.layers.end(), static_cast<int64_t>(t.layer))) continue;
     const std::string module = lora_module_of(t.name);
     if (std::find(p.target_modules.begin(), p.target_modules.end(), module) == p.target_modules.end()) continue;
     // nn.Linear stores (out, in); GPT-2's Conv1D (in, out).
@@ -165,17 +173,21 @@ double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint
   return 6 * VC;
 }
 
-double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes) {
-  if (!lora.enabled || lora.adapters.tensors.empty()) return 0;
-  double elements = 0;
-  const int first_layer = lora.adapters.tensors.front().layer;
-  for (size_t i = 0; i < lora.adapters.tensors.size(); i += 2) {  // A then B, one module
+double lora_activation_bytes_per_token(const LoraPlan& lora, int bytes, int64_t recompute_group) {
+  if (!lora.enabled) return 0;
+  std::map<int64_t, double> per_block;  // elements per token
+  for (size_t i = 0; i + 1 < lora.adapters.tensors.size(); i += 2) {  // A then B, one module
     const TensorSpec& a = lora.adapters.tensors[i];
-    if (a.layer != first_layer) break;  // every block has the same adapters
-    elements += static_cast<double>(lora.r);                         // x A^T, B's input
-    if (lora.dropout > 0) elements += static_cast<double>(a.shape[1]);  // dropout(x), A's input (the mask is recomputed)
+    per_block[a.layer] += static_cast<double>(lora.r) + (lora.dropout > 0 ? static_cast<double>(a.shape[1]) : 0.0);
   }
-  return elements * bytes;
+  double most = 0, all = 0;
+  for (const auto& [layer, elements] : per_block) {
+    all += elements;
+    double window = 0;  // the group of G blocks ending at this one
+    for (auto it = per_block.lower_bound(layer - recompute_group + 1); it != per_block.end() && it->first <= layer; ++it) window += it->second;
+    most = std::max(most, window);
+  }
+  return (recompute_group > 0 ? most : all) * bytes;
 }
 
 }  // namespace ds

@@ -27,6 +27,7 @@ struct LoraPlan {
   // The trainable tensors as a model of their own: hp is the base's, tensors the adapters', counts theirs.
   ModelSpec adapters;
   std::vector<int> adapted;  // per adapter tensor: the index of the base tensor it adapts
+  std::vector<int64_t> layers;  // model.lora.layers_to_transform resolved (sorted, each once); empty: every block
 };
 
 // The module names a LoRA target may take for this architecture (PEFT's spelling), in block order.
@@ -67,8 +68,10 @@ double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>&
 // token table) is frozen.
 double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen);
 
-// Activations the adapters keep for backward per token of one block, `bytes` per element: x A^T (r) per
-// targeted module, and with dropout the dropped input (in) as well: its mask is recomputed, not kept.
-double lora_block_activation_bytes_per_token(const LoraPlan& lora, int bytes);
+// Activations the adapters keep for backward per token, `bytes` per element: x A^T (r) per adapted module, and with
+// dropout the dropped input (in) as well (its mask is recomputed, not kept). Every adapted block's, or with
+// activation checkpointing (`recompute_group` G > 0) the most any G consecutive blocks keep: one group is
+// recomputed at a time.
+double lora_activation_bytes_per_token(const LoraPlan& lora, int bytes, int64_t recompute_group);
 
 }  // namespace ds

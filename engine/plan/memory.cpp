@@ -16,14 +16,17 @@ ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
   const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
+  // Where every block runs forward only (a pipeline stage below every trained tensor) none keeps anything, and the
+  // one running holds its own activations until the next starts: one block's, as a workspace.
+  const int64_t with_backward = m.hp.num_layers - forward_only;
+  const double passing = forward_only > 0 && with_backward == 0 ? 1.0 : 0.0;
   // Checkpointed: each group's input is kept; the one group recomputed at a time is a workspace.
   if (recompute_group > 0) {
-    const int64_t with_backward = m.hp.num_layers - forward_only;
     const double groups = static_cast<double>((with_backward + recompute_group - 1) / recompute_group);
     const double recomputed = static_cast<double>(std::min(recompute_group, with_backward));
-    return {tokens * (groups * static_cast<double>(m.hp.hidden_size) * bc + head), tokens * recomputed * block + workspace};
+    return {tokens * (groups * static_cast<double>(m.hp.hidden_size) * bc + head), tokens * (recomputed + passing) * block + workspace};
   }
-  return {tokens * (L * block + head), workspace};
+  return {tokens * (L * block + head), tokens * passing * block + workspace};
 }
 
 MemoryEstimate estimate_memory(const ZeroExecution& zero, double activations) {

@@ -221,6 +221,21 @@ void resolve_checkpointing(const Config& c, Plan& plan) {
                                (n == 1 ? ": each block recomputed in its backward" : ": the blocks recomputed " + std::to_string(n) + " at a time")});
 }
 
+// pipeline.activation_checkpoint_interval at or past the blocks a rank runs backward through: one group holds them
+// all, recomputed at once, which keeps more than recomputing each block (said, as the key still acts).
+void note_recompute_groups(Plan& plan) {
+  if (!plan.activation_checkpointing || plan.recompute_group <= 1) return;
+  int64_t most = 0;  // the most blocks one rank runs backward through
+  for (const PipelineStage& st : plan.mesh.stages)
+    most = std::max<int64_t>(most, st.blocks - std::clamp<int64_t>(plan.backward_from - st.first_block, 0, st.blocks));
+  if (plan.mesh.stages.empty()) most = plan.model.hp.num_layers - plan.backward_from;
+  if (plan.recompute_group < most) return;
+  plan.warnings.push_back({"pipeline.activation_checkpoint_interval",
+                           std::to_string(plan.recompute_group) + " blocks a group, where a rank runs backward through " + std::to_string(most) +
+                               ": they are all recomputed at once, keeping more than recomputing each block does",
+                           most > 1 ? "an interval below " + std::to_string(most) + " (1: each block)" : std::string("1, or 0 with model.activation_checkpointing")});
+}
+
 // What the config decides without a model: the run's cadence and data, precision, optimizer, schedule,
 // clipping, and the "auto"s that mean a default.
 Plan plan_from_settings(const Config& c, const Topology& topo) {
@@ -342,11 +357,11 @@ void lay_out(Plan& plan, int stage, int in_flight) {
   const ActivationParts parts =
       activation_parts(plan.model, plan.batch.micro_batch, plan.seq_len, compute, recompute_group, plan.threads, plan.backward_from);
   double activations = in_flight * parts.kept + parts.workspace;
-  // The adapters' own: every block's that runs backward, or with activation checkpointing one recomputed group's.
+  // The adapters' own: every adapted block's, or with activation checkpointing one recomputed group's.
+  activations += static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
+                 lora_activation_bytes_per_token(plan.lora, dtype_bytes(compute), recompute_group);
   const int64_t with_backward = plan.model.hp.num_layers - plan.backward_from;
   const double blocks = static_cast<double>(recompute_group > 0 ? std::min(recompute_group, with_backward) : with_backward);
-  activations += blocks * static_cast<double>(plan.batch.micro_batch * plan.seq_len) *
-                 lora_block_activation_bytes_per_token(plan.lora, dtype_bytes(compute));
   activations += packed_row_bytes(plan, plan.batch.micro_batch, blocks);
   plan.memory = estimate_memory(plan.execution, activations);
 }
@@ -495,6 +510,19 @@ void resolve_trainable(const Config& c, const ModelSpec& model, Plan& plan, std:
     if (!plan.frozen.empty()) plan.unfrozen = unfrozen_part(model, plan.frozen);
   }
   plan.backward_from = first_backward_block(model, plan.frozen, plan.lora);
+  // "[0-15]" is a class of one character (0, 1 or 5), not the numbers 0 to 15: a likely slip, said.
+  for (const std::string& pattern : c.model.freeze)
+    for (size_t open = pattern.find('['); open != std::string::npos; open = pattern.find('[', open + 1)) {
+      const size_t close = pattern.find(']', open);
+      if (close == std::string::npos) break;
+      const std::string in = pattern.substr(open + 1, close - open - 1);
+      const auto digit = [&](size_t i) { return i < in.size() && in[i] >= '0' && in[i] <= '9'; };
+      if (digit(0) && in.size() > 3 && in[1] == '-' && digit(2) && digit(3))
+        plan.warnings.push_back({"model.freeze",
+                                 "'" + pattern + "': [" + in + "] matches one character (" + in.substr(0, 3) + " or one of " + in.substr(3) +
+                                     "), not the numbers " + in.substr(0, 1) + " to " + in.substr(2),
+                                 "a pattern per digit count: e.g. for blocks 0-15 \"...layers.[0-9].*\" and \"...layers.1[0-5].*\""});
+    }
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
     plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "), std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
   }
@@ -759,6 +787,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
                      plan.activation_checkpointing, plan.optimizer.per_tensor_update());
   note_mesh(plan);
+  note_recompute_groups(plan);
   if (plan.execution.gathers)
     record_block_gathers(plan.mesh.heaviest_stage >= 0 ? stage_share(plan.model, plan.mesh, plan.mesh.heaviest_stage) : model, plan);
   plan.placement = render_placement(plan.execution, stage, topo.device);

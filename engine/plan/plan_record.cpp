@@ -85,7 +85,8 @@ void add_trainable(const Plan& p, json& j) {
                  {"init", p.lora.init == LoraInit::gaussian ? "gaussian" : "kaiming_uniform"},
                  {"trainable_params", p.lora.adapters.num_params},
                  {"frozen_params", p.frozen_numel()},
-                 {"forward_only_blocks", p.backward_from}};
+                 {"forward_only_blocks", p.backward_from},
+                 {"layers_to_transform", p.lora.layers.empty() ? json(nullptr) : json(p.lora.layers)}};
   else
     j["lora"] = nullptr;
   if (!p.lora.enabled && !p.frozen.empty()) {
@@ -539,6 +540,7 @@ LoraConfig read_lora(const FieldReader& r, const rjson& l) {
   c.dropout = r.need<double>(l, "dropout", at);
   c.target_modules = r.need<std::vector<std::string>>(l, "target_modules", at);
   c.init = r.get<std::string>(l, "init", at).value_or("") == "gaussian" ? LoraInit::gaussian : LoraInit::kaiming_uniform;
+  c.layers_to_transform = r.get<std::vector<int64_t>>(l, "layers_to_transform", at).value_or(std::vector<int64_t>{});  // (null: every block)
   return c;
 }
 

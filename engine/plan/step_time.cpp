@@ -64,12 +64,26 @@ StepPhase phase_of(const Collective& c, const ZeroExecution& z) {
 }
 
 // Per rank and step: the forward's and the backward's (recomputation included) FLOPs of its micro-batches and share.
+// Pipeline stages run side by side: the one with the most work sets the pace (a stage below every trained tensor
+// runs forward only), its blocks' FLOPs and, on the last, the head's.
 std::pair<double, double> rank_flops(const Plan& p) {
-  double forward = 0, backward = 0;
-  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
-    if (m.depth == 1) forward += m.forward, backward += m.backward + m.recompute;
-  const double share = static_cast<double>(p.batch.grad_accum) / (p.mesh.shape.tensor * p.mesh.shape.pipeline);
-  return {forward * share, backward * share};
+  const std::vector<PipelineStage>& stages = p.mesh.stages;
+  const size_t count = std::max<size_t>(stages.size(), 1);
+  std::vector<double> forward(count, 0.0), backward(count, 0.0);
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+    if (m.depth != 1) continue;
+    size_t s = count - 1;  // outside the blocks: the head's matmul (the embeddings' lookups count none)
+    if (m.layer >= 0)
+      for (size_t k = 0; k < stages.size(); ++k)
+        if (m.layer >= stages[k].first_block && m.layer < stages[k].first_block + stages[k].blocks) s = k;
+    forward[s] += m.forward;
+    backward[s] += m.backward + m.recompute;
+  }
+  size_t slowest = 0;
+  for (size_t s = 1; s < count; ++s)
+    if (forward[s] + backward[s] > forward[slowest] + backward[slowest]) slowest = s;
+  const double share = static_cast<double>(p.batch.grad_accum) / p.mesh.shape.tensor;
+  return {forward[slowest] * share, backward[slowest] * share};
 }
 
 void predict_compute(const Plan& p, StepTime& t) {

@@ -115,6 +115,13 @@ void check_peft_adapter(const WeightSource& adapter, const LoraPlan& lora) {
     return join(head, ", ") + (names.size() > 16 ? " and " + std::to_string(names.size() - 16) + " more" : "");
   };
   if (theirs != mine) differ("target_modules", some(a.target_modules), some(lora.target_modules));
+  const auto blocks = [](const std::vector<int64_t>& layers) {
+    if (layers.empty()) return std::string("every block (null)");
+    std::vector<std::string> names;
+    for (const int64_t l : layers) names.push_back(std::to_string(l));
+    return "[" + join(names, ", ") + "]";
+  };
+  if (a.layers_to_transform != lora.layers) differ("layers_to_transform", blocks(a.layers_to_transform), blocks(lora.layers));
   for (const TensorSpec& t : lora.adapters.tensors) {
     const NamedShape* s = adapter.find(t.name);
     if (!s) throw UserError("the adapter '" + adapter.path() + "' has no tensor '" + t.name + "' " + format_shape(t.shape), hint);

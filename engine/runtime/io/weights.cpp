@@ -90,7 +90,9 @@ class DsCheckpointSource : public WeightSource {
       if (base.is_object() && base.contains("path") && base["path"].is_string()) base_path = base["path"].get<std::string>();
       if (base.is_object() && base.contains("checksum") && base["checksum"].is_string()) base_checksum = base["checksum"].get<std::string>();
     }
-    if (plan.lora) lora = PeftAdapter{plan.lora->r, plan.lora->alpha, plan.lora->dropout, plan.lora->target_modules, model_.traits().in_out};
+    if (plan.lora)
+      lora = PeftAdapter{plan.lora->r, plan.lora->alpha, plan.lora->dropout, plan.lora->target_modules, model_.traits().in_out,
+                         plan.lora->layers_to_transform};
     model_numel_ = plan.layout_numel;
     world_size = plan.layout_world_size;
     tensor_parallel = plan.mesh_tensor;
@@ -226,6 +228,7 @@ class PeftAdapterSource : public WeightSource {
       if (c["target_modules"].size() > 4096) refuse("lists " + std::to_string(c["target_modules"].size()) + " target_modules: more than a model has");
       a.target_modules = c["target_modules"].get<std::vector<std::string>>();
       a.fan_in_fan_out = c.value("fan_in_fan_out", false);
+      read_layers(c, a, refuse);
       lora = a;
       if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string()) base_path = c["base_model_name_or_path"].get<std::string>();
       // A relative base is read from the adapter's own directory first (where ds exports record it from).
@@ -259,14 +262,27 @@ class PeftAdapterSource : public WeightSource {
              {"rank_pattern", "sets r per module (rank_pattern)"},
              {"use_dora", "is a DoRA adapter (use_dora: a learned magnitude per output)"},
              {"modules_to_save", "trains whole modules besides the adapter (modules_to_save)"},
-             {"layers_to_transform", "adapts only some layers (layers_to_transform)"},
-             {"layers_pattern", "adapts only some layers (layers_pattern)"},
              {"layer_replication", "replicates layers (layer_replication)"},
              {"lora_bias", "trains a bias on lora_B (lora_bias)"},
              {"exclude_modules", "excludes modules from target_modules (exclude_modules)"},
              {"target_parameters", "adapts parameters rather than modules (target_parameters)"},
              {"trainable_token_indices", "trains some embedding rows (trainable_token_indices)"}})
       if (set(key)) refuse(std::string(what) + ", which ds does not train");
+  }
+  // PEFT's layers_to_transform (one block or a list; null: every block), with layers_pattern naming the blocks' list
+  // as the model does (GPT-2's "h", the others' "layers"), or left out.
+  static void read_layers(const json& c, PeftAdapter& a, const std::function<void(const std::string&)>& refuse) {
+    const json layers = c.value("layers_to_transform", json(nullptr));
+    if (layers.is_number_integer() && layers.get<int64_t>() >= 0) a.layers_to_transform = {layers.get<int64_t>()};
+    else if (layers.is_array() && layers.size() <= 4096 && std::all_of(layers.begin(), layers.end(), [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; }))
+      a.layers_to_transform = layers.get<std::vector<int64_t>>();
+    else if (!layers.is_null()) refuse("has layers_to_transform " + layers.dump() + ": a block number or a list of them");
+    std::sort(a.layers_to_transform.begin(), a.layers_to_transform.end());
+    a.layers_to_transform.erase(std::unique(a.layers_to_transform.begin(), a.layers_to_transform.end()), a.layers_to_transform.end());
+    const json pattern = c.value("layers_pattern", json(nullptr));
+    const bool named = pattern.is_null() || (pattern.is_string() && (pattern == "h" || pattern == "layers")) ||
+                       (pattern.is_array() && pattern.size() == 1 && pattern[0].is_string() && (pattern[0] == "h" || pattern[0] == "layers"));
+    if (!named) refuse("finds its layers by layers_pattern " + pattern.dump() + ", where ds numbers the blocks of h (GPT-2) or layers");
   }
   // ds's own exports record the base they were trained on (path and checksum of its frozen weights) in
   // ds_base.json beside adapter_config.json, which PEFT leaves alone.
@@ -693,6 +709,8 @@ ExportSummary export_peft_adapter(const WeightSource& source, const std::string&
   c["lora_alpha"] = a.alpha;
   c["lora_dropout"] = a.dropout;
   c["target_modules"] = a.target_modules;
+  c["layers_to_transform"] = a.layers_to_transform.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(a.layers_to_transform);
+  c["layers_pattern"] = nullptr;
   c["bias"] = "none";
   c["fan_in_fan_out"] = a.fan_in_fan_out;
   c["inference_mode"] = true;

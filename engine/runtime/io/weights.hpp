@@ -35,6 +35,7 @@ struct PeftAdapter {
   double alpha = 0, dropout = 0;
   std::vector<std::string> target_modules;
   bool fan_in_fan_out = false;  // GPT-2: the base's Conv1D weights are (in, out)
+  std::vector<int64_t> layers_to_transform;  // the adapted blocks (empty: every block)
 };
 
 class WeightSource {

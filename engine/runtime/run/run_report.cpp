@@ -210,7 +210,7 @@ std::string idle_wait_policy() {
 
 namespace {
 // A split model's mesh as the run log names it, after "on 8 ranks (": "tensor 2 x pipeline 2 x data 2: this rank, of
-// stage 0 (blocks 0-1 and the embeddings), holds N parameters), ZeRO stage 1 over each data group of 2".
+// stage 0 (blocks 0-1 and the embeddings), trains N parameters and holds M frozen), ZeRO stage 1 over each data group of 2".
 std::string mesh_description(const Plan& p) {
   const MeshShape& m = p.mesh.shape;
   std::string d = "tensor " + std::to_string(m.tensor) + (m.pipeline > 1 ? " x pipeline " + std::to_string(m.pipeline) : "") + " x data " +
@@ -225,7 +225,11 @@ std::string mesh_description(const Plan& p) {
   } else {
     d += "each rank ";
   }
-  d += "holds " + format_count(p.layout.numel) + " parameters)";
+  // The rank's own share: what it trains, and what it holds frozen beside it.
+  int64_t frozen = 0;
+  for (size_t i = 0; i < p.own.model.tensors.size(); ++i)
+    if (p.own.is_frozen(i)) frozen += p.own.model.tensors[i].numel;
+  d += "trains " + format_count(p.layout.numel) + " parameters" + (frozen > 0 ? " and holds " + format_count(frozen) + " frozen" : "") + ")";
   if (m.data > 1) d += ", ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " + std::to_string(m.data);
   return d;
 }
