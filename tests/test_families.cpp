@@ -165,6 +165,26 @@ const std::vector<Family>& families() {
   return f;
 }
 
+// One micro-batch of 4 x 128 random tokens (vocabulary 512) through the model: the pool's bytes kept after its
+// forward (what autograd holds for backward), and the most live at once through its backward, both above `pool`'s
+// bytes before it.
+struct ActivationBytes {
+  double kept = 0, most = 0;
+};
+ActivationBytes measure_activations(LanguageModel& model, const BlockPool& pool) {
+  model.set_loss_gradient(1.0);
+  const torch::Tensor in = torch::randint(0, 512, {4, 128}, torch::kLong), tgt = torch::randint(0, 512, {4, 128}, torch::kLong);
+  const double base = static_cast<double>(pool.stats().live_bytes);
+  restart_pooled_peak();
+  torch::Tensor loss = model.loss(in, tgt);
+  ActivationBytes m;
+  m.kept = static_cast<double>(pool.stats().live_bytes) - base;
+  loss.backward();
+  loss = torch::Tensor();
+  m.most = static_cast<double>(pool.stats().peak_live_bytes) - base;
+  return m;
+}
+
 }  // namespace
 
 TEST(Families, EachFamilysLossAndGradientsAreHuggingFacesForwardInPlainOps) {
@@ -327,16 +347,8 @@ TEST(Families, TheActivationsEachFamilyKeepsAreWhatThePlanCounts) {
         flat.params.copy_(init);
       }
       auto model = make_model(plan, flat);
-      model->set_loss_gradient(1.0);
       const int64_t B = 4, T = 128;
-      const torch::Tensor in = torch::randint(0, 512, {B, T}, torch::kLong), tgt = torch::randint(0, 512, {B, T}, torch::kLong);
-      const double base = static_cast<double>(pool.stats().live_bytes);
-      restart_pooled_peak();
-      torch::Tensor loss = model->loss(in, tgt);
-      const double kept = static_cast<double>(pool.stats().live_bytes) - base;
-      loss.backward();
-      loss = torch::Tensor();
-      const double most = static_cast<double>(pool.stats().peak_live_bytes) - base;
+      const auto [kept, most] = measure_activations(*model, pool);
       const ActivationParts planned = activation_parts(plan.model, B, T, plan.precision.compute_dtype, false, plan.threads);
       // Kept after forward: what autograd holds, and the head's chunk of logits (here all 512 rows of the 512-word
       // vocabulary in the compute dtype) that the model keeps for later steps.
@@ -392,16 +404,8 @@ TEST(Families, BlocksRunningForwardOnlyOrRecomputedInGroupsKeepWhatThePlanCounts
       if (flat.frozen.defined()) flat.frozen.normal_(0.0, 0.02);
     }
     auto model = make_model(plan, flat);
-    model->set_loss_gradient(1.0);
     const int64_t B = 4, T = 128;
-    const torch::Tensor in = torch::randint(0, 512, {B, T}, torch::kLong), tgt = torch::randint(0, 512, {B, T}, torch::kLong);
-    const double base = static_cast<double>(pool.stats().live_bytes);
-    restart_pooled_peak();
-    torch::Tensor loss = model->loss(in, tgt);
-    const double kept = static_cast<double>(pool.stats().live_bytes) - base;
-    loss.backward();
-    loss = torch::Tensor();
-    const double most = static_cast<double>(pool.stats().peak_live_bytes) - base;
+    const auto [kept, most] = measure_activations(*model, pool);
     const ActivationParts planned = activation_parts(plan.model, B, T, plan.precision.compute_dtype, c.group, plan.threads, plan.backward_from);
     const ActivationParts every = activation_parts(plan.model, B, T, plan.precision.compute_dtype, 0, plan.threads);
     const double chunk = 512.0 * 512 * dtype_bytes(plan.precision.compute_dtype);  // the head's kept chunk of logits

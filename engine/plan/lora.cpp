@@ -83,6 +83,23 @@ LoraPlan resolve_lora(const LoraConfig& c, const ModelSpec& base, std::vector<Co
   return p;
 }
 
+std::vector<ConfigIssue> freeze_pattern_slips(const std::vector<std::string>& patterns) {
+  std::vector<ConfigIssue> slips;
+  for (const std::string& pattern : patterns)
+    for (size_t open = pattern.find('['); open != std::string::npos; open = pattern.find('[', open + 1)) {
+      const size_t close = pattern.find(']', open);
+      if (close == std::string::npos) break;
+      const std::string in = pattern.substr(open + 1, close - open - 1);
+      const auto digit = [&](size_t i) { return i < in.size() && in[i] >= '0' && in[i] <= '9'; };
+      if (digit(0) && in.size() > 3 && in[1] == '-' && digit(2) && digit(3))
+        slips.push_back({"model.freeze",
+                         "'" + pattern + "': [" + in + "] matches one character (" + in.substr(0, 3) + " or one of " + in.substr(3) +
+                             "), not the numbers " + in.substr(0, 1) + " to " + in.substr(2),
+                         "a pattern per digit count: e.g. for blocks 0-15 \"...layers.[0-9].*\" and \"...layers.1[0-5].*\""});
+    }
+  return slips;
+}
+
 std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, const ModelSpec& model, std::vector<ConfigIssue>& errors) {
   if (patterns.empty()) return {};
   std::vector<uint8_t> frozen(model.tensors.size(), 0);
@@ -136,11 +153,10 @@ int64_t first_backward_block(const ModelSpec& model, const std::vector<uint8_t>&
   return first;
 }
 
-double attention_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {
+double attention_train_flops_per_token(const ModelSpec& model, int64_t forward_only, int64_t T) {
   const double L = static_cast<double>(model.hp.num_layers);
   if (L <= 0) return 0;
-  const double forward_only = static_cast<double>(first_backward_block(model, frozen, lora));
-  return model.attention_train_flops_per_token(T) * (L - forward_only * 2.0 / 3.0) / L;
+  return model.attention_train_flops_per_token(T) * (L - static_cast<double>(forward_only) * 2.0 / 3.0) / L;
 }
 
 double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T) {
@@ -160,7 +176,7 @@ double train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>&
   for (const TensorSpec& t : model.tensors)
     if (t.layer >= 0 && t.layer < forward_only && t.shape.size() == 2) forward_only_matmul += static_cast<double>(t.numel);
   return 6.0 * model.matmul_params() - 2.0 * frozen_matmul - 2.0 * forward_only_matmul + 6.0 * static_cast<double>(lora.adapters.num_params) +
-         attention_train_flops_per_token(model, frozen, lora, T);
+         attention_train_flops_per_token(model, forward_only, T);
 }
 
 double head_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen) {

@@ -44,6 +44,9 @@ LoraPlan resolve_lora(const LoraConfig& config, const ModelSpec& base, std::vect
 // model.freeze: per tensor of the model, whether a pattern (shell wildcards, fnmatch) names it. A pattern
 // that names nothing is a ConfigIssue at model.freeze. Empty when there are no patterns.
 std::vector<uint8_t> resolve_freeze(const std::vector<std::string>& patterns, const ModelSpec& model, std::vector<ConfigIssue>& errors);
+// Warnings for model.freeze patterns that likely mean something else: "[0-15]" is a class of one character (0, 1
+// or 5), not the numbers 0 to 15.
+std::vector<ConfigIssue> freeze_pattern_slips(const std::vector<std::string>& patterns);
 // The model's tensors that `keep` marks, as a model of their own (what a layout then lays out).
 ModelSpec model_part(const ModelSpec& model, const std::vector<uint8_t>& keep);
 // The model's tensors that are not frozen (what the layout lays out under model.freeze).
@@ -55,8 +58,8 @@ ModelSpec unfrozen_part(const ModelSpec& model, const std::vector<uint8_t>& froz
 // table trains (a tied head's too) or nothing is frozen; the number of blocks when none trains.
 int64_t first_backward_block(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora);
 // The attention core's training FLOPs per token at T: forward and backward in the blocks whose backward runs,
-// forward alone (a third) below them.
-double attention_train_flops_per_token(const ModelSpec& model, const std::vector<uint8_t>& frozen, const LoraPlan& lora, int64_t T);
+// forward alone (a third) in the `forward_only` below them (first_backward_block).
+double attention_train_flops_per_token(const ModelSpec& model, int64_t forward_only, int64_t T);
 
 // Training FLOPs per token at sequence length T with some matmuls frozen (`frozen`, per tensor of the model;
 // a tied head is frozen with its embedding) and LoRA's adapters beside them: a frozen matmul runs forward and

@@ -12,13 +12,13 @@ ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double block = m.block_activation_bytes_per_token(seq_len, bc);
   const double head = m.head_activation_bytes_per_token(bc);
-  const double L = static_cast<double>(m.hp.num_layers - forward_only);  // the blocks that keep activations for backward
+  const int64_t with_backward = m.hp.num_layers - forward_only;  // the blocks that keep activations for backward
+  const double L = static_cast<double>(with_backward);
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
   const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
   // Where every block runs forward only (a pipeline stage below every trained tensor) none keeps anything, and the
   // one running holds its own activations until the next starts: one block's, as a workspace.
-  const int64_t with_backward = m.hp.num_layers - forward_only;
   const double passing = forward_only > 0 && with_backward == 0 ? 1.0 : 0.0;
   // Checkpointed: each group's input is kept; the one group recomputed at a time is a workspace.
   if (recompute_group > 0) {

@@ -306,7 +306,7 @@ double Plan::train_flops_of_step(int64_t counted_targets, int64_t attention_squa
   }
   if (attention_squares >= 0 && seq_len > 0) {  // attention_train_flops_per_token(T) is linear in T: per T^2, its / T
     const double whole_rows = static_cast<double>(tokens_per_step) * static_cast<double>(seq_len);
-    flops -= (whole_rows - static_cast<double>(attention_squares)) * ds::attention_train_flops_per_token(model, frozen, lora, seq_len) /
+    flops -= (whole_rows - static_cast<double>(attention_squares)) * ds::attention_train_flops_per_token(model, backward_from, seq_len) /
              static_cast<double>(seq_len);
   }
   return flops;
@@ -510,19 +510,7 @@ void resolve_trainable(const Config& c, const ModelSpec& model, Plan& plan, std:
     if (!plan.frozen.empty()) plan.unfrozen = unfrozen_part(model, plan.frozen);
   }
   plan.backward_from = first_backward_block(model, plan.frozen, plan.lora);
-  // "[0-15]" is a class of one character (0, 1 or 5), not the numbers 0 to 15: a likely slip, said.
-  for (const std::string& pattern : c.model.freeze)
-    for (size_t open = pattern.find('['); open != std::string::npos; open = pattern.find('[', open + 1)) {
-      const size_t close = pattern.find(']', open);
-      if (close == std::string::npos) break;
-      const std::string in = pattern.substr(open + 1, close - open - 1);
-      const auto digit = [&](size_t i) { return i < in.size() && in[i] >= '0' && in[i] <= '9'; };
-      if (digit(0) && in.size() > 3 && in[1] == '-' && digit(2) && digit(3))
-        plan.warnings.push_back({"model.freeze",
-                                 "'" + pattern + "': [" + in + "] matches one character (" + in.substr(0, 3) + " or one of " + in.substr(3) +
-                                     "), not the numbers " + in.substr(0, 1) + " to " + in.substr(2),
-                                 "a pattern per digit count: e.g. for blocks 0-15 \"...layers.[0-9].*\" and \"...layers.1[0-5].*\""});
-    }
+  for (ConfigIssue& w : freeze_pattern_slips(c.model.freeze)) plan.warnings.push_back(std::move(w));
   if (plan.lora.enabled && c.model.lora.target_modules.empty()) {
     plan.resolved.push_back({"model.lora.target_modules", join(plan.lora.target_modules, ", "), std::string("auto: PEFT's default for ") + model_arch_name(model.hp.arch)});
   }
