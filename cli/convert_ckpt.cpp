@@ -306,9 +306,10 @@ SavedCheckpoint write_run_checkpoint(const std::string& dst, const CheckpointSca
   writer.barrier = [&] {
     if (others_written) return;
     others_written = true;
+    std::cerr << "  writing a file for each of " << files << " ranks (rank 0's, with the run's state, last)\n";
     for (int r = 1; r < files; ++r) {
       save_checkpoint(dst, scalars, shard_of(r), plan_json, config_json, 0, CheckpointWriter{r, files, nullptr});
-      std::cerr << "  rank " << r << " of " << files << " written\n";
+      std::cerr << "  rank " << r << "'s file written\n";
     }
   };
   return save_checkpoint(dst, scalars, shard_of(0), plan_json, config_json, 0, writer);

@@ -218,8 +218,12 @@ int import_deepspeed(const ConvertArgs& a, const std::shared_ptr<const DeepSpeed
     };
     return b;
   };
+  // DeepSpeed records no data: the stored config leaves the block out (its defaults would not be what the run read),
+  // so a resume's data block is taken as the run's, not reported as a change.
+  nlohmann::json stored = nlohmann::json::parse(loaded.resolved_json);
+  stored.erase("data");
   const SavedCheckpoint saved = write_run_checkpoint(a.dst, sc, lead.execution.sharded ? world : 1, shard_of, plan_to_json(lead),
-                                                     loaded.resolved_json);
+                                                     stored.dump(2));
   std::cerr << "ds convert-ckpt: " << c.dir() << " (DeepSpeed, step " << c.step() << ", ZeRO stage " << c.stage() << " on " << world
             << (world == 1 ? " rank" : " ranks") << ") -> " << saved.path << " (fp32 master weights, Adam's moments, step "
             << c.step() << ", " << format_bytes(static_cast<double>(saved.bytes)) << ")\n"

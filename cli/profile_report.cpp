@@ -4,9 +4,11 @@
 #include <functional>
 #include <sstream>
 
+#include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/flops.hpp"
+#include "engine/plan/mesh.hpp"
 
 namespace ds::cli {
 
@@ -67,19 +69,29 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
     if (i < r.collective_spans.size())
       for (const CollectiveSpan& c : r.collective_spans[i])
         step["collective_spans"].push_back({{"name", c.name}, {"start_s", c.start_s}, {"seconds", c.seconds}, {"bytes", c.bytes}});
+    if (i < r.stage_waits_s.size()) step["waited_s"] = r.stage_waits_s[i];  // a pipeline stage's time held up by the others
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
-  return {{"rank", plan.topology.rank}, {"steps", steps}, {"collectives", collectives}, {"gemm_peak_flops", r.gemm_peak_flops},
-          {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes}, {"paged_file_bytes", r.paged_file_bytes}};
+  // A pipeline stage's blocks are numbered from its first (the block times, the spans): "first_block" maps them back.
+  const int stage = own_stage(plan);
+  const int first_block = plan.mesh.stages.empty() ? 0 : plan.mesh.stages[static_cast<size_t>(stage)].first_block;
+  return {{"rank", plan.topology.rank}, {"stage", stage}, {"first_block", first_block}, {"steps", steps}, {"collectives", collectives},
+          {"gemm_peak_flops", r.gemm_peak_flops}, {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes},
+          {"paged_file_bytes", r.paged_file_bytes}};
 }
 
 namespace {
 
-// Rank 0's measured steps (after the warm-up) and the FLOPs the plan counts for each.
+// Rank 0's measured steps (after the warm-up) and the FLOPs the plan counts for each. `lead`: the rank whose
+// collectives and memory are set beside the plan's: rank 0, or with pipeline stages the first rank of the heaviest
+// stage (the one the plan describes). `stages`: each pipeline stage's first rank (rank 0 alone without stages).
 struct Measured {
-  Measured(const Plan& p, const json& rank0) : plan(p), lead(rank0), steps(rank0["steps"]) {}
+  Measured(const Plan& p, const std::vector<json>& parts)
+      : plan(p), stages(stage_leads(p, parts)), lead(*stages[static_cast<size_t>(std::max(p.mesh.heaviest_stage, 0))]),
+        steps(parts.front()["steps"]) {}
   const Plan& plan;
+  std::vector<const json*> stages;
   const json& lead;
   const json& steps;
   int warmup = 0, end = 0;
@@ -92,10 +104,28 @@ struct Measured {
   double mean(F&& f) const {
     return mean_over(steps, warmup, end, f);
   }
+  // The part of the stage that holds block `layer`, and the block's number there.
+  std::pair<const json*, size_t> holding(int64_t layer) const {
+    for (size_t s = stages.size(); s-- > 0;)
+      if (layer >= (*stages[s])["first_block"].get<int64_t>()) return {stages[s], static_cast<size_t>(layer - (*stages[s])["first_block"].get<int64_t>())};
+    return {stages.front(), static_cast<size_t>(layer)};
+  }
+
+ private:
+  static std::vector<const json*> stage_leads(const Plan& p, const std::vector<json>& parts) {
+    std::vector<const json*> out;
+    for (int s = 0; s < std::max(p.mesh.shape.pipeline, 1); ++s) {
+      const int rank = p.mesh.shape.pipeline > 1 ? mesh_rank(p.mesh.shape, MeshCoord{0, 0, s}) : parts.front()["rank"].get<int>();
+      const auto it = std::find_if(parts.begin(), parts.end(), [&](const json& x) { return x["rank"].get<int>() == rank; });
+      DS_CHECK(it != parts.end(), "no measurements from rank ", rank, ", the first of pipeline stage ", s);
+      out.push_back(&*it);
+    }
+    return out;
+  }
 };
 
 Measured measured_of(const Plan& plan, const std::vector<json>& parts, const ReportOptions& a) {
-  Measured m(plan, parts.front());
+  Measured m(plan, parts);
   const int total = static_cast<int>(m.steps.size());
   m.warmup = std::clamp(a.warmup, 0, total - 1);
   m.end = a.end < 0 ? total : std::clamp(a.end, m.warmup + 1, total);
@@ -127,13 +157,14 @@ void add_summary(const Measured& ms, json& r) {
   const double W = plan.topology.world_size;
   // Per step and rank, every row's; a step whose masked rows skipped the head did less (its model_flops, over
   // all ranks, against the plan's full figure), and its own is what its MFU counts.
-  const double full_per_rank = (ms.fwd + ms.bwd) * ms.micro_batches;
+  // (pipeline stages: each rank computes its stage's modules, on average 1/p of the model's)
+  const double full_per_rank = (ms.fwd + ms.bwd) * ms.micro_batches / std::max(plan.mesh.shape.pipeline, 1);
   const auto flops_of = [&](const json& s) {
     const bool own = s.contains("model_flops") && plan.train_flops_per_step > 0;
     return own ? full_per_rank * s["model_flops"].get<double>() / plan.train_flops_per_step : full_per_rank;
   };
   const double model_flops_per_rank = ms.mean(flops_of);
-  const double executed_per_rank = model_flops_per_rank + ms.recompute * ms.micro_batches;
+  const double executed_per_rank = model_flops_per_rank + ms.recompute * ms.micro_batches / std::max(plan.mesh.shape.pipeline, 1);
   std::vector<double> rates, mfus;
   json per_step = json::array();
   for (int i = ms.warmup; i < ms.end; ++i) {
@@ -196,7 +227,10 @@ void add_modules(const Measured& ms, const ReportOptions& a, json& r) {
   const json& steps = ms.steps;
   const int warmup = ms.warmup;
   const double step_s = ms.step_s, fwd = ms.fwd, bwd = ms.bwd, recompute = ms.recompute, GAS = ms.micro_batches;
-  auto block_mean = [&](const char* key, size_t layer) { return ms.mean([&](const json& x) { return x[key][layer].get<double>(); }); };
+  auto block_mean = [&](const char* key, size_t layer) {  // from the rank of the stage that runs the block
+    const auto [part, own] = ms.holding(static_cast<int64_t>(layer));
+    return mean_over((*part)["steps"], warmup, ms.end, [&, own = own](const json& x) { return x[key][own].get<double>(); });
+  };
   const bool timed_blocks = !steps[static_cast<size_t>(warmup)]["block_forward_s"].empty();
   double blocks_fwd = 0, blocks_bwd = 0, outside_flops = 0;
   json mods = json::array();
@@ -231,8 +265,14 @@ void add_modules(const Measured& ms, const ReportOptions& a, json& r) {
     mods.push_back(row);
   }
   r["modules"] = mods;
-  const double fwd_phase = r["summary"]["fwd_latency_s"].get<double>(), bwd_phase = r["summary"]["bwd_latency_s"].get<double>();
-  const double out_f = std::max(0.0, fwd_phase - blocks_fwd), out_b = std::max(0.0, bwd_phase - blocks_bwd);
+  // A pipeline stage's phases hold its waits for the other stages, which its ledger cannot split from the work
+  // around the blocks there: the time outside the blocks is left unmeasured (the stages' table has the waits).
+  if (ms.plan.mesh.shape.pipeline > 1) {
+    r["outside_blocks"] = {{"what", "embeddings, final norm, head and loss"}, {"flops", outside_flops}};
+    return;
+  }
+  const double phases_f = r["summary"]["fwd_latency_s"].get<double>(), phases_b = r["summary"]["bwd_latency_s"].get<double>();
+  const double out_f = std::max(0.0, phases_f - blocks_fwd), out_b = std::max(0.0, phases_b - blocks_bwd);
   r["outside_blocks"] = {{"what", "embeddings, final norm, head and loss"}, {"forward_s", out_f}, {"backward_s", out_b},
                          {"share_of_step_time", (out_f + out_b) / step_s}, {"flops", outside_flops},
                          {"flops_per_s", out_f + out_b > 0 ? outside_flops / (out_f + out_b) : 0.0}};
@@ -252,7 +292,7 @@ void add_top_modules(const Measured& ms, const ReportOptions& a, json& r) {
 void add_communication(const Measured& ms, json& r) {
   const Plan& plan = ms.plan;
   const json& lead = ms.lead;
-  const double n_steps = static_cast<double>(ms.steps.size());
+  const double n_steps = static_cast<double>(lead["steps"].size());
   json comm = json::array();
   const auto measured = [&](CollectiveKind kind, json& row) {
     for (const json& m : lead["collectives"])
@@ -302,7 +342,7 @@ void add_offload(const Measured& ms, json& r) {
 void add_memory(const Measured& ms, json& r) {
   const Plan& plan = ms.plan;
   const json& lead = ms.lead;
-  const json& steps = ms.steps;
+  const json& steps = lead["steps"];
   const int warmup = ms.warmup, end = ms.end;
   const MemoryCategories planned = plan.memory.held();
   // Training's part of the peak: neither the code and libraries there before it began nor the file-backed
@@ -328,6 +368,30 @@ void add_memory(const Measured& ms, json& r) {
     r["memory"]["peak_rss_bytes"] = peak;
     r["memory"]["training_bytes"] = peak - outside;
   }
+}
+
+// Pipeline stages: each stage's first rank's phases, the time it waited for the other stages beside the plan's
+// bubble, and its training memory beside the stage's plan.
+void add_pipeline(const Measured& ms, json& r) {
+  const Plan& plan = ms.plan;
+  if (plan.mesh.shape.pipeline <= 1) return;
+  json stages = json::array();
+  for (size_t s = 0; s < ms.stages.size(); ++s) {
+    const json& part = *ms.stages[s];
+    const PipelineStage& st = plan.mesh.stages[s];
+    const auto mean = [&](const std::function<double(const json&)>& f) { return mean_over(part["steps"], ms.warmup, ms.end, f); };
+    const double step_s = mean([](const json& x) { return x["step_s"].get<double>(); });
+    const double waited = mean([](const json& x) { return x["waited_s"].get<double>(); });
+    const double outside = part["baseline_rss_bytes"].get<double>() + part["paged_file_bytes"].get<double>();
+    stages.push_back({{"stage", s}, {"rank", part["rank"]}, {"first_block", st.first_block}, {"blocks", st.blocks},
+                      {"forward_s", mean([](const json& x) { return x["phases"]["forward"].get<double>(); })},
+                      {"backward_s", mean([](const json& x) { return x["phases"]["backward"].get<double>(); })},
+                      {"step_s", step_s}, {"waited_s", waited}, {"waited_share", step_s > 0 ? waited / step_s : 0.0},
+                      {"runs_backward", stage_runs_backward(st, plan.backward_from)},
+                      {"training_bytes", part["peak_rss_bytes"].get<double>() - outside},
+                      {"plan_bytes", st.memory_planned ? st.memory.device.total() + st.memory.host.total() : 0.0}});
+  }
+  r["pipeline"] = {{"stages", stages}, {"bubble", plan.mesh.bubble}, {"micro_batches", plan.mesh.micro_batches}};
 }
 
 void add_ranks(const Measured& ms, const std::vector<json>& parts, json& r) {
@@ -356,7 +420,9 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   add_communication(ms, r);
   add_offload(ms, r);
   add_memory(ms, r);
+  add_pipeline(ms, r);
   add_ranks(ms, parts, r);
+  r["lead_rank"] = ms.lead["rank"];  // the rank whose collectives and memory are set beside the plan's
   return r;
 }
 
@@ -431,6 +497,11 @@ void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
     o << "\n";
   }
   const json& ob = r["outside_blocks"];
+  if (!ob.contains("forward_s")) {
+    o << "  " << pad("outside the blocks", 32) << "  (" << ob["what"].get<std::string>()
+      << "): not timed on a pipeline, whose phases hold its waits for the other stages\n";
+    return;
+  }
   o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
     << lpad(format_fixed(ob["backward_s"].get<double>() * 1e3, 2), 9) << lpad(pct(ob["share_of_step_time"].get<double>()), 7)
     << lpad(format_fixed(ob["flops_per_s"].get<double>() / 1e12, 3), 9) << "  (" << ob["what"].get<std::string>() << ")\n";
@@ -439,8 +510,9 @@ void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
 
 void render_communication(const json& r, std::ostringstream& o) {
   if (!r["communication"].empty()) {
-    o << "\nCommunication per step (rank 0; plan in parentheses; waited: the time the rank was held up, so an overlapped "
-         "collective waits less than it takes)\n";
+    o << "\nCommunication per step (rank " << r["lead_rank"].get<int>()
+      << (r.contains("pipeline") ? ", the first of the stage the plan describes" : "")
+      << "; plan in parentheses; waited: the time the rank was held up, so an overlapped collective waits less than it takes)\n";
     for (const json& c : r["communication"]) {
       o << "  " << pad(c["collective"].get<std::string>(), 34);
       if (c.contains("bytes_per_step")) {
@@ -467,7 +539,7 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
     line("time", ms(f["seconds_per_step"].get<double>()) + ", " + format_fixed(f["gb_per_s"].get<double>(), 2) + " GB/s");
   }
   const json& m = r["memory"];
-  o << "\nMemory (rank 0)\n";
+  o << "\nMemory (rank " << r["lead_rank"].get<int>() << ")\n";
   line("peak resident", format_bytes(m["peak_rss_bytes"].get<double>()));
   line("code and libraries", format_bytes(m["baseline_rss_bytes"].get<double>()) + " before training, " +
                                  format_bytes(m["paged_file_bytes"].get<double>()) + " of code and files paged in since");
@@ -484,6 +556,23 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
         row += (row.empty() ? "" : ", ") + p["phase"].get<std::string>() + " " + format_bytes(p["resident_bytes"].get<double>());
     line("peak within each phase", row);
   }
+  if (r.contains("pipeline")) {
+    const json& pl = r["pipeline"];
+    o << "\nPipeline stages (each stage's first rank; waited: held up by the other stages, beside the plan's bubble "
+      << pct(pl["bubble"].get<double>()) << ", (p - 1) / (m + p - 1) with m " << pl["micro_batches"].get<int>() << ")\n";
+    o << "  " << pad("stage", 7) << pad("rank", 6) << pad("blocks", 12) << lpad("forward", 11) << lpad("backward", 11)
+      << lpad("waited", 18) << lpad("training memory (plan)", 26) << "\n";
+    for (const json& s : pl["stages"]) {
+      const int first = s["first_block"].get<int>(), n = s["blocks"].get<int>();
+      o << "  " << pad(std::to_string(s["stage"].get<int>()), 7) << pad(std::to_string(s["rank"].get<int>()), 6)
+        << pad(std::to_string(first) + "-" + std::to_string(first + n - 1) + " (" + std::to_string(n) + ")", 12)
+        << lpad(ms(s["forward_s"].get<double>()), 11) << lpad(ms(s["backward_s"].get<double>()), 11)
+        << lpad(ms(s["waited_s"].get<double>()) + " " + pct(s["waited_share"].get<double>()), 18)
+        << lpad(format_bytes(s["training_bytes"].get<double>()) + " (" + format_bytes(s["plan_bytes"].get<double>()) + ")", 26)
+        << (s["runs_backward"].get<bool>() ? "" : "  forward only") << "\n";
+    }
+    o << "  forward and backward include the waits for the neighbouring stages; the blocks' times above are each stage's own\n";
+  }
   if (r["ranks"].size() > 1) {
     o << "\nRanks\n";
     for (const json& k : r["ranks"])
@@ -499,7 +588,7 @@ std::string render_profile_text(const Plan& plan, const json& r, bool detailed) 
   o << "ds profile: " << plan.model.hp.name << ", " << plan.precision.mode << ", ZeRO stage " << plan.zero_stage() << " on "
     << plan.topology.world_size << (plan.topology.world_size == 1 ? " rank" : " ranks") << "; " << r["measured_steps"].get<int>()
     << (r["measured_steps"].get<int>() == 1 ? " step" : " steps") << " measured after " << r["warmup_steps"].get<int>()
-    << " earlier (means; rank 0)\n\n";
+    << " earlier (means; rank 0" << (plan.mesh.shape.pipeline > 1 ? "'s step, each block from the stage that runs it" : "") << ")\n\n";
   o << "Summary\n";
   render_summary(r, o);
   render_phases(r, o);
@@ -524,6 +613,7 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
     events.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
     for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}, {5, "collectives"}})
       events.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"}, {"args", {{"name", name}}}});
+    const int first_block = part.value("first_block", 0);  // a pipeline stage numbers its blocks from its first
     int step = 0;
     for (const json& s : part["steps"]) {
       ++step;
@@ -536,7 +626,8 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
       if (s.contains("block_spans"))
         for (const json& b : s["block_spans"])
           events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 4},
-                            {"name", "block " + std::to_string(b["layer"].get<int>()) + (b["backward"].get<bool>() ? " backward" : " forward")},
+                            {"name", "block " + std::to_string(first_block + b["layer"].get<int>()) +
+                                         (b["backward"].get<bool>() ? " backward" : " forward")},
                             {"ts", step_at + b["start_s"].get<double>() * 1e6}, {"dur", b["seconds"].get<double>() * 1e6},
                             {"args", {{"step", step}}}});
       if (s.contains("collective_spans"))

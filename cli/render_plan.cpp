@@ -41,7 +41,9 @@ std::string precision_text(const PrecisionPolicy& pr) {
   if (pr.loss_scaling.enabled)
     prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
                                           " (window " + std::to_string(pr.loss_scaling.window) + ", hysteresis " +
-                                          std::to_string(pr.loss_scaling.hysteresis) + ")"
+                                          std::to_string(pr.loss_scaling.hysteresis) +
+                                          (pr.loss_scaling.consecutive_hysteresis ? " consecutive" : "") + ", at least " +
+                                          format_double(pr.loss_scaling.min_scale) + ")"
                                     : ", static loss scale " + format_double(pr.loss_scaling.initial_scale);
   return prec;
 }
@@ -50,7 +52,8 @@ std::string optimizer_text(const Plan& p) {
   const ResolvedOptimizer& op = p.optimizer;
   std::string opt = std::string(optimizer_type_name(op.type)) + " lr " + format_double(op.lr);
   if (op.type != OptimizerType::SGD)
-    opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps);
+    opt += ", betas (" + format_double(op.betas[0]) + ", " + format_double(op.betas[1]) + "), eps " + format_double(op.eps) +
+           (op.bias_correction ? "" : ", no bias correction");
   else
     opt += ", momentum " + format_double(op.momentum);
   const std::string decayed = op.weight_decay == 0      ? ""
@@ -217,9 +220,26 @@ std::string frozen_where(const Plan& p) {
   if (z.frozen_layout.params.empty()) {
     if (!p.mesh.shape.splits_the_model())
       return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * bytes) + " on every rank";
-    // A split model's rank holds its stage's share (a tensor rank its slices): the plan's rank, the heaviest stage's.
-    return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(z.frozen_whole_numel) * bytes) + " per rank of stage " +
-           std::to_string(std::max(p.mesh.heaviest_stage, 0)) + " (its share of them)";
+    // A split model's rank holds its stage's share (a tensor rank its slices), each stage its own.
+    std::vector<double> held;
+    for (size_t s = 0; s < std::max<size_t>(p.mesh.stages.size(), 1); ++s) {
+      const StageShare share = share_of(p, static_cast<int>(s));
+      int64_t n = 0;
+      for (size_t i = 0; i < share.model.tensors.size(); ++i)
+        if (share.is_frozen(i)) n += share.model.tensors[i].numel;
+      held.push_back(static_cast<double>(n) * bytes);
+    }
+    std::string text = std::string(dtype_name(compute)) + ", per rank ";
+    if (held.size() == 1) return text + format_bytes(held[0]) + " (its share of them)";
+    if (std::all_of(held.begin(), held.end(), [&](double b) { return b == held[0]; }))
+      return text + format_bytes(held[0]) + " on every stage (its share of them)";
+    if (held.size() <= 4) {
+      for (size_t s = 0; s < held.size(); ++s) text += (s ? ", " : "") + format_bytes(held[s]) + " on stage " + std::to_string(s);
+      return text;
+    }
+    const auto [least, most] = std::minmax_element(held.begin(), held.end());
+    return text + format_bytes(*least) + " (stage " + std::to_string(least - held.begin()) + ") to " + format_bytes(*most) + " (stage " +
+           std::to_string(most - held.begin()) + ")";
   }
   return std::string(dtype_name(compute)) + ", " +
          format_bytes(static_cast<double>(z.frozen_whole_numel + z.frozen_layout.shard_numel) * bytes) + " per rank: the blocks' " +
@@ -347,13 +367,16 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
     std::string also = st.embeddings && st.head ? "embeddings, final norm, head" : st.embeddings ? "embeddings" : st.head ? "final norm, head" : "";
     o << "  " << pad(std::to_string(s), 7)
       << pad(std::to_string(st.first_block) + "-" + std::to_string(st.first_block + st.blocks - 1) + " (" + std::to_string(st.blocks) + ")", 12)
-      << pad(also, 30) << lpad(format_count(st.params_per_rank), 16) << lpad(std::to_string(st.in_flight), 11)
+      << pad(also, 30) << lpad(format_count(st.params_per_rank), 16) << lpad(std::to_string(activations_in_flight(st, p.backward_from)), 11)
       << (memory ? lpad(format_bytes(st.memory.device.total() + st.memory.host.total()), 17) : "")
       << (static_cast<int>(s) == m.heaviest_stage ? "  (the memory below)" : "") << "\n";
   }
   if (m.shape.pipeline > 1) o << "  stages cut by " << m.partition_text << "; ";
   else o << "  ";
-  o << "\"in flight\": micro-batches whose activations a stage holds at once (1F1B)"
+  o << "\"in flight\": micro-batches whose activations a stage holds at once (1F1B"
+    << (std::any_of(m.stages.begin(), m.stages.end(), [&](const PipelineStage& st) { return !stage_runs_backward(st, p.backward_from); })
+            ? "; 0: forward only, each let go once sent)"
+            : ")")
     << (memory ? "; memory: device and host, by the memory model below" : "") << "\n";
   if (p.lora.enabled || !p.frozen.empty())
     o << "  params per rank: the model's tensors (" << (p.lora.enabled ? "the frozen base; the adapter's are not counted" : "frozen and trained")

@@ -524,10 +524,20 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
   static const std::set<std::string> layout_keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization.stage",
                                                     "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition"};
   const nlohmann::json now = nlohmann::json::parse(resolved_config_json, nullptr, false);
+  // Keys that change what is printed or evaluated, or how stage 3 lays out what it trains, not the weights trained.
+  static const std::vector<std::string> reporting = {"steps_per_print", "wall_clock_breakdown", "tensorboard.", "csv_monitor.",
+                                                     "wandb.", "comms_logger.", "flops_profiler.", "train.eval_every", "train.eval_batches",
+                                                     "zero_optimization.stage3_param_persistence_threshold"};
+  const auto reports = [&](const std::string& p) {
+    return std::any_of(reporting.begin(), reporting.end(), [&](const std::string& r) { return p == r || p.rfind(r, 0) == 0; });
+  };
+  // A block the checkpoint never recorded (a DeepSpeed checkpoint's data): this run's is the first word on it.
+  const nlohmann::json was = nlohmann::json::parse(then, nullptr, false);
+  const auto unrecorded = [&](const std::string& p) { return was.is_object() && !was.contains(p.substr(0, p.find('.'))); };
   std::vector<std::string> changed;
   for (const auto& p : json_differences(then, resolved_config_json))
     if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p) &&
-        !(same_batch && layout_keys.count(p)) && !schema_ignores(p, now))
+        !(same_batch && layout_keys.count(p)) && !schema_ignores(p, now) && !reports(p) && !unrecorded(p))
       changed.push_back(p);
   return changed;
 }

@@ -187,6 +187,10 @@ std::string read_config_text_file(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
+    // key=value where the config goes: the config file was left out (a resume needs one too: ds train CONFIG --resume).
+    if (const size_t eq = path.find('='); eq != std::string::npos && eq > 0 && path.find('/') > eq)
+      throw UserError("'" + path + "' is an override (key=value), but the first argument is the config file",
+                      "give the config file first, then the overrides: e.g. ds train my.json " + path);
     throw UserError("cannot read config file '" + path + "'",
                     "check the path; templates/ holds ready configs (e.g. templates/zero2.json)");
   }

@@ -136,6 +136,11 @@ TEST(CliUsage, UnknownFlagsAndMissingArgumentsExitTwo) {
   EXPECT_EQ(ds("plan --no-such-flag templates/zero2.json").code, 2);
   EXPECT_EQ(ds("plan").code, 2);
   EXPECT_EQ(ds("frobnicate").code, 2);
+  // An override where the config file goes (a resume typed without its config): said so, not "cannot read".
+  Result missing = ds("train --resume train.output_dir=runs/x");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_TRUE(contains(missing.err, "'train.output_dir=runs/x' is an override (key=value), but the first argument is the config file"))
+      << missing.err;
   Result r = ds("plan templates/zero2.json --world-size 0");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "ds plan --help")) << r.err;
@@ -269,6 +274,12 @@ TEST(CliPlan, SchedulesAndDecidedValuesAreDescribedAsTheyAre) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "LRRangeTest: lr 0.0001 x (1 + 2 x step / 10)")) << r.out;
   EXPECT_FALSE(contains(r.out, "warmup")) << r.out;
+  // Settings that act are in the plan: Adam without bias correction, fp16's floor under the loss scale.
+  r = ds("plan examples/quickstart.json optimizer.params.bias_correction=false bf16.enabled=false fp16.enabled=true "
+         "fp16.min_loss_scale=1000 fp16.hysteresis=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "eps 1e-08, no bias correction")) << r.out;
+  EXPECT_TRUE(contains(r.out, "hysteresis 3, at least 1000)")) << r.out;
   // Every batch key ds computed is listed by name, the micro batch from memory included.
   r = ds("plan examples/quickstart.json train_batch_size=auto gradient_accumulation_steps=auto train_micro_batch_size_per_gpu=auto "
          "--device cuda --device-memory 1GiB");

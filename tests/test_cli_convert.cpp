@@ -97,6 +97,10 @@ TEST(CliConvert, AnExportedRunRoundTripsThroughHuggingFaceBitForBitAndInitFromSt
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "already exists")) << r.err;
   EXPECT_EQ(ds("convert-ckpt " + dir + "/run " + dir + "/w.safetensors --overwrite").code, 0);
+  // A file in a folder that does not exist yet: made, as a directory export's is; the same tensors.
+  r = ds("convert-ckpt " + dir + "/run " + dir + "/new/out/w.safetensors");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(slurp(dir + "/new/out/w.safetensors"), slurp(dir + "/w.safetensors"));
   // Shards above --max-shard-size, with their index.
   r = ds("convert-ckpt " + dir + "/run " + dir + "/sharded --max-shard-size 200KB");
   ASSERT_EQ(r.code, 0) << r.err;

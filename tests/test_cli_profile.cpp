@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -190,6 +191,67 @@ TEST(CliProfile, ATensorParallelMeshCountsEachRanksShareOfTheFlopsAndItsGroupsCo
   for (const json& e : parsed["traceEvents"])
     if (e["ph"] == "X" && e.value("tid", 0) == 5) calls[e["pid"].get<int>()] += 1;
   for (int rank = 0; rank < 4; ++rank) EXPECT_DOUBLE_EQ(calls[rank], 3 * plan_calls) << "rank " << rank;
+}
+
+// Pipeline 2 x data 2 over four blocks: each block is timed on the stage that runs it, the collectives and memory of
+// the stage the plan describes are measured on its first rank, and each stage's wait is set beside the bubble.
+TEST(CliProfile, APipelineTimesEachBlockOnItsStageAndSetsEachStagesWaitBesideTheBubble) {
+  const std::string trace = scratch_dir() + "/profile_pp.json";
+  const std::string args = "examples/pipeline-parallel.json --nproc-per-node 4 model.num_layers=4 ";
+  Result r = ds("profile " + args + "--steps 2 --warmup 1 --json --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json report = json::parse(r.out);
+  Result p = ds("plan " + args + "--json");
+  ASSERT_EQ(p.code, 0) << p.err;
+  const json plan = json::parse(p.out);
+  const double planned = plan["train_flops_per_step"].get<double>();
+  EXPECT_NEAR(report["summary"]["model_flops_per_step"].get<double>(), planned, 1e-9 * planned);  // the whole model's, every rank's
+  int timed = 0;
+  for (const json& m : report["modules"])
+    if (m["depth"] == 1 && m["name"].get<std::string>().rfind("transformer.h.", 0) == 0) {
+      EXPECT_GT(m.value("forward_s", 0.0), 0.0) << m.dump();
+      EXPECT_GT(m.value("backward_s", 0.0), 0.0) << m.dump();
+      ++timed;
+    }
+  EXPECT_EQ(timed, 4);
+  // Ranks: tensor fastest, then data, then pipeline; the plan describes its heaviest stage, whose first rank is 2 x it.
+  const int heaviest = plan["mesh"]["heaviest_stage"].get<int>();
+  EXPECT_EQ(report["lead_rank"].get<int>(), 2 * heaviest);
+  ASSERT_FALSE(report["communication"].empty());
+  for (const json& c : report["communication"]) {
+    ASSERT_TRUE(c.contains("bytes_per_step")) << c.dump();
+    EXPECT_DOUBLE_EQ(c["bytes_per_step"].get<double>(), c["plan_bytes_per_step"].get<double>()) << c.dump();
+    EXPECT_DOUBLE_EQ(c["calls_per_step"].get<double>(), c["plan_calls_per_step"].get<double>()) << c.dump();
+  }
+  const json& pipeline = report["pipeline"];
+  EXPECT_DOUBLE_EQ(pipeline["bubble"].get<double>(), plan["mesh"]["bubble"].get<double>());
+  ASSERT_EQ(pipeline["stages"].size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    const json& got = pipeline["stages"][s];
+    const json& cut = plan["mesh"]["stages"][s];
+    EXPECT_EQ(got["rank"].get<int>(), 2 * static_cast<int>(s));
+    EXPECT_EQ(got["first_block"], cut["first_block"]);
+    EXPECT_EQ(got["blocks"], cut["blocks"]);
+    EXPECT_GE(got["waited_share"].get<double>(), 0.0);
+    EXPECT_LT(got["waited_share"].get<double>(), 1.0);
+    const json& memory = cut["memory_per_rank"];
+    EXPECT_NEAR(got["plan_bytes"].get<double>(), memory["device"]["total"].get<double>() + memory["host"]["total"].get<double>(), 2.0);
+  }
+  // The trace: a process per rank, each stage's blocks under their own numbers (stage 1 runs blocks 2 and 3).
+  const json parsed = json::parse(slurp(trace));
+  expect_well_formed_trace(parsed, 4, 3);
+  std::map<int, std::set<std::string>> blocks;
+  for (const json& e : parsed["traceEvents"])
+    if (e["ph"] == "X" && e.value("tid", 0) == 4) blocks[e["pid"].get<int>()].insert(e["name"].get<std::string>());
+  const int first_of_last = plan["mesh"]["stages"][1]["first_block"].get<int>();
+  EXPECT_TRUE(blocks[2].count("block " + std::to_string(first_of_last) + " backward")) << parsed.dump().substr(0, 300);
+  EXPECT_FALSE(blocks[2].count("block 0 forward"));
+  EXPECT_TRUE(blocks[0].count("block 0 forward"));
+  // The text names the stages.
+  r = ds("profile " + args + "--steps 1 --warmup 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Pipeline stages (each stage's first rank; waited: held up by the other stages, beside the plan's bubble"))
+      << r.out;
 }
 
 TEST(CliProfile, TwoRanksAtEveryStageSendThePlansBytesAndTraceOneProcessEach) {

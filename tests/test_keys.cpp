@@ -92,7 +92,6 @@ const std::map<std::string, const char*> kActs = {
     {"zero_optimization.offload_param.buffer_count", "plan + runtime: NVMe parameter buffers"},
     {"zero_optimization.offload_param.buffer_size", "plan + runtime: NVMe parameter buffers"},
     {"zero_optimization.sub_group_size", "plan: NVMe staging buffers"},
-    {"zero_optimization.stage3_prefetch_bucket_size", "plan (ds gathers whole blocks at stage 3 on ranks)"},
     {"zero_optimization.stage3_param_persistence_threshold", "runtime: small parameters kept whole"},
     {"gradient_clipping", "trainer: clip"},
     {"communication_data_type", "plan: collectives' dtype"},

@@ -167,8 +167,8 @@ TEST(ConfigLegacy, CpuOffloadBecomesOffloadOptimizer) {
 }
 
 TEST(ConfigLegacy, AliasesAreTheSameKeyAndBothIsAnError) {
-  Config c = load_config_text(R"({"train_batch_size": 8, "zero_optimization": {"prefetch_bucket_size": 1234}})", "t");
-  EXPECT_EQ(*c.zero.prefetch_bucket_size, 1234);
+  Config c = load_config_text(R"({"train_batch_size": 8, "zero_optimization": {"param_persistence_threshold": 1234}})", "t");
+  EXPECT_EQ(*c.zero.param_persistence_threshold, 1234);
   EXPECT_TRUE(c.warnings.empty());
   auto p = problems(R"({"train_batch_size": 8, "zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})");
   ASSERT_EQ(p.size(), 1u) << dump(p);

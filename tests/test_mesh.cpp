@@ -237,11 +237,17 @@ TEST(PlanMesh, TheBatchCountsDataParallelRanksAndTheTrainerRefusesASplitModel) {
   const int64_t m = first_frozen.mesh.micro_batches;
   EXPECT_EQ(s0.traffic.pipeline_sends, m);  // its activations on; nothing comes back
   EXPECT_EQ(s1.traffic.pipeline_sends, 0);
+  // It keeps no micro-batch's activations between its forward and a backward: none in flight (the record's too).
+  const nlohmann::json stages = nlohmann::json::parse(plan_to_json(first_frozen))["mesh"]["stages"];
+  EXPECT_EQ(stages[0]["micro_batches_in_flight"], 0);
+  EXPECT_EQ(stages[1]["micro_batches_in_flight"], 1);
   // Its blocks keep no activations: against the same blocks frozen with the token table training (a backward through
   // them), its two blocks' for each micro-batch it holds fewer, one block's held while it runs more.
   const Plan trained = test::plan_of(cfg, 8, 0, {"zero_optimization.stage=1", "model.freeze=[\"model.layers.[01].*\"]"});
   EXPECT_EQ(trained.backward_from, 0);
   EXPECT_EQ(trained.mesh.stages[1].traffic.pipeline_sends, m);
+  EXPECT_EQ(trained.mesh.stages[1].traffic.pipeline_gradient_sends, m);  // all of them gradients back
+  EXPECT_EQ(trained.mesh.stages[0].traffic.pipeline_gradient_sends, 0);
   const ModelSpec share = stage_share(trained.model, trained.mesh, 0);
   const double per_micro_batch = 2.0 * 32 * 2 * share.block_activation_bytes_per_token(32, dtype_bytes(trained.precision.compute_dtype));
   EXPECT_NEAR(trained.mesh.stages[0].memory.device.activations - s0.memory.device.activations, (s0.in_flight - 0.5) * per_micro_batch,
@@ -469,6 +475,16 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
     for (const PipelineStage& st : p.mesh.stages) {
       EXPECT_EQ(st.traffic.pipeline_sends, 4);  // activations on from stage 0, their gradients back from stage 1
       EXPECT_EQ(st.traffic.pipeline_bytes, 4 * sent);
+      // the ledger's two kinds: the first stage's are activations, the last stage's their gradients
+      const std::vector<MeshCollective> rows = mesh_collectives(st.traffic);
+      const CollectiveKind kind = &st == &p.mesh.stages.front() ? CollectiveKind::pipeline_activations : CollectiveKind::pipeline_gradients;
+      const auto row = std::find_if(rows.begin(), rows.end(), [](const MeshCollective& c) {
+        return c.kind == CollectiveKind::pipeline_activations || c.kind == CollectiveKind::pipeline_gradients;
+      });
+      ASSERT_NE(row, rows.end());
+      EXPECT_EQ(row->kind, kind);
+      EXPECT_EQ(row->calls, 4);
+      EXPECT_EQ(row->bytes, 4 * sent);
       // GPT-2's head is the token table: once a step the last stage sends its copy's gradient and the first the
       // table's weights back, 128 of the 256 rows on each tensor rank, in bf16 as they are.
       EXPECT_EQ(st.traffic.tied_sends, 1);

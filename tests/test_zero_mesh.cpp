@@ -151,6 +151,10 @@ TEST(Zero, PipelineMeshesTrainTheSingleRankRunIntoTheWholeModelsCheckpoint) {
       if (c["what"] == "loss, norm and stop flag") planned += c["wire_bytes_per_rank_per_step"].get<double>();
     for (const json& x : metrics_of(dir)) EXPECT_NEAR(x["comm_bytes"].get<double>(), planned, 1.0) << "step " << x["step"];
     EXPECT_TRUE(contains(log, "pipeline activations: 3.0 calls")) << log;  // the run report's row beside the plan's
+    if (m.name == "p2") {  // the last stage sends the gradients back, a kind of its own
+      const std::string last = slurp(dir + "/logs/rank_1.log");
+      EXPECT_TRUE(contains(last, "pipeline activations' gradients: 3.0 calls, 384.00 KiB (3 calls, 384.00 KiB)")) << last;
+    }
     // The stage's measured idle share beside the plan's bubble (p 2, m 3: 25%): a share of the step, whatever the machine.
     const std::string said = "stage 0 waited for the other stages (their activations, gradients, the step's end) ";
     const size_t waited = log.find(said);
@@ -418,5 +422,13 @@ TEST(Zero, SplitModelsFineTuneWithFrozenTensorsAndLoraAsOneRank) {
   const Result r = cli_test::ds("plan" + tuned.substr(tuned.find(' ')) + p2d2 + cases[8].what);  // (tuned begins "train ")
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "block 0 runs forward only (nothing in or below it trains")) << r.out;
-  EXPECT_TRUE(contains(slurp(scratch_dir() + "/tune_pp_freeze_first_stage/train.log"), "this stage runs forward only")) << "rank 0's log";
+  const std::string first = slurp(scratch_dir() + "/tune_pp_freeze_first_stage/train.log");
+  EXPECT_TRUE(contains(first, "this stage runs forward only")) << "rank 0's log";
+  EXPECT_FALSE(contains(first, "gradients: 0.0 calls")) << first;  // nothing to reduce: no row
+  // Its checkpoints hold a file from each rank (the frozen stage's say which save they belong to), as its log says.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(scratch_dir() + "/tune_pp_freeze_first_stage/checkpoints/step_00000003"))
+    files += e.path().extension() == ".h5" ? 1 : 0;
+  EXPECT_EQ(files, 4);
+  EXPECT_TRUE(contains(first, "step_00000003 (") && contains(first, ", a file from each of 4 ranks)")) << first;
 }

@@ -35,6 +35,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::validation_loss: return "validation loss";
     case CollectiveKind::tensor_activations: return "tensor-parallel activations";
     case CollectiveKind::pipeline_activations: return "pipeline activations";
+    case CollectiveKind::pipeline_gradients: return "pipeline activations' gradients";
     case CollectiveKind::tied_embedding: return "tied embedding (gradient in, weights back)";
   }
   return "?";

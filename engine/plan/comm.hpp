@@ -39,10 +39,17 @@ enum class CollectiveKind {
   parameters_validation,  // stage 3: gathers for validation (not part of a training step)
   validation_loss,        // each rank's share of the validation loss, summed (validation steps only)
   tensor_activations,     // tensor parallel: a block's partial outputs (forward) and its input's gradients (backward)
-  pipeline_activations,   // pipeline parallel: a stage's output sent to the next stage, its gradient sent back
+  pipeline_activations,   // pipeline parallel: a stage's output sent to the next stage
+  pipeline_gradients,     // pipeline parallel: the gradient of a stage's input sent back to the stage before
   tied_embedding,         // pipeline parallel: a tied head's copy sends its gradient to the first stage, which sends the table's weights back
 };
 const char* collective_name(CollectiveKind kind);
+// What a pipeline stage waits in for the other stages: its neighbours' activations and their gradients, the tied
+// table's exchange, and the step's agreement (where a stage that finished first waits for the others).
+inline bool waits_for_other_stages(CollectiveKind kind) {
+  return kind == CollectiveKind::pipeline_activations || kind == CollectiveKind::pipeline_gradients ||
+         kind == CollectiveKind::tied_embedding || kind == CollectiveKind::control;
+}
 
 // The library a run's collectives go through, decided by the plan (from the device): Gloo between CPU
 // ranks (no 16-bit all-reduce, no reduce-scatter: ds builds them from point-to-point sends), NCCL

@@ -286,7 +286,11 @@ double pipeline_bubble(int stages, int micro_batches) {
 std::vector<MeshCollective> mesh_collectives(const MeshTraffic& x) {
   std::vector<MeshCollective> out;
   if (x.tensor_all_reduces > 0) out.push_back({CollectiveKind::tensor_activations, x.tensor_all_reduces, x.tensor_wire_bytes});
-  if (x.pipeline_sends > 0) out.push_back({CollectiveKind::pipeline_activations, x.pipeline_sends, x.pipeline_bytes});
+  if (x.pipeline_sends > x.pipeline_gradient_sends)
+    out.push_back({CollectiveKind::pipeline_activations, x.pipeline_sends - x.pipeline_gradient_sends,
+                   x.pipeline_bytes - x.pipeline_gradient_bytes});
+  if (x.pipeline_gradient_sends > 0)
+    out.push_back({CollectiveKind::pipeline_gradients, x.pipeline_gradient_sends, x.pipeline_gradient_bytes});
   if (x.tied_sends > 0) out.push_back({CollectiveKind::tied_embedding, x.tied_sends, x.tied_bytes});
   if (x.lamb_all_reduces > 0) out.push_back({CollectiveKind::lamb_norms_tensor, x.lamb_all_reduces, x.lamb_bytes});
   return out;
@@ -425,9 +429,12 @@ void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vecto
       }
     }
     // Activations on; gradients back where a block before this stage runs backward.
-    const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + (stage_sends_gradient(st, backward_from) ? 1 : 0);
+    const int gradients_back = stage_sends_gradient(st, backward_from) ? 1 : 0;
+    const int neighbours = (static_cast<int>(s) + 1 < p ? 1 : 0) + gradients_back;
     x.pipeline_sends = static_cast<int64_t>(m) * neighbours;
     x.pipeline_bytes = m * neighbours * sent;
+    x.pipeline_gradient_sends = static_cast<int64_t>(m) * gradients_back;
+    x.pipeline_gradient_bytes = m * gradients_back * sent;
     if (plan.tied_exchange() && (st.embeddings || st.head)) {
       x.tied_sends = 1;  // the last stage's gradient of its copy, the first stage's weights back
       x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * weight_bytes;

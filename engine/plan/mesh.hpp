@@ -99,8 +99,10 @@ struct MeshTraffic {
   int64_t tensor_all_reduces = 0;    // calls per step
   double tensor_payload_bytes = 0;   // summed over those calls
   double tensor_wire_bytes = 0;      // sent per rank: ring all-reduce, 2 (t - 1) / t of the payload
-  int64_t pipeline_sends = 0;        // point-to-point sends per step
+  int64_t pipeline_sends = 0;        // point-to-point sends per step: activations on and gradients back
   double pipeline_bytes = 0;         // sent per rank
+  int64_t pipeline_gradient_sends = 0;  // of those, the gradients sent back to the stage before
+  double pipeline_gradient_bytes = 0;
   // A tied head on another stage than the table, once per step: the last stage sends its copy's gradient to the
   // first, whose table steps on the sum, and the first sends the table's new weights back (each sends one).
   int64_t tied_sends = 0;
@@ -141,6 +143,10 @@ inline bool stage_runs_backward(const PipelineStage& st, int64_t backward_from) 
   return st.head || st.first_block + st.blocks > backward_from;
 }
 inline bool stage_sends_gradient(const PipelineStage& st, int64_t backward_from) { return !st.embeddings && backward_from < st.first_block; }
+// The micro-batches whose activations a stage keeps at once: none where it runs forward only (each let go once sent).
+inline int activations_in_flight(const PipelineStage& st, int64_t backward_from) {
+  return stage_runs_backward(st, backward_from) ? st.in_flight : 0;
+}
 
 struct MeshPlan {
   MeshShape shape;

@@ -301,13 +301,15 @@ json mesh_json(const Plan& p) {
   json stages = json::array();
   for (const PipelineStage& s : m.stages) {
     json st{{"first_block", s.first_block}, {"blocks", s.blocks}, {"embeddings", s.embeddings}, {"head", s.head},
-            {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", s.in_flight}, {"memory_per_rank", nullptr}};
+            {"params_per_rank", s.params_per_rank}, {"micro_batches_in_flight", activations_in_flight(s, p.backward_from)}, {"memory_per_rank", nullptr}};
     if (s.memory_planned)
       st["memory_per_rank"] = {{"device", categories(s.memory.device)}, {"host", categories(s.memory.host)}, {"nvme", bytes(s.memory.nvme)}};
     const MeshTraffic& x = s.traffic;
     st["traffic_per_rank_per_step"] = {{"tensor_all_reduces", x.tensor_all_reduces}, {"tensor_payload_bytes", x.tensor_payload_bytes},
                                        {"tensor_wire_bytes", x.tensor_wire_bytes}, {"pipeline_sends", x.pipeline_sends},
-                                       {"pipeline_bytes", x.pipeline_bytes}, {"tied_sends", x.tied_sends},
+                                       {"pipeline_bytes", x.pipeline_bytes},
+                                       {"pipeline_gradient_sends", x.pipeline_gradient_sends},
+                                       {"pipeline_gradient_bytes", x.pipeline_gradient_bytes}, {"tied_sends", x.tied_sends},
                                        {"tied_bytes", x.tied_bytes}, {"lamb_all_reduces", x.lamb_all_reduces},
                                        {"lamb_bytes", x.lamb_bytes}, {"zero_wire_bytes", s.zero_wire_bytes}};
     stages.push_back(st);

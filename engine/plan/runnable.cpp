@@ -17,9 +17,6 @@ std::vector<std::string> profiling_refusals(const Plan& plan) {
   if (plan.activation_checkpointing && plan.recompute_group > 1)
     why.push_back("ds profile and the flops_profiler with pipeline.activation_checkpoint_interval " + std::to_string(plan.recompute_group) +
                   " (a group of blocks recomputed together has one backward, not one per block): an interval of 1 profiles each block");
-  if (plan.mesh.shape.pipeline > 1)
-    why.push_back("ds profile and the flops_profiler with pipeline stages (their block and phase times would be one stage's, idle "
-                  "waits included): ds train prints each step's tokens/s, and each rank's log its stage's memory beside the plan's");
   return why;
 }
 
@@ -48,6 +45,9 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
   if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
   if (profiling || plan.run.flops_profiler.enabled)
     for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));
+  if (!profiling && plan.run.flops_profiler.enabled && plan.mesh.shape.pipeline > 1)
+    why.push_back("the flops_profiler block with pipeline stages (ds train's report holds rank 0's measurements alone, one stage's): "
+                  "ds profile gathers every stage's");
   return why;
 }
 

@@ -105,7 +105,7 @@ TorchZip::TorchZip(std::unique_ptr<ByteReader> bytes) : bytes_(std::move(bytes))
       end_at = i;
       break;
     }
-  if (end_at < 0) throw bad("no zip end record (a pickle saved with _use_new_zipfile_serialization=False?)");
+  if (end_at < 0) throw bad("no zip end record (a file cut short by a copy or a full disk, or a pickle saved with _use_new_zipfile_serialization=False)");
   const uint8_t* e = &tail[end_at];
   uint64_t count = le(e + 10, 2), cd_size = le(e + 12, 4), cd_offset = le(e + 16, 4);
   const uint64_t end_offset = size - tail_len + static_cast<uint64_t>(end_at);

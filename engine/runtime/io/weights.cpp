@@ -662,6 +662,8 @@ ExportSummary write_one_file(const WeightSource& source, const std::vector<Expor
   if (dtype == StDtype::F16) check_fp16_range(source, tensors, options, s);
   std::vector<StTensorSource> out;
   for (const ExportTensor& t : tensors) out.push_back(converted(source, t.from, t.to, t.shape, dtype));
+  // Its folder made as a directory export's is (out/model.safetensors into a new out/).
+  if (const fs::path parent = fs::path(file).parent_path(); !parent.empty()) fs::create_directories(parent);
   s.tensor_bytes = write_safetensors(file, out);
   s.files = {file};
   s.tensors = static_cast<int64_t>(out.size());

@@ -277,10 +277,11 @@ torch::Tensor LanguageModel::per_sample(const std::vector<torch::Tensor>& parts,
 
 void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
   if (!parts_) return;
-  parts_->attention_done(layer);
+  const int64_t own = layer - stage_.first_block;  // numbered as the hooks number the blocks: the stage's own, from 0
+  parts_->attention_done(own);
   if (x.requires_grad()) {
     BlockParts* parts = parts_;
-    x.register_hook([parts, layer](const torch::Tensor&) { parts->mlp_backward_done(layer); });
+    x.register_hook([parts, own](const torch::Tensor&) { parts->mlp_backward_done(own); });
   }
 }
 

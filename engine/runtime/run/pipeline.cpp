@@ -92,7 +92,7 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
         backward(outputs[m], op.micro).backward();
       } else {
         torch::Tensor grad = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
-        stages_->recv(grad, stage_ + 1, CollectiveKind::pipeline_activations);
+        stages_->recv(grad, stage_ + 1, CollectiveKind::pipeline_gradients);
         note(PipelineEvent::received_gradient, op.micro);
         release(/*activations=*/true, op.micro);  // the next stage ran its forward, on what this one sent
         note(PipelineEvent::backward, op.micro);
@@ -101,7 +101,7 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
       if (sends_gradient_) {
         DS_CHECK(inputs[m].grad().defined(), "pipeline stage ", stage_, ": micro-batch ", op.micro, "'s input got no gradient");
         const torch::Tensor grad_in = inputs[m].grad().contiguous();
-        sends_.push_back({stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_activations), grad_in, op.micro, false});
+        sends_.push_back({stages_->send_async(grad_in, stage_ - 1, CollectiveKind::pipeline_gradients), grad_in, op.micro, false});
         most_sends_held_ = std::max(most_sends_held_, static_cast<int>(sends_.size()));
         note(PipelineEvent::sent_gradient, op.micro);
       }

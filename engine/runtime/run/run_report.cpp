@@ -329,13 +329,14 @@ void RunReport::step(int64_t step, const StepOutcome& o, std::optional<double> v
     comm_s += d.seconds;
   }
   result_.comm_bytes.push_back(comm_bytes);
-  if (p.mesh.shape.pipeline > 1 && step_s > 0) {
+  if (p.mesh.shape.pipeline > 1) {
     // Idle: the receives' waits (a send returns at once), the tied table's exchange and the step's agreement, which a
     // stage that finished first waits in for the others (the last stage ends its backwards before the first does).
     double waited = 0;
-    for (CollectiveKind kind : {CollectiveKind::pipeline_activations, CollectiveKind::tied_embedding, CollectiveKind::control})
-      if (const auto it = step_comm_.find(kind); it != step_comm_.end()) waited += it->second.seconds;
-    pipeline_waits_.push_back(waited / step_s);
+    for (const auto& [kind, d] : step_comm_)
+      if (waits_for_other_stages(kind)) waited += d.seconds;
+    if (step_s > 0) pipeline_waits_.push_back(waited / step_s);
+    if (keeps_step_measurements(p, opt_)) result_.stage_waits_s.push_back(waited);
   }
   const double peak = peak_resident_bytes();
   track_peak(peak);
@@ -412,6 +413,7 @@ void RunReport::finish() {
       const auto it = comm_total_.find(kind);
       const double bytes = it == comm_total_.end() ? 0.0 : it->second.bytes / n;
       const double calls = it == comm_total_.end() ? 0.0 : static_cast<double>(it->second.calls) / n;
+      if (calls == 0 && planned_calls == 0) return;  // (a pipeline stage training nothing reduces no gradient)
       log_.note(std::string("  ") + collective_name(kind) + ": " + format_fixed(calls, 1) + " calls, " + format_bytes(bytes) + " (" +
                 std::to_string(planned_calls) + " calls, " + format_bytes(planned_bytes) + ")");
     };

@@ -517,13 +517,12 @@ void TrainingRun::save(int64_t step) {
     writer = {comm_->rank(), comm_->world_size(), [this] { comm_->barrier(); }};
   else if (groups_.writers)
     writer = {groups_.writers->rank(), groups_.writers->world_size(), [this] { groups_.writers->barrier(); }};
-  const int W = writer.world_size;
   const SavedCheckpoint saved =
       save_checkpoint(plan_.run.output_dir, sc, buffers_, checkpoint_plan_json_, opt_.resolved_config_json, plan_.run.keep_last, writer);
   result_.last_checkpoint = saved.path;
   if (lead_)
     report_->log().note("ds train: checkpoint at step " + std::to_string(step) + " -> " + saved.path + " (" +
-                        format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? " in " + std::to_string(W) + " shards" : "") +
+                        format_bytes(static_cast<double>(saved.bytes)) + (writer.world_size > 1 ? ", a file from each of " + std::to_string(writer.world_size) + " ranks" : "") +
                         ")");
   if (lead_)
     for (const std::string& note : saved.notes) report_->log().note("ds train: " + note);

@@ -80,6 +80,7 @@ struct TrainResult {
   std::vector<double> rss_bytes;          // per step: peak resident memory so far, after the step
   std::vector<double> step_start_s;       // per step: when it began, seconds after the first step's start
   std::vector<double> model_flops;        // per step: its model FLOPs over all ranks (Plan::train_flops_of_step)
+  std::vector<double> stage_waits_s;      // a pipeline stage, per step: held up by the other stages (waits_for_other_stages)
   struct CollectiveTotal {
     std::string name;  // collective_name()
     int64_t calls = 0;
