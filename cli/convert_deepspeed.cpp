@@ -1,5 +1,6 @@
 // ds convert-ckpt on a DeepSpeed checkpoint: describe it (--info), or write its weights as one
 // .safetensors file or a Hugging Face directory, tensor by tensor, without Python or its pickles running.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -66,6 +67,8 @@ int print_deepspeed_info(const DeepSpeedCheckpoint& c, bool as_json) {
   }
   std::error_code ec;
   for (const std::string& f : c.files()) bytes += fs::file_size(f, ec);
+  std::vector<std::string> files = c.files();  // listed by name (read rank by rank, each's model and optimizer files)
+  std::sort(files.begin(), files.end());
   if (as_json) {
     nlohmann::ordered_json j;
     j["schema_version"] = 1;
@@ -85,7 +88,7 @@ int print_deepspeed_info(const DeepSpeedCheckpoint& c, bool as_json) {
     j["tied"] = nlohmann::ordered_json::object();
     for (const auto& [alias, source] : c.tied()) j["tied"][alias] = source;
     j["config"] = c.config();
-    j["files"] = c.files();
+    j["files"] = files;
     nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (const DeepSpeedParam& p : c.params())
       tensors.push_back({{"name", p.name}, {"shape", p.shape}, {"from", p.buffer ? "buffer" : from_name(p.from)}});
@@ -109,7 +112,7 @@ int print_deepspeed_info(const DeepSpeedCheckpoint& c, bool as_json) {
     std::cout << "\n";
   }
   std::cout << "  files       " << c.files().size() << " read (" << format_bytes(static_cast<double>(bytes)) << "):\n";
-  for (const std::string& f : c.files()) std::cout << "    " << fs::path(f).filename().string() << "\n";
+  for (const std::string& f : files) std::cout << "    " << fs::path(f).filename().string() << "\n";
   for (const DeepSpeedParam& p : c.params())
     std::cout << "    " << pad(p.name, 48) << pad(format_shape(p.shape), 16) << (p.buffer ? "buffer" : from_name(p.from)) << "\n";
   return kExitOk;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -58,6 +59,7 @@ TEST(CliDeepSpeed, InfoDescribesACheckpointFromItsPicklesAlone) {
   EXPECT_EQ(j["ds_version"], "0.14.4");
   EXPECT_EQ(j["config"]["optimizer"]["type"], "AdamW");
   EXPECT_EQ(j["files"].size(), 3u);
+  EXPECT_TRUE(std::is_sorted(j["files"].begin(), j["files"].end())) << j["files"].dump();  // by name, not in read order
   EXPECT_TRUE(j["fp32_master"].get<bool>());
   r = ds("convert-ckpt --info " + kCases + "gpt2-z2-w2-fp32/ckpt");
   ASSERT_EQ(r.code, 0) << r.err;
