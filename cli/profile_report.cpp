@@ -181,8 +181,10 @@ void add_summary(const Measured& ms, json& r) {
       {"grad_accum", plan.batch.grad_accum},
       {"seq_len", plan.seq_len},
       {"params", plan.model.num_params},
-      // (ZeRO's shard of what the rank trains; unsharded, a tensor rank's share of the model, else the whole model)
-      {"params_per_rank", plan.execution.sharded         ? plan.layout.shard_numel
+      // (ZeRO's shard of what the rank trains; unsharded, a tensor rank's share of the model, else the whole model;
+      // with pipeline stages what rank 0's stage holds, as the plan's mesh table counts it)
+      {"params_per_rank", plan.mesh.shape.pipeline > 1 ? plan.mesh.stages.front().params_per_rank
+                          : plan.execution.sharded     ? plan.layout.shard_numel
                           : plan.mesh.shape.tensor > 1 ? plan.layout.numel
                                                        : plan.model.num_params},
       {"trainable_params", plan.trained().num_params},
@@ -382,11 +384,16 @@ void add_pipeline(const Measured& ms, json& r) {
     const auto mean = [&](const std::function<double(const json&)>& f) { return mean_over(part["steps"], ms.warmup, ms.end, f); };
     const double step_s = mean([](const json& x) { return x["step_s"].get<double>(); });
     const double waited = mean([](const json& x) { return x["waited_s"].get<double>(); });
+    std::vector<double> shares;  // each step's, whose median ds train's "waited" line gives too
+    for (int i = ms.warmup; i < ms.end; ++i) {
+      const json& x = part["steps"][static_cast<size_t>(i)];
+      shares.push_back(x["step_s"].get<double>() > 0 ? x["waited_s"].get<double>() / x["step_s"].get<double>() : 0.0);
+    }
     const double outside = part["baseline_rss_bytes"].get<double>() + part["paged_file_bytes"].get<double>();
     stages.push_back({{"stage", s}, {"rank", part["rank"]}, {"first_block", st.first_block}, {"blocks", st.blocks},
                       {"forward_s", mean([](const json& x) { return x["phases"]["forward"].get<double>(); })},
                       {"backward_s", mean([](const json& x) { return x["phases"]["backward"].get<double>(); })},
-                      {"step_s", step_s}, {"waited_s", waited}, {"waited_share", step_s > 0 ? waited / step_s : 0.0},
+                      {"step_s", step_s}, {"waited_s", waited}, {"waited_share", median_of(shares)},
                       {"runs_backward", stage_runs_backward(st, plan.backward_from)},
                       {"training_bytes", part["peak_rss_bytes"].get<double>() - outside},
                       {"plan_bytes", st.memory_planned ? st.memory.device.total() + st.memory.host.total() : 0.0}});
@@ -498,8 +505,7 @@ void render_modules(const Plan& plan, const json& r, std::ostringstream& o) {
   }
   const json& ob = r["outside_blocks"];
   if (!ob.contains("forward_s")) {
-    o << "  " << pad("outside the blocks", 32) << "  (" << ob["what"].get<std::string>()
-      << "): not timed on a pipeline, whose phases hold its waits for the other stages\n";
+    o << "  " << pad("outside the blocks", 32) << "  not timed on a pipeline (a stage's phases hold its waits for the others)\n";
     return;
   }
   o << "  " << pad("outside the blocks", 32) << lpad("", 12 + 9 + 9 + 8 + 7) << lpad(format_fixed(ob["forward_s"].get<double>() * 1e3, 2), 9)
@@ -558,7 +564,8 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
   }
   if (r.contains("pipeline")) {
     const json& pl = r["pipeline"];
-    o << "\nPipeline stages (each stage's first rank; waited: held up by the other stages, beside the plan's bubble "
+    o << "\nPipeline stages (each stage's first rank; waited: held up by the other stages, the median share of a step, beside the "
+         "plan's bubble "
       << pct(pl["bubble"].get<double>()) << ", (p - 1) / (m + p - 1) with m " << pl["micro_batches"].get<int>() << ")\n";
     o << "  " << pad("stage", 7) << pad("rank", 6) << pad("blocks", 12) << lpad("forward", 11) << lpad("backward", 11)
       << lpad("waited", 18) << lpad("training memory (plan)", 26) << "\n";

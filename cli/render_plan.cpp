@@ -371,7 +371,7 @@ void mesh_section(const Plan& p, const std::function<std::string(const std::stri
       << (memory ? lpad(format_bytes(st.memory.device.total() + st.memory.host.total()), 17) : "")
       << (static_cast<int>(s) == m.heaviest_stage ? "  (the memory below)" : "") << "\n";
   }
-  if (m.shape.pipeline > 1) o << "  stages cut by " << m.partition_text << "; ";
+  if (m.shape.pipeline > 1) o << "  stages cut by pipeline.partition \"" << m.partition_text << "\"; ";
   else o << "  ";
   o << "\"in flight\": micro-batches whose activations a stage holds at once (1F1B"
     << (std::any_of(m.stages.begin(), m.stages.end(), [&](const PipelineStage& st) { return !stage_runs_backward(st, p.backward_from); })

@@ -459,7 +459,7 @@ TEST(CliOutside, APipelinesMistakesAreSaidOnceAndBeforeAnyRankStarts) {
   // ds train's flops_profiler reports rank 0 alone, one stage of a pipeline: refused, naming ds profile (which runs it).
   r = ds("train examples/pipeline-parallel.json --nproc-per-node 4 flops_profiler.enabled=true train.output_dir=" + dir);
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_TRUE(contains(r.err, "the flops_profiler block with pipeline stages") && contains(r.err, "ds profile gathers every stage's"))
+  EXPECT_TRUE(contains(r.err, "the flops_profiler block with pipeline stages") && contains(r.err, "run ds profile, which gathers every stage's"))
       << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
   // DeepSpeed's pipe_partitioned defaults to true; ds sends activations whole: setting true is what has no effect.

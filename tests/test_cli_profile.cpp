@@ -247,10 +247,30 @@ TEST(CliProfile, APipelineTimesEachBlockOnItsStageAndSetsEachStagesWaitBesideThe
   EXPECT_TRUE(blocks[2].count("block " + std::to_string(first_of_last) + " backward")) << parsed.dump().substr(0, 300);
   EXPECT_FALSE(blocks[2].count("block 0 forward"));
   EXPECT_TRUE(blocks[0].count("block 0 forward"));
+  // Every receive is a span of the receiving rank's: stage 1 takes each micro-batch's activations, stage 0 their
+  // gradients (4 a step, 3 steps), and the time they wait is in each stage's wait for the others.
+  std::map<std::pair<int, std::string>, std::pair<int, double>> received;  // (rank, what) -> (spans, seconds)
+  for (const json& e : parsed["traceEvents"])
+    if (e["ph"] == "X" && e.value("tid", 0) == 5 && contains(e["name"].get<std::string>(), "(received)")) {
+      auto& [n, seconds] = received[{e["pid"].get<int>(), e["name"].get<std::string>()}];
+      ++n;
+      seconds += e["dur"].get<double>() * 1e-6;
+    }
+  const auto spans = [&](int rank, const std::string& what) { return received[{rank, what}].first; };
+  EXPECT_EQ(spans(2, "pipeline activations (received)"), 12);
+  EXPECT_EQ(spans(0, "pipeline activations' gradients (received)"), 12);
+  EXPECT_EQ(spans(0, "pipeline activations (received)"), 0);
+  for (int s : {0, 1}) {
+    const json& stage = pipeline["stages"][static_cast<size_t>(s)];
+    const double in_receives = received[{2 * s, s == 0 ? "pipeline activations' gradients (received)" : "pipeline activations (received)"}].second;
+    // (the measured steps' mean wait holds their receives; the trace's sum is over all 3 steps, the warm-up's too)
+    EXPECT_GT(stage["waited_s"].get<double>(), 0.0);
+    EXPECT_GT(in_receives, 0.0);
+  }
   // The text names the stages.
   r = ds("profile " + args + "--steps 1 --warmup 1");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "Pipeline stages (each stage's first rank; waited: held up by the other stages, beside the plan's bubble"))
+  EXPECT_TRUE(contains(r.out, "Pipeline stages (each stage's first rank; waited: held up by the other stages, the median share of a step"))
       << r.out;
 }
 

@@ -47,7 +47,7 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
     for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));
   if (!profiling && plan.run.flops_profiler.enabled && plan.mesh.shape.pipeline > 1)
     why.push_back("the flops_profiler block with pipeline stages (ds train's report holds rank 0's measurements alone, one stage's): "
-                  "ds profile gathers every stage's");
+                  "drop the block to train, and run ds profile, which gathers every stage's");
   return why;
 }
 

@@ -44,9 +44,15 @@ namespace {
 std::unique_ptr<PendingCollective> Communicator::send_async(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
 void Communicator::recv(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
 
-CommStats& Communicator::count_received(CollectiveKind kind) {
+CommStats& Communicator::count_received(CollectiveKind kind, int64_t* event) {
   CommStats& s = ledger_[kind];
   if (s.op.empty()) s.op = collective_op_name(CollectiveOp::send);
+  *event = -1;
+  if (recording_) {
+    const auto now = std::chrono::steady_clock::now();
+    events_.push_back({kind, now, now, 0.0, true});
+    *event = static_cast<int64_t>(events_.size()) - 1;
+  }
   return s;
 }
 

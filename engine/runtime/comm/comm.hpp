@@ -100,7 +100,8 @@ class Communicator {
   struct Event {
     CollectiveKind kind;
     std::chrono::steady_clock::time_point issued, done;
-    double bytes = 0;  // this rank's wire bytes, as the ledger counts them
+    double bytes = 0;       // this rank's wire bytes, as the ledger counts them
+    bool received = false;  // a receive: the wait for another rank's send (its bytes are the sender's)
   };
   void record_events(bool on) { recording_ = on; }
   std::vector<Event> take_events() { return std::exchange(events_, {}); }
@@ -110,8 +111,8 @@ class Communicator {
   // One more call of `kind`: an `op` over `payload_bytes` (the ledger's figure is a ring's wire bytes for
   // it). `*event`: the profile event it opened (finish_event stamps its end), -1 when not recording.
   CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
-  // A receive of `kind`: its wait is counted here (its bytes and calls are the sender's).
-  CommStats& count_received(CollectiveKind kind);
+  // A receive of `kind`: its wait is counted here (its bytes and calls are the sender's). `*event` as count's.
+  CommStats& count_received(CollectiveKind kind, int64_t* event);
   // This rank's place in `members` for split(), after checking them (every rank once, in range, this one among them).
   int place_in(const std::string& name, const std::vector<int>& members) const;
   // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.

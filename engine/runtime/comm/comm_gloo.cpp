@@ -287,7 +287,10 @@ void GlooCommunicator::recv(const torch::Tensor& t, int from, CollectiveKind kin
   const auto t0 = std::chrono::steady_clock::now();
   DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
   std::vector<torch::Tensor> one{t};
-  GlooWork work({group_->recv(one, from, p2p_tag(received_from_, from))}, count_received(kind), t0, [this] { return who_is_behind(); });
+  int64_t event = -1;
+  CommStats& s = count_received(kind, &event);
+  GlooWork work({group_->recv(one, from, p2p_tag(received_from_, from))}, s, t0, [this] { return who_is_behind(); },
+                std::function<void()>(), [this, event] { finish_event(event); });
   work.wait();
 }
 

@@ -182,8 +182,10 @@ class LocalCommunicator : public Communicator {
   }
   void recv(const torch::Tensor& t, int from, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous() && from >= 0 && from < world_ && from != rank_, "a receive into a non-contiguous tensor, or from rank ", from);
-    count_received(kind);
+    int64_t event = -1;
+    count_received(kind, &event);
     shared_->take(from, rank_, t);
+    finish_event(event);
   }
 
   CommCapabilities capabilities() const override { return comm_capabilities(shared_->speaks); }

@@ -276,7 +276,7 @@ void RunReport::end_collectives(const CommLedger* ledger) {
       d.bytes -= it->second.bytes;
       d.seconds -= it->second.seconds;
     }
-    if (d.calls == 0) continue;
+    if (d.calls == 0 && d.seconds == 0) continue;  // (a kind this rank only receives has time, not calls)
     step_comm_[kind] = d;
     comm_total_[kind].bytes += d.bytes;
     comm_total_[kind].calls += d.calls;

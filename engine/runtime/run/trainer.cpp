@@ -589,7 +589,7 @@ void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clo
   std::vector<CollectiveSpan> spans;
   for (Communicator* c : groups_.all())  // the world's and a mesh's groups'
     for (const Communicator::Event& e : c->take_events())
-      spans.push_back({collective_name(e.kind), std::chrono::duration<double>(e.issued - t0).count(),
+      spans.push_back({std::string(collective_name(e.kind)) + (e.received ? " (received)" : ""), std::chrono::duration<double>(e.issued - t0).count(),
                        std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
   std::sort(spans.begin(), spans.end(), [](const CollectiveSpan& a, const CollectiveSpan& b) { return a.start_s < b.start_s; });
   result_.collective_spans.push_back(std::move(spans));
