@@ -222,13 +222,8 @@ std::string frozen_where(const Plan& p) {
       return std::string(dtype_name(compute)) + ", " + format_bytes(static_cast<double>(p.frozen_numel()) * bytes) + " on every rank";
     // A split model's rank holds its stage's share (a tensor rank its slices), each stage its own.
     std::vector<double> held;
-    for (size_t s = 0; s < std::max<size_t>(p.mesh.stages.size(), 1); ++s) {
-      const StageShare share = share_of(p, static_cast<int>(s));
-      int64_t n = 0;
-      for (size_t i = 0; i < share.model.tensors.size(); ++i)
-        if (share.is_frozen(i)) n += share.model.tensors[i].numel;
-      held.push_back(static_cast<double>(n) * bytes);
-    }
+    for (size_t s = 0; s < std::max<size_t>(p.mesh.stages.size(), 1); ++s)
+      held.push_back(static_cast<double>(share_of(p, static_cast<int>(s)).frozen_numel()) * bytes);
     std::string text = std::string(dtype_name(compute)) + ", per rank ";
     if (held.size() == 1) return text + format_bytes(held[0]) + " (its share of them)";
     if (std::all_of(held.begin(), held.end(), [&](double b) { return b == held[0]; }))

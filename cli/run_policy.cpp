@@ -487,9 +487,10 @@ std::string resume_checkpoint(const std::string& resume, const std::string& outp
 
 namespace {
 
-// Whether the schema marks the key at dotted `path` of `doc`, or a block above it, as one ds does not act on
-// (x-ds-ignored): its change changes nothing (a default may even have changed to say what ds does).
-bool schema_ignores(const std::string& path, const nlohmann::json& doc) {
+// Whether the schema marks the key at dotted `path` of `doc`, or a block above it, with `annotation` true: one ds
+// does not act on (x-ds-ignored: its change changes nothing; a default may even have changed to say what ds does),
+// or one that changes nothing the run computes (x-ds-resume-neutral).
+bool schema_marks(const std::string& path, const nlohmann::json& doc, const char* annotation) {
   const SchemaWalk walk(config_schema());
   std::vector<std::string> segments;
   for (size_t at = 0; at <= path.size();) {
@@ -500,7 +501,7 @@ bool schema_ignores(const std::string& path, const nlohmann::json& doc) {
   for (size_t n = 1; n <= segments.size(); ++n) {
     const nlohmann::json* sub = walk.at(std::vector<std::string>(segments.begin(), segments.begin() + static_cast<std::ptrdiff_t>(n)), doc);
     if (!sub) return false;
-    if (const nlohmann::json* ignored = walk.annotation(*sub, "x-ds-ignored"); ignored && *ignored == true) return true;
+    if (const nlohmann::json* marked = walk.annotation(*sub, annotation); marked && *marked == true) return true;
   }
   return false;
 }
@@ -524,20 +525,14 @@ std::vector<std::string> config_changes_since(const std::string& checkpoint, con
   static const std::set<std::string> layout_keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization.stage",
                                                     "tensor_parallel.autotp_size", "pipeline.stages", "pipeline.partition"};
   const nlohmann::json now = nlohmann::json::parse(resolved_config_json, nullptr, false);
-  // Keys that change what is printed or evaluated, or how stage 3 lays out what it trains, not the weights trained.
-  static const std::vector<std::string> reporting = {"steps_per_print", "wall_clock_breakdown", "tensorboard.", "csv_monitor.",
-                                                     "wandb.", "comms_logger.", "flops_profiler.", "train.eval_every", "train.eval_batches",
-                                                     "zero_optimization.stage3_param_persistence_threshold"};
-  const auto reports = [&](const std::string& p) {
-    return std::any_of(reporting.begin(), reporting.end(), [&](const std::string& r) { return p == r || p.rfind(r, 0) == 0; });
-  };
   // A block the checkpoint never recorded (a DeepSpeed checkpoint's data): this run's is the first word on it.
   const nlohmann::json was = nlohmann::json::parse(then, nullptr, false);
   const auto unrecorded = [&](const std::string& p) { return was.is_object() && !was.contains(p.substr(0, p.find('.'))); };
   std::vector<std::string> changed;
   for (const auto& p : json_differences(then, resolved_config_json))
     if (p != "train.resume" && p != "train.steps" && p.rfind("scheduler.params.", 0) != 0 && !was_kept(p) &&
-        !(same_batch && layout_keys.count(p)) && !schema_ignores(p, now) && !reports(p) && !unrecorded(p))
+        !(same_batch && layout_keys.count(p)) && !schema_marks(p, now, "x-ds-ignored") &&
+        !schema_marks(p, now, "x-ds-resume-neutral") && !unrecorded(p))
       changed.push_back(p);
   return changed;
 }

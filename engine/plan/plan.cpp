@@ -312,6 +312,13 @@ double Plan::train_flops_of_step(int64_t counted_targets, int64_t attention_squa
   return flops;
 }
 
+int64_t StageShare::frozen_numel() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < model.tensors.size(); ++i)
+    if (is_frozen(i)) n += model.tensors[i].numel;
+  return n;
+}
+
 int64_t Plan::frozen_numel() const {
   int64_t n = 0;
   for (size_t i = 0; i < frozen.size(); ++i)

@@ -145,6 +145,7 @@ struct StageShare {
   std::vector<int> trained_model;
   const ModelSpec& trained_spec() const { return lora.enabled ? lora.adapters : frozen.empty() ? model : unfrozen; }
   bool is_frozen(size_t tensor) const { return !frozen.empty() && frozen[tensor] != 0; }
+  int64_t frozen_numel() const;  // the elements of `model` held frozen
 };
 
 struct Plan {

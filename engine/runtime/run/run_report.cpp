@@ -226,9 +226,7 @@ std::string mesh_description(const Plan& p) {
     d += "each rank ";
   }
   // The rank's own share: what it trains, and what it holds frozen beside it.
-  int64_t frozen = 0;
-  for (size_t i = 0; i < p.own.model.tensors.size(); ++i)
-    if (p.own.is_frozen(i)) frozen += p.own.model.tensors[i].numel;
+  const int64_t frozen = p.own.frozen_numel();
   d += "trains " + format_count(p.layout.numel) + " parameters" + (frozen > 0 ? " and holds " + format_count(frozen) + " frozen" : "") + ")";
   if (m.data > 1) d += ", ZeRO stage " + std::to_string(p.zero_stage()) + " over each data group of " + std::to_string(m.data);
   return d;
