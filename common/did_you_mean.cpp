@@ -44,7 +44,10 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   }
   if (best.empty()) return "";
   int limit = std::max<int>(1, static_cast<int>(std::max(word.size(), best.size())) / 3);
-  if (best_d <= limit) return best;
+  // A word that starts otherwise is one typo or two away at most: "io_parallel" shares only its tail with
+  // "tensor_parallel" (five edits, within a third of the longer), which is no typo of it.
+  const bool same_start = !word.empty() && fold(word[0]) == fold(best[0]);
+  if (best_d <= limit && (same_start || best_d <= 2)) return best;
   // "stage3_prefetch" for "stage3_prefetch_bucket_size": a long prefix is a clear intent.
   std::string lw, lb;
   for (char c : word) lw += fold(c);

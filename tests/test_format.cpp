@@ -57,4 +57,10 @@ TEST(ClosestMatch, SuggestsOnlyPlausibleTypos) {
   EXPECT_EQ(closest_match("reduce_bucket_sise", keys), "reduce_bucket_size");
   EXPECT_EQ(closest_match("Stage", keys), "stage");
   EXPECT_EQ(closest_match("learning_rate", keys), "");
+  // Sharing a tail is not a typo: another start is one or two edits away, no more.
+  const std::vector<std::string> blocks = {"tensor_parallel", "pipeline", "zero_optimization"};
+  EXPECT_EQ(closest_match("io_parallel", blocks), "");
+  EXPECT_EQ(closest_match("tensr_parallel", blocks), "tensor_parallel");
+  EXPECT_EQ(closest_match("zensor_parallel", blocks), "tensor_parallel");
+  EXPECT_EQ(closest_match("xipeline", blocks), "pipeline");
 }
