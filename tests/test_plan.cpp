@@ -585,3 +585,18 @@ TEST(PlanCompiler, DeepSpeedsCheckpointIntervalRecomputesBlocksInGroups) {
   EXPECT_FALSE(warned(four));
   EXPECT_TRUE(warned(plan_of(kGpt2, 1, {"pipeline.activation_checkpoint_interval=12"})));
 }
+
+TEST(PlanCompiler, AConfigWithoutAnOptimizerBlockIsWarnedOfTheDefaultItTrainsWith) {
+  // DeepSpeed takes the optimizer from the training script when the config has none: a migrated fine-tuning
+  // config would otherwise train at ds's default rate without a word.
+  const auto said = [](const Plan& p) {
+    for (const ConfigIssue& w : p.warnings)
+      if (w.path == "optimizer") return w.message + " | " + w.hint;
+    return std::string();
+  };
+  const std::string bare = said(plan_of(kGpt2, 1, {}));
+  EXPECT_NE(bare.find("no optimizer block: ds trains with its default, AdamW lr 0.001"), std::string::npos) << bare;
+  EXPECT_NE(bare.find("add an \"optimizer\" block"), std::string::npos) << bare;
+  EXPECT_EQ(said(plan_of(kGpt2, 1, {"optimizer.type=AdamW"})), "");
+  EXPECT_EQ(said(plan_of(kGpt2, 1, {"optimizer.params.lr=2e-5"})), "");
+}

@@ -288,6 +288,13 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                                      "here host and device are one memory",
                                "remove it; on a GPU, false keeps the offload's copied buffers pageable (slower copies)"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
+  // DeepSpeed takes the optimizer from the training script when its config has none; ds has no script, and a
+  // fine-tuning run at the default's lr would silently train at another rate than the one it came from.
+  if (!c.optimizer.given)
+    plan.warnings.push_back({"optimizer", std::string("the config has no optimizer block: ds trains with its default, ") +
+                                              optimizer_type_name(plan.optimizer.type) + " lr " + format_double(plan.optimizer.lr) +
+                                              " (a DeepSpeed config without one took the optimizer from the training script)",
+                             "add an \"optimizer\" block with the type and params.lr the run should use"});
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
   plan.gradient_clipping = *c.gradient_clipping;
