@@ -36,7 +36,11 @@ std::string stage_text(int stage) {
 
 std::string precision_text(const PrecisionPolicy& pr) {
   std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
-                     ", grads " + dtype_name(pr.grad_dtype) + ", reduce in " + dtype_name(pr.comm_dtype) +
+                     ", grads " + dtype_name(pr.grad_dtype) +
+                     (dtype_bytes(pr.grad_dtype) > dtype_bytes(pr.compute_dtype)
+                          ? std::string(" (each micro-batch's ") + dtype_name(pr.compute_dtype) + " gradients added in " + dtype_name(pr.grad_dtype) + ")"
+                          : std::string()) +
+                     ", reduce in " + dtype_name(pr.comm_dtype) +
                      (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
   if (pr.loss_scaling.enabled)
     prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +

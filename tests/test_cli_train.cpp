@@ -100,9 +100,9 @@ TEST(CliTrain, CtrlCAtAnyMomentOfASingleThreadedFp32RunSavesACheckpoint) {
 }
 
 TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
-  Result r = ds("train examples/quickstart.json bf16.enabled=true data_types.grad_accum_dtype=fp32");
+  Result r = ds("train examples/quickstart.json bf16.enabled=false fp16.enabled=true data_types.grad_accum_dtype=fp32");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(contains(r.err, "grad_accum_dtype")) << r.err;
+  EXPECT_TRUE(contains(r.err, "data_types.grad_accum_dtype fp32 with fp16 weights")) << r.err;
   r = ds("train examples/quickstart.json data.type=text data.path=/nonexistent/corpus.txt");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "/nonexistent/corpus.txt")) << r.err;
@@ -111,9 +111,9 @@ TEST(CliTrain, UnsupportedPlansAndBadDataExitTwoBeforeWork) {
   EXPECT_TRUE(contains(r.err, "no complete checkpoint at '/nonexistent/run'")) << r.err;
   // Launching ranks: a plan ds cannot train yet is refused before any rank starts or the run directory is made.
   const std::string dir = fresh("refused_pipeline");
-  r = ds("train examples/pipeline-parallel.json --nproc-per-node 4 bf16.enabled=true data_types.grad_accum_dtype=fp32 train.output_dir=" + dir);
+  r = ds("train examples/pipeline-parallel.json --nproc-per-node 4 bf16.enabled=false data_types.grad_accum_dtype=bf16 train.output_dir=" + dir);
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(contains(r.err, "data_types.grad_accum_dtype other than the parameters' dtype")) << r.err;
+  EXPECT_TRUE(contains(r.err, "data_types.grad_accum_dtype bf16 with fp32 weights")) << r.err;
   EXPECT_FALSE(contains(r.err, "starting 4 CPU ranks")) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir)) << dir;
 }

@@ -70,7 +70,7 @@ const std::map<std::string, const char*> kActs = {
     {"fp16.min_loss_scale", "loss scaler"},
     {"bf16.enabled", "plan: precision"},
     {"bf16.check_grad_overflow", "trainer: skip inf/NaN steps"},
-    {"data_types.grad_accum_dtype", "plan: gradient dtype (train refuses one unlike the parameters')"},
+    {"data_types.grad_accum_dtype", "plan: gradient dtype; fp32 over bf16 weights adds each micro-batch's gradients in fp32 (micro_grads)"},
     {"zero_optimization.stage", "plan and runtime: ZeRO"},
     {"zero_optimization.reduce_scatter", "plan: collectives"},
     {"zero_optimization.reduce_bucket_size", "runtime: reduce pieces"},

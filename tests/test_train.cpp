@@ -102,6 +102,7 @@ TEST(Training, AllocatesExactlyTheModelStateThePlanPredicts) {
   // with 2, 1 and 0 moments.
   for (const std::vector<std::string>& o : std::vector<std::vector<std::string>>{
            {"bf16.enabled=true"}, {"bf16.enabled=false"}, {"fp16.enabled=true"}, {"optimizer.type=Lamb"},
+           {"bf16.enabled=true", "data_types.grad_accum_dtype=fp32"},
            {"optimizer.type=SGD", "optimizer.params.momentum=0.9"}, {"optimizer.type=SGD"}}) {
     Config c = load_config_text(kTiny, "tiny.json", o);
     Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
@@ -120,7 +121,9 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
   // communicator's pieces in flight are not held between collectives); stage 3 on 4 ranks holds at most
   // 30% of stage 0's model states. DeepSpeed's default persistence threshold (1e5) would keep every
   // tensor of this tiny model whole: "auto" (10 x hidden) partitions all but biases and norms.
-  for (const char* precision : {"bf16.enabled=true", "bf16.enabled=false", "fp16.enabled=true"}) {
+  // (bf16 summed in fp32: stages 0-1 hold a bf16 buffer for each micro-batch's gradients.)
+  for (const std::vector<std::string>& precision : std::vector<std::vector<std::string>>{
+           {"bf16.enabled=true"}, {"bf16.enabled=false"}, {"fp16.enabled=true"}, {"bf16.enabled=true", "data_types.grad_accum_dtype=fp32"}}) {
     for (int world : {2, 3, 4}) {
       Topology t = one_cpu();
       t.world_size = world;
@@ -128,16 +131,21 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
       double stage0 = 0;
       for (int stage : {0, 1, 2, 3}) {
         for (const char* overlap : {"zero_optimization.overlap_comm=true", "zero_optimization.overlap_comm=false"}) {
-          Config c = load_config_text(kTiny, "tiny.json", {precision, "zero_optimization.stage=" + std::to_string(stage),
-                                                            "zero_optimization.stage3_param_persistence_threshold=auto", overlap});
+          std::vector<std::string> overrides = precision;
+          for (const std::string& o : {"zero_optimization.stage=" + std::to_string(stage),
+                                       std::string("zero_optimization.stage3_param_persistence_threshold=auto"), std::string(overlap)})
+            overrides.push_back(o);
+          Config c = load_config_text(kTiny, "tiny.json", overrides);
           Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
           double in_flight = 0;
           for (const ZeroBuffer& z : p.execution.buffers)
             if (z.transient) in_flight += z.bytes();
+          EXPECT_EQ(p.execution.micro_grads, precision.size() == 2 && stage <= 1);
+          if (p.execution.micro_grads) EXPECT_EQ(in_flight, 0.0) << "fp32 gradients are all-reduced where they are, with no fp32 copy";
           for (int rank = 0; rank < world; ++rank) {
             const FlatParams::Bytes b = FlatParams::allocate(p, rank, *Device::create(DeviceKind::cpu, 0)).bytes();
             const MemoryCategories& d = p.memory.device;
-            SCOPED_TRACE(std::string(precision) + " " + overlap + " stage " + std::to_string(stage) + " rank " +
+            SCOPED_TRACE(precision.back() + " " + overlap + " stage " + std::to_string(stage) + " rank " +
                          std::to_string(rank) + " of " + std::to_string(world));
             EXPECT_DOUBLE_EQ(b.params, d.params);
             EXPECT_DOUBLE_EQ(b.grads, d.grads);
@@ -155,9 +163,35 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
   }
 }
 
+TEST(Training, Bf16WithFp32AccumulationHoldsTheStepsGradientsInFp32AndEqualsBf16OnOneMicroBatch) {
+  // The buffers: gradients 4 bytes a parameter, and a bf16 buffer for each micro-batch's (2 bytes) among the buffers.
+  Config plain = load_config_text(kTiny, "tiny.json", {"bf16.enabled=true"});
+  Config wide = load_config_text(kTiny, "tiny.json", {"bf16.enabled=true", "data_types.grad_accum_dtype=fp32"});
+  const Plan a = compile_plan(plain, build_model_spec(resolve_model_hyper(plain.model)), one_cpu());
+  const Plan b = compile_plan(wide, build_model_spec(resolve_model_hyper(wide.model)), one_cpu());
+  EXPECT_DOUBLE_EQ(b.memory.device.grads, 4.0 * b.layout.numel);
+  EXPECT_DOUBLE_EQ(b.memory.device.grads - a.memory.device.grads, 2.0 * a.layout.numel);
+  EXPECT_DOUBLE_EQ(b.memory.device.buffers - a.memory.device.buffers, 2.0 * a.layout.numel);
+  EXPECT_TRUE(not_yet_runnable(b).empty());
+  // One micro-batch a step: its bf16 gradients held in fp32 are the same numbers, and the run is plain bf16's.
+  const std::vector<std::string> one_micro = {"bf16.enabled=true", "train.steps=12", "train_micro_batch_size_per_gpu=16",
+                                              "gradient_accumulation_steps=1"};
+  std::vector<std::string> one_micro_wide = one_micro;
+  one_micro_wide.push_back("data_types.grad_accum_dtype=fp32");
+  EXPECT_EQ(run(one_micro).result.losses, run(one_micro_wide).result.losses);
+  // Several: the sums differ from bf16's (rounded after each micro-batch), and the run learns.
+  TrainedRun bf16 = run({"bf16.enabled=true", "gradient_accumulation_steps=4", "train_micro_batch_size_per_gpu=4"});
+  TrainedRun fp32_sums = run({"bf16.enabled=true", "gradient_accumulation_steps=4", "train_micro_batch_size_per_gpu=4",
+                              "data_types.grad_accum_dtype=fp32"});
+  EXPECT_EQ(bf16.result.losses.front(), fp32_sums.result.losses.front());  // the same first forward
+  EXPECT_NE(bf16.result.losses, fp32_sums.result.losses);
+  EXPECT_LT(fp32_sums.result.losses.back(), 3.0);
+  EXPECT_NEAR(fp32_sums.result.losses.back(), bf16.result.losses.back(), 0.1);
+}
+
 TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   Config c = load_config_text(kTiny, "tiny.json", {"zero_optimization.stage=3", "model.tie_word_embeddings=false",
-                                                          "data_types.grad_accum_dtype=fp32", "bf16.enabled=true"});
+                                                          "data_types.grad_accum_dtype=bf16"});
   Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_cpu());
   const auto why = not_yet_runnable(p);
   ASSERT_EQ(why.size(), 2u) << (why.empty() ? "" : why[0]);  // one line per root cause: the untied head and the gradient dtype

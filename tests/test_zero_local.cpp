@@ -71,6 +71,21 @@ void initialise(const Plan& plan, FlatParams& flat, ZeroExchange& zero) {
   zero.publish_parameters();
 }
 
+// A rank's buffers, exchange and model (`comm` null: one rank), its weights initialised from the seed. Built in
+// place: the exchange and the model hold references into the buffers.
+struct RankModel {
+  std::unique_ptr<Device> device;
+  FlatParams flat;
+  ZeroExchange zero;
+  std::unique_ptr<LanguageModel> model;
+  RankModel(const Plan& plan, int rank, Communicator* comm)
+      : device(Device::create(DeviceKind::cpu, rank)), flat(FlatParams::allocate(plan, rank, *device)), zero(plan, flat, comm),
+        model(make_model(plan, flat)) {
+    if (zero.hooks_blocks()) model->set_block_hooks(&zero);
+    initialise(plan, flat, zero);
+  }
+};
+
 // One micro step on this rank's batch, its loss scaled (1/W: the ranks' sum is the mean); as the
 // trainer does, the model is told the scale first (its head adds its weight's gradient in forward).
 void micro_step(ZeroExchange& zero, LanguageModel& model, const torch::Tensor& in, const torch::Tensor& tgt, double scale,
@@ -96,13 +111,9 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
       tgt.push_back(torch::cat({tokens(2 * r + 7, T), tokens(2 * r + 8, T)}));
     }
     const Plan one = plan_for(1, 0, {"zero_optimization.stage=0"});
-    const auto cpu = Device::create(DeviceKind::cpu, 0);
-    FlatParams ref = FlatParams::allocate(one, 0, *cpu);
-    ZeroExchange ref_zero(one, ref, nullptr);
-    auto ref_model = make_model(one, ref);
-    initialise(one, ref, ref_zero);
-    for (int r = 0; r < world; ++r) micro_step(ref_zero, *ref_model, in[r], tgt[r], 1.0 / world);
-    const torch::Tensor expected = ref.grads.narrow(0, 0, one.layout.numel);
+    RankModel reference(one, 0, nullptr);
+    for (int r = 0; r < world; ++r) micro_step(reference.zero, *reference.model, in[r], tgt[r], 1.0 / world);
+    const torch::Tensor expected = reference.flat.grads.narrow(0, 0, one.layout.numel);
 
     // Over Gloo's terms (point-to-point reduce-scatter into scratch, gathers into spans) and NCCL's (the
     // library's own reduce-scatter, no scratch; gathers packed into equal pieces).
@@ -124,15 +135,11 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
         on_ranks(world, [&](int r) {
           const Plan& plan = plans[static_cast<size_t>(r)];
           auto comm = group.join(r);
-          const auto device = Device::create(DeviceKind::cpu, r);
-          FlatParams flat = FlatParams::allocate(plan, r, *device);
-          ZeroExchange zero(plan, flat, comm.get());
-          auto model = make_model(plan, flat);
-          if (zero.hooks_blocks()) model->set_block_hooks(&zero);
-          initialise(plan, flat, zero);
+          RankModel rank(plan, r, comm.get());
+          FlatParams& flat = rank.flat;
           const CommLedger before = comm->ledger();
-          micro_step(zero, *model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);
-          zero.reduce_gradients();
+          micro_step(rank.zero, *rank.model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);
+          rank.zero.reduce_gradients();
           std::lock_guard<std::mutex> lock(m);
           for (const OwnedSegment& s : flat.owned)
             assembled.narrow(0, s.global, s.numel).copy_(flat.local_grads.narrow(0, s.local, s.numel));
@@ -160,6 +167,74 @@ TEST(ZeroInProcess, EachRanksReducedGradientPartIsTheWholeBatchsAtEveryStage) {
         }
       }
     }
+  }
+}
+
+TEST(ZeroInProcess, Bf16GradientsAccumulatedInFp32AddEachMicroBatchsGradientAtEveryStage) {
+  // data_types.grad_accum_dtype fp32 over bf16 weights: backward writes each micro-batch's gradients in bf16, and
+  // the step's gradient is their sum in fp32. The reference takes each micro-batch's bf16 gradient alone on one
+  // plain bf16 rank (same weights, same kernels) and sums them here: stages 0-1 add every micro-batch into fp32
+  // and reduce the fp32 sums; stages 2-3 reduce each micro-batch's group over the ranks in bf16 (summed in fp32,
+  // rounded once, as Gloo's reduce-scatter of bf16) and add that into the rank's fp32 part. Accumulating in bf16
+  // would round after every micro-batch, far outside these tolerances.
+  const int64_t T = 16;
+  const int GAS = 3;
+  for (int world : {2, 3}) {
+    std::vector<std::vector<torch::Tensor>> in(static_cast<size_t>(world)), tgt(static_cast<size_t>(world));
+    torch::manual_seed(13);
+    for (int r = 0; r < world; ++r)
+      for (int m = 0; m < GAS; ++m) {
+        const int64_t at = 2 * (r * GAS + m);
+        in[static_cast<size_t>(r)].push_back(torch::cat({tokens(at, T), tokens(at + 1, T)}));
+        tgt[static_cast<size_t>(r)].push_back(torch::cat({tokens(at + 5, T), tokens(at + 6, T)}));
+      }
+    const double scale = 1.0 / (world * GAS);
+    const Plan one = plan_for(1, 0, {"zero_optimization.stage=0", "bf16.enabled=true"});
+    ASSERT_FALSE(one.execution.micro_grads);
+    RankModel reference(one, 0, nullptr);
+    FlatParams& ref = reference.flat;
+    const int64_t P = one.layout.numel;
+    torch::Tensor summed = torch::zeros({P}, torch::kFloat32), per_micro_rounded = torch::zeros({P}, torch::kFloat32);
+    for (int m = 0; m < GAS; ++m) {
+      torch::Tensor over_ranks = torch::zeros({P}, torch::kFloat32);
+      for (int r = 0; r < world; ++r) {
+        ref.grads.zero_();
+        micro_step(reference.zero, *reference.model, in[static_cast<size_t>(r)][static_cast<size_t>(m)], tgt[static_cast<size_t>(r)][static_cast<size_t>(m)], scale);
+        ASSERT_EQ(ref.grads.scalar_type(), torch::kBFloat16);
+        const torch::Tensor g = ref.grads.narrow(0, 0, P).to(torch::kFloat32);
+        summed.add_(g);
+        over_ranks.add_(g);
+      }
+      per_micro_rounded.add_(over_ranks.to(torch::kBFloat16).to(torch::kFloat32));
+    }
+    for (int stage : {0, 1, 2, 3})
+      for (const char* overlap : {"zero_optimization.overlap_comm=false", "zero_optimization.overlap_comm=true"}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " on " + std::to_string(world) + " thread ranks, " + overlap);
+        LocalGroup group(world, std::chrono::seconds(60));
+        std::vector<Plan> plans;
+        for (int r = 0; r < world; ++r)
+          plans.push_back(plan_for(world, r, {"bf16.enabled=true", "data_types.grad_accum_dtype=fp32",
+                                              "zero_optimization.stage=" + std::to_string(stage), overlap}));
+        EXPECT_EQ(plans[0].execution.micro_grads, stage <= 1);
+        torch::Tensor assembled = torch::zeros({P}, torch::kFloat32);
+        std::mutex mu;
+        on_ranks(world, [&](int r) {
+          const Plan& plan = plans[static_cast<size_t>(r)];
+          auto comm = group.join(r);
+          RankModel rank(plan, r, comm.get());
+          for (int m = 0; m < GAS; ++m)
+            micro_step(rank.zero, *rank.model, in[static_cast<size_t>(r)][static_cast<size_t>(m)], tgt[static_cast<size_t>(r)][static_cast<size_t>(m)],
+                       scale, /*last=*/m == GAS - 1);
+          rank.zero.reduce_gradients();
+          const FlatParams& flat = rank.flat;
+          std::lock_guard<std::mutex> lock(mu);
+          ASSERT_EQ(flat.local_grads.scalar_type(), torch::kFloat32);
+          for (const OwnedSegment& s : flat.owned)
+            assembled.narrow(0, s.global, s.numel).copy_(flat.local_grads.narrow(0, s.local, s.numel));
+        });
+        const torch::Tensor& expected = stage <= 1 ? summed : per_micro_rounded;
+        EXPECT_TRUE(torch::allclose(assembled, expected, 1e-5, 1e-8)) << "max difference " << (assembled - expected).abs().max().item<double>();
+      }
   }
 }
 

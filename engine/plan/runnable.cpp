@@ -42,7 +42,12 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
                   std::to_string(plan.zero_stage()) +
                   " (each block's gradients, and at stage 3 its weights, pass through one of two buffers; a group recomputed together "
                   "needs one per block): an interval of 1, or ZeRO stage 0-1");
-  if (plan.precision.grad_dtype != plan.precision.param_dtype) why.push_back("data_types.grad_accum_dtype other than the parameters' dtype");
+  // Gradients accumulate in the weights' dtype, or in fp32 over bf16 weights (DeepSpeed's BF16_Optimizer). A narrower
+  // accumulation would round every micro-batch's sum; fp16 weights take their loss scale's overflow from fp16 sums.
+  const PrecisionPolicy& pp = plan.precision;
+  if (pp.grad_dtype != pp.param_dtype && !(pp.param_dtype == Dtype::bf16 && pp.grad_dtype == Dtype::fp32))
+    why.push_back(std::string("data_types.grad_accum_dtype ") + dtype_name(pp.grad_dtype) + " with " + dtype_name(pp.param_dtype) +
+                  " weights (gradients accumulate in the weights' dtype, or in fp32 with bf16 weights)");
   if (profiling || plan.run.flops_profiler.enabled)
     for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));
   if (!profiling && plan.run.flops_profiler.enabled && plan.mesh.shape.pipeline > 1)

@@ -36,6 +36,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::offload_grads: return "offload_grads";
     case BufferRole::compute: return "compute";
     case BufferRole::compute_grads: return "compute_grads";
+    case BufferRole::micro_grads: return "micro_grads";
     case BufferRole::master: return "master";
     case BufferRole::exp_avg: return "exp_avg";
     case BufferRole::exp_avg_sq: return "exp_avg_sq";
@@ -194,6 +195,7 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   b.grads_to_host = plan.topology.grads_leave_per_block() && !z.widened && b.opt_offload && knobs.offload_optimizer.ratio >= 1.0 &&
                     L.stage >= 2;
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
+  z.micro_grads = !z.grouped && !z.widened && dtype_bytes(pp.grad_dtype) > dtype_bytes(pp.compute_dtype);
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
@@ -300,6 +302,9 @@ void add_weights_and_gradients(ZeroBuild& b) {
     if (!z.gathers) b.add(BufferRole::compute, compute, z.full_numel, C::buffers);
     b.add(BufferRole::compute_grads, compute, z.grouped ? z.local_numel : z.full_numel, C::buffers);
   }
+  // Gradients accumulated wider than backward writes them (bf16 weights, fp32 accumulation) at stages 0-1: each
+  // micro-batch's in the compute dtype first. (Grouped stages add each reduced group buffer into the wider part.)
+  if (z.micro_grads) b.add(BufferRole::micro_grads, compute, z.full_numel, C::buffers);
 }
 
 // NVMe: the states are swapped sub-group by sub-group through host buffers, and their files hold each
@@ -495,9 +500,10 @@ void add_working_buffers(ZeroBuild& b) {
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
     b.add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(compute) < 4) {
+  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(z.micro_grads ? pp.grad_dtype : compute) < 4) {
     // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
-    // a time, or a whole group when its pieces all run beside backward (overlap_comm).
+    // a time, or a whole group when its pieces all run beside backward (overlap_comm). (Gradients summed in
+    // fp32 over bf16 weights are reduced from the fp32 buffer itself.)
     int64_t largest = z.full_numel;
     if (z.grouped) largest = std::max(z.block_numel, z.outer_numel);
     const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, b.plan.zero.reduce_bucket_size), largest);

@@ -62,6 +62,8 @@ enum class BufferRole {
   offload_grads,   // fp32 copy of this rank's reduced gradients where an offloaded optimizer runs
   compute,         // a wider working copy of the weights (fp16 on the CPU, which has no fp16 kernels)
   compute_grads,   // the gradients backward accumulates in that wider dtype
+  micro_grads,     // stages 0-1 accumulating in a wider dtype than the weights' (bf16 weights, fp32 gradients): what
+                   // backward writes one micro-batch's gradients into, added into the wider ones after it
   master,          // fp32 master weights of this rank's part (mixed precision)
   exp_avg,         // the optimizer's first moment (Adam, Lamb, SGD with momentum)
   exp_avg_sq,      // the optimizer's second moment (Adam, Lamb)
@@ -117,6 +119,10 @@ struct ZeroExecution {
   bool gathers = false;             // stage 3: parameters partitioned, gathered before use
   bool overlap = false;             // reduces run while backward goes on (overlap_comm; stages 0-1: the step's last backward)
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
+  // Gradients accumulate in a wider dtype than backward writes them in (data_types.grad_accum_dtype fp32 with
+  // bf16 weights, DeepSpeed's BF16_Optimizer): stages 0-1 add each micro-batch's gradients from micro_grads into
+  // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.
+  bool micro_grads = false;
   CommBackend backend = CommBackend::gloo;  // CPU ranks: Gloo (no 16-bit all-reduce); GPUs: NCCL
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
   // Stage 3: gathers go through staging buffers, each rank's partitions packed: the stored dtype is not the

@@ -87,7 +87,7 @@ void make_views(FlatParams& f, const FlatLayout& L, const ZeroExecution& z) {
     torch::Tensor weight, grad;
     if (!f.grouped) {
       weight = f.compute.narrow(0, p.offset, p.numel);
-      grad = f.compute_grads.narrow(0, p.offset, p.numel);
+      grad = (f.micro_grads.defined() ? f.micro_grads : f.compute_grads).narrow(0, p.offset, p.numel);
     } else {
       grad = (in_block ? f.block_grads[f.overlap ? p.layer % 2 : 0] : f.outer_grads).narrow(0, f.group_offset[i], p.numel);
       if (!z.gathers)
@@ -161,6 +161,7 @@ FlatParams FlatParams::allocate(const Plan& plan, int rank, Device& device) {
   const int64_t shard_begin = z.sharded && !z.gathers ? L.shards[static_cast<size_t>(rank)].begin : 0;
   if (f.params.defined()) f.local_params = f.params.narrow(0, z.gathers ? 0 : shard_begin, z.local_numel);
   f.local_grads = f.compute_grads.narrow(0, z.grouped ? 0 : shard_begin, z.local_numel);
+  f.micro_grads = arenas.take(BufferRole::micro_grads);
   take_states(f, z, arenas);
   for (int i = 0; i < 2; ++i) {
     f.block_grads[i] = arenas.take(BufferRole::block_grads, i);
@@ -193,6 +194,7 @@ FlatParams::Bytes FlatParams::bytes() const {
   };
   for (const States& s : states) b.optimizer_states += n(s.exp_avg) + n(s.exp_avg_sq) + (own(s.master) ? n(s.master) : 0.0);
   if (widened) b.buffers += n(compute) + n(compute_grads);
+  b.buffers += n(micro_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1], &reduce_scratch, &frozen_block_params[0],
                                  &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging[0], &weights_staging[1], &grads_arrival})

@@ -14,6 +14,9 @@
 //   states  per span of the plan's state_spans (where the optimizer's states live): the fp32 master of the
 //           span's elements (aliases params in fp32 runs unless the states or the parameters are offloaded)
 //           and the moments the plan counts; a span on NVMe has none here (the swapper's buffers)
+//   micro_grads: stages 0-1 with gradients accumulated in fp32 over bf16 weights (data_types.grad_accum_dtype):
+//           what backward writes one micro-batch's gradients into (bf16), added into compute_grads (= grads, fp32)
+//           and zeroed after each micro-batch (ZeroExchange)
 //   local_params, local_grads: this rank's part of params and grads, what the optimizer reads and writes
 // ZeRO stages 2-3 on several ranks: backward accumulates into one parameter group's buffer at a time
 // (block_grads: a transformer block; outer_grads: the parameters outside the blocks), reduced into
@@ -36,7 +39,7 @@
 namespace ds {
 
 struct FlatParams {
-  torch::Tensor params, grads, compute, compute_grads;
+  torch::Tensor params, grads, compute, compute_grads, micro_grads;
   torch::Tensor local_params, local_grads;
   // The optimizer's states by where they live: `spans` are the plan's state_spans (local elements at a place,
   // in order), `states` their buffers (undefined for a span on NVMe). optimizer_states.hpp walks them.

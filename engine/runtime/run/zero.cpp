@@ -130,6 +130,14 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_range(int64
   return reduce_in_pieces(range, &owners, wait_each);
 }
 
+void ZeroExchange::add_micro_gradients(int64_t at, int64_t n) {
+  if (n <= 0) return;
+  torch::NoGradGuard ng;
+  const torch::Tensor micro = flat_.micro_grads.narrow(0, at, n);
+  flat_.compute_grads.narrow(0, at, n).add_(micro);
+  micro.zero_();
+}
+
 void ZeroExchange::reduce_gradients() {
   if (flat_.grouped) return finish_reduce();
   if (!comm_) return;
@@ -356,6 +364,7 @@ void ZeroExchange::after_backward(int64_t layer) {
     const int k = range_of_block_[static_cast<size_t>(layer)];
     if (k < 0) return;  // nothing in it trains
     const auto& [begin, end] = block_ranges_[static_cast<size_t>(k)];
+    if (flat_.micro_grads.defined()) add_micro_gradients(begin, end - begin);
     for (auto& p : reduce_range(begin, end - begin, /*wait_each=*/false)) block_reduces_.push_back(std::move(p));
     return;
   }
@@ -383,6 +392,16 @@ void ZeroExchange::begin_backward(bool last) {
 }
 
 void ZeroExchange::end_micro_step() {
+  if (flat_.micro_grads.defined() && !evaluating_) {
+    // The blocks' ranges were added as their backward ended (their reduces are in flight): the rest now.
+    const int64_t all = flat_.micro_grads.numel();
+    if (reducing_blocks_) {
+      add_micro_gradients(0, block_ranges_.front().first);
+      add_micro_gradients(block_ranges_.back().second, all - block_ranges_.back().second);
+    } else {
+      add_micro_gradients(0, all);
+    }
+  }
   if (!flat_.grouped) return;
   if (groups_.back().layer < 0)
     start_reduce(groups_.back(), flat_.outer_grads);

@@ -110,6 +110,9 @@ class ZeroExchange : public BlockHooks {
   // Gradients [at, at + n) of compute_grads (stages 0-1): all-reduced, or at stage 1 over a library with its
   // own reduce-scatter, reduce-scattered to the shards' owners.
   std::vector<std::unique_ptr<PendingCollective>> reduce_range(int64_t at, int64_t n, bool wait_each);
+  // Stages 0-1 accumulating wider than backward writes (micro_grads): [at, at + n) of this micro-batch's
+  // gradients added into the step's (fp32) and zeroed for the next.
+  void add_micro_gradients(int64_t at, int64_t n);
   std::vector<std::unique_ptr<PendingCollective>> reduce_in_pieces(const torch::Tensor& t, const Ownership* owners, bool wait_each);
 
   const Plan& plan_;
