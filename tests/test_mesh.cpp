@@ -499,6 +499,10 @@ TEST(PlanMesh, TheMeshsTrafficPerRankIsMegatronsAllReducesAndThePipelinesSends) 
   EXPECT_EQ(lamb.mesh.stages[0].traffic.lamb_bytes, 2 * 8 * (2 + 2 * per_block));
   EXPECT_EQ(lamb.mesh.stages[1].traffic.lamb_bytes, 2 * 8 * (2 * per_block + 2 + 1));
   EXPECT_EQ(test::plan_of(cfg, 8, 0).mesh.stages[0].traffic.lamb_all_reduces, 0);
+  // Gradients summed in fp32 (data_types.grad_accum_dtype): the copy's gradient leaves in fp32, the weights in bf16.
+  const Plan wide = test::plan_of(cfg, 8, 0, {"data_types.grad_accum_dtype=fp32"});
+  EXPECT_EQ(wide.mesh.stages.back().traffic.tied_bytes, 128 * 64 * 4);
+  EXPECT_EQ(wide.mesh.stages.front().traffic.tied_bytes, 128 * 64 * 2);
   // Frozen tensors have no norms to sum (stage 0 without wpe and block 0's six pairs), and a frozen tied table
   // nothing to exchange.
   const Plan frozen = test::plan_of(cfg, 8, 0, {"optimizer.type=Lamb", R"(model.freeze=["transformer.wpe.weight", "transformer.wte.weight", "transformer.h.0.*"])"});

@@ -141,7 +141,9 @@ TEST(Training, EveryRankHoldsExactlyTheBuffersThePlanDescribesAtEveryStage) {
           for (const ZeroBuffer& z : p.execution.buffers)
             if (z.transient) in_flight += z.bytes();
           EXPECT_EQ(p.execution.micro_grads, precision.size() == 2 && stage <= 1);
-          if (p.execution.micro_grads) EXPECT_EQ(in_flight, 0.0) << "fp32 gradients are all-reduced where they are, with no fp32 copy";
+          if (p.execution.micro_grads) {
+            EXPECT_EQ(in_flight, 0.0) << "fp32 gradients are all-reduced where they are, with no fp32 copy";
+          }
           for (int rank = 0; rank < world; ++rank) {
             const FlatParams::Bytes b = FlatParams::allocate(p, rank, *Device::create(DeviceKind::cpu, 0)).bytes();
             const MemoryCategories& d = p.memory.device;

@@ -114,12 +114,10 @@ void add_gather(std::vector<Collective>& out, CollectiveKind kind, Cadence when,
   out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, dtype_bytes, world));
 }
 
-// On Gloo the gradients travel as the buffers backward wrote (the compute dtype), except that Gloo's
-// all-reduce sums 16-bit floats through an fp32 copy.
-int gradient_element_bytes(const Plan& plan, const ZeroExecution& z) {
-  return comm_capabilities(z.backend).sums_16bit ? dtype_bytes(plan.precision.comm_dtype)
-         : z.scatter                              ? dtype_bytes(plan.precision.compute_dtype)
-                                                  : 4;
+// Gradients travel in the dtype they are held in (ZeroExecution::reduced_dtype), except that Gloo's all-reduce
+// sums 16-bit floats through an fp32 copy.
+int gradient_element_bytes(const ZeroExecution& z) {
+  return comm_capabilities(z.backend).sums_16bit || z.scatter ? dtype_bytes(z.reduced_dtype) : 4;
 }
 
 // Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each
@@ -142,7 +140,7 @@ Collective sharded_gradients(const Plan& plan, const ZeroExecution& z, int64_t w
   const int W = z.world_size;
   const bool scatter = z.scatter;
   const CollectiveOp grad_op = scatter ? CollectiveOp::reduce_scatter : CollectiveOp::all_reduce;
-  const int gb = gradient_element_bytes(plan, z);
+  const int gb = gradient_element_bytes(z);
   int64_t grad_calls = whole_calls;
   if (z.grouped) {
     grad_calls = 0;
@@ -227,7 +225,7 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   const int64_t whole_calls = whole_gradient_calls(L, z, knobs.reduce_bucket_size);
   if (!z.sharded) {  // stage 0: accumulate locally, all-reduce once per step
     out.push_back(make(CollectiveKind::gradients, CollectiveOp::all_reduce, Cadence::per_step, 1, whole_calls, z.full_numel,
-                       gradient_element_bytes(plan, z), W));
+                       gradient_element_bytes(z), W));
     return out;
   }
   const Collective grads = sharded_gradients(plan, z, whole_calls);

@@ -383,7 +383,7 @@ void schedule_micro_batches(MeshPlan& plan, int micro_batches) {
 
 void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<StageTraining>& training, int64_t backward_from,
                         int64_t lora_r, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes,
-                        int weight_bytes, bool checkpointing, bool per_tensor_norms) {
+                        int weight_bytes, int tied_grad_bytes, bool checkpointing, bool per_tensor_norms) {
   const ModelHyper& h = model.hp;
   const int t = plan.shape.tensor, p = plan.shape.pipeline;
   const double m = plan.micro_batches, tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
@@ -436,8 +436,8 @@ void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vecto
     x.pipeline_gradient_sends = static_cast<int64_t>(m) * gradients_back;
     x.pipeline_gradient_bytes = m * gradients_back * sent;
     if (plan.tied_exchange() && (st.embeddings || st.head)) {
-      x.tied_sends = 1;  // the last stage's gradient of its copy, the first stage's weights back
-      x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * weight_bytes;
+      x.tied_sends = 1;  // the last stage's gradient of its copy (as the step holds it), the first stage's weights back
+      x.tied_bytes = static_cast<double>(plan.tied_copy_per_rank) * (st.head ? tied_grad_bytes : weight_bytes);
     }
   }
 }

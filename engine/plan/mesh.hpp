@@ -245,7 +245,7 @@ struct StageTraining {
 // once per step.
 void count_mesh_traffic(MeshPlan& plan, const ModelSpec& model, const std::vector<StageTraining>& training, int64_t backward_from,
                         int64_t lora_r, int64_t micro_batch, int64_t seq_len, int summed_bytes, int sent_bytes, int grad_bytes,
-                        int weight_bytes, bool checkpointing, bool per_tensor_norms);
+                        int weight_bytes, int tied_grad_bytes, bool checkpointing, bool per_tensor_norms);
 
 // The pipeline's idle share with p stages and m micro-batches: (p - 1) / (m + p - 1).
 double pipeline_bubble(int stages, int micro_batches);

@@ -52,7 +52,7 @@ PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
     p.mode = "fp32";
   }
   p.grad_dtype = c.grad_accum_dtype.value_or(p.param_dtype);
-  p.comm_dtype = c.communication_data_type.value_or(p.grad_dtype);
+  p.comm_dtype = p.grad_dtype;  // until the execution says what it reduces (lay_out)
   return p;
 }
 
@@ -236,6 +236,22 @@ void note_recompute_groups(Plan& plan) {
                            most > 1 ? "an interval below " + std::to_string(most) + " (1: each block)" : std::string("1, or 0 with model.activation_checkpointing")});
 }
 
+// Where the step's gradients are summed in a dtype other than the one asked for changes nothing, and where ds's
+// default differs from DeepSpeed's: DeepSpeed sums bf16 gradients in fp32 at ZeRO stage 0 even unasked.
+void note_gradient_sums(const Config& c, Plan& plan) {
+  const PrecisionPolicy& pp = plan.precision;
+  const bool sums = plan.batch.grad_accum > 1 || plan.topology.world_size > 1;  // micro-batches, or ranks' parts
+  if (c.grad_accum_dtype && plan.execution.micro_grads && !sums)
+    plan.warnings.push_back({"data_types.grad_accum_dtype",
+                             std::string(dtype_name(pp.grad_dtype)) + " changes nothing here: one micro-batch a step on one rank sums no "
+                                 "gradients (the run is plain " + dtype_name(pp.param_dtype) + "'s, holding 4 bytes more a parameter)",
+                             "remove it, or accumulate (gradient_accumulation_steps > 1)"});
+  if (!c.grad_accum_dtype && pp.param_dtype == Dtype::bf16 && plan.zero_stage() == 0 && sums)
+    plan.resolved.push_back({"data_types.grad_accum_dtype", "bf16",
+                             "default: the weights' dtype; DeepSpeed sums bf16 gradients in fp32 at ZeRO stage 0: fp32 gives its numbers "
+                             "(4 bytes more a parameter)"});
+}
+
 // What the config decides without a model: the run's cadence and data, precision, optimizer, schedule,
 // clipping, and the "auto"s that mean a default.
 Plan plan_from_settings(const Config& c, const Topology& topo) {
@@ -263,11 +279,6 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   resolve_checkpointing(c, plan);
   list_default_autos(c, plan.resolved);
   plan.precision = resolve_precision(c, topo);
-  if (c.communication_data_type && topo.comm_backend() == CommBackend::gloo && *c.communication_data_type != plan.precision.compute_dtype)
-    plan.warnings.push_back({"communication_data_type",
-                             std::string("has no effect on CPU ranks: gradients travel over Gloo in the dtype backward wrote them in (") +
-                                 dtype_name(plan.precision.compute_dtype) + "; Gloo's all-reduce sums 16-bit floats in fp32)",
-                             "remove it here; it applies to GPU ranks"});
   if (topo.world_size > 1 && topo.comm_backend() == CommBackend::nccl && topo.build && !topo.build->nccl.empty())
     plan.warnings.push_back({"world size", "several GPU ranks over NCCL " + topo.build->nccl +
                                                ": ds's own checks have run its NCCL communicator on one GPU only (the one kind of machine "
@@ -288,13 +299,19 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                                      "here host and device are one memory",
                                "remove it; on a GPU, false keeps the offload's copied buffers pageable (slower copies)"});
   plan.optimizer = resolve_optimizer(c, plan.resolved);
-  // DeepSpeed takes the optimizer from the training script when its config has none; ds has no script, and a
-  // fine-tuning run at the default's lr would silently train at another rate than the one it came from.
-  if (!c.optimizer.given)
-    plan.warnings.push_back({"optimizer", std::string("the config has no optimizer block: ds trains with its default, ") +
-                                              optimizer_type_name(plan.optimizer.type) + " lr " + format_double(plan.optimizer.lr) +
-                                              " (a DeepSpeed config without one took the optimizer from the training script)",
-                             "add an \"optimizer\" block with the type and params.lr the run should use"});
+  // DeepSpeed takes the optimizer from the training script when its config names none (no block, or one without a
+  // type); ds has no script, and a fine-tuning run at the default's lr would silently train at another rate.
+  const auto given = [&](const std::string& key) {
+    const auto it = c.value_source.find(key);
+    return it != c.value_source.end() && it->second != "default";
+  };
+  if (!given("optimizer.type")) {
+    const std::string lr = given("optimizer.params.lr") ? std::string() : " lr " + format_double(plan.optimizer.lr) + " (where no scheduler sets the rate)";
+    plan.warnings.push_back({"optimizer", std::string(c.optimizer.given ? "the optimizer block names no type" : "the config has no optimizer block") +
+                                              ": ds trains with its default, " + optimizer_type_name(plan.optimizer.type) + lr +
+                                              "; a DeepSpeed config that names none takes the optimizer from the training script",
+                             "write the script's optimizer here: \"optimizer\": {\"type\": ..., \"params\": {\"lr\": ...}}"});
+  }
   plan.scheduler = resolve_scheduler(c, plan.optimizer.lr, c.train.steps, plan.resolved, plan.warnings);
   DS_CHECK(c.gradient_clipping.has_value(), "the loader fills gradient_clipping");
   plan.gradient_clipping = *c.gradient_clipping;
@@ -366,6 +383,7 @@ double packed_row_bytes(const Plan& plan, int64_t micro_batch, double blocks) {
 void lay_out(Plan& plan, int stage, int in_flight) {
   plan.layout = build_layout(plan.trained(), stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
+  plan.precision.comm_dtype = plan.execution.reduced_dtype;
   const Dtype compute = plan.precision.compute_dtype;
   const int64_t recompute_group = plan.activation_checkpointing ? plan.recompute_group : 0;
   const ActivationParts parts =
@@ -787,7 +805,14 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   count_mesh_traffic(plan.mesh, model, stage_training(plan), plan.backward_from, plan.lora.r, plan.batch.micro_batch, plan.seq_len,
                      on_wire(plan.precision.compute_dtype),
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
-                     plan.activation_checkpointing, plan.optimizer.per_tensor_update());
+                     dtype_bytes(plan.execution.reduced_dtype), plan.activation_checkpointing, plan.optimizer.per_tensor_update());
+  // ds reduces gradients in the dtype it holds them in: another communication dtype would change nothing.
+  if (c.communication_data_type && *c.communication_data_type != plan.execution.reduced_dtype)
+    plan.warnings.push_back({"communication_data_type",
+                             std::string("has no effect: ds reduces gradients in the dtype it holds them in (") + dtype_name(plan.execution.reduced_dtype) +
+                                 (comm_capabilities(topo.comm_backend()).sums_16bit ? ")" : "; Gloo's all-reduce sums 16-bit floats in fp32)"),
+                             "remove it"});
+  note_gradient_sums(c, plan);
   note_mesh(plan);
   note_recompute_groups(plan);
   if (plan.execution.gathers)

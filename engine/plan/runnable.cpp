@@ -47,7 +47,8 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
   const PrecisionPolicy& pp = plan.precision;
   if (pp.grad_dtype != pp.param_dtype && !(pp.param_dtype == Dtype::bf16 && pp.grad_dtype == Dtype::fp32))
     why.push_back(std::string("data_types.grad_accum_dtype ") + dtype_name(pp.grad_dtype) + " with " + dtype_name(pp.param_dtype) +
-                  " weights (gradients accumulate in the weights' dtype, or in fp32 with bf16 weights)");
+                  " weights (gradients accumulate in the weights' dtype, or in fp32 with bf16 weights): remove the key, or train in bf16 "
+                  "(bf16.enabled) to sum in fp32");
   if (profiling || plan.run.flops_profiler.enabled)
     for (std::string& w : profiling_refusals(plan)) why.push_back(std::move(w));
   if (!profiling && plan.run.flops_profiler.enabled && plan.mesh.shape.pipeline > 1)

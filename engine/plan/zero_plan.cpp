@@ -196,6 +196,7 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
                     L.stage >= 2;
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   z.micro_grads = !z.grouped && !z.widened && dtype_bytes(pp.grad_dtype) > dtype_bytes(pp.compute_dtype);
+  z.reduced_dtype = z.grouped || z.widened ? pp.compute_dtype : pp.grad_dtype;
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
@@ -500,7 +501,7 @@ void add_working_buffers(ZeroBuild& b) {
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
     b.add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(z.micro_grads ? pp.grad_dtype : compute) < 4) {
+  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(z.reduced_dtype) < 4) {
     // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
     // a time, or a whole group when its pieces all run beside backward (overlap_comm). (Gradients summed in
     // fp32 over bf16 weights are reduced from the fp32 buffer itself.)

@@ -123,6 +123,10 @@ struct ZeroExecution {
   // bf16 weights, DeepSpeed's BF16_Optimizer): stages 0-1 add each micro-batch's gradients from micro_grads into
   // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.
   bool micro_grads = false;
+  // The dtype gradients are reduced over ranks in: the buffer backward writes (a group's, grouped; the step's at
+  // stages 0-1, the compute dtype where that is wider, fp32 where micro_grads adds into it). ds sends them as
+  // held: communication_data_type only warns where it differs.
+  Dtype reduced_dtype = Dtype::fp32;
   CommBackend backend = CommBackend::gloo;  // CPU ranks: Gloo (no 16-bit all-reduce); GPUs: NCCL
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
   // Stage 3: gathers go through staging buffers, each rank's partitions packed: the stored dtype is not the
