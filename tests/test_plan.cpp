@@ -399,6 +399,22 @@ TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
   // communication_data_type on CPU ranks: the gradients travel in the compute dtype whatever it says.
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=fp16"}), "communication_data_type"), 1);
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=bf16"}), "communication_data_type"), 0);  // bf16 run: what it does
+  // On GPU ranks too: NCCL is handed the gradients as they are held (bf16 groups at stage 2, fp32 sums at stage 1 with
+  // grad_accum_dtype fp32), and the plan counts those bytes, whatever communication_data_type says.
+  const auto gradient_bytes = [](const Plan& p) {
+    for (const Collective& c : p.execution.collectives)
+      if (c.kind == CollectiveKind::gradients) return c.dtype_bytes;
+    return 0;
+  };
+  const double gpu = 80.0 * (1 << 30);
+  const Plan fp32_asked = plan_of(kGpt2, 2, {"zero_optimization.stage=2", "communication_data_type=fp32"}, gpu);
+  EXPECT_EQ(warned(fp32_asked, "communication_data_type"), 1);
+  EXPECT_EQ(gradient_bytes(fp32_asked), 2);
+  const Plan summed = plan_of(kGpt2, 2, {"zero_optimization.stage=1", "data_types.grad_accum_dtype=fp32"}, gpu);
+  EXPECT_EQ(warned(summed, "communication_data_type"), 0);
+  EXPECT_EQ(gradient_bytes(summed), 4);
+  EXPECT_EQ(summed.precision.comm_dtype, Dtype::fp32);
+  EXPECT_EQ(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "data_types.grad_accum_dtype=fp32"}, gpu).precision.comm_dtype, Dtype::bf16);
 }
 
 TEST(PlanCompiler, TheCommunicationBackendIsThePlansDecision) {
