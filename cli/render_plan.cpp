@@ -34,13 +34,14 @@ std::string stage_text(int stage) {
   }
 }
 
-std::string precision_text(const PrecisionPolicy& pr) {
+// `reduced`: the dtype gradients are reduced in (ZeroExecution::reduced_dtype).
+std::string precision_text(const PrecisionPolicy& pr, Dtype reduced) {
   std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
                      ", grads " + dtype_name(pr.grad_dtype) +
                      (dtype_bytes(pr.grad_dtype) > dtype_bytes(pr.compute_dtype)
                           ? std::string(" (each micro-batch's ") + dtype_name(pr.compute_dtype) + " gradients added in " + dtype_name(pr.grad_dtype) + ")"
                           : std::string()) +
-                     ", reduce in " + dtype_name(pr.comm_dtype) +
+                     ", reduce in " + dtype_name(reduced) +
                      (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
   if (pr.loss_scaling.enabled)
     prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
@@ -148,7 +149,7 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
   row("topology", topology_text(p.topology));
   if (p.mesh.shape.splits_the_model()) row("mesh", mesh_text(p.mesh.shape) + " (the stages need the model)");
   row("batch", batch_text(p));
-  row("precision", precision_text(p.precision));
+  row("precision", precision_text(p.precision, p.execution.reduced_dtype));
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
@@ -320,7 +321,7 @@ void summary_rows(const Plan& p, const std::function<std::string(const std::stri
   row("tokens", std::to_string(p.seq_len) + (p.data.packing ? " per row, " : " per sample, ") + format_count(p.tokens_per_step) + " per step; " +
                     flops(p.train_flops_per_step) + " per step (" + flops(p.train_flops_per_token()) +
                     " per token)");
-  row("precision", precision_text(p.precision));
+  row("precision", precision_text(p.precision, p.execution.reduced_dtype));
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
@@ -512,7 +513,7 @@ std::string collectives_how(const Plan& p) {
                                                             : "gradients reduce-scattered as point-to-point sends (each rank the elements it owns)")
                               : "gradients all-reduced";
   const bool library_sums = !z.scatter || caps.native_reduce_scatter;  // point-to-point pieces are summed by ds
-  if (library_sums && dtype_bytes(p.precision.comm_dtype) < 4)
+  if (library_sums && dtype_bytes(z.reduced_dtype) < 4)
     how += caps.sums_16bit ? ", 16-bit sums by the library" : ", 16-bit sums through an fp32 copy (the library sums no 16-bit floats)";
   if (z.gathers)
     how += z.gather_staged ? "; gathers packed into equal pieces through staging buffers"

@@ -413,8 +413,8 @@ TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
   const Plan summed = plan_of(kGpt2, 2, {"zero_optimization.stage=1", "data_types.grad_accum_dtype=fp32"}, gpu);
   EXPECT_EQ(warned(summed, "communication_data_type"), 0);
   EXPECT_EQ(gradient_bytes(summed), 4);
-  EXPECT_EQ(summed.precision.comm_dtype, Dtype::fp32);
-  EXPECT_EQ(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "data_types.grad_accum_dtype=fp32"}, gpu).precision.comm_dtype, Dtype::bf16);
+  EXPECT_EQ(summed.execution.reduced_dtype, Dtype::fp32);
+  EXPECT_EQ(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "data_types.grad_accum_dtype=fp32"}, gpu).execution.reduced_dtype, Dtype::bf16);
 }
 
 TEST(PlanCompiler, TheCommunicationBackendIsThePlansDecision) {

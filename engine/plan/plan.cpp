@@ -17,6 +17,12 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// A key the user set, in the file or on the command line (not the schema's default, nor a value init_from filled).
+bool user_gave(const Config& c, const std::string& path) {
+  const auto it = c.value_source.find(path);
+  return it != c.value_source.end() && (it->second == "file" || it->second == "override");
+}
+
 PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
   PrecisionPolicy p;
   const bool fp16 = c.fp16.enabled.value_or(false), bf16 = c.bf16.enabled.value_or(false);
@@ -52,7 +58,6 @@ PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
     p.mode = "fp32";
   }
   p.grad_dtype = c.grad_accum_dtype.value_or(p.param_dtype);
-  p.comm_dtype = p.grad_dtype;  // until the execution says what it reduces (lay_out)
   return p;
 }
 
@@ -301,12 +306,8 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.optimizer = resolve_optimizer(c, plan.resolved);
   // DeepSpeed takes the optimizer from the training script when its config names none (no block, or one without a
   // type); ds has no script, and a fine-tuning run at the default's lr would silently train at another rate.
-  const auto given = [&](const std::string& key) {
-    const auto it = c.value_source.find(key);
-    return it != c.value_source.end() && it->second != "default";
-  };
-  if (!given("optimizer.type")) {
-    const std::string lr = given("optimizer.params.lr") ? std::string() : " lr " + format_double(plan.optimizer.lr) + " (where no scheduler sets the rate)";
+  if (!user_gave(c, "optimizer.type")) {
+    const std::string lr = user_gave(c, "optimizer.params.lr") ? std::string() : " lr " + format_double(plan.optimizer.lr) + " (where no scheduler sets the rate)";
     plan.warnings.push_back({"optimizer", std::string(c.optimizer.given ? "the optimizer block names no type" : "the config has no optimizer block") +
                                               ": ds trains with its default, " + optimizer_type_name(plan.optimizer.type) + lr +
                                               "; a DeepSpeed config that names none takes the optimizer from the training script",
@@ -383,7 +384,6 @@ double packed_row_bytes(const Plan& plan, int64_t micro_batch, double blocks) {
 void lay_out(Plan& plan, int stage, int in_flight) {
   plan.layout = build_layout(plan.trained(), stage, plan.topology.world_size);
   plan.execution = describe_zero(plan);
-  plan.precision.comm_dtype = plan.execution.reduced_dtype;
   const Dtype compute = plan.precision.compute_dtype;
   const int64_t recompute_group = plan.activation_checkpointing ? plan.recompute_group : 0;
   const ActivationParts parts =
@@ -452,10 +452,7 @@ void steps_from_epochs(const Config& c, Plan& plan) {
 }
 
 // A value the user gave as a number, in the file or on the command line ("auto" leaves it open; a default too).
-bool given_number(const Config& c, const std::string& path, bool has_value) {
-  const auto it = c.value_source.find(path);
-  return has_value && it != c.value_source.end() && (it->second == "file" || it->second == "override");
-}
+bool given_number(const Config& c, const std::string& path, bool has_value) { return has_value && user_gave(c, path); }
 
 // A resumed run at another world size keeps its checkpoint's global batch, the accumulation scaled so that
 // micro x accumulation x world is that batch, unless the batch is the user's choice for this run

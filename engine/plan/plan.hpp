@@ -41,7 +41,6 @@ struct PrecisionPolicy {
   Dtype param_dtype = Dtype::fp32;    // working parameters
   Dtype compute_dtype = Dtype::fp32;  // matmuls and activations
   Dtype grad_dtype = Dtype::fp32;     // accumulated gradients
-  Dtype comm_dtype = Dtype::fp32;     // gradient reduction: the execution's reduced_dtype (the dtype they are held in)
   bool fp32_master = false;           // optimizer keeps an fp32 copy of the weights
   bool check_overflow = false;        // skip the step on inf/NaN gradients
   // inf/NaN gradients end the run: fp32 has no overflow to skip (bf16 skips or ignores them as

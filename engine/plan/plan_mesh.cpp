@@ -220,7 +220,6 @@ void lay_out_mesh(Plan& plan, int stage) {
   }
   plan.layout = std::move(at_heaviest.layout);
   plan.execution = std::move(at_heaviest.execution);
-  plan.precision.comm_dtype = plan.execution.reduced_dtype;
   plan.memory = mesh.stages[static_cast<size_t>(mesh.heaviest_stage)].memory;
   agree_over_the_world(plan);
 }

@@ -128,12 +128,13 @@ json device_json(const Plan& p) {
           {"refuses", device_refusals(p)}};
 }
 
-json precision_json(const PrecisionPolicy& pr) {
+// `reduced`: the dtype gradients are reduced in (ZeroExecution::reduced_dtype), recorded as comm_dtype.
+json precision_json(const PrecisionPolicy& pr, Dtype reduced) {
   return {{"mode", pr.mode},
           {"param_dtype", dtype_name(pr.param_dtype)},
           {"compute_dtype", dtype_name(pr.compute_dtype)},
           {"grad_dtype", dtype_name(pr.grad_dtype)},
-          {"comm_dtype", dtype_name(pr.comm_dtype)},
+          {"comm_dtype", dtype_name(reduced)},
           {"fp32_master", pr.fp32_master},
           {"check_overflow", pr.check_overflow},
           {"loss_scaling",
@@ -386,7 +387,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["threads"] = p.threads;
   j["tokens_per_step"] = p.tokens_per_step;
   j["train_flops_per_step"] = p.train_flops_per_step;
-  j["precision"] = precision_json(p.precision);
+  j["precision"] = precision_json(p.precision, p.execution.reduced_dtype);
   j["optimizer"] = optimizer_json(p.optimizer);
   j["scheduler"] = scheduler_json(p);
   j["gradient_clipping"] = p.gradient_clipping;

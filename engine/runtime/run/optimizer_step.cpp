@@ -483,7 +483,6 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   {
     torch::NoGradGuard ng;
     flat_.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
-    if (flat_.micro_grads.defined()) flat_.micro_grads.zero_();  // (zeroed after each micro-batch too; a step cut short left some)
   }
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
