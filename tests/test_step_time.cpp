@@ -305,8 +305,8 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   const Plan unknown = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "", ""), cpu_offload);
   EXPECT_FALSE(unknown.step_time.step_known());
   EXPECT_TRUE(mentions(unknown.step_time.missing, "--host-memory-bw"));
-  // The transfers' rows first, then the host's step.
-  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + 1);
+  // The transfers' rows first, then the host's sums of the gradients arriving block by block, then the host's step.
+  ASSERT_EQ(unknown.step_time.offload.size(), unknown.execution.transfers.size() + 2);
   for (size_t i = 0; i < unknown.execution.transfers.size(); ++i) {
     const Transfer& x = unknown.execution.transfers[i];
     EXPECT_EQ(unknown.step_time.offload[i].what, x.what);
@@ -314,6 +314,7 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
     EXPECT_DOUBLE_EQ(unknown.step_time.offload[i].seconds, x.bytes_per_step / 50e9) << x.what;
   }
   EXPECT_FALSE(unknown.step_time.offload.back().known);  // the host's step: its bytes, no time
+  EXPECT_FALSE(unknown.step_time.offload.end()[-2].known);
   EXPECT_FALSE(unknown.step_time.offload_known());
   EXPECT_TRUE(nlohmann::json::parse(plan_to_json(unknown))["step_time"]["offload_s"].is_null());
   // Given (400 GB/s a node, 8 ranks on it): the step of the offloaded states streams, per element, the gradient
@@ -330,13 +331,18 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_TRUE(grads_on_host);  // ZeRO 2 from a GPU: the gradients leave block by block (DeepSpeed's ZeRO-Offload)
   EXPECT_EQ(z.find_anywhere(BufferRole::offload_grads), nullptr);  // no fp32 copy of them
   const double n = static_cast<double>(z.local_numel), step_bytes = n * ((grads_on_host ? 2 : 4) + 8 * 3 + 2);
-  ASSERT_EQ(t.offload.size(), z.transfers.size() + 1);
+  ASSERT_EQ(t.offload.size(), z.transfers.size() + 2);
   EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
   EXPECT_DOUBLE_EQ(t.offload.back().bytes, step_bytes);
   EXPECT_NEAR(t.offload.back().seconds, step_bytes / (400e9 / 8), 1e-15);
+  // Each micro step's bf16 gradients, as they arrive, added into the step's sum on the host (arrival read, sum read
+  // and written: 3 x 2 bytes an element), the sum zeroed once a step (2 bytes).
+  const double micro_steps = static_cast<double>(p.batch.grad_accum), sum_bytes = n * 2 * (1 + 3 * micro_steps);
+  EXPECT_EQ(t.offload.end()[-2].what, "gradients summed on the host");
+  EXPECT_DOUBLE_EQ(t.offload.end()[-2].bytes, sum_bytes);
   double link_s = 0;
   for (const Transfer& x : z.transfers) link_s += x.bytes_per_step / 50e9;
-  const double host_s = step_bytes / 50e9;
+  const double host_s = (step_bytes + sum_bytes) / 50e9;
   EXPECT_NEAR(t.offload_s, link_s + host_s, 1e-12);
   EXPECT_EQ(t.offload_hidden_s, 0);
   EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + link_s + host_s, 1e-12);
