@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "engine/runtime/device/kernel_table_cuda.hpp"
+#include "kernels/cpu/adam.hpp"
+#include "kernels/cpu/lamb.hpp"
 #include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/sgd.hpp"
 #include "kernels/cpu/activation.hpp"
 #include "kernels/cpu/cross_entropy.hpp"
 #include "kernels/cpu/rope.hpp"
@@ -133,6 +136,71 @@ TEST_F(CudaKernels, AdamWMatchesTheCpuKernelInFp32AndBf16Gradients) {
     expect_close(v, dv.host(), 1e-6, "exp_avg_sq");
     expect_within_one_bf16_step(out, dout.host());
   }
+}
+
+// fp16 gradients (a GPU's fp16 run, its loss scale undone by grad_scale): every optimizer and the sum of squares
+// against the CPU's kernels on the same bits, to the tolerances above; an fp16 infinity makes the sum infinite.
+TEST_F(CudaKernels, Fp16GradientsStepAndSumAsOnTheCpu) {
+  std::vector<float> w = normal(kN, 0.5f, 41), m = normal(kN, 0.01f, 42), g = normal(kN, 1.0f, 43);
+  std::vector<float> v(kN);
+  for (size_t i = 0; i < kN; ++i) v[i] = 0.1f * std::fabs(m[i]) + 1e-6f;
+  std::vector<uint16_t> gh(kN);
+  for (size_t i = 0; i < kN; ++i) gh[i] = kernels::float_to_fp16(g[i] * 1024.0f);  // as scaled by a loss scale of 1024
+  OnDevice<uint16_t> dgh(gh);
+  {
+    kernels::AdamStep s;
+    s.lr = 1e-3f;
+    s.weight_decay = 0.1f;
+    s.grad_scale = 1.0f / 1024;
+    const kernels::AdamStep k = s.at_step(7);
+    std::vector<float> cw = w, cm = m, cv = v;
+    std::vector<uint16_t> out(kN);
+    OnDevice<float> dw(w), dm(m), dv(v);
+    OnDevice<uint16_t> dout{std::vector<uint16_t>(kN)};
+    kernels::adam_step_fp16(cw.data(), cm.data(), cv.data(), out.data(), gh.data(), kN, k);
+    table_->adam_step(dw.p, dm.p, dv.p, dout.p, dgh.p, GradElements::fp16, kN, k);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(cw, dw.host(), 1e-6, "adam weights");
+    expect_close(cm, dm.host(), 1e-6, "exp_avg");
+    expect_close(cv, dv.host(), 1e-6, "exp_avg_sq");
+    expect_within_one_bf16_step(out, dout.host());
+  }
+  {
+    kernels::SgdStep s;
+    s.lr = 0.01f;
+    s.momentum = 0.9f;
+    s.grad_scale = 1.0f / 1024;
+    std::vector<float> cw = w, cb = m;
+    OnDevice<float> dw(w), db(m);
+    kernels::sgd_step_fp16(cw.data(), cb.data(), nullptr, gh.data(), kN, s);
+    table_->sgd_step(dw.p, db.p, nullptr, dgh.p, GradElements::fp16, kN, s);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(cw, dw.host(), 1e-6, "sgd weights", kWeightAbs);
+    expect_close(cb, db.host(), 1e-6, "momentum");
+  }
+  {
+    kernels::LambStep s;
+    s.lr = 1e-3f;
+    s.grad_scale = 1.0f / 1024;
+    const kernels::LambStep k = s.at_step(3);
+    std::vector<float> cw = w, cm = m, cv = v;
+    OnDevice<float> dw(w), dm(m), dv(v);
+    double w_cpu = 0, u_cpu = 0, w_gpu = 0, u_gpu = 0;
+    kernels::lamb_moments_fp16(cw.data(), cm.data(), cv.data(), gh.data(), kN, k, &w_cpu, &u_cpu);
+    table_->lamb_moments(dw.p, dm.p, dv.p, dgh.p, GradElements::fp16, kN, k, &w_gpu, &u_gpu);
+    EXPECT_NEAR(w_gpu, w_cpu, 1e-9 * w_cpu);
+    EXPECT_NEAR(u_gpu, u_cpu, 1e-6 * u_cpu);
+  }
+  const double want = kernels::sum_of_squares_fp16_reference(gh.data(), kN);
+  EXPECT_NEAR(table_->sum_of_squares(dgh.p, GradElements::fp16, kN), want, 1e-12 * want);
+  for (const size_t skip : {size_t{1}, size_t{5}}) {  // off the 16-byte loads' boundary
+    const double part = kernels::sum_of_squares_fp16_reference(gh.data() + skip, kN - skip - 3);
+    EXPECT_NEAR(table_->sum_of_squares_fp16(dgh.p + skip, kN - skip - 3), part, 1e-12 * part) << "from element " << skip;
+  }
+  std::vector<uint16_t> with_inf = gh;
+  with_inf[kN / 3] = 0x7c00;
+  OnDevice<uint16_t> dinf(with_inf);
+  EXPECT_TRUE(std::isinf(table_->sum_of_squares(dinf.p, GradElements::fp16, kN)));
 }
 
 TEST_F(CudaKernels, SgdWithMomentumMatchesTheCpuKernel) {

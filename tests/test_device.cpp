@@ -123,6 +123,24 @@ class SeparateMemoryDevice final : public Device {
       check({{x, 2}}, n, "sum_of_squares_bf16");
       return cpu_kernel_table().sum_of_squares_bf16(x, n);
     }
+    void adam_step_fp16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
+                        const kernels::AdamStep& s) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 2}}, n, "adam_step_fp16");
+      cpu_kernel_table().adam_step_fp16(w, m, v, out, g, n, s);
+    }
+    void sgd_step_fp16(float* w, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const kernels::SgdStep& s) const override {
+      check({{w, 4}, {buf, 4}, {out, 2}, {g, 2}}, n, "sgd_step_fp16");
+      cpu_kernel_table().sgd_step_fp16(w, buf, out, g, n, s);
+    }
+    void lamb_moments_fp16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
+                           double* u_sq) const override {
+      check({{w, 4}, {m, 4}, {v, 4}, {g, 2}}, n, "lamb_moments_fp16");
+      cpu_kernel_table().lamb_moments_fp16(w, m, v, g, n, s, w_sq, u_sq);
+    }
+    double sum_of_squares_fp16(const uint16_t* x, int64_t n) const override {
+      check({{x, 2}}, n, "sum_of_squares_fp16");
+      return cpu_kernel_table().sum_of_squares_fp16(x, n);
+    }
     mutable int64_t calls = 0;
 
    private:

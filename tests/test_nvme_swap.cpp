@@ -137,14 +137,15 @@ TEST(NvmeSwap, SteppingSubGroupsOneByOneGivesTheBitsOfOneWholeStep) {
       in.grad_scale = 0.5;
       std::vector<float> w1 = w, m1 = m, v1 = v;
       OptimizerBuffers whole{w1.data(), m1.data(), v1.data(), out_whole.data(),
-                             bf16_grads ? static_cast<const void*>(gb.data()) : g.data(), bf16_grads};
+                             bf16_grads ? static_cast<const void*>(gb.data()) : g.data(), bf16_grads ? GradElements::bf16 : GradElements::f32};
       optimizer.step(whole, in);
       std::vector<float> w2 = w, m2 = m, v2 = v;
       for (const SubGroup& sg : p.execution.sub_groups) {
         const auto b = static_cast<size_t>(sg.begin), e = static_cast<size_t>(sg.end);
         std::vector<float> ws(w2.begin() + b, w2.begin() + e), ms(m2.begin() + b, m2.begin() + e), vs(v2.begin() + b, v2.begin() + e);
         OptimizerBuffers part{ws.data(), ms.data(), vs.data(), out_groups.data() + b,
-                              bf16_grads ? static_cast<const void*>(gb.data() + b) : g.data() + b, bf16_grads};
+                              bf16_grads ? static_cast<const void*>(gb.data() + b) : g.data() + b,
+                              bf16_grads ? GradElements::bf16 : GradElements::f32};
         optimizer.step_window(part, in, sg.begin, sg.end);
         std::copy(ws.begin(), ws.end(), w2.begin() + b);
         std::copy(ms.begin(), ms.end(), m2.begin() + b);

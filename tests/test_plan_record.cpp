@@ -150,23 +150,33 @@ TEST(PlanRecord, TheDeviceBlockSaysWhatThePlanAskedAndWhatItRefuses) {
   EXPECT_EQ(j["device"]["build"]["torch_cuda"], false);
   EXPECT_EQ(j["precision"]["compute_dtype"], "fp16") << "a GPU computes in fp16";
   const std::vector<std::string> refuses = j["device"]["refuses"];
-  ASSERT_EQ(refuses.size(), 3u) << j["device"].dump();  // the build, several GPU ranks, fp16 on a GPU
+  ASSERT_EQ(refuses.size(), 3u) << j["device"].dump();  // the build, several GPU ranks, fp16 on several GPU ranks
   EXPECT_NE(refuses[0].find("with this build"), std::string::npos) << refuses[0];
   const std::vector<std::string> not_yet = j["not_yet_runnable"];
   for (const std::string& r : refuses) EXPECT_NE(std::find(not_yet.begin(), not_yet.end(), r), not_yet.end()) << r;
   gpus.build->torch_cuda = true;
   gpus.build->cuda_kernels = "CUDA 13.0, sm_90";
   EXPECT_EQ(device_refusals(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus)).size(), 2u);
-  // With the NCCL communicator built in, several GPU ranks are planned (fp16 is still refused), with a warning that
-  // says how far they have been checked; the record names NCCL's version.
+  // With the NCCL communicator built in, several GPU ranks are planned, with a warning that says how far they have
+  // been checked (and one for fp16 on a GPU), fp16 still refused across them; the record names NCCL's version.
   gpus.build->nccl = "2.27.7";
   const Plan with_nccl = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpus);
   const std::vector<std::string> left = device_refusals(with_nccl);
   ASSERT_EQ(left.size(), 1u);
-  EXPECT_NE(left[0].find("fp16"), std::string::npos) << left[0];
-  bool warned = false;
-  for (const ConfigIssue& w : with_nccl.warnings) warned = warned || w.message.find("several GPU ranks over NCCL 2.27.7") != std::string::npos;
+  EXPECT_NE(left[0].find("fp16 on several GPU ranks"), std::string::npos) << left[0];
+  Topology one_gpu = test::thread_ranks(1, 0);
+  one_gpu.device = DeviceKind::cuda;
+  one_gpu.build = gpus.build;
+  EXPECT_TRUE(device_refusals(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), one_gpu)).empty()) << "one GPU trains fp16";
+  bool warned = false, fp16_warned = false;
+  for (const ConfigIssue& w : with_nccl.warnings) {
+    warned = warned || w.message.find("several GPU ranks over NCCL 2.27.7") != std::string::npos;
+    fp16_warned = fp16_warned || (w.path == "fp16.enabled" && w.message.find("fp16 on a GPU is new") != std::string::npos);
+  }
   EXPECT_TRUE(warned);
+  EXPECT_TRUE(fp16_warned);
+  const Plan fp16_on_cpu = test::plan_of(kBase, 2, 0, {"bf16.enabled=false", "fp16.enabled=true"});
+  for (const ConfigIssue& w : fp16_on_cpu.warnings) EXPECT_NE(w.path, "fp16.enabled") << "the CPU's fp16 is not new: " << w.message;
   EXPECT_EQ(nlohmann::json::parse(plan_to_json(with_nccl))["device"]["build"]["nccl"], "2.27.7");
 }
 

@@ -202,7 +202,7 @@ TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   EXPECT_TRUE(not_yet_runnable(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu())).empty());
 }
 
-// A plan only the GPU path refuses (fp16 there; on a CPU-only build, CUDA itself) names --device cpu, which
+// A plan only the GPU path refuses (the flops_profiler block there; on a CPU-only build, CUDA itself) names --device cpu, which
 // trains it; one the CPU cannot train either (an untied GPT-2 head) keeps pointing at the roadmap.
 TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
   Topology gpu = one_cpu();
@@ -217,7 +217,7 @@ TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
     }
     return std::string("(trained)");
   };
-  EXPECT_NE(hint_for({"bf16.enabled=false", "fp16.enabled=true"}).find("--device cpu trains this plan"), std::string::npos);
+  EXPECT_NE(hint_for({"flops_profiler.enabled=true"}).find("--device cpu trains this plan"), std::string::npos);
   const std::string untied = hint_for({"model.tie_word_embeddings=false"});
   EXPECT_EQ(untied.find("--device cpu"), std::string::npos) << untied;
   EXPECT_NE(untied.find("roadmap"), std::string::npos) << untied;

@@ -44,8 +44,11 @@ void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<s
   if (plan.topology.world_size > 1 && !(plan.topology.build && !plan.topology.build->nccl.empty()))
     why.push_back("several GPU ranks with this build: it has no NCCL communicator (a build with CUDA LibTorch where NCCL is found has "
                   "one), so one GPU per run");
-  if (plan.precision.param_dtype == Dtype::fp16)
-    why.push_back("fp16 on a GPU (its gradients need fp16 optimizer and norm kernels ds lacks for now): bf16 trains there");
+  // One GPU trains fp16 (warned: plan.cpp); ZeRO's collectives have run in NCCL's terms on CPU ranks, which widen
+  // fp16 to fp32, so fp16 gradients have never crossed them.
+  if (plan.topology.world_size > 1 && plan.precision.param_dtype == Dtype::fp16)
+    why.push_back("fp16 on several GPU ranks (ds's checks have not run fp16 gradients through ZeRO's NCCL collectives): one GPU "
+                  "trains fp16, several train bf16");
   // One GPU offloads (warned: plan.cpp); with several, a copy to the host would wait on NCCL's stream before the
   // communicator's bounded wait, so a dead peer would hang it.
   if (plan.topology.world_size > 1 &&

@@ -289,6 +289,13 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                                                ": ds's own checks have run its NCCL communicator on one GPU only (the one kind of machine "
                                                "lent to them) and ZeRO's collectives in NCCL's terms on CPU ranks; a run across GPUs is new",
                              "compare its first steps with a one-GPU run of the same global batch; --device cpu runs the ranks over Gloo"});
+  if (!topo.device_traits().memory_is_host && plan.precision.param_dtype == Dtype::fp16)
+    plan.warnings.push_back({"fp16.enabled",
+                             "fp16 on a GPU is new: ds's own checks have run fp16 training (loss scaling, overflow skips) on the CPU; "
+                             "the tests of its fp16 CUDA kernels and of an fp16 run on a GPU have not yet run on one; its norms, "
+                             "activations, rotary embedding and cross-entropy run as LibTorch operations there (ds's CUDA kernels take "
+                             "fp32 and bf16)",
+                             "compare its first steps with the same run in bf16 (bf16.enabled), the fast choice on a GPU that has it"});
   if (!topo.device_traits().memory_is_host && topo.world_size == 1 &&
       (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none))
     plan.warnings.push_back({c.zero.offload_optimizer.device != OffloadDevice::none ? "zero_optimization.offload_optimizer"

@@ -30,7 +30,7 @@ struct AdamStep {
 };
 
 // One step over n elements. `param_bf16` (may be null) receives the updated weights in bf16.
-// Gradients are fp32 (adam_step_f32) or bf16 (adam_step_bf16). Every pointer covers n elements;
+// Gradients are fp32 (adam_step_f32), bf16 (adam_step_bf16) or fp16 (adam_step_fp16, below). Every pointer covers n elements;
 // the buffers must not overlap.
 void adam_step_f32(float* master, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16, const float* grad, int64_t n,
                    const AdamStep& s);
@@ -46,6 +46,15 @@ void adam_step_bf16_reference(float* master, float* exp_avg, float* exp_avg_sq, 
 // bf16 <-> fp32, round to nearest even.
 uint16_t float_to_bf16(float f);
 float bf16_to_float(uint16_t b);
+
+// fp16 (IEEE binary16: 5 exponent bits, 10 mantissa bits) <-> fp32: widened exactly (subnormals, infinities,
+// NaN payloads), narrowed to nearest even with overflow to infinity (|f| >= 65520) and NaN kept a quiet NaN.
+uint16_t float_to_fp16(float f);
+float fp16_to_float(uint16_t h);
+
+// Adam with fp16 gradients (a GPU's fp16 run whose gradients the host steps: ZeRO-Offload).
+void adam_step_fp16(float* master, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16, const uint16_t* grad,
+                    int64_t n, const AdamStep& s);
 
 // Which implementation runs on this CPU: "avx512" or "scalar".
 const char* adam_implementation();

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/adam.hpp"  // bf16 conversions
+#include "kernels/cpu/adam.hpp"  // bf16 and fp16 conversions
 
 namespace ds::kernels {
 
@@ -48,6 +48,11 @@ void lamb_moments_f32(const float* p, float* m, float* v, const float* g, int64_
 void lamb_moments_bf16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* w_sq,
                        double* u_sq) {
   lamb_moments(p, m, v, n, s, [g](int64_t i) { return bf16_to_float(g[i]); }, w_sq, u_sq);
+}
+
+void lamb_moments_fp16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* w_sq,
+                       double* u_sq) {
+  lamb_moments(p, m, v, n, s, [g](int64_t i) { return fp16_to_float(g[i]); }, w_sq, u_sq);
 }
 
 float lamb_trust_ratio(double w_sq, double u_sq, const LambStep& s) {

@@ -32,6 +32,8 @@ void lamb_moments_f32(const float* master, float* exp_avg, float* exp_avg_sq, co
                       double* w_sq, double* u_sq);
 void lamb_moments_bf16(const float* master, float* exp_avg, float* exp_avg_sq, const uint16_t* grad, int64_t n,
                        const LambStep& s, double* w_sq, double* u_sq);
+void lamb_moments_fp16(const float* master, float* exp_avg, float* exp_avg_sq, const uint16_t* grad, int64_t n,
+                       const LambStep& s, double* w_sq, double* u_sq);
 float lamb_trust_ratio(double w_sq, double u_sq, const LambStep& s);
 void lamb_apply(float* master, const float* exp_avg, const float* exp_avg_sq, uint16_t* param_bf16, int64_t n, const LambStep& s,
                 float ratio);

@@ -11,9 +11,11 @@ namespace ds::kernels {
 
 double sum_of_squares_f32(const float* x, int64_t n);
 double sum_of_squares_bf16(const uint16_t* x, int64_t n);
+double sum_of_squares_fp16(const uint16_t* x, int64_t n);
 
 // Scalar references the fast versions are tested against.
 double sum_of_squares_f32_reference(const float* x, int64_t n);
 double sum_of_squares_bf16_reference(const uint16_t* x, int64_t n);
+double sum_of_squares_fp16_reference(const uint16_t* x, int64_t n);
 
 }  // namespace ds::kernels

@@ -2,7 +2,7 @@
 
 #include "kernels/optimizer_elements.hpp"
 
-#include "kernels/cpu/adam.hpp"  // bf16 conversions
+#include "kernels/cpu/adam.hpp"  // bf16 and fp16 conversions
 
 namespace ds::kernels {
 namespace {
@@ -25,6 +25,10 @@ void sgd_step_f32(float* p, float* buf, uint16_t* out, const float* g, int64_t n
 
 void sgd_step_bf16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s) {
   sgd_range(p, buf, out, n, s, [g](int64_t i) { return bf16_to_float(g[i]); });
+}
+
+void sgd_step_fp16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s) {
+  sgd_range(p, buf, out, n, s, [g](int64_t i) { return fp16_to_float(g[i]); });
 }
 
 }  // namespace ds::kernels

@@ -18,9 +18,11 @@ struct SgdStep {
   bool first_step = false;  // the momentum buffer is initialised from this step's gradient
 };
 
-// `momentum_buf` may be null when momentum is 0. Gradients are fp32 or bf16.
+// `momentum_buf` may be null when momentum is 0. Gradients are fp32, bf16 or fp16.
 void sgd_step_f32(float* master, float* momentum_buf, uint16_t* param_bf16, const float* grad, int64_t n, const SgdStep& s);
 void sgd_step_bf16(float* master, float* momentum_buf, uint16_t* param_bf16, const uint16_t* grad, int64_t n,
+                   const SgdStep& s);
+void sgd_step_fp16(float* master, float* momentum_buf, uint16_t* param_bf16, const uint16_t* grad, int64_t n,
                    const SgdStep& s);
 
 }  // namespace ds::kernels

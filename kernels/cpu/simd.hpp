@@ -1,5 +1,5 @@
 // ds — building blocks the CPU kernels share (internal to kernels/cpu): scalar element access, and in
-// AVX-512: bf16 <-> fp32 in 16 lanes, loads and stores of fp32 or bf16 with a mask for the tail, exp,
+// AVX-512: bf16 <-> fp32 in 16 lanes, fp16 -> fp32, loads and stores of fp32 or bf16 with a mask for the tail, exp,
 // sigmoid. Every AVX-512 function is compiled for AVX-512 by attribute and called only after has_avx512() said yes, so the binary still
 // runs on CPUs without it (the kernels fall back to their scalar references).
 #pragma once
@@ -16,6 +16,16 @@ inline double widen(float v) { return v; }
 inline double widen(uint16_t v) { return bf16_to_float(v); }
 inline void narrow(float* p, double v) { *p = static_cast<float>(v); }
 inline void narrow(uint16_t* p, double v) { *p = float_to_bf16(static_cast<float>(v)); }
+
+// How a buffer the optimizers read (gradients) or sum the squares of stores its elements: fp32, bf16 or fp16
+// (both 16-bit kinds held as uint16_t, told apart by this tag). Element i of such a buffer, in fp32, exactly.
+enum class Stored { f32, bf16, fp16 };
+template <Stored S>
+inline float stored_at(const void* data, int64_t i) {
+  if constexpr (S == Stored::f32) return static_cast<const float*>(data)[i];
+  if constexpr (S == Stored::bf16) return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+  return fp16_to_float(static_cast<const uint16_t*>(data)[i]);
+}
 
 }  // namespace ds::kernels
 
@@ -44,6 +54,15 @@ DS_AVX512 inline __m256i to_bf16_x16(__m512 x) {
 
 DS_AVX512 inline __m512 from_bf16_x16(__m256i b) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// Elements [i, i + 16) of a Stored buffer in fp32 (fp16 through the hardware's exact conversion).
+template <Stored S>
+DS_AVX512 inline __m512 stored16_at(const void* data, int64_t i) {
+  if constexpr (S == Stored::f32) return _mm512_loadu_ps(static_cast<const float*>(data) + i);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(data) + i));
+  if constexpr (S == Stored::bf16) return from_bf16_x16(h);
+  return _mm512_cvtph_ps(h);
 }
 
 // The lanes [0, n) of 16, n <= 16.

@@ -1,7 +1,9 @@
 // ds — bf16 in the CUDA kernels, as kernels/cpu rounds it: widened exactly, narrowed to nearest even with a
-// NaN kept a quiet NaN; widen/narrow_into for code templated on fp32 or bf16 (uint16_t) elements, and the
-// 16-byte Pack they are loaded in. One definition for every .cu file.
+// NaN kept a quiet NaN; widen/narrow_into for code templated on fp32 or bf16 (uint16_t) elements (and widen
+// for fp16, __half, which the optimizers read), and the 16-byte Pack they are loaded in. One definition for every .cu file.
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -18,6 +20,7 @@ __device__ __forceinline__ uint16_t float_to_bf16(float f) {
 
 __device__ __forceinline__ float widen(float x) { return x; }
 __device__ __forceinline__ float widen(uint16_t b) { return bf16_to_float(b); }
+__device__ __forceinline__ float widen(__half h) { return __half2float(h); }  // exact
 __device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
 __device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
 

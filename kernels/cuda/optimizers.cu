@@ -30,6 +30,10 @@ __device__ __forceinline__ uint16_t to_bf16(float f) { return float_to_bf16(f); 
 __device__ __forceinline__ float from_bf16(uint16_t b) { return bf16_to_float(b); }
 __device__ __forceinline__ float load(const float* g, int64_t i) { return g[i]; }
 __device__ __forceinline__ float load(const uint16_t* g, int64_t i) { return from_bf16(g[i]); }
+__device__ __forceinline__ float load(const __half* g, int64_t i) { return __half2float(g[i]); }
+
+// fp16 gradients arrive as their bits (no CUDA types in the header).
+const __half* as_half(const uint16_t* g) { return reinterpret_cast<const __half*>(g); }
 
 template <class G>
 __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G* grad, int64_t n, AdamStep s) {
@@ -186,6 +190,12 @@ void sgd_step_f32(float* p, float* buf, uint16_t* out, const float* g, int64_t n
 void sgd_step_bf16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s, void* stream) {
   sgd(p, buf, out, g, n, s, stream);
 }
+void adam_step_fp16(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n, const AdamStep& s, void* stream) {
+  adam(p, m, v, out, as_half(g), n, s, stream);
+}
+void sgd_step_fp16(float* p, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const SgdStep& s, void* stream) {
+  sgd(p, buf, out, as_half(g), n, s, stream);
+}
 void lamb_moments_f32(const float* p, float* m, float* v, const float* g, int64_t n, const LambStep& s, double* sums,
                       double* scratch, void* stream) {
   lamb_moments(p, m, v, g, n, s, sums, scratch, stream);
@@ -193,6 +203,10 @@ void lamb_moments_f32(const float* p, float* m, float* v, const float* g, int64_
 void lamb_moments_bf16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* sums,
                        double* scratch, void* stream) {
   lamb_moments(p, m, v, g, n, s, sums, scratch, stream);
+}
+void lamb_moments_fp16(const float* p, float* m, float* v, const uint16_t* g, int64_t n, const LambStep& s, double* sums,
+                       double* scratch, void* stream) {
+  lamb_moments(p, m, v, as_half(g), n, s, sums, scratch, stream);
 }
 void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t n, const LambStep& s, float ratio, void* stream) {
   if (n <= 0) return;
@@ -202,6 +216,9 @@ void lamb_apply(float* p, const float* m, const float* v, uint16_t* out, int64_t
 void sum_of_squares_f32(const float* x, int64_t n, double* out, double* scratch, void* stream) { squares(x, n, out, scratch, stream); }
 void sum_of_squares_bf16(const uint16_t* x, int64_t n, double* out, double* scratch, void* stream) {
   squares(x, n, out, scratch, stream);
+}
+void sum_of_squares_fp16(const uint16_t* x, int64_t n, double* out, double* scratch, void* stream) {
+  squares(as_half(x), n, out, scratch, stream);
 }
 
 int device_count(const char** why) {

@@ -24,6 +24,11 @@ void sgd_step_f32(float* master, float* momentum_buf, uint16_t* param_bf16, cons
                   void* stream);
 void sgd_step_bf16(float* master, float* momentum_buf, uint16_t* param_bf16, const uint16_t* grad, int64_t n, const SgdStep& s,
                    void* stream);
+// fp16 gradients (IEEE binary16 bits): each element widened exactly, then the same step.
+void adam_step_fp16(float* master, float* exp_avg, float* exp_avg_sq, uint16_t* param_bf16, const uint16_t* grad, int64_t n,
+                    const AdamStep& s, void* stream);
+void sgd_step_fp16(float* master, float* momentum_buf, uint16_t* param_bf16, const uint16_t* grad, int64_t n, const SgdStep& s,
+                   void* stream);
 
 // Lamb's first half: the moments updated, and ||w||^2, ||u||^2 of this run added to sums[0], sums[1]
 // (device doubles). scratch: 2 x kReduceBlocks doubles.
@@ -31,12 +36,15 @@ void lamb_moments_f32(const float* master, float* exp_avg, float* exp_avg_sq, co
                       double* sums, double* scratch, void* stream);
 void lamb_moments_bf16(const float* master, float* exp_avg, float* exp_avg_sq, const uint16_t* grad, int64_t n,
                        const LambStep& s, double* sums, double* scratch, void* stream);
+void lamb_moments_fp16(const float* master, float* exp_avg, float* exp_avg_sq, const uint16_t* grad, int64_t n,
+                       const LambStep& s, double* sums, double* scratch, void* stream);
 void lamb_apply(float* master, const float* exp_avg, const float* exp_avg_sq, uint16_t* param_bf16, int64_t n, const LambStep& s,
                 float ratio, void* stream);
 
 // The sum of squares of x in double into *out (device). scratch: kReduceBlocks doubles.
 void sum_of_squares_f32(const float* x, int64_t n, double* out, double* scratch, void* stream);
 void sum_of_squares_bf16(const uint16_t* x, int64_t n, double* out, double* scratch, void* stream);
+void sum_of_squares_fp16(const uint16_t* x, int64_t n, double* out, double* scratch, void* stream);
 
 // CUDA devices visible to this process (0 without a driver or a GPU), and the runtime's reason when none.
 int device_count(const char** why = nullptr);

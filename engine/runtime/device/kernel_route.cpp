@@ -27,6 +27,16 @@ KernelRoute kernel_route(const torch::Tensor& x) {
   return KernelRoute::libtorch;
 }
 
+GradElements grad_elements_of(const torch::Tensor& grads) {
+  switch (grads.scalar_type()) {
+    case torch::kFloat32: return GradElements::f32;
+    case torch::kBFloat16: return GradElements::bf16;
+    case torch::kFloat16: return GradElements::fp16;
+    default: DS_CHECK(false, "the optimizers' kernels read fp32, bf16 or fp16 gradients, not ", grads.scalar_type());
+  }
+  return GradElements::f32;
+}
+
 namespace {
 
 void check_cuda_route(const torch::Tensor& x, const char* op) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "engine/runtime/device/kernel_table.hpp"  // GradElements
 #include "kernels/cpu/layer_norm.hpp"  // NormShape
 #include "kernels/cpu/rope.hpp"        // RopeShape
 
@@ -20,6 +21,10 @@ enum class KernelRoute {
   libtorch,  // LibTorch's own operations: anything else (fp16, fp64, a GPU build without kernels/cuda)
 };
 KernelRoute kernel_route(const torch::Tensor& x);
+
+// How a gradient buffer the optimizers' kernels read stores its elements (fp32, bf16, fp16; anything else is
+// an internal error naming the dtype).
+GradElements grad_elements_of(const torch::Tensor& grads);
 
 // The bytes are in host memory (a pointer host code may read).
 bool on_host(const torch::Tensor& x);

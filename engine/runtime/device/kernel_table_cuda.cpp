@@ -43,19 +43,30 @@ class CudaKernelTable final : public KernelTable {
   }
   void lamb_moments_f32(const float* w, float* m, float* v, const float* g, int64_t n, const kernels::LambStep& s, double* w_sq,
                         double* u_sq) const override {
-    zero_sums();
-    kc::lamb_moments_f32(w, m, v, g, n, s, device_, device_ + 2, stream_);
-    add_sums(w_sq, u_sq);
+    lamb_moments_with(kc::lamb_moments_f32, w, m, v, g, n, s, w_sq, u_sq);
   }
   void lamb_moments_bf16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
                          double* u_sq) const override {
-    zero_sums();
-    kc::lamb_moments_bf16(w, m, v, g, n, s, device_, device_ + 2, stream_);
-    add_sums(w_sq, u_sq);
+    lamb_moments_with(kc::lamb_moments_bf16, w, m, v, g, n, s, w_sq, u_sq);
   }
   void lamb_apply(float* w, const float* m, const float* v, uint16_t* out, int64_t n, const kernels::LambStep& s,
                   float ratio) const override {
     kc::lamb_apply(w, m, v, out, n, s, ratio, stream_);
+  }
+  void adam_step_fp16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
+                      const kernels::AdamStep& s) const override {
+    kc::adam_step_fp16(w, m, v, out, g, n, s, stream_);
+  }
+  void sgd_step_fp16(float* w, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const kernels::SgdStep& s) const override {
+    kc::sgd_step_fp16(w, buf, out, g, n, s, stream_);
+  }
+  void lamb_moments_fp16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
+                         double* u_sq) const override {
+    lamb_moments_with(kc::lamb_moments_fp16, w, m, v, g, n, s, w_sq, u_sq);
+  }
+  double sum_of_squares_fp16(const uint16_t* x, int64_t n) const override {
+    kc::sum_of_squares_fp16(x, n, device_, device_ + 2, stream_);
+    return read_sum();
   }
   double sum_of_squares_f32(const float* x, int64_t n) const override {
     kc::sum_of_squares_f32(x, n, device_, device_ + 2, stream_);
@@ -68,6 +79,14 @@ class CudaKernelTable final : public KernelTable {
 
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(stream_); }
+  // Lamb's first half for gradients of type G: its two sums on the device, then added to the host's.
+  template <class G, class Kernel>
+  void lamb_moments_with(Kernel kernel, const float* w, float* m, float* v, const G* g, int64_t n, const kernels::LambStep& s,
+                         double* w_sq, double* u_sq) const {
+    zero_sums();
+    kernel(w, m, v, g, n, s, device_, device_ + 2, stream_);
+    add_sums(w_sq, u_sq);
+  }
   void zero_sums() const { check(cudaMemsetAsync(device_, 0, sizeof(double) * 2, stream()), "cudaMemsetAsync"); }
   // The two device sums added to the host's (waits for the stream).
   void add_sums(double* a, double* b) const {

@@ -250,8 +250,9 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
 };
 
 // x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype;
-// else (fp16, fp64, a GPU build without ds's CUDA kernels) the mask made on the host by the fp32 kernel and
-// applied in x's dtype on x's device (x times the kept 0/1, then the scale: one rounding, as the kernels).
+// else (fp16, fp64, a GPU build without ds's CUDA kernels) the mask made by the fp32 kernel (on x's GPU where
+// ds has kernels there, else on the host) and applied in x's dtype on x's device (x times the kept 0/1, then
+// the scale: one rounding, as the kernels).
 torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
   const torch::Tensor x = x_in.contiguous();
   const uint32_t keep_below = kernels::dropout_keep_below(p);
@@ -269,7 +270,10 @@ torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
     }
     return y;
   }
-  const torch::Tensor keep = apply_dropout(torch::ones({x.numel()}, torch::kFloat32), p, key).ne(0);
+  // The mask drawn in fp32 where a kernel draws it: on x's device when ds has one there (fp16 on a GPU), else on the host.
+  torch::Tensor ones = torch::ones({x.numel()}, torch::TensorOptions(torch::kFloat32).device(x.device()));
+  if (kernel_route(ones) == KernelRoute::libtorch) ones = torch::ones({x.numel()}, torch::kFloat32);
+  const torch::Tensor keep = apply_dropout(ones, p, key).ne(0);
   return x * keep.view(x.sizes()).to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p));
 }
 

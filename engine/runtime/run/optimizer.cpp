@@ -30,12 +30,8 @@ void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInpu
   for (const StepRun& s : runs_) {
     const int64_t n = s.end - s.begin;
     double* w_sq = &sums[2 * static_cast<size_t>(s.param)];
-    if (b.grads_bf16)
-      b.kernels->lamb_moments_bf16(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
-                                 static_cast<const uint16_t*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
-    else
-      b.kernels->lamb_moments_f32(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
-                                static_cast<const float*>(b.grads) + s.begin, n, step_for(s), w_sq, w_sq + 1);
+    b.kernels->lamb_moments(b.master + s.begin, b.moment1 + s.begin, b.moment2 + s.begin,
+                            element_at(b.grads, b.grad_elements, s.begin), b.grad_elements, n, step_for(s), w_sq, w_sq + 1);
   }
   if (sum_over_ranks) sum_over_ranks(sums.data(), sums.size());
   for (const StepRun& s : runs_) {
@@ -58,8 +54,7 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
   DS_CHECK(!o_.per_tensor_update(), "Lamb steps whole tensors");
   const auto f = [](double x) { return static_cast<float>(x); };
   // Element `at` of the local buffers, in the window's buffers.
-  const auto grad_f32 = [&](int64_t at) { return static_cast<const float*>(b.grads) + (at - begin); };
-  const auto grad_bf16 = [&](int64_t at) { return static_cast<const uint16_t*>(b.grads) + (at - begin); };
+  const auto grad = [&](int64_t at) { return element_at(b.grads, b.grad_elements, at - begin); };
   const auto out = [&](int64_t at) { return b.params_bf16 ? b.params_bf16 + (at - begin) : nullptr; };
   for (const StepRun& run : runs_) {
     const int64_t lo = std::max(run.begin, begin), hi = std::min(run.end, end);
@@ -80,10 +75,7 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         a.bias_correction = o_.bias_correction;
         a.grad_scale = f(in.grad_scale);
         const auto k = a.at_step(in.step);
-        if (b.grads_bf16)
-          b.kernels->adam_step_bf16(w, b.moment1 + at, b.moment2 + at, out(lo), grad_bf16(lo), n, k);
-        else
-          b.kernels->adam_step_f32(w, b.moment1 + at, b.moment2 + at, out(lo), grad_f32(lo), n, k);
+        b.kernels->adam_step(w, b.moment1 + at, b.moment2 + at, out(lo), grad(lo), b.grad_elements, n, k);
         break;
       }
       case OptimizerType::Lamb: break;  // lamb_step
@@ -97,10 +89,7 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         k.nesterov = o_.nesterov;
         k.first_step = in.step == 1;
         float* buf = o_.momentum > 0 ? b.moment1 + at : nullptr;
-        if (b.grads_bf16)
-          b.kernels->sgd_step_bf16(w, buf, out(lo), grad_bf16(lo), n, k);
-        else
-          b.kernels->sgd_step_f32(w, buf, out(lo), grad_f32(lo), n, k);
+        b.kernels->sgd_step(w, buf, out(lo), grad(lo), b.grad_elements, n, k);
         break;
       }
     }

@@ -1,7 +1,7 @@
 // ds — the optimizer step over the flat buffers, for every optimizer the plan can name (Adam, AdamW,
 // SGD, Lamb). It owns no memory: the caller hands it this rank's fp32 master weights, the moment buffers
 // the plan counts (plan.optimizer.moments: 2 for Adam/Lamb, 1 for SGD with momentum, 0 without),
-// the gradients (fp32 or bf16) and, under bf16, the working copy to refresh in the same pass.
+// the gradients (fp32, bf16 or fp16) and, under bf16, the working copy to refresh in the same pass.
 // No LibTorch here: raw pointers and the plan's layout.
 #pragma once
 
@@ -20,8 +20,8 @@ struct OptimizerBuffers {
   float* moment1 = nullptr;        // Adam/Lamb exp_avg, SGD momentum buffer (null when the plan has none)
   float* moment2 = nullptr;        // Adam/Lamb exp_avg_sq (null when the plan has none)
   uint16_t* params_bf16 = nullptr; // bf16 working copy to refresh, or null (fp32 runs alias master)
-  const void* grads = nullptr;     // fp32 or bf16, per grads_bf16
-  bool grads_bf16 = false;
+  const void* grads = nullptr;     // stored as grad_elements
+  GradElements grad_elements = GradElements::f32;
   // The kernels that reach these buffers: the device's table for its memory, the host's for offloaded states.
   const KernelTable* kernels = &cpu_kernel_table();
 };

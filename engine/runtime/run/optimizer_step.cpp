@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/hash.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 #include "engine/runtime/device/resident_memory.hpp"
 
 namespace ds {
@@ -109,9 +110,7 @@ torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
   // Already in the memory the states are stepped in (on the device, or left for the host block by block): the
   // kernel reads them in their own dtype.
   if (flat_.grads_place == c.at) {
-    DS_CHECK(grads.scalar_type() == torch::kFloat32 || grads.scalar_type() == torch::kBFloat16,
-             "the optimizer's kernels read fp32 or bf16 gradients, not ", grads.scalar_type());
-    return grads;
+    return grads;  // (grad_elements_of names a dtype no kernel reads)
   }
   const StateSpan& span = states_.spans()[c.span];
   if (span.place == Place::nvme) {  // one sub-group's, beside its states
@@ -148,7 +147,7 @@ OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Ten
     case WeightsBack::copied: b.params_bf16 = nullptr; break;
   }
   b.grads = grads.data_ptr();
-  b.grads_bf16 = grads.scalar_type() == torch::kBFloat16;
+  b.grad_elements = grad_elements_of(grads);
   b.kernels = &device_.kernels(c.at);
   return b;
 }

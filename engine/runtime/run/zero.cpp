@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.hpp"
+#include "engine/runtime/device/kernel_route.hpp"
 
 namespace ds {
 
@@ -159,20 +160,16 @@ void ZeroExchange::reduce_gradients() {
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
   *partial = comm_ && plan_.execution.sharded;
   const torch::Tensor& g = flat_.local_grads;
-  const KernelTable& k = flat_.device->kernels(flat_.grads_place);
-  return g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()), g.numel())
-                                             : k.sum_of_squares_f32(g.data_ptr<float>(), g.numel());
+  return flat_.device->kernels(flat_.grads_place).sum_of_squares(g.data_ptr(), grad_elements_of(g), g.numel());
 }
 
 double ZeroExchange::grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const {
   const KernelTable& k = flat_.device->kernels(flat_.grads_place);
   const torch::Tensor& g = flat_.local_grads;
+  const GradElements e = grad_elements_of(g);
   double sum = 0;
-  for (const OwnedSegment& s : flat_.owned) {
-    if (!counted[static_cast<size_t>(s.param)] || s.numel == 0) continue;
-    sum += g.scalar_type() == torch::kBFloat16 ? k.sum_of_squares_bf16(static_cast<const uint16_t*>(g.data_ptr()) + s.local, s.numel)
-                                               : k.sum_of_squares_f32(g.data_ptr<float>() + s.local, s.numel);
-  }
+  for (const OwnedSegment& s : flat_.owned)
+    if (counted[static_cast<size_t>(s.param)] && s.numel > 0) sum += k.sum_of_squares(element_at(g.data_ptr(), e, s.local), e, s.numel);
   return sum;
 }
 
