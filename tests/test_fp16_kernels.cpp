@@ -12,6 +12,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -31,7 +32,11 @@ uint32_t bits_of(float f) {
 }
 
 #if defined(__x86_64__)
-bool has_f16c() { return __builtin_cpu_supports("f16c"); }
+// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
 __attribute__((target("f16c"))) float hardware_widened(uint16_t h) { return _cvtsh_ss(h); }
 __attribute__((target("f16c"))) uint16_t hardware_narrowed(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 #else
