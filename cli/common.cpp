@@ -17,6 +17,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "engine/plan/runnable.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/io/checkpoint.hpp"
@@ -162,7 +163,8 @@ void add_config_args(CLI::App* sub, ConfigArgs& a) {
                   "key.sub=value sets any config key (value parsed as JSON, else a string); ~key.sub removes one");
   sub->add_option("--world-size", a.world_size, "ranks to plan for, every rank of the mesh (data x tensor x pipeline; default: WORLD_SIZE, else 1)")
       ->check(CLI::Range(1, kMaxWorldSize));
-  add_ranks_per_node_flag(sub, a.nproc_per_node, "ranks (GPUs, or CPU processes) per node");
+  add_ranks_per_node_flag(sub, a.nproc_per_node, "ranks (GPUs, or CPU processes) per node (default: one per visible GPU on a "
+                                                  "GPU run, fewer where that would change the run; else 1)");
   add_nodes_flag(sub, a.nnodes);
   sub->add_option("--device", a.device, "plan for cpu or cuda devices (auto: cuda when a GPU is found or "
                                         "--device-memory is given)")
@@ -355,6 +357,7 @@ Topology topology_of(const std::string& sub, const ConfigArgs& a, bool quiet) {
   TopologyOptions topt;
   topt.world_size = a.world_size;
   topt.nproc_per_node = a.nproc_per_node;
+  topt.nproc_source = a.nproc_source;
   topt.nnodes = a.nnodes;
   if (!a.device_memory.empty()) topt.device_memory_bytes = size_flag("--device-memory", a.device_memory);
   if (!a.host_memory.empty()) topt.host_memory_bytes = size_flag("--host-memory", a.host_memory);
@@ -625,6 +628,40 @@ RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {
   }
   l.launcher = (args.nproc_per_node > 1 || !l.hosts.empty()) && !rank_process;
   return l;
+}
+
+void default_ranks_to_visible_gpus(const std::string& sub, ConfigArgs& args, const std::string& hostfile, bool profiling) {
+  if (!hostfile.empty() || args.nproc_per_node > 0 || args.world_size > 0 || args.nnodes > 0 || started_as_rank() ||
+      std::getenv("WORLD_SIZE") || args.device == "cpu")
+    return;
+  // Planning for other GPUs (their memory or model named) is not planning for these.
+  if (!args.device_memory.empty() || (!args.runs_here && !args.hardware.gpu.empty())) return;
+  const int visible = static_cast<int>(detect_gpus().size());
+  if (visible < 2 || topology_of(sub, args, /*quiet=*/true).device != DeviceKind::cuda) return;
+  std::optional<int> checkpoint_world;
+  const auto refusals = [&](int n) -> std::vector<std::string> {
+    ConfigArgs trial = args;
+    trial.nproc_per_node = n > 1 ? n : 0;
+    try {
+      const CompiledConfig c = compile_config(sub, trial, /*quiet=*/true);
+      if (c.checkpoint_plan) checkpoint_world = c.checkpoint_plan->world_size;
+      return not_yet_runnable(c.plan, profiling);
+    } catch (const ConfigError& e) {
+      std::vector<std::string> why;
+      for (const ConfigIssue& i : e.issues()) why.push_back(i.path.empty() ? i.message : i.path + ": " + i.message);
+      return why;
+    } catch (const std::exception& e) {
+      return {e.what()};
+    }
+  };
+  const std::vector<std::string> one = refusals(1);  // and the checkpoint being continued, if any
+  const DefaultRanks chosen =
+      default_ranks_for_gpus(visible, checkpoint_world, [&](int n) { return n == 1 ? one : refusals(n); });
+  std::cerr << "ds " << sub << ": " << chosen.note << "\n";
+  if (chosen.ranks > 1) {
+    args.nproc_per_node = chosen.ranks;
+    args.nproc_source = "one rank per visible GPU";
+  }
 }
 
 LaunchSpec rank_launch_spec(const RankLaunch& launch, const ConfigArgs& args, const std::string& log_dir, double comm_timeout_s) {

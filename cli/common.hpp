@@ -61,6 +61,7 @@ struct ConfigArgs {
   std::vector<std::string> overrides;
   int world_size = 0;
   int nproc_per_node = 0;
+  std::string nproc_source;  // what set nproc_per_node when not --nproc-per-node (the visible GPUs)
   int nnodes = 0;
   std::string device_memory;  // e.g. "80GiB"
   std::string host_memory;    // per node, e.g. "1TiB" (default: this machine's, when it is the one planned for)
@@ -133,6 +134,11 @@ struct RankLaunch {
   bool launcher = false;
 };
 RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args);
+// On a machine with several GPUs that the plan is for, when nothing says how many ranks (no --nproc-per-node,
+// --world-size, --nnodes, --hostfile, launcher environment): one per visible GPU unless default_ranks_for_gpus
+// (topology.hpp) keeps fewer; sets args.nproc_per_node and says why on stderr. The same rule for ds plan, ds train
+// and ds profile (`profiling`), before rank_launch.
+void default_ranks_to_visible_gpus(const std::string& sub, ConfigArgs& args, const std::string& hostfile, bool profiling = false);
 // What the launcher starts: this command's words without the launcher's flags, on the hosts or
 // --nproc-per-node local ranks, ranks other than 0 logging under `log_dir`, a failed rank's peers given
 // the communication timeout (+5 s) to exit.

@@ -87,6 +87,7 @@ int run_plan(const PlanArgs& a) {
       return 0;
     }
     args.model_optional = true;  // a bare DeepSpeed config plans what it can
+    default_ranks_to_visible_gpus("plan", args, "");  // the ranks ds train would start here
     Plan plan = build_plan("plan", args);
     if (a.show_sample >= 0) {
       std::cout << render_sample(plan, a.show_sample);

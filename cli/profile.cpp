@@ -59,8 +59,6 @@ int run_profile(const ProfileArgs& a) {
     args.inputs_must_exist = true;
     args.runs_here = true;
     const bool rank_process = started_as_rank();
-    const RankLaunch launch = rank_launch(a.hostfile, args);
-    const bool launcher = launch.launcher;
     // The run goes to a scratch directory (removed at the end) and is as long as warm-up + measured steps.
     const Scratch scratch(rank_process ? std::string() : make_scratch_dir());
     const std::string part_dir = rank_process ? a.part_dir : scratch.dir;
@@ -68,6 +66,9 @@ int run_profile(const ProfileArgs& a) {
     args.overrides.push_back("train.epochs=null");  // the steps profiled, not the config's epochs
     args.overrides.push_back("train.output_dir=" + part_dir + "/run");
     args.own_choices.push_back("scheduler.params.total_num_steps");  // follows the steps profiled, not the user's
+    default_ranks_to_visible_gpus("profile", args, a.hostfile, /*profiling=*/true);
+    const RankLaunch launch = rank_launch(a.hostfile, args);
+    const bool launcher = launch.launcher;
     const CompiledConfig compiled = compile_config("profile", args, /*quiet=*/launcher);
     const Plan& plan = compiled.plan;
     std::vector<json> parts;

@@ -243,6 +243,7 @@ int run_train(const TrainArgs& a) {
     if (a.resume && !explicit_resume_path(args.overrides)) args.overrides.insert(args.overrides.begin(), "train.resume=auto");
     // --nproc-per-node N or --hostfile: this process only starts the ranks (the config is checked for
     // that world size first).
+    default_ranks_to_visible_gpus("train", args, a.hostfile);
     const RankLaunch launch = rank_launch(a.hostfile, args);
     const bool launcher = launch.launcher;
     CompiledConfig compiled = compile_config("train", args, /*quiet=*/launcher);  // rank 0 prints them

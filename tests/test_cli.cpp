@@ -137,6 +137,63 @@ TEST(CliPlan, Fp16OnAGpuIsPlannedAndWarnedAsNew) {
   EXPECT_FALSE(contains(r.err, "fp16 on a GPU")) << r.err;
 }
 
+// A machine with four GPUs (a stand-in nvidia-smi lists them): with nothing saying how many ranks, ds plan plans
+// one per GPU that CUDA_VISIBLE_DEVICES shows, as ds train would start them, and says so; one where several are
+// refused (offload) or a flag says how many.
+TEST(CliPlan, SeveralVisibleGpusArePlannedOneRankEach) {
+  const std::string bin = scratch_dir() + "/four_gpus";
+  std::filesystem::create_directories(bin);
+  std::ofstream(bin + "/nvidia-smi") << "#!/bin/sh\nfor g in 0 1 2 3; do echo \"NVIDIA H100 80GB HBM3, 81559, GPU-$g$g$g$g-uuid\"; done\n";
+  std::filesystem::permissions(bin + "/nvidia-smi", std::filesystem::perms::owner_all);
+  const std::string path = "PATH=" + bin + ":" + std::getenv("PATH");
+  const auto planned = [&](const std::string& args, const std::string& env, std::string* err = nullptr) -> nlohmann::json {
+    const Result r = ds("plan " + args + " --json", env + " " + path);  // (env's -u before its assignments)
+    EXPECT_EQ(r.code, 0) << args << " " << env << ": " << r.err;
+    if (err) *err = r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out)["topology"] : nlohmann::json();
+  };
+  std::string err;
+  nlohmann::json t = planned("examples/quickstart.json", "-u CUDA_VISIBLE_DEVICES", &err);
+  EXPECT_EQ(t["device"], "cuda");
+  if (!contains(ds("--version").out, "NCCL: not built in")) {  // several GPU ranks run with this build
+    EXPECT_EQ(t["world_size"], 4);
+    EXPECT_EQ(t["world_size_source"], "one rank per visible GPU");
+    EXPECT_TRUE(contains(err, "ds plan: 4 GPUs visible: 4 ranks, one on each (--nproc-per-node 1 for one)")) << err;
+  } else {  // without NCCL, several GPU ranks are refused where one is not: one, saying why
+    EXPECT_EQ(t["world_size"], 1);
+    EXPECT_TRUE(contains(err, "ds plan: 4 GPUs visible: one rank, since ds cannot run this plan on 4: several GPU ranks with this "
+                              "build: it has no NCCL communicator")) << err;
+  }
+  planned("examples/quickstart.json", "CUDA_VISIBLE_DEVICES=3,GPU-1111", &err);
+  EXPECT_TRUE(contains(err, "ds plan: 2 GPUs visible: ")) << err;
+  t = planned("examples/quickstart.json", "CUDA_VISIBLE_DEVICES=2,7,1", &err);  // 7 ends the list: one GPU
+  EXPECT_EQ(t["world_size"], 1);
+  EXPECT_EQ(t["device"], "cuda");
+  EXPECT_FALSE(contains(err, "GPUs visible")) << err;
+  t = planned("examples/quickstart.json", "CUDA_VISIBLE_DEVICES=", &err);
+  EXPECT_EQ(t["device"], "cpu") << "no GPU visible";
+  EXPECT_EQ(t["world_size"], 1);
+  EXPECT_FALSE(contains(err, "GPUs visible")) << err;
+  t = planned("examples/quickstart.json --nproc-per-node 1", "-u CUDA_VISIBLE_DEVICES", &err);
+  EXPECT_EQ(t["world_size"], 1);
+  EXPECT_FALSE(contains(err, "GPUs visible")) << "a flag says how many: " << err;
+  EXPECT_EQ(planned("examples/quickstart.json --device cpu", "-u CUDA_VISIBLE_DEVICES")["world_size"], 1);
+  EXPECT_EQ(planned("examples/quickstart.json --world-size 2", "-u CUDA_VISIBLE_DEVICES")["world_size"], 2);
+  // Offload from several GPU ranks is not run yet; one GPU offloads: one rank, saying why.
+  t = planned("examples/gpu-offload.json", "-u CUDA_VISIBLE_DEVICES", &err);
+  EXPECT_EQ(t["world_size"], 1);
+  EXPECT_TRUE(contains(err, "4 GPUs visible: one rank, since ds cannot run this plan on 4: ")) << err;
+  EXPECT_TRUE(contains(err, "offload from several GPU ranks")) << err;
+  // ds train on this machine with a build that trains on the CPU only: one CPU process, no ranks started.
+  if (contains(ds("--version").out, "(CPU); CUDA")) {
+    const Result r = ds("train examples/quickstart.json train.steps=1 train.eval_every=0 train.output_dir=" + scratch_dir() +
+                            "/four_gpus_run", "-u CUDA_VISIBLE_DEVICES " + path);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(contains(r.err, "ranks on this machine")) << r.err;
+    EXPECT_TRUE(contains(r.err, "the 4 GPUs nvidia-smi lists are not used")) << r.err;
+  }
+}
+
 TEST(CliPlan, ResolvedConfigShowsDefaultsFilled) {
   Result r = ds("plan templates/bf16.json --resolved-config");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -107,6 +107,77 @@ TEST(Topology, TheDeviceIsChosenOnceByWhatThisBuildTrainsOn) {
   EXPECT_THROW(make_topology(o, env({})), UserError);
 }
 
+// CUDA_VISIBLE_DEVICES as CUDA reads it: indices or UUIDs (a unique prefix will do), in its order, up to the first
+// entry that names no GPU or one already listed; unset shows all, "" none.
+TEST(Topology, VisibleGpusAreTheOnesCudaVisibleDevicesNames) {
+  const std::vector<GpuInfo> listed = {{"NVIDIA H100 80GB HBM3", 80.0 * (1 << 30), "GPU-aaaa1111-0000"},
+                                       {"NVIDIA H100 80GB HBM3", 80.0 * (1 << 30), "GPU-bbbb2222-0000"},
+                                       {"NVIDIA A100-SXM4-40GB", 40.0 * (1 << 30), "GPU-aaaa3333-0000"},
+                                       {"NVIDIA H100 80GB HBM3", 80.0 * (1 << 30), "GPU-cccc4444-0000"}};
+  const auto uuids = [&](const char* visible) {
+    std::string out;
+    for (const GpuInfo& g : visible_gpus(listed, visible)) out += (out.empty() ? "" : " ") + g.uuid.substr(4, 4);
+    return out;
+  };
+  EXPECT_EQ(uuids(nullptr), "aaaa bbbb aaaa cccc");
+  EXPECT_EQ(uuids(""), "");
+  EXPECT_EQ(uuids("NoDevFiles"), "");  // what Slurm sets when it grants no GPU
+  EXPECT_EQ(uuids("3,1"), "cccc bbbb");
+  EXPECT_EQ(uuids(" 2 , 0"), "aaaa aaaa");
+  EXPECT_EQ(uuids("0,1,9,2"), "aaaa bbbb");   // 9 names no GPU: the list ends there
+  EXPECT_EQ(uuids("0,1,-1,3"), "aaaa bbbb");  // the usual way to hide the rest
+  EXPECT_EQ(uuids("1,1,2"), "bbbb");          // listed twice: ends
+  EXPECT_EQ(uuids("0,1,"), "aaaa bbbb");
+  EXPECT_EQ(uuids("GPU-cccc4444-0000,GPU-bbbb"), "cccc bbbb");
+  EXPECT_EQ(uuids("GPU-bbbb,GPU-aaaa"), "bbbb");  // GPU-aaaa starts two UUIDs: names neither
+  EXPECT_EQ(uuids("MIG-0e9a7d3c-1111,1"), "aaaa");  // one MIG instance, read as the first GPU
+  EXPECT_EQ(visible_gpus(listed, "2").front().name, "NVIDIA A100-SXM4-40GB");
+  EXPECT_TRUE(visible_gpus({}, "0").empty());
+}
+
+// With several GPUs and nothing saying how many ranks: one per GPU, unless a checkpoint being continued was
+// trained by fewer (kept), or the plan is refused for several ranks where one runs (one, naming why).
+TEST(Topology, SeveralVisibleGpusDefaultToOneRankEachUnlessThatChangesTheRun) {
+  std::vector<int> compiled;
+  const auto runs = [&](int n) { compiled.push_back(n); return std::vector<std::string>{}; };
+  DefaultRanks d = default_ranks_for_gpus(8, std::nullopt, runs);
+  EXPECT_EQ(d.ranks, 8);
+  EXPECT_EQ(d.note, "8 GPUs visible: 8 ranks, one on each (--nproc-per-node 1 for one)");
+  EXPECT_EQ(compiled, (std::vector<int>{1, 8}));
+  compiled.clear();
+  d = default_ranks_for_gpus(1, std::nullopt, runs);  // one GPU: nothing to choose, nothing said, nothing compiled
+  EXPECT_EQ(d.ranks, 1);
+  EXPECT_TRUE(d.note.empty());
+  EXPECT_TRUE(compiled.empty());
+  d = default_ranks_for_gpus(8, 2, runs);
+  EXPECT_EQ(d.ranks, 2);
+  EXPECT_EQ(d.note, "8 GPUs visible: 2 ranks, as the checkpoint being continued was trained (--nproc-per-node 8 for all, "
+                    "the global batch kept)");
+  d = default_ranks_for_gpus(4, 16, runs);  // trained on more GPUs than this machine has: all of these
+  EXPECT_EQ(d.ranks, 4);
+  compiled.clear();
+  d = default_ranks_for_gpus(4, 1, runs);
+  EXPECT_EQ(d.ranks, 1);
+  EXPECT_NE(d.note.find("one rank, as the checkpoint being continued was trained"), std::string::npos) << d.note;
+  EXPECT_TRUE(compiled.empty());
+  // Refused for several ranks only: one, saying why. Refused alike for one (a build without CUDA, planning): kept.
+  const auto offload = [](int n) {
+    std::vector<std::string> why = {"training on CUDA devices with this build"};
+    if (n > 1) why.push_back("offload from several GPU ranks");
+    return why;
+  };
+  d = default_ranks_for_gpus(4, std::nullopt, offload);
+  EXPECT_EQ(d.ranks, 1);
+  EXPECT_EQ(d.note, "4 GPUs visible: one rank, since ds cannot run this plan on 4: offload from several GPU ranks");
+  d = default_ranks_for_gpus(4, std::nullopt, [](int) { return std::vector<std::string>{"training on CUDA devices with this build"}; });
+  EXPECT_EQ(d.ranks, 4);
+  d = default_ranks_for_gpus(3, std::nullopt, [](int n) {  // a batch that 3 ranks cannot divide
+    return n == 3 ? std::vector<std::string>{"train_batch_size: 8 is not a multiple of 3"} : std::vector<std::string>{};
+  });
+  EXPECT_EQ(d.ranks, 1);
+  EXPECT_NE(d.note.find("train_batch_size: 8 is not a multiple of 3"), std::string::npos) << d.note;
+}
+
 // What the plan asks of its device: the communicator, where memory is, fp16 arithmetic, the spellings.
 TEST(Topology, TheDevicesTraitsAnswerWhatThePlanAsks) {
   const DeviceTraits cpu = device_traits(DeviceKind::cpu), gpu = device_traits(DeviceKind::cuda);

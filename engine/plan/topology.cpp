@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/strings.hpp"
 
 namespace ds {
 namespace {
@@ -162,7 +163,7 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
                           std::to_string(world) + " ranks; ds plans for at most " + std::to_string(kMaxWorldSize),
                       "check the two flags: the world size is their product");
     t.world_size = static_cast<int>(world);
-    t.world_size_source = "--nproc-per-node x --nnodes";
+    t.world_size_source = opt.nproc_source.empty() ? "--nproc-per-node x --nnodes" : opt.nproc_source;
   } else if (env_world > 0) {
     t.world_size = env_world;
     t.world_size_source = "WORLD_SIZE (launcher environment)";
@@ -200,22 +201,97 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   return t;
 }
 
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// The listed GPU an entry of CUDA_VISIBLE_DEVICES names: an index, or a UUID ("GPU-..."), whole or a prefix that
+// only one GPU's starts with.
+std::optional<size_t> named_gpu(const std::vector<GpuInfo>& listed, const std::string& entry) {
+  if (entry.rfind("GPU-", 0) == 0) {
+    std::optional<size_t> found;
+    for (size_t i = 0; i < listed.size(); ++i)
+      if (listed[i].uuid.rfind(entry, 0) == 0) {
+        if (found) return std::nullopt;  // a prefix of two
+        found = i;
+      }
+    return found;
+  }
+  if (entry.empty() || entry.size() > 6 || entry.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const size_t index = std::stoul(entry);
+  return index < listed.size() ? std::optional<size_t>(index) : std::nullopt;
+}
+
+}  // namespace
+
+std::vector<GpuInfo> visible_gpus(const std::vector<GpuInfo>& listed, const char* visible) {
+  if (!visible) return listed;
+  std::vector<GpuInfo> shown;
+  std::vector<bool> taken(listed.size(), false);
+  std::stringstream entries(visible);
+  for (std::string entry; std::getline(entries, entry, ',');) {
+    entry = trimmed(entry);
+    if (entry.rfind("MIG-", 0) == 0) {  // CUDA runs on one MIG instance
+      if (shown.empty() && !listed.empty()) shown.push_back(listed.front());
+      break;
+    }
+    const std::optional<size_t> at = named_gpu(listed, entry);
+    if (!at || taken[*at]) break;
+    taken[*at] = true;
+    shown.push_back(listed[*at]);
+  }
+  return shown;
+}
+
 std::vector<GpuInfo> detect_gpus() {
-  std::vector<GpuInfo> out;
-  FILE* p = popen("nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null", "r");
-  if (!p) return out;
+  std::vector<GpuInfo> listed;
+  FILE* p = popen("nvidia-smi --query-gpu=name,memory.total,uuid --format=csv,noheader,nounits 2>/dev/null", "r");
+  if (!p) return listed;
   char buf[512];
   while (fgets(buf, sizeof buf, p)) {
-    std::string line(buf);
-    auto comma = line.rfind(',');
-    if (comma == std::string::npos) continue;
+    std::vector<std::string> fields;
+    std::stringstream line(buf);
+    for (std::string f; std::getline(line, f, ',');) fields.push_back(trimmed(f));
+    if (fields.size() < 2) continue;
     GpuInfo g;
-    g.name = line.substr(0, comma);
-    g.memory_bytes = std::strtod(line.c_str() + comma + 1, nullptr) * 1024.0 * 1024.0;  // MiB
-    if (g.memory_bytes > 0) out.push_back(g);
+    g.name = fields[0];
+    g.memory_bytes = std::strtod(fields[1].c_str(), nullptr) * 1024.0 * 1024.0;  // MiB
+    if (fields.size() > 2) g.uuid = fields[2];
+    if (g.memory_bytes > 0) listed.push_back(g);
   }
   pclose(p);
-  return out;
+  return visible_gpus(listed, std::getenv("CUDA_VISIBLE_DEVICES"));
+}
+
+DefaultRanks default_ranks_for_gpus(int visible, std::optional<int> checkpoint_world,
+                                    const std::function<std::vector<std::string>(int)>& refusals) {
+  DefaultRanks d;
+  if (visible < 2) return d;
+  const std::string all = std::to_string(visible);
+  const std::string seen = all + " GPUs visible: ";
+  // A run continued on as many ranks as it was trained by (DeepSpeed's launcher would take every GPU, and the
+  // accumulation would change under the user); more only when asked.
+  const int n = checkpoint_world ? std::clamp(*checkpoint_world, 1, visible) : visible;
+  const std::string ask = " (--nproc-per-node " + all + " for all, the global batch kept)";
+  if (n == 1) {
+    d.note = seen + "one rank, as the checkpoint being continued was trained" + ask;
+    return d;
+  }
+  const std::vector<std::string> one = refusals(1);
+  std::vector<std::string> only_several;
+  for (const std::string& why : refusals(n))
+    if (std::find(one.begin(), one.end(), why) == one.end()) only_several.push_back(why);
+  if (!only_several.empty()) {
+    d.note = seen + "one rank, since ds cannot run this plan on " + std::to_string(n) + ": " + join(only_several, "; ");
+    return d;
+  }
+  d.ranks = n;
+  d.note = seen + std::to_string(n) + " ranks, " +
+           (n == visible ? "one on each (--nproc-per-node 1 for one)" : "as the checkpoint being continued was trained" + ask);
+  return d;
 }
 
 double detect_host_memory_bytes() {

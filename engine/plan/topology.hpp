@@ -60,6 +60,7 @@ struct Topology {
 struct GpuInfo {
   std::string name;
   double memory_bytes = 0;
+  std::string uuid;  // "GPU-..." as nvidia-smi lists it ("" unknown)
 };
 
 struct TopologyOptions {
@@ -80,6 +81,7 @@ struct TopologyOptions {
   std::string host_memory_bw, nvme_bw;            // rates, e.g. "200GB/s"; "": unknown
   double mfu = 0;                  // the share of peak a step reaches; 0: kAssumedMfu
   std::vector<GpuInfo> gpus;       // detected GPUs (detect_gpus()), injectable for tests
+  std::string nproc_source;        // what set nproc_per_node, for world_size_source ("": the --nproc-per-node flag)
   std::optional<BuildSupport> build;  // this binary's (build_support()), carried into the Topology
   // The run happens here (ds train, ds profile): a build without CUDA LibTorch trains on the CPU, so "auto"
   // takes the CPU whatever GPUs are seen, and "cuda" is refused. Planning alone may plan for GPUs.
@@ -97,8 +99,28 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
 // place that reads RANK outside make_topology; after the plan is compiled, its topology's rank says the rest.
 bool started_as_rank();
 
-// GPUs the NVIDIA driver lists (via nvidia-smi); empty without a driver or GPU.
+// The GPUs this process's CUDA sees (via nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES); empty without a
+// driver or GPU.
 std::vector<GpuInfo> detect_gpus();
+
+// Of the GPUs nvidia-smi lists, those CUDA shows a process whose CUDA_VISIBLE_DEVICES is `visible` (nullptr: unset,
+// all of them), in its order. As CUDA reads it: a comma-separated list of indices or UUIDs ("GPU-" and a unique
+// prefix of one), ending at the first entry that names no GPU or one already listed ("" or "NoDevFiles": none);
+// a MIG instance ("MIG-...") is one device, counted here as its parent GPU (nvidia-smi's first), and ends the list.
+std::vector<GpuInfo> visible_gpus(const std::vector<GpuInfo>& listed, const char* visible);
+
+// How many ranks a run on this machine's GPUs starts when nothing says (no --nproc-per-node, --world-size,
+// --hostfile or launcher environment): one per visible GPU, as DeepSpeed's launcher does, except where that
+// would change the run unasked. `refusals(n)` compiles the plan for n ranks and returns what keeps ds from
+// running it (the compiler's error, or the plan's not-yet-runnable reasons; empty when it runs). A checkpoint
+// being continued keeps its world size (fewer when fewer GPUs are visible); a plan refused for several ranks for
+// a reason one rank does not meet trains on one. `note` says what was chosen and why ("" with one GPU).
+struct DefaultRanks {
+  int ranks = 1;
+  std::string note;
+};
+DefaultRanks default_ranks_for_gpus(int visible, std::optional<int> checkpoint_world,
+                                    const std::function<std::vector<std::string>(int)>& refusals);
 
 // This machine's total memory (/proc/meminfo); 0 when unknown.
 double detect_host_memory_bytes();
