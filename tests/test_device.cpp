@@ -368,6 +368,28 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
   fs::remove_all(root);
 }
 
+// Where this rank's gradients arrive on the host block by block (ZeRO-Offload from a GPU), the step's sum takes each
+// segment's first arrival as a copy and adds the later ones, never zeroed whole: the same run as the gradients
+// summed on the device, bit for bit, with one micro step a step or three, at stages 2 and 3.
+TEST(DeviceSeam, GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_sums_" + std::to_string(::getpid()));
+  for (const char* stage : {"zero_optimization.stage=2", "zero_optimization.stage=3"})
+    for (const char* accumulation : {"gradient_accumulation_steps=1", "gradient_accumulation_steps=3"}) {
+      SCOPED_TRACE(std::string(stage) + ", " + accumulation);
+      const std::vector<std::string> o{stage, accumulation, "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                       "train.output_dir=" + (root / "run").string()};
+      EXPECT_EQ(plan_for(2, 0, o, /*grads_leave=*/true, true).execution.find_anywhere(BufferRole::grads)->place, Place::host);
+      const std::vector<RankRun> on_host = train_ranks(2, o, true, "", /*grads_leave=*/true);
+      fs::remove_all(root);
+      const std::vector<RankRun> on_device = train_ranks(2, o, true, "", /*grads_leave=*/false);
+      fs::remove_all(root);
+      for (size_t r = 0; r < 2; ++r) {
+        ASSERT_EQ(on_host[r].result.losses.size(), 4u);
+        EXPECT_EQ(on_host[r].result.losses, on_device[r].result.losses) << "rank " << r;
+      }
+    }
+}
+
 TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopiesAndResume) {
   // On a device the host may not address, a checkpoint is written from host copies of the states and read
   // back into host memory first: the bytes show in the device's ledger, and a run resumed from step 2 on it

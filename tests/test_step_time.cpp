@@ -336,8 +336,8 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_DOUBLE_EQ(t.offload.back().bytes, step_bytes);
   EXPECT_NEAR(t.offload.back().seconds, step_bytes / (400e9 / 8), 1e-15);
   // Each micro step's bf16 gradients, as they arrive, added into the step's sum on the host (arrival read, sum read
-  // and written: 3 x 2 bytes an element), the sum zeroed once a step (2 bytes).
-  const double micro_steps = static_cast<double>(p.batch.grad_accum), sum_bytes = n * 2 * (1 + 3 * micro_steps);
+  // and written: 3 x 2 bytes an element), the first micro step's copied in instead (read and written: 2 x 2 bytes).
+  const double micro_steps = static_cast<double>(p.batch.grad_accum), sum_bytes = n * 2 * (2 + 3 * (micro_steps - 1));
   EXPECT_EQ(t.offload.end()[-2].what, "gradients summed on the host");
   EXPECT_DOUBLE_EQ(t.offload.end()[-2].bytes, sum_bytes);
   double link_s = 0;

@@ -234,10 +234,11 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
   const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
   const double grad = g && g->place == Place::host ? dtype_bytes(p.precision.grad_dtype) : 4.0;
   // Where the gradients leave the GPU block by block into host memory (ZeRO-Offload), the host adds each micro step's
-  // as they arrive into the step's sum (the arrival read, the sum read and written), which it zeroed as the step began.
+  // as they arrive into the step's sum (the arrival read, the sum read and written), the first copied in instead (read
+  // and written: the sum is never zeroed whole, ZeroExchange::begin_gradient_sums).
   if (g && g->place == Place::host && z.find(BufferRole::grads_arrival, Place::host)) {
     const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
-    add("gradients summed on the host", OffloadResource::host_memory, g->bytes() * (1 + 3 * micro_steps), r.memory, r.memory_name);
+    add("gradients summed on the host", OffloadResource::host_memory, g->bytes() * (2 + 3 * (micro_steps - 1)), r.memory, r.memory_name);
   }
   add("optimizer step on the host", OffloadResource::host_memory, n * (grad + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
   // Work that runs while the host steps: a pipelined optimizer reads the next sub-groups and writes the last ones

@@ -479,10 +479,7 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
 
 StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   StepOutcome out;
-  {
-    torch::NoGradGuard ng;
-    flat_.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
-  }
+  zero_.begin_gradient_sums();
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
   Clock clock(out, sample_memory_, [this] { return param_wait(); });
@@ -490,6 +487,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   const double loss_sum = micro_steps(step, out, clock);
   tied_gradient_in();
   zero_.reduce_gradients();
+  zero_.end_gradient_sums();
   if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
     torch::NoGradGuard ng;
     flat_.grads.copy_(flat_.compute_grads);

@@ -42,6 +42,7 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
   groups_ = parameter_groups(L);
   owned_of_param_.assign(L.params.size(), -1);
   for (size_t i = 0; i < flat.owned.size(); ++i) owned_of_param_[static_cast<size_t>(flat.owned[i].param)] = static_cast<int>(i);
+  summed_.assign(flat.owned.size(), 0);
   if (plan.execution.grouped && plan.execution.scatter) group_owners_ = group_ownerships(L, groups_, flat.group_offset);
   for (const ShardRange& r : L.shards) shard_owners_.push_back({{r.begin, r.numel()}});
   if (comm_ && plan.execution.overlap && !plan.execution.grouped) block_ranges_ = block_ranges(L);
@@ -157,6 +158,33 @@ void ZeroExchange::reduce_gradients() {
   block_reduces_.clear();
 }
 
+bool ZeroExchange::sums_on_host() const { return flat_.grouped && flat_.grads_place != Place::device; }
+
+void ZeroExchange::begin_gradient_sums() {
+  torch::NoGradGuard ng;
+  if (!sums_on_host()) {
+    flat_.compute_grads.zero_();  // grouped stages: this rank's part (the group buffers are zeroed as reduced)
+    return;
+  }
+  summed_.assign(flat_.owned.size(), 0);
+}
+
+void ZeroExchange::end_gradient_sums() {
+  if (!sums_on_host()) return;
+  torch::NoGradGuard ng;
+  const torch::Tensor& all = flat_.compute_grads;
+  // Owned segments in local order; zero what lies between the summed ones, and after the last.
+  int64_t at = 0;
+  for (size_t k = 0; k < flat_.owned.size(); ++k) {
+    const OwnedSegment& s = flat_.owned[k];
+    if (!summed_[k]) continue;
+    DS_CHECK(s.local >= at, "owned segments out of local order at ", s.local);
+    if (s.local > at) all.narrow(0, at, s.local - at).zero_();
+    at = s.local + s.numel;
+  }
+  if (all.numel() > at) all.narrow(0, at, all.numel() - at).zero_();
+}
+
 double ZeroExchange::grad_sum_of_squares(bool* partial) const {
   *partial = comm_ && plan_.execution.sharded;
   const torch::Tensor& g = flat_.local_grads;
@@ -210,7 +238,10 @@ void ZeroExchange::finish_reduce() {
       DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
       const torch::Tensor arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
       flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
-      into.add_(arrived);
+      uint8_t& summed = summed_[static_cast<size_t>(k)];
+      if (summed) into.add_(arrived);
+      else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly), without zeroing the sum first
+      summed = 1;
     }
   }
   buf.zero_();

@@ -54,6 +54,12 @@ class ZeroExchange : public BlockHooks {
   void end_micro_step();
   // After the last micro step: stages 0-1 reduce the accumulated gradients.
   void reduce_gradients();
+  // Around a step's gradients: begin zeroes them, except where this rank's part arrives on the host block by
+  // block (ZeRO-Offload from a GPU): there each segment's first arrival of the step is copied in and later ones
+  // added, which saves a pass writing every gradient, and end (after reduce_gradients) zeroes what no arrival
+  // reached (gaps between segments, parameters no group reduced).
+  void begin_gradient_sums();
+  void end_gradient_sums();
   // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
   double grad_sum_of_squares(bool* partial) const;
   // The same over the owned segments of the parameters `counted` marks (tensor parallel: a tensor rank other
@@ -103,6 +109,7 @@ class ZeroExchange : public BlockHooks {
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
   void gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch);
   struct Reduce;
+  bool sums_on_host() const;  // begin/end_gradient_sums
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();
   // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
@@ -128,6 +135,7 @@ class ZeroExchange : public BlockHooks {
   std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
   Ownership shard_owners_;                 // stages 1-2: each rank's shard of the padded buffer
   std::vector<int> owned_of_param_;        // index into flat_.owned, or -1
+  std::vector<uint8_t> summed_;            // per owned segment: an arrival is in this step's sum (host sums only)
   Partitioned trained_, frozen_;           // stage 3: the trained parameters; the frozen ones the plan partitions
   std::vector<int> outer_;                 // stage 3: the parameters outside the blocks gathered on use
   std::vector<int> whole_;                 // stage 3: parameters kept whole
