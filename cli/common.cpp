@@ -17,6 +17,7 @@
 #include "common/format.hpp"
 #include "common/strings.hpp"
 #include "engine/plan/model_spec.hpp"
+#include "engine/plan/fit.hpp"
 #include "engine/plan/runnable.hpp"
 #include "engine/runtime/data/token_source.hpp"
 #include "engine/runtime/device/build_support.hpp"
@@ -631,21 +632,36 @@ RankLaunch rank_launch(const std::string& hostfile, ConfigArgs& args) {
 }
 
 void default_ranks_to_visible_gpus(const std::string& sub, ConfigArgs& args, const std::string& hostfile, bool profiling) {
+  // (LOCAL_RANK: a process told which GPU is its, by --local_rank or a launcher of its own)
   if (!hostfile.empty() || args.nproc_per_node > 0 || args.world_size > 0 || args.nnodes > 0 || started_as_rank() ||
-      std::getenv("WORLD_SIZE") || args.device == "cpu")
+      std::getenv("WORLD_SIZE") || std::getenv("LOCAL_RANK") || std::getenv("LOCAL_WORLD_SIZE") || args.device == "cpu")
     return;
   // Planning for other GPUs (their memory or model named) is not planning for these.
   if (!args.device_memory.empty() || (!args.runs_here && !args.hardware.gpu.empty())) return;
   const int visible = static_cast<int>(detect_gpus().size());
-  if (visible < 2 || topology_of(sub, args, /*quiet=*/true).device != DeviceKind::cuda) return;
+  if (visible < 2 || topology_of(sub, args, /*quiet=*/true).device_traits().memory_is_host) return;  // (not a GPU run)
   std::optional<int> checkpoint_world;
+  bool failed = false;  // the compiler refused the config (not the plan's device)
+  std::map<int, std::string> batch_of;  // ranks -> "global batch 64 = micro 16 x accumulation 1 x 4 ranks"
   const auto refusals = [&](int n) -> std::vector<std::string> {
     ConfigArgs trial = args;
     trial.nproc_per_node = n > 1 ? n : 0;
+    trial.resumes = true;  // the checkpoint ds train would continue keeps its ranks, in ds plan's answer too
+    failed = true;
     try {
       const CompiledConfig c = compile_config(sub, trial, /*quiet=*/true);
       if (c.checkpoint_plan) checkpoint_world = c.checkpoint_plan->world_size;
-      return not_yet_runnable(c.plan, profiling);
+      failed = false;
+      const ResolvedBatch& b = c.plan.batch;
+      batch_of[n] = "global batch " + std::to_string(b.train_batch_size) + " = micro " + std::to_string(b.micro_batch) +
+                    " x accumulation " + std::to_string(b.grad_accum) + " x " + std::to_string(b.world_size) + " ranks";
+      std::vector<std::string> why = not_yet_runnable(c.plan, profiling);
+      // More ranks on a node may need more of its host memory than one: the fit check ds train makes. (Said without
+      // figures, which differ with the ranks: a plan that fits on neither is the same refusal, said by the compile after.)
+      const FitCheck fit = check_fit(c.plan, c.plan.topology.headroom);
+      if (fit.host == Fit::does_not_fit) why.push_back("it does not fit in this machine's host memory");
+      if (fit.device == Fit::does_not_fit) why.push_back("it does not fit in a GPU's memory");
+      return why;
     } catch (const ConfigError& e) {
       std::vector<std::string> why;
       for (const ConfigIssue& i : e.issues()) why.push_back(i.path.empty() ? i.message : i.path + ": " + i.message);
@@ -655,9 +671,10 @@ void default_ranks_to_visible_gpus(const std::string& sub, ConfigArgs& args, con
     }
   };
   const std::vector<std::string> one = refusals(1);  // and the checkpoint being continued, if any
+  if (failed) return;  // a config that fails on one rank: the compile that follows says why, as without GPUs
   const DefaultRanks chosen =
       default_ranks_for_gpus(visible, checkpoint_world, [&](int n) { return n == 1 ? one : refusals(n); });
-  std::cerr << "ds " << sub << ": " << chosen.note << "\n";
+  std::cerr << "ds " << sub << ": " << chosen.note << (chosen.ranks > 1 ? "; " + batch_of[chosen.ranks] : std::string()) << "\n";
   if (chosen.ranks > 1) {
     args.nproc_per_node = chosen.ranks;
     args.nproc_source = "one rank per visible GPU";

@@ -158,7 +158,9 @@ TEST(CliPlan, SeveralVisibleGpusArePlannedOneRankEach) {
   if (!contains(ds("--version").out, "NCCL: not built in")) {  // several GPU ranks run with this build
     EXPECT_EQ(t["world_size"], 4);
     EXPECT_EQ(t["world_size_source"], "one rank per visible GPU");
-    EXPECT_TRUE(contains(err, "ds plan: 4 GPUs visible: 4 ranks, one on each (--nproc-per-node 1 for one)")) << err;
+    // (the global batch grows with the ranks where the config sets micro batch and accumulation: said)
+    EXPECT_TRUE(contains(err, "ds plan: 4 GPUs visible: 4 ranks, one on each (--nproc-per-node 1 for one); global batch 64 = "
+                              "micro 16 x accumulation 1 x 4 ranks")) << err;
   } else {  // without NCCL, several GPU ranks are refused where one is not: one, saying why
     EXPECT_EQ(t["world_size"], 1);
     EXPECT_TRUE(contains(err, "ds plan: 4 GPUs visible: one rank, since ds cannot run this plan on 4: several GPU ranks with this "
@@ -178,6 +180,16 @@ TEST(CliPlan, SeveralVisibleGpusArePlannedOneRankEach) {
   EXPECT_EQ(t["world_size"], 1);
   EXPECT_FALSE(contains(err, "GPUs visible")) << "a flag says how many: " << err;
   EXPECT_EQ(planned("examples/quickstart.json --device cpu", "-u CUDA_VISIBLE_DEVICES")["world_size"], 1);
+  // A launcher's process (its rank, world or local rank set) is one rank of a run already counted.
+  for (const std::string launched : {"WORLD_SIZE=1", "LOCAL_RANK=0", "RANK=0 WORLD_SIZE=1"}) {
+    t = planned("examples/quickstart.json", "-u CUDA_VISIBLE_DEVICES " + launched, &err);
+    EXPECT_EQ(t["world_size"], 1) << launched;
+    EXPECT_FALSE(contains(err, "GPUs visible")) << launched << ": " << err;
+  }
+  // A config one rank cannot run either: its own error, nothing said of the GPUs.
+  const Result broken = ds("plan examples/quickstart.json train_batch_size=7", "-u CUDA_VISIBLE_DEVICES " + path);
+  EXPECT_EQ(broken.code, 2) << broken.err;
+  EXPECT_FALSE(contains(broken.err, "GPUs visible")) << broken.err;
   EXPECT_EQ(planned("examples/quickstart.json --world-size 2", "-u CUDA_VISIBLE_DEVICES")["world_size"], 2);
   // Offload from several GPU ranks is not run yet; one GPU offloads: one rank, saying why.
   t = planned("examples/gpu-offload.json", "-u CUDA_VISIBLE_DEVICES", &err);

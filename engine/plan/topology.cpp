@@ -227,6 +227,8 @@ std::optional<size_t> named_gpu(const std::vector<GpuInfo>& listed, const std::s
 
 }  // namespace
 
+// Indices follow nvidia-smi's order (PCI bus), which is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA's default puts
+// the fastest first, so on a machine of mixed GPUs the count is right but the GPU an index names may not be.
 std::vector<GpuInfo> visible_gpus(const std::vector<GpuInfo>& listed, const char* visible) {
   if (!visible) return listed;
   std::vector<GpuInfo> shown;
@@ -258,12 +260,14 @@ std::vector<GpuInfo> detect_gpus() {
     if (fields.size() < 2) continue;
     GpuInfo g;
     g.name = fields[0];
-    g.memory_bytes = std::strtod(fields[1].c_str(), nullptr) * 1024.0 * 1024.0;  // MiB
+    g.memory_bytes = std::strtod(fields[1].c_str(), nullptr) * 1024.0 * 1024.0;  // MiB ("[N/A]": 0)
     if (fields.size() > 2) g.uuid = fields[2];
-    if (g.memory_bytes > 0) listed.push_back(g);
+    listed.push_back(g);  // (every row: CUDA_VISIBLE_DEVICES's indices count them all)
   }
   pclose(p);
-  return visible_gpus(listed, std::getenv("CUDA_VISIBLE_DEVICES"));
+  std::vector<GpuInfo> gpus = visible_gpus(listed, std::getenv("CUDA_VISIBLE_DEVICES"));
+  gpus.erase(std::remove_if(gpus.begin(), gpus.end(), [](const GpuInfo& g) { return !(g.memory_bytes > 0); }), gpus.end());
+  return gpus;
 }
 
 DefaultRanks default_ranks_for_gpus(int visible, std::optional<int> checkpoint_world,
