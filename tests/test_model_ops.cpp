@@ -474,8 +474,14 @@ TEST(FusedOps, HashedDropoutKeepsOneMaskPerKeyAtTheRateAskedAndScalesWhatItKeeps
   hashed_dropout(leaf, p, 42).sum().backward();
   EXPECT_TRUE(torch::equal(leaf.grad().ne(0), kept));
   EXPECT_TRUE(torch::allclose(leaf.grad().masked_select(kept), torch::full({kept.sum().item<int64_t>()}, 1 / (1 - p)), 1e-6, 0));
-  // fp16 (no kernel of its own) drops the same elements.
+  // fp16 (no kernel of its own) drops the same elements, its mask drawn a chunk at a time (this size is not a
+  // multiple of one), each kept element x times 1 / (1 - p) in fp16 as LibTorch rounds it.
   EXPECT_TRUE(torch::equal(hashed_dropout(x.to(torch::kHalf), p, 42).ne(0), kept));
+  const torch::Tensor odd = torch::rand({3, 100003}, torch::kFloat32) + 0.5, odd16 = odd.to(torch::kHalf);
+  const torch::Tensor odd_kept = hashed_dropout(odd, p, 7).ne(0);
+  const torch::Tensor y16 = hashed_dropout(odd16, p, 7);
+  EXPECT_TRUE(torch::equal(y16.ne(0), odd_kept));
+  EXPECT_TRUE(torch::equal(y16, odd16 * odd_kept.to(torch::kHalf) * (1.0 / (1.0 - p))));
   EXPECT_THROW(hashed_dropout(x, 0.0, 42), std::exception);
 }
 

@@ -252,7 +252,8 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
 // x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype;
 // else (fp16, fp64, a GPU build without ds's CUDA kernels) the mask made by the fp32 kernel (on x's GPU where
 // ds has kernels there, else on the host) and applied in x's dtype on x's device (x times the kept 0/1, then
-// the scale: one rounding, as the kernels).
+// the scale: one rounding, as the kernels), a chunk of elements at a time: the fp32 mask and its conversions take
+// about 11 bytes an element, which over attention's probabilities would be more than the plan counts.
 torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
   const torch::Tensor x = x_in.contiguous();
   const uint32_t keep_below = kernels::dropout_keep_below(p);
@@ -270,11 +271,19 @@ torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
     }
     return y;
   }
-  // The mask drawn in fp32 where a kernel draws it: on x's device when ds has one there (fp16 on a GPU), else on the host.
-  torch::Tensor ones = torch::ones({x.numel()}, torch::TensorOptions(torch::kFloat32).device(x.device()));
-  if (kernel_route(ones) == KernelRoute::libtorch) ones = torch::ones({x.numel()}, torch::kFloat32);
-  const torch::Tensor keep = apply_dropout(ones, p, key).ne(0);
-  return x * keep.view(x.sizes()).to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p));
+  // The mask drawn in fp32 where a kernel draws it: on x's device when ds has one there (fp16 on a GPU), else on the
+  // host. A chunk from element `at` on is keyed key + at strides: its elements' masks are the whole tensor's.
+  constexpr int64_t kChunk = int64_t{1} << 18;
+  torch::Tensor ones = torch::ones({std::min(kChunk, x.numel())}, torch::TensorOptions(torch::kFloat32).device(x.device()));
+  if (kernel_route(ones) == KernelRoute::libtorch) ones = torch::ones({ones.numel()}, torch::kFloat32);
+  const torch::Tensor y = torch::empty_like(x), flat_x = x.view({-1}), flat_y = y.view({-1});
+  for (int64_t at = 0; at < x.numel(); at += kChunk) {
+    const int64_t n = std::min(kChunk, x.numel() - at);
+    const uint64_t chunk_key = key + static_cast<uint64_t>(at) * kernels::kDropoutStride;
+    const torch::Tensor keep = apply_dropout(ones.narrow(0, 0, n), p, chunk_key).ne(0);
+    flat_y.narrow(0, at, n).copy_(flat_x.narrow(0, at, n) * keep.to(x.device(), x.scalar_type()) * (1.0 / (1.0 - p)));
+  }
+  return y;
 }
 
 class HashedDropout : public torch::autograd::Function<HashedDropout> {
