@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,6 +26,50 @@ using namespace ds;
 namespace fs = std::filesystem;
 
 namespace {
+
+// The copy stream as a GPU's behaves for the host: a copy to the device may still be reading its host source when
+// copy() returns, until the host waits for an event recorded after it (or synchronizes the stream; an event the host
+// finds done counts as waited); a copy to the host has ended when copy() returns, and every copy queued before it
+// (the CUDA device synchronizes the copy stream then: host code reads it next). It keeps the host ranges such copies read, for the host's kernel table to refuse a
+// kernel that would write one before the copy is known to have ended.
+class TrackedCopyStream final : public Stream {
+ public:
+  std::shared_ptr<Event> record() override { return std::make_shared<Recorded>(this, queued_); }
+  void wait_for(const Event&) override {}  // orders the device's work, not the host's
+  void synchronize() override { ended(queued_); }
+  void reading(const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    pending_.push_back({++queued_, c, c + bytes});
+  }
+  // Whether a copy not yet known to have ended reads any of [p, p + bytes).
+  bool still_read(const void* p, int64_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    for (const Pending& q : pending_)
+      if (c < q.hi && c + bytes > q.lo) return true;
+    return false;
+  }
+
+ private:
+  struct Pending {
+    int64_t seq;
+    const char *lo, *hi;
+  };
+  class Recorded final : public Event {
+   public:
+    Recorded(TrackedCopyStream* s, int64_t seq) : s_(s), seq_(seq) {}
+    bool done() const override { return s_->ended(seq_), true; }
+    void wait() override { s_->ended(seq_); }
+
+   private:
+    TrackedCopyStream* s_;
+    int64_t seq_;
+  };
+  void ended(int64_t seq) {
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [seq](const Pending& q) { return q.seq <= seq; }), pending_.end());
+  }
+  int64_t queued_ = 0;
+  std::vector<Pending> pending_;
+};
 
 // A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
 // the runtime must copy (counted) where the CPU device lets a host kernel write in place.
@@ -69,6 +114,8 @@ class SeparateMemoryDevice final : public Device {
     check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
     check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
     dst.copy_(src);
+    if (from == Place::host && to == Place::device) copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()));
+    if (to == Place::host && from == Place::device) copy_.synchronize();  // as the CUDA device: every copy before it ended too
   }
 
  private:
@@ -84,69 +131,79 @@ class SeparateMemoryDevice final : public Device {
     CheckingTable(const SeparateMemoryDevice& d, Place place) : d_(d), place_(place) {}
     const char* name() const override { return "checking"; }
     void adam_step_f32(float* w, float* m, float* v, uint16_t* out, const float* g, int64_t n, const kernels::AdamStep& s) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 4}}, n, "adam_step_f32");
+      check({{w, 4, true}, {m, 4, true}, {v, 4, true}, {out, 2, true}, {g, 4, false}}, n, "adam_step_f32");
       cpu_kernel_table().adam_step_f32(w, m, v, out, g, n, s);
     }
     void adam_step_bf16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
                         const kernels::AdamStep& s) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 2}}, n, "adam_step_bf16");
+      check({{w, 4, true}, {m, 4, true}, {v, 4, true}, {out, 2, true}, {g, 2, false}}, n, "adam_step_bf16");
       cpu_kernel_table().adam_step_bf16(w, m, v, out, g, n, s);
     }
     void sgd_step_f32(float* w, float* buf, uint16_t* out, const float* g, int64_t n, const kernels::SgdStep& s) const override {
-      check({{w, 4}, {buf, 4}, {out, 2}, {g, 4}}, n, "sgd_step_f32");
+      check({{w, 4, true}, {buf, 4, true}, {out, 2, true}, {g, 4, false}}, n, "sgd_step_f32");
       cpu_kernel_table().sgd_step_f32(w, buf, out, g, n, s);
     }
     void sgd_step_bf16(float* w, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const kernels::SgdStep& s) const override {
-      check({{w, 4}, {buf, 4}, {out, 2}, {g, 2}}, n, "sgd_step_bf16");
+      check({{w, 4, true}, {buf, 4, true}, {out, 2, true}, {g, 2, false}}, n, "sgd_step_bf16");
       cpu_kernel_table().sgd_step_bf16(w, buf, out, g, n, s);
     }
     void lamb_moments_f32(const float* w, float* m, float* v, const float* g, int64_t n, const kernels::LambStep& s, double* w_sq,
                           double* u_sq) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {g, 4}}, n, "lamb_moments_f32");
+      check({{w, 4, false}, {m, 4, true}, {v, 4, true}, {g, 4, false}}, n, "lamb_moments_f32");
       cpu_kernel_table().lamb_moments_f32(w, m, v, g, n, s, w_sq, u_sq);
     }
     void lamb_moments_bf16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
                            double* u_sq) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {g, 2}}, n, "lamb_moments_bf16");
+      check({{w, 4, false}, {m, 4, true}, {v, 4, true}, {g, 2, false}}, n, "lamb_moments_bf16");
       cpu_kernel_table().lamb_moments_bf16(w, m, v, g, n, s, w_sq, u_sq);
     }
     void lamb_apply(float* w, const float* m, const float* v, uint16_t* out, int64_t n, const kernels::LambStep& s,
                     float ratio) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}}, n, "lamb_apply");
+      check({{w, 4, true}, {m, 4, false}, {v, 4, false}, {out, 2, true}}, n, "lamb_apply");
       cpu_kernel_table().lamb_apply(w, m, v, out, n, s, ratio);
     }
     double sum_of_squares_f32(const float* x, int64_t n) const override {
-      check({{x, 4}}, n, "sum_of_squares_f32");
+      check({{x, 4, false}}, n, "sum_of_squares_f32");
       return cpu_kernel_table().sum_of_squares_f32(x, n);
     }
     double sum_of_squares_bf16(const uint16_t* x, int64_t n) const override {
-      check({{x, 2}}, n, "sum_of_squares_bf16");
+      check({{x, 2, false}}, n, "sum_of_squares_bf16");
       return cpu_kernel_table().sum_of_squares_bf16(x, n);
     }
     void adam_step_fp16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
                         const kernels::AdamStep& s) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {out, 2}, {g, 2}}, n, "adam_step_fp16");
+      check({{w, 4, true}, {m, 4, true}, {v, 4, true}, {out, 2, true}, {g, 2, false}}, n, "adam_step_fp16");
       cpu_kernel_table().adam_step_fp16(w, m, v, out, g, n, s);
     }
     void sgd_step_fp16(float* w, float* buf, uint16_t* out, const uint16_t* g, int64_t n, const kernels::SgdStep& s) const override {
-      check({{w, 4}, {buf, 4}, {out, 2}, {g, 2}}, n, "sgd_step_fp16");
+      check({{w, 4, true}, {buf, 4, true}, {out, 2, true}, {g, 2, false}}, n, "sgd_step_fp16");
       cpu_kernel_table().sgd_step_fp16(w, buf, out, g, n, s);
     }
     void lamb_moments_fp16(const float* w, float* m, float* v, const uint16_t* g, int64_t n, const kernels::LambStep& s, double* w_sq,
                            double* u_sq) const override {
-      check({{w, 4}, {m, 4}, {v, 4}, {g, 2}}, n, "lamb_moments_fp16");
+      check({{w, 4, false}, {m, 4, true}, {v, 4, true}, {g, 2, false}}, n, "lamb_moments_fp16");
       cpu_kernel_table().lamb_moments_fp16(w, m, v, g, n, s, w_sq, u_sq);
     }
     double sum_of_squares_fp16(const uint16_t* x, int64_t n) const override {
-      check({{x, 2}}, n, "sum_of_squares_fp16");
+      check({{x, 2, false}}, n, "sum_of_squares_fp16");
       return cpu_kernel_table().sum_of_squares_fp16(x, n);
     }
     mutable int64_t calls = 0;
 
    private:
-    void check(std::initializer_list<std::pair<const void*, int>> buffers, int64_t n, const char* kernel) const {
+    struct Buffer {
+      const void* p;
+      int width;
+      bool written;  // (what a kernel only reads, a copy may read beside it)
+    };
+    void check(std::initializer_list<Buffer> buffers, int64_t n, const char* kernel) const {
       ++calls;
-      for (const auto& [p, width] : buffers) d_.check_at(p, n * width, place_, kernel);
+      for (const auto& [p, width, written] : buffers) {
+        d_.check_at(p, n * width, place_, kernel);
+        if (place_ == Place::host && written && d_.copy_.still_read(p, n * width))
+          throw std::logic_error(std::string(kernel) + " is handed host memory a copy to the device may still be reading: wait "
+                                 "for an event the copy stream recorded after it first");
+      }
     }
     const SeparateMemoryDevice& d_;
     Place place_;
@@ -154,7 +211,8 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   CheckingTable device_table_, host_table_;
-  ImmediateStream compute_, copy_;
+  ImmediateStream compute_;
+  TrackedCopyStream copy_;
 };
 
 const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,

@@ -99,10 +99,16 @@ double OptimizerStep::bytes_moved() const {
 
 void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how) {
   if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
-  if (param_swap_)
+  if (param_swap_) {
     store_params(c.master, c.at, c.begin);
-  else
-    weights_home(c.master, c.at, c.begin, how);
+    return;
+  }
+  weights_home(c.master, c.at, c.begin, how);
+  // An NVMe sub-group's buffers are read into again for a later sub-group: a copy still reading this one's master
+  // to the device (fp32 weights: an asynchronous one) ends first. (The test device's copy stream refuses a host
+  // kernel that writes memory a pending copy reads.)
+  if (how == WeightsBack::copied && states_.spans()[c.span].place == Place::nvme && c.at != flat_.params_place)
+    device_.copy_stream().synchronize();
 }
 
 torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
