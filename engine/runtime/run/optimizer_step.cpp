@@ -105,8 +105,9 @@ void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how) {
   }
   weights_home(c.master, c.at, c.begin, how);
   // An NVMe sub-group's buffers are read into again for a later sub-group: a copy still reading this one's master
-  // to the device (fp32 weights: an asynchronous one) ends first. (The test device's copy stream refuses a host
-  // kernel that writes memory a pending copy reads.)
+  // to the device ends first. (Today those buffers are pageable, which CUDA stages before cudaMemcpyAsync returns,
+  // so this wait is free; page-locked, the copy would still be reading. The test device's copy stream refuses a
+  // host kernel that writes memory a pending copy reads, and found this path.)
   if (how == WeightsBack::copied && states_.spans()[c.span].place == Place::nvme && c.at != flat_.params_place)
     device_.copy_stream().synchronize();
 }

@@ -240,7 +240,7 @@ void ZeroExchange::finish_reduce() {
       flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
       uint8_t& summed = summed_[static_cast<size_t>(k)];
       if (summed) into.add_(arrived);
-      else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly), without zeroing the sum first
+      else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly; a -0 stays -0), without zeroing the sum first
       summed = 1;
     }
   }
