@@ -64,6 +64,7 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
       for (const BlockSpan& b : r.block_spans[i])
         step["block_spans"].push_back({{"layer", b.layer}, {"backward", b.backward}, {"start_s", b.start_s}, {"seconds", b.seconds}});
     if (i < r.phase_rss_bytes.size()) step["phase_rss_bytes"] = r.phase_rss_bytes[i];
+    if (i < r.phase_device_bytes.size()) step["phase_device_bytes"] = r.phase_device_bytes[i];
     if (i < r.model_flops.size()) step["model_flops"] = r.model_flops[i];
     step["collective_spans"] = json::array();
     if (i < r.collective_spans.size())
@@ -78,7 +79,8 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
   const int first_block = plan.mesh.stages.empty() ? 0 : plan.mesh.stages[static_cast<size_t>(stage)].first_block;
   return {{"rank", plan.topology.rank}, {"stage", stage}, {"first_block", first_block}, {"steps", steps}, {"collectives", collectives},
           {"gemm_peak_flops", r.gemm_peak_flops}, {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes},
-          {"paged_file_bytes", r.paged_file_bytes}};
+          {"paged_file_bytes", r.paged_file_bytes}, {"device_peak_bytes", r.device_peak_bytes},
+          {"device_baseline_bytes", r.device_baseline_bytes}};
 }
 
 namespace {
@@ -341,12 +343,27 @@ void add_offload(const Measured& ms, json& r) {
                   {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
 }
 
+// The most, over the measured steps, of a per-phase array each step holds under `key`; empty where none was sampled.
+json most_by_phase(const json& steps, int warmup, int end, const char* key, const char* as) {
+  const json& first_measured = steps[static_cast<size_t>(warmup)];
+  if (!first_measured.contains(key) || first_measured[key][1].get<double>() <= 0) return json();
+  json by_phase = json::array();
+  for (size_t k = 0; k < std::size(kPhaseNames); ++k) {
+    double most = 0;
+    for (int i = warmup; i < end; ++i) most = std::max(most, steps[static_cast<size_t>(i)][key][k].get<double>());
+    by_phase.push_back({{"phase", kPhaseNames[k]}, {as, most}});
+  }
+  return by_phase;
+}
+
 void add_memory(const Measured& ms, json& r) {
   const Plan& plan = ms.plan;
   const json& lead = ms.lead;
   const json& steps = lead["steps"];
   const int warmup = ms.warmup, end = ms.end;
-  const MemoryCategories planned = plan.memory.held();
+  // On a GPU the process's resident memory is the host's part of the plan; the device's is measured apart.
+  const bool gpu = !plan.topology.device_traits().memory_is_host;
+  const MemoryCategories planned = gpu ? plan.memory.host : plan.memory.held();
   // Training's part of the peak: neither the code and libraries there before it began nor the file-backed
   // pages (code first run, mapped data) that came in since.
   const double outside = lead["baseline_rss_bytes"].get<double>() + lead["paged_file_bytes"].get<double>();
@@ -355,20 +372,22 @@ void add_memory(const Measured& ms, json& r) {
                  {"plan", {{"params", planned.params}, {"grads", planned.grads}, {"optimizer_states", planned.optimizer_states},
                            {"activations", planned.activations}, {"buffers", planned.buffers}, {"total", planned.total()}}}};
   // The peak resident memory within each phase, the most over the measured steps.
-  const json& first_measured = steps[static_cast<size_t>(warmup)];
-  if (first_measured.contains("phase_rss_bytes") && first_measured["phase_rss_bytes"][1].get<double>() > 0) {
-    json by_phase = json::array();
-    for (size_t k = 0; k < std::size(kPhaseNames); ++k) {
-      double most = 0;
-      for (int i = warmup; i < end; ++i) most = std::max(most, steps[static_cast<size_t>(i)]["phase_rss_bytes"][k].get<double>());
-      by_phase.push_back({{"phase", kPhaseNames[k]}, {"resident_bytes", most}});
-    }
+  const json by_phase = most_by_phase(steps, warmup, end, "phase_rss_bytes", "resident_bytes");
+  if (!by_phase.is_null()) {
     r["memory"]["by_phase"] = by_phase;
     // getrusage's high-water mark is updated lazily; a phase's reading may be above it.
     double peak = r["memory"]["peak_rss_bytes"].get<double>();
     for (const json& p : by_phase) peak = std::max(peak, p["resident_bytes"].get<double>());
     r["memory"]["peak_rss_bytes"] = peak;
     r["memory"]["training_bytes"] = peak - outside;
+  }
+  if (gpu && lead.contains("device_peak_bytes")) {
+    // cudaMemGetInfo: what anything holds on the GPU (LibTorch's cache included, which keeps a step's peak).
+    const double peak = lead["device_peak_bytes"].get<double>(), before = lead["device_baseline_bytes"].get<double>();
+    r["memory"]["device"] = {{"peak_bytes", peak}, {"baseline_bytes", before}, {"training_bytes", peak - before},
+                             {"plan_bytes", plan.memory.device.total()}};
+    const json in_use = most_by_phase(steps, warmup, end, "phase_device_bytes", "in_use_bytes");
+    if (!in_use.is_null()) r["memory"]["device"]["by_phase"] = in_use;
   }
 }
 
@@ -549,18 +568,28 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
   line("peak resident", format_bytes(m["peak_rss_bytes"].get<double>()));
   line("code and libraries", format_bytes(m["baseline_rss_bytes"].get<double>()) + " before training, " +
                                  format_bytes(m["paged_file_bytes"].get<double>()) + " of code and files paged in since");
-  line("training", format_bytes(m["training_bytes"].get<double>()) + " against the plan's " +
+  const bool gpu = m.contains("device");  // then the resident memory is the plan's host part
+  line(gpu ? "training (host)" : "training", format_bytes(m["training_bytes"].get<double>()) + " against the plan's " + (gpu ? "host " : "") +
                        format_bytes(m["plan"]["total"].get<double>()) + " (params " + format_bytes(m["plan"]["params"].get<double>()) +
                        ", gradients " + format_bytes(m["plan"]["grads"].get<double>()) + ", optimizer states " +
                        format_bytes(m["plan"]["optimizer_states"].get<double>()) + ", activations " +
                        format_bytes(m["plan"]["activations"].get<double>()) + ", buffers " +
                        format_bytes(m["plan"]["buffers"].get<double>()) + ")");
-  if (m.contains("by_phase")) {
+  // "phase bytes, ..." for the phases that have a figure under `key`.
+  const auto phase_row = [](const json& by_phase, const char* key) {
     std::string row;
-    for (const json& p : m["by_phase"])
-      if (p["resident_bytes"].get<double>() > 0)
-        row += (row.empty() ? "" : ", ") + p["phase"].get<std::string>() + " " + format_bytes(p["resident_bytes"].get<double>());
-    line("peak within each phase", row);
+    for (const json& p : by_phase)
+      if (p[key].get<double>() > 0) row += (row.empty() ? "" : ", ") + p["phase"].get<std::string>() + " " + format_bytes(p[key].get<double>());
+    return row;
+  };
+  if (m.contains("by_phase")) line("peak within each phase", phase_row(m["by_phase"], "resident_bytes"));
+  if (m.contains("device")) {
+    const json& d = m["device"];
+    const double trained = d["training_bytes"].get<double>(), planned = d["plan_bytes"].get<double>();
+    line("GPU in use", format_bytes(d["peak_bytes"].get<double>()) + " at most after a step: " + format_bytes(d["baseline_bytes"].get<double>()) +
+                           " before training (CUDA context, other processes) + " + format_bytes(trained) + " for training, against the plan's " +
+                           format_bytes(planned) + " on the device" + (planned > 0 ? " (" + format_fixed(trained / planned, 2) + "x)" : std::string()));
+    if (d.contains("by_phase")) line("GPU at each phase's end", phase_row(d["by_phase"], "in_use_bytes"));
   }
   if (r.contains("pipeline")) {
     const json& pl = r["pipeline"];

@@ -4,7 +4,8 @@
 # machine), configures ds against that LibTorch in build-device/ (kept between calls on a warm machine) and
 # runs the stages asked for, in order:
 #   build    ds first, then the GPU test binaries (ninja -k 0: one failing target stops nothing else)
-#   bench    the quickstart on the GPU; ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
+#   bench    the quickstart on the GPU; ds profile of GPT-2 124M there (phases and blocks on the GPU's clock, MFU,
+#            the GPU's memory beside the plan's); ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
 #            checkpoint; DS_BENCH_COMPILE=1 adds torch.compile); GPT-2 1.5B and TinyLlama's shape
 #            (bench/bench_cuda_shapes.sh); offload from the GPU against the plan's time model
 #            (bench/bench_offload_model.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -108,6 +109,10 @@ if [ "$dry" = 1 ]; then
     "$probe/ds" plan examples/gpu-gpt2.json model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=4 data.seq_len=512 \
       'model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}' \
       >/dev/null 2>&1 || { say "== ds plan of the LoRA profile's run failed"; status=3; }
+    # The bench stage's ds profile: its arguments parse and its plan is runnable but for this build's missing CUDA.
+    "$probe/ds" plan examples/gpu-gpt2.json --device cuda >/dev/null 2>&1 || { say "== ds plan of the GPU profile's run failed"; status=3; }
+    "$probe/ds" profile examples/gpu-gpt2.json --device cpu --warmup 1 --steps 1 --module-depth 2 train.steps=2 data.seq_len=64 \
+      train_micro_batch_size_per_gpu=2 bf16.enabled=false >/dev/null 2>&1 || { say "== ds profile of examples/gpu-gpt2.json failed on the CPU"; status=3; }
     # The benchmark's and the profile's readers, on a short CPU run's metrics and a two-kernel profile.
     scratch=$(mktemp -d)
     "$probe/ds" train examples/quickstart.json train.steps=4 "train.output_dir=$scratch/run" >/dev/null 2>&1 &&
@@ -166,6 +171,8 @@ stage_bench() {
   [ -x "$build/ds" ] || return 0
   step bench 30 90 quickstart-gpu "$build/ds" train examples/quickstart.json train.steps=100 "train.output_dir=/tmp/ds-qs-run"
   rm -rf /tmp/ds-qs-run
+  # Where a GPT-2 124M bf16 step at 16 x 1024 goes, by phase and block (each block's attention and MLP apart).
+  step bench 30 90 ds-profile-gpt2 "$build/ds" profile examples/gpu-gpt2.json --device cuda --warmup 2 --steps 3 --module-depth 2
   step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
   step bench 60 150 bench-cuda-shapes bench/bench_cuda_shapes.sh "$build/ds" "${DS_BENCH_SHAPE_STEPS:-12}"
   # ZeRO-Offload from the GPU: measured host step and PCIe copies against the plan's time model, and the slowdown.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,6 +36,7 @@ namespace {
 class TrackedCopyStream final : public Stream {
  public:
   std::shared_ptr<Event> record() override { return std::make_shared<Recorded>(this, queued_); }
+  std::shared_ptr<Event> record_timed() override { return record(); }  // (never timed: the step's clock is the compute stream's)
   void wait_for(const Event&) override {}  // orders the device's work, not the host's
   void synchronize() override { ended(queued_); }
   void reading(const void* p, int64_t bytes) {
@@ -71,6 +73,34 @@ class TrackedCopyStream final : public Stream {
   std::vector<Pending> pending_;
 };
 
+// The test device's compute stream: immediate, as the CPU's, but its timed events read a clock of the device's
+// own, which moves one second at each timed event and not otherwise: a time taken on the host's clock instead
+// is a fraction of a second, and a time between two events is the count of timed events between them.
+class TickingStream final : public Stream {
+ public:
+  std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1); }
+  std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks); }
+  void wait_for(const Event&) override {}
+  void synchronize() override {}
+  int64_t ticks = 0;
+
+ private:
+  class Tick final : public Event {
+   public:
+    explicit Tick(int64_t at) : at_(at) {}
+    bool done() const override { return true; }
+    void wait() override {}
+    double seconds_since(const Event& earlier) const override {
+      const int64_t from = dynamic_cast<const Tick&>(earlier).at_;
+      if (at_ < 0 || from < 0) throw std::logic_error("an untimed event timed");
+      return static_cast<double>(at_ - from);
+    }
+
+   private:
+    int64_t at_;
+  };
+};
+
 // A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
 // the runtime must copy (counted) where the CPU device lets a host kernel write in place.
 class SeparateMemoryDevice final : public Device {
@@ -82,15 +112,16 @@ class SeparateMemoryDevice final : public Device {
   torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) override {
     if (pinned) pinned_bytes += static_cast<double>(elements * dtype_bytes(dtype));
     torch::Tensor t = torch::zeros({elements}, to_torch(dtype));
-    if (place == Place::device) {
-      const auto* p = static_cast<const char*>(t.data_ptr());
-      device_ranges_[p] = p + t.nbytes();
-    }
-    return t;
+    if (place != Place::device) return t;
+    const auto* p = static_cast<const char*>(t.data_ptr());
+    device_ranges_[p] = p + t.nbytes();
+    // Freed, its range is no longer the device's (the host may be handed those addresses next).
+    return torch::from_blob(t.data_ptr(), {elements}, [this, t, p](void*) { device_ranges_.erase(p); }, t.options());
   }
   const KernelTable& kernels(Place place) const override { return place == Place::device ? device_table_ : host_table_; }
   Stream& compute_stream() override { return compute_; }
   Stream& copy_stream() override { return copy_; }
+  int64_t clock_ticks() const { return compute_.ticks; }
 
   // Whether [p, p + bytes) lies inside one device allocation; whether it touches any.
   bool inside_device(const void* p, int64_t bytes) const {
@@ -211,7 +242,7 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   CheckingTable device_table_, host_table_;
-  ImmediateStream compute_;
+  TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
   TrackedCopyStream copy_;
 };
 
@@ -488,4 +519,51 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
     EXPECT_GE(ledger_bytes(resumed[0].transfers, Place::host, Place::device), device_states);
     fs::remove_all(root);
   }
+}
+
+// ds profile on a device whose work runs apart from the host (a GPU): the step's phases and blocks are timed on the
+// device's clock, read once the step ran. The test device's clock moves one second at each timed event, so every phase
+// and block time is a whole number of seconds (the host's clock gives fractions), each micro step's data is one lap,
+// and the phases tile the step: their sum is every tick after the step's clock started (each step's start is marked by
+// the trainer, then by the step's clock; nothing else is timed).
+TEST(DeviceSeam, AProfileTimesTheStepOnTheDevicesClock) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_clock_" + std::to_string(::getpid()));
+  const int64_t steps = 3, accumulation = 2;
+  const Plan plan = plan_for(1, 0, {"gradient_accumulation_steps=" + std::to_string(accumulation), "train.steps=" + std::to_string(steps),
+                                    "train.output_dir=" + (root / "run").string()},
+                             false, true);
+  TrainOptions opt;
+  opt.print_every = 1000;
+  opt.profile = true;
+  SeparateMemoryDevice device;
+  const TrainResult r = train(plan, opt, nullptr, &device);
+  fs::remove_all(root);
+  ASSERT_EQ(r.phases.size(), static_cast<size_t>(steps));
+  const auto whole = [](double s) { return s == std::round(s); };
+  double phases = 0;
+  for (size_t i = 0; i < r.phases.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    const StepPhases& p = r.phases[i];
+    for (const double s : {p.data, p.forward, p.backward, p.reduce, p.norm, p.offload, p.optimizer, p.gather}) EXPECT_TRUE(whole(s)) << s;
+    EXPECT_EQ(p.data, accumulation);
+    EXPECT_GT(p.forward, accumulation);  // (its blocks' events fall inside it)
+    EXPECT_GT(p.backward, accumulation);
+    EXPECT_GE(p.optimizer, 1);
+    phases += p.data + p.forward + p.backward + p.reduce + p.norm + p.offload + p.optimizer + p.gather;
+    const std::vector<double>& forward = r.block_forward_s[i];
+    ASSERT_EQ(forward.size(), static_cast<size_t>(plan.model.hp.num_layers));
+    for (size_t b = 0; b < forward.size(); ++b) {
+      EXPECT_TRUE(whole(forward[b]) && whole(r.block_backward_s[i][b])) << "block " << b;
+      EXPECT_EQ(forward[b], forward[0]) << "block " << b;  // each block marks the same points
+      EXPECT_GT(r.block_backward_s[i][b], 0) << "block " << b;
+      EXPECT_LT(r.attention_forward_s[i][b], forward[b]) << "block " << b;
+    }
+    double last = -1;
+    for (const BlockSpan& s : r.block_spans[i]) {
+      EXPECT_TRUE(whole(s.start_s)) << s.start_s;
+      EXPECT_GT(s.start_s, last);  // in the order they ran, none at the step's start
+      last = s.start_s;
+    }
+  }
+  EXPECT_EQ(phases, static_cast<double>(device.clock_ticks() - 2 * steps));
 }

@@ -202,22 +202,29 @@ TEST(Training, RefusesWhatThisBuildCannotTrainBeforeAnyWork) {
   EXPECT_TRUE(not_yet_runnable(compile_plan(ok, build_model_spec(resolve_model_hyper(ok.model)), one_cpu())).empty());
 }
 
-// A plan only the GPU path refuses (the flops_profiler block there; on a CPU-only build, CUDA itself) names --device cpu, which
+// A plan only the GPU path refuses (fp16 on several GPU ranks; on a CPU-only build, CUDA itself) names --device cpu, which
 // trains it; one the CPU cannot train either (an untied GPT-2 head) keeps pointing at the roadmap.
 TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
   Topology gpu = one_cpu();
   gpu.device = DeviceKind::cuda;
   gpu.device_memory_bytes = 16.0 * (1 << 30);
-  const auto hint_for = [&](const std::vector<std::string>& overrides) {
+  const auto hint_for = [&](const std::vector<std::string>& overrides, int world = 1) {
     Config c = load_config_text(kTiny, "tiny.json", overrides);
+    Topology at = gpu;
+    at.world_size = world;
     try {
-      train(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu), {});
+      const Plan p = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), at);
+      if (world > 1)
+        refuse_not_runnable(p, not_yet_runnable(p));  // what train() says first on every rank (here no ranks meet)
+      else
+        train(p, {});
     } catch (const UserError& e) {
       return e.hint();
     }
     return std::string("(trained)");
   };
-  EXPECT_NE(hint_for({"flops_profiler.enabled=true"}).find("--device cpu trains this plan"), std::string::npos);
+  const std::string fp16 = hint_for({"fp16.enabled=true"}, 2);
+  EXPECT_NE(fp16.find("--device cpu trains this plan"), std::string::npos) << fp16;
   const std::string untied = hint_for({"model.tie_word_embeddings=false"});
   EXPECT_EQ(untied.find("--device cpu"), std::string::npos) << untied;
   EXPECT_NE(untied.find("roadmap"), std::string::npos) << untied;
@@ -229,6 +236,17 @@ TEST(Training, APlanOnlyTheGpuRefusesNamesDeviceCpu) {
   gpu.build->cuda_kernels = "CUDA 13.0, sm_90";
   Config c = load_config_text(kTiny, "tiny.json");
   EXPECT_TRUE(not_yet_runnable(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu)).empty());
+  // ds profile times one GPU's step on its clock; several GPU ranks' collectives are not yet timed there: refused.
+  EXPECT_TRUE(not_yet_runnable(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), gpu), /*profiling=*/true).empty());
+  const auto profiled_on_two = [&](bool profiling) {
+    Topology two = gpu;
+    two.world_size = 2;
+    for (const std::string& w : not_yet_runnable(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), two), profiling))
+      if (w.find("ds profile and the flops_profiler block on several GPU ranks") != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(profiled_on_two(true));
+  EXPECT_FALSE(profiled_on_two(false));
 }
 
 TEST(Training, SgdWithMomentumAndLambLearnToo) {

@@ -10,10 +10,11 @@ namespace {
 // What keeps ds from measuring a step of this plan phase by phase (ds profile, the flops_profiler block).
 std::vector<std::string> profiling_refusals(const Plan& plan) {
   std::vector<std::string> why;
-  // A GPU's work is asynchronous: phase and block times taken on the host clock would be the launches'.
-  if (!plan.topology.device_traits().memory_is_host)
-    why.push_back("ds profile and the flops_profiler block on a GPU (their phase times need CUDA events): ds train prints "
-                  "each step's tokens/s and TFLOP/s there");
+  // A GPU's phases and blocks are timed on its clock (CUDA events); the collectives' spans still on the host's, from issue
+  // to the moment the compute stream was told to wait for them: over NCCL, the launches'.
+  if (!plan.topology.device_traits().memory_is_host && plan.topology.world_size > 1)
+    why.push_back("ds profile and the flops_profiler block on several GPU ranks (the collectives' times are not yet taken on the GPU's "
+                  "clock): profile one GPU (--nproc-per-node 1), or several CPU ranks");
   if (plan.activation_checkpointing && plan.recompute_group > 1)
     why.push_back("ds profile and the flops_profiler with pipeline.activation_checkpoint_interval " + std::to_string(plan.recompute_group) +
                   " (a group of blocks recomputed together has one backward, not one per block): an interval of 1 profiles each block");

@@ -31,6 +31,10 @@ class Event {
   virtual ~Event() = default;
   virtual bool done() const = 0;
   virtual void wait() = 0;
+  // Seconds from `earlier` to this point, both recorded by the same stream's record_timed() and both done:
+  // when the stream reached each (a GPU's clock; the CPU's streams, the host's at the call). A GPU's work runs
+  // after the host queues it, so phases timed by the host's clock would be the launches'.
+  virtual double seconds_since(const Event& earlier) const;
 };
 
 // Work on a device, in order: record() marks what has been queued so far; wait_for(e) makes what is
@@ -39,6 +43,8 @@ class Stream {
  public:
   virtual ~Stream() = default;
   virtual std::shared_ptr<Event> record() = 0;
+  // record(), with the moment kept for Event::seconds_since (a GPU's timed events cost a little more).
+  virtual std::shared_ptr<Event> record_timed() = 0;
   virtual void wait_for(const Event& e) = 0;
   virtual void synchronize() = 0;
 };
@@ -91,10 +97,12 @@ class Device {
   TransferLedger transfers_;
 };
 
-// The CPU's stream: every operation has finished when its call returns.
+// The CPU's stream: every operation has finished when its call returns; its events are timed by the host's
+// clock when recorded.
 class ImmediateStream final : public Stream {
  public:
   std::shared_ptr<Event> record() override;
+  std::shared_ptr<Event> record_timed() override { return record(); }
   void wait_for(const Event&) override {}
   void synchronize() override {}
 };

@@ -27,17 +27,26 @@ using ds::cuda::check;
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(cudaStream_t s) {
-    check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate");
+  // `timed`: the GPU's clock is read as the stream reaches it (seconds_since); otherwise ordering only, cheaper.
+  CudaEvent(cudaStream_t s, bool timed) : timed_(timed) {
+    check(cudaEventCreateWithFlags(&e_, timed ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventRecord(e_, s), "cudaEventRecord");
   }
   ~CudaEvent() override { cudaEventDestroy(e_); }
   bool done() const override { return cudaEventQuery(e_) == cudaSuccess; }
   void wait() override { check(cudaEventSynchronize(e_), "cudaEventSynchronize"); }
+  double seconds_since(const Event& earlier) const override {
+    const auto* e = dynamic_cast<const CudaEvent*>(&earlier);
+    if (!e || !timed_ || !e->timed_) return Event::seconds_since(earlier);  // (says why)
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e->e_, e_), "cudaEventElapsedTime");
+    return static_cast<double>(ms) / 1e3;
+  }
   cudaEvent_t handle() const { return e_; }
 
  private:
   cudaEvent_t e_ = nullptr;
+  bool timed_ = false;
 };
 
 class CudaStream final : public Stream {
@@ -50,7 +59,8 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     if (owned_) cudaStreamDestroy(s_);
   }
-  std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(s_); }
+  std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(s_, false); }
+  std::shared_ptr<Event> record_timed() override { return std::make_shared<CudaEvent>(s_, true); }
   void wait_for(const Event& e) override {
     if (const auto* c = dynamic_cast<const CudaEvent*>(&e)) check(cudaStreamWaitEvent(s_, c->handle(), 0), "cudaStreamWaitEvent");
     // Any other event (the CPU's) is complete when it exists.

@@ -1,5 +1,6 @@
 #include "engine/runtime/device/gemm_peak.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <tuple>
@@ -9,7 +10,7 @@
 
 namespace ds {
 
-GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s) {
+GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, Device& device, double budget_s) {
   // Each distinct (k, n) with the FLOPs one step spends in it.
   std::map<std::pair<int64_t, int64_t>, double> shapes;
   for (const TensorSpec& t : model.tensors) {
@@ -20,24 +21,32 @@ GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, 
   GemmPeak peak;
   if (shapes.empty()) return peak;
   torch::NoGradGuard ng;
-  const auto opts = torch::TensorOptions().dtype(to_torch(dtype));
+  Stream& stream = device.compute_stream();
+  const auto operand = [&](int64_t rows, int64_t cols) { return device.allocate(Place::device, dtype, rows * cols, false).view({rows, cols}); };
   const double per_shape = budget_s / static_cast<double>(shapes.size());
   double weighted_flops = 0, weighted_seconds = 0;
   const auto start = std::chrono::steady_clock::now();
   for (const auto& [kn, step_flops] : shapes) {
     const auto [k, n] = kn;
-    const torch::Tensor a = torch::randn({tokens, k}, opts), b = torch::randn({k, n}, opts);
-    const torch::Tensor c = matmul_new(a, b);  // warm: first-call allocation and kernel selection; ds's own path
+    const torch::Tensor a = operand(tokens, k), b = operand(k, n), c = operand(tokens, n);
+    a.normal_(), b.normal_();      // (a GPU's products of zeros run faster than of real values)
+    matmul_into(c, a, b, false);  // warm: first-call kernel selection; ds's own path
     const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(k) * static_cast<double>(n);
-    int reps = 0;
+    // Rounds of products, each timed to its end: one, then as many as the time left allows at the rate so far
+    // (a GPU runs what is queued after the call returns, so the clock is read after the stream is waited for).
+    stream.synchronize();
+    int64_t reps = 0, round = 1;
     const auto t0 = std::chrono::steady_clock::now();
     double elapsed = 0;
     while (reps < 2 || elapsed < per_shape) {
-      matmul_into(c, a, b, false);
-      ++reps;
+      for (int64_t i = 0; i < round; ++i) matmul_into(c, a, b, false);
+      reps += round;
+      stream.synchronize();
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double each = elapsed / static_cast<double>(reps);
+      round = std::clamp<int64_t>(static_cast<int64_t>((per_shape - elapsed) / std::max(each, 1e-9)), 1, std::max<int64_t>(reps, 1));
     }
-    const double rate = flops * reps / elapsed;
+    const double rate = flops * static_cast<double>(reps) / elapsed;
     weighted_flops += step_flops;
     weighted_seconds += step_flops / rate;
     ++peak.shapes;

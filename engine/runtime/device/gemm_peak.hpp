@@ -6,6 +6,7 @@
 
 #include "engine/plan/model_spec.hpp"
 #include "engine/plan/plan.hpp"
+#include "engine/runtime/device/device.hpp"
 
 namespace ds {
 
@@ -16,8 +17,11 @@ struct GemmPeak {
 };
 
 // Times `tokens` x k x n products in `dtype` for every linear layer's (k, n) and the output head's,
-// about `budget_s` in all, on the threads already set. The attention core's batched T x T products
-// are not included (they are small and run as many GEMMs).
-GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, double budget_s = 1.0);
+// about `budget_s` in all, in `device`'s memory (the CPU's threads already set, or a GPU), its compute stream
+// waited for before each reading of the clock (a GPU's queued work counts once it ran). The operands are the
+// device's own allocations, freed when done: none stays in LibTorch's cache to swell the GPU memory the profile
+// measures after a step. The attention core's batched T x T products are not included (they are small and
+// run as many GEMMs).
+GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, Device& device, double budget_s = 1.0);
 
 }  // namespace ds

@@ -352,54 +352,46 @@ torch::Tensor LanguageModel::stage_forward(const torch::Tensor& inputs, const to
   return stage_.head ? head(out, targets) : out;
 }
 
-namespace {
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-}  // namespace
-
 void BlockTimer::before_forward(int64_t layer) {
-  started_ = std::chrono::steady_clock::now();
+  started_ = clock_.record_timed();
   if (inner_) inner_->before_forward(layer);  // stage 3's gather counts as the block's time
 }
-void BlockTimer::record(int64_t layer, bool backward) {
-  const auto now = std::chrono::steady_clock::now();
-  const double s = seconds_between(started_, now);
-  (backward ? backward_ : forward_)[static_cast<size_t>(layer)] += s;
-  spans_.push_back({BlockSpan{static_cast<int>(layer), backward, 0, s}, started_});
-}
+void BlockTimer::record(int64_t layer, Part part) { timed_.push_back({part, layer, started_, clock_.record_timed()}); }
 void BlockTimer::after_forward(int64_t layer) {
-  record(layer, false);
+  record(layer, Part::forward);
   if (inner_) inner_->after_forward(layer);
 }
 void BlockTimer::attention_done(int64_t layer) {
   if (in_backward_ == layer) return;  // recomputation inside the block's backward
-  attention_forward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
+  record(layer, Part::attention_forward);
 }
-void BlockTimer::mlp_backward_done(int64_t layer) {
-  mlp_backward_[static_cast<size_t>(layer)] += seconds_between(started_, std::chrono::steady_clock::now());
-}
+void BlockTimer::mlp_backward_done(int64_t layer) { record(layer, Part::mlp_backward); }
 void BlockTimer::before_backward(int64_t layer) {
   in_backward_ = layer;
-  started_ = std::chrono::steady_clock::now();
+  started_ = clock_.record_timed();
   if (inner_) inner_->before_backward(layer);
 }
 void BlockTimer::after_backward(int64_t layer) {
   if (inner_) inner_->after_backward(layer);  // the block's gradient reduction counts as its backward
-  record(layer, true);
+  record(layer, Part::backward);
   in_backward_ = -1;
 }
-BlockTimer::Taken BlockTimer::take(std::chrono::steady_clock::time_point step_start) {
-  Taken t{forward_, backward_, attention_forward_, mlp_backward_, {}};
-  for (auto [span, began] : spans_) {
-    span.start_s = seconds_between(step_start, began);
-    t.spans.push_back(span);
+BlockTimer::Taken BlockTimer::take(const Event& step_start) {
+  clock_.synchronize();
+  Taken t{std::vector<double>(blocks_), std::vector<double>(blocks_), std::vector<double>(blocks_), std::vector<double>(blocks_), {}};
+  for (const Timed& x : timed_) {
+    const double s = x.end->seconds_since(*x.begin);
+    const auto at = static_cast<size_t>(x.layer);
+    switch (x.part) {
+      case Part::forward: t.forward[at] += s; break;
+      case Part::backward: t.backward[at] += s; break;
+      case Part::attention_forward: t.attention_forward[at] += s; break;
+      case Part::mlp_backward: t.mlp_backward[at] += s; break;
+    }
+    if (x.part == Part::forward || x.part == Part::backward)
+      t.spans.push_back(BlockSpan{static_cast<int>(x.layer), x.part == Part::backward, x.begin->seconds_since(step_start), s});
   }
-  spans_.clear();
-  std::fill(forward_.begin(), forward_.end(), 0.0);
-  std::fill(backward_.begin(), backward_.end(), 0.0);
-  std::fill(attention_forward_.begin(), attention_forward_.end(), 0.0);
-  std::fill(mlp_backward_.begin(), mlp_backward_.end(), 0.0);
+  timed_.clear();
   return t;
 }
 

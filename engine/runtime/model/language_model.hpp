@@ -39,16 +39,12 @@ class BlockParts {
   virtual void mlp_backward_done(int64_t layer) = 0;
 };
 
-// ds profile: the wall time of each block's forward and backward (recomputation included), around
-// another set of hooks (ZeRO's, or none). The blocks then run as units of their own, as under ZeRO 2-3.
+// ds profile: the time of each block's forward and backward (recomputation included), around another set of
+// hooks (ZeRO's, or none), on the compute stream's clock (a GPU's, when it ran the block's work). The blocks then
+// run as units of their own, as under ZeRO 2-3.
 class BlockTimer : public BlockHooks, public BlockParts {
  public:
-  BlockTimer(BlockHooks* inner, int64_t blocks)
-      : inner_(inner),
-        forward_(static_cast<size_t>(blocks)),
-        backward_(static_cast<size_t>(blocks)),
-        attention_forward_(static_cast<size_t>(blocks)),
-        mlp_backward_(static_cast<size_t>(blocks)) {}
+  BlockTimer(BlockHooks* inner, int64_t blocks, Stream& clock) : inner_(inner), blocks_(static_cast<size_t>(blocks)), clock_(clock) {}
   void before_forward(int64_t layer) override;
   void after_forward(int64_t layer) override;
   void before_backward(int64_t layer) override;
@@ -56,21 +52,30 @@ class BlockTimer : public BlockHooks, public BlockParts {
   void attention_done(int64_t layer) override;
   void mlp_backward_done(int64_t layer) override;
   // Seconds per block since the last call (summed over micro batches), and every block run with its
-  // start after `step_start`; then cleared.
+  // start after `step_start` (an event the clock stream recorded, timed); then cleared. Waits for the stream.
   struct Taken {
     std::vector<double> forward, backward;
     std::vector<double> attention_forward, mlp_backward;  // the parts of the two above
     std::vector<BlockSpan> spans;
   };
-  Taken take(std::chrono::steady_clock::time_point step_start);
+  Taken take(const Event& step_start);
+  // Forgets what was timed since the last take() (a forward outside the steps: validation).
+  void discard() { timed_.clear(); }
 
  private:
-  void record(int64_t layer, bool backward);
+  enum class Part { forward, backward, attention_forward, mlp_backward };
+  struct Timed {
+    Part part;
+    int64_t layer;
+    std::shared_ptr<Event> begin, end;
+  };
+  void record(int64_t layer, Part part);
   BlockHooks* inner_;
-  std::vector<double> forward_, backward_, attention_forward_, mlp_backward_;
+  size_t blocks_;
+  Stream& clock_;
   int64_t in_backward_ = -1;  // the block whose backward runs (its recomputed forward is not forward time)
-  std::vector<std::pair<BlockSpan, std::chrono::steady_clock::time_point>> spans_;
-  std::chrono::steady_clock::time_point started_;
+  std::shared_ptr<Event> started_;  // the running block's start
+  std::vector<Timed> timed_;
 };
 
 // A projection's weight and bias (undefined for none) and, with LoRA, its adapter: A (r, in), B (out, r),

@@ -20,21 +20,36 @@ constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
 
 }  // namespace
 
-// The step's phases timed back to back (consecutive laps tile the step), the time waited on the parameters'
-// NVMe I/O taken out of the phase it happens in and counted as offload; with sample_memory, the peak
-// resident memory within each phase.
+// The step's phases timed back to back (consecutive laps tile the step) on the compute stream's clock: on a GPU,
+// when the GPU reached each lap's end, not when the host queued it, so each lap is settled once the step's work
+// has run. The time waited on the parameters' NVMe I/O is taken out of the phase it happens in and counted as
+// offload; with sample_memory, the peak resident memory within each phase (and a GPU's memory in use at its end).
 struct OptimizerStep::Clock {
-  Clock(StepOutcome& out, bool sample_memory, std::function<double()> param_wait)
-      : phases(out.phases), rss(out.phase_rss_bytes), sample_memory(sample_memory), param_wait(std::move(param_wait)) {
+  Clock(StepOutcome& out, Device& device, bool sample_memory, std::function<double()> param_wait)
+      : phases(out.phases),
+        rss(out.phase_rss_bytes),
+        device_bytes(out.phase_device_bytes),
+        device(device),
+        sample_memory(sample_memory),
+        param_wait(std::move(param_wait)),
+        at(device.compute_stream().record_timed()) {
     waited = this->param_wait();
     if (sample_memory) restart_peak_resident();
   }
-  // Seconds since the last lap.
-  double lap() {
-    const auto now = std::chrono::steady_clock::now();
-    const double s = std::chrono::duration<double>(now - at).count();
-    at = now;
-    return s;
+  // Adds the time since the last lap to `into` (when settled), less `less` seconds the host measured and counts
+  // in another phase (a wait the lap spans).
+  void lap(double& into, double less = 0) {
+    std::shared_ptr<Event> now = device.compute_stream().record_timed();
+    laps.push_back({&into, at, now, less});
+    at = std::move(now);
+  }
+  // The step's work has run (a GPU's stream waited for): every lap's seconds into its phase.
+  void settle() {
+    if (laps.empty()) return;
+    device.compute_stream().synchronize();
+    // (at least 0: a GPU still busy while the host waited spans less than the wait)
+    for (const Lap& l : laps) *l.into += std::max(0.0, l.end->seconds_since(*l.begin) - l.less);
+    laps.clear();
   }
   // Seconds waited on parameter I/O since the last call, moved to the offload phase.
   double param_io() {
@@ -48,17 +63,26 @@ struct OptimizerStep::Clock {
   // The end of two phases run interleaved (the state walk's copies and updates): each gets their peak.
   void mark_together(size_t a, size_t b) {
     if (!sample_memory) return;
-    const double peak = peak_resident_since_restart();
-    rss[a] = std::max(rss[a], peak);
-    rss[b] = std::max(rss[b], peak);
+    const double peak = peak_resident_since_restart(), in_use = device.memory_in_use();
+    for (const size_t k : {a, b}) {
+      rss[k] = std::max(rss[k], peak);
+      device_bytes[k] = std::max(device_bytes[k], in_use);
+    }
     restart_peak_resident();
   }
+  struct Lap {
+    double* into;
+    std::shared_ptr<Event> begin, end;
+    double less;
+  };
   StepPhases& phases;
-  std::array<double, 8>& rss;
+  std::array<double, 8>&rss, &device_bytes;
+  Device& device;
   bool sample_memory;
   std::function<double()> param_wait;
   double waited = 0;
-  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+  std::shared_ptr<Event> at;  // the last lap's end
+  std::vector<Lap> laps;
 };
 
 bool OptimizerStep::finite(const torch::Tensor& master, Place place) const {
@@ -309,7 +333,7 @@ double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock
   std::vector<std::pair<double, double>> gradient(static_cast<size_t>(GAS));  // per micro batch: its loss's gradient and weight
   // The time since the last op began (its wait for a neighbour's message included) is that op's.
   bool after_forward = true;
-  const auto lap_op = [&] { (after_forward ? t.forward : t.backward) += clock.lap(); };
+  const auto lap_op = [&] { clock.lap(after_forward ? t.forward : t.backward); };
   const auto prepare = [&](int m, bool forward) {
     lap_op();
     after_forward = forward;
@@ -323,7 +347,7 @@ double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock
     } else {
       zero_.begin_backward(/*last=*/m == GAS - 1);
     }
-    t.data += clock.lap();
+    clock.lap(t.data);
     return batch;
   };
   const auto backward_from = [&](const torch::Tensor& loss, int m) { return loss * gradient[static_cast<size_t>(m)].first; };
@@ -347,20 +371,20 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
   for (int64_t m = 0; m < GAS; ++m) {
     draw_micro_batch(step, m);
     const torch::Tensor input = to_long_tensor(in_, B, T), target = to_long_tensor(tgt_, B, T);
-    t.data += clock.lap();
+    clock.lap(t.data);
     clock.mark(0);
     zero_.begin_micro_step(false);
     const auto [loss_gradient, loss_weight] = loss_gradient_of(step, m, out.loss_scale, step_counted);
     model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
-    t.forward += clock.lap() - clock.param_io();
+    clock.lap(t.forward, clock.param_io());
     clock.mark(1);
     zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
     zero_.end_micro_step();
     const torch::Tensor wide = loss_weight == 1 ? loss.detach().to(torch::kFloat64) : loss.detach().to(torch::kFloat64) * loss_weight;
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
-    t.backward += clock.lap() - clock.param_io();
+    clock.lap(t.backward, clock.param_io());
     clock.mark(2);
   }
   if (comm_) comm_->settle();  // the host reads the loss: the collectives it may follow end first, or time out
@@ -472,11 +496,12 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
     else
       timed([&] { put_weights(c, how); });
   });
-  timed([&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done
+  if (flat_.weights_staging[0].defined())
+    timed([&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done
   if (param_swap_) param_swap_->end_write();
-  const double spent = clock.lap(), io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();
+  const double io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();
+  clock.lap(t.optimizer, io_wait + crossing_s + param_wait_s);
   t.offload += io_wait + crossing_s;
-  t.optimizer += spent - io_wait - crossing_s - param_wait_s;
   if (io_wait + crossing_s + param_wait_s > 0)  // states or weights crossed places
     clock.mark_together(5, 6);
   else
@@ -489,7 +514,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   zero_.begin_gradient_sums();
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
-  Clock clock(out, sample_memory_, [this] { return param_wait(); });
+  Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
   const double loss_sum = micro_steps(step, out, clock);
   tied_gradient_in();
@@ -500,7 +525,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     flat_.grads.copy_(flat_.compute_grads);
     flat_.compute_grads.copy_(flat_.grads);
   }
-  t.reduce += clock.lap();
+  clock.lap(t.reduce);
   clock.mark(3);
   const double sum_of_squares = agree(out, loss_sum, stop_signal);
   out.lr = schedule_.lr_at(applied_ - 1);
@@ -514,16 +539,20 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   }
   if (out.skipped && out.trained_tokens > 0) out.trained_tokens = 0;  // skipped for overflow: nothing was trained
   const OptimizerStepInputs si = step_inputs(out);
-  t.norm += clock.lap();
+  clock.lap(t.norm);
   clock.mark(4);  // a skipped step ends at its overflow check
   if (!out.skipped) {
     update(si, clock);
     tied_weights_back();
-    t.gather += clock.lap() - clock.param_io();
+    clock.lap(t.gather, clock.param_io());
     clock.mark(7);
     ++applied_;
   }
   out.offload_bytes = bytes_moved() - moved0;  // gradients out, weights back, the swap files' reads and writes
+  // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
+  // naming the rank: the clock's wait for the stream has no bound of its own.
+  if (comm_) comm_->settle();
+  clock.settle();
   return out;
 }
 

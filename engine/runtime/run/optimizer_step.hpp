@@ -37,6 +37,7 @@ struct StepOutcome {
   std::vector<std::string> notes;  // loss-scale changes and skips, for the run log
   StepPhases phases;
   std::array<double, 8> phase_rss_bytes{};  // with sample_memory: the peak resident bytes within each phase
+  std::array<double, 8> phase_device_bytes{};  // with sample_memory, on a GPU: its memory in use at each phase's end
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
   int64_t trained_tokens = -1;  // fine-tuning data: the targets the step's loss counted, on every rank; -1 otherwise
   int64_t counted_targets = -1;  // the same, kept when the step is skipped: the rows that ran through the head (FLOPs)

@@ -167,7 +167,7 @@ class TrainingRun {
   }
   void save(int64_t step);
   double validate();
-  void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0);
+  void record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0, const Event& step_start);
   // Throws when the loss has been above divergence_factor x its best for 3 steps.
   void check_divergence(int64_t step, double loss);
 
@@ -245,7 +245,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
   profiling_ = keeps_step_measurements(plan, opt);
   if (profiling_) {
-    block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers);
+    block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
     model_->set_block_hooks(block_timer_.get());
     model_->set_block_parts(block_timer_.get());
   } else if (zero_->hooks_blocks()) {
@@ -578,14 +578,16 @@ double TrainingRun::validate() {
   return sum / static_cast<double>(calls * W);
 }
 
-void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0) {
-  BlockTimer::Taken taken = block_timer_->take(t0);
+// `t0`: the step's start on the host's clock (the collectives' spans); `step_start`: on the compute stream's (the blocks').
+void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clock::time_point t0, const Event& step_start) {
+  BlockTimer::Taken taken = block_timer_->take(step_start);
   result_.block_forward_s.push_back(std::move(taken.forward));
   result_.block_backward_s.push_back(std::move(taken.backward));
   result_.block_spans.push_back(std::move(taken.spans));
   result_.attention_forward_s.push_back(std::move(taken.attention_forward));
   result_.mlp_backward_s.push_back(std::move(taken.mlp_backward));
   result_.phase_rss_bytes.push_back(out.phase_rss_bytes);
+  if (!device_.host_addresses_device()) result_.phase_device_bytes.push_back(out.phase_device_bytes);
   std::vector<CollectiveSpan> spans;
   for (Communicator* c : groups_.all())  // the world's and a mesh's groups'
     for (const Communicator::Event& e : c->take_events())
@@ -625,7 +627,7 @@ void TrainingRun::loop() {
   report_->describe(held, (samples_ ? samples_->description : stream_->describe()) + (notes.empty() ? "" : "; " + notes),
                     sampler_->train_tokens(), sampler_->val_tokens());
   if (opt_.profile) {
-    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype);
+    const GemmPeak peak = measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, device_);
     result_.gemm_peak_flops = peak.flops_per_s;
     log.note("ds profile: matmul peak " + format_fixed(peak.flops_per_s / 1e12, 3) + " TFLOP/s in " +
              dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
@@ -646,6 +648,7 @@ void TrainingRun::loop() {
   int64_t skipped_this_run = 0;
   for (int64_t step = result_.first_step; step < plan_.steps && !stop_requested; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const std::shared_ptr<Event> step_start = profiling_ ? device_.compute_stream().record_timed() : nullptr;
     if (profiling_) result_.step_start_s.push_back(std::chrono::duration<double>(t0 - first_start).count());
     if (comm_) comm_->mark_step(step);  // (the groups report through the world's: they share its store and step)
     const CommLedger before = groups_.ledger();
@@ -666,7 +669,7 @@ void TrainingRun::loop() {
     if (comm_) comm_->settle();               // the step's last gathers, bounded by the comm timeout
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
-    if (block_timer_) record_profile(out, t0);
+    if (block_timer_) record_profile(out, t0, *step_start);
     const CommLedger after = groups_.ledger();
     report_->end_collectives(comm_ ? &after : nullptr);
     for (const std::string& note : out.notes) log.note(note);
@@ -675,14 +678,17 @@ void TrainingRun::loop() {
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<double> val;
     if (!opt_.profile && plan_.run.eval_every > 0 && ((step + 1) % plan_.run.eval_every == 0 || step + 1 == plan_.steps) &&
-        sampler_->val_tokens() > 0)
+        sampler_->val_tokens() > 0) {
       val = validate();
+      if (block_timer_) block_timer_->discard();  // (the flops_profiler block) validation's forward is no step's
+    }
     report_->step(step, out, val, step_s);
     // ds profile: the matmul rate now, outside the step's time, for this step's MFU.
     constexpr double kGemmBudgetPerStep = 0.25;  // seconds
     if (opt_.profile)
       result_.gemm_rates.push_back(
-          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, kGemmBudgetPerStep).flops_per_s);
+          measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, device_, kGemmBudgetPerStep)
+              .flops_per_s);
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;

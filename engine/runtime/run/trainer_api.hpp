@@ -92,6 +92,7 @@ struct TrainResult {
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
   std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
+  std::vector<std::array<double, 8>> phase_device_bytes;  // ds profile on a GPU: per step, its memory in use at each phase's end
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes before the first step (gemm_peak.hpp)
   // ds profile: per step, the same measured right after it, so each step's MFU is taken against the rate the
   // machine had then (a shared or throttling machine's rate drifts by 2x over minutes).

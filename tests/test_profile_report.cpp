@@ -1,0 +1,104 @@
+// The profile report's memory section, built from a rank's measurements as ds profile builds it: on a GPU the
+// device's memory (the most in use after a step, less what was in use before training) is set beside the plan's
+// device bytes and the resident memory beside the plan's host part; on the CPU the resident memory beside all of
+// it. The figures are computed here again from the same inputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cli/profile_report.hpp"
+#include "common/format.hpp"
+#include "test_helpers.hpp"
+
+using namespace ds;
+using nlohmann::json;
+
+namespace {
+
+const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+  "model": {"preset": "gpt2-tiny"}, "data": {"type": "synthetic", "seq_len": 16},
+  "train": {"steps": 4, "eval_every": 0, "threads": 1}})";
+
+cli::ReportOptions after_one_warmup_step() {
+  cli::ReportOptions o;
+  o.warmup = 1;
+  return o;
+}
+
+Plan plan_on(DeviceKind device) {
+  Config c = load_config_text(kTiny, "test.json");
+  Topology t = test::thread_ranks(1, 0);
+  t.device = device;
+  if (device == DeviceKind::cuda) t.device_memory_bytes = 16.0 * (1 << 30);
+  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+}
+
+// Four steps of made-up measurements; the first (the warm-up) holds the largest memory figures, which the report
+// must leave out.
+TrainResult measured(bool gpu) {
+  TrainResult r;
+  r.steps = 4;
+  r.baseline_rss_bytes = 100e6;
+  r.peak_rss_bytes = 300e6;
+  for (int i = 0; i < 4; ++i) {
+    r.step_seconds.push_back(1.0);
+    r.step_start_s.push_back(i);
+    StepPhases p;
+    p.forward = 0.4, p.backward = 0.5, p.optimizer = 0.1;
+    r.phases.push_back(p);
+    r.comm_seconds.push_back(0);
+    r.comm_bytes.push_back(0);
+    r.offload_bytes.push_back(0);
+    r.rss_bytes.push_back(300e6);
+    std::array<double, 8> rss{}, device{};
+    for (size_t k = 0; k < 8; ++k) {
+      rss[k] = (i == 0 ? 290e6 : 200e6 + 1e6 * static_cast<double>(k * i));
+      device[k] = (i == 0 ? 9e9 : 2e9 + 1e8 * static_cast<double>(k) + 1e7 * i);
+    }
+    r.phase_rss_bytes.push_back(rss);
+    if (gpu) r.phase_device_bytes.push_back(device);
+  }
+  if (gpu) r.device_baseline_bytes = 0.5e9, r.device_peak_bytes = 3.25e9;
+  return r;
+}
+
+}  // namespace
+
+TEST(ProfileReport, OnAGpuTheDevicesMemoryIsSetBesideThePlansDeviceBytesAndTheResidentBesideItsHostPart) {
+  const Plan plan = plan_on(DeviceKind::cuda);
+  const json report = cli::build_profile_report(plan, {cli::profile_rank_part(plan, measured(true))}, after_one_warmup_step());
+  const json& m = report["memory"];
+  ASSERT_TRUE(m.contains("device")) << m.dump();
+  const json& d = m["device"];
+  EXPECT_EQ(d["peak_bytes"].get<double>(), 3.25e9);
+  EXPECT_EQ(d["baseline_bytes"].get<double>(), 0.5e9);
+  EXPECT_EQ(d["training_bytes"].get<double>(), 2.75e9);
+  EXPECT_EQ(d["plan_bytes"].get<double>(), plan.memory.device.total());
+  ASSERT_EQ(d["by_phase"].size(), 8u);
+  for (size_t k = 0; k < 8; ++k)  // the most over steps 2-4: step 4's
+    EXPECT_EQ(d["by_phase"][k]["in_use_bytes"].get<double>(), 2e9 + 1e8 * static_cast<double>(k) + 3e7) << k;
+  EXPECT_EQ(m["plan"]["total"].get<double>(), plan.memory.host.total());  // the process's memory is the host's part
+  const std::string text = cli::render_profile_text(plan, report, false);
+  const std::string ratio = format_fixed(2.75e9 / plan.memory.device.total(), 2) + "x";
+  EXPECT_NE(text.find("GPU in use"), std::string::npos) << text;
+  EXPECT_NE(text.find(format_bytes(2.75e9) + " for training, against the plan's " + format_bytes(plan.memory.device.total()) +
+                      " on the device (" + ratio + ")"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("training (host)"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU at each phase's end       data " + format_bytes(2.03e9) + ", forward " + format_bytes(2.13e9)), std::string::npos)
+      << text;
+}
+
+TEST(ProfileReport, OnTheCpuTheResidentMemoryIsSetBesideThePlansWholeAndNoGpuIsNamed) {
+  const Plan plan = plan_on(DeviceKind::cpu);
+  const json report = cli::build_profile_report(plan, {cli::profile_rank_part(plan, measured(false))}, after_one_warmup_step());
+  const json& m = report["memory"];
+  EXPECT_FALSE(m.contains("device"));
+  const MemoryCategories held = plan.memory.held();
+  EXPECT_EQ(m["plan"]["total"].get<double>(), held.total());
+  const std::string text = cli::render_profile_text(plan, report, false);
+  EXPECT_EQ(text.find("GPU"), std::string::npos) << text;
+}
