@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "engine/runtime/device/kernel_table_cuda.hpp"
@@ -639,4 +640,184 @@ TEST_F(CudaKernels, ColumnSumsAddABiasGradientOnce) {
   check_column_sums<float>(3000, 130, 61);
   check_column_sums<uint16_t>(1000, 768, 62);
   check_column_sums<uint16_t>(5, 3, 63);
+}
+
+// The fp16 model kernels are the fp32 kernels' arithmetic with fp16 loads and stores: on fp16 inputs, each fp16
+// output is the fp32 kernel's output on the same (widened) values rounded to fp16 once. The elementwise ops
+// (GELU, SwiGLU, rotary, dropout) compute every element alike both ways: equal after that rounding, or one fp16
+// step apart where nvcc contracts a multiply-add differently and the two land on either side of a boundary (a
+// kernel that truncated, or rounded twice through bf16, would be off in about half of them). The row ops (norms,
+// cross-entropy) sum in another order with 8 fp16 a load instead of 4 fp32: their fp32 statistics agree to float
+// rounding, their fp16 outputs within one step. Sizes that are whole 16-byte loads and some that are not.
+namespace {
+
+std::vector<uint16_t> to_fp16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = kernels::float_to_fp16(v[i]);
+  return out;
+}
+
+std::vector<float> from_fp16(const std::vector<uint16_t>& h) {
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) out[i] = kernels::fp16_to_float(h[i]);
+  return out;
+}
+
+// fp16 values as `got` against the fp32 results `want` rounded once: how many differ, and whether any is more
+// than one step away (the bit patterns of finite fp16 values, sign and magnitude, are consecutive steps).
+void expect_rounded_once(const std::vector<float>& want, const std::vector<uint16_t>& got, const char* what,
+                         double most_unequal_fraction) {
+  ASSERT_EQ(want.size(), got.size());
+  const auto line = [](uint16_t h) { return (h & 0x8000) ? -static_cast<int32_t>(h & 0x7fff) : static_cast<int32_t>(h & 0x7fff); };
+  size_t unequal = 0, far = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const uint16_t w = kernels::float_to_fp16(want[i]);
+    if (w == got[i] || (line(w) == 0 && line(got[i]) == 0)) continue;  // (+0 and -0 alike)
+    ++unequal;
+    if (std::abs(line(w) - line(got[i])) > 1 || (got[i] & 0x7c00) == 0x7c00) ++far;
+  }
+  EXPECT_EQ(far, 0u) << what << ": fp16 outputs more than one step from the fp32 kernel's, rounded";
+  EXPECT_LE(static_cast<double>(unequal), most_unequal_fraction * static_cast<double>(want.size()))
+      << what << ": " << unequal << " of " << want.size() << " differ by a step";
+}
+
+}  // namespace
+
+TEST_F(CudaKernels, Fp16ElementwiseKernelsRoundTheFp32KernelsOnce) {
+  for (const int64_t n : {int64_t{65536}, int64_t{1000003}}) {
+    SCOPED_TRACE(testing::Message() << n << " elements");
+    const size_t un = static_cast<size_t>(n);
+    const std::vector<uint16_t> xh = to_fp16(normal(un, 2.0f, 71)), uh = to_fp16(normal(un, 1.0f, 72)),
+                                dyh = to_fp16(normal(un, 0.5f, 73));
+    const std::vector<float> x = from_fp16(xh), u = from_fp16(uh), dy = from_fp16(dyh);
+    OnDevice<float> fx(x), fu(u), fdy(dy), fy{std::vector<float>(un)}, fdx{std::vector<float>(un)}, fdu{std::vector<float>(un)};
+    OnDevice<uint16_t> hx(xh), hu(uh), hdy(dyh), hy{std::vector<uint16_t>(un)}, hdx{std::vector<uint16_t>(un)},
+        hdu{std::vector<uint16_t>(un)};
+    const auto compare = [&](const char* what, OnDevice<float>& f, OnDevice<uint16_t>& h) {
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      expect_rounded_once(f.host(), h.host(), what, 1e-3);
+    };
+    kernels::cuda::gelu_tanh_forward_f32(fx.p, fy.p, n, nullptr);
+    kernels::cuda::gelu_tanh_forward_fp16(hx.p, hy.p, n, nullptr);
+    compare("gelu forward", fy, hy);
+    kernels::cuda::gelu_tanh_backward_f32(fdy.p, fx.p, fdx.p, n, nullptr);
+    kernels::cuda::gelu_tanh_backward_fp16(hdy.p, hx.p, hdx.p, n, nullptr);
+    compare("gelu backward", fdx, hdx);
+    kernels::cuda::swiglu_forward_f32(fx.p, fu.p, fy.p, n, nullptr);
+    kernels::cuda::swiglu_forward_fp16(hx.p, hu.p, hy.p, n, nullptr);
+    compare("swiglu forward", fy, hy);
+    kernels::cuda::swiglu_backward_f32(fdy.p, fx.p, fu.p, fdx.p, fdu.p, n, nullptr);
+    kernels::cuda::swiglu_backward_fp16(hdy.p, hx.p, hu.p, hdx.p, hdu.p, n, nullptr);
+    compare("swiglu backward (gate)", fdx, hdx);
+    compare("swiglu backward (up)", fdu, hdu);
+    // Dropout: one product a kept element, so equal after rounding; the same elements dropped as the CPU's mask.
+    const uint32_t keep_below = kernels::dropout_keep_below(0.1);
+    const float scale = static_cast<float>(1 / 0.9);
+    kernels::cuda::dropout_f32(fx.p, fy.p, n, 0xabcdef, keep_below, scale, nullptr);
+    kernels::cuda::dropout_fp16(hx.p, hy.p, n, 0xabcdef, keep_below, scale, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_rounded_once(fy.host(), hy.host(), "dropout", 0);
+    std::vector<float> cpu(un);
+    kernels::dropout_f32(x.data(), cpu.data(), n, 0xabcdef, keep_below, scale);
+    const std::vector<uint16_t> dropped = hy.host();
+    size_t mask_differs = 0;
+    for (size_t i = 0; i < un; ++i) mask_differs += (cpu[i] == 0 && x[i] != 0) != ((dropped[i] & 0x7fff) == 0 && x[i] != 0);
+    EXPECT_EQ(mask_differs, 0u) << "dropout's fp16 mask is not the CPU's";
+  }
+  // Rotary, both ways and in place, over heads of an odd half-width (5 pairs: no 16-byte loads).
+  for (const int64_t D : {int64_t{128}, int64_t{10}}) {
+    const kernels::RopeShape s{3 * 33, 33, 4, D, D == 10};
+    const size_t n = static_cast<size_t>(s.rows * s.heads * D), half = static_cast<size_t>(D / 2);
+    std::vector<float> cos(static_cast<size_t>(s.T) * half), sin(cos.size());
+    for (size_t i = 0; i < cos.size(); ++i) {
+      cos[i] = static_cast<float>(std::cos(0.37 * static_cast<double>(i)));
+      sin[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    }
+    const std::vector<uint16_t> xh = to_fp16(normal(n, 1.0f, 74));
+    OnDevice<float> fx(from_fp16(xh)), fy{std::vector<float>(n)}, d_cos(cos), d_sin(sin);
+    OnDevice<uint16_t> hx(xh), hy{std::vector<uint16_t>(n)};
+    kernels::cuda::rope_f32(fx.p, fy.p, d_cos.p, d_sin.p, s, nullptr);
+    kernels::cuda::rope_fp16(hx.p, hy.p, d_cos.p, d_sin.p, s, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_rounded_once(fy.host(), hy.host(), "rotary", 1e-3);
+    kernels::cuda::rope_fp16(hx.p, hx.p, d_cos.p, d_sin.p, s, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(hx.host(), hy.host()) << "rotary in place differs";
+  }
+}
+
+TEST_F(CudaKernels, Fp16NormsAndBiasSumsRoundTheFp32KernelsOnce) {
+  using Shape = std::tuple<int64_t, int64_t, bool>;  // rows, columns, RMSNorm
+  for (const auto& [rows, C, rms] : {Shape{1000, 768, false}, Shape{300, 1001, true}, Shape{70, 2048, true}}) {
+    SCOPED_TRACE(testing::Message() << (rms ? "RMSNorm " : "LayerNorm ") << rows << " x " << C);
+    const kernels::NormShape s{rows, C, 1e-5f, rms};
+    const size_t n = static_cast<size_t>(rows * C), c = static_cast<size_t>(C), r = static_cast<size_t>(rows);
+    const std::vector<uint16_t> xh = to_fp16(normal(n, 1.5f, 81)), wh = to_fp16(normal(c, 1.0f, 82)), bh = to_fp16(normal(c, 0.2f, 83)),
+                                dyh = to_fp16(normal(n, 1.0f, 84));
+    OnDevice<float> fx(from_fp16(xh)), fw(from_fp16(wh)), fb(from_fp16(bh)), fdy(from_fp16(dyh)), fy{std::vector<float>(n)},
+        fdx{std::vector<float>(n)}, fmean{std::vector<float>(r)}, frstd{std::vector<float>(r)}, fdw{std::vector<float>(c, 0.5f)},
+        fdb{std::vector<float>(c, 0.5f)};
+    OnDevice<uint16_t> hx(xh), hw(wh), hb(bh), hdy(dyh), hy{std::vector<uint16_t>(n)}, hdx{std::vector<uint16_t>(n)};
+    OnDevice<float> hmean{std::vector<float>(r)}, hrstd{std::vector<float>(r)}, hdw{std::vector<float>(c, 0.5f)},
+        hdb{std::vector<float>(c, 0.5f)};
+    OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::norm_backward_scratch_floats(s))));
+    kernels::cuda::norm_forward_f32(fx.p, fw.p, rms ? nullptr : fb.p, fy.p, fmean.p, frstd.p, s, nullptr);
+    kernels::cuda::norm_forward_fp16(hx.p, hw.p, rms ? nullptr : hb.p, hy.p, hmean.p, hrstd.p, s, nullptr);
+    kernels::cuda::norm_backward_f32(fdy.p, fx.p, fw.p, fmean.p, frstd.p, fdx.p, fdw.p, rms ? nullptr : fdb.p, scratch.p, s, nullptr);
+    kernels::cuda::norm_backward_fp16(hdy.p, hx.p, hw.p, hmean.p, hrstd.p, hdx.p, hdw.p, rms ? nullptr : hdb.p, scratch.p, s, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(fmean.host(), hmean.host(), 1e-5, "mean", 1e-6);
+    expect_close(frstd.host(), hrstd.host(), 1e-5, "rstd");
+    expect_rounded_once(fy.host(), hy.host(), "y", 0.05);
+    // dx's three terms cancel: fp32's few ulps of difference in the row sums come out absolute, not relative.
+    expect_close(fdx.host(), from_fp16(hdx.host()), 1e-3, "dx", 2e-4);
+    expect_close(fdw.host(), hdw.host(), 1e-5, "dw", 1e-4);
+    if (!rms) expect_close(fdb.host(), hdb.host(), 1e-5, "db", 1e-4);
+    // A projection's bias gradient from the same dy: out (0.5 in fp16) plus each column's sum, rounded once.
+    OnDevice<float> fout{std::vector<float>(c, 0.5f)};
+    OnDevice<uint16_t> hout{std::vector<uint16_t>(c, kernels::float_to_fp16(0.5f))};
+    OnDevice<float> sums(std::vector<float>(static_cast<size_t>(kernels::cuda::column_sums_scratch_floats(rows, C))));
+    kernels::cuda::column_sums_add_f32(fdy.p, rows, C, fout.p, sums.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    kernels::cuda::column_sums_add_fp16(hdy.p, rows, C, hout.p, sums.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_rounded_once(fout.host(), hout.host(), "column sums", 0);
+  }
+}
+
+TEST_F(CudaKernels, Fp16CrossEntropyRoundsTheFp32KernelsGradientOnce) {
+  using Shape = std::tuple<int64_t, int64_t, int64_t>;  // rows, vocabulary, row stride
+  for (const auto& [rows, vocab, stride] : {Shape{33, 50257, 50264}, Shape{5, 50257, 50257}, Shape{64, 1000, 1000}}) {
+    SCOPED_TRACE(testing::Message() << rows << " rows of " << vocab << (stride > vocab ? ", padded" : ""));
+    const size_t n = static_cast<size_t>(rows * stride);
+    std::vector<uint16_t> zh = to_fp16(normal(n, 3.0f, 91));
+    std::vector<int64_t> targets(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) targets[static_cast<size_t>(r)] = (r * 7919) % vocab;
+    const float grad_scale = 4.0f;  // a loss scale over the rows, as an fp16 run's
+    OnDevice<float> fz(from_fp16(zh)), floss{std::vector<float>(static_cast<size_t>(rows))}, hloss{std::vector<float>(static_cast<size_t>(rows))};
+    OnDevice<uint16_t> hz(zh);
+    OnDevice<int64_t> dt(targets);
+    kernels::cuda::softmax_cross_entropy_f32(fz.p, dt.p, rows, vocab, stride, grad_scale, true, floss.p, nullptr);
+    kernels::cuda::softmax_cross_entropy_fp16(hz.p, dt.p, rows, vocab, stride, grad_scale, true, hloss.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(floss.host(), hloss.host(), 1e-5, "row losses", 1e-5);
+    // Compared over the vocabulary only: the padding must keep its values.
+    std::vector<float> want;
+    std::vector<uint16_t> got;
+    const std::vector<float> fg = fz.host();
+    const std::vector<uint16_t> hg = hz.host();
+    size_t padding_touched = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < stride; ++j) {
+        const size_t i = static_cast<size_t>(r * stride + j);
+        if (j >= vocab) {
+          padding_touched += hg[i] != zh[i];
+          continue;
+        }
+        want.push_back(fg[i]);
+        got.push_back(hg[i]);
+      }
+    EXPECT_EQ(padding_touched, 0u);
+    expect_rounded_once(want, got, "gradient", 0.05);
+  }
 }

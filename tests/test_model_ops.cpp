@@ -486,7 +486,8 @@ TEST(FusedOps, HashedDropoutKeepsOneMaskPerKeyAtTheRateAskedAndScalesWhatItKeeps
 }
 
 // The one answer to "which kernels take this tensor": ds's CPU kernels for fp32 and bf16 host tensors,
-// LibTorch's for the rest; kernels/cuda's entry points refuse anything that is not theirs.
+// LibTorch's for the rest on the host (fp16 included: the host computes no fp16); kernels/cuda's entry points
+// refuse anything that is not theirs.
 TEST(KernelRoute, HostTensorsOfOurDtypesTakeTheCpuKernelsAndTheCudaEntriesRefuseThem) {
   EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kFloat32)), KernelRoute::host);
   EXPECT_EQ(kernel_route(torch::zeros({4}, torch::kBFloat16)), KernelRoute::host);

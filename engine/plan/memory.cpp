@@ -16,9 +16,8 @@ ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_
   const double L = static_cast<double>(with_backward);
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
-  // (fp16 logits, computed only where the device computes fp16, go through fp32 copies: fused_head_loss.cpp)
-  const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc, compute_dtype == Dtype::fp16) +
-                           m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
+  // (fp16 logits, computed only where the device computes fp16, take the kernel in place as bf16's do)
+  const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
   // Where every block runs forward only (a pipeline stage below every trained tensor) none keeps anything, and the
   // one running holds its own activations until the next starts: one block's, as a workspace.
   const double passing = forward_only > 0 && with_backward == 0 ? 1.0 : 0.0;

@@ -606,13 +606,12 @@ double ModelSpec::head_activation_bytes_per_token(int b) const {
   return (norms_widened(b) ? 8 * C : C * b) + C * b;
 }
 
-double ModelSpec::head_workspace_bytes(int64_t tokens, int b, bool through_fp32) const {
+double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
   if (!holds_head) return 0;
   // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).
   const double V = static_cast<double>(hp.vocab_size);
   const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
-  // capped logits keep a chunk of their tanh, in fp32
-  return rows * V * (b + (hp.final_softcap > 0 ? 4 : 0) + (through_fp32 ? 8 : 0));
+  return rows * V * (b + (hp.final_softcap > 0 ? 4 : 0));  // capped logits keep a chunk of their tanh, in fp32
 }
 
 std::string preset_for_size(const std::string& text, std::string* note) {

@@ -115,9 +115,7 @@ struct ModelSpec {
   double attention_workspace_bytes(int64_t micro_batch, int64_t T, int bytes, int threads = 1) const;
   // What the fused head and loss holds at its peak, whatever the batch: one chunk of logits
   // (kHeadChunkElements); the head weight's gradient goes straight into the flat gradients. 0 without the head.
-  // `through_fp32`: the chunk's loss runs as LibTorch operations on fp32 copies (fp16 logits, which ds's
-  // kernels do not take: an fp32 copy and the fp32 gradient beside the chunk, 8 bytes an element more).
-  double head_workspace_bytes(int64_t tokens, int bytes, bool through_fp32 = false) const;
+  double head_workspace_bytes(int64_t tokens, int bytes) const;
 };
 
 // Logit elements the fused head and loss makes at a time (engine/runtime/model/fused_head_loss): 32 Mi,

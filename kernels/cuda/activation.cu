@@ -149,6 +149,13 @@ void gelu_tanh_backward_bf16(const uint16_t* dy, const uint16_t* x, uint16_t* dx
   map(Inputs<uint16_t, 2>{{dy, x}}, dx, n, GeluBackward{}, stream, "gelu backward launch");
 }
 
+void gelu_tanh_forward_fp16(const uint16_t* x, uint16_t* y, int64_t n, void* stream) {
+  map(Inputs<__half, 1>{{as_half(x)}}, as_half(y), n, GeluForward{}, stream, "gelu forward launch");
+}
+void gelu_tanh_backward_fp16(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n, void* stream) {
+  map(Inputs<__half, 2>{{as_half(dy), as_half(x)}}, as_half(dx), n, GeluBackward{}, stream, "gelu backward launch");
+}
+
 void swiglu_forward_f32(const float* g, const float* u, float* y, int64_t n, void* stream) { swiglu_forward(g, u, y, n, stream); }
 void swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n, void* stream) {
   swiglu_forward(g, u, y, n, stream);
@@ -159,6 +166,13 @@ void swiglu_backward_f32(const float* dy, const float* g, const float* u, float*
 void swiglu_backward_bf16(const uint16_t* dy, const uint16_t* g, const uint16_t* u, uint16_t* dg, uint16_t* du, int64_t n,
                           void* stream) {
   swiglu_backward(dy, g, u, dg, du, n, stream);
+}
+void swiglu_forward_fp16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n, void* stream) {
+  swiglu_forward(as_half(g), as_half(u), as_half(y), n, stream);
+}
+void swiglu_backward_fp16(const uint16_t* dy, const uint16_t* g, const uint16_t* u, uint16_t* dg, uint16_t* du, int64_t n,
+                          void* stream) {
+  swiglu_backward(as_half(dy), as_half(g), as_half(u), as_half(dg), as_half(du), n, stream);
 }
 
 }  // namespace ds::kernels::cuda

@@ -15,10 +15,17 @@ void gelu_tanh_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n, void* str
 void gelu_tanh_backward_f32(const float* dy, const float* x, float* dx, int64_t n, void* stream);
 void gelu_tanh_backward_bf16(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n, void* stream);
 
+// fp16 (IEEE binary16 bits, as the optimizers' fp16 entry points take them): the same fp32 math, rounded to fp16.
+void gelu_tanh_forward_fp16(const uint16_t* x, uint16_t* y, int64_t n, void* stream);
+void gelu_tanh_backward_fp16(const uint16_t* dy, const uint16_t* x, uint16_t* dx, int64_t n, void* stream);
+
 void swiglu_forward_f32(const float* g, const float* u, float* y, int64_t n, void* stream);
 void swiglu_forward_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n, void* stream);
 void swiglu_backward_f32(const float* dy, const float* g, const float* u, float* dg, float* du, int64_t n, void* stream);
 void swiglu_backward_bf16(const uint16_t* dy, const uint16_t* g, const uint16_t* u, uint16_t* dg, uint16_t* du, int64_t n,
+                          void* stream);
+void swiglu_forward_fp16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n, void* stream);
+void swiglu_backward_fp16(const uint16_t* dy, const uint16_t* g, const uint16_t* u, uint16_t* dg, uint16_t* du, int64_t n,
                           void* stream);
 
 }  // namespace ds::kernels::cuda

@@ -1,6 +1,7 @@
-// ds — bf16 in the CUDA kernels, as kernels/cpu rounds it: widened exactly, narrowed to nearest even with a
-// NaN kept a quiet NaN; widen/narrow_into for code templated on fp32 or bf16 (uint16_t) elements (and widen
-// for fp16, __half, which the optimizers read), and the 16-byte Pack they are loaded in. One definition for every .cu file.
+// ds — 16-bit floats in the CUDA kernels. bf16 as kernels/cpu rounds it: widened exactly, narrowed to nearest
+// even with a NaN kept a quiet NaN; fp16 (__half) through CUDA's own conversions (exact widening, nearest even
+// narrowing, overflow to inf). widen/narrow_into for code templated on fp32, bf16 (uint16_t) or fp16 (__half)
+// elements, and the 16-byte Pack they are loaded in. One definition for every .cu file.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -23,8 +24,14 @@ __device__ __forceinline__ float widen(uint16_t b) { return bf16_to_float(b); }
 __device__ __forceinline__ float widen(__half h) { return __half2float(h); }  // exact
 __device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
 __device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
+__device__ __forceinline__ void narrow_into(__half& dst, float f) { dst = __float2half_rn(f); }
 
-// 16 bytes of elements (8 bf16 or 4 fp32): one load or store instruction.
+// fp16 crosses the kernels' headers as its bits (uint16_t: no CUDA types there), bf16 too; the two are told
+// apart by the entry points' names, and fp16's bits are read as __half here.
+inline const __half* as_half(const uint16_t* p) { return reinterpret_cast<const __half*>(p); }
+inline __half* as_half(uint16_t* p) { return reinterpret_cast<__half*>(p); }
+
+// 16 bytes of elements (8 bf16 or fp16, or 4 fp32): one load or store instruction.
 template <class T>
 struct alignas(16) Pack {
   static constexpr int kN = 16 / sizeof(T);

@@ -169,4 +169,9 @@ void softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_
   launch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
 }
 
+void softmax_cross_entropy_fp16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                                float grad_scale, bool write_grad, float* row_loss, void* stream) {
+  launch(as_half(logits), targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+}
+
 }  // namespace ds::kernels::cuda

@@ -21,5 +21,8 @@ void softmax_cross_entropy_f32(float* logits, const int64_t* targets, int64_t ro
                                float grad_scale, bool write_grad, float* row_loss, void* stream);
 void softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
                                 float grad_scale, bool write_grad, float* row_loss, void* stream);
+// fp16 logits as their bits: the gradient written over them in fp16 (a loss scale keeps its small values normal).
+void softmax_cross_entropy_fp16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+                                float grad_scale, bool write_grad, float* row_loss, void* stream);
 
 }  // namespace ds::kernels::cuda

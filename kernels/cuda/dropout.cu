@@ -11,13 +11,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ void store(float* y, int64_t i, float v) { y[i] = v; }
-__device__ __forceinline__ void store(uint16_t* y, int64_t i, float v) { y[i] = float_to_bf16(v); }
-
 template <class T>
 __global__ void dropout_kernel(const T* x, T* y, int64_t n, uint64_t key, uint32_t keep_below, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    store(y, i, dropout_keeps(key, static_cast<uint64_t>(i), keep_below) ? widen(x[i]) * scale : 0.0f);
+    narrow_into(y[i], dropout_keeps(key, static_cast<uint64_t>(i), keep_below) ? widen(x[i]) * scale : 0.0f);
 }
 
 template <class T>
@@ -37,6 +34,10 @@ void dropout_f32(const float* x, float* y, int64_t n, uint64_t key, uint32_t kee
 
 void dropout_bf16(const uint16_t* x, uint16_t* y, int64_t n, uint64_t key, uint32_t keep_below, float scale, void* stream) {
   launch(x, y, n, key, keep_below, scale, stream);
+}
+
+void dropout_fp16(const uint16_t* x, uint16_t* y, int64_t n, uint64_t key, uint32_t keep_below, float scale, void* stream) {
+  launch(as_half(x), as_half(y), n, key, keep_below, scale, stream);
 }
 
 }  // namespace ds::kernels::cuda

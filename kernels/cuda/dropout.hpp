@@ -9,5 +9,6 @@ namespace ds::kernels::cuda {
 
 void dropout_f32(const float* x, float* y, int64_t n, uint64_t key, uint32_t keep_below, float scale, void* stream);
 void dropout_bf16(const uint16_t* x, uint16_t* y, int64_t n, uint64_t key, uint32_t keep_below, float scale, void* stream);
+void dropout_fp16(const uint16_t* x, uint16_t* y, int64_t n, uint64_t key, uint32_t keep_below, float scale, void* stream);  // fp16's bits
 
 }  // namespace ds::kernels::cuda

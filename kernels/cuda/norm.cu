@@ -260,6 +260,11 @@ void norm_forward_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, 
   forward(x, w, b, y, mean, rstd, s, stream);
 }
 
+void norm_forward_fp16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
+                       const NormShape& s, void* stream) {
+  forward(as_half(x), as_half(w), b ? as_half(b) : nullptr, as_half(y), mean, rstd, s, stream);
+}
+
 int64_t norm_backward_scratch_floats(const NormShape& s) { return 2 * chunk_count(s) * s.cols; }
 
 int64_t column_sums_scratch_floats(int64_t rows, int64_t cols) { return chunk_count(NormShape{rows, cols, 0.f, true}) * cols; }
@@ -270,6 +275,10 @@ void column_sums_add_bf16(const uint16_t* x, int64_t rows, int64_t cols, uint16_
   column_sums_add(x, rows, cols, out, scratch, stream);
 }
 
+void column_sums_add_fp16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* out, float* scratch, void* stream) {
+  column_sums_add(as_half(x), rows, cols, as_half(out), scratch, stream);
+}
+
 void norm_backward_f32(const float* dy, const float* x, const float* w, const float* mean, const float* rstd, float* dx, float* dw,
                        float* db, float* scratch, const NormShape& s, void* stream) {
   backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
@@ -277,6 +286,10 @@ void norm_backward_f32(const float* dy, const float* x, const float* w, const fl
 void norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
                         float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
   backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
+}
+void norm_backward_fp16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
+                        float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(as_half(dy), as_half(x), as_half(w), mean, rstd, as_half(dx), dw, db, scratch, s, stream);
 }
 
 }  // namespace ds::kernels::cuda

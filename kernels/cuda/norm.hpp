@@ -20,6 +20,9 @@ void norm_forward_f32(const float* x, const float* w, const float* b, float* y, 
                       void* stream);
 void norm_forward_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
                        const NormShape& s, void* stream);
+// fp16 as its bits (as the optimizers take it): fp32 statistics, rounded to fp16.
+void norm_forward_fp16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
+                       const NormShape& s, void* stream);
 
 // The fp32 elements of device memory the backward needs as scratch for a shape.
 int64_t norm_backward_scratch_floats(const NormShape& s);
@@ -28,11 +31,14 @@ void norm_backward_f32(const float* dy, const float* x, const float* w, const fl
                        float* db, float* scratch, const NormShape& s, void* stream);
 void norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
                         float* dw, float* db, float* scratch, const NormShape& s, void* stream);
+void norm_backward_fp16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
+                        float* dw, float* db, float* scratch, const NormShape& s, void* stream);
 
 // The same column sums without the norm: out[c] += sum over rows of x[r, c] (a projection's bias gradient from
 // dy), fp32 sums in a fixed order, out of x's type rounded once. One pass over x instead of LibTorch's sum then add.
 int64_t column_sums_scratch_floats(int64_t rows, int64_t cols);
 void column_sums_add_f32(const float* x, int64_t rows, int64_t cols, float* out, float* scratch, void* stream);
 void column_sums_add_bf16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* out, float* scratch, void* stream);
+void column_sums_add_fp16(const uint16_t* x, int64_t rows, int64_t cols, uint16_t* out, float* scratch, void* stream);
 
 }  // namespace ds::kernels::cuda

@@ -32,9 +32,6 @@ __device__ __forceinline__ float load(const float* g, int64_t i) { return g[i]; 
 __device__ __forceinline__ float load(const uint16_t* g, int64_t i) { return from_bf16(g[i]); }
 __device__ __forceinline__ float load(const __half* g, int64_t i) { return __half2float(g[i]); }
 
-// fp16 gradients arrive as their bits (no CUDA types in the header).
-const __half* as_half(const uint16_t* g) { return reinterpret_cast<const __half*>(g); }
-
 template <class G>
 __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G* grad, int64_t n, AdamStep s) {
   const float step_size = s.lr / s.bias_correction1;

@@ -53,5 +53,8 @@ void rope_f32(const float* x, float* y, const float* cos, const float* sin, cons
 void rope_bf16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream) {
   rope(x, y, cos, sin, s, stream);
 }
+void rope_fp16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream) {
+  rope(as_half(x), as_half(y), cos, sin, s, stream);
+}
 
 }  // namespace ds::kernels::cuda

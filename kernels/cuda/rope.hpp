@@ -13,5 +13,6 @@ namespace ds::kernels::cuda {
 
 void rope_f32(const float* x, float* y, const float* cos, const float* sin, const RopeShape& s, void* stream);
 void rope_bf16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream);
+void rope_fp16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream);  // fp16's bits
 
 }  // namespace ds::kernels::cuda

@@ -1,7 +1,6 @@
 #include "engine/runtime/device/kernel_route.hpp"
 
 #include <initializer_list>
-#include <type_traits>
 
 #include "common/error.hpp"
 #ifdef DS_WITH_CUDA_KERNELS
@@ -19,10 +18,11 @@ bool on_host(const torch::Tensor& x) { return on_host(x.device()); }
 
 KernelRoute kernel_route(const torch::Tensor& x) {
   const auto dtype = x.scalar_type();
-  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) return KernelRoute::libtorch;
-  if (on_host(x)) return KernelRoute::host;
+  const bool fp32_or_bf16 = dtype == torch::kFloat32 || dtype == torch::kBFloat16;
+  if (on_host(x)) return fp32_or_bf16 ? KernelRoute::host : KernelRoute::libtorch;
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.is_cuda()) return KernelRoute::cuda;
+  // A GPU's kernels take fp16 too (the host's do not: fp16 is computed only where the device computes it).
+  if (x.is_cuda() && (fp32_or_bf16 || dtype == torch::kHalf)) return KernelRoute::cuda;
 #endif
   return KernelRoute::libtorch;
 }
@@ -43,18 +43,6 @@ void check_cuda_route(const torch::Tensor& x, const char* op) {
   DS_CHECK(kernel_route(x) == KernelRoute::cuda, op, ": a ", x.scalar_type(), " tensor on ", x.device(), " is not kernels/cuda's");
 }
 
-uint16_t* bf16_data(const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
-// An optional tensor's data as E* (null where undefined).
-template <class E>
-E* data_or_null(const torch::Tensor& t) {
-  if (!t.defined()) return nullptr;
-  if constexpr (std::is_same_v<E, uint16_t>)
-    return bf16_data(t);
-  else
-    return t.data_ptr<E>();
-}
-
 // x and every tensor of `like_x` (y; dy, dx) of x's dtype, device and size; w and b (undefined for RMSNorm) one a
 // column; mean and rstd one fp32 a row; all contiguous.
 void check_norm_tensors(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
@@ -72,21 +60,90 @@ void check_norm_tensors(const torch::Tensor& x, const torch::Tensor& w, const to
              "norm: mean and rstd one fp32 a row, contiguous, on x's device");
 }
 
+void check_elementwise(std::initializer_list<const torch::Tensor*> ts, const char* op) {
+  const torch::Tensor& x = **ts.begin();
+  check_cuda_route(x, op);
+  for (const torch::Tensor* t : ts)
+    DS_CHECK(t->is_contiguous() && t->scalar_type() == x.scalar_type() && t->device() == x.device() && t->numel() == x.numel(), op,
+             ": contiguous tensors of one dtype, device and size");
+}
+
+#ifdef DS_WITH_CUDA_KERNELS
+namespace kc = kernels::cuda;
+
+// kernels/cuda's entry points for one element type, E the type its pointers take (bf16 and fp16 both pass their
+// bits as uint16_t: the entry points' names tell them apart), looked up once by dtype instead of an if per op.
+struct CudaF32 {
+  using E = float;
+  static constexpr auto norm_forward = kc::norm_forward_f32;
+  static constexpr auto norm_backward = kc::norm_backward_f32;
+  static constexpr auto column_sums_add = kc::column_sums_add_f32;
+  static constexpr auto dropout = kc::dropout_f32;
+  static constexpr auto softmax_cross_entropy = kc::softmax_cross_entropy_f32;
+  static constexpr auto gelu_tanh_forward = kc::gelu_tanh_forward_f32;
+  static constexpr auto gelu_tanh_backward = kc::gelu_tanh_backward_f32;
+  static constexpr auto swiglu_forward = kc::swiglu_forward_f32;
+  static constexpr auto swiglu_backward = kc::swiglu_backward_f32;
+  static constexpr auto rope = kc::rope_f32;
+};
+struct CudaBf16 {
+  using E = uint16_t;
+  static constexpr auto norm_forward = kc::norm_forward_bf16;
+  static constexpr auto norm_backward = kc::norm_backward_bf16;
+  static constexpr auto column_sums_add = kc::column_sums_add_bf16;
+  static constexpr auto dropout = kc::dropout_bf16;
+  static constexpr auto softmax_cross_entropy = kc::softmax_cross_entropy_bf16;
+  static constexpr auto gelu_tanh_forward = kc::gelu_tanh_forward_bf16;
+  static constexpr auto gelu_tanh_backward = kc::gelu_tanh_backward_bf16;
+  static constexpr auto swiglu_forward = kc::swiglu_forward_bf16;
+  static constexpr auto swiglu_backward = kc::swiglu_backward_bf16;
+  static constexpr auto rope = kc::rope_bf16;
+};
+struct CudaFp16 {
+  using E = uint16_t;
+  static constexpr auto norm_forward = kc::norm_forward_fp16;
+  static constexpr auto norm_backward = kc::norm_backward_fp16;
+  static constexpr auto column_sums_add = kc::column_sums_add_fp16;
+  static constexpr auto dropout = kc::dropout_fp16;
+  static constexpr auto softmax_cross_entropy = kc::softmax_cross_entropy_fp16;
+  static constexpr auto gelu_tanh_forward = kc::gelu_tanh_forward_fp16;
+  static constexpr auto gelu_tanh_backward = kc::gelu_tanh_backward_fp16;
+  static constexpr auto swiglu_forward = kc::swiglu_forward_fp16;
+  static constexpr auto swiglu_backward = kc::swiglu_backward_fp16;
+  static constexpr auto rope = kc::rope_fp16;
+};
+
+// Calls f with the entry points for x's dtype (checked by the caller: check_cuda_route).
+template <class F>
+void by_cuda_dtype(const torch::Tensor& x, F&& f) {
+  switch (x.scalar_type()) {
+    case torch::kFloat32: return f(CudaF32{});
+    case torch::kBFloat16: return f(CudaBf16{});
+    case torch::kHalf: return f(CudaFp16{});
+    default: DS_CHECK(false, "kernels/cuda take fp32, bf16 or fp16, not ", x.scalar_type());
+  }
+}
+
+// A tensor's data as E* (null where undefined).
+template <class E>
+E* data(const torch::Tensor& t) {
+  return t.defined() ? static_cast<E*>(t.data_ptr()) : nullptr;
+}
+#endif
+
 }  // namespace
+
+// (Without kernels/cuda these are never reached: kernel_route sends nothing there, and check_cuda_route refuses.)
 
 void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
                        const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& s) {
   check_cuda_route(x, "norm forward");
   check_norm_tensors(x, w, b, {&y}, mean, rstd, s);
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::norm_forward_f32(x.data_ptr<float>(), w.data_ptr<float>(), data_or_null<float>(b), y.data_ptr<float>(),
-                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), s, nullptr);
-  else
-    kernels::cuda::norm_forward_bf16(bf16_data(x), bf16_data(w), data_or_null<uint16_t>(b), bf16_data(y), mean.data_ptr<float>(),
-                                     rstd.data_ptr<float>(), s, nullptr);
-#else
-  (void)w, (void)b, (void)y;
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.norm_forward(data<E>(x), data<E>(w), data<E>(b), data<E>(y), data<float>(mean), data<float>(rstd), s, nullptr);
+  });
 #endif
 }
 
@@ -102,17 +159,12 @@ void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const t
   DS_CHECK(dw.defined(), "norm backward: dw is required");
 #ifdef DS_WITH_CUDA_KERNELS
   // The column sums' partials, from LibTorch's caching allocator on the current stream.
-  const torch::Tensor scratch = torch::empty({kernels::cuda::norm_backward_scratch_floats(s)}, dw.options());
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::norm_backward_f32(dy.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), mean.data_ptr<float>(),
-                                     rstd.data_ptr<float>(), dx.data_ptr<float>(), dw.data_ptr<float>(), data_or_null<float>(db),
-                                     scratch.data_ptr<float>(), s, nullptr);
-  else
-    kernels::cuda::norm_backward_bf16(bf16_data(dy), bf16_data(x), bf16_data(w), mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                                      bf16_data(dx), dw.data_ptr<float>(), data_or_null<float>(db), scratch.data_ptr<float>(), s,
-                                      nullptr);
-#else
-  (void)dy, (void)w, (void)mean, (void)rstd, (void)dx, (void)db;
+  const torch::Tensor scratch = torch::empty({kc::norm_backward_scratch_floats(s)}, dw.options());
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.norm_backward(data<E>(dy), data<E>(x), data<E>(w), data<float>(mean), data<float>(rstd), data<E>(dx), data<float>(dw),
+                    data<float>(db), data<float>(scratch), s, nullptr);
+  });
 #endif
 }
 
@@ -121,12 +173,10 @@ void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, 
   DS_CHECK(x.is_contiguous() && y.is_contiguous() && y.scalar_type() == x.scalar_type() && y.numel() == x.numel(),
            "dropout: x and y contiguous, of one dtype and size");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::dropout_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), key, keep_below, scale, nullptr);
-  else
-    kernels::cuda::dropout_bf16(bf16_data(x), bf16_data(y), x.numel(), key, keep_below, scale, nullptr);
-#else
-  (void)key, (void)keep_below, (void)scale;
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.dropout(data<E>(x), data<E>(y), x.numel(), key, keep_below, scale, nullptr);
+  });
 #endif
 }
 
@@ -137,15 +187,11 @@ void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor
                row_loss.scalar_type() == torch::kFloat32,
            "softmax cross-entropy: (rows, vocab) logits of unit stride, int64 targets, fp32 row losses");
 #ifdef DS_WITH_CUDA_KERNELS
-  const int64_t rows = logits.size(0), vocab = logits.size(1), ld = logits.stride(0);
-  if (logits.scalar_type() == torch::kBFloat16)
-    kernels::cuda::softmax_cross_entropy_bf16(bf16_data(logits), targets.data_ptr<int64_t>(), rows, vocab, ld, row_grad, write_grad,
-                                              row_loss.data_ptr<float>(), nullptr);
-  else
-    kernels::cuda::softmax_cross_entropy_f32(logits.data_ptr<float>(), targets.data_ptr<int64_t>(), rows, vocab, ld, row_grad,
-                                             write_grad, row_loss.data_ptr<float>(), nullptr);
-#else
-  (void)targets, (void)row_grad, (void)write_grad, (void)row_loss;
+  by_cuda_dtype(logits, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.softmax_cross_entropy(data<E>(logits), targets.data_ptr<int64_t>(), logits.size(0), logits.size(1), logits.stride(0), row_grad,
+                            write_grad, data<float>(row_loss), nullptr);
+  });
 #endif
 }
 
@@ -156,53 +202,41 @@ void cuda_column_sums_add(const torch::Tensor& x, const torch::Tensor& out) {
            "column sums: x (rows, cols) contiguous, out of cols elements of x's dtype and device");
 #ifdef DS_WITH_CUDA_KERNELS
   const int64_t rows = x.size(0), cols = x.size(1);
-  const torch::Tensor scratch = torch::empty({kernels::cuda::column_sums_scratch_floats(rows, cols)}, x.options().dtype(torch::kFloat32));
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::column_sums_add_f32(x.data_ptr<float>(), rows, cols, out.data_ptr<float>(), scratch.data_ptr<float>(), nullptr);
-  else
-    kernels::cuda::column_sums_add_bf16(bf16_data(x), rows, cols, bf16_data(out), scratch.data_ptr<float>(), nullptr);
+  const torch::Tensor scratch = torch::empty({kc::column_sums_scratch_floats(rows, cols)}, x.options().dtype(torch::kFloat32));
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.column_sums_add(data<E>(x), rows, cols, data<E>(out), data<float>(scratch), nullptr);
+  });
 #endif
 }
-
-namespace {
-
-void check_elementwise(std::initializer_list<const torch::Tensor*> ts, const char* op) {
-  const torch::Tensor& x = **ts.begin();
-  check_cuda_route(x, op);
-  for (const torch::Tensor* t : ts)
-    DS_CHECK(t->is_contiguous() && t->scalar_type() == x.scalar_type() && t->device() == x.device() && t->numel() == x.numel(), op,
-             ": contiguous tensors of one dtype, device and size");
-}
-
-}  // namespace
 
 void cuda_gelu_tanh_forward(const torch::Tensor& x, const torch::Tensor& y) {
   check_elementwise({&x, &y}, "gelu forward");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::gelu_tanh_forward_f32(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), nullptr);
-  else
-    kernels::cuda::gelu_tanh_forward_bf16(bf16_data(x), bf16_data(y), x.numel(), nullptr);
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.gelu_tanh_forward(data<E>(x), data<E>(y), x.numel(), nullptr);
+  });
 #endif
 }
 
 void cuda_gelu_tanh_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& dx) {
   check_elementwise({&x, &dy, &dx}, "gelu backward");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::gelu_tanh_backward_f32(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel(), nullptr);
-  else
-    kernels::cuda::gelu_tanh_backward_bf16(bf16_data(dy), bf16_data(x), bf16_data(dx), x.numel(), nullptr);
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.gelu_tanh_backward(data<E>(dy), data<E>(x), data<E>(dx), x.numel(), nullptr);
+  });
 #endif
 }
 
 void cuda_swiglu_forward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& y) {
   check_elementwise({&g, &u, &y}, "swiglu forward");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (g.scalar_type() == torch::kFloat32)
-    kernels::cuda::swiglu_forward_f32(g.data_ptr<float>(), u.data_ptr<float>(), y.data_ptr<float>(), g.numel(), nullptr);
-  else
-    kernels::cuda::swiglu_forward_bf16(bf16_data(g), bf16_data(u), bf16_data(y), g.numel(), nullptr);
+  by_cuda_dtype(g, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.swiglu_forward(data<E>(g), data<E>(u), data<E>(y), g.numel(), nullptr);
+  });
 #endif
 }
 
@@ -210,11 +244,10 @@ void cuda_swiglu_backward(const torch::Tensor& dy, const torch::Tensor& g, const
                           const torch::Tensor& du) {
   check_elementwise({&g, &dy, &u, &dg, &du}, "swiglu backward");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (g.scalar_type() == torch::kFloat32)
-    kernels::cuda::swiglu_backward_f32(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
-                                       du.data_ptr<float>(), g.numel(), nullptr);
-  else
-    kernels::cuda::swiglu_backward_bf16(bf16_data(dy), bf16_data(g), bf16_data(u), bf16_data(dg), bf16_data(du), g.numel(), nullptr);
+  by_cuda_dtype(g, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.swiglu_backward(data<E>(dy), data<E>(g), data<E>(u), data<E>(dg), data<E>(du), g.numel(), nullptr);
+  });
 #endif
 }
 
@@ -227,10 +260,10 @@ void cuda_rope(const torch::Tensor& x, const torch::Tensor& y, const torch::Tens
                cos.numel() == s.T * half && sin.numel() == s.T * half,
            "rotary: x holds rows x heads x D; fp32 cos and sin (T, D/2), contiguous, on x's GPU");
 #ifdef DS_WITH_CUDA_KERNELS
-  if (x.scalar_type() == torch::kFloat32)
-    kernels::cuda::rope_f32(x.data_ptr<float>(), y.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), s, nullptr);
-  else
-    kernels::cuda::rope_bf16(bf16_data(x), bf16_data(y), cos.data_ptr<float>(), sin.data_ptr<float>(), s, nullptr);
+  by_cuda_dtype(x, [&](auto k) {
+    using E = typename decltype(k)::E;
+    k.rope(data<E>(x), data<E>(y), data<float>(cos), data<float>(sin), s, nullptr);
+  });
 #endif
 }
 

@@ -17,8 +17,8 @@ namespace ds {
 
 enum class KernelRoute {
   host,      // ds's CPU kernels (kernels/cpu): fp32 and bf16 tensors in host memory
-  cuda,      // ds's CUDA kernels (kernels/cuda): fp32 and bf16 tensors on a GPU, in a build that has them
-  libtorch,  // LibTorch's own operations: anything else (fp16, fp64, a GPU build without kernels/cuda)
+  cuda,      // ds's CUDA kernels (kernels/cuda): fp32, bf16 and fp16 tensors on a GPU, in a build that has them
+  libtorch,  // LibTorch's own operations: anything else (fp16 on the host, fp64, a GPU build without kernels/cuda)
 };
 KernelRoute kernel_route(const torch::Tensor& x);
 
@@ -30,9 +30,10 @@ GradElements grad_elements_of(const torch::Tensor& grads);
 bool on_host(const torch::Tensor& x);
 bool on_host(const torch::Device& d);
 
-// kernels/cuda's model kernels, for tensors kernel_route sends there (checked), queued on the legacy default
-// stream: LibTorch's default and the CUDA Device's compute stream (a CUDAStreamGuard around the model would
-// need the current stream passed here instead), on the current device (one GPU a process).
+// kernels/cuda's model kernels, for tensors kernel_route sends there (checked; fp32, bf16 or fp16, each op's
+// tensors of one dtype), queued on the legacy default stream: LibTorch's default and the CUDA Device's compute
+// stream (a CUDAStreamGuard around the model would need the current stream passed here instead), on the current
+// device (one GPU a process).
 // y = x with dropout's mask of `key` applied (kernels/dropout_mask.hpp), x and y contiguous, of one dtype.
 void cuda_dropout(const torch::Tensor& x, const torch::Tensor& y, uint64_t key, uint32_t keep_below, float scale);
 // Each row's softmax cross-entropy into row_loss (fp32), and with write_grad its gradient times row_grad over

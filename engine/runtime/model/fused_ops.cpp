@@ -249,9 +249,9 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
   }
 };
 
-// x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype;
-// else (fp16, fp64, a GPU build without ds's CUDA kernels) the mask made by the fp32 kernel (on x's GPU where
-// ds has kernels there, else on the host) and applied in x's dtype on x's device (x times the kept 0/1, then
+// x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype (fp16
+// on a GPU included); else (fp16 on the host, fp64, a GPU build without ds's CUDA kernels) the mask made by the
+// fp32 kernel (on x's GPU where ds has kernels there, else on the host) and applied in x's dtype on x's device (x times the kept 0/1, then
 // the scale: one rounding, as the kernels), a chunk of elements at a time: the fp32 mask and its conversions take
 // about 11 bytes an element, which over attention's probabilities would be more than the plan counts.
 torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
@@ -271,8 +271,8 @@ torch::Tensor apply_dropout(const torch::Tensor& x_in, double p, uint64_t key) {
     }
     return y;
   }
-  // The mask drawn in fp32 where a kernel draws it: on x's device when ds has one there (fp16 on a GPU), else on the
-  // host. A chunk from element `at` on is keyed key + at strides: its elements' masks are the whole tensor's.
+  // The mask drawn in fp32 where a kernel draws it: on x's device when ds has one there (fp64 on a GPU), else on the
+  // host (fp16 there never reaches this: the host computes no fp16). A chunk from element `at` on is keyed key + at strides: its elements' masks are the whole tensor's.
   constexpr int64_t kChunk = int64_t{1} << 18;
   torch::Tensor ones = torch::ones({std::min(kChunk, x.numel())}, torch::TensorOptions(torch::kFloat32).device(x.device()));
   if (kernel_route(ones) == KernelRoute::libtorch) ones = torch::ones({ones.numel()}, torch::kFloat32);

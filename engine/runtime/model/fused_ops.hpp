@@ -1,8 +1,8 @@
-// ds — the model's elementwise and normalisation ops on ds's own CPU kernels (kernels/cpu), with
-// their backward, as autograd functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU, rotary position
-// embedding, the embedding lookup, and the projections (whose GEMMs are LibTorch's). fp32 and bf16
-// CPU tensors take the kernels; anything else (fp16, a GPU tensor) takes LibTorch's ops, so the models
-// call these unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
+// ds — the model's elementwise and normalisation ops on ds's own kernels, with their backward, as autograd
+// functions: LayerNorm, RMSNorm, tanh-GELU, SwiGLU, rotary position embedding, the embedding lookup, and the
+// projections (whose GEMMs are LibTorch's). Which kernels take a tensor is kernel_route's answer: fp32 and bf16
+// CPU tensors kernels/cpu, fp32, bf16 and fp16 GPU tensors kernels/cuda (the embedding's backward: the CPU's
+// only); anything else takes LibTorch's ops, so the models call these unconditionally. Numerics: statistics in fp32, one rounding of each output (tests/test_model_ops).
 #pragma once
 
 #include <torch/torch.h>
