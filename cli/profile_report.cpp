@@ -71,6 +71,11 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
       for (const CollectiveSpan& c : r.collective_spans[i])
         step["collective_spans"].push_back({{"name", c.name}, {"start_s", c.start_s}, {"seconds", c.seconds}, {"bytes", c.bytes}});
     if (i < r.stage_waits_s.size()) step["waited_s"] = r.stage_waits_s[i];  // a pipeline stage's time held up by the others
+    if (i < r.kernel_times.size()) {
+      step["kernels"] = json::array();
+      for (const KernelTime& k : r.kernel_times[i])
+        step["kernels"].push_back({{"name", k.name}, {"launches", k.launches}, {"seconds", k.seconds}});
+    }
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
@@ -80,7 +85,7 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
   return {{"rank", plan.topology.rank}, {"stage", stage}, {"first_block", first_block}, {"steps", steps}, {"collectives", collectives},
           {"gemm_peak_flops", r.gemm_peak_flops}, {"peak_rss_bytes", r.peak_rss_bytes}, {"baseline_rss_bytes", r.baseline_rss_bytes},
           {"paged_file_bytes", r.paged_file_bytes}, {"device_peak_bytes", r.device_peak_bytes},
-          {"device_baseline_bytes", r.device_baseline_bytes}};
+          {"device_baseline_bytes", r.device_baseline_bytes}, {"kernels_not_listed", r.kernels_not_listed}};
 }
 
 namespace {
@@ -391,6 +396,47 @@ void add_memory(const Measured& ms, json& r) {
   }
 }
 
+// A GPU's kernels (rank 0's), a measured step's mean, the longest first: the first kKernelRows named, the rest
+// summed; or why none are listed. Nothing on the CPU (its work is not kernels launched on a device).
+void add_kernels(const Measured& ms, json& r) {
+  constexpr size_t kKernelRows = 20;
+  const json& first = ms.steps[static_cast<size_t>(ms.warmup)];
+  const std::string why = ms.lead.value("kernels_not_listed", std::string());
+  if (!first.contains("kernels")) {
+    if (!why.empty()) r["kernels"] = {{"not_listed", why}};
+    return;
+  }
+  std::vector<std::vector<KernelTime>> per_step;
+  for (int i = ms.warmup; i < ms.end; ++i) {
+    std::vector<KernelTime>& step = per_step.emplace_back();
+    for (const json& k : ms.steps[static_cast<size_t>(i)]["kernels"])
+      step.push_back({k["name"].get<std::string>(), k["launches"].get<double>(), k["seconds"].get<double>()});
+  }
+  const std::vector<KernelTime> mean = mean_kernel_times(per_step, ms.end - ms.warmup);
+  double busy = 0, launches = 0;
+  for (const KernelTime& k : mean) {
+    busy += k.seconds;
+    launches += k.launches;
+  }
+  json top = json::array();
+  double rest_s = 0, rest_launches = 0;
+  for (size_t i = 0; i < mean.size(); ++i) {
+    if (i < kKernelRows)
+      top.push_back({{"name", mean[i].name}, {"launches_per_step", mean[i].launches}, {"seconds_per_step", mean[i].seconds},
+                     {"share_of_step_time", mean[i].seconds / ms.step_s}});
+    else
+      rest_s += mean[i].seconds, rest_launches += mean[i].launches;
+  }
+  r["kernels"] = {{"source", "CUPTI (each kernel's start and end on the GPU's clock)"},
+                  {"distinct", mean.size()},
+                  {"launches_per_step", launches},
+                  {"busy_seconds_per_step", busy},
+                  {"busy_share_of_step_time", busy / ms.step_s},
+                  {"top", top},
+                  {"others", {{"kernels", mean.size() - std::min(mean.size(), kKernelRows)}, {"launches_per_step", rest_launches},
+                              {"seconds_per_step", rest_s}}}};
+}
+
 // Pipeline stages: each stage's first rank's phases, the time it waited for the other stages beside the plan's
 // bubble, and its training memory beside the stage's plan.
 void add_pipeline(const Measured& ms, json& r) {
@@ -446,6 +492,7 @@ json build_profile_report(const Plan& plan, const std::vector<json>& parts, cons
   add_communication(ms, r);
   add_offload(ms, r);
   add_memory(ms, r);
+  add_kernels(ms, r);
   add_pipeline(ms, r);
   add_ranks(ms, parts, r);
   r["lead_rank"] = ms.lead["rank"];  // the rank whose collectives and memory are set beside the plan's
@@ -590,6 +637,25 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
                            " before training (CUDA context, other processes) + " + format_bytes(trained) + " for training, against the plan's " +
                            format_bytes(planned) + " on the device" + (planned > 0 ? " (" + format_fixed(trained / planned, 2) + "x)" : std::string()));
     if (d.contains("by_phase")) line("GPU at each phase's end", phase_row(d["by_phase"], "in_use_bytes"));
+  }
+  if (r.contains("kernels")) {
+    const json& k = r["kernels"];
+    if (k.contains("not_listed")) {
+      o << "\nGPU kernels: not listed (" << k["not_listed"].get<std::string>() << ")\n";
+    } else {
+      o << "\nGPU kernels per step (rank 0; CUPTI: each kernel's time on the GPU, the longest first)\n";
+      line("kernels", format_fixed(k["launches_per_step"].get<double>(), 0) + " launches of " + std::to_string(k["distinct"].get<size_t>()) +
+                          " kernels, busy " + ms(k["busy_seconds_per_step"].get<double>()) + " (" +
+                          pct(k["busy_share_of_step_time"].get<double>()) + " of the step; the rest: the GPU idle, or copies)");
+      for (const json& t : k["top"])
+        o << "  " << lpad(ms(t["seconds_per_step"].get<double>()), 11) << lpad(pct(t["share_of_step_time"].get<double>()), 8)
+          << lpad(format_fixed(t["launches_per_step"].get<double>(), 0) + "x", 8) << "  " << t["name"].get<std::string>() << "\n";
+      const json& rest = k["others"];
+      if (rest["kernels"].get<size_t>() > 0)
+        o << "  " << lpad(ms(rest["seconds_per_step"].get<double>()), 11) << lpad("", 8)
+          << lpad(format_fixed(rest["launches_per_step"].get<double>(), 0) + "x", 8) << "  " << rest["kernels"].get<size_t>()
+          << " other kernels\n";
+    }
   }
   if (r.contains("pipeline")) {
     const json& pl = r["pipeline"];

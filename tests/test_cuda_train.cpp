@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -248,5 +249,24 @@ TEST_F(CudaTrain, AProfileOnTheGpuTimesItsStepWithCudaEvents) {
     EXPECT_LE(blocks, p.forward * 1.001 + 1e-5);  // the blocks run within the forward phase
     ASSERT_EQ(r.phase_device_bytes.size(), 4u);
     EXPECT_GT(r.phase_device_bytes[i][1], r.device_baseline_bytes);  // the GPU's memory at forward's end
+  }
+  // The kernels each step ran (CUPTI): ds's own among them (the head's cross-entropy, the norms), each listed once
+  // by its short name, their time within the step's (one stream: they do not overlap), the matmul rate's GEMMs
+  // measured between the steps not counted (the step's GEMMs are far fewer than the rate's rounds launch).
+  ASSERT_TRUE(r.kernels_not_listed.empty()) << r.kernels_not_listed;
+  ASSERT_EQ(r.kernel_times.size(), 4u);
+  for (size_t i = 1; i < r.kernel_times.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    double busy = 0;
+    std::set<std::string> names;
+    for (const KernelTime& k : r.kernel_times[i]) {
+      busy += k.seconds;
+      EXPECT_TRUE(names.insert(k.name).second) << k.name << " listed twice";
+      EXPECT_EQ(k.name.find('('), std::string::npos) << k.name;
+    }
+    EXPECT_GT(busy, 0);
+    EXPECT_LE(busy, r.step_seconds[i] * 1.001);
+    EXPECT_TRUE(names.count("ds::kernels::cuda::cross_entropy_kernel<...>")) << "ds's cross-entropy is not among the step's kernels";
+    EXPECT_TRUE(names.count("ds::kernels::cuda::forward_kernel<...>")) << "ds's norm is not among the step's kernels";
   }
 }

@@ -102,3 +102,48 @@ TEST(ProfileReport, OnTheCpuTheResidentMemoryIsSetBesideThePlansWholeAndNoGpuIsN
   const std::string text = cli::render_profile_text(plan, report, false);
   EXPECT_EQ(text.find("GPU"), std::string::npos) << text;
 }
+
+// On a GPU the kernels each step ran (as CUPTI would hand them over, made up here): the report lists a measured
+// step's mean per kernel, the longest first, its share of the mean step (1 s here), the first 20 by name and the
+// rest summed; the warm-up step's kernels (a much longer one among them) are left out. Recomputed here.
+TEST(ProfileReport, OnAGpuTheKernelsAreAMeasuredStepsMeanTheLongestFirst) {
+  const Plan plan = plan_on(DeviceKind::cuda);
+  TrainResult r = measured(true);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<KernelTime> step = {{"gemm", 48, 0.30 + 0.01 * i}, {"ds::kernels::cuda::cross_entropy_kernel<...>", 2, 0.05}};
+    if (i == 0) step.push_back({"warmup_only", 1, 5.0});
+    for (int k = 0; k < 25; ++k) step.push_back({"small_" + std::to_string(100 + k), 3, 1e-4 * (k + 1)});
+    r.kernel_times.push_back(step);
+  }
+  const json report = cli::build_profile_report(plan, {cli::profile_rank_part(plan, r)}, after_one_warmup_step());
+  ASSERT_TRUE(report.contains("kernels")) << report.dump();
+  const json& k = report["kernels"];
+  EXPECT_EQ(k["distinct"].get<size_t>(), 27u) << "warmup_only ran in the warm-up alone";
+  ASSERT_EQ(k["top"].size(), 20u);
+  EXPECT_EQ(k["top"][0]["name"], "gemm");
+  EXPECT_NEAR(k["top"][0]["seconds_per_step"].get<double>(), 0.32, 1e-12);  // steps 2-4: 0.31, 0.32, 0.33
+  EXPECT_NEAR(k["top"][0]["share_of_step_time"].get<double>(), 0.32, 1e-12);
+  EXPECT_EQ(k["top"][0]["launches_per_step"].get<double>(), 48);
+  EXPECT_EQ(k["top"][1]["name"], "ds::kernels::cuda::cross_entropy_kernel<...>");
+  EXPECT_EQ(k["top"][2]["name"], "small_124");  // the small ones, longest first
+  EXPECT_EQ(k["top"][19]["name"], "small_107");
+  // The seven shortest (small_100 .. small_106: 1e-4 .. 7e-4 s) summed.
+  EXPECT_EQ(k["others"]["kernels"].get<size_t>(), 7u);
+  EXPECT_NEAR(k["others"]["seconds_per_step"].get<double>(), 1e-4 * (1 + 2 + 3 + 4 + 5 + 6 + 7), 1e-12);
+  EXPECT_NEAR(k["others"]["launches_per_step"].get<double>(), 21, 1e-12);
+  double small = 0;
+  for (int j = 1; j <= 25; ++j) small += 1e-4 * j;
+  EXPECT_NEAR(k["busy_seconds_per_step"].get<double>(), 0.32 + 0.05 + small, 1e-12);
+  EXPECT_NEAR(k["launches_per_step"].get<double>(), 48 + 2 + 25 * 3, 1e-12);
+  const std::string text = cli::render_profile_text(plan, report, false);
+  EXPECT_NE(text.find("GPU kernels per step"), std::string::npos) << text;
+  EXPECT_NE(text.find("7 other kernels"), std::string::npos) << text;
+  EXPECT_EQ(text.find("warmup_only"), std::string::npos) << text;
+
+  // Where the trace could not start, the report says why instead.
+  TrainResult none = measured(true);
+  none.kernels_not_listed = "CUPTI could not be loaded (tried libcupti.so.13)";
+  const json without = cli::build_profile_report(plan, {cli::profile_rank_part(plan, none)}, after_one_warmup_step());
+  EXPECT_EQ(without["kernels"]["not_listed"], none.kernels_not_listed);
+  EXPECT_NE(cli::render_profile_text(plan, without, false).find("GPU kernels: not listed (CUPTI could not be loaded"), std::string::npos);
+}

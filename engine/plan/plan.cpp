@@ -293,7 +293,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
     plan.warnings.push_back({"fp16.enabled",
                              "fp16 on a GPU is new: ds's own checks have run fp16 training (loss scaling, overflow skips) on the CPU; "
                              "the tests of its fp16 CUDA kernels (the optimizers', and the norms', activations', rotary embedding's, "
-                             "dropout's and cross-entropy's) and of an fp16 run on a GPU have not yet run on one",
+                             "dropout's, bias sums' and cross-entropy's) and of an fp16 run on a GPU have not yet run on one",
                              "compare its first steps with the same run in bf16 (bf16.enabled), the fast choice on a GPU that has it"});
   if (!topo.device_traits().memory_is_host && topo.world_size == 1 &&
       (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none))

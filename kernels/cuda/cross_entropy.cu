@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -15,7 +16,21 @@ namespace {
 
 constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
 // Rows up to this size stay in shared memory between the passes: two blocks an SM of an H100/H200 (228 KiB).
+// Less where the card grants a block less (cached_row_limit).
 constexpr size_t kMaxCachedRowBytes = 112 * 1024;
+
+// The largest row kept in shared memory on the current GPU: kMaxCachedRowBytes, or what a block may opt in to
+// where that is less (96 KiB on a V100, 99 KiB on sm_86/89, 64 KiB on a T4). Asked once (one GPU a process).
+size_t cached_row_limit() {
+  static const size_t limit = [] {
+    int device = 0, optin = 0;
+    ds::cuda::check(cudaGetDevice(&device), "softmax_cross_entropy: the current device");
+    ds::cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                    "softmax_cross_entropy: the shared memory a block may use");
+    return std::min(kMaxCachedRowBytes, static_cast<size_t>(optin));
+  }();
+  return limit;
+}
 
 // A running maximum and the sum of exp(z - max) over what was seen: the online softmax's state.
 struct MaxSum {
@@ -140,11 +155,11 @@ void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int6
                              ", row stride " + std::to_string(row_stride) + ")");
   auto* st = static_cast<cudaStream_t>(stream);
   const size_t row_bytes = (static_cast<size_t>(vocab) * sizeof(T) + 15) / 16 * 16;
-  if (write_grad && row_bytes <= kMaxCachedRowBytes) {
+  if (write_grad && row_bytes <= cached_row_limit()) {
     static bool opted_in = false;  // per T: shared memory past 48 KiB is granted on request
     if (!opted_in) {
       ds::cuda::check(cudaFuncSetAttribute(cross_entropy_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kMaxCachedRowBytes)),
+                                           static_cast<int>(cached_row_limit())),
                       "softmax_cross_entropy: shared memory");
       opted_in = true;
     }

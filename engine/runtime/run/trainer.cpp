@@ -191,6 +191,7 @@ class TrainingRun {
   std::unique_ptr<ZeroExchange> zero_;
   std::unique_ptr<LanguageModel> model_;
   std::unique_ptr<BlockTimer> block_timer_;
+  std::unique_ptr<KernelTrace> kernel_trace_;  // ds profile on a GPU: the kernels each step ran
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<OptimizerStep> stepper_;
   CheckpointBuffers buffers_;             // the rank's whole part, as a checkpoint's shard holds it (saving)
@@ -633,6 +634,12 @@ void TrainingRun::loop() {
              dtype_name(plan_.precision.compute_dtype) + " at the model's " + std::to_string(peak.shapes) + " GEMM shapes (" +
              format_fixed(peak.seconds, 2) + " s)");
   }
+  // ds profile on a GPU: every kernel of each step, from here on (the matmul peak above is no step's).
+  if (opt_.profile && !plan_.topology.device_traits().memory_is_host) {
+    device_.compute_stream().synchronize();
+    kernel_trace_ = KernelTrace::start(&result_.kernels_not_listed);
+    if (!kernel_trace_) log.note("ds profile: no kernel list: " + result_.kernels_not_listed);
+  }
   report_->start();
   if (result_.first_step >= plan_.steps)
     log.note("ds train: the checkpoint is at step " + std::to_string(result_.first_step) + " and train.steps is " +
@@ -670,6 +677,7 @@ void TrainingRun::loop() {
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0, *step_start);
+    if (kernel_trace_) result_.kernel_times.push_back(kernel_totals(kernel_trace_->take()));  // (the stream was waited for)
     const CommLedger after = groups_.ledger();
     report_->end_collectives(comm_ ? &after : nullptr);
     for (const std::string& note : out.notes) log.note(note);
@@ -689,6 +697,7 @@ void TrainingRun::loop() {
       result_.gemm_rates.push_back(
           measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, device_, kGemmBudgetPerStep)
               .flops_per_s);
+    if (kernel_trace_) kernel_trace_->take();  // the matmul rate's kernels (its rounds end with a stream wait)
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;

@@ -9,6 +9,7 @@
 
 #include "common/stop_signals.hpp"
 #include "engine/plan/plan.hpp"
+#include "engine/runtime/device/kernel_trace.hpp"
 
 namespace ds {
 
@@ -97,6 +98,9 @@ struct TrainResult {
   // ds profile: per step, the same measured right after it, so each step's MFU is taken against the rate the
   // machine had then (a shared or throttling machine's rate drifts by 2x over minutes).
   std::vector<double> gemm_rates;
+  // ds profile on a GPU: per step, the kernels it ran (CUPTI), the longest first; or why none are listed.
+  std::vector<std::vector<KernelTime>> kernel_times;
+  std::string kernels_not_listed;
 
   // What training itself held at the peak, to set against the plan: neither the code and libraries there
   // before it began nor the file-backed pages that came in since.
