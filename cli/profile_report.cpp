@@ -409,10 +409,11 @@ void add_kernels(const Measured& ms, json& r) {
   std::vector<std::vector<KernelTime>> per_step;
   for (int i = ms.warmup; i < ms.end; ++i) {
     std::vector<KernelTime>& step = per_step.emplace_back();
-    for (const json& k : ms.steps[static_cast<size_t>(i)]["kernels"])
+    for (const json& k : ms.steps[static_cast<size_t>(i)].value("kernels", json::array()))
       step.push_back({k["name"].get<std::string>(), k["launches"].get<double>(), k["seconds"].get<double>()});
   }
   const std::vector<KernelTime> mean = mean_kernel_times(per_step, ms.end - ms.warmup);
+  const auto share = [&](double s) { return ms.step_s > 0 ? s / ms.step_s : 0.0; };
   double busy = 0, launches = 0;
   for (const KernelTime& k : mean) {
     busy += k.seconds;
@@ -423,7 +424,7 @@ void add_kernels(const Measured& ms, json& r) {
   for (size_t i = 0; i < mean.size(); ++i) {
     if (i < kKernelRows)
       top.push_back({{"name", mean[i].name}, {"launches_per_step", mean[i].launches}, {"seconds_per_step", mean[i].seconds},
-                     {"share_of_step_time", mean[i].seconds / ms.step_s}});
+                     {"share_of_step_time", share(mean[i].seconds)}});
     else
       rest_s += mean[i].seconds, rest_launches += mean[i].launches;
   }
@@ -431,7 +432,7 @@ void add_kernels(const Measured& ms, json& r) {
                   {"distinct", mean.size()},
                   {"launches_per_step", launches},
                   {"busy_seconds_per_step", busy},
-                  {"busy_share_of_step_time", busy / ms.step_s},
+                  {"busy_share_of_step_time", share(busy)},
                   {"top", top},
                   {"others", {{"kernels", mean.size() - std::min(mean.size(), kKernelRows)}, {"launches_per_step", rest_launches},
                               {"seconds_per_step", rest_s}}}};

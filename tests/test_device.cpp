@@ -10,11 +10,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
+#include "engine/plan/optimizer_groups.hpp"
 #include "engine/runtime/comm/comm_local.hpp"
 #include "engine/runtime/device/device.hpp"
 #include "engine/runtime/run/trainer.hpp"
@@ -255,12 +257,18 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
 
 // `grads_leave`: an offloaded optimizer's gradients leave block by block for host memory, as on a GPU.
 // `separate`: for the separate-memory device, whose weights cross between places by copies, as a GPU's do.
-Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false, bool separate = false) {
+// A compiled plan changed by a test before it runs (what the planner only does at sizes a test cannot train).
+using PlanEdit = std::function<void(Plan&)>;
+
+Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false, bool separate = false,
+              const PlanEdit& edit = {}) {
   Config c = load_config_text(kTiny, "test.json", overrides);
   Topology t = test::thread_ranks(world, rank);
   if (grads_leave) t.gradients_leave_per_block = true;
   if (separate) t.host_writes_device = false;
-  return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+  if (edit) edit(plan);
+  return plan;
 }
 
 struct RankRun {
@@ -272,7 +280,7 @@ struct RankRun {
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
 std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate,
-                                 const std::string& resume_from = "", bool grads_leave = false) {
+                                 const std::string& resume_from = "", bool grads_leave = false, const PlanEdit& edit = {}) {
   std::vector<RankRun> runs(static_cast<size_t>(world));
   LocalGroup group(world);
   std::vector<std::thread> threads;
@@ -280,7 +288,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        const Plan plan = plan_for(world, r, overrides, grads_leave, separate);
+        const Plan plan = plan_for(world, r, overrides, grads_leave, separate, edit);
         TrainOptions opt;
         opt.print_every = 1000;
         opt.resume_from = resume_from;
@@ -453,6 +461,50 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
         EXPECT_DOUBLE_EQ(ledger_bytes(s.transfers, Place::host, Place::device), 5 * weights_back);
       }
     }
+  }
+  fs::remove_all(root);
+}
+
+// An NVMe sub-group read into the host's buffers is stepped there in windows, each window's bf16 weights staged
+// and copied to the device while the next is stepped, so the page-locked staging holds a window, not a sub-group.
+// The planner windows only sub-groups above kMostStagingTile (16M elements); here the plan is cut finer, into
+// windows of at most 700 of the 20,000-element sub-groups, as the planner would at that size. The run equals the
+// CPU's bit for bit (the cuts fall on the kernels' grain) and moves the plan's bytes; the test device's copy stream
+// refuses a window's weights written into a staging buffer a copy may still be reading.
+TEST(DeviceSeam, AnNvmeSubGroupIsSteppedInWindowsAsTheCpuStepsItWhole) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_windows_" + std::to_string(::getpid()));
+  const fs::path nvme = root / "nvme";
+  fs::create_directories(nvme);
+  constexpr int64_t kWindow = 700;
+  const PlanEdit windows = [](Plan& plan) {
+    ZeroExecution& z = plan.execution;
+    z.weight_tiles = staging_windows(z.sub_groups, optimizer_runs(plan.layout, plan.topology.rank, false), kWindow);
+    int64_t most = 0;
+    for (const SubGroup& w : z.weight_tiles) most = std::max(most, w.numel());
+    for (ZeroBuffer& b : z.buffers)
+      if (b.role == BufferRole::weights_staging) b.elements = most, b.copies = 2;
+  };
+  const std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme",
+                                   "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(), "zero_optimization.sub_group_size=20000",
+                                   "train.output_dir=" + (root / "run").string()};
+  const Plan plan = plan_for(2, 0, o, /*grads_leave=*/true, /*separate=*/true, windows);
+  ASSERT_EQ(plan.execution.state_spans.front().weights, WeightsBack::staged);
+  ASSERT_GT(plan.execution.sub_groups.size(), 1u);
+  EXPECT_GT(plan.execution.weight_tiles.size(), 3 * plan.execution.sub_groups.size());
+  for (const SubGroup& w : plan.execution.weight_tiles) EXPECT_LE(w.numel(), kWindow);
+  const std::vector<RankRun> cpu = train_ranks(2, o, false, "", true);
+  fs::remove_all(root / "run");
+  const std::vector<RankRun> separate = train_ranks(2, o, true, "", true, windows);
+  std::vector<double> moved;
+  std::ifstream metrics(root / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
+  double planned = 0;
+  for (const Transfer& t : plan.execution.transfers) planned += t.bytes_per_step;
+  ASSERT_EQ(moved.size(), 4u);
+  for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(separate[static_cast<size_t>(r)].result.losses.size(), 4u);
+    EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, separate[static_cast<size_t>(r)].result.losses) << "rank " << r;
   }
   fs::remove_all(root);
 }

@@ -417,24 +417,35 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
         EXPECT_EQ(x.written_in_step, c.weights.back() == W::in_place) << x.what;
       }
     }
-    // The staging buffers: on the host, in the weights' dtype, a tile's each (an NVMe sub-group, or a tile of the
-    // span in memory: at most kMostStagingTile elements, the tiles tiling the span), two where there are several.
+    // The staging buffers: on the host, in the weights' dtype, a tile's each (a tile of the span in memory, or a
+    // window of an NVMe sub-group: at most kMostStagingTile elements, the tiles tiling the span, an NVMe span's
+    // each inside one sub-group), two where there are several.
     const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
     ASSERT_EQ(staging != nullptr, c.weights.front() == W::staged);
-    EXPECT_EQ(!z.weight_tiles.empty(), c.weights.front() == W::staged && z.state_spans.front().place == Place::host);
+    EXPECT_EQ(!z.weight_tiles.empty(), c.weights.front() == W::staged);
     if (staging) {
       EXPECT_EQ(staging->dtype, Dtype::bf16);
       const bool nvme = z.state_spans.front().place == Place::nvme;
-      const std::vector<SubGroup>& tiles = nvme ? z.sub_groups : z.weight_tiles;
+      const std::vector<SubGroup>& tiles = z.staged_tiles();
       ASSERT_FALSE(tiles.empty());
       EXPECT_LE(tiles.size(), static_cast<size_t>(kMostWeightTiles));
       EXPECT_EQ(tiles.size() == 1, p.optimizer.per_tensor_update());  // Lamb steps its tensors whole: one tile
       int64_t most = 0, at = 0;
+      size_t in = 0;  // the sub-group holding the tile (NVMe)
       for (const SubGroup& g : tiles) {
         EXPECT_EQ(g.begin, at);
         at = g.end;
         most = std::max(most, g.numel());
-        if (!nvme && tiles.size() > 1) EXPECT_LE(g.numel(), std::max(kMostStagingTile, (z.state_spans.front().numel() + kMostWeightTiles - 1) / kMostWeightTiles));
+        if (tiles.size() > 1) EXPECT_LE(g.numel(), std::max(kMostStagingTile, (z.state_spans.front().numel() + kMostWeightTiles - 1) / kMostWeightTiles));
+        if (!nvme) continue;
+        while (in < z.sub_groups.size() && z.sub_groups[in].end <= g.begin) ++in;
+        ASSERT_LT(in, z.sub_groups.size());
+        EXPECT_TRUE(g.begin >= z.sub_groups[in].begin && g.end <= z.sub_groups[in].end) << "a window across sub-groups at " << g.begin;
+      }
+      // Sub-groups of 20M elements: stepped in windows of at most 16M, so the staging holds a window, not a sub-group.
+      if (nvme) {
+        EXPECT_GT(tiles.size(), z.sub_groups.size());
+        EXPECT_EQ(most, kMostStagingTile);
       }
       EXPECT_EQ(at, z.state_spans.front().end);
       EXPECT_EQ(staging->elements, most);
@@ -532,12 +543,18 @@ TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) 
     }
     ASSERT_GT(reads, 0);
     ASSERT_GT(step, 0);
-    // The bf16 weights cross sub-group by sub-group through the staging buffers as the host steps the next: all
-    // but the last's hides too, pipelined or not.
+    // The bf16 weights cross window by window (each sub-group's, of at most kMostStagingTile elements) through the
+    // staging buffers as the host steps the next: all but the last's hides too, pipelined or not, one sub-group too.
     ASSERT_EQ(p.execution.state_spans.front().weights, WeightsBack::staged);
+    const double windows = static_cast<double>(p.execution.weight_tiles.size());
+    EXPECT_GE(windows, groups);
+    if (c.sub_group == 1000000000) {
+      EXPECT_EQ(groups, 1);
+      EXPECT_EQ(windows, std::ceil(static_cast<double>(p.execution.offloaded_numel) / kMostStagingTile));
+    }
     const double share = groups > 1 && p.execution.swap_sets > 1 ? (groups - 1) / groups : 0;
     const double nvme_hideable = share * ((c.read ? reads : 0) + (c.write ? writes : 0));
-    const double weights_hideable = groups > 1 ? (groups - 1) / groups * weights : 0;
+    const double weights_hideable = windows > 1 ? (windows - 1) / windows * weights : 0;
     const double hidden = std::min(nvme_hideable + weights_hideable, step);
     const double nvme_hidden = hidden > 0 ? hidden * nvme_hideable / (nvme_hideable + weights_hideable) : 0;
     if (c.sub_group == 10000000) {

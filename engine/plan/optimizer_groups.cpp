@@ -26,13 +26,17 @@ int64_t step_cut(const std::vector<StepRun>& runs, int64_t at) {
 
 int64_t SubGroup::file_bytes() const { return swap_aligned(numel() * 4); }
 
-std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity) {
+namespace {
+
+// [begin, stop) cut into pieces of at most `capacity` elements (at least kStepGrain), each cut on the grain of
+// the run it falls in; `begin` must itself be on its run's grain (or between runs). File offsets left at 0.
+std::vector<SubGroup> cut_on_grain(const std::vector<StepRun>& runs, int64_t begin, int64_t stop, int64_t capacity) {
   capacity = std::max(capacity, kStepGrain);
   std::vector<SubGroup> groups;
-  int64_t start = 0, offset = 0;
+  int64_t start = begin;
   size_t r = 0;  // the first run that may hold the next cut
-  while (start < local_numel) {
-    int64_t end = std::min(local_numel, start + capacity);
+  while (start < stop) {
+    int64_t end = std::min(stop, start + capacity);
     while (r < runs.size() && runs[r].end <= end) ++r;
     if (r < runs.size() && runs[r].begin < end) {
       // The cut falls inside a run: move it back onto the run's grain (still past `start`, since a run that
@@ -42,12 +46,31 @@ std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int
       if (end <= start) end = std::min(run.end, start + kStepGrain);
     }
     DS_CHECK(end > start, "sub-group cut at ", start);
-    SubGroup g{start, end, offset};
-    offset += g.file_bytes();
-    groups.push_back(g);
+    groups.push_back(SubGroup{start, end, 0});
     start = end;
   }
   return groups;
+}
+
+}  // namespace
+
+std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity) {
+  std::vector<SubGroup> groups = cut_on_grain(runs, 0, local_numel, capacity);
+  int64_t offset = 0;
+  for (SubGroup& g : groups) {
+    g.file_offset = offset;
+    offset += g.file_bytes();
+  }
+  return groups;
+}
+
+std::vector<SubGroup> staging_windows(const std::vector<SubGroup>& groups, const std::vector<StepRun>& runs, int64_t capacity) {
+  std::vector<SubGroup> windows;
+  for (const SubGroup& g : groups) {
+    const std::vector<SubGroup> part = cut_on_grain(runs, g.begin, g.end, capacity);
+    windows.insert(windows.end(), part.begin(), part.end());
+  }
+  return windows;
 }
 
 int64_t swap_aligned(int64_t bytes) { return (bytes + kSwapAlignBytes - 1) / kSwapAlignBytes * kSwapAlignBytes; }

@@ -42,6 +42,9 @@ struct SubGroup {
 // Cuts [0, local_numel) into sub-groups of at most `capacity` elements (at least kStepGrain), each ending
 // on a run's grain, laid out one after another in the swap files.
 std::vector<SubGroup> optimizer_sub_groups(const std::vector<StepRun>& runs, int64_t local_numel, int64_t capacity);
+// Each sub-group cut into windows of at most `capacity` elements on the runs' grain, in order (file offsets 0: a
+// window is stepped from its sub-group's buffers, never read or written on its own).
+std::vector<SubGroup> staging_windows(const std::vector<SubGroup>& groups, const std::vector<StepRun>& runs, int64_t capacity);
 // Bytes of one state's swap file.
 int64_t swap_file_bytes(const std::vector<SubGroup>& groups);
 

@@ -406,12 +406,17 @@ void add_optimizer_states(ZeroBuild& b) {
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype),
                            z.state_spans.front().weights == WeightsBack::in_place});
   if (z.state_spans.front().weights == WeightsBack::staged) {
-    // A tile's weights at a time (an NVMe sub-group's, or a tile of the span in memory), in two buffers taken in turn
-    // where there are several: the host steps the next tile while the last one crosses.
-    // (Lamb steps each tensor whole: one tile, the span; the others at most kMostWeightTiles of them)
+    // A tile's weights at a time (a tile of the span in memory, or a window of an NVMe sub-group), in two buffers
+    // taken in turn where there are several: the host steps the next tile while the last one crosses.
+    // (Lamb steps each tensor whole: one tile, the span, or on NVMe its sub-groups; the others at most
+    // kMostWeightTiles of them)
     const int64_t tile = std::max(std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile), (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
     // (+ a grain: each cut may move back onto its run's grain by less than one)
-    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, plan.optimizer.per_tensor_update() ? offloaded : tile);
+    const bool per_tensor = plan.optimizer.per_tensor_update();
+    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, per_tensor ? offloaded : tile);
+    // An NVMe sub-group (DeepSpeed's default sub_group_size: 1e9 elements) is stepped in windows of a tile each once
+    // read in, so the page-locked staging holds two windows' weights, not two sub-groups' (4 GB at 1e9 in bf16).
+    if (swapped && !per_tensor) z.weight_tiles = staging_windows(z.sub_groups, runs, tile);
     const std::vector<SubGroup>& tiles = z.staged_tiles();
     int64_t most = 0;
     for (const SubGroup& t : tiles) most = std::max(most, t.numel());

@@ -168,13 +168,14 @@ struct ZeroExecution {
   // offloaded to), or under offload_optimizer.ratio < 1 the offloaded [0, offloaded_numel) then the rest on
   // the device. The runtime walks them (optimizer_states.hpp) instead of asking which buffers exist.
   std::vector<StateSpan> state_spans;
-  // A staged span in memory (WeightsBack::staged, the host's states of a GPU run): the tiles it is stepped in,
-  // each tile's bf16 weights written into a staging buffer and copied to the device while the next tile is
-  // stepped into the other buffer. Cut as NVMe's sub-groups are (at most sub_group_size elements, and at most
+  // A staged span (WeightsBack::staged, the host's states of a GPU run): the tiles it is stepped in, each tile's
+  // bf16 weights written into a staging buffer and copied to the device while the next tile is stepped into the
+  // other buffer. In memory: cut as NVMe's sub-groups are (at most sub_group_size elements, and at most
   // kMostStagingTile, on the kernels' grain; at most kMostWeightTiles tiles; Lamb's one, the span, each tensor
-  // stepped whole). Empty otherwise (an NVMe span's chunks are its sub-groups).
+  // stepped whole). On NVMe: each sub-group's windows of at most that many (staging_windows), stepped from its
+  // buffers once read in (Lamb: none, its sub-groups whole). Empty otherwise.
   std::vector<SubGroup> weight_tiles;
-  // The tiles staged weights cross in: a span in memory's weight_tiles, an NVMe span's sub-groups.
+  // The tiles staged weights cross in: weight_tiles, else (Lamb on NVMe) the sub-groups.
   const std::vector<SubGroup>& staged_tiles() const { return weight_tiles.empty() ? sub_groups : weight_tiles; }
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.

@@ -19,15 +19,25 @@ constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is
 // Less where the card grants a block less (cached_row_limit).
 constexpr size_t kMaxCachedRowBytes = 112 * 1024;
 
+// The forward declaration the limit below asks about.
+template <class T, bool kCached>
+__global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
+                                     bool write_grad, float* row_loss);
+
 // The largest row kept in shared memory on the current GPU: kMaxCachedRowBytes, or what a block may opt in to
-// where that is less (96 KiB on a V100, 99 KiB on sm_86/89, 64 KiB on a T4). Asked once (one GPU a process).
+// there less the kernel's own static shared memory (the block merge's) where that is less (96 KiB on a V100,
+// 99 KiB on sm_86/89, 64 KiB on a T4). Asked once per element type (one GPU a process).
+template <class T>
 size_t cached_row_limit() {
   static const size_t limit = [] {
     int device = 0, optin = 0;
     ds::cuda::check(cudaGetDevice(&device), "softmax_cross_entropy: the current device");
     ds::cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                     "softmax_cross_entropy: the shared memory a block may use");
-    return std::min(kMaxCachedRowBytes, static_cast<size_t>(optin));
+    cudaFuncAttributes kernel{};
+    ds::cuda::check(cudaFuncGetAttributes(&kernel, cross_entropy_kernel<T, true>), "softmax_cross_entropy: the kernel's attributes");
+    const size_t free = static_cast<size_t>(optin) > kernel.sharedSizeBytes ? static_cast<size_t>(optin) - kernel.sharedSizeBytes : 0;
+    return std::min(kMaxCachedRowBytes, free / 16 * 16);
   }();
   return limit;
 }
@@ -155,11 +165,11 @@ void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int6
                              ", row stride " + std::to_string(row_stride) + ")");
   auto* st = static_cast<cudaStream_t>(stream);
   const size_t row_bytes = (static_cast<size_t>(vocab) * sizeof(T) + 15) / 16 * 16;
-  if (write_grad && row_bytes <= cached_row_limit()) {
+  if (write_grad && row_bytes <= cached_row_limit<T>()) {
     static bool opted_in = false;  // per T: shared memory past 48 KiB is granted on request
     if (!opted_in) {
       ds::cuda::check(cudaFuncSetAttribute(cross_entropy_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(cached_row_limit())),
+                                           static_cast<int>(cached_row_limit<T>())),
                       "softmax_cross_entropy: shared memory");
       opted_in = true;
     }

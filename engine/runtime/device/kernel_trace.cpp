@@ -137,9 +137,10 @@ std::string load_api() {
         find(api.next_record, "cuptiActivityGetNextRecord")))
     return "the CUPTI library loaded lacks the activity API";
   uint32_t version = 0;
-  // Kernel records are read as this build's CUpti_ActivityKernel10: an older CUPTI writes another layout.
-  if (api.get_version(&version) != CUPTI_SUCCESS || version < CUPTI_API_VERSION)
-    return "the CUPTI library loaded is API version " + std::to_string(version) + ", older than this build's " +
+  // Kernel records are read as this build's CUpti_ActivityKernel10 (its start, end and name where every kernel
+  // record since the fourth has them): a CUPTI of the same CUDA major version writes it.
+  if (api.get_version(&version) != CUPTI_SUCCESS || version / 10000 != CUPTI_API_VERSION / 10000)
+    return "the CUPTI library loaded is API version " + std::to_string(version) + ", of another CUDA than this build's " +
            std::to_string(CUPTI_API_VERSION);
   g_api = api;
   return "";

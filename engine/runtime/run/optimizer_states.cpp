@@ -14,16 +14,23 @@ OptimizerStates::OptimizerStates(FlatParams& flat, OptimizerSwapper* swapper) : 
 }
 
 namespace {
+// Whether the plan's weight tiles cut `span` (a staged span: the tiles of one in memory, the windows of an NVMe one's
+// sub-groups).
 bool tiles_span(const std::vector<SubGroup>& tiles, const StateSpan& span) {
-  return !tiles.empty() && span.place != Place::nvme && tiles.front().begin == span.begin && tiles.back().end == span.end;
+  return !tiles.empty() && tiles.front().begin == span.begin && tiles.back().end == span.end;
+}
+
+// Elements [g.begin, g.end) of `t`, a tensor of the elements from `from` on (undefined stays undefined).
+torch::Tensor part(const torch::Tensor& t, int64_t from, const SubGroup& g) {
+  return t.defined() ? t.narrow(0, g.begin - from, g.numel()) : torch::Tensor();
 }
 }  // namespace
 
 int64_t OptimizerStates::largest_chunk(const StateSpan& span) const {
-  const bool nvme = span.place == Place::nvme;
-  if (!nvme && !tiles_span(flat_.weight_tiles, span)) return span.numel();
+  const bool tiled = tiles_span(flat_.weight_tiles, span);
+  if (span.place != Place::nvme && !tiled) return span.numel();
   int64_t most = 0;
-  for (const SubGroup& g : nvme ? swapper_->sub_groups() : flat_.weight_tiles)
+  for (const SubGroup& g : tiled ? flat_.weight_tiles : swapper_->sub_groups())
     if (g.begin >= span.begin && g.end <= span.end) most = std::max(most, g.numel());
   return most;
 }
@@ -37,14 +44,15 @@ void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn,
         fn(StateChunk{i, span.begin, span.numel(), memory_of(span), st.master, st.exp_avg, st.exp_avg_sq});
         continue;
       }
-      const auto part = [&](const torch::Tensor& t, const SubGroup& g) {
-        return t.defined() ? t.narrow(0, g.begin - span.begin, g.numel()) : torch::Tensor();
-      };
       for (const SubGroup& g : flat_.weight_tiles)
-        fn(StateChunk{i, g.begin, g.numel(), memory_of(span), part(st.master, g), part(st.exp_avg, g), part(st.exp_avg_sq, g)});
+        fn(StateChunk{i, g.begin, g.numel(), memory_of(span), part(st.master, span.begin, g), part(st.exp_avg, span.begin, g),
+                      part(st.exp_avg_sq, span.begin, g)});
       continue;
     }
     const int states = swapper_->states();
+    // A staged span's sub-groups are stepped in the plan's windows once read in (a window's weights per staging buffer).
+    const std::vector<SubGroup>* windows = tiles_span(flat_.weight_tiles, span) ? &flat_.weight_tiles : nullptr;
+    size_t next = 0;  // the first window not yet stepped
     swapper_->for_each(
         [&](size_t g, float* const* st) {
           const SubGroup& sub = swapper_->sub_groups()[g];
@@ -52,7 +60,18 @@ void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn,
           const auto wrap = [&](int s) {
             return s < states ? torch::from_blob(st[s], {sub.numel()}, torch::kFloat32) : torch::Tensor();
           };
-          fn(StateChunk{i, sub.begin, sub.numel(), memory_of(span), wrap(0), wrap(1), wrap(2)});
+          const torch::Tensor master = wrap(0), exp_avg = wrap(1), exp_avg_sq = wrap(2);
+          if (!windows) {
+            fn(StateChunk{i, sub.begin, sub.numel(), memory_of(span), master, exp_avg, exp_avg_sq});
+            return;
+          }
+          while (next < windows->size() && (*windows)[next].end <= sub.begin) ++next;  // (sub-groups not read this walk)
+          for (; next < windows->size() && (*windows)[next].begin < sub.end; ++next) {
+            const SubGroup& w = (*windows)[next];
+            DS_CHECK(w.begin >= sub.begin && w.end <= sub.end, "a window across sub-groups ", sub.begin, "-", sub.end);
+            fn(StateChunk{i, w.begin, w.numel(), memory_of(span), part(master, sub.begin, w), part(exp_avg, sub.begin, w),
+                          part(exp_avg_sq, sub.begin, w)});
+          }
         },
         read, write);
   }

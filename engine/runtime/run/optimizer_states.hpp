@@ -1,7 +1,7 @@
 // ds — this rank's optimizer states, walked wherever the plan put them (ZeroExecution::state_spans): each
 // span in order; a span in memory (the device, or host memory under ZeRO-Offload) is one chunk (a staged one
 // from a GPU: one a weight tile), a span on NVMe one sub-group at a time, read into the swapper's host buffers
-// and written back. The step, the weights
+// and written back (a staged one: stepped there in the plan's windows). The step, the weights
 // copied from the master and the finite check all walk it, so where a state lives is decided once, by the
 // plan, and a new place (pinned host windows on a copy stream) is one case here rather than a branch in each.
 #pragma once
@@ -38,8 +38,8 @@ class OptimizerStates {
   // Bytes the NVMe span's files have read and written so far (0 without).
   double io_bytes() const { return swapper_ ? swapper_->io().bytes_read() + swapper_->io().bytes_written() : 0.0; }
 
-  // The most elements one chunk of `span` holds: the span in memory (its largest weight tile when tiled), its
-  // largest sub-group on NVMe.
+  // The most elements one chunk of `span` holds: the span in memory, else its largest weight tile (or window) where
+  // the plan tiles it, else its largest sub-group on NVMe.
   int64_t largest_chunk(const StateSpan& span) const;
 
   // fn(chunk) for every chunk in order. On NVMe `read`: the sub-group's states are read in first (else the

@@ -677,13 +677,14 @@ void TrainingRun::loop() {
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0, *step_start);
-    if (kernel_trace_) result_.kernel_times.push_back(kernel_totals(kernel_trace_->take()));  // (the stream was waited for)
     const CommLedger after = groups_.ledger();
     report_->end_collectives(comm_ ? &after : nullptr);
     for (const std::string& note : out.notes) log.note(note);
     stop_requested = out.stop_requested;
     if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // (the stream was waited for; the records' flush and sums are the profile's, not the step's time)
+    if (kernel_trace_) result_.kernel_times.push_back(kernel_totals(kernel_trace_->take()));
     std::optional<double> val;
     if (!opt_.profile && plan_.run.eval_every > 0 && ((step + 1) % plan_.run.eval_every == 0 || step + 1 == plan_.steps) &&
         sampler_->val_tokens() > 0) {
