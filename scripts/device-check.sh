@@ -16,10 +16,12 @@
 #   size     (not in the default stages) ZeRO-Offload's size case: Llama-3-8B's shape fully fine-tuned on one GPU
 #            with the optimizer on the host (ZeRO 2; about 105 GiB of host memory), 4 steps: peak device and
 #            host memory against the plan, the loss, the step's phases (in bench.log)
+#   sanitize (not in the default stages) compute-sanitizer's memcheck over the CUDA kernel tests and over a
+#            3-step ds train of the quickstart on the GPU in bf16 and in fp16 (in tests.log)
 # Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
 # 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
 # ./device-logs), at most 8 files so a device call brings all of them back.
-#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests,size] [LOGS]   (stages run in the order given)
+#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests,size,sanitize] [LOGS]   (in the order given)
 # --dry-run runs here, without a GPU: every file, package, script and build target the stages use is
 # checked to be there, so no device minute is spent on a missing one.
 set -uo pipefail
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -76,6 +78,8 @@ for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.
   need "$f"
 done
 targets_ds=(ds)
+# The sanitize stage's overrides of the quickstart (bf16 there already) for each precision.
+memcheck_precision() { [ "$1" = fp16 ] && echo "bf16.enabled=false fp16.enabled=true" || echo "bf16.enabled=true"; }
 targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers)
 
 if [ "$dry" = 1 ]; then
@@ -109,6 +113,12 @@ if [ "$dry" = 1 ]; then
     "$probe/ds" plan examples/gpu-gpt2.json model.preset=tinyllama-1.1b train_micro_batch_size_per_gpu=4 data.seq_len=512 \
       'model.lora={"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}' \
       >/dev/null 2>&1 || { say "== ds plan of the LoRA profile's run failed"; status=3; }
+    # The sanitize stage's training runs: their plans on a GPU.
+    for precision in bf16 fp16; do
+      # shellcheck disable=SC2046
+      "$probe/ds" plan examples/quickstart.json --device cuda $(memcheck_precision "$precision") train.steps=3 >/dev/null 2>&1 ||
+        { say "== ds plan of the sanitize stage's $precision run failed"; status=3; }
+    done
     # The bench stage's ds profile: its arguments parse and its plan is runnable but for this build's missing CUDA.
     "$probe/ds" plan examples/gpu-gpt2.json --device cuda >/dev/null 2>&1 || { say "== ds plan of the GPU profile's run failed"; status=3; }
     "$probe/ds" profile examples/gpu-gpt2.json --device cpu --warmup 1 --steps 1 --module-depth 2 train.steps=2 data.seq_len=64 \
@@ -216,6 +226,24 @@ stage_size() {
   rm -rf /tmp/ds-size-run
 }
 
+# Out-of-bounds and misaligned accesses, and reads of memory never written, in ds's kernels and their launches
+# (cuBLAS's, LibTorch's too in the training runs). Slow (each kernel instrumented): the smallest runs.
+stage_sanitize() {
+  if ! command -v compute-sanitizer >/dev/null; then
+    say "== sanitize: compute-sanitizer is not on the PATH: skipped"
+    return 0
+  fi
+  local memcheck=(compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20)
+  [ -x "$build/tests/ds_cuda_tests" ] && step tests 60 180 memcheck-kernels "${memcheck[@]}" "$build/tests/ds_cuda_tests"
+  [ -x "$build/ds" ] || return 0
+  for precision in bf16 fp16; do
+    # shellcheck disable=SC2046
+    step tests 60 150 "memcheck-train-$precision" "${memcheck[@]}" "$build/ds" train examples/quickstart.json --device cuda \
+      $(memcheck_precision "$precision") train.steps=3 steps_per_print=1 train.output_dir=/tmp/ds-memcheck-run
+    rm -rf /tmp/ds-memcheck-run
+  done
+}
+
 stage_tests() {
   step build 40 240 build-tests cmake --build "$build" -j "$jobs" --target "${targets_tests[@]}" -- -k 0
   step tests 60 300 gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200
@@ -225,8 +253,8 @@ stage_tests() {
 # The stages in the order asked for (--stages tests,bench runs the tests first).
 for stage in ${stages//,/ }; do
   case $stage in
-    build|bench|profile|tests|size) "stage_$stage" ;;
-    *) say "== unknown stage $stage (build, bench, profile, tests, size)"; status=2 ;;
+    build|bench|profile|tests|size|sanitize) "stage_$stage" ;;
+    *) say "== unknown stage $stage (build, bench, profile, tests, size, sanitize)"; status=2 ;;
   esac
 done
 
