@@ -331,7 +331,7 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
   const std::vector<Case> cases{
       {"bf16, optimizer on the CPU", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu"}},
       // The host's step writes the device's bf16 weights into two staging buffers in turn, tile by tile (of an
-      // in-memory span, or NVMe's sub-groups), each copied over as the next is stepped.
+      // in-memory span, or windows of NVMe's sub-groups), each copied over as the next is stepped.
       {"bf16, optimizer on the CPU in tiles", {"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
                                                "zero_optimization.sub_group_size=20000"}},
       {"bf16, optimizer on NVMe, gradients leaving block by block",
@@ -470,7 +470,8 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
 // The planner windows only sub-groups above kMostStagingTile (16M elements); here the plan is cut finer, into
 // windows of at most 700 of the 20,000-element sub-groups, as the planner would at that size. The run equals the
 // CPU's bit for bit (the cuts fall on the kernels' grain) and moves the plan's bytes; the test device's copy stream
-// refuses a window's weights written into a staging buffer a copy may still be reading.
+// refuses a window's weights written into a staging buffer a copy may still be reading. With the gradients leaving
+// the device block by block, and kept there until the step (each window's copied over beside its states).
 TEST(DeviceSeam, AnNvmeSubGroupIsSteppedInWindowsAsTheCpuStepsItWhole) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_windows_" + std::to_string(::getpid()));
   const fs::path nvme = root / "nvme";
@@ -487,24 +488,29 @@ TEST(DeviceSeam, AnNvmeSubGroupIsSteppedInWindowsAsTheCpuStepsItWhole) {
   const std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme",
                                    "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(), "zero_optimization.sub_group_size=20000",
                                    "train.output_dir=" + (root / "run").string()};
-  const Plan plan = plan_for(2, 0, o, /*grads_leave=*/true, /*separate=*/true, windows);
-  ASSERT_EQ(plan.execution.state_spans.front().weights, WeightsBack::staged);
-  ASSERT_GT(plan.execution.sub_groups.size(), 1u);
-  EXPECT_GT(plan.execution.weight_tiles.size(), 3 * plan.execution.sub_groups.size());
-  for (const SubGroup& w : plan.execution.weight_tiles) EXPECT_LE(w.numel(), kWindow);
-  const std::vector<RankRun> cpu = train_ranks(2, o, false, "", true);
-  fs::remove_all(root / "run");
-  const std::vector<RankRun> separate = train_ranks(2, o, true, "", true, windows);
-  std::vector<double> moved;
-  std::ifstream metrics(root / "run" / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
-  double planned = 0;
-  for (const Transfer& t : plan.execution.transfers) planned += t.bytes_per_step;
-  ASSERT_EQ(moved.size(), 4u);
-  for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_EQ(separate[static_cast<size_t>(r)].result.losses.size(), 4u);
-    EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, separate[static_cast<size_t>(r)].result.losses) << "rank " << r;
+  for (const bool grads_leave : {true, false}) {
+    SCOPED_TRACE(grads_leave ? "gradients leaving block by block" : "gradients kept on the device until the step");
+    const Plan plan = plan_for(2, 0, o, grads_leave, /*separate=*/true, windows);
+    ASSERT_EQ(plan.execution.state_spans.front().weights, WeightsBack::staged);
+    ASSERT_GT(plan.execution.sub_groups.size(), 1u);
+    EXPECT_GT(plan.execution.weight_tiles.size(), 3 * plan.execution.sub_groups.size());
+    for (const SubGroup& w : plan.execution.weight_tiles) EXPECT_LE(w.numel(), kWindow);
+    EXPECT_EQ(plan.execution.find(BufferRole::offload_grads, Place::host) != nullptr, !grads_leave);
+    const std::vector<RankRun> cpu = train_ranks(2, o, false, "", grads_leave);
+    fs::remove_all(root / "run");
+    const std::vector<RankRun> separate = train_ranks(2, o, true, "", grads_leave, windows);
+    std::vector<double> moved;
+    std::ifstream metrics(root / "run" / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
+    fs::remove_all(root / "run");
+    double planned = 0;
+    for (const Transfer& t : plan.execution.transfers) planned += t.bytes_per_step;
+    ASSERT_EQ(moved.size(), 4u);
+    for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(separate[static_cast<size_t>(r)].result.losses.size(), 4u);
+      EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, separate[static_cast<size_t>(r)].result.losses) << "rank " << r;
+    }
   }
   fs::remove_all(root);
 }

@@ -436,7 +436,9 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
         EXPECT_EQ(g.begin, at);
         at = g.end;
         most = std::max(most, g.numel());
-        if (tiles.size() > 1) EXPECT_LE(g.numel(), std::max(kMostStagingTile, (z.state_spans.front().numel() + kMostWeightTiles - 1) / kMostWeightTiles));
+        if (tiles.size() > 1) {
+          EXPECT_LE(g.numel(), std::max(kMostStagingTile, (z.state_spans.front().numel() + kMostWeightTiles - 1) / kMostWeightTiles));
+        }
         if (!nvme) continue;
         while (in < z.sub_groups.size() && z.sub_groups[in].end <= g.begin) ++in;
         ASSERT_LT(in, z.sub_groups.size());
@@ -445,7 +447,12 @@ TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransf
       // Sub-groups of 20M elements: stepped in windows of at most 16M, so the staging holds a window, not a sub-group.
       if (nvme) {
         EXPECT_GT(tiles.size(), z.sub_groups.size());
-        EXPECT_EQ(most, kMostStagingTile);
+        EXPECT_LE(most, kMostStagingTile);
+        EXPECT_GT(most, kMostStagingTile - kStepGrain);  // (a cut moves back onto its run's grain by less than one)
+        // The gradients' fp32 copy beside the states (gradients kept on the device until the step) holds a window too.
+        if (const ZeroBuffer* g = z.find(BufferRole::offload_grads, Place::host)) {
+          EXPECT_EQ(g->elements, most);
+        }
       }
       EXPECT_EQ(at, z.state_spans.front().end);
       EXPECT_EQ(staging->elements, most);
@@ -550,7 +557,7 @@ TEST(StepTime, NvmeSwapsAreTheDrivesRateAndPipelinedOnesHideBehindTheHostsStep) 
     EXPECT_GE(windows, groups);
     if (c.sub_group == 1000000000) {
       EXPECT_EQ(groups, 1);
-      EXPECT_EQ(windows, std::ceil(static_cast<double>(p.execution.offloaded_numel) / kMostStagingTile));
+      EXPECT_GE(windows, std::ceil(static_cast<double>(p.execution.offloaded_numel) / kMostStagingTile));
     }
     const double share = groups > 1 && p.execution.swap_sets > 1 ? (groups - 1) / groups : 0;
     const double nvme_hideable = share * ((c.read ? reads : 0) + (c.write ? writes : 0));

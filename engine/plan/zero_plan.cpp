@@ -372,17 +372,26 @@ void add_optimizer_states(ZeroBuild& b) {
   if (plan.optimizer.moments >= 2) states.push_back(BufferRole::exp_avg_sq);
   const bool swapped = offloaded > 0 && state_place == Place::nvme;
   const int64_t state_elements = swapped ? cut_sub_groups(b, runs, offloaded) : offloaded;
+  // A staged NVMe span (bf16 weights a host kernel writes for a GPU): each sub-group (DeepSpeed's default
+  // sub_group_size: 1e9 elements) is stepped in windows of at most kMostStagingTile once read in, so what holds a
+  // chunk at a time (the staging, the gradients' fp32 copy) holds a window's, not a sub-group's (4 GB each at 1e9).
+  // (Lamb steps each tensor whole: refused on NVMe, it would keep its sub-groups.)
+  const bool staged = offloaded > 0 && z.state_spans.front().weights == WeightsBack::staged;
+  if (swapped && staged && !plan.optimizer.per_tensor_update())
+    z.weight_tiles = staging_windows(z.sub_groups, runs, std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile));
+  int64_t swapped_chunk = 0;  // the most elements an NVMe span is stepped in at a time
+  for (const SubGroup& g : z.weight_tiles.empty() ? z.sub_groups : z.weight_tiles) swapped_chunk = std::max(swapped_chunk, g.numel());
   b.master_crosses = offloaded > 0 && state_place == Place::host && !b.param_offload && z.state_spans.front().weights == WeightsBack::copied;
   for (BufferRole r : states) {
     if (r != BufferRole::master || own_master) b.add(r, Dtype::fp32, z.local_numel - offloaded, C::optimizer_states);
     b.add(r, Dtype::fp32, state_elements, C::optimizer_states, state_place);
   }
   if (offloaded == 0) return;
-  // The reduced gradients (all of them, or one sub-group's at a time when swapping) in fp32 where the
+  // The reduced gradients (all of them, or one chunk's at a time when swapping: a sub-group's, or a window's) in fp32 where the
   // optimizer runs; none where they left the device block by block into host memory, where the kernel reads
   // them in their own dtype.
   const Place grads_place = swapped ? Place::host : state_place;
-  if (!b.grads_to_host) b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? z.sub_group_numel : offloaded, C::grads, grads_place);
+  if (!b.grads_to_host) b.add(BufferRole::offload_grads, Dtype::fp32, swapped ? swapped_chunk : offloaded, C::grads, grads_place);
   if (b.grads_to_host) {  // each micro step, every group's reduced part of this rank leaves as backward finishes it
     int64_t owned = 0, largest = 0;
     for (const OwnedSegment& s : owned_segments(plan.layout, plan.topology.rank)) owned += s.numel, largest = std::max(largest, s.numel);
@@ -405,18 +414,13 @@ void add_optimizer_states(ZeroBuild& b) {
   if (!b.param_offload)  // offloaded weights live beside the states (on the host) or in their file
     z.transfers.push_back({"updated weights to the device", grads_place, Place::device, static_cast<double>(offloaded) * dtype_bytes(pp.param_dtype),
                            z.state_spans.front().weights == WeightsBack::in_place});
-  if (z.state_spans.front().weights == WeightsBack::staged) {
-    // A tile's weights at a time (a tile of the span in memory, or a window of an NVMe sub-group), in two buffers
-    // taken in turn where there are several: the host steps the next tile while the last one crosses.
-    // (Lamb steps each tensor whole: one tile, the span, or on NVMe its sub-groups; the others at most
-    // kMostWeightTiles of them)
+  if (staged) {
+    // A tile's weights at a time (a tile of the span in memory, or a window of an NVMe sub-group: above), in two
+    // buffers taken in turn where there are several: the host steps the next tile while the last one crosses.
+    // (Lamb steps each tensor whole: one tile, the span; the others at most kMostWeightTiles of them)
     const int64_t tile = std::max(std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile), (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
     // (+ a grain: each cut may move back onto its run's grain by less than one)
-    const bool per_tensor = plan.optimizer.per_tensor_update();
-    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, per_tensor ? offloaded : tile);
-    // An NVMe sub-group (DeepSpeed's default sub_group_size: 1e9 elements) is stepped in windows of a tile each once
-    // read in, so the page-locked staging holds two windows' weights, not two sub-groups' (4 GB at 1e9 in bf16).
-    if (swapped && !per_tensor) z.weight_tiles = staging_windows(z.sub_groups, runs, tile);
+    if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, plan.optimizer.per_tensor_update() ? offloaded : tile);
     const std::vector<SubGroup>& tiles = z.staged_tiles();
     int64_t most = 0;
     for (const SubGroup& t : tiles) most = std::max(most, t.numel());

@@ -173,9 +173,9 @@ struct ZeroExecution {
   // other buffer. In memory: cut as NVMe's sub-groups are (at most sub_group_size elements, and at most
   // kMostStagingTile, on the kernels' grain; at most kMostWeightTiles tiles; Lamb's one, the span, each tensor
   // stepped whole). On NVMe: each sub-group's windows of at most that many (staging_windows), stepped from its
-  // buffers once read in (Lamb: none, its sub-groups whole). Empty otherwise.
+  // buffers once read in. Empty otherwise (and for Lamb on NVMe, which the plan refuses).
   std::vector<SubGroup> weight_tiles;
-  // The tiles staged weights cross in: weight_tiles, else (Lamb on NVMe) the sub-groups.
+  // The tiles staged weights cross in: weight_tiles, else the sub-groups.
   const std::vector<SubGroup>& staged_tiles() const { return weight_tiles.empty() ? sub_groups : weight_tiles; }
 
   // The buffer of this role placed at `place`, or nullptr when the execution has none.

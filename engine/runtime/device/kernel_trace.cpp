@@ -138,7 +138,8 @@ std::string load_api() {
     return "the CUPTI library loaded lacks the activity API";
   uint32_t version = 0;
   // Kernel records are read as this build's CUpti_ActivityKernel10 (its start, end and name where every kernel
-  // record since the fourth has them): a CUPTI of the same CUDA major version writes it.
+  // record since the fourth has them): a CUPTI of the same CUDA major version writes it. (From CUDA 13 on the API
+  // version is the major x 10000 + the rest; builds here are against 13.)
   if (api.get_version(&version) != CUPTI_SUCCESS || version / 10000 != CUPTI_API_VERSION / 10000)
     return "the CUPTI library loaded is API version " + std::to_string(version) + ", of another CUDA than this build's " +
            std::to_string(CUPTI_API_VERSION);

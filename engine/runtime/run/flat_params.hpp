@@ -53,7 +53,7 @@ struct FlatParams {
   torch::Tensor offload_grads;
   // Offload from a GPU (WeightsBack::staged): the page-locked buffers the host's kernel writes a tile's bf16 weights
   // into as it steps it, copied to the device from there (the second undefined where one suffices), and the tiles
-  // a staged span in memory is stepped in (the plan's weight_tiles; an NVMe span's are its sub-groups).
+  // a staged span is stepped in (the plan's weight_tiles: of a span in memory, or each NVMe sub-group's windows).
   torch::Tensor weights_staging[2];
   // Gradients leaving the device block by block: the page-locked buffer each piece arrives in (grads_arrival).
   torch::Tensor grads_arrival;

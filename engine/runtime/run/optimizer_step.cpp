@@ -144,7 +144,7 @@ torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
     return grads;  // (grad_elements_of names a dtype no kernel reads)
   }
   const StateSpan& span = states_.spans()[c.span];
-  if (span.place == Place::nvme) {  // one sub-group's, beside its states
+  if (span.place == Place::nvme) {  // one chunk's (a sub-group's, or a window of one), beside its states
     const torch::Tensor wide = flat_.offload_grads.narrow(0, 0, c.numel);
     device_.copy(wide, Place::host, grads, flat_.grads_place);
     return wide;
