@@ -34,14 +34,15 @@ std::string stage_text(int stage) {
   }
 }
 
-// `reduced`: the dtype gradients are reduced in (ZeroExecution::reduced_dtype).
-std::string precision_text(const PrecisionPolicy& pr, Dtype reduced) {
+// `reduced`, `wire`: the dtype gradients are reduced from and cross ranks in (ZeroExecution::reduced_dtype, wire_dtype).
+std::string precision_text(const PrecisionPolicy& pr, Dtype reduced, Dtype wire) {
   std::string prec = pr.mode + ": params " + dtype_name(pr.param_dtype) + ", compute " + dtype_name(pr.compute_dtype) +
                      ", grads " + dtype_name(pr.grad_dtype) +
                      (dtype_bytes(pr.grad_dtype) > dtype_bytes(pr.compute_dtype)
                           ? std::string(" (each micro-batch's ") + dtype_name(pr.compute_dtype) + " gradients added in " + dtype_name(pr.grad_dtype) + ")"
                           : std::string()) +
-                     ", reduce in " + dtype_name(reduced) +
+                     ", reduce in " + dtype_name(wire) +
+                     (wire != reduced ? std::string(" (cast from ") + dtype_name(reduced) + ": communication_data_type)" : std::string()) +
                      (pr.fp32_master ? ", fp32 master weights" : "") + (pr.check_overflow ? ", skip step on inf/NaN" : "");
   if (pr.loss_scaling.enabled)
     prec += pr.loss_scaling.dynamic ? ", dynamic loss scale from " + format_double(pr.loss_scaling.initial_scale) +
@@ -149,7 +150,7 @@ std::string render_settings_only(const Plan& p, const std::function<std::string(
   row("topology", topology_text(p.topology));
   if (p.mesh.shape.splits_the_model()) row("mesh", mesh_text(p.mesh.shape) + " (the stages need the model)");
   row("batch", batch_text(p));
-  row("precision", precision_text(p.precision, p.execution.reduced_dtype));
+  row("precision", precision_text(p.precision, p.execution.reduced_dtype, p.execution.wire_dtype));
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
@@ -321,7 +322,7 @@ void summary_rows(const Plan& p, const std::function<std::string(const std::stri
   row("tokens", std::to_string(p.seq_len) + (p.data.packing ? " per row, " : " per sample, ") + format_count(p.tokens_per_step) + " per step; " +
                     flops(p.train_flops_per_step) + " per step (" + flops(p.train_flops_per_token()) +
                     " per token)");
-  row("precision", precision_text(p.precision, p.execution.reduced_dtype));
+  row("precision", precision_text(p.precision, p.execution.reduced_dtype, p.execution.wire_dtype));
   if (!p.precision.note.empty()) row("", p.precision.note);
   row("optimizer", optimizer_text(p));
   row("scheduler", scheduler_text(p));
@@ -465,7 +466,7 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     std::string size = format_count(b.elements) + " " + dtype_name(b.dtype);
     if (b.copies > 1) size = std::to_string(b.copies) + " x " + size;
     o << "  " << pad(buffer_role_name(b.role), role_width) << pad(size, 26) << pad(place_name(b.place), 8)
-      << lpad(format_bytes(b.bytes()), 11) << (b.transient ? "  (in flight, held by the communicator)" : "")
+      << lpad(format_bytes(b.bytes()), 11) << (b.transient ? b.role == BufferRole::reduce_cast ? "  (in flight)" : "  (in flight, held by the communicator)" : "")
       << (b.pinned ? "  page-locked" : "") << "\n";
   }
   for (const Transfer& t : p.execution.transfers)
@@ -513,7 +514,7 @@ std::string collectives_how(const Plan& p) {
                                                             : "gradients reduce-scattered as point-to-point sends (each rank the elements it owns)")
                               : "gradients all-reduced";
   const bool library_sums = !z.scatter || caps.native_reduce_scatter;  // point-to-point pieces are summed by ds
-  if (library_sums && dtype_bytes(z.reduced_dtype) < 4)
+  if (library_sums && dtype_bytes(z.wire_dtype) < 4)
     how += caps.sums_16bit ? ", 16-bit sums by the library" : ", 16-bit sums through an fp32 copy (the library sums no 16-bit floats)";
   if (z.gathers)
     how += z.gather_staged ? "; gathers packed into equal pieces through staging buffers"

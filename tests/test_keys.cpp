@@ -94,7 +94,7 @@ const std::map<std::string, const char*> kActs = {
     {"zero_optimization.sub_group_size", "plan: NVMe staging buffers"},
     {"zero_optimization.stage3_param_persistence_threshold", "runtime: small parameters kept whole"},
     {"gradient_clipping", "trainer: clip"},
-    {"communication_data_type", "warns where it differs from the dtype gradients are held and reduced in"},
+    {"communication_data_type", "plan: ZeroExecution::wire_dtype, reduce_cast; runtime: ZeroExchange casts each piece"},
     {"gradient_allreduce_op", "trainer: sum or mean over ranks"},
     {"steps_per_print", "trainer: progress lines"},
     {"wall_clock_breakdown", "trainer: fwd/bwd/step times, every phase in metrics.jsonl"},

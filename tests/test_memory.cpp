@@ -193,6 +193,37 @@ TEST(MemoryModel, OverlapCommAddsOneBlockGradientBufferAndAWholeGroupInFlight) {
                    1000 * 4);
 }
 
+TEST(MemoryModel, CommunicationDataTypeCastsTheGradientPiecesInFlightAndTheScratchHoldsIt) {
+  const double block = 49984;  // gpt2-tiny's block (above)
+  const double P = static_cast<double>(tiny(1).model.num_params);
+  const double largest = std::max(block, P - 2 * block);  // the group outside the blocks
+  const auto stage2 = [](const std::vector<std::string>& more) {
+    std::vector<std::string> o{"zero_optimization.stage=2", "zero_optimization.overlap_comm=false"};
+    o.insert(o.end(), more.begin(), more.end());
+    return tiny(2, o);
+  };
+  // fp32 gradients crossing in bf16: a bf16 copy of the piece in flight (one 1000-element bucket, a whole group
+  // with overlap_comm); the reduce-scatter's receive buffer holds bf16 too, half the fp32 run's.
+  const Plan fp32 = stage2({}), bf16_wire = stage2({"communication_data_type=bf16"});
+  EXPECT_EQ(bf16_wire.execution.reduced_dtype, Dtype::fp32);
+  EXPECT_EQ(bf16_wire.execution.wire_dtype, Dtype::bf16);
+  EXPECT_DOUBLE_EQ(bytes_of(bf16_wire, BufferRole::reduce_cast), 1000 * 2);
+  EXPECT_DOUBLE_EQ(bytes_of(bf16_wire, BufferRole::reduce_scratch), bytes_of(fp32, BufferRole::reduce_scratch) / 2);
+  EXPECT_DOUBLE_EQ(bytes_of(stage2({"communication_data_type=bf16", "zero_optimization.overlap_comm=true"}), BufferRole::reduce_cast),
+                   largest * 2);
+  // bf16 gradients crossing in fp32: an fp32 copy, and fp32 scratch, twice the bf16 run's.
+  const Plan bf16 = stage2({"bf16.enabled=true"}), fp32_wire = stage2({"bf16.enabled=true", "communication_data_type=fp32"});
+  EXPECT_DOUBLE_EQ(bytes_of(fp32_wire, BufferRole::reduce_cast), 1000 * 4);
+  EXPECT_DOUBLE_EQ(bytes_of(fp32_wire, BufferRole::reduce_scratch), 2 * bytes_of(bf16, BufferRole::reduce_scratch));
+  // Gloo all-reducing (stage 1) fp32 gradients in bf16: the cast, then the communicator's own fp32 copy of it.
+  const Plan stage1 = tiny(2, {"zero_optimization.stage=1", "communication_data_type=bf16"});
+  EXPECT_DOUBLE_EQ(bytes_of(stage1, BufferRole::reduce_cast), 1000 * 2);
+  EXPECT_DOUBLE_EQ(bytes_of(stage1, BufferRole::reduce_staging), 1000 * 4);
+  // Where it names the dtype gradients are held in, or on one rank, nothing is cast.
+  EXPECT_EQ(bytes_of(stage2({"communication_data_type=fp32"}), BufferRole::reduce_cast), 0.0);
+  EXPECT_EQ(bytes_of(tiny(1, {"zero_optimization.stage=2", "communication_data_type=bf16"}), BufferRole::reduce_cast), 0.0);
+}
+
 TEST(MemoryModel, AReduceScatterReceivesTheOtherRanksShareOfTheLargestPartAnyRankOwns) {
   // Stage 2 on 2 ranks: each rank owns half the padded flat buffer; a group's part on a rank is where
   // the group's parameters meet that half. The receive buffer holds the largest such part, once per other rank.

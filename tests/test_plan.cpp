@@ -396,11 +396,13 @@ TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "zero_optimization.reduce_scatter=false"}), "zero_optimization.reduce_scatter"), 0);
   EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=1"}), "zero_optimization.reduce_scatter"), 0);
   EXPECT_EQ(warned(plan_of(kGpt2, 1, {"zero_optimization.stage=0", "zero_optimization.reduce_scatter=true"}), "zero_optimization.reduce_scatter"), 0);
-  // communication_data_type on CPU ranks: the gradients travel in the compute dtype whatever it says.
-  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=fp16"}), "communication_data_type"), 1);
-  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=bf16"}), "communication_data_type"), 0);  // bf16 run: what it does
-  // On GPU ranks too: NCCL is handed the gradients as they are held (bf16 groups at stage 2, fp32 sums at stage 1 with
-  // grad_accum_dtype fp32), and the plan counts those bytes, whatever communication_data_type says.
+}
+
+TEST(PlanCompiler, CommunicationDataTypeIsTheDtypeGradientsCrossRanksIn) {
+  const auto warned = [](const Plan& p, const std::string& key) {
+    return std::count_if(p.warnings.begin(), p.warnings.end(), [&](const ConfigIssue& w) { return w.path == key; });
+  };
+  // communication_data_type acts: the plan counts the gradients' bytes in it, on CPU and GPU ranks alike.
   const auto gradient_bytes = [](const Plan& p) {
     for (const Collective& c : p.execution.collectives)
       if (c.kind == CollectiveKind::gradients) return c.dtype_bytes;
@@ -408,8 +410,31 @@ TEST(PlanCompiler, CommunicationKeysWithoutEffectWarnOnce) {
   };
   const double gpu = 80.0 * (1 << 30);
   const Plan fp32_asked = plan_of(kGpt2, 2, {"zero_optimization.stage=2", "communication_data_type=fp32"}, gpu);
-  EXPECT_EQ(warned(fp32_asked, "communication_data_type"), 1);
-  EXPECT_EQ(gradient_bytes(fp32_asked), 2);
+  EXPECT_EQ(warned(fp32_asked, "communication_data_type"), 0);
+  EXPECT_EQ(fp32_asked.execution.reduced_dtype, Dtype::bf16);
+  EXPECT_EQ(fp32_asked.execution.wire_dtype, Dtype::fp32);
+  EXPECT_EQ(gradient_bytes(fp32_asked), 4);
+  EXPECT_EQ(gradient_bytes(plan_of(kGpt2, 2, {"zero_optimization.stage=2"}, gpu)), 2);
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"communication_data_type=bf16"}), "communication_data_type"), 0);  // bf16 run: what it does
+  // Said once where it cannot act (one rank: nothing crosses), where it rounds without sending fewer bytes (Gloo's
+  // all-reduce widens 16-bit floats to fp32), and where fp16 meets gradients no loss scale keeps in its range.
+  EXPECT_EQ(warned(plan_of(kGpt2, 1, {"communication_data_type=fp32"}), "communication_data_type"), 1);
+  const char* fp32_run = "bf16.enabled=false";
+  const Plan rounded = plan_of(kGpt2, 2, {fp32_run, "zero_optimization.stage=1", "communication_data_type=bf16"});
+  EXPECT_EQ(warned(rounded, "communication_data_type"), 1);
+  EXPECT_EQ(gradient_bytes(rounded), 4);
+  const Plan scattered = plan_of(kGpt2, 2, {fp32_run, "zero_optimization.stage=2", "communication_data_type=bf16"});
+  EXPECT_EQ(warned(scattered, "communication_data_type"), 0);
+  EXPECT_EQ(gradient_bytes(scattered), 2);
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "communication_data_type=fp16"}), "communication_data_type"), 1);
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"zero_optimization.stage=2", "communication_data_type=fp16"}, gpu), "communication_data_type"), 1);
+  // fp32 over bf16 gradients on CPU ranks: Gloo sums them in fp32 already (said); on GPU ranks it changes NCCL's sums (no word).
+  for (const char* stage : {"zero_optimization.stage=1", "zero_optimization.stage=2"})
+    EXPECT_EQ(warned(plan_of(kGpt2, 2, {stage, "communication_data_type=fp32"}), "communication_data_type"), 1) << stage;
+  EXPECT_EQ(warned(plan_of(kGpt2, 2, {"bf16.enabled=false", "fp16.enabled=true", "zero_optimization.stage=2", "communication_data_type=fp16"}),
+                   "communication_data_type"),
+            0);
+  // Gradients summed in fp32 over bf16 weights cross in fp32 unasked.
   const Plan summed = plan_of(kGpt2, 2, {"zero_optimization.stage=1", "data_types.grad_accum_dtype=fp32"}, gpu);
   EXPECT_EQ(warned(summed, "communication_data_type"), 0);
   EXPECT_EQ(gradient_bytes(summed), 4);

@@ -248,6 +248,43 @@ TEST(Zero, ConvertCkptReshardsACheckpointForAnotherWorldSizeAndStageBitForBit) {
   for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], base[i + 5], 1e-5 * base[i + 5]) << "step " << i + 6;
 }
 
+TEST(Zero, GradientsCrossingInBf16SendHalfTheBytesAndTrackTheFp32Run) {
+  // communication_data_type bf16 over fp32 training on two processes at stage 2: the gradients' pieces travel in bf16
+  // (2 bytes an element on the wire, the plan's and the ledger's figure, half the same run's without the key), and
+  // the run stays within bf16's rounding of that run, but off it: the gradients were rounded on their way.
+  const std::string plain = scratch_dir() + "/comm_fp32", dir = scratch_dir() + "/comm_bf16";
+  const std::string run = kRun + shape(2) + "train.steps=10 zero_optimization.stage=2 ";
+  Result r = cli_test::ds(run + "train.output_dir=" + plain);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli_test::ds(run + "communication_data_type=bf16 train.output_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "communication_data_type")) << r.err;  // it acts: no warning
+  const auto gradient_bytes = [](const std::string& d, double* planned) {
+    const json plan = json::parse(slurp(d + "/plan.json"));
+    double bytes = 0;
+    for (const json& c : plan["collectives"]) {
+      *planned += c["wire_bytes_per_rank_per_step"].get<double>();
+      if (c["what"].get<std::string>().find("gradients") != std::string::npos) bytes += c["wire_bytes_per_rank_per_step"].get<double>();
+    }
+    return bytes;
+  };
+  double planned = 0, planned_plain = 0;
+  const double sent = gradient_bytes(dir, &planned), sent_plain = gradient_bytes(plain, &planned_plain);
+  EXPECT_GT(sent, 0);
+  EXPECT_DOUBLE_EQ(2 * sent, sent_plain);
+  EXPECT_EQ(json::parse(slurp(dir + "/plan.json"))["precision"]["comm_dtype"], "bf16");
+  for (const json& m : metrics_of(dir)) EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
+  const auto base = losses_of(plain), losses = losses_of(dir);
+  ASSERT_EQ(base.size(), 10u);
+  ASSERT_EQ(losses.size(), base.size());
+  double furthest = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_NEAR(losses[i], base[i], 2e-3 * base[i]) << "step " << i + 1;
+    furthest = std::max(furthest, std::abs(losses[i] - base[i]));
+  }
+  EXPECT_GT(furthest, 0.0);  // the same run without the key, deterministic, is another run
+}
+
 // Tensor parallelism over real processes (Gloo): tensor 2 alone, and tensor 2 x data 2 with ZeRO 1 and 3 over the data
 // groups, train the one-rank run (the same global batch): per-step losses to 1e-5. Their checkpoint is the whole
 // model's (each tensor rank writes its share as the elements of the whole it holds): it holds the one-rank run's

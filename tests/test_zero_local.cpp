@@ -238,6 +238,93 @@ TEST(ZeroInProcess, Bf16GradientsAccumulatedInFp32AddEachMicroBatchsGradientAtEv
   }
 }
 
+TEST(ZeroInProcess, GradientsCrossRanksInCommunicationDataTypeAndComeBackInTheirOwn) {
+  // communication_data_type bf16 over fp32 gradients: each rank's piece is cast to bf16, reduced, and this rank's
+  // sums cast back into its fp32 gradients. The reference takes each rank's gradient alone on one rank and does
+  // the same sums by hand: over Gloo's terms the bf16 values add in fp32 and round once (the all-reduce in rank
+  // order; the point-to-point reduce-scatter this rank's own first, then the others'); over NCCL's, in bf16,
+  // rank after rank, each add rounded.
+  const int64_t T = 16;
+  const int world = 3;
+  std::vector<torch::Tensor> in, tgt;
+  torch::manual_seed(17);
+  for (int r = 0; r < world; ++r) {
+    in.push_back(torch::cat({tokens(2 * r, T), tokens(2 * r + 1, T)}));
+    tgt.push_back(torch::cat({tokens(2 * r + 5, T), tokens(2 * r + 6, T)}));
+  }
+  const Plan one = plan_for(1, 0, {"zero_optimization.stage=0"});
+  const int64_t P = one.layout.numel;
+  std::vector<torch::Tensor> sent;  // each rank's gradient as it crosses: rounded to bf16
+  torch::Tensor magnitude = torch::zeros({P}, torch::kFloat32), exact = torch::zeros({P}, torch::kFloat32);
+  for (int r = 0; r < world; ++r) {
+    RankModel alone(one, 0, nullptr);
+    micro_step(alone.zero, *alone.model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);
+    const torch::Tensor g = alone.flat.grads.narrow(0, 0, P);
+    ASSERT_EQ(g.scalar_type(), torch::kFloat32);
+    magnitude.add_(g.abs());
+    exact.add_(g);
+    sent.push_back(g.to(torch::kBFloat16));
+  }
+  const auto in_rank_order_fp32 = [&](int first) {  // `first`'s own, then the others in rank order
+    torch::Tensor s = sent[static_cast<size_t>(first)].to(torch::kFloat32);
+    for (int q = 0; q < world; ++q)
+      if (q != first) s.add_(sent[static_cast<size_t>(q)].to(torch::kFloat32));
+    return s.to(torch::kBFloat16).to(torch::kFloat32);
+  };
+  torch::Tensor in_bf16 = sent[0].clone();
+  for (int q = 1; q < world; ++q) in_bf16.add_(sent[static_cast<size_t>(q)]);
+  in_bf16 = in_bf16.to(torch::kFloat32);
+
+  for (const CommBackend library : {CommBackend::gloo, CommBackend::nccl})
+    for (int stage : {0, 1, 2, 3})
+      for (const char* overlap : {"zero_optimization.overlap_comm=false", "zero_optimization.overlap_comm=true"}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " speaking " + comm_backend_name(library) + ", " + overlap);
+        LocalGroup group(world, std::chrono::seconds(60), library);
+        std::vector<Plan> plans;
+        for (int r = 0; r < world; ++r)
+          plans.push_back(plan_speaking(library, world, r,
+                                        {"communication_data_type=bf16", "zero_optimization.stage=" + std::to_string(stage), overlap}));
+        ASSERT_EQ(plans[0].execution.wire_dtype, Dtype::bf16);
+        ASSERT_EQ(plans[0].execution.reduced_dtype, Dtype::fp32);
+        torch::Tensor assembled = torch::zeros({P}, torch::kFloat32), owner = torch::full({P}, -1, torch::kLong);
+        std::vector<double> gradient_bytes(static_cast<size_t>(world), 0);
+        std::mutex mu;
+        on_ranks(world, [&](int r) {
+          const Plan& plan = plans[static_cast<size_t>(r)];
+          auto comm = group.join(r);
+          RankModel rank(plan, r, comm.get());
+          micro_step(rank.zero, *rank.model, in[static_cast<size_t>(r)], tgt[static_cast<size_t>(r)], 1.0 / world);
+          rank.zero.reduce_gradients();
+          std::lock_guard<std::mutex> lock(mu);
+          const FlatParams& flat = rank.flat;
+          ASSERT_EQ(flat.local_grads.scalar_type(), torch::kFloat32);
+          for (const OwnedSegment& s : flat.owned) {
+            assembled.narrow(0, s.global, s.numel).copy_(flat.local_grads.narrow(0, s.local, s.numel));
+            owner.narrow(0, s.global, s.numel).fill_(r);
+          }
+          gradient_bytes[static_cast<size_t>(r)] = comm->ledger().at(CollectiveKind::gradients).bytes;
+        });
+        // What each element's owner summed, by hand.
+        torch::Tensor expected = in_bf16;
+        if (library == CommBackend::gloo) {
+          const bool scattered = plans[0].execution.scatter;
+          expected = in_rank_order_fp32(0);
+          for (int r = 1; scattered && r < world; ++r) expected = torch::where(owner == r, in_rank_order_fp32(r), expected);
+        }
+        EXPECT_GE(owner.min().item<int64_t>(), 0);  // every element has an owner
+        EXPECT_TRUE(torch::equal(assembled, expected)) << "max difference " << (assembled - expected).abs().max().item<double>();
+        // The sums came back bf16-rounded, near the fp32 sum (five roundings at most, each 2^-9 of the magnitudes).
+        EXPECT_TRUE(torch::equal(assembled, assembled.to(torch::kBFloat16).to(torch::kFloat32)));
+        EXPECT_TRUE(((assembled - exact).abs() <= magnitude * std::ldexp(1.0, -6)).all().item<bool>());
+        // The ledger counts bf16 bytes, as the plan does.
+        for (const Collective& c : plans[0].execution.collectives)
+          if (c.kind == CollectiveKind::gradients) {
+            EXPECT_EQ(c.dtype_bytes, library == CommBackend::gloo && !plans[0].execution.scatter ? 4 : 2);
+            for (int r = 0; r < world; ++r) EXPECT_DOUBLE_EQ(gradient_bytes[static_cast<size_t>(r)], c.wire_bytes_per_rank_per_step) << "rank " << r;
+          }
+      }
+}
+
 namespace {
 
 // Trains on `world` thread ranks (one rank: no communicator); every rank's result, rank 0 first.
@@ -705,8 +792,8 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
       } else {
         comm = local.join(rank);
       }
-      for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-        const std::string what = std::string(gloo ? "Gloo " : "local ") + (dtype == torch::kFloat32 ? "fp32" : "bf16") + " rank " + std::to_string(rank);
+      for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {  // fp16: communication_data_type's
+        const std::string what = std::string(gloo ? "Gloo " : "local ") + c10::toString(dtype) + " rank " + std::to_string(rank);
         // All-gather: this rank's spans hold 100 q + i, the rest -1 until the others' arrive.
         torch::Tensor t = torch::full({N}, -1.0, dtype);
         for (const Span& s : owners[static_cast<size_t>(rank)])
@@ -724,11 +811,11 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
           EXPECT_EQ(c[i].item<double>(), expect) << what << " element " << i;
         }
       }
-      // The ledger: a ring's wire bytes for each payload (all 37 elements), fp32 then bf16.
+      // The ledger: a ring's wire bytes for each payload (all 37 elements), fp32, bf16 then fp16.
       const double share = static_cast<double>(W - 1) / W;
-      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::updated_parameters).bytes, N * (4 + 2) * share);
+      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::updated_parameters).bytes, N * (4 + 2 + 2) * share);
       EXPECT_EQ(comm->ledger().at(CollectiveKind::gradients).op, "reduce_scatter");
-      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::gradients).bytes, N * (4 + 2) * share);
+      EXPECT_DOUBLE_EQ(comm->ledger().at(CollectiveKind::gradients).bytes, N * (4 + 2 + 2) * share);
     });
   }
 }

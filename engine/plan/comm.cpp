@@ -114,10 +114,10 @@ void add_gather(std::vector<Collective>& out, CollectiveKind kind, Cadence when,
   out.push_back(make(kind, CollectiveOp::all_gather, when, times, calls, elements, dtype_bytes, world));
 }
 
-// Gradients travel in the dtype they are held in (ZeroExecution::reduced_dtype), except that Gloo's all-reduce
-// sums 16-bit floats through an fp32 copy.
+// Gradients travel in their wire dtype (ZeroExecution::wire_dtype: as held, or communication_data_type's),
+// except that Gloo's all-reduce sums 16-bit floats through an fp32 copy.
 int gradient_element_bytes(const ZeroExecution& z) {
-  return comm_capabilities(z.backend).sums_16bit || z.scatter ? dtype_bytes(z.reduced_dtype) : 4;
+  return comm_capabilities(z.backend).sums_16bit || z.scatter ? dtype_bytes(z.wire_dtype) : 4;
 }
 
 // Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each

@@ -58,6 +58,7 @@ PrecisionPolicy resolve_precision(const Config& c, const Topology& topo) {
     p.mode = "fp32";
   }
   p.grad_dtype = c.grad_accum_dtype.value_or(p.param_dtype);
+  p.comm_dtype = c.communication_data_type;
   return p;
 }
 
@@ -255,6 +256,39 @@ void note_gradient_sums(const Config& c, Plan& plan) {
     plan.resolved.push_back({"data_types.grad_accum_dtype", "bf16",
                              "default: the weights' dtype; DeepSpeed sums bf16 gradients in fp32 at ZeRO stage 0: fp32 gives its numbers "
                              "(4 bytes more a parameter)"});
+}
+
+// communication_data_type acts wherever data-parallel gradients cross ranks (ZeroExecution::wire_dtype); said where
+// it cannot act, where it rounds without sending fewer bytes, where it sends more for sums Gloo already does in fp32,
+// and where fp16's range meets gradients no loss scale keeps in it.
+void note_communication_dtype(Plan& plan) {
+  const std::optional<Dtype> asked = plan.precision.comm_dtype;
+  const ZeroExecution& z = plan.execution;
+  if (!asked) return;
+  const std::string name = dtype_name(*asked), held = dtype_name(z.reduced_dtype);
+  const auto warn = [&](const std::string& what, const std::string& hint) { plan.warnings.push_back({"communication_data_type", what, hint}); };
+  if (z.world_size <= 1) {
+    if (*asked != z.reduced_dtype) warn("has no effect: one data-parallel rank sends no gradients to sum", "remove it, or train on several ranks");
+    return;
+  }
+  if (z.wire_dtype == z.reduced_dtype) return;
+  const int wire_bytes = dtype_bytes(z.wire_dtype), held_bytes = dtype_bytes(z.reduced_dtype);
+  const bool gloo_widens = !comm_capabilities(z.backend).sums_16bit;  // Gloo: 16-bit floats summed in fp32, rounded once
+  // One warning at most, the gravest first.
+  if (z.wire_dtype == Dtype::fp16 && !plan.precision.loss_scaling.enabled)
+    warn("fp16 holds nothing above 65504: a sum beyond it becomes inf even where each rank's part fits, and no loss scale keeps this "
+         "run's gradients in range (inf gradients " + std::string(plan.precision.overflow_is_fatal ? "end this run" : "skip or spoil the step") + ")",
+         "bf16 (fp32's range in half the bytes), or fp16.enabled");
+  else if (wire_bytes < held_bytes && gloo_widens && !z.scatter)
+    warn("rounds the gradients to " + name + " but sends no fewer bytes: Gloo's all-reduce sums 16-bit floats through fp32 copies",
+         "remove it, or ZeRO stage 2-3 with reduce_scatter (their pieces go point to point, in " + name + ")");
+  else if (wire_bytes > held_bytes && gloo_widens)
+    warn("changes no sum: Gloo adds " + held + " gradients in fp32 and rounds once already" +
+             (z.scatter ? std::string(", and this sends twice their bytes") : std::string()),
+         "remove it (on GPU ranks NCCL sums 16-bit floats in their own dtype, where fp32 does change the sums)");
+  else if (wire_bytes == held_bytes)  // (bf16 over fp16: an fp16 wire over bf16 is the range warning above)
+    warn("sends as many bytes as " + held + " and rounds the gradients to " + name + "'s shorter mantissa",
+         "remove it, or fp32 to sum them without rounding at every hop");
 }
 
 // What the config decides without a model: the run's cadence and data, precision, optimizer, schedule,
@@ -809,12 +843,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                      on_wire(plan.precision.compute_dtype),
                      dtype_bytes(plan.precision.compute_dtype), on_wire(plan.precision.grad_dtype), dtype_bytes(plan.precision.param_dtype),
                      dtype_bytes(plan.execution.reduced_dtype), plan.activation_checkpointing, plan.optimizer.per_tensor_update());
-  // ds reduces gradients in the dtype it holds them in: another communication dtype would change nothing.
-  if (c.communication_data_type && *c.communication_data_type != plan.execution.reduced_dtype)
-    plan.warnings.push_back({"communication_data_type",
-                             std::string("has no effect: ds reduces gradients in the dtype it holds them in (") + dtype_name(plan.execution.reduced_dtype) +
-                                 (comm_capabilities(topo.comm_backend()).sums_16bit ? ")" : "; Gloo's all-reduce sums 16-bit floats in fp32)"),
-                             "remove it"});
+  note_communication_dtype(plan);
   note_gradient_sums(c, plan);
   note_mesh(plan);
   note_recompute_groups(plan);

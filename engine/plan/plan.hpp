@@ -41,6 +41,8 @@ struct PrecisionPolicy {
   Dtype param_dtype = Dtype::fp32;    // working parameters
   Dtype compute_dtype = Dtype::fp32;  // matmuls and activations
   Dtype grad_dtype = Dtype::fp32;     // accumulated gradients
+  // communication_data_type: the dtype gradients cross ranks in, where the config names one (ZeroExecution::wire_dtype).
+  std::optional<Dtype> comm_dtype;
   bool fp32_master = false;           // optimizer keeps an fp32 copy of the weights
   bool check_overflow = false;        // skip the step on inf/NaN gradients
   // inf/NaN gradients end the run: fp32 has no overflow to skip (bf16 skips or ignores them as

@@ -128,13 +128,13 @@ json device_json(const Plan& p) {
           {"refuses", device_refusals(p)}};
 }
 
-// `reduced`: the dtype gradients are reduced in (ZeroExecution::reduced_dtype), recorded as comm_dtype.
-json precision_json(const PrecisionPolicy& pr, Dtype reduced) {
+// `wire`: the dtype gradients cross ranks in (ZeroExecution::wire_dtype), recorded as comm_dtype.
+json precision_json(const PrecisionPolicy& pr, Dtype wire) {
   return {{"mode", pr.mode},
           {"param_dtype", dtype_name(pr.param_dtype)},
           {"compute_dtype", dtype_name(pr.compute_dtype)},
           {"grad_dtype", dtype_name(pr.grad_dtype)},
-          {"comm_dtype", dtype_name(reduced)},
+          {"comm_dtype", dtype_name(wire)},
           {"fp32_master", pr.fp32_master},
           {"check_overflow", pr.check_overflow},
           {"loss_scaling",
@@ -387,7 +387,7 @@ std::string plan_to_json(const Plan& p, const std::vector<TokenizerFileRecord>& 
   j["threads"] = p.threads;
   j["tokens_per_step"] = p.tokens_per_step;
   j["train_flops_per_step"] = p.train_flops_per_step;
-  j["precision"] = precision_json(p.precision, p.execution.reduced_dtype);
+  j["precision"] = precision_json(p.precision, p.execution.wire_dtype);
   j["optimizer"] = optimizer_json(p.optimizer);
   j["scheduler"] = scheduler_json(p);
   j["gradient_clipping"] = p.gradient_clipping;

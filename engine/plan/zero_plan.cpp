@@ -49,6 +49,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::prefetch_staging: return "prefetch_staging";
     case BufferRole::frozen_staging: return "frozen_staging";
     case BufferRole::reduce_staging: return "reduce_staging";
+    case BufferRole::reduce_cast: return "reduce_cast";
     case BufferRole::reduce_scratch: return "reduce_scratch";
     case BufferRole::optimizer_swap: return "optimizer_swap";
     case BufferRole::param_swap: return "param_swap";
@@ -197,6 +198,7 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   z.grouped = L.stage >= 2 && (multi || z.gathers || b.grads_to_host);
   z.micro_grads = !z.grouped && !z.widened && dtype_bytes(pp.grad_dtype) > dtype_bytes(pp.compute_dtype);
   z.reduced_dtype = z.grouped || z.widened ? pp.compute_dtype : pp.grad_dtype;
+  z.wire_dtype = multi && pp.comm_dtype ? *pp.comm_dtype : z.reduced_dtype;
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
@@ -479,6 +481,14 @@ void add_parameter_swap(ZeroBuild& b, const ParamFileReads& reads) {
   z.transfers.push_back({"updated parameters written", Place::host, Place::nvme, static_cast<double>(b.param_file_bytes)});
 }
 
+// The gradient elements being reduced at once: one reduce bucket at a time, or a whole group (stages 0-1: every
+// block's range) when its pieces all run beside backward (overlap_comm).
+int64_t gradients_in_flight(const ZeroBuild& b) {
+  const ZeroExecution& z = b.z;
+  const int64_t largest = z.grouped ? std::max(z.block_numel, z.outer_numel) : z.full_numel;
+  return z.overlap ? largest : std::min(std::max<int64_t>(1, b.plan.zero.reduce_bucket_size), largest);
+}
+
 // What ZeRO works through: a group's gradients land in its buffer and are reduced as backward finishes
 // it (with overlap_comm a second block buffer: the next block's backward writes it meanwhile); stage 3
 // gathers into one buffer per block in use (the next one prefetched) and the outer parameters'; a staged
@@ -509,16 +519,15 @@ void add_working_buffers(ZeroBuild& b) {
     int64_t largest = 0;
     for (const Ownership& owners : group_ownerships(L, parameter_groups(L), z.group_offset))
       for (const std::vector<Span>& spans : owners) largest = std::max(largest, span_elements(spans));
-    b.add(BufferRole::reduce_scratch, compute, largest * (L.world_size - 1), C::buffers);
-  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(z.reduced_dtype) < 4) {
-    // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight: one reduce bucket at
-    // a time, or a whole group when its pieces all run beside backward (overlap_comm). (Gradients summed in
+    b.add(BufferRole::reduce_scratch, z.wire_dtype, largest * (L.world_size - 1), C::buffers);
+  } else if (L.world_size > 1 && !b.caps.sums_16bit && dtype_bytes(z.wire_dtype) < 4) {
+    // Gloo all-reduces 16-bit gradients through an fp32 copy of the pieces in flight. (Gradients summed in
     // fp32 over bf16 weights are reduced from the fp32 buffer itself.)
-    int64_t largest = z.full_numel;
-    if (z.grouped) largest = std::max(z.block_numel, z.outer_numel);
-    const int64_t in_flight = z.overlap ? largest : std::min(std::max<int64_t>(1, b.plan.zero.reduce_bucket_size), largest);
-    b.add(BufferRole::reduce_staging, Dtype::fp32, in_flight, C::buffers, Place::device, 1, /*transient=*/true);
+    b.add(BufferRole::reduce_staging, Dtype::fp32, gradients_in_flight(b), C::buffers, Place::device, 1, /*transient=*/true);
   }
+  // communication_data_type: the pieces in flight cast to it before they are reduced.
+  if (z.wire_dtype != z.reduced_dtype)
+    b.add(BufferRole::reduce_cast, z.wire_dtype, gradients_in_flight(b), C::buffers, Place::device, 1, /*transient=*/true);
 }
 
 }  // namespace

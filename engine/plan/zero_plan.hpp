@@ -76,6 +76,7 @@ enum class BufferRole {
   prefetch_staging,  // stage 3, staged gathers: the same for the next block's gather, in flight while this block computes
   frozen_staging,  // stage 3, staged gathers of frozen tensors: a block's and the prefetched block's, packed
   reduce_staging,  // Gloo: the fp32 copy of the 16-bit gradient pieces in flight (the communicator's)
+  reduce_cast,     // communication_data_type: the gradient pieces in flight cast to it (ZeroExecution::wire_dtype)
   reduce_scratch,  // grouped reduce-scatter: the other ranks' contributions to this rank's part of a group
   optimizer_swap,  // NVMe optimizer offload: host buffers sub-groups are swapped through
   param_swap,      // NVMe parameter offload: host buffers partitions are swapped through
@@ -124,9 +125,12 @@ struct ZeroExecution {
   // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.
   bool micro_grads = false;
   // The dtype gradients are reduced over ranks in: the buffer backward writes (a group's, grouped; the step's at
-  // stages 0-1, the compute dtype where that is wider, fp32 where micro_grads adds into it). ds sends them as
-  // held: communication_data_type only warns where it differs.
+  // stages 0-1, the compute dtype where that is wider, fp32 where micro_grads adds into it).
   Dtype reduced_dtype = Dtype::fp32;
+  // The dtype they cross ranks in: communication_data_type where it names one and a rank has others to sum
+  // with, else reduced_dtype. Where the two differ, each piece in flight is cast to it (reduce_cast), reduced,
+  // and this rank's sums are cast back into the gradients (DeepSpeed's cast before its all-reduce).
+  Dtype wire_dtype = Dtype::fp32;
   CommBackend backend = CommBackend::gloo;  // CPU ranks: Gloo (no 16-bit all-reduce); GPUs: NCCL
   bool scatter = false;             // gradients reduce-scattered (stages 2-3; stage 1 too off Gloo), else all-reduced
   // Stage 3: gathers go through staging buffers, each rank's partitions packed: the stored dtype is not the

@@ -164,6 +164,7 @@ class GlooWork : public PendingCollective {
       throw std::runtime_error("a collective failed: " + explain_() + " (" + what.substr(0, what.find('\n')) + ")");
     }
     if (then_) then_();
+    then_ = nullptr;  // what it held (an fp32 copy) goes now, not when the caller drops this
     stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (finished_) finished_();
   }

@@ -12,7 +12,7 @@
 namespace ds {
 
 // This rank's spans `mine` of `t` += the `peers` other ranks' contributions, which `scratch` holds in rank
-// order, each rank's as `mine` concatenated. bf16 accumulates in fp32 and rounds once.
+// order, each rank's as `mine` concatenated. 16-bit floats accumulate in fp32 and round once.
 void add_received_on_host(const torch::Tensor& t, const std::vector<Span>& mine, int peers, const torch::Tensor& scratch);
 
 }  // namespace ds

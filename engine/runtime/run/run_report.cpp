@@ -244,11 +244,11 @@ void RunReport::describe(const FlatParams::Bytes& held, const std::string& data,
             (p.mesh.shape.splits_the_model() ? " on " + std::to_string(W) + " ranks (" + mesh_description(p)
              : W > 1                         ? ", ZeRO stage " + std::to_string(p.zero_stage()) + " on " + std::to_string(W) + " ranks"
                                              : std::string()));
-  double in_flight = 0;  // what the communicator allocates per collective: in the plan's buffers, never held here
+  double in_flight = 0;  // allocated per collective (the communicator's copies, communication_data_type's cast): in the plan's buffers, never held here
   for (const ZeroBuffer& b : p.execution.buffers)
     if (b.transient) in_flight += b.bytes();
   log_.note("ds train: " + held_bytes_line(held, p.memory.held()) +
-            (in_flight > 0 ? "; the plan's buffers count " + format_bytes(in_flight) + " the communicator allocates for each collective" : ""));
+            (in_flight > 0 ? "; the plan's buffers count " + format_bytes(in_flight) + " allocated for each collective in flight" : ""));
   log_.note("ds train: data " + data + "; " + format_count(train_tokens) + " training / " + format_count(val_tokens) +
             " validation tokens");
   log_.note("ds train: " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch.train_batch_size) + " x " +

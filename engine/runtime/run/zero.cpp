@@ -100,27 +100,70 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
 
 ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
 
+namespace {
+// A gradient piece reduced in communication_data_type's dtype: `wire` (the piece cast to it) is what the
+// collective sums; waiting writes this rank's sums back into the piece, in the gradients' dtype (the rest of
+// the piece, summed by other ranks, is left as a reduce-scatter leaves it).
+class ReducedInWireDtype final : public PendingCollective {
+ public:
+  ReducedInWireDtype(torch::Tensor piece, torch::Tensor wire, std::vector<Span> mine)
+      : piece_(std::move(piece)), wire_(std::move(wire)), mine_(std::move(mine)) {}
+  const torch::Tensor& wire() const { return wire_; }
+  void start(std::unique_ptr<PendingCollective> work) { work_ = std::move(work); }
+  // Frees the cast once its sums are back, so a caller keeping waited pieces holds no more than the plan's reduce_cast
+  // (on a GPU the compute stream already waits for the collective: the copy back and the free are ordered after it).
+  void wait() override {
+    if (!work_) return;
+    const std::unique_ptr<PendingCollective> work = std::move(work_);  // a failed wait is not waited on again
+    work->wait();
+    for (const Span& s : mine_) piece_.narrow(0, s.offset, s.numel).copy_(wire_.narrow(0, s.offset, s.numel));
+    wire_ = piece_ = torch::Tensor();
+  }
+
+ private:
+  torch::Tensor piece_, wire_;  // declared before work_: a collective dropped unwaited finishes before wire_ goes
+  std::vector<Span> mine_;
+  std::unique_ptr<PendingCollective> work_;
+};
+}  // namespace
+
 std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(const torch::Tensor& t, const Ownership* owners,
                                                                               bool wait_each) {
   std::vector<std::unique_ptr<PendingCollective>> pieces;
   if (!comm_) return pieces;  // one rank: the sum over ranks is the gradient itself
   const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
+  const torch::ScalarType wire = to_torch(plan_.execution.wire_dtype);
   int64_t received = 0;  // scratch elements the pieces in flight take
   for (int64_t at = 0; at < t.numel(); at += piece) {
     const int64_t n = std::min(piece, t.numel() - at);
+    const torch::Tensor held = t.narrow(0, at, n);
+    const Ownership part = owners ? clip(*owners, at, n) : Ownership{};
+    // communication_data_type: the piece crosses ranks cast to it (the plan's reduce_cast).
+    std::unique_ptr<ReducedInWireDtype> cast;
+    if (plan_.execution.wire_dtype != plan_.execution.reduced_dtype) {
+      DS_CHECK(held.scalar_type() == to_torch(plan_.execution.reduced_dtype), "gradients held in ", held.scalar_type(), ", not the plan's ",
+               dtype_name(plan_.execution.reduced_dtype));
+      std::vector<Span> mine = owners ? part[static_cast<size_t>(flat_.rank)] : std::vector<Span>{{0, n}};
+      cast = std::make_unique<ReducedInWireDtype>(held, held.to(wire), std::move(mine));
+    }
+    std::unique_ptr<PendingCollective> work;
     if (owners) {
-      const Ownership part = clip(*owners, at, n);
       // A library's own reduce-scatter (NCCL) needs no room for the others' contributions (the plan allots none).
       const int64_t need = native_scatter_ ? 0 : span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
       if (wait_each) received = 0;
-      pieces.push_back(comm_->reduce_scatter_sum_async(t.narrow(0, at, n), part,
-                                                       native_scatter_ ? torch::Tensor() : flat_.reduce_scratch.narrow(0, received, need),
-                                                       CollectiveKind::gradients));
+      work = comm_->reduce_scatter_sum_async(cast ? cast->wire() : held, part,
+                                             native_scatter_ ? torch::Tensor() : flat_.reduce_scratch.narrow(0, received, need),
+                                             CollectiveKind::gradients);
       received += need;
     } else {
-      pieces.push_back(comm_->all_reduce_sum_async(t.narrow(0, at, n), CollectiveKind::gradients));
+      work = comm_->all_reduce_sum_async(cast ? cast->wire() : held, CollectiveKind::gradients);
     }
-    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy or scratch) at a time
+    if (cast) {
+      cast->start(std::move(work));
+      work = std::move(cast);
+    }
+    pieces.push_back(std::move(work));
+    if (wait_each) pieces.back()->wait();  // one piece (and its fp32 copy, cast or scratch) at a time
   }
   return pieces;
 }
