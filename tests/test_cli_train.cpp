@@ -455,7 +455,9 @@ TEST(CliHardening, AFrozenRankIsTheOneNamed) {
       "train.output_dir=" + dir + " >/dev/null 2>" + dir + ".err; echo $? > " + dir + ".rc";
   std::filesystem::create_directories(scratch_dir());
   std::ofstream(scratch_dir() + "/frozen.sh") << script;
-  std::system(("timeout 60 bash " + scratch_dir() + "/frozen.sh").c_str());
+  // The bound only stops a run that never ends (normally it ends ~10 s in); start-up on a loaded machine (the stopper
+  // waits up to 50 s for the first step) took it past 60 s once.
+  std::system(("timeout 180 bash " + scratch_dir() + "/frozen.sh").c_str());
   const std::string err = slurp(dir + ".err");
   EXPECT_EQ(slurp(dir + ".rc"), "1\n") << err;
   EXPECT_TRUE(contains(err, "rank 1 of 2 was stopped (SIGSTOP or a debugger)")) << err;

@@ -379,8 +379,8 @@ void add_optimizer_states(ZeroBuild& b) {
   // chunk at a time (the staging, the gradients' fp32 copy) holds a window's, not a sub-group's (4 GB each at 1e9).
   // (Lamb steps each tensor whole: refused on NVMe, it would keep its sub-groups.)
   const bool staged = offloaded > 0 && z.state_spans.front().weights == WeightsBack::staged;
-  if (swapped && staged && !plan.optimizer.per_tensor_update())
-    z.weight_tiles = staging_windows(z.sub_groups, runs, std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile));
+  const int64_t window = std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile);  // the most a tile or window holds
+  if (swapped && staged && !plan.optimizer.per_tensor_update()) z.weight_tiles = staging_windows(z.sub_groups, runs, window);
   int64_t swapped_chunk = 0;  // the most elements an NVMe span is stepped in at a time
   for (const SubGroup& g : z.weight_tiles.empty() ? z.sub_groups : z.weight_tiles) swapped_chunk = std::max(swapped_chunk, g.numel());
   b.master_crosses = offloaded > 0 && state_place == Place::host && !b.param_offload && z.state_spans.front().weights == WeightsBack::copied;
@@ -420,7 +420,7 @@ void add_optimizer_states(ZeroBuild& b) {
     // A tile's weights at a time (a tile of the span in memory, or a window of an NVMe sub-group: above), in two
     // buffers taken in turn where there are several: the host steps the next tile while the last one crosses.
     // (Lamb steps each tensor whole: one tile, the span; the others at most kMostWeightTiles of them)
-    const int64_t tile = std::max(std::min(std::max(knobs.sub_group_size, kStepGrain), kMostStagingTile), (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
+    const int64_t tile = std::max(window, (offloaded + kMostWeightTiles - 1) / kMostWeightTiles + kStepGrain);
     // (+ a grain: each cut may move back onto its run's grain by less than one)
     if (!swapped) z.weight_tiles = optimizer_sub_groups(runs, offloaded, plan.optimizer.per_tensor_update() ? offloaded : tile);
     const std::vector<SubGroup>& tiles = z.staged_tiles();

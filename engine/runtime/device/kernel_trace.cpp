@@ -56,6 +56,13 @@ std::vector<KernelTime> sorted(std::map<std::string, KernelTime>& by_name) {
   return out;  // (a map's order: ties by name)
 }
 
+void add_to(std::map<std::string, KernelTime>& by_name, const std::string& name, double launches, double seconds) {
+  KernelTime& t = by_name[name];
+  t.name = name;
+  t.launches += launches;
+  t.seconds += seconds;
+}
+
 }  // namespace
 
 std::vector<KernelTime> kernel_totals(const std::vector<KernelRun>& runs) {
@@ -64,10 +71,7 @@ std::vector<KernelTime> kernel_totals(const std::vector<KernelRun>& runs) {
   for (const KernelRun& r : runs) {
     auto known = short_of.find(r.name);
     if (known == short_of.end()) known = short_of.emplace(r.name, short_kernel_name(r.name)).first;
-    KernelTime& t = by_name[known->second];
-    t.name = known->second;
-    t.launches += 1;
-    t.seconds += r.end_ns > r.start_ns ? static_cast<double>(r.end_ns - r.start_ns) * 1e-9 : 0.0;
+    add_to(by_name, known->second, 1, r.end_ns > r.start_ns ? static_cast<double>(r.end_ns - r.start_ns) * 1e-9 : 0.0);
   }
   return sorted(by_name);
 }
@@ -75,12 +79,7 @@ std::vector<KernelTime> kernel_totals(const std::vector<KernelRun>& runs) {
 std::vector<KernelTime> mean_kernel_times(const std::vector<std::vector<KernelTime>>& per_step, int64_t steps) {
   std::map<std::string, KernelTime> by_name;
   for (const auto& step : per_step)
-    for (const KernelTime& k : step) {
-      KernelTime& t = by_name[k.name];
-      t.name = k.name;
-      t.launches += k.launches;
-      t.seconds += k.seconds;
-    }
+    for (const KernelTime& k : step) add_to(by_name, k.name, k.launches, k.seconds);
   const double n = static_cast<double>(std::max<int64_t>(steps, 1));
   for (auto& [name, t] : by_name) {
     t.launches /= n;
