@@ -3,7 +3,8 @@
 // GPU's GEMMs and reductions add in another order), bf16 on the GPU must track fp32 (2%), ZeRO's stages at
 // one rank must train what stage 0 trains, LoRA must train the same adapter, a checkpoint of a GPU run
 // must resume on the CPU and the reverse (one format), offload from the GPU must train the CPU's offloaded
-// run, and fp16 must skip its overflows and track the CPU's fp16 run.
+// run, fp16 must skip its overflows and track the CPU's fp16 run, and ZeRO on thread ranks sharing the GPU (in
+// NCCL's terms) must train the one-rank run.
 // Without a GPU that LibTorch can use, every test skips and says why (label gpu; scripts/device-check.sh
 // runs them on a GPU machine).
 #include <gtest/gtest.h>
@@ -21,6 +22,8 @@
 
 #include "common/crash_trace.hpp"
 #include "common/error.hpp"
+#include "engine/runtime/comm/comm_local.hpp"
+#include "engine/runtime/device/build_support.hpp"
 #include "engine/runtime/run/trainer.hpp"
 #include "schema/loader.hpp"
 #include "test_helpers.hpp"
@@ -104,6 +107,68 @@ TEST_F(CudaTrain, ZeroStagesAtOneRankTrainWhatStageZeroTrains) {
     const TrainResult s = run(DeviceKind::cuda, {"bf16.enabled=false", stage}, stage);
     expect_losses_near(s.losses, s0.losses, 1e-5);
   }
+}
+
+TEST_F(CudaTrain, ZeroOnThreadRanksOfOneGpuSpeakingNcclsTermsTrainsTheOneRankRun) {
+  // Several ranks on one GPU (NCCL refuses two ranks a GPU): two thread ranks whose collectives are LibTorch ops on
+  // the device's tensors, in NCCL's terms (the library's own reduce-scatter, 16-bit sums in their own dtype, gathers
+  // in equal pieces), exercise ZeRO's device-side buffers, staging and ordering at every stage; the global batch is
+  // the one-rank run's (micro 4 x accumulation 2 there, 4 x 1 on each rank here), so fp32 gives its losses to 1e-5.
+  // communication_data_type bf16 at stage 2 casts each piece in flight on the device: bf16's rounding of the run
+  // (2e-3), half the gradient bytes, the plan's bytes sent each step.
+  const int world = 2;
+  const std::vector<std::string> fp32 = {"bf16.enabled=false"};
+  const TrainResult one = run(DeviceKind::cuda, fp32, "one_rank");
+  const auto on_thread_ranks = [&](std::vector<std::string> o, const std::string& dir) {
+    o.insert(o.end(), {"bf16.enabled=false", "gradient_accumulation_steps=1", "train.output_dir=" + (root_ / dir).string()});
+    std::vector<Plan> plans;
+    for (int r = 0; r < world; ++r) {
+      Config c = load_config_text(kBase, "test.json", o);
+      Topology t = test::thread_ranks(world, r);
+      t.device = DeviceKind::cuda;
+      t.device_memory_bytes = 16.0 * (1 << 30);
+      t.communicator = CommBackend::nccl;
+      t.build = build_support();
+      if (t.build->nccl.empty()) t.build->nccl = "thread ranks";  // (the thread ranks' group stands in for NCCL's communicator)
+      plans.push_back(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t));
+    }
+    EXPECT_EQ(plans[0].execution.backend, CommBackend::nccl);
+    LocalGroup group(world, std::chrono::seconds(120), CommBackend::nccl);
+    std::vector<TrainResult> results(world);
+    test::on_ranks(world, [&](int r) {
+      TrainOptions opt;
+      opt.print_every = 1000;
+      auto comm = group.join(r);
+      results[static_cast<size_t>(r)] = train(plans[static_cast<size_t>(r)], opt, comm.get());
+    });
+    return std::make_pair(plans[0], results[0]);
+  };
+  for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1", "zero_optimization.stage=2", "zero_optimization.stage=3"}) {
+    SCOPED_TRACE(stage);
+    const auto [plan, ranks] = on_thread_ranks({stage}, std::string("threads_") + stage);
+    expect_losses_near(ranks.losses, one.losses, 1e-5);
+  }
+  const auto [plain_plan, plain] = on_thread_ranks({"zero_optimization.stage=2"}, "threads_plain");
+  const auto [plan, cast] = on_thread_ranks({"zero_optimization.stage=2", "communication_data_type=bf16"}, "threads_bf16_wire");
+  expect_losses_near(cast.losses, plain.losses, 2e-3);
+  ASSERT_EQ(plan.execution.wire_dtype, Dtype::bf16);
+  double planned = 0, gradients = 0, plain_gradients = 0;
+  for (const Collective& c : plan.execution.collectives) {
+    planned += c.wire_bytes_per_rank_per_step;
+    if (c.kind == CollectiveKind::gradients) gradients += c.wire_bytes_per_rank_per_step;
+  }
+  for (const Collective& c : plain_plan.execution.collectives)
+    if (c.kind == CollectiveKind::gradients) plain_gradients += c.wire_bytes_per_rank_per_step;
+  EXPECT_DOUBLE_EQ(2 * gradients, plain_gradients);
+  std::ifstream metrics(cast.metrics_path);
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    if (!m.contains("comm_bytes")) continue;
+    ++steps;
+    EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
+  }
+  EXPECT_EQ(steps, static_cast<int>(cast.losses.size()));
 }
 
 TEST_F(CudaTrain, LoraOnTheGpuTrainsTheCpusAdapter) {
