@@ -66,12 +66,9 @@ inline const std::string& work_dir() {
   return dir;
 }
 
-// `env`: unsets (-u NAME) first, then assignments. GPUs stay hidden (CUDA_VISIBLE_DEVICES empty) unless `env` names
-// CUDA_VISIBLE_DEVICES: the CLI tests expect the CPU's plans and runs wherever they run, a GPU machine included.
 inline std::string ds_command(const std::string& args, const std::string& env) {
   const std::string& dir = scratch_dir();
-  const std::string gpus = env.find("CUDA_VISIBLE_DEVICES") == std::string::npos ? " CUDA_VISIBLE_DEVICES=" : "";
-  return "cd " + work_dir() + " && exec env -u WORLD_SIZE -u RANK -u DS_RUN_LOCK " + env + gpus + " " DS_BINARY " " + args + " >" + dir +
+  return "cd " + work_dir() + " && exec env -u WORLD_SIZE -u RANK -u DS_RUN_LOCK " + env + " " DS_BINARY " " + args + " >" + dir +
          "/out 2>" + dir + "/err </dev/null";
 }
 
