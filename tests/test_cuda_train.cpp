@@ -54,14 +54,19 @@ class CudaTrain : public ::testing::Test {
     if (!root_.empty()) fs::remove_all(root_);
   }
 
+  // Rank `rank` of `world` thread ranks on `device`.
+  static Topology topology(DeviceKind device, int world = 1, int rank = 0) {
+    Topology t = test::thread_ranks(world, rank);
+    t.device = device;
+    if (device == DeviceKind::cuda) t.device_memory_bytes = 16.0 * (1 << 30);
+    return t;
+  }
+
   // The plan of kBase with `overrides` on `device`, writing its own directory under the scratch root.
   Plan plan_for(DeviceKind device, std::vector<std::string> overrides, const std::string& dir) const {
     overrides.push_back("train.output_dir=" + (root_ / dir).string());
     Config c = load_config_text(kBase, "test.json", overrides);
-    Topology t = test::thread_ranks(1, 0);
-    t.device = device;
-    if (device == DeviceKind::cuda) t.device_memory_bytes = 16.0 * (1 << 30);
-    return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+    return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), topology(device));
   }
 
   // That plan trained (continued from `resume` when given).
@@ -129,9 +134,7 @@ TEST_F(CudaTrain, ZeroOnThreadRanksOfOneGpuSpeakingNcclsTermsTrainsTheOneRankRun
     std::vector<Plan> plans;
     for (int r = 0; r < world; ++r) {
       Config c = load_config_text(kBase, "test.json", o);
-      Topology t = test::thread_ranks(world, r);
-      t.device = DeviceKind::cuda;
-      t.device_memory_bytes = 16.0 * (1 << 30);
+      Topology t = topology(DeviceKind::cuda, world, r);
       t.communicator = CommBackend::nccl;
       t.build = build_support();
       if (t.build->nccl.empty()) t.build->nccl = "thread ranks";  // (the thread ranks' group stands in for NCCL's communicator)

@@ -146,17 +146,17 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
       std::vector<Span> mine = owners ? part[static_cast<size_t>(flat_.rank)] : std::vector<Span>{{0, n}};
       cast = std::make_unique<ReducedInWireDtype>(held, held.to(wire), std::move(mine));
     }
+    const torch::Tensor& sent = cast ? cast->wire() : held;
     std::unique_ptr<PendingCollective> work;
     if (owners) {
       // A library's own reduce-scatter (NCCL) needs no room for the others' contributions (the plan allots none).
       const int64_t need = native_scatter_ ? 0 : span_elements(part[static_cast<size_t>(flat_.rank)]) * (comm_->world_size() - 1);
       if (wait_each) received = 0;
-      work = comm_->reduce_scatter_sum_async(cast ? cast->wire() : held, part,
-                                             native_scatter_ ? torch::Tensor() : flat_.reduce_scratch.narrow(0, received, need),
+      work = comm_->reduce_scatter_sum_async(sent, part, native_scatter_ ? torch::Tensor() : flat_.reduce_scratch.narrow(0, received, need),
                                              CollectiveKind::gradients);
       received += need;
     } else {
-      work = comm_->all_reduce_sum_async(cast ? cast->wire() : held, CollectiveKind::gradients);
+      work = comm_->all_reduce_sum_async(sent, CollectiveKind::gradients);
     }
     if (cast) {
       cast->start(std::move(work));
