@@ -191,11 +191,11 @@ TEST(CliPlan, SeveralVisibleGpusArePlannedOneRankEach) {
   EXPECT_EQ(broken.code, 2) << broken.err;
   EXPECT_FALSE(contains(broken.err, "GPUs visible")) << broken.err;
   EXPECT_EQ(planned("examples/quickstart.json --world-size 2", "-u CUDA_VISIBLE_DEVICES")["world_size"], 2);
-  // Offload from several GPU ranks is not run yet; one GPU offloads: one rank, saying why.
-  t = planned("examples/gpu-offload.json", "-u CUDA_VISIBLE_DEVICES", &err);
+  // fp16 on several GPU ranks is not run yet; one GPU trains fp16: one rank, saying why.
+  t = planned("examples/gpu-fp16.json", "-u CUDA_VISIBLE_DEVICES", &err);
   EXPECT_EQ(t["world_size"], 1);
   EXPECT_TRUE(contains(err, "4 GPUs visible: one rank, since ds cannot run this plan on 4: ")) << err;
-  EXPECT_TRUE(contains(err, "offload from several GPU ranks")) << err;
+  EXPECT_TRUE(contains(err, "fp16 on several GPU ranks")) << err;
   // ds train on this machine with a build that trains on the CPU only: one CPU process, no ranks started.
   if (contains(ds("--version").out, "(CPU); CUDA")) {
     const Result r = ds("train examples/quickstart.json train.steps=1 train.eval_every=0 train.output_dir=" + scratch_dir() +

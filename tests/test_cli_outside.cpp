@@ -657,10 +657,8 @@ TEST(CliOutside, PlanAndEstimateJudgeFitAlikeAndSayWhatCannotRunYet) {
   r = ds("estimate-memory --model 8b --gpus 8 --gpu-memory 80GiB --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json e = nlohmann::json::parse(r.out);
-  for (const auto& row : e["rows"]) {
-    const bool offloads = row["offload_optimizer"] != "none" || row["offload_param"] != "none";
-    EXPECT_EQ(contains(row["not_yet"].dump(), "offload from several GPU ranks"), offloads) << row.dump();
-  }
+  // Offloaded rows are judged as the others (several GPU ranks offload, warned as new): the same reasons, if any.
+  for (const auto& row : e["rows"]) EXPECT_EQ(row["not_yet"], e["rows"][0]["not_yet"]) << row.dump();
   // 9. Optimizer offload on a GPU at stage 3: the gradient partition lives on the host, as in DeepSpeed.
   for (const auto& row : e["rows"]) {
     if (row["zero_stage"] == 3 && row["offload_optimizer"] != "none") {

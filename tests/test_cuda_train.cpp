@@ -3,8 +3,8 @@
 // GPU's GEMMs and reductions add in another order), bf16 on the GPU must track fp32 (2%), ZeRO's stages at
 // one rank must train what stage 0 trains, LoRA must train the same adapter, a checkpoint of a GPU run
 // must resume on the CPU and the reverse (one format), offload from the GPU must train the CPU's offloaded
-// run, fp16 must skip its overflows and track the CPU's fp16 run, and ZeRO on thread ranks sharing the GPU (in
-// NCCL's terms) must train the one-rank run.
+// run, fp16 must skip its overflows and track the CPU's fp16 run, and ZeRO, tensor and pipeline parallelism on thread
+// ranks sharing the GPU (in NCCL's terms) must train the one-rank run.
 // Without a GPU that LibTorch can use, every test skips and says why (label gpu; scripts/device-check.sh
 // runs them on a GPU machine).
 #include <gtest/gtest.h>
@@ -77,6 +77,38 @@ class CudaTrain : public ::testing::Test {
     return train(plan_for(device, std::move(overrides), dir), opt, nullptr);
   }
 
+  // `overrides` on `world` thread ranks sharing the GPU (NCCL refuses two ranks a GPU), their collectives and
+  // messages LibTorch ops on its tensors in NCCL's terms (the library's own reduce-scatter, 16-bit sums in their
+  // own dtype, gathers in equal pieces): each rank's plan and run, rank 0 first. A hang fails in 30 s, naming the
+  // collective, well inside ctest's bound.
+  std::vector<std::pair<Plan, TrainResult>> on_thread_ranks(int world, std::vector<std::string> overrides, const std::string& dir) const {
+    overrides.push_back("train.output_dir=" + (root_ / dir).string());
+    std::vector<std::pair<Plan, TrainResult>> runs(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      Config c = load_config_text(kBase, "test.json", overrides);
+      Topology t = topology(DeviceKind::cuda, world, r);
+      t.communicator = CommBackend::nccl;
+      t.build = build_support();
+      if (t.build->nccl.empty()) t.build->nccl = "thread ranks";  // (the thread ranks' group stands in for NCCL's communicator)
+      runs[static_cast<size_t>(r)].first = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
+    }
+    EXPECT_EQ(runs[0].first.execution.backend, CommBackend::nccl);
+    LocalGroup group(world, std::chrono::seconds(30), CommBackend::nccl);
+    test::on_ranks(world, [&](int r) {
+#if TORCH_VERSION_MAJOR >= 2
+      // LibTorch runs a GPU's backward on one worker thread shared by every thread that calls backward: rank 0's hooks
+      // (ZeRO's reduces and gathers inside backward, a tensor group's all-reduce) would hold it waiting for rank 1,
+      // whose backward queues behind it. Each rank's backward runs on its own thread instead.
+      c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+#endif
+      TrainOptions opt;
+      opt.print_every = 1000;
+      auto comm = group.join(r);
+      runs[static_cast<size_t>(r)].second = train(runs[static_cast<size_t>(r)].first, opt, comm.get());
+    });
+    return runs;
+  }
+
   fs::path root_;
 };
 
@@ -122,49 +154,33 @@ TEST_F(CudaTrain, ZeroOnThreadRanksOfOneGpuSpeakingNcclsTermsTrainsTheOneRankRun
   // in equal pieces), exercise ZeRO's device-side buffers, staging and ordering at every stage; the global batch is
   // the one-rank run's (micro 4 x accumulation 2 there, 4 x 1 on each rank here), so fp32 gives its losses to 1e-5.
   // communication_data_type bf16 at stage 2 casts each piece in flight on the device: bf16's rounding of the run
-  // (2e-3), half the gradient bytes, the plan's bytes sent each step.
+  // (2e-3), half the gradient bytes, the plan's bytes sent each step. Offload from the two ranks trains it too.
 #if TORCH_VERSION_MAJOR < 2
   GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " runs every GPU backward on one thread, where the ranks' hooks would wait for each other";
 #endif
   const int world = 2;
   const std::vector<std::string> fp32 = {"bf16.enabled=false"};
   const TrainResult one = run(DeviceKind::cuda, fp32, "one_rank");
-  const auto on_thread_ranks = [&](std::vector<std::string> o, const std::string& dir) {
-    o.insert(o.end(), {"bf16.enabled=false", "gradient_accumulation_steps=1", "train.output_dir=" + (root_ / dir).string()});
-    std::vector<Plan> plans;
-    for (int r = 0; r < world; ++r) {
-      Config c = load_config_text(kBase, "test.json", o);
-      Topology t = topology(DeviceKind::cuda, world, r);
-      t.communicator = CommBackend::nccl;
-      t.build = build_support();
-      if (t.build->nccl.empty()) t.build->nccl = "thread ranks";  // (the thread ranks' group stands in for NCCL's communicator)
-      plans.push_back(compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t));
-    }
-    EXPECT_EQ(plans[0].execution.backend, CommBackend::nccl);
-    // (a hang fails in 30 s, naming the collective, well inside ctest's bound)
-    LocalGroup group(world, std::chrono::seconds(30), CommBackend::nccl);
-    std::vector<TrainResult> results(world);
-    test::on_ranks(world, [&](int r) {
-#if TORCH_VERSION_MAJOR >= 2
-      // LibTorch runs a GPU's backward on one worker thread shared by every thread that calls backward: rank 0's block
-      // hook (stages 2-3 reduce and gather inside backward) would hold it waiting for rank 1, whose backward queues
-      // behind it. Each rank's backward runs on its own thread instead.
-      c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
-#endif
-      TrainOptions opt;
-      opt.print_every = 1000;
-      auto comm = group.join(r);
-      results[static_cast<size_t>(r)] = train(plans[static_cast<size_t>(r)], opt, comm.get());
-    });
-    return std::make_pair(plans[0], results[0]);
+  const auto on_two = [&](std::vector<std::string> o, const std::string& dir) {  // rank 0's plan and run
+    o.insert(o.end(), {"bf16.enabled=false", "gradient_accumulation_steps=1"});
+    return on_thread_ranks(world, o, dir)[0];
   };
   for (const char* stage : {"zero_optimization.stage=0", "zero_optimization.stage=1", "zero_optimization.stage=2", "zero_optimization.stage=3"}) {
     SCOPED_TRACE(stage);
-    const auto [plan, ranks] = on_thread_ranks({stage}, std::string("threads_") + stage);
+    const auto [plan, ranks] = on_two({stage}, std::string("threads_") + stage);
     expect_losses_near(ranks.losses, one.losses, 1e-5);
   }
-  const auto [plain_plan, plain] = on_thread_ranks({"zero_optimization.stage=2"}, "threads_plain");
-  const auto [plan, cast] = on_thread_ranks({"zero_optimization.stage=2", "communication_data_type=bf16"}, "threads_bf16_wire");
+  // Offload from several ranks (the optimizer's states on the host, at stage 3 the parameters too): the one-rank run
+  // within 1e-5 in fp32 (the host's AdamW kernel and the GPU's may round apart).
+  const std::string opt = "zero_optimization.offload_optimizer.device=cpu", par = "zero_optimization.offload_param.device=cpu";
+  for (const std::vector<std::string>& offload : {std::vector<std::string>{"zero_optimization.stage=2", opt},
+                                                  std::vector<std::string>{"zero_optimization.stage=3", opt, par}}) {
+    SCOPED_TRACE(offload.back());
+    const auto [offload_plan, offloaded] = on_two(offload, "threads_offload_" + offload[0]);
+    expect_losses_near(offloaded.losses, one.losses, 1e-5);
+  }
+  const auto [plain_plan, plain] = on_two({"zero_optimization.stage=2"}, "threads_plain");
+  const auto [plan, cast] = on_two({"zero_optimization.stage=2", "communication_data_type=bf16"}, "threads_bf16_wire");
   expect_losses_near(cast.losses, plain.losses, 2e-3);
   ASSERT_EQ(plan.execution.wire_dtype, Dtype::bf16);
   double planned = 0, gradients = 0, plain_gradients = 0;
@@ -184,6 +200,48 @@ TEST_F(CudaTrain, ZeroOnThreadRanksOfOneGpuSpeakingNcclsTermsTrainsTheOneRankRun
     EXPECT_NEAR(m["comm_bytes"].get<double>(), planned, 1.0) << "step " << m["step"];
   }
   EXPECT_EQ(steps, static_cast<int>(cast.losses.size()));
+}
+
+TEST_F(CudaTrain, SplitModelsOnThreadRanksOfOneGpuTrainTheOneRankRunAndSendThePlansBytes) {
+  // Tensor and pipeline parallelism's device side, which several GPUs run over NCCL: the tensor groups' all-reduces of
+  // activations, a pipeline's activations and gradients received into the GPU's memory, the tied table's exchange
+  // and the stages' losses read once their messages have settled, between thread ranks sharing the GPU. In fp32 the
+  // one-rank GPU run's losses to 1e-4 (a split changes the GEMMs' shapes, and cuBLAS's order of adds with them; the
+  // vocabulary-parallel loss takes LibTorch's ops) and the plan's bytes each step; in bf16 (activations crossing
+  // stages in bf16) the one-rank bf16 run's within bf16's rounding.
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " runs every GPU backward on one thread, where the ranks' hooks would wait for each other";
+#endif
+  const TrainResult one = run(DeviceKind::cuda, {"bf16.enabled=false"}, "one_rank");  // 4 x 2 micro-batches a step
+  struct Mesh {
+    std::string name;
+    int world;
+    std::vector<std::string> shape;
+  };
+  const std::vector<Mesh> meshes = {
+      {"t2", 2, {"tensor_parallel.autotp_size=2"}},
+      {"p2", 2, {"pipeline.stages=2"}},
+      {"t2p2", 4, {"tensor_parallel.autotp_size=2", "pipeline.stages=2"}},
+      {"t2d2z2", 4, {"tensor_parallel.autotp_size=2", "zero_optimization.stage=2", "train_micro_batch_size_per_gpu=2"}},
+  };
+  for (const Mesh& m : meshes) {
+    SCOPED_TRACE(m.name);
+    std::vector<std::string> o = m.shape;
+    o.push_back("bf16.enabled=false");
+    const auto runs = on_thread_ranks(m.world, o, "mesh_" + m.name);
+    for (int r = 0; r < m.world; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const auto& [plan, result] = runs[static_cast<size_t>(r)];
+      ASSERT_TRUE(plan.mesh.shape.splits_the_model());
+      expect_losses_near(result.losses, one.losses, 1e-4);
+      const double planned = test::mesh_bytes_per_step(plan, r);
+      ASSERT_EQ(result.comm_bytes.size(), one.losses.size());
+      for (size_t i = 0; i < result.comm_bytes.size(); ++i) EXPECT_NEAR(result.comm_bytes[i], planned, 1.0) << "step " << i + 1;
+    }
+  }
+  const TrainResult one_bf16 = run(DeviceKind::cuda, {"bf16.enabled=true"}, "one_rank_bf16");
+  const auto bf16 = on_thread_ranks(4, {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "bf16.enabled=true"}, "mesh_bf16");
+  expect_losses_near(bf16[0].second.losses, one_bf16.losses, 1e-2);
 }
 
 TEST_F(CudaTrain, LoraOnTheGpuTrainsTheCpusAdapter) {

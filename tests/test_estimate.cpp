@@ -136,14 +136,11 @@ TEST(MemoryEstimateTable, RecommendsTheFastestRowThatFits) {
   ASSERT_GE(small.recommended, 0);
   EXPECT_NE(small.rows[small.recommended].choice.offload_optimizer, OffloadDevice::none);
   EXPECT_EQ(estimate_memory_table(base, m, gpus(1, 1, 1.0 * (1 << 30)), {}).recommended, -1);
-  // Every row says whether this ds trains it on those GPUs today: 8 ranks are refused (no NCCL named), and so is
-  // offload with several GPU ranks.
+  // Every row says whether this ds trains it on those GPUs today: 8 ranks are refused (no NCCL named), offloaded
+  // or not, for that reason alone.
   for (const EstimateRow& r : small.rows) {
-    EXPECT_FALSE(r.not_yet.empty()) << r.overrides;
-    const bool offloads = r.choice.offload_optimizer != OffloadDevice::none || r.choice.offload_param != OffloadDevice::none;
-    bool named = false;
-    for (const std::string& why : r.not_yet) named = named || why.find("offload from several GPU ranks") != std::string::npos;
-    EXPECT_EQ(named, offloads) << r.overrides;
+    ASSERT_EQ(r.not_yet.size(), 1u) << r.overrides;
+    EXPECT_NE(r.not_yet[0].find("no NCCL communicator"), std::string::npos) << r.not_yet[0];
   }
   EXPECT_EQ(small.runnable, -1);
   // One GPU trains every row, offloaded or not; 1 GiB fits none.

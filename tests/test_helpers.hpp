@@ -86,6 +86,17 @@ inline Plan plan_of(const std::string& config_text, int world, int rank, const s
   return compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), thread_ranks(world, rank));
 }
 
+// The bytes rank `rank` of a split model's plan sends each step: its stage's tensor all-reduces, activations and
+// gradients, the tied table's exchange and ZeRO's collectives over its data group, with the step's agreed loss, norm
+// and stop flag (the world's).
+inline double mesh_bytes_per_step(const Plan& plan, int rank) {
+  const PipelineStage& stage = plan.mesh.stages.at(static_cast<size_t>(mesh_coord(plan.mesh.shape, rank).pipeline));
+  double bytes = stage.traffic.sent_bytes() + stage.zero_wire_bytes;
+  for (const Collective& c : plan.execution.collectives)
+    if (c.kind == CollectiveKind::control) bytes += c.wire_bytes_per_rank_per_step;
+  return bytes;
+}
+
 // Runs `body(rank)` on `world` threads and rethrows the first failure.
 inline void on_ranks(int world, const std::function<void(int)>& body) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));

@@ -2,7 +2,7 @@
 // rank through the world's store (NCCL makes the id without a GPU), and a rank whose rank 0 never sends it fails at
 // the timeout naming what it waited for. On a GPU (label gpu; skipped elsewhere, saying why): a one-rank
 // communicator runs every collective over CUDA tensors, NCCL's equal pieces and uneven spans alike, each the
-// identity on one rank, and counts them in its ledger.
+// identity on one rank, and counts them in its ledger; a group split from it runs its own.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -103,4 +103,16 @@ TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenS
   comm->barrier();
   EXPECT_EQ(comm->ledger().at(CollectiveKind::gradients).calls, 6);
   EXPECT_EQ(comm->ledger().at(CollectiveKind::updated_parameters).calls, 4);
+  // A group split from the world (a mesh's tensor group): an NCCL communicator of its own, met under its name in the
+  // world's store, whose ledger is its own; a name meets once, and a rank sends no message to itself.
+  const std::unique_ptr<Communicator> group = comm->split("tensor-0", {0});
+  ASSERT_EQ(group->world_size(), 1);
+  torch::Tensor g = torch::full({17}, 2.0, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA));
+  group->all_reduce_sum(g, CollectiveKind::tensor_activations);
+  group->settle();
+  EXPECT_EQ(g.sum().item<double>(), 34.0);
+  EXPECT_EQ(group->ledger().at(CollectiveKind::tensor_activations).calls, 1);
+  EXPECT_EQ(comm->ledger().count(CollectiveKind::tensor_activations), 0u);
+  EXPECT_ANY_THROW(comm->split("tensor-0", {0}));
+  EXPECT_ANY_THROW(group->send_async(g, 0, CollectiveKind::pipeline_activations));
 }

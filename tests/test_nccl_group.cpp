@@ -1,5 +1,6 @@
 // The NCCL group (engine/runtime/comm/nccl_group.hpp) on one GPU: a group of one rank runs every collective for
-// real (NCCL refuses two ranks on one GPU), each the identity on the data, in each element type ZeRO sends.
+// real (NCCL refuses two ranks on one GPU), each the identity on the data, in each element type ZeRO sends, and a
+// send to itself arrives.
 // Without a visible GPU those tests skip and say why (label gpu); a malformed unique id is refused anywhere. A
 // group whose peer never joins fails at the timeout (the join is non-blocking).
 #include <gtest/gtest.h>
@@ -70,8 +71,40 @@ TEST_F(NcclOneGpu, EveryCollectiveRunsAndIsTheIdentityOnOneRank) {
   EXPECT_FALSE(nccl_version().empty());
 }
 
+// A pipeline's send and receive, on one GPU: a rank of a group of one sends to itself and receives from itself, the
+// two grouped (NCCL's way of letting a rank be both ends); the bytes arrive, in fp32 and as bf16 bits. Between two
+// ranks, each direction of a pipeline's messages has a communicator of its own (comm_nccl.cpp), which several GPUs check.
+TEST_F(NcclOneGpu, ASendToItselfArrivesInTheReceiveGroupedWithIt) {
+  const size_t n = 1031;
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  float *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&a), n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&b), n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(a, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b, 0, n * sizeof(float)), cudaSuccess);
+  group_->begin_group();
+  group_->send(a, n, NcclElement::f32, 0, stream_);
+  group_->recv(b, n, NcclElement::f32, 0, stream_);
+  group_->end_group("a send to itself and its receive");
+  group_->wait(stream_, "a send to itself");
+  std::vector<float> back(n);
+  ASSERT_EQ(cudaMemcpy(back.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  group_->begin_group();  // 2n bf16 elements: the same bytes
+  group_->send(b, 2 * n, NcclElement::bf16, 0, stream_);
+  group_->recv(a, 2 * n, NcclElement::bf16, 0, stream_);
+  group_->end_group("a bf16 send to itself and its receive");
+  group_->wait(stream_, "a bf16 send to itself");
+  ASSERT_EQ(cudaMemcpy(back.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
+  cudaFree(a);
+  cudaFree(b);
+}
+
 // The join is non-blocking and polled against the timeout: a group of two whose second rank never starts ends
-// in a named error on the rank that did, with its communicator aborted, instead of a process stuck in NCCL.
+// in a named error on the rank that did, with its communicator aborted (and the process's others), instead of a
+// process stuck in NCCL.
 TEST_F(NcclOneGpu, AGroupWhosePeerNeverJoinsFailsAtTheTimeoutNamingTheJoin) {
   try {
     NcclGroup lonely(NcclGroup::make_unique_id(), 0, 2, 0, std::chrono::seconds(2));
@@ -81,11 +114,15 @@ TEST_F(NcclOneGpu, AGroupWhosePeerNeverJoinsFailsAtTheTimeoutNamingTheJoin) {
     EXPECT_NE(what.find("rank 0: joining the NCCL group of 2 ranks"), std::string::npos) << what;
     EXPECT_NE(what.find("aborted"), std::string::npos) << what;
   }
-  // The group of one made in SetUp still works after another communicator was aborted.
+  // Every NCCL group of the process went with it (their kernels would spin for ever on the peer that failed): the
+  // group of one made in SetUp refuses its next call, naming the abort, and hands NCCL nothing.
   float* a = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&a), 64 * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(a, 0, 64 * sizeof(float)), cudaSuccess);
-  group_->all_reduce_sum(a, a, 64, NcclElement::f32, stream_);
-  group_->wait(stream_, "an all-reduce after the abort");
+  try {
+    group_->all_reduce_sum(a, a, 64, NcclElement::f32, stream_);
+    ADD_FAILURE() << "a group of the process queued an all-reduce after another failed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted earlier"), std::string::npos) << e.what();
+  }
   cudaFree(a);
 }

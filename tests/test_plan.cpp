@@ -488,7 +488,7 @@ TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
   Topology cpu;
   cpu.world_size_source = "test";
   EXPECT_TRUE(not_yet_runnable(compile_plan(c, m, cpu)).empty());
-  // One GPU offloads, warned that ds's checks have not run it on a GPU yet; several GPU ranks do not.
+  // One GPU offloads, warned that ds's checks have not run it on a GPU yet; several GPU ranks too, warned so.
   const Plan one = compile_plan(c, m, gpu);
   EXPECT_TRUE(not_yet_runnable(one).empty());
   bool warned = false;
@@ -496,8 +496,29 @@ TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
   EXPECT_TRUE(warned);
   gpu.world_size = gpu.ranks_per_node = 2;
   const std::vector<std::string> why = not_yet_runnable(compile_plan(c, m, gpu));
-  ASSERT_EQ(why.size(), 2u);  // (this test's topology names no build: no NCCL communicator)
-  EXPECT_NE(why[1].find("offload from several GPU ranks"), std::string::npos) << why[1];
+  ASSERT_EQ(why.size(), 1u);  // this test's topology names no build: no NCCL communicator
+  EXPECT_NE(why[0].find("no NCCL communicator"), std::string::npos) << why[0];
+  gpu.build = BuildSupport{};
+  gpu.build->torch_cuda = true;
+  gpu.build->cuda_kernels = "CUDA 13.0, sm_90";
+  gpu.build->nccl = "2.27.7";
+  const Plan two = compile_plan(c, m, gpu);
+  EXPECT_TRUE(not_yet_runnable(two).empty());
+  warned = false;
+  for (const ConfigIssue& w : two.warnings)
+    warned = warned || (w.message.find("offload from a GPU is new") != std::string::npos && w.message.find("nor from several GPU ranks") != std::string::npos);
+  EXPECT_TRUE(warned);
+  // A model split over GPU ranks (tensor 2 x pipeline 2) runs over NCCL's groups, warned that ds's checks have run
+  // them between thread ranks on the CPU only.
+  Config split = load_config_text(cfg, "t.json", {"tensor_parallel.autotp_size=2", "pipeline.stages=2", "train_batch_size=8"});
+  gpu.world_size = gpu.ranks_per_node = 4;
+  const Plan mesh = compile_plan(split, build_model_spec(resolve_model_hyper(split.model)), gpu);
+  ASSERT_TRUE(mesh.mesh.shape.splits_the_model());
+  EXPECT_TRUE(not_yet_runnable(mesh).empty()) << not_yet_runnable(mesh).front();
+  warned = false;
+  for (const ConfigIssue& w : mesh.warnings)
+    warned = warned || w.message.find("a split model's groups and a pipeline's messages have run between thread ranks on the CPU") != std::string::npos;
+  EXPECT_TRUE(warned);
 }
 
 // The one fit rule: fits up to (1 - headroom) of the memory, tight past it, does not fit past the whole.

@@ -823,49 +823,57 @@ TEST(Communicator, AllGatherAndReduceScatterBySpansOnLocalAndGlooRanks) {
 // The mesh's groups as sub-communicators of the world's: 8 ranks over Gloo as data x tensor x pipeline = 2 x 2 x 2
 // in the plan's layout (mesh_groups). Each rank joins its tensor, data and pipeline group; an all-reduce in each sums
 // over that group's ranks only, an all-gather fills the group's spans, each group's ledger counts its own bytes (a
-// ring's, computed here) and the world's none; a name meets once. The in-process LocalGroup refuses, saying so.
-TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGloo) {
+// ring's, computed here) and the world's none; a name meets once. The same over thread ranks (LocalGroup), and a
+// message sent inside a group reaches its member.
+TEST(Communicator, TheMeshsGroupsAreSubCommunicatorsOfTheWorldsOverGlooAndOnThreadRanks) {
   const MeshShape mesh{2, 2, 2};
   const int W = mesh.world();
   const int port = test::free_port();
-  on_ranks(W, [&](int rank) {
-    const std::unique_ptr<Communicator> world = gloo_rank(rank, W, port);
-    for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline}) {
-      const std::vector<std::vector<int>> groups = mesh_groups(mesh, axis);
-      size_t index = 0;
-      while (index < groups.size() && std::find(groups[index].begin(), groups[index].end(), rank) == groups[index].end()) ++index;
-      ASSERT_LT(index, groups.size()) << "rank " << rank << " is in no " << mesh_axis_name(axis) << " group";
-      const std::vector<int>& members = groups[index];
-      const std::string name = std::string(mesh_axis_name(axis)) + "-" + std::to_string(index);
-      const std::string what = "rank " + std::to_string(rank) + " in " + name;
-      const std::unique_ptr<Communicator> group = world->split(name, members);
-      const int n = static_cast<int>(members.size());
-      ASSERT_EQ(group->world_size(), n) << what;
-      EXPECT_EQ(members[static_cast<size_t>(group->rank())], rank) << what;
-      torch::Tensor x = torch::full({5}, static_cast<double>(rank + 1), torch::kFloat32);
-      group->all_reduce_sum(x, CollectiveKind::gradients);
-      double want = 0;
-      for (const int m : members) want += m + 1;
-      EXPECT_EQ(x[4].item<double>(), want) << what;
-      Ownership owners(static_cast<size_t>(n));
-      for (int k = 0; k < n; ++k) owners[static_cast<size_t>(k)] = {{k, 1}};
-      torch::Tensor g = torch::full({n}, -1.0, torch::kFloat32);
-      g[group->rank()] = 10.0 * rank;
-      group->all_gather_async(g, owners, CollectiveKind::updated_parameters)->wait();
-      for (int k = 0; k < n; ++k) EXPECT_EQ(g[k].item<double>(), 10.0 * members[static_cast<size_t>(k)]) << what << " element " << k;
-      // A ring all-reduce sends 2 (n - 1) / n of its 20 bytes from each rank.
-      EXPECT_DOUBLE_EQ(group->ledger().at(CollectiveKind::gradients).bytes, 2.0 * (n - 1) / n * 20.0) << what;
-      EXPECT_EQ(world->ledger().count(CollectiveKind::gradients), 0u) << what;
-      // Gloo's rendezvous keys stay in the store: a name meets once.
-      EXPECT_ANY_THROW(world->split(name, members)) << what;
-    }
-    world->barrier();
-  });
-  LocalGroup local(2);
-  on_ranks(2, [&](int rank) {
-    const std::unique_ptr<Communicator> c = local.join(rank);
-    EXPECT_THROW(c->split("tensor-0", {0, 1}), UserError);
-  });
+  LocalGroup threads(W);
+  for (const bool over_gloo : {true, false}) {
+    on_ranks(W, [&](int rank) {
+      const std::unique_ptr<Communicator> world = over_gloo ? gloo_rank(rank, W, port) : threads.join(rank);
+      for (const MeshAxis axis : {MeshAxis::tensor, MeshAxis::data, MeshAxis::pipeline}) {
+        const std::vector<std::vector<int>> groups = mesh_groups(mesh, axis);
+        size_t index = 0;
+        while (index < groups.size() && std::find(groups[index].begin(), groups[index].end(), rank) == groups[index].end()) ++index;
+        ASSERT_LT(index, groups.size()) << "rank " << rank << " is in no " << mesh_axis_name(axis) << " group";
+        const std::vector<int>& members = groups[index];
+        const std::string name = std::string(mesh_axis_name(axis)) + "-" + std::to_string(index);
+        const std::string what = "rank " + std::to_string(rank) + " in " + name;
+        const std::unique_ptr<Communicator> group = world->split(name, members);
+        const int n = static_cast<int>(members.size());
+        ASSERT_EQ(group->world_size(), n) << what;
+        EXPECT_EQ(members[static_cast<size_t>(group->rank())], rank) << what;
+        torch::Tensor x = torch::full({5}, static_cast<double>(rank + 1), torch::kFloat32);
+        group->all_reduce_sum(x, CollectiveKind::gradients);
+        double want = 0;
+        for (const int m : members) want += m + 1;
+        EXPECT_EQ(x[4].item<double>(), want) << what;
+        Ownership owners(static_cast<size_t>(n));
+        for (int k = 0; k < n; ++k) owners[static_cast<size_t>(k)] = {{k, 1}};
+        torch::Tensor g = torch::full({n}, -1.0, torch::kFloat32);
+        g[group->rank()] = 10.0 * rank;
+        group->all_gather_async(g, owners, CollectiveKind::updated_parameters)->wait();
+        for (int k = 0; k < n; ++k) EXPECT_EQ(g[k].item<double>(), 10.0 * members[static_cast<size_t>(k)]) << what << " element " << k;
+        // A ring all-reduce sends 2 (n - 1) / n of its 20 bytes from each rank.
+        EXPECT_DOUBLE_EQ(group->ledger().at(CollectiveKind::gradients).bytes, 2.0 * (n - 1) / n * 20.0) << what;
+        EXPECT_EQ(world->ledger().count(CollectiveKind::gradients), 0u) << what;
+        // Point to point inside the group: its rank 0 sends its members' world ranks to its last.
+        torch::Tensor m = torch::zeros({n}, torch::kInt32);
+        if (group->rank() == 0) {
+          for (int k = 0; k < n; ++k) m[k] = members[static_cast<size_t>(k)];
+          group->send_async(m, n - 1, CollectiveKind::pipeline_activations)->wait();
+        } else if (group->rank() == n - 1) {
+          group->recv(m, 0, CollectiveKind::pipeline_activations);
+          for (int k = 0; k < n; ++k) EXPECT_EQ(m[k].item<int>(), members[static_cast<size_t>(k)]) << what << " element " << k;
+        }
+        // The rendezvous keys stay in the store: a name meets once.
+        EXPECT_ANY_THROW(world->split(name, members)) << what;
+      }
+      world->barrier();
+    });
+  }
 }
 
 // Megatron's MLP split over a tensor group of 2 Gloo ranks: the first matrix by its outputs (column-parallel), the

@@ -49,12 +49,9 @@ void not_yet_on_gpus(const Plan& plan, const DeviceTraits& device, std::vector<s
   if (plan.topology.world_size > 1 && plan.precision.param_dtype == Dtype::fp16)
     why.push_back("fp16 on several GPU ranks (ds's checks have not run fp16 gradients through ZeRO's NCCL collectives): one GPU "
                   "trains fp16, several train bf16");
-  // One GPU offloads (warned: plan.cpp); with several, a copy to the host would wait on NCCL's stream before the
-  // communicator's bounded wait, so a dead peer would hang it.
-  if (plan.topology.world_size > 1 &&
-      (plan.zero.offload_optimizer.device != OffloadDevice::none || plan.zero.offload_param.device != OffloadDevice::none))
-    why.push_back("offload from several GPU ranks (zero_optimization.offload_optimizer / offload_param): one GPU offloads, and "
-                  "several CPU ranks");
+  // Offload from GPUs is warned (plan.cpp). With several, a copy to the host may wait on NCCL's stream where no
+  // bounded wait of the communicator's runs: the NCCL communicator's watchdog ends a rank whose collective never
+  // finishes, naming it, so a dead peer ends the run rather than hanging it.
 }
 
 }  // namespace

@@ -321,7 +321,12 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   if (topo.world_size > 1 && topo.comm_backend() == CommBackend::nccl && topo.build && !topo.build->nccl.empty())
     plan.warnings.push_back({"world size", "several GPU ranks over NCCL " + topo.build->nccl +
                                                ": ds's own checks have run its NCCL communicator on one GPU only (the one kind of machine "
-                                               "lent to them) and ZeRO's collectives in NCCL's terms on CPU ranks; a run across GPUs is new",
+                                               "lent to them) and ZeRO's collectives in NCCL's terms on CPU ranks" +
+                                               (c.parallel.tensor > 1 || c.parallel.pipeline > 1
+                                                    ? std::string("; a split model's groups and a pipeline's messages have run between "
+                                                                  "thread ranks on the CPU, never over NCCL")
+                                                    : std::string()) +
+                                               "; a run across GPUs is new",
                              "compare its first steps with a one-GPU run of the same global batch; --device cpu runs the ranks over Gloo"});
   if (!topo.device_traits().memory_is_host && plan.precision.param_dtype == Dtype::fp16)
     plan.warnings.push_back({"fp16.enabled",
@@ -329,12 +334,13 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
                              "the tests of its fp16 CUDA kernels (the optimizers', and the norms', activations', rotary embedding's, "
                              "dropout's, bias sums' and cross-entropy's) and of an fp16 run on a GPU have not yet run on one",
                              "compare its first steps with the same run in bf16 (bf16.enabled), the fast choice on a GPU that has it"});
-  if (!topo.device_traits().memory_is_host && topo.world_size == 1 &&
+  if (!topo.device_traits().memory_is_host &&
       (c.zero.offload_optimizer.device != OffloadDevice::none || c.zero.offload_param.device != OffloadDevice::none))
     plan.warnings.push_back({c.zero.offload_optimizer.device != OffloadDevice::none ? "zero_optimization.offload_optimizer"
                                                                                      : "zero_optimization.offload_param",
-                             "offload from a GPU is new: ds's own checks have run offload on the CPU (every byte moved equal to the "
-                             "plan's, the losses equal to the run without it) and have not yet run it on a GPU",
+                             std::string("offload from a GPU is new: ds's own checks have run offload on the CPU (every byte moved equal "
+                                         "to the plan's, the losses equal to the run without it) and have not yet run it on a GPU") +
+                                 (topo.world_size > 1 ? " (nor from several GPU ranks: on thread ranks of the CPU at most)" : ""),
                              "compare its first steps with the same run without offload (a smaller model), or with --device cpu"});
   // pin_memory page-locks what a GPU copies to and from; on the CPU nothing crosses.
   for (const auto& [path, block] : {std::pair<const char*, const OffloadConfig*>{"zero_optimization.offload_optimizer.pin_memory", &c.zero.offload_optimizer},

@@ -27,17 +27,7 @@ std::vector<std::string> not_yet_runnable(const Plan& plan, bool profiling) {
   std::vector<std::string> why = device_refusals(plan);
   if (plan.has_model && plan.model.hp.arch == ModelArch::gpt2 && !plan.model.hp.tie_word_embeddings)
     why.push_back("an untied gpt2 output head");
-  const MeshShape& mesh = plan.mesh.shape;
-  if (mesh.splits_the_model()) {
-    // What a split model does not run with yet, each named.
-    const std::string split = mesh.tensor > 1 && mesh.pipeline > 1
-                                  ? "tensor and pipeline parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) +
-                                        ", pipeline.stages " + std::to_string(mesh.pipeline) + ") with "
-                              : mesh.tensor > 1 ? "tensor parallelism (tensor_parallel.autotp_size " + std::to_string(mesh.tensor) + ") with "
-                                                : "pipeline parallelism (pipeline.stages " + std::to_string(mesh.pipeline) + ") with ";
-    if (!plan.topology.device_traits().memory_is_host) why.push_back(split + "a GPU (the groups run over Gloo on the CPU yet)");
-    // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
-  }
+  // (ZeRO stage 2-3 with a pipeline is the plan's error: check_zero)
   if (plan.activation_checkpointing && plan.recompute_group > 1 && plan.zero_stage() >= 2)
     why.push_back("pipeline.activation_checkpoint_interval " + std::to_string(plan.recompute_group) + " at ZeRO stage " +
                   std::to_string(plan.zero_stage()) +

@@ -29,21 +29,6 @@ std::unique_ptr<Communicator> Communicator::create(CommBackend backend, const To
                   "GPU ranks need the CUDA build (see the README); CPU ranks use gloo");
 }
 
-std::unique_ptr<Communicator> Communicator::split(const std::string& name, const std::vector<int>&) {
-  throw UserError("this communicator cannot form the group " + name + " of some of its ranks",
-                  "groups of ranks (tensor, pipeline and data parallel) run over Gloo: start the ranks as processes");
-}
-
-namespace {
-[[noreturn]] void no_point_to_point() {
-  throw UserError("this communicator has no point-to-point sends (a pipeline's stages need them)",
-                  "pipeline stages run over Gloo: train them on the CPU");
-}
-}  // namespace
-
-std::unique_ptr<PendingCollective> Communicator::send_async(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
-void Communicator::recv(const torch::Tensor&, int, CollectiveKind) { no_point_to_point(); }
-
 CommStats& Communicator::count_received(CollectiveKind kind, int64_t* event) {
   CommStats& s = ledger_[kind];
   if (s.op.empty()) s.op = collective_op_name(CollectiveOp::send);
@@ -56,7 +41,7 @@ CommStats& Communicator::count_received(CollectiveKind kind, int64_t* event) {
   return s;
 }
 
-int Communicator::place_in(const std::string& name, const std::vector<int>& members) const {
+int Communicator::place_in(const std::string& name, const std::vector<int>& members) {
   int place = -1;
   std::vector<bool> seen(static_cast<size_t>(world_), false);
   for (size_t i = 0; i < members.size(); ++i) {
@@ -67,6 +52,9 @@ int Communicator::place_in(const std::string& name, const std::vector<int>& memb
     if (r == rank_) place = static_cast<int>(i);
   }
   DS_CHECK(place >= 0, "group ", name, ": rank ", rank_, " is not among its members");
+  // A group's rendezvous keys stay in the store (the threads' meeting in memory): a second group of the same name
+  // would meet the first one's.
+  DS_CHECK(group_names_.insert(name).second, "group ", name, " was formed already: each group needs a name of its own");
   return place;
 }
 

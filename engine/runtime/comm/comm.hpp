@@ -1,5 +1,5 @@
 // ds — collectives between ranks, in the c10d spirit: a small interface (all-reduce, all-gather and
-// reduce-scatter in place, barrier) and two implementations:
+// reduce-scatter in place, barrier, point to point, groups) and three implementations:
 //  * Gloo over LibTorch's c10d (engine/runtime/comm/comm_gloo.cpp): CPU tensors, rendezvous through a
 //    TCPStore at the plan topology's master address (rank 0 hosts it), torchrun's convention, so
 //    `ds train --nproc-per-node`, `torchrun --no-python` and Slurm all start ranks the same way. Every
@@ -9,10 +9,12 @@
 //    LibTorch 1.13's Gloo has no reduce-scatter; sent directly they move half an all-reduce's bytes.
 //  * LocalGroup (engine/runtime/comm/comm_local.hpp): ranks as threads of one process, for unit tests of
 //    ZeRO's exchange at every stage without starting processes.
+//  * NCCL (engine/runtime/comm/comm_nccl.cpp): CUDA tensors, one rank a GPU, collectives on streams of
+//    their own that the compute stream waits for.
 // split() forms a group of some ranks (the mesh's tensor, data and pipeline groups) over the same transport
-// and rendezvous: Gloo's meet under the group's name in the world's store.
-// A CUDA/NCCL communicator slots in beside them. Every collective is counted in the ledger under the
-// plan's CollectiveKind, with the bytes this rank sent (ring algorithms, engine/plan/comm.hpp).
+// and rendezvous: Gloo's and NCCL's meet under the group's name in the world's store, the threads' in memory.
+// Every collective is counted in the ledger under the plan's CollectiveKind, with the bytes this rank sent
+// (ring algorithms, engine/plan/comm.hpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +24,7 @@
 #include <utility>
 #include <vector>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "engine/plan/comm.hpp"
@@ -75,16 +78,20 @@ class Communicator {
   // Point to point (a pipeline stage's activations and their gradients): send_async starts sending `t`
   // (contiguous) to rank `to` and returns; `t` stays untouched until wait(). recv fills `t` (contiguous, the
   // sent shape and dtype) from rank `from`, returning once it holds it. Between two ranks, messages arrive in
-  // the order they were sent. The ledger counts a send's bytes and calls, and a receive's wait. Throws
-  // UserError where the implementation has none (NCCL's is not written yet).
-  virtual std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind);
-  virtual void recv(const torch::Tensor& t, int from, CollectiveKind kind);
+  // the order they were sent. The ledger counts a send's bytes and calls, and a receive's wait. On a GPU
+  // (NCCL) "holds it" is for the compute stream: what it is given next reads the message.
+  virtual std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind) = 0;
+  virtual void recv(const torch::Tensor& t, int from, CollectiveKind kind) = 0;
+  // Before the first message with `peer`, either way: readies both directions (NCCL makes a two-rank communicator
+  // for each, which both ranks join at once; nothing elsewhere). Every rank of a chain calls it for its lower
+  // neighbour first, then its upper, so each pair meets in turn; made before any message is queued, no join waits
+  // behind a send already spinning on the GPU.
+  virtual void connect(int peer) { (void)peer; }
   // A communicator over `members` (ranks of this one, in order, each once, this rank among them), met under
   // `name`: every member calls it with the same name and members, and no other group uses that name. The
   // mesh's tensor, pipeline and data groups are these, over the world's own transport and rendezvous. Its
   // rank is this rank's place in `members`; its collectives involve only them; its ledger is its own.
-  // Throws UserError where the implementation cannot (the in-process LocalGroup).
-  virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members);
+  virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) = 0;
   // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
   // can name the ranks that never arrived.
   virtual void mark_step(int64_t step) { step_ = step; }
@@ -113,8 +120,9 @@ class Communicator {
   CommStats& count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event);
   // A receive of `kind`: its wait is counted here (its bytes and calls are the sender's). `*event` as count's.
   CommStats& count_received(CollectiveKind kind, int64_t* event);
-  // This rank's place in `members` for split(), after checking them (every rank once, in range, this one among them).
-  int place_in(const std::string& name, const std::vector<int>& members) const;
+  // This rank's place in `members` for split(), after checking them (every rank once, in range, this one among them)
+  // and the name (one not split from this communicator before).
+  int place_in(const std::string& name, const std::vector<int>& members);
   // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
   static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
 
@@ -128,6 +136,7 @@ class Communicator {
   CommLedger ledger_;
   bool recording_ = false;
   std::vector<Event> events_;
+  std::set<std::string> group_names_;  // the groups split from this one: a name meets once
 };
 
 }  // namespace ds

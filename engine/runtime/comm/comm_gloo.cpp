@@ -8,7 +8,6 @@
 #include <functional>
 #include <memory>
 #include <map>
-#include <set>
 
 #include "common/error.hpp"
 #include "engine/runtime/comm/comm_host.hpp"
@@ -61,7 +60,6 @@ class GlooCommunicator : public Communicator {
   // world is at, keyed by world rank, and reads the others' after a timeout.
   c10::intrusive_ptr<c10d::Store> root_store_;
   std::shared_ptr<int64_t> world_step_ = std::make_shared<int64_t>(-1);
-  std::set<std::string> group_names_;  // the groups formed from this one: a name meets once
   int64_t next_tag_ = 0;
   // Point to point: the messages sent to and received from each peer so far. A pair's n-th message goes under
   // tag kPointToPointTags + n (wrapping), above the collectives' tags: the pair's order alone matches them.
@@ -111,8 +109,6 @@ void GlooCommunicator::join(const std::string& where) {
 
 std::unique_ptr<Communicator> GlooCommunicator::split(const std::string& name, const std::vector<int>& members) {
   const int place = place_in(name, members);
-  // Gloo's rendezvous keys stay in the store: a second group of the same name would read the first one's.
-  DS_CHECK(group_names_.insert(name).second, "group ", name, " was formed already: each group needs a name of its own");
   std::vector<int> world_ranks;
   for (const int m : members) world_ranks.push_back(world_ranks_[static_cast<size_t>(m)]);
   // The group meets under its name's keys in the world's store: its sockets are its own, its rendezvous the world's.

@@ -5,6 +5,7 @@
 #include <map>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -29,6 +30,30 @@ struct LocalGroup::Shared {
   bool leaving = false;
   // Point to point: per (sender, receiver), the copies sent and not yet received, in order.
   std::map<std::pair<int, int>, std::deque<torch::Tensor>> mail;
+  // split()'s groups, by name: the first member to arrive makes one, the others join it.
+  std::vector<int> members;  // a group's ranks in its parent (empty for the whole group)
+  std::vector<bool> joined;  // a group's: which members have joined it (each once)
+  std::map<std::string, std::shared_ptr<Shared>> groups;
+
+  // The group `name` of `ranks`, joined by its member `place`.
+  std::shared_ptr<Shared> group(const std::string& name, const std::vector<int>& ranks, int place) {
+    std::lock_guard<std::mutex> lock(m);
+    std::shared_ptr<Shared>& g = groups[name];
+    if (!g) {
+      g = std::make_shared<Shared>();
+      g->world = static_cast<int>(ranks.size());
+      g->speaks = speaks;
+      g->timeout = timeout;
+      g->inputs.resize(ranks.size());
+      g->members = ranks;
+      g->joined.assign(ranks.size(), false);
+    }
+    DS_CHECK(g->members == ranks, "the group ", name, " was formed with other members");
+    // (a rank joining the LocalGroup again would otherwise meet the first run's group, its mail and meetings)
+    DS_CHECK(!g->joined[static_cast<size_t>(place)], "the group ", name, " was joined by its member ", place, " already");
+    g->joined[static_cast<size_t>(place)] = true;
+    return g;
+  }
 
   void post(int from, int to, const torch::Tensor& t) {
     std::lock_guard<std::mutex> lock(m);
@@ -186,6 +211,12 @@ class LocalCommunicator : public Communicator {
     count_received(kind, &event);
     shared_->take(from, rank_, t);
     finish_event(event);
+  }
+
+  // The group of some of the thread ranks: its collectives meet in a shared state of their own.
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override {
+    const int place = place_in(name, members);
+    return std::make_unique<LocalCommunicator>(place, shared_->group(name, members, place));
   }
 
   CommCapabilities capabilities() const override { return comm_capabilities(shared_->speaks); }

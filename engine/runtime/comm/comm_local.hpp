@@ -4,7 +4,8 @@
 // last rank issues it, so the async forms return finished work. The ledger counts what a ring would
 // send, as Gloo's does. It speaks Gloo's terms (16-bit sums through fp32, reduce-scatter into a receive
 // scratch) or NCCL's (16-bit sums in their dtype, a native reduce-scatter without scratch), as asked, so
-// ZeRO's NCCL path runs here on the CPU.
+// ZeRO's NCCL path runs here on the CPU. split() forms the mesh's groups (tensor, pipeline, data) among the
+// threads, so a split model trains in one process too, on the CPU or on one GPU's tensors.
 #pragma once
 
 #include <memory>

@@ -8,17 +8,30 @@
 // a device buffer and are waited for at once. Spans that are NCCL's equal pieces in
 // rank order go through ncclAllGather / ncclReduceScatter in place; any others as NCCL groups of broadcasts
 // (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner, 1024 a group. 16-bit floats are
-// summed in their own dtype (NCCL's way; the plan's capabilities say so).
+// summed in their own dtype (NCCL's way; the plan's capabilities say so). split() forms the mesh's groups
+// (tensor, pipeline, data) as communicators of their own, met under the group's name in the world's store. A
+// pipeline's sends and receives go over a two-rank communicator and stream per direction between two ranks.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "common/error.hpp"
 #include "engine/runtime/comm/comm.hpp"
 #include "engine/runtime/comm/nccl_group.hpp"
 #include "engine/runtime/comm/rendezvous.hpp"
+#include "engine/runtime/comm/watchdog.hpp"
 #include "engine/runtime/device/kernel_route.hpp"  // on_host
 
 namespace ds {
@@ -37,6 +50,29 @@ NcclElement element_of(const torch::Tensor& t) {
     default: DS_CHECK(false, "NCCL collectives over ", t.scalar_type(), " are not used by ds");
   }
   return NcclElement::f32;
+}
+
+// The process's watchdogs over its NCCL work, one per comm timeout (one in a run: every communicator shares it): work
+// unfinished a minute past the timeout ends the rank, naming it. The host's own bounded waits (settle) time out first
+// where the host waits for the collectives soon after queueing them; this catches a host blocked elsewhere behind one
+// (a copy to host memory, a read of the device), where nothing else would: the reason several GPU ranks could not
+// offload. The report is written with write(2), not stdio, whose lock a thread blocked on the GPU may hold.
+Watchdog& nccl_watchdog(std::chrono::milliseconds timeout) {
+  static std::mutex m;
+  static std::map<int64_t, std::unique_ptr<Watchdog>> dogs;
+  std::lock_guard<std::mutex> lock(m);
+  std::unique_ptr<Watchdog>& dog = dogs[timeout.count()];
+  if (!dog)
+    dog = std::make_unique<Watchdog>(timeout + std::chrono::seconds(60), [](const std::string& what, double waited) {
+      char line[1024];
+      const int n = std::snprintf(line, sizeof line,
+                                  "ds: %s has not finished %.0f s after it was queued: a peer is gone or stuck, and this rank "
+                                  "waited for the GPU behind it; ending this rank (exit 1; its peers' own waits time out)\n",
+                                  what.c_str(), waited);
+      if (n > 0) (void)!::write(2, line, std::min(static_cast<size_t>(n), sizeof line - 1));
+      std::_Exit(1);
+    });
+  return *dog;
 }
 
 // A collective queued on the communication stream: waiting makes the compute stream wait for it.
@@ -65,6 +101,7 @@ class NcclWork final : public PendingCollective {
 
 class NcclCommunicator final : public Communicator {
  public:
+  // The world: its ranks meet in the world's store, where rank 0's NCCL id reaches the others.
   NcclCommunicator(const Topology& t, std::chrono::milliseconds timeout) : Communicator(t.rank, t.world_size), timeout_(timeout) {
     int gpus = 0;
     cuda_check(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
@@ -72,22 +109,82 @@ class NcclCommunicator final : public Communicator {
                                   "run GPU ranks where CUDA_VISIBLE_DEVICES shows each its GPU, or plan for the CPU (--device cpu)");
     device_ = t.local_rank % gpus;  // as the runtime's Device picks it (make_cuda_device)
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    // Ranks meet in the world's store; rank 0's NCCL id reaches the others there.
-    const auto store = open_world_store(t, timeout);
-    const std::string id = share_from_rank0(*store, "ds/nccl/unique_id", t.rank, timeout, NcclGroup::make_unique_id, "NCCL unique id");
-    group_ = std::make_unique<NcclGroup>(id, t.rank, t.world_size, device_, timeout);
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_check(cudaMalloc(&one_, sizeof(float)), "cudaMalloc");
+    store_ = c10::make_intrusive<c10d::PrefixStore>("ds/nccl", open_world_store(t, timeout));
+    open(share_from_rank0(*store_, "unique_id", t.rank, timeout, NcclGroup::make_unique_id, "NCCL unique id"));
+  }
+  // A group split from `parent` (split()): its members meet under its name in the parent's store; the first
+  // member makes its id. On the parent's GPU, with the parent's timeout; it reports the parent's step.
+  NcclCommunicator(int place, int size, const NcclCommunicator& parent, const std::string& name)
+      : Communicator(place, size),
+        timeout_(parent.timeout_),
+        device_(parent.device_),
+        store_(c10::make_intrusive<c10d::PrefixStore>("group/" + name, parent.store_)),
+        parent_(&parent),
+        name_(name) {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    open(share_from_rank0(*store_, "unique_id", place, timeout_, NcclGroup::make_unique_id, "NCCL unique id of the group " + name));
   }
   ~NcclCommunicator() override {
+    forget_work();  // (waited for below, bounded)
+    for (auto& [ends, link] : links_) {
+      try {
+        link.group->wait(link.stream, "the last messages");
+      } catch (const std::exception&) {  // aborted already: nothing left to wait for
+      }
+      link.group.reset();
+      cudaStreamDestroy(link.stream);
+    }
     try {
       group_->wait(stream_, "the last collectives");
-    } catch (const std::exception&) {  // aborted already: nothing left to wait for
+    } catch (const std::exception&) {
     }
     group_.reset();
     if (staging_) cudaFree(staging_);
     if (one_) cudaFree(one_);
     if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override {
+    const int place = place_in(name, members);
+    return std::make_unique<NcclCommunicator>(place, static_cast<int>(members.size()), *this, name);
+  }
+
+  // A pipeline's messages: each direction between two ranks has a communicator and a stream of its own, so a send
+  // waiting for its receiver never holds up a message the other way (one stream would deadlock 1F1B: a stage's
+  // next activation queued before the gradient it must first receive). The compute stream waits for a receive,
+  // the host does not.
+  std::unique_ptr<PendingCollective> send_async(const torch::Tensor& t, int to, CollectiveKind kind) override {
+    DS_CHECK(!on_host(t) && t.is_contiguous() && to >= 0 && to < world_ && to != rank_, "an NCCL send of a host or non-contiguous tensor, or to rank ", to);
+    Link& link = link_of(rank_, to);
+    const Issue issue = begin(t, kind, CollectiveOp::send, static_cast<double>(t.nbytes()), link.stream);
+    link.group->send(t.data_ptr(), static_cast<size_t>(t.numel()), element_of(t), 1, link.stream);
+    return end(issue, link.stream);
+  }
+  // Both links with `peer`, the lower rank's sends first, before any message (Communicator::connect).
+  void connect(int peer) override {
+    DS_CHECK(peer >= 0 && peer < world_ && peer != rank_, "rank ", rank_, " of ", world_, " connecting to rank ", peer);
+    // A stage's send waits on the GPU for its neighbour's receive while the receive it needs first runs beside it:
+    // both kernels must be able to run at once, which one hardware queue for every stream forbids.
+    if (const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"); queues && std::string(queues) == "1")
+      throw UserError("CUDA_DEVICE_MAX_CONNECTIONS=1 puts every CUDA stream in one queue: a pipeline stage's send, waiting on the GPU "
+                      "for its neighbour, would hold up the receive that neighbour waits for first, and the stages would wait for "
+                      "each other until the comm timeout",
+                      "unset CUDA_DEVICE_MAX_CONNECTIONS for runs with pipeline stages (Megatron's launch scripts set it to 1)");
+    const int low = std::min(rank_, peer), high = std::max(rank_, peer);
+    link_of(low, high);
+    link_of(high, low);
+  }
+  void recv(const torch::Tensor& t, int from, CollectiveKind kind) override {
+    const std::string what = std::string("receive of ") + collective_name(kind) + " from rank " + std::to_string(from);
+    DS_CHECK(!on_host(t) && t.is_contiguous() && from >= 0 && from < world_ && from != rank_,
+             "an NCCL receive into a host or non-contiguous tensor, or from rank ", from);
+    Link& link = link_of(from, rank_);
+    Issue issue{-1, nullptr, std::chrono::steady_clock::now(), std::string()};
+    issue.stats = &count_received(kind, &issue.event);
+    issue.what = what;
+    after_compute(link.stream);  // (the buffer's memory may have been the compute stream's a moment ago)
+    link.group->recv(t.data_ptr(), static_cast<size_t>(t.numel()), element_of(t), 0, link.stream);
+    end(issue, link.stream)->wait();
   }
 
   CommCapabilities capabilities() const override { return comm_capabilities(CommBackend::nccl); }
@@ -142,28 +239,102 @@ class NcclCommunicator final : public Communicator {
     settle();
     step_ = step;
   }
-  // Before the host reads the device (Communicator::settle): every collective so far, bounded by the timeout.
-  void settle() override { group_->wait(stream_, "the collectives " + at_step()); }
+  // Before the host reads the device (Communicator::settle): every collective and message so far, bounded by the
+  // timeout.
+  void settle() override {
+    try {
+      group_->wait(stream_, "the collectives " + at_step());
+      for (auto& [ends, link] : links_)
+        link.group->wait(link.stream, "the messages from rank " + std::to_string(ends.first) + " to rank " + std::to_string(ends.second) + " " + at_step());
+    } catch (...) {
+      forget_work();  // aborted: the error is the one the run ends with
+      throw;
+    }
+  }
 
  private:
   struct Issue {
     int64_t event;
     CommStats* stats;
     std::chrono::steady_clock::time_point start;
+    std::string what;  // for the watchdog: "an all_gather of updated parameters"
   };
-  // Counts the call, and orders it after what the compute stream has queued (the tensor's producer).
-  Issue begin(const torch::Tensor& t, CollectiveKind kind, CollectiveOp op, double payload) {
+  // Counts the call, and orders `stream` (the collectives' own, or a link's) after what the compute stream has
+  // queued (the tensor's producer).
+  Issue begin(const torch::Tensor& t, CollectiveKind kind, CollectiveOp op, double payload, cudaStream_t stream) {
     DS_CHECK(t.is_contiguous(), "NCCL collectives take contiguous tensors");
-    Issue issue{-1, nullptr, std::chrono::steady_clock::now()};
+    Issue issue{-1, nullptr, std::chrono::steady_clock::now(), std::string(collective_op_name(op)) + " of " + collective_name(kind)};
     issue.stats = &count(kind, op, payload, &issue.event);
+    after_compute(stream);
+    return issue;
+  }
+  Issue begin(const torch::Tensor& t, CollectiveKind kind, CollectiveOp op, double payload) { return begin(t, kind, op, payload, stream_); }
+  static void after_compute(cudaStream_t stream) {
     cudaEvent_t ready;
     cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaEventRecord(ready, cudaStreamLegacy), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    cuda_check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
     cudaEventDestroy(ready);  // released once the wait is queued
-    return issue;
   }
-  std::string at_step() const { return step_ < 0 ? "before the first step" : "of step " + std::to_string(step_ + 1); }
+  // A group reports the world's step, as the trainer marks it there.
+  std::string at_step() const {
+    const int64_t step = step_now();
+    return step < 0 ? "before the first step" : "of step " + std::to_string(step + 1);
+  }
+  int64_t step_now() const { return parent_ ? parent_->step_now() : step_; }
+  int world_rank() const { return parent_ ? parent_->world_rank() : rank_; }
+
+  // The watchdog watches what `stream` has queued so far (the work just issued) until the GPU has run it.
+  void watch(const std::string& what, cudaStream_t stream) {
+    cudaEvent_t ran;
+    cuda_check(cudaEventCreateWithFlags(&ran, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ran, stream), "cudaEventRecord");
+    // The watchdog's thread makes this rank's GPU current first: on a thread's default device 0 each rank would
+    // create a CUDA context there (half a GiB of GPU 0 a rank).
+    const int device = device_;
+    watchdog_->watch(
+        this, "rank " + std::to_string(world_rank()) + ": the " + what + " " + at_step() + (parent_ ? " in the group " + name_ : ""),
+        [ran, device] {
+          cudaSetDevice(device);
+          return cudaEventQuery(ran) != cudaErrorNotReady;
+        },
+        [ran, device] {
+          cudaSetDevice(device);
+          cudaEventDestroy(ran);
+        });
+  }
+  void forget_work() {
+    if (watchdog_) watchdog_->forget(this);
+  }
+
+  // Its NCCL group (this rank's place and the group's size), its collectives' stream and the barrier's float.
+  void open(const std::string& unique_id) {
+    watchdog_ = &nccl_watchdog(timeout_);
+    group_ = std::make_unique<NcclGroup>(unique_id, rank_, world_, device_, timeout_);
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaMalloc(&one_, sizeof(float)), "cudaMalloc");
+  }
+
+  // The messages one way between two ranks of this group: a communicator of the two (the sender its rank 0) and a
+  // stream, made by connect() before any message (both ranks meet then, bounded by the timeout), or else at the
+  // first message.
+  struct Link {
+    std::unique_ptr<NcclGroup> group;
+    cudaStream_t stream = nullptr;
+  };
+  Link& link_of(int from, int to) {
+    const auto ends = std::make_pair(from, to);
+    auto found = links_.find(ends);
+    if (found != links_.end()) return found->second;
+    const std::string between = "rank " + std::to_string(from) + " to rank " + std::to_string(to);
+    const int place = rank_ == from ? 0 : 1;
+    const std::string id = share_from_rank0(*store_, "p2p/" + std::to_string(from) + "-" + std::to_string(to), place, timeout_,
+                                            NcclGroup::make_unique_id, "NCCL unique id for the messages from " + between);
+    Link link;
+    link.group = std::make_unique<NcclGroup>(id, place, 2, device_, timeout_);
+    cuda_check(cudaStreamCreateWithFlags(&link.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    return links_.emplace(ends, std::move(link)).first->second;
+  }
   // Uneven spans: NCCL calls, one a non-empty span rooted at its owner, in groups of at most kMostGrouped.
   static constexpr int kMostGrouped = 1024;  // NCCL caps the operations one group may hold
   void grouped(const Ownership& owners, const std::string& what, const std::function<void(const Span&, int)>& call) {
@@ -182,7 +353,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> all_reduce_host(const torch::Tensor& t, CollectiveKind kind, NcclElement e) {
     DS_CHECK(t.is_contiguous(), "NCCL collectives take contiguous tensors");
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
-    Issue issue{-1, nullptr, std::chrono::steady_clock::now()};
+    Issue issue{-1, nullptr, std::chrono::steady_clock::now(), std::string()};
     issue.stats = &count(kind, CollectiveOp::all_reduce, static_cast<double>(bytes), &issue.event);
     if (bytes > staging_bytes_) {
       if (staging_) cudaFree(staging_);
@@ -193,17 +364,24 @@ class NcclCommunicator final : public Communicator {
     cuda_check(cudaMemcpyAsync(staging_, t.data_ptr(), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     group_->all_reduce_sum(staging_, staging_, static_cast<size_t>(t.numel()), e, stream_);
     // Bounded first: a copy into pageable host memory would block until the sum lands, a dead peer's for ever.
-    group_->wait(stream_, std::string("an all-reduce of ") + collective_name(kind) + " " + at_step());
+    try {
+      group_->wait(stream_, std::string("an all-reduce of ") + collective_name(kind) + " " + at_step());
+    } catch (...) {
+      forget_work();
+      throw;
+    }
     cuda_check(cudaMemcpy(t.data_ptr(), staging_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
     finish_event(issue.event);
     return std::make_unique<NcclWork>(nullptr, nullptr);
   }
 
-  std::unique_ptr<PendingCollective> end(const Issue& issue) {
+  std::unique_ptr<PendingCollective> end(const Issue& issue) { return end(issue, stream_); }
+  std::unique_ptr<PendingCollective> end(const Issue& issue, cudaStream_t stream) {
     cudaEvent_t done;
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(done, stream_), "cudaEventRecord");
+    cuda_check(cudaEventRecord(done, stream), "cudaEventRecord");
+    watch(issue.what, stream);
     issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
     const int64_t event = issue.event;
     return std::make_unique<NcclWork>(done, [this, event] { finish_event(event); });
@@ -211,6 +389,11 @@ class NcclCommunicator final : public Communicator {
 
   std::chrono::milliseconds timeout_;
   int device_ = 0;
+  c10::intrusive_ptr<c10d::Store> store_;  // the world's, under "ds/nccl" (a group's: under its name there)
+  const NcclCommunicator* parent_ = nullptr;  // a group's: the communicator it was split from
+  std::string name_ = "world";
+  Watchdog* watchdog_ = nullptr;
+  std::map<std::pair<int, int>, Link> links_;  // by (from, to)
   std::unique_ptr<NcclGroup> group_;
   cudaStream_t stream_ = nullptr;
   void* one_ = nullptr;  // the barrier's float

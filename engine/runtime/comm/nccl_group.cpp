@@ -4,8 +4,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 namespace ds {
 namespace {
@@ -28,6 +31,16 @@ ncclDataType_t type_of(NcclElement e) {
     case NcclElement::f64: return ncclFloat64;
   }
   return ncclFloat32;
+}
+
+// Every NCCL group of the process, so that one failing aborts them all.
+std::mutex& registry_lock() {
+  static std::mutex m;
+  return m;
+}
+std::set<NcclGroup*>& registry() {
+  static std::set<NcclGroup*> groups;
+  return groups;
 }
 
 }  // namespace
@@ -53,11 +66,19 @@ NcclGroup::NcclGroup(const std::string& unique_id, int rank, int world, int devi
   ncclComm_t comm = nullptr;
   const ncclResult_t started = ncclCommInitRankConfig(&comm, world, id, rank, &config);
   comm_ = comm;
+  {
+    std::lock_guard<std::mutex> lock(registry_lock());
+    registry().insert(this);
+  }
   if (started != ncclSuccess && started != ncclInProgress) fail(std::string("NCCL: ncclCommInitRankConfig: ") + ncclGetErrorString(started));
   settle("joining the NCCL group of " + std::to_string(world) + " ranks (every rank must join within the timeout)");
 }
 
 NcclGroup::~NcclGroup() {
+  {
+    std::lock_guard<std::mutex> lock(registry_lock());
+    registry().erase(this);
+  }
   if (!comm_) return;
   ncclComm_t comm = as_comm(comm_);
   // Finalizing flushes what is queued (polled: a non-blocking communicator answers ncclInProgress); a peer gone
@@ -78,7 +99,12 @@ NcclGroup::~NcclGroup() {
     ncclCommDestroy(comm);
 }
 
+void NcclGroup::require_live(const std::string& what) const {
+  if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
+}
+
 void NcclGroup::queued(int result, const std::string& what) {
+  if (in_group_) return grouped(result, what);  // settled with the group
   if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
   const auto r = static_cast<ncclResult_t>(result);
   if (r != ncclSuccess && r != ncclInProgress)
@@ -108,46 +134,80 @@ void NcclGroup::abort_after(const std::string& what, std::chrono::steady_clock::
 
 void NcclGroup::fail(const std::string& message) {
   // A communicator that saw an error is aborted (NCCL's rule), never finalized: what is queued fails
-  // instead of waiting for ever, and nothing of it leaks when a constructor throws.
-  if (comm_) ncclCommAbort(as_comm(comm_));
-  comm_ = nullptr;
-  aborted_ = true;
+  // instead of waiting for ever, and nothing of it leaks when a constructor throws. The process's other groups go
+  // with it (their peers are the same ranks, or the run is ending anyway), all at once: an abort frees memory, which
+  // may wait for another group's kernel still spinning on the dead peer until that group is aborted too.
+  {
+    std::lock_guard<std::mutex> lock(registry_lock());  // (no group is destroyed meanwhile)
+    registry().erase(this);  // (a constructor that throws here never reaches the destructor that would)
+    std::vector<std::thread> aborting;
+    aborting.emplace_back([this] { abort_now(); });
+    for (NcclGroup* g : registry()) aborting.emplace_back([g] { g->abort_now(); });
+    for (std::thread& t : aborting) t.join();
+  }
   throw std::runtime_error(message);
 }
 
+void NcclGroup::abort_now() {
+  if (comm_) ncclCommAbort(as_comm(comm_));
+  comm_ = nullptr;
+  aborted_ = true;
+  in_group_ = false;
+}
+
 void NcclGroup::all_reduce_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  require_live("queueing an all-reduce");
   queued(ncclAllReduce(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "queueing an all-reduce");
 }
 
 void NcclGroup::all_gather(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  require_live("queueing an all-gather");
   queued(ncclAllGather(send, recv, count, type_of(e), as_comm(comm_), as_stream(stream)), "queueing an all-gather");
 }
 
 void NcclGroup::reduce_scatter_sum(const void* send, void* recv, size_t count, NcclElement e, void* stream) {
+  require_live("queueing a reduce-scatter");
   queued(ncclReduceScatter(send, recv, count, type_of(e), ncclSum, as_comm(comm_), as_stream(stream)), "queueing a reduce-scatter");
 }
 
 void NcclGroup::begin_group() {
   if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": the NCCL communicator was aborted earlier");
   check(ncclGroupStart(), "ncclGroupStart");
+  in_group_ = true;
 }
 
-void NcclGroup::end_group(const std::string& what) { queued(ncclGroupEnd(), what); }
+void NcclGroup::end_group(const std::string& what) {
+  in_group_ = false;
+  queued(ncclGroupEnd(), what);
+}
 
 void NcclGroup::grouped(int result, const std::string& what) {
   const auto r = static_cast<ncclResult_t>(result);
   if (r != ncclSuccess && r != ncclInProgress) {
     ncclGroupEnd();  // close the group before the communicator is aborted
+    in_group_ = false;
     fail("rank " + std::to_string(rank_) + ": " + what + ": NCCL: " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
   }
 }
 
 void NcclGroup::broadcast(void* buf, size_t count, NcclElement e, int root, void* stream) {
+  require_live("queueing a broadcast");
   grouped(ncclBroadcast(buf, buf, count, type_of(e), root, as_comm(comm_), as_stream(stream)), "queueing a broadcast");
 }
 
 void NcclGroup::reduce_sum(void* buf, size_t count, NcclElement e, int root, void* stream) {
+  require_live("queueing a reduce");
   grouped(ncclReduce(buf, buf, count, type_of(e), ncclSum, root, as_comm(comm_), as_stream(stream)), "queueing a reduce");
+}
+
+void NcclGroup::send(const void* buf, size_t count, NcclElement e, int peer, void* stream) {
+  require_live("queueing a send");
+  queued(ncclSend(buf, count, type_of(e), peer, as_comm(comm_), as_stream(stream)), "queueing a send to rank " + std::to_string(peer));
+}
+
+void NcclGroup::recv(void* buf, size_t count, NcclElement e, int peer, void* stream) {
+  require_live("queueing a receive");
+  queued(ncclRecv(buf, count, type_of(e), peer, as_comm(comm_), as_stream(stream)), "queueing a receive from rank " + std::to_string(peer));
 }
 
 void NcclGroup::wait(void* stream, const std::string& what) {

@@ -1,6 +1,6 @@
 // ds — NCCL between GPU ranks over raw device buffers: the collectives ZeRO needs (all-reduce, and the
-// native all-gather and reduce-scatter over equal pieces, in fp32, bf16, fp16 and fp64), each queued on a
-// CUDA stream, and a wait that never hangs: past the timeout the communicator is aborted and the wait
+// native all-gather and reduce-scatter over equal pieces, in fp32, bf16, fp16 and fp64) and a pipeline's
+// sends and receives, each queued on a CUDA stream, and a wait that never hangs: past the timeout the communicator is aborted and the wait
 // throws naming the collective. No LibTorch: the Communicator over CUDA tensors (#39) is built on this,
 // and this compiles and links wherever the CUDA toolkit and NCCL are (CI included).
 #pragma once
@@ -46,6 +46,12 @@ class NcclGroup {
   void broadcast(void* buf, size_t count, NcclElement e, int root, void* stream);
   void reduce_sum(void* buf, size_t count, NcclElement e, int root, void* stream);
 
+  // Point to point, queued on `stream`: `count` elements of `buf` to rank `peer`, or into `buf` from it. A send
+  // may wait on its stream for the peer's receive (or finish into NCCL's buffers first, when small); between two
+  // ranks, messages arrive in the order sent. Inside a group or alone.
+  void send(const void* buf, size_t count, NcclElement e, int peer, void* stream);
+  void recv(void* buf, size_t count, NcclElement e, int peer, void* stream);
+
   // Blocks until `stream` has run everything queued on it. A collective a peer never joins is seen here:
   // past the timeout the communicator is aborted (every rank's NCCL calls fail from then on) and this
   // throws std::runtime_error naming `what` and the seconds waited.
@@ -60,12 +66,19 @@ class NcclGroup {
   // A call inside a group: checked, settled with the group.
   void grouped(int result, const std::string& what);
   [[noreturn]] void abort_after(const std::string& what, std::chrono::steady_clock::duration waited);
-  // Aborts the communicator (a failed one is never finalized) and throws std::runtime_error(message).
+  // Aborts the communicator (a failed one is never finalized), and every other NCCL group of the process, and throws
+  // std::runtime_error(message). The others' kernels would otherwise spin for ever on the peer that failed this one,
+  // and the first cudaFree the unwinding run makes would wait for them.
   [[noreturn]] void fail(const std::string& message);
+  // Aborts the communicator, if it still stands; its calls fail from then on, naming the abort.
+  void abort_now();
+  // Throws, naming `what`, once the communicator was aborted (before any NCCL call is handed a dead one).
+  void require_live(const std::string& what) const;
   void* comm_ = nullptr;  // ncclComm_t
   int rank_ = 0, world_ = 1;
   std::chrono::milliseconds timeout_;
   bool aborted_ = false;
+  bool in_group_ = false;  // between begin_group and end_group
 };
 
 // The NCCL library's version, e.g. "2.27.7".

@@ -306,7 +306,7 @@ torch::Tensor LanguageModel::head_loss(const torch::Tensor& x, const torch::Tens
     return x.index_select(0, none).sum().to(torch::kFloat32);
   }
   const torch::Tensor kept = (t >= 0).nonzero().view({-1});
-  return loss_of(x.index_select(0, kept.to(x.device())), t.index_select(0, kept));
+  return loss_of(x.index_select(0, ids_to_device(kept, x.device())), t.index_select(0, kept));  // (a pinned copy: the host runs on)
 }
 
 torch::Tensor LanguageModel::run_blocks(torch::Tensor x) const {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "engine/runtime/model/fused_ops.hpp"  // embedding_lookup
+#include "engine/runtime/model/fused_ops.hpp"  // embedding_lookup, ids_to_device
 
 namespace ds {
 namespace {
@@ -74,11 +74,13 @@ torch::Tensor take_share(const torch::Tensor& whole, const TensorSlice& slice) {
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& table, const torch::Tensor& ids, const TensorGroup& group) {
   if (!group.split()) return embedding_lookup(table, ids);
   const VocabShare& v = group.vocab;
-  const torch::Tensor local = ids.to(torch::kLong) - v.begin;
+  // On the table's device from the start: a mask made on the host and copied there would hold the host until the
+  // GPU had run everything queued (a pageable copy), collectives included.
+  const torch::Tensor local = ids_to_device(ids, table.device()) - v.begin;
   const torch::Tensor mine = (local >= 0) & (local < v.real);
   // Another rank's id reads row 0 and is zeroed: its gradient into row 0 is zero.
   const torch::Tensor rows = embedding_lookup(table, torch::where(mine, local, torch::zeros_like(local)));
-  return leave_tensor_group(rows * mine.unsqueeze(-1).to(rows.device(), rows.scalar_type()), *group.comm);
+  return leave_tensor_group(rows * mine.unsqueeze(-1).to(rows.scalar_type()), *group.comm);
 }
 
 }  // namespace ds

@@ -39,6 +39,10 @@ std::vector<Communicator*> MeshGroups::all() const {
   return out;
 }
 
+void MeshGroups::settle() const {
+  for (Communicator* c : all()) c->settle();
+}
+
 CommLedger MeshGroups::ledger() const {
   CommLedger sum;
   for (const Communicator* c : all())

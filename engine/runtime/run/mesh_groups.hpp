@@ -28,6 +28,9 @@ struct MeshGroups {
   std::vector<Communicator*> all() const;
   // What they have counted, kind by kind, summed.
   CommLedger ledger() const;
+  // Before the host reads what the device computed: each communicator's collectives so far end, or time out
+  // naming the step (Communicator::settle; a split model's go over its groups, not the world's).
+  void settle() const;
 };
 
 }  // namespace ds

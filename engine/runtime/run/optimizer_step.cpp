@@ -196,6 +196,7 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       model_(model),
       sampler_(sampler),
       comm_(groups.world),
+      groups_(groups),
       scaler_(scaler),
       schedule_(plan.scheduler, plan.optimizer.lr, plan.optimizer.betas[0]),
       optimizer_(plan.optimizer, plan.layout, flat.rank),
@@ -270,6 +271,7 @@ void OptimizerStep::set_pipeline(PipelineStageRunner* stage, Communicator* tied)
   pipeline_ = stage;
   tied_ = tied;
   if (!tied) return;
+  tied->connect(1 - tied->rank());  // the first and the last stage (after the pipeline's neighbours met)
   // The token table on the first stage, its copy on the last: the one this stage holds.
   const std::vector<int>& tensors = plan_.trained_model_tensors();
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -355,6 +357,7 @@ double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock
   const std::vector<torch::Tensor> losses = pipeline_->run(prepare, backward_from, finished);
   lap_op();  // the last backward, and the wait for the last sends
   clock.mark(2);
+  groups_.settle();  // the host reads the losses: the stages' messages they follow end first, or time out
   double loss_sum = 0;
   for (size_t m = 0; m < losses.size(); ++m) loss_sum += losses[m].item<double>() * gradient[m].second;
   return loss_sum;
@@ -387,14 +390,14 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     clock.lap(t.backward, clock.param_io());
     clock.mark(2);
   }
-  if (comm_) comm_->settle();  // the host reads the loss: the collectives it may follow end first, or time out
+  groups_.settle();  // the host reads the loss: the collectives it may follow end first, or time out
   return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
 }
 
 double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) {
   const int64_t GAS = plan_.batch.grad_accum;
   bool partial = false;
-  if (comm_) comm_->settle();  // the gradients' last reduces, before the host reads their norm
+  groups_.settle();  // the gradients' last reduces, before the host reads their norm
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
   if (plan_.mesh.shape.splits_the_model() && comm_) {
     // A split model: every rank holds a part, summed over the world (a stage training nothing adds 0); a tensor
@@ -551,7 +554,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   out.offload_bytes = bytes_moved() - moved0;  // gradients out, weights back, the swap files' reads and writes
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.
-  if (comm_) comm_->settle();
+  groups_.settle();
   clock.settle();
   return out;
 }

@@ -142,6 +142,7 @@ class OptimizerStep {
   LanguageModel& model_;
   BatchSampler& sampler_;
   Communicator* comm_;
+  const MeshGroups& groups_;  // the world's and a split model's groups
   LossScaler& scaler_;
   LrSchedule schedule_;
   FlatOptimizer optimizer_;

@@ -7,8 +7,13 @@
 namespace ds {
 
 PipelineStageRunner::PipelineStageRunner(LanguageModel& model, Communicator* stages, int micro_batches, std::vector<int64_t> activation_shape,
-                                         torch::ScalarType dtype)
-    : model_(model), stages_(stages), micro_batches_(micro_batches), shape_(std::move(activation_shape)), dtype_(dtype) {
+                                         torch::TensorOptions activations)
+    : model_(model),
+      stages_(stages),
+      micro_batches_(micro_batches),
+      shape_(std::move(activation_shape)),
+      options_(activations),
+      dtype_(c10::typeMetaToScalarType(activations.dtype())) {
   if (stages) {
     stage_ = stages->rank();
     count_ = stages->world_size();
@@ -22,12 +27,16 @@ PipelineStageRunner::PipelineStageRunner(LanguageModel& model, Communicator* sta
   at.head = model.stage().head;
   runs_backward_ = stage_runs_backward(at, model.backward_from());
   sends_gradient_ = stage_sends_gradient(at, model.backward_from());
+  if (stages_) {  // the neighbours, lower first (Communicator::connect)
+    if (stage_ > 0) stages_->connect(stage_ - 1);
+    if (stage_ + 1 < count_) stages_->connect(stage_ + 1);
+  }
 }
 
 torch::Tensor PipelineStageRunner::forward(int micro, const Batch& batch, torch::Tensor* kept_input) {
   torch::Tensor x;
   if (!model_.stage().embeddings) {
-    x = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+    x = torch::empty(shape_, options_);
     stages_->recv(x, stage_ - 1, CollectiveKind::pipeline_activations);
     note(PipelineEvent::received_activation, micro);
     if (torch::GradMode::is_enabled() && sends_gradient_) x.requires_grad_(true);  // its gradient goes back to the previous stage
@@ -91,7 +100,7 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
         note(PipelineEvent::backward, op.micro);
         backward(outputs[m], op.micro).backward();
       } else {
-        torch::Tensor grad = torch::empty(shape_, torch::TensorOptions().dtype(dtype_));
+        torch::Tensor grad = torch::empty(shape_, options_);
         stages_->recv(grad, stage_ + 1, CollectiveKind::pipeline_gradients);
         note(PipelineEvent::received_gradient, op.micro);
         release(/*activations=*/true, op.micro);  // the next stage ran its forward, on what this one sent
@@ -111,7 +120,7 @@ std::vector<torch::Tensor> PipelineStageRunner::run(const Prepare& prepare, cons
       finished(op.micro);
     }
   } catch (...) {
-    sends_.clear();  // each send's destructor waits or aborts it; the error goes on
+    sends_.clear();  // each send's destructor waits (Gloo) or orders the compute stream after it (NCCL); the error goes on
     throw;
   }
   finish_sends();

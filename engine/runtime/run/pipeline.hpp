@@ -32,9 +32,10 @@ struct PipelineEvent {
 class PipelineStageRunner {
  public:
   // `stages`: the pipeline group, this rank's place in it its stage (null: one stage, nothing sent). A stage's
-  // output, sent on, is (micro_batch, seq_len, hidden) in `dtype`. Borrowed; they outlive this.
+  // output, sent on, is (micro_batch, seq_len, hidden) of `activations`' dtype, received into its device's memory (the
+  // model's). Borrowed; they outlive this.
   PipelineStageRunner(LanguageModel& model, Communicator* stages, int micro_batches, std::vector<int64_t> activation_shape,
-                      torch::ScalarType dtype);
+                      torch::TensorOptions activations);
 
   // Before micro-batch `micro`'s forward (`forward` true) and again before its backward: whatever the model
   // reads then (its segments, its dropout key) set for it; before the forward, the token ids and targets given back.
@@ -77,6 +78,7 @@ class PipelineStageRunner {
   // with one sends no gradient back to them.
   bool runs_backward_ = true, sends_gradient_ = true;
   std::vector<int64_t> shape_;
+  torch::TensorOptions options_;  // a received activation's or gradient's dtype and device
   torch::ScalarType dtype_;
   struct Send {
     std::unique_ptr<PendingCollective> pending;

@@ -257,7 +257,9 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
   if (plan.mesh.shape.pipeline > 1) {
     pipeline_ = std::make_unique<PipelineStageRunner>(
         *model_, groups_.pipeline.get(), static_cast<int>(plan.batch.grad_accum),
-        std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size}, to_torch(plan.precision.compute_dtype));
+        std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size},
+        // received where the model's forward reads its weights (a pipeline's stages are ZeRO 0-1: compute is whole)
+        torch::TensorOptions().dtype(to_torch(plan.precision.compute_dtype)).device(flat_.compute.device()));
     stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
   }
   stepper_->set_sample_memory(opt.profile);
@@ -554,8 +556,9 @@ double TrainingRun::validate() {
   Communicator* summed_over = groups_.data_comm;
   if (pipeline_) {
     // The stages' forwards in turn; the last stage's losses, from its first tensor rank, summed over the world.
-    for (const torch::Tensor& l : pipeline_->evaluate(static_cast<int>(calls), [&](int i, bool) { return draw(i); }))
-      losses.push_back(l.item<double>());
+    const std::vector<torch::Tensor> staged = pipeline_->evaluate(static_cast<int>(calls), [&](int i, bool) { return draw(i); });
+    groups_.settle();  // the stages' messages the losses follow, before the host reads them
+    for (const torch::Tensor& l : staged) losses.push_back(l.item<double>());
     if (groups_.tensor && groups_.tensor->rank() != 0) losses.clear();  // (the tensor group's ranks hold the same)
     summed_over = comm_;
   } else {
@@ -563,7 +566,7 @@ double TrainingRun::validate() {
       const PipelineStageRunner::Batch batch = draw(i);
       zero_->begin_micro_step(true);
       const torch::Tensor loss_t = model_->loss(batch.inputs, batch.targets);
-      if (comm_) comm_->settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
+      groups_.settle();  // the gathers this forward waited on (stage 3), before the host reads its loss
       losses.push_back(loss_t.item<double>());
     }
   }
@@ -673,7 +676,7 @@ void TrainingRun::loop() {
       }
       throw;
     }
-    if (comm_) comm_->settle();               // the step's last gathers, bounded by the comm timeout
+    groups_.settle();                         // the step's last gathers, bounded by the comm timeout
     device_.compute_stream().synchronize();  // a GPU's step has run when its time is taken
     result_.device_peak_bytes = std::max(result_.device_peak_bytes, device_.memory_in_use());
     if (block_timer_) record_profile(out, t0, *step_start);
