@@ -1,6 +1,7 @@
 // The device seam (engine/runtime/device/device.hpp) held to what a GPU backend must do, on the CPU: a second
 // device whose memory the host may not address keeps its buffers apart from the host's, refuses a kernel
-// handed a pointer from the wrong place, and counts every byte that crosses between the two. A ZeRO-3 run
+// handed a pointer from the wrong place, sees any host write into page-locked memory a copy to the device may still
+// be reading (ordered as the CUDA device orders its copies), and counts every byte that crosses between the two. A ZeRO-3 run
 // with its optimizer offloaded trains on it exactly as on the CPU device, moving the plan's bytes.
 #include <gtest/gtest.h>
 
@@ -34,16 +35,35 @@ namespace {
 // copy() returns, until the host waits for an event recorded after it (or synchronizes the stream; an event the host
 // finds done counts as waited); a copy to the host has ended when copy() returns, and every copy queued before it
 // (the CUDA device synchronizes the copy stream then: host code reads it next). It keeps the host ranges such copies read, for the host's kernel table to refuse a
-// kernel that would write one before the copy is known to have ended.
+// kernel that would write one before the copy is known to have ended, and their bytes as the copy took them: a range
+// changed by the time its copy is known to have ended was written by something else meanwhile (a plain torch op, which
+// no kernel table sees), and a GPU's copy could have read either version. Such ranges are kept as `races()`.
 class TrackedCopyStream final : public Stream {
  public:
   std::shared_ptr<Event> record() override { return std::make_shared<Recorded>(this, queued_); }
   std::shared_ptr<Event> record_timed() override { return record(); }  // (never timed: the step's clock is the compute stream's)
   void wait_for(const Event&) override {}  // orders the device's work, not the host's
   void synchronize() override { ended(queued_); }
-  void reading(const void* p, int64_t bytes) {
+  // `pinned`: the source is page-locked, so the copy reads it while it runs (a GPU stages a pageable source before
+  // the copy call returns: its later writes race nothing, and only its range is kept, for the kernel table).
+  void reading(const void* p, int64_t bytes, bool pinned) {
     const char* c = static_cast<const char*>(p);
-    pending_.push_back({++queued_, c, c + bytes});
+    pending_.push_back({++queued_, c, c + bytes, pinned ? std::vector<char>(c, c + bytes) : std::vector<char>()});
+    if (pinned && bytes > 0) ++pinned_reads;
+  }
+  int64_t pinned_reads = 0;  // copies from page-locked memory (those the races are looked for in)
+  const std::vector<std::string>& races() const { return races_; }
+  // The copies queued before `e` (an event of this stream's; -1 for another's) have ended once the host knows `e` has.
+  static int64_t copies_before(const Event& e) {
+    const auto* r = dynamic_cast<const Recorded*>(&e);
+    return r ? r->seq() : -1;
+  }
+  void ended(int64_t seq) {
+    for (const Pending& q : pending_)
+      if (q.seq <= seq && !q.taken.empty() && !std::equal(q.lo, q.hi, q.taken.begin()) && races_.size() < 8)
+        races_.push_back("copy " + std::to_string(q.seq) + " to the device (" + std::to_string(q.hi - q.lo) +
+                         " bytes): its host source changed before the copy was known to have ended");
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [seq](const Pending& q) { return q.seq <= seq; }), pending_.end());
   }
   // Whether a copy not yet known to have ended reads any of [p, p + bytes).
   bool still_read(const void* p, int64_t bytes) const {
@@ -57,33 +77,35 @@ class TrackedCopyStream final : public Stream {
   struct Pending {
     int64_t seq;
     const char *lo, *hi;
+    std::vector<char> taken;  // a pinned source's bytes when the copy was queued
   };
   class Recorded final : public Event {
    public:
     Recorded(TrackedCopyStream* s, int64_t seq) : s_(s), seq_(seq) {}
     bool done() const override { return s_->ended(seq_), true; }
     void wait() override { s_->ended(seq_); }
+    int64_t seq() const { return seq_; }
 
    private:
     TrackedCopyStream* s_;
     int64_t seq_;
   };
-  void ended(int64_t seq) {
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [seq](const Pending& q) { return q.seq <= seq; }), pending_.end());
-  }
   int64_t queued_ = 0;
   std::vector<Pending> pending_;
+  std::vector<std::string> races_;
 };
 
 // The test device's compute stream: immediate, as the CPU's, but its timed events read a clock of the device's
 // own, which moves one second at each timed event and not otherwise: a time taken on the host's clock instead
-// is a fraction of a second, and a time between two events is the count of timed events between them.
+// is a fraction of a second, and a time between two events is the count of timed events between them. It keeps the
+// last copy it was made to wait for: once the host has waited for it, so have those copies ended.
 class TickingStream final : public Stream {
  public:
+  explicit TickingStream(TrackedCopyStream& copies) : copies_(copies) {}
   std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1); }
   std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks); }
-  void wait_for(const Event&) override {}
-  void synchronize() override {}
+  void wait_for(const Event& e) override { waited_copies_ = std::max(waited_copies_, TrackedCopyStream::copies_before(e)); }
+  void synchronize() override { copies_.ended(waited_copies_); }
   int64_t ticks = 0;
 
  private:
@@ -101,21 +123,28 @@ class TickingStream final : public Stream {
    private:
     int64_t at_;
   };
+  TrackedCopyStream& copies_;
+  int64_t waited_copies_ = -1;
 };
 
 // A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
 // the runtime must copy (counted) where the CPU device lets a host kernel write in place.
 class SeparateMemoryDevice final : public Device {
  public:
-  SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host) {}
+  SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host), compute_(copy_) {}
   std::string name() const override { return "separate-memory test device"; }
   bool host_addresses_device() const override { return false; }
   double pinned_bytes = 0;  // host memory asked page-locked
   torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) override {
     if (pinned) pinned_bytes += static_cast<double>(elements * dtype_bytes(dtype));
     torch::Tensor t = torch::zeros({elements}, to_torch(dtype));
-    if (place != Place::device) return t;
     const auto* p = static_cast<const char*>(t.data_ptr());
+    if (place != Place::device) {
+      if (!pinned) return t;
+      pinned_ranges_[p] = p + t.nbytes();
+      // (freed as cudaFreeHost frees: once every copy has ended, so a copy never outlives the memory it reads)
+      return torch::from_blob(t.data_ptr(), {elements}, [this, t, p](void*) { copy_.synchronize(), pinned_ranges_.erase(p); }, t.options());
+    }
     device_ranges_[p] = p + t.nbytes();
     // Freed, its range is no longer the device's (the host may be handed those addresses next).
     return torch::from_blob(t.data_ptr(), {elements}, [this, t, p](void*) { device_ranges_.erase(p); }, t.options());
@@ -125,11 +154,14 @@ class SeparateMemoryDevice final : public Device {
   Stream& copy_stream() override { return copy_; }
   int64_t clock_ticks() const { return compute_.ticks; }
 
-  // Whether [p, p + bytes) lies inside one device allocation; whether it touches any.
-  bool inside_device(const void* p, int64_t bytes) const {
+  // Whether [p, p + bytes) lies inside one device allocation (one page-locked host allocation); whether it touches any
+  // device allocation.
+  bool inside_device(const void* p, int64_t bytes) const { return inside(device_ranges_, p, bytes); }
+  bool inside_pinned(const void* p, int64_t bytes) const { return inside(pinned_ranges_, p, bytes); }
+  static bool inside(const std::map<const char*, const char*>& ranges, const void* p, int64_t bytes) {
     const char* c = static_cast<const char*>(p);
-    auto it = device_ranges_.upper_bound(c);
-    if (it == device_ranges_.begin()) return false;
+    auto it = ranges.upper_bound(c);
+    if (it == ranges.begin()) return false;
     --it;
     return c >= it->first && c + bytes <= it->second;
   }
@@ -141,14 +173,26 @@ class SeparateMemoryDevice final : public Device {
   }
   // Kernel calls made through each place's table.
   int64_t kernel_calls(Place place) const { return place == Place::device ? device_table_.calls : host_table_.calls; }
+  int64_t pinned_copies() const { return copy_.pinned_reads; }
+  // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
+  std::vector<std::string> copy_races() {
+    copy_.synchronize();
+    return copy_.races();
+  }
 
  protected:
   void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
     check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
     check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
+    // As the CUDA device: a copy between equal dtypes is queued on the copy stream, behind every copy before it (which
+    // have ended by the time it writes); one that converts is LibTorch's, on the compute stream (which waits for every
+    // copy before it: Device::copy), blocking the host until it has run.
+    const bool on_copy_stream = dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous();
+    if (on_copy_stream && to == Place::host) copy_.synchronize();  // (then the host waits for it: host code reads it next)
+    if (!on_copy_stream && (from == Place::host) != (to == Place::host)) compute_.synchronize();
     dst.copy_(src);
-    if (from == Place::host && to == Place::device) copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()));
-    if (to == Place::host && from == Place::device) copy_.synchronize();  // as the CUDA device: every copy before it ended too
+    if (on_copy_stream && from == Place::host && to == Place::device)
+      copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
   }
 
  private:
@@ -243,9 +287,10 @@ class SeparateMemoryDevice final : public Device {
   };
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
+  std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
   CheckingTable device_table_, host_table_;
-  TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
   TrackedCopyStream copy_;
+  TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
 };
 
 const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -276,6 +321,8 @@ struct RankRun {
   TransferLedger transfers;
   double pinned_bytes = 0;  // the separate-memory device's page-locked host allocations
   int64_t device_kernels = 0, host_kernels = 0;
+  std::vector<std::string> copy_races;  // the separate-memory device's (SeparateMemoryDevice::copy_races)
+  int64_t pinned_copies = 0;            // its copies to the device from page-locked memory (where races are looked for)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -298,10 +345,12 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
         run.result = train(plan, opt, comm.get(), device.get());
         run.transfers = device->transfers();
         if (separate) {
-          const auto& d = static_cast<const SeparateMemoryDevice&>(*device);
+          auto& d = static_cast<SeparateMemoryDevice&>(*device);
           run.device_kernels = d.kernel_calls(Place::device);
           run.pinned_bytes = d.pinned_bytes;
           run.host_kernels = d.kernel_calls(Place::host);
+          run.copy_races = d.copy_races();
+          run.pinned_copies = d.pinned_copies();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -309,6 +358,8 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
     });
   for (auto& t : threads) t.join();
   for (const std::string& e : errors) EXPECT_EQ(e, "");
+  for (const RankRun& run : runs)  // (every separate-memory run: no host write raced a copy to the device)
+    EXPECT_EQ(run.copy_races, std::vector<std::string>{});
   return runs;
 }
 
@@ -318,6 +369,37 @@ double ledger_bytes(const TransferLedger& l, Place from, Place to) {
 }
 
 }  // namespace
+
+// The test device sees what a GPU's asynchronous copy would suffer: a host source written (here by a plain torch op,
+// which no kernel table sees) before the copy reading it is known to have ended; written after the host waited for an
+// event recorded behind the copy, it is not. Every separate-memory run in this file is held to having none.
+TEST(DeviceSeam, TheTestDeviceSeesAHostWriteThatRacesACopyToTheDevice) {
+  SeparateMemoryDevice device;
+  const torch::Tensor host = device.allocate(Place::host, Dtype::fp32, 64, /*pinned=*/true);
+  const torch::Tensor on_device = device.allocate(Place::device, Dtype::fp32, 64, false);
+  host.fill_(1);
+  device.copy(on_device, Place::device, host, Place::host);
+  device.copy_stream().record()->wait();
+  host.add_(1);  // after the wait: no race
+  EXPECT_EQ(device.copy_races(), std::vector<std::string>{});
+  // Ended as the compute stream, which waits for every copy (Device::copy), was synchronized, or behind a copy to the host.
+  device.copy(on_device, Place::device, host, Place::host);
+  device.compute_stream().synchronize();
+  host.add_(1);
+  device.copy(on_device, Place::device, host, Place::host);
+  device.copy(device.allocate(Place::host, Dtype::fp32, 64, false), Place::host, on_device, Place::device);
+  host.add_(1);
+  // A pageable source is taken before the copy call returns: nothing to race.
+  const torch::Tensor pageable = torch::ones({64});
+  device.copy(on_device, Place::device, pageable, Place::host);
+  pageable.add_(1);
+  EXPECT_EQ(device.copy_races(), std::vector<std::string>{});
+  device.copy(on_device, Place::device, host, Place::host);
+  host.add_(1);  // before any wait: the copy could have read either version
+  const std::vector<std::string> races = device.copy_races();
+  ASSERT_EQ(races.size(), 1u);
+  EXPECT_NE(races[0].find("256 bytes): its host source changed before the copy was known to have ended"), std::string::npos) << races[0];
+}
 
 TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePlansBytes) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_seam_" + std::to_string(::getpid()));
@@ -369,6 +451,7 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
         "zero_optimization.offload_optimizer.device=nvme", "zero_optimization.offload_optimizer.nvme_path=" + nvme.string(),
         "zero_optimization.sub_group_size=5000"}},
   };
+  int64_t pinned_copies_seen = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     std::vector<std::string> o{"zero_optimization.stage=3", "train.output_dir=" + (root / c.name).string()};
@@ -422,6 +505,10 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
         EXPECT_GE(s.pinned_bytes, pinned);
         EXPECT_LE(s.pinned_bytes, pinned + 64.0 * pinned_buffers);
       }
+      // Copies to the device from page-locked buffers (not every case has one: a converting copy blocks): each was
+      // checked for a host write racing it (train_ranks).
+      if (pinned == 0) EXPECT_EQ(s.pinned_copies, 0) << "rank " << r;
+      pinned_copies_seen += s.pinned_copies;
       // The same numbers: the weights the optimizer's kernel rounds in place on the CPU are copied (and
       // rounded the same way) on a device the host cannot reach.
       EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, s.result.losses) << "rank " << r;
@@ -462,6 +549,7 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       }
     }
   }
+  EXPECT_GT(pinned_copies_seen, 0);  // (the race check had copies to look at)
   fs::remove_all(root);
 }
 
