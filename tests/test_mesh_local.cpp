@@ -31,11 +31,13 @@ const char* kTiny = R"({"train_batch_size": 8, "gradient_clipping": 1.0,
 struct RankRun {
   Plan plan;
   TrainResult result;
-  std::vector<std::string> connects;  // "group: peer", in the order this rank's communicators were asked to connect
+  // "group: peer", in the order this rank's communicators were asked to connect, after "split group" or "split group
+  // for messages" as each group was formed
+  std::vector<std::string> connects;
 };
 
-// A thread rank's communicator that notes every connect() (the order NCCL's two-rank links are made in), of itself
-// and of the groups split from it, and passes everything on.
+// A thread rank's communicator that notes every connect() (the order NCCL's two-rank links are made in) and split, of
+// itself and of the groups split from it, and passes everything on.
 class NotingConnects final : public Communicator {
  public:
   NotingConnects(std::unique_ptr<Communicator> inner, std::string name, std::vector<std::string>* log)
@@ -57,12 +59,18 @@ class NotingConnects final : public Communicator {
   }
   void recv(const torch::Tensor& t, int from, CollectiveKind kind) override { inner_->recv(t, from, kind); }
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override {
+    log_->push_back("split " + name);
     return std::make_unique<NotingConnects>(inner_->split(name, members), name, log_);
+  }
+  std::unique_ptr<Communicator> split_for_messages(const std::string& name, const std::vector<int>& members) override {
+    log_->push_back("split " + name + " for messages");
+    return std::make_unique<NotingConnects>(inner_->split_for_messages(name, members), name, log_);
   }
   void connect(int peer) override {
     log_->push_back(name_ + ": " + std::to_string(peer));
     inner_->connect(peer);
   }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
 
  private:
   std::unique_ptr<Communicator> inner_;
@@ -138,7 +146,8 @@ TEST(MeshInProcess, TensorAndPipelineGroupsOfThreadRanksTrainTheOneRankRunAndSen
 
 // The two-rank links NCCL makes for a pipeline's messages are made before any message, each rank meeting its lower
 // neighbour first, then its upper, then the other end of the tied token table: an order in which every pair meets
-// without any rank waiting on one that waits on it (Communicator::connect). Three stages, GPT-2's tied head.
+// without any rank waiting on one that waits on it (Communicator::connect). Three stages, GPT-2's tied head. The
+// pipeline's and the tied table's groups carry messages only (so NCCL opens no communicator of the whole group).
 TEST(MeshInProcess, APipelinesRanksConnectToTheirNeighboursLowerFirstThenTheTiedEnds) {
   const fs::path root = fs::temp_directory_path() / ("ds_mesh_connect_" + std::to_string(::getpid()));
   const std::vector<RankRun> runs = train_mesh(3, {"pipeline.stages=3", "model.num_layers=3", "train_micro_batch_size_per_gpu=4",
@@ -146,8 +155,10 @@ TEST(MeshInProcess, APipelinesRanksConnectToTheirNeighboursLowerFirstThenTheTied
                                              CommBackend::gloo, /*note_connects=*/true);
   ASSERT_EQ(runs[0].plan.mesh.shape.pipeline, 3);
   ASSERT_TRUE(runs[0].plan.mesh.tied_exchange());
-  EXPECT_EQ(runs[0].connects, (std::vector<std::string>{"pipeline-0: 1", "tied-0: 1"}));
-  EXPECT_EQ(runs[1].connects, (std::vector<std::string>{"pipeline-0: 0", "pipeline-0: 2"}));
-  EXPECT_EQ(runs[2].connects, (std::vector<std::string>{"pipeline-0: 1", "tied-0: 0"}));
+  EXPECT_EQ(runs[0].connects, (std::vector<std::string>{"split pipeline-0 for messages", "split tied-0 for messages", "split writers",
+                                                        "pipeline-0: 1", "tied-0: 1"}));
+  EXPECT_EQ(runs[1].connects, (std::vector<std::string>{"split pipeline-0 for messages", "split writers", "pipeline-0: 0", "pipeline-0: 2"}));
+  EXPECT_EQ(runs[2].connects, (std::vector<std::string>{"split pipeline-0 for messages", "split tied-0 for messages", "split writers",
+                                                        "pipeline-0: 1", "tied-0: 0"}));
   fs::remove_all(root);
 }

@@ -2,10 +2,12 @@
 // rank through the world's store (NCCL makes the id without a GPU), and a rank whose rank 0 never sends it fails at
 // the timeout naming what it waited for. On a GPU (label gpu; skipped elsewhere, saying why): a one-rank
 // communicator runs every collective over CUDA tensors, NCCL's equal pieces and uneven spans alike, each the
-// identity on one rank, and counts them in its ledger; a group split from it runs its own.
+// identity on one rank, and counts them in its ledger; a group split from it runs its own; one split for messages
+// only runs none.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,16 @@ Topology rank_of(int rank, int world, int port) {
   t.master_addr = "127.0.0.1";
   t.master_port = port;
   return t;
+}
+
+// Why a GPU test cannot run here ("" where it can).
+std::string why_no_gpu() {
+  const char* why = nullptr;
+  if (kernels::cuda::device_count(&why) == 0)
+    return std::string("no CUDA device visible (") + (why ? why : "none") +
+           "): the NCCL communicator was compiled and linked; run scripts/device-check.sh on a GPU machine";
+  if (!torch::cuda::is_available()) return "this LibTorch has no CUDA: the device check builds with CUDA LibTorch";
+  return "";
 }
 
 }  // namespace
@@ -82,11 +94,7 @@ TEST(NcclRendezvous, ARankWhoseRankZeroNeverSendsTheIdFailsAtTheTimeoutNamingIt)
 }
 
 TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenSpans) {
-  const char* why = nullptr;
-  if (kernels::cuda::device_count(&why) == 0)
-    GTEST_SKIP() << "no CUDA device visible (" << (why ? why : "none") << "): the NCCL communicator was compiled and linked; "
-                 << "run scripts/device-check.sh on a GPU machine";
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "this LibTorch has no CUDA: the device check builds with CUDA LibTorch";
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
   const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, test::free_port()), std::chrono::seconds(30));
   EXPECT_TRUE(comm->capabilities() == comm_capabilities(CommBackend::nccl));
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -115,4 +123,40 @@ TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenS
   EXPECT_EQ(comm->ledger().count(CollectiveKind::tensor_activations), 0u);
   EXPECT_ANY_THROW(comm->split("tensor-0", {0}));
   EXPECT_ANY_THROW(group->send_async(g, 0, CollectiveKind::pipeline_activations));
+  // A group split for messages only (a pipeline's) opens no NCCL communicator: its collectives are refused, naming
+  // it, and it settles (no links yet) without one.
+  const std::unique_ptr<Communicator> stages = comm->split_for_messages("pipeline-0", {0});
+  ASSERT_EQ(stages->world_size(), 1);
+  try {
+    stages->all_reduce_sum(g, CollectiveKind::control);
+    ADD_FAILURE() << "an all-reduce in a group split for messages";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline-0, which was split for messages only"), std::string::npos) << e.what();
+  }
+  EXPECT_ANY_THROW(stages->barrier());
+  stages->settle();
+}
+
+// A run that fails for a reason of its own aborts its communicators (Communicator::abort, from train()): every NCCL
+// group of the process is aborted (twice is harmless), what they hold fails at once instead of waiting, and the
+// communicator then goes without waiting for anything.
+TEST(NcclCommunicatorOneGpu, AnAbortedCommunicatorRefusesWhatFollowsAndGoesAtOnce) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, test::free_port()), std::chrono::seconds(30));
+  std::unique_ptr<Communicator> group = comm->split("tensor-0", {0});
+  torch::Tensor t = torch::ones({1024}, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA));
+  comm->all_reduce_sum(t, CollectiveKind::gradients);
+  comm->abort("the disk is full");
+  comm->abort("the disk is full");
+  for (Communicator* c : {comm.get(), group.get()}) {  // the group split from it is aborted with it
+    try {
+      c->all_reduce_sum(t, CollectiveKind::gradients);
+      ADD_FAILURE() << "an all-reduce after the abort";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("aborted earlier"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_ANY_THROW(comm->settle());
+  group.reset();  // (their destructors' waits end at once: nothing of an aborted group is waited for)
+  comm.reset();
 }

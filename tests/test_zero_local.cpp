@@ -914,3 +914,73 @@ TEST(TensorParallel, AColumnThenRowParallelMlpOnTwoRanksIsTheWholeMlp) {
     EXPECT_DOUBLE_EQ(sent.bytes, 2 * (2.0 * (W - 1) / W * B * T * C * 4)) << what;
   });
 }
+
+// A thread rank that fails (Communicator::abort) ends its peers' waits in its groups at once, naming it and the
+// reason, where they used to wait out the timeout and then say only that they had waited. Groups it is not in go on.
+TEST(Communicator, AThreadRankThatFailsEndsItsPeersWaitsNamingItsReason) {
+  constexpr int W = 3;
+  LocalGroup threads(W, std::chrono::minutes(2));
+  std::vector<std::string> errors(W);
+  const auto error_of = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(nothing thrown)";
+  };
+  on_ranks(W, [&](int rank) {
+    const std::unique_ptr<Communicator> world = threads.join(rank);
+    const std::vector<int> pair{0, 1}, others{0, 2};
+    std::unique_ptr<Communicator> with_1 = rank != 2 ? world->split("pair", pair) : nullptr;
+    std::unique_ptr<Communicator> without_1 = rank != 1 ? world->split("others", others) : nullptr;
+    const torch::Tensor t = torch::ones({4});
+    if (rank == 1) {  // fails before its next message and collective
+      with_1->abort("the disk is full");
+      world->abort("the disk is full");
+      // Its own later calls there fail alike.
+      errors[1] = error_of([&] { with_1->send_async(t, 0, CollectiveKind::pipeline_activations)->wait(); });
+      return;
+    }
+    if (rank == 0) errors[0] = error_of([&] { with_1->recv(t, 1, CollectiveKind::pipeline_activations); });
+    // A group without the failed rank still meets.
+    without_1->all_reduce_sum(t, CollectiveKind::control);
+    EXPECT_TRUE(torch::equal(t, torch::full({4}, 2.0f))) << "rank " << rank;
+    // One split for messages only (a pipeline's) carries messages and refuses collectives, as NCCL's does.
+    const std::unique_ptr<Communicator> stages = world->split_for_messages("stages", others);
+    if (rank == 0) stages->send_async(t, 1, CollectiveKind::pipeline_activations)->wait();
+    else stages->recv(t, 0, CollectiveKind::pipeline_activations);
+    EXPECT_THROW(stages->all_reduce_sum(t, CollectiveKind::control), std::exception) << "rank " << rank;
+    EXPECT_THROW(stages->barrier(), std::exception) << "rank " << rank;
+    const std::string in_world = error_of([&] { world->all_reduce_sum(t, CollectiveKind::control); });
+    EXPECT_EQ(in_world, "thread rank 1 failed: the disk is full") << "rank " << rank;
+  });
+  for (int r : {0, 1}) EXPECT_EQ(errors[static_cast<size_t>(r)], "thread rank 1 failed: the disk is full") << "rank " << r;
+}
+
+// A rank whose run fails tells its groups before unwinding (train() calls Communicator::abort), so its peers' error
+// is its reason at once, not a timeout. Rank 1 is asked to resume from a checkpoint that is not there.
+TEST(ZeroInProcess, ARankWhoseRunFailsEndsItsPeersRunsWithItsReason) {
+  constexpr int W = 2;
+  const fs::path dir = fs::temp_directory_path() / ("ds_abort_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  LocalGroup group(W, std::chrono::minutes(5));
+  std::vector<std::string> errors(W);
+  on_ranks(W, [&](int r) {
+    const Plan plan = plan_for(W, r, {"zero_optimization.stage=2", "train.output_dir=" + dir.string()});
+    TrainOptions opt;
+    opt.print_every = 1000;
+    if (r == 1) opt.resume_from = (dir / "no_such_checkpoint").string();
+    auto comm = group.join(r);
+    try {
+      train(plan, opt, comm.get());
+      errors[static_cast<size_t>(r)] = "(trained)";
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[1].find("no_such_checkpoint"), std::string::npos) << errors[1];
+  EXPECT_EQ(errors[0].rfind("thread rank 1 failed: ", 0), 0u) << errors[0];
+  EXPECT_NE(errors[0].find("no_such_checkpoint"), std::string::npos) << errors[0];
+  fs::remove_all(dir);
+}

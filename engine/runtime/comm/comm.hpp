@@ -92,6 +92,12 @@ class Communicator {
   // mesh's tensor, pipeline and data groups are these, over the world's own transport and rendezvous. Its
   // rank is this rank's place in `members`; its collectives involve only them; its ledger is its own.
   virtual std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) = 0;
+  // The same for a group that only carries messages between its members (send_async, recv, connect; settle): the
+  // mesh's pipeline and tied groups. NCCL then opens no communicator of the whole group, whose buffers would sit
+  // unused on the GPU beside the two-rank links the messages take; its collectives are refused. Elsewhere split().
+  virtual std::unique_ptr<Communicator> split_for_messages(const std::string& name, const std::vector<int>& members) {
+    return split(name, members);
+  }
   // Where this rank is (the trainer calls it at every step), so that a rank whose collective times out
   // can name the ranks that never arrived.
   virtual void mark_step(int64_t step) { step_ = step; }
@@ -100,6 +106,13 @@ class Communicator {
   // thread ranks) there is nothing to do; NCCL's run on a stream the host does not wait for, and a peer that
   // never joins one would hold the host's read for ever: there it throws instead, naming the step.
   virtual void settle() {}
+  // This rank's run failed with `reason` and takes part in nothing more. Called before the failing run frees its
+  // memory. Thread ranks: every wait in this group throws at once, naming this rank and the reason (not the
+  // timeout's "waited for the others"). NCCL: every communicator of the process is aborted, so the unwinding
+  // run's frees do not wait behind kernels spinning on peers that will never hear from it (the watchdog would
+  // end the rank a minute past the timeout, naming a collective instead of the first error). Gloo: nothing to do
+  // (the launcher ends the other ranks once this one exits).
+  virtual void abort(const std::string& reason) { (void)reason; }
 
   const CommLedger& ledger() const { return ledger_; }
 

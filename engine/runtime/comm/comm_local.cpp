@@ -34,6 +34,14 @@ struct LocalGroup::Shared {
   std::vector<int> members;  // a group's ranks in its parent (empty for the whole group)
   std::vector<bool> joined;  // a group's: which members have joined it (each once)
   std::map<std::string, std::shared_ptr<Shared>> groups;
+  // Set once a member failed (Communicator::abort): every wait here throws it from then on.
+  std::string ended;
+
+  void end(const std::string& why) {
+    std::lock_guard<std::mutex> lock(m);
+    if (ended.empty()) ended = why;  // (the first failure is the cause; later ones follow from it)
+    cv.notify_all();
+  }
 
   // The group `name` of `ranks`, joined by its member `place`.
   std::shared_ptr<Shared> group(const std::string& name, const std::vector<int>& ranks, int place) {
@@ -57,6 +65,7 @@ struct LocalGroup::Shared {
 
   void post(int from, int to, const torch::Tensor& t) {
     std::lock_guard<std::mutex> lock(m);
+    if (!ended.empty()) throw std::runtime_error(ended);
     mail[{from, to}].push_back(t.clone());
     cv.notify_all();
   }
@@ -70,8 +79,9 @@ struct LocalGroup::Shared {
   }
 
   void wait(std::unique_lock<std::mutex>& lock, const char* what, const std::function<bool()>& ready) {
-    if (!cv.wait_for(lock, timeout, ready))
+    if (!cv.wait_for(lock, timeout, [&] { return !ended.empty() || ready(); }))
       throw std::runtime_error(std::string("a local collective timed out waiting for ") + what);
+    if (!ended.empty()) throw std::runtime_error(ended);
   }
 
   // Every rank calls it with a tensor of the same shape and dtype; returns with the sum written into it.
@@ -134,10 +144,14 @@ class Done : public PendingCollective {
 
 class LocalCommunicator : public Communicator {
  public:
-  LocalCommunicator(int rank, std::shared_ptr<LocalGroup::Shared> shared) : Communicator(rank, shared->world), shared_(std::move(shared)) {}
+  // `world_rank`: the rank's place among all the threads (a split group's messages name it). `messages_only`: a
+  // group split for messages (split_for_messages), whose collectives are refused as NCCL's are.
+  LocalCommunicator(int rank, int world_rank, std::shared_ptr<LocalGroup::Shared> shared, bool messages_only = false)
+      : Communicator(rank, shared->world), world_rank_(world_rank), messages_only_(messages_only), shared_(std::move(shared)) {}
 
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous(), "all-reduce of a non-contiguous tensor");
+    require_collectives("an all-reduce");
     // As over Gloo: 16-bit floats are summed through an fp32 copy; as NCCL: in their own dtype.
     const bool narrow = !capabilities().sums_16bit && t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64;
     const torch::Tensor buf = narrow ? t.to(torch::kFloat32) : t;
@@ -151,6 +165,7 @@ class LocalCommunicator : public Communicator {
 
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous() && owners.size() == static_cast<size_t>(world_), "an all-gather's buffer or owners");
+    require_collectives("an all-gather");
     int64_t event = -1;
     count(kind, CollectiveOp::all_gather, payload_bytes(t, owners), &event);
     shared_->exchange(rank_, t, [&](const std::vector<torch::Tensor>& all) {
@@ -166,6 +181,7 @@ class LocalCommunicator : public Communicator {
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners,
                                                               const torch::Tensor& scratch, CollectiveKind kind) override {
     DS_CHECK(t.is_contiguous() && owners.size() == static_cast<size_t>(world_), "a reduce-scatter's buffer or owners");
+    require_collectives("a reduce-scatter");
     int64_t event = -1;
     count(kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners), &event);
     const std::vector<Span>& mine = owners[static_cast<size_t>(rank_)];
@@ -216,13 +232,30 @@ class LocalCommunicator : public Communicator {
   // The group of some of the thread ranks: its collectives meet in a shared state of their own.
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override {
     const int place = place_in(name, members);
-    return std::make_unique<LocalCommunicator>(place, shared_->group(name, members, place));
+    return std::make_unique<LocalCommunicator>(place, world_rank_, shared_->group(name, members, place));
+  }
+  std::unique_ptr<Communicator> split_for_messages(const std::string& name, const std::vector<int>& members) override {
+    const int place = place_in(name, members);
+    return std::make_unique<LocalCommunicator>(place, world_rank_, shared_->group(name, members, place), /*messages_only=*/true);
+  }
+
+  // (a failure that follows another rank's passes its message on as it is: the first failure is the cause)
+  void abort(const std::string& reason) override {
+    shared_->end(reason.rfind("thread rank ", 0) == 0 ? reason : "thread rank " + std::to_string(world_rank_) + " failed: " + reason);
   }
 
   CommCapabilities capabilities() const override { return comm_capabilities(shared_->speaks); }
-  void barrier() override { shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32)); }
+  void barrier() override {
+    require_collectives("a barrier");
+    shared_->all_reduce(rank_, torch::zeros({1}, torch::kInt32));
+  }
 
  private:
+  void require_collectives(const char* what) const {
+    DS_CHECK(!messages_only_, "thread rank ", world_rank_, ": ", what, " in a group split for messages only");
+  }
+  int world_rank_;
+  bool messages_only_;
   std::shared_ptr<LocalGroup::Shared> shared_;
 };
 
@@ -240,7 +273,7 @@ LocalGroup::~LocalGroup() = default;
 
 std::unique_ptr<Communicator> LocalGroup::join(int rank) {
   DS_CHECK(rank >= 0 && rank < shared_->world, "rank ", rank, " of ", shared_->world);
-  return std::make_unique<LocalCommunicator>(rank, shared_);
+  return std::make_unique<LocalCommunicator>(rank, rank, shared_);
 }
 
 }  // namespace ds

@@ -5,7 +5,9 @@
 // send, as Gloo's does. It speaks Gloo's terms (16-bit sums through fp32, reduce-scatter into a receive
 // scratch) or NCCL's (16-bit sums in their dtype, a native reduce-scatter without scratch), as asked, so
 // ZeRO's NCCL path runs here on the CPU. split() forms the mesh's groups (tensor, pipeline, data) among the
-// threads, so a split model trains in one process too, on the CPU or on one GPU's tensors.
+// threads, so a split model trains in one process too, on the CPU or on one GPU's tensors. A rank that fails
+// (Communicator::abort) ends every wait in its groups at once, naming itself and its reason; a group split for
+// messages only refuses collectives, as NCCL's does.
 #pragma once
 
 #include <memory>

@@ -8,9 +8,10 @@
 // a device buffer and are waited for at once. Spans that are NCCL's equal pieces in
 // rank order go through ncclAllGather / ncclReduceScatter in place; any others as NCCL groups of broadcasts
 // (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner, 1024 a group. 16-bit floats are
-// summed in their own dtype (NCCL's way; the plan's capabilities say so). split() forms the mesh's groups
-// (tensor, pipeline, data) as communicators of their own, met under the group's name in the world's store. A
-// pipeline's sends and receives go over a two-rank communicator and stream per direction between two ranks.
+// summed in their own dtype (NCCL's way; the plan's capabilities say so). split() forms the mesh's tensor and
+// data groups as communicators of their own, met under the group's name in the world's store; split_for_messages()
+// the pipeline's and the tied table's, which open none: their sends and receives go over a two-rank communicator
+// and stream per direction between two ranks.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -113,8 +114,9 @@ class NcclCommunicator final : public Communicator {
     open(share_from_rank0(*store_, "unique_id", t.rank, timeout, NcclGroup::make_unique_id, "NCCL unique id"));
   }
   // A group split from `parent` (split()): its members meet under its name in the parent's store; the first
-  // member makes its id. On the parent's GPU, with the parent's timeout; it reports the parent's step.
-  NcclCommunicator(int place, int size, const NcclCommunicator& parent, const std::string& name)
+  // member makes its id. On the parent's GPU, with the parent's timeout; it reports the parent's step. A group for
+  // messages only (split_for_messages) opens no communicator of its own: only the links its messages take.
+  NcclCommunicator(int place, int size, const NcclCommunicator& parent, const std::string& name, bool messages_only)
       : Communicator(place, size),
         timeout_(parent.timeout_),
         device_(parent.device_),
@@ -122,7 +124,9 @@ class NcclCommunicator final : public Communicator {
         parent_(&parent),
         name_(name) {
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    open(share_from_rank0(*store_, "unique_id", place, timeout_, NcclGroup::make_unique_id, "NCCL unique id of the group " + name));
+    watchdog_ = &nccl_watchdog(timeout_);
+    if (!messages_only)
+      open(share_from_rank0(*store_, "unique_id", place, timeout_, NcclGroup::make_unique_id, "NCCL unique id of the group " + name));
   }
   ~NcclCommunicator() override {
     forget_work();  // (waited for below, bounded)
@@ -135,7 +139,7 @@ class NcclCommunicator final : public Communicator {
       cudaStreamDestroy(link.stream);
     }
     try {
-      group_->wait(stream_, "the last collectives");
+      if (group_) group_->wait(stream_, "the last collectives");
     } catch (const std::exception&) {
     }
     group_.reset();
@@ -146,7 +150,11 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> split(const std::string& name, const std::vector<int>& members) override {
     const int place = place_in(name, members);
-    return std::make_unique<NcclCommunicator>(place, static_cast<int>(members.size()), *this, name);
+    return std::make_unique<NcclCommunicator>(place, static_cast<int>(members.size()), *this, name, /*messages_only=*/false);
+  }
+  std::unique_ptr<Communicator> split_for_messages(const std::string& name, const std::vector<int>& members) override {
+    const int place = place_in(name, members);
+    return std::make_unique<NcclCommunicator>(place, static_cast<int>(members.size()), *this, name, /*messages_only=*/true);
   }
 
   // A pipeline's messages: each direction between two ranks has a communicator and a stream of its own, so a send
@@ -191,6 +199,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<PendingCollective> all_reduce_sum_async(const torch::Tensor& t, CollectiveKind kind) override {
     const NcclElement e = element_of(t);
+    require_collectives("an all-reduce");
     if (on_host(t)) return all_reduce_host(t, kind, e);
     const Issue issue = begin(t, kind, CollectiveOp::all_reduce, static_cast<double>(t.numel() * t.element_size()));
     group_->all_reduce_sum(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), e, stream_);
@@ -199,6 +208,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<PendingCollective> all_gather_async(const torch::Tensor& t, const Ownership& owners, CollectiveKind kind) override {
     const NcclElement e = element_of(t);
+    require_collectives("an all-gather");
     const Issue issue = begin(t, kind, CollectiveOp::all_gather, payload_bytes(t, owners));
     char* base = static_cast<char*>(t.data_ptr());
     const size_t bytes = static_cast<size_t>(t.element_size());
@@ -215,6 +225,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const torch::Tensor& t, const Ownership& owners, const torch::Tensor&,
                                                               CollectiveKind kind) override {
     const NcclElement e = element_of(t);
+    require_collectives("a reduce-scatter");
     const Issue issue = begin(t, kind, CollectiveOp::reduce_scatter, payload_bytes(t, owners));
     char* base = static_cast<char*>(t.data_ptr());
     const size_t bytes = static_cast<size_t>(t.element_size());
@@ -230,9 +241,20 @@ class NcclCommunicator final : public Communicator {
   }
 
   void barrier() override {
+    require_collectives("a barrier");
     cuda_check(cudaMemsetAsync(one_, 0, sizeof(float), stream_), "cudaMemsetAsync");
     group_->all_reduce_sum(one_, one_, 1, NcclElement::f32, stream_);
     group_->wait(stream_, "a barrier");
+  }
+
+  // The run failed elsewhere: every NCCL group of the process is aborted, then the watchdog forgets this
+  // communicator's work (the run ends with its own error, not a report of a collective that will never finish).
+  // In that order: a look of the watchdog's may be blocked behind the hung work, holding what forget() waits for,
+  // until the abort ends that work.
+  void abort(const std::string& reason) override {
+    (void)reason;  // (said by the run as it ends; the launcher then ends the peers waiting for this rank)
+    NcclGroup::abort_all();
+    forget_work();
   }
 
   void mark_step(int64_t step) override {
@@ -243,7 +265,7 @@ class NcclCommunicator final : public Communicator {
   // timeout.
   void settle() override {
     try {
-      group_->wait(stream_, "the collectives " + at_step());
+      if (group_) group_->wait(stream_, "the collectives " + at_step());
       for (auto& [ends, link] : links_)
         link.group->wait(link.stream, "the messages from rank " + std::to_string(ends.first) + " to rank " + std::to_string(ends.second) + " " + at_step());
     } catch (...) {
@@ -253,6 +275,10 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // A group split for messages only has no communicator to run a collective over.
+  void require_collectives(const char* what) const {
+    DS_CHECK(group_, "rank ", world_rank(), ": ", what, " in the NCCL group ", name_, ", which was split for messages only");
+  }
   struct Issue {
     int64_t event;
     CommStats* stats;

@@ -137,15 +137,19 @@ void NcclGroup::fail(const std::string& message) {
   // instead of waiting for ever, and nothing of it leaks when a constructor throws. The process's other groups go
   // with it (their peers are the same ranks, or the run is ending anyway), all at once: an abort frees memory, which
   // may wait for another group's kernel still spinning on the dead peer until that group is aborted too.
-  {
-    std::lock_guard<std::mutex> lock(registry_lock());  // (no group is destroyed meanwhile)
-    registry().erase(this);  // (a constructor that throws here never reaches the destructor that would)
-    std::vector<std::thread> aborting;
-    aborting.emplace_back([this] { abort_now(); });
-    for (NcclGroup* g : registry()) aborting.emplace_back([g] { g->abort_now(); });
-    for (std::thread& t : aborting) t.join();
-  }
+  abort_together(this);
   throw std::runtime_error(message);
+}
+
+void NcclGroup::abort_all() { abort_together(nullptr); }
+
+void NcclGroup::abort_together(NcclGroup* failed) {
+  std::lock_guard<std::mutex> lock(registry_lock());  // (no group is destroyed meanwhile)
+  if (failed) registry().erase(failed);  // (a constructor that throws in fail() never reaches the destructor that would)
+  std::vector<std::thread> aborting;
+  if (failed) aborting.emplace_back([failed] { failed->abort_now(); });
+  for (NcclGroup* g : registry()) aborting.emplace_back([g] { g->abort_now(); });
+  for (std::thread& t : aborting) t.join();
 }
 
 void NcclGroup::abort_now() {

@@ -57,6 +57,11 @@ class NcclGroup {
   // throws std::runtime_error naming `what` and the seconds waited.
   void wait(void* stream, const std::string& what);
 
+  // Aborts every NCCL group of the process at once (the run failed elsewhere, Communicator::abort): what they
+  // have queued fails instead of spinning on peers that will never hear from this rank, and their calls throw
+  // from then on.
+  static void abort_all();
+
  private:
   // The communicator is non-blocking: after each call, its state is polled until NCCL has taken the call
   // (or failed); past the timeout it is aborted and this throws naming `what`.
@@ -72,6 +77,8 @@ class NcclGroup {
   [[noreturn]] void fail(const std::string& message);
   // Aborts the communicator, if it still stands; its calls fail from then on, naming the abort.
   void abort_now();
+  // Aborts `failed` (unless null) and every group of the process, all at once, under the registry's lock.
+  static void abort_together(NcclGroup* failed);
   // Throws, naming `what`, once the communicator was aborted (before any NCCL call is handed a dead one).
   void require_live(const std::string& what) const;
   void* comm_ = nullptr;  // ncclComm_t

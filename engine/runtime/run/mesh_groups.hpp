@@ -2,7 +2,8 @@
 // mesh_groups) that hold it, split from the world's communicator. Its tensor group carries the model's
 // all-reduces, its data group ZeRO's collectives (and decides the batches it reads), its pipeline group the
 // stages' sends; the tied group is the first and the last stage's ranks of a tied token table; the writers
-// are the ranks of data rank 0, who write a checkpoint at ZeRO stage 0.
+// are the ranks of data rank 0, who write a checkpoint at ZeRO stage 0. The pipeline and tied groups carry
+// messages only (Communicator::split_for_messages).
 #pragma once
 
 #include <memory>
@@ -31,6 +32,8 @@ struct MeshGroups {
   // Before the host reads what the device computed: each communicator's collectives so far end, or time out
   // naming the step (Communicator::settle; a split model's go over its groups, not the world's).
   void settle() const;
+  // This rank failed with `reason`: each communicator is told (Communicator::abort).
+  void abort(const std::string& reason) const;
 };
 
 }  // namespace ds

@@ -152,6 +152,13 @@ class TrainingRun {
   void initialise();
   // The steps from the first to train.steps, or until Ctrl-C/SIGTERM; checkpoints on cadence and at the end.
   void loop();
+  // The run failed with `reason`: its communicators are told before its buffers are freed (Communicator::abort).
+  void abort(const std::string& reason) noexcept {
+    try {
+      groups_.abort(reason);
+    } catch (...) {  // (the run's own error is the one it ends with)
+    }
+  }
 
  private:
   void open_swappers();
@@ -224,46 +231,52 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
            "the communicator does not match the plan's topology");
   DS_CHECK(plan.mesh.shape.world() == W && plan.mesh.shape.data == D, "the plan's mesh does not match its topology");
   groups_ = MeshGroups(plan, comm);
-  checkpoint_plan_json_ = plan.mesh.shape.splits_the_model() && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan)
-                                                                                        : opt.plan_json;
-  const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, D, rank_, plan.data.val_fraction,
-                                plan.run.seed, plan.data.shuffle, plan.data.packing};
-  sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
+  // (from here a failure tells the groups first, while what is built so far still stands: Communicator::abort)
+  try {
+    checkpoint_plan_json_ = plan.mesh.shape.splits_the_model() && !opt.plan_json.empty() ? with_whole_model_layout(opt.plan_json, plan)
+                                                                                          : opt.plan_json;
+    const SamplerOptions sampling{plan.seq_len, plan.batch.micro_batch, plan.batch.grad_accum, D, rank_, plan.data.val_fraction,
+                                  plan.run.seed, plan.data.shuffle, plan.data.packing};
+    sampler_ = samples_ ? std::make_unique<BatchSampler>(*samples_, sampling) : std::make_unique<BatchSampler>(*stream_, sampling);
 
-  keep_freed_memory();
-  result.baseline_rss_bytes = resident_bytes();
-  torch::set_num_threads(plan.threads);
-  omp_set_num_threads(plan.threads);
-  report_ = std::make_unique<RunReport>(plan, opt, lead_, result);
-  if (lead_ && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
-  open_swappers();
-  result.device_baseline_bytes = device.memory_in_use();
-  stop_point("opening the swap files");
-  flat_ = FlatParams::allocate(plan, rank_, device);
-  stop_point("allocating the buffers");
-  zero_ = std::make_unique<ZeroExchange>(plan, flat_, groups_.data_comm, param_swap_.get());
-  model_ = make_model(plan, flat_, groups_.tensor.get());
-  // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
-  profiling_ = keeps_step_measurements(plan, opt);
-  if (profiling_) {
-    block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
-    model_->set_block_hooks(block_timer_.get());
-    model_->set_block_parts(block_timer_.get());
-  } else if (zero_->hooks_blocks()) {
-    model_->set_block_hooks(zero_.get());
+    keep_freed_memory();
+    result.baseline_rss_bytes = resident_bytes();
+    torch::set_num_threads(plan.threads);
+    omp_set_num_threads(plan.threads);
+    report_ = std::make_unique<RunReport>(plan, opt, lead_, result);
+    if (lead_ && !opt.profile) check_free_space(plan);  // a profile writes no checkpoint
+    open_swappers();
+    result.device_baseline_bytes = device.memory_in_use();
+    stop_point("opening the swap files");
+    flat_ = FlatParams::allocate(plan, rank_, device);
+    stop_point("allocating the buffers");
+    zero_ = std::make_unique<ZeroExchange>(plan, flat_, groups_.data_comm, param_swap_.get());
+    model_ = make_model(plan, flat_, groups_.tensor.get());
+    // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
+    profiling_ = keeps_step_measurements(plan, opt);
+    if (profiling_) {
+      block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
+      model_->set_block_hooks(block_timer_.get());
+      model_->set_block_parts(block_timer_.get());
+    } else if (zero_->hooks_blocks()) {
+      model_->set_block_hooks(zero_.get());
+    }
+    scaler_ = std::make_unique<LossScaler>(plan.precision.loss_scaling);
+    stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, groups_, *scaler_, swapper_.get(), param_swap_.get());
+    if (plan.mesh.shape.pipeline > 1) {
+      pipeline_ = std::make_unique<PipelineStageRunner>(
+          *model_, groups_.pipeline.get(), static_cast<int>(plan.batch.grad_accum),
+          std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size},
+          // received where the model's forward reads its weights (a pipeline's stages are ZeRO 0-1: compute is whole)
+          torch::TensorOptions().dtype(to_torch(plan.precision.compute_dtype)).device(flat_.compute.device()));
+      stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
+    }
+    stepper_->set_sample_memory(opt.profile);
+    describe_states();
+  } catch (const std::exception& e) {
+    abort(e.what());
+    throw;
   }
-  scaler_ = std::make_unique<LossScaler>(plan.precision.loss_scaling);
-  stepper_ = std::make_unique<OptimizerStep>(plan, flat_, *zero_, *model_, *sampler_, groups_, *scaler_, swapper_.get(), param_swap_.get());
-  if (plan.mesh.shape.pipeline > 1) {
-    pipeline_ = std::make_unique<PipelineStageRunner>(
-        *model_, groups_.pipeline.get(), static_cast<int>(plan.batch.grad_accum),
-        std::vector<int64_t>{plan.batch.micro_batch, plan.seq_len, plan.model.hp.hidden_size},
-        // received where the model's forward reads its weights (a pipeline's stages are ZeRO 0-1: compute is whole)
-        torch::TensorOptions().dtype(to_torch(plan.precision.compute_dtype)).device(flat_.compute.device()));
-    stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
-  }
-  stepper_->set_sample_memory(opt.profile);
-  describe_states();
 }
 
 // Optimizer states on NVMe: the folder is checked and the swap files reserved before anything else is
@@ -740,8 +753,13 @@ TrainResult train(const Plan& plan, const TrainOptions& opt, Communicator* comm,
     // A pipeline stage's rank trains its own stage's layout (the plan describes the heaviest stage's).
     const Plan own_plan = with_own_stage(plan);
     TrainingRun run(own_plan, opt, comm, device ? *device : *own, result);
-    run.initialise();
-    run.loop();
+    try {
+      run.initialise();
+      run.loop();
+    } catch (const std::exception& e) {  // (while the run and its memory still stand)
+      run.abort(e.what());
+      throw;
+    }
   } catch (const StoppedWhileStarting& stopped) {
     result.interrupted = true;
     result.stop_signal = stopped.signal;
