@@ -6,6 +6,7 @@
 // only runs none.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -41,6 +42,16 @@ std::string why_no_gpu() {
     return std::string("no CUDA device visible (") + (why ? why : "none") +
            "): the NCCL communicator was compiled and linked; run scripts/device-check.sh on a GPU machine";
   if (!torch::cuda::is_available()) return "this LibTorch has no CUDA: the device check builds with CUDA LibTorch";
+  return "";
+}
+
+// What `call` throws ("" when it returns).
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
   return "";
 }
 
@@ -127,12 +138,8 @@ TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenS
   // it, and it settles (no links yet) without one.
   const std::unique_ptr<Communicator> stages = comm->split_for_messages("pipeline-0", {0});
   ASSERT_EQ(stages->world_size(), 1);
-  try {
-    stages->all_reduce_sum(g, CollectiveKind::control);
-    ADD_FAILURE() << "an all-reduce in a group split for messages";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("pipeline-0, which was split for messages only"), std::string::npos) << e.what();
-  }
+  const std::string refused = error_of([&] { stages->all_reduce_sum(g, CollectiveKind::control); });
+  EXPECT_NE(refused.find("pipeline-0, which was split for messages only"), std::string::npos) << refused;
   EXPECT_ANY_THROW(stages->barrier());
   stages->settle();
 }
@@ -149,12 +156,8 @@ TEST(NcclCommunicatorOneGpu, AnAbortedCommunicatorRefusesWhatFollowsAndGoesAtOnc
   comm->abort("the disk is full");
   comm->abort("the disk is full");
   for (Communicator* c : {comm.get(), group.get()}) {  // the group split from it is aborted with it
-    try {
-      c->all_reduce_sum(t, CollectiveKind::gradients);
-      ADD_FAILURE() << "an all-reduce after the abort";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("aborted earlier"), std::string::npos) << e.what();
-    }
+    const std::string refused = error_of([&] { c->all_reduce_sum(t, CollectiveKind::gradients); });
+    EXPECT_NE(refused.find("aborted earlier"), std::string::npos) << refused;
   }
   EXPECT_ANY_THROW(comm->settle());
   group.reset();  // (their destructors' waits end at once: nothing of an aborted group is waited for)
