@@ -13,6 +13,16 @@
 
 namespace ds::kernels {
 
+// The gradient scale a step runs with: its own, or its control's (AdamStep::control); false: the control
+// says skip, and the kernel writes nothing.
+template <class Step>
+DS_HOST_DEVICE bool scale_of(const Step& s, float& scale) {
+  scale = s.grad_scale;
+  if (!s.control) return true;
+  scale = s.control[0];
+  return s.control[1] != 0;
+}
+
 // Adam/AdamW: the moments m, v and the weight w updated from the (scaled) gradient g. step_size =
 // lr / bias_correction1, decay = lr x weight_decay (per step, not per element).
 DS_HOST_DEVICE void adam_element(float g, float& w, float& m, float& v, const AdamStep& s, float step_size, float decay) {

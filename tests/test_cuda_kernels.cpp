@@ -219,6 +219,62 @@ TEST_F(CudaKernels, SgdWithMomentumMatchesTheCpuKernel) {
   expect_close(buf, db.host(), 1e-6, "momentum");
 }
 
+// A step decided on the GPU: the kernels read {grad scale, apply} from device memory (AdamStep::control), taking the
+// scale as the CPU kernel takes grad_scale, and write nothing when apply is 0; the sum of squares the step's norm
+// comes from lands in device memory (sum_of_squares_to), equal to the one the host waits for.
+TEST_F(CudaKernels, TheOptimizersReadTheirControlFromDeviceMemoryAndASkipWritesNothing) {
+  const std::vector<float> w = normal(kN, 0.5f, 51), m = normal(kN, 0.01f, 52), g = normal(kN, 1.0f, 53);
+  std::vector<float> v(kN);
+  for (size_t i = 0; i < kN; ++i) v[i] = 0.1f * std::fabs(m[i]) + 1e-6f;
+  kernels::AdamStep s;
+  s.lr = 1e-3f;
+  s.weight_decay = 0.1f;
+  s.grad_scale = 0.37f;
+  const kernels::AdamStep scalar = s.at_step(3);
+  OnDevice<float> apply({0.37f, 1.0f}), skip({0.37f, 0.0f});
+  for (const bool skipped : {false, true}) {
+    SCOPED_TRACE(skipped ? "skip" : "apply");
+    kernels::AdamStep k = scalar;
+    k.grad_scale = 5.0f;  // (the control's scale is the step's)
+    k.control = skipped ? skip.p : apply.p;
+    std::vector<float> cw = w, cm = m, cv = v;
+    std::vector<uint16_t> out(kN, 0x1234);
+    if (!skipped) kernels::adam_step_f32(cw.data(), cm.data(), cv.data(), out.data(), g.data(), kN, scalar);
+    OnDevice<float> dw(w), dm(m), dv(v), dg(g);
+    OnDevice<uint16_t> dout{std::vector<uint16_t>(kN, 0x1234)};
+    table_->adam_step_f32(dw.p, dm.p, dv.p, dout.p, dg.p, kN, k);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (skipped) {
+      EXPECT_EQ(dw.host(), w);
+      EXPECT_EQ(dm.host(), m);
+      EXPECT_EQ(dv.host(), v);
+      EXPECT_EQ(dout.host(), out);
+    } else {
+      expect_close(cw, dw.host(), 1e-6, "weights", kWeightAbs);
+      expect_close(cm, dm.host(), 1e-6, "exp_avg");
+      expect_within_one_bf16_step(out, dout.host());
+    }
+    kernels::SgdStep sgd;
+    sgd.lr = 0.01f;
+    sgd.grad_scale = 5.0f;
+    sgd.control = k.control;
+    std::vector<float> sw = w;
+    kernels::SgdStep on_cpu = sgd;
+    on_cpu.control = nullptr;
+    on_cpu.grad_scale = 0.37f;
+    if (!skipped) kernels::sgd_step_f32(sw.data(), nullptr, nullptr, g.data(), kN, on_cpu);
+    OnDevice<float> sdw(w), sdg(g);
+    table_->sgd_step_f32(sdw.p, nullptr, nullptr, sdg.p, kN, sgd);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_close(sw, sdw.host(), 1e-6, "SGD's weights", kWeightAbs);
+  }
+  OnDevice<float> dg(g);
+  OnDevice<double> sum({-1.0});
+  table_->sum_of_squares_to(dg.p, GradElements::f32, kN, sum.p);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(sum.host()[0], table_->sum_of_squares_f32(dg.p, kN));
+}
+
 TEST_F(CudaKernels, LambsNormsAndUpdateMatchTheCpuKernel) {
   std::vector<float> w = normal(kN, 0.5f, 21), m = normal(kN, 0.01f, 22), g = normal(kN, 1.0f, 23);
   std::vector<float> v(kN, 1e-4f);

@@ -173,6 +173,8 @@ class SeparateMemoryDevice final : public Device {
   }
   // Kernel calls made through each place's table.
   int64_t kernel_calls(Place place) const { return place == Place::device ? device_table_.calls : host_table_.calls; }
+  // Sums of squares queued into device memory for the host to read later (KernelTable::sum_of_squares_to).
+  int64_t queued_sums() const { return device_table_.queued_sums + host_table_.queued_sums; }
   int64_t pinned_copies() const { return copy_.pinned_reads; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
@@ -265,7 +267,12 @@ class SeparateMemoryDevice final : public Device {
       check({{x, 2, false}}, n, "sum_of_squares_fp16");
       return cpu_kernel_table().sum_of_squares_fp16(x, n);
     }
-    mutable int64_t calls = 0;
+    // (a sum the host does not wait for: counted apart, then the blocking one's checks and result)
+    void sum_of_squares_to(const void* x, GradElements e, int64_t n, double* out) const override {
+      ++queued_sums;
+      *out = sum_of_squares(x, e, n);
+    }
+    mutable int64_t calls = 0, queued_sums = 0;
 
    private:
     struct Buffer {
@@ -323,6 +330,7 @@ struct RankRun {
   int64_t device_kernels = 0, host_kernels = 0;
   std::vector<std::string> copy_races;  // the separate-memory device's (SeparateMemoryDevice::copy_races)
   int64_t pinned_copies = 0;            // its copies to the device from page-locked memory (where races are looked for)
+  int64_t queued_sums = 0;              // its sums of squares the host read only later (the step's norm kept on the device)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -351,6 +359,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.host_kernels = d.kernel_calls(Place::host);
           run.copy_races = d.copy_races();
           run.pinned_copies = d.pinned_copies();
+          run.queued_sums = d.queued_sums();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -598,6 +607,63 @@ TEST(DeviceSeam, AnNvmeSubGroupIsSteppedInWindowsAsTheCpuStepsItWhole) {
     for (int r = 0; r < 2; ++r) {
       ASSERT_EQ(separate[static_cast<size_t>(r)].result.losses.size(), 4u);
       EXPECT_EQ(cpu[static_cast<size_t>(r)].result.losses, separate[static_cast<size_t>(r)].result.losses) << "rank " << r;
+    }
+  }
+  fs::remove_all(root);
+}
+
+// On a device with memory of its own, a step whose states stay there keeps its figures there too: the loss, the norm
+// agreed over the ranks, DeepSpeed's clipping and the skip on inf/NaN gradients are decided on the device and read by
+// the host once, at the step's end (one queued sum of squares a step, none the host waits for). The runs equal the
+// CPU's, which decides on the host, bit for bit: losses, norms, loss scales, skips, with fp16's dynamic scale
+// skipping its way down from 2^20, a static scale that is no power of two, and the partitioned norms of stages 1-3
+// over two ranks, Adam and SGD.
+TEST(DeviceSeam, AStepsNormClippingAndSkipsDecidedOnTheDeviceEqualTheHosts) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_figures_" + std::to_string(::getpid()));
+  struct Case {
+    std::string name;
+    int world;
+    std::vector<std::string> overrides;
+  };
+  const std::vector<Case> cases{
+      {"fp16, dynamic scale from 2^20, clipped, one rank",
+       1, {"fp16.enabled=true", "fp16.initial_scale_power=20", "fp16.hysteresis=1", "gradient_clipping=0.05", "train.steps=10"}},
+      {"fp16, static scale 1000, clipped, stage 1", 2, {"fp16.enabled=true", "fp16.loss_scale=1000", "gradient_clipping=0.1", "zero_optimization.stage=1"}},
+      {"bf16, SGD with momentum, clipped, stage 2",
+       2, {"bf16.enabled=true", "optimizer.type=SGD", "optimizer.params.momentum=0.9", "gradient_clipping=0.01", "zero_optimization.stage=2"}},
+      {"fp32, two micro steps, stage 3", 2, {"bf16.enabled=false", "gradient_accumulation_steps=2", "zero_optimization.stage=3"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"train.output_dir=" + (root / "run").string()};
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    // rank 0's metrics.jsonl, per step: the figures the step decided on
+    const auto figures = [&] {
+      std::vector<std::string> lines;
+      std::ifstream metrics(root / "run" / "metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        lines.push_back(j["loss"].dump() + " " + j["grad_norm"].dump() + " " + j["skipped"].dump() + " " + j.value("loss_scale", nlohmann::json()).dump());
+      }
+      fs::remove_all(root);
+      return lines;
+    };
+    const std::vector<RankRun> cpu = train_ranks(c.world, o, false);
+    const std::vector<std::string> on_host = figures();
+    const std::vector<RankRun> separate = train_ranks(c.world, o, true);
+    const std::vector<std::string> on_device = figures();
+    const Plan plan = plan_for(c.world, 0, o, false, true);
+    ASSERT_EQ(on_device.size(), static_cast<size_t>(plan.steps));
+    EXPECT_EQ(on_host, on_device);
+    for (size_t r = 0; r < cpu.size(); ++r) {
+      EXPECT_EQ(cpu[r].result.losses, separate[r].result.losses) << "rank " << r;
+      EXPECT_EQ(cpu[r].result.skipped_steps, separate[r].result.skipped_steps) << "rank " << r;
+      EXPECT_EQ(separate[r].queued_sums, plan.steps) << "rank " << r;
+      EXPECT_EQ(cpu[r].queued_sums, 0) << "rank " << r;
+    }
+    if (c.name.rfind("fp16, dynamic", 0) == 0) {  // the skips and the steps after them both ran
+      EXPECT_GT(separate[0].result.skipped_steps, 0);
+      EXPECT_LT(separate[0].result.skipped_steps, plan.steps);
     }
   }
   fs::remove_all(root);

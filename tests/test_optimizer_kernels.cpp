@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/runtime/run/optimizer.hpp"
@@ -129,4 +130,70 @@ TEST(FlatOptimizer, LambTakesOneTrustRatioPerParameterTensor) {
   // own weights (1 and 0.1), which one ratio for the whole buffer could not do.
   EXPECT_NEAR(1.f - w[0], 0.01f * 1.0f, 1e-6);
   EXPECT_NEAR(0.1f - w[4], 0.01f * 0.1f, 1e-7);
+}
+
+// A step decided on the device (AdamStep::control, SgdStep::control): the kernel takes its scale from the control
+// as it would from grad_scale, bit for bit, and writes nothing at all when the control says skip, on every path
+// (Adam's fast and reference loops, fp32, bf16 and fp16 gradients; SGD).
+TEST(OptimizerControl, TheScaleComesFromTheControlAndASkipWritesNothing) {
+  const int64_t n = 1000;  // (the fast path's 16-lane loop and its tail)
+  const std::vector<float> w0 = randn(n, 1, 0.5f), m0 = randn(n, 2, 0.01f), g = randn(n, 3, 1.0f);
+  std::vector<float> v0(static_cast<size_t>(n));
+  for (size_t i = 0; i < v0.size(); ++i) v0[i] = 0.1f * std::fabs(m0[i]) + 1e-6f;
+  std::vector<uint16_t> g16(static_cast<size_t>(n)), gh(static_cast<size_t>(n));
+  for (size_t i = 0; i < g.size(); ++i) g16[i] = float_to_bf16(g[i]), gh[i] = float_to_fp16(g[i]);
+  AdamStep scalar;
+  scalar.lr = 1e-3f;
+  scalar.weight_decay = 0.1f;
+  scalar.grad_scale = 0.37f;
+  scalar = scalar.at_step(3);
+  struct State {
+    std::vector<float> w, m, v;
+    std::vector<uint16_t> out;
+  };
+  const auto run = [&](const char* path, const AdamStep& s) {
+    State st{w0, m0, v0, std::vector<uint16_t>(static_cast<size_t>(n), 0x1234)};
+    const std::string p = path;
+    if (p == "f32") adam_step_f32(st.w.data(), st.m.data(), st.v.data(), st.out.data(), g.data(), n, s);
+    if (p == "bf16") adam_step_bf16(st.w.data(), st.m.data(), st.v.data(), st.out.data(), g16.data(), n, s);
+    if (p == "fp16") adam_step_fp16(st.w.data(), st.m.data(), st.v.data(), st.out.data(), gh.data(), n, s);
+    if (p == "f32 reference") adam_step_f32_reference(st.w.data(), st.m.data(), st.v.data(), st.out.data(), g.data(), n, s);
+    if (p == "bf16 reference") adam_step_bf16_reference(st.w.data(), st.m.data(), st.v.data(), st.out.data(), g16.data(), n, s);
+    return st;
+  };
+  const float apply[2] = {0.37f, 1.0f}, skip[2] = {0.37f, 0.0f};
+  AdamStep by_control = scalar, skipped = scalar;
+  by_control.grad_scale = 5.0f;  // (ignored: the control's scale is the step's)
+  by_control.control = apply;
+  skipped.control = skip;
+  for (const char* path : {"f32", "bf16", "fp16", "f32 reference", "bf16 reference"}) {
+    SCOPED_TRACE(path);
+    const State want = run(path, scalar), got = run(path, by_control), none = run(path, skipped);
+    EXPECT_NE(want.w, w0);
+    EXPECT_EQ(got.w, want.w);
+    EXPECT_EQ(got.m, want.m);
+    EXPECT_EQ(got.v, want.v);
+    EXPECT_EQ(got.out, want.out);
+    EXPECT_EQ(none.w, w0);
+    EXPECT_EQ(none.m, m0);
+    EXPECT_EQ(none.v, v0);
+    EXPECT_EQ(none.out, std::vector<uint16_t>(static_cast<size_t>(n), 0x1234));
+  }
+  SgdStep sgd;
+  sgd.lr = 0.01f;
+  sgd.momentum = 0.9f;
+  sgd.grad_scale = 0.37f;
+  SgdStep sgd_control = sgd, sgd_skipped = sgd;
+  sgd_control.grad_scale = 5.0f;
+  sgd_control.control = apply;
+  sgd_skipped.control = skip;
+  std::vector<float> w1 = w0, b1 = m0, w2 = w0, b2 = m0, w3 = w0, b3 = m0;
+  sgd_step_f32(w1.data(), b1.data(), nullptr, g.data(), n, sgd);
+  sgd_step_f32(w2.data(), b2.data(), nullptr, g.data(), n, sgd_control);
+  sgd_step_bf16(w3.data(), b3.data(), nullptr, g16.data(), n, sgd_skipped);
+  EXPECT_NE(w1, w0);
+  EXPECT_EQ(w2, w1);
+  EXPECT_EQ(b2, b1);
+  EXPECT_EQ(w3, w0);
+  EXPECT_EQ(b3, m0);
 }

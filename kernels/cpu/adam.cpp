@@ -87,13 +87,15 @@ void scalar_range(float* p, float* m, float* v, uint16_t* out, const void* grad,
 
 }  // namespace
 
-void adam_step_f32_reference(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const AdamStep& s) {
-  scalar_range<Stored::f32>(p, m, v, out, g, 0, n, s);
+void adam_step_f32_reference(float* p, float* m, float* v, uint16_t* out, const float* g, int64_t n, const AdamStep& given) {
+  AdamStep s = given;
+  if (scale_of(given, s.grad_scale)) scalar_range<Stored::f32>(p, m, v, out, g, 0, n, s);
 }
 
 void adam_step_bf16_reference(float* p, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
-                              const AdamStep& s) {
-  scalar_range<Stored::bf16>(p, m, v, out, g, 0, n, s);
+                              const AdamStep& given) {
+  AdamStep s = given;
+  if (scale_of(given, s.grad_scale)) scalar_range<Stored::bf16>(p, m, v, out, g, 0, n, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,7 +144,9 @@ using simd::has_avx512;
 namespace {
 
 template <Stored G>
-void dispatch(float* p, float* m, float* v, uint16_t* out, const void* grad, int64_t n, const AdamStep& s) {
+void dispatch(float* p, float* m, float* v, uint16_t* out, const void* grad, int64_t n, const AdamStep& given) {
+  AdamStep s = given;
+  if (!scale_of(given, s.grad_scale)) return;  // (the control says skip)
   constexpr int64_t kBlock = 1 << 16;  // elements per task: 1.25 MiB of state, large enough to stream
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (blocks > 1)

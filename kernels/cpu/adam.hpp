@@ -22,6 +22,10 @@ struct AdamStep {
   bool decoupled = true;        // AdamW (true) or L2-regularised Adam (false)
   bool bias_correction = true;  // divide the moments by (1 - beta^t)
   float grad_scale = 1;         // applied to every gradient first
+  // Set: the step's control, read where the kernel runs (a GPU's memory) in place of grad_scale, so a step
+  // whose clipping and overflow check were decided there never waits for the host: {grad scale, apply};
+  // apply 0 skips the step (nothing is written).
+  const float* control = nullptr;
   float bias_correction1 = 1;   // 1 - beta1^t (at_step)
   float rsqrt_bias_correction2 = 1;  // 1 / sqrt(1 - beta2^t) (at_step)
 

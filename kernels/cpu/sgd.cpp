@@ -9,7 +9,9 @@ namespace {
 
 // A plain loop the compiler vectorises; SGD is one read-modify-write pass and rarely the bottleneck.
 template <class LoadGrad>
-void sgd_range(float* p, float* buf, uint16_t* out, int64_t n, const SgdStep& s, LoadGrad grad) {
+void sgd_range(float* p, float* buf, uint16_t* out, int64_t n, const SgdStep& given, LoadGrad grad) {
+  SgdStep s = given;
+  if (!scale_of(given, s.grad_scale)) return;  // (the control says skip)
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
     sgd_element(grad(i) * s.grad_scale, p[i], s.momentum != 0 ? buf + i : nullptr, s);

@@ -16,6 +16,7 @@ struct SgdStep {
   float lr = 0, momentum = 0, dampening = 0, weight_decay = 0, grad_scale = 1;
   bool nesterov = false;
   bool first_step = false;  // the momentum buffer is initialised from this step's gradient
+  const float* control = nullptr;  // set: {grad scale, apply} in place of grad_scale, as AdamStep::control
 };
 
 // `momentum_buf` may be null when momentum is 0. Gradients are fp32, bf16 or fp16.

@@ -34,6 +34,7 @@ __device__ __forceinline__ float load(const __half* g, int64_t i) { return __hal
 
 template <class G>
 __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G* grad, int64_t n, AdamStep s) {
+  if (!scale_of(s, s.grad_scale)) return;  // (the control, in device memory, says skip)
   const float step_size = s.lr / s.bias_correction1;
   const float decay = s.lr * s.weight_decay;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -48,6 +49,7 @@ __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G
 
 template <class G>
 __global__ void sgd_kernel(float* p, float* buf, uint16_t* out, const G* grad, int64_t n, SgdStep s) {
+  if (!scale_of(s, s.grad_scale)) return;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     sgd_element(load(grad, i) * s.grad_scale, p[i], s.momentum != 0 ? buf + i : nullptr, s);
     if (out) out[i] = to_bf16(p[i]);

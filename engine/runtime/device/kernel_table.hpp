@@ -58,6 +58,9 @@ class KernelTable {
   void lamb_moments(const float* master, float* exp_avg, float* exp_avg_sq, const void* grad, GradElements e, int64_t n,
                     const kernels::LambStep& s, double* w_sq, double* u_sq) const;
   double sum_of_squares(const void* x, GradElements e, int64_t n) const;
+  // The same sum written to *out, in this table's memory, without the host waiting for it: a GPU's is queued on
+  // its stream (the step's gradient norm stays on the device until the step's end). The host's: computed now.
+  virtual void sum_of_squares_to(const void* x, GradElements e, int64_t n, double* out) const { *out = sum_of_squares(x, e, n); }
 };
 
 // Element `at` of a buffer stored as `e`.

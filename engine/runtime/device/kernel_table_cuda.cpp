@@ -76,6 +76,14 @@ class CudaKernelTable final : public KernelTable {
     kc::sum_of_squares_bf16(x, n, device_, device_ + 2, stream_);
     return read_sum();
   }
+  void sum_of_squares_to(const void* x, GradElements e, int64_t n, double* out) const override {
+    const auto* h = static_cast<const uint16_t*>(x);
+    switch (e) {
+      case GradElements::f32: return kc::sum_of_squares_f32(static_cast<const float*>(x), n, out, device_ + 2, stream_);
+      case GradElements::bf16: return kc::sum_of_squares_bf16(h, n, out, device_ + 2, stream_);
+      case GradElements::fp16: return kc::sum_of_squares_fp16(h, n, out, device_ + 2, stream_);
+    }
+  }
 
  private:
   cudaStream_t stream() const { return static_cast<cudaStream_t>(stream_); }

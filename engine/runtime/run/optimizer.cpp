@@ -10,6 +10,7 @@ FlatOptimizer::FlatOptimizer(const ResolvedOptimizer& o, const FlatLayout& layou
     : o_(o), runs_(optimizer_runs(layout, rank, o.per_tensor_update())), num_params_(layout.params.size()) {}
 
 void FlatOptimizer::lamb_step(const OptimizerBuffers& b, const OptimizerStepInputs& in, const SumOverRanks& sum_over_ranks) const {
+  DS_CHECK(!in.control, "Lamb's trust ratios are the host's: its step takes no control from the device");
   const auto f = [](double x) { return static_cast<float>(x); };
   auto step_for = [&](const StepRun& s) {
     kernels::LambStep k;
@@ -74,6 +75,7 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         a.decoupled = o_.decoupled_weight_decay;
         a.bias_correction = o_.bias_correction;
         a.grad_scale = f(in.grad_scale);
+        a.control = in.control;
         const auto k = a.at_step(in.step);
         b.kernels->adam_step(w, b.moment1 + at, b.moment2 + at, out(lo), grad(lo), b.grad_elements, n, k);
         break;
@@ -86,6 +88,7 @@ void FlatOptimizer::step_window(const OptimizerBuffers& b, const OptimizerStepIn
         k.dampening = f(o_.dampening);
         k.weight_decay = f(wd);
         k.grad_scale = f(in.grad_scale);
+        k.control = in.control;
         k.nesterov = o_.nesterov;
         k.first_step = in.step == 1;
         float* buf = o_.momentum > 0 ? b.moment1 + at : nullptr;

@@ -31,6 +31,9 @@ struct OptimizerStepInputs {
   double lr = 0, beta1 = 0.9, beta2 = 0.999;
   double grad_scale = 1;  // 1 / (loss scale) x clipping coefficient
   int64_t step = 1;       // 1-based count of applied steps, this one included (bias correction)
+  // Set: {grad scale, apply} in the states' memory, decided there (kernels::AdamStep::control), in place of
+  // grad_scale; apply 0 and the step writes nothing. Adam and SGD only.
+  const float* control = nullptr;
 };
 
 // Sums `n` doubles element-wise over the ranks, in place (Lamb's per-tensor norms under ZeRO).

@@ -328,7 +328,7 @@ std::pair<double, double> OptimizerStep::loss_gradient_of(int64_t step, int64_t 
           share * static_cast<double>(GAS * W)};  // agree() divides the summed losses by GAS x W
 }
 
-double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
+torch::Tensor OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
   StepPhases& t = out.phases;
   const int64_t step_counted = sampler_.masked() ? sampler_.step_counted_targets(step) : 0;
@@ -360,10 +360,10 @@ double OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out, Clock
   groups_.settle();  // the host reads the losses: the stages' messages they follow end first, or time out
   double loss_sum = 0;
   for (size_t m = 0; m < losses.size(); ++m) loss_sum += losses[m].item<double>() * gradient[m].second;
-  return loss_sum;
+  return torch::tensor(loss_sum, torch::kFloat64);
 }
 
-double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
+torch::Tensor OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) {
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len, GAS = plan_.batch.grad_accum;
   StepPhases& t = out.phases;
   torch::Tensor loss_sum;  // where the losses are (a GPU's stay there until the step's end: one read, not one per micro step)
@@ -390,14 +390,13 @@ double OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& clock) 
     clock.lap(t.backward, clock.param_io());
     clock.mark(2);
   }
-  groups_.settle();  // the host reads the loss: the collectives it may follow end first, or time out
-  return loss_sum.defined() ? loss_sum.item<double>() : 0.0;
+  return loss_sum.defined() ? loss_sum : torch::zeros({}, torch::kFloat64);
 }
 
-double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) {
-  const int64_t GAS = plan_.batch.grad_accum;
+double OptimizerStep::agree(StepOutcome& out, const torch::Tensor& losses, int stop_signal) {
   bool partial = false;
-  groups_.settle();  // the gradients' last reduces, before the host reads their norm
+  groups_.settle();  // the losses' and the gradients' last collectives, before the host reads them
+  double loss_sum = losses.item<double>();
   double sum_of_squares = zero_.grad_sum_of_squares(&partial);
   if (plan_.mesh.shape.splits_the_model() && comm_) {
     // A split model: every rank holds a part, summed over the world (a stage training nothing adds 0); a tensor
@@ -408,22 +407,75 @@ double OptimizerStep::agree(StepOutcome& out, double loss_sum, int stop_signal) 
     else sum_of_squares = zero_.grad_sum_of_squares_of(counted_params_);
     partial = true;
   }
-  out.loss = loss_sum / static_cast<double>(GAS);
-  out.stop_requested = stop_signal != 0;
+  bool stop = stop_signal != 0;
   if (comm_) {
     // The mean loss, the gradient norm over the ranks' parts and whether any rank was interrupted,
     // agreed in one small collective, so every rank takes the same step and stops after the same one.
     torch::Tensor agreed =
         torch::tensor({loss_sum, static_cast<double>(stop_signal), partial ? sum_of_squares : 0.0}, torch::kFloat64);
     comm_->all_reduce_sum(agreed, CollectiveKind::control);
-    // Every rank of the last stage holds the loss (each tensor rank the same): the world's sum over them.
-    const int holders = plan_.topology.world_size / plan_.mesh.shape.pipeline;
-    out.loss = agreed[0].item<double>() / static_cast<double>(GAS * holders);
-    out.stop_requested = agreed[1].item<double>() > 0;
+    loss_sum = agreed[0].item<double>();
+    stop = agreed[1].item<double>() > 0;
     if (partial) sum_of_squares = agreed[2].item<double>();
   }
-  out.norm = std::sqrt(sum_of_squares) / out.loss_scale;
+  take_figures(out, loss_sum, stop, sum_of_squares);
   return sum_of_squares;
+}
+
+void OptimizerStep::take_figures(StepOutcome& out, double loss_sum, bool stop, double sum_of_squares) const {
+  // Every rank of the last stage holds the loss (each tensor rank the same): the world's sum is over them.
+  const int holders = comm_ ? plan_.topology.world_size / plan_.mesh.shape.pipeline : 1;
+  out.loss = loss_sum / static_cast<double>(plan_.batch.grad_accum * holders);
+  out.stop_requested = stop;
+  out.norm = std::sqrt(sum_of_squares) / out.loss_scale;
+}
+
+bool OptimizerStep::figures_stay_on_device() const {
+  // (Lamb's trust ratios, a split model's counted parts, the pipeline's losses and offloaded states are the host's)
+  if (device_.host_addresses_device() || pipeline_ || plan_.mesh.shape.splits_the_model() || plan_.optimizer.per_tensor_update() ||
+      param_swap_ || !states_.whole_in_memory())
+    return false;
+  return states_.spans()[0].place == Place::device && flat_.grads_place == Place::device;
+}
+
+OptimizerStep::DeviceFigures OptimizerStep::agree_on_device(const StepOutcome& out, const torch::Tensor& loss_sum, int stop_signal) {
+  torch::NoGradGuard ng;
+  const auto f64 = flat_.local_grads.options().dtype(torch::kFloat64);
+  DeviceFigures f;
+  f.values = torch::zeros({4}, f64);
+  f.values[0].copy_(loss_sum);
+  if (stop_signal != 0) f.values[1].fill_(stop_signal);
+  zero_.grad_sum_of_squares_to(f.values.data_ptr<double>() + 3, &f.partial);
+  if (f.partial) f.values[2].copy_(f.values[3]);
+  if (comm_) comm_->all_reduce_sum(f.values.narrow(0, 0, 3), CollectiveKind::control);  // (as agree(), on the device)
+  // step_inputs' clipping and check_overflow's skip, in the same double operations (divisors as tensors: on CUDA,
+  // LibTorch multiplies by the reciprocal of a scalar divisor, which rounds differently from the host's division).
+  const auto scalar = [&](double x) { return torch::full({}, x, f64); };
+  const torch::Tensor root = (f.partial ? f.values[2] : f.values[3]).sqrt();
+  const torch::Tensor loss_scale = scalar(out.loss_scale), norm = root / loss_scale;
+  torch::Tensor coefficient = scalar(1.0);
+  if (plan_.gradient_clipping > 0) {
+    const torch::Tensor c = (norm + 1e-6) / scalar(plan_.gradient_clipping);
+    coefficient = torch::where(c > 1, c.reciprocal(), coefficient);
+  }
+  const torch::Tensor overflow = root.isfinite().logical_not();
+  torch::Tensor skip = torch::zeros({}, f64.dtype(torch::kBool));
+  if (scaler_.enabled() || plan_.precision.check_overflow) skip = overflow;
+  if (!scaler_.enabled()) {  // the run ends at the step's end (check_overflow): nothing is written either
+    skip = skip.logical_or(f.values[0].isfinite().logical_not());
+    if (plan_.precision.overflow_is_fatal) skip = skip.logical_or(overflow);
+  }
+  f.control = torch::stack({(coefficient / loss_scale).to(torch::kFloat32), skip.logical_not().to(torch::kFloat32)});
+  return f;
+}
+
+bool OptimizerStep::read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const {
+  torch::Tensor host = torch::empty({6}, torch::kFloat64);  // (host memory)
+  host.copy_(torch::cat({f.values, f.control.to(torch::kFloat64)}));  // the step's one wait for the device
+  const double* v = host.data_ptr<double>();
+  *sum_of_squares = f.partial ? v[2] : v[3];
+  take_figures(out, v[0], v[1] > 0, *sum_of_squares);
+  return v[5] != 0;
 }
 
 void OptimizerStep::check_overflow(int64_t step, StepOutcome& out, bool overflow) {
@@ -447,6 +499,18 @@ void OptimizerStep::check_overflow(int64_t step, StepOutcome& out, bool overflow
                                                                        " overflows: lower it, or set 0 for DeepSpeed's dynamic scaling"
                                                                  : std::string("lower the learning rate")));
   if (out.skipped && !scaler_.enabled()) out.notes.push_back("ds train: step " + std::to_string(step + 1) + ": inf/NaN gradient, step skipped");
+}
+
+void OptimizerStep::decide_skip(int64_t step, StepOutcome& out, double sum_of_squares) {
+  check_overflow(step, out, !std::isfinite(std::sqrt(sum_of_squares)));
+  if (out.trained_tokens == 0 && !out.skipped) {
+    // Fine-tuning data whose step counts no target (every sample cut inside its prompt): no gradient to
+    // follow, so no update either; AdamW would still move every weight by its momentum and decay.
+    out.skipped = true;
+    out.notes.push_back("ds train: step " + std::to_string(step + 1) +
+                        ": its samples hold no trained token within data.seq_len (prompts cut before their answers): step skipped, no update");
+  }
+  if (out.skipped && out.trained_tokens > 0) out.trained_tokens = 0;  // skipped for overflow: nothing was trained
 }
 
 OptimizerStepInputs OptimizerStep::step_inputs(const StepOutcome& out) const {
@@ -519,7 +583,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   const double moved0 = bytes_moved();
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
-  const double loss_sum = micro_steps(step, out, clock);
+  const torch::Tensor loss_sum = micro_steps(step, out, clock);
   tied_gradient_in();
   zero_.reduce_gradients();
   zero_.end_gradient_sums();
@@ -530,31 +594,43 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   }
   clock.lap(t.reduce);
   clock.mark(3);
-  const double sum_of_squares = agree(out, loss_sum, stop_signal);
   out.lr = schedule_.lr_at(applied_ - 1);
-  check_overflow(step, out, !std::isfinite(std::sqrt(sum_of_squares)));
-  if (out.trained_tokens == 0 && !out.skipped) {
-    // Fine-tuning data whose step counts no target (every sample cut inside its prompt): no gradient to
-    // follow, so no update either; AdamW would still move every weight by its momentum and decay.
-    out.skipped = true;
-    out.notes.push_back("ds train: step " + std::to_string(step + 1) +
-                        ": its samples hold no trained token within data.seq_len (prompts cut before their answers): step skipped, no update");
+  // A device with memory of its own keeps the step's figures there: the norm, the clipping and the skip decided
+  // on the device, read by the host once, at the step's end, where it waits for the step anyway. Elsewhere the
+  // host reads them now and decides.
+  const bool on_device = figures_stay_on_device();
+  DeviceFigures figures;
+  OptimizerStepInputs si;
+  if (on_device) {
+    figures = agree_on_device(out, loss_sum, stop_signal);
+    si = step_inputs(out);  // (the schedule's values; its grad_scale gives way to the control's)
+    si.control = figures.control.data_ptr<float>();
+  } else {
+    decide_skip(step, out, agree(out, loss_sum, stop_signal));
+    si = step_inputs(out);
   }
-  if (out.skipped && out.trained_tokens > 0) out.trained_tokens = 0;  // skipped for overflow: nothing was trained
-  const OptimizerStepInputs si = step_inputs(out);
   clock.lap(t.norm);
   clock.mark(4);  // a skipped step ends at its overflow check
-  if (!out.skipped) {
+  // (on the device: a step the host knows trains nothing is not run; one the device skips runs, writing nothing)
+  const bool updated = !out.skipped && out.trained_tokens != 0;
+  if (updated) {
     update(si, clock);
     tied_weights_back();
     clock.lap(t.gather, clock.param_io());
     clock.mark(7);
-    ++applied_;
   }
   out.offload_bytes = bytes_moved() - moved0;  // gradients out, weights back, the swap files' reads and writes
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.
   groups_.settle();
+  if (on_device) {
+    double sum_of_squares = 0;
+    const bool applied_there = read_figures(out, figures, &sum_of_squares);
+    decide_skip(step, out, sum_of_squares);
+    DS_CHECK(!updated || applied_there == !out.skipped, "step ", step + 1, ": the device ", applied_there ? "applied" : "skipped",
+             " the update the host ", out.skipped ? "skips" : "applies");
+  }
+  if (updated && !out.skipped) ++applied_;
   clock.settle();
   return out;
 }

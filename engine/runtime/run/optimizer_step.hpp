@@ -84,10 +84,11 @@ class OptimizerStep {
   // rank holds whole counts on the first only; the tied head's copy on the last stage never (the table does).
   std::vector<uint8_t> counted_params_;
   struct Clock;  // the step's phases, timed back to back (optimizer_step.cpp)
-  // Forward and backward of every micro batch; returns the sum of their losses.
-  double micro_steps(int64_t step, StepOutcome& out, Clock& clock);
-  // The same through a pipeline stage, 1F1B (pipeline.hpp): only the last stage has losses to sum.
-  double pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // Forward and backward of every micro batch; returns the sum of their losses (a float64 scalar where the losses
+  // are: a GPU's stays there, unread).
+  torch::Tensor micro_steps(int64_t step, StepOutcome& out, Clock& clock);
+  // The same through a pipeline stage, 1F1B (pipeline.hpp): only the last stage has losses to sum (on the host).
+  torch::Tensor pipeline_micro_steps(int64_t step, StepOutcome& out, Clock& clock);
   // Micro batch m of `step`: drawn, its segments and dropout key given to the model.
   void draw_micro_batch(int64_t step, int64_t m);
   // The gradient micro batch m's loss gets (the loss scale, its share of the ranks' and micro batches' targets)
@@ -104,9 +105,28 @@ class OptimizerStep {
   int tied_param_ = -1;  // the layout's parameter that is the tied table, or its copy
   // The ranks agree on the mean loss, the gradient norm and whether to stop (one small collective); sets
   // out.loss, out.norm and out.stop_requested. Returns the sum of squares of the scaled gradients.
-  double agree(StepOutcome& out, double loss_sum, int stop_signal);
+  double agree(StepOutcome& out, const torch::Tensor& loss_sum, int stop_signal);
+  // out.loss, out.stop_requested and out.norm from the figures agreed over the ranks.
+  void take_figures(StepOutcome& out, double loss_sum, bool stop, double sum_of_squares) const;
+  // Whether the step's figures stay on the device until its end (agree_on_device): a device with memory of its own
+  // (the host would wait for it to read one), an optimizer whose step needs no figure on the host (not Lamb), and
+  // states, gradients and parameters all on the device, the model whole on the rank.
+  bool figures_stay_on_device() const;
+  // agree() and the update's clipping and skip decision (step_inputs, check_overflow), on the device: queued,
+  // nothing read. `values`: {loss sum, stop, squares summed over the ranks, this rank's squares}; `control`: the
+  // optimizer kernels' {grad scale, apply} (OptimizerStepInputs::control).
+  struct DeviceFigures {
+    torch::Tensor values, control;
+    bool partial = false;  // the squares are this rank's part of the norm's (summed over the ranks)
+  };
+  DeviceFigures agree_on_device(const StepOutcome& out, const torch::Tensor& loss_sum, int stop_signal);
+  // At the step's end, its one wait for the device: the figures into `out` (take_figures) and *sum_of_squares;
+  // returns whether the device applied the update.
+  bool read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const;
   // Overflow (inf/NaN gradients): the step is skipped, the scale lowered, or the run ends (throws).
   void check_overflow(int64_t step, StepOutcome& out, bool overflow);
+  // check_overflow with the agreed squares, then a step that trains no token (fine-tuning data) is skipped too.
+  void decide_skip(int64_t step, StepOutcome& out, double sum_of_squares);
   // The schedule's values and the gradients' scale (loss scale and clipping) for this step.
   OptimizerStepInputs step_inputs(const StepOutcome& out) const;
   // The optimizer's update of this rank's part and the new weights published: chunk by chunk of the states'

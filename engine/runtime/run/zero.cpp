@@ -234,6 +234,12 @@ double ZeroExchange::grad_sum_of_squares(bool* partial) const {
   return flat_.device->kernels(flat_.grads_place).sum_of_squares(g.data_ptr(), grad_elements_of(g), g.numel());
 }
 
+void ZeroExchange::grad_sum_of_squares_to(double* out, bool* partial) const {
+  *partial = comm_ && plan_.execution.sharded;
+  const torch::Tensor& g = flat_.local_grads;
+  flat_.device->kernels(flat_.grads_place).sum_of_squares_to(g.data_ptr(), grad_elements_of(g), g.numel(), out);
+}
+
 double ZeroExchange::grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const {
   const KernelTable& k = flat_.device->kernels(flat_.grads_place);
   const torch::Tensor& g = flat_.local_grads;

@@ -62,6 +62,8 @@ class ZeroExchange : public BlockHooks {
   void end_gradient_sums();
   // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
   double grad_sum_of_squares(bool* partial) const;
+  // The same written to *out, in the gradients' memory, without waiting for it (KernelTable::sum_of_squares_to).
+  void grad_sum_of_squares_to(double* out, bool* partial) const;
   // The same over the owned segments of the parameters `counted` marks (tensor parallel: a tensor rank other
   // than the first leaves out the tensors every tensor rank holds whole, so the mesh counts them once).
   double grad_sum_of_squares_of(const std::vector<uint8_t>& counted) const;
