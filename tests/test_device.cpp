@@ -516,7 +516,9 @@ TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePla
       }
       // Copies to the device from page-locked buffers (not every case has one: a converting copy blocks): each was
       // checked for a host write racing it (train_ranks).
-      if (pinned == 0) EXPECT_EQ(s.pinned_copies, 0) << "rank " << r;
+      if (pinned == 0) {
+        EXPECT_EQ(s.pinned_copies, 0) << "rank " << r;
+      }
       pinned_copies_seen += s.pinned_copies;
       // The same numbers: the weights the optimizer's kernel rounds in place on the CPU are copied (and
       // rounded the same way) on a device the host cannot reach.
@@ -614,7 +616,7 @@ TEST(DeviceSeam, AnNvmeSubGroupIsSteppedInWindowsAsTheCpuStepsItWhole) {
 
 // On a device with memory of its own, a step whose states stay there keeps its figures there too: the loss, the norm
 // agreed over the ranks, DeepSpeed's clipping and the skip on inf/NaN gradients are decided on the device and read by
-// the host once, at the step's end (one queued sum of squares a step, none the host waits for). The runs equal the
+// the host once, at the step's end (one queued sum of squares a step). The runs equal the
 // CPU's, which decides on the host, bit for bit: losses, norms, loss scales, skips, with fp16's dynamic scale
 // skipping its way down from 2^20, a static scale that is no power of two, and the partitioned norms of stages 1-3
 // over two ranks, Adam and SGD.
@@ -658,14 +660,47 @@ TEST(DeviceSeam, AStepsNormClippingAndSkipsDecidedOnTheDeviceEqualTheHosts) {
     for (size_t r = 0; r < cpu.size(); ++r) {
       EXPECT_EQ(cpu[r].result.losses, separate[r].result.losses) << "rank " << r;
       EXPECT_EQ(cpu[r].result.skipped_steps, separate[r].result.skipped_steps) << "rank " << r;
-      EXPECT_EQ(separate[r].queued_sums, plan.steps) << "rank " << r;
-      EXPECT_EQ(cpu[r].queued_sums, 0) << "rank " << r;
+      EXPECT_EQ(separate[r].queued_sums, plan.steps) << "rank " << r;  // (the device's route was taken)
     }
     if (c.name.rfind("fp16, dynamic", 0) == 0) {  // the skips and the steps after them both ran
       EXPECT_GT(separate[0].result.skipped_steps, 0);
       EXPECT_LT(separate[0].result.skipped_steps, plan.steps);
     }
   }
+  fs::remove_all(root);
+}
+
+// Without a loss scaler a non-finite loss ends the run; decided on the device, the step writes nothing and the run ends
+// at the step's end with the host's message, naming the same step. With the parameters on the host the step's figures
+// are the host's again (its weights' copies wait anyway): no queued sum.
+TEST(DeviceSeam, ANonFiniteLossEndsTheRunAtTheSameStepWhereverItIsDecided) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_nonfinite_" + std::to_string(::getpid()));
+  const std::vector<std::string> o{"train.output_dir=" + (root / "run").string(), "optimizer.params.lr=1e30", "bf16.enabled=false",
+                                    "train.steps=6"};
+  std::string errors[2];
+  for (const bool separate : {false, true}) {
+    const Plan plan = plan_for(1, 0, o, false, separate);
+    TrainOptions opt;
+    opt.print_every = 1000;
+    std::unique_ptr<Device> device = separate ? std::make_unique<SeparateMemoryDevice>() : Device::create(DeviceKind::cpu, 0);
+    try {
+      train(plan, opt, nullptr, device.get());
+    } catch (const std::exception& e) {
+      errors[separate] = e.what();
+    }
+    if (separate) {
+      EXPECT_GT(static_cast<SeparateMemoryDevice&>(*device).queued_sums(), 0);
+    }
+    fs::remove_all(root);
+  }
+  EXPECT_NE(errors[0].find("the loss or gradient became"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0], errors[1]);
+  const std::vector<std::string> on_host{"zero_optimization.stage=3", "zero_optimization.offload_param.device=cpu",
+                                         "train.output_dir=" + (root / "run").string()};
+  const std::vector<RankRun> runs = train_ranks(1, on_host, true);
+  fs::remove_all(root);
+  EXPECT_EQ(runs[0].queued_sums, 0);
+  EXPECT_EQ(runs[0].result.losses, train_ranks(1, on_host, false)[0].result.losses);
   fs::remove_all(root);
 }
 

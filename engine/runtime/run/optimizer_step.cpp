@@ -435,7 +435,7 @@ bool OptimizerStep::figures_stay_on_device() const {
   if (device_.host_addresses_device() || pipeline_ || plan_.mesh.shape.splits_the_model() || plan_.optimizer.per_tensor_update() ||
       param_swap_ || !states_.whole_in_memory())
     return false;
-  return states_.spans()[0].place == Place::device && flat_.grads_place == Place::device;
+  return states_.spans()[0].place == Place::device && flat_.grads_place == Place::device && flat_.params_place == Place::device;
 }
 
 OptimizerStep::DeviceFigures OptimizerStep::agree_on_device(const StepOutcome& out, const torch::Tensor& loss_sum, int stop_signal) {
@@ -469,13 +469,13 @@ OptimizerStep::DeviceFigures OptimizerStep::agree_on_device(const StepOutcome& o
   return f;
 }
 
-bool OptimizerStep::read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const {
+OptimizerStep::DeviceControl OptimizerStep::read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const {
   torch::Tensor host = torch::empty({6}, torch::kFloat64);  // (host memory)
   host.copy_(torch::cat({f.values, f.control.to(torch::kFloat64)}));  // the step's one wait for the device
   const double* v = host.data_ptr<double>();
   *sum_of_squares = f.partial ? v[2] : v[3];
   take_figures(out, v[0], v[1] > 0, *sum_of_squares);
-  return v[5] != 0;
+  return {static_cast<float>(v[4]), v[5] != 0};
 }
 
 void OptimizerStep::check_overflow(int64_t step, StepOutcome& out, bool overflow) {
@@ -610,8 +610,9 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     si = step_inputs(out);
   }
   clock.lap(t.norm);
-  clock.mark(4);  // a skipped step ends at its overflow check
-  // (on the device: a step the host knows trains nothing is not run; one the device skips runs, writing nothing)
+  clock.mark(4);  // a step the host skips ends at its overflow check
+  // On the device, a step the host knows trains nothing is not run; one the device skips runs its update, which writes
+  // nothing, and republishes the same weights (its time and collectives show in the step's figures, as a run's would).
   const bool updated = !out.skipped && out.trained_tokens != 0;
   if (updated) {
     update(si, clock);
@@ -625,10 +626,14 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   groups_.settle();
   if (on_device) {
     double sum_of_squares = 0;
-    const bool applied_there = read_figures(out, figures, &sum_of_squares);
+    const DeviceControl there = read_figures(out, figures, &sum_of_squares);
     decide_skip(step, out, sum_of_squares);
-    DS_CHECK(!updated || applied_there == !out.skipped, "step ", step + 1, ": the device ", applied_there ? "applied" : "skipped",
+    // What the host would have handed the kernels: the device's decision, to the bit.
+    DS_CHECK(!updated || there.apply == !out.skipped, "step ", step + 1, ": the device ", there.apply ? "applied" : "skipped",
              " the update the host ", out.skipped ? "skips" : "applies");
+    const float host_scale = static_cast<float>(step_inputs(out).grad_scale);
+    DS_CHECK(!there.apply || there.grad_scale == host_scale, "step ", step + 1, ": the device scaled the gradients by ", there.grad_scale,
+             ", the host's clipping and loss scale give ", host_scale);
   }
   if (updated && !out.skipped) ++applied_;
   clock.settle();

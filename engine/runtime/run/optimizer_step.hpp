@@ -110,7 +110,8 @@ class OptimizerStep {
   void take_figures(StepOutcome& out, double loss_sum, bool stop, double sum_of_squares) const;
   // Whether the step's figures stay on the device until its end (agree_on_device): a device with memory of its own
   // (the host would wait for it to read one), an optimizer whose step needs no figure on the host (not Lamb), and
-  // states, gradients and parameters all on the device, the model whole on the rank.
+  // states, gradients and parameters all on the device (weights copied elsewhere wait for the copy), the model whole
+  // on the rank.
   bool figures_stay_on_device() const;
   // agree() and the update's clipping and skip decision (step_inputs, check_overflow), on the device: queued,
   // nothing read. `values`: {loss sum, stop, squares summed over the ranks, this rank's squares}; `control`: the
@@ -121,8 +122,12 @@ class OptimizerStep {
   };
   DeviceFigures agree_on_device(const StepOutcome& out, const torch::Tensor& loss_sum, int stop_signal);
   // At the step's end, its one wait for the device: the figures into `out` (take_figures) and *sum_of_squares;
-  // returns whether the device applied the update.
-  bool read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const;
+  // returns the control the kernels read.
+  struct DeviceControl {
+    float grad_scale = 0;
+    bool apply = false;
+  };
+  DeviceControl read_figures(StepOutcome& out, const DeviceFigures& f, double* sum_of_squares) const;
   // Overflow (inf/NaN gradients): the step is skipped, the scale lowered, or the run ends (throws).
   void check_overflow(int64_t step, StepOutcome& out, bool overflow);
   // check_overflow with the agreed squares, then a step that trains no token (fine-tuning data) is skipped too.
