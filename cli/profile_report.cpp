@@ -76,6 +76,11 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
       for (const KernelTime& k : r.kernel_times[i])
         step["kernels"].push_back({{"name", k.name}, {"launches", k.launches}, {"seconds", k.seconds}});
     }
+    if (i < r.copy_times.size()) {
+      step["copies"] = json::array();
+      for (const KernelTime& c : r.copy_times[i])
+        step["copies"].push_back({{"name", c.name}, {"count", c.launches}, {"seconds", c.seconds}, {"bytes", c.bytes}});
+    }
   }
   json collectives = json::array();
   for (const auto& c : r.collectives) collectives.push_back({{"name", c.name}, {"calls", c.calls}, {"bytes", c.bytes}, {"seconds", c.seconds}});
@@ -428,6 +433,17 @@ void add_kernels(const Measured& ms, json& r) {
     else
       rest_s += mean[i].seconds, rest_launches += mean[i].launches;
   }
+  // The copies between memories, a measured step's mean by way (a copy to pageable host memory: the host waited).
+  std::vector<std::vector<KernelTime>> copies_per_step;
+  for (int i = ms.warmup; i < ms.end; ++i) {
+    std::vector<KernelTime>& step = copies_per_step.emplace_back();
+    for (const json& c : ms.steps[static_cast<size_t>(i)].value("copies", json::array()))
+      step.push_back({c["name"].get<std::string>(), c["count"].get<double>(), c["seconds"].get<double>(), c["bytes"].get<double>()});
+  }
+  json copies = json::array();
+  for (const KernelTime& c : mean_kernel_times(copies_per_step, ms.end - ms.warmup))
+    copies.push_back({{"name", c.name}, {"count_per_step", c.launches}, {"bytes_per_step", c.bytes}, {"seconds_per_step", c.seconds}});
+  r["copies"] = copies;
   r["kernels"] = {{"source", "CUPTI (each kernel's start and end on the GPU's clock)"},
                   {"distinct", mean.size()},
                   {"launches_per_step", launches},
@@ -657,6 +673,12 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
           << lpad(format_fixed(rest["launches_per_step"].get<double>(), 0) + "x", 8) << "  " << rest["kernels"].get<size_t>()
           << " other kernels\n";
     }
+  }
+  if (r.contains("copies") && !r["copies"].empty()) {
+    o << "\nCopies between host and GPU per step (rank 0; CUPTI; to pageable host memory: the host waited for the GPU)\n";
+    for (const json& c : r["copies"])
+      o << "  " << lpad(ms(c["seconds_per_step"].get<double>()), 11) << lpad(format_fixed(c["count_per_step"].get<double>(), 1) + "x", 8)
+        << lpad(format_bytes(c["bytes_per_step"].get<double>()), 12) << "  " << c["name"].get<std::string>() << "\n";
   }
   if (r.contains("pipeline")) {
     const json& pl = r["pipeline"];

@@ -407,4 +407,18 @@ TEST_F(CudaTrain, AProfileOnTheGpuTimesItsStepWithCudaEvents) {
     EXPECT_TRUE(names.count("ds::kernels::cuda::cross_entropy_kernel<...>")) << "ds's cross-entropy is not among the step's kernels";
     EXPECT_TRUE(names.count("ds::kernels::cuda::forward_kernel<...>")) << "ds's norm is not among the step's kernels";
   }
+  // The copies each step made (CUPTI): the host waits for the GPU once a step, to read the step's figures at its end
+  // (the loss, the norm, the skip: 48 bytes); nothing else comes back to the host.
+  ASSERT_EQ(r.copy_times.size(), 4u);
+  for (size_t i = 1; i < r.copy_times.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    double to_host = 0, bytes = 0;
+    std::string seen;
+    for (const KernelTime& c : r.copy_times[i]) {
+      seen += c.name + " x" + std::to_string(c.launches) + " (" + std::to_string(c.bytes) + " B); ";
+      if (c.name.rfind("device to host", 0) == 0) to_host += c.launches, bytes += c.bytes;
+    }
+    EXPECT_EQ(to_host, 1) << seen;
+    EXPECT_EQ(bytes, 48) << seen;
+  }
 }

@@ -69,3 +69,28 @@ TEST(KernelTrace, AStepsMeanIsEachKernelsTotalOverTheStepsEvenWhereAStepDidNotRu
   EXPECT_NEAR(mean[2].seconds, 0.005 / 3, 1e-15);
   EXPECT_NEAR(mean[2].launches, 8.0 / 3, 1e-15);
 }
+
+// Copies between memories are listed by way and host memory, their bytes added up like their time; a step's mean
+// divides both by the steps.
+TEST(KernelTrace, CopiesAreNamedByWayAndHostMemoryAndTheirBytesAddUp) {
+  EXPECT_EQ(copy_name(CopyWay::device_to_host, HostMemory::pageable), "device to host, pageable");
+  EXPECT_EQ(copy_name(CopyWay::device_to_host, HostMemory::page_locked), "device to host, page-locked");
+  EXPECT_EQ(copy_name(CopyWay::host_to_device, HostMemory::page_locked), "host to device, page-locked");
+  EXPECT_EQ(copy_name(CopyWay::device_to_device, HostMemory::none), "device to device");
+  EXPECT_EQ(copy_name(CopyWay::other, HostMemory::none), "other");
+  const std::string back = copy_name(CopyWay::device_to_host, HostMemory::pageable);
+  const std::string in = copy_name(CopyWay::host_to_device, HostMemory::page_locked);
+  const std::vector<KernelTime> t = kernel_totals({{back, 0, 4000, 48}, {in, 0, 1000, 4096}, {in, 5000, 7000, 4096}});
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].name, back);  // (4 us against 1 + 2)
+  EXPECT_EQ(t[0].bytes, 48);
+  EXPECT_EQ(t[1].name, in);
+  EXPECT_EQ(t[1].launches, 2);
+  EXPECT_EQ(t[1].bytes, 8192);
+  const std::vector<KernelTime> mean = mean_kernel_times({t, {{back, 1, 1e-6, 48}}}, 2);
+  ASSERT_EQ(mean.size(), 2u);
+  EXPECT_EQ(mean[0].name, back);
+  EXPECT_EQ(mean[0].launches, 1);
+  EXPECT_EQ(mean[0].bytes, 48);
+  EXPECT_EQ(mean[1].bytes, 4096);
+}

@@ -114,9 +114,22 @@ TEST(ProfileReport, OnAGpuTheKernelsAreAMeasuredStepsMeanTheLongestFirst) {
     if (i == 0) step.push_back({"warmup_only", 1, 5.0});
     for (int k = 0; k < 25; ++k) step.push_back({"small_" + std::to_string(100 + k), 3, 1e-4 * (k + 1)});
     r.kernel_times.push_back(step);
+    // and its copies: the step's figures read back once, the batch in twice (the warm-up step's weights in too)
+    std::vector<KernelTime> copies = {{"device to host, pageable", 1, 2e-6, 48}, {"host to device, page-locked", 2, 1e-5, 2048.0 + 1024.0 * i}};
+    if (i == 0) copies.push_back({"host to device, pageable", 1, 0.5, 1e9});
+    r.copy_times.push_back(copies);
   }
   const json report = cli::build_profile_report(plan, {cli::profile_rank_part(plan, r)}, after_one_warmup_step());
   ASSERT_TRUE(report.contains("kernels")) << report.dump();
+  // The copies: a measured step's mean by way, the longest first; the warm-up's left out.
+  const json& copies = report["copies"];
+  ASSERT_EQ(copies.size(), 2u) << copies.dump();
+  EXPECT_EQ(copies[0]["name"], "host to device, page-locked");
+  EXPECT_EQ(copies[0]["count_per_step"].get<double>(), 2);
+  EXPECT_NEAR(copies[0]["bytes_per_step"].get<double>(), 2048 + 1024 * 2, 1e-9);  // steps 2-4: 3072, 4096, 5120
+  EXPECT_EQ(copies[1]["name"], "device to host, pageable");
+  EXPECT_EQ(copies[1]["count_per_step"].get<double>(), 1);
+  EXPECT_EQ(copies[1]["bytes_per_step"].get<double>(), 48);
   const json& k = report["kernels"];
   EXPECT_EQ(k["distinct"].get<size_t>(), 27u) << "warmup_only ran in the warm-up alone";
   ASSERT_EQ(k["top"].size(), 20u);
@@ -139,6 +152,11 @@ TEST(ProfileReport, OnAGpuTheKernelsAreAMeasuredStepsMeanTheLongestFirst) {
   EXPECT_NE(text.find("GPU kernels per step"), std::string::npos) << text;
   EXPECT_NE(text.find("7 other kernels"), std::string::npos) << text;
   EXPECT_EQ(text.find("warmup_only"), std::string::npos) << text;
+  const size_t copies_at = text.find("Copies between host and GPU per step");
+  ASSERT_NE(copies_at, std::string::npos) << text;
+  const std::string back = text.substr(copies_at, text.find('\n', text.find("device to host, pageable", copies_at)) - copies_at);
+  EXPECT_NE(back.find("1.0x"), std::string::npos) << back;
+  EXPECT_NE(back.find("48 B  device to host, pageable"), std::string::npos) << back;
 
   // Where the trace could not start, the report says why instead.
   TrainResult none = measured(true);

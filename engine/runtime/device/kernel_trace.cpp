@@ -56,11 +56,12 @@ std::vector<KernelTime> sorted(std::map<std::string, KernelTime>& by_name) {
   return out;  // (a map's order: ties by name)
 }
 
-void add_to(std::map<std::string, KernelTime>& by_name, const std::string& name, double launches, double seconds) {
+void add_to(std::map<std::string, KernelTime>& by_name, const std::string& name, double launches, double seconds, double bytes) {
   KernelTime& t = by_name[name];
   t.name = name;
   t.launches += launches;
   t.seconds += seconds;
+  t.bytes += bytes;
 }
 
 }  // namespace
@@ -71,7 +72,8 @@ std::vector<KernelTime> kernel_totals(const std::vector<KernelRun>& runs) {
   for (const KernelRun& r : runs) {
     auto known = short_of.find(r.name);
     if (known == short_of.end()) known = short_of.emplace(r.name, short_kernel_name(r.name)).first;
-    add_to(by_name, known->second, 1, r.end_ns > r.start_ns ? static_cast<double>(r.end_ns - r.start_ns) * 1e-9 : 0.0);
+    add_to(by_name, known->second, 1, r.end_ns > r.start_ns ? static_cast<double>(r.end_ns - r.start_ns) * 1e-9 : 0.0,
+           static_cast<double>(r.bytes));
   }
   return sorted(by_name);
 }
@@ -79,13 +81,25 @@ std::vector<KernelTime> kernel_totals(const std::vector<KernelRun>& runs) {
 std::vector<KernelTime> mean_kernel_times(const std::vector<std::vector<KernelTime>>& per_step, int64_t steps) {
   std::map<std::string, KernelTime> by_name;
   for (const auto& step : per_step)
-    for (const KernelTime& k : step) add_to(by_name, k.name, k.launches, k.seconds);
+    for (const KernelTime& k : step) add_to(by_name, k.name, k.launches, k.seconds, k.bytes);
   const double n = static_cast<double>(std::max<int64_t>(steps, 1));
   for (auto& [name, t] : by_name) {
     t.launches /= n;
     t.seconds /= n;
+    t.bytes /= n;
   }
   return sorted(by_name);
+}
+
+std::string copy_name(CopyWay way, HostMemory host) {
+  const char* memory = host == HostMemory::pageable ? ", pageable" : host == HostMemory::page_locked ? ", page-locked" : "";
+  switch (way) {
+    case CopyWay::host_to_device: return std::string("host to device") + memory;
+    case CopyWay::device_to_host: return std::string("device to host") + memory;
+    case CopyWay::device_to_device: return "device to device";
+    case CopyWay::other: break;
+  }
+  return std::string("other") + memory;
 }
 
 #ifdef DS_WITH_CUPTI
@@ -105,6 +119,7 @@ struct CuptiApi {
 CuptiApi g_api;
 std::mutex g_mutex;            // CUPTI hands buffers back on its own thread too
 std::vector<KernelRun> g_runs;  // completed since the last take
+std::vector<KernelRun> g_copies;  // the copies completed since the last take
 bool g_tracing = false;
 
 // The library CUDA LibTorch already loaded (one CUPTI in a process), else the toolkit's.
@@ -159,14 +174,34 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;  // as many as fit
 }
 
+// A copy record's way and host memory, by name.
+std::string copy_record_name(const CUpti_ActivityMemcpy6& c) {
+  const auto host_memory = [](uint8_t kind) {
+    if (kind == CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE) return HostMemory::pageable;
+    if (kind == CUPTI_ACTIVITY_MEMORY_KIND_PINNED) return HostMemory::page_locked;
+    return HostMemory::none;
+  };
+  switch (c.copyKind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return copy_name(CopyWay::host_to_device, host_memory(c.srcKind));
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return copy_name(CopyWay::device_to_host, host_memory(c.dstKind));
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return copy_name(CopyWay::device_to_device, HostMemory::none);
+    default: return copy_name(CopyWay::other, HostMemory::none);
+  }
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     CUpti_Activity* record = nullptr;
     while (g_api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
-      if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      if (g_tracing) g_runs.push_back({k->name ? k->name : "(unnamed)", k->start, k->end});
+      if (!g_tracing) continue;
+      if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        g_runs.push_back({k->name ? k->name : "(unnamed)", k->start, k->end});
+      } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        g_copies.push_back({copy_record_name(*c), c->start, c->end, c->bytes});
+      }
     }
   }
   std::free(buffer);
@@ -176,16 +211,23 @@ class CuptiTrace : public KernelTrace {
  public:
   ~CuptiTrace() override {
     g_api.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    g_api.disable(CUPTI_ACTIVITY_KIND_MEMCPY);
     g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     std::lock_guard<std::mutex> lock(g_mutex);
     g_tracing = false;
     g_runs.clear();
+    g_copies.clear();
   }
   std::vector<KernelRun> take() override {
     g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // (hands back buffers of records already complete)
     std::lock_guard<std::mutex> lock(g_mutex);
+    taken_copies_ = std::exchange(g_copies, {});
     return std::exchange(g_runs, {});
   }
+  std::vector<KernelRun> take_copies() override { return std::exchange(taken_copies_, {}); }
+
+ private:
+  std::vector<KernelRun> taken_copies_;
 };
 
 }  // namespace
@@ -212,9 +254,15 @@ std::unique_ptr<KernelTrace> KernelTrace::start(std::string* why_not) {
                (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED ? ": another profiler, such as nsys or ncu, holds it)" : ")");
     return nullptr;
   }
+  if (const CUptiResult r = g_api.enable(CUPTI_ACTIVITY_KIND_MEMCPY); r != CUPTI_SUCCESS) {
+    g_api.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    *why_not = "CUPTI refused to trace copies (" + failure(r) + ")";
+    return nullptr;
+  }
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_runs.clear();
+    g_copies.clear();
     g_tracing = true;
   }
   return std::make_unique<CuptiTrace>();

@@ -13,18 +13,26 @@
 
 namespace ds {
 
-// One kernel's launches, as CUPTI stamped them.
+// One kernel's launches, or one copy between memories, as CUPTI stamped them.
 struct KernelRun {
-  std::string name;  // as the GPU names it: a C++ kernel's mangled name, cuBLAS's plain one
+  std::string name;  // as the GPU names it: a C++ kernel's mangled name, cuBLAS's plain one; a copy's copy_name()
   uint64_t start_ns = 0, end_ns = 0;
+  uint64_t bytes = 0;  // a copy's
 };
 
-// A kernel's total over some steps.
+// A kernel's (a kind of copy's) total over some steps.
 struct KernelTime {
   std::string name;  // short_kernel_name()
   double launches = 0;  // (a mean over steps: mean_kernel_times)
   double seconds = 0;
+  double bytes = 0;  // copies
 };
+
+// Which way a copy went, and through what host memory: "device to host, pageable" (the host waits for the GPU to
+// reach it: a step's read of a figure), "host to device, page-locked", "device to device", ...
+enum class CopyWay { host_to_device, device_to_host, device_to_device, other };
+enum class HostMemory { pageable, page_locked, none };
+std::string copy_name(CopyWay way, HostMemory host);
 
 // A kernel's name to list: demangled, without its parameter list, template arguments or return type
 // ("void at::native::elementwise_kernel<128, 4, ...>(int, ...)" -> "at::native::elementwise_kernel<...>"),
@@ -45,6 +53,8 @@ class KernelTrace {
   virtual ~KernelTrace() = default;
   // The kernels that ended since the last take (the GPU's work must be waited for first).
   virtual std::vector<KernelRun> take() = 0;
+  // The copies between memories (cudaMemcpy's, LibTorch's) that ended before the last take().
+  virtual std::vector<KernelRun> take_copies() = 0;
 };
 
 }  // namespace ds

@@ -199,6 +199,11 @@ class TrainingRun {
   std::unique_ptr<LanguageModel> model_;
   std::unique_ptr<BlockTimer> block_timer_;
   std::unique_ptr<KernelTrace> kernel_trace_;  // ds profile on a GPU: the kernels each step ran
+  // The step's kernels and copies (CUPTI's records), once its stream was waited for.
+  void take_kernels_of_step() {
+    result_.kernel_times.push_back(kernel_totals(kernel_trace_->take()));
+    result_.copy_times.push_back(kernel_totals(kernel_trace_->take_copies()));
+  }
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<OptimizerStep> stepper_;
   CheckpointBuffers buffers_;             // the rank's whole part, as a checkpoint's shard holds it (saving)
@@ -700,7 +705,7 @@ void TrainingRun::loop() {
     if (stop_requested && !g_stop_signal) g_stop_signal = SIGINT;  // another rank was interrupted
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // (the stream was waited for; the records' flush and sums are the profile's, not the step's time)
-    if (kernel_trace_) result_.kernel_times.push_back(kernel_totals(kernel_trace_->take()));
+    if (kernel_trace_) take_kernels_of_step();
     std::optional<double> val;
     if (!opt_.profile && plan_.run.eval_every > 0 && ((step + 1) % plan_.run.eval_every == 0 || step + 1 == plan_.steps) &&
         sampler_->val_tokens() > 0) {
@@ -714,7 +719,7 @@ void TrainingRun::loop() {
       result_.gemm_rates.push_back(
           measure_gemm_peak(plan_.model, plan_.batch.micro_batch * plan_.seq_len, plan_.precision.compute_dtype, device_, kGemmBudgetPerStep)
               .flops_per_s);
-    if (kernel_trace_) kernel_trace_->take();  // the matmul rate's kernels (its rounds end with a stream wait)
+    if (kernel_trace_) kernel_trace_->take(), kernel_trace_->take_copies();  // the matmul rate's (its rounds end with a stream wait)
     skipped_this_run += out.skipped;
     if (!out.skipped && std::isfinite(out.loss)) check_divergence(step, out.loss);
     const bool cadence = plan_.run.save_every > 0 && (step + 1) % plan_.run.save_every == 0;

@@ -100,6 +100,9 @@ struct TrainResult {
   std::vector<double> gemm_rates;
   // ds profile on a GPU: per step, the kernels it ran (CUPTI), the longest first; or why none are listed.
   std::vector<std::vector<KernelTime>> kernel_times;
+  // And per step, its copies between the host's and the GPU's memory, by way and host memory (copy_name): a copy to
+  // pageable host memory is the host waiting for the GPU (a figure read back).
+  std::vector<std::vector<KernelTime>> copy_times;
   std::string kernels_not_listed;
 
   // What training itself held at the peak, to set against the plan: neither the code and libraries there
