@@ -98,7 +98,7 @@ int print_deepspeed_info(const DeepSpeedCheckpoint& c, bool as_json) {
   }
   std::cout << c.dir() << ": DeepSpeed checkpoint " << c.tag() << (c.ds_version().empty() ? "" : " (DeepSpeed " + c.ds_version() + ")") << "\n"
             << "  step        " << c.step() << " (" << format_count(c.global_samples()) << " samples"
-            << (c.skipped_steps() ? ", " + std::to_string(c.skipped_steps()) + " steps skipped on overflow" : std::string()) << ")\n"
+            << (c.skipped_steps() ? ", " + std::to_string(c.skipped_steps()) + (c.skipped_steps() == 1 ? " step" : " steps") + " skipped on overflow" : std::string()) << ")\n"
             << "  saved by    " << c.world_size() << (c.world_size() == 1 ? " rank" : " ranks") << " at ZeRO stage " << c.stage()
             << ", module weights " << st_dtype_name(c.module_dtype()) << "\n"
             << "  weights     " << weights_read(c, false) << (c.has_moments() ? "; Adam moments stored" : "") << "\n"

@@ -150,6 +150,7 @@ TEST(CliSft, ARowWithNothingTrainedThenAValidationRun) {
   EXPECT_TRUE(m[0]["skipped"].get<bool>());
   EXPECT_FALSE(m[1]["skipped"].get<bool>());
   EXPECT_TRUE(contains(r.err, "step 1: its samples hold no trained token within data.seq_len")) << r.err;
+  EXPECT_TRUE(contains(r.err, "; 1 step skipped")) << r.err;  // (the run's last line, in the singular)
   {
     std::ofstream f(dir + "/answers.jsonl");  // the same without the long prompt: no step skipped
     for (int i = 0; i < 20; ++i) f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}\n";

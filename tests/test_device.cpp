@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -129,6 +131,10 @@ class TickingStream final : public Stream {
 
 // A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
 // the runtime must copy (counted) where the CPU device lets a host kernel write in place.
+// The stop handler a run installs (TrainOptions::set_stop_handler), kept here for a test device to call as Ctrl-C would.
+std::atomic<StopHandler> g_run_stop_handler{nullptr};
+StopHandler take_stop_handler(StopHandler handler) { return g_run_stop_handler.exchange(handler); }
+
 class SeparateMemoryDevice final : public Device {
  public:
   SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host), compute_(copy_) {}
@@ -175,6 +181,8 @@ class SeparateMemoryDevice final : public Device {
   int64_t kernel_calls(Place place) const { return place == Place::device ? device_table_.calls : host_table_.calls; }
   // Sums of squares queued into device memory for the host to read later (KernelTable::sum_of_squares_to).
   int64_t queued_sums() const { return device_table_.queued_sums + host_table_.queued_sums; }
+  // Ctrl-C reaches the run (its handler, as take_stop_handler kept it) while the device's `k`-th sum is queued: mid-step.
+  void stop_during_queued_sum(int64_t k) { device_table_.stop_at_sum = k; }
   int64_t pinned_copies() const { return copy_.pinned_reads; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
@@ -269,10 +277,12 @@ class SeparateMemoryDevice final : public Device {
     }
     // (a sum the host does not wait for: counted apart, then the blocking one's checks and result)
     void sum_of_squares_to(const void* x, GradElements e, int64_t n, double* out) const override {
-      ++queued_sums;
+      if (++queued_sums == stop_at_sum)
+        if (const StopHandler stop = g_run_stop_handler.load()) stop(SIGINT);  // (as Ctrl-C would, mid-step)
       *out = sum_of_squares(x, e, n);
     }
     mutable int64_t calls = 0, queued_sums = 0;
+    int64_t stop_at_sum = 0;  // the queued sum during which the run is stopped (0: never)
 
    private:
     struct Buffer {
@@ -334,8 +344,12 @@ struct RankRun {
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
+// `prepare`: a rank's options and device, changed before it trains.
+using RankPrepare = std::function<void(int rank, TrainOptions&, Device&)>;
+
 std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate,
-                                 const std::string& resume_from = "", bool grads_leave = false, const PlanEdit& edit = {}) {
+                                 const std::string& resume_from = "", bool grads_leave = false, const PlanEdit& edit = {},
+                                 const RankPrepare& prepare = {}) {
   std::vector<RankRun> runs(static_cast<size_t>(world));
   LocalGroup group(world);
   std::vector<std::thread> threads;
@@ -349,6 +363,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
         opt.resume_from = resume_from;
         auto comm = world > 1 ? group.join(r) : nullptr;
         std::unique_ptr<Device> device = separate ? std::make_unique<SeparateMemoryDevice>() : Device::create(DeviceKind::cpu, r);
+        if (prepare) prepare(r, opt, *device);
         RankRun& run = runs[static_cast<size_t>(r)];
         run.result = train(plan, opt, comm.get(), device.get());
         run.transfers = device->transfers();
@@ -702,6 +717,74 @@ TEST(DeviceSeam, ANonFiniteLossEndsTheRunAtTheSameStepWhereverItIsDecided) {
   EXPECT_EQ(runs[0].queued_sums, 0);
   EXPECT_EQ(runs[0].result.losses, train_ranks(1, on_host, false)[0].result.losses);
   fs::remove_all(root);
+}
+
+// Ctrl-C on one rank while the device holds its step's figures: the stop travels in the figures the device all-reduces,
+// so every rank reads it at the next step's end and stops there, with a checkpoint, having trained what the
+// uninterrupted run trained up to then.
+TEST(DeviceSeam, AStopAgreedOnTheDeviceEndsEveryRankAfterTheSameStep) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_stop_" + std::to_string(::getpid()));
+  const std::vector<std::string> o{"train.output_dir=" + (root / "run").string(), "train.steps=6", "zero_optimization.stage=1"};
+  const std::vector<RankRun> whole = train_ranks(2, o, false);
+  fs::remove_all(root);
+  const std::vector<RankRun> stopped = train_ranks(2, o, true, "", false, {}, [](int rank, TrainOptions& opt, Device& device) {
+    if (rank != 0) return;
+    opt.set_stop_handler = &take_stop_handler;
+    static_cast<SeparateMemoryDevice&>(device).stop_during_queued_sum(2);  // during step 2, before its figures are agreed
+  });
+  g_run_stop_handler = nullptr;
+  for (size_t r = 0; r < stopped.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const TrainResult& s = stopped[r].result;
+    EXPECT_TRUE(s.interrupted);
+    EXPECT_EQ(s.stop_signal, SIGINT);
+    EXPECT_EQ(s.steps, 3);  // step 2's figures were agreed without it; step 3's carried it
+    ASSERT_EQ(s.losses.size(), 3u);
+    EXPECT_EQ(s.losses, std::vector<double>(whole[r].result.losses.begin(), whole[r].result.losses.begin() + 3));
+    EXPECT_EQ(stopped[r].queued_sums, 3);  // (the device's route was taken)
+  }
+  EXPECT_FALSE(stopped[0].result.last_checkpoint.empty());
+  EXPECT_TRUE(fs::exists(stopped[0].result.last_checkpoint)) << stopped[0].result.last_checkpoint;
+  fs::remove_all(root);
+}
+
+// Fine-tuning data whose step trains no token (its one sample's prompt fills the row): the host knows it from the batch,
+// so the device runs no update, and the step is skipped with the host's note; the run goes on as on the CPU, bit for bit.
+TEST(DeviceSeam, AStepThatTrainsNoTokenIsSkippedOnTheDeviceAsOnTheHost) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_untrained_" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  {
+    std::ofstream f(root / "data.jsonl");
+    f << "{\"prompt\": \"" << std::string(300, 'x') << "\", \"completion\": \" done\"}\n";
+    for (int i = 0; i < 20; ++i) f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}\n";
+  }
+  const std::string sft = std::string(DS_SOURCE_DIR) + "/examples/data/sft";
+  const std::vector<std::string> o{"train.output_dir=" + (root / "run").string(), "model.preset=qwen2-tiny", "model.vocab_size=320",
+                                   "data.type=jsonl", "data.path=" + (root / "data.jsonl").string(), "data.tokenizer=hf",
+                                   "data.tokenizer_path=" + sft, "data.chat_template=auto", "data.seq_len=64", "data.shuffle=false",
+                                   "train_micro_batch_size_per_gpu=1", "gradient_clipping=1.0", "train.steps=3"};
+  const auto metrics = [&] {
+    std::vector<std::string> lines;
+    std::ifstream in(root / "run" / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      lines.push_back(j["loss"].dump() + " " + j["grad_norm"].dump() + " " + j["skipped"].dump() + " " + j["trained_tokens"].dump());
+    }
+    fs::remove_all(root / "run");
+    return lines;
+  };
+  const std::vector<RankRun> cpu = train_ranks(1, o, false);
+  const std::vector<std::string> on_host = metrics();
+  const std::vector<RankRun> separate = train_ranks(1, o, true);
+  const std::vector<std::string> on_device = metrics();
+  fs::remove_all(root);
+  ASSERT_EQ(on_device.size(), 3u);
+  EXPECT_EQ(on_host, on_device);
+  EXPECT_EQ(on_device[0].substr(on_device[0].rfind(' ')), " 0");  // step 1 trained no token
+  EXPECT_EQ(cpu[0].result.skipped_steps, 1);
+  EXPECT_EQ(separate[0].result.skipped_steps, 1);
+  EXPECT_EQ(cpu[0].result.losses, separate[0].result.losses);
+  EXPECT_EQ(separate[0].queued_sums, 3);  // (the device's route was taken, the skipped step's figures included)
 }
 
 // Where this rank's gradients arrive on the host block by block (ZeRO-Offload from a GPU), the step's sum takes each

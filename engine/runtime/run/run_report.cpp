@@ -434,7 +434,7 @@ void RunReport::finish() {
                      format_fixed(r.seconds, 1) + " s; loss " + four(r.losses.front()) + " -> " + four(r.losses.back());
   if (!r.val_losses.empty()) done += " (validation " + four(r.val_losses.back()) + ")";
   if (p.data.type == DataType::synthetic) done += "; the synthetic language's floor is " + four(markov_entropy_nats());
-  if (r.skipped_steps) done += "; " + std::to_string(r.skipped_steps) + " steps skipped";
+  if (r.skipped_steps) done += "; " + std::to_string(r.skipped_steps) + (r.skipped_steps == 1 ? " step" : " steps") + " skipped";
   log_.note(done);
   const double predicted = p.memory.held().total();
   const double training = r.training_rss_bytes();
