@@ -3,10 +3,13 @@
 // the timeout naming what it waited for. On a GPU (label gpu; skipped elsewhere, saying why): a one-rank
 // communicator runs every collective over CUDA tensors, NCCL's equal pieces and uneven spans alike, each the
 // identity on one rank, and counts them in its ledger; a group split from it runs its own; one split for messages
-// only runs none.
+// only runs none; a settle leaves a collective nothing waits for running.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <functional>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -142,6 +145,30 @@ TEST(NcclCommunicatorOneGpu, EveryCollectiveOverCudaTensorsEqualPiecesAndUnevenS
   EXPECT_NE(refused.find("pipeline-0, which was split for messages only"), std::string::npos) << refused;
   EXPECT_ANY_THROW(stages->barrier());
   stages->settle();
+}
+
+// A collective nothing waits for yet (stages 1-2's updated parameters, gathered while the next forward runs) does not
+// hold a settle: here its stream waits behind a compute stream the test holds shut, and settle() returns at once
+// instead of timing out (2 s) on it; waited for once the gate opens, its result is there.
+TEST(NcclCommunicatorOneGpu, ASettleLeavesACollectiveNothingWaitsForRunning) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, test::free_port()), std::chrono::seconds(2));
+  const torch::Tensor host = torch::arange(0, 4096, torch::kFloat32);
+  torch::Tensor t = host.to(torch::kCUDA);
+  comm->all_reduce_sum(t, CollectiveKind::gradients);  // (one waited for before it)
+  comm->settle();
+  std::promise<void> open;
+  auto* gate = new std::shared_future<void>(open.get_future().share());
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, [](void* g) { static_cast<std::shared_future<void>*>(g)->wait(); }, gate), cudaSuccess);
+  std::unique_ptr<PendingCollective> ahead = comm->all_gather_async(t, Ownership{{{0, 4096}}}, CollectiveKind::updated_parameters);
+  const std::string held = error_of([&] { comm->settle(); });
+  EXPECT_EQ(held, "");
+  open.set_value();
+  ahead->wait();
+  comm->settle();
+  EXPECT_TRUE(torch::equal(t.cpu(), host));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  delete gate;
 }
 
 // A run that fails for a reason of its own aborts its communicators (Communicator::abort, from train()): every NCCL

@@ -135,7 +135,7 @@ TEST(Hardware, ADetectedGpuGivesItsRatesOnlyWhenThePlanIsForThisMachine) {
 }
 
 TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvlinksBusBandwidth) {
-  const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100"));
+  const Plan p = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.allgather_bucket_size=20000000"});
   const StepTime& t = p.step_time;
   ASSERT_TRUE(t.compute_known && t.comm_known) << (t.missing.empty() ? "" : t.missing.front());
   // Compute: the step's model FLOPs shared by 8 ranks, at 989.4 TFLOP/s x 0.45; backward is twice the forward.
@@ -145,7 +145,7 @@ TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvli
   EXPECT_EQ(t.bubble_s, 0);
   // Each collective on NVLink 4 (370 GB/s, 10 us a call).
   ASSERT_EQ(t.collectives.size(), p.execution.collectives.size());
-  double comm = 0, hidden_by_hand = 0;
+  double comm = 0, hidden_by_hand = 0, gathered_ahead = 0;
   for (size_t i = 0; i < t.collectives.size(); ++i) {
     const Collective& c = p.execution.collectives[i];
     const double s = by_hand(c, 8, 370e9, 10e-6);
@@ -159,13 +159,27 @@ TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvli
       ASSERT_GE(c.calls_per_step, 2);
       hidden_by_hand = std::min(s - 2 * s / static_cast<double>(c.calls_per_step), 2.0 / 3.0 * compute);
       EXPECT_NEAR(t.collectives[i].hidden_s, hidden_by_hand, 1e-9 * s);
+    } else if (c.kind == CollectiveKind::updated_parameters) {
+      // The updated parameters arrive while the next step's first micro step runs forward (a sixth of compute),
+      // each block waiting for its own piece: all but the pieces of 20M elements that start before block 0's
+      // parameters end (the embeddings' and block 0's, waited for before any block computes) hide.
+      EXPECT_TRUE(p.execution.gather_ahead);
+      EXPECT_EQ(t.collectives[i].phase, StepPhase::forward);
+      int64_t block0_end = 0;
+      for (const ParamSlot& slot : p.layout.params)
+        if (slot.layer == 0) block0_end = std::max(block0_end, slot.offset + slot.numel);
+      const int64_t exposed = (block0_end + 20000000 - 1) / 20000000;
+      ASSERT_GT(c.calls_per_step, exposed);
+      gathered_ahead = std::min(s - s * static_cast<double>(exposed) / static_cast<double>(c.calls_per_step), compute / 6);
+      EXPECT_NEAR(t.collectives[i].hidden_s, gathered_ahead, 1e-9 * s);
     } else {
       EXPECT_EQ(t.collectives[i].hidden_s, 0) << c.what();
     }
   }
   EXPECT_GT(hidden_by_hand, 0);
+  EXPECT_GT(gathered_ahead, 0);
   EXPECT_NEAR(t.comm_s, comm, 1e-9 * comm);
-  EXPECT_NEAR(t.step_s(), compute + comm - hidden_by_hand, 1e-9 * compute);
+  EXPECT_NEAR(t.step_s(), compute + comm - hidden_by_hand - gathered_ahead, 1e-9 * compute);
   EXPECT_STREQ(t.bound(), comm > compute ? "communication-bound" : "compute-bound");
   // MFU of the predicted step: the assumed one, less what communication adds.
   EXPECT_NEAR(t.mfu(p.train_flops_per_step / 8), 0.45 * compute / t.step_s(), 1e-9);
@@ -173,17 +187,26 @@ TEST(StepTime, EightGpusOfANodeAreTheirFlopsAtThePeakTimesMfuAndTheirBytesAtNvli
 
 TEST(StepTime, WithoutOverlapCommNothingHidesAndStagesZeroAndOneHideOnlyBehindTheLastBackward) {
   const Plan off = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.overlap_comm=false"});
+  EXPECT_FALSE(off.execution.gather_ahead);
   EXPECT_EQ(off.step_time.hidden_s, 0);
   EXPECT_NEAR(off.step_time.step_s(), off.step_time.compute_s + off.step_time.comm_s, 1e-12);
   // Stage 1 reduces once per step, after the last of 2 micro steps: only that backward (a sixth of compute) covers it.
-  const Plan one = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.stage=1"});
+  const Plan one = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"zero_optimization.stage=1", "zero_optimization.allgather_bucket_size=20000000"});
   const StepTime& t = one.step_time;
-  double hideable = 0;
-  for (size_t i = 0; i < t.collectives.size(); ++i)
-    if (one.execution.collectives[i].kind == CollectiveKind::gradients)
-      hideable += t.collectives[i].seconds - t.collectives[i].seconds / static_cast<double>(one.execution.collectives[i].calls_per_step);
+  double hideable = 0, ahead = 0;  // (and its updated parameters behind the next step's first forward, as stage 2's)
+  int64_t block0_end = 0;
+  for (const ParamSlot& slot : one.layout.params)
+    if (slot.layer == 0) block0_end = std::max(block0_end, slot.offset + slot.numel);
+  for (size_t i = 0; i < t.collectives.size(); ++i) {
+    const Collective& c = one.execution.collectives[i];
+    const double s = t.collectives[i].seconds, calls = static_cast<double>(c.calls_per_step);
+    if (c.kind == CollectiveKind::gradients) hideable += s - s / calls;
+    if (c.kind == CollectiveKind::updated_parameters) ahead += s - s * static_cast<double>((block0_end + 20000000 - 1) / 20000000) / calls;
+  }
   ASSERT_GT(hideable, 0);
-  EXPECT_NEAR(t.hidden_s, std::min(hideable, t.backward_s / 2), 1e-12);
+  ASSERT_GT(ahead, 0);
+  EXPECT_TRUE(one.execution.gather_ahead);
+  EXPECT_NEAR(t.hidden_s, std::min(hideable, t.backward_s / 2) + std::min(ahead, t.forward_s / 2), 1e-12);
 }
 
 TEST(StepTime, AcrossNodesTheDataGroupCrossesTheNetworkWhichMustBeGiven) {

@@ -59,6 +59,7 @@ StepPhase phase_of(const Collective& c, const ZeroExecution& z) {
     case CollectiveKind::parameters_forward:
     case CollectiveKind::frozen_parameters: return StepPhase::forward;
     case CollectiveKind::parameters_backward: return StepPhase::backward;
+    case CollectiveKind::updated_parameters: return z.gather_ahead ? StepPhase::forward : StepPhase::between;
     default: return StepPhase::between;
   }
 }
@@ -134,14 +135,25 @@ void mesh_rows(const Plan& p, StepTime& t) {
       add_row(t, "Lamb norms (tensor group)", *l, StepPhase::between, x.lamb_bytes, static_cast<double>(x.lamb_all_reduces));
 }
 
+// Stages 1-2 gathering the updated parameters ahead: the allgather_bucket_size pieces that start before the first
+// block's parameters end, which the forward waits for before any block computes (ZeroExchange::before_forward).
+int64_t pieces_before_the_blocks(const Plan& p) {
+  const std::vector<std::pair<int64_t, int64_t>> blocks = block_ranges(p.layout);
+  if (blocks.empty()) return 1;
+  const int64_t piece = std::max<int64_t>(1, p.zero.allgather_bucket_size);
+  return (blocks.front().second + piece - 1) / piece;
+}
+
 // Within each phase, what can hide hides up to the phase's compute: all but each collective's first call of a
 // micro step (the first block's gather, the last bucket's reduce), which nothing runs beside.
 void overlap(const Plan& p, StepTime& t) {
   const double windows[] = {t.forward_s, t.backward_s};
   for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
     double window = windows[phase == StepPhase::forward ? 0 : 1];
-    // Stages 0-1 reduce once per step, during the last micro step's backward only.
-    const bool once_per_step = phase == StepPhase::backward && !p.execution.collectives.empty() && p.zero_stage() <= 1;
+    // Stages 0-1 reduce once per step, during the last micro step's backward only; stages 1-2's updated parameters
+    // arrive during the next step's first forward.
+    const bool once_per_step =
+        !p.execution.collectives.empty() && (phase == StepPhase::backward ? p.zero_stage() <= 1 : p.execution.gather_ahead);
     if (once_per_step) window /= std::max<int64_t>(1, p.batch.grad_accum);
     double hideable = 0;
     std::vector<std::pair<CollectiveTime*, double>> rows;
@@ -151,7 +163,9 @@ void overlap(const Plan& p, StepTime& t) {
       CollectiveTime& row = t.collectives[i++];
       if (row.phase != phase) continue;
       const double micro_steps = c.when == Cadence::per_micro_step ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
-      const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step)) * std::min(micro_steps, static_cast<double>(c.calls_per_step));
+      // Gathered ahead, the pieces that start before the first block's end are waited for before any block computes.
+      const double exposed = c.kind == CollectiveKind::updated_parameters ? static_cast<double>(pieces_before_the_blocks(p)) : micro_steps;
+      const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step)) * std::min(exposed, static_cast<double>(c.calls_per_step));
       rows.push_back({&row, row.seconds - first_call});
       hideable += row.seconds - first_call;
     }

@@ -202,6 +202,11 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // overlap_comm: grouped stages reduce each group while backward goes on; stages 0-1 on several ranks
   // reduce each block's gradients as the step's last backward finishes it.
   z.overlap = knobs.overlap_comm && (z.grouped || multi);
+  // And stages 1-2 gather the updated parameters while the next step's forward runs. Not through a split model's
+  // stages, nor where the model computes in a wider copy of the weights, refreshed from the whole buffer at once.
+  // (And only where the blocks hold trained parameters: the forward's block hooks are where it waits.)
+  const bool blocks_train = std::any_of(L.params.begin(), L.params.end(), [](const ParamSlot& p) { return p.layer >= 0; });
+  z.gather_ahead = z.sharded && !z.gathers && z.overlap && !z.widened && !plan.mesh.shape.splits_the_model() && blocks_train;
   z.backend = plan.topology.comm_backend();
   b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the

@@ -120,6 +120,9 @@ struct ZeroExecution {
   bool gathers = false;             // stage 3: parameters partitioned, gathered before use
   bool overlap = false;             // reduces run while backward goes on (overlap_comm; stages 0-1: the step's last backward)
   bool widened = false;             // the model computes in a wider dtype than the weights are stored in
+  // Stages 1-2 with overlap: the updated parameters' all-gather, issued after the optimizer, runs while the next
+  // step's forward goes on, each block waiting only for the pieces that hold it (ZeroExchange's block hooks).
+  bool gather_ahead = false;
   // Gradients accumulate in a wider dtype than backward writes them in (data_types.grad_accum_dtype fp32 with
   // bf16 weights, DeepSpeed's BF16_Optimizer): stages 0-1 add each micro-batch's gradients from micro_grads into
   // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.

@@ -35,8 +35,8 @@ CommStats& Communicator::count_received(CollectiveKind kind, int64_t* event) {
   *event = -1;
   if (recording_) {
     const auto now = std::chrono::steady_clock::now();
-    events_.push_back({kind, now, now, 0.0, true});
-    *event = static_cast<int64_t>(events_.size()) - 1;
+    *event = next_event_++;
+    events_.emplace(*event, Event{kind, now, now, 0.0, true});
   }
   return s;
 }
@@ -58,6 +58,18 @@ int Communicator::place_in(const std::string& name, const std::vector<int>& memb
   return place;
 }
 
+std::vector<Communicator::Event> Communicator::take_events() {
+  std::vector<Event> out;
+  for (auto it = events_.begin(); it != events_.end();)
+    if (it->second.finished) {
+      out.push_back(it->second);
+      it = events_.erase(it);
+    } else {
+      ++it;
+    }
+  return out;
+}
+
 CommStats& Communicator::count(CollectiveKind kind, CollectiveOp op, double payload_bytes, int64_t* event) {
   CommStats& s = ledger_[kind];
   s.op = collective_op_name(op);
@@ -67,8 +79,8 @@ CommStats& Communicator::count(CollectiveKind kind, CollectiveOp op, double payl
   *event = -1;
   if (recording_) {
     const auto now = std::chrono::steady_clock::now();
-    events_.push_back({kind, now, now, wire});
-    *event = static_cast<int64_t>(events_.size()) - 1;
+    *event = next_event_++;
+    events_.emplace(*event, Event{kind, now, now, wire});
   }
   return s;
 }

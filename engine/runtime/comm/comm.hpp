@@ -122,9 +122,14 @@ class Communicator {
     std::chrono::steady_clock::time_point issued, done;
     double bytes = 0;       // this rank's wire bytes, as the ledger counts them
     bool received = false;  // a receive: the wait for another rank's send (its bytes are the sender's)
+    bool finished = false;  // its end is stamped (waited for)
   };
   void record_events(bool on) { recording_ = on; }
-  std::vector<Event> take_events() { return std::exchange(events_, {}); }
+  // The events finished since the last take, in the order issued. One still in flight (the updated parameters, which
+  // stages 1-2 gather during the next step's forward) is kept for the take after it ends.
+  std::vector<Event> take_events();
+  // Forgets every event, finished or not (what ran before the first step).
+  void drop_events() { events_.clear(); }
 
  protected:
   Communicator(int rank, int world) : rank_(rank), world_(world) {}
@@ -139,16 +144,20 @@ class Communicator {
   // The bytes of every rank's spans of `t`: an all-gather's or a reduce-scatter's payload.
   static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
 
-  // Stamps the end of event `index` (from count); -1 does nothing.
-  void finish_event(int64_t index) {
-    if (index >= 0 && static_cast<size_t>(index) < events_.size()) events_[static_cast<size_t>(index)].done = std::chrono::steady_clock::now();
+  // Stamps the end of event `id` (from count); -1, or one dropped, does nothing.
+  void finish_event(int64_t id) {
+    const auto it = events_.find(id);
+    if (it == events_.end()) return;
+    it->second.done = std::chrono::steady_clock::now();
+    it->second.finished = true;
   }
 
   int rank_ = 0, world_ = 1;
   int64_t step_ = -1;
   CommLedger ledger_;
   bool recording_ = false;
-  std::vector<Event> events_;
+  std::map<int64_t, Event> events_;  // by id, in the order issued
+  int64_t next_event_ = 0;
   std::set<std::string> group_names_;  // the groups split from this one: a name meets once
 };
 

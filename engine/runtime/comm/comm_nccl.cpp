@@ -2,9 +2,10 @@
 // through the world's store (rendezvous.hpp); LOCAL_RANK picks the GPU as the runtime's Device does (local
 // rank modulo the GPUs seen). Collectives run on a stream of their own, ordered after the compute stream's
 // work by an event, and a pending collective is waited on by the compute stream (another event), not by the
-// host; before the host reads the device (settle: the step's loss, its norm, its end) it waits for them,
-// bounded by the comm timeout: a peer that never joins a collective aborts the communicator there, naming
-// the step, instead of holding the host's read for ever. Host tensors (the step's agreed figures) go through
+// host; before the host reads the device (settle: the step's loss, its norm, its end) it waits for those the compute
+// stream was told to wait for, bounded by the comm timeout: a peer that never joins a collective aborts the
+// communicator there, naming the step, instead of holding the host's read for ever. (Collectives nothing waits for
+// yet, stages 1-2's updated parameters gathered during the next forward, run on past a settle.) Host tensors (the step's agreed figures) go through
 // a device buffer and are waited for at once. Spans that are NCCL's equal pieces in
 // rank order go through ncclAllGather / ncclReduceScatter in place; any others as NCCL groups of broadcasts
 // (all-gather) or reduces (reduce-scatter), one a span, each rooted at the span's owner, 1024 a group. 16-bit floats are
@@ -76,12 +77,12 @@ Watchdog& nccl_watchdog(std::chrono::milliseconds timeout) {
   return *dog;
 }
 
-// A collective queued on the communication stream: waiting makes the compute stream wait for it.
-// Dropped without a wait (an exception unwinding), it still orders the compute stream after it: what follows
-// must not touch the buffer NCCL writes.
+// A collective queued on the communication stream: waiting makes the compute stream wait for it, and hands its
+// `done` event to `waited` (which keeps or destroys it). Dropped without a wait (an exception unwinding), it still
+// orders the compute stream after it: what follows must not touch the buffer NCCL writes.
 class NcclWork final : public PendingCollective {
  public:
-  NcclWork(cudaEvent_t done, std::function<void()> finished) : done_(done), finished_(std::move(finished)) {}
+  NcclWork(cudaEvent_t done, std::function<void(cudaEvent_t)> waited) : done_(done), waited_(std::move(waited)) {}
   ~NcclWork() override {
     if (!done_) return;
     cudaStreamWaitEvent(cudaStreamLegacy, done_, 0);
@@ -90,14 +91,16 @@ class NcclWork final : public PendingCollective {
   void wait() override {
     if (!done_) return;
     cuda_check(cudaStreamWaitEvent(cudaStreamLegacy, done_, 0), "cudaStreamWaitEvent");  // the compute stream waits, not the host
-    cudaEventDestroy(done_);
-    done_ = nullptr;
-    if (finished_) finished_();
+    const cudaEvent_t done = std::exchange(done_, nullptr);
+    if (waited_)
+      waited_(done);
+    else
+      cudaEventDestroy(done);
   }
 
  private:
   cudaEvent_t done_;
-  std::function<void()> finished_;
+  std::function<void(cudaEvent_t)> waited_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -143,6 +146,7 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception&) {
     }
     group_.reset();
+    if (newest_waited_event_) cudaEventDestroy(newest_waited_event_);
     if (staging_) cudaFree(staging_);
     if (one_) cudaFree(one_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -263,9 +267,15 @@ class NcclCommunicator final : public Communicator {
   }
   // Before the host reads the device (Communicator::settle): every collective and message so far, bounded by the
   // timeout.
+  // Collectives not yet waited for (stages 1-2's updated parameters, gathered while the next forward runs) are left
+  // running: the compute stream does not wait for them, so nothing the host reads does either; the collectives before
+  // the newest one waited for end first (one stream runs them in order).
   void settle() override {
     try {
-      if (group_) group_->wait(stream_, "the collectives " + at_step());
+      if (group_ && unwaited_ == 0)
+        group_->wait(stream_, "the collectives " + at_step());
+      else if (group_ && newest_waited_event_)
+        group_->wait_event(newest_waited_event_, "the collectives " + at_step());
       for (auto& [ends, link] : links_)
         link.group->wait(link.stream, "the messages from rank " + std::to_string(ends.first) + " to rank " + std::to_string(ends.second) + " " + at_step());
     } catch (...) {
@@ -410,7 +420,28 @@ class NcclCommunicator final : public Communicator {
     watch(issue.what, stream);
     issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
     const int64_t event = issue.event;
-    return std::make_unique<NcclWork>(done, [this, event] { finish_event(event); });
+    if (stream != stream_)  // a link's message
+      return std::make_unique<NcclWork>(done, [this, event](cudaEvent_t e) {
+        cudaEventDestroy(e);
+        finish_event(event);
+      });
+    const int64_t order = issued_++;
+    ++unwaited_;
+    return std::make_unique<NcclWork>(done, [this, event, order](cudaEvent_t e) {
+      waited(order, e);
+      finish_event(event);
+    });
+  }
+  // The collective issued `order`-th was waited for (its `done` event): the newest such is where settle() waits to.
+  void waited(int64_t order, cudaEvent_t done) {
+    --unwaited_;
+    if (order < newest_waited_) {
+      cudaEventDestroy(done);
+      return;
+    }
+    if (newest_waited_event_) cudaEventDestroy(newest_waited_event_);
+    newest_waited_event_ = done;
+    newest_waited_ = order;
   }
 
   std::chrono::milliseconds timeout_;
@@ -425,6 +456,10 @@ class NcclCommunicator final : public Communicator {
   void* one_ = nullptr;  // the barrier's float
   void* staging_ = nullptr;  // host tensors' all-reduces go through it
   size_t staging_bytes_ = 0;
+  // The collectives on stream_: how many were issued, how many are not yet waited for (a dropped one stays counted),
+  // and the newest waited for, with its event.
+  int64_t issued_ = 0, unwaited_ = 0, newest_waited_ = -1;
+  cudaEvent_t newest_waited_event_ = nullptr;
 };
 
 }  // namespace

@@ -215,10 +215,18 @@ void NcclGroup::recv(void* buf, size_t count, NcclElement e, int peer, void* str
 }
 
 void NcclGroup::wait(void* stream, const std::string& what) {
+  poll([stream] { return static_cast<int>(cudaStreamQuery(as_stream(stream))); }, what);
+}
+
+void NcclGroup::wait_event(void* event, const std::string& what) {
+  poll([event] { return static_cast<int>(cudaEventQuery(static_cast<cudaEvent_t>(event))); }, what);
+}
+
+void NcclGroup::poll(const std::function<int()>& query, const std::string& what) {
   if (!comm_) throw std::runtime_error("rank " + std::to_string(rank_) + ": " + what + ": the NCCL communicator was aborted earlier");
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    const cudaError_t q = cudaStreamQuery(as_stream(stream));
+    const auto q = static_cast<cudaError_t>(query());
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) fail("rank " + std::to_string(rank_) + ": " + what + ": CUDA: " + cudaGetErrorString(q));
     ncclResult_t async = ncclSuccess;

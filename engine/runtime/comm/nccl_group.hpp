@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace ds {
@@ -56,6 +57,9 @@ class NcclGroup {
   // past the timeout the communicator is aborted (every rank's NCCL calls fail from then on) and this
   // throws std::runtime_error naming `what` and the seconds waited.
   void wait(void* stream, const std::string& what);
+  // The same until `event` (a cudaEvent_t recorded on a stream of this group's) has happened: what was queued before
+  // it, and not what followed.
+  void wait_event(void* event, const std::string& what);
 
   // Aborts every NCCL group of the process at once (the run failed elsewhere, Communicator::abort): what they
   // have queued fails instead of spinning on peers that will never hear from this rank, and their calls throw
@@ -66,6 +70,9 @@ class NcclGroup {
   // The communicator is non-blocking: after each call, its state is polled until NCCL has taken the call
   // (or failed); past the timeout it is aborted and this throws naming `what`.
   void settle(const std::string& what);
+  // Polls `query` (a cudaError_t: cudaSuccess once done, cudaErrorNotReady until then) within the timeout, watching
+  // the communicator's errors meanwhile: wait()'s and wait_event()'s loop.
+  void poll(const std::function<int()>& query, const std::string& what);
   // A collective's call: its result (an ncclResult_t) checked (an error aborts), then settled.
   void queued(int result, const std::string& what);
   // A call inside a group: checked, settled with the group.

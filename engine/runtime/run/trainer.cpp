@@ -256,6 +256,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     flat_ = FlatParams::allocate(plan, rank_, device);
     stop_point("allocating the buffers");
     zero_ = std::make_unique<ZeroExchange>(plan, flat_, groups_.data_comm, param_swap_.get());
+    if (opt.profile) zero_->gather_at_once();  // (a step's figures are its own; ds train gathers during the next forward)
     model_ = make_model(plan, flat_, groups_.tensor.get());
     // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
     profiling_ = keeps_step_measurements(plan, opt);
@@ -510,6 +511,7 @@ void TrainingRun::initialise() {
 }
 
 void TrainingRun::save(int64_t step) {
+  zero_->finish_published();  // (stages 1-2 gathering ahead: the weights written are the step's, whole)
   if (opt_.profile) return;  // a profile measures; it leaves no state behind
   // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
   // checkpoint for them). Every rank checks its part; the verdict is agreed so all stop together.
@@ -555,6 +557,7 @@ void TrainingRun::save(int64_t step) {
 // added across ranks: every rank gets the same figure.
 double TrainingRun::validate() {
   torch::NoGradGuard ng;
+  zero_->finish_published();
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
   const int W = plan_.batch.world_size;  // the data-parallel ranks: a tensor group evaluates the same rows
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation
@@ -670,7 +673,7 @@ void TrainingRun::loop() {
   if (profiling_)
     for (Communicator* c : groups_.all()) {
       c->record_events(true);
-      c->take_events();  // the start's gathers are not a step's
+      c->drop_events();  // the start's gathers are not a step's
     }
   const auto first_start = std::chrono::steady_clock::now();
   int64_t skipped_this_run = 0;
@@ -726,6 +729,7 @@ void TrainingRun::loop() {
     if (!comm_) stop_requested = g_stop_signal != 0;  // one process: react at once; ranks use the agreed flag
     if (cadence || step + 1 == plan_.steps || stop_requested) save(step + 1);
   }
+  zero_->finish_published();  // (the last step's weights, whole, for whatever reads them after the run)
   // fp16 that never found a scale: a run that applied none of its steps trained nothing.
   const int64_t ran = result_.steps - result_.first_step;
   if (!stop_requested && ran >= kMinStepsForAllSkipped && skipped_this_run == ran)

@@ -54,6 +54,15 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
       group_of_block_[static_cast<size_t>(layer)] = static_cast<int>(k);
       range_of_block_[static_cast<size_t>(layer)] = ranges++;
     }
+  // (without the block hooks, nothing would wait for the pieces before the blocks read them: they are waited for at once)
+  gather_ahead_ = comm_ && plan.execution.gather_ahead && hooks_blocks();
+  if (gather_ahead_) {
+    const std::vector<std::pair<int64_t, int64_t>> ranges = block_ranges(L);
+    front_end_ = ranges.front().first;
+    block_end_.assign(group_of_block_.size(), 0);
+    for (size_t l = 0; l < block_end_.size(); ++l)
+      if (const int k = range_of_block_[l]; k >= 0) block_end_[l] = ranges[static_cast<size_t>(k)].second;
+  }
   if (!stage3_) return;
   const auto layers = static_cast<size_t>(plan.model.hp.num_layers);
   trained_.layout = &L;
@@ -424,10 +433,19 @@ void ZeroExchange::gather_block(Partitioned& from, int64_t layer, CollectiveKind
 void ZeroExchange::before_forward(int64_t layer) {
   if (stage3_)
     gather_block(layer, evaluating_ ? CollectiveKind::parameters_validation : CollectiveKind::parameters_forward, layer + 1);
+  if (!published_.empty() && static_cast<size_t>(layer) < block_end_.size()) finish_published(block_end_[static_cast<size_t>(layer)]);
 }
 
 void ZeroExchange::after_forward(int64_t layer) {
+  if (layer == plan_.model.hp.num_layers - 1) finish_published();  // the head and the final norm read what follows the blocks
   if (flat_.grouped && layer == plan_.model.hp.num_layers - 1) finish_reduce();
+}
+
+void ZeroExchange::finish_published(int64_t before) {
+  while (!published_.empty() && published_.front().first < before) {
+    published_.front().second->wait();
+    published_.pop_front();
+  }
 }
 
 void ZeroExchange::before_backward(int64_t layer) {
@@ -453,6 +471,7 @@ void ZeroExchange::after_backward(int64_t layer) {
 
 void ZeroExchange::begin_micro_step(bool evaluation) {
   evaluating_ = evaluation;
+  finish_published(evaluation ? std::numeric_limits<int64_t>::max() : front_end_);  // (the embeddings come before the blocks)
   if (!stage3_ || outer_.empty()) return;
   // The outer parameters' buffer is theirs alone and they change only in the optimizer: a step's later
   // micro steps find them gathered. (Validation gathers them anyway, counted apart from training.)
@@ -464,6 +483,7 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
 }
 
 void ZeroExchange::begin_backward(bool last) {
+  finish_published();  // (the forward waited for every piece; the optimizer must not write a part still being sent)
   if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
   reducing_blocks_ = last && !block_ranges_.empty() && !evaluating_;
 }
@@ -496,15 +516,16 @@ void ZeroExchange::publish_parameters() {
     return;
   }
   if (!comm_ || !plan_.execution.sharded) return;
-  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces.
+  // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces (in flight until the next
+  // forward needs them when gathering ahead).
+  finish_published();
   const int64_t padded = plan_.layout.padded_numel;
   const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
-  std::vector<std::unique_ptr<PendingCollective>> pieces;
   for (int64_t at = 0; at < padded; at += piece) {
     const int64_t n = std::min(piece, padded - at);
-    pieces.push_back(comm_->all_gather_async(flat_.params.narrow(0, at, n), clip(shard_owners_, at, n), CollectiveKind::updated_parameters));
+    published_.emplace_back(at, comm_->all_gather_async(flat_.params.narrow(0, at, n), clip(shard_owners_, at, n), CollectiveKind::updated_parameters));
   }
-  for (auto& p : pieces) p->wait();
+  if (!gather_ahead_) finish_published();
 }
 
 }  // namespace ds

@@ -23,6 +23,8 @@
 // and each rank keeps its part.
 #pragma once
 
+#include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,8 +72,20 @@ class ZeroExchange : public BlockHooks {
   // Figures each rank computed over its own partition (Lamb's per-tensor norms), summed over the data group
   // in place: a no-op on one rank and where nothing is partitioned (every rank holds the whole of each tensor).
   void sum_over_partitions(double* values, size_t n) const;
-  // After the optimizer changed this rank's part (and at the start): every rank gets the new weights.
+  // After the optimizer changed this rank's part (and at the start): every rank gets the new weights. Stages 1-2
+  // gathering ahead (plan.execution.gather_ahead) leave the pieces in flight: the next forward waits for each as its
+  // blocks need it (before the embeddings, before each block, after the last), and the next backward for any left.
   void publish_parameters();
+  // Before anything else reads the weights (a checkpoint, a validation, the run's end): the pieces still in flight.
+  void finish_published() { finish_published(std::numeric_limits<int64_t>::max()); }
+  // How many pieces of the updated parameters are still in flight.
+  size_t published_in_flight() const { return published_.size(); }
+  // From now on the updated parameters are waited for as soon as they are issued (ds profile: each step's time,
+  // kernels and collectives its own, the matmul rate measured after it undisturbed).
+  void gather_at_once() {
+    finish_published();
+    gather_ahead_ = false;
+  }
 
   // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
   // backward finishes them.
@@ -110,6 +124,8 @@ class ZeroExchange : public BlockHooks {
   void issue(Gather& g);
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
   void gather_block(Partitioned& from, int64_t layer, CollectiveKind what, int64_t prefetch);
+  // The pieces of the updated parameters in flight that start before element `before`, in order.
+  void finish_published(int64_t before);
   struct Reduce;
   bool sums_on_host() const;  // begin/end_gradient_sums
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
@@ -133,6 +149,10 @@ class ZeroExchange : public BlockHooks {
   bool scatter_shards_ = false;  // stage 1 on such a library: each rank receives its shard's sum only
   bool evaluating_ = false;
   bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
+  bool gather_ahead_ = false;    // stages 1-2: the updated parameters' pieces are waited for as the forward needs them
+  std::vector<int64_t> block_end_;  // gathering ahead: per block, where its parameters end in the flat buffer
+  int64_t front_end_ = 0;           // ... and where the first block's begin (what lies before is read first)
+  std::deque<std::pair<int64_t, std::unique_ptr<PendingCollective>>> published_;  // (a piece's first element, it), in order
   std::vector<ParamGroup> groups_;         // blocks in order, then the outer parameters
   std::vector<Ownership> group_owners_;    // grouped reduce-scatter: per group, what each rank owns of its buffer
   Ownership shard_owners_;                 // stages 1-2: each rank's shard of the padded buffer
