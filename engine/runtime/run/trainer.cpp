@@ -557,7 +557,6 @@ void TrainingRun::save(int64_t step) {
 // added across ranks: every rank gets the same figure.
 double TrainingRun::validate() {
   torch::NoGradGuard ng;
-  zero_->finish_published();
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
   const int W = plan_.batch.world_size;  // the data-parallel ranks: a tensor group evaluates the same rows
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation

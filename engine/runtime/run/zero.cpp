@@ -54,8 +54,8 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
       group_of_block_[static_cast<size_t>(layer)] = static_cast<int>(k);
       range_of_block_[static_cast<size_t>(layer)] = ranges++;
     }
-  // (without the block hooks, nothing would wait for the pieces before the blocks read them: they are waited for at once)
-  gather_ahead_ = comm_ && plan.execution.gather_ahead && hooks_blocks();
+  gather_ahead_ = plan.execution.gather_ahead;
+  DS_CHECK(!gather_ahead_ || (comm_ && hooks_blocks()), "the plan gathers the updated parameters ahead without the ranks or the block hooks that wait for them");
   if (gather_ahead_) {
     const std::vector<std::pair<int64_t, int64_t>> ranges = block_ranges(L);
     front_end_ = ranges.front().first;
@@ -437,8 +437,9 @@ void ZeroExchange::before_forward(int64_t layer) {
 }
 
 void ZeroExchange::after_forward(int64_t layer) {
-  if (layer == plan_.model.hp.num_layers - 1) finish_published();  // the head and the final norm read what follows the blocks
-  if (flat_.grouped && layer == plan_.model.hp.num_layers - 1) finish_reduce();
+  if (layer != plan_.model.hp.num_layers - 1) return;
+  finish_published();  // the head and the final norm read what follows the blocks
+  if (flat_.grouped) finish_reduce();
 }
 
 void ZeroExchange::finish_published(int64_t before) {
