@@ -350,65 +350,76 @@ TrainResult train_on(int world, const std::vector<std::string>& overrides, const
 
 // Stages 1-2 with overlap_comm leave the updated parameters' pieces in flight after the optimizer: the next forward
 // waits for each only when it reaches the parameters it holds (the embeddings before the first block, then block by
-// block, the rest after the last), so the gather runs beside the forward. Without overlap_comm, or at stage 3, they
-// are waited for at once.
+// block, the rest after the last), so the gather runs beside the forward. The pieces are cut at the blocks' boundaries
+// (a block's wait covers its own parameters only, whatever allgather_bucket_size is). Without overlap_comm, or at
+// stage 3, they are waited for at once.
 TEST(ZeroInProcess, StagesOneAndTwoWaitForEachPieceOfTheUpdatedParametersOnlyWhenTheForwardReachesIt) {
-  const int64_t piece = 1000;
-  for (int stage : {0, 1, 2, 3})
-    for (const bool overlap : {true, false}) {
-      SCOPED_TRACE("stage " + std::to_string(stage) + (overlap ? ", overlap_comm" : ""));
-      const std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage), "zero_optimization.allgather_bucket_size=1000",
-                                       std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")};
-      const Plan plan = plan_for(2, 0, o);
-      const bool ahead = overlap && (stage == 1 || stage == 2);
-      EXPECT_EQ(plan.execution.gather_ahead, ahead);
-      if (!ahead) {
+  for (const int64_t bucket : {int64_t{1000}, int64_t{1} << 40})
+    for (int stage : {0, 1, 2, 3})
+      for (const bool overlap : {true, false}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + (overlap ? ", overlap_comm" : "") + ", bucket " + std::to_string(bucket));
+        const std::vector<std::string> o{"zero_optimization.stage=" + std::to_string(stage),
+                                         "zero_optimization.allgather_bucket_size=" + std::to_string(bucket),
+                                         std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")};
+        const Plan plan = plan_for(2, 0, o);
+        const bool ahead = overlap && (stage == 1 || stage == 2);
+        EXPECT_EQ(plan.execution.gather_ahead, ahead);
+        if (!ahead) {
+          LocalGroup group(2);
+          on_ranks(2, [&](int r) {
+            auto comm = group.join(r);
+            RankModel rank(plan_for(2, r, o), r, comm.get());
+            EXPECT_EQ(rank.zero.published_in_flight(), 0u);
+          });
+          continue;
+        }
+        // Each block's first and last element in the flat buffer (the layout's own order), and from them the pieces'
+        // starts: at most `bucket` apart, a new one at the first block's start and after each block's end.
+        const FlatLayout& L = plan.layout;
+        const int64_t layers = plan.model.hp.num_layers;
+        std::vector<int64_t> block_begin(static_cast<size_t>(layers), L.padded_numel), block_end(static_cast<size_t>(layers), 0);
+        for (const ParamSlot& p : L.params)
+          if (p.layer >= 0) {
+            const auto l = static_cast<size_t>(p.layer);
+            block_begin[l] = std::min(block_begin[l], p.offset);
+            block_end[l] = std::max(block_end[l], p.offset + p.numel);
+          }
+        std::vector<int64_t> segment_starts{0};
+        for (int64_t l = 0; l < layers; ++l) segment_starts.push_back(block_begin[static_cast<size_t>(l)]);
+        segment_starts.push_back(block_end.back());
+        segment_starts.push_back(L.padded_numel);
+        std::vector<int64_t> starts;
+        for (size_t k = 0; k + 1 < segment_starts.size(); ++k)
+          for (int64_t at = segment_starts[k]; at < segment_starts[k + 1]; at += bucket) starts.push_back(at);
+        const auto pieces_from = [&](int64_t at) { return static_cast<size_t>(std::count_if(starts.begin(), starts.end(), [&](int64_t s) { return s >= at; })); };
+        const size_t all = starts.size();
+        ASSERT_GT(block_begin[0], 0);  // (the embeddings come first)
+        ASSERT_LT(block_end.back(), L.padded_numel);  // (the final norm after the last block)
+        if (bucket > L.padded_numel) EXPECT_EQ(all, static_cast<size_t>(layers + 2));  // the embeddings, each block, the rest
+        EXPECT_EQ(plan.execution.collectives.back().calls_per_step, static_cast<int64_t>(all));
         LocalGroup group(2);
         on_ranks(2, [&](int r) {
           auto comm = group.join(r);
           RankModel rank(plan_for(2, r, o), r, comm.get());
-          EXPECT_EQ(rank.zero.published_in_flight(), 0u);
+          ZeroExchange& zero = rank.zero;
+          EXPECT_EQ(zero.published_in_flight(), all);  // the starting weights' gather too
+          zero.begin_micro_step(false);
+          EXPECT_EQ(zero.published_in_flight(), pieces_from(block_begin[0]));  // those the embeddings need, waited for
+          for (int64_t l = 0; l < layers; ++l) {
+            zero.before_forward(l);
+            EXPECT_EQ(zero.published_in_flight(), pieces_from(block_end[static_cast<size_t>(l)])) << "block " << l;
+            zero.after_forward(l);
+          }
+          EXPECT_EQ(zero.published_in_flight(), 0u);  // the final norm and the head read the rest
+          zero.publish_parameters();
+          EXPECT_EQ(zero.published_in_flight(), all);
+          zero.finish_published();  // (a checkpoint, a validation)
+          EXPECT_EQ(zero.published_in_flight(), 0u);
+          zero.publish_parameters();
+          zero.begin_backward(true);  // a forward that never reached them (none does): the backward waits for the rest
+          EXPECT_EQ(zero.published_in_flight(), 0u);
         });
-        continue;
       }
-      // Where the first block's parameters begin and each block's end, in the flat buffer (the layout's own order).
-      const FlatLayout& L = plan.layout;
-      const int64_t layers = plan.model.hp.num_layers;
-      int64_t front = L.padded_numel;
-      std::vector<int64_t> block_end(static_cast<size_t>(layers), 0);
-      for (const ParamSlot& p : L.params)
-        if (p.layer >= 0) {
-          front = std::min(front, p.offset);
-          block_end[static_cast<size_t>(p.layer)] = std::max(block_end[static_cast<size_t>(p.layer)], p.offset + p.numel);
-        }
-      const auto pieces_from = [&](int64_t at) { return static_cast<size_t>((L.padded_numel - at + piece - 1) / piece); };
-      const size_t all = pieces_from(0);
-      ASSERT_GT(all, 3u);
-      ASSERT_GT(front, 0);  // (the embeddings come first)
-      LocalGroup group(2);
-      on_ranks(2, [&](int r) {
-        auto comm = group.join(r);
-        RankModel rank(plan_for(2, r, o), r, comm.get());
-        ZeroExchange& zero = rank.zero;
-        EXPECT_EQ(zero.published_in_flight(), all);  // the starting weights' gather too
-        zero.begin_micro_step(false);
-        EXPECT_EQ(zero.published_in_flight(), pieces_from((front + piece - 1) / piece * piece));  // those the embeddings need, waited for
-        for (int64_t l = 0; l < layers; ++l) {
-          zero.before_forward(l);
-          const int64_t waited_to = (block_end[static_cast<size_t>(l)] + piece - 1) / piece * piece;  // the pieces that start before its end
-          EXPECT_EQ(zero.published_in_flight(), pieces_from(std::min(waited_to, L.padded_numel))) << "block " << l;
-          zero.after_forward(l);
-        }
-        EXPECT_EQ(zero.published_in_flight(), 0u);  // the final norm and the head read the rest
-        zero.publish_parameters();
-        EXPECT_EQ(zero.published_in_flight(), all);
-        zero.finish_published();  // (a checkpoint, a validation)
-        EXPECT_EQ(zero.published_in_flight(), 0u);
-        zero.publish_parameters();
-        zero.begin_backward(true);  // a forward that never reached them (none does): the backward waits for the rest
-        EXPECT_EQ(zero.published_in_flight(), 0u);
-      });
-    }
 }
 
 TEST(ZeroInProcess, EveryStageOnThreadRanksTrainsTheSingleRankRun) {

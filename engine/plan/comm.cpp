@@ -123,11 +123,7 @@ int gradient_element_bytes(const ZeroExecution& z) {
 // Stages 0-1 reduce the whole gradient once per step, in reduce-bucket pieces; with overlap_comm each
 // block's range as the last backward finishes it, then the ranges outside the blocks.
 int64_t whole_gradient_calls(const FlatLayout& L, const ZeroExecution& z, int64_t bucket) {
-  const auto blocks = z.overlap && !z.grouped ? block_ranges(L) : std::vector<std::pair<int64_t, int64_t>>{};
-  if (blocks.empty()) return calls_for(z.full_numel, bucket);
-  int64_t calls = calls_for(blocks.front().first, bucket) + calls_for(z.full_numel - blocks.back().second, bucket);
-  for (const auto& [begin, end] : blocks) calls += calls_for(end - begin, bucket);
-  return calls;
+  return static_cast<int64_t>(bucket_pieces(z.full_numel, bucket, z.overlap && !z.grouped ? block_ranges(L) : Pieces{}).size());
 }
 
 // The gradients' reduction at stages 1-3: stage 1 accumulates locally and reduces into the owners'
@@ -213,6 +209,27 @@ Collective control_collective(int world_size) {
   return make(CollectiveKind::control, CollectiveOp::all_reduce, Cadence::per_step, 1, 1, 3, 8, world_size);
 }
 
+Pieces bucket_pieces(int64_t numel, int64_t bucket, const Pieces& blocks) {
+  const int64_t most = std::max<int64_t>(1, bucket);
+  Pieces out;
+  const auto cut = [&](int64_t begin, int64_t end) {
+    for (int64_t at = begin; at < end; at += most) out.emplace_back(at, std::min(end, at + most));
+  };
+  int64_t at = 0;
+  for (const auto& [begin, end] : blocks) {
+    DS_CHECK(at <= begin && begin <= end && end <= numel, "block range [", begin, ", ", end, ") out of order in a buffer of ", numel);
+    cut(at, begin);
+    cut(begin, end);
+    at = end;
+  }
+  cut(at, numel);
+  return out;
+}
+
+Pieces updated_parameter_pieces(const FlatLayout& L, const ZeroExecution& z, int64_t allgather_bucket_size) {
+  return bucket_pieces(z.full_numel, allgather_bucket_size, z.gather_ahead ? block_ranges(L) : Pieces{});
+}
+
 std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {
   const FlatLayout& L = plan.layout;
   const ResolvedZero& knobs = plan.zero;
@@ -231,7 +248,8 @@ std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& 
   const Collective grads = sharded_gradients(plan, z, whole_calls);
   if (!z.gathers) {  // stages 1-2: then the updated parameters, in place
     out.push_back(grads);
-    add_gather(out, CollectiveKind::updated_parameters, Cadence::per_step, 1, calls_for(z.full_numel, knobs.allgather_bucket_size), z.full_numel,
+    add_gather(out, CollectiveKind::updated_parameters, Cadence::per_step, 1,
+               static_cast<int64_t>(updated_parameter_pieces(L, z, knobs.allgather_bucket_size).size()), z.full_numel,
                dtype_bytes(plan.precision.param_dtype), W);
     return out;
   }

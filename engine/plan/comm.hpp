@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -116,5 +117,15 @@ inline int64_t calls_for(int64_t elements, int64_t bucket) {
   const int64_t b = bucket > 0 ? bucket : 1;
   return (elements + b - 1) / b;
 }
+
+// The pieces [begin, end) a collective over a flat buffer of `numel` elements is issued in: at most `bucket`
+// elements each and, given the blocks' ranges (block_ranges), none crossing a block's first or last element, so
+// that each block's pieces can go (or be waited for) as the compute reaches that block.
+using Pieces = std::vector<std::pair<int64_t, int64_t>>;
+Pieces bucket_pieces(int64_t numel, int64_t bucket, const Pieces& blocks = {});
+struct FlatLayout;
+// Stages 1-2's all-gather of the updated parameters (allgather_bucket_size pieces over the padded buffer), cut at
+// the blocks' boundaries where the next forward waits for each block's pieces (ZeroExecution::gather_ahead).
+Pieces updated_parameter_pieces(const FlatLayout& layout, const ZeroExecution& zero, int64_t allgather_bucket_size);
 
 }  // namespace ds

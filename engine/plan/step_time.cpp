@@ -111,7 +111,7 @@ void predict_compute(const Plan& p, StepTime& t) {
 }
 
 void add_row(StepTime& t, std::string what, const Link& link, StepPhase phase, double bytes, double calls) {
-  t.collectives.push_back({std::move(what), link.name, phase, bytes / link.busbw + calls * link.latency_s, 0});
+  t.collectives.push_back({std::move(what), link.name, phase, bytes / link.busbw + calls * link.latency_s, 0, link.latency_s});
 }
 
 // The mesh's own traffic, of the stage that sends the most (stages run side by side: the slowest sets the pace).
@@ -135,17 +135,27 @@ void mesh_rows(const Plan& p, StepTime& t) {
       add_row(t, "Lamb norms (tensor group)", *l, StepPhase::between, x.lamb_bytes, static_cast<double>(x.lamb_all_reduces));
 }
 
-// Stages 1-2 gathering the updated parameters ahead: the allgather_bucket_size pieces that start before the first
-// block's parameters end, which the forward waits for before any block computes (ZeroExchange::before_forward).
-int64_t pieces_before_the_blocks(const Plan& p) {
-  const std::vector<std::pair<int64_t, int64_t>> blocks = block_ranges(p.layout);
-  if (blocks.empty()) return 1;
-  const int64_t piece = std::max<int64_t>(1, p.zero.allgather_bucket_size);
-  return (blocks.front().second + piece - 1) / piece;
+// What of a collective's time nothing in its phase runs beside. Stages 1-2 gathering the updated parameters ahead: the
+// pieces through the first block's parameters (the embeddings', then block 0's), which the forward waits for before
+// any block computes (ZeroExchange::before_forward); each of their calls and their share of the bytes. Else each
+// micro step's first call (the first block's gather, the last bucket's reduce), as if the calls were of one size.
+double unhidden_seconds(const Plan& p, const Collective& c, const CollectiveTime& row) {
+  const double calls = static_cast<double>(std::max<int64_t>(1, c.calls_per_step));
+  if (c.kind != CollectiveKind::updated_parameters) {
+    const double micro_steps = c.when == Cadence::per_micro_step ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
+    return row.seconds / calls * std::min(micro_steps, calls);
+  }
+  const Pieces blocks = block_ranges(p.layout);
+  const int64_t waited_before = blocks.empty() ? p.execution.full_numel : blocks.front().second;
+  int64_t elements = 0, pieces = 0;
+  for (const auto& [begin, end] : updated_parameter_pieces(p.layout, p.execution, p.zero.allgather_bucket_size))
+    if (begin < waited_before) elements += end - begin, ++pieces;
+  const double bytes_s = row.seconds - calls * row.call_s;
+  return bytes_s * static_cast<double>(elements) / static_cast<double>(std::max<int64_t>(1, p.execution.full_numel)) +
+         static_cast<double>(pieces) * row.call_s;
 }
 
-// Within each phase, what can hide hides up to the phase's compute: all but each collective's first call of a
-// micro step (the first block's gather, the last bucket's reduce), which nothing runs beside.
+// Within each phase, what can hide hides up to the phase's compute: all but each collective's unhidden_seconds.
 void overlap(const Plan& p, StepTime& t) {
   const double windows[] = {t.forward_s, t.backward_s};
   for (StepPhase phase : {StepPhase::forward, StepPhase::backward}) {
@@ -162,12 +172,9 @@ void overlap(const Plan& p, StepTime& t) {
       if (i >= t.collectives.size()) break;
       CollectiveTime& row = t.collectives[i++];
       if (row.phase != phase) continue;
-      const double micro_steps = c.when == Cadence::per_micro_step ? static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) : 1.0;
-      // Gathered ahead, the pieces that start before the first block's end are waited for before any block computes.
-      const double exposed = c.kind == CollectiveKind::updated_parameters ? static_cast<double>(pieces_before_the_blocks(p)) : micro_steps;
-      const double first_call = row.seconds / std::max<double>(1, static_cast<double>(c.calls_per_step)) * std::min(exposed, static_cast<double>(c.calls_per_step));
-      rows.push_back({&row, row.seconds - first_call});
-      hideable += row.seconds - first_call;
+      const double share = std::max(0.0, row.seconds - unhidden_seconds(p, c, row));
+      rows.push_back({&row, share});
+      hideable += share;
     }
     if (!(hideable > 0)) continue;
     const double hidden = std::min(hideable, window);

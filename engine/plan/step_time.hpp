@@ -41,6 +41,7 @@ struct CollectiveTime {
   StepPhase phase = StepPhase::between;
   double seconds = 0;    // per step
   double hidden_s = 0;   // of which overlapped with compute
+  double call_s = 0;     // of `seconds`, what each call pays whatever its size (the link's latency)
 };
 
 enum class OffloadResource { host_link, host_memory, nvme };

@@ -140,11 +140,10 @@ std::vector<std::unique_ptr<PendingCollective>> ZeroExchange::reduce_in_pieces(c
                                                                               bool wait_each) {
   std::vector<std::unique_ptr<PendingCollective>> pieces;
   if (!comm_) return pieces;  // one rank: the sum over ranks is the gradient itself
-  const int64_t piece = std::max<int64_t>(1, plan_.zero.reduce_bucket_size);
   const torch::ScalarType wire = to_torch(plan_.execution.wire_dtype);
   int64_t received = 0;  // scratch elements the pieces in flight take
-  for (int64_t at = 0; at < t.numel(); at += piece) {
-    const int64_t n = std::min(piece, t.numel() - at);
+  for (const auto& [at, end] : bucket_pieces(t.numel(), plan_.zero.reduce_bucket_size)) {
+    const int64_t n = end - at;
     const torch::Tensor held = t.narrow(0, at, n);
     const Ownership part = owners ? clip(*owners, at, n) : Ownership{};
     // communication_data_type: the piece crosses ranks cast to it (the plan's reduce_cast).
@@ -520,12 +519,11 @@ void ZeroExchange::publish_parameters() {
   // Stages 1-2: every rank's updated part of the padded buffer, gathered in place in pieces (in flight until the next
   // forward needs them when gathering ahead).
   finish_published();
-  const int64_t padded = plan_.layout.padded_numel;
-  const int64_t piece = std::max<int64_t>(1, plan_.zero.allgather_bucket_size);
-  for (int64_t at = 0; at < padded; at += piece) {
-    const int64_t n = std::min(piece, padded - at);
-    published_.emplace_back(at, comm_->all_gather_async(flat_.params.narrow(0, at, n), clip(shard_owners_, at, n), CollectiveKind::updated_parameters));
-  }
+  DS_CHECK(plan_.execution.full_numel == plan_.layout.padded_numel, "the updated parameters' pieces cover ", plan_.execution.full_numel,
+           " elements, not the padded buffer's ", plan_.layout.padded_numel);
+  for (const auto& [at, end] : updated_parameter_pieces(plan_.layout, plan_.execution, plan_.zero.allgather_bucket_size))
+    published_.emplace_back(at, comm_->all_gather_async(flat_.params.narrow(0, at, end - at), clip(shard_owners_, at, end - at),
+                                                        CollectiveKind::updated_parameters));
   if (!gather_ahead_) finish_published();
 }
 
