@@ -3,11 +3,12 @@
 // the timeout naming what it waited for. On a GPU (label gpu; skipped elsewhere, saying why): a one-rank
 // communicator runs every collective over CUDA tensors, NCCL's equal pieces and uneven spans alike, each the
 // identity on one rank, and counts them in its ledger; a group split from it runs its own; one split for messages
-// only runs none; a settle leaves a collective nothing waits for running.
+// only runs none; a settle leaves a collective nothing waits for running; a collective's time is its span on the GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <functional>
 #include <future>
 #include <stdexcept>
@@ -167,6 +168,41 @@ TEST(NcclCommunicatorOneGpu, ASettleLeavesACollectiveNothingWaitsForRunning) {
   ahead->wait();
   comm->settle();
   EXPECT_TRUE(torch::equal(t.cpu(), host));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  delete gate;
+}
+
+// A collective's time is its span on the GPU, not the host's queueing of it: here it is queued behind a compute stream
+// the test holds shut, so it cannot start before the host opens the gate. Its profile span starts after that (the
+// host's clock queued it before), ends before the settle that follows returns, and is what the ledger counts.
+TEST(NcclCommunicatorOneGpu, ACollectivesTimeIsItsSpanOnTheGpuNotItsQueueing) {
+  if (const std::string why = why_no_gpu(); !why.empty()) GTEST_SKIP() << why;
+  const std::unique_ptr<Communicator> comm = make_nccl_communicator(rank_of(0, 1, test::free_port()), std::chrono::seconds(30));
+  torch::Tensor t = torch::arange(0, 1 << 20, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA));
+  comm->all_reduce_sum(t, CollectiveKind::gradients);  // (the communicator's first call, before any gate)
+  comm->settle();
+  comm->record_events(true);
+  const double before = comm->ledger().at(CollectiveKind::gradients).seconds;
+  std::promise<void> open;
+  auto* gate = new std::shared_future<void>(open.get_future().share());
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, [](void* g) { static_cast<std::shared_future<void>*>(g)->wait(); }, gate), cudaSuccess);
+  std::unique_ptr<PendingCollective> held = comm->all_reduce_sum_async(t, CollectiveKind::gradients);
+  held->wait();  // (the compute stream waits for it; the host does not)
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (a queueing timed on the host would end before the gate opens)
+  const auto opened = std::chrono::steady_clock::now();
+  open.set_value();
+  comm->settle();
+  const auto settled = std::chrono::steady_clock::now();
+  const std::vector<Communicator::Event> events = comm->take_events();
+  ASSERT_EQ(events.size(), 1u);
+  const Communicator::Event& e = events[0];
+  EXPECT_EQ(e.kind, CollectiveKind::gradients);
+  const auto slack = std::chrono::milliseconds(2);  // where the GPU's clock meets the host's
+  EXPECT_GE(e.issued + slack, opened) << "the span starts " << std::chrono::duration<double>(opened - e.issued).count() << " s before the gate opened";
+  EXPECT_LE(e.done, settled + slack);
+  EXPECT_LE(e.issued, e.done);
+  const double seconds = comm->ledger().at(CollectiveKind::gradients).seconds - before;
+  EXPECT_NEAR(seconds, std::chrono::duration<double>(e.done - e.issued).count(), 1e-5);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   delete gate;
 }

@@ -395,7 +395,9 @@ TEST(ZeroInProcess, StagesOneAndTwoWaitForEachPieceOfTheUpdatedParametersOnlyWhe
         const size_t all = starts.size();
         ASSERT_GT(block_begin[0], 0);  // (the embeddings come first)
         ASSERT_LT(block_end.back(), L.padded_numel);  // (the final norm after the last block)
-        if (bucket > L.padded_numel) EXPECT_EQ(all, static_cast<size_t>(layers + 2));  // the embeddings, each block, the rest
+        if (bucket > L.padded_numel) {
+          EXPECT_EQ(all, static_cast<size_t>(layers + 2));  // the embeddings, each block, the rest
+        }
         EXPECT_EQ(plan.execution.collectives.back().calls_per_step, static_cast<int64_t>(all));
         LocalGroup group(2);
         on_ranks(2, [&](int r) {

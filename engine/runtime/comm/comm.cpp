@@ -59,6 +59,7 @@ int Communicator::place_in(const std::string& name, const std::vector<int>& memb
 }
 
 std::vector<Communicator::Event> Communicator::take_events() {
+  stamp_timed_events();
   std::vector<Event> out;
   for (auto it = events_.begin(); it != events_.end();)
     if (it->second.finished) {

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -32,8 +33,9 @@
 
 namespace ds {
 
-// Per collective kind: calls, bytes this rank sent and seconds it was held up by them (a collective
-// running beside compute counts only its wait).
+// Per collective kind: calls, bytes this rank sent and seconds: where the host waits for each (Gloo, the thread
+// ranks) the time it was held up (a collective running beside compute counts only its wait); over NCCL, which the
+// host only queues, each one's span on the GPU, running beside compute or not.
 struct CommStats {
   std::string op;
   int64_t calls = 0;
@@ -116,7 +118,8 @@ class Communicator {
 
   const CommLedger& ledger() const { return ledger_; }
 
-  // ds profile: each collective's span on this rank, from issue to completion (off unless asked).
+  // ds profile: each collective's span on this rank, from issue to completion (NCCL: from its start on the GPU to its
+  // end there, on the host's clock) (off unless asked).
   struct Event {
     CollectiveKind kind;
     std::chrono::steady_clock::time_point issued, done;
@@ -145,12 +148,17 @@ class Communicator {
   static double payload_bytes(const torch::Tensor& t, const Ownership& owners);
 
   // Stamps the end of event `id` (from count); -1, or one dropped, does nothing.
-  void finish_event(int64_t id) {
+  void finish_event(int64_t id) { stamp_event(id, std::nullopt, std::chrono::steady_clock::now()); }
+  // The same with its span timed elsewhere (on a GPU's clock, mapped onto the host's): its start too.
+  void stamp_event(int64_t id, std::optional<std::chrono::steady_clock::time_point> issued, std::chrono::steady_clock::time_point done) {
     const auto it = events_.find(id);
     if (it == events_.end()) return;
-    it->second.done = std::chrono::steady_clock::now();
+    if (issued) it->second.issued = *issued;
+    it->second.done = done;
     it->second.finished = true;
   }
+  // Before take_events: stamps the spans timed elsewhere that have ended since (NCCL's, on the GPU's clock).
+  virtual void stamp_timed_events() {}
 
   int rank_ = 0, world_ = 1;
   int64_t step_ = -1;

@@ -12,13 +12,16 @@
 // summed in their own dtype (NCCL's way; the plan's capabilities say so). split() forms the mesh's tensor and
 // data groups as communicators of their own, met under the group's name in the world's store; split_for_messages()
 // the pipeline's and the tied table's, which open none: their sends and receives go over a two-rank communicator
-// and stream per direction between two ranks.
+// and stream per direction between two ranks. A collective's or message's time (the ledger's seconds, ds profile's
+// spans) is its span on the GPU's clock, from when its stream starts it to its end, read once it has run: the host
+// only queues it, so the host's clock would time the queueing.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -27,6 +30,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "common/error.hpp"
@@ -146,6 +150,9 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception&) {
     }
     group_.reset();
+    for (const GpuSpan& s : spans_) cudaEventDestroy(s.start), cudaEventDestroy(s.stop);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    if (clock_anchor_) cudaEventDestroy(clock_anchor_);
     if (newest_waited_event_) cudaEventDestroy(newest_waited_event_);
     if (staging_) cudaFree(staging_);
     if (one_) cudaFree(one_);
@@ -194,7 +201,7 @@ class NcclCommunicator final : public Communicator {
     Issue issue{-1, nullptr, std::chrono::steady_clock::now(), std::string()};
     issue.stats = &count_received(kind, &issue.event);
     issue.what = what;
-    after_compute(link.stream);  // (the buffer's memory may have been the compute stream's a moment ago)
+    start_span(issue, link.stream);  // (the buffer's memory may have been the compute stream's a moment ago)
     link.group->recv(t.data_ptr(), static_cast<size_t>(t.numel()), element_of(t), 0, link.stream);
     end(issue, link.stream)->wait();
   }
@@ -262,7 +269,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void mark_step(int64_t step) override {
-    settle();
+    wait_for_waited();  // (not stamped here: a span ending now is timed in the step about to run, not between two)
     step_ = step;
   }
   // Before the host reads the device (Communicator::settle): every collective and message so far, bounded by the
@@ -271,6 +278,17 @@ class NcclCommunicator final : public Communicator {
   // running: the compute stream does not wait for them, so nothing the host reads does either; the collectives before
   // the newest one waited for end first (one stream runs them in order).
   void settle() override {
+    wait_for_waited();
+    try {
+      stamp_timed_events();
+    } catch (...) {
+      forget_work();
+      throw;
+    }
+  }
+
+ private:
+  void wait_for_waited() {
     try {
       if (group_ && unwaited_ == 0)
         group_->wait(stream_, "the collectives " + at_step());
@@ -283,8 +301,6 @@ class NcclCommunicator final : public Communicator {
       throw;
     }
   }
-
- private:
   // A group split for messages only has no communicator to run a collective over.
   void require_collectives(const char* what) const {
     DS_CHECK(group_, "rank ", world_rank(), ": ", what, " in the NCCL group ", name_, ", which was split for messages only");
@@ -294,6 +310,7 @@ class NcclCommunicator final : public Communicator {
     CommStats* stats;
     std::chrono::steady_clock::time_point start;
     std::string what;  // for the watchdog: "an all_gather of updated parameters"
+    cudaEvent_t began = nullptr;  // recorded on its stream before it (start_span)
   };
   // Counts the call, and orders `stream` (the collectives' own, or a link's) after what the compute stream has
   // queued (the tensor's producer).
@@ -301,8 +318,16 @@ class NcclCommunicator final : public Communicator {
     DS_CHECK(t.is_contiguous(), "NCCL collectives take contiguous tensors");
     Issue issue{-1, nullptr, std::chrono::steady_clock::now(), std::string(collective_op_name(op)) + " of " + collective_name(kind)};
     issue.stats = &count(kind, op, payload, &issue.event);
-    after_compute(stream);
+    start_span(issue, stream);
     return issue;
+  }
+  // Orders `stream` after the compute stream's work, then marks where the call's span starts on the GPU's clock: once
+  // the stream reaches it (what it waits for, and the calls queued before it on that stream, have run).
+  void start_span(Issue& issue, cudaStream_t stream) {
+    if (issue.event >= 0) anchor_clock();  // (its span goes onto the host's clock)
+    after_compute(stream);
+    issue.began = timing_event();
+    cuda_check(cudaEventRecord(issue.began, stream), "cudaEventRecord");
   }
   Issue begin(const torch::Tensor& t, CollectiveKind kind, CollectiveOp op, double payload) { return begin(t, kind, op, payload, stream_); }
   static void after_compute(cudaStream_t stream) {
@@ -414,23 +439,90 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<PendingCollective> end(const Issue& issue) { return end(issue, stream_); }
   std::unique_ptr<PendingCollective> end(const Issue& issue, cudaStream_t stream) {
+    cudaEvent_t ended = timing_event();
+    cuda_check(cudaEventRecord(ended, stream), "cudaEventRecord");
+    spans_.push_back({issue.began, ended, issue.stats, issue.event});  // (its time and profile span: stamp_timed_events)
     cudaEvent_t done;
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaEventRecord(done, stream), "cudaEventRecord");
     watch(issue.what, stream);
-    issue.stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - issue.start).count();
-    const int64_t event = issue.event;
     if (stream != stream_)  // a link's message
-      return std::make_unique<NcclWork>(done, [this, event](cudaEvent_t e) {
-        cudaEventDestroy(e);
-        finish_event(event);
-      });
+      return std::make_unique<NcclWork>(done, [](cudaEvent_t e) { cudaEventDestroy(e); });
     const int64_t order = issued_++;
     ++unwaited_;
-    return std::make_unique<NcclWork>(done, [this, event, order](cudaEvent_t e) {
-      waited(order, e);
-      finish_event(event);
-    });
+    return std::make_unique<NcclWork>(done, [this, order](cudaEvent_t e) { waited(order, e); });
+  }
+
+  // The spans whose end has run: their GPU time into the ledger and, ds profile recording, onto the host's clock as
+  // their events' spans. Those still running wait for a later call (a settle, a take of the events).
+  void stamp_timed_events() override {
+    std::vector<GpuSpan> pending = std::move(spans_);
+    spans_.clear();
+    size_t i = 0;
+    try {
+      for (; i < pending.size(); ++i) {
+        const GpuSpan& s = pending[i];
+        const cudaError_t ran = cudaEventQuery(s.stop);
+        if (ran == cudaErrorNotReady) {
+          spans_.push_back(s);
+          continue;
+        }
+        cuda_check(ran, "cudaEventQuery");
+        float ms = 0;
+        cuda_check(cudaEventElapsedTime(&ms, s.start, s.stop), "cudaEventElapsedTime");
+        const auto issued = s.event >= 0 ? on_host_clock(s.start) : std::chrono::steady_clock::time_point();
+        // (read before anything changes: a throw above leaves the span pending, counted once when it is retried)
+        s.stats->seconds += ms / 1e3;
+        if (s.event >= 0) stamp_event(s.event, issued, issued + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms)));
+        spare_events_.push_back(s.start);
+        spare_events_.push_back(s.stop);
+      }
+    } catch (...) {
+      spans_.insert(spans_.end(), pending.begin() + static_cast<std::ptrdiff_t>(i), pending.end());
+      throw;
+    }
+  }
+  // Timing events are reused: a step issues hundreds of calls at stage 3.
+  cudaEvent_t timing_event() {
+    if (!spare_events_.empty()) {
+      const cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+    return e;
+  }
+  // Where the GPU's clock meets the host's: an event recorded on an empty stream of its own, the host's time when it
+  // has run (within microseconds). Made before the first span recorded for ds profile, so that every such span starts
+  // after it (a profile is short: the float milliseconds from it stay fine). Waited for at most the comm timeout.
+  void anchor_clock() {
+    if (clock_anchor_) return;
+    cudaStream_t empty;
+    cuda_check(cudaStreamCreateWithFlags(&empty, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaEvent_t anchor;
+    cuda_check(cudaEventCreate(&anchor), "cudaEventCreate");
+    cuda_check(cudaEventRecord(anchor, empty), "cudaEventRecord");
+    const auto asked = std::chrono::steady_clock::now();
+    cudaError_t ran;
+    while ((ran = cudaEventQuery(anchor)) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() - asked > timeout_) {
+        cudaEventDestroy(anchor);
+        cudaStreamDestroy(empty);
+        throw std::runtime_error("rank " + std::to_string(world_rank()) + ": an empty CUDA stream did not run within the comm timeout (the GPU is stuck)");
+      }
+      std::this_thread::yield();
+    }
+    anchor_host_ = std::chrono::steady_clock::now();
+    cudaStreamDestroy(empty);
+    if (ran != cudaSuccess) cudaEventDestroy(anchor);
+    cuda_check(ran, "cudaEventQuery");
+    clock_anchor_ = anchor;
+  }
+  std::chrono::steady_clock::time_point on_host_clock(cudaEvent_t e) const {
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, clock_anchor_, e), "cudaEventElapsedTime");
+    return anchor_host_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms));
   }
   // The collective issued `order`-th was waited for (its `done` event): the newest such is where settle() waits to.
   void waited(int64_t order, cudaEvent_t done) {
@@ -460,6 +552,16 @@ class NcclCommunicator final : public Communicator {
   // and the newest waited for, with its event.
   int64_t issued_ = 0, unwaited_ = 0, newest_waited_ = -1;
   cudaEvent_t newest_waited_event_ = nullptr;
+  // Each call's span on its stream (timing events before and after it), until its end has run and it is counted.
+  struct GpuSpan {
+    cudaEvent_t start, stop;
+    CommStats* stats;  // (the ledger's map keeps its entries where they are)
+    int64_t event;     // its profile event, -1 when not recording
+  };
+  std::vector<GpuSpan> spans_;
+  std::vector<cudaEvent_t> spare_events_;
+  cudaEvent_t clock_anchor_ = nullptr;
+  std::chrono::steady_clock::time_point anchor_host_;
 };
 
 }  // namespace
