@@ -472,6 +472,12 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
   for (const Transfer& t : p.execution.transfers)
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
+  if (p.execution.step_in_forward) {
+    const std::vector<int64_t> hooks = tile_hooks(p.layout, p.execution.weight_tiles);
+    const auto later = std::count_if(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+    o << "  the host steps " << later << " of its " << hooks.size()
+      << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once)\n";
+  }
   if (!p.execution.sub_groups.empty())
     o << "  swapped in " << format_count(static_cast<int64_t>(p.execution.sub_groups.size())) << " sub-groups of up to "
       << format_count(p.execution.sub_group_numel) << " elements, " << p.execution.swap_sets
@@ -588,8 +594,9 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
       o << "  " << pad(x.what, what_w) << pad(x.rate, rate_w) << lpad(format_bytes(x.bytes), 12)
         << lpad(x.known ? seconds_text(x.seconds) : "?", 10) << lpad(x.known ? seconds_text(x.hidden_s) : "?", 10) << "\n";
     if (t.offload_known())
-      o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s)
-        << " added to the step (ds's offload does not overlap compute yet)\n";
+      o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
+        << (p.execution.step_in_forward ? " (compute hides only the host's step of the tiles stepped during the next forward)\n"
+                                        : " (it follows the backward: no compute hides it)\n");
   }
   if (t.step_known()) {
     const double step = t.step_s();

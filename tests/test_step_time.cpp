@@ -430,6 +430,46 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_NEAR(j["step_s"].get<double>(), t.step_s(), 1e-12);
 }
 
+// One GPU with its optimizer on the host: the host steps the tiles the forward reads before its first block at once
+// and the others during the next step's first forward (ZeroExecution::step_in_forward), so their share of the host's
+// step hides behind that forward, up to its length. Several ranks' shards are published to each other first: nothing
+// hides there.
+TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
+  const std::vector<std::string> cpu_offload{"zero_optimization.offload_optimizer.device=cpu"};
+  for (const char* memory : {"400GB/s", "20GB/s"}) {  // the host's step shorter than the forward, and longer
+    SCOPED_TRACE(memory);
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", memory, ""), cpu_offload);
+    const ZeroExecution& z = p.execution;
+    ASSERT_TRUE(z.step_in_forward);
+    const StepTime& t = p.step_time;
+    ASSERT_TRUE(t.step_known());
+    // The tiles beginning at or after block 0's first element wait for the forward (the layout: embeddings, blocks, rest).
+    int64_t first_block = p.layout.numel, later = 0;
+    for (const ParamSlot& s : p.layout.params)
+      if (s.layer >= 0) first_block = std::min(first_block, s.offset);
+    for (const SubGroup& g : z.weight_tiles) later += g.begin >= first_block ? g.numel() : 0;
+    ASSERT_GT(later, 0);
+    ASSERT_LT(later, z.local_numel);
+    const OffloadTime& step = t.offload.back();
+    ASSERT_EQ(step.what, "optimizer step on the host");
+    const double share = static_cast<double>(later) / static_cast<double>(z.local_numel);
+    const double forward_of_first_micro_step = t.forward_s / static_cast<double>(p.batch.grad_accum);
+    EXPECT_NEAR(step.hidden_s, std::min(share * step.seconds, forward_of_first_micro_step), 1e-15);
+    if (std::string(memory) == "400GB/s")  // (both regimes are met: the share hides whole, then the forward is the cap)
+      EXPECT_LT(share * step.seconds, forward_of_first_micro_step);
+    else
+      EXPECT_GT(share * step.seconds, forward_of_first_micro_step);
+    EXPECT_GT(step.hidden_s, 0);
+    double others_hidden = 0;
+    for (const OffloadTime& x : t.offload) others_hidden += &x == &step ? 0.0 : x.hidden_s;
+    EXPECT_NEAR(t.offload_hidden_s, others_hidden + step.hidden_s, 1e-15);
+    EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + t.offload_s - t.offload_hidden_s, 1e-12);
+  }
+  const Plan shards = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
+  EXPECT_FALSE(shards.execution.step_in_forward);
+  EXPECT_EQ(shards.step_time.offload.back().hidden_s, 0);
+}
+
 TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransfersAndStepReadAlike) {
   // bf16 weights are written by the optimizer's kernel in place where one memory holds the stepped states and the
   // weights (the device's span on the device, the host's with the parameters on the host, or a CPU device); a host

@@ -309,6 +309,18 @@ void predict_offload(const Plan& p, StepTime& t) {
       std::vector<OffloadTime> other = offload_rows(rank, rank.execution, r, t.missing);
       if (exposed(other) > exposed(rows)) rows = std::move(other);
     }
+  // The host's step during the next forward (step_in_forward): the tiles after the embeddings' are stepped while the
+  // GPU runs the blocks before theirs, up to the first micro step's forward.
+  if (p.execution.step_in_forward && t.forward_s > 0) {
+    const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
+    const std::vector<int64_t> hooks = tile_hooks(p.layout, tiles);
+    int64_t later = 0;
+    for (size_t i = 0; i < tiles.size(); ++i) later += hooks[i] >= 0 ? tiles[i].numel() : 0;
+    const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
+    const double window = t.forward_s / static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+    for (OffloadTime& x : rows)
+      if (x.what == "optimizer step on the host") x.hidden_s = std::min(x.seconds * share, window);
+  }
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

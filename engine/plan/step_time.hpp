@@ -19,9 +19,10 @@
 //               host the host link (per GPU), to and from NVMe the drives' rate, and the optimizer's step on the
 //               host its states streamed through the host's memory (per element: the fp32 gradient read, the
 //               master and each moment read and written, the weight written); memory and drives are shared by a
-//               node's ranks, and on a CPU device a "copy between places" is a memory copy (read and write). As
-//               ds runs offload today it follows the backward and nothing overlaps it, except NVMe swaps pipelined
-//               (pipeline_read/write) behind the host's step;
+//               node's ranks, and on a CPU device a "copy between places" is a memory copy (read and write). What
+//               hides: NVMe swaps pipelined (pipeline_read/write) and staged weights' copies behind the host's step,
+//               and where the host steps tiles during the next forward (step_in_forward) their share of its step,
+//               up to the first micro step's forward;
 //   step      = compute + communication - hidden + offload - its hidden part.
 #pragma once
 
@@ -52,7 +53,7 @@ struct OffloadTime {
   std::string rate;      // the resource and its rate as given: "pcie5 (50.0 GB/s a direction)"
   double bytes = 0;      // per step and rank
   double seconds = 0;    // 0 where the resource's rate is not known (`known`)
-  double hidden_s = 0;   // of which overlapped (NVMe swaps pipelined behind the host's step)
+  double hidden_s = 0;   // of which overlapped (NVMe swaps behind the host's step; the host's step behind the forward)
   bool known = true;
 };
 const char* offload_resource_name(OffloadResource r);

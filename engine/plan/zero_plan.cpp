@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/error.hpp"
 #include "engine/plan/plan.hpp"
@@ -537,6 +538,33 @@ void add_working_buffers(ZeroBuild& b) {
 
 }  // namespace
 
+std::vector<int64_t> tile_hooks(const FlatLayout& L, const std::vector<SubGroup>& tiles) {
+  std::vector<std::pair<int64_t, int>> blocks;  // (the first flat element, the layer) of each trained block, in order
+  int64_t blocks_end = 0;
+  for (const ParamGroup& g : parameter_groups(L)) {
+    if (g.layer < 0) continue;
+    int64_t begin = L.numel;
+    for (int i : g.params) {
+      const ParamSlot& p = L.params[static_cast<size_t>(i)];
+      begin = std::min(begin, p.offset);
+      blocks_end = std::max(blocks_end, p.offset + p.numel);
+    }
+    blocks.emplace_back(begin, g.layer);
+  }
+  std::vector<int64_t> hooks;
+  for (const SubGroup& t : tiles) {
+    if (blocks.empty() || t.begin < blocks.front().first) {
+      hooks.push_back(-1);
+    } else if (t.begin >= blocks_end) {
+      hooks.push_back(2 * int64_t{blocks.back().second} + 1);
+    } else {
+      const auto in = std::upper_bound(blocks.begin(), blocks.end(), std::pair<int64_t, int>{t.begin, std::numeric_limits<int>::max()}) - 1;
+      hooks.push_back(2 * int64_t{in->second});
+    }
+  }
+  return hooks;
+}
+
 ZeroExecution describe_zero(const Plan& plan) {
   ZeroExecution z;
   ZeroBuild b = decide_execution(plan, z);
@@ -547,6 +575,15 @@ ZeroExecution describe_zero(const Plan& plan) {
   if (b.param_offload) add_parameter_fetches(b);
   add_working_buffers(b);
   z.collectives = plan_collectives(plan, z);
+  // The host's step of a GPU's weights during the next forward: one span of this rank's whole part stepped on the host
+  // in tiles whose weights are staged for the device, over a model whole on the rank that computes in the stored
+  // weights (Lamb's per-tensor norms need every tile's first; refused as a tile layout anyway).
+  if (z.state_spans.size() == 1 && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
+      z.weight_tiles.size() > 1 && !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
+      !plan.optimizer.per_tensor_update()) {
+    const std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);
+    z.step_in_forward = std::any_of(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+  }
   return z;
 }
 
