@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -200,7 +201,13 @@ class SeparateMemoryDevice final : public Device {
     const bool on_copy_stream = dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous();
     if (on_copy_stream && to == Place::host) copy_.synchronize();  // (then the host waits for it: host code reads it next)
     if (!on_copy_stream && (from == Place::host) != (to == Place::host)) compute_.synchronize();
-    dst.copy_(src);
+    // As cudaMemcpyAsync, a copy between equal dtypes writes the bytes and leaves LibTorch's version counters alone
+    // (the host's step during the forward writes later blocks' weights, views of one buffer, after earlier blocks
+    // saved theirs for the backward); a converting copy is LibTorch's, as on the GPU.
+    if (on_copy_stream)
+      std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    else
+      dst.copy_(src);
     if (on_copy_stream && from == Place::host && to == Place::device)
       copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
   }
@@ -847,6 +854,82 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
     EXPECT_EQ(resumed[0].result.losses[1], straight[0].result.losses[3]);
     // The resume read the states into host memory and copied them over.
     EXPECT_GE(ledger_bytes(resumed[0].transfers, Place::host, Place::device), device_states);
+    fs::remove_all(root);
+  }
+}
+
+// ZeRO-Offload on one rank of a GPU-like device: the host steps the tiles the forward reads before its first block at
+// once and leaves every other tile to the next forward, stepping each before the first block hook that reads it
+// (the block its first element lies in; after the last block for the final norm and an untied head). The runs equal
+// the CPU's, which steps every tile at once, bit for bit (losses, validation losses, a run resumed from a checkpoint
+// taken with tiles pending); each step moves the plan's bytes (a pending tile's weights counted in the step that
+// updated them); the forwards stepped every pending tile of the three updates before the last; the test device
+// saw no host write into a staging buffer a copy was still reading.
+TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThemAtOnce) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_in_forward_" + std::to_string(::getpid()));
+  struct Case {
+    std::string name;
+    std::vector<std::string> overrides;
+    bool grads_leave = false;
+  };
+  const std::vector<Case> cases{
+      {"stage 2, gradients leaving block by block", {"zero_optimization.stage=2", "zero_optimization.sub_group_size=20000"}, true},
+      {"stage 1, gradients kept on the device, two micro steps, validation",
+       {"zero_optimization.stage=1", "zero_optimization.sub_group_size=20000", "gradient_accumulation_steps=2", "train.eval_every=2",
+        "data.val_fraction=0.2"}},
+      {"llama, untied head after the blocks",
+       {"model.preset=llama-tiny", "zero_optimization.stage=2", "zero_optimization.sub_group_size=15000"}, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "train.save_every=2",
+                               "train.output_dir=" + (root / "cpu").string()};
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    const Plan plan = plan_for(1, 0, o, c.grads_leave, /*separate=*/true);
+    const ZeroExecution& z = plan.execution;
+    ASSERT_TRUE(z.step_in_forward);
+    // Which tiles wait, independently of tile_hooks: those beginning at or after the first trained block's first element.
+    int64_t first_block = plan.layout.numel, blocks_end = 0;
+    for (const ParamSlot& p : plan.layout.params)
+      if (p.layer >= 0) first_block = std::min(first_block, p.offset), blocks_end = std::max(blocks_end, p.offset + p.numel);
+    int64_t waiting = 0, after_blocks = 0;
+    for (const SubGroup& t : z.weight_tiles) waiting += t.begin >= first_block, after_blocks += t.begin >= blocks_end;
+    ASSERT_GT(waiting, 0);
+    ASSERT_LT(waiting, static_cast<int64_t>(z.weight_tiles.size()));  // (the embeddings' tiles are stepped at once)
+    if (c.name.rfind("llama", 0) == 0) {
+      EXPECT_GT(after_blocks, 0);  // (the head's own tile, stepped after the last block)
+    }
+    // Not where nothing would overlap: the CPU device's (one memory), or two ranks' shards (published to each other first).
+    EXPECT_FALSE(plan_for(1, 0, o, c.grads_leave, /*separate=*/false).execution.step_in_forward);
+    EXPECT_FALSE(plan_for(2, 0, o, c.grads_leave, /*separate=*/true).execution.step_in_forward);
+
+    const std::vector<RankRun> cpu = train_ranks(1, o, false, "", c.grads_leave);
+    o[3] = "train.output_dir=" + (root / "separate").string();
+    const std::vector<RankRun> separate = train_ranks(1, o, true, "", c.grads_leave);
+    ASSERT_EQ(separate[0].result.losses.size(), 4u);
+    EXPECT_EQ(cpu[0].result.losses, separate[0].result.losses);
+    EXPECT_EQ(cpu[0].result.val_losses, separate[0].result.val_losses);
+    if (c.name.find("validation") != std::string::npos) {
+      EXPECT_EQ(separate[0].result.val_losses.size(), 2u);
+    }
+    EXPECT_EQ(cpu[0].result.tiles_stepped_in_forward, 0);
+    // Steps 1 and 3's updates left their tiles to steps 2 and 4's forwards; step 2's checkpoint (and validation) and
+    // the run's end stepped steps 2 and 4's at once.
+    EXPECT_EQ(separate[0].result.tiles_stepped_in_forward, 2 * waiting);
+    double planned = 0;
+    for (const Transfer& t : z.transfers) planned += t.bytes_per_step;
+    std::vector<double> moved;
+    std::ifstream metrics(root / "separate" / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
+    ASSERT_EQ(moved.size(), 4u);
+    for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
+    // The checkpoint at step 2 was written with the second update's tiles stepped first: resumed, the run goes on as
+    // the straight one did.
+    o[3] = "train.output_dir=" + (root / "resumed").string();
+    const std::vector<RankRun> resumed = train_ranks(1, o, true, (root / "separate" / "checkpoints" / "step_00000002").string(), c.grads_leave);
+    ASSERT_EQ(resumed[0].result.losses.size(), 2u);
+    EXPECT_EQ(resumed[0].result.losses[0], cpu[0].result.losses[2]);
+    EXPECT_EQ(resumed[0].result.losses[1], cpu[0].result.losses[3]);
     fs::remove_all(root);
   }
 }

@@ -80,7 +80,10 @@ class Device {
 
   // `dst` (at `to`) takes `src` (at `from`), converted to dst's dtype as Tensor::copy_ converts (nearest
   // even), on the copy stream after the compute stream's work so far, and before what the compute stream
-  // is given next; counted under (from, to) with the bytes that arrive (dst's).
+  // is given next; counted under (from, to) with the bytes that arrive (dst's). On a device with memory of its
+  // own, a copy between equal dtypes writes dst's bytes without bumping LibTorch's version counter (a raw copy):
+  // the host's step during the forward writes later blocks' weights into the buffer whose views earlier blocks
+  // saved for the backward.
   void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
   // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
   // a transfer.

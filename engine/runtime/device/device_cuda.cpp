@@ -118,6 +118,7 @@ class CudaDevice final : public Device {
       dst.copy_(src);  // a converting copy: LibTorch's (CUDA LibTorch runs it on the GPU)
       return;
     }
+    // (raw: LibTorch's version counters are left alone, as Device::copy promises)
     const cudaMemcpyKind kind = from == Place::device ? (to == Place::device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                                       : (to == Place::device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
     check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, copy_->handle()), "cudaMemcpyAsync");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "common/error.hpp"
 #include "common/format.hpp"
@@ -18,7 +19,40 @@ namespace {
 // means the weights are past saving.
 constexpr int64_t kMaxConsecutiveSkipsFp16 = 64, kMaxConsecutiveSkipsBf16 = 8;
 
+// Runs `f`, adding its seconds on the host's clock to *s.
+template <class F>
+void timed(double* s, const F& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  *s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
+
+// The forward's block hooks of ZeRO-Offload's step during the next forward: the pending tiles a block's forward reads
+// are stepped (their weights copied over) before it, the last ones after the last block's (before the head).
+class OptimizerStep::ForwardHooks final : public BlockHooks {
+ public:
+  ForwardHooks(OptimizerStep& step, BlockHooks* inner) : step_(step), inner_(inner) {}
+  void before_forward(int64_t layer) override {
+    step_.step_pending(2 * layer);
+    if (inner_) inner_->before_forward(layer);
+  }
+  void after_forward(int64_t layer) override {
+    step_.step_pending(2 * layer + 1);
+    if (inner_) inner_->after_forward(layer);
+  }
+  void before_backward(int64_t layer) override {
+    if (inner_) inner_->before_backward(layer);
+  }
+  void after_backward(int64_t layer) override {
+    if (inner_) inner_->after_backward(layer);
+  }
+
+ private:
+  OptimizerStep& step_;
+  BlockHooks* inner_;
+};
 
 // The step's phases timed back to back (consecutive laps tile the step) on the compute stream's clock: on a GPU,
 // when the GPU reached each lap's end, not when the host queued it, so each lap is settled once the step's work
@@ -167,6 +201,49 @@ void OptimizerStep::settle_staging() {
   staging_turn_ = 0;
 }
 
+void OptimizerStep::step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s) {
+  const WeightsBack how = states_.spans()[c.span].weights;
+  OptimizerBuffers b;
+  if (how == WeightsBack::staged)  // (it may wait for a staging buffer's last copy)
+    timed(crossing_s, [&] { b = buffers_of(c, grads); });
+  else
+    b = buffers_of(c, grads);
+  if (states_.whole_in_memory())
+    optimizer_.step(b, si, sum_over_ranks_);
+  else
+    optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
+  if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
+    put_weights(c, how);
+  else
+    timed(crossing_s, [&] { put_weights(c, how); });
+}
+
+BlockHooks* OptimizerStep::forward_hooks(BlockHooks* inner) {
+  DS_CHECK(plan_.execution.step_in_forward, "the forward's hooks of a step the plan does not leave to the next forward");
+  forward_hooks_ = std::make_unique<ForwardHooks>(*this, inner);
+  return forward_hooks_.get();
+}
+
+void OptimizerStep::step_pending(int64_t hook) {
+  if (pending_.empty() || pending_.front().hook > hook) return;
+  torch::NoGradGuard ng;
+  timed(&carried_.seconds, [&] {
+    while (!pending_.empty() && pending_.front().hook <= hook) {
+      const PendingTile& p = pending_.front();
+      const double moved0 = bytes_moved();
+      step_chunk(p.chunk, p.grads, pending_inputs_, &carried_.crossing_s);
+      const double moved = bytes_moved() - moved0;
+      // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
+      DS_CHECK(moved == p.bytes, "a pending tile's weights moved ", moved, " bytes, its update counted ", p.bytes);
+      carried_.bytes += moved;
+      pending_.pop_front();
+      if (hook < std::numeric_limits<int64_t>::max()) ++stepped_in_forward_;
+    }
+  });
+}
+
+void OptimizerStep::finish_update() { step_pending(std::numeric_limits<int64_t>::max()); }
+
 OptimizerBuffers OptimizerStep::buffers_of(const StateChunk& c, const torch::Tensor& grads) {
   OptimizerBuffers b;
   b.master = c.master.data_ptr<float>();
@@ -202,6 +279,12 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       optimizer_(plan.optimizer, plan.layout, flat.rank),
       states_(flat, swapper),
       param_swap_(param_swap) {
+  step_in_forward_ = plan.execution.step_in_forward;
+  if (step_in_forward_) {
+    tile_hooks_ = tile_hooks(plan.layout, flat.weight_tiles);
+    DS_CHECK(!param_swap && !flat.widened && states_.spans().size() == 1 && states_.spans()[0].place == Place::host,
+             "the plan steps tiles during the next forward that are not one span in host memory");
+  }
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
     // Per parameter of the rank's layout (its stage's trained tensors, or adapters).
@@ -237,6 +320,8 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
     };
 }
 
+OptimizerStep::~OptimizerStep() = default;
+
 void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64_t begin) {
   const torch::ScalarType stored = to_torch(plan_.precision.param_dtype);
   for (int64_t done = 0, n = master.numel(); done < n;) {
@@ -254,6 +339,7 @@ void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64
 
 void OptimizerStep::weights_from_master() {
   torch::NoGradGuard ng;
+  DS_CHECK(pending_.empty(), "the weights drawn from the master while ", pending_.size(), " tiles wait for their step");
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
   swapped_finite_ = true;
   states_.for_each([&](const StateChunk& c) { put_weights(c, WeightsBack::copied); }, /*read=*/true, /*write=*/false);
@@ -380,7 +466,13 @@ torch::Tensor OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& 
     const auto [loss_gradient, loss_weight] = loss_gradient_of(step, m, out.loss_scale, step_counted);
     model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
-    clock.lap(t.forward, clock.param_io());
+    // The last update's tiles stepped during this forward: the host's seconds are that step's optimizer's (its copies'
+    // share offload), not this forward's.
+    DS_CHECK(pending_.empty(), pending_.size(), " tiles of the last update were not reached by the forward's block hooks");
+    clock.lap(t.forward, clock.param_io() + carried_.seconds);
+    t.optimizer += carried_.seconds - carried_.crossing_s;
+    t.offload += carried_.crossing_s;
+    carried_.seconds = carried_.crossing_s = 0;
     clock.mark(1);
     zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
@@ -535,36 +627,34 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   StepPhases& t = clock.phases;
   const double io0 = states_.io_wait();
   double crossing_s = 0;  // the gradients' and weights' copies between places
-  const auto timed = [&crossing_s](const auto& copy) {
-    const auto t0 = std::chrono::steady_clock::now();
-    copy();
-    crossing_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
   swapped_finite_ = true;
+  DS_CHECK(pending_.empty(), "an update while ", pending_.size(), " tiles of the last wait for their step");
+  pending_bytes_ = 0;
+  pending_inputs_ = si;
+  size_t tile = 0;
   states_.for_each([&](const StateChunk& c) {
-    torch::Tensor grads;
+    torch::Tensor grads;  // (copied where the states are now, while they are the step's: a pending tile reads them later)
     if (states_.spans()[c.span].place == Place::device)
       grads = gradients_at(c);
     else
-      timed([&] { grads = gradients_at(c); });
-    const WeightsBack how = states_.spans()[c.span].weights;
-    OptimizerBuffers b;
-    if (how == WeightsBack::staged)  // (it may wait for a staging buffer's last copy)
-      timed([&] { b = buffers_of(c, grads); });
-    else
-      b = buffers_of(c, grads);
-    if (states_.whole_in_memory())
-      optimizer_.step(b, si, sum_over_ranks_);
-    else
-      optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
-    if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
-      put_weights(c, how);
-    else
-      timed([&] { put_weights(c, how); });
+      timed(&crossing_s, [&] { grads = gradients_at(c); });
+    if (step_in_forward_) {  // (one span, walked in its tiles)
+      DS_CHECK(tile < tile_hooks_.size() && flat_.weight_tiles[tile].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", tile);
+      const int64_t hook = tile_hooks_[tile++];
+      if (hook >= 0) {
+        // (read during the next forward: not from a gradient buffer the next step zeroes as it begins)
+        DS_CHECK(zero_.sums_on_host() || !grads.is_alias_of(flat_.compute_grads), "a pending tile's gradients in the buffer the next step zeroes first");
+        const double bytes = c.at != flat_.params_place ? static_cast<double>(c.numel * flat_.local_params.element_size()) : 0.0;
+        pending_.push_back({c, grads, hook, bytes});
+        pending_bytes_ += bytes;
+        return;
+      }
+    }
+    step_chunk(c, grads, si, &crossing_s);
   });
   if (flat_.weights_staging[0].defined())
-    timed([&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done
+    timed(&crossing_s, [&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done
   if (param_swap_) param_swap_->end_write();
   const double io_wait = states_.io_wait() - io0, param_wait_s = clock.param_io();
   clock.lap(t.optimizer, io_wait + crossing_s + param_wait_s);
@@ -573,7 +663,9 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
     clock.mark_together(5, 6);
   else
     clock.mark(6);
-  refresh_weights(/*rounded=*/true);  // every chunk's weights are home: published
+  // Every chunk's weights are home (or will be, each before the next forward reads it: one rank's part, which
+  // publishing leaves where it is): published.
+  refresh_weights(/*rounded=*/true);
 }
 
 StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
@@ -581,6 +673,8 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   zero_.begin_gradient_sums();
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
+  carried_ = {};
+  pending_bytes_ = 0;  // (a step that updates nothing leaves no tile)
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
   const torch::Tensor loss_sum = micro_steps(step, out, clock);
@@ -620,7 +714,9 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     clock.lap(t.gather, clock.param_io());
     clock.mark(7);
   }
-  out.offload_bytes = bytes_moved() - moved0;  // gradients out, weights back, the swap files' reads and writes
+  // Gradients out, weights back, the swap files' reads and writes: this step's, the tiles it leaves to the next forward
+  // included and the last step's stepped in this one's forward not.
+  out.offload_bytes = bytes_moved() - moved0 - carried_.bytes + pending_bytes_;
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.
   groups_.settle();

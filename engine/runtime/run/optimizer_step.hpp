@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ class OptimizerStep {
   // the parameters are (stage 3). Everything is borrowed and must outlive this object.
   OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& zero, LanguageModel& model, BatchSampler& sampler,
                 const MeshGroups& groups, LossScaler& scaler, OptimizerSwapper* swapper = nullptr, ParamSwapper* param_swap = nullptr);
+  ~OptimizerStep();
 
   // The weights the model reads, from the master copy: this rank's part rounded to the stored dtype
   // (nearest even, as the optimizer kernel does; `rounded` says the kernel did it already), gathered
@@ -73,6 +75,23 @@ class OptimizerStep {
   // Successful optimizer steps so far: the schedule's position (restored from a checkpoint).
   int64_t applied() const { return applied_; }
   void set_applied(int64_t n) { applied_ = n; }
+
+  // ZeRO-Offload's host step during the next forward (plan.execution.step_in_forward): the model's block hooks,
+  // around `inner` (ZeRO's, or null), that step each tile the last update left pending before the forward reads it.
+  // Owned here; valid while this object is.
+  BlockHooks* forward_hooks(BlockHooks* inner);
+  // Every pending tile stepped now: before anything but the next step's forward reads the weights or the states (a
+  // checkpoint, a validation, the run's end).
+  void finish_update();
+  // From here every tile is stepped within its own step (ds profile: each step's time and bytes its own).
+  void step_at_once() {
+    finish_update();
+    step_in_forward_ = false;
+  }
+  // Tiles stepped by the last update's caller rather than within it, not yet stepped.
+  size_t pending_tiles() const { return pending_.size(); }
+  // Tiles stepped by the forward's hooks so far (not by finish_update).
+  int64_t tiles_stepped_in_forward() const { return stepped_in_forward_; }
 
   // Pipeline parallel: the stage's runner of the micro-batches (over the pipeline group) and the two ranks that
   // hold the tied token table, the first stage's (its rank 0) and the last stage's copy (`tied`: null when the
@@ -137,6 +156,32 @@ class OptimizerStep {
   // The optimizer's update of this rank's part and the new weights published: chunk by chunk of the states'
   // walk, the gradients to where the chunk's states are, its update, its weights home.
   void update(const OptimizerStepInputs& si, Clock& clock);
+  // Chunk c stepped with its gradients `grads`: the kernel's update and its weights home; the time of copies between
+  // places added to *crossing_s.
+  void step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s);
+  // Stepping during the next forward: each tile the update left for later, with its gradients (read in place until
+  // the next backward writes them) and the forward's block hook it is stepped before (tile_hooks), in order.
+  struct PendingTile {
+    StateChunk chunk;
+    torch::Tensor grads;
+    int64_t hook = 0;
+    double bytes = 0;  // what its weights' copy moves: counted in the step whose update it is
+  };
+  // The pending tiles whose hook is at most `hook` stepped now (the block hooks' call; INT64_MAX: all).
+  void step_pending(int64_t hook);
+  class ForwardHooks;
+  std::unique_ptr<ForwardHooks> forward_hooks_;
+  bool step_in_forward_ = false;
+  std::vector<int64_t> tile_hooks_;  // per weight tile, the block hook it is stepped before (-1: within the update)
+  std::deque<PendingTile> pending_;
+  OptimizerStepInputs pending_inputs_;  // the update's, for its pending tiles
+  double pending_bytes_ = 0;  // the last update's pending tiles' bytes, counted in its step
+  int64_t stepped_in_forward_ = 0;
+  // Pending tiles stepped since the step began: host seconds (their copies' share apart) and bytes moved, which are
+  // the last step's (its update's time and bytes), taken out of this step's forward and offload bytes.
+  struct Carried {
+    double seconds = 0, crossing_s = 0, bytes = 0;
+  } carried_;
   // The weights from the master copy, wherever its spans are (a copy between places when offloaded; the
   // parameter file rewritten when the parameters are on NVMe).
   void weights_from_master();

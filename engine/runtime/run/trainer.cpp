@@ -278,6 +278,10 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
     }
     stepper_->set_sample_memory(opt.profile);
+    // ZeRO-Offload: the host steps most tiles during the next forward, each before the block that reads it; a profile
+    // (and the flops_profiler block) times each step's own work within it.
+    if (plan.execution.step_in_forward && !profiling_) model_->set_block_hooks(stepper_->forward_hooks(zero_->hooks_blocks() ? zero_.get() : nullptr));
+    if (profiling_) stepper_->step_at_once();
     describe_states();
   } catch (const std::exception& e) {
     abort(e.what());
@@ -511,6 +515,8 @@ void TrainingRun::initialise() {
 }
 
 void TrainingRun::save(int64_t step) {
+  stepper_->finish_update();  // (the tiles left to the next forward: the states and weights written are the step's)
+  result_.tiles_stepped_in_forward = stepper_->tiles_stepped_in_forward();  // (so far: the run's last step saves)
   zero_->finish_published();  // (stages 1-2 gathering ahead: the weights written are the step's, whole)
   if (opt_.profile) return;  // a profile measures; it leaves no state behind
   // Never write non-finite weights (they would be resumed from, and keep_last would prune a good
@@ -557,6 +563,7 @@ void TrainingRun::save(int64_t step) {
 // added across ranks: every rank gets the same figure.
 double TrainingRun::validate() {
   torch::NoGradGuard ng;
+  stepper_->finish_update();  // (the weights it reads are the last step's, every tile of them)
   const int64_t B = plan_.batch.micro_batch, T = plan_.seq_len;
   const int W = plan_.batch.world_size;  // the data-parallel ranks: a tensor group evaluates the same rows
   const int64_t calls = plan_.run.eval_batches * plan_.batch.train_batch_size / (B * W);  // eval_batches x accumulation

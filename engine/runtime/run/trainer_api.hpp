@@ -73,6 +73,9 @@ struct TrainResult {
   double device_baseline_bytes = 0;  // a GPU run: device memory in use before training allocated (context, others)
   double device_peak_bytes = 0;      // a GPU run: the most in use after any step (LibTorch's cache keeps the step's peak)
   std::vector<double> comm_bytes; // per step: bytes this rank sent (ring algorithms), validation excluded
+  // ZeRO-Offload (plan.execution.step_in_forward): the weight tiles the host stepped during a next step's forward
+  // (the last update's tiles are stepped before its checkpoint, not counted here).
+  int64_t tiles_stepped_in_forward = 0;
   // Kept only when keeps_step_measurements (below): one entry per step.
   std::vector<double> step_seconds;       // per step: the optimizer step's wall time
   std::vector<StepPhases> phases;         // per step: where that time went

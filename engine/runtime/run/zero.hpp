@@ -62,6 +62,7 @@ class ZeroExchange : public BlockHooks {
   // reached (gaps between segments, parameters no group reduced).
   void begin_gradient_sums();
   void end_gradient_sums();
+  bool sums_on_host() const;  // begin leaves the gradients as they are
   // The sum of squares of this rank's gradients; `partial` says whether ranks must add theirs.
   double grad_sum_of_squares(bool* partial) const;
   // The same written to *out, in the gradients' memory, without waiting for it (KernelTable::sum_of_squares_to).
@@ -127,7 +128,6 @@ class ZeroExchange : public BlockHooks {
   // The pieces of the updated parameters in flight that start before element `before`, in order.
   void finish_published(int64_t before);
   struct Reduce;
-  bool sums_on_host() const;  // begin/end_gradient_sums
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
   void finish_reduce();
   // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
