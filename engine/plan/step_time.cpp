@@ -310,16 +310,24 @@ void predict_offload(const Plan& p, StepTime& t) {
       if (exposed(other) > exposed(rows)) rows = std::move(other);
     }
   // The host's step during the next forward (step_in_forward): the tiles after the embeddings' are stepped while the
-  // GPU runs the blocks before theirs, up to the first micro step's forward.
+  // GPU runs the blocks before theirs, up to the first micro step's forward; each one's weights then cross between
+  // the blocks (the copy waits for the blocks queued before it, the block for the copy), so only the copies of the
+  // tiles stepped at once hide, behind the host's step of the next of them.
   if (p.execution.step_in_forward && t.forward_s > 0) {
     const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
     const std::vector<int64_t> hooks = tile_hooks(p.layout, tiles);
-    int64_t later = 0;
-    for (size_t i = 0; i < tiles.size(); ++i) later += hooks[i] >= 0 ? tiles[i].numel() : 0;
+    int64_t later = 0, at_once = 0;
+    for (size_t i = 0; i < tiles.size(); ++i) hooks[i] >= 0 ? later += tiles[i].numel() : ++at_once;
     const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
     const double window = t.forward_s / static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+    double step_s = 0;
+    for (const OffloadTime& x : rows) step_s += x.what == "optimizer step on the host" ? x.seconds : 0.0;
     for (OffloadTime& x : rows)
-      if (x.what == "optimizer step on the host") x.hidden_s = std::min(x.seconds * share, window);
+      if (x.what == "optimizer step on the host")
+        x.hidden_s = std::min(x.seconds * share, window);
+      else if (x.what == "updated weights to the device" && x.known)
+        x.hidden_s = std::min(x.seconds * static_cast<double>(std::max<int64_t>(0, at_once - 1)) / static_cast<double>(tiles.size()),
+                              step_s * (1 - share));
   }
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;

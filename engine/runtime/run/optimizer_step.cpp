@@ -225,21 +225,20 @@ BlockHooks* OptimizerStep::forward_hooks(BlockHooks* inner) {
 }
 
 void OptimizerStep::step_pending(int64_t hook) {
-  if (pending_.empty() || pending_.front().hook > hook) return;
   torch::NoGradGuard ng;
-  timed(&carried_.seconds, [&] {
-    while (!pending_.empty() && pending_.front().hook <= hook) {
-      const PendingTile& p = pending_.front();
-      const double moved0 = bytes_moved();
-      step_chunk(p.chunk, p.grads, pending_inputs_, &carried_.crossing_s);
-      const double moved = bytes_moved() - moved0;
-      // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
-      DS_CHECK(moved == p.bytes, "a pending tile's weights moved ", moved, " bytes, its update counted ", p.bytes);
-      carried_.bytes += moved;
-      pending_.pop_front();
-      if (hook < std::numeric_limits<int64_t>::max()) ++stepped_in_forward_;
-    }
-  });
+  while (!pending_.empty() && pending_.front().hook <= hook) {
+    // (taken off the list first: a tile whose step threw is never stepped twice)
+    const PendingTile p = std::move(pending_.front());
+    pending_.pop_front();
+    const double moved0 = bytes_moved();
+    double crossing_s = 0;  // (on the forward's timeline: its phase holds what the compute waited)
+    step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s);
+    const double moved = bytes_moved() - moved0;
+    // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
+    DS_CHECK(moved == p.bytes, "a pending tile's weights moved ", moved, " bytes, its update counted ", p.bytes);
+    carried_bytes_ += moved;
+    if (hook < std::numeric_limits<int64_t>::max()) ++stepped_in_forward_;
+  }
 }
 
 void OptimizerStep::finish_update() { step_pending(std::numeric_limits<int64_t>::max()); }
@@ -466,13 +465,10 @@ torch::Tensor OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& 
     const auto [loss_gradient, loss_weight] = loss_gradient_of(step, m, out.loss_scale, step_counted);
     model_.set_loss_gradient(loss_gradient);
     torch::Tensor loss = model_.loss(input, target);
-    // The last update's tiles stepped during this forward: the host's seconds are that step's optimizer's (its copies'
-    // share offload), not this forward's.
+    // The last update's tiles were stepped during this forward, the host's work overlapping the device's: the phases
+    // are the device's timeline, so the forward holds what its blocks waited for their weights, and nothing else.
     DS_CHECK(pending_.empty(), pending_.size(), " tiles of the last update were not reached by the forward's block hooks");
-    clock.lap(t.forward, clock.param_io() + carried_.seconds);
-    t.optimizer += carried_.seconds - carried_.crossing_s;
-    t.offload += carried_.crossing_s;
-    carried_.seconds = carried_.crossing_s = 0;
+    clock.lap(t.forward, clock.param_io());
     clock.mark(1);
     zero_.begin_backward(/*last=*/m == GAS - 1);
     (loss * loss_gradient).backward();
@@ -673,7 +669,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   zero_.begin_gradient_sums();
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
-  carried_ = {};
+  carried_bytes_ = 0;
   pending_bytes_ = 0;  // (a step that updates nothing leaves no tile)
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
@@ -716,7 +712,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   }
   // Gradients out, weights back, the swap files' reads and writes: this step's, the tiles it leaves to the next forward
   // included and the last step's stepped in this one's forward not.
-  out.offload_bytes = bytes_moved() - moved0 - carried_.bytes + pending_bytes_;
+  out.offload_bytes = bytes_moved() - moved0 - carried_bytes_ + pending_bytes_;
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.
   groups_.settle();

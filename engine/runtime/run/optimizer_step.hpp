@@ -177,11 +177,8 @@ class OptimizerStep {
   OptimizerStepInputs pending_inputs_;  // the update's, for its pending tiles
   double pending_bytes_ = 0;  // the last update's pending tiles' bytes, counted in its step
   int64_t stepped_in_forward_ = 0;
-  // Pending tiles stepped since the step began: host seconds (their copies' share apart) and bytes moved, which are
-  // the last step's (its update's time and bytes), taken out of this step's forward and offload bytes.
-  struct Carried {
-    double seconds = 0, crossing_s = 0, bytes = 0;
-  } carried_;
+  // Bytes moved by pending tiles stepped since the step began: the last step's (its update's), taken out of this one's.
+  double carried_bytes_ = 0;
   // The weights from the master copy, wherever its spans are (a copy between places when offloaded; the
   // parameter file rewritten when the parameters are on NVMe).
   void weights_from_master();
