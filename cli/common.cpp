@@ -565,6 +565,7 @@ CompiledConfig compile_config(const std::string& sub, const ConfigArgs& given, b
       throw ConfigError(a.config, {{"train.epochs", std::string("needs the data's size: ") + e.what(), e.hint()}});
     }
   }
+  loaded.config.steps_measured_alone = a.steps_measured_alone;
   const Config& config = loaded.config;
   // The checkpoint a run continues is settled before the plan: the compiler keeps its batch and schedule.
   std::string resume_from;

@@ -76,6 +76,8 @@ struct ConfigArgs {
   // ds train: the run continues a checkpoint (train.resume): found and read here, its batch and schedule
   // kept by the compiler where the config leaves them open.
   bool resumes = false;
+  // ds profile: each step's work measured within it (Config::steps_measured_alone).
+  bool steps_measured_alone = false;
   // Warnings about values the command itself chose, not the user (ds profile's train.steps makes the
   // scheduler's total_num_steps whatever it is): by JSON path, never printed.
   std::vector<std::string> own_choices;

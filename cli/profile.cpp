@@ -58,6 +58,7 @@ int run_profile(const ProfileArgs& a) {
     ConfigArgs args = with_config_path(a.config);
     args.inputs_must_exist = true;
     args.runs_here = true;
+    args.steps_measured_alone = true;
     const bool rank_process = started_as_rank();
     // The run goes to a scratch directory (removed at the end) and is as long as warm-up + measured steps.
     const Scratch scratch(rank_process ? std::string() : make_scratch_dir());

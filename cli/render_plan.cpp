@@ -473,10 +473,13 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
   if (p.execution.step_in_forward) {
-    const std::vector<int64_t> hooks = tile_hooks(p.layout, p.execution.weight_tiles);
+    const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
     const auto later = std::count_if(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
     o << "  the host steps " << later << " of its " << hooks.size()
       << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once)\n";
+  } else if (p.run.steps_measured_alone) {
+    o << "  each step's work is done within it, to be measured alone (ds profile, the flops_profiler block): no gathering\n"
+         "  or host step left to the next forward\n";
   }
   if (!p.execution.sub_groups.empty())
     o << "  swapped in " << format_count(static_cast<int64_t>(p.execution.sub_groups.size())) << " sub-groups of up to "

@@ -267,6 +267,8 @@ struct Config {
   MonitorConfig tensorboard, csv_monitor;
   bool comms_logger_enabled = false;
   FlopsProfilerConfig flops_profiler;
+  // Not a key: the command measures each step's work within it (ds profile), as the flops_profiler block does.
+  bool steps_measured_alone = false;
 
   ModelConfig model;
   DataConfig data;

@@ -361,7 +361,7 @@ TEST_F(CudaTrain, Fp16OnTheGpuSkipsItsOverflowsAndTrainsAsTheCpusFp16Run) {
 TEST_F(CudaTrain, AProfileOnTheGpuTimesItsStepWithCudaEvents) {
   // The phases and the blocks are timed on the GPU's clock (events on the compute stream, read once the step
   // ran): they lie within the step's wall time, which the host takes after waiting for the GPU.
-  const Plan plan = plan_for(DeviceKind::cuda, {"train.steps=4", "bf16.enabled=true"}, "profile");
+  const Plan plan = plan_for(DeviceKind::cuda, {"train.steps=4", "bf16.enabled=true", "flops_profiler.enabled=true"}, "profile");
   TrainOptions opt;
   opt.print_every = 1000;
   opt.profile = true;

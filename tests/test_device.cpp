@@ -34,6 +34,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The point in the test device's compute stream an event of it marks (records so far, counting it); -1 for another's.
+int64_t compute_point(const Event& e);
+
 // The copy stream as a GPU's behaves for the host: a copy to the device may still be reading its host source when
 // copy() returns, until the host waits for an event recorded after it (or synchronizes the stream; an event the host
 // finds done counts as waited); a copy to the host has ended when copy() returns, and every copy queued before it
@@ -45,8 +48,11 @@ class TrackedCopyStream final : public Stream {
  public:
   std::shared_ptr<Event> record() override { return std::make_shared<Recorded>(this, queued_); }
   std::shared_ptr<Event> record_timed() override { return record(); }  // (never timed: the step's clock is the compute stream's)
-  void wait_for(const Event&) override {}  // orders the device's work, not the host's
+  // (orders the device's work, not the host's) The copies queued next wait for the compute stream's point `e`.
+  void wait_for(const Event& e) override { after_compute_ = compute_point(e); }
   void synchronize() override { ended(queued_); }
+  // The compute stream's point the last wait_for named: what the copies queued since wait for.
+  int64_t after_compute() const { return after_compute_; }
   // `pinned`: the source is page-locked, so the copy reads it while it runs (a GPU stages a pageable source before
   // the copy call returns: its later writes race nothing, and only its range is kept, for the kernel table).
   void reading(const void* p, int64_t bytes, bool pinned) {
@@ -93,7 +99,7 @@ class TrackedCopyStream final : public Stream {
     TrackedCopyStream* s_;
     int64_t seq_;
   };
-  int64_t queued_ = 0;
+  int64_t queued_ = 0, after_compute_ = -1;
   std::vector<Pending> pending_;
   std::vector<std::string> races_;
 };
@@ -105,16 +111,22 @@ class TrackedCopyStream final : public Stream {
 class TickingStream final : public Stream {
  public:
   explicit TickingStream(TrackedCopyStream& copies) : copies_(copies) {}
-  std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1); }
-  std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks); }
+  std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1, ++points); }
+  std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks, ++points); }
   void wait_for(const Event& e) override { waited_copies_ = std::max(waited_copies_, TrackedCopyStream::copies_before(e)); }
   void synchronize() override { copies_.ended(waited_copies_); }
   int64_t ticks = 0;
+  int64_t points = 0;  // events recorded: each a point in the compute stream's work
+  static int64_t point_of(const Event& e) {
+    const auto* t = dynamic_cast<const Tick*>(&e);
+    return t ? t->point() : -1;
+  }
 
  private:
   class Tick final : public Event {
    public:
-    explicit Tick(int64_t at) : at_(at) {}
+    Tick(int64_t at, int64_t point) : at_(at), point_(point) {}
+    int64_t point() const { return point_; }
     bool done() const override { return true; }
     void wait() override {}
     double seconds_since(const Event& earlier) const override {
@@ -124,11 +136,13 @@ class TickingStream final : public Stream {
     }
 
    private:
-    int64_t at_;
+    int64_t at_, point_;
   };
   TrackedCopyStream& copies_;
   int64_t waited_copies_ = -1;
 };
+
+int64_t compute_point(const Event& e) { return TickingStream::point_of(e); }
 
 // A CPU "device" with memory of its own: host code may not reach into it (host_addresses_device false), so
 // the runtime must copy (counted) where the CPU device lets a host kernel write in place.
@@ -185,6 +199,9 @@ class SeparateMemoryDevice final : public Device {
   // Ctrl-C reaches the run (its handler, as take_stop_handler kept it) while the device's `k`-th sum is queued: mid-step.
   void stop_during_queued_sum(int64_t k) { device_table_.stop_at_sum = k; }
   int64_t pinned_copies() const { return copy_.pinned_reads; }
+  // Copies to the device ordered after an earlier point of the compute stream than its latest: ones a GPU runs beside
+  // the compute queued since (Device::copy with `after`).
+  int64_t copies_beside_compute() const { return copies_beside_compute_; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
     copy_.synchronize();
@@ -208,8 +225,11 @@ class SeparateMemoryDevice final : public Device {
       std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     else
       dst.copy_(src);
-    if (on_copy_stream && from == Place::host && to == Place::device)
+    if (on_copy_stream && from == Place::host && to == Place::device) {
       copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
+      // (on a GPU it runs beside the compute queued after the point it waits for)
+      if (copy_.after_compute() < compute_.points) ++copies_beside_compute_;
+    }
   }
 
  private:
@@ -312,6 +332,7 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
+  int64_t copies_beside_compute_ = 0;
   CheckingTable device_table_, host_table_;
   TrackedCopyStream copy_;
   TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
@@ -348,6 +369,7 @@ struct RankRun {
   std::vector<std::string> copy_races;  // the separate-memory device's (SeparateMemoryDevice::copy_races)
   int64_t pinned_copies = 0;            // its copies to the device from page-locked memory (where races are looked for)
   int64_t queued_sums = 0;              // its sums of squares the host read only later (the step's norm kept on the device)
+  int64_t copies_beside_compute = 0;    // its copies to the device a GPU would run beside compute queued before them
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -382,6 +404,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.copy_races = d.copy_races();
           run.pinned_copies = d.pinned_copies();
           run.queued_sums = d.queued_sums();
+          run.copies_beside_compute = d.copies_beside_compute();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -863,8 +886,9 @@ TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopie
 // (the block its first element lies in; after the last block for the final norm and an untied head). The runs equal
 // the CPU's, which steps every tile at once, bit for bit (losses, validation losses, a run resumed from a checkpoint
 // taken with tiles pending); each step moves the plan's bytes (a pending tile's weights counted in the step that
-// updated them); the forwards stepped every pending tile of the three updates before the last; the test device
-// saw no host write into a staging buffer a copy was still reading.
+// updated them); the forwards stepped every pending tile of the three updates before the last, each tile's copy
+// ordered only after its update's start (beside the blocks before it); the test device saw no host write into a
+// staging buffer a copy was still reading.
 TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThemAtOnce) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_in_forward_" + std::to_string(::getpid()));
   struct Case {
@@ -888,12 +912,14 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
     const Plan plan = plan_for(1, 0, o, c.grads_leave, /*separate=*/true);
     const ZeroExecution& z = plan.execution;
     ASSERT_TRUE(z.step_in_forward);
-    // Which tiles wait, independently of tile_hooks: those beginning at or after the first trained block's first element.
+    // Which tiles wait, independently of the plan's hooks: those beginning at or after the first trained block's first element.
     int64_t first_block = plan.layout.numel, blocks_end = 0;
     for (const ParamSlot& p : plan.layout.params)
       if (p.layer >= 0) first_block = std::min(first_block, p.offset), blocks_end = std::max(blocks_end, p.offset + p.numel);
     int64_t waiting = 0, after_blocks = 0;
     for (const SubGroup& t : z.weight_tiles) waiting += t.begin >= first_block, after_blocks += t.begin >= blocks_end;
+    ASSERT_EQ(z.weight_tile_hooks.size(), z.weight_tiles.size());
+    EXPECT_EQ(std::count_if(z.weight_tile_hooks.begin(), z.weight_tile_hooks.end(), [](int64_t h) { return h >= 0; }), waiting);
     ASSERT_GT(waiting, 0);
     ASSERT_LT(waiting, static_cast<int64_t>(z.weight_tiles.size()));  // (the embeddings' tiles are stepped at once)
     if (c.name.rfind("llama", 0) == 0) {
@@ -901,7 +927,9 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
     }
     // Not where nothing would overlap: the CPU device's (one memory), or two ranks' shards (published to each other first).
     EXPECT_FALSE(plan_for(1, 0, o, c.grads_leave, /*separate=*/false).execution.step_in_forward);
-    EXPECT_FALSE(plan_for(2, 0, o, c.grads_leave, /*separate=*/true).execution.step_in_forward);
+    const Plan shards = plan_for(2, 0, o, c.grads_leave, /*separate=*/true);
+    EXPECT_FALSE(shards.execution.step_in_forward);
+    EXPECT_TRUE(shards.execution.weight_tile_hooks.empty());
 
     const std::vector<RankRun> cpu = train_ranks(1, o, false, "", c.grads_leave);
     o[3] = "train.output_dir=" + (root / "separate").string();
@@ -916,6 +944,10 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
     // Steps 1 and 3's updates left their tiles to steps 2 and 4's forwards; step 2's checkpoint (and validation) and
     // the run's end stepped steps 2 and 4's at once.
     EXPECT_EQ(separate[0].result.tiles_stepped_in_forward, 2 * waiting);
+    // Each tile stepped during a forward crossed beside the blocks queued before its own, waiting only for the update's
+    // start (the backward's reads of its old weights); the tiles stepped at once wait for all the compute before them.
+    EXPECT_GE(separate[0].copies_beside_compute, 2 * waiting);
+    EXPECT_LE(separate[0].copies_beside_compute, 4 * waiting);
     double planned = 0;
     for (const Transfer& t : z.transfers) planned += t.bytes_per_step;
     std::vector<double> moved;
@@ -942,7 +974,7 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
 TEST(DeviceSeam, AProfileTimesTheStepOnTheDevicesClock) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_clock_" + std::to_string(::getpid()));
   const int64_t steps = 3, accumulation = 2;
-  const Plan plan = plan_for(1, 0, {"gradient_accumulation_steps=" + std::to_string(accumulation), "train.steps=" + std::to_string(steps),
+  const Plan plan = plan_for(1, 0, {"gradient_accumulation_steps=" + std::to_string(accumulation), "train.steps=" + std::to_string(steps), "flops_profiler.enabled=true",
                                     "train.output_dir=" + (root / "run").string()},
                              false, true);
   TrainOptions opt;

@@ -435,6 +435,35 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
 // and the others during the next step's first forward (ZeroExecution::step_in_forward), so their share of the host's
 // step hides behind that forward, up to its length. Several ranks' shards are published to each other first: nothing
 // hides there.
+// ds profile and the flops_profiler block measure each step's work within it: the plan leaves nothing to the next
+// forward (no gathering ahead, no host step during it), and its prediction hides nothing there, as the run does.
+TEST(StepTime, AStepMeasuredAloneLeavesNothingToTheNextForward) {
+  const std::vector<std::string> cpu_offload{"zero_optimization.offload_optimizer.device=cpu"};
+  const Plan gathers = plan_on(kGpt2Zero2, gpus(1, 8, "h100"));
+  const Plan steps = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "20GB/s", ""), cpu_offload);
+  ASSERT_TRUE(gathers.execution.gather_ahead);
+  ASSERT_TRUE(steps.execution.step_in_forward);
+  ASSERT_FALSE(gathers.run.steps_measured_alone);
+  const Plan gathers_alone = plan_on(kGpt2Zero2, gpus(1, 8, "h100"), {"flops_profiler.enabled=true"});
+  std::vector<std::string> profiled = cpu_offload;
+  profiled.push_back("flops_profiler.enabled=true");
+  const Plan steps_alone = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "20GB/s", ""), profiled);
+  EXPECT_TRUE(gathers_alone.run.steps_measured_alone);
+  EXPECT_FALSE(gathers_alone.execution.gather_ahead);
+  EXPECT_FALSE(steps_alone.execution.step_in_forward);
+  EXPECT_TRUE(steps_alone.execution.weight_tile_hooks.empty());
+  // The updated parameters' gather waits where it is issued: nothing of it hides behind the next forward.
+  for (size_t i = 0; i < gathers_alone.execution.collectives.size(); ++i)
+    if (gathers_alone.execution.collectives[i].kind == CollectiveKind::updated_parameters) {
+      EXPECT_EQ(gathers_alone.step_time.collectives[i].hidden_s, 0);
+    }
+  // The host's step hides nowhere: the offload is the step's whole, as where nothing is stepped during the forward.
+  EXPECT_EQ(steps_alone.step_time.offload.back().what, "optimizer step on the host");
+  EXPECT_EQ(steps_alone.step_time.offload.back().hidden_s, 0);
+  EXPECT_GT(steps.step_time.offload.back().hidden_s, 0);
+  EXPECT_GT(steps_alone.step_time.step_s(), steps.step_time.step_s());
+}
+
 TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
   const std::vector<std::string> cpu_offload{"zero_optimization.offload_optimizer.device=cpu"};
   for (const char* memory : {"400GB/s", "20GB/s"}) {  // the host's step shorter than the forward, and longer
@@ -464,18 +493,14 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
       EXPECT_GT(share * step.seconds, forward_of_first_micro_step);
     EXPECT_GT(step.hidden_s, 0);
     // The copies of the tiles stepped at once cross while the host steps the next of them (all but the last), up to
-    // its step of those tiles; the waiting tiles' cross between blocks, hidden only by the host's step of them beyond
-    // the forward (the GPU waiting for the host anyway): none where the host is quicker.
+    // its step of those tiles; the waiting tiles' cross beside the blocks before theirs, hidden up to the longer of
+    // the forward and the host's step of them.
     const auto weights = std::find_if(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) { return x.what == "updated weights to the device"; });
     ASSERT_NE(weights, t.offload.end());
     const double tiles = static_cast<double>(z.weight_tiles.size());
     const double early = std::min(weights->seconds * static_cast<double>(at_once - 1) / tiles, step.seconds * (1 - share));
-    const double host_beyond_forward = share * step.seconds - forward_of_first_micro_step;
-    if (std::string(memory) == "400GB/s") {
-      EXPECT_NEAR(weights->hidden_s, early, 1e-15);
-    } else {
-      EXPECT_NEAR(weights->hidden_s, early + std::min(share * weights->seconds, host_beyond_forward), 1e-15);
-    }
+    const double longer = std::string(memory) == "400GB/s" ? forward_of_first_micro_step : share * step.seconds;
+    EXPECT_NEAR(weights->hidden_s, early + std::min(share * weights->seconds, longer), 1e-15);
     EXPECT_GT(weights->hidden_s, 0);
     double others_hidden = 0;
     for (const OffloadTime& x : t.offload) others_hidden += &x == &step ? 0.0 : x.hidden_s;

@@ -311,6 +311,7 @@ Plan plan_from_settings(const Config& c, const Topology& topo) {
   plan.run.comms_logger = c.comms_logger_enabled;
   plan.run.wall_clock_breakdown = c.wall_clock_breakdown;
   plan.run.flops_profiler = c.flops_profiler;
+  plan.run.steps_measured_alone = c.steps_measured_alone || c.flops_profiler.enabled;
   plan.run.csv_monitor = c.csv_monitor;
   plan.run.tensorboard = c.tensorboard;
   plan.run.init_from = c.model.init_from;

@@ -101,6 +101,9 @@ struct RunSettings {
   MonitorConfig csv_monitor, tensorboard;
   std::string init_from;  // initial weights (model.init_from), "" for the architecture's random init
   FlopsProfilerConfig flops_profiler;  // enabled: blocks are timed and step profile_step is reported
+  // ds profile and the flops_profiler block: each step's work within that step, nothing of it left to the next
+  // forward (ZeRO's gathers ahead and the host's step during the forward are done at once), so a step's figures are its own.
+  bool steps_measured_alone = false;
 };
 
 // A value ds decided rather than read: an "auto", a derived batch size, a default that depends on

@@ -310,13 +310,14 @@ void predict_offload(const Plan& p, StepTime& t) {
       if (exposed(other) > exposed(rows)) rows = std::move(other);
     }
   // The host's step during the next forward (step_in_forward): the tiles after the embeddings' are stepped while the
-  // GPU runs the blocks before theirs, up to the first micro step's forward. Each one's weights then cross between
-  // the blocks (the copy waits for the blocks queued before it, the block for the copy): they hide only while the
-  // GPU waits for the host anyway, behind its step of the next tile (the host's step of them longer than the
-  // forward). The copies of the tiles stepped at once hide behind its step of the next of them.
+  // GPU runs the blocks before theirs, up to the first micro step's forward. Each one's weights then cross beside
+  // those blocks (the copy waits only for the update's start, the block for the copy): three stages in a pipeline
+  // (host step, copy, compute), so the copies hide behind the longer of the forward and the host's step of those
+  // tiles. The copies of the tiles stepped at once hide behind its step of the next of them. (The first waiting
+  // tile's step and copy have only the embeddings to hide behind: not taken off.)
   if (p.execution.step_in_forward && t.forward_s > 0) {
     const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
-    const std::vector<int64_t> hooks = tile_hooks(p.layout, tiles);
+    const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
     int64_t later = 0, at_once = 0;
     for (size_t i = 0; i < tiles.size(); ++i) hooks[i] >= 0 ? later += tiles[i].numel() : ++at_once;
     const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
@@ -329,7 +330,7 @@ void predict_offload(const Plan& p, StepTime& t) {
       else if (x.what == "updated weights to the device" && x.known)
         x.hidden_s = std::min(x.seconds * static_cast<double>(std::max<int64_t>(0, at_once - 1)) / static_cast<double>(tiles.size()),
                               step_s * (1 - share)) +
-                     std::min(x.seconds * share, std::max(0.0, step_s * share - window));
+                     std::min(x.seconds * share, std::max(window, step_s * share));
   }
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;

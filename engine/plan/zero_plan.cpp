@@ -207,7 +207,8 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // stages, nor where the model computes in a wider copy of the weights, refreshed from the whole buffer at once.
   // (And only where the blocks hold trained parameters: the forward's block hooks are where it waits.)
   const bool blocks_train = std::any_of(L.params.begin(), L.params.end(), [](const ParamSlot& p) { return p.layer >= 0; });
-  z.gather_ahead = z.sharded && !z.gathers && z.overlap && !z.widened && !plan.mesh.shape.splits_the_model() && blocks_train;
+  z.gather_ahead = z.sharded && !z.gathers && z.overlap && !z.widened && !plan.mesh.shape.splits_the_model() && blocks_train &&
+                   !plan.run.steps_measured_alone;
   z.backend = plan.topology.comm_backend();
   b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
@@ -538,7 +539,12 @@ void add_working_buffers(ZeroBuild& b) {
 
 }  // namespace
 
-std::vector<int64_t> tile_hooks(const FlatLayout& L, const std::vector<SubGroup>& tiles) {
+// Stepping during the next forward (ZeroExecution::step_in_forward): for each tile [begin, end) of the flat
+// parameters, the block hook before which it is stepped, numbered in the forward's order: 2 l before block l's
+// forward, 2 l + 1 after it; -1 for a tile that begins before the first trained block (stepped at once) and the last
+// trained block's "after" for one that begins after it (stepped before the final norm and the head). A tile is
+// stepped where its first element is read; a tile reaching into the next block is stepped with its first.
+static std::vector<int64_t> tile_hooks(const FlatLayout& L, const std::vector<SubGroup>& tiles) {
   std::vector<std::pair<int64_t, int>> blocks;  // (the first flat element, the layer) of each trained block, in order
   int64_t blocks_end = 0;
   for (const ParamGroup& g : parameter_groups(L)) {
@@ -580,9 +586,10 @@ ZeroExecution describe_zero(const Plan& plan) {
   // weights (Lamb's per-tensor norms need every tile's first; refused as a tile layout anyway).
   if (z.state_spans.size() == 1 && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
       z.weight_tiles.size() > 1 && !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
-      !plan.optimizer.per_tensor_update()) {
-    const std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);
+      !plan.optimizer.per_tensor_update() && !plan.run.steps_measured_alone) {
+    std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);
     z.step_in_forward = std::any_of(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+    if (z.step_in_forward) z.weight_tile_hooks = std::move(hooks);
   }
   return z;
 }

@@ -126,10 +126,14 @@ struct ZeroExecution {
   // ZeRO-Offload's host step during the next forward: where the host steps the states of a GPU's weights in tiles
   // (a staged span, one rank's whole part), it steps now only the tiles the forward reads before its first block
   // (once the step's norm and skip are known); each other tile is stepped just before the forward's first block
-  // hook that reads it (tile_hooks), its weights copied over, so the GPU runs the blocks before it while the host
+  // hook that reads it (weight_tile_hooks), its weights copied over, so the GPU runs the blocks before it while the host
   // steps it. Exact: every tile gets the same inputs as stepped at once. One rank's part only (stages 1-2 with
   // several ranks publish the updated shards to the others first).
   bool step_in_forward = false;
+  // With step_in_forward, per weight tile the forward's block hook it is stepped before, in the forward's order: 2 l
+  // before block l, 2 l + 1 after it; -1 for a tile beginning before the first trained block (stepped at once). A tile
+  // is stepped where its first element is read (one past the blocks: after the last block). Empty otherwise.
+  std::vector<int64_t> weight_tile_hooks;
   // Gradients accumulate in a wider dtype than backward writes them in (data_types.grad_accum_dtype fp32 with
   // bf16 weights, DeepSpeed's BF16_Optimizer): stages 0-1 add each micro-batch's gradients from micro_grads into
   // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.
@@ -196,13 +200,6 @@ struct ZeroExecution {
   const ZeroBuffer* find(BufferRole role, Place place = Place::device) const;
   const ZeroBuffer* find_anywhere(BufferRole role) const;  // the first of that role, wherever it lives
 };
-
-// Stepping during the next forward (ZeroExecution::step_in_forward): for each tile [begin, end) of the flat
-// parameters, the block hook before which it is stepped, numbered in the forward's order: 2 l before block l's
-// forward, 2 l + 1 after it; -1 for a tile that begins before the first trained block (stepped at once) and the last
-// trained block's "after" for one that begins after it (stepped before the final norm and the head). A tile is
-// stepped where its first element is read; a tile reaching into the next block is stepped with its first.
-std::vector<int64_t> tile_hooks(const FlatLayout& L, const std::vector<SubGroup>& tiles);
 
 // Grouped stages: for each group, which elements of its gradient buffer (at `group_offset`) each rank
 // owns, i.e. receives the sum of when the group is reduce-scattered.

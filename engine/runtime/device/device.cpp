@@ -71,8 +71,12 @@ std::unique_ptr<Device> Device::create(DeviceKind kind, int local_rank) {
 }
 
 void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
+  copy(dst, to, src, from, *compute_stream().record());
+}
+
+void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after) {
   DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
-  copy_stream().wait_for(*compute_stream().record());
+  copy_stream().wait_for(after);
   copy_between(dst, to, src, from);
   compute_stream().wait_for(*copy_stream().record());  // what the compute stream queues next sees dst
   count(from, to, static_cast<double>(dst.nbytes()));

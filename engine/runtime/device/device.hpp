@@ -85,6 +85,10 @@ class Device {
   // the host's step during the forward writes later blocks' weights into the buffer whose views earlier blocks
   // saved for the backward.
   void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
+  // copy(), ordered after `after` (a compute stream's event following the last work that reads or writes dst) rather
+  // than after all the compute queued so far: the copy may run beside what the compute stream was given since (the
+  // host's step during the forward copies a block's weights while the GPU runs the blocks before it).
+  void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after);
   // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
   // a transfer.
   void count_direct_write(Place from, Place to, double bytes) { count(from, to, bytes); }

@@ -132,13 +132,17 @@ bool OptimizerStep::master_finite() const {
   return true;
 }
 
-void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how) {
+void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how, const Event* read_before) {
   const torch::Tensor to = flat_.local_params.narrow(0, begin, master.numel());
   const Place home = flat_.params_place;
   if (how == WeightsBack::in_place) {
     if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
   } else if (how == WeightsBack::staged) {  // the tile the kernel just wrote: its turn's buffer, copied on the copy stream
-    device_.copy(to, home, staging_now().narrow(0, 0, master.numel()), Place::host);
+    const torch::Tensor staged = staging_now().narrow(0, 0, master.numel());
+    if (read_before)
+      device_.copy(to, home, staged, Place::host, *read_before);
+    else
+      device_.copy(to, home, staged, Place::host);
     staging_copied_[staging_turn_] = device_.copy_stream().record();
     if (flat_.weights_staging[1].defined()) staging_turn_ ^= 1;
   } else if (at != home) {
@@ -155,13 +159,13 @@ double OptimizerStep::bytes_moved() const {
   return b;
 }
 
-void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how) {
+void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how, const Event* read_before) {
   if (states_.spans()[c.span].place == Place::nvme) swapped_finite_ = swapped_finite_ && finite(c.master, c.at);
   if (param_swap_) {
     store_params(c.master, c.at, c.begin);
     return;
   }
-  weights_home(c.master, c.at, c.begin, how);
+  weights_home(c.master, c.at, c.begin, how, read_before);
   // An NVMe sub-group's buffers are read into again for a later sub-group: a copy still reading this one's master
   // to the device ends first. (Today those buffers are pageable, which CUDA stages before cudaMemcpyAsync returns,
   // so this wait is free; page-locked, the copy would still be reading. The test device's copy stream refuses a
@@ -201,7 +205,8 @@ void OptimizerStep::settle_staging() {
   staging_turn_ = 0;
 }
 
-void OptimizerStep::step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s) {
+void OptimizerStep::step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s,
+                               const Event* read_before) {
   const WeightsBack how = states_.spans()[c.span].weights;
   OptimizerBuffers b;
   if (how == WeightsBack::staged)  // (it may wait for a staging buffer's last copy)
@@ -213,9 +218,9 @@ void OptimizerStep::step_chunk(const StateChunk& c, const torch::Tensor& grads, 
   else
     optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
   if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
-    put_weights(c, how);
+    put_weights(c, how, read_before);
   else
-    timed(crossing_s, [&] { put_weights(c, how); });
+    timed(crossing_s, [&] { put_weights(c, how, read_before); });
 }
 
 BlockHooks* OptimizerStep::forward_hooks(BlockHooks* inner) {
@@ -232,7 +237,7 @@ void OptimizerStep::step_pending(int64_t hook) {
     pending_.pop_front();
     const double moved0 = bytes_moved();
     double crossing_s = 0;  // (on the forward's timeline: its phase holds what the compute waited)
-    step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s);
+    step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s, p.read_before.get());
     const double moved = bytes_moved() - moved0;
     // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
     DS_CHECK(moved == p.bytes, "a pending tile's weights moved ", moved, " bytes, its update counted ", p.bytes);
@@ -278,9 +283,7 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       optimizer_(plan.optimizer, plan.layout, flat.rank),
       states_(flat, swapper),
       param_swap_(param_swap) {
-  step_in_forward_ = plan.execution.step_in_forward;
-  if (step_in_forward_) {
-    tile_hooks_ = tile_hooks(plan.layout, flat.weight_tiles);
+  if (plan.execution.step_in_forward) {
     DS_CHECK(!param_swap && !flat.widened && states_.spans().size() == 1 && states_.spans()[0].place == Place::host,
              "the plan steps tiles during the next forward that are not one span in host memory");
   }
@@ -628,6 +631,8 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   DS_CHECK(pending_.empty(), "an update while ", pending_.size(), " tiles of the last wait for their step");
   pending_bytes_ = 0;
   pending_inputs_ = si;
+  // (the backward's reads of the weights are queued before the update: the pending tiles' copies wait for those only)
+  const std::shared_ptr<Event> read_before = plan_.execution.step_in_forward ? device_.compute_stream().record() : nullptr;
   size_t tile = 0;
   states_.for_each([&](const StateChunk& c) {
     torch::Tensor grads;  // (copied where the states are now, while they are the step's: a pending tile reads them later)
@@ -635,14 +640,15 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
       grads = gradients_at(c);
     else
       timed(&crossing_s, [&] { grads = gradients_at(c); });
-    if (step_in_forward_) {  // (one span, walked in its tiles)
-      DS_CHECK(tile < tile_hooks_.size() && flat_.weight_tiles[tile].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", tile);
-      const int64_t hook = tile_hooks_[tile++];
+    if (plan_.execution.step_in_forward) {  // (one span, walked in its tiles)
+      const std::vector<int64_t>& hooks = plan_.execution.weight_tile_hooks;
+      DS_CHECK(tile < hooks.size() && flat_.weight_tiles[tile].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", tile);
+      const int64_t hook = hooks[tile++];
       if (hook >= 0) {
         // (read during the next forward: not from a gradient buffer the next step zeroes as it begins)
         DS_CHECK(zero_.sums_on_host() || !grads.is_alias_of(flat_.compute_grads), "a pending tile's gradients in the buffer the next step zeroes first");
         const double bytes = c.at != flat_.params_place ? static_cast<double>(c.numel * flat_.local_params.element_size()) : 0.0;
-        pending_.push_back({c, grads, hook, bytes});
+        pending_.push_back({c, grads, hook, bytes, read_before});
         pending_bytes_ += bytes;
         return;
       }

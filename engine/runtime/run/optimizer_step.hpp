@@ -83,13 +83,6 @@ class OptimizerStep {
   // Every pending tile stepped now: before anything but the next step's forward reads the weights or the states (a
   // checkpoint, a validation, the run's end).
   void finish_update();
-  // From here every tile is stepped within its own step (ds profile: each step's time and bytes its own).
-  void step_at_once() {
-    finish_update();
-    step_in_forward_ = false;
-  }
-  // Tiles stepped by the last update's caller rather than within it, not yet stepped.
-  size_t pending_tiles() const { return pending_.size(); }
   // Tiles stepped by the forward's hooks so far (not by finish_update).
   int64_t tiles_stepped_in_forward() const { return stepped_in_forward_; }
 
@@ -157,22 +150,25 @@ class OptimizerStep {
   // walk, the gradients to where the chunk's states are, its update, its weights home.
   void update(const OptimizerStepInputs& si, Clock& clock);
   // Chunk c stepped with its gradients `grads`: the kernel's update and its weights home; the time of copies between
-  // places added to *crossing_s.
-  void step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s);
+  // places added to *crossing_s. `read_before`: where given, the compute stream's point after the last work that read
+  // the chunk's weights, which a copy of them to the device waits for (else for all the compute queued so far).
+  void step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s,
+                  const Event* read_before = nullptr);
   // Stepping during the next forward: each tile the update left for later, with its gradients (read in place until
-  // the next backward writes them) and the forward's block hook it is stepped before (tile_hooks), in order.
+  // the next backward writes them) and the forward's block hook it is stepped before (the plan's weight_tile_hooks), in order.
   struct PendingTile {
     StateChunk chunk;
     torch::Tensor grads;
     int64_t hook = 0;
     double bytes = 0;  // what its weights' copy moves: counted in the step whose update it is
+    // The compute stream as the update began: every read of the tile's old weights (the last backward's) is before it,
+    // so its copy runs beside the blocks the forward queued before the tile's, not after them.
+    std::shared_ptr<Event> read_before;
   };
   // The pending tiles whose hook is at most `hook` stepped now (the block hooks' call; INT64_MAX: all).
   void step_pending(int64_t hook);
   class ForwardHooks;
   std::unique_ptr<ForwardHooks> forward_hooks_;
-  bool step_in_forward_ = false;
-  std::vector<int64_t> tile_hooks_;  // per weight tile, the block hook it is stepped before (-1: within the update)
   std::deque<PendingTile> pending_;
   OptimizerStepInputs pending_inputs_;  // the update's, for its pending tiles
   double pending_bytes_ = 0;  // the last update's pending tiles' bytes, counted in its step
@@ -189,7 +185,7 @@ class OptimizerStep {
   // Chunk c's updated weights where they live (its span's part of the parameter file when that is on NVMe), the
   // way `how` says (after the kernel's step: its span's; from the master alone: copied); a chunk swapped from NVMe
   // is checked finite as it passes.
-  void put_weights(const StateChunk& c, WeightsBack how);
+  void put_weights(const StateChunk& c, WeightsBack how, const Event* read_before = nullptr);
   // What the optimizer's kernel gets for chunk c and its gradients `grads` (a staged chunk's weights: the
   // staging buffer whose turn it is, once its last copy has left).
   OptimizerBuffers buffers_of(const StateChunk& c, const torch::Tensor& grads);
@@ -220,8 +216,8 @@ class OptimizerStep {
   OptimizerStates states_;
   // The updated weights, local elements [begin, begin + master.numel()), to where the weights live: nothing to
   // move where the kernel wrote them in place (counted when that crossed places), the staging buffer's copy where
-  // it wrote them there, else a copy from the master at `at` (counted between places).
-  void weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how);
+  // it wrote them there, else a copy from the master at `at` (counted between places). `read_before`: step_chunk's.
+  void weights_home(const torch::Tensor& master, Place at, int64_t begin, WeightsBack how, const Event* read_before = nullptr);
   ParamSwapper* param_swap_ = nullptr;
   // Parameters on NVMe: `master` (fp32, at `place`), elements [begin, begin + numel) of the partition, rounded
   // to the stored dtype into the file's host buffers (inside a begin_write/end_write); from the device

@@ -256,10 +256,11 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     flat_ = FlatParams::allocate(plan, rank_, device);
     stop_point("allocating the buffers");
     zero_ = std::make_unique<ZeroExchange>(plan, flat_, groups_.data_comm, param_swap_.get());
-    if (opt.profile) zero_->gather_at_once();  // (a step's figures are its own; ds train gathers during the next forward)
     model_ = make_model(plan, flat_, groups_.tensor.get());
     // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
     profiling_ = keeps_step_measurements(plan, opt);
+    // (ZeRO's gathers and the host's step not left to the next forward: a step's figures are its own)
+    DS_CHECK(!profiling_ || plan.run.steps_measured_alone, "a profile of a plan that leaves a step's work to the next forward");
     if (profiling_) {
       block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
       model_->set_block_hooks(block_timer_.get());
@@ -278,10 +279,8 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
       stepper_->set_pipeline(pipeline_.get(), groups_.tied.get());
     }
     stepper_->set_sample_memory(opt.profile);
-    // ZeRO-Offload: the host steps most tiles during the next forward, each before the block that reads it; a profile
-    // (and the flops_profiler block) times each step's own work within it.
-    if (plan.execution.step_in_forward && !profiling_) model_->set_block_hooks(stepper_->forward_hooks(zero_->hooks_blocks() ? zero_.get() : nullptr));
-    if (profiling_) stepper_->step_at_once();
+    // ZeRO-Offload: the host steps most tiles during the next forward, each before the block that reads it.
+    if (plan.execution.step_in_forward) model_->set_block_hooks(stepper_->forward_hooks(zero_->hooks_blocks() ? zero_.get() : nullptr));
     describe_states();
   } catch (const std::exception& e) {
     abort(e.what());

@@ -81,13 +81,6 @@ class ZeroExchange : public BlockHooks {
   void finish_published() { finish_published(std::numeric_limits<int64_t>::max()); }
   // How many pieces of the updated parameters are still in flight.
   size_t published_in_flight() const { return published_.size(); }
-  // From now on the updated parameters are waited for as soon as they are issued (ds profile: each step's time,
-  // kernels and collectives its own, the matmul rate measured after it undisturbed).
-  void gather_at_once() {
-    finish_published();
-    gather_ahead_ = false;
-  }
-
   // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
   // backward finishes them.
   bool hooks_blocks() const { return flat_.grouped || !block_ranges_.empty(); }
