@@ -313,24 +313,30 @@ void predict_offload(const Plan& p, StepTime& t) {
   // GPU runs the blocks before theirs, up to the first micro step's forward. Each one's weights then cross beside
   // those blocks (the copy waits only for the update's start, the block for the copy): three stages in a pipeline
   // (host step, copy, compute), so the copies hide behind the longer of the forward and the host's step of those
-  // tiles. The copies of the tiles stepped at once hide behind its step of the next of them. (The first waiting
-  // tile's step and copy have only the embeddings to hide behind: not taken off.)
+  // tiles. The copies of the tiles stepped at once hide behind its step of the next of them.
+  // A pipeline of n hooks (each stepping its tiles, copying them, running its blocks) takes its stages' sum plus
+  // n - 1 times the slowest: the first hook's step and copy hide behind nothing (the embeddings' forward, short, is
+  // not counted), so what hides is (n - 1) / n of what n equal stages beside each other would hide.
   if (p.execution.step_in_forward && t.forward_s > 0) {
     const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
     const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
-    int64_t later = 0, at_once = 0;
-    for (size_t i = 0; i < tiles.size(); ++i) hooks[i] >= 0 ? later += tiles[i].numel() : ++at_once;
+    int64_t later = 0, at_once = 0, stages = 0;
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      hooks[i] >= 0 ? later += tiles[i].numel() : ++at_once;
+      stages += hooks[i] >= 0 && (i == 0 || hooks[i] != hooks[i - 1]);
+    }
     const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
     const double window = t.forward_s / static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+    const double filled = static_cast<double>(stages - 1) / static_cast<double>(stages);
     double step_s = 0;
     for (const OffloadTime& x : rows) step_s += x.what == "optimizer step on the host" ? x.seconds : 0.0;
     for (OffloadTime& x : rows)
       if (x.what == "optimizer step on the host")
-        x.hidden_s = std::min(x.seconds * share, window);
+        x.hidden_s = filled * std::min(x.seconds * share, window);
       else if (x.what == "updated weights to the device" && x.known)
         x.hidden_s = std::min(x.seconds * static_cast<double>(std::max<int64_t>(0, at_once - 1)) / static_cast<double>(tiles.size()),
                               step_s * (1 - share)) +
-                     std::min(x.seconds * share, std::max(window, step_s * share));
+                     filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
