@@ -903,6 +903,8 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
         "data.val_fraction=0.2"}},
       {"llama, untied head after the blocks",
        {"model.preset=llama-tiny", "zero_optimization.stage=2", "zero_optimization.sub_group_size=15000"}, true},
+      {"stage 3, half offloaded (ratio 0.5): the device steps the rest at once",
+       {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.ratio=0.5", "zero_optimization.sub_group_size=10000"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

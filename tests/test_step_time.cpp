@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "engine/plan/flops.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/plan/plan_record.hpp"
 #include "test_helpers.hpp"
@@ -466,11 +467,23 @@ TEST(StepTime, AStepMeasuredAloneLeavesNothingToTheNextForward) {
 
 TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
   const std::vector<std::string> cpu_offload{"zero_optimization.offload_optimizer.device=cpu"};
-  for (const char* memory : {"400GB/s", "20GB/s"}) {  // the host's step shorter than the forward, and longer
-    SCOPED_TRACE(memory);
-    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", memory, ""), cpu_offload);
+  struct Case {
+    const char* memory;  // the host's step shorter than the blocks' forward, and longer
+    std::vector<std::string> overrides;
+  };
+  const std::vector<Case> cases{{"1000GB/s", cpu_offload},
+                                {"20GB/s", cpu_offload},
+                                // ZeRO-Offload++: the host holds the first 80%, the device steps the rest at once
+                                {"20GB/s", {"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.stage=3",
+                                            "zero_optimization.offload_optimizer.ratio=0.8"}}};
+  for (const Case& c : cases) {
+    const bool partial = c.overrides.size() > 1;
+    SCOPED_TRACE(std::string(c.memory) + (partial ? ", ratio 0.8" : ""));
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", c.memory, ""), c.overrides);
     const ZeroExecution& z = p.execution;
     ASSERT_TRUE(z.step_in_forward);
+    ASSERT_EQ(z.state_spans.size(), partial ? 2u : 1u);
+    const int64_t host = z.state_spans.front().numel();  // (the host's span comes first)
     const StepTime& t = p.step_time;
     ASSERT_TRUE(t.step_known());
     // The tiles beginning at or after block 0's first element wait for the forward (the layout: embeddings, blocks, rest).
@@ -481,11 +494,10 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
     for (const SubGroup& g : z.weight_tiles) later += g.begin >= first_block ? g.numel() : 0, at_once += g.begin < first_block;
     ASSERT_GT(later, 0);
     ASSERT_GT(at_once, 1);
-    ASSERT_LT(later, z.local_numel);
+    ASSERT_LT(later, host);
     const OffloadTime& step = t.offload.back();
     ASSERT_EQ(step.what, "optimizer step on the host");
-    const double share = static_cast<double>(later) / static_cast<double>(z.local_numel);
-    const double forward_of_first_micro_step = t.forward_s / static_cast<double>(p.batch.grad_accum);
+    const double share = static_cast<double>(later) / static_cast<double>(host);
     // A pipeline whose stages are the places the waiting tiles are stepped (the block their first element lies in,
     // or the head's, past the blocks: -1 here): the first stage's step and copy hide behind nothing.
     std::set<int> places;
@@ -498,20 +510,34 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
     }
     ASSERT_GT(places.size(), 1u);
     const double stages = static_cast<double>(places.size()), filled = (stages - 1) / stages;
-    EXPECT_NEAR(step.hidden_s, filled * std::min(share * step.seconds, forward_of_first_micro_step), 1e-15);
-    if (std::string(memory) == "400GB/s")  // (both regimes are met: the share hides whole, then the forward is the cap)
-      EXPECT_LT(share * step.seconds, forward_of_first_micro_step);
+    // They run beside the blocks before the last of those places (all of them where a tile begins past the blocks),
+    // not beside the head after them, nor beside the blocks past the host's part: that share of the forward's FLOPs.
+    const int reached = places.count(-1) ? p.model.hp.num_layers : *places.rbegin();
+    if (partial) {
+      EXPECT_LT(reached, p.model.hp.num_layers);
+    }
+    double before = 0, all = 0;
+    for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+      if (m.depth != 1) continue;
+      all += m.forward;
+      if (m.layer >= 0 && m.layer < reached) before += m.forward;
+    }
+    ASSERT_LT(before, all);  // (the head's matmul comes after)
+    const double beside = t.forward_s / static_cast<double>(p.batch.grad_accum) * before / all;  // of the first micro step
+    EXPECT_NEAR(step.hidden_s, filled * std::min(share * step.seconds, beside), 1e-15);
+    if (std::string(c.memory) == "1000GB/s")  // (both regimes are met: the share hides whole, then the blocks' forward is the cap)
+      EXPECT_LT(share * step.seconds, beside);
     else
-      EXPECT_GT(share * step.seconds, forward_of_first_micro_step);
+      EXPECT_GT(share * step.seconds, beside);
     EXPECT_GT(step.hidden_s, 0);
     // The copies of the tiles stepped at once cross while the host steps the next of them (all but the last), up to
     // its step of those tiles; the waiting tiles' cross beside the blocks before theirs, hidden up to the longer of
-    // the forward and the host's step of them.
+    // that forward and the host's step of them.
     const auto weights = std::find_if(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) { return x.what == "updated weights to the device"; });
     ASSERT_NE(weights, t.offload.end());
     const double tiles = static_cast<double>(z.weight_tiles.size());
     const double early = std::min(weights->seconds * static_cast<double>(at_once - 1) / tiles, step.seconds * (1 - share));
-    const double longer = std::string(memory) == "400GB/s" ? forward_of_first_micro_step : share * step.seconds;
+    const double longer = std::string(c.memory) == "1000GB/s" ? beside : share * step.seconds;
     EXPECT_NEAR(weights->hidden_s, early + filled * std::min(share * weights->seconds, longer), 1e-15);
     EXPECT_GT(weights->hidden_s, 0);
     double others_hidden = 0;

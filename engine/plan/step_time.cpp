@@ -316,7 +316,8 @@ void predict_offload(const Plan& p, StepTime& t) {
   // tiles. The copies of the tiles stepped at once hide behind its step of the next of them.
   // A pipeline of n hooks (each stepping its tiles, copying them, running its blocks) takes its stages' sum plus
   // n - 1 times the slowest: the first hook's step and copy hide behind nothing (the embeddings' forward, short, is
-  // not counted), so what hides is (n - 1) / n of what n equal stages beside each other would hide.
+  // not counted), so what hides is (n - 1) / n of what n equal stages beside each other would hide. The compute they
+  // run beside is the blocks' before the last hook: not the head's after them, nor the blocks' past the host's part.
   if (p.execution.step_in_forward && t.forward_s > 0) {
     const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
     const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
@@ -326,7 +327,11 @@ void predict_offload(const Plan& p, StepTime& t) {
       stages += hooks[i] >= 0 && (i == 0 || hooks[i] != hooks[i - 1]);
     }
     const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
-    const double window = t.forward_s / static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+    const int64_t reached = (*std::max_element(hooks.begin(), hooks.end()) + 1) / 2;  // blocks run before the last hook
+    double before = 0, all = 0;
+    for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
+      if (m.depth == 1) all += m.forward, before += m.layer >= 0 && m.layer < reached ? m.forward : 0.0;
+    const double window = t.forward_s / static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum)) * (all > 0 ? before / all : 0.0);
     const double filled = static_cast<double>(stages - 1) / static_cast<double>(stages);
     double step_s = 0;
     for (const OffloadTime& x : rows) step_s += x.what == "optimizer step on the host" ? x.seconds : 0.0;

@@ -581,10 +581,13 @@ ZeroExecution describe_zero(const Plan& plan) {
   if (b.param_offload) add_parameter_fetches(b);
   add_working_buffers(b);
   z.collectives = plan_collectives(plan, z);
-  // The host's step of a GPU's weights during the next forward: one span of this rank's whole part stepped on the host
-  // in tiles whose weights are staged for the device, over a model whole on the rank that computes in the stored
-  // weights (Lamb's per-tensor norms need every tile's first; refused as a tile layout anyway).
-  if (z.state_spans.size() == 1 && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
+  // The host's step of a GPU's weights during the next forward: the host's span of this rank's part (all of it, or the
+  // first `ratio` of it, the rest stepped on the device at once) stepped in tiles whose weights are staged for the
+  // device, over a model whole on the rank that computes in the stored weights (Lamb's per-tensor norms need every
+  // tile's first; refused as a tile layout anyway).
+  const auto on_device = [](const StateSpan& s) { return s.place == Place::device; };
+  if (!z.state_spans.empty() && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
+      std::all_of(z.state_spans.begin() + 1, z.state_spans.end(), on_device) &&
       z.weight_tiles.size() > 1 && !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
       !plan.optimizer.per_tensor_update() && !plan.run.steps_measured_alone) {
     std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);

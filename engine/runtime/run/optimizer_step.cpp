@@ -284,8 +284,10 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       states_(flat, swapper),
       param_swap_(param_swap) {
   if (plan.execution.step_in_forward) {
-    DS_CHECK(!param_swap && !flat.widened && states_.spans().size() == 1 && states_.spans()[0].place == Place::host,
-             "the plan steps tiles during the next forward that are not one span in host memory");
+    const std::vector<StateSpan>& spans = states_.spans();
+    DS_CHECK(!param_swap && !flat.widened && spans[0].place == Place::host &&
+                 std::all_of(spans.begin() + 1, spans.end(), [](const StateSpan& s) { return s.place == Place::device; }),
+             "the plan steps tiles during the next forward that are not the first span, in host memory, the rest on the device");
   }
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
@@ -640,7 +642,7 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
       grads = gradients_at(c);
     else
       timed(&crossing_s, [&] { grads = gradients_at(c); });
-    if (plan_.execution.step_in_forward) {  // (one span, walked in its tiles)
+    if (plan_.execution.step_in_forward && c.span == 0) {  // (the host's span, walked in its tiles; the device's at once)
       const std::vector<int64_t>& hooks = plan_.execution.weight_tile_hooks;
       DS_CHECK(tile < hooks.size() && flat_.weight_tiles[tile].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", tile);
       const int64_t hook = hooks[tile++];
