@@ -476,7 +476,8 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
     const auto later = std::count_if(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
     o << "  the host steps " << later << " of its " << hooks.size()
-      << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once)\n";
+      << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once"
+      << (p.execution.state_spans.size() > 1 ? "; the GPU steps its part of the states at once" : "") << ")\n";
   } else if (p.run.steps_measured_alone) {
     o << "  each step's work is done within it, to be measured alone (ds profile, the flops_profiler block): no gathering\n"
          "  or host step left to the next forward\n";

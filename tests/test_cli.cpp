@@ -2,6 +2,7 @@
 // estimate-memory, env and --version. `ds train`'s own are in test_cli_train.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,34 @@ TEST(CliPlan, Fp16OnAGpuIsPlannedAndWarnedAsNew) {
   r = ds("plan examples/gpu-fp16.json --device cpu");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(contains(r.err, "fp16 on a GPU")) << r.err;
+}
+
+// ZeRO-Offload from one GPU: ds plan says how many of the host's weight tiles wait for the next forward: all but
+// those beginning in the embeddings (counted here from the layout and the tiles' size), with the states all on the
+// host, or the first half of them (ratio 0.5, stage 3), the GPU stepping the rest at once.
+TEST(CliPlan, OneGpusOffloadSaysHowManyTilesTheNextForwardSteps) {
+  for (const std::string ratio : {"", " zero_optimization.stage=3 zero_optimization.offload_optimizer.ratio=0.5"}) {
+    SCOPED_TRACE(ratio);
+    const std::string cmd = "plan examples/gpu-offload.json --device cuda" + ratio;
+    Result r = ds(cmd + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    ASSERT_TRUE(j["zero_execution"]["step_in_forward"].get<bool>());
+    const double tiles = j["zero_execution"]["weight_tiles"]["tiles"].get<double>();
+    const double largest = j["zero_execution"]["weight_tiles"]["largest"].get<double>();
+    double first_block = j["layout"]["numel"].get<double>();
+    for (const auto& p : j["layout"]["params"])
+      if (p["name"].get<std::string>().find(".h.") != std::string::npos) first_block = std::min(first_block, p["offset"].get<double>());
+    const double host = j["zero_execution"]["optimizer_state_spans"][0]["end"].get<double>();
+    EXPECT_NEAR(tiles, std::ceil(host / largest), 1);  // (tiles of about the largest's size cover the host's span)
+    const long at_once = static_cast<long>(std::ceil(first_block / largest));
+    r = ds(cmd);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string line = "the host steps " + std::to_string(static_cast<long>(tiles) - at_once) + " of its " +
+                             std::to_string(static_cast<long>(tiles)) + " weight tiles during the next forward";
+    EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+    EXPECT_EQ(contains(r.out, "the GPU steps its part of the states at once"), !ratio.empty()) << r.out;
+  }
 }
 
 // A machine with four GPUs (a stand-in nvidia-smi lists them): with nothing saying how many ranks, ds plan plans
