@@ -124,7 +124,8 @@ struct ZeroExecution {
   // step's forward goes on, each block waiting only for the pieces that hold it (ZeroExchange's block hooks).
   bool gather_ahead = false;
   // ZeRO-Offload's host step during the next forward: where the host steps the states of a GPU's weights in tiles
-  // (a staged span, one rank's whole part), it steps now only the tiles the forward reads before its first block
+  // (a staged span: one rank's whole part, or its first `ratio` with the rest on the device, stepped there at once),
+  // it steps now only the tiles the forward reads before its first block
   // (once the step's norm and skip are known); each other tile is stepped just before the forward's first block
   // hook that reads it (weight_tile_hooks), its weights copied over, so the GPU runs the blocks before it while the host
   // steps it. Exact: every tile gets the same inputs as stepped at once. One rank's part only (stages 1-2 with
