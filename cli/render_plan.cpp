@@ -599,7 +599,7 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
         << lpad(x.known ? seconds_text(x.seconds) : "?", 10) << lpad(x.known ? seconds_text(x.hidden_s) : "?", 10) << "\n";
     if (t.offload_known())
       o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
-        << (p.execution.step_in_forward ? " (compute hides only the host's step of the tiles stepped during the next forward)\n"
+        << (p.execution.step_in_forward ? " (the next forward's blocks hide only the tiles stepped during it: their host step and copies)\n"
                                         : " (it follows the backward: no compute hides it)\n");
   }
   if (t.step_known()) {

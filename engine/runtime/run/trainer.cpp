@@ -260,7 +260,8 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     // ds profile and the flops_profiler block time each block around ZeRO's hooks (or none).
     profiling_ = keeps_step_measurements(plan, opt);
     // (ZeRO's gathers and the host's step not left to the next forward: a step's figures are its own)
-    DS_CHECK(!profiling_ || plan.run.steps_measured_alone, "a profile of a plan that leaves a step's work to the next forward");
+    DS_CHECK(!profiling_ || (!plan.execution.gather_ahead && !plan.execution.step_in_forward),
+             "a profile of a plan that leaves a step's work to the next forward");
     if (profiling_) {
       block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
       model_->set_block_hooks(block_timer_.get());
