@@ -478,7 +478,7 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     o << "  the host steps " << later << " of its " << hooks.size()
       << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once"
       << (p.execution.state_spans.size() > 1 ? "; the GPU steps its part of the states at once" : "") << ")\n";
-  } else if (p.run.steps_measured_alone) {
+  } else if (p.execution.kept_within_step) {
     o << "  each step's work is done within it, to be measured alone (ds profile, the flops_profiler block): no gathering\n"
          "  or host step left to the next forward\n";
   }
@@ -604,7 +604,17 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
   }
   if (t.step_known()) {
     const double step = t.step_s();
-    o << "  step " << seconds_text(step) << ": " << t.bound() << "; " << format_count(static_cast<int64_t>(p.tokens_per_step / step))
+    // Where the step's time goes, beside its bound: the step is compute, the exposed collectives and each offload
+    // resource's exposed time, one after the other (a compute-bound step may still be half offload).
+    std::vector<std::pair<std::string, double>> parts{{"compute", t.compute_s}, {"communication", t.exposed_s()}};
+    for (OffloadResource r : {OffloadResource::host_link, OffloadResource::host_memory, OffloadResource::nvme})
+      parts.emplace_back(offload_resource_name(r), t.offload_seconds(r));
+    std::string split;
+    int shown = 0;
+    for (const auto& [what, seconds] : parts)
+      if (100 * seconds / step >= 0.5) split += (shown++ ? ", " : " (") + what + " " + format_fixed(100 * seconds / step, 0) + "%";
+    o << "  step " << seconds_text(step) << ": " << t.bound() << (shown > 1 ? split + " of it)" : "") << "; "
+      << format_count(static_cast<int64_t>(p.tokens_per_step / step))
       << " tokens/s over " << p.topology.world_size << (p.topology.world_size == 1 ? " rank" : " ranks") << ", MFU "
       << format_fixed(t.mfu(p.train_flops_per_step / p.topology.world_size), 2)
       << (p.activation_checkpointing ? " (model FLOPs: the recomputed forward is not counted)" : "") << "\n";

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,49 @@ TEST(CliPlan, OneGpusOffloadSaysHowManyTilesTheNextForwardSteps) {
     EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
     EXPECT_EQ(contains(r.out, "the GPU steps its part of the states at once"), !ratio.empty()) << r.out;
   }
+}
+
+// The predicted step line names its bound and where the step's time goes: compute, the collectives' exposed part
+// and each offload resource's exposed part, as shares of the step, computed here from plan.json's rows; the bound is
+// the largest of them (one GPU's offload, with the host's step left to the next forward and measured alone).
+TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
+  for (const std::string extra : {"", " flops_profiler.enabled=true", " zero_optimization.offload_optimizer.pin_memory=false"}) {
+    SCOPED_TRACE(extra);
+    const std::string cmd = "plan examples/gpu-offload.json --gpu h100 --host-memory-bw 200GB/s" + extra;
+    Result r = ds(cmd + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json t = nlohmann::json::parse(r.out)["step_time"];
+    const double step = t["step_s"].get<double>();
+    std::vector<std::pair<std::string, double>> parts{{"compute", t["compute_s"].get<double>()},
+                                                      {"communication", t["communication_s"].get<double>() - t["hidden_s"].get<double>()},
+                                                      {"host link", 0}, {"host memory", 0}, {"nvme", 0}};
+    for (const auto& row : t["offload"])
+      for (auto& [name, seconds] : parts)
+        if (name == row["resource"].get<std::string>()) seconds += row["seconds"].get<double>() - row["hidden_s"].get<double>();
+    double sum = 0;
+    std::string split, most;
+    double most_s = -1;
+    for (const auto& [name, seconds] : parts) {
+      sum += seconds;
+      if (seconds > most_s) most_s = seconds, most = name;
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.0f%%", 100 * seconds / step);
+      if (100 * seconds / step >= 0.5) split += (split.empty() ? "" : ", ") + name + " " + pct;
+    }
+    EXPECT_NEAR(sum, step, 1e-9 * step);  // (the parts are the whole step)
+    const std::string bound = most == "compute" ? "compute-bound" : most == "host memory" ? "host-memory-bound" : most == "host link" ? "host-link-bound" : most + "-bound";
+    EXPECT_EQ(t["bound"].get<std::string>(), bound);
+    r = ds(cmd);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string line = ": " + bound + " (" + split + " of it); ";
+    EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+    // Measured alone, the plan says what that turned off (here the host's step during the next forward).
+    EXPECT_EQ(contains(r.out, "each step's work is done within it"), extra == " flops_profiler.enabled=true") << r.out;
+  }
+  // A run with nothing to leave to the next forward (one CPU rank) says nothing of it.
+  const Result alone = ds("plan examples/quickstart.json flops_profiler.enabled=true");
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  EXPECT_FALSE(contains(alone.out, "each step's work is done within it")) << alone.out;
 }
 
 // A machine with four GPUs (a stand-in nvidia-smi lists them): with nothing saying how many ranks, ds plan plans

@@ -453,6 +453,14 @@ TEST(StepTime, AStepMeasuredAloneLeavesNothingToTheNextForward) {
   EXPECT_FALSE(gathers_alone.execution.gather_ahead);
   EXPECT_FALSE(steps_alone.execution.step_in_forward);
   EXPECT_TRUE(steps_alone.execution.weight_tile_hooks.empty());
+  // What the measurement turned off is recorded (ds plan says so); one GPU with nothing to defer records nothing.
+  EXPECT_FALSE(gathers.execution.kept_within_step);
+  EXPECT_FALSE(steps.execution.kept_within_step);
+  EXPECT_TRUE(gathers_alone.execution.kept_within_step);
+  EXPECT_TRUE(steps_alone.execution.kept_within_step);
+  const Plan nothing_deferred = plan_on(kGpt2Zero2, gpus(1, 1, "h100"), {"flops_profiler.enabled=true"});
+  EXPECT_TRUE(nothing_deferred.run.steps_measured_alone);
+  EXPECT_FALSE(nothing_deferred.execution.kept_within_step);
   // The updated parameters' gather waits where it is issued: nothing of it hides behind the next forward.
   for (size_t i = 0; i < gathers_alone.execution.collectives.size(); ++i)
     if (gathers_alone.execution.collectives[i].kind == CollectiveKind::updated_parameters) {
@@ -475,10 +483,13 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
                                 {"20GB/s", cpu_offload},
                                 // ZeRO-Offload++: the host holds the first 80%, the device steps the rest at once
                                 {"20GB/s", {"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.stage=3",
-                                            "zero_optimization.offload_optimizer.ratio=0.8"}}};
+                                            "zero_optimization.offload_optimizer.ratio=0.8"}},
+                                // pageable staging: the host waits for each copy, its step and the copies one stage
+                                {"20GB/s", {"zero_optimization.offload_optimizer.device=cpu", "zero_optimization.offload_optimizer.pin_memory=false"}}};
   for (const Case& c : cases) {
-    const bool partial = c.overrides.size() > 1;
-    SCOPED_TRACE(std::string(c.memory) + (partial ? ", ratio 0.8" : ""));
+    const bool pageable = c.overrides.back().find("pin_memory=false") != std::string::npos;
+    const bool partial = c.overrides.size() > 1 && !pageable;
+    SCOPED_TRACE(std::string(c.memory) + (partial ? ", ratio 0.8" : "") + (pageable ? ", pageable" : ""));
     const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", c.memory, ""), c.overrides);
     const ZeroExecution& z = p.execution;
     ASSERT_TRUE(z.step_in_forward);
@@ -524,6 +535,20 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
     }
     ASSERT_LT(before, all);  // (the head's matmul comes after)
     const double beside = t.forward_s / static_cast<double>(p.batch.grad_accum) * before / all;  // of the first micro step
+    const auto weights = std::find_if(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) { return x.what == "updated weights to the device"; });
+    ASSERT_NE(weights, t.offload.end());
+    if (pageable) {
+      // The host's step of the waiting tiles and their copies, one after the other, hide together behind the blocks,
+      // the step's part first; the copies of the tiles stepped at once hide behind nothing (the host waits for them).
+      const double together = filled * std::min(share * (step.seconds + weights->seconds), beside);
+      EXPECT_GT(share * step.seconds, beside * filled);  // (here the host's step alone fills the window)
+      EXPECT_NEAR(step.hidden_s, std::min(share * step.seconds, together), 1e-15);
+      EXPECT_NEAR(weights->hidden_s, together - step.hidden_s, 1e-15);
+      EXPECT_NEAR(t.offload_hidden_s, together, 1e-15);
+      const Plan pinned = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", c.memory, ""), cpu_offload);
+      EXPECT_GT(pinned.step_time.offload_hidden_s, t.offload_hidden_s);
+      continue;
+    }
     EXPECT_NEAR(step.hidden_s, filled * std::min(share * step.seconds, beside), 1e-15);
     if (std::string(c.memory) == "1000GB/s")  // (both regimes are met: the share hides whole, then the blocks' forward is the cap)
       EXPECT_LT(share * step.seconds, beside);
@@ -533,8 +558,6 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
     // The copies of the tiles stepped at once cross while the host steps the next of them (all but the last), up to
     // its step of those tiles; the waiting tiles' cross beside the blocks before theirs, hidden up to the longer of
     // that forward and the host's step of them.
-    const auto weights = std::find_if(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) { return x.what == "updated weights to the device"; });
-    ASSERT_NE(weights, t.offload.end());
     const double tiles = static_cast<double>(z.weight_tiles.size());
     const double early = std::min(weights->seconds * static_cast<double>(at_once - 1) / tiles, step.seconds * (1 - share));
     const double longer = std::string(c.memory) == "1000GB/s" ? beside : share * step.seconds;

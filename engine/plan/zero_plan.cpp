@@ -207,8 +207,9 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   // stages, nor where the model computes in a wider copy of the weights, refreshed from the whole buffer at once.
   // (And only where the blocks hold trained parameters: the forward's block hooks are where it waits.)
   const bool blocks_train = std::any_of(L.params.begin(), L.params.end(), [](const ParamSlot& p) { return p.layer >= 0; });
-  z.gather_ahead = z.sharded && !z.gathers && z.overlap && !z.widened && !plan.mesh.shape.splits_the_model() && blocks_train &&
-                   !plan.run.steps_measured_alone;
+  const bool could_gather_ahead = z.sharded && !z.gathers && z.overlap && !z.widened && !plan.mesh.shape.splits_the_model() && blocks_train;
+  z.gather_ahead = could_gather_ahead && !plan.run.steps_measured_alone;
+  z.kept_within_step = could_gather_ahead && plan.run.steps_measured_alone;
   z.backend = plan.topology.comm_backend();
   b.caps = comm_capabilities(z.backend);
   // Without a native reduce-scatter (Gloo) it is point-to-point sends into a receive buffer of (W-1) x the
@@ -589,9 +590,11 @@ ZeroExecution describe_zero(const Plan& plan) {
   if (!z.state_spans.empty() && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
       std::all_of(z.state_spans.begin() + 1, z.state_spans.end(), on_device) &&
       z.weight_tiles.size() > 1 && !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
-      !plan.optimizer.per_tensor_update() && !plan.run.steps_measured_alone) {
+      !plan.optimizer.per_tensor_update()) {
     std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);
-    z.step_in_forward = std::any_of(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+    const bool could = std::any_of(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+    z.step_in_forward = could && !plan.run.steps_measured_alone;
+    z.kept_within_step = z.kept_within_step || (could && plan.run.steps_measured_alone);
     if (z.step_in_forward) z.weight_tile_hooks = std::move(hooks);
   }
   return z;

@@ -135,6 +135,9 @@ struct ZeroExecution {
   // before block l, 2 l + 1 after it; -1 for a tile beginning before the first trained block (stepped at once). A tile
   // is stepped where its first element is read (one past the blocks: after the last block). Empty otherwise.
   std::vector<int64_t> weight_tile_hooks;
+  // The run measures each step alone (RunSettings::steps_measured_alone) and that turned gather_ahead or
+  // step_in_forward off: what ds plan says the profile changes.
+  bool kept_within_step = false;
   // Gradients accumulate in a wider dtype than backward writes them in (data_types.grad_accum_dtype fp32 with
   // bf16 weights, DeepSpeed's BF16_Optimizer): stages 0-1 add each micro-batch's gradients from micro_grads into
   // the fp32 buffer after its backward; grouped stages add each reduced group into their fp32 part anyway.
