@@ -461,11 +461,20 @@ TEST(StepTime, AStepMeasuredAloneLeavesNothingToTheNextForward) {
   const Plan nothing_deferred = plan_on(kGpt2Zero2, gpus(1, 1, "h100"), {"flops_profiler.enabled=true"});
   EXPECT_TRUE(nothing_deferred.run.steps_measured_alone);
   EXPECT_FALSE(nothing_deferred.execution.kept_within_step);
-  // The updated parameters' gather waits where it is issued: nothing of it hides behind the next forward.
+  // The updated parameters' gather waits where it is issued: nothing of it hides behind the next forward. It is
+  // the same gather, in the same pieces (cut at the blocks), as the run measured: a profile times ds train's calls.
+  ASSERT_EQ(gathers_alone.execution.collectives.size(), gathers.execution.collectives.size());
+  int gathers_seen = 0;
   for (size_t i = 0; i < gathers_alone.execution.collectives.size(); ++i)
     if (gathers_alone.execution.collectives[i].kind == CollectiveKind::updated_parameters) {
+      ++gathers_seen;
       EXPECT_EQ(gathers_alone.step_time.collectives[i].hidden_s, 0);
+      EXPECT_EQ(gathers_alone.execution.collectives[i].calls_per_step, gathers.execution.collectives[i].calls_per_step);
+      EXPECT_EQ(gathers_alone.execution.collectives[i].payload_bytes_per_step, gathers.execution.collectives[i].payload_bytes_per_step);
+      EXPECT_GT(gathers_alone.execution.collectives[i].calls_per_step,
+                static_cast<int64_t>(bucket_pieces(gathers.execution.full_numel, gathers.zero.allgather_bucket_size).size()));  // (cut at the blocks)
     }
+  EXPECT_EQ(gathers_seen, 1);
   // The host's step hides nowhere: the offload is the step's whole, as where nothing is stepped during the forward.
   EXPECT_EQ(steps_alone.step_time.offload.back().what, "optimizer step on the host");
   EXPECT_EQ(steps_alone.step_time.offload.back().hidden_s, 0);
