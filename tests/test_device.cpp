@@ -953,11 +953,21 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
     EXPECT_EQ(separate[0].copies_beside_compute, 4 * waiting);
     double planned = 0;
     for (const Transfer& t : z.transfers) planned += t.bytes_per_step;
-    std::vector<double> moved;
+    std::vector<double> moved, deferred;
     std::ifstream metrics(root / "separate" / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) moved.push_back(nlohmann::json::parse(line)["offload_bytes"].get<double>());
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json m = nlohmann::json::parse(line);
+      moved.push_back(m["offload_bytes"].get<double>());
+      deferred.push_back(m["deferred_step_s"].get<double>());
+    }
     ASSERT_EQ(moved.size(), 4u);
     for (size_t i = 0; i < moved.size(); ++i) EXPECT_DOUBLE_EQ(moved[i], planned) << "step " << i + 1;
+    // The host's time stepping tiles in a forward: steps 2 and 4's (steps 1 and 3's updates), none in steps 1 and 3
+    // (the first, and the one after the checkpoint stepped what was left).
+    EXPECT_EQ(deferred[0], 0);
+    EXPECT_GT(deferred[1], 0);
+    EXPECT_EQ(deferred[2], 0);
+    EXPECT_GT(deferred[3], 0);
     // The checkpoint at step 2 was written with the second update's tiles stepped first: resumed, the run goes on as
     // the straight one did.
     o[3] = "train.output_dir=" + (root / "resumed").string();

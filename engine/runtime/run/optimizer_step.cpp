@@ -237,7 +237,9 @@ void OptimizerStep::step_pending(int64_t hook) {
     pending_.pop_front();
     const double moved0 = bytes_moved();
     double crossing_s = 0;  // (on the forward's timeline: its phase holds what the compute waited)
-    step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s, p.read_before.get());
+    double host_s = 0;
+    timed(&host_s, [&] { step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s, p.read_before.get()); });
+    if (hook < std::numeric_limits<int64_t>::max()) carried_seconds_ += host_s;  // (finish_update's: in no step)
     const double moved = bytes_moved() - moved0;
     // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
     DS_CHECK(moved == p.bytes, "a pending tile's weights moved ", moved, " bytes, its update counted ", p.bytes);
@@ -678,6 +680,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   out.loss_scale = scaler_.enabled() ? scaler_.scale() : 1.0;
   const double moved0 = bytes_moved();
   carried_bytes_ = 0;
+  carried_seconds_ = 0;
   pending_bytes_ = 0;  // (a step that updates nothing leaves no tile)
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
@@ -721,6 +724,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   // Gradients out, weights back, the swap files' reads and writes: this step's, the tiles it leaves to the next forward
   // included and the last step's stepped in this one's forward not.
   out.offload_bytes = bytes_moved() - moved0 - carried_bytes_ + pending_bytes_;
+  out.deferred_step_s = carried_seconds_;
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.
   groups_.settle();

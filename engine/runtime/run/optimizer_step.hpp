@@ -40,6 +40,9 @@ struct StepOutcome {
   std::array<double, 8> phase_rss_bytes{};  // with sample_memory: the peak resident bytes within each phase
   std::array<double, 8> phase_device_bytes{};  // with sample_memory, on a GPU: its memory in use at each phase's end
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
+  // ZeRO-Offload stepping during the next forward (ZeroExecution::step_in_forward): the host's seconds stepping the
+  // last update's tiles in this step's forward (a part of phases.forward; on a GPU beside the blocks it runs).
+  double deferred_step_s = 0;
   int64_t trained_tokens = -1;  // fine-tuning data: the targets the step's loss counted, on every rank; -1 otherwise
   int64_t counted_targets = -1;  // the same, kept when the step is skipped: the rows that ran through the head (FLOPs)
   int64_t attention_squares = -1;  // packed rows: their attention calls' lengths squared, summed over the step (FLOPs)
@@ -175,6 +178,7 @@ class OptimizerStep {
   int64_t stepped_in_forward_ = 0;
   // Bytes moved by pending tiles stepped since the step began: the last step's (its update's), taken out of this one's.
   double carried_bytes_ = 0;
+  double carried_seconds_ = 0;  // and the host's seconds stepping them
   // The weights from the master copy, wherever its spans are (a copy between places when offloaded; the
   // parameter file rewritten when the parameters are on NVMe).
   void weights_from_master();

@@ -314,7 +314,14 @@ void RunReport::write_metrics(int64_t step, const StepOutcome& o, std::optional<
                 o.skipped ? "true" : "false", scale_json, val_json);
   // Fine-tuning data: the step's trained tokens (its counted targets, every rank's), read from the data.
   const std::string trained = o.trained_tokens >= 0 ? ", \"trained_tokens\": " + std::to_string(o.trained_tokens) : "";
-  metrics_ << (std::string(json) + trained + phases_json + "}\n") << std::flush;  // one write per line
+  // ZeRO-Offload's host step during the forward: its seconds there, the last update's (inside forward_s).
+  std::string deferred;
+  if (p.execution.step_in_forward) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, ", \"deferred_step_s\": %.6f", o.deferred_step_s);
+    deferred = buf;
+  }
+  metrics_ << (std::string(json) + trained + deferred + phases_json + "}\n") << std::flush;  // one write per line
   if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
 }
 
