@@ -4,6 +4,7 @@
 #include "engine/plan/runnable.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <functional>
@@ -612,7 +613,8 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     std::string split;
     int shown = 0;
     for (const auto& [what, seconds] : parts)
-      if (100 * seconds / step >= 0.5) split += (shown++ ? ", " : " (") + what + " " + format_fixed(100 * seconds / step, 0) + "%";
+      if (const long percent = std::lround(100 * seconds / step); percent >= 1)
+        split += (shown++ ? ", " : " (") + what + " " + std::to_string(percent) + "%";
     o << "  step " << seconds_text(step) << ": " << t.bound() << (shown > 1 ? split + " of it)" : "") << "; "
       << format_count(static_cast<int64_t>(p.tokens_per_step / step))
       << " tokens/s over " << p.topology.world_size << (p.topology.world_size == 1 ? " rank" : " ranks") << ", MFU "

@@ -227,7 +227,9 @@ Pieces bucket_pieces(int64_t numel, int64_t bucket, const Pieces& blocks) {
 }
 
 Pieces updated_parameter_pieces(const FlatLayout& L, const ZeroExecution& z, int64_t allgather_bucket_size) {
-  return bucket_pieces(z.full_numel, allgather_bucket_size, z.gather_ahead || z.kept_within_step ? block_ranges(L) : Pieces{});
+  // (kept_within_step on sharded ranks is gather_ahead's: the host's step during the forward is one rank's part)
+  const bool cut = z.gather_ahead || (z.kept_within_step && z.sharded);
+  return bucket_pieces(z.full_numel, allgather_bucket_size, cut ? block_ranges(L) : Pieces{});
 }
 
 std::vector<Collective> plan_collectives(const Plan& plan, const ZeroExecution& z) {

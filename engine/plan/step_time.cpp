@@ -337,7 +337,8 @@ void predict_offload(const Plan& p, StepTime& t) {
     for (const OffloadTime& x : rows) step_s += x.what == "optimizer step on the host" ? x.seconds : 0.0;
     // From pageable staging (pin_memory false) a copy returns only once the host has passed the tile through the
     // driver's own page-locked memory: the host's step and the copies run one after the other, one stage hidden
-    // behind the blocks, the step's part first; the tiles stepped at once hide nothing of their copies.
+    // behind the blocks (the step's part as where the copies run apart, the copies the rest); the tiles stepped at
+    // once hide nothing of their copies.
     const ZeroBuffer* staging = p.execution.find(BufferRole::weights_staging, Place::host);
     const bool pinned = staging && staging->pinned;
     double copy_s = 0;
@@ -345,9 +346,9 @@ void predict_offload(const Plan& p, StepTime& t) {
     const double host_stage_hidden = filled * std::min((step_s + copy_s) * share, window);
     for (OffloadTime& x : rows)
       if (x.what == "optimizer step on the host")
-        x.hidden_s = pinned ? filled * std::min(x.seconds * share, window) : std::min(x.seconds * share, host_stage_hidden);
+        x.hidden_s = filled * std::min(x.seconds * share, window);
       else if (x.what == "updated weights to the device" && x.known)
-        x.hidden_s = !pinned ? host_stage_hidden - std::min(step_s * share, host_stage_hidden)
+        x.hidden_s = !pinned ? host_stage_hidden - filled * std::min(step_s * share, window)
                              : std::min(x.seconds * static_cast<double>(std::max<int64_t>(0, at_once - 1)) / static_cast<double>(tiles.size()),
                                         step_s * (1 - share)) +
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));

@@ -40,8 +40,9 @@ struct StepOutcome {
   std::array<double, 8> phase_rss_bytes{};  // with sample_memory: the peak resident bytes within each phase
   std::array<double, 8> phase_device_bytes{};  // with sample_memory, on a GPU: its memory in use at each phase's end
   double offload_bytes = 0;  // optimizer offload: bytes copied between places (their time: phases.offload)
-  // ZeRO-Offload stepping during the next forward (ZeroExecution::step_in_forward): the host's seconds stepping the
-  // last update's tiles in this step's forward (a part of phases.forward; on a GPU beside the blocks it runs).
+  // ZeRO-Offload stepping during the next forward (ZeroExecution::step_in_forward): the host's seconds on the last
+  // update's tiles in this step's forward, their step and the waits for their staging buffers and copies (a part of
+  // phases.forward; on a GPU beside the blocks it runs).
   double deferred_step_s = 0;
   int64_t trained_tokens = -1;  // fine-tuning data: the targets the step's loss counted, on every rank; -1 otherwise
   int64_t counted_targets = -1;  // the same, kept when the step is skipped: the rows that ran through the head (FLOPs)
