@@ -202,6 +202,8 @@ class SeparateMemoryDevice final : public Device {
   // Copies to the device ordered after an earlier point of the compute stream than its latest: ones a GPU runs beside
   // the compute queued since (Device::copy with `after`).
   int64_t copies_beside_compute() const { return copies_beside_compute_; }
+  // The same from the device to the host: gradients leaving while a GPU runs the compute queued after theirs.
+  int64_t arrivals_beside_compute() const { return arrivals_beside_compute_; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
     copy_.synchronize();
@@ -230,6 +232,7 @@ class SeparateMemoryDevice final : public Device {
       // (on a GPU it runs beside the compute queued after the point it waits for)
       if (copy_.after_compute() < compute_.points) ++copies_beside_compute_;
     }
+    if (on_copy_stream && from == Place::device && to == Place::host && copy_.after_compute() < compute_.points) ++arrivals_beside_compute_;
   }
 
  private:
@@ -332,7 +335,7 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
-  int64_t copies_beside_compute_ = 0;
+  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0;
   CheckingTable device_table_, host_table_;
   TrackedCopyStream copy_;
   TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
@@ -370,6 +373,7 @@ struct RankRun {
   int64_t pinned_copies = 0;            // its copies to the device from page-locked memory (where races are looked for)
   int64_t queued_sums = 0;              // its sums of squares the host read only later (the step's norm kept on the device)
   int64_t copies_beside_compute = 0;    // its copies to the device a GPU would run beside compute queued before them
+  int64_t arrivals_beside_compute = 0;  // and from the device (SeparateMemoryDevice::arrivals_beside_compute)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -405,6 +409,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.pinned_copies = d.pinned_copies();
           run.queued_sums = d.queued_sums();
           run.copies_beside_compute = d.copies_beside_compute();
+          run.arrivals_beside_compute = d.arrivals_beside_compute();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -837,6 +842,40 @@ TEST(DeviceSeam, GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum) {
         EXPECT_EQ(on_host[r].result.losses, on_device[r].result.losses) << "rank " << r;
       }
     }
+}
+
+// One rank of a GPU-like device whose gradients leave block by block for the host (ZeRO-Offload, stage 2): with
+// overlap_comm each group's copy out waits only for the compute stream's point just after its backward, so a GPU runs
+// the next block's backward beside it and the host's sum (the parameters outside the blocks leave once the backward
+// has ended: only the step clock's mark follows theirs). Without overlap_comm each copy waits for everything queued.
+// The same run either way, bit for bit, as the CPU's.
+TEST(DeviceSeam, WithOverlapCommABlocksGradientsLeaveBesideTheNextBlocksBackward) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_arrivals_" + std::to_string(::getpid()));
+  std::vector<std::vector<double>> losses;
+  for (const char* overlap : {"zero_optimization.overlap_comm=true", "zero_optimization.overlap_comm=false"}) {
+    SCOPED_TRACE(overlap);
+    const std::vector<std::string> o{overlap, "zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                     "train.output_dir=" + (root / "run").string()};
+    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true);
+    ASSERT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
+    ASSERT_TRUE(plan.execution.grouped);
+    const bool overlapped = std::string(overlap).find("true") != std::string::npos;
+    EXPECT_EQ(plan.execution.overlap, overlapped);
+    // One copy out per tensor, each step (a group's tensors one by one), ordered after its group's point or the latest.
+    const int64_t tensors = static_cast<int64_t>(plan.layout.params.size());
+    const std::vector<RankRun> run = train_ranks(1, o, true, "", /*grads_leave=*/true);
+    fs::remove_all(root);
+    ASSERT_EQ(run[0].result.losses.size(), 4u);
+    EXPECT_EQ(run[0].transfers.at({Place::device, Place::host}).copies, 4 * tensors);
+    EXPECT_EQ(run[0].arrivals_beside_compute, overlapped ? 4 * tensors : 0);
+    losses.push_back(run[0].result.losses);
+  }
+  const std::vector<RankRun> cpu = train_ranks(1, {"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                                   "train.output_dir=" + (root / "run").string()},
+                                               false);
+  fs::remove_all(root);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], cpu[0].result.losses);
 }
 
 TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopiesAndResume) {

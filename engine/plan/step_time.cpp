@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/format.hpp"
 #include "engine/plan/flops.hpp"
@@ -297,6 +298,39 @@ double exposed(const std::vector<OffloadTime>& rows) {
   return s;
 }
 
+// One rank whose gradients leave a GPU group by group for the host (ZeRO-Offload from stage 2) with overlap_comm: a
+// block's copy out waits only for its own backward, and the host adds it into the step's sum while the GPU runs the
+// next block's backward. A pipeline of n blocks, each stage the copy and the sum of a block's gradients beside the
+// next block's backward: the lowest block's has only the embeddings' backward beside it (short, not counted), so
+// (n - 1) / n of what n equal stages side by side would hide. The parameters outside the blocks leave once the
+// backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.)
+void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+  const ZeroExecution& z = p.execution;
+  const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
+  if (!z.overlap || z.world_size != 1 || !(t.backward_s > 0) || !g || g->place != Place::host || !z.find(BufferRole::grads_arrival, Place::host))
+    return;
+  int64_t block_elements = 0, all = 0;
+  std::set<int> blocks;
+  for (const ParamSlot& s : p.layout.params) {
+    all += s.numel;
+    if (s.layer >= 0) block_elements += s.numel, blocks.insert(s.layer);
+  }
+  if (blocks.size() < 2 || all == 0) return;
+  double blocks_backward = 0, backward = 0;
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
+    if (m.depth == 1) backward += m.backward + m.recompute, blocks_backward += m.layer >= 0 ? m.backward + m.recompute : 0.0;
+  const double window = backward > 0 ? t.backward_s * blocks_backward / backward : 0.0;
+  const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
+  double seconds = 0;
+  for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
+  if (!(seconds > 0)) return;
+  const double n = static_cast<double>(blocks.size());
+  const double share = static_cast<double>(block_elements) / static_cast<double>(all);
+  const double hidden = (n - 1) / n * std::min(seconds * share, window);
+  for (OffloadTime& x : rows)
+    if (trip(x)) x.hidden_s = hidden * x.seconds / seconds;
+}
+
 void predict_offload(const Plan& p, StepTime& t) {
   if (p.execution.transfers.empty()) return;
   const OffloadRates r = offload_rates(p);
@@ -353,6 +387,7 @@ void predict_offload(const Plan& p, StepTime& t) {
                                         step_s * (1 - share)) +
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
+  hide_gradients_behind_backward(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

@@ -25,6 +25,9 @@ struct ZeroExchange::Reduce {
   std::vector<std::unique_ptr<PendingCollective>> pieces;
   const ParamGroup* group = nullptr;
   torch::Tensor buf;
+  // One rank whose gradients leave for the host: the compute stream just after the group's backward, which its copy
+  // out waits for (not for the blocks' backward queued since, which it runs beside).
+  std::shared_ptr<Event> written;
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap)
@@ -264,8 +267,11 @@ void ZeroExchange::sum_over_partitions(double* values, size_t n) const {
 }
 
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
+  // (recorded first: the group's gradients are queued now, whatever finishing the previous reduce waits for)
+  std::shared_ptr<Event> written = !comm_ && flat_.grads_place != Place::device ? flat_.device->compute_stream().record() : nullptr;
   finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
   reducing_ = std::make_unique<Reduce>();
+  reducing_->written = std::move(written);
   reducing_->group = &g;
   reducing_->buf = buf;
   const Ownership* owners = group_owners_.empty() ? nullptr : &group_owners_[static_cast<size_t>(&g - groups_.data())];
@@ -278,6 +284,7 @@ void ZeroExchange::finish_reduce() {
   for (auto& p : reducing_->pieces) p->wait();
   const ParamGroup& g = *reducing_->group;
   const torch::Tensor buf = reducing_->buf;
+  const std::shared_ptr<Event> written = reducing_->written;
   reducing_.reset();
   torch::NoGradGuard ng;
   // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the
@@ -294,7 +301,11 @@ void ZeroExchange::finish_reduce() {
     } else {
       DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
       const torch::Tensor arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
-      flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
+      // (one rank: after the group's backward only, so a GPU runs the next block's beside it; else after the collective)
+      if (written)
+        flat_.device->copy(arrived, flat_.grads_place, part, Place::device, *written);
+      else
+        flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
       uint8_t& summed = summed_[static_cast<size_t>(k)];
       if (summed) into.add_(arrived);
       else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly; a -0 stays -0), without zeroing the sum first
