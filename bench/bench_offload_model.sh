@@ -5,8 +5,9 @@
 # `ds train` measures (metrics.jsonl, median of the steps after the first two). Interleaved: each round measures
 # the rate again, then runs the model.
 # DS_DEVICE=cuda: the same on one GPU (GPT-2 124M, micro batch 8 x 1024, examples/gpu-gpt2.json), the copies
-# crossing PCIe at the GPU model's --host-link; each round also runs the step without offload and prints the
-# measured slowdown beside the plan's predicted one.
+# crossing PCIe at the GPU model's --host-link, with overlap_comm (each block's gradients leave beside the next
+# block's backward); each round also runs the step without offload and prints the measured slowdown beside the plan's
+# predicted one, and at ZeRO 2 the offloaded step without overlap_comm beside the plan's (what the overlap wins).
 #
 # usage: [DS_DEVICE=cpu|cuda] bench/bench_offload_model.sh [PRESET=gpt2] [STEPS=8] [ROUNDS=2] [SCRATCH=/tmp/ds-offload-model]
 set -euo pipefail
@@ -30,6 +31,7 @@ for stage in 2 3; do
     gbs=$(python3 -c "print(f'{$rate / 1e9:.2f}GB/s')")
     common=("${base[@]}" zero_optimization.stage="$stage" train.steps="$steps" train.eval_every=0 train.threads="$threads")
     args=("${common[@]}" zero_optimization.offload_optimizer.device=cpu)
+    [ "$device" = cuda ] && args+=(zero_optimization.overlap_comm=true)
     "$ds" plan "${args[@]}" --device "$device" --host-memory-bw "$gbs" --json > "$dir/plan.json"
     out="$dir/run_${stage}_$round"
     "$ds" train "${args[@]}" --device "$device" train.output_dir="$out" > "$out.log" 2>&1
@@ -37,8 +39,14 @@ for stage in 2 3; do
     if [ "$device" = cuda ]; then
       "$ds" plan "${common[@]}" --device "$device" --json > "$dir/plan_kept.json"
       "$ds" train "${common[@]}" --device "$device" train.output_dir="$kept" > "$kept.log" 2>&1
+      if [ "$stage" = 2 ]; then
+        serial="$dir/serial_${stage}_$round"
+        "$ds" plan "${args[@]}" zero_optimization.overlap_comm=false --device "$device" --host-memory-bw "$gbs" --json > "$dir/plan_serial.json"
+        "$ds" train "${args[@]}" zero_optimization.overlap_comm=false --device "$device" train.output_dir="$serial" > "$serial.log" 2>&1
+      fi
     fi
-    python3 - "$dir/plan.json" "$out/metrics.jsonl" "$stage" "$gbs" "$dir/plan_kept.json" "$kept/metrics.jsonl" "$device" <<'PY'
+    python3 - "$dir/plan.json" "$out/metrics.jsonl" "$stage" "$gbs" "$dir/plan_kept.json" "$kept/metrics.jsonl" "$device" \
+      "$dir/plan_serial.json" "${serial:-none}/metrics.jsonl" <<'PY'
 import json, os, statistics, sys
 plan = json.load(open(sys.argv[1]))["step_time"]
 steps = [json.loads(l) for l in open(sys.argv[2]) if l.strip()][2:]
@@ -59,6 +67,11 @@ if sys.argv[7] == "cuda" and os.path.exists(sys.argv[6]):
     print(f"  step: offloaded {step_off * 1e3:.1f} ms, on the GPU {step_kept * 1e3:.1f} ms: {step_kept / step_off:.2f}x the speed "
           f"(the plan: {predicted(kept_plan) / predicted(plan):.2f}x, {predicted(plan) * 1e3:.1f} vs {predicted(kept_plan) * 1e3:.1f} ms; "
           f"bound {plan.get('bound')})")
+    if sys.argv[3] == "2" and os.path.exists(sys.argv[9]):
+        serial_plan = json.load(open(sys.argv[8]))["step_time"]
+        serial = statistics.median(s["step_s"] for s in [json.loads(l) for l in open(sys.argv[9]) if l.strip()][2:])
+        print(f"  without overlap_comm: offloaded {serial * 1e3:.1f} ms ({serial / step_off:.2f}x the overlapped step; "
+              f"the plan: {predicted(serial_plan) * 1e3:.1f} ms, {predicted(serial_plan) / predicted(plan):.2f}x)")
 PY
   done
 done

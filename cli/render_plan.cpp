@@ -598,20 +598,26 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     for (const OffloadTime& x : t.offload)
       o << "  " << pad(x.what, what_w) << pad(x.rate, rate_w) << lpad(format_bytes(x.bytes), 12)
         << lpad(x.known ? seconds_text(x.seconds) : "?", 10) << lpad(x.known ? seconds_text(x.hidden_s) : "?", 10) << "\n";
-    // What compute hides of it: the gradients' trip behind the backward (one rank, overlap_comm), the tiles' step behind
-    // the next forward (step_in_forward).
-    const bool trip_hidden = std::any_of(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) {
-      return x.hidden_s > 0 && (x.what == "gradients to the host" || x.what == "gradients summed on the host");
-    });
+    // What compute hides of it: the gradients' trip behind the backward (one rank, overlap_comm), stage 3's parameters
+    // crossing a block ahead (one rank), the tiles' step behind the next forward (step_in_forward).
+    const auto hidden = [&](std::initializer_list<const char*> what) {
+      return std::any_of(t.offload.begin(), t.offload.end(), [&](const OffloadTime& x) {
+        return x.hidden_s > 0 && std::any_of(what.begin(), what.end(), [&](const char* w) { return x.what == w; });
+      });
+    };
     std::string hides;
-    if (trip_hidden) hides = "the backward hides the blocks' gradients on their way to the host and their sum there";
+    if (hidden({"gradients to the host", "gradients summed on the host"}))
+      hides = "the backward hides the blocks' gradients on their way to the host and their sum there";
+    if (hidden({"parameters to the device"}))
+      hides += (hides.empty() ? "" : "; ") + std::string("each block's parameters cross while the block before it runs");
     if (p.execution.step_in_forward)
       hides += (hides.empty() ? "" : "; ") + std::string("the next forward's blocks hide only the tiles stepped during it: their host step and copies");
     if (t.offload_known())
       o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
         << (hides.empty() ? " (it follows the backward: no compute hides it)" : " (" + hides + ")") << "\n";
     const ZeroExecution& z = p.execution;
-    if (z.world_size == 1 && !z.overlap && z.find(BufferRole::grads_arrival, Place::host))
+    const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
+    if (p.topology.world_size == 1 && !z.overlap && arrival && arrival->dtype == z.reduced_dtype)
       o << "  zero_optimization.overlap_comm=true would hide the blocks' gradients on their way to the host behind the backward\n";
   }
   if (t.step_known()) {

@@ -169,11 +169,12 @@ TEST(CliPlan, OneGpusOffloadSaysHowManyTilesTheNextForwardSteps) {
 // The predicted step line names its bound and where the step's time goes: compute, the collectives' exposed part
 // and each offload resource's exposed part, as shares of the step, computed here from plan.json's rows; on one GPU
 // (no collectives) the bound is the largest of them (offload with the host's step left to the next forward,
-// measured alone, from pageable memory, and without overlap_comm). The offload line says what compute hides: the
-// blocks' gradients on their way to the host behind the backward with overlap_comm (else it says what would).
+// measured alone, from pageable memory, without overlap_comm, and stage 3 with the parameters on the host). The offload
+// line says what compute hides: the blocks' gradients on their way to the host behind the backward with overlap_comm
+// (else it says what would), stage 3's parameters crossing a block ahead.
 TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
   for (const std::string extra : {"", " flops_profiler.enabled=true", " zero_optimization.offload_optimizer.pin_memory=false",
-                                  " zero_optimization.overlap_comm=false"}) {
+                                  " zero_optimization.overlap_comm=false", " zero_optimization.stage=3 zero_optimization.offload_param.device=cpu"}) {
     SCOPED_TRACE(extra);
     const std::string cmd = "plan examples/gpu-offload.json --gpu h100 --host-memory-bw 200GB/s" + extra;
     Result r = ds(cmd + " --json");
@@ -208,6 +209,8 @@ TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
     EXPECT_EQ(contains(r.out, "the backward hides the blocks' gradients on their way to the host and their sum there"), overlap) << r.out;
     EXPECT_EQ(contains(r.out, "zero_optimization.overlap_comm=true would hide the blocks' gradients on their way to the host behind the backward"), !overlap)
         << r.out;
+    // Stage 3's parameters in host memory cross a block ahead.
+    EXPECT_EQ(contains(r.out, "each block's parameters cross while the block before it runs"), contains(extra, "offload_param")) << r.out;
   }
   // A run with nothing to leave to the next forward (one CPU rank) says nothing of it.
   const Result alone = ds("plan examples/quickstart.json flops_profiler.enabled=true");

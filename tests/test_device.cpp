@@ -12,9 +12,11 @@
 #include <csignal>
 #include <cstring>
 #include <cmath>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -61,6 +63,16 @@ class TrackedCopyStream final : public Stream {
     if (pinned && bytes > 0) ++pinned_reads;
   }
   int64_t pinned_reads = 0;  // copies from page-locked memory (those the races are looked for in)
+  // The copy just queued (reading()'s) writes its bytes only once the compute stream waits for it or the host learns it
+  // ended (Device::copy_ahead's: what runs on the device before then may not see them).
+  void defer(void* dst, const void* src, int64_t bytes) { deferred_.push_back({queued_, dst, src, bytes}); }
+  // The deferred copies up to `seq` land, in order.
+  void land(int64_t seq) {
+    while (!deferred_.empty() && deferred_.front().seq <= seq) {
+      std::memcpy(deferred_.front().dst, deferred_.front().src, static_cast<size_t>(deferred_.front().bytes));
+      deferred_.pop_front();
+    }
+  }
   const std::vector<std::string>& races() const { return races_; }
   // The copies queued before `e` (an event of this stream's; -1 for another's) have ended once the host knows `e` has.
   static int64_t copies_before(const Event& e) {
@@ -68,6 +80,7 @@ class TrackedCopyStream final : public Stream {
     return r ? r->seq() : -1;
   }
   void ended(int64_t seq) {
+    land(seq);
     for (const Pending& q : pending_)
       if (q.seq <= seq && !q.taken.empty() && !std::equal(q.lo, q.hi, q.taken.begin()) && races_.size() < 8)
         races_.push_back("copy " + std::to_string(q.seq) + " to the device (" + std::to_string(q.hi - q.lo) +
@@ -101,6 +114,13 @@ class TrackedCopyStream final : public Stream {
   };
   int64_t queued_ = 0, after_compute_ = -1;
   std::vector<Pending> pending_;
+  struct Deferred {
+    int64_t seq;
+    void* dst;
+    const void* src;
+    int64_t bytes;
+  };
+  std::deque<Deferred> deferred_;
   std::vector<std::string> races_;
 };
 
@@ -113,7 +133,10 @@ class TickingStream final : public Stream {
   explicit TickingStream(TrackedCopyStream& copies) : copies_(copies) {}
   std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1, ++points); }
   std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks, ++points); }
-  void wait_for(const Event& e) override { waited_copies_ = std::max(waited_copies_, TrackedCopyStream::copies_before(e)); }
+  void wait_for(const Event& e) override {  // (the compute queued next reads what the copies up to `e` wrote)
+    waited_copies_ = std::max(waited_copies_, TrackedCopyStream::copies_before(e));
+    copies_.land(waited_copies_);
+  }
   void synchronize() override { copies_.ended(waited_copies_); }
   int64_t ticks = 0;
   int64_t points = 0;  // events recorded: each a point in the compute stream's work
@@ -218,6 +241,7 @@ class SeparateMemoryDevice final : public Device {
     // have ended by the time it writes); one that converts is LibTorch's, on the compute stream (which waits for every
     // copy before it: Device::copy), blocking the host until it has run.
     const bool on_copy_stream = dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous();
+    if (on_copy_stream) copy_.land(std::numeric_limits<int64_t>::max());  // (behind the copies queued before it)
     if (on_copy_stream && to == Place::host) copy_.synchronize();  // (then the host waits for it: host code reads it next)
     if (!on_copy_stream && (from == Place::host) != (to == Place::host)) compute_.synchronize();
     // As cudaMemcpyAsync, a copy between equal dtypes writes the bytes and leaves LibTorch's version counters alone
@@ -233,6 +257,16 @@ class SeparateMemoryDevice final : public Device {
       if (copy_.after_compute() < compute_.points) ++copies_beside_compute_;
     }
     if (on_copy_stream && from == Place::device && to == Place::host && copy_.after_compute() < compute_.points) ++arrivals_beside_compute_;
+  }
+
+  // A copy to the device the compute stream waits for only later (Device::copy_ahead): its bytes land then.
+  void copy_between_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
+    if (!(from == Place::host && to == Place::device && dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous()))
+      return copy_between(dst, to, src, from);
+    check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
+    check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
+    copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
+    copy_.defer(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()));
   }
 
  private:
@@ -876,6 +910,57 @@ TEST(DeviceSeam, WithOverlapCommABlocksGradientsLeaveBesideTheNextBlocksBackward
   fs::remove_all(root);
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], cpu[0].result.losses);
+}
+
+// Stage 3 on one rank of a GPU-like device with the parameters in host memory: each block's partitions cross to the
+// device ahead (Device::copy_ahead), the next block's while the current one runs, and the compute stream waits for
+// them only as the block's gather finishes. The test device lands such a copy's bytes only then, so a block that ran
+// before its copy was waited for would read stale weights: the run equals the CPU's bit for bit. Several ranks
+// gather through a collective that reads the copy: there every copy is waited for at once.
+// overlap_comm with a block between two trained ones that trains nothing (frozen): the block below it writes its
+// gradients into the buffer of the same parity as the block above, whose reduce (or copy out) must have finished
+// first. The same run with overlap_comm as without it, bit for bit: two CPU ranks at stage 2, and one rank of a
+// GPU-like device whose gradients leave for the host.
+TEST(DeviceSeam, AFrozenBlockBetweenTrainedOnesLeavesOverlappedGradientsWhole) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_frozen_middle_" + std::to_string(::getpid()));
+  for (const char* frozen : {R"(model.freeze=["transformer.h.1.*"])", R"(model.freeze=["transformer.h.2.*"])"})
+    for (const int world : {2, 1}) {
+      SCOPED_TRACE(std::string(frozen) + (world == 2 ? ", two CPU ranks" : ", one rank, gradients leaving for the host"));
+      std::vector<std::vector<double>> losses;
+      for (const char* overlap : {"zero_optimization.overlap_comm=true", "zero_optimization.overlap_comm=false"}) {
+        std::vector<std::string> o{overlap, frozen, "model.num_layers=4", "zero_optimization.stage=2", "bf16.enabled=true",
+                                   "train.output_dir=" + (root / "run").string()};
+        if (world == 1) o.push_back("zero_optimization.offload_optimizer.device=cpu");
+        EXPECT_EQ(plan_for(world, 0, o, world == 1, world == 1).execution.overlap, std::string(overlap).find("true") != std::string::npos);
+        const std::vector<RankRun> run = train_ranks(world, o, /*separate=*/world == 1, "", /*grads_leave=*/world == 1);
+        fs::remove_all(root);
+        ASSERT_EQ(run[0].result.losses.size(), 4u);
+        losses.push_back(run[0].result.losses);
+      }
+      EXPECT_EQ(losses[0], losses[1]);
+    }
+}
+
+TEST(DeviceSeam, OneRanksOffloadedParametersCrossAheadAndAreWaitedForAsTheirBlockIsGathered) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_ahead_" + std::to_string(::getpid()));
+  const std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                   "zero_optimization.offload_param.device=cpu", "gradient_accumulation_steps=2",
+                                   "train.output_dir=" + (root / "run").string()};
+  const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true);
+  ASSERT_TRUE(plan.execution.gathers);
+  const std::vector<RankRun> separate = train_ranks(1, o, true, "", /*grads_leave=*/true);
+  fs::remove_all(root);
+  const std::vector<RankRun> cpu = train_ranks(1, o, false, "", /*grads_leave=*/true);
+  fs::remove_all(root);
+  ASSERT_EQ(separate[0].result.losses.size(), 4u);
+  EXPECT_EQ(separate[0].result.losses, cpu[0].result.losses);
+  const TransferStats& in = separate[0].transfers.at({Place::host, Place::device});
+  EXPECT_GT(in.ahead, 0);
+  EXPECT_EQ(in.ahead, in.copies);  // (every copy to the device is a gather's: the host steps the partitions in place)
+  const std::vector<RankRun> ranks = train_ranks(2, o, true, "", /*grads_leave=*/true);
+  fs::remove_all(root);
+  EXPECT_GT(ranks[0].transfers.at({Place::host, Place::device}).copies, 0);
+  EXPECT_EQ(ranks[0].transfers.at({Place::host, Place::device}).ahead, 0);
 }
 
 TEST(DeviceSeam, CheckpointsOfStatesTheHostCannotAddressCrossThroughCountedCopiesAndResume) {

@@ -367,7 +367,7 @@ Topology gpus_offloading(int per_node, const std::string& gpu, const std::string
 // (the lowest's beside the embeddings' only: (n - 1) / n of it), the blocks' share of those rows, up to the blocks'
 // share of the backward's FLOPs (the recomputed forward included). 0 elsewhere.
 double gradients_trip_hidden(const Plan& p) {
-  if (!p.execution.overlap || p.topology.world_size != 1) return 0;
+  if (!p.execution.overlap || p.topology.world_size != 1 || p.precision.grad_dtype != p.precision.compute_dtype) return 0;
   double trip = 0;
   for (const OffloadTime& x : p.step_time.offload)
     if (x.what == "gradients to the host" || x.what == "gradients summed on the host") trip += x.seconds;
@@ -660,6 +660,18 @@ TEST(StepTime, WithOverlapCommTheBackwardHidesOneGpusGradientsOnTheirWayToTheHos
   }
   EXPECT_TRUE(capped);
   EXPECT_TRUE(whole);
+  // Gradients accumulated in fp32 arrive through a copy that widens them, which a GPU runs on its compute stream.
+  const Plan wide = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "", "20GB/s", ""),
+                            {"zero_optimization.offload_optimizer.device=cpu", "data_types.grad_accum_dtype=fp32"});
+  ASSERT_EQ(wide.execution.find(BufferRole::grads_arrival, Place::host)->dtype, Dtype::fp32);
+  int wide_rows = 0;
+  for (const OffloadTime& x : wide.step_time.offload)
+    if (x.what == "gradients to the host" || x.what == "gradients summed on the host") {
+      ++wide_rows;
+      EXPECT_GT(x.seconds, 0) << x.what;
+      EXPECT_EQ(x.hidden_s, 0) << x.what;
+    }
+  EXPECT_EQ(wide_rows, 2);
   const Plan ranks = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), {"zero_optimization.offload_optimizer.device=cpu"});
   ASSERT_TRUE(ranks.execution.overlap);
   int trip_rows = 0;
@@ -669,6 +681,62 @@ TEST(StepTime, WithOverlapCommTheBackwardHidesOneGpusGradientsOnTheirWayToTheHos
       EXPECT_EQ(x.hidden_s, 0) << x.what;
     }
   EXPECT_EQ(trip_rows, 2);
+}
+
+// Stage 3 on one GPU with the parameters in page-locked host memory: each block's partitions cross one block ahead,
+// beside the block before it (forward) or after it (backward); each pass's first block is gathered at once. By hand:
+// the blocks' gathered bytes (those not kept whole, every micro step's forward and backward) are their share of the
+// row, half a pass; each pass hides (n - 1) / n of that, up to the blocks' compute in it. A slow link (the copies
+// outlast the blocks) and a fast one. From pageable memory, or on several ranks, nothing hides.
+TEST(StepTime, OneRanksOffloadedParametersCrossABlockAheadBesideTheBlockBefore) {
+  const std::vector<std::string> offload{"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                         "zero_optimization.offload_param.device=cpu"};
+  bool capped = false, whole = false;
+  for (const char* link : {"2GB/s", "400GB/s"}) {
+    SCOPED_TRACE(link);
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", link, "200GB/s", ""), offload);
+    ASSERT_TRUE(p.step_time.step_known());
+    const auto row = std::find_if(p.step_time.offload.begin(), p.step_time.offload.end(),
+                                  [](const OffloadTime& x) { return x.what == "parameters to the device"; });
+    ASSERT_NE(row, p.step_time.offload.end());
+    double gathered = 0;
+    std::set<int> layers;
+    for (size_t i = 0; i < p.layout.params.size(); ++i)
+      if (p.layout.params[i].layer >= 0 && p.execution.whole_offset[i] < 0) {
+        gathered += 2.0 * static_cast<double>(p.batch.grad_accum) * static_cast<double>(p.layout.params[i].numel) * 2;  // (bf16)
+        layers.insert(p.layout.params[i].layer);
+      }
+    ASSERT_GT(gathered, 0);
+    ASSERT_LT(gathered, row->bytes);  // (the outer parameters and those kept whole cross too)
+    double forward = 0, backward = 0, blocks_forward = 0, blocks_backward = 0;
+    for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+      if (m.depth != 1) continue;
+      forward += m.forward, backward += m.backward + m.recompute;
+      if (m.layer >= 0) blocks_forward += m.forward, blocks_backward += m.backward + m.recompute;
+    }
+    const double pass = row->seconds * gathered / row->bytes / 2;
+    const double f = p.step_time.forward_s * blocks_forward / forward, b = p.step_time.backward_s * blocks_backward / backward;
+    const double n = static_cast<double>(layers.size());
+    EXPECT_NEAR(row->hidden_s, (n - 1) / n * (std::min(pass, f) + std::min(pass, b)), 1e-15);
+    EXPECT_GT(row->hidden_s, 0);
+    (pass > f ? capped : whole) = true;
+    std::vector<std::string> pageable = offload;
+    pageable.push_back("zero_optimization.offload_param.pin_memory=false");
+    const Plan slow = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", link, "200GB/s", ""), pageable);
+    for (const OffloadTime& x : slow.step_time.offload)
+      if (x.what == "parameters to the device") EXPECT_EQ(x.hidden_s, 0);
+    EXPECT_NEAR(slow.step_time.step_s() - p.step_time.step_s(), row->hidden_s, 1e-12);
+  }
+  EXPECT_TRUE(capped);
+  EXPECT_TRUE(whole);
+  const Plan ranks = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), offload);
+  int rows = 0;
+  for (const OffloadTime& x : ranks.step_time.offload)
+    if (x.what == "parameters to the device") {
+      ++rows;
+      EXPECT_EQ(x.hidden_s, 0);
+    }
+  EXPECT_EQ(rows, 1);
 }
 
 TEST(StepTime, HowTheWeightsComeBackIsOnePlanDecisionPerSpanThatTheBuffersTransfersAndStepReadAlike) {

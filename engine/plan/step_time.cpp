@@ -303,11 +303,13 @@ double exposed(const std::vector<OffloadTime>& rows) {
 // next block's backward. A pipeline of n blocks, each stage the copy and the sum of a block's gradients beside the
 // next block's backward: the lowest block's has only the embeddings' backward beside it (short, not counted), so
 // (n - 1) / n of what n equal stages side by side would hide. The parameters outside the blocks leave once the
-// backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.)
+// backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.
+// Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU runs that one on its compute stream.)
 void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
-  if (!z.overlap || z.world_size != 1 || !(t.backward_s > 0) || !g || g->place != Place::host || !z.find(BufferRole::grads_arrival, Place::host))
+  const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
+  if (!z.overlap || p.topology.world_size != 1 || !(t.backward_s > 0) || !g || g->place != Place::host || !arrival || arrival->dtype != z.reduced_dtype)
     return;
   int64_t block_elements = 0, all = 0;
   std::set<int> blocks;
@@ -329,6 +331,42 @@ void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vecto
   const double hidden = (n - 1) / n * std::min(seconds * share, window);
   for (OffloadTime& x : rows)
     if (trip(x)) x.hidden_s = hidden * x.seconds / seconds;
+}
+
+// Stage 3 on one rank with the parameters in page-locked host memory: each block's partitions cross to the GPU one block
+// ahead (Device::copy_ahead), the next block's beside the current block's forward or backward, the compute stream
+// waiting for them only as their block's gather finishes. Each pass's first block (block 0 in the forward, the top
+// one in the backward) is gathered at once: of n blocks, (n - 1) / n of what n equal stages would hide, in each pass up
+// to that pass's blocks' compute; the blocks' share of the row is half the forward's, half the backward's. The outer
+// parameters (once a step) and those kept whole (after the update) hide nothing. (Several ranks' gathers read the copy
+// in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.)
+void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+  const ZeroExecution& z = p.execution;
+  const ZeroBuffer* partitions = z.find(BufferRole::params, Place::host);
+  if (p.topology.world_size != 1 || !z.gathers || p.zero.offload_param.device != OffloadDevice::cpu || !partitions || !partitions->pinned)
+    return;
+  const auto row = std::find_if(rows.begin(), rows.end(), [](const OffloadTime& x) { return x.what == "parameters to the device"; });
+  if (row == rows.end() || !row->known || !(row->bytes > 0)) return;
+  double gathered = 0;  // the blocks' gathered bytes a step: every micro step's forward and backward
+  std::set<int> blocks;
+  for (size_t i = 0; i < p.layout.params.size(); ++i) {
+    const ParamSlot& s = p.layout.params[i];
+    if (s.layer < 0 || z.whole_offset[i] >= 0) continue;
+    gathered += 2.0 * static_cast<double>(p.batch.grad_accum * s.numel * dtype_bytes(p.precision.param_dtype));
+    blocks.insert(s.layer);
+  }
+  if (blocks.size() < 2) return;
+  double forward = 0, backward = 0, blocks_forward = 0, blocks_backward = 0;
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+    if (m.depth != 1) continue;
+    forward += m.forward, backward += m.backward + m.recompute;
+    if (m.layer >= 0) blocks_forward += m.forward, blocks_backward += m.backward + m.recompute;
+  }
+  if (!(forward > 0) || !(backward > 0)) return;
+  const double pass = row->seconds * std::min(1.0, gathered / row->bytes) / 2;  // one pass's blocks' copies
+  const double n = static_cast<double>(blocks.size());
+  row->hidden_s = (n - 1) / n *
+                  (std::min(pass, t.forward_s * blocks_forward / forward) + std::min(pass, t.backward_s * blocks_backward / backward));
 }
 
 void predict_offload(const Plan& p, StepTime& t) {
@@ -388,6 +426,7 @@ void predict_offload(const Plan& p, StepTime& t) {
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
   hide_gradients_behind_backward(p, t, rows);
+  hide_parameters_ahead(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

@@ -21,7 +21,8 @@
 //               master and each moment read and written, the weight written); memory and drives are shared by a
 //               node's ranks, and on a CPU device a "copy between places" is a memory copy (read and write). What
 //               hides: one rank's gradients on their way to the host block by block, and the host's sum of them,
-//               behind the blocks' backward (overlap_comm: each block's beside the next block's), NVMe swaps
+//               behind the blocks' backward (overlap_comm: each block's beside the next block's), stage 3's
+//               parameters from page-locked host memory a block ahead (one rank), NVMe swaps
 //               pipelined (pipeline_read/write) and staged weights' copies behind the host's step,
 //               and where the host steps tiles during the next forward (step_in_forward) their share of its step,
 //               up to the first micro step's forward;

@@ -82,6 +82,15 @@ void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, 
   count(from, to, static_cast<double>(dst.nbytes()));
 }
 
+std::shared_ptr<Event> Device::copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
+  DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
+  copy_stream().wait_for(*compute_stream().record());  // (after every use of dst queued so far)
+  copy_between_ahead(dst, to, src, from);
+  count(from, to, static_cast<double>(dst.nbytes()));
+  ++transfers_[{from, to}].ahead;
+  return copy_stream().record();
+}
+
 void Device::copy_between(const torch::Tensor& dst, Place, const torch::Tensor& src, Place) { dst.copy_(src); }
 
 void Device::count(Place from, Place to, double bytes) {

@@ -53,6 +53,7 @@ class Stream {
 struct TransferStats {
   int64_t copies = 0;
   double bytes = 0;
+  int64_t ahead = 0;  // of the copies, those the compute stream waited for only later (Device::copy_ahead)
 };
 using TransferLedger = std::map<std::pair<Place, Place>, TransferStats>;  // (from, to)
 
@@ -85,10 +86,14 @@ class Device {
   // the host's step during the forward writes later blocks' weights into the buffer whose views earlier blocks
   // saved for the backward.
   void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
-  // copy(), ordered after `after` (a compute stream's event following the last work that reads or writes dst) rather
+  // copy(), ordered after `after` (a compute stream's event following the last work that reads or writes dst, or writes src) rather
   // than after all the compute queued so far: the copy may run beside what the compute stream was given since (the
   // host's step during the forward copies a block's weights while the GPU runs the blocks before it).
   void copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after);
+  // copy() that the compute stream does not wait for yet: what it is given next runs beside the copy, and the caller
+  // makes it wait for the event returned before the first work that reads dst (stage 3's gather of the next block
+  // from host memory, while the GPU runs the current one).
+  std::shared_ptr<Event> copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
   // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
   // a transfer.
   void count_direct_write(Place from, Place to, double bytes) { count(from, to, bytes); }
@@ -98,6 +103,8 @@ class Device {
 
  protected:
   virtual void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
+  // copy_between() for copy_ahead (a test device lands it only once the compute stream waits for it).
+  virtual void copy_between_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) { copy_between(dst, to, src, from); }
   void count(Place from, Place to, double bytes);
 
  private:

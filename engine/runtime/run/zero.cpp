@@ -19,6 +19,9 @@ struct ZeroExchange::Gather {
   int64_t n = 0;  // elements each rank sends
   int64_t layer = -1;  // the block it gathers, or -1
   bool reading = false;  // NVMe: this rank's partitions are still being read; the collective waits for them
+  // One rank's partitions copied from host memory ahead (Device::copy_ahead): the compute stream waits for the last
+  // copy as the gather finishes, so a GPU runs the current block beside the next block's copies.
+  std::shared_ptr<Event> arrived;
 };
 
 struct ZeroExchange::Reduce {
@@ -341,7 +344,7 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
         const ShardRange own = stage3_owned(p, r);
         if (own.real > 0) g->owners[static_cast<size_t>(r)].push_back({at + own.begin, own.real});
         if (r == flat_.rank && own.real > 0)
-          take_partitions(from, g->out.narrow(0, at + own.begin, own.real), from.partitions.narrow(0, p.partition_offset, own.real));
+          take_partitions(from, g->out.narrow(0, at + own.begin, own.real), from.partitions.narrow(0, p.partition_offset, own.real), g.get());
       }
     }
     issue(*g);
@@ -357,7 +360,7 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
     if (from.on_nvme)
       pieces.push_back({p.partition_offset, p.partition_numel, static_cast<char*>(g->out.data_ptr()) + at * g->out.element_size()});
     else
-      take_partitions(from, g->out.narrow(0, at, p.partition_numel), from.partitions.narrow(0, p.partition_offset, p.partition_numel));
+      take_partitions(from, g->out.narrow(0, at, p.partition_numel), from.partitions.narrow(0, p.partition_offset, p.partition_numel), g.get());
     at += p.partition_numel;
   }
   if (from.on_nvme) {
@@ -369,9 +372,11 @@ std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& fr
   return g;
 }
 
-void ZeroExchange::take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src) {
+void ZeroExchange::take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src, Gather* ahead) {
   if (from.place == Place::device)
     dst.copy_(src);
+  else if (ahead && !comm_)  // (several ranks: the collective reads dst, queued after what the compute stream waits for)
+    ahead->arrived = flat_.device->copy_ahead(dst, Place::device, src, from.place);
   else
     flat_.device->copy(dst, Place::device, src, from.place);
 }
@@ -393,6 +398,7 @@ void ZeroExchange::issue(Gather& g) {
 }
 
 void ZeroExchange::finish(Gather& g) {
+  if (g.arrived) flat_.device->compute_stream().wait_for(*g.arrived), g.arrived.reset();  // (the copy stream's, in order)
   issue(g);
   if (g.work) g.work->wait();
   if (!g.from->staged) return;  // already in place
@@ -475,7 +481,10 @@ void ZeroExchange::after_backward(int64_t layer) {
     return;
   }
   const int k = group_of_block_[static_cast<size_t>(layer)];
-  if (!flat_.grouped || k < 0) return;
+  if (!flat_.grouped) return;
+  // A block that trains nothing (frozen, or without adapters): the reduce in flight finishes now, since the block
+  // below writes the buffer of the same parity (the buffers follow the blocks' numbers).
+  if (k < 0) return finish_reduce();
   const ParamGroup& g = groups_[static_cast<size_t>(k)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
 }

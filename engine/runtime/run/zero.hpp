@@ -112,8 +112,9 @@ class ZeroExchange : public BlockHooks {
   std::unique_ptr<Gather> start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
                                        const std::vector<int64_t>& offsets, CollectiveKind what, bool prefetch);
   void finish(Gather& g);
-  // This rank's partitions into a gather's device buffer: a counted copy when they live on the host.
-  void take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src);
+  // This rank's partitions into a gather's device buffer: a counted copy when they live on the host (on one rank into a
+  // gather's destination, `ahead`: a copy the gather's finish makes the compute stream wait for).
+  void take_partitions(const Partitioned& from, const torch::Tensor& dst, const torch::Tensor& src, Gather* ahead = nullptr);
   // The gather's own partitions are packed and its collective issued (NVMe: after the reads).
   void issue(Gather& g);
   void gather_block(int64_t layer, CollectiveKind what, int64_t prefetch);
