@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -387,10 +388,12 @@ const char* kTiny = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulat
 // A compiled plan changed by a test before it runs (what the planner only does at sizes a test cannot train).
 using PlanEdit = std::function<void(Plan&)>;
 
+// `backend`: the communicator the plan is made for (NCCL's equal packed pieces stage stage 3's gathers, as on a GPU).
 Plan plan_for(int world, int rank, const std::vector<std::string>& overrides, bool grads_leave = false, bool separate = false,
-              const PlanEdit& edit = {}) {
+              const PlanEdit& edit = {}, std::optional<CommBackend> backend = {}) {
   Config c = load_config_text(kTiny, "test.json", overrides);
   Topology t = test::thread_ranks(world, rank);
+  t.communicator = backend;
   if (grads_leave) t.gradients_leave_per_block = true;
   if (separate) t.host_writes_device = false;
   Plan plan = compile_plan(c, build_model_spec(resolve_model_hyper(c.model)), t);
@@ -416,7 +419,7 @@ using RankPrepare = std::function<void(int rank, TrainOptions&, Device&)>;
 
 std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& overrides, bool separate,
                                  const std::string& resume_from = "", bool grads_leave = false, const PlanEdit& edit = {},
-                                 const RankPrepare& prepare = {}) {
+                                 const RankPrepare& prepare = {}, std::optional<CommBackend> backend = {}) {
   std::vector<RankRun> runs(static_cast<size_t>(world));
   LocalGroup group(world);
   std::vector<std::thread> threads;
@@ -424,7 +427,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        const Plan plan = plan_for(world, r, overrides, grads_leave, separate, edit);
+        const Plan plan = plan_for(world, r, overrides, grads_leave, separate, edit, backend);
         TrainOptions opt;
         opt.print_every = 1000;
         opt.resume_from = resume_from;
@@ -943,21 +946,41 @@ TEST(DeviceSeam, AFrozenBlockBetweenTrainedOnesLeavesOverlappedGradientsWhole) {
 
 TEST(DeviceSeam, OneRanksOffloadedParametersCrossAheadAndAreWaitedForAsTheirBlockIsGathered) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_ahead_" + std::to_string(::getpid()));
-  const std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
-                                   "zero_optimization.offload_param.device=cpu", "gradient_accumulation_steps=2",
+  struct Case {
+    std::string name;
+    bool optimizer_offloaded;  // (its gradients' copies to the host make the host wait for every copy queued before)
+    std::optional<CommBackend> backend;
+  };
+  int64_t ahead = 0;
+  for (const Case& c : {Case{"optimizer on the host", true, {}}, Case{"optimizer on the device", false, {}},
+                        Case{"optimizer on the device, NCCL's staged gathers (a GPU's)", false, CommBackend::nccl}}) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_param.device=cpu",
+                               "gradient_accumulation_steps=2", "train.output_dir=" + (root / "run").string()};
+    if (c.optimizer_offloaded) o.push_back("zero_optimization.offload_optimizer.device=cpu");
+    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/c.optimizer_offloaded, /*separate=*/true, {}, c.backend);
+    ASSERT_TRUE(plan.execution.gathers);
+    EXPECT_EQ(plan.execution.gather_staged, c.backend.has_value());
+    const std::vector<RankRun> separate = train_ranks(1, o, true, "", c.optimizer_offloaded, {}, {}, c.backend);
+    fs::remove_all(root);
+    const std::vector<RankRun> cpu = train_ranks(1, o, false, "", c.optimizer_offloaded);
+    fs::remove_all(root);
+    ASSERT_EQ(separate[0].result.losses.size(), 4u);
+    EXPECT_EQ(separate[0].result.losses, cpu[0].result.losses);
+    const TransferStats& in = separate[0].transfers.at({Place::host, Place::device});
+    EXPECT_GT(in.ahead, 0);
+    // With the optimizer on the host every copy to the device is a gather's (the host steps the parameters where they
+    // are); with it on the device, its states' first copies from the host are not. The gathers are the same copies.
+    if (c.optimizer_offloaded) {
+      EXPECT_EQ(in.ahead, in.copies);
+      ahead = in.ahead;
+    } else {
+      EXPECT_EQ(in.ahead, ahead);
+    }
+  }
+  const std::vector<std::string> o{"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_param.device=cpu",
                                    "train.output_dir=" + (root / "run").string()};
-  const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true);
-  ASSERT_TRUE(plan.execution.gathers);
-  const std::vector<RankRun> separate = train_ranks(1, o, true, "", /*grads_leave=*/true);
-  fs::remove_all(root);
-  const std::vector<RankRun> cpu = train_ranks(1, o, false, "", /*grads_leave=*/true);
-  fs::remove_all(root);
-  ASSERT_EQ(separate[0].result.losses.size(), 4u);
-  EXPECT_EQ(separate[0].result.losses, cpu[0].result.losses);
-  const TransferStats& in = separate[0].transfers.at({Place::host, Place::device});
-  EXPECT_GT(in.ahead, 0);
-  EXPECT_EQ(in.ahead, in.copies);  // (every copy to the device is a gather's: the host steps the partitions in place)
-  const std::vector<RankRun> ranks = train_ranks(2, o, true, "", /*grads_leave=*/true);
+  const std::vector<RankRun> ranks = train_ranks(2, o, true);
   fs::remove_all(root);
   EXPECT_GT(ranks[0].transfers.at({Place::host, Place::device}).copies, 0);
   EXPECT_EQ(ranks[0].transfers.at({Place::host, Place::device}).ahead, 0);

@@ -305,19 +305,20 @@ double exposed(const std::vector<OffloadTime>& rows) {
 // (n - 1) / n of what n equal stages side by side would hide. The parameters outside the blocks leave once the
 // backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.
 // Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU runs that one on its compute stream.)
-void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+// Returns the blocks' backward seconds the trip takes up (0 where nothing hides).
+double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
   const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
   if (!z.overlap || p.topology.world_size != 1 || !(t.backward_s > 0) || !g || g->place != Place::host || !arrival || arrival->dtype != z.reduced_dtype)
-    return;
+    return 0;
   int64_t block_elements = 0, all = 0;
   std::set<int> blocks;
   for (const ParamSlot& s : p.layout.params) {
     all += s.numel;
     if (s.layer >= 0) block_elements += s.numel, blocks.insert(s.layer);
   }
-  if (blocks.size() < 2 || all == 0) return;
+  if (blocks.size() < 2 || all == 0) return 0;
   double blocks_backward = 0, backward = 0;
   for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
     if (m.depth == 1) backward += m.backward + m.recompute, blocks_backward += m.layer >= 0 ? m.backward + m.recompute : 0.0;
@@ -325,12 +326,13 @@ void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vecto
   const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
   double seconds = 0;
   for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
-  if (!(seconds > 0)) return;
+  if (!(seconds > 0)) return 0;
   const double n = static_cast<double>(blocks.size());
   const double share = static_cast<double>(block_elements) / static_cast<double>(all);
-  const double hidden = (n - 1) / n * std::min(seconds * share, window);
+  const double taken = std::min(seconds * share, window);
   for (OffloadTime& x : rows)
-    if (trip(x)) x.hidden_s = hidden * x.seconds / seconds;
+    if (trip(x)) x.hidden_s = (n - 1) / n * taken * x.seconds / seconds;
+  return taken;
 }
 
 // Stage 3 on one rank with the parameters in page-locked host memory: each block's partitions cross to the GPU one block
@@ -339,8 +341,10 @@ void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vecto
 // one in the backward) is gathered at once: of n blocks, (n - 1) / n of what n equal stages would hide, in each pass up
 // to that pass's blocks' compute; the blocks' share of the row is half the forward's, half the backward's. The outer
 // parameters (once a step) and those kept whole (after the update) hide nothing. (Several ranks' gathers read the copy
-// in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.)
-void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+// in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.) The
+// gradients leaving during the backward take `backward_taken` of its blocks' seconds (hide_gradients_behind_backward):
+// the two share one copy stream, and the host waits for both before it sums, so the parameters get what is left.
+void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows, double backward_taken) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* partitions = z.find(BufferRole::params, Place::host);
   if (p.topology.world_size != 1 || !z.gathers || p.zero.offload_param.device != OffloadDevice::cpu || !partitions || !partitions->pinned)
@@ -365,8 +369,8 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
   if (!(forward > 0) || !(backward > 0)) return;
   const double pass = row->seconds * std::min(1.0, gathered / row->bytes) / 2;  // one pass's blocks' copies
   const double n = static_cast<double>(blocks.size());
-  row->hidden_s = (n - 1) / n *
-                  (std::min(pass, t.forward_s * blocks_forward / forward) + std::min(pass, t.backward_s * blocks_backward / backward));
+  const double backward_left = std::max(0.0, t.backward_s * blocks_backward / backward - backward_taken);
+  row->hidden_s = (n - 1) / n * (std::min(pass, t.forward_s * blocks_forward / forward) + std::min(pass, backward_left));
 }
 
 void predict_offload(const Plan& p, StepTime& t) {
@@ -425,8 +429,7 @@ void predict_offload(const Plan& p, StepTime& t) {
                                         step_s * (1 - share)) +
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
-  hide_gradients_behind_backward(p, t, rows);
-  hide_parameters_ahead(p, t, rows);
+  hide_parameters_ahead(p, t, rows, hide_gradients_behind_backward(p, t, rows));
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

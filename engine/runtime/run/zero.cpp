@@ -432,6 +432,7 @@ void ZeroExchange::gather_block(Partitioned& from, int64_t layer, CollectiveKind
     if (from.prefetch) {  // not the one needed (cannot happen in forward/backward order): settle it, as every rank does
       issue(*from.prefetch);
       if (from.prefetch->work) from.prefetch->work->wait();
+      if (from.prefetch->arrived) flat_.device->compute_stream().wait_for(*from.prefetch->arrived);
     }
     auto g = start_gather(from, from.per_block[static_cast<size_t>(layer)], from.blocks[layer % 2], *from.block_offset, what, false);
     finish(*g);
