@@ -298,6 +298,21 @@ double exposed(const std::vector<OffloadTime>& rows) {
   return s;
 }
 
+// The blocks' compute in a step (every micro step's), each pass: their share of the pass's FLOPs (the backward's with
+// the recomputed forward) of its predicted time. What a block-by-block copy beside them can hide behind.
+struct BlocksCompute {
+  double forward_s = 0, backward_s = 0;
+};
+BlocksCompute blocks_compute(const Plan& p, const StepTime& t) {
+  double forward = 0, backward = 0, blocks_forward = 0, blocks_backward = 0;
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+    if (m.depth != 1) continue;
+    forward += m.forward, backward += m.backward + m.recompute;
+    if (m.layer >= 0) blocks_forward += m.forward, blocks_backward += m.backward + m.recompute;
+  }
+  return {forward > 0 ? t.forward_s * blocks_forward / forward : 0.0, backward > 0 ? t.backward_s * blocks_backward / backward : 0.0};
+}
+
 // One rank whose gradients leave a GPU group by group for the host (ZeRO-Offload from stage 2) with overlap_comm: a
 // block's copy out waits only for its own backward, and the host adds it into the step's sum while the GPU runs the
 // next block's backward. A pipeline of n blocks, each stage the copy and the sum of a block's gradients beside the
@@ -319,10 +334,7 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
     if (s.layer >= 0) block_elements += s.numel, blocks.insert(s.layer);
   }
   if (blocks.size() < 2 || all == 0) return 0;
-  double blocks_backward = 0, backward = 0;
-  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
-    if (m.depth == 1) backward += m.backward + m.recompute, blocks_backward += m.layer >= 0 ? m.backward + m.recompute : 0.0;
-  const double window = backward > 0 ? t.backward_s * blocks_backward / backward : 0.0;
+  const double window = blocks_compute(p, t).backward_s;
   const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
   double seconds = 0;
   for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
@@ -360,17 +372,10 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
     blocks.insert(s.layer);
   }
   if (blocks.size() < 2) return;
-  double forward = 0, backward = 0, blocks_forward = 0, blocks_backward = 0;
-  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
-    if (m.depth != 1) continue;
-    forward += m.forward, backward += m.backward + m.recompute;
-    if (m.layer >= 0) blocks_forward += m.forward, blocks_backward += m.backward + m.recompute;
-  }
-  if (!(forward > 0) || !(backward > 0)) return;
+  const BlocksCompute beside = blocks_compute(p, t);
   const double pass = row->seconds * std::min(1.0, gathered / row->bytes) / 2;  // one pass's blocks' copies
   const double n = static_cast<double>(blocks.size());
-  const double backward_left = std::max(0.0, t.backward_s * blocks_backward / backward - backward_taken);
-  row->hidden_s = (n - 1) / n * (std::min(pass, t.forward_s * blocks_forward / forward) + std::min(pass, backward_left));
+  row->hidden_s = (n - 1) / n * (std::min(pass, beside.forward_s) + std::min(pass, std::max(0.0, beside.backward_s - backward_taken)));
 }
 
 void predict_offload(const Plan& p, StepTime& t) {

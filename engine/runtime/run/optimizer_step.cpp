@@ -27,6 +27,12 @@ void timed(double* s, const F& f) {
   *s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Parameters in host memory that a device reads through copies (stage 3's gathers copy them ahead, waited for by the
+// compute stream only): every such copy has ended before the host writes them.
+void settle_parameter_copies(const FlatParams& flat, Device& device) {
+  if (flat.params_place == Place::host && !device.host_addresses_device()) device.copy_stream().synchronize();
+}
+
 }  // namespace
 
 // The forward's block hooks of ZeRO-Offload's step during the next forward: the pending tiles a block's forward reads
@@ -347,9 +353,7 @@ void OptimizerStep::weights_from_master() {
   torch::NoGradGuard ng;
   DS_CHECK(pending_.empty(), "the weights drawn from the master while ", pending_.size(), " tiles wait for their step");
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
-  // Parameters in host memory that a device reads through copies (stage 3's gathers copy them ahead, waited for by the
-  // compute stream only): every such copy has ended before the host writes them.
-  if (flat_.params_place == Place::host && !device_.host_addresses_device()) device_.copy_stream().synchronize();
+  settle_parameter_copies(flat_, device_);
   swapped_finite_ = true;
   states_.for_each([&](const StateChunk& c) { put_weights(c, WeightsBack::copied); }, /*read=*/true, /*write=*/false);
   if (param_swap_) param_swap_->end_write();
@@ -634,9 +638,7 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   const double io0 = states_.io_wait();
   double crossing_s = 0;  // the gradients' and weights' copies between places
   if (param_swap_) param_swap_->begin_write();  // (the file is written front to back: the spans are in order)
-  // Parameters in host memory that a device reads through copies (stage 3's gathers copy them ahead, waited for by the
-  // compute stream only): every such copy has ended before the host writes them.
-  if (flat_.params_place == Place::host && !device_.host_addresses_device()) device_.copy_stream().synchronize();
+  settle_parameter_copies(flat_, device_);
   swapped_finite_ = true;
   DS_CHECK(pending_.empty(), "an update while ", pending_.size(), " tiles of the last wait for their step");
   pending_bytes_ = 0;
