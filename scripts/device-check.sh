@@ -12,6 +12,7 @@
 #   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
+#   offload  bench's offload step alone (run before bench, bench leaves it out)
 #   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
 #   size     (not in the default stages) ZeRO-Offload's size case: Llama-3-8B's shape fully fine-tuned on one GPU
 #            with the optimizer on the host (ZeRO 2; about 105 GiB of host memory), 4 steps: peak device and
@@ -21,7 +22,7 @@
 # Every step runs under a time limit and is skipped, saying so, when the budget (DS_DEVICE_BUDGET_S, default
 # 540 s from the start) has less left than the step's estimate. Logs go to LOGS (default $OUT, else
 # ./device-logs), at most 8 files so a device call brings all of them back.
-#   scripts/device-check.sh [--dry-run] [--stages build,bench,profile,tests,size,sanitize] [LOGS]   (in the order given)
+#   scripts/device-check.sh [--dry-run] [--stages build,bench,offload,profile,tests,size,sanitize] [LOGS]   (in the order given)
 # --dry-run runs here, without a GPU: every file, package, script and build target the stages use is
 # checked to be there, so no device minute is spent on a missing one.
 set -uo pipefail
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -80,7 +81,7 @@ done
 targets_ds=(ds)
 # The sanitize stage's overrides of the quickstart (bf16 there already) for each precision.
 memcheck_precision() { [ "$1" = fp16 ] && echo "bf16.enabled=false fp16.enabled=true" || echo "bf16.enabled=true"; }
-targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests bench_cuda_optimizers)
+targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests ds_link_tests bench_cuda_optimizers)
 
 if [ "$dry" = 1 ]; then
   # Here: the scripts parse, the Python compiles, the packages unpack, the targets exist in a configured tree.
@@ -185,7 +186,15 @@ stage_bench() {
   step bench 30 90 ds-profile-gpt2 "$build/ds" profile examples/gpu-gpt2.json --device cuda --warmup 2 --steps 3 --module-depth 2
   step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
   step bench 60 150 bench-cuda-shapes bench/bench_cuda_shapes.sh "$build/ds" "${DS_BENCH_SHAPE_STEPS:-12}"
-  # ZeRO-Offload from the GPU: measured host step and PCIe copies against the plan's time model, and the slowdown.
+  [ "$offload_done" = 1 ] || stage_offload
+}
+
+# ZeRO-Offload from the GPU: measured host step and PCIe copies against the plan's time model, and the slowdown
+# (also part of bench; a stage of its own so a short lease can run it before the rest of bench).
+offload_done=0
+stage_offload() {
+  [ -x "$build/ds" ] || return 0
+  offload_done=1
   step bench 60 150 offload-model env DS_DEVICE=cuda DS="$build/ds" bench/bench_offload_model.sh gpt2 8 1 /tmp/ds-offload-model
 }
 
@@ -253,8 +262,8 @@ stage_tests() {
 # The stages in the order asked for (--stages tests,bench runs the tests first).
 for stage in ${stages//,/ }; do
   case $stage in
-    build|bench|profile|tests|size|sanitize) "stage_$stage" ;;
-    *) say "== unknown stage $stage (build, bench, profile, tests, size, sanitize)"; status=2 ;;
+    build|bench|offload|profile|tests|size|sanitize) "stage_$stage" ;;
+    *) say "== unknown stage $stage (build, bench, offload, profile, tests, size, sanitize)"; status=2 ;;
   esac
 done
 
