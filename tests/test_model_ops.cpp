@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/runtime/device/block_pool.hpp"
+#include "engine/runtime/device/gemm_peak.hpp"
 #include "engine/runtime/device/kernel_route.hpp"
 #include "engine/runtime/model/fused_attention.hpp"
 #include "engine/runtime/model/fused_head_loss.hpp"
@@ -548,4 +549,30 @@ TEST(BlockPoolForTensors, TensorsOfSixtyFourKiBAndMoreComeFromThePool) {
   }
   EXPECT_EQ(pool.stats().live_bytes, before) << "every pooled tensor went back when it died";
   EXPECT_EQ(&route_large_tensors_to_pool(), &pool) << "installed once";
+}
+
+// ds profile's matmul peak times the products training runs: off the host the head's are cut at the aligned part
+// of an odd vocabulary (GPT-2's 50257 -> 50240), as fused_head_loss cuts them, not timed on cuBLAS's slow kernels for
+// unaligned data that training never uses. On the host, and for a vocabulary already aligned, nothing changes.
+TEST(GemmPeak, OffTheHostTheHeadIsTimedAtTheVocabularysAlignedPartAsTrainingRunsIt) {
+  const ModelSpec gpt2 = build_model_spec(model_preset("gpt2"));
+  constexpr int64_t tokens = 16;
+  const auto host = gemm_shapes(gpt2, tokens, true), gpu = gemm_shapes(gpt2, tokens, false);
+  ASSERT_TRUE(host.count({768, 50257}));
+  EXPECT_FALSE(gpu.count({768, 50257}));
+  ASSERT_TRUE(gpu.count({768, 50240}));
+  EXPECT_DOUBLE_EQ(gpu.at({768, 50240}), 2.0 * tokens * 768 * 50240);
+  // Every other product as the layers hold it: 12 blocks of q|k|v (768 x 2304), the attention's output (768 x 768)
+  // and the MLP's two (768 x 3072, 3072 x 768), then the tied head.
+  const auto total = [](const auto& shapes) {
+    double sum = 0;
+    for (const auto& kv : shapes) sum += kv.second;
+    return sum;
+  };
+  const double blocks = 12.0 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072);
+  EXPECT_DOUBLE_EQ(total(host), 2.0 * tokens * (blocks + 768.0 * 50257));
+  EXPECT_DOUBLE_EQ(total(gpu), 2.0 * tokens * (blocks + 768.0 * 50240));
+  EXPECT_EQ(host.size(), gpu.size());
+  const ModelSpec llama = build_model_spec(model_preset("tinyllama-1.1b"));  // vocabulary 32000: aligned already
+  EXPECT_EQ(gemm_shapes(llama, tokens, true), gemm_shapes(llama, tokens, false));
 }

@@ -6,18 +6,27 @@
 #include <tuple>
 
 #include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/model/fused_head_loss.hpp"
 #include "engine/runtime/model/matmul.hpp"
 
 namespace ds {
 
-GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, Device& device, double budget_s) {
-  // Each distinct (k, n) with the FLOPs one step spends in it.
+std::map<std::pair<int64_t, int64_t>, double> gemm_shapes(const ModelSpec& model, int64_t tokens, bool host) {
+  const int64_t vocab = model.hp.vocab_size, product_vocab = head_product_vocab(vocab, host);
+  const auto run_as = [&](int64_t d) { return d == vocab ? product_vocab : d; };
   std::map<std::pair<int64_t, int64_t>, double> shapes;
-  for (const TensorSpec& t : model.tensors) {
-    if (t.shape.size() == 2 && !is_embedding_table(t)) shapes[{t.shape[0], t.shape[1]}] += 2.0 * static_cast<double>(tokens * t.numel);
-  }
-  if (model.hp.tie_word_embeddings)
-    shapes[{model.hp.hidden_size, model.hp.vocab_size}] += 2.0 * static_cast<double>(tokens) * model.hp.hidden_size * model.hp.vocab_size;
+  const auto add = [&](int64_t k, int64_t n) {
+    k = run_as(k), n = run_as(n);
+    shapes[{k, n}] += 2.0 * static_cast<double>(tokens) * static_cast<double>(k) * static_cast<double>(n);
+  };
+  for (const TensorSpec& t : model.tensors)
+    if (t.shape.size() == 2 && !is_embedding_table(t)) add(t.shape[0], t.shape[1]);
+  if (model.hp.tie_word_embeddings) add(model.hp.hidden_size, vocab);
+  return shapes;
+}
+
+GemmPeak measure_gemm_peak(const ModelSpec& model, int64_t tokens, Dtype dtype, Device& device, double budget_s) {
+  const auto shapes = gemm_shapes(model, tokens, device.host_addresses_device());
   GemmPeak peak;
   if (shapes.empty()) return peak;
   torch::NoGradGuard ng;

@@ -249,6 +249,8 @@ class FusedHeadLoss : public torch::autograd::Function<FusedHeadLoss> {
 
 }  // namespace
 
+int64_t head_product_vocab(int64_t vocab, bool host) { return vocab_parts(vocab, host).front().second; }
+
 namespace {
 torch::Tensor head_loss_over(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& targets, double expected_grad,
                              int64_t chunk_elements, torch::Tensor* kept_logits, double softcap, const TensorGroup& group) {

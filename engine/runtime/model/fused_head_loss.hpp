@@ -18,6 +18,10 @@
 
 namespace ds {
 
+// The vocabulary ids the head's main product covers: all `vocab` on the host; off it, up to the last multiple of
+// the alignment cuBLAS's full-rate kernels need (the remaining ids go through a sliver of a product of their own).
+int64_t head_product_vocab(int64_t vocab, bool host);
+
 // x (N, C) and weight (V, C) in the model's dtype, targets (N) int64 in [0, V). Returns the mean
 // loss as an fp32 scalar; differentiable in x and weight when grad mode is on and either needs it.
 // `kept_logits` (optional): the chunk of logits is made there once and reused by every later call
