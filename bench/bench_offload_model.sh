@@ -29,7 +29,7 @@ for stage in 2 3; do
   for round in $(seq "$rounds"); do
     rate=$("$dir/host_memory_rate" "$threads")
     gbs=$(python3 -c "print(f'{$rate / 1e9:.2f}GB/s')")
-    common=("${base[@]}" zero_optimization.stage="$stage" train.steps="$steps" train.eval_every=0 train.threads="$threads")
+    common=("${base[@]}" zero_optimization.stage="$stage" train.steps="$steps" train.eval_every=0 train.threads="$threads" wall_clock_breakdown=true)
     args=("${common[@]}" zero_optimization.offload_optimizer.device=cpu)
     [ "$device" = cuda ] && args+=(zero_optimization.overlap_comm=true)
     "$ds" plan "${args[@]}" --device "$device" --host-memory-bw "$gbs" --json > "$dir/plan.json"
@@ -57,6 +57,14 @@ measured_copy = statistics.median(s["offload_s"] for s in steps)
 print(f"ZeRO {sys.argv[3]}, host {sys.argv[4]}: optimizer step on the host predicted {host * 1e3:7.1f} ms, measured {measured_opt * 1e3:7.1f} ms "
       f"({measured_opt / host:.2f}x); copies between places predicted {copies * 1e3:6.1f} ms, measured {measured_copy * 1e3:6.1f} ms "
       f"({measured_copy / copies if copies else 0:.2f}x)")
+def phases(rows):  # median seconds of each phase over the steps (wall_clock_breakdown), and of the deferred host step
+    out = {k: statistics.median(r["phases"][k] for r in rows) for k in rows[0].get("phases", {})}
+    if "deferred_step_s" in rows[0]:
+        out["deferred step"] = statistics.median(r["deferred_step_s"] for r in rows)
+    return "  ".join(f"{k} {v * 1e3:.1f}" for k, v in out.items() if v > 0)
+print(f"  measured phases, offloaded (ms): {phases(steps)}")
+print("  the plan's transfers (ms, hidden): " + "; ".join(f"{r['what']} {r['seconds'] * 1e3:.1f} ({(r.get('hidden_s') or 0) * 1e3:.1f})"
+                                                     for r in plan["offload"]) + f"; compute {(plan.get('compute_s') or 0) * 1e3:.1f}")
 if sys.argv[7] == "cuda" and os.path.exists(sys.argv[6]):
     kept_plan = json.load(open(sys.argv[5]))["step_time"]
     kept = [json.loads(l) for l in open(sys.argv[6]) if l.strip()][2:]
@@ -64,12 +72,15 @@ if sys.argv[7] == "cuda" and os.path.exists(sys.argv[6]):
     step_kept = statistics.median(s["step_s"] for s in kept)
     def predicted(p):
         return p.get("step_s") or float("nan")
+    print(f"  measured phases, on the GPU (ms): {phases(kept)}")
     print(f"  step: offloaded {step_off * 1e3:.1f} ms, on the GPU {step_kept * 1e3:.1f} ms: {step_kept / step_off:.2f}x the speed "
           f"(the plan: {predicted(kept_plan) / predicted(plan):.2f}x, {predicted(plan) * 1e3:.1f} vs {predicted(kept_plan) * 1e3:.1f} ms; "
           f"bound {plan.get('bound')})")
     if sys.argv[3] == "2" and os.path.exists(sys.argv[9]):
         serial_plan = json.load(open(sys.argv[8]))["step_time"]
-        serial = statistics.median(s["step_s"] for s in [json.loads(l) for l in open(sys.argv[9]) if l.strip()][2:])
+        serial_rows = [json.loads(l) for l in open(sys.argv[9]) if l.strip()][2:]
+        serial = statistics.median(s["step_s"] for s in serial_rows)
+        print(f"  measured phases, offloaded without overlap_comm (ms): {phases(serial_rows)}")
         print(f"  without overlap_comm: offloaded {serial * 1e3:.1f} ms ({serial / step_off:.2f}x the overlapped step; "
               f"the plan: {predicted(serial_plan) * 1e3:.1f} ms, {predicted(serial_plan) / predicted(plan):.2f}x)")
 PY
