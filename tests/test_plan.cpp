@@ -488,11 +488,17 @@ TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
   Topology cpu;
   cpu.world_size_source = "test";
   EXPECT_TRUE(not_yet_runnable(compile_plan(c, m, cpu)).empty());
-  // One GPU offloads, warned that ds's checks have not run it on a GPU yet; several GPU ranks too, warned so.
+  // One GPU offloads, not warned of (its checks have run on a GPU); several GPU ranks too, warned that ds's checks
+  // have not run that; the parameters on NVMe from one GPU are warned of too.
   const Plan one = compile_plan(c, m, gpu);
   EXPECT_TRUE(not_yet_runnable(one).empty());
   bool warned = false;
-  for (const ConfigIssue& w : one.warnings) warned = warned || w.message.find("offload from a GPU is new") != std::string::npos;
+  for (const ConfigIssue& w : one.warnings) warned = warned || w.message.find("is new") != std::string::npos;
+  EXPECT_FALSE(warned);
+  const Config on_nvme = load_config_text(cfg, "t.json", {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                                                           "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=/tmp"});
+  for (const ConfigIssue& w : compile_plan(on_nvme, m, gpu).warnings)
+    warned = warned || (w.path == "zero_optimization.offload_param.device" && w.message.find("parameters on NVMe from a GPU are new") != std::string::npos);
   EXPECT_TRUE(warned);
   gpu.world_size = gpu.ranks_per_node = 2;
   const std::vector<std::string> why = not_yet_runnable(compile_plan(c, m, gpu));
@@ -506,7 +512,7 @@ TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
   EXPECT_TRUE(not_yet_runnable(two).empty());
   warned = false;
   for (const ConfigIssue& w : two.warnings)
-    warned = warned || (w.message.find("offload from a GPU is new") != std::string::npos && w.message.find("nor from several GPU ranks") != std::string::npos);
+    warned = warned || w.message.find("offload from several GPU ranks is new") != std::string::npos;
   EXPECT_TRUE(warned);
   // A model split over GPU ranks (tensor 2 x pipeline 2) runs over NCCL's groups, warned that ds's checks have run
   // them between thread ranks on the CPU only.
