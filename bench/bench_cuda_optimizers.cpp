@@ -1,5 +1,7 @@
 // The CUDA optimizer kernels' bandwidth on a GPU, against the card's own device-to-device copy rate
-// measured in the same run (the fused AdamW step is memory-bound: 28 bytes per element). Interleaved
+// measured in the same run (the fused AdamW step is memory-bound: 28 bytes per element), and the head's
+// cross-entropy on one of GPT-2's chunks (640 rows of 50,257 bf16 logits) each way it can read a row
+// (kernels/cuda/cross_entropy.hpp: twice from device memory, or once into shared memory). Interleaved
 // rounds; prints the command and medians. Built with the CUDA kernels (target bench_cuda_optimizers,
 // not part of `all`); scripts/device-check.sh runs it.
 //   bench_cuda_optimizers [ELEMENTS=124439808] [ROUNDS=5]
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
 namespace {
@@ -69,21 +72,48 @@ int main(int argc, char** argv) {
     check(cudaMalloc(p, bytes), "cudaMalloc");
     check(cudaMemset(*p, 0, bytes), "cudaMemset");
   }
+  // One chunk of GPT-2's head as training runs it on a GPU: rows 8 elements apart (16 bytes of bf16).
+  constexpr int64_t kRows = 640, kVocab = 50257, kStride = 50264;
+  uint16_t* logits;
+  int64_t* targets;
+  float* row_loss;
+  check(cudaMalloc(reinterpret_cast<void**>(&logits), kRows * kStride * 2), "cudaMalloc");
+  check(cudaMalloc(reinterpret_cast<void**>(&targets), kRows * 8), "cudaMalloc");
+  check(cudaMalloc(reinterpret_cast<void**>(&row_loss), kRows * 4), "cudaMalloc");
+  check(cudaMemset(logits, 0, kRows * kStride * 2), "cudaMemset");
+  check(cudaMemset(targets, 0, kRows * 8), "cudaMemset");
+  using ds::kernels::cuda::CrossEntropyPath;
+  const auto cross_entropy = [&](CrossEntropyPath path) {
+    return timed([&] {
+      ds::kernels::cuda::softmax_cross_entropy_bf16_by(path, logits, targets, kRows, kVocab, kStride, 1.0f / 16384, true, row_loss, nullptr);
+    });
+  };
   ds::kernels::AdamStep s;
   s.lr = 1e-4f;
   s.weight_decay = 0.1f;
   const ds::kernels::AdamStep k = s.at_step(10);
-  std::vector<double> copy_s, adam_s, norm_s;
+  std::vector<double> copy_s, adam_s, norm_s, two_pass_s, shared_s;
   for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
     const double c = timed([&] { check(cudaMemcpy(copy_dst, copy_src, 14 * static_cast<size_t>(n), cudaMemcpyDeviceToDevice), "copy"); });
     const double a = timed([&] { ds::kernels::cuda::adam_step_bf16(w, m, v, out, g, n, k, nullptr); });
     const double q = timed([&] { ds::kernels::cuda::sum_of_squares_bf16(g, n, scratch, scratch + 2, nullptr); });
+    const double ce2 = cross_entropy(CrossEntropyPath::two_pass), ce1 = cross_entropy(CrossEntropyPath::row_in_shared);
     if (r == 0) continue;
     copy_s.push_back(c);
     adam_s.push_back(a);
     norm_s.push_back(q);
-    std::printf("round %d: copy %.3f ms, AdamW %.3f ms, sum of squares %.3f ms\n", r, c * 1e3, a * 1e3, q * 1e3);
+    two_pass_s.push_back(ce2);
+    shared_s.push_back(ce1);
+    std::printf("round %d: copy %.3f ms, AdamW %.3f ms, sum of squares %.3f ms, cross-entropy chunk %.1f us (two passes) / %.1f us "
+                "(row in shared memory)\n",
+                r, c * 1e3, a * 1e3, q * 1e3, ce2 * 1e6, ce1 * 1e6);
   }
+  // The chunk's logits read once and the gradient written once: what either way must move at the least.
+  const double ce_bytes = 2.0 * 2 * kRows * kVocab;
+  std::printf("cross-entropy, %lld x %lld bf16: two passes %.1f us, row in shared memory %.1f us (%.2fx); %.0f and %.0f GB/s of the "
+              "chunk read once and written once\n",
+              static_cast<long long>(kRows), static_cast<long long>(kVocab), median(two_pass_s) * 1e6, median(shared_s) * 1e6,
+              median(two_pass_s) / median(shared_s), ce_bytes / median(two_pass_s) / 1e9, ce_bytes / median(shared_s) / 1e9);
   // A copy of 14 bytes reads 14 and writes 14: 28 bytes moved per element, as the fused AdamW step moves.
   const double copy_rate = 28.0 * n / median(copy_s), adam_rate = 28.0 * n / median(adam_s), norm_rate = 2.0 * n / median(norm_s);
   std::printf("medians: device copy %.0f GB/s; AdamW (bf16 grads in, bf16 weights out, 28 B/elem) %.3f ms = %.0f GB/s = %.2fx the copy; "

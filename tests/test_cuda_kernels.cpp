@@ -333,7 +333,8 @@ TEST_F(CudaKernels, SumsOfSquaresMatchTheCpuAndRepeatBitForBit) {
 // 16-byte loads (GPT-2's 50257) in rows padded to one and in rows packed tight, and a row whose target is
 // its largest logit. The gradient's poisoned padding must stay untouched.
 template <class T>
-void check_cross_entropy(int64_t rows, int64_t vocab, int64_t stride, bool write_grad, unsigned seed) {
+void check_cross_entropy(int64_t rows, int64_t vocab, int64_t stride, bool write_grad, unsigned seed,
+                         kernels::cuda::CrossEntropyPath path = kernels::cuda::CrossEntropyPath::automatic) {
   std::vector<float> z = normal(static_cast<size_t>(rows * stride), 3.0f, seed);
   std::vector<int64_t> targets(static_cast<size_t>(rows));
   std::mt19937 gen(seed + 1);
@@ -362,7 +363,7 @@ void check_cross_entropy(int64_t rows, int64_t vocab, int64_t stride, bool write
   OnDevice<int64_t> dt(targets);
   OnDevice<float> dloss(std::vector<float>(static_cast<size_t>(rows), NAN));
   if constexpr (sizeof(T) == 2)
-    kernels::cuda::softmax_cross_entropy_bf16(d.p, dt.p, rows, vocab, stride, scale, write_grad, dloss.p, nullptr);
+    kernels::cuda::softmax_cross_entropy_bf16_by(path, d.p, dt.p, rows, vocab, stride, scale, write_grad, dloss.p, nullptr);
   else
     kernels::cuda::softmax_cross_entropy_f32(d.p, dt.p, rows, vocab, stride, scale, write_grad, dloss.p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -408,6 +409,11 @@ TEST_F(CudaKernels, SoftmaxCrossEntropyMatchesTheCpuReference) {
   check_cross_entropy<uint16_t>(9, 1000, 1000, true, 14);
   check_cross_entropy<uint16_t>(6, 50257, 50264, false, 15);  // the loss alone: logits unchanged
   check_cross_entropy<float>(3, 7, 8, true, 16);  // a vocabulary smaller than one load
+  // Each way a bf16 row is read, whatever automatic picks: twice from device memory, or once into shared memory.
+  for (const auto path : {kernels::cuda::CrossEntropyPath::two_pass, kernels::cuda::CrossEntropyPath::row_in_shared}) {
+    check_cross_entropy<uint16_t>(37, 50257, 50264, true, 17, path);
+    check_cross_entropy<uint16_t>(9, 1000, 1000, true, 18, path);
+  }
 }
 
 TEST_F(CudaKernels, SoftmaxCrossEntropyNamesABadShape) {

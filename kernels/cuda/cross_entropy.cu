@@ -15,13 +15,22 @@ namespace ds::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // one block per row; a row of 50k bf16 logits is about 25 loads a thread
+// With the row in shared memory an SM holds two blocks at most: twice as many threads a block keep twice as many
+// loads in flight (at 256, 16 warps an SM, the H200 ran GPT-2's chunks at 92 us against two passes' 77).
+constexpr int kCachedThreads = 512;
 // Rows up to this size stay in shared memory between the passes: two blocks an SM of an H100/H200 (228 KiB).
 // Less where the card grants a block less (cached_row_limit).
 constexpr size_t kMaxCachedRowBytes = 112 * 1024;
 
-// The forward declaration the limit below asks about.
-template <class T, bool kCached>
-__global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
+// What `automatic` runs: two passes over the row in device memory, the faster on the H200 (session 66: the row
+// kept in shared memory at 256 threads a block ran GPT-2's chunks at 92 us, two passes at 77); the row in shared
+// memory at kCachedThreads waits for bench_cuda_optimizers to measure it.
+constexpr CrossEntropyPath kAutomatic = CrossEntropyPath::two_pass;
+
+// The forward declaration the limit below asks about. With the row in shared memory two blocks an SM is the most
+// there can be: their registers must fit beside each other too.
+template <class T, bool kCached, int kBlock>
+__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1) cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
                                      bool write_grad, float* row_loss);
 
 // The largest row kept in shared memory on the current GPU: kMaxCachedRowBytes, or what a block may opt in to
@@ -35,7 +44,8 @@ size_t cached_row_limit() {
     ds::cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                     "softmax_cross_entropy: the shared memory a block may use");
     cudaFuncAttributes kernel{};
-    ds::cuda::check(cudaFuncGetAttributes(&kernel, cross_entropy_kernel<T, true>), "softmax_cross_entropy: the kernel's attributes");
+    ds::cuda::check(cudaFuncGetAttributes(&kernel, cross_entropy_kernel<T, true, kCachedThreads>),
+                    "softmax_cross_entropy: the kernel's attributes");
     const size_t free = static_cast<size_t>(optin) > kernel.sharedSizeBytes ? static_cast<size_t>(optin) - kernel.sharedSizeBytes : 0;
     return std::min(kMaxCachedRowBytes, free / 16 * 16);
   }();
@@ -60,6 +70,7 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
 }
 
 // The block's state, merged over every thread; every thread gets it.
+template <int kBlock>
 __device__ MaxSum block_merge(MaxSum v) {
   for (int o = 16; o > 0; o >>= 1) {
     MaxSum other;
@@ -67,7 +78,7 @@ __device__ MaxSum block_merge(MaxSum v) {
     other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
     v = merge(v, other);
   }
-  __shared__ float wm[kThreads / 32], ws[kThreads / 32], total_m, total_s;
+  __shared__ float wm[kBlock / 32], ws[kBlock / 32], total_m, total_s;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
     wm[warp] = v.m;
@@ -76,7 +87,7 @@ __device__ MaxSum block_merge(MaxSum v) {
   __syncthreads();
   if (threadIdx.x == 0) {
     MaxSum t;
-    for (int w = 0; w < kThreads / 32; ++w) {
+    for (int w = 0; w < kBlock / 32; ++w) {
       MaxSum x;
       x.m = wm[w];
       x.s = ws[w];
@@ -94,8 +105,8 @@ __device__ MaxSum block_merge(MaxSum v) {
 
 // kCached: the row is kept in shared memory between the two passes (it fits: GPT-2's 50,257 bf16 logits are
 // 98 KiB), so the logits are read from device memory once, not twice. Each thread reads back what it stored.
-template <class T, bool kCached>
-__global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
+template <class T, bool kCached, int kBlock>
+__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1) cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
                                      bool write_grad, float* row_loss) {
   constexpr int kN = Pack<T>::kN;
   extern __shared__ __align__(16) unsigned char shared_row[];
@@ -106,7 +117,7 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
   const auto* packs = reinterpret_cast<Pack<T>*>(row);
   auto* cache_packs = reinterpret_cast<Pack<T>*>(cache);
   MaxSum st;
-  for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < n_packs; i += kBlock) {
     const Pack<T> p = packs[i];
     if constexpr (kCached) cache_packs[i] = p;
     float z[kN];
@@ -129,7 +140,7 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
       if (z[k] != z[k]) local.s = NAN;
     st = merge(st, local);
   }
-  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) {
+  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kBlock) {
     if constexpr (kCached) cache[j] = row[j];
     MaxSum one;
     one.m = widen(row[j]);
@@ -137,7 +148,7 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
     if (one.m == -INFINITY) one.s = 0.f;
     st = merge(st, one);
   }
-  const MaxSum all = block_merge(st);
+  const MaxSum all = block_merge<kBlock>(st);
   const float lse = all.m + logf(all.s);
   const int64_t t = targets[blockIdx.x];
   const bool valid = t >= 0 && t < vocab;  // checked by the caller; a bad one makes the loss NaN, never a stray read
@@ -147,37 +158,37 @@ __global__ void cross_entropy_kernel(T* logits, const int64_t* targets, int64_t 
   __syncthreads();  // z_t is read before it is overwritten
   auto grad = [&](float z, int64_t j) { return (expf(z - lse) - (j == t ? 1.f : 0.f)) * grad_scale; };
   auto* wpacks = reinterpret_cast<Pack<T>*>(row);
-  for (int64_t i = threadIdx.x; i < n_packs; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < n_packs; i += kBlock) {
     Pack<T> p = cache_packs[i];
 #pragma unroll
     for (int k = 0; k < kN; ++k) narrow_into(p.v[k], grad(widen(p.v[k]), i * kN + k));
     wpacks[i] = p;
   }
-  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kThreads) narrow_into(row[j], grad(widen(cache[j]), j));
+  for (int64_t j = n_packs * kN + threadIdx.x; j < vocab; j += kBlock) narrow_into(row[j], grad(widen(cache[j]), j));
 }
 
 template <class T>
-void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride, float grad_scale, bool write_grad,
-            float* row_loss, void* stream) {
+void launch(CrossEntropyPath path, T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
+            float grad_scale, bool write_grad, float* row_loss, void* stream) {
   if (rows <= 0) return;
   if (vocab <= 0 || row_stride < vocab || rows > 0x7fffffff)
     throw std::runtime_error("softmax_cross_entropy: bad shape (rows " + std::to_string(rows) + ", vocab " + std::to_string(vocab) +
                              ", row stride " + std::to_string(row_stride) + ")");
   auto* st = static_cast<cudaStream_t>(stream);
   const size_t row_bytes = (static_cast<size_t>(vocab) * sizeof(T) + 15) / 16 * 16;
-  if (write_grad && row_bytes <= cached_row_limit<T>()) {
+  if (path == CrossEntropyPath::row_in_shared && write_grad && row_bytes <= cached_row_limit<T>()) {
     static bool opted_in = false;  // per T: shared memory past 48 KiB is granted on request
     if (!opted_in) {
-      ds::cuda::check(cudaFuncSetAttribute(cross_entropy_kernel<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      ds::cuda::check(cudaFuncSetAttribute(cross_entropy_kernel<T, true, kCachedThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(cached_row_limit<T>())),
                       "softmax_cross_entropy: shared memory");
       opted_in = true;
     }
-    cross_entropy_kernel<T, true><<<static_cast<unsigned>(rows), kThreads, row_bytes, st>>>(logits, targets, vocab, row_stride,
-                                                                                             grad_scale, write_grad, row_loss);
+    cross_entropy_kernel<T, true, kCachedThreads><<<static_cast<unsigned>(rows), kCachedThreads, row_bytes, st>>>(
+        logits, targets, vocab, row_stride, grad_scale, write_grad, row_loss);
   } else {
-    cross_entropy_kernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(logits, targets, vocab, row_stride, grad_scale,
-                                                                                      write_grad, row_loss);
+    cross_entropy_kernel<T, false, kThreads><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(logits, targets, vocab, row_stride,
+                                                                                                grad_scale, write_grad, row_loss);
   }
   ds::cuda::check(cudaGetLastError(), "softmax_cross_entropy launch");
 }
@@ -186,17 +197,23 @@ void launch(T* logits, const int64_t* targets, int64_t rows, int64_t vocab, int6
 
 void softmax_cross_entropy_f32(float* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
                                float grad_scale, bool write_grad, float* row_loss, void* stream) {
-  launch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+  launch(kAutomatic, logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
 }
 
 void softmax_cross_entropy_bf16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
                                 float grad_scale, bool write_grad, float* row_loss, void* stream) {
-  launch(logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+  launch(kAutomatic, logits, targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
 }
 
 void softmax_cross_entropy_fp16(uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab, int64_t row_stride,
                                 float grad_scale, bool write_grad, float* row_loss, void* stream) {
-  launch(as_half(logits), targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+  launch(kAutomatic, as_half(logits), targets, rows, vocab, row_stride, grad_scale, write_grad, row_loss, stream);
+}
+
+void softmax_cross_entropy_bf16_by(CrossEntropyPath path, uint16_t* logits, const int64_t* targets, int64_t rows, int64_t vocab,
+                                   int64_t row_stride, float grad_scale, bool write_grad, float* row_loss, void* stream) {
+  launch(path == CrossEntropyPath::automatic ? kAutomatic : path, logits, targets, rows, vocab, row_stride, grad_scale, write_grad,
+         row_loss, stream);
 }
 
 }  // namespace ds::kernels::cuda
