@@ -9,6 +9,8 @@
 # block's backward); each round also runs the step without offload and prints the measured slowdown beside the plan's
 # predicted one, and at ZeRO 2 the offloaded step without overlap_comm beside the plan's (what the overlap wins).
 #
+# DS_OFFLOAD_STAGES: the ZeRO stages run (default "2 3").
+#
 # usage: [DS_DEVICE=cpu|cuda] bench/bench_offload_model.sh [PRESET=gpt2] [STEPS=8] [ROUNDS=2] [SCRATCH=/tmp/ds-offload-model]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ else
 fi
 echo "bench_offload_model: $($ds --version | head -1); $preset on the $device, optimizer offloaded to the host, $steps steps, $threads threads"
 echo "command: DS_DEVICE=$device $0 $*  (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
-for stage in 2 3; do
+for stage in ${DS_OFFLOAD_STAGES:-2 3}; do
   for round in $(seq "$rounds"); do
     rate=$("$dir/host_memory_rate" "$threads")
     gbs=$(python3 -c "print(f'{$rate / 1e9:.2f}GB/s')")
