@@ -9,7 +9,8 @@
 # block's backward); each round also runs the step without offload and prints the measured slowdown beside the plan's
 # predicted one, and at ZeRO 2 the offloaded step without overlap_comm beside the plan's (what the overlap wins).
 #
-# DS_OFFLOAD_STAGES: the ZeRO stages run (default "2 3").
+# DS_OFFLOAD_STAGES: the ZeRO stages run (default "2 3"); DS_OFFLOAD_GAS: micro steps a step (default 1: a larger
+# global batch gives the host's step, whose time does not grow with it, more of the GPU's to hide behind).
 #
 # usage: [DS_DEVICE=cpu|cuda] bench/bench_offload_model.sh [PRESET=gpt2] [STEPS=8] [ROUNDS=2] [SCRATCH=/tmp/ds-offload-model]
 set -euo pipefail
@@ -26,12 +27,12 @@ else
   base=(examples/quickstart.json model.preset="$preset" data.seq_len=128 train_micro_batch_size_per_gpu=2)
 fi
 echo "bench_offload_model: $($ds --version | head -1); $preset on the $device, optimizer offloaded to the host, $steps steps, $threads threads"
-echo "command: DS_DEVICE=$device $0 $*  (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "command: DS_DEVICE=$device DS_OFFLOAD_STAGES=\"${DS_OFFLOAD_STAGES:-2 3}\" DS_OFFLOAD_GAS=${DS_OFFLOAD_GAS:-1} $0 $*  (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
 for stage in ${DS_OFFLOAD_STAGES:-2 3}; do
   for round in $(seq "$rounds"); do
     rate=$("$dir/host_memory_rate" "$threads")
     gbs=$(python3 -c "print(f'{$rate / 1e9:.2f}GB/s')")
-    common=("${base[@]}" zero_optimization.stage="$stage" train.steps="$steps" train.eval_every=0 train.threads="$threads" wall_clock_breakdown=true)
+    common=("${base[@]}" zero_optimization.stage="$stage" train.steps="$steps" train.eval_every=0 train.threads="$threads" wall_clock_breakdown=true gradient_accumulation_steps="${DS_OFFLOAD_GAS:-1}")
     args=("${common[@]}" zero_optimization.offload_optimizer.device=cpu)
     [ "$device" = cuda ] && args+=(zero_optimization.overlap_comm=true)
     "$ds" plan "${args[@]}" --device "$device" --host-memory-bw "$gbs" --json > "$dir/plan.json"
