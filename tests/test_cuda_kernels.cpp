@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -110,9 +111,12 @@ constexpr size_t kN = 100003;  // not a multiple of any block size
 
 }  // namespace
 
+// (offset 0: four elements a thread, then the last three one at a time; offset 1: every pointer off its 16-byte
+// boundary, one at a time throughout)
 TEST_F(CudaKernels, AdamWMatchesTheCpuKernelInFp32AndBf16Gradients) {
+  for (const size_t off : {size_t{0}, size_t{1}})
   for (bool bf16_grads : {false, true}) {
-    SCOPED_TRACE(bf16_grads ? "bf16 gradients" : "fp32 gradients");
+    SCOPED_TRACE(std::string(bf16_grads ? "bf16 gradients" : "fp32 gradients") + ", offset " + std::to_string(off));
     std::vector<float> w = normal(kN, 0.5f, 1), m = normal(kN, 0.01f, 2), g = normal(kN, 1.0f, 4);
     std::vector<float> v(kN);
     for (size_t i = 0; i < kN; ++i) v[i] = 0.1f * std::fabs(m[i]) + 1e-6f;
@@ -124,12 +128,13 @@ TEST_F(CudaKernels, AdamWMatchesTheCpuKernelInFp32AndBf16Gradients) {
     OnDevice<float> dw(w), dm(m), dv(v), dg(g);
     OnDevice<uint16_t> dgb{to_bf16(g)}, dout{std::vector<uint16_t>(kN)};
     std::vector<uint16_t> out(kN), gb = to_bf16(g);
+    const size_t n = kN - off;
     if (bf16_grads) {
-      kernels::adam_step_bf16(w.data(), m.data(), v.data(), out.data(), gb.data(), kN, k);
-      table_->adam_step_bf16(dw.p, dm.p, dv.p, dout.p, dgb.p, kN, k);
+      kernels::adam_step_bf16(w.data() + off, m.data() + off, v.data() + off, out.data() + off, gb.data() + off, n, k);
+      table_->adam_step_bf16(dw.p + off, dm.p + off, dv.p + off, dout.p + off, dgb.p + off, n, k);
     } else {
-      kernels::adam_step_f32(w.data(), m.data(), v.data(), out.data(), g.data(), kN, k);
-      table_->adam_step_f32(dw.p, dm.p, dv.p, dout.p, dg.p, kN, k);
+      kernels::adam_step_f32(w.data() + off, m.data() + off, v.data() + off, out.data() + off, g.data() + off, n, k);
+      table_->adam_step_f32(dw.p + off, dm.p + off, dv.p + off, dout.p + off, dg.p + off, n, k);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_close(w, dw.host(), 1e-6, "weights");

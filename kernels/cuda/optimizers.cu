@@ -32,20 +32,60 @@ __device__ __forceinline__ float load(const float* g, int64_t i) { return g[i]; 
 __device__ __forceinline__ float load(const uint16_t* g, int64_t i) { return from_bf16(g[i]); }
 __device__ __forceinline__ float load(const __half* g, int64_t i) { return __half2float(g[i]); }
 
-template <class G>
+// Four gradients in one load: 16 bytes of fp32, 8 of bf16 or fp16 (the pointer 4-element aligned).
+__device__ __forceinline__ void load4(const float* g, float (&out)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(g);
+  out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+}
+template <class H>
+__device__ __forceinline__ void load4(const H* g, float (&out)[4]) {  // bf16 (uint16_t) or fp16 (__half)
+  const uint2 q = *reinterpret_cast<const uint2*>(g);
+  const H* e = reinterpret_cast<const H*>(&q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = widen(e[k]);
+}
+
+// V elements a thread a step: 4 where every pointer is 4-element aligned (the fp32 states in 16-byte loads and
+// stores, the 16-bit gradients and weights in 8), else 1. The same arithmetic element by element either way.
+// (Scalar, the step ran at 0.64x the card's copy rate on an H200.)
+template <class G, int V>
 __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G* grad, int64_t n, AdamStep s) {
   if (!scale_of(s, s.grad_scale)) return;  // (the control, in device memory, says skip)
   const float step_size = s.lr / s.bias_correction1;
   const float decay = s.lr * s.weight_decay;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float w = p[i], mi = m[i], vi = v[i];
-    adam_element(load(grad, i) * s.grad_scale, w, mi, vi, s, step_size, decay);
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = w;
-    if (out) out[i] = to_bf16(w);
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x * V;
+  for (int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * V; i < n; i += stride) {
+    if constexpr (V == 1) {
+      float w = p[i], mi = m[i], vi = v[i];
+      adam_element(load(grad, i) * s.grad_scale, w, mi, vi, s, step_size, decay);
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = w;
+      if (out) out[i] = to_bf16(w);
+    } else {
+      static_assert(V == 4, "four elements a thread");
+      float4 w = *reinterpret_cast<const float4*>(p + i), mi = *reinterpret_cast<const float4*>(m + i),
+             vi = *reinterpret_cast<const float4*>(v + i);
+      float g[4];
+      load4(grad + i, g);
+      adam_element(g[0] * s.grad_scale, w.x, mi.x, vi.x, s, step_size, decay);
+      adam_element(g[1] * s.grad_scale, w.y, mi.y, vi.y, s, step_size, decay);
+      adam_element(g[2] * s.grad_scale, w.z, mi.z, vi.z, s, step_size, decay);
+      adam_element(g[3] * s.grad_scale, w.w, mi.w, vi.w, s, step_size, decay);
+      *reinterpret_cast<float4*>(m + i) = mi;
+      *reinterpret_cast<float4*>(v + i) = vi;
+      *reinterpret_cast<float4*>(p + i) = w;
+      if (out) {
+        uint2 b;
+        b.x = static_cast<uint32_t>(to_bf16(w.x)) | static_cast<uint32_t>(to_bf16(w.y)) << 16;
+        b.y = static_cast<uint32_t>(to_bf16(w.z)) | static_cast<uint32_t>(to_bf16(w.w)) << 16;
+        *reinterpret_cast<uint2*>(out + i) = b;
+      }
+    }
   }
 }
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <class G>
 __global__ void sgd_kernel(float* p, float* buf, uint16_t* out, const G* grad, int64_t n, SgdStep s) {
@@ -148,7 +188,14 @@ __global__ void finish_kernel(const double* partials, int values, double* out, b
 template <class G>
 void adam(float* p, float* m, float* v, uint16_t* out, const G* g, int64_t n, const AdamStep& s, void* stream) {
   if (n <= 0) return;
-  adam_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(p, m, v, out, g, n, s);
+  // Four at a time over the elements a multiple of four covers, where every pointer is so aligned; the rest (under
+  // four elements, or all of them for unaligned pointers) one at a time.
+  const bool by_four = aligned(p, 16) && aligned(m, 16) && aligned(v, 16) && aligned(g, 4 * sizeof(G)) && (!out || aligned(out, 8));
+  const int64_t four = by_four ? n / 4 * 4 : 0;
+  if (four > 0) adam_kernel<G, 4><<<blocks_for(four / 4), kThreads, 0, as_stream(stream)>>>(p, m, v, out, g, four, s);
+  if (four < n)
+    adam_kernel<G, 1><<<blocks_for(n - four), kThreads, 0, as_stream(stream)>>>(p + four, m + four, v + four, out ? out + four : nullptr,
+                                                                                 g + four, n - four, s);
   check(cudaGetLastError(), "adam_step");
 }
 
