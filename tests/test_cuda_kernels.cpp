@@ -638,10 +638,11 @@ TEST_F(CudaKernels, GeluAndSwigluMatchTheCpuReference) {
   check_activations<float>(65536, 47, 3);
 }
 
+// transposed: x given as it lies in (B, heads, T, D), as an attention's gradient comes, read by its strides.
 template <class T>
-void check_rope(int64_t B, int64_t T_len, int64_t heads, int64_t D, bool inverse, unsigned seed) {
+void check_rope(int64_t B, int64_t T_len, int64_t heads, int64_t D, bool inverse, unsigned seed, bool transposed = false) {
   SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << B << " x " << T_len << " x " << heads << " x " << D
-                                  << (inverse ? ", inverse" : ""));
+                                  << (inverse ? ", inverse" : "") << (transposed ? ", read by its strides" : ""));
   const kernels::RopeShape s{B * T_len, T_len, heads, D, inverse};
   const size_t n = static_cast<size_t>(B * T_len * heads * D), half = static_cast<size_t>(D / 2);
   const std::vector<T> x = typed<T>(normal(n, 1.0f, seed));
@@ -657,6 +658,23 @@ void check_rope(int64_t B, int64_t T_len, int64_t heads, int64_t D, bool inverse
     kernels::rope_bf16_reference(x.data(), want.data(), cos.data(), sin.data(), s);
   else
     kernels::rope_f32_reference(x.data(), want.data(), cos.data(), sin.data(), s);
+  if (transposed) {
+    std::vector<T> lying(n);  // element (b, t, h, j) at ((b heads + h) T + t) D + j
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T_len; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t j = 0; j < D; ++j) lying[((b * heads + h) * T_len + t) * D + j] = x[((b * T_len + t) * heads + h) * D + j];
+    const kernels::cuda::RopeStrides strides{heads * T_len * D, D, T_len * D};
+    OnDevice<T> d_lying(lying), d_y{std::vector<T>(n)};
+    OnDevice<float> d_cos(cos), d_sin(sin);
+    if constexpr (sizeof(T) == 2)
+      kernels::cuda::rope_bf16(d_lying.p, d_y.p, d_cos.p, d_sin.p, s, nullptr, &strides);
+    else
+      kernels::cuda::rope_f32(d_lying.p, d_y.p, d_cos.p, d_sin.p, s, nullptr, &strides);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    expect_like_reference(want, d_y.host(), "rotary of a strided x");
+    return;
+  }
   OnDevice<T> d_x(x), d_y{std::vector<T>(n)};
   OnDevice<float> d_cos(cos), d_sin(sin);
   if constexpr (sizeof(T) == 2)
@@ -678,7 +696,11 @@ TEST_F(CudaKernels, RotaryMatchesTheCpuReference) {
   check_rope<float>(2, 37, 3, 64, false, 51);
   check_rope<float>(2, 37, 3, 64, true, 52);
   check_rope<uint16_t>(3, 129, 4, 128, false, 53);
-  check_rope<uint16_t>(1, 5, 2, 10, true, 54);
+  check_rope<uint16_t>(1, 5, 2, 10, true, 54);  // D/2 = 5: one pair a thread
+  // Read by strides (an attention's gradient): 16-byte loads (D 64, 128) and one element a load (D 10).
+  check_rope<uint16_t>(2, 33, 4, 64, true, 55, true);
+  check_rope<float>(2, 17, 3, 128, false, 56, true);
+  check_rope<uint16_t>(2, 9, 3, 10, false, 57, true);
   EXPECT_THROW(kernels::cuda::rope_f32(nullptr, nullptr, nullptr, nullptr, kernels::RopeShape{4, 2, 1, 3, false}, nullptr),
                std::runtime_error);
 }

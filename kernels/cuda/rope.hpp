@@ -11,8 +11,19 @@
 
 namespace ds::kernels::cuda {
 
-void rope_f32(const float* x, float* y, const float* cos, const float* sin, const RopeShape& s, void* stream);
-void rope_bf16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream);
-void rope_fp16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream);  // fp16's bits
+// Where x's heads are, in elements: row r = b T + t's head h starts at x + b batch + t position + h head (its D
+// elements contiguous). Passing them reads x where it lies (an attention's gradient, transposed from the kernel that
+// made it) instead of after a copy into rows x heads x D; y is always packed so, and may be x only when x is too.
+struct RopeStrides {
+  int64_t batch = 0, position = 0, head = 0;
+};
+
+// x_strides null: x packed as rows x heads x D, as y is.
+void rope_f32(const float* x, float* y, const float* cos, const float* sin, const RopeShape& s, void* stream,
+              const RopeStrides* x_strides = nullptr);
+void rope_bf16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream,
+               const RopeStrides* x_strides = nullptr);
+void rope_fp16(const uint16_t* x, uint16_t* y, const float* cos, const float* sin, const RopeShape& s, void* stream,
+               const RopeStrides* x_strides = nullptr);  // fp16's bits
 
 }  // namespace ds::kernels::cuda

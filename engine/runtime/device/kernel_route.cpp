@@ -253,16 +253,21 @@ void cuda_swiglu_backward(const torch::Tensor& dy, const torch::Tensor& g, const
 
 void cuda_rope(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& cos, const torch::Tensor& sin,
                const kernels::RopeShape& s) {
-  check_elementwise({&x, &y}, "rotary");
+  // x (B, T, heads, D) may lie anywhere its D elements are contiguous (an attention's gradient, transposed): the
+  // kernel reads it by its strides; y is packed.
+  check_cuda_route(x, "rotary");
   const int64_t half = s.D / 2;
-  DS_CHECK(x.numel() == s.rows * s.heads * s.D && cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+  DS_CHECK(x.dim() == 4 && x.size(3) == s.D && x.stride(3) == 1 && x.size(0) * x.size(1) == s.rows && x.size(1) == s.T &&
+               x.size(2) == s.heads && y.is_contiguous() && y.sizes() == x.sizes() && y.scalar_type() == x.scalar_type() &&
+               y.device() == x.device() && cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
                cos.is_contiguous() && sin.is_contiguous() && cos.device() == x.device() && sin.device() == x.device() &&
                cos.numel() == s.T * half && sin.numel() == s.T * half,
-           "rotary: x holds rows x heads x D; fp32 cos and sin (T, D/2), contiguous, on x's GPU");
+           "rotary: x (B, T, heads, D) with D contiguous, y packed alike; fp32 cos and sin (T, D/2), contiguous, on x's GPU");
 #ifdef DS_WITH_CUDA_KERNELS
+  const kernels::cuda::RopeStrides strides{x.stride(0), x.stride(1), x.stride(2)};
   by_cuda_dtype(x, [&](auto k) {
     using E = typename decltype(k)::E;
-    k.rope(data<E>(x), data<E>(y), data<float>(cos), data<float>(sin), s, nullptr);
+    k.rope(data<E>(x), data<E>(y), data<float>(cos), data<float>(sin), s, nullptr, &strides);
   });
 #endif
 }

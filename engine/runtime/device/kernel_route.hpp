@@ -56,7 +56,8 @@ void cuda_gelu_tanh_backward(const torch::Tensor& dy, const torch::Tensor& x, co
 void cuda_swiglu_forward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& y);
 void cuda_swiglu_backward(const torch::Tensor& dy, const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dg,
                           const torch::Tensor& du);
-// Rotary embedding (kernels/cpu/rope.hpp) of contiguous x into y, fp32 cos and sin (T, D/2) on x's GPU.
+// Rotary embedding (kernels/cpu/rope.hpp) of x (B, T, heads, D), read where it lies (D contiguous), into packed y,
+// fp32 cos and sin (T, D/2) on x's GPU.
 void cuda_rope(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& cos, const torch::Tensor& sin,
                const kernels::RopeShape& shape);
 

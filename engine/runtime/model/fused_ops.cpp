@@ -129,18 +129,22 @@ class Rotary : public torch::autograd::Function<Rotary> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});  // not x: the backward is a rotation of the gradient alone
-    return rotate(x_in.contiguous(), cos, sin, false);
+    return rotate(x_in, cos, sin, false);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
-    return {rotate(grad_out[0].contiguous(), saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
+    return {rotate(grad_out[0], saved[0], saved[1], true), torch::Tensor(), torch::Tensor()};
   }
 
  private:
-  static torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+  // On a GPU x is read where it lies when its D elements are contiguous (a gradient that comes transposed is not
+  // copied first); the CPU's kernels read it packed.
+  static torch::Tensor rotate(const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+    const bool strided_read = kernel_route(x_in) == KernelRoute::cuda && x_in.stride(3) == 1;
+    const torch::Tensor x = strided_read ? x_in : x_in.contiguous();
     const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
-    torch::Tensor y = torch::empty_like(x);
+    torch::Tensor y = torch::empty(x.sizes(), x.options());
     if (kernel_route(x) == KernelRoute::cuda)
       cuda_rope(x, y, cos, sin, shape);
     else
