@@ -12,8 +12,9 @@
 #   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
-#   offload  bench's offload step alone (run before bench, bench leaves it out)
-#   tests    every test labelled gpu (kernels against the CPU's, the NCCL group, ds train on the GPU)
+#   offload  bench's offload steps alone: GPT-2 124M at ZeRO 2 and 3, GPT-2 1.5B at ZeRO 2 with 4 micro steps a step
+#            (run before bench, bench leaves them out; about 2-4 minutes)
+#   tests    every test labelled gpu or link (kernels against the CPU's, the NCCL group, ds train on the GPU)
 #   size     (not in the default stages) ZeRO-Offload's size case: Llama-3-8B's shape fully fine-tuned on one GPU
 #            with the optimizer on the host (ZeRO 2; about 105 GiB of host memory), 4 steps: peak device and
 #            host memory against the plan, the loss, the step's phases (in bench.log)
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --dry-run) dry=1 ;;
     --stages) stages=$2; shift ;;
     --stages=*) stages=${1#--stages=} ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) break ;;
   esac
   shift
@@ -262,7 +263,7 @@ stage_sanitize() {
 
 stage_tests() {
   step build 40 240 build-tests cmake --build "$build" -j "$jobs" --target "${targets_tests[@]}" -- -k 0
-  step tests 60 300 gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200
+  step tests 60 300 gpu-tests ctest --test-dir "$build" -L 'gpu|link' --output-on-failure --timeout 200
   [ -x "$build/bench_cuda_optimizers" ] && step bench 20 60 bench-cuda-optimizers "$build/bench_cuda_optimizers"
 }
 

@@ -495,6 +495,7 @@ TEST(Plan, WhatCannotRunYetIsDecidedFromThePlan) {
   bool warned = false;
   for (const ConfigIssue& w : one.warnings) warned = warned || w.message.find("is new") != std::string::npos;
   EXPECT_FALSE(warned);
+  warned = false;
   const Config on_nvme = load_config_text(cfg, "t.json", {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
                                                            "zero_optimization.offload_param.device=nvme", "zero_optimization.offload_param.nvme_path=/tmp"});
   for (const ConfigIssue& w : compile_plan(on_nvme, m, gpu).warnings)
