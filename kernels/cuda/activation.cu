@@ -77,7 +77,7 @@ __global__ void swiglu_backward_kernel(const T* dy, const T* g, const T* u, T* d
 
 bool vectorised(int64_t n, int width, std::initializer_list<const void*> ptrs) {
   if (n % width != 0) return false;
-  return std::all_of(ptrs.begin(), ptrs.end(), [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; });
+  return std::all_of(ptrs.begin(), ptrs.end(), [](const void* p) { return aligned_to(p, 16); });
 }
 
 unsigned blocks_for(int64_t n, int width) {

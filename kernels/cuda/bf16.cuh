@@ -6,6 +6,7 @@
 
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ds::kernels::cuda {
@@ -30,6 +31,9 @@ __device__ __forceinline__ void narrow_into(__half& dst, float f) { dst = __floa
 // apart by the entry points' names, and fp16's bits are read as __half here.
 inline const __half* as_half(const uint16_t* p) { return reinterpret_cast<const __half*>(p); }
 inline __half* as_half(uint16_t* p) { return reinterpret_cast<__half*>(p); }
+
+// Whether p may be read `bytes` at a time (a Pack's 16, or 8 for four 16-bit elements): the kernels' vector paths.
+__host__ __device__ inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // 16 bytes of elements (8 bf16 or fp16, or 4 fp32): one load or store instruction.
 template <class T>

@@ -30,8 +30,9 @@ constexpr CrossEntropyPath kAutomatic = CrossEntropyPath::two_pass;
 // The forward declaration the limit below asks about. With the row in shared memory two blocks an SM is the most
 // there can be: their registers must fit beside each other too.
 template <class T, bool kCached, int kBlock>
-__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1) cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
-                                     bool write_grad, float* row_loss);
+__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1)
+    cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale, bool write_grad,
+                         float* row_loss);
 
 // The largest row kept in shared memory on the current GPU: kMaxCachedRowBytes, or what a block may opt in to
 // there less the kernel's own static shared memory (the block merge's) where that is less (96 KiB on a V100,
@@ -106,13 +107,14 @@ __device__ MaxSum block_merge(MaxSum v) {
 // kCached: the row is kept in shared memory between the two passes (it fits: GPT-2's 50,257 bf16 logits are
 // 98 KiB), so the logits are read from device memory once, not twice. Each thread reads back what it stored.
 template <class T, bool kCached, int kBlock>
-__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1) cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale,
-                                     bool write_grad, float* row_loss) {
+__global__ void __launch_bounds__(kBlock, kCached ? 2 : 1)
+    cross_entropy_kernel(T* logits, const int64_t* targets, int64_t vocab, int64_t row_stride, float grad_scale, bool write_grad,
+                         float* row_loss) {
   constexpr int kN = Pack<T>::kN;
   extern __shared__ __align__(16) unsigned char shared_row[];
   T* row = logits + static_cast<int64_t>(blockIdx.x) * row_stride;
   T* cache = kCached ? reinterpret_cast<T*>(shared_row) : row;
-  const bool packed = reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  const bool packed = aligned_to(row, 16);
   const int64_t n_packs = packed ? vocab / kN : 0;
   const auto* packs = reinterpret_cast<Pack<T>*>(row);
   auto* cache_packs = reinterpret_cast<Pack<T>*>(cache);

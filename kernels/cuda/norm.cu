@@ -194,7 +194,7 @@ void check_shape(const NormShape& s, const char* what) {
     throw std::runtime_error(std::string(what) + ": bad shape (rows " + std::to_string(s.rows) + ", cols " + std::to_string(s.cols) + ")");
 }
 
-bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
 
 unsigned row_blocks(const NormShape& s) { return static_cast<unsigned>((s.rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 

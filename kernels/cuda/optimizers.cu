@@ -85,8 +85,6 @@ __global__ void adam_kernel(float* p, float* m, float* v, uint16_t* out, const G
   }
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 template <class G>
 __global__ void sgd_kernel(float* p, float* buf, uint16_t* out, const G* grad, int64_t n, SgdStep s) {
   if (!scale_of(s, s.grad_scale)) return;
@@ -190,7 +188,8 @@ void adam(float* p, float* m, float* v, uint16_t* out, const G* g, int64_t n, co
   if (n <= 0) return;
   // Four at a time over the elements a multiple of four covers, where every pointer is so aligned; the rest (under
   // four elements, or all of them for unaligned pointers) one at a time.
-  const bool by_four = aligned(p, 16) && aligned(m, 16) && aligned(v, 16) && aligned(g, 4 * sizeof(G)) && (!out || aligned(out, 8));
+  const bool by_four = aligned_to(p, 16) && aligned_to(m, 16) && aligned_to(v, 16) && aligned_to(g, 4 * sizeof(G)) &&
+                       (!out || aligned_to(out, 8));
   const int64_t four = by_four ? n / 4 * 4 : 0;
   if (four > 0) adam_kernel<G, 4><<<blocks_for(four / 4), kThreads, 0, as_stream(stream)>>>(p, m, v, out, g, four, s);
   if (four < n)

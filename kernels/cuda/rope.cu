@@ -54,7 +54,7 @@ void rope(const T* x, const RopeStrides* strides, T* y, const float* cos, const 
   constexpr int kN = Pack<T>::kN;
   const int64_t half = s.D / 2;
   const bool vectors = half % kN == 0 && xs.batch % kN == 0 && xs.position % kN == 0 && xs.head % kN == 0 &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+                       aligned_to(x, 16) && aligned_to(y, 16);
   const int64_t items = s.rows * s.heads * (vectors ? half / kN : half);
   const auto blocks = static_cast<unsigned>(std::min(kMaxBlocks, (items + kThreads - 1) / kThreads));
   auto* st = static_cast<cudaStream_t>(stream);

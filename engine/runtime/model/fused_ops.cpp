@@ -141,11 +141,11 @@ class Rotary : public torch::autograd::Function<Rotary> {
   // On a GPU x is read where it lies when its D elements are contiguous (a gradient that comes transposed is not
   // copied first); the CPU's kernels read it packed.
   static torch::Tensor rotate(const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
-    const bool strided_read = kernel_route(x_in) == KernelRoute::cuda && x_in.stride(3) == 1;
-    const torch::Tensor x = strided_read ? x_in : x_in.contiguous();
+    const bool gpu = kernel_route(x_in) == KernelRoute::cuda;
+    const torch::Tensor x = gpu && x_in.stride(3) == 1 ? x_in : x_in.contiguous();
     const kernels::RopeShape shape{x.size(0) * x.size(1), x.size(1), x.size(2), x.size(3), inverse};
     torch::Tensor y = torch::empty(x.sizes(), x.options());
-    if (kernel_route(x) == KernelRoute::cuda)
+    if (gpu)
       cuda_rope(x, y, cos, sin, shape);
     else
       by_dtype(x, [&](auto* e) {
