@@ -706,10 +706,12 @@ TEST_F(CudaKernels, RotaryMatchesTheCpuReference) {
 }
 
 // A bias's gradient as the GPU sums it: out += each column's sum over the rows, against the sums in double, out
-// rounded once; fp32 and bf16, more rows than one chunk, a width no multiple of a warp's columns.
+// rounded once; fp32 and bf16, more rows than one chunk, a width no multiple of a warp's columns, whole 16-byte loads
+// and x off their boundary.
 template <class T>
-void check_column_sums(int64_t rows, int64_t cols, unsigned seed) {
-  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << rows << " x " << cols);
+void check_column_sums(int64_t rows, int64_t cols, unsigned seed, size_t pad = 0) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << rows << " x " << cols
+                                  << (pad ? ", off the loads' boundary" : ""));
   const std::vector<T> x = typed<T>(normal(static_cast<size_t>(rows * cols), 1.0f, seed));
   const std::vector<float> x_f = widened(x);
   std::vector<float> want(static_cast<size_t>(cols));
@@ -718,7 +720,8 @@ void check_column_sums(int64_t rows, int64_t cols, unsigned seed) {
     for (int64_t r = 0; r < rows; ++r) sum += x_f[static_cast<size_t>(r * cols + c)];
     want[static_cast<size_t>(c)] = static_cast<float>(sum);
   }
-  OnDevice<T> d_x(x), d_out(typed<T>(std::vector<float>(static_cast<size_t>(cols), 0.5f)));
+  Shifted<T> d_x(x, pad);
+  OnDevice<T> d_out(typed<T>(std::vector<float>(static_cast<size_t>(cols), 0.5f)));
   OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::column_sums_scratch_floats(rows, cols)), NAN));
   if constexpr (sizeof(T) == 2)
     kernels::cuda::column_sums_add_bf16(d_x.p, rows, cols, d_out.p, scratch.p, nullptr);
@@ -733,6 +736,10 @@ TEST_F(CudaKernels, ColumnSumsAddABiasGradientOnce) {
   check_column_sums<float>(3000, 130, 61);
   check_column_sums<uint16_t>(1000, 768, 62);
   check_column_sums<uint16_t>(5, 3, 63);
+  check_column_sums<uint16_t>(700, 2048, 64);  // 8 columns a thread, 256 a block
+  check_column_sums<float>(700, 2048, 65);     // 4 a thread
+  check_column_sums<uint16_t>(300, 768, 66, 1);  // off the boundary: one a thread
+  check_column_sums<float>(300, 1000, 67, 2);
 }
 
 // The fp16 model kernels are the fp32 kernels' arithmetic with fp16 loads and stores: on fp16 inputs, each fp16

@@ -13,8 +13,9 @@ namespace ds::kernels::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp a row, 256 threads a block
-constexpr int kColsPerThread = 4;
-constexpr int kTileCols = 32 * kColsPerThread;  // the weight gradients' block: 128 columns x 8 row lanes
+// The weight gradients' chunks of rows are counted as if a block took 256 columns (8 bf16 a thread), whatever path
+// runs, so the scratch they need is known before the pointers are.
+constexpr int kChunkTileCols = 256;
 constexpr int kRowLanes = 8;
 constexpr int64_t kGradBlocks = 1024;  // about this many blocks for the weight gradients, whatever the card
 
@@ -103,47 +104,52 @@ __global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const fl
   }
 }
 
-// Each block: 128 columns over one chunk of rows; each of its 8 row lanes sums every 8th row, then the lanes
-// are added in order. partial_w/partial_b: chunks x C.
-// Without x (a projection's bias gradient) only the sums of dy are made: partial_w is not written.
-template <class T>
+// Each block: 32 V columns over one chunk of rows, V consecutive columns a thread (one 16-byte load where V is a
+// Pack's width); each of its 8 row lanes sums every 8th row, then the lanes are added in order. partial_w/partial_b:
+// chunks x C. Without x (a projection's bias gradient) only the sums of dy are made: partial_w is not written.
+// (Two bytes a thread a row, as this was until session 67, ran GPT-2's 73 launches a step at about 1.1 TB/s.)
+template <class T, int V>
 __global__ void weight_grads_kernel(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_w, float* partial_b,
                                     int64_t rows, int64_t C, int64_t rows_per_chunk) {
   const bool norm = x != nullptr;
   const int64_t chunk = blockIdx.y, r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
-  float aw[kColsPerThread] = {}, ab[kColsPerThread] = {};
-  for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
-    const float mu = norm ? mean[r] : 0.f, rs = norm ? rstd[r] : 0.f;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * (32 * V) + static_cast<int64_t>(threadIdx.x) * V;
+  const bool inside = c0 < C;  // whole: V > 1 only where C is a multiple of V
+  float aw[V] = {}, ab[V] = {};
+  if (inside) {
+#pragma unroll 4
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      float d[V];
+      load_widened<T, V>(dy + r * C + c0, d);
+      if (norm) {
+        float xv[V];
+        load_widened<T, V>(x + r * C + c0, xv);
+        const float mu = mean[r], rs = rstd[r];
 #pragma unroll
-    for (int k = 0; k < kColsPerThread; ++k) {
-      const int64_t c = c0 + 32 * k;
-      if (c < C) {
-        const float d = widen(dy[r * C + c]);
-        if (norm) aw[k] += d * ((widen(x[r * C + c]) - mu) * rs);
-        ab[k] += d;
+        for (int k = 0; k < V; ++k) aw[k] += d[k] * ((xv[k] - mu) * rs);
       }
+#pragma unroll
+      for (int k = 0; k < V; ++k) ab[k] += d[k];
     }
   }
-  __shared__ float sw[kRowLanes][kTileCols], sb[kRowLanes][kTileCols];
+  // Column c0 + k of the thread sits at [k][threadIdx.x]: the lanes' writes and the sums' reads meet no bank twice.
+  __shared__ float sw[kRowLanes][V][32], sb[kRowLanes][V][32];
 #pragma unroll
-  for (int k = 0; k < kColsPerThread; ++k) {
-    sw[threadIdx.y][threadIdx.x + 32 * k] = aw[k];
-    sb[threadIdx.y][threadIdx.x + 32 * k] = ab[k];
+  for (int k = 0; k < V; ++k) {
+    sw[threadIdx.y][k][threadIdx.x] = aw[k];
+    sb[threadIdx.y][k][threadIdx.x] = ab[k];
   }
   __syncthreads();
-  if (threadIdx.y != 0) return;
+  if (threadIdx.y != 0 || !inside) return;
 #pragma unroll
-  for (int k = 0; k < kColsPerThread; ++k) {
-    const int64_t c = c0 + 32 * k;
-    if (c >= C) continue;
+  for (int k = 0; k < V; ++k) {
     float tw = 0.f, tb = 0.f;
     for (int j = 0; j < kRowLanes; ++j) {
-      tw += sw[j][threadIdx.x + 32 * k];
-      tb += sb[j][threadIdx.x + 32 * k];
+      tw += sw[j][k][threadIdx.x];
+      tb += sb[j][k][threadIdx.x];
     }
-    if (norm) partial_w[chunk * C + c] = tw;
-    partial_b[chunk * C + c] = tb;
+    if (norm) partial_w[chunk * C + c0 + k] = tw;
+    partial_b[chunk * C + c0 + k] = tb;
   }
 }
 
@@ -179,7 +185,7 @@ __global__ void sum_chunks_kernel(const float* partial_w, const float* partial_b
 
 // The weight gradients' chunks of rows: about kGradBlocks blocks in all, at least 64 rows a chunk.
 int64_t rows_per_chunk(const NormShape& s) {
-  const int64_t tiles = (s.cols + kTileCols - 1) / kTileCols;
+  const int64_t tiles = (s.cols + kChunkTileCols - 1) / kChunkTileCols;
   const int64_t chunks = std::max<int64_t>(1, std::min((s.rows + 63) / 64, kGradBlocks / tiles));
   return std::max<int64_t>(1, (s.rows + chunks - 1) / chunks);
 }
@@ -197,6 +203,23 @@ void check_shape(const NormShape& s, const char* what) {
 bool aligned16(const void* p) { return p == nullptr || aligned_to(p, 16); }
 
 unsigned row_blocks(const NormShape& s) { return static_cast<unsigned>((s.rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+// The column sums' partials (of dy x-hat into partial_w and of dy into partial_b; without x, of dy alone), 16 bytes
+// a load where the columns and both pointers allow.
+template <class T>
+void launch_weight_grads(const T* dy, const T* x, const float* mean, const float* rstd, float* partial_w, float* partial_b,
+                         const NormShape& s, cudaStream_t st) {
+  constexpr int kN = Pack<T>::kN;
+  const int64_t per = rows_per_chunk(s);
+  const unsigned chunks = static_cast<unsigned>(chunk_count(s));
+  if (s.cols % kN == 0 && aligned16(dy) && aligned16(x)) {
+    const dim3 grid(static_cast<unsigned>((s.cols + 32 * kN - 1) / (32 * kN)), chunks);
+    weight_grads_kernel<T, kN><<<grid, dim3(32, kRowLanes), 0, st>>>(dy, x, mean, rstd, partial_w, partial_b, s.rows, s.cols, per);
+  } else {
+    const dim3 grid(static_cast<unsigned>((s.cols + 31) / 32), chunks);
+    weight_grads_kernel<T, 1><<<grid, dim3(32, kRowLanes), 0, st>>>(dy, x, mean, rstd, partial_w, partial_b, s.rows, s.cols, per);
+  }
+}
 
 template <class T>
 void forward(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, const NormShape& s, void* stream) {
@@ -223,11 +246,10 @@ void backward(const T* dy, const T* x, const T* w, const float* mean, const floa
   else
     backward_dx_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
   ds::cuda::check(cudaGetLastError(), "norm backward (dx) launch");
-  const int64_t per = rows_per_chunk(s), chunks = chunk_count(s);
+  const int64_t chunks = chunk_count(s);
   float* partial_w = scratch;
   float* partial_b = scratch + chunks * s.cols;
-  const dim3 grid(static_cast<unsigned>((s.cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(chunks));
-  weight_grads_kernel<T><<<grid, dim3(32, kRowLanes), 0, st>>>(dy, x, mean, rstd, partial_w, partial_b, s.rows, s.cols, per);
+  launch_weight_grads(dy, x, mean, rstd, partial_w, partial_b, s, st);
   ds::cuda::check(cudaGetLastError(), "norm backward (weight gradients) launch");
   sum_chunks_kernel<float><<<static_cast<unsigned>((s.cols + 31) / 32), dim3(32, kRowLanes), 0, st>>>(partial_w, partial_b, dw, db,
                                                                                                      chunks, s.cols);
@@ -240,9 +262,8 @@ void column_sums_add(const T* x, int64_t rows, int64_t cols, T* out, float* scra
   check_shape(s, "column sums");
   if (rows == 0) return;
   auto* st = static_cast<cudaStream_t>(stream);
-  const int64_t per = rows_per_chunk(s), chunks = chunk_count(s);
-  const dim3 grid(static_cast<unsigned>((cols + kTileCols - 1) / kTileCols), static_cast<unsigned>(chunks));
-  weight_grads_kernel<T><<<grid, dim3(32, kRowLanes), 0, st>>>(x, nullptr, nullptr, nullptr, nullptr, scratch, rows, cols, per);
+  const int64_t chunks = chunk_count(s);
+  launch_weight_grads<T>(x, nullptr, nullptr, nullptr, nullptr, scratch, s, st);
   ds::cuda::check(cudaGetLastError(), "column sums launch");
   sum_chunks_kernel<T><<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kRowLanes), 0, st>>>(nullptr, scratch, nullptr, out, chunks,
                                                                                                cols);
