@@ -419,6 +419,67 @@ TEST(FusedOps, ProjectionGradientsLandInTheParametersBuffersAsLibTorchComputesTh
   }
 }
 
+// LoRA's adapted projection as one node (a GPU's path) against LibTorch's ops in fp32: the output, x's gradient and
+// the adapters' gradients, bound to buffers (added to what they held) or not, with LoRA's dropout before A or
+// without; the frozen base gets none; an input that takes no gradient gets none made.
+TEST(FusedOps, LoraProjectionEqualsTheComposedAdapterForwardAndBackward) {
+  torch::manual_seed(13);
+  const int64_t B = 2, T = 7, in = 24, out = 40, r = 4;
+  const double scale = 2.5;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (bool in_out : {false, true}) {
+      for (bool bias : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          const bool bound = variant >= 1, drops = variant == 2;  // LoRA's dropout: A reads a masked x
+          const std::string what = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + (in_out ? " (in, out)" : " (out, in)") +
+                                   (bias ? " with bias" : "") + (bound ? ", bound buffers" : ", unbound") + (drops ? ", dropout" : "");
+          const torch::Tensor mask = drops ? ((torch::rand({B, T, in}) > 0.3).to(torch::kFloat32) / 0.7) : torch::ones({B, T, in});
+          const torch::Tensor x0 = torch::randn({B, T, in}).to(dtype), probe = torch::randn({B, T, out}).to(dtype);
+          const torch::Tensor w = (torch::randn(in_out ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}) * 0.2).to(dtype);
+          const torch::Tensor b = torch::randn({out}).to(dtype);
+          const torch::Tensor a0 = (torch::randn({r, in}) * 0.3).to(dtype), bm0 = (torch::randn({out, r}) * 0.3).to(dtype);
+          // What the buffers held: small beside the gradients, so bf16's rounding of the sum stays a gradient's.
+          const torch::Tensor a_start = (torch::randn({r, in}) * 0.1).to(dtype), bm_start = (torch::randn({out, r}) * 0.1).to(dtype);
+          const auto f32 = [](const torch::Tensor& t) { return t.to(torch::kFloat32).clone(); };
+          torch::Tensor x_ref = f32(x0).requires_grad_(true), a_ref = f32(a0).requires_grad_(true), bm_ref = f32(bm0).requires_grad_(true);
+          const torch::Tensor y_ref = torch::linear(x_ref, in_out ? f32(w).t() : f32(w), bias ? f32(b) : torch::Tensor()) +
+                                      scale * torch::linear(torch::linear(x_ref * mask, a_ref), bm_ref);
+          (y_ref * f32(probe)).sum().backward();
+
+          torch::Tensor x = x0.clone().requires_grad_(true), a = a0.clone().requires_grad_(true), bm = bm0.clone().requires_grad_(true);
+          torch::Tensor a_buffer = a_start.clone(), bm_buffer = bm_start.clone();
+          if (bound) a.mutable_grad() = a_buffer, bm.mutable_grad() = bm_buffer;
+          const torch::Tensor dropped = drops ? x * mask.to(dtype) : torch::Tensor();
+          const torch::Tensor y = lora_projection(x, dropped, w, bias ? b : torch::Tensor(), a, bm, scale, in_out);
+          ASSERT_EQ(y.sizes(), y_ref.sizes()) << what;
+          (y * probe).sum().backward();
+          // fp32: float rounding; bf16: a few bf16 roundings (2^-8 each) of products over at most 40 terms.
+          const double tol = dtype == torch::kFloat32 ? 1e-6 : 2e-2;
+          const torch::Tensor held_a = bound ? a_start : torch::zeros({r, in}, dtype), held_bm = bound ? bm_start : torch::zeros({out, r}, dtype);
+          EXPECT_LT(relative_error(y, y_ref), tol) << what << " output";
+          EXPECT_LT(relative_error(x.grad(), x_ref.grad()), tol) << what << " input gradient";
+          if (bound) {
+            EXPECT_EQ(a.grad().data_ptr(), a_buffer.data_ptr()) << what << ": A's gradient stayed in its buffer";
+            EXPECT_EQ(bm.grad().data_ptr(), bm_buffer.data_ptr()) << what << ": B's gradient stayed in its buffer";
+          }
+          EXPECT_LT(relative_error(a.grad().to(torch::kFloat32) - held_a.to(torch::kFloat32), a_ref.grad()), tol) << what << " A's gradient";
+          EXPECT_LT(relative_error(bm.grad().to(torch::kFloat32) - held_bm.to(torch::kFloat32), bm_ref.grad()), tol) << what << " B's gradient";
+          EXPECT_FALSE(w.grad().defined()) << what << ": the frozen base got a gradient";
+          // x that takes no gradient (a LoRA run's first block below frozen embeddings): the adapters' still come.
+          torch::Tensor a2 = a0.clone().requires_grad_(true);
+          (lora_projection(x0, drops ? x0 * mask.to(dtype) : torch::Tensor(), w, bias ? b : torch::Tensor(), a2, bm0, scale, in_out) * probe)
+              .sum()
+              .backward();
+          EXPECT_LT(relative_error(a2.grad(), a_ref.grad()), tol) << what << " A's gradient with x frozen";
+        }
+      }
+    }
+  }
+  torch::Tensor trained = torch::randn({3, 2}).requires_grad_(true);
+  EXPECT_THROW(lora_projection(torch::randn({1, 2}), {}, trained, {}, torch::randn({1, 2}), torch::randn({3, 1}), 1.0, false), std::exception)
+      << "a base that trains is refused";
+}
+
 TEST(FusedOps, EmbeddingGradientsLandInTheParametersBufferAsLibTorchComputesThem) {
   torch::manual_seed(10);
   const int64_t V = 40, C = 24, B = 3, T = 9;

@@ -253,6 +253,74 @@ class ProjectionNoBias : public torch::autograd::Function<ProjectionNoBias> {
   }
 };
 
+// A LoRA-adapted projection of a frozen base, one autograd node: y = x W^T (+ b) + scale (d A^T) B^T, d = x or x
+// with LoRA's dropout. Each scale rides in a GEMM's alpha and each sum in its beta, so the adapter adds no
+// elementwise kernel: forward three GEMMs (the adapter's product added into y), backward at most five (without
+// dropout dx's two parts summed by the second, A's and B's gradients scaled and added into their buffers by theirs).
+// Composed of separate ops it took three more kernels an adapted projection a micro step (the add, its scaling in
+// backward, dx's sum), and on a GPU LoRA's step is bound by launching them. Autograd takes no undefined inputs:
+// `w` stands in for an absent bias or dropped input (`has_bias`, `has_dropped`).
+class LoraProjection : public torch::autograd::Function<LoraProjection> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& dropped, const torch::Tensor& w,
+                               const torch::Tensor& b, const torch::Tensor& a, const torch::Tensor& bm, double scale, bool has_bias,
+                               bool has_dropped, bool in_out) {
+    const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const torch::Tensor d2 = has_dropped ? dropped.reshape({-1, x.size(-1)}) : x2;
+    const torch::Tensor wm = in_out ? w : w.t();  // (in, out)
+    torch::Tensor y = has_bias ? at::addmm(b, x2, wm) : matmul_new(x2, wm);
+    const torch::Tensor low = matmul_new(d2, a.t());  // (rows, r)
+    y.addmm_(low, bm.t(), 1.0, scale);
+    ctx->save_for_backward({d2, low});
+    ctx->saved_data["x_shape"] = x.sizes();
+    ctx->saved_data["weight"] = w;  // parameters (leaves: no cycle)
+    ctx->saved_data["a"] = a;
+    ctx->saved_data["b"] = bm;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["has_dropped"] = has_dropped;
+    ctx->saved_data["in_out"] = in_out;
+    auto shape = x.sizes().vec();
+    shape.back() = wm.size(1);
+    return y.view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &d2 = saved[0], &low = saved[1];
+    const torch::Tensor w = ctx->saved_data["weight"].toTensor(), a = ctx->saved_data["a"].toTensor(),
+                        bm = ctx->saved_data["b"].toTensor();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const bool has_dropped = ctx->saved_data["has_dropped"].toBool();
+    const auto x_shape = ctx->saved_data["x_shape"].toIntVector();
+    const torch::Tensor dy = grad_out[0].to(d2.scalar_type()).reshape({d2.size(0), -1});
+    variable_list out(10);
+    const bool want_dx = ctx->needs_input_grad(0), want_dd = has_dropped && ctx->needs_input_grad(1);
+    const bool want_da = ctx->needs_input_grad(4), want_db = ctx->needs_input_grad(5);
+    torch::Tensor dx;
+    if (want_dx) dx = matmul_new(dy, ctx->saved_data["in_out"].toBool() ? w.t() : w);
+    if ((want_dx && !has_dropped) || want_dd || want_da) {
+      const torch::Tensor dlow = matmul_new(dy, bm);  // (rows, r), not yet scaled
+      if (want_dx && !has_dropped) dx.addmm_(dlow, a, 1.0, scale);
+      if (want_dd) out[1] = matmul_new(dlow, a).mul_(scale).view(x_shape);  // through the dropout's own backward
+      if (want_da) out[4] = scaled_product_into(bound_gradient(a), dlow.t(), d2, scale);
+    }
+    if (want_dx) out[0] = dx.view(x_shape);
+    if (want_db) out[5] = scaled_product_into(bound_gradient(bm), dy.t(), low, scale);
+    return out;
+  }
+
+ private:
+  // scale p q added into the gradient buffer g (nothing for autograd then), or a new tensor where there is none.
+  static torch::Tensor scaled_product_into(const torch::Tensor& g, const torch::Tensor& p, const torch::Tensor& q, double scale) {
+    if (g.defined()) {
+      torch::Tensor buffer = g;
+      buffer.addmm_(p, q, 1.0, scale);
+      return {};
+    }
+    return matmul_new(p, q).mul_(scale);
+  }
+};
+
 // x with the mask of `key` applied, no autograd: ds's kernel where there is one for x's device and dtype (fp16
 // on a GPU included); else (fp16 on the host, fp64, a GPU build without ds's CUDA kernels) the mask made by the
 // fp32 kernel (on x's GPU where ds has kernels there, else on the host) and applied in x's dtype on x's device (x times the kept 0/1, then
@@ -321,6 +389,15 @@ torch::Tensor bound_gradient(const torch::Tensor& param) {
 
 torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out) {
   return b.defined() ? Projection::apply(x, w, b, in_out) : ProjectionNoBias::apply(x, w, in_out);
+}
+
+torch::Tensor lora_projection(const torch::Tensor& x, const torch::Tensor& dropped, const torch::Tensor& w, const torch::Tensor& b,
+                              const torch::Tensor& a, const torch::Tensor& bm, double scale, bool in_out) {
+  DS_CHECK(!w.requires_grad() && !(b.defined() && b.requires_grad()),
+           "lora_projection: the base weight and bias are frozen (a trained base takes projection() and its adapter apart)");
+  DS_CHECK(!dropped.defined() || dropped.sizes() == x.sizes(), "lora_projection: the dropped input is x's shape");
+  return LoraProjection::apply(x, dropped.defined() ? dropped : w, w, b.defined() ? b : w, a, bm, scale, b.defined(), dropped.defined(),
+                               in_out);
 }
 
 namespace {

@@ -42,6 +42,14 @@ torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 // would make a new gradient tensor and then add it in a second pass over the buffer.
 torch::Tensor projection(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool in_out);
 
+// A LoRA-adapted projection of a frozen base: projection(x, w, b, in_out) + scale (d a^T) bm^T, with a (r, in) and
+// bm (out, r) as PEFT stores lora_A and lora_B and d = `dropped` (x through LoRA's dropout) or, undefined, x itself.
+// One node whose scales and sums ride in the GEMMs, no elementwise kernel of its own (a GPU's LoRA step is bound by
+// launches): the adapter's product is added into y by the GEMM in fp32 and rounded once (the ops composed round it
+// before the add). Gradients of a and bm go into their buffers when bound.
+torch::Tensor lora_projection(const torch::Tensor& x, const torch::Tensor& dropped, const torch::Tensor& w, const torch::Tensor& b,
+                              const torch::Tensor& a, const torch::Tensor& bm, double scale, bool in_out);
+
 // A parameter's gradient buffer when ds bound one of its dtype and shape (FlatParams binds every
 // parameter's .grad to a view of the flat gradients), else undefined: the ops above add into it
 // themselves, or hand autograd a gradient tensor where there is none.

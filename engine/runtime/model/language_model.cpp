@@ -139,6 +139,15 @@ torch::Tensor LanguageModel::dropout_from(const torch::Tensor& x, double p, uint
 }
 
 torch::Tensor LanguageModel::linear(const torch::Tensor& x, const Linear& l, bool in_out) const {
+  // On a GPU, an adapter over a frozen base is one node whose scales and sums ride in its GEMMs: its step is bound
+  // by launches there. The host keeps the ops composed, its numerics as they were (the adapter's product rounded
+  // before the add).
+  if (l.lora_a.defined() && kernel_route(x) == KernelRoute::cuda && !tensor_.split() && !l.weight.requires_grad() &&
+      !(l.bias.defined() && l.bias.requires_grad())) {
+    const bool drops = lora_dropout_ > 0 && training_;
+    return lora_projection(x, drops ? dropout_from(x, lora_dropout_, adapter_stream(l)) : torch::Tensor(), l.weight, l.bias, l.lora_a,
+                           l.lora_b, lora_scale_, in_out);
+  }
   const torch::Tensor y = projection(x, l.weight, l.bias, in_out);
   if (!l.lora_a.defined()) return y;
   const torch::Tensor dropped = dropout_from(x, lora_dropout_, adapter_stream(l));
