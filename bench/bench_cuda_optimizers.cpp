@@ -1,8 +1,10 @@
 // The CUDA optimizer kernels' bandwidth on a GPU, against the card's own device-to-device copy rate
 // measured in the same run (the fused AdamW step is memory-bound: 28 bytes per element), and the head's
 // cross-entropy on one of GPT-2's chunks (640 rows of 50,257 bf16 logits) each way it can read a row
-// (kernels/cuda/cross_entropy.hpp: twice from device memory, or once into shared memory). Interleaved
-// rounds; prints the command and medians. Built with the CUDA kernels (target bench_cuda_optimizers,
+// (kernels/cuda/cross_entropy.hpp: twice from device memory, or once into shared memory), and at GPT-2's block
+// shape (16,384 rows of 768 bf16) a bias gradient's column sums, the LayerNorm's backward, and its forward alone
+// and with the residual add in the same kernel (kernels/cuda/norm.hpp). Interleaved rounds; prints the command
+// and medians. Built with the CUDA kernels (target bench_cuda_optimizers,
 // not part of `all`); scripts/device-check.sh runs it.
 //   bench_cuda_optimizers [ELEMENTS=124439808] [ROUNDS=5]
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/norm.hpp"
 #include "kernels/cuda/optimizers.hpp"
 
 namespace {
@@ -88,11 +91,27 @@ int main(int argc, char** argv) {
       ds::kernels::cuda::softmax_cross_entropy_bf16_by(path, logits, targets, kRows, kVocab, kStride, 1.0f / 16384, true, row_loss, nullptr);
     });
   };
+  // GPT-2 124M's block activations at 16 x 1024 tokens: a norm's rows, bf16.
+  const ds::kernels::NormShape ns{16384, 768, 1e-5f, false};
+  const size_t act = static_cast<size_t>(ns.rows * ns.cols) * 2;
+  uint16_t *nx, *nr, *nsum, *ny, *ndy, *ndx, *nw, *nb;
+  float *nmean, *nrstd, *ndw, *ndb, *nscratch, *bias_scratch;
+  for (uint16_t** p : {&nx, &nr, &nsum, &ny, &ndy, &ndx}) check(cudaMalloc(reinterpret_cast<void**>(p), act), "cudaMalloc");
+  for (uint16_t** p : {&nw, &nb}) check(cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(ns.cols) * 2), "cudaMalloc");
+  for (float** p : {&nmean, &nrstd}) check(cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(ns.rows) * 4), "cudaMalloc");
+  for (float** p : {&ndw, &ndb}) check(cudaMalloc(reinterpret_cast<void**>(p), static_cast<size_t>(ns.cols) * 4), "cudaMalloc");
+  check(cudaMalloc(reinterpret_cast<void**>(&nscratch), static_cast<size_t>(ds::kernels::cuda::norm_backward_scratch_floats(ns)) * 4),
+        "cudaMalloc");
+  check(cudaMalloc(reinterpret_cast<void**>(&bias_scratch),
+                   static_cast<size_t>(ds::kernels::cuda::column_sums_scratch_floats(ns.rows, ns.cols)) * 4),
+        "cudaMalloc");
+  for (uint16_t* p : {nx, nr, ndy}) check(cudaMemset(p, 0x3c, act), "cudaMemset");  // about 0.01: finite
+  for (uint16_t* p : {nw, nb}) check(cudaMemset(p, 0x3c, static_cast<size_t>(ns.cols) * 2), "cudaMemset");
   ds::kernels::AdamStep s;
   s.lr = 1e-4f;
   s.weight_decay = 0.1f;
   const ds::kernels::AdamStep k = s.at_step(10);
-  std::vector<double> copy_s, adam_s, norm_s, two_pass_s, shared_s;
+  std::vector<double> copy_s, adam_s, norm_s, two_pass_s, shared_s, colsum_s, ln_back_s, ln_fwd_s, ln_add_fwd_s;
   for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
     const double c = timed([&] { check(cudaMemcpy(copy_dst, copy_src, 14 * static_cast<size_t>(n), cudaMemcpyDeviceToDevice), "copy"); });
     const double a = timed([&] { ds::kernels::cuda::adam_step_bf16(w, m, v, out, g, n, k, nullptr); });
@@ -103,7 +122,17 @@ int main(int argc, char** argv) {
       ce2 = cross_entropy(CrossEntropyPath::two_pass), ce1 = cross_entropy(CrossEntropyPath::row_in_shared);
     else
       ce1 = cross_entropy(CrossEntropyPath::row_in_shared), ce2 = cross_entropy(CrossEntropyPath::two_pass);
+    const double cs = timed([&] { ds::kernels::cuda::column_sums_add_bf16(ndy, ns.rows, ns.cols, nb, bias_scratch, nullptr); });
+    const double lb = timed([&] {
+      ds::kernels::cuda::norm_backward_bf16(ndy, nullptr, nx, nw, nmean, nrstd, ndx, ndw, ndb, nscratch, ns, nullptr);
+    });
+    const double lf = timed([&] { ds::kernels::cuda::norm_forward_bf16(nx, nullptr, nw, nb, nullptr, ny, nmean, nrstd, ns, nullptr); });
+    const double la = timed([&] { ds::kernels::cuda::norm_forward_bf16(nx, nr, nw, nb, nsum, ny, nmean, nrstd, ns, nullptr); });
     if (r == 0) continue;
+    colsum_s.push_back(cs);
+    ln_back_s.push_back(lb);
+    ln_fwd_s.push_back(lf);
+    ln_add_fwd_s.push_back(la);
     copy_s.push_back(c);
     adam_s.push_back(a);
     norm_s.push_back(q);
@@ -124,5 +153,15 @@ int main(int argc, char** argv) {
   std::printf("medians: device copy %.0f GB/s; AdamW (bf16 grads in, bf16 weights out, 28 B/elem) %.3f ms = %.0f GB/s = %.2fx the copy; "
               "bf16 sum of squares %.0f GB/s\n",
               copy_rate / 1e9, median(adam_s) * 1e3, adam_rate / 1e9, adam_rate / copy_rate, norm_rate / 1e9);
+  // Bytes each must move at the least: the column sums read dy; the backward reads dy and x and writes dx, then
+  // reads dy and x again for the weight's sums; the forward reads x and writes y; with the residual it reads x and
+  // r and writes the sum and y.
+  const double a_bytes = static_cast<double>(act);
+  std::printf("norms at 16384 x 768 bf16: bias column sums %.1f us (%.0f GB/s); LayerNorm backward %.1f us (%.0f GB/s of 5 passes); "
+              "forward %.1f us (%.0f GB/s), with the residual add %.1f us (%.0f GB/s of 4 passes; %.1f us for the add and the norm "
+              "apart would be its 5 passes at the forward's rate)\n",
+              median(colsum_s) * 1e6, a_bytes / median(colsum_s) / 1e9, median(ln_back_s) * 1e6, 5 * a_bytes / median(ln_back_s) / 1e9,
+              median(ln_fwd_s) * 1e6, 2 * a_bytes / median(ln_fwd_s) / 1e9, median(ln_add_fwd_s) * 1e6,
+              4 * a_bytes / median(ln_add_fwd_s) / 1e9, median(ln_fwd_s) * 5 / 2 * 1e6);
   return 0;
 }

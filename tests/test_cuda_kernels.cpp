@@ -484,6 +484,15 @@ struct Shifted {
   T* p;
 };
 
+// v as T's elements (bf16 rounded to nearest even).
+template <class T>
+std::vector<T> typed(const std::vector<float>& v) {
+  if constexpr (sizeof(T) == 2)
+    return to_bf16(v);
+  else
+    return v;
+}
+
 template <class T>
 void check_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_t pad = 0) {
   SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << (rms ? "RMSNorm " : "LayerNorm ") << rows << " x " << C
@@ -523,11 +532,11 @@ void check_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_t pad = 0
     OnDevice<float> ddw(std::vector<float>(static_cast<size_t>(C), 0.25f)), ddb(ddw.host());
     float* db_dev = rms ? nullptr : ddb.p;
     if constexpr (sizeof(T) == 2) {
-      kernels::cuda::norm_forward_bf16(d_x.p, d_w.p, rms ? nullptr : d_b->p, d_y.p, dmean.p, drstd.p, s, nullptr);
-      kernels::cuda::norm_backward_bf16(d_dy.p, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
+      kernels::cuda::norm_forward_bf16(d_x.p, nullptr, d_w.p, rms ? nullptr : d_b->p, nullptr, d_y.p, dmean.p, drstd.p, s, nullptr);
+      kernels::cuda::norm_backward_bf16(d_dy.p, nullptr, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
     } else {
-      kernels::cuda::norm_forward_f32(d_x.p, d_w.p, rms ? nullptr : d_b->p, d_y.p, dmean.p, drstd.p, s, nullptr);
-      kernels::cuda::norm_backward_f32(d_dy.p, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
+      kernels::cuda::norm_forward_f32(d_x.p, nullptr, d_w.p, rms ? nullptr : d_b->p, nullptr, d_y.p, dmean.p, drstd.p, s, nullptr);
+      kernels::cuda::norm_backward_f32(d_dy.p, nullptr, d_x.p, d_w.p, dmean.p, drstd.p, d_dx.p, ddw.p, db_dev, scratch.p, s, nullptr);
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     dws.push_back(ddw.host());
@@ -563,8 +572,66 @@ TEST_F(CudaKernels, LayerNormAndRmsNormMatchTheCpuReference) {
   check_norm<float>(33, 768, true, 41, 3);
 }
 
+// A residual sum and the norm after it in one kernel equal the add and the norm apart, bit for bit: the sum rounded
+// to the element type (and written), the statistics and y of that sum; in backward dx rounded, then the sum's other
+// gradient added and rounded again, as autograd adds two gradients of one tensor. fp32 and bf16, whole 16-byte
+// loads and not, pointers off the boundary.
+template <class T>
+void check_residual_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_t pad = 0) {
+  SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << (rms ? "RMSNorm " : "LayerNorm ") << rows << " x " << C
+                                  << (pad ? ", off the loads' boundary" : ""));
+  const kernels::NormShape s{rows, C, 1e-5f, rms};
+  const size_t n = static_cast<size_t>(rows * C);
+  const std::vector<T> x = typed<T>(normal(n, 2.0f, seed)), res = typed<T>(normal(n, 1.0f, seed + 1)),
+                       w = typed<T>(normal(static_cast<size_t>(C), 1.0f, seed + 2)), b = typed<T>(normal(static_cast<size_t>(C), 0.5f, seed + 3)),
+                       dy = typed<T>(normal(n, 1.0f, seed + 4)), dsum = typed<T>(normal(n, 1.0f, seed + 5));
+  // The add as a T tensor holds it: fp32 sums of the widened values, rounded once.
+  std::vector<float> sum_f(n);
+  const std::vector<float> xf = widened(x), rf = widened(res);
+  for (size_t i = 0; i < n; ++i) sum_f[i] = xf[i] + rf[i];
+  const std::vector<T> sum = typed<T>(sum_f);
+  const auto fn = [&](auto f32, auto bf16) {
+    if constexpr (sizeof(T) == 2) return bf16;
+    else return f32;
+  };
+  const auto forward = fn(kernels::cuda::norm_forward_f32, kernels::cuda::norm_forward_bf16);
+  const auto backward = fn(kernels::cuda::norm_backward_f32, kernels::cuda::norm_backward_bf16);
+  Shifted<T> d_x(x, pad), d_res(res, pad), d_sum_in(sum, pad), d_w(w, pad), d_b(b, pad), d_dy(dy, pad), d_dsum(dsum, pad);
+  Shifted<T> d_sum(std::vector<T>(n), pad), y_fused(std::vector<T>(n), pad), y_apart(std::vector<T>(n), pad);
+  Shifted<T> dx_fused(std::vector<T>(n), pad), dx_apart(std::vector<T>(n), pad);
+  OnDevice<float> mean_f(std::vector<float>(static_cast<size_t>(rows))), rstd_f(mean_f.host()), mean_a(mean_f.host()), rstd_a(mean_f.host());
+  OnDevice<float> dw_f(std::vector<float>(static_cast<size_t>(C))), dw_a(dw_f.host()), db_f(dw_f.host()), db_a(dw_f.host());
+  OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::norm_backward_scratch_floats(s))));
+  T* bias = rms ? nullptr : d_b.p;
+  forward(d_x.p, d_res.p, d_w.p, bias, d_sum.p, y_fused.p, mean_f.p, rstd_f.p, s, nullptr);
+  forward(d_sum_in.p, nullptr, d_w.p, bias, nullptr, y_apart.p, mean_a.p, rstd_a.p, s, nullptr);
+  backward(d_dy.p, d_dsum.p, d_sum.p, d_w.p, mean_f.p, rstd_f.p, dx_fused.p, dw_f.p, rms ? nullptr : db_f.p, scratch.p, s, nullptr);
+  backward(d_dy.p, nullptr, d_sum_in.p, d_w.p, mean_a.p, rstd_a.p, dx_apart.p, dw_a.p, rms ? nullptr : db_a.p, scratch.p, s, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  EXPECT_TRUE(same(d_sum.host(), sum)) << "the sum written";
+  EXPECT_TRUE(same(y_fused.host(), y_apart.host())) << "y";
+  EXPECT_TRUE(same(mean_f.host(), mean_a.host()) && same(rstd_f.host(), rstd_a.host())) << "mean, rstd";
+  EXPECT_TRUE(same(dw_f.host(), dw_a.host()) && same(db_f.host(), db_a.host())) << "dw, db";
+  // dx apart, then the sum's other gradient added as a T tensor add does it.
+  const std::vector<float> apart = widened(dx_apart.host()), other = widened(dsum);
+  std::vector<float> want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = apart[i] + other[i];
+  EXPECT_TRUE(same(dx_fused.host(), typed<T>(want))) << "dx";
+}
+
+TEST_F(CudaKernels, AResidualSumAndItsNormInOneKernelEqualTheAddAndTheNormApart) {
+  check_residual_norm<uint16_t>(300, 768, false, 81);
+  check_residual_norm<float>(300, 768, true, 82);
+  check_residual_norm<uint16_t>(97, 1001, true, 83);  // one element a load
+  check_residual_norm<float>(57, 1001, false, 84);
+  check_residual_norm<uint16_t>(33, 2048, false, 85, 1);  // pointers off the 16-byte boundary
+}
+
 TEST_F(CudaKernels, NormNamesABadShape) {
-  EXPECT_THROW(kernels::cuda::norm_forward_f32(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, kernels::NormShape{4, 0, 1e-5f, false},
+  EXPECT_THROW(kernels::cuda::norm_forward_f32(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, kernels::NormShape{4, 0, 1e-5f, false},
                                                nullptr),
                std::runtime_error);
 }
@@ -572,13 +639,6 @@ TEST_F(CudaKernels, NormNamesABadShape) {
 // GELU, SwiGLU and the rotary embedding on the GPU against the CPU's scalar references (double math) on the
 // same inputs: fp32 within float rounding, bf16 within one bf16 step; sizes that are whole 16-byte loads and
 // sizes that are not.
-template <class T>
-std::vector<T> typed(const std::vector<float>& v) {
-  if constexpr (sizeof(T) == 2)
-    return to_bf16(v);
-  else
-    return v;
-}
 
 template <class T>
 void expect_like_reference(const std::vector<T>& want, const std::vector<T>& got, const char* what) {
@@ -861,10 +921,10 @@ TEST_F(CudaKernels, Fp16NormsAndBiasSumsRoundTheFp32KernelsOnce) {
     OnDevice<float> hmean{std::vector<float>(r)}, hrstd{std::vector<float>(r)}, hdw{std::vector<float>(c, 0.5f)},
         hdb{std::vector<float>(c, 0.5f)};
     OnDevice<float> scratch(std::vector<float>(static_cast<size_t>(kernels::cuda::norm_backward_scratch_floats(s))));
-    kernels::cuda::norm_forward_f32(fx.p, fw.p, rms ? nullptr : fb.p, fy.p, fmean.p, frstd.p, s, nullptr);
-    kernels::cuda::norm_forward_fp16(hx.p, hw.p, rms ? nullptr : hb.p, hy.p, hmean.p, hrstd.p, s, nullptr);
-    kernels::cuda::norm_backward_f32(fdy.p, fx.p, fw.p, fmean.p, frstd.p, fdx.p, fdw.p, rms ? nullptr : fdb.p, scratch.p, s, nullptr);
-    kernels::cuda::norm_backward_fp16(hdy.p, hx.p, hw.p, hmean.p, hrstd.p, hdx.p, hdw.p, rms ? nullptr : hdb.p, scratch.p, s, nullptr);
+    kernels::cuda::norm_forward_f32(fx.p, nullptr, fw.p, rms ? nullptr : fb.p, nullptr, fy.p, fmean.p, frstd.p, s, nullptr);
+    kernels::cuda::norm_forward_fp16(hx.p, nullptr, hw.p, rms ? nullptr : hb.p, nullptr, hy.p, hmean.p, hrstd.p, s, nullptr);
+    kernels::cuda::norm_backward_f32(fdy.p, nullptr, fx.p, fw.p, fmean.p, frstd.p, fdx.p, fdw.p, rms ? nullptr : fdb.p, scratch.p, s, nullptr);
+    kernels::cuda::norm_backward_fp16(hdy.p, nullptr, hx.p, hw.p, hmean.p, hrstd.p, hdx.p, hdw.p, rms ? nullptr : hdb.p, scratch.p, s, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_close(fmean.host(), hmean.host(), 1e-5, "mean", 1e-6);
     expect_close(frstd.host(), hrstd.host(), 1e-5, "rstd");

@@ -27,6 +27,14 @@ __device__ __forceinline__ void narrow_into(float& dst, float f) { dst = f; }
 __device__ __forceinline__ void narrow_into(uint16_t& dst, float f) { dst = float_to_bf16(f); }
 __device__ __forceinline__ void narrow_into(__half& dst, float f) { dst = __float2half_rn(f); }
 
+// f rounded to T and widened back: what a T tensor holding f reads as (an op's output another op then reads).
+template <class T>
+__device__ __forceinline__ float rounded_to(float f) {
+  T t;
+  narrow_into(t, f);
+  return widen(t);
+}
+
 // fp16 crosses the kernels' headers as its bits (uint16_t: no CUDA types there), bf16 too; the two are told
 // apart by the entry points' names, and fp16's bits are read as __half here.
 inline const __half* as_half(const uint16_t* p) { return reinterpret_cast<const __half*>(p); }

@@ -24,19 +24,31 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// With `residual` the row normalised is x + residual rounded to T, written to `sum` (a pre-norm block's residual
+// add and the norm after it in one pass: the sum read from x and residual, not written then read back).
 template <class T, int V>
-__global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int64_t rows, int64_t C,
-                               float eps, bool rms) {
+__global__ void forward_kernel(const T* x, const T* residual, const T* w, const T* b, T* sum, T* y, float* mean, float* rstd, int64_t rows,
+                               int64_t C, float eps, bool rms) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
   const T* xr = x + r * C;
+  const T* rr = residual ? residual + r * C : nullptr;
+  const auto load_row = [&](int64_t c, float(&v)[V]) {
+    load_widened<T, V>(xr + c, v);
+    if (rr) {
+      float a[V];
+      load_widened<T, V>(rr + c, a);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = rounded_to<T>(v[k] + a[k]);
+    }
+  };
   float mu = 0.f;
   if (!rms) {
     float s = 0.f;
     for (int64_t c = lane * V; c < C; c += 32 * V) {
       float v[V];
-      load_widened<T, V>(xr + c, v);
+      load_row(c, v);
 #pragma unroll
       for (int k = 0; k < V; ++k) s += v[k];
     }
@@ -45,7 +57,7 @@ __global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, float* 
   float ss = 0.f;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     float v[V];
-    load_widened<T, V>(xr + c, v);
+    load_row(c, v);
 #pragma unroll
     for (int k = 0; k < V; ++k) ss += (v[k] - mu) * (v[k] - mu);
   }
@@ -55,9 +67,11 @@ __global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, float* 
     rstd[r] = rs;
   }
   T* yr = y + r * C;
+  T* sr = rr ? sum + r * C : nullptr;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     float v[V], wv[V], bv[V] = {};
-    load_widened<T, V>(xr + c, v);
+    load_row(c, v);
+    if (sr) store_narrowed<T, V>(sr + c, v);  // already T's values: exact
     load_widened<T, V>(w + c, wv);
     if (b) load_widened<T, V>(b + c, bv);
 #pragma unroll
@@ -66,10 +80,12 @@ __global__ void forward_kernel(const T* x, const T* w, const T* b, T* y, float* 
   }
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: without mean(g)).
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: without mean(g)). With `dsum` (the gradient of
+// a residual sum the norm read, from its other reader) dx is rounded to T and dsum added, as autograd would add the
+// two T gradients, in the same pass.
 template <class T, int V>
-__global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, int64_t rows,
-                                   int64_t C, bool rms) {
+__global__ void backward_dx_kernel(const T* dy, const T* dsum, const T* x, const T* w, const float* mean, const float* rstd, T* dx,
+                                   int64_t rows, int64_t C, bool rms) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -95,11 +111,18 @@ __global__ void backward_dx_kernel(const T* dy, const T* x, const T* w, const fl
   }
   const float a = rms ? 0.f : warp_sum(sg) / static_cast<float>(C), bb = warp_sum(sgx) / static_cast<float>(C);
   T* dxr = dx + r * C;
+  const T* dsr = dsum ? dsum + r * C : nullptr;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     float xv[V], dv[V], wv[V];
     load_at(c, xv, dv, wv);
 #pragma unroll
     for (int k = 0; k < V; ++k) xv[k] = rs * (dv[k] * wv[k] - a - (xv[k] - mu) * rs * bb);
+    if (dsr) {
+      float other[V];
+      load_widened<T, V>(dsr + c, other);
+#pragma unroll
+      for (int k = 0; k < V; ++k) xv[k] = rounded_to<T>(xv[k]) + other[k];
+    }
     store_narrowed<T, V>(dxr + c, xv);
   }
 }
@@ -222,29 +245,33 @@ void launch_weight_grads(const T* dy, const T* x, const float* mean, const float
 }
 
 template <class T>
-void forward(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, const NormShape& s, void* stream) {
+void forward(const T* x, const T* residual, const T* w, const T* b, T* sum, T* y, float* mean, float* rstd, const NormShape& s,
+             void* stream) {
   check_shape(s, "norm forward");
   if (s.rows == 0) return;
+  if ((residual == nullptr) != (sum == nullptr)) throw std::runtime_error("norm forward: a residual and its sum go together");
   auto* st = static_cast<cudaStream_t>(stream);
   constexpr int kN = Pack<T>::kN;
-  if (s.cols % kN == 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y))
-    forward_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, w, b, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
+  if (s.cols % kN == 0 && aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(b) && aligned16(sum) && aligned16(y))
+    forward_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps,
+                                                                         s.rms);
   else
-    forward_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, w, b, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
+    forward_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps,
+                                                                        s.rms);
   ds::cuda::check(cudaGetLastError(), "norm forward launch");
 }
 
 template <class T>
-void backward(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, float* dw, float* db, float* scratch,
-              const NormShape& s, void* stream) {
+void backward(const T* dy, const T* dsum, const T* x, const T* w, const float* mean, const float* rstd, T* dx, float* dw, float* db,
+              float* scratch, const NormShape& s, void* stream) {
   check_shape(s, "norm backward");
   if (s.rows == 0) return;
   auto* st = static_cast<cudaStream_t>(stream);
   constexpr int kN = Pack<T>::kN;
-  if (s.cols % kN == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx))
-    backward_dx_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+  if (s.cols % kN == 0 && aligned16(dy) && aligned16(dsum) && aligned16(x) && aligned16(w) && aligned16(dx))
+    backward_dx_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
   else
-    backward_dx_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+    backward_dx_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
   ds::cuda::check(cudaGetLastError(), "norm backward (dx) launch");
   const int64_t chunks = chunk_count(s);
   float* partial_w = scratch;
@@ -272,18 +299,19 @@ void column_sums_add(const T* x, int64_t rows, int64_t cols, T* out, float* scra
 
 }  // namespace
 
-void norm_forward_f32(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd, const NormShape& s,
-                      void* stream) {
-  forward(x, w, b, y, mean, rstd, s, stream);
+void norm_forward_f32(const float* x, const float* residual, const float* w, const float* b, float* sum, float* y, float* mean, float* rstd,
+                      const NormShape& s, void* stream) {
+  forward(x, residual, w, b, sum, y, mean, rstd, s, stream);
 }
-void norm_forward_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
-                       const NormShape& s, void* stream) {
-  forward(x, w, b, y, mean, rstd, s, stream);
+void norm_forward_bf16(const uint16_t* x, const uint16_t* residual, const uint16_t* w, const uint16_t* b, uint16_t* sum, uint16_t* y,
+                       float* mean, float* rstd, const NormShape& s, void* stream) {
+  forward(x, residual, w, b, sum, y, mean, rstd, s, stream);
 }
 
-void norm_forward_fp16(const uint16_t* x, const uint16_t* w, const uint16_t* b, uint16_t* y, float* mean, float* rstd,
-                       const NormShape& s, void* stream) {
-  forward(as_half(x), as_half(w), b ? as_half(b) : nullptr, as_half(y), mean, rstd, s, stream);
+void norm_forward_fp16(const uint16_t* x, const uint16_t* residual, const uint16_t* w, const uint16_t* b, uint16_t* sum, uint16_t* y,
+                       float* mean, float* rstd, const NormShape& s, void* stream) {
+  const auto half = [](auto* p) { return p ? as_half(p) : nullptr; };
+  forward(as_half(x), half(residual), as_half(w), half(b), half(sum), as_half(y), mean, rstd, s, stream);
 }
 
 int64_t norm_backward_scratch_floats(const NormShape& s) { return 2 * chunk_count(s) * s.cols; }
@@ -300,17 +328,17 @@ void column_sums_add_fp16(const uint16_t* x, int64_t rows, int64_t cols, uint16_
   column_sums_add(as_half(x), rows, cols, as_half(out), scratch, stream);
 }
 
-void norm_backward_f32(const float* dy, const float* x, const float* w, const float* mean, const float* rstd, float* dx, float* dw,
-                       float* db, float* scratch, const NormShape& s, void* stream) {
-  backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
+void norm_backward_f32(const float* dy, const float* dsum, const float* x, const float* w, const float* mean, const float* rstd, float* dx,
+                       float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(dy, dsum, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
 }
-void norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
-                        float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
-  backward(dy, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
+void norm_backward_bf16(const uint16_t* dy, const uint16_t* dsum, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd,
+                        uint16_t* dx, float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(dy, dsum, x, w, mean, rstd, dx, dw, db, scratch, s, stream);
 }
-void norm_backward_fp16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd, uint16_t* dx,
-                        float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
-  backward(as_half(dy), as_half(x), as_half(w), mean, rstd, as_half(dx), dw, db, scratch, s, stream);
+void norm_backward_fp16(const uint16_t* dy, const uint16_t* dsum, const uint16_t* x, const uint16_t* w, const float* mean, const float* rstd,
+                        uint16_t* dx, float* dw, float* db, float* scratch, const NormShape& s, void* stream) {
+  backward(as_half(dy), dsum ? as_half(dsum) : nullptr, as_half(x), as_half(w), mean, rstd, as_half(dx), dw, db, scratch, s, stream);
 }
 
 }  // namespace ds::kernels::cuda

@@ -136,22 +136,31 @@ E* data(const torch::Tensor& t) {
 // (Without kernels/cuda these are never reached: kernel_route sends nothing there, and check_cuda_route refuses.)
 
 void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
-                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& s) {
+                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& s, const torch::Tensor& residual,
+                       const torch::Tensor& sum) {
   check_cuda_route(x, "norm forward");
-  check_norm_tensors(x, w, b, {&y}, mean, rstd, s);
+  DS_CHECK(residual.defined() == sum.defined(), "norm forward: a residual and its sum go together");
+  if (residual.defined())
+    check_norm_tensors(x, w, b, {&y, &residual, &sum}, mean, rstd, s);
+  else
+    check_norm_tensors(x, w, b, {&y}, mean, rstd, s);
 #ifdef DS_WITH_CUDA_KERNELS
   by_cuda_dtype(x, [&](auto k) {
     using E = typename decltype(k)::E;
-    k.norm_forward(data<E>(x), data<E>(w), data<E>(b), data<E>(y), data<float>(mean), data<float>(rstd), s, nullptr);
+    k.norm_forward(data<E>(x), data<E>(residual), data<E>(w), data<E>(b), data<E>(sum), data<E>(y), data<float>(mean), data<float>(rstd),
+                   s, nullptr);
   });
 #endif
 }
 
 void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
                         const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
-                        const kernels::NormShape& s) {
+                        const kernels::NormShape& s, const torch::Tensor& dsum) {
   check_cuda_route(x, "norm backward");
-  check_norm_tensors(x, w, torch::Tensor(), {&dy, &dx}, mean, rstd, s);
+  if (dsum.defined())
+    check_norm_tensors(x, w, torch::Tensor(), {&dy, &dx, &dsum}, mean, rstd, s);
+  else
+    check_norm_tensors(x, w, torch::Tensor(), {&dy, &dx}, mean, rstd, s);
   for (const torch::Tensor* grad : {&dw, &db})
     DS_CHECK(!grad->defined() || (grad->scalar_type() == torch::kFloat32 && grad->numel() == s.cols && grad->is_contiguous() &&
                                   grad->device() == x.device()),
@@ -162,8 +171,8 @@ void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const t
   const torch::Tensor scratch = torch::empty({kc::norm_backward_scratch_floats(s)}, dw.options());
   by_cuda_dtype(x, [&](auto k) {
     using E = typename decltype(k)::E;
-    k.norm_backward(data<E>(dy), data<E>(x), data<E>(w), data<float>(mean), data<float>(rstd), data<E>(dx), data<float>(dw),
-                    data<float>(db), data<float>(scratch), s, nullptr);
+    k.norm_backward(data<E>(dy), data<E>(dsum), data<E>(x), data<E>(w), data<float>(mean), data<float>(rstd), data<E>(dx),
+                    data<float>(dw), data<float>(db), data<float>(scratch), s, nullptr);
   });
 #endif
 }

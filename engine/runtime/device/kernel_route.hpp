@@ -42,12 +42,15 @@ void cuda_softmax_cross_entropy(const torch::Tensor& logits, const torch::Tensor
                                 const torch::Tensor& row_loss);
 
 // LayerNorm / RMSNorm (kernels/cpu/layer_norm.hpp's functions) over contiguous tensors of one dtype on the GPU;
-// mean and rstd fp32 (rows); b and db undefined for RMSNorm; dw and db fp32 (C), added to.
+// mean and rstd fp32 (rows); b and db undefined for RMSNorm; dw and db fp32 (C), added to. With `residual` (and
+// `sum`, like x) the norm reads x + residual, written to sum; with `dsum`, dx is the norm's plus dsum (a residual
+// sum's two gradients): kernels/cuda/norm.hpp.
 void cuda_norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& y,
-                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& shape);
+                       const torch::Tensor& mean, const torch::Tensor& rstd, const kernels::NormShape& shape,
+                       const torch::Tensor& residual = {}, const torch::Tensor& sum = {});
 void cuda_norm_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& mean,
                         const torch::Tensor& rstd, const torch::Tensor& dx, const torch::Tensor& dw, const torch::Tensor& db,
-                        const kernels::NormShape& shape);
+                        const kernels::NormShape& shape, const torch::Tensor& dsum = {});
 // out += the sums of x's columns (x rows x cols, contiguous; out cols elements of x's dtype): a bias's gradient.
 void cuda_column_sums_add(const torch::Tensor& x, const torch::Tensor& out);
 // The MLP activations (kernels/cpu/activation.hpp's functions) over contiguous tensors of one dtype and size.

@@ -62,6 +62,66 @@ class Norm : public torch::autograd::Function<Norm> {
   }
 };
 
+// x + r, then normalised: {sum, norm(sum)}. One kernel each way on a GPU (kernels/cuda/norm.hpp's residual forms);
+// on the host the add, then the norm's kernels, then dx + dsum: the same values either way, and the same as the
+// add and the norm apart (the sum rounded before its statistics; in backward the norm's dx rounded before the
+// sum's other gradient is added, as autograd adds them). rms: RMSNorm, b not read (the callers pass w again).
+class AddNorm : public torch::autograd::Function<AddNorm> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& r_in, const torch::Tensor& w_in,
+                               const torch::Tensor& b_in, double eps, bool rms) {
+    const torch::Tensor x = x_in.contiguous(), r = r_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
+    const int64_t C = x.size(-1);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
+    torch::Tensor y = torch::empty_like(x), sum;
+    torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
+    if (kernel_route(x) == KernelRoute::cuda) {
+      sum = torch::empty_like(x);
+      cuda_norm_forward(x, w, b, y, mean, rstd, shape, r, sum);
+    } else {
+      sum = x + r;
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::norm_forward(raw<E>(sum), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
+      });
+    }
+    ctx->save_for_backward({sum, w});
+    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["rstd"] = rstd;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bias"] = b.defined();
+    return {sum, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];  // the sum the norm read
+    const torch::Tensor& w = saved[1];
+    const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const int64_t C = x.size(-1);
+    // A gradient autograd did not make (an output nobody read) is zeros.
+    const auto like_x = [&](const torch::Tensor& g) { return g.defined() ? g.to(x.scalar_type()).contiguous() : torch::zeros_like(x); };
+    const torch::Tensor dsum = like_x(grad_out[0]), dy = like_x(grad_out[1]);
+    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
+    torch::Tensor dx = torch::empty_like(x);
+    torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
+    torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
+    if (kernel_route(x) == KernelRoute::cuda) {
+      cuda_norm_backward(dy, x, w, mean, rstd, dx, dw, db, shape, dsum);
+    } else {
+      by_dtype(x, [&](auto* e) {
+        using E = ElementOf<decltype(e)>;
+        CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
+                                     raw<float>(db), shape);
+      });
+      dx.add_(dsum);
+    }
+    // x's gradient and r's are one tensor (both entered the sum once).
+    return {dx, dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 class GeluTanh : public torch::autograd::Function<GeluTanh> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
@@ -409,12 +469,36 @@ bool on_norm_kernels(const torch::Tensor& x, const torch::Tensor& w) {
          w.device() == x.device();
 }
 
+// r can be added to x element by element as the residual kernels read it: same dtype, device and shape.
+bool same_tensor_kind(const torch::Tensor& x, const torch::Tensor& r) {
+  return r.scalar_type() == x.scalar_type() && r.device() == x.device() && r.sizes() == x.sizes();
+}
+
 }  // namespace
 
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
   if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b))
     return torch::layer_norm(x, {x.size(-1)}, w, b, eps);
   return Norm::apply(x, w, b, eps, false);
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w,
+                                                       const torch::Tensor& b, double eps) {
+  if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b) || !same_tensor_kind(x, r)) {
+    const torch::Tensor sum = x + r;
+    return {sum, layer_norm(sum, w, b, eps)};
+  }
+  const variable_list out = AddNorm::apply(x, r, w, b, eps, false);
+  return {out[0], out[1]};
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, double eps) {
+  if (!on_norm_kernels(x, w) || !same_tensor_kind(x, r)) {
+    const torch::Tensor sum = x + r;
+    return {sum, rms_norm(sum, w, eps)};
+  }
+  const variable_list out = AddNorm::apply(x, r, w, w, eps, true);
+  return {out[0], out[1]};
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {

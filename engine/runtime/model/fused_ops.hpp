@@ -13,6 +13,12 @@ namespace ds {
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps);
 // w * x / sqrt(mean(x^2) + eps) over the last dimension (Llama's RMSNorm), the statistic in fp32.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// A pre-norm block's residual add and the norm after it: {x + r, norm(x + r)}, each value as the add and the norm
+// apart give it bit for bit (the sum rounded to x's dtype first; in backward the norm's dx rounded, then the sum's
+// other gradient added), in one kernel each way on a GPU (on the host, the add and the norm's kernels).
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w,
+                                                       const torch::Tensor& b, double eps);
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, double eps);
 // 1 / sqrt(mean(xf^2) + eps) over the last dimension, in LibTorch ops for autograd. The mean is a sum over the
 // width: LibTorch's mean keeps its input (xf^2) for backward, a sum does not, and so this keeps only xf.
 torch::Tensor inverse_rms(const torch::Tensor& xf, double eps);

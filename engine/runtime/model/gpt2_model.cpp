@@ -55,9 +55,10 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
   const torch::Tensor qkv = linear(column_input(h).view({B * T, C}), b.attn, true);  // (BT, 3 NH D): q, k, v heads
   torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, NH * D});
-  torch::Tensor x = x_in + dropout(row_linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1);
-  attention_half_done(layer, x);
-  h = layer_norm(x, b.ln2_w, b.ln2_b, hp_.norm_eps);
+  torch::Tensor x;
+  std::tie(x, h) = add_layer_norm(x_in, dropout(row_linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1), b.ln2_w,
+                                  b.ln2_b, hp_.norm_eps);
+  attention_half_done(layer, h);
   torch::Tensor f = gelu_tanh(linear(column_input(h).view({B * T, C}), b.fc, true));
   return x + dropout(row_linear(f, b.fc_proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 2);
 }

@@ -284,13 +284,13 @@ torch::Tensor LanguageModel::per_sample(const std::vector<torch::Tensor>& parts,
   return torch::cat(joined, 0);
 }
 
-void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& x) const {
+void LanguageModel::attention_half_done(int64_t layer, torch::Tensor& mlp_input) const {
   if (!parts_) return;
   const int64_t own = layer - stage_.first_block;  // numbered as the hooks number the blocks: the stage's own, from 0
   parts_->attention_done(own);
-  if (x.requires_grad()) {
+  if (mlp_input.requires_grad()) {
     BlockParts* parts = parts_;
-    x.register_hook([parts, own](const torch::Tensor&) { parts->mlp_backward_done(own); });
+    mlp_input.register_hook([parts, own](const torch::Tensor&) { parts->mlp_backward_done(own); });
   }
 }
 

@@ -203,8 +203,9 @@ class LanguageModel {
   torch::Tensor per_head_weight(const torch::Tensor& w) const { return column_input(w); }
   // The token embedding of `ids` from the table (this rank's vocabulary rows under tensor parallelism).
   torch::Tensor token_embedding(const torch::Tensor& table, const torch::Tensor& ids) const;
-  // Called by block() with the residual sum after the attention half.
-  void attention_half_done(int64_t layer, torch::Tensor& x) const;
+  // Called by block() after the attention half with the MLP's input (the norm of the residual sum): the profile's
+  // timer marks the MLP's backward done when that input's gradient is whole.
+  void attention_half_done(int64_t layer, torch::Tensor& mlp_input) const;
   // Causal self-attention of q (B, T, NH, D) over k, v (B, T, NKV, D), as (B, T, NH, D): the fused
   // attention, or the materialised one when its probabilities take dropout (training, p > 0) or the
   // family's form is not the plain one at this length (a window shorter than T, soft-capping, a scale).

@@ -65,6 +65,12 @@ void LlamaModel::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Ten
     t.normal_(0.0, 0.02, gen);
 }
 
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::add_then_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w) const {
+  if (!traits_.norm_plus_one) return ds::add_rms_norm(x, r, w, hp_.norm_eps);
+  const torch::Tensor sum = x + r;
+  return {sum, rms_norm(sum, w)};
+}
+
 torch::Tensor LlamaModel::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
   if (!traits_.norm_plus_one) return ds::rms_norm(x, w, hp_.norm_eps);  // the statistic in fp32, like HF
   // Gemma's: x / rms(x) * (1 + w), all in fp32 and rounded once, as Hugging Face's Gemma2RMSNorm.
@@ -160,9 +166,10 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   y = row_linear(y, b.o, false);
   const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
   if (sandwich) y = rms_norm(y, b.norm_post);
-  torch::Tensor x = x_in + dropout(y, hp_.resid_pdrop, layer, 1);
-  attention_half_done(layer, x);
-  h = column_input(rms_norm(x, sandwich ? b.norm_pre_mlp : b.norm_post));
+  torch::Tensor x;
+  std::tie(x, h) = add_then_norm(x_in, dropout(y, hp_.resid_pdrop, layer, 1), sandwich ? b.norm_pre_mlp : b.norm_post);
+  attention_half_done(layer, h);
+  h = column_input(h);
   torch::Tensor act;
   if (traits_.fused_gate_up) {  // gate the first half, up the second (Hugging Face's chunk(2))
     const torch::Tensor gate_up = linear(h, b.gate, false);
