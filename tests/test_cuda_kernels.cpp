@@ -575,11 +575,12 @@ TEST_F(CudaKernels, LayerNormAndRmsNormMatchTheCpuReference) {
 // A residual sum and the norm after it in one kernel equal the add and the norm apart, bit for bit: the sum rounded
 // to the element type (and written), the statistics and y of that sum; in backward dx rounded, then the sum's other
 // gradient added and rounded again, as autograd adds two gradients of one tensor. fp32 and bf16, whole 16-byte
-// loads and not, pointers off the boundary.
+// loads and not, every pointer off the boundary, or only the residual's and the sum's gradient (`pad_residual`:
+// the add's fresh sum lies on it, so the norm apart loads 16 bytes at a time where the residual form cannot).
 template <class T>
-void check_residual_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_t pad = 0) {
+void check_residual_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_t pad = 0, size_t pad_residual = 0) {
   SCOPED_TRACE(testing::Message() << (sizeof(T) == 2 ? "bf16 " : "fp32 ") << (rms ? "RMSNorm " : "LayerNorm ") << rows << " x " << C
-                                  << (pad ? ", off the loads' boundary" : ""));
+                                  << (pad ? ", off the loads' boundary" : "") << (pad_residual ? ", the residual off it" : ""));
   const kernels::NormShape s{rows, C, 1e-5f, rms};
   const size_t n = static_cast<size_t>(rows * C);
   const std::vector<T> x = typed<T>(normal(n, 2.0f, seed)), res = typed<T>(normal(n, 1.0f, seed + 1)),
@@ -596,7 +597,8 @@ void check_residual_norm(int64_t rows, int64_t C, bool rms, unsigned seed, size_
   };
   const auto forward = fn(kernels::cuda::norm_forward_f32, kernels::cuda::norm_forward_bf16);
   const auto backward = fn(kernels::cuda::norm_backward_f32, kernels::cuda::norm_backward_bf16);
-  Shifted<T> d_x(x, pad), d_res(res, pad), d_sum_in(sum, pad), d_w(w, pad), d_b(b, pad), d_dy(dy, pad), d_dsum(dsum, pad);
+  Shifted<T> d_x(x, pad), d_res(res, pad + pad_residual), d_sum_in(sum, pad), d_w(w, pad), d_b(b, pad), d_dy(dy, pad),
+      d_dsum(dsum, pad + pad_residual);
   Shifted<T> d_sum(std::vector<T>(n), pad), y_fused(std::vector<T>(n), pad), y_apart(std::vector<T>(n), pad);
   Shifted<T> dx_fused(std::vector<T>(n), pad), dx_apart(std::vector<T>(n), pad);
   OnDevice<float> mean_f(std::vector<float>(static_cast<size_t>(rows))), rstd_f(mean_f.host()), mean_a(mean_f.host()), rstd_a(mean_f.host());
@@ -628,6 +630,8 @@ TEST_F(CudaKernels, AResidualSumAndItsNormInOneKernelEqualTheAddAndTheNormApart)
   check_residual_norm<uint16_t>(97, 1001, true, 83);  // one element a load
   check_residual_norm<float>(57, 1001, false, 84);
   check_residual_norm<uint16_t>(33, 2048, false, 85, 1);  // pointers off the 16-byte boundary
+  check_residual_norm<uint16_t>(40, 768, false, 86, 0, 1);  // only the residual and the sum's gradient off it
+  check_residual_norm<float>(40, 768, true, 87, 0, 2);
 }
 
 TEST_F(CudaKernels, NormNamesABadShape) {

@@ -50,11 +50,14 @@ struct alignas(16) Pack {
   T v[kN];
 };
 
-// V consecutive elements widened to fp32: one 16-byte load when V is a Pack's width, else one element.
-template <class T, int V>
+// V consecutive elements widened to fp32: one 16-byte load when V is a Pack's width, else one element; with
+// kVector false, a Pack's width of elements one at a time (p off the 16-byte boundary: the same elements to the
+// same thread as the vector path, so a reduction over them sums in the same order).
+template <class T, int V, bool kVector = true>
 __device__ __forceinline__ void load_widened(const T* p, float (&out)[V]) {
-  if constexpr (V == 1) {
-    out[0] = widen(*p);
+  if constexpr (V == 1 || !kVector) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = widen(p[k]);
   } else {
     static_assert(V == Pack<T>::kN, "a vector access is one 16-byte Pack");
     const Pack<T> q = *reinterpret_cast<const Pack<T>*>(p);
@@ -63,10 +66,11 @@ __device__ __forceinline__ void load_widened(const T* p, float (&out)[V]) {
   }
 }
 
-template <class T, int V>
+template <class T, int V, bool kVector = true>
 __device__ __forceinline__ void store_narrowed(T* p, const float (&in)[V]) {
-  if constexpr (V == 1) {
-    narrow_into(*p, in[0]);
+  if constexpr (V == 1 || !kVector) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) narrow_into(p[k], in[k]);
   } else {
     Pack<T> q;
 #pragma unroll

@@ -26,7 +26,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // With `residual` the row normalised is x + residual rounded to T, written to `sum` (a pre-norm block's residual
 // add and the norm after it in one pass: the sum read from x and residual, not written then read back).
-template <class T, int V>
+template <class T, int V, bool kVector>
 __global__ void forward_kernel(const T* x, const T* residual, const T* w, const T* b, T* sum, T* y, float* mean, float* rstd, int64_t rows,
                                int64_t C, float eps, bool rms) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -35,10 +35,10 @@ __global__ void forward_kernel(const T* x, const T* residual, const T* w, const 
   const T* xr = x + r * C;
   const T* rr = residual ? residual + r * C : nullptr;
   const auto load_row = [&](int64_t c, float(&v)[V]) {
-    load_widened<T, V>(xr + c, v);
+    load_widened<T, V, kVector>(xr + c, v);
     if (rr) {
       float a[V];
-      load_widened<T, V>(rr + c, a);
+      load_widened<T, V, kVector>(rr + c, a);
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = rounded_to<T>(v[k] + a[k]);
     }
@@ -71,19 +71,19 @@ __global__ void forward_kernel(const T* x, const T* residual, const T* w, const 
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     float v[V], wv[V], bv[V] = {};
     load_row(c, v);
-    if (sr) store_narrowed<T, V>(sr + c, v);  // already T's values: exact
-    load_widened<T, V>(w + c, wv);
-    if (b) load_widened<T, V>(b + c, bv);
+    if (sr) store_narrowed<T, V, kVector>(sr + c, v);  // already T's values: exact
+    load_widened<T, V, kVector>(w + c, wv);
+    if (b) load_widened<T, V, kVector>(b + c, bv);
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = (v[k] - mu) * rs * wv[k] + bv[k];
-    store_narrowed<T, V>(yr + c, v);
+    store_narrowed<T, V, kVector>(yr + c, v);
   }
 }
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (RMSNorm: without mean(g)). With `dsum` (the gradient of
 // a residual sum the norm read, from its other reader) dx is rounded to T and dsum added, as autograd would add the
 // two T gradients, in the same pass.
-template <class T, int V>
+template <class T, int V, bool kVector>
 __global__ void backward_dx_kernel(const T* dy, const T* dsum, const T* x, const T* w, const float* mean, const float* rstd, T* dx,
                                    int64_t rows, int64_t C, bool rms) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -94,9 +94,9 @@ __global__ void backward_dx_kernel(const T* dy, const T* dsum, const T* x, const
   const float mu = mean[r], rs = rstd[r];
   // Each pass reads x, dy and w at columns c..c+V-1 (the second from L1/L2: a row is a few KiB).
   const auto load_at = [&](int64_t c, float(&xv)[V], float(&dv)[V], float(&wv)[V]) {
-    load_widened<T, V>(xr + c, xv);
-    load_widened<T, V>(dyr + c, dv);
-    load_widened<T, V>(w + c, wv);
+    load_widened<T, V, kVector>(xr + c, xv);
+    load_widened<T, V, kVector>(dyr + c, dv);
+    load_widened<T, V, kVector>(w + c, wv);
   };
   float sg = 0.f, sgx = 0.f;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
@@ -119,11 +119,11 @@ __global__ void backward_dx_kernel(const T* dy, const T* dsum, const T* x, const
     for (int k = 0; k < V; ++k) xv[k] = rs * (dv[k] * wv[k] - a - (xv[k] - mu) * rs * bb);
     if (dsr) {
       float other[V];
-      load_widened<T, V>(dsr + c, other);
+      load_widened<T, V, kVector>(dsr + c, other);
 #pragma unroll
-      for (int k = 0; k < V; ++k) xv[k] = rounded_to<T>(xv[k]) + other[k];
+      for (int k = 0; k < V; ++k) xv[k] = __fadd_rn(rounded_to<T>(xv[k]), other[k]);  // never fused into the product above
     }
-    store_narrowed<T, V>(dxr + c, xv);
+    store_narrowed<T, V, kVector>(dxr + c, xv);
   }
 }
 
@@ -252,12 +252,17 @@ void forward(const T* x, const T* residual, const T* w, const T* b, T* sum, T* y
   if ((residual == nullptr) != (sum == nullptr)) throw std::runtime_error("norm forward: a residual and its sum go together");
   auto* st = static_cast<cudaStream_t>(stream);
   constexpr int kN = Pack<T>::kN;
-  if (s.cols % kN == 0 && aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(b) && aligned16(sum) && aligned16(y))
-    forward_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps,
-                                                                         s.rms);
+  // The lanes take a row's elements by the width alone (a Pack's where it divides the row), the pointers deciding
+  // only how they are loaded: a row sums in one order wherever its tensors lie, so the residual form equals the add
+  // then the norm even where x or the residual starts off the 16-byte boundary and the add's fresh sum does not.
+  const bool vector = aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(b) && aligned16(sum) && aligned16(y);
+  const unsigned blocks = row_blocks(s), threads = 32 * kRowsPerBlock;
+  if (s.cols % kN != 0)
+    forward_kernel<T, 1, true><<<blocks, threads, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
+  else if (vector)
+    forward_kernel<T, kN, true><<<blocks, threads, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
   else
-    forward_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps,
-                                                                        s.rms);
+    forward_kernel<T, kN, false><<<blocks, threads, 0, st>>>(x, residual, w, b, sum, y, mean, rstd, s.rows, s.cols, s.eps, s.rms);
   ds::cuda::check(cudaGetLastError(), "norm forward launch");
 }
 
@@ -268,10 +273,14 @@ void backward(const T* dy, const T* dsum, const T* x, const T* w, const float* m
   if (s.rows == 0) return;
   auto* st = static_cast<cudaStream_t>(stream);
   constexpr int kN = Pack<T>::kN;
-  if (s.cols % kN == 0 && aligned16(dy) && aligned16(dsum) && aligned16(x) && aligned16(w) && aligned16(dx))
-    backward_dx_kernel<T, kN><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+  const bool vector = aligned16(dy) && aligned16(dsum) && aligned16(x) && aligned16(w) && aligned16(dx);  // (as the forward's)
+  const unsigned blocks = row_blocks(s), threads = 32 * kRowsPerBlock;
+  if (s.cols % kN != 0)
+    backward_dx_kernel<T, 1, true><<<blocks, threads, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+  else if (vector)
+    backward_dx_kernel<T, kN, true><<<blocks, threads, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
   else
-    backward_dx_kernel<T, 1><<<row_blocks(s), 32 * kRowsPerBlock, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
+    backward_dx_kernel<T, kN, false><<<blocks, threads, 0, st>>>(dy, dsum, x, w, mean, rstd, dx, s.rows, s.cols, s.rms);
   ds::cuda::check(cudaGetLastError(), "norm backward (dx) launch");
   const int64_t chunks = chunk_count(s);
   float* partial_w = scratch;
