@@ -218,7 +218,9 @@ ZeroBuild decide_execution(const Plan& plan, ZeroExecution& z) {
   z.full_numel = L.stage == 0 ? L.numel : L.padded_numel;
   z.local_numel = z.sharded ? L.shard_numel : z.full_numel;
   b.params_on_nvme = b.param_offload && knobs.offload_param.device == OffloadDevice::nvme;
-  z.gather_staged = z.gathers && (z.widened || b.params_on_nvme || !b.caps.gathers_into_spans);
+  // Staged: packed into a buffer of equal pieces first, where the collective cannot land each rank's spans in place
+  // (NCCL), and unpacked after; one rank gathers nothing from others, so its partitions go straight to the block.
+  z.gather_staged = z.gathers && (z.widened || b.params_on_nvme || (multi && !b.caps.gathers_into_spans));
   b.param_bytes = dtype_bytes(pp.param_dtype);
   // A swap buffer never holds more than the whole partition file (DeepSpeed allocates buffer_size regardless).
   b.param_file_bytes = swap_aligned(z.local_numel * b.param_bytes);
