@@ -277,15 +277,19 @@ AttentionResult run_attention(const std::function<torch::Tensor(const torch::Ten
 
 // A residual add and the norm after it as one op give what the add and the norm apart give, bit for bit: the sum,
 // the normalised output, and the gradients of both addends, the weight and the bias; with the sum read again (a
-// pre-norm block's residual stream) or only through the norm.
+// pre-norm block's residual stream) or only through the norm. And a norm with the stream passed on beside it (a
+// block's first) gives the norm apart's output and gradients, the stream's two gradients added as autograd adds them.
 TEST(FusedOps, AResidualAddWithItsNormEqualsTheAddAndTheNormApartBitForBit) {
   torch::manual_seed(14);
   const int64_t B = 3, T = 5, C = 40;
+  enum Mode { add_read_again, add_read_by_norm, beside };
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (bool rms : {false, true}) {
-      for (bool sum_read : {true, false}) {
+      for (Mode mode : {add_read_again, add_read_by_norm, beside}) {
         const std::string what = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + (rms ? " RMSNorm" : " LayerNorm") +
-                                 (sum_read ? ", the sum read again" : ", the sum read by the norm only");
+                                 (mode == add_read_again     ? ", the sum read again"
+                                  : mode == add_read_by_norm ? ", the sum read by the norm only"
+                                                             : ", the stream beside the norm");
         const torch::Tensor x0 = torch::randn({B, T, C}).to(dtype), r0 = torch::randn({B, T, C}).to(dtype);
         const torch::Tensor w0 = (torch::randn({C}) + 1).to(dtype), b0 = torch::randn({C}).to(dtype);
         const torch::Tensor p_sum = torch::randn({B, T, C}).to(dtype), p_y = torch::randn({B, T, C}).to(dtype);
@@ -296,16 +300,19 @@ TEST(FusedOps, AResidualAddWithItsNormEqualsTheAddAndTheNormApartBitForBit) {
           torch::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
           torch::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
           torch::Tensor sum, y;
-          if (fused) {
+          if (fused && mode == beside) {
+            std::tie(sum, y) = rms ? rms_norm_beside(x, w, 1e-5) : layer_norm_beside(x, w, b, 1e-5);
+          } else if (fused) {
             std::tie(sum, y) = rms ? add_rms_norm(x, r, w, 1e-5) : add_layer_norm(x, r, w, b, 1e-5);
           } else {
-            sum = x + r;
+            sum = mode == beside ? x : x + r;
             y = rms ? rms_norm(sum, w, 1e-5) : layer_norm(sum, w, b, 1e-5);
           }
           torch::Tensor loss = (y * p_y).sum();
-          if (sum_read) loss = loss + (sum * p_sum).sum();
+          if (mode != add_read_by_norm) loss = loss + (sum * p_sum).sum();
           loss.backward();
-          return Result{sum.detach(), y.detach(), x.grad(), r.grad(), w.grad(), rms ? torch::zeros({1}) : b.grad()};
+          const torch::Tensor none = torch::zeros({1});
+          return Result{sum.detach(), y.detach(), x.grad(), mode == beside ? none : r.grad(), w.grad(), rms ? none : b.grad()};
         };
         const Result apart = run(false), fused = run(true);
         EXPECT_TRUE(torch::equal(fused.sum, apart.sum)) << what << ": the sum";

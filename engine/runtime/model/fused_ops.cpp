@@ -62,29 +62,39 @@ class Norm : public torch::autograd::Function<Norm> {
   }
 };
 
-// x + r, then normalised: {sum, norm(sum)}. One kernel each way on a GPU (kernels/cuda/norm.hpp's residual forms);
-// on the host the add, then the norm's kernels, then dx + dsum: the same values either way, and the same as the
-// add and the norm apart (the sum rounded before its statistics; in backward the norm's dx rounded before the
-// sum's other gradient is added, as autograd adds them). rms: RMSNorm, b not read (the callers pass w again).
+// x + r, then normalised: {sum, norm(sum)}; without r ({x, norm(x)}) x is passed on beside its norm. Either way the
+// two outputs' gradients meet in this node's backward: one kernel each way on a GPU (kernels/cuda/norm.hpp's
+// residual forms), where the add and the norm apart are two and autograd adds the sum's two gradients in a third;
+// on the host the add, the norm's kernels, then dx + dsum. The same values either way, and the same as the add and
+// the norm apart (the sum rounded before its statistics; in backward the norm's dx rounded before the sum's other
+// gradient is added, as autograd adds them). rms: RMSNorm, b not read (the callers pass w again); without a
+// residual the callers pass x again as r.
 class AddNorm : public torch::autograd::Function<AddNorm> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& r_in, const torch::Tensor& w_in,
-                               const torch::Tensor& b_in, double eps, bool rms) {
-    const torch::Tensor x = x_in.contiguous(), r = r_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
+                               const torch::Tensor& b_in, double eps, bool rms, bool has_residual) {
+    const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
+    const torch::Tensor r = has_residual ? r_in.contiguous() : torch::Tensor();
     const int64_t C = x.size(-1);
     const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
     torch::Tensor y = torch::empty_like(x), sum;
     torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
-    if (kernel_route(x) == KernelRoute::cuda) {
+    if (!has_residual) {
+      sum = x;  // passed on (an input returned: autograd makes it a view whose gradient comes here)
+      if (kernel_route(x) == KernelRoute::cuda) cuda_norm_forward(x, w, b, y, mean, rstd, shape);
+    } else if (kernel_route(x) == KernelRoute::cuda) {
       sum = torch::empty_like(x);
       cuda_norm_forward(x, w, b, y, mean, rstd, shape, r, sum);
     } else {
       sum = x + r;
+    }
+    if (kernel_route(x) != KernelRoute::cuda) {
       by_dtype(x, [&](auto* e) {
         using E = ElementOf<decltype(e)>;
         CpuKernels<E>::norm_forward(raw<E>(sum), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
       });
     }
+    ctx->saved_data["residual"] = has_residual;
     ctx->save_for_backward({sum, w});
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["rstd"] = rstd;
@@ -118,7 +128,9 @@ class AddNorm : public torch::autograd::Function<AddNorm> {
       dx.add_(dsum);
     }
     // x's gradient and r's are one tensor (both entered the sum once).
-    return {dx, dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const bool residual = ctx->saved_data["residual"].toBool();
+    return {dx, residual ? dx : torch::Tensor(), dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -488,7 +500,7 @@ std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, c
     const torch::Tensor sum = x + r;
     return {sum, layer_norm(sum, w, b, eps)};
   }
-  const variable_list out = AddNorm::apply(x, r, w, b, eps, false);
+  const variable_list out = AddNorm::apply(x, r, w, b, eps, false, true);
   return {out[0], out[1]};
 }
 
@@ -497,7 +509,19 @@ std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, con
     const torch::Tensor sum = x + r;
     return {sum, rms_norm(sum, w, eps)};
   }
-  const variable_list out = AddNorm::apply(x, r, w, w, eps, true);
+  const variable_list out = AddNorm::apply(x, r, w, w, eps, true, true);
+  return {out[0], out[1]};
+}
+
+std::pair<torch::Tensor, torch::Tensor> layer_norm_beside(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
+  if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b)) return {x, layer_norm(x, w, b, eps)};
+  const variable_list out = AddNorm::apply(x, x, w, b, eps, false, false);
+  return {out[0], out[1]};
+}
+
+std::pair<torch::Tensor, torch::Tensor> rms_norm_beside(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  if (!on_norm_kernels(x, w)) return {x, rms_norm(x, w, eps)};
+  const variable_list out = AddNorm::apply(x, x, w, w, eps, true, false);
   return {out[0], out[1]};
 }
 

@@ -19,6 +19,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w,
                                                        const torch::Tensor& b, double eps);
 std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, double eps);
+// A block's first norm with the residual stream passed on beside it: {x (a view), norm(x)}. The stream's gradient
+// and the norm's meet in one backward (one kernel on a GPU) instead of autograd adding them after, bit for bit the
+// same.
+std::pair<torch::Tensor, torch::Tensor> layer_norm_beside(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps);
+std::pair<torch::Tensor, torch::Tensor> rms_norm_beside(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // 1 / sqrt(mean(xf^2) + eps) over the last dimension, in LibTorch ops for autograd. The mean is a sum over the
 // width: LibTorch's mean keeps its input (xf^2) for backward, a sum does not, and so this keeps only xf.
 torch::Tensor inverse_rms(const torch::Tensor& xf, double eps);

@@ -52,11 +52,12 @@ torch::Tensor Gpt2Model::block(int64_t layer, const torch::Tensor& x_in) const {
   const Block& b = blocks_[static_cast<size_t>(layer - stage().first_block)];
   // (tensor parallel: NH is this rank's heads, D their width; c_attn and c_fc its columns, the c_proj's its rows)
   const int64_t B = x_in.size(0), T = x_in.size(1), C = hp_.hidden_size, NH = hp_.num_heads, D = hp_.head_dim();
-  torch::Tensor h = layer_norm(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
+  // The residual stream passed on beside each norm: its gradients meet in the norms' backward (fused_ops.hpp).
+  torch::Tensor x, h;
+  std::tie(x, h) = layer_norm_beside(x_in, b.ln1_w, b.ln1_b, hp_.norm_eps);
   const torch::Tensor qkv = linear(column_input(h).view({B * T, C}), b.attn, true);  // (BT, 3 NH D): q, k, v heads
   torch::Tensor y = attention(qkv.view({B, T, 3 * NH, D}), NH, hp_.attn_pdrop, layer).view({B * T, NH * D});
-  torch::Tensor x;
-  std::tie(x, h) = add_layer_norm(x_in, dropout(row_linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1), b.ln2_w,
+  std::tie(x, h) = add_layer_norm(x, dropout(row_linear(y, b.proj, true).view({B, T, C}), hp_.resid_pdrop, layer, 1), b.ln2_w,
                                   b.ln2_b, hp_.norm_eps);
   attention_half_done(layer, h);
   torch::Tensor f = gelu_tanh(linear(column_input(h).view({B * T, C}), b.fc, true));

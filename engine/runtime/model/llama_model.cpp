@@ -65,6 +65,11 @@ void LlamaModel::initialise(const ModelHyper& hp, const ParamSlot& p, torch::Ten
     t.normal_(0.0, 0.02, gen);
 }
 
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::norm_beside(const torch::Tensor& x, const torch::Tensor& w) const {
+  if (!traits_.norm_plus_one) return ds::rms_norm_beside(x, w, hp_.norm_eps);
+  return {x, rms_norm(x, w)};
+}
+
 std::pair<torch::Tensor, torch::Tensor> LlamaModel::add_then_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w) const {
   if (!traits_.norm_plus_one) return ds::add_rms_norm(x, r, w, hp_.norm_eps);
   const torch::Tensor sum = x + r;
@@ -128,7 +133,10 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   const int64_t D = hp_.head_dim();
   const auto [cos, sin] = rotary_cos_sin(T, x_in.device());
   // (tensor parallel: NH and NKV are this rank's heads, the intermediate size its MLP channels)
-  torch::Tensor h = column_input(rms_norm(x_in, b.norm_in));
+  // The residual stream passed on beside each norm: its gradients meet in the norms' backward (fused_ops.hpp).
+  torch::Tensor x, h;
+  std::tie(x, h) = norm_beside(x_in, b.norm_in);
+  h = column_input(h);
   torch::Tensor q, k, v;
   if (traits_.fused_qkv) {  // one projection's heads: NH of q, then NKV of k, then NKV of v
     std::tie(q, k, v) = unpack(linear(h, b.q, false).view({B, T, NH + 2 * NKV, D}), NH);
@@ -166,8 +174,7 @@ torch::Tensor LlamaModel::block(int64_t layer, const torch::Tensor& x_in) const 
   y = row_linear(y, b.o, false);
   const bool sandwich = b.norm_pre_mlp.defined();  // Gemma 2: each sub-layer's output normalised before the add
   if (sandwich) y = rms_norm(y, b.norm_post);
-  torch::Tensor x;
-  std::tie(x, h) = add_then_norm(x_in, dropout(y, hp_.resid_pdrop, layer, 1), sandwich ? b.norm_pre_mlp : b.norm_post);
+  std::tie(x, h) = add_then_norm(x, dropout(y, hp_.resid_pdrop, layer, 1), sandwich ? b.norm_pre_mlp : b.norm_post);
   attention_half_done(layer, h);
   h = column_input(h);
   torch::Tensor act;

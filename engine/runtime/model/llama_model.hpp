@@ -33,7 +33,9 @@ class LlamaModel : public LanguageModel {
     torch::Tensor norm_pre_mlp, norm_post_mlp;         // Gemma 2's, else undefined (norm_post then follows attention)
   };
   torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
-  // {x + r, rms_norm(x + r, w)}: one kernel each way where ds's RMSNorm runs (not Gemma's 1 + w).
+  // {x, rms_norm(x, w)} and {x + r, rms_norm(x + r, w)}: the residual stream beside its norm, whose gradients meet
+  // in one backward where ds's RMSNorm runs (not Gemma's 1 + w).
+  std::pair<torch::Tensor, torch::Tensor> norm_beside(const torch::Tensor& x, const torch::Tensor& w) const;
   std::pair<torch::Tensor, torch::Tensor> add_then_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w) const;
   torch::Tensor gated(const torch::Tensor& gate, const torch::Tensor& up) const;
   // The rotary tables cos, sin (T, D/2, fp32) on `device`: made on the host and copied there once, then
