@@ -326,6 +326,36 @@ TEST(FusedOps, AResidualAddWithItsNormEqualsTheAddAndTheNormApartBitForBit) {
   }
 }
 
+// The stream beside its norm as the blocks meet it: a non-contiguous input, one that is not a leaf, and a forward
+// run without grad mode first and again with it (a recomputed block): the norm apart's values and gradients.
+TEST(FusedOps, TheStreamBesideItsNormTakesAnyInputTheBlocksGiveIt) {
+  torch::manual_seed(15);
+  const torch::Tensor x0 = torch::randn({4, 6, 24}).to(torch::kBFloat16), w0 = (torch::randn({24}) + 1).to(torch::kBFloat16);
+  const torch::Tensor b0 = torch::randn({24}).to(torch::kBFloat16);
+  const torch::Tensor p_sum = torch::randn({4, 6, 24}).to(torch::kBFloat16), p_y = torch::randn({4, 6, 24}).to(torch::kBFloat16);
+  for (int form = 0; form < 3; ++form) {
+    const char* what = form == 0 ? "non-contiguous" : form == 1 ? "not a leaf" : "run without grad mode first";
+    const auto run = [&](bool fused) {
+      torch::Tensor leaf = (form == 0 ? x0.transpose(0, 1).contiguous() : x0.clone()).requires_grad_(true);
+      torch::Tensor x = form == 0 ? leaf.transpose(0, 1) : form == 1 ? leaf * 1 : leaf;
+      torch::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      if (form == 2 && fused) {
+        torch::NoGradGuard no_grad;
+        (void)layer_norm_beside(x, w, b, 1e-5);
+      }
+      torch::Tensor sum = x, y;
+      if (fused)
+        std::tie(sum, y) = layer_norm_beside(x, w, b, 1e-5);
+      else
+        y = layer_norm(x, w, b, 1e-5);
+      ((y * p_y).sum() + (sum * p_sum).sum()).backward();
+      return std::vector<torch::Tensor>{y.detach(), leaf.grad(), w.grad(), b.grad()};
+    };
+    const auto apart = run(false), fused = run(true);
+    for (size_t k = 0; k < apart.size(); ++k) EXPECT_TRUE(torch::equal(fused[k], apart[k])) << what << ", result " << k;
+  }
+}
+
 TEST(FusedAttention, MatchesTheMaterialisedAttentionForwardAndBackward) {
   torch::manual_seed(8);
   struct Case {

@@ -514,13 +514,13 @@ std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, con
 }
 
 std::pair<torch::Tensor, torch::Tensor> layer_norm_beside(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps) {
-  if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b)) return {x, layer_norm(x, w, b, eps)};
+  if (!on_norm_kernels(x, w) || !on_norm_kernels(x, b) || !x.requires_grad()) return {x, layer_norm(x, w, b, eps)};
   const variable_list out = AddNorm::apply(x, x, w, b, eps, false, false);
   return {out[0], out[1]};
 }
 
 std::pair<torch::Tensor, torch::Tensor> rms_norm_beside(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  if (!on_norm_kernels(x, w)) return {x, rms_norm(x, w, eps)};
+  if (!on_norm_kernels(x, w) || !x.requires_grad()) return {x, rms_norm(x, w, eps)};
   const variable_list out = AddNorm::apply(x, x, w, w, eps, true, false);
   return {out[0], out[1]};
 }

@@ -19,9 +19,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w,
                                                        const torch::Tensor& b, double eps);
 std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& r, const torch::Tensor& w, double eps);
-// A block's first norm with the residual stream passed on beside it: {x (a view), norm(x)}. The stream's gradient
-// and the norm's meet in one backward (one kernel on a GPU) instead of autograd adding them after, bit for bit the
-// same.
+// A block's first norm with the residual stream passed on beside it: {x, norm(x)}, the first x itself as autograd
+// returns an input (a view of it whose gradient comes through this node, or an alias without grad mode; a copy when
+// x was not contiguous): never modify it in place. The stream's gradient and the norm's meet in one backward (one
+// kernel on a GPU) instead of autograd adding them after, bit for bit the same. An x that takes no gradient is
+// passed on as it is.
 std::pair<torch::Tensor, torch::Tensor> layer_norm_beside(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps);
 std::pair<torch::Tensor, torch::Tensor> rms_norm_beside(const torch::Tensor& x, const torch::Tensor& w, double eps);
 // 1 / sqrt(mean(xf^2) + eps) over the last dimension, in LibTorch ops for autograd. The mean is a sum over the
