@@ -8,7 +8,8 @@
 #            the GPU's memory beside the plan's); ds beside PyTorch eager (bench/bench_cuda_train.sh, no final
 #            checkpoint; DS_BENCH_COMPILE=1 adds torch.compile); GPT-2 1.5B and TinyLlama's shape
 #            (bench/bench_cuda_shapes.sh); offload from the GPU against the plan's time model
-#            (bench/bench_offload_model.sh); the CUDA optimizer kernels (bench_cuda_optimizers)
+#            (bench/bench_offload_model.sh); the CUDA optimizer kernels (bench_cuda_optimizers); TinyLlama's
+#            attention with k and v repeated against enable_gqa (bench/probe_sdpa_gqa.py)
 #   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
@@ -76,7 +77,7 @@ need() {  # a file the stages read
 need .device-deps
 ls .device-deps/*.deb >/dev/null 2>&1 || { say "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and carry .device-deps"; exit 2; }
 for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/bench_offload_model.sh \
-  bench/host_memory_rate.c bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py; do
+  bench/host_memory_rate.c bench/pytorch_gpt2_cuda.py bench/metrics_median.py bench/probe_sdpa_gqa.py scripts/ncu_summary.py; do
   need "$f"
 done
 targets_ds=(ds)
@@ -87,7 +88,7 @@ targets_tests=(ds_cuda_tests ds_nccl_tests ds_cuda_device_tests ds_link_tests be
 if [ "$dry" = 1 ]; then
   # Here: the scripts parse, the Python compiles, the packages unpack, the targets exist in a configured tree.
   bash -n bench/bench_cuda_train.sh && bash -n bench/bench_cuda_shapes.sh && bash -n bench/bench_offload_model.sh || status=3
-  python3 -m py_compile bench/pytorch_gpt2_cuda.py bench/metrics_median.py scripts/ncu_summary.py || status=3
+  python3 -m py_compile bench/pytorch_gpt2_cuda.py bench/metrics_median.py bench/probe_sdpa_gqa.py scripts/ncu_summary.py || status=3
   for f in .device-deps/*.deb; do dpkg-deb --info "$f" >/dev/null || { say "== broken package $f"; status=3; }; done
   probe=${DS_BUILD_DIR:-build}
   if [ -f "$probe/build.ninja" ]; then
@@ -190,6 +191,8 @@ stage_bench() {
   step bench 30 90 ds-profile-gpt2 "$build/ds" profile examples/gpu-gpt2.json --device cuda --warmup 2 --steps 3 --module-depth 2
   step bench 90 240 bench-cuda-train bench/bench_cuda_train.sh "$build/ds" "$steps"
   step bench 60 150 bench-cuda-shapes bench/bench_cuda_shapes.sh "$build/ds" "${DS_BENCH_SHAPE_STEPS:-12}"
+  # #54: TinyLlama's attention with k and v repeated (ds today) against enable_gqa, and the kernels each runs.
+  step bench 20 60 probe-sdpa-gqa python3 bench/probe_sdpa_gqa.py
   [ "$offload_done" = 1 ] || stage_offload
 }
 
