@@ -13,52 +13,85 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// What the norms' autograd nodes share: the forward on ds's kernels for x's device, what it keeps for the backward,
+// and the backward from it. rms: RMSNorm (b undefined).
+struct NormForward {
+  torch::Tensor y, mean, rstd;
+};
+
+// The norm of x (contiguous) on ds's kernels for its device. With `residual` (a GPU's only) the kernel normalises
+// x + residual and writes that sum to `sum`.
+NormForward norm_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, double eps,
+                         const torch::Tensor& residual = {}, const torch::Tensor& sum = {}) {
+  const int64_t C = x.size(-1);
+  const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
+  NormForward f{torch::empty_like(x), torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), {}};
+  f.rstd = torch::empty_like(f.mean);
+  if (kernel_route(x) == KernelRoute::cuda)
+    cuda_norm_forward(x, w, b, f.y, f.mean, f.rstd, shape, residual, sum);
+  else
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(f.y), raw<float>(f.mean), raw<float>(f.rstd), shape);
+    });
+  return f;
+}
+
+// x is the tensor the norm read.
+void save_norm(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w, const NormForward& f, double eps, bool bias) {
+  ctx->save_for_backward({x, w});
+  ctx->saved_data["mean"] = f.mean;
+  ctx->saved_data["rstd"] = f.rstd;
+  ctx->saved_data["eps"] = eps;
+  ctx->saved_data["bias"] = bias;
+}
+
+struct NormGrads {
+  torch::Tensor dx, dw, db;  // dw and db in w's dtype; db undefined for RMSNorm
+};
+
+// From what save_norm kept: dx from dy, and with `dsum` (the gradient x's other reader gave it) dx + dsum as autograd
+// adds two gradients of one tensor (the GPU's kernel adds it in its dx pass).
+NormGrads norm_backward(AutogradContext* ctx, const torch::Tensor& dy_in, const torch::Tensor& dsum_in) {
+  const auto saved = ctx->get_saved_variables();
+  const torch::Tensor& x = saved[0];
+  const torch::Tensor& w = saved[1];
+  const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
+  const bool bias = ctx->saved_data["bias"].toBool();
+  const torch::Tensor dy = dy_in.to(x.scalar_type()).contiguous();
+  const torch::Tensor dsum = dsum_in.defined() ? dsum_in.to(x.scalar_type()).contiguous() : torch::Tensor();
+  const int64_t C = x.size(-1);
+  const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
+  torch::Tensor dx = torch::empty_like(x);
+  torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
+  torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
+  if (kernel_route(x) == KernelRoute::cuda) {
+    cuda_norm_backward(dy, x, w, mean, rstd, dx, dw, db, shape, dsum);
+  } else {
+    by_dtype(x, [&](auto* e) {
+      using E = ElementOf<decltype(e)>;
+      CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
+                                   raw<float>(db), shape);
+    });
+    if (dsum.defined()) dx.add_(dsum);
+  }
+  return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor()};
+}
+
 class Norm : public torch::autograd::Function<Norm> {
  public:
   // rms: RMSNorm, b is not read (autograd takes no undefined inputs: the callers pass w again).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w_in,
                                const torch::Tensor& b_in, double eps, bool rms) {
     const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
-    const int64_t C = x.size(-1);
-    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
-    torch::Tensor y = torch::empty_like(x);
-    torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
-    if (kernel_route(x) == KernelRoute::cuda)
-      cuda_norm_forward(x, w, b, y, mean, rstd, shape);
-    else
-      by_dtype(x, [&](auto* e) {
-        using E = ElementOf<decltype(e)>;
-        CpuKernels<E>::norm_forward(raw<E>(x), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
-      });
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["mean"] = mean;
-    ctx->saved_data["rstd"] = rstd;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["bias"] = b.defined();
-    return y;
+    const NormForward f = norm_forward(x, w, b, eps);
+    save_norm(ctx, x, w, f, eps, b.defined());
+    return f.y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
-    const torch::Tensor& w = saved[1];
-    const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
-    const bool bias = ctx->saved_data["bias"].toBool();
-    const torch::Tensor dy = grad_out[0].to(x.scalar_type()).contiguous();
-    const int64_t C = x.size(-1);
-    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
-    torch::Tensor dx = torch::empty_like(x);
-    torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
-    torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
-    if (kernel_route(x) == KernelRoute::cuda)
-      cuda_norm_backward(dy, x, w, mean, rstd, dx, dw, db, shape);
-    else
-      by_dtype(x, [&](auto* e) {
-        using E = ElementOf<decltype(e)>;
-        CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx),
-                                     raw<float>(dw), raw<float>(db), shape);
-      });
-    return {dx, dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const NormGrads g = norm_backward(ctx, grad_out[0], {});
+    return {g.dx, g.dw, g.db, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -74,63 +107,27 @@ class AddNorm : public torch::autograd::Function<AddNorm> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& r_in, const torch::Tensor& w_in,
                                const torch::Tensor& b_in, double eps, bool rms, bool has_residual) {
     const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous(), b = rms ? torch::Tensor() : b_in.contiguous();
-    const torch::Tensor r = has_residual ? r_in.contiguous() : torch::Tensor();
-    const int64_t C = x.size(-1);
-    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(eps), !b.defined()};
-    torch::Tensor y = torch::empty_like(x), sum;
-    torch::Tensor mean = torch::empty({shape.rows}, x.options().dtype(torch::kFloat32)), rstd = torch::empty_like(mean);
-    if (!has_residual) {
-      sum = x;  // passed on (an input returned: autograd makes it a view whose gradient comes here)
-      if (kernel_route(x) == KernelRoute::cuda) cuda_norm_forward(x, w, b, y, mean, rstd, shape);
-    } else if (kernel_route(x) == KernelRoute::cuda) {
+    // Without a residual x is passed on (an input returned: autograd makes it a view whose gradient comes here).
+    torch::Tensor sum = x;
+    NormForward f;
+    if (has_residual && kernel_route(x) == KernelRoute::cuda) {
       sum = torch::empty_like(x);
-      cuda_norm_forward(x, w, b, y, mean, rstd, shape, r, sum);
+      f = norm_forward(x, w, b, eps, r_in.contiguous(), sum);
     } else {
-      sum = x + r;
+      if (has_residual) sum = x + r_in;
+      f = norm_forward(sum, w, b, eps);
     }
-    if (kernel_route(x) != KernelRoute::cuda) {
-      by_dtype(x, [&](auto* e) {
-        using E = ElementOf<decltype(e)>;
-        CpuKernels<E>::norm_forward(raw<E>(sum), raw<E>(w), raw<E>(b), raw<E>(y), raw<float>(mean), raw<float>(rstd), shape);
-      });
-    }
+    save_norm(ctx, sum, w, f, eps, b.defined());
     ctx->saved_data["residual"] = has_residual;
-    ctx->save_for_backward({sum, w});
-    ctx->saved_data["mean"] = mean;
-    ctx->saved_data["rstd"] = rstd;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["bias"] = b.defined();
-    return {sum, y};
+    return {sum, f.y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];  // the sum the norm read
-    const torch::Tensor& w = saved[1];
-    const torch::Tensor mean = ctx->saved_data["mean"].toTensor(), rstd = ctx->saved_data["rstd"].toTensor();
-    const bool bias = ctx->saved_data["bias"].toBool();
-    const int64_t C = x.size(-1);
-    // A gradient autograd did not make (an output nobody read) is zeros.
-    const auto like_x = [&](const torch::Tensor& g) { return g.defined() ? g.to(x.scalar_type()).contiguous() : torch::zeros_like(x); };
-    const torch::Tensor dsum = like_x(grad_out[0]), dy = like_x(grad_out[1]);
-    const kernels::NormShape shape{x.numel() / C, C, static_cast<float>(ctx->saved_data["eps"].toDouble()), !bias};
-    torch::Tensor dx = torch::empty_like(x);
-    torch::Tensor dw = torch::zeros({C}, x.options().dtype(torch::kFloat32));
-    torch::Tensor db = bias ? torch::zeros_like(dw) : torch::Tensor();
-    if (kernel_route(x) == KernelRoute::cuda) {
-      cuda_norm_backward(dy, x, w, mean, rstd, dx, dw, db, shape, dsum);
-    } else {
-      by_dtype(x, [&](auto* e) {
-        using E = ElementOf<decltype(e)>;
-        CpuKernels<E>::norm_backward(raw<E>(dy), raw<E>(x), raw<E>(w), raw<float>(mean), raw<float>(rstd), raw<E>(dx), raw<float>(dw),
-                                     raw<float>(db), shape);
-      });
-      dx.add_(dsum);
-    }
+    // (autograd hands zeros for an output nobody read)
+    const NormGrads g = norm_backward(ctx, grad_out[1], grad_out[0]);
     // x's gradient and r's are one tensor (both entered the sum once).
     const bool residual = ctx->saved_data["residual"].toBool();
-    return {dx, residual ? dx : torch::Tensor(), dw.to(w.scalar_type()), bias ? db.to(w.scalar_type()) : torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    return {g.dx, residual ? g.dx : torch::Tensor(), g.dw, g.db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
