@@ -615,9 +615,7 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     if (t.offload_known())
       o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
         << (hides.empty() ? " (it follows the backward: no compute hides it)" : " (" + hides + ")") << "\n";
-    const ZeroExecution& z = p.execution;
-    const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
-    if (p.topology.world_size == 1 && !z.overlap && arrival && arrival->dtype == z.reduced_dtype)
+    if (!p.execution.overlap && gradients_can_leave_during_backward(p))
       o << "  zero_optimization.overlap_comm=true would hide the blocks' gradients on their way to the host behind the backward\n";
   }
   if (t.step_known()) {

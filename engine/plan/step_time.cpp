@@ -322,11 +322,7 @@ BlocksCompute blocks_compute(const Plan& p, const StepTime& t) {
 // Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU runs that one on its compute stream.)
 // Returns the blocks' backward seconds the trip takes up (0 where nothing hides).
 double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
-  const ZeroExecution& z = p.execution;
-  const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
-  const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
-  if (!z.overlap || p.topology.world_size != 1 || !(t.backward_s > 0) || !g || g->place != Place::host || !arrival || arrival->dtype != z.reduced_dtype)
-    return 0;
+  if (!p.execution.overlap || !gradients_can_leave_during_backward(p) || !(t.backward_s > 0)) return 0;
   int64_t block_elements = 0, all = 0;
   std::set<int> blocks;
   for (const ParamSlot& s : p.layout.params) {
@@ -440,6 +436,13 @@ void predict_offload(const Plan& p, StepTime& t) {
 }
 
 }  // namespace
+
+bool gradients_can_leave_during_backward(const Plan& p) {
+  const ZeroExecution& z = p.execution;
+  const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
+  const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
+  return p.topology.world_size == 1 && g && g->place == Place::host && arrival && arrival->dtype == z.reduced_dtype;
+}
 
 const char* offload_resource_name(OffloadResource r) {
   switch (r) {

@@ -90,4 +90,9 @@ struct StepTime {
 
 StepTime predict_step_time(const Plan& plan);
 
+// One rank whose reduced gradients live on the host and arrive there in their reduced dtype (ZeRO-Offload from
+// stage 2): the blocks' gradients can leave group by group during the backward, which overlap_comm turns on. The
+// step's prediction hides them behind the backward where overlap_comm is set; ds plan suggests it where it is not.
+bool gradients_can_leave_during_backward(const Plan& plan);
+
 }  // namespace ds
