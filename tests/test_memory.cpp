@@ -140,6 +140,23 @@ TEST(MemoryModel, AttentionKeepsNothingOfSizeTUnlessDropoutMaterialisesIt) {
   EXPECT_DOUBLE_EQ(dropped.attention_workspace_bytes(4, 4096, 2), 2 * 4 * NH * 4096.0 * 4096 * b);
 }
 
+TEST(MemoryModel, LibTorchsFusedAttentionKeepsTheKeysAndValuesRepeatedToTheQueryHeads) {
+  // A GPU's attention (LibTorch's scaled_dot_product_attention) gets k and v repeated to the NH query heads and keeps
+  // them, in place of the NKV-head ones; its output is the output projection's input (no copy).
+  ModelHyper hp = model_preset("llama-tiny");
+  hp.hidden_size = 128, hp.num_heads = 8, hp.num_kv_heads = 2, hp.intermediate_size = 256, hp.num_layers = 2;
+  const double C = 128, I = 256, NH = 8, D = 16, b = 2;
+  const ModelSpec llama = build_model_spec(hp);
+  EXPECT_DOUBLE_EQ(llama.block_activation_bytes_per_token(64, 2, true), (4 * C + 2 * NH * D + 2 * NH * D + 3 * I) * b + NH * 4 + 16);
+  // GPT-2's heads are all query heads: nothing is repeated.
+  const ModelSpec gpt2 = build_model_spec(model_preset("gpt2"));
+  EXPECT_DOUBLE_EQ(gpt2.block_activation_bytes_per_token(1024, 2, true), gpt2.block_activation_bytes_per_token(1024, 2));
+  // Materialised (attention dropout), the device runs ds's composed ops, which repeat them on both.
+  hp.attn_pdrop = 0.1;
+  const ModelSpec dropped = build_model_spec(hp);
+  EXPECT_DOUBLE_EQ(dropped.block_activation_bytes_per_token(256, 2, true), dropped.block_activation_bytes_per_token(256, 2));
+}
+
 TEST(MemoryModel, NvmeOffloadPutsStatesOnNvmeAndStagingOnTheHost) {
   const Plan p = tiny(2, {"zero_optimization.stage=3", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=nvme",
                           "zero_optimization.offload_optimizer.nvme_path=/tmp", "zero_optimization.offload_optimizer.buffer_count=4"});

@@ -61,6 +61,21 @@ TEST(PlanCompiler, MemoryCategoriesSumToTheTotals) {
   }
 }
 
+// On a GPU the plan counts what LibTorch's fused attention keeps (MemoryModel.LibTorchsFusedAttention...): TinyLlama's
+// shape, every block: k and v at 32 heads instead of 4.
+TEST(PlanCompiler, AGpuPlanCountsWhatItsAttentionKeeps) {
+  const char* cfg = R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}, "model": {"preset": "tinyllama-1.1b"},
+                        "data": {"seq_len": 256}})";
+  const Plan cpu = plan_of(cfg, 1), gpu = plan_of(cfg, 1, {}, 80.0 * (1 << 30));
+  const double tokens = 2 * 256, blocks = 22, NH = 32, NKV = 4, D = 64, b = 2;
+  EXPECT_DOUBLE_EQ(gpu.memory.device.activations - cpu.memory.device.activations,
+                   tokens * blocks * 2 * (NH - NKV) * D * b);
+  // Checkpointed, only the block recomputed at a time keeps them.
+  const Plan cpu_ckpt = plan_of(cfg, 1, {"model.activation_checkpointing=true"}),
+             gpu_ckpt = plan_of(cfg, 1, {"model.activation_checkpointing=true"}, 80.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(gpu_ckpt.memory.device.activations - cpu_ckpt.memory.device.activations, tokens * 2 * (NH - NKV) * D * b);
+}
+
 TEST(PlanCompiler, ModelStatesFollowTheZeroPaperFormulas) {
   // Mixed precision with Adam: 2 bytes params + 2 grads + 12 optimizer (fp32 master + two moments).
   // Stage 1: 2P + 2P + 12P/N; stage 2: 2P + (2 + 12)P/N; stage 3: (2 + 2 + 12)P/N (plus the small

@@ -19,6 +19,7 @@ DeviceTraits device_traits(DeviceKind kind) {
     t.name = "cuda";
     t.label = "GPU";
     t.computes_fp16 = true;
+    t.attention_by_library = true;
     t.communicator = CommBackend::nccl;
     t.memory_is_host = false;
     t.memory_measured_by = "cudaMemGetInfo (in use by anything on the GPU)";

@@ -42,6 +42,9 @@ struct DeviceTraits {
   const char* memory_measured_by = "the process's resident set";
   // fp16 products run in fp16 (LibTorch has no fp16 CPU kernels: there they run in fp32 on fp16 storage).
   bool computes_fp16 = false;
+  // The causal attention is LibTorch's fused kernel (scaled_dot_product_attention; a GPU), not ds's own: with
+  // grouped-query heads it takes k and v repeated to the query heads, and keeps those (the plan's activations count them).
+  bool attention_by_library = false;
 };
 DeviceTraits device_traits(DeviceKind kind);
 

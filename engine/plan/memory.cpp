@@ -7,10 +7,10 @@
 namespace ds {
 
 ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
-                                 int threads, int64_t forward_only) {
+                                 int threads, int64_t forward_only, bool library_attention) {
   const int bc = dtype_bytes(compute_dtype);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
-  const double block = m.block_activation_bytes_per_token(seq_len, bc);
+  const double block = m.block_activation_bytes_per_token(seq_len, bc, library_attention);
   const double head = m.head_activation_bytes_per_token(bc);
   const int64_t with_backward = m.hp.num_layers - forward_only;  // the blocks that keep activations for backward
   const double L = static_cast<double>(with_backward);

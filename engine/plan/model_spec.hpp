@@ -102,8 +102,9 @@ struct ModelSpec {
   // table, plus the output head, tied or not), and the attention core's training FLOPs per token.
   double matmul_params() const;
   double attention_train_flops_per_token(int64_t T) const;
-  // Bytes one block keeps for backward per token, compute dtype of `bytes` per element.
-  double block_activation_bytes_per_token(int64_t T, int bytes) const;
+  // Bytes one block keeps for backward per token, compute dtype of `bytes` per element. `library_attention`: the
+  // attention is LibTorch's fused kernel (DeviceTraits::attention_by_library), not ds's.
+  double block_activation_bytes_per_token(int64_t T, int bytes, bool library_attention = false) const;
   // Bytes kept outside the blocks per token, where the head is: the final norm's input and the gradient of the
   // head's input (the fused head computes it in forward and keeps it for backward).
   double head_activation_bytes_per_token(int bytes) const;
