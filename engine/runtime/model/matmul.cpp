@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "engine/runtime/device/kernel_route.hpp"
+#include "kernels/cpu/simd.hpp"
 
 #ifdef DS_WITH_ONEDNN_SGEMM
 // oneDNN's C API (dnnl.h), declared here: Debian's runtime package has the library but not the header.
@@ -42,6 +43,27 @@ bool onednn_sgemm(const torch::Tensor& c, const torch::Tensor& a, const torch::T
 }
 #endif
 
+// LibTorch 1.13 multiplies bf16 on the host through oneDNN only where the CPU has AVX-512 (its bf16 check); elsewhere
+// (an AVX2 machine) its fallback loops accumulate in bf16, an error growing with the inner dimension (measured on a
+// Zen 3: 3x the tolerance a once-rounded product meets at k = 200). There the product is taken in fp32 and rounded
+// once, as oneDNN's bf16 product does: c = round(c + a b) accumulating, round(a b) not.
+bool libtorch_multiplies_bf16_by_onednn() {
+#if defined(__x86_64__)
+  return kernels::simd::has_avx512();
+#else
+  return false;
+#endif
+}
+
+bool widened_bf16(const torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+  if (c.scalar_type() != torch::kBFloat16 || a.scalar_type() != torch::kBFloat16 || b.scalar_type() != torch::kBFloat16) return false;
+  if (!on_host(c) || libtorch_multiplies_bf16_by_onednn()) return false;
+  const torch::Tensor wide = accumulate ? c.to(torch::kFloat32) : torch::empty({c.size(0), c.size(1)}, c.options().dtype(torch::kFloat32));
+  matmul_into(wide, a.to(torch::kFloat32), b.to(torch::kFloat32), accumulate);
+  c.copy_(wide);  // round to nearest even
+  return true;
+}
+
 }  // namespace
 
 void matmul_into(const torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
@@ -50,6 +72,7 @@ void matmul_into(const torch::Tensor& c, const torch::Tensor& a, const torch::Te
 #ifdef DS_WITH_ONEDNN_SGEMM
   if (onednn_sgemm(c, a, b, accumulate)) return;
 #endif
+  if (widened_bf16(c, a, b, accumulate)) return;
   torch::Tensor out = c;
   if (accumulate)
     out.addmm_(a, b);
