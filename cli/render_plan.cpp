@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "common/format.hpp"
@@ -479,7 +480,23 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     o << "  the host steps " << later << " of its " << hooks.size()
       << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once"
       << (p.execution.state_spans.size() > 1 ? "; the GPU steps its part of the states at once" : "") << ")\n";
-  } else if (p.execution.kept_within_step) {
+  }
+  if (p.execution.step_in_backward) {
+    const std::vector<int64_t>& after = p.execution.weight_tile_final_after;
+    const auto speculated = std::count_if(after.begin(), after.end(), [](int64_t a) { return a >= 0; });
+    int64_t lowest = std::numeric_limits<int64_t>::max();
+    for (int64_t a : after)
+      if (a >= 0) lowest = std::min(lowest, a);
+    o << "  speculative step: the host steps " << speculated << " of its " << after.size()
+      << " weight tiles (those of blocks " << lowest << " and up) during the last backward, each once its blocks' gradients\n"
+         "  have arrived, as if unclipped; ";
+    if (const ZeroBuffer* backup = p.execution.find(BufferRole::step_backup, Place::host))
+      o << "a clipped or skipped step restores them from their backup (step_backup, " << format_bytes(backup->bytes())
+        << ") and steps them again (a cost the predicted step leaves out)\n";
+    else
+      o << "nothing can undo a step here (no gradient_clipping, no overflow skip): no backup\n";
+  }
+  if (!p.execution.step_in_forward && p.execution.kept_within_step) {
     o << "  each step's work is done within it, to be measured alone (ds profile, the flops_profiler block): no gathering\n"
          "  or host step left to the next forward\n";
   }
@@ -612,6 +629,8 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
       hides += (hides.empty() ? "" : "; ") + std::string("each block's parameters cross while the block before it runs");
     if (p.execution.step_in_forward)
       hides += (hides.empty() ? "" : "; ") + std::string("the next forward's blocks hide only the tiles stepped during it: their host step and copies");
+    if (p.execution.step_in_backward)
+      hides += (hides.empty() ? "" : "; ") + std::string("the last backward's blocks hide the speculated tiles' backup and host step");
     if (t.offload_known())
       o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
         << (hides.empty() ? " (it follows the backward: no compute hides it)" : " (" + hides + ")") << "\n";

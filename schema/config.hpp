@@ -33,6 +33,7 @@ struct OffloadConfig {
   bool pin_memory = false;
   double ratio = 1.0;         // offload_optimizer only
   bool pipeline_read = false, pipeline_write = false;  // offload_optimizer, NVMe: overlap swaps with the step
+  bool speculative_step = false;  // offload_optimizer: step each final tile during the last backward (ZeroExecution::step_in_backward)
 };
 
 // The `aio` block: how NVMe swaps are issued.

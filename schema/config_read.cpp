@@ -57,6 +57,7 @@ OffloadConfig read_offload(const json& block, bool param) {
     o.ratio = at(block, "ratio").get<double>();
     o.pipeline_read = at(block, "pipeline_read").get<bool>();
     o.pipeline_write = at(block, "pipeline_write").get<bool>();
+    o.speculative_step = at(block, "speculative_step").get<bool>();
   }
   return o;
 }

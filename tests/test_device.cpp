@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -180,6 +181,10 @@ class SeparateMemoryDevice final : public Device {
   std::string name() const override { return "separate-memory test device"; }
   bool host_addresses_device() const override { return false; }
   double pinned_bytes = 0;  // host memory asked page-locked
+  // The host's sums of squares of bf16 values that return infinity, counted from 1, as a gradient's overflow would
+  // make them (the step's norm: one such sum a step where the gradients are on the host).
+  std::set<int64_t> infinite_host_sums;
+  mutable int64_t host_bf16_sums = 0;
   torch::Tensor allocate(Place place, Dtype dtype, int64_t elements, bool pinned) override {
     if (pinned) pinned_bytes += static_cast<double>(elements * dtype_bytes(dtype));
     torch::Tensor t = torch::zeros({elements}, to_torch(dtype));
@@ -320,6 +325,7 @@ class SeparateMemoryDevice final : public Device {
     }
     double sum_of_squares_bf16(const uint16_t* x, int64_t n) const override {
       check({{x, 2, false}}, n, "sum_of_squares_bf16");
+      if (place_ == Place::host && d_.infinite_host_sums.count(++d_.host_bf16_sums)) return std::numeric_limits<double>::infinity();
       return cpu_kernel_table().sum_of_squares_bf16(x, n);
     }
     void adam_step_fp16(float* w, float* m, float* v, uint16_t* out, const uint16_t* g, int64_t n,
@@ -1127,6 +1133,132 @@ TEST(DeviceSeam, TheHostStepsOffloadedTilesDuringTheNextForwardAsTheCpuStepsThem
     EXPECT_EQ(resumed[0].result.losses[1], cpu[0].result.losses[3]);
     fs::remove_all(root);
   }
+}
+
+// ZeRO-Offload's speculative step (offload_optimizer.speculative_step) on one rank of a GPU-like device whose gradients
+// leave block by block: on each step's last micro step the host steps every weight tile lying wholly in the blocks as
+// soon as the lowest block it holds has sent its gradients, during the backward of the blocks below, as if unclipped.
+// Where the step can be undone (gradient_clipping, an overflow skip: bf16.check_grad_overflow, on by default) it backs up
+// the tiles' master and moments first.
+// The runs equal those without speculation bit for bit: with nothing to undo (no backup; every speculated tile
+// stands), clipped every step (every one restored and stepped again), an overflow skipping step 2 (restored, their
+// weights put back from the master), and a step the data says trains nothing (not speculated). Each step moves the
+// plan's bytes, the copies of restored tiles and of the weights put back counted apart. Not planned where it has no
+// effect (the CPU's one memory, two ranks), with a warning.
+TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_speculative_" + std::to_string(::getpid()));
+  fs::create_directories(root);
+  {
+    std::ofstream f(root / "data.jsonl");  // (the untrained case: step 1's one sample is all prompt)
+    f << "{\"prompt\": \"" << std::string(300, 'x') << "\", \"completion\": \" done\"}\n";
+    for (int i = 0; i < 20; ++i) f << "{\"prompt\": \"What is " << i << "?\", \"completion\": \" " << i << ".\"}\n";
+  }
+  const std::string sft = std::string(DS_SOURCE_DIR) + "/examples/data/sft";
+  enum class Undo { nothing, clipped, overflow, untrained };
+  struct Case {
+    std::string name;
+    std::vector<std::string> overrides;
+    Undo undo = Undo::nothing;
+  };
+  const std::vector<Case> cases{
+      {"stage 2, two micro steps, nothing to undo",
+       {"zero_optimization.stage=2", "zero_optimization.sub_group_size=15000", "gradient_accumulation_steps=2", "gradient_clipping=0", "bf16.check_grad_overflow=false"}},
+      {"stage 2, clipped every step",
+       {"zero_optimization.stage=2", "zero_optimization.sub_group_size=15000", "gradient_clipping=0.001"}, Undo::clipped},
+      {"llama, stage 3, nothing to undo",
+       {"model.preset=llama-tiny", "zero_optimization.stage=3", "zero_optimization.sub_group_size=15000", "gradient_clipping=0", "bf16.check_grad_overflow=false"}},
+      {"stage 2, an overflow skips step 2",
+       {"zero_optimization.stage=2", "zero_optimization.sub_group_size=15000", "gradient_clipping=0", "bf16.check_grad_overflow=true"},
+       Undo::overflow},
+      {"a step that trains no token",
+       {"zero_optimization.stage=2", "zero_optimization.sub_group_size=20000", "model.preset=qwen2-tiny", "model.vocab_size=320",
+        "data.type=jsonl", "data.path=" + (root / "data.jsonl").string(), "data.tokenizer=hf", "data.tokenizer_path=" + sft,
+        "data.chat_template=auto", "data.seq_len=64", "data.shuffle=false", "train_micro_batch_size_per_gpu=1", "train.steps=3",
+        "gradient_clipping=0", "bf16.check_grad_overflow=false"},
+       Undo::untrained},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "train.output_dir=" + (root / "run").string()};
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    std::vector<std::string> speculative = o;
+    speculative.push_back("zero_optimization.offload_optimizer.speculative_step=true");
+    const Plan plan = plan_for(1, 0, speculative, /*grads_leave=*/true, /*separate=*/true);
+    const ZeroExecution& z = plan.execution;
+    ASSERT_TRUE(z.step_in_backward);
+    // Which tiles are speculated and after which block, independently of the plan: the lowest layer of the parameters a
+    // tile overlaps, where none lies outside the blocks.
+    ASSERT_EQ(z.weight_tile_final_after.size(), z.weight_tiles.size());
+    int64_t tiles = 0, numel = 0;
+    for (size_t t = 0; t < z.weight_tiles.size(); ++t) {
+      int64_t lowest = plan.model.hp.num_layers;
+      bool outside = false;
+      for (const ParamSlot& p : plan.layout.params)
+        if (p.offset < z.weight_tiles[t].end && p.offset + p.numel > z.weight_tiles[t].begin) {
+          outside = outside || p.layer < 0;
+          lowest = std::min<int64_t>(lowest, p.layer);
+        }
+      EXPECT_EQ(z.weight_tile_final_after[t], outside ? -1 : lowest) << "tile " << t;
+      if (!outside) ++tiles, numel += z.weight_tiles[t].numel();
+    }
+    ASSERT_GT(tiles, 1);
+    ASSERT_LT(tiles, static_cast<int64_t>(z.weight_tiles.size()));  // (the embeddings' tile is final only at the end)
+    EXPECT_EQ(z.speculated_numel, numel);
+    // A backup only where the step can be undone: AdamW's master and two moments of every speculated element.
+    const bool undoable = c.undo == Undo::clipped || c.undo == Undo::overflow;
+    EXPECT_EQ(z.speculation_backed_up, undoable);
+    const ZeroBuffer* backup = z.find(BufferRole::step_backup, Place::host);
+    ASSERT_EQ(backup != nullptr, undoable);
+    if (backup) {
+      EXPECT_EQ(backup->elements, numel);
+      EXPECT_EQ(backup->copies, 3);
+    }
+    // Not where it would hide nothing (the CPU's one memory), nor on two ranks: warned, once.
+    for (const Plan& no : {plan_for(1, 0, speculative, true, /*separate=*/false), plan_for(2, 0, speculative, true, true)}) {
+      EXPECT_FALSE(no.execution.step_in_backward);
+      EXPECT_EQ(no.execution.find(BufferRole::step_backup, Place::host), nullptr);
+      EXPECT_EQ(std::count_if(no.warnings.begin(), no.warnings.end(),
+                              [](const ConfigIssue& w) { return w.path == "zero_optimization.offload_optimizer.speculative_step"; }),
+                1);
+    }
+    EXPECT_FALSE(plan_for(1, 0, o, true, true).execution.step_in_backward);  // (off unless asked)
+
+    // The overflow: step 2's norm (the host's one sum of the bf16 gradients a step) comes out infinite, in both runs.
+    const RankPrepare overflow = [&](int, TrainOptions&, Device& d) {
+      if (c.undo == Undo::overflow) static_cast<SeparateMemoryDevice&>(d).infinite_host_sums = {2};
+    };
+    const std::vector<RankRun> after = train_ranks(1, o, true, "", /*grads_leave=*/true, {}, overflow);
+    fs::remove_all(root / "run");
+    const std::vector<RankRun> during = train_ranks(1, speculative, true, "", /*grads_leave=*/true, {}, overflow);
+    ASSERT_EQ(during[0].result.losses.size(), static_cast<size_t>(plan.steps));
+    EXPECT_EQ(after[0].result.losses, during[0].result.losses);
+    EXPECT_EQ(after[0].result.skipped_steps, during[0].result.skipped_steps);
+    EXPECT_EQ(during[0].result.skipped_steps, c.undo == Undo::overflow || c.undo == Undo::untrained ? 1 : 0);
+    EXPECT_TRUE(during[0].copy_races.empty()) << during[0].copy_races.front();
+    double planned = 0, gradients = 0;
+    for (const Transfer& t : z.transfers) {
+      planned += t.bytes_per_step;
+      if (t.from == Place::device) gradients += t.bytes_per_step;
+    }
+    const double speculated_bytes = static_cast<double>(numel) * 2;  // (the tiles' bf16 weights)
+    std::ifstream metrics(root / "run" / "metrics.jsonl");
+    int64_t step = 0;
+    for (std::string line; std::getline(metrics, line); ++step) {
+      SCOPED_TRACE("step " + std::to_string(step + 1));
+      const nlohmann::json m = nlohmann::json::parse(line);
+      const bool untrained = c.undo == Undo::untrained && step == 0, overflowed = c.undo == Undo::overflow && step == 1;
+      EXPECT_EQ(m["skipped"].get<bool>(), untrained || overflowed);
+      EXPECT_EQ(m["speculated_tiles"].get<int64_t>(), untrained ? 0 : tiles);
+      EXPECT_EQ(m["restored_tiles"].get<int64_t>(), c.undo == Undo::clipped || overflowed ? tiles : 0);
+      // Restored: the speculated copies; with no update, the weights put back as well. A skipped step moves only its
+      // gradients, as without speculation.
+      EXPECT_DOUBLE_EQ(m["speculation_bytes"].get<double>(), overflowed ? 2 * speculated_bytes : c.undo == Undo::clipped ? speculated_bytes : 0.0);
+      EXPECT_DOUBLE_EQ(m["offload_bytes"].get<double>(), untrained || overflowed ? gradients : planned);
+    }
+    EXPECT_EQ(step, plan.steps);
+    fs::remove_all(root / "run");
+  }
+  fs::remove_all(root);
 }
 
 // ds profile on a device whose work runs apart from the host (a GPU): the step's phases and blocks are timed on the

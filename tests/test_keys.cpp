@@ -81,6 +81,7 @@ const std::map<std::string, const char*> kActs = {
     {"zero_optimization.offload_optimizer.buffer_count", "plan: NVMe swap buffer sets (swap_sets); too few is an error"},
     {"zero_optimization.offload_optimizer.pipeline_read", "runtime: OptimizerSwapper reads the next sub-group ahead"},
     {"zero_optimization.offload_optimizer.pipeline_write", "runtime: OptimizerSwapper writes the last sub-group behind"},
+    {"zero_optimization.offload_optimizer.speculative_step", "plan: ZeroExecution::step_in_backward; runtime: OptimizerStep::speculate"},
     {"aio.block_size", "runtime: SwapIo request size"},
     {"aio.queue_depth", "runtime: SwapIo io_uring size, requests in flight"},
     {"aio.single_submit", "runtime: SwapIo submits each request on its own"},

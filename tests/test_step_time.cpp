@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "common/format.hpp"
 #include "engine/plan/flops.hpp"
 #include "engine/plan/plan.hpp"
 #include "engine/plan/plan_record.hpp"
@@ -366,7 +367,16 @@ Topology gpus_offloading(int per_node, const std::string& gpu, const std::string
 // behind the backward, by hand: a pipeline of the n blocks, each block's copy and sum beside the next block's backward
 // (the lowest's beside the embeddings' only: (n - 1) / n of it), the blocks' share of those rows, up to the blocks'
 // share of the backward's FLOPs (the recomputed forward included). 0 elsewhere.
+// gradients_trip_taken: the blocks' backward seconds the trip takes up (the pipeline's stages side by side).
+double gradients_trip_taken(const Plan& p);
 double gradients_trip_hidden(const Plan& p) {
+  std::set<int> layers;
+  for (const ParamSlot& s : p.layout.params)
+    if (s.layer >= 0) layers.insert(s.layer);
+  const double n = static_cast<double>(layers.size());
+  return (n - 1) / n * gradients_trip_taken(p);
+}
+double gradients_trip_taken(const Plan& p) {
   if (!p.execution.overlap || p.topology.world_size != 1 || p.precision.grad_dtype != p.precision.compute_dtype) return 0;
   double trip = 0;
   for (const OffloadTime& x : p.step_time.offload)
@@ -384,8 +394,7 @@ double gradients_trip_hidden(const Plan& p) {
     backward += m.backward + m.recompute;
     if (m.layer >= 0) blocks_backward += m.backward + m.recompute;
   }
-  const double n = static_cast<double>(layers.size());
-  return (n - 1) / n * std::min(trip * in_blocks / elements, p.step_time.backward_s * blocks_backward / backward);
+  return std::min(trip * in_blocks / elements, p.step_time.backward_s * blocks_backward / backward);
 }
 
 bool mentions(const std::vector<std::string>& missing, const std::string& flag) {
@@ -616,6 +625,151 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
   const Plan shards = plan_on(kGpt2Zero2, gpus_offloading(8, "h100", "", "400GB/s", ""), cpu_offload);
   EXPECT_FALSE(shards.execution.step_in_forward);
   EXPECT_EQ(shards.step_time.offload.back().hidden_s, 0);
+}
+
+// The speculative step (offload_optimizer.speculative_step) on one GPU whose gradients leave block by block: the tiles
+// lying wholly in the blocks are backed up and stepped during the last micro step's backward, a pipeline of the groups
+// of tiles final after the same block (the last group's beside nothing: (m - 1) / m), up to the last micro step's share
+// of the blocks' backward the gradients' trip leaves free; the tiles the forward would have stepped are those left.
+// Where the step can be undone (gradient_clipping, bf16's overflow check) the backup's traffic is a row of its own.
+// By hand, with a host slower than that window and one faster, with and without the backup. With it the predicted
+// step is slower than without speculation (the next forward hides most of the host's step already) and ds plan warns;
+// without it, on the slower host, faster.
+TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
+  bool capped = false, whole = false;
+  // (a GH200-like link, so the gradients' trip leaves most of the backward free)
+  for (const bool backed_up : {true, false})
+  for (const char* memory : {"200GB/s", "1000GB/s"}) {
+    SCOPED_TRACE(std::string(memory) + (backed_up ? ", backed up" : ", no backup"));
+    std::vector<std::string> offload{"zero_optimization.offload_optimizer.device=cpu"};
+    if (!backed_up) offload.insert(offload.end(), {"gradient_clipping=0", "bf16.check_grad_overflow=false"});
+    std::vector<std::string> speculative = offload;
+    speculative.push_back("zero_optimization.offload_optimizer.speculative_step=true");
+    const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "450GB/s", memory, ""), speculative);
+    const Plan without = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "450GB/s", memory, ""), offload);
+    const ZeroExecution& z = p.execution;
+    ASSERT_TRUE(z.step_in_backward);
+    ASSERT_TRUE(z.step_in_forward);
+    const StepTime& t = p.step_time;
+    ASSERT_TRUE(t.step_known());
+    // Per tile the lowest block it holds (-1: it holds a parameter outside the blocks); the plan speculates the tiles
+    // of the blocks from some block K up, the K whose step it predicts shortest.
+    ASSERT_EQ(z.weight_tile_final_after.size(), z.weight_tiles.size());
+    int64_t first_block = p.layout.numel, speculated = 0, later = 0;
+    for (const ParamSlot& s : p.layout.params)
+      if (s.layer >= 0) first_block = std::min(first_block, s.offset);
+    std::vector<int64_t> lowest_of;
+    for (const SubGroup& g : z.weight_tiles) {
+      int lowest = p.model.hp.num_layers;
+      bool outside = false;
+      for (const ParamSlot& s : p.layout.params)
+        if (s.offset < g.end && s.offset + s.numel > g.begin) outside = outside || s.layer < 0, lowest = std::min(lowest, s.layer);
+      lowest_of.push_back(outside ? -1 : lowest);
+    }
+    int64_t from = std::numeric_limits<int64_t>::max();
+    for (int64_t a : z.weight_tile_final_after)
+      if (a >= 0) from = std::min(from, a);
+    ASSERT_LT(from, p.model.hp.num_layers);
+    std::set<int64_t> candidates(lowest_of.begin(), lowest_of.end());
+    candidates.erase(-1);
+    for (int64_t k : candidates) {  // every other choice predicts a step no shorter
+      Plan trial = p;
+      trial.execution.weight_tile_final_after = lowest_of;
+      limit_speculation(trial.execution, k);
+      EXPECT_GE(predict_step_time(trial).step_s(), t.step_s() - 1e-15) << "from block " << k;
+    }
+    std::set<int> groups, places;
+    for (size_t i = 0; i < z.weight_tiles.size(); ++i) {
+      const SubGroup& g = z.weight_tiles[i];
+      int begins_in = -1;
+      for (const ParamSlot& s : p.layout.params)
+        if (s.offset <= g.begin && g.begin < s.offset + s.numel) begins_in = s.layer;
+      const bool taken = lowest_of[i] >= from;
+      EXPECT_EQ(z.weight_tile_final_after[i], taken ? lowest_of[i] : -1) << "tile " << i;
+      if (taken) {
+        speculated += g.numel();
+        groups.insert(static_cast<int>(lowest_of[i]));
+      } else if (g.begin >= first_block) {
+        later += g.numel();
+        places.insert(begins_in);
+      }
+    }
+    ASSERT_GE(groups.size(), 1u);
+    EXPECT_EQ(z.speculated_numel, speculated);
+    const double host = static_cast<double>(z.state_spans.front().numel());
+    const auto row = [&](const char* what) {
+      const auto x = std::find_if(t.offload.begin(), t.offload.end(), [&](const OffloadTime& o) { return o.what == what; });
+      EXPECT_NE(x, t.offload.end()) << what;
+      return x != t.offload.end() ? *x : OffloadTime{};
+    };
+    const OffloadTime step = row("optimizer step on the host");
+    EXPECT_EQ(t.offload.back().what, "optimizer step on the host");
+    EXPECT_EQ(z.speculation_backed_up, backed_up);
+    EXPECT_EQ(std::count_if(t.offload.begin(), t.offload.end(), [](const OffloadTime& x) { return x.what == "speculated states backed up"; }),
+              backed_up ? 1 : 0);
+    // The backup: AdamW's master and two moments read, then written, each speculated element, at the host's memory rate.
+    const OffloadTime backup = backed_up ? row("speculated states backed up") : OffloadTime{};
+    if (backed_up) {
+      EXPECT_DOUBLE_EQ(backup.bytes, 2.0 * 3 * 4 * static_cast<double>(speculated));
+      EXPECT_NEAR(backup.seconds, step.seconds * backup.bytes / step.bytes, 1e-15);
+    }
+    // The window: the last micro step's share of the blocks' backward, less its share of the gradients' trip.
+    double backward = 0, blocks_backward = 0, before = 0, all = 0;
+    const int reached = places.count(-1) ? p.model.hp.num_layers : *places.rbegin();
+    for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+      if (m.depth != 1) continue;
+      backward += m.backward + m.recompute;
+      all += m.forward;
+      if (m.layer >= 0) blocks_backward += m.backward + m.recompute;
+      if (m.layer >= 0 && m.layer < reached) before += m.forward;
+    }
+    const double micro = static_cast<double>(p.batch.grad_accum);
+    ASSERT_EQ(micro, 2);
+    const double window = std::max(0.0, t.backward_s * blocks_backward / backward - gradients_trip_taken(p)) / micro;
+    const double share = static_cast<double>(speculated) / host;
+    const double work = step.seconds * share + backup.seconds;
+    const double m = static_cast<double>(groups.size());
+    if (backed_up) {
+      ASSERT_GT(m, 1);  // (the regimes below are met)
+    }
+    ASSERT_GT(window, 0);
+    const double hidden = (m - 1) / m * std::min(work, window);
+    (work > window ? capped : whole) = true;
+    // The forward's part: the tiles left to it, a pipeline of the places they are stepped at.
+    double forward_hidden = 0;
+    if (later > 0) {
+      const double stages = static_cast<double>(places.size());
+      const double beside = t.forward_s / micro * before / all;
+      forward_hidden = (stages - 1) / stages * std::min(static_cast<double>(later) / host * step.seconds, beside);
+    }
+    EXPECT_NEAR(backup.hidden_s, hidden * backup.seconds / work, 1e-15);
+    EXPECT_NEAR(step.hidden_s, forward_hidden + hidden * step.seconds * share / work, 1e-15);
+    EXPECT_EQ(backup.hidden_s > 0, backed_up);
+    double sum = 0;
+    for (const OffloadTime& x : t.offload) sum += x.hidden_s;
+    EXPECT_NEAR(t.offload_hidden_s, sum, 1e-15);
+    EXPECT_NEAR(t.step_s(), t.compute_s + t.comm_s - t.hidden_s + t.offload_s - t.offload_hidden_s, 1e-12);
+    const auto warned = std::find_if(p.warnings.begin(), p.warnings.end(), [](const ConfigIssue& w) {
+      return w.path == "zero_optimization.offload_optimizer.speculative_step";
+    });
+    if (!backed_up) {  // the backward hides more of the slower host's step than the forward would, at no cost
+      if (std::string(memory) == "200GB/s") {
+        EXPECT_LT(t.step_s(), without.step_time.step_s());
+        EXPECT_EQ(warned, p.warnings.end());
+      }
+      continue;
+    }
+    // Here the next forward already hides most of the host's step without speculation, and the backup's traffic
+    // costs more than the backward adds: predicted slower, and ds plan says so, naming both figures.
+    EXPECT_GT(t.step_s(), without.step_time.step_s());
+    ASSERT_NE(warned, p.warnings.end());
+    EXPECT_NE(warned->message.find("by " + format_fixed((t.step_s() - without.step_time.step_s()) * 1e3, 1) + " ms"), std::string::npos) << warned->message;
+    EXPECT_TRUE(std::none_of(without.warnings.begin(), without.warnings.end(), [](const ConfigIssue& w) {
+      return w.path == "zero_optimization.offload_optimizer.speculative_step";
+    }));
+  }
+  EXPECT_TRUE(capped);
+  EXPECT_TRUE(whole);
 }
 
 // One GPU with its optimizer on the host, the gradients leaving block by block (stage 2): with overlap_comm each

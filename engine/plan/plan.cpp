@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <set>
 
 #include "common/error.hpp"
 #include "common/format.hpp"
@@ -804,6 +806,44 @@ BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape&
 
 }  // namespace
 
+// The speculative step where the step's time can be predicted: which tiles to speculate, and a warning where it
+// still makes the step slower than without.
+static void choose_speculated_tiles(Plan& plan) {
+  // Which tiles to speculate: those of the blocks from the one whose choice predicts the shortest step up (the top
+  // blocks' tiles are final first in the backward; the bottom ones', read first by the next forward, may do better
+  // there). On a tie, the fewer tiles.
+  std::set<int64_t> lowest(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
+  lowest.erase(-1);
+  double best_s = std::numeric_limits<double>::infinity();
+  int64_t best = -1;
+  for (int64_t k : lowest) {
+    Plan trial = plan;
+    limit_speculation(trial.execution, k);
+    if (const double s = predict_step_time(trial).step_s(); s <= best_s) best_s = s, best = k;
+  }
+  limit_speculation(plan.execution, best);
+  plan.memory = estimate_memory(plan.execution, plan.memory.device.activations);
+  plan.step_time = predict_step_time(plan);
+  // What speculation buys here: the same plan's step predicted without it.
+  Plan plain = plan;
+  plain.zero.offload_optimizer.speculative_step = false;
+  plain.execution = describe_zero(plain);
+  const double with = plan.step_time.step_s(), without = predict_step_time(plain).step_s();
+  double backup_s = 0;
+  for (const OffloadTime& x : plan.step_time.offload) backup_s += x.what == "speculated states backed up" ? x.seconds : 0.0;
+  const auto ms = [](double s) { return format_fixed(s * 1e3, 1) + " ms"; };
+  if (with > without)
+    plan.warnings.push_back({"zero_optimization.offload_optimizer.speculative_step",
+                             "makes the predicted step slower, by " + ms(with - without) + " (" + ms(with) + " against " + ms(without) +
+                                 (backup_s > 0 ? "): backing up the speculated tiles' states takes " + ms(backup_s) +
+                                                     " of the host's memory, more than the last backward hides beyond what the next forward would"
+                                               : "): the last backward hides less of the host's step than the next forward would"),
+                             plan.execution.speculation_backed_up
+                                 ? "remove it; without the backup (gradient_clipping 0 where the run does without clipping, and no "
+                                   "overflow skip: bf16 without check_grad_overflow) speculation costs nothing beyond the step"
+                                 : "remove it: the next forward hides the host's step already"});
+}
+
 Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology& topo, const ResumedFrom* resumed) {
   Plan plan = plan_from_settings(c, topo);
   std::vector<ConfigIssue> errors;
@@ -854,6 +894,15 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                      dtype_bytes(plan.execution.reduced_dtype), plan.activation_checkpointing, plan.optimizer.per_tensor_update());
   note_communication_dtype(plan);
   note_gradient_sums(c, plan);
+  if (c.zero.offload_optimizer.speculative_step && !plan.execution.step_in_backward)
+    plan.warnings.push_back({"zero_optimization.offload_optimizer.speculative_step",
+                             topo.device_traits().memory_is_host
+                                 ? "has no effect on the CPU: the step's states and weights are in the memory the model computes in, "
+                                   "and there is no device's backward to step them behind"
+                                 : "has no effect here: it needs one GPU rank whose gradients leave for the host block by block (ZeRO "
+                                   "stage 2 or 3, offload_optimizer.device cpu with ratio 1, no offload_param, weights in bf16 or fp32) "
+                                   "and tiles of the blocks to step",
+                             "remove it, or see man ds-train, OPTIMIZER OFFLOAD"});
   note_mesh(plan);
   note_recompute_groups(plan);
   if (plan.execution.gathers)
@@ -864,6 +913,7 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
   if (c.train.epochs) steps_from_epochs(c, plan);
   if (resumed) keep_checkpoint_schedule(c, *resumed, plan);
   plan.step_time = predict_step_time(plan);
+  if (plan.execution.step_in_backward && plan.step_time.step_known()) choose_speculated_tiles(plan);
   if (topo.device_traits().memory_is_host && topo.rates.host_link.known())
     plan.warnings.push_back({"", "--host-link has no effect on the CPU: its copies between places are the host's memory's (--host-memory-bw)",
                              "drop --host-link, or plan for a GPU (--gpu)"});

@@ -262,6 +262,10 @@ std::vector<OffloadTime> offload_rows(const Plan& p, const ZeroExecution& z, con
     const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
     add("gradients summed on the host", OffloadResource::host_memory, g->bytes() * (2 + 3 * (micro_steps - 1)), r.memory, r.memory_name);
   }
+  // The speculative step (step_in_backward): each step copies the speculated tiles' master and moments to their backup
+  // first (read, then written).
+  if (const ZeroBuffer* backup = z.step_in_backward ? z.find(BufferRole::step_backup, Place::host) : nullptr)
+    add("speculated states backed up", OffloadResource::host_memory, 2 * backup->bytes(), r.memory, r.memory_name);
   add("optimizer step on the host", OffloadResource::host_memory, n * (grad + 8.0 * (1 + p.optimizer.moments) + weight), r.memory, r.memory_name);
   // Work that runs while the host steps: a pipelined optimizer reads the next sub-groups and writes the last ones
   // (all but one sub-group's read, the first, and write, the last, in the directions pipelined), and staged weights
@@ -343,6 +347,39 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
   return taken;
 }
 
+// The speculative step (step_in_backward): on the last micro step the host backs up and steps the tiles lying wholly in
+// the blocks as their gradients become final, while the GPU runs the backward of the blocks below. A pipeline of m
+// groups of tiles (those final after the same block), each group's backup and step beside the blocks' backward below it:
+// the last group (final after block 0) has only the embeddings' backward beside it (short, not counted), so (m - 1) / m
+// of what would hide. The window is the last micro step's share of the blocks' backward less its share of what the
+// gradients' trip takes of it (`gradients_taken`, hide_gradients_behind_backward's: the host's thread sums them
+// too). The speculated tiles' copies ride the copy stream behind their step as any tile's (offload_rows). A clipped
+// or skipped step restores and steps them again: not predicted (it depends on the norm).
+void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows, double gradients_taken) {
+  const ZeroExecution& z = p.execution;
+  if (!z.step_in_backward || !(t.backward_s > 0)) return;
+  const auto row = [&](const char* what) {
+    const auto x = std::find_if(rows.begin(), rows.end(), [&](const OffloadTime& o) { return o.what == what; });
+    return x != rows.end() && x->known ? &*x : nullptr;
+  };
+  OffloadTime* step = row("optimizer step on the host");
+  OffloadTime* backup = row("speculated states backed up");  // (none where nothing can undo the step)
+  if (!step || (z.speculation_backed_up && !backup)) return;
+  std::set<int64_t> groups;
+  for (int64_t after : z.weight_tile_final_after)
+    if (after >= 0) groups.insert(after);
+  const double m = static_cast<double>(groups.size());
+  const double share = static_cast<double>(z.speculated_numel) / static_cast<double>(z.state_spans.front().numel());
+  const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+  const double window = std::max(0.0, blocks_compute(p, t).backward_s - gradients_taken) / micro_steps;
+  const double backup_s = backup ? backup->seconds : 0.0;
+  const double work = step->seconds * share + backup_s;
+  if (!(m > 1) || !(work > 0)) return;
+  const double hidden = (m - 1) / m * std::min(work, window);
+  step->hidden_s += hidden * step->seconds * share / work;
+  if (backup) backup->hidden_s += hidden * backup_s / work;
+}
+
 // Stage 3 on one rank with the parameters in page-locked host memory: each block's partitions cross to the GPU one block
 // ahead (Device::copy_ahead), the next block's beside the current block's forward or backward, the compute stream
 // waiting for them only as their block's gather finishes. Each pass's first block (block 0 in the forward, the top
@@ -395,16 +432,25 @@ void predict_offload(const Plan& p, StepTime& t) {
   // n - 1 times the slowest: the first hook's step and copy hide behind nothing (the embeddings' forward, short, is
   // not counted), so what hides is (n - 1) / n of what n equal stages beside each other would hide. The compute they
   // run beside is the blocks' before the last hook: not the head's after them, nor the blocks' past the host's part.
-  if (p.execution.step_in_forward && t.forward_s > 0) {
-    const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
-    const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
-    int64_t later = 0, at_once = 0, stages = 0;
-    for (size_t i = 0; i < tiles.size(); ++i) {
-      hooks[i] >= 0 ? later += tiles[i].numel() : ++at_once;
-      stages += hooks[i] >= 0 && (i == 0 || hooks[i] != hooks[i - 1]);
+  // (The tiles the speculative step takes during the backward, step_in_backward, are not left to the forward.)
+  const std::vector<SubGroup>& tiles = p.execution.weight_tiles;
+  const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
+  const std::vector<int64_t>& speculated = p.execution.weight_tile_final_after;  // (empty without speculation)
+  int64_t later = 0, at_once = 0, stages = 0, last_hook = -1;
+  for (size_t i = 0; p.execution.step_in_forward && i < tiles.size(); ++i) {
+    if (hooks[i] < 0) {
+      ++at_once;
+    } else if (speculated.empty() || speculated[i] < 0) {
+      later += tiles[i].numel();
+      stages += hooks[i] != last_hook;
+      last_hook = hooks[i];
     }
-    const double share = static_cast<double>(later) / static_cast<double>(p.execution.state_spans.front().numel());
-    const int64_t reached = (*std::max_element(hooks.begin(), hooks.end()) + 1) / 2;  // blocks run before the last hook
+  }
+  if (p.execution.step_in_forward && t.forward_s > 0 && later > 0) {
+    const double host = static_cast<double>(p.execution.state_spans.front().numel());
+    const double share = static_cast<double>(later) / host;
+    const double speculated_share = static_cast<double>(p.execution.speculated_numel) / host;
+    const int64_t reached = (last_hook + 1) / 2;  // blocks run before the last hook
     double before = 0, all = 0;
     for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora))
       if (m.depth == 1) all += m.forward, before += m.layer >= 0 && m.layer < reached ? m.forward : 0.0;
@@ -427,10 +473,12 @@ void predict_offload(const Plan& p, StepTime& t) {
       else if (x.what == "updated weights to the device" && x.known)
         x.hidden_s = !pinned ? host_stage_hidden - filled * std::min(step_s * share, window)
                              : std::min(x.seconds * static_cast<double>(std::max<int64_t>(0, at_once - 1)) / static_cast<double>(tiles.size()),
-                                        step_s * (1 - share)) +
+                                        step_s * (1 - share - speculated_share)) +
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
-  hide_parameters_ahead(p, t, rows, hide_gradients_behind_backward(p, t, rows));
+  const double gradients_taken = hide_gradients_behind_backward(p, t, rows);
+  hide_step_behind_backward(p, t, rows, gradients_taken);
+  hide_parameters_ahead(p, t, rows, gradients_taken);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

@@ -25,7 +25,8 @@
 //               parameters from page-locked host memory a block ahead (one rank), NVMe swaps
 //               pipelined (pipeline_read/write) and staged weights' copies behind the host's step,
 //               and where the host steps tiles during the next forward (step_in_forward) their share of its step,
-//               up to the first micro step's forward;
+//               up to the first micro step's forward; a speculative step (step_in_backward) its tiles' share of the
+//               host's step and their backup, up to the last micro step's blocks' backward the gradients leave free;
 //   step      = compute + communication - hidden + offload - its hidden part.
 #pragma once
 

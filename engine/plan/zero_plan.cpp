@@ -56,6 +56,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::param_swap: return "param_swap";
     case BufferRole::weights_staging: return "weights_staging";
     case BufferRole::grads_arrival: return "grads_arrival";
+    case BufferRole::step_backup: return "step_backup";
   }
   return "?";
 }
@@ -574,6 +575,40 @@ static std::vector<int64_t> tile_hooks(const FlatLayout& L, const std::vector<Su
   return hooks;
 }
 
+// The speculative step (ZeroExecution::step_in_backward): per tile [begin, end) of the flat parameters, the lowest
+// block whose parameters it holds (its gradients are all final once that block's have arrived on the step's last
+// micro step: the blocks above it ran their backward before), or -1 where it holds a parameter outside the blocks.
+static std::vector<int64_t> tile_final_after(const FlatLayout& L, const std::vector<SubGroup>& tiles) {
+  std::vector<int64_t> after;
+  for (const SubGroup& t : tiles) {
+    int64_t lowest = std::numeric_limits<int64_t>::max();
+    for (const ParamSlot& p : L.params) {
+      if (p.offset >= t.end || p.offset + p.numel <= t.begin) continue;
+      lowest = p.layer < 0 ? -1 : std::min<int64_t>(lowest, p.layer);
+      if (lowest < 0) break;
+    }
+    after.push_back(lowest == std::numeric_limits<int64_t>::max() ? -1 : lowest);  // (padding alone: nothing to speculate)
+  }
+  return after;
+}
+
+void limit_speculation(ZeroExecution& z, int64_t lowest_block) {
+  if (!z.step_in_backward) return;
+  z.speculated_numel = 0;
+  for (size_t i = 0; i < z.weight_tile_final_after.size(); ++i) {
+    int64_t& after = z.weight_tile_final_after[i];
+    if (after < lowest_block) after = -1;
+    if (after >= 0) z.speculated_numel += z.weight_tiles[i].numel();
+  }
+  for (ZeroBuffer& b : z.buffers)
+    if (b.role == BufferRole::step_backup) b.elements = z.speculated_numel;
+  if (z.speculated_numel > 0) return;
+  z.step_in_backward = z.speculation_backed_up = false;
+  z.weight_tile_final_after.clear();
+  z.buffers.erase(std::remove_if(z.buffers.begin(), z.buffers.end(), [](const ZeroBuffer& b) { return b.role == BufferRole::step_backup; }),
+                  z.buffers.end());
+}
+
 ZeroExecution describe_zero(const Plan& plan) {
   ZeroExecution z;
   ZeroBuild b = decide_execution(plan, z);
@@ -589,10 +624,28 @@ ZeroExecution describe_zero(const Plan& plan) {
   // device, over a model whole on the rank that computes in the stored weights (Lamb's per-tensor norms need every
   // tile's first; refused as a tile layout anyway).
   const auto on_device = [](const StateSpan& s) { return s.place == Place::device; };
-  if (!z.state_spans.empty() && z.state_spans.front().place == Place::host && z.state_spans.front().weights == WeightsBack::staged &&
-      std::all_of(z.state_spans.begin() + 1, z.state_spans.end(), on_device) &&
-      z.weight_tiles.size() > 1 && !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
-      !plan.optimizer.per_tensor_update()) {
+  const bool host_steps_tiles = !z.state_spans.empty() && z.state_spans.front().place == Place::host &&
+                                z.state_spans.front().weights == WeightsBack::staged &&
+                                std::all_of(z.state_spans.begin() + 1, z.state_spans.end(), on_device) && z.weight_tiles.size() > 1 &&
+                                !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
+                                !plan.optimizer.per_tensor_update();
+  // The speculative step: where the gradients leave block by block (summed on the host as they arrive), so a tile's
+  // are final in host memory before the backward ends.
+  if (host_steps_tiles && b.grads_to_host && plan.zero.offload_optimizer.speculative_step) {
+    using C = MemoryCategory;
+    std::vector<int64_t> after = tile_final_after(plan.layout, z.weight_tiles);
+    for (size_t i = 0; i < after.size(); ++i) z.speculated_numel += after[i] >= 0 ? z.weight_tiles[i].numel() : 0;
+    if (z.speculated_numel > 0) {
+      z.step_in_backward = true;
+      z.weight_tile_final_after = std::move(after);
+      z.speculation_backed_up = plan.gradient_clipping > 0 || plan.precision.check_overflow;
+      int states = 0;
+      for (const ZeroBuffer& x : z.buffers)
+        states += x.place == Place::host && (x.role == BufferRole::master || x.role == BufferRole::exp_avg || x.role == BufferRole::exp_avg_sq);
+      if (z.speculation_backed_up) b.add(BufferRole::step_backup, Dtype::fp32, z.speculated_numel, C::buffers, Place::host, states);
+    }
+  }
+  if (host_steps_tiles) {
     std::vector<int64_t> hooks = tile_hooks(plan.layout, z.weight_tiles);
     const bool could = std::any_of(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
     z.step_in_forward = could && !plan.run.steps_measured_alone;

@@ -84,6 +84,8 @@ enum class BufferRole {
                     // two, taken in turn, where a span is stepped in several tiles or sub-groups)
   grads_arrival,    // gradients leaving a GPU block by block: the page-locked buffer a piece arrives in before it is
                     // added to the host's gradients (the largest piece's)
+  step_backup,      // the speculative step (ZeroExecution::step_in_backward): the fp32 master and each moment of the
+                    // speculated tiles as they were before it, one copy per state, restored where the step is clipped or skipped
 };
 const char* buffer_role_name(BufferRole r);
 
@@ -135,6 +137,23 @@ struct ZeroExecution {
   // before block l, 2 l + 1 after it; -1 for a tile beginning before the first trained block (stepped at once). A tile
   // is stepped where its first element is read (one past the blocks: after the last block). Empty otherwise.
   std::vector<int64_t> weight_tile_hooks;
+  // ZeRO-Offload's speculative step (offload_optimizer.speculative_step), where a GPU's gradients leave block by
+  // block for the host that steps its weights in staged tiles: on the step's last micro step, each tile whose
+  // gradients are all final (every block it holds has finished its backward and reached the host) is stepped at once,
+  // during the backward of the blocks below it, as if the step were neither clipped nor skipped, after its fp32
+  // master and moments are copied to step_backup (where the step can be undone: speculation_backed_up). Once the
+  // ranks agree on the norm: a step neither clipped nor skipped keeps them; a clipped one restores them and steps
+  // them again with the clip; a skipped one restores them and puts their weights back from the master. Exact either way. Composes with step_in_forward (which takes the tiles not
+  // speculated). A tile holding a parameter outside the blocks is final only after the backward: never speculated.
+  bool step_in_backward = false;
+  // With step_in_backward, per weight tile the block after whose gradients' arrival on the last micro step the tile is
+  // final (the lowest block it holds), or -1 (not speculated). Empty otherwise.
+  std::vector<int64_t> weight_tile_final_after;
+  int64_t speculated_numel = 0;  // the elements of the tiles speculated (step_backup holds one copy per fp32 state)
+  // Whether a speculated step can be undone: gradient_clipping may clip it, or an overflow skip it (fp16, bf16's
+  // check_grad_overflow). Without either every speculated step stands (a step the data says trains nothing is not
+  // speculated; a non-finite loss ends the run): no backup, nothing read or written beyond the step itself.
+  bool speculation_backed_up = false;
   // The run measures each step alone (RunSettings::steps_measured_alone) and that turned gather_ahead or
   // step_in_forward off: what ds plan says the profile changes.
   bool kept_within_step = false;
@@ -213,5 +232,9 @@ std::vector<Ownership> group_ownerships(const FlatLayout& L, const std::vector<P
 // Describes the execution of a plan whose layout, zero knobs, precision, optimizer, batch and topology
 // are resolved. Pure.
 ZeroExecution describe_zero(const Plan& plan);
+// The speculative step kept to the tiles final after block `lowest_block` or a higher one (the top blocks' tiles,
+// final first in the backward); the others are stepped after the backward as without speculation (the next forward
+// steps them where step_in_forward). The backup shrinks with them; with none left, no speculation.
+void limit_speculation(ZeroExecution& z, int64_t lowest_block);
 
 }  // namespace ds

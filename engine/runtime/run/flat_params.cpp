@@ -77,6 +77,7 @@ void take_states(FlatParams& f, const ZeroExecution& z, Arenas& arenas) {
   for (int i = 0; i < 2; ++i) f.weights_staging[i] = arenas.take(BufferRole::weights_staging, i);
   f.weight_tiles = z.weight_tiles;
   f.grads_arrival = arenas.take(BufferRole::grads_arrival);
+  for (int i = 0; i < 3; ++i) f.step_backup[i] = arenas.take(BufferRole::step_backup, i);
 }
 
 // One view per parameter, requires_grad, its .grad a view of the buffer backward accumulates it in.
@@ -197,7 +198,8 @@ FlatParams::Bytes FlatParams::bytes() const {
   b.buffers += n(micro_grads);
   for (const torch::Tensor* t : {&block_grads[0], &block_grads[1], &outer_grads, &block_params[0], &block_params[1], &outer_params,
                                  &gather_staging[0], &gather_staging[1], &reduce_scratch, &frozen_block_params[0],
-                                 &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging[0], &weights_staging[1], &grads_arrival})
+                                 &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging[0], &weights_staging[1], &grads_arrival,
+                                 &step_backup[0], &step_backup[1], &step_backup[2]})
     b.buffers += n(*t);
   return b;
 }

@@ -57,6 +57,9 @@ struct FlatParams {
   torch::Tensor weights_staging[2];
   // Gradients leaving the device block by block: the page-locked buffer each piece arrives in (grads_arrival).
   torch::Tensor grads_arrival;
+  // The speculative step (ZeroExecution::step_in_backward): the speculated tiles' master and moments as they were,
+  // one buffer per fp32 state the host span has (in the order master, exp_avg, exp_avg_sq; the rest undefined).
+  torch::Tensor step_backup[3];
   std::vector<SubGroup> weight_tiles;
   int rank = 0;
   bool grouped = false;  // stages 2-3 on several ranks: gradients go through group buffers

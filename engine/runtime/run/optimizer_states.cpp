@@ -35,6 +35,16 @@ int64_t OptimizerStates::largest_chunk(const StateSpan& span) const {
   return most;
 }
 
+StateChunk OptimizerStates::tile_chunk(size_t tile) const {
+  const StateSpan& span = flat_.spans.at(0);
+  DS_CHECK(span.place != Place::nvme && tiles_span(flat_.weight_tiles, span) && tile < flat_.weight_tiles.size(),
+           "weight tile ", tile, " of a span not tiled in memory");
+  const FlatParams::States& st = flat_.states[0];
+  const SubGroup& g = flat_.weight_tiles[tile];
+  return StateChunk{0, g.begin, g.numel(), memory_of(span), part(st.master, span.begin, g), part(st.exp_avg, span.begin, g),
+                    part(st.exp_avg_sq, span.begin, g)};
+}
+
 void OptimizerStates::for_each(const std::function<void(const StateChunk&)>& fn, bool read, bool write) const {
   for (size_t i = 0; i < flat_.spans.size(); ++i) {
     const StateSpan& span = flat_.spans[i];

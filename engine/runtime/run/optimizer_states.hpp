@@ -45,6 +45,8 @@ class OptimizerStates {
   // fn(chunk) for every chunk in order. On NVMe `read`: the sub-group's states are read in first (else the
   // buffers hold whatever they held); `write`: written back after fn.
   void for_each(const std::function<void(const StateChunk&)>& fn, bool read = true, bool write = true) const;
+  // Weight tile `tile` of the first span, which the plan tiles in memory (the chunk for_each gives for it).
+  StateChunk tile_chunk(size_t tile) const;
 
  private:
   FlatParams& flat_;

@@ -27,6 +27,9 @@ void timed(double* s, const F& f) {
   *s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A chunk's fp32 states in step_backup's order (undefined where the optimizer keeps no such state).
+std::array<torch::Tensor, 3> fp32_states(const StateChunk& c) { return {c.master, c.exp_avg, c.exp_avg_sq}; }
+
 // Parameters in host memory that a device reads through copies (stage 3's gathers copy them ahead, waited for by the
 // compute stream only): every such copy has ended before the host writes them.
 void settle_parameter_copies(const FlatParams& flat, Device& device) {
@@ -145,7 +148,9 @@ void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t 
     if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
   } else if (how == WeightsBack::staged) {  // the tile the kernel just wrote: its turn's buffer, copied on the copy stream
     const torch::Tensor staged = staging_now().narrow(0, 0, master.numel());
-    if (read_before)
+    if (copies_ahead_)  // (a speculated tile's, during the backward: the compute stream needs them only for the next forward)
+      ahead_arrived_ = device_.copy_ahead(to, home, staged, Place::host);
+    else if (read_before)
       device_.copy(to, home, staged, Place::host, *read_before);
     else
       device_.copy(to, home, staged, Place::host);
@@ -296,6 +301,26 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
     DS_CHECK(!param_swap && !flat.widened && spans[0].place == Place::host &&
                  std::all_of(spans.begin() + 1, spans.end(), [](const StateSpan& s) { return s.place == Place::device; }),
              "the plan steps tiles during the next forward that are not the first span, in host memory, the rest on the device");
+  }
+  if (plan.execution.step_in_backward) {
+    const std::vector<StateSpan>& spans = states_.spans();
+    const std::vector<int64_t>& after = plan.execution.weight_tile_final_after;
+    DS_CHECK(!param_swap && !flat.widened && spans[0].place == Place::host && spans[0].weights == WeightsBack::staged &&
+                 flat.grads_place == Place::host && zero.sums_on_host() && after.size() == flat.weight_tiles.size(),
+             "the plan speculates tiles that are not the host's staged span's, with the gradients summed there");
+    int64_t at = 0;
+    for (size_t t = 0; t < after.size(); ++t) {
+      backup_at_.push_back(after[t] >= 0 ? at : -1);
+      at += after[t] >= 0 ? flat.weight_tiles[t].numel() : 0;
+    }
+    DS_CHECK(at == plan.execution.speculated_numel, "the speculated tiles hold ", at, " elements, the plan says ", plan.execution.speculated_numel);
+    const StateChunk first = states_.tile_chunk(0);
+    const std::array<torch::Tensor, 3> states = fp32_states(first);
+    for (size_t k = 0; k < states.size(); ++k)
+      DS_CHECK(!plan.execution.speculation_backed_up || !states[k].defined() || (flat.step_backup[k].defined() && flat.step_backup[k].numel() >= at),
+               "no backup of ", at, " elements for the speculated tiles' state ", k);
+    speculated_.assign(after.size(), 0);
+    zero.on_final_gradients([this](int64_t layer) { speculate(layer); });
   }
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
@@ -623,13 +648,74 @@ OptimizerStepInputs OptimizerStep::step_inputs(const StepOutcome& out) const {
     const double c = (out.norm + 1e-6) / plan_.gradient_clipping;
     if (c > 1) clip = 1.0 / c;
   }
+  return inputs_at(out.lr, clip / out.loss_scale);
+}
+
+OptimizerStepInputs OptimizerStep::inputs_at(double lr, double grad_scale) const {
   OptimizerStepInputs si;
-  si.lr = out.lr;
+  si.lr = lr;
   si.beta1 = schedule_.beta1_at(applied_ - 1);
   si.beta2 = schedule_.beta2_override().value_or(plan_.optimizer.betas[1]);
-  si.grad_scale = clip / out.loss_scale;
+  si.grad_scale = grad_scale;
   si.step = applied_ + 1;
   return si;
+}
+
+void OptimizerStep::speculate(int64_t layer) {
+  if (!speculating_) return;
+  torch::NoGradGuard ng;
+  const std::vector<int64_t>& after = plan_.execution.weight_tile_final_after;
+  const double moved0 = bytes_moved();
+  double crossing_s = 0;  // (inside the backward's phase: the host's time there)
+  copies_ahead_ = true;
+  try {
+    for (size_t t = 0; t < after.size(); ++t) {
+      if (after[t] < layer || speculated_[t]) continue;  // (-1: never; a block below `layer`: not final yet)
+      const StateChunk c = states_.tile_chunk(t);
+      const std::array<torch::Tensor, 3> states = fp32_states(c);
+      for (size_t k = 0; plan_.execution.speculation_backed_up && k < states.size(); ++k)
+        if (states[k].defined()) flat_.step_backup[k].narrow(0, backup_at_[t], c.numel).copy_(states[k]);
+      speculated_[t] = 1;  // (before its step: a step that threw is restored with the rest)
+      ++speculated_count_;
+      step_chunk(c, gradients_at(c), speculated_inputs_, &crossing_s);
+    }
+  } catch (...) {
+    copies_ahead_ = false;
+    throw;
+  }
+  copies_ahead_ = false;
+  speculated_bytes_ += bytes_moved() - moved0;
+}
+
+void OptimizerStep::settle_speculation(const OptimizerStepInputs* si, StepOutcome& out, bool failing) {
+  speculating_ = false;
+  // The speculated tiles' weights reach the device before anything after this reads them (the next forward).
+  if (ahead_arrived_) device_.compute_stream().wait_for(*ahead_arrived_), ahead_arrived_.reset();
+  out.speculated_tiles = speculated_count_;
+  if (speculated_count_ == 0) return;
+  const OptimizerStepInputs& s = speculated_inputs_;
+  if (si && si->lr == s.lr && si->beta1 == s.beta1 && si->beta2 == s.beta2 && si->grad_scale == s.grad_scale && si->step == s.step &&
+      !si->control)
+    return;  // the update would step them with these very inputs: they stand
+  if (!plan_.execution.speculation_backed_up) {  // (the plan saw nothing that could undo the step)
+    DS_CHECK(failing, "step ", applied_ + 1, ": the speculated tiles do not stand, and the plan kept no backup of them");
+    return;  // the run ends with the error that stopped the step
+  }
+  torch::NoGradGuard ng;
+  const double moved0 = bytes_moved();
+  for (size_t t = 0; t < speculated_.size(); ++t) {
+    if (!speculated_[t]) continue;
+    const StateChunk c = states_.tile_chunk(t);
+    const std::array<torch::Tensor, 3> states = fp32_states(c);
+    for (size_t k = 0; k < states.size(); ++k)
+      if (states[k].defined()) states[k].copy_(flat_.step_backup[k].narrow(0, backup_at_[t], c.numel));
+    if (!si) put_weights(c, WeightsBack::copied);  // no update: the weights the master rounds to, as before
+    speculated_[t] = 0;                            // (else the update steps it again)
+    ++out.restored_tiles;
+  }
+  speculated_count_ = 0;
+  // The speculated copies of tiles that did not stand, and the weights put back: beyond the plan's bytes.
+  out.speculation_bytes = speculated_bytes_ + (bytes_moved() - moved0);
 }
 
 void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
@@ -647,15 +733,18 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   const std::shared_ptr<Event> read_before = plan_.execution.step_in_forward ? device_.compute_stream().record() : nullptr;
   size_t tile = 0;
   states_.for_each([&](const StateChunk& c) {
+    // (the host's span is walked in its tiles where the plan steps them in the forward or the backward)
+    const bool tiled = c.span == 0 && (plan_.execution.step_in_forward || plan_.execution.step_in_backward);
+    const size_t t = tiled ? tile++ : 0;
+    if (tiled) DS_CHECK(t < flat_.weight_tiles.size() && flat_.weight_tiles[t].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", t);
+    if (tiled && plan_.execution.step_in_backward && speculated_[t]) return;  // stepped during the backward, and it stands
     torch::Tensor grads;  // (copied where the states are now, while they are the step's: a pending tile reads them later)
     if (states_.spans()[c.span].place == Place::device)
       grads = gradients_at(c);
     else
       timed(&crossing_s, [&] { grads = gradients_at(c); });
     if (plan_.execution.step_in_forward && c.span == 0) {  // (the host's span, walked in its tiles; the device's at once)
-      const std::vector<int64_t>& hooks = plan_.execution.weight_tile_hooks;
-      DS_CHECK(tile < hooks.size() && flat_.weight_tiles[tile].begin == c.begin, "a chunk at ", c.begin, " that is not tile ", tile);
-      const int64_t hook = hooks[tile++];
+      const int64_t hook = plan_.execution.weight_tile_hooks.at(t);
       if (hook >= 0) {
         // (read during the next forward: not from a gradient buffer the next step zeroes as it begins)
         DS_CHECK(zero_.sums_on_host() || !grads.is_alias_of(flat_.compute_grads), "a pending tile's gradients in the buffer the next step zeroes first");
@@ -692,7 +781,21 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   pending_bytes_ = 0;  // (a step that updates nothing leaves no tile)
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
-  const torch::Tensor loss_sum = micro_steps(step, out, clock);
+  if (plan_.execution.step_in_backward) {  // (the update's inputs as they will be unless the step is clipped or skipped)
+    std::fill(speculated_.begin(), speculated_.end(), 0);
+    speculated_count_ = 0;
+    speculated_bytes_ = 0;
+    speculated_inputs_ = inputs_at(schedule_.lr_at(applied_ - 1), 1.0 / out.loss_scale);
+    // (not a step the data says trains nothing: it is skipped)
+    speculating_ = !sampler_.masked() || sampler_.step_counted_targets(step) > 0;
+  }
+  torch::Tensor loss_sum;
+  try {
+    loss_sum = micro_steps(step, out, clock);
+  } catch (...) {
+    if (speculating_) settle_speculation(nullptr, out, /*failing=*/true);  // (the states as they were, where kept)
+    throw;
+  }
   tied_gradient_in();
   zero_.reduce_gradients();
   zero_.end_gradient_sums();
@@ -715,14 +818,23 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     si = step_inputs(out);  // (the schedule's values; its grad_scale gives way to the control's)
     si.control = figures.control.data_ptr<float>();
   } else {
-    decide_skip(step, out, agree(out, loss_sum, stop_signal));
+    try {
+      decide_skip(step, out, agree(out, loss_sum, stop_signal));
+    } catch (...) {
+      if (speculating_) settle_speculation(nullptr, out, /*failing=*/true);
+      throw;
+    }
     si = step_inputs(out);
   }
-  clock.lap(t.norm);
-  clock.mark(4);  // a step the host skips ends at its overflow check
   // On the device, a step the host knows trains nothing is not run; one the device skips runs its update, which writes
   // nothing, and republishes the same weights (its time and collectives show in the step's figures, as a run's would).
   const bool updated = !out.skipped && out.trained_tokens != 0;
+  if (speculating_) {
+    DS_CHECK(!on_device, "a speculative step with the step's figures on the device");
+    settle_speculation(updated ? &si : nullptr, out);
+  }
+  clock.lap(t.norm);
+  clock.mark(4);  // a step the host skips ends at its overflow check
   if (updated) {
     update(si, clock);
     tied_weights_back();
@@ -731,7 +843,7 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   }
   // Gradients out, weights back, the swap files' reads and writes: this step's, the tiles it leaves to the next forward
   // included and the last step's stepped in this one's forward not.
-  out.offload_bytes = bytes_moved() - moved0 - carried_bytes_ + pending_bytes_;
+  out.offload_bytes = bytes_moved() - moved0 - carried_bytes_ + pending_bytes_ - out.speculation_bytes;
   out.deferred_step_s = carried_seconds_;
   // The step's last collectives (stage 3's gathers, which the compute stream waits for) end first, or time out
   // naming the rank: the clock's wait for the stream has no bound of its own.

@@ -44,6 +44,12 @@ struct StepOutcome {
   // update's tiles in this step's forward, their step and the waits for their staging buffers and copies (a part of
   // phases.forward; on a GPU beside the blocks it runs).
   double deferred_step_s = 0;
+  // The speculative step (ZeroExecution::step_in_backward): the tiles the host stepped during the last backward, and
+  // of those the ones restored from their backup (a clipped step: stepped again; a skipped one: weights put back).
+  // Their extra copies (the first weights of a restored tile, the weights put back) are in speculation_bytes, not in
+  // offload_bytes, which stays the plan's figure.
+  int64_t speculated_tiles = 0, restored_tiles = 0;
+  double speculation_bytes = 0;
   int64_t trained_tokens = -1;  // fine-tuning data: the targets the step's loss counted, on every rank; -1 otherwise
   int64_t counted_targets = -1;  // the same, kept when the step is skipped: the rows that ran through the head (FLOPs)
   int64_t attention_squares = -1;  // packed rows: their attention calls' lengths squared, summed over the step (FLOPs)
@@ -150,6 +156,25 @@ class OptimizerStep {
   void decide_skip(int64_t step, StepOutcome& out, double sum_of_squares);
   // The schedule's values and the gradients' scale (loss scale and clipping) for this step.
   OptimizerStepInputs step_inputs(const StepOutcome& out) const;
+  // The schedule's values for the next update, at learning rate `lr`, its gradients multiplied by `grad_scale`.
+  OptimizerStepInputs inputs_at(double lr, double grad_scale) const;
+  // The speculative step (plan.execution.step_in_backward). speculate: on the step's last micro step, once block
+  // `layer`'s gradients have all reached the host, every tile final from then on is backed up (where the plan keeps a
+  // backup) and stepped with speculated_inputs_ (no clipping), its weights sent to the device ahead (the compute stream
+  // waits for them only in settle_speculation). settle_speculation, once the step's inputs are known (`si`; null: no
+  // update this step): tiles stepped with the same inputs stand; otherwise each is restored from the backup, and either
+  // left to update() (a clipped step) or given back its weights from the restored master (no update). `failing`: the
+  // step threw and the run ends (without a backup the tiles stay as speculated).
+  void speculate(int64_t layer);
+  void settle_speculation(const OptimizerStepInputs* si, StepOutcome& out, bool failing = false);
+  bool speculating_ = false;
+  bool copies_ahead_ = false;  // weights_home's staged copies go ahead (speculate's)
+  std::shared_ptr<Event> ahead_arrived_;  // the last of them
+  std::vector<uint8_t> speculated_;       // per weight tile: stepped during this step's backward
+  std::vector<int64_t> backup_at_;        // per weight tile: where its states sit in step_backup (-1: never speculated)
+  int64_t speculated_count_ = 0;
+  double speculated_bytes_ = 0;  // what the speculated tiles' copies moved this step
+  OptimizerStepInputs speculated_inputs_;
   // The optimizer's update of this rank's part and the new weights published: chunk by chunk of the states'
   // walk, the gradients to where the chunk's states are, its update, its weights home.
   void update(const OptimizerStepInputs& si, Clock& clock);

@@ -321,6 +321,13 @@ void RunReport::write_metrics(int64_t step, const StepOutcome& o, std::optional<
     std::snprintf(buf, sizeof buf, ", \"deferred_step_s\": %.6f", o.deferred_step_s);
     deferred = buf;
   }
+  // The speculative step: the tiles stepped during the last backward, those restored, and their copies beyond the plan's.
+  if (p.execution.step_in_backward) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, ", \"speculated_tiles\": %lld, \"restored_tiles\": %lld, \"speculation_bytes\": %.0f",
+                  static_cast<long long>(o.speculated_tiles), static_cast<long long>(o.restored_tiles), o.speculation_bytes);
+    deferred += buf;
+  }
   metrics_ << (std::string(json) + trained + deferred + phases_json + "}\n") << std::flush;  // one write per line
   if (!metrics_) throw std::runtime_error("writing " + result_.metrics_path + " failed (is the disk full?)");
 }

@@ -316,6 +316,7 @@ void ZeroExchange::finish_reduce() {
     }
   }
   buf.zero_();
+  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host()) on_final_(g.layer);
 }
 
 std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
@@ -492,6 +493,7 @@ void ZeroExchange::after_backward(int64_t layer) {
 
 void ZeroExchange::begin_micro_step(bool evaluation) {
   evaluating_ = evaluation;
+  last_backward_ = false;
   finish_published(evaluation ? std::numeric_limits<int64_t>::max() : front_end_);  // (the embeddings come before the blocks)
   if (!stage3_ || outer_.empty()) return;
   // The outer parameters' buffer is theirs alone and they change only in the optimizer: a step's later
@@ -507,6 +509,7 @@ void ZeroExchange::begin_backward(bool last) {
   finish_published();  // (the forward waited for every piece; the optimizer must not write a part still being sent)
   if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
   reducing_blocks_ = last && !block_ranges_.empty() && !evaluating_;
+  last_backward_ = last && !evaluating_;
 }
 
 void ZeroExchange::end_micro_step() {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -81,6 +82,10 @@ class ZeroExchange : public BlockHooks {
   void finish_published() { finish_published(std::numeric_limits<int64_t>::max()); }
   // How many pieces of the updated parameters are still in flight.
   size_t published_in_flight() const { return published_.size(); }
+  // The speculative step (ZeroExecution::step_in_backward): `f` is called on the step's last micro step as each
+  // block's gradients have all arrived in this rank's host sums (`layer`: the block).
+  using FinalGradients = std::function<void(int64_t layer)>;
+  void on_final_gradients(FinalGradients f) { on_final_ = std::move(f); }
   // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
   // backward finishes them.
   bool hooks_blocks() const { return flat_.grouped || !block_ranges_.empty(); }
@@ -142,6 +147,8 @@ class ZeroExchange : public BlockHooks {
   bool native_scatter_ = false;  // the library reduce-scatters itself (NCCL): no receive scratch
   bool scatter_shards_ = false;  // stage 1 on such a library: each rank receives its shard's sum only
   bool evaluating_ = false;
+  bool last_backward_ = false;  // the step's last micro step's backward (until the next step begins)
+  FinalGradients on_final_;
   bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
   bool gather_ahead_ = false;    // stages 1-2: the updated parameters' pieces are waited for as the forward needs them
   std::vector<int64_t> block_end_;  // gathering ahead: per block, where its parameters end in the flat buffer
