@@ -11,6 +11,9 @@
 #
 # DS_OFFLOAD_STAGES: the ZeRO stages run (default "2 3"); DS_OFFLOAD_GAS: micro steps a step (default 1: a larger
 # global batch gives the host's step, whose time does not grow with it, more of the GPU's to hide behind).
+# DS_OFFLOAD_SPECULATIVE=1 (cuda, ZeRO 2): each round also runs the offloaded step with nothing that could undo it
+# (gradient_clipping 0, bf16 without check_grad_overflow), without and with offload_optimizer.speculative_step, back
+# to back, and prints the measured ratio beside the plan's (and that the two runs' losses are equal).
 #
 # usage: [DS_DEVICE=cpu|cuda] bench/bench_offload_model.sh [PRESET=gpt2] [STEPS=8] [ROUNDS=2] [SCRATCH=/tmp/ds-offload-model]
 set -euo pipefail
@@ -27,7 +30,7 @@ else
   base=(examples/quickstart.json model.preset="$preset" data.seq_len=128 train_micro_batch_size_per_gpu=2)
 fi
 echo "bench_offload_model: $($ds --version | head -1); $preset on the $device, optimizer offloaded to the host, $steps steps, $threads threads"
-echo "command: DS_DEVICE=$device DS_OFFLOAD_STAGES=\"${DS_OFFLOAD_STAGES:-2 3}\" DS_OFFLOAD_GAS=${DS_OFFLOAD_GAS:-1} $0 $*  (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "command: DS_DEVICE=$device DS_OFFLOAD_STAGES=\"${DS_OFFLOAD_STAGES:-2 3}\" DS_OFFLOAD_GAS=${DS_OFFLOAD_GAS:-1} DS_OFFLOAD_SPECULATIVE=${DS_OFFLOAD_SPECULATIVE:-0} $0 $*  (load before: $(cut -d' ' -f1-3 /proc/loadavg))"
 for stage in ${DS_OFFLOAD_STAGES:-2 3}; do
   for round in $(seq "$rounds"); do
     rate=$("$dir/host_memory_rate" "$threads")
@@ -46,6 +49,27 @@ for stage in ${DS_OFFLOAD_STAGES:-2 3}; do
         serial="$dir/serial_${stage}_$round"
         "$ds" plan "${args[@]}" zero_optimization.overlap_comm=false --device "$device" --host-memory-bw "$gbs" --json > "$dir/plan_serial.json"
         "$ds" train "${args[@]}" zero_optimization.overlap_comm=false --device "$device" train.output_dir="$serial" > "$serial.log" 2>&1
+      fi
+      if [ "$stage" = 2 ] && [ "${DS_OFFLOAD_SPECULATIVE:-0}" = 1 ]; then
+        undoable=("${args[@]}" gradient_clipping=0 bf16.check_grad_overflow=false)
+        for s in false true; do
+          "$ds" plan "${undoable[@]}" zero_optimization.offload_optimizer.speculative_step=$s --device "$device" --host-memory-bw "$gbs" --json \
+            > "$dir/plan_speculative_$s.json"
+          "$ds" train "${undoable[@]}" zero_optimization.offload_optimizer.speculative_step=$s --device "$device" \
+            train.output_dir="$dir/speculative_${s}_$round" > "$dir/speculative_${s}_$round.log" 2>&1
+        done
+        python3 - "$dir" "$round" <<'PY'
+import json, statistics, sys
+d, r = sys.argv[1], sys.argv[2]
+rows = {s: [json.loads(l) for l in open(f"{d}/speculative_{s}_{r}/metrics.jsonl") if l.strip()] for s in ("false", "true")}
+plans = {s: json.load(open(f"{d}/plan_speculative_{s}.json"))["step_time"].get("step_s") or float("nan") for s in ("false", "true")}
+step = {s: statistics.median(x["step_s"] for x in rows[s][2:]) for s in rows}
+same = [x["loss"] for x in rows["false"]] == [x["loss"] for x in rows["true"]]
+tiles = statistics.median(x.get("speculated_tiles", 0) for x in rows["true"])
+print(f"  speculative step (no clipping, no overflow check): {step['true'] * 1e3:.1f} ms against {step['false'] * 1e3:.1f} ms without "
+      f"({step['true'] / step['false']:.2f}x; the plan: {plans['true'] * 1e3:.1f} vs {plans['false'] * 1e3:.1f} ms, "
+      f"{plans['true'] / plans['false']:.2f}x); {tiles:.0f} tiles speculated a step; losses {'equal' if same else 'DIFFERENT'}")
+PY
       fi
     fi
     python3 - "$dir/plan.json" "$out/metrics.jsonl" "$stage" "$gbs" "$dir/plan_kept.json" "$kept/metrics.jsonl" "$device" \

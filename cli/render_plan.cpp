@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "common/format.hpp"
@@ -484,11 +485,18 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
   if (p.execution.step_in_backward) {
     const std::vector<int64_t>& after = p.execution.weight_tile_final_after;
     const auto speculated = std::count_if(after.begin(), after.end(), [](int64_t a) { return a >= 0; });
-    int64_t lowest = std::numeric_limits<int64_t>::max();
-    for (int64_t a : after)
-      if (a >= 0) lowest = std::min(lowest, a);
-    o << "  speculative step: the host steps " << speculated << " of its " << after.size()
-      << " weight tiles (those of blocks " << lowest << " and up) during the last backward, each once its blocks' gradients\n"
+    // The blocks whose tiles are speculated (those final after them), as runs: "12-20, 24-47".
+    std::set<int64_t> blocks(after.begin(), after.end());
+    blocks.erase(-1);
+    std::string runs;
+    for (auto b = blocks.begin(); b != blocks.end();) {
+      auto e = b;
+      while (std::next(e) != blocks.end() && *std::next(e) == *e + 1) ++e;
+      runs += (runs.empty() ? "" : ", ") + std::to_string(*b) + (e != b ? "-" + std::to_string(*e) : "");
+      b = std::next(e);
+    }
+    o << "  speculative step: the host steps " << speculated << " of its " << after.size() << " weight tiles (those final after blocks "
+      << runs << ") during the last backward, each once its blocks' gradients\n"
          "  have arrived, as if unclipped; ";
     if (const ZeroBuffer* backup = p.execution.find(BufferRole::step_backup, Place::host))
       o << "a clipped or skipped step restores them from their backup (step_backup, " << format_bytes(backup->bytes())

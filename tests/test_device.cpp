@@ -233,6 +233,8 @@ class SeparateMemoryDevice final : public Device {
   int64_t copies_beside_compute() const { return copies_beside_compute_; }
   // The same from the device to the host: gradients leaving while a GPU runs the compute queued after theirs.
   int64_t arrivals_beside_compute() const { return arrivals_beside_compute_; }
+  // The same for the copies the compute stream waits for only later (Device::copy_ahead).
+  int64_t ahead_beside_compute() const { return ahead_beside_compute_; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
     copy_.synchronize();
@@ -273,6 +275,7 @@ class SeparateMemoryDevice final : public Device {
     check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
     copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
     copy_.defer(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()));
+    if (copy_.after_compute() < compute_.points) ++ahead_beside_compute_;
   }
 
  private:
@@ -376,7 +379,7 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
-  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0;
+  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0, ahead_beside_compute_ = 0;
   CheckingTable device_table_, host_table_;
   TrackedCopyStream copy_;
   TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
@@ -417,6 +420,7 @@ struct RankRun {
   int64_t queued_sums = 0;              // its sums of squares the host read only later (the step's norm kept on the device)
   int64_t copies_beside_compute = 0;    // its copies to the device a GPU would run beside compute queued before them
   int64_t arrivals_beside_compute = 0;  // and from the device (SeparateMemoryDevice::arrivals_beside_compute)
+  int64_t ahead_beside_compute = 0;     // and those waited for only later (SeparateMemoryDevice::ahead_beside_compute)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -453,6 +457,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.queued_sums = d.queued_sums();
           run.copies_beside_compute = d.copies_beside_compute();
           run.arrivals_beside_compute = d.arrivals_beside_compute();
+          run.ahead_beside_compute = d.ahead_beside_compute();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -1179,7 +1184,8 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    std::vector<std::string> o{"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "train.output_dir=" + (root / "run").string()};
+    std::vector<std::string> o{"bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu", "zero_optimization.overlap_comm=true",
+                               "train.output_dir=" + (root / "run").string()};
     o.insert(o.end(), c.overrides.begin(), c.overrides.end());
     std::vector<std::string> speculative = o;
     speculative.push_back("zero_optimization.offload_optimizer.speculative_step=true");
@@ -1213,8 +1219,12 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
       EXPECT_EQ(backup->elements, numel);
       EXPECT_EQ(backup->copies, 3);
     }
-    // Not where it would hide nothing (the CPU's one memory), nor on two ranks: warned, once.
-    for (const Plan& no : {plan_for(1, 0, speculative, true, /*separate=*/false), plan_for(2, 0, speculative, true, true)}) {
+    // Not where it would hide nothing (the CPU's one memory; without overlap_comm, where the host sums each block's
+    // gradients before the GPU is given the next block's backward), nor on two ranks: warned, once.
+    std::vector<std::string> serial = speculative;
+    serial.push_back("zero_optimization.overlap_comm=false");
+    for (const Plan& no : {plan_for(1, 0, speculative, true, /*separate=*/false), plan_for(2, 0, speculative, true, true),
+                           plan_for(1, 0, serial, true, true)}) {
       EXPECT_FALSE(no.execution.step_in_backward);
       EXPECT_EQ(no.execution.find(BufferRole::step_backup, Place::host), nullptr);
       EXPECT_EQ(std::count_if(no.warnings.begin(), no.warnings.end(),
@@ -1235,6 +1245,10 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
     EXPECT_EQ(after[0].result.skipped_steps, during[0].result.skipped_steps);
     EXPECT_EQ(during[0].result.skipped_steps, c.undo == Undo::overflow || c.undo == Undo::untrained ? 1 : 0);
     EXPECT_TRUE(during[0].copy_races.empty()) << during[0].copy_races.front();
+    // Each speculated tile's weights leave after its blocks' backward, not after the backward of the blocks below (queued
+    // since): on a GPU they cross beside it.
+    EXPECT_EQ(during[0].ahead_beside_compute, tiles * (plan.steps - (c.undo == Undo::untrained ? 1 : 0)));
+    EXPECT_EQ(after[0].ahead_beside_compute, 0);
     double planned = 0, gradients = 0;
     for (const Transfer& t : z.transfers) {
       planned += t.bytes_per_step;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -627,22 +628,119 @@ TEST(StepTime, OneGpusHostStepHidesItsLaterTilesBehindTheNextForward) {
   EXPECT_EQ(shards.step_time.offload.back().hidden_s, 0);
 }
 
+// The last micro step's backward by hand, for the speculative step: the GPU runs the blocks' backward top down, each
+// block handed to it once the host is free (a recompute group's forward counted with the backward of its top block);
+// as block l is handed over, the host takes block l + 1's gradients (their copy starts once l + 1's backward has run,
+// behind the copy stream's earlier copies), sums them, then steps the tiles final after block l + 1, each tile's
+// weights copied once it is stepped, into two staging buffers in turn. Block 0's come after the whole backward.
+// Per block, the work: its share of one micro step's backward by FLOPs, of the gradients' rows by elements; per tile,
+// its share of the host's step (by elements of the host's span), of the backup (of the speculated elements), of the
+// weights' copies. `tiles` false: the same backward without them.
+struct ByHand {
+  double end = 0, copies_end = 0;
+  double step = 0, backup = 0, copies = 0;  // the speculated tiles' work in all
+  std::map<int64_t, double> work;           // per block, the work of the tiles final after it (step and backup)
+  std::map<int64_t, double> copies_of;      // and their weights' copies
+  std::map<int64_t, double> room;           // per block above the lowest, the backward below it less its gradients' trip
+};
+ByHand last_backward_by_hand(const Plan& p, bool tiles) {
+  const ZeroExecution& z = p.execution;
+  const StepTime& t = p.step_time;
+  const int64_t L = p.model.hp.num_layers, k = p.activation_checkpointing ? std::max<int64_t>(1, p.recompute_group) : 1;
+  const double micro = static_cast<double>(p.batch.grad_accum);
+  std::map<int64_t, double> gpu_s, copy_s, sum_s;
+  double total_flops = 0;
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+    if (m.depth != 1) continue;
+    total_flops += m.backward + m.recompute;
+    if (m.layer < 0) continue;
+    gpu_s[m.layer] += m.backward;
+    const int64_t first = p.backward_from + (m.layer - p.backward_from) / k * k;  // the recompute group's first block
+    gpu_s[std::min(first + k, L) - 1] += m.recompute;
+  }
+  for (auto& [l, s] : gpu_s) s = t.backward_s / micro * s / total_flops;
+  double numel = 0, gradients = 0, sums = 0, step = 0, backup = 0, weights = 0;
+  for (const ParamSlot& s : p.layout.params) numel += static_cast<double>(s.numel);
+  for (const OffloadTime& x : t.offload) {
+    if (x.what == "gradients to the host") gradients = x.seconds / micro;
+    if (x.what == "gradients summed on the host") sums = x.seconds / micro;
+    if (x.what == "optimizer step on the host") step = x.seconds;
+    if (x.what == "speculated states backed up") backup = x.seconds;
+    if (x.what == "updated weights to the device") weights = x.seconds;
+  }
+  for (const ParamSlot& s : p.layout.params) {
+    if (s.layer < 0) continue;
+    copy_s[s.layer] += gradients * static_cast<double>(s.numel) / numel;
+    sum_s[s.layer] += sums * static_cast<double>(s.numel) / numel;
+  }
+  ByHand h;
+  std::map<int64_t, std::vector<std::pair<double, double>>> tiles_of;  // per block: each tile's (step + backup, copy)
+  const double host = static_cast<double>(z.state_spans.front().numel());
+  for (size_t i = 0; i < z.weight_tiles.size(); ++i) {
+    const int64_t after = z.weight_tile_final_after[i];
+    if (after < 0) continue;
+    const double n = static_cast<double>(z.weight_tiles[i].numel());
+    const double work = step * n / host + backup * n / static_cast<double>(z.speculated_numel);
+    tiles_of[after].push_back({work, weights * n / host});
+    h.step += step * n / host, h.backup += backup * n / static_cast<double>(z.speculated_numel), h.copies += weights * n / host;
+    h.work[after] += work;
+    h.copies_of[after] += weights * n / host;
+  }
+  for (const auto& [l, w] : h.work)
+    if (gpu_s.count(l - 1)) h.room[l] = gpu_s[l - 1] - copy_s[l] - sum_s[l];
+  double gpu_free = 0, host_free = 0, copy_free = 0;
+  std::vector<double> buffer_free(2, 0.0);
+  int turn = 0;
+  std::optional<std::pair<int64_t, double>> waiting;  // a block whose gradients the host has yet to take, and when its backward ended
+  const auto take = [&](int64_t l, double ran) {
+    copy_free = std::max(copy_free, ran) + copy_s[l];
+    host_free = std::max(host_free, copy_free) + sum_s[l];
+    if (!tiles) return;
+    for (const auto& [work, copy] : tiles_of[l]) {
+      host_free = std::max(host_free, buffer_free[turn]) + work;
+      copy_free = std::max(copy_free, host_free) + copy;
+      buffer_free[turn] = copy_free;
+      turn = 1 - turn;
+    }
+  };
+  for (int64_t l = L - 1; l >= p.backward_from; --l) {
+    gpu_free = std::max(gpu_free, host_free) + gpu_s[l];
+    if (waiting) take(waiting->first, waiting->second);
+    waiting.reset();
+    if (copy_s[l] > 0 || tiles_of.count(l)) waiting = std::make_pair(l, gpu_free);
+  }
+  if (waiting) take(waiting->first, waiting->second);
+  h.end = std::max(gpu_free, host_free);
+  h.copies_end = copy_free;
+  return h;
+}
+
 // The speculative step (offload_optimizer.speculative_step) on one GPU whose gradients leave block by block: the tiles
-// lying wholly in the blocks are backed up and stepped during the last micro step's backward, a pipeline of the groups
-// of tiles final after the same block (the last group's beside nothing: (m - 1) / m), up to the last micro step's share
-// of the blocks' backward the gradients' trip leaves free; the tiles the forward would have stepped are those left.
-// Where the step can be undone (gradient_clipping, bf16's overflow check) the backup's traffic is a row of its own.
-// By hand, with a host slower than that window and one faster, with and without the backup. With it the predicted
-// step is slower than without speculation (the next forward hides most of the host's step already) and ds plan warns;
-// without it, on the slower host, faster.
+// lying wholly in the blocks are backed up and stepped during the last micro step's backward, the host's work for the
+// tiles final after a block beside the GPU's backward of the blocks below; what of it hides is what does not lengthen
+// that backward (last_backward_by_hand, with and without the tiles); the tiles the forward would have stepped are
+// those left, and their copies' rule leaves the speculated tiles' copies out: those hide but for what is still crossing
+// once the backward has ended. Where the step can be undone (gradient_clipping, bf16's overflow check) the backup's
+// traffic is a row of its own. A host fast enough that each block's tiles fit beside the block below (all hidden but
+// the lowest trained block's, stepped after the backward), and one that is not; with and without the backup; blocks
+// recomputed three at a time. With the backup the predicted step is slower than without speculation (the next forward
+// hides most of the host's step already) and ds plan warns; without it, on the slower host, faster.
 TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
   bool capped = false, whole = false;
+  struct Case {
+    bool backed_up;
+    const char* memory;
+    int64_t recompute_group;  // (0: no activation checkpointing)
+  };
   // (a GH200-like link, so the gradients' trip leaves most of the backward free)
-  for (const bool backed_up : {true, false})
-  for (const char* memory : {"200GB/s", "1000GB/s"}) {
-    SCOPED_TRACE(std::string(memory) + (backed_up ? ", backed up" : ", no backup"));
+  for (const Case& c : {Case{true, "200GB/s", 0}, Case{true, "1000GB/s", 0}, Case{false, "200GB/s", 0}, Case{false, "1000GB/s", 0},
+                        Case{false, "200GB/s", 3}}) {
+    const bool backed_up = c.backed_up;
+    const std::string memory = c.memory;
+    SCOPED_TRACE(memory + (backed_up ? ", backed up" : ", no backup") + ", recompute group " + std::to_string(c.recompute_group));
     std::vector<std::string> offload{"zero_optimization.offload_optimizer.device=cpu"};
     if (!backed_up) offload.insert(offload.end(), {"gradient_clipping=0", "bf16.check_grad_overflow=false"});
+    if (c.recompute_group > 0) offload.push_back("pipeline.activation_checkpoint_interval=" + std::to_string(c.recompute_group));
     std::vector<std::string> speculative = offload;
     speculative.push_back("zero_optimization.offload_optimizer.speculative_step=true");
     const Plan p = plan_on(kGpt2Zero2, gpus_offloading(1, "h100", "450GB/s", memory, ""), speculative);
@@ -650,6 +748,7 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
     const ZeroExecution& z = p.execution;
     ASSERT_TRUE(z.step_in_backward);
     ASSERT_TRUE(z.step_in_forward);
+    EXPECT_EQ(p.recompute_group, c.recompute_group > 0 ? c.recompute_group : p.recompute_group);
     const StepTime& t = p.step_time;
     ASSERT_TRUE(t.step_known());
     // Per tile the lowest block it holds (-1: it holds a parameter outside the blocks); the plan speculates the tiles
@@ -666,17 +765,27 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
         if (s.offset < g.end && s.offset + s.numel > g.begin) outside = outside || s.layer < 0, lowest = std::min(lowest, s.layer);
       lowest_of.push_back(outside ? -1 : lowest);
     }
-    int64_t from = std::numeric_limits<int64_t>::max();
+    // The tiles final after a set of blocks, chosen as "block K and up" for the K predicting the shortest step, then
+    // each block's tiles taken out or put back while that predicts a shorter one: no choice of the top blocks, and no
+    // one block's tiles taken out or put back, predicts a shorter step than the plan's.
+    std::set<int64_t> chosen, candidates(lowest_of.begin(), lowest_of.end());
     for (int64_t a : z.weight_tile_final_after)
-      if (a >= 0) from = std::min(from, a);
-    ASSERT_LT(from, p.model.hp.num_layers);
-    std::set<int64_t> candidates(lowest_of.begin(), lowest_of.end());
+      if (a >= 0) chosen.insert(a);
     candidates.erase(-1);
-    for (int64_t k : candidates) {  // every other choice predicts a step no shorter
+    ASSERT_FALSE(chosen.empty());
+    const auto step_with = [&](const std::set<int64_t>& blocks) {
       Plan trial = p;
       trial.execution.weight_tile_final_after = lowest_of;
-      limit_speculation(trial.execution, k);
-      EXPECT_GE(predict_step_time(trial).step_s(), t.step_s() - 1e-15) << "from block " << k;
+      limit_speculation(trial.execution, blocks);
+      return predict_step_time(trial).step_s();
+    };
+    EXPECT_NEAR(step_with(chosen), t.step_s(), 1e-15);
+    for (int64_t k : candidates)
+      EXPECT_GE(step_with(std::set<int64_t>(candidates.lower_bound(k), candidates.end())), t.step_s() - 1e-15) << "from block " << k;
+    for (int64_t g : candidates) {
+      std::set<int64_t> other = chosen;
+      if (!other.erase(g)) other.insert(g);
+      if (!other.empty()) EXPECT_GE(step_with(other), t.step_s() - 1e-15) << "block " << g << " taken out or put back";
     }
     std::set<int> groups, places;
     for (size_t i = 0; i < z.weight_tiles.size(); ++i) {
@@ -684,7 +793,7 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
       int begins_in = -1;
       for (const ParamSlot& s : p.layout.params)
         if (s.offset <= g.begin && g.begin < s.offset + s.numel) begins_in = s.layer;
-      const bool taken = lowest_of[i] >= from;
+      const bool taken = chosen.count(lowest_of[i]) > 0;
       EXPECT_EQ(z.weight_tile_final_after[i], taken ? lowest_of[i] : -1) << "tile " << i;
       if (taken) {
         speculated += g.numel();
@@ -713,38 +822,57 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
       EXPECT_DOUBLE_EQ(backup.bytes, 2.0 * 3 * 4 * static_cast<double>(speculated));
       EXPECT_NEAR(backup.seconds, step.seconds * backup.bytes / step.bytes, 1e-15);
     }
-    // The window: the last micro step's share of the blocks' backward, less its share of the gradients' trip.
-    double backward = 0, blocks_backward = 0, before = 0, all = 0;
+    // The last backward by hand: what of the speculated tiles' host work lengthens it shows, the rest hides.
+    const ByHand plain = last_backward_by_hand(p, false), by_hand = last_backward_by_hand(p, true);
+    const double share = static_cast<double>(speculated) / host;
+    EXPECT_NEAR(by_hand.step, step.seconds * share, 1e-15);
+    const double work = by_hand.step + by_hand.backup;
+    ASSERT_GT(work, 0);
+    const double hidden = work - std::clamp(by_hand.end - plain.end, 0.0, work);
+    // Each block's tiles, their copies and the block's gradients' trip within the backward of the block below: the GPU
+    // never waits for the host, and only the lowest trained block's tiles, stepped after the backward, show.
+    bool fit = true;
+    for (const auto& [l, w] : by_hand.work)
+      if (by_hand.room.count(l)) fit = fit && w + by_hand.copies_of.at(l) <= by_hand.room.at(l);
+    int64_t lowest_trained = p.model.hp.num_layers;
+    for (const ParamSlot& s : p.layout.params)
+      if (s.layer >= 0) lowest_trained = std::min<int64_t>(lowest_trained, s.layer);
+    const double shown = by_hand.work.begin()->first == lowest_trained ? by_hand.work.begin()->second : 0.0;
+    if (fit) {
+      whole = true;
+      EXPECT_NEAR(hidden, work - shown, 1e-12);
+    } else {  // (then more shows)
+      capped = true;
+      EXPECT_LT(hidden, work - shown);
+    }
+    // The forward's part: the tiles left to it, a pipeline of the places they are stepped at.
+    const double micro = static_cast<double>(p.batch.grad_accum);
+    ASSERT_EQ(micro, 2);
+    double before = 0, all = 0;
     const int reached = places.count(-1) ? p.model.hp.num_layers : *places.rbegin();
     for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
       if (m.depth != 1) continue;
-      backward += m.backward + m.recompute;
       all += m.forward;
-      if (m.layer >= 0) blocks_backward += m.backward + m.recompute;
       if (m.layer >= 0 && m.layer < reached) before += m.forward;
     }
-    const double micro = static_cast<double>(p.batch.grad_accum);
-    ASSERT_EQ(micro, 2);
-    const double window = std::max(0.0, t.backward_s * blocks_backward / backward - gradients_trip_taken(p)) / micro;
-    const double share = static_cast<double>(speculated) / host;
-    const double work = step.seconds * share + backup.seconds;
-    const double m = static_cast<double>(groups.size());
-    if (backed_up) {
-      ASSERT_GT(m, 1);  // (the regimes below are met)
-    }
-    ASSERT_GT(window, 0);
-    const double hidden = (m - 1) / m * std::min(work, window);
-    (work > window ? capped : whole) = true;
-    // The forward's part: the tiles left to it, a pipeline of the places they are stepped at.
-    double forward_hidden = 0;
-    if (later > 0) {
-      const double stages = static_cast<double>(places.size());
-      const double beside = t.forward_s / micro * before / all;
-      forward_hidden = (stages - 1) / stages * std::min(static_cast<double>(later) / host * step.seconds, beside);
-    }
-    EXPECT_NEAR(backup.hidden_s, hidden * backup.seconds / work, 1e-15);
-    EXPECT_NEAR(step.hidden_s, forward_hidden + hidden * step.seconds * share / work, 1e-15);
+    const double later_share = static_cast<double>(later) / host, stages = static_cast<double>(places.size());
+    const double filled = later > 0 ? (stages - 1) / stages : 0.0, beside = t.forward_s / micro * before / all;
+    const double forward_hidden = filled * std::min(later_share * step.seconds, beside);
+    EXPECT_NEAR(step.hidden_s, forward_hidden + hidden * by_hand.step / work, 1e-15);
+    EXPECT_NEAR(backup.hidden_s, hidden * by_hand.backup / work, 1e-15);
     EXPECT_EQ(backup.hidden_s > 0, backed_up);
+    // The weights' copies: the tiles stepped at once cross while the host steps the next of them, up to its step of
+    // the tiles stepped after the backward; the forward's tiles beside the blocks before theirs; the speculated tiles'
+    // all but what is still crossing once the last backward has ended.
+    const OffloadTime weights = row("updated weights to the device");
+    EXPECT_NEAR(by_hand.copies, weights.seconds * share, 1e-15);
+    int64_t at_once = 0;
+    for (const SubGroup& g : z.weight_tiles) at_once += g.begin < first_block;
+    const double tiles = static_cast<double>(z.weight_tiles.size());
+    const double early = std::min(weights.seconds * static_cast<double>(at_once - 1) / tiles, step.seconds * (1 - later_share - share));
+    const double forward_copies = filled * std::min(later_share * weights.seconds, std::max(beside, later_share * step.seconds));
+    const double speculated_copies = by_hand.copies - std::clamp(by_hand.copies_end - by_hand.end, 0.0, by_hand.copies);
+    EXPECT_NEAR(weights.hidden_s, early + forward_copies + speculated_copies, 1e-15);
     double sum = 0;
     for (const OffloadTime& x : t.offload) sum += x.hidden_s;
     EXPECT_NEAR(t.offload_hidden_s, sum, 1e-15);

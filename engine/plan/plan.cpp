@@ -811,15 +811,30 @@ BatchInputs batch_inputs(const Config& c, const Topology& topo, const MeshShape&
 static void choose_speculated_tiles(Plan& plan) {
   // Which tiles to speculate: those of the blocks from the one whose choice predicts the shortest step up (the top
   // blocks' tiles are final first in the backward; the bottom ones', read first by the next forward, may do better
-  // there). On a tie, the fewer tiles.
-  std::set<int64_t> lowest(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
-  lowest.erase(-1);
-  double best_s = std::numeric_limits<double>::infinity();
-  int64_t best = -1;
-  for (int64_t k : lowest) {
+  // there; on a tie, the fewer tiles). Then each block's tiles in turn, from the top, taken out or put back where
+  // that predicts a shorter step (a block whose tiles outlast the backward of the block below may do better in the
+  // next forward while the blocks around it speculate), until no such change is left.
+  std::set<int64_t> groups(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
+  groups.erase(-1);
+  const auto predicted = [&](const std::set<int64_t>& blocks) {
     Plan trial = plan;
-    limit_speculation(trial.execution, k);
-    if (const double s = predict_step_time(trial).step_s(); s <= best_s) best_s = s, best = k;
+    limit_speculation(trial.execution, blocks);
+    return predict_step_time(trial).step_s();
+  };
+  double best_s = std::numeric_limits<double>::infinity();
+  std::set<int64_t> best;
+  for (int64_t k : groups) {
+    const std::set<int64_t> top(groups.lower_bound(k), groups.end());
+    if (const double s = predicted(top); s <= best_s) best_s = s, best = top;
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto g = groups.rbegin(); g != groups.rend(); ++g) {
+      std::set<int64_t> trial = best;
+      if (!trial.erase(*g)) trial.insert(*g);
+      if (trial.empty()) continue;  // (none: the plan without speculation, which the warning below weighs)
+      if (const double s = predicted(trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
+    }
   }
   limit_speculation(plan.execution, best);
   plan.memory = estimate_memory(plan.execution, plan.memory.device.activations);
@@ -900,20 +915,20 @@ Plan compile_plan(const Config& c, const ModelSpec& given_model, const Topology&
                                  ? "has no effect on the CPU: the step's states and weights are in the memory the model computes in, "
                                    "and there is no device's backward to step them behind"
                                  : "has no effect here: it needs one GPU rank whose gradients leave for the host block by block (ZeRO "
-                                   "stage 2 or 3, offload_optimizer.device cpu with ratio 1, no offload_param, weights in bf16 or fp32) "
-                                   "and tiles of the blocks to step",
+                                   "stage 2 or 3, offload_optimizer.device cpu with ratio 1, no offload_param, weights in bf16 or fp32, "
+                                   "overlap_comm true) and tiles of the blocks to step",
                              "remove it, or see man ds-train, OPTIMIZER OFFLOAD"});
   note_mesh(plan);
   note_recompute_groups(plan);
   if (plan.execution.gathers)
     record_block_gathers(plan.mesh.heaviest_stage >= 0 ? stage_share(plan.model, plan.mesh, plan.mesh.heaviest_stage) : model, plan);
-  plan.placement = render_placement(plan.execution, stage, topo.device);
   plan.tokens_per_step = plan.batch.train_batch_size * plan.seq_len;
   plan.train_flops_per_step = static_cast<double>(plan.tokens_per_step) * plan.train_flops_per_token();
   if (c.train.epochs) steps_from_epochs(c, plan);
   if (resumed) keep_checkpoint_schedule(c, *resumed, plan);
   plan.step_time = predict_step_time(plan);
   if (plan.execution.step_in_backward && plan.step_time.step_known()) choose_speculated_tiles(plan);
+  plan.placement = render_placement(plan.execution, stage, topo.device);  // (the buffers as the speculation left them)
   if (topo.device_traits().memory_is_host && topo.rates.host_link.known())
     plan.warnings.push_back({"", "--host-link has no effect on the CPU: its copies between places are the host's memory's (--host-memory-bw)",
                              "drop --host-link, or plan for a GPU (--gpu)"});

@@ -347,15 +347,116 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
   return taken;
 }
 
-// The speculative step (step_in_backward): on the last micro step the host backs up and steps the tiles lying wholly in
-// the blocks as their gradients become final, while the GPU runs the backward of the blocks below. A pipeline of m
-// groups of tiles (those final after the same block), each group's backup and step beside the blocks' backward below it:
-// the last group (final after block 0) has only the embeddings' backward beside it (short, not counted), so (m - 1) / m
-// of what would hide. The window is the last micro step's share of the blocks' backward less its share of what the
-// gradients' trip takes of it (`gradients_taken`, hide_gradients_behind_backward's: the host's thread sums them
-// too). The speculated tiles' copies ride the copy stream behind their step as any tile's (offload_rows). A clipped
-// or skipped step restores and steps them again: not predicted (it depends on the norm).
-void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows, double gradients_taken) {
+// The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given each
+// block's backward in turn (the top one first); as the backward of block l is given, the host finishes the block
+// above's reduce (waits for its gradients' copy on the copy stream, which began once that block's backward had run,
+// then sums them) and steps the tiles final after it, one after the other, each tile's weights leaving on the copy
+// stream once stepped (from page-locked staging; from pageable staging the host passes them through the driver
+// itself), a tile waiting for the copy of the tile that last used its staging buffer. Meanwhile the GPU runs what it
+// was given, and is given nothing more: the next block's backward is given once the host returns. The lowest trained
+// block's gradients and tiles come after the whole backward. Timed in seconds from the first block's backward.
+struct LastBackward {
+  struct Tile {
+    double step_s = 0, copy_s = 0;  // the host's step (and backup) of it; its weights' copy
+  };
+  std::vector<double> block_s;                  // per block, the GPU's backward (with the recompute it runs first)
+  std::vector<double> copy_s, sum_s;            // per block, its gradients' copy to the host and the host's sum
+  std::vector<std::vector<Tile>> final_after;   // per block, the tiles speculated once its gradients have landed
+  int64_t from = 0;                             // the lowest block whose backward runs
+  bool pinned = true;
+  size_t staging = 1;                           // the staging buffers the tiles' copies take turns in
+};
+struct LastBackwardEnd {
+  double end = 0;     // when the GPU's backward and the host's work in it have both ended
+  double copies = 0;  // when the copy stream's last copy ends
+};
+LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
+  double gpu = 0, host = 0, copy = 0, written = 0;
+  std::vector<double> staged;  // when each staging buffer's last copy ends
+  size_t turn = 0;
+  const auto land = [&](size_t l) {  // the block's gradients summed on the host, then its tiles stepped
+    copy = std::max(copy, written) + b.copy_s[l];
+    host = std::max(host, copy) + b.sum_s[l];
+    if (!speculating) return;
+    for (const LastBackward::Tile& t : b.final_after[l]) {
+      if (staged.size() == b.staging) host = std::max(host, staged[turn]);
+      host += t.step_s;
+      if (b.pinned) copy = std::max(copy, host) + t.copy_s;
+      else host += t.copy_s, copy = std::max(copy, host);
+      if (staged.size() < b.staging) staged.push_back(copy);
+      else staged[turn] = copy;
+      turn = (turn + 1) % b.staging;
+    }
+  };
+  int64_t pending = -1;
+  for (int64_t l = static_cast<int64_t>(b.block_s.size()) - 1; l >= b.from; --l) {
+    gpu = std::max(gpu, host) + b.block_s[static_cast<size_t>(l)];
+    if (pending >= 0) land(static_cast<size_t>(pending));
+    pending = b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty() ? l : -1;
+    written = gpu;
+  }
+  if (pending >= 0) land(static_cast<size_t>(pending));
+  return {std::max(gpu, host), copy};
+}
+
+// The last backward's inputs from the plan: each block's share of the backward's FLOPs (a recompute group's forward,
+// run before the backward of its top block, counted there) of one micro step's predicted backward; each block's share
+// of the gradients' rows by its elements; each speculated tile's share of the host's step, of the backup and of the
+// weights' copies by its elements. Nothing hides behind the backward of what lies outside the blocks: not counted.
+LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vector<OffloadTime>& rows) {
+  const ZeroExecution& z = p.execution;
+  const auto seconds = [&](const char* what) {
+    double s = 0;
+    for (const OffloadTime& x : rows) s += x.known && x.what == what ? x.seconds : 0.0;
+    return s;
+  };
+  const size_t n = static_cast<size_t>(p.model.hp.num_layers);
+  const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+  LastBackward b;
+  b.block_s.assign(n, 0), b.copy_s.assign(n, 0), b.sum_s.assign(n, 0), b.final_after.assign(n, {});
+  b.from = p.backward_from;
+  const int64_t group = p.activation_checkpointing ? std::max<int64_t>(1, p.recompute_group) : 1;
+  double backward = 0;
+  for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
+    if (m.depth != 1) continue;
+    backward += m.backward + m.recompute;
+    if (m.layer < 0 || static_cast<size_t>(m.layer) >= n) continue;
+    const int64_t top = std::min<int64_t>(p.backward_from + ((m.layer - p.backward_from) / group + 1) * group, static_cast<int64_t>(n)) - 1;
+    b.block_s[static_cast<size_t>(m.layer)] += m.backward;
+    if (top >= 0) b.block_s[static_cast<size_t>(top)] += m.recompute;
+  }
+  for (double& s : b.block_s) s = backward > 0 ? t.backward_s / micro_steps * s / backward : 0.0;
+  int64_t all = 0;
+  for (const ParamSlot& s : p.layout.params) all += s.numel;
+  const double copy = seconds("gradients to the host") / micro_steps, sum = seconds("gradients summed on the host") / micro_steps;
+  for (const ParamSlot& s : p.layout.params) {
+    if (s.layer < 0 || all == 0) continue;
+    b.copy_s[static_cast<size_t>(s.layer)] += copy * static_cast<double>(s.numel) / static_cast<double>(all);
+    b.sum_s[static_cast<size_t>(s.layer)] += sum * static_cast<double>(s.numel) / static_cast<double>(all);
+  }
+  const double host = static_cast<double>(z.state_spans.front().numel()), speculated = static_cast<double>(z.speculated_numel);
+  const double step = seconds("optimizer step on the host"), backup = seconds("speculated states backed up");
+  const double weights = seconds("updated weights to the device");
+  for (size_t i = 0; i < z.weight_tile_final_after.size(); ++i) {
+    const int64_t after = z.weight_tile_final_after[i];
+    if (after < 0) continue;
+    const double numel = static_cast<double>(z.weight_tiles[i].numel());
+    b.final_after[static_cast<size_t>(after)].push_back({step * numel / host + backup * numel / speculated, weights * numel / host});
+  }
+  const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
+  b.pinned = staging && staging->pinned;
+  b.staging = staging ? static_cast<size_t>(std::max(1, staging->copies)) : 1;
+  return b;
+}
+
+// What of the speculated tiles' work hides behind the last micro step's backward: all of it, less what it lengthens
+// that backward by (run_last_backward with and without it), split between the host's step and the backup by their
+// seconds (with pageable staging the weights' copies are the host's work too). The weights' copies from page-locked
+// staging hide but for what is still crossing once the backward ends; counted where the next forward's copies' rule
+// (`forward_rule`, which leaves these out) set the row, since elsewhere every tile's copy hides behind the host's step
+// of the next tile anyway. A clipped or skipped step restores and steps them again: not predicted
+// (it depends on the norm).
+void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows, bool forward_rule) {
   const ZeroExecution& z = p.execution;
   if (!z.step_in_backward || !(t.backward_s > 0)) return;
   const auto row = [&](const char* what) {
@@ -364,20 +465,23 @@ void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<Off
   };
   OffloadTime* step = row("optimizer step on the host");
   OffloadTime* backup = row("speculated states backed up");  // (none where nothing can undo the step)
+  OffloadTime* weights = row("updated weights to the device");
   if (!step || (z.speculation_backed_up && !backup)) return;
-  std::set<int64_t> groups;
-  for (int64_t after : z.weight_tile_final_after)
-    if (after >= 0) groups.insert(after);
-  const double m = static_cast<double>(groups.size());
+  const LastBackward b = last_backward_of(p, t, rows);
+  const LastBackwardEnd plain = run_last_backward(b, false), speculated = run_last_backward(b, true);
   const double share = static_cast<double>(z.speculated_numel) / static_cast<double>(z.state_spans.front().numel());
-  const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
-  const double window = std::max(0.0, blocks_compute(p, t).backward_s - gradients_taken) / micro_steps;
-  const double backup_s = backup ? backup->seconds : 0.0;
-  const double work = step->seconds * share + backup_s;
-  if (!(m > 1) || !(work > 0)) return;
-  const double hidden = (m - 1) / m * std::min(work, window);
-  step->hidden_s += hidden * step->seconds * share / work;
-  if (backup) backup->hidden_s += hidden * backup_s / work;
+  const double step_s = step->seconds * share, backup_s = backup ? backup->seconds : 0.0;
+  double copies_s = 0;
+  for (const auto& tiles : b.final_after)
+    for (const LastBackward::Tile& x : tiles) copies_s += x.copy_s;
+  const double host_s = step_s + backup_s + (b.pinned ? 0.0 : copies_s);
+  if (!(host_s > 0)) return;
+  const double hidden = host_s - std::clamp(speculated.end - plain.end, 0.0, host_s);
+  const auto add = [](OffloadTime& x, double s) { x.hidden_s = std::min(x.seconds, x.hidden_s + s); };
+  add(*step, hidden * step_s / host_s);
+  if (backup) add(*backup, hidden * backup_s / host_s);
+  if (!weights || !forward_rule) return;
+  add(*weights, b.pinned ? copies_s - std::clamp(speculated.copies - speculated.end, 0.0, copies_s) : hidden * copies_s / host_s);
 }
 
 // Stage 3 on one rank with the parameters in page-locked host memory: each block's partitions cross to the GPU one block
@@ -446,7 +550,8 @@ void predict_offload(const Plan& p, StepTime& t) {
       last_hook = hooks[i];
     }
   }
-  if (p.execution.step_in_forward && t.forward_s > 0 && later > 0) {
+  const bool forward_rule = p.execution.step_in_forward && t.forward_s > 0 && later > 0;
+  if (forward_rule) {
     const double host = static_cast<double>(p.execution.state_spans.front().numel());
     const double share = static_cast<double>(later) / host;
     const double speculated_share = static_cast<double>(p.execution.speculated_numel) / host;
@@ -477,7 +582,7 @@ void predict_offload(const Plan& p, StepTime& t) {
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
   const double gradients_taken = hide_gradients_behind_backward(p, t, rows);
-  hide_step_behind_backward(p, t, rows, gradients_taken);
+  hide_step_behind_backward(p, t, rows, forward_rule);
   hide_parameters_ahead(p, t, rows, gradients_taken);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;

@@ -593,11 +593,18 @@ static std::vector<int64_t> tile_final_after(const FlatLayout& L, const std::vec
 }
 
 void limit_speculation(ZeroExecution& z, int64_t lowest_block) {
+  std::set<int64_t> blocks;
+  for (int64_t after : z.weight_tile_final_after)
+    if (after >= lowest_block) blocks.insert(after);
+  limit_speculation(z, blocks);
+}
+
+void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks) {
   if (!z.step_in_backward) return;
   z.speculated_numel = 0;
   for (size_t i = 0; i < z.weight_tile_final_after.size(); ++i) {
     int64_t& after = z.weight_tile_final_after[i];
-    if (after < lowest_block) after = -1;
+    if (!blocks.count(after)) after = -1;
     if (after >= 0) z.speculated_numel += z.weight_tiles[i].numel();
   }
   for (ZeroBuffer& b : z.buffers)
@@ -630,8 +637,9 @@ ZeroExecution describe_zero(const Plan& plan) {
                                 !z.sharded && !z.gathers && !z.widened && !plan.mesh.shape.splits_the_model() &&
                                 !plan.optimizer.per_tensor_update();
   // The speculative step: where the gradients leave block by block (summed on the host as they arrive), so a tile's
-  // are final in host memory before the backward ends.
-  if (host_steps_tiles && b.grads_to_host && plan.zero.offload_optimizer.speculative_step) {
+  // are final in host memory before the backward ends. Only with overlap_comm: without it the host sums each block's
+  // gradients, and would step its tiles, before the GPU is given the next block's backward (nothing to hide behind).
+  if (host_steps_tiles && b.grads_to_host && z.overlap && plan.zero.offload_optimizer.speculative_step) {
     using C = MemoryCategory;
     std::vector<int64_t> after = tile_final_after(plan.layout, z.weight_tiles);
     for (size_t i = 0; i < after.size(); ++i) z.speculated_numel += after[i] >= 0 ? z.weight_tiles[i].numel() : 0;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -236,5 +237,7 @@ ZeroExecution describe_zero(const Plan& plan);
 // final first in the backward); the others are stepped after the backward as without speculation (the next forward
 // steps them where step_in_forward). The backup shrinks with them; with none left, no speculation.
 void limit_speculation(ZeroExecution& z, int64_t lowest_block);
+// The same kept to the tiles final after one of `blocks`.
+void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks);
 
 }  // namespace ds

@@ -83,8 +83,12 @@ void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, 
 }
 
 std::shared_ptr<Event> Device::copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
+  return copy_ahead(dst, to, src, from, *compute_stream().record());  // (after every use of dst queued so far)
+}
+
+std::shared_ptr<Event> Device::copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after) {
   DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
-  copy_stream().wait_for(*compute_stream().record());  // (after every use of dst queued so far)
+  copy_stream().wait_for(after);
   copy_between_ahead(dst, to, src, from);
   count(from, to, static_cast<double>(dst.nbytes()));
   ++transfers_[{from, to}].ahead;

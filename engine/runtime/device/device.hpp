@@ -94,6 +94,9 @@ class Device {
   // makes it wait for the event returned before the first work that reads dst (stage 3's gather of the next block
   // from host memory, while the GPU runs the current one).
   std::shared_ptr<Event> copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
+  // copy_ahead(), ordered after `after` (as copy() with `after`) rather than after all the compute queued so far: the
+  // speculative step's weights leave while the GPU runs the backward of the blocks below theirs.
+  std::shared_ptr<Event> copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after);
   // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
   // a transfer.
   void count_direct_write(Place from, Place to, double bytes) { count(from, to, bytes); }

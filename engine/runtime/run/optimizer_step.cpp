@@ -148,8 +148,8 @@ void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t 
     if (at != home) device_.count_direct_write(at, home, static_cast<double>(to.nbytes()));
   } else if (how == WeightsBack::staged) {  // the tile the kernel just wrote: its turn's buffer, copied on the copy stream
     const torch::Tensor staged = staging_now().narrow(0, 0, master.numel());
-    if (copies_ahead_)  // (a speculated tile's, during the backward: the compute stream needs them only for the next forward)
-      ahead_arrived_ = device_.copy_ahead(to, home, staged, Place::host);
+    if (copies_ahead_after_)  // (a speculated tile's, during the backward: the compute stream needs them only for the next forward)
+      ahead_arrived_ = device_.copy_ahead(to, home, staged, Place::host, *copies_ahead_after_);
     else if (read_before)
       device_.copy(to, home, staged, Place::host, *read_before);
     else
@@ -320,7 +320,7 @@ OptimizerStep::OptimizerStep(const Plan& plan, FlatParams& flat, ZeroExchange& z
       DS_CHECK(!plan.execution.speculation_backed_up || !states[k].defined() || (flat.step_backup[k].defined() && flat.step_backup[k].numel() >= at),
                "no backup of ", at, " elements for the speculated tiles' state ", k);
     speculated_.assign(after.size(), 0);
-    zero.on_final_gradients([this](int64_t layer) { speculate(layer); });
+    zero.on_final_gradients([this](int64_t layer, const Event& written) { speculate(layer, written); });
   }
   if (plan.mesh.shape.splits_the_model() && !plan.mesh.stages.empty()) {
     const int tensor_rank = comm_ ? mesh_coord(plan.mesh.shape, comm_->rank()).tensor : 0;
@@ -661,13 +661,13 @@ OptimizerStepInputs OptimizerStep::inputs_at(double lr, double grad_scale) const
   return si;
 }
 
-void OptimizerStep::speculate(int64_t layer) {
+void OptimizerStep::speculate(int64_t layer, const Event& written) {
   if (!speculating_) return;
   torch::NoGradGuard ng;
   const std::vector<int64_t>& after = plan_.execution.weight_tile_final_after;
   const double moved0 = bytes_moved();
   double crossing_s = 0;  // (inside the backward's phase: the host's time there)
-  copies_ahead_ = true;
+  copies_ahead_after_ = &written;
   try {
     for (size_t t = 0; t < after.size(); ++t) {
       if (after[t] < layer || speculated_[t]) continue;  // (-1: never; a block below `layer`: not final yet)
@@ -680,10 +680,10 @@ void OptimizerStep::speculate(int64_t layer) {
       step_chunk(c, gradients_at(c), speculated_inputs_, &crossing_s);
     }
   } catch (...) {
-    copies_ahead_ = false;
+    copies_ahead_after_ = nullptr;
     throw;
   }
-  copies_ahead_ = false;
+  copies_ahead_after_ = nullptr;
   speculated_bytes_ += bytes_moved() - moved0;
 }
 
@@ -771,6 +771,17 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
   refresh_weights(/*rounded=*/true);
 }
 
+void OptimizerStep::end_gradients() {
+  tied_gradient_in();
+  zero_.reduce_gradients();
+  zero_.end_gradient_sums();
+  if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
+    torch::NoGradGuard ng;
+    flat_.grads.copy_(flat_.compute_grads);
+    flat_.compute_grads.copy_(flat_.grads);
+  }
+}
+
 StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   StepOutcome out;
   zero_.begin_gradient_sums();
@@ -789,43 +800,27 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
     // (not a step the data says trains nothing: it is skipped)
     speculating_ = !sampler_.masked() || sampler_.step_counted_targets(step) > 0;
   }
-  torch::Tensor loss_sum;
-  try {
-    loss_sum = micro_steps(step, out, clock);
-  } catch (...) {
-    if (speculating_) settle_speculation(nullptr, out, /*failing=*/true);  // (the states as they were, where kept)
-    throw;
-  }
-  tied_gradient_in();
-  zero_.reduce_gradients();
-  zero_.end_gradient_sums();
-  if (flat_.widened) {  // round the gradients to their stored dtype (fp16 overflows to inf here), then back
-    torch::NoGradGuard ng;
-    flat_.grads.copy_(flat_.compute_grads);
-    flat_.compute_grads.copy_(flat_.grads);
-  }
-  clock.lap(t.reduce);
-  clock.mark(3);
   out.lr = schedule_.lr_at(applied_ - 1);
   // A device with memory of its own keeps the step's figures there: the norm, the clipping and the skip decided
   // on the device, read by the host once, at the step's end, where it waits for the step anyway. Elsewhere the
   // host reads them now and decides.
   const bool on_device = figures_stay_on_device();
   DeviceFigures figures;
-  OptimizerStepInputs si;
-  if (on_device) {
-    figures = agree_on_device(out, loss_sum, stop_signal);
-    si = step_inputs(out);  // (the schedule's values; its grad_scale gives way to the control's)
-    si.control = figures.control.data_ptr<float>();
-  } else {
-    try {
+  try {
+    const torch::Tensor loss_sum = micro_steps(step, out, clock);
+    end_gradients();
+    clock.lap(t.reduce);
+    clock.mark(3);
+    if (on_device)
+      figures = agree_on_device(out, loss_sum, stop_signal);
+    else
       decide_skip(step, out, agree(out, loss_sum, stop_signal));
-    } catch (...) {
-      if (speculating_) settle_speculation(nullptr, out, /*failing=*/true);
-      throw;
-    }
-    si = step_inputs(out);
+  } catch (...) {
+    if (speculating_) settle_speculation(nullptr, out, /*failing=*/true);  // (the states as they were, where kept)
+    throw;
   }
+  OptimizerStepInputs si = step_inputs(out);  // (on the device: the schedule's values; its grad_scale gives way to the control's)
+  if (on_device) si.control = figures.control.data_ptr<float>();
   // On the device, a step the host knows trains nothing is not run; one the device skips runs its update, which writes
   // nothing, and republishes the same weights (its time and collectives show in the step's figures, as a run's would).
   const bool updated = !out.skipped && out.trained_tokens != 0;

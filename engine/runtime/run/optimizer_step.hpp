@@ -120,6 +120,8 @@ class OptimizerStep {
   // gradient to the first stage, which adds it to the table's (one table, one sum: the data groups of the two
   // stages would sum it in different orders).
   void tied_gradient_in();
+  // After the micro steps: the step's gradients final where the optimizer reads them (reduced, summed, rounded).
+  void end_gradients();
   // After the update: the first stage sends the table's new weights to the copy (whose own step they replace).
   void tied_weights_back();
   PipelineStageRunner* pipeline_ = nullptr;
@@ -160,15 +162,16 @@ class OptimizerStep {
   OptimizerStepInputs inputs_at(double lr, double grad_scale) const;
   // The speculative step (plan.execution.step_in_backward). speculate: on the step's last micro step, once block
   // `layer`'s gradients have all reached the host, every tile final from then on is backed up (where the plan keeps a
-  // backup) and stepped with speculated_inputs_ (no clipping), its weights sent to the device ahead (the compute stream
-  // waits for them only in settle_speculation). settle_speculation, once the step's inputs are known (`si`; null: no
+  // backup) and stepped with speculated_inputs_ (no clipping), its weights sent to the device ahead, after `written`
+  // (the backward of the blocks below goes on beside the copies; the compute stream waits for them only in
+  // settle_speculation). settle_speculation, once the step's inputs are known (`si`; null: no
   // update this step): tiles stepped with the same inputs stand; otherwise each is restored from the backup, and either
   // left to update() (a clipped step) or given back its weights from the restored master (no update). `failing`: the
   // step threw and the run ends (without a backup the tiles stay as speculated).
-  void speculate(int64_t layer);
+  void speculate(int64_t layer, const Event& written);
   void settle_speculation(const OptimizerStepInputs* si, StepOutcome& out, bool failing = false);
   bool speculating_ = false;
-  bool copies_ahead_ = false;  // weights_home's staged copies go ahead (speculate's)
+  const Event* copies_ahead_after_ = nullptr;  // weights_home's staged copies go ahead, after this (speculate's)
   std::shared_ptr<Event> ahead_arrived_;  // the last of them
   std::vector<uint8_t> speculated_;       // per weight tile: stepped during this step's backward
   std::vector<int64_t> backup_at_;        // per weight tile: where its states sit in step_backup (-1: never speculated)

@@ -316,7 +316,7 @@ void ZeroExchange::finish_reduce() {
     }
   }
   buf.zero_();
-  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host()) on_final_(g.layer);
+  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host()) on_final_(g.layer, written ? *written : *flat_.device->compute_stream().record());
 }
 
 std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,

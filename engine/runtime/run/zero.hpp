@@ -83,8 +83,9 @@ class ZeroExchange : public BlockHooks {
   // How many pieces of the updated parameters are still in flight.
   size_t published_in_flight() const { return published_.size(); }
   // The speculative step (ZeroExecution::step_in_backward): `f` is called on the step's last micro step as each
-  // block's gradients have all arrived in this rank's host sums (`layer`: the block).
-  using FinalGradients = std::function<void(int64_t layer)>;
+  // block's gradients have all arrived in this rank's host sums (`layer`: the block; `written`: the compute stream's
+  // point just after that block's backward, when the blocks from it up have done reading their weights).
+  using FinalGradients = std::function<void(int64_t layer, const Event& written)>;
   void on_final_gradients(FinalGradients f) { on_final_ = std::move(f); }
   // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
   // backward finishes them.
