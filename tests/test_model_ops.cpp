@@ -691,11 +691,7 @@ TEST(BlockPoolForTensors, TensorsOfSixtyFourKiBAndMoreComeFromThePool) {
     EXPECT_TRUE(pool.owns(c.data_ptr()));
     // (LibTorch's own bf16 product: oneDNN's where the CPU has AVX-512, near the fp32 one; elsewhere its fallback, which
     // accumulates in bf16 and which ds's products avoid (Matmul.*): there the pooled result must equal a second run)
-#if defined(__x86_64__)
-    const bool onednn = kernels::simd::has_avx512();
-#else
-    const bool onednn = false;
-#endif
+    const bool onednn = cpu_has_avx512();
     if (onednn)
       EXPECT_TRUE(torch::allclose(c.to(torch::kFloat32), torch::mm(a.to(torch::kFloat32), b.to(torch::kFloat32)), 0.02, 0.5));
     else

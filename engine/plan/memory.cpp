@@ -7,7 +7,7 @@
 namespace ds {
 
 ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
-                                 int threads, int64_t forward_only, bool library_attention) {
+                                 int threads, int64_t forward_only, bool library_attention, bool widened_products) {
   const int bc = dtype_bytes(compute_dtype);
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len);
   const double block = m.block_activation_bytes_per_token(seq_len, bc, library_attention);
@@ -17,7 +17,8 @@ ActivationParts activation_parts(const ModelSpec& m, int64_t micro_batch, int64_
   // Both workspaces counted whole: the head's chunk of logits is kept from step to step (the model
   // reuses it), and the attention's is at its largest in a block's backward.
   // (fp16 logits, computed only where the device computes fp16, take the kernel in place as bf16's do)
-  const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads);
+  const double workspace = m.head_workspace_bytes(micro_batch * seq_len, bc) + m.attention_workspace_bytes(micro_batch, seq_len, bc, threads) +
+                           (widened_products && compute_dtype == Dtype::bf16 ? m.widened_product_bytes(micro_batch * seq_len) : 0.0);
   // Where every block runs forward only (a pipeline stage below every trained tensor) none keeps anything, and the
   // one running holds its own activations until the next starts: one block's, as a workspace.
   const double passing = forward_only > 0 && with_backward == 0 ? 1.0 : 0.0;

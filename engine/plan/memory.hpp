@@ -39,12 +39,15 @@ struct ZeroExecution;
 // keeps until its backward (a pipeline stage holds several at once), and the workspaces of one forward and
 // backward at a time. The first `forward_only` blocks (below every trained tensor) keep nothing.
 // `library_attention`: the device's attention is LibTorch's fused kernel (block_activation_bytes_per_token).
+// `widened_products`: the device takes bf16 products in fp32 (Topology::cpu_widens_bf16_products): the largest
+// product's fp32 copies (ModelSpec::widened_product_bytes) are a workspace too.
 struct ActivationParts {
   double kept = 0, workspace = 0;
   double total() const { return kept + workspace; }
 };
 ActivationParts activation_parts(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
-                                 int threads = 1, int64_t forward_only = 0, bool library_attention = false);
+                                 int threads = 1, int64_t forward_only = 0, bool library_attention = false,
+                                 bool widened_products = false);
 inline double activation_bytes(const ModelSpec& model, int64_t micro_batch, int64_t seq_len, Dtype compute_dtype, int64_t recompute_group,
                                int threads = 1) {
   return activation_parts(model, micro_batch, seq_len, compute_dtype, recompute_group, threads).total();

@@ -611,6 +611,20 @@ double ModelSpec::head_activation_bytes_per_token(int b) const {
   return (norms_widened(b) ? 8 * C : C * b) + C * b;
 }
 
+double ModelSpec::widened_product_bytes(int64_t tokens) const {
+  // rows x k by k x n into rows x n (the backward's two products of a projection take the same three sizes).
+  const auto copies = [](double rows, double k, double n) { return 4 * (rows * k + k * n + rows * n); };
+  const double T = static_cast<double>(tokens);
+  double most = 0;
+  for (const TensorSpec& t : tensors)
+    if (t.layer >= 0 && t.shape.size() == 2) most = std::max(most, copies(T, static_cast<double>(t.shape[0]), static_cast<double>(t.shape[1])));
+  if (holds_head) {
+    const double rows = static_cast<double>(std::min(tokens, head_chunk_rows(hp.vocab_size)));
+    most = std::max(most, copies(rows, static_cast<double>(hp.hidden_size), static_cast<double>(hp.vocab_size)));
+  }
+  return most;
+}
+
 double ModelSpec::head_workspace_bytes(int64_t tokens, int b) const {
   if (!holds_head) return 0;
   // The weight's gradient goes into its flat buffer chunk by chunk (counted with the gradients).

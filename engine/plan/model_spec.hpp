@@ -117,6 +117,11 @@ struct ModelSpec {
   // What the fused head and loss holds at its peak, whatever the batch: one chunk of logits
   // (kHeadChunkElements); the head weight's gradient goes straight into the flat gradients. 0 without the head.
   double head_workspace_bytes(int64_t tokens, int bytes) const;
+  // Where the device takes bf16 products in fp32 (a CPU without AVX-512: LibTorch 1.13's own accumulate in bf16
+  // there; engine/runtime/model/matmul.cpp): the fp32 copies of both operands and the result that the largest of a
+  // step's products holds while it runs, `tokens` the micro batch's. A block's projections over every token, the
+  // head over one chunk of logits' rows (head_chunk_rows).
+  double widened_product_bytes(int64_t tokens) const;
 };
 
 // Logit elements the fused head and loss makes at a time (engine/runtime/model/fused_head_loss): 32 Mi,

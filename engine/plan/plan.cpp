@@ -438,7 +438,8 @@ void lay_out(Plan& plan, int stage, int in_flight) {
   const int64_t recompute_group = plan.activation_checkpointing ? plan.recompute_group : 0;
   const ActivationParts parts =
       activation_parts(plan.model, plan.batch.micro_batch, plan.seq_len, compute, recompute_group, plan.threads, plan.backward_from,
-                       plan.topology.device_traits().attention_by_library);
+                       plan.topology.device_traits().attention_by_library,
+                       plan.topology.device_traits().memory_is_host && plan.topology.cpu_widens_bf16_products);
   double activations = in_flight * parts.kept + parts.workspace;
   // The adapters' own: every adapted block's, or with activation checkpointing one recomputed group's.
   activations += static_cast<double>(plan.batch.micro_batch * plan.seq_len) *

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "common/cpu_features.hpp"
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/strings.hpp"
@@ -128,6 +129,7 @@ Topology make_topology(const TopologyOptions& opt, const std::function<const cha
   Topology t;
   t.cores_per_node = detect_cores();
   t.host_memory_bytes = detect_host_memory_bytes();
+  t.cpu_widens_bf16_products = !cpu_has_avx512();
   t.build = opt.build;
   t.device = choose_device(opt, t.device_note);
   const bool cuda = !t.device_traits().memory_is_host;

@@ -51,6 +51,9 @@ struct Topology {
   double host_memory_bytes = 0;    // per node; 0 = unknown
   double headroom = kDefaultHeadroom;  // left free of each when judging fit (--headroom)
   int cores_per_node = 1;
+  // The CPU device takes bf16 products in fp32 (no AVX-512, where LibTorch 1.13's own products accumulate in bf16;
+  // engine/runtime/model/matmul.cpp), each holding fp32 copies of its operands while it runs: the plan counts them.
+  bool cpu_widens_bf16_products = false;
   // What the device and the links between ranks can do, for the plan's time prediction: from --gpu or the
   // detected GPU's model, and the link flags (unknown where neither says).
   HardwareRates rates;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/cpu_features.hpp"
 #include "kernels/cpu/adam.hpp"
 
 namespace ds::kernels {
@@ -36,11 +37,7 @@ inline float stored_at(const void* data, int64_t i) {
 
 namespace ds::kernels::simd {
 
-inline bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return yes;
-}
+inline bool has_avx512() { return cpu_has_avx512(); }
 
 // fp32 -> bf16, round to nearest even; NaN stays a quiet NaN.
 DS_AVX512 inline __m256i to_bf16_x16(__m512 x) {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/cpu_features.hpp"
 #include "common/error.hpp"
 #include "engine/runtime/device/kernel_route.hpp"
-#include "kernels/cpu/simd.hpp"
 
 #ifdef DS_WITH_ONEDNN_SGEMM
 // oneDNN's C API (dnnl.h), declared here: Debian's runtime package has the library but not the header.
@@ -47,13 +47,8 @@ bool onednn_sgemm(const torch::Tensor& c, const torch::Tensor& a, const torch::T
 // (an AVX2 machine) its fallback loops accumulate in bf16, an error growing with the inner dimension (measured on a
 // Zen 3: 3x the tolerance a once-rounded product meets at k = 200). There the product is taken in fp32 and rounded
 // once, as oneDNN's bf16 product does: c = round(c + a b) accumulating, round(a b) not.
-bool libtorch_multiplies_bf16_by_onednn() {
-#if defined(__x86_64__)
-  return kernels::simd::has_avx512();
-#else
-  return false;
-#endif
-}
+// (The plan counts the fp32 copies such a product holds: Topology::cpu_widens_bf16_products.)
+bool libtorch_multiplies_bf16_by_onednn() { return cpu_has_avx512(); }
 
 bool widened_bf16(const torch::Tensor& c, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
   if (c.scalar_type() != torch::kBFloat16 || a.scalar_type() != torch::kBFloat16 || b.scalar_type() != torch::kBFloat16) return false;
