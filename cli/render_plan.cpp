@@ -477,7 +477,9 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
   if (p.execution.step_in_forward) {
     const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
-    const auto later = std::count_if(hooks.begin(), hooks.end(), [](int64_t h) { return h >= 0; });
+    const std::vector<int64_t>& speculated = p.execution.weight_tile_final_after;  // (those stepped in the backward instead)
+    int64_t later = 0;
+    for (size_t i = 0; i < hooks.size(); ++i) later += hooks[i] >= 0 && (speculated.empty() || speculated[i] < 0);
     o << "  the host steps " << later << " of its " << hooks.size()
       << " weight tiles during the next forward, each before the block that reads it (the embeddings' at once"
       << (p.execution.state_spans.size() > 1 ? "; the GPU steps its part of the states at once" : "") << ")\n";

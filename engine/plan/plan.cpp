@@ -837,6 +837,7 @@ static void choose_speculated_tiles(Plan& plan) {
       if (const double s = predicted(trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
     }
   }
+  if (best.empty()) return;  // (no prediction came out: all tiles, as asked)
   limit_speculation(plan.execution, best);
   plan.memory = estimate_memory(plan.execution, plan.memory.device.activations);
   plan.step_time = predict_step_time(plan);

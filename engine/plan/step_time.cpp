@@ -347,22 +347,26 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
   return taken;
 }
 
-// The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given each
-// block's backward in turn (the top one first); as the backward of block l is given, the host finishes the block
-// above's reduce (waits for its gradients' copy on the copy stream, which began once that block's backward had run,
-// then sums them) and steps the tiles final after it, one after the other, each tile's weights leaving on the copy
-// stream once stepped (from page-locked staging; from pageable staging the host passes them through the driver
-// itself), a tile waiting for the copy of the tile that last used its staging buffer. Meanwhile the GPU runs what it
-// was given, and is given nothing more: the next block's backward is given once the host returns. The lowest trained
-// block's gradients and tiles come after the whole backward. Timed in seconds from the first block's backward.
+// The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given the
+// blocks' backward a unit at a time from the top (a block, or with activation checkpointing in groups of more than one
+// a recompute group: its forward run again and its blocks' backward in one call); once a unit is given, the host runs
+// its blocks' hooks, top down, each finishing the reduce of the block above it (waiting for that block's gradients'
+// copy on the copy stream, which began once the unit holding that block had run, then summing them) and stepping the
+// tiles final after that block, one after the other, each tile's weights leaving on the copy stream once stepped (from
+// page-locked staging; from pageable staging the host passes them through the driver itself), a tile waiting for the
+// copy of the tile that last used its staging buffer. Meanwhile the GPU runs what it was given, and is given nothing
+// more: the next unit is given once the hooks return (so in a group of g blocks only the first hook's work runs
+// beside the GPU). The lowest trained block's gradients and tiles come after the whole backward. Timed in seconds from
+// the first unit's backward.
 struct LastBackward {
   struct Tile {
     double step_s = 0, copy_s = 0;  // the host's step (and backup) of it; its weights' copy
   };
-  std::vector<double> block_s;                  // per block, the GPU's backward (with the recompute it runs first)
+  std::vector<double> block_s;                  // per block, the GPU's backward (with its forward run again)
   std::vector<double> copy_s, sum_s;            // per block, its gradients' copy to the host and the host's sum
   std::vector<std::vector<Tile>> final_after;   // per block, the tiles speculated once its gradients have landed
   int64_t from = 0;                             // the lowest block whose backward runs
+  int64_t unit = 1;                             // blocks given to the GPU at once, counted from `from`
   bool pinned = true;
   size_t staging = 1;                           // the staging buffers the tiles' copies take turns in
 };
@@ -389,8 +393,14 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
     }
   };
   int64_t pending = -1;
-  for (int64_t l = static_cast<int64_t>(b.block_s.size()) - 1; l >= b.from; --l) {
-    gpu = std::max(gpu, host) + b.block_s[static_cast<size_t>(l)];
+  const int64_t n = static_cast<int64_t>(b.block_s.size());
+  for (int64_t l = n - 1; l >= b.from; --l) {
+    const int64_t first = b.from + (l - b.from) / b.unit * b.unit;  // the unit holding l, [first, l] when l is its top
+    if (l == std::min(first + b.unit, n) - 1) {
+      double unit_s = 0;
+      for (int64_t k = first; k <= l; ++k) unit_s += b.block_s[static_cast<size_t>(k)];
+      gpu = std::max(gpu, host) + unit_s;
+    }
     if (pending >= 0) land(static_cast<size_t>(pending));
     pending = b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty() ? l : -1;
     written = gpu;
@@ -399,10 +409,12 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
   return {std::max(gpu, host), copy};
 }
 
-// The last backward's inputs from the plan: each block's share of the backward's FLOPs (a recompute group's forward,
-// run before the backward of its top block, counted there) of one micro step's predicted backward; each block's share
-// of the gradients' rows by its elements; each speculated tile's share of the host's step, of the backup and of the
-// weights' copies by its elements. Nothing hides behind the backward of what lies outside the blocks: not counted.
+// The last backward's inputs from the plan: each block's share of the backward's FLOPs (its forward run again
+// included) of one micro step's predicted backward; each block's share of the gradients' rows by its elements (of the
+// host's sums the last micro step's: an add, where earlier micro steps' arrivals were summed, 3 of the row's 2 + 3(m - 1)
+// accesses an element; the first copied in, 2 of 2, where m is 1); each speculated tile's share of the host's step, of
+// the backup and of the weights' copies by its elements. Nothing hides behind the backward of what lies outside the
+// blocks: not counted.
 LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const auto seconds = [&](const char* what) {
@@ -415,20 +427,18 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
   LastBackward b;
   b.block_s.assign(n, 0), b.copy_s.assign(n, 0), b.sum_s.assign(n, 0), b.final_after.assign(n, {});
   b.from = p.backward_from;
-  const int64_t group = p.activation_checkpointing ? std::max<int64_t>(1, p.recompute_group) : 1;
+  b.unit = p.activation_checkpointing ? std::max<int64_t>(1, p.recompute_group) : 1;
   double backward = 0;
   for (const ModuleFlops& m : module_flops(p.model, p.batch.micro_batch, p.seq_len, p.activation_checkpointing, p.frozen, p.lora)) {
     if (m.depth != 1) continue;
     backward += m.backward + m.recompute;
-    if (m.layer < 0 || static_cast<size_t>(m.layer) >= n) continue;
-    const int64_t top = std::min<int64_t>(p.backward_from + ((m.layer - p.backward_from) / group + 1) * group, static_cast<int64_t>(n)) - 1;
-    b.block_s[static_cast<size_t>(m.layer)] += m.backward;
-    if (top >= 0) b.block_s[static_cast<size_t>(top)] += m.recompute;
+    if (m.layer >= 0 && static_cast<size_t>(m.layer) < n) b.block_s[static_cast<size_t>(m.layer)] += m.backward + m.recompute;
   }
   for (double& s : b.block_s) s = backward > 0 ? t.backward_s / micro_steps * s / backward : 0.0;
   int64_t all = 0;
   for (const ParamSlot& s : p.layout.params) all += s.numel;
-  const double copy = seconds("gradients to the host") / micro_steps, sum = seconds("gradients summed on the host") / micro_steps;
+  const double copy = seconds("gradients to the host") / micro_steps;
+  const double sum = seconds("gradients summed on the host") * (micro_steps > 1 ? 3 / (2 + 3 * (micro_steps - 1)) : 1.0);
   for (const ParamSlot& s : p.layout.params) {
     if (s.layer < 0 || all == 0) continue;
     b.copy_s[static_cast<size_t>(s.layer)] += copy * static_cast<double>(s.numel) / static_cast<double>(all);
