@@ -376,19 +376,17 @@ struct LastBackwardEnd {
 };
 LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
   double gpu = 0, host = 0, copy = 0, written = 0;
-  std::vector<double> staged;  // when each staging buffer's last copy ends
+  std::vector<double> staged(b.staging, 0.0);  // when each staging buffer's last copy ends
   size_t turn = 0;
   const auto land = [&](size_t l) {  // the block's gradients summed on the host, then its tiles stepped
     copy = std::max(copy, written) + b.copy_s[l];
     host = std::max(host, copy) + b.sum_s[l];
     if (!speculating) return;
     for (const LastBackward::Tile& t : b.final_after[l]) {
-      if (staged.size() == b.staging) host = std::max(host, staged[turn]);
-      host += t.step_s;
+      host = std::max(host, staged[turn]) + t.step_s;
       if (b.pinned) copy = std::max(copy, host) + t.copy_s;
       else host += t.copy_s, copy = std::max(copy, host);
-      if (staged.size() < b.staging) staged.push_back(copy);
-      else staged[turn] = copy;
+      staged[turn] = copy;
       turn = (turn + 1) % b.staging;
     }
   };

@@ -592,13 +592,6 @@ static std::vector<int64_t> tile_final_after(const FlatLayout& L, const std::vec
   return after;
 }
 
-void limit_speculation(ZeroExecution& z, int64_t lowest_block) {
-  std::set<int64_t> blocks;
-  for (int64_t after : z.weight_tile_final_after)
-    if (after >= lowest_block) blocks.insert(after);
-  limit_speculation(z, blocks);
-}
-
 void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks) {
   if (!z.step_in_backward) return;
   z.speculated_numel = 0;

@@ -233,11 +233,9 @@ std::vector<Ownership> group_ownerships(const FlatLayout& L, const std::vector<P
 // Describes the execution of a plan whose layout, zero knobs, precision, optimizer, batch and topology
 // are resolved. Pure.
 ZeroExecution describe_zero(const Plan& plan);
-// The speculative step kept to the tiles final after block `lowest_block` or a higher one (the top blocks' tiles,
-// final first in the backward); the others are stepped after the backward as without speculation (the next forward
-// steps them where step_in_forward). The backup shrinks with them; with none left, no speculation.
-void limit_speculation(ZeroExecution& z, int64_t lowest_block);
-// The same kept to the tiles final after one of `blocks`.
+// The speculative step kept to the tiles final after one of `blocks`; the others are stepped after the backward as
+// without speculation (the next forward steps them where step_in_forward). The backup shrinks with them; with none
+// left, no speculation.
 void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks);
 
 }  // namespace ds

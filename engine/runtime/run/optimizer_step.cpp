@@ -792,15 +792,15 @@ StepOutcome OptimizerStep::run(int64_t step, int stop_signal) {
   pending_bytes_ = 0;  // (a step that updates nothing leaves no tile)
   Clock clock(out, device_, sample_memory_, [this] { return param_wait(); });
   StepPhases& t = out.phases;
+  out.lr = schedule_.lr_at(applied_ - 1);
   if (plan_.execution.step_in_backward) {  // (the update's inputs as they will be unless the step is clipped or skipped)
     std::fill(speculated_.begin(), speculated_.end(), 0);
     speculated_count_ = 0;
     speculated_bytes_ = 0;
-    speculated_inputs_ = inputs_at(schedule_.lr_at(applied_ - 1), 1.0 / out.loss_scale);
+    speculated_inputs_ = inputs_at(out.lr, 1.0 / out.loss_scale);
     // (not a step the data says trains nothing: it is skipped)
     speculating_ = !sampler_.masked() || sampler_.step_counted_targets(step) > 0;
   }
-  out.lr = schedule_.lr_at(applied_ - 1);
   // A device with memory of its own keeps the step's figures there: the norm, the clipping and the skip decided
   // on the device, read by the host once, at the step's end, where it waits for the step anyway. Elsewhere the
   // host reads them now and decides.
