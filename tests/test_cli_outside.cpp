@@ -633,14 +633,17 @@ TEST(CliOutside, PlanAndEstimateJudgeFitAlikeAndSayWhatCannotRunYet) {
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["fit"]["device"], "fits");
   EXPECT_EQ(j["fit"]["host"], "does_not_fit");  // 87.92 GiB of states and gradients on the host
-  // Page-locked: the buffer the gradients leaving the GPU arrive in and the two staging tiles of bf16 weights (bf16).
+  // Page-locked: the buffers the gradients leaving the GPU arrive in (a piece's; whole blocks', gradient_lag + 1 of
+  // them) and the two staging tiles of bf16 weights (bf16).
   double pinned = 0, expected = 0;
   for (const auto& b : j["zero_execution"]["buffers"]) {
     if (b["pinned"].get<bool>()) pinned += b["bytes"].get<double>();
     if (b["role"] == "grads_arrival") expected += 2.0 * b["elements"].get<double>();
+    if (b["role"] == "block_arrivals") expected += 2.0 * b["elements"].get<double>() * b["copies"].get<double>();  // (overlap_comm)
     if (b["role"] == "weights_staging") expected += 2.0 * 2.0 * b["elements"].get<double>();
   }
   EXPECT_DOUBLE_EQ(pinned, expected);
+  EXPECT_EQ(j["zero_execution"]["gradient_lag"], 1);  // (two block_arrivals buffers: no speculation to choose it with)
   r = ds("plan templates/zero3.json model.preset=llama-2-7b --device-memory 80GiB zero_optimization.offload_optimizer.device=cpu");
   const size_t at = r.out.find("page-locked per rank: ");
   ASSERT_NE(at, std::string::npos) << r.out;

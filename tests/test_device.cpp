@@ -68,10 +68,19 @@ class TrackedCopyStream final : public Stream {
   // The copy just queued (reading()'s) writes its bytes only once the compute stream waits for it or the host learns it
   // ended (Device::copy_ahead's: what runs on the device before then may not see them).
   void defer(void* dst, const void* src, int64_t bytes) { deferred_.push_back({queued_, dst, src, bytes}); }
+  // A copy from the device to the host queued to land later, as defer()'s (no host source to watch), after the compute
+  // stream's point the last wait_for named: `arrivals_landed_late` counts those landing once the compute stream has
+  // been given more since (`compute_points`: its count of points).
+  void queue_arrival(void* dst, const void* src, int64_t bytes, const int64_t* compute_points) {
+    deferred_.push_back({++queued_, dst, src, bytes, after_compute_, compute_points});
+  }
+  int64_t arrivals_landed_late = 0;
   // The deferred copies up to `seq` land, in order.
   void land(int64_t seq) {
     while (!deferred_.empty() && deferred_.front().seq <= seq) {
-      std::memcpy(deferred_.front().dst, deferred_.front().src, static_cast<size_t>(deferred_.front().bytes));
+      const Deferred& d = deferred_.front();
+      std::memcpy(d.dst, d.src, static_cast<size_t>(d.bytes));
+      if (d.compute_points && *d.compute_points > d.after_compute) ++arrivals_landed_late;
       deferred_.pop_front();
     }
   }
@@ -121,6 +130,8 @@ class TrackedCopyStream final : public Stream {
     void* dst;
     const void* src;
     int64_t bytes;
+    int64_t after_compute = -1;
+    const int64_t* compute_points = nullptr;  // (an arrival's: queue_arrival)
   };
   std::deque<Deferred> deferred_;
   std::vector<std::string> races_;
@@ -233,8 +244,12 @@ class SeparateMemoryDevice final : public Device {
   int64_t copies_beside_compute() const { return copies_beside_compute_; }
   // The same from the device to the host: gradients leaving while a GPU runs the compute queued after theirs.
   int64_t arrivals_beside_compute() const { return arrivals_beside_compute_; }
-  // The same for the copies the compute stream waits for only later (Device::copy_ahead).
+  // The same for the copies to the device the compute stream waits for only later (Device::copy_ahead).
   int64_t ahead_beside_compute() const { return ahead_beside_compute_; }
+  // Copies from the device the host waits for only later (Device::copy_ahead: gradients landing late), and of them
+  // those that landed once the compute stream had been given more (a GPU runs them beside that).
+  int64_t arrivals_ahead() const { return arrivals_ahead_; }
+  int64_t arrivals_landed_late() const { return copy_.arrivals_landed_late; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
     copy_.synchronize();
@@ -267,12 +282,20 @@ class SeparateMemoryDevice final : public Device {
     if (on_copy_stream && from == Place::device && to == Place::host && copy_.after_compute() < compute_.points) ++arrivals_beside_compute_;
   }
 
-  // A copy to the device the compute stream waits for only later (Device::copy_ahead): its bytes land then.
+  // A copy the compute stream waits for only later (Device::copy_ahead): its bytes land then, or (to the host) once
+  // the host waits for it: reading the destination before, or writing the source, reads or copies the wrong bytes.
   void copy_between_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
-    if (!(from == Place::host && to == Place::device && dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous()))
+    if (!(from != to && dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous()))
       return copy_between(dst, to, src, from);
     check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
     check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
+    if (to == Place::host) {
+      if (!inside_pinned(dst.data_ptr(), static_cast<int64_t>(dst.nbytes())))
+        throw std::logic_error("a copy from the device the host waits for later lands in pageable memory (a GPU copies into it at once)");
+      copy_.queue_arrival(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()), &compute_.points);
+      ++arrivals_ahead_;
+      return;
+    }
     copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
     copy_.defer(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()));
     if (copy_.after_compute() < compute_.points) ++ahead_beside_compute_;
@@ -379,7 +402,7 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
-  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0, ahead_beside_compute_ = 0;
+  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0, ahead_beside_compute_ = 0, arrivals_ahead_ = 0;
   CheckingTable device_table_, host_table_;
   TrackedCopyStream copy_;
   TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
@@ -421,6 +444,8 @@ struct RankRun {
   int64_t copies_beside_compute = 0;    // its copies to the device a GPU would run beside compute queued before them
   int64_t arrivals_beside_compute = 0;  // and from the device (SeparateMemoryDevice::arrivals_beside_compute)
   int64_t ahead_beside_compute = 0;     // and those waited for only later (SeparateMemoryDevice::ahead_beside_compute)
+  int64_t arrivals_ahead = 0;           // the arrivals the host waited for only later (SeparateMemoryDevice::arrivals_ahead)
+  int64_t arrivals_landed_late = 0;     // ... landed once later compute was queued (SeparateMemoryDevice::arrivals_landed_late)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -458,6 +483,8 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.copies_beside_compute = d.copies_beside_compute();
           run.arrivals_beside_compute = d.arrivals_beside_compute();
           run.ahead_beside_compute = d.ahead_beside_compute();
+          run.arrivals_ahead = d.arrivals_ahead();
+          run.arrivals_landed_late = d.arrivals_landed_late();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -892,38 +919,58 @@ TEST(DeviceSeam, GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum) {
     }
 }
 
-// One rank of a GPU-like device whose gradients leave block by block for the host (ZeRO-Offload, stage 2): with
-// overlap_comm each group's copy out waits only for the compute stream's point just after its backward, so a GPU runs
-// the next block's backward beside it and the host's sum (the parameters outside the blocks leave once the backward
-// has ended: only the step clock's mark follows theirs). Without overlap_comm each copy waits for everything queued.
-// The same run either way, bit for bit, as the CPU's.
-TEST(DeviceSeam, WithOverlapCommABlocksGradientsLeaveBesideTheNextBlocksBackward) {
+// One rank of a GPU-like device whose gradients leave block by block for the host (ZeRO-Offload, stage 2). With
+// overlap_comm each block's gradients start for page-locked host memory whole as its backward ends, into the next of
+// gradient_lag + 1 buffers, ordered after the compute stream's point just after that backward only; the host sums them
+// `gradient_lag` blocks later. The test device lands such a copy only once the host waits for it (or the compute stream
+// does, before the next block writes the buffer again): a sum read before, or a buffer zeroed before its copy left,
+// would change the losses. Each landed after the compute stream had been given more (a GPU runs it beside that). The
+// parameters outside the blocks leave tensor by tensor once the backward has ended, each copy after its group's point.
+// Without overlap_comm each copy waits for everything queued, the host for each. The same run at every lag and without,
+// bit for bit, as the CPU's.
+TEST(DeviceSeam, WithOverlapCommABlocksGradientsLandWhileTheHostSumsTheBlocksAbove) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_arrivals_" + std::to_string(::getpid()));
   std::vector<std::vector<double>> losses;
-  for (const char* overlap : {"zero_optimization.overlap_comm=true", "zero_optimization.overlap_comm=false"}) {
-    SCOPED_TRACE(overlap);
-    const std::vector<std::string> o{overlap, "zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
-                                     "train.output_dir=" + (root / "run").string()};
-    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true);
+  for (const int64_t lag : {0, 1, 2, 3}) {  // (0: without overlap_comm)
+    SCOPED_TRACE("gradient lag " + std::to_string(lag));
+    const bool overlapped = lag > 0;
+    const std::vector<std::string> o{overlapped ? "zero_optimization.overlap_comm=true" : "zero_optimization.overlap_comm=false",
+                                     "zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                     "model.num_layers=4", "train.output_dir=" + (root / "run").string()};
+    const PlanEdit edit = [lag](Plan& p) {
+      if (lag > 1) set_gradient_lag(p.execution, lag);
+    };
+    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true, edit);
     ASSERT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
     ASSERT_TRUE(plan.execution.grouped);
-    const bool overlapped = std::string(overlap).find("true") != std::string::npos;
     EXPECT_EQ(plan.execution.overlap, overlapped);
-    // One copy out per tensor, each step (a group's tensors one by one), ordered after its group's point or the latest.
-    const int64_t tensors = static_cast<int64_t>(plan.layout.params.size());
-    const std::vector<RankRun> run = train_ranks(1, o, true, "", /*grads_leave=*/true);
+    EXPECT_EQ(plan.execution.gradient_lag, lag);  // (1 unless the speculative step's choice lengthens it)
+    const ZeroBuffer* arrivals = plan.execution.find(BufferRole::block_arrivals, Place::host);
+    ASSERT_EQ(arrivals != nullptr, overlapped);
+    if (arrivals) {
+      EXPECT_EQ(arrivals->copies, lag + 1);
+      EXPECT_TRUE(arrivals->pinned);
+    }
+    std::set<int> blocks;
+    int64_t outer = 0;
+    for (const ParamSlot& s : plan.layout.params) s.layer >= 0 ? void(blocks.insert(s.layer)) : void(++outer);
+    const int64_t per_step_blocks = static_cast<int64_t>(blocks.size()), tensors = static_cast<int64_t>(plan.layout.params.size());
+    ASSERT_EQ(per_step_blocks, 4);
+    const std::vector<RankRun> run = train_ranks(1, o, true, "", /*grads_leave=*/true, edit);
     fs::remove_all(root);
     ASSERT_EQ(run[0].result.losses.size(), 4u);
-    EXPECT_EQ(run[0].transfers.at({Place::device, Place::host}).copies, 4 * tensors);
-    EXPECT_EQ(run[0].arrivals_beside_compute, overlapped ? 4 * tensors : 0);
+    // Each step: a copy per block (landing late) and per tensor outside them with overlap_comm; per tensor without.
+    EXPECT_EQ(run[0].transfers.at({Place::device, Place::host}).copies, 4 * (overlapped ? per_step_blocks + outer : tensors));
+    EXPECT_EQ(run[0].arrivals_ahead, overlapped ? 4 * per_step_blocks : 0);
+    EXPECT_EQ(run[0].arrivals_landed_late, overlapped ? 4 * per_step_blocks : 0);
+    EXPECT_EQ(run[0].arrivals_beside_compute, overlapped ? 4 * outer : 0);
     losses.push_back(run[0].result.losses);
   }
   const std::vector<RankRun> cpu = train_ranks(1, {"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
-                                                   "train.output_dir=" + (root / "run").string()},
+                                                   "model.num_layers=4", "train.output_dir=" + (root / "run").string()},
                                                false);
   fs::remove_all(root);
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(losses[0], cpu[0].result.losses);
+  for (const std::vector<double>& l : losses) EXPECT_EQ(l, cpu[0].result.losses);
 }
 
 // Stage 3 on one rank of a GPU-like device with the parameters in host memory: each block's partitions cross to the

@@ -814,30 +814,38 @@ static void choose_speculated_tiles(Plan& plan) {
   // blocks' tiles are final first in the backward; the bottom ones', read first by the next forward, may do better
   // there; on a tie, the fewer tiles). Then each block's tiles in turn, from the top, taken out or put back where
   // that predicts a shorter step (a block whose tiles outlast the backward of the block below may do better in the
-  // next forward while the blocks around it speculate), until no such change is left.
+  // next forward while the blocks around it speculate), until no such change is left. Where the blocks' gradients land
+  // a block late (gradient_lag), the lag too: a longer one leaves the host more slack behind the copies, and more of the
+  // bottom blocks' tiles after the backward (the first lag tried that predicts the shortest step, with its top blocks).
   std::set<int64_t> groups(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
   groups.erase(-1);
-  const auto predicted = [&](const std::set<int64_t>& blocks) {
+  const auto predicted = [&](int64_t lag, const std::set<int64_t>& blocks) {
     Plan trial = plan;
+    if (lag > 0) set_gradient_lag(trial.execution, lag);
     limit_speculation(trial.execution, blocks);
     return predict_step_time(trial).step_s();
   };
+  constexpr int64_t kLongestLag = 3;  // (past it the last blocks' tiles, left after the backward, cost more than it hides)
+  const int64_t shortest_lag = plan.execution.gradient_lag > 0 ? 1 : 0, longest_lag = shortest_lag > 0 ? kLongestLag : 0;
   double best_s = std::numeric_limits<double>::infinity();
   std::set<int64_t> best;
-  for (int64_t k : groups) {
-    const std::set<int64_t> top(groups.lower_bound(k), groups.end());
-    if (const double s = predicted(top); s <= best_s) best_s = s, best = top;
-  }
+  int64_t best_lag = shortest_lag;
+  for (int64_t lag = shortest_lag; lag <= longest_lag; ++lag)
+    for (int64_t k : groups) {
+      const std::set<int64_t> top(groups.lower_bound(k), groups.end());
+      if (const double s = predicted(lag, top); s < best_s || (s == best_s && lag == best_lag)) best_s = s, best = top, best_lag = lag;
+    }
   for (bool changed = true; changed;) {
     changed = false;
     for (auto g = groups.rbegin(); g != groups.rend(); ++g) {
       std::set<int64_t> trial = best;
       if (!trial.erase(*g)) trial.insert(*g);
       if (trial.empty()) continue;  // (none: the plan without speculation, which the warning below weighs)
-      if (const double s = predicted(trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
+      if (const double s = predicted(best_lag, trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
     }
   }
   if (best.empty()) return;  // (no prediction came out: all tiles, as asked)
+  if (best_lag > 0) set_gradient_lag(plan.execution, best_lag);
   limit_speculation(plan.execution, best);
   plan.memory = estimate_memory(plan.execution, plan.memory.device.activations);
   plan.step_time = predict_step_time(plan);

@@ -238,7 +238,7 @@ json execution_json(const ZeroExecution& x) {
                        {"transient", b.transient},
                        {"pinned", b.pinned}});
   json e = {{"sharded", x.sharded},         {"grouped", x.grouped},         {"gathers", x.gathers},
-            {"overlap", x.overlap},         {"gather_ahead", x.gather_ahead}, {"step_in_forward", x.step_in_forward}, {"step_in_backward", x.step_in_backward}, {"speculated_numel", x.speculated_numel}, {"kept_within_step", x.kept_within_step}, {"widened", x.widened},         {"micro_grads", x.micro_grads}, {"full_numel", x.full_numel},
+            {"overlap", x.overlap},         {"gather_ahead", x.gather_ahead}, {"step_in_forward", x.step_in_forward}, {"step_in_backward", x.step_in_backward}, {"speculated_numel", x.speculated_numel}, {"gradient_lag", x.gradient_lag}, {"kept_within_step", x.kept_within_step}, {"widened", x.widened},         {"micro_grads", x.micro_grads}, {"full_numel", x.full_numel},
             {"local_numel", x.local_numel}, {"block_numel", x.block_numel}, {"outer_numel", x.outer_numel},
             {"whole_numel", x.whole_numel}, {"gather_numel", x.gather_numel}, {"buffers", buffers},
             {"backend", comm_backend_name(x.backend)},

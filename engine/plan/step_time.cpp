@@ -1,6 +1,7 @@
 #include "engine/plan/step_time.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -350,14 +351,15 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
 // The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given the
 // blocks' backward a unit at a time from the top (a block, or with activation checkpointing in groups of more than one
 // a recompute group: its forward run again and its blocks' backward in one call); once a unit is given, the host runs
-// its blocks' hooks, top down, each finishing the reduce of the block above it (waiting for that block's gradients'
-// copy on the copy stream, which began once the unit holding that block had run, then summing them) and stepping the
-// tiles final after that block, one after the other, each tile's weights leaving on the copy stream once stepped (from
-// page-locked staging; from pageable staging the host passes them through the driver itself), a tile waiting for the
-// copy of the tile that last used its staging buffer. Meanwhile the GPU runs what it was given, and is given nothing
-// more: the next unit is given once the hooks return (so in a group of g blocks only the first hook's work runs
-// beside the GPU). The lowest trained block's gradients and tiles come after the whole backward. Timed in seconds from
-// the first unit's backward.
+// its blocks' hooks, top down. Each hook finishes the reduce of the block `lag` + 1 above it (waiting for that block's
+// gradients' copy, queued on the copy stream in that block's own hook to begin once the unit holding it had run, then
+// summing them), steps the tiles final after that block one after the other, each tile's weights leaving on the copy
+// stream once stepped (from page-locked staging; from pageable staging the host passes them through the driver
+// itself), a tile waiting for the copy of the tile that last used its staging buffer; then queues its own block's
+// copy. Meanwhile the GPU runs what it was given, and is given nothing more: the next unit is given once the hooks
+// return (so in a group of g blocks only the first hook's work runs beside the GPU), and runs once the copies of the
+// blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
+// come after the whole backward. Timed in seconds from the first unit's backward.
 struct LastBackward {
   struct Tile {
     double step_s = 0, copy_s = 0;  // the host's step (and backup) of it; its weights' copy
@@ -369,18 +371,18 @@ struct LastBackward {
   int64_t unit = 1;                             // blocks given to the GPU at once, counted from `from`
   bool pinned = true;
   size_t staging = 1;                           // the staging buffers the tiles' copies take turns in
+  size_t lag = 0;                               // ZeroExecution::gradient_lag
 };
 struct LastBackwardEnd {
   double end = 0;     // when the GPU's backward and the host's work in it have both ended
   double copies = 0;  // when the copy stream's last copy ends
 };
 LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
-  double gpu = 0, host = 0, copy = 0, written = 0;
+  double gpu = 0, host = 0, copy = 0;
   std::vector<double> staged(b.staging, 0.0);  // when each staging buffer's last copy ends
   size_t turn = 0;
-  const auto land = [&](size_t l) {  // the block's gradients summed on the host, then its tiles stepped
-    copy = std::max(copy, written) + b.copy_s[l];
-    host = std::max(host, copy) + b.sum_s[l];
+  const auto land = [&](size_t l, double landed) {  // the block's gradients summed on the host, then its tiles stepped
+    host = std::max(host, landed) + b.sum_s[l];
     if (!speculating) return;
     for (const LastBackward::Tile& t : b.final_after[l]) {
       host = std::max(host, staged[turn]) + t.step_s;
@@ -390,20 +392,28 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
       turn = (turn + 1) % b.staging;
     }
   };
-  int64_t pending = -1;
+  std::deque<std::pair<size_t, double>> pending;  // blocks whose copy is issued, top down, and when each lands
+  std::vector<double> landed(b.block_s.size(), 0.0);
   const int64_t n = static_cast<int64_t>(b.block_s.size());
   for (int64_t l = n - 1; l >= b.from; --l) {
     const int64_t first = b.from + (l - b.from) / b.unit * b.unit;  // the unit holding l, [first, l] when l is its top
     if (l == std::min(first + b.unit, n) - 1) {
-      double unit_s = 0;
-      for (int64_t k = first; k <= l; ++k) unit_s += b.block_s[static_cast<size_t>(k)];
-      gpu = std::max(gpu, host) + unit_s;
+      double unit_s = 0, copied_out = 0;  // (its blocks write the gradient buffers the blocks two above each used: copied out first)
+      for (int64_t k = first; k <= l; ++k)
+        unit_s += b.block_s[static_cast<size_t>(k)], copied_out = std::max(copied_out, k + 2 < n ? landed[static_cast<size_t>(k + 2)] : 0.0);
+      gpu = std::max({gpu, host, copied_out}) + unit_s;
     }
-    if (pending >= 0) land(static_cast<size_t>(pending));
-    pending = b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty() ? l : -1;
-    written = gpu;
+    while (pending.size() > b.lag) {
+      land(pending.front().first, pending.front().second);
+      pending.pop_front();
+    }
+    if (b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty()) {
+      copy = std::max(copy, gpu) + b.copy_s[static_cast<size_t>(l)];
+      landed[static_cast<size_t>(l)] = copy;
+      pending.emplace_back(static_cast<size_t>(l), copy);
+    }
   }
-  if (pending >= 0) land(static_cast<size_t>(pending));
+  for (const auto& [l, at] : pending) land(l, at);
   return {std::max(gpu, host), copy};
 }
 
@@ -454,6 +464,7 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
   const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
   b.pinned = staging && staging->pinned;
   b.staging = staging ? static_cast<size_t>(std::max(1, staging->copies)) : 1;
+  b.lag = static_cast<size_t>(std::max<int64_t>(0, z.gradient_lag));
   return b;
 }
 

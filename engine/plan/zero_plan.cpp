@@ -56,6 +56,7 @@ const char* buffer_role_name(BufferRole r) {
     case BufferRole::param_swap: return "param_swap";
     case BufferRole::weights_staging: return "weights_staging";
     case BufferRole::grads_arrival: return "grads_arrival";
+    case BufferRole::block_arrivals: return "block_arrivals";
     case BufferRole::step_backup: return "step_backup";
   }
   return "?";
@@ -167,6 +168,7 @@ struct ZeroBuild {
       case BufferRole::params:
       case BufferRole::frozen_partitions: return plan.zero.offload_param.pin_memory;
       case BufferRole::grads_arrival:
+      case BufferRole::block_arrivals:
       case BufferRole::offload_grads:
       case BufferRole::weights_staging: return plan.zero.offload_optimizer.pin_memory;
       default: return false;  // the states stepped where they are; NVMe's swap buffers are the swappers'
@@ -513,6 +515,12 @@ void add_working_buffers(ZeroBuild& b) {
   if (z.grouped) {
     b.add(BufferRole::block_grads, compute, z.block_numel, C::buffers, Place::device, z.overlap ? 2 : 1);
     b.add(BufferRole::outer_grads, compute, z.outer_numel, C::buffers);
+    // One rank's gradients leaving for page-locked host memory beside the backward: summed a block late (the plan may
+    // choose a longer lag: choose_speculated_tiles).
+    if (b.grads_to_host && z.overlap && L.world_size == 1 && b.pinned(BufferRole::block_arrivals, Place::host) && z.block_numel > 0) {
+      z.gradient_lag = 1;
+      b.add(BufferRole::block_arrivals, compute, z.block_numel, C::buffers, Place::host, 2);
+    }
   }
   if (z.gathers) {
     b.add(BufferRole::block_params, compute, z.block_numel, C::buffers, Place::device, 2);
@@ -590,6 +598,13 @@ static std::vector<int64_t> tile_final_after(const FlatLayout& L, const std::vec
     after.push_back(lowest == std::numeric_limits<int64_t>::max() ? -1 : lowest);  // (padding alone: nothing to speculate)
   }
   return after;
+}
+
+void set_gradient_lag(ZeroExecution& z, int64_t lag) {
+  DS_CHECK(lag >= 1 && z.gradient_lag >= 1, "a gradient lag of ", lag, " where the plan's is ", z.gradient_lag);
+  z.gradient_lag = lag;
+  for (ZeroBuffer& b : z.buffers)
+    if (b.role == BufferRole::block_arrivals) b.copies = static_cast<int>(lag + 1);
 }
 
 void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks) {

@@ -85,6 +85,8 @@ enum class BufferRole {
                     // two, taken in turn, where a span is stepped in several tiles or sub-groups)
   grads_arrival,    // gradients leaving a GPU block by block: the page-locked buffer a piece arrives in before it is
                     // added to the host's gradients (the largest piece's)
+  block_arrivals,   // one rank's gradients leaving a GPU block by block with overlap_comm: the page-locked buffers a block's
+                    // gradients land in whole, gradient_lag + 1 of them, taken in turn (ZeroExecution::gradient_lag)
   step_backup,      // the speculative step (ZeroExecution::step_in_backward): the fp32 master and each moment of the
                     // speculated tiles as they were before it, one copy per state, restored where the step is clipped or skipped
 };
@@ -155,6 +157,12 @@ struct ZeroExecution {
   // check_grad_overflow). Without either every speculated step stands (a step the data says trains nothing is not
   // speculated; a non-finite loss ends the run): no backup, nothing read or written beyond the step itself.
   bool speculation_backed_up = false;
+  // One rank whose gradients leave a GPU block by block for page-locked host memory, with overlap_comm: each block's
+  // gradients start for the host as its backward ends (into the next of block_arrivals' buffers) and the host sums
+  // them `gradient_lag` blocks later, in the hook of the block that many below, so it never waits for a copy still
+  // crossing while the GPU, which autograd gives the next block only once the hook returns, waits for it. 0: the
+  // host waits for each block's copy in the next block's hook (several ranks: after the collective).
+  int64_t gradient_lag = 0;
   // The run measures each step alone (RunSettings::steps_measured_alone) and that turned gather_ahead or
   // step_in_forward off: what ds plan says the profile changes.
   bool kept_within_step = false;
@@ -237,5 +245,7 @@ ZeroExecution describe_zero(const Plan& plan);
 // without speculation (the next forward steps them where step_in_forward). The backup shrinks with them; with none
 // left, no speculation.
 void limit_speculation(ZeroExecution& z, const std::set<int64_t>& blocks);
+// gradient_lag set to `lag` (>= 1) where the plan lands blocks' gradients in block_arrivals (one buffer more than the lag).
+void set_gradient_lag(ZeroExecution& z, int64_t lag);
 
 }  // namespace ds

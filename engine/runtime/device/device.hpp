@@ -95,7 +95,9 @@ class Device {
   // from host memory, while the GPU runs the current one).
   std::shared_ptr<Event> copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from);
   // copy_ahead(), ordered after `after` (as copy() with `after`) rather than after all the compute queued so far: the
-  // speculative step's weights leave while the GPU runs the backward of the blocks below theirs.
+  // speculative step's weights leave while the GPU runs the backward of the blocks below theirs. To the host, the
+  // host too waits for the event returned before it reads dst (a block's gradients landing while the host sums the
+  // blocks' above), and the compute stream before it writes src again.
   std::shared_ptr<Event> copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after);
   // A kernel running on memory at `from` wrote `bytes` at `to` in place (host_addresses_device): counted as
   // a transfer.

@@ -114,18 +114,28 @@ class CudaDevice final : public Device {
 
  protected:
   void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
-    if (dst.scalar_type() != src.scalar_type() || !dst.is_contiguous() || !src.is_contiguous()) {
+    if (!queue_raw_copy(dst, to, src, from)) {
       dst.copy_(src);  // a converting copy: LibTorch's (CUDA LibTorch runs it on the GPU)
       return;
     }
-    // (raw: LibTorch's version counters are left alone, as Device::copy promises)
-    const cudaMemcpyKind kind = from == Place::device ? (to == Place::device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
-                                                      : (to == Place::device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
-    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, copy_->handle()), "cudaMemcpyAsync");
     if (to != Place::device) copy_->synchronize();  // host code reads it next
+  }
+  // (Device::copy_ahead: to the host too, the host waits for the event returned before it reads dst)
+  void copy_between_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
+    if (!queue_raw_copy(dst, to, src, from)) copy_between(dst, to, src, from);
   }
 
  private:
+  // dst <- src queued on the copy stream where both are one dtype and contiguous (raw: LibTorch's version counters are
+  // left alone, as Device::copy promises); false where the copy converts.
+  bool queue_raw_copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) {
+    if (dst.scalar_type() != src.scalar_type() || !dst.is_contiguous() || !src.is_contiguous()) return false;
+    const cudaMemcpyKind kind = from == Place::device ? (to == Place::device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                                                      : (to == Place::device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, copy_->handle()), "cudaMemcpyAsync");
+    return true;
+  }
+
   int index_ = 0;
   std::string name_;
   std::unique_ptr<CudaStream> compute_, copy_;

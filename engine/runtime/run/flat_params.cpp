@@ -77,6 +77,8 @@ void take_states(FlatParams& f, const ZeroExecution& z, Arenas& arenas) {
   for (int i = 0; i < 2; ++i) f.weights_staging[i] = arenas.take(BufferRole::weights_staging, i);
   f.weight_tiles = z.weight_tiles;
   f.grads_arrival = arenas.take(BufferRole::grads_arrival);
+  if (const ZeroBuffer* b = z.find(BufferRole::block_arrivals, Place::host))
+    for (int i = 0; i < b->copies; ++i) f.block_arrivals.push_back(arenas.take(BufferRole::block_arrivals, i));
   for (int i = 0; i < 3; ++i) f.step_backup[i] = arenas.take(BufferRole::step_backup, i);
 }
 
@@ -201,6 +203,7 @@ FlatParams::Bytes FlatParams::bytes() const {
                                  &frozen_block_params[1], &frozen_staging[0], &frozen_staging[1], &weights_staging[0], &weights_staging[1], &grads_arrival,
                                  &step_backup[0], &step_backup[1], &step_backup[2]})
     b.buffers += n(*t);
+  for (const torch::Tensor& t : block_arrivals) b.buffers += n(t);
   return b;
 }
 

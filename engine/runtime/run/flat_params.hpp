@@ -57,6 +57,8 @@ struct FlatParams {
   torch::Tensor weights_staging[2];
   // Gradients leaving the device block by block: the page-locked buffer each piece arrives in (grads_arrival).
   torch::Tensor grads_arrival;
+  // ... and, one rank's with overlap_comm, those a whole block's land in, taken in turn (ZeroExecution::gradient_lag).
+  std::vector<torch::Tensor> block_arrivals;
   // The speculative step (ZeroExecution::step_in_backward): the speculated tiles' master and moments as they were,
   // one buffer per fp32 state the host span has (in the order master, exp_avg, exp_avg_sq; the rest undefined).
   torch::Tensor step_backup[3];

@@ -31,6 +31,11 @@ struct ZeroExchange::Reduce {
   // One rank whose gradients leave for the host: the compute stream just after the group's backward, which its copy
   // out waits for (not for the blocks' backward queued since, which it runs beside).
   std::shared_ptr<Event> written;
+  // A block's gradients landing a block late or more (gradient_lag): the arrival buffer they land in whole, and the
+  // copy stream's event after their copy.
+  torch::Tensor landing;
+  std::shared_ptr<Event> landed;
+  bool released = false;  // buf zeroed for the next block that writes it
 };
 
 ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* comm, ParamSwapper* param_swap)
@@ -198,7 +203,7 @@ void ZeroExchange::add_micro_gradients(int64_t at, int64_t n) {
 }
 
 void ZeroExchange::reduce_gradients() {
-  if (flat_.grouped) return finish_reduce();
+  if (flat_.grouped) return finish_reduces(0);
   if (!comm_) return;
   // Stage 0 reduces what the model has (the real elements); stage 1 the padded buffer its shards divide.
   const torch::Tensor& all = flat_.compute_grads;
@@ -270,53 +275,83 @@ void ZeroExchange::sum_over_partitions(double* values, size_t n) const {
 }
 
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
-  // (recorded first: the group's gradients are queued now, whatever finishing the previous reduce waits for)
+  // (recorded first: the group's gradients are queued now, whatever finishing earlier reduces waits for)
   std::shared_ptr<Event> written = !comm_ && flat_.grads_place != Place::device ? flat_.device->compute_stream().record() : nullptr;
-  finish_reduce();  // one at a time: Gloo runs them in order anyway, and the previous buffer is free again
-  reducing_ = std::make_unique<Reduce>();
-  reducing_->written = std::move(written);
-  reducing_->group = &g;
-  reducing_->buf = buf;
+  // A block's gradients landing late (gradient_lag): those of the block `lag` + 1 above it are summed now, their
+  // arrival buffer free again, and this block's start for the host at once. Else one reduce at a time: Gloo runs them
+  // in order anyway, and the previous buffer is free again.
+  const bool lands = written && g.layer >= 0 && !flat_.block_arrivals.empty();
+  finish_reduces(lands ? static_cast<size_t>(plan_.execution.gradient_lag) : 0);
+  auto r = std::make_unique<Reduce>();
+  r->written = std::move(written);
+  r->group = &g;
+  r->buf = buf;
+  if (lands) {
+    r->landing = flat_.block_arrivals[next_arrival_++ % flat_.block_arrivals.size()].narrow(0, 0, buf.numel());
+    r->landed = flat_.device->copy_ahead(r->landing, flat_.grads_place, buf, Place::device, *r->written);
+  }
   const Ownership* owners = group_owners_.empty() ? nullptr : &group_owners_[static_cast<size_t>(&g - groups_.data())];
-  reducing_->pieces = reduce_in_pieces(buf, owners, /*wait_each=*/!flat_.overlap);
-  if (!flat_.overlap) finish_reduce();
+  r->pieces = reduce_in_pieces(buf, owners, /*wait_each=*/!flat_.overlap);
+  reducing_.push_back(std::move(r));
+  // The block below writes the buffer the block above this one used: its copy must have left it.
+  for (size_t i = 0; i + 1 < reducing_.size(); ++i) release(*reducing_[i]);
+  if (!flat_.overlap) finish_reduces(0);
 }
 
-void ZeroExchange::finish_reduce() {
-  if (!reducing_) return;
-  for (auto& p : reducing_->pieces) p->wait();
-  const ParamGroup& g = *reducing_->group;
-  const torch::Tensor buf = reducing_->buf;
-  const std::shared_ptr<Event> written = reducing_->written;
-  reducing_.reset();
+void ZeroExchange::finish_reduces(size_t keep) {
+  while (reducing_.size() > keep) {
+    const std::unique_ptr<Reduce> r = std::move(reducing_.front());
+    reducing_.pop_front();
+    finish_reduce(*r);
+  }
+}
+
+void ZeroExchange::release(Reduce& r) {
+  if (r.released) return;
+  if (r.landed) flat_.device->compute_stream().wait_for(*r.landed);
+  torch::NoGradGuard ng;
+  r.buf.zero_();
+  r.released = true;
+}
+
+void ZeroExchange::finish_reduce(Reduce& r) {
+  for (auto& p : r.pieces) p->wait();
+  if (r.landed) r.landed->wait();  // (the host reads what landed next)
+  const ParamGroup& g = *r.group;
   torch::NoGradGuard ng;
   // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the
-  // whole); where those live on the host, the part leaves the device through a counted copy first.
+  // whole); where those live on the host, the part leaves the device through a counted copy first (or has landed).
   for (int i : g.params) {
     const int k = owned_of_param_[static_cast<size_t>(i)];
     if (k < 0) continue;
     const OwnedSegment& s = flat_.owned[static_cast<size_t>(k)];
     const ParamSlot& p = plan_.layout.params[static_cast<size_t>(i)];
-    const torch::Tensor part = buf.narrow(0, flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset), s.numel);
+    const int64_t at = flat_.group_offset[static_cast<size_t>(i)] + (s.global - p.offset);
     const torch::Tensor into = flat_.local_grads.narrow(0, s.local, s.numel);
     if (flat_.grads_place == Place::device) {
-      into.add_(part);
+      into.add_(r.buf.narrow(0, at, s.numel));
+      continue;
+    }
+    torch::Tensor arrived;
+    if (r.landing.defined()) {
+      arrived = r.landing.narrow(0, at, s.numel);
     } else {
       DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
-      const torch::Tensor arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
+      arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
       // (one rank: after the group's backward only, so a GPU runs the next block's beside it; else after the collective)
-      if (written)
-        flat_.device->copy(arrived, flat_.grads_place, part, Place::device, *written);
+      if (r.written)
+        flat_.device->copy(arrived, flat_.grads_place, r.buf.narrow(0, at, s.numel), Place::device, *r.written);
       else
-        flat_.device->copy(arrived, flat_.grads_place, part, Place::device);
-      uint8_t& summed = summed_[static_cast<size_t>(k)];
-      if (summed) into.add_(arrived);
-      else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly; a -0 stays -0), without zeroing the sum first
-      summed = 1;
+        flat_.device->copy(arrived, flat_.grads_place, r.buf.narrow(0, at, s.numel), Place::device);
     }
+    uint8_t& summed = summed_[static_cast<size_t>(k)];
+    if (summed) into.add_(arrived);
+    else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly; a -0 stays -0), without zeroing the sum first
+    summed = 1;
   }
-  buf.zero_();
-  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host()) on_final_(g.layer, written ? *written : *flat_.device->compute_stream().record());
+  release(r);
+  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host())
+    on_final_(g.layer, r.written ? *r.written : *flat_.device->compute_stream().record());
 }
 
 std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,
@@ -457,7 +492,7 @@ void ZeroExchange::before_forward(int64_t layer) {
 void ZeroExchange::after_forward(int64_t layer) {
   if (layer != plan_.model.hp.num_layers - 1) return;
   finish_published();  // the head and the final norm read what follows the blocks
-  if (flat_.grouped) finish_reduce();
+  if (flat_.grouped) finish_reduces(0);
 }
 
 void ZeroExchange::finish_published(int64_t before) {
@@ -486,7 +521,7 @@ void ZeroExchange::after_backward(int64_t layer) {
   if (!flat_.grouped) return;
   // A block that trains nothing (frozen, or without adapters): the reduce in flight finishes now, since the block
   // below writes the buffer of the same parity (the buffers follow the blocks' numbers).
-  if (k < 0) return finish_reduce();
+  if (k < 0) return finish_reduces(0);
   const ParamGroup& g = groups_[static_cast<size_t>(k)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
 }
@@ -507,7 +542,7 @@ void ZeroExchange::begin_micro_step(bool evaluation) {
 
 void ZeroExchange::begin_backward(bool last) {
   finish_published();  // (the forward waited for every piece; the optimizer must not write a part still being sent)
-  if (flat_.grouped) finish_reduce();  // the outer gradients are written again (done after the blocks' forward)
+  if (flat_.grouped) finish_reduces(0);  // the outer gradients are written again (done after the blocks' forward)
   reducing_blocks_ = last && !block_ranges_.empty() && !evaluating_;
   last_backward_ = last && !evaluating_;
 }
@@ -527,7 +562,7 @@ void ZeroExchange::end_micro_step() {
   if (groups_.back().layer < 0)
     start_reduce(groups_.back(), flat_.outer_grads);
   else
-    finish_reduce();
+    finish_reduces(0);
 }
 
 void ZeroExchange::publish_parameters() {

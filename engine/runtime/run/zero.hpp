@@ -129,7 +129,11 @@ class ZeroExchange : public BlockHooks {
   void finish_published(int64_t before);
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
-  void finish_reduce();
+  // The reduces in flight finished, oldest first, until `keep` are left.
+  void finish_reduces(size_t keep);
+  void finish_reduce(Reduce& r);
+  // A reduce's group buffer zeroed for the next block that writes it, once its copy to the host has left it.
+  void release(Reduce& r);
   // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
   // scratch) or else all-reduced; `wait_each` finishes each before the next starts.
   // Gradients [at, at + n) of compute_grads (stages 0-1): all-reduced, or at stage 1 over a library with its
@@ -163,7 +167,10 @@ class ZeroExchange : public BlockHooks {
   Partitioned trained_, frozen_;           // stage 3: the trained parameters; the frozen ones the plan partitions
   std::vector<int> outer_;                 // stage 3: the parameters outside the blocks gathered on use
   std::vector<int> whole_;                 // stage 3: parameters kept whole
-  std::unique_ptr<Reduce> reducing_;       // grouped: the group reduce in flight (finished at once without overlap_comm)
+  // grouped: the group reduces in flight, oldest first (one; gradient_lag + 1 where blocks' gradients land late;
+  // finished at once without overlap_comm)
+  std::deque<std::unique_ptr<Reduce>> reducing_;
+  size_t next_arrival_ = 0;                // ... the block_arrivals buffer the next block's gradients land in
   std::vector<std::pair<int64_t, int64_t>> block_ranges_;  // stages 0-1 with overlap_comm: each block's flat range
   // Per block of the model: its group in groups_ and its range in block_ranges_, -1 for a block with nothing
   // that trains (model.freeze: its parameters are not in the layout, and it has no gradients to reduce).
