@@ -476,9 +476,10 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
   if (p.execution.gradient_lag > 0)
-    o << "  each block's gradients leave for the host as its backward ends, into block_arrivals, and are summed there "
-      << p.execution.gradient_lag << (p.execution.gradient_lag == 1 ? " block" : " blocks")
-      << " later\n  (in the hook of the block that many below: the copy has landed by then)\n";
+    o << "  each block's gradients are queued for the host (block_arrivals) at the end of the block's hook and summed there in the\n"
+         "  hook of the block "
+      << p.execution.gradient_lag + 1 << " below (gradient_lag " << p.execution.gradient_lag
+      << "): the hooks between do not wait for the copy\n";
   if (p.execution.step_in_forward) {
     const std::vector<int64_t>& hooks = p.execution.weight_tile_hooks;
     const std::vector<int64_t>& speculated = p.execution.weight_tile_final_after;  // (those stepped in the backward instead)

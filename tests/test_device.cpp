@@ -192,6 +192,10 @@ class SeparateMemoryDevice final : public Device {
   std::string name() const override { return "separate-memory test device"; }
   bool host_addresses_device() const override { return false; }
   double pinned_bytes = 0;  // host memory asked page-locked
+  // A copy from the device the host waits for later (Device::copy_ahead) lands as it is queued rather than when waited
+  // for: the source has been written by then (the CPU's compute has run), so what this catches is a destination
+  // taken again before the host read what landed there before.
+  bool arrivals_land_at_once = false;
   // The host's sums of squares of bf16 values that return infinity, counted from 1, as a gradient's overflow would
   // make them (the step's norm: one such sum a step where the gradients are on the host).
   std::set<int64_t> infinite_host_sums;
@@ -292,8 +296,13 @@ class SeparateMemoryDevice final : public Device {
     if (to == Place::host) {
       if (!inside_pinned(dst.data_ptr(), static_cast<int64_t>(dst.nbytes())))
         throw std::logic_error("a copy from the device the host waits for later lands in pageable memory (a GPU copies into it at once)");
-      copy_.queue_arrival(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()), &compute_.points);
       ++arrivals_ahead_;
+      if (arrivals_land_at_once) {  // (the other order a GPU may take: a buffer still to be summed is overwritten now)
+        copy_.land(std::numeric_limits<int64_t>::max());
+        std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+        return;
+      }
+      copy_.queue_arrival(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()), &compute_.points);
       return;
     }
     copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
@@ -920,57 +929,62 @@ TEST(DeviceSeam, GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum) {
 }
 
 // One rank of a GPU-like device whose gradients leave block by block for the host (ZeRO-Offload, stage 2). With
-// overlap_comm each block's gradients start for page-locked host memory whole as its backward ends, into the next of
-// gradient_lag + 1 buffers, ordered after the compute stream's point just after that backward only; the host sums them
-// `gradient_lag` blocks later. The test device lands such a copy only once the host waits for it (or the compute stream
-// does, before the next block writes the buffer again): a sum read before, or a buffer zeroed before its copy left,
-// would change the losses. Each landed after the compute stream had been given more (a GPU runs it beside that). The
-// parameters outside the blocks leave tensor by tensor once the backward has ended, each copy after its group's point.
-// Without overlap_comm each copy waits for everything queued, the host for each. The same run at every lag and without,
-// bit for bit, as the CPU's.
+// overlap_comm each block's gradients are queued for page-locked host memory whole at the end of its hook, into the
+// next of gradient_lag + 1 buffers, ordered after the compute stream's point just after that block's backward only;
+// the host sums them in the hook of the block gradient_lag + 1 below. The test device lands such a copy only once the
+// host waits for it (or the compute stream does, before the block two below writes the buffer again): a sum read
+// before, or a buffer zeroed before its copy left, would change the losses; each landed after the compute stream had
+// been given more (a GPU runs it beside that). Landing each as it is queued instead (the order a GPU may also take), a
+// buffer taken again before its sum would change them. The parameters outside the blocks leave tensor by tensor once
+// the backward has ended, each copy after its group's point. Without overlap_comm each copy waits for everything
+// queued, the host for each. Six blocks, two micro steps a step (lag 3 sums three blocks inside hooks each backward);
+// the same run at every lag as without, bit for bit (the CPU's own run accumulates two micro steps in another order:
+// DeviceSeam.GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum holds the host's sums to the device's).
 TEST(DeviceSeam, WithOverlapCommABlocksGradientsLandWhileTheHostSumsTheBlocksAbove) {
   const fs::path root = fs::temp_directory_path() / ("ds_device_arrivals_" + std::to_string(::getpid()));
-  std::vector<std::vector<double>> losses;
-  for (const int64_t lag : {0, 1, 2, 3}) {  // (0: without overlap_comm)
-    SCOPED_TRACE("gradient lag " + std::to_string(lag));
-    const bool overlapped = lag > 0;
-    const std::vector<std::string> o{overlapped ? "zero_optimization.overlap_comm=true" : "zero_optimization.overlap_comm=false",
-                                     "zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
-                                     "model.num_layers=4", "train.output_dir=" + (root / "run").string()};
-    const PlanEdit edit = [lag](Plan& p) {
-      if (lag > 1) set_gradient_lag(p.execution, lag);
-    };
-    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true, edit);
-    ASSERT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
-    ASSERT_TRUE(plan.execution.grouped);
-    EXPECT_EQ(plan.execution.overlap, overlapped);
-    EXPECT_EQ(plan.execution.gradient_lag, lag);  // (1 unless the speculative step's choice lengthens it)
-    const ZeroBuffer* arrivals = plan.execution.find(BufferRole::block_arrivals, Place::host);
-    ASSERT_EQ(arrivals != nullptr, overlapped);
-    if (arrivals) {
-      EXPECT_EQ(arrivals->copies, lag + 1);
-      EXPECT_TRUE(arrivals->pinned);
+  const std::vector<std::string> base{"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                                      "model.num_layers=6", "gradient_accumulation_steps=2", "train.output_dir=" + (root / "run").string()};
+  std::vector<double> serial;  // (lag 0's: each copy awaited at once)
+  for (const bool at_once : {false, true})
+    for (const int64_t lag : {0, 1, 2, 3}) {  // (0: without overlap_comm)
+      SCOPED_TRACE("gradient lag " + std::to_string(lag) + (at_once ? ", arrivals landing as queued" : ", arrivals landing when waited for"));
+      const bool overlapped = lag > 0;
+      if (at_once && !overlapped) continue;
+      std::vector<std::string> o = base;
+      o.push_back(overlapped ? "zero_optimization.overlap_comm=true" : "zero_optimization.overlap_comm=false");
+      const PlanEdit edit = [lag](Plan& p) {
+        if (lag > 1) set_gradient_lag(p.execution, lag);
+      };
+      const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true, edit);
+      ASSERT_EQ(plan.execution.find_anywhere(BufferRole::grads)->place, Place::host);
+      ASSERT_TRUE(plan.execution.grouped);
+      EXPECT_EQ(plan.execution.overlap, overlapped);
+      EXPECT_EQ(plan.execution.gradient_lag, lag);  // (1 unless the speculative step's choice lengthens it)
+      const ZeroBuffer* arrivals = plan.execution.find(BufferRole::block_arrivals, Place::host);
+      ASSERT_EQ(arrivals != nullptr, overlapped);
+      if (arrivals) {
+        EXPECT_EQ(arrivals->copies, lag + 1);
+        EXPECT_TRUE(arrivals->pinned);
+      }
+      std::set<int> blocks;
+      int64_t outer = 0;
+      for (const ParamSlot& s : plan.layout.params) s.layer >= 0 ? void(blocks.insert(s.layer)) : void(++outer);
+      const int64_t per_micro_blocks = static_cast<int64_t>(blocks.size()), tensors = static_cast<int64_t>(plan.layout.params.size());
+      ASSERT_EQ(per_micro_blocks, 6);
+      const int64_t micro_steps = 4 * 2;
+      const std::vector<RankRun> run = train_ranks(1, o, true, "", /*grads_leave=*/true, edit, [at_once](int, TrainOptions&, Device& d) {
+        static_cast<SeparateMemoryDevice&>(d).arrivals_land_at_once = at_once;
+      });
+      fs::remove_all(root);
+      ASSERT_EQ(run[0].result.losses.size(), 4u);
+      // Each micro step: a copy per block (landing late) and per tensor outside them with overlap_comm; per tensor without.
+      EXPECT_EQ(run[0].transfers.at({Place::device, Place::host}).copies, micro_steps * (overlapped ? per_micro_blocks + outer : tensors));
+      EXPECT_EQ(run[0].arrivals_ahead, overlapped ? micro_steps * per_micro_blocks : 0);
+      EXPECT_EQ(run[0].arrivals_landed_late, overlapped && !at_once ? micro_steps * per_micro_blocks : 0);
+      EXPECT_EQ(run[0].arrivals_beside_compute, overlapped ? micro_steps * outer : 0);
+      if (!overlapped) serial = run[0].result.losses;
+      EXPECT_EQ(run[0].result.losses, serial);
     }
-    std::set<int> blocks;
-    int64_t outer = 0;
-    for (const ParamSlot& s : plan.layout.params) s.layer >= 0 ? void(blocks.insert(s.layer)) : void(++outer);
-    const int64_t per_step_blocks = static_cast<int64_t>(blocks.size()), tensors = static_cast<int64_t>(plan.layout.params.size());
-    ASSERT_EQ(per_step_blocks, 4);
-    const std::vector<RankRun> run = train_ranks(1, o, true, "", /*grads_leave=*/true, edit);
-    fs::remove_all(root);
-    ASSERT_EQ(run[0].result.losses.size(), 4u);
-    // Each step: a copy per block (landing late) and per tensor outside them with overlap_comm; per tensor without.
-    EXPECT_EQ(run[0].transfers.at({Place::device, Place::host}).copies, 4 * (overlapped ? per_step_blocks + outer : tensors));
-    EXPECT_EQ(run[0].arrivals_ahead, overlapped ? 4 * per_step_blocks : 0);
-    EXPECT_EQ(run[0].arrivals_landed_late, overlapped ? 4 * per_step_blocks : 0);
-    EXPECT_EQ(run[0].arrivals_beside_compute, overlapped ? 4 * outer : 0);
-    losses.push_back(run[0].result.losses);
-  }
-  const std::vector<RankRun> cpu = train_ranks(1, {"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
-                                                   "model.num_layers=4", "train.output_dir=" + (root / "run").string()},
-                                               false);
-  fs::remove_all(root);
-  for (const std::vector<double>& l : losses) EXPECT_EQ(l, cpu[0].result.losses);
 }
 
 // Stage 3 on one rank of a GPU-like device with the parameters in host memory: each block's partitions cross to the

@@ -719,7 +719,7 @@ ByHand last_backward_by_hand(const Plan& p, bool tiles) {
     for (int64_t l : unit) {
       for (; static_cast<int64_t>(waiting.size()) > lag; waiting.pop_front()) take(waiting.front().first, waiting.front().second);
       if (copy_s[l] > 0 || tiles_of.count(l)) {
-        copy_free = std::max(copy_free, gpu_free) + copy_s[l];
+        copy_free = std::max({copy_free, gpu_free, host_free}) + copy_s[l];  // (queued at the hook's end)
         waiting.emplace_back(l, landed[l] = copy_free);
       }
     }

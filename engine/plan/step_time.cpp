@@ -352,11 +352,11 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
 // blocks' backward a unit at a time from the top (a block, or with activation checkpointing in groups of more than one
 // a recompute group: its forward run again and its blocks' backward in one call); once a unit is given, the host runs
 // its blocks' hooks, top down. Each hook finishes the reduce of the block `lag` + 1 above it (waiting for that block's
-// gradients' copy, queued on the copy stream in that block's own hook to begin once the unit holding it had run, then
-// summing them), steps the tiles final after that block one after the other, each tile's weights leaving on the copy
-// stream once stepped (from page-locked staging; from pageable staging the host passes them through the driver
-// itself), a tile waiting for the copy of the tile that last used its staging buffer; then queues its own block's
-// copy. Meanwhile the GPU runs what it was given, and is given nothing more: the next unit is given once the hooks
+// gradients' copy, queued on the copy stream at the end of that block's own hook to begin once the unit holding it had
+// run, then summing them), steps the tiles final after that block one after the other, each tile's weights leaving on
+// the copy stream once stepped (from page-locked staging; from pageable staging the host passes them through the
+// driver itself), a tile waiting for the copy of the tile that last used its staging buffer; then queues its own
+// block's copy (behind those tiles' on the one copy stream). Meanwhile the GPU runs what it was given, and is given nothing more: the next unit is given once the hooks
 // return (so in a group of g blocks only the first hook's work runs beside the GPU), and runs once the copies of the
 // blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
 // come after the whole backward. Timed in seconds from the first unit's backward.
@@ -408,7 +408,7 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
       pending.pop_front();
     }
     if (b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty()) {
-      copy = std::max(copy, gpu) + b.copy_s[static_cast<size_t>(l)];
+      copy = std::max({copy, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums and tiles are done)
       landed[static_cast<size_t>(l)] = copy;
       pending.emplace_back(static_cast<size_t>(l), copy);
     }

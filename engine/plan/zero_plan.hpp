@@ -158,10 +158,11 @@ struct ZeroExecution {
   // speculated; a non-finite loss ends the run): no backup, nothing read or written beyond the step itself.
   bool speculation_backed_up = false;
   // One rank whose gradients leave a GPU block by block for page-locked host memory, with overlap_comm: each block's
-  // gradients start for the host as its backward ends (into the next of block_arrivals' buffers) and the host sums
-  // them `gradient_lag` blocks later, in the hook of the block that many below, so it never waits for a copy still
-  // crossing while the GPU, which autograd gives the next block only once the hook returns, waits for it. 0: the
-  // host waits for each block's copy in the next block's hook (several ranks: after the collective).
+  // gradients are queued for the host at the end of its own block hook (into the next of block_arrivals' buffers,
+  // the copy waiting on the device only for the block's backward) and the host sums them in the hook of the block
+  // `gradient_lag` + 1 below, so the hook of the block just below, which autograd makes the GPU wait for, does not
+  // wait for that copy. 0: no such buffers; each block's gradients are copied and summed at once in the hook of the
+  // block below (several ranks: after the collective).
   int64_t gradient_lag = 0;
   // The run measures each step alone (RunSettings::steps_measured_alone) and that turned gather_ahead or
   // step_in_forward off: what ds plan says the profile changes.

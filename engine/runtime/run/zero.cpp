@@ -47,6 +47,9 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
       native_scatter_(comm_capabilities(plan.execution.backend).native_reduce_scatter),
       scatter_shards_(plan.execution.sharded && plan.execution.scatter && !plan.execution.grouped) {
   DS_CHECK(!param_swap || stage3_, "parameters on NVMe outside stage 3");
+  // (a block's arrival buffer is taken again only once the reduce that used it has been summed)
+  DS_CHECK(flat.block_arrivals.empty() || static_cast<int64_t>(flat.block_arrivals.size()) > plan.execution.gradient_lag,
+           flat.block_arrivals.size(), " block arrival buffers for a gradient lag of ", plan.execution.gradient_lag);
   DS_CHECK(!comm || comm->capabilities() == comm_capabilities(plan.execution.backend), "a communicator that does not do what the plan (",
            comm_backend_name(plan.execution.backend), ") assumed of it");
   const FlatLayout& L = plan.layout;
@@ -118,7 +121,16 @@ ZeroExchange::ZeroExchange(const Plan& plan, FlatParams& flat, Communicator* com
     frozen_.per_block[static_cast<size_t>(z.frozen_layout.params[k].layer)].push_back(static_cast<int>(k));
 }
 
-ZeroExchange::~ZeroExchange() = default;  // a reduce or gather still in flight is waited for by its PendingCollective
+// A reduce or gather still in flight is waited for by its PendingCollective; a block's copy to the host (left after an
+// error) by its event, before the buffers it reads and writes are freed.
+ZeroExchange::~ZeroExchange() {
+  for (const auto& r : reducing_) {
+    try {
+      if (r->landed) r->landed->wait();
+    } catch (...) {  // (the device's error was reported where it happened)
+    }
+  }
+}
 
 namespace {
 // A gradient piece reduced in communication_data_type's dtype: `wire` (the piece cast to it) is what the
