@@ -356,9 +356,9 @@ double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vec
 // run, then summing them), steps the tiles final after that block one after the other, each tile's weights leaving on
 // the copy stream once stepped (from page-locked staging; from pageable staging the host passes them through the
 // driver itself), a tile waiting for the copy of the tile that last used its staging buffer; then queues its own
-// block's copy (behind those tiles' on the one copy stream). Meanwhile the GPU runs what it was given, and is given nothing more: the next unit is given once the hooks
-// return (so in a group of g blocks only the first hook's work runs beside the GPU), and runs once the copies of the
-// blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
+// block's copy (behind those tiles' on the one copy stream). Meanwhile the GPU runs what it was given, and is given
+// nothing more: the next unit is given once the hooks return (so in a group of g blocks only the first hook's work runs
+// beside the GPU), and runs once the copies of the blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
 // come after the whole backward. Timed in seconds from the first unit's backward.
 struct LastBackward {
   struct Tile {
@@ -381,8 +381,9 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
   double gpu = 0, host = 0, copy = 0;
   std::vector<double> staged(b.staging, 0.0);  // when each staging buffer's last copy ends
   size_t turn = 0;
-  const auto land = [&](size_t l, double landed) {  // the block's gradients summed on the host, then its tiles stepped
-    host = std::max(host, landed) + b.sum_s[l];
+  std::vector<double> landed(b.block_s.size(), 0.0);  // per block, when its gradients' copy ends (0: not queued yet)
+  const auto land = [&](size_t l) {  // the block's gradients summed on the host, then its tiles stepped
+    host = std::max(host, landed[l]) + b.sum_s[l];
     if (!speculating) return;
     for (const LastBackward::Tile& t : b.final_after[l]) {
       host = std::max(host, staged[turn]) + t.step_s;
@@ -392,8 +393,7 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
       turn = (turn + 1) % b.staging;
     }
   };
-  std::deque<std::pair<size_t, double>> pending;  // blocks whose copy is issued, top down, and when each lands
-  std::vector<double> landed(b.block_s.size(), 0.0);
+  std::deque<size_t> pending;  // blocks whose copy is queued and whose gradients are not summed yet, top down
   const int64_t n = static_cast<int64_t>(b.block_s.size());
   for (int64_t l = n - 1; l >= b.from; --l) {
     const int64_t first = b.from + (l - b.from) / b.unit * b.unit;  // the unit holding l, [first, l] when l is its top
@@ -403,17 +403,14 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
         unit_s += b.block_s[static_cast<size_t>(k)], copied_out = std::max(copied_out, k + 2 < n ? landed[static_cast<size_t>(k + 2)] : 0.0);
       gpu = std::max({gpu, host, copied_out}) + unit_s;
     }
-    while (pending.size() > b.lag) {
-      land(pending.front().first, pending.front().second);
-      pending.pop_front();
-    }
+    for (; pending.size() > b.lag; pending.pop_front()) land(pending.front());
     if (b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty()) {
       copy = std::max({copy, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums and tiles are done)
       landed[static_cast<size_t>(l)] = copy;
-      pending.emplace_back(static_cast<size_t>(l), copy);
+      pending.push_back(static_cast<size_t>(l));
     }
   }
-  for (const auto& [l, at] : pending) land(l, at);
+  for (size_t l : pending) land(l);
   return {std::max(gpu, host), copy};
 }
 
