@@ -476,8 +476,8 @@ void buffers_section(const Plan& p, const std::function<std::string(const std::s
     o << "  moved per step: " << pad(t.what, 30) << pad(std::string(place_name(t.from)) + " -> " + place_name(t.to), 16)
       << lpad(format_bytes(t.bytes_per_step), 11) << "\n";
   if (p.execution.gradient_lag > 0)
-    o << "  each block's gradients are queued for the host (block_arrivals) at the end of the block's hook and summed there in the\n"
-         "  hook of the block "
+    o << "  each block's gradients are queued for the host (block_arrivals, on a copy stream of their own) in the block's hook and\n"
+         "  summed there in the hook of the block "
       << p.execution.gradient_lag + 1 << " below (gradient_lag " << p.execution.gradient_lag
       << "): the hooks between do not wait for the copy\n";
   if (p.execution.step_in_forward) {

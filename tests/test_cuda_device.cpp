@@ -60,4 +60,14 @@ TEST(CudaDeviceOnGpu, AllocatesByPlaceCountsEveryCopyAndItsKernelsReachDeviceMem
   d->copy_stream().wait_for(*e);
   e->wait();
   EXPECT_TRUE(e->done());
+  // The copies to the host run on a stream of their own (the link's other direction); one the host waits for later
+  // has landed once its event has.
+  EXPECT_NE(&d->copy_stream_to_host(), &d->copy_stream());
+  EXPECT_EQ(&d->copy_stream_for(Place::device, Place::host), &d->copy_stream_to_host());
+  EXPECT_EQ(&d->copy_stream_for(Place::host, Place::device), &d->copy_stream());
+  for (int64_t i = 0; i < n; ++i) h[i] = 0;
+  const auto landed = d->copy_ahead(host, Place::host, dev, Place::device);
+  landed->wait();
+  EXPECT_EQ(h[n - 1], std::sin(static_cast<float>(n - 1)));
+  EXPECT_EQ(d->transfers().at({Place::device, Place::host}).ahead, 1);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -41,10 +42,11 @@ namespace {
 // The point in the test device's compute stream an event of it marks (records so far, counting it); -1 for another's.
 int64_t compute_point(const Event& e);
 
-// The copy stream as a GPU's behaves for the host: a copy to the device may still be reading its host source when
-// copy() returns, until the host waits for an event recorded after it (or synchronizes the stream; an event the host
-// finds done counts as waited); a copy to the host has ended when copy() returns, and every copy queued before it
-// (the CUDA device synchronizes the copy stream then: host code reads it next). It keeps the host ranges such copies read, for the host's kernel table to refuse a
+// A copy stream as a GPU's behaves for the host (the test device has two, as the CUDA device: one for the copies to the
+// device, one for those to the host): a copy to the device may still be reading its host source when copy() returns,
+// until the host waits for an event recorded after it (or synchronizes the stream; an event the host finds done counts
+// as waited); a copy to the host has ended when copy() returns, and every copy queued on its stream before it (the
+// CUDA device synchronizes that stream then: host code reads it next), but not those on the other stream. It keeps the host ranges such copies read, for the host's kernel table to refuse a
 // kernel that would write one before the copy is known to have ended, and their bytes as the copy took them: a range
 // changed by the time its copy is known to have ended was written by something else meanwhile (a plain torch op, which
 // no kernel table sees), and a GPU's copy could have read either version. Such ranges are kept as `races()`.
@@ -86,9 +88,9 @@ class TrackedCopyStream final : public Stream {
   }
   const std::vector<std::string>& races() const { return races_; }
   // The copies queued before `e` (an event of this stream's; -1 for another's) have ended once the host knows `e` has.
-  static int64_t copies_before(const Event& e) {
+  int64_t copies_before(const Event& e) const {
     const auto* r = dynamic_cast<const Recorded*>(&e);
-    return r ? r->seq() : -1;
+    return r && r->stream() == this ? r->seq() : -1;
   }
   void ended(int64_t seq) {
     land(seq);
@@ -118,6 +120,7 @@ class TrackedCopyStream final : public Stream {
     bool done() const override { return s_->ended(seq_), true; }
     void wait() override { s_->ended(seq_); }
     int64_t seq() const { return seq_; }
+    const TrackedCopyStream* stream() const { return s_; }
 
    private:
     TrackedCopyStream* s_;
@@ -140,25 +143,37 @@ class TrackedCopyStream final : public Stream {
 // The test device's compute stream: immediate, as the CPU's, but its timed events read a clock of the device's
 // own, which moves one second at each timed event and not otherwise: a time taken on the host's clock instead
 // is a fraction of a second, and a time between two events is the count of timed events between them. It keeps the
-// last copy it was made to wait for: once the host has waited for it, so have those copies ended.
+// last copy of each copy stream it was made to wait for: once the host has waited for it, so have those copies ended.
 class TickingStream final : public Stream {
  public:
-  explicit TickingStream(TrackedCopyStream& copies) : copies_(copies) {}
-  std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1, ++points); }
-  std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks, ++points); }
+  // `host_calls`: the host's kernel calls so far, kept at each point (host_calls_at).
+  TickingStream(TrackedCopyStream& to_device, TrackedCopyStream& to_host, const int64_t& host_calls)
+      : copies_{{{&to_device, -1}, {&to_host, -1}}}, host_calls_(host_calls) {}
+  std::shared_ptr<Event> record() override { return std::make_shared<Tick>(-1, next_point()); }
+  std::shared_ptr<Event> record_timed() override { return std::make_shared<Tick>(++ticks, next_point()); }
   void wait_for(const Event& e) override {  // (the compute queued next reads what the copies up to `e` wrote)
-    waited_copies_ = std::max(waited_copies_, TrackedCopyStream::copies_before(e));
-    copies_.land(waited_copies_);
+    for (auto& [copies, waited] : copies_) {
+      waited = std::max(waited, copies->copies_before(e));
+      copies->land(waited);
+    }
   }
-  void synchronize() override { copies_.ended(waited_copies_); }
+  void synchronize() override {
+    for (auto& [copies, waited] : copies_) copies->ended(waited);
+  }
   int64_t ticks = 0;
   int64_t points = 0;  // events recorded: each a point in the compute stream's work
   static int64_t point_of(const Event& e) {
     const auto* t = dynamic_cast<const Tick*>(&e);
     return t ? t->point() : -1;
   }
+  // The host's kernel calls made by the time `point` was recorded.
+  int64_t host_calls_at(int64_t point) const { return host_calls_at_[static_cast<size_t>(point - 1)]; }
 
  private:
+  int64_t next_point() {
+    host_calls_at_.push_back(host_calls_);
+    return ++points;
+  }
   class Tick final : public Event {
    public:
     Tick(int64_t at, int64_t point) : at_(at), point_(point) {}
@@ -174,8 +189,9 @@ class TickingStream final : public Stream {
    private:
     int64_t at_, point_;
   };
-  TrackedCopyStream& copies_;
-  int64_t waited_copies_ = -1;
+  std::array<std::pair<TrackedCopyStream*, int64_t>, 2> copies_;  // each copy stream, and the last of its copies waited for
+  const int64_t& host_calls_;
+  std::vector<int64_t> host_calls_at_;  // per point, from 1
 };
 
 int64_t compute_point(const Event& e) { return TickingStream::point_of(e); }
@@ -188,7 +204,7 @@ StopHandler take_stop_handler(StopHandler handler) { return g_run_stop_handler.e
 
 class SeparateMemoryDevice final : public Device {
  public:
-  SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host), compute_(copy_) {}
+  SeparateMemoryDevice() : device_table_(*this, Place::device), host_table_(*this, Place::host), compute_(copy_, to_host_, host_table_.calls) {}
   std::string name() const override { return "separate-memory test device"; }
   bool host_addresses_device() const override { return false; }
   double pinned_bytes = 0;  // host memory asked page-locked
@@ -208,7 +224,7 @@ class SeparateMemoryDevice final : public Device {
       if (!pinned) return t;
       pinned_ranges_[p] = p + t.nbytes();
       // (freed as cudaFreeHost frees: once every copy has ended, so a copy never outlives the memory it reads)
-      return torch::from_blob(t.data_ptr(), {elements}, [this, t, p](void*) { copy_.synchronize(), pinned_ranges_.erase(p); }, t.options());
+      return torch::from_blob(t.data_ptr(), {elements}, [this, t, p](void*) { copy_.synchronize(), to_host_.synchronize(), pinned_ranges_.erase(p); }, t.options());
     }
     device_ranges_[p] = p + t.nbytes();
     // Freed, its range is no longer the device's (the host may be handed those addresses next).
@@ -217,6 +233,7 @@ class SeparateMemoryDevice final : public Device {
   const KernelTable& kernels(Place place) const override { return place == Place::device ? device_table_ : host_table_; }
   Stream& compute_stream() override { return compute_; }
   Stream& copy_stream() override { return copy_; }
+  Stream& copy_stream_to_host() override { return to_host_; }
   int64_t clock_ticks() const { return compute_.ticks; }
 
   // Whether [p, p + bytes) lies inside one device allocation (one page-locked host allocation); whether it touches any
@@ -253,23 +270,27 @@ class SeparateMemoryDevice final : public Device {
   // Copies from the device the host waits for only later (Device::copy_ahead: gradients landing late), and of them
   // those that landed once the compute stream had been given more (a GPU runs them beside that).
   int64_t arrivals_ahead() const { return arrivals_ahead_; }
-  int64_t arrivals_landed_late() const { return copy_.arrivals_landed_late; }
+  int64_t arrivals_landed_late() const { return to_host_.arrivals_landed_late; }
+  // ... and those queued once the host had run kernels (a step's) since the compute stream's point they wait for, just
+  // after their block's backward: a block's copy out queued behind the host's work in its hook.
+  int64_t arrivals_behind_host_steps() const { return arrivals_behind_host_steps_; }
   // Host sources changed under a copy still reading them (TrackedCopyStream), once every copy has ended.
   std::vector<std::string> copy_races() {
-    copy_.synchronize();
-    return copy_.races();
+    copy_.synchronize(), to_host_.synchronize();
+    return copy_.races();  // (the copies to the host read no host memory)
   }
 
  protected:
   void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
     check_at(dst.data_ptr(), static_cast<int64_t>(dst.nbytes()), to, "a copy's destination");
     check_at(src.data_ptr(), static_cast<int64_t>(src.nbytes()), from, "a copy's source");
-    // As the CUDA device: a copy between equal dtypes is queued on the copy stream, behind every copy before it (which
-    // have ended by the time it writes); one that converts is LibTorch's, on the compute stream (which waits for every
-    // copy before it: Device::copy), blocking the host until it has run.
+    // As the CUDA device: a copy between equal dtypes is queued on the copy stream for its direction, behind every copy
+    // before it there (which have ended by the time it writes); one that converts is LibTorch's, on the compute stream
+    // (which waits for every copy before it: Device::copy), blocking the host until it has run.
     const bool on_copy_stream = dst.scalar_type() == src.scalar_type() && dst.is_contiguous() && src.is_contiguous();
-    if (on_copy_stream) copy_.land(std::numeric_limits<int64_t>::max());  // (behind the copies queued before it)
-    if (on_copy_stream && to == Place::host) copy_.synchronize();  // (then the host waits for it: host code reads it next)
+    TrackedCopyStream& copies = stream_for(from, to);
+    if (on_copy_stream) copies.land(std::numeric_limits<int64_t>::max());  // (behind the copies queued before it)
+    if (on_copy_stream && to == Place::host) copies.synchronize();  // (then the host waits for it: host code reads it next)
     if (!on_copy_stream && (from == Place::host) != (to == Place::host)) compute_.synchronize();
     // As cudaMemcpyAsync, a copy between equal dtypes writes the bytes and leaves LibTorch's version counters alone
     // (the host's step during the forward writes later blocks' weights, views of one buffer, after earlier blocks
@@ -283,7 +304,7 @@ class SeparateMemoryDevice final : public Device {
       // (on a GPU it runs beside the compute queued after the point it waits for)
       if (copy_.after_compute() < compute_.points) ++copies_beside_compute_;
     }
-    if (on_copy_stream && from == Place::device && to == Place::host && copy_.after_compute() < compute_.points) ++arrivals_beside_compute_;
+    if (on_copy_stream && from == Place::device && to == Place::host && to_host_.after_compute() < compute_.points) ++arrivals_beside_compute_;
   }
 
   // A copy the compute stream waits for only later (Device::copy_ahead): its bytes land then, or (to the host) once
@@ -297,12 +318,13 @@ class SeparateMemoryDevice final : public Device {
       if (!inside_pinned(dst.data_ptr(), static_cast<int64_t>(dst.nbytes())))
         throw std::logic_error("a copy from the device the host waits for later lands in pageable memory (a GPU copies into it at once)");
       ++arrivals_ahead_;
+      if (const int64_t after = to_host_.after_compute(); after > 0 && host_table_.calls > compute_.host_calls_at(after)) ++arrivals_behind_host_steps_;
       if (arrivals_land_at_once) {  // (the other order a GPU may take: a buffer still to be summed is overwritten now)
-        copy_.land(std::numeric_limits<int64_t>::max());
+        to_host_.land(std::numeric_limits<int64_t>::max());
         std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
         return;
       }
-      copy_.queue_arrival(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()), &compute_.points);
+      to_host_.queue_arrival(dst.data_ptr(), src.data_ptr(), static_cast<int64_t>(dst.nbytes()), &compute_.points);
       return;
     }
     copy_.reading(src.data_ptr(), static_cast<int64_t>(src.nbytes()), inside_pinned(src.data_ptr(), static_cast<int64_t>(src.nbytes())));
@@ -311,6 +333,7 @@ class SeparateMemoryDevice final : public Device {
   }
 
  private:
+  TrackedCopyStream& stream_for(Place from, Place to) { return &copy_stream_for(from, to) == &to_host_ ? to_host_ : copy_; }
   void check_at(const void* p, int64_t bytes, Place place, const char* what) const {
     if (!p || bytes == 0) return;
     const bool ok = place == Place::device ? inside_device(p, bytes) : !touches_device(p, bytes);
@@ -411,9 +434,9 @@ class SeparateMemoryDevice final : public Device {
 
   std::map<const char*, const char*> device_ranges_;  // begin -> end of every device allocation
   std::map<const char*, const char*> pinned_ranges_;  // and of every page-locked host allocation
-  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0, ahead_beside_compute_ = 0, arrivals_ahead_ = 0;
+  int64_t copies_beside_compute_ = 0, arrivals_beside_compute_ = 0, ahead_beside_compute_ = 0, arrivals_ahead_ = 0, arrivals_behind_host_steps_ = 0;
   CheckingTable device_table_, host_table_;
-  TrackedCopyStream copy_;
+  TrackedCopyStream copy_, to_host_;  // the copies to the device (and between host buffers); those to the host
   TickingStream compute_;  // its own clock: a step is timed on the device's, not the host's
 };
 
@@ -455,6 +478,7 @@ struct RankRun {
   int64_t ahead_beside_compute = 0;     // and those waited for only later (SeparateMemoryDevice::ahead_beside_compute)
   int64_t arrivals_ahead = 0;           // the arrivals the host waited for only later (SeparateMemoryDevice::arrivals_ahead)
   int64_t arrivals_landed_late = 0;     // ... landed once later compute was queued (SeparateMemoryDevice::arrivals_landed_late)
+  int64_t arrivals_behind_host_steps = 0;  // ... queued behind the host's steps (SeparateMemoryDevice::arrivals_behind_host_steps)
 };
 
 // Trains on `world` thread ranks, each on its own device (the CPU's, or a separate-memory one).
@@ -494,6 +518,7 @@ std::vector<RankRun> train_ranks(int world, const std::vector<std::string>& over
           run.ahead_beside_compute = d.ahead_beside_compute();
           run.arrivals_ahead = d.arrivals_ahead();
           run.arrivals_landed_late = d.arrivals_landed_late();
+          run.arrivals_behind_host_steps = d.arrivals_behind_host_steps();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -525,12 +550,9 @@ TEST(DeviceSeam, TheTestDeviceSeesAHostWriteThatRacesACopyToTheDevice) {
   device.copy_stream().record()->wait();
   host.add_(1);  // after the wait: no race
   EXPECT_EQ(device.copy_races(), std::vector<std::string>{});
-  // Ended as the compute stream, which waits for every copy (Device::copy), was synchronized, or behind a copy to the host.
+  // Ended as the compute stream, which waits for every copy (Device::copy), was synchronized.
   device.copy(on_device, Place::device, host, Place::host);
   device.compute_stream().synchronize();
-  host.add_(1);
-  device.copy(on_device, Place::device, host, Place::host);
-  device.copy(device.allocate(Place::host, Dtype::fp32, 64, false), Place::host, on_device, Place::device);
   host.add_(1);
   // A pageable source is taken before the copy call returns: nothing to race.
   const torch::Tensor pageable = torch::ones({64});
@@ -539,9 +561,16 @@ TEST(DeviceSeam, TheTestDeviceSeesAHostWriteThatRacesACopyToTheDevice) {
   EXPECT_EQ(device.copy_races(), std::vector<std::string>{});
   device.copy(on_device, Place::device, host, Place::host);
   host.add_(1);  // before any wait: the copy could have read either version
-  const std::vector<std::string> races = device.copy_races();
+  std::vector<std::string> races = device.copy_races();
   ASSERT_EQ(races.size(), 1u);
   EXPECT_NE(races[0].find("256 bytes): its host source changed before the copy was known to have ended"), std::string::npos) << races[0];
+  // A copy to the host, ended as copy() returns, ends the copies before it on its own stream only (as on a GPU, where
+  // the two directions run at once): the copy to the device may still be reading.
+  device.copy(on_device, Place::device, host, Place::host);
+  device.copy(device.allocate(Place::host, Dtype::fp32, 64, false), Place::host, on_device, Place::device);
+  host.add_(1);
+  races = device.copy_races();
+  EXPECT_EQ(races.size(), 2u);
 }
 
 TEST(DeviceSeam, ASeparateMemoryDeviceTrainsZero3WithOffloadAsTheCpuMovingThePlansBytes) {
@@ -1227,8 +1256,9 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
     Undo undo = Undo::nothing;
   };
   const std::vector<Case> cases{
-      {"stage 2, two micro steps, nothing to undo",
-       {"zero_optimization.stage=2", "zero_optimization.sub_group_size=15000", "gradient_accumulation_steps=2", "gradient_clipping=0", "bf16.check_grad_overflow=false"}},
+      {"stage 2, four blocks, two micro steps, nothing to undo",
+       {"zero_optimization.stage=2", "model.num_layers=4", "zero_optimization.sub_group_size=15000", "gradient_accumulation_steps=2",
+        "gradient_clipping=0", "bf16.check_grad_overflow=false"}},
       {"stage 2, clipped every step",
        {"zero_optimization.stage=2", "zero_optimization.sub_group_size=15000", "gradient_clipping=0.001"}, Undo::clipped},
       {"stage 2, each block recomputed, nothing to undo",
@@ -1313,6 +1343,10 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
     // since): on a GPU they cross beside it.
     EXPECT_EQ(during[0].ahead_beside_compute, tiles * (plan.steps - (c.undo == Undo::untrained ? 1 : 0)));
     EXPECT_EQ(after[0].ahead_beside_compute, 0);
+    // Each block's gradients start for the host (on the copy stream to it) before its hook steps the tiles final after
+    // the block gradient_lag + 1 above: they wait behind none of the host's work, nor those tiles' copies.
+    EXPECT_GT(during[0].arrivals_ahead, 0);
+    EXPECT_EQ(during[0].arrivals_behind_host_steps, 0);
     double planned = 0, gradients = 0;
     for (const Transfer& t : z.transfers) {
       planned += t.bytes_per_step;

@@ -325,40 +325,39 @@ BlocksCompute blocks_compute(const Plan& p, const StepTime& t) {
 // (n - 1) / n of what n equal stages side by side would hide. The parameters outside the blocks leave once the
 // backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.
 // Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU runs that one on its compute stream.)
-// Returns the blocks' backward seconds the trip takes up (0 where nothing hides).
-double hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
-  if (!p.execution.overlap || !gradients_can_leave_during_backward(p) || !(t.backward_s > 0)) return 0;
+void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+  if (!p.execution.overlap || !gradients_can_leave_during_backward(p) || !(t.backward_s > 0)) return;
   int64_t block_elements = 0, all = 0;
   std::set<int> blocks;
   for (const ParamSlot& s : p.layout.params) {
     all += s.numel;
     if (s.layer >= 0) block_elements += s.numel, blocks.insert(s.layer);
   }
-  if (blocks.size() < 2 || all == 0) return 0;
+  if (blocks.size() < 2 || all == 0) return;
   const double window = blocks_compute(p, t).backward_s;
   const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
   double seconds = 0;
   for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
-  if (!(seconds > 0)) return 0;
+  if (!(seconds > 0)) return;
   const double n = static_cast<double>(blocks.size());
   const double share = static_cast<double>(block_elements) / static_cast<double>(all);
   const double taken = std::min(seconds * share, window);
   for (OffloadTime& x : rows)
     if (trip(x)) x.hidden_s = (n - 1) / n * taken * x.seconds / seconds;
-  return taken;
 }
 
 // The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given the
 // blocks' backward a unit at a time from the top (a block, or with activation checkpointing in groups of more than one
 // a recompute group: its forward run again and its blocks' backward in one call); once a unit is given, the host runs
-// its blocks' hooks, top down. Each hook finishes the reduce of the block `lag` + 1 above it (waiting for that block's
-// gradients' copy, queued on the copy stream at the end of that block's own hook to begin once the unit holding it had
-// run, then summing them), steps the tiles final after that block one after the other, each tile's weights leaving on
-// the copy stream once stepped (from page-locked staging; from pageable staging the host passes them through the
-// driver itself), a tile waiting for the copy of the tile that last used its staging buffer; then queues its own
-// block's copy (behind those tiles' on the one copy stream). Meanwhile the GPU runs what it was given, and is given
-// nothing more: the next unit is given once the hooks return (so in a group of g blocks only the first hook's work runs
-// beside the GPU), and runs once the copies of the blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
+// its blocks' hooks, top down. Each hook sums the gradients of the block `lag` + 1 above it (waiting for their copy to
+// land), queues its own block's copy to the host (on the copy stream to the host: it begins once the unit holding the
+// block has run and the copies to the host before it have ended), then steps the tiles final after the block just
+// summed one after the other, each tile's weights leaving on the copy stream to the device once stepped (from
+// page-locked staging; from pageable staging the host passes them through the driver itself), a tile waiting for the
+// copy of the tile that last used its staging buffer. The two copy streams are the link's two directions, each at its
+// rate. Meanwhile the GPU runs what it was given, and is given nothing more: the next unit is given once the hooks
+// return (so in a group of g blocks only the first hook's work runs beside the GPU), and runs once the copies of the
+// blocks two above its own have left the gradient buffers it writes. The last `lag` + 1 blocks' gradients and tiles
 // come after the whole backward. Timed in seconds from the first unit's backward.
 struct LastBackward {
   struct Tile {
@@ -375,25 +374,26 @@ struct LastBackward {
 };
 struct LastBackwardEnd {
   double end = 0;     // when the GPU's backward and the host's work in it have both ended
-  double copies = 0;  // when the copy stream's last copy ends
+  double copies = 0;  // when the last of the tiles' weights' copies to the device ends
 };
 LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
-  double gpu = 0, host = 0, copy = 0;
+  double gpu = 0, host = 0, to_host = 0, to_device = 0;
   std::vector<double> staged(b.staging, 0.0);  // when each staging buffer's last copy ends
   size_t turn = 0;
   std::vector<double> landed(b.block_s.size(), 0.0);  // per block, when its gradients' copy ends (0: not queued yet)
-  const auto land = [&](size_t l) {  // the block's gradients summed on the host, then its tiles stepped
-    host = std::max(host, landed[l]) + b.sum_s[l];
+  const auto sum = [&](size_t l) { host = std::max(host, landed[l]) + b.sum_s[l]; };
+  const auto step_tiles = [&](size_t l) {
     if (!speculating) return;
     for (const LastBackward::Tile& t : b.final_after[l]) {
       host = std::max(host, staged[turn]) + t.step_s;
-      if (b.pinned) copy = std::max(copy, host) + t.copy_s;
-      else host += t.copy_s, copy = std::max(copy, host);
-      staged[turn] = copy;
+      if (b.pinned) to_device = std::max(to_device, host) + t.copy_s;
+      else host += t.copy_s, to_device = std::max(to_device, host);
+      staged[turn] = to_device;
       turn = (turn + 1) % b.staging;
     }
   };
   std::deque<size_t> pending;  // blocks whose copy is queued and whose gradients are not summed yet, top down
+  std::vector<size_t> summed;  // (in this hook, their tiles still to step)
   const int64_t n = static_cast<int64_t>(b.block_s.size());
   for (int64_t l = n - 1; l >= b.from; --l) {
     const int64_t first = b.from + (l - b.from) / b.unit * b.unit;  // the unit holding l, [first, l] when l is its top
@@ -403,15 +403,16 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
         unit_s += b.block_s[static_cast<size_t>(k)], copied_out = std::max(copied_out, k + 2 < n ? landed[static_cast<size_t>(k + 2)] : 0.0);
       gpu = std::max({gpu, host, copied_out}) + unit_s;
     }
-    for (; pending.size() > b.lag; pending.pop_front()) land(pending.front());
+    for (summed.clear(); pending.size() > b.lag; pending.pop_front()) sum(pending.front()), summed.push_back(pending.front());
     if (b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty()) {
-      copy = std::max({copy, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums and tiles are done)
-      landed[static_cast<size_t>(l)] = copy;
+      to_host = std::max({to_host, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums are done)
+      landed[static_cast<size_t>(l)] = to_host;
       pending.push_back(static_cast<size_t>(l));
     }
+    for (size_t k : summed) step_tiles(k);
   }
-  for (size_t l : pending) land(l);
-  return {std::max(gpu, host), copy};
+  for (size_t l : pending) sum(l), step_tiles(l);
+  return {std::max(gpu, host), to_device};
 }
 
 // The last backward's inputs from the plan: each block's share of the backward's FLOPs (its forward run again
@@ -507,9 +508,9 @@ void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<Off
 // to that pass's blocks' compute; the blocks' share of the row is half the forward's, half the backward's. The outer
 // parameters (once a step) and those kept whole (after the update) hide nothing. (Several ranks' gathers read the copy
 // in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.) The
-// gradients leaving during the backward take `backward_taken` of its blocks' seconds (hide_gradients_behind_backward):
-// the two share one copy stream, and the host waits for both before it sums, so the parameters get what is left.
-void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows, double backward_taken) {
+// gradients leaving for the host beside the same backward take the other copy stream (the link's other direction),
+// and the host waits only for theirs before it sums: the two hide side by side.
+void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* partitions = z.find(BufferRole::params, Place::host);
   if (p.topology.world_size != 1 || !z.gathers || p.zero.offload_param.device != OffloadDevice::cpu || !partitions || !partitions->pinned)
@@ -528,7 +529,7 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
   const BlocksCompute beside = blocks_compute(p, t);
   const double pass = row->seconds * std::min(1.0, gathered / row->bytes) / 2;  // one pass's blocks' copies
   const double n = static_cast<double>(blocks.size());
-  row->hidden_s = (n - 1) / n * (std::min(pass, beside.forward_s) + std::min(pass, std::max(0.0, beside.backward_s - backward_taken)));
+  row->hidden_s = (n - 1) / n * (std::min(pass, beside.forward_s) + std::min(pass, beside.backward_s));
 }
 
 void predict_offload(const Plan& p, StepTime& t) {
@@ -597,9 +598,9 @@ void predict_offload(const Plan& p, StepTime& t) {
                                         step_s * (1 - share - speculated_share)) +
                                    filled * std::min(x.seconds * share, std::max(window, step_s * share));
   }
-  const double gradients_taken = hide_gradients_behind_backward(p, t, rows);
+  hide_gradients_behind_backward(p, t, rows);
   hide_step_behind_backward(p, t, rows, forward_rule);
-  hide_parameters_ahead(p, t, rows, gradients_taken);
+  hide_parameters_ahead(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
 }

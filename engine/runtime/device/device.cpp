@@ -76,9 +76,10 @@ void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, 
 
 void Device::copy(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after) {
   DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
-  copy_stream().wait_for(after);
+  Stream& copies = copy_stream_for(from, to);
+  copies.wait_for(after);
   copy_between(dst, to, src, from);
-  compute_stream().wait_for(*copy_stream().record());  // what the compute stream queues next sees dst
+  compute_stream().wait_for(*copies.record());  // what the compute stream queues next sees dst
   count(from, to, static_cast<double>(dst.nbytes()));
 }
 
@@ -88,11 +89,12 @@ std::shared_ptr<Event> Device::copy_ahead(const torch::Tensor& dst, Place to, co
 
 std::shared_ptr<Event> Device::copy_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from, const Event& after) {
   DS_CHECK(dst.numel() == src.numel(), "a copy of ", src.numel(), " elements into ", dst.numel());
-  copy_stream().wait_for(after);
+  Stream& copies = copy_stream_for(from, to);
+  copies.wait_for(after);
   copy_between_ahead(dst, to, src, from);
   count(from, to, static_cast<double>(dst.nbytes()));
   ++transfers_[{from, to}].ahead;
-  return copy_stream().record();
+  return copies.record();
 }
 
 void Device::copy_between(const torch::Tensor& dst, Place, const torch::Tensor& src, Place) { dst.copy_(src); }

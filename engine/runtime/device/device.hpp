@@ -77,10 +77,17 @@ class Device {
   // LibTorch's cache, ds's buffers and the CUDA context); 0 where the device is the host (RSS says it).
   virtual double memory_in_use() const { return 0; }
   virtual Stream& compute_stream() = 0;
+  // The copies to the device (and any other not from it) run here.
   virtual Stream& copy_stream() = 0;
+  // The copies from the device to the host: the copy stream itself, or (a GPU) a stream of their own, so a block's
+  // gradients leaving wait behind no weights coming in and the link's two directions run at once. Nothing orders the
+  // two streams but events: a copy to the host that has ended says nothing of the copies to the device.
+  virtual Stream& copy_stream_to_host() { return copy_stream(); }
+  // The stream a copy from `from` to `to` runs on.
+  Stream& copy_stream_for(Place from, Place to) { return from == Place::device && to != Place::device ? copy_stream_to_host() : copy_stream(); }
 
   // `dst` (at `to`) takes `src` (at `from`), converted to dst's dtype as Tensor::copy_ converts (nearest
-  // even), on the copy stream after the compute stream's work so far, and before what the compute stream
+  // even), on the copy stream for the direction (copy_stream_for) after the compute stream's work so far, and before what the compute stream
   // is given next; counted under (from, to) with the bytes that arrive (dst's). On a device with memory of its
   // own, a copy between equal dtypes writes dst's bytes without bumping LibTorch's version counter (a raw copy):
   // the host's step during the forward writes later blocks' weights into the buffer whose views earlier blocks

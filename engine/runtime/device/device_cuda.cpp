@@ -1,6 +1,6 @@
 // ds — the CUDA GPU as a Device: device memory from cudaMalloc, host memory page-locked (cudaMallocHost,
-// so copies run beside compute), copies between them on a copy stream ordered with the compute stream by
-// events, the CUDA kernel table for device memory and the CPU's for host memory (an offloaded optimizer).
+// so copies run beside compute), copies between them on two copy streams (to the device, to the host: the link's
+// two directions at once) ordered with the compute stream by events, the CUDA kernel table for device memory and the CPU's for host memory (an offloaded optimizer).
 // The compute stream is the legacy default stream LibTorch's operations run on (docs/ARCHITECTURE.md).
 // Compiled wherever the CUDA toolkit is (against any LibTorch: tensors are made over its memory with
 // from_blob); the models' LibTorch ops on these tensors need a CUDA LibTorch.
@@ -82,6 +82,7 @@ class CudaDevice final : public Device {
     name_ = "cuda:" + std::to_string(index) + " (" + prop.name + ")";
     compute_ = std::make_unique<CudaStream>(cudaStreamLegacy);
     copy_ = std::make_unique<CudaStream>();
+    to_host_ = std::make_unique<CudaStream>();
     table_ = make_cuda_kernel_table(compute_->handle());
   }
   std::string name() const override { return name_; }
@@ -111,6 +112,7 @@ class CudaDevice final : public Device {
   }
   Stream& compute_stream() override { return *compute_; }
   Stream& copy_stream() override { return *copy_; }
+  Stream& copy_stream_to_host() override { return *to_host_; }
 
  protected:
   void copy_between(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
@@ -118,7 +120,7 @@ class CudaDevice final : public Device {
       dst.copy_(src);  // a converting copy: LibTorch's (CUDA LibTorch runs it on the GPU)
       return;
     }
-    if (to != Place::device) copy_->synchronize();  // host code reads it next
+    if (to != Place::device) copy_stream_for(from, to).synchronize();  // host code reads it next
   }
   // (Device::copy_ahead: to the host too, the host waits for the event returned before it reads dst)
   void copy_between_ahead(const torch::Tensor& dst, Place to, const torch::Tensor& src, Place from) override {
@@ -132,13 +134,14 @@ class CudaDevice final : public Device {
     if (dst.scalar_type() != src.scalar_type() || !dst.is_contiguous() || !src.is_contiguous()) return false;
     const cudaMemcpyKind kind = from == Place::device ? (to == Place::device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                                       : (to == Place::device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
-    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, copy_->handle()), "cudaMemcpyAsync");
+    const cudaStream_t on = kind == cudaMemcpyDeviceToHost ? to_host_->handle() : copy_->handle();  // (copy_stream_for's)
+    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, on), "cudaMemcpyAsync");
     return true;
   }
 
   int index_ = 0;
   std::string name_;
-  std::unique_ptr<CudaStream> compute_, copy_;
+  std::unique_ptr<CudaStream> compute_, copy_, to_host_;
   std::unique_ptr<KernelTable> table_;
 };
 

@@ -154,7 +154,7 @@ void OptimizerStep::weights_home(const torch::Tensor& master, Place at, int64_t 
       device_.copy(to, home, staged, Place::host, *read_before);
     else
       device_.copy(to, home, staged, Place::host);
-    staging_copied_[staging_turn_] = device_.copy_stream().record();
+    staging_copied_[staging_turn_] = device_.copy_stream_for(Place::host, home).record();
     if (flat_.weights_staging[1].defined()) staging_turn_ ^= 1;
   } else if (at != home) {
     device_.copy(to, home, master, at);
@@ -182,7 +182,7 @@ void OptimizerStep::put_weights(const StateChunk& c, WeightsBack how, const Even
   // so this wait is free; page-locked, the copy would still be reading. The test device's copy stream refuses a
   // host kernel that writes memory a pending copy reads, and found this path.)
   if (how == WeightsBack::copied && states_.spans()[c.span].place == Place::nvme && c.at != flat_.params_place)
-    device_.copy_stream().synchronize();
+    device_.copy_stream_for(c.at, flat_.params_place).synchronize();
 }
 
 torch::Tensor OptimizerStep::gradients_at(const StateChunk& c) {
@@ -369,7 +369,7 @@ void OptimizerStep::store_params(const torch::Tensor& master, Place place, int64
     else
       device_.copy(to, Place::host, from, place);  // rounded the same way on the way
     // Landed before the next span() may write this buffer out.
-    if (place != Place::host) device_.copy_stream().synchronize();
+    if (place != Place::host) device_.copy_stream_for(place, Place::host).synchronize();
     done += k;
   }
 }

@@ -289,11 +289,17 @@ void ZeroExchange::sum_over_partitions(double* values, size_t n) const {
 void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   // (recorded first: the group's gradients are queued now, whatever finishing earlier reduces waits for)
   std::shared_ptr<Event> written = !comm_ && flat_.grads_place != Place::device ? flat_.device->compute_stream().record() : nullptr;
-  // A block's gradients landing late (gradient_lag): those of the block `lag` + 1 above it are summed now, their
-  // arrival buffer free again, and this block's start for the host at once. Else one reduce at a time: Gloo runs them
+  // A block's gradients landing late (gradient_lag): those of the block `lag` + 1 above it are summed now, which frees
+  // their arrival buffer for this block's to start for the host at once (on the copy stream to the host, behind no
+  // weights coming in), and only then does that block's hook step its tiles. Else one reduce at a time: Gloo runs them
   // in order anyway, and the previous buffer is free again.
   const bool lands = written && g.layer >= 0 && !flat_.block_arrivals.empty();
-  finish_reduces(lands ? static_cast<size_t>(plan_.execution.gradient_lag) : 0);
+  std::vector<std::unique_ptr<Reduce>> summed;
+  for (; lands && reducing_.size() > static_cast<size_t>(plan_.execution.gradient_lag); reducing_.pop_front()) {
+    sum_reduce(*reducing_.front());
+    summed.push_back(std::move(reducing_.front()));
+  }
+  if (!lands) finish_reduces(0);
   auto r = std::make_unique<Reduce>();
   r->written = std::move(written);
   r->group = &g;
@@ -307,6 +313,7 @@ void ZeroExchange::start_reduce(const ParamGroup& g, const torch::Tensor& buf) {
   reducing_.push_back(std::move(r));
   // The block below writes the buffer the block above this one used: its copy must have left it.
   for (size_t i = 0; i + 1 < reducing_.size(); ++i) release(*reducing_[i]);
+  for (const auto& s : summed) final_hook(*s);
   if (!flat_.overlap) finish_reduces(0);
 }
 
@@ -314,7 +321,8 @@ void ZeroExchange::finish_reduces(size_t keep) {
   while (reducing_.size() > keep) {
     const std::unique_ptr<Reduce> r = std::move(reducing_.front());
     reducing_.pop_front();
-    finish_reduce(*r);
+    sum_reduce(*r);
+    final_hook(*r);
   }
 }
 
@@ -326,7 +334,7 @@ void ZeroExchange::release(Reduce& r) {
   r.released = true;
 }
 
-void ZeroExchange::finish_reduce(Reduce& r) {
+void ZeroExchange::sum_reduce(Reduce& r) {
   for (auto& p : r.pieces) p->wait();
   if (r.landed) r.landed->wait();  // (the host reads what landed next)
   const ParamGroup& g = *r.group;
@@ -362,8 +370,11 @@ void ZeroExchange::finish_reduce(Reduce& r) {
     summed = 1;
   }
   release(r);
-  if (last_backward_ && on_final_ && g.layer >= 0 && sums_on_host())
-    on_final_(g.layer, r.written ? *r.written : *flat_.device->compute_stream().record());
+}
+
+void ZeroExchange::final_hook(const Reduce& r) {
+  if (last_backward_ && on_final_ && r.group->layer >= 0 && sums_on_host())
+    on_final_(r.group->layer, r.written ? *r.written : *flat_.device->compute_stream().record());
 }
 
 std::unique_ptr<ZeroExchange::Gather> ZeroExchange::start_gather(Partitioned& from, const std::vector<int>& params, torch::Tensor dest,

@@ -129,9 +129,12 @@ class ZeroExchange : public BlockHooks {
   void finish_published(int64_t before);
   struct Reduce;
   void start_reduce(const ParamGroup& g, const torch::Tensor& buf);
-  // The reduces in flight finished, oldest first, until `keep` are left.
+  // The reduces in flight finished, oldest first, until `keep` are left: each summed, then its block's hook run.
   void finish_reduces(size_t keep);
-  void finish_reduce(Reduce& r);
+  // A reduce's gradients summed into this rank's (its collective or its copy waited for), its buffer released; then,
+  // apart (start_reduce queues a block's copy out between the two), the speculative step's hook of its block.
+  void sum_reduce(Reduce& r);
+  void final_hook(const Reduce& r);
   // A reduce's group buffer zeroed for the next block that writes it, once its copy to the host has left it.
   void release(Reduce& r);
   // Gradients reduced in reduce_bucket_size pieces, reduce-scattered to `owners` (group g's, through the
