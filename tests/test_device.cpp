@@ -958,8 +958,8 @@ TEST(DeviceSeam, GradientsSummedOnTheHostAsTheyArriveEqualTheDevicesSum) {
 }
 
 // One rank of a GPU-like device whose gradients leave block by block for the host (ZeRO-Offload, stage 2). With
-// overlap_comm each block's gradients are queued for page-locked host memory whole at the end of its hook, into the
-// next of gradient_lag + 1 buffers, ordered after the compute stream's point just after that block's backward only;
+// overlap_comm each block's gradients are queued for page-locked host memory whole in its hook (on the copy stream to
+// the host, once the hook's sum is done), into the next of gradient_lag + 1 buffers, ordered after the compute stream's point just after that block's backward only;
 // the host sums them in the hook of the block gradient_lag + 1 below. The test device lands such a copy only once the
 // host waits for it (or the compute stream does, before the block two below writes the buffer again): a sum read
 // before, or a buffer zeroed before its copy left, would change the losses; each landed after the compute stream had
@@ -1022,7 +1022,7 @@ TEST(DeviceSeam, WithOverlapCommABlocksGradientsLandWhileTheHostSumsTheBlocksAbo
 // before its copy was waited for would read stale weights: the run equals the CPU's bit for bit. Several ranks
 // gather through a collective that reads the copy: there every copy is waited for at once.
 // overlap_comm with a block between two trained ones that trains nothing (frozen): the block below it writes its
-// gradients into the buffer of the same parity as the block above, whose reduce (or copy out) must have finished
+// gradients into the buffer of the same parity as the block above, whose reduce (or copy out) must have left it
 // first. The same run with overlap_comm as without it, bit for bit: two CPU ranks at stage 2, and one rank of a
 // GPU-like device whose gradients leave for the host.
 TEST(DeviceSeam, AFrozenBlockBetweenTrainedOnesLeavesOverlappedGradientsWhole) {

@@ -717,16 +717,15 @@ ByHand last_backward_by_hand(const Plan& p, bool tiles) {
     double unit_s = 0, copied_out = 0;
     for (int64_t l : unit) unit_s += gpu_s[l], copied_out = std::max(copied_out, landed.count(l + 2) ? landed[l + 2] : 0.0);
     gpu_free = std::max({gpu_free, host_free, copied_out}) + unit_s;
-    for (int64_t l : unit) {  // (each hook: the sums due, this block's copy out, then the summed blocks' tiles)
+    for (int64_t l : unit) {  // (each trained block's hook: the sums due, its copy out, then the summed blocks' tiles)
+      if (!(copy_s[l] > 0) && !tiles_of.count(l)) continue;
       std::vector<int64_t> summed;
       for (; static_cast<int64_t>(waiting.size()) > lag; waiting.pop_front()) {
         host_free = std::max(host_free, waiting.front().second) + sum_s[waiting.front().first];
         summed.push_back(waiting.front().first);
       }
-      if (copy_s[l] > 0 || tiles_of.count(l)) {
-        out_free = std::max({out_free, gpu_free, host_free}) + copy_s[l];
-        waiting.emplace_back(l, landed[l] = out_free);
-      }
+      out_free = std::max({out_free, gpu_free, host_free}) + copy_s[l];
+      waiting.emplace_back(l, landed[l] = out_free);
       for (int64_t s : summed) tiles_after(s);
     }
   }

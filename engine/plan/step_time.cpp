@@ -403,12 +403,11 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
         unit_s += b.block_s[static_cast<size_t>(k)], copied_out = std::max(copied_out, k + 2 < n ? landed[static_cast<size_t>(k + 2)] : 0.0);
       gpu = std::max({gpu, host, copied_out}) + unit_s;
     }
+    if (!(b.copy_s[static_cast<size_t>(l)] > 0) && b.final_after[static_cast<size_t>(l)].empty()) continue;  // (trains nothing: its hook sums nothing)
     for (summed.clear(); pending.size() > b.lag; pending.pop_front()) sum(pending.front()), summed.push_back(pending.front());
-    if (b.copy_s[static_cast<size_t>(l)] > 0 || !b.final_after[static_cast<size_t>(l)].empty()) {
-      to_host = std::max({to_host, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums are done)
-      landed[static_cast<size_t>(l)] = to_host;
-      pending.push_back(static_cast<size_t>(l));
-    }
+    to_host = std::max({to_host, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums are done)
+    landed[static_cast<size_t>(l)] = to_host;
+    pending.push_back(static_cast<size_t>(l));
     for (size_t k : summed) step_tiles(k);
   }
   for (size_t l : pending) sum(l), step_tiles(l);
@@ -509,7 +508,8 @@ void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<Off
 // parameters (once a step) and those kept whole (after the update) hide nothing. (Several ranks' gathers read the copy
 // in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.) The
 // gradients leaving for the host beside the same backward take the other copy stream (the link's other direction),
-// and the host waits only for theirs before it sums: the two hide side by side.
+// and the host waits only for theirs before it sums: the two hide side by side (the host memory both read or write is
+// not counted against them).
 void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* partitions = z.find(BufferRole::params, Place::host);

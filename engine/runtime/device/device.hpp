@@ -77,7 +77,7 @@ class Device {
   // LibTorch's cache, ds's buffers and the CUDA context); 0 where the device is the host (RSS says it).
   virtual double memory_in_use() const { return 0; }
   virtual Stream& compute_stream() = 0;
-  // The copies to the device (and any other not from it) run here.
+  // The copies to the device run here, and those between two buffers of one place.
   virtual Stream& copy_stream() = 0;
   // The copies from the device to the host: the copy stream itself, or (a GPU) a stream of their own, so a block's
   // gradients leaving wait behind no weights coming in and the link's two directions run at once. Nothing orders the

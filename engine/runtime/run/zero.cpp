@@ -32,7 +32,7 @@ struct ZeroExchange::Reduce {
   // out waits for (not for the blocks' backward queued since, which it runs beside).
   std::shared_ptr<Event> written;
   // A block's gradients landing a block late or more (gradient_lag): the arrival buffer they land in whole, and the
-  // copy stream's event after their copy.
+  // event the copy stream to the host recorded after their copy.
   torch::Tensor landing;
   std::shared_ptr<Event> landed;
   bool released = false;  // buf zeroed for the next block that writes it
@@ -542,8 +542,14 @@ void ZeroExchange::after_backward(int64_t layer) {
   }
   const int k = group_of_block_[static_cast<size_t>(layer)];
   if (!flat_.grouped) return;
-  // A block that trains nothing (frozen, or without adapters): the reduce in flight finishes now, since the block
-  // below writes the buffer of the same parity (the buffers follow the blocks' numbers).
+  // A block that trains nothing (frozen, or without adapters): the block below writes the buffer of the same parity
+  // as the block above (the buffers follow the blocks' numbers). Gradients landing late need only their copies to
+  // have left the buffers (the compute stream waits for them; the host's sums stay late); a collective in flight
+  // still reads its buffer: it finishes now.
+  if (k < 0 && !comm_ && !flat_.block_arrivals.empty()) {
+    for (const auto& r : reducing_) release(*r);
+    return;
+  }
   if (k < 0) return finish_reduces(0);
   const ParamGroup& g = groups_[static_cast<size_t>(k)];
   start_reduce(g, flat_.block_grads[flat_.overlap ? layer % 2 : 0].narrow(0, 0, g.numel));
