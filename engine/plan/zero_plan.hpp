@@ -159,7 +159,8 @@ struct ZeroExecution {
   bool speculation_backed_up = false;
   // One rank whose gradients leave a GPU block by block for page-locked host memory, with overlap_comm: each block's
   // gradients are queued for the host in its own block hook once the hook's sums are done (into the next of
-  // block_arrivals' buffers, on the copy stream to the host, the copy waiting on the device only for the block's backward) and the host sums them in the hook of the block
+  // block_arrivals' buffers, on the copy stream to the host, the copy waiting on the device only for the block's
+  // backward) and the host sums them in the hook of the block
   // `gradient_lag` + 1 below, so the hook of the block just below, which autograd makes the GPU wait for, does not
   // wait for that copy. 0: no such buffers; each block's gradients are copied and summed at once in the hook of the
   // block below (several ranks: after the collective).

@@ -1,6 +1,7 @@
 // ds — the CUDA GPU as a Device: device memory from cudaMalloc, host memory page-locked (cudaMallocHost,
 // so copies run beside compute), copies between them on two copy streams (to the device, to the host: the link's
-// two directions at once) ordered with the compute stream by events, the CUDA kernel table for device memory and the CPU's for host memory (an offloaded optimizer).
+// two directions at once) ordered with the compute stream by events, the CUDA kernel table for device memory and the
+// CPU's for host memory (an offloaded optimizer).
 // The compute stream is the legacy default stream LibTorch's operations run on (docs/ARCHITECTURE.md).
 // Compiled wherever the CUDA toolkit is (against any LibTorch: tensors are made over its memory with
 // from_blob); the models' LibTorch ops on these tensors need a CUDA LibTorch.
@@ -134,7 +135,7 @@ class CudaDevice final : public Device {
     if (dst.scalar_type() != src.scalar_type() || !dst.is_contiguous() || !src.is_contiguous()) return false;
     const cudaMemcpyKind kind = from == Place::device ? (to == Place::device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
                                                       : (to == Place::device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
-    const cudaStream_t on = kind == cudaMemcpyDeviceToHost ? to_host_->handle() : copy_->handle();  // (copy_stream_for's)
+    const cudaStream_t on = static_cast<CudaStream&>(copy_stream_for(from, to)).handle();
     check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), kind, on), "cudaMemcpyAsync");
     return true;
   }
