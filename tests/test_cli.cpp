@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -212,6 +213,36 @@ TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
     // Stage 3's parameters in host memory cross a block ahead.
     EXPECT_EQ(contains(r.out, "each block's parameters cross while the block before it runs"), contains(extra, "offload_param")) << r.out;
   }
+  // Where the host's memory is slow beside the GPU it is busy longer than the parts add up to (its rows in full, each
+  // copy's bytes read or written there): that is the step, and the line says so instead of a split.
+  const std::string slow = "plan examples/gpu-offload-speculative.json --gpu h200 --host-memory-bw 40GB/s";
+  Result r = ds(slow + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json t = nlohmann::json::parse(r.out)["step_time"];
+  double rows_s = 0, copied = 0, parts = t["compute_s"].get<double>() + t["communication_s"].get<double>() - t["hidden_s"].get<double>();
+  for (const auto& row : t["offload"]) {
+    parts += row["seconds"].get<double>() - row["hidden_s"].get<double>();
+    if (row["resource"] == "host memory") rows_s += row["seconds"].get<double>();
+    else copied += row["bytes"].get<double>();
+  }
+  const double busy = rows_s + copied / 40e9;
+  ASSERT_GT(busy, parts);
+  EXPECT_NEAR(t["host_memory_busy_s"].get<double>(), busy, 1e-9 * busy);
+  EXPECT_NEAR(t["host_memory_copied_bytes"].get<double>(), copied, 1e-9 * copied);
+  EXPECT_NEAR(t["step_s"].get<double>(), busy, 1e-9 * busy);
+  EXPECT_EQ(t["bound"], "host-memory-bound");
+  r = ds(slow);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto ms = [](double s) {  // (as ds prints a time)
+    std::ostringstream o;
+    o.setf(std::ios::fixed);
+    if (s >= 0.9995) o << std::setprecision(2) << s << " s";
+    else o << std::setprecision(1) << s * 1e3 << " ms";
+    return o.str();
+  };
+  for (const std::string& s : {"  host memory busy " + ms(busy) + " a step", "longer than the " + ms(parts) + " the parts add up to",
+                               "  step " + ms(busy) + ": host-memory-bound; "})
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
   // A run with nothing to leave to the next forward (one CPU rank) says nothing of it.
   const Result alone = ds("plan examples/quickstart.json flops_profiler.enabled=true");
   ASSERT_EQ(alone.code, 0) << alone.err;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "common/error.hpp"
 #include "common/format.hpp"
@@ -819,21 +820,24 @@ static void choose_speculated_tiles(Plan& plan) {
   // bottom blocks' tiles after the backward (the first lag tried that predicts the shortest step, with its top blocks).
   std::set<int64_t> groups(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
   groups.erase(-1);
+  // (the step, then its parts' sum: where the host memory's busy time sets the step, the choice that leaves the
+  // shortest schedule under it)
   const auto predicted = [&](int64_t lag, const std::set<int64_t>& blocks) {
     Plan trial = plan;
     if (lag > 0) set_gradient_lag(trial.execution, lag);
     limit_speculation(trial.execution, blocks);
-    return predict_step_time(trial).step_s();
+    const StepTime t = predict_step_time(trial);
+    return std::pair{t.step_s(), t.parts_s()};
   };
   constexpr int64_t kLongestLag = 3;  // (past it the last blocks' tiles, left after the backward, cost more than it hides)
   const int64_t shortest_lag = plan.execution.gradient_lag > 0 ? 1 : 0, longest_lag = shortest_lag > 0 ? kLongestLag : 0;
-  double best_s = std::numeric_limits<double>::infinity();
+  std::pair<double, double> best_s{std::numeric_limits<double>::infinity(), 0.0};
   std::set<int64_t> best;
   int64_t best_lag = shortest_lag;
   for (int64_t lag = shortest_lag; lag <= longest_lag; ++lag)
     for (int64_t k : groups) {
       const std::set<int64_t> top(groups.lower_bound(k), groups.end());
-      if (const double s = predicted(lag, top); s < best_s || (s == best_s && lag == best_lag)) best_s = s, best = top, best_lag = lag;
+      if (const auto s = predicted(lag, top); s < best_s || (s == best_s && lag == best_lag)) best_s = s, best = top, best_lag = lag;
     }
   for (bool changed = true; changed;) {
     changed = false;
@@ -841,7 +845,7 @@ static void choose_speculated_tiles(Plan& plan) {
       std::set<int64_t> trial = best;
       if (!trial.erase(*g)) trial.insert(*g);
       if (trial.empty()) continue;  // (none: the plan without speculation, which the warning below weighs)
-      if (const double s = predicted(best_lag, trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
+      if (const auto s = predicted(best_lag, trial); s < best_s) best_s = s, best = std::move(trial), changed = true;
     }
   }
   if (best.empty()) return;  // (no prediction came out: all tiles, as asked)

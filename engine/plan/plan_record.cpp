@@ -351,6 +351,8 @@ json step_time_json(const Plan& p) {
                        {"seconds", known(x.known, x.seconds)}, {"hidden_s", known(x.known, x.hidden_s)}});
   j["offload"] = offload;
   j["offload_s"] = known(t.offload_known(), t.offload_s - t.offload_hidden_s);
+  j["host_memory_busy_s"] = known(t.host_memory_busy_s > 0, t.host_memory_busy_s);
+  j["host_memory_copied_bytes"] = known(t.host_memory_busy_s > 0, t.host_memory_copied_bytes);
   return j;
 }
 

@@ -508,8 +508,8 @@ void hide_step_behind_backward(const Plan& p, const StepTime& t, std::vector<Off
 // parameters (once a step) and those kept whole (after the update) hide nothing. (Several ranks' gathers read the copy
 // in a collective, which waits for it at once; from pageable memory or NVMe the host waits for each copy.) The
 // gradients leaving for the host beside the same backward take the other copy stream (the link's other direction),
-// and the host waits only for theirs before it sums: the two hide side by side (the host memory both read or write is
-// not counted against them).
+// and the host waits only for theirs before it sums: the two hide side by side (the host memory both read or write
+// counts only in the step's floor, host_memory_busy).
 void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
   const ZeroExecution& z = p.execution;
   const ZeroBuffer* partitions = z.find(BufferRole::params, Place::host);
@@ -530,6 +530,19 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
   const double pass = row->seconds * std::min(1.0, gathered / row->bytes) / 2;  // one pass's blocks' copies
   const double n = static_cast<double>(blocks.size());
   row->hidden_s = (n - 1) / n * (std::min(pass, beside.forward_s) + std::min(pass, beside.backward_s));
+}
+
+// What the host's memory does in a step, one thing after another at its rate: its own rows in full, hidden or not,
+// and each copy's bytes once (a copy over the link reads or writes them there by DMA; a drive's read lands there,
+// its write leaves from there). On a CPU device a copy between places is a host-memory row already.
+void host_memory_busy(const OffloadRates& r, StepTime& t) {
+  if (!(r.memory > 0) || !t.offload_known()) return;
+  double busy = 0, copied = 0;
+  for (const OffloadTime& x : t.offload)
+    if (x.resource == OffloadResource::host_memory) busy += x.seconds;
+    else copied += x.bytes;
+  t.host_memory_copied_bytes = copied;
+  t.host_memory_busy_s = busy + copied / r.memory;
 }
 
 void predict_offload(const Plan& p, StepTime& t) {
@@ -603,6 +616,7 @@ void predict_offload(const Plan& p, StepTime& t) {
   hide_parameters_ahead(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
+  host_memory_busy(r, t);
 }
 
 }  // namespace
@@ -635,6 +649,7 @@ double StepTime::offload_seconds(OffloadResource r) const {
 }
 
 const char* StepTime::bound() const {
+  if (host_memory_floored()) return "host-memory-bound";
   const char* name = comm_s > compute_s ? "communication-bound" : "compute-bound";
   double most = std::max(comm_s, compute_s);
   const std::pair<OffloadResource, const char*> resources[] = {

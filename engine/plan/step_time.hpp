@@ -27,9 +27,13 @@
 //               and where the host steps tiles during the next forward (step_in_forward) their share of its step,
 //               up to the first micro step's forward; a speculative step (step_in_backward) its tiles' share of the
 //               host's step and their backup, up to the last micro step's blocks' backward the gradients leave free;
-//   step      = compute + communication - hidden + offload - its hidden part.
+//   step      = compute + communication - hidden + offload - its hidden part, and no shorter than the time the
+//               host's memory is busy: every host-memory row in full (the optimizer's step, the sums, the backup) and
+//               every byte a copy reads from or writes to it (the link's DMA, the drives) at its rate, whatever of
+//               either hides behind compute (the copies and the host's work share that memory).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -76,14 +80,20 @@ struct StepTime {
   std::vector<CollectiveTime> collectives;  // the plan's collectives in order, then the mesh's
   std::vector<OffloadTime> offload;         // the plan's transfers in order, then the host's optimizer step
   double offload_s = 0, offload_hidden_s = 0;  // the known rows'
+  // The host memory's busy time a step: its rows' seconds in full, and the bytes the other rows' copies read from
+  // or write to it (`host_memory_copied_bytes`) at its rate. A floor under the step; 0 where a rate is not known.
+  double host_memory_busy_s = 0, host_memory_copied_bytes = 0;
   bool offload_known() const;                   // every row's rate is known
   double offload_seconds(OffloadResource r) const;  // its rows' exposed seconds
   // Everything the step needs is known: compute, every link, and nothing the model leaves out (offload).
   bool step_known() const { return compute_known && comm_known && missing.empty(); }
   double exposed_s() const { return comm_s - hidden_s; }
-  double step_s() const { return compute_s + exposed_s() + offload_s - offload_hidden_s; }  // all known
+  double parts_s() const { return compute_s + exposed_s() + offload_s - offload_hidden_s; }  // one after the other
+  double step_s() const { return std::max(parts_s(), host_memory_busy_s); }  // all known
+  bool host_memory_floored() const { return host_memory_busy_s > parts_s(); }  // its busy time sets the step
   // What the step waits on most: "compute-bound", "communication-bound" (its collectives before any overlap), or
-  // with offload "host-link-bound", "host-memory-bound", "nvme-bound" (the resource whose exposed time is longest).
+  // with offload "host-link-bound", "host-memory-bound", "nvme-bound" (the resource whose exposed time is longest;
+  // host memory also where its busy time sets the step).
   // The share of the peak the predicted step reaches, from the model FLOPs one rank does (recomputation not counted).
   double mfu(double train_flops_per_rank) const { return train_flops_per_rank / step_s() / peak_flops; }
   const char* bound() const;
