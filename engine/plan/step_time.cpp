@@ -318,34 +318,6 @@ BlocksCompute blocks_compute(const Plan& p, const StepTime& t) {
   return {forward > 0 ? t.forward_s * blocks_forward / forward : 0.0, backward > 0 ? t.backward_s * blocks_backward / backward : 0.0};
 }
 
-// One rank whose gradients leave a GPU group by group for the host (ZeRO-Offload from stage 2) with overlap_comm: a
-// block's copy out waits only for its own backward, and the host adds it into the step's sum while the GPU runs the
-// next block's backward. A pipeline of n blocks, each stage the copy and the sum of a block's gradients beside the
-// next block's backward: the lowest block's has only the embeddings' backward beside it (short, not counted), so
-// (n - 1) / n of what n equal stages side by side would hide. The parameters outside the blocks leave once the
-// backward has ended: nothing hides theirs. (Several ranks copy a group once its collective has ended: not modelled.
-// Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU runs that one on its compute stream.)
-void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
-  if (!p.execution.overlap || !gradients_can_leave_during_backward(p) || !(t.backward_s > 0)) return;
-  int64_t block_elements = 0, all = 0;
-  std::set<int> blocks;
-  for (const ParamSlot& s : p.layout.params) {
-    all += s.numel;
-    if (s.layer >= 0) block_elements += s.numel, blocks.insert(s.layer);
-  }
-  if (blocks.size() < 2 || all == 0) return;
-  const double window = blocks_compute(p, t).backward_s;
-  const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
-  double seconds = 0;
-  for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
-  if (!(seconds > 0)) return;
-  const double n = static_cast<double>(blocks.size());
-  const double share = static_cast<double>(block_elements) / static_cast<double>(all);
-  const double taken = std::min(seconds * share, window);
-  for (OffloadTime& x : rows)
-    if (trip(x)) x.hidden_s = (n - 1) / n * taken * x.seconds / seconds;
-}
-
 // The speculative step (step_in_backward) on the step's last micro step, as the runtime runs it: the GPU is given the
 // blocks' backward a unit at a time from the top (a block, or with activation checkpointing in groups of more than one
 // a recompute group: its forward run again and its blocks' backward in one call); once a unit is given, the host runs
@@ -465,6 +437,38 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
   return b;
 }
 
+// One rank whose gradients leave a GPU group by group for the host (ZeRO-Offload from stage 2) with overlap_comm: each
+// micro step's backward as the runtime runs it (run_last_backward, no tiles): each block's copy out waits only for its
+// own backward and the copies before it, the host sums it a block or more late (gradient_lag) while the GPU runs the
+// blocks below, and the GPU is given the next block once the hook has returned. What of the blocks' copies and sums
+// does not lengthen that backward hides; the lowest blocks' (summed after the backward) and the parameters outside the
+// blocks (they leave once the backward has ended) show. The first micro step's sums copy the arrivals in (2 of the
+// row's 2 + 3(m - 1) accesses an element), the later ones add them (3). (Several ranks copy a group once its
+// collective has ended: not modelled. Nor a copy that widens as it lands, fp32 accumulation of 16-bit gradients: a GPU
+// runs that one on its compute stream.)
+void hide_gradients_behind_backward(const Plan& p, const StepTime& t, std::vector<OffloadTime>& rows) {
+  if (!p.execution.overlap || !gradients_can_leave_during_backward(p) || !(t.backward_s > 0)) return;
+  const auto trip = [](const OffloadTime& x) { return x.known && (x.what == "gradients to the host" || x.what == "gradients summed on the host"); };
+  double seconds = 0;
+  for (const OffloadTime& x : rows) seconds += trip(x) ? x.seconds : 0.0;
+  if (!(seconds > 0)) return;
+  LastBackward b = last_backward_of(p, t, rows);
+  const double m = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
+  const auto hidden_in = [&](double sum_share) {  // one micro step's, its sums `sum_share` of the last one's
+    LastBackward micro = b;
+    double blocks = 0, carried = 0;
+    for (size_t l = 0; l < micro.block_s.size(); ++l) {
+      micro.sum_s[l] *= sum_share;
+      blocks += static_cast<int64_t>(l) >= micro.from ? micro.block_s[l] : 0.0;
+      carried += micro.copy_s[l] + micro.sum_s[l];
+    }
+    return carried - std::clamp(run_last_backward(micro, false).end - blocks, 0.0, carried);
+  };
+  const double hidden = m > 1 ? hidden_in(2.0 / 3.0) + (m - 1) * hidden_in(1.0) : hidden_in(1.0);
+  for (OffloadTime& x : rows)
+    if (trip(x)) x.hidden_s = hidden * x.seconds / seconds;
+}
+
 // What of the speculated tiles' work hides behind the last micro step's backward: all of it, less what it lengthens
 // that backward by (run_last_backward with and without it), split between the host's step and the backup by their
 // seconds (with pageable staging the weights' copies are the host's work too). The weights' copies from page-locked
@@ -534,13 +538,16 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
 
 // What the host's memory does in a step, one thing after another at its rate: its own rows in full, hidden or not,
 // and each copy's bytes once (a copy over the link reads or writes them there by DMA; a drive's read lands there,
-// its write leaves from there). On a CPU device a copy between places is a host-memory row already.
-void host_memory_busy(const OffloadRates& r, StepTime& t) {
+// its write leaves from there). On a CPU device a copy between places is a host-memory row already; weights copied
+// from the fp32 master (WeightsBack::copied) are the master's read the step's row counts already. (Pageable staging
+// also passes each copy through the driver's own buffer: not counted, so the floor stays a floor.)
+void host_memory_busy(const Plan& p, const OffloadRates& r, StepTime& t) {
   if (!(r.memory > 0) || !t.offload_known()) return;
+  const bool master_read = !p.execution.state_spans.empty() && p.execution.state_spans.front().weights == WeightsBack::copied;
   double busy = 0, copied = 0;
   for (const OffloadTime& x : t.offload)
     if (x.resource == OffloadResource::host_memory) busy += x.seconds;
-    else copied += x.bytes;
+    else if (!(master_read && x.what == "updated weights to the device")) copied += x.bytes;
   t.host_memory_copied_bytes = copied;
   t.host_memory_busy_s = busy + copied / r.memory;
 }
@@ -616,7 +623,7 @@ void predict_offload(const Plan& p, StepTime& t) {
   hide_parameters_ahead(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
-  host_memory_busy(r, t);
+  host_memory_busy(p, r, t);
 }
 
 }  // namespace
