@@ -875,6 +875,13 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
     EXPECT_EQ(p.recompute_group, c.recompute_group > 0 ? c.recompute_group : p.recompute_group);
     const StepTime& t = p.step_time;
     ASSERT_TRUE(t.step_known());
+    // The blocks' gradients' trip hides as each micro step's backward by hand without tiles gives (recomputed groups and
+    // a frozen block too).
+    double trip_hidden = 0;
+    for (const OffloadTime& x : t.offload)
+      trip_hidden += x.what == "gradients to the host" || x.what == "gradients summed on the host" ? x.hidden_s : 0.0;
+    EXPECT_GT(trip_hidden, 0);
+    EXPECT_NEAR(trip_hidden, gradients_trip_hidden(p), 1e-15);
     // Per tile the lowest block it holds (-1: it holds a parameter outside the blocks); the plan speculates the tiles
     // of the blocks from some block K up, the K whose step it predicts shortest.
     ASSERT_EQ(z.weight_tile_final_after.size(), z.weight_tiles.size());
