@@ -652,7 +652,8 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     if (!p.execution.overlap && gradients_can_leave_during_backward(p))
       o << "  zero_optimization.overlap_comm=true would hide the blocks' gradients on their way to the host behind the backward\n";
   }
-  if (t.step_known() && t.host_memory_floored())
+  const bool floored = t.step_known() && t.host_memory_floored();  // (then the parts add up to less than the step: no split)
+  if (floored)
     o << "  host memory busy " << seconds_text(t.host_memory_busy_s) << " a step (its rows above in full, and the "
       << format_bytes(t.host_memory_copied_bytes) << " the copies read or write there): longer than the "
       << seconds_text(t.parts_s()) << " the parts add up to, so the step takes that\n";
@@ -666,7 +667,7 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
     std::string split;
     int shown = 0;
     for (const auto& [what, seconds] : parts)
-      if (const long percent = std::lround(100 * seconds / step); percent >= 1 && !t.host_memory_floored())
+      if (const long percent = std::lround(100 * seconds / step); percent >= 1 && !floored)
         split += (shown++ ? ", " : " (") + what + " " + std::to_string(percent) + "%";
     o << "  step " << seconds_text(step) << ": " << t.bound() << (shown > 1 ? split + " of it)" : "") << "; "
       << format_count(static_cast<int64_t>(p.tokens_per_step / step))

@@ -439,6 +439,20 @@ TEST(StepTime, OffloadIsEachTransferAtTheHostLinkAndTheHostsStepAtItsMemorysRate
   EXPECT_NEAR(j["step_s"].get<double>(), t.step_s(), 1e-12);
 }
 
+// Per weight tile, the lowest block it holds (-1: it holds a parameter outside the blocks): the block after whose
+// gradients a speculative step may take it.
+std::vector<int64_t> lowest_block_of_tiles(const Plan& p) {
+  std::vector<int64_t> lowest_of;
+  for (const SubGroup& g : p.execution.weight_tiles) {
+    int lowest = p.model.hp.num_layers;
+    bool outside = false;
+    for (const ParamSlot& s : p.layout.params)
+      if (s.offset < g.end && s.offset + s.numel > g.begin) outside = outside || s.layer < 0, lowest = std::min(lowest, s.layer);
+    lowest_of.push_back(outside ? -1 : lowest);
+  }
+  return lowest_of;
+}
+
 // The host's memory serves the host's work and every copy to or from it (the link's DMA reads or writes it too): busy
 // for its rows in full, hidden or not, and the copies' bytes at its rate. However much of either hides behind compute,
 // the step is no shorter. By hand from the plan's transfers and the step's bytes (as in the test above).
@@ -493,15 +507,9 @@ TEST(StepTime, TheHostsMemoryServesItsWorkAndEveryCopySoTheStepIsNoShorterThanIt
   ASSERT_TRUE(spec.execution.step_in_backward);
   ASSERT_TRUE(spec.step_time.host_memory_floored());
   const ZeroExecution& z = spec.execution;
-  std::vector<int64_t> lowest_of;  // per tile the lowest block it holds (-1: a parameter outside the blocks)
-  std::set<int64_t> chosen, candidates;
-  for (const SubGroup& g : z.weight_tiles) {
-    int64_t lowest = spec.model.hp.num_layers;
-    for (const ParamSlot& s : spec.layout.params)
-      if (s.offset < g.end && s.offset + s.numel > g.begin) lowest = s.layer < 0 || lowest < 0 ? -1 : std::min<int64_t>(lowest, s.layer);
-    lowest_of.push_back(lowest);
-    if (lowest >= 0) candidates.insert(lowest);
-  }
+  const std::vector<int64_t> lowest_of = lowest_block_of_tiles(spec);
+  std::set<int64_t> chosen, candidates(lowest_of.begin(), lowest_of.end());
+  candidates.erase(-1);
   for (int64_t a : z.weight_tile_final_after)
     if (a >= 0) chosen.insert(a);
   ASSERT_FALSE(chosen.empty());
@@ -888,14 +896,7 @@ TEST(StepTime, ASpeculativeStepHidesItsTilesHostStepBehindTheLastBackward) {
     int64_t first_block = p.layout.numel, speculated = 0, later = 0;
     for (const ParamSlot& s : p.layout.params)
       if (s.layer >= 0) first_block = std::min(first_block, s.offset);
-    std::vector<int64_t> lowest_of;
-    for (const SubGroup& g : z.weight_tiles) {
-      int lowest = p.model.hp.num_layers;
-      bool outside = false;
-      for (const ParamSlot& s : p.layout.params)
-        if (s.offset < g.end && s.offset + s.numel > g.begin) outside = outside || s.layer < 0, lowest = std::min(lowest, s.layer);
-      lowest_of.push_back(outside ? -1 : lowest);
-    }
+    const std::vector<int64_t> lowest_of = lowest_block_of_tiles(p);
     // The tiles final after a set of blocks, chosen as "block K and up" for the K predicting the shortest step, then
     // each block's tiles taken out or put back while that predicts a shorter one: no choice of the top blocks, and no
     // one block's tiles taken out or put back, predicts a shorter step than the plan's.

@@ -864,12 +864,11 @@ static void choose_speculated_tiles(Plan& plan) {
   if (with > without)
     plan.warnings.push_back({"zero_optimization.offload_optimizer.speculative_step",
                              "makes the predicted step slower, by " + ms(with - without) + " (" + ms(with) + " against " + ms(without) +
-                                 (backup_s > 0 && plan.step_time.host_memory_floored()
-                                      ? "): backing up the speculated tiles' states takes " + ms(backup_s) + " of the host's memory, busy " +
-                                            ms(plan.step_time.host_memory_busy_s) + " a step with it, which sets the step"
-                                  : backup_s > 0 ? "): backing up the speculated tiles' states takes " + ms(backup_s) +
-                                                       " of the host's memory, more than the last backward hides beyond what the next forward would"
-                                                 : "): the last backward hides less of the host's step than the next forward would"),
+                                 (backup_s > 0 ? "): backing up the speculated tiles' states takes " + ms(backup_s) + " of the host's memory, " +
+                                                     (plan.step_time.host_memory_floored()
+                                                          ? "busy " + ms(plan.step_time.host_memory_busy_s) + " a step with it, which sets the step"
+                                                          : "more than the last backward hides beyond what the next forward would")
+                                               : "): the last backward hides less of the host's step than the next forward would"),
                              plan.execution.speculation_backed_up
                                  ? "remove it; without the backup (gradient_clipping 0 where the run does without clipping, and no "
                                    "overflow skip: bf16 without check_grad_overflow) speculation costs nothing beyond the step"
