@@ -1,7 +1,9 @@
 #include "cli/profile_report.hpp"
 
 #include <algorithm>
+#include <array>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -39,6 +41,15 @@ double mean_over(const json& steps, int first, int end, const std::function<doub
 }
 
 std::string ms(double s) { return format_fixed(s * 1e3, 2) + " ms"; }
+
+const char* during_name(HostWorkSpan::During d) {
+  switch (d) {
+    case HostWorkSpan::During::forward: return "forward";
+    case HostWorkSpan::During::backward: return "backward";
+    case HostWorkSpan::During::after: return "after";
+  }
+  return "?";
+}
 std::string pct(double f) { return format_fixed(f * 100, 1) + "%"; }
 
 }  // namespace
@@ -70,6 +81,12 @@ json profile_rank_part(const Plan& plan, const TrainResult& r) {
     if (i < r.collective_spans.size())
       for (const CollectiveSpan& c : r.collective_spans[i])
         step["collective_spans"].push_back({{"name", c.name}, {"start_s", c.start_s}, {"seconds", c.seconds}, {"bytes", c.bytes}});
+    if (i < r.host_work_spans.size() && !r.host_work_spans[i].empty()) {
+      step["host_work_spans"] = json::array();
+      for (const HostWorkSpan& h : r.host_work_spans[i])
+        step["host_work_spans"].push_back({{"what", h.what}, {"index", h.index}, {"hook", h.hook}, {"micro_step", h.micro_step},
+                                           {"during", during_name(h.during)}, {"start_s", h.start_s}, {"seconds", h.seconds}});
+    }
     if (i < r.stage_waits_s.size()) step["waited_s"] = r.stage_waits_s[i];  // a pipeline stage's time held up by the others
     if (i < r.kernel_times.size()) {
       step["kernels"] = json::array();
@@ -185,6 +202,7 @@ void add_summary(const Measured& ms, json& r) {
     rates.push_back(rate);
     mfus.push_back(mfu);
     per_step.push_back({{"step_s", s_i}, {"gemm_flops_per_s", rate}, {"mfu", mfu}, {"model_flops", flops_of(steps[i]) * W}});
+    if (steps[i].contains("host_work_spans")) per_step.back()["host_work_spans"] = steps[i]["host_work_spans"];
   }
   const double step_s = ms.step_s, fwd = ms.fwd;
   r["summary"] = {
@@ -337,6 +355,38 @@ void add_communication(const Measured& ms, json& r) {
   r["communication"] = comm;
 }
 
+// The host's offload work per measured step, by the plan's row it belongs to (HostWorkSpan::what) and where it ran
+// (during the forward or the backward, beside compute; after them), beside the row's predicted time and hidden part
+// where the plan predicts it. A copy's row holds the host's waits for it and the copies it makes itself.
+void add_host_work(const Measured& ms, json& offload) {
+  const json& steps = ms.steps;
+  std::vector<std::string> order;  // (the rows in the order the step first runs them)
+  std::map<std::string, std::array<double, 3>> seconds;  // per row, per During: summed over the measured steps
+  for (int i = ms.warmup; i < ms.end; ++i) {
+    const json& step = steps[static_cast<size_t>(i)];
+    if (!step.contains("host_work_spans")) continue;
+    for (const json& h : step["host_work_spans"]) {
+      const std::string what = h["what"].get<std::string>(), during = h["during"].get<std::string>();
+      if (!seconds.count(what)) order.push_back(what);
+      seconds[what][during == "forward" ? 0 : during == "backward" ? 1 : 2] += h["seconds"].get<double>();
+    }
+  }
+  if (order.empty()) return;
+  const double n = ms.end - ms.warmup;
+  json rows = json::array();
+  for (const std::string& what : order) {
+    const auto& s = seconds[what];
+    json row{{"what", what}, {"seconds_per_step", (s[0] + s[1] + s[2]) / n}, {"during_forward_s", s[0] / n}, {"during_backward_s", s[1] / n},
+             {"after_s", s[2] / n}};
+    // (with pipeline stages the plan's rows are its slowest stage's, and the spans rank 0's: not set side by side)
+    for (const OffloadTime& x : ms.plan.step_time.offload)
+      if (x.what == what && x.known && ms.plan.mesh.shape.pipeline <= 1)
+        row["predicted_seconds_per_step"] = x.seconds, row["predicted_hidden_s"] = x.hidden_s;
+    rows.push_back(row);
+  }
+  offload["host_work"] = rows;
+}
+
 // Offload I/O: bytes moved between places per step beside the plan's transfers, the time, the rate.
 void add_offload(const Measured& ms, json& r) {
   const Plan& plan = ms.plan;
@@ -351,6 +401,7 @@ void add_offload(const Measured& ms, json& r) {
   const double secs = ms.mean([](const json& x) { return x["phases"]["offload"].get<double>(); });
   r["offload"] = {{"bytes_per_step", bytes}, {"plan_bytes_per_step", planned}, {"seconds_per_step", secs},
                   {"gb_per_s", secs > 0 ? bytes / secs / 1e9 : 0.0}, {"plan_transfers", transfers}};
+  add_host_work(ms, r["offload"]);
 }
 
 // The most, over the measured steps, of a per-phase array each step holds under `key`; empty where none was sampled.
@@ -626,6 +677,17 @@ void render_io_memory_ranks(const json& r, std::ostringstream& o) {
     o << "\nOffload I/O per step (rank 0)\n";
     line("bytes moved", format_bytes(f["bytes_per_step"].get<double>()) + " (plan: " + format_bytes(f["plan_bytes_per_step"].get<double>()) + ")");
     line("time", ms(f["seconds_per_step"].get<double>()) + ", " + format_fixed(f["gb_per_s"].get<double>(), 2) + " GB/s");
+    if (f.contains("host_work")) {
+      o << "  the host's work (under a copy's row, the host's waits for it and the copies it makes itself; during the forward "
+           "or the backward a GPU may hide it, after them not; plan in parentheses, where it predicts the row)\n";
+      for (const json& h : f["host_work"]) {
+        o << "    " << pad(h["what"].get<std::string>(), 32) << lpad(ms(h["seconds_per_step"].get<double>()), 11);
+        if (h.contains("predicted_seconds_per_step"))
+          o << " (" << ms(h["predicted_seconds_per_step"].get<double>()) << ", " << ms(h["predicted_hidden_s"].get<double>()) << " hidden)";
+        o << ": " << ms(h["during_forward_s"].get<double>()) << " during the forward, " << ms(h["during_backward_s"].get<double>())
+          << " during the backward, " << ms(h["after_s"].get<double>()) << " after\n";
+      }
+    }
   }
   const json& m = r["memory"];
   o << "\nMemory (rank " << r["lead_rank"].get<int>() << ")\n";
@@ -736,7 +798,8 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
   for (const json& part : parts) {
     const int pid = part["rank"].get<int>();
     events.push_back({{"ph", "M"}, {"pid", pid}, {"name", "process_name"}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    for (const auto& [tid, name] : {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}, {5, "collectives"}})
+    for (const auto& [tid, name] :
+         {std::pair{1, "compute"}, {2, "communication"}, {3, "offload I/O"}, {4, "blocks"}, {5, "collectives"}, {6, "host's offload work"}})
       events.push_back({{"ph", "M"}, {"pid", pid}, {"tid", tid}, {"name", "thread_name"}, {"args", {{"name", name}}}});
     const int first_block = part.value("first_block", 0);  // a pipeline stage numbers its blocks from its first
     int step = 0;
@@ -759,6 +822,12 @@ json profile_chrome_trace(const Plan& plan, const std::vector<json>& parts) {
         for (const json& c : s["collective_spans"])
           events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 5}, {"name", c["name"]}, {"ts", step_at + c["start_s"].get<double>() * 1e6},
                             {"dur", c["seconds"].get<double>() * 1e6}, {"args", {{"step", step}, {"bytes", c["bytes"]}}}});
+      if (s.contains("host_work_spans"))
+        for (const json& h : s["host_work_spans"])
+          events.push_back({{"ph", "X"}, {"pid", pid}, {"tid", 6},
+                            {"name", h["what"].get<std::string>() + (h["index"].get<int64_t>() >= 0 ? " " + std::to_string(h["index"].get<int64_t>()) : "")},
+                            {"ts", step_at + h["start_s"].get<double>() * 1e6}, {"dur", h["seconds"].get<double>() * 1e6},
+                            {"args", {{"step", step}, {"hook", h["hook"]}, {"during", h["during"]}}}});
       for (const char* phase : kPhaseNames) {
         const double dur = s["phases"][phase].get<double>() * 1e6;
         if (dur <= 0) continue;

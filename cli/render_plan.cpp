@@ -646,8 +646,10 @@ void time_section(const Plan& p, const std::function<std::string(const std::stri
       hides += (hides.empty() ? "" : "; ") + std::string("the next forward's blocks hide only the tiles stepped during it: their host step and copies");
     if (p.execution.step_in_backward)
       hides += (hides.empty() ? "" : "; ") + std::string("the last backward's blocks hide the speculated tiles' backup and host step");
+    // (where the host memory's busy time sets the step, the offload adds to the parts' sum, which the step outlasts)
     if (t.offload_known())
-      o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s) << " added to the step"
+      o << "  offload " << seconds_text(t.offload_s - t.offload_hidden_s)
+        << (t.step_known() && t.host_memory_floored() ? " added to the parts" : " added to the step")
         << (hides.empty() ? " (it follows the backward: no compute hides it)" : " (" + hides + ")") << "\n";
     if (!p.execution.overlap && gradients_can_leave_during_backward(p))
       o << "  zero_optimization.overlap_comm=true would hide the blocks' gradients on their way to the host behind the backward\n";

@@ -13,7 +13,8 @@
 #   profile  each kernel's time over about two steps of GPT-2 124M, then of TinyLlama's shape, then of LoRA on it
 #            (Nsight Compute, one metric, clocks as found): ncu.csv, ncu-llama.csv and ncu-lora.csv, summed by
 #            scripts/ncu_summary.py
-#   offload  bench's offload steps alone: GPT-2 124M at ZeRO 2 and 3, GPT-2 1.5B at ZeRO 2 with 4 micro steps a step
+#   offload  bench's offload steps alone: GPT-2 124M at ZeRO 2 and 3, a ds profile of its host's offload work (and a
+#            trace), GPT-2 1.5B at ZeRO 2 with 4 micro steps a step
 #            (run before bench, bench leaves them out; about 2-4 minutes)
 #   tests    every test labelled gpu or link (kernels against the CPU's, the NCCL group, ds train on the GPU)
 #   size     (not in the default stages) ZeRO-Offload's size case: Llama-3-8B's shape fully fine-tuned on one GPU
@@ -76,7 +77,7 @@ need() {  # a file the stages read
 
 need .device-deps
 ls .device-deps/*.deb >/dev/null 2>&1 || { say "== no .device-deps/*.deb: run scripts/fetch-device-deps.sh on a Debian 12 machine and carry .device-deps"; exit 2; }
-for f in examples/gpu-gpt2.json examples/quickstart.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/bench_offload_model.sh \
+for f in examples/gpu-gpt2.json examples/quickstart.json examples/gpu-offload-speculative.json bench/bench_cuda_train.sh bench/bench_cuda_shapes.sh bench/bench_offload_model.sh \
   bench/host_memory_rate.c bench/pytorch_gpt2_cuda.py bench/metrics_median.py bench/probe_sdpa_gqa.py scripts/ncu_summary.py; do
   need "$f"
 done
@@ -204,6 +205,14 @@ stage_offload() {
   offload_done=1
   # (with the speculative step's pair at ZeRO 2: #55's step during the last backward, measured)
   step bench 80 200 offload-model env DS_DEVICE=cuda DS="$build/ds" DS_OFFLOAD_SPECULATIVE=1 bench/bench_offload_model.sh gpt2 8 1 /tmp/ds-offload-model
+  # The host's offload work row by row beside the plan's rows at the host memory's rate just measured (the report in
+  # bench.log; its spans beside the blocks in a trace left in /tmp: the logs hold at most 8 files): GPT-2 124M with the
+  # speculative step. Session 66 measured such an offloaded step at 1.4x the plan's prediction: which row is off.
+  local rate=20GB/s
+  [ -x /tmp/ds-offload-model/host_memory_rate ] &&
+    rate=$(python3 -c "print(f'{$(/tmp/ds-offload-model/host_memory_rate "$(nproc)") / 1e9:.2f}GB/s')")
+  step bench 40 120 offload-profile "$build/ds" profile examples/gpu-offload-speculative.json --device cuda model.preset=gpt2 \
+    model.activation_checkpointing=false --steps 3 --warmup 2 --host-memory-bw "$rate" --trace /tmp/ds-offload-trace.json
   # #55's speed case: GPT-2 1.5B at 4 micro steps of 8 x 1024 a step, where the GPU's step is long enough beside the
   # host's for the 0.5x target (the plan: 0.53x at the H200 host's 82 GB/s, 0.28x at one micro step).
   step bench 90 200 offload-model-xl env DS_DEVICE=cuda DS="$build/ds" DS_OFFLOAD_STAGES=2 DS_OFFLOAD_GAS=4 \

@@ -204,6 +204,7 @@ TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
     ASSERT_EQ(r.code, 0) << r.err;
     const std::string line = ": " + bound + " (" + split + " of it); ";
     EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, " added to the step (")) << r.out;
     // Measured alone, the plan says what that turned off (here the host's step during the next forward).
     EXPECT_EQ(contains(r.out, "each step's work is done within it"), extra == " flops_profiler.enabled=true") << r.out;
     const bool overlap = extra != " zero_optimization.overlap_comm=false";
@@ -243,6 +244,9 @@ TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
   for (const std::string& s : {"  host memory busy " + ms(busy) + " a step", "longer than the " + ms(parts) + " the parts add up to",
                                "  step " + ms(busy) + ": host-memory-bound; "})
     EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  // The offload's exposed part then adds to the parts, not to the step (which the host memory's busy time sets).
+  EXPECT_TRUE(contains(r.out, " added to the parts (")) << r.out;
+  EXPECT_FALSE(contains(r.out, " added to the step")) << r.out;
   // A run with nothing to leave to the next forward (one CPU rank) says nothing of it.
   const Result alone = ds("plan examples/quickstart.json flops_profiler.enabled=true");
   ASSERT_EQ(alone.code, 0) << alone.err;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -370,4 +371,66 @@ TEST(CliProfile, OffloadBytesPerStepAreThePlansTransfers) {
   const json plan = json::parse(p.out);
   const double local = plan["layout"]["padded_numel"].get<double>();
   EXPECT_DOUBLE_EQ(planned, local * (4 + 2)) << plan["layout"].dump();
+}
+
+// The host's offload work, span by span: each row of the report is its spans of that row summed over the measured
+// steps (each step's spans are in the report too), split by where they ran, beside the plan's row where the plan
+// predicts it (here from the memory's rate given).
+TEST(CliProfile, TheHostsOffloadWorkIsItsSpansSummedByThePlansRows) {
+  Result r = ds("profile examples/offload-cpu.json --steps 3 --warmup 1 --json --host-memory-bw 20GB/s");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json report = json::parse(r.out);
+  const json& steps = report["steps"];
+  ASSERT_EQ(steps.size(), 3u);
+  std::map<std::string, std::array<double, 3>> summed;  // per row: during the forward, the backward, after
+  for (const json& s : steps)
+    for (const json& h : s.at("host_work_spans")) {
+      const std::string during = h["during"].get<std::string>();
+      ASSERT_TRUE(during == "forward" || during == "backward" || during == "after") << during;
+      EXPECT_GE(h["seconds"].get<double>(), 0);
+      // (one CPU rank: its gradients are summed on the device, its states stepped whole, not in tiles, after the
+      // micro steps: no block's hook runs any of it)
+      EXPECT_EQ(h["hook"].get<int64_t>(), -1);
+      EXPECT_EQ(h["index"].get<int64_t>(), -1);
+      EXPECT_EQ(h["micro_step"].get<int64_t>(), -1);
+      EXPECT_EQ(during, "after");
+      summed[h["what"].get<std::string>()][during == "forward" ? 0 : during == "backward" ? 1 : 2] += h["seconds"].get<double>();
+    }
+  Result p = ds("plan examples/offload-cpu.json --json --host-memory-bw 20GB/s");
+  ASSERT_EQ(p.code, 0) << p.err;
+  std::map<std::string, json> planned;
+  const json plan = json::parse(p.out);
+  for (const json& x : plan["step_time"]["offload"]) planned[x["what"].get<std::string>()] = x;
+  const json& rows = report["offload"]["host_work"];
+  ASSERT_EQ(rows.size(), summed.size());
+  bool stepped = false;
+  for (const json& row : rows) {
+    const std::string what = row["what"].get<std::string>();
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(summed.count(what));
+    const auto& s = summed[what];
+    EXPECT_NEAR(row["during_forward_s"].get<double>(), s[0] / 3, 1e-12);
+    EXPECT_NEAR(row["during_backward_s"].get<double>(), s[1] / 3, 1e-12);
+    EXPECT_NEAR(row["after_s"].get<double>(), s[2] / 3, 1e-12);
+    EXPECT_NEAR(row["seconds_per_step"].get<double>(), (s[0] + s[1] + s[2]) / 3, 1e-12);
+    if (planned.count(what)) {
+      EXPECT_DOUBLE_EQ(row.at("predicted_seconds_per_step").get<double>(), planned[what]["seconds"].get<double>());
+      EXPECT_DOUBLE_EQ(row.at("predicted_hidden_s").get<double>(), planned[what]["hidden_s"].get<double>());
+    } else {
+      EXPECT_FALSE(row.contains("predicted_seconds_per_step"));
+    }
+    if (what == "optimizer step on the host") {
+      // On the CPU the host steps its states once the backward has ended, all of them: after, and more than nothing.
+      stepped = true;
+      EXPECT_GT(s[2], 0);
+      EXPECT_EQ(s[0] + s[1], 0);
+      EXPECT_TRUE(planned.count(what));
+    }
+  }
+  EXPECT_TRUE(stepped) << rows.dump();
+  Result text = ds("profile examples/offload-cpu.json --steps 2 --warmup 1 --host-memory-bw 20GB/s");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_TRUE(contains(text.out, "the host's work")) << text.out;
+  EXPECT_TRUE(contains(text.out, "optimizer step on the host")) << text.out;
+  EXPECT_TRUE(contains(text.out, " during the forward, ")) << text.out;
 }

@@ -1373,6 +1373,91 @@ TEST(DeviceSeam, ASpeculativeStepDuringTheLastBackwardEqualsTheStepAfterIt) {
   fs::remove_all(root);
 }
 
+// The host's offload work in each backward, as ds profile's spans show it (HostWorkSpan: a block's gradients waited
+// for and summed, a speculated tile stepped, each with the block whose backward hook ran it), comes in the order the
+// plan's prediction walks (host_work_in_last_backward): each block summed `gradient_lag` trained blocks late, in the
+// hook of the block below, its tiles stepped right after, the last blocks after the backward. A block that trains
+// nothing sums nothing in its hook where the gradients land late, and the block above's where they do not (lag 0,
+// pageable arrivals). The earlier micro steps sum in the same order, stepping no tile.
+TEST(DeviceSeam, TheHostsWorkInEachBackwardRunsInTheOrderThePredictionWalks) {
+  const fs::path root = fs::temp_directory_path() / ("ds_device_host_order_" + std::to_string(::getpid()));
+  struct Case {
+    std::string name;
+    std::vector<std::string> overrides;
+    int64_t lag = 1;
+  };
+  const std::vector<std::string> speculative{"zero_optimization.offload_optimizer.speculative_step=true", "zero_optimization.sub_group_size=15000",
+                                             "gradient_clipping=0", "bf16.check_grad_overflow=false"};
+  const auto with = [&](std::vector<std::string> o, const std::vector<std::string>& more) {
+    o.insert(o.end(), more.begin(), more.end());
+    return o;
+  };
+  const std::vector<Case> cases{
+      {"lag 1", {}},
+      {"lag 3", {}, 3},
+      {"the middle block frozen", {R"(model.freeze=["transformer.h.2.*"])"}},
+      {"speculative, lag 1", speculative},
+      {"speculative, lag 2", speculative, 2},
+      {"speculative, a block frozen", with(speculative, {R"(model.freeze=["transformer.h.3.*"])"})},
+      {"speculative, each block recomputed", with(speculative, {"model.activation_checkpointing=true"})},
+      // (pageable arrivals: each block's gradients copied out and summed in the hook of the block below, lag 0)
+      {"pageable", {"zero_optimization.offload_optimizer.pin_memory=false"}, 0},
+      {"pageable, speculative, a block frozen",
+       with(speculative, {"zero_optimization.offload_optimizer.pin_memory=false", R"(model.freeze=["transformer.h.2.*"])"}), 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> o{"zero_optimization.stage=2", "bf16.enabled=true", "zero_optimization.offload_optimizer.device=cpu",
+                               "zero_optimization.overlap_comm=true", "model.num_layers=6", "gradient_accumulation_steps=2",
+                               "flops_profiler.enabled=true", "train.output_dir=" + (root / "run").string()};
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    const PlanEdit edit = [lag = c.lag](Plan& p) {
+      if (lag > 1) set_gradient_lag(p.execution, lag);
+    };
+    const Plan plan = plan_for(1, 0, o, /*grads_leave=*/true, /*separate=*/true, edit);
+    ASSERT_EQ(plan.execution.gradient_lag, c.lag);
+    const bool speculating = c.name.find("speculative") != std::string::npos;
+    ASSERT_EQ(plan.execution.step_in_backward, speculating);
+    const std::vector<BackwardHostWork> walked = host_work_in_last_backward(plan);
+    ASSERT_FALSE(walked.empty());
+    const auto text = [](bool tile, int64_t index, int64_t hook) {
+      return (tile ? "tile " : "block ") + std::to_string(index) + (hook >= 0 ? " in block " + std::to_string(hook) + "'s hook" : " after");
+    };
+    std::vector<std::string> last, earlier;  // the prediction's: the last micro step's, and without its tiles the others'
+    for (const BackwardHostWork& w : walked) {
+      last.push_back(text(w.tile, w.index, w.hook));
+      if (!w.tile) earlier.push_back(last.back());
+    }
+    const std::vector<RankRun> run = train_ranks(1, o, /*separate=*/true, "", /*grads_leave=*/true, edit);
+    fs::remove_all(root);
+    const std::vector<std::vector<HostWorkSpan>>& steps = run[0].result.host_work_spans;
+    ASSERT_EQ(steps.size(), 4u);
+    int64_t tiles_in_backward = 0;
+    for (size_t s = 0; s < steps.size(); ++s)
+      for (int64_t m = 0; m < 2; ++m) {
+        SCOPED_TRACE("step " + std::to_string(s + 1) + ", micro step " + std::to_string(m + 1));
+        std::vector<std::string> ran;
+        int64_t waits = 0;
+        for (const HostWorkSpan& h : steps[s]) {
+          // (the backward's, and what ZeRO finishes right after it: the last blocks' sums)
+          if (h.micro_step != m || h.during == HostWorkSpan::During::forward) continue;
+          EXPECT_EQ(h.during == HostWorkSpan::During::after, h.hook < 0) << h.what << " " << h.index;
+          waits += h.what == "gradients to the host";
+          if (h.what == "gradients summed on the host" || h.what == "optimizer step on the host")
+            ran.push_back(text(h.what != "gradients summed on the host", h.index, h.hook));
+          tiles_in_backward += h.what == "optimizer step on the host";
+        }
+        EXPECT_EQ(ran, m == 1 ? last : earlier);
+        EXPECT_EQ(waits, static_cast<int64_t>(earlier.size()));  // (each sum waits for its copy first)
+      }
+    // The speculated tiles, each once a step during the backward (it stands: nothing to undo).
+    int64_t speculated = 0;
+    for (int64_t after : plan.execution.weight_tile_final_after) speculated += after >= 0;
+    EXPECT_EQ(tiles_in_backward, 4 * speculated);
+    EXPECT_EQ(speculated > 0, speculating);
+  }
+}
+
 // ds profile on a device whose work runs apart from the host (a GPU): the step's phases and blocks are timed on the
 // device's clock, read once the step ran. The test device's clock moves one second at each timed event, so every phase
 // and block time is a whole number of seconds (the host's clock gives fractions), each micro step's data is one lap,

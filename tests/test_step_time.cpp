@@ -793,14 +793,17 @@ ByHand last_backward_by_hand(const Plan& p, bool tiles, bool first_micro_step = 
     for (int64_t l : unit) unit_s += gpu_s[l], copied_out = std::max(copied_out, landed.count(l + 2) ? landed[l + 2] : 0.0);
     gpu_free = std::max({gpu_free, host_free, copied_out}) + unit_s;
     for (int64_t l : unit) {  // (each trained block's hook: the sums due, its copy out, then the summed blocks' tiles)
-      if (!(copy_s[l] > 0) && !tiles_of.count(l)) continue;
+      const bool trains = copy_s[l] > 0 || tiles_of.count(l);
+      if (!trains && lag > 0) continue;  // (without a lag a frozen block's hook still sums what waits: the runtime's)
       std::vector<int64_t> summed;
       for (; static_cast<int64_t>(waiting.size()) > lag; waiting.pop_front()) {
         host_free = std::max(host_free, waiting.front().second) + sum_s[waiting.front().first];
         summed.push_back(waiting.front().first);
       }
-      out_free = std::max({out_free, gpu_free, host_free}) + copy_s[l];
-      waiting.emplace_back(l, landed[l] = out_free);
+      if (trains) {
+        out_free = std::max({out_free, gpu_free, host_free}) + copy_s[l];
+        waiting.emplace_back(l, landed[l] = out_free);
+      }
       for (int64_t s : summed) tiles_after(s);
     }
   }
@@ -1409,16 +1412,24 @@ TEST(StepTime, APipelinesOffloadIsItsSlowestStagesAndItsHostMemoryEachNodesOwnSt
                                       "train_micro_batch_size_per_gpu=1", "zero_optimization.offload_optimizer.device=cpu", "model.num_layers=5"};
   const Plan p = plan_on(kGpt2Zero2, two_nodes, mesh);
   ASSERT_EQ(p.mesh.shape.pipeline, 2);
-  double most_step_bytes = 0, node_host[2] = {0, 0};
+  double most_step_bytes = 0, node_host[2] = {0, 0}, most_busy_bytes = 0;
   for (int r = 0; r < 8; ++r) {
     Topology t = two_nodes;
     t.rank = r;
     const Plan own = with_own_stage(plan_on(kGpt2Zero2, t, mesh));
     ASSERT_EQ(own.execution.state_spans.size(), 1u);
-    most_step_bytes = std::max(most_step_bytes, static_cast<double>(own.execution.state_spans[0].numel()) * (4 + 8 * 3 + 2));
+    const double step_bytes = static_cast<double>(own.execution.state_spans[0].numel()) * (4 + 8 * 3 + 2);
+    most_step_bytes = std::max(most_step_bytes, step_bytes);
     node_host[r / 4] += own.memory.host.total();
+    // Its host memory's work: the step's bytes, and every copy's bytes read or written there (bf16 weights staged).
+    double copied = 0;
+    for (const Transfer& x : own.execution.transfers) copied += x.bytes_per_step;
+    most_busy_bytes = std::max(most_busy_bytes, step_bytes + copied);
   }
   EXPECT_DOUBLE_EQ(p.step_time.offload.back().bytes, most_step_bytes);
+  // The floor: the busiest stage's host memory, at the node's rate shared by its 4 ranks (here the stage whose offload
+  // is slowest too: both grow with a stage's elements).
+  EXPECT_NEAR(p.step_time.host_memory_busy_s, most_busy_bytes / (400e9 / 4), 1e-12);
   EXPECT_DOUBLE_EQ(p.host_bytes_per_node(), std::max(node_host[0], node_host[1]));
   EXPECT_NE(node_host[0], node_host[1]);  // the stages hold different parts
 }

@@ -334,9 +334,11 @@ BlocksCompute blocks_compute(const Plan& p, const StepTime& t) {
 struct LastBackward {
   struct Tile {
     double step_s = 0, copy_s = 0;  // the host's step (and backup) of it; its weights' copy
+    int64_t index = -1;             // (ZeroExecution::weight_tiles')
   };
   std::vector<double> block_s;                  // per block, the GPU's backward (with its forward run again)
   std::vector<double> copy_s, sum_s;            // per block, its gradients' copy to the host and the host's sum
+  std::vector<char> trains;                     // per block, whether any of its parameters trains
   std::vector<std::vector<Tile>> final_after;   // per block, the tiles speculated once its gradients have landed
   int64_t from = 0;                             // the lowest block whose backward runs
   int64_t unit = 1;                             // blocks given to the GPU at once, counted from `from`
@@ -348,15 +350,21 @@ struct LastBackwardEnd {
   double end = 0;     // when the GPU's backward and the host's work in it have both ended
   double copies = 0;  // when the last of the tiles' weights' copies to the device ends
 };
-LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
+// `order`, where given, gets the host's work in the order the walk runs it.
+LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating, std::vector<BackwardHostWork>* order = nullptr) {
   double gpu = 0, host = 0, to_host = 0, to_device = 0;
   std::vector<double> staged(b.staging, 0.0);  // when each staging buffer's last copy ends
   size_t turn = 0;
   std::vector<double> landed(b.block_s.size(), 0.0);  // per block, when its gradients' copy ends (0: not queued yet)
-  const auto sum = [&](size_t l) { host = std::max(host, landed[l]) + b.sum_s[l]; };
+  int64_t hook = -1;                                  // (the block whose hook the host is in)
+  const auto sum = [&](size_t l) {
+    host = std::max(host, landed[l]) + b.sum_s[l];
+    if (order) order->push_back({false, static_cast<int64_t>(l), hook});
+  };
   const auto step_tiles = [&](size_t l) {
     if (!speculating) return;
     for (const LastBackward::Tile& t : b.final_after[l]) {
+      if (order) order->push_back({true, t.index, hook});
       host = std::max(host, staged[turn]) + t.step_s;
       if (b.pinned) to_device = std::max(to_device, host) + t.copy_s;
       else host += t.copy_s, to_device = std::max(to_device, host);
@@ -375,13 +383,20 @@ LastBackwardEnd run_last_backward(const LastBackward& b, bool speculating) {
         unit_s += b.block_s[static_cast<size_t>(k)], copied_out = std::max(copied_out, k + 2 < n ? landed[static_cast<size_t>(k + 2)] : 0.0);
       gpu = std::max({gpu, host, copied_out}) + unit_s;
     }
-    if (!(b.copy_s[static_cast<size_t>(l)] > 0) && b.final_after[static_cast<size_t>(l)].empty()) continue;  // (trains nothing: its hook sums nothing)
+    // A block that trains nothing has nothing to copy or sum; where its gradients land late, its hook sums nothing
+    // either, but without a lag it finishes the block above's (ZeroExchange::after_backward).
+    const bool trains = b.trains[static_cast<size_t>(l)] || !b.final_after[static_cast<size_t>(l)].empty();
+    if (!trains && b.lag > 0) continue;
+    hook = l;
     for (summed.clear(); pending.size() > b.lag; pending.pop_front()) sum(pending.front()), summed.push_back(pending.front());
-    to_host = std::max({to_host, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums are done)
-    landed[static_cast<size_t>(l)] = to_host;
-    pending.push_back(static_cast<size_t>(l));
+    if (trains) {
+      to_host = std::max({to_host, gpu, host}) + b.copy_s[static_cast<size_t>(l)];  // (queued once the hook's sums are done)
+      landed[static_cast<size_t>(l)] = to_host;
+      pending.push_back(static_cast<size_t>(l));
+    }
     for (size_t k : summed) step_tiles(k);
   }
+  hook = -1;
   for (size_t l : pending) sum(l), step_tiles(l);
   return {std::max(gpu, host), to_device};
 }
@@ -402,7 +417,7 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
   const size_t n = static_cast<size_t>(p.model.hp.num_layers);
   const double micro_steps = static_cast<double>(std::max<int64_t>(1, p.batch.grad_accum));
   LastBackward b;
-  b.block_s.assign(n, 0), b.copy_s.assign(n, 0), b.sum_s.assign(n, 0), b.final_after.assign(n, {});
+  b.block_s.assign(n, 0), b.copy_s.assign(n, 0), b.sum_s.assign(n, 0), b.final_after.assign(n, {}), b.trains.assign(n, 0);
   b.from = p.backward_from;
   b.unit = p.activation_checkpointing ? std::max<int64_t>(1, p.recompute_group) : 1;
   double backward = 0;
@@ -418,6 +433,7 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
   const double sum = seconds("gradients summed on the host") * (micro_steps > 1 ? 3 / (2 + 3 * (micro_steps - 1)) : 1.0);
   for (const ParamSlot& s : p.layout.params) {
     if (s.layer < 0 || all == 0) continue;
+    b.trains[static_cast<size_t>(s.layer)] = 1;
     b.copy_s[static_cast<size_t>(s.layer)] += copy * static_cast<double>(s.numel) / static_cast<double>(all);
     b.sum_s[static_cast<size_t>(s.layer)] += sum * static_cast<double>(s.numel) / static_cast<double>(all);
   }
@@ -428,7 +444,8 @@ LastBackward last_backward_of(const Plan& p, const StepTime& t, const std::vecto
     const int64_t after = z.weight_tile_final_after[i];
     if (after < 0) continue;
     const double numel = static_cast<double>(z.weight_tiles[i].numel());
-    b.final_after[static_cast<size_t>(after)].push_back({step * numel / host + backup * numel / speculated, weights * numel / host});
+    b.final_after[static_cast<size_t>(after)].push_back(
+        {step * numel / host + backup * numel / speculated, weights * numel / host, static_cast<int64_t>(i)});
   }
   const ZeroBuffer* staging = z.find(BufferRole::weights_staging, Place::host);
   b.pinned = staging && staging->pinned;
@@ -541,27 +558,34 @@ void hide_parameters_ahead(const Plan& p, const StepTime& t, std::vector<Offload
 // its write leaves from there). On a CPU device a copy between places is a host-memory row already; weights copied
 // from the fp32 master (WeightsBack::copied) are the master's read the step's row counts already. (Pageable staging
 // also passes each copy through the driver's own buffer: not counted, so the floor stays a floor.)
-void host_memory_busy(const Plan& p, const OffloadRates& r, StepTime& t) {
-  if (!(r.memory > 0) || !t.offload_known()) return;
-  const bool master_read = !p.execution.state_spans.empty() && p.execution.state_spans.front().weights == WeightsBack::copied;
-  double busy = 0, copied = 0;
-  for (const OffloadTime& x : t.offload)
-    if (x.resource == OffloadResource::host_memory) busy += x.seconds;
-    else if (!(master_read && x.what == "updated weights to the device")) copied += x.bytes;
-  t.host_memory_copied_bytes = copied;
-  t.host_memory_busy_s = busy + copied / r.memory;
+struct HostMemoryBusy {
+  double seconds = 0, copied_bytes = 0;
+};
+HostMemoryBusy host_memory_busy(const ZeroExecution& z, const std::vector<OffloadTime>& rows, const OffloadRates& r) {
+  const bool master_read = !z.state_spans.empty() && z.state_spans.front().weights == WeightsBack::copied;
+  HostMemoryBusy b;
+  for (const OffloadTime& x : rows)
+    if (x.resource == OffloadResource::host_memory) b.seconds += x.seconds;
+    else if (!(master_read && x.what == "updated weights to the device")) b.copied_bytes += x.bytes;
+  b.seconds += b.copied_bytes / r.memory;
+  return b;
 }
 
 void predict_offload(const Plan& p, StepTime& t) {
   if (p.execution.transfers.empty()) return;
   const OffloadRates r = offload_rates(p);
   std::vector<OffloadTime> rows = offload_rows(p, p.execution, r, t.missing);
-  // Pipeline stages hold different parts and run side by side: the one whose offload takes longest sets the pace.
-  // (The plan's execution is the stage heaviest on the device, not necessarily this one.)
+  const bool memory_known = r.memory > 0;
+  HostMemoryBusy busiest = memory_known ? host_memory_busy(p.execution, rows, r) : HostMemoryBusy{};
+  // Pipeline stages hold different parts and run side by side: the one whose offload takes longest sets the pace,
+  // and the one whose host memory is busy longest the floor (not always the same stage). (The plan's execution is
+  // the stage heaviest on the device, not necessarily either.)
   if (p.mesh.shape.pipeline > 1 && p.mesh.heaviest_stage >= 0)
     for (size_t s = 0; s < p.mesh.stages.size(); ++s) {
       const Plan rank = stage_rank_plan(p, s, p.zero_stage());
       std::vector<OffloadTime> other = offload_rows(rank, rank.execution, r, t.missing);
+      if (memory_known)
+        if (const HostMemoryBusy b = host_memory_busy(rank.execution, other, r); b.seconds > busiest.seconds) busiest = b;
       if (exposed(other) > exposed(rows)) rows = std::move(other);
     }
   // The host's step during the next forward (step_in_forward): the tiles after the embeddings' are stepped while the
@@ -623,7 +647,7 @@ void predict_offload(const Plan& p, StepTime& t) {
   hide_parameters_ahead(p, t, rows);
   t.offload = std::move(rows);
   for (const OffloadTime& x : t.offload) t.offload_s += x.seconds, t.offload_hidden_s += x.hidden_s;
-  host_memory_busy(p, r, t);
+  if (memory_known && t.offload_known()) t.host_memory_busy_s = busiest.seconds, t.host_memory_copied_bytes = busiest.copied_bytes;
 }
 
 }  // namespace
@@ -633,6 +657,20 @@ bool gradients_can_leave_during_backward(const Plan& p) {
   const ZeroBuffer* g = z.find_anywhere(BufferRole::grads);
   const ZeroBuffer* arrival = z.find(BufferRole::grads_arrival, Place::host);
   return p.topology.world_size == 1 && g && g->place == Place::host && arrival && arrival->dtype == z.reduced_dtype;
+}
+
+std::vector<BackwardHostWork> host_work_in_last_backward(const Plan& p) {
+  std::vector<BackwardHostWork> order;
+  if (!p.execution.overlap || !gradients_can_leave_during_backward(p)) return order;
+  // (the order does not depend on the rates: any time for every row walks it)
+  StepTime t;
+  t.backward_s = 1;
+  std::vector<OffloadTime> rows;
+  for (const char* what : {"gradients to the host", "gradients summed on the host", "optimizer step on the host", "speculated states backed up",
+                           "updated weights to the device"})
+    rows.push_back({what, OffloadResource::host_memory, "", 1, 1, 0, true});
+  run_last_backward(last_backward_of(p, t, rows), p.execution.step_in_backward, &order);
+  return order;
 }
 
 const char* offload_resource_name(OffloadResource r) {

@@ -106,4 +106,14 @@ StepTime predict_step_time(const Plan& plan);
 // step's prediction hides them behind the backward where overlap_comm is set; ds plan suggests it where it is not.
 bool gradients_can_leave_during_backward(const Plan& plan);
 
+// The host's work in the step's last backward in the order the prediction walks it (such a rank with overlap_comm):
+// each trained block's gradients summed, each tile the speculative step takes stepped, with the block whose backward
+// hook runs it (-1: after the backward). ds profile's spans of that backward (HostWorkSpan) come in this order.
+struct BackwardHostWork {
+  bool tile = false;   // a speculated tile stepped, else a block's gradients summed
+  int64_t index = -1;  // the tile (ZeroExecution::weight_tiles), or the block
+  int64_t hook = -1;
+};
+std::vector<BackwardHostWork> host_work_in_last_backward(const Plan& plan);
+
 }  // namespace ds

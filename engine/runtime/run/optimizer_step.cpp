@@ -217,21 +217,29 @@ void OptimizerStep::settle_staging() {
 }
 
 void OptimizerStep::step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s,
-                               const Event* read_before) {
+                               const Event* read_before, int64_t tile) {
   const WeightsBack how = states_.spans()[c.span].weights;
+  // (the host's own work, for a profile: its step, and its waits for and copies of the weights, apart)
+  const bool on_host = states_.spans()[c.span].place != Place::device;
+  const auto as = [&](const char* row, auto&& work) {
+    if (on_host) zero_.host_work().time(row, tile, work);
+    else work();
+  };
   OptimizerBuffers b;
   if (how == WeightsBack::staged)  // (it may wait for a staging buffer's last copy)
-    timed(crossing_s, [&] { b = buffers_of(c, grads); });
+    as("updated weights to the device", [&] { timed(crossing_s, [&] { b = buffers_of(c, grads); }); });
   else
     b = buffers_of(c, grads);
-  if (states_.whole_in_memory())
-    optimizer_.step(b, si, sum_over_ranks_);
-  else
-    optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
+  as("optimizer step on the host", [&] {
+    if (states_.whole_in_memory())
+      optimizer_.step(b, si, sum_over_ranks_);
+    else
+      optimizer_.step_window(b, si, c.begin, c.begin + c.numel);
+  });
   if (param_swap_ || c.at == flat_.params_place)  // (the parameter file's waits are its I/O: Clock::param_io)
     put_weights(c, how, read_before);
   else
-    timed(crossing_s, [&] { put_weights(c, how, read_before); });
+    as("updated weights to the device", [&] { timed(crossing_s, [&] { put_weights(c, how, read_before); }); });
 }
 
 BlockHooks* OptimizerStep::forward_hooks(BlockHooks* inner) {
@@ -249,7 +257,7 @@ void OptimizerStep::step_pending(int64_t hook) {
     const double moved0 = bytes_moved();
     double crossing_s = 0;  // (on the forward's timeline: its phase holds what the compute waited)
     double host_s = 0;
-    timed(&host_s, [&] { step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s, p.read_before.get()); });
+    timed(&host_s, [&] { step_chunk(p.chunk, p.grads, pending_inputs_, &crossing_s, p.read_before.get(), p.tile); });
     if (hook < std::numeric_limits<int64_t>::max()) carried_seconds_ += host_s;  // (finish_update's: in no step)
     const double moved = bytes_moved() - moved0;
     // (the bytes the update counted for it in its step: a mismatch would misreport every step's offload bytes)
@@ -460,9 +468,11 @@ torch::Tensor OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out
   // The time since the last op began (its wait for a neighbour's message included) is that op's.
   bool after_forward = true;
   const auto lap_op = [&] { clock.lap(after_forward ? t.forward : t.backward); };
+  HostWorkLog& log = zero_.host_work();
   const auto prepare = [&](int m, bool forward) {
     lap_op();
     after_forward = forward;
+    log.micro_step = m, log.during = forward ? HostWorkSpan::During::forward : HostWorkSpan::During::backward;
     draw_micro_batch(step, m);
     PipelineStageRunner::Batch batch;
     if (forward) {
@@ -479,6 +489,7 @@ torch::Tensor OptimizerStep::pipeline_micro_steps(int64_t step, StepOutcome& out
   const auto backward_from = [&](const torch::Tensor& loss, int m) { return loss * gradient[static_cast<size_t>(m)].first; };
   const auto finished = [&](int) { zero_.end_micro_step(); };
   const std::vector<torch::Tensor> losses = pipeline_->run(prepare, backward_from, finished);
+  log.micro_step = -1, log.during = HostWorkSpan::During::after;
   lap_op();  // the last backward, and the wait for the last sends
   clock.mark(2);
   groups_.settle();  // the host reads the losses: the stages' messages they follow end first, or time out
@@ -503,6 +514,8 @@ torch::Tensor OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& 
     zero_.begin_micro_step(false);
     const auto [loss_gradient, loss_weight] = loss_gradient_of(step, m, out.loss_scale, step_counted);
     model_.set_loss_gradient(loss_gradient);
+    HostWorkLog& log = zero_.host_work();
+    log.micro_step = m, log.during = HostWorkSpan::During::forward;
     torch::Tensor loss = model_.loss(input, target);
     // The last update's tiles were stepped during this forward, the host's work overlapping the device's: the phases
     // are the device's timeline, so the forward holds what its blocks waited for their weights, and nothing else.
@@ -510,8 +523,11 @@ torch::Tensor OptimizerStep::micro_steps(int64_t step, StepOutcome& out, Clock& 
     clock.lap(t.forward, clock.param_io());
     clock.mark(1);
     zero_.begin_backward(/*last=*/m == GAS - 1);
+    log.during = HostWorkSpan::During::backward;
     (loss * loss_gradient).backward();
+    log.during = HostWorkSpan::During::after;  // (what ZeRO finishes now follows the backward: the last blocks' sums)
     zero_.end_micro_step();
+    log.micro_step = -1;
     const torch::Tensor wide = loss_weight == 1 ? loss.detach().to(torch::kFloat64) : loss.detach().to(torch::kFloat64) * loss_weight;
     loss_sum = loss_sum.defined() ? loss_sum + wide : wide;
     clock.lap(t.backward, clock.param_io());
@@ -673,11 +689,14 @@ void OptimizerStep::speculate(int64_t layer, const Event& written) {
       if (after[t] < layer || speculated_[t]) continue;  // (-1: never; a block below `layer`: not final yet)
       const StateChunk c = states_.tile_chunk(t);
       const std::array<torch::Tensor, 3> states = fp32_states(c);
-      for (size_t k = 0; plan_.execution.speculation_backed_up && k < states.size(); ++k)
-        if (states[k].defined()) flat_.step_backup[k].narrow(0, backup_at_[t], c.numel).copy_(states[k]);
+      if (plan_.execution.speculation_backed_up)
+        zero_.host_work().time("speculated states backed up", static_cast<int64_t>(t), [&] {
+          for (size_t k = 0; k < states.size(); ++k)
+            if (states[k].defined()) flat_.step_backup[k].narrow(0, backup_at_[t], c.numel).copy_(states[k]);
+        });
       speculated_[t] = 1;  // (before its step: a step that threw is restored with the rest)
       ++speculated_count_;
-      step_chunk(c, gradients_at(c), speculated_inputs_, &crossing_s);
+      step_chunk(c, gradients_at(c), speculated_inputs_, &crossing_s, nullptr, static_cast<int64_t>(t));
     }
   } catch (...) {
     copies_ahead_after_ = nullptr;
@@ -749,12 +768,12 @@ void OptimizerStep::update(const OptimizerStepInputs& si, Clock& clock) {
         // (read during the next forward: not from a gradient buffer the next step zeroes as it begins)
         DS_CHECK(zero_.sums_on_host() || !grads.is_alias_of(flat_.compute_grads), "a pending tile's gradients in the buffer the next step zeroes first");
         const double bytes = c.at != flat_.params_place ? static_cast<double>(c.numel * flat_.local_params.element_size()) : 0.0;
-        pending_.push_back({c, grads, hook, bytes, read_before});
+        pending_.push_back({c, grads, hook, bytes, read_before, static_cast<int64_t>(t)});
         pending_bytes_ += bytes;
         return;
       }
     }
-    step_chunk(c, grads, si, &crossing_s);
+    step_chunk(c, grads, si, &crossing_s, nullptr, tiled ? static_cast<int64_t>(t) : -1);
   });
   if (flat_.weights_staging[0].defined())
     timed(&crossing_s, [&] { settle_staging(); });  // the last tiles' copies have left: the step's offload is done

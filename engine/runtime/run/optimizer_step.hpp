@@ -184,8 +184,9 @@ class OptimizerStep {
   // Chunk c stepped with its gradients `grads`: the kernel's update and its weights home; the time of copies between
   // places added to *crossing_s. `read_before`: where given, the compute stream's point after the last work that read
   // the chunk's weights, which a copy of them to the device waits for (else for all the compute queued so far).
+  // `tile`: its number among the host's tiles (-1: none), which a profile's spans of the host's work name.
   void step_chunk(const StateChunk& c, const torch::Tensor& grads, const OptimizerStepInputs& si, double* crossing_s,
-                  const Event* read_before = nullptr);
+                  const Event* read_before = nullptr, int64_t tile = -1);
   // Stepping during the next forward: each tile the update left for later, with its gradients (read in place until
   // the next backward writes them) and the forward's block hook it is stepped before (the plan's weight_tile_hooks), in order.
   struct PendingTile {
@@ -196,6 +197,7 @@ class OptimizerStep {
     // The compute stream as the update began: every read of the tile's old weights (the last backward's) is before it,
     // so its copy runs beside the blocks the forward queued before the tile's, not after them.
     std::shared_ptr<Event> read_before;
+    int64_t tile = -1;  // (its number among the host's tiles: the profile's spans name it)
   };
   // The pending tiles whose hook is at most `hook` stepped now (the block hooks' call; INT64_MAX: all).
   void step_pending(int64_t hook);

@@ -262,6 +262,7 @@ TrainingRun::TrainingRun(const Plan& plan, const TrainOptions& opt, Communicator
     // (ZeRO's gathers and the host's step not left to the next forward: a step's figures are its own)
     DS_CHECK(!profiling_ || (!plan.execution.gather_ahead && !plan.execution.step_in_forward),
              "a profile of a plan that leaves a step's work to the next forward");
+    zero_->host_work().on = profiling_;
     if (profiling_) {
       block_timer_ = std::make_unique<BlockTimer>(zero_->hooks_blocks() ? zero_.get() : nullptr, plan.model.hp.num_layers, device.compute_stream());
       model_->set_block_hooks(block_timer_.get());
@@ -626,6 +627,7 @@ void TrainingRun::record_profile(const StepOutcome& out, std::chrono::steady_clo
                        std::chrono::duration<double>(e.done - e.issued).count(), e.bytes});
   std::sort(spans.begin(), spans.end(), [](const CollectiveSpan& a, const CollectiveSpan& b) { return a.start_s < b.start_s; });
   result_.collective_spans.push_back(std::move(spans));
+  result_.host_work_spans.push_back(zero_->host_work().take(t0));
 }
 
 // Divergence: the loss above divergence_factor x its best of this run for 3 steps running ends the run

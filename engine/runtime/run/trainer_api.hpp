@@ -54,6 +54,22 @@ struct CollectiveSpan {
   double start_s = 0, seconds = 0, bytes = 0;
 };
 
+// One piece of the host's offload work within a step (ds profile's trace): the plan's offload row it is part of
+// (StepTime's OffloadTime::what: "gradients to the host" for the host's waits for those copies and the copies it
+// makes, "gradients summed on the host", "optimizer step on the host", "updated weights to the device" for its
+// waits for a staging buffer and its copies, "speculated states backed up"), where it ran, and when on the host's
+// clock after the step's start. During the forward or the backward a GPU may hide it behind compute; what runs
+// after them (the last blocks' sums included) it does not.
+struct HostWorkSpan {
+  enum class During { forward, backward, after };
+  std::string what;
+  int64_t index = -1;       // the block whose gradients were summed; the weight tile stepped (-1: the whole span)
+  int64_t hook = -1;        // the block whose backward hook ran it (-1: none)
+  int64_t micro_step = -1;  // the micro step whose forward or backward ran it
+  During during = During::after;
+  double start_s = 0, seconds = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;          // optimizer steps attempted
   int64_t skipped_steps = 0;  // inf/NaN gradients
@@ -95,6 +111,7 @@ struct TrainResult {
   std::vector<std::vector<double>> attention_forward_s, mlp_backward_s;  // ds profile: the attention half's forward and the MLP half's backward of those
   std::vector<std::vector<BlockSpan>> block_spans;                    // ds profile: per step, every block run
   std::vector<std::vector<CollectiveSpan>> collective_spans;          // ds profile: per step, every collective
+  std::vector<std::vector<HostWorkSpan>> host_work_spans;           // ds profile: per step, the host's offload work
   std::vector<std::array<double, 8>> phase_rss_bytes;  // ds profile: per step, the peak resident memory within each phase
   std::vector<std::array<double, 8>> phase_device_bytes;  // ds profile on a GPU: per step, its memory in use at each phase's end
   double gemm_peak_flops = 0;             // ds profile: FLOP/s of the model's matmul shapes before the first step (gemm_peak.hpp)

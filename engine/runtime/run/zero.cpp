@@ -335,8 +335,31 @@ void ZeroExchange::release(Reduce& r) {
 }
 
 void ZeroExchange::sum_reduce(Reduce& r) {
-  for (auto& p : r.pieces) p->wait();
-  if (r.landed) r.landed->wait();  // (the host reads what landed next)
+  const auto arrive = [&] {
+    for (auto& p : r.pieces) p->wait();
+    if (r.landed) r.landed->wait();  // (the host reads what landed next)
+  };
+  if (flat_.grads_place == Place::device) {
+    arrive();
+    add_reduced(r);
+  } else {
+    // The host's offload work, each part under its row: its wait for a copy that left ahead (the collectives' waits
+    // are communication), then the sum, less the copies it makes itself where none left ahead (one row's span after
+    // the other's, their times measured apart).
+    const int64_t block = r.group->layer;
+    if (r.landed) host_work_.time("gradients to the host", block, arrive);
+    else arrive();
+    std::optional<HostWorkLog::Clock::duration> copying;  // (set where it copied)
+    const HostWorkLog::Clock::time_point begin = HostWorkLog::Clock::now();
+    add_reduced(r, &copying);
+    const HostWorkLog::Clock::time_point end = HostWorkLog::Clock::now();
+    if (copying) host_work_.add("gradients to the host", block, begin, begin + *copying);
+    host_work_.add("gradients summed on the host", block, begin + copying.value_or(HostWorkLog::Clock::duration{}), end);
+  }
+  release(r);
+}
+
+void ZeroExchange::add_reduced(Reduce& r, std::optional<HostWorkLog::Clock::duration>* copying) {
   const ParamGroup& g = *r.group;
   torch::NoGradGuard ng;
   // This rank's part, summed over the ranks, into its reduced gradients (after an all-reduce: its part of the
@@ -359,17 +382,18 @@ void ZeroExchange::sum_reduce(Reduce& r) {
       DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
       arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
       // (one rank: after the group's backward only, so a GPU runs the next block's beside it; else after the collective)
+      const HostWorkLog::Clock::time_point t0 = HostWorkLog::Clock::now();
       if (r.written)
         flat_.device->copy(arrived, flat_.grads_place, r.buf.narrow(0, at, s.numel), Place::device, *r.written);
       else
         flat_.device->copy(arrived, flat_.grads_place, r.buf.narrow(0, at, s.numel), Place::device);
+      if (copying) *copying = copying->value_or(HostWorkLog::Clock::duration{}) + (HostWorkLog::Clock::now() - t0);
     }
     uint8_t& summed = summed_[static_cast<size_t>(k)];
     if (summed) into.add_(arrived);
     else into.copy_(arrived);  // the step's first: 0 + x is x (widened exactly; a -0 stays -0), without zeroing the sum first
     summed = 1;
   }
-  release(r);
 }
 
 void ZeroExchange::final_hook(const Reduce& r) {
@@ -532,6 +556,11 @@ void ZeroExchange::before_backward(int64_t layer) {
 }
 
 void ZeroExchange::after_backward(int64_t layer) {
+  host_work_.hook = layer;  // (what the host does until this hook returns is this block's hook's)
+  struct Leave {
+    HostWorkLog& log;
+    ~Leave() { log.hook = -1; }
+  } leave{host_work_};
   if (reducing_blocks_) {  // this block's gradients are final for the step
     const int k = range_of_block_[static_cast<size_t>(layer)];
     if (k < 0) return;  // nothing in it trains

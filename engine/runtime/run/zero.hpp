@@ -27,12 +27,14 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/plan/plan.hpp"
 #include "engine/runtime/comm/comm.hpp"
 #include "engine/runtime/run/flat_params.hpp"
+#include "engine/runtime/run/host_work.hpp"
 #include "engine/runtime/model/language_model.hpp"
 #include "engine/runtime/io/nvme_swap.hpp"
 
@@ -87,6 +89,9 @@ class ZeroExchange : public BlockHooks {
   // point just after that block's backward, when the blocks from it up have done reading their weights).
   using FinalGradients = std::function<void(int64_t layer, const Event& written)>;
   void on_final_gradients(FinalGradients f) { on_final_ = std::move(f); }
+  // The host's offload work this step, span by span (ds profile): the gradients' sums here, the step's own work
+  // through the same log (one log, so each span knows the hook it ran in).
+  HostWorkLog& host_work() { return host_work_; }
   // Whether the model must call the block hooks below: grouped stages, and stages 0-1 reducing blocks as
   // backward finishes them.
   bool hooks_blocks() const { return flat_.grouped || !block_ranges_.empty(); }
@@ -134,6 +139,8 @@ class ZeroExchange : public BlockHooks {
   // A reduce's gradients summed into this rank's (its collective or its copy waited for), its buffer released; then,
   // apart (start_reduce queues a block's copy out between the two), the speculative step's hook of its block.
   void sum_reduce(Reduce& r);
+  // (sum_reduce's sum, once its gradients are there; the time of the copies it makes to the host added to *copying)
+  void add_reduced(Reduce& r, std::optional<HostWorkLog::Clock::duration>* copying = nullptr);
   void final_hook(const Reduce& r);
   // A reduce's group buffer zeroed for the next block that writes it, once its copy to the host has left it.
   void release(Reduce& r);
@@ -157,6 +164,7 @@ class ZeroExchange : public BlockHooks {
   bool evaluating_ = false;
   bool last_backward_ = false;  // the step's last micro step's backward (until the next step begins)
   FinalGradients on_final_;
+  HostWorkLog host_work_;
   bool outer_gathered_ = false;  // stage 3: the outer parameters hold this step's weights
   bool gather_ahead_ = false;    // stages 1-2: the updated parameters' pieces are waited for as the forward needs them
   std::vector<int64_t> block_end_;  // gathering ahead: per block, where its parameters end in the flat buffer
