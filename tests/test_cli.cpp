@@ -253,6 +253,45 @@ TEST(CliPlan, TheStepLineSaysWhereTheStepsTimeGoes) {
   EXPECT_FALSE(contains(alone.out, "each step's work is done within it")) << alone.out;
 }
 
+// The speculative step's choice of tiles weighs the host's memory first, where it is known: each speculated tile's
+// backup (12 bytes an element here, with clipping) takes host memory, so where all of them would not fit, fewer are
+// speculated, the plan fits, and the step is no shorter than the unconstrained choice's. With room for all, the same
+// choice as without a host size.
+TEST(CliPlan, TheSpeculativeStepTakesNoMoreTilesThanTheHostsMemoryHolds) {
+  const std::string cmd = "plan examples/gpu-offload-speculative.json --gpu h200 --host-memory-bw 300GB/s gradient_clipping=1.0 --json";
+  const auto plan_with = [&](const std::string& host) {
+    const Result r = ds(cmd + (host.empty() ? "" : " --host-memory " + host));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto gb = [](double bytes) {  // (a size ds reads, to the kilobyte)
+    std::ostringstream o;
+    o.setf(std::ios::fixed);
+    o << std::setprecision(6) << bytes / 1e9 << "GB";
+    return o.str();
+  };
+  const nlohmann::json free = plan_with("");
+  const double need = free["memory"]["host_per_node"].get<double>(), all = free["zero_execution"]["speculated_numel"].get<double>();
+  const double step = free["step_time"]["step_s"].get<double>();
+  ASSERT_GT(all, 0);
+  const double headroom = free["fit"]["headroom"].get<double>();
+  // Room for all but 6 GB of the backup (half of it): fewer tiles, within the room.
+  const double have = (need - 6e9) / (1 - headroom);
+  const nlohmann::json tight = plan_with(gb(have));
+  EXPECT_EQ(tight["fit"]["host"], "fits") << tight["fit"].dump();
+  const double some = tight["zero_execution"]["speculated_numel"].get<double>();
+  EXPECT_GT(some, 0);
+  EXPECT_LT(some, all);
+  EXPECT_LE(tight["memory"]["host_per_node"].get<double>(), (1 - headroom) * have);
+  EXPECT_GE(tight["step_time"]["step_s"].get<double>(), step);
+  // Room for all of it: the same choice.
+  const nlohmann::json roomy = plan_with(gb(need / (1 - headroom) + 1e9));
+  EXPECT_EQ(roomy["fit"]["host"], "fits");
+  EXPECT_EQ(roomy["zero_execution"]["speculated_numel"].get<double>(), all);
+  EXPECT_EQ(roomy["zero_execution"]["gradient_lag"], free["zero_execution"]["gradient_lag"]);
+  EXPECT_DOUBLE_EQ(roomy["step_time"]["step_s"].get<double>(), step);
+}
+
 // A machine with four GPUs (a stand-in nvidia-smi lists them): with nothing saying how many ranks, ds plan plans
 // one per GPU that CUDA_VISIBLE_DEVICES shows, as ds train would start them, and says so; one where several are
 // refused (offload) or a flag says how many.

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "common/error.hpp"
@@ -820,18 +821,22 @@ static void choose_speculated_tiles(Plan& plan) {
   // bottom blocks' tiles after the backward (the first lag tried that predicts the shortest step, with its top blocks).
   std::set<int64_t> groups(plan.execution.weight_tile_final_after.begin(), plan.execution.weight_tile_final_after.end());
   groups.erase(-1);
-  // (the step, then its parts' sum: where the host memory's busy time sets the step, the choice that leaves the
-  // shortest schedule under it)
+  // (first how the host's memory holds the choice, where it is known: each speculated tile's backup and each block of
+  // lag's page-locked arrival buffer take more of it, so a choice that fits beats a faster one that does not, one with
+  // room left beats a tight one; then the step, then its parts' sum: where the host memory's busy time sets the step,
+  // the choice that leaves the shortest schedule under it)
   const auto predicted = [&](int64_t lag, const std::set<int64_t>& blocks) {
     Plan trial = plan;
     if (lag > 0) set_gradient_lag(trial.execution, lag);
     limit_speculation(trial.execution, blocks);
+    trial.memory = estimate_memory(trial.execution, plan.memory.device.activations);
+    const Fit host = check_fit(trial, trial.topology.headroom).host;
     const StepTime t = predict_step_time(trial);
-    return std::pair{t.step_s(), t.parts_s()};
+    return std::tuple{host == Fit::does_not_fit ? 2 : host == Fit::within_headroom ? 1 : 0, t.step_s(), t.parts_s()};
   };
   constexpr int64_t kLongestLag = 3;  // (past it the last blocks' tiles, left after the backward, cost more than it hides)
   const int64_t shortest_lag = plan.execution.gradient_lag > 0 ? 1 : 0, longest_lag = shortest_lag > 0 ? kLongestLag : 0;
-  std::pair<double, double> best_s{std::numeric_limits<double>::infinity(), 0.0};
+  std::tuple<int, double, double> best_s{3, 0.0, 0.0};
   std::set<int64_t> best;
   int64_t best_lag = shortest_lag;
   for (int64_t lag = shortest_lag; lag <= longest_lag; ++lag)
