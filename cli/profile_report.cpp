@@ -41,6 +41,7 @@ double mean_over(const json& steps, int first, int end, const std::function<doub
 }
 
 std::string ms(double s) { return format_fixed(s * 1e3, 2) + " ms"; }
+std::string pct(double f) { return format_fixed(f * 100, 1) + "%"; }
 
 const char* during_name(HostWorkSpan::During d) {
   switch (d) {
@@ -50,7 +51,6 @@ const char* during_name(HostWorkSpan::During d) {
   }
   return "?";
 }
-std::string pct(double f) { return format_fixed(f * 100, 1) + "%"; }
 
 }  // namespace
 

@@ -836,7 +836,7 @@ static void choose_speculated_tiles(Plan& plan) {
   };
   constexpr int64_t kLongestLag = 3;  // (past it the last blocks' tiles, left after the backward, cost more than it hides)
   const int64_t shortest_lag = plan.execution.gradient_lag > 0 ? 1 : 0, longest_lag = shortest_lag > 0 ? kLongestLag : 0;
-  std::tuple<int, double, double> best_s{3, 0.0, 0.0};
+  std::tuple<int, double, double> best_s{3, 0.0, 0.0};  // (worse than any choice: its fit's rank is at most 2)
   std::set<int64_t> best;
   int64_t best_lag = shortest_lag;
   for (int64_t lag = shortest_lag; lag <= longest_lag; ++lag)

@@ -339,7 +339,7 @@ void ZeroExchange::sum_reduce(Reduce& r) {
     for (auto& p : r.pieces) p->wait();
     if (r.landed) r.landed->wait();  // (the host reads what landed next)
   };
-  if (flat_.grads_place == Place::device) {
+  if (flat_.grads_place == Place::device || !host_work_.on) {  // (no clock read unless a profile keeps the spans)
     arrive();
     add_reduced(r);
   } else {
@@ -382,7 +382,7 @@ void ZeroExchange::add_reduced(Reduce& r, std::optional<HostWorkLog::Clock::dura
       DS_CHECK(flat_.grads_arrival.defined() && flat_.grads_arrival.numel() >= s.numel, "no arrival buffer for ", s.numel, " gradients");
       arrived = flat_.grads_arrival.narrow(0, 0, s.numel);  // (page-locked; the copy ends before the add)
       // (one rank: after the group's backward only, so a GPU runs the next block's beside it; else after the collective)
-      const HostWorkLog::Clock::time_point t0 = HostWorkLog::Clock::now();
+      const HostWorkLog::Clock::time_point t0 = copying ? HostWorkLog::Clock::now() : HostWorkLog::Clock::time_point{};
       if (r.written)
         flat_.device->copy(arrived, flat_.grads_place, r.buf.narrow(0, at, s.numel), Place::device, *r.written);
       else
